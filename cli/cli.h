@@ -1,0 +1,20 @@
+/* cli.h — the subcommands of the semflow binary, one file each (cli/cmd_*.c).
+ * Each takes argv with argv[0] = the command name and returns the process exit status
+ * (0 ok, 1 runtime error, 2 usage error). */
+#ifndef SF_CLI_H
+#define SF_CLI_H
+
+/* weak: a command whose file is not built shows up as "not part of this build" */
+#define SF_CMD(name) int name(int argc, char **argv) __attribute__((weak))
+SF_CMD(sf_cmd_serve);
+SF_CMD(sf_cmd_generate);
+SF_CMD(sf_cmd_tokenize);
+SF_CMD(sf_cmd_detokenize);
+SF_CMD(sf_cmd_bench);
+SF_CMD(sf_cmd_loadgen);
+SF_CMD(sf_cmd_top);
+SF_CMD(sf_cmd_hal);
+SF_CMD(sf_cmd_gen_model);
+#undef SF_CMD
+
+#endif

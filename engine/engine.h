@@ -1,0 +1,145 @@
+/* engine.h — the engine's public API: the only engine header the gateway and cli may include.
+ *
+ * The engine owns a model, a backend, a paged KV cache and one engine thread that runs the
+ * scheduler and the forward pass. Requests are submitted from any thread; their events
+ * (tokens, finish, error) are delivered by callback ON THE ENGINE THREAD — the callback must
+ * not block; the gateway copies the event into the request's output ring and wakes its worker.
+ * The engine never includes libevent. */
+#ifndef SF_ENGINE_H
+#define SF_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/sf.h"
+
+typedef struct sf_engine sf_engine;
+typedef struct sf_request sf_request; /* engine-owned; valid from submit until SF_EV_DONE/ERROR returns */
+
+/* ---- semantic intents ------------------------------------------------------------- */
+enum { SF_URGENCY_LOW = 0, SF_URGENCY_NORMAL = 1, SF_URGENCY_HIGH = 2, SF_URGENCY_COUNT = 3 };
+
+typedef struct sf_intent {
+    char cls[48];             /* class name, e.g. "realtime-chat", "batch-summarize" */
+    int urgency;              /* SF_URGENCY_* : the priority lane */
+    int max_latency_ms;       /* 0: none. Target for first token / per token */
+    double min_tps;           /* 0: none. Output tokens/s the request wants */
+} sf_intent;
+
+/* ---- sampling ---------------------------------------------------------------------- */
+#define SF_MAX_STOP 8
+typedef struct sf_sampling {
+    float temperature;        /* 0: greedy */
+    float top_p;              /* 1: off */
+    int top_k;                /* 0: off */
+    float min_p;              /* 0: off */
+    float presence_penalty, frequency_penalty; /* OpenAI semantics, 0: off */
+    float repetition_penalty; /* HF/llama.cpp semantics, 1: off */
+    uint64_t seed;
+    int has_seed;             /* 0: seed drawn from the clock */
+    int max_tokens;           /* output tokens; <= 0: up to the context */
+    int ignore_eos;
+    int n_stop;
+    char *stop[SF_MAX_STOP];  /* stop strings (owned by the caller until submit returns; engine copies) */
+    int n_stop_ids;
+    int32_t stop_ids[SF_MAX_STOP];
+    int logprobs;             /* number of top logprobs per token (0: none; < 0: only the chosen token's) */
+} sf_sampling;
+void sf_sampling_default(sf_sampling *s);
+
+/* ---- events ------------------------------------------------------------------------ */
+enum { SF_EV_TOKEN = 1, SF_EV_DONE = 2, SF_EV_ERROR = 3 };
+enum { SF_FINISH_STOP = 0, SF_FINISH_LENGTH = 1, SF_FINISH_CANCELLED = 2, SF_FINISH_ERROR = 3 };
+#define SF_MAX_LOGPROBS 20
+
+typedef struct sf_logprob { int32_t id; float logprob; } sf_logprob;
+
+typedef struct sf_event {
+    int type;                 /* SF_EV_* */
+    sf_request *req;
+    void *user;               /* as given at submit */
+    /* SF_EV_TOKEN */
+    int32_t token;
+    const char *text;         /* newly completed UTF-8 text (may be "" while a sequence is incomplete) */
+    size_t text_len;
+    float logprob;            /* of the chosen token */
+    int n_top;
+    const sf_logprob *top;    /* [n_top] */
+    /* SF_EV_DONE */
+    int finish_reason;        /* SF_FINISH_* */
+    int prompt_tokens, completion_tokens;
+    double ttft_s, e2e_s;     /* from submit */
+    /* SF_EV_ERROR */
+    int status;               /* SF_E* */
+    const char *message;
+} sf_event;
+
+typedef void (*sf_event_cb)(const sf_event *ev);
+
+typedef struct sf_submit {
+    const int32_t *prompt;    /* tokenized prompt (engine copies) */
+    int n_prompt;
+    sf_sampling sampling;
+    sf_intent intent;
+    char tenant[64];
+    sf_event_cb cb;
+    void *user;
+} sf_submit;
+
+/* ---- engine ------------------------------------------------------------------------ */
+typedef struct sf_engine_config {
+    const char *model;        /* folder, .gguf or "demo" */
+    const char *backend;      /* "auto" | "cpu" | "cuda" */
+    int load_dummy;           /* --load-format dummy */
+    int n_threads;            /* CPU backend threads; <= 0 all cores */
+    int device;               /* CUDA device */
+    int max_num_seqs;         /* running sequences at most (default 64) */
+    int max_batched_tokens;   /* token budget per step (default 2048) */
+    int max_model_len;        /* context cap; 0: the model's */
+    int kv_block_size;        /* tokens per KV block (default 16) */
+    int num_kv_blocks;        /* 0: sized from memory */
+    float gpu_memory_utilization; /* default 0.9 */
+    float kv_high_reserve;    /* share of KV blocks only high urgency may take (default 0.1) */
+    int queue_limit[SF_URGENCY_COUNT]; /* waiting requests per lane before SF_AGAIN (default 256) */
+    int progress;             /* loader progress bar */
+} sf_engine_config;
+void sf_engine_config_default(sf_engine_config *c);
+
+/* Loads the model, opens the backend, starts the engine thread. */
+int sf_engine_new(const sf_engine_config *c, sf_engine **out, sf_error *err);
+/* Stops the thread (cancelling what runs) and frees everything. NULL is fine. */
+void sf_engine_free(sf_engine *e);
+
+/* Any thread. Returns SF_OK, SF_AGAIN (lane queue full: answer 429 with *retry_after_s),
+ * SF_EINVAL (prompt longer than the context, bad sampling values: message in err).
+ * On SF_OK the callback will be called until one SF_EV_DONE or SF_EV_ERROR. */
+int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double *retry_after_s, sf_error *err);
+/* Any thread. The request finishes with SF_FINISH_CANCELLED at the next step; its KV blocks
+ * are freed then. Safe to call after it finished (until its DONE callback returned). */
+void sf_engine_cancel(sf_engine *e, sf_request *r);
+
+/* Stop admitting; returns when nothing is running or timeout_s passed (then cancels the rest). */
+void sf_engine_drain(sf_engine *e, double timeout_s);
+
+typedef struct sf_engine_stats {
+    int running, waiting[SF_URGENCY_COUNT];
+    int kv_blocks_total, kv_blocks_used;
+    uint64_t steps, tokens_prefill, tokens_decode, preemptions;
+    uint64_t finished, cancelled;
+    double tokens_per_s;       /* output tokens/s over the last few seconds */
+} sf_engine_stats;
+void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st);
+
+/* Model facts for /v1/models, tokenize routes and the cli. */
+typedef struct sf_engine_info {
+    const char *model_name;
+    const char *backend;
+    int vocab_size, max_model_len;
+    int random_weights;
+} sf_engine_info;
+void sf_engine_get_info(sf_engine *e, sf_engine_info *info);
+
+/* The engine's tokenizer (immutable, any thread). */
+const struct sf_tokenizer *sf_engine_tokenizer(sf_engine *e);
+
+#endif

@@ -1,0 +1,182 @@
+/* hal.h — the hardware abstraction layer: what the machine is, and the backend table the
+ * engine's forward pass is written against.
+ *
+ * A backend is a table of function pointers (struct sf_backend_ops) plus a context, chosen at
+ * run time: hal_cpu.c fills it with the C reference kernels in kernels/cpu, hal_cuda.c with
+ * the CUDA kernels and cuBLASLt calls in kernels/cuda. The forward pass (engine/forward.c)
+ * calls only the table. Kernels know the types in this header and nothing of the engine.
+ *
+ * Threading: a backend is driven by one thread (the engine thread). None of its ops are
+ * thread-safe; the backend may use worker threads of its own inside an op.
+ */
+#ifndef SF_HAL_H
+#define SF_HAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/sf.h"
+
+/* ---- element types ----------------------------------------------------------------- */
+typedef enum sf_dtype {
+    SF_DT_F32 = 0,
+    SF_DT_F16,
+    SF_DT_BF16,
+    SF_DT_Q8_0, /* GGUF Q8_0: blocks of 32: fp16 scale + 32 int8; rows are whole blocks */
+    SF_DT_I32,
+    SF_DT_I8,   /* KV cache in 8 bits with per-block scales (degrade path) */
+    SF_DT_COUNT
+} sf_dtype;
+
+const char *sf_dtype_name(sf_dtype t);
+/* Bytes for n elements of t (n a multiple of 32 for Q8_0). */
+size_t sf_dtype_bytes(sf_dtype t, int64_t n);
+
+/* A host view of a weight: row-major rows x cols (1-D tensors have rows = 1). The data is
+ * not owned: it usually points into a memory-mapped model file. */
+typedef struct sf_view {
+    const void *data;
+    sf_dtype dtype;
+    int64_t rows, cols;
+} sf_view;
+
+/* ---- hardware description (filled by hal_cpu_probe / hal_cuda_probe) -------------- */
+#define SF_HAL_CHUNKS 8 /* 64 KiB .. 8 MiB, powers of two */
+
+typedef struct sf_hw_info {
+    char backend[16];         /* "cpu" | "cuda" */
+    char name[128];           /* CPU model / GPU name (for display only, never for tuning) */
+    int n_cores;              /* CPU: usable cores; GPU: SM count */
+    int n_threads;            /* CPU threads the backend will use */
+    size_t l1d_bytes, l2_bytes, l3_bytes; /* per-core L1d/L2 on CPU; GPU: L2 in l2_bytes */
+    size_t smem_per_block;    /* GPU: opt-in shared memory per block */
+    int cc_major, cc_minor;   /* GPU compute capability */
+    size_t mem_total, mem_free; /* bytes (host RAM for cpu, HBM for cuda) */
+    double mem_bw_gbs;        /* measured: bytes read + written per second / 1e9 */
+    double gemm_tflops;       /* measured bf16 (GPU) / fp32 (CPU) GEMM rate */
+    /* PCIe (GPU only): measured copy bandwidth by chunk size 64 KiB << i */
+    size_t chunk_bytes[SF_HAL_CHUNKS];
+    double h2d_pinned_gbs[SF_HAL_CHUNKS], d2h_pinned_gbs[SF_HAL_CHUNKS];
+    double h2d_pageable_gbs[SF_HAL_CHUNKS], d2h_pageable_gbs[SF_HAL_CHUNKS];
+    int pcie_gen, pcie_width; /* from NVML where available, else 0 */
+    double calib_seconds;     /* how long calibration took (0 when read from cache) */
+    int from_cache;
+} sf_hw_info;
+
+/* ---- batch metadata for one forward step ------------------------------------------ */
+/* Tokens of one sequence are contiguous in the batch. Built by the scheduler on the host;
+ * the backend copies what it needs in batch_begin(). All pointers are host memory. */
+typedef struct sf_batch {
+    int n_tokens;              /* T */
+    int n_seqs;                /* S */
+    const int32_t *tokens;     /* [T] token ids */
+    const int32_t *pos;        /* [T] position of each token within its sequence */
+    const int32_t *slot;       /* [T] KV slot: block_id * block_size + offset */
+    const int32_t *seq_start;  /* [S+1] token range of sequence s: [seq_start[s], seq_start[s+1]) */
+    const int32_t *seq_ctx;    /* [S] context length of s after this step (cached + new) */
+    const int32_t *block_table;/* [S * max_blocks] block ids of each sequence, in order */
+    int max_blocks;            /* row stride of block_table */
+    const int32_t *logit_rows; /* [L] batch token indices whose logits are wanted */
+    int n_logits;              /* L */
+} sf_batch;
+
+/* RoPE parameters; inv_freq is precomputed by the engine (scaling applied), head_dim/2 floats. */
+typedef struct sf_rope {
+    int head_dim;
+    int rot_dim;             /* dims rotated (== head_dim for Llama) */
+    int interleaved;         /* 1: rotate adjacent pairs (GGUF), 0: rotate halves (HF) */
+    const float *inv_freq;   /* [rot_dim/2], host memory */
+    float attn_scale;        /* usually 1/sqrt(head_dim) */
+} sf_rope;
+
+typedef struct sf_kv_config {
+    int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
+    sf_dtype dtype;          /* backend's choice for F32/BF16; I8 for the degrade path */
+} sf_kv_config;
+
+/* Opaque backend-owned objects. */
+typedef struct sf_backend sf_backend;
+typedef struct sf_buf sf_buf;       /* activation buffer: rows x cols in the backend's act dtype */
+typedef struct sf_weight sf_weight; /* an uploaded (or referenced) weight, possibly fused */
+
+/* A weight is made of 1..4 parts stacked along rows (out features): fused QKV, gate/up.
+ * bias[i] may have data == NULL. The CPU backend keeps pointers (no copy); the CUDA backend
+ * converts and concatenates into one device buffer. */
+typedef struct sf_weight_desc {
+    int n_parts;
+    sf_view part[4];
+    sf_view bias[4];
+} sf_weight_desc;
+
+struct sf_backend_ops {
+    const char *name;
+    void (*destroy)(sf_backend *b);
+    const sf_hw_info *(*hw)(sf_backend *b);
+
+    /* memory */
+    int (*weight_new)(sf_backend *b, const sf_weight_desc *d, sf_weight **out, sf_error *err);
+    void (*weight_free)(sf_backend *b, sf_weight *w);
+    int (*buf_new)(sf_backend *b, int64_t rows, int64_t cols, sf_buf **out, sf_error *err);
+    void (*buf_free)(sf_backend *b, sf_buf *buf);
+    int (*kv_init)(sf_backend *b, const sf_kv_config *c, sf_error *err);
+    /* Bytes one KV block takes across all layers (K and V), for sizing pools. */
+    size_t (*kv_block_bytes)(sf_backend *b, const sf_kv_config *c);
+
+    /* one step */
+    int (*batch_begin)(sf_backend *b, const sf_batch *batch);
+    /* x[T, d] = emb[tokens] */
+    int (*embed)(sf_backend *b, const sf_weight *emb, sf_buf *x);
+    /* If add != NULL: x += add (x is the residual stream). Then out = rmsnorm(x) * w. n rows. */
+    int (*rmsnorm)(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_weight *w, float eps, int n, sf_buf *out);
+    /* y[n, m] = x[n, k] · W[m, k]^T (+ bias) */
+    int (*matmul)(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *y);
+    /* qkv[T, (H + 2*Hkv) * hd]: rotate q and k in place by batch pos, append k and v to the
+     * cache of `layer` at batch slots. */
+    int (*rope_kv)(sf_backend *b, sf_buf *qkv, int layer, int n_heads, int n_kv_heads, const sf_rope *rope);
+    /* out[T, H * hd] = causal attention of q (in qkv) over the paged cache of `layer`. */
+    int (*attention)(sf_backend *b, const sf_buf *qkv, int layer, int n_heads, int n_kv_heads,
+                     const sf_rope *rope, sf_buf *out);
+    /* out[n, f] = silu(gu[:, :f]) * gu[:, f:] */
+    int (*silu_mul)(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *out);
+    /* out[L, d] = x[batch->logit_rows, :] */
+    int (*get_rows)(sf_backend *b, const sf_buf *x, sf_buf *out);
+    /* Copy n rows of logits to host fp32 memory (row-major, cols of buf). */
+    int (*read_f32)(sf_backend *b, const sf_buf *buf, int n, float *host);
+    int (*sync)(sf_backend *b);
+
+    /* KV block copies for preemption by swap and prefix reuse (may be NULL). */
+    int (*kv_copy_out)(sf_backend *b, const int32_t *blocks, int n, void *host);
+    int (*kv_copy_in)(sf_backend *b, const int32_t *blocks, int n, const void *host);
+};
+
+struct sf_backend {
+    const struct sf_backend_ops *ops;
+    void *ctx;
+};
+
+/* Backend selection. name: "auto" (CUDA when a GPU is present, else CPU), "cpu", "cuda".
+ * n_threads <= 0: all cores. */
+typedef struct sf_backend_opts {
+    const char *name;
+    int n_threads;
+    int device;            /* CUDA device ordinal */
+    size_t mem_budget;     /* bytes the backend may take for weights + KV + activations (0: default) */
+} sf_backend_opts;
+
+int sf_backend_open(const sf_backend_opts *o, sf_backend **out, sf_error *err);
+void sf_backend_close(sf_backend *b);
+
+/* Probes, used by sf_backend_open and `semflow hal`. Measured numbers are cached on disk
+ * ($XDG_CACHE_HOME/semflow/hal-*.json) unless force is set. */
+int sf_hal_cpu_probe(sf_hw_info *hw, int force, sf_error *err);
+int sf_hal_cuda_probe(int device, sf_hw_info *hw, int force, sf_error *err); /* SF_ENODEV without a GPU */
+int sf_hal_cuda_available(void);  /* 1 if a CUDA device can be used */
+/* Print hw as JSON (jansson) or as a human-readable table. */
+char *sf_hw_info_json(const sf_hw_info *hw); /* malloc'd */
+void sf_hw_info_print(FILE *f, const sf_hw_info *hw);
+
+/* Backend constructors (each file provides its own; CUDA one returns SF_ENODEV when built without CUDA). */
+int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err);
+int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err);
+
+#endif
