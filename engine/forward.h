@@ -1,0 +1,29 @@
+/* forward.h — the Llama-family forward pass, written once against the backend table.
+ * Internal to engine/. Called on the engine thread only.
+ *
+ *   h = embed(tokens)
+ *   per layer:  x = rmsnorm(h (+= mlp_out of the previous layer)) ; qkv = x·Wqkv (+b)
+ *               rope_kv(qkv) -> K,V appended to the paged cache ; a = attention(q, cache)
+ *               x = rmsnorm(h += a·Wo) ; y = (silu(x·Wg) * x·Wu)·Wd
+ *   logits = rmsnorm(h += y)[logit_rows] · Wlm
+ */
+#ifndef SF_FORWARD_H
+#define SF_FORWARD_H
+
+#include "../hal/hal.h"
+#include "model.h"
+
+typedef struct sf_forward sf_forward;
+
+/* Uploads (or references) the model's weights into the backend — QKV and gate/up fused into
+ * one weight each — precomputes RoPE frequencies and allocates activations for up to
+ * max_tokens tokens per step and max_logits logit rows. Does not allocate the KV cache. */
+int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_logits,
+                   sf_forward **out, sf_error *err);
+void sf_forward_free(sf_forward *f);
+
+/* Runs one step. logits: host memory, [batch->n_logits * vocab] fp32, row i for the token at
+ * batch->logit_rows[i]. The backend's KV cache must have been initialised (kv_init). */
+int sf_forward_step(sf_forward *f, const sf_batch *batch, float *logits, sf_error *err);
+
+#endif
