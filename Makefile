@@ -57,9 +57,10 @@ endif
 endif
 
 # ---- sources -----------------------------------------------------------------------------
-LIB_SRCS := $(wildcard common/*.c hal/*.c engine/*.c kernels/cpu/*.c gateway/*.c bpf/*.c cli/cmd_*.c)
+LIB_SRCS := $(wildcard common/*.c hal/*.c engine/*.c kernels/cpu/*.c gateway/*.c bpf/*.c)
 LIB_SRCS := $(filter-out %.bpf.c,$(LIB_SRCS))
-MAIN_SRC := cli/semflow.c
+# cli/*.c are linked into the binary directly (their commands are weak references in semflow.c)
+CLI_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard cli/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
 ifeq ($(HAVE_CUDA),1)
 LIB_OBJS += $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
@@ -86,7 +87,7 @@ $(BUILD)/libsemflow.a: $(LIB_OBJS)
 	@mkdir -p $(@D)
 	$(Q)rm -f $@ && ar rcs $@ $^
 
-$(BUILD)/semflow: $(BUILD)/obj/cli/semflow.o $(BUILD)/libsemflow.a
+$(BUILD)/semflow: $(CLI_OBJS) $(BUILD)/libsemflow.a
 	@echo "  LD      $@"
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(ALL_LIBS)
 
