@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include <event2/buffer.h>
+#include <event2/bufferevent.h>
 
 #include "../engine/tokenizer.h"
 #include "intent.h"
@@ -73,6 +74,7 @@ typedef struct gw_req {
     int qn, qcap;
     int wake_pending;
     struct event *wake;
+    struct event *hup;         /* EV_CLOSED on the client socket while waiting */
     gw_choice ch[];
 } gw_req;
 
@@ -144,6 +146,7 @@ static void req_free(gw_req *r)
         json_decref(r->ch[i].lp);
     }
     if (r->wake) event_free(r->wake);
+    if (r->hup) event_free(r->hup);
     pthread_mutex_destroy(&r->mu);
     sf_tenant_release(r->tenant);
     sf_metrics_active(&r->gw->metrics, -1);
@@ -167,6 +170,7 @@ static void on_close(struct evhttp_connection *conn, void *arg)
 {
     gw_req *r = arg;
     if (r->answered) return;
+    if (r->hup) event_del(r->hup);
     r->http = NULL;
     r->answered = 1;
     r->status = 499; /* nginx's "client closed request" */
@@ -176,8 +180,18 @@ static void on_close(struct evhttp_connection *conn, void *arg)
     maybe_free(r);
 }
 
+/* evhttp (2.1) does not read from a connection while its request waits for the reply, so a
+ * client that hangs up then would only be noticed at the next write; EV_CLOSED (EPOLLRDHUP)
+ * notices it at once, and freeing the connection runs on_close. */
+static void on_hup(evutil_socket_t fd, short what, void *arg)
+{
+    gw_req *r = arg;
+    if (!r->answered && r->conn) evhttp_connection_free(r->conn);
+}
+
 static void detach_http(gw_req *r)
 {
+    if (r->hup) event_del(r->hup);
     if (r->conn) evhttp_connection_set_closecb(r->conn, NULL, NULL);
     r->http = NULL;
     r->answered = 1;
@@ -625,6 +639,11 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     }
     sf_gw_params_free(&p);
     evhttp_connection_set_closecb(r->conn, on_close, r);
+    struct bufferevent *bev = evhttp_connection_get_bufferevent(r->conn);
+    if (bev && (event_base_get_features(w->base) & EV_FEATURE_EARLY_CLOSE)) {
+        r->hup = event_new(w->base, bufferevent_getfd(bev), EV_CLOSED, on_hup, r);
+        if (r->hup) event_add(r->hup, NULL);
+    }
     if (r->stream) start_stream(r);
     return;
 

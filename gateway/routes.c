@@ -37,7 +37,7 @@ void gw_route_metrics(sf_gateway *gw, struct evhttp_request *req)
     if (gw->cfg.extra_metrics) gw->cfg.extra_metrics(gw->cfg.extra_metrics_user, f);
     fclose(f);
     struct evbuffer *buf = evbuffer_new();
-    evbuffer_add_reference(buf, text, len, NULL, NULL);
+    evbuffer_add(buf, text, len);
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4");
     evhttp_send_reply(req, 200, "OK", buf);
     evbuffer_free(buf);
