@@ -513,6 +513,50 @@ TEST(speed)
     json_decref(inputs);
 }
 
+/* ---- one tokenizer, several threads ---------------------------------------------------------- */
+#include <pthread.h>
+
+typedef struct worker {
+    const sf_tokenizer *t;
+    json_t *inputs;
+    size_t mismatches;
+    uint64_t sum;
+} worker;
+
+static void *encode_all(void *arg)
+{
+    worker *w = arg;
+    for (int rep = 0; rep < 3; rep++)
+        for (size_t i = 0; i < json_array_size(w->inputs); i++) {
+            const char *x = json_string_value(json_object_get(json_array_get(w->inputs, i), "text"));
+            int32_t *ids = NULL;
+            size_t n = 0;
+            char *back = NULL;
+            if (sf_tok_encode(w->t, x, strlen(x), 1, &ids, &n, NULL) || sf_tok_decode(w->t, ids, n, 1, &back, NULL) ||
+                strcmp(back, x))
+                w->mismatches++;
+            for (size_t k = 0; k < n; k++) w->sum = w->sum * 31 + (uint64_t)ids[k];
+            free(ids);
+            free(back);
+        }
+    return NULL;
+}
+
+TEST(threads_share_a_tokenizer)
+{
+    sf_tokenizer *t = load_dir("gpt2-tokenizer");
+    json_t *inputs = load_json("tokenizer-conformance/inputs.json");
+    REQUIRE(t && inputs, "test data");
+    worker w[3] = { { t, inputs, 0, 0 }, { t, inputs, 0, 0 }, { t, inputs, 0, 0 } };
+    pthread_t th[2];
+    encode_all(&w[2]); /* reference, alone */
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, encode_all, &w[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) CHECK_MSG(w[i].mismatches == 0 && w[i].sum == w[2].sum, "thread %d differs", i);
+    json_decref(inputs);
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -530,6 +574,7 @@ int main(void)
     RUN(streaming_holds_partial_utf8);
     RUN(invalid_utf8);
     RUN(bad_tokenizer_json);
+    RUN(threads_share_a_tokenizer);
     RUN(speed);
     return test_summary();
 }
