@@ -305,7 +305,8 @@ TEST(added_token_flags)
     /* skip_special drops special added tokens only */
     int32_t ids[] = { 500, 0 + 'a' - 32, 502 };
     char *s = NULL;
-    REQUIRE(sf_tok_decode(t, ids, 3, 1, &s, &err) == 0, "%s", err.msg);
+    int rc = sf_tok_decode(t, ids, 3, 1, &s, &err); /* REQUIRE evaluates its condition twice */
+    REQUIRE(rc == 0, "%s", err.msg);
     CHECK_MSG(!strcmp(s, "a hi"), "got \"%s\"", s); /* no decoder: pieces joined by spaces, as HF does */
     free(s);
     sf_tok_free(t);
@@ -356,7 +357,7 @@ static void hard_cases(const char *dir)
          * space the decoder strips) */
         CHECK_MSG(back && !strcmp(back, x), "case %zu: \"%s\" -> \"%s\"", i, x, back ? back : "");
         CHECK_MSG(sf_tok_encode(t, back, strlen(back), 0, &ids2, &n2, &err) == 0 && n2 == n &&
-                      !memcmp(ids, ids2, n * sizeof *ids),
+                      (n == 0 || !memcmp(ids, ids2, n * sizeof *ids)),
                   "case %zu: encode(decode(encode(x))) differs", i);
         CHECK_MSG(stream_matches(t, ids, n, 1, back), "case %zu: streaming", i);
         free(ids);
@@ -370,12 +371,14 @@ static void hard_cases(const char *dir)
     const char *eos = sf_tok_piece(t, sf_tok_eos(t));
     char text[64];
     snprintf(text, sizeof text, "end%sstart", eos);
-    REQUIRE(sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err) == 0, "%s", err.msg);
+    int rc = sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    REQUIRE(rc == 0, "%s", err.msg);
     int found = 0;
     for (size_t i = 0; i < n; i++) found += ids[i] == sf_tok_eos(t);
     CHECK_MSG(found == 1, "%s: EOS written in text matched %d times", dir, found);
     free(ids);
-    REQUIRE(sf_tok_encode(t, "", 0, 1, &ids, &n, &err) == 0, "%s", err.msg);
+    rc = sf_tok_encode(t, "", 0, 1, &ids, &n, &err);
+    REQUIRE(rc == 0, "%s", err.msg);
     CHECK(n == (sf_tok_bos(t) >= 0 && !strstr(dir, "gpt2") ? 1u : 0u));
     free(ids);
     sf_tok_free(t);
@@ -394,7 +397,8 @@ TEST(streaming_holds_partial_utf8)
     int32_t *ids = NULL;
     size_t n = 0;
     sf_error err = { 0 };
-    REQUIRE(sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err) == 0 && n == 5, "got %zu ids", n); /* ▁ + 4 bytes */
+    int rc = sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    REQUIRE(rc == 0 && n == 5, "got %zu ids", n); /* ▁ + 4 bytes */
     sf_detok d;
     char *out = NULL;
     size_t len = 0;
@@ -477,7 +481,7 @@ TEST(bad_tokenizer_json)
     CHECK(sf_tok_load_dir("/nonexistent/model", &t, &err) == SF_ENOTFOUND && !t && strstr(err.msg, "tokenizer.json"));
 }
 
-/* ---- speed (reported, not asserted) ----------------------------------------------------------- */
+/* ---- speed (reported, never asserted: the machines are shared) ----------------------------------------------------------- */
 TEST(speed)
 {
     const char *dirs[] = { "gpt2-tokenizer", "tinyllama-1.1b-chat-v1.0" };
@@ -504,7 +508,6 @@ TEST(speed)
         double t3 = sf_now_s();
         printf("# %s: load %.0f ms, encode %.1f MB/s (%zu tokens), decode %.1f MB/s\n", dirs[k], (t1 - t0) * 1e3,
                text.len / (t2 - t1) / 1e6, n, text.len / (t3 - t2) / 1e6);
-        CHECK_MSG(t1 - t0 < 1.0, "loading %s took %.2f s", dirs[k], t1 - t0);
         free(back);
         free(ids);
         sf_tok_free(t);
