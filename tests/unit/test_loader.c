@@ -680,6 +680,20 @@ TEST(demo_model)
     REQUIRE(m->tok, "demo has a tokenizer");
     CHECK_MSG(sf_tok_vocab_size(m->tok) == k->vocab_size, "tokenizer %d, config %d", sf_tok_vocab_size(m->tok),
               k->vocab_size);
+    /* the trained byte-level BPE: BOS added, common words are single tokens, round trip exact */
+    const char *text = "Once upon a time, the lighthouse keeper's daughter counted 112 steps.";
+    int32_t *ids = NULL;
+    size_t nid = 0;
+    rc_ = sf_tok_encode(m->tok, text, strlen(text), 1, &ids, &nid, &e);
+    REQUIRE(rc_ == SF_OK, "%s", e.msg);
+    CHECK(nid > 5 && nid < 30 && ids[0] == k->bos_id);
+    CHECK(sf_tok_lookup(m->tok, "\xc4\xa0lighthouse") >= 0 && sf_tok_lookup(m->tok, "<|eot_id|>") == k->vocab_size - 1);
+    char *back = NULL;
+    rc_ = sf_tok_decode(m->tok, ids + 1, nid - 1, 1, &back, &e);
+    CHECK_MSG(rc_ == SF_OK && back && !strcmp(back, text), "decoded '%s'", back ? back : e.msg);
+    free(back);
+    free(ids);
+    CHECK(sf_tok_is_eog(m->tok, k->vocab_size - 1));
     /* weights: matrices ~N(0, 0.02), norms ~1 + N(0, 0.1) */
     const uint16_t *w = m->layers[2].wup.data;
     double s = 0, s2 = 0;
