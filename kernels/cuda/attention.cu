@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
             float sum = warp_sum(p0 + p1);
             p_s[g * TILE + lane] = p0;
             p_s[g * TILE + lane + 32] = p1;
+            __syncwarp(); /* every lane has read m_s[g] and l_s[g] before lane 0 updates them */
             if (lane == 0) { l_s[g] = l_s[g] * alpha + sum; m_s[g] = m_new; al_s[g] = alpha; }
         }
         __syncthreads();
