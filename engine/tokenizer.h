@@ -65,9 +65,10 @@ typedef struct sf_detok {
     size_t n, cap;
     size_t emitted;           /* bytes of the full decode already returned */
     int skip_special;
+    size_t prefix_off, read_off; /* window ids[prefix_off..read_off) already decoded and returned */
 } sf_detok;
 void sf_detok_init(sf_detok *d, const sf_tokenizer *t, int skip_special);
-/* Appends newly completed text to out (a growing malloc'd buffer in *out/*out_len). */
+/* Appends newly completed text to out (a growing malloc'd buffer: *out, *out_len). */
 int sf_detok_push(sf_detok *d, int32_t id, char **out, size_t *out_len);
 int sf_detok_finish(sf_detok *d, char **out, size_t *out_len);
 void sf_detok_free(sf_detok *d);

@@ -61,6 +61,9 @@ typedef struct sf_hw_info {
     int pcie_gen, pcie_width; /* from NVML where available, else 0 */
     double calib_seconds;     /* how long calibration took (0 when read from cache) */
     int from_cache;
+    /* CPU: measured read-only bandwidth (all threads summing a 256 MiB buffer) / 1e9: the
+     * ceiling for streaming weights during decode. */
+    double mem_read_gbs;
 } sf_hw_info;
 
 /* ---- batch metadata for one forward step ------------------------------------------ */
@@ -147,6 +150,10 @@ struct sf_backend_ops {
     /* KV block copies for preemption by swap and prefix reuse (may be NULL). */
     int (*kv_copy_out)(sf_backend *b, const int32_t *blocks, int n, void *host);
     int (*kv_copy_in)(sf_backend *b, const int32_t *blocks, int n, const void *host);
+
+    /* Copy n rows of host fp32 memory (row-major, cols of buf) into buf: test inputs,
+     * device-vs-CPU comparisons. */
+    int (*write_f32)(sf_backend *b, sf_buf *buf, int n, const float *host);
 };
 
 struct sf_backend {

@@ -1,0 +1,270 @@
+/* cmd_top.c — `semflow top`: live per-process PCIe and socket traffic from the eBPF monitor,
+ * the PCIe contention index per GPU, and (with --url) a running server's queue, latency and
+ * scheduler metrics read from its /metrics. --json prints one snapshot per line instead. */
+#include <errno.h>
+#include <getopt.h>
+#include <locale.h>
+#include <ncurses.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include "bpf/monitor.h"
+#include "cli/cli.h"
+
+static volatile sig_atomic_t stop_flag;
+static void on_signal(int sig) { (void)sig; stop_flag = 1; }
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: semflow top [--json] [--once] [--interval S] [--url http://HOST:PORT]\n"
+            "                   [--lib PATH]... [--no-discover] [--link-gbs G] [--gpus N]\n"
+            "  Per-process PCIe copies (uprobes on libcuda) and socket bytes (tracepoints), per GPU\n"
+            "  contention index. Needs root and a kernel with BTF.\n"
+            "  --json         one JSON snapshot per line (byte counts cumulative since start)\n"
+            "  --once         print one snapshot and exit (with --json)\n"
+            "  --interval S   seconds between updates (default 1)\n"
+            "  --url URL      also show a running server's queues, latency and scheduler metrics\n"
+            "  --lib PATH     also trace this library's libcuda copy symbols (repeatable)\n"
+            "  --no-discover  trace only --lib libraries\n"
+            "  --link-gbs G   PCIe bandwidth per direction for the contention index (default nominal)\n"
+            "  --gpus N       GPUs to report (default 1)\n");
+}
+
+/* ---- a server's /metrics over plain HTTP/1.0 ------------------------------------------- */
+static char *http_get(const char *url, const char *path, char *errbuf, size_t errlen)
+{
+    char host[256], port[16] = "80";
+    const char *p = url;
+    if (!strncmp(p, "http://", 7)) p += 7;
+    size_t hl = strcspn(p, ":/");
+    if (hl == 0 || hl >= sizeof host) { snprintf(errbuf, errlen, "bad --url '%s' (want http://HOST:PORT)", url); return NULL; }
+    memcpy(host, p, hl);
+    host[hl] = 0;
+    if (p[hl] == ':') snprintf(port, sizeof port, "%.*s", (int)strcspn(p + hl + 1, "/"), p + hl + 1);
+
+    struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *ai = NULL;
+    int rc = getaddrinfo(host, port, &hints, &ai), fd = -1;
+    if (rc) { snprintf(errbuf, errlen, "%s: %s", host, gai_strerror(rc)); return NULL; }
+    fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct timeval tv = { .tv_sec = 2 };
+    if (fd >= 0) {
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    }
+    if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen)) {
+        snprintf(errbuf, errlen, "connecting to %s:%s: %s", host, port, strerror(errno));
+        freeaddrinfo(ai);
+        if (fd >= 0) close(fd);
+        return NULL;
+    }
+    freeaddrinfo(ai);
+    char req[512];
+    int n = snprintf(req, sizeof req, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, host);
+    if (write(fd, req, (size_t)n) != n) { snprintf(errbuf, errlen, "sending to %s: %s", url, strerror(errno)); close(fd); return NULL; }
+    size_t len = 0, cap = 65536;
+    char *buf = malloc(cap);
+    ssize_t k;
+    while (buf && (k = read(fd, buf + len, cap - len - 1)) > 0) {
+        len += (size_t)k;
+        if (len + 1 == cap) {
+            char *nb = realloc(buf, cap *= 2);
+            if (!nb) { free(buf); buf = NULL; break; }
+            buf = nb;
+        }
+    }
+    close(fd);
+    if (!buf) { snprintf(errbuf, errlen, "out of memory"); return NULL; }
+    buf[len] = 0;
+    char *body = strstr(buf, "\r\n\r\n");
+    if (strncmp(buf, "HTTP/1.", 7) || !body || atoi(buf + 9) != 200) {
+        snprintf(errbuf, errlen, "%s%s answered: %.60s", url, path, buf);
+        free(buf);
+        return NULL;
+    }
+    memmove(buf, body + 4, strlen(body + 4) + 1);
+    return buf;
+}
+
+/* Lines of the server's metrics worth a glance: queues, latency, scheduler decisions. */
+static int server_line_wanted(const char *l)
+{
+    if (l[0] == '#' || !l[0] || !strncmp(l, "semflow_pcie", 12) || !strncmp(l, "semflow_socket", 14) ||
+        !strncmp(l, "semflow_bpf", 11) || !strncmp(l, "semflow_cgroup", 14))
+        return 0;
+    if (strstr(l, "_bucket{")) return 0;
+    return strstr(l, "queue") || strstr(l, "latency") || strstr(l, "ttft") || strstr(l, "itl") ||
+           strstr(l, "sched") || strstr(l, "decision") || strstr(l, "preempt") || strstr(l, "running") ||
+           strstr(l, "waiting") || strstr(l, "rejected");
+}
+
+/* ---- ncurses view ------------------------------------------------------------------------- */
+static void bar(int y, int x, int w, double v, double max)
+{
+    int n = max > 0 ? (int)(v / max * w + 0.5) : 0;
+    if (n > w) n = w;
+    mvhline(y, x, ACS_CKBOARD, n);
+    mvhline(y, x + n, ' ', w - n);
+}
+
+static void draw(sf_monitor *m, const char *url, int interval_ms)
+{
+    sf_mon_snapshot s;
+    int rows, cols, y = 0;
+    sf_monitor_snapshot(m, &s);
+    getmaxyx(stdscr, rows, cols);
+    erase();
+    attron(A_BOLD);
+    mvprintw(y++, 0, "semflow top — PCIe copies and sockets per process (eBPF)   t=%.0fs  %d uprobes on %d libcuda",
+             s.t, s.n_uprobes, s.n_libs);
+    attroff(A_BOLD);
+    for (int g = 0; g < s.n_gpus && y < rows; g++, y++) {
+        const sf_mon_gpu *G = &s.gpus[g];
+        mvprintw(y, 0, "GPU %d contention %5.2f ", g, G->contention);
+        bar(y, 23, 20, G->contention, 1.0);
+        mvprintw(y, 44, " link %.1f GB/s %s  others H2D %.0f D2H %.0f MB/s", G->link_gbs,
+                 G->link_measured ? "measured" : "nominal", G->other_h2d_per_s / 1e6, G->other_d2h_per_s / 1e6);
+        if (G->nvml_ok) printw("  NVML rx %.0f tx %.0f MB/s", G->nvml_rx_per_s / 1e6, G->nvml_tx_per_s / 1e6);
+    }
+    y++;
+    double max_pcie = 1e6, max_sock = 1e6;
+    for (int i = 0; i < s.n_procs; i++) {
+        max_pcie = SF_MAX(max_pcie, SF_MAX(s.procs[i].bytes_per_s[SF_DIR_H2D], s.procs[i].bytes_per_s[SF_DIR_D2H]));
+        max_sock = SF_MAX(max_sock, SF_MAX(s.procs[i].sock_tx_per_s, s.procs[i].sock_rx_per_s));
+    }
+    int bw = cols > 120 ? 12 : 6;
+    attron(A_REVERSE);
+    mvprintw(y++, 0, "%7s %-15s %9s %-*s %9s %-*s %9s %-*s %9s %-*s", "PID", "COMM", "H2D MB/s", bw, "", "D2H MB/s", bw,
+             "", "TX MB/s", bw, "", "RX MB/s", bw, "");
+    attroff(A_REVERSE);
+    int server_rows = url ? 10 : 0;
+    for (int i = 0; i < s.n_procs && y < rows - server_rows - 1; i++, y++) {
+        const sf_mon_proc *p = &s.procs[i];
+        int x = 0;
+        mvprintw(y, x, "%7d %-15.15s", p->pid, p->comm);
+        x += 24;
+        const double v[4] = { p->bytes_per_s[SF_DIR_H2D], p->bytes_per_s[SF_DIR_D2H], p->sock_tx_per_s, p->sock_rx_per_s };
+        for (int k = 0; k < 4; k++) {
+            mvprintw(y, x, "%9.1f ", v[k] / 1e6);
+            bar(y, x + 10, bw, v[k], k < 2 ? max_pcie : max_sock);
+            x += 11 + bw;
+        }
+    }
+    if (url && y < rows - 1) {
+        char err[256];
+        char *body = http_get(url, "/metrics", err, sizeof err);
+        y++;
+        attron(A_REVERSE);
+        mvprintw(y++, 0, "server %s: queues, latency, scheduler%*s", url, cols > 60 ? cols - 60 : 0, "");
+        attroff(A_REVERSE);
+        if (!body) mvprintw(y++, 0, "  %s", err);
+        for (char *save = NULL, *l = body ? strtok_r(body, "\n", &save) : NULL; l && y < rows - 1;
+             l = strtok_r(NULL, "\n", &save))
+            if (server_line_wanted(l)) mvprintw(y++, 0, "  %.*s", cols - 3, l);
+        free(body);
+    }
+    mvprintw(rows - 1, 0, "q: quit   every %.1f s", interval_ms / 1000.0);
+    refresh();
+    sf_mon_snapshot_free(&s);
+}
+
+int sf_cmd_top(int argc, char **argv)
+{
+    static const struct option lo[] = {
+        { "json", no_argument, 0, 'j' }, { "once", no_argument, 0, 'o' }, { "interval", required_argument, 0, 'i' },
+        { "url", required_argument, 0, 'u' }, { "lib", required_argument, 0, 'l' },
+        { "no-discover", no_argument, 0, 'n' }, { "link-gbs", required_argument, 0, 'b' },
+        { "gpus", required_argument, 0, 'g' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+    };
+    int json = 0, once = 0, c;
+    double interval = 1.0;
+    const char *url = NULL;
+    sf_monitor_opts o;
+    sf_monitor_opts_default(&o);
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "joi:u:l:nb:g:h", lo, NULL)) != -1) {
+        char *end = NULL;
+        switch (c) {
+        case 'j': json = 1; break;
+        case 'o': once = 1; break;
+        case 'i':
+            interval = strtod(optarg, &end);
+            if (!end || *end || interval < 0.05 || interval > 3600) {
+                fprintf(stderr, "semflow top: --interval '%s': give seconds between 0.05 and 3600\n", optarg);
+                return 2;
+            }
+            break;
+        case 'u': url = optarg; break;
+        case 'l':
+            if (o.n_cuda_libs >= SF_MON_MAX_LIBS) { fprintf(stderr, "semflow top: at most %d --lib\n", SF_MON_MAX_LIBS); return 2; }
+            o.cuda_libs[o.n_cuda_libs++] = optarg;
+            break;
+        case 'n': o.no_discover = 1; break;
+        case 'b':
+            o.link_gbs = strtod(optarg, &end);
+            if (!end || *end || o.link_gbs <= 0) { fprintf(stderr, "semflow top: --link-gbs '%s': give GB/s > 0\n", optarg); return 2; }
+            break;
+        case 'g':
+            o.n_gpus = atoi(optarg);
+            if (o.n_gpus < 1 || o.n_gpus > SF_MON_MAX_GPUS) { fprintf(stderr, "semflow top: --gpus: 1 to %d\n", SF_MON_MAX_GPUS); return 2; }
+            break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind < argc) { fprintf(stderr, "semflow top: unexpected argument '%s'\n", argv[optind]); usage(stderr); return 2; }
+    if (once && !json) { fprintf(stderr, "semflow top: --once goes with --json\n"); return 2; }
+
+    /* snapshots at least as often as we print, and no slower than 0.1 s */
+    o.interval_s = SF_MIN(0.1, interval);
+    sf_monitor *m = NULL;
+    sf_error err = { 0 };
+    if (sf_monitor_open(&o, &m, &err) != SF_OK) {
+        fprintf(stderr, "semflow top: %s\n", err.msg);
+        return 1;
+    }
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    signal(SIGPIPE, SIG_IGN);
+
+    if (json) {
+        uint64_t seq = sf_monitor_wait(m, 0, 2.0);
+        seq = sf_monitor_wait(m, seq, 2.0); /* two snapshots: rates cover a whole interval */
+        double next = sf_now_s();
+        while (!stop_flag) {
+            if (!once) {
+                next += interval;
+                double d = next - sf_now_s();
+                if (d > 0) usleep((useconds_t)(d * 1e6));
+            }
+            char *js = sf_monitor_json(m);
+            if (!js || printf("%s\n", js) < 0 || fflush(stdout)) { free(js); break; }
+            free(js);
+            if (once) break;
+        }
+        sf_monitor_close(m);
+        return 0;
+    }
+
+    setlocale(LC_ALL, "");
+    if (!initscr()) { fprintf(stderr, "semflow top: cannot start the terminal UI (TERM=%s); try --json\n", getenv("TERM")); sf_monitor_close(m); return 1; }
+    cbreak();
+    noecho();
+    curs_set(0);
+    int ms = (int)(interval * 1000);
+    timeout(ms);
+    sf_monitor_wait(m, 0, 1.0);
+    while (!stop_flag) {
+        draw(m, url, ms);
+        int ch = getch();
+        if (ch == 'q' || ch == 'Q') break;
+    }
+    endwin();
+    sf_monitor_close(m);
+    return 0;
+}

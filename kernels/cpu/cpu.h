@@ -1,0 +1,118 @@
+/* cpu.h — the CPU kernels behind the CPU backend (hal/hal_cpu.c), one op per file.
+ *
+ * Activations are fp32, row-major. Weights are read in place in their stored dtype
+ * (F32, F16, BF16, Q8_0) with fp32 accumulation. Each kernel is a plain function over one
+ * thread's share of the work: `ith` of `nth` threads; sf_cpu_pool_run() calls it on every
+ * thread of a pool and returns when all have finished. Kernels allocate nothing and never
+ * fail: the backend validates shapes before calling them.
+ *
+ * SIMD: AVX2+FMA paths are compiled with __attribute__((target("avx2,fma,f16c"))) and
+ * chosen at run time (sf_cpu_has_avx2()); every kernel has a scalar fallback. */
+#ifndef SF_KERNELS_CPU_H
+#define SF_KERNELS_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../../hal/hal.h"
+
+/* ---- thread pool ------------------------------------------------------------------- */
+typedef struct sf_cpu_pool sf_cpu_pool;
+typedef void (*sf_cpu_task)(void *arg, int ith, int nth);
+
+/* n_threads >= 1; the calling thread is thread 0, so n_threads - 1 workers are started. */
+int sf_cpu_pool_new(int n_threads, sf_cpu_pool **out, sf_error *err);
+void sf_cpu_pool_free(sf_cpu_pool *p);
+int sf_cpu_pool_size(const sf_cpu_pool *p);
+/* Runs fn(arg, i, n) on all n threads; returns when every call has returned.
+ * Called by one thread at a time (the backend's owner). */
+void sf_cpu_pool_run(sf_cpu_pool *p, sf_cpu_task fn, void *arg);
+
+/* Even split of [0, n) into nth parts: [*lo, *hi) for part ith. */
+static inline void sf_cpu_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi)
+{
+    int64_t per = n / nth, rem = n % nth;
+    *lo = ith * per + (ith < rem ? ith : rem);
+    *hi = *lo + per + (ith < rem ? 1 : 0);
+}
+
+/* ---- CPU features -------------------------------------------------------------------- */
+int sf_cpu_has_avx2(void);   /* AVX2 + FMA + F16C; SEMFLOW_NO_AVX2=1 forces the scalar path */
+
+/* ---- rows of any weight dtype ------------------------------------------------------ */
+/* dst[0..k) = dequantized row src (k elements; a multiple of 32 for Q8_0). */
+void sf_cpu_row_to_f32(sf_dtype t, const void *src, int64_t k, float *dst);
+/* Address of row r of a row-major matrix of dtype t with `cols` columns. */
+const void *sf_cpu_row_ptr(sf_dtype t, const void *data, int64_t cols, int64_t r);
+
+/* ---- matmul: y[n, m] = x[n, k] · W[m, k]^T (+ bias) -------------------------------- */
+/* A weight is 1..4 parts stacked along rows; part p covers output columns
+ * [row0[p], row0[p] + part[p].rows). bias[p] is NULL or fp32 [part[p].rows]. */
+typedef struct sf_cpu_matmul {
+    int n_parts;
+    sf_view part[4];
+    const float *bias[4];
+    int64_t m, k;            /* total rows (output features), columns (input features) */
+    const float *x;          /* [n, ldx] */
+    float *y;                /* [n, ldy] */
+    int n, ldx, ldy;
+    size_t l2_bytes;         /* cache budget for blocking (per core) */
+    float *scratch;          /* per thread: scratch + ith * scratch_floats */
+    int64_t scratch_floats;  /* >= sf_cpu_matmul_scratch(k) */
+} sf_cpu_matmul;
+int64_t sf_cpu_matmul_scratch(int64_t k);
+void sf_cpu_matmul_task(void *arg, int ith, int nth);
+
+/* ---- rmsnorm (fused residual add) ---------------------------------------------------- */
+/* For each of n rows of width d: if add: x += add; out = x / sqrt(mean(x^2) + eps) * w. */
+typedef struct sf_cpu_rmsnorm {
+    float *x; const float *add; const float *w; float *out;
+    int n, d; float eps;
+} sf_cpu_rmsnorm;
+void sf_cpu_rmsnorm_task(void *arg, int ith, int nth);
+
+/* ---- rope + KV append -------------------------------------------------------------- */
+/* qkv [T, (H + 2*Hkv) * hd]: q heads, then k heads, then v heads. Rotates q and k in place
+ * by pos[t] and stores k and v of token t at slot[t] of this layer's paged cache:
+ * k_cache/v_cache [n_blocks][Hkv][block_size][hd] fp32. */
+typedef struct sf_cpu_rope_kv {
+    float *qkv; int T;
+    const int32_t *pos, *slot;
+    int n_heads, n_kv_heads, head_dim, rot_dim, interleaved;
+    const float *inv_freq;
+    float *k_cache, *v_cache; int block_size;
+} sf_cpu_rope_kv;
+void sf_cpu_rope_kv_task(void *arg, int ith, int nth);
+/* The rotation alone, on one head vector (used by tests and by the task above). */
+void sf_cpu_rope_apply(float *v, int rot_dim, int interleaved, const float *cos_t, const float *sin_t);
+
+/* ---- attention (paged, causal, GQA, online softmax) -------------------------------- */
+/* For every token t of sequence s (t in [seq_start[s], seq_start[s+1])), head h:
+ *   out[t, h*hd:] = softmax_j(q_h · k_j * scale) v_j over cache positions j = 0..pos[t]
+ * of sequence s, position j living in block block_table[s*max_blocks + j/bs], row j%bs.
+ * Decode (one token per sequence) and prefill (many) are the same loop. */
+typedef struct sf_cpu_attention {
+    const float *qkv; float *out; int T, S;
+    const int32_t *pos, *seq_start, *block_table; int max_blocks;
+    int n_heads, n_kv_heads, head_dim; float scale;
+    const float *k_cache, *v_cache; int block_size;
+    float *scratch;          /* per thread: scratch + ith * scratch_floats */
+    int64_t scratch_floats;  /* >= sf_cpu_attention_scratch(...) */
+} sf_cpu_attention;
+int64_t sf_cpu_attention_scratch(int n_heads, int n_kv_heads, int head_dim, int block_size);
+void sf_cpu_attention_task(void *arg, int ith, int nth);
+
+/* ---- silu_mul: out[n, f] = silu(gu[:, :f]) * gu[:, f:] (gu has 2f columns) ------------ */
+typedef struct sf_cpu_silu_mul { const float *gu; float *out; int n, f; } sf_cpu_silu_mul;
+void sf_cpu_silu_mul_task(void *arg, int ith, int nth);
+
+/* ---- embed: x[t, :] = emb[tokens[t], :] (any weight dtype) --------------------------- */
+typedef struct sf_cpu_embed {
+    sf_view emb; const int32_t *tokens; int T; float *x;
+} sf_cpu_embed;
+void sf_cpu_embed_task(void *arg, int ith, int nth);
+
+/* ---- get_rows: out[i, :] = x[rows[i], :] --------------------------------------------- */
+void sf_cpu_get_rows(const float *x, int cols, const int32_t *rows, int n, float *out);
+
+#endif

@@ -1,0 +1,199 @@
+/* matmul.c — y[n, m] = x[n, k] · W[m, k]^T (+ bias), weights read in place.
+ *
+ * Work split: output rows (weight rows) are divided among the pool's threads, so each
+ * thread streams its own slice of the weights once per token block. Rows are taken four at
+ * a time (four independent weight streams against one x row).
+ * Cache blocking: tokens are taken in blocks whose x rows fill at most half of the per-core
+ * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
+ * the block. For n > 1 and non-fp32 weights the four rows are dequantized once per block
+ * into the thread's scratch and the fp32 kernel runs over the block.
+ * Accumulation is fp32 in 8-lane partial sums (AVX2+FMA), reduced at the end of a row. */
+#include "cpu.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+typedef struct { uint16_t d; int8_t qs[32]; } q8_block;
+
+int64_t sf_cpu_matmul_scratch(int64_t k) { return 4 * k + 16; }
+
+/* ---- AVX2 dot products of 4 weight rows with one x row ------------------------------ */
+__attribute__((target("avx2,fma,f16c")))
+static inline float hsum256(__m256 v)
+{
+    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+    lo = _mm_add_ps(lo, hi);
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static inline __m256 load8_bf16(const uint16_t *p)
+{
+    __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static inline __m256 load8_f16(const uint16_t *p)
+{
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+#define DOT4_BODY(LOAD, T)                                                                  \
+    const T *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];                                 \
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;                              \
+    int64_t i = 0;                                                                           \
+    for (; i + 8 <= k; i += 8) {                                                             \
+        __m256 xv = _mm256_loadu_ps(x + i);                                                  \
+        a0 = _mm256_fmadd_ps(LOAD(w0 + i), xv, a0);                                          \
+        a1 = _mm256_fmadd_ps(LOAD(w1 + i), xv, a1);                                          \
+        a2 = _mm256_fmadd_ps(LOAD(w2 + i), xv, a2);                                          \
+        a3 = _mm256_fmadd_ps(LOAD(w3 + i), xv, a3);                                          \
+    }                                                                                        \
+    out[0] = hsum256(a0); out[1] = hsum256(a1); out[2] = hsum256(a2); out[3] = hsum256(a3);
+
+__attribute__((target("avx2,fma,f16c")))
+static void dot4_f32(const void *const *w, const float *x, int64_t k, float *out)
+{
+    DOT4_BODY(_mm256_loadu_ps, float)
+    for (; i < k; i++) {
+        out[0] += w0[i] * x[i]; out[1] += w1[i] * x[i];
+        out[2] += w2[i] * x[i]; out[3] += w3[i] * x[i];
+    }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void dot4_bf16(const void *const *w, const float *x, int64_t k, float *out)
+{
+    DOT4_BODY(load8_bf16, uint16_t)
+    for (; i < k; i++) {
+        out[0] += sf_bf16_to_f32(w0[i]) * x[i]; out[1] += sf_bf16_to_f32(w1[i]) * x[i];
+        out[2] += sf_bf16_to_f32(w2[i]) * x[i]; out[3] += sf_bf16_to_f32(w3[i]) * x[i];
+    }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void dot4_f16(const void *const *w, const float *x, int64_t k, float *out)
+{
+    DOT4_BODY(load8_f16, uint16_t)
+    for (; i < k; i++) {
+        out[0] += sf_f16_to_f32(w0[i]) * x[i]; out[1] += sf_f16_to_f32(w1[i]) * x[i];
+        out[2] += sf_f16_to_f32(w2[i]) * x[i]; out[3] += sf_f16_to_f32(w3[i]) * x[i];
+    }
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static inline __m256 q8_dot32(const q8_block *b, const float *x)
+{
+    __m256 s = _mm256_setzero_ps();
+    for (int g = 0; g < 4; g++) {
+        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * g)));
+        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(x + 8 * g), s);
+    }
+    return s;
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static void dot4_q8_0(const void *const *w, const float *x, int64_t k, float *out)
+{
+    const q8_block *b[4] = { w[0], w[1], w[2], w[3] };
+    __m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t j = 0; j < k / 32; j++) {
+        for (int r = 0; r < 4; r++) {
+            __m256 d = _mm256_set1_ps(sf_f16_to_f32(b[r][j].d));
+            a[r] = _mm256_fmadd_ps(d, q8_dot32(&b[r][j], x + 32 * j), a[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum256(a[r]);
+}
+
+typedef void (*dot4_fn)(const void *const *w, const float *x, int64_t k, float *out);
+
+static dot4_fn dot4_for(sf_dtype t)
+{
+    switch (t) {
+    case SF_DT_F32: return dot4_f32;
+    case SF_DT_BF16: return dot4_bf16;
+    case SF_DT_F16: return dot4_f16;
+    case SF_DT_Q8_0: return dot4_q8_0;
+    default: return NULL;
+    }
+}
+
+/* Scalar fallback: fp32 rows only (others are dequantized into scratch first). */
+static void dot4_f32_scalar(const void *const *w, const float *x, int64_t k, float *out)
+{
+    for (int r = 0; r < 4; r++) {
+        const float *wr = w[r];
+        float s[8] = { 0 };
+        int64_t i = 0;
+        for (; i + 8 <= k; i += 8)
+            for (int l = 0; l < 8; l++) s[l] += wr[i + l] * x[i + l];
+        float acc = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+        for (; i < k; i++) acc += wr[i] * x[i];
+        out[r] = acc;
+    }
+}
+
+/* ---- the task ------------------------------------------------------------------------- */
+/* Rows [lo, hi) of one part, tokens [t0, t1). */
+static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t hi, int64_t col0,
+                             int t0, int t1, float *scratch, int avx2)
+{
+    const sf_view *v = &mm->part[p];
+    const float *bias = mm->bias[p];
+    int64_t k = mm->k;
+    int nt = t1 - t0;
+    int direct = avx2 && (v->dtype == SF_DT_F32 || nt == 1);
+    dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
+    for (int64_t r = lo; r < hi; r += 4) {
+        int nr = (int)SF_MIN(4, hi - r);
+        const void *w[4];
+        for (int j = 0; j < 4; j++) {
+            int64_t rr = r + (j < nr ? j : nr - 1);
+            w[j] = sf_cpu_row_ptr(v->dtype, v->data, k, rr);
+        }
+        if (!direct && v->dtype != SF_DT_F32) {
+            for (int j = 0; j < nr; j++) sf_cpu_row_to_f32(v->dtype, w[j], k, scratch + j * k);
+            for (int j = 0; j < 4; j++) w[j] = scratch + (j < nr ? j : nr - 1) * k;
+        }
+        for (int t = t0; t < t1; t++) {
+            float out[4];
+            dot(w, mm->x + (int64_t)t * mm->ldx, k, out);
+            float *y = mm->y + (int64_t)t * mm->ldy + col0 + r;
+            for (int j = 0; j < nr; j++) y[j] = out[j] + (bias ? bias[r + j] : 0.0f);
+        }
+    }
+}
+
+void sf_cpu_matmul_task(void *arg, int ith, int nth)
+{
+    const sf_cpu_matmul *mm = arg;
+    int avx2 = sf_cpu_has_avx2();
+    float *scratch = mm->scratch + ith * mm->scratch_floats;
+    /* groups of 4 rows split evenly over threads, counted across all parts */
+    int64_t groups = 0;
+    for (int p = 0; p < mm->n_parts; p++) groups += (mm->part[p].rows + 3) / 4;
+    int64_t g_lo, g_hi;
+    sf_cpu_split(groups, ith, nth, &g_lo, &g_hi);
+    if (g_lo >= g_hi) return;
+
+    size_t budget = mm->l2_bytes ? mm->l2_bytes / 2 : 256 * 1024;
+    int nb = (int)SF_MAX(1, (int64_t)(budget / ((size_t)mm->k * sizeof(float))));
+    for (int t0 = 0; t0 < mm->n; t0 += nb) {
+        int t1 = SF_MIN(mm->n, t0 + nb);
+        int64_t g0 = 0, col0 = 0;
+        for (int p = 0; p < mm->n_parts; p++) {
+            int64_t pg = (mm->part[p].rows + 3) / 4;
+            int64_t a = SF_MAX(g_lo, g0), b = SF_MIN(g_hi, g0 + pg);
+            if (a < b) {
+                int64_t lo = (a - g0) * 4, hi = SF_MIN(mm->part[p].rows, (b - g0) * 4);
+                matmul_part_rows(mm, p, lo, hi, col0, t0, t1, scratch, avx2);
+            }
+            g0 += pg;
+            col0 += mm->part[p].rows;
+        }
+    }
+}
