@@ -3,6 +3,7 @@
  * the GPT-2 / Llama-3 / Qwen2 regexes, hard cases, bad inputs, GGUF-style vocabularies. */
 #include <jansson.h>
 
+#include "engine/model.h"
 #include "engine/tok_impl.h"
 #include "engine/tokenizer.h"
 #include "tests/test.h"
@@ -65,9 +66,8 @@ static int stream_matches(const sf_tokenizer *t, const int32_t *ids, size_t n, i
     return ok;
 }
 
-static void conformance(const char *tokdir, const char *baseline)
+static void conformance_with(sf_tokenizer *t, const char *baseline)
 {
-    sf_tokenizer *t = load_dir(tokdir);
     json_t *inputs = load_json("tokenizer-conformance/inputs.json");
     json_t *base = load_json(baseline);
     REQUIRE(t && inputs && base, "test data missing");
@@ -122,6 +122,13 @@ static void conformance(const char *tokdir, const char *baseline)
     CHECK_MSG(bad_stream == 0, "%d streamed decodes differ", bad_stream);
     json_decref(inputs);
     json_decref(base);
+}
+
+static void conformance(const char *tokdir, const char *baseline)
+{
+    sf_tokenizer *t = load_dir(tokdir);
+    REQUIRE(t, "load %s", tokdir);
+    conformance_with(t, baseline);
     sf_tok_free(t);
 }
 
@@ -560,11 +567,95 @@ TEST(threads_share_a_tokenizer)
     sf_tok_free(t);
 }
 
+/* ---- GGUF vocabularies ------------------------------------------------------------------------ */
+TEST(gguf_spm_llama2)
+{
+    /* the full Llama-2 vocabulary with SentencePiece scores, read by the GGUF loader: scoring by
+     * SentencePiece must give HF's merges-based ids for TinyLlama (same vocabulary) */
+    sf_model *m = NULL;
+    sf_error err = { 0 };
+    sf_load_opts o = { 0 };
+    int rc = sf_model_load_gguf(test_data("llama-2-tiny-random-gguf/llama-2-tiny-random.gguf"), &o, &m, &err);
+    REQUIRE(rc == 0 && m->tok, "%s", err.msg);
+    CHECK(sf_tok_vocab_size(m->tok) == 32000 && sf_tok_bos(m->tok) == 1 && sf_tok_eos(m->tok) == 2);
+    conformance_with(m->tok, "tokenizer-conformance/tinyllama_multilingual.json");
+    /* whitespace runs are where SentencePiece scores and HF's merge order could part ways */
+    sf_tokenizer *hf = load_dir("tinyllama-1.1b-chat-v1.0");
+    REQUIRE(hf, "load");
+    static const char *const ws[] = { "a  b", "a   b", "a    b", "x        y", "  lead", "trail   ", "\t\t x",
+                                      "def f():\n    return 1\n\n\n        deep", "<s>hi</s> <unk>" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(ws); i++) {
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        CHECK(sf_tok_encode(m->tok, ws[i], strlen(ws[i]), 1, &a, &na, &err) == 0);
+        CHECK(sf_tok_encode(hf, ws[i], strlen(ws[i]), 1, &b, &nb, &err) == 0);
+        CHECK_MSG(na == nb && !memcmp(a, b, na * sizeof *a), "\"%s\": SentencePiece and HF BPE differ", ws[i]);
+        free(a);
+        free(b);
+    }
+    sf_tok_free(hf);
+    sf_model_free(m);
+}
+
+TEST(gguf_bpe_gpt2)
+{
+    /* a "gpt2" GGUF vocabulary (tokens by id + merges), built here from GPT-2's tokenizer.json:
+     * must encode exactly like the tokenizer.json itself */
+    json_t *root = load_json("gpt2-tokenizer/tokenizer.json");
+    REQUIRE(root, "load");
+    json_t *model = json_object_get(root, "model"), *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges"), *v;
+    const char *key;
+    int n = (int)json_object_size(vocab);
+    const char **tokens = calloc((size_t)n, sizeof *tokens);
+    const char **mg = calloc(json_array_size(merges), sizeof *mg);
+    int32_t *types = calloc((size_t)n, sizeof *types);
+    json_object_foreach(vocab, key, v) {
+        tokens[json_integer_value(v)] = key;
+        types[json_integer_value(v)] = 1;
+    }
+    types[50256] = 3; /* <|endoftext|>: control */
+    for (size_t i = 0; i < json_array_size(merges); i++) mg[i] = json_string_value(json_array_get(merges, i));
+    sf_tok_vocab vb = { .model = "gpt2", .pre = "gpt-2", .n_tokens = n, .tokens = tokens, .types = types,
+                        .n_merges = (int)json_array_size(merges), .merges = mg, .bos_id = 50256, .eos_id = 50256,
+                        .unk_id = -1, .pad_id = -1, .add_bos = -1, .add_eos = -1 };
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    int rc = sf_tok_from_vocab(&vb, &t, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (!rc) conformance_with(t, "tokenizer-conformance/gpt2_multilingual.json");
+    CHECK(!rc && sf_tok_is_eog(t, 50256));
+    sf_tok_free(t);
+    /* bad vocabularies: a clear refusal */
+    sf_tok_vocab bad = vb;
+    bad.pre = "some-future-pre";
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EUNSUPPORTED && !t && strstr(err.msg, "some-future-pre"));
+    bad = vb;
+    bad.model = "bert";
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EUNSUPPORTED && !t && strstr(err.msg, "bert"));
+    bad = vb;
+    bad.n_merges = 0;
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EFORMAT && !t && strstr(err.msg, "merges"));
+    bad = vb;
+    bad.model = "llama"; /* SentencePiece needs scores */
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EFORMAT && !t && strstr(err.msg, "scores"));
+    const char *badmerge[] = { "Ġ t", "nosuchtoken x" };
+    bad = vb;
+    bad.merges = badmerge;
+    bad.n_merges = 2;
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EFORMAT && !t && strstr(err.msg, "merge 1"));
+    free(tokens);
+    free(mg);
+    free(types);
+    json_decref(root);
+}
+
 int main(void)
 {
     RUN(byte_table);
     RUN(conformance_gpt2);
     RUN(conformance_tinyllama);
+    RUN(gguf_spm_llama2);
+    RUN(gguf_bpe_gpt2);
     RUN(split_llama3_regex);
     RUN(split_qwen2_regex);
     RUN(split_gpt2_regex);
