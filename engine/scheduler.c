@@ -1,0 +1,444 @@
+/* scheduler.c — continuous batching with chunked prefill, urgency lanes, deadlines, a KV share
+ * reserved for high urgency, and preemption by recompute. See scheduler.h for the contract.
+ * Engine thread only. */
+#include "scheduler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+/* ---- sequences ------------------------------------------------------------------------- */
+
+int sf_seq_init(sf_seq *q, const int32_t *prompt, int n_prompt, sf_error *err)
+{
+    memset(q, 0, sizeof *q);
+    q->deadline = INFINITY;
+    q->plan_idx = -1;
+    q->cap_tokens = n_prompt + 16;
+    q->tokens = malloc((size_t)q->cap_tokens * sizeof *q->tokens);
+    if (!q->tokens) return sf_err(err, SF_ENOMEM, "sequence of %d tokens: out of memory", n_prompt);
+    if (n_prompt > 0) memcpy(q->tokens, prompt, (size_t)n_prompt * sizeof *prompt);
+    q->n_tokens = q->n_prompt = n_prompt;
+    q->max_len = n_prompt;
+    return SF_OK;
+}
+
+void sf_seq_free(sf_seq *q)
+{
+    if (!q) return;
+    free(q->tokens);
+    free(q->blocks);
+    q->tokens = NULL;
+    q->blocks = NULL;
+    q->n_tokens = q->n_blocks = q->cap_tokens = q->cap_blocks = 0;
+}
+
+int sf_seq_append(sf_seq *q, int32_t id)
+{
+    if (q->n_tokens == q->cap_tokens) {
+        int cap = q->cap_tokens * 2 + 16;
+        int32_t *t = realloc(q->tokens, (size_t)cap * sizeof *t);
+        if (!t) return SF_ENOMEM;
+        q->tokens = t;
+        q->cap_tokens = cap;
+    }
+    q->tokens[q->n_tokens++] = id;
+    return SF_OK;
+}
+
+/* ---- lists ------------------------------------------------------------------------------ */
+
+static void list_init(sf_seq *head) { head->prev = head->next = head; }
+
+static void list_unlink(sf_seq *q)
+{
+    q->prev->next = q->next;
+    q->next->prev = q->prev;
+    q->prev = q->next = NULL;
+}
+
+static void list_insert_before(sf_seq *pos, sf_seq *q)
+{
+    q->prev = pos->prev;
+    q->next = pos;
+    pos->prev->next = q;
+    pos->prev = q;
+}
+
+/* Running order: urgency (high first), then arrival. */
+static int run_before(const sf_seq *a, const sf_seq *b)
+{
+    if (a->urgency != b->urgency) return a->urgency > b->urgency;
+    return a->arrival < b->arrival;
+}
+
+/* Waiting order: urgency (high first), then earliest deadline, then arrival. */
+static int wait_before(const sf_seq *a, const sf_seq *b)
+{
+    if (a->urgency != b->urgency) return a->urgency > b->urgency;
+    if (a->deadline != b->deadline) return a->deadline < b->deadline;
+    return a->arrival < b->arrival;
+}
+
+static void insert_sorted(sf_seq *head, sf_seq *q, int (*before)(const sf_seq *, const sf_seq *))
+{
+    sf_seq *p = head->next;
+    while (p != head && !before(q, p)) p = p->next;
+    list_insert_before(p, q);
+}
+
+static int lane(int urgency)
+{
+    return urgency < 0 ? 0 : urgency >= SF_URGENCY_COUNT ? SF_URGENCY_COUNT - 1 : urgency;
+}
+
+/* ---- init ------------------------------------------------------------------------------- */
+
+int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_error *err)
+{
+    memset(s, 0, sizeof *s);
+    if (c->max_num_seqs < 1 || c->max_batched_tokens < 1 || c->max_model_len < 2)
+        return sf_err(err, SF_EINVAL,
+                      "scheduler: max_num_seqs (%d), max_batched_tokens (%d) must be >= 1 and "
+                      "max_model_len (%d) >= 2", c->max_num_seqs, c->max_batched_tokens, c->max_model_len);
+    if (c->max_batched_tokens < c->max_num_seqs)
+        return sf_err(err, SF_EINVAL,
+                      "scheduler: max_batched_tokens (%d) is smaller than max_num_seqs (%d): every running "
+                      "sequence needs one token per step; raise --max-batched-tokens or lower --max-num-seqs",
+                      c->max_batched_tokens, c->max_num_seqs);
+    if (!(c->kv_high_reserve >= 0.0f && c->kv_high_reserve < 1.0f))
+        return sf_err(err, SF_EINVAL, "scheduler: kv_high_reserve %g must be in [0, 1)", (double)c->kv_high_reserve);
+    s->cfg = *c;
+    s->pool = pool;
+    s->reserve_blocks = (int)((double)pool->n_blocks * c->kv_high_reserve);
+    list_init(&s->running);
+    list_init(&s->waiting);
+
+    int max_blocks = (c->max_model_len + pool->block_size - 1) / pool->block_size + 1;
+    int T = c->max_batched_tokens, S = c->max_num_seqs;
+    s->cap_table = S * max_blocks;
+    s->cap_items = 2 * S + 8;
+    s->plan.items = malloc((size_t)s->cap_items * sizeof *s->plan.items);
+    s->cap_stuck = S + 8;
+    s->plan.stuck = malloc((size_t)s->cap_stuck * sizeof *s->plan.stuck);
+    s->b_tokens = malloc((size_t)T * sizeof(int32_t));
+    s->b_pos = malloc((size_t)T * sizeof(int32_t));
+    s->b_slot = malloc((size_t)T * sizeof(int32_t));
+    s->b_seq_start = malloc((size_t)(S + 1) * sizeof(int32_t));
+    s->b_seq_ctx = malloc((size_t)S * sizeof(int32_t));
+    s->b_logit_rows = malloc((size_t)S * sizeof(int32_t));
+    s->b_table = malloc((size_t)s->cap_table * sizeof(int32_t));
+    if (!s->plan.items || !s->plan.stuck || !s->b_tokens || !s->b_pos || !s->b_slot || !s->b_seq_start ||
+        !s->b_seq_ctx || !s->b_logit_rows || !s->b_table) {
+        sf_sched_free(s);
+        return sf_err(err, SF_ENOMEM, "scheduler: out of memory for %d tokens x %d sequences", T, S);
+    }
+    return SF_OK;
+}
+
+void sf_sched_free(sf_sched *s)
+{
+    if (!s) return;
+    free(s->plan.items);
+    free(s->plan.stuck);
+    free(s->b_tokens);
+    free(s->b_pos);
+    free(s->b_slot);
+    free(s->b_seq_start);
+    free(s->b_seq_ctx);
+    free(s->b_logit_rows);
+    free(s->b_table);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- blocks ----------------------------------------------------------------------------- */
+
+static void release_blocks(sf_sched *s, sf_seq *q)
+{
+    if (q->n_blocks) {
+        sf_kv_release(s->pool, q->blocks, q->n_blocks);
+        if (q->urgency < SF_URGENCY_HIGH) s->held_low -= q->n_blocks;
+    }
+    q->n_blocks = 0;
+}
+
+/* Blocks a sequence of this urgency could hold with the pool to itself. */
+static int usable_blocks(const sf_sched *s, int urgency)
+{
+    return urgency >= SF_URGENCY_HIGH ? s->pool->n_blocks : s->pool->n_blocks - s->reserve_blocks;
+}
+
+/* Make q hold blocks for `tokens` tokens. SF_AGAIN (nothing taken) when the pool, or the share
+ * open to q's urgency, is short; SF_ENOMEM when the block list cannot grow. */
+static int grow_blocks(sf_sched *s, sf_seq *q, int tokens)
+{
+    int need = sf_kv_blocks_for(s->pool, tokens) - q->n_blocks;
+    if (need <= 0) return SF_OK;
+    if (s->pool->n_free < need) return SF_AGAIN;
+    int low = q->urgency < SF_URGENCY_HIGH;
+    if (low && s->held_low + need > s->pool->n_blocks - s->reserve_blocks) return SF_AGAIN;
+    if (q->n_blocks + need > q->cap_blocks) {
+        int cap = SF_MAX(q->n_blocks + need, q->cap_blocks * 2 + 4);
+        int32_t *b = realloc(q->blocks, (size_t)cap * sizeof *b);
+        if (!b) return SF_ENOMEM;
+        q->blocks = b;
+        q->cap_blocks = cap;
+    }
+    if (sf_kv_alloc(s->pool, need, q->blocks + q->n_blocks) != SF_OK) return SF_AGAIN;
+    q->n_blocks += need;
+    if (low) s->held_low += need;
+    return SF_OK;
+}
+
+/* ---- queue changes ---------------------------------------------------------------------- */
+
+static void withdraw(sf_sched *s, sf_seq *q)
+{
+    if (q->plan_idx < 0) return;
+    sf_plan_item *it = &s->plan.items[q->plan_idx];
+    s->plan.n_tokens -= it->n;
+    if (it->n == 1 && it->logits) s->plan.n_decode -= 1;
+    else s->plan.n_prefill -= it->n;
+    s->budget_left += it->n;
+    it->seq = NULL;
+    it->n = 0;
+    q->plan_idx = -1;
+}
+
+void sf_sched_add(sf_sched *s, sf_seq *q)
+{
+    q->arrival = s->next_arrival++;
+    q->state = SF_SEQ_WAITING;
+    q->n_computed = 0;
+    q->plan_idx = -1;
+    q->urgency = lane(q->urgency);
+    insert_sorted(&s->waiting, q, wait_before);
+    s->n_waiting[q->urgency]++;
+}
+
+void sf_sched_remove(sf_sched *s, sf_seq *q)
+{
+    if (q->state == SF_SEQ_RUNNING) {
+        withdraw(s, q);
+        list_unlink(q);
+        s->n_running--;
+    } else if (q->state == SF_SEQ_WAITING) {
+        list_unlink(q);
+        s->n_waiting[q->urgency]--;
+    }
+    release_blocks(s, q);
+    q->state = SF_SEQ_DONE;
+}
+
+static void preempt(sf_sched *s, sf_seq *q)
+{
+    withdraw(s, q);
+    list_unlink(q);
+    s->n_running--;
+    release_blocks(s, q);
+    q->n_computed = 0;
+    q->state = SF_SEQ_WAITING;
+    q->n_preempted++;
+    q->preempted_at = s->steps + 1;
+    insert_sorted(&s->waiting, q, wait_before);
+    s->n_waiting[q->urgency]++;
+    s->preemptions++;
+}
+
+/* Returns 0 when the stuck list is full this step (q stays; it is reported next step). */
+static int take_out_stuck(sf_sched *s, sf_seq *q)
+{
+    if (s->plan.n_stuck == s->cap_stuck) return 0;
+    sf_sched_remove(s, q);
+    s->plan.stuck[s->plan.n_stuck++] = q;
+    return 1;
+}
+
+static int add_item(sf_sched *s, sf_seq *q, int n)
+{
+    if (s->plan.n_items == s->cap_items) {
+        int cap = s->cap_items * 2;
+        sf_plan_item *it = realloc(s->plan.items, (size_t)cap * sizeof *it);
+        if (!it) return SF_ENOMEM;
+        s->plan.items = it;
+        s->cap_items = cap;
+    }
+    sf_plan_item *it = &s->plan.items[s->plan.n_items];
+    it->seq = q;
+    it->start = q->n_computed;
+    it->n = n;
+    it->logits = q->n_computed + n == q->n_tokens;
+    q->plan_idx = s->plan.n_items++;
+    s->plan.n_tokens += n;
+    if (n == 1 && it->logits) s->plan.n_decode++;
+    else s->plan.n_prefill += n;
+    s->budget_left -= n;
+    return SF_OK;
+}
+
+/* ---- planning --------------------------------------------------------------------------- */
+
+/* Schedule n more tokens of running sequence q, preempting from the tail of the running list
+ * (lowest urgency, latest arrival) while blocks are short. Returns 1 if q was planned. */
+static int plan_running(sf_sched *s, sf_seq *q, int n)
+{
+    if (q->n_computed + n > s->cfg.max_model_len) {
+        take_out_stuck(s, q);
+        return 0;
+    }
+    for (;;) {
+        int rc = grow_blocks(s, q, q->n_computed + n);
+        if (rc == SF_OK) return add_item(s, q, n) == SF_OK;
+        sf_seq *victim = s->running.prev;
+        if (rc == SF_ENOMEM || (victim == q && s->n_running == 1)) {
+            take_out_stuck(s, q); /* cannot grow even alone: the pool is too small for it */
+            return 0;
+        }
+        preempt(s, victim);
+        if (victim == q) return 0;
+    }
+}
+
+/* Admit the head of the waiting queue. Returns 1 if admitted, 0 to stop admitting. */
+static int admit_head(sf_sched *s, sf_seq *q)
+{
+    if (q->preempted_at == s->steps + 1) return 0; /* preempted in this very step: wait for the next */
+    if (sf_kv_blocks_for(s->pool, q->n_tokens) > usable_blocks(s, q->urgency) || q->n_tokens > s->cfg.max_model_len)
+        return take_out_stuck(s, q);
+    while (s->n_running >= s->cfg.max_num_seqs) {
+        sf_seq *victim = s->running.prev;
+        if (victim->urgency >= q->urgency) return 0;
+        preempt(s, victim);
+    }
+    int n = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
+    if (n <= 0) return 0;
+    for (;;) {
+        int rc = grow_blocks(s, q, q->n_computed + n);
+        if (rc == SF_OK) break;
+        sf_seq *victim = s->running.prev;
+        if (rc == SF_ENOMEM || s->n_running == 0 || victim->urgency >= q->urgency) {
+            release_blocks(s, q);
+            return 0;
+        }
+        preempt(s, victim);
+        /* a preempted victim may have held budget: the chunk may grow back, but keep n */
+    }
+    list_unlink(q);
+    s->n_waiting[q->urgency]--;
+    q->state = SF_SEQ_RUNNING;
+    insert_sorted(&s->running, q, run_before);
+    s->n_running++;
+    if (add_item(s, q, n) != SF_OK) return take_out_stuck(s, q);
+    return 1;
+}
+
+const sf_plan *sf_sched_plan(sf_sched *s)
+{
+    sf_plan *p = &s->plan;
+    p->n_items = p->n_tokens = p->n_decode = p->n_prefill = p->n_stuck = 0;
+    s->budget_left = s->cfg.max_batched_tokens;
+
+    /* snapshot of the running list in priority order (preemption changes the list) */
+    int n_run = s->n_running, k = 0;
+    sf_seq *snap_small[64], **snap = n_run <= 64 ? snap_small : malloc((size_t)n_run * sizeof *snap);
+    if (!snap) return p;
+    for (sf_seq *q = s->running.next; q != &s->running; q = q->next) snap[k++] = q;
+
+    /* 1. decode: one token each, before any prefill, so decodes are never starved */
+    for (int i = 0; i < k; i++) {
+        sf_seq *q = snap[i];
+        if (q->state != SF_SEQ_RUNNING || q->plan_idx >= 0) continue;
+        if (q->n_tokens - q->n_computed != 1 || s->budget_left < 1) continue;
+        plan_running(s, q, 1);
+    }
+    /* 2. chunked prefill of running sequences */
+    for (int i = 0; i < k && s->budget_left > 0; i++) {
+        sf_seq *q = snap[i];
+        if (q->state != SF_SEQ_RUNNING || q->plan_idx >= 0) continue;
+        int need = q->n_tokens - q->n_computed;
+        if (need < 1) continue;
+        plan_running(s, q, SF_MIN(need, s->budget_left));
+    }
+    if (snap != snap_small) free(snap);
+
+    /* 3. admission from the waiting queue, head first */
+    while (s->budget_left > 0 && s->waiting.next != &s->waiting) {
+        if (!admit_head(s, s->waiting.next)) break;
+    }
+    s->steps++;
+    return p;
+}
+
+void sf_sched_batch(sf_sched *s, sf_batch *b)
+{
+    const sf_plan *p = &s->plan;
+    int bs = s->pool->block_size, T = 0, S = 0, L = 0, stride = 1;
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].seq) stride = SF_MAX(stride, p->items[i].seq->n_blocks);
+    for (int i = 0; i < p->n_items; i++) {
+        const sf_plan_item *it = &p->items[i];
+        const sf_seq *q = it->seq;
+        if (!q) continue;
+        s->b_seq_start[S] = T;
+        for (int t = it->start; t < it->start + it->n; t++, T++) {
+            s->b_tokens[T] = q->tokens[t];
+            s->b_pos[T] = t;
+            s->b_slot[T] = q->blocks[t / bs] * bs + t % bs;
+        }
+        s->b_seq_ctx[S] = it->start + it->n;
+        int32_t *row = s->b_table + (size_t)S * stride;
+        memcpy(row, q->blocks, (size_t)q->n_blocks * sizeof *row);
+        for (int j = q->n_blocks; j < stride; j++) row[j] = 0; /* never read: past seq_ctx */
+        if (it->logits) s->b_logit_rows[L++] = T - 1;
+        S++;
+    }
+    s->b_seq_start[S] = T;
+    memset(b, 0, sizeof *b);
+    b->n_tokens = T;
+    b->n_seqs = S;
+    b->tokens = s->b_tokens;
+    b->pos = s->b_pos;
+    b->slot = s->b_slot;
+    b->seq_start = s->b_seq_start;
+    b->seq_ctx = s->b_seq_ctx;
+    b->block_table = s->b_table;
+    b->max_blocks = stride;
+    b->logit_rows = s->b_logit_rows;
+    b->n_logits = L;
+}
+
+void sf_sched_commit(sf_sched *s)
+{
+    const sf_plan *p = &s->plan;
+    for (int i = 0; i < p->n_items; i++) {
+        sf_seq *q = p->items[i].seq;
+        if (!q) continue;
+        q->n_computed = p->items[i].start + p->items[i].n;
+        q->plan_idx = -1; /* the step is done: removing q now must not touch the plan */
+    }
+    s->tokens_prefill += (uint64_t)p->n_prefill;
+    s->tokens_decode += (uint64_t)p->n_decode;
+}
+
+void sf_sched_discard(sf_sched *s)
+{
+    sf_plan *p = &s->plan;
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].seq) p->items[i].seq->plan_idx = -1;
+    p->n_items = p->n_tokens = p->n_decode = p->n_prefill = 0;
+}
+
+void sf_sched_foreach(sf_sched *s, void (*fn)(sf_seq *q, void *arg), void *arg)
+{
+    sf_seq *heads[2] = { &s->running, &s->waiting };
+    for (int h = 0; h < 2; h++) {
+        sf_seq *q = heads[h]->next;
+        while (q != heads[h]) {
+            sf_seq *next = q->next;
+            fn(q, arg);
+            q = next;
+        }
+    }
+}

@@ -1,0 +1,132 @@
+/* scheduler.h — continuous batching: which tokens of which sequences run in the next step.
+ * Internal to engine/. Pure bookkeeping over the KV block pool (kvcache.h): it never touches
+ * the backend, so tests drive it directly. Every function is called on the engine thread only.
+ *
+ * A sequence (sf_seq) carries all its known tokens (prompt, then generated ones); n_computed of
+ * them have their K/V in the cache. Each step the scheduler plans, in this order:
+ *   1. decode: one token for every running sequence whose prompt is fully computed;
+ *   2. chunked prefill of running sequences whose prompt is partly computed;
+ *   3. admission of waiting sequences (first chunk of their prefill),
+ * under a token budget (max_batched_tokens) and a seat limit (max_num_seqs). The waiting queue
+ * is ordered by urgency (high first), then earliest deadline, then arrival. KV blocks are
+ * allocated as a step's tokens need them; the last kv_high_reserve share of the pool is for
+ * high-urgency sequences only. When blocks or seats run out, the lowest-class running sequence
+ * (latest arrival first) is preempted by recompute: its blocks are freed and it goes back to the
+ * waiting queue with all its tokens, to be prefilled again.
+ *
+ * Ownership: sf_seq structs belong to the caller (the engine embeds one in each request); the
+ * scheduler links them into its queues and owns their block lists. */
+#ifndef SF_SCHEDULER_H
+#define SF_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "../common/sf.h"
+#include "../hal/hal.h"
+#include "kvcache.h"
+
+enum { SF_SEQ_NEW = 0, SF_SEQ_WAITING, SF_SEQ_RUNNING, SF_SEQ_DONE };
+
+typedef struct sf_seq {
+    /* set by the caller before sf_sched_add */
+    int urgency;              /* SF_URGENCY_* */
+    double deadline;          /* absolute time (s, sf_now_s clock); INFINITY when none */
+    int max_len;              /* tokens (prompt + output) the sequence may reach, <= max_model_len */
+    void *owner;              /* the caller's object (the engine's request) */
+    /* tokens: prompt, then generated ones; sf_seq_append adds */
+    int32_t *tokens;
+    int n_tokens, cap_tokens;
+    int n_prompt;             /* original prompt length (for usage) */
+    /* owned by the scheduler */
+    int n_computed;           /* tokens whose K/V is in the cache */
+    int32_t *blocks;          /* KV block ids, in position order */
+    int n_blocks, cap_blocks;
+    int state;                /* SF_SEQ_* */
+    uint64_t arrival;         /* admission order, kept across preemption */
+    int n_preempted;
+    uint64_t preempted_at;    /* step number (1-based) of the last preemption */
+    int plan_idx;             /* index in the current plan, -1 when not planned */
+    struct sf_seq *prev, *next;
+} sf_seq;
+
+/* Initialise with a copy of the prompt. */
+int sf_seq_init(sf_seq *q, const int32_t *prompt, int n_prompt, sf_error *err);
+void sf_seq_free(sf_seq *q);
+/* Append a generated token; SF_ENOMEM on allocation failure. */
+int sf_seq_append(sf_seq *q, int32_t id);
+
+typedef struct sf_sched_config {
+    int max_num_seqs;         /* running sequences at most */
+    int max_batched_tokens;   /* tokens per step at most; >= max_num_seqs */
+    int max_model_len;        /* context length cap */
+    float kv_high_reserve;    /* share of the pool only SF_URGENCY_HIGH may take, [0, 1) */
+} sf_sched_config;
+
+/* One planned piece of work: tokens [start, start + n) of seq. logits: this piece ends at the
+ * sequence's last known token, so the step yields its next-token distribution. */
+typedef struct sf_plan_item {
+    sf_seq *seq;
+    int start, n;
+    int logits;
+} sf_plan_item;
+
+typedef struct sf_plan {
+    sf_plan_item *items;      /* [n_items]; items with seq == NULL were withdrawn (preempted) */
+    int n_items;
+    int n_tokens;             /* sum of n over live items */
+    int n_decode, n_prefill;  /* tokens of each kind */
+    sf_seq **stuck;           /* sequences that cannot make progress even alone (pool too small): */
+    int n_stuck;              /* the caller finishes them (length) and calls sf_sched_remove */
+} sf_plan;
+
+typedef struct sf_sched {
+    sf_sched_config cfg;
+    sf_kv_pool *pool;
+    int reserve_blocks;       /* blocks only high urgency may hold */
+    int held_low;             /* blocks held by sequences below high urgency */
+    sf_seq running;           /* list heads (sentinels), running in (urgency desc, arrival) order */
+    sf_seq waiting;           /* waiting in (urgency desc, deadline, arrival) order */
+    int n_running, n_waiting[3];
+    uint64_t next_arrival;
+    sf_plan plan;
+    int cap_items, cap_stuck;
+    int budget_left;          /* tokens left in the step being planned */
+    /* the batch of the current plan (sf_sched_batch) */
+    int32_t *b_tokens, *b_pos, *b_slot, *b_seq_start, *b_seq_ctx, *b_table, *b_logit_rows;
+    int cap_table;
+    /* counters */
+    uint64_t steps, tokens_prefill, tokens_decode, preemptions;
+} sf_sched;
+
+/* pool: an initialised KV pool the scheduler allocates from (not owned). SF_EINVAL with a clear
+ * message for inconsistent settings. */
+int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_error *err);
+void sf_sched_free(sf_sched *s);
+
+/* Queue a new sequence (state NEW). Lane limits are the engine's business (admission). */
+void sf_sched_add(sf_sched *s, sf_seq *q);
+/* Take a sequence out wherever it is (waiting or running), releasing its blocks; state DONE.
+ * Safe on a DONE sequence. If it was planned this step, its plan item is withdrawn. */
+void sf_sched_remove(sf_sched *s, sf_seq *q);
+
+/* Plan the next step. Returns the plan (owned by the scheduler, valid until the next call).
+ * Every plan must be closed by sf_sched_commit (the step ran) or sf_sched_discard (it did not)
+ * before the next sf_sched_plan; after either, planned sequences may be removed and freed. */
+const sf_plan *sf_sched_plan(sf_sched *s);
+/* Fill b with the current plan's batch (arrays owned by the scheduler). Logit rows are in
+ * plan item order, skipping items without logits. */
+void sf_sched_batch(sf_sched *s, sf_batch *b);
+/* The step ran: advance n_computed of every planned sequence. */
+void sf_sched_commit(sf_sched *s);
+/* The step did not run: nothing advances; the blocks stay with their sequences. */
+void sf_sched_discard(sf_sched *s);
+
+static inline int sf_sched_waiting_total(const sf_sched *s)
+{
+    return s->n_waiting[0] + s->n_waiting[1] + s->n_waiting[2];
+}
+/* Walk every sequence the scheduler holds (running then waiting); fn may call sf_sched_remove
+ * on the sequence it is given. */
+void sf_sched_foreach(sf_sched *s, void (*fn)(sf_seq *q, void *arg), void *arg);
+
+#endif

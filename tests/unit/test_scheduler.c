@@ -1,0 +1,393 @@
+/* test_scheduler.c — the scheduler driven directly, without a model: token budget, chunked
+ * prefill, decode priority, urgency lanes and deadlines, the high-urgency KV reserve,
+ * preemption by recompute, and a long random workload checking invariants and leaks. */
+#include <math.h>
+
+#include "engine/engine.h"
+#include "engine/kvcache.h"
+#include "engine/scheduler.h"
+#include "tests/test.h"
+
+/* A fake request: a sequence that wants `want` output tokens. */
+typedef struct fake {
+    sf_seq q;
+    int want, got;
+    int finished, stuck;
+    int id;
+} fake;
+
+static fake *fake_new(int id, int urgency, int n_prompt, int want)
+{
+    fake *f = calloc(1, sizeof *f);
+    int32_t *p = malloc((size_t)(n_prompt + 1) * sizeof *p);
+    for (int i = 0; i < n_prompt; i++) p[i] = (id * 131 + i) % 1000;
+    sf_seq_init(&f->q, p, n_prompt, NULL);
+    free(p);
+    f->q.urgency = urgency;
+    f->q.owner = f;
+    f->want = want;
+    f->id = id;
+    return f;
+}
+
+static void fake_free(fake *f)
+{
+    if (!f) return;
+    sf_seq_free(&f->q);
+    free(f);
+}
+
+typedef struct world {
+    sf_kv_pool pool;
+    sf_sched s;
+    int bad;            /* invariant violations seen */
+    char why[256];
+} world;
+
+static int world_init(world *w, int n_blocks, int bs, int max_seqs, int budget, int max_len, float reserve)
+{
+    memset(w, 0, sizeof *w);
+    sf_error err = { 0 };
+    if (sf_kv_pool_init(&w->pool, n_blocks, bs, &err) != SF_OK) return -1;
+    sf_sched_config c = { .max_num_seqs = max_seqs, .max_batched_tokens = budget, .max_model_len = max_len,
+                          .kv_high_reserve = reserve };
+    if (sf_sched_init(&w->s, &c, &w->pool, &err) != SF_OK) {
+        printf("sched init: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void world_free(world *w)
+{
+    sf_sched_free(&w->s);
+    sf_kv_pool_free(&w->pool);
+}
+
+static void note_bad(world *w, const char *what)
+{
+    if (!w->bad) snprintf(w->why, sizeof w->why, "step %llu: %s", (unsigned long long)w->s.steps, what);
+    w->bad++;
+}
+
+static void count_blocks(sf_seq *q, void *arg)
+{
+    int *sum = arg;
+    sum[0] += q->n_blocks;
+    if (q->urgency < SF_URGENCY_HIGH) sum[1] += q->n_blocks;
+    if (q->state == SF_SEQ_WAITING && q->n_blocks) sum[2]++;
+}
+
+/* Invariants after planning. */
+static void check_plan(world *w, const sf_plan *p)
+{
+    sf_sched *s = &w->s;
+    int live = 0, tokens = 0;
+    if (p->n_tokens > s->cfg.max_batched_tokens) note_bad(w, "token budget exceeded");
+    for (int i = 0; i < p->n_items; i++) {
+        const sf_plan_item *it = &p->items[i];
+        if (!it->seq) continue;
+        live++;
+        tokens += it->n;
+        if (it->seq->state != SF_SEQ_RUNNING) note_bad(w, "planned sequence not running");
+        if (it->seq->plan_idx != i) note_bad(w, "plan_idx mismatch");
+        if (it->n < 1) note_bad(w, "empty item");
+        if (it->start != it->seq->n_computed) note_bad(w, "item does not start at n_computed");
+        if (it->start + it->n > it->seq->n_tokens) note_bad(w, "item beyond known tokens");
+        if (sf_kv_blocks_for(&w->pool, it->start + it->n) > it->seq->n_blocks) note_bad(w, "blocks missing");
+        if (it->logits != (it->start + it->n == it->seq->n_tokens)) note_bad(w, "logits flag wrong");
+    }
+    if (tokens != p->n_tokens) note_bad(w, "n_tokens does not add up");
+    if (p->n_decode + p->n_prefill != p->n_tokens) note_bad(w, "decode + prefill != tokens");
+    if (live > s->cfg.max_num_seqs || s->n_running > s->cfg.max_num_seqs) note_bad(w, "seat limit exceeded");
+    int sum[3] = { 0, 0, 0 };
+    sf_sched_foreach(s, count_blocks, sum);
+    if (sum[0] + w->pool.n_free != w->pool.n_blocks) note_bad(w, "blocks leaked or double-counted");
+    if (sum[1] != s->held_low) note_bad(w, "held_low out of sync");
+    if (sum[1] > w->pool.n_blocks - s->reserve_blocks) note_bad(w, "reserve taken by low/normal urgency");
+    if (sum[2]) note_bad(w, "waiting sequence holds blocks");
+    for (sf_seq *q = s->running.next; q != &s->running; q = q->next)
+        if (q->plan_idx >= 0 && (q->plan_idx >= p->n_items || p->items[q->plan_idx].seq != q)) note_bad(w, "stale plan_idx");
+    for (sf_seq *q = s->waiting.next; q != &s->waiting; q = q->next)
+        if (q->plan_idx >= 0) note_bad(w, "waiting with plan_idx");
+    for (int i = 0; i < p->n_items; i++) if (p->items[i].seq && p->items[i].seq->plan_idx != i) note_bad(w, "item/seq mismatch");
+    /* the batch: every slot used once, positions in range */
+    sf_batch b;
+    sf_sched_batch(s, &b);
+    if (b.n_tokens != p->n_tokens || b.n_seqs != live) note_bad(w, "batch size mismatch");
+    static unsigned char seen[1 << 16];
+    int slots = w->pool.n_blocks * w->pool.block_size;
+    if (slots <= (int)sizeof seen) {
+        memset(seen, 0, (size_t)slots);
+        for (int t = 0; t < b.n_tokens; t++) {
+            if (b.slot[t] < 0 || b.slot[t] >= slots || seen[b.slot[t]]++) { note_bad(w, "bad or repeated slot"); break; }
+        }
+    }
+}
+
+/* One step: plan, check, commit, then "sample" for every item with logits. Finished fakes are
+ * removed from the scheduler. Returns the plan. */
+static const sf_plan *step(world *w)
+{
+    const sf_plan *p = sf_sched_plan(&w->s);
+    check_plan(w, p);
+    for (int i = 0; i < p->n_stuck; i++) ((fake *)p->stuck[i]->owner)->stuck = 1;
+    sf_sched_commit(&w->s);
+    for (int i = 0; i < p->n_items; i++) {
+        sf_seq *q = p->items[i].seq;
+        if (!q || !p->items[i].logits) continue;
+        fake *f = q->owner;
+        sf_seq_append(q, 7 + f->got);
+        f->got++;
+        if (f->got >= f->want) {
+            sf_sched_remove(&w->s, q);
+            f->finished = 1;
+        }
+    }
+    return p;
+}
+
+TEST(token_budget_and_chunked_prefill)
+{
+    world w;
+    REQUIRE(world_init(&w, 1000, 16, 8, 64, 4096, 0.0f) == 0, "init");
+    fake *f = fake_new(1, SF_URGENCY_NORMAL, 200, 3);
+    sf_sched_add(&w.s, &f->q);
+    int chunks[8], n = 0;
+    while (!f->finished && n < 8) {
+        const sf_plan *p = step(&w);
+        CHECK(p->n_tokens <= 64);
+        chunks[n++] = p->n_tokens;
+    }
+    CHECK_MSG(n == 6, "steps %d", n);
+    CHECK(chunks[0] == 64 && chunks[1] == 64 && chunks[2] == 64 && chunks[3] == 8);
+    CHECK(chunks[4] == 1 && chunks[5] == 1);
+    CHECK(f->got == 3 && f->q.n_tokens == 203);
+    CHECK(w.pool.n_free == 1000);
+    CHECK_MSG(!w.bad, "%s", w.why);
+    fake_free(f);
+    world_free(&w);
+}
+
+TEST(decode_never_starved)
+{
+    world w;
+    REQUIRE(world_init(&w, 1000, 16, 8, 64, 4096, 0.0f) == 0, "init");
+    fake *d[4], *big;
+    for (int i = 0; i < 4; i++) {
+        d[i] = fake_new(i, SF_URGENCY_LOW, 5, 1000);
+        sf_sched_add(&w.s, &d[i]->q);
+    }
+    step(&w); /* 4 prompts of 5 tokens: one step */
+    big = fake_new(9, SF_URGENCY_HIGH, 1000, 1);
+    sf_sched_add(&w.s, &big->q);
+    for (int k = 0; k < 10; k++) {
+        const sf_plan *p = step(&w);
+        CHECK_MSG(p->n_decode == 4, "step %d: %d decodes", k, p->n_decode);
+        CHECK(p->n_tokens <= 64);
+        if (k < 5) CHECK_MSG(p->n_prefill == 60, "prefill %d", p->n_prefill);
+    }
+    CHECK_MSG(!w.bad, "%s", w.why);
+    for (int i = 0; i < 4; i++) sf_sched_remove(&w.s, &d[i]->q), fake_free(d[i]);
+    sf_sched_remove(&w.s, &big->q);
+    fake_free(big);
+    CHECK(w.pool.n_free == 1000);
+    world_free(&w);
+}
+
+TEST(urgency_and_deadline_order)
+{
+    world w;
+    REQUIRE(world_init(&w, 1000, 16, 2, 256, 4096, 0.0f) == 0, "init");
+    fake *low[10];
+    for (int i = 0; i < 10; i++) {
+        low[i] = fake_new(i, SF_URGENCY_LOW, 10, 50);
+        sf_sched_add(&w.s, &low[i]->q);
+    }
+    step(&w);
+    CHECK(w.s.n_running == 2 && w.s.n_waiting[SF_URGENCY_LOW] == 8);
+    /* two normal requests: the later one has the earlier deadline */
+    fake *n1 = fake_new(20, SF_URGENCY_NORMAL, 10, 5), *n2 = fake_new(21, SF_URGENCY_NORMAL, 10, 5);
+    n1->q.deadline = 100.0;
+    n2->q.deadline = 50.0;
+    sf_sched_add(&w.s, &n1->q);
+    sf_sched_add(&w.s, &n2->q);
+    fake *hi = fake_new(30, SF_URGENCY_HIGH, 10, 5);
+    sf_sched_add(&w.s, &hi->q);
+    CHECK(w.s.waiting.next == &hi->q && hi->q.next == &n2->q && n2->q.next == &n1->q);
+    step(&w);
+    /* seats were full: both low ones were preempted for the high and the earliest-deadline normal */
+    CHECK_MSG(hi->q.state == SF_SEQ_RUNNING && n2->q.state == SF_SEQ_RUNNING, "hi %d n2 %d", hi->q.state, n2->q.state);
+    CHECK(n1->q.state == SF_SEQ_WAITING);
+    CHECK(w.s.preemptions == 2);
+    /* everything finishes */
+    for (int k = 0; k < 2000 && w.s.n_running + sf_sched_waiting_total(&w.s) > 0; k++) step(&w);
+    for (int i = 0; i < 10; i++) {
+        CHECK(low[i]->finished && low[i]->got == 50);
+        fake_free(low[i]);
+    }
+    CHECK(n1->finished && n2->finished && hi->finished);
+    CHECK(w.pool.n_free == 1000);
+    CHECK_MSG(!w.bad, "%s", w.why);
+    fake_free(n1), fake_free(n2), fake_free(hi);
+    world_free(&w);
+}
+
+TEST(high_reserve_honored)
+{
+    world w;
+    REQUIRE(world_init(&w, 100, 16, 16, 4096, 4096, 0.2f) == 0, "init");
+    CHECK(w.s.reserve_blocks == 20);
+    fake *low[8];
+    for (int i = 0; i < 8; i++) {
+        low[i] = fake_new(i, SF_URGENCY_NORMAL, 16 * 14, 500); /* 14 blocks each, 16 after 20 steps */
+        sf_sched_add(&w.s, &low[i]->q);
+    }
+    for (int k = 0; k < 20; k++) step(&w);
+    CHECK_MSG(w.s.held_low <= 80, "held_low %d", w.s.held_low);
+    CHECK(w.pool.n_free >= 20);
+    CHECK_MSG(w.s.n_running == 5 && w.s.preemptions == 0, "running %d", w.s.n_running);
+    fake *hi = fake_new(99, SF_URGENCY_HIGH, 16 * 10, 2);
+    uint64_t pre = w.s.preemptions;
+    sf_sched_add(&w.s, &hi->q);
+    step(&w);
+    CHECK_MSG(hi->q.state == SF_SEQ_RUNNING, "high admitted from the reserve");
+    CHECK_MSG(w.s.preemptions == pre, "no preemption needed");
+    CHECK_MSG(!w.bad, "%s", w.why);
+    for (int k = 0; k < 5000 && w.s.n_running + sf_sched_waiting_total(&w.s) > 0; k++) step(&w);
+    for (int i = 0; i < 8; i++) {
+        CHECK(low[i]->finished);
+        fake_free(low[i]);
+    }
+    CHECK(hi->finished);
+    CHECK(w.pool.n_free == 100);
+    fake_free(hi);
+    world_free(&w);
+}
+
+TEST(preempt_lowest_class_and_resume)
+{
+    world w;
+    REQUIRE(world_init(&w, 10, 4, 8, 256, 4096, 0.0f) == 0, "init");
+    fake *lo = fake_new(1, SF_URGENCY_LOW, 8, 12), *no = fake_new(2, SF_URGENCY_NORMAL, 8, 12);
+    sf_sched_add(&w.s, &lo->q);
+    sf_sched_add(&w.s, &no->q);
+    for (int k = 0; k < 3; k++) step(&w); /* each holds 3 blocks: 8 prompt + 3 generated */
+    CHECK(lo->q.n_blocks == 3 && no->q.n_blocks == 3 && w.pool.n_free == 4);
+    fake *hi = fake_new(3, SF_URGENCY_HIGH, 20, 3); /* needs 5 blocks */
+    sf_sched_add(&w.s, &hi->q);
+    step(&w);
+    CHECK_MSG(hi->q.state == SF_SEQ_RUNNING, "high admitted");
+    CHECK_MSG(lo->q.state == SF_SEQ_WAITING && lo->q.n_preempted == 1, "low preempted");
+    CHECK_MSG(no->q.state == SF_SEQ_RUNNING && no->q.n_preempted == 0, "normal kept");
+    CHECK(lo->q.n_blocks == 0 && lo->q.n_computed == 0);
+    int lo_tokens = lo->q.n_tokens;
+    CHECK(lo_tokens == 8 + lo->got);
+    for (int k = 0; k < 200 && w.s.n_running + sf_sched_waiting_total(&w.s) > 0; k++) step(&w);
+    CHECK(lo->finished && lo->got == 12 && lo->q.n_tokens == 20);
+    /* tokens survived preemption: prompt then 7, 8, 9, ... */
+    int ok = 1;
+    for (int i = 0; i < 12; i++) ok &= lo->q.tokens[8 + i] == 7 + i;
+    CHECK(ok);
+    CHECK(no->finished && hi->finished && w.pool.n_free == 10);
+    CHECK_MSG(!w.bad, "%s", w.why);
+    fake_free(lo), fake_free(no), fake_free(hi);
+    world_free(&w);
+}
+
+TEST(too_long_for_pool_is_stuck)
+{
+    world w;
+    REQUIRE(world_init(&w, 4, 4, 4, 64, 4096, 0.0f) == 0, "init");
+    fake *big = fake_new(1, SF_URGENCY_NORMAL, 30, 1), *grow = fake_new(2, SF_URGENCY_NORMAL, 14, 10);
+    sf_sched_add(&w.s, &big->q);
+    sf_sched_add(&w.s, &grow->q);
+    for (int k = 0; k < 20; k++) step(&w);
+    CHECK(big->stuck && big->q.state == SF_SEQ_DONE);
+    CHECK_MSG(grow->stuck && grow->got == 3, "grew to 17 tokens, stuck on the 5th block: got %d", grow->got);
+    CHECK(w.pool.n_free == 4);
+    CHECK_MSG(!w.bad, "%s", w.why);
+    fake_free(big), fake_free(grow);
+    world_free(&w);
+}
+
+TEST(bad_config_rejected)
+{
+    sf_kv_pool pool;
+    sf_sched s;
+    sf_error err = { 0 };
+    sf_kv_pool_init(&pool, 10, 16, &err);
+    sf_sched_config c = { .max_num_seqs = 64, .max_batched_tokens = 32, .max_model_len = 128 };
+    CHECK(sf_sched_init(&s, &c, &pool, &err) == SF_EINVAL);
+    CHECK(strstr(err.msg, "max_batched_tokens") != NULL);
+    c.max_batched_tokens = 64;
+    c.kv_high_reserve = 1.5f;
+    CHECK(sf_sched_init(&s, &c, &pool, &err) == SF_EINVAL);
+    sf_kv_pool_free(&pool);
+}
+
+/* A few thousand random steps: arrivals of every class, random prompt and output lengths,
+ * cancellations, a pool small enough to force preemption. Invariants are checked every step;
+ * at the end every request has finished (or was cancelled) and every block is back. */
+TEST(random_workload)
+{
+    world w;
+    REQUIRE(world_init(&w, 96, 8, 12, 96, 512, 0.15f) == 0, "init");
+    sf_rng rng;
+    sf_rng_seed(&rng, 42);
+    enum { MAXF = 4000 };
+    fake **all = calloc(MAXF, sizeof *all);
+    int n_all = 0, cancelled = 0;
+    int steps = 0;
+    for (; steps < 40000; steps++) {
+        if (steps < 3000 && n_all < MAXF && sf_rng_uniform(&rng) < 0.25f) {
+            int urg = (int)(sf_rng_next(&rng) % 3);
+            int np = 1 + (int)(sf_rng_next(&rng) % 200);
+            int want = 1 + (int)(sf_rng_next(&rng) % 40);
+            fake *f = fake_new(n_all, urg, np, want);
+            if (sf_rng_uniform(&rng) < 0.3f) f->q.deadline = (double)steps + sf_rng_uniform(&rng) * 50.0;
+            sf_sched_add(&w.s, &f->q);
+            all[n_all++] = f;
+        }
+        if (n_all && sf_rng_uniform(&rng) < 0.05f) {
+            fake *f = all[sf_rng_next(&rng) % (uint64_t)n_all];
+            if (!f->finished && !f->stuck && f->q.state != SF_SEQ_DONE) {
+                sf_sched_remove(&w.s, &f->q);
+                f->finished = 1;
+                cancelled++;
+            }
+        }
+        step(&w);
+        if (w.bad) break;
+        if (steps >= 3000 && w.s.n_running + sf_sched_waiting_total(&w.s) == 0) break;
+    }
+    CHECK_MSG(!w.bad, "%d violations, first: %s", w.bad, w.why);
+    CHECK_MSG(w.s.n_running + sf_sched_waiting_total(&w.s) == 0, "work left after %d steps", steps);
+    int done = 0, stuck = 0;
+    for (int i = 0; i < n_all; i++) {
+        done += all[i]->finished;
+        stuck += all[i]->stuck;
+    }
+    CHECK_MSG(done + stuck == n_all, "%d of %d finished", done + stuck, n_all);
+    CHECK_MSG(w.pool.n_free == w.pool.n_blocks, "leak: %d of %d blocks free", w.pool.n_free, w.pool.n_blocks);
+    CHECK_MSG(w.s.preemptions > 0, "workload should force preemption");
+    printf("  random workload: %d requests, %d cancelled, %d steps, %llu preemptions, %llu prefill + %llu decode tokens\n",
+           n_all, cancelled, steps, (unsigned long long)w.s.preemptions, (unsigned long long)w.s.tokens_prefill,
+           (unsigned long long)w.s.tokens_decode);
+    for (int i = 0; i < n_all; i++) fake_free(all[i]);
+    free(all);
+    world_free(&w);
+}
+
+int main(void)
+{
+    RUN(token_budget_and_chunked_prefill);
+    RUN(decode_never_starved);
+    RUN(urgency_and_deadline_order);
+    RUN(high_reserve_honored);
+    RUN(preempt_lowest_class_and_resume);
+    RUN(too_long_for_pool_is_stuck);
+    RUN(bad_config_rejected);
+    RUN(random_workload);
+    return test_summary();
+}
