@@ -1,5 +1,4 @@
 /* sf.c — errors, logging, clocks, file reading, PRNG, half-precision conversions. */
-#define _GNU_SOURCE
 #include "sf.h"
 
 #include <errno.h>

@@ -4,15 +4,15 @@
  * presence/frequency: OpenAI, over output) on the raw logits; the reported logprobs come from
  * these penalized logits; then temperature; then top-k, top-p, min-p; then a draw from the
  * seeded rng. temperature 0 is greedy (argmax of the penalized logits).
- * No full sort of the vocabulary: top-k is a quickselect; top-p selects and sorts growing
- * prefixes (256, 1024, ...) until they hold the wanted mass; min-p is a threshold. */
+ * No full sort of the vocabulary: top-k is a quickselect, top-p a bucket walk that sorts
+ * only its boundary bucket, min-p a threshold. */
 #include "sampler.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct cand { float v; int32_t id; } cand;
+typedef struct cand { float v, e; int32_t id; } cand; /* logit, exp(logit - max), id */
 
 int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab, const int32_t *prompt, int n_prompt,
                         sf_error *err)
@@ -129,7 +129,14 @@ static int32_t argmax(const float *l, int vocab)
     return best;
 }
 
-/* Draw from the truncated, temperature-scaled distribution. Returns -1 on out of memory. */
+/* Draw from the truncated, temperature-scaled distribution. Returns -1 on out of memory.
+ * top-p without sorting the vocabulary: candidates are bucketed by how far their logit lies
+ * below the max (NB buckets over R nats, the rest in the last bucket); whole buckets are
+ * taken from the top until the wanted mass is reached, and only the boundary bucket is
+ * sorted. Bucket order is logit order, so the kept set is exactly the sorted prefix. */
+#define NB 1024
+#define RANGE 40.0f
+
 static int32_t sample_truncated(const sf_sampling *p, sf_rng *rng, const float *l, int vocab)
 {
     cand *c = malloc((size_t)vocab * sizeof *c);
@@ -150,23 +157,38 @@ static int32_t sample_truncated(const sf_sampling *p, sf_rng *rng, const float *
     float m = -INFINITY;
     for (int i = 0; i < n; i++) m = c[i].v > m ? c[i].v : m;
     double z = 0;
-    for (int i = 0; i < n; i++) z += exp((double)(c[i].v - m));
+    for (int i = 0; i < n; i++) z += (c[i].e = expf(c[i].v - m));
     if (p->top_p < 1.0f) {
-        /* smallest prefix of the sorted candidates whose mass reaches top_p */
-        double want = p->top_p * z, cum = 0;
-        int done = 0, keep = n, pre = 256;
-        for (;;) {
-            if (pre > n) pre = n;
-            select_top(c + done, n - done, pre - done);
-            qsort(c + done, (size_t)(pre - done), sizeof *c, cmp_desc);
-            int found = 0;
-            for (int i = done; i < pre; i++) {
-                cum += exp((double)(c[i].v - m));
-                if (cum >= want) { keep = i + 1; found = 1; break; }
-            }
-            done = pre;
-            if (found || done >= n) break;
-            pre *= 4;
+        double mass[NB] = { 0 }, want = p->top_p * z, cum = 0;
+        const float scale = NB / RANGE;
+        for (int i = 0; i < n; i++) {
+            float d = (m - c[i].v) * scale;
+            int b = d < NB - 1 ? (int)d : NB - 1;
+            mass[b] += c[i].e;
+        }
+        int bstar = NB - 1;
+        for (int b = 0; b < NB; b++) {
+            if (cum + mass[b] >= want) { bstar = b; break; }
+            cum += mass[b];
+        }
+        /* move buckets < bstar to the front, then bucket bstar */
+        int k1 = 0;
+        for (int i = 0; i < n; i++) {
+            float d = (m - c[i].v) * scale;
+            int b = d < NB - 1 ? (int)d : NB - 1;
+            if (b < bstar) { cand t = c[k1]; c[k1] = c[i]; c[i] = t; k1++; }
+        }
+        int k2 = k1;
+        for (int i = k1; i < n; i++) {
+            float d = (m - c[i].v) * scale;
+            int b = d < NB - 1 ? (int)d : NB - 1;
+            if (b == bstar) { cand t = c[k2]; c[k2] = c[i]; c[i] = t; k2++; }
+        }
+        qsort(c + k1, (size_t)(k2 - k1), sizeof *c, cmp_desc);
+        int keep = k2;
+        for (int i = k1; i < k2; i++) {
+            cum += c[i].e;
+            if (cum >= want) { keep = i + 1; break; }
         }
         n = keep;
     }
@@ -178,11 +200,11 @@ static int32_t sample_truncated(const sf_sampling *p, sf_rng *rng, const float *
         n = k; /* the max always passes: n >= 1 */
     }
     double tot = 0;
-    for (int i = 0; i < n; i++) tot += exp((double)(c[i].v - m));
+    for (int i = 0; i < n; i++) tot += c[i].e;
     double u = (double)sf_rng_uniform(rng) * tot;
     int32_t id = c[n - 1].id;
     for (int i = 0; i < n; i++) {
-        u -= exp((double)(c[i].v - m));
+        u -= c[i].e;
         if (u < 0) { id = c[i].id; break; }
     }
     free(c);
@@ -206,7 +228,7 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
     float m = -INFINITY;
     for (int i = 0; i < vocab; i++) m = logits[i] > m ? logits[i] : m;
     double z = 0;
-    for (int i = 0; i < vocab; i++) z += exp((double)(logits[i] - m));
+    for (int i = 0; i < vocab; i++) z += expf(logits[i] - m);
     float lse = m + (float)log(z);
     if (logprob) *logprob = logits[id] - lse;
     if (n_top) *n_top = 0;

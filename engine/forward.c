@@ -1,0 +1,229 @@
+/* forward.c — the Llama-family forward pass over the backend table (see forward.h).
+ *
+ * Weights: QKV fused into one 3-part weight (with Qwen2's biases), gate/up into one 2-part
+ * weight, a tied lm_head shares the embedding's weight object. Activations live in backend
+ * buffers sized for max_tokens rows; the residual stream h is updated by the fused
+ * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds. */
+#include "forward.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* sf_rope_inv_freq lives with the model loader; until every build carries it, plain
+ * (unscaled) frequencies are computed here when it is absent. */
+#pragma weak sf_rope_inv_freq
+static void rope_inv_freq(const sf_model_config *c, float *inv_freq)
+{
+    if (sf_rope_inv_freq) { sf_rope_inv_freq(c, inv_freq); return; }
+    for (int i = 0; i < c->head_dim / 2; i++)
+        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)((float)(2 * i) / (float)c->head_dim)));
+}
+
+typedef struct fw_layer {
+    sf_weight *attn_norm, *wqkv, *wo, *ffn_norm, *wgu, *wdown;
+} fw_layer;
+
+struct sf_forward {
+    sf_backend *b;
+    const sf_model *m;
+    int max_tokens, max_logits;
+    sf_weight *emb, *out_norm, *lm;
+    fw_layer *layers;
+    float *inv_freq;
+    sf_rope rope;
+    /* activations */
+    sf_buf *h, *x, *qkv, *att, *ao, *gu, *act, *mo, *sel, *logits;
+};
+
+#define OPS(f) ((f)->b->ops)
+
+static int check_view(const sf_view *v, int64_t rows, int64_t cols, const char *name, int layer, sf_error *err)
+{
+    char where[32] = "";
+    if (layer >= 0) snprintf(where, sizeof where, " of layer %d", layer);
+    if (!v->data)
+        return sf_err(err, SF_ENOTFOUND, "tensor %s%s is missing from the model", name, where);
+    if (v->rows * v->cols != rows * cols || (v->rows != rows && !(rows == 1 || cols == 1)))
+        return sf_err(err, SF_EFORMAT, "tensor %s%s has shape [%lld, %lld], the config needs [%lld, %lld]",
+                      name, where, (long long)v->rows, (long long)v->cols, (long long)rows, (long long)cols);
+    return SF_OK;
+}
+
+static int new_weight(sf_forward *f, sf_weight **out, sf_error *err, int n, const sf_view *parts, const sf_view *bias)
+{
+    sf_weight_desc d;
+    memset(&d, 0, sizeof d);
+    d.n_parts = n;
+    for (int i = 0; i < n; i++) {
+        d.part[i] = parts[i];
+        if (bias) d.bias[i] = bias[i];
+    }
+    return OPS(f)->weight_new(f->b, &d, out, err);
+}
+
+static int new_vec(sf_forward *f, sf_weight **out, const sf_view *v, sf_error *err)
+{
+    sf_view row = *v;
+    row.cols = row.rows * row.cols;
+    row.rows = 1;
+    return new_weight(f, out, err, 1, &row, NULL);
+}
+
+void sf_forward_free(sf_forward *f)
+{
+    if (!f) return;
+    const struct sf_backend_ops *o = OPS(f);
+    sf_buf *bufs[] = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo, f->sel, f->logits };
+    for (size_t i = 0; i < SF_ARRAY_LEN(bufs); i++)
+        if (bufs[i]) o->buf_free(f->b, bufs[i]);
+    if (f->layers) {
+        for (int l = 0; l < f->m->cfg.n_layers; l++) {
+            fw_layer *L = &f->layers[l];
+            sf_weight *ws[] = { L->attn_norm, L->wqkv, L->wo, L->ffn_norm, L->wgu, L->wdown };
+            for (size_t i = 0; i < SF_ARRAY_LEN(ws); i++)
+                if (ws[i]) o->weight_free(f->b, ws[i]);
+        }
+    }
+    if (f->lm && f->lm != f->emb) o->weight_free(f->b, f->lm);
+    if (f->emb) o->weight_free(f->b, f->emb);
+    if (f->out_norm) o->weight_free(f->b, f->out_norm);
+    free(f->layers);
+    free(f->inv_freq);
+    free(f);
+}
+
+static int check_model(const sf_model *m, sf_error *err)
+{
+    const sf_model_config *c = &m->cfg;
+    if (c->hidden < 1 || c->n_layers < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->head_dim < 2 ||
+        c->intermediate < 1 || c->vocab_size < 1 || c->n_heads % c->n_kv_heads || c->head_dim % 2)
+        return sf_err(err, SF_EFORMAT, "model config: hidden %d, layers %d, heads %d/%d kv, head_dim %d, ffn %d, vocab %d "
+                      "(heads must be a multiple of kv heads, head_dim even)", c->hidden, c->n_layers, c->n_heads,
+                      c->n_kv_heads, c->head_dim, c->intermediate, c->vocab_size);
+    int64_t d = c->hidden, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    int rc;
+    if ((rc = check_view(&m->tok_embd, c->vocab_size, d, "token embedding", -1, err)) ||
+        (rc = check_view(&m->out_norm, 1, d, "output norm", -1, err)))
+        return rc;
+    if (m->lm_head.data && (rc = check_view(&m->lm_head, c->vocab_size, d, "lm_head", -1, err))) return rc;
+    for (int l = 0; l < c->n_layers; l++) {
+        const sf_layer_w *w = &m->layers[l];
+        if ((rc = check_view(&w->attn_norm, 1, d, "attn_norm", l, err)) ||
+            (rc = check_view(&w->wq, q, d, "q_proj", l, err)) || (rc = check_view(&w->wk, kv, d, "k_proj", l, err)) ||
+            (rc = check_view(&w->wv, kv, d, "v_proj", l, err)) || (rc = check_view(&w->wo, d, q, "o_proj", l, err)) ||
+            (rc = check_view(&w->ffn_norm, 1, d, "ffn_norm", l, err)) ||
+            (rc = check_view(&w->wgate, c->intermediate, d, "gate_proj", l, err)) ||
+            (rc = check_view(&w->wup, c->intermediate, d, "up_proj", l, err)) ||
+            (rc = check_view(&w->wdown, d, c->intermediate, "down_proj", l, err)))
+            return rc;
+        if (w->bq.data && (rc = check_view(&w->bq, 1, q, "q_proj.bias", l, err))) return rc;
+        if (w->bk.data && (rc = check_view(&w->bk, 1, kv, "k_proj.bias", l, err))) return rc;
+        if (w->bv.data && (rc = check_view(&w->bv, 1, kv, "v_proj.bias", l, err))) return rc;
+    }
+    return SF_OK;
+}
+
+int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_logits, sf_forward **out, sf_error *err)
+{
+    *out = NULL;
+    if (max_tokens < 1 || max_logits < 1 || max_logits > max_tokens)
+        return sf_err(err, SF_EINVAL, "forward: max_tokens %d and max_logits %d (need 1 <= max_logits <= max_tokens)",
+                      max_tokens, max_logits);
+    int rc = check_model(m, err);
+    if (rc) return rc;
+    const sf_model_config *c = &m->cfg;
+    sf_forward *f = calloc(1, sizeof *f);
+    if (!f) return sf_err(err, SF_ENOMEM, "forward: out of memory");
+    f->b = b;
+    f->m = m;
+    f->max_tokens = max_tokens;
+    f->max_logits = max_logits;
+    f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
+    f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
+    if (!f->layers || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
+
+    if ((rc = new_weight(f, &f->emb, err, 1, &m->tok_embd, NULL)) || (rc = new_vec(f, &f->out_norm, &m->out_norm, err)))
+        goto fail;
+    int tied = c->tie_embeddings || !m->lm_head.data || m->lm_head.data == m->tok_embd.data;
+    if (tied) f->lm = f->emb;
+    else if ((rc = new_weight(f, &f->lm, err, 1, &m->lm_head, NULL))) goto fail;
+    for (int l = 0; l < c->n_layers; l++) {
+        const sf_layer_w *w = &m->layers[l];
+        fw_layer *L = &f->layers[l];
+        sf_view qkv[3] = { w->wq, w->wk, w->wv }, bias[3] = { w->bq, w->bk, w->bv }, gu[2] = { w->wgate, w->wup };
+        for (int i = 0; i < 3; i++)
+            if (bias[i].data) { bias[i].cols *= bias[i].rows; bias[i].rows = 1; }
+        if ((rc = new_vec(f, &L->attn_norm, &w->attn_norm, err)) || (rc = new_weight(f, &L->wqkv, err, 3, qkv, bias)) ||
+            (rc = new_weight(f, &L->wo, err, 1, &w->wo, NULL)) || (rc = new_vec(f, &L->ffn_norm, &w->ffn_norm, err)) ||
+            (rc = new_weight(f, &L->wgu, err, 2, gu, NULL)) || (rc = new_weight(f, &L->wdown, err, 1, &w->wdown, NULL))) {
+            sf_err_wrap(err, "layer %d", l);
+            goto fail;
+        }
+    }
+
+    int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
+    rope_inv_freq(c, f->inv_freq);
+    f->rope = (sf_rope){ .head_dim = hd, .rot_dim = hd, .interleaved = c->rope_interleaved,
+                         .inv_freq = f->inv_freq, .attn_scale = 1.0f / sqrtf((float)hd) };
+
+    const struct sf_backend_ops *o = b->ops;
+    int T = max_tokens, Lg = max_logits;
+    if ((rc = o->buf_new(b, T, c->hidden, &f->h, err)) || (rc = o->buf_new(b, T, c->hidden, &f->x, err)) ||
+        (rc = o->buf_new(b, T, (int64_t)(H + 2 * Hkv) * hd, &f->qkv, err)) ||
+        (rc = o->buf_new(b, T, (int64_t)H * hd, &f->att, err)) || (rc = o->buf_new(b, T, c->hidden, &f->ao, err)) ||
+        (rc = o->buf_new(b, T, 2 * (int64_t)c->intermediate, &f->gu, err)) ||
+        (rc = o->buf_new(b, T, c->intermediate, &f->act, err)) || (rc = o->buf_new(b, T, c->hidden, &f->mo, err)) ||
+        (rc = o->buf_new(b, Lg, c->hidden, &f->sel, err)) || (rc = o->buf_new(b, Lg, c->vocab_size, &f->logits, err)))
+        goto fail;
+    *out = f;
+    return SF_OK;
+fail:
+    sf_forward_free(f);
+    return sf_err_wrap(err, "preparing the forward pass");
+}
+
+int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *err)
+{
+    const sf_model_config *c = &f->m->cfg;
+    const struct sf_backend_ops *o = OPS(f);
+    sf_backend *b = f->b;
+    int T = bt->n_tokens, rc;
+    const char *op = "";
+    int layer = -1;
+    if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
+        return sf_err(err, SF_EINVAL, "forward step: %d tokens and %d logit rows (this forward pass takes up to %d and %d)",
+                      T, bt->n_logits, f->max_tokens, f->max_logits);
+#define STEP(name, call) do { op = name; if ((rc = (call)) != SF_OK) goto fail; } while (0)
+    STEP("batch_begin", o->batch_begin(b, bt));
+    STEP("embed", o->embed(b, f->emb, f->h));
+    for (layer = 0; layer < c->n_layers; layer++) {
+        fw_layer *L = &f->layers[layer];
+        STEP("attn_norm", o->rmsnorm(b, f->h, layer ? f->mo : NULL, L->attn_norm, c->rms_eps, T, f->x));
+        STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
+        STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+        STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
+        STEP("o_proj", o->matmul(b, f->att, L->wo, T, f->ao));
+        STEP("ffn_norm", o->rmsnorm(b, f->h, f->ao, L->ffn_norm, c->rms_eps, T, f->x));
+        STEP("gate_up", o->matmul(b, f->x, L->wgu, T, f->gu));
+        STEP("silu_mul", o->silu_mul(b, f->gu, T, c->intermediate, f->act));
+        STEP("down_proj", o->matmul(b, f->act, L->wdown, T, f->mo));
+    }
+    layer = -1;
+    if (bt->n_logits > 0) {
+        STEP("output_norm", o->rmsnorm(b, f->h, f->mo, f->out_norm, c->rms_eps, T, f->x));
+        STEP("get_rows", o->get_rows(b, f->x, f->sel));
+        STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
+        STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
+    } else {
+        STEP("sync", o->sync(b));
+    }
+#undef STEP
+    return SF_OK;
+fail:
+    if (layer >= 0)
+        return sf_err(err, rc, "forward step: %s of layer %d failed on the %s backend (%s; details logged above)",
+                      op, layer, o->name, sf_status_str(rc));
+    return sf_err(err, rc, "forward step: %s failed on the %s backend (%s; details logged above)", op, o->name,
+                  sf_status_str(rc));
+}

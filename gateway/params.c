@@ -1,0 +1,326 @@
+/* params.c — OpenAI request bodies -> sf_gw_params, with OpenAI-shaped rejections. */
+#include "params.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "intent.h"
+
+int sf_gw_fail(sf_gw_err *e, int status, const char *type, const char *code, const char *param,
+               const char *fmt, ...)
+{
+    va_list ap;
+    e->status = status;
+    e->type = type;
+    e->code = code;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return SF_EINVAL;
+}
+
+#define BAD(param, ...) sf_gw_fail(e, 400, "invalid_request_error", NULL, param, __VA_ARGS__)
+
+static int get_number(json_t *o, const char *k, double lo, double hi, int lo_open, double *out, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_number(v)) return BAD(k, "'%s' must be a number", k);
+    double d = json_number_value(v);
+    if (!isfinite(d) || d > hi || d < lo || (lo_open && d == lo))
+        return BAD(k, "'%s' is %g; it must be %s %g and <= %g", k, d, lo_open ? ">" : ">=", lo, hi);
+    *out = d;
+    return 0;
+}
+
+static int get_int(json_t *o, const char *k, long long lo, long long hi, long long *out, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_integer(v)) return BAD(k, "'%s' must be an integer", k);
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi) return BAD(k, "'%s' is %lld; it must be between %lld and %lld", k, x, lo, hi);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(json_t *o, const char *k, int *out, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_boolean(v)) return BAD(k, "'%s' must be true or false", k);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int parse_stop(json_t *o, sf_sampling *s, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, "stop");
+    if (!v || json_is_null(v)) return 0;
+    json_t *one[1] = { v };
+    size_t n = 1;
+    if (json_is_array(v)) n = json_array_size(v);
+    else if (!json_is_string(v)) return BAD("stop", "'stop' must be a string or an array of strings");
+    if (n > SF_MAX_STOP) return BAD("stop", "'stop' holds %zu strings; at most %d are allowed", n, SF_MAX_STOP);
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_is_array(v) ? json_array_get(v, i) : one[0];
+        if (!json_is_string(x)) return BAD("stop", "'stop[%zu]' must be a string", i);
+        size_t len = json_string_length(x);
+        if (len == 0 || len > 256) return BAD("stop", "'stop[%zu]' must be 1 to 256 bytes long", i);
+        if (strlen(json_string_value(x)) != len) return BAD("stop", "'stop[%zu]' contains a NUL character", i);
+        s->stop[s->n_stop++] = (char *)json_string_value(x);
+    }
+    return 0;
+}
+
+static int parse_prompt(json_t *o, sf_gw_params *p, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, "prompt");
+    if (!v || json_is_null(v)) return BAD("prompt", "'prompt' is required (a string or an array of token ids)");
+    if (json_is_array(v) && json_array_size(v) == 1 &&
+        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
+        v = json_array_get(v, 0); /* ["text"] or [[1,2,3]]: one prompt in a batch of one */
+    if (json_is_string(v)) {
+        p->prompt = json_string_value(v);
+        p->prompt_len = json_string_length(v);
+        return 0;
+    }
+    if (!json_is_array(v))
+        return BAD("prompt", "'prompt' must be a string, an array of token ids, or an array with one of those");
+    size_t n = json_array_size(v);
+    if (n == 0) return BAD("prompt", "'prompt' is empty");
+    if (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0)))
+        return BAD("prompt", "'prompt' holds %zu prompts; send one prompt per request (use 'n' for several "
+                             "completions of one prompt)", n);
+    if (n > 10000000) return BAD("prompt", "'prompt' holds too many token ids");
+    p->prompt_ids = malloc(n * sizeof *p->prompt_ids);
+    if (!p->prompt_ids) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
+            return BAD("prompt", "'prompt[%zu]' must be a non-negative token id", i);
+        p->prompt_ids[i] = (int32_t)json_integer_value(x);
+    }
+    p->n_prompt_ids = (int)n;
+    return 0;
+}
+
+/* content: a string, null (assistant turns), or [{"type":"text","text":"..."}, ...]. */
+static int parse_content(json_t *c, size_t i, sf_gw_params *p, sf_gw_err *e)
+{
+    if (json_is_string(c)) {
+        if (strlen(json_string_value(c)) != json_string_length(c))
+            return BAD("messages", "'messages[%zu].content' contains a NUL character", i);
+        p->msgs[i].content = json_string_value(c);
+        return 0;
+    }
+    if (!c || json_is_null(c)) {
+        p->msgs[i].content = "";
+        return 0;
+    }
+    if (!json_is_array(c))
+        return BAD("messages", "'messages[%zu].content' must be a string or an array of text parts", i);
+    size_t total = 1, k;
+    json_t *part;
+    json_array_foreach(c, k, part) {
+        json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_object(part) || !json_is_string(type) || strcmp(json_string_value(type), "text"))
+            return BAD("messages", "'messages[%zu].content[%zu]' must be {\"type\": \"text\", \"text\": ...}; "
+                                   "this server reads text only", i, k);
+        if (!json_is_string(text) || strlen(json_string_value(text)) != json_string_length(text))
+            return BAD("messages", "'messages[%zu].content[%zu].text' must be a string", i, k);
+        total += json_string_length(text);
+    }
+    char *buf = malloc(total);
+    if (!buf) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t off = 0;
+    json_array_foreach(c, k, part) {
+        json_t *text = json_object_get(part, "text");
+        memcpy(buf + off, json_string_value(text), json_string_length(text));
+        off += json_string_length(text);
+    }
+    buf[off] = 0;
+    p->msg_text[i] = buf;
+    p->msgs[i].content = buf;
+    return 0;
+}
+
+static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
+{
+    static const char *roles[] = { "system", "user", "assistant", "tool", "developer" };
+    json_t *v = json_object_get(o, "messages");
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return BAD("messages", "'messages' must be a non-empty array of {\"role\", \"content\"} objects");
+    size_t n = json_array_size(v);
+    if (n > 100000) return BAD("messages", "'messages' holds too many messages");
+    p->msgs = calloc(n, sizeof *p->msgs);
+    p->msg_text = calloc(n, sizeof *p->msg_text);
+    if (!p->msgs || !p->msg_text) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->n_msgs = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_array_get(v, i);
+        if (!json_is_object(m)) return BAD("messages", "'messages[%zu]' must be an object", i);
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_string(role)) return BAD("messages", "'messages[%zu].role' must be a string", i);
+        size_t r = 0;
+        while (r < SF_ARRAY_LEN(roles) && strcmp(roles[r], json_string_value(role))) r++;
+        if (r == SF_ARRAY_LEN(roles))
+            return BAD("messages", "'messages[%zu].role' is '%.32s'; use system, user, assistant, tool or "
+                                   "developer", i, json_string_value(role));
+        p->msgs[i].role = r == 4 ? "system" : json_string_value(role);
+        int rc = parse_content(json_object_get(m, "content"), i, p, e);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+static int reject_unsupported(json_t *o, sf_gw_err *e)
+{
+    static const char *keys[] = { "tools", "tool_choice", "functions", "function_call", "suffix" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
+        json_t *v = json_object_get(o, keys[i]);
+        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+            return BAD(keys[i], "'%s' is not supported by this server", keys[i]);
+    }
+    long long best_of = 1;
+    if (get_int(o, "best_of", 1, 1, &best_of, e)) return BAD("best_of", "'best_of' other than 1 is not supported");
+    int echo = 0;
+    if (get_bool(o, "echo", &echo, e)) return SF_EINVAL;
+    if (echo) return BAD("echo", "'echo' is not supported by this server");
+    json_t *rf = json_object_get(o, "response_format");
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text"))
+            return BAD("response_format", "only {\"type\": \"text\"} is supported for 'response_format'");
+    }
+    return 0;
+}
+
+int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, sf_gw_err *e)
+{
+    json_error_t je;
+    int rc;
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->n = 1;
+    p->add_generation_prompt = 1;
+    /* OpenAI defaults; the engine's own defaults are not assumed */
+    p->sampling.temperature = 1.0f;
+    p->sampling.top_p = 1.0f;
+    p->sampling.repetition_penalty = 1.0f;
+    if (len == 0) return BAD(NULL, "the request body is empty; send a JSON object");
+    p->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    if (!p->root) return BAD(NULL, "the body is not valid JSON (line %d, column %d): %s", je.line, je.column, je.text);
+    json_t *o = p->root;
+    if (!json_is_object(o)) {
+        rc = BAD(NULL, "the body must be a JSON object");
+        goto fail;
+    }
+    json_t *model = json_object_get(o, "model");
+    if (model && !json_is_null(model)) {
+        if (!json_is_string(model)) { rc = BAD("model", "'model' must be a string"); goto fail; }
+        p->model = json_string_value(model);
+    }
+    if ((rc = reject_unsupported(o, e))) goto fail;
+    if ((rc = kind == SF_GW_CHAT ? parse_messages(o, p, e) : parse_prompt(o, p, e))) goto fail;
+
+    sf_sampling *s = &p->sampling;
+    double d;
+    long long x;
+    d = s->temperature;
+    if ((rc = get_number(o, "temperature", 0, 2, 0, &d, e))) goto fail;
+    s->temperature = (float)d;
+    d = s->top_p;
+    if ((rc = get_number(o, "top_p", 0, 1, 1, &d, e))) goto fail;
+    s->top_p = (float)d;
+    x = s->top_k;
+    if ((rc = get_int(o, "top_k", -1, 1000000, &x, e))) goto fail;
+    s->top_k = x < 0 ? 0 : (int)x;
+    d = s->min_p;
+    if ((rc = get_number(o, "min_p", 0, 1, 0, &d, e))) goto fail;
+    s->min_p = (float)d;
+    d = s->presence_penalty;
+    if ((rc = get_number(o, "presence_penalty", -2, 2, 0, &d, e))) goto fail;
+    s->presence_penalty = (float)d;
+    d = s->frequency_penalty;
+    if ((rc = get_number(o, "frequency_penalty", -2, 2, 0, &d, e))) goto fail;
+    s->frequency_penalty = (float)d;
+    d = s->repetition_penalty;
+    if ((rc = get_number(o, "repetition_penalty", 0, 10, 1, &d, e))) goto fail;
+    s->repetition_penalty = (float)d;
+    json_t *seed = json_object_get(o, "seed");
+    if (seed && !json_is_null(seed)) {
+        if (!json_is_integer(seed)) { rc = BAD("seed", "'seed' must be an integer"); goto fail; }
+        s->seed = (uint64_t)json_integer_value(seed);
+        s->has_seed = 1;
+    }
+    long long mt = -1, mct = -1;
+    if ((rc = get_int(o, "max_tokens", 1, SF_GW_MAX_TOKENS_LIMIT, &mt, e))) goto fail;
+    if ((rc = get_int(o, "max_completion_tokens", 1, SF_GW_MAX_TOKENS_LIMIT, &mct, e))) goto fail;
+    if (mct > 0) mt = mct;
+    if (mt > 0) {
+        s->max_tokens = (int)mt;
+        p->max_tokens_given = 1;
+    }
+    if ((rc = get_bool(o, "ignore_eos", &s->ignore_eos, e))) goto fail;
+    if ((rc = parse_stop(o, s, e))) goto fail;
+    x = 1;
+    if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
+    p->n = (int)x;
+    if ((rc = get_bool(o, "stream", &p->stream, e))) goto fail;
+    json_t *so = json_object_get(o, "stream_options");
+    if (so && !json_is_null(so)) {
+        if (!json_is_object(so)) { rc = BAD("stream_options", "'stream_options' must be an object"); goto fail; }
+        if (!p->stream) { rc = BAD("stream_options", "'stream_options' is only allowed when 'stream' is true"); goto fail; }
+        if ((rc = get_bool(so, "include_usage", &p->include_usage, e))) {
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+            goto fail;
+        }
+    }
+    if (kind == SF_GW_CHAT) {
+        x = 0;
+        if ((rc = get_bool(o, "logprobs", &p->logprobs, e))) goto fail;
+        if ((rc = get_int(o, "top_logprobs", 0, SF_MAX_LOGPROBS, &x, e))) goto fail;
+        if (x > 0 && !p->logprobs) { rc = BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true"); goto fail; }
+        p->top_logprobs = (int)x;
+        if ((rc = get_bool(o, "add_generation_prompt", &p->add_generation_prompt, e))) goto fail;
+    } else {
+        x = -1;
+        if ((rc = get_int(o, "logprobs", 0, 5, &x, e))) goto fail;
+        if (x >= 0) p->logprobs = 1, p->top_logprobs = (int)x;
+    }
+    if (p->logprobs) s->logprobs = p->top_logprobs > 0 ? p->top_logprobs : -1;
+    json_t *user = json_object_get(o, "user");
+    if (user && !json_is_null(user)) {
+        if (!json_is_string(user) || json_string_length(user) > 256) {
+            rc = BAD("user", "'user' must be a string of at most 256 bytes");
+            goto fail;
+        }
+        p->user = json_string_value(user);
+    }
+    json_t *intent = json_object_get(o, "intent");
+    if (intent && !json_is_null(intent)) {
+        sf_error ie = { 0 };
+        if (sf_intent_from_json(intent, &p->intent, &ie)) { rc = BAD("intent", "%s", ie.msg); goto fail; }
+        p->has_intent = 1;
+    }
+    return 0;
+fail:
+    sf_gw_params_free(p);
+    return rc ? rc : SF_EINVAL;
+}
+
+void sf_gw_params_free(sf_gw_params *p)
+{
+    if (!p) return;
+    for (int i = 0; p->msg_text && i < p->n_msgs; i++) free(p->msg_text[i]);
+    free(p->msg_text);
+    free(p->msgs);
+    free(p->prompt_ids);
+    json_decref(p->root);
+    memset(p, 0, sizeof *p);
+}

@@ -1,0 +1,64 @@
+/* params.h — an OpenAI request body (chat or completions) turned into engine parameters.
+ *
+ * Pure: no tokenizer, no engine, no I/O, so it can be fuzzed on its own (tests/fuzz). Every
+ * rejection carries the HTTP status, OpenAI's error type and the offending parameter name.
+ * Ranges follow OpenAI where it defines them (temperature 0..2, top_p (0,1], penalties -2..2,
+ * top_logprobs 0..20) and vLLM for its extensions (top_k, min_p, repetition_penalty,
+ * ignore_eos). null means "not given" for every optional field. Any thread. */
+#ifndef SF_GW_PARAMS_H
+#define SF_GW_PARAMS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "../engine/engine.h"
+#include "../engine/tokenizer.h"
+
+/* An error as the client will see it: {"error": {"message", "type", "param", "code"}}. */
+typedef struct sf_gw_err {
+    int status;               /* HTTP status */
+    const char *type;         /* "invalid_request_error", "authentication_error", ... */
+    const char *code;         /* or NULL */
+    char param[64];           /* "" when not about one parameter */
+    char msg[512];
+} sf_gw_err;
+int sf_gw_fail(sf_gw_err *e, int status, const char *type, const char *code, const char *param,
+               const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+
+enum { SF_GW_COMPLETIONS = 0, SF_GW_CHAT = 1 };
+#define SF_GW_MAX_N 16
+#define SF_GW_MAX_TOKENS_LIMIT 1000000
+
+typedef struct sf_gw_params {
+    int kind;                 /* SF_GW_* */
+    json_t *root;             /* the parsed body; strings below point into it */
+    const char *model;        /* NULL: not given */
+    /* completions: exactly one of prompt / prompt_ids */
+    const char *prompt;
+    size_t prompt_len;
+    int32_t *prompt_ids;      /* malloc'd */
+    int n_prompt_ids;
+    /* chat */
+    sf_chat_msg *msgs;        /* malloc'd array; strings point into root or into msg_text */
+    char **msg_text;          /* joined content parts, malloc'd per message (or NULL) */
+    int n_msgs;
+    int add_generation_prompt;
+    sf_sampling sampling;     /* stop strings point into root */
+    int max_tokens_given;
+    int stream, include_usage;
+    int n;
+    int logprobs;             /* chat: logprobs true; completions: logprobs given */
+    int top_logprobs;         /* alternatives per token (0..20) */
+    int has_intent;
+    sf_intent intent;
+    const char *user;
+} sf_gw_params;
+
+/* Parses body (len bytes, any content) into p. On failure fills e (status 400 or 404) and
+ * leaves nothing to free; on success free with sf_gw_params_free. */
+int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, sf_gw_err *e);
+void sf_gw_params_free(sf_gw_params *p);
+
+#endif
