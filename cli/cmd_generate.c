@@ -145,6 +145,15 @@ int sf_cmd_generate(int argc, char **argv)
             fprintf(stderr, "semflow generate: unexpected argument '%s' (the prompt goes after --prompt)\n", a);
             return 2;
         }
+        static const char *const with_value[] = { "--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
+                                                  "--top-k", "--min-p", "--seed", "--stop", "--backend", "--threads",
+                                                  "--max-model-len", "--load-format" };
+        int known = 0;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
+        if (!known) {
+            fprintf(stderr, "semflow generate: unknown option '%s' (see semflow generate --help)\n", a);
+            return 2;
+        }
         if (i + 1 >= argc) {
             fprintf(stderr, "semflow generate: %s needs a value\n", a);
             return 2;
