@@ -41,7 +41,7 @@ static int split_re(enc *E, pcre2_code *re, const char *s, size_t n, int behavio
     size_t np = 0, cap = 0, prev = 0, off = 0;
     int rc = SF_OK;
     while (off <= n) {
-        int m = pcre2_match(re, (PCRE2_SPTR)s, n, off, 0, E->md, NULL);
+        int m = pcre2_match(re, (PCRE2_SPTR)s, n, off, PCRE2_NO_UTF_CHECK, E->md, NULL);
         if (m == PCRE2_ERROR_NOMATCH) break;
         if (m < 0) {
             rc = SF_ERROR;
@@ -68,16 +68,16 @@ static int split_re(enc *E, pcre2_code *re, const char *s, size_t n, int behavio
     size_t k = 0;
     int prev_match = 0;
     if (behavior == TOK_SPLIT_MERGED_NEXT) {
-        for (size_t i = np; i-- > 0;) { /* right to left */
-            if (p[i].match && !prev_match && k) p[k - 1].s = p[i].s;
-            else p[k++] = (part){ p[i].s, p[i].e, 0 };
-            prev_match = p[i].match;
+        /* right to left, writing from the end: slot j >= i is never read again */
+        size_t j = np;
+        for (size_t i = np; i-- > 0;) {
+            int m = p[i].match;
+            if (m && !prev_match && j < np) p[j].s = p[i].s;
+            else p[--j] = (part){ p[i].s, p[i].e, 0 };
+            prev_match = m;
         }
-        for (size_t i = 0; i < k / 2; i++) {
-            part x = p[i];
-            p[i] = p[k - 1 - i];
-            p[k - 1 - i] = x;
-        }
+        k = np - j;
+        memmove(p, p + j, k * sizeof *p);
     } else {
         for (size_t i = 0; i < np; i++) {
             part c = p[i];
@@ -140,7 +140,7 @@ static int normalize(enc *E, const char *s, size_t n)
         } else if (nm->kind == TOK_NORM_REPLACE) {
             size_t off = 0, run = 0;
             while (off <= E->norm.len) {
-                int m = pcre2_match(nm->re, (PCRE2_SPTR)E->norm.p, E->norm.len, off, 0, E->md, NULL);
+                int m = pcre2_match(nm->re, (PCRE2_SPTR)E->norm.p, E->norm.len, off, PCRE2_NO_UTF_CHECK, E->md, NULL);
                 if (m < 0) break;
                 PCRE2_SIZE *ov = pcre2_get_ovector_pointer(E->md);
                 if (tok_buf_put(&E->tmp, E->norm.p + run, ov[0] - run) || tok_buf_puts(&E->tmp, nm->b)) return SF_ENOMEM;

@@ -186,4 +186,13 @@ void sf_hw_info_print(FILE *f, const sf_hw_info *hw);
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err);
 int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err);
 
+/* Device-memory counters of the CUDA backend: allocations made since open (all happen while
+ * the model is set up; a step makes none) and bytes held. SF_ENODEV for other backends and
+ * in builds without CUDA. */
+typedef struct sf_backend_stats {
+    int n_device_allocs;
+    size_t device_bytes;
+} sf_backend_stats;
+int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s);
+
 #endif

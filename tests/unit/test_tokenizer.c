@@ -140,10 +140,396 @@ TEST(byte_table)
     }
 }
 
+
+/* ---- hand-built tokenizers: each expected pre-token is a vocab word (ignore_merges), every
+ * printable ASCII character and \n is a fallback, so a wrong split shows up as single chars. */
+static sf_tokenizer *make_tok(json_t *pre, const char *const *words, json_t *added, json_t *normalizer, sf_error *err)
+{
+    json_t *vocab = json_object();
+    int id = 0;
+    char c[2] = { 0, 0 };
+    for (int ch = 32; ch < 127; ch++) {
+        c[0] = (char)ch;
+        json_object_set_new(vocab, c, json_integer(id++));
+    }
+    json_object_set_new(vocab, "\n", json_integer(id++));
+    json_object_set_new(vocab, "\t", json_integer(id++));
+    for (int i = 0; words && words[i]; i++)
+        if (!json_object_get(vocab, words[i])) json_object_set_new(vocab, words[i], json_integer(id++));
+    json_t *root = json_pack("{s:{s:s, s:o, s:[], s:b}, s:o, s:o, s:o}", "model", "type", "BPE", "vocab", vocab, "merges",
+                             "ignore_merges", 1, "pre_tokenizer", pre ? pre : json_null(), "added_tokens",
+                             added ? added : json_array(), "normalizer", normalizer ? normalizer : json_null());
+    char *text = json_dumps(root, 0);
+    sf_tokenizer *t = NULL;
+    if (sf_tok_load_json(text, NULL, &t, err)) t = NULL;
+    free(text);
+    json_decref(root);
+    return t;
+}
+
+/* Encodes text and compares the pieces with want (NULL-terminated); prints both on mismatch. */
+static int pieces_are(const sf_tokenizer *t, const char *text, const char *const *want)
+{
+    int32_t *ids = NULL;
+    size_t n = 0, k = 0;
+    sf_error err = { 0 };
+    if (sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err)) {
+        printf("#   encode: %s\n", err.msg);
+        return 0;
+    }
+    int ok = 1;
+    for (k = 0; want[k]; k++)
+        if (k >= n || strcmp(sf_tok_piece(t, ids[k]), want[k])) ok = 0;
+    if (k != n) ok = 0;
+    if (!ok) {
+        printf("#   \"%s\" ->", text);
+        for (size_t i = 0; i < n; i++) printf(" [%s]", sf_tok_piece(t, ids[i]));
+        printf("\n");
+    }
+    free(ids);
+    return ok;
+}
+
+static json_t *split_pre(const char *regex, const char *behavior)
+{
+    return json_pack("{s:s, s:{s:s}, s:s, s:b}", "type", "Split", "pattern", "Regex", regex, "behavior", behavior, "invert", 0);
+}
+
+static const char *split_input = "I'M 12345 don't  stop!!\n\n  x";
+
+TEST(split_llama3_regex)
+{
+    /* worked by hand: "'M" is a contraction only case-insensitively; digits go in threes; a
+     * whitespace run before a word leaves its last space to the word (\s+(?!\S)); newlines
+     * stay with the punctuation before them */
+    static const char *const want[] = { "I", "'M", " ", "123", "45", " don", "'t", " ", " stop", "!!\n\n", " ", " x", NULL };
+    sf_error err = { 0 };
+    sf_tokenizer *t = make_tok(split_pre(tok_re_llama3, "Isolated"), want, NULL, NULL, &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, split_input, want));
+    sf_tok_free(t);
+}
+
+TEST(split_qwen2_regex)
+{
+    static const char *const want[] = { "I", "'M", " ", "1", "2", "3", "4", "5", " don", "'t", " ", " stop", "!!\n\n", " ", " x", NULL };
+    sf_error err = { 0 };
+    sf_tokenizer *t = make_tok(split_pre(tok_re_qwen2, "Isolated"), want, NULL, NULL, &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, split_input, want));
+    sf_tok_free(t);
+}
+
+TEST(split_gpt2_regex)
+{
+    /* GPT-2's contractions are case-sensitive, digits stay together with one leading space,
+     * and the newline run is whitespace, not punctuation */
+    static const char *const want[] = { "I", "'", "M", " 12345", " don", "'t", " ", " stop", "!!", "\n\n ", " x", NULL };
+    sf_error err = { 0 };
+    sf_tokenizer *t = make_tok(split_pre(tok_re_gpt2, "Isolated"), want, NULL, NULL, &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, split_input, want));
+    sf_tok_free(t);
+}
+
+TEST(split_behaviors)
+{
+    static const struct { const char *behavior; const char *const want[8]; } cases[] = {
+        { "Removed", { "a", "b", "c" } },
+        { "Isolated", { "a", "-", "b", "-", "-", "c" } },
+        { "MergedWithPrevious", { "a-", "b-", "-", "c" } },
+        { "MergedWithNext", { "a", "-b", "-", "-c" } },
+        { "Contiguous", { "a", "-", "b", "--", "c" } },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        sf_error err = { 0 };
+        json_t *pre = json_pack("{s:s, s:{s:s}, s:s}", "type", "Split", "pattern", "String", "-", "behavior", cases[i].behavior);
+        sf_tokenizer *t = make_tok(pre, cases[i].want, NULL, NULL, &err);
+        REQUIRE(t, "%s", err.msg);
+        CHECK_MSG(pieces_are(t, "a-b--c", cases[i].want), "behavior %s", cases[i].behavior);
+        sf_tok_free(t);
+    }
+}
+
+TEST(metaspace_and_digits)
+{
+    sf_error err = { 0 };
+    static const char *const ms[] = { "\xe2\x96\x81hello", "\xe2\x96\x81world", NULL };
+    json_t *pre = json_pack("{s:s, s:s, s:s, s:b}", "type", "Metaspace", "replacement", "\xe2\x96\x81", "prepend_scheme",
+                            "first", "split", 1);
+    sf_tokenizer *t = make_tok(pre, ms, NULL, NULL, &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, "hello world", ms));
+    sf_tok_free(t);
+    static const char *const ind[] = { "ab", "1", "2", "3", "x", NULL }, *const cont[] = { "ab", "123", "x", NULL };
+    t = make_tok(json_pack("{s:s, s:b}", "type", "Digits", "individual_digits", 1), ind, NULL, NULL, &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, "ab123x", ind));
+    sf_tok_free(t);
+    t = make_tok(json_pack("{s:s, s:b}", "type", "Digits", "individual_digits", 0), cont, NULL, NULL, &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, "ab123x", cont));
+    sf_tok_free(t);
+}
+
+static json_t *added_tok(int id, const char *content, int lstrip, int rstrip, int single_word, int special)
+{
+    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content, "lstrip", lstrip, "rstrip", rstrip,
+                     "single_word", single_word, "normalized", 0, "special", special);
+}
+
+TEST(added_token_flags)
+{
+    sf_error err = { 0 };
+    static const char *const words[] = { "a", "a ", " b", "b", "hithere", "  ", NULL };
+    json_t *added = json_array();
+    json_array_append_new(added, added_tok(500, "<mask>", 1, 0, 0, 1));
+    json_array_append_new(added, added_tok(501, "<r>", 0, 1, 0, 1));
+    json_array_append_new(added, added_tok(502, "hi", 0, 0, 1, 0));
+    json_array_append_new(added, added_tok(503, "<plain>", 0, 0, 0, 1));
+    json_array_append_new(added, added_tok(504, "<plainer>", 0, 0, 0, 1));
+    sf_tokenizer *t = make_tok(NULL, words, added, NULL, &err);
+    REQUIRE(t, "%s", err.msg);
+    static const char *const w1[] = { "a", "<mask>", " b", NULL };       /* lstrip eats the space before */
+    CHECK(pieces_are(t, "a <mask> b", w1));
+    static const char *const w2[] = { "a ", "<plain>", " b", NULL };     /* no lstrip: the space stays */
+    CHECK(pieces_are(t, "a <plain> b", w2));
+    static const char *const w3[] = { "a", "<r>", "b", NULL };           /* rstrip eats the spaces after */
+    CHECK(pieces_are(t, "a<r>  b", w3));
+    static const char *const w4[] = { "hi", " b", NULL };                /* single word: matches alone */
+    CHECK(pieces_are(t, "hi b", w4));
+    static const char *const w5[] = { "hithere", NULL };                 /* ... but not inside a word */
+    CHECK(pieces_are(t, "hithere", w5));
+    static const char *const w6[] = { "<plainer>", "<plain>", NULL };    /* longest match wins */
+    CHECK(pieces_are(t, "<plainer><plain>", w6));
+    /* skip_special drops special added tokens only */
+    int32_t ids[] = { 500, 0 + 'a' - 32, 502 };
+    char *s = NULL;
+    REQUIRE(sf_tok_decode(t, ids, 3, 1, &s, &err) == 0, "%s", err.msg);
+    CHECK_MSG(!strcmp(s, "a hi"), "got \"%s\"", s); /* no decoder: pieces joined by spaces, as HF does */
+    free(s);
+    sf_tok_free(t);
+}
+
+TEST(normalizers)
+{
+    sf_error err = { 0 };
+    static const char *const words[] = { "_x_y", NULL };
+    json_t *norm = json_pack("{s:s, s:[{s:s, s:s}, {s:s, s:{s:s}, s:s}, {s:s}]}", "type", "Sequence", "normalizers", "type",
+                             "Prepend", "prepend", " ", "type", "Replace", "pattern", "Regex", "\\s+", "content", "_", "type", "NFC");
+    sf_tokenizer *t = make_tok(NULL, words, NULL, norm, &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, "x \t y", words));
+    sf_tok_free(t);
+}
+
+/* ---- hard cases on the real tokenizers ------------------------------------------------------ */
+static const char *const hard[] = {
+    "",
+    " ",
+    "   leading and trailing   ",
+    "tabs\tand\t\ttabs\nnew\n\nlines\r\nCRLF\r\n",
+    "many          spaces     \n   \n",
+    "digits 0 12 123 1234 12345678901234567890 3.14159 -42 1e10",
+    "emoji \xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa9\xe2\x80\x8d\xf0\x9f\x91\xa7 family, \xf0\x9f\x8f\xb3\xef\xb8\x8f\xe2\x80\x8d\xf0\x9f\x8c\x88 flag, \xf0\x9f\x91\x8d\xf0\x9f\x8f\xbd",
+    "CJK \xe4\xbd\xa0\xe5\xa5\xbd\xe4\xb8\x96\xe7\x95\x8c \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e\xe3\x81\xae\xe3\x83\x86\xe3\x82\xad\xe3\x82\xb9\xe3\x83\x88 \xed\x95\x9c\xea\xb5\xad\xec\x96\xb4",
+    "combining e\xcc\x81 a\xcc\x8a n\xcc\x83 (decomposed) vs \xc3\xa9 (composed)",
+    "code: for (int i = 0; i < n; ++i) { sum += a[i] * b[i]; }\n\treturn sum;",
+    "def f(x):\n    return {'k': [1, 2, 3]}  # comment\n",
+    "astral \xf0\x9d\x94\x98\xf0\x9d\x94\xab\xf0\x9d\x94\xa6 \xf0\x90\x8d\x88 and NBSP\xc2\xa0here and U+2028\xe2\x80\xa8there",
+    "\xef\xbf\xbd replacement char and \x01\x02 controls",
+};
+
+static void hard_cases(const char *dir)
+{
+    sf_tokenizer *t = load_dir(dir);
+    REQUIRE(t, "load %s", dir);
+    for (size_t i = 0; i < SF_ARRAY_LEN(hard); i++) {
+        const char *x = hard[i];
+        int32_t *ids = NULL, *ids2 = NULL;
+        size_t n = 0, n2 = 0;
+        char *back = NULL;
+        sf_error err = { 0 };
+        CHECK_MSG(sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err) == 0, "case %zu: %s", i, err.msg);
+        CHECK_MSG(sf_tok_decode(t, ids, n, 1, &back, &err) == 0, "case %zu: %s", i, err.msg);
+        /* HF round-trips every string here exactly (SentencePiece: the Prepend'ed "▁" is the
+         * space the decoder strips) */
+        CHECK_MSG(back && !strcmp(back, x), "case %zu: \"%s\" -> \"%s\"", i, x, back ? back : "");
+        CHECK_MSG(sf_tok_encode(t, back, strlen(back), 0, &ids2, &n2, &err) == 0 && n2 == n &&
+                      !memcmp(ids, ids2, n * sizeof *ids),
+                  "case %zu: encode(decode(encode(x))) differs", i);
+        CHECK_MSG(stream_matches(t, ids, n, 1, back), "case %zu: streaming", i);
+        free(ids);
+        free(ids2);
+        free(back);
+    }
+    /* special tokens written in the text are matched; empty text gives just BOS (if any) */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    sf_error err = { 0 };
+    const char *eos = sf_tok_piece(t, sf_tok_eos(t));
+    char text[64];
+    snprintf(text, sizeof text, "end%sstart", eos);
+    REQUIRE(sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err) == 0, "%s", err.msg);
+    int found = 0;
+    for (size_t i = 0; i < n; i++) found += ids[i] == sf_tok_eos(t);
+    CHECK_MSG(found == 1, "%s: EOS written in text matched %d times", dir, found);
+    free(ids);
+    REQUIRE(sf_tok_encode(t, "", 0, 1, &ids, &n, &err) == 0, "%s", err.msg);
+    CHECK(n == (sf_tok_bos(t) >= 0 && !strstr(dir, "gpt2") ? 1u : 0u));
+    free(ids);
+    sf_tok_free(t);
+}
+
+TEST(hard_cases_gpt2) { hard_cases("gpt2-tokenizer"); }
+TEST(hard_cases_tinyllama) { hard_cases("tinyllama-1.1b-chat-v1.0"); }
+
+TEST(streaming_holds_partial_utf8)
+{
+    /* a character missing from the vocab becomes <0xNN> tokens: nothing may come out until the
+     * last of its bytes arrives */
+    sf_tokenizer *t = load_dir("tinyllama-1.1b-chat-v1.0");
+    REQUIRE(t, "load");
+    const char *x = "\xf0\x9f\xa6\x80"; /* U+1F980 crab, byte fallback */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    sf_error err = { 0 };
+    REQUIRE(sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err) == 0 && n == 5, "got %zu ids", n); /* ▁ + 4 bytes */
+    sf_detok d;
+    char *out = NULL;
+    size_t len = 0;
+    sf_detok_init(&d, t, 1);
+    for (size_t i = 0; i < n; i++) {
+        CHECK(sf_detok_push(&d, ids[i], &out, &len) == 0);
+        if (i + 1 < n) CHECK_MSG(len == 0, "released %zu bytes after token %zu", len, i);
+    }
+    CHECK(sf_detok_finish(&d, &out, &len) == 0);
+    CHECK_MSG(len == 4 && !memcmp(out, x, 4), "got %zu bytes", len);
+    sf_detok_free(&d);
+    free(out);
+    free(ids);
+    sf_tok_free(t);
+}
+
+/* ---- bad inputs ------------------------------------------------------------------------------ */
+TEST(invalid_utf8)
+{
+    sf_tokenizer *t = load_dir("gpt2-tokenizer");
+    REQUIRE(t, "load");
+    static const struct { const char *s; size_t off; } cases[] = {
+        { "ab\xc3(", 2 }, { "\xc0\x80", 0 }, { "ok\xed\xa0\x80", 2 }, { "trunc\xe2\x82", 5 }, { "x\xff", 1 }, { "\xf4\x90\x80\x80", 0 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        int32_t *ids = NULL;
+        size_t n = 0;
+        sf_error err = { 0 };
+        char want[64];
+        snprintf(want, sizeof want, "byte offset %zu", cases[i].off);
+        CHECK_MSG(sf_tok_encode(t, cases[i].s, strlen(cases[i].s), 1, &ids, &n, &err) == SF_EINVAL && !ids,
+                  "case %zu accepted", i);
+        CHECK_MSG(strstr(err.msg, want) != NULL, "case %zu: \"%s\"", i, err.msg);
+    }
+    int32_t bad[] = { 15496, -1 };
+    char *s = NULL;
+    sf_error err = { 0 };
+    CHECK(sf_tok_decode(t, bad, 2, 0, &s, &err) == SF_EINVAL && !s && strstr(err.msg, "position 1"));
+    sf_detok d;
+    sf_detok_init(&d, t, 0);
+    size_t len = 0;
+    CHECK(sf_detok_push(&d, 1 << 30, &s, &len) == SF_EINVAL);
+    sf_detok_free(&d);
+    sf_tok_free(t);
+}
+
+static int load_err(const char *json, const char *cfg, const char *want, int want_rc)
+{
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    int rc = sf_tok_load_json(json, cfg, &t, &err);
+    if (rc != want_rc || t || !strstr(err.msg, want)) {
+        printf("#   rc %d, message \"%s\"; wanted %d and \"%s\"\n", rc, err.msg, want_rc, want);
+        sf_tok_free(t);
+        return 0;
+    }
+    return 1;
+}
+
+TEST(bad_tokenizer_json)
+{
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {", NULL, "not valid JSON", SF_EFORMAT));
+    CHECK(load_err("[1, 2]", NULL, "no \"model\"", SF_EFORMAT));
+    CHECK(load_err("{\"model\": {\"type\": \"Unigram\", \"vocab\": []}}", NULL, "Unigram", SF_EUNSUPPORTED));
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [\"a b\"]}}", NULL, "missing from model.vocab",
+                   SF_EFORMAT));
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}, \"merges\": []}}", NULL, "not a token id", SF_EFORMAT));
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"normalizer\": {\"type\": \"Lowercase\"}}",
+                   NULL, "normalizer \"Lowercase\" is not supported", SF_EUNSUPPORTED));
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": {\"type\": \"Split\", "
+                   "\"pattern\": {\"Regex\": \"(\"}, \"behavior\": \"Isolated\"}}", NULL, "does not compile", SF_EFORMAT));
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"decoder\": {\"type\": \"WordPiece\"}}",
+                   NULL, "decoder \"WordPiece\"", SF_EUNSUPPORTED));
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": [], \"continuing_subword_prefix\": \"##\"}}",
+                   NULL, "continuing_subword_prefix", SF_EUNSUPPORTED));
+    CHECK(load_err("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}}", "{not json", "tokenizer_config.json",
+                   SF_EFORMAT));
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    CHECK(sf_tok_load_dir("/nonexistent/model", &t, &err) == SF_ENOTFOUND && !t && strstr(err.msg, "tokenizer.json"));
+}
+
+/* ---- speed (reported, not asserted) ----------------------------------------------------------- */
+TEST(speed)
+{
+    const char *dirs[] = { "gpt2-tokenizer", "tinyllama-1.1b-chat-v1.0" };
+    json_t *inputs = load_json("tokenizer-conformance/inputs.json");
+    REQUIRE(inputs, "inputs");
+    tok_buf text = { 0 };
+    for (int rep = 0; rep < 20; rep++)
+        for (size_t i = 0; i < json_array_size(inputs); i++) {
+            tok_buf_puts(&text, json_string_value(json_object_get(json_array_get(inputs, i), "text")));
+            tok_buf_puts(&text, "\n");
+        }
+    for (size_t k = 0; k < SF_ARRAY_LEN(dirs); k++) {
+        double t0 = sf_now_s();
+        sf_tokenizer *t = load_dir(dirs[k]);
+        double t1 = sf_now_s();
+        REQUIRE(t, "load");
+        int32_t *ids = NULL;
+        size_t n = 0;
+        sf_error err = { 0 };
+        CHECK(sf_tok_encode(t, text.p, text.len, 1, &ids, &n, &err) == 0);
+        double t2 = sf_now_s();
+        char *back = NULL;
+        CHECK(sf_tok_decode(t, ids, n, 1, &back, &err) == 0 && !strcmp(back, text.p));
+        double t3 = sf_now_s();
+        printf("# %s: load %.0f ms, encode %.1f MB/s (%zu tokens), decode %.1f MB/s\n", dirs[k], (t1 - t0) * 1e3,
+               text.len / (t2 - t1) / 1e6, n, text.len / (t3 - t2) / 1e6);
+        CHECK_MSG(t1 - t0 < 1.0, "loading %s took %.2f s", dirs[k], t1 - t0);
+        free(back);
+        free(ids);
+        sf_tok_free(t);
+    }
+    free(text.p);
+    json_decref(inputs);
+}
+
 int main(void)
 {
     RUN(byte_table);
     RUN(conformance_gpt2);
     RUN(conformance_tinyllama);
+    RUN(split_llama3_regex);
+    RUN(split_qwen2_regex);
+    RUN(split_gpt2_regex);
+    RUN(split_behaviors);
+    RUN(metaspace_and_digits);
+    RUN(added_token_flags);
+    RUN(normalizers);
+    RUN(hard_cases_gpt2);
+    RUN(hard_cases_tinyllama);
+    RUN(streaming_holds_partial_utf8);
+    RUN(invalid_utf8);
+    RUN(bad_tokenizer_json);
+    RUN(speed);
     return test_summary();
 }

@@ -1,0 +1,619 @@
+/* hal_cuda.c — the CUDA backend: fills struct sf_backend_ops with the kernels of kernels/cuda
+ * and cuBLASLt GEMMs.
+ *
+ * Data: activations and weights are bf16 on the device (fp32 accumulation inside every
+ * kernel); weights are converted at upload from F32 / F16 / BF16 / Q8_0 and multi-part weights
+ * (QKV, gate/up) concatenated into one matrix. The KV cache is bf16, per layer
+ * [n_blocks][n_kv_heads][block_size][head_dim] for K and the same for V.
+ *
+ * Memory: every device allocation happens while the model is set up (weights, activation
+ * buffers, KV pool, staging and workspaces) and is counted; a decode or prefill step allocates
+ * nothing (sf_backend_cuda_stats reports the count, a device test asserts it stays flat).
+ *
+ * Threading: one thread drives the backend (the engine thread); all work goes to one
+ * non-blocking stream, and only read_f32, sync and kv_copy_* wait for it. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "hal_cuda_impl.h"
+
+#ifndef SF_HAVE_CUDA
+
+int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)
+{
+    *out = NULL;
+    return sf_err(err, SF_ENODEV, "CUDA backend: built without CUDA (no nvcc/cuBLASLt at build time); "
+                                  "rebuild on a machine with the CUDA toolkit, or use --backend cpu");
+}
+
+int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    return SF_ENODEV;
+}
+
+#else
+
+#include "../kernels/cuda/kernels.h"
+
+#define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
+#define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
+#define MAX_SPLIT 32
+
+struct sf_buf {
+    uint16_t *d;
+    int64_t rows, cols;
+};
+
+struct sf_weight {
+    uint16_t *d, *bias;
+    int64_t rows, cols;
+};
+
+typedef struct cuda_ctx {
+    int dev;
+    cudaStream_t s;
+    sf_hw_info hw;
+    sf_k_gemm_ctx *gemm;
+    int n_mallocs, steady_mallocs;
+    size_t dev_bytes;
+    /* weight upload: two halves of pinned host memory and device staging */
+    void *pin[2], *stage[2];
+    cudaEvent_t stage_done[2];
+    /* batch metadata: host (pinned) and device copies of one step's arrays */
+    int32_t *meta_h, *meta_d;
+    cudaEvent_t meta_done;
+    int T, S, L, max_blocks, max_ctx;
+    int32_t *tokens_h; /* into meta_h */
+    int32_t *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d;
+    /* KV pool */
+    sf_kv_config kvc;
+    uint16_t *kv;
+    size_t kv_layer_elems; /* elements of K (or V) of one layer */
+    /* RoPE frequencies (device copy of the last sf_rope's inv_freq) */
+    float *inv_freq_d;
+    float inv_freq_h[SF_K_ATTN_MAX_HD / 2];
+    int inv_freq_n;
+    /* attention split workspace and download staging */
+    float *attn_ws;
+    size_t attn_ws_floats;
+    int64_t max_rows;
+} cuda_ctx;
+
+static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
+
+/* Counted device allocation. */
+static int dmalloc(cuda_ctx *c, void **p, size_t bytes, const char *what, sf_error *err)
+{
+    cudaError_t e = cudaMalloc(p, bytes ? bytes : 16);
+    c->n_mallocs++;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        cudaMemGetInfo(&fr, &tot);
+        *p = NULL;
+        return sf_err(err, e == cudaErrorMemoryAllocation ? SF_ENOMEM : SF_ERROR,
+                      "CUDA: cannot allocate %.1f MiB for %s (%s; %.1f of %.1f GiB free): lower "
+                      "--gpu-memory-utilization, --max-num-seqs or --max-batched-tokens, or use a smaller model",
+                      bytes / 1048576.0, what, cudaGetErrorString(e), fr / 1073741824.0, tot / 1073741824.0);
+    }
+    c->dev_bytes += bytes;
+    return SF_OK;
+}
+
+static void dfree(cuda_ctx *c, void *p, size_t bytes)
+{
+    if (!p) return;
+    cudaFree(p);
+    c->dev_bytes -= bytes;
+}
+
+/* Ops have no sf_error: they log the failing call with its place and return a status. */
+static int op_fail(int code, const char *op, const char *what)
+{
+    SF_LOGE("cuda backend: %s: %s", op, what);
+    return code;
+}
+
+static int kcheck(int krc, const char *op)
+{
+    if (!krc) return SF_OK;
+    SF_LOGE("cuda backend: %s: %s", op, krc >= 10000 ? sf_k_gemm_error_str(krc) : cudaGetErrorString((cudaError_t)krc));
+    return krc == cudaErrorMemoryAllocation ? SF_ENOMEM : SF_ERROR;
+}
+
+/* ---- lifecycle ------------------------------------------------------------------------ */
+static void cuda_destroy(sf_backend *b)
+{
+    if (!b) return;
+    cuda_ctx *c = CTX(b);
+    if (c) {
+        cudaSetDevice(c->dev);
+        if (c->s) cudaStreamSynchronize(c->s);
+        sf_k_gemm_ctx_free(c->gemm);
+        for (int i = 0; i < 2; i++) {
+            if (c->pin[i]) cudaFreeHost(c->pin[i]);
+            cudaFree(c->stage[i]);
+            if (c->stage_done[i]) cudaEventDestroy(c->stage_done[i]);
+        }
+        if (c->meta_h) cudaFreeHost(c->meta_h);
+        cudaFree(c->meta_d);
+        if (c->meta_done) cudaEventDestroy(c->meta_done);
+        cudaFree(c->kv);
+        cudaFree(c->inv_freq_d);
+        cudaFree(c->attn_ws);
+        if (c->s) cudaStreamDestroy(c->s);
+        free(c);
+    }
+    free(b);
+}
+
+static const sf_hw_info *cuda_hw(sf_backend *b) { return &CTX(b)->hw; }
+
+/* ---- weights ---------------------------------------------------------------------------- */
+static const char *dtype_name(sf_dtype t)
+{
+    static const char *names[] = { "F32", "F16", "BF16", "Q8_0", "I32", "I8" };
+    return t >= 0 && t < SF_DT_COUNT ? names[t] : "unknown";
+}
+
+static size_t row_bytes(sf_dtype t, int64_t cols)
+{
+    switch (t) {
+    case SF_DT_F32: return (size_t)cols * 4;
+    case SF_DT_F16:
+    case SF_DT_BF16: return (size_t)cols * 2;
+    case SF_DT_Q8_0: return (size_t)(cols / 32) * 34;
+    default: return 0;
+    }
+}
+
+/* Converts rows x cols of a host view into dst (bf16, ld cols) through the double-buffered
+ * staging: copy a chunk of whole rows into pinned memory, send it, convert it on the device. */
+static int upload_view(cuda_ctx *c, const sf_view *v, uint16_t *dst, int *slot, const char *what, sf_error *err)
+{
+    int rc = SF_OK;
+    size_t rb = row_bytes(v->dtype, v->cols);
+    if (!rb || (v->dtype == SF_DT_Q8_0 && v->cols % 32))
+        return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: weight %s has dtype %s with %lld columns, which cannot be "
+                      "uploaded (F32, F16, BF16 and Q8_0 with whole 32-blocks are supported)",
+                      what, dtype_name(v->dtype), (long long)v->cols);
+    if (!v->data) return sf_err(err, SF_EINVAL, "CUDA backend: weight %s has no data", what);
+    if (rb > STAGE_BYTES)
+        return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: weight %s has rows of %zu bytes, more than the %zu-byte "
+                      "upload stage", what, rb, STAGE_BYTES);
+    int64_t rows_per = (int64_t)(STAGE_BYTES / rb);
+    for (int64_t r0 = 0; r0 < v->rows; r0 += rows_per) {
+        int64_t nr = SF_MIN(rows_per, v->rows - r0);
+        int i = (*slot)++ & 1;
+        SF_CUDA_GOTO(cudaEventSynchronize(c->stage_done[i]), err, rc); /* this half is free again */
+        memcpy(c->pin[i], (const char *)v->data + (size_t)r0 * rb, (size_t)nr * rb);
+        SF_CUDA_GOTO(cudaMemcpyAsync(c->stage[i], c->pin[i], (size_t)nr * rb, cudaMemcpyHostToDevice, c->s), err, rc);
+        SF_CUDA_GOTO((cudaError_t)sf_k_to_bf16(c->stage[i], v->dtype, nr, v->cols, dst + r0 * v->cols, v->cols, c->s),
+                     err, rc);
+        SF_CUDA_GOTO(cudaEventRecord(c->stage_done[i], c->s), err, rc);
+    }
+cleanup:
+    return rc;
+}
+
+static int cuda_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **out, sf_error *err)
+{
+    cuda_ctx *c = CTX(b);
+    sf_weight *w = NULL;
+    int rc = SF_OK, slot = 0, has_bias = 0;
+    *out = NULL;
+    if (d->n_parts < 1 || d->n_parts > 4)
+        return sf_err(err, SF_EINVAL, "CUDA backend: a weight has %d parts (1..4 allowed)", d->n_parts);
+    int64_t rows = 0, cols = d->part[0].cols;
+    for (int i = 0; i < d->n_parts; i++) {
+        if (d->part[i].cols != cols)
+            return sf_err(err, SF_EINVAL, "CUDA backend: fused weight part %d has %lld columns, part 0 has %lld "
+                          "(parts are stacked along rows and must agree)", i, (long long)d->part[i].cols, (long long)cols);
+        rows += d->part[i].rows;
+        if (d->bias[i].data) has_bias = 1;
+    }
+    if (!(w = calloc(1, sizeof *w))) return sf_err(err, SF_ENOMEM, "CUDA backend: out of host memory");
+    w->rows = rows;
+    w->cols = cols;
+    SF_CUDA_GOTO(cudaSetDevice(c->dev), err, rc);
+    if ((rc = dmalloc(c, (void **)&w->d, (size_t)rows * cols * 2, "a weight", err))) goto cleanup;
+    if (has_bias) {
+        if ((rc = dmalloc(c, (void **)&w->bias, (size_t)rows * 2, "a bias", err))) goto cleanup;
+        SF_CUDA_GOTO(cudaMemsetAsync(w->bias, 0, (size_t)rows * 2, c->s), err, rc);
+    }
+    int64_t r0 = 0;
+    for (int i = 0; i < d->n_parts; i++) {
+        char what[48];
+        snprintf(what, sizeof what, "part %d", i);
+        if ((rc = upload_view(c, &d->part[i], w->d + r0 * cols, &slot, what, err))) goto cleanup;
+        const sf_view *bv = &d->bias[i];
+        if (bv->data) {
+            if (bv->rows * bv->cols != d->part[i].rows) {
+                rc = sf_err(err, SF_EINVAL, "CUDA backend: bias of part %d has %lld values for %lld rows", i,
+                            (long long)(bv->rows * bv->cols), (long long)d->part[i].rows);
+                goto cleanup;
+            }
+            sf_view flat = *bv;
+            flat.rows = 1;
+            flat.cols = bv->rows * bv->cols;
+            if ((rc = upload_view(c, &flat, w->bias + r0, &slot, "bias", err))) goto cleanup;
+        }
+        r0 += d->part[i].rows;
+    }
+    SF_CUDA_GOTO(cudaStreamSynchronize(c->s), err, rc); /* the host views may go away after return */
+    *out = w;
+    return SF_OK;
+cleanup:
+    cudaStreamSynchronize(c->s);
+    if (w) {
+        dfree(c, w->d, (size_t)rows * cols * 2);
+        dfree(c, w->bias, (size_t)rows * 2);
+        free(w);
+    }
+    return rc;
+}
+
+static void cuda_weight_free(sf_backend *b, sf_weight *w)
+{
+    if (!w) return;
+    cuda_ctx *c = CTX(b);
+    dfree(c, w->d, (size_t)w->rows * w->cols * 2);
+    dfree(c, w->bias, (size_t)w->rows * 2);
+    free(w);
+}
+
+/* ---- activations -------------------------------------------------------------------------- */
+static int cuda_buf_new(sf_backend *b, int64_t rows, int64_t cols, sf_buf **out, sf_error *err)
+{
+    cuda_ctx *c = CTX(b);
+    *out = NULL;
+    if (rows <= 0 || cols <= 0)
+        return sf_err(err, SF_EINVAL, "CUDA backend: activation buffer of %lld x %lld", (long long)rows, (long long)cols);
+    sf_buf *buf = calloc(1, sizeof *buf);
+    if (!buf) return sf_err(err, SF_ENOMEM, "CUDA backend: out of host memory");
+    int rc = dmalloc(c, (void **)&buf->d, (size_t)rows * cols * 2, "an activation buffer", err);
+    if (rc) { free(buf); return rc; }
+    buf->rows = rows;
+    buf->cols = cols;
+    c->max_rows = SF_MAX(c->max_rows, rows);
+    *out = buf;
+    return SF_OK;
+}
+
+static void cuda_buf_free(sf_backend *b, sf_buf *buf)
+{
+    if (!buf) return;
+    dfree(CTX(b), buf->d, (size_t)buf->rows * buf->cols * 2);
+    free(buf);
+}
+
+/* ---- KV pool ------------------------------------------------------------------------------- */
+static size_t cuda_kv_block_bytes(sf_backend *b, const sf_kv_config *k)
+{
+    return (size_t)k->n_layers * 2 * k->n_kv_heads * k->block_size * k->head_dim * 2;
+}
+
+static int cuda_kv_init(sf_backend *b, const sf_kv_config *k, sf_error *err)
+{
+    cuda_ctx *c = CTX(b);
+    if (k->dtype == SF_DT_I8)
+        return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: an 8-bit KV cache is not implemented; use the bf16 cache "
+                      "(lower --max-num-seqs if memory is short)");
+    if (k->n_layers <= 0 || k->n_blocks <= 0 || k->block_size <= 0 || k->n_kv_heads <= 0 || k->head_dim <= 0 ||
+        k->head_dim > SF_K_ATTN_MAX_HD || k->head_dim % 2)
+        return sf_err(err, SF_EINVAL, "CUDA backend: KV config layers=%d blocks=%d block_size=%d kv_heads=%d "
+                      "head_dim=%d is not valid (head_dim must be even and <= %d)", k->n_layers, k->n_blocks,
+                      k->block_size, k->n_kv_heads, k->head_dim, SF_K_ATTN_MAX_HD);
+    if (c->kv) {
+        dfree(c, c->kv, c->kv_layer_elems * 2 * 2 * c->kvc.n_layers);
+        c->kv = NULL;
+    }
+    c->kvc = *k;
+    c->kvc.dtype = SF_DT_BF16;
+    c->kv_layer_elems = (size_t)k->n_blocks * k->n_kv_heads * k->block_size * k->head_dim;
+    return dmalloc(c, (void **)&c->kv, c->kv_layer_elems * 2 * 2 * k->n_layers, "the KV cache", err);
+}
+
+static sf_k_kv layer_kv(cuda_ctx *c, int layer)
+{
+    sf_k_kv kv = { c->kv + (size_t)layer * 2 * c->kv_layer_elems, c->kv + ((size_t)layer * 2 + 1) * c->kv_layer_elems,
+                   c->kvc.block_size, c->kvc.n_kv_heads, c->kvc.head_dim };
+    return kv;
+}
+
+/* Host layout of a swapped-out block: for each layer, K then V, each [n_kv_heads][block_size][head_dim]. */
+static int kv_copy(sf_backend *b, const int32_t *blocks, int n, void *host, const void *src_host)
+{
+    cuda_ctx *c = CTX(b);
+    if (!c->kv) return op_fail(SF_EINVAL, "kv_copy", "KV cache not initialised (kv_init first)");
+    size_t blk = (size_t)c->kvc.n_kv_heads * c->kvc.block_size * c->kvc.head_dim;
+    char *h = host ? (char *)host : (char *)src_host;
+    for (int i = 0; i < n; i++) {
+        if (blocks[i] < 0 || blocks[i] >= c->kvc.n_blocks) return op_fail(SF_EINVAL, "kv_copy", "block id out of range");
+        for (int l = 0; l < c->kvc.n_layers; l++)
+            for (int kvi = 0; kvi < 2; kvi++) {
+                uint16_t *d = c->kv + ((size_t)l * 2 + kvi) * c->kv_layer_elems + (size_t)blocks[i] * blk;
+                cudaError_t e = host ? cudaMemcpyAsync(h, d, blk * 2, cudaMemcpyDeviceToHost, c->s)
+                                     : cudaMemcpyAsync(d, h, blk * 2, cudaMemcpyHostToDevice, c->s);
+                if (e != cudaSuccess) return kcheck(e, "kv_copy");
+                h += blk * 2;
+            }
+    }
+    return kcheck(cudaStreamSynchronize(c->s), "kv_copy");
+}
+
+static int cuda_kv_copy_out(sf_backend *b, const int32_t *blocks, int n, void *host)
+{
+    return kv_copy(b, blocks, n, host, NULL);
+}
+
+static int cuda_kv_copy_in(sf_backend *b, const int32_t *blocks, int n, const void *host)
+{
+    return kv_copy(b, blocks, n, NULL, host);
+}
+
+/* ---- one step ------------------------------------------------------------------------------ */
+static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
+{
+    cuda_ctx *c = CTX(b);
+    int T = bt->n_tokens, S = bt->n_seqs, L = bt->n_logits;
+    if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
+        return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
+    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L;
+    if (need > META_INTS)
+        return op_fail(SF_EINVAL, "batch_begin", "batch metadata exceeds 4 MiB: fewer sequences or shorter block tables");
+    if (c->kv) {
+        /* checks here keep bad ids from turning into wild device reads */
+        for (int s = 0; s < S; s++)
+            for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t++) {
+                int p = bt->pos[t];
+                if (t < 0 || t >= T || p < 0 || p >= bt->seq_ctx[s] || p / c->kvc.block_size >= bt->max_blocks)
+                    return op_fail(SF_EINVAL, "batch_begin", "token position outside its sequence's context or block table");
+            }
+        for (int s = 0; s < S; s++) {
+            int nb = (bt->seq_ctx[s] + c->kvc.block_size - 1) / c->kvc.block_size;
+            if (nb > bt->max_blocks) return op_fail(SF_EINVAL, "batch_begin", "sequence context longer than its block table");
+            for (int i = 0; i < nb; i++) {
+                int32_t id = bt->block_table[(size_t)s * bt->max_blocks + i];
+                if (id < 0 || id >= c->kvc.n_blocks) return op_fail(SF_EINVAL, "batch_begin", "block id out of range");
+            }
+        }
+        for (int t = 0; t < T; t++)
+            if (bt->slot[t] >= c->kvc.n_blocks * c->kvc.block_size)
+                return op_fail(SF_EINVAL, "batch_begin", "KV slot beyond the pool");
+    }
+    if (cudaEventSynchronize(c->meta_done) != cudaSuccess) return kcheck(cudaGetLastError(), "batch_begin");
+    int32_t *h = c->meta_h;
+    memcpy(h, bt->tokens, (size_t)T * 4);
+    memcpy(h + T, bt->pos, (size_t)T * 4);
+    memcpy(h + 2 * T, bt->slot, (size_t)T * 4);
+    int32_t *ts = h + 3 * T;
+    int max_ctx = 1;
+    for (int s = 0; s < S; s++)
+        for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1] && t < T; t++) ts[t] = s;
+    for (int t = 0; t < T; t++) max_ctx = SF_MAX(max_ctx, bt->pos[t] + 1);
+    memcpy(h + 4 * T, bt->block_table, (size_t)S * bt->max_blocks * 4);
+    if (L) memcpy(h + 4 * T + (size_t)S * bt->max_blocks, bt->logit_rows, (size_t)L * 4);
+    for (int i = 0; i < L; i++)
+        if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= T) return op_fail(SF_EINVAL, "batch_begin", "logit row outside the batch");
+    cudaError_t e = cudaMemcpyAsync(c->meta_d, h, need * 4, cudaMemcpyHostToDevice, c->s);
+    if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
+    if (e != cudaSuccess) return kcheck(e, "batch_begin");
+    c->T = T; c->S = S; c->L = L; c->max_blocks = bt->max_blocks; c->max_ctx = max_ctx;
+    c->tokens_h = h;
+    c->tokens_d = c->meta_d;
+    c->pos_d = c->meta_d + T;
+    c->slot_d = c->meta_d + 2 * T;
+    c->tok_seq_d = c->meta_d + 3 * T;
+    c->block_table_d = c->meta_d + 4 * T;
+    c->logit_rows_d = c->block_table_d + (size_t)S * bt->max_blocks;
+    return SF_OK;
+}
+
+static int cuda_embed(sf_backend *b, const sf_weight *emb, sf_buf *x)
+{
+    cuda_ctx *c = CTX(b);
+    if (x->rows < c->T || x->cols != emb->cols) return op_fail(SF_EINVAL, "embed", "output buffer shape does not match");
+    for (int t = 0; t < c->T; t++)
+        if (c->tokens_h[t] < 0 || c->tokens_h[t] >= emb->rows) {
+            SF_LOGE("cuda backend: embed: token id %d at batch index %d outside the vocabulary (0..%lld)",
+                    c->tokens_h[t], t, (long long)emb->rows - 1);
+            return SF_EINVAL;
+        }
+    return kcheck(sf_k_embed(emb->d, emb->rows, emb->cols, c->tokens_d, c->T, x->d, x->cols, c->s), "embed");
+}
+
+static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_weight *w, float eps, int n, sf_buf *out)
+{
+    cuda_ctx *c = CTX(b);
+    if (w->rows * w->cols > x->cols || n > x->rows || n > out->rows || out->cols < w->rows * w->cols ||
+        (add && (add->rows < n || add->cols < w->rows * w->cols)))
+        return op_fail(SF_EINVAL, "rmsnorm", "buffer shapes do not match the norm weight");
+    int d = (int)(w->rows * w->cols);
+    return kcheck(sf_k_rmsnorm(x->d, x->cols, add ? add->d : NULL, add ? add->cols : 0, w->d, eps, n, d, out->d,
+                               out->cols, c->s), "rmsnorm");
+}
+
+static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *y)
+{
+    cuda_ctx *c = CTX(b);
+    if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows)
+        return op_fail(SF_EINVAL, "matmul", "buffer shapes do not match the weight");
+    return kcheck(sf_k_gemm(c->gemm, x->d, x->cols, w->d, w->bias, n, (int)w->rows, (int)w->cols, y->d, y->cols, c->s),
+                  "matmul");
+}
+
+static int ensure_rope(cuda_ctx *c, const sf_rope *r)
+{
+    int n = r->rot_dim / 2;
+    if (r->rot_dim <= 0 || r->rot_dim > r->head_dim || r->rot_dim % 2 || n > (int)SF_ARRAY_LEN(c->inv_freq_h))
+        return op_fail(SF_EINVAL, "rope", "rot_dim must be even, positive and <= head_dim");
+    if (n == c->inv_freq_n && !memcmp(c->inv_freq_h, r->inv_freq, (size_t)n * 4)) return SF_OK;
+    memcpy(c->inv_freq_h, r->inv_freq, (size_t)n * 4);
+    c->inv_freq_n = n;
+    /* rare (once per model): a synchronous copy keeps the host array free to change */
+    return kcheck(cudaMemcpy(c->inv_freq_d, c->inv_freq_h, (size_t)n * 4, cudaMemcpyHostToDevice), "rope");
+}
+
+static int cuda_rope_kv(sf_backend *b, sf_buf *qkv, int layer, int H, int Hkv, const sf_rope *r)
+{
+    cuda_ctx *c = CTX(b);
+    int rc;
+    if (!c->kv) return op_fail(SF_EINVAL, "rope_kv", "KV cache not initialised (kv_init first)");
+    if (layer < 0 || layer >= c->kvc.n_layers || Hkv != c->kvc.n_kv_heads || r->head_dim != c->kvc.head_dim ||
+        qkv->cols < (int64_t)(H + 2 * Hkv) * r->head_dim || qkv->rows < c->T)
+        return op_fail(SF_EINVAL, "rope_kv", "layer, heads or qkv shape do not match the KV cache");
+    if ((rc = ensure_rope(c, r))) return rc;
+    return kcheck(sf_k_rope_kv(qkv->d, qkv->cols, c->T, c->pos_d, c->slot_d, H, Hkv, r->head_dim, r->rot_dim,
+                               r->interleaved, c->inv_freq_d, layer_kv(c, layer), c->s), "rope_kv");
+}
+
+static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, int Hkv, const sf_rope *r, sf_buf *out)
+{
+    cuda_ctx *c = CTX(b);
+    int hd = r->head_dim;
+    if (!c->kv) return op_fail(SF_EINVAL, "attention", "KV cache not initialised (kv_init first)");
+    if (layer < 0 || layer >= c->kvc.n_layers || Hkv != c->kvc.n_kv_heads || hd != c->kvc.head_dim || H % Hkv ||
+        H / Hkv > SF_K_ATTN_MAX_GROUP || out->cols < (int64_t)H * hd || out->rows < c->T ||
+        qkv->cols < (int64_t)(H + 2 * Hkv) * hd)
+        return op_fail(SF_EINVAL, "attention", "heads or shapes do not match the KV cache (group size <= 16)");
+    /* Split the keys when (tokens x kv heads) blocks cannot fill the SMs: decode at long context. */
+    int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = c->T * Hkv, n_split = 1;
+    if (work < sms && c->max_ctx > 256) {
+        n_split = SF_MIN((c->max_ctx + 255) / 256, (2 * sms + work - 1) / work);
+        n_split = SF_MAX(1, SF_MIN(n_split, MAX_SPLIT));
+    }
+    if (n_split > 1) {
+        size_t need = (size_t)c->T * H * n_split * (hd + 2);
+        if (need > c->attn_ws_floats) {
+            /* sized once for the worst split case this model can hit (work < sms), at warm-up */
+            size_t cap = (size_t)SF_MIN(c->max_rows, sms) * H * MAX_SPLIT * (hd + 2);
+            sf_error err;
+            cap = SF_MAX(cap, need);
+            dfree(c, c->attn_ws, c->attn_ws_floats * 4);
+            c->attn_ws = NULL;
+            c->attn_ws_floats = 0;
+            if (dmalloc(c, (void **)&c->attn_ws, cap * 4, "the attention workspace", &err)) {
+                SF_LOGE("cuda backend: %s", err.msg);
+                return err.code;
+            }
+            c->attn_ws_floats = cap;
+        }
+    }
+    sf_k_attn a = {
+        .q = qkv->d, .ld_q = qkv->cols, .out = out->d, .ld_out = out->cols, .T = c->T, .H = H, .Hkv = Hkv, .hd = hd,
+        .scale = r->attn_scale, .pos = c->pos_d, .tok_seq = c->tok_seq_d, .block_table = c->block_table_d,
+        .max_blocks = c->max_blocks, .max_ctx = c->max_ctx, .kv = layer_kv(c, layer), .ws = c->attn_ws,
+        .n_split = n_split,
+    };
+    return kcheck(sf_k_attention(&a, c->s), "attention");
+}
+
+static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *out)
+{
+    if (gu->cols < 2 * (int64_t)f || out->cols < f || n > gu->rows || n > out->rows)
+        return op_fail(SF_EINVAL, "silu_mul", "buffer shapes do not match 2*f / f columns");
+    return kcheck(sf_k_silu_mul(gu->d, gu->cols, n, f, out->d, out->cols, CTX(b)->s), "silu_mul");
+}
+
+static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
+{
+    cuda_ctx *c = CTX(b);
+    if (out->rows < c->L || out->cols < x->cols) return op_fail(SF_EINVAL, "get_rows", "output buffer too small");
+    return kcheck(sf_k_get_rows(x->d, x->cols, c->logit_rows_d, c->L, x->cols, out->d, out->cols, c->s), "get_rows");
+}
+
+/* Downloads bf16 rows through the pinned stage and widens them on the host (half the PCIe
+ * bytes of a device-side conversion, and no fp32 scratch on the device). */
+static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
+{
+    cuda_ctx *c = CTX(b);
+    if (n > buf->rows) return op_fail(SF_EINVAL, "read_f32", "more rows than the buffer has");
+    size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
+    for (size_t off = 0; off < total; off += per) {
+        size_t cnt = SF_MIN(per, total - off);
+        cudaError_t e = cudaEventSynchronize(c->stage_done[0]);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(c->pin[0], buf->d + off, cnt * 2, cudaMemcpyDeviceToHost, c->s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) return kcheck(e, "read_f32");
+        const uint16_t *p = c->pin[0];
+        for (size_t i = 0; i < cnt; i++) host[off + i] = sf_bf16_to_f32(p[i]);
+    }
+    return SF_OK;
+}
+
+static int cuda_sync(sf_backend *b) { return kcheck(cudaStreamSynchronize(CTX(b)->s), "sync"); }
+
+static const struct sf_backend_ops cuda_ops = {
+    .name = "cuda",
+    .destroy = cuda_destroy,
+    .hw = cuda_hw,
+    .weight_new = cuda_weight_new,
+    .weight_free = cuda_weight_free,
+    .buf_new = cuda_buf_new,
+    .buf_free = cuda_buf_free,
+    .kv_init = cuda_kv_init,
+    .kv_block_bytes = cuda_kv_block_bytes,
+    .batch_begin = cuda_batch_begin,
+    .embed = cuda_embed,
+    .rmsnorm = cuda_rmsnorm,
+    .matmul = cuda_matmul,
+    .rope_kv = cuda_rope_kv,
+    .attention = cuda_attention,
+    .silu_mul = cuda_silu_mul,
+    .get_rows = cuda_get_rows,
+    .read_f32 = cuda_read_f32,
+    .sync = cuda_sync,
+    .kv_copy_out = cuda_kv_copy_out,
+    .kv_copy_in = cuda_kv_copy_in,
+};
+
+int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)
+{
+    sf_backend *b = NULL;
+    cuda_ctx *c = NULL;
+    int rc = SF_OK, krc, dev = o ? o->device : 0;
+    *out = NULL;
+    if (!(b = calloc(1, sizeof *b)) || !(c = calloc(1, sizeof *c))) {
+        rc = sf_err(err, SF_ENOMEM, "CUDA backend: out of host memory");
+        goto cleanup;
+    }
+    b->ops = &cuda_ops;
+    b->ctx = c;
+    c->dev = dev;
+    if ((rc = sf_hal_cuda_probe(dev, &c->hw, 0, err))) goto cleanup;
+    SF_CUDA_GOTO(cudaSetDevice(dev), err, rc);
+    SF_CUDA_GOTO(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), err, rc);
+    if ((krc = sf_k_gemm_ctx_new(&c->gemm, &c->n_mallocs))) {
+        rc = sf_err(err, SF_ERROR, "CUDA backend: cuBLASLt: %s", sf_k_gemm_error_str(krc));
+        goto cleanup;
+    }
+    c->dev_bytes += 32u << 20;
+    for (int i = 0; i < 2; i++) {
+        SF_CUDA_GOTO(cudaHostAlloc(&c->pin[i], STAGE_BYTES, cudaHostAllocDefault), err, rc);
+        if ((rc = dmalloc(c, &c->stage[i], STAGE_BYTES, "the upload stage", err))) goto cleanup;
+        SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->stage_done[i], cudaEventDisableTiming), err, rc);
+    }
+    SF_CUDA_GOTO(cudaHostAlloc((void **)&c->meta_h, META_INTS * 4, cudaHostAllocDefault), err, rc);
+    if ((rc = dmalloc(c, (void **)&c->meta_d, META_INTS * 4, "batch metadata", err))) goto cleanup;
+    SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming), err, rc);
+    if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
+    *out = b;
+    return SF_OK;
+cleanup:
+    if (b) cuda_destroy(b);
+    return rc;
+}
+
+int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
+{
+    memset(s, 0, sizeof *s);
+    if (!b || b->ops != &cuda_ops) return SF_ENODEV;
+    cuda_ctx *c = CTX(b);
+    s->n_device_allocs = c->n_mallocs;
+    s->device_bytes = c->dev_bytes;
+    return SF_OK;
+}
+
+#endif

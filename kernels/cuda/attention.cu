@@ -1,0 +1,195 @@
+/* attention.cu — causal attention over the paged KV cache, for prefill and decode alike.
+ *
+ * One block per (token, kv head, key split). The block handles the G = H/Hkv query heads that
+ * share the kv head (GQA-grouped: each K/V tile is read once for the group), walks the keys
+ * 0..pos[t] of the token's sequence in tiles of TILE through the block table, and keeps an
+ * online softmax in fp32. With n_split > 1 (decode: few tokens, long contexts) each block
+ * covers one range of keys and writes an unnormalised partial (o, m, l) to the workspace; a
+ * second kernel combines the partials.
+ *
+ * Shared memory: q (fp32, pre-scaled) [G][hd], K tile [TILE][hd + 2] bf16 (the +2 pad keeps
+ * rows in distinct banks), V tile [TILE][hd] bf16, probabilities [G][TILE] fp32. */
+#include "common.cuh"
+
+#define TILE 64
+#define NT 128
+#define MAX_ACC ((SF_K_ATTN_MAX_GROUP * SF_K_ATTN_MAX_HD + NT - 1) / NT)
+
+static size_t attn_smem(int G, int hd)
+{
+    return (size_t)G * hd * 4 + (size_t)TILE * (hd + 2) * 2 + (size_t)TILE * hd * 2 + (size_t)G * TILE * 4 +
+           3 * (size_t)G * 4;
+}
+
+__global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int G = a.H / a.Hkv, hd = a.hd, kstride = hd + 2;
+    float *q_s = (float *)smem;
+    bf16 *k_s = (bf16 *)(q_s + G * hd);
+    bf16 *v_s = k_s + TILE * kstride;
+    float *p_s = (float *)(v_s + TILE * hd);
+    float *m_s = p_s + G * TILE, *l_s = m_s + G, *al_s = l_s + G;
+
+    const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+    const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
+    const int per = ((ctx + a.n_split - 1) / a.n_split + TILE - 1) / TILE * TILE;
+    const int k0 = split * per, k1 = min(ctx, k0 + per);
+    const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
+    const int bs = a.kv.block_size, Hkv = a.Hkv;
+    const bf16 *kc = (const bf16 *)a.kv.k, *vc = (const bf16 *)a.kv.v;
+
+    const bf16 *q = (const bf16 *)a.q + (int64_t)t * a.ld_q + (int64_t)kh * G * hd;
+    for (int i = tid; i < G * hd; i += NT) q_s[i] = bf2f(q[i]) * a.scale;
+    if (tid < G) { m_s[tid] = -INFINITY; l_s[tid] = 0.0f; }
+
+    float acc[MAX_ACC];
+#pragma unroll
+    for (int r = 0; r < MAX_ACC; r++) acc[r] = 0.0f;
+
+    const bool vec = (hd % 8) == 0;
+    for (int kb = k0; kb < k1; kb += TILE) {
+        const int n = min(TILE, k1 - kb);
+        __syncthreads(); /* previous tile fully consumed */
+        if (vec) {
+            const int h8 = hd / 8;
+            for (int i = tid; i < n * h8; i += NT) {
+                int j = i / h8, d = (i - j * h8) * 8, p = kb + j;
+                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
+                bf16x8 kv8 = *(const bf16x8 *)(kc + src), vv8 = *(const bf16x8 *)(vc + src);
+                bf162 *kd = (bf162 *)(k_s + j * kstride + d);
+#pragma unroll
+                for (int u = 0; u < 4; u++) kd[u] = kv8.h[u];
+                *(bf16x8 *)(v_s + j * hd + d) = vv8;
+            }
+        } else {
+            for (int i = tid; i < n * hd; i += NT) {
+                int j = i / hd, d = i - j * hd, p = kb + j;
+                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
+                k_s[j * kstride + d] = kc[src];
+                v_s[j * hd + d] = vc[src];
+            }
+        }
+        __syncthreads();
+        /* scores */
+        for (int i = tid; i < G * TILE; i += NT) {
+            int g = i / TILE, j = i - g * TILE;
+            float s = -INFINITY;
+            if (j < n) {
+                const float *qg = q_s + g * hd;
+                const bf162 *kr = (const bf162 *)(k_s + j * kstride);
+                float acc0 = 0.0f, acc1 = 0.0f;
+                for (int d = 0; d < hd / 2; d++) {
+                    float2 kf = __bfloat1622float2(kr[d]);
+                    acc0 = fmaf(qg[2 * d], kf.x, acc0);
+                    acc1 = fmaf(qg[2 * d + 1], kf.y, acc1);
+                }
+                s = acc0 + acc1;
+            }
+            p_s[i] = s;
+        }
+        __syncthreads();
+        /* online softmax, one warp per head */
+        for (int g = tid >> 5; g < G; g += NT / 32) {
+            int lane = tid & 31;
+            float s0 = p_s[g * TILE + lane], s1 = p_s[g * TILE + lane + 32];
+            float mt = warp_max(fmaxf(s0, s1));
+            float m_old = m_s[g], m_new = fmaxf(m_old, mt);
+            float p0 = 0.0f, p1 = 0.0f, alpha = 1.0f;
+            if (m_new != -INFINITY) {
+                p0 = expf(s0 - m_new);
+                p1 = expf(s1 - m_new);
+                alpha = expf(m_old - m_new);
+            }
+            float sum = warp_sum(p0 + p1);
+            p_s[g * TILE + lane] = p0;
+            p_s[g * TILE + lane + 32] = p1;
+            __syncwarp(); /* every lane has read m_s[g] and l_s[g] before lane 0 updates them */
+            if (lane == 0) { l_s[g] = l_s[g] * alpha + sum; m_s[g] = m_new; al_s[g] = alpha; }
+        }
+        __syncthreads();
+        /* o = o * alpha + P V */
+#pragma unroll
+        for (int r = 0; r < MAX_ACC; r++) {
+            int idx = tid + r * NT;
+            if (idx < G * hd) {
+                int g = idx / hd, d = idx - g * hd;
+                const float *pg = p_s + g * TILE;
+                float o = acc[r] * al_s[g];
+                for (int j = 0; j < n; j++) o = fmaf(pg[j], bf2f(v_s[j * hd + d]), o);
+                acc[r] = o;
+            }
+        }
+    }
+    __syncthreads();
+    if (a.n_split == 1) {
+        bf16 *out = (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)kh * G * hd;
+#pragma unroll
+        for (int r = 0; r < MAX_ACC; r++) {
+            int idx = tid + r * NT;
+            if (idx < G * hd) {
+                float l = l_s[idx / hd];
+                out[idx] = f2bf(l > 0.0f ? acc[r] / l : 0.0f);
+            }
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < MAX_ACC; r++) {
+            int idx = tid + r * NT;
+            if (idx < G * hd) {
+                int g = idx / hd, d = idx - g * hd, h = kh * G + g;
+                a.ws[(((int64_t)t * a.H + h) * a.n_split + split) * (hd + 2) + d] = acc[r];
+            }
+        }
+        if (tid < G) {
+            int h = kh * G + tid;
+            float *w = a.ws + (((int64_t)t * a.H + h) * a.n_split + split) * (hd + 2) + hd;
+            w[0] = m_s[tid];
+            w[1] = l_s[tid];
+        }
+    }
+}
+
+/* One block per (token, head): out = sum_i o_i e^(m_i - M) / sum_i l_i e^(m_i - M). */
+__global__ void k_attn_combine(sf_k_attn a)
+{
+    const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
+    const float *w = a.ws + ((int64_t)t * a.H + h) * a.n_split * (hd + 2);
+    float M = -INFINITY;
+    for (int i = 0; i < a.n_split; i++) M = fmaxf(M, w[i * (hd + 2) + hd]);
+    float L = 0.0f;
+    for (int i = 0; i < a.n_split; i++) {
+        float m = w[i * (hd + 2) + hd];
+        if (m != -INFINITY) L += w[i * (hd + 2) + hd + 1] * expf(m - M);
+    }
+    bf16 *out = (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)h * hd;
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float o = 0.0f;
+        for (int i = 0; i < a.n_split; i++) {
+            float m = w[i * (hd + 2) + hd];
+            if (m != -INFINITY) o += w[i * (hd + 2) + d] * expf(m - M);
+        }
+        out[d] = f2bf(L > 0.0f ? o / L : 0.0f);
+    }
+}
+
+extern "C" int sf_k_attention(const sf_k_attn *a, cudaStream_t s)
+{
+    if (a->T <= 0) return 0;
+    if (a->Hkv <= 0 || a->H % a->Hkv || a->H / a->Hkv > SF_K_ATTN_MAX_GROUP || a->hd > SF_K_ATTN_MAX_HD ||
+        a->hd % 2 || a->n_split < 1 || (a->n_split > 1 && !a->ws))
+        return (int)cudaErrorInvalidValue;
+    static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
+    size_t smem = attn_smem(a->H / a->Hkv, a->hd);
+    if (smem > smem_set) {
+        cudaError_t e = cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        smem_set = smem;
+    }
+    dim3 grid(a->T, a->Hkv, a->n_split);
+    k_attn<<<grid, NT, smem, s>>>(*a);
+    int rc = sf_launch_status();
+    if (rc || a->n_split == 1) return rc;
+    k_attn_combine<<<a->T * a->H, 128, 0, s>>>(*a);
+    return sf_launch_status();
+}

@@ -1,0 +1,213 @@
+/* gemm.cu — GEMMs through cuBLASLt and the per-shape dispatcher between cuBLASLt and the
+ * skinny GEMV kernel (gemv.cu).
+ *
+ * Row-major y[n, m] = x[n, k] . W[m, k]^T is, in cuBLAS's column-major terms,
+ * Y (m x n, ld ldy) = op_T(W as k x m, ld k) . X (k x n, ld ldx): one cuBLASLt matmul with
+ * bf16 inputs and output, fp32 accumulation, and the bias added in the epilogue.
+ * A plan (layouts, descriptor, heuristic algorithm) is made once per shape and cached.
+ * Not thread-safe: one context per backend, driven by the backend's thread. */
+#include <cublasLt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common.cuh"
+
+#define LT_WORKSPACE (32u << 20)
+#define MAX_PLANS 128
+#define LT_ERR(st) (10000 + (int)(st))
+
+typedef struct plan {
+    int n, m, k, has_bias;
+    int64_t ldx, ldy;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    int lt_rc;  /* 0, or why cuBLASLt has no algorithm for this shape (GEMV in chunks of 8 then) */
+    int choice; /* n <= 8: 0 not measured, 1 GEMV, 2 cuBLASLt */
+} plan;
+
+struct sf_k_gemm_ctx {
+    cublasLtHandle_t lt;
+    void *workspace;
+    plan plans[MAX_PLANS];
+    int n_plans;
+};
+
+extern "C" const char *sf_k_gemm_error_str(int code)
+{
+    if (code >= 10000) return cublasLtGetStatusString((cublasStatus_t)(code - 10000));
+    return cudaGetErrorString((cudaError_t)code);
+}
+
+extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
+{
+    sf_k_gemm_ctx *g = (sf_k_gemm_ctx *)calloc(1, sizeof *g);
+    if (!g) return (int)cudaErrorMemoryAllocation;
+    cublasStatus_t st = cublasLtCreate(&g->lt);
+    if (st != CUBLAS_STATUS_SUCCESS) { free(g); return LT_ERR(st); }
+    cudaError_t e = cudaMalloc(&g->workspace, LT_WORKSPACE);
+    if (n_mallocs) (*n_mallocs)++;
+    if (e != cudaSuccess) { cublasLtDestroy(g->lt); free(g); return (int)e; }
+    *out = g;
+    return 0;
+}
+
+extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
+{
+    if (!g) return;
+    for (int i = 0; i < g->n_plans; i++) {
+        plan *p = &g->plans[i];
+        if (p->op) cublasLtMatmulDescDestroy(p->op);
+        if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+        if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+        if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+    }
+    cudaFree(g->workspace);
+    cublasLtDestroy(g->lt);
+    free(g);
+}
+
+static plan *find_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t ldx, int64_t ldy)
+{
+    for (int i = 0; i < g->n_plans; i++) {
+        plan *p = &g->plans[i];
+        if (p->n == n && p->m == m && p->k == k && p->has_bias == has_bias && p->ldx == ldx && p->ldy == ldy)
+            return p;
+    }
+    return NULL;
+}
+
+/* Makes the cuBLASLt part of a plan: descriptors and the heuristic's first algorithm. */
+static int make_lt(sf_k_gemm_ctx *g, plan *p)
+{
+    cublasStatus_t st;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    size_t ws = LT_WORKSPACE;
+#define LT(call) do { st = (call); if (st != CUBLAS_STATUS_SUCCESS) goto fail; } while (0)
+    LT(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (p->has_bias) {
+        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+        LT(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep));
+    }
+    LT(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_16BF, p->k, p->m, p->k));
+    LT(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_16BF, p->k, p->n, p->ldx));
+    LT(cublasLtMatrixLayoutCreate(&p->c, CUDA_R_16BF, p->m, p->n, p->ldy));
+    LT(cublasLtMatmulPreferenceCreate(&pref));
+    LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+    LT(cublasLtMatmulAlgoGetHeuristic(g->lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res, &found));
+    if (!found) { st = CUBLAS_STATUS_NOT_SUPPORTED; goto fail; }
+    p->algo = res.algo;
+    cublasLtMatmulPreferenceDestroy(pref);
+    return 0;
+fail:
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    return LT_ERR(st);
+#undef LT
+}
+
+static int get_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t ldx, int64_t ldy, plan **out)
+{
+    plan *p = find_plan(g, n, m, k, has_bias, ldx, ldy);
+    if (!p) {
+        if (g->n_plans == MAX_PLANS) return LT_ERR(CUBLAS_STATUS_ALLOC_FAILED);
+        p = &g->plans[g->n_plans];
+        memset(p, 0, sizeof *p);
+        p->n = n; p->m = m; p->k = k; p->has_bias = has_bias; p->ldx = ldx; p->ldy = ldy;
+        p->lt_rc = make_lt(g, p);
+        if (p->lt_rc) {
+            if (p->op) cublasLtMatmulDescDestroy(p->op);
+            if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+            if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+            if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+            p->op = NULL; p->a = p->b = p->c = NULL;
+            if (getenv("SF_GEMM_VERBOSE"))
+                fprintf(stderr, "gemm n=%d m=%d k=%d: cuBLASLt: %s; using the GEMV kernel\n", n, m, k,
+                        sf_k_gemm_error_str(p->lt_rc));
+        }
+        g->n_plans++;
+    }
+    *out = p;
+    return 0;
+}
+
+static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *w, const uint16_t *bias,
+                  uint16_t *y, cudaStream_t s)
+{
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t st;
+    if (p->has_bias) {
+        st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (st != CUBLAS_STATUS_SUCCESS) return LT_ERR(st);
+    }
+    st = cublasLtMatmul(g->lt, p->op, &one, w, p->a, x, p->b, &zero, y, p->c, y, p->c, &p->algo,
+                        g->workspace, LT_WORKSPACE, s);
+    return st == CUBLAS_STATUS_SUCCESS ? 0 : LT_ERR(st);
+}
+
+extern "C" int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                            const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    plan *p;
+    int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
+    return rc ? rc : p->lt_rc ? p->lt_rc : run_lt(g, p, x, w, bias, y, s);
+}
+
+/* Median-free but warm: one untimed run of each path, then `reps` timed back to back. */
+static float time_path(sf_k_gemm_ctx *g, plan *p, int gemv, const uint16_t *x, const uint16_t *w,
+                       const uint16_t *bias, uint16_t *y, cudaStream_t s, int *rc)
+{
+    const int reps = 5;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = 1e30f;
+    if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) { *rc = (int)cudaGetLastError(); goto out; }
+    for (int i = 0; i <= reps && !*rc; i++) {
+        if (i == 1) cudaEventRecord(e0, s);
+        *rc = gemv ? sf_k_gemv(x, p->ldx, w, bias, p->n, p->m, p->k, y, p->ldy, s) : run_lt(g, p, x, w, bias, y, s);
+    }
+    cudaEventRecord(e1, s);
+    if (!*rc && cudaEventSynchronize(e1) == cudaSuccess) cudaEventElapsedTime(&ms, e0, e1);
+out:
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    return ms;
+}
+
+extern "C" int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                         int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    if (n <= 0) return 0;
+    plan *p;
+    int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
+    if (rc) return rc;
+    if (p->lt_rc) { /* no cuBLASLt algorithm (odd leading dimensions): GEMV, 8 rows at a time */
+        for (int r = 0; r < n && !rc; r += 8)
+            rc = sf_k_gemv(x + (int64_t)r * ldx, ldx, w, bias, SF_MIN(8, n - r), m, k, y + (int64_t)r * ldy, ldy, s);
+        return rc;
+    }
+    if (n > 8) return run_lt(g, p, x, w, bias, y, s);
+    if (!p->choice) {
+        float t_gemv = time_path(g, p, 1, x, w, bias, y, s, &rc);
+        if (rc) return rc;
+        float t_lt = time_path(g, p, 0, x, w, bias, y, s, &rc);
+        if (rc) return rc;
+        p->choice = t_gemv <= t_lt ? 1 : 2;
+        if (getenv("SF_GEMM_VERBOSE"))
+            fprintf(stderr, "gemm n=%d m=%d k=%d: gemv %.1f us, cublasLt %.1f us -> %s\n", n, m, k,
+                    t_gemv * 200.0f, t_lt * 200.0f, p->choice == 1 ? "gemv" : "cublasLt");
+    }
+    return p->choice == 1 ? sf_k_gemv(x, ldx, w, bias, n, m, k, y, ldy, s) : run_lt(g, p, x, w, bias, y, s);
+}
+
+extern "C" int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k)
+{
+    for (int i = 0; i < g->n_plans; i++)
+        if (g->plans[i].n == n && g->plans[i].m == m && g->plans[i].k == k)
+            return g->plans[i].lt_rc ? 1 : n > 8 ? 2 : g->plans[i].choice;
+    return 0;
+}

@@ -1,0 +1,94 @@
+/* gemv.cu — skinny GEMM for n <= 8 rows of activations: y[n, m] = x[n, k] . W[m, k]^T (+ bias).
+ *
+ * Decode is bound by reading W once. One warp per output feature streams its row of W with
+ * 16-byte loads (UNROLL of them in flight per lane) and multiplies it with all n rows of x
+ * (small, served from L1/L2), accumulating in fp32; a warp reduction finishes each dot. */
+#include "common.cuh"
+
+#define GEMV_WARPS 4
+#define UNROLL 4
+
+template <int N>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const bf16 *__restrict__ x, int64_t ldx,
+                                                          const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
+                                                          int m, int k, bf16 *__restrict__ y, int64_t ldy, int vec)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
+    if (r >= m) return;
+    const bf16 *wr = w + r * k;
+    float acc[N];
+#pragma unroll
+    for (int i = 0; i < N; i++) acc[i] = 0.0f;
+    int c0 = 0;
+    if (vec) {
+        const int k8 = k / 8;
+        const bf16x8 *w8 = (const bf16x8 *)wr;
+        int c = lane;
+        for (; c + (UNROLL - 1) * 32 < k8; c += UNROLL * 32) {
+            bf16x8 wv[UNROLL];
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) { uint4 t4 = __ldg((const uint4 *)(w8 + c + u * 32)); wv[u] = *(const bf16x8 *)&t4; }
+#pragma unroll
+            for (int u = 0; u < UNROLL; u++) {
+#pragma unroll
+                for (int i = 0; i < N; i++) {
+                    bf16x8 xv = *(const bf16x8 *)(x + i * ldx + (int64_t)(c + u * 32) * 8);
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        float2 wf = __bfloat1622float2(wv[u].h[h]), xf = __bfloat1622float2(xv.h[h]);
+                        acc[i] = fmaf(wf.x, xf.x, acc[i]);
+                        acc[i] = fmaf(wf.y, xf.y, acc[i]);
+                    }
+                }
+            }
+        }
+        for (; c < k8; c += 32) {
+            bf16x8 wv = w8[c];
+#pragma unroll
+            for (int i = 0; i < N; i++) {
+                bf16x8 xv = *(const bf16x8 *)(x + i * ldx + (int64_t)c * 8);
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    float2 wf = __bfloat1622float2(wv.h[h]), xf = __bfloat1622float2(xv.h[h]);
+                    acc[i] = fmaf(wf.x, xf.x, acc[i]);
+                    acc[i] = fmaf(wf.y, xf.y, acc[i]);
+                }
+            }
+        }
+        c0 = k8 * 8;
+    }
+    for (int c = c0 + lane; c < k; c += 32) {
+        float wf = bf2f(wr[c]);
+#pragma unroll
+        for (int i = 0; i < N; i++) acc[i] = fmaf(wf, bf2f(x[i * ldx + c]), acc[i]);
+    }
+#pragma unroll
+    for (int i = 0; i < N; i++) acc[i] = warp_sum(acc[i]);
+    if (lane == 0) {
+        float b = bias ? bf2f(bias[r]) : 0.0f;
+#pragma unroll
+        for (int i = 0; i < N; i++) y[i * ldy + r] = f2bf(acc[i] + b);
+    }
+}
+
+extern "C" int sf_k_gemv(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, int n, int m,
+                         int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    if (n < 1 || n > 8) return (int)cudaErrorInvalidValue;
+    int vec = (k % 8 == 0) && (ldx % 8 == 0) && ((uintptr_t)x % 16 == 0) && ((uintptr_t)w % 16 == 0);
+    dim3 grid(sf_div_up(m, GEMV_WARPS)), block(GEMV_WARPS * 32);
+    const bf16 *X = (const bf16 *)x, *W = (const bf16 *)w, *B = (const bf16 *)bias;
+    bf16 *Y = (bf16 *)y;
+    switch (n) {
+    case 1: k_gemv<1><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 2: k_gemv<2><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 3: k_gemv<3><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 4: k_gemv<4><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 5: k_gemv<5><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 6: k_gemv<6><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 7: k_gemv<7><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    default: k_gemv<8><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    }
+    return sf_launch_status();
+}

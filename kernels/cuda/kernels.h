@@ -1,0 +1,113 @@
+/* kernels.h — the C-callable launch API of the CUDA kernels (kernels/cuda/NAME.cu), used by
+ * hal/hal_cuda.c and the device tests. Kernels know hal types only, nothing of the engine.
+ *
+ * Conventions: every pointer is device memory unless named host_*; bf16 tensors are passed as
+ * uint16_t; matrices are row-major with a leading dimension (ld, in elements). Every function
+ * enqueues on `s` and returns the cudaError_t of the launch (0 = cudaSuccess); nothing here
+ * synchronises or allocates, except where a comment says so.
+ */
+#ifndef SF_KERNELS_CUDA_H
+#define SF_KERNELS_CUDA_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- conversions (convert.cu) -------------------------------------------------------- */
+/* dst[r, c] (bf16, ld_dst) = src[r, c] for src in SF_DT_F32 / F16 / BF16 / Q8_0 (sf_dtype
+ * values), src rows tightly packed (Q8_0: cols/32 blocks of 34 bytes per row). */
+int sf_k_to_bf16(const void *src, int src_dtype, int64_t rows, int64_t cols, uint16_t *dst,
+                 int64_t ld_dst, cudaStream_t s);
+/* dst[r, c] (fp32, tight) = src[r, c] (bf16, ld_src). */
+int sf_k_bf16_to_f32(const uint16_t *src, int64_t ld_src, int64_t rows, int64_t cols, float *dst,
+                     cudaStream_t s);
+/* n bf16 values, uniform in [-scale, scale), a pure function of (seed, index). */
+int sf_k_fill_random(uint16_t *dst, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+
+/* ---- embedding and row gather (embed.cu) -------------------------------------------- */
+/* x[t, :] = emb[tokens[t], :] for t < T; ids outside [0, vocab) give a zero row (the host
+ * checks ids before launching). */
+int sf_k_embed(const uint16_t *emb, int64_t vocab, int64_t d, const int32_t *tokens, int T,
+               uint16_t *x, int64_t ldx, cudaStream_t s);
+/* out[i, :] = x[rows[i], :] for i < n, d columns. */
+int sf_k_get_rows(const uint16_t *x, int64_t ldx, const int32_t *rows, int n, int64_t d,
+                  uint16_t *out, int64_t ldo, cudaStream_t s);
+
+/* ---- RMSNorm with fused residual add (rmsnorm.cu) ----------------------------------- */
+/* For each of n rows: if add: x += add (rounded to bf16, written back to x);
+ * out = bf16(x * rsqrt(mean(x^2) + eps)) * w. out may equal x. */
+int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w,
+                 float eps, int n, int d, uint16_t *out, int64_t ldo, cudaStream_t s);
+
+/* ---- SiLU * mul (silu_mul.cu) --------------------------------------------------------- */
+/* out[i, j] = silu(gu[i, j]) * gu[i, f + j], i < n, j < f. */
+int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, uint16_t *out, int64_t ldo,
+                  cudaStream_t s);
+
+/* ---- paged KV layout ------------------------------------------------------------------ */
+/* One layer's K (and V) cache: [n_blocks][n_kv_heads][block_size][head_dim] bf16.
+ * Token slot = block * block_size + offset. */
+typedef struct sf_k_kv {
+    uint16_t *k, *v;
+    int block_size, n_kv_heads, head_dim;
+} sf_k_kv;
+
+/* ---- RoPE + KV append (rope_kv.cu) ----------------------------------------------------- */
+/* qkv[T, (H + 2*Hkv) * hd] (ld): rotate q and k heads of token t by pos[t] in place (the first
+ * rot_dim dims; interleaved: pairs (2i, 2i+1), else halves (i, i + rot/2)), angle =
+ * pos * inv_freq[i] (inv_freq: device, rot/2 floats); then write k and v of token t into the
+ * cache at slot[t] (slot < 0: not written). */
+int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
+                 int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
+                 sf_k_kv kv, cudaStream_t s);
+
+/* ---- attention over the paged cache (attention.cu) ------------------------------------ */
+typedef struct sf_k_attn {
+    const uint16_t *q;       /* [T, ld_q]: head h of token t at q + t*ld_q + h*hd */
+    int64_t ld_q;
+    uint16_t *out;           /* [T, ld_out]: head h at out + t*ld_out + h*hd */
+    int64_t ld_out;
+    int T, H, Hkv, hd;
+    float scale;
+    const int32_t *pos;      /* [T] the token attends keys at positions 0..pos[t] of its sequence */
+    const int32_t *tok_seq;  /* [T] sequence index of token t */
+    const int32_t *block_table; /* [S, max_blocks] */
+    int max_blocks;
+    int max_ctx;             /* max over t of pos[t] + 1 (host-known; sizes the split) */
+    sf_k_kv kv;
+    float *ws;               /* split workspace: T * H * n_split * (hd + 2) floats */
+    int n_split;             /* 1: no split; else keys split into n_split ranges + a combine */
+} sf_k_attn;
+/* Largest group H/Hkv and head_dim the attention kernel takes. */
+#define SF_K_ATTN_MAX_GROUP 16
+#define SF_K_ATTN_MAX_HD 256
+int sf_k_attention(const sf_k_attn *a, cudaStream_t s);
+
+/* ---- GEMM: y[n, m] = x[n, k] . W[m, k]^T (+ bias[m]) (gemm.cu, gemv.cu) --------------- */
+typedef struct sf_k_gemm_ctx sf_k_gemm_ctx; /* cuBLASLt handle, workspace, per-shape plan cache */
+/* Allocates the cuBLASLt workspace (cudaMalloc, counted into *n_mallocs). */
+int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs);
+void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g);
+/* Dispatcher: for n <= 8 it times the GEMV kernel and cuBLASLt once per shape (first call;
+ * that call synchronises the stream) and keeps the faster; larger n go to cuBLASLt with a
+ * heuristic chosen once per shape. Returns 0 or a cudaError_t / cublasStatus_t + 10000. */
+int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+              int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+/* The two paths, callable directly (tests, benchmarks). */
+int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                 int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+int sf_k_gemv(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+              int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+/* Which path the dispatcher chose for a shape: 0 unknown yet, 1 GEMV, 2 cuBLASLt. */
+int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
+const char *sf_k_gemm_error_str(int code);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,665 @@
+/* test_ops.c — every CUDA backend op against a float64 host reference computed from the same
+ * (bf16-representable) inputs, on fresh random inputs over many shapes. Inputs reach device
+ * buffers the way the forward pass's do (a weight + embed), outputs are poisoned with NaN
+ * before each op, and the check is ||out - ref|| / ||ref|| <= 1e-2 with NaN never passing.
+ *
+ *   test_ops            the checks (GPU host only)
+ *   test_ops --quick    smaller shapes (under compute-sanitizer)
+ *   test_ops --perf     also time GEMV vs cuBLASLt and attention on decode shapes (no assertions) */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../hal/hal.h"
+#include "../test.h"
+
+#ifdef SF_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "../../kernels/cuda/kernels.h"
+#endif
+
+static sf_backend *B;
+static sf_rng R;
+static int quick, perf;
+#define OPS (B->ops)
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+static float bfr(float x) { return sf_bf16_to_f32(sf_f32_to_bf16(x)); }
+
+static float *rand_vals(int64_t n, float scale)
+{
+    float *v = malloc((size_t)n * sizeof *v);
+    for (int64_t i = 0; i < n; i++) v[i] = bfr(sf_rng_normal(&R) * scale);
+    return v;
+}
+
+static sf_weight *upload_f32(const float *v, int64_t rows, int64_t cols)
+{
+    sf_weight_desc d = { .n_parts = 1 };
+    d.part[0] = (sf_view){ v, SF_DT_F32, rows, cols };
+    sf_weight *w = NULL;
+    sf_error err = { 0 };
+    if (OPS->weight_new(B, &d, &w, &err)) printf("weight_new: %s\n", err.msg);
+    return w;
+}
+
+/* A batch for ops that only need T rows: tokens 0..T-1, one sequence. */
+typedef struct tbatch {
+    sf_batch b;
+    int32_t *tokens, *pos, *slot, *seq_start, *seq_ctx, *block_table, *logit_rows;
+} tbatch;
+
+static void tb_init(tbatch *t, int T, int S, int max_blocks, int L)
+{
+    memset(t, 0, sizeof *t);
+    t->tokens = calloc(T, 4); t->pos = calloc(T, 4); t->slot = calloc(T, 4);
+    t->seq_start = calloc(S + 1, 4); t->seq_ctx = calloc(S, 4);
+    t->block_table = calloc((size_t)S * max_blocks, 4); t->logit_rows = calloc(L ? L : 1, 4);
+    t->b = (sf_batch){ T, S, t->tokens, t->pos, t->slot, t->seq_start, t->seq_ctx, t->block_table, max_blocks,
+                       t->logit_rows, L };
+}
+
+static void tb_free(tbatch *t)
+{
+    free(t->tokens); free(t->pos); free(t->slot); free(t->seq_start); free(t->seq_ctx); free(t->block_table);
+    free(t->logit_rows);
+}
+
+/* buf[0..rows) = v (rows x cols) through embed of an uploaded weight; leaves a batch of `rows`
+ * tokens active. */
+static int fill_buf(sf_buf *buf, const float *v, int rows, int cols)
+{
+    sf_weight *w = upload_f32(v, rows, cols);
+    if (!w) return -1;
+    tbatch t;
+    tb_init(&t, rows, 1, 1, 0);
+    for (int i = 0; i < rows; i++) { t.tokens[i] = i; t.pos[i] = 0; t.slot[i] = -1; }
+    t.seq_start[1] = rows; t.seq_ctx[0] = 1; /* valid against any KV pool: one block, id 0 */
+    int rc = OPS->batch_begin(B, &t.b);
+    if (!rc) rc = OPS->embed(B, w, buf);
+    if (!rc) rc = OPS->sync(B);
+    OPS->weight_free(B, w);
+    tb_free(&t);
+    return rc;
+}
+
+static int poison(sf_buf *buf, int rows, int cols)
+{
+    float *v = malloc((size_t)rows * cols * 4);
+    for (int64_t i = 0; i < (int64_t)rows * cols; i++) v[i] = NAN;
+    int rc = fill_buf(buf, v, rows, cols);
+    free(v);
+    return rc;
+}
+
+/* ||a - ref|| / ||ref||; NaN anywhere gives +inf. */
+static double rel_err(const float *a, const double *ref, int64_t n)
+{
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (isnan(a[i]) || isinf(a[i])) return INFINITY;
+        num += (a[i] - ref[i]) * (a[i] - ref[i]);
+        den += ref[i] * ref[i];
+    }
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static sf_buf *new_buf(int64_t rows, int64_t cols)
+{
+    sf_buf *b = NULL;
+    sf_error err = { 0 };
+    if (OPS->buf_new(B, rows, cols, &b, &err)) printf("buf_new: %s\n", err.msg);
+    return b;
+}
+
+/* ---- tests -------------------------------------------------------------------------------- */
+TEST(probe)
+{
+    const sf_hw_info *hw = OPS->hw(B);
+    printf("  %s: %d SMs, L2 %zu MiB, smem/block %zu KiB, cc %d.%d, %.1f/%.1f GiB free, HBM %.0f GB/s, "
+           "bf16 GEMM %.0f TFLOP/s, PCIe gen%d x%d%s\n", hw->name, hw->n_cores, hw->l2_bytes >> 20,
+           hw->smem_per_block >> 10, hw->cc_major, hw->cc_minor, hw->mem_free / 1073741824.0,
+           hw->mem_total / 1073741824.0, hw->mem_bw_gbs, hw->gemm_tflops, hw->pcie_gen, hw->pcie_width,
+           hw->from_cache ? " (cached)" : "");
+    for (int i = 0; i < SF_HAL_CHUNKS; i++)
+        printf("  chunk %5zu KiB: H2D pinned %5.1f pageable %5.1f | D2H pinned %5.1f pageable %5.1f GB/s\n",
+               hw->chunk_bytes[i] >> 10, hw->h2d_pinned_gbs[i], hw->h2d_pageable_gbs[i], hw->d2h_pinned_gbs[i],
+               hw->d2h_pageable_gbs[i]);
+    CHECK(!strcmp(hw->backend, "cuda"));
+    CHECK(hw->n_cores > 0 && hw->l2_bytes > 0 && hw->smem_per_block >= 48 * 1024 && hw->cc_major >= 7);
+    CHECK_MSG(hw->mem_bw_gbs > 100 && hw->gemm_tflops > 1, "bw %.1f tflops %.1f", hw->mem_bw_gbs, hw->gemm_tflops);
+    for (int i = 0; i < SF_HAL_CHUNKS; i++)
+        CHECK(hw->h2d_pinned_gbs[i] > 0.1 && hw->d2h_pinned_gbs[i] > 0.1 && hw->h2d_pageable_gbs[i] > 0.1 &&
+              hw->d2h_pageable_gbs[i] > 0.1 && hw->chunk_bytes[i] == (size_t)64 << 10 << i);
+    sf_hw_info again;
+    sf_error err = { 0 };
+    CHECK_MSG(sf_hal_cuda_probe(0, &again, 0, &err) == SF_OK && again.from_cache, "second probe not cached: %s", err.msg);
+}
+
+TEST(embed_get_rows)
+{
+    const int V = 300, d = quick ? 72 : 136, T = 37;
+    float *emb = rand_vals((int64_t)V * d, 1.0f);
+    sf_weight *w = upload_f32(emb, V, d);
+    sf_buf *x = new_buf(T, d), *o = new_buf(8, d);
+    REQUIRE(w && x && o, "setup");
+    REQUIRE(!poison(x, T, d) && !poison(o, 8, d), "poison");
+    tbatch t;
+    tb_init(&t, T, 1, 1, 5);
+    for (int i = 0; i < T; i++) { t.tokens[i] = (int32_t)(sf_rng_next(&R) % V); t.pos[i] = i; t.slot[i] = -1; }
+    t.seq_start[1] = T; t.seq_ctx[0] = T;
+    int rows[5] = { 36, 0, 17, 17, 3 };
+    memcpy(t.logit_rows, rows, sizeof rows);
+    CHECK(OPS->batch_begin(B, &t.b) == 0);
+    CHECK(OPS->embed(B, w, x) == 0);
+    CHECK(OPS->get_rows(B, x, o) == 0);
+    float *got = malloc((size_t)T * d * 4), *got2 = malloc((size_t)5 * d * 4);
+    CHECK(OPS->read_f32(B, x, T, got) == 0 && OPS->read_f32(B, o, 5, got2) == 0);
+    int bad = 0;
+    for (int i = 0; i < T; i++)
+        for (int c = 0; c < d; c++) bad += got[(size_t)i * d + c] != emb[(size_t)t.tokens[i] * d + c];
+    for (int i = 0; i < 5; i++)
+        for (int c = 0; c < d; c++) bad += got2[(size_t)i * d + c] != emb[(size_t)t.tokens[rows[i]] * d + c];
+    CHECK_MSG(bad == 0, "%d elements differ", bad);
+    /* a token id outside the vocabulary is refused, not read */
+    t.tokens[3] = V + 5;
+    CHECK(OPS->batch_begin(B, &t.b) == 0);
+    CHECK(OPS->embed(B, w, x) == SF_EINVAL);
+    OPS->buf_free(B, x); OPS->buf_free(B, o); OPS->weight_free(B, w);
+    tb_free(&t); free(emb); free(got); free(got2);
+}
+
+static void check_rmsnorm(int n, int d, int with_add, int in_place)
+{
+    float *x = rand_vals((int64_t)n * d, 2.0f), *a = rand_vals((int64_t)n * d, 1.0f), *wv = rand_vals(d, 1.0f);
+    sf_buf *bx = new_buf(n, d), *ba = new_buf(n, d), *bo = in_place ? bx : new_buf(n, d);
+    sf_weight *w = upload_f32(wv, 1, d);
+    double *ref = malloc((size_t)n * d * 8), *refx = malloc((size_t)n * d * 8);
+    float *got = malloc((size_t)n * d * 4), *gotx = malloc((size_t)n * d * 4);
+    REQUIRE(bx && ba && bo && w, "setup");
+    REQUIRE(!fill_buf(bx, x, n, d) && !fill_buf(ba, a, n, d) && (in_place || !poison(bo, n, d)), "fill");
+    for (int i = 0; i < n; i++) {
+        double ss = 0;
+        for (int c = 0; c < d; c++) {
+            double v = x[(size_t)i * d + c] + (with_add ? a[(size_t)i * d + c] : 0);
+            refx[(size_t)i * d + c] = v;
+            ss += v * v;
+        }
+        double inv = 1.0 / sqrt(ss / d + 1e-5);
+        for (int c = 0; c < d; c++) ref[(size_t)i * d + c] = refx[(size_t)i * d + c] * inv * wv[c];
+    }
+    CHECK(OPS->rmsnorm(B, bx, with_add ? ba : NULL, w, 1e-5f, n, bo) == 0);
+    CHECK(OPS->read_f32(B, bo, n, got) == 0);
+    double e = rel_err(got, ref, (int64_t)n * d);
+    CHECK_MSG(e < 1e-2, "n=%d d=%d add=%d in_place=%d: rel err %.3g", n, d, with_add, in_place, e);
+    if (!in_place) {
+        CHECK(OPS->read_f32(B, bx, n, gotx) == 0);
+        double ex = rel_err(gotx, refx, (int64_t)n * d);
+        CHECK_MSG(ex < 1e-2, "residual n=%d d=%d: rel err %.3g", n, d, ex);
+    }
+    OPS->buf_free(B, bx); OPS->buf_free(B, ba);
+    if (!in_place) OPS->buf_free(B, bo);
+    OPS->weight_free(B, w);
+    free(x); free(a); free(wv); free(ref); free(refx); free(got); free(gotx);
+}
+
+TEST(rmsnorm)
+{
+    int shapes[][2] = { { 1, 8 }, { 7, 64 }, { 33, 172 }, { 3, 4096 }, { 5, 5120 }, { 64, 2048 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        if (quick && shapes[i][0] * shapes[i][1] > 20000) continue;
+        check_rmsnorm(shapes[i][0], shapes[i][1], 1, 0);
+        check_rmsnorm(shapes[i][0], shapes[i][1], 0, 0);
+        check_rmsnorm(shapes[i][0], shapes[i][1], 1, 1);
+    }
+}
+
+/* Q8_0 quantisation on the host, returning the dequantised (then bf16-rounded) values the
+ * device will see. */
+static void *quant_q8_0(const float *v, int64_t rows, int64_t cols, float *deq)
+{
+    uint8_t *q = malloc((size_t)rows * (cols / 32) * 34);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t b = 0; b < cols / 32; b++) {
+            const float *x = v + r * cols + b * 32;
+            uint8_t *blk = q + (r * (cols / 32) + b) * 34;
+            float amax = 0;
+            for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(x[i]));
+            uint16_t dh = sf_f32_to_f16(amax / 127.0f);
+            float d = sf_f16_to_f32(dh);
+            memcpy(blk, &dh, 2);
+            for (int i = 0; i < 32; i++) {
+                int qi = d > 0 ? (int)lrintf(x[i] / d) : 0;
+                qi = qi > 127 ? 127 : qi < -127 ? -127 : qi;
+                blk[2 + i] = (uint8_t)(int8_t)qi;
+                deq[r * cols + b * 32 + i] = bfr(d * (float)qi);
+            }
+        }
+    return q;
+}
+
+/* W made of three parts (F32, F16, Q8_0 when k allows, else BF16) with optional biases. */
+static void check_matmul(int n, int m, int k, int bias)
+{
+    int m0 = m / 2, m1 = m / 4, m2 = m - m0 - m1;
+    float *x = rand_vals((int64_t)n * k, 1.0f), *wv = rand_vals((int64_t)m * k, 0.05f), *bv = rand_vals(m, 0.5f);
+    float *deq = malloc((size_t)m * k * 4);
+    memcpy(deq, wv, (size_t)m * k * 4);
+    uint16_t *h16 = malloc((size_t)m1 * k * 2);
+    for (int64_t i = 0; i < (int64_t)m1 * k; i++) h16[i] = sf_f32_to_f16(wv[(int64_t)m0 * k + i]);
+    for (int64_t i = 0; i < (int64_t)m1 * k; i++) deq[(int64_t)m0 * k + i] = bfr(sf_f16_to_f32(h16[i]));
+    void *p2;
+    sf_dtype t2;
+    if (k % 32 == 0) {
+        p2 = quant_q8_0(wv + (int64_t)(m0 + m1) * k, m2, k, deq + (int64_t)(m0 + m1) * k);
+        t2 = SF_DT_Q8_0;
+    } else {
+        uint16_t *b16 = malloc((size_t)m2 * k * 2);
+        for (int64_t i = 0; i < (int64_t)m2 * k; i++) b16[i] = sf_f32_to_bf16(wv[(int64_t)(m0 + m1) * k + i]);
+        p2 = b16;
+        t2 = SF_DT_BF16;
+    }
+    sf_weight_desc d = { .n_parts = 3 };
+    d.part[0] = (sf_view){ wv, SF_DT_F32, m0, k };
+    d.part[1] = (sf_view){ h16, SF_DT_F16, m1, k };
+    d.part[2] = (sf_view){ p2, t2, m2, k };
+    if (bias) {
+        d.bias[0] = (sf_view){ bv, SF_DT_F32, 1, m0 };
+        d.bias[2] = (sf_view){ bv + m0 + m1, SF_DT_F32, 1, m2 };
+    }
+    sf_weight *w = NULL;
+    sf_error err = { 0 };
+    sf_buf *bx = new_buf(n, k), *by = new_buf(n, m);
+    double *ref = malloc((size_t)n * m * 8);
+    float *got = malloc((size_t)n * m * 4);
+    REQUIRE(OPS->weight_new(B, &d, &w, &err) == 0, "weight_new: %s", err.msg);
+    REQUIRE(bx && by && !fill_buf(bx, x, n, k) && !poison(by, n, m), "setup");
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            double s = 0;
+            for (int c = 0; c < k; c++) s += (double)x[(size_t)i * k + c] * deq[(size_t)j * k + c];
+            if (bias && (j < m0 || j >= m0 + m1)) s += bv[j];
+            ref[(size_t)i * m + j] = s;
+        }
+    CHECK(OPS->matmul(B, bx, w, n, by) == 0);
+    CHECK(OPS->read_f32(B, by, n, got) == 0);
+    double e = rel_err(got, ref, (int64_t)n * m);
+    CHECK_MSG(e < 1e-2, "n=%d m=%d k=%d bias=%d: rel err %.3g", n, m, k, bias, e);
+    OPS->buf_free(B, bx); OPS->buf_free(B, by); OPS->weight_free(B, w);
+    free(x); free(wv); free(bv); free(deq); free(h16); free(p2); free(ref); free(got);
+}
+
+TEST(matmul)
+{
+    int shapes[][3] = { { 1, 16, 16 }, { 1, 512, 64 }, { 2, 64, 172 }, { 3, 100, 96 }, { 8, 1024, 512 },
+                        { 1, 4096, 4096 }, { 5, 1536, 4096 }, { 9, 256, 128 }, { 17, 320, 64 },
+                        { 128, 1024, 2048 }, { 300, 768, 256 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        int n = shapes[i][0], m = shapes[i][1], k = shapes[i][2];
+        if (quick && (double)n * m * k > 4e6) continue;
+        check_matmul(n, m, k, 0);
+        check_matmul(n, m, k, 1);
+    }
+}
+
+TEST(silu_mul)
+{
+    int shapes[][2] = { { 1, 172 }, { 7, 64 }, { 33, 1024 }, { 4, 14336 } };
+    for (size_t s = 0; s < SF_ARRAY_LEN(shapes); s++) {
+        int n = shapes[s][0], f = shapes[s][1];
+        float *gu = rand_vals((int64_t)n * 2 * f, 2.0f);
+        double *ref = malloc((size_t)n * f * 8);
+        float *got = malloc((size_t)n * f * 4);
+        sf_buf *bg = new_buf(n, 2 * f), *bo = new_buf(n, f);
+        REQUIRE(bg && bo && !fill_buf(bg, gu, n, 2 * f) && !poison(bo, n, f), "setup");
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < f; j++) {
+                double g = gu[(size_t)i * 2 * f + j], u = gu[(size_t)i * 2 * f + f + j];
+                ref[(size_t)i * f + j] = g / (1 + exp(-g)) * u;
+            }
+        CHECK(OPS->silu_mul(B, bg, n, f, bo) == 0);
+        CHECK(OPS->read_f32(B, bo, n, got) == 0);
+        double e = rel_err(got, ref, (int64_t)n * f);
+        CHECK_MSG(e < 1e-2, "n=%d f=%d: rel err %.3g", n, f, e);
+        OPS->buf_free(B, bg); OPS->buf_free(B, bo);
+        free(gu); free(ref); free(got);
+    }
+}
+
+/* ---- RoPE + paged KV + attention ------------------------------------------------------------ */
+typedef struct seqstate {
+    int len;          /* tokens cached so far */
+    int32_t *blocks;  /* block ids */
+} seqstate;
+
+typedef struct attn_case {
+    int H, Hkv, hd, bs, interleaved;
+} attn_case;
+
+static void rope_host(double *v, int hd, int rot, int interleaved, int pos, const float *inv_freq)
+{
+    for (int j = 0; j < rot / 2; j++) {
+        int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + rot / 2;
+        double ang = (double)pos * inv_freq[j], c = cos(ang), s = sin(ang);
+        double x0 = v[a], x1 = v[b];
+        v[a] = x0 * c - x1 * s;
+        v[b] = x1 * c + x0 * s;
+    }
+}
+
+/* Runs steps of new[s] tokens per sequence; keeps rotated K/V on the host for the reference;
+ * checks rotated q and attention outputs of every `stride`-th token. */
+static void run_attn_case(const attn_case *ac, int S, int n_steps, int (*step_len)(int step, int s), int stride)
+{
+    const int H = ac->H, Hkv = ac->Hkv, hd = ac->hd, bs = ac->bs, G = H / Hkv, W = (H + 2 * Hkv) * hd;
+    int max_ctx = 0;
+    for (int s = 0; s < S; s++) {
+        int c = 0;
+        for (int st = 0; st < n_steps; st++) c += step_len(st, s);
+        max_ctx = SF_MAX(max_ctx, c);
+    }
+    int max_blocks = (max_ctx + bs - 1) / bs, n_blocks = S * max_blocks + 3;
+    sf_kv_config kc = { .n_layers = 2, .n_blocks = n_blocks, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd,
+                        .dtype = SF_DT_BF16 };
+    sf_error err = { 0 };
+    REQUIRE(OPS->kv_init(B, &kc, &err) == 0, "kv_init: %s", err.msg);
+    float inv_freq[SF_K_ATTN_MAX_HD / 2];
+    for (int j = 0; j < hd / 2; j++) inv_freq[j] = (float)pow(10000.0, -2.0 * j / hd);
+    sf_rope rope = { .head_dim = hd, .rot_dim = hd, .interleaved = ac->interleaved, .inv_freq = inv_freq,
+                     .attn_scale = 1.0f / sqrtf((float)hd) };
+    /* random, shuffled block ids for each sequence */
+    int32_t *perm = malloc((size_t)n_blocks * 4);
+    for (int i = 0; i < n_blocks; i++) perm[i] = i;
+    for (int i = n_blocks - 1; i > 0; i--) {
+        int j = (int)(sf_rng_next(&R) % (uint64_t)(i + 1));
+        int32_t t = perm[i]; perm[i] = perm[j]; perm[j] = t;
+    }
+    seqstate *ss = calloc(S, sizeof *ss);
+    double **K = calloc(S, sizeof *K), **V = calloc(S, sizeof *V); /* [pos][Hkv*hd] rotated */
+    for (int s = 0; s < S; s++) {
+        ss[s].blocks = perm + s * max_blocks;
+        K[s] = calloc((size_t)max_ctx * Hkv * hd, 8);
+        V[s] = calloc((size_t)max_ctx * Hkv * hd, 8);
+    }
+    const int layer = 1;
+    double worst_q = 0, worst_o = 0;
+    int checked = 0;
+    for (int st = 0; st < n_steps; st++) {
+        int T = 0;
+        for (int s = 0; s < S; s++) T += step_len(st, s);
+        tbatch t;
+        tb_init(&t, T, S, max_blocks, 0);
+        int ti = 0;
+        for (int s = 0; s < S; s++) {
+            t.seq_start[s] = ti;
+            int nn = step_len(st, s);
+            for (int i = 0; i < nn; i++, ti++) {
+                int p = ss[s].len + i;
+                t.pos[ti] = p;
+                t.slot[ti] = ss[s].blocks[p / bs] * bs + p % bs;
+            }
+            t.seq_ctx[s] = ss[s].len + nn;
+            memcpy(t.block_table + (size_t)s * max_blocks, ss[s].blocks, (size_t)max_blocks * 4);
+        }
+        t.seq_start[S] = T;
+        float *qkv = rand_vals((int64_t)T * W, 1.0f);
+        sf_buf *bq = new_buf(T, W), *bo = new_buf(T, H * hd);
+        float *gotq = malloc((size_t)T * W * 4), *goto_ = malloc((size_t)T * H * hd * 4);
+        REQUIRE(bq && bo && !fill_buf(bq, qkv, T, W) && !poison(bo, T, H * hd), "setup");
+        REQUIRE(OPS->batch_begin(B, &t.b) == 0, "batch_begin");
+        CHECK(OPS->rope_kv(B, bq, layer, H, Hkv, &rope) == 0);
+        CHECK(OPS->attention(B, bq, layer, H, Hkv, &rope, bo) == 0);
+        CHECK(OPS->read_f32(B, bq, T, gotq) == 0 && OPS->read_f32(B, bo, T, goto_) == 0);
+        /* host: rotate, append to K/V, then attend */
+        double *q = malloc((size_t)H * hd * 8);
+        ti = 0;
+        for (int s = 0; s < S; s++) {
+            int nn = step_len(st, s);
+            for (int i = 0; i < nn; i++) {
+                int p = ss[s].len + i;
+                const float *row = qkv + (size_t)(ti + i) * W;
+                for (int c = 0; c < Hkv * hd; c++) {
+                    K[s][(size_t)p * Hkv * hd + c] = row[H * hd + c];
+                    V[s][(size_t)p * Hkv * hd + c] = row[(H + Hkv) * hd + c];
+                }
+                for (int h = 0; h < Hkv; h++) rope_host(K[s] + (size_t)p * Hkv * hd + h * hd, hd, hd, ac->interleaved, p, inv_freq);
+            }
+            for (int i = 0; i < nn; i++, ti++) {
+                int p = ss[s].len + i;
+                if (ti % stride && !(st == n_steps - 1 && i == nn - 1)) continue;
+                const float *row = qkv + (size_t)ti * W;
+                for (int c = 0; c < H * hd; c++) q[c] = row[c];
+                for (int h = 0; h < H; h++) rope_host(q + h * hd, hd, hd, ac->interleaved, p, inv_freq);
+                double *ref = malloc((size_t)H * hd * 8), *sc = malloc((size_t)(p + 1) * 8);
+                for (int h = 0; h < H; h++) {
+                    int kh = h / G;
+                    double mx = -INFINITY, sum = 0;
+                    for (int j = 0; j <= p; j++) {
+                        double d = 0;
+                        for (int c = 0; c < hd; c++) d += q[h * hd + c] * K[s][(size_t)j * Hkv * hd + kh * hd + c];
+                        sc[j] = d / sqrt((double)hd);
+                        mx = fmax(mx, sc[j]);
+                    }
+                    for (int j = 0; j <= p; j++) sum += (sc[j] = exp(sc[j] - mx));
+                    for (int c = 0; c < hd; c++) {
+                        double o = 0;
+                        for (int j = 0; j <= p; j++) o += sc[j] * V[s][(size_t)j * Hkv * hd + kh * hd + c];
+                        ref[h * hd + c] = o / sum;
+                    }
+                }
+                double eq = rel_err(gotq + (size_t)ti * W, q, H * hd);
+                double eo = rel_err(goto_ + (size_t)ti * H * hd, ref, H * hd);
+                worst_q = fmax(worst_q, eq);
+                worst_o = fmax(worst_o, eo);
+                checked++;
+                free(ref); free(sc);
+            }
+        }
+        for (int s = 0; s < S; s++) ss[s].len += step_len(st, s);
+        free(q); free(qkv); free(gotq); free(goto_);
+        OPS->buf_free(B, bq); OPS->buf_free(B, bo);
+        tb_free(&t);
+    }
+    CHECK_MSG(worst_q < 1e-2 && worst_o < 1e-2, "H=%d Hkv=%d hd=%d bs=%d il=%d: rope rel err %.3g, attention rel err %.3g",
+              H, Hkv, hd, bs, ac->interleaved, worst_q, worst_o);
+    printf("  H=%d Hkv=%d hd=%d bs=%d interleaved=%d S=%d ctx<=%d: %d tokens checked, rope %.2g, attention %.2g\n", H,
+           Hkv, hd, bs, ac->interleaved, S, max_ctx, checked, worst_q, worst_o);
+    for (int s = 0; s < S; s++) { free(K[s]); free(V[s]); }
+    free(K); free(V); free(ss); free(perm);
+}
+
+static int len_prefill_decode(int st, int s) { return st == 0 ? 5 + 11 * s : st == 1 ? 1 + (s % 3) : 1; }
+static int len_long(int st, int s) { return st == 0 ? (s == 0 ? 2500 : 300) : 1; }
+static int len_quick_long(int st, int s) { return st == 0 ? 700 : 1; }
+
+TEST(rope_kv_attention)
+{
+    attn_case cases[] = { { 8, 4, 8, 16, 1 }, { 4, 4, 4, 16, 0 }, { 32, 8, 128, 16, 0 }, { 28, 4, 128, 16, 0 },
+                          { 16, 16, 64, 32, 1 }, { 8, 1, 96, 8, 0 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        if (quick && cases[i].H * cases[i].hd > 1024) continue;
+        run_attn_case(&cases[i], 4, 3, len_prefill_decode, 1);
+    }
+    /* long contexts: decode goes through the split-K path */
+    attn_case lc = { 8, 2, 128, 16, 0 };
+    if (quick) run_attn_case(&lc, 1, 2, len_quick_long, 37);
+    else run_attn_case(&lc, 2, 3, len_long, 97);
+}
+
+TEST(kv_copy)
+{
+    sf_kv_config kc = { .n_layers = 3, .n_blocks = 6, .block_size = 4, .n_kv_heads = 2, .head_dim = 8 };
+    sf_error err = { 0 };
+    REQUIRE(OPS->kv_init(B, &kc, &err) == 0, "kv_init: %s", err.msg);
+    size_t bb = OPS->kv_block_bytes(B, &kc);
+    CHECK(bb == 3u * 2 * 2 * 4 * 8 * 2);
+    uint16_t *h = malloc(bb * 2), *h2 = malloc(bb * 2);
+    for (size_t i = 0; i < bb; i++) h[i] = sf_f32_to_bf16(sf_rng_normal(&R));
+    int32_t in[2] = { 4, 1 }, out[2] = { 4, 1 };
+    CHECK(OPS->kv_copy_in(B, in, 2, h) == 0);
+    memset(h2, 0xff, bb * 2);
+    CHECK(OPS->kv_copy_out(B, out, 2, h2) == 0);
+    CHECK(!memcmp(h, h2, bb * 2));
+    int32_t bad = 6;
+    CHECK(OPS->kv_copy_out(B, &bad, 1, h2) == SF_EINVAL);
+    free(h); free(h2);
+}
+
+/* One decode-like sequence of ops twice: the second pass allocates nothing on the device. */
+TEST(no_alloc_in_steady_state)
+{
+    const int d = 256, H = 4, Hkv = 2, hd = 64, f = 512, W = (H + 2 * Hkv) * hd;
+    float *wq = rand_vals((int64_t)W * d, 0.05f), *wo = rand_vals((int64_t)d * H * hd, 0.05f),
+          *wgu = rand_vals((int64_t)2 * f * d, 0.05f), *wd = rand_vals((int64_t)d * f, 0.05f),
+          *nw = rand_vals(d, 1.0f), *emb = rand_vals((int64_t)100 * d, 1.0f);
+    sf_weight *Wq = upload_f32(wq, W, d), *Wo = upload_f32(wo, d, H * hd), *Wgu = upload_f32(wgu, 2 * f, d),
+              *Wd = upload_f32(wd, d, f), *Nw = upload_f32(nw, 1, d), *E = upload_f32(emb, 100, d);
+    sf_buf *x = new_buf(4, d), *xn = new_buf(4, d), *qkv = new_buf(4, W), *a = new_buf(4, H * hd), *gu = new_buf(4, 2 * f),
+           *act = new_buf(4, f), *y = new_buf(4, d);
+    sf_kv_config kc = { .n_layers = 1, .n_blocks = 64, .block_size = 16, .n_kv_heads = Hkv, .head_dim = hd };
+    sf_error err = { 0 };
+    REQUIRE(Wq && Wo && Wgu && Wd && Nw && E && x && xn && qkv && a && gu && act && y, "setup");
+    REQUIRE(OPS->kv_init(B, &kc, &err) == 0, "kv_init: %s", err.msg);
+    float inv_freq[32];
+    for (int j = 0; j < 32; j++) inv_freq[j] = (float)pow(10000.0, -2.0 * j / hd);
+    sf_rope rope = { hd, hd, 0, inv_freq, 0.125f };
+    sf_backend_stats st0 = { 0 }, st1 = { 0 };
+    float logits[4 * 256];
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 2) sf_backend_cuda_stats(B, &st0);
+        for (int pos = 0; pos < 40; pos++) {
+            tbatch t;
+            tb_init(&t, 1, 1, 4, 1);
+            t.tokens[0] = pos % 100; t.pos[0] = pos; t.slot[0] = 7 * 16 + pos; /* blocks 7, 8, 9 */
+            t.seq_start[1] = 1; t.seq_ctx[0] = pos + 1;
+            t.block_table[0] = 7; t.block_table[1] = 8; t.block_table[2] = 9; t.block_table[3] = 10;
+            int rc = OPS->batch_begin(B, &t.b);
+            rc = rc ? rc : OPS->embed(B, E, x);
+            rc = rc ? rc : OPS->rmsnorm(B, x, NULL, Nw, 1e-5f, 1, xn);
+            rc = rc ? rc : OPS->matmul(B, xn, Wq, 1, qkv);
+            rc = rc ? rc : OPS->rope_kv(B, qkv, 0, H, Hkv, &rope);
+            rc = rc ? rc : OPS->attention(B, qkv, 0, H, Hkv, &rope, a);
+            rc = rc ? rc : OPS->matmul(B, a, Wo, 1, y);
+            rc = rc ? rc : OPS->rmsnorm(B, x, y, Nw, 1e-5f, 1, xn);
+            rc = rc ? rc : OPS->matmul(B, xn, Wgu, 1, gu);
+            rc = rc ? rc : OPS->silu_mul(B, gu, 1, f, act);
+            rc = rc ? rc : OPS->matmul(B, act, Wd, 1, y);
+            rc = rc ? rc : OPS->get_rows(B, y, xn);
+            rc = rc ? rc : OPS->read_f32(B, xn, 1, logits);
+            tb_free(&t);
+            REQUIRE(rc == 0, "step %d failed: %d", pos, rc);
+            REQUIRE(!isnan(logits[0]), "NaN output");
+        }
+    }
+    sf_backend_cuda_stats(B, &st1);
+    CHECK_MSG(st1.n_device_allocs == st0.n_device_allocs, "%d device allocations during steady-state steps",
+              st1.n_device_allocs - st0.n_device_allocs);
+    printf("  %d device allocations in all, %.1f MiB held\n", st1.n_device_allocs, st1.device_bytes / 1048576.0);
+    OPS->buf_free(B, x); OPS->buf_free(B, xn); OPS->buf_free(B, qkv); OPS->buf_free(B, a); OPS->buf_free(B, gu);
+    OPS->buf_free(B, act); OPS->buf_free(B, y);
+    OPS->weight_free(B, Wq); OPS->weight_free(B, Wo); OPS->weight_free(B, Wgu); OPS->weight_free(B, Wd);
+    OPS->weight_free(B, Nw); OPS->weight_free(B, E);
+    free(wq); free(wo); free(wgu); free(wd); free(nw); free(emb);
+}
+
+TEST(bad_inputs)
+{
+    sf_weight_desc d = { .n_parts = 2 };
+    float v[64] = { 0 };
+    d.part[0] = (sf_view){ v, SF_DT_F32, 2, 16 };
+    d.part[1] = (sf_view){ v, SF_DT_F32, 2, 8 };
+    sf_weight *w = NULL;
+    sf_error err = { 0 };
+    CHECK(OPS->weight_new(B, &d, &w, &err) == SF_EINVAL && strstr(err.msg, "columns"));
+    d.n_parts = 1;
+    d.part[0] = (sf_view){ v, SF_DT_Q8_0, 1, 20 };
+    CHECK(OPS->weight_new(B, &d, &w, &err) == SF_EUNSUPPORTED && strstr(err.msg, "Q8_0"));
+    sf_kv_config kc = { .n_layers = 1, .n_blocks = 4, .block_size = 16, .n_kv_heads = 1, .head_dim = 7 };
+    CHECK(OPS->kv_init(B, &kc, &err) == SF_EINVAL && strstr(err.msg, "head_dim"));
+    sf_buf *b = NULL;
+    CHECK(OPS->buf_new(B, 0, 5, &b, &err) == SF_EINVAL);
+}
+
+/* ---- perf mode ------------------------------------------------------------------------------ */
+#ifdef SF_HAVE_CUDA
+static void perf_gemv(void)
+{
+    const sf_hw_info *hw = OPS->hw(B);
+    int shapes[][2] = { { 6144, 4096 }, { 4096, 4096 }, { 28672, 4096 }, { 14336, 4096 }, { 4096, 14336 },
+                        { 128256, 4096 }, { 4608, 3584 }, { 37888, 3584 }, { 3584, 18944 }, { 152064, 3584 } };
+    sf_k_gemm_ctx *g = NULL;
+    int nm = 0;
+    cudaStream_t s;
+    cudaEvent_t e0, e1;
+    if (sf_k_gemm_ctx_new(&g, &nm) || cudaStreamCreate(&s) || cudaEventCreate(&e0) || cudaEventCreate(&e1)) return;
+    printf("perf: y[n,m] = x[n,k] W^T, bf16; GB/s = weight bytes / time; ceiling %.0f GB/s\n", hw->mem_bw_gbs);
+    printf("perf: %7s %6s %2s | %9s %7s %5s | %9s %7s %5s\n", "m", "k", "n", "gemv us", "GB/s", "roof", "lt us",
+           "GB/s", "roof");
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        int m = shapes[i][0], k = shapes[i][1];
+        /* rotate among enough weight copies to defeat the 60 MB L2 */
+        int copies = (int)SF_MAX(2, (256ll << 20) / ((int64_t)m * k * 2) + 1);
+        uint16_t *w, *x, *y;
+        if (cudaMalloc((void **)&w, (size_t)m * k * 2 * copies) || cudaMalloc((void **)&x, (size_t)8 * k * 2) ||
+            cudaMalloc((void **)&y, (size_t)8 * m * 2))
+            return;
+        sf_k_fill_random(w, (int64_t)m * k * copies, 5, 0.05f, s);
+        sf_k_fill_random(x, (int64_t)8 * k, 6, 1.0f, s);
+        for (int n = 1; n <= 8; n *= 2) {
+            float t[2];
+            for (int path = 0; path < 2; path++) {
+                const int reps = 50;
+                for (int r = 0; r < reps + 5; r++) {
+                    if (r == 5) cudaEventRecord(e0, s);
+                    const uint16_t *wr = w + (size_t)(r % copies) * m * k;
+                    if (path == 0) sf_k_gemv(x, k, wr, NULL, n, m, k, y, m, s);
+                    else sf_k_gemm_lt(g, x, k, wr, NULL, n, m, k, y, m, s);
+                }
+                cudaEventRecord(e1, s);
+                cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&t[path], e0, e1);
+                t[path] = t[path] * 1000.0f / reps;
+            }
+            double gb = (double)m * k * 2 / 1e3;
+            printf("perf: %7d %6d %2d | %9.1f %7.0f %4.0f%% | %9.1f %7.0f %4.0f%%\n", m, k, n, t[0], gb / t[0],
+                   100 * gb / t[0] / hw->mem_bw_gbs, t[1], gb / t[1], 100 * gb / t[1] / hw->mem_bw_gbs);
+        }
+        cudaFree(w); cudaFree(x); cudaFree(y);
+    }
+    sf_k_gemm_ctx_free(g);
+    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick")) quick = 1;
+        else if (!strcmp(argv[i], "--perf")) perf = 1;
+    }
+    sf_rng_seed(&R, (uint64_t)sf_now_ns()); /* fresh inputs every run; the seed is printed */
+    uint64_t seed = R.s[0];
+    printf("seed %llu\n", (unsigned long long)seed);
+    sf_backend_opts o = { .name = "cuda" };
+    sf_error err = { 0 };
+    if (sf_backend_cuda_new(&o, &B, &err)) {
+        printf("FAIL: open_cuda_backend: %s\n", err.msg);
+        return 1;
+    }
+    RUN(probe);
+    RUN(embed_get_rows);
+    RUN(rmsnorm);
+    RUN(matmul);
+    RUN(silu_mul);
+    RUN(rope_kv_attention);
+    RUN(kv_copy);
+    RUN(no_alloc_in_steady_state);
+    RUN(bad_inputs);
+#ifdef SF_HAVE_CUDA
+    if (perf) perf_gemv();
+#endif
+    B->ops->destroy(B);
+    return test_summary();
+}

@@ -1,0 +1,136 @@
+/* test_chat.c — chat templates: each format rendered for the same conversation and compared with
+ * the text the official Jinja template produces (worked out by hand, whitespace included),
+ * format detection from tokenizer_config.json, and bad inputs. */
+#include "engine/tokenizer.h"
+#include "tests/test.h"
+
+static const sf_chat_msg conv[] = {
+    { "system", "You are terse." },
+    { "user", "Hi there" },
+    { "assistant", "Hello." },
+    { "user", "2+2?" },
+};
+
+static char *render(const sf_tokenizer *t, int fmt, const sf_chat_msg *m, int n, int gen)
+{
+    char *s = NULL;
+    sf_error err = { 0 };
+    if (sf_chat_render(t, fmt, m, n, gen, &s, &err)) printf("# render: %s\n", err.msg);
+    return s;
+}
+
+#define CHECK_STR(got, want)                                                                       \
+    do {                                                                                           \
+        char *g_ = (got);                                                                          \
+        CHECK_MSG(g_ && !strcmp(g_, want), "got \"%s\"", g_ ? g_ : "(null)");                     \
+        free(g_);                                                                                  \
+    } while (0)
+
+TEST(zephyr_matches_tinyllama_template)
+{
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_tok_load_dir(test_data("tinyllama-1.1b-chat-v1.0"), &t, &err) == 0, "%s", err.msg);
+    CHECK(sf_tok_chat_format(t) == SF_CHAT_ZEPHYR);
+    /* trim_blocks drops the newline after each {% %} tag; the one after each {{ }} stays */
+    CHECK_STR(render(t, SF_CHAT_AUTO, conv, 4, 1),
+              "<|system|>\nYou are terse.</s>\n<|user|>\nHi there</s>\n<|assistant|>\nHello.</s>\n"
+              "<|user|>\n2+2?</s>\n<|assistant|>\n");
+    CHECK_STR(render(t, SF_CHAT_AUTO, conv + 1, 1, 0), "<|user|>\nHi there</s>\n");
+    /* the prompt encodes with the tokenizer: "<|user|>" is plain text, "</s>" is the EOS token */
+    char *p = render(t, SF_CHAT_AUTO, conv + 1, 1, 1);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    REQUIRE(p && sf_tok_encode(t, p, strlen(p), 0, &ids, &n, &err) == 0, "%s", err.msg);
+    int eos_count = 0;
+    for (size_t i = 0; i < n; i++) eos_count += ids[i] == sf_tok_eos(t);
+    CHECK_MSG(eos_count == 1, "%d EOS tokens in the encoded prompt", eos_count);
+    free(ids);
+    free(p);
+    sf_tok_free(t);
+}
+
+TEST(llama3)
+{
+    CHECK_STR(render(NULL, SF_CHAT_LLAMA3, conv, 2, 1),
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* content is trimmed (| trim) */
+    sf_chat_msg m[] = { { "user", "  padded \n" } };
+    CHECK_STR(render(NULL, SF_CHAT_LLAMA3, m, 1, 0),
+              "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\npadded<|eot_id|>");
+}
+
+TEST(chatml)
+{
+    CHECK_STR(render(NULL, SF_CHAT_CHATML, conv, 3, 1),
+              "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+              "<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>assistant\n");
+    CHECK_STR(render(NULL, SF_CHAT_CHATML, conv + 1, 1, 0), "<|im_start|>user\nHi there<|im_end|>\n");
+}
+
+TEST(inst)
+{
+    CHECK_STR(render(NULL, SF_CHAT_INST, conv, 4, 1),
+              "<s>[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi there [/INST] Hello. </s><s>[INST] 2+2? [/INST]");
+    CHECK_STR(render(NULL, SF_CHAT_INST, conv + 1, 1, 1), "<s>[INST] Hi there [/INST]");
+    sf_chat_msg bad[] = { { "user", "a" }, { "user", "b" } };
+    char *s = NULL;
+    sf_error err = { 0 };
+    CHECK(sf_chat_render(NULL, SF_CHAT_INST, bad, 2, 1, &s, &err) == SF_EINVAL && s == NULL);
+    CHECK_MSG(strstr(err.msg, "alternate") != NULL, "message: %s", err.msg);
+}
+
+TEST(detect_and_names)
+{
+    static const struct { const char *tpl; int fmt; } cases[] = {
+        { "{{ '<|start_header_id|>' + message['role'] }}", SF_CHAT_LLAMA3 },
+        { "{% for m in messages %}{{'<|im_start|>' + m['role']}}{% endfor %}", SF_CHAT_CHATML },
+        { "{{ bos_token + '[INST] ' + content }}", SF_CHAT_INST },
+        { "{{ '<|user|>\\n' }}", SF_CHAT_ZEPHYR },
+        { "{{ something else }}", SF_CHAT_CHATML },
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cfg[512];
+        sf_tokenizer *t = NULL;
+        sf_error err = { 0 };
+        char *json = NULL;
+        REQUIRE(sf_read_file(test_data("gpt2-tokenizer/tokenizer.json"), &json, NULL, &err) == 0, "%s", err.msg);
+        snprintf(cfg, sizeof cfg, "{\"chat_template\": \"%s\"}", cases[i].tpl);
+        int rc = sf_tok_load_json(json, cfg, &t, &err);
+        free(json);
+        REQUIRE(rc == 0, "%s", err.msg);
+        CHECK_MSG(sf_tok_chat_format(t) == cases[i].fmt, "template %zu detected as %d", i, sf_tok_chat_format(t));
+        sf_tok_free(t);
+    }
+    CHECK(sf_chat_format_from_name("llama3") == SF_CHAT_LLAMA3);
+    CHECK(sf_chat_format_from_name("ChatML") == SF_CHAT_CHATML);
+    CHECK(sf_chat_format_from_name("inst") == SF_CHAT_INST);
+    CHECK(sf_chat_format_from_name("zephyr") == SF_CHAT_ZEPHYR);
+    CHECK(sf_chat_format_from_name("raw") == SF_CHAT_RAW);
+    CHECK(sf_chat_format_from_name("jinja") == -1);
+    CHECK(sf_chat_format_from_name(NULL) == -1);
+}
+
+TEST(bad_messages)
+{
+    sf_chat_msg m[] = { { "user", NULL } };
+    char *s = NULL;
+    sf_error err = { 0 };
+    CHECK(sf_chat_render(NULL, SF_CHAT_CHATML, m, 1, 1, &s, &err) == SF_EINVAL && !s);
+    CHECK(strstr(err.msg, "message 0") != NULL);
+    CHECK(sf_chat_render(NULL, 99, conv, 1, 1, &s, &err) == SF_EINVAL && !s);
+    CHECK_STR(render(NULL, SF_CHAT_RAW, conv + 1, 2, 1), "Hi there\nHello.");
+}
+
+int main(void)
+{
+    RUN(zephyr_matches_tinyllama_template);
+    RUN(llama3);
+    RUN(chatml);
+    RUN(inst);
+    RUN(detect_and_names);
+    RUN(bad_messages);
+    return test_summary();
+}
