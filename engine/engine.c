@@ -146,8 +146,8 @@ static void cancel_if_asked(sf_seq *q, void *arg)
     if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) finish_and_free(e, r, SF_FINISH_CANCELLED, SF_OK, NULL);
 }
 
-/* One scheduler step: plan, run the forward pass, sample, deliver. */
-static void engine_step(sf_engine *e)
+/* One scheduler step: plan, run the forward pass, sample, deliver. Returns the tokens run. */
+static int engine_step(sf_engine *e)
 {
     sf_error err = { 0 };
     const sf_plan *p = sf_sched_plan(&e->sched);
@@ -155,7 +155,7 @@ static void engine_step(sf_engine *e)
         finish_and_free(e, p->stuck[i]->owner, SF_FINISH_LENGTH, SF_OK, NULL);
     if (p->n_tokens == 0) {
         sf_sched_discard(&e->sched);
-        return;
+        return p->n_stuck;
     }
     sf_batch b;
     sf_sched_batch(&e->sched, &b);
@@ -171,7 +171,7 @@ static void engine_step(sf_engine *e)
         sf_sched_discard(&e->sched);
         for (int i = 0; i < k; i++) finish_and_free(e, victims[i], SF_FINISH_ERROR, rc, err.msg);
         free(victims);
-        return;
+        return k;
     }
     /* Collect the sequences that yielded logits before commit (which closes the plan). */
     int n = p->n_items, row = 0;
@@ -179,7 +179,7 @@ static void engine_step(sf_engine *e)
     int k = 0;
     if (!got) { /* run the step again next time: it rewrites the same KV slots */
         sf_sched_discard(&e->sched);
-        return;
+        return 0;
     }
     for (int i = 0; i < n; i++)
         if (p->items[i].seq && p->items[i].logits) got[k++] = p->items[i].seq->owner;
@@ -199,6 +199,7 @@ static void engine_step(sf_engine *e)
         e->n_tokens_out++;
     }
     if (got != small) free(got);
+    return b.n_tokens;
 }
 
 /* Under e->mu: refresh the stats snapshot from the scheduler. */
@@ -257,10 +258,19 @@ static void *engine_main(void *arg)
             in = next;
         }
         sf_sched_foreach(&e->sched, cancel_if_asked, e);
-        engine_step(e);
+        int ran = engine_step(e);
 
         pthread_mutex_lock(&e->mu);
         update_stats(e);
+        if (!ran && !e->in_head && !e->stop) {
+            /* Work is queued but none could be planned (it should not happen: something always
+             * runs or gets admitted). Do not spin: wait for a submit or cancel, 1 ms at most. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 1000000;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+        }
     }
     e->busy = 0;
     sf_request *in = e->in_head; /* submit refuses new work once stop is set */
