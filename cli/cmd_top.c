@@ -13,8 +13,15 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
 #include "bpf/monitor.h"
 #include "cli/cli.h"
+#include "gateway/dashboard.h"
 
 static volatile sig_atomic_t stop_flag;
 static void on_signal(int sig) { (void)sig; stop_flag = 1; }
@@ -22,7 +29,7 @@ static void on_signal(int sig) { (void)sig; stop_flag = 1; }
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: semflow top [--json] [--once] [--interval S] [--url http://HOST:PORT]\n"
+            "usage: semflow top [--json] [--once] [--interval S] [--url http://HOST:PORT] [--listen HOST:PORT]\n"
             "                   [--lib PATH]... [--no-discover] [--link-gbs G] [--gpus N]\n"
             "  Per-process PCIe copies (uprobes on libcuda) and socket bytes (tracepoints), per GPU\n"
             "  contention index. Needs root and a kernel with BTF.\n"
@@ -30,6 +37,7 @@ static void usage(FILE *f)
             "  --once         print one snapshot and exit (with --json)\n"
             "  --interval S   seconds between updates (default 1)\n"
             "  --url URL      also show a running server's queues, latency and scheduler metrics\n"
+            "  --listen H:P   serve the live dashboard (/dashboard, /dashboard/events, /metrics) instead\n"
             "  --lib PATH     also trace this library's libcuda copy symbols (repeatable)\n"
             "  --no-discover  trace only --lib libraries\n"
             "  --link-gbs G   PCIe bandwidth per direction for the contention index (default nominal)\n"
@@ -101,6 +109,83 @@ static int server_line_wanted(const char *l)
     return strstr(l, "queue") || strstr(l, "latency") || strstr(l, "ttft") || strstr(l, "itl") ||
            strstr(l, "sched") || strstr(l, "decision") || strstr(l, "preempt") || strstr(l, "running") ||
            strstr(l, "waiting") || strstr(l, "rejected");
+}
+
+/* ---- --listen: the dashboard and /metrics without a model server --------------------------- */
+static void metrics_cb(struct evhttp_request *req, void *arg)
+{
+    char *text = sf_monitor_metrics(arg);
+    struct evbuffer *b = evbuffer_new();
+    if (!text || !b) {
+        evhttp_send_error(req, 500, "out of memory");
+    } else {
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", "text/plain; version=0.0.4");
+        evbuffer_add(b, text, strlen(text));
+        evhttp_send_reply(req, 200, "OK", b);
+    }
+    if (b) evbuffer_free(b);
+    free(text);
+}
+
+static void break_loop(evutil_socket_t sig, short what, void *arg) { event_base_loopbreak(arg); }
+
+static int serve_dashboard(sf_monitor *m, const char *off_reason, const char *listen_at)
+{
+    char host[256];
+    const char *colon = strrchr(listen_at, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : -1;
+    if (!colon || colon == listen_at || (size_t)(colon - listen_at) >= sizeof host || !end || *end || port < 0 ||
+        port > 65535) {
+        fprintf(stderr, "semflow top: --listen '%s': give HOST:PORT, e.g. 127.0.0.1:9100 (port 0: any)\n", listen_at);
+        return 2;
+    }
+    snprintf(host, sizeof host, "%.*s", (int)(colon - listen_at), listen_at);
+    struct event_base *base = event_base_new();
+    struct evhttp *http = base ? evhttp_new(base) : NULL;
+    struct evhttp_bound_socket *bs = http ? evhttp_bind_socket_with_handle(http, host, (uint16_t)port) : NULL;
+    struct event *sigint = NULL, *sigterm = NULL;
+    sf_dashboard *dash = NULL;
+    sf_error err = { 0 };
+    int rc = 1;
+    if (!bs) {
+        fprintf(stderr, "semflow top: cannot listen on %s: %s\n", listen_at, strerror(errno));
+        goto cleanup;
+    }
+    sf_dashboard_opts o = { .monitor = m, .monitor_off = off_reason };
+    if (sf_dashboard_register(http, base, &o, &dash, &err) != SF_OK) {
+        fprintf(stderr, "semflow top: %s\n", err.msg);
+        goto cleanup;
+    }
+    evhttp_set_cb(http, "/metrics", metrics_cb, m);
+    sigint = evsignal_new(base, SIGINT, break_loop, base);
+    sigterm = evsignal_new(base, SIGTERM, break_loop, base);
+    if (sigint) event_add(sigint, NULL);
+    if (sigterm) event_add(sigterm, NULL);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof ss;
+    char addr[INET6_ADDRSTRLEN] = "?";
+    int bport = 0;
+    if (getsockname(evhttp_bound_socket_get_fd(bs), (struct sockaddr *)&ss, &sl) == 0) {
+        if (ss.ss_family == AF_INET6) {
+            inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, addr, sizeof addr);
+            bport = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+        } else {
+            inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, addr, sizeof addr);
+            bport = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+        }
+    }
+    fprintf(stderr, "semflow top: dashboard on http://%s:%d/dashboard%s\n", addr, bport,
+            sf_dashboard_available() ? "" : " (page not bundled in this build: events and /metrics only)");
+    event_base_dispatch(base);
+    rc = 0;
+cleanup:
+    sf_dashboard_free(dash);
+    if (sigint) event_free(sigint);
+    if (sigterm) event_free(sigterm);
+    if (http) evhttp_free(http);
+    if (base) event_base_free(base);
+    return rc;
 }
 
 /* ---- ncurses view ------------------------------------------------------------------------- */
@@ -179,11 +264,12 @@ int sf_cmd_top(int argc, char **argv)
         { "json", no_argument, 0, 'j' }, { "once", no_argument, 0, 'o' }, { "interval", required_argument, 0, 'i' },
         { "url", required_argument, 0, 'u' }, { "lib", required_argument, 0, 'l' },
         { "no-discover", no_argument, 0, 'n' }, { "link-gbs", required_argument, 0, 'b' },
-        { "gpus", required_argument, 0, 'g' }, { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
+        { "gpus", required_argument, 0, 'g' }, { "listen", required_argument, 0, 'L' },
+        { "help", no_argument, 0, 'h' }, { 0, 0, 0, 0 },
     };
     int json = 0, once = 0, c;
     double interval = 1.0;
-    const char *url = NULL;
+    const char *url = NULL, *listen_at = NULL;
     sf_monitor_opts o;
     sf_monitor_opts_default(&o);
     optind = 1;
@@ -213,6 +299,7 @@ int sf_cmd_top(int argc, char **argv)
             o.n_gpus = atoi(optarg);
             if (o.n_gpus < 1 || o.n_gpus > SF_MON_MAX_GPUS) { fprintf(stderr, "semflow top: --gpus: 1 to %d\n", SF_MON_MAX_GPUS); return 2; }
             break;
+        case 'L': listen_at = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -226,7 +313,13 @@ int sf_cmd_top(int argc, char **argv)
     sf_error err = { 0 };
     if (sf_monitor_open(&o, &m, &err) != SF_OK) {
         fprintf(stderr, "semflow top: %s\n", err.msg);
-        return 1;
+        if (!listen_at) return 1;
+        m = NULL; /* the dashboard still serves, saying why the monitor is off */
+    }
+    if (listen_at) {
+        int rc = serve_dashboard(m, m ? NULL : err.msg, listen_at);
+        sf_monitor_close(m);
+        return rc;
     }
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);

@@ -69,12 +69,15 @@ typedef struct sf_model {
 
 typedef struct sf_load_opts {
     int dummy;                /* --load-format dummy: random weights from config.json alone */
-    sf_dtype dummy_dtype;     /* dtype for dummy weights (default BF16) */
+    sf_dtype dummy_dtype;     /* dtype for dummy weights: SF_DT_F16, else BF16 (the default) */
     uint64_t seed;            /* dummy weight seed */
     int progress;             /* show a progress bar on a TTY */
 } sf_load_opts;
 
-/* path: a Hugging Face folder, a .gguf file, or "demo". */
+/* path: a Hugging Face folder, a .gguf file, or "demo".
+ * Extension: "preset:NAME" loads dummy (random) weights of a built-in shape without any file:
+ * NAME is llama-3-8b, qwen2-7b, llama-3-70b or 1b (TinyLlama-1.1B). tok is NULL for presets.
+ * With o->dummy a folder needs only config.json (tokenizer.json is loaded when present). */
 int sf_model_load(const char *path, const sf_load_opts *o, sf_model **out, sf_error *err);
 void sf_model_free(sf_model *m);
 
@@ -86,12 +89,17 @@ int sf_config_parse_json(const char *json_text, sf_model_config *cfg, sf_error *
 /* Check that every view has the shape the config requires; clear message naming the tensor. */
 int sf_model_validate(const sf_model *m, sf_error *err);
 
+/* Demo model: the seed `--model demo` and `semflow gen-model` use unless told otherwise. */
+#define SF_DEMO_SEED 20240611ull
 /* Demo model: write a real HF folder (config.json, model.safetensors, tokenizer.json,
  * tokenizer_config.json) with random weights from a fixed seed. */
 int sf_demo_write(const char *dir, uint64_t seed, sf_error *err);
 /* Folder where `--model demo` lives ($SEMFLOW_DEMO_DIR, else $XDG_CACHE_HOME/semflow/demo,
  * else ~/.cache/semflow/demo); written on first use. */
 int sf_demo_path(char *out, size_t n, sf_error *err);
+
+/* Built-in configuration of a preset (see sf_model_load); SF_ENOTFOUND lists the names. */
+int sf_model_preset_config(const char *name, sf_model_config *cfg, sf_error *err);
 
 /* RoPE inverse frequencies with the configured scaling: fills rot_dim/2 floats. */
 void sf_rope_inv_freq(const sf_model_config *cfg, float *inv_freq);

@@ -11,3 +11,20 @@ $(FAKECUDA): tests/fixtures/fakecuda.c
 	@echo "  SO      $@"
 	$(Q)$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Wno-unused-parameter -fPIC -shared -o $@ $<
 all: $(FAKECUDA)
+
+# ---- the dashboard page: uPlot from npm (web/package-lock.json), bundled into a C header ----
+NPM ?= $(shell command -v npm 2>/dev/null)
+WEB_PAGE := $(BUILD)/web/dashboard_page.h
+ifneq ($(NPM),)
+web/node_modules/.package-lock.json: web/package.json web/package-lock.json
+	@echo "  NPM     web/ (uPlot; playwright-core for the browser test)"
+	$(Q)cd web && $(NPM) ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 || \
+	    echo "  dashboard: npm ci in web/ failed (offline?): the page is not bundled, /dashboard answers 503"
+$(WEB_PAGE): web/node_modules/.package-lock.json
+else
+$(info   dashboard: skipped (npm not found; make deps installs it): /dashboard answers 503)
+endif
+$(WEB_PAGE): web/index.html web/dashboard.js web/dashboard.css web/embed.py
+	@mkdir -p $(@D)
+	$(Q)python3 web/embed.py web $@
+$(BUILD)/obj/gateway/dashboard.o: $(WEB_PAGE)

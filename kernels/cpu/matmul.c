@@ -84,29 +84,32 @@ static void dot4_f16(const void *const *w, const float *x, int64_t k, float *out
     }
 }
 
-__attribute__((target("avx2,fma,f16c")))
-static inline __m256 q8_dot32(const q8_block *b, const float *x)
-{
-    __m256 s = _mm256_setzero_ps();
-    for (int g = 0; g < 4; g++) {
-        __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * g)));
-        s = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), _mm256_loadu_ps(x + 8 * g), s);
-    }
-    return s;
-}
+#define Q8_CVT(b, g) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((b)->qs + 8 * (g)))))
+#define Q8_ROW(r)                                                                                \
+    do {                                                                                         \
+        const q8_block *bb = &b##r[j];                                                           \
+        __m256 p = _mm256_mul_ps(Q8_CVT(bb, 0), x0);                                             \
+        p = _mm256_fmadd_ps(Q8_CVT(bb, 1), x1, p);                                               \
+        p = _mm256_fmadd_ps(Q8_CVT(bb, 2), x2, p);                                               \
+        p = _mm256_fmadd_ps(Q8_CVT(bb, 3), x3, p);                                               \
+        a##r = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(bb->d)), p, a##r);                       \
+    } while (0)
 
 __attribute__((target("avx2,fma,f16c")))
 static void dot4_q8_0(const void *const *w, const float *x, int64_t k, float *out)
 {
-    const q8_block *b[4] = { w[0], w[1], w[2], w[3] };
-    __m256 a[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    const q8_block *b0 = w[0], *b1 = w[1], *b2 = w[2], *b3 = w[3];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t j = 0; j < k / 32; j++) {
-        for (int r = 0; r < 4; r++) {
-            __m256 d = _mm256_set1_ps(sf_f16_to_f32(b[r][j].d));
-            a[r] = _mm256_fmadd_ps(d, q8_dot32(&b[r][j], x + 32 * j), a[r]);
-        }
+        const float *xj = x + 32 * j;
+        __m256 x0 = _mm256_loadu_ps(xj), x1 = _mm256_loadu_ps(xj + 8), x2 = _mm256_loadu_ps(xj + 16),
+               x3 = _mm256_loadu_ps(xj + 24);
+        Q8_ROW(0);
+        Q8_ROW(1);
+        Q8_ROW(2);
+        Q8_ROW(3);
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum256(a[r]);
+    out[0] = hsum256(a0); out[1] = hsum256(a1); out[2] = hsum256(a2); out[3] = hsum256(a3);
 }
 
 typedef void (*dot4_fn)(const void *const *w, const float *x, int64_t k, float *out);

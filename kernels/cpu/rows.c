@@ -48,7 +48,7 @@ static void row_to_f32_avx2(sf_dtype t, const void *src, int64_t k, float *dst)
     case SF_DT_Q8_0: {
         const q8_block *b = src;
         for (int64_t j = 0; j < k / 32; j++) {
-            __m256 d = _mm256_set1_ps(sf_f16_to_f32(b[j].d));
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(b[j].d));
             for (int g = 0; g < 4; g++) {
                 __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b[j].qs + 8 * g)));
                 _mm256_storeu_ps(dst + j * 32 + 8 * g, _mm256_mul_ps(d, _mm256_cvtepi32_ps(q)));
