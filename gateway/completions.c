@@ -622,7 +622,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
                        "the %s-urgency queue is full; retry after the Retry-After seconds", sf_urgency_name(intent.urgency));
         } else if (rc == SF_EINVAL) {
             sf_gw_fail(&e, 400, "invalid_request_error", NULL, NULL, "%s", serr.msg);
-        } else if (rc == SF_ECANCELED) {
+        } else if (rc == SF_ECANCELED || rc == SF_ENODEV) {
             sf_gw_fail(&e, 503, "service_unavailable", "draining", NULL, "the server is shutting down");
         } else {
             sf_gw_fail(&e, 500, "server_error", NULL, NULL, "submitting to the engine: %s", serr.msg);
