@@ -171,6 +171,10 @@ static void on_close(struct evhttp_connection *conn, void *arg)
     gw_req *r = arg;
     if (r->answered) return;
     if (r->hup) event_del(r->hup);
+    /* When evhttp itself drops the connection (EOF or timeout while we still owe the reply) it
+     * detaches the request (evcon == NULL) and leaves it to us; when we freed the connection
+     * (on_hup) the request is still attached and evhttp frees it right after this callback. */
+    if (r->http && !evhttp_request_get_connection(r->http)) evhttp_request_free(r->http);
     r->http = NULL;
     r->answered = 1;
     r->status = 499; /* nginx's "client closed request" */
