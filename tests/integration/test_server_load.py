@@ -176,7 +176,8 @@ def test_priority():
             with lock:
                 order.append((tag, st, done))
 
-        t0 = threading.Thread(target=req, args=("running", low, "batch-summarize", started.set))
+        # the running request is long enough that four more queue and the high one arrives while it runs
+        t0 = threading.Thread(target=req, args=("running", dict(low, max_tokens=200), "batch-summarize", started.set))
         t0.start()
         started.wait(120)
         lows = [threading.Thread(target=req, args=("low%d" % i, low, "batch-summarize")) for i in range(4)]
