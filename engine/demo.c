@@ -579,6 +579,10 @@ int sf_demo_path(char *out, size_t n, sf_error *err)
         rm_rf(tmp);
         return sf_err_wrap(err, "writing the demo model to %s", tmp);
     }
+    if (stamp_ok(dir)) { /* another process finished first: keep its copy (same bytes) */
+        rm_rf(tmp);
+        return SF_OK;
+    }
     if (rename(dir, old) != 0 && errno != ENOENT) {
         rm_rf(tmp);
         return sf_err(err, SF_EIO, "moving the old demo model %s aside: %s", dir, strerror(errno));
