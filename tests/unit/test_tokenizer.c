@@ -649,6 +649,81 @@ TEST(gguf_bpe_gpt2)
     json_decref(root);
 }
 
+static sf_tokenizer *tok_from(const char *json)
+{
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    if (sf_tok_load_json(json, NULL, &t, &err)) printf("#   load: %s\n", err.msg);
+    return t;
+}
+
+static int encodes_to(const sf_tokenizer *t, const char *text, const int32_t *want, size_t nwant)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int ok = sf_tok_encode(t, text, strlen(text), 1, &ids, &n, NULL) == 0 && n == nwant && !memcmp(ids, want, n * sizeof *ids);
+    if (!ok) print_ids(text, ids, n);
+    free(ids);
+    return ok;
+}
+
+TEST(unk_and_byte_fallback)
+{
+    /* "€" is missing from the vocab: one <unk> per character, or one for a run with fuse_unk;
+     * with byte_fallback and all three <0xNN> present, its bytes */
+    const char *fmt = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": %s, \"byte_fallback\": %s, "
+                      "\"vocab\": {\"<unk>\": 0, \"a\": 1, \"b\": 2, \"ab\": 3, \"<0xE2>\": 4, \"<0x82>\": 5, \"<0xAC>\": 6}, "
+                      "\"merges\": [\"a b\"]}, \"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}, "
+                      "{\"type\": \"Fuse\"}]}}";
+    char json[1024];
+    snprintf(json, sizeof json, fmt, "false", "false");
+    sf_tokenizer *t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "ab\xe2\x82\xac\xe2\x82\xac" "ab", (int32_t[]){ 3, 0, 0, 3 }, 4));
+    sf_tok_free(t);
+    snprintf(json, sizeof json, fmt, "true", "false");
+    t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "ab\xe2\x82\xac\xe2\x82\xac" "ab", (int32_t[]){ 3, 0, 3 }, 3));
+    sf_tok_free(t);
+    snprintf(json, sizeof json, fmt, "true", "true");
+    t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "a\xe2\x82\xac" "b", (int32_t[]){ 1, 4, 5, 6, 2 }, 5));
+    /* decoding: whole bytes become the character; a lone byte becomes U+FFFD */
+    char *s = NULL;
+    CHECK(sf_tok_decode(t, (int32_t[]){ 1, 4, 5, 6, 2 }, 5, 0, &s, NULL) == 0 && !strcmp(s, "a\xe2\x82\xac" "b"));
+    free(s);
+    CHECK(sf_tok_decode(t, (int32_t[]){ 1, 4, 5, 2 }, 4, 0, &s, NULL) == 0 && !strcmp(s, "a\xef\xbf\xbd\xef\xbf\xbd" "b"));
+    free(s);
+    sf_tok_free(t);
+}
+
+TEST(metaspace_roundtrip_and_post)
+{
+    /* Metaspace pre-tokenizer + decoder (Mistral/Llama style without a normalizer), and a
+     * TemplateProcessing that adds BOS and EOS */
+    const char *json =
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"<s>\": 0, \"</s>\": 1, \"\xe2\x96\x81\": 2, \"h\": 3, \"i\": 4, "
+        "\"\xe2\x96\x81h\": 5, \"\xe2\x96\x81hi\": 6}, \"merges\": [\"\xe2\x96\x81 h\", \"\xe2\x96\x81h i\"]}, "
+        "\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}, {\"id\": 1, \"content\": \"</s>\", \"special\": true}], "
+        "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\xe2\x96\x81\", \"prepend_scheme\": \"always\", \"split\": true}, "
+        "\"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"\xe2\x96\x81\", \"prepend_scheme\": \"always\"}, "
+        "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, "
+        "{\"Sequence\": {\"id\": \"A\"}}, {\"SpecialToken\": {\"id\": \"</s>\"}}], "
+        "\"special_tokens\": {\"<s>\": {\"ids\": [0]}, \"</s>\": {\"ids\": [1]}}}}";
+    sf_tokenizer *t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "hi hi", (int32_t[]){ 0, 6, 6, 1 }, 4));
+    CHECK(sf_tok_bos(t) == 0 && sf_tok_eos(t) == 1 && sf_tok_is_eog(t, 1) && !sf_tok_is_eog(t, 6));
+    CHECK(sf_tok_lookup(t, "\xe2\x96\x81hi") == 6 && sf_tok_lookup(t, "</s>") == 1 && sf_tok_lookup(t, "nope") == -1);
+    char *s = NULL;
+    CHECK(sf_tok_decode(t, (int32_t[]){ 0, 6, 6, 1 }, 4, 1, &s, NULL) == 0 && !strcmp(s, "hi hi"));
+    free(s);
+    CHECK(stream_matches(t, (int32_t[]){ 0, 6, 6, 1 }, 4, 1, "hi hi"));
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -662,6 +737,8 @@ int main(void)
     RUN(split_behaviors);
     RUN(metaspace_and_digits);
     RUN(added_token_flags);
+    RUN(unk_and_byte_fallback);
+    RUN(metaspace_roundtrip_and_post);
     RUN(normalizers);
     RUN(hard_cases_gpt2);
     RUN(hard_cases_tinyllama);
