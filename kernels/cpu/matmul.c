@@ -1,7 +1,7 @@
 /* matmul.c — y[n, m] = x[n, k] · W[m, k]^T (+ bias), weights read in place.
  *
- * Work split: output rows (weight rows) are divided among the pool's threads, so each
- * thread streams its own slice of the weights once per token block. Rows are taken four at
+ * Work split: output rows (weight rows) are dealt to the pool's threads in chunks, so each
+ * thread streams runs of the weights once per token block. Rows are taken four at
  * a time (four independent weight streams against one x row).
  * Cache blocking: tokens are taken in blocks whose x rows fill at most half of the per-core
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
@@ -171,32 +171,44 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     }
 }
 
+/* Rows [g_lo, g_hi) of 4-row groups counted across all parts, tokens [t0, t1). */
+static void matmul_groups(const sf_cpu_matmul *mm, int64_t g_lo, int64_t g_hi, int t0, int t1, float *scratch, int avx2)
+{
+    int64_t g0 = 0, col0 = 0;
+    for (int p = 0; p < mm->n_parts; p++) {
+        int64_t pg = (mm->part[p].rows + 3) / 4;
+        int64_t a = SF_MAX(g_lo, g0), b = SF_MIN(g_hi, g0 + pg);
+        if (a < b) {
+            int64_t lo = (a - g0) * 4, hi = SF_MIN(mm->part[p].rows, (b - g0) * 4);
+            matmul_part_rows(mm, p, lo, hi, col0, t0, t1, scratch, avx2);
+        }
+        g0 += pg;
+        col0 += mm->part[p].rows;
+    }
+}
+
+/* Work is handed out in chunks (a token block x a run of row groups) from a shared counter,
+ * about eight per thread: a thread that was descheduled (a busy machine) or runs slower
+ * takes fewer, instead of holding up the others at the end of the op. Each chunk still
+ * streams its weight rows front to back. */
 void sf_cpu_matmul_task(void *arg, int ith, int nth)
 {
-    const sf_cpu_matmul *mm = arg;
+    sf_cpu_matmul *mm = arg;
     int avx2 = sf_cpu_has_avx2();
     float *scratch = mm->scratch + ith * mm->scratch_floats;
-    /* groups of 4 rows split evenly over threads, counted across all parts */
     int64_t groups = 0;
     for (int p = 0; p < mm->n_parts; p++) groups += (mm->part[p].rows + 3) / 4;
-    int64_t g_lo, g_hi;
-    sf_cpu_split(groups, ith, nth, &g_lo, &g_hi);
-    if (g_lo >= g_hi) return;
-
     size_t budget = mm->l2_bytes ? mm->l2_bytes / 2 : 256 * 1024;
     int nb = (int)SF_MAX(1, (int64_t)(budget / ((size_t)mm->k * sizeof(float))));
-    for (int t0 = 0; t0 < mm->n; t0 += nb) {
-        int t1 = SF_MIN(mm->n, t0 + nb);
-        int64_t g0 = 0, col0 = 0;
-        for (int p = 0; p < mm->n_parts; p++) {
-            int64_t pg = (mm->part[p].rows + 3) / 4;
-            int64_t a = SF_MAX(g_lo, g0), b = SF_MIN(g_hi, g0 + pg);
-            if (a < b) {
-                int64_t lo = (a - g0) * 4, hi = SF_MIN(mm->part[p].rows, (b - g0) * 4);
-                matmul_part_rows(mm, p, lo, hi, col0, t0, t1, scratch, avx2);
-            }
-            g0 += pg;
-            col0 += mm->part[p].rows;
-        }
+    int64_t n_tb = (mm->n + nb - 1) / nb;
+    int64_t per = SF_MAX(1, groups * n_tb / ((int64_t)nth * 8));
+    per = SF_MIN(per, groups);
+    int64_t n_rc = (groups + per - 1) / per, total = n_tb * n_rc;
+    for (;;) {
+        int64_t c = __atomic_fetch_add(&mm->next_chunk, 1, __ATOMIC_RELAXED);
+        if (c >= total) break;
+        int64_t tb = c / n_rc, rc = c % n_rc;
+        int t0 = (int)(tb * nb), t1 = SF_MIN(mm->n, t0 + nb);
+        matmul_groups(mm, rc * per, SF_MIN(groups, (rc + 1) * per), t0, t1, scratch, avx2);
     }
 }
