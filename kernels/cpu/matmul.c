@@ -112,6 +112,38 @@ static void dot4_q8_0(const void *const *w, const float *x, int64_t k, float *ou
     out[0] = hsum256(a0); out[1] = hsum256(a1); out[2] = hsum256(a2); out[3] = hsum256(a3);
 }
 
+/* 4 fp32 weight rows x 3 tokens: twelve independent FMA chains, 7 loads per 12 FMAs — the
+ * prefill kernel (rows already fp32, from the weights or dequantized into scratch). */
+__attribute__((target("avx2,fma,f16c")))
+static void dot4x3_f32(const void *const *w, const float *x0, const float *x1, const float *x2, int64_t k,
+                       float out[3][4])
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m256 y0 = _mm256_loadu_ps(x0 + i), y1 = _mm256_loadu_ps(x1 + i), y2 = _mm256_loadu_ps(x2 + i), v;
+        v = _mm256_loadu_ps(w0 + i);
+        a00 = _mm256_fmadd_ps(v, y0, a00); a01 = _mm256_fmadd_ps(v, y1, a01); a02 = _mm256_fmadd_ps(v, y2, a02);
+        v = _mm256_loadu_ps(w1 + i);
+        a10 = _mm256_fmadd_ps(v, y0, a10); a11 = _mm256_fmadd_ps(v, y1, a11); a12 = _mm256_fmadd_ps(v, y2, a12);
+        v = _mm256_loadu_ps(w2 + i);
+        a20 = _mm256_fmadd_ps(v, y0, a20); a21 = _mm256_fmadd_ps(v, y1, a21); a22 = _mm256_fmadd_ps(v, y2, a22);
+        v = _mm256_loadu_ps(w3 + i);
+        a30 = _mm256_fmadd_ps(v, y0, a30); a31 = _mm256_fmadd_ps(v, y1, a31); a32 = _mm256_fmadd_ps(v, y2, a32);
+    }
+    out[0][0] = hsum256(a00); out[1][0] = hsum256(a01); out[2][0] = hsum256(a02);
+    out[0][1] = hsum256(a10); out[1][1] = hsum256(a11); out[2][1] = hsum256(a12);
+    out[0][2] = hsum256(a20); out[1][2] = hsum256(a21); out[2][2] = hsum256(a22);
+    out[0][3] = hsum256(a30); out[1][3] = hsum256(a31); out[2][3] = hsum256(a32);
+    for (; i < k; i++)
+        for (int r = 0; r < 4; r++) {
+            float wv = ((const float *)w[r])[i];
+            out[0][r] += wv * x0[i]; out[1][r] += wv * x1[i]; out[2][r] += wv * x2[i];
+        }
+}
+
 typedef void (*dot4_fn)(const void *const *w, const float *x, int64_t k, float *out);
 
 static dot4_fn dot4_for(sf_dtype t)
@@ -162,7 +194,18 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
             for (int j = 0; j < nr; j++) sf_cpu_row_to_f32(v->dtype, w[j], k, scratch + j * k);
             for (int j = 0; j < 4; j++) w[j] = scratch + (j < nr ? j : nr - 1) * k;
         }
-        for (int t = t0; t < t1; t++) {
+        int t = t0;
+        if (avx2 && (v->dtype == SF_DT_F32 || !direct))
+            for (; t + 3 <= t1; t += 3) {
+                float out[3][4];
+                const float *x = mm->x + (int64_t)t * mm->ldx;
+                dot4x3_f32(w, x, x + mm->ldx, x + 2 * (int64_t)mm->ldx, k, out);
+                for (int u = 0; u < 3; u++) {
+                    float *y = mm->y + (int64_t)(t + u) * mm->ldy + col0 + r;
+                    for (int j = 0; j < nr; j++) y[j] = out[u][j] + (bias ? bias[r + j] : 0.0f);
+                }
+            }
+        for (; t < t1; t++) {
             float out[4];
             dot(w, mm->x + (int64_t)t * mm->ldx, k, out);
             float *y = mm->y + (int64_t)t * mm->ldy + col0 + r;
