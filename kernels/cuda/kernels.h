@@ -77,7 +77,6 @@ typedef struct sf_k_attn {
     const int32_t *tok_seq;  /* [T] sequence index of token t */
     const int32_t *block_table; /* [S, max_blocks] */
     int max_blocks;
-    int max_ctx;             /* max over t of pos[t] + 1 (host-known; sizes the split) */
     sf_k_kv kv;
     float *ws;               /* split workspace: T * H * n_split * (hd + 2) floats */
     int n_split;             /* 1: no split; else keys split into n_split ranges + a combine */
@@ -102,6 +101,9 @@ int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_
                  int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
 int sf_k_gemv(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+/* 1 when sf_k_gemm on this shape will neither synchronise nor allocate (its plan and, for
+ * n <= 8, its path are already chosen): safe inside a CUDA graph capture. */
+int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);
 /* Which path the dispatcher chose for a shape: 0 unknown yet, 1 GEMV, 2 cuBLASLt. */
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);
