@@ -550,6 +550,16 @@ void sf_monitor_snapshot(sf_monitor *m, sf_mon_snapshot *out)
     pthread_mutex_unlock(&m->mu);
 }
 
+double sf_monitor_contention(sf_monitor *m, int gpu)
+{
+    double c = 0;
+    if (!m) return 0;
+    pthread_mutex_lock(&m->mu);
+    if (gpu >= 0 && gpu < m->cur.n_gpus) c = m->cur.gpus[gpu].contention;
+    pthread_mutex_unlock(&m->mu);
+    return c;
+}
+
 uint64_t sf_monitor_wait(sf_monitor *m, uint64_t seq, double timeout_s)
 {
     if (!m) return 0;
@@ -576,6 +586,7 @@ int sf_monitor_open(const sf_monitor_opts *o, sf_monitor **out, sf_error *err)
 }
 void sf_monitor_close(sf_monitor *m) { (void)m; }
 void sf_monitor_snapshot(sf_monitor *m, sf_mon_snapshot *out) { memset(out, 0, sizeof *out); }
+double sf_monitor_contention(sf_monitor *m, int gpu) { return 0; }
 uint64_t sf_monitor_wait(sf_monitor *m, uint64_t seq, double timeout_s) { return 0; }
 int sf_monitor_attach_lib(sf_monitor *m, const char *path, sf_error *err)
 {

@@ -107,6 +107,9 @@ void sf_monitor_snapshot(sf_monitor *m, sf_mon_snapshot *out);
 void sf_mon_snapshot_free(sf_mon_snapshot *s);
 /* Blocks until a snapshot newer than seq exists or timeout_s passes; returns the latest seq. */
 uint64_t sf_monitor_wait(sf_monitor *m, uint64_t seq, double timeout_s);
+/* Latest contention index of GPU gpu (0 when m is NULL or gpu is out of range). Any thread,
+ * cheap: the DMA scheduler calls it per chunk. */
+double sf_monitor_contention(sf_monitor *m, int gpu);
 /* Attach to another library exporting libcuda's copy symbols (any thread). */
 int sf_monitor_attach_lib(sf_monitor *m, const char *path, sf_error *err);
 

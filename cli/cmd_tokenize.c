@@ -4,23 +4,37 @@
  *   semflow detokenize --model M [--skip-special] ID...|'[ids]'  prints the text
  *
  * M is a Hugging Face folder (only its tokenizer.json/tokenizer_config.json are read, so this is
- * fast even for large models). */
+ * fast even for large models), a .gguf file or "demo". */
 #include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "cli/cli.h"
 #include "common/sf.h"
+#include "engine/model.h"
 #include "engine/tokenizer.h"
 
+/* A folder: only its tokenizer files are read. A .gguf file or "demo": the model loader reads
+ * it (the GGUF vocabulary lives in the model file) and the tokenizer is taken from it. */
 static int load_tokenizer(const char *model, sf_tokenizer **t, sf_error *err)
 {
-    size_t n = strlen(model);
-    if (!strcmp(model, "demo") || (n > 5 && !strcmp(model + n - 5, ".gguf")))
-        return sf_err(err, SF_EUNSUPPORTED, "--model %s: tokenizing with a GGUF file or the demo model needs the model "
-                      "loader, which is not part of this build; pass a Hugging Face folder with tokenizer.json", model);
-    return sf_tok_load_dir(model, t, err);
+    struct stat st;
+    *t = NULL;
+    if (strcmp(model, "demo") && stat(model, &st) == 0 && S_ISDIR(st.st_mode)) return sf_tok_load_dir(model, t, err);
+    sf_load_opts o = { 0 };
+    sf_model *m = NULL;
+    int rc = sf_model_load(model, &o, &m, err);
+    if (rc) return rc;
+    if (!m->tok) {
+        sf_model_free(m);
+        return sf_err(err, SF_ENOTFOUND, "%s has no tokenizer (a GGUF file needs tokenizer.ggml.* metadata)", model);
+    }
+    *t = m->tok;
+    m->tok = NULL;
+    sf_model_free(m);
+    return SF_OK;
 }
 
 static int read_stdin(char **out, size_t *len)
@@ -52,7 +66,8 @@ static void usage(FILE *f, int detok)
         fprintf(f, "usage: semflow tokenize --model M [--no-special] TEXT | -\n"
                    "  prints the token ids of TEXT (or of stdin with -) as a JSON array; BOS/EOS are added as\n"
                    "  Hugging Face's encode() does unless --no-special\n");
-    fprintf(f, "  M: a Hugging Face model folder (reads tokenizer.json and tokenizer_config.json)\n");
+    fprintf(f, "  M: a Hugging Face model folder (reads tokenizer.json and tokenizer_config.json), a .gguf file,\n"
+               "     or demo\n");
 }
 
 /* Shared option parsing: returns the index of the first positional argument, or -1 (usage). */

@@ -10,16 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* sf_rope_inv_freq lives with the model loader; until every build carries it, plain
- * (unscaled) frequencies are computed here when it is absent. */
-#pragma weak sf_rope_inv_freq
-static void rope_inv_freq(const sf_model_config *c, float *inv_freq)
-{
-    if (sf_rope_inv_freq) { sf_rope_inv_freq(c, inv_freq); return; }
-    for (int i = 0; i < c->head_dim / 2; i++)
-        inv_freq[i] = (float)(1.0 / pow((double)c->rope_theta, (double)((float)(2 * i) / (float)c->head_dim)));
-}
-
 typedef struct fw_layer {
     sf_weight *attn_norm, *wqkv, *wo, *ffn_norm, *wgu, *wdown;
 } fw_layer;
@@ -163,7 +153,7 @@ int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_log
     }
 
     int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
-    rope_inv_freq(c, f->inv_freq);
+    sf_rope_inv_freq(c, f->inv_freq);
     f->rope = (sf_rope){ .head_dim = hd, .rot_dim = hd, .interleaved = c->rope_interleaved,
                          .inv_freq = f->inv_freq, .attn_scale = 1.0f / sqrtf((float)hd) };
 

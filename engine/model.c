@@ -396,12 +396,16 @@ int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, s
     }
     for (int i = 0; i < nv; i++) {
         size_t b = (size_t)(views[i].rows * views[i].cols) * es;
-        uint8_t *p = aligned_alloc(64, (b + 63) / 64 * 64);
-        if (!p) {
-            rc = sf_err(err, SF_ENOMEM, "out of memory allocating %zu bytes of dummy weights", b);
+        /* anonymous mappings with transparent huge pages: 512x fewer page faults than 4 KiB
+         * pages, which is most of the cost of filling gigabytes */
+        size_t len = (b + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            rc = sf_err(err, SF_ENOMEM, "out of memory mapping %zu bytes of dummy weights: %s", b, strerror(errno));
             goto cleanup;
         }
-        if ((rc = sf_model_add_owned(m, p, err))) goto cleanup;
+        madvise(p, len, MADV_HUGEPAGE);
+        if ((rc = sf_model_add_map(m, p, len, err))) goto cleanup;
         views[i].v->data = p;
         views[i].v->dtype = dt;
         views[i].v->rows = views[i].rows;

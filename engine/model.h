@@ -60,7 +60,7 @@ typedef struct sf_model {
     char name[256];           /* model id shown to users (folder/file basename, or "demo") */
     int random_weights;       /* 1 for demo / dummy: outputs are meaningless */
     /* storage */
-    sf_mapping *maps;         /* mmap'd files */
+    sf_mapping *maps;         /* mmap'd files (and anonymous mappings of dummy weights) */
     int n_maps;
     void **owned;             /* malloc'd buffers (dummy weights, converted tensors) */
     int n_owned;

@@ -46,6 +46,17 @@ typedef struct cpu_ctx {
 } cpu_ctx;
 
 #define CTX(b) ((cpu_ctx *)(b)->ctx)
+
+/* Ops smaller than this (in multiply-adds or elements touched) run on the calling thread:
+ * waking the pool costs more than the op, and on a busy machine a descheduled worker
+ * would stall a step for a whole time slice. */
+#define SMALL_WORK 32768
+
+static void run(cpu_ctx *c, sf_cpu_task fn, void *arg, int64_t work)
+{
+    if (work < SMALL_WORK) fn(arg, 0, 1);
+    else sf_cpu_pool_run(c->pool, fn, arg);
+}
 #define BAD(...) (SF_LOGE(__VA_ARGS__), SF_EINVAL)
 
 static int ensure_scratch(cpu_ctx *c, int64_t per_thread)
@@ -307,7 +318,7 @@ static int cpu_embed(sf_backend *b, const sf_weight *emb, sf_buf *x)
         if (c->tokens[t] < 0 || c->tokens[t] >= emb->m)
             return BAD("embed: token id %d at batch index %d is outside the vocabulary [0, %lld)", c->tokens[t], t, (long long)emb->m);
     sf_cpu_embed a = { .emb = emb->part[0], .tokens = c->tokens, .T = c->T, .x = x->data };
-    sf_cpu_pool_run(c->pool, sf_cpu_embed_task, &a);
+    run(c, sf_cpu_embed_task, &a, (int64_t)c->T * emb->k);
     return SF_OK;
 }
 
@@ -320,7 +331,7 @@ static int cpu_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_wei
     if (add && out == x) return BAD("rmsnorm: out must differ from x when a residual is added");
     sf_cpu_rmsnorm a = { .x = x->data, .add = add ? add->data : NULL, .w = w->vec, .out = out->data,
                          .n = n, .d = (int)x->cols, .eps = eps };
-    sf_cpu_pool_run(c->pool, sf_cpu_rmsnorm_task, &a);
+    run(c, sf_cpu_rmsnorm_task, &a, (int64_t)n * x->cols);
     return SF_OK;
 }
 
@@ -336,7 +347,7 @@ static int cpu_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n,
                         .ldx = (int)x->cols, .ldy = (int)y->cols, .l2_bytes = c->hw.l2_bytes,
                         .scratch = c->scratch, .scratch_floats = c->scratch_floats };
     for (int p = 0; p < w->n_parts; p++) { a.part[p] = w->part[p]; a.bias[p] = w->bias[p]; }
-    sf_cpu_pool_run(c->pool, sf_cpu_matmul_task, &a);
+    run(c, sf_cpu_matmul_task, &a, (int64_t)n * w->m * w->k);
     return SF_OK;
 }
 
@@ -364,7 +375,7 @@ static int cpu_rope_kv(sf_backend *b, sf_buf *qkv, int layer, int H, int Hkv, co
                          .head_dim = r->head_dim, .rot_dim = r->rot_dim, .interleaved = r->interleaved,
                          .inv_freq = r->inv_freq, .k_cache = kv_k(c, layer), .v_cache = kv_v(c, layer),
                          .block_size = c->kv.block_size };
-    sf_cpu_pool_run(c->pool, sf_cpu_rope_kv_task, &a);
+    run(c, sf_cpu_rope_kv_task, &a, (int64_t)c->T * (H + 2 * Hkv) * r->head_dim * 4);
     return SF_OK;
 }
 
@@ -382,7 +393,9 @@ static int cpu_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, int
                            .n_heads = H, .n_kv_heads = Hkv, .head_dim = r->head_dim, .scale = r->attn_scale,
                            .k_cache = kv_k(c, layer), .v_cache = kv_v(c, layer), .block_size = c->kv.block_size,
                            .scratch = c->scratch, .scratch_floats = c->scratch_floats };
-    sf_cpu_pool_run(c->pool, sf_cpu_attention_task, &a);
+    int64_t ctx_sum = 0;
+    for (int t = 0; t < c->T; t++) ctx_sum += c->pos[t] + 1;
+    run(c, sf_cpu_attention_task, &a, ctx_sum * H * r->head_dim * 2);
     return SF_OK;
 }
 
@@ -393,7 +406,7 @@ static int cpu_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *o
         return BAD("silu_mul: gu %lld x %lld and out %lld x %lld do not fit %d rows of %d", (long long)gu->rows,
                    (long long)gu->cols, (long long)out->rows, (long long)out->cols, n, f);
     sf_cpu_silu_mul a = { .gu = gu->data, .out = out->data, .n = n, .f = f };
-    sf_cpu_pool_run(c->pool, sf_cpu_silu_mul_task, &a);
+    run(c, sf_cpu_silu_mul_task, &a, (int64_t)n * f * 8);
     return SF_OK;
 }
 

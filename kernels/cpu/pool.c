@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SPIN_ITERS 20000
+#define SPIN_ITERS 4000
 
 struct sf_cpu_pool {
     int n;

@@ -48,10 +48,15 @@ def main():
     check("cli_stdin", rc == 0 and json.loads(out) == [6738, 14367, 259], out)
     rc, out, _ = run("detokenize", "--model", LLAMA, "1", "15043", "3186")
     check("cli_detok_ids", rc == 0 and out == "<s> Hello world\n", repr(out))
+    gguf = os.path.join(DATA, "llama-2-tiny-random-gguf", "llama-2-tiny-random.gguf")
+    rc, out, err = run("tokenize", "--model", gguf, "Hello world")
+    check("cli_gguf_tokenize", rc == 0 and json.loads(out) == [1, 15043, 3186], out + err)
+    rc, out, err = run("detokenize", "--model", gguf, "--skip-special", "[1, 15043, 3186]")
+    check("cli_gguf_detokenize", rc == 0 and out == "Hello world\n", out + err)
 
     # bad inputs: a clear message and a non-zero status, never a crash
     cases = [
-        ("missing_model_dir", ("tokenize", "--model", "/nonexistent-model-dir", "x"), 1, "tokenizer.json not found"),
+        ("missing_model", ("tokenize", "--model", "/nonexistent-model-dir", "x"), 1, "not found"),
         ("no_text", ("tokenize", "--model", GPT2), 2, "TEXT"),
         ("no_model", ("tokenize", "x"), 2, "--model is required"),
         ("unknown_option", ("tokenize", "--model", GPT2, "--bogus", "x"), 2, "unknown option"),
@@ -70,6 +75,9 @@ def main():
     os.replace("/tmp/semflow-bad-tok.json", "/tmp/semflow-bad-tok/tokenizer.json")
     rc, out, err = run("tokenize", "--model", "/tmp/semflow-bad-tok", "a")
     check("cli_corrupt_tokenizer_json", rc == 1 and "not valid JSON" in err, err)
+    os.makedirs("/tmp/semflow-no-tok", exist_ok=True)
+    rc, out, err = run("tokenize", "--model", "/tmp/semflow-no-tok", "a")
+    check("cli_missing_tokenizer_json", rc == 1 and "tokenizer.json not found" in err, err)
     return 1 if failed else 0
 
 

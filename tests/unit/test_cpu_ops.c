@@ -178,7 +178,7 @@ TEST(matmul_rejects_bad_shapes)
 /* ---- rmsnorm, silu_mul, embed -------------------------------------------------------- */
 TEST(rmsnorm_fused_add)
 {
-    int shapes[][2] = { { 1, 1 }, { 1, 64 }, { 3, 17 }, { 9, 2048 }, { 2, 4097 } };
+    int shapes[][2] = { { 1, 1 }, { 1, 64 }, { 3, 17 }, { 9, 2048 }, { 2, 4097 }, { 40, 2048 } };
     for (size_t s = 0; s < SF_ARRAY_LEN(shapes); s++) {
         int n = shapes[s][0], dd = shapes[s][1];
         for (int with_add = 0; with_add < 2; with_add++) {

@@ -6,8 +6,11 @@
  *    batched with another sequence, giving the same logits;
  *  - real checkpoints (when the loaders are built in): tiny-random-llama-2 against
  *    transformers' logits, stories260K reproducing its greedy text. */
+#include <jansson.h>
+
 #include "engine/forward.h"
 #include "engine/kvcache.h"
+#include "engine/tokenizer.h"
 #include "tests/test.h"
 
 static sf_rng R;
@@ -166,7 +169,7 @@ static double *ref_forward(const sf_model *m, const int32_t *tok, int T)
 
 /* ---- driving the forward pass like a scheduler would ------------------------------------ */
 #define BS 4
-#define MAXB 32
+#define MAXB 80
 typedef struct runner {
     sf_backend *b;
     sf_forward *f;
@@ -383,11 +386,118 @@ TEST(rejects_bad_models)
     hand_model_free(&hm);
 }
 
+/* ---- real checkpoints ------------------------------------------------------------------ */
+static int32_t argmax_f(const float *l, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+/* stas/tiny-random-llama-2 (bf16 safetensors): last-position logits at 11 indices, the greedy
+ * token and a 4-token greedy continuation, as transformers computed them in fp32. */
+TEST(tiny_random_llama2_matches_transformers)
+{
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_load_opts lo = { 0 };
+    int rc = sf_model_load(test_data("tiny-random-llama-2"), &lo, &m, &err);
+    REQUIRE(rc == SF_OK, "loading: %s", err.msg);
+    json_error_t je;
+    json_t *ref = json_load_file(test_data("tiny-random-llama-2/reference_corpus.json"), 0, &je);
+    REQUIRE(ref != NULL, "reference_corpus.json: %s", je.text);
+    json_t *cases = json_object_get(ref, "model_cases");
+    REQUIRE(json_array_size(cases) == 3, "3 model cases expected");
+    const int V = m->cfg.vocab_size;
+    float *logits = malloc(sizeof(float) * V);
+    double worst = 0;
+    for (size_t ci = 0; ci < json_array_size(cases); ci++) {
+        json_t *c = json_array_get(cases, ci), *ids = json_object_get(c, "input_ids");
+        runner r;
+        rc = runner_init(&r, m, 2, &err);
+        CHECK_MSG(rc == SF_OK, "%s", err.msg);
+        if (rc) { runner_free(&r); break; }
+        int n = (int)json_array_size(ids), s0 = 0;
+        int32_t tok[8];
+        for (int i = 0; i < n; i++) tok[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+        const int32_t *p = tok;
+        rc = runner_step(&r, 1, &s0, &n, &p, 0, logits, &err);
+        CHECK_MSG(rc == SF_OK, "%s", err.msg);
+        const char *key;
+        json_t *val;
+        json_object_foreach(json_object_get(c, "sampled_logits"), key, val) {
+            double want = json_number_value(val), got = logits[atoi(key)];
+            worst = fmax(worst, fabs(got - want));
+            CHECK_MSG(fabs(got - want) < 1e-4, "case %zu logit %s: %.7f, transformers %.7f", ci, key, got, want);
+        }
+        int32_t g = argmax_f(logits, V);
+        CHECK_MSG(g == json_integer_value(json_object_get(c, "greedy_token")), "case %zu: greedy %d", ci, g);
+        json_t *cont = json_object_get(c, "greedy_continuation");
+        for (size_t k = 0; k < json_array_size(cont); k++) {
+            int32_t want = (int32_t)json_integer_value(json_array_get(cont, k));
+            CHECK_MSG(g == want, "case %zu continuation step %zu: %d, transformers %d", ci, k, g, want);
+            int one = 1;
+            p = &g;
+            if (runner_step(&r, 1, &s0, &one, &p, 0, logits, &err) != SF_OK) break;
+            g = argmax_f(logits, V);
+        }
+        runner_free(&r);
+    }
+    printf("  worst |logit - transformers| = %.2e\n", worst);
+    free(logits);
+    json_decref(ref);
+    sf_model_free(m);
+}
+
+/* stories260K.gguf: greedy from BOS for 256 steps reproduces llama2.c's published text. */
+TEST(stories260k_greedy_text)
+{
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_load_opts lo = { 0 };
+    int rc = sf_model_load(test_data("stories260K/stories260K.gguf"), &lo, &m, &err);
+    REQUIRE(rc == SF_OK, "loading: %s", err.msg);
+    REQUIRE(m->tok != NULL, "the GGUF tokenizer is loaded");
+    char *want = NULL, *got = NULL;
+    size_t want_len = 0;
+    rc = sf_read_file(test_data("stories260K/expected_greedy_t0_256steps.txt"), &want, &want_len, &err);
+    REQUIRE(rc == SF_OK, "%s", err.msg);
+    runner r;
+    rc = runner_init(&r, m, 2, &err);
+    REQUIRE(rc == SF_OK, "%s", err.msg);
+    const int V = m->cfg.vocab_size, steps = 256;
+    float *logits = malloc(sizeof(float) * V);
+    int32_t ids[256], tok = m->cfg.bos_id;
+    int n = 0, s0 = 0, one = 1;
+    for (int pos = 0; pos < steps; pos++) {
+        const int32_t *p = &tok;
+        rc = runner_step(&r, 1, &s0, &one, &p, 0, logits, &err);
+        if (rc) break;
+        tok = argmax_f(logits, V);
+        if (tok == m->cfg.bos_id) break; /* llama2.c stops at BOS */
+        ids[n++] = tok;
+    }
+    CHECK_MSG(rc == SF_OK, "%s", err.msg);
+    rc = sf_tok_decode(m->tok, ids, (size_t)n, 1, &got, &err);
+    REQUIRE(rc == SF_OK, "decode: %s", err.msg);
+    size_t gl = strlen(got);
+    int same = gl + 1 == want_len && memcmp(got, want, gl) == 0 && want[gl] == '\n';
+    CHECK_MSG(same, "greedy text differs (%zu tokens):\n--- got\n%s\n--- want\n%s", (size_t)n, got, want);
+    free(got);
+    free(want);
+    free(logits);
+    runner_free(&r);
+    sf_model_free(m);
+}
+
 int main(void)
 {
     sf_rng_seed(&R, 2024);
     RUN(forward_matches_reference);
     RUN(prefill_decode_chunks_batch_agree);
     RUN(rejects_bad_models);
+    RUN(tiny_random_llama2_matches_transformers);
+    RUN(stories260k_greedy_text);
     return test_summary();
 }

@@ -633,6 +633,62 @@ TEST(gguf_fuzz)
     free(b);
 }
 
+/* Byte flips in a safetensors header and truncations: any result but a crash. */
+TEST(safetensors_fuzz)
+{
+    size_t n;
+    char *b = read_all(test_data(TINY "/model.safetensors"), &n);
+    REQUIRE(b, "read model.safetensors");
+    const char *d = tiny_variant("st-fuzz", NULL);
+    char p[600];
+    snprintf(p, sizeof p, "%s/model.safetensors", d);
+    sf_rng r;
+    sf_rng_seed(&r, 99);
+    int loaded = 0;
+    for (int i = 0; i < 200; i++) {
+        char *c = malloc(n);
+        memcpy(c, b, n);
+        for (int k = 0; k < 3; k++) c[sf_rng_next(&r) % (8 + 2160)] ^= (char)(1u << (sf_rng_next(&r) % 8));
+        size_t len = i % 4 == 3 ? sf_rng_next(&r) % n : n;
+        write_file(p, c, len);
+        sf_model *m = NULL;
+        sf_error e = { 0 };
+        if (sf_model_load(d, NULL, &m, &e) == SF_OK) {
+            loaded++;
+            CHECK(sf_model_validate(m, &e) == SF_OK);
+            sf_model_free(m);
+        } else {
+            CHECK_MSG(e.msg[0], "flip %d: empty message", i);
+        }
+        free(c);
+    }
+    CHECK_MSG(loaded < 200, "every corrupted file loaded");
+    free(b);
+}
+
+/* The SentencePiece vocabulary of stories260K (scores, no merges) through the tokenizer. */
+TEST(gguf_tokenizer)
+{
+    sf_model *m = NULL;
+    sf_error e = { 0 };
+    rc_ = sf_model_load(test_data("stories260K/stories260K.gguf"), NULL, &m, &e);
+    REQUIRE(rc_ == SF_OK, "%s", e.msg);
+    REQUIRE(m->tok, "tokenizer from metadata");
+    CHECK(sf_tok_vocab_size(m->tok) == 512 && sf_tok_bos(m->tok) == 1 && sf_tok_eos(m->tok) == 2);
+    const char *text = "Once upon a time, there was a little girl named Lily.";
+    int32_t *ids = NULL;
+    size_t nid = 0;
+    rc_ = sf_tok_encode(m->tok, text, strlen(text), 1, &ids, &nid, &e);
+    REQUIRE(rc_ == SF_OK, "%s", e.msg);
+    CHECK(nid > 5 && ids[0] == 1);
+    char *back = NULL;
+    rc_ = sf_tok_decode(m->tok, ids, nid, 1, &back, &e);
+    CHECK_MSG(rc_ == SF_OK && back && !strcmp(back, text), "decoded '%s'", back ? back : e.msg);
+    free(back);
+    free(ids);
+    sf_model_free(m);
+}
+
 /* ---- demo, dummy ------------------------------------------------------------------------ */
 static int same_file(const char *a, const char *b)
 {
@@ -792,6 +848,8 @@ int main(void)
     RUN(gguf_synthetic_q8_0);
     RUN(gguf_bad_inputs);
     RUN(gguf_fuzz);
+    RUN(safetensors_fuzz);
+    RUN(gguf_tokenizer);
     RUN(demo_model);
     RUN(demo_path);
     RUN(dummy_weights);

@@ -3,6 +3,7 @@
  * the GPT-2 / Llama-3 / Qwen2 regexes, hard cases, bad inputs, GGUF-style vocabularies. */
 #include <jansson.h>
 
+#include "engine/model.h"
 #include "engine/tok_impl.h"
 #include "engine/tokenizer.h"
 #include "tests/test.h"
@@ -65,9 +66,8 @@ static int stream_matches(const sf_tokenizer *t, const int32_t *ids, size_t n, i
     return ok;
 }
 
-static void conformance(const char *tokdir, const char *baseline)
+static void conformance_with(sf_tokenizer *t, const char *baseline)
 {
-    sf_tokenizer *t = load_dir(tokdir);
     json_t *inputs = load_json("tokenizer-conformance/inputs.json");
     json_t *base = load_json(baseline);
     REQUIRE(t && inputs && base, "test data missing");
@@ -122,6 +122,13 @@ static void conformance(const char *tokdir, const char *baseline)
     CHECK_MSG(bad_stream == 0, "%d streamed decodes differ", bad_stream);
     json_decref(inputs);
     json_decref(base);
+}
+
+static void conformance(const char *tokdir, const char *baseline)
+{
+    sf_tokenizer *t = load_dir(tokdir);
+    REQUIRE(t, "load %s", tokdir);
+    conformance_with(t, baseline);
     sf_tok_free(t);
 }
 
@@ -305,7 +312,8 @@ TEST(added_token_flags)
     /* skip_special drops special added tokens only */
     int32_t ids[] = { 500, 0 + 'a' - 32, 502 };
     char *s = NULL;
-    REQUIRE(sf_tok_decode(t, ids, 3, 1, &s, &err) == 0, "%s", err.msg);
+    int rc = sf_tok_decode(t, ids, 3, 1, &s, &err); /* REQUIRE evaluates its condition twice */
+    REQUIRE(rc == 0, "%s", err.msg);
     CHECK_MSG(!strcmp(s, "a hi"), "got \"%s\"", s); /* no decoder: pieces joined by spaces, as HF does */
     free(s);
     sf_tok_free(t);
@@ -356,7 +364,7 @@ static void hard_cases(const char *dir)
          * space the decoder strips) */
         CHECK_MSG(back && !strcmp(back, x), "case %zu: \"%s\" -> \"%s\"", i, x, back ? back : "");
         CHECK_MSG(sf_tok_encode(t, back, strlen(back), 0, &ids2, &n2, &err) == 0 && n2 == n &&
-                      !memcmp(ids, ids2, n * sizeof *ids),
+                      (n == 0 || !memcmp(ids, ids2, n * sizeof *ids)),
                   "case %zu: encode(decode(encode(x))) differs", i);
         CHECK_MSG(stream_matches(t, ids, n, 1, back), "case %zu: streaming", i);
         free(ids);
@@ -370,12 +378,14 @@ static void hard_cases(const char *dir)
     const char *eos = sf_tok_piece(t, sf_tok_eos(t));
     char text[64];
     snprintf(text, sizeof text, "end%sstart", eos);
-    REQUIRE(sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err) == 0, "%s", err.msg);
+    int rc = sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    REQUIRE(rc == 0, "%s", err.msg);
     int found = 0;
     for (size_t i = 0; i < n; i++) found += ids[i] == sf_tok_eos(t);
     CHECK_MSG(found == 1, "%s: EOS written in text matched %d times", dir, found);
     free(ids);
-    REQUIRE(sf_tok_encode(t, "", 0, 1, &ids, &n, &err) == 0, "%s", err.msg);
+    rc = sf_tok_encode(t, "", 0, 1, &ids, &n, &err);
+    REQUIRE(rc == 0, "%s", err.msg);
     CHECK(n == (sf_tok_bos(t) >= 0 && !strstr(dir, "gpt2") ? 1u : 0u));
     free(ids);
     sf_tok_free(t);
@@ -394,7 +404,8 @@ TEST(streaming_holds_partial_utf8)
     int32_t *ids = NULL;
     size_t n = 0;
     sf_error err = { 0 };
-    REQUIRE(sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err) == 0 && n == 5, "got %zu ids", n); /* ▁ + 4 bytes */
+    int rc = sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    REQUIRE(rc == 0 && n == 5, "got %zu ids", n); /* ▁ + 4 bytes */
     sf_detok d;
     char *out = NULL;
     size_t len = 0;
@@ -477,7 +488,7 @@ TEST(bad_tokenizer_json)
     CHECK(sf_tok_load_dir("/nonexistent/model", &t, &err) == SF_ENOTFOUND && !t && strstr(err.msg, "tokenizer.json"));
 }
 
-/* ---- speed (reported, not asserted) ----------------------------------------------------------- */
+/* ---- speed (reported, never asserted: the machines are shared) ----------------------------------------------------------- */
 TEST(speed)
 {
     const char *dirs[] = { "gpt2-tokenizer", "tinyllama-1.1b-chat-v1.0" };
@@ -504,7 +515,6 @@ TEST(speed)
         double t3 = sf_now_s();
         printf("# %s: load %.0f ms, encode %.1f MB/s (%zu tokens), decode %.1f MB/s\n", dirs[k], (t1 - t0) * 1e3,
                text.len / (t2 - t1) / 1e6, n, text.len / (t3 - t2) / 1e6);
-        CHECK_MSG(t1 - t0 < 1.0, "loading %s took %.2f s", dirs[k], t1 - t0);
         free(back);
         free(ids);
         sf_tok_free(t);
@@ -513,11 +523,139 @@ TEST(speed)
     json_decref(inputs);
 }
 
+/* ---- one tokenizer, several threads ---------------------------------------------------------- */
+#include <pthread.h>
+
+typedef struct worker {
+    const sf_tokenizer *t;
+    json_t *inputs;
+    size_t mismatches;
+    uint64_t sum;
+} worker;
+
+static void *encode_all(void *arg)
+{
+    worker *w = arg;
+    for (int rep = 0; rep < 3; rep++)
+        for (size_t i = 0; i < json_array_size(w->inputs); i++) {
+            const char *x = json_string_value(json_object_get(json_array_get(w->inputs, i), "text"));
+            int32_t *ids = NULL;
+            size_t n = 0;
+            char *back = NULL;
+            if (sf_tok_encode(w->t, x, strlen(x), 1, &ids, &n, NULL) || sf_tok_decode(w->t, ids, n, 1, &back, NULL) ||
+                strcmp(back, x))
+                w->mismatches++;
+            for (size_t k = 0; k < n; k++) w->sum = w->sum * 31 + (uint64_t)ids[k];
+            free(ids);
+            free(back);
+        }
+    return NULL;
+}
+
+TEST(threads_share_a_tokenizer)
+{
+    sf_tokenizer *t = load_dir("gpt2-tokenizer");
+    json_t *inputs = load_json("tokenizer-conformance/inputs.json");
+    REQUIRE(t && inputs, "test data");
+    worker w[3] = { { t, inputs, 0, 0 }, { t, inputs, 0, 0 }, { t, inputs, 0, 0 } };
+    pthread_t th[2];
+    encode_all(&w[2]); /* reference, alone */
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, encode_all, &w[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    for (int i = 0; i < 2; i++) CHECK_MSG(w[i].mismatches == 0 && w[i].sum == w[2].sum, "thread %d differs", i);
+    json_decref(inputs);
+    sf_tok_free(t);
+}
+
+/* ---- GGUF vocabularies ------------------------------------------------------------------------ */
+TEST(gguf_spm_llama2)
+{
+    /* the full Llama-2 vocabulary with SentencePiece scores, read by the GGUF loader: scoring by
+     * SentencePiece must give HF's merges-based ids for TinyLlama (same vocabulary) */
+    sf_model *m = NULL;
+    sf_error err = { 0 };
+    sf_load_opts o = { 0 };
+    int rc = sf_model_load_gguf(test_data("llama-2-tiny-random-gguf/llama-2-tiny-random.gguf"), &o, &m, &err);
+    REQUIRE(rc == 0 && m->tok, "%s", err.msg);
+    CHECK(sf_tok_vocab_size(m->tok) == 32000 && sf_tok_bos(m->tok) == 1 && sf_tok_eos(m->tok) == 2);
+    conformance_with(m->tok, "tokenizer-conformance/tinyllama_multilingual.json");
+    /* whitespace runs are where SentencePiece scores and HF's merge order could part ways */
+    sf_tokenizer *hf = load_dir("tinyllama-1.1b-chat-v1.0");
+    REQUIRE(hf, "load");
+    static const char *const ws[] = { "a  b", "a   b", "a    b", "x        y", "  lead", "trail   ", "\t\t x",
+                                      "def f():\n    return 1\n\n\n        deep", "<s>hi</s> <unk>" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(ws); i++) {
+        int32_t *a = NULL, *b = NULL;
+        size_t na = 0, nb = 0;
+        CHECK(sf_tok_encode(m->tok, ws[i], strlen(ws[i]), 1, &a, &na, &err) == 0);
+        CHECK(sf_tok_encode(hf, ws[i], strlen(ws[i]), 1, &b, &nb, &err) == 0);
+        CHECK_MSG(na == nb && !memcmp(a, b, na * sizeof *a), "\"%s\": SentencePiece and HF BPE differ", ws[i]);
+        free(a);
+        free(b);
+    }
+    sf_tok_free(hf);
+    sf_model_free(m);
+}
+
+TEST(gguf_bpe_gpt2)
+{
+    /* a "gpt2" GGUF vocabulary (tokens by id + merges), built here from GPT-2's tokenizer.json:
+     * must encode exactly like the tokenizer.json itself */
+    json_t *root = load_json("gpt2-tokenizer/tokenizer.json");
+    REQUIRE(root, "load");
+    json_t *model = json_object_get(root, "model"), *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges"), *v;
+    const char *key;
+    int n = (int)json_object_size(vocab);
+    const char **tokens = calloc((size_t)n, sizeof *tokens);
+    const char **mg = calloc(json_array_size(merges), sizeof *mg);
+    int32_t *types = calloc((size_t)n, sizeof *types);
+    json_object_foreach(vocab, key, v) {
+        tokens[json_integer_value(v)] = key;
+        types[json_integer_value(v)] = 1;
+    }
+    types[50256] = 3; /* <|endoftext|>: control */
+    for (size_t i = 0; i < json_array_size(merges); i++) mg[i] = json_string_value(json_array_get(merges, i));
+    sf_tok_vocab vb = { .model = "gpt2", .pre = "gpt-2", .n_tokens = n, .tokens = tokens, .types = types,
+                        .n_merges = (int)json_array_size(merges), .merges = mg, .bos_id = 50256, .eos_id = 50256,
+                        .unk_id = -1, .pad_id = -1, .add_bos = -1, .add_eos = -1 };
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    int rc = sf_tok_from_vocab(&vb, &t, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (!rc) conformance_with(t, "tokenizer-conformance/gpt2_multilingual.json");
+    CHECK(!rc && sf_tok_is_eog(t, 50256));
+    sf_tok_free(t);
+    /* bad vocabularies: a clear refusal */
+    sf_tok_vocab bad = vb;
+    bad.pre = "some-future-pre";
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EUNSUPPORTED && !t && strstr(err.msg, "some-future-pre"));
+    bad = vb;
+    bad.model = "bert";
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EUNSUPPORTED && !t && strstr(err.msg, "bert"));
+    bad = vb;
+    bad.n_merges = 0;
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EFORMAT && !t && strstr(err.msg, "merges"));
+    bad = vb;
+    bad.model = "llama"; /* SentencePiece needs scores */
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EFORMAT && !t && strstr(err.msg, "scores"));
+    const char *badmerge[] = { "Ġ t", "nosuchtoken x" };
+    bad = vb;
+    bad.merges = badmerge;
+    bad.n_merges = 2;
+    CHECK(sf_tok_from_vocab(&bad, &t, &err) == SF_EFORMAT && !t && strstr(err.msg, "merge 1"));
+    free(tokens);
+    free(mg);
+    free(types);
+    json_decref(root);
+}
+
 int main(void)
 {
     RUN(byte_table);
     RUN(conformance_gpt2);
     RUN(conformance_tinyllama);
+    RUN(gguf_spm_llama2);
+    RUN(gguf_bpe_gpt2);
     RUN(split_llama3_regex);
     RUN(split_qwen2_regex);
     RUN(split_gpt2_regex);
@@ -530,6 +668,7 @@ int main(void)
     RUN(streaming_holds_partial_utf8);
     RUN(invalid_utf8);
     RUN(bad_tokenizer_json);
+    RUN(threads_share_a_tokenizer);
     RUN(speed);
     return test_summary();
 }

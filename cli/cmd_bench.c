@@ -1,0 +1,307 @@
+/* cmd_bench.c — `semflow bench MODE ...`: offline benchmarks straight over the forward pass
+ * (no scheduler, no server), so what they time is the backend.
+ *
+ *   decode   batch-1 decode after a prompt of --ctx tokens: ms/token, and the weight bytes
+ *            read per second as a share of the memory bandwidth hal measured (read
+ *            bandwidth on the CPU: decode streams every weight once per token and writes
+ *            almost nothing).
+ *
+ * Modes are a table (bench_modes below); each gets the parsed options and the shared setup
+ * helpers (bench_open / bench_feed), so a prefill or throughput mode is one more function. */
+#include <getopt.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "engine/forward.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "hal/hal.h"
+
+typedef struct bench_opts {
+    const char *mode, *model, *preset, *backend;
+    int dummy, ctx, steps, threads, json, chunk;
+    sf_dtype dtype;
+} bench_opts;
+
+/* One model, one backend, one forward pass, one sequence's worth of KV blocks. */
+typedef struct bench_env {
+    sf_model *m;
+    sf_backend *b;
+    sf_forward *f;
+    sf_kv_pool pool;
+    sf_kv_config kc;
+    int32_t *blocks;     /* the sequence's block table */
+    int max_blocks, len, max_tokens;
+    float *logits;       /* [max_tokens * vocab] */
+} bench_env;
+
+static void bench_close(bench_env *e)
+{
+    sf_forward_free(e->f);
+    sf_kv_pool_free(&e->pool);
+    sf_backend_close(e->b);
+    sf_model_free(e->m);
+    free(e->blocks);
+    free(e->logits);
+    memset(e, 0, sizeof *e);
+}
+
+/* Loads the model, opens the backend, prepares a forward pass for steps of up to max_tokens
+ * and a KV cache for one sequence of kv_tokens. */
+static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_env *e, sf_error *err)
+{
+    memset(e, 0, sizeof *e);
+    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1 };
+    char path[1100];
+    if (o->preset) snprintf(path, sizeof path, "preset:%s", o->preset);
+    else snprintf(path, sizeof path, "%s", o->model);
+    int rc = sf_model_load(path, &lo, &e->m, err);
+    if (rc) return sf_err_wrap(err, "loading %s", path);
+    sf_backend_opts bo = { .name = o->backend, .n_threads = o->threads };
+    if ((rc = sf_backend_open(&bo, &e->b, err))) goto fail;
+    const sf_model_config *c = &e->m->cfg;
+    int bs = 16;
+    e->max_blocks = (kv_tokens + bs - 1) / bs;
+    e->kc = (sf_kv_config){ .n_layers = c->n_layers, .n_blocks = e->max_blocks, .block_size = bs,
+                            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
+    e->max_tokens = max_tokens;
+    e->blocks = calloc((size_t)e->max_blocks, sizeof *e->blocks);
+    e->logits = malloc(sizeof(float) * (size_t)c->vocab_size * max_tokens);
+    if (!e->blocks || !e->logits) { rc = sf_err(err, SF_ENOMEM, "out of memory"); goto fail; }
+    if ((rc = e->b->ops->kv_init(e->b, &e->kc, err)) || (rc = sf_kv_pool_init(&e->pool, e->max_blocks, bs, err)) ||
+        (rc = sf_kv_alloc(&e->pool, e->max_blocks, e->blocks)) ||
+        (rc = sf_forward_new(e->b, e->m, max_tokens, 1, &e->f, err)))
+        goto fail;
+    return SF_OK;
+fail:
+    bench_close(e);
+    return rc;
+}
+
+/* Appends n tokens to the sequence in one step; logits of the last one in e->logits. */
+static int bench_feed(bench_env *e, const int32_t *tokens, int n, sf_error *err)
+{
+    int32_t pos[n], slot[n], ss[2] = { 0, n }, ctx[1], row[1] = { n - 1 };
+    int bs = e->kc.block_size;
+    if (e->len + n > e->max_blocks * bs) return sf_err(err, SF_EINVAL, "bench: context of %d tokens exceeded", e->max_blocks * bs);
+    for (int i = 0; i < n; i++) {
+        pos[i] = e->len + i;
+        slot[i] = e->blocks[pos[i] / bs] * bs + pos[i] % bs;
+    }
+    ctx[0] = e->len + n;
+    sf_batch b = { .n_tokens = n, .n_seqs = 1, .tokens = tokens, .pos = pos, .slot = slot, .seq_start = ss,
+                   .seq_ctx = ctx, .block_table = e->blocks, .max_blocks = e->max_blocks, .logit_rows = row, .n_logits = 1 };
+    int rc = sf_forward_step(e->f, &b, e->logits, err);
+    if (rc == SF_OK) e->len += n;
+    return rc;
+}
+
+static size_t view_bytes(const sf_view *v)
+{
+    return v->data ? sf_dtype_bytes(v->dtype, v->rows * v->cols) : 0;
+}
+
+/* Weight bytes one decode step reads: every layer, the final norm and the lm_head (the
+ * embedding table is touched at one row only, unless it doubles as the lm_head). */
+static size_t decode_weight_bytes(const sf_model *m)
+{
+    size_t s = view_bytes(&m->out_norm) + view_bytes(m->lm_head.data ? &m->lm_head : &m->tok_embd);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const sf_layer_w *w = &m->layers[l];
+        const sf_view *vs[] = { &w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
+                                &w->ffn_norm, &w->wgate, &w->wup, &w->wdown };
+        for (size_t i = 0; i < SF_ARRAY_LEN(vs); i++) s += view_bytes(vs[i]);
+    }
+    return s;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int32_t argmax(const float *l, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+static int bench_decode(const bench_opts *o)
+{
+    bench_env e;
+    sf_error err = { 0 };
+    int chunk = SF_MIN(o->chunk, o->ctx > 0 ? o->ctx : 1);
+    if (bench_open(o, chunk, o->ctx + o->steps + 1, &e, &err)) {
+        fprintf(stderr, "semflow bench decode: %s\n", err.msg);
+        return 1;
+    }
+    const sf_model_config *c = &e.m->cfg;
+    int rc = 1;
+    double *ms = calloc((size_t)o->steps + 1, sizeof(double));
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(o->ctx + 1));
+    if (!ms || !prompt) { fprintf(stderr, "semflow bench decode: out of memory\n"); goto out; }
+    sf_rng rng;
+    sf_rng_seed(&rng, 7);
+    for (int i = 0; i < o->ctx; i++) prompt[i] = (int32_t)(sf_rng_next(&rng) % (uint64_t)c->vocab_size);
+    double t0 = sf_now_s();
+    for (int i = 0; i < o->ctx; i += chunk)
+        if (bench_feed(&e, prompt + i, SF_MIN(chunk, o->ctx - i), &err)) goto fail;
+    double prefill_s = sf_now_s() - t0;
+    int32_t tok = o->ctx ? argmax(e.logits, c->vocab_size) : (c->bos_id >= 0 ? c->bos_id : 0);
+    /* one untimed step first: page faults of the weights and lazy allocations land there */
+    for (int s = 0; s <= o->steps; s++) {
+        double ts = sf_now_s();
+        if (bench_feed(&e, &tok, 1, &err)) goto fail;
+        tok = argmax(e.logits, c->vocab_size);
+        ms[s] = (sf_now_s() - ts) * 1e3;
+    }
+    int n = o->steps;
+    double *t = ms + 1, mean = 0;
+    for (int i = 0; i < n; i++) mean += t[i] / n;
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    double med = t[n / 2], best = t[0];
+    const sf_hw_info *hw = e.b->ops->hw(e.b);
+    int read_bw = hw->mem_read_gbs > 0;
+    double ceil_gbs = read_bw ? hw->mem_read_gbs : hw->mem_bw_gbs;
+    size_t wbytes = decode_weight_bytes(e.m);
+    double kv_per_tok = (double)e.b->ops->kv_block_bytes(e.b, &e.kc) / e.kc.block_size;
+    double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
+    double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
+    if (o->json) {
+        json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:s, s:f, s:f}",
+                              "mode", "decode", "model", e.m->name, "random_weights", e.m->random_weights,
+                              "dtype", sf_dtype_name(c->dtype), "backend", e.b->ops->name, "threads", hw->n_threads,
+                              "ctx", o->ctx, "steps", o->steps, "ms_per_token_median", med, "ms_per_token_mean", mean,
+                              "ms_per_token_min", best, "tokens_per_s", 1e3 / med, "weight_bytes_per_token", (json_int_t)wbytes,
+                              "weight_gbs", gbs, "weight_kv_gbs", gbs_kv, "ceiling_gbs", ceil_gbs,
+                              "ceiling", read_bw ? "read bandwidth" : "copy bandwidth", "ratio", gbs / ceil_gbs,
+                              "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0);
+        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(j);
+    } else {
+        printf("decode   %s%s, %s, %.2f GB of weights read per token, backend %s (%d threads)\n", e.m->name,
+               e.m->random_weights ? " (random weights)" : "", sf_dtype_name(c->dtype), wbytes / 1e9, e.b->ops->name,
+               hw->n_threads);
+        printf("context  %d tokens, then %d decode steps\n", o->ctx, o->steps);
+        printf("latency  %.1f ms/token median (mean %.1f, best %.1f) = %.2f tokens/s\n", med, mean, best, 1e3 / med);
+        printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
+               100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
+        if (o->ctx) printf("prefill  %d tokens in %.2f s = %.1f tokens/s (chunks of %d)\n", o->ctx, prefill_s, o->ctx / prefill_s, chunk);
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "semflow bench decode: %s\n", err.msg);
+out:
+    free(ms);
+    free(prompt);
+    bench_close(&e);
+    return rc;
+}
+
+static const struct {
+    const char *name;
+    int (*fn)(const bench_opts *o);
+    const char *help;
+} bench_modes[] = {
+    { "decode", bench_decode, "batch-1 decode: ms/token and weight GB/s vs measured memory bandwidth" },
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: semflow bench MODE (--model PATH | --load-format dummy --preset NAME) [options]\n\nmodes:\n");
+    for (size_t i = 0; i < SF_ARRAY_LEN(bench_modes); i++) fprintf(f, "  %-10s %s\n", bench_modes[i].name, bench_modes[i].help);
+    fprintf(f, "\noptions:\n"
+               "  --model PATH          Hugging Face folder, .gguf file or demo\n"
+               "  --load-format dummy   random weights from the config alone (no weight files needed)\n"
+               "  --preset NAME         a built-in shape for dummy weights (e.g. 1b, llama-3-8b, qwen2-7b)\n"
+               "  --dtype bf16|f16      dtype of dummy weights (default bf16)\n"
+               "  --backend NAME        auto | cpu | cuda (default auto)\n"
+               "  --threads N           CPU threads (default: all cores)\n"
+               "  --ctx N               prompt tokens before the timed steps (default 128)\n"
+               "  --steps N             timed decode steps (default 16)\n"
+               "  --chunk N             prefill chunk size (default 256)\n"
+               "  --json                machine-readable result\n");
+}
+
+static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (*v == 0 || *end || x < lo || x > hi) {
+        fprintf(stderr, "semflow bench: %s wants an integer in [%d, %d], got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = (int)x;
+    return 0;
+}
+
+int sf_cmd_bench(int argc, char **argv)
+{
+    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16 };
+    static const struct option opts[] = {
+        { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },
+        { "preset", required_argument, NULL, 'p' }, { "backend", required_argument, NULL, 'b' },
+        { "threads", required_argument, NULL, 't' }, { "ctx", required_argument, NULL, 'c' },
+        { "steps", required_argument, NULL, 's' }, { "chunk", required_argument, NULL, 'k' },
+        { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
+        { "help", no_argument, NULL, 'h' }, { 0 }
+    };
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'm': o.model = optarg; break;
+        case 'l':
+            if (strcmp(optarg, "dummy") && strcmp(optarg, "auto")) {
+                fprintf(stderr, "semflow bench: --load-format takes dummy or auto, got '%s'\n", optarg);
+                return 2;
+            }
+            o.dummy = !strcmp(optarg, "dummy");
+            break;
+        case 'p': o.preset = optarg; break;
+        case 'b': o.backend = optarg; break;
+        case 't': if (parse_int("--threads", optarg, 1, 1024, &o.threads)) return 2; break;
+        case 'c': if (parse_int("--ctx", optarg, 0, 1 << 20, &o.ctx)) return 2; break;
+        case 's': if (parse_int("--steps", optarg, 1, 100000, &o.steps)) return 2; break;
+        case 'k': if (parse_int("--chunk", optarg, 1, 65536, &o.chunk)) return 2; break;
+        case 'd':
+            if (!strcmp(optarg, "bf16")) o.dtype = SF_DT_BF16;
+            else if (!strcmp(optarg, "f16")) o.dtype = SF_DT_F16;
+            else { fprintf(stderr, "semflow bench: --dtype takes bf16 or f16, got '%s'\n", optarg); return 2; }
+            break;
+        case 'j': o.json = 1; break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "semflow bench: which benchmark? (a MODE is required)\n");
+        usage(stderr);
+        return 2;
+    }
+    o.mode = argv[optind++];
+    if (optind < argc) {
+        fprintf(stderr, "semflow bench: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!o.model == !o.preset) {
+        fprintf(stderr, "semflow bench: give either --model PATH or --load-format dummy --preset NAME\n");
+        return 2;
+    }
+    if (o.preset && !o.dummy) {
+        fprintf(stderr, "semflow bench: --preset has no weight files; add --load-format dummy\n");
+        return 2;
+    }
+    for (size_t i = 0; i < SF_ARRAY_LEN(bench_modes); i++)
+        if (!strcmp(o.mode, bench_modes[i].name)) return bench_modes[i].fn(&o);
+    fprintf(stderr, "semflow bench: unknown mode '%s'\n", o.mode);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,62 @@
+/* dma.h — the DMA scheduler: every host<->device copy of the engine goes through sf_dma_copy,
+ * which cuts it into chunks sized by the request's urgency and paces low-urgency copies while
+ * other processes contend for the PCIe link.
+ *
+ *   urgency high:   the smallest chunk whose measured bandwidth (hal's curve) reaches 80% of the
+ *                   link's peak; 512 KiB without a curve
+ *   urgency normal: the smallest chunk reaching 45% of peak; 128 KiB without a curve
+ *   urgency low:    at most 64 KiB, so that higher-class chunks interleave on the copy engine;
+ *                   while the contention index (other processes' DMA / link bandwidth) is at or
+ *                   over pace_threshold, low-class copies are held to
+ *                   max(pace_floor, 1 - contention) x the link bandwidth at their chunk size.
+ *
+ * The copy itself is a callback (the backend's: cudaMemcpyAsync on its copy stream; memcpy on
+ * the CPU backend). Threads: sf_dma_copy may be called from any thread; chunks of one call are
+ * issued in order on the caller's thread; stats are updated under a lock. */
+#ifndef SF_DMA_H
+#define SF_DMA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../common/sf.h"
+#include "../hal/hal.h"
+#include "engine.h"
+
+enum { SF_DMA_H2D = 0, SF_DMA_D2H = 1 };
+
+/* Copy n bytes (one chunk). Returns SF_OK or an SF_E* code with err set. */
+typedef int (*sf_dma_copy_fn)(void *arg, void *dst, const void *src, size_t n, int dir, sf_error *err);
+/* The current PCIe contention index of the link (>= 0); e.g. sf_monitor_contention. */
+typedef double (*sf_dma_contention_fn)(void *arg);
+
+typedef struct sf_dma_opts {
+    sf_dma_copy_fn copy;              /* required */
+    void *copy_arg;
+    const sf_hw_info *hw;             /* measured chunk curve (pinned); NULL or no GPU: defaults */
+    sf_dma_contention_fn contention;  /* NULL: never paced */
+    void *contention_arg;
+    double pace_threshold;            /* <= 0: 0.5 */
+    double pace_floor;                /* share of the link low copies keep when paced; <= 0: 0.05 */
+    double link_gbs;                  /* > 0: overrides the curve's bandwidth for pacing (tests) */
+} sf_dma_opts;
+
+typedef struct sf_dma_stats {
+    uint64_t bytes[SF_URGENCY_COUNT][2];  /* [urgency][dir] */
+    uint64_t chunks[SF_URGENCY_COUNT];
+    uint64_t paced_copies;                    /* low-class chunks delayed */
+    double paced_s;                           /* total time low-class copies waited */
+} sf_dma_stats;
+
+typedef struct sf_dma sf_dma;
+
+int sf_dma_new(const sf_dma_opts *o, sf_dma **out, sf_error *err);
+void sf_dma_free(sf_dma *d);
+
+/* Chunk size used for urgency (SF_URGENCY_* of engine.h: 0 low, 1 normal, 2 high) and dir. */
+size_t sf_dma_chunk(const sf_dma *d, int urgency, int dir);
+/* Copies n bytes in chunks; low urgency may sleep (pacing). Stops at the first failing chunk. */
+int sf_dma_copy(sf_dma *d, void *dst, const void *src, size_t n, int dir, int urgency, sf_error *err);
+void sf_dma_get_stats(sf_dma *d, sf_dma_stats *st);
+
+#endif
