@@ -79,6 +79,8 @@ typedef struct cuda_ctx {
     size_t attn_ws_floats;
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
+    uint64_t t_step0;    /* host clock at the step's batch_begin */
+    double last_host_us; /* batch_begin until the step's work was all enqueued */
     sf_cuda_graphs graphs;
 } cuda_ctx;
 
@@ -385,6 +387,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     cuda_ctx *c = CTX(b);
     int T = bt->n_tokens, S = bt->n_seqs, L = bt->n_logits, rc;
     if ((rc = step_end(c))) return rc;
+    c->t_step0 = sf_now_ns();
     if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
         return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
     size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L;
@@ -594,6 +597,8 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     if (n > buf->rows) return op_fail(SF_EINVAL, "read_f32", "more rows than the buffer has");
     int rc = step_end(c);
     if (rc) return rc;
+    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    c->t_step0 = 0;
     size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
     for (size_t off = 0; off < total; off += per) {
         size_t cnt = SF_MIN(per, total - off);
@@ -609,7 +614,10 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
 
 static int cuda_sync(sf_backend *b)
 {
-    int rc = step_end(CTX(b));
+    cuda_ctx *c = CTX(b);
+    int rc = step_end(c);
+    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    c->t_step0 = 0;
     return rc ? rc : kcheck(cudaStreamSynchronize(CTX(b)->s), "sync");
 }
 
@@ -688,6 +696,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
     s->graphs_captured = c->graphs.n_captured;
     s->graph_replays = c->graphs.n_replayed;
     s->graph_fallbacks = c->graphs.n_fallbacks;
+    s->last_step_host_us = c->last_host_us;
     return SF_OK;
 }
 
