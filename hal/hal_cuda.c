@@ -38,7 +38,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 
 #define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
-#define MAX_SPLIT 32
+#define MAX_SPLIT 64
 
 struct sf_buf {
     uint16_t *d;
@@ -65,7 +65,8 @@ typedef struct cuda_ctx {
     cudaEvent_t meta_done;
     int T, S, L, max_blocks, max_ctx;
     int32_t *tokens_h; /* into meta_h */
-    int32_t *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d;
+    int32_t *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d, *tiles_d;
+    int n_tiles; /* prefill query tiles of this step (0: none) */
     /* KV pool */
     sf_kv_config kvc;
     uint16_t *kv;
@@ -82,6 +83,12 @@ typedef struct cuda_ctx {
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
     sf_cuda_graphs graphs;
+    /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
+     * printed when the backend closes */
+    int prof;
+    cudaEvent_t prof_ev[2];
+    struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
+    int n_prof;
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -133,9 +140,43 @@ static int step_end(cuda_ctx *c)
     return kcheck(sf_cuda_graph_end(&c->graphs, c->gemm, c->s), "launching the step's graph");
 }
 
+static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
+{
+    int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : 0;
+    int64_t n = r->kind == SF_OP_GEMM ? r->n[1] : r->kind == SF_OP_ATTN ? r->attn.n_split : 0;
+    for (int i = 0; i < c->n_prof; i++) {
+        struct prof_row *p = &c->prof_rows[i];
+        if (p->kind == r->kind && p->m == m && p->k == k && p->n == n) { p->ms += ms; p->count++; return; }
+    }
+    if (c->n_prof < (int)SF_ARRAY_LEN(c->prof_rows))
+        c->prof_rows[c->n_prof++] = (struct prof_row){ r->kind, m, k, n, ms, 1 };
+}
+
+static void prof_print(cuda_ctx *c)
+{
+    static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows" };
+    double total = 0;
+    for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
+    fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
+    fprintf(stderr, "  %-10s %7s %7s %5s %9s %9s %6s\n", "op", "m", "k", "n|spl", "calls", "us/call", "share");
+    for (int i = 0; i < c->n_prof; i++) {
+        struct prof_row *p = &c->prof_rows[i];
+        fprintf(stderr, "  %-10s %7lld %7lld %5lld %9ld %9.1f %5.1f%%\n", names[p->kind], (long long)p->m,
+                (long long)p->k, (long long)p->n, p->count, 1e3 * p->ms / p->count, 100 * p->ms / total);
+    }
+}
+
 static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
 {
-    return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
+    if (!c->prof) return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
+    float ms = 0;
+    cudaEventRecord(c->prof_ev[0], c->s);
+    int rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
+    cudaEventRecord(c->prof_ev[1], c->s);
+    if (!rc && cudaEventSynchronize(c->prof_ev[1]) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, c->prof_ev[0], c->prof_ev[1]) == cudaSuccess)
+        prof_add(c, r, ms);
+    return rc;
 }
 
 /* ---- lifecycle ------------------------------------------------------------------------ */
@@ -148,6 +189,11 @@ static void cuda_destroy(sf_backend *b)
         if (c->gemm && c->s) step_end(c);
         if (c->s) cudaStreamSynchronize(c->s);
         sf_cuda_graphs_free(&c->graphs);
+        if (c->prof) {
+            prof_print(c);
+            cudaEventDestroy(c->prof_ev[0]);
+            cudaEventDestroy(c->prof_ev[1]);
+        }
         sf_k_gemm_ctx_free(c->gemm);
         for (int i = 0; i < 2; i++) {
             if (c->pin[i]) cudaFreeHost(c->pin[i]);
@@ -390,7 +436,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->t_step0 = sf_now_ns();
     if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
         return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
-    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L;
+    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
     if (need > META_INTS)
         return op_fail(SF_EINVAL, "batch_begin", "batch metadata exceeds 4 MiB: fewer sequences or shorter block tables");
     if (c->kv) {
@@ -427,6 +473,22 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     if (L) memcpy(h + 4 * T + (size_t)S * bt->max_blocks, bt->logit_rows, (size_t)L * 4);
     for (int i = 0; i < L; i++)
         if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= T) return op_fail(SF_EINVAL, "batch_begin", "logit row outside the batch");
+    /* Prefill tiles when some sequence brings >= 16 tokens: runs of <= 64 consecutive tokens of
+     * one sequence with consecutive positions (anything else keeps the CUDA-core kernel). */
+    int32_t *tiles = h + 4 * T + (size_t)S * bt->max_blocks + L;
+    int n_tiles = 0, longest = 0, consecutive = 1;
+    for (int s = 0; s < S; s++) {
+        longest = SF_MAX(longest, bt->seq_start[s + 1] - bt->seq_start[s]);
+        for (int t = bt->seq_start[s] + 1; t < bt->seq_start[s + 1]; t++) consecutive &= bt->pos[t] == bt->pos[t - 1] + 1;
+    }
+    if (longest >= 16 && consecutive)
+        for (int s = 0; s < S; s++)
+            for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t += SF_K_PREFILL_TILE) {
+                tiles[2 * n_tiles] = t;
+                tiles[2 * n_tiles + 1] = SF_MIN(SF_K_PREFILL_TILE, bt->seq_start[s + 1] - t);
+                n_tiles++;
+            }
+    need = 4 * (size_t)T + (size_t)S * bt->max_blocks + L + 2 * (size_t)n_tiles;
     cudaError_t e = cudaMemcpyAsync(c->meta_d, h, need * 4, cudaMemcpyHostToDevice, c->s);
     if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
@@ -438,14 +500,16 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->tok_seq_d = c->meta_d + 3 * T;
     c->block_table_d = c->meta_d + 4 * T;
     c->logit_rows_d = c->block_table_d + (size_t)S * bt->max_blocks;
+    c->tiles_d = c->logit_rows_d + L;
+    c->n_tiles = n_tiles;
     /* Split the keys when (tokens x kv heads) blocks cannot fill the SMs: decode at long context. */
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
     c->n_split = 1;
-    if (work < sms && max_ctx > 256) {
-        c->n_split = SF_MIN((max_ctx + 255) / 256, (2 * sms + work - 1) / work);
+    if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
+        c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
     }
-    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, 0 };
+    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, n_tiles };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
 }
@@ -562,7 +626,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         .q = qkv->d, .ld_q = qkv->cols, .out = out->d, .ld_out = out->cols, .T = c->T, .H = H, .Hkv = Hkv, .hd = hd,
         .scale = r->attn_scale, .pos = c->pos_d, .tok_seq = c->tok_seq_d, .block_table = c->block_table_d,
         .max_blocks = c->max_blocks, .kv = layer_kv(c, layer), .ws = c->attn_ws,
-        .n_split = n_split,
+        .n_split = n_split, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
     };
     return submit(c, &rec, capturable, "attention");
 }
@@ -676,8 +740,13 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming), err, rc);
     if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
     {
-        const char *g = getenv("SEMFLOW_CUDA_GRAPHS");
-        sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")), 64);
+        const char *g = getenv("SEMFLOW_CUDA_GRAPHS"), *p = getenv("SEMFLOW_CUDA_PROFILE");
+        c->prof = p && !strcmp(p, "1");
+        if (c->prof) {
+            SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
+            SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);
+        }
+        sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, 64);
     }
     *out = b;
     return SF_OK;

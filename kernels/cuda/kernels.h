@@ -80,11 +80,20 @@ typedef struct sf_k_attn {
     sf_k_kv kv;
     float *ws;               /* split workspace: T * H * n_split * (hd + 2) floats */
     int n_split;             /* 1: no split; else keys split into n_split ranges + a combine */
+    const int32_t *tiles;    /* prefill: [n_tiles][2] = first token, rows (<= 64 consecutive
+                              * tokens of one sequence, consecutive positions) */
+    int n_tiles;             /* > 0: the tensor-core prefill kernel (when head_dim % 16 == 0) */
 } sf_k_attn;
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
 #define SF_K_ATTN_MAX_HD 256
+/* Dispatcher: the tensor-core prefill kernel when a->n_tiles > 0 and the head size allows it,
+ * else the CUDA-core kernel (GQA-grouped, split-K for decode). */
 int sf_k_attention(const sf_k_attn *a, cudaStream_t s);
+/* The two paths (attention.cu, attention_prefill.cu). */
+int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s);
+int sf_k_attention_prefill_ok(int head_dim);
+#define SF_K_PREFILL_TILE 64
 
 /* ---- GEMM: y[n, m] = x[n, k] . W[m, k]^T (+ bias[m]) (gemm.cu, gemv.cu) --------------- */
 typedef struct sf_k_gemm_ctx sf_k_gemm_ctx; /* cuBLASLt handle, workspace, per-shape plan cache */
