@@ -143,7 +143,10 @@ static int step_end(cuda_ctx *c)
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : 0;
-    int64_t n = r->kind == SF_OP_GEMM ? r->n[1] : r->kind == SF_OP_ATTN ? r->attn.n_split : 0;
+    /* rows of the op (tokens; for attention, the split count when it splits) */
+    int64_t n = r->kind == SF_OP_GEMM || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
+                    ? r->n[1] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM ? r->n[2]
+                    : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
     for (int i = 0; i < c->n_prof; i++) {
         struct prof_row *p = &c->prof_rows[i];
         if (p->kind == r->kind && p->m == m && p->k == k && p->n == n) { p->ms += ms; p->count++; return; }
