@@ -59,8 +59,12 @@ typedef struct sf_event {
     sf_request *req;
     void *user;               /* as given at submit */
     /* SF_EV_TOKEN */
-    int32_t token;
-    const char *text;         /* newly completed UTF-8 text (may be "" while a sequence is incomplete) */
+    int32_t token;            /* -1 in SF_EV_DONE / SF_EV_ERROR */
+    const char *text;         /* newly completed UTF-8 text, NUL-terminated, valid during the callback.
+                               * "" while a UTF-8 sequence is incomplete or while the text could be the
+                               * start of a stop string (it is held back). SF_EV_DONE may carry the last
+                               * held-back text; a stop string and what follows it are never delivered,
+                               * nor is the EOS / stop-id token's text. */
     size_t text_len;
     float logprob;            /* of the chosen token */
     int n_top;
@@ -110,15 +114,20 @@ int sf_engine_new(const sf_engine_config *c, sf_engine **out, sf_error *err);
 /* Stops the thread (cancelling what runs) and frees everything. NULL is fine. */
 void sf_engine_free(sf_engine *e);
 
-/* Any thread. Returns SF_OK, SF_AGAIN (lane queue full: answer 429 with *retry_after_s),
- * SF_EINVAL (prompt longer than the context, bad sampling values: message in err).
- * On SF_OK the callback will be called until one SF_EV_DONE or SF_EV_ERROR. */
+/* Any thread. Returns SF_OK, SF_AGAIN (lane queue full: answer 429 with *retry_after_s, an
+ * estimate from the queue ahead and the recent finish rate), SF_EINVAL (empty prompt, prompt
+ * longer than max_model_len - 1, token outside the vocabulary, bad sampling values: message in
+ * err), SF_ENODEV (the engine is draining: answer 503). The prompt and stop strings are copied.
+ * On SF_OK the callback will be called until one SF_EV_DONE or SF_EV_ERROR; *out (may be NULL)
+ * receives the handle for sf_engine_cancel. The callback may call submit and cancel. */
 int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double *retry_after_s, sf_error *err);
 /* Any thread. The request finishes with SF_FINISH_CANCELLED at the next step; its KV blocks
  * are freed then. Safe to call after it finished (until its DONE callback returned). */
 void sf_engine_cancel(sf_engine *e, sf_request *r);
 
-/* Stop admitting; returns when nothing is running or timeout_s passed (then cancels the rest). */
+/* Any thread. Stop admitting (submit returns SF_ENODEV from now on, for good); returns when
+ * nothing is queued or running, or after timeout_s, when it cancels the rest (each gets DONE with
+ * SF_FINISH_CANCELLED) and waits for that. */
 void sf_engine_drain(sf_engine *e, double timeout_s);
 
 typedef struct sf_engine_stats {
@@ -128,9 +137,11 @@ typedef struct sf_engine_stats {
     uint64_t finished, cancelled;
     double tokens_per_s;       /* output tokens/s over the last few seconds */
 } sf_engine_stats;
+/* Any thread. A snapshot taken after every engine step (and when the engine goes idle). */
 void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st);
 
-/* Model facts for /v1/models, tokenize routes and the cli. */
+/* Model facts for /v1/models, tokenize routes and the cli. Any thread; strings live as long as e.
+ * max_model_len is the context in effect (the model's, capped by config and by the KV pool). */
 typedef struct sf_engine_info {
     const char *model_name;
     const char *backend;

@@ -55,7 +55,7 @@ typedef struct sf_model {
     sf_view out_norm;         /* [1, hidden] */
     sf_view lm_head;          /* [vocab, hidden]; == tok_embd when tied */
     sf_layer_w *layers;       /* [n_layers] */
-    struct sf_tokenizer *tok; /* NULL only for dummy weights without a tokenizer */
+    struct sf_tokenizer *tok; /* NULL when the source has none (presets, folders without tokenizer.json) */
     char path[1024];          /* folder or file it came from */
     char name[256];           /* model id shown to users (folder/file basename, or "demo") */
     int random_weights;       /* 1 for demo / dummy: outputs are meaningless */

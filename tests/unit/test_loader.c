@@ -347,6 +347,70 @@ TEST(hf_bad_inputs)
     sf_model_free(m);
 }
 
+/* A qwen2 folder written here: q/k/v biases, tied embeddings (no lm_head), F16 matrices and
+ * F32 norms side by side. */
+static const char *qwen2_folder(const char *name, int with_bias)
+{
+    const char *dir = mkdir_tmp(name);
+    char p[600], n[128];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    const char *cfg = "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", \"vocab_size\": 50,"
+                      "\"hidden_size\": 16, \"intermediate_size\": 32, \"num_hidden_layers\": 1,"
+                      "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"tie_word_embeddings\": true,"
+                      "\"rope_theta\": 1000000.0, \"sliding_window\": 32768, \"use_sliding_window\": false,"
+                      "\"max_position_embeddings\": 32768, \"torch_dtype\": \"float16\", \"eos_token_id\": 3}";
+    write_file(p, cfg, strlen(cfg));
+    struct { const char *name; int rows, cols, f32; } t[] = {
+        { "model.embed_tokens.weight", 50, 16, 0 }, { "model.norm.weight", 0, 16, 1 },
+        { "input_layernorm.weight", 0, 16, 1 }, { "post_attention_layernorm.weight", 0, 16, 1 },
+        { "self_attn.q_proj.weight", 16, 16, 0 }, { "self_attn.k_proj.weight", 8, 16, 0 },
+        { "self_attn.v_proj.weight", 8, 16, 0 }, { "self_attn.o_proj.weight", 16, 16, 0 },
+        { "self_attn.q_proj.bias", 0, 16, 0 }, { "self_attn.k_proj.bias", 0, 8, 0 }, { "self_attn.v_proj.bias", 0, 8, 0 },
+        { "mlp.gate_proj.weight", 32, 16, 0 }, { "mlp.up_proj.weight", 32, 16, 0 }, { "mlp.down_proj.weight", 16, 32, 0 },
+    };
+    json_t *h = json_object();
+    char *data = calloc(1, 1 << 16);
+    size_t off = 0;
+    for (size_t i = 0; i < SF_ARRAY_LEN(t); i++) {
+        if (!with_bias && strstr(t[i].name, "bias")) continue;
+        if (i < 2) snprintf(n, sizeof n, "%s", t[i].name);
+        else snprintf(n, sizeof n, "model.layers.0.%s", t[i].name);
+        size_t cnt = (size_t)(t[i].rows ? t[i].rows : 1) * (size_t)t[i].cols, es = t[i].f32 ? 4 : 2;
+        for (size_t k = 0; k < cnt; k++) {
+            float v = (float)(k % 13) * 0.01f;
+            if (t[i].f32) memcpy(data + off + 4 * k, &v, 4);
+            else { uint16_t hv = sf_f32_to_f16(v); memcpy(data + off + 2 * k, &hv, 2); }
+        }
+        json_t *shape = t[i].rows ? json_pack("[i, i]", t[i].rows, t[i].cols) : json_pack("[i]", t[i].cols);
+        json_object_set_new(h, n, json_pack("{s:s, s:o, s:[I, I]}", "dtype", t[i].f32 ? "F32" : "F16", "shape", shape,
+                                            "data_offsets", (json_int_t)off, (json_int_t)(off + cnt * es)));
+        off += cnt * es;
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    st_write(p, h, data, off);
+    json_decref(h);
+    free(data);
+    return dir;
+}
+
+TEST(hf_qwen2_bias_tied)
+{
+    sf_model *m = NULL;
+    sf_error e = { 0 };
+    rc_ = sf_model_load(qwen2_folder("qwen2", 1), NULL, &m, &e);
+    REQUIRE(rc_ == SF_OK, "%s", e.msg);
+    const sf_model_config *c = &m->cfg;
+    CHECK(!strcmp(c->arch, "qwen2") && c->attention_bias == 1 && c->tie_embeddings == 1 && c->sliding_window == 0);
+    CHECK(c->n_kv_heads == 2 && c->head_dim == 4 && c->rope_theta == 1000000.0f && c->eos_ids[0] == 3);
+    CHECK(m->lm_head.data == m->tok_embd.data && c->dtype == SF_DT_F16);
+    CHECK(m->layers[0].bk.data && m->layers[0].bk.rows == 1 && m->layers[0].bk.cols == 8 &&
+          m->layers[0].bk.dtype == SF_DT_F16);
+    CHECK(m->layers[0].attn_norm.dtype == SF_DT_F32 && ((const float *)m->layers[0].attn_norm.data)[3] == 0.03f);
+    CHECK(sf_f16_to_f32(((const uint16_t *)m->layers[0].wup.data)[14]) == sf_f16_to_f32(sf_f32_to_f16(0.01f)));
+    sf_model_free(m);
+    expect_fail(qwen2_folder("qwen2-nobias", 0), SF_ENOTFOUND, "model.layers.0.self_attn.q_proj.bias", NULL);
+}
+
 /* ---- GGUF ---------------------------------------------------------------------------------- */
 TEST(gguf_stories260k)
 {
@@ -843,6 +907,7 @@ int main(void)
     RUN(hf_tiny_random_llama2);
     RUN(hf_sharded);
     RUN(hf_bad_inputs);
+    RUN(hf_qwen2_bias_tied);
     RUN(gguf_stories260k);
     RUN(gguf_llama2_tiny_f16);
     RUN(gguf_synthetic_q8_0);

@@ -150,7 +150,8 @@ static const sf_plan *step(world *w)
 TEST(token_budget_and_chunked_prefill)
 {
     world w;
-    REQUIRE(world_init(&w, 1000, 16, 8, 64, 4096, 0.0f) == 0, "init");
+    int wrc = world_init(&w, 1000, 16, 8, 64, 4096, 0.0f);
+    REQUIRE(wrc == 0, "init");
     fake *f = fake_new(1, SF_URGENCY_NORMAL, 200, 3);
     sf_sched_add(&w.s, &f->q);
     int chunks[8], n = 0;
@@ -172,7 +173,8 @@ TEST(token_budget_and_chunked_prefill)
 TEST(decode_never_starved)
 {
     world w;
-    REQUIRE(world_init(&w, 1000, 16, 8, 64, 4096, 0.0f) == 0, "init");
+    int wrc = world_init(&w, 1000, 16, 8, 64, 4096, 0.0f);
+    REQUIRE(wrc == 0, "init");
     fake *d[4], *big;
     for (int i = 0; i < 4; i++) {
         d[i] = fake_new(i, SF_URGENCY_LOW, 5, 1000);
@@ -198,7 +200,8 @@ TEST(decode_never_starved)
 TEST(urgency_and_deadline_order)
 {
     world w;
-    REQUIRE(world_init(&w, 1000, 16, 2, 256, 4096, 0.0f) == 0, "init");
+    int wrc = world_init(&w, 1000, 16, 2, 256, 4096, 0.0f);
+    REQUIRE(wrc == 0, "init");
     fake *low[10];
     for (int i = 0; i < 10; i++) {
         low[i] = fake_new(i, SF_URGENCY_LOW, 10, 50);
@@ -236,7 +239,8 @@ TEST(urgency_and_deadline_order)
 TEST(high_reserve_honored)
 {
     world w;
-    REQUIRE(world_init(&w, 100, 16, 16, 4096, 4096, 0.2f) == 0, "init");
+    int wrc = world_init(&w, 100, 16, 16, 4096, 4096, 0.2f);
+    REQUIRE(wrc == 0, "init");
     CHECK(w.s.reserve_blocks == 20);
     fake *low[8];
     for (int i = 0; i < 8; i++) {
@@ -268,7 +272,8 @@ TEST(high_reserve_honored)
 TEST(preempt_lowest_class_and_resume)
 {
     world w;
-    REQUIRE(world_init(&w, 10, 4, 8, 256, 4096, 0.0f) == 0, "init");
+    int wrc = world_init(&w, 10, 4, 8, 256, 4096, 0.0f);
+    REQUIRE(wrc == 0, "init");
     fake *lo = fake_new(1, SF_URGENCY_LOW, 8, 12), *no = fake_new(2, SF_URGENCY_NORMAL, 8, 12);
     sf_sched_add(&w.s, &lo->q);
     sf_sched_add(&w.s, &no->q);
@@ -298,7 +303,8 @@ TEST(preempt_lowest_class_and_resume)
 TEST(too_long_for_pool_is_stuck)
 {
     world w;
-    REQUIRE(world_init(&w, 4, 4, 4, 64, 4096, 0.0f) == 0, "init");
+    int wrc = world_init(&w, 4, 4, 4, 64, 4096, 0.0f);
+    REQUIRE(wrc == 0, "init");
     fake *big = fake_new(1, SF_URGENCY_NORMAL, 30, 1), *grow = fake_new(2, SF_URGENCY_NORMAL, 14, 10);
     sf_sched_add(&w.s, &big->q);
     sf_sched_add(&w.s, &grow->q);
@@ -332,7 +338,8 @@ TEST(bad_config_rejected)
 TEST(random_workload)
 {
     world w;
-    REQUIRE(world_init(&w, 96, 8, 12, 96, 512, 0.15f) == 0, "init");
+    int wrc = world_init(&w, 96, 8, 12, 96, 512, 0.15f);
+    REQUIRE(wrc == 0, "init");
     sf_rng rng;
     sf_rng_seed(&rng, 42);
     enum { MAXF = 4000 };

@@ -1,0 +1,534 @@
+/* engine.c — the engine: model + backend + paged KV cache + one engine thread that runs the
+ * scheduler, the forward pass and the sampler, and delivers events by callback.
+ *
+ * Threads: sf_engine_submit / cancel / drain / get_stats / get_info / tokenizer may be called
+ * from any thread. They share with the engine thread only the inbox, the flags and the stats
+ * snapshot, all under e->mu. Everything else (scheduler, KV pool, backend, requests after
+ * submit) is touched by the engine thread alone. */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "forward.h"
+#include "kvcache.h"
+#include "model.h"
+#include "request.h"
+#include "scheduler.h"
+#include "tokenizer.h"
+
+#define CPU_KV_CAP_BYTES (4ull << 30) /* the CPU backend's KV pool at most (host RAM is shared) */
+#define RATE_WINDOW_S 2.0             /* throughput is measured over windows this long */
+
+struct sf_engine {
+    sf_engine_config cfg;
+    sf_model *model;
+    sf_backend *be;
+    sf_forward *fwd;
+    sf_kv_pool pool;
+    int pool_ready;
+    sf_sched sched;
+    int sched_ready;
+    float *logits;              /* [max_num_seqs * vocab] host */
+    int vocab, max_model_len;
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;         /* guards everything below */
+    pthread_cond_t wake;        /* the engine thread waits for work */
+    pthread_cond_t idle;        /* drain waits for the engine to empty */
+    sf_request *in_head, *in_tail;
+    int in_count[SF_URGENCY_COUNT];
+    int stop, draining, busy;
+    atomic_int cancel_all;      /* drain timed out: cancel everything (read by the engine thread) */
+    sf_engine_stats st;         /* snapshot, updated after every step */
+    /* throughput windows (engine thread writes, under mu) */
+    double win_start;
+    uint64_t win_tokens, win_finished;
+    double req_per_s;           /* finished requests per second, last window */
+    /* engine thread only; copied into st by update_stats */
+    uint64_t n_finished, n_cancelled, n_tokens_out;
+    uint64_t st_tokens_seen;    /* n_tokens_out at the last update_stats (under mu) */
+};
+
+void sf_sampling_default(sf_sampling *s)
+{
+    memset(s, 0, sizeof *s);
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->top_k = 0;
+    s->min_p = 0.0f;
+    s->repetition_penalty = 1.0f;
+    s->max_tokens = 0;
+}
+
+void sf_engine_config_default(sf_engine_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->model = "demo";
+    c->backend = "auto";
+    c->max_num_seqs = 64;
+    c->max_batched_tokens = 2048;
+    c->kv_block_size = 16;
+    c->gpu_memory_utilization = 0.9f;
+    c->kv_high_reserve = 0.1f;
+    for (int i = 0; i < SF_URGENCY_COUNT; i++) c->queue_limit[i] = 256;
+}
+
+/* ---- sizing ----------------------------------------------------------------------------- */
+
+/* Activation bytes a step of T tokens and S logit rows may need (fp32, generous). */
+static size_t activation_bytes(const sf_model_config *m, int T, int S)
+{
+    size_t qkv = (size_t)(m->n_heads + 2 * m->n_kv_heads) * (size_t)m->head_dim;
+    size_t per_tok = 4 * (size_t)m->hidden + qkv + (size_t)m->n_heads * m->head_dim + 3 * (size_t)m->intermediate;
+    return ((size_t)T * per_tok + (size_t)S * (size_t)m->vocab_size + (size_t)S * m->hidden) * 4;
+}
+
+/* Number of KV blocks: the configured number, or what memory allows. */
+static int size_kv_pool(sf_engine *e, sf_kv_config *kc, sf_error *err)
+{
+    const sf_engine_config *c = &e->cfg;
+    const sf_hw_info *hw = e->be->ops->hw(e->be);
+    size_t bb = e->be->ops->kv_block_bytes(e->be, kc);
+    if (bb == 0) return sf_err(err, SF_ERROR, "backend %s reports 0 bytes per KV block", e->be->ops->name);
+    if (c->num_kv_blocks > 0) return c->num_kv_blocks;
+
+    double util = c->gpu_memory_utilization;
+    size_t weights = e->model->weight_bytes;
+    size_t act = activation_bytes(&e->model->cfg, c->max_batched_tokens, c->max_num_seqs);
+    double budget;
+    int is_cpu = !strcmp(hw->backend, "cpu");
+    if (is_cpu) {
+        /* Host RAM: the weights are memory-mapped (page cache), so count them once, and never
+         * take more than a few GiB or what max_num_seqs full contexts would use. */
+        budget = (double)hw->mem_free * util * 0.5 - (double)act;
+        if (budget > (double)CPU_KV_CAP_BYTES) budget = (double)CPU_KV_CAP_BYTES;
+    } else {
+        /* Device memory: what the probe found free, less the share left to others, the weights,
+         * the activations and a margin for workspaces and graphs. */
+        double keep = (double)hw->mem_total * (1.0 - util);
+        budget = (double)hw->mem_free - keep - (double)weights - (double)act - 512.0 * 1024 * 1024;
+    }
+    long want = (long)c->max_num_seqs * ((e->max_model_len + c->kv_block_size - 1) / c->kv_block_size);
+    want = (long)((double)want / (1.0 - c->kv_high_reserve)) + 1;
+    long n = budget > 0 ? (long)(budget / (double)bb) : 0;
+    if (is_cpu && n > want) n = want;
+    if (n > 1 << 24) n = 1 << 24;
+    if (n < 2)
+        return sf_err(err, SF_ENOMEM,
+                      "no memory left for the KV cache: %s has %.1f GiB free, the weights take %.2f GiB and "
+                      "activations %.2f GiB; lower --max-batched-tokens / --max-num-seqs, raise "
+                      "--gpu-memory-utilization, or set --num-kv-blocks",
+                      hw->backend, (double)hw->mem_free / (1 << 30), (double)weights / (1 << 30),
+                      (double)act / (1 << 30));
+    return (int)n;
+}
+
+/* ---- the engine thread ------------------------------------------------------------------ */
+
+static void finish_and_free(sf_engine *e, sf_request *r, int reason, int status, const char *msg)
+{
+    sf_sched_remove(&e->sched, &r->seq);
+    sf_request_finish(r, reason, status, msg);
+    if (reason == SF_FINISH_CANCELLED) e->n_cancelled++;
+    e->n_finished++;
+    sf_request_free(r);
+}
+
+static void cancel_if_asked(sf_seq *q, void *arg)
+{
+    sf_engine *e = arg;
+    sf_request *r = q->owner;
+    if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) finish_and_free(e, r, SF_FINISH_CANCELLED, SF_OK, NULL);
+}
+
+/* One scheduler step: plan, run the forward pass, sample, deliver. Returns the tokens run. */
+static int engine_step(sf_engine *e)
+{
+    sf_error err = { 0 };
+    const sf_plan *p = sf_sched_plan(&e->sched);
+    for (int i = 0; i < p->n_stuck; i++) /* the KV pool cannot hold them even alone */
+        finish_and_free(e, p->stuck[i]->owner, SF_FINISH_LENGTH, SF_OK, NULL);
+    if (p->n_tokens == 0) {
+        sf_sched_discard(&e->sched);
+        return p->n_stuck;
+    }
+    sf_batch b;
+    sf_sched_batch(&e->sched, &b);
+    int rc = sf_forward_step(e->fwd, &b, e->logits, &err);
+    if (rc != SF_OK) {
+        /* The step failed: fail the requests in it, keep serving the others. */
+        SF_LOGE("forward step of %d tokens failed: %s", b.n_tokens, err.msg);
+        int n = p->n_items;
+        sf_request **victims = malloc((size_t)n * sizeof *victims);
+        int k = 0;
+        for (int i = 0; i < n && victims; i++)
+            if (p->items[i].seq) victims[k++] = p->items[i].seq->owner;
+        sf_sched_discard(&e->sched);
+        for (int i = 0; i < k; i++) finish_and_free(e, victims[i], SF_FINISH_ERROR, rc, err.msg);
+        free(victims);
+        return k;
+    }
+    /* Collect the sequences that yielded logits before commit (which closes the plan). */
+    int n = p->n_items, row = 0;
+    sf_request *small[64], **got = n <= 64 ? small : malloc((size_t)n * sizeof *got);
+    int k = 0;
+    if (!got) { /* run the step again next time: it rewrites the same KV slots */
+        sf_sched_discard(&e->sched);
+        return 0;
+    }
+    for (int i = 0; i < n; i++)
+        if (p->items[i].seq && p->items[i].logits) got[k++] = p->items[i].seq->owner;
+    sf_sched_commit(&e->sched);
+    for (int i = 0; i < k; i++, row++) {
+        sf_request *r = got[i];
+        float *l = e->logits + (size_t)row * e->vocab;
+        float lp = 0;
+        sf_logprob top[SF_MAX_LOGPROBS];
+        int n_top = 0;
+        int32_t id = sf_sample(&r->sp, &r->ss, l, e->vocab, &lp, top, &n_top);
+        if (sf_request_on_token(r, id, lp, top, n_top) == SF_REQ_FINISHED) {
+            sf_sched_remove(&e->sched, &r->seq);
+            e->n_finished++;
+            sf_request_free(r);
+        }
+        e->n_tokens_out++;
+    }
+    if (got != small) free(got);
+    return b.n_tokens;
+}
+
+/* Under e->mu: refresh the stats snapshot from the scheduler. */
+static void update_stats(sf_engine *e)
+{
+    sf_sched *s = &e->sched;
+    e->st.running = s->n_running;
+    for (int i = 0; i < SF_URGENCY_COUNT; i++) e->st.waiting[i] = s->n_waiting[i] + e->in_count[i];
+    e->st.kv_blocks_total = e->pool.n_blocks;
+    e->st.kv_blocks_used = e->pool.n_blocks - e->pool.n_free;
+    e->st.steps = s->steps;
+    e->st.tokens_prefill = s->tokens_prefill;
+    e->st.tokens_decode = s->tokens_decode;
+    e->st.preemptions = s->preemptions;
+    e->win_tokens += e->n_tokens_out - e->st_tokens_seen;
+    e->win_finished += e->n_finished - e->st.finished;
+    e->st_tokens_seen = e->n_tokens_out;
+    e->st.finished = e->n_finished;
+    e->st.cancelled = e->n_cancelled;
+    double now = sf_now_s(), dt = now - e->win_start;
+    if (dt >= RATE_WINDOW_S) {
+        e->st.tokens_per_s = (double)e->win_tokens / dt;
+        e->req_per_s = (double)e->win_finished / dt;
+        e->win_start = now;
+        e->win_tokens = e->win_finished = 0;
+    }
+}
+
+static int engine_has_work(sf_engine *e)
+{
+    return e->in_head || e->sched.n_running || sf_sched_waiting_total(&e->sched);
+}
+
+static void *engine_main(void *arg)
+{
+    sf_engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        while (!e->stop && !engine_has_work(e)) {
+            e->busy = 0;
+            update_stats(e);
+            pthread_cond_broadcast(&e->idle);
+            pthread_cond_wait(&e->wake, &e->mu);
+        }
+        if (e->stop) break;
+        e->busy = 1;
+        sf_request *in = e->in_head;
+        e->in_head = e->in_tail = NULL;
+        for (int i = 0; i < SF_URGENCY_COUNT; i++) e->in_count[i] = 0;
+        pthread_mutex_unlock(&e->mu);
+
+        /* Requests and their callbacks run without the lock, so a callback may submit or cancel. */
+        while (in) {
+            sf_request *next = in->next_in;
+            sf_sched_add(&e->sched, &in->seq);
+            in = next;
+        }
+        sf_sched_foreach(&e->sched, cancel_if_asked, e);
+        int ran = engine_step(e);
+
+        pthread_mutex_lock(&e->mu);
+        update_stats(e);
+        if (!ran && !e->in_head && !e->stop) {
+            /* Work is queued but none could be planned (it should not happen: something always
+             * runs or gets admitted). Do not spin: wait for a submit or cancel, 1 ms at most. */
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 1000000;
+            if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+        }
+    }
+    e->busy = 0;
+    sf_request *in = e->in_head; /* submit refuses new work once stop is set */
+    e->in_head = e->in_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+
+    /* Stopping: everything still queued or running is cancelled. */
+    while (in) {
+        sf_request *next = in->next_in;
+        sf_sched_add(&e->sched, &in->seq);
+        in = next;
+    }
+    atomic_store(&e->cancel_all, 1);
+    sf_sched_foreach(&e->sched, cancel_if_asked, e);
+    pthread_mutex_lock(&e->mu);
+    update_stats(e);
+    pthread_cond_broadcast(&e->idle);
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+/* ---- public API ------------------------------------------------------------------------- */
+
+int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
+{
+    sf_engine *e = NULL;
+    int rc;
+    *out = NULL;
+    e = calloc(1, sizeof *e);
+    if (!e) return sf_err(err, SF_ENOMEM, "engine: out of memory");
+    e->cfg = *cin;
+    sf_engine_config *c = &e->cfg;
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->idle, NULL);
+
+    if (c->max_num_seqs <= 0 || c->max_batched_tokens <= 0 || c->kv_block_size <= 0 || c->max_model_len < 0 ||
+        c->num_kv_blocks < 0) {
+        rc = sf_err(err, SF_EINVAL,
+                    "engine: max_num_seqs (%d), max_batched_tokens (%d) and kv_block_size (%d) must be positive, "
+                    "max_model_len (%d) and num_kv_blocks (%d) not negative",
+                    c->max_num_seqs, c->max_batched_tokens, c->kv_block_size, c->max_model_len, c->num_kv_blocks);
+        goto fail;
+    }
+    if (!(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1)) {
+        rc = sf_err(err, SF_EINVAL, "engine: gpu_memory_utilization %g must be in (0, 1]",
+                    (double)c->gpu_memory_utilization);
+        goto fail;
+    }
+    for (int i = 0; i < SF_URGENCY_COUNT; i++) {
+        if (c->queue_limit[i] <= 0) {
+            rc = sf_err(err, SF_EINVAL, "engine: queue limit of lane %d is %d; it must be positive", i,
+                        c->queue_limit[i]);
+            goto fail;
+        }
+    }
+
+    sf_load_opts lo = { .dummy = c->load_dummy, .dummy_dtype = SF_DT_BF16, .seed = 0, .progress = c->progress };
+    if ((rc = sf_model_load(c->model ? c->model : "demo", &lo, &e->model, err)) != SF_OK) goto fail;
+    const sf_model_config *mc = &e->model->cfg;
+    e->vocab = mc->vocab_size;
+    e->max_model_len = mc->max_pos;
+    if (mc->sliding_window > 0 && mc->sliding_window < e->max_model_len) e->max_model_len = mc->sliding_window;
+    if (c->max_model_len > 0) {
+        if (c->max_model_len > e->max_model_len)
+            SF_LOGW("max_model_len %d is more than the model's context %d; using %d", c->max_model_len,
+                    e->max_model_len, e->max_model_len);
+        else
+            e->max_model_len = c->max_model_len;
+    }
+    if (c->max_batched_tokens < c->max_num_seqs) {
+        rc = sf_err(err, SF_EINVAL,
+                    "max_batched_tokens (%d) is smaller than max_num_seqs (%d): every running sequence needs "
+                    "one token per step; raise --max-batched-tokens or lower --max-num-seqs",
+                    c->max_batched_tokens, c->max_num_seqs);
+        goto fail;
+    }
+
+    sf_backend_opts bo = { .name = c->backend ? c->backend : "auto", .n_threads = c->n_threads, .device = c->device };
+    if ((rc = sf_backend_open(&bo, &e->be, err)) != SF_OK) goto fail;
+    if ((rc = sf_forward_new(e->be, e->model, c->max_batched_tokens, c->max_num_seqs, &e->fwd, err)) != SF_OK)
+        goto fail;
+
+    sf_kv_config kc = { .n_layers = mc->n_layers, .n_blocks = 0, .block_size = c->kv_block_size,
+                        .n_kv_heads = mc->n_kv_heads, .head_dim = mc->head_dim,
+                        .dtype = strcmp(e->be->ops->name, "cpu") ? SF_DT_BF16 : SF_DT_F32 };
+    int n_blocks = size_kv_pool(e, &kc, err);
+    if (n_blocks < 0) {
+        rc = n_blocks;
+        goto fail;
+    }
+    /* A sequence below high urgency may hold (1 - reserve) of the pool: the context must fit. */
+    int usable = n_blocks - (int)((double)n_blocks * c->kv_high_reserve);
+    if ((long)usable * c->kv_block_size < e->max_model_len) {
+        int len = usable * c->kv_block_size;
+        if (len < 2) {
+            rc = sf_err(err, SF_ENOMEM, "KV cache of %d blocks x %d tokens holds no sequence; raise --num-kv-blocks",
+                        n_blocks, c->kv_block_size);
+            goto fail;
+        }
+        SF_LOGW("the KV cache (%d blocks of %d tokens) holds %d tokens per sequence: max_model_len lowered from "
+                "%d to %d", n_blocks, c->kv_block_size, len, e->max_model_len, len);
+        e->max_model_len = len;
+    }
+    kc.n_blocks = n_blocks;
+    if ((rc = e->be->ops->kv_init(e->be, &kc, err)) != SF_OK) goto fail;
+    if ((rc = sf_kv_pool_init(&e->pool, n_blocks, c->kv_block_size, err)) != SF_OK) goto fail;
+    e->pool_ready = 1;
+    sf_sched_config sc = { .max_num_seqs = c->max_num_seqs, .max_batched_tokens = c->max_batched_tokens,
+                           .max_model_len = e->max_model_len, .kv_high_reserve = c->kv_high_reserve };
+    if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
+    e->sched_ready = 1;
+    e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
+    if (!e->logits) {
+        rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
+        goto fail;
+    }
+    SF_LOGD("engine: %s on %s, context %d, KV %d blocks x %d tokens (%.1f MiB)", e->model->name, e->be->ops->name,
+            e->max_model_len, n_blocks, c->kv_block_size,
+            (double)e->be->ops->kv_block_bytes(e->be, &kc) * n_blocks / (1 << 20));
+    e->st.kv_blocks_total = n_blocks;
+    e->win_start = sf_now_s();
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        rc = sf_err(err, SF_ERROR, "engine: cannot start the engine thread");
+        goto fail;
+    }
+    e->thread_started = 1;
+    *out = e;
+    return SF_OK;
+fail:
+    sf_engine_free(e);
+    return rc;
+}
+
+void sf_engine_free(sf_engine *e)
+{
+    if (!e) return;
+    if (e->thread_started) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_cond_broadcast(&e->wake);
+        pthread_mutex_unlock(&e->mu);
+        pthread_join(e->thread, NULL);
+    }
+    free(e->logits);
+    if (e->sched_ready) sf_sched_free(&e->sched);
+    if (e->pool_ready) sf_kv_pool_free(&e->pool);
+    sf_forward_free(e->fwd);
+    if (e->be) sf_backend_close(e->be);
+    sf_model_free(e->model);
+    pthread_cond_destroy(&e->idle);
+    pthread_cond_destroy(&e->wake);
+    pthread_mutex_destroy(&e->mu);
+    free(e);
+}
+
+/* Under e->mu: seconds until a request in lane u would likely be served, from the queue ahead
+ * of it and the rate at which requests finished recently. */
+static double retry_after(sf_engine *e, int u)
+{
+    int ahead = 0;
+    for (int i = u; i < SF_URGENCY_COUNT; i++) ahead += e->st.waiting[i];
+    double rate = e->req_per_s;
+    double t = rate > 0 ? (double)(ahead + 1) / rate : 1.0 + (double)ahead / (double)e->cfg.max_num_seqs;
+    return t < 0.1 ? 0.1 : t > 60 ? 60 : t;
+}
+
+int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double *retry_after_s, sf_error *err)
+{
+    sf_request *r = NULL;
+    int rc;
+    if (out) *out = NULL;
+    if (retry_after_s) *retry_after_s = 0;
+    if (!e || !s) return sf_err(err, SF_EINVAL, "submit: no engine or no request");
+    if ((rc = sf_request_new(s, e->model->tok, e->vocab, e->max_model_len, &r, err)) != SF_OK) return rc;
+    int u = r->seq.urgency;
+    pthread_mutex_lock(&e->mu);
+    if (e->draining || e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        sf_request_free(r);
+        return sf_err(err, SF_ENODEV, "the engine is draining (shutting down) and admits no new requests");
+    }
+    int queued = e->st.waiting[u]; /* queued in the scheduler (last step) + in the inbox */
+    if (queued >= e->cfg.queue_limit[u]) {
+        double t = retry_after(e, u);
+        pthread_mutex_unlock(&e->mu);
+        sf_request_free(r);
+        if (retry_after_s) *retry_after_s = t;
+        return sf_err(err, SF_AGAIN, "the %s-urgency queue is full (%d waiting); retry in %.1f s",
+                      u == SF_URGENCY_HIGH ? "high" : u == SF_URGENCY_NORMAL ? "normal" : "low", queued, t);
+    }
+    r->next_in = NULL;
+    if (e->in_tail) e->in_tail->next_in = r;
+    else e->in_head = r;
+    e->in_tail = r;
+    e->in_count[u]++;
+    e->st.waiting[u]++;
+    if (out) *out = r;
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    return SF_OK;
+}
+
+void sf_engine_cancel(sf_engine *e, sf_request *r)
+{
+    if (!e || !r) return;
+    atomic_store(&r->cancel, 1);
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_signal(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void sf_engine_drain(sf_engine *e, double timeout_s)
+{
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->draining = 1;
+    double deadline = sf_now_s() + (timeout_s > 0 ? timeout_s : 0);
+    while (!e->stop && (e->busy || e->in_head || e->st.running || e->st.waiting[0] || e->st.waiting[1] ||
+                        e->st.waiting[2])) {
+        double left = deadline - sf_now_s();
+        if (left <= 0) {
+            atomic_store(&e->cancel_all, 1); /* the engine thread cancels the rest at its next step */
+            pthread_cond_signal(&e->wake);
+            pthread_cond_wait(&e->idle, &e->mu);
+            continue;
+        }
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        double until = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + SF_MIN(left, 0.05);
+        ts.tv_sec = (time_t)until;
+        ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+        pthread_cond_timedwait(&e->idle, &e->mu, &ts);
+    }
+    atomic_store(&e->cancel_all, 0);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st)
+{
+    memset(st, 0, sizeof *st);
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    *st = e->st;
+    double dt = sf_now_s() - e->win_start;
+    if (dt >= RATE_WINDOW_S) st->tokens_per_s = (double)e->win_tokens / dt; /* idle: the rate decays */
+    pthread_mutex_unlock(&e->mu);
+}
+
+void sf_engine_get_info(sf_engine *e, sf_engine_info *info)
+{
+    memset(info, 0, sizeof *info);
+    if (!e) return;
+    info->model_name = e->model->name;
+    info->backend = e->be->ops->name;
+    info->vocab_size = e->vocab;
+    info->max_model_len = e->max_model_len;
+    info->random_weights = e->model->random_weights;
+}
+
+const struct sf_tokenizer *sf_engine_tokenizer(sf_engine *e) { return e ? e->model->tok : NULL; }

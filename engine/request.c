@@ -1,0 +1,256 @@
+/* request.c — a request's life inside the engine: validation and copy at submit, then (engine
+ * thread) sampled token → detokenized text → stop checks → events. See request.h. */
+#include "request.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define SF_MAX_STOP_LEN 256
+
+static int check_submit(const sf_submit *s, int vocab, int max_model_len, sf_error *err)
+{
+    const sf_sampling *p = &s->sampling;
+    if (!s->cb) return sf_err(err, SF_EINVAL, "submit: no event callback given");
+    if (!s->prompt || s->n_prompt < 1)
+        return sf_err(err, SF_EINVAL, "the prompt is empty: give at least one token");
+    if (s->n_prompt > max_model_len - 1)
+        return sf_err(err, SF_EINVAL,
+                      "the prompt has %d tokens but the context holds %d (at most %d prompt tokens, leaving "
+                      "room for one output token); shorten the prompt or raise --max-model-len",
+                      s->n_prompt, max_model_len, max_model_len - 1);
+    for (int i = 0; i < s->n_prompt; i++)
+        if (s->prompt[i] < 0 || s->prompt[i] >= vocab)
+            return sf_err(err, SF_EINVAL, "prompt token %d at position %d is outside the vocabulary [0, %d)",
+                          s->prompt[i], i, vocab);
+    if (s->intent.urgency < SF_URGENCY_LOW || s->intent.urgency > SF_URGENCY_HIGH)
+        return sf_err(err, SF_EINVAL, "urgency %d is not low (0), normal (1) or high (2)", s->intent.urgency);
+    if (s->intent.max_latency_ms < 0)
+        return sf_err(err, SF_EINVAL, "max latency %d ms is negative (0 means none)", s->intent.max_latency_ms);
+    if (!(s->intent.min_tps >= 0))
+        return sf_err(err, SF_EINVAL, "min throughput %g tokens/s is negative (0 means none)", s->intent.min_tps);
+    if (p->n_stop < 0 || p->n_stop > SF_MAX_STOP)
+        return sf_err(err, SF_EINVAL, "%d stop strings: at most %d are allowed", p->n_stop, SF_MAX_STOP);
+    for (int i = 0; i < p->n_stop; i++) {
+        size_t n = p->stop[i] ? strlen(p->stop[i]) : 0;
+        if (n == 0) return sf_err(err, SF_EINVAL, "stop string %d is empty", i);
+        if (n > SF_MAX_STOP_LEN)
+            return sf_err(err, SF_EINVAL, "stop string %d is %zu bytes long: at most %d", i, n, SF_MAX_STOP_LEN);
+    }
+    if (p->n_stop_ids < 0 || p->n_stop_ids > SF_MAX_STOP)
+        return sf_err(err, SF_EINVAL, "%d stop token ids: at most %d are allowed", p->n_stop_ids, SF_MAX_STOP);
+    for (int i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] < 0 || p->stop_ids[i] >= vocab)
+            return sf_err(err, SF_EINVAL, "stop token id %d is outside the vocabulary [0, %d)", p->stop_ids[i], vocab);
+    return SF_OK;
+}
+
+int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int max_model_len,
+                   sf_request **out, sf_error *err)
+{
+    sf_request *r = NULL;
+    int rc;
+    *out = NULL;
+    if ((rc = check_submit(s, vocab, max_model_len, err)) != SF_OK) return rc;
+    r = calloc(1, sizeof *r);
+    if (!r) return sf_err(err, SF_ENOMEM, "submit: out of memory");
+    r->t_submit = sf_now_s();
+    r->sp = s->sampling;
+    for (int i = 0; i < SF_MAX_STOP; i++) r->sp.stop[i] = NULL;
+    for (int i = 0; i < s->sampling.n_stop; i++) {
+        if (!(r->sp.stop[i] = strdup(s->sampling.stop[i]))) {
+            rc = sf_err(err, SF_ENOMEM, "submit: out of memory");
+            goto fail;
+        }
+    }
+    if ((rc = sf_sampler_seq_init(&r->ss, &r->sp, vocab, s->prompt, s->n_prompt, err)) != SF_OK) goto fail;
+    if ((rc = sf_seq_init(&r->seq, s->prompt, s->n_prompt, err)) != SF_OK) goto fail;
+    r->seq.owner = r;
+    r->seq.urgency = s->intent.urgency;
+    r->seq.deadline = s->intent.max_latency_ms > 0 ? r->t_submit + s->intent.max_latency_ms * 1e-3 : INFINITY;
+    long max_out = r->sp.max_tokens > 0 ? r->sp.max_tokens : max_model_len;
+    r->seq.max_len = (int)SF_MIN((long)max_model_len, (long)s->n_prompt + max_out);
+    r->max_out = r->seq.max_len - s->n_prompt;
+    r->tok = tok;
+    if (tok) {
+        /* The prompt is the detokenizer's context, so the first generated token decodes as a
+         * continuation (" time", not "time" with the stream-start space stripped). */
+        char *scratch = NULL;
+        size_t scratch_len = 0;
+        sf_detok_init(&r->detok, tok, 1);
+        for (int i = 0; i < s->n_prompt; i++) sf_detok_push(&r->detok, s->prompt[i], &scratch, &scratch_len);
+        free(scratch);
+    }
+    r->cb = s->cb;
+    r->user = s->user;
+    memcpy(r->tenant, s->tenant, sizeof r->tenant);
+    r->tenant[sizeof r->tenant - 1] = 0;
+    atomic_init(&r->cancel, 0);
+    *out = r;
+    return SF_OK;
+fail:
+    sf_request_free(r);
+    return rc;
+}
+
+void sf_request_free(sf_request *r)
+{
+    if (!r) return;
+    for (int i = 0; i < SF_MAX_STOP; i++) free(r->sp.stop[i]);
+    sf_sampler_seq_free(&r->ss);
+    sf_seq_free(&r->seq);
+    if (r->tok) sf_detok_free(&r->detok);
+    free(r->text);
+    free(r);
+}
+
+/* ---- stop strings ----------------------------------------------------------------------- */
+
+/* Earliest occurrence of any stop string in the pending text; 1 and its offset if found. */
+static int find_stop(const sf_request *r, size_t *at)
+{
+    int hit = 0;
+    for (int i = 0; i < r->sp.n_stop; i++) {
+        const char *m = memmem(r->text, r->text_len, r->sp.stop[i], strlen(r->sp.stop[i]));
+        if (m && (!hit || (size_t)(m - r->text) < *at)) {
+            *at = (size_t)(m - r->text);
+            hit = 1;
+        }
+    }
+    return hit;
+}
+
+/* Bytes at the end of the pending text that could be the start of a stop string. Those are
+ * held back until later text shows whether the stop string follows. The text is whole UTF-8
+ * sequences and a stop string begins with a lead byte, so the cut never splits a character. */
+static size_t held_suffix(const sf_request *r)
+{
+    size_t keep = 0;
+    for (int i = 0; i < r->sp.n_stop; i++) {
+        size_t n = strlen(r->sp.stop[i]);
+        for (size_t k = SF_MIN(n - 1, r->text_len); k > keep; k--) {
+            if (!memcmp(r->text + r->text_len - k, r->sp.stop[i], k)) {
+                keep = k;
+                break;
+            }
+        }
+    }
+    return keep;
+}
+
+/* ---- events ----------------------------------------------------------------------------- */
+
+/* Cut the first n bytes off the pending text into a NUL-terminated string the event points at.
+ * The returned buffer lives until the next call (the pending buffer itself is reused). */
+static char *take_text(sf_request *r, size_t *len, char *small, size_t small_cap, char **heap)
+{
+    char *dst = small;
+    size_t n = *len;
+    if (n + 1 > small_cap) {
+        *heap = malloc(n + 1);
+        if (!*heap) n = small_cap - 1; /* out of memory: deliver what fits rather than nothing */
+        else dst = *heap;
+    }
+    *len = n;
+    if (n) memcpy(dst, r->text, n);
+    dst[n] = 0;
+    memmove(r->text, r->text + n, r->text_len - n);
+    r->text_len -= n;
+    return dst;
+}
+
+static void deliver_done(sf_request *r, int reason, int flush)
+{
+    char small[512], *heap = NULL, *text = small;
+    size_t n = 0;
+    small[0] = 0;
+    if (flush && r->tok) {
+        sf_detok_finish(&r->detok, &r->text, &r->text_len);
+        size_t at;
+        if (find_stop(r, &at)) {
+            n = at;
+            reason = SF_FINISH_STOP;
+        } else {
+            n = r->text_len;
+        }
+        text = take_text(r, &n, small, sizeof small, &heap);
+    }
+    double now = sf_now_s();
+    sf_event ev = { 0 };
+    ev.type = SF_EV_DONE;
+    ev.req = r;
+    ev.user = r->user;
+    ev.token = -1;
+    ev.text = text;
+    ev.text_len = n;
+    ev.finish_reason = reason;
+    ev.prompt_tokens = r->seq.n_prompt;
+    ev.completion_tokens = r->n_out;
+    ev.e2e_s = now - r->t_submit;
+    ev.ttft_s = r->n_out ? r->t_first - r->t_submit : ev.e2e_s;
+    r->cb(&ev);
+    free(heap);
+}
+
+void sf_request_finish(sf_request *r, int reason, int status, const char *message)
+{
+    if (status != SF_OK) {
+        sf_event ev = { 0 };
+        ev.type = SF_EV_ERROR;
+        ev.req = r;
+        ev.user = r->user;
+        ev.token = -1;
+        ev.status = status;
+        ev.message = message ? message : sf_status_str(status);
+        ev.text = "";
+        r->cb(&ev);
+        return;
+    }
+    deliver_done(r, reason, reason != SF_FINISH_CANCELLED);
+}
+
+int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logprob *top, int n_top)
+{
+    if (r->n_out++ == 0) r->t_first = sf_now_s();
+    sf_sampler_accept(&r->ss, id);
+    if (sf_seq_append(&r->seq, id) != SF_OK) {
+        sf_request_finish(r, SF_FINISH_ERROR, SF_ENOMEM, "out of memory while appending a generated token");
+        return SF_REQ_FINISHED;
+    }
+    int stop = !r->sp.ignore_eos && r->tok && sf_tok_is_eog(r->tok, id);
+    for (int i = 0; i < r->sp.n_stop_ids; i++) stop |= id == r->sp.stop_ids[i];
+    if (stop) { /* the stop token itself is not shown */
+        deliver_done(r, SF_FINISH_STOP, 1);
+        return SF_REQ_FINISHED;
+    }
+    if (r->tok) sf_detok_push(&r->detok, id, &r->text, &r->text_len);
+    size_t at = 0;
+    int hit = find_stop(r, &at);
+    size_t n = hit ? at : r->text_len - held_suffix(r);
+
+    char small[512], *heap = NULL;
+    const char *text = take_text(r, &n, small, sizeof small, &heap);
+    sf_event ev = { 0 };
+    ev.type = SF_EV_TOKEN;
+    ev.req = r;
+    ev.user = r->user;
+    ev.token = id;
+    ev.text = text;
+    ev.text_len = n;
+    ev.logprob = logprob;
+    ev.n_top = n_top;
+    ev.top = top;
+    r->cb(&ev);
+    free(heap);
+
+    if (hit) { /* the stop string and anything after it are dropped */
+        r->text_len = 0;
+        deliver_done(r, SF_FINISH_STOP, 0);
+        return SF_REQ_FINISHED;
+    }
+    if (r->n_out >= r->max_out || r->seq.n_tokens >= r->seq.max_len) {
+        deliver_done(r, SF_FINISH_LENGTH, 1);
+        return SF_REQ_FINISHED;
+    }
+    return SF_REQ_CONTINUE;
+}

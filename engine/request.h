@@ -1,0 +1,55 @@
+/* request.h — one request inside the engine: its sequence, sampler state, streaming
+ * detokenizer, stop-string matcher and the events it delivers. Internal to engine/.
+ *
+ * Lifetime: created by sf_engine_submit (any thread), then touched only by the engine thread
+ * until its SF_EV_DONE / SF_EV_ERROR callback returns, after which the engine frees it. The one
+ * field other threads write is `cancel` (atomic). */
+#ifndef SF_REQUEST_H
+#define SF_REQUEST_H
+
+#include <stdatomic.h>
+
+#include "engine.h"
+#include "sampler.h"
+#include "scheduler.h"
+#include "tokenizer.h"
+
+struct sf_request {
+    sf_seq seq;                 /* first: the scheduler's view (seq.owner == this) */
+    sf_sampling sp;             /* copy; stop strings owned */
+    sf_sampler_seq ss;
+    sf_detok detok;
+    const sf_tokenizer *tok;
+    char *text;                 /* detokenized text not yet delivered (held back for stop strings) */
+    size_t text_len;
+    sf_event_cb cb;
+    void *user;
+    char tenant[64];
+    int max_out;                /* output tokens at most */
+    int n_out;                  /* output tokens so far */
+    int had_token;              /* first token delivered (TTFT taken) */
+    double t_submit, t_first;   /* sf_now_s clock */
+    atomic_int cancel;
+    struct sf_request *next_in; /* engine inbox link */
+};
+
+/* Validate s against the model and copy it into a new request (sampler, detokenizer ready).
+ * Any thread. SF_EINVAL with a message naming the bad value; SF_ENOMEM. */
+int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int max_model_len,
+                   sf_request **out, sf_error *err);
+void sf_request_free(sf_request *r);
+
+/* What handling a sampled token decided. */
+enum { SF_REQ_CONTINUE = 0, SF_REQ_FINISHED = 1 };
+
+/* Engine thread: the model produced `id` for r (logprob and top as the sampler gave them).
+ * Appends it, delivers SF_EV_TOKEN with the text that is safe to show, and on EOS / stop id /
+ * stop string / max_tokens / context end delivers SF_EV_DONE and returns SF_REQ_FINISHED (the
+ * caller then removes r from the scheduler and frees it). */
+int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logprob *top, int n_top);
+
+/* Engine thread: deliver SF_EV_DONE with this reason (flushing held-back text unless
+ * cancelled), or SF_EV_ERROR when status != SF_OK. */
+void sf_request_finish(sf_request *r, int reason, int status, const char *message);
+
+#endif

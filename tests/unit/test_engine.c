@@ -1,0 +1,479 @@
+/* test_engine.c — the engine end to end on the CPU backend with real models: stories260K (a
+ * trained Llama-2 model in GGUF, so its text can be checked) and the demo model.
+ * Greedy output equals a plain forward loop; seeds; stop strings; max_tokens; 32 concurrent
+ * requests give the same tokens as each alone (also under preemption); cancel frees KV;
+ * admission errors. */
+#include <pthread.h>
+
+#include "engine/engine.h"
+#include "engine/forward.h"
+#include "engine/kvcache.h"
+#include "engine/model.h"
+#include "engine/tokenizer.h"
+#include "tests/test.h"
+
+#define MAXTOK 512
+
+/* Collects one request's events; the engine thread writes, the test thread waits. */
+typedef struct collect {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    int32_t tokens[MAXTOK];
+    int n_tokens;
+    char text[8192];
+    size_t text_len;
+    int finish, status, prompt_tokens, completion_tokens;
+    double ttft, e2e;
+    int n_top_seen, top_sorted, lp_ok;
+    sf_engine *cancel_engine; /* cancel itself after cancel_after tokens */
+    int cancel_after;
+} collect;
+
+static void collect_init(collect *c)
+{
+    memset(c, 0, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->top_sorted = c->lp_ok = 1;
+}
+
+static void on_event(const sf_event *ev)
+{
+    collect *c = ev->user;
+    pthread_mutex_lock(&c->mu);
+    if (ev->text_len && c->text_len + ev->text_len < sizeof c->text) {
+        memcpy(c->text + c->text_len, ev->text, ev->text_len);
+        c->text_len += ev->text_len;
+        c->text[c->text_len] = 0;
+    }
+    if (ev->type == SF_EV_TOKEN) {
+        if (c->n_tokens < MAXTOK) c->tokens[c->n_tokens++] = ev->token;
+        if (!(ev->logprob <= 0.0f)) c->lp_ok = 0;
+        if (ev->n_top) {
+            c->n_top_seen = ev->n_top;
+            for (int i = 1; i < ev->n_top; i++)
+                if (ev->top[i].logprob > ev->top[i - 1].logprob) c->top_sorted = 0;
+        }
+        if (c->cancel_engine && c->n_tokens == c->cancel_after) sf_engine_cancel(c->cancel_engine, ev->req);
+    } else {
+        c->finish = ev->type == SF_EV_DONE ? ev->finish_reason : -1;
+        c->status = ev->type == SF_EV_ERROR ? ev->status : SF_OK;
+        c->prompt_tokens = ev->prompt_tokens;
+        c->completion_tokens = ev->completion_tokens;
+        c->ttft = ev->ttft_s;
+        c->e2e = ev->e2e_s;
+        c->done = 1;
+        pthread_cond_broadcast(&c->cv);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void collect_wait(collect *c)
+{
+    pthread_mutex_lock(&c->mu);
+    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static sf_engine *open_engine(const char *model, int max_seqs, int budget, int max_len, int kv_blocks, sf_error *err)
+{
+    sf_engine_config c;
+    sf_engine_config_default(&c);
+    c.model = model;
+    c.backend = "cpu";
+    c.n_threads = 1; /* the suite shares 2 cores; a spinning worker only slows it */
+    c.max_num_seqs = max_seqs;
+    c.max_batched_tokens = budget;
+    c.max_model_len = max_len;
+    c.num_kv_blocks = kv_blocks;
+    sf_engine *e = NULL;
+    if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
+    return e;
+}
+
+/* Stats are a snapshot taken after each step: wait until the engine has gone idle. */
+static void wait_idle(sf_engine *e, sf_engine_stats *st)
+{
+    for (int i = 0; i < 400; i++) {
+        sf_engine_get_stats(e, st);
+        if (!st->running && !st->waiting[0] && !st->waiting[1] && !st->waiting[2] && !st->kv_blocks_used) return;
+        usleep(5000);
+    }
+}
+
+static const char *stories(void) { return test_data("stories260K/stories260K.gguf"); }
+
+static int submit(sf_engine *e, const int32_t *prompt, int n, const sf_sampling *sp, collect *c, sf_error *err)
+{
+    sf_submit s;
+    memset(&s, 0, sizeof s);
+    s.prompt = prompt;
+    s.n_prompt = n;
+    s.sampling = *sp;
+    s.intent.urgency = SF_URGENCY_NORMAL;
+    s.cb = on_event;
+    s.user = c;
+    double retry;
+    return sf_engine_submit(e, &s, NULL, &retry, err);
+}
+
+static sf_sampling greedy(int max_tokens)
+{
+    sf_sampling sp;
+    sf_sampling_default(&sp);
+    sp.temperature = 0;
+    sp.max_tokens = max_tokens;
+    return sp;
+}
+
+/* Reference: the same model through a plain prefill + decode loop over sf_forward, argmax. */
+static int forward_loop(const char *model, const int32_t *prompt, int n_prompt, int n_out, int32_t *out, sf_error *err)
+{
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_forward *f = NULL;
+    float *logits = NULL;
+    int rc;
+    enum { BS = 16 };
+    sf_load_opts lo = { 0 };
+    if ((rc = sf_model_load(model, &lo, &m, err)) != SF_OK) return rc;
+    sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
+    if ((rc = sf_backend_open(&bo, &b, err)) != SF_OK) goto done;
+    int total = n_prompt + n_out, nb = (total + BS - 1) / BS;
+    if ((rc = sf_forward_new(b, m, total, 1, &f, err)) != SF_OK) goto done;
+    sf_kv_config kc = { .n_layers = m->cfg.n_layers, .n_blocks = nb, .block_size = BS,
+                        .n_kv_heads = m->cfg.n_kv_heads, .head_dim = m->cfg.head_dim, .dtype = SF_DT_F32 };
+    if ((rc = b->ops->kv_init(b, &kc, err)) != SF_OK) goto done;
+    int V = m->cfg.vocab_size;
+    logits = malloc((size_t)V * sizeof *logits);
+    int32_t *toks = malloc((size_t)total * sizeof *toks), *pos = malloc((size_t)total * sizeof *pos),
+            *table = malloc((size_t)nb * sizeof *table);
+    for (int i = 0; i < nb; i++) table[i] = i;
+    memcpy(toks, prompt, (size_t)n_prompt * sizeof *toks);
+    for (int i = 0; i < total; i++) pos[i] = i;
+    int done_tok = 0, have = n_prompt;
+    for (int k = 0; k < n_out; k++) {
+        int n = have - done_tok;
+        int32_t start[2] = { 0, n }, ctx = have, row = n - 1;
+        sf_batch bt = { .n_tokens = n, .n_seqs = 1, .tokens = toks + done_tok, .pos = pos + done_tok,
+                        .slot = pos + done_tok, .seq_start = start, .seq_ctx = &ctx, .block_table = table,
+                        .max_blocks = nb, .logit_rows = &row, .n_logits = 1 };
+        if ((rc = sf_forward_step(f, &bt, logits, err)) != SF_OK) break;
+        int best = 0;
+        for (int v = 1; v < V; v++)
+            if (logits[v] > logits[best]) best = v;
+        out[k] = best;
+        toks[have++] = best;
+        done_tok += n;
+    }
+    free(toks);
+    free(pos);
+    free(table);
+done:
+    free(logits);
+    sf_forward_free(f);
+    if (b) sf_backend_close(b);
+    sf_model_free(m);
+    return rc;
+}
+
+/* Encode text with the engine's tokenizer (BOS added). */
+static int encode(sf_engine *e, const char *text, int32_t *out, int cap)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (sf_tok_encode(sf_engine_tokenizer(e), text, strlen(text), 1, &ids, &n, NULL) != SF_OK) return -1;
+    int k = (int)SF_MIN(n, (size_t)cap);
+    memcpy(out, ids, (size_t)k * sizeof *out);
+    free(ids);
+    return k;
+}
+
+TEST(greedy_equals_forward_loop)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 4, 256, 0, 0, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    int32_t prompt[64];
+    int n = encode(e, "Once upon a time, there was a dog", prompt, 64);
+    REQUIRE(n > 3, "encode");
+    collect c;
+    collect_init(&c);
+    sf_sampling sp = greedy(40);
+    sp.ignore_eos = 1;
+    int rc_ = submit(e, prompt, n, &sp, &c, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&c);
+    CHECK(c.finish == SF_FINISH_LENGTH && c.n_tokens == 40 && c.completion_tokens == 40 && c.prompt_tokens == n);
+    CHECK(c.ttft > 0 && c.e2e >= c.ttft);
+    int32_t ref[40];
+    int frc = forward_loop(stories(), prompt, n, 40, ref, &err);
+    REQUIRE(frc == SF_OK, "forward loop: %s", err.msg);
+    int same = 0;
+    while (same < 40 && ref[same] == c.tokens[same]) same++;
+    CHECK_MSG(same == 40, "engine and forward loop differ at token %d", same);
+    sf_engine_free(e);
+}
+
+TEST(stories_greedy_text)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 4, 256, 0, 0, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    int32_t bos = sf_tok_bos(sf_engine_tokenizer(e));
+    collect c;
+    collect_init(&c);
+    sf_sampling sp = greedy(40);
+    int rc_ = submit(e, &bos, 1, &sp, &c, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&c);
+    const char *want = "Once upon a time, there was a little girl named Lily.";
+    CHECK_MSG(!strncmp(c.text, want, strlen(want)), "got \"%s\"", c.text);
+    sf_engine_free(e);
+}
+
+TEST(seeds)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 4, 256, 0, 0, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    int32_t prompt[32];
+    int n = encode(e, "The cat", prompt, 32);
+    collect c[3];
+    uint64_t seeds[3] = { 7, 7, 8 };
+    for (int i = 0; i < 3; i++) {
+        collect_init(&c[i]);
+        sf_sampling sp;
+        sf_sampling_default(&sp);
+        sp.temperature = 1.0f;
+        sp.seed = seeds[i];
+        sp.has_seed = 1;
+        sp.max_tokens = 48;
+        sp.ignore_eos = 1;
+        CHECK(submit(e, prompt, n, &sp, &c[i], &err) == SF_OK);
+    }
+    for (int i = 0; i < 3; i++) collect_wait(&c[i]);
+    CHECK_MSG(c[0].n_tokens == 48 && !memcmp(c[0].tokens, c[1].tokens, sizeof c[0].tokens[0] * 48),
+              "same seed, different tokens");
+    CHECK(!strcmp(c[0].text, c[1].text));
+    CHECK_MSG(memcmp(c[0].tokens, c[2].tokens, sizeof c[0].tokens[0] * 48), "different seeds, same tokens");
+    sf_engine_free(e);
+}
+
+TEST(stop_strings_and_max_tokens)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 4, 256, 0, 0, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    int32_t bos = sf_tok_bos(sf_engine_tokenizer(e));
+    collect c;
+    collect_init(&c);
+    sf_sampling sp = greedy(100);
+    char s1[] = "named Lily", s2[] = "zzzz";
+    sp.stop[0] = s2;
+    sp.stop[1] = s1;
+    sp.n_stop = 2;
+    int rc_ = submit(e, &bos, 1, &sp, &c, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&c);
+    CHECK_MSG(!strcmp(c.text, "Once upon a time, there was a little girl "), "got \"%s\"", c.text);
+    CHECK(c.finish == SF_FINISH_STOP);
+
+    collect_init(&c);
+    sp = greedy(5);
+    rc_ = submit(e, &bos, 1, &sp, &c, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&c);
+    CHECK(c.finish == SF_FINISH_LENGTH && c.n_tokens == 5 && c.completion_tokens == 5);
+
+    /* logprobs: top 3, sorted, chosen logprob <= 0 */
+    collect_init(&c);
+    sp = greedy(4);
+    sp.logprobs = 3;
+    rc_ = submit(e, &bos, 1, &sp, &c, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&c);
+    CHECK(c.n_top_seen == 3 && c.top_sorted && c.lp_ok);
+    sf_engine_free(e);
+}
+
+/* 32 requests with different prompts and lengths, all at once, must give each the tokens it
+ * gets alone. Run with a roomy pool and with one so small that sequences get preempted. */
+static void concurrent_equals_alone(int kv_blocks, int expect_preemption)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 8, 64, 0, kv_blocks, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    static const char *words[] = { "Tom", "The sun", "A little bird", "Once", "Lily and Ben went", "The big dog" };
+    enum { N = 32 };
+    static collect alone[N], many[N];
+    int32_t prompts[N][64];
+    int np[N];
+    for (int i = 0; i < N; i++) {
+        char text[128];
+        snprintf(text, sizeof text, "%s %s", words[i % 6], i % 3 == 0 ? "was happy. One day" : "saw");
+        np[i] = encode(e, text, prompts[i], 64);
+    }
+    for (int i = 0; i < N; i++) {
+        collect_init(&alone[i]);
+        sf_sampling sp = greedy(8 + (i * 7) % 40);
+        sp.ignore_eos = 1;
+        CHECK(submit(e, prompts[i], np[i], &sp, &alone[i], &err) == SF_OK);
+        collect_wait(&alone[i]);
+    }
+    sf_engine_stats st0, st;
+    sf_engine_get_stats(e, &st0);
+    for (int i = 0; i < N; i++) {
+        collect_init(&many[i]);
+        sf_sampling sp = greedy(8 + (i * 7) % 40);
+        sp.ignore_eos = 1;
+        CHECK(submit(e, prompts[i], np[i], &sp, &many[i], &err) == SF_OK);
+    }
+    int same = 0;
+    for (int i = 0; i < N; i++) {
+        collect_wait(&many[i]);
+        same += many[i].n_tokens == alone[i].n_tokens &&
+                !memcmp(many[i].tokens, alone[i].tokens, (size_t)alone[i].n_tokens * sizeof(int32_t)) &&
+                !strcmp(many[i].text, alone[i].text);
+    }
+    CHECK_MSG(same == N, "%d of %d concurrent requests match their solo run", same, N);
+    wait_idle(e, &st);
+    CHECK_MSG(!expect_preemption || st.preemptions > st0.preemptions, "no preemption with %d KV blocks", kv_blocks);
+    CHECK_MSG(st.kv_blocks_used == 0, "%d KV blocks still used", st.kv_blocks_used);
+    CHECK(st.finished >= 2 * N);
+    sf_engine_free(e);
+}
+
+TEST(concurrent_equals_alone) { concurrent_equals_alone(0, 0); }
+TEST(concurrent_equals_alone_preempted) { concurrent_equals_alone(12, 1); }
+
+TEST(cancel_frees_kv)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 4, 256, 0, 0, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    int32_t bos = sf_tok_bos(sf_engine_tokenizer(e));
+    collect c;
+    collect_init(&c);
+    c.cancel_engine = e;
+    c.cancel_after = 5;
+    sf_sampling sp = greedy(400);
+    sp.ignore_eos = 1;
+    int rc_ = submit(e, &bos, 1, &sp, &c, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&c);
+    CHECK_MSG(c.finish == SF_FINISH_CANCELLED, "finish %d", c.finish);
+    CHECK_MSG(c.n_tokens >= 5 && c.n_tokens <= 6, "cancelled at the next step: %d tokens", c.n_tokens);
+    sf_engine_stats st;
+    wait_idle(e, &st);
+    CHECK_MSG(st.kv_blocks_used == 0 && st.running == 0, "%d KV blocks used, %d running", st.kv_blocks_used, st.running);
+    CHECK(st.cancelled == 1);
+    sf_engine_free(e);
+}
+
+TEST(admission_errors)
+{
+    sf_error err = { 0 };
+    sf_engine_config cfg;
+    sf_engine_config_default(&cfg);
+    cfg.model = stories();
+    cfg.backend = "cpu";
+    cfg.n_threads = 1;
+    cfg.max_num_seqs = 1;
+    cfg.max_batched_tokens = 64;
+    cfg.max_model_len = 64;
+    for (int i = 0; i < SF_URGENCY_COUNT; i++) cfg.queue_limit[i] = 2;
+    sf_engine *e = NULL;
+    int erc = sf_engine_new(&cfg, &e, &err);
+    REQUIRE(erc == SF_OK, "engine: %s", err.msg);
+    sf_engine_info info;
+    sf_engine_get_info(e, &info);
+    CHECK(info.max_model_len == 64 && info.vocab_size == 512 && !info.random_weights);
+
+    int32_t p[64];
+    for (int i = 0; i < 64; i++) p[i] = 1 + i % 100;
+    collect c;
+    collect_init(&c);
+    sf_sampling sp = greedy(1);
+    CHECK(submit(e, p, 64, &sp, &c, &err) == SF_EINVAL);
+    CHECK_MSG(strstr(err.msg, "64 tokens") != NULL, "message: %s", err.msg);
+    CHECK(submit(e, p, 0, &sp, &c, &err) == SF_EINVAL);
+    p[3] = 9999;
+    CHECK(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "vocabulary"));
+    p[3] = 4;
+    sp.top_p = 1.5f;
+    CHECK(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "top_p"));
+    sp = greedy(1);
+    CHECK(submit(e, p, 63, &sp, &c, &err) == SF_OK); /* 63 fits: one token of room */
+    collect_wait(&c);
+    CHECK(c.finish == SF_FINISH_LENGTH && c.completion_tokens == 1);
+
+    /* one seat, two queued per lane: a burst overflows with SF_AGAIN and a retry estimate */
+    enum { N = 12 };
+    static collect cs[N];
+    int ok = 0, again = 0;
+    for (int i = 0; i < N; i++) {
+        collect_init(&cs[i]);
+        sf_submit s;
+        memset(&s, 0, sizeof s);
+        s.prompt = p;
+        s.n_prompt = 8;
+        s.sampling = greedy(30);
+        s.sampling.ignore_eos = 1;
+        s.intent.urgency = SF_URGENCY_LOW;
+        s.cb = on_event;
+        s.user = &cs[i];
+        double retry = 0;
+        int rc = sf_engine_submit(e, &s, NULL, &retry, &err);
+        if (rc == SF_OK) cs[i].status = 1, ok++;
+        else if (rc == SF_AGAIN && retry > 0 && strstr(err.msg, "queue is full")) again++, cs[i].done = 1;
+    }
+    CHECK_MSG(again > 0 && ok + again == N, "%d accepted, %d refused", ok, again);
+    for (int i = 0; i < N; i++) collect_wait(&cs[i]);
+    for (int i = 0; i < N; i++)
+        if (cs[i].n_tokens) CHECK(cs[i].n_tokens == 30 && cs[i].finish == SF_FINISH_LENGTH);
+
+    /* drain: returns when idle, then admits nothing */
+    sf_engine_drain(e, 5.0);
+    collect_init(&c);
+    CHECK(submit(e, p, 5, &sp, &c, &err) == SF_ENODEV && strstr(err.msg, "draining"));
+    sf_engine_free(e);
+}
+
+TEST(demo_model_and_bad_config)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine("demo", 4, 64, 0, 0, &err);
+    REQUIRE(e, "demo engine: %s", err.msg);
+    sf_engine_info info;
+    sf_engine_get_info(e, &info);
+    CHECK(info.random_weights == 1 && info.vocab_size > 0);
+    int32_t p[4];
+    int n = encode(e, "hello world", p, 4);
+    collect c;
+    collect_init(&c);
+    sf_sampling sp = greedy(6);
+    sp.ignore_eos = 1;
+    CHECK(submit(e, p, n, &sp, &c, &err) == SF_OK);
+    collect_wait(&c);
+    CHECK(c.n_tokens == 6);
+    sf_engine_free(e);
+
+    CHECK(open_engine("/nonexistent/model", 4, 64, 0, 0, &err) == NULL && err.msg[0]);
+    CHECK(open_engine(stories(), 64, 32, 0, 0, &err) == NULL && strstr(err.msg, "max_batched_tokens"));
+}
+
+int main(void)
+{
+    RUN(greedy_equals_forward_loop);
+    RUN(stories_greedy_text);
+    RUN(seeds);
+    RUN(stop_strings_and_max_tokens);
+    RUN(concurrent_equals_alone);
+    RUN(concurrent_equals_alone_preempted);
+    RUN(cancel_frees_kv);
+    RUN(admission_errors);
+    RUN(demo_model_and_bad_config);
+    return test_summary();
+}
