@@ -391,7 +391,7 @@ static int take_snapshot(sf_monitor *m, sf_mon_snapshot *s, const sf_mon_snapsho
         double bw = G->link_gbs * 1e9;
         G->contention = SF_MAX(G->other_h2d_per_s, G->other_d2h_per_s) / bw;
     }
-    qsort(s->procs, (size_t)s->n_procs, sizeof *s->procs, by_total_desc);
+    if (s->n_procs) qsort(s->procs, (size_t)s->n_procs, sizeof *s->procs, by_total_desc);
     s->t = now - m->t0;
     s->interval_s = dt;
     pthread_mutex_lock(&m->attach_mu);

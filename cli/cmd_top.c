@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <locale.h>
+#include <math.h>
 #include <ncurses.h>
 #include <netdb.h>
 #include <signal.h>
@@ -99,16 +100,129 @@ static char *http_get(const char *url, const char *path, char *errbuf, size_t er
     return buf;
 }
 
-/* Lines of the server's metrics worth a glance: queues, latency, scheduler decisions. */
-static int server_line_wanted(const char *l)
+/* ---- the server panel: queues, latency quantiles, scheduler decisions per minute ------------ */
+typedef struct prom_sample {
+    char name[96], labels[192]; /* labels without le, as written: a="x",b="y" */
+    double le;                  /* histogram buckets: upper bound (+Inf as HUGE_VAL) */
+    double v;
+} prom_sample;
+
+/* Parses Prometheus text exposition ("name{labels} value" lines); comments skipped. */
+static int prom_parse(char *body, prom_sample **out)
 {
-    if (l[0] == '#' || !l[0] || !strncmp(l, "semflow_pcie", 12) || !strncmp(l, "semflow_socket", 14) ||
-        !strncmp(l, "semflow_bpf", 11) || !strncmp(l, "semflow_cgroup", 14))
-        return 0;
-    if (strstr(l, "_bucket{")) return 0;
-    return strstr(l, "queue") || strstr(l, "latency") || strstr(l, "ttft") || strstr(l, "itl") ||
-           strstr(l, "sched") || strstr(l, "decision") || strstr(l, "preempt") || strstr(l, "running") ||
-           strstr(l, "waiting") || strstr(l, "rejected");
+    int n = 0, cap = 0;
+    prom_sample *v = NULL;
+    for (char *save = NULL, *l = strtok_r(body, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (l[0] == '#' || !l[0]) continue;
+        prom_sample x = { .le = 0 };
+        size_t nl = strcspn(l, "{ ");
+        if (nl == 0 || nl >= sizeof x.name) continue;
+        memcpy(x.name, l, nl);
+        char *p = l + nl;
+        if (*p == '{') {
+            char *close = strchr(p, '}');
+            if (!close) continue;
+            *close = 0;
+            for (char *sv = NULL, *kv = strtok_r(p + 1, ",", &sv); kv; kv = strtok_r(NULL, ",", &sv)) {
+                if (!strncmp(kv, "le=\"", 4)) {
+                    x.le = !strncmp(kv + 4, "+Inf", 4) ? HUGE_VAL : strtod(kv + 4, NULL);
+                    continue;
+                }
+                size_t used = strlen(x.labels);
+                snprintf(x.labels + used, sizeof x.labels - used, "%s%s", used ? "," : "", kv);
+            }
+            p = close + 1;
+        }
+        char *end = NULL;
+        x.v = strtod(p, &end);
+        if (end == p) continue;
+        if (n == cap) {
+            cap = cap ? 2 * cap : 128;
+            prom_sample *nv = realloc(v, (size_t)cap * sizeof *nv);
+            if (!nv) break;
+            v = nv;
+        }
+        v[n++] = x;
+    }
+    *out = v;
+    return n;
+}
+
+static double prom_sum(const prom_sample *v, int n, const char *name)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v[i].name, name)) s += v[i].v;
+    return s;
+}
+
+/* Quantile q of the histogram `name` (the _bucket series) with exactly these labels, by linear
+ * interpolation inside the bucket; NAN when empty. Buckets come in ascending le. */
+static double prom_quantile(const prom_sample *v, int n, const char *bucket_name, const char *labels, double q)
+{
+    double total = 0, prev_le = 0, prev_c = 0;
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v[i].name, bucket_name) && !strcmp(v[i].labels, labels) && isinf(v[i].le)) total = v[i].v;
+    if (total <= 0) return NAN;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(v[i].name, bucket_name) || strcmp(v[i].labels, labels)) continue;
+        if (v[i].v >= q * total) {
+            if (isinf(v[i].le)) return prev_le;
+            double span = v[i].v - prev_c;
+            return prev_le + (span > 0 ? (q * total - prev_c) / span : 0) * (v[i].le - prev_le);
+        }
+        prev_le = v[i].le;
+        prev_c = v[i].v;
+    }
+    return prev_le;
+}
+
+typedef struct server_rates { double t, steps, preempt, rejected, requests; int have; } server_rates;
+
+static int draw_server(int y, int rows, int cols, const char *url, server_rates *r)
+{
+    char err[256];
+    char *body = http_get(url, "/metrics", err, sizeof err);
+    attron(A_REVERSE);
+    mvprintw(y++, 0, "server %s%*s", url, cols > (int)strlen(url) + 7 ? cols - (int)strlen(url) - 7 : 0, "");
+    attroff(A_REVERSE);
+    if (!body) {
+        mvprintw(y++, 0, "  %s", err);
+        return y;
+    }
+    prom_sample *v = NULL;
+    int n = prom_parse(body, &v);
+    /* queues */
+    move(y, 0);
+    printw("  queued:");
+    for (int i = 0; i < n; i++)
+        if (!strcmp(v[i].name, "semflow_queue_depth")) printw("  %s %.0f", v[i].labels, v[i].v);
+    printw("   running %.0f   in flight %.0f   %.1f tok/s", prom_sum(v, n, "semflow_running_sequences"),
+           prom_sum(v, n, "semflow_gateway_active_requests"), prom_sum(v, n, "semflow_tokens_per_second"));
+    y++;
+    /* latency quantiles of every *_seconds histogram, per label set (e.g. per class) */
+    for (int i = 0; i < n && y < rows - 2; i++) {
+        size_t nl = strlen(v[i].name);
+        if (nl < 15 || strcmp(v[i].name + nl - 15, "_seconds_bucket") || !isinf(v[i].le)) continue;
+        char base[96];
+        snprintf(base, sizeof base, "%.*s", (int)(nl - 15), v[i].name);
+        double p50 = prom_quantile(v, n, v[i].name, v[i].labels, 0.5), p99 = prom_quantile(v, n, v[i].name, v[i].labels, 0.99);
+        mvprintw(y++, 0, "  %-40.40s %-24.24s p50 %8.1f ms  p99 %8.1f ms  (%.0f)", base + (strncmp(base, "semflow_", 8) ? 0 : 8),
+                 v[i].labels, p50 * 1e3, p99 * 1e3, v[i].v);
+    }
+    /* scheduler decisions per minute */
+    double now = sf_now_s(), steps = prom_sum(v, n, "semflow_engine_steps_total"),
+           pre = prom_sum(v, n, "semflow_preemptions_total"), rej = prom_sum(v, n, "semflow_rejected_total"),
+           req = prom_sum(v, n, "semflow_requests_total");
+    if (r->have && now > r->t) {
+        double k = 60.0 / (now - r->t);
+        mvprintw(y++, 0, "  per minute: %.0f scheduler steps, %.0f preemptions, %.0f rejections (429), %.0f requests",
+                 (steps - r->steps) * k, (pre - r->preempt) * k, (rej - r->rejected) * k, (req - r->requests) * k);
+    }
+    *r = (server_rates){ now, steps, pre, rej, req, 1 };
+    free(v);
+    free(body);
+    return y;
 }
 
 /* ---- --listen: the dashboard and /metrics without a model server --------------------------- */
@@ -240,18 +354,9 @@ static void draw(sf_monitor *m, const char *url, int interval_ms)
             x += 11 + bw;
         }
     }
-    if (url && y < rows - 1) {
-        char err[256];
-        char *body = http_get(url, "/metrics", err, sizeof err);
-        y++;
-        attron(A_REVERSE);
-        mvprintw(y++, 0, "server %s: queues, latency, scheduler%*s", url, cols > 60 ? cols - 60 : 0, "");
-        attroff(A_REVERSE);
-        if (!body) mvprintw(y++, 0, "  %s", err);
-        for (char *save = NULL, *l = body ? strtok_r(body, "\n", &save) : NULL; l && y < rows - 1;
-             l = strtok_r(NULL, "\n", &save))
-            if (server_line_wanted(l)) mvprintw(y++, 0, "  %.*s", cols - 3, l);
-        free(body);
+    if (url && y < rows - 2) {
+        static server_rates rates;
+        y = draw_server(y + 1, rows, cols, url, &rates);
     }
     mvprintw(rows - 1, 0, "q: quit   every %.1f s", interval_ms / 1000.0);
     refresh();

@@ -124,29 +124,7 @@ static const char corpus[] =
     "History remembers great battles and famous kings, but most of the past was made by ordinary people: "
     "builders, weavers, sailors, teachers, nurses and merchants. They learned skills from their parents, "
     "improved them a little, and taught them to their children. Knowledge grows slowly, like a tree, "
-    "through thousands of small improvements that nobody writes down.\n"
-    "Astronomy for beginners. On a clear night, far from city lights, you can see about three thousand "
-    "stars without a telescope. The bright band across the sky is our own galaxy, seen from inside. Planets "
-    "do not twinkle the way stars do, and they wander slowly against the constellations from week to week. "
-    "With ordinary binoculars you can find the moons of Jupiter, the craters of our moon, and the soft glow "
-    "of the Andromeda galaxy, whose light left it two and a half million years ago.\n\n"
-    "Meeting minutes, Thursday. Present: Olivia, Rahul, Chen, Fatima and Jonas. Budget: the committee "
-    "approved new chairs for the reading room and postponed the kitchen renovation until autumn. Volunteers: "
-    "eight people signed up for the Saturday cleanup; gloves and bags will be provided. Website: Chen will "
-    "update the calendar and fix the broken link to the membership form. Next meeting: the first Thursday "
-    "of next month, at seven o'clock, in the community hall.\n\n"
-    "Chemistry in the kitchen. Baking soda is a base; vinegar and lemon juice are acids. When they meet, "
-    "they produce bubbles of carbon dioxide, which is why pancakes rise. Salt lowers the freezing point of "
-    "water, so salted ice gets colder, which helps when making ice cream by hand. Caramel forms when sugar "
-    "is heated until its molecules break apart and recombine into hundreds of new, delicious compounds.\n\n"
-    "Frequently asked questions. Can I change my password? Yes: open Settings, choose Security, and follow "
-    "the instructions. Why was my payment declined? Usually because the card has expired or the address "
-    "does not match. How do I cancel my subscription? Select Account, then Billing, then Cancel; your access "
-    "continues until the end of the current period. Is my data shared with advertisers? No, never.\n\n"
-    "The old clockmaker kept a workshop full of ticking, humming, chiming machines. Pendulums swung, gears "
-    "whirred, tiny hammers struck bells of silver and bronze. Visitors asked how he could bear the noise. "
-    "He smiled and said that every clock had its own voice, and after forty years he could tell, by "
-    "listening, which one was running fast, which one was tired, and which one needed a drop of oil.\n";
+    "through thousands of small improvements that nobody writes down.\n";
 
 /* ---- byte-level alphabet (GPT-2's bytes_to_unicode) ------------------------------------- */
 static void byte_chars(char out[256][4])
@@ -578,6 +556,10 @@ int sf_demo_path(char *out, size_t n, sf_error *err)
     if ((rc = sf_demo_write(tmp, SF_DEMO_SEED, err))) {
         rm_rf(tmp);
         return sf_err_wrap(err, "writing the demo model to %s", tmp);
+    }
+    if (stamp_ok(dir)) { /* another process finished first: keep its copy (same bytes) */
+        rm_rf(tmp);
+        return SF_OK;
     }
     if (rename(dir, old) != 0 && errno != ENOENT) {
         rm_rf(tmp);

@@ -27,6 +27,13 @@ int tok_ids_push(int32_t **ids, size_t *n, size_t *cap, int32_t id)
     return SF_OK;
 }
 
+struct tok_scratch {
+    struct sym *s;
+    size_t cap;
+    struct cand *h;
+    size_t hcap;
+};
+
 typedef struct sym {
     int32_t id;
     int32_t prev, next;       /* -1 at the ends */
@@ -45,6 +52,16 @@ typedef struct heap {
     cand *a;
     size_t n, cap;
 } heap;
+
+tok_scratch *tok_scratch_new(void) { return calloc(1, sizeof(tok_scratch)); }
+
+void tok_scratch_free(tok_scratch *sc)
+{
+    if (!sc) return;
+    free(sc->s);
+    free(sc->h);
+    free(sc);
+}
 
 /* a before b: higher score, then leftmost */
 static int before(const cand *a, const cand *b)
@@ -111,15 +128,16 @@ static int bpe_try(const sf_tokenizer *t, heap *h, const sym *s, int32_t l)
     return heap_push(h, (cand){ .score = -(float)m->rank, .left = l, .right = r, .lid = s[l].id, .rid = s[r].id, .merged = m->id });
 }
 
-int tok_bpe_word(const sf_tokenizer *t, const char *w, size_t n, int32_t **ids, size_t *nids, size_t *cap)
+int tok_bpe_word(const sf_tokenizer *t, tok_scratch *sc, const char *w, size_t n, int32_t **ids, size_t *nids, size_t *cap)
 {
-    sym *s = NULL;
-    size_t ns = 0, scap = 0;
-    heap h = { 0 };
+    sym *s = sc->s;
+    size_t ns = 0, scap = sc->cap;
+    heap h = { sc->h, 0, sc->hcap };
     int rc = SF_OK;
     int32_t direct;
     if (t->ignore_merges && (direct = tok_strmap_get(&t->vocab, t->pieces, t->piece_len, w, n)) >= 0)
         return tok_ids_push(ids, nids, cap, direct);
+    if (n == 0) return SF_OK;
     int last_unk = 0;
     for (size_t i = 0; i < n;) {
         int adv;
@@ -161,8 +179,10 @@ int tok_bpe_word(const sf_tokenizer *t, const char *w, size_t n, int32_t **ids, 
     for (int32_t i = ns ? 0 : -1; i >= 0; i = s[i].next)
         if ((rc = tok_ids_push(ids, nids, cap, s[i].id))) goto cleanup;
 cleanup:
-    free(s);
-    free(h.a);
+    sc->s = s; /* keep the (possibly grown) buffers for the next word */
+    sc->cap = scap;
+    sc->h = h.a;
+    sc->hcap = h.cap;
     return rc;
 }
 
@@ -185,11 +205,11 @@ static int spm_try(const sf_tokenizer *t, heap *h, const sym *s, const char *w, 
     return heap_push(h, (cand){ .score = t->scores[id], .left = l, .right = r, .size = size });
 }
 
-int tok_spm_word(const sf_tokenizer *t, const char *w, size_t n, int32_t **ids, size_t *nids, size_t *cap)
+int tok_spm_word(const sf_tokenizer *t, tok_scratch *sc, const char *w, size_t n, int32_t **ids, size_t *nids, size_t *cap)
 {
-    sym *s = NULL;
-    size_t ns = 0, scap = 0;
-    heap h = { 0 };
+    sym *s = sc->s;
+    size_t ns = 0, scap = sc->cap;
+    heap h = { sc->h, 0, sc->hcap };
     int rc = SF_OK;
     for (size_t i = 0; i < n;) {
         int adv;
@@ -227,7 +247,9 @@ int tok_spm_word(const sf_tokenizer *t, const char *w, size_t n, int32_t **ids, 
         }
     }
 cleanup:
-    free(s);
-    free(h.a);
+    sc->s = s; /* keep the (possibly grown) buffers for the next word */
+    sc->cap = scap;
+    sc->h = h.a;
+    sc->hcap = h.cap;
     return rc;
 }

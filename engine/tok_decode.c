@@ -210,7 +210,7 @@ static int detok_step(sf_detok *d, int final, char **out, size_t *out_len)
     if ((rc = decode_into(d->t, d->ids + d->prefix_off, d->read_off - d->prefix_off, d->skip_special, &pre, NULL)) ||
         (rc = decode_into(d->t, d->ids + d->prefix_off, d->n - d->prefix_off, d->skip_special, &full, NULL)))
         goto cleanup;
-    if (full.len < pre.len || memcmp(full.p, pre.p, pre.len)) {
+    if (full.len < pre.len || (pre.len && memcmp(full.p, pre.p, pre.len))) {
         /* the decoder rewrote earlier text; wait for more context (finish releases the rest) */
         if (!final) goto cleanup;
     }

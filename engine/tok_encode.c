@@ -9,6 +9,7 @@
 typedef struct enc {
     const sf_tokenizer *t;
     pcre2_match_data *md;
+    tok_scratch *sc;
     tok_strs a, b;            /* pre-tokenizer ping-pong lists */
     tok_buf norm, tmp;
     int32_t *ids;
@@ -155,8 +156,8 @@ static int normalize(enc *E, const char *s, size_t n)
                 }
             }
             if (run < E->norm.len && tok_buf_put(&E->tmp, E->norm.p + run, E->norm.len - run)) return SF_ENOMEM;
-        } else {
-            continue; /* NFC: input is taken as already composed (see docs/TOKENIZER.md) */
+        } else if (tok_nfc(&E->tmp, E->norm.p, E->norm.len)) { /* TOK_NORM_NFC */
+            return SF_ENOMEM;
         }
         tok_buf x = E->norm;
         E->norm = E->tmp;
@@ -265,8 +266,8 @@ static int encode_text(enc *E, const char *s, size_t n, int at_origin)
     int rc;
     if ((rc = normalize(E, s, n)) || (rc = pretokenize(E, at_origin))) return rc;
     for (size_t i = 0; i < E->a.n; i++) {
-        rc = E->t->model == TOK_MODEL_SPM ? tok_spm_word(E->t, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap)
-                                          : tok_bpe_word(E->t, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap);
+        rc = E->t->model == TOK_MODEL_SPM ? tok_spm_word(E->t, E->sc, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap)
+                                          : tok_bpe_word(E->t, E->sc, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap);
         if (rc) return rc;
     }
     return SF_OK;
@@ -331,7 +332,10 @@ int sf_tok_encode(const sf_tokenizer *t, const char *text, size_t len, int add_s
     if (bad < len)
         return sf_err(err, SF_EINVAL, "input text is not valid UTF-8 at byte offset %zu (byte 0x%02x); send UTF-8 text",
                       bad, (unsigned char)text[bad]);
-    if (!(E.md = pcre2_match_data_create(1, NULL))) return sf_err(err, SF_ENOMEM, "out of memory");
+    if (!(E.md = pcre2_match_data_create(1, NULL)) || !(E.sc = tok_scratch_new())) {
+        pcre2_match_data_free(E.md);
+        return sf_err(err, SF_ENOMEM, "out of memory");
+    }
     if (add_special)
         for (int i = 0; i < t->n_post_pre && !rc; i++) rc = tok_ids_push(&E.ids, &E.n, &E.cap, t->post_pre[i]);
     size_t seg = 0, ms, me;
@@ -353,6 +357,7 @@ int sf_tok_encode(const sf_tokenizer *t, const char *text, size_t len, int add_s
     *ids = E.ids;
     *n_ids = E.n;
     pcre2_match_data_free(E.md);
+    tok_scratch_free(E.sc);
     tok_strs_free(&E.a);
     tok_strs_free(&E.b);
     free(E.norm.p);

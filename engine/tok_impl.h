@@ -70,6 +70,9 @@ int tok_utf8_lossy(tok_buf *out, const char *s, size_t n);
 uint32_t tok_utf8_cp(const char *s, size_t n, int *adv);
 int tok_utf8_put(tok_buf *b, uint32_t cp);
 
+/* tok_nfc.c: appends the NFC form of valid UTF-8 s[0..n) to out. */
+int tok_nfc(tok_buf *out, const char *s, size_t n);
+
 /* GPT-2 byte <-> unicode mapping used by ByteLevel. */
 extern const uint16_t tok_byte_to_cp[256];
 int tok_cp_to_byte(uint32_t cp);   /* -1 if cp is not one of the 256 mapped code points */
@@ -157,9 +160,13 @@ int tok_load_hf(struct sf_tokenizer *t, const char *json, const char *config_jso
 /* tok_vocab.c */
 extern const char tok_re_gpt2[], tok_re_llama3[], tok_re_qwen2[];
 
-/* tok_encode.c / tok_bpe.c */
-int tok_bpe_word(const struct sf_tokenizer *t, const char *s, size_t n, int32_t **ids, size_t *nids, size_t *cap);
-int tok_spm_word(const struct sf_tokenizer *t, const char *s, size_t n, int32_t **ids, size_t *nids, size_t *cap);
+/* tok_bpe.c: one pre-tokenized word -> ids appended to *ids. The scratch holds per-call buffers
+ * reused from word to word (one per encode call, never shared between threads). */
+typedef struct tok_scratch tok_scratch;
+tok_scratch *tok_scratch_new(void);
+void tok_scratch_free(tok_scratch *sc);
+int tok_bpe_word(const struct sf_tokenizer *t, tok_scratch *sc, const char *s, size_t n, int32_t **ids, size_t *nids, size_t *cap);
+int tok_spm_word(const struct sf_tokenizer *t, tok_scratch *sc, const char *s, size_t n, int32_t **ids, size_t *nids, size_t *cap);
 int tok_ids_push(int32_t **ids, size_t *n, size_t *cap, int32_t id);
 
 #endif

@@ -133,18 +133,23 @@ static int add_pre(sf_tokenizer *t, json_t *n, sf_error *err)
         pr.kind = TOK_PRE_SPLIT;
         char *str = NULL;
         if ((rc = parse_pattern(json_object_get(n, "pattern"), "Split pre_tokenizer", &str, &pr.re, err))) return rc;
-        if (str) { /* a literal: compile it as a quoted regex */
-            pcre2_code *re = NULL;
-            size_t L = strlen(str);
-            char *q = malloc(L + 5);
-            if (q) {
-                snprintf(q, L + 5, "\\Q%s\\E", str);
-                re = tok_regex(q, err);
+        if (str) { /* a literal: escape every ASCII punctuation/space byte and compile it */
+            size_t L = strlen(str), k = 0;
+            char *q = malloc(2 * L + 1);
+            if (!q) {
+                free(str);
+                return sf_err(err, SF_ENOMEM, "out of memory");
             }
+            for (size_t i = 0; i < L; i++) {
+                unsigned char c = (unsigned char)str[i];
+                if (c < 0x80 && !((c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z'))) q[k++] = '\\';
+                q[k++] = (char)c;
+            }
+            q[k] = 0;
+            pr.re = tok_regex(q, err);
             free(q);
             free(str);
-            if (!re) return err->code ? err->code : sf_err(err, SF_ENOMEM, "out of memory");
-            pr.re = re;
+            if (!pr.re) return err->code;
         }
         const char *b = jstr(n, "behavior");
         if (!b) b = "Isolated";
@@ -167,7 +172,7 @@ static int add_pre(sf_tokenizer *t, json_t *n, sf_error *err)
     } else if (!strcmp(type, "Digits")) {
         pr.kind = TOK_PRE_DIGITS;
         pr.behavior = jbool(n, "individual_digits", 0) ? TOK_SPLIT_ISOLATED : TOK_SPLIT_CONTIGUOUS;
-        if (!(pr.re = tok_regex("\\p{Nd}", err))) return err->code;
+        if (!(pr.re = tok_regex("\\p{N}", err))) return err->code; /* Rust char::is_numeric */
     } else if (!strcmp(type, "WhitespaceSplit")) {
         pr.kind = TOK_PRE_WSPLIT;
         if (!(pr.re = tok_regex("\\s+", err))) return err->code;

@@ -134,6 +134,8 @@ void sf_tok_free(sf_tokenizer *t)
 
 int sf_tok_load_json(const char *json, const char *config_json, sf_tokenizer **out, sf_error *err)
 {
+    sf_error local;
+    if (!err) err = &local; /* the loaders read err->code back */
     *out = NULL;
     if (!json) return sf_err(err, SF_EINVAL, "sf_tok_load_json: no tokenizer.json text given");
     sf_tokenizer *t = calloc(1, sizeof *t);
@@ -270,7 +272,9 @@ static int vocab_spm_setup(sf_tokenizer *t, const sf_tok_vocab *v, sf_error *err
 int sf_tok_from_vocab(const sf_tok_vocab *v, sf_tokenizer **out, sf_error *err)
 {
     sf_tokenizer *t = NULL;
+    sf_error local;
     int rc;
+    if (!err) err = &local; /* the loaders read err->code back */
     *out = NULL;
     if (!v || !v->model || v->n_tokens <= 0 || !v->tokens)
         return sf_err(err, SF_EINVAL, "GGUF vocabulary is empty or has no tokenizer.ggml.model");

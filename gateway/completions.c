@@ -150,6 +150,7 @@ static void req_free(gw_req *r)
     pthread_mutex_destroy(&r->mu);
     sf_tenant_release(r->tenant);
     sf_metrics_active(&r->gw->metrics, -1);
+    gw_worker_load(r->w, -1);
     free(r);
 }
 
@@ -171,6 +172,10 @@ static void on_close(struct evhttp_connection *conn, void *arg)
     gw_req *r = arg;
     if (r->answered) return;
     if (r->hup) event_del(r->hup);
+    /* When evhttp itself drops the connection (EOF or timeout while we still owe the reply) it
+     * detaches the request (evcon == NULL) and leaves it to us; when we freed the connection
+     * (on_hup) the request is still attached and evhttp frees it right after this callback. */
+    if (r->http && !evhttp_request_get_connection(r->http)) evhttp_request_free(r->http);
     r->http = NULL;
     r->answered = 1;
     r->status = 499; /* nginx's "client closed request" */
@@ -581,6 +586,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     pthread_mutex_init(&r->mu, NULL);
     r->wake = event_new(w->base, -1, 0, on_wake, r);
     sf_metrics_active(&gw->metrics, 1);
+    gw_worker_load(w, 1);
     if (!r->wake) {
         r->answered = 1;
         req_free(r);
@@ -622,7 +628,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
                        "the %s-urgency queue is full; retry after the Retry-After seconds", sf_urgency_name(intent.urgency));
         } else if (rc == SF_EINVAL) {
             sf_gw_fail(&e, 400, "invalid_request_error", NULL, NULL, "%s", serr.msg);
-        } else if (rc == SF_ECANCELED) {
+        } else if (rc == SF_ECANCELED || rc == SF_ENODEV) {
             sf_gw_fail(&e, 503, "service_unavailable", "draining", NULL, "the server is shutting down");
         } else {
             sf_gw_fail(&e, 500, "server_error", NULL, NULL, "submitting to the engine: %s", serr.msg);

@@ -7,6 +7,7 @@
  *  - real checkpoints (when the loaders are built in): tiny-random-llama-2 against
  *    transformers' logits, stories260K reproducing its greedy text. */
 #include <jansson.h>
+#include <sys/stat.h>
 
 #include "engine/forward.h"
 #include "engine/kvcache.h"
@@ -491,6 +492,99 @@ TEST(stories260k_greedy_text)
     sf_model_free(m);
 }
 
+/* tests/fixtures/hf_logits.json (made on the GPU host by tests/fixtures/make_hf_logits.py with
+ * transformers, fp32 math over bf16 weights): tiny-random-llama-2 on longer prompts, and the
+ * demo model (rebuilt here from its fixed seed) when the fixture holds entries made from the
+ * current demo generator. Logits within 1e-3, same greedy tokens
+ * (the continuation runs through the KV cache, the reference recomputes the prefix). */
+static void check_fixture_model(json_t *cases, sf_model *m, const char *name)
+{
+    sf_error err = { 0 };
+    const int V = m->cfg.vocab_size;
+    float *logits = malloc(sizeof(float) * V);
+    double worst = 0;
+    for (size_t ci = 0; ci < json_array_size(cases); ci++) {
+        json_t *c = json_array_get(cases, ci), *ids = json_object_get(c, "input_ids");
+        runner r;
+        int rc = runner_init(&r, m, 2, &err);
+        CHECK_MSG(rc == SF_OK, "%s: %s", name, err.msg);
+        if (rc) { runner_free(&r); break; }
+        int n = (int)json_array_size(ids), s0 = 0;
+        int32_t *tok = malloc(sizeof(int32_t) * n);
+        for (int i = 0; i < n; i++) tok[i] = (int32_t)json_integer_value(json_array_get(ids, i));
+        const int32_t *p = tok;
+        rc = runner_step(&r, 1, &s0, &n, &p, 0, logits, &err);
+        CHECK_MSG(rc == SF_OK, "%s: %s", name, err.msg);
+        const char *key;
+        json_t *val;
+        int bad = 0;
+        json_object_foreach(json_object_get(c, "logits"), key, val) {
+            double want = json_number_value(val), got = logits[atoi(key)];
+            worst = fmax(worst, fabs(got - want));
+            if (!(fabs(got - want) < 1e-3) && bad++ < 3)
+                CHECK_MSG(0, "%s case %zu logit %s: %.6f, transformers %.6f", name, ci, key, got, want);
+        }
+        int32_t g = argmax_f(logits, V);
+        CHECK_MSG(g == json_integer_value(json_object_get(c, "argmax")), "%s case %zu: argmax %d", name, ci, g);
+        json_t *cont = json_object_get(c, "greedy");
+        for (size_t k = 0; k < json_array_size(cont); k++) {
+            int32_t want = (int32_t)json_integer_value(json_array_get(cont, k));
+            CHECK_MSG(g == want, "%s case %zu greedy step %zu: %d, transformers %d", name, ci, k, g, want);
+            int one = 1;
+            p = &g;
+            if (runner_step(&r, 1, &s0, &one, &p, 0, logits, &err) != SF_OK) break;
+            g = argmax_f(logits, V);
+        }
+        free(tok);
+        runner_free(&r);
+    }
+    printf("  %s: worst |logit - transformers| = %.2e over %zu prompts\n", name, worst, json_array_size(cases));
+    free(logits);
+}
+
+TEST(hf_fixture_demo_and_tiny_llama)
+{
+    json_error_t je;
+    json_t *fx = json_load_file("tests/fixtures/hf_logits.json", 0, &je);
+    REQUIRE(fx != NULL, "tests/fixtures/hf_logits.json (run from the repository root): %s", je.text);
+    json_t *models = json_object_get(fx, "models");
+    sf_error err = { 0 };
+    sf_load_opts lo = { 0 };
+    sf_model *m = NULL;
+    char dir[512];
+    const char *tmp = test_tmpdir();
+    snprintf(dir, sizeof dir, "%s/demo", tmp ? tmp : "/tmp");
+    int rc = SF_OK;
+    json_t *demo = json_object_get(models, "demo");
+    if (demo) { /* present when the fixture was made from the current demo generator */
+        rc = sf_demo_write(dir, SF_DEMO_SEED, &err);
+        CHECK_MSG(rc == SF_OK, "writing the demo model: %s", err.msg);
+        char st[600];
+        snprintf(st, sizeof st, "%s/model.safetensors", dir);
+        struct stat sb;
+        json_int_t want = json_integer_value(json_object_get(fx, "demo_safetensors_bytes"));
+        CHECK_MSG(rc || (stat(st, &sb) == 0 && sb.st_size == want),
+                  "the demo model changed since the fixture was made (%lld bytes, fixture %lld): rerun "
+                  "tests/fixtures/make_hf_logits.py on the GPU host", (long long)sb.st_size, (long long)want);
+        if (rc == SF_OK && (rc = sf_model_load(dir, &lo, &m, &err)) == SF_OK) {
+            check_fixture_model(demo, m, "demo");
+            sf_model_free(m);
+        }
+        CHECK_MSG(rc == SF_OK, "demo: %s", err.msg);
+    }
+    m = NULL;
+    rc = sf_model_load(test_data("tiny-random-llama-2"), &lo, &m, &err);
+    CHECK_MSG(rc == SF_OK, "tiny-random-llama-2: %s", err.msg);
+    if (rc == SF_OK) {
+        check_fixture_model(json_object_get(models, "tiny-random-llama-2"), m, "tiny-random-llama-2");
+        sf_model_free(m);
+    }
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp ? tmp : "/nonexistent");
+    if (tmp && system(cmd) != 0) printf("  (could not remove %s)\n", tmp);
+    json_decref(fx);
+}
+
 int main(void)
 {
     sf_rng_seed(&R, 2024);
@@ -499,5 +593,6 @@ int main(void)
     RUN(rejects_bad_models);
     RUN(tiny_random_llama2_matches_transformers);
     RUN(stories260k_greedy_text);
+    RUN(hf_fixture_demo_and_tiny_llama);
     return test_summary();
 }

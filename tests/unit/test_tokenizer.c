@@ -486,6 +486,20 @@ TEST(bad_tokenizer_json)
     sf_tokenizer *t = NULL;
     sf_error err = { 0 };
     CHECK(sf_tok_load_dir("/nonexistent/model", &t, &err) == SF_ENOTFOUND && !t && strstr(err.msg, "tokenizer.json"));
+    /* no error struct: still a status, never a crash */
+    CHECK(sf_tok_load_json("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, \"merges\": []}, \"pre_tokenizer\": "
+                           "{\"type\": \"Digits\"}, \"normalizer\": {\"type\": \"Replace\", \"pattern\": {\"Regex\": \"[\"}, "
+                           "\"content\": \"\"}}", NULL, &t, NULL) == SF_EFORMAT && !t);
+    CHECK(sf_tok_load_json("{", NULL, &t, NULL) == SF_EFORMAT && !t);
+}
+
+/* CPU seconds of this process: on a shared machine wall time mostly measures the neighbours */
+#include <time.h>
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* ---- speed (reported, never asserted: the machines are shared) ----------------------------------------------------------- */
@@ -501,20 +515,20 @@ TEST(speed)
             tok_buf_puts(&text, "\n");
         }
     for (size_t k = 0; k < SF_ARRAY_LEN(dirs); k++) {
-        double t0 = sf_now_s();
+        double t0 = cpu_s();
         sf_tokenizer *t = load_dir(dirs[k]);
-        double t1 = sf_now_s();
+        double t1 = cpu_s();
         REQUIRE(t, "load");
         int32_t *ids = NULL;
         size_t n = 0;
         sf_error err = { 0 };
         CHECK(sf_tok_encode(t, text.p, text.len, 1, &ids, &n, &err) == 0);
-        double t2 = sf_now_s();
+        double t2 = cpu_s();
         char *back = NULL;
         CHECK(sf_tok_decode(t, ids, n, 1, &back, &err) == 0 && !strcmp(back, text.p));
-        double t3 = sf_now_s();
-        printf("# %s: load %.0f ms, encode %.1f MB/s (%zu tokens), decode %.1f MB/s\n", dirs[k], (t1 - t0) * 1e3,
-               text.len / (t2 - t1) / 1e6, n, text.len / (t3 - t2) / 1e6);
+        double t3 = cpu_s();
+        printf("# %s (CPU time): load %.0f ms, encode %.1f MB/s = %.2f M tokens/s (%zu tokens), decode %.1f MB/s\n",
+               dirs[k], (t1 - t0) * 1e3, text.len / (t2 - t1) / 1e6, n / (t2 - t1) / 1e6, n, text.len / (t3 - t2) / 1e6);
         free(back);
         free(ids);
         sf_tok_free(t);
@@ -649,6 +663,176 @@ TEST(gguf_bpe_gpt2)
     json_decref(root);
 }
 
+static sf_tokenizer *tok_from(const char *json)
+{
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    if (sf_tok_load_json(json, NULL, &t, &err)) printf("#   load: %s\n", err.msg);
+    return t;
+}
+
+static int encodes_to(const sf_tokenizer *t, const char *text, const int32_t *want, size_t nwant)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int ok = sf_tok_encode(t, text, strlen(text), 1, &ids, &n, NULL) == 0 && n == nwant && !memcmp(ids, want, n * sizeof *ids);
+    if (!ok) print_ids(text, ids, n);
+    free(ids);
+    return ok;
+}
+
+TEST(unk_and_byte_fallback)
+{
+    /* "€" is missing from the vocab: one <unk> per character, or one for a run with fuse_unk;
+     * with byte_fallback and all three <0xNN> present, its bytes */
+    const char *fmt = "{\"model\": {\"type\": \"BPE\", \"unk_token\": \"<unk>\", \"fuse_unk\": %s, \"byte_fallback\": %s, "
+                      "\"vocab\": {\"<unk>\": 0, \"a\": 1, \"b\": 2, \"ab\": 3, \"<0xE2>\": 4, \"<0x82>\": 5, \"<0xAC>\": 6}, "
+                      "\"merges\": [\"a b\"]}, \"decoder\": {\"type\": \"Sequence\", \"decoders\": [{\"type\": \"ByteFallback\"}, "
+                      "{\"type\": \"Fuse\"}]}}";
+    char json[1024];
+    snprintf(json, sizeof json, fmt, "false", "false");
+    sf_tokenizer *t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "ab\xe2\x82\xac\xe2\x82\xac" "ab", (int32_t[]){ 3, 0, 0, 3 }, 4));
+    sf_tok_free(t);
+    snprintf(json, sizeof json, fmt, "true", "false");
+    t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "ab\xe2\x82\xac\xe2\x82\xac" "ab", (int32_t[]){ 3, 0, 3 }, 3));
+    sf_tok_free(t);
+    snprintf(json, sizeof json, fmt, "true", "true");
+    t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "a\xe2\x82\xac" "b", (int32_t[]){ 1, 4, 5, 6, 2 }, 5));
+    /* decoding: whole bytes become the character; a lone byte becomes U+FFFD */
+    char *s = NULL;
+    CHECK(sf_tok_decode(t, (int32_t[]){ 1, 4, 5, 6, 2 }, 5, 0, &s, NULL) == 0 && !strcmp(s, "a\xe2\x82\xac" "b"));
+    free(s);
+    CHECK(sf_tok_decode(t, (int32_t[]){ 1, 4, 5, 2 }, 4, 0, &s, NULL) == 0 && !strcmp(s, "a\xef\xbf\xbd\xef\xbf\xbd" "b"));
+    free(s);
+    sf_tok_free(t);
+}
+
+TEST(metaspace_roundtrip_and_post)
+{
+    /* Metaspace pre-tokenizer + decoder (Mistral/Llama style without a normalizer), and a
+     * TemplateProcessing that adds BOS and EOS */
+    const char *json =
+        "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"<s>\": 0, \"</s>\": 1, \"\xe2\x96\x81\": 2, \"h\": 3, \"i\": 4, "
+        "\"\xe2\x96\x81h\": 5, \"\xe2\x96\x81hi\": 6}, \"merges\": [\"\xe2\x96\x81 h\", \"\xe2\x96\x81h i\"]}, "
+        "\"added_tokens\": [{\"id\": 0, \"content\": \"<s>\", \"special\": true}, {\"id\": 1, \"content\": \"</s>\", \"special\": true}], "
+        "\"pre_tokenizer\": {\"type\": \"Metaspace\", \"replacement\": \"\xe2\x96\x81\", \"prepend_scheme\": \"always\", \"split\": true}, "
+        "\"decoder\": {\"type\": \"Metaspace\", \"replacement\": \"\xe2\x96\x81\", \"prepend_scheme\": \"always\"}, "
+        "\"post_processor\": {\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": \"<s>\"}}, "
+        "{\"Sequence\": {\"id\": \"A\"}}, {\"SpecialToken\": {\"id\": \"</s>\"}}], "
+        "\"special_tokens\": {\"<s>\": {\"ids\": [0]}, \"</s>\": {\"ids\": [1]}}}}";
+    sf_tokenizer *t = tok_from(json);
+    REQUIRE(t, "load");
+    CHECK(encodes_to(t, "hi hi", (int32_t[]){ 0, 6, 6, 1 }, 4));
+    CHECK(sf_tok_bos(t) == 0 && sf_tok_eos(t) == 1 && sf_tok_is_eog(t, 1) && !sf_tok_is_eog(t, 6));
+    CHECK(sf_tok_lookup(t, "\xe2\x96\x81hi") == 6 && sf_tok_lookup(t, "</s>") == 1 && sf_tok_lookup(t, "nope") == -1);
+    char *s = NULL;
+    CHECK(sf_tok_decode(t, (int32_t[]){ 0, 6, 6, 1 }, 4, 1, &s, NULL) == 0 && !strcmp(s, "hi hi"));
+    free(s);
+    CHECK(stream_matches(t, (int32_t[]){ 0, 6, 6, 1 }, 4, 1, "hi hi"));
+    sf_tok_free(t);
+}
+
+/* ---- random strings: lossless round trips, whole-UTF-8 streaming, no crash on random bytes ---- */
+static void random_text(sf_rng *r, tok_buf *b, int specials)
+{
+    static const uint32_t ranges[][2] = {
+        { 0x20, 0x7e }, { 0x20, 0x20 }, { 0x09, 0x0a }, { 0x30, 0x39 }, { 0xa0, 0x17f }, { 0x300, 0x36f }, { 0x391, 0x3c9 },
+        { 0x400, 0x44f }, { 0x5d0, 0x5ea }, { 0x627, 0x64a }, { 0x905, 0x939 }, { 0xe01, 0xe3a }, { 0x2000, 0x206f },
+        { 0x3041, 0x30ff }, { 0x4e00, 0x9fff }, { 0xac00, 0xd7a3 }, { 0x1f300, 0x1f64f }, { 0x1f900, 0x1f9ff },
+        { 0x200d, 0x200d }, { 0xfe0f, 0xfe0f }, { 0x10000, 0x10ffff },
+    };
+    static const char *const sp[] = { "<s>", "</s>", "<|endoftext|>", "<unk>" };
+    b->len = 0;
+    tok_buf_put(b, "", 0);
+    int n = (int)(sf_rng_next(r) % 40);
+    for (int i = 0; i < n; i++) {
+        if (specials && sf_rng_next(r) % 25 == 0) {
+            tok_buf_puts(b, sp[sf_rng_next(r) % 4]);
+            continue;
+        }
+        const uint32_t *g = ranges[sf_rng_next(r) % SF_ARRAY_LEN(ranges)];
+        uint32_t cp = g[0] + (uint32_t)(sf_rng_next(r) % (g[1] - g[0] + 1));
+        if (cp >= 0xd800 && cp <= 0xdfff) cp = 'x';
+        tok_utf8_put(b, cp);
+    }
+}
+
+static void random_roundtrips(const char *dir, int specials)
+{
+    sf_tokenizer *t = load_dir(dir);
+    REQUIRE(t, "load %s", dir);
+    sf_rng r;
+    sf_rng_seed(&r, 1234);
+    tok_buf b = { 0 };
+    int bad = 0;
+    for (int it = 0; it < 300; it++) {
+        random_text(&r, &b, specials);
+        int32_t *ids = NULL;
+        size_t n = 0;
+        char *back = NULL;
+        sf_error err = { 0 };
+        int ok = sf_tok_encode(t, b.p, b.len, 0, &ids, &n, &err) == 0 && sf_tok_decode(t, ids, n, 0, &back, &err) == 0 &&
+                 !strcmp(back, b.p) && stream_matches(t, ids, n, 0, back);
+        if (!ok && bad++ < 3) printf("#   %s: \"%s\" -> \"%s\" %s\n", dir, b.p, back ? back : "", err.msg);
+        free(ids);
+        free(back);
+    }
+    CHECK_MSG(bad == 0, "%d of 300 random strings do not round-trip", bad);
+    /* random bytes: valid UTF-8 or a clean SF_EINVAL, never a crash */
+    for (int it = 0; it < 300; it++) {
+        unsigned char raw[48];
+        size_t n = sf_rng_next(&r) % sizeof raw;
+        for (size_t i = 0; i < n; i++) raw[i] = (unsigned char)sf_rng_next(&r);
+        int32_t *ids = NULL;
+        size_t k = 0;
+        int rc = sf_tok_encode(t, (const char *)raw, n, 1, &ids, &k, NULL);
+        CHECK(rc == SF_OK || (rc == SF_EINVAL && !ids));
+        CHECK((rc == SF_OK) == (tok_utf8_check((const char *)raw, n) == n));
+        free(ids);
+    }
+    free(b.p);
+    sf_tok_free(t);
+}
+
+/* byte-level BPE is lossless for any text, special tokens included */
+TEST(random_roundtrip_gpt2) { random_roundtrips("gpt2-tokenizer", 1); }
+/* SentencePiece-style: lossless too, as long as no special token sits in the text (HF then
+ * prepends "▁" to the text after it, which decodes as an extra space) */
+TEST(random_roundtrip_tinyllama) { random_roundtrips("tinyllama-1.1b-chat-v1.0", 0); }
+
+TEST(nfc)
+{
+    /* expected values from Python's unicodedata.normalize('NFC', ...) */
+    static const struct { const char *in, *out; } cases[] = {
+        { "e\xcc\x81", "\xc3\xa9" },                                   /* e + acute -> é */
+        { "\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81" },    /* Hangul jamo L V T -> 각 */
+        { "\xe2\x84\xab", "\xc3\x85" },                                /* ANGSTROM SIGN (singleton) -> Å */
+        { "a\xcc\x82\xcc\xa3", "\xe1\xba\xad" },                       /* marks reordered, then composed: ậ */
+        { "q\xcc\x87\xcc\xa3", "q\xcc\xa3\xcc\x87" },                  /* no composite: only reordered */
+        { "\xcc\x81" "e", "\xcc\x81" "e" },                            /* a leading mark stays */
+        { "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 plain ascii", "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 plain ascii" },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        tok_buf b = { 0 };
+        CHECK(tok_nfc(&b, cases[i].in, strlen(cases[i].in)) == 0);
+        CHECK_MSG(b.p && !strcmp(b.p, cases[i].out), "case %zu: got \"%s\"", i, b.p ? b.p : "");
+        free(b.p);
+    }
+    /* as a normalizer: the decomposed input reaches the model composed */
+    sf_error err = { 0 };
+    static const char *const words[] = { "caf\xc3\xa9", NULL };
+    sf_tokenizer *t = make_tok(NULL, words, NULL, json_pack("{s:s}", "type", "NFC"), &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, "cafe\xcc\x81", words));
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -662,10 +846,15 @@ int main(void)
     RUN(split_behaviors);
     RUN(metaspace_and_digits);
     RUN(added_token_flags);
+    RUN(unk_and_byte_fallback);
+    RUN(metaspace_roundtrip_and_post);
     RUN(normalizers);
+    RUN(nfc);
     RUN(hard_cases_gpt2);
     RUN(hard_cases_tinyllama);
     RUN(streaming_holds_partial_utf8);
+    RUN(random_roundtrip_gpt2);
+    RUN(random_roundtrip_tinyllama);
     RUN(invalid_utf8);
     RUN(bad_tokenizer_json);
     RUN(threads_share_a_tokenizer);

@@ -1,0 +1,258 @@
+/* cmd_serve.c — `semflow serve`: the OpenAI-compatible HTTP server. */
+#include <arpa/inet.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "bpf/monitor.h"
+#include "cli/cli.h"
+#include "gateway/dashboard.h"
+#include "gateway/gateway.h"
+#include "gateway/intent.h"
+#include "gateway/tenants.h"
+
+/* What serve adds around the gateway: the eBPF monitor (metrics, dashboard) and connection
+ * steering. Every part is optional; without BPF the server runs and says why once. */
+typedef struct serve_ctx {
+    sf_gateway *gw;
+    sf_monitor *mon;
+    char mon_off[300];
+    sf_dashboard *dash[64];
+    sf_steer *steer;
+} serve_ctx;
+
+static void extra_metrics(void *user, FILE *out)
+{
+    serve_ctx *x = user;
+    char *text = sf_monitor_metrics(x->mon);
+    if (text) fputs(text, out);
+    free(text);
+}
+
+/* The dashboard's "server" object: engine queues, seats and KV, once the model is loaded. */
+static char *dashboard_stats(void *user)
+{
+    serve_ctx *x = user;
+    sf_engine *e = x->gw ? sf_gateway_engine(x->gw) : NULL;
+    if (!e) return strdup("{\"ready\":false}");
+    sf_engine_stats st;
+    sf_engine_get_stats(e, &st);
+    json_t *o = json_pack("{s:b, s:i, s:{s:i, s:i, s:i}, s:i, s:i, s:f, s:I}", "ready", 1, "running", st.running,
+                          "waiting", "high", st.waiting[SF_URGENCY_HIGH], "normal", st.waiting[SF_URGENCY_NORMAL], "low",
+                          st.waiting[SF_URGENCY_LOW], "kv_blocks_used", st.kv_blocks_used, "kv_blocks_total",
+                          st.kv_blocks_total, "tokens_per_s", st.tokens_per_s, "preemptions", (json_int_t)st.preemptions);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return text;
+}
+
+static int worker_init(void *user, int worker, struct evhttp *http, struct event_base *base, sf_error *err)
+{
+    serve_ctx *x = user;
+    sf_dashboard_opts o = { .monitor = x->mon, .monitor_off = x->mon_off, .stats = dashboard_stats, .stats_arg = x };
+    if (worker >= (int)SF_ARRAY_LEN(x->dash)) return SF_OK;
+    return sf_dashboard_register(http, base, &o, &x->dash[worker], err);
+}
+
+static void worker_fini(void *user, int worker)
+{
+    serve_ctx *x = user;
+    if (worker < (int)SF_ARRAY_LEN(x->dash)) sf_dashboard_free(x->dash[worker]), x->dash[worker] = NULL;
+}
+
+static void worker_load(void *user, int worker, int inflight)
+{
+    serve_ctx *x = user;
+    sf_steer_set_load(x->steer, worker, (uint32_t)inflight);
+}
+
+/* With two or more workers, worker 0 is kept for tenants whose default intent is high
+ * urgency (lane 2), the others take every other tenant with client prefixes (lane 1).
+ * Clients outside every prefix are left to the kernel's reuseport hash. */
+static void steer_attach(serve_ctx *x)
+{
+    const sf_tenants *ts = sf_gateway_tenants(x->gw);
+    int any = 0;
+    for (int i = 0; i < ts->n; i++) any += ts->t[i].n_prefixes > 0;
+    if (!any) return;
+    const int *fds;
+    int n = sf_gateway_listen_fds(x->gw, &fds);
+    int lane_of[SF_STEER_MAX_WORKERS];
+    if (n > SF_STEER_MAX_WORKERS) n = SF_STEER_MAX_WORKERS;
+    for (int i = 0; i < n; i++) lane_of[i] = n >= 2 && i == 0 ? 2 : 1;
+    sf_error err = { 0 };
+    if (sf_steer_attach(fds, lane_of, n, &x->steer, &err)) {
+        SF_LOGW("connection steering off: %s", err.msg);
+        return;
+    }
+    for (int i = 0; i < ts->n; i++) {
+        const sf_tenant *t = &ts->t[i];
+        for (int k = 0; k < t->n_prefixes; k++) {
+            char cidr[INET6_ADDRSTRLEN + 8];
+            inet_ntop(t->prefixes[k].family, t->prefixes[k].addr, cidr, sizeof cidr);
+            snprintf(cidr + strlen(cidr), sizeof cidr - strlen(cidr), "/%d", t->prefixes[k].bits);
+            int lane = n >= 2 && t->default_intent.urgency == SF_URGENCY_HIGH ? 2 : 1;
+            if (sf_steer_set_prefix(x->steer, cidr, lane, &err)) SF_LOGW("steering %s (tenant %s): %s", cidr, t->name, err.msg);
+        }
+    }
+    SF_LOGI("connection steering on: %d workers, client prefixes of %d tenants", n, any);
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: semflow serve --model M [options]\n"
+            "  --model M                 Hugging Face folder, .gguf file, or 'demo'\n"
+            "  --host H                  address to listen on (default 127.0.0.1)\n"
+            "  --port P                  port (default 8080; 0 picks a free one and logs it)\n"
+            "  --workers N               event-loop threads, one SO_REUSEPORT socket each (default: cores)\n"
+            "  --tenants FILE            API keys, default intents and limits (JSON; see docs/API.md)\n"
+            "  --served-model-name NAME  model id clients use (default: the model's name)\n"
+            "  --backend auto|cpu|cuda   (default auto)\n"
+            "  --threads N               CPU backend threads (default: all cores)\n"
+            "  --device N                CUDA device (default 0)\n"
+            "  --load-format dummy       random weights from config.json\n"
+            "  --max-num-seqs N          running sequences at most (default 64)\n"
+            "  --max-batched-tokens N    token budget per engine step (default 2048)\n"
+            "  --max-model-len N         context cap (default: the model's)\n"
+            "  --num-kv-blocks N         KV blocks (default: sized from memory)\n"
+            "  --kv-block-size N         tokens per KV block (default 16)\n"
+            "  --kv-high-reserve F       share of KV blocks only high urgency may take (default 0.1)\n"
+            "  --gpu-memory-utilization F (default 0.9)\n"
+            "  --queue-limit N           waiting requests per urgency lane before 429 (default 256)\n"
+            "  --max-body BYTES          largest request body (default 4194304)\n"
+            "  --timeout S               per-connection read/write timeout (default 30)\n"
+            "  --drain-timeout S         on SIGTERM, how long in-flight requests may finish (default 30)\n"
+            "  --bpf auto|off            eBPF monitor (/metrics, /dashboard) and connection steering (default auto)\n");
+}
+
+static int num(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    double d = strtod(v, &end);
+    if (!*v || *end || !(d >= lo && d <= hi)) {
+        fprintf(stderr, "semflow serve: %s '%s' must be a number from %g to %g\n", flag, v, lo, hi);
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+int sf_cmd_serve(int argc, char **argv)
+{
+    enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
+           O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
+           O_DRAIN, O_BPF, O_HELP };
+    static const struct option opts[] = {
+        { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
+        { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
+        { "backend", 1, 0, O_BACKEND }, { "threads", 1, 0, O_THREADS }, { "device", 1, 0, O_DEVICE },
+        { "load-format", 1, 0, O_LOADFMT }, { "max-num-seqs", 1, 0, O_SEQS },
+        { "max-batched-tokens", 1, 0, O_BATCHED }, { "max-model-len", 1, 0, O_MAXLEN },
+        { "num-kv-blocks", 1, 0, O_BLOCKS }, { "kv-block-size", 1, 0, O_BLOCKSZ },
+        { "kv-high-reserve", 1, 0, O_RESERVE }, { "gpu-memory-utilization", 1, 0, O_GPUMEM },
+        { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
+        { "drain-timeout", 1, 0, O_DRAIN }, { "bpf", 1, 0, O_BPF }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
+    };
+    sf_gateway_config c;
+    sf_gateway_config_default(&c);
+    double d;
+    int o, bpf = 1;
+    optind = 1;
+    opterr = 0;
+    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        int bad = 0;
+        switch (o) {
+        case O_MODEL: c.engine.model = optarg; break;
+        case O_HOST: c.host = optarg; break;
+        case O_PORT: bad = num("--port", optarg, 0, 65535, &d); c.port = (int)d; break;
+        case O_WORKERS: bad = num("--workers", optarg, 1, 64, &d); c.workers = (int)d; break;
+        case O_TENANTS: c.tenants_path = optarg; break;
+        case O_NAME: c.served_name = optarg; break;
+        case O_BACKEND: c.engine.backend = optarg; break;
+        case O_THREADS: bad = num("--threads", optarg, 0, 1024, &d); c.engine.n_threads = (int)d; break;
+        case O_DEVICE: bad = num("--device", optarg, 0, 64, &d); c.engine.device = (int)d; break;
+        case O_LOADFMT:
+            if (strcmp(optarg, "dummy") && strcmp(optarg, "auto")) {
+                fprintf(stderr, "semflow serve: --load-format must be 'auto' or 'dummy'\n");
+                return 2;
+            }
+            c.engine.load_dummy = !strcmp(optarg, "dummy");
+            break;
+        case O_SEQS: bad = num("--max-num-seqs", optarg, 1, 65536, &d); c.engine.max_num_seqs = (int)d; break;
+        case O_BATCHED: bad = num("--max-batched-tokens", optarg, 1, 1 << 24, &d); c.engine.max_batched_tokens = (int)d; break;
+        case O_MAXLEN: bad = num("--max-model-len", optarg, 1, 1 << 24, &d); c.engine.max_model_len = (int)d; break;
+        case O_BLOCKS: bad = num("--num-kv-blocks", optarg, 1, 1 << 26, &d); c.engine.num_kv_blocks = (int)d; break;
+        case O_BLOCKSZ: bad = num("--kv-block-size", optarg, 1, 1024, &d); c.engine.kv_block_size = (int)d; break;
+        case O_RESERVE: bad = num("--kv-high-reserve", optarg, 0, 0.9, &d); c.engine.kv_high_reserve = (float)d; break;
+        case O_GPUMEM: bad = num("--gpu-memory-utilization", optarg, 0.05, 1, &d); c.engine.gpu_memory_utilization = (float)d; break;
+        case O_QLIMIT:
+            bad = num("--queue-limit", optarg, 1, 1 << 20, &d);
+            for (int u = 0; u < SF_URGENCY_COUNT; u++) c.engine.queue_limit[u] = (int)d;
+            break;
+        case O_BODY: bad = num("--max-body", optarg, 1024, 1 << 30, &d); c.max_body_bytes = (int)d; break;
+        case O_TIMEOUT: bad = num("--timeout", optarg, 1, 3600, &d); c.timeout_s = (int)d; break;
+        case O_DRAIN: bad = num("--drain-timeout", optarg, 0, 3600, &d); c.drain_timeout_s = d; break;
+        case O_BPF:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "off")) {
+                fprintf(stderr, "semflow serve: --bpf must be 'auto' or 'off'\n");
+                return 2;
+            }
+            bpf = !strcmp(optarg, "auto");
+            break;
+        case O_HELP: usage(stdout); return 0;
+        default:
+            fprintf(stderr, "semflow serve: unknown or incomplete option '%s'\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
+        }
+        if (bad) return 2;
+    }
+    if (optind < argc) {
+        fprintf(stderr, "semflow serve: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (!c.engine.model) {
+        fprintf(stderr, "semflow serve: --model is required (a Hugging Face folder, a .gguf file, or 'demo')\n");
+        return 2;
+    }
+    sf_error err = { 0 };
+    serve_ctx x;
+    memset(&x, 0, sizeof x);
+    if (bpf) {
+        sf_monitor_opts mo;
+        sf_monitor_opts_default(&mo);
+        if (sf_monitor_open(&mo, &x.mon, &err)) {
+            snprintf(x.mon_off, sizeof x.mon_off, "%s", err.msg);
+            SF_LOGI("eBPF monitor off: %s", err.msg);
+            x.mon = NULL;
+        }
+    } else {
+        snprintf(x.mon_off, sizeof x.mon_off, "disabled with --bpf off");
+    }
+    c.extra_metrics = extra_metrics;
+    c.extra_metrics_user = &x;
+    c.worker_init = worker_init;
+    c.worker_fini = worker_fini;
+    c.worker_init_user = &x;
+    c.on_worker_load = worker_load;
+    c.on_worker_load_user = &x;
+    if (sf_gateway_new(&c, &x.gw, &err)) {
+        fprintf(stderr, "semflow serve: %s\n", err.msg);
+        sf_monitor_close(x.mon);
+        return 1;
+    }
+    if (bpf) steer_attach(&x);
+    int rc = sf_gateway_run(x.gw, &err);
+    sf_gateway_free(x.gw); /* workers stopped: nothing calls into steer or the monitor any more */
+    sf_steer_free(x.steer);
+    sf_monitor_close(x.mon);
+    if (rc) {
+        fprintf(stderr, "semflow serve: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,391 @@
+#!/usr/bin/env python3
+"""The OpenAI API of `semflow serve`, tested from outside as a client would: the real binary on
+the demo model (CPU backend) on a free loopback port.
+
+Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
+generate`, seeds, stop strings, n, logprobs, tokenize routes, metrics, more than 30 bad inputs
+(each must get the right status and leave the server serving), half-open connections, and a
+client that disconnects mid-stream (its KV blocks must be freed)."""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
+failures = 0
+
+
+def check(name, cond, detail=""):
+    global failures
+    if cond:
+        print("PASS: %s" % name)
+    else:
+        failures += 1
+        print("FAIL: %s: %s" % (name, detail))
+    sys.stdout.flush()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class Server:
+    def __init__(self, *args):
+        self.port = free_port()
+        self.log = tempfile.NamedTemporaryFile(prefix="semflow-serve-", suffix=".log", delete=False)
+        cmd = [BIN, "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(self.port)] + list(args)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        self.saw_503 = False
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited with %d: %s" % (self.proc.returncode, self.logtext()))
+            try:
+                st, _, _ = self.request("GET", "/health", timeout=2)
+                if st == 200:
+                    return
+                self.saw_503 |= st == 503
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not become healthy: " + self.logtext())
+
+    def logtext(self):
+        if getattr(self, "final_log", None) is not None:
+            return self.final_log
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-3000:]
+
+    def _cleanup(self):
+        self.final_log = self.logtext()
+        os.unlink(self.log.name)
+
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        data = r.read()
+        c.close()
+        return r.status, dict((k.lower(), v) for k, v in r.getheaders()), data
+
+    def json(self, path, body, headers=None):
+        st, h, data = self.request("POST", path, body, headers)
+        try:
+            return st, h, json.loads(data)
+        except ValueError:
+            return st, h, {"raw": data[:200]}
+
+    def stream(self, path, body, headers=None):
+        """Returns (status, list of decoded SSE payloads, saw [DONE])."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        c.request("POST", path, body=json.dumps(body), headers=headers or {})
+        r = c.getresponse()
+        events, done = [], False
+        if r.status != 200:
+            r.read()
+            return r.status, events, done
+        for line in r:
+            line = line.decode().rstrip("\n")
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                continue
+            events.append(json.loads(line[6:]))
+        c.close()
+        return r.status, events, done
+
+    def metric(self, name):
+        st, _, data = self.request("GET", "/metrics")
+        for line in data.decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+        return None
+
+    def alive(self):
+        try:
+            return self.request("GET", "/health", timeout=10)[0] == 200
+        except OSError:
+            return False
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            rc = -9
+        self._cleanup()
+        return rc
+
+
+def generate_cli(prompt, max_tokens):
+    out = subprocess.run([BIN, "generate", "--model", "demo", "--prompt", prompt, "--max-tokens", str(max_tokens),
+                          "--temperature", "0"], capture_output=True, timeout=300)
+    return out.returncode, out.stdout.decode("utf-8", "replace")
+
+
+def test_api(s):
+    st, _, models = s.json("/v1/models", None) if False else (None, None, None)
+    st, _, data = s.request("GET", "/v1/models")
+    models = json.loads(data)
+    model = models["data"][0]["id"] if st == 200 and models.get("data") else None
+    check("models_lists_the_model", st == 200 and model and models["object"] == "list", data[:200])
+
+    prompt = "Once upon a time"
+    body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+    st, _, r = s.json("/v1/completions", body)
+    ok = st == 200 and r.get("object") == "text_completion" and len(r.get("choices", [])) == 1
+    check("completions_whole", ok and r["usage"]["completion_tokens"] == 12 and
+          r["choices"][0]["finish_reason"] == "length", r)
+    greedy = r["choices"][0]["text"] if ok else ""
+
+    st, ev, done = s.stream("/v1/completions", dict(body, stream=True))
+    text = "".join(e["choices"][0]["text"] for e in ev if e.get("choices"))
+    check("completions_stream_equals_whole", st == 200 and done and text == greedy, "%r vs %r" % (text, greedy))
+    finals = [e["choices"][0]["finish_reason"] for e in ev if e.get("choices") and e["choices"][0]["finish_reason"]]
+    check("completions_stream_finish_reason", finals == ["length"], finals)
+
+    rc, cli_text = generate_cli(prompt, 12)
+    check("greedy_equals_generate", rc == 0 and cli_text.strip() == greedy.strip(),
+          "server %r vs generate %r (rc %d)" % (greedy, cli_text, rc))
+
+    chat = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}],
+            "max_tokens": 10, "temperature": 0, "model": model}
+    st, _, r = s.json("/v1/chat/completions", chat)
+    ok = st == 200 and r.get("object") == "chat.completion"
+    check("chat_whole", ok and r["choices"][0]["message"]["role"] == "assistant" and
+          r["usage"]["prompt_tokens"] > 0, r)
+    whole = r["choices"][0]["message"]["content"] if ok else None
+    st, ev, done = s.stream("/v1/chat/completions", dict(chat, stream=True, stream_options={"include_usage": True}))
+    roles = [e["choices"][0]["delta"].get("role") for e in ev if e.get("choices")]
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in ev if e.get("choices"))
+    usage = [e["usage"] for e in ev if e.get("usage")]
+    check("chat_stream_equals_whole", st == 200 and done and roles[:1] == ["assistant"] and text == whole,
+          "%r vs %r" % (text, whole))
+    check("chat_stream_usage", len(usage) == 1 and usage[0]["completion_tokens"] == r["usage"]["completion_tokens"],
+          usage)
+
+    seeded = {"prompt": "The dog", "max_tokens": 16, "temperature": 1.0, "seed": 1234, "ignore_eos": True}
+    a = s.json("/v1/completions", seeded)[2]
+    b = s.json("/v1/completions", seeded)[2]
+    check("same_seed_same_text", a.get("choices") and a["choices"][0]["text"] == b["choices"][0]["text"], (a, b))
+
+    # stop strings: cut the greedy text at a piece of itself
+    long = s.json("/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True})[2]
+    g = long["choices"][0]["text"] if long.get("choices") else ""
+    stop = None
+    for k in range(2, len(g) - 2):
+        cand = g[k:k + 2]
+        if cand.strip() and g.find(cand) == k:
+            stop = cand
+            break
+    if stop:
+        r = s.json("/v1/completions", {"prompt": prompt, "max_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                       "stop": [stop]})[2]
+        t = r["choices"][0]["text"] if r.get("choices") else None
+        check("stop_string_cuts", t == g[:g.find(stop)] and r["choices"][0]["finish_reason"] == "stop",
+              "stop %r: %r, want %r" % (stop, t, g[:g.find(stop)]))
+    else:
+        check("stop_string_cuts", False, "no usable stop string in %r" % g)
+
+    st, _, r = s.json("/v1/completions", {"prompt": "Hi", "max_tokens": 4, "n": 3, "temperature": 1, "seed": 7})
+    check("n_choices", st == 200 and sorted(c["index"] for c in r["choices"]) == [0, 1, 2] and
+          r["usage"]["completion_tokens"] >= 3, r)
+
+    st, _, r = s.json("/v1/chat/completions", dict(chat, logprobs=True, top_logprobs=2, max_tokens=5))
+    lp = r["choices"][0]["logprobs"]["content"] if st == 200 else []
+    check("chat_logprobs", len(lp) == r["usage"]["completion_tokens"] and
+          all(x["logprob"] <= 0 and 1 <= len(x["top_logprobs"]) <= 2 for x in lp), lp[:2])
+    st, _, r = s.json("/v1/completions", {"prompt": "Hi", "max_tokens": 4, "logprobs": 2, "temperature": 0})
+    lp = r["choices"][0]["logprobs"] if st == 200 else {}
+    check("completions_logprobs", st == 200 and len(lp.get("tokens", [])) == len(lp.get("token_logprobs", [])) ==
+          r["usage"]["completion_tokens"], lp)
+
+    st, _, t = s.json("/tokenize", {"prompt": "Hello world"})
+    st2, _, d = s.json("/detokenize", {"tokens": t.get("tokens", [])})
+    check("tokenize_roundtrip", st == 200 and st2 == 200 and t["count"] == len(t["tokens"]) and
+          "Hello world" in d.get("prompt", ""), (t, d))
+
+    st, h, data = s.request("GET", "/metrics")
+    text = data.decode()
+    want = ["semflow_requests_total{", "semflow_time_to_first_token_seconds_bucket", "semflow_inter_token_latency_seconds",
+            "semflow_e2e_request_latency_seconds", "semflow_queue_depth{lane=\"high\"}", "semflow_running_sequences",
+            "semflow_kv_blocks_used", "semflow_kv_blocks_free", "semflow_tokens_per_second", "semflow_preemptions_total"]
+    missing = [w for w in want if w not in text]
+    check("metrics_exposition", st == 200 and h.get("content-type", "").startswith("text/plain") and not missing, missing)
+    return model
+
+
+def test_bad_inputs(s, model):
+    big = "hello " * 600
+    cases = [
+        # (name, method, path, body, headers, status)
+        ("malformed_json", "POST", "/v1/completions", b'{"prompt": "x",', None, 400),
+        ("invalid_utf8", "POST", "/v1/completions", b'{"prompt": "\xff\xfe bad"}', None, 400),
+        ("lone_surrogate", "POST", "/v1/completions", b'{"prompt": "\\ud800"}', None, 400),
+        ("nul_in_string", "POST", "/v1/completions", b'{"prompt": "a\\u0000b"}', None, 400),
+        ("duplicate_keys", "POST", "/v1/completions", b'{"prompt": "a", "prompt": "b"}', None, 400),
+        ("empty_body", "POST", "/v1/completions", b"", None, 400),
+        ("body_not_object", "POST", "/v1/completions", b"[1, 2]", None, 400),
+        ("prompt_missing", "POST", "/v1/completions", {"max_tokens": 3}, None, 400),
+        ("prompt_wrong_type", "POST", "/v1/completions", {"prompt": {"a": 1}}, None, 400),
+        ("prompt_many", "POST", "/v1/completions", {"prompt": ["a", "b"]}, None, 400),
+        ("prompt_bad_token_id", "POST", "/v1/completions", {"prompt": [1, 99999999]}, None, 400),
+        ("max_tokens_string", "POST", "/v1/completions", {"prompt": "a", "max_tokens": "5"}, None, 400),
+        ("max_tokens_negative", "POST", "/v1/completions", {"prompt": "a", "max_tokens": -1}, None, 400),
+        ("max_tokens_zero", "POST", "/v1/completions", {"prompt": "a", "max_tokens": 0}, None, 400),
+        ("max_tokens_huge", "POST", "/v1/completions", {"prompt": "a", "max_tokens": 10 ** 12}, None, 400),
+        ("max_tokens_over_context", "POST", "/v1/completions", {"prompt": "a", "max_tokens": 100000}, None, 400),
+        ("prompt_longer_than_context", "POST", "/v1/completions", {"prompt": big, "max_tokens": 1}, None, 400),
+        ("temperature_wrong_type", "POST", "/v1/completions", {"prompt": "a", "temperature": "hot"}, None, 400),
+        ("temperature_negative", "POST", "/v1/completions", {"prompt": "a", "temperature": -0.5}, None, 400),
+        ("top_p_above_1", "POST", "/v1/completions", {"prompt": "a", "top_p": 1.5}, None, 400),
+        ("top_p_zero", "POST", "/v1/completions", {"prompt": "a", "top_p": 0}, None, 400),
+        ("top_k_below_minus1", "POST", "/v1/completions", {"prompt": "a", "top_k": -2}, None, 400),
+        ("min_p_above_1", "POST", "/v1/completions", {"prompt": "a", "min_p": 2}, None, 400),
+        ("presence_penalty_range", "POST", "/v1/completions", {"prompt": "a", "presence_penalty": 3}, None, 400),
+        ("seed_float", "POST", "/v1/completions", {"prompt": "a", "seed": 1.5}, None, 400),
+        ("n_zero", "POST", "/v1/completions", {"prompt": "a", "n": 0}, None, 400),
+        ("n_too_many", "POST", "/v1/completions", {"prompt": "a", "n": 1000}, None, 400),
+        ("stop_wrong_type", "POST", "/v1/completions", {"prompt": "a", "stop": 5}, None, 400),
+        ("stop_too_many", "POST", "/v1/completions", {"prompt": "a", "stop": ["x"] * 20}, None, 400),
+        ("stream_wrong_type", "POST", "/v1/completions", {"prompt": "a", "stream": "yes"}, None, 400),
+        ("stream_options_without_stream", "POST", "/v1/completions",
+         {"prompt": "a", "stream_options": {"include_usage": True}}, None, 400),
+        ("completions_logprobs_range", "POST", "/v1/completions", {"prompt": "a", "logprobs": 50}, None, 400),
+        ("messages_missing", "POST", "/v1/chat/completions", {"max_tokens": 3}, None, 400),
+        ("messages_not_array", "POST", "/v1/chat/completions", {"messages": "hi"}, None, 400),
+        ("message_bad_role", "POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, None, 400),
+        ("message_no_role", "POST", "/v1/chat/completions", {"messages": [{"content": "x"}]}, None, 400),
+        ("top_logprobs_without_logprobs", "POST", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None, 400),
+        ("tools_unsupported", "POST", "/v1/chat/completions",
+         {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, None, 400),
+        ("intent_header_empty_param", "POST", "/v1/completions", {"prompt": "a"}, {"X-Semantic-Intent": "chat;;"}, 400),
+        ("intent_header_bad_urgency", "POST", "/v1/completions", {"prompt": "a"},
+         {"X-Semantic-Intent": "chat; urgency=asap"}, 400),
+        ("intent_header_no_unit", "POST", "/v1/completions", {"prompt": "a"},
+         {"X-Semantic-Intent": "chat; max-latency=400"}, 400),
+        ("intent_field_wrong_type", "POST", "/v1/completions", {"prompt": "a", "intent": 5}, None, 400),
+        ("unknown_model", "POST", "/v1/completions", {"prompt": "a", "model": "gpt-17"}, None, 404),
+        ("unknown_route", "GET", "/v2/everything", None, None, 404),
+        ("wrong_method_post_route", "GET", "/v1/completions", None, None, 405),
+        ("wrong_method_get_route", "DELETE", "/v1/models", None, None, 405),
+        ("oversized_body", "POST", "/v1/completions", b'{"prompt": "' + b"a" * 70000 + b'"}', None, 413),
+        ("detokenize_bad_id", "POST", "/detokenize", {"tokens": [-1]}, None, 400),
+    ]
+    for name, method, path, body, headers, want in cases:
+        try:
+            st, h, data = s.request(method, path, body, headers)
+        except OSError as e:
+            check("bad_input_" + name, False, "request failed: %s" % e)
+            continue
+        shape = False
+        try:
+            err = json.loads(data)["error"]
+            shape = isinstance(err["message"], str) and err["message"] and isinstance(err["type"], str) and \
+                "param" in err and "code" in err
+        except (ValueError, KeyError, TypeError):
+            pass
+        extra = True
+        if want == 405:
+            extra = bool(h.get("allow"))
+        check("bad_input_" + name, st == want and shape and extra and s.alive(),
+              "status %d (want %d), body %r" % (st, want, data[:160]))
+
+    # transport-level rejections (before a request exists; evhttp answers these itself)
+    def raw(data):
+        sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+        sock.sendall(data)
+        out = b""
+        try:
+            while True:
+                d = sock.recv(65536)
+                if not d:
+                    break
+                out += d
+                if b"\r\n\r\n" in out:
+                    break
+        except OSError:
+            pass
+        sock.close()
+        return out
+
+    out = raw(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n")
+    check("bad_input_oversized_headers", out.split(b" ")[1:2] in ([b"400"], [b"431"], [b"413"]) and s.alive(), out[:80])
+    out = raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n" + b"x" * 900000)
+    check("bad_input_far_oversized_body", out.split(b" ")[1:2] == [b"413"] and s.alive(), out[:80])
+    out = raw(b"NONSENSE\r\n\r\n")
+    check("bad_input_garbage_request_line", out.split(b" ")[1:2] == [b"400"] and s.alive(), out[:80])
+
+
+def test_half_open(s):
+    socks = []
+    for i in range(300):
+        c = socket.create_connection(("127.0.0.1", s.port))
+        if i % 2:
+            c.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\n\r\n{\"prompt\"")
+        socks.append(c)
+    t0 = time.time()
+    st, _, r = s.json("/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    dt = time.time() - t0
+    check("half_open_connections_do_not_block", st == 200 and dt < 10, "status %d after %.1f s" % (st, dt))
+    for c in socks:
+        c.close()
+
+
+def test_disconnect_frees_kv(s):
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True})
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
+    got = b""
+    while got.count(b"data: ") < 3:
+        d = sock.recv(4096)
+        if not d:
+            break
+        got += d
+    used_during = s.metric("semflow_kv_blocks_used")
+    sock.close()
+    used = None
+    for _ in range(100):
+        used = s.metric("semflow_kv_blocks_used")
+        if used == 0:
+            break
+        time.sleep(0.05)
+    check("disconnect_mid_stream_frees_kv", used_during and used_during > 0 and used == 0 and
+          s.metric("semflow_client_disconnects_total") >= 1, "KV used during %s, after %s" % (used_during, used))
+
+
+def main():
+    if not os.path.exists(BIN):
+        print("FAIL: test_server: %s not built" % BIN)
+        return 1
+    s = Server("--workers", "2", "--max-model-len", "256", "--max-body", "65536")
+    try:
+        check("health_ready", s.alive())
+        model = test_api(s)
+        test_bad_inputs(s, model)
+        test_half_open(s)
+        test_disconnect_frees_kv(s)
+        check("server_still_serving", s.alive(), s.logtext())
+    finally:
+        rc = s.stop()
+        check("sigterm_exit_0", rc == 0, "exit %s: %s" % (rc, s.logtext()))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
