@@ -345,6 +345,8 @@ static void issue(lg_run *r)
     snprintf(host, sizeof host, "%s:%d", c->host, c->port);
     evhttp_add_header(h, "Host", host);
     evhttp_add_header(h, "Content-Type", "application/json");
+    /* one connection per request; "close" lets evhttp free it once the response is read */
+    evhttp_add_header(h, "Connection", "close");
     if (k->api_key[0]) {
         snprintf(auth, sizeof auth, "Bearer %s", k->api_key);
         evhttp_add_header(h, "Authorization", auth);
