@@ -13,7 +13,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,7 +116,6 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
     memset(&t, 0, sizeof t);
     t.o = *o;
     int rc;
-    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the leader's death ends us even while we compute */
     if (o->rank < 1 || o->rank >= o->size) return sf_err(err, SF_EINVAL, "rank %d of %d is not a follower", o->rank, o->size);
     sf_load_opts lo = { .dummy = o->load_dummy, .dummy_dtype = o->dummy_f16 ? SF_DT_F16 : SF_DT_BF16,
                         .seed = o->seed };
@@ -307,7 +305,9 @@ int sf_tp_start(const sf_tp_rank_opts *o_in, const char *exe, const sf_model *m,
             goto fail;
         }
         if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            /* No PR_SET_PDEATHSIG: it fires when the forking *thread* exits (a loader thread
+             * would take the followers with it). A follower notices a dead leader at its next
+             * wait instead (comm liveness checks). */
             execv(exe, argv);
             fprintf(stderr, "semflow rank %d: exec %s: %s\n", r, exe, strerror(errno));
             _exit(127);

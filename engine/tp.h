@@ -10,7 +10,8 @@
  * Failure: every wait has a timeout (SEMFLOW_TP_TIMEOUT_MS, default 60 s) and a dead rank is
  * noticed at the next collective; the leader's calls then fail with SF_ENODEV and a message
  * naming the rank, and keep failing (the group cannot recover). Followers exit when the leader
- * dies (PR_SET_PDEATHSIG) or the group fails. Threads: all calls on the engine thread. */
+ * dies (noticed at their next wait) or the group fails. Threads: all calls on one thread (the
+ * engine thread after setup). */
 #ifndef SF_TP_H
 #define SF_TP_H
 
