@@ -1,11 +1,105 @@
 /* cmd_serve.c — `semflow serve`: the OpenAI-compatible HTTP server. */
+#include <arpa/inet.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
+#include "bpf/monitor.h"
 #include "cli/cli.h"
+#include "gateway/dashboard.h"
 #include "gateway/gateway.h"
+#include "gateway/intent.h"
+#include "gateway/tenants.h"
+
+/* What serve adds around the gateway: the eBPF monitor (metrics, dashboard) and connection
+ * steering. Every part is optional; without BPF the server runs and says why once. */
+typedef struct serve_ctx {
+    sf_gateway *gw;
+    sf_monitor *mon;
+    char mon_off[300];
+    sf_dashboard *dash[64];
+    sf_steer *steer;
+} serve_ctx;
+
+static void extra_metrics(void *user, FILE *out)
+{
+    serve_ctx *x = user;
+    char *text = sf_monitor_metrics(x->mon);
+    if (text) fputs(text, out);
+    free(text);
+}
+
+/* The dashboard's "server" object: engine queues, seats and KV, once the model is loaded. */
+static char *dashboard_stats(void *user)
+{
+    serve_ctx *x = user;
+    sf_engine *e = x->gw ? sf_gateway_engine(x->gw) : NULL;
+    if (!e) return strdup("{\"ready\":false}");
+    sf_engine_stats st;
+    sf_engine_get_stats(e, &st);
+    json_t *o = json_pack("{s:b, s:i, s:{s:i, s:i, s:i}, s:i, s:i, s:f, s:I}", "ready", 1, "running", st.running,
+                          "waiting", "high", st.waiting[SF_URGENCY_HIGH], "normal", st.waiting[SF_URGENCY_NORMAL], "low",
+                          st.waiting[SF_URGENCY_LOW], "kv_blocks_used", st.kv_blocks_used, "kv_blocks_total",
+                          st.kv_blocks_total, "tokens_per_s", st.tokens_per_s, "preemptions", (json_int_t)st.preemptions);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    return text;
+}
+
+static int worker_init(void *user, int worker, struct evhttp *http, struct event_base *base, sf_error *err)
+{
+    serve_ctx *x = user;
+    sf_dashboard_opts o = { .monitor = x->mon, .monitor_off = x->mon_off, .stats = dashboard_stats, .stats_arg = x };
+    if (worker >= (int)SF_ARRAY_LEN(x->dash)) return SF_OK;
+    return sf_dashboard_register(http, base, &o, &x->dash[worker], err);
+}
+
+static void worker_fini(void *user, int worker)
+{
+    serve_ctx *x = user;
+    if (worker < (int)SF_ARRAY_LEN(x->dash)) sf_dashboard_free(x->dash[worker]), x->dash[worker] = NULL;
+}
+
+static void worker_load(void *user, int worker, int inflight)
+{
+    serve_ctx *x = user;
+    sf_steer_set_load(x->steer, worker, (uint32_t)inflight);
+}
+
+/* With two or more workers, worker 0 is kept for tenants whose default intent is high
+ * urgency (lane 2), the others take every other tenant with client prefixes (lane 1).
+ * Clients outside every prefix are left to the kernel's reuseport hash. */
+static void steer_attach(serve_ctx *x)
+{
+    const sf_tenants *ts = sf_gateway_tenants(x->gw);
+    int any = 0;
+    for (int i = 0; i < ts->n; i++) any += ts->t[i].n_prefixes > 0;
+    if (!any) return;
+    const int *fds;
+    int n = sf_gateway_listen_fds(x->gw, &fds);
+    int lane_of[SF_STEER_MAX_WORKERS];
+    if (n > SF_STEER_MAX_WORKERS) n = SF_STEER_MAX_WORKERS;
+    for (int i = 0; i < n; i++) lane_of[i] = n >= 2 && i == 0 ? 2 : 1;
+    sf_error err = { 0 };
+    if (sf_steer_attach(fds, lane_of, n, &x->steer, &err)) {
+        SF_LOGW("connection steering off: %s", err.msg);
+        return;
+    }
+    for (int i = 0; i < ts->n; i++) {
+        const sf_tenant *t = &ts->t[i];
+        for (int k = 0; k < t->n_prefixes; k++) {
+            char cidr[INET6_ADDRSTRLEN + 8];
+            inet_ntop(t->prefixes[k].family, t->prefixes[k].addr, cidr, sizeof cidr);
+            snprintf(cidr + strlen(cidr), sizeof cidr - strlen(cidr), "/%d", t->prefixes[k].bits);
+            int lane = n >= 2 && t->default_intent.urgency == SF_URGENCY_HIGH ? 2 : 1;
+            if (sf_steer_set_prefix(x->steer, cidr, lane, &err)) SF_LOGW("steering %s (tenant %s): %s", cidr, t->name, err.msg);
+        }
+    }
+    SF_LOGI("connection steering on: %d workers, client prefixes of %d tenants", n, any);
+}
 
 static void usage(FILE *f)
 {
@@ -31,7 +125,8 @@ static void usage(FILE *f)
             "  --queue-limit N           waiting requests per urgency lane before 429 (default 256)\n"
             "  --max-body BYTES          largest request body (default 4194304)\n"
             "  --timeout S               per-connection read/write timeout (default 30)\n"
-            "  --drain-timeout S         on SIGTERM, how long in-flight requests may finish (default 30)\n");
+            "  --drain-timeout S         on SIGTERM, how long in-flight requests may finish (default 30)\n"
+            "  --bpf auto|off            eBPF monitor (/metrics, /dashboard) and connection steering (default auto)\n");
 }
 
 static int num(const char *flag, const char *v, double lo, double hi, double *out)
@@ -50,7 +145,7 @@ int sf_cmd_serve(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
            O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
-           O_DRAIN, O_HELP };
+           O_DRAIN, O_BPF, O_HELP };
     static const struct option opts[] = {
         { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
         { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
@@ -60,12 +155,12 @@ int sf_cmd_serve(int argc, char **argv)
         { "num-kv-blocks", 1, 0, O_BLOCKS }, { "kv-block-size", 1, 0, O_BLOCKSZ },
         { "kv-high-reserve", 1, 0, O_RESERVE }, { "gpu-memory-utilization", 1, 0, O_GPUMEM },
         { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
-        { "drain-timeout", 1, 0, O_DRAIN }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
+        { "drain-timeout", 1, 0, O_DRAIN }, { "bpf", 1, 0, O_BPF }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
     };
     sf_gateway_config c;
     sf_gateway_config_default(&c);
     double d;
-    int o;
+    int o, bpf = 1;
     optind = 1;
     opterr = 0;
     while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
@@ -101,6 +196,13 @@ int sf_cmd_serve(int argc, char **argv)
         case O_BODY: bad = num("--max-body", optarg, 1024, 1 << 30, &d); c.max_body_bytes = (int)d; break;
         case O_TIMEOUT: bad = num("--timeout", optarg, 1, 3600, &d); c.timeout_s = (int)d; break;
         case O_DRAIN: bad = num("--drain-timeout", optarg, 0, 3600, &d); c.drain_timeout_s = d; break;
+        case O_BPF:
+            if (strcmp(optarg, "auto") && strcmp(optarg, "off")) {
+                fprintf(stderr, "semflow serve: --bpf must be 'auto' or 'off'\n");
+                return 2;
+            }
+            bpf = !strcmp(optarg, "auto");
+            break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, "semflow serve: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -118,13 +220,36 @@ int sf_cmd_serve(int argc, char **argv)
         return 2;
     }
     sf_error err = { 0 };
-    sf_gateway *gw = NULL;
-    if (sf_gateway_new(&c, &gw, &err)) {
+    serve_ctx x;
+    memset(&x, 0, sizeof x);
+    if (bpf) {
+        sf_monitor_opts mo;
+        sf_monitor_opts_default(&mo);
+        if (sf_monitor_open(&mo, &x.mon, &err)) {
+            snprintf(x.mon_off, sizeof x.mon_off, "%s", err.msg);
+            SF_LOGI("eBPF monitor off: %s", err.msg);
+            x.mon = NULL;
+        }
+    } else {
+        snprintf(x.mon_off, sizeof x.mon_off, "disabled with --bpf off");
+    }
+    c.extra_metrics = extra_metrics;
+    c.extra_metrics_user = &x;
+    c.worker_init = worker_init;
+    c.worker_fini = worker_fini;
+    c.worker_init_user = &x;
+    c.on_worker_load = worker_load;
+    c.on_worker_load_user = &x;
+    if (sf_gateway_new(&c, &x.gw, &err)) {
         fprintf(stderr, "semflow serve: %s\n", err.msg);
+        sf_monitor_close(x.mon);
         return 1;
     }
-    int rc = sf_gateway_run(gw, &err);
-    sf_gateway_free(gw);
+    if (bpf) steer_attach(&x);
+    int rc = sf_gateway_run(x.gw, &err);
+    sf_gateway_free(x.gw); /* workers stopped: nothing calls into steer or the monitor any more */
+    sf_steer_free(x.steer);
+    sf_monitor_close(x.mon);
     if (rc) {
         fprintf(stderr, "semflow serve: %s\n", err.msg);
         return 1;

@@ -150,6 +150,7 @@ static void req_free(gw_req *r)
     pthread_mutex_destroy(&r->mu);
     sf_tenant_release(r->tenant);
     sf_metrics_active(&r->gw->metrics, -1);
+    gw_worker_load(r->w, -1);
     free(r);
 }
 
@@ -585,6 +586,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     pthread_mutex_init(&r->mu, NULL);
     r->wake = event_new(w->base, -1, 0, on_wake, r);
     sf_metrics_active(&gw->metrics, 1);
+    gw_worker_load(w, 1);
     if (!r->wake) {
         r->answered = 1;
         req_free(r);

@@ -19,6 +19,7 @@
 
 struct evhttp;
 struct evhttp_request;
+struct sf_tenants;
 struct event_base;
 typedef struct sf_gateway sf_gateway;
 
@@ -42,7 +43,14 @@ typedef struct sf_gateway_config {
     /* Called once per worker before it serves (e.g. sf_dashboard_register); non-zero fails
      * sf_gateway_new with the message in err. */
     int (*worker_init)(void *user, int worker, struct evhttp *http, struct event_base *base, sf_error *err);
+    /* Called once per initialized worker after its thread stopped, before its evhttp and base
+     * are freed (e.g. sf_dashboard_free). */
+    void (*worker_fini)(void *user, int worker);
     void *worker_init_user;
+    /* Called on worker `worker`'s thread whenever its in-flight generation count changes (e.g.
+     * sf_steer_set_load, so new connections go to the least-loaded worker). */
+    void (*on_worker_load)(void *user, int worker, int inflight);
+    void *on_worker_load_user;
 } sf_gateway_config;
 void sf_gateway_config_default(sf_gateway_config *c);
 
@@ -57,6 +65,8 @@ void sf_gateway_free(sf_gateway *gw);
  * program to attach to: returns how many; *fds stays valid until sf_gateway_free. */
 int sf_gateway_listen_fds(const sf_gateway *gw, const int **fds);
 int sf_gateway_port(const sf_gateway *gw);
+/* The tenants table (immutable; its limiter state is internal): for steering prefixes. */
+const struct sf_tenants *sf_gateway_tenants(const sf_gateway *gw);
 /* The engine once loaded (NULL before). */
 sf_engine *sf_gateway_engine(const sf_gateway *gw);
 

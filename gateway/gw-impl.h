@@ -24,6 +24,8 @@ typedef struct gw_worker {
     int fd;
     pthread_t thread;
     int started;
+    int inited;               /* worker_init ran: worker_fini is owed */
+    int inflight;             /* generation requests in flight (this worker's thread only) */
 } gw_worker;
 
 struct sf_gateway {
@@ -64,6 +66,9 @@ void gw_route_tokenize(sf_gateway *gw, struct evhttp_request *req, sf_engine *e)
 void gw_route_detokenize(sf_gateway *gw, struct evhttp_request *req, sf_engine *e);
 /* Shared by routes: tokenize a chat or a completion prompt. Fills e on failure. */
 int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int32_t **ids, int *n, sf_gw_err *e);
+
+/* server.c: a worker's in-flight count changed by delta (worker thread) */
+void gw_worker_load(gw_worker *w, int delta);
 
 /* completions.c */
 void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_engine *engine);

@@ -189,6 +189,7 @@ static int worker_init(sf_gateway *gw, gw_worker *w, sf_error *err)
     if (gw->cfg.worker_init) {
         int rc = gw->cfg.worker_init(gw->cfg.worker_init_user, w->idx, w->http, w->base, err);
         if (rc) return rc;
+        w->inited = 1;
     }
     w->bound = evhttp_accept_socket_with_handle(w->http, w->fd);
     if (!w->bound) return sf_err(err, SF_EIO, "evhttp_accept_socket() failed for worker %d", w->idx);
@@ -270,6 +271,7 @@ void sf_gateway_free(sf_gateway *gw)
             event_base_once(w->base, -1, EV_TIMEOUT, exit_loop_cb, w, NULL);
             pthread_join(w->thread, NULL);
         }
+        if (w->inited && gw->cfg.worker_fini) gw->cfg.worker_fini(gw->cfg.worker_init_user, i);
         if (w->http) evhttp_free(w->http); /* closes bound sockets */
         else if (gw->fds && gw->fds[i] >= 0) close(gw->fds[i]);
         if (w->base) event_base_free(w->base);
@@ -373,4 +375,11 @@ int sf_gateway_listen_fds(const sf_gateway *gw, const int **fds)
 }
 
 int sf_gateway_port(const sf_gateway *gw) { return gw->port; }
+const struct sf_tenants *sf_gateway_tenants(const sf_gateway *gw) { return gw->tenants; }
+
+void gw_worker_load(gw_worker *w, int delta)
+{
+    w->inflight += delta;
+    if (w->gw->cfg.on_worker_load) w->gw->cfg.on_worker_load(w->gw->cfg.on_worker_load_user, w->idx, w->inflight);
+}
 sf_engine *sf_gateway_engine(const sf_gateway *gw) { return atomic_load(&((sf_gateway *)gw)->engine); }

@@ -60,8 +60,14 @@ class Server:
         raise RuntimeError("server did not become healthy: " + self.logtext())
 
     def logtext(self):
+        if getattr(self, "final_log", None) is not None:
+            return self.final_log
         with open(self.log.name, errors="replace") as f:
             return f.read()[-3000:]
+
+    def _cleanup(self):
+        self.final_log = self.logtext()
+        os.unlink(self.log.name)
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -116,10 +122,12 @@ class Server:
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(60)
+            rc = self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return -9
+            rc = -9
+        self._cleanup()
+        return rc
 
 
 def generate_cli(prompt, max_tokens):

@@ -55,8 +55,14 @@ class Server:
         raise RuntimeError("server did not become healthy: " + self.logtext())
 
     def logtext(self):
+        if getattr(self, "final_log", None) is not None:
+            return self.final_log
         with open(self.log.name, errors="replace") as f:
             return f.read()[-3000:]
+
+    def _cleanup(self):
+        self.final_log = self.logtext()
+        os.unlink(self.log.name)
 
     def request(self, method, path, body=None, headers=None, timeout=300):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -98,10 +104,12 @@ class Server:
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(60)
+            rc = self.proc.wait(60)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return -9
+            rc = -9
+        self._cleanup()
+        return rc
 
 
 def run_threads(fns):
@@ -225,7 +233,8 @@ def test_overload():
 
 def test_tenants():
     tenants = {"tenants": [
-        {"name": "gold", "api_keys": ["sk-gold-000001"], "default_intent": "realtime-chat"},
+        {"name": "gold", "api_keys": ["sk-gold-000001"], "default_intent": "realtime-chat",
+         "client_prefixes": ["127.0.0.0/8"]},
         {"name": "thrifty", "api_keys": ["sk-thrifty-0001"], "max_urgency": "low", "token_rate_limit": 1,
          "token_burst": 4},
         {"name": "single", "api_keys": ["sk-single-00001"], "max_concurrent": 1},
@@ -258,6 +267,8 @@ def test_tenants():
         t.join(300)
         check("tenants_concurrency_429", st == 429 and json.loads(data)["error"]["code"] == "tenant_concurrency", st)
         _, _, m = s.request("GET", "/metrics")
+        log = s.logtext()
+        check("tenants_prefixes_reach_steering", "connection steering on" in log or "connection steering off:" in log, log)
         check("tenants_in_metrics", b'tenant="gold",class="realtime-chat",status="200"' in m and
               b'tenant="thrifty"' in m, m[:300])
     finally:
@@ -283,6 +294,7 @@ def test_drain():
         refused = True
     t.join(300)
     rc = s.proc.wait(120)
+    s._cleanup()
     check("sigterm_stops_accepting", refused)
     check("sigterm_drains_in_flight_stream", res and res[0][0] == 200 and res[0][2] and res[0][1] >= 48, res)
     check("sigterm_exits_0", rc == 0, s.logtext())
