@@ -142,9 +142,11 @@ static int bench_decode(const bench_opts *o)
     }
     const sf_model_config *c = &e.m->cfg;
     int rc = 1;
-    double *ms = calloc((size_t)o->steps + 1, sizeof(double));
+    double *ms = calloc((size_t)o->steps + 1, sizeof(double)), *host_us = calloc((size_t)o->steps + 1, sizeof(double));
     int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(o->ctx + 1));
-    if (!ms || !prompt) { fprintf(stderr, "semflow bench decode: out of memory\n"); goto out; }
+    sf_backend_stats st = { 0 };
+    int have_host = 0;
+    if (!ms || !host_us || !prompt) { fprintf(stderr, "semflow bench decode: out of memory\n"); goto out; }
     sf_rng rng;
     sf_rng_seed(&rng, 7);
     for (int i = 0; i < o->ctx; i++) prompt[i] = (int32_t)(sf_rng_next(&rng) % (uint64_t)c->vocab_size);
@@ -159,6 +161,13 @@ static int bench_decode(const bench_opts *o)
         if (bench_feed(&e, &tok, 1, &err)) goto fail;
         tok = argmax(e.logits, c->vocab_size);
         ms[s] = (sf_now_s() - ts) * 1e3;
+        /* CUDA: host time from batch_begin until the step's work was enqueued */
+        if (sf_backend_cuda_stats(e.b, &st) == SF_OK) { host_us[s] = st.last_step_host_us; have_host = 1; }
+    }
+    double host_med = 0;
+    if (have_host) {
+        qsort(host_us + 1, (size_t)o->steps, sizeof(double), cmp_double);
+        host_med = host_us[1 + o->steps / 2];
     }
     int n = o->steps;
     double *t = ms + 1, mean = 0;
@@ -181,6 +190,12 @@ static int bench_decode(const bench_opts *o)
                               "weight_gbs", gbs, "weight_kv_gbs", gbs_kv, "ceiling_gbs", ceil_gbs,
                               "ceiling", read_bw ? "read bandwidth" : "copy bandwidth", "ratio", gbs / ceil_gbs,
                               "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0);
+        if (have_host) {
+            json_object_set_new(j, "host_us_per_step", json_real(host_med));
+            json_object_set_new(j, "host_share", json_real(host_med / (med * 1e3)));
+            json_object_set_new(j, "roofline_ms", json_real(wbytes / (ceil_gbs * 1e9) * 1e3));
+            json_object_set_new(j, "cuda_graph_replays", json_integer(st.graph_replays));
+        }
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
         json_decref(j);
@@ -193,11 +208,82 @@ static int bench_decode(const bench_opts *o)
         printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
                100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
         if (o->ctx) printf("prefill  %d tokens in %.2f s = %.1f tokens/s (chunks of %d)\n", o->ctx, prefill_s, o->ctx / prefill_s, chunk);
+        if (have_host)
+            printf("roofline %.2f ms/token (weights / measured bandwidth) = %.0f%% reached; host %.0f us/step = %.1f%% of "
+                   "the step; CUDA graphs: %ld captured, %ld replays, %ld fallbacks\n",
+                   wbytes / (ceil_gbs * 1e9) * 1e3, 100 * wbytes / (ceil_gbs * 1e9) * 1e3 / med, host_med,
+                   100 * host_med / (med * 1e3), st.graphs_captured, st.graph_replays, st.graph_fallbacks);
     }
     rc = 0;
     goto out;
 fail:
     fprintf(stderr, "semflow bench decode: %s\n", err.msg);
+out:
+    free(ms);
+    free(host_us);
+    free(prompt);
+    bench_close(&e);
+    return rc;
+}
+
+/* FLOPs of one prefill step of T tokens from position 0: the GEMMs (2 per weight element per
+ * token), causal attention (QK^T and PV over on average (T+1)/2 keys), and the lm_head for the
+ * one logit row. */
+static double prefill_flops(const sf_model_config *c, int T)
+{
+    double d = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, f = c->intermediate;
+    double per_layer = d * (H + 2 * Hkv) * hd + H * hd * d + 3 * d * f;
+    double attn = 2.0 * 2.0 * H * hd * ((double)T * (T + 1) / 2);
+    return c->n_layers * (2.0 * per_layer * T + attn) + 2.0 * d * c->vocab_size;
+}
+
+static int bench_prefill(const bench_opts *o)
+{
+    bench_env e;
+    sf_error err = { 0 };
+    int T = o->ctx > 0 ? o->ctx : 1, rc = 1, n = o->steps;
+    if (bench_open(o, T, T, &e, &err)) {
+        fprintf(stderr, "semflow bench prefill: %s\n", err.msg);
+        return 1;
+    }
+    const sf_model_config *c = &e.m->cfg;
+    double *ms = calloc((size_t)n + 1, sizeof(double));
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)T);
+    if (!ms || !prompt) { fprintf(stderr, "semflow bench prefill: out of memory\n"); goto out; }
+    sf_rng rng;
+    sf_rng_seed(&rng, 7);
+    for (int i = 0; i < T; i++) prompt[i] = (int32_t)(sf_rng_next(&rng) % (uint64_t)c->vocab_size);
+    /* the same prompt from position 0 each time (the KV blocks are overwritten); one untimed run first */
+    for (int s = 0; s <= n; s++) {
+        e.len = 0;
+        double ts = sf_now_s();
+        if (bench_feed(&e, prompt, T, &err)) goto fail;
+        ms[s] = (sf_now_s() - ts) * 1e3;
+    }
+    qsort(ms + 1, (size_t)n, sizeof(double), cmp_double);
+    double med = ms[1 + n / 2], flops = prefill_flops(c, T);
+    const sf_hw_info *hw = e.b->ops->hw(e.b);
+    double tflops = flops / (med * 1e-3) / 1e12;
+    if (o->json) {
+        json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "mode", "prefill",
+                              "model", e.m->name, "random_weights", e.m->random_weights, "backend", e.b->ops->name,
+                              "tokens", T, "runs", n, "ms_median", med, "tokens_per_s", T / (med * 1e-3),
+                              "flops", flops, "tflops", tflops, "gemm_peak_tflops", hw->gemm_tflops,
+                              "mfu", hw->gemm_tflops > 0 ? tflops / hw->gemm_tflops : 0.0);
+        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(j);
+    } else {
+        printf("prefill  %s%s, %d tokens in one step, backend %s\n", e.m->name,
+               e.m->random_weights ? " (random weights)" : "", T, e.b->ops->name);
+        printf("latency  %.1f ms median of %d (best %.1f) = %.0f tokens/s\n", med, n, ms[1], T / (med * 1e-3));
+        printf("compute  %.2f TFLOP per step, %.1f TFLOP/s = %.0f%% MFU of the %.1f TFLOP/s GEMM rate hal measured\n",
+               flops / 1e12, tflops, hw->gemm_tflops > 0 ? 100 * tflops / hw->gemm_tflops : 0.0, hw->gemm_tflops);
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "semflow bench prefill: %s\n", err.msg);
 out:
     free(ms);
     free(prompt);
@@ -211,6 +297,7 @@ static const struct {
     const char *help;
 } bench_modes[] = {
     { "decode", bench_decode, "batch-1 decode: ms/token and weight GB/s vs measured memory bandwidth" },
+    { "prefill", bench_prefill, "one prefill step of --ctx tokens: tokens/s and MFU vs the measured GEMM rate" },
 };
 
 static void usage(FILE *f)

@@ -156,8 +156,8 @@ static int normalize(enc *E, const char *s, size_t n)
                 }
             }
             if (run < E->norm.len && tok_buf_put(&E->tmp, E->norm.p + run, E->norm.len - run)) return SF_ENOMEM;
-        } else {
-            continue; /* NFC: input is taken as already composed (see docs/TOKENIZER.md) */
+        } else if (tok_nfc(&E->tmp, E->norm.p, E->norm.len)) { /* TOK_NORM_NFC */
+            return SF_ENOMEM;
         }
         tok_buf x = E->norm;
         E->norm = E->tmp;

@@ -192,6 +192,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
 typedef struct sf_backend_stats {
     int n_device_allocs;
     size_t device_bytes;
+    long graphs_captured, graph_replays, graph_fallbacks; /* decode-step CUDA graphs */
+    double last_step_host_us; /* host time of the last step: batch_begin to all work enqueued */
 } sf_backend_stats;
 int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s);
 

@@ -38,7 +38,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 
 #define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
-#define MAX_SPLIT 32
+#define MAX_SPLIT 64
 
 struct sf_buf {
     uint16_t *d;
@@ -65,7 +65,8 @@ typedef struct cuda_ctx {
     cudaEvent_t meta_done;
     int T, S, L, max_blocks, max_ctx;
     int32_t *tokens_h; /* into meta_h */
-    int32_t *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d;
+    int32_t *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d, *tiles_d;
+    int n_tiles; /* prefill query tiles of this step (0: none) */
     /* KV pool */
     sf_kv_config kvc;
     uint16_t *kv;
@@ -78,6 +79,16 @@ typedef struct cuda_ctx {
     float *attn_ws;
     size_t attn_ws_floats;
     int64_t max_rows;
+    int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
+    uint64_t t_step0;    /* host clock at the step's batch_begin */
+    double last_host_us; /* batch_begin until the step's work was all enqueued */
+    sf_cuda_graphs graphs;
+    /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
+     * printed when the backend closes */
+    int prof;
+    cudaEvent_t prof_ev[2];
+    struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
+    int n_prof;
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -122,6 +133,55 @@ static int kcheck(int krc, const char *op)
     return krc == cudaErrorMemoryAllocation ? SF_ENOMEM : SF_ERROR;
 }
 
+/* Ends a graph capture or replay in progress: called before anything reads results, frees or
+ * allocates memory, or synchronises. */
+static int step_end(cuda_ctx *c)
+{
+    return kcheck(sf_cuda_graph_end(&c->graphs, c->gemm, c->s), "launching the step's graph");
+}
+
+static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
+{
+    int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : 0;
+    /* rows of the op (tokens; for attention, the split count when it splits) */
+    int64_t n = r->kind == SF_OP_GEMM || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
+                    ? r->n[1] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM ? r->n[2]
+                    : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
+    for (int i = 0; i < c->n_prof; i++) {
+        struct prof_row *p = &c->prof_rows[i];
+        if (p->kind == r->kind && p->m == m && p->k == k && p->n == n) { p->ms += ms; p->count++; return; }
+    }
+    if (c->n_prof < (int)SF_ARRAY_LEN(c->prof_rows))
+        c->prof_rows[c->n_prof++] = (struct prof_row){ r->kind, m, k, n, ms, 1 };
+}
+
+static void prof_print(cuda_ctx *c)
+{
+    static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows" };
+    double total = 0;
+    for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
+    fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
+    fprintf(stderr, "  %-10s %7s %7s %5s %9s %9s %6s\n", "op", "m", "k", "n|spl", "calls", "us/call", "share");
+    for (int i = 0; i < c->n_prof; i++) {
+        struct prof_row *p = &c->prof_rows[i];
+        fprintf(stderr, "  %-10s %7lld %7lld %5lld %9ld %9.1f %5.1f%%\n", names[p->kind], (long long)p->m,
+                (long long)p->k, (long long)p->n, p->count, 1e3 * p->ms / p->count, 100 * p->ms / total);
+    }
+}
+
+static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
+{
+    if (!c->prof) return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
+    float ms = 0;
+    cudaEventRecord(c->prof_ev[0], c->s);
+    int rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
+    cudaEventRecord(c->prof_ev[1], c->s);
+    if (!rc && cudaEventSynchronize(c->prof_ev[1]) == cudaSuccess &&
+        cudaEventElapsedTime(&ms, c->prof_ev[0], c->prof_ev[1]) == cudaSuccess)
+        prof_add(c, r, ms);
+    return rc;
+}
+
 /* ---- lifecycle ------------------------------------------------------------------------ */
 static void cuda_destroy(sf_backend *b)
 {
@@ -129,7 +189,14 @@ static void cuda_destroy(sf_backend *b)
     cuda_ctx *c = CTX(b);
     if (c) {
         cudaSetDevice(c->dev);
+        if (c->gemm && c->s) step_end(c);
         if (c->s) cudaStreamSynchronize(c->s);
+        sf_cuda_graphs_free(&c->graphs);
+        if (c->prof) {
+            prof_print(c);
+            cudaEventDestroy(c->prof_ev[0]);
+            cudaEventDestroy(c->prof_ev[1]);
+        }
         sf_k_gemm_ctx_free(c->gemm);
         for (int i = 0; i < 2; i++) {
             if (c->pin[i]) cudaFreeHost(c->pin[i]);
@@ -213,6 +280,7 @@ static int cuda_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **o
         rows += d->part[i].rows;
         if (d->bias[i].data) has_bias = 1;
     }
+    if ((rc = step_end(c))) return sf_err(err, rc, "CUDA backend: a step's graph failed (logged above)");
     if (!(w = calloc(1, sizeof *w))) return sf_err(err, SF_ENOMEM, "CUDA backend: out of host memory");
     w->rows = rows;
     w->cols = cols;
@@ -258,6 +326,8 @@ static void cuda_weight_free(sf_backend *b, sf_weight *w)
 {
     if (!w) return;
     cuda_ctx *c = CTX(b);
+    step_end(c);
+    cudaStreamSynchronize(c->s);
     dfree(c, w->d, (size_t)w->rows * w->cols * 2);
     dfree(c, w->bias, (size_t)w->rows * 2);
     free(w);
@@ -270,6 +340,7 @@ static int cuda_buf_new(sf_backend *b, int64_t rows, int64_t cols, sf_buf **out,
     *out = NULL;
     if (rows <= 0 || cols <= 0)
         return sf_err(err, SF_EINVAL, "CUDA backend: activation buffer of %lld x %lld", (long long)rows, (long long)cols);
+    if (step_end(c)) return sf_err(err, SF_ERROR, "CUDA backend: a step's graph failed (logged above)");
     sf_buf *buf = calloc(1, sizeof *buf);
     if (!buf) return sf_err(err, SF_ENOMEM, "CUDA backend: out of host memory");
     int rc = dmalloc(c, (void **)&buf->d, (size_t)rows * cols * 2, "an activation buffer", err);
@@ -284,6 +355,8 @@ static int cuda_buf_new(sf_backend *b, int64_t rows, int64_t cols, sf_buf **out,
 static void cuda_buf_free(sf_backend *b, sf_buf *buf)
 {
     if (!buf) return;
+    step_end(CTX(b));
+    cudaStreamSynchronize(CTX(b)->s);
     dfree(CTX(b), buf->d, (size_t)buf->rows * buf->cols * 2);
     free(buf);
 }
@@ -305,6 +378,8 @@ static int cuda_kv_init(sf_backend *b, const sf_kv_config *k, sf_error *err)
         return sf_err(err, SF_EINVAL, "CUDA backend: KV config layers=%d blocks=%d block_size=%d kv_heads=%d "
                       "head_dim=%d is not valid (head_dim must be even and <= %d)", k->n_layers, k->n_blocks,
                       k->block_size, k->n_kv_heads, k->head_dim, SF_K_ATTN_MAX_HD);
+    if (step_end(c) || cudaStreamSynchronize(c->s))
+        return sf_err(err, SF_ERROR, "CUDA backend: the previous step failed (logged above)");
     if (c->kv) {
         dfree(c, c->kv, c->kv_layer_elems * 2 * 2 * c->kvc.n_layers);
         c->kv = NULL;
@@ -327,6 +402,8 @@ static int kv_copy(sf_backend *b, const int32_t *blocks, int n, void *host, cons
 {
     cuda_ctx *c = CTX(b);
     if (!c->kv) return op_fail(SF_EINVAL, "kv_copy", "KV cache not initialised (kv_init first)");
+    int rc = step_end(c);
+    if (rc) return rc;
     size_t blk = (size_t)c->kvc.n_kv_heads * c->kvc.block_size * c->kvc.head_dim;
     char *h = host ? (char *)host : (char *)src_host;
     for (int i = 0; i < n; i++) {
@@ -357,10 +434,12 @@ static int cuda_kv_copy_in(sf_backend *b, const int32_t *blocks, int n, const vo
 static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
 {
     cuda_ctx *c = CTX(b);
-    int T = bt->n_tokens, S = bt->n_seqs, L = bt->n_logits;
+    int T = bt->n_tokens, S = bt->n_seqs, L = bt->n_logits, rc;
+    if ((rc = step_end(c))) return rc;
+    c->t_step0 = sf_now_ns();
     if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
         return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
-    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L;
+    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
     if (need > META_INTS)
         return op_fail(SF_EINVAL, "batch_begin", "batch metadata exceeds 4 MiB: fewer sequences or shorter block tables");
     if (c->kv) {
@@ -397,6 +476,22 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     if (L) memcpy(h + 4 * T + (size_t)S * bt->max_blocks, bt->logit_rows, (size_t)L * 4);
     for (int i = 0; i < L; i++)
         if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= T) return op_fail(SF_EINVAL, "batch_begin", "logit row outside the batch");
+    /* Prefill tiles when some sequence brings >= 16 tokens: runs of <= 64 consecutive tokens of
+     * one sequence with consecutive positions (anything else keeps the CUDA-core kernel). */
+    int32_t *tiles = h + 4 * T + (size_t)S * bt->max_blocks + L;
+    int n_tiles = 0, longest = 0, consecutive = 1;
+    for (int s = 0; s < S; s++) {
+        longest = SF_MAX(longest, bt->seq_start[s + 1] - bt->seq_start[s]);
+        for (int t = bt->seq_start[s] + 1; t < bt->seq_start[s + 1]; t++) consecutive &= bt->pos[t] == bt->pos[t - 1] + 1;
+    }
+    if (longest >= 16 && consecutive)
+        for (int s = 0; s < S; s++)
+            for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t += SF_K_PREFILL_TILE) {
+                tiles[2 * n_tiles] = t;
+                tiles[2 * n_tiles + 1] = SF_MIN(SF_K_PREFILL_TILE, bt->seq_start[s + 1] - t);
+                n_tiles++;
+            }
+    need = 4 * (size_t)T + (size_t)S * bt->max_blocks + L + 2 * (size_t)n_tiles;
     cudaError_t e = cudaMemcpyAsync(c->meta_d, h, need * 4, cudaMemcpyHostToDevice, c->s);
     if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
@@ -408,6 +503,17 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->tok_seq_d = c->meta_d + 3 * T;
     c->block_table_d = c->meta_d + 4 * T;
     c->logit_rows_d = c->block_table_d + (size_t)S * bt->max_blocks;
+    c->tiles_d = c->logit_rows_d + L;
+    c->n_tiles = n_tiles;
+    /* Split the keys when (tokens x kv heads) blocks cannot fill the SMs: decode at long context. */
+    int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
+    c->n_split = 1;
+    if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
+        c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
+        c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
+    }
+    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, n_tiles };
+    sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
 }
 
@@ -421,7 +527,11 @@ static int cuda_embed(sf_backend *b, const sf_weight *emb, sf_buf *x)
                     c->tokens_h[t], t, (long long)emb->rows - 1);
             return SF_EINVAL;
         }
-    return kcheck(sf_k_embed(emb->d, emb->rows, emb->cols, c->tokens_d, c->T, x->d, x->cols, c->s), "embed");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_EMBED;
+    r.p[0] = emb->d; r.p[1] = c->tokens_d; r.p[2] = x->d;
+    r.n[0] = emb->rows; r.n[1] = emb->cols; r.n[2] = c->T; r.n[3] = x->cols;
+    return submit(c, &r, 1, "embed");
 }
 
 static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_weight *w, float eps, int n, sf_buf *out)
@@ -431,8 +541,12 @@ static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_we
         (add && (add->rows < n || add->cols < w->rows * w->cols)))
         return op_fail(SF_EINVAL, "rmsnorm", "buffer shapes do not match the norm weight");
     int d = (int)(w->rows * w->cols);
-    return kcheck(sf_k_rmsnorm(x->d, x->cols, add ? add->d : NULL, add ? add->cols : 0, w->d, eps, n, d, out->d,
-                               out->cols, c->s), "rmsnorm");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_RMSNORM;
+    r.p[0] = x->d; r.p[1] = add ? add->d : NULL; r.p[2] = w->d; r.p[3] = out->d;
+    r.n[0] = x->cols; r.n[1] = add ? add->cols : 0; r.n[2] = n; r.n[3] = d; r.n[4] = out->cols;
+    r.f = eps;
+    return submit(c, &r, 1, "rmsnorm");
 }
 
 static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *y)
@@ -440,8 +554,11 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     cuda_ctx *c = CTX(b);
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows)
         return op_fail(SF_EINVAL, "matmul", "buffer shapes do not match the weight");
-    return kcheck(sf_k_gemm(c->gemm, x->d, x->cols, w->d, w->bias, n, (int)w->rows, (int)w->cols, y->d, y->cols, c->s),
-                  "matmul");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_GEMM;
+    r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
+    r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
+    return submit(c, &r, sf_k_gemm_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols), "matmul");
 }
 
 static int ensure_rope(cuda_ctx *c, const sf_rope *r)
@@ -450,6 +567,8 @@ static int ensure_rope(cuda_ctx *c, const sf_rope *r)
     if (r->rot_dim <= 0 || r->rot_dim > r->head_dim || r->rot_dim % 2 || n > (int)SF_ARRAY_LEN(c->inv_freq_h))
         return op_fail(SF_EINVAL, "rope", "rot_dim must be even, positive and <= head_dim");
     if (n == c->inv_freq_n && !memcmp(c->inv_freq_h, r->inv_freq, (size_t)n * 4)) return SF_OK;
+    int rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "rope");
+    if (rc) return rc;
     memcpy(c->inv_freq_h, r->inv_freq, (size_t)n * 4);
     c->inv_freq_n = n;
     /* rare (once per model): a synchronous copy keeps the host array free to change */
@@ -465,8 +584,13 @@ static int cuda_rope_kv(sf_backend *b, sf_buf *qkv, int layer, int H, int Hkv, c
         qkv->cols < (int64_t)(H + 2 * Hkv) * r->head_dim || qkv->rows < c->T)
         return op_fail(SF_EINVAL, "rope_kv", "layer, heads or qkv shape do not match the KV cache");
     if ((rc = ensure_rope(c, r))) return rc;
-    return kcheck(sf_k_rope_kv(qkv->d, qkv->cols, c->T, c->pos_d, c->slot_d, H, Hkv, r->head_dim, r->rot_dim,
-                               r->interleaved, c->inv_freq_d, layer_kv(c, layer), c->s), "rope_kv");
+    sf_op_rec rec = { 0 };
+    rec.kind = SF_OP_ROPE_KV;
+    rec.p[0] = qkv->d; rec.p[1] = c->pos_d; rec.p[2] = c->slot_d; rec.p[3] = c->inv_freq_d;
+    rec.n[0] = qkv->cols; rec.n[1] = c->T; rec.n[2] = H; rec.n[3] = Hkv; rec.n[4] = r->head_dim; rec.n[5] = r->rot_dim;
+    rec.n[6] = r->interleaved;
+    rec.kv = layer_kv(c, layer);
+    return submit(c, &rec, 1, "rope_kv");
 }
 
 static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, int Hkv, const sf_rope *r, sf_buf *out)
@@ -478,18 +602,16 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         H / Hkv > SF_K_ATTN_MAX_GROUP || out->cols < (int64_t)H * hd || out->rows < c->T ||
         qkv->cols < (int64_t)(H + 2 * Hkv) * hd)
         return op_fail(SF_EINVAL, "attention", "heads or shapes do not match the KV cache (group size <= 16)");
-    /* Split the keys when (tokens x kv heads) blocks cannot fill the SMs: decode at long context. */
-    int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = c->T * Hkv, n_split = 1;
-    if (work < sms && c->max_ctx > 256) {
-        n_split = SF_MIN((c->max_ctx + 255) / 256, (2 * sms + work - 1) / work);
-        n_split = SF_MAX(1, SF_MIN(n_split, MAX_SPLIT));
-    }
+    int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, n_split = c->n_split, capturable = 1;
     if (n_split > 1) {
         size_t need = (size_t)c->T * H * n_split * (hd + 2);
         if (need > c->attn_ws_floats) {
             /* sized once for the worst split case this model can hit (work < sms), at warm-up */
             size_t cap = (size_t)SF_MIN(c->max_rows, sms) * H * MAX_SPLIT * (hd + 2);
             sf_error err;
+            int rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "attention");
+            if (rc) return rc;
+            capturable = 0;
             cap = SF_MAX(cap, need);
             dfree(c, c->attn_ws, c->attn_ws_floats * 4);
             c->attn_ws = NULL;
@@ -501,27 +623,37 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
             c->attn_ws_floats = cap;
         }
     }
-    sf_k_attn a = {
+    sf_op_rec rec = { 0 };
+    rec.kind = SF_OP_ATTN;
+    rec.attn = (sf_k_attn){
         .q = qkv->d, .ld_q = qkv->cols, .out = out->d, .ld_out = out->cols, .T = c->T, .H = H, .Hkv = Hkv, .hd = hd,
         .scale = r->attn_scale, .pos = c->pos_d, .tok_seq = c->tok_seq_d, .block_table = c->block_table_d,
-        .max_blocks = c->max_blocks, .max_ctx = c->max_ctx, .kv = layer_kv(c, layer), .ws = c->attn_ws,
-        .n_split = n_split,
+        .max_blocks = c->max_blocks, .kv = layer_kv(c, layer), .ws = c->attn_ws,
+        .n_split = n_split, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
     };
-    return kcheck(sf_k_attention(&a, c->s), "attention");
+    return submit(c, &rec, capturable, "attention");
 }
 
 static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *out)
 {
     if (gu->cols < 2 * (int64_t)f || out->cols < f || n > gu->rows || n > out->rows)
         return op_fail(SF_EINVAL, "silu_mul", "buffer shapes do not match 2*f / f columns");
-    return kcheck(sf_k_silu_mul(gu->d, gu->cols, n, f, out->d, out->cols, CTX(b)->s), "silu_mul");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_SILU;
+    r.p[0] = gu->d; r.p[1] = out->d;
+    r.n[0] = gu->cols; r.n[1] = n; r.n[2] = f; r.n[3] = out->cols;
+    return submit(CTX(b), &r, 1, "silu_mul");
 }
 
 static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
 {
     cuda_ctx *c = CTX(b);
     if (out->rows < c->L || out->cols < x->cols) return op_fail(SF_EINVAL, "get_rows", "output buffer too small");
-    return kcheck(sf_k_get_rows(x->d, x->cols, c->logit_rows_d, c->L, x->cols, out->d, out->cols, c->s), "get_rows");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_ROWS;
+    r.p[0] = x->d; r.p[1] = c->logit_rows_d; r.p[2] = out->d;
+    r.n[0] = x->cols; r.n[1] = c->L; r.n[2] = x->cols; r.n[3] = out->cols;
+    return submit(c, &r, 1, "get_rows");
 }
 
 /* Downloads bf16 rows through the pinned stage and widens them on the host (half the PCIe
@@ -530,6 +662,10 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
 {
     cuda_ctx *c = CTX(b);
     if (n > buf->rows) return op_fail(SF_EINVAL, "read_f32", "more rows than the buffer has");
+    int rc = step_end(c);
+    if (rc) return rc;
+    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    c->t_step0 = 0;
     size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
     for (size_t off = 0; off < total; off += per) {
         size_t cnt = SF_MIN(per, total - off);
@@ -543,7 +679,14 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     return SF_OK;
 }
 
-static int cuda_sync(sf_backend *b) { return kcheck(cudaStreamSynchronize(CTX(b)->s), "sync"); }
+static int cuda_sync(sf_backend *b)
+{
+    cuda_ctx *c = CTX(b);
+    int rc = step_end(c);
+    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    c->t_step0 = 0;
+    return rc ? rc : kcheck(cudaStreamSynchronize(CTX(b)->s), "sync");
+}
 
 static const struct sf_backend_ops cuda_ops = {
     .name = "cuda",
@@ -599,6 +742,15 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->meta_d, META_INTS * 4, "batch metadata", err))) goto cleanup;
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming), err, rc);
     if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
+    {
+        const char *g = getenv("SEMFLOW_CUDA_GRAPHS"), *p = getenv("SEMFLOW_CUDA_PROFILE");
+        c->prof = p && !strcmp(p, "1");
+        if (c->prof) {
+            SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
+            SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);
+        }
+        sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, 64);
+    }
     *out = b;
     return SF_OK;
 cleanup:
@@ -613,6 +765,10 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
     cuda_ctx *c = CTX(b);
     s->n_device_allocs = c->n_mallocs;
     s->device_bytes = c->dev_bytes;
+    s->graphs_captured = c->graphs.n_captured;
+    s->graph_replays = c->graphs.n_replayed;
+    s->graph_fallbacks = c->graphs.n_fallbacks;
+    s->last_step_host_us = c->last_host_us;
     return SF_OK;
 }
 

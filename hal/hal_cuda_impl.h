@@ -19,6 +19,62 @@
             goto cleanup;                                                                        \
         }                                                                                        \
     } while (0)
+
+#include "../kernels/cuda/kernels.h"
+
+/* ---- recorded ops and CUDA graphs (hal_cuda_graph.c) ------------------------------------- */
+/* One launch of a step, with everything that determines it: ops are built as records so a
+ * step can be captured into a CUDA graph and later steps checked against the capture. Records
+ * are zeroed before they are filled, so they compare with memcmp. */
+enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF_OP_SILU, SF_OP_ROWS };
+typedef struct sf_op_rec {
+    int kind;
+    const void *p[6];
+    int64_t n[8];
+    float f;
+    sf_k_kv kv;
+    sf_k_attn attn;
+} sf_op_rec;
+
+int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r);
+
+#define SF_GRAPH_SLOTS 64
+#define SF_GRAPH_KEY 6
+typedef struct sf_graph_slot {
+    int64_t key[SF_GRAPH_KEY];
+    int seen, failures;
+    cudaGraphExec_t exec;
+    sf_op_rec *trace;
+    int n_trace, cap_trace;
+    uint64_t last_use;
+} sf_graph_slot;
+
+/* Step graphs: a step whose key (batch shape) was seen before is captured; once captured, its
+ * ops are only compared with the recorded ones and the graph is launched at the step's end.
+ * Any difference (or anything that cannot be captured) falls back to running the step's ops
+ * directly, in order, so results never depend on whether a graph ran. Engine thread only. */
+typedef struct sf_cuda_graphs {
+    int enabled, max_tokens;
+    sf_graph_slot slots[SF_GRAPH_SLOTS];
+    int mode; /* 0 direct, 1 capturing, 2 replaying */
+    sf_graph_slot *cur;
+    int pos;
+    uint64_t tick;
+    long n_captured, n_replayed, n_fallbacks;
+} sf_cuda_graphs;
+
+void sf_cuda_graphs_init(sf_cuda_graphs *G, int enabled, int max_tokens);
+void sf_cuda_graphs_free(sf_cuda_graphs *G);
+/* Called at the end of batch_begin with the step's key; key[0] is the token count. */
+void sf_cuda_graph_begin(sf_cuda_graphs *G, cudaStream_t s, const int64_t key[SF_GRAPH_KEY]);
+/* Runs (direct), records (capture) or checks (replay) one op. `capturable`: 0 when running it
+ * would synchronise or allocate (then a capture is abandoned first). */
+int sf_cuda_graph_submit(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r, int capturable);
+/* Ends the step's capture or replay (launching the graph); before anything reads results,
+ * frees memory or synchronises. Returns the cudaError_t of the launch path (0 ok). */
+int sf_cuda_graph_end(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s);
+/* Abandons a capture or replay in progress, running the step's ops so far directly. */
+int sf_cuda_graph_bail(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s);
 #endif
 
 /* PCIe link of the GPU with PCI bus id `bus_id` (as cudaDeviceGetPCIBusId writes it), read

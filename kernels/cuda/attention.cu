@@ -176,6 +176,7 @@ __global__ void k_attn_combine(sf_k_attn a)
 extern "C" int sf_k_attention(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->T <= 0) return 0;
+    if (a->n_tiles > 0 && sf_k_attention_prefill_ok(a->hd)) return sf_k_attention_prefill(a, s);
     if (a->Hkv <= 0 || a->H % a->Hkv || a->H / a->Hkv > SF_K_ATTN_MAX_GROUP || a->hd > SF_K_ATTN_MAX_HD ||
         a->hd % 2 || a->n_split < 1 || (a->n_split > 1 && !a->ws))
         return (int)cudaErrorInvalidValue;

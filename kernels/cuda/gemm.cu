@@ -211,3 +211,9 @@ extern "C" int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k)
             return g->plans[i].lt_rc ? 1 : n > 8 ? 2 : g->plans[i].choice;
     return 0;
 }
+
+extern "C" int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy)
+{
+    plan *p = find_plan(g, n, m, k, bias != NULL, ldx, ldy);
+    return p && (p->lt_rc || n > 8 || p->choice);
+}

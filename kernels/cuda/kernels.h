@@ -77,15 +77,23 @@ typedef struct sf_k_attn {
     const int32_t *tok_seq;  /* [T] sequence index of token t */
     const int32_t *block_table; /* [S, max_blocks] */
     int max_blocks;
-    int max_ctx;             /* max over t of pos[t] + 1 (host-known; sizes the split) */
     sf_k_kv kv;
     float *ws;               /* split workspace: T * H * n_split * (hd + 2) floats */
     int n_split;             /* 1: no split; else keys split into n_split ranges + a combine */
+    const int32_t *tiles;    /* prefill: [n_tiles][2] = first token, rows (<= 64 consecutive
+                              * tokens of one sequence, consecutive positions) */
+    int n_tiles;             /* > 0: the tensor-core prefill kernel (when head_dim % 16 == 0) */
 } sf_k_attn;
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
 #define SF_K_ATTN_MAX_HD 256
+/* Dispatcher: the tensor-core prefill kernel when a->n_tiles > 0 and the head size allows it,
+ * else the CUDA-core kernel (GQA-grouped, split-K for decode). */
 int sf_k_attention(const sf_k_attn *a, cudaStream_t s);
+/* The two paths (attention.cu, attention_prefill.cu). */
+int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s);
+int sf_k_attention_prefill_ok(int head_dim);
+#define SF_K_PREFILL_TILE 64
 
 /* ---- GEMM: y[n, m] = x[n, k] . W[m, k]^T (+ bias[m]) (gemm.cu, gemv.cu) --------------- */
 typedef struct sf_k_gemm_ctx sf_k_gemm_ctx; /* cuBLASLt handle, workspace, per-shape plan cache */
@@ -102,6 +110,9 @@ int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_
                  int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
 int sf_k_gemv(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+/* 1 when sf_k_gemm on this shape will neither synchronise nor allocate (its plan and, for
+ * n <= 8, its path are already chosen): safe inside a CUDA graph capture. */
+int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);
 /* Which path the dispatcher chose for a shape: 0 unknown yet, 1 GEMV, 2 cuBLASLt. */
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);

@@ -280,6 +280,25 @@ TEST(stop_strings_and_max_tokens)
     CHECK_MSG(!strcmp(c.text, "Once upon a time, there was a little girl "), "got \"%s\"", c.text);
     CHECK(c.finish == SF_FINISH_STOP);
 
+    /* stop strings that start to match but never complete: held back, then released unchanged */
+    collect plain, held;
+    collect_init(&plain);
+    collect_init(&held);
+    sp = greedy(60);
+    rc_ = submit(e, &bos, 1, &sp, &plain, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&plain);
+    char h1[] = "named Bob", h2[] = "Lily and", h3[] = ".!";
+    sp.stop[0] = h1;
+    sp.stop[1] = h2;
+    sp.stop[2] = h3;
+    sp.n_stop = 3;
+    rc_ = submit(e, &bos, 1, &sp, &held, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&held);
+    CHECK_MSG(strstr(plain.text, "named Lily.") != NULL, "reference text: %s", plain.text);
+    CHECK_MSG(!strcmp(plain.text, held.text) && held.finish == plain.finish, "\"%s\" vs \"%s\"", plain.text, held.text);
+
     collect_init(&c);
     sp = greedy(5);
     rc_ = submit(e, &bos, 1, &sp, &c, &err);

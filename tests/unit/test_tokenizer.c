@@ -806,6 +806,33 @@ TEST(random_roundtrip_gpt2) { random_roundtrips("gpt2-tokenizer", 1); }
  * prepends "▁" to the text after it, which decodes as an extra space) */
 TEST(random_roundtrip_tinyllama) { random_roundtrips("tinyllama-1.1b-chat-v1.0", 0); }
 
+TEST(nfc)
+{
+    /* expected values from Python's unicodedata.normalize('NFC', ...) */
+    static const struct { const char *in, *out; } cases[] = {
+        { "e\xcc\x81", "\xc3\xa9" },                                   /* e + acute -> é */
+        { "\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81" },    /* Hangul jamo L V T -> 각 */
+        { "\xe2\x84\xab", "\xc3\x85" },                                /* ANGSTROM SIGN (singleton) -> Å */
+        { "a\xcc\x82\xcc\xa3", "\xe1\xba\xad" },                       /* marks reordered, then composed: ậ */
+        { "q\xcc\x87\xcc\xa3", "q\xcc\xa3\xcc\x87" },                  /* no composite: only reordered */
+        { "\xcc\x81" "e", "\xcc\x81" "e" },                            /* a leading mark stays */
+        { "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 plain ascii", "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 plain ascii" },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        tok_buf b = { 0 };
+        CHECK(tok_nfc(&b, cases[i].in, strlen(cases[i].in)) == 0);
+        CHECK_MSG(b.p && !strcmp(b.p, cases[i].out), "case %zu: got \"%s\"", i, b.p ? b.p : "");
+        free(b.p);
+    }
+    /* as a normalizer: the decomposed input reaches the model composed */
+    sf_error err = { 0 };
+    static const char *const words[] = { "caf\xc3\xa9", NULL };
+    sf_tokenizer *t = make_tok(NULL, words, NULL, json_pack("{s:s}", "type", "NFC"), &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, "cafe\xcc\x81", words));
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -822,6 +849,7 @@ int main(void)
     RUN(unk_and_byte_fallback);
     RUN(metaspace_roundtrip_and_post);
     RUN(normalizers);
+    RUN(nfc);
     RUN(hard_cases_gpt2);
     RUN(hard_cases_tinyllama);
     RUN(streaming_holds_partial_utf8);

@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Whole-model logits of semflow's CUDA backend against Hugging Face transformers (float32 on
+the GPU, from the same bf16 weights) for: the tiny-random-llama-2 folder, the demo model, and a
+1B-shaped Llama with random weights written here with transformers (bf16 safetensors).
+
+Every position of a prompt is compared: ||semflow - hf|| / ||hf|| per row (worst row reported)
+and the argmax of each row. Needs a GPU host with torch + transformers (the device machine).
+Prints PASS:/FAIL: lines like the C tests."""
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+BUILD = os.environ.get("SF_BUILD", os.path.join(os.getcwd(), "build"))
+BIN = os.path.join(BUILD, "tests", "device", "test_model")
+SEMFLOW = os.environ.get("SEMFLOW_BIN", os.path.join(BUILD, "semflow"))
+TESTDATA = os.environ.get("SF_TESTDATA", os.path.abspath("../shared/testdata"))
+failed = 0
+
+
+def report(name, ok, msg=""):
+    global failed
+    if ok:
+        print(f"PASS: {name}")
+    else:
+        failed += 1
+        print(f"FAIL: {name}: {msg}")
+    sys.stdout.flush()
+
+
+def hf_logits(path, ids):
+    import torch
+    from transformers import AutoModelForCausalLM
+    try:
+        m = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    except TypeError:
+        m = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32, attn_implementation="eager")
+    m = m.cuda().eval()
+    with torch.no_grad():
+        out = m(torch.tensor([ids], device="cuda")).logits[0].float().cpu().numpy()
+    return out
+
+
+def ours(path, ids, vocab):
+    with tempfile.NamedTemporaryFile(suffix=".f32") as f:
+        r = subprocess.run([BIN, "--dump", path, ",".join(map(str, ids)), f.name], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"test_model --dump failed: {r.stderr.strip()[-400:]}")
+        return np.fromfile(f.name, dtype=np.float32).reshape(len(ids), vocab)
+
+
+def compare(name, path, ids, tol):
+    try:
+        ref = hf_logits(path, ids)
+        got = ours(path, ids, ref.shape[1])
+    except Exception as e:  # report, do not crash the suite
+        report(name, False, f"{type(e).__name__}: {e}")
+        return
+    rows = [float(np.linalg.norm(got[i] - ref[i]) / np.linalg.norm(ref[i])) for i in range(len(ids))]
+    agree = int((got.argmax(1) == ref.argmax(1)).sum())
+    worst = max(rows)
+    print(f"  {name}: {len(ids)} positions, vocab {ref.shape[1]}: worst row rel err {worst:.2e}, "
+          f"mean {np.mean(rows):.2e}, argmax agrees {agree}/{len(ids)}")
+    ok = np.isfinite(got).all() and worst < tol and agree >= 0.9 * len(ids)
+    report(name, ok, f"worst row rel err {worst:.3g} (tolerance {tol}), argmax {agree}/{len(ids)}")
+
+
+def main():
+    import torch
+    if not torch.cuda.is_available():
+        report("cuda_available", False, "torch sees no GPU")
+        return 1
+    rng = np.random.default_rng(5)
+
+    tiny = os.path.join(TESTDATA, "tiny-random-llama-2")
+    compare("tiny_random_llama2_vs_transformers", tiny, [1, 42, 99] + rng.integers(3, 3000, 29).tolist(), 2e-2)
+
+    demo = os.environ.get("SEMFLOW_DEMO_DIR", os.path.join(BUILD, "demo-model"))
+    if not os.path.exists(os.path.join(demo, "config.json")):
+        subprocess.run([SEMFLOW, "gen-model", "--out", demo], check=False, capture_output=True)
+    import json
+    vocab = json.load(open(os.path.join(demo, "config.json")))["vocab_size"]
+    compare("demo_model_vs_transformers", demo, rng.integers(0, vocab, 48).tolist(), 3e-2)
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32,
+                      num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048, rope_theta=10000.0,
+                      rms_norm_eps=1e-5, tie_word_embeddings=False)
+    with tempfile.TemporaryDirectory() as d:
+        LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+        compare("random_1b_shape_vs_transformers", d, rng.integers(3, 32000, 64).tolist(), 3e-2)
+    print(f"{3 - failed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
