@@ -833,6 +833,25 @@ TEST(nfc)
     sf_tok_free(t);
 }
 
+TEST(added_tokens_normalized)
+{
+    /* normalized: true tokens are found in the normalized text (spaces became "_" here), the
+     * others in the raw input */
+    sf_error err = { 0 };
+    static const char *const words[] = { "a_", "_b", NULL };
+    json_t *added = json_array();
+    json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b}", "id", 600, "content", "x_y", "normalized", 1, "special", 0));
+    json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b}", "id", 601, "content", "p q", "normalized", 0, "special", 1));
+    json_t *norm = json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "String", " ", "content", "_");
+    sf_tokenizer *t = make_tok(NULL, words, added, norm, &err);
+    REQUIRE(t, "%s", err.msg);
+    static const char *const w1[] = { "a_", "x_y", "_b", NULL };
+    CHECK(pieces_are(t, "a x y b", w1));
+    static const char *const w2[] = { "a_", "p q", "_b", NULL };
+    CHECK(pieces_are(t, "a p q b", w2));
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -846,6 +865,7 @@ int main(void)
     RUN(split_behaviors);
     RUN(metaspace_and_digits);
     RUN(added_token_flags);
+    RUN(added_tokens_normalized);
     RUN(unk_and_byte_fallback);
     RUN(metaspace_roundtrip_and_post);
     RUN(normalizers);
