@@ -29,9 +29,12 @@ typedef struct gw_ev {
     int n_top;
     sf_logprob top[SF_MAX_LOGPROBS];
     int finish, prompt_tokens, completion_tokens;
+    double e2e_s;              /* engine: submit to this DONE */
     char *message;
     double t;                  /* sf_now_s() when the engine delivered it */
 } gw_ev;
+
+#define GW_MAX_UNSENT (4u << 20) /* bytes of stream a client may leave unread */
 
 struct gw_req;
 typedef struct gw_choice {
@@ -61,6 +64,8 @@ typedef struct gw_req {
     sf_tenant *tenant;
     sf_intent intent;
     double t0;
+    double t_submitted;        /* sf_now_s() after the last submit */
+    double engine_s;           /* longest engine time (submit to DONE) among the choices */
     int prompt_tokens;
     int first_token;
     int text_offset;
@@ -68,6 +73,7 @@ typedef struct gw_req {
     int answered;              /* the response is complete (or abandoned) */
     int status;
     int cancelled;
+    int slow;                  /* the client reads slower than we write: drop it (on_wake) */
     /* engine -> worker */
     pthread_mutex_t mu;
     gw_ev *q;
@@ -112,6 +118,7 @@ static void on_event(const sf_event *ev)
         e.finish = ev->type == SF_EV_DONE ? ev->finish_reason : SF_FINISH_ERROR;
         e.prompt_tokens = ev->prompt_tokens;
         e.completion_tokens = ev->completion_tokens;
+        e.e2e_s = ev->e2e_s;
         if (ev->type == SF_EV_ERROR) e.message = strdup(ev->message ? ev->message : sf_status_str(ev->status));
     }
     pthread_mutex_lock(&r->mu);
@@ -283,6 +290,10 @@ static void sse_send(gw_req *r, json_t *obj)
     free(s);
     evhttp_send_reply_chunk(r->http, b);
     evbuffer_free(b);
+    /* a client that reads slower than the model writes must not make us buffer its whole
+     * answer; the write timeout alone does not catch one that reads a trickle */
+    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > GW_MAX_UNSENT) r->slow = 1;
 }
 
 static json_t *usage(const gw_req *r)
@@ -445,6 +456,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
             if (e->type == SF_EV_ERROR) c->error = e->message, e->message = NULL;
             r->engine_refs--;
             sf_hist_observe(&m->e2e, e->t - r->t0);
+            if (e->e2e_s > r->engine_s) r->engine_s = e->e2e_s;
             if (r->stream && !r->answered) stream_finish_choice(r, c);
         }
         free(e->text);
@@ -455,7 +467,17 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         sf_metrics_add(m, &m->completion_tokens, (uint64_t)tokens);
         sf_tenant_charge(r->tenant, tokens, sf_now_s());
     }
-    if (r->engine_refs == 0 && !r->answered) finish_response(r);
+    if (r->slow && !r->answered && r->conn) {
+        SF_LOGW("request %s: client left %u+ bytes unread; closing its connection", r->id, GW_MAX_UNSENT);
+        evhttp_connection_free(r->conn); /* on_close cancels and frees r when nothing runs */
+        return;
+    }
+    if (r->engine_refs == 0 && !r->answered) {
+        finish_response(r);
+        /* arrival..now minus the engine's own submit..done: what the gateway added */
+        double g = (sf_now_s() - r->t0) - r->engine_s;
+        if (r->status == 200 && g >= 0) sf_hist_observe(&m->gateway, g);
+    }
     maybe_free(r);
 }
 
