@@ -147,6 +147,30 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
             w[0] = m_s[tid];
             w[1] = l_s[tid];
         }
+        if (!a.counters) return;
+        /* the last block of this (token, kv head) to finish combines the partials */
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(&a.counters[t * Hkv + kh], 1u) == (unsigned)a.n_split - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        for (int idx = tid; idx < G * hd; idx += NT) {
+            int g = idx / hd, d = idx - g * hd, h = kh * G + g;
+            const float *w = a.ws + ((int64_t)t * a.H + h) * a.n_split * (hd + 2);
+            float M = -INFINITY, L = 0.0f, o = 0.0f;
+            for (int i = 0; i < a.n_split; i++) M = fmaxf(M, __ldcg(w + i * (hd + 2) + hd));
+            for (int i = 0; i < a.n_split; i++) {
+                float m = __ldcg(w + i * (hd + 2) + hd);
+                if (m == -INFINITY) continue;
+                float e = expf(m - M);
+                L += __ldcg(w + i * (hd + 2) + hd + 1) * e;
+                o += __ldcg(w + i * (hd + 2) + d) * e;
+            }
+            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * hd + d] = f2bf(L > 0.0f ? o / L : 0.0f);
+        }
+        if (tid == 0) a.counters[t * Hkv + kh] = 0; /* ready for the next launch (graph replays too) */
     }
 }
 
@@ -190,7 +214,7 @@ extern "C" int sf_k_attention(const sf_k_attn *a, cudaStream_t s)
     dim3 grid(a->T, a->Hkv, a->n_split);
     k_attn<<<grid, NT, smem, s>>>(*a);
     int rc = sf_launch_status();
-    if (rc || a->n_split == 1) return rc;
+    if (rc || a->n_split == 1 || a->counters) return rc;
     k_attn_combine<<<a->T * a->H, 128, 0, s>>>(*a);
     return sf_launch_status();
 }
