@@ -8,9 +8,6 @@
 #include "cli/cli.h"
 #include "hal/hal.h"
 
-#pragma weak sf_hal_cuda_available
-#pragma weak sf_hal_cuda_probe
-
 static void usage(FILE *f)
 {
     fprintf(f, "usage: semflow hal [--json] [--recalibrate]\n"
@@ -49,7 +46,7 @@ int sf_cmd_hal(int argc, char **argv)
         return 1;
     }
     int have_gpu = 0;
-    if (sf_hal_cuda_available && sf_hal_cuda_probe && sf_hal_cuda_available()) {
+    if (sf_hal_cuda_available()) {
         if (sf_hal_cuda_probe(0, &gpu, force, &err) == SF_OK) have_gpu = 1;
         else fprintf(stderr, "semflow hal: GPU probe failed: %s\n", err.msg);
     }

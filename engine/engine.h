@@ -106,6 +106,7 @@ typedef struct sf_engine_config {
     float kv_high_reserve;    /* share of KV blocks only high urgency may take (default 0.1) */
     int queue_limit[SF_URGENCY_COUNT]; /* waiting requests per lane before SF_AGAIN (default 256) */
     int progress;             /* loader progress bar */
+    int tensor_parallel;      /* ranks the model is split over (processes; GPUs on CUDA); <= 1: none */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 

@@ -1,9 +1,10 @@
-/* loader_gguf.c — a llama-architecture .gguf file: configuration from llama.* metadata, weights
+/* loader_gguf.c — a llama- or qwen2-architecture .gguf file: configuration from llama.* metadata, weights
  * as views into the mapping (F32/F16/BF16/Q8_0), tokenizer from tokenizer.ggml.* metadata.
  *
  * GGUF dims are ne[0] = row length (in features), ne[1] = rows (out features): a weight of
  * ne = [in, out] is the same row-major [out, in] matrix as in a Hugging Face checkpoint. Q/K
- * were permuted at conversion, so RoPE rotates adjacent pairs (cfg.rope_interleaved = 1). */
+ * were permuted at conversion for llama, so RoPE rotates adjacent pairs there
+ * (cfg.rope_interleaved = 1); qwen2 conversions keep HF's order (halves) and carry q/k/v biases. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -48,47 +49,59 @@ static int tok_id(const sf_gguf *g, const char *key)
     return (int)v;
 }
 
+/* "<arch>.<suffix>": metadata keys are prefixed by the architecture. The buffer is reused by
+ * the next call; every caller consumes the key before that. */
+static const char *akey(const sf_model_config *c, const char *suffix)
+{
+    static _Thread_local char buf[128];
+    snprintf(buf, sizeof buf, "%s.%s", c->arch, suffix);
+    return buf;
+}
+
 static int parse_config(const sf_gguf *g, sf_model_config *c, sf_error *err)
 {
     const char *arch = sf_gguf_get_str(g, "general.architecture");
     int rc;
     if (!arch) return sf_err(err, SF_EFORMAT, "%s: metadata 'general.architecture' is missing", g->path);
-    if (strcmp(arch, "llama"))
+    if (strcmp(arch, "llama") && strcmp(arch, "qwen2"))
         return sf_err(err, SF_EUNSUPPORTED, "%s: GGUF architecture '%s' is not supported (supported: llama, "
-                      "which covers Llama 2/3 and Mistral conversions)", g->path, arch);
+                      "which covers Llama 2/3 and Mistral conversions, and qwen2)", g->path, arch);
     memset(c, 0, sizeof *c);
-    snprintf(c->arch, sizeof c->arch, "llama");
-    if ((rc = need_int(g, "llama.embedding_length", 0, 1, 1, 1 << 17, &c->hidden, err)) ||
-        (rc = need_int(g, "llama.block_count", 0, 1, 1, 4096, &c->n_layers, err)) ||
-        (rc = need_int(g, "llama.feed_forward_length", 0, 1, 1, 1 << 20, &c->intermediate, err)) ||
-        (rc = need_int(g, "llama.attention.head_count", 0, 1, 1, 4096, &c->n_heads, err)) ||
-        (rc = need_int(g, "llama.attention.head_count_kv", c->n_heads, 0, 1, 4096, &c->n_kv_heads, err)) ||
-        (rc = need_int(g, "llama.attention.key_length", c->hidden / c->n_heads, 0, 2, 4096, &c->head_dim, err)) ||
-        (rc = need_int(g, "llama.context_length", 2048, 0, 1, 1 << 30, &c->max_pos, err)) ||
-        (rc = get_f(g, "llama.rope.freq_base", 10000.0, &c->rope_theta, err)) ||
-        (rc = get_f(g, "llama.attention.layer_norm_rms_epsilon", 1e-5, &c->rms_eps, err)))
+    snprintf(c->arch, sizeof c->arch, "%s", arch);
+    if ((rc = need_int(g, akey(c, "embedding_length"), 0, 1, 1, 1 << 17, &c->hidden, err)) ||
+        (rc = need_int(g, akey(c, "block_count"), 0, 1, 1, 4096, &c->n_layers, err)) ||
+        (rc = need_int(g, akey(c, "feed_forward_length"), 0, 1, 1, 1 << 20, &c->intermediate, err)) ||
+        (rc = need_int(g, akey(c, "attention.head_count"), 0, 1, 1, 4096, &c->n_heads, err)) ||
+        (rc = need_int(g, akey(c, "attention.head_count_kv"), c->n_heads, 0, 1, 4096, &c->n_kv_heads, err)) ||
+        (rc = need_int(g, akey(c, "attention.key_length"), c->hidden / c->n_heads, 0, 2, 4096, &c->head_dim, err)) ||
+        (rc = need_int(g, akey(c, "context_length"), 2048, 0, 1, 1 << 30, &c->max_pos, err)) ||
+        (rc = get_f(g, akey(c, "rope.freq_base"), 10000.0, &c->rope_theta, err)) ||
+        (rc = get_f(g, akey(c, "attention.layer_norm_rms_epsilon"), 1e-5, &c->rms_eps, err)))
         return rc;
     if (c->n_heads % c->n_kv_heads || c->head_dim % 2)
         return sf_err(err, SF_EFORMAT, "%s: head counts %d/%d or head size %d are inconsistent", g->path,
                       c->n_heads, c->n_kv_heads, c->head_dim);
     int rot = c->head_dim;
-    if ((rc = need_int(g, "llama.rope.dimension_count", c->head_dim, 0, 1, 4096, &rot, err))) return rc;
+    if ((rc = need_int(g, akey(c, "rope.dimension_count"), c->head_dim, 0, 1, 4096, &rot, err))) return rc;
     if (rot != c->head_dim)
         return sf_err(err, SF_EUNSUPPORTED, "%s: partial rotary embeddings (rope.dimension_count %d, head size "
                       "%d) are not supported", g->path, rot, c->head_dim);
     c->rope_factor = 1.0f;
-    const char *st = sf_gguf_get_str(g, "llama.rope.scaling.type");
+    const char *st = sf_gguf_get_str(g, akey(c, "rope.scaling.type"));
     if (st && !strcmp(st, "linear")) {
         c->rope_scaling = SF_ROPE_SCALING_LINEAR;
-        if ((rc = get_f(g, "llama.rope.scaling.factor", 1.0, &c->rope_factor, err))) return rc;
+        if ((rc = get_f(g, akey(c, "rope.scaling.factor"), 1.0, &c->rope_factor, err))) return rc;
     } else if (st && strcmp(st, "none")) {
         return sf_err(err, SF_EUNSUPPORTED, "%s: rope scaling type '%s' is not supported (supported: none, "
                       "linear, llama3)", g->path, st);
-    } else if (!st && sf_gguf_find(g, "llama.rope.scale_linear")) {
+    } else if (!st && sf_gguf_find(g, akey(c, "rope.scale_linear"))) {
         c->rope_scaling = SF_ROPE_SCALING_LINEAR;
-        if ((rc = get_f(g, "llama.rope.scale_linear", 1.0, &c->rope_factor, err))) return rc;
+        if ((rc = get_f(g, akey(c, "rope.scale_linear"), 1.0, &c->rope_factor, err))) return rc;
     }
-    c->rope_interleaved = 1;
+    /* llama conversions permute Q/K rows so RoPE rotates adjacent pairs; qwen2 conversions do
+     * not (llama.cpp's NEOX rope type): halves, as in the HF checkpoint */
+    c->rope_interleaved = strcmp(arch, "qwen2") != 0;
+    c->attention_bias = !strcmp(arch, "qwen2");
     c->bos_id = tok_id(g, "tokenizer.ggml.bos_token_id");
     int eos = tok_id(g, "tokenizer.ggml.eos_token_id"), eot = tok_id(g, "tokenizer.ggml.eot_token_id");
     if (eos >= 0) c->eos_ids[c->n_eos++] = eos;
@@ -165,7 +178,7 @@ static int bind_all(const sf_gguf *g, sf_model *m, sf_error *err)
     const sf_gguf_tensor *te = sf_gguf_find_tensor(g, "token_embd.weight");
     if (!te) return sf_err(err, SF_ENOTFOUND, "%s: tensor 'token_embd.weight' is missing", g->path);
     int vocab = 0;
-    if ((rc = need_int(g, "llama.vocab_size", te->ne[1], 0, 1, 1 << 24, &vocab, err))) return rc;
+    if ((rc = need_int(g, akey(k, "vocab_size"), te->ne[1], 0, 1, 1 << 24, &vocab, err))) return rc;
     k->vocab_size = vocab;
     if ((rc = bind(g, m, &m->tok_embd, "token_embd.weight", vocab, h, err)) ||
         (rc = bind(g, m, &m->out_norm, "output_norm.weight", 0, h, err)))
@@ -186,6 +199,11 @@ static int bind_all(const sf_gguf *g, sf_model *m, sf_error *err)
         B(&l->wk, "attn_k.weight", kv, h);
         B(&l->wv, "attn_v.weight", kv, h);
         B(&l->wo, "attn_output.weight", h, q);
+        if (k->attention_bias) {
+            B(&l->bq, "attn_q.bias", 0, q);
+            B(&l->bk, "attn_k.bias", 0, kv);
+            B(&l->bv, "attn_v.bias", 0, kv);
+        }
         B(&l->ffn_norm, "ffn_norm.weight", 0, h);
         B(&l->wgate, "ffn_gate.weight", k->intermediate, h);
         B(&l->wup, "ffn_up.weight", k->intermediate, h);
@@ -277,7 +295,13 @@ static int load_tokenizer(const sf_gguf *g, sf_model *m, sf_error *err)
             return sf_err(err, SF_EFORMAT, "%s: tokenizer.ggml.token_type must be %d integers", g->path, v.n_tokens);
         int32_t *t = malloc(sizeof *t * tk->arr_n);
         if (!t || sf_model_add_owned(m, t, err)) return sf_err(err, SF_ENOMEM, "out of memory");
-        for (uint64_t i = 0; i < ty->arr_n; i++) t[i] = (int32_t)arr_num(ty, i);
+        for (uint64_t i = 0; i < ty->arr_n; i++) {
+            double x = arr_num(ty, i);
+            if (!(x >= 0 && x <= 6))   /* 0 undefined, 1 normal, 2 unknown, 3 control, 4 user, 5 unused, 6 byte */
+                return sf_err(err, SF_EFORMAT, "%s: tokenizer.ggml.token_type[%llu] = %g is not a token type (0..6)",
+                              g->path, (unsigned long long)i, x);
+            t[i] = (int32_t)x;
+        }
         v.types = t;
     }
     if (mg) {

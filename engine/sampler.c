@@ -8,11 +8,97 @@
  * only its boundary bucket, min-p a threshold. */
 #include "sampler.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef struct cand { float v, e; int32_t id; } cand; /* logit, exp(logit - max), id */
+#include "kernels/cpu/cpu.h"
+
+typedef struct cand { float v, e; int32_t id, b; } cand; /* logit, exp(logit - max), id, top-p bucket */
+
+/* ---- vector helpers: max and exp over a whole vocabulary ------------------------------ */
+/* exp(x) for 8 floats, Cephes' polynomial (about 1 ulp); -inf and x < -88 give 0. */
+__attribute__((target("avx2,fma")))
+static inline __m256 exp256(__m256 x)
+{
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, z, x), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(0x7f)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma")))
+static float max_avx2(const float *l, int n)
+{
+    __m256 m = _mm256_set1_ps(-INFINITY);
+    int i = 0;
+    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(l + i));
+    float t[8], r = -INFINITY;
+    _mm256_storeu_ps(t, m);
+    for (int j = 0; j < 8; j++) r = t[j] > r ? t[j] : r;
+    for (; i < n; i++) r = l[i] > r ? l[i] : r;
+    return r;
+}
+
+/* sum of exp(scale * l[i] - m); stores the terms in e when e != NULL */
+__attribute__((target("avx2,fma")))
+static double sumexp_avx2(const float *l, int n, float scale, float m, float *e)
+{
+    __m256 acc = _mm256_setzero_ps(), sc = _mm256_set1_ps(scale), mm = _mm256_set1_ps(m);
+    double total = 0;
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp256(_mm256_fmsub_ps(_mm256_loadu_ps(l + i), sc, mm));
+        if (e) _mm256_storeu_ps(e + i, v);
+        acc = _mm256_add_ps(acc, v);
+        if ((i & 1023) == 1016) { /* fold into double now and then: 128k terms stay exact enough */
+            float t[8];
+            _mm256_storeu_ps(t, acc);
+            for (int j = 0; j < 8; j++) total += t[j];
+            acc = _mm256_setzero_ps();
+        }
+    }
+    float t[8];
+    _mm256_storeu_ps(t, acc);
+    for (int j = 0; j < 8; j++) total += t[j];
+    for (; i < n; i++) {
+        float v = expf(l[i] * scale - m);
+        if (e) e[i] = v;
+        total += v;
+    }
+    return total;
+}
+
+static float vmax(const float *l, int n)
+{
+    if (sf_cpu_has_avx2()) return max_avx2(l, n);
+    float r = -INFINITY;
+    for (int i = 0; i < n; i++) r = l[i] > r ? l[i] : r;
+    return r;
+}
+
+static double vsumexp(const float *l, int n, float scale, float m, float *e)
+{
+    if (sf_cpu_has_avx2()) return sumexp_avx2(l, n, scale, m, e);
+    double total = 0;
+    for (int i = 0; i < n; i++) {
+        float v = expf(l[i] * scale - m);
+        if (e) e[i] = v;
+        total += v;
+    }
+    return total;
+}
 
 int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab, const int32_t *prompt, int n_prompt,
                         sf_error *err)
@@ -140,50 +226,47 @@ static int32_t argmax(const float *l, int vocab)
 static int32_t sample_truncated(const sf_sampling *p, sf_rng *rng, const float *l, int vocab)
 {
     cand *c = malloc((size_t)vocab * sizeof *c);
-    if (!c) return -1;
+    float *e = malloc((size_t)vocab * sizeof *e);
+    if (!c || !e) { free(c); free(e); return -1; }
     float inv_t = 1.0f / p->temperature;
+    float m = vmax(l, vocab) * inv_t;
+    if (m != m || m == -INFINITY) { free(c); free(e); return argmax(l, vocab); }
+    double z = vsumexp(l, vocab, inv_t, m, e);
     int n = 0;
     for (int i = 0; i < vocab; i++) {
         if (l[i] == -INFINITY || l[i] != l[i]) continue; /* masked or NaN: never drawn */
         c[n].v = l[i] * inv_t;
+        c[n].e = e[i];
         c[n].id = i;
         n++;
     }
-    if (n == 0) { free(c); return argmax(l, vocab); }
+    free(e);
     if (p->top_k > 0 && p->top_k < n) {
         select_top(c, n, p->top_k);
         n = p->top_k;
+        z = 0;
+        for (int i = 0; i < n; i++) z += c[i].e;
     }
-    float m = -INFINITY;
-    for (int i = 0; i < n; i++) m = c[i].v > m ? c[i].v : m;
-    double z = 0;
-    for (int i = 0; i < n; i++) z += (c[i].e = expf(c[i].v - m));
     if (p->top_p < 1.0f) {
         double mass[NB] = { 0 }, want = p->top_p * z, cum = 0;
         const float scale = NB / RANGE;
         for (int i = 0; i < n; i++) {
             float d = (m - c[i].v) * scale;
-            int b = d < NB - 1 ? (int)d : NB - 1;
-            mass[b] += c[i].e;
+            c[i].b = d < NB - 1 ? (int)d : NB - 1;
+            mass[c[i].b] += c[i].e;
         }
         int bstar = NB - 1;
         for (int b = 0; b < NB; b++) {
             if (cum + mass[b] >= want) { bstar = b; break; }
             cum += mass[b];
         }
-        /* move buckets < bstar to the front, then bucket bstar */
+        /* buckets <= bstar to the front (one pass over all), then bstar behind the rest */
+        int k2 = 0;
+        for (int i = 0; i < n; i++)
+            if (c[i].b <= bstar) { cand t = c[k2]; c[k2] = c[i]; c[i] = t; k2++; }
         int k1 = 0;
-        for (int i = 0; i < n; i++) {
-            float d = (m - c[i].v) * scale;
-            int b = d < NB - 1 ? (int)d : NB - 1;
-            if (b < bstar) { cand t = c[k1]; c[k1] = c[i]; c[i] = t; k1++; }
-        }
-        int k2 = k1;
-        for (int i = k1; i < n; i++) {
-            float d = (m - c[i].v) * scale;
-            int b = d < NB - 1 ? (int)d : NB - 1;
-            if (b == bstar) { cand t = c[k2]; c[k2] = c[i]; c[i] = t; k2++; }
-        }
+        for (int i = 0; i < k2; i++)
+            if (c[i].b < bstar) { cand t = c[k1]; c[k1] = c[i]; c[i] = t; k1++; }
         qsort(c + k1, (size_t)(k2 - k1), sizeof *c, cmp_desc);
         int keep = k2;
         for (int i = k1; i < k2; i++) {
@@ -225,11 +308,8 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
         }
     }
     /* log-softmax of the penalized logits */
-    float m = -INFINITY;
-    for (int i = 0; i < vocab; i++) m = logits[i] > m ? logits[i] : m;
-    double z = 0;
-    for (int i = 0; i < vocab; i++) z += expf(logits[i] - m);
-    float lse = m + (float)log(z);
+    float m = vmax(logits, vocab);
+    float lse = m + (float)log(vsumexp(logits, vocab, 1.0f, m, NULL));
     if (logprob) *logprob = logits[id] - lse;
     if (n_top) *n_top = 0;
     if (p->logprobs > 0 && top && n_top) {

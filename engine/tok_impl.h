@@ -70,6 +70,9 @@ int tok_utf8_lossy(tok_buf *out, const char *s, size_t n);
 uint32_t tok_utf8_cp(const char *s, size_t n, int *adv);
 int tok_utf8_put(tok_buf *b, uint32_t cp);
 
+/* tok_nfc.c: appends the NFC form of valid UTF-8 s[0..n) to out. */
+int tok_nfc(tok_buf *out, const char *s, size_t n);
+
 /* GPT-2 byte <-> unicode mapping used by ByteLevel. */
 extern const uint16_t tok_byte_to_cp[256];
 int tok_cp_to_byte(uint32_t cp);   /* -1 if cp is not one of the 256 mapped code points */

@@ -4,9 +4,11 @@
 
 #include <event2/buffer.h>
 #include <event2/event.h>
+#include <event2/event_struct.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
 #include <jansson.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -28,7 +30,8 @@ typedef struct sse_client {
 struct sf_dashboard {
     struct evhttp *http;
     struct event_base *base;
-    struct event *tick;
+    struct event tick;          /* ours, so the base may be freed before us (sf_dashboard_set_free) */
+    int tick_added;
     sf_dashboard_opts o;
     char off_reason[512];
     sse_client *clients;
@@ -78,10 +81,11 @@ static char *event_json(sf_dashboard *d)
         json_object_set_new(root, "monitor", json_null());
         json_object_set_new(root, "monitor_off", json_string(d->off_reason[0] ? d->off_reason : "monitor not started"));
     }
-    if (d->o.engine && sf_engine_get_stats) {
+    struct sf_engine *engine = d->o.engine ? d->o.engine : d->o.engine_fn ? d->o.engine_fn(d->o.engine_arg) : NULL;
+    if (engine && sf_engine_get_stats) {
         sf_engine_stats st;
         static const char *const urg[SF_URGENCY_COUNT] = { "low", "normal", "high" };
-        sf_engine_get_stats(d->o.engine, &st);
+        sf_engine_get_stats(engine, &st);
         json_t *e = json_object(), *w = json_object();
         for (int i = 0; i < SF_URGENCY_COUNT; i++) json_object_set_new(w, urg[i], json_integer(st.waiting[i]));
         json_object_set_new(e, "running", json_integer(st.running));
@@ -124,6 +128,10 @@ static void client_remove(sf_dashboard *d, sse_client *c)
 static void client_closed(struct evhttp_connection *conn, void *arg)
 {
     sse_client *c = arg;
+    /* A client that went away mid-stream leaves its request detached from the connection
+     * (libevent: the streaming side must end it, which then frees it). When the whole evhttp is
+     * being freed the request is still attached and libevent frees it itself. */
+    if (!evhttp_request_get_connection(c->req)) evhttp_send_reply_end(c->req);
     client_remove(c->d, c);
 }
 
@@ -177,19 +185,24 @@ int sf_dashboard_register(struct evhttp *http, struct event_base *base, const sf
     if (d->o.monitor_off) snprintf(d->off_reason, sizeof d->off_reason, "%s", d->o.monitor_off);
     d->o.monitor_off = NULL;
     struct timeval one = { .tv_sec = 1 };
-    if (!(d->tick = event_new(base, -1, EV_PERSIST, tick_cb, d)) || event_add(d->tick, &one)) {
+    if (event_assign(&d->tick, base, -1, EV_PERSIST, tick_cb, d) || event_add(&d->tick, &one)) {
         rc = sf_err(err, SF_ERROR, "dashboard: cannot create its timer");
         goto fail;
     }
-    if (evhttp_set_cb(http, "/dashboard", page_cb, d) || evhttp_set_cb(http, "/dashboard/events", events_cb, d)) {
-        evhttp_del_cb(http, "/dashboard");
+    d->tick_added = 1;
+    if (evhttp_set_cb(http, "/dashboard", page_cb, d)) {
         rc = sf_err(err, SF_EINVAL, "dashboard: /dashboard is already routed on this server");
+        goto fail;
+    }
+    if (evhttp_set_cb(http, "/dashboard/events", events_cb, d)) {
+        evhttp_del_cb(http, "/dashboard"); /* ours, just added */
+        rc = sf_err(err, SF_EINVAL, "dashboard: /dashboard/events is already routed on this server");
         goto fail;
     }
     *out = d;
     return SF_OK;
 fail:
-    if (d->tick) event_free(d->tick);
+    if (d->tick_added) event_del(&d->tick);
     free(d);
     return rc;
 }
@@ -205,6 +218,73 @@ void sf_dashboard_free(sf_dashboard *d)
         evhttp_send_reply_end(c->req);
         client_remove(d, c);
     }
-    event_free(d->tick);
+    event_del(&d->tick);
     free(d);
+}
+
+/* ---- glue for the gateway's hooks ---------------------------------------------------------- */
+struct sf_dashboard_set {
+    pthread_mutex_t mu;
+    sf_dashboard_opts o;
+    char off_reason[512];
+    sf_dashboard **dash;
+    int n;
+};
+
+sf_dashboard_set *sf_dashboard_set_new(const sf_dashboard_opts *o)
+{
+    sf_dashboard_set *s = calloc(1, sizeof *s);
+    if (!s) return NULL;
+    pthread_mutex_init(&s->mu, NULL);
+    if (o) s->o = *o;
+    if (s->o.monitor_off) snprintf(s->off_reason, sizeof s->off_reason, "%s", s->o.monitor_off);
+    s->o.monitor_off = s->off_reason;
+    return s;
+}
+
+int sf_dashboard_worker_init(void *set, int worker, struct evhttp *http, struct event_base *base, sf_error *err)
+{
+    sf_dashboard_set *s = set;
+    sf_dashboard *d = NULL;
+    if (!s) return sf_err(err, SF_EINVAL, "dashboard: no dashboard set given to worker %d", worker);
+    int rc = sf_dashboard_register(http, base, &s->o, &d, err);
+    if (rc != SF_OK) return sf_err_wrap(err, "worker %d", worker);
+    pthread_mutex_lock(&s->mu);
+    sf_dashboard **nd = realloc(s->dash, (size_t)(s->n + 1) * sizeof *nd);
+    if (nd) {
+        s->dash = nd;
+        s->dash[s->n++] = d;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (!nd) {
+        sf_dashboard_free(d);
+        return sf_err(err, SF_ENOMEM, "dashboard: out of memory registering worker %d", worker);
+    }
+    return SF_OK;
+}
+
+void sf_dashboard_set_free(sf_dashboard_set *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->n; i++) {
+        sf_dashboard *d = s->dash[i];
+        /* the evhttp is gone: its connections' close callbacks have removed the clients already;
+         * anything left is only our memory */
+        while (d->clients) {
+            sse_client *c = d->clients;
+            d->clients = c->next;
+            free(c);
+        }
+        free(d);
+    }
+    free(s->dash);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+}
+
+void sf_monitor_metrics_write(void *monitor, FILE *out)
+{
+    char *text = sf_monitor_metrics(monitor);
+    if (text) fputs(text, out);
+    free(text);
 }

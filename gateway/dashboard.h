@@ -9,6 +9,8 @@
 #ifndef SF_DASHBOARD_H
 #define SF_DASHBOARD_H
 
+#include <stdio.h>
+
 #include "../common/sf.h"
 
 struct evhttp;
@@ -27,6 +29,10 @@ typedef struct sf_dashboard_opts {
     struct sf_engine *engine;     /* may be NULL: engine stats are left out */
     sf_dashboard_stats_fn stats;  /* may be NULL */
     void *stats_arg;
+    /* Where the engine is known only later (the gateway loads it after its workers start):
+     * called on the loop's thread each tick when engine is NULL; may return NULL. */
+    struct sf_engine *(*engine_fn)(void *arg);
+    void *engine_arg;
 } sf_dashboard_opts;
 
 typedef struct sf_dashboard sf_dashboard;
@@ -36,6 +42,21 @@ typedef struct sf_dashboard sf_dashboard;
 int sf_dashboard_register(struct evhttp *http, struct event_base *base, const sf_dashboard_opts *o,
                           sf_dashboard **out, sf_error *err);
 void sf_dashboard_free(sf_dashboard *d);
+
+/* ---- glue for sf_gateway_config (gateway/gateway.h) ----------------------------------------
+ *   set = sf_dashboard_set_new(&opts);
+ *   cfg.worker_init = sf_dashboard_worker_init;      cfg.worker_init_user = set;
+ *   cfg.extra_metrics = sf_monitor_metrics_write;    cfg.extra_metrics_user = monitor;
+ *   ... sf_gateway_free(gw);  sf_dashboard_set_free(set);
+ * sf_dashboard_set_free runs after the loops and their evhttp/event_base are freed: it
+ * releases only the dashboards' own memory (their timers live inside it, so freeing the base
+ * first is safe). */
+typedef struct sf_dashboard_set sf_dashboard_set;
+sf_dashboard_set *sf_dashboard_set_new(const sf_dashboard_opts *o); /* NULL: out of memory */
+int sf_dashboard_worker_init(void *set, int worker, struct evhttp *http, struct event_base *base, sf_error *err);
+void sf_dashboard_set_free(sf_dashboard_set *s);
+/* sf_gateway_config.extra_metrics: the monitor's Prometheus text (monitor may be NULL). */
+void sf_monitor_metrics_write(void *monitor, FILE *out);
 
 /* 1 when the page's scripts were bundled into this build (npm was available at build time);
  * otherwise /dashboard answers 503 saying so. */

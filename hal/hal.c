@@ -5,11 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The CUDA side (hal_cuda.c) is absent from builds without nvcc: weak references let this
- * file link either way, and "auto" then simply finds no GPU. */
-#pragma weak sf_hal_cuda_available
-#pragma weak sf_backend_cuda_new
-
 const char *sf_dtype_name(sf_dtype t)
 {
     switch (t) {
@@ -39,19 +34,16 @@ int sf_backend_open(const sf_backend_opts *o, sf_backend **out, sf_error *err)
     const char *name = o && o->name ? o->name : "auto";
     *out = NULL;
     if (!strcmp(name, "cpu")) return sf_backend_cpu_new(o, out, err);
-    if (!strcmp(name, "cuda")) {
-        if (!sf_backend_cuda_new)
-            return sf_err(err, SF_ENODEV, "backend 'cuda': this build has no CUDA support "
-                          "(nvcc was not found at build time); use --backend cpu or rebuild with CUDA");
-        return sf_backend_cuda_new(o, out, err);
-    }
+    if (!strcmp(name, "cuda")) return sf_backend_cuda_new(o, out, err); /* says why when it cannot */
     if (strcmp(name, "auto"))
         return sf_err(err, SF_EINVAL, "unknown backend '%s': use auto, cpu or cuda", name);
 
-    if (!sf_hal_cuda_available || !sf_backend_cuda_new) {
-        SF_LOGI("backend auto: this build has no CUDA support; using the CPU backend");
-    } else if (!sf_hal_cuda_available()) {
+    if (!sf_hal_cuda_available()) {
+#ifdef SF_HAVE_CUDA
         SF_LOGI("backend auto: no usable CUDA device found; using the CPU backend");
+#else
+        SF_LOGI("backend auto: this build has no CUDA support (no nvcc at build time); using the CPU backend");
+#endif
     } else {
         sf_error cerr = { 0 };
         int rc = sf_backend_cuda_new(o, out, &cerr);

@@ -59,6 +59,7 @@ typedef struct sf_cpu_matmul {
     size_t l2_bytes;         /* cache budget for blocking (per core) */
     float *scratch;          /* per thread: scratch + ith * scratch_floats */
     int64_t scratch_floats;  /* >= sf_cpu_matmul_scratch(k) */
+    int64_t next_chunk;      /* work counter shared by the threads: 0 before each run */
 } sf_cpu_matmul;
 int64_t sf_cpu_matmul_scratch(int64_t k);
 void sf_cpu_matmul_task(void *arg, int ith, int nth);

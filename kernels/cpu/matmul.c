@@ -1,7 +1,7 @@
 /* matmul.c — y[n, m] = x[n, k] · W[m, k]^T (+ bias), weights read in place.
  *
- * Work split: output rows (weight rows) are divided among the pool's threads, so each
- * thread streams its own slice of the weights once per token block. Rows are taken four at
+ * Work split: output rows (weight rows) are dealt to the pool's threads in chunks, so each
+ * thread streams runs of the weights once per token block. Rows are taken four at
  * a time (four independent weight streams against one x row).
  * Cache blocking: tokens are taken in blocks whose x rows fill at most half of the per-core
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
@@ -112,6 +112,38 @@ static void dot4_q8_0(const void *const *w, const float *x, int64_t k, float *ou
     out[0] = hsum256(a0); out[1] = hsum256(a1); out[2] = hsum256(a2); out[3] = hsum256(a3);
 }
 
+/* 4 fp32 weight rows x 3 tokens: twelve independent FMA chains, 7 loads per 12 FMAs — the
+ * prefill kernel (rows already fp32, from the weights or dequantized into scratch). */
+__attribute__((target("avx2,fma,f16c")))
+static void dot4x3_f32(const void *const *w, const float *x0, const float *x1, const float *x2, int64_t k,
+                       float out[3][4])
+{
+    const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a10 = a00, a11 = a00, a12 = a00;
+    __m256 a20 = a00, a21 = a00, a22 = a00, a30 = a00, a31 = a00, a32 = a00;
+    int64_t i = 0;
+    for (; i + 8 <= k; i += 8) {
+        __m256 y0 = _mm256_loadu_ps(x0 + i), y1 = _mm256_loadu_ps(x1 + i), y2 = _mm256_loadu_ps(x2 + i), v;
+        v = _mm256_loadu_ps(w0 + i);
+        a00 = _mm256_fmadd_ps(v, y0, a00); a01 = _mm256_fmadd_ps(v, y1, a01); a02 = _mm256_fmadd_ps(v, y2, a02);
+        v = _mm256_loadu_ps(w1 + i);
+        a10 = _mm256_fmadd_ps(v, y0, a10); a11 = _mm256_fmadd_ps(v, y1, a11); a12 = _mm256_fmadd_ps(v, y2, a12);
+        v = _mm256_loadu_ps(w2 + i);
+        a20 = _mm256_fmadd_ps(v, y0, a20); a21 = _mm256_fmadd_ps(v, y1, a21); a22 = _mm256_fmadd_ps(v, y2, a22);
+        v = _mm256_loadu_ps(w3 + i);
+        a30 = _mm256_fmadd_ps(v, y0, a30); a31 = _mm256_fmadd_ps(v, y1, a31); a32 = _mm256_fmadd_ps(v, y2, a32);
+    }
+    out[0][0] = hsum256(a00); out[1][0] = hsum256(a01); out[2][0] = hsum256(a02);
+    out[0][1] = hsum256(a10); out[1][1] = hsum256(a11); out[2][1] = hsum256(a12);
+    out[0][2] = hsum256(a20); out[1][2] = hsum256(a21); out[2][2] = hsum256(a22);
+    out[0][3] = hsum256(a30); out[1][3] = hsum256(a31); out[2][3] = hsum256(a32);
+    for (; i < k; i++)
+        for (int r = 0; r < 4; r++) {
+            float wv = ((const float *)w[r])[i];
+            out[0][r] += wv * x0[i]; out[1][r] += wv * x1[i]; out[2][r] += wv * x2[i];
+        }
+}
+
 typedef void (*dot4_fn)(const void *const *w, const float *x, int64_t k, float *out);
 
 static dot4_fn dot4_for(sf_dtype t)
@@ -162,7 +194,18 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
             for (int j = 0; j < nr; j++) sf_cpu_row_to_f32(v->dtype, w[j], k, scratch + j * k);
             for (int j = 0; j < 4; j++) w[j] = scratch + (j < nr ? j : nr - 1) * k;
         }
-        for (int t = t0; t < t1; t++) {
+        int t = t0;
+        if (avx2 && (v->dtype == SF_DT_F32 || !direct))
+            for (; t + 3 <= t1; t += 3) {
+                float out[3][4];
+                const float *x = mm->x + (int64_t)t * mm->ldx;
+                dot4x3_f32(w, x, x + mm->ldx, x + 2 * (int64_t)mm->ldx, k, out);
+                for (int u = 0; u < 3; u++) {
+                    float *y = mm->y + (int64_t)(t + u) * mm->ldy + col0 + r;
+                    for (int j = 0; j < nr; j++) y[j] = out[u][j] + (bias ? bias[r + j] : 0.0f);
+                }
+            }
+        for (; t < t1; t++) {
             float out[4];
             dot(w, mm->x + (int64_t)t * mm->ldx, k, out);
             float *y = mm->y + (int64_t)t * mm->ldy + col0 + r;
@@ -171,32 +214,44 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     }
 }
 
+/* Rows [g_lo, g_hi) of 4-row groups counted across all parts, tokens [t0, t1). */
+static void matmul_groups(const sf_cpu_matmul *mm, int64_t g_lo, int64_t g_hi, int t0, int t1, float *scratch, int avx2)
+{
+    int64_t g0 = 0, col0 = 0;
+    for (int p = 0; p < mm->n_parts; p++) {
+        int64_t pg = (mm->part[p].rows + 3) / 4;
+        int64_t a = SF_MAX(g_lo, g0), b = SF_MIN(g_hi, g0 + pg);
+        if (a < b) {
+            int64_t lo = (a - g0) * 4, hi = SF_MIN(mm->part[p].rows, (b - g0) * 4);
+            matmul_part_rows(mm, p, lo, hi, col0, t0, t1, scratch, avx2);
+        }
+        g0 += pg;
+        col0 += mm->part[p].rows;
+    }
+}
+
+/* Work is handed out in chunks (a token block x a run of row groups) from a shared counter,
+ * about eight per thread: a thread that was descheduled (a busy machine) or runs slower
+ * takes fewer, instead of holding up the others at the end of the op. Each chunk still
+ * streams its weight rows front to back. */
 void sf_cpu_matmul_task(void *arg, int ith, int nth)
 {
-    const sf_cpu_matmul *mm = arg;
+    sf_cpu_matmul *mm = arg;
     int avx2 = sf_cpu_has_avx2();
     float *scratch = mm->scratch + ith * mm->scratch_floats;
-    /* groups of 4 rows split evenly over threads, counted across all parts */
     int64_t groups = 0;
     for (int p = 0; p < mm->n_parts; p++) groups += (mm->part[p].rows + 3) / 4;
-    int64_t g_lo, g_hi;
-    sf_cpu_split(groups, ith, nth, &g_lo, &g_hi);
-    if (g_lo >= g_hi) return;
-
     size_t budget = mm->l2_bytes ? mm->l2_bytes / 2 : 256 * 1024;
     int nb = (int)SF_MAX(1, (int64_t)(budget / ((size_t)mm->k * sizeof(float))));
-    for (int t0 = 0; t0 < mm->n; t0 += nb) {
-        int t1 = SF_MIN(mm->n, t0 + nb);
-        int64_t g0 = 0, col0 = 0;
-        for (int p = 0; p < mm->n_parts; p++) {
-            int64_t pg = (mm->part[p].rows + 3) / 4;
-            int64_t a = SF_MAX(g_lo, g0), b = SF_MIN(g_hi, g0 + pg);
-            if (a < b) {
-                int64_t lo = (a - g0) * 4, hi = SF_MIN(mm->part[p].rows, (b - g0) * 4);
-                matmul_part_rows(mm, p, lo, hi, col0, t0, t1, scratch, avx2);
-            }
-            g0 += pg;
-            col0 += mm->part[p].rows;
-        }
+    int64_t n_tb = (mm->n + nb - 1) / nb;
+    int64_t per = SF_MAX(1, groups * n_tb / ((int64_t)nth * 8));
+    per = SF_MIN(per, groups);
+    int64_t n_rc = (groups + per - 1) / per, total = n_tb * n_rc;
+    for (;;) {
+        int64_t c = __atomic_fetch_add(&mm->next_chunk, 1, __ATOMIC_RELAXED);
+        if (c >= total) break;
+        int64_t tb = c / n_rc, rc = c % n_rc;
+        int t0 = (int)(tb * nb), t1 = SF_MIN(mm->n, t0 + nb);
+        matmul_groups(mm, rc * per, SF_MIN(groups, (rc + 1) * per), t0, t1, scratch, avx2);
     }
 }

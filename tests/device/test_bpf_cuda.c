@@ -45,7 +45,8 @@ TEST(libcuda_copies_are_counted_exactly)
     char *host = malloc(max), *pinned = NULL, *dev = NULL;
     REQUIRE(host, "malloc");
     memset(host, 1, max);
-    REQUIRE(cudaMallocHost((void **)&pinned, max) == cudaSuccess && cudaMalloc((void **)&dev, max) == cudaSuccess,
+    cudaError_t ea = cudaMallocHost((void **)&pinned, max), eb = cudaMalloc((void **)&dev, max);
+    REQUIRE(ea == cudaSuccess && eb == cudaSuccess,
             "cuda allocation failed");
     uint64_t want_h2d = 0, want_d2h = 0, n_h2d = 0, n_d2h = 0;
     cudaStream_t st;
@@ -102,7 +103,8 @@ TEST(rate_matches_nvml_within_10_percent)
     REQUIRE(mon, "monitor is off: %s", mon_err.msg);
     pthread_t t;
     streaming = 1;
-    REQUIRE(pthread_create(&t, NULL, stream_h2d, NULL) == 0, "thread");
+    int rt = pthread_create(&t, NULL, stream_h2d, NULL);
+    REQUIRE(rt == 0, "thread");
     double ours[12], nvml[12];
     int n = 0, nvml_seen = 0;
     sf_mon_snapshot s;

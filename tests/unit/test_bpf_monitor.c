@@ -196,8 +196,8 @@ TEST(socket_bytes_per_pid)
 {
     REQUIRE(mon, "monitor is off: %s", mon_err.msg);
     child srv, cli;
-    REQUIRE(child_start(&srv, server_fn, NULL) == 0 && child_start(&cli, client_fn, NULL) == 0, "fork: %s",
-            strerror(errno));
+    int rs = child_start(&srv, server_fn, NULL), rcl = rs ? -1 : child_start(&cli, client_fn, NULL);
+    REQUIRE(rs == 0 && rcl == 0, "fork: %s", strerror(errno));
     child_go(&srv);
     child_go(&cli);
     int rc_c = child_done(&cli), rc_s = child_done(&srv);
@@ -232,7 +232,8 @@ TEST(uprobe_copies_per_direction)
 {
     REQUIRE(mon, "monitor is off: %s", mon_err.msg);
     child k;
-    REQUIRE(child_start(&k, copies_fn, NULL) == 0, "fork: %s", strerror(errno));
+    int rk = child_start(&k, copies_fn, NULL);
+    REQUIRE(rk == 0, "fork: %s", strerror(errno));
     child_go(&k);
     int rc = child_done(&k);
     CHECK_MSG(rc == 0, "copy child failed with %d (dlopen %s)", rc, fake_lib);

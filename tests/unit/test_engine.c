@@ -280,6 +280,25 @@ TEST(stop_strings_and_max_tokens)
     CHECK_MSG(!strcmp(c.text, "Once upon a time, there was a little girl "), "got \"%s\"", c.text);
     CHECK(c.finish == SF_FINISH_STOP);
 
+    /* stop strings that start to match but never complete: held back, then released unchanged */
+    collect plain, held;
+    collect_init(&plain);
+    collect_init(&held);
+    sp = greedy(60);
+    rc_ = submit(e, &bos, 1, &sp, &plain, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&plain);
+    char h1[] = "named Bob", h2[] = "Lily and", h3[] = ".!";
+    sp.stop[0] = h1;
+    sp.stop[1] = h2;
+    sp.stop[2] = h3;
+    sp.n_stop = 3;
+    rc_ = submit(e, &bos, 1, &sp, &held, &err);
+    REQUIRE(rc_ == SF_OK, "submit: %s", err.msg);
+    collect_wait(&held);
+    CHECK_MSG(strstr(plain.text, "named Lily.") != NULL, "reference text: %s", plain.text);
+    CHECK_MSG(!strcmp(plain.text, held.text) && held.finish == plain.finish, "\"%s\" vs \"%s\"", plain.text, held.text);
+
     collect_init(&c);
     sp = greedy(5);
     rc_ = submit(e, &bos, 1, &sp, &c, &err);
@@ -369,6 +388,88 @@ TEST(cancel_frees_kv)
     wait_idle(e, &st);
     CHECK_MSG(st.kv_blocks_used == 0 && st.running == 0, "%d KV blocks used, %d running", st.kv_blocks_used, st.running);
     CHECK(st.cancelled == 1);
+    sf_engine_free(e);
+}
+
+/* Several threads submit and cancel at once: every request gets exactly one DONE, cancelled ones
+ * with SF_FINISH_CANCELLED, and the KV pool is whole at the end. */
+typedef struct storm_arg {
+    sf_engine *e;
+    int id, n;
+    collect *cs;
+    int submitted;
+} storm_arg;
+
+static void *storm_thread(void *arg)
+{
+    storm_arg *a = arg;
+    sf_rng rng;
+    sf_rng_seed(&rng, (uint64_t)a->id + 100);
+    int32_t p[24];
+    for (int i = 0; i < 24; i++) p[i] = 3 + (int32_t)(sf_rng_next(&rng) % 500);
+    for (int i = 0; i < a->n; i++) {
+        collect *c = &a->cs[i];
+        collect_init(c);
+        sf_submit s;
+        memset(&s, 0, sizeof s);
+        s.prompt = p;
+        s.n_prompt = 1 + (int)(sf_rng_next(&rng) % 24);
+        s.sampling = greedy(1 + (int)(sf_rng_next(&rng) % 30));
+        s.sampling.ignore_eos = 1;
+        s.intent.urgency = (int)(sf_rng_next(&rng) % 3);
+        s.cb = on_event;
+        s.user = c;
+        sf_request *r = NULL;
+        double retry;
+        if (sf_engine_submit(a->e, &s, &r, &retry, NULL) != SF_OK) {
+            c->done = 1;
+            c->finish = -2;
+            continue;
+        }
+        a->submitted++;
+        if (sf_rng_uniform(&rng) < 0.3f) {
+            /* cancel is allowed until DONE has been delivered: check under the collector's lock */
+            pthread_mutex_lock(&c->mu);
+            if (!c->done) sf_engine_cancel(a->e, r);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    return NULL;
+}
+
+TEST(submit_cancel_storm)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 6, 64, 0, 40, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    enum { T = 4, N = 25 };
+    static collect cs[T][N];
+    storm_arg args[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        args[t] = (storm_arg){ .e = e, .id = t, .n = N, .cs = cs[t] };
+        pthread_create(&th[t], NULL, storm_thread, &args[t]);
+    }
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    int done = 0, cancelled = 0, finished = 0, submitted = 0;
+    for (int t = 0; t < T; t++) {
+        submitted += args[t].submitted;
+        for (int i = 0; i < N; i++) {
+            collect_wait(&cs[t][i]);
+            if (cs[t][i].finish == -2) continue;
+            done++;
+            cancelled += cs[t][i].finish == SF_FINISH_CANCELLED;
+            finished += cs[t][i].finish == SF_FINISH_LENGTH && cs[t][i].n_tokens == cs[t][i].completion_tokens;
+        }
+    }
+    CHECK_MSG(done == submitted && cancelled + finished == done, "%d submitted, %d done: %d cancelled + %d finished",
+              submitted, done, cancelled, finished);
+    CHECK(submitted > 0 && cancelled > 0);
+    sf_engine_stats st;
+    wait_idle(e, &st);
+    CHECK_MSG(st.kv_blocks_used == 0 && st.running == 0, "%d KV blocks used", st.kv_blocks_used);
+    CHECK_MSG(st.finished == (uint64_t)submitted && st.cancelled == (uint64_t)cancelled, "stats %llu finished, %llu cancelled",
+              (unsigned long long)st.finished, (unsigned long long)st.cancelled);
     sf_engine_free(e);
 }
 
@@ -473,6 +574,7 @@ int main(void)
     RUN(concurrent_equals_alone);
     RUN(concurrent_equals_alone_preempted);
     RUN(cancel_frees_kv);
+    RUN(submit_cancel_storm);
     RUN(admission_errors);
     RUN(demo_model_and_bad_config);
     return test_summary();

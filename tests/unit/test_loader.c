@@ -492,6 +492,7 @@ typedef struct gopts {
     int tied;                 /* no output.weight */
     int bad_strlen;           /* the architecture string's length points past the end */
     uint32_t alignment;       /* 0: default 32, not written */
+    int qwen2;                /* architecture qwen2: q/k/v biases */
 } gopts;
 
 /* Q8_0 test pattern: block b has scale 0.01*(b%7+1), quant i is (b*31+i*7)%255-127. */
@@ -506,9 +507,10 @@ static size_t gguf_synth(const char *path, gopts o)
         { "blk.0.attn_k.weight", G_H, G_KV * G_HD, 1 }, { "blk.0.attn_v.weight", G_H, G_KV * G_HD, 1 },
         { "blk.0.attn_output.weight", G_HEADS * G_HD, G_H, 1 }, { "blk.0.ffn_norm.weight", G_H, 1, 0 },
         { "blk.0.ffn_gate.weight", G_H, G_FF, 1 }, { "blk.0.ffn_up.weight", G_H, G_FF, 1 },
-        { "blk.0.ffn_down.weight", G_FF, G_H, 1 },
+        { "blk.0.ffn_down.weight", G_FF, G_H, 1 }, { "blk.0.attn_q.bias", G_HEADS * G_HD, 1, 0 },
+        { "blk.0.attn_k.bias", G_KV * G_HD, 1, 0 }, { "blk.0.attn_v.bias", G_KV * G_HD, 1, 0 },
     };
-    int nt = (int)SF_ARRAY_LEN(t);
+    int nt = (int)SF_ARRAY_LEN(t) - (o.qwen2 ? 0 : 3);
     uint32_t align = o.alignment ? o.alignment : 32;
     gw_put(&w, "GGUF", 4);
     gw_u32(&w, o.version);
@@ -523,16 +525,20 @@ static size_t gguf_synth(const char *path, gopts o)
     }
     gw_u64(&w, (uint64_t)(nt - (o.tied ? 1 : 0)));
     gw_u64(&w, 17 + (o.alignment ? 1 : 0));
-    gw_kv_str(&w, "general.architecture", "llama");
-    gw_kv_u32(&w, "llama.embedding_length", G_H);
-    gw_kv_u32(&w, "llama.block_count", 1);
-    gw_kv_u32(&w, "llama.feed_forward_length", G_FF);
-    gw_kv_u32(&w, "llama.attention.head_count", G_HEADS);
-    gw_kv_u32(&w, "llama.attention.head_count_kv", G_KV);
-    gw_kv_u32(&w, "llama.rope.dimension_count", G_HD);
-    gw_kv_f32(&w, "llama.rope.freq_base", 500000.0f);
-    gw_kv_f32(&w, "llama.attention.layer_norm_rms_epsilon", 1e-6f);
-    gw_kv_u32(&w, "llama.context_length", 128);
+    const char *A = o.qwen2 ? "qwen2" : "llama";
+    char key[96];
+#define K(S) (snprintf(key, sizeof key, "%s.%s", A, S), key)
+    gw_kv_str(&w, "general.architecture", A);
+    gw_kv_u32(&w, K("embedding_length"), G_H);
+    gw_kv_u32(&w, K("block_count"), 1);
+    gw_kv_u32(&w, K("feed_forward_length"), G_FF);
+    gw_kv_u32(&w, K("attention.head_count"), G_HEADS);
+    gw_kv_u32(&w, K("attention.head_count_kv"), G_KV);
+    gw_kv_u32(&w, K("rope.dimension_count"), G_HD);
+    gw_kv_f32(&w, K("rope.freq_base"), 500000.0f);
+    gw_kv_f32(&w, K("attention.layer_norm_rms_epsilon"), 1e-6f);
+    gw_kv_u32(&w, K("context_length"), 128);
+#undef K
     if (o.alignment) gw_kv_u32(&w, "general.alignment", o.alignment);
     /* one of every other metadata type */
     { gw_str(&w, "test.u8"); gw_u32(&w, SF_GGUF_U8); uint8_t v = 200; gw_put(&w, &v, 1); }
@@ -627,6 +633,21 @@ TEST(gguf_synthetic_q8_0)
     sf_model_free(m);
 }
 
+TEST(gguf_synthetic_qwen2)
+{
+    const char *p = tmp_path("qwen2.gguf");
+    gguf_synth(p, (gopts){ .version = 3, .q_type = -1, .qwen2 = 1 });
+    sf_model *m = NULL;
+    sf_error e = { 0 };
+    rc_ = sf_model_load(p, NULL, &m, &e);
+    REQUIRE(rc_ == SF_OK, "%s", e.msg);
+    CHECK(!strcmp(m->cfg.arch, "qwen2") && m->cfg.attention_bias == 1 && m->cfg.rope_interleaved == 0);
+    CHECK(m->cfg.hidden == G_H && m->cfg.n_kv_heads == G_KV && m->cfg.tie_embeddings == 0);
+    CHECK(m->layers[0].bq.data && m->layers[0].bq.cols == G_HEADS * G_HD && m->layers[0].bv.cols == G_KV * G_HD);
+    CHECK(((const float *)m->layers[0].bk.data)[0] == 1.0f);
+    sf_model_free(m);
+}
+
 TEST(gguf_bad_inputs)
 {
     size_t n;
@@ -647,6 +668,14 @@ TEST(gguf_bad_inputs)
     expect_fail(p, SF_EFORMAT, "truncated", NULL);
     write_file(p, b, n - 100);
     expect_fail(p, SF_EFORMAT, "does not fit", NULL);
+    /* a token type outside 0..6 (tokenizer.ggml.token_type: value type u32, element type u32,
+     * count u64, then int32 elements) */
+    char *tt = memmem(b, n, "tokenizer.ggml.token_type", 25);
+    REQUIRE(tt, "token_type key");
+    int32_t bad_type = 258;
+    memcpy(tt + 25 + 4 + 4 + 8 + 5 * 4, &bad_type, 4);
+    write_file(p, b, n);
+    expect_fail(p, SF_EFORMAT, "token_type[5] = 258", NULL);
     free(b);
     gguf_synth(p, (gopts){ .version = 3, .q_type = 12 /* Q4_K */ });
     expect_fail(p, SF_EUNSUPPORTED, "blk.0.attn_q.weight", "Q4_K");
@@ -795,7 +824,8 @@ TEST(demo_model)
     const sf_model_config *k = &m->cfg;
     CHECK(k->hidden == 256 && k->n_layers == 4 && k->n_heads == 8 && k->n_kv_heads == 4 && k->head_dim == 32);
     CHECK(k->intermediate == 688 && k->max_pos == 2048 && k->rope_theta == 500000.0f && k->tie_embeddings == 0);
-    CHECK_MSG(k->vocab_size > 1000 && k->vocab_size <= 2000, "vocab %d", k->vocab_size);
+    /* tests/fixtures/hf_logits.json was made from these exact bytes: the demo must not drift */
+    CHECK_MSG(k->vocab_size == 1763, "vocab %d", k->vocab_size);
     CHECK(k->bos_id == k->vocab_size - 5 && k->n_eos == 2 && k->eos_ids[1] == k->vocab_size - 1);
     REQUIRE(m->tok, "demo has a tokenizer");
     CHECK_MSG(sf_tok_vocab_size(m->tok) == k->vocab_size, "tokenizer %d, config %d", sf_tok_vocab_size(m->tok),
@@ -911,6 +941,7 @@ int main(void)
     RUN(gguf_stories260k);
     RUN(gguf_llama2_tiny_f16);
     RUN(gguf_synthetic_q8_0);
+    RUN(gguf_synthetic_qwen2);
     RUN(gguf_bad_inputs);
     RUN(gguf_fuzz);
     RUN(safetensors_fuzz);

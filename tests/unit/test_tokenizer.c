@@ -806,6 +806,76 @@ TEST(random_roundtrip_gpt2) { random_roundtrips("gpt2-tokenizer", 1); }
  * prepends "▁" to the text after it, which decodes as an extra space) */
 TEST(random_roundtrip_tinyllama) { random_roundtrips("tinyllama-1.1b-chat-v1.0", 0); }
 
+TEST(nfc)
+{
+    /* expected values from Python's unicodedata.normalize('NFC', ...) */
+    static const struct { const char *in, *out; } cases[] = {
+        { "e\xcc\x81", "\xc3\xa9" },                                   /* e + acute -> é */
+        { "\xe1\x84\x80\xe1\x85\xa1\xe1\x86\xa8", "\xea\xb0\x81" },    /* Hangul jamo L V T -> 각 */
+        { "\xe2\x84\xab", "\xc3\x85" },                                /* ANGSTROM SIGN (singleton) -> Å */
+        { "a\xcc\x82\xcc\xa3", "\xe1\xba\xad" },                       /* marks reordered, then composed: ậ */
+        { "q\xcc\x87\xcc\xa3", "q\xcc\xa3\xcc\x87" },                  /* no composite: only reordered */
+        { "\xcc\x81" "e", "\xcc\x81" "e" },                            /* a leading mark stays */
+        { "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 plain ascii", "\xed\x95\x9c\xea\xb5\xad\xec\x96\xb4 plain ascii" },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        tok_buf b = { 0 };
+        CHECK(tok_nfc(&b, cases[i].in, strlen(cases[i].in)) == 0);
+        CHECK_MSG(b.p && !strcmp(b.p, cases[i].out), "case %zu: got \"%s\"", i, b.p ? b.p : "");
+        free(b.p);
+    }
+    /* as a normalizer: the decomposed input reaches the model composed */
+    sf_error err = { 0 };
+    static const char *const words[] = { "caf\xc3\xa9", NULL };
+    sf_tokenizer *t = make_tok(NULL, words, NULL, json_pack("{s:s}", "type", "NFC"), &err);
+    REQUIRE(t, "%s", err.msg);
+    CHECK(pieces_are(t, "cafe\xcc\x81", words));
+    sf_tok_free(t);
+}
+
+TEST(added_tokens_normalized)
+{
+    /* normalized: true tokens are found in the normalized text (spaces became "_" here), the
+     * others in the raw input */
+    sf_error err = { 0 };
+    static const char *const words[] = { "a_", "_b", NULL };
+    json_t *added = json_array();
+    json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b}", "id", 600, "content", "x_y", "normalized", 1, "special", 0));
+    json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b}", "id", 601, "content", "p q", "normalized", 0, "special", 1));
+    json_t *norm = json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "String", " ", "content", "_");
+    sf_tokenizer *t = make_tok(NULL, words, added, norm, &err);
+    REQUIRE(t, "%s", err.msg);
+    static const char *const w1[] = { "a_", "x_y", "_b", NULL };
+    CHECK(pieces_are(t, "a x y b", w1));
+    static const char *const w2[] = { "a_", "p q", "_b", NULL };
+    CHECK(pieces_are(t, "a p q b", w2));
+    sf_tok_free(t);
+}
+
+TEST(config_add_bos_eos)
+{
+    /* LlamaTokenizerFast rebuilds its post-processor from add_bos_token / add_eos_token */
+    char *json = NULL;
+    sf_error err = { 0 };
+    int rc = sf_read_file(test_data("tinyllama-1.1b-chat-v1.0/tokenizer.json"), &json, NULL, &err);
+    REQUIRE(rc == 0, "%s", err.msg);
+    static const struct { const char *cfg; int32_t want[4]; size_t n; } cases[] = {
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}", { 1, 15043 }, 2 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"eos_token\": \"</s>\", \"add_eos_token\": true}", { 1, 15043, 2 }, 3 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"add_bos_token\": false}", { 15043 }, 1 },
+        { "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"add_bos_token\": false}", { 1, 15043 }, 2 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        sf_tokenizer *t = NULL;
+        rc = sf_tok_load_json(json, cases[i].cfg, &t, &err);
+        CHECK_MSG(rc == 0, "%s", err.msg);
+        if (rc) continue;
+        CHECK_MSG(encodes_to(t, "Hello", cases[i].want, cases[i].n), "config %zu", i);
+        sf_tok_free(t);
+    }
+    free(json);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -819,9 +889,12 @@ int main(void)
     RUN(split_behaviors);
     RUN(metaspace_and_digits);
     RUN(added_token_flags);
+    RUN(added_tokens_normalized);
     RUN(unk_and_byte_fallback);
     RUN(metaspace_roundtrip_and_post);
+    RUN(config_add_bos_eos);
     RUN(normalizers);
+    RUN(nfc);
     RUN(hard_cases_gpt2);
     RUN(hard_cases_tinyllama);
     RUN(streaming_holds_partial_utf8);
