@@ -13,7 +13,6 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -117,9 +116,9 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
     memset(&t, 0, sizeof t);
     t.o = *o;
     int rc;
-    prctl(PR_SET_PDEATHSIG, SIGKILL); /* the leader's death ends us even while we compute */
     if (o->rank < 1 || o->rank >= o->size) return sf_err(err, SF_EINVAL, "rank %d of %d is not a follower", o->rank, o->size);
-    sf_load_opts lo = { .dummy = o->load_dummy, .dummy_dtype = SF_DT_BF16, .seed = o->seed };
+    sf_load_opts lo = { .dummy = o->load_dummy, .dummy_dtype = o->dummy_f16 ? SF_DT_F16 : SF_DT_BF16,
+                        .seed = o->seed };
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->n_threads, .device = o->device };
     if ((rc = join(&t, err)) || (rc = sf_model_load(o->model, &lo, &m, err)) ||
         (rc = sf_backend_open(&bo, &t.b, err)) || (rc = build(&t, m, err)))
@@ -237,6 +236,7 @@ int sf_tp_follower_argv(const sf_tp_rank_opts *o, int rank, const char *exe, cha
     ARG("--seed"); ARG("%llu", (unsigned long long)o->seed);
     ARG("--timeout-ms"); ARG("%d", o->timeout_ms);
     if (o->load_dummy) ARG("--load-dummy");
+    if (o->dummy_f16) ARG("--dummy-f16");
     if (o->shm_fd >= 0) { ARG("--shm-fd"); ARG("%d", o->shm_fd); }
     if (o->bootstrap) { ARG("--bootstrap"); ARG("%s", o->bootstrap); }
 #undef ARG
@@ -252,6 +252,7 @@ int sf_tp_parse_rank_args(int argc, char **argv, sf_tp_rank_opts *o, sf_error *e
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--load-dummy")) { o->load_dummy = 1; continue; }
+        if (!strcmp(a, "--dummy-f16")) { o->dummy_f16 = 1; continue; }
         if (i + 1 >= argc) return sf_err(err, SF_EINVAL, "semflow rank: %s needs a value", a);
         const char *v = argv[++i];
         char *end = NULL;
@@ -304,7 +305,9 @@ int sf_tp_start(const sf_tp_rank_opts *o_in, const char *exe, const sf_model *m,
             goto fail;
         }
         if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            /* No PR_SET_PDEATHSIG: it fires when the forking *thread* exits (a loader thread
+             * would take the followers with it). A follower notices a dead leader at its next
+             * wait instead (comm liveness checks). */
             execv(exe, argv);
             fprintf(stderr, "semflow rank %d: exec %s: %s\n", r, exe, strerror(errno));
             _exit(127);
@@ -325,6 +328,8 @@ fail:
 int sf_tp_kv_heads(const sf_tp *t) { return t->shard.m.cfg.n_kv_heads; }
 
 sf_forward *sf_tp_forward(sf_tp *t) { return t->fwd; }
+
+const sf_model *sf_tp_model(const sf_tp *t) { return &t->shard.m; }
 
 static int dead(sf_tp *t, int rc, sf_error *err)
 {

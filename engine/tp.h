@@ -10,7 +10,8 @@
  * Failure: every wait has a timeout (SEMFLOW_TP_TIMEOUT_MS, default 60 s) and a dead rank is
  * noticed at the next collective; the leader's calls then fail with SF_ENODEV and a message
  * naming the rank, and keep failing (the group cannot recover). Followers exit when the leader
- * dies (PR_SET_PDEATHSIG) or the group fails. Threads: all calls on the engine thread. */
+ * dies (noticed at their next wait) or the group fails. Threads: all calls on one thread (the
+ * engine thread after setup). */
 #ifndef SF_TP_H
 #define SF_TP_H
 
@@ -25,6 +26,7 @@ typedef struct sf_tp_rank_opts {
     int rank, size;
     const char *model;        /* path as given to sf_model_load */
     int load_dummy;
+    int dummy_f16;            /* dummy weights in f16 (else bf16) */
     uint64_t seed;
     const char *backend;      /* "cpu" | "cuda" (resolved, not "auto") */
     int n_threads;
@@ -52,6 +54,8 @@ int sf_tp_leader_new(const sf_tp_rank_opts *o, const sf_model *m, sf_backend *b,
 
 /* This rank's kv heads (for sizing the KV cache). */
 int sf_tp_kv_heads(const sf_tp *tp);
+/* Rank 0's shard: its model views with local shapes (per-rank weight bytes). */
+const sf_model *sf_tp_model(const sf_tp *tp);
 /* The forward pass of rank 0. */
 sf_forward *sf_tp_forward(sf_tp *tp);
 /* Every rank initialises its KV cache with kc (n_kv_heads = sf_tp_kv_heads). */

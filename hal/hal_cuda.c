@@ -695,9 +695,13 @@ static int cuda_sync(sf_backend *b)
     return rc ? rc : kcheck(cudaStreamSynchronize(CTX(b)->s), "sync");
 }
 
-/* For the communicator: bf16 device memory on the backend's stream (NCCL queues behind it). */
+/* For the communicator: bf16 device memory on the backend's stream (NCCL queues behind it).
+ * A step's graph capture or replay ends here, so the collective runs eagerly after the ops
+ * before it; the ops after it run directly (or start nothing new: graphs begin at batch_begin). */
 static int cuda_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
 {
+    int rc = step_end(CTX(b));
+    if (rc) return rc;
     *data = buf->d;
     *dt = SF_DT_BF16;
     *stream = CTX(b)->s;
