@@ -15,6 +15,7 @@ SF_CMD(sf_cmd_loadgen);
 SF_CMD(sf_cmd_top);
 SF_CMD(sf_cmd_hal);
 SF_CMD(sf_cmd_gen_model);
+SF_CMD(sf_cmd_rank);
 #undef SF_CMD
 
 #endif

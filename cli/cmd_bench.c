@@ -17,11 +17,13 @@
 #include "engine/forward.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
+#include "engine/tp.h"
 #include "hal/hal.h"
 
 typedef struct bench_opts {
     const char *mode, *model, *preset, *backend;
     int dummy, ctx, steps, threads, json, chunk;
+    int tp;              /* --tensor-parallel-size: ranks (1: none) */
     sf_dtype dtype;
 } bench_opts;
 
@@ -30,6 +32,7 @@ typedef struct bench_env {
     sf_model *m;
     sf_backend *b;
     sf_forward *f;
+    sf_tp *tp;           /* tensor parallelism: follower ranks (owns f then) */
     sf_kv_pool pool;
     sf_kv_config kc;
     int32_t *blocks;     /* the sequence's block table */
@@ -39,7 +42,8 @@ typedef struct bench_env {
 
 static void bench_close(bench_env *e)
 {
-    sf_forward_free(e->f);
+    if (e->tp) sf_tp_free(e->tp);
+    else sf_forward_free(e->f);
     sf_kv_pool_free(&e->pool);
     sf_backend_close(e->b);
     sf_model_free(e->m);
@@ -61,18 +65,27 @@ static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_
     if (rc) return sf_err_wrap(err, "loading %s", path);
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->threads };
     if ((rc = sf_backend_open(&bo, &e->b, err))) goto fail;
+    if (o->tp > 1) {
+        sf_tp_rank_opts to = { .size = o->tp, .model = path, .load_dummy = o->dummy, .dummy_f16 = o->dtype == SF_DT_F16,
+                               .seed = 1, .backend = e->b->ops->name, .n_threads = o->threads,
+                               .max_tokens = max_tokens, .max_logits = 1, .shm_fd = -1 };
+        if ((rc = sf_tp_start(&to, NULL, e->m, e->b, &e->tp, err))) goto fail;
+        e->f = sf_tp_forward(e->tp);
+    }
     const sf_model_config *c = &e->m->cfg;
     int bs = 16;
     e->max_blocks = (kv_tokens + bs - 1) / bs;
     e->kc = (sf_kv_config){ .n_layers = c->n_layers, .n_blocks = e->max_blocks, .block_size = bs,
-                            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
+                            .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : c->n_kv_heads, .head_dim = c->head_dim,
+                            .dtype = SF_DT_BF16 };
     e->max_tokens = max_tokens;
     e->blocks = calloc((size_t)e->max_blocks, sizeof *e->blocks);
     e->logits = malloc(sizeof(float) * (size_t)c->vocab_size * max_tokens);
     if (!e->blocks || !e->logits) { rc = sf_err(err, SF_ENOMEM, "out of memory"); goto fail; }
-    if ((rc = e->b->ops->kv_init(e->b, &e->kc, err)) || (rc = sf_kv_pool_init(&e->pool, e->max_blocks, bs, err)) ||
+    if ((rc = e->tp ? sf_tp_kv_init(e->tp, &e->kc, err) : e->b->ops->kv_init(e->b, &e->kc, err)) ||
+        (rc = sf_kv_pool_init(&e->pool, e->max_blocks, bs, err)) ||
         (rc = sf_kv_alloc(&e->pool, e->max_blocks, e->blocks)) ||
-        (rc = sf_forward_new(e->b, e->m, max_tokens, 1, &e->f, err)))
+        (!e->tp && (rc = sf_forward_new(e->b, e->m, max_tokens, 1, &e->f, err))))
         goto fail;
     return SF_OK;
 fail:
@@ -93,7 +106,7 @@ static int bench_feed(bench_env *e, const int32_t *tokens, int n, sf_error *err)
     ctx[0] = e->len + n;
     sf_batch b = { .n_tokens = n, .n_seqs = 1, .tokens = tokens, .pos = pos, .slot = slot, .seq_start = ss,
                    .seq_ctx = ctx, .block_table = e->blocks, .max_blocks = e->max_blocks, .logit_rows = row, .n_logits = 1 };
-    int rc = sf_forward_step(e->f, &b, e->logits, err);
+    int rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
     if (rc == SF_OK) e->len += n;
     return rc;
 }
@@ -177,7 +190,7 @@ static int bench_decode(const bench_opts *o)
     const sf_hw_info *hw = e.b->ops->hw(e.b);
     int read_bw = hw->mem_read_gbs > 0;
     double ceil_gbs = read_bw ? hw->mem_read_gbs : hw->mem_bw_gbs;
-    size_t wbytes = decode_weight_bytes(e.m);
+    size_t wbytes = decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
     double kv_per_tok = (double)e.b->ops->kv_block_bytes(e.b, &e.kc) / e.kc.block_size;
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
@@ -190,6 +203,7 @@ static int bench_decode(const bench_opts *o)
                               "weight_gbs", gbs, "weight_kv_gbs", gbs_kv, "ceiling_gbs", ceil_gbs,
                               "ceiling", read_bw ? "read bandwidth" : "copy bandwidth", "ratio", gbs / ceil_gbs,
                               "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0);
+        json_object_set_new(j, "tensor_parallel", json_integer(o->tp > 1 ? o->tp : 1));
         if (have_host) {
             json_object_set_new(j, "host_us_per_step", json_real(host_med));
             json_object_set_new(j, "host_share", json_real(host_med / (med * 1e3)));
@@ -203,7 +217,8 @@ static int bench_decode(const bench_opts *o)
         printf("decode   %s%s, %s, %.2f GB of weights read per token, backend %s (%d threads)\n", e.m->name,
                e.m->random_weights ? " (random weights)" : "", sf_dtype_name(c->dtype), wbytes / 1e9, e.b->ops->name,
                hw->n_threads);
-        printf("context  %d tokens, then %d decode steps\n", o->ctx, o->steps);
+        printf("context  %d tokens, then %d decode steps%s\n", o->ctx, o->steps,
+               o->tp > 1 ? " (tensor parallel: weight bytes and bandwidth are per rank)" : "");
         printf("latency  %.1f ms/token median (mean %.1f, best %.1f) = %.2f tokens/s\n", med, mean, best, 1e3 / med);
         printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
                100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
@@ -314,6 +329,7 @@ static void usage(FILE *f)
                "  --ctx N               prompt tokens before the timed steps (default 128)\n"
                "  --steps N             timed decode steps (default 16)\n"
                "  --chunk N             prefill chunk size (default 256)\n"
+               "  --tensor-parallel-size N  split the model over N ranks (weight bytes are then per rank)\n"
                "  --json                machine-readable result\n");
 }
 
@@ -338,7 +354,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "threads", required_argument, NULL, 't' }, { "ctx", required_argument, NULL, 'c' },
         { "steps", required_argument, NULL, 's' }, { "chunk", required_argument, NULL, 'k' },
         { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
-        { "help", no_argument, NULL, 'h' }, { 0 }
+        { "tensor-parallel-size", required_argument, NULL, 'P' }, { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -364,6 +380,7 @@ int sf_cmd_bench(int argc, char **argv)
             else { fprintf(stderr, "semflow bench: --dtype takes bf16 or f16, got '%s'\n", optarg); return 2; }
             break;
         case 'j': o.json = 1; break;
+        case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -32,7 +32,8 @@ static void usage(FILE *f)
             "  --max-model-len N   context length cap (default: the model's)\n"
             "  --chat              wrap the prompt in the model's chat template\n"
             "  --no-special        do not add BOS / special tokens to the prompt\n"
-            "  --load-format F     auto | dummy (random weights from config.json)\n",
+            "  --load-format F     auto | dummy (random weights from config.json)\n"
+            "  --tensor-parallel-size N  split the model over N rank processes / GPUs (default 1)\n",
             SF_MAX_STOP);
 }
 
@@ -147,7 +148,7 @@ int sf_cmd_generate(int argc, char **argv)
         }
         static const char *const with_value[] = { "--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
                                                   "--top-k", "--min-p", "--seed", "--stop", "--backend", "--threads",
-                                                  "--max-model-len", "--load-format" };
+                                                  "--max-model-len", "--load-format", "--tensor-parallel-size" };
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -207,6 +208,9 @@ int sf_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--threads")) {
             if (parse_long(a, v, 1, 4096, &l)) return 2;
             cfg.n_threads = (int)l;
+        } else if (!strcmp(a, "--tensor-parallel-size")) {
+            if (parse_long(a, v, 1, 64, &l)) return 2;
+            cfg.tensor_parallel = (int)l;
         } else if (!strcmp(a, "--max-model-len")) {
             if (parse_long(a, v, 2, 1 << 24, &l)) return 2;
             cfg.max_model_len = (int)l;

@@ -113,7 +113,8 @@ static void usage(FILE *f)
             "  --served-model-name NAME  model id clients use (default: the model's name)\n"
             "  --backend auto|cpu|cuda   (default auto)\n"
             "  --threads N               CPU backend threads (default: all cores)\n"
-            "  --device N                CUDA device (default 0)\n"
+            "  --device N                CUDA device (default 0; tensor-parallel rank r uses N + r)\n"
+            "  --tensor-parallel-size N  split the model over N rank processes / GPUs (default 1)\n"
             "  --load-format dummy       random weights from config.json\n"
             "  --max-num-seqs N          running sequences at most (default 64)\n"
             "  --max-batched-tokens N    token budget per engine step (default 2048)\n"
@@ -145,7 +146,7 @@ int sf_cmd_serve(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
            O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
-           O_DRAIN, O_BPF, O_HELP };
+           O_DRAIN, O_BPF, O_TP, O_HELP };
     static const struct option opts[] = {
         { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
         { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
@@ -155,7 +156,8 @@ int sf_cmd_serve(int argc, char **argv)
         { "num-kv-blocks", 1, 0, O_BLOCKS }, { "kv-block-size", 1, 0, O_BLOCKSZ },
         { "kv-high-reserve", 1, 0, O_RESERVE }, { "gpu-memory-utilization", 1, 0, O_GPUMEM },
         { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
-        { "drain-timeout", 1, 0, O_DRAIN }, { "bpf", 1, 0, O_BPF }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
+        { "drain-timeout", 1, 0, O_DRAIN }, { "bpf", 1, 0, O_BPF },
+        { "tensor-parallel-size", 1, 0, O_TP }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
     };
     sf_gateway_config c;
     sf_gateway_config_default(&c);
@@ -182,6 +184,7 @@ int sf_cmd_serve(int argc, char **argv)
             }
             c.engine.load_dummy = !strcmp(optarg, "dummy");
             break;
+        case O_TP: bad = num("--tensor-parallel-size", optarg, 1, 64, &d); c.engine.tensor_parallel = (int)d; break;
         case O_SEQS: bad = num("--max-num-seqs", optarg, 1, 65536, &d); c.engine.max_num_seqs = (int)d; break;
         case O_BATCHED: bad = num("--max-batched-tokens", optarg, 1, 1 << 24, &d); c.engine.max_batched_tokens = (int)d; break;
         case O_MAXLEN: bad = num("--max-model-len", optarg, 1, 1 << 24, &d); c.engine.max_model_len = (int)d; break;

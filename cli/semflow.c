@@ -29,6 +29,14 @@ static void usage(FILE *f)
 
 int main(int argc, char **argv)
 {
+    /* hidden: a tensor-parallel follower, started by the leader itself */
+    if (argc >= 2 && !strcmp(argv[1], "rank")) {
+        if (!sf_cmd_rank) {
+            fprintf(stderr, "semflow: 'rank' is not part of this build\n");
+            return 2;
+        }
+        return sf_cmd_rank(argc - 1, argv + 1);
+    }
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;

@@ -19,6 +19,7 @@
 #include "request.h"
 #include "scheduler.h"
 #include "tokenizer.h"
+#include "tp.h"
 
 #define CPU_KV_CAP_BYTES (4ull << 30) /* the CPU backend's KV pool at most (host RAM is shared) */
 #define RATE_WINDOW_S 2.0             /* throughput is measured over windows this long */
@@ -28,6 +29,7 @@ struct sf_engine {
     sf_model *model;
     sf_backend *be;
     sf_forward *fwd;
+    sf_tp *tp;                  /* tensor parallelism: the follower ranks (owns fwd then) */
     sf_kv_pool pool;
     int pool_ready;
     sf_sched sched;
@@ -43,6 +45,8 @@ struct sf_engine {
     sf_request *in_head, *in_tail;
     int in_count[SF_URGENCY_COUNT];
     int stop, draining, busy;
+    int tp_failed;              /* the tensor-parallel group failed: submit answers SF_ENODEV */
+    char tp_failed_msg[512];
     atomic_int cancel_all;      /* drain timed out: cancel everything (read by the engine thread) */
     sf_engine_stats st;         /* snapshot, updated after every step */
     /* throughput windows (engine thread writes, under mu) */
@@ -159,7 +163,13 @@ static int engine_step(sf_engine *e)
     }
     sf_batch b;
     sf_sched_batch(&e->sched, &b);
-    int rc = sf_forward_step(e->fwd, &b, e->logits, &err);
+    int rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, &err) : sf_forward_step(e->fwd, &b, e->logits, &err);
+    if (rc == SF_ENODEV && e->tp) { /* a rank died or hung: the group cannot recover; admit nothing more */
+        pthread_mutex_lock(&e->mu);
+        if (!e->tp_failed) snprintf(e->tp_failed_msg, sizeof e->tp_failed_msg, "%s", err.msg);
+        e->tp_failed = 1;
+        pthread_mutex_unlock(&e->mu);
+    }
     if (rc != SF_OK) {
         /* The step failed: fail the requests in it, keep serving the others. */
         SF_LOGE("forward step of %d tokens failed: %s", b.n_tokens, err.msg);
@@ -351,11 +361,18 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
 
     sf_backend_opts bo = { .name = c->backend ? c->backend : "auto", .n_threads = c->n_threads, .device = c->device };
     if ((rc = sf_backend_open(&bo, &e->be, err)) != SF_OK) goto fail;
-    if ((rc = sf_forward_new(e->be, e->model, c->max_batched_tokens, c->max_num_seqs, &e->fwd, err)) != SF_OK)
+    if (c->tensor_parallel > 1) {
+        sf_tp_rank_opts to = { .rank = 0, .size = c->tensor_parallel, .model = c->model ? c->model : "demo",
+                               .load_dummy = c->load_dummy, .backend = e->be->ops->name, .n_threads = c->n_threads,
+                               .device = c->device, .max_tokens = c->max_batched_tokens,
+                               .max_logits = c->max_num_seqs, .shm_fd = -1 };
+        if ((rc = sf_tp_start(&to, NULL, e->model, e->be, &e->tp, err)) != SF_OK) goto fail;
+        e->fwd = sf_tp_forward(e->tp);
+    } else if ((rc = sf_forward_new(e->be, e->model, c->max_batched_tokens, c->max_num_seqs, &e->fwd, err)) != SF_OK)
         goto fail;
 
     sf_kv_config kc = { .n_layers = mc->n_layers, .n_blocks = 0, .block_size = c->kv_block_size,
-                        .n_kv_heads = mc->n_kv_heads, .head_dim = mc->head_dim,
+                        .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : mc->n_kv_heads, .head_dim = mc->head_dim,
                         .dtype = strcmp(e->be->ops->name, "cpu") ? SF_DT_BF16 : SF_DT_F32 };
     int n_blocks = size_kv_pool(e, &kc, err);
     if (n_blocks < 0) {
@@ -376,7 +393,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         e->max_model_len = len;
     }
     kc.n_blocks = n_blocks;
-    if ((rc = e->be->ops->kv_init(e->be, &kc, err)) != SF_OK) goto fail;
+    if ((rc = e->tp ? sf_tp_kv_init(e->tp, &kc, err) : e->be->ops->kv_init(e->be, &kc, err)) != SF_OK) goto fail;
     if ((rc = sf_kv_pool_init(&e->pool, n_blocks, c->kv_block_size, err)) != SF_OK) goto fail;
     e->pool_ready = 1;
     sf_sched_config sc = { .max_num_seqs = c->max_num_seqs, .max_batched_tokens = c->max_batched_tokens,
@@ -418,7 +435,8 @@ void sf_engine_free(sf_engine *e)
     free(e->logits);
     if (e->sched_ready) sf_sched_free(&e->sched);
     if (e->pool_ready) sf_kv_pool_free(&e->pool);
-    sf_forward_free(e->fwd);
+    if (e->tp) sf_tp_free(e->tp); /* stops the followers; frees fwd */
+    else sf_forward_free(e->fwd);
     if (e->be) sf_backend_close(e->be);
     sf_model_free(e->model);
     pthread_cond_destroy(&e->idle);
@@ -452,6 +470,11 @@ int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double 
         pthread_mutex_unlock(&e->mu);
         sf_request_free(r);
         return sf_err(err, SF_ENODEV, "the engine is draining (shutting down) and admits no new requests");
+    }
+    if (e->tp_failed) {
+        pthread_mutex_unlock(&e->mu);
+        sf_request_free(r);
+        return sf_err(err, SF_ENODEV, "the engine stopped: %s", e->tp_failed_msg);
     }
     int queued = e->st.waiting[u]; /* queued in the scheduler (last step) + in the inbox */
     if (queued >= e->cfg.queue_limit[u]) {

@@ -10,6 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../hal/comm.h"
+#include "shard.h"
+
 typedef struct fw_layer {
     sf_weight *attn_norm, *wqkv, *wo, *ffn_norm, *wgu, *wdown;
 } fw_layer;
@@ -24,6 +27,12 @@ struct sf_forward {
     sf_rope rope;
     /* activations */
     sf_buf *h, *x, *qkv, *att, *ao, *gu, *act, *mo, *sel, *logits;
+    /* tensor parallelism (NULL without): this rank's shard, the communicator, the logit
+     * slices of all ranks [size * max_logits, vocab_pad] and their host copy */
+    const sf_shard *shard;
+    sf_comm *comm;
+    sf_buf *gathered;
+    float *gather_host;
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -64,7 +73,7 @@ void sf_forward_free(sf_forward *f)
 {
     if (!f) return;
     const struct sf_backend_ops *o = OPS(f);
-    sf_buf *bufs[] = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo, f->sel, f->logits };
+    sf_buf *bufs[] = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo, f->sel, f->logits, f->gathered };
     for (size_t i = 0; i < SF_ARRAY_LEN(bufs); i++)
         if (bufs[i]) o->buf_free(f->b, bufs[i]);
     if (f->layers) {
@@ -80,10 +89,11 @@ void sf_forward_free(sf_forward *f)
     if (f->out_norm) o->weight_free(f->b, f->out_norm);
     free(f->layers);
     free(f->inv_freq);
+    free(f->gather_host);
     free(f);
 }
 
-static int check_model(const sf_model *m, sf_error *err)
+static int check_model(const sf_model *m, int sharded, sf_error *err)
 {
     const sf_model_config *c = &m->cfg;
     if (c->hidden < 1 || c->n_layers < 1 || c->n_heads < 1 || c->n_kv_heads < 1 || c->head_dim < 2 ||
@@ -96,7 +106,7 @@ static int check_model(const sf_model *m, sf_error *err)
     if ((rc = check_view(&m->tok_embd, c->vocab_size, d, "token embedding", -1, err)) ||
         (rc = check_view(&m->out_norm, 1, d, "output norm", -1, err)))
         return rc;
-    if (m->lm_head.data && (rc = check_view(&m->lm_head, c->vocab_size, d, "lm_head", -1, err))) return rc;
+    if (!sharded && m->lm_head.data && (rc = check_view(&m->lm_head, c->vocab_size, d, "lm_head", -1, err))) return rc;
     for (int l = 0; l < c->n_layers; l++) {
         const sf_layer_w *w = &m->layers[l];
         if ((rc = check_view(&w->attn_norm, 1, d, "attn_norm", l, err)) ||
@@ -114,13 +124,14 @@ static int check_model(const sf_model *m, sf_error *err)
     return SF_OK;
 }
 
-int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_logits, sf_forward **out, sf_error *err)
+static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_comm *comm, int max_tokens,
+                       int max_logits, sf_forward **out, sf_error *err)
 {
     *out = NULL;
     if (max_tokens < 1 || max_logits < 1 || max_logits > max_tokens)
         return sf_err(err, SF_EINVAL, "forward: max_tokens %d and max_logits %d (need 1 <= max_logits <= max_tokens)",
                       max_tokens, max_logits);
-    int rc = check_model(m, err);
+    int rc = check_model(m, sh != NULL, err);
     if (rc) return rc;
     const sf_model_config *c = &m->cfg;
     sf_forward *f = calloc(1, sizeof *f);
@@ -129,15 +140,23 @@ int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_log
     f->m = m;
     f->max_tokens = max_tokens;
     f->max_logits = max_logits;
+    f->shard = sh;
+    f->comm = comm;
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
     if (!f->layers || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
 
     if ((rc = new_weight(f, &f->emb, err, 1, &m->tok_embd, NULL)) || (rc = new_vec(f, &f->out_norm, &m->out_norm, err)))
         goto fail;
-    int tied = c->tie_embeddings || !m->lm_head.data || m->lm_head.data == m->tok_embd.data;
+    int tied = !sh && (c->tie_embeddings || !m->lm_head.data || m->lm_head.data == m->tok_embd.data);
     if (tied) f->lm = f->emb;
-    else if ((rc = new_weight(f, &f->lm, err, 1, &m->lm_head, NULL))) goto fail;
+    else if (sh) { /* this rank's vocabulary rows, then zero rows up to vocab_pad */
+        sf_view lm[2];
+        int n = 0;
+        if (m->lm_head.rows > 0) lm[n++] = m->lm_head;
+        if (sh->lm_pad.data) lm[n++] = sh->lm_pad;
+        if ((rc = new_weight(f, &f->lm, err, n, lm, NULL))) goto fail;
+    } else if ((rc = new_weight(f, &f->lm, err, 1, &m->lm_head, NULL))) goto fail;
     for (int l = 0; l < c->n_layers; l++) {
         const sf_layer_w *w = &m->layers[l];
         fw_layer *L = &f->layers[l];
@@ -164,13 +183,56 @@ int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_log
         (rc = o->buf_new(b, T, (int64_t)H * hd, &f->att, err)) || (rc = o->buf_new(b, T, c->hidden, &f->ao, err)) ||
         (rc = o->buf_new(b, T, 2 * (int64_t)c->intermediate, &f->gu, err)) ||
         (rc = o->buf_new(b, T, c->intermediate, &f->act, err)) || (rc = o->buf_new(b, T, c->hidden, &f->mo, err)) ||
-        (rc = o->buf_new(b, Lg, c->hidden, &f->sel, err)) || (rc = o->buf_new(b, Lg, c->vocab_size, &f->logits, err)))
+        (rc = o->buf_new(b, Lg, c->hidden, &f->sel, err)) ||
+        (rc = o->buf_new(b, Lg, sh ? sh->vocab_pad : c->vocab_size, &f->logits, err)))
         goto fail;
+    if (sh && sh->size > 1) {
+        if ((rc = o->buf_new(b, (int64_t)sh->size * Lg, sh->vocab_pad, &f->gathered, err))) goto fail;
+        if (!(f->gather_host = malloc((size_t)sh->size * Lg * sh->vocab_pad * sizeof(float)))) {
+            rc = sf_err(err, SF_ENOMEM, "forward: out of memory for the gathered logits");
+            goto fail;
+        }
+    }
     *out = f;
     return SF_OK;
 fail:
     sf_forward_free(f);
     return sf_err_wrap(err, "preparing the forward pass");
+}
+
+int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_logits, sf_forward **out, sf_error *err)
+{
+    return forward_new(b, m, NULL, NULL, max_tokens, max_logits, out, err);
+}
+
+int sf_forward_new_tp(sf_backend *b, const sf_shard *sh, sf_comm *comm, int max_tokens, int max_logits,
+                      sf_forward **out, sf_error *err)
+{
+    *out = NULL;
+    if (!comm || comm->size != sh->size || comm->rank != sh->rank)
+        return sf_err(err, SF_EINVAL, "forward: shard %d of %d needs a communicator of that rank and size", sh->rank,
+                      sh->size);
+    return forward_new(b, &sh->m, sh, comm, max_tokens, max_logits, out, err);
+}
+
+/* Logits of a vocabulary-parallel head: gather every rank's [L, vocab_pad] slice, then lay the
+ * real columns of slice r at [r * vocab_pad, ...) of each host row. logits may be NULL (a
+ * follower rank, which takes part in the gather but needs no copy). */
+static int gather_logits(sf_forward *f, int L, float *logits, sf_error *err)
+{
+    const sf_shard *sh = f->shard;
+    int V = f->m->cfg.vocab_size, P = sh->vocab_pad, rc;
+    if ((rc = sf_comm_all_gather_buf(f->comm, f->b, f->logits, f->gathered, L, P, err)))
+        return sf_err_wrap(err, "forward step: gathering the logit slices");
+    if (!logits) return OPS(f)->sync(f->b);
+    if ((rc = OPS(f)->read_f32(f->b, f->gathered, sh->size * L, f->gather_host)))
+        return sf_err(err, rc, "forward step: reading the gathered logits failed on the %s backend", OPS(f)->name);
+    for (int r = 0; r < sh->size; r++) {
+        int lo = r * P, n = SF_MIN(V, lo + P) - lo;
+        for (int i = 0; i < L && n > 0; i++)
+            memcpy(logits + (size_t)i * V + lo, f->gather_host + ((size_t)r * L + i) * P, (size_t)n * sizeof(float));
+    }
+    return SF_OK;
 }
 
 int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *err)
@@ -194,22 +256,28 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
         STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
         STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
         STEP("o_proj", o->matmul(b, f->att, L->wo, T, f->ao));
+        if ((rc = sf_comm_all_reduce_buf(f->comm, b, f->ao, T, c->hidden, err))) goto comm_fail;
         STEP("ffn_norm", o->rmsnorm(b, f->h, f->ao, L->ffn_norm, c->rms_eps, T, f->x));
         STEP("gate_up", o->matmul(b, f->x, L->wgu, T, f->gu));
         STEP("silu_mul", o->silu_mul(b, f->gu, T, c->intermediate, f->act));
         STEP("down_proj", o->matmul(b, f->act, L->wdown, T, f->mo));
+        if ((rc = sf_comm_all_reduce_buf(f->comm, b, f->mo, T, c->hidden, err))) goto comm_fail;
     }
     layer = -1;
     if (bt->n_logits > 0) {
         STEP("output_norm", o->rmsnorm(b, f->h, f->mo, f->out_norm, c->rms_eps, T, f->x));
         STEP("get_rows", o->get_rows(b, f->x, f->sel));
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
-        STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
+        if (f->shard && f->shard->size > 1) return gather_logits(f, bt->n_logits, logits, err);
+        if (logits) STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
+        else STEP("sync", o->sync(b));
     } else {
         STEP("sync", o->sync(b));
     }
 #undef STEP
     return SF_OK;
+comm_fail:
+    return sf_err_wrap(err, "forward step: all-reduce in layer %d", layer);
 fail:
     if (layer >= 0)
         return sf_err(err, rc, "forward step: %s of layer %d failed on the %s backend (%s; details logged above)",

@@ -22,8 +22,18 @@ int sf_forward_new(sf_backend *b, const sf_model *m, int max_tokens, int max_log
                    sf_forward **out, sf_error *err);
 void sf_forward_free(sf_forward *f);
 
+/* Tensor parallelism: the same, for one rank. sh is this rank's shard (shard.h; it and the full
+ * model outlive the forward pass) and comm joins the ranks (hal/comm.h; rank and size must match
+ * the shard). Adds an all-reduce after the O and down projections and gathers the
+ * vocabulary-parallel logits. Every rank runs every step with the same batch. */
+struct sf_shard;
+struct sf_comm;
+int sf_forward_new_tp(sf_backend *b, const struct sf_shard *sh, struct sf_comm *comm, int max_tokens,
+                      int max_logits, sf_forward **out, sf_error *err);
+
 /* Runs one step. logits: host memory, [batch->n_logits * vocab] fp32, row i for the token at
- * batch->logit_rows[i]. The backend's KV cache must have been initialised (kv_init). */
+ * batch->logit_rows[i] (NULL: not wanted, e.g. on a follower rank). The backend's KV cache must
+ * have been initialised (kv_init). */
 int sf_forward_step(sf_forward *f, const sf_batch *batch, float *logits, sf_error *err);
 
 #endif

@@ -174,13 +174,14 @@ static int bytelevel_map(tok_buf *out, const char *s, size_t n)
     return SF_OK;
 }
 
-/* at_origin: this text segment starts at offset 0 of the input (Metaspace prepend_scheme "first") */
-static int pretokenize(enc *E, int at_origin)
+/* Pre-tokenizes s[0..n) (normalized text) into E->a. at_origin: s starts at offset 0 of the
+ * input (Metaspace prepend_scheme "first"). */
+static int pretokenize(enc *E, const char *s0, size_t n0, int at_origin)
 {
     const sf_tokenizer *t = E->t;
     tok_strs *cur = &E->a, *nxt = &E->b;
     tok_strs_clear(cur);
-    if (E->norm.len && tok_strs_push(cur, E->norm.p, E->norm.len)) return SF_ENOMEM;
+    if (n0 && tok_strs_push(cur, s0, n0)) return SF_ENOMEM;
     for (int k = 0; k < t->n_pres; k++) {
         const tok_pre *pr = &t->pres[k];
         tok_strs_clear(nxt);
@@ -260,19 +261,6 @@ static int pretokenize(enc *E, int at_origin)
     return SF_OK;
 }
 
-static int encode_text(enc *E, const char *s, size_t n, int at_origin)
-{
-    if (!n) return SF_OK;
-    int rc;
-    if ((rc = normalize(E, s, n)) || (rc = pretokenize(E, at_origin))) return rc;
-    for (size_t i = 0; i < E->a.n; i++) {
-        rc = E->t->model == TOK_MODEL_SPM ? tok_spm_word(E->t, E->sc, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap)
-                                          : tok_bpe_word(E->t, E->sc, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap);
-        if (rc) return rc;
-    }
-    return SF_OK;
-}
-
 /* ---- added tokens --------------------------------------------------------------------------- */
 static int is_ws(const char *s, size_t n, int *adv)
 {
@@ -286,15 +274,17 @@ static int is_word_byte(unsigned char c)
     return c >= 0x80 || c == '_' || (c >= '0' && c <= '9') || ((c | 0x20) >= 'a' && (c | 0x20) <= 'z');
 }
 
-/* Finds the first added token in s[from..n): sets [*ms,*me) (with lstrip/rstrip applied, never
- * before lo) and returns its index, or -1. */
-static int find_added(const sf_tokenizer *t, const char *s, size_t n, size_t from, size_t lo, size_t *ms, size_t *me)
+/* Finds the first added token of the given kind (normalized: matched in normalized text, or
+ * not: matched in the raw input) in s[from..n): sets [*ms,*me) (with lstrip/rstrip applied,
+ * never before lo) and returns its index, or -1. */
+static int find_added(const sf_tokenizer *t, const char *s, size_t n, size_t from, size_t lo, int normalized, size_t *ms,
+                      size_t *me)
 {
     for (size_t p = from; p < n; p++) {
         unsigned c = (unsigned char)s[p];
         for (int i = t->first_added[c]; i < t->first_added[c + 1]; i++) {
             const tok_added *a = &t->added[i];
-            if (a->len > n - p || memcmp(s + p, a->content, a->len)) continue;
+            if (!a->normalized != !normalized || a->len > n - p || memcmp(s + p, a->content, a->len)) continue;
             size_t st = p, en = p + a->len;
             if (a->single_word && ((st > 0 && is_word_byte((unsigned char)s[st - 1])) ||
                                    (en < n && is_word_byte((unsigned char)s[en]))))
@@ -319,6 +309,32 @@ static int find_added(const sf_tokenizer *t, const char *s, size_t n, size_t fro
     return -1;
 }
 
+static int encode_words(enc *E, const char *s, size_t n, int at_origin)
+{
+    int rc = pretokenize(E, s, n, at_origin);
+    for (size_t i = 0; i < E->a.n && !rc; i++)
+        rc = E->t->model == TOK_MODEL_SPM ? tok_spm_word(E->t, E->sc, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap)
+                                          : tok_bpe_word(E->t, E->sc, TOK_STR(&E->a, i), E->a.len[i], &E->ids, &E->n, &E->cap);
+    return rc;
+}
+
+/* A stretch of input between raw-matched added tokens: normalize it, then split it again by the
+ * added tokens that match normalized text (HF AddedVocabulary's second pass), then words. */
+static int encode_text(enc *E, const char *s, size_t n, int at_origin)
+{
+    if (!n) return SF_OK;
+    int rc = normalize(E, s, n), ai;
+    size_t seg = 0, ms, me, len = E->norm.len;
+    const char *ns = E->norm.p;
+    while (!rc && (ai = find_added(E->t, ns, len, seg, seg, 1, &ms, &me)) >= 0) {
+        if (!(rc = encode_words(E, ns + seg, ms - seg, at_origin && seg == 0)))
+            rc = tok_ids_push(&E->ids, &E->n, &E->cap, E->t->added[ai].id);
+        seg = me;
+    }
+    if (!rc && seg < len) rc = encode_words(E, ns + seg, len - seg, at_origin && seg == 0);
+    return rc;
+}
+
 int sf_tok_encode(const sf_tokenizer *t, const char *text, size_t len, int add_special, int32_t **ids, size_t *n_ids,
                   sf_error *err)
 {
@@ -340,7 +356,7 @@ int sf_tok_encode(const sf_tokenizer *t, const char *text, size_t len, int add_s
         for (int i = 0; i < t->n_post_pre && !rc; i++) rc = tok_ids_push(&E.ids, &E.n, &E.cap, t->post_pre[i]);
     size_t seg = 0, ms, me;
     int ai;
-    while (!rc && seg <= len && (ai = find_added(t, text, len, seg, seg, &ms, &me)) >= 0) {
+    while (!rc && seg <= len && (ai = find_added(t, text, len, seg, seg, 0, &ms, &me)) >= 0) {
         if ((rc = encode_text(&E, text + seg, ms - seg, seg == 0))) break;
         rc = tok_ids_push(&E.ids, &E.n, &E.cap, t->added[ai].id);
         seg = me;

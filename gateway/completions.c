@@ -29,6 +29,7 @@ typedef struct gw_ev {
     int n_top;
     sf_logprob top[SF_MAX_LOGPROBS];
     int finish, prompt_tokens, completion_tokens;
+    double e2e_s;              /* engine: submit to this DONE */
     char *message;
     double t;                  /* sf_now_s() when the engine delivered it */
 } gw_ev;
@@ -61,6 +62,8 @@ typedef struct gw_req {
     sf_tenant *tenant;
     sf_intent intent;
     double t0;
+    double t_submitted;        /* sf_now_s() after the last submit */
+    double engine_s;           /* longest engine time (submit to DONE) among the choices */
     int prompt_tokens;
     int first_token;
     int text_offset;
@@ -112,6 +115,7 @@ static void on_event(const sf_event *ev)
         e.finish = ev->type == SF_EV_DONE ? ev->finish_reason : SF_FINISH_ERROR;
         e.prompt_tokens = ev->prompt_tokens;
         e.completion_tokens = ev->completion_tokens;
+        e.e2e_s = ev->e2e_s;
         if (ev->type == SF_EV_ERROR) e.message = strdup(ev->message ? ev->message : sf_status_str(ev->status));
     }
     pthread_mutex_lock(&r->mu);
@@ -445,6 +449,7 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
             if (e->type == SF_EV_ERROR) c->error = e->message, e->message = NULL;
             r->engine_refs--;
             sf_hist_observe(&m->e2e, e->t - r->t0);
+            if (e->e2e_s > r->engine_s) r->engine_s = e->e2e_s;
             if (r->stream && !r->answered) stream_finish_choice(r, c);
         }
         free(e->text);
@@ -455,7 +460,12 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
         sf_metrics_add(m, &m->completion_tokens, (uint64_t)tokens);
         sf_tenant_charge(r->tenant, tokens, sf_now_s());
     }
-    if (r->engine_refs == 0 && !r->answered) finish_response(r);
+    if (r->engine_refs == 0 && !r->answered) {
+        finish_response(r);
+        /* arrival..now minus the engine's own submit..done: what the gateway added */
+        double g = (sf_now_s() - r->t0) - r->engine_s;
+        if (r->status == 200 && g >= 0) sf_hist_observe(&m->gateway, g);
+    }
     maybe_free(r);
 }
 

@@ -190,6 +190,7 @@ done:
 typedef struct lg_run lg_run;
 typedef struct lg_req {
     lg_run *run;
+    struct lg_req *prev, *next; /* in flight */
     int idx;
     struct evhttp_connection *conn;
     char *line;               /* partial SSE line */
@@ -207,7 +208,16 @@ struct lg_run {
     sf_lg_result *res;
     int issued, inflight;
     double t0, wsum;
+    lg_req *active;           /* requests in flight */
+    struct evhttp_connection **dead; /* finished; freed outside their callbacks */
+    int n_dead, cap_dead;
 };
+
+static void reap(lg_run *r)
+{
+    for (int i = 0; i < r->n_dead; i++) evhttp_connection_free(r->dead[i]);
+    r->n_dead = 0;
+}
 
 static const char *words[] = { "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while",
                                "river", "light", "stone", "garden", "music", "paper", "window", "green", "small", "story" };
@@ -286,6 +296,17 @@ static void on_done(struct evhttp_request *req, void *arg)
 static void finish(lg_req *q)
 {
     lg_run *r = q->run;
+    /* this callback runs inside evhttp's handling of q->conn: free it on a later turn */
+    reap(r);
+    if (r->n_dead == r->cap_dead) {
+        int cap = r->cap_dead ? r->cap_dead * 2 : 64;
+        struct evhttp_connection **d = realloc(r->dead, sizeof *d * (size_t)cap);
+        if (d) r->dead = d, r->cap_dead = cap;
+    }
+    if (r->n_dead < r->cap_dead) r->dead[r->n_dead++] = q->conn;
+    if (q->prev) q->prev->next = q->next;
+    else r->active = q->next;
+    if (q->next) q->next->prev = q->prev;
     free(q->line);
     free(q);
     r->inflight--;
@@ -336,8 +357,12 @@ static void issue(lg_run *r)
     json_decref(body);
 
     q->conn = evhttp_connection_base_new(r->base, NULL, c->host, (unsigned short)c->port);
+    if (!q->conn) {
+        free(text);
+        free(q);
+        return; /* status 0: failed */
+    }
     evhttp_connection_set_timeout(q->conn, (int)c->timeout_s);
-    evhttp_connection_free_on_completion(q->conn); /* decided before the callback runs */
     struct evhttp_request *req = evhttp_request_new(on_done, q);
     evhttp_request_set_chunked_cb(req, on_chunk);
     struct evkeyvalq *h = evhttp_request_get_output_headers(req);
@@ -345,6 +370,8 @@ static void issue(lg_run *r)
     snprintf(host, sizeof host, "%s:%d", c->host, c->port);
     evhttp_add_header(h, "Host", host);
     evhttp_add_header(h, "Content-Type", "application/json");
+    /* one connection per request; "close" lets evhttp free it once the response is read */
+    evhttp_add_header(h, "Connection", "close");
     if (k->api_key[0]) {
         snprintf(auth, sizeof auth, "Bearer %s", k->api_key);
         evhttp_add_header(h, "Authorization", auth);
@@ -354,11 +381,12 @@ static void issue(lg_run *r)
     free(text);
     s->t_start = sf_now_s();
     r->inflight++;
+    q->next = r->active;
+    if (r->active) r->active->prev = q;
+    r->active = q;
     if (evhttp_make_request(q->conn, req, EVHTTP_REQ_POST, k->chat ? "/v1/chat/completions" : "/v1/completions")) {
-        s->status = 0;
-        r->inflight--;
-        evhttp_connection_free(q->conn);
-        free(q);
+        s->status = 0; /* evhttp freed req */
+        finish(q);
     }
 }
 
@@ -405,8 +433,17 @@ int sf_loadgen_run(const sf_lg_config *c, sf_lg_result **out, sf_error *err)
     event_base_loopexit(r.base, &tv);
     event_base_dispatch(r.base);
     r.res->elapsed_s = sf_now_s() - r.t0;
+    reap(&r);
+    while (r.active) { /* still running at the hard bound: counted as failed (status 0) */
+        lg_req *q = r.active;
+        r.active = q->next;
+        evhttp_connection_free(q->conn); /* frees its request */
+        free(q->line);
+        free(q);
+    }
+    free(r.dead);
     if (r.arrival) event_free(r.arrival);
-    event_base_free(r.base); /* frees connections still open after the hard bound */
+    event_base_free(r.base);
     *out = r.res;
     return SF_OK;
 }

@@ -9,18 +9,24 @@
 static const double bounds[SF_HIST_BUCKETS] = { 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                                                 0.5, 1, 2.5, 5, 10, 30, 60, 120 };
 
-static void hist_init(sf_hist *h)
+/* the gateway's own share is tens of microseconds: finer buckets */
+static const double fine[SF_HIST_BUCKETS] = { 10e-6, 20e-6, 50e-6, 100e-6, 150e-6, 200e-6, 300e-6, 500e-6,
+                                              750e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3 };
+
+static void hist_init(sf_hist *h, const double *b)
 {
     memset(h, 0, sizeof *h);
+    h->bounds = b;
     pthread_mutex_init(&h->mu, NULL);
 }
 
 void sf_metrics_init(sf_metrics *m)
 {
     memset(m, 0, sizeof *m);
-    hist_init(&m->ttft);
-    hist_init(&m->itl);
-    hist_init(&m->e2e);
+    hist_init(&m->ttft, bounds);
+    hist_init(&m->itl, bounds);
+    hist_init(&m->e2e, bounds);
+    hist_init(&m->gateway, fine);
     pthread_mutex_init(&m->mu, NULL);
 }
 
@@ -29,13 +35,14 @@ void sf_metrics_destroy(sf_metrics *m)
     pthread_mutex_destroy(&m->ttft.mu);
     pthread_mutex_destroy(&m->itl.mu);
     pthread_mutex_destroy(&m->e2e.mu);
+    pthread_mutex_destroy(&m->gateway.mu);
     pthread_mutex_destroy(&m->mu);
 }
 
 void sf_hist_observe(sf_hist *h, double s)
 {
     int b = 0;
-    while (b < SF_HIST_BUCKETS && s > bounds[b]) b++;
+    while (b < SF_HIST_BUCKETS && s > h->bounds[b]) b++;
     pthread_mutex_lock(&h->mu);
     h->counts[b]++;
     h->n++;
@@ -88,7 +95,7 @@ static void render_hist(FILE *out, const char *name, const char *help, sf_hist *
     uint64_t cum = 0;
     for (int b = 0; b < SF_HIST_BUCKETS; b++) {
         cum += counts[b];
-        fprintf(out, "%s_bucket{le=\"%g\"} %llu\n", name, bounds[b], (unsigned long long)cum);
+        fprintf(out, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b], (unsigned long long)cum);
     }
     fprintf(out, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name, (unsigned long long)n,
             name, sum, name, (unsigned long long)n);
@@ -119,6 +126,9 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
     render_hist(out, "semflow_time_to_first_token_seconds", "Time from arrival to the first output token.", &m->ttft);
     render_hist(out, "semflow_inter_token_latency_seconds", "Time between consecutive output tokens.", &m->itl);
     render_hist(out, "semflow_e2e_request_latency_seconds", "Time from arrival to the last output token.", &m->e2e);
+    render_hist(out, "semflow_gateway_overhead_seconds",
+                "Per request, time spent outside the engine: arrival to submit plus last event to response sent.",
+                &m->gateway);
     counter(out, "semflow_prompt_tokens_total", "Prompt tokens of admitted requests.",
             __atomic_load_n(&m->prompt_tokens, __ATOMIC_RELAXED));
     counter(out, "semflow_generation_tokens_total", "Output tokens sent.",

@@ -15,6 +15,7 @@
 #define SF_HIST_BUCKETS 16
 typedef struct sf_hist {
     pthread_mutex_t mu;
+    const double *bounds;     /* [SF_HIST_BUCKETS] upper bounds, seconds */
     uint64_t counts[SF_HIST_BUCKETS + 1]; /* last: +Inf */
     uint64_t n;
     double sum;
@@ -29,6 +30,8 @@ typedef struct sf_metrics_key {
 
 typedef struct sf_metrics {
     sf_hist ttft, itl, e2e;
+    sf_hist gateway;          /* request time outside the engine: arrival to submit, plus
+                                 engine-done to response handed to the socket */
     pthread_mutex_t mu;
     sf_metrics_key keys[SF_METRICS_KEYS];
     int n_keys;

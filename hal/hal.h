@@ -33,11 +33,16 @@ const char *sf_dtype_name(sf_dtype t);
 size_t sf_dtype_bytes(sf_dtype t, int64_t n);
 
 /* A host view of a weight: row-major rows x cols (1-D tensors have rows = 1). The data is
- * not owned: it usually points into a memory-mapped model file. */
+ * not owned: it usually points into a memory-mapped model file. stride: elements between the
+ * starts of consecutive rows, 0 meaning cols (contiguous). A strided view is a column slice of
+ * a larger matrix (tensor parallelism's row-parallel O and down projections); backends that
+ * cannot read one in place copy just that slice at weight_new (Q8_0: stride and the slice's
+ * first column are whole 32-blocks). */
 typedef struct sf_view {
     const void *data;
     sf_dtype dtype;
     int64_t rows, cols;
+    int64_t stride;
 } sf_view;
 
 /* ---- hardware description (filled by hal_cpu_probe / hal_cuda_probe) -------------- */
@@ -154,6 +159,14 @@ struct sf_backend_ops {
     /* Copy n rows of host fp32 memory (row-major, cols of buf) into buf: test inputs,
      * device-vs-CPU comparisons. */
     int (*write_f32)(sf_backend *b, sf_buf *buf, int n, const float *host);
+
+    /* For the communicator (hal/comm.h): the address of buf's data (host memory for the CPU,
+     * device memory for CUDA), its element type, and the stream the backend's ops run on
+     * (cudaStream_t, NULL for the CPU). Work queued so far is ordered before anything the
+     * caller queues on that stream. A backend that records or captures a step's ops (CUDA
+     * graphs) ends the capture first, so collectives run eagerly. May be NULL: no tensor
+     * parallelism on that backend. */
+    int (*buf_raw)(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream);
 };
 
 struct sf_backend {

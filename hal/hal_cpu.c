@@ -23,6 +23,7 @@ struct sf_weight {
     sf_view part[4];
     float *bias[4];     /* fp32 copies (small), NULL when absent */
     float *vec;         /* fp32 copy of a 1-row weight (norm scales) */
+    void *slice[4];     /* contiguous copies of strided parts (tensor-parallel column slices) */
     int64_t m, k;
 };
 
@@ -79,7 +80,10 @@ static int dtype_ok(sf_dtype t)
 static void cpu_weight_free(sf_backend *b, sf_weight *w)
 {
     if (!w) return;
-    for (int i = 0; i < 4; i++) free(w->bias[i]);
+    for (int i = 0; i < 4; i++) {
+        free(w->bias[i]);
+        free(w->slice[i]);
+    }
     free(w->vec);
     free(w);
 }
@@ -123,6 +127,23 @@ static int cpu_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **ou
         }
         w->part[p] = *v;
         w->m += v->rows;
+        if (v->stride && v->stride != v->cols) { /* a column slice: the kernels read rows back to back */
+            size_t rb = sf_dtype_bytes(v->dtype, v->cols), sb = sf_dtype_bytes(v->dtype, v->stride);
+            if (v->stride < v->cols || (v->dtype == SF_DT_Q8_0 && v->stride % 32)) {
+                cpu_weight_free(b, w);
+                return sf_err(err, SF_EINVAL, "cpu weight: part %d has row stride %lld for %lld columns of %s",
+                              p, (long long)v->stride, (long long)v->cols, sf_dtype_name(v->dtype));
+            }
+            if (!(w->slice[p] = malloc(rb * (size_t)v->rows))) {
+                cpu_weight_free(b, w);
+                return sf_err(err, SF_ENOMEM, "cpu weight: out of memory for a %lld x %lld slice",
+                              (long long)v->rows, (long long)v->cols);
+            }
+            for (int64_t r = 0; r < v->rows; r++)
+                memcpy((char *)w->slice[p] + (size_t)r * rb, (const char *)v->data + (size_t)r * sb, rb);
+            w->part[p].data = w->slice[p];
+            w->part[p].stride = 0;
+        }
         const sf_view *bv = &d->bias[p];
         if (bv->data) {
             if (bv->rows * bv->cols != v->rows || !dtype_ok(bv->dtype) || bv->dtype == SF_DT_Q8_0) {
@@ -436,6 +457,14 @@ static int cpu_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
 
 static int cpu_sync(sf_backend *b) { return SF_OK; }
 
+static int cpu_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
+{
+    *data = buf->data;
+    *dt = SF_DT_F32;
+    *stream = NULL;
+    return SF_OK;
+}
+
 static const sf_hw_info *cpu_hw(sf_backend *b) { return &CTX(b)->hw; }
 
 static void cpu_destroy(sf_backend *b)
@@ -476,6 +505,7 @@ static const struct sf_backend_ops cpu_ops = {
     .kv_copy_out = cpu_kv_copy_out,
     .kv_copy_in = cpu_kv_copy_in,
     .write_f32 = cpu_write_f32,
+    .buf_raw = cpu_buf_raw,
 };
 
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)

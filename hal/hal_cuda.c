@@ -246,6 +246,10 @@ static int upload_view(cuda_ctx *c, const sf_view *v, uint16_t *dst, int *slot, 
                       "uploaded (F32, F16, BF16 and Q8_0 with whole 32-blocks are supported)",
                       what, dtype_name(v->dtype), (long long)v->cols);
     if (!v->data) return sf_err(err, SF_EINVAL, "CUDA backend: weight %s has no data", what);
+    size_t sb = v->stride ? row_bytes(v->dtype, v->stride) : rb; /* source row pitch */
+    if (sb < rb)
+        return sf_err(err, SF_EINVAL, "CUDA backend: weight %s has row stride %lld for %lld columns", what,
+                      (long long)v->stride, (long long)v->cols);
     if (rb > STAGE_BYTES)
         return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: weight %s has rows of %zu bytes, more than the %zu-byte "
                       "upload stage", what, rb, STAGE_BYTES);
@@ -254,7 +258,10 @@ static int upload_view(cuda_ctx *c, const sf_view *v, uint16_t *dst, int *slot, 
         int64_t nr = SF_MIN(rows_per, v->rows - r0);
         int i = (*slot)++ & 1;
         SF_CUDA_GOTO(cudaEventSynchronize(c->stage_done[i]), err, rc); /* this half is free again */
-        memcpy(c->pin[i], (const char *)v->data + (size_t)r0 * rb, (size_t)nr * rb);
+        if (sb == rb) memcpy(c->pin[i], (const char *)v->data + (size_t)r0 * rb, (size_t)nr * rb);
+        else /* a column slice (tensor parallelism): gather its rows into the stage */
+            for (int64_t r = 0; r < nr; r++)
+                memcpy((char *)c->pin[i] + (size_t)r * rb, (const char *)v->data + (size_t)(r0 + r) * sb, rb);
         SF_CUDA_GOTO(cudaMemcpyAsync(c->stage[i], c->pin[i], (size_t)nr * rb, cudaMemcpyHostToDevice, c->s), err, rc);
         SF_CUDA_GOTO((cudaError_t)sf_k_to_bf16(c->stage[i], v->dtype, nr, v->cols, dst + r0 * v->cols, v->cols, c->s),
                      err, rc);
@@ -688,6 +695,19 @@ static int cuda_sync(sf_backend *b)
     return rc ? rc : kcheck(cudaStreamSynchronize(CTX(b)->s), "sync");
 }
 
+/* For the communicator: bf16 device memory on the backend's stream (NCCL queues behind it).
+ * A step's graph capture or replay ends here, so the collective runs eagerly after the ops
+ * before it; the ops after it run directly (or start nothing new: graphs begin at batch_begin). */
+static int cuda_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
+{
+    int rc = step_end(CTX(b));
+    if (rc) return rc;
+    *data = buf->d;
+    *dt = SF_DT_BF16;
+    *stream = CTX(b)->s;
+    return SF_OK;
+}
+
 static const struct sf_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -710,6 +730,7 @@ static const struct sf_backend_ops cuda_ops = {
     .sync = cuda_sync,
     .kv_copy_out = cuda_kv_copy_out,
     .kv_copy_in = cuda_kv_copy_in,
+    .buf_raw = cuda_buf_raw,
 };
 
 int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)

@@ -44,36 +44,69 @@ wrk.method = "POST"
 wrk.body = '{"prompt": "Hi", "max_tokens": 1, "temperature": 0}'
 wrk.headers["Content-Type"] = "application/json"
 LUA
-# rps URL [wrk args...] -> "requests/s p50_ms"
-rps() {
-    url=$1; shift
-    out=$(wrk -t2 -c"$CONNS" -d"${DURATION}s" --latency "$@" "$url")
-    r=$(echo "$out" | awk '/^Requests\/sec/ {print $2}')
-    p50=$(echo "$out" | awk '$1 == "50%" {print $2}')
-    echo "$r $p50"
-}
-lat() { # p50 at one connection, in the unit wrk prints
-    url=$1; shift
-    wrk -t1 -c1 -d"${DURATION}s" --latency "$@" "$url" | awk '$1 == "50%" {print $2}'
-}
-set -- $(rps "http://127.0.0.1:$NPORT/"); ngx_rps=$1
-set -- $(rps "http://127.0.0.1:$SPORT/health"); sf_health_rps=$1
-set -- $(rps "http://127.0.0.1:$SPORT/v1/completions" -s "$tmp/one_token.lua"); sf_tok_rps=$1
-ngx_p50=$(lat "http://127.0.0.1:$NPORT/")
-sf_p50=$(lat "http://127.0.0.1:$SPORT/health")
-sf_tok_p50=$(lat "http://127.0.0.1:$SPORT/v1/completions" -s "$tmp/one_token.lua")
-ms() { echo "$1" | awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.3f", v}'; }
-ngx_ms=$(ms "$ngx_p50"); sf_ms=$(ms "$sf_p50"); tok_ms=$(ms "$sf_tok_p50")
+# The machine is shared: every figure is the median of ROUNDS runs, with nginx and semflow
+# interleaved so both see the same background load.
+ROUNDS=${ROUNDS:-3}
+median() { sort -n | awk '{v[NR]=$1} END {print v[int((NR+1)/2)]}'; }
+ms() { awk '{v=$1; if (v ~ /us$/) {sub(/us/,"",v); v/=1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v*=1000}; printf "%.3f\n", v}'; }
+rps() { url=$1; shift; wrk -t2 -c"$CONNS" -d"${DURATION}s" "$@" "$url" | awk '/^Requests\/sec/ {print $2}'; }
+p50() { url=$1; shift; wrk -t1 -c1 -d"${DURATION}s" --latency "$@" "$url" | awk '$1 == "50%" {print $2}' | ms; }
+NGX=http://127.0.0.1:$NPORT/
+HEALTH=http://127.0.0.1:$SPORT/health
+CMPL="http://127.0.0.1:$SPORT/v1/completions -s $tmp/one_token.lua"
+: >"$tmp/r"
+for r in $(seq "$ROUNDS"); do
+    echo "ngx_rps $(rps $NGX)" >>"$tmp/r"
+    echo "health_rps $(rps $HEALTH)" >>"$tmp/r"
+    echo "tok_rps $(rps $CMPL)" >>"$tmp/r"
+    echo "ngx_p50 $(p50 $NGX)" >>"$tmp/r"
+    echo "health_p50 $(p50 $HEALTH)" >>"$tmp/r"
+    curl -s "$HEALTH" >/dev/null; curl -s "http://127.0.0.1:$SPORT/metrics" >"$tmp/m0"
+    echo "tok_p50 $(p50 $CMPL)" >>"$tmp/r"
+    curl -s "http://127.0.0.1:$SPORT/metrics" >"$tmp/m1"
+done
+get() { awk -v k="$1" '$1 == k {print $2}' "$tmp/r" | median; }
+ngx_rps=$(get ngx_rps); sf_health_rps=$(get health_rps); sf_tok_rps=$(get tok_rps)
+ngx_ms=$(get ngx_p50); sf_ms=$(get health_p50); tok_ms=$(get tok_p50)
+load=$(cut -d' ' -f1-3 /proc/loadavg)
+# the server's own account of what it adds to each completion (outside the engine), over the
+# last one-connection completion run: the difference of two scrapes of its histogram
+set -- $(python3 - "$tmp/m0" "$tmp/m1" <<'PY'
+import sys
+def read(path):
+    b, s, n = {}, 0.0, 0.0
+    for l in open(path):
+        if l.startswith("semflow_gateway_overhead_seconds_bucket"):
+            le = l.split('le="')[1].split('"')[0]
+            b[float("inf") if le == "+Inf" else float(le)] = float(l.split()[-1])
+        elif l.startswith("semflow_gateway_overhead_seconds_sum"): s = float(l.split()[-1])
+        elif l.startswith("semflow_gateway_overhead_seconds_count"): n = float(l.split()[-1])
+    return b, s, n
+b0, s0, n0 = read(sys.argv[1])
+b1, s1, n1 = read(sys.argv[2])
+n = n1 - n0
+prev_le, prev_c, p50 = 0.0, 0.0, 0.0
+for le in sorted(b1):
+    c = b1[le] - b0.get(le, 0)
+    if n and c >= n / 2:
+        p50 = prev_le if le == float("inf") else prev_le + (le - prev_le) * (n / 2 - prev_c) / max(c - prev_c, 1)
+        break
+    prev_le, prev_c = le, c
+print("%.3f %.3f %d" % (p50 * 1e3, ((s1 - s0) / n if n else 0) * 1e3, n))
+PY
+)
+gw_p50=$1; gw_mean=$2; gw_n=$3
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 added=$(awk -v a="$sf_ms" -v b="$ngx_ms" 'BEGIN { printf "%.3f", a - b }')
-echo "nginx static 200:          $ngx_rps req/s, p50 (1 conn) $ngx_ms ms"
-echo "semflow GET /health:       $sf_health_rps req/s ($(ratio "$sf_health_rps" "$ngx_rps")x nginx), p50 (1 conn) $sf_ms ms"
+echo "nginx static 200:           $ngx_rps req/s, p50 (1 conn) $ngx_ms ms"
+echo "semflow GET /health:        $sf_health_rps req/s ($(ratio "$sf_health_rps" "$ngx_rps")x nginx), p50 (1 conn) $sf_ms ms"
 echo "semflow 1-token completion: $sf_tok_rps req/s ($(ratio "$sf_tok_rps" "$ngx_rps")x nginx), p50 (1 conn) $tok_ms ms"
-echo "gateway-added latency p50 (health vs nginx, 1 conn): $added ms"
+echo "gateway-added latency p50 (health vs nginx, 1 conn): $added ms; load average $load"
+echo "gateway share of a completion at 1 connection (server histogram, $gw_n requests): p50 $gw_p50 ms, mean $gw_mean ms"
 cat <<MD
 
 ### $(date -u +%Y-%m-%d) gateway HTTP vs nginx ($(git rev-parse --short HEAD), $(nproc) cores, $WORKERS workers each)
-\`sh bench/gateway/http_vs_nginx.sh\` (wrk -t2 -c$CONNS -d${DURATION}s; latency: wrk -t1 -c1)
+\`sh bench/gateway/http_vs_nginx.sh\` (wrk -t2 -c$CONNS -d${DURATION}s; latency: wrk -t1 -c1; median of $ROUNDS interleaved rounds; load average $load)
 
 | target | requests/s | ratio to nginx | p50 at 1 connection |
 |---|---:|---:|---:|
@@ -82,4 +115,6 @@ cat <<MD
 | semflow 1-token \`/v1/completions\` ($MODEL, CPU) | $sf_tok_rps | $(ratio "$sf_tok_rps" "$ngx_rps") | $tok_ms ms |
 
 Gateway-added latency p50 (semflow /health minus nginx, one connection): $added ms.
+Gateway share of a 1-token completion at one connection (\`semflow_gateway_overhead_seconds\`:
+arrival to submit plus engine done to response sent, $gw_n requests): p50 $gw_p50 ms, mean $gw_mean ms.
 MD

@@ -47,6 +47,14 @@ check("other_seed_other_text", a[1] != c[1], f"{a[1]!r}")
 rc, out, err = run("--model", "demo", "--prompt", "hello", "--max-tokens", "5", "--temperature", "0")
 check("demo_random_weights_notice", rc == 0 and "random weights" in err, f"rc {rc} err {err!r}")
 
+import re
+rc1, out1, err1 = run("--model", "demo", "--prompt", "hello", "--max-tokens", "3", "--temperature", "0")
+rc2, out2, err2 = run("--model", "demo", "--prompt", "hello", "--max-tokens", "3", "--temperature", "0", "--chat")
+n1 = re.search(r"prompt (\d+) tokens", err1)
+n2 = re.search(r"prompt (\d+) tokens", err2)
+check("chat_template_applied", rc1 == 0 and rc2 == 0 and n1 and n2 and int(n2.group(1)) > int(n1.group(1)) + 2,
+      f"plain {err1!r} chat {err2!r}")
+
 bad = [
     (["--model", "demo", "--prompt", "x", "--max-tokens", "abc"], 2, "--max-tokens"),
     (["--model", "demo", "--prompt", "x", "--max-tokens", "-3"], 2, "--max-tokens"),

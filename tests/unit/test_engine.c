@@ -391,6 +391,88 @@ TEST(cancel_frees_kv)
     sf_engine_free(e);
 }
 
+/* Several threads submit and cancel at once: every request gets exactly one DONE, cancelled ones
+ * with SF_FINISH_CANCELLED, and the KV pool is whole at the end. */
+typedef struct storm_arg {
+    sf_engine *e;
+    int id, n;
+    collect *cs;
+    int submitted;
+} storm_arg;
+
+static void *storm_thread(void *arg)
+{
+    storm_arg *a = arg;
+    sf_rng rng;
+    sf_rng_seed(&rng, (uint64_t)a->id + 100);
+    int32_t p[24];
+    for (int i = 0; i < 24; i++) p[i] = 3 + (int32_t)(sf_rng_next(&rng) % 500);
+    for (int i = 0; i < a->n; i++) {
+        collect *c = &a->cs[i];
+        collect_init(c);
+        sf_submit s;
+        memset(&s, 0, sizeof s);
+        s.prompt = p;
+        s.n_prompt = 1 + (int)(sf_rng_next(&rng) % 24);
+        s.sampling = greedy(1 + (int)(sf_rng_next(&rng) % 30));
+        s.sampling.ignore_eos = 1;
+        s.intent.urgency = (int)(sf_rng_next(&rng) % 3);
+        s.cb = on_event;
+        s.user = c;
+        sf_request *r = NULL;
+        double retry;
+        if (sf_engine_submit(a->e, &s, &r, &retry, NULL) != SF_OK) {
+            c->done = 1;
+            c->finish = -2;
+            continue;
+        }
+        a->submitted++;
+        if (sf_rng_uniform(&rng) < 0.3f) {
+            /* cancel is allowed until DONE has been delivered: check under the collector's lock */
+            pthread_mutex_lock(&c->mu);
+            if (!c->done) sf_engine_cancel(a->e, r);
+            pthread_mutex_unlock(&c->mu);
+        }
+    }
+    return NULL;
+}
+
+TEST(submit_cancel_storm)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), 6, 64, 0, 40, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    enum { T = 4, N = 25 };
+    static collect cs[T][N];
+    storm_arg args[T];
+    pthread_t th[T];
+    for (int t = 0; t < T; t++) {
+        args[t] = (storm_arg){ .e = e, .id = t, .n = N, .cs = cs[t] };
+        pthread_create(&th[t], NULL, storm_thread, &args[t]);
+    }
+    for (int t = 0; t < T; t++) pthread_join(th[t], NULL);
+    int done = 0, cancelled = 0, finished = 0, submitted = 0;
+    for (int t = 0; t < T; t++) {
+        submitted += args[t].submitted;
+        for (int i = 0; i < N; i++) {
+            collect_wait(&cs[t][i]);
+            if (cs[t][i].finish == -2) continue;
+            done++;
+            cancelled += cs[t][i].finish == SF_FINISH_CANCELLED;
+            finished += cs[t][i].finish == SF_FINISH_LENGTH && cs[t][i].n_tokens == cs[t][i].completion_tokens;
+        }
+    }
+    CHECK_MSG(done == submitted && cancelled + finished == done, "%d submitted, %d done: %d cancelled + %d finished",
+              submitted, done, cancelled, finished);
+    CHECK(submitted > 0 && cancelled > 0);
+    sf_engine_stats st;
+    wait_idle(e, &st);
+    CHECK_MSG(st.kv_blocks_used == 0 && st.running == 0, "%d KV blocks used", st.kv_blocks_used);
+    CHECK_MSG(st.finished == (uint64_t)submitted && st.cancelled == (uint64_t)cancelled, "stats %llu finished, %llu cancelled",
+              (unsigned long long)st.finished, (unsigned long long)st.cancelled);
+    sf_engine_free(e);
+}
+
 TEST(admission_errors)
 {
     sf_error err = { 0 };
@@ -431,7 +513,7 @@ TEST(admission_errors)
     /* one seat, two queued per lane: a burst overflows with SF_AGAIN and a retry estimate */
     enum { N = 12 };
     static collect cs[N];
-    int ok = 0, again = 0;
+    int ok = 0, again = 0, accepted[N] = { 0 };
     for (int i = 0; i < N; i++) {
         collect_init(&cs[i]);
         sf_submit s;
@@ -445,10 +527,35 @@ TEST(admission_errors)
         s.user = &cs[i];
         double retry = 0;
         int rc = sf_engine_submit(e, &s, NULL, &retry, &err);
-        if (rc == SF_OK) cs[i].status = 1, ok++;
+        if (rc == SF_OK) accepted[i] = 1, ok++;
         else if (rc == SF_AGAIN && retry > 0 && strstr(err.msg, "queue is full")) again++, cs[i].done = 1;
     }
     CHECK_MSG(again > 0 && ok + again == N, "%d accepted, %d refused", ok, again);
+    /* the low lane is full, the high lane is not: a high request is admitted and overtakes */
+    collect hi;
+    collect_init(&hi);
+    sf_submit hs;
+    memset(&hs, 0, sizeof hs);
+    hs.prompt = p;
+    hs.n_prompt = 8;
+    hs.sampling = greedy(2);
+    hs.intent.urgency = SF_URGENCY_HIGH;
+    hs.cb = on_event;
+    hs.user = &hi;
+    double hretry;
+    int hrc = sf_engine_submit(e, &hs, NULL, &hretry, &err);
+    CHECK_MSG(hrc == SF_OK, "high submit: %s", err.msg);
+    if (hrc == SF_OK) {
+        collect_wait(&hi);
+        int low_left = 0;
+        for (int i = 0; i < N; i++) {
+            pthread_mutex_lock(&cs[i].mu);
+            low_left += accepted[i] && !cs[i].done;
+            pthread_mutex_unlock(&cs[i].mu);
+        }
+        CHECK_MSG(hi.finish == SF_FINISH_LENGTH && low_left > 0, "high finished with %d low requests still queued",
+                  low_left);
+    }
     for (int i = 0; i < N; i++) collect_wait(&cs[i]);
     for (int i = 0; i < N; i++)
         if (cs[i].n_tokens) CHECK(cs[i].n_tokens == 30 && cs[i].finish == SF_FINISH_LENGTH);
@@ -492,6 +599,7 @@ int main(void)
     RUN(concurrent_equals_alone);
     RUN(concurrent_equals_alone_preempted);
     RUN(cancel_frees_kv);
+    RUN(submit_cancel_storm);
     RUN(admission_errors);
     RUN(demo_model_and_bad_config);
     return test_summary();

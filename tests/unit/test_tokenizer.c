@@ -833,6 +833,49 @@ TEST(nfc)
     sf_tok_free(t);
 }
 
+TEST(added_tokens_normalized)
+{
+    /* normalized: true tokens are found in the normalized text (spaces became "_" here), the
+     * others in the raw input */
+    sf_error err = { 0 };
+    static const char *const words[] = { "a_", "_b", NULL };
+    json_t *added = json_array();
+    json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b}", "id", 600, "content", "x_y", "normalized", 1, "special", 0));
+    json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b}", "id", 601, "content", "p q", "normalized", 0, "special", 1));
+    json_t *norm = json_pack("{s:s, s:{s:s}, s:s}", "type", "Replace", "pattern", "String", " ", "content", "_");
+    sf_tokenizer *t = make_tok(NULL, words, added, norm, &err);
+    REQUIRE(t, "%s", err.msg);
+    static const char *const w1[] = { "a_", "x_y", "_b", NULL };
+    CHECK(pieces_are(t, "a x y b", w1));
+    static const char *const w2[] = { "a_", "p q", "_b", NULL };
+    CHECK(pieces_are(t, "a p q b", w2));
+    sf_tok_free(t);
+}
+
+TEST(config_add_bos_eos)
+{
+    /* LlamaTokenizerFast rebuilds its post-processor from add_bos_token / add_eos_token */
+    char *json = NULL;
+    sf_error err = { 0 };
+    int rc = sf_read_file(test_data("tinyllama-1.1b-chat-v1.0/tokenizer.json"), &json, NULL, &err);
+    REQUIRE(rc == 0, "%s", err.msg);
+    static const struct { const char *cfg; int32_t want[4]; size_t n; } cases[] = {
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}", { 1, 15043 }, 2 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"eos_token\": \"</s>\", \"add_eos_token\": true}", { 1, 15043, 2 }, 3 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"add_bos_token\": false}", { 15043 }, 1 },
+        { "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"add_bos_token\": false}", { 1, 15043 }, 2 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        sf_tokenizer *t = NULL;
+        rc = sf_tok_load_json(json, cases[i].cfg, &t, &err);
+        CHECK_MSG(rc == 0, "%s", err.msg);
+        if (rc) continue;
+        CHECK_MSG(encodes_to(t, "Hello", cases[i].want, cases[i].n), "config %zu", i);
+        sf_tok_free(t);
+    }
+    free(json);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -846,8 +889,10 @@ int main(void)
     RUN(split_behaviors);
     RUN(metaspace_and_digits);
     RUN(added_token_flags);
+    RUN(added_tokens_normalized);
     RUN(unk_and_byte_fallback);
     RUN(metaspace_roundtrip_and_post);
+    RUN(config_add_bos_eos);
     RUN(normalizers);
     RUN(nfc);
     RUN(hard_cases_gpt2);

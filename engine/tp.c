@@ -1,0 +1,415 @@
+/* tp.c — tensor-parallel rank processes: the leader's side (group, followers, step plans)
+ * and the followers' loop. See tp.h.
+ *
+ * Wire format of a step plan (two broadcasts from rank 0): a fixed tp_hdr, then for TP_STEP
+ * the batch's int32 arrays back to back — tokens[T], pos[T], slot[T], seq_start[S+1],
+ * seq_ctx[S], block_table[S*max_blocks], logit_rows[L]. The follower waits for the header
+ * without a timeout (the server may be idle) but notices a dead leader. */
+#include "tp.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "shard.h"
+
+#define TP_MAGIC 0x53465431u /* "SFT1" */
+#define TP_SLOT_BYTES ((size_t)4 << 20)
+#define TP_LOAD_TIMEOUT_MS 900000 /* ranks load their shards in parallel; a 70B dummy takes a while */
+
+enum { TP_STEP = 1, TP_KV_INIT = 2, TP_STOP = 3 };
+
+typedef struct tp_hdr {
+    uint32_t magic;
+    int32_t cmd;
+    int32_t T, S, max_blocks, L;
+    int32_t kv_layers, kv_blocks, kv_block_size, kv_heads, kv_head_dim, kv_dtype;
+    uint32_t payload; /* int32 values that follow */
+} tp_hdr;
+
+struct sf_tp {
+    sf_tp_rank_opts o;
+    sf_comm *comm;
+    sf_shard shard;
+    sf_forward *fwd;
+    sf_backend *b;
+    pid_t pids[SF_COMM_MAX_RANKS];
+    int n_pids;
+    int32_t *payload;
+    size_t payload_cap;
+    int dead;
+    char dead_msg[512];
+};
+
+/* ---- shared by both sides ----------------------------------------------------------------- */
+static int grow(int32_t **p, size_t *cap, size_t n)
+{
+    if (n <= *cap) return SF_OK;
+    int32_t *q = realloc(*p, n * sizeof *q);
+    if (!q) return SF_ENOMEM;
+    *p = q;
+    *cap = n;
+    return SF_OK;
+}
+
+static size_t payload_ints(const tp_hdr *h)
+{
+    return (size_t)3 * h->T + (size_t)(h->S + 1) + h->S + (size_t)h->S * h->max_blocks + h->L;
+}
+
+/* Points the batch's arrays into the payload. */
+static void batch_from(const tp_hdr *h, int32_t *p, sf_batch *b)
+{
+    memset(b, 0, sizeof *b);
+    b->n_tokens = h->T;
+    b->n_seqs = h->S;
+    b->max_blocks = h->max_blocks;
+    b->n_logits = h->L;
+    b->tokens = p; p += h->T;
+    b->pos = p; p += h->T;
+    b->slot = p; p += h->T;
+    b->seq_start = p; p += h->S + 1;
+    b->seq_ctx = p; p += h->S;
+    b->block_table = p; p += (size_t)h->S * h->max_blocks;
+    b->logit_rows = p;
+}
+
+static int join(sf_tp *t, sf_error *err)
+{
+    const sf_tp_rank_opts *o = &t->o;
+    sf_comm_opts co = { .rank = o->rank, .size = o->size, .backend = o->backend, .shm_fd = o->shm_fd,
+                        .bootstrap = o->bootstrap, .device = o->device, .timeout_ms = o->timeout_ms };
+    return sf_comm_open(&co, &t->comm, err);
+}
+
+/* Shards the model and builds the forward pass on t->b, then waits (long timeout: the others
+ * may still be loading) until every rank is ready. */
+static int build(sf_tp *t, const sf_model *m, sf_error *err)
+{
+    const sf_tp_rank_opts *o = &t->o;
+    int rc;
+    if ((rc = sf_shard_make(m, o->rank, o->size, &t->shard, err)) ||
+        (rc = sf_forward_new_tp(t->b, &t->shard, t->comm, o->max_tokens, o->max_logits, &t->fwd, err))) {
+        sf_err_wrap(err, "rank %d", o->rank);
+        t->comm->ops->abort(t->comm, err ? err->msg : "setup failed");
+        return rc;
+    }
+    int keep = t->comm->timeout_ms;
+    t->comm->timeout_ms = SF_MAX(keep, TP_LOAD_TIMEOUT_MS);
+    rc = t->comm->ops->barrier(t->comm, err);
+    t->comm->timeout_ms = keep;
+    if (rc) return sf_err_wrap(err, "waiting for every rank to load its shard");
+    return SF_OK;
+}
+
+/* ---- follower -------------------------------------------------------------------------------- */
+int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
+{
+    sf_model *m = NULL;
+    sf_tp t;
+    memset(&t, 0, sizeof t);
+    t.o = *o;
+    int rc;
+    if (o->rank < 1 || o->rank >= o->size) return sf_err(err, SF_EINVAL, "rank %d of %d is not a follower", o->rank, o->size);
+    sf_load_opts lo = { .dummy = o->load_dummy, .dummy_dtype = o->dummy_f16 ? SF_DT_F16 : SF_DT_BF16,
+                        .seed = o->seed };
+    sf_backend_opts bo = { .name = o->backend, .n_threads = o->n_threads, .device = o->device };
+    if ((rc = join(&t, err)) || (rc = sf_model_load(o->model, &lo, &m, err)) ||
+        (rc = sf_backend_open(&bo, &t.b, err)) || (rc = build(&t, m, err)))
+        goto out;
+    for (;;) {
+        tp_hdr h;
+        if ((rc = t.comm->ops->broadcast(t.comm, &h, sizeof h, 0, 1, err))) goto out;
+        if (h.magic != TP_MAGIC) {
+            rc = sf_err(err, SF_EFORMAT, "rank %d: a step plan with a bad magic (a different semflow build as leader?)",
+                        o->rank);
+            goto out;
+        }
+        if (h.cmd == TP_STOP) break;
+        if (h.cmd == TP_KV_INIT) {
+            sf_kv_config kc = { .n_layers = h.kv_layers, .n_blocks = h.kv_blocks, .block_size = h.kv_block_size,
+                                .n_kv_heads = h.kv_heads, .head_dim = h.kv_head_dim, .dtype = (sf_dtype)h.kv_dtype };
+            int lrc = t.b->ops->kv_init(t.b, &kc, err);
+            /* every rank reports through a barrier-like all-reduce-free step: a failing rank aborts */
+            if (lrc) {
+                rc = lrc;
+                goto out;
+            }
+            if ((rc = t.comm->ops->barrier(t.comm, err))) goto out;
+            continue;
+        }
+        if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || payload_ints(&h) != h.payload) {
+            rc = sf_err(err, SF_EFORMAT, "rank %d: malformed step plan (command %d, %d tokens, %d sequences)", o->rank,
+                        h.cmd, h.T, h.S);
+            goto out;
+        }
+        if (grow(&t.payload, &t.payload_cap, h.payload)) {
+            rc = sf_err(err, SF_ENOMEM, "rank %d: out of memory for a step plan of %u values", o->rank, h.payload);
+            goto out;
+        }
+        if ((rc = t.comm->ops->broadcast(t.comm, t.payload, h.payload * sizeof(int32_t), 0, 0, err))) goto out;
+        sf_batch b;
+        batch_from(&h, t.payload, &b);
+        if ((rc = sf_forward_step(t.fwd, &b, NULL, err))) goto out;
+    }
+out:
+    if (rc && t.comm) t.comm->ops->abort(t.comm, err ? err->msg : "follower failed");
+    sf_forward_free(t.fwd);
+    sf_shard_free(&t.shard);
+    sf_comm_free(t.comm);
+    if (t.b) sf_backend_close(t.b);
+    sf_model_free(m);
+    free(t.payload);
+    return rc;
+}
+
+/* ---- leader ------------------------------------------------------------------------------------ */
+int sf_tp_group_create(sf_tp_rank_opts *o, sf_error *err)
+{
+    if (!strcmp(o->backend, "cpu"))
+        return sf_comm_cpu_create(o->size, TP_SLOT_BYTES, &o->shm_fd, err);
+    if (o->bootstrap) return SF_OK;
+    /* one host: a free loopback port for the NCCL bootstrap */
+    static char addr[64];
+    int s = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+    socklen_t len = sizeof a;
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || getsockname(s, (struct sockaddr *)&a, &len)) {
+        int e = errno;
+        if (s >= 0) close(s);
+        return sf_err(err, SF_EIO, "tensor parallelism: no free loopback port for the NCCL bootstrap: %s", strerror(e));
+    }
+    close(s);
+    snprintf(addr, sizeof addr, "127.0.0.1:%d", ntohs(a.sin_port));
+    o->bootstrap = addr;
+    return SF_OK;
+}
+
+int sf_tp_leader_new(const sf_tp_rank_opts *o, const sf_model *m, sf_backend *b, const pid_t *pids, sf_tp **out,
+                     sf_error *err)
+{
+    *out = NULL;
+    if (o->rank != 0) return sf_err(err, SF_EINVAL, "tensor parallelism: the leader is rank 0, not %d", o->rank);
+    sf_tp *t = calloc(1, sizeof *t);
+    if (!t) return sf_err(err, SF_ENOMEM, "tensor parallelism: out of memory");
+    t->o = *o;
+    t->b = b;
+    for (int i = 0; pids && i < o->size - 1; i++) t->pids[t->n_pids++] = pids[i];
+    int rc = join(t, err);
+    if (!rc) rc = build(t, m, err);
+    if (rc) {
+        sf_tp_free(t);
+        return rc;
+    }
+    *out = t;
+    return SF_OK;
+}
+
+int sf_tp_follower_argv(const sf_tp_rank_opts *o, int rank, const char *exe, char *buf, size_t n, char **argv,
+                        int max_args)
+{
+    int k = 0;
+    size_t used = 0;
+#define ARG(...)                                                                            \
+    do {                                                                                    \
+        int w_ = snprintf(buf + used, n - used, __VA_ARGS__);                               \
+        if (w_ < 0 || (size_t)w_ >= n - used || k + 2 > max_args) return SF_EINVAL;        \
+        argv[k++] = buf + used;                                                             \
+        used += (size_t)w_ + 1;                                                             \
+    } while (0)
+    ARG("%s", exe);
+    ARG("rank");
+    ARG("--rank"); ARG("%d", rank);
+    ARG("--size"); ARG("%d", o->size);
+    ARG("--model"); ARG("%s", o->model);
+    ARG("--backend"); ARG("%s", o->backend);
+    ARG("--threads"); ARG("%d", o->n_threads);
+    ARG("--device"); ARG("%d", o->device + rank);
+    ARG("--max-tokens"); ARG("%d", o->max_tokens);
+    ARG("--max-logits"); ARG("%d", o->max_logits);
+    ARG("--seed"); ARG("%llu", (unsigned long long)o->seed);
+    ARG("--timeout-ms"); ARG("%d", o->timeout_ms);
+    if (o->load_dummy) ARG("--load-dummy");
+    if (o->dummy_f16) ARG("--dummy-f16");
+    if (o->shm_fd >= 0) { ARG("--shm-fd"); ARG("%d", o->shm_fd); }
+    if (o->bootstrap) { ARG("--bootstrap"); ARG("%s", o->bootstrap); }
+#undef ARG
+    argv[k] = NULL;
+    return k;
+}
+
+int sf_tp_parse_rank_args(int argc, char **argv, sf_tp_rank_opts *o, sf_error *err)
+{
+    memset(o, 0, sizeof *o);
+    o->shm_fd = -1;
+    o->backend = "cpu";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--load-dummy")) { o->load_dummy = 1; continue; }
+        if (!strcmp(a, "--dummy-f16")) { o->dummy_f16 = 1; continue; }
+        if (i + 1 >= argc) return sf_err(err, SF_EINVAL, "semflow rank: %s needs a value", a);
+        const char *v = argv[++i];
+        char *end = NULL;
+        long long n = strtoll(v, &end, 10);
+        int num = end && *end == 0 && end != v;
+        if (!strcmp(a, "--model")) o->model = v;
+        else if (!strcmp(a, "--backend")) o->backend = v;
+        else if (!strcmp(a, "--bootstrap")) o->bootstrap = v;
+        else if (!num) return sf_err(err, SF_EINVAL, "semflow rank: unknown option %s or '%s' is not a number", a, v);
+        else if (!strcmp(a, "--rank")) o->rank = (int)n;
+        else if (!strcmp(a, "--size")) o->size = (int)n;
+        else if (!strcmp(a, "--threads")) o->n_threads = (int)n;
+        else if (!strcmp(a, "--device")) o->device = (int)n;
+        else if (!strcmp(a, "--max-tokens")) o->max_tokens = (int)n;
+        else if (!strcmp(a, "--max-logits")) o->max_logits = (int)n;
+        else if (!strcmp(a, "--seed")) o->seed = (uint64_t)n;
+        else if (!strcmp(a, "--timeout-ms")) o->timeout_ms = (int)n;
+        else if (!strcmp(a, "--shm-fd")) o->shm_fd = (int)n;
+        else return sf_err(err, SF_EINVAL, "semflow rank: unknown option %s", a);
+    }
+    if (!o->model || o->size < 2 || o->rank < 1 || o->rank >= o->size || o->max_tokens < 1 || o->max_logits < 1)
+        return sf_err(err, SF_EINVAL, "semflow rank: needs --model, --size >= 2, --rank in [1, size), --max-tokens and "
+                      "--max-logits (it is started by the leader of --tensor-parallel-size, not by hand)");
+    return SF_OK;
+}
+
+int sf_tp_start(const sf_tp_rank_opts *o_in, const char *exe, const sf_model *m, sf_backend *b, sf_tp **out,
+                sf_error *err)
+{
+    *out = NULL;
+    sf_tp_rank_opts o = *o_in;
+    o.shm_fd = -1;
+    pid_t pids[SF_COMM_MAX_RANKS];
+    int n = 0, rc;
+    if (o.size < 2 || o.size > SF_COMM_MAX_RANKS)
+        return sf_err(err, SF_EINVAL, "--tensor-parallel-size %d: use 2..%d (1 runs without it)", o.size,
+                      SF_COMM_MAX_RANKS);
+    if ((rc = sf_shard_check(&m->cfg, o.size, err))) return rc;
+    if ((rc = sf_tp_group_create(&o, err))) return rc;
+    if (!exe) exe = "/proc/self/exe";
+    for (int r = 1; r < o.size; r++) {
+        char buf[4096], *argv[40];
+        if (sf_tp_follower_argv(&o, r, exe, buf, sizeof buf, argv, 40) < 0) {
+            rc = sf_err(err, SF_EINVAL, "tensor parallelism: the follower command line is too long (model path?)");
+            goto fail;
+        }
+        pid_t pid = fork();
+        if (pid < 0) {
+            rc = sf_err(err, SF_ERROR, "tensor parallelism: fork of rank %d: %s", r, strerror(errno));
+            goto fail;
+        }
+        if (pid == 0) {
+            /* No PR_SET_PDEATHSIG: it fires when the forking *thread* exits (a loader thread
+             * would take the followers with it). A follower notices a dead leader at its next
+             * wait instead (comm liveness checks). */
+            execv(exe, argv);
+            fprintf(stderr, "semflow rank %d: exec %s: %s\n", r, exe, strerror(errno));
+            _exit(127);
+        }
+        pids[n++] = pid;
+    }
+    rc = sf_tp_leader_new(&o, m, b, pids, out, err);
+    n = 0; /* the leader owns them now (and reaped them on failure) */
+fail:
+    for (int i = 0; i < n; i++) {
+        kill(pids[i], SIGKILL);
+        waitpid(pids[i], NULL, 0);
+    }
+    if (o.shm_fd >= 0) close(o.shm_fd); /* the mappings stay */
+    return rc;
+}
+
+int sf_tp_kv_heads(const sf_tp *t) { return t->shard.m.cfg.n_kv_heads; }
+
+sf_forward *sf_tp_forward(sf_tp *t) { return t->fwd; }
+
+const sf_model *sf_tp_model(const sf_tp *t) { return &t->shard.m; }
+
+static int dead(sf_tp *t, int rc, sf_error *err)
+{
+    if (!t->dead) {
+        t->dead = 1;
+        snprintf(t->dead_msg, sizeof t->dead_msg, "tensor-parallel group of %d ranks failed: %s", t->o.size,
+                 err ? err->msg : sf_status_str(rc));
+        t->comm->ops->abort(t->comm, t->dead_msg);
+        SF_LOGE("%s", t->dead_msg);
+    }
+    return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+}
+
+static int send_hdr(sf_tp *t, tp_hdr *h, sf_error *err)
+{
+    h->magic = TP_MAGIC;
+    return t->comm->ops->broadcast(t->comm, h, sizeof *h, 0, 0, err);
+}
+
+int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    tp_hdr h = { .cmd = TP_KV_INIT, .kv_layers = kc->n_layers, .kv_blocks = kc->n_blocks,
+                 .kv_block_size = kc->block_size, .kv_heads = kc->n_kv_heads, .kv_head_dim = kc->head_dim,
+                 .kv_dtype = kc->dtype };
+    int rc = send_hdr(t, &h, err);
+    if (!rc && (rc = t->b->ops->kv_init(t->b, kc, err))) return dead(t, rc, err);
+    if (!rc) rc = t->comm->ops->barrier(t->comm, err);
+    return rc ? dead(t, rc, err) : SF_OK;
+}
+
+int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    tp_hdr h = { .cmd = TP_STEP, .T = b->n_tokens, .S = b->n_seqs, .max_blocks = b->max_blocks, .L = b->n_logits };
+    size_t n = payload_ints(&h);
+    if (h.T < 1 || h.S < 1 || grow(&t->payload, &t->payload_cap, n))
+        return sf_err(err, h.T < 1 || h.S < 1 ? SF_EINVAL : SF_ENOMEM, "tensor parallelism: step of %d tokens in %d "
+                      "sequences (empty, or out of memory)", h.T, h.S);
+    h.payload = (uint32_t)n;
+    int32_t *p = t->payload;
+#define PUT(src, cnt) do { memcpy(p, (src), (size_t)(cnt) * sizeof(int32_t)); p += (cnt); } while (0)
+    PUT(b->tokens, h.T);
+    PUT(b->pos, h.T);
+    PUT(b->slot, h.T);
+    PUT(b->seq_start, h.S + 1);
+    PUT(b->seq_ctx, h.S);
+    PUT(b->block_table, (size_t)h.S * h.max_blocks);
+    PUT(b->logit_rows, h.L);
+#undef PUT
+    int rc;
+    if ((rc = send_hdr(t, &h, err)) ||
+        (rc = t->comm->ops->broadcast(t->comm, t->payload, n * sizeof(int32_t), 0, 0, err)) ||
+        (rc = sf_forward_step(t->fwd, b, logits, err)))
+        return dead(t, rc, err);
+    return SF_OK;
+}
+
+void sf_tp_free(sf_tp *t)
+{
+    if (!t) return;
+    if (t->comm && !t->dead) {
+        tp_hdr h = { .cmd = TP_STOP };
+        sf_error e = { 0 };
+        if (send_hdr(t, &h, &e)) SF_LOGW("tensor parallelism: stopping the followers: %s", e.msg);
+    }
+    double t0 = sf_now_s();
+    for (int i = 0; i < t->n_pids; i++) { /* up to 5 s in all for clean exits, then SIGKILL */
+        while (waitpid(t->pids[i], NULL, WNOHANG) == 0) {
+            if (sf_now_s() - t0 > 5.0) {
+                kill(t->pids[i], SIGKILL);
+                waitpid(t->pids[i], NULL, 0);
+                break;
+            }
+            usleep(10000);
+        }
+    }
+    sf_forward_free(t->fwd);
+    sf_shard_free(&t->shard);
+    sf_comm_free(t->comm);
+    free(t->payload);
+    free(t);
+}

@@ -1,0 +1,409 @@
+/* comm_nccl.c — the CUDA backend's communicator: NCCL for the activations, TCP for the rest.
+ *
+ * Bootstrap: rank 0 listens on the bootstrap address ("host:port"), every other rank connects
+ * (retrying until the timeout: rank 0 may start later) and says who it is; rank 0 makes the
+ * ncclUniqueId and sends it to each, and all call ncclCommInitRank. Nothing assumes one host:
+ * the same code joins GPUs of several hosts when the address is reachable from them.
+ * The TCP connections stay open (a star around rank 0) and carry the host-side traffic: the
+ * step plan's broadcast and barriers. EOF on them is how ranks learn that a peer died.
+ *
+ * NCCL is loaded with dlopen("libnccl.so.2"), so the binary runs where NCCL is absent (TP then
+ * reports SF_ENODEV). NVLink SHARP / multicast stays off: NCCL_NVLS_ENABLE=0 is set before
+ * init unless the environment set it, and nothing here calls cuMulticastCreate.
+ *
+ * Waits: collectives are queued on the backend's stream without a host sync. all_gather (once
+ * per step, at its end) waits for the stream with a watchdog: while the stream is busy it
+ * checks ncclCommGetAsyncError, the peers' sockets and the timeout, and on failure calls
+ * ncclCommAbort (which releases kernels stuck on a dead peer) and reports the rank and call. */
+#include "comm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(SF_HAVE_CUDA) && __has_include(<nccl.h>)
+#include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <nccl.h>
+
+#define BOOT_MAGIC 0x53464e43u /* "SFNC" */
+
+typedef struct nccl_api {
+    void *so;
+    __typeof__(ncclGetUniqueId) *GetUniqueId;
+    __typeof__(ncclCommInitRank) *CommInitRank;
+    __typeof__(ncclAllReduce) *AllReduce;
+    __typeof__(ncclAllGather) *AllGather;
+    __typeof__(ncclCommGetAsyncError) *CommGetAsyncError;
+    __typeof__(ncclCommAbort) *CommAbort;
+    __typeof__(ncclCommDestroy) *CommDestroy;
+    __typeof__(ncclGetErrorString) *GetErrorString;
+    __typeof__(ncclGetVersion) *GetVersion;
+} nccl_api;
+
+typedef struct nccl_comm {
+    nccl_api api;
+    ncclComm_t comm;
+    int device;
+    int peer[SF_COMM_MAX_RANKS]; /* rank 0: socket to each rank; others: peer[0] to rank 0 */
+    int broken;
+    char broken_msg[400];
+} nccl_comm;
+
+#define NC(c) ((nccl_comm *)(c)->ctx)
+
+static int load_api(nccl_api *a, sf_error *err)
+{
+    a->so = dlopen("libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!a->so)
+        return sf_err(err, SF_ENODEV, "NCCL: dlopen(libnccl.so.2) failed (%s); install NCCL or add its folder to "
+                      "LD_LIBRARY_PATH to use --tensor-parallel-size on GPUs", dlerror());
+#define SYM(field, name)                                                                               \
+    if (!(a->field = (__typeof__(a->field))dlsym(a->so, name)))                                        \
+        return sf_err(err, SF_ENODEV, "NCCL: libnccl.so.2 lacks %s (too old? NCCL 2.12 or newer)", name);
+    SYM(GetUniqueId, "ncclGetUniqueId");
+    SYM(CommInitRank, "ncclCommInitRank");
+    SYM(AllReduce, "ncclAllReduce");
+    SYM(AllGather, "ncclAllGather");
+    SYM(CommGetAsyncError, "ncclCommGetAsyncError");
+    SYM(CommAbort, "ncclCommAbort");
+    SYM(CommDestroy, "ncclCommDestroy");
+    SYM(GetErrorString, "ncclGetErrorString");
+    SYM(GetVersion, "ncclGetVersion");
+#undef SYM
+    return SF_OK;
+}
+
+static void nccl_abort(sf_comm *c, const char *why)
+{
+    nccl_comm *x = NC(c);
+    if (!x->broken) {
+        x->broken = SF_ERROR;
+        snprintf(x->broken_msg, sizeof x->broken_msg, "%s", why ? why : "aborted");
+    }
+    if (x->comm) x->api.CommAbort(x->comm);
+    x->comm = NULL;
+    for (int i = 0; i < SF_COMM_MAX_RANKS; i++)
+        if (x->peer[i] >= 0) {
+            close(x->peer[i]); /* peers see EOF */
+            x->peer[i] = -1;
+        }
+}
+
+static int fail(sf_comm *c, sf_error *err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(sf_comm *c, sf_error *err, const char *fmt, ...)
+{
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    nccl_abort(c, msg);
+    return sf_err(err, SF_ERROR, "%s", msg);
+}
+
+static int check(sf_comm *c, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    return x->broken ? sf_err(err, x->broken, "%s", x->broken_msg) : SF_OK;
+}
+
+/* ---- TCP --------------------------------------------------------------------------------- */
+/* Moves exactly n bytes (send or recv) with a deadline; idle: no deadline. */
+static int xfer(sf_comm *c, int fd, void *buf, size_t n, int sending, int idle, int peer, const char *what,
+                sf_error *err)
+{
+    uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    char *p = buf;
+    while (n > 0) {
+        struct pollfd pf = { .fd = fd, .events = sending ? POLLOUT : POLLIN };
+        uint64_t waited = sf_now_ns() - t0;
+        if (!idle && waited >= limit)
+            return fail(c, err, "rank %d: %s: rank %d did not answer within %d ms (hung? raise SEMFLOW_TP_TIMEOUT_MS "
+                        "if it is only slow)", c->rank, what, peer, c->timeout_ms);
+        int ms = idle ? 1000 : (int)((limit - waited) / 1000000ull) + 1;
+        int pr = poll(&pf, 1, ms);
+        if (pr < 0 && errno != EINTR) return fail(c, err, "rank %d: %s: poll: %s", c->rank, what, strerror(errno));
+        if (pr <= 0) continue;
+        ssize_t k = sending ? send(fd, p, n, MSG_NOSIGNAL) : recv(fd, p, n, 0);
+        if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+        if (k <= 0)
+            return fail(c, err, "rank %d: %s: the connection to rank %d closed (%s): that rank exited or gave up; "
+                        "see its log", c->rank, what, peer, k == 0 ? "EOF" : strerror(errno));
+        p += k;
+        n -= (size_t)k;
+    }
+    return SF_OK;
+}
+
+static int parse_addr(const char *s, char *host, size_t hn, char *port, size_t pn)
+{
+    const char *colon = s ? strrchr(s, ':') : NULL;
+    if (!colon || colon == s || !colon[1] || (size_t)(colon - s) >= hn || strlen(colon + 1) >= pn) return -1;
+    memcpy(host, s, (size_t)(colon - s));
+    host[colon - s] = 0;
+    snprintf(port, pn, "%s", colon + 1);
+    return 0;
+}
+
+static int bootstrap(sf_comm *c, const char *addr, ncclUniqueId *id, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    char host[256], port[16];
+    if (parse_addr(addr, host, sizeof host, port, sizeof port))
+        return sf_err(err, SF_EINVAL, "rank %d: NCCL bootstrap address '%s' is not host:port", c->rank,
+                      addr ? addr : "(none)");
+    struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = c->rank ? 0 : AI_PASSIVE };
+    struct addrinfo *ai = NULL;
+    int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai) return sf_err(err, SF_EINVAL, "rank %d: NCCL bootstrap address %s: %s", c->rank, addr, gai_strerror(gai));
+    int rc = SF_OK, one = 1;
+    uint32_t hello[3];
+    uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    if (c->rank == 0) {
+        int ls = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (ls < 0 || bind(ls, ai->ai_addr, ai->ai_addrlen) || listen(ls, SF_COMM_MAX_RANKS)) {
+            rc = sf_err(err, SF_EIO, "rank 0: NCCL bootstrap: cannot listen on %s: %s (port in use? choose another "
+                        "with --tp-bootstrap)", addr, strerror(errno));
+            if (ls >= 0) close(ls);
+            goto out;
+        }
+        if ((rc = x->api.GetUniqueId(id)) != ncclSuccess) {
+            rc = sf_err(err, SF_ERROR, "rank 0: ncclGetUniqueId: %s", x->api.GetErrorString((ncclResult_t)rc));
+            close(ls);
+            goto out;
+        }
+        for (int joined = 1; joined < c->size;) {
+            struct pollfd pf = { .fd = ls, .events = POLLIN };
+            uint64_t waited = sf_now_ns() - t0;
+            if (waited >= limit || poll(&pf, 1, (int)((limit - waited) / 1000000ull) + 1) == 0) {
+                rc = sf_err(err, SF_ERROR, "rank 0: NCCL bootstrap: %d of %d ranks joined within %d ms on %s", joined,
+                            c->size, c->timeout_ms, addr);
+                break;
+            }
+            int s = accept4(ls, NULL, NULL, SOCK_CLOEXEC);
+            if (s < 0) continue;
+            setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+            struct timeval tv = { .tv_sec = 2 }, none = { 0 };
+            setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            /* a stray or wrong connection is dropped, not the group's failure */
+            if (recv(s, hello, sizeof hello, MSG_WAITALL) != (ssize_t)sizeof hello || hello[0] != BOOT_MAGIC ||
+                (int)hello[2] != c->size || hello[1] < 1 || (int)hello[1] >= c->size || x->peer[hello[1]] >= 0) {
+                SF_LOGW("rank 0: NCCL bootstrap: dropped a connection that is not a rank of this group");
+                close(s);
+                continue;
+            }
+            setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof none);
+            x->peer[hello[1]] = s;
+            joined++;
+        }
+        close(ls);
+        for (int i = 1; i < c->size && !rc; i++)
+            rc = xfer(c, x->peer[i], id, sizeof *id, 1, 0, i, "sending the ncclUniqueId", err);
+    } else {
+        int s = -1;
+        while (s < 0) {
+            s = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+            if (s >= 0 && connect(s, ai->ai_addr, ai->ai_addrlen) == 0) break;
+            if (s >= 0) close(s);
+            s = -1;
+            if (sf_now_ns() - t0 >= limit) {
+                rc = sf_err(err, SF_ERROR, "rank %d: NCCL bootstrap: rank 0 at %s did not accept within %d ms",
+                            c->rank, addr, c->timeout_ms);
+                goto out;
+            }
+            usleep(50000);
+        }
+        setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        x->peer[0] = s;
+        hello[0] = BOOT_MAGIC;
+        hello[1] = (uint32_t)c->rank;
+        hello[2] = (uint32_t)c->size;
+        if (!(rc = xfer(c, s, hello, sizeof hello, 1, 0, 0, "bootstrap hello", err)))
+            rc = xfer(c, s, id, sizeof *id, 0, 0, 0, "receiving the ncclUniqueId", err);
+    }
+out:
+    freeaddrinfo(ai);
+    return rc;
+}
+
+/* ---- collectives ------------------------------------------------------------------------- */
+static int nccl_call(sf_comm *c, ncclResult_t r, const char *call, sf_error *err)
+{
+    if (r == ncclSuccess) return SF_OK;
+    return fail(c, err, "rank %d: %s failed: %s", c->rank, call, NC(c)->api.GetErrorString(r));
+}
+
+/* Waits for the stream with the watchdog described at the top. */
+static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    for (;;) {
+        cudaError_t e = cudaStreamQuery(s);
+        if (e == cudaSuccess) return SF_OK;
+        if (e != cudaErrorNotReady)
+            return fail(c, err, "rank %d: %s: cudaStreamQuery: %s", c->rank, what, cudaGetErrorString(e));
+        ncclResult_t ae = ncclSuccess;
+        if (x->api.CommGetAsyncError(x->comm, &ae) != ncclSuccess || (ae != ncclSuccess && ae != ncclInProgress))
+            return fail(c, err, "rank %d: %s: NCCL reports %s", c->rank, what, x->api.GetErrorString(ae));
+        for (int i = 0; i < c->size; i++) { /* a peer's socket readable here means EOF: it died */
+            if (x->peer[i] < 0) continue;
+            struct pollfd pf = { .fd = x->peer[i], .events = POLLIN };
+            char b;
+            if (poll(&pf, 1, 0) == 1 && recv(x->peer[i], &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0)
+                return fail(c, err, "rank %d: %s: rank %d exited (its connection closed); aborting NCCL", c->rank,
+                            what, i);
+        }
+        if (sf_now_ns() - t0 >= limit)
+            return fail(c, err, "rank %d: %s did not complete within %d ms (a peer hung); aborting NCCL", c->rank, what,
+                        c->timeout_ms);
+        usleep(20);
+    }
+}
+
+static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void *stream, sf_error *err)
+{
+    int rc = check(c, err);
+    if (rc) return rc;
+    if (dt != SF_DT_BF16 && dt != SF_DT_F32)
+        return sf_err(err, SF_EUNSUPPORTED, "rank %d: NCCL all-reduce of %s", c->rank, sf_dtype_name(dt));
+    return nccl_call(c, NC(c)->api.AllReduce(data, data, (size_t)n, dt == SF_DT_BF16 ? ncclBfloat16 : ncclFloat32,
+                                             ncclSum, NC(c)->comm, (cudaStream_t)stream),
+                     "ncclAllReduce", err);
+}
+
+static int nccl_all_gather(sf_comm *c, const void *send, void *recv, size_t bytes, void *stream, sf_error *err)
+{
+    int rc = check(c, err);
+    if (rc) return rc;
+    if ((rc = nccl_call(c, NC(c)->api.AllGather(send, recv, bytes, ncclUint8, NC(c)->comm, (cudaStream_t)stream),
+                        "ncclAllGather", err)))
+        return rc;
+    return wait_stream(c, (cudaStream_t)stream, "the step's all-reduces and logit all-gather", err);
+}
+
+static int nccl_broadcast(sf_comm *c, void *data, size_t bytes, int root, int idle, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    int rc = check(c, err);
+    if (rc) return rc;
+    if (root != 0)
+        return sf_err(err, SF_EUNSUPPORTED, "rank %d: the NCCL communicator broadcasts host bytes from rank 0 only "
+                      "(asked for rank %d)", c->rank, root);
+    if (c->rank == 0) {
+        for (int i = 1; i < c->size && !rc; i++)
+            rc = xfer(c, x->peer[i], data, bytes, 1, 0, i, "broadcast", err);
+        return rc;
+    }
+    return xfer(c, x->peer[0], data, bytes, 0, idle, 0, "broadcast", err);
+}
+
+static int nccl_barrier(sf_comm *c, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    int rc = check(c, err);
+    char b = 1;
+    if (rc) return rc;
+    if (c->rank == 0) {
+        for (int i = 1; i < c->size && !rc; i++) rc = xfer(c, x->peer[i], &b, 1, 0, 0, i, "barrier", err);
+        for (int i = 1; i < c->size && !rc; i++) rc = xfer(c, x->peer[i], &b, 1, 1, 0, i, "barrier", err);
+        return rc;
+    }
+    if ((rc = xfer(c, x->peer[0], &b, 1, 1, 0, 0, "barrier", err))) return rc;
+    return xfer(c, x->peer[0], &b, 1, 0, 0, 0, "barrier", err);
+}
+
+static void nccl_destroy(sf_comm *c)
+{
+    if (!c) return;
+    nccl_comm *x = NC(c);
+    if (x) {
+        if (x->comm) {
+            cudaSetDevice(x->device);
+            x->api.CommDestroy(x->comm);
+        }
+        for (int i = 0; i < SF_COMM_MAX_RANKS; i++)
+            if (x->peer[i] >= 0) close(x->peer[i]);
+        if (x->api.so) dlclose(x->api.so);
+        free(x);
+    }
+    free(c);
+}
+
+static const struct sf_comm_ops nccl_ops = {
+    .name = "nccl",
+    .all_reduce_sum = nccl_all_reduce,
+    .all_gather = nccl_all_gather,
+    .broadcast = nccl_broadcast,
+    .barrier = nccl_barrier,
+    .abort = nccl_abort,
+    .destroy = nccl_destroy,
+};
+
+int sf_comm_nccl_open(const sf_comm_opts *o, sf_comm **out, sf_error *err)
+{
+    *out = NULL;
+    int rc;
+    sf_comm *c = calloc(1, sizeof *c);
+    nccl_comm *x = calloc(1, sizeof *x);
+    if (!c || !x) {
+        free(c);
+        free(x);
+        return sf_err(err, SF_ENOMEM, "NCCL communicator: out of memory");
+    }
+    c->ops = &nccl_ops;
+    c->ctx = x;
+    c->rank = o->rank;
+    c->size = o->size;
+    c->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : sf_comm_default_timeout_ms();
+    x->device = o->device;
+    for (int i = 0; i < SF_COMM_MAX_RANKS; i++) x->peer[i] = -1;
+    setenv("NCCL_NVLS_ENABLE", "0", 0); /* multicast objects stay off (see the header) */
+    if ((rc = load_api(&x->api, err))) goto fail;
+    cudaError_t ce = cudaSetDevice(o->device);
+    if (ce != cudaSuccess) {
+        rc = sf_err(err, SF_ENODEV, "rank %d: cudaSetDevice(%d): %s", o->rank, o->device, cudaGetErrorString(ce));
+        goto fail;
+    }
+    ncclUniqueId id;
+    memset(&id, 0, sizeof id);
+    if ((rc = bootstrap(c, o->bootstrap, &id, err))) goto fail;
+    ncclResult_t r = x->api.CommInitRank(&x->comm, o->size, id, o->rank);
+    if (r != ncclSuccess) {
+        x->comm = NULL;
+        rc = sf_err(err, SF_ERROR, "rank %d: ncclCommInitRank(%d ranks, device %d): %s", o->rank, o->size, o->device,
+                    x->api.GetErrorString(r));
+        goto fail;
+    }
+    int ver = 0;
+    x->api.GetVersion(&ver);
+    SF_LOGD("rank %d: NCCL %d communicator of %d ranks on device %d", o->rank, ver, o->size, o->device);
+    *out = c;
+    return SF_OK;
+fail:
+    nccl_abort(c, err ? err->msg : "NCCL communicator setup failed");
+    nccl_destroy(c);
+    return rc;
+}
+
+#else
+
+int sf_comm_nccl_open(const sf_comm_opts *o, sf_comm **out, sf_error *err)
+{
+    *out = NULL;
+    return sf_err(err, SF_ENODEV, "NCCL communicator: built without CUDA/NCCL headers; rebuild on a machine with the "
+                  "CUDA toolkit and NCCL, or use --backend cpu for tensor parallelism");
+}
+
+#endif

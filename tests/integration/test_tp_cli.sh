@@ -1,0 +1,39 @@
+#!/bin/sh
+# Tensor parallelism from the outside: `semflow generate --tensor-parallel-size N` starts its
+# own `semflow rank` followers and greedy text equals TP=1 (demo model, stories260K GGUF);
+# a size that does not split the heads is refused with a message naming them; no rank
+# process outlives its leader; the hidden rank command refuses being run by hand.
+BIN=${SEMFLOW_BIN:-build/semflow}
+DATA=${SF_TESTDATA:-$(dirname "$0")/../../../shared/testdata}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+check() { if [ "$2" = 0 ]; then echo "PASS: $1"; else echo "FAIL: $1: $3"; fi; }
+gen() { # model tp out
+    timeout 120 "$BIN" generate --model "$1" --prompt "Once upon a time" --max-tokens 32 --temperature 0 \
+        --backend cpu --threads 1 --ignore-eos --tensor-parallel-size "$2" >"$3" 2>"$3.err"
+}
+
+for model in demo "$DATA/stories260K/stories260K.gguf"; do
+    name=$(basename "$model")
+    gen "$model" 1 "$tmp/$name.1"; r1=$?
+    for n in 2 4; do
+        gen "$model" $n "$tmp/$name.$n"; rn=$?
+        ok=1
+        [ $r1 = 0 ] && [ $rn = 0 ] && [ -s "$tmp/$name.1" ] && cmp -s "$tmp/$name.1" "$tmp/$name.$n" && ok=0
+        check "tp${n}_equals_tp1_$name" $ok "rc $r1/$rn; TP=1: $(head -c 200 "$tmp/$name.1"); TP=$n: $(head -c 200 "$tmp/$name.$n") $(tail -2 "$tmp/$name.$n.err")"
+    done
+done
+
+gen demo 3 "$tmp/bad"; rc=$?
+ok=1
+[ $rc != 0 ] && grep -q "attention heads" "$tmp/bad.err" && ok=0
+check tp_size_not_dividing_heads_refused $ok "rc=$rc: $(cat "$tmp/bad.err")"
+
+sleep 0.2
+left=$( (for p in /proc/[0-9]*; do tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "^$BIN rank " && echo "$p"; done) 2>/dev/null | wc -l)
+check no_rank_process_left $([ "$left" = 0 ]; echo $?) "$left rank processes still running"
+
+"$BIN" rank --model demo >/dev/null 2>"$tmp/rank.err"; rc=$?
+ok=1
+[ $rc = 2 ] && grep -q "started by the leader" "$tmp/rank.err" && ok=0
+check rank_by_hand_refused $ok "rc=$rc: $(cat "$tmp/rank.err")"

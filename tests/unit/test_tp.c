@@ -1,0 +1,325 @@
+/* test_tp.c — tensor parallelism on the CPU backend with real rank processes (fork; the
+ * followers run the same loop `semflow rank` runs): the logits of TP = 2, 4 and 8 equal TP = 1
+ * over prefill, decode and a mixed two-sequence batch, on the demo model, tiny-random-llama-2
+ * and synthetic configs (dummy weights) whose head counts divide 8 — with kv heads split, and
+ * replicated (fewer kv heads than ranks), Qwen2 biases, a tied head and a vocabulary that
+ * does not divide by the rank count. Then: a follower killed mid-run, and one that hangs,
+ * end the leader's step with an error naming the rank, within the timeout, not a hang. */
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "engine/forward.h"
+#include "engine/shard.h"
+#include "engine/tp.h"
+#include "tests/test.h"
+
+#define BS 16
+#define NSTEPS 5
+
+typedef struct step {
+    int T, S, L;
+    int32_t tokens[16], pos[16], slot[16], seq_start[3], seq_ctx[2], bt[2 * 4], rows[2];
+} step;
+
+/* A: 6-token prefill in block 0; decode x2; A decode + B 4-token prefill (block 1); decode both. */
+static void make_steps(step *s, int vocab)
+{
+    memset(s, 0, sizeof(step) * NSTEPS);
+    int a_len = 0, b_len = 0;
+    for (int k = 0; k < NSTEPS; k++) {
+        step *p = &s[k];
+        int na = k == 0 ? 6 : 1, nb = k < 3 ? 0 : k == 3 ? 4 : 1;
+        p->S = nb ? 2 : 1;
+        for (int i = 0; i < na; i++, p->T++) {
+            p->tokens[p->T] = (7 + 13 * (a_len + i) + k) % vocab;
+            p->pos[p->T] = a_len + i;
+            p->slot[p->T] = a_len + i; /* block 0 */
+        }
+        p->seq_start[1] = p->T;
+        a_len += na;
+        p->seq_ctx[0] = a_len;
+        p->bt[0] = 0;
+        p->rows[p->L++] = p->T - 1;
+        if (nb) {
+            for (int i = 0; i < nb; i++, p->T++) {
+                p->tokens[p->T] = (3 + 29 * (b_len + i)) % vocab;
+                p->pos[p->T] = b_len + i;
+                p->slot[p->T] = BS + b_len + i; /* block 1 */
+            }
+            b_len += nb;
+            p->seq_start[2] = p->T;
+            p->seq_ctx[1] = b_len;
+            p->bt[4] = 1;
+            p->rows[p->L++] = p->T - 1;
+        }
+    }
+}
+
+static sf_batch batch_of(const step *p)
+{
+    return (sf_batch){ .n_tokens = p->T, .n_seqs = p->S, .tokens = p->tokens, .pos = p->pos, .slot = p->slot,
+                       .seq_start = p->seq_start, .seq_ctx = p->seq_ctx, .block_table = p->bt, .max_blocks = 4,
+                       .logit_rows = p->rows, .n_logits = p->L };
+}
+
+static sf_kv_config kv_of(const sf_model_config *c, int kv_heads)
+{
+    return (sf_kv_config){ .n_layers = c->n_layers, .n_blocks = 4, .block_size = BS, .n_kv_heads = kv_heads,
+                           .head_dim = c->head_dim, .dtype = SF_DT_F32 };
+}
+
+/* TP=1 logits of every step: [NSTEPS][2][vocab] */
+static float *reference(const char *path, int dummy, sf_model_config *cfg)
+{
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_forward *f = NULL;
+    float *out = NULL;
+    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
+    if (sf_model_load(path, &lo, &m, &err) || sf_backend_open(&bo, &b, &err) || sf_forward_new(b, m, 16, 2, &f, &err))
+        goto done;
+    *cfg = m->cfg;
+    sf_kv_config kc = kv_of(&m->cfg, m->cfg.n_kv_heads);
+    if (b->ops->kv_init(b, &kc, &err)) goto done;
+    step s[NSTEPS];
+    make_steps(s, m->cfg.vocab_size);
+    out = calloc((size_t)NSTEPS * 2 * m->cfg.vocab_size, sizeof(float));
+    for (int k = 0; k < NSTEPS && out; k++) {
+        sf_batch bt = batch_of(&s[k]);
+        if (sf_forward_step(f, &bt, out + (size_t)k * 2 * m->cfg.vocab_size, &err)) {
+            free(out);
+            out = NULL;
+        }
+    }
+done:
+    if (!out) printf("      reference for %s: %s\n", path, err.msg);
+    sf_forward_free(f);
+    if (b) sf_backend_close(b);
+    sf_model_free(m);
+    return out;
+}
+
+/* Starts the group: followers forked (they run sf_tp_follower_run), leader returned. */
+static int start(const char *path, int dummy, int size, int timeout_ms, sf_model **m, sf_backend **b, sf_tp **tp,
+                 pid_t *pids, sf_error *err)
+{
+    sf_tp_rank_opts o = { .rank = 0, .size = size, .model = path, .load_dummy = dummy, .backend = "cpu",
+                          .n_threads = 1, .max_tokens = 16, .max_logits = 2, .shm_fd = -1, .timeout_ms = timeout_ms };
+    int rc = sf_tp_group_create(&o, err);
+    if (rc) return rc;
+    fflush(stdout);
+    for (int r = 1; r < size; r++) {
+        pid_t pid = fork();
+        if (pid == 0) {
+            sf_tp_rank_opts fo = o;
+            fo.rank = r;
+            sf_error ferr = { 0 };
+            int frc = sf_tp_follower_run(&fo, &ferr);
+            if (frc) fprintf(stderr, "follower: %s\n", ferr.msg);
+            _exit(frc ? 1 : 0);
+        }
+        pids[r - 1] = pid;
+    }
+    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
+    if (!(rc = sf_model_load(path, &lo, m, err)) && !(rc = sf_backend_open(&bo, b, err)))
+        rc = sf_tp_leader_new(&o, *m, *b, pids, tp, err);
+    close(o.shm_fd);
+    if (rc) /* the leader did not take the followers: stop them here */
+        for (int r = 1; r < size; r++) {
+            kill(pids[r - 1], SIGKILL);
+            waitpid(pids[r - 1], NULL, 0);
+        }
+    return rc;
+}
+
+static void stop(sf_model *m, sf_backend *b, sf_tp *tp)
+{
+    sf_tp_free(tp);
+    if (b) sf_backend_close(b);
+    sf_model_free(m);
+}
+
+/* max |tp - ref| over all steps' logits, relative to the largest |ref| */
+static void check_tp(const char *what, const char *path, int dummy, int size)
+{
+    sf_model_config cfg;
+    float *ref = reference(path, dummy, &cfg);
+    REQUIRE(ref, "%s: no TP=1 reference", what);
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_tp *tp = NULL;
+    pid_t pids[8];
+    int rc = start(path, dummy, size, 20000, &m, &b, &tp, pids, &err);
+    CHECK_MSG(rc == SF_OK, "%s TP=%d: %s", what, size, err.msg);
+    if (rc) {
+        free(ref);
+        stop(m, b, tp);
+        return;
+    }
+    int V = cfg.vocab_size;
+    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(tp));
+    CHECK_MSG(sf_tp_kv_init(tp, &kc, &err) == SF_OK, "%s TP=%d kv_init: %s", what, size, err.msg);
+    step s[NSTEPS];
+    make_steps(s, V);
+    float *got = calloc((size_t)2 * V, sizeof(float));
+    double worst = 0, scale = 0;
+    for (int k = 0; k < NSTEPS && got; k++) {
+        sf_batch bt = batch_of(&s[k]);
+        rc = sf_tp_step(tp, &bt, got, &err);
+        CHECK_MSG(rc == SF_OK, "%s TP=%d step %d: %s", what, size, k, err.msg);
+        if (rc) break;
+        const float *r = ref + (size_t)k * 2 * V;
+        for (int i = 0; i < s[k].L * V; i++) {
+            worst = fmax(worst, fabs((double)got[i] - r[i]));
+            scale = fmax(scale, fabs((double)r[i]));
+        }
+    }
+    CHECK_MSG(scale > 0 && worst <= 1e-4 * fmax(1.0, scale), "%s TP=%d: logits differ from TP=1 by %.3g (largest %.3g)",
+              what, size, worst, scale);
+    printf("      %s TP=%d: max |logit - TP1| = %.2e of %.2f\n", what, size, worst, scale);
+    free(got);
+    free(ref);
+    stop(m, b, tp);
+}
+
+/* A synthetic config folder loaded with dummy weights (the same seed on every rank). */
+static const char *synthetic(const char *name, const char *type, int vocab, int hidden, int inter, int heads, int kv,
+                             int tied)
+{
+    static char dirs[4][256];
+    static int n;
+    char *dir = dirs[n++ % 4];
+    snprintf(dir, 256, "%s/tp-%s-%d", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", name, (int)getpid());
+    mkdir(dir, 0755);
+    char path[300];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    FILE *f = fopen(path, "w");
+    if (!f) return NULL;
+    fprintf(f, "{\"model_type\": \"%s\", \"vocab_size\": %d, \"hidden_size\": %d, \"intermediate_size\": %d, "
+               "\"num_hidden_layers\": 2, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+               "\"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-5, \"rope_theta\": 10000, "
+               "\"tie_word_embeddings\": %s, \"torch_dtype\": \"bfloat16\"}\n",
+            type, vocab, hidden, inter, heads, kv, tied ? "true" : "false");
+    fclose(f);
+    return dir;
+}
+
+static void rm_synthetic(const char *dir)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+TEST(shard_shapes)
+{
+    /* 8 heads / 2 kv heads over 8 ranks: 1 query head each, kv head r/4 replicated */
+    sf_model_config c = { .vocab_size = 1001, .hidden = 64, .intermediate = 100, .n_layers = 1, .n_heads = 8,
+                          .n_kv_heads = 2, .head_dim = 8 };
+    sf_error err = { 0 };
+    CHECK(sf_shard_check(&c, 8, &err) == SF_OK);
+    CHECK(sf_shard_check(&c, 3, &err) == SF_EINVAL && strstr(err.msg, "8 attention heads"));
+    c.n_kv_heads = 4;
+    c.n_heads = 12;
+    CHECK(sf_shard_check(&c, 6, &err) == SF_EINVAL && strstr(err.msg, "kv heads"));
+    CHECK(sf_shard_check(&c, 0, &err) == SF_EINVAL);
+}
+
+TEST(tp_demo)
+{
+    const char *dir = getenv("SEMFLOW_DEMO_DIR");
+    REQUIRE(dir, "SEMFLOW_DEMO_DIR is not set (run through tests/run.sh)");
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_load_opts lo = { 0 };
+    REQUIRE(sf_model_load("demo", &lo, &m, &err) == SF_OK, "demo: %s", err.msg);
+    sf_model_config c = m->cfg;
+    sf_model_free(m);
+    for (int n = 2; n <= 8; n *= 2)
+        if (sf_shard_check(&c, n, NULL) == SF_OK) check_tp("demo", "demo", 0, n);
+        else printf("      demo: %d heads / %d kv heads do not split %d ways\n", c.n_heads, c.n_kv_heads, n);
+}
+
+TEST(tp_tiny_random_llama2)
+{
+    const char *p = test_data("tiny-random-llama-2");
+    check_tp("tiny-random-llama-2", p, 0, 2);
+    check_tp("tiny-random-llama-2", p, 0, 4); /* 4 heads: TP=8 cannot split them */
+}
+
+TEST(tp_synthetic_kv_split)
+{
+    const char *d = synthetic("kvsplit", "llama", 1000, 64, 96, 8, 8, 0);
+    REQUIRE(d, "cannot write a config");
+    for (int n = 2; n <= 8; n *= 2) check_tp("synthetic 8q/8kv", d, 1, n);
+    rm_synthetic(d);
+}
+
+TEST(tp_synthetic_gqa_replicated_bias_tied)
+{
+    /* qwen2: q/k/v biases; 2 kv heads on 4 and 8 ranks are replicated; 1001 = 8*125+1: padded vocab */
+    const char *d = synthetic("gqa", "qwen2", 1001, 64, 100, 8, 2, 1);
+    REQUIRE(d, "cannot write a config");
+    for (int n = 2; n <= 8; n *= 2) check_tp("synthetic 8q/2kv qwen2 tied", d, 1, n);
+    rm_synthetic(d);
+}
+
+/* A follower killed (or stopped) between steps: the leader's next step fails within the
+ * timeout with a message naming the rank, and stays failed. */
+static void check_failure(int sig)
+{
+    const char *d = synthetic(sig == SIGKILL ? "kill" : "stop", "llama", 1000, 64, 96, 8, 8, 0);
+    REQUIRE(d, "cannot write a config");
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_tp *tp = NULL;
+    pid_t pids[8];
+    int rc = start(d, 1, 4, 1500, &m, &b, &tp, pids, &err);
+    CHECK_MSG(rc == SF_OK, "start: %s", err.msg);
+    if (!rc) {
+        sf_kv_config kc = kv_of(&m->cfg, sf_tp_kv_heads(tp));
+        step s[NSTEPS];
+        make_steps(s, m->cfg.vocab_size);
+        float *got = calloc((size_t)2 * m->cfg.vocab_size, sizeof(float));
+        sf_batch bt = batch_of(&s[0]);
+        CHECK_MSG(sf_tp_kv_init(tp, &kc, &err) == SF_OK && sf_tp_step(tp, &bt, got, &err) == SF_OK, "%s", err.msg);
+        kill(pids[1], sig); /* rank 2 */
+        double t0 = sf_now_s();
+        bt = batch_of(&s[1]);
+        rc = sf_tp_step(tp, &bt, got, &err);
+        double took = sf_now_s() - t0;
+        CHECK_MSG(rc == SF_ENODEV, "step after the rank %s: %s", sig == SIGKILL ? "died" : "hung", sf_status_str(rc));
+        CHECK_MSG(strstr(err.msg, "rank 2"), "the error names the rank: %s", err.msg);
+        CHECK_MSG(took < 10.0, "noticed after %.1f s", took);
+        printf("      %s after %.2f s: %s\n", sig == SIGKILL ? "killed" : "stopped", took, err.msg);
+        bt = batch_of(&s[2]);
+        CHECK(sf_tp_step(tp, &bt, got, &err) == SF_ENODEV);
+        if (sig == SIGSTOP) kill(pids[1], SIGKILL);
+        free(got);
+    }
+    stop(m, b, tp); /* reaps every follower: the others exit on the group's failure */
+    rm_synthetic(d);
+}
+
+TEST(tp_rank_killed) { check_failure(SIGKILL); }
+TEST(tp_rank_hung) { check_failure(SIGSTOP); }
+
+int main(void)
+{
+    setenv("SEMFLOW_LOG", "error", 0);
+    RUN(shard_shapes);
+    RUN(tp_demo);
+    RUN(tp_tiny_random_llama2);
+    RUN(tp_synthetic_kv_split);
+    RUN(tp_synthetic_gqa_replicated_bias_tied);
+    RUN(tp_rank_killed);
+    RUN(tp_rank_hung);
+    return test_summary();
+}
