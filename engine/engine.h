@@ -110,9 +110,12 @@ typedef struct sf_engine_config {
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
-/* Loads the model, opens the backend, starts the engine thread. */
+/* Loads the model, opens the backend, sizes and initialises the KV cache, starts the engine
+ * thread. Any thread; the engine may then be shared by all threads until sf_engine_free. */
 int sf_engine_new(const sf_engine_config *c, sf_engine **out, sf_error *err);
-/* Stops the thread (cancelling what runs) and frees everything. NULL is fine. */
+/* Stops the thread (cancelling what runs: each request gets DONE with SF_FINISH_CANCELLED) and
+ * frees everything. NULL is fine. Call once, from a thread that is not the engine thread (not from
+ * a callback), after every other thread has stopped calling into e. */
 void sf_engine_free(sf_engine *e);
 
 /* Any thread. Returns SF_OK, SF_AGAIN (lane queue full: answer 429 with *retry_after_s, an

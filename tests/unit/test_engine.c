@@ -513,7 +513,7 @@ TEST(admission_errors)
     /* one seat, two queued per lane: a burst overflows with SF_AGAIN and a retry estimate */
     enum { N = 12 };
     static collect cs[N];
-    int ok = 0, again = 0;
+    int ok = 0, again = 0, accepted[N] = { 0 };
     for (int i = 0; i < N; i++) {
         collect_init(&cs[i]);
         sf_submit s;
@@ -527,10 +527,35 @@ TEST(admission_errors)
         s.user = &cs[i];
         double retry = 0;
         int rc = sf_engine_submit(e, &s, NULL, &retry, &err);
-        if (rc == SF_OK) cs[i].status = 1, ok++;
+        if (rc == SF_OK) accepted[i] = 1, ok++;
         else if (rc == SF_AGAIN && retry > 0 && strstr(err.msg, "queue is full")) again++, cs[i].done = 1;
     }
     CHECK_MSG(again > 0 && ok + again == N, "%d accepted, %d refused", ok, again);
+    /* the low lane is full, the high lane is not: a high request is admitted and overtakes */
+    collect hi;
+    collect_init(&hi);
+    sf_submit hs;
+    memset(&hs, 0, sizeof hs);
+    hs.prompt = p;
+    hs.n_prompt = 8;
+    hs.sampling = greedy(2);
+    hs.intent.urgency = SF_URGENCY_HIGH;
+    hs.cb = on_event;
+    hs.user = &hi;
+    double hretry;
+    int hrc = sf_engine_submit(e, &hs, NULL, &hretry, &err);
+    CHECK_MSG(hrc == SF_OK, "high submit: %s", err.msg);
+    if (hrc == SF_OK) {
+        collect_wait(&hi);
+        int low_left = 0;
+        for (int i = 0; i < N; i++) {
+            pthread_mutex_lock(&cs[i].mu);
+            low_left += accepted[i] && !cs[i].done;
+            pthread_mutex_unlock(&cs[i].mu);
+        }
+        CHECK_MSG(hi.finish == SF_FINISH_LENGTH && low_left > 0, "high finished with %d low requests still queued",
+                  low_left);
+    }
     for (int i = 0; i < N; i++) collect_wait(&cs[i]);
     for (int i = 0; i < N; i++)
         if (cs[i].n_tokens) CHECK(cs[i].n_tokens == 30 && cs[i].finish == SF_FINISH_LENGTH);

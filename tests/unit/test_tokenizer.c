@@ -852,6 +852,30 @@ TEST(added_tokens_normalized)
     sf_tok_free(t);
 }
 
+TEST(config_add_bos_eos)
+{
+    /* LlamaTokenizerFast rebuilds its post-processor from add_bos_token / add_eos_token */
+    char *json = NULL;
+    sf_error err = { 0 };
+    int rc = sf_read_file(test_data("tinyllama-1.1b-chat-v1.0/tokenizer.json"), &json, NULL, &err);
+    REQUIRE(rc == 0, "%s", err.msg);
+    static const struct { const char *cfg; int32_t want[4]; size_t n; } cases[] = {
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}", { 1, 15043 }, 2 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"eos_token\": \"</s>\", \"add_eos_token\": true}", { 1, 15043, 2 }, 3 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"add_bos_token\": false}", { 15043 }, 1 },
+        { "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"add_bos_token\": false}", { 1, 15043 }, 2 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        sf_tokenizer *t = NULL;
+        rc = sf_tok_load_json(json, cases[i].cfg, &t, &err);
+        CHECK_MSG(rc == 0, "%s", err.msg);
+        if (rc) continue;
+        CHECK_MSG(encodes_to(t, "Hello", cases[i].want, cases[i].n), "config %zu", i);
+        sf_tok_free(t);
+    }
+    free(json);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -868,6 +892,7 @@ int main(void)
     RUN(added_tokens_normalized);
     RUN(unk_and_byte_fallback);
     RUN(metaspace_roundtrip_and_post);
+    RUN(config_add_bos_eos);
     RUN(normalizers);
     RUN(nfc);
     RUN(hard_cases_gpt2);
