@@ -76,6 +76,8 @@ for i, (args, needle) in enumerate(bad):
 
 rc, out, err = run("bench", "decode", "--model", "/nonexistent/model", "--backend", "cpu")
 check("bench_missing_model", rc == 1 and "/nonexistent/model" in err, f"rc {rc}: {err[:300]}")
+rc, out, err = run("bench", "decode", "--model", STORIES, "--backend", "cpu", "--ctx", "5000")
+check("bench_ctx_past_model", rc == 1 and "context of 2048" in err, f"rc {rc}: {err[:300]}")
 rc, out, err = run("bench", "decode", "--model", STORIES, "--backend", "tpu")
 check("bench_bad_backend", rc == 1 and "tpu" in err, f"rc {rc}: {err[:300]}")
 
