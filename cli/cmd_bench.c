@@ -24,6 +24,7 @@ typedef struct bench_opts {
     const char *mode, *model, *preset, *backend;
     int dummy, ctx, steps, threads, json, chunk;
     int tp;              /* --tensor-parallel-size: ranks (1: none) */
+    int hidden;          /* allreduce: row width of the messages (0: the model's hidden size) */
     sf_dtype dtype;
 } bench_opts;
 
@@ -306,12 +307,63 @@ out:
     return rc;
 }
 
+/* The all-reduce latency table: messages of T rows of the hidden width (what each layer's two
+ * all-reduces carry at T tokens per step), back to back on every rank. */
+static int bench_allreduce(const bench_opts *o)
+{
+    bench_env e;
+    sf_error err = { 0 };
+    if (o->tp < 2) {
+        fprintf(stderr, "semflow bench allreduce: needs --tensor-parallel-size 2 or more\n");
+        return 2;
+    }
+    if (bench_open(o, 1, 16, &e, &err)) {
+        fprintf(stderr, "semflow bench allreduce: %s\n", err.msg);
+        return 1;
+    }
+    int width = o->hidden > 0 ? o->hidden : e.m->cfg.hidden, esize = strcmp(e.b->ops->name, "cpu") ? 2 : 4;
+    static const int rows[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024 };
+    json_t *arr = json_array();
+    if (!o->json)
+        printf("all-reduce over %d ranks, backend %s, rows of %d %s (one decode token = 1 row)\n%8s %10s %10s %10s\n",
+               o->tp, e.b->ops->name, width, esize == 2 ? "bf16" : "f32", "rows", "bytes", "us", "GB/s");
+    int rc = 0;
+    for (size_t i = 0; i < SF_ARRAY_LEN(rows); i++) {
+        int64_t n = (int64_t)rows[i] * width;
+        double us = 0;
+        int iters = n * esize <= (1 << 20) ? o->steps * 20 : o->steps * 2;
+        if (sf_tp_bench_all_reduce(e.tp, n, iters, &us, &err)) {
+            fprintf(stderr, "semflow bench allreduce: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        double bytes = (double)n * esize;
+        if (o->json)
+            json_array_append_new(arr, json_pack("{s:i, s:f, s:f, s:f}", "rows", rows[i], "bytes", bytes, "us", us,
+                                                 "gbs", bytes / (us * 1e-6) / 1e9));
+        else
+            printf("%8d %10.0f %10.1f %10.2f\n", rows[i], bytes, us, bytes / (us * 1e-6) / 1e9);
+    }
+    if (o->json && !rc) {
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:o}", "mode", "allreduce", "backend", e.b->ops->name,
+                              "tensor_parallel", o->tp, "width", width, "sizes", arr);
+        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(j);
+    } else {
+        json_decref(arr);
+    }
+    bench_close(&e);
+    return rc;
+}
+
 static const struct {
     const char *name;
     int (*fn)(const bench_opts *o);
     const char *help;
 } bench_modes[] = {
     { "decode", bench_decode, "batch-1 decode: ms/token and weight GB/s vs measured memory bandwidth" },
+    { "allreduce", bench_allreduce, "all-reduce latency by message size across --tensor-parallel-size ranks" },
     { "prefill", bench_prefill, "one prefill step of --ctx tokens: tokens/s and MFU vs the measured GEMM rate" },
 };
 
@@ -330,6 +382,7 @@ static void usage(FILE *f)
                "  --steps N             timed decode steps (default 16)\n"
                "  --chunk N             prefill chunk size (default 256)\n"
                "  --tensor-parallel-size N  split the model over N ranks (weight bytes are then per rank)\n"
+               "  --hidden N            allreduce: message row width (default: the model's hidden size)\n"
                "  --json                machine-readable result\n");
 }
 
@@ -354,7 +407,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "threads", required_argument, NULL, 't' }, { "ctx", required_argument, NULL, 'c' },
         { "steps", required_argument, NULL, 's' }, { "chunk", required_argument, NULL, 'k' },
         { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
-        { "tensor-parallel-size", required_argument, NULL, 'P' }, { "help", no_argument, NULL, 'h' }, { 0 }
+        { "tensor-parallel-size", required_argument, NULL, 'P' }, { "hidden", required_argument, NULL, 'H' }, { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -380,6 +433,7 @@ int sf_cmd_bench(int argc, char **argv)
             else { fprintf(stderr, "semflow bench: --dtype takes bf16 or f16, got '%s'\n", optarg); return 2; }
             break;
         case 'j': o.json = 1; break;
+        case 'H': if (parse_int("--hidden", optarg, 1, 1 << 20, &o.hidden)) return 2; break;
         case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

@@ -295,7 +295,13 @@ static int load_tokenizer(const sf_gguf *g, sf_model *m, sf_error *err)
             return sf_err(err, SF_EFORMAT, "%s: tokenizer.ggml.token_type must be %d integers", g->path, v.n_tokens);
         int32_t *t = malloc(sizeof *t * tk->arr_n);
         if (!t || sf_model_add_owned(m, t, err)) return sf_err(err, SF_ENOMEM, "out of memory");
-        for (uint64_t i = 0; i < ty->arr_n; i++) t[i] = (int32_t)arr_num(ty, i);
+        for (uint64_t i = 0; i < ty->arr_n; i++) {
+            double x = arr_num(ty, i);
+            if (!(x >= 0 && x <= 6))   /* 0 undefined, 1 normal, 2 unknown, 3 control, 4 user, 5 unused, 6 byte */
+                return sf_err(err, SF_EFORMAT, "%s: tokenizer.ggml.token_type[%llu] = %g is not a token type (0..6)",
+                              g->path, (unsigned long long)i, x);
+            t[i] = (int32_t)x;
+        }
         v.types = t;
     }
     if (mg) {

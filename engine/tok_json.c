@@ -454,8 +454,27 @@ static int load_config(sf_tokenizer *t, const char *config_json, sf_error *err)
         goto cleanup;
     }
     const char *bos = config_token(cfg, "bos_token"), *eos = config_token(cfg, "eos_token");
-    if (bos && (t->bos_id = sf_tok_lookup(t, bos)) >= 0) t->bos_str = strdup(bos);
-    if (eos && (t->eos_id = sf_tok_lookup(t, eos)) >= 0) t->eos_str = strdup(eos);
+    int32_t id;
+    if (bos && (id = sf_tok_lookup(t, bos)) >= 0) {
+        t->bos_id = id;
+        t->bos_str = strdup(bos);
+    }
+    if (eos && (id = sf_tok_lookup(t, eos)) >= 0) {
+        t->eos_id = id;
+        t->eos_str = strdup(eos);
+    }
+    /* transformers' LlamaTokenizerFast / GemmaTokenizerFast rebuild the post-processor from
+     * add_bos_token (default true) and add_eos_token (default false) when they load */
+    const char *cls = jstr(cfg, "tokenizer_class");
+    if (cls && (!strncmp(cls, "Llama", 5) || !strncmp(cls, "CodeLlama", 9) || !strncmp(cls, "Gemma", 5))) {
+        int add_bos = jbool(cfg, "add_bos_token", 1), add_eos = jbool(cfg, "add_eos_token", 0);
+        t->n_post_pre = t->n_post_post = 0;
+        if ((add_bos && t->bos_id >= 0 && post_push(&t->post_pre, &t->n_post_pre, t->bos_id)) ||
+            (add_eos && t->eos_id >= 0 && post_push(&t->post_post, &t->n_post_post, t->eos_id))) {
+            rc = sf_err(err, SF_ENOMEM, "out of memory");
+            goto cleanup;
+        }
+    }
     json_t *ct = json_object_get(cfg, "chat_template");
     if (json_is_string(ct)) {
         t->chat_template = strdup(json_string_value(ct));
@@ -499,13 +518,12 @@ int tok_load_hf(sf_tokenizer *t, const char *json, const char *config_json, sf_e
     }
     if ((n = json_object_get(root, "post_processor")) && !json_is_null(n) && (rc = add_post(t, n, err))) goto cleanup;
     if ((rc = tok_finish(t, err))) goto cleanup;
+    /* defaults, which tokenizer_config.json's bos_token / eos_token override: BOS is what the
+     * post-processor puts first, EOS a conventional name */
+    if (t->n_post_pre > 0) t->bos_id = t->post_pre[0];
+    static const char *names[] = { "</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(names) && t->eos_id < 0; i++) t->eos_id = sf_tok_lookup(t, names[i]);
     if (config_json && (rc = load_config(t, config_json, err))) goto cleanup;
-    /* without a config: BOS is what the post-processor puts first; EOS a conventional name */
-    if (t->bos_id < 0 && t->n_post_pre > 0) t->bos_id = t->post_pre[0];
-    if (t->eos_id < 0) {
-        static const char *names[] = { "</s>", "<|endoftext|>", "<|end_of_text|>", "<|im_end|>", "<eos>" };
-        for (size_t i = 0; i < SF_ARRAY_LEN(names) && t->eos_id < 0; i++) t->eos_id = sf_tok_lookup(t, names[i]);
-    }
     rc = SF_OK;
 cleanup:
     json_decref(root);

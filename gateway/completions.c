@@ -34,6 +34,8 @@ typedef struct gw_ev {
     double t;                  /* sf_now_s() when the engine delivered it */
 } gw_ev;
 
+#define GW_MAX_UNSENT (4u << 20) /* bytes of stream a client may leave unread */
+
 struct gw_req;
 typedef struct gw_choice {
     struct gw_req *req;
@@ -71,6 +73,7 @@ typedef struct gw_req {
     int answered;              /* the response is complete (or abandoned) */
     int status;
     int cancelled;
+    int slow;                  /* the client reads slower than we write: drop it (on_wake) */
     /* engine -> worker */
     pthread_mutex_t mu;
     gw_ev *q;
@@ -287,6 +290,10 @@ static void sse_send(gw_req *r, json_t *obj)
     free(s);
     evhttp_send_reply_chunk(r->http, b);
     evbuffer_free(b);
+    /* a client that reads slower than the model writes must not make us buffer its whole
+     * answer; the write timeout alone does not catch one that reads a trickle */
+    struct bufferevent *bev = r->conn ? evhttp_connection_get_bufferevent(r->conn) : NULL;
+    if (bev && evbuffer_get_length(bufferevent_get_output(bev)) > GW_MAX_UNSENT) r->slow = 1;
 }
 
 static json_t *usage(const gw_req *r)
@@ -459,6 +466,11 @@ static void on_wake(evutil_socket_t fd, short what, void *arg)
     if (tokens) {
         sf_metrics_add(m, &m->completion_tokens, (uint64_t)tokens);
         sf_tenant_charge(r->tenant, tokens, sf_now_s());
+    }
+    if (r->slow && !r->answered && r->conn) {
+        SF_LOGW("request %s: client left %u+ bytes unread; closing its connection", r->id, GW_MAX_UNSENT);
+        evhttp_connection_free(r->conn); /* on_close cancels and frees r when nothing runs */
+        return;
     }
     if (r->engine_refs == 0 && !r->answered) {
         finish_response(r);

@@ -28,3 +28,11 @@ $(WEB_PAGE): web/index.html web/dashboard.js web/dashboard.css web/embed.py
 	@mkdir -p $(@D)
 	$(Q)python3 web/embed.py web $@
 $(BUILD)/obj/gateway/dashboard.o: $(WEB_PAGE)
+
+# ---- benchmark: what the monitor costs (root) ----
+.PHONY: bench-bpf
+bench-bpf: $(BUILD)/bench/bpf_bench $(FAKECUDA)
+$(BUILD)/bench/bpf_bench: bench/bpf_bench.c $(BUILD)/libsemflow.a
+	@mkdir -p $(@D)
+	@echo "  BENCH   $@"
+	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libsemflow.a $(ALL_LIBS)

@@ -210,9 +210,12 @@ static void runner_free(runner *r)
 static int runner_step(runner *r, int n, const int *seq, const int *cnt, const int32_t *const *tok, int all, float *out,
                        sf_error *err)
 {
-    int32_t tokens[64], pos[64], slot[64], ss[9], ctx[8], bt[8 * MAXB], rows[64];
+    int32_t tokens[128], pos[128], slot[128], ss[9], ctx[8], bt[8 * MAXB], rows[128];
     int T = 0, L = 0;
     ss[0] = 0;
+    for (int i = 0; i < n; i++) T += cnt[i];
+    if (n > 8 || T > 128) return sf_err(err, SF_EINVAL, "test runner: %d sequences, %d tokens (at most 8 and 128)", n, T);
+    T = 0;
     for (int i = 0; i < n; i++) {
         int s = seq[i], need = (r->len[s] + cnt[i] + BS - 1) / BS, have = (r->len[s] + BS - 1) / BS;
         if (need > have && sf_kv_alloc(&r->pool, need - have, &r->bt[s][have]) != SF_OK)

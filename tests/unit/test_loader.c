@@ -668,6 +668,14 @@ TEST(gguf_bad_inputs)
     expect_fail(p, SF_EFORMAT, "truncated", NULL);
     write_file(p, b, n - 100);
     expect_fail(p, SF_EFORMAT, "does not fit", NULL);
+    /* a token type outside 0..6 (tokenizer.ggml.token_type: value type u32, element type u32,
+     * count u64, then int32 elements) */
+    char *tt = memmem(b, n, "tokenizer.ggml.token_type", 25);
+    REQUIRE(tt, "token_type key");
+    int32_t bad_type = 258;
+    memcpy(tt + 25 + 4 + 4 + 8 + 5 * 4, &bad_type, 4);
+    write_file(p, b, n);
+    expect_fail(p, SF_EFORMAT, "token_type[5] = 258", NULL);
     free(b);
     gguf_synth(p, (gopts){ .version = 3, .q_type = 12 /* Q4_K */ });
     expect_fail(p, SF_EUNSUPPORTED, "blk.0.attn_q.weight", "Q4_K");

@@ -852,6 +852,77 @@ TEST(added_tokens_normalized)
     sf_tok_free(t);
 }
 
+TEST(config_add_bos_eos)
+{
+    /* LlamaTokenizerFast rebuilds its post-processor from add_bos_token / add_eos_token */
+    char *json = NULL;
+    sf_error err = { 0 };
+    int rc = sf_read_file(test_data("tinyllama-1.1b-chat-v1.0/tokenizer.json"), &json, NULL, &err);
+    REQUIRE(rc == 0, "%s", err.msg);
+    static const struct { const char *cfg; int32_t want[4]; size_t n; } cases[] = {
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}", { 1, 15043 }, 2 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"eos_token\": \"</s>\", \"add_eos_token\": true}", { 1, 15043, 2 }, 3 },
+        { "{\"tokenizer_class\": \"LlamaTokenizer\", \"add_bos_token\": false}", { 15043 }, 1 },
+        { "{\"tokenizer_class\": \"PreTrainedTokenizerFast\", \"add_bos_token\": false}", { 1, 15043 }, 2 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        sf_tokenizer *t = NULL;
+        rc = sf_tok_load_json(json, cases[i].cfg, &t, &err);
+        CHECK_MSG(rc == 0, "%s", err.msg);
+        if (rc) continue;
+        CHECK_MSG(encodes_to(t, "Hello", cases[i].want, cases[i].n), "config %zu", i);
+        sf_tok_free(t);
+    }
+    free(json);
+}
+
+TEST(streaming_invalid_bytes_and_bounded_window)
+{
+    sf_tokenizer *t = load_dir("tinyllama-1.1b-chat-v1.0");
+    REQUIRE(t, "load");
+    int32_t e2 = 3 + 0xE2, x82 = 3 + 0x82, xac = 3 + 0xAC, x80 = 3 + 0x80; /* <0xNN> is id 3 + NN */
+    int32_t x_id = sf_tok_lookup(t, "\xe2\x96\x81x");
+    REQUIRE(x_id > 0 && !strcmp(sf_tok_piece(t, e2), "<0xE2>"), "vocab layout");
+    /* "€" is released once whole; a stray continuation byte after it turns HF's whole byte run
+     * into U+FFFDs, which cannot be taken back: the stream stays whole UTF-8 and says "€� x" */
+    int32_t ids[] = { e2, x82, xac, x80, x_id };
+    sf_detok d;
+    char *out = NULL;
+    size_t len = 0, prev = 0;
+    sf_detok_init(&d, t, 1);
+    for (size_t i = 0; i < SF_ARRAY_LEN(ids); i++) {
+        CHECK(sf_detok_push(&d, ids[i], &out, &len) == 0);
+        CHECK_MSG(tok_utf8_check(out + prev, len - prev) == len - prev, "piece %zu not UTF-8", i);
+        if (i == 2) CHECK_MSG(len == 3 && !memcmp(out, "\xe2\x82\xac", 3), "euro not released whole");
+        prev = len;
+    }
+    CHECK(sf_detok_finish(&d, &out, &len) == 0);
+    CHECK_MSG(len == 8 && !memcmp(out, "\xe2\x82\xac\xef\xbf\xbd x", 8), "got \"%.*s\"", (int)len, out);
+    sf_detok_free(&d);
+    free(out);
+    /* hostile id streams: skipped specials and endless invalid bytes keep the window small and
+     * the stream equal to the full decode */
+    static int32_t many[20000];
+    for (size_t i = 0; i < SF_ARRAY_LEN(many); i++) many[i] = i % 2 ? x80 : 1; /* <s>, <0x80>, ... */
+    out = NULL;
+    len = 0;
+    size_t widest = 0;
+    sf_detok_init(&d, t, 1);
+    for (size_t i = 0; i < SF_ARRAY_LEN(many); i++) {
+        CHECK(sf_detok_push(&d, many[i], &out, &len) == 0);
+        if (d.n - d.prefix_off > widest) widest = d.n - d.prefix_off;
+    }
+    CHECK(sf_detok_finish(&d, &out, &len) == 0);
+    CHECK_MSG(widest <= 8, "decode window grew to %zu tokens", widest);
+    char *full = NULL;
+    CHECK(sf_tok_decode(t, many, SF_ARRAY_LEN(many), 1, &full, NULL) == 0);
+    CHECK(full && len == strlen(full) && !memcmp(out, full, len) && len == 3 * SF_ARRAY_LEN(many) / 2);
+    free(full);
+    free(out);
+    sf_detok_free(&d);
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -868,11 +939,13 @@ int main(void)
     RUN(added_tokens_normalized);
     RUN(unk_and_byte_fallback);
     RUN(metaspace_roundtrip_and_post);
+    RUN(config_add_bos_eos);
     RUN(normalizers);
     RUN(nfc);
     RUN(hard_cases_gpt2);
     RUN(hard_cases_tinyllama);
     RUN(streaming_holds_partial_utf8);
+    RUN(streaming_invalid_bytes_and_bounded_window);
     RUN(random_roundtrip_gpt2);
     RUN(random_roundtrip_tinyllama);
     RUN(invalid_utf8);
