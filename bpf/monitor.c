@@ -160,6 +160,9 @@ static pidinfo *pid_get(sf_monitor *m, int pid)
     if (f && fgets(p->comm, sizeof p->comm, f)) p->comm[strcspn(p->comm, "\n")] = 0;
     else snprintf(p->comm, sizeof p->comm, "?");
     if (f) fclose(f);
+    /* comm is any bytes a process chose: keep printable ASCII for JSON, labels and terminals */
+    for (char *c = p->comm; *c; c++)
+        if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\') *c = '?';
     return p;
 }
 

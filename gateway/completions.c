@@ -545,11 +545,11 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     } else {
         intent = tenant->default_intent;
     }
-    if (sf_tenant_cap(tenant, &intent)) {
-        char applied[160];
-        sf_intent_format(&intent, applied, sizeof applied);
-        evhttp_add_header(evhttp_request_get_output_headers(req), "X-Semantic-Intent-Applied", applied);
-    }
+    /* echo what the scheduler will see: after defaults and the tenant's urgency cap */
+    sf_tenant_cap(tenant, &intent);
+    char applied[160];
+    sf_intent_format(&intent, applied, sizeof applied);
+    evhttp_add_header(evhttp_request_get_output_headers(req), "X-Semantic-Intent-Applied", applied);
     if (p.model && strcmp(p.model, gw->model_name)) {
         sf_gw_fail(&e, 404, "invalid_request_error", "model_not_found", "model",
                    "the model '%.100s' does not exist; this server serves '%s'", p.model, gw->model_name);
