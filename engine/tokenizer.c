@@ -294,6 +294,10 @@ int sf_tok_from_vocab(const sf_tok_vocab *v, sf_tokenizer **out, sf_error *err)
         if (!(t->pieces[i] = strdup(v->tokens[i]))) { rc = sf_err(err, SF_ENOMEM, "out of memory"); goto fail; }
         t->piece_len[i] = (uint32_t)strlen(v->tokens[i]);
         int ty = v->types ? v->types[i] : GGUF_TOK_NORMAL;
+        if (ty < 0 || ty > 6) { /* GGUF token types are 0..6; a larger one would alias a known type */
+            rc = sf_err(err, SF_EFORMAT, "GGUF token %d has type %d (valid types are 0..6)", i, ty);
+            goto fail;
+        }
         t->ptype[i] = (uint8_t)ty;
         if ((ty == GGUF_TOK_CONTROL || ty == GGUF_TOK_USER || ty == GGUF_TOK_UNKNOWN) && t->piece_len[i]) n_added++;
     }
