@@ -209,15 +209,15 @@ def test_priority():
 
 
 def test_overload():
-    """Queues of 2 per lane and one seat: a burst of 16 gets some 429s; every request either
+    """Queues of 2 per lane and one seat: a burst of 16 (200 tokens each) gets some 429s; every request either
     completed fully or was refused with Retry-After before any work started."""
     s = Server("--workers", "2", "--max-num-seqs", "1", "--queue-limit", "2", "--max-model-len", "256")
     try:
-        body = {"prompt": "Hi", "max_tokens": 8, "ignore_eos": True}
+        body = {"prompt": "Hi", "max_tokens": 200, "ignore_eos": True}  # long enough that the burst queues
         res = run_threads([lambda: s.request("POST", "/v1/completions", body)] * 16)
         done = rejected = bad = 0
         for r in res:
-            if isinstance(r, tuple) and r[0] == 200 and json.loads(r[2])["usage"]["completion_tokens"] == 8:
+            if isinstance(r, tuple) and r[0] == 200 and json.loads(r[2])["usage"]["completion_tokens"] == 200:
                 done += 1
             elif isinstance(r, tuple) and r[0] == 429 and int(r[1].get("retry-after", "0")) >= 1 and \
                     json.loads(r[2])["error"]["code"] == "queue_full":
@@ -242,7 +242,7 @@ def test_tenants():
     f = tempfile.NamedTemporaryFile("w", suffix=".json", delete=False)
     json.dump(tenants, f)
     f.close()
-    s = Server("--workers", "2", "--tenants", f.name, "--max-model-len", "256")
+    s = Server("--workers", "2", "--tenants", f.name, "--max-model-len", "2048")
     try:
         body = {"prompt": "Hi", "max_tokens": 4, "ignore_eos": True}
         st, h, _ = s.request("POST", "/v1/completions", body)
@@ -260,7 +260,7 @@ def test_tenants():
               (st, data[:200]))
         started = threading.Event()
         sh = {"Authorization": "Bearer sk-single-00001"}
-        t = threading.Thread(target=s.stream, args=(dict(body, max_tokens=40), sh, started.set))
+        t = threading.Thread(target=s.stream, args=(dict(body, max_tokens=1500), sh, started.set))  # still running below
         t.start()
         started.wait(120)
         st, h, data = s.request("POST", "/v1/completions", body, sh)
