@@ -67,7 +67,6 @@ static __device__ void combine_group(const sf_k_attn &a, int t, int kh, int G, i
 
 __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
 {
-    sf_pdl_start();
     extern __shared__ __align__(16) unsigned char smem[];
     const int G = a.H / a.Hkv, hd = a.hd, kstride = hd + 2;
     float *q_s = (float *)smem;
@@ -209,7 +208,6 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
 /* One block per (token, kv head), when no counters are given. */
 __global__ void k_attn_combine(sf_k_attn a)
 {
-    sf_pdl_start();
     extern __shared__ float wsm[];
     combine_group(a, blockIdx.x / a.Hkv, blockIdx.x % a.Hkv, a.H / a.Hkv, threadIdx.x, blockDim.x, wsm);
 }
@@ -229,9 +227,9 @@ extern "C" int sf_k_attention(const sf_k_attn *a, cudaStream_t s)
         smem_set = smem;
     }
     dim3 grid(a->T, a->Hkv, a->n_split);
-    int rc = sf_launch(k_attn, grid, dim3(NT), smem, s, *a);
-    if (!rc) rc = sf_launch_status();
+    k_attn<<<grid, NT, smem, s>>>(*a);
+    int rc = sf_launch_status();
     if (rc || a->n_split == 1 || a->counters) return rc;
-    rc = sf_launch(k_attn_combine, dim3(a->T * a->Hkv), dim3(128), (size_t)(a->H / a->Hkv) * a->n_split * 4, s, *a);
-    return rc ? rc : sf_launch_status();
+    k_attn_combine<<<a->T * a->Hkv, 128, (size_t)(a->H / a->Hkv) * a->n_split * 4, s>>>(*a);
+    return sf_launch_status();
 }

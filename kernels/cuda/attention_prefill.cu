@@ -48,7 +48,6 @@ static __host__ __device__ prefill_smem smem_layout(int hd, bool with_o)
 
 __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
 {
-    sf_pdl_start();
     extern __shared__ __align__(128) unsigned char sm[];
     const int hd = a.hd, G = a.H / a.Hkv;
     const prefill_smem L = smem_layout(hd, true);
@@ -178,7 +177,6 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
 template <int HDF>
 __global__ void __launch_bounds__(NW * 32) k_attn_prefill_reg(sf_k_attn a)
 {
-    sf_pdl_start();
     extern __shared__ __align__(128) unsigned char sm[];
     constexpr int hd = HDF * 16;
     const int G = a.H / a.Hkv;
@@ -343,8 +341,8 @@ static int launch_reg(const sf_k_attn *a, cudaStream_t s)
         smem_set = total;
     }
     dim3 grid(a->n_tiles, a->H);
-    int rc = sf_launch(k_attn_prefill_reg<HDF>, grid, dim3(NW * 32), total, s, *a);
-    return rc ? rc : sf_launch_status();
+    k_attn_prefill_reg<HDF><<<grid, NW * 32, total, s>>>(*a);
+    return sf_launch_status();
 }
 
 extern "C" int sf_k_attention_prefill_ok(int hd) { return hd % 16 == 0 && hd <= SF_K_ATTN_MAX_HD; }
@@ -363,6 +361,6 @@ extern "C" int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s)
         smem_set = smem;
     }
     dim3 grid(a->n_tiles, a->H);
-    int rc = sf_launch(k_attn_prefill, grid, dim3(NW * 32), smem, s, *a);
-    return rc ? rc : sf_launch_status();
+    k_attn_prefill<<<grid, NW * 32, smem, s>>>(*a);
+    return sf_launch_status();
 }

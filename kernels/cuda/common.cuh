@@ -7,7 +7,6 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
-#include <stdlib.h>
 
 #include "kernels.h"
 
@@ -47,42 +46,6 @@ static __device__ __forceinline__ float block_sum(float v, float *red)
 
 /* 8 bf16 in one 16-byte load. */
 struct __align__(16) bf16x8 { bf162 h[4]; };
-
-/* Programmatic dependent launch (sm_90): kernels start with sf_pdl_start(), which lets the next
- * kernel in the stream be scheduled now (it then sits in its own sf_pdl_start until this one has
- * finished and its writes are visible). Every kernel waits before its first global access, so
- * ordering is exactly that of plain launches; what overlaps is the launch and block scheduling
- * of the next kernel with this one's tail. A no-op for kernels launched without the attribute. */
-static __device__ __forceinline__ void sf_pdl_start(void)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-/* Launches kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialisation
- * allowed (SEMFLOW_CUDA_PDL=0 turns it off). Returns the cudaError_t. */
-template <typename... P, typename... A>
-static inline int sf_launch(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args)
-{
-    static int pdl = -1;
-    if (pdl < 0) {
-        const char *e = getenv("SEMFLOW_CUDA_PDL");
-        pdl = !(e && e[0] == '0');
-    }
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[1];
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 1 : 0;
-    return (int)cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
-}
 
 /* Status of the last launch, as the C API returns it. */
 static inline int sf_launch_status(void) { return (int)cudaGetLastError(); }

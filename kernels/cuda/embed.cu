@@ -5,7 +5,6 @@
 __global__ void k_gather_rows(const bf16 *src, int64_t ld_src, int64_t n_src, const int32_t *idx, int64_t d,
                               bf16 *dst, int64_t ld_dst)
 {
-    sf_pdl_start();
     int i = blockIdx.x;
     int64_t r = idx[i];
     bf16 *o = dst + i * ld_dst;
@@ -29,14 +28,14 @@ extern "C" int sf_k_embed(const uint16_t *emb, int64_t vocab, int64_t d, const i
                           uint16_t *x, int64_t ldx, cudaStream_t s)
 {
     if (T <= 0) return 0;
-    int rc = sf_launch(k_gather_rows, dim3(T), dim3(128), 0, s, (const bf16 *)emb, (int64_t)d, vocab, tokens, d, (bf16 *)x, ldx);
-    return rc ? rc : sf_launch_status();
+    k_gather_rows<<<T, 128, 0, s>>>((const bf16 *)emb, d, vocab, tokens, d, (bf16 *)x, ldx);
+    return sf_launch_status();
 }
 
 extern "C" int sf_k_get_rows(const uint16_t *x, int64_t ldx, const int32_t *rows, int n, int64_t d,
                              uint16_t *out, int64_t ldo, cudaStream_t s)
 {
     if (n <= 0) return 0;
-    int rc = sf_launch(k_gather_rows, dim3(n), dim3(128), 0, s, (const bf16 *)x, ldx, (int64_t)INT64_MAX, rows, d, (bf16 *)out, ldo);
-    return rc ? rc : sf_launch_status();
+    k_gather_rows<<<n, 128, 0, s>>>((const bf16 *)x, ldx, INT64_MAX, rows, d, (bf16 *)out, ldo);
+    return sf_launch_status();
 }

@@ -13,7 +13,6 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const bf16 *__restrict
                                                           const bf16 *__restrict__ w, const bf16 *__restrict__ bias,
                                                           int m, int k, bf16 *__restrict__ y, int64_t ldy, int vec)
 {
-    sf_pdl_start();
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (r >= m) return;
@@ -81,16 +80,15 @@ extern "C" int sf_k_gemv(const uint16_t *x, int64_t ldx, const uint16_t *w, cons
     dim3 grid(sf_div_up(m, GEMV_WARPS)), block(GEMV_WARPS * 32);
     const bf16 *X = (const bf16 *)x, *W = (const bf16 *)w, *B = (const bf16 *)bias;
     bf16 *Y = (bf16 *)y;
-    int rc;
     switch (n) {
-    case 1: rc = sf_launch(k_gemv<1>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
-    case 2: rc = sf_launch(k_gemv<2>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
-    case 3: rc = sf_launch(k_gemv<3>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
-    case 4: rc = sf_launch(k_gemv<4>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
-    case 5: rc = sf_launch(k_gemv<5>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
-    case 6: rc = sf_launch(k_gemv<6>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
-    case 7: rc = sf_launch(k_gemv<7>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
-    default: rc = sf_launch(k_gemv<8>, grid, block, 0, s, X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 1: k_gemv<1><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 2: k_gemv<2><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 3: k_gemv<3><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 4: k_gemv<4><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 5: k_gemv<5><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 6: k_gemv<6><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    case 7: k_gemv<7><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
+    default: k_gemv<8><<<grid, block, 0, s>>>(X, ldx, W, B, m, k, Y, ldy, vec); break;
     }
-    return rc ? rc : sf_launch_status();
+    return sf_launch_status();
 }

@@ -7,7 +7,6 @@
 __global__ void k_rmsnorm(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add, const bf16 *w, float eps,
                           int d, bf16 *out, int64_t ldo)
 {
-    sf_pdl_start();
     __shared__ float red[32];
     int64_t r = blockIdx.x;
     bf16 *xr = x + r * ldx;
@@ -42,7 +41,6 @@ __global__ void k_rmsnorm(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
 __global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_vec(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
                                                              const bf16 *w, float eps, int d, bf16 *out, int64_t ldo)
 {
-    sf_pdl_start();
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const int nv = d / 8;
@@ -100,9 +98,9 @@ extern "C" int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64
     bool vec = d % 8 == 0 && d <= 8 * RN_VEC * RN_THREADS && ldx % 8 == 0 && ldo % 8 == 0 && (!add || ld_add % 8 == 0) &&
                (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)add % 16 == 0;
     if (vec) {
-        int rc = sf_launch(k_rmsnorm_vec, dim3(n), dim3(RN_THREADS), 0, s, (bf16 *)x, ldx, (const bf16 *)add, ld_add,
-                           (const bf16 *)w, eps, d, (bf16 *)out, ldo);
-        return rc ? rc : sf_launch_status();
+        k_rmsnorm_vec<<<n, RN_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)add, ld_add, (const bf16 *)w, eps, d,
+                                               (bf16 *)out, ldo);
+        return sf_launch_status();
     }
     int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 64;
     k_rmsnorm<<<n, threads, 0, s>>>((bf16 *)x, ldx, (const bf16 *)add, ld_add, (const bf16 *)w, eps, d,

@@ -6,7 +6,6 @@
 __global__ void k_rope_kv(bf16 *qkv, int64_t ld, const int32_t *pos, const int32_t *slot, int H, int Hkv,
                           int hd, int rot, int interleaved, const float *inv_freq, sf_k_kv kv)
 {
-    sf_pdl_start();
     /* block (token t, head h) of the H q heads, Hkv k heads and Hkv v heads: rotate q, rotate k
      * and write it to the cache, copy v to the cache */
     const int t = blockIdx.x, h = blockIdx.y, half = rot / 2;
@@ -47,7 +46,6 @@ extern "C" int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos
     if (rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv || kv.head_dim != hd) return (int)cudaErrorInvalidValue;
     dim3 grid(T, H + 2 * Hkv);
     int threads = hd / 2 >= 64 ? 64 : 32;
-    int rc = sf_launch(k_rope_kv, grid, dim3(threads), 0, s, (bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved,
-                       inv_freq, kv);
-    return rc ? rc : sf_launch_status();
+    k_rope_kv<<<grid, threads, 0, s>>>((bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv);
+    return sf_launch_status();
 }

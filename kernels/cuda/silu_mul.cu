@@ -3,7 +3,6 @@
 
 __global__ void k_silu_mul(const bf16 *gu, int64_t ld_gu, int n, int f, bf16 *out, int64_t ldo)
 {
-    sf_pdl_start();
     int64_t total = (int64_t)n * f;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < total; i += (int64_t)gridDim.x * blockDim.x) {
         int64_t r = i / f, c = i - r * f;
@@ -19,6 +18,6 @@ extern "C" int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, ui
     int64_t total = (int64_t)n * f;
     if (total == 0) return 0;
     unsigned grid = (unsigned)SF_MIN(sf_div_up(total, 256), 65535u * 8);
-    int rc = sf_launch(k_silu_mul, dim3(grid), dim3(256), 0, s, (const bf16 *)gu, ld_gu, n, f, (bf16 *)out, ldo);
-    return rc ? rc : sf_launch_status();
+    k_silu_mul<<<grid, 256, 0, s>>>((const bf16 *)gu, ld_gu, n, f, (bf16 *)out, ldo);
+    return sf_launch_status();
 }
