@@ -65,6 +65,11 @@ static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_
     else snprintf(path, sizeof path, "%s", o->model);
     int rc = sf_model_load(path, &lo, &e->m, err);
     if (rc) return sf_err_wrap(err, "loading %s", path);
+    if (e->m->cfg.max_pos > 0 && kv_tokens > e->m->cfg.max_pos) {
+        rc = sf_err(err, SF_EINVAL, "--ctx %d plus %d steps is longer than %s's context of %d tokens; lower --ctx or --steps",
+                    o->ctx, o->steps, e->m->name, e->m->cfg.max_pos);
+        goto fail;
+    }
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->threads };
     if ((rc = sf_backend_open(&bo, &e->b, err))) goto fail;
     if (o->tp > 1) {
