@@ -111,7 +111,8 @@ static void check_model(const char *what, const char *path, int dummy, int n_gpu
     sf_error err = { 0 };
     sf_model *m = NULL;
     sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
-    REQUIRE(sf_model_load(path, &lo, &m, &err) == SF_OK, "%s: %s", what, err.msg);
+    int rc = sf_model_load(path, &lo, &m, &err); /* not inside REQUIRE: it evaluates twice */
+    REQUIRE(rc == SF_OK, "%s: %s", what, err.msg);
     sf_model_config c = m->cfg;
     sf_model_free(m);
     float *ref = run(path, dummy, 1, &err);

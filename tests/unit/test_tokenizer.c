@@ -608,6 +608,19 @@ TEST(gguf_spm_llama2)
         free(b);
     }
     sf_tok_free(hf);
+    /* an older GGUF without tokenizer.ggml.token_type: byte, control and unknown tokens are
+     * recognised from the pieces and the bos/eos/unk ids, with the same result */
+    int nv = sf_tok_vocab_size(m->tok);
+    const char **pieces = malloc(sizeof *pieces * (size_t)nv);
+    for (int i = 0; i < nv; i++) pieces[i] = sf_tok_piece(m->tok, i);
+    sf_tok_vocab v = { .model = "llama", .n_tokens = nv, .tokens = pieces, .scores = m->tok->scores, .bos_id = 1,
+                       .eos_id = 2, .unk_id = 0, .pad_id = -1, .add_bos = -1, .add_eos = -1 };
+    sf_tokenizer *untyped = NULL;
+    rc = sf_tok_from_vocab(&v, &untyped, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (!rc) conformance_with(untyped, "tokenizer-conformance/tinyllama_multilingual.json");
+    sf_tok_free(untyped);
+    free(pieces);
     sf_model_free(m);
 }
 
