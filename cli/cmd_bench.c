@@ -58,7 +58,8 @@ static void bench_close(bench_env *e)
 static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_env *e, sf_error *err)
 {
     memset(e, 0, sizeof *e);
-    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1 };
+    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1,
+                        .shard_rank = 0, .shard_size = o->tp }; /* dummy: fill rank 0's share only */
     char path[1100];
     if (o->preset) snprintf(path, sizeof path, "preset:%s", o->preset);
     else snprintf(path, sizeof path, "%s", o->model);
