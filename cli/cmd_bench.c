@@ -24,6 +24,7 @@ typedef struct bench_opts {
     const char *mode, *model, *preset, *backend;
     int dummy, ctx, steps, threads, json, chunk;
     int tp;              /* --tensor-parallel-size: ranks (1: none) */
+    int hidden;          /* allreduce: row width of the messages (0: the model's hidden size) */
     sf_dtype dtype;
 } bench_opts;
 
@@ -57,12 +58,18 @@ static void bench_close(bench_env *e)
 static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_env *e, sf_error *err)
 {
     memset(e, 0, sizeof *e);
-    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1 };
+    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1,
+                        .shard_rank = 0, .shard_size = o->tp }; /* dummy: fill rank 0's share only */
     char path[1100];
     if (o->preset) snprintf(path, sizeof path, "preset:%s", o->preset);
     else snprintf(path, sizeof path, "%s", o->model);
     int rc = sf_model_load(path, &lo, &e->m, err);
     if (rc) return sf_err_wrap(err, "loading %s", path);
+    if (e->m->cfg.max_pos > 0 && kv_tokens > e->m->cfg.max_pos) {
+        rc = sf_err(err, SF_EINVAL, "--ctx %d plus %d steps is longer than %s's context of %d tokens; lower --ctx or --steps",
+                    o->ctx, o->steps, e->m->name, e->m->cfg.max_pos);
+        goto fail;
+    }
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->threads };
     if ((rc = sf_backend_open(&bo, &e->b, err))) goto fail;
     if (o->tp > 1) {
@@ -190,19 +197,21 @@ static int bench_decode(const bench_opts *o)
     const sf_hw_info *hw = e.b->ops->hw(e.b);
     int read_bw = hw->mem_read_gbs > 0;
     double ceil_gbs = read_bw ? hw->mem_read_gbs : hw->mem_bw_gbs;
+    double load[1] = { 0 };
+    if (getloadavg(load, 1) != 1) load[0] = -1;
     size_t wbytes = decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
     double kv_per_tok = (double)e.b->ops->kv_block_bytes(e.b, &e.kc) / e.kc.block_size;
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
     if (o->json) {
-        json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:s, s:f, s:f}",
+        json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:s, s:f, s:f, s:f}",
                               "mode", "decode", "model", e.m->name, "random_weights", e.m->random_weights,
                               "dtype", sf_dtype_name(c->dtype), "backend", e.b->ops->name, "threads", hw->n_threads,
                               "ctx", o->ctx, "steps", o->steps, "ms_per_token_median", med, "ms_per_token_mean", mean,
                               "ms_per_token_min", best, "tokens_per_s", 1e3 / med, "weight_bytes_per_token", (json_int_t)wbytes,
                               "weight_gbs", gbs, "weight_kv_gbs", gbs_kv, "ceiling_gbs", ceil_gbs,
                               "ceiling", read_bw ? "read bandwidth" : "copy bandwidth", "ratio", gbs / ceil_gbs,
-                              "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0);
+                              "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0, "loadavg_1min", load[0]);
         json_object_set_new(j, "tensor_parallel", json_integer(o->tp > 1 ? o->tp : 1));
         if (have_host) {
             json_object_set_new(j, "host_us_per_step", json_real(host_med));
@@ -223,6 +232,12 @@ static int bench_decode(const bench_opts *o)
         printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
                100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
         if (o->ctx) printf("prefill  %d tokens in %.2f s = %.1f tokens/s (chunks of %d)\n", o->ctx, prefill_s, o->ctx / prefill_s, chunk);
+        if (hw->l3_bytes && wbytes < 2 * hw->l3_bytes)
+            printf("note     the weights (%.1f MiB) fit in the caches: this is not a memory-bandwidth figure\n",
+                   wbytes / 1048576.0);
+        if (load[0] >= 0)
+            printf("load     1-minute load average %.1f on %d cores: above the core count, other processes shared them\n",
+                   load[0], hw->n_cores);
         if (have_host)
             printf("roofline %.2f ms/token (weights / measured bandwidth) = %.0f%% reached; host %.0f us/step = %.1f%% of "
                    "the step; CUDA graphs: %ld captured, %ld replays, %ld fallbacks\n",
@@ -306,12 +321,63 @@ out:
     return rc;
 }
 
+/* The all-reduce latency table: messages of T rows of the hidden width (what each layer's two
+ * all-reduces carry at T tokens per step), back to back on every rank. */
+static int bench_allreduce(const bench_opts *o)
+{
+    bench_env e;
+    sf_error err = { 0 };
+    if (o->tp < 2) {
+        fprintf(stderr, "semflow bench allreduce: needs --tensor-parallel-size 2 or more\n");
+        return 2;
+    }
+    if (bench_open(o, 1, 16, &e, &err)) {
+        fprintf(stderr, "semflow bench allreduce: %s\n", err.msg);
+        return 1;
+    }
+    int width = o->hidden > 0 ? o->hidden : e.m->cfg.hidden, esize = strcmp(e.b->ops->name, "cpu") ? 2 : 4;
+    static const int rows[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024 };
+    json_t *arr = json_array();
+    if (!o->json)
+        printf("all-reduce over %d ranks, backend %s, rows of %d %s (one decode token = 1 row)\n%8s %10s %10s %10s\n",
+               o->tp, e.b->ops->name, width, esize == 2 ? "bf16" : "f32", "rows", "bytes", "us", "GB/s");
+    int rc = 0;
+    for (size_t i = 0; i < SF_ARRAY_LEN(rows); i++) {
+        int64_t n = (int64_t)rows[i] * width;
+        double us = 0;
+        int iters = n * esize <= (1 << 20) ? o->steps * 20 : o->steps * 2;
+        if (sf_tp_bench_all_reduce(e.tp, n, iters, &us, &err)) {
+            fprintf(stderr, "semflow bench allreduce: %s\n", err.msg);
+            rc = 1;
+            break;
+        }
+        double bytes = (double)n * esize;
+        if (o->json)
+            json_array_append_new(arr, json_pack("{s:i, s:f, s:f, s:f}", "rows", rows[i], "bytes", bytes, "us", us,
+                                                 "gbs", bytes / (us * 1e-6) / 1e9));
+        else
+            printf("%8d %10.0f %10.1f %10.2f\n", rows[i], bytes, us, bytes / (us * 1e-6) / 1e9);
+    }
+    if (o->json && !rc) {
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:o}", "mode", "allreduce", "backend", e.b->ops->name,
+                              "tensor_parallel", o->tp, "width", width, "sizes", arr);
+        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(j);
+    } else {
+        json_decref(arr);
+    }
+    bench_close(&e);
+    return rc;
+}
+
 static const struct {
     const char *name;
     int (*fn)(const bench_opts *o);
     const char *help;
 } bench_modes[] = {
     { "decode", bench_decode, "batch-1 decode: ms/token and weight GB/s vs measured memory bandwidth" },
+    { "allreduce", bench_allreduce, "all-reduce latency by message size across --tensor-parallel-size ranks" },
     { "prefill", bench_prefill, "one prefill step of --ctx tokens: tokens/s and MFU vs the measured GEMM rate" },
 };
 
@@ -330,6 +396,7 @@ static void usage(FILE *f)
                "  --steps N             timed decode steps (default 16)\n"
                "  --chunk N             prefill chunk size (default 256)\n"
                "  --tensor-parallel-size N  split the model over N ranks (weight bytes are then per rank)\n"
+               "  --hidden N            allreduce: message row width (default: the model's hidden size)\n"
                "  --json                machine-readable result\n");
 }
 
@@ -354,7 +421,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "threads", required_argument, NULL, 't' }, { "ctx", required_argument, NULL, 'c' },
         { "steps", required_argument, NULL, 's' }, { "chunk", required_argument, NULL, 'k' },
         { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
-        { "tensor-parallel-size", required_argument, NULL, 'P' }, { "help", no_argument, NULL, 'h' }, { 0 }
+        { "tensor-parallel-size", required_argument, NULL, 'P' }, { "hidden", required_argument, NULL, 'H' }, { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -380,6 +447,7 @@ int sf_cmd_bench(int argc, char **argv)
             else { fprintf(stderr, "semflow bench: --dtype takes bf16 or f16, got '%s'\n", optarg); return 2; }
             break;
         case 'j': o.json = 1; break;
+        case 'H': if (parse_int("--hidden", optarg, 1, 1 << 20, &o.hidden)) return 2; break;
         case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

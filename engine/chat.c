@@ -64,7 +64,7 @@ static int render_chatml(tok_buf *b, const sf_tokenizer *t, const sf_chat_msg *m
 {
     int rc = SF_OK;
     /* Qwen2's template adds this system turn when the conversation has none */
-    if (t && t->chat_template && strstr(t->chat_template, "You are a helpful assistant.") && (n == 0 || strcmp(m[0].role, "system")))
+    if (t && t->chat_template && strstr(t->chat_template, "You are a helpful assistant.") && n > 0 && strcmp(m[0].role, "system"))
         rc = put(b, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
     for (int i = 0; i < n && !rc; i++)
         rc = put(b, "<|im_start|>") || put(b, m[i].role) || put(b, "\n") || put(b, m[i].content) || put(b, "<|im_end|>\n");

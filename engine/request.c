@@ -110,6 +110,7 @@ void sf_request_free(sf_request *r)
 static int find_stop(const sf_request *r, size_t *at)
 {
     int hit = 0;
+    if (!r->text_len) return 0;
     for (int i = 0; i < r->sp.n_stop; i++) {
         const char *m = memmem(r->text, r->text_len, r->sp.stop[i], strlen(r->sp.stop[i]));
         if (m && (!hit || (size_t)(m - r->text) < *at)) {
@@ -126,6 +127,7 @@ static int find_stop(const sf_request *r, size_t *at)
 static size_t held_suffix(const sf_request *r)
 {
     size_t keep = 0;
+    if (!r->text_len) return 0;
     for (int i = 0; i < r->sp.n_stop; i++) {
         size_t n = strlen(r->sp.stop[i]);
         for (size_t k = SF_MIN(n - 1, r->text_len); k > keep; k--) {
@@ -152,10 +154,12 @@ static char *take_text(sf_request *r, size_t *len, char *small, size_t small_cap
         else dst = *heap;
     }
     *len = n;
-    if (n) memcpy(dst, r->text, n);
     dst[n] = 0;
-    memmove(r->text, r->text + n, r->text_len - n);
-    r->text_len -= n;
+    if (n) {
+        memcpy(dst, r->text, n);
+        memmove(r->text, r->text + n, r->text_len - n);
+        r->text_len -= n;
+    }
     return dst;
 }
 

@@ -18,26 +18,6 @@
 typedef struct cand { float v, e; int32_t id, b; } cand; /* logit, exp(logit - max), id, top-p bucket */
 
 /* ---- vector helpers: max and exp over a whole vocabulary ------------------------------ */
-/* exp(x) for 8 floats, Cephes' polynomial (about 1 ulp); -inf and x < -88 give 0. */
-__attribute__((target("avx2,fma")))
-static inline __m256 exp256(__m256 x)
-{
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
-    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_add_ps(_mm256_fmadd_ps(y, z, x), _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(0x7f)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
 __attribute__((target("avx2,fma")))
 static float max_avx2(const float *l, int n)
 {
@@ -59,7 +39,7 @@ static double sumexp_avx2(const float *l, int n, float scale, float m, float *e)
     double total = 0;
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 v = exp256(_mm256_fmsub_ps(_mm256_loadu_ps(l + i), sc, mm));
+        __m256 v = sf_cpu_exp256(_mm256_fmsub_ps(_mm256_loadu_ps(l + i), sc, mm));
         if (e) _mm256_storeu_ps(e + i, v);
         acc = _mm256_add_ps(acc, v);
         if ((i & 1023) == 1016) { /* fold into double now and then: 128k terms stay exact enough */

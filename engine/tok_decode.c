@@ -184,7 +184,8 @@ int sf_tok_decode(const sf_tokenizer *t, const int32_t *ids, size_t n, int skip_
  * returned) and ids[prefix_off..n); the difference is new text, released once it does not end in
  * U+FFFD (an incomplete UTF-8 sequence from byte tokens). Keeping the previous tokens as context
  * makes context-sensitive decoders (the leading-space Strip, Metaspace) see the same first token
- * both times, so only the start of the whole stream is stripped. */
+ * both times, so only the start of the whole stream is stripped. The work per token is bounded:
+ * the window only spans the last release and the tokens pending since. */
 void sf_detok_init(sf_detok *d, const sf_tokenizer *t, int skip_special)
 {
     memset(d, 0, sizeof *d);
@@ -203,20 +204,49 @@ static int emit(char **out, size_t *out_len, const char *s, size_t n)
     return SF_OK;
 }
 
+/* Text ending in U+FFFD is held back while it may still be an incomplete UTF-8 sequence: at
+ * most 3 trailing U+FFFD (one per byte with ByteFallback, one per sequence with ByteLevel).
+ * Past that, or past DETOK_MAX_PENDING held tokens, it is released as it is, which keeps the
+ * work per token bounded whatever ids come in. */
+#define DETOK_MAX_PENDING 64
+
+static int trailing_fffd(const char *s, size_t n)
+{
+    int k = 0;
+    while (n >= 3 && !memcmp(s + n - 3, FFFD, 3)) {
+        n -= 3;
+        k++;
+    }
+    return k;
+}
+
 static int detok_step(sf_detok *d, int final, char **out, size_t *out_len)
 {
     tok_buf pre = { 0 }, full = { 0 };
     int rc;
+    size_t pending = d->n - d->read_off;
     if ((rc = decode_into(d->t, d->ids + d->prefix_off, d->read_off - d->prefix_off, d->skip_special, &pre, NULL)) ||
         (rc = decode_into(d->t, d->ids + d->prefix_off, d->n - d->prefix_off, d->skip_special, &full, NULL)))
         goto cleanup;
+    const char *add = full.p + pre.len;
+    size_t add_len = full.len - pre.len;
     if (full.len < pre.len || (pre.len && memcmp(full.p, pre.p, pre.len))) {
-        /* the decoder rewrote earlier text; wait for more context (finish releases the rest) */
-        if (!final) goto cleanup;
+        /* The new tokens changed text already released: ByteFallback turns a whole run of byte
+         * tokens into U+FFFDs once any byte in it is invalid. What is out stays out; the new
+         * tokens are decoded on their own, so the stream stays whole UTF-8 (and differs from
+         * the full decode only in such invalid byte runs). */
+        pre.len = 0;
+        full.len = 0;
+        if ((rc = decode_into(d->t, d->ids + d->read_off, pending, d->skip_special, &full, NULL))) goto cleanup;
+        d->prefix_off = d->read_off;
+        add = full.p;
+        add_len = full.len;
     }
-    if (full.len > pre.len && (final || full.len < 3 || memcmp(full.p + full.len - 3, FFFD, 3))) {
-        if ((rc = emit(out, out_len, full.p + pre.len, full.len - pre.len))) goto cleanup;
-        d->emitted += full.len - pre.len;
+    int k = trailing_fffd(add, add_len);
+    int hold = k >= 1 && k <= 3 && pending < DETOK_MAX_PENDING;
+    if (add_len > 0 && (final || !hold)) {
+        if ((rc = emit(out, out_len, add, add_len))) goto cleanup;
+        d->emitted += add_len;
         d->prefix_off = d->read_off;
         d->read_off = d->n;
     }
@@ -229,6 +259,8 @@ cleanup:
 int sf_detok_push(sf_detok *d, int32_t id, char **out, size_t *out_len)
 {
     if (id < 0 || id >= d->t->n_vocab || !d->t->pieces[id]) return SF_EINVAL;
+    /* a skipped special token decodes to nothing and changes nothing around it */
+    if (d->skip_special && d->t->is_special[id]) return SF_OK;
     if (d->n == d->cap) {
         size_t c = d->cap ? d->cap * 2 : 64;
         int32_t *p = realloc(d->ids, c * sizeof *p);

@@ -175,6 +175,17 @@ cleanup:
 /* ---- GGUF vocabularies ---------------------------------------------------------------------- */
 enum { GGUF_TOK_NORMAL = 1, GGUF_TOK_UNKNOWN, GGUF_TOK_CONTROL, GGUF_TOK_USER, GGUF_TOK_UNUSED, GGUF_TOK_BYTE };
 
+/* Token type when the GGUF file has no tokenizer.ggml.token_type: <0xNN> pieces are bytes,
+ * BOS/EOS control tokens, the unk id the unknown token. */
+static int guess_type(const sf_tok_vocab *v, int i)
+{
+    const char *s = v->tokens[i];
+    if (i == v->unk_id) return GGUF_TOK_UNKNOWN;
+    if (i == v->bos_id || i == v->eos_id) return GGUF_TOK_CONTROL;
+    if (strlen(s) == 6 && !strncmp(s, "<0x", 3) && s[5] == '>') return GGUF_TOK_BYTE;
+    return GGUF_TOK_NORMAL;
+}
+
 static int push_norm(sf_tokenizer *t, int kind, const char *a, const char *b)
 {
     tok_norm *p = realloc(t->norms, (size_t)(t->n_norms + 1) * sizeof *p);
@@ -293,7 +304,11 @@ int sf_tok_from_vocab(const sf_tok_vocab *v, sf_tokenizer **out, sf_error *err)
         if (!v->tokens[i]) { rc = sf_err(err, SF_EFORMAT, "GGUF token %d has no text", i); goto fail; }
         if (!(t->pieces[i] = strdup(v->tokens[i]))) { rc = sf_err(err, SF_ENOMEM, "out of memory"); goto fail; }
         t->piece_len[i] = (uint32_t)strlen(v->tokens[i]);
-        int ty = v->types ? v->types[i] : GGUF_TOK_NORMAL;
+        int ty = v->types ? v->types[i] : guess_type(v, i);
+        if (ty < 0 || ty > 6) { /* GGUF token types are 0..6; a larger one would alias a known type */
+            rc = sf_err(err, SF_EFORMAT, "GGUF token %d has type %d (valid types are 0..6)", i, ty);
+            goto fail;
+        }
         t->ptype[i] = (uint8_t)ty;
         if ((ty == GGUF_TOK_CONTROL || ty == GGUF_TOK_USER || ty == GGUF_TOK_UNKNOWN) && t->piece_len[i]) n_added++;
     }

@@ -23,7 +23,7 @@
 #define TP_SLOT_BYTES ((size_t)4 << 20)
 #define TP_LOAD_TIMEOUT_MS 900000 /* ranks load their shards in parallel; a 70B dummy takes a while */
 
-enum { TP_STEP = 1, TP_KV_INIT = 2, TP_STOP = 3 };
+enum { TP_STEP = 1, TP_KV_INIT = 2, TP_STOP = 3, TP_BENCH_ALLREDUCE = 4 };
 
 typedef struct tp_hdr {
     uint32_t magic;
@@ -31,6 +31,8 @@ typedef struct tp_hdr {
     int32_t T, S, max_blocks, L;
     int32_t kv_layers, kv_blocks, kv_block_size, kv_heads, kv_head_dim, kv_dtype;
     uint32_t payload; /* int32 values that follow */
+    int64_t bench_n;  /* TP_BENCH_ALLREDUCE: elements and iterations */
+    int32_t bench_iters;
 } tp_hdr;
 
 struct sf_tp {
@@ -108,6 +110,29 @@ static int build(sf_tp *t, const sf_model *m, sf_error *err)
     return SF_OK;
 }
 
+/* Every rank: iters all-reduces of an n-element buffer, then a sync and a barrier. *us: wall
+ * time per all-reduce of the timed part on this rank. */
+static int bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+{
+    sf_buf *buf = NULL;
+    int rc = t->b->ops->buf_new(t->b, 1, n, &buf, err);
+    if (rc) return rc;
+    int warm = iters / 10 + 1;
+    double t0 = 0;
+    for (int i = 0; i < warm + iters && !rc; i++) {
+        if (i == warm) {
+            if ((rc = t->b->ops->sync(t->b))) break;
+            t0 = sf_now_s();
+        }
+        rc = sf_comm_all_reduce_buf(t->comm, t->b, buf, 1, n, err);
+    }
+    if (!rc && (rc = t->b->ops->sync(t->b))) sf_err(err, rc, "rank %d: sync after the all-reduces failed", t->o.rank);
+    if (!rc) *us = (sf_now_s() - t0) * 1e6 / iters;
+    t->b->ops->buf_free(t->b, buf);
+    if (!rc) rc = t->comm->ops->barrier(t->comm, err);
+    return rc;
+}
+
 /* ---- follower -------------------------------------------------------------------------------- */
 int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
 {
@@ -118,7 +143,7 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
     int rc;
     if (o->rank < 1 || o->rank >= o->size) return sf_err(err, SF_EINVAL, "rank %d of %d is not a follower", o->rank, o->size);
     sf_load_opts lo = { .dummy = o->load_dummy, .dummy_dtype = o->dummy_f16 ? SF_DT_F16 : SF_DT_BF16,
-                        .seed = o->seed };
+                        .seed = o->seed, .shard_rank = o->rank, .shard_size = o->size };
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->n_threads, .device = o->device };
     if ((rc = join(&t, err)) || (rc = sf_model_load(o->model, &lo, &m, err)) ||
         (rc = sf_backend_open(&bo, &t.b, err)) || (rc = build(&t, m, err)))
@@ -132,6 +157,11 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             goto out;
         }
         if (h.cmd == TP_STOP) break;
+        if (h.cmd == TP_BENCH_ALLREDUCE) {
+            double us;
+            if ((rc = bench_all_reduce(&t, h.bench_n, h.bench_iters, &us, err))) goto out;
+            continue;
+        }
         if (h.cmd == TP_KV_INIT) {
             sf_kv_config kc = { .n_layers = h.kv_layers, .n_blocks = h.kv_blocks, .block_size = h.kv_block_size,
                                 .n_kv_heads = h.kv_heads, .head_dim = h.kv_head_dim, .dtype = (sf_dtype)h.kv_dtype };
@@ -386,6 +416,16 @@ int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
         (rc = sf_forward_step(t->fwd, b, logits, err)))
         return dead(t, rc, err);
     return SF_OK;
+}
+
+int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    if (n < 1 || iters < 1) return sf_err(err, SF_EINVAL, "all-reduce bench: %lld elements x %d", (long long)n, iters);
+    tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters };
+    int rc = send_hdr(t, &h, err);
+    if (!rc) rc = bench_all_reduce(t, n, iters, us, err);
+    return rc ? dead(t, rc, err) : SF_OK;
 }
 
 void sf_tp_free(sf_tp *t)

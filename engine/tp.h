@@ -62,6 +62,10 @@ sf_forward *sf_tp_forward(sf_tp *tp);
 int sf_tp_kv_init(sf_tp *tp, const sf_kv_config *kc, sf_error *err);
 /* One step on every rank; logits as sf_forward_step. SF_ENODEV once the group failed. */
 int sf_tp_step(sf_tp *tp, const sf_batch *b, float *logits, sf_error *err);
+/* Benchmark: every rank all-reduces an activation buffer of n elements `iters` times back to
+ * back (after `iters / 10 + 1` untimed); *us = the leader's wall time per all-reduce, queued
+ * and completed (the backend synced at the end). For the all-reduce latency table. */
+int sf_tp_bench_all_reduce(sf_tp *tp, int64_t n, int iters, double *us, sf_error *err);
 /* Stops the followers (waits up to 5 s, then kills them) and frees. NULL is fine. */
 void sf_tp_free(sf_tp *tp);
 

@@ -173,8 +173,8 @@ static int bootstrap(sf_comm *c, const char *addr, ncclUniqueId *id, sf_error *e
         int ls = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
         setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         if (ls < 0 || bind(ls, ai->ai_addr, ai->ai_addrlen) || listen(ls, SF_COMM_MAX_RANKS)) {
-            rc = sf_err(err, SF_EIO, "rank 0: NCCL bootstrap: cannot listen on %s: %s (port in use? choose another "
-                        "with --tp-bootstrap)", addr, strerror(errno));
+            rc = sf_err(err, SF_EIO, "rank 0: NCCL bootstrap: cannot listen on %s: %s (the port was taken after it "
+                        "was chosen? start again)", addr, strerror(errno));
             if (ls >= 0) close(ls);
             goto out;
         }

@@ -76,8 +76,8 @@ typedef struct cuda_ctx {
     float inv_freq_h[SF_K_ATTN_MAX_HD / 2];
     int inv_freq_n;
     /* attention split workspace and download staging */
-    float *attn_ws;
-    size_t attn_ws_floats;
+    float *attn_ws;          /* split partials, then attn_cnt zeroed counters */
+    size_t attn_ws_floats, attn_cnt;
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
@@ -612,7 +612,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, n_split = c->n_split, capturable = 1;
     if (n_split > 1) {
         size_t need = (size_t)c->T * H * n_split * (hd + 2);
-        if (need > c->attn_ws_floats) {
+        if (need > c->attn_ws_floats || (size_t)c->T * Hkv > c->attn_cnt) {
             /* sized once for the worst split case this model can hit (work < sms), at warm-up */
             size_t cap = (size_t)SF_MIN(c->max_rows, sms) * H * MAX_SPLIT * (hd + 2);
             sf_error err;
@@ -620,13 +620,16 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
             if (rc) return rc;
             capturable = 0;
             cap = SF_MAX(cap, need);
-            dfree(c, c->attn_ws, c->attn_ws_floats * 4);
+            size_t n_cnt = (size_t)SF_MAX(c->max_rows, c->T) * Hkv;
+            dfree(c, c->attn_ws, c->attn_ws_floats * 4 + c->attn_cnt * 4);
             c->attn_ws = NULL;
-            c->attn_ws_floats = 0;
-            if (dmalloc(c, (void **)&c->attn_ws, cap * 4, "the attention workspace", &err)) {
+            c->attn_ws_floats = c->attn_cnt = 0;
+            if (dmalloc(c, (void **)&c->attn_ws, cap * 4 + n_cnt * 4, "the attention workspace", &err)) {
                 SF_LOGE("cuda backend: %s", err.msg);
                 return err.code;
             }
+            if ((rc = kcheck(cudaMemsetAsync(c->attn_ws + cap, 0, n_cnt * 4, c->s), "attention"))) return rc;
+            c->attn_cnt = n_cnt;
             c->attn_ws_floats = cap;
         }
     }
@@ -636,7 +639,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         .q = qkv->d, .ld_q = qkv->cols, .out = out->d, .ld_out = out->cols, .T = c->T, .H = H, .Hkv = Hkv, .hd = hd,
         .scale = r->attn_scale, .pos = c->pos_d, .tok_seq = c->tok_seq_d, .block_table = c->block_table_d,
         .max_blocks = c->max_blocks, .kv = layer_kv(c, layer), .ws = c->attn_ws,
-        .n_split = n_split, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
+        .n_split = n_split, .counters = n_split > 1 ? (unsigned *)(c->attn_ws + c->attn_ws_floats) : NULL, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
     };
     return submit(c, &rec, capturable, "attention");
 }

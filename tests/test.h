@@ -42,7 +42,7 @@ static const char *test_cur_name_;
 #define CHECK(cond) CHECK_MSG(cond, "check failed")
 /* Stop the current test on failure (use for preconditions). */
 #define REQUIRE(cond, ...)                                                                   \
-    do { CHECK_MSG(cond, __VA_ARGS__); if (!(cond)) return; } while (0)
+    do { int req_ok_ = !!(cond); CHECK_MSG(req_ok_, __VA_ARGS__); if (!req_ok_) return; } while (0)
 
 static inline int test_summary(void)
 {

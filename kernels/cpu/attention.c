@@ -7,6 +7,7 @@
  * block, then the running max / sum / accumulator are rescaled once per block. */
 #include "cpu.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
@@ -27,7 +28,56 @@ static inline float dotf(const float *a, const float *b, int n)
     return acc;
 }
 
-static void attend_unit(const sf_cpu_attention *a, int s, int t, int kvh, float *scratch)
+/* AVX2 versions for head dims that are whole vectors (64, 128, ...). */
+__attribute__((target("avx2,fma")))
+static float dot_avx2(const float *a, const float *b, int n)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0;
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s0 = _mm256_add_ps(s0, s1);
+    __m128 lo = _mm_add_ps(_mm256_castps256_ps128(s0), _mm256_extractf128_ps(s0, 1));
+    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+    return _mm_cvtss_f32(lo);
+}
+
+/* acc = acc * corr + sum_i p[i] * V[i] over n rows of V */
+__attribute__((target("avx2,fma")))
+static void rescale_axpy_avx2(float *acc, float corr, const float *p, const float *V, int n, int hd)
+{
+    __m256 c = _mm256_set1_ps(corr);
+    for (int d = 0; d < hd; d += 8) {
+        __m256 s = _mm256_mul_ps(_mm256_loadu_ps(acc + d), c);
+        for (int i = 0; i < n; i++)
+            s = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(V + (int64_t)i * hd + d), s);
+        _mm256_storeu_ps(acc + d, s);
+    }
+}
+
+/* p[i] = exp(p[i] - m) for i < n; returns their sum */
+__attribute__((target("avx2,fma")))
+static float exp_sum_avx2(float *p, int n, float m)
+{
+    __m256 mm = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = sf_cpu_exp256(_mm256_sub_ps(_mm256_loadu_ps(p + i), mm));
+        _mm256_storeu_ps(p + i, v);
+        acc = _mm256_add_ps(acc, v);
+    }
+    float t[8], s = 0;
+    _mm256_storeu_ps(t, acc);
+    for (int j = 0; j < 8; j++) s += t[j];
+    for (; i < n; i++) s += (p[i] = expf(p[i] - m));
+    return s;
+}
+
+static void attend_unit(const sf_cpu_attention *a, int s, int t, int kvh, float *scratch, int avx2)
 {
     int hd = a->head_dim, bs = a->block_size, Hkv = a->n_kv_heads;
     int g = a->n_heads / Hkv;
@@ -46,19 +96,27 @@ static void attend_unit(const sf_cpu_attention *a, int s, int t, int kvh, float 
             const float *qj = q + (int64_t)j * hd;
             float *sj = sc + (int64_t)j * bs, bmax = -INFINITY;
             for (int i = 0; i < n; i++) {
-                sj[i] = dotf(qj, K + (int64_t)i * hd, hd) * a->scale;
+                sj[i] = (avx2 ? dot_avx2(qj, K + (int64_t)i * hd, hd) : dotf(qj, K + (int64_t)i * hd, hd)) * a->scale;
                 if (sj[i] > bmax) bmax = sj[i];
             }
             float mnew = m[j] > bmax ? m[j] : bmax;
             float corr = expf(m[j] - mnew); /* exp(-inf) = 0 on the first block */
             float *accj = acc + (int64_t)j * hd;
             float sum = 0;
-            for (int d = 0; d < hd; d++) accj[d] *= corr;
-            for (int i = 0; i < n; i++) {
-                float p = expf(sj[i] - mnew);
-                sum += p;
-                const float *vi = V + (int64_t)i * hd;
-                for (int d = 0; d < hd; d++) accj[d] += p * vi[d];
+            if (avx2) sum = exp_sum_avx2(sj, n, mnew);
+            else
+                for (int i = 0; i < n; i++) {
+                    sj[i] = expf(sj[i] - mnew);
+                    sum += sj[i];
+                }
+            if (avx2) {
+                rescale_axpy_avx2(accj, corr, sj, V, n, hd);
+            } else {
+                for (int d = 0; d < hd; d++) accj[d] *= corr;
+                for (int i = 0; i < n; i++) {
+                    const float *vi = V + (int64_t)i * hd;
+                    for (int d = 0; d < hd; d++) accj[d] += sj[i] * vi[d];
+                }
             }
             l[j] = l[j] * corr + sum;
             m[j] = mnew;
@@ -75,9 +133,10 @@ void sf_cpu_attention_task(void *arg, int ith, int nth)
 {
     const sf_cpu_attention *a = arg;
     float *scratch = a->scratch + ith * a->scratch_floats;
+    int avx2 = sf_cpu_has_avx2() && a->head_dim % 8 == 0;
     int64_t u = 0;
     for (int s = 0; s < a->S; s++)
         for (int t = a->seq_start[s]; t < a->seq_start[s + 1]; t++)
             for (int kvh = 0; kvh < a->n_kv_heads; kvh++, u++)
-                if (u % nth == ith) attend_unit(a, s, t, kvh, scratch);
+                if (u % nth == ith) attend_unit(a, s, t, kvh, scratch, avx2);
 }

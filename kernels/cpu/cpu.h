@@ -11,6 +11,7 @@
 #ifndef SF_KERNELS_CPU_H
 #define SF_KERNELS_CPU_H
 
+#include <immintrin.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -38,6 +39,27 @@ static inline void sf_cpu_split(int64_t n, int ith, int nth, int64_t *lo, int64_
 
 /* ---- CPU features -------------------------------------------------------------------- */
 int sf_cpu_has_avx2(void);   /* AVX2 + FMA + F16C; SEMFLOW_NO_AVX2=1 forces the scalar path */
+
+/* exp(x) for 8 floats, Cephes' polynomial (about 1 ulp); -inf and x < -88 give 0.
+ * Call only from functions compiled for avx2,fma, after sf_cpu_has_avx2(). */
+__attribute__((target("avx2,fma")))
+static inline __m256 sf_cpu_exp256(__m256 x)
+{
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+    x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 z = _mm256_mul_ps(x, x), y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_add_ps(_mm256_fmadd_ps(y, z, x), _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(fx), _mm256_set1_epi32(0x7f)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
 
 /* ---- rows of any weight dtype ------------------------------------------------------ */
 /* dst[0..k) = dequantized row src (k elements; a multiple of 32 for Q8_0). */

@@ -21,6 +21,50 @@ static size_t attn_smem(int G, int hd)
            3 * (size_t)G * 4;
 }
 
+/* Combines the n_split partials of heads kh*G .. kh*G+G-1 of token t into out:
+ * out = sum_i o_i e^(m_i - M) / sum_i l_i e^(m_i - M). Weights first (one pass over the m, l
+ * pairs, in parallel), then each output element sums its column with independent loads.
+ * `wsm` holds G * n_split floats of shared memory. Partials written by other blocks are read
+ * past L1 (__ldcg). */
+static __device__ void combine_group(const sf_k_attn &a, int t, int kh, int G, int tid, int nt, float *wsm)
+{
+    const int hd = a.hd, ns = a.n_split, stride = hd + 2;
+    __syncthreads(); /* wsm may alias the caller's shared memory */
+    for (int g = tid >> 5; g < G; g += nt >> 5) {
+        const float *w = a.ws + ((int64_t)t * a.H + kh * G + g) * ns * stride;
+        int lane = tid & 31;
+        float M = -INFINITY;
+        for (int i = lane; i < ns; i += 32) M = fmaxf(M, __ldcg(w + i * stride + hd));
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int i = lane; i < ns; i += 32) {
+            float m = __ldcg(w + i * stride + hd);
+            float e = m == -INFINITY ? 0.0f : expf(m - M);
+            wsm[g * ns + i] = e;
+            L += e * __ldcg(w + i * stride + hd + 1);
+        }
+        L = warp_sum(L);
+        __syncwarp();
+        for (int i = lane; i < ns; i += 32) wsm[g * ns + i] = L > 0.0f ? wsm[g * ns + i] / L : 0.0f;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * hd; idx += nt) {
+        int g = idx / hd, d = idx - g * hd, h = kh * G + g;
+        const float *w = a.ws + ((int64_t)t * a.H + h) * ns * stride + d;
+        const float *e = wsm + g * ns;
+        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+        int i = 0;
+        for (; i + 3 < ns; i += 4) {
+            o0 = fmaf(__ldcg(w + i * stride), e[i], o0);
+            o1 = fmaf(__ldcg(w + (i + 1) * stride), e[i + 1], o1);
+            o2 = fmaf(__ldcg(w + (i + 2) * stride), e[i + 2], o2);
+            o3 = fmaf(__ldcg(w + (i + 3) * stride), e[i + 3], o3);
+        }
+        for (; i < ns; i++) o0 = fmaf(__ldcg(w + i * stride), e[i], o0);
+        ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * hd + d] = f2bf((o0 + o1) + (o2 + o3));
+    }
+}
+
 __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
 {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -48,20 +92,12 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
     for (int r = 0; r < MAX_ACC; r++) acc[r] = 0.0f;
 
     const bool vec = (hd % 8) == 0;
+    __shared__ int64_t koff[TILE];
     for (int kb = k0; kb < k1; kb += TILE) {
         const int n = min(TILE, k1 - kb);
         __syncthreads(); /* previous tile fully consumed */
         if (vec) {
-            const int h8 = hd / 8;
-            for (int i = tid; i < n * h8; i += NT) {
-                int j = i / h8, d = (i - j * h8) * 8, p = kb + j;
-                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
-                bf16x8 kv8 = *(const bf16x8 *)(kc + src), vv8 = *(const bf16x8 *)(vc + src);
-                bf162 *kd = (bf162 *)(k_s + j * kstride + d);
-#pragma unroll
-                for (int u = 0; u < 4; u++) kd[u] = kv8.h[u];
-                *(bf16x8 *)(v_s + j * hd + d) = vv8;
-            }
+            sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, n, k1, k_s, kstride, v_s, hd, koff);
         } else {
             for (int i = tid; i < n * hd; i += NT) {
                 int j = i / hd, d = i - j * hd, p = kb + j;
@@ -147,30 +183,25 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
             w[0] = m_s[tid];
             w[1] = l_s[tid];
         }
+        if (!a.counters) return;
+        /* the last block of this (token, kv head) to finish combines the partials */
+        __shared__ int last;
+        __threadfence();
+        __syncthreads();
+        if (tid == 0) last = atomicAdd(&a.counters[t * Hkv + kh], 1u) == (unsigned)a.n_split - 1;
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        combine_group(a, t, kh, G, tid, NT, (float *)smem);
+        if (tid == 0) a.counters[t * Hkv + kh] = 0; /* ready for the next launch (graph replays too) */
     }
 }
 
-/* One block per (token, head): out = sum_i o_i e^(m_i - M) / sum_i l_i e^(m_i - M). */
+/* One block per (token, kv head), when no counters are given. */
 __global__ void k_attn_combine(sf_k_attn a)
 {
-    const int t = blockIdx.x / a.H, h = blockIdx.x % a.H, hd = a.hd;
-    const float *w = a.ws + ((int64_t)t * a.H + h) * a.n_split * (hd + 2);
-    float M = -INFINITY;
-    for (int i = 0; i < a.n_split; i++) M = fmaxf(M, w[i * (hd + 2) + hd]);
-    float L = 0.0f;
-    for (int i = 0; i < a.n_split; i++) {
-        float m = w[i * (hd + 2) + hd];
-        if (m != -INFINITY) L += w[i * (hd + 2) + hd + 1] * expf(m - M);
-    }
-    bf16 *out = (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)h * hd;
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float o = 0.0f;
-        for (int i = 0; i < a.n_split; i++) {
-            float m = w[i * (hd + 2) + hd];
-            if (m != -INFINITY) o += w[i * (hd + 2) + d] * expf(m - M);
-        }
-        out[d] = f2bf(L > 0.0f ? o / L : 0.0f);
-    }
+    extern __shared__ float wsm[];
+    combine_group(a, blockIdx.x / a.Hkv, blockIdx.x % a.Hkv, a.H / a.Hkv, threadIdx.x, blockDim.x, wsm);
 }
 
 extern "C" int sf_k_attention(const sf_k_attn *a, cudaStream_t s)
@@ -190,7 +221,7 @@ extern "C" int sf_k_attention(const sf_k_attn *a, cudaStream_t s)
     dim3 grid(a->T, a->Hkv, a->n_split);
     k_attn<<<grid, NT, smem, s>>>(*a);
     int rc = sf_launch_status();
-    if (rc || a->n_split == 1) return rc;
-    k_attn_combine<<<a->T * a->H, 128, 0, s>>>(*a);
+    if (rc || a->n_split == 1 || a->counters) return rc;
+    k_attn_combine<<<a->T * a->Hkv, 128, (size_t)(a->H / a->Hkv) * a->n_split * 4, s>>>(*a);
     return sf_launch_status();
 }

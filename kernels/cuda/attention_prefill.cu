@@ -7,8 +7,10 @@
  *   S = Q K^T (WMMA) -> shared fp32; per row: scale, causal mask, running max and sum,
  *   P = exp(S - m) as bf16; O (shared fp32) *= alpha; O += P V (WMMA).
  * Keys past the tile's context are zero-filled so masked products never touch unwritten cache.
- * Shared memory (hd = 128): Q, K, V 17 KB each, S 17 KB, P 9 KB, O 33 KB: 113 KB, 2 blocks/SM. */
+ * Shared memory (hd = 128): Q, K, V 17 KB each, S 17 KB, P 9 KB, O 33 KB: 113 KB, 2 blocks/SM.
+ * Head sizes 64 and 128 take the register-resident variant below (k_attn_prefill_reg). */
 #include <mma.h>
+#include <stdlib.h>
 
 #include "common.cuh"
 
@@ -25,7 +27,7 @@ struct prefill_smem {
 
 static __host__ __device__ size_t align128(size_t x) { return (x + 127) & ~(size_t)127; }
 
-static __host__ __device__ prefill_smem smem_layout(int hd)
+static __host__ __device__ prefill_smem smem_layout(int hd, bool with_o)
 {
     prefill_smem L;
     L.ld_bf = hd + 8;
@@ -38,7 +40,7 @@ static __host__ __device__ prefill_smem smem_layout(int hd)
     L.v = off; off = align128(off + (size_t)BK * L.ld_bf * 2);
     L.s = off; off = align128(off + (size_t)BQ * L.lds * 4);
     L.p = off; off = align128(off + (size_t)BQ * L.ldp * 2);
-    L.o = off; off = align128(off + (size_t)BQ * L.ldo * 4);
+    L.o = off; off = align128(off + (with_o ? (size_t)BQ * L.ldo * 4 : 0));
     L.ml = off; off = align128(off + (size_t)3 * BQ * 4);
     L.total = off;
     return L;
@@ -48,7 +50,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
 {
     extern __shared__ __align__(128) unsigned char sm[];
     const int hd = a.hd, G = a.H / a.Hkv;
-    const prefill_smem L = smem_layout(hd);
+    const prefill_smem L = smem_layout(hd, true);
     bf16 *Q = (bf16 *)(sm + L.q), *K = (bf16 *)(sm + L.k), *V = (bf16 *)(sm + L.v), *P = (bf16 *)(sm + L.p);
     float *S = (float *)(sm + L.s), *O = (float *)(sm + L.o), *M = (float *)(sm + L.ml), *Ls = M + BQ, *Al = Ls + BQ;
     const int tile = blockIdx.x, h = blockIdx.y, kh = h / G, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
@@ -56,7 +58,6 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
     const int seq = a.tok_seq[t0], pos0 = a.pos[t0], ctx = a.pos[t0 + nrows - 1] + 1;
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     const int bs = a.kv.block_size, Hkv = a.Hkv, h8 = hd / 8;
-    const bf16 *kc = (const bf16 *)a.kv.k, *vc = (const bf16 *)a.kv.v;
 
     /* Q tile (zero rows past the tile), O = 0, m = -inf, l = 0 */
     for (int i = tid; i < BQ * h8; i += NW * 32) {
@@ -70,23 +71,10 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
     if (tid < BQ) { M[tid] = -INFINITY; Ls[tid] = 0.0f; }
 
     const int r0 = warp * 16;
+    __shared__ int64_t koff[BK];
     for (int kb = 0; kb < ctx; kb += BK) {
         __syncthreads(); /* K, V, P of the previous tile consumed; Q, O, M ready */
-        for (int i = tid; i < BK * h8; i += NW * 32) {
-            int j = i / h8, d = (i - j * h8) * 8, p = kb + j;
-            bf16x8 kv8, vv8;
-            if (p < ctx) {
-                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
-                kv8 = *(const bf16x8 *)(kc + src);
-                vv8 = *(const bf16x8 *)(vc + src);
-            } else {
-                memset(&kv8, 0, sizeof kv8);
-                memset(&vv8, 0, sizeof vv8);
-            }
-            *(bf16x8 *)(K + j * L.ld_bf + d) = kv8;
-            *(bf16x8 *)(V + j * L.ld_bf + d) = vv8;
-        }
-        __syncthreads();
+        sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
         /* S[r0:r0+16, 0:64] = Q K^T */
         for (int j = 0; j < BK / 16; j++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -165,14 +153,180 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
     }
 }
 
+
+/* Register-resident variant for head_dim 16 * HDF (64, 128): Q fragments stay in registers for
+ * the whole key loop, O accumulates in registers (its rows rescaled in place), and P fragments
+ * are loaded once per 16 keys. Rescaling needs the accumulator fragment's element -> row map,
+ * which WMMA leaves unspecified: each warp checks the expected map (that of the m16n8k16 pair
+ * the compiler emits on sm_80+) against a known tile first and, if it differs, rescales
+ * through shared memory instead. Shared memory: Q, K, V, S, P, as above, no O (78 KB). */
+template <int HDF>
+__global__ void __launch_bounds__(NW * 32) k_attn_prefill_reg(sf_k_attn a)
+{
+    extern __shared__ __align__(128) unsigned char sm[];
+    constexpr int hd = HDF * 16;
+    const int G = a.H / a.Hkv;
+    const prefill_smem L = smem_layout(hd, false);
+    bf16 *Q = (bf16 *)(sm + L.q), *K = (bf16 *)(sm + L.k), *V = (bf16 *)(sm + L.v), *P = (bf16 *)(sm + L.p);
+    float *S = (float *)(sm + L.s), *M = (float *)(sm + L.ml), *Ls = M + BQ, *Al = Ls + BQ;
+    const int tile = blockIdx.x, h = blockIdx.y, kh = h / G, tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int t0 = a.tiles[2 * tile], nrows = a.tiles[2 * tile + 1];
+    const int seq = a.tok_seq[t0], pos0 = a.pos[t0], ctx = a.pos[t0 + nrows - 1] + 1;
+    const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
+    const int bs = a.kv.block_size, Hkv = a.Hkv, h8 = hd / 8, r0 = warp * 16;
+    float *Sw = S + r0 * L.lds; /* this warp's 16 rows of S, also its 16x16 scratch */
+
+    for (int i = tid; i < BQ * h8; i += NW * 32) {
+        int r = i / h8, d = (i - r * h8) * 8;
+        bf16x8 v;
+        if (r < nrows) v = *(const bf16x8 *)((const bf16 *)a.q + (int64_t)(t0 + r) * a.ld_q + (int64_t)h * hd + d);
+        else memset(&v, 0, sizeof v);
+        *(bf16x8 *)(Q + r * L.ld_bf + d) = v;
+    }
+    if (tid < BQ) { M[tid] = -INFINITY; Ls[tid] = 0.0f; }
+    /* the accumulator map check */
+    for (int e = lane; e < 256; e += 32) Sw[(e / 16) * L.lds + e % 16] = (float)(e / 16);
+    __syncthreads();
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> o[HDF];
+    bool map_ok;
+    {
+        wmma::load_matrix_sync(o[0], Sw, L.lds, wmma::mem_row_major);
+        bool ok = o[0].num_elements == 8;
+        for (int i = 0; i < o[0].num_elements && ok; i++) ok = o[0].x[i] == (float)((lane >> 2) + 8 * ((i >> 1) & 1));
+        map_ok = __all_sync(0xffffffffu, ok);
+    }
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> qf[HDF];
+#pragma unroll
+    for (int kk = 0; kk < HDF; kk++) {
+        wmma::load_matrix_sync(qf[kk], Q + r0 * L.ld_bf + kk * 16, L.ld_bf);
+        wmma::fill_fragment(o[kk], 0.0f);
+    }
+
+    __shared__ int64_t koff[BK];
+    for (int kb = 0; kb < ctx; kb += BK) {
+        __syncthreads();
+        sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
+#pragma unroll
+        for (int j = 0; j < BK / 16; j++) {
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+#pragma unroll
+            for (int kk = 0; kk < HDF; kk++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+                wmma::load_matrix_sync(fb, K + (j * 16) * L.ld_bf + kk * 16, L.ld_bf);
+                wmma::mma_sync(acc, qf[kk], fb, acc);
+            }
+            wmma::store_matrix_sync(Sw + j * 16, acc, L.lds, wmma::mem_row_major);
+        }
+        __syncwarp();
+        {
+            int row = r0 + (lane >> 1), c0 = (lane & 1) * 32, qpos = pos0 + row;
+            bool valid = row < nrows;
+            const float *srow = S + row * L.lds + c0;
+            float sv[32], mx = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < 32; c++) {
+                sv[c] = (valid && kb + c0 + c <= qpos) ? srow[c] * a.scale : -INFINITY;
+                mx = fmaxf(mx, sv[c]);
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+            float m_old = M[row], m_new = fmaxf(m_old, mx), alpha = 1.0f, sum = 0.0f;
+            bf16 *prow = P + row * L.ldp + c0;
+            if (m_new == -INFINITY) {
+#pragma unroll
+                for (int c = 0; c < 32; c++) prow[c] = f2bf(0.0f);
+            } else {
+                alpha = expf(m_old - m_new);
+#pragma unroll
+                for (int c = 0; c < 32; c++) {
+                    bf16 pb = f2bf(expf(sv[c] - m_new));
+                    prow[c] = pb;
+                    sum += bf2f(pb);
+                }
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            __syncwarp();
+            if ((lane & 1) == 0) {
+                Ls[row] = Ls[row] * alpha + sum;
+                M[row] = m_new;
+                Al[row] = alpha;
+            }
+        }
+        __syncwarp();
+        /* O rows *= alpha */
+        if (map_ok) {
+            float a_lo = Al[r0 + (lane >> 2)], a_hi = Al[r0 + (lane >> 2) + 8];
+#pragma unroll
+            for (int jd = 0; jd < HDF; jd++)
+#pragma unroll
+                for (int i = 0; i < 8; i++) o[jd].x[i] *= ((i >> 1) & 1) ? a_hi : a_lo;
+        } else {
+#pragma unroll
+            for (int jd = 0; jd < HDF; jd++) {
+                wmma::store_matrix_sync(Sw, o[jd], L.lds, wmma::mem_row_major);
+                __syncwarp();
+                for (int e = lane; e < 256; e += 32) Sw[(e / 16) * L.lds + e % 16] *= Al[r0 + e / 16];
+                __syncwarp();
+                wmma::load_matrix_sync(o[jd], Sw, L.lds, wmma::mem_row_major);
+                __syncwarp();
+            }
+        }
+        /* O += P V, each P fragment loaded once */
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; kk++) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> pa;
+            wmma::load_matrix_sync(pa, P + r0 * L.ldp + kk * 16, L.ldp);
+#pragma unroll
+            for (int jd = 0; jd < HDF; jd++) {
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::row_major> vb;
+                wmma::load_matrix_sync(vb, V + (kk * 16) * L.ld_bf + jd * 16, L.ld_bf);
+                wmma::mma_sync(o[jd], pa, vb, o[jd]);
+            }
+        }
+    }
+    /* out = O / l, through the warp's scratch */
+    __syncwarp();
+#pragma unroll
+    for (int jd = 0; jd < HDF; jd++) {
+        wmma::store_matrix_sync(Sw, o[jd], L.lds, wmma::mem_row_major);
+        __syncwarp();
+        for (int e = lane; e < 256; e += 32) {
+            int r = e / 16, c = e % 16;
+            if (r0 + r < nrows) {
+                float l = Ls[r0 + r];
+                ((bf16 *)a.out)[(int64_t)(t0 + r0 + r) * a.ld_out + (int64_t)h * hd + jd * 16 + c] =
+                    f2bf(l > 0.0f ? Sw[r * L.lds + c] / l : 0.0f);
+            }
+        }
+        __syncwarp();
+    }
+}
+
+template <int HDF>
+static int launch_reg(const sf_k_attn *a, cudaStream_t s)
+{
+    static size_t smem_set = 48 * 1024;
+    size_t total = smem_layout(HDF * 16, false).total; /* no O region: S doubles as scratch */
+    if (total > smem_set) {
+        cudaError_t e = cudaFuncSetAttribute(k_attn_prefill_reg<HDF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)total);
+        if (e != cudaSuccess) return (int)e;
+        smem_set = total;
+    }
+    dim3 grid(a->n_tiles, a->H);
+    k_attn_prefill_reg<HDF><<<grid, NW * 32, total, s>>>(*a);
+    return sf_launch_status();
+}
+
 extern "C" int sf_k_attention_prefill_ok(int hd) { return hd % 16 == 0 && hd <= SF_K_ATTN_MAX_HD; }
 
 extern "C" int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->n_tiles <= 0) return 0;
     if (!sf_k_attention_prefill_ok(a->hd) || a->Hkv <= 0 || a->H % a->Hkv || !a->tiles) return (int)cudaErrorInvalidValue;
+    if (a->hd == 128 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<8>(a, s);
+    if (a->hd == 64 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<4>(a, s);
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
-    size_t smem = smem_layout(a->hd).total;
+    size_t smem = smem_layout(a->hd, true).total;
     if (smem > smem_set) {
         cudaError_t e = cudaFuncSetAttribute(k_attn_prefill, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;

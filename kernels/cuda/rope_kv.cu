@@ -1,38 +1,41 @@
 /* rope_kv.cu — RoPE on q and k fused with the write of k and v into the paged cache.
- * One block per token: rotate in place (fp32 math on bf16 values), barrier, then copy the
- * token's k and v heads into its slot. */
+ * One block per (token, head): q heads are rotated in place, k heads rotated in place and
+ * written to the token's slot, v heads copied to it (fp32 math on bf16 values). */
 #include "common.cuh"
 
 __global__ void k_rope_kv(bf16 *qkv, int64_t ld, const int32_t *pos, const int32_t *slot, int H, int Hkv,
                           int hd, int rot, int interleaved, const float *inv_freq, sf_k_kv kv)
 {
-    int t = blockIdx.x;
-    bf16 *row = qkv + (int64_t)t * ld;
-    float p = (float)pos[t];
-    int half = rot / 2;
-    int n_pairs = (H + Hkv) * half;
-    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
-        int h = i / half, j = i - h * half;
-        bf16 *hp = row + (int64_t)h * hd;
+    /* block (token t, head h) of the H q heads, Hkv k heads and Hkv v heads: rotate q, rotate k
+     * and write it to the cache, copy v to the cache */
+    const int t = blockIdx.x, h = blockIdx.y, half = rot / 2;
+    bf16 *hp = qkv + (int64_t)t * ld + (int64_t)h * hd;
+    const int sl = slot[t];
+    const bool is_q = h < H, is_v = h >= H + Hkv;
+    bf16 *cache = NULL;
+    if (!is_q && sl >= 0) {
+        int64_t blk = sl / kv.block_size, off = sl % kv.block_size;
+        int kh = is_v ? h - H - Hkv : h - H;
+        cache = (is_v ? (bf16 *)kv.v : (bf16 *)kv.k) + ((blk * Hkv + kh) * kv.block_size + off) * hd;
+    }
+    if (is_v) {
+        if (cache)
+            for (int d = threadIdx.x; d < hd; d += blockDim.x) cache[d] = hp[d];
+        return;
+    }
+    const float p = (float)pos[t];
+    for (int j = threadIdx.x; j < half; j += blockDim.x) {
         int a = interleaved ? 2 * j : j, b = interleaved ? 2 * j + 1 : j + half;
         float s, c;
         sincosf(p * inv_freq[j], &s, &c);
         float x0 = bf2f(hp[a]), x1 = bf2f(hp[b]);
-        hp[a] = f2bf(x0 * c - x1 * s);
-        hp[b] = f2bf(x1 * c + x0 * s);
+        bf16 y0 = f2bf(x0 * c - x1 * s), y1 = f2bf(x1 * c + x0 * s);
+        hp[a] = y0;
+        hp[b] = y1;
+        if (cache) { cache[a] = y0; cache[b] = y1; }
     }
-    int sl = slot[t];
-    if (sl < 0) return;
-    __syncthreads();
-    int64_t blk = sl / kv.block_size, off = sl % kv.block_size;
-    const bf16 *k = row + (int64_t)H * hd, *v = k + (int64_t)Hkv * hd;
-    int n = Hkv * hd;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        int h = i / hd, d = i - h * hd;
-        int64_t dst = ((blk * Hkv + h) * kv.block_size + off) * hd + d;
-        ((bf16 *)kv.k)[dst] = k[i];
-        ((bf16 *)kv.v)[dst] = v[i];
-    }
+    if (cache)
+        for (int d = rot + threadIdx.x; d < hd; d += blockDim.x) cache[d] = hp[d];
 }
 
 extern "C" int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
@@ -41,6 +44,8 @@ extern "C" int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos
 {
     if (T <= 0) return 0;
     if (rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv || kv.head_dim != hd) return (int)cudaErrorInvalidValue;
-    k_rope_kv<<<T, 128, 0, s>>>((bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv);
+    dim3 grid(T, H + 2 * Hkv);
+    int threads = hd / 2 >= 64 ? 64 : 32;
+    k_rope_kv<<<grid, threads, 0, s>>>((bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv);
     return sf_launch_status();
 }

@@ -145,7 +145,9 @@ def test_api(s):
 
     prompt = "Once upon a time"
     body = {"prompt": prompt, "max_tokens": 12, "temperature": 0, "ignore_eos": True}
-    st, _, r = s.json("/v1/completions", body)
+    st, h, r = s.json("/v1/completions", body, {"X-Semantic-Intent": "interactive; max-latency=2s"})
+    check("intent_applied_header", h.get("x-semantic-intent-applied") == "interactive; urgency=high; max-latency=2000ms",
+          h.get("x-semantic-intent-applied"))
     ok = st == 200 and r.get("object") == "text_completion" and len(r.get("choices", [])) == 1
     check("completions_whole", ok and r["usage"]["completion_tokens"] == 12 and
           r["choices"][0]["finish_reason"] == "length", r)

@@ -282,6 +282,10 @@ def test_drain():
     res = []
     t = threading.Thread(target=lambda: res.append(s.stream({"prompt": "Hi", "max_tokens": 48, "ignore_eos": True},
                                                              None, started.set)))
+    keep = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)  # a keep-alive client
+    keep.request("GET", "/health")
+    before = keep.getresponse()
+    before.read()
     t.start()
     started.wait(120)
     s.proc.send_signal(signal.SIGTERM)
@@ -292,6 +296,12 @@ def test_drain():
         refused = st == 503
     except OSError:
         refused = True
+    keep.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 2}))
+    during = keep.getresponse()
+    code = json.loads(during.read())["error"]["code"] if during.status == 503 else None
+    keep.close()
+    check("sigterm_existing_connection_gets_503", before.status == 200 and during.status == 503 and code == "draining" and
+          during.getheader("Retry-After"), (before.status, during.status, code))
     t.join(300)
     rc = s.proc.wait(120)
     s._cleanup()

@@ -2,7 +2,8 @@
 # Tensor parallelism from the outside: `semflow generate --tensor-parallel-size N` starts its
 # own `semflow rank` followers and greedy text equals TP=1 (demo model, stories260K GGUF);
 # a size that does not split the heads is refused with a message naming them; no rank
-# process outlives its leader; the hidden rank command refuses being run by hand.
+# process outlives its leader; the hidden rank command refuses being run by hand; `bench
+# allreduce` and `bench decode` run over rank processes.
 BIN=${SEMFLOW_BIN:-build/semflow}
 DATA=${SF_TESTDATA:-$(dirname "$0")/../../../shared/testdata}
 tmp=$(mktemp -d)
@@ -37,3 +38,21 @@ check no_rank_process_left $([ "$left" = 0 ]; echo $?) "$left rank processes sti
 ok=1
 [ $rc = 2 ] && grep -q "started by the leader" "$tmp/rank.err" && ok=0
 check rank_by_hand_refused $ok "rc=$rc: $(cat "$tmp/rank.err")"
+
+# bench over rank processes: the all-reduce table and TP decode run and say what they measured
+timeout 120 "$BIN" bench allreduce --model demo --backend cpu --threads 1 --tensor-parallel-size 2 --steps 2 --json \
+    >"$tmp/ar.json" 2>"$tmp/ar.err"; rc=$?
+ok=$(python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["sizes"]
+print(0 if j["tensor_parallel"] == 2 and len(s) >= 8 and all(x["us"] > 0 and x["bytes"] > 0 for x in s) else 1)' "$tmp/ar.json" 2>/dev/null || echo 1)
+check bench_allreduce_table $ok "rc=$rc $(cat "$tmp/ar.err") $(head -c 300 "$tmp/ar.json")"
+
+timeout 120 "$BIN" bench decode --model demo --backend cpu --threads 1 --tensor-parallel-size 2 --ctx 8 --steps 2 --json \
+    >"$tmp/dec.json" 2>"$tmp/dec.err"; rc=$?
+ok=$(python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(0 if j["tensor_parallel"] == 2 and j["ms_per_token_median"] > 0 else 1)' "$tmp/dec.json" 2>/dev/null || echo 1)
+check bench_decode_tp2 $ok "rc=$rc $(cat "$tmp/dec.err") $(head -c 300 "$tmp/dec.json")"

@@ -30,7 +30,7 @@ TEST(zephyr_matches_tinyllama_template)
 {
     sf_tokenizer *t = NULL;
     sf_error err = { 0 };
-    int rc = sf_tok_load_dir(test_data("tinyllama-1.1b-chat-v1.0"), &t, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_load_dir(test_data("tinyllama-1.1b-chat-v1.0"), &t, &err);
     REQUIRE(rc == 0, "%s", err.msg);
     CHECK(sf_tok_chat_format(t) == SF_CHAT_ZEPHYR);
     /* trim_blocks drops the newline after each {% %} tag; the one after each {{ }} stays */
@@ -98,7 +98,7 @@ TEST(detect_and_names)
         sf_tokenizer *t = NULL;
         sf_error err = { 0 };
         char *json = NULL;
-        int rc = sf_read_file(test_data("gpt2-tokenizer/tokenizer.json"), &json, NULL, &err); /* REQUIRE evaluates twice */
+        int rc = sf_read_file(test_data("gpt2-tokenizer/tokenizer.json"), &json, NULL, &err);
         REQUIRE(rc == 0, "%s", err.msg);
         snprintf(cfg, sizeof cfg, "{\"chat_template\": \"%s\"}", cases[i].tpl);
         rc = sf_tok_load_json(json, cfg, &t, &err);
@@ -127,11 +127,39 @@ TEST(bad_messages)
     CHECK_STR(render(NULL, SF_CHAT_RAW, conv + 1, 2, 1), "Hi there\nHello.");
 }
 
+TEST(chatml_qwen2_default_system)
+{
+    /* Qwen2's template adds a system turn when the conversation has none (rendered with Jinja:
+     * {% if loop.first and messages[0]['role'] != 'system' %}...) */
+    static const char qwen2_cfg[] =
+        "{\"chat_template\": \"{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+        "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] "
+        "+ '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}"
+        "{{ '<|im_start|>assistant\\n' }}{% endif %}\"}";
+    char *json = NULL;
+    sf_error err = { 0 };
+    sf_tokenizer *t = NULL;
+    int rc = sf_read_file(test_data("gpt2-tokenizer/tokenizer.json"), &json, NULL, &err);
+    REQUIRE(rc == 0, "%s", err.msg);
+    rc = sf_tok_load_json(json, qwen2_cfg, &t, &err);
+    free(json);
+    REQUIRE(rc == 0, "%s", err.msg);
+    CHECK(sf_tok_chat_format(t) == SF_CHAT_CHATML);
+    CHECK_STR(render(t, SF_CHAT_AUTO, conv + 1, 1, 1),
+              "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+              "<|im_start|>assistant\n");
+    CHECK_STR(render(t, SF_CHAT_AUTO, conv, 2, 0),
+              "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n");
+    CHECK_STR(render(t, SF_CHAT_AUTO, conv, 0, 1), "<|im_start|>assistant\n");
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(zephyr_matches_tinyllama_template);
     RUN(llama3);
     RUN(chatml);
+    RUN(chatml_qwen2_default_system);
     RUN(inst);
     RUN(detect_and_names);
     RUN(bad_messages);

@@ -210,9 +210,12 @@ static void runner_free(runner *r)
 static int runner_step(runner *r, int n, const int *seq, const int *cnt, const int32_t *const *tok, int all, float *out,
                        sf_error *err)
 {
-    int32_t tokens[64], pos[64], slot[64], ss[9], ctx[8], bt[8 * MAXB], rows[64];
+    int32_t tokens[128], pos[128], slot[128], ss[9], ctx[8], bt[8 * MAXB], rows[128];
     int T = 0, L = 0;
     ss[0] = 0;
+    for (int i = 0; i < n; i++) T += cnt[i];
+    if (n > 8 || T > 128) return sf_err(err, SF_EINVAL, "test runner: %d sequences, %d tokens (at most 8 and 128)", n, T);
+    T = 0;
     for (int i = 0; i < n; i++) {
         int s = seq[i], need = (r->len[s] + cnt[i] + BS - 1) / BS, have = (r->len[s] + BS - 1) / BS;
         if (need > have && sf_kv_alloc(&r->pool, need - have, &r->bt[s][have]) != SF_OK)
@@ -585,6 +588,46 @@ TEST(hf_fixture_demo_and_tiny_llama)
     json_decref(fx);
 }
 
+/* The demo model as `semflow gen-model` writes it today, loaded from its folder, against the
+ * double-precision reference above (covers its config: head_dim 32, rope_theta 5e5, GQA 2). */
+TEST(demo_model_matches_reference)
+{
+    sf_error err = { 0 };
+    sf_load_opts lo = { 0 };
+    sf_model *m = NULL;
+    char dir[512];
+    const char *tmp = test_tmpdir();
+    REQUIRE(tmp != NULL, "mkdtemp");
+    snprintf(dir, sizeof dir, "%s/demo", tmp);
+    int rc = sf_demo_write(dir, SF_DEMO_SEED, &err);
+    REQUIRE(rc == SF_OK, "writing the demo model: %s", err.msg);
+    rc = sf_model_load(dir, &lo, &m, &err);
+    REQUIRE(rc == SF_OK, "loading the demo model: %s", err.msg);
+    runner r;
+    rc = runner_init(&r, m, 2, &err);
+    CHECK_MSG(rc == SF_OK, "%s", err.msg);
+    if (rc == SF_OK) {
+        const int T = 9, V = m->cfg.vocab_size;
+        int32_t tok[9];
+        for (int i = 0; i < T; i++) tok[i] = (int32_t)(sf_rng_next(&R) % (uint64_t)V);
+        double *ref = ref_forward(m, tok, T);
+        float *out = malloc(sizeof(float) * T * V);
+        int seq = 0, cnt = T;
+        const int32_t *p = tok;
+        rc = runner_step(&r, 1, &seq, &cnt, &p, 1, out, &err);
+        double e = rel_err_fd(out, ref, T * V);
+        CHECK_MSG(rc == SF_OK && e < 1e-5, "rc %d (%s), rel err %g", rc, err.msg, e);
+        printf("  demo (%d layers, vocab %d): rel err %.2e\n", m->cfg.n_layers, V, e);
+        free(ref);
+        free(out);
+    }
+    runner_free(&r);
+    sf_model_free(m);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", tmp);
+}
+
 int main(void)
 {
     sf_rng_seed(&R, 2024);
@@ -594,5 +637,6 @@ int main(void)
     RUN(tiny_random_llama2_matches_transformers);
     RUN(stories260k_greedy_text);
     RUN(hf_fixture_demo_and_tiny_llama);
+    RUN(demo_model_matches_reference);
     return test_summary();
 }

@@ -312,7 +312,7 @@ TEST(added_token_flags)
     /* skip_special drops special added tokens only */
     int32_t ids[] = { 500, 0 + 'a' - 32, 502 };
     char *s = NULL;
-    int rc = sf_tok_decode(t, ids, 3, 1, &s, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_decode(t, ids, 3, 1, &s, &err);
     REQUIRE(rc == 0, "%s", err.msg);
     CHECK_MSG(!strcmp(s, "a hi"), "got \"%s\"", s); /* no decoder: pieces joined by spaces, as HF does */
     free(s);
@@ -378,7 +378,7 @@ static void hard_cases(const char *dir)
     const char *eos = sf_tok_piece(t, sf_tok_eos(t));
     char text[64];
     snprintf(text, sizeof text, "end%sstart", eos);
-    int rc = sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err);
     REQUIRE(rc == 0, "%s", err.msg);
     int found = 0;
     for (size_t i = 0; i < n; i++) found += ids[i] == sf_tok_eos(t);
@@ -404,7 +404,7 @@ TEST(streaming_holds_partial_utf8)
     int32_t *ids = NULL;
     size_t n = 0;
     sf_error err = { 0 };
-    int rc = sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err);
     REQUIRE(rc == 0 && n == 5, "got %zu ids", n); /* ▁ + 4 bytes */
     sf_detok d;
     char *out = NULL;
@@ -608,6 +608,19 @@ TEST(gguf_spm_llama2)
         free(b);
     }
     sf_tok_free(hf);
+    /* an older GGUF without tokenizer.ggml.token_type: byte, control and unknown tokens are
+     * recognised from the pieces and the bos/eos/unk ids, with the same result */
+    int nv = sf_tok_vocab_size(m->tok);
+    const char **pieces = malloc(sizeof *pieces * (size_t)nv);
+    for (int i = 0; i < nv; i++) pieces[i] = sf_tok_piece(m->tok, i);
+    sf_tok_vocab v = { .model = "llama", .n_tokens = nv, .tokens = pieces, .scores = m->tok->scores, .bos_id = 1,
+                       .eos_id = 2, .unk_id = 0, .pad_id = -1, .add_bos = -1, .add_eos = -1 };
+    sf_tokenizer *untyped = NULL;
+    rc = sf_tok_from_vocab(&v, &untyped, &err);
+    CHECK_MSG(rc == 0, "%s", err.msg);
+    if (!rc) conformance_with(untyped, "tokenizer-conformance/tinyllama_multilingual.json");
+    sf_tok_free(untyped);
+    free(pieces);
     sf_model_free(m);
 }
 
@@ -876,6 +889,53 @@ TEST(config_add_bos_eos)
     free(json);
 }
 
+TEST(streaming_invalid_bytes_and_bounded_window)
+{
+    sf_tokenizer *t = load_dir("tinyllama-1.1b-chat-v1.0");
+    REQUIRE(t, "load");
+    int32_t e2 = 3 + 0xE2, x82 = 3 + 0x82, xac = 3 + 0xAC, x80 = 3 + 0x80; /* <0xNN> is id 3 + NN */
+    int32_t x_id = sf_tok_lookup(t, "\xe2\x96\x81x");
+    REQUIRE(x_id > 0 && !strcmp(sf_tok_piece(t, e2), "<0xE2>"), "vocab layout");
+    /* "€" is released once whole; a stray continuation byte after it turns HF's whole byte run
+     * into U+FFFDs, which cannot be taken back: the stream stays whole UTF-8 and says "€� x" */
+    int32_t ids[] = { e2, x82, xac, x80, x_id };
+    sf_detok d;
+    char *out = NULL;
+    size_t len = 0, prev = 0;
+    sf_detok_init(&d, t, 1);
+    for (size_t i = 0; i < SF_ARRAY_LEN(ids); i++) {
+        CHECK(sf_detok_push(&d, ids[i], &out, &len) == 0);
+        CHECK_MSG(tok_utf8_check(out + prev, len - prev) == len - prev, "piece %zu not UTF-8", i);
+        if (i == 2) CHECK_MSG(len == 3 && !memcmp(out, "\xe2\x82\xac", 3), "euro not released whole");
+        prev = len;
+    }
+    CHECK(sf_detok_finish(&d, &out, &len) == 0);
+    CHECK_MSG(len == 8 && !memcmp(out, "\xe2\x82\xac\xef\xbf\xbd x", 8), "got \"%.*s\"", (int)len, out);
+    sf_detok_free(&d);
+    free(out);
+    /* hostile id streams: skipped specials and endless invalid bytes keep the window small and
+     * the stream equal to the full decode */
+    static int32_t many[20000];
+    for (size_t i = 0; i < SF_ARRAY_LEN(many); i++) many[i] = i % 2 ? x80 : 1; /* <s>, <0x80>, ... */
+    out = NULL;
+    len = 0;
+    size_t widest = 0;
+    sf_detok_init(&d, t, 1);
+    for (size_t i = 0; i < SF_ARRAY_LEN(many); i++) {
+        CHECK(sf_detok_push(&d, many[i], &out, &len) == 0);
+        if (d.n - d.prefix_off > widest) widest = d.n - d.prefix_off;
+    }
+    CHECK(sf_detok_finish(&d, &out, &len) == 0);
+    CHECK_MSG(widest <= 8, "decode window grew to %zu tokens", widest);
+    char *full = NULL;
+    CHECK(sf_tok_decode(t, many, SF_ARRAY_LEN(many), 1, &full, NULL) == 0);
+    CHECK(full && len == strlen(full) && !memcmp(out, full, len) && len == 3 * SF_ARRAY_LEN(many) / 2);
+    free(full);
+    free(out);
+    sf_detok_free(&d);
+    sf_tok_free(t);
+}
+
 int main(void)
 {
     RUN(byte_table);
@@ -898,6 +958,7 @@ int main(void)
     RUN(hard_cases_gpt2);
     RUN(hard_cases_tinyllama);
     RUN(streaming_holds_partial_utf8);
+    RUN(streaming_invalid_bytes_and_bounded_window);
     RUN(random_roundtrip_gpt2);
     RUN(random_roundtrip_tinyllama);
     RUN(invalid_utf8);

@@ -1,0 +1,348 @@
+/* dummy.c — dummy (random) weights of the right shapes, from a config.json or a built-in
+ * preset: for memory and speed measurements without a download. One random block of at most
+ * 64 MiB is generated and repeated with a per-tensor offset by several threads, so filling is
+ * bound by page faults and memory bandwidth, not by the random number generator. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "model-impl.h"
+#include "shard.h"
+#include "tokenizer.h"
+
+/* ---- presets ------------------------------------------------------------------------------ */
+static const struct {
+    const char *name;
+    sf_model_config c;
+} presets[] = {
+    { "llama-3-8b", { .arch = "llama", .vocab_size = 128256, .hidden = 4096, .intermediate = 14336,
+                      .n_layers = 32, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .max_pos = 8192,
+                      .rms_eps = 1e-5f, .rope_theta = 500000.0f, .rope_factor = 1.0f, .bos_id = 128000,
+                      .eos_ids = { 128001, 128009 }, .n_eos = 2, .dtype = SF_DT_BF16 } },
+    { "qwen2-7b", { .arch = "qwen2", .vocab_size = 152064, .hidden = 3584, .intermediate = 18944,
+                    .n_layers = 28, .n_heads = 28, .n_kv_heads = 4, .head_dim = 128, .max_pos = 32768,
+                    .rms_eps = 1e-6f, .rope_theta = 1000000.0f, .rope_factor = 1.0f, .attention_bias = 1,
+                    .bos_id = 151643, .eos_ids = { 151643, 151645 }, .n_eos = 2, .dtype = SF_DT_BF16 } },
+    { "llama-3-70b", { .arch = "llama", .vocab_size = 128256, .hidden = 8192, .intermediate = 28672,
+                       .n_layers = 80, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128, .max_pos = 8192,
+                       .rms_eps = 1e-5f, .rope_theta = 500000.0f, .rope_factor = 1.0f, .bos_id = 128000,
+                       .eos_ids = { 128001, 128009 }, .n_eos = 2, .dtype = SF_DT_BF16 } },
+    { "1b", { .arch = "llama", .vocab_size = 32000, .hidden = 2048, .intermediate = 5632, .n_layers = 22,
+              .n_heads = 32, .n_kv_heads = 4, .head_dim = 64, .max_pos = 2048, .rms_eps = 1e-5f,
+              .rope_theta = 10000.0f, .rope_factor = 1.0f, .bos_id = 1, .eos_ids = { 2 }, .n_eos = 1,
+              .dtype = SF_DT_BF16 } },
+};
+
+int sf_model_preset_config(const char *name, sf_model_config *cfg, sf_error *err)
+{
+    for (size_t i = 0; i < SF_ARRAY_LEN(presets); i++) {
+        if (strcmp(name, presets[i].name)) continue;
+        *cfg = presets[i].c;
+        return SF_OK;
+    }
+    return sf_err(err, SF_ENOTFOUND, "unknown preset '%s' (known: llama-3-8b, qwen2-7b, llama-3-70b, 1b)", name);
+}
+
+/* ---- dummy weights ------------------------------------------------------------------------ */
+#define DUMMY_BLOCK (64u << 20)
+#define DUMMY_CHUNK (16u << 20)
+
+typedef struct dummy_job {
+    uint8_t *dst;
+    size_t len;
+    size_t src_off;           /* where in the random block this tensor starts */
+    int norm;                 /* fill with 1.0 */
+    int64_t rows;             /* rows segments of len bytes, pitch apart (a column slice); 1: one */
+    size_t pitch;
+} dummy_job;
+
+typedef struct dummy_ctx {
+    dummy_job *jobs;
+    int n_jobs;
+    atomic_int next;
+    atomic_size_t done;
+    const uint8_t *block;
+    size_t block_len;
+    sf_dtype dt;
+    uint8_t one[4];           /* 1.0 in dt */
+} dummy_ctx;
+
+static void dummy_run_job(dummy_ctx *c, const dummy_job *j)
+{
+    size_t es = sf_ld_elem_size(c->dt);
+    for (int64_t r = 0; r < j->rows; r++) {
+        uint8_t *dst = j->dst + (size_t)r * j->pitch;
+        if (j->norm) {
+            for (size_t i = 0; i < j->len; i += es) memcpy(dst + i, c->one, es);
+            continue;
+        }
+        size_t off = (j->src_off + (size_t)r * j->pitch) % c->block_len, pos = 0;
+        while (pos < j->len) {
+            size_t n = SF_MIN(j->len - pos, c->block_len - off);
+            memcpy(dst + pos, c->block + off, n);
+            pos += n;
+            off = 0;
+        }
+    }
+}
+
+/* The view of the shard that corresponds to view v of the full model m (same field). */
+static const sf_view *shard_view(const sf_model *m, const sf_shard *s, const sf_view *v)
+{
+    const char *pv = (const char *)v, *pl = (const char *)m->layers;
+    if (pv >= pl && pv < pl + (size_t)m->cfg.n_layers * sizeof *m->layers)
+        return (const sf_view *)((const char *)s->m.layers + (pv - pl));
+    return (const sf_view *)((const char *)&s->m + (pv - (const char *)m));
+}
+
+/* Jobs filling the bytes of sub-view sv of tensor p (its src_off), DUMMY_CHUNK at most each. */
+static size_t add_jobs(dummy_ctx *ctx, size_t cap, const uint8_t *p, const sf_view *sv, size_t es, size_t src_off,
+                       int norm)
+{
+    size_t rb = (size_t)sv->cols * es, pitch = (size_t)(sv->stride ? sv->stride : sv->cols) * es, filled = 0;
+    size_t base = (size_t)((const uint8_t *)sv->data - p);
+    if (pitch == rb) { /* contiguous */
+        size_t b = rb * (size_t)sv->rows;
+        for (size_t o = 0; o < b && (size_t)ctx->n_jobs < cap; o += DUMMY_CHUNK) {
+            dummy_job *j = &ctx->jobs[ctx->n_jobs++];
+            *j = (dummy_job){ .dst = (uint8_t *)p + base + o, .len = SF_MIN((size_t)DUMMY_CHUNK, b - o),
+                              .src_off = src_off + base + o, .norm = norm, .rows = 1 };
+            filled += j->len;
+        }
+        return filled;
+    }
+    int64_t per = (int64_t)SF_MAX((size_t)1, DUMMY_CHUNK / rb);
+    for (int64_t r = 0; r < sv->rows && (size_t)ctx->n_jobs < cap; r += per) {
+        dummy_job *j = &ctx->jobs[ctx->n_jobs++];
+        *j = (dummy_job){ .dst = (uint8_t *)p + base + (size_t)r * pitch, .len = rb,
+                          .src_off = src_off + base + (size_t)r * pitch, .norm = norm,
+                          .rows = SF_MIN(per, sv->rows - r), .pitch = pitch };
+        filled += rb * (size_t)j->rows;
+    }
+    return filled;
+}
+
+static void *dummy_worker(void *arg)
+{
+    dummy_ctx *c = arg;
+    for (;;) {
+        int i = atomic_fetch_add(&c->next, 1);
+        if (i >= c->n_jobs) break;
+        dummy_run_job(c, &c->jobs[i]);
+        atomic_fetch_add(&c->done, c->jobs[i].len);
+    }
+    return NULL;
+}
+
+static size_t host_ram(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    return pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+}
+
+int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, sf_error *err)
+{
+    return sf_model_fill_dummy_shard(m, dt, seed, progress, 0, 1, err);
+}
+
+int sf_model_fill_dummy_shard(sf_model *m, sf_dtype dt, uint64_t seed, int progress, int rank, int size,
+                              sf_error *err)
+{
+    const sf_model_config *c = &m->cfg;
+    size_t es = sf_ld_elem_size(dt);
+    int64_t h = c->hidden, q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+    int n_views = 3 + c->n_layers * 12, nv = 0, rc = SF_OK;
+    struct { sf_view *v; int64_t rows, cols; int norm; } *views = NULL;
+    dummy_ctx ctx = { 0 };
+    pthread_t th[32];
+    int n_th = 0;
+    uint8_t *block = NULL;
+    if (!es) return sf_err(err, SF_EUNSUPPORTED, "dummy weights can be F32, F16 or BF16, not %s", sf_ld_dtype_name(dt));
+    views = calloc((size_t)n_views, sizeof *views);
+    if (!views) return sf_err(err, SF_ENOMEM, "out of memory");
+#define ADD(V, R, C, N) do { views[nv].v = (V); views[nv].rows = (R); views[nv].cols = (C); views[nv].norm = (N); nv++; } while (0)
+    ADD(&m->tok_embd, c->vocab_size, h, 0);
+    ADD(&m->out_norm, 1, h, 1);
+    if (!c->tie_embeddings) ADD(&m->lm_head, c->vocab_size, h, 0);
+    for (int i = 0; i < c->n_layers; i++) {
+        sf_layer_w *l = &m->layers[i];
+        ADD(&l->attn_norm, 1, h, 1);
+        ADD(&l->wq, q, h, 0);
+        ADD(&l->wk, kv, h, 0);
+        ADD(&l->wv, kv, h, 0);
+        ADD(&l->wo, h, q, 0);
+        if (c->attention_bias) {
+            ADD(&l->bq, 1, q, 0);
+            ADD(&l->bk, 1, kv, 0);
+            ADD(&l->bv, 1, kv, 0);
+        }
+        ADD(&l->ffn_norm, 1, h, 1);
+        ADD(&l->wgate, c->intermediate, h, 0);
+        ADD(&l->wup, c->intermediate, h, 0);
+        ADD(&l->wdown, h, c->intermediate, 0);
+    }
+#undef ADD
+    size_t total = 0, max_t = 0;
+    for (int i = 0; i < nv; i++) {
+        size_t b = (size_t)(views[i].rows * views[i].cols) * es;
+        total += b;
+        max_t = SF_MAX(max_t, b);
+    }
+    /* one random block (at most 64 MiB, ~U(-a, a) with std 0.02), repeated with per-tensor
+     * offsets: filling an 8B model is then a memcpy at memory bandwidth */
+    ctx.block_len = SF_MIN((size_t)DUMMY_BLOCK, max_t) / es * es;
+    block = malloc(ctx.block_len);
+    if (!block) {
+        rc = sf_err(err, SF_ENOMEM, "out of memory (%zu bytes for the random block)", ctx.block_len);
+        goto cleanup;
+    }
+    sf_rng rng;
+    sf_rng_seed(&rng, seed);
+    const float a = 0.02f * 1.7320508f;
+    for (size_t i = 0; i < ctx.block_len / es; i += 4) {
+        uint64_t r = sf_rng_next(&rng);
+        for (size_t k = 0; k < 4 && i + k < ctx.block_len / es; k++) {
+            float x = ((float)((r >> (16 * k)) & 0xffff) / 32768.0f - 1.0f) * a;
+            if (dt == SF_DT_F32) memcpy(block + (i + k) * 4, &x, 4);
+            else {
+                uint16_t hv = dt == SF_DT_BF16 ? sf_f32_to_bf16(x) : sf_f32_to_f16(x);
+                memcpy(block + (i + k) * 2, &hv, 2);
+            }
+        }
+    }
+    float one = 1.0f;
+    if (dt == SF_DT_F32) memcpy(ctx.one, &one, 4);
+    else {
+        uint16_t hv = dt == SF_DT_BF16 ? sf_f32_to_bf16(one) : sf_f32_to_f16(one);
+        memcpy(ctx.one, &hv, 2);
+    }
+    ctx.block = block;
+    ctx.dt = dt;
+    /* allocate each tensor, cut it into jobs of DUMMY_CHUNK */
+    size_t n_jobs = 0, need = 0;
+    for (int i = 0; i < nv; i++) {
+        size_t b = (size_t)(views[i].rows * views[i].cols) * es;
+        n_jobs += (b + DUMMY_CHUNK - 1) / DUMMY_CHUNK;
+    }
+    n_jobs = 2 * n_jobs + 2 * (size_t)nv; /* column slices may cut rows into more, smaller jobs */
+    ctx.jobs = calloc(n_jobs, sizeof *ctx.jobs);
+    if (!ctx.jobs) {
+        rc = sf_err(err, SF_ENOMEM, "out of memory");
+        goto cleanup;
+    }
+    for (int i = 0; i < nv; i++) {
+        size_t b = (size_t)(views[i].rows * views[i].cols) * es;
+        /* anonymous mappings with transparent huge pages: 512x fewer page faults than 4 KiB
+         * pages, which is most of the cost of filling gigabytes. Pages never filled (other
+         * ranks' slices) are never touched and take no memory. */
+        size_t len = (b + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
+        uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            rc = sf_err(err, SF_ENOMEM, "out of memory mapping %zu bytes of dummy weights: %s", b, strerror(errno));
+            goto cleanup;
+        }
+        madvise(p, len, MADV_HUGEPAGE);
+        if ((rc = sf_model_add_map(m, p, len, err))) goto cleanup;
+        views[i].v->data = p;
+        views[i].v->dtype = dt;
+        views[i].v->rows = views[i].rows;
+        views[i].v->cols = views[i].cols;
+    }
+    if (c->tie_embeddings) m->lm_head = m->tok_embd;
+    sf_shard sh;
+    memset(&sh, 0, sizeof sh);
+    if (size > 1 && (rc = sf_shard_make(m, rank, size, &sh, err))) goto cleanup;
+    for (int i = 0; i < nv; i++) {
+        size_t src_off = ((uint64_t)i * 0x9e3779b97f4a7c15ull >> 20) % ctx.block_len / es * es;
+        const uint8_t *p = views[i].v->data;
+        const sf_view *sv = size > 1 ? shard_view(m, &sh, views[i].v) : views[i].v;
+        if (sv->data && sv->rows > 0) need += add_jobs(&ctx, n_jobs, p, sv, es, src_off, views[i].norm);
+        /* (a tied head's slice lies in the embedding, which every rank fills whole) */
+    }
+    sf_shard_free(&sh);
+    size_t ram = host_ram();
+    if (ram && need > ram / 10 * 9) {
+        rc = sf_err(err, SF_ENOMEM,
+                    "dummy weights for this model need %.1f GiB%s but the host has %.1f GiB of RAM; pick "
+                    "a smaller preset or model%s", (double)need / (1 << 30), size > 1 ? " per rank" : "",
+                    (double)ram / (1 << 30), size > 1 ? ", or more ranks" : "");
+        goto cleanup;
+    }
+    m->weight_bytes = total;
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int want = (int)SF_MIN(SF_MAX(ncpu, 1), (long)SF_ARRAY_LEN(th));
+    if (need < (64u << 20)) want = 1;
+    for (int i = 1; i < want; i++)
+        if (pthread_create(&th[n_th], NULL, dummy_worker, &ctx) == 0) n_th++;
+    sf_progress pg;
+    sf_progress_begin(&pg, "dummy weights", need, progress);
+    for (;;) {
+        int i = atomic_fetch_add(&ctx.next, 1);
+        if (i >= ctx.n_jobs) break;
+        dummy_run_job(&ctx, &ctx.jobs[i]);
+        size_t d = atomic_fetch_add(&ctx.done, ctx.jobs[i].len) + ctx.jobs[i].len;
+        if (d > pg.done) sf_progress_add(&pg, d - pg.done);
+    }
+    for (int i = 0; i < n_th; i++) pthread_join(th[i], NULL);
+    n_th = 0;
+    sf_progress_add(&pg, need - pg.done);
+    sf_progress_end(&pg);
+    m->cfg.dtype = dt;
+    m->random_weights = 1;
+cleanup:
+    for (int i = 0; i < n_th; i++) pthread_join(th[i], NULL);
+    free(ctx.jobs);
+    free(block);
+    free(views);
+    return rc;
+}
+
+int sf_model_load_dummy(const char *path, const sf_model_config *preset, const sf_load_opts *o, sf_model **out,
+                        sf_error *err)
+{
+    sf_model *m = NULL;
+    char *text = NULL, fn[1200];
+    int rc;
+    if (!(m = sf_model_alloc(err))) return SF_ENOMEM;
+    if (preset) {
+        m->cfg = *preset;
+        snprintf(m->name, sizeof m->name, "%s", path + strlen("preset:"));
+        snprintf(m->path, sizeof m->path, "%s", path);
+    } else {
+        snprintf(fn, sizeof fn, "%s/config.json", path);
+        if ((rc = sf_read_file(fn, &text, NULL, err))) {
+            if (rc == SF_ENOTFOUND)
+                sf_err(err, rc, "%s: no config.json (dummy weights need a folder with config.json)", path);
+            goto cleanup;
+        }
+        if ((rc = sf_config_parse_json(text, &m->cfg, err))) {
+            sf_err_wrap(err, "%s", fn);
+            goto cleanup;
+        }
+        sf_model_set_name(m, path, NULL);
+    }
+    if ((rc = sf_model_alloc_layers(m, err))) goto cleanup;
+    /* dummy_dtype 0 (F32, the zero value of the options) means the default, BF16 */
+    sf_dtype dt = o && o->dummy_dtype == SF_DT_F16 ? SF_DT_F16 : SF_DT_BF16;
+    if ((rc = sf_model_fill_dummy_shard(m, dt, o ? o->seed : 0, o ? o->progress : 0, o ? o->shard_rank : 0,
+                                        o ? o->shard_size : 1, err)))
+        goto cleanup;
+    if (!preset) {
+        snprintf(fn, sizeof fn, "%s/tokenizer.json", path);
+        if (access(fn, R_OK) == 0 && (rc = sf_tok_load_dir(path, &m->tok, err))) goto cleanup;
+    }
+    if ((rc = sf_model_validate(m, err))) goto cleanup;
+    SF_LOGI("%s: dummy weights (random values, outputs are meaningless): %.1f MiB %s", m->name,
+            (double)m->weight_bytes / (1 << 20), sf_ld_dtype_name(dt));
+    *out = m;
+    m = NULL;
+    rc = SF_OK;
+cleanup:
+    free(text);
+    sf_model_free(m);
+    return rc;
+}

@@ -1,0 +1,91 @@
+/* gw-request.h — one generation request inside the gateway (internal to gateway/).
+ *
+ * Threads: the handler and everything touching evhttp run on the request's worker thread.
+ * The engine's callback (gw_req_on_event, engine thread) only copies each event into the
+ * request's queue under req->mu and activates req->wake, an event on the worker's base; the
+ * worker drains the queue in gw_req_on_wake and writes SSE chunks or the whole response.
+ *
+ * Lifetime of a gw_req: freed on the worker once (a) every submitted choice delivered its
+ * DONE/ERROR and the worker processed it, and (b) the HTTP side is finished (reply ended, or
+ * the connection closed). A closed connection cancels the choices still running. */
+#ifndef SF_GW_REQUEST_H
+#define SF_GW_REQUEST_H
+
+#include "gw-impl.h"
+
+typedef struct gw_ev {
+    int choice, type;
+    int32_t token;
+    char *text;
+    size_t text_len;
+    float logprob;
+    int n_top;
+    sf_logprob top[SF_MAX_LOGPROBS];
+    int finish, prompt_tokens, completion_tokens;
+    double e2e_s;              /* engine: submit to this DONE */
+    char *message;
+    double t;                  /* sf_now_s() when the engine delivered it */
+} gw_ev;
+
+#define GW_MAX_UNSENT (4u << 20) /* bytes of stream a client may leave unread */
+
+struct gw_req;
+typedef struct gw_choice {
+    struct gw_req *req;
+    int idx;
+    sf_request *r;
+    int engine_done;           /* set by the engine thread under req->mu with its last event */
+    int done;                  /* the worker processed the last event */
+    int finish;
+    int completion_tokens;
+    double last_t;
+    char *text;                /* whole responses: the text so far */
+    size_t len, cap;
+    json_t *lp;                /* whole responses with logprobs: accumulated */
+    char *error;
+} gw_choice;
+
+typedef struct gw_req {
+    gw_worker *w;
+    sf_gateway *gw;
+    sf_engine *engine;
+    struct evhttp_request *http; /* NULL once answered or the connection closed */
+    struct evhttp_connection *conn;
+    int kind, stream, include_usage, n, logprobs, top_logprobs;
+    char id[48];
+    long created;
+    sf_tenant *tenant;
+    sf_intent intent;
+    double t0;
+    double t_submitted;        /* sf_now_s() after the last submit */
+    double engine_s;           /* longest engine time (submit to DONE) among the choices */
+    int prompt_tokens;
+    int first_token;
+    int text_offset;
+    int engine_refs;           /* choices submitted whose DONE/ERROR the worker has not processed */
+    int answered;              /* the response is complete (or abandoned) */
+    int status;
+    int cancelled;
+    int slow;                  /* the client reads slower than we write: drop it (on_wake) */
+    /* engine -> worker */
+    pthread_mutex_t mu;
+    gw_ev *q;
+    int qn, qcap;
+    int wake_pending;
+    struct event *wake;
+    struct event *hup;         /* EV_CLOSED on the client socket while waiting */
+    gw_choice ch[];
+} gw_req;
+
+/* engine thread: the sf_submit callback (user = &req->ch[i]) */
+void gw_req_on_event(const sf_event *ev);
+/* worker thread */
+void gw_req_on_wake(evutil_socket_t fd, short what, void *arg);         /* req->wake */
+void gw_req_on_close(struct evhttp_connection *conn, void *arg);        /* connection close callback */
+void gw_req_on_hup(evutil_socket_t fd, short what, void *arg);          /* EV_CLOSED on the client socket */
+void gw_req_start_stream(gw_req *r);     /* 200 + SSE headers (+ the chat role chunks) */
+void gw_req_cancel_running(gw_req *r);   /* cancel choices the engine has not finished */
+void gw_req_free(gw_req *r);
+void gw_req_maybe_free(gw_req *r);       /* frees when nothing runs and the HTTP side is done */
+
+#endif

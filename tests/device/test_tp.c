@@ -1,0 +1,172 @@
+/* test_tp.c — tensor parallelism over NCCL on a multi-GPU host: the logits of TP = 2 (and 4, 8
+ * where the host has the GPUs and the heads split) equal TP = 1 on GPU 0 within bf16 tolerance,
+ * over a prefill, decode steps and a mixed two-sequence batch, on the demo model,
+ * tiny-random-llama-2, stories260K and the 1B preset (dummy weights, TinyLlama's shape).
+ *
+ * The followers are `semflow rank` processes started from $SEMFLOW_BIN (exec: CUDA is not
+ * fork-safe). With fewer than two GPUs it says so and checks nothing. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../engine/forward.h"
+#include "../../engine/shard.h"
+#include "../../engine/tp.h"
+#include "../test.h"
+
+#define BS 16
+#define NSTEPS 5
+
+typedef struct step {
+    int T, S, L;
+    int32_t tokens[16], pos[16], slot[16], seq_start[3], seq_ctx[2], bt[8], rows[2];
+} step;
+
+/* A: 6-token prefill (block 0); decode x2; A decode + B 4-token prefill (block 1); both decode. */
+static void make_steps(step *s, int vocab)
+{
+    memset(s, 0, sizeof(step) * NSTEPS);
+    int a = 0, b = 0;
+    for (int k = 0; k < NSTEPS; k++) {
+        step *p = &s[k];
+        int na = k == 0 ? 6 : 1, nb = k < 3 ? 0 : k == 3 ? 4 : 1;
+        p->S = nb ? 2 : 1;
+        for (int i = 0; i < na; i++, p->T++) {
+            p->tokens[p->T] = (7 + 13 * (a + i) + k) % vocab;
+            p->pos[p->T] = p->slot[p->T] = a + i;
+        }
+        a += na;
+        p->seq_start[1] = p->T;
+        p->seq_ctx[0] = a;
+        p->rows[p->L++] = p->T - 1;
+        if (nb) {
+            for (int i = 0; i < nb; i++, p->T++) {
+                p->tokens[p->T] = (3 + 29 * (b + i)) % vocab;
+                p->pos[p->T] = b + i;
+                p->slot[p->T] = BS + b + i;
+            }
+            b += nb;
+            p->seq_start[2] = p->T;
+            p->seq_ctx[1] = b;
+            p->bt[4] = 1;
+            p->rows[p->L++] = p->T - 1;
+        }
+    }
+}
+
+static sf_batch batch_of(const step *p)
+{
+    return (sf_batch){ .n_tokens = p->T, .n_seqs = p->S, .tokens = p->tokens, .pos = p->pos, .slot = p->slot,
+                       .seq_start = p->seq_start, .seq_ctx = p->seq_ctx, .block_table = p->bt, .max_blocks = 4,
+                       .logit_rows = p->rows, .n_logits = p->L };
+}
+
+/* Runs the steps at tensor-parallel size `size` (1: plain forward pass); logits [NSTEPS][2][V]. */
+static float *run(const char *path, int dummy, int size, sf_error *err)
+{
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_forward *f = NULL;
+    sf_tp *tp = NULL;
+    float *out = NULL;
+    int rc;
+    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    sf_backend_opts bo = { .name = "cuda", .device = 0 };
+    if ((rc = sf_model_load(path, &lo, &m, err)) || (rc = sf_backend_open(&bo, &b, err))) goto done;
+    const sf_model_config *c = &m->cfg;
+    sf_kv_config kc = { .n_layers = c->n_layers, .n_blocks = 4, .block_size = BS, .n_kv_heads = c->n_kv_heads,
+                        .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
+    if (size > 1) {
+        sf_tp_rank_opts o = { .size = size, .model = path, .load_dummy = dummy, .backend = "cuda", .max_tokens = 16,
+                              .max_logits = 2, .shm_fd = -1 };
+        const char *exe = getenv("SEMFLOW_BIN");
+        if ((rc = sf_tp_start(&o, exe ? exe : "build/semflow", m, b, &tp, err))) goto done;
+        kc.n_kv_heads = sf_tp_kv_heads(tp);
+        if ((rc = sf_tp_kv_init(tp, &kc, err))) goto done;
+    } else if ((rc = sf_forward_new(b, m, 16, 2, &f, err)) || (rc = b->ops->kv_init(b, &kc, err))) {
+        goto done;
+    }
+    step s[NSTEPS];
+    make_steps(s, c->vocab_size);
+    out = calloc((size_t)NSTEPS * 2 * c->vocab_size, sizeof(float));
+    for (int k = 0; k < NSTEPS && out; k++) {
+        sf_batch bt = batch_of(&s[k]);
+        float *dst = out + (size_t)k * 2 * c->vocab_size;
+        if ((rc = tp ? sf_tp_step(tp, &bt, dst, err) : sf_forward_step(f, &bt, dst, err))) {
+            free(out);
+            out = NULL;
+        }
+    }
+done:
+    sf_tp_free(tp);
+    sf_forward_free(f);
+    if (b) sf_backend_close(b);
+    sf_model_free(m);
+    return out;
+}
+
+static void check_model(const char *what, const char *path, int dummy, int n_gpus)
+{
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    int rc = sf_model_load(path, &lo, &m, &err); /* not inside REQUIRE: it evaluates twice */
+    REQUIRE(rc == SF_OK, "%s: %s", what, err.msg);
+    sf_model_config c = m->cfg;
+    sf_model_free(m);
+    float *ref = run(path, dummy, 1, &err);
+    REQUIRE(ref, "%s TP=1: %s", what, err.msg);
+    step s[NSTEPS];
+    make_steps(s, c.vocab_size);
+    for (int size = 2; size <= n_gpus; size *= 2) {
+        if (sf_shard_check(&c, size, NULL)) continue;
+        float *got = run(path, dummy, size, &err);
+        CHECK_MSG(got, "%s TP=%d: %s", what, size, err.msg);
+        if (!got) continue;
+        /* bf16 activations: relative L2 error per logit row, and argmax agreement */
+        double worst = 0;
+        int rows = 0, same = 0;
+        for (int k = 0; k < NSTEPS; k++)
+            for (int r = 0; r < s[k].L; r++, rows++) {
+                const float *a = ref + ((size_t)k * 2 + r) * c.vocab_size, *g = got + ((size_t)k * 2 + r) * c.vocab_size;
+                double d = 0, n = 0;
+                int ia = 0, ig = 0;
+                for (int i = 0; i < c.vocab_size; i++) {
+                    d += (g[i] - a[i]) * (double)(g[i] - a[i]);
+                    n += a[i] * (double)a[i];
+                    if (a[i] > a[ia]) ia = i;
+                    if (g[i] > g[ig]) ig = i;
+                }
+                worst = fmax(worst, sqrt(d / (n > 0 ? n : 1)));
+                same += ia == ig;
+            }
+        printf("      %s TP=%d: worst relative L2 error of a logit row %.2e, argmax agrees on %d of %d rows\n", what,
+               size, worst, same, rows);
+        CHECK_MSG(worst < 3e-2, "%s TP=%d: logits differ from TP=1 by %.3g (relative L2)", what, size, worst);
+        free(got);
+    }
+    free(ref);
+}
+
+static int n_gpus;
+
+TEST(tp_nccl_logits)
+{
+    check_model("demo", "demo", 0, n_gpus);
+    check_model("tiny-random-llama-2", test_data("tiny-random-llama-2"), 0, n_gpus);
+    check_model("stories260K", test_data("stories260K/stories260K.gguf"), 0, n_gpus);
+    check_model("1b preset", "preset:1b", 1, n_gpus);
+}
+
+int main(void)
+{
+    if (cudaGetDeviceCount(&n_gpus) != cudaSuccess) n_gpus = 0;
+    if (n_gpus < 2) {
+        printf("      %d GPU(s): tensor parallelism needs 2 or more; nothing checked\n", n_gpus);
+        return test_summary();
+    }
+    n_gpus = n_gpus >= 8 ? 8 : n_gpus >= 4 ? 4 : 2;
+    RUN(tp_nccl_logits);
+    return test_summary();
+}
