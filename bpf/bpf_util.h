@@ -21,8 +21,12 @@ extern const sf_cuda_sym sf_cuda_syms[];
 
 /* File offsets of the named dynamic/static symbols of an ELF shared object (0 where absent). */
 int sf_elf_sym_offsets(const char *path, const char *const *names, int n, uint64_t *offsets, sf_error *err);
-/* Paths of libcuda copies on this machine: ldconfig's cache, then /proc/<pid>/maps of every
- * process. Fills up to max realpaths (deduplicated), returns how many. */
-int sf_cuda_discover(char paths[][512], int max);
+/* Paths of libcuda copies on this machine: ldconfig's cache (when with_ldconfig: it runs a
+ * process), then /proc/<pid>/maps of every process. Fills up to max realpaths
+ * (deduplicated), returns how many. */
+int sf_cuda_discover(char paths[][512], int max, int with_ldconfig);
+/* The same, reading only the maps of processes for which skip(pid, arg) returns 0. */
+int sf_cuda_discover_filtered(char paths[][512], int max, int with_ldconfig, int (*skip)(int pid, void *arg),
+                              void *arg);
 
 #endif

@@ -125,11 +125,17 @@ static int add_path(char paths[][512], int n, int max, const char *p)
     return n + 1;
 }
 
-int sf_cuda_discover(char paths[][512], int max)
+int sf_cuda_discover(char paths[][512], int max, int with_ldconfig)
+{
+    return sf_cuda_discover_filtered(paths, max, with_ldconfig, NULL, NULL);
+}
+
+int sf_cuda_discover_filtered(char paths[][512], int max, int with_ldconfig, int (*skip)(int pid, void *arg),
+                              void *arg)
 {
     int n = 0;
     char line[1024];
-    FILE *f = popen("ldconfig -p 2>/dev/null", "r");
+    FILE *f = with_ldconfig ? popen("ldconfig -p 2>/dev/null", "r") : NULL;
     if (f) {
         while (fgets(line, sizeof line, f)) {
             char *arrow = strstr(line, "=> ");
@@ -145,6 +151,7 @@ int sf_cuda_discover(char paths[][512], int max)
     while (d && (de = readdir(d))) {
         char mp[64];
         if (de->d_name[0] < '1' || de->d_name[0] > '9') continue;
+        if (skip && skip(atoi(de->d_name), arg)) continue;
         snprintf(mp, sizeof mp, "/proc/%s/maps", de->d_name);
         FILE *m = fopen(mp, "re");
         if (!m) continue;

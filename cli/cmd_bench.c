@@ -58,7 +58,8 @@ static void bench_close(bench_env *e)
 static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_env *e, sf_error *err)
 {
     memset(e, 0, sizeof *e);
-    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1 };
+    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1,
+                        .shard_rank = 0, .shard_size = o->tp }; /* dummy: fill rank 0's share only */
     char path[1100];
     if (o->preset) snprintf(path, sizeof path, "preset:%s", o->preset);
     else snprintf(path, sizeof path, "%s", o->model);
@@ -196,19 +197,21 @@ static int bench_decode(const bench_opts *o)
     const sf_hw_info *hw = e.b->ops->hw(e.b);
     int read_bw = hw->mem_read_gbs > 0;
     double ceil_gbs = read_bw ? hw->mem_read_gbs : hw->mem_bw_gbs;
+    double load[1] = { 0 };
+    if (getloadavg(load, 1) != 1) load[0] = -1;
     size_t wbytes = decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
     double kv_per_tok = (double)e.b->ops->kv_block_bytes(e.b, &e.kc) / e.kc.block_size;
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
     if (o->json) {
-        json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:s, s:f, s:f}",
+        json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:s, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:I, s:f, s:f, s:f, s:s, s:f, s:f, s:f}",
                               "mode", "decode", "model", e.m->name, "random_weights", e.m->random_weights,
                               "dtype", sf_dtype_name(c->dtype), "backend", e.b->ops->name, "threads", hw->n_threads,
                               "ctx", o->ctx, "steps", o->steps, "ms_per_token_median", med, "ms_per_token_mean", mean,
                               "ms_per_token_min", best, "tokens_per_s", 1e3 / med, "weight_bytes_per_token", (json_int_t)wbytes,
                               "weight_gbs", gbs, "weight_kv_gbs", gbs_kv, "ceiling_gbs", ceil_gbs,
                               "ceiling", read_bw ? "read bandwidth" : "copy bandwidth", "ratio", gbs / ceil_gbs,
-                              "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0);
+                              "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0, "loadavg_1min", load[0]);
         json_object_set_new(j, "tensor_parallel", json_integer(o->tp > 1 ? o->tp : 1));
         if (have_host) {
             json_object_set_new(j, "host_us_per_step", json_real(host_med));
@@ -229,6 +232,12 @@ static int bench_decode(const bench_opts *o)
         printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
                100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
         if (o->ctx) printf("prefill  %d tokens in %.2f s = %.1f tokens/s (chunks of %d)\n", o->ctx, prefill_s, o->ctx / prefill_s, chunk);
+        if (hw->l3_bytes && wbytes < 2 * hw->l3_bytes)
+            printf("note     the weights (%.1f MiB) fit in the caches: this is not a memory-bandwidth figure\n",
+                   wbytes / 1048576.0);
+        if (load[0] >= 0)
+            printf("load     1-minute load average %.1f on %d cores: above the core count, other processes shared them\n",
+                   load[0], hw->n_cores);
         if (have_host)
             printf("roofline %.2f ms/token (weights / measured bandwidth) = %.0f%% reached; host %.0f us/step = %.1f%% of "
                    "the step; CUDA graphs: %ld captured, %ld replays, %ld fallbacks\n",

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "model-impl.h"
+#include "shard.h"
 #include "tokenizer.h"
 
 /* ---- presets ------------------------------------------------------------------------------ */
@@ -55,6 +56,8 @@ typedef struct dummy_job {
     size_t len;
     size_t src_off;           /* where in the random block this tensor starts */
     int norm;                 /* fill with 1.0 */
+    int64_t rows;             /* rows segments of len bytes, pitch apart (a column slice); 1: one */
+    size_t pitch;
 } dummy_job;
 
 typedef struct dummy_ctx {
@@ -71,17 +74,56 @@ typedef struct dummy_ctx {
 static void dummy_run_job(dummy_ctx *c, const dummy_job *j)
 {
     size_t es = sf_ld_elem_size(c->dt);
-    if (j->norm) {
-        for (size_t i = 0; i < j->len; i += es) memcpy(j->dst + i, c->one, es);
-        return;
+    for (int64_t r = 0; r < j->rows; r++) {
+        uint8_t *dst = j->dst + (size_t)r * j->pitch;
+        if (j->norm) {
+            for (size_t i = 0; i < j->len; i += es) memcpy(dst + i, c->one, es);
+            continue;
+        }
+        size_t off = (j->src_off + (size_t)r * j->pitch) % c->block_len, pos = 0;
+        while (pos < j->len) {
+            size_t n = SF_MIN(j->len - pos, c->block_len - off);
+            memcpy(dst + pos, c->block + off, n);
+            pos += n;
+            off = 0;
+        }
     }
-    size_t off = j->src_off % c->block_len, pos = 0;
-    while (pos < j->len) {
-        size_t n = SF_MIN(j->len - pos, c->block_len - off);
-        memcpy(j->dst + pos, c->block + off, n);
-        pos += n;
-        off = 0;
+}
+
+/* The view of the shard that corresponds to view v of the full model m (same field). */
+static const sf_view *shard_view(const sf_model *m, const sf_shard *s, const sf_view *v)
+{
+    const char *pv = (const char *)v, *pl = (const char *)m->layers;
+    if (pv >= pl && pv < pl + (size_t)m->cfg.n_layers * sizeof *m->layers)
+        return (const sf_view *)((const char *)s->m.layers + (pv - pl));
+    return (const sf_view *)((const char *)&s->m + (pv - (const char *)m));
+}
+
+/* Jobs filling the bytes of sub-view sv of tensor p (its src_off), DUMMY_CHUNK at most each. */
+static size_t add_jobs(dummy_ctx *ctx, size_t cap, const uint8_t *p, const sf_view *sv, size_t es, size_t src_off,
+                       int norm)
+{
+    size_t rb = (size_t)sv->cols * es, pitch = (size_t)(sv->stride ? sv->stride : sv->cols) * es, filled = 0;
+    size_t base = (size_t)((const uint8_t *)sv->data - p);
+    if (pitch == rb) { /* contiguous */
+        size_t b = rb * (size_t)sv->rows;
+        for (size_t o = 0; o < b && (size_t)ctx->n_jobs < cap; o += DUMMY_CHUNK) {
+            dummy_job *j = &ctx->jobs[ctx->n_jobs++];
+            *j = (dummy_job){ .dst = (uint8_t *)p + base + o, .len = SF_MIN((size_t)DUMMY_CHUNK, b - o),
+                              .src_off = src_off + base + o, .norm = norm, .rows = 1 };
+            filled += j->len;
+        }
+        return filled;
     }
+    int64_t per = (int64_t)SF_MAX((size_t)1, DUMMY_CHUNK / rb);
+    for (int64_t r = 0; r < sv->rows && (size_t)ctx->n_jobs < cap; r += per) {
+        dummy_job *j = &ctx->jobs[ctx->n_jobs++];
+        *j = (dummy_job){ .dst = (uint8_t *)p + base + (size_t)r * pitch, .len = rb,
+                          .src_off = src_off + base + (size_t)r * pitch, .norm = norm,
+                          .rows = SF_MIN(per, sv->rows - r), .pitch = pitch };
+        filled += rb * (size_t)j->rows;
+    }
+    return filled;
 }
 
 static void *dummy_worker(void *arg)
@@ -103,6 +145,12 @@ static size_t host_ram(void)
 }
 
 int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, sf_error *err)
+{
+    return sf_model_fill_dummy_shard(m, dt, seed, progress, 0, 1, err);
+}
+
+int sf_model_fill_dummy_shard(sf_model *m, sf_dtype dt, uint64_t seed, int progress, int rank, int size,
+                              sf_error *err)
 {
     const sf_model_config *c = &m->cfg;
     size_t es = sf_ld_elem_size(dt);
@@ -144,13 +192,6 @@ int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, s
         total += b;
         max_t = SF_MAX(max_t, b);
     }
-    size_t ram = host_ram();
-    if (ram && total > ram / 10 * 9) {
-        rc = sf_err(err, SF_ENOMEM,
-                    "dummy weights for this model need %.1f GiB but the host has %.1f GiB of RAM; pick "
-                    "a smaller preset or model", (double)total / (1 << 30), (double)ram / (1 << 30));
-        goto cleanup;
-    }
     /* one random block (at most 64 MiB, ~U(-a, a) with std 0.02), repeated with per-tensor
      * offsets: filling an 8B model is then a memcpy at memory bandwidth */
     ctx.block_len = SF_MIN((size_t)DUMMY_BLOCK, max_t) / es * es;
@@ -182,11 +223,12 @@ int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, s
     ctx.block = block;
     ctx.dt = dt;
     /* allocate each tensor, cut it into jobs of DUMMY_CHUNK */
-    size_t n_jobs = 0;
+    size_t n_jobs = 0, need = 0;
     for (int i = 0; i < nv; i++) {
         size_t b = (size_t)(views[i].rows * views[i].cols) * es;
         n_jobs += (b + DUMMY_CHUNK - 1) / DUMMY_CHUNK;
     }
+    n_jobs = 2 * n_jobs + 2 * (size_t)nv; /* column slices may cut rows into more, smaller jobs */
     ctx.jobs = calloc(n_jobs, sizeof *ctx.jobs);
     if (!ctx.jobs) {
         rc = sf_err(err, SF_ENOMEM, "out of memory");
@@ -195,9 +237,10 @@ int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, s
     for (int i = 0; i < nv; i++) {
         size_t b = (size_t)(views[i].rows * views[i].cols) * es;
         /* anonymous mappings with transparent huge pages: 512x fewer page faults than 4 KiB
-         * pages, which is most of the cost of filling gigabytes */
+         * pages, which is most of the cost of filling gigabytes. Pages never filled (other
+         * ranks' slices) are never touched and take no memory. */
         size_t len = (b + (2u << 20) - 1) & ~(size_t)((2u << 20) - 1);
-        uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        uint8_t *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == MAP_FAILED) {
             rc = sf_err(err, SF_ENOMEM, "out of memory mapping %zu bytes of dummy weights: %s", b, strerror(errno));
             goto cleanup;
@@ -208,24 +251,35 @@ int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, s
         views[i].v->dtype = dt;
         views[i].v->rows = views[i].rows;
         views[i].v->cols = views[i].cols;
-        size_t src_off = ((uint64_t)i * 0x9e3779b97f4a7c15ull >> 20) % ctx.block_len / es * es;
-        for (size_t o = 0; o < b; o += DUMMY_CHUNK) {
-            dummy_job *j = &ctx.jobs[ctx.n_jobs++];
-            j->dst = p + o;
-            j->len = SF_MIN((size_t)DUMMY_CHUNK, b - o);
-            j->src_off = src_off + o;
-            j->norm = views[i].norm;
-        }
     }
     if (c->tie_embeddings) m->lm_head = m->tok_embd;
+    sf_shard sh;
+    memset(&sh, 0, sizeof sh);
+    if (size > 1 && (rc = sf_shard_make(m, rank, size, &sh, err))) goto cleanup;
+    for (int i = 0; i < nv; i++) {
+        size_t src_off = ((uint64_t)i * 0x9e3779b97f4a7c15ull >> 20) % ctx.block_len / es * es;
+        const uint8_t *p = views[i].v->data;
+        const sf_view *sv = size > 1 ? shard_view(m, &sh, views[i].v) : views[i].v;
+        if (sv->data && sv->rows > 0) need += add_jobs(&ctx, n_jobs, p, sv, es, src_off, views[i].norm);
+        /* (a tied head's slice lies in the embedding, which every rank fills whole) */
+    }
+    sf_shard_free(&sh);
+    size_t ram = host_ram();
+    if (ram && need > ram / 10 * 9) {
+        rc = sf_err(err, SF_ENOMEM,
+                    "dummy weights for this model need %.1f GiB%s but the host has %.1f GiB of RAM; pick "
+                    "a smaller preset or model%s", (double)need / (1 << 30), size > 1 ? " per rank" : "",
+                    (double)ram / (1 << 30), size > 1 ? ", or more ranks" : "");
+        goto cleanup;
+    }
     m->weight_bytes = total;
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int want = (int)SF_MIN(SF_MAX(ncpu, 1), (long)SF_ARRAY_LEN(th));
-    if (total < (64u << 20)) want = 1;
+    if (need < (64u << 20)) want = 1;
     for (int i = 1; i < want; i++)
         if (pthread_create(&th[n_th], NULL, dummy_worker, &ctx) == 0) n_th++;
     sf_progress pg;
-    sf_progress_begin(&pg, "dummy weights", total, progress);
+    sf_progress_begin(&pg, "dummy weights", need, progress);
     for (;;) {
         int i = atomic_fetch_add(&ctx.next, 1);
         if (i >= ctx.n_jobs) break;
@@ -235,7 +289,7 @@ int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, s
     }
     for (int i = 0; i < n_th; i++) pthread_join(th[i], NULL);
     n_th = 0;
-    sf_progress_add(&pg, total - pg.done);
+    sf_progress_add(&pg, need - pg.done);
     sf_progress_end(&pg);
     m->cfg.dtype = dt;
     m->random_weights = 1;
@@ -274,7 +328,9 @@ int sf_model_load_dummy(const char *path, const sf_model_config *preset, const s
     if ((rc = sf_model_alloc_layers(m, err))) goto cleanup;
     /* dummy_dtype 0 (F32, the zero value of the options) means the default, BF16 */
     sf_dtype dt = o && o->dummy_dtype == SF_DT_F16 ? SF_DT_F16 : SF_DT_BF16;
-    if ((rc = sf_model_fill_dummy(m, dt, o ? o->seed : 0, o ? o->progress : 0, err))) goto cleanup;
+    if ((rc = sf_model_fill_dummy_shard(m, dt, o ? o->seed : 0, o ? o->progress : 0, o ? o->shard_rank : 0,
+                                        o ? o->shard_size : 1, err)))
+        goto cleanup;
     if (!preset) {
         snprintf(fn, sizeof fn, "%s/tokenizer.json", path);
         if (access(fn, R_OK) == 0 && (rc = sf_tok_load_dir(path, &m->tok, err))) goto cleanup;

@@ -36,6 +36,9 @@ int sf_model_load_dummy(const char *path, const sf_model_config *preset, const s
 /* Fill every weight of m (config already set, layers allocated) with random values: matrices
  * ~U with std 0.02, norms 1.0. Uses several threads. */
 int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, sf_error *err);
+/* The same, filling only what tensor-parallel rank `rank` of `size` reads (size <= 1: all). */
+int sf_model_fill_dummy_shard(sf_model *m, sf_dtype dt, uint64_t seed, int progress, int rank, int size,
+                              sf_error *err);
 
 /* generation_config.json text: adds its eos ids to cfg (config.c). */
 int sf_config_merge_eos_json(const char *json_text, sf_model_config *cfg, sf_error *err);

@@ -72,6 +72,10 @@ typedef struct sf_load_opts {
     sf_dtype dummy_dtype;     /* dtype for dummy weights: SF_DT_F16, else BF16 (the default) */
     uint64_t seed;            /* dummy weight seed */
     int progress;             /* show a progress bar on a TTY */
+    /* Dummy weights of a tensor-parallel rank: every tensor is mapped, but only the bytes
+     * rank shard_rank of shard_size reads (engine/shard.h) are filled — the same values as a
+     * full fill there — so N ranks on one host do not each hold the whole model. 0/1: all. */
+    int shard_rank, shard_size;
 } sf_load_opts;
 
 /* path: a Hugging Face folder, a .gguf file, or "demo".

@@ -143,7 +143,7 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
     int rc;
     if (o->rank < 1 || o->rank >= o->size) return sf_err(err, SF_EINVAL, "rank %d of %d is not a follower", o->rank, o->size);
     sf_load_opts lo = { .dummy = o->load_dummy, .dummy_dtype = o->dummy_f16 ? SF_DT_F16 : SF_DT_BF16,
-                        .seed = o->seed };
+                        .seed = o->seed, .shard_rank = o->rank, .shard_size = o->size };
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->n_threads, .device = o->device };
     if ((rc = join(&t, err)) || (rc = sf_model_load(o->model, &lo, &m, err)) ||
         (rc = sf_backend_open(&bo, &t.b, err)) || (rc = build(&t, m, err)))

@@ -92,20 +92,12 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
     for (int r = 0; r < MAX_ACC; r++) acc[r] = 0.0f;
 
     const bool vec = (hd % 8) == 0;
+    __shared__ int64_t koff[TILE];
     for (int kb = k0; kb < k1; kb += TILE) {
         const int n = min(TILE, k1 - kb);
         __syncthreads(); /* previous tile fully consumed */
         if (vec) {
-            const int h8 = hd / 8;
-            for (int i = tid; i < n * h8; i += NT) {
-                int j = i / h8, d = (i - j * h8) * 8, p = kb + j;
-                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
-                bf16x8 kv8 = *(const bf16x8 *)(kc + src), vv8 = *(const bf16x8 *)(vc + src);
-                bf162 *kd = (bf162 *)(k_s + j * kstride + d);
-#pragma unroll
-                for (int u = 0; u < 4; u++) kd[u] = kv8.h[u];
-                *(bf16x8 *)(v_s + j * hd + d) = vv8;
-            }
+            sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, n, k1, k_s, kstride, v_s, hd, koff);
         } else {
             for (int i = tid; i < n * hd; i += NT) {
                 int j = i / hd, d = i - j * hd, p = kb + j;

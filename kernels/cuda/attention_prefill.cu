@@ -58,7 +58,6 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
     const int seq = a.tok_seq[t0], pos0 = a.pos[t0], ctx = a.pos[t0 + nrows - 1] + 1;
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     const int bs = a.kv.block_size, Hkv = a.Hkv, h8 = hd / 8;
-    const bf16 *kc = (const bf16 *)a.kv.k, *vc = (const bf16 *)a.kv.v;
 
     /* Q tile (zero rows past the tile), O = 0, m = -inf, l = 0 */
     for (int i = tid; i < BQ * h8; i += NW * 32) {
@@ -72,23 +71,10 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
     if (tid < BQ) { M[tid] = -INFINITY; Ls[tid] = 0.0f; }
 
     const int r0 = warp * 16;
+    __shared__ int64_t koff[BK];
     for (int kb = 0; kb < ctx; kb += BK) {
         __syncthreads(); /* K, V, P of the previous tile consumed; Q, O, M ready */
-        for (int i = tid; i < BK * h8; i += NW * 32) {
-            int j = i / h8, d = (i - j * h8) * 8, p = kb + j;
-            bf16x8 kv8, vv8;
-            if (p < ctx) {
-                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
-                kv8 = *(const bf16x8 *)(kc + src);
-                vv8 = *(const bf16x8 *)(vc + src);
-            } else {
-                memset(&kv8, 0, sizeof kv8);
-                memset(&vv8, 0, sizeof vv8);
-            }
-            *(bf16x8 *)(K + j * L.ld_bf + d) = kv8;
-            *(bf16x8 *)(V + j * L.ld_bf + d) = vv8;
-        }
-        __syncthreads();
+        sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
         /* S[r0:r0+16, 0:64] = Q K^T */
         for (int j = 0; j < BK / 16; j++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -188,7 +174,6 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill_reg(sf_k_attn a)
     const int seq = a.tok_seq[t0], pos0 = a.pos[t0], ctx = a.pos[t0 + nrows - 1] + 1;
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     const int bs = a.kv.block_size, Hkv = a.Hkv, h8 = hd / 8, r0 = warp * 16;
-    const bf16 *kc = (const bf16 *)a.kv.k, *vc = (const bf16 *)a.kv.v;
     float *Sw = S + r0 * L.lds; /* this warp's 16 rows of S, also its 16x16 scratch */
 
     for (int i = tid; i < BQ * h8; i += NW * 32) {
@@ -217,23 +202,10 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill_reg(sf_k_attn a)
         wmma::fill_fragment(o[kk], 0.0f);
     }
 
+    __shared__ int64_t koff[BK];
     for (int kb = 0; kb < ctx; kb += BK) {
         __syncthreads();
-        for (int i = tid; i < BK * h8; i += NW * 32) {
-            int j = i / h8, d = (i - j * h8) * 8, p = kb + j;
-            bf16x8 kv8, vv8;
-            if (p < ctx) {
-                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
-                kv8 = *(const bf16x8 *)(kc + src);
-                vv8 = *(const bf16x8 *)(vc + src);
-            } else {
-                memset(&kv8, 0, sizeof kv8);
-                memset(&vv8, 0, sizeof vv8);
-            }
-            *(bf16x8 *)(K + j * L.ld_bf + d) = kv8;
-            *(bf16x8 *)(V + j * L.ld_bf + d) = vv8;
-        }
-        __syncthreads();
+        sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
 #pragma unroll
         for (int j = 0; j < BK / 16; j++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;

@@ -47,6 +47,52 @@ static __device__ __forceinline__ float block_sum(float v, float *red)
 /* 8 bf16 in one 16-byte load. */
 struct __align__(16) bf16x8 { bf162 h[4]; };
 
+/* Loads the K and V rows of keys kb .. kb + rows - 1 of kv head kh (head_dim hd, hd % 8 == 0)
+ * from the paged cache into shared memory: K to Kd (row stride ldk, rows 4-byte aligned), V to
+ * Vd (row stride ldv, rows 16-byte aligned); keys at or past `valid` become zero rows. The block
+ * offsets are looked up once per key (koff: `rows` int64 of shared memory), then every thread
+ * has 4 independent 16-byte loads of K and of V in flight at a time. Ends with __syncthreads. */
+static __device__ __forceinline__ void sf_load_kv_tile(const uint16_t *kc, const uint16_t *vc, const int32_t *bt,
+                                                       int block_size, int Hkv, int kh, int hd, int kb, int rows,
+                                                       int valid, bf16 *Kd, int ldk, bf16 *Vd, int ldv,
+                                                       int64_t *koff)
+{
+    const int tid = threadIdx.x, nt = blockDim.x, h8 = hd / 8, items = rows * h8;
+    for (int j = tid; j < rows; j += nt) {
+        int p = kb + j;
+        koff[j] = p < valid ? (((int64_t)bt[p / block_size] * Hkv + kh) * block_size + p % block_size) * hd : -1;
+    }
+    __syncthreads();
+    for (int base = tid; base < items; base += 4 * nt) {
+        bf16x8 kr[4], vr[4];
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = base + u * nt;
+            int64_t o = i < items ? koff[i / h8] : -1;
+            if (o >= 0) {
+                int d = (i % h8) * 8;
+                kr[u] = *(const bf16x8 *)(kc + o + d);
+                vr[u] = *(const bf16x8 *)(vc + o + d);
+            } else {
+                memset(&kr[u], 0, sizeof kr[u]);
+                memset(&vr[u], 0, sizeof vr[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            int i = base + u * nt;
+            if (i < items) {
+                int j = i / h8, d = (i % h8) * 8;
+                bf162 *kd = (bf162 *)(Kd + j * ldk + d);
+#pragma unroll
+                for (int q = 0; q < 4; q++) kd[q] = kr[u].h[q];
+                *(bf16x8 *)(Vd + j * ldv + d) = vr[u];
+            }
+        }
+    }
+    __syncthreads();
+}
+
 /* Status of the last launch, as the C API returns it. */
 static inline int sf_launch_status(void) { return (int)cudaGetLastError(); }
 

@@ -2,11 +2,11 @@
  *
  * Decode is bound by reading W once. One warp per output feature streams its row of W with
  * 16-byte loads (UNROLL of them in flight per lane) and multiplies it with all n rows of x
- * (small, served from L1/L2), accumulating in fp32; a warp reduction finishes each dot. */
+ * (small, served from L1/L2), accumulating in fp32; a warp reduction finishes each dot.
+ * UNROLL loads of W per lane are in flight at a time (8 for n <= 2, 4 above). */
 #include "common.cuh"
 
 #define GEMV_WARPS 4
-#define UNROLL 4
 
 template <int N>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const bf16 *__restrict__ x, int64_t ldx,
@@ -17,6 +17,7 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) k_gemv(const bf16 *__restrict
     const int64_t r = (int64_t)blockIdx.x * GEMV_WARPS + (threadIdx.x >> 5);
     if (r >= m) return;
     const bf16 *wr = w + r * k;
+    constexpr int UNROLL = N <= 2 ? 8 : 4; /* 16-byte loads in flight per lane */
     float acc[N];
 #pragma unroll
     for (int i = 0; i < N; i++) acc[i] = 0.0f;

@@ -3,8 +3,10 @@
 clear error (never a crash) for every bad input."""
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
 DATA = os.environ.get("SF_TESTDATA") or os.path.realpath(os.path.join(os.getcwd(), "..", "shared", "testdata"))
@@ -69,15 +71,20 @@ def main():
         check("cli_error_" + name, rc == want_rc and want_msg in err, f"rc={rc} stderr={err.strip()!r}")
     p = subprocess.run([BIN, "tokenize", "--model", GPT2, b"ok\xffbad"], capture_output=True, timeout=60)
     check("cli_invalid_utf8", p.returncode == 1 and b"byte offset 2" in p.stderr, p.stderr)
-    with open("/tmp/semflow-bad-tok.json", "w") as f:
-        f.write('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []')
-    os.makedirs("/tmp/semflow-bad-tok", exist_ok=True)
-    os.replace("/tmp/semflow-bad-tok.json", "/tmp/semflow-bad-tok/tokenizer.json")
-    rc, out, err = run("tokenize", "--model", "/tmp/semflow-bad-tok", "a")
-    check("cli_corrupt_tokenizer_json", rc == 1 and "not valid JSON" in err, err)
-    os.makedirs("/tmp/semflow-no-tok", exist_ok=True)
-    rc, out, err = run("tokenize", "--model", "/tmp/semflow-no-tok", "a")
-    check("cli_missing_tokenizer_json", rc == 1 and "tokenizer.json not found" in err, err)
+    tmp = tempfile.mkdtemp(prefix="semflow-tok-")
+    try:
+        bad = os.path.join(tmp, "corrupt")
+        os.makedirs(bad)
+        with open(os.path.join(bad, "tokenizer.json"), "w") as f:
+            f.write('{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []')
+        rc, out, err = run("tokenize", "--model", bad, "a")
+        check("cli_corrupt_tokenizer_json", rc == 1 and "not valid JSON" in err, err)
+        empty = os.path.join(tmp, "empty")
+        os.makedirs(empty)
+        rc, out, err = run("tokenize", "--model", empty, "a")
+        check("cli_missing_tokenizer_json", rc == 1 and "tokenizer.json not found" in err, err)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failed else 0
 
 

@@ -123,7 +123,9 @@ TEST(low_class_is_paced_under_contention)
     sf_error e = { 0 };
     REQUIRE(d, "sf_dma_new failed");
 
-    contention_value = 0.9; /* others use 90%: low copies keep 10% = 1 MB/s -> 256 KiB >= 0.26 s */
+    /* others use 90%: low copies keep 10% = 1 MB/s -> 256 KiB take >= 0.26 s; unpaced copies of
+     * the same size take microseconds (0.15 s allows for a loaded machine) */
+    contention_value = 0.9;
     double t0 = sf_now_s();
     CHECK(sf_dma_copy(d, a, b, sizeof a, SF_DMA_H2D, SF_URGENCY_LOW, &e) == SF_OK);
     double paced = sf_now_s() - t0;
@@ -132,12 +134,12 @@ TEST(low_class_is_paced_under_contention)
 
     t0 = sf_now_s(); /* the high class is never paced */
     CHECK(sf_dma_copy(d, a, b, sizeof a, SF_DMA_H2D, SF_URGENCY_HIGH, &e) == SF_OK);
-    CHECK_MSG(sf_now_s() - t0 < 0.05, "high copy took %.3f s", sf_now_s() - t0);
+    CHECK_MSG(sf_now_s() - t0 < 0.15, "high copy took %.3f s", sf_now_s() - t0);
 
     contention_value = 0.2; /* under the threshold: not paced */
     t0 = sf_now_s();
     CHECK(sf_dma_copy(d, a, b, sizeof a, SF_DMA_D2H, SF_URGENCY_LOW, &e) == SF_OK);
-    CHECK_MSG(sf_now_s() - t0 < 0.05, "low copy without contention took %.3f s", sf_now_s() - t0);
+    CHECK_MSG(sf_now_s() - t0 < 0.15, "low copy without contention took %.3f s", sf_now_s() - t0);
 
     sf_dma_stats st;
     sf_dma_get_stats(d, &st);

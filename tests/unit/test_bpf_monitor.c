@@ -281,6 +281,63 @@ TEST(uprobe_copies_per_direction)
     child_end(&k);
 }
 
+/* A process that maps a libcuda after the monitor started is found by the 5 s rescan of new
+ * processes, and its copies are counted from then on. */
+TEST(discovery_finds_new_gpu_processes)
+{
+    sf_monitor_opts o;
+    sf_monitor_opts_default(&o);
+    sf_monitor *m2 = NULL;
+    sf_error e = { 0 };
+    int rc = sf_monitor_open(&o, &m2, &e);
+    REQUIRE(rc == SF_OK, "sf_monitor_open with discovery: %s", e.msg);
+    int ready[2], go[2];
+    REQUIRE(pipe(ready) == 0 && pipe(go) == 0, "pipe");
+    pid_t pid = fork();
+    if (pid == 0) {
+        char b;
+        close(go[1]);
+        close(ready[0]);
+        void *h = dlopen(fake_lib, RTLD_NOW);
+        cp3 htod = h ? (cp3)dlsym(h, "cuMemcpyHtoD_v2") : NULL;
+        if (write(ready[1], "r", 1) != 1 || read(go[0], &b, 1) != 1) _exit(1);
+        static char a[4096];
+        for (int i = 0; htod && i < 3; i++) htod((uint64_t)(uintptr_t)a, (uint64_t)(uintptr_t)a, 1000);
+        if (write(ready[1], "d", 1) != 1) _exit(1);
+        while (read(go[0], &b, 1) > 0) {}
+        _exit(htod ? 0 : 2);
+    }
+    close(go[0]);
+    close(ready[1]);
+    char b;
+    CHECK(read(ready[0], &b, 1) == 1);
+    sf_mon_snapshot s = { 0 };
+    double end = sf_now_s() + 8;
+    while (sf_now_s() < end) {
+        sf_mon_snapshot_free(&s);
+        sf_monitor_wait(m2, 0, 0);
+        usleep(200 * 1000);
+        sf_monitor_snapshot(m2, &s);
+        if (s.n_libs >= 1) break;
+    }
+    CHECK_MSG(s.n_libs >= 1, "the child's %s was not discovered within 8 s", fake_lib);
+    sf_mon_snapshot_free(&s);
+    CHECK(write(go[1], "g", 1) == 1 && read(ready[0], &b, 1) == 1);
+    sf_monitor_wait(m2, sf_monitor_wait(m2, 0, 0), 2.0);
+    uint64_t seq = sf_monitor_wait(m2, 0, 0);
+    sf_monitor_wait(m2, seq, 2.0);
+    sf_monitor_snapshot(m2, &s);
+    const sf_mon_proc *p = find_proc(&s, pid);
+    CHECK_MSG(p && p->bytes[SF_DIR_H2D] == 3000 && p->calls[SF_DIR_H2D] == 3, "child %d: %llu bytes in %llu calls",
+              pid, p ? (unsigned long long)p->bytes[SF_DIR_H2D] : 0ULL, p ? (unsigned long long)p->calls[SF_DIR_H2D] : 0ULL);
+    sf_mon_snapshot_free(&s);
+    close(go[1]);
+    int st;
+    waitpid(pid, &st, 0);
+    close(ready[0]);
+    sf_monitor_close(m2);
+}
+
 TEST(off_monitor_is_harmless)
 {
     char *js = sf_monitor_json(NULL), *prom = sf_monitor_metrics(NULL);
@@ -330,6 +387,7 @@ int main(void)
     RUN(monitor_loads_and_attaches);
     RUN(socket_bytes_per_pid);
     RUN(uprobe_copies_per_direction);
+    RUN(discovery_finds_new_gpu_processes);
     RUN(off_monitor_is_harmless);
     RUN(attach_rejects_non_libcuda);
     sf_monitor_close(mon);

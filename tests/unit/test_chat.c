@@ -30,7 +30,7 @@ TEST(zephyr_matches_tinyllama_template)
 {
     sf_tokenizer *t = NULL;
     sf_error err = { 0 };
-    int rc = sf_tok_load_dir(test_data("tinyllama-1.1b-chat-v1.0"), &t, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_load_dir(test_data("tinyllama-1.1b-chat-v1.0"), &t, &err);
     REQUIRE(rc == 0, "%s", err.msg);
     CHECK(sf_tok_chat_format(t) == SF_CHAT_ZEPHYR);
     /* trim_blocks drops the newline after each {% %} tag; the one after each {{ }} stays */
@@ -98,7 +98,7 @@ TEST(detect_and_names)
         sf_tokenizer *t = NULL;
         sf_error err = { 0 };
         char *json = NULL;
-        int rc = sf_read_file(test_data("gpt2-tokenizer/tokenizer.json"), &json, NULL, &err); /* REQUIRE evaluates twice */
+        int rc = sf_read_file(test_data("gpt2-tokenizer/tokenizer.json"), &json, NULL, &err);
         REQUIRE(rc == 0, "%s", err.msg);
         snprintf(cfg, sizeof cfg, "{\"chat_template\": \"%s\"}", cases[i].tpl);
         rc = sf_tok_load_json(json, cfg, &t, &err);

@@ -312,7 +312,7 @@ TEST(added_token_flags)
     /* skip_special drops special added tokens only */
     int32_t ids[] = { 500, 0 + 'a' - 32, 502 };
     char *s = NULL;
-    int rc = sf_tok_decode(t, ids, 3, 1, &s, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_decode(t, ids, 3, 1, &s, &err);
     REQUIRE(rc == 0, "%s", err.msg);
     CHECK_MSG(!strcmp(s, "a hi"), "got \"%s\"", s); /* no decoder: pieces joined by spaces, as HF does */
     free(s);
@@ -378,7 +378,7 @@ static void hard_cases(const char *dir)
     const char *eos = sf_tok_piece(t, sf_tok_eos(t));
     char text[64];
     snprintf(text, sizeof text, "end%sstart", eos);
-    int rc = sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_encode(t, text, strlen(text), 0, &ids, &n, &err);
     REQUIRE(rc == 0, "%s", err.msg);
     int found = 0;
     for (size_t i = 0; i < n; i++) found += ids[i] == sf_tok_eos(t);
@@ -404,7 +404,7 @@ TEST(streaming_holds_partial_utf8)
     int32_t *ids = NULL;
     size_t n = 0;
     sf_error err = { 0 };
-    int rc = sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err); /* REQUIRE evaluates its condition twice */
+    int rc = sf_tok_encode(t, x, strlen(x), 0, &ids, &n, &err);
     REQUIRE(rc == 0 && n == 5, "got %zu ids", n); /* ▁ + 4 bytes */
     sf_detok d;
     char *out = NULL;

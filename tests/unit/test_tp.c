@@ -3,7 +3,8 @@
  * over prefill, decode and a mixed two-sequence batch, on the demo model, tiny-random-llama-2
  * and synthetic configs (dummy weights) whose head counts divide 8 — with kv heads split, and
  * replicated (fewer kv heads than ranks), Qwen2 biases, a tied head and a vocabulary that
- * does not divide by the rank count. Then: a follower killed mid-run, and one that hangs,
+ * does not divide by the rank count; dummy weights filled per rank give the same logits. Then:
+ * a rank's dummy fill covers exactly its slices; a follower killed mid-run, and one that hangs,
  * end the leader's step with an error naming the rank, within the timeout, not a hang. */
 #include <signal.h>
 #include <sys/stat.h>
@@ -123,7 +124,8 @@ static int start(const char *path, int dummy, int size, int timeout_ms, sf_model
         }
         pids[r - 1] = pid;
     }
-    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    /* dummy weights: each rank fills only its share; the logits must still equal TP=1's */
+    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16, .shard_rank = 0, .shard_size = size };
     sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
     if (!(rc = sf_model_load(path, &lo, m, err)) && !(rc = sf_backend_open(&bo, b, err)))
         rc = sf_tp_leader_new(&o, *m, *b, pids, tp, err);
@@ -271,6 +273,43 @@ TEST(tp_synthetic_gqa_replicated_bias_tied)
     rm_synthetic(d);
 }
 
+/* Dummy weights of rank 1 of 2: its slices hold the full fill's values, rank 0's slices were
+ * never written (zero pages, no memory). */
+TEST(dummy_fill_of_a_shard)
+{
+    const char *d = synthetic("fill", "llama", 1000, 64, 96, 8, 8, 0);
+    REQUIRE(d, "cannot write a config");
+    sf_error err = { 0 };
+    sf_model *full = NULL, *part = NULL;
+    sf_load_opts lf = { .dummy = 1, .dummy_dtype = SF_DT_BF16 }, lp = lf;
+    lp.shard_rank = 1;
+    lp.shard_size = 2;
+    int rc = sf_model_load(d, &lf, &full, &err);
+    if (!rc) rc = sf_model_load(d, &lp, &part, &err);
+    CHECK_MSG(rc == SF_OK, "%s", err.msg);
+    if (!rc) {
+        const sf_view *wf = &full->layers[1].wq, *wp = &part->layers[1].wq; /* [64, 64]: rank 1 has rows 32.. */
+        size_t half = sf_dtype_bytes(wf->dtype, 32 * wf->cols);
+        const uint8_t *zero = calloc(1, half);
+        CHECK(!memcmp((const char *)wp->data + half, (const char *)wf->data + half, half));
+        CHECK(!memcmp(wp->data, zero, half) && memcmp(wf->data, zero, half));
+        /* down [64, 96] row-parallel: rank 1 has columns 48.. of every row */
+        const sf_view *df = &full->layers[0].wdown, *dp = &part->layers[0].wdown;
+        size_t rb = sf_dtype_bytes(df->dtype, df->cols), hb = sf_dtype_bytes(df->dtype, 48);
+        int ok_mine = 1, ok_other = 1;
+        for (int64_t r = 0; r < df->rows; r++) {
+            ok_mine &= !memcmp((const char *)dp->data + r * rb + hb, (const char *)df->data + r * rb + hb, hb);
+            ok_other &= !memcmp((const char *)dp->data + r * rb, zero, hb);
+        }
+        CHECK(ok_mine && ok_other);
+        CHECK(!memcmp(part->tok_embd.data, full->tok_embd.data, sf_dtype_bytes(df->dtype, 1000 * 64)));
+        free((void *)zero);
+    }
+    sf_model_free(full);
+    sf_model_free(part);
+    rm_synthetic(d);
+}
+
 /* A follower killed (or stopped) between steps: the leader's next step fails within the
  * timeout with a message naming the rank, and stays failed. */
 static void check_failure(int sig)
@@ -320,6 +359,7 @@ int main(void)
     RUN(tp_tiny_random_llama2);
     RUN(tp_synthetic_kv_split);
     RUN(tp_synthetic_gqa_replicated_bias_tied);
+    RUN(dummy_fill_of_a_shard);
     RUN(tp_rank_killed);
     RUN(tp_rank_hung);
     return test_summary();
