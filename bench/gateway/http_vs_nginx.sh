@@ -34,7 +34,9 @@ nginx -c "$tmp/nginx.conf" -p "$tmp" &
 npid=$!
 "$BIN" serve --model "$MODEL" --port "$SPORT" --workers "$WORKERS" 2>"$tmp/serve.log" &
 spid=$!
-trap 'kill $npid $spid 2>/dev/null; wait $npid $spid 2>/dev/null; rm -rf "$tmp"' EXIT
+cleanup() { kill $npid $spid 2>/dev/null; wait $npid $spid 2>/dev/null; rm -rf "$tmp"; }
+trap cleanup EXIT
+trap 'exit 1' HUP INT TERM PIPE  # through the EXIT trap: no server is left behind
 i=0
 until curl -sf "http://127.0.0.1:$SPORT/health" >/dev/null; do
     i=$((i + 1)); [ $i -gt 600 ] && { cat "$tmp/serve.log"; exit 1; }; sleep 0.1
