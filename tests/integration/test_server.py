@@ -231,7 +231,7 @@ def test_api(s):
 
 
 def test_bad_inputs(s, model):
-    big = "hello " * 600
+    big = "hello " * 3000
     cases = [
         # (name, method, path, body, headers, status)
         ("malformed_json", "POST", "/v1/completions", b'{"prompt": "x",', None, 400),
@@ -310,7 +310,10 @@ def test_bad_inputs(s, model):
     # transport-level rejections (before a request exists; evhttp answers these itself)
     def raw(data):
         sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
-        sock.sendall(data)
+        try:
+            sock.sendall(data)
+        except OSError:
+            pass  # the server may answer and close before reading everything; read what it said
         out = b""
         try:
             while True:
@@ -327,7 +330,8 @@ def test_bad_inputs(s, model):
 
     out = raw(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n")
     check("bad_input_oversized_headers", out.split(b" ")[1:2] in ([b"400"], [b"431"], [b"413"]) and s.alive(), out[:80])
-    out = raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n" + b"x" * 900000)
+    # the declared length alone is refused: send the headers and a little of the body
+    out = raw(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 900000\r\n\r\n" + b"x" * 1000)
     check("bad_input_far_oversized_body", out.split(b" ")[1:2] == [b"413"] and s.alive(), out[:80])
     out = raw(b"NONSENSE\r\n\r\n")
     check("bad_input_garbage_request_line", out.split(b" ")[1:2] == [b"400"] and s.alive(), out[:80])
@@ -349,7 +353,8 @@ def test_half_open(s):
 
 
 def test_disconnect_frees_kv(s):
-    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 200, "ignore_eos": True, "stream": True})
+    # long (2000 tokens) so that it is still running when the client goes away, however fast the engine
+    body = json.dumps({"prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True, "stream": True})
     sock = socket.create_connection(("127.0.0.1", s.port))
     sock.sendall(("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                   "Content-Length: %d\r\n\r\n%s" % (len(body), body)).encode())
@@ -375,7 +380,7 @@ def main():
     if not os.path.exists(BIN):
         print("FAIL: test_server: %s not built" % BIN)
         return 1
-    s = Server("--workers", "2", "--max-model-len", "256", "--max-body", "65536")
+    s = Server("--workers", "2", "--max-model-len", "2048", "--max-body", "65536")
     try:
         check("health_ready", s.alive())
         model = test_api(s)
