@@ -4,7 +4,7 @@
 set -e
 PKGS="build-essential pkg-config libevent-dev libjansson-dev libpcre2-dev libncurses-dev \
       libbpf-dev libelf-dev zlib1g-dev libzstd-dev bpftool clang llvm python3 curl \
-      nodejs chromium $(command -v npm >/dev/null || echo npm)"
+      nodejs chromium python3-matplotlib $(command -v npm >/dev/null || echo npm)"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

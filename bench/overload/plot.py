@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""The overload ladder's picture and table, from the loadgen JSON reports bench/overload/run.sh wrote.
+
+    python3 bench/overload/plot.py OUTDIR [--png docs/overload-cpu.png] [--title TEXT]
+
+Reads OUTDIR/sustained_rate and OUTDIR/{on,off}-<level>x.json. Writes the PNG (latency against load
+per class: TTFT and ITL, priorities on against off) and OUTDIR/overload.md (a Markdown table per
+class and level: TTFT/ITL P50/P90/P99, goodput, completed/429/failed, decode tokens/s per admitted
+request), and prints the table. loadgen reports P50, P90 and P99, so the picture draws P90 (solid)
+and P99 (dashed): P95 lies between them.
+"""
+import argparse
+import json
+import os
+import re
+import sys
+
+
+def load_runs(outdir):
+    """{mode: {level: report}} for every on-/off-<level>x.json in outdir."""
+    runs = {"on": {}, "off": {}}
+    for name in os.listdir(outdir):
+        m = re.fullmatch(r"(on|off)-(\d+)x\.json", name)
+        if not m:
+            continue
+        path = os.path.join(outdir, name)
+        try:
+            with open(path) as f:
+                runs[m.group(1)][int(m.group(2))] = json.load(f)
+        except (OSError, ValueError) as e:
+            sys.exit(f"plot.py: cannot read {path}: {e}; rerun bench/overload/run.sh")
+    if not runs["on"] and not runs["off"]:
+        sys.exit(f"plot.py: no on-<N>x.json / off-<N>x.json in {outdir}; run bench/overload/run.sh {outdir} first")
+    return runs
+
+
+def cls(report, name):
+    for c in report["classes"]:
+        if c["class"] == name:
+            return c
+    return None
+
+
+def class_names(runs):
+    names = []
+    for mode in runs.values():
+        for rep in mode.values():
+            for c in rep["classes"]:
+                if c["class"] not in names:
+                    names.append(c["class"])
+    return names
+
+
+def table(runs, rate):
+    rows = ["| class | priorities | load | req/s | TTFT P50 / P90 / P99 (ms) | ITL P50 / P90 / P99 (ms) "
+            "| goodput (req/s) | completed / 429 / failed | tok/s per request |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for name in class_names(runs):
+        for mode in ("on", "off"):
+            for level in sorted(runs[mode]):
+                rep = runs[mode][level]
+                c = cls(rep, name)
+                if c is None:
+                    continue
+                t, i = c["ttft"], c["itl"]
+                tps = 1000.0 / c["tpot"]["mean_ms"] if c["tpot"]["n"] and c["tpot"]["mean_ms"] > 0 else 0.0
+                lat = (lambda s: "%.0f / %.0f / %.0f" % (s["median_ms"], s["p90_ms"], s["p99_ms"]) if s["n"] else "-")
+                rows.append("| %s | %s | %dx | %g | %s | %s | %.2f | %d / %d / %d | %.1f |" % (
+                    name, mode, level, rep["request_rate"], lat(t), lat(i), c["goodput"], c["completed"],
+                    c["rejected_429"], c["failed"], tps))
+    head = "Sustained rate (1x): %s req/s; SLO for goodput: TTFT <= %g ms, TPOT <= %g ms.\n\n" % (
+        rate, next(iter(next(r for r in runs.values() if r).values()))["slo"]["ttft_ms"],
+        next(iter(next(r for r in runs.values() if r).values()))["slo"]["tpot_ms"])
+    return head + "\n".join(rows) + "\n"
+
+
+def plot(runs, rate, png, title):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        sys.exit("plot.py: matplotlib is missing; install it: apt-get install python3-matplotlib (tools/deps.sh)")
+    names = class_names(runs)
+    fig, axes = plt.subplots(2, len(names), figsize=(6 * len(names), 8), squeeze=False)
+    colors = {"on": "tab:blue", "off": "tab:orange"}
+    for col, name in enumerate(names):
+        for row, (metric, label) in enumerate((("ttft", "TTFT"), ("itl", "ITL"))):
+            ax = axes[row][col]
+            for mode in ("on", "off"):
+                levels = [lv for lv in sorted(runs[mode]) if cls(runs[mode][lv], name) and
+                          cls(runs[mode][lv], name)[metric]["n"]]
+                if not levels:
+                    continue
+                p90 = [cls(runs[mode][lv], name)[metric]["p90_ms"] for lv in levels]
+                p99 = [cls(runs[mode][lv], name)[metric]["p99_ms"] for lv in levels]
+                ax.plot(levels, p90, "o-", color=colors[mode], label=f"priorities {mode}, P90")
+                ax.plot(levels, p99, "s--", color=colors[mode], alpha=0.7, label=f"priorities {mode}, P99")
+            if metric == "ttft" and name.startswith("realtime"):
+                ax.axhline(400, color="gray", linestyle=":", label="max-latency 400 ms")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks([1, 2, 4, 8])
+            ax.set_xticklabels(["1x", "2x", "4x", "8x"])
+            ax.set_xlabel(f"offered load (1x = {rate} req/s, Poisson)")
+            ax.set_ylabel(f"{label} (ms, log)")
+            ax.set_title(f"{name}: {label}")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(png) or ".", exist_ok=True)
+    fig.savefig(png, dpi=90)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir")
+    ap.add_argument("--png", default="docs/overload-cpu.png")
+    ap.add_argument("--title", default="semflow mixed-priority overload: latency against load")
+    a = ap.parse_args()
+    if not os.path.isdir(a.outdir):
+        sys.exit(f"plot.py: {a.outdir} is not a folder; give the OUTDIR bench/overload/run.sh wrote")
+    try:
+        with open(os.path.join(a.outdir, "sustained_rate")) as f:
+            rate = f.read().strip()
+    except OSError:
+        rate = "?"
+    runs = load_runs(a.outdir)
+    md = table(runs, rate)
+    with open(os.path.join(a.outdir, "overload.md"), "w") as f:
+        f.write(md)
+    print(md)
+    plot(runs, rate, a.png, a.title)
+    print(f"wrote {a.png} and {os.path.join(a.outdir, 'overload.md')}")
+
+
+if __name__ == "__main__":
+    main()
