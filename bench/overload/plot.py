@@ -80,6 +80,11 @@ def plot(runs, rate, png, title):
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        # Debian's python3-matplotlib belongs to /usr/bin/python3; another python3 earlier in PATH
+        # (pyenv, a venv) does not see it, so run again with Debian's interpreter.
+        debian = "/usr/bin/python3"
+        if os.path.realpath(sys.executable) != os.path.realpath(debian) and os.access(debian, os.X_OK):
+            os.execv(debian, [debian] + sys.argv)
         sys.exit("plot.py: matplotlib is missing; install it: apt-get install python3-matplotlib (tools/deps.sh)")
     names = class_names(runs)
     fig, axes = plt.subplots(2, len(names), figsize=(6 * len(names), 8), squeeze=False)
@@ -128,10 +133,10 @@ def main():
         rate = "?"
     runs = load_runs(a.outdir)
     md = table(runs, rate)
+    plot(runs, rate, a.png, a.title)  # first: it may run this script again under Debian's python3
     with open(os.path.join(a.outdir, "overload.md"), "w") as f:
         f.write(md)
     print(md)
-    plot(runs, rate, a.png, a.title)
     print(f"wrote {a.png} and {os.path.join(a.outdir, 'overload.md')}")
 
 
