@@ -13,61 +13,15 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
-failures = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sftest import BIN, ServerProcess, check, results  # noqa: E402
 
 
-def check(name, cond, detail=""):
-    global failures
-    if cond:
-        print("PASS: %s" % name)
-    else:
-        failures += 1
-        print("FAIL: %s: %s" % (name, detail))
-    sys.stdout.flush()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
-
-class Server:
+class Server(ServerProcess):
     def __init__(self, *args):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="semflow-serve-", suffix=".log", delete=False)
-        cmd = [BIN, "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(self.port)] + list(args)
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
-        self.saw_503 = False
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited with %d: %s" % (self.proc.returncode, self.logtext()))
-            try:
-                st, _, _ = self.request("GET", "/health", timeout=2)
-                if st == 200:
-                    return
-                self.saw_503 |= st == 503
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("server did not become healthy: " + self.logtext())
-
-    def logtext(self):
-        if getattr(self, "final_log", None) is not None:
-            return self.final_log
-        with open(self.log.name, errors="replace") as f:
-            return f.read()[-3000:]
-
-    def _cleanup(self):
-        self.final_log = self.logtext()
-        os.unlink(self.log.name)
+        super().__init__(["--model", "demo"] + list(args))
 
     def request(self, method, path, body=None, headers=None, timeout=120):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -391,7 +345,7 @@ def main():
     finally:
         rc = s.stop()
         check("sigterm_exit_0", rc == 0, "exit %s: %s" % (rc, s.logtext()))
-    return 1 if failures else 0
+    return 1 if results.failures else 0
 
 
 if __name__ == "__main__":

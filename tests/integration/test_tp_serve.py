@@ -8,31 +8,15 @@ import http.client
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 
-BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sftest import ServerProcess, check, results  # noqa: E402
+
 # tests/device/test_tp.sh runs this file with SEMFLOW_TP_BACKEND=cuda (NCCL between GPUs)
 BACKEND = os.environ.get("SEMFLOW_TP_BACKEND", "cpu")
-failures = 0
-
-
-def check(name, cond, detail=""):
-    global failures
-    print(("PASS: %s" % name) if cond else ("FAIL: %s: %s" % (name, detail)))
-    failures += 0 if cond else 1
-    sys.stdout.flush()
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def rank_pids(parent):
@@ -53,30 +37,12 @@ def rank_pids(parent):
     return out
 
 
-class Server:
+class Server(ServerProcess):
     def __init__(self, tp):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="semflow-tp-", suffix=".log", delete=False)
         env = dict(os.environ, SEMFLOW_TP_TIMEOUT_MS="5000")
-        cmd = [BIN, "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(self.port), "--backend", BACKEND,
-               "--threads", "1", "--workers", "1", "--bpf", "off", "--max-num-seqs", "4",
-               "--max-batched-tokens", "256", "--max-model-len", "256", "--tensor-parallel-size", str(tp)]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited with %d: %s" % (self.proc.returncode, self.logtext()))
-            try:
-                if self.request("GET", "/health", timeout=2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("server did not become healthy: " + self.logtext())
-
-    def logtext(self):
-        with open(self.log.name, errors="replace") as f:
-            return f.read()[-3000:]
+        super().__init__(["--model", "demo", "--backend", BACKEND, "--threads", "1", "--workers", "1", "--bpf", "off",
+                          "--max-num-seqs", "4", "--max-batched-tokens", "256", "--max-model-len", "256",
+                          "--tensor-parallel-size", str(tp)], env=env, prefix="semflow-tp-")
 
     def request(self, method, path, body=None, timeout=60):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -158,8 +124,8 @@ def main():
         time.sleep(0.05)
     left = [p for p in followers if os.path.exists("/proc/%d/cmdline" % p) and open("/proc/%d/cmdline" % p, "rb").read()]
     check("tp_follower_exits_when_leader_killed", followers and not left, "followers %r, still running %r" % (followers, left))
-    print("%d failed" % failures)
-    return 1 if failures else 0
+    print("%d failed" % results.failures)
+    return 1 if results.failures else 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,83 @@
+"""Shared pieces of the Python integration tests: PASS/FAIL lines (the format tests/run.sh
+counts), free loopback ports, and a `semflow serve` process that is healthy before it returns."""
+import http.client
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
+
+
+class _Results:
+    failures = 0
+
+
+results = _Results()
+
+
+def check(name, cond, detail=""):
+    if cond:
+        print("PASS: %s" % name)
+    else:
+        results.failures += 1
+        print("FAIL: %s: %s" % (name, detail))
+    sys.stdout.flush()
+
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+class ServerProcess:
+    """`semflow serve ARGS --host 127.0.0.1 --port <free>`, waited on until /health answers 200
+    (saw_503 records whether it answered 503 while loading). Its log goes to a temp file that
+    _cleanup() reads one last time and removes."""
+
+    def __init__(self, args, env=None, prefix="semflow-serve-"):
+        self.port = free_port()
+        self.final_log = None
+        self.saw_503 = False
+        self.log = tempfile.NamedTemporaryFile(prefix=prefix, suffix=".log", delete=False)
+        cmd = [BIN, "serve"] + list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("server exited with %d: %s" % (self.proc.returncode, self.logtext()))
+            try:
+                st = self._health()
+                if st == 200:
+                    return
+                self.saw_503 |= st == 503
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("server did not become healthy: " + self.logtext())
+
+    def _health(self):
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+        try:
+            c.request("GET", "/health")
+            r = c.getresponse()
+            r.read()
+            return r.status
+        finally:
+            c.close()
+
+    def logtext(self):
+        if self.final_log is not None:
+            return self.final_log
+        with open(self.log.name, errors="replace") as f:
+            return f.read()[-3000:]
+
+    def _cleanup(self):
+        if self.final_log is None:
+            self.final_log = self.logtext()
+            os.unlink(self.log.name)
