@@ -48,7 +48,7 @@ static double gbs_at(const sf_hw_info *hw, const double *gbs, size_t bytes)
 int sf_dma_new(const sf_dma_opts *o, sf_dma **out, sf_error *err)
 {
     *out = NULL;
-    if (!o) return sf_err(err, SF_EINVAL, "dma: no options given");
+    if (!o || !o->copy) return sf_err(err, SF_EINVAL, "dma: no copy function given");
     sf_dma *d = calloc(1, sizeof *d);
     if (!d) return sf_err(err, SF_ENOMEM, "dma: out of memory");
     d->o = *o;
@@ -119,7 +119,6 @@ static void account(sf_dma *d, int urgency, int dir, size_t bytes, uint64_t chun
 int sf_dma_copy(sf_dma *d, void *dst, const void *src, size_t n, int dir, int urgency, sf_error *err)
 {
     if (!d) return sf_err(err, SF_EINVAL, "dma: not initialised");
-    if (!d->o.copy) return sf_err(err, SF_EINVAL, "dma: no copy function was given to sf_dma_new");
     if (dir != SF_DMA_H2D && dir != SF_DMA_D2H) return sf_err(err, SF_EINVAL, "dma: direction %d is not H2D/D2H", dir);
     if (n && (!dst || !src)) return sf_err(err, SF_EINVAL, "dma: NULL buffer for a %zu-byte copy", n);
     if (urgency < 0 || urgency >= SF_URGENCY_COUNT) urgency = SF_URGENCY_NORMAL;

@@ -31,7 +31,7 @@ typedef int (*sf_dma_copy_fn)(void *arg, void *dst, const void *src, size_t n, i
 typedef double (*sf_dma_contention_fn)(void *arg);
 
 typedef struct sf_dma_opts {
-    sf_dma_copy_fn copy;              /* required by sf_dma_copy; NULL when only units are copied */
+    sf_dma_copy_fn copy;              /* required (used by sf_dma_copy) */
     void *copy_arg;
     const sf_hw_info *hw;             /* measured chunk curve (pinned); NULL or no GPU: defaults */
     sf_dma_contention_fn contention;  /* NULL: never paced */

@@ -5,6 +5,12 @@
 #include <string.h>
 #include <sys/mman.h>
 
+/* The swap space copies whole KV blocks by id (sf_dma_copy_units), never raw bytes. */
+static int no_byte_copy(void *arg, void *dst, const void *src, size_t n, int dir, sf_error *err)
+{
+    return sf_err(err, SF_EUNSUPPORTED, "swap: KV blocks are copied by block id, not as %zu raw bytes", n);
+}
+
 int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_error *err)
 {
     memset(w, 0, sizeof *w);
@@ -25,7 +31,7 @@ int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_
                       bytes >> 20, strerror(e));
     }
     w->mem = mem;
-    sf_dma_opts o = { .hw = be->ops->hw(be) };
+    sf_dma_opts o = { .copy = no_byte_copy, .hw = be->ops->hw(be) };
     int rc = sf_dma_new(&o, &w->dma, err);
     if (rc != SF_OK) sf_swap_free(w);
     return rc;

@@ -3,9 +3,11 @@
  * output of each request run alone, and compute no token twice; a swap space too small for most
  * sequences falls back to recompute with the same output; swap off preempts by recompute only.
  * The scheduler alone: a random workload over a simulated KV memory checks after every swap that
- * each sequence finds its own tokens' K/V, and that no KV block or swap slot leaks. */
+ * each sequence finds its own tokens' K/V, and that no KV block or swap slot leaks. The DMA
+ * scheduler copies whole blocks in runs sized by urgency. */
 #include <pthread.h>
 
+#include "engine/dma.h"
 #include "engine/engine.h"
 #include "engine/kvcache.h"
 #include "engine/scheduler.h"
@@ -217,6 +219,51 @@ TEST(swap_off_recomputes)
     CHECK_MSG((long)(st.tokens_prefill + st.tokens_decode) > computed, "recompute should compute tokens again");
 }
 
+/* ---- copies in whole blocks through the DMA scheduler ---------------------------------------- */
+
+static int byte_copy(void *arg, void *dst, const void *src, size_t n, int dir, sf_error *err)
+{
+    memcpy(dst, src, n);
+    return SF_OK;
+}
+
+typedef struct runs { int n, first[64], count[64]; } runs;
+
+static int record_run(void *arg, int first, int count, sf_error *err)
+{
+    runs *r = arg;
+    if (r->n == 64) return sf_err(err, SF_ERROR, "too many runs");
+    r->first[r->n] = first;
+    r->count[r->n++] = count;
+    return SF_OK;
+}
+
+TEST(dma_copies_whole_blocks_per_urgency)
+{
+    sf_dma_opts o = { .copy = byte_copy };
+    sf_dma *d = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_dma_new(&o, &d, &err) == SF_OK, "dma: %s", err.msg);
+    /* 20 KiB blocks: low (64 KiB chunks) copies 3 at a time, normal (128 KiB) 6, high (512 KiB) 25 */
+    static const int per[SF_URGENCY_COUNT] = { 3, 6, 25 };
+    for (int u = 0; u < SF_URGENCY_COUNT; u++) {
+        runs r = { 0 };
+        CHECK(sf_dma_copy_units(d, 40, 20480, SF_DMA_D2H, u, record_run, &r, &err) == SF_OK);
+        int next = 0, ok = 1;
+        for (int i = 0; i < r.n; i++) {
+            ok &= r.first[i] == next && r.count[i] == SF_MIN(per[u], 40 - next);
+            next += r.count[i];
+        }
+        CHECK_MSG(ok && next == 40, "urgency %d: %d runs covering %d blocks", u, r.n, next);
+    }
+    sf_dma_stats st;
+    sf_dma_get_stats(d, &st);
+    CHECK(st.bytes[SF_URGENCY_LOW][SF_DMA_D2H] == 40 * 20480 && st.chunks[SF_URGENCY_LOW] == 14);
+    CHECK(st.chunks[SF_URGENCY_HIGH] == 2);
+    CHECK(sf_dma_copy_units(d, 2, 0, SF_DMA_H2D, 1, record_run, NULL, &err) == SF_EINVAL);
+    sf_dma_free(d);
+}
+
 /* ---- the scheduler alone, over a simulated KV memory ---------------------------------------- */
 
 typedef struct fake {
@@ -318,6 +365,7 @@ TEST(random_workload_kv_follows_swaps)
 
 int main(void)
 {
+    RUN(dma_copies_whole_blocks_per_urgency);
     RUN(random_workload_kv_follows_swaps);
     RUN(swap_resumes_exactly);
     RUN(small_swap_falls_back_to_recompute);
