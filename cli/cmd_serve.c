@@ -123,6 +123,7 @@ static void usage(FILE *f)
             "  --kv-block-size N         tokens per KV block (default 16)\n"
             "  --kv-high-reserve F       share of KV blocks only high urgency may take (default 0.1)\n"
             "  --gpu-memory-utilization F (default 0.9)\n"
+            "  --swap-space GiB          host memory for preemption by swap (default 1; 0: recompute only)\n"
             "  --queue-limit N           waiting requests per urgency lane before 429 (default 256)\n"
             "  --max-body BYTES          largest request body (default 4194304)\n"
             "  --timeout S               per-connection read/write timeout (default 30)\n"
@@ -146,7 +147,7 @@ int sf_cmd_serve(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
            O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
-           O_DRAIN, O_BPF, O_TP, O_HELP };
+           O_DRAIN, O_BPF, O_TP, O_SWAP, O_HELP };
     static const struct option opts[] = {
         { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
         { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
@@ -157,7 +158,8 @@ int sf_cmd_serve(int argc, char **argv)
         { "kv-high-reserve", 1, 0, O_RESERVE }, { "gpu-memory-utilization", 1, 0, O_GPUMEM },
         { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
         { "drain-timeout", 1, 0, O_DRAIN }, { "bpf", 1, 0, O_BPF },
-        { "tensor-parallel-size", 1, 0, O_TP }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
+        { "tensor-parallel-size", 1, 0, O_TP }, { "swap-space", 1, 0, O_SWAP }, { "help", 0, 0, O_HELP },
+        { 0, 0, 0, 0 },
     };
     sf_gateway_config c;
     sf_gateway_config_default(&c);
@@ -191,6 +193,7 @@ int sf_cmd_serve(int argc, char **argv)
         case O_BLOCKS: bad = num("--num-kv-blocks", optarg, 1, 1 << 26, &d); c.engine.num_kv_blocks = (int)d; break;
         case O_BLOCKSZ: bad = num("--kv-block-size", optarg, 1, 1024, &d); c.engine.kv_block_size = (int)d; break;
         case O_RESERVE: bad = num("--kv-high-reserve", optarg, 0, 0.9, &d); c.engine.kv_high_reserve = (float)d; break;
+        case O_SWAP: bad = num("--swap-space", optarg, 0, 1 << 20, &d); c.engine.swap_space_gib = d; break;
         case O_GPUMEM: bad = num("--gpu-memory-utilization", optarg, 0.05, 1, &d); c.engine.gpu_memory_utilization = (float)d; break;
         case O_QLIMIT:
             bad = num("--queue-limit", optarg, 1, 1 << 20, &d);

@@ -89,6 +89,33 @@ static void sleep_s(double s)
     while (nanosleep(&ts, &ts) != 0) {}
 }
 
+/* Low urgency under contention: sleep until `through` bytes of a call started at t_start are due
+ * at the share of the link the other processes leave. */
+static void pace(sf_dma *d, int urgency, int dir, double t_start, size_t through, double *waited, uint64_t *paced)
+{
+    if (urgency != SF_URGENCY_LOW || !d->o.contention) return;
+    double c = d->o.contention(d->o.contention_arg);
+    if (c < d->o.pace_threshold) return;
+    double share = SF_MAX(d->o.pace_floor, 1.0 - c);
+    double due = t_start + (double)through / (share * d->low_gbs[dir] * 1e9);
+    double now = sf_now_s();
+    if (due > now) {
+        sleep_s(due - now);
+        *waited += due - now;
+        (*paced)++;
+    }
+}
+
+static void account(sf_dma *d, int urgency, int dir, size_t bytes, uint64_t chunks, uint64_t paced, double waited)
+{
+    pthread_mutex_lock(&d->mu);
+    d->st.bytes[urgency][dir] += bytes;
+    d->st.chunks[urgency] += chunks;
+    d->st.paced_copies += paced;
+    d->st.paced_s += waited;
+    pthread_mutex_unlock(&d->mu);
+}
+
 int sf_dma_copy(sf_dma *d, void *dst, const void *src, size_t n, int dir, int urgency, sf_error *err)
 {
     if (!d) return sf_err(err, SF_EINVAL, "dma: not initialised");
@@ -102,20 +129,7 @@ int sf_dma_copy(sf_dma *d, void *dst, const void *src, size_t n, int dir, int ur
 
     while (done < n) {
         size_t k = SF_MIN(chunk, n - done);
-        if (urgency == SF_URGENCY_LOW && d->o.contention) {
-            double c = d->o.contention(d->o.contention_arg);
-            if (c >= d->o.pace_threshold) {
-                /* hold the call's average rate to the share of the link the others leave */
-                double share = SF_MAX(d->o.pace_floor, 1.0 - c);
-                double due = t_start + (double)(done + k) / (share * d->low_gbs[dir] * 1e9);
-                double now = sf_now_s();
-                if (due > now) {
-                    sleep_s(due - now);
-                    waited += due - now;
-                    paced++;
-                }
-            }
-        }
+        pace(d, urgency, dir, t_start, done + k, &waited, &paced);
         rc = d->o.copy(d->o.copy_arg, (char *)dst + done, (const char *)src + done, k, dir, err);
         if (rc != SF_OK) {
             sf_err_wrap(err, "dma: chunk at byte %zu of %zu", done, n);
@@ -124,12 +138,33 @@ int sf_dma_copy(sf_dma *d, void *dst, const void *src, size_t n, int dir, int ur
         done += k;
         chunks++;
     }
-    pthread_mutex_lock(&d->mu);
-    d->st.bytes[urgency][dir] += done;
-    d->st.chunks[urgency] += chunks;
-    d->st.paced_copies += paced;
-    d->st.paced_s += waited;
-    pthread_mutex_unlock(&d->mu);
+    account(d, urgency, dir, done, chunks, paced, waited);
+    return rc;
+}
+
+int sf_dma_copy_units(sf_dma *d, int n_units, size_t unit_bytes, int dir, int urgency, sf_dma_unit_fn fn, void *arg,
+                      sf_error *err)
+{
+    if (!d || !fn) return sf_err(err, SF_EINVAL, "dma: not initialised or no unit copy function");
+    if (dir != SF_DMA_H2D && dir != SF_DMA_D2H) return sf_err(err, SF_EINVAL, "dma: direction %d is not H2D/D2H", dir);
+    if (n_units < 0 || (n_units && !unit_bytes))
+        return sf_err(err, SF_EINVAL, "dma: %d units of %zu bytes is not a copy", n_units, unit_bytes);
+    if (urgency < 0 || urgency >= SF_URGENCY_COUNT) urgency = SF_URGENCY_NORMAL;
+    int per = (int)SF_MAX((size_t)1, d->chunk[urgency][dir] / (unit_bytes ? unit_bytes : 1)), done = 0;
+    uint64_t chunks = 0, paced = 0;
+    double waited = 0, t_start = sf_now_s();
+    int rc = SF_OK;
+    while (done < n_units) {
+        int k = SF_MIN(per, n_units - done);
+        pace(d, urgency, dir, t_start, (size_t)(done + k) * unit_bytes, &waited, &paced);
+        if ((rc = fn(arg, done, k, err)) != SF_OK) {
+            sf_err_wrap(err, "dma: units %d..%d of %d", done, done + k - 1, n_units);
+            break;
+        }
+        done += k;
+        chunks++;
+    }
+    account(d, urgency, dir, (size_t)done * unit_bytes, chunks, paced, waited);
     return rc;
 }
 

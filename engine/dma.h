@@ -31,7 +31,7 @@ typedef int (*sf_dma_copy_fn)(void *arg, void *dst, const void *src, size_t n, i
 typedef double (*sf_dma_contention_fn)(void *arg);
 
 typedef struct sf_dma_opts {
-    sf_dma_copy_fn copy;              /* required */
+    sf_dma_copy_fn copy;              /* required (used by sf_dma_copy) */
     void *copy_arg;
     const sf_hw_info *hw;             /* measured chunk curve (pinned); NULL or no GPU: defaults */
     sf_dma_contention_fn contention;  /* NULL: never paced */
@@ -57,6 +57,13 @@ void sf_dma_free(sf_dma *d);
 size_t sf_dma_chunk(const sf_dma *d, int urgency, int dir);
 /* Copies n bytes in chunks; low urgency may sleep (pacing). Stops at the first failing chunk. */
 int sf_dma_copy(sf_dma *d, void *dst, const void *src, size_t n, int dir, int urgency, sf_error *err);
+/* Copies n_units whole units of unit_bytes (e.g. KV blocks, which the backend copies by id) by
+ * calling fn(arg, first, count) on consecutive runs: count units, as many as fit in the
+ * urgency's chunk (at least one). Same pacing and stats as sf_dma_copy; stops at the first
+ * failing run. */
+typedef int (*sf_dma_unit_fn)(void *arg, int first, int count, sf_error *err);
+int sf_dma_copy_units(sf_dma *d, int n_units, size_t unit_bytes, int dir, int urgency, sf_dma_unit_fn fn, void *arg,
+                      sf_error *err);
 void sf_dma_get_stats(sf_dma *d, sf_dma_stats *st);
 
 #endif

@@ -18,6 +18,7 @@
 #include "model.h"
 #include "request.h"
 #include "scheduler.h"
+#include "swap.h"
 #include "tokenizer.h"
 #include "tp.h"
 
@@ -34,6 +35,7 @@ struct sf_engine {
     int pool_ready;
     sf_sched sched;
     int sched_ready;
+    sf_swap swap;               /* host swap space for preemption by swap (n_slots 0: off) */
     float *logits;              /* [max_num_seqs * vocab] host */
     int vocab, max_model_len;
 
@@ -79,6 +81,7 @@ void sf_engine_config_default(sf_engine_config *c)
     c->kv_block_size = 16;
     c->gpu_memory_utilization = 0.9f;
     c->kv_high_reserve = 0.1f;
+    c->swap_space_gib = 1.0;
     for (int i = 0; i < SF_URGENCY_COUNT; i++) c->queue_limit[i] = 256;
 }
 
@@ -150,6 +153,30 @@ static void cancel_if_asked(sf_seq *q, void *arg)
     if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) finish_and_free(e, r, SF_FINISH_CANCELLED, SF_OK, NULL);
 }
 
+/* Run the plan's swap copies: every swap-out (its blocks may already be planned for others),
+ * then every swap-in. A failed swap-out turns into a recompute; a failed swap-in fails its
+ * request (its K/V is lost). */
+static void run_swaps(sf_engine *e, const sf_plan *p)
+{
+    sf_error err = { 0 };
+    for (int i = 0; i < p->n_swap_out; i++) {
+        if (!p->swap_out[i].seq) continue;
+        if (sf_swap_run(&e->swap, &p->swap_out[i], SF_DMA_D2H, &err) != SF_OK) {
+            SF_LOGW("%s; the sequence will be recomputed instead", err.msg);
+            sf_sched_swap_out_failed(&e->sched, i);
+        }
+    }
+    for (int i = 0; i < p->n_swap_in; i++) {
+        sf_seq *q = p->swap_in[i].seq;
+        if (!q) continue;
+        int rc = sf_swap_run(&e->swap, &p->swap_in[i], SF_DMA_H2D, &err);
+        if (rc != SF_OK) {
+            SF_LOGE("%s", err.msg);
+            finish_and_free(e, q->owner, SF_FINISH_ERROR, rc, err.msg);
+        }
+    }
+}
+
 /* One scheduler step: plan, run the forward pass, sample, deliver. Returns the tokens run. */
 static int engine_step(sf_engine *e)
 {
@@ -157,6 +184,7 @@ static int engine_step(sf_engine *e)
     const sf_plan *p = sf_sched_plan(&e->sched);
     for (int i = 0; i < p->n_stuck; i++) /* the KV pool cannot hold them even alone */
         finish_and_free(e, p->stuck[i]->owner, SF_FINISH_LENGTH, SF_OK, NULL);
+    run_swaps(e, p);
     if (p->n_tokens == 0) {
         sf_sched_discard(&e->sched);
         return p->n_stuck;
@@ -224,6 +252,11 @@ static void update_stats(sf_engine *e)
     e->st.tokens_prefill = s->tokens_prefill;
     e->st.tokens_decode = s->tokens_decode;
     e->st.preemptions = s->preemptions;
+    e->st.swaps_out = s->swaps_out;
+    e->st.swaps_in = s->swaps_in;
+    e->st.swap_fallbacks = s->swap_fallbacks;
+    e->st.swap_blocks_total = s->swap.n_blocks;
+    e->st.swap_blocks_used = s->swap.n_blocks - s->swap.n_free;
     e->win_tokens += e->n_tokens_out - e->st_tokens_seen;
     e->win_finished += e->n_finished - e->st.finished;
     e->st_tokens_seen = e->n_tokens_out;
@@ -397,8 +430,14 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     if ((rc = e->tp ? sf_tp_kv_init(e->tp, &kc, err) : e->be->ops->kv_init(e->be, &kc, err)) != SF_OK) goto fail;
     if ((rc = sf_kv_pool_init(&e->pool, n_blocks, c->kv_block_size, err)) != SF_OK) goto fail;
     e->pool_ready = 1;
+    /* Swap space: tensor-parallel ranks hold a share of each block each, which rank 0's copies
+     * would not cover, so swap stays off there. */
+    if (!e->tp && (rc = sf_swap_init(&e->swap, e->be, e->be->ops->kv_block_bytes(e->be, &kc), c->swap_space_gib,
+                                     err)) != SF_OK)
+        goto fail;
     sf_sched_config sc = { .max_num_seqs = c->max_num_seqs, .max_batched_tokens = c->max_batched_tokens,
-                           .max_model_len = e->max_model_len, .kv_high_reserve = c->kv_high_reserve };
+                           .max_model_len = e->max_model_len, .kv_high_reserve = c->kv_high_reserve,
+                           .swap_blocks = e->swap.n_slots };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
@@ -436,6 +475,7 @@ void sf_engine_free(sf_engine *e)
     free(e->logits);
     if (e->sched_ready) sf_sched_free(&e->sched);
     if (e->pool_ready) sf_kv_pool_free(&e->pool);
+    sf_swap_free(&e->swap);
     if (e->tp) sf_tp_free(e->tp); /* stops the followers; frees fwd */
     else sf_forward_free(e->fwd);
     if (e->be) sf_backend_close(e->be);

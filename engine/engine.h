@@ -107,6 +107,7 @@ typedef struct sf_engine_config {
     int queue_limit[SF_URGENCY_COUNT]; /* waiting requests per lane before SF_AGAIN (default 256) */
     int progress;             /* loader progress bar */
     int tensor_parallel;      /* ranks the model is split over (processes; GPUs on CUDA); <= 1: none */
+    double swap_space_gib;    /* host memory for preemption by swap (default 1); 0: recompute only */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -140,6 +141,10 @@ typedef struct sf_engine_stats {
     uint64_t steps, tokens_prefill, tokens_decode, preemptions;
     uint64_t finished, cancelled;
     double tokens_per_s;       /* output tokens/s over the last few seconds */
+    /* preemption by swap: sequences swapped out / in, preemptions that fell back to recompute
+     * because the swap space was full, and the swap space in KV blocks */
+    uint64_t swaps_out, swaps_in, swap_fallbacks;
+    int swap_blocks_total, swap_blocks_used;
 } sf_engine_stats;
 /* Any thread. A snapshot taken after every engine step (and when the engine goes idle). */
 void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st);

@@ -30,9 +30,11 @@ void sf_seq_free(sf_seq *q)
     if (!q) return;
     free(q->tokens);
     free(q->blocks);
+    free(q->swap_slots);
     q->tokens = NULL;
     q->blocks = NULL;
-    q->n_tokens = q->n_blocks = q->cap_tokens = q->cap_blocks = 0;
+    q->swap_slots = NULL;
+    q->n_tokens = q->n_blocks = q->cap_tokens = q->cap_blocks = q->n_swap = q->cap_swap = 0;
 }
 
 int sf_seq_append(sf_seq *q, int32_t id)
@@ -110,6 +112,10 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
                       c->max_batched_tokens, c->max_num_seqs);
     if (!(c->kv_high_reserve >= 0.0f && c->kv_high_reserve < 1.0f))
         return sf_err(err, SF_EINVAL, "scheduler: kv_high_reserve %g must be in [0, 1)", (double)c->kv_high_reserve);
+    if (c->swap_blocks < 0)
+        return sf_err(err, SF_EINVAL, "scheduler: swap space of %d blocks; it must be 0 (off) or more", c->swap_blocks);
+    if (c->swap_blocks > 0 && sf_kv_pool_init(&s->swap, c->swap_blocks, 1, err) != SF_OK)
+        return sf_err_wrap(err, "scheduler: swap space of %d blocks", c->swap_blocks);
     s->cfg = *c;
     s->pool = pool;
     s->reserve_blocks = (int)((double)pool->n_blocks * c->kv_high_reserve);
@@ -150,6 +156,10 @@ void sf_sched_free(sf_sched *s)
     free(s->b_seq_ctx);
     free(s->b_logit_rows);
     free(s->b_table);
+    for (int i = 0; i < s->plan.n_swap_out; i++) free(s->plan.swap_out[i].blocks);
+    free(s->plan.swap_out);
+    free(s->plan.swap_in);
+    if (s->swap.n_blocks) sf_kv_pool_free(&s->swap);
     memset(s, 0, sizeof *s);
 }
 
@@ -162,6 +172,69 @@ static void release_blocks(sf_sched *s, sf_seq *q)
         if (q->urgency < SF_URGENCY_HIGH) s->held_low -= q->n_blocks;
     }
     q->n_blocks = 0;
+}
+
+/* Give back q's swap slots and call off its pending swap copies. */
+static void release_swap(sf_sched *s, sf_seq *q)
+{
+    if (q->n_swap) sf_kv_release(&s->swap, q->swap_slots, q->n_swap);
+    q->n_swap = 0;
+    if (q->swap_in_op) s->plan.swap_in[q->swap_in_op - 1].seq = NULL;
+    if (q->swap_out_op) s->plan.swap_out[q->swap_out_op - 1].seq = NULL;
+    q->swap_in_op = q->swap_out_op = 0;
+}
+
+/* Room for one more op in *ops (capacity *cap). */
+static int ops_reserve(sf_swap_op **ops, int n, int *cap)
+{
+    if (n < *cap) return SF_OK;
+    int c = *cap * 2 + 8;
+    sf_swap_op *o = realloc(*ops, (size_t)c * sizeof *o);
+    if (!o) return SF_ENOMEM;
+    *ops = o;
+    *cap = c;
+    return SF_OK;
+}
+
+/* Preempting q: move the K/V of its computed tokens to swap slots if they fit. Returns 1 if q
+ * keeps its computed tokens (the caller copies them out before the step), 0 for recompute. */
+static int swap_out(sf_sched *s, sf_seq *q)
+{
+    int nb = sf_kv_blocks_for(s->pool, q->n_computed);
+    if (!s->swap.n_blocks || nb == 0 || nb > q->n_blocks) return 0;
+    if (s->swap.n_free < nb) {
+        s->swap_fallbacks++;
+        return 0;
+    }
+    sf_plan *p = &s->plan;
+    if (ops_reserve(&p->swap_out, p->n_swap_out, &s->cap_swap_out) != SF_OK) return 0;
+    if (q->cap_swap < nb) {
+        int32_t *t = realloc(q->swap_slots, (size_t)nb * sizeof *t);
+        if (!t) return 0;
+        q->swap_slots = t;
+        q->cap_swap = nb;
+    }
+    int32_t *ids = malloc(2 * (size_t)nb * sizeof *ids);
+    if (!ids) return 0;
+    if (sf_kv_alloc(&s->swap, nb, q->swap_slots) != SF_OK) {
+        free(ids);
+        return 0;
+    }
+    memcpy(ids, q->blocks, (size_t)nb * sizeof *ids);
+    memcpy(ids + nb, q->swap_slots, (size_t)nb * sizeof *ids);
+    p->swap_out[p->n_swap_out] = (sf_swap_op){ .seq = q, .urgency = q->urgency, .n = nb, .blocks = ids, .slots = ids + nb };
+    q->n_swap = nb;
+    q->swap_out_op = ++p->n_swap_out;
+    s->swaps_out++;
+    return 1;
+}
+
+void sf_sched_swap_out_failed(sf_sched *s, int i)
+{
+    if (i < 0 || i >= s->plan.n_swap_out || !s->plan.swap_out[i].seq) return;
+    sf_seq *q = s->plan.swap_out[i].seq;
+    release_swap(s, q);
+    q->n_computed = 0;
 }
 
 /* Blocks a sequence of this urgency could hold with the pool to itself. */
@@ -229,6 +302,7 @@ void sf_sched_remove(sf_sched *s, sf_seq *q)
         s->n_waiting[q->urgency]--;
     }
     release_blocks(s, q);
+    release_swap(s, q);
     q->state = SF_SEQ_DONE;
 }
 
@@ -237,8 +311,17 @@ static void preempt(sf_sched *s, sf_seq *q)
     withdraw(s, q);
     list_unlink(q);
     s->n_running--;
+    int kept;
+    if (q->swap_in_op) { /* swapped in during this plan: the copy has not run, its slots still hold the K/V */
+        s->plan.swap_in[q->swap_in_op - 1].seq = NULL;
+        q->swap_in_op = 0;
+        s->swaps_in--;
+        kept = 1;
+    } else {
+        kept = swap_out(s, q);
+    }
     release_blocks(s, q);
-    q->n_computed = 0;
+    if (!kept) q->n_computed = 0;
     q->state = SF_SEQ_WAITING;
     q->n_preempted++;
     q->preempted_at = s->steps + 1;
@@ -314,6 +397,7 @@ static int admit_head(sf_sched *s, sf_seq *q)
     }
     int n = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
     if (n <= 0) return 0;
+    if (q->n_swap && ops_reserve(&s->plan.swap_in, s->plan.n_swap_in, &s->cap_swap_in) != SF_OK) return 0;
     for (;;) {
         int rc = grow_blocks(s, q, q->n_computed + n);
         if (rc == SF_OK) break;
@@ -331,12 +415,31 @@ static int admit_head(sf_sched *s, sf_seq *q)
     insert_sorted(&s->running, q, run_before);
     s->n_running++;
     if (add_item(s, q, n) != SF_OK) return take_out_stuck(s, q);
+    if (q->n_swap) { /* its K/V comes back into the first n_swap of its new blocks before the step */
+        sf_plan *p = &s->plan;
+        p->swap_in[p->n_swap_in] = (sf_swap_op){ .seq = q, .urgency = q->urgency, .n = q->n_swap,
+                                                 .blocks = q->blocks, .slots = q->swap_slots };
+        q->swap_in_op = ++p->n_swap_in;
+        s->swaps_in++;
+    }
     return 1;
 }
 
 const sf_plan *sf_sched_plan(sf_sched *s)
 {
     sf_plan *p = &s->plan;
+    /* the previous step's swap copies ran: swapped-in sequences give their slots back */
+    for (int i = 0; i < p->n_swap_in; i++) {
+        sf_seq *q = p->swap_in[i].seq;
+        if (!q) continue;
+        q->swap_in_op = 0;
+        release_swap(s, q);
+    }
+    for (int i = 0; i < p->n_swap_out; i++) {
+        if (p->swap_out[i].seq) p->swap_out[i].seq->swap_out_op = 0;
+        free(p->swap_out[i].blocks);
+    }
+    p->n_swap_in = p->n_swap_out = 0;
     p->n_items = p->n_tokens = p->n_decode = p->n_prefill = p->n_stuck = 0;
     s->budget_left = s->cfg.max_batched_tokens;
 

@@ -11,8 +11,10 @@
  * is ordered by urgency (high first), then earliest deadline, then arrival. KV blocks are
  * allocated as a step's tokens need them; the last kv_high_reserve share of the pool is for
  * high-urgency sequences only. When blocks or seats run out, the lowest-class running sequence
- * (latest arrival first) is preempted by recompute: its blocks are freed and it goes back to the
- * waiting queue with all its tokens, to be prefilled again.
+ * (latest arrival first) is preempted: by swap when its K/V fits in the free swap slots (the plan
+ * lists the block copies the caller runs before the step; the K/V comes back into new blocks
+ * when the sequence is admitted again), else by recompute: its blocks are freed and it goes back
+ * to the waiting queue with all its tokens, to be prefilled again.
  *
  * Ownership: sf_seq structs belong to the caller (the engine embeds one in each request); the
  * scheduler links them into its queues and owns their block lists. */
@@ -47,6 +49,11 @@ typedef struct sf_seq {
     uint64_t preempted_at;    /* step number (1-based) of the last preemption */
     int plan_idx;             /* index in the current plan, -1 when not planned */
     struct sf_seq *prev, *next;
+    /* swap: while preempted by swap, the K/V of its n_computed tokens is in these swap slots */
+    int32_t *swap_slots;
+    int n_swap, cap_swap;
+    int swap_in_op;           /* 1 + index in the plan's swap_in when swapped in this step, else 0 */
+    int swap_out_op;          /* 1 + index in the plan's swap_out when swapped out this step, else 0 */
 } sf_seq;
 
 /* Initialise with a copy of the prompt. */
@@ -60,7 +67,18 @@ typedef struct sf_sched_config {
     int max_batched_tokens;   /* tokens per step at most; >= max_num_seqs */
     int max_model_len;        /* context length cap */
     float kv_high_reserve;    /* share of the pool only SF_URGENCY_HIGH may take, [0, 1) */
+    int swap_blocks;          /* swap space in KV blocks (host memory); 0: preemption by recompute only */
 } sf_sched_config;
+
+/* A KV copy the caller runs between sf_sched_plan and the forward step: every swap_out first,
+ * then every swap_in. Block i goes to / comes from swap slot slots[i]. seq is NULL when the
+ * copy was called off (the sequence was preempted again or removed in the same plan). */
+typedef struct sf_swap_op {
+    sf_seq *seq;
+    int urgency;              /* the sequence's class: the DMA chunk size */
+    int n;
+    int32_t *blocks, *slots;  /* [n] each, owned by the scheduler, valid until the next plan */
+} sf_swap_op;
 
 /* One planned piece of work: tokens [start, start + n) of seq. logits: this piece ends at the
  * sequence's last known token, so the step yields its next-token distribution. */
@@ -77,6 +95,8 @@ typedef struct sf_plan {
     int n_decode, n_prefill;  /* tokens of each kind */
     sf_seq **stuck;           /* sequences that cannot make progress even alone (pool too small): */
     int n_stuck;              /* the caller finishes them (length) and calls sf_sched_remove */
+    sf_swap_op *swap_out, *swap_in;
+    int n_swap_out, n_swap_in;
 } sf_plan;
 
 typedef struct sf_sched {
@@ -96,6 +116,10 @@ typedef struct sf_sched {
     int cap_table;
     /* counters */
     uint64_t steps, tokens_prefill, tokens_decode, preemptions;
+    /* swap space: a pool of slots of one KV block each (bookkeeping; the memory is the caller's) */
+    sf_kv_pool swap;
+    int cap_swap_out, cap_swap_in;
+    uint64_t swaps_out, swaps_in, swap_fallbacks; /* fallbacks: preempted by recompute, swap full */
 } sf_sched;
 
 /* pool: an initialised KV pool the scheduler allocates from (not owned). SF_EINVAL with a clear
@@ -120,6 +144,9 @@ void sf_sched_batch(sf_sched *s, sf_batch *b);
 void sf_sched_commit(sf_sched *s);
 /* The step did not run: nothing advances; the blocks stay with their sequences. */
 void sf_sched_discard(sf_sched *s);
+
+/* The caller could not run swap_out op i (copy failed): the sequence gets recomputed instead. */
+void sf_sched_swap_out_failed(sf_sched *s, int i);
 
 static inline int sf_sched_waiting_total(const sf_sched *s)
 {

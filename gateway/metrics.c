@@ -161,6 +161,7 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
     counter(out, "semflow_engine_prefill_tokens_total", "Prompt tokens computed by the engine.", st.tokens_prefill);
     counter(out, "semflow_engine_decode_tokens_total", "Tokens decoded by the engine.", st.tokens_decode);
     counter(out, "semflow_preemptions_total", "Sequences preempted for a higher class.", st.preemptions);
+    counter(out, "semflow_swaps_out_total", "Preempted sequences whose KV went to host swap.", st.swaps_out);
     counter(out, "semflow_engine_finished_total", "Sequences finished.", st.finished);
     counter(out, "semflow_engine_cancelled_total", "Sequences cancelled.", st.cancelled);
 }

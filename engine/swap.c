@@ -1,0 +1,82 @@
+/* swap.c — host swap space for preempted sequences' K/V (see swap.h). */
+#include "swap.h"
+
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* The swap space copies whole KV blocks by id (sf_dma_copy_units), never raw bytes. */
+static int no_byte_copy(void *arg, void *dst, const void *src, size_t n, int dir, sf_error *err)
+{
+    return sf_err(err, SF_EUNSUPPORTED, "swap: KV blocks are copied by block id, not as %zu raw bytes", n);
+}
+
+int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_error *err)
+{
+    memset(w, 0, sizeof *w);
+    if (!(gib >= 0)) return sf_err(err, SF_EINVAL, "swap space %g GiB: it must be 0 (off) or more", gib);
+    if (gib == 0 || !be->ops->kv_copy_out || !be->ops->kv_copy_in || block_bytes == 0) return SF_OK;
+    double n = gib * (double)(1u << 30) / (double)block_bytes;
+    if (n < 1) return SF_OK;
+    w->n_slots = n > (double)(1 << 24) ? 1 << 24 : (int)n;
+    w->be = be;
+    w->block_bytes = block_bytes;
+    w->bytes = (size_t)w->n_slots * block_bytes;
+    void *mem = mmap(NULL, w->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (mem == MAP_FAILED) {
+        int e = errno;
+        size_t bytes = w->bytes;
+        memset(w, 0, sizeof *w);
+        return sf_err(err, SF_ENOMEM, "swap space: mmap of %zu MiB failed: %s; lower --swap-space (0 turns it off)",
+                      bytes >> 20, strerror(e));
+    }
+    w->mem = mem;
+    sf_dma_opts o = { .copy = no_byte_copy, .hw = be->ops->hw(be) };
+    int rc = sf_dma_new(&o, &w->dma, err);
+    if (rc != SF_OK) sf_swap_free(w);
+    return rc;
+}
+
+void sf_swap_free(sf_swap *w)
+{
+    if (!w) return;
+    if (w->mem) munmap(w->mem, w->bytes);
+    sf_dma_free(w->dma);
+    memset(w, 0, sizeof *w);
+}
+
+typedef struct run_arg {
+    sf_swap *w;
+    const sf_swap_op *op;
+    int dir;
+} run_arg;
+
+/* Copy op blocks [first, first + count), one backend call per run of consecutive slots. */
+static int copy_units(void *arg, int first, int count, sf_error *err)
+{
+    run_arg *a = arg;
+    const sf_swap_op *op = a->op;
+    sf_backend *be = a->w->be;
+    for (int i = first; i < first + count;) {
+        int k = 1;
+        while (i + k < first + count && op->slots[i + k] == op->slots[i] + k) k++;
+        unsigned char *host = a->w->mem + (size_t)op->slots[i] * a->w->block_bytes;
+        int rc = a->dir == SF_DMA_D2H ? be->ops->kv_copy_out(be, op->blocks + i, k, host)
+                                      : be->ops->kv_copy_in(be, op->blocks + i, k, host);
+        if (rc != SF_OK)
+            return sf_err(err, rc, "swap: %s of %d KV blocks from block %d failed on the %s backend",
+                          a->dir == SF_DMA_D2H ? "copy out" : "copy in", k, op->blocks[i], be->ops->name);
+        i += k;
+    }
+    return SF_OK;
+}
+
+int sf_swap_run(sf_swap *w, const sf_swap_op *op, int dir, sf_error *err)
+{
+    if (!w->n_slots) return sf_err(err, SF_EINVAL, "swap: no swap space");
+    for (int i = 0; i < op->n; i++)
+        if (op->slots[i] < 0 || op->slots[i] >= w->n_slots)
+            return sf_err(err, SF_EINVAL, "swap: slot %d out of range [0, %d)", op->slots[i], w->n_slots);
+    run_arg a = { w, op, dir };
+    return sf_dma_copy_units(w->dma, op->n, w->block_bytes, dir, op->urgency, copy_units, &a, err);
+}
