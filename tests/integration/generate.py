@@ -2,30 +2,18 @@
 """`semflow generate` from outside: streamed text, greedy reference, seeds, stop strings, timing
 line, the random-weights notice, and clear exit codes for bad flags."""
 import os
-import subprocess
 import sys
 
-BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
-DATA = os.environ.get("SF_TESTDATA") or os.path.realpath("../shared/testdata")
-STORIES = os.path.join(DATA, "stories260K", "stories260K.gguf")
-passed = failed = 0
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sftest import DATA, check, results  # noqa: E402
+from sftest import run as run_bin  # noqa: E402
 
 
 def run(*args, timeout=120):
-    p = subprocess.run([BIN, "generate", *args], capture_output=True, timeout=timeout)
-    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+    return run_bin("generate", *args, timeout=timeout)
 
 
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS: {name}")
-    else:
-        failed += 1
-        print(f"FAIL: {name}: {detail}")
-    sys.stdout.flush()
-
+STORIES = os.path.join(DATA, "stories260K", "stories260K.gguf")
 
 rc, out, err = run("--model", STORIES, "--prompt", "Once upon a time", "--temperature", "0",
                    "--max-tokens", "30", "--backend", "cpu")
@@ -74,5 +62,5 @@ for args, want_rc, want_msg in bad:
     check(f"bad_flags {' '.join(args)[-48:]}", rc == want_rc and want_msg in err and "Segmentation" not in err,
           f"rc {rc} (want {want_rc}) err {err.strip()!r}")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+print(f"{results.passed} passed, {results.failures} failed")
+sys.exit(1 if results.failures else 0)

@@ -4,29 +4,11 @@ output, and exit status 2 with a clear message for every bad flag. Timing values
 checked to be positive: benchmarks are never asserted on in tests."""
 import json
 import os
-import subprocess
 import sys
 
-BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
-DATA = os.environ.get("SF_TESTDATA") or os.path.realpath("../shared/testdata")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sftest import DATA, check, results, run  # noqa: E402
 STORIES = os.path.join(DATA, "stories260K", "stories260K.gguf")
-passed = failed = 0
-
-
-def run(*args, timeout=120):
-    p = subprocess.run([BIN, *args], capture_output=True, timeout=timeout)
-    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
-
-
-def check(name, ok, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-        print(f"PASS: {name}")
-    else:
-        failed += 1
-        print(f"FAIL: {name}: {detail}")
-    sys.stdout.flush()
 
 
 rc, out, err = run("hal", "--json")
@@ -81,5 +63,5 @@ check("bench_ctx_past_model", rc == 1 and "context of 2048" in err, f"rc {rc}: {
 rc, out, err = run("bench", "decode", "--model", STORIES, "--backend", "tpu")
 check("bench_bad_backend", rc == 1 and "tpu" in err, f"rc {rc}: {err[:300]}")
 
-print(f"{passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+print(f"{results.passed} passed, {results.failures} failed")
+sys.exit(1 if results.failures else 0)

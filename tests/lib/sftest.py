@@ -9,9 +9,11 @@ import tempfile
 import time
 
 BIN = os.environ.get("SEMFLOW_BIN", "build/semflow")
+DATA = os.environ.get("SF_TESTDATA") or os.path.realpath("../shared/testdata")
 
 
 class _Results:
+    passed = 0
     failures = 0
 
 
@@ -20,11 +22,18 @@ results = _Results()
 
 def check(name, cond, detail=""):
     if cond:
+        results.passed += 1
         print("PASS: %s" % name)
     else:
         results.failures += 1
         print("FAIL: %s: %s" % (name, detail))
     sys.stdout.flush()
+
+
+def run(*args, timeout=120):
+    """Runs the semflow binary with args: (exit status, stdout, stderr) as text."""
+    p = subprocess.run([BIN, *args], capture_output=True, timeout=timeout)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 
 def free_port():
