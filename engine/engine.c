@@ -318,7 +318,19 @@ static void *engine_main(void *arg)
             e->busy = 0;
             update_stats(e);
             pthread_cond_broadcast(&e->idle);
-            pthread_cond_wait(&e->wake, &e->mu);
+            if (!e->sched.degraded) {
+                pthread_cond_wait(&e->wake, &e->mu);
+                continue;
+            }
+            /* degraded with nothing to do: the KV is free, so wake to let the state end */
+            double hold = SF_MAX(e->cfg.kv_degrade_hold_s / 4, 0.01), until;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            until = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + hold;
+            ts.tv_sec = (time_t)until;
+            ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+            pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+            sf_sched_tick(&e->sched, sf_now_s()); /* sched is the engine thread's; the lock is only held longer */
         }
         if (e->stop) break;
         e->busy = 1;

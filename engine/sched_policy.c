@@ -17,7 +17,7 @@
 
 #include "engine.h"
 
-#define CM_FORGET 0.98      /* recursive least squares forgetting factor (~50 steps of memory) */
+#define CM_FORGET 0.95      /* recursive least squares forgetting factor (~20 steps of memory) */
 #define CM_MIN_STEPS 8      /* steps measured before the model is trusted */
 #define AVG_ALPHA 0.1       /* moving average of step time (admission's floor check) */
 
@@ -148,6 +148,12 @@ void sf_policy_update(sf_sched *s)
         s->decisions[SF_DECISION_RESTORE]++;
     }
     sf_sched_resort_waiting(s);
+}
+
+void sf_sched_tick(sf_sched *s, double now)
+{
+    s->now = now;
+    sf_policy_update(s);
 }
 
 void sf_policy_on_add(sf_sched *s, sf_seq *q)

@@ -183,6 +183,9 @@ const sf_plan *sf_sched_plan_at(sf_sched *s, double now);
 void sf_sched_observe(sf_sched *s, int n_tokens, int n_decode, double ms);
 /* Predicted milliseconds of a step of n tokens; 0 while too few steps were measured. */
 double sf_sched_predict_ms(const sf_sched *s, int n_tokens);
+/* Follow KV usage at time now without planning (the engine calls it while idle, so a degraded
+ * state ends even when no request comes). */
+void sf_sched_tick(sf_sched *s, double now);
 /* KV usage of the pool in [0, 1] as the degrade policy sees it. */
 double sf_sched_kv_usage(const sf_sched *s);
 /* Fill b with the current plan's batch (arrays owned by the scheduler). Logit rows are in
