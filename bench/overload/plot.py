@@ -77,6 +77,30 @@ def watch_table(outdir, runs):
     return "\n".join(rows) + "\n" if len(rows) > 2 else ""
 
 
+def short(outdir, runs, rate):
+    """One line per run: what the goals of issue 6 look at."""
+    rows = ["1x = %s req/s" % rate,
+            "%-4s %-5s %9s %9s %9s %9s %10s %8s %8s %6s %6s" % ("prio", "load", "rtTTFT95", "rtITL95", "rt c/429",
+                                                         "bt c/429", "bt tok/s", "failed", "KVpeak", "relax", "int8")]
+    for level in sorted(set(runs["on"]) | set(runs["off"])):
+        for mode in ("on", "off"):
+            rep = runs[mode].get(level)
+            if not rep:
+                continue
+            rt, bt = cls(rep, "realtime-chat"), cls(rep, "batch-summarize")
+            w = load_watch(outdir, mode, level) or {}
+            d = w.get("decisions", {})
+            f = (lambda c, k: "%.0f" % c[k]["p95_ms"] if c and c[k]["n"] else "-")
+            tps = (lambda c: "%.1f" % (1000.0 / c["tpot"]["mean_ms"]) if c and c["tpot"]["n"] and
+                   c["tpot"]["mean_ms"] > 0 else "-")
+            cr = (lambda c: "%d/%d" % (c["completed"], c["rejected_429"]) if c else "-")
+            kv = w.get("kv_usage_peak")
+            rows.append("%-4s %-5s %9s %9s %9s %9s %10s %8d %8s %6d %6d" % (
+                mode, "%dx" % level, f(rt, "ttft"), f(rt, "itl"), cr(rt), cr(bt), tps(bt), rep["all"]["failed"],
+                "%.1f%%" % (100 * kv) if kv is not None else "-", d.get("relax", 0), d.get("kv_int8", 0)))
+    return "\n".join(rows) + "\n"
+
+
 def table(runs, rate):
     rows = ["| class | priorities | load | req/s | TTFT P50 / P95 / P99 (ms) | ITL P50 / P95 / P99 (ms) "
             "| goodput (req/s) | completed / 429 / failed | tok/s per request |",
@@ -152,6 +176,7 @@ def main():
     ap.add_argument("--png", default="docs/overload-cpu.png")
     ap.add_argument("--title", default="semflow mixed-priority overload: latency against load")
     ap.add_argument("--no-png", action="store_true", help="only the table (no matplotlib needed)")
+    ap.add_argument("--short", action="store_true", help="print one line per run instead of the tables")
     a = ap.parse_args()
     if not os.path.isdir(a.outdir):
         sys.exit(f"plot.py: {a.outdir} is not a folder; give the OUTDIR bench/overload/run.sh wrote")
@@ -169,7 +194,7 @@ def main():
         plot(runs, rate, a.png, a.title)  # first: it may run this script again under Debian's python3
     with open(os.path.join(a.outdir, "overload.md"), "w") as f:
         f.write(md)
-    print(md)
+    print(short(a.outdir, runs, rate) if a.short else md)
     print(f"wrote {'' if a.no_png else a.png + ' and '}{os.path.join(a.outdir, 'overload.md')}")
 
 
