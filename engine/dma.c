@@ -115,6 +115,23 @@ double sf_dma_contention(sf_dma *d)
     return d && d->o.contention ? d->o.contention(d->o.contention_arg) : 0;
 }
 
+int sf_dma_contended(sf_dma *d)
+{
+    return d && sf_dma_contention(d) >= d->o.pace_threshold;
+}
+
+int sf_dma_tuned(const sf_dma *d)
+{
+    return d && !d->o.untuned;
+}
+
+void sf_dma_count_deferred(sf_dma *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->st.deferred++;
+    pthread_mutex_unlock(&d->mu);
+}
+
 /* Defer mode: a low-class copy under contention books its bytes at the link share left to it. */
 static void book(sf_dma *d, int urgency, int dir, size_t bytes)
 {

@@ -83,7 +83,11 @@ void sf_dma_get_stats(sf_dma *d, sf_dma_stats *st);
  * urgency under contention, 0 until the bytes booked by earlier low-class copies have drained
  * at max(pace_floor, 1 - contention) of the link. Counts each 0 in stats.deferred. */
 int sf_dma_may_start(sf_dma *d, int urgency, int dir);
-/* The contention index the pacing sees now (0 without a contention function). */
+/* The contention index the pacing sees now (0 without a contention function); whether it is at
+ * or over pace_threshold; whether the tuner is on (not untuned); count one held-back copy. */
 double sf_dma_contention(sf_dma *d);
+int sf_dma_contended(sf_dma *d);
+int sf_dma_tuned(const sf_dma *d);
+void sf_dma_count_deferred(sf_dma *d);
 
 #endif

@@ -161,10 +161,15 @@ static double link_contention(void *arg)
     return e->cfg.pcie_contention(e->cfg.pcie_contention_arg, e->cfg.device);
 }
 
+/* The scheduler's gate for swap-ins: is a class above `urgency` running (the running list is in
+ * urgency order) or waiting? */
 static int swap_in_ok(void *arg, int urgency)
 {
     sf_engine *e = arg;
-    return sf_swap_in_ok(&e->swap, urgency);
+    const sf_sched *s = &e->sched;
+    int higher = s->running.next != &s->running && s->running.next->urgency > urgency;
+    for (int u = urgency + 1; u < SF_URGENCY_COUNT; u++) higher |= s->n_waiting[u] > 0;
+    return sf_swap_in_ok(&e->swap, urgency, higher);
 }
 
 /* Run the plan's swap copies: every swap-out (its blocks may already be planned for others),
@@ -327,8 +332,8 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&e->mu);
         update_stats(e);
         if (!ran && !e->in_head && !e->stop) {
-            /* Work is queued but none could be planned (it should not happen: something always
-             * runs or gets admitted). Do not spin: wait for a submit or cancel, 1 ms at most. */
+            /* Work is queued but none could be planned (the DMA tuner holds a low-class swap-in
+             * back on a contended link). Do not spin: wait for a submit or cancel, 1 ms at most. */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 1000000;

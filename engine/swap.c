@@ -52,9 +52,18 @@ void sf_swap_free(sf_swap *w)
     memset(w, 0, sizeof *w);
 }
 
-int sf_swap_in_ok(sf_swap *w, int urgency)
+int sf_swap_in_ok(sf_swap *w, int urgency, int higher_busy)
 {
-    return !w->dma || sf_dma_may_start(w->dma, urgency, SF_DMA_H2D);
+    if (!w->dma || urgency != SF_URGENCY_LOW || !sf_dma_tuned(w->dma)) return 1;
+    int ok = sf_dma_may_start(w->dma, urgency, SF_DMA_H2D);
+    if (ok && higher_busy && sf_dma_contended(w->dma)) {
+        double now = sf_now_s();
+        if (!w->held_since) w->held_since = now;
+        ok = now - w->held_since >= SF_SWAP_MAX_HOLD_S;
+        if (!ok) sf_dma_count_deferred(w->dma);
+    }
+    if (ok) w->held_since = 0;
+    return ok;
 }
 
 typedef struct run_arg {
