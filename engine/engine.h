@@ -117,6 +117,15 @@ typedef struct sf_engine_config {
     float kv_degrade_high, kv_degrade_low;
     double kv_degrade_hold_s;
     int relax_latency_ms;
+    /* DMA tuning of the swap copies (engine/swap.h): 1 (default) per-class chunk sizes, and
+     * low-urgency swap-ins held back while the PCIe link is contended; 0: every copy in one
+     * piece, never held back (the baseline). */
+    int dma_tuner;
+    /* The PCIe contention index of CUDA device `device` (other processes' DMA / the link's
+     * measured bandwidth; e.g. a wrapper of sf_monitor_contention). Called on the engine thread
+     * before and after swap copies: must be cheap and never block. NULL: never paced. */
+    double (*pcie_contention)(void *arg, int device);
+    void *pcie_contention_arg;
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -162,6 +171,10 @@ typedef struct sf_engine_stats {
     int degraded;
     double kv_usage, step_ms;
     int cap_tokens, cap_low;
+    /* DMA tuner: swap bytes copied per urgency lane (both directions), low-class swap-ins held
+     * back because the link was contended, and the contention index it last saw */
+    uint64_t dma_bytes[SF_URGENCY_COUNT], dma_deferred;
+    double pcie_contention;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
 const char *sf_decision_name(int i);

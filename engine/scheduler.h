@@ -93,6 +93,11 @@ typedef struct sf_sched_config {
     double degrade_hold_s;
     int relax_ms;
     int kv_i8_ok;             /* the backend's cache can hold INT8 blocks */
+    /* May a sequence of this urgency, preempted by swap, be swapped in this step? NULL: always.
+     * A "no" keeps it (and what waits behind it) waiting for a later step. The engine's DMA
+     * tuner says no to low urgency while the PCIe link is contended (swap.h). */
+    int (*swap_in_ok)(void *arg, int urgency);
+    void *swap_in_ok_arg;
 } sf_sched_config;
 
 /* Every decision the policy takes, counted (/metrics: semflow_sched_decisions_total). */
