@@ -33,6 +33,7 @@ typedef struct tp_hdr {
     uint32_t payload; /* int32 values that follow */
     int64_t bench_n;  /* TP_BENCH_ALLREDUCE: elements and iterations */
     int32_t bench_iters;
+    int32_t bench_path; /* sf_comm_path */
 } tp_hdr;
 
 struct sf_tp {
@@ -112,11 +113,15 @@ static int build(sf_tp *t, const sf_model *m, sf_error *err)
 
 /* Every rank: iters all-reduces of an n-element buffer, then a sync and a barrier. *us: wall
  * time per all-reduce of the timed part on this rank. */
-static int bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+static int bench_all_reduce(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {
     sf_buf *buf = NULL;
+    sf_comm_path keep = t->comm->path;
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+        return sf_err(err, SF_EINVAL, "rank %d: all-reduce bench: unknown path %d", t->o.rank, (int)path);
     int rc = t->b->ops->buf_new(t->b, 1, n, &buf, err);
     if (rc) return rc;
+    t->comm->path = path;
     int warm = iters / 10 + 1;
     double t0 = 0;
     for (int i = 0; i < warm + iters && !rc; i++) {
@@ -128,6 +133,7 @@ static int bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error
     }
     if (!rc && (rc = t->b->ops->sync(t->b))) sf_err(err, rc, "rank %d: sync after the all-reduces failed", t->o.rank);
     if (!rc) *us = (sf_now_s() - t0) * 1e6 / iters;
+    t->comm->path = keep;
     t->b->ops->buf_free(t->b, buf);
     if (!rc) rc = t->comm->ops->barrier(t->comm, err);
     return rc;
@@ -159,7 +165,7 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
         if (h.cmd == TP_STOP) break;
         if (h.cmd == TP_BENCH_ALLREDUCE) {
             double us;
-            if ((rc = bench_all_reduce(&t, h.bench_n, h.bench_iters, &us, err))) goto out;
+            if ((rc = bench_all_reduce(&t, h.bench_n, h.bench_iters, (sf_comm_path)h.bench_path, &us, err))) goto out;
             continue;
         }
         if (h.cmd == TP_KV_INIT) {
@@ -418,15 +424,24 @@ int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
     return SF_OK;
 }
 
-int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+int sf_tp_bench_all_reduce_path(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     if (n < 1 || iters < 1) return sf_err(err, SF_EINVAL, "all-reduce bench: %lld elements x %d", (long long)n, iters);
-    tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters };
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+        return sf_err(err, SF_EINVAL, "all-reduce bench: unknown path %d", (int)path);
+    tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters, .bench_path = path };
     int rc = send_hdr(t, &h, err);
-    if (!rc) rc = bench_all_reduce(t, n, iters, us, err);
+    if (!rc) rc = bench_all_reduce(t, n, iters, path, us, err);
     return rc ? dead(t, rc, err) : SF_OK;
 }
+
+int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+{
+    return sf_tp_bench_all_reduce_path(t, n, iters, SF_COMM_PATH_AUTO, us, err);
+}
+
+const sf_comm *sf_tp_comm(const sf_tp *t) { return t->comm; }
 
 void sf_tp_free(sf_tp *t)
 {

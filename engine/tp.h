@@ -66,6 +66,11 @@ int sf_tp_step(sf_tp *tp, const sf_batch *b, float *logits, sf_error *err);
  * back (after `iters / 10 + 1` untimed); *us = the leader's wall time per all-reduce, queued
  * and completed (the backend synced at the end). For the all-reduce latency table. */
 int sf_tp_bench_all_reduce(sf_tp *tp, int64_t n, int iters, double *us, sf_error *err);
+/* The same on a given all-reduce path (SF_COMM_PATH_NCCL / _CUSTOM force one on every rank;
+ * CUSTOM falls back to NCCL for messages the custom path cannot take). */
+int sf_tp_bench_all_reduce_path(sf_tp *tp, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err);
+/* The leader's communicator (read-only: its paths and crossover, for reports). */
+const sf_comm *sf_tp_comm(const sf_tp *tp);
 /* Stops the followers (waits up to 5 s, then kills them) and frees. NULL is fine. */
 void sf_tp_free(sf_tp *tp);
 
