@@ -56,7 +56,7 @@ static int coll_all_reduce(void *arg, void *data, int64_t n, sf_dtype dt, void *
 int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64_t cols, sf_error *err)
 {
     if (!c || c->size == 1) return SF_OK;
-    if (b->ops->collective) {
+    if (b->ops->collective && (c->base_in_graph || sf_comm_takes_custom(c, (int64_t)rows * cols, SF_DT_BF16))) {
         c->coll_err.code = SF_OK;
         c->coll_err.msg[0] = 0;
         int rc = b->ops->collective(b, x, (int64_t)rows * cols, coll_all_reduce, c);
@@ -81,6 +81,14 @@ int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv
     if (!c) return sf_err(err, SF_EINVAL, "all-gather without a communicator");
     if ((rc = raw(c, b, send, &ps, &dt, &stream, err)) || (rc = raw(c, b, recv, &pr, &dt2, &stream, err))) return rc;
     return c->ops->all_gather(c, ps, pr, sf_dtype_bytes(dt, (int64_t)rows * cols), stream, err);
+}
+
+int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt)
+{
+    size_t bytes = sf_dtype_bytes(dt, n);
+    if (!c->custom_cap_bytes || dt != SF_DT_BF16 || bytes > c->custom_cap_bytes || c->path == SF_COMM_PATH_NCCL)
+        return 0;
+    return c->path == SF_COMM_PATH_CUSTOM || bytes <= c->custom_max_bytes;
 }
 
 /* ---- the all-reduce crossover ------------------------------------------------------------ */

@@ -61,6 +61,10 @@ struct sf_comm {
     size_t custom_max_bytes;
     /* Largest message (bytes) the custom path can take at all; 0: no custom path. */
     size_t custom_cap_bytes;
+    /* 1: base-path collectives (NCCL) are queued as backend ops too, inside the step's graph
+     * ($SEMFLOW_TP_NCCL_GRAPH=0 keeps them out: the graph then ends at them). The own path's
+     * kernel is always inside. */
+    int base_in_graph;
     /* The message of the last collective that failed inside a backend op (sf_coll_fn). */
     sf_error coll_err;
 };
@@ -95,6 +99,10 @@ int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64
 /* recv[rank * rows .. , :] = each rank's send[0:rows, :] (both buffers cols wide). */
 int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv, int rows, int64_t cols,
                            sf_error *err);
+
+/* Whether an all-reduce of n values of dt takes the own (custom) path: a function of the
+ * communicator's path, cap and crossover only, so every rank decides the same way. */
+int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt);
 
 /* ---- the all-reduce crossover (pure logic, comm.c) ------------------------------------- */
 /* Given n message sizes in increasing order and the measured µs of NCCL and of the custom

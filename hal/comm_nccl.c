@@ -288,22 +288,13 @@ static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *e
     }
 }
 
-/* Whether the message takes the custom path: a function of (path, size) only, so every rank
- * decides the same way. */
-static int use_custom(sf_comm *c, int64_t n, sf_dtype dt)
-{
-    size_t bytes = sf_dtype_bytes(dt, n);
-    if (!NC(c)->ar || dt != SF_DT_BF16 || bytes > c->custom_cap_bytes || c->path == SF_COMM_PATH_NCCL) return 0;
-    return c->path == SF_COMM_PATH_CUSTOM || bytes <= c->custom_max_bytes;
-}
-
 static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void *stream, sf_error *err)
 {
     int rc = check(c, err);
     if (rc) return rc;
     if (dt != SF_DT_BF16 && dt != SF_DT_F32)
         return sf_err(err, SF_EUNSUPPORTED, "rank %d: NCCL all-reduce of %s", c->rank, sf_dtype_name(dt));
-    if (use_custom(c, n, dt)) {
+    if (NC(c)->ar && sf_comm_takes_custom(c, n, dt)) {
         if ((rc = sf_ar_custom_run(NC(c)->ar, data, n, stream, err))) return fail(c, err, "%s", err->msg);
         return SF_OK;
     }
@@ -475,7 +466,8 @@ static int crossover(sf_comm *c, sf_error *err)
 static int custom_setup(sf_comm *c, sf_error *err)
 {
     nccl_comm *x = NC(c);
-    const char *e = getenv("SEMFLOW_TP_ALLREDUCE");
+    const char *e = getenv("SEMFLOW_TP_ALLREDUCE"), *g = getenv("SEMFLOW_TP_NCCL_GRAPH");
+    c->base_in_graph = !(g && !strcmp(g, "0"));
     c->path = e && !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL : e && !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
                                                                                         : SF_COMM_PATH_AUTO;
     if (c->path == SF_COMM_PATH_NCCL || c->size > SF_COMM_MAX_RANKS) return SF_OK;

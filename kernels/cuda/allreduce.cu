@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
     /* 3. sum in rank order, the same on every rank */
     for (int64_t v = first; v < nv; v += step) {
         float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-        for (int r = 0; r < a.size; r++) add8(acc, ((const uint4 *)(a.region[r] + off))[v]);
+        /* L2 loads (__ldcg): never an L1 line of an earlier call */
+        for (int r = 0; r < a.size; r++) add8(acc, __ldcg((const uint4 *)(a.region[r] + off) + v));
         uint4 o;
         bf162 *h = (bf162 *)&o;
 #pragma unroll
@@ -97,7 +98,9 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
     }
     if (blockIdx.x == 0 && threadIdx.x < tail) {
         float acc = 0;
-        for (int r = 0; r < a.size; r++) acc += sf_ld_bf16((const uint16_t *)(a.region[r] + off) + nv * 8 + threadIdx.x);
+        for (int r = 0; r < a.size; r++)
+            acc += __bfloat162float(
+                __ushort_as_bfloat16(__ldcg((const unsigned short *)(a.region[r] + off) + nv * 8 + threadIdx.x)));
         ((bf16 *)a.data)[nv * 8 + threadIdx.x] = f2bf(acc);
     }
 }

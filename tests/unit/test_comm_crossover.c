@@ -68,6 +68,28 @@ TEST(crossover_cache)
     CHECK(system(cmd) == 0);
 }
 
+/* The per-message choice: same answer on every rank from (path, cap, crossover, size, dtype). */
+TEST(path_choice)
+{
+    sf_comm c = { 0 };
+    c.size = 2;
+    CHECK(!sf_comm_takes_custom(&c, 4096, SF_DT_BF16)); /* no own path */
+    c.custom_cap_bytes = 1 << 20;
+    c.custom_max_bytes = 256 << 10;
+    CHECK(sf_comm_takes_custom(&c, 4096, SF_DT_BF16));        /* 8 KiB: below the crossover */
+    CHECK(sf_comm_takes_custom(&c, 128 << 10, SF_DT_BF16));   /* 256 KiB: at it */
+    CHECK(!sf_comm_takes_custom(&c, 129 << 10, SF_DT_BF16));  /* above */
+    CHECK(!sf_comm_takes_custom(&c, 4096, SF_DT_F32));        /* bf16 only */
+    c.path = SF_COMM_PATH_CUSTOM;
+    CHECK(sf_comm_takes_custom(&c, 512 << 10, SF_DT_BF16));   /* forced: up to the cap */
+    CHECK(!sf_comm_takes_custom(&c, (512 << 10) + 1, SF_DT_BF16));
+    c.path = SF_COMM_PATH_NCCL;
+    CHECK(!sf_comm_takes_custom(&c, 4096, SF_DT_BF16));
+    c.path = SF_COMM_PATH_AUTO;
+    c.custom_max_bytes = 0; /* the own path never won */
+    CHECK(!sf_comm_takes_custom(&c, 1, SF_DT_BF16));
+}
+
 static int no_exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_error *err)
 {
     (*(int *)ctx)++;
@@ -93,6 +115,7 @@ int main(void)
 {
     RUN(crossover_pick);
     RUN(crossover_cache);
+    RUN(path_choice);
     RUN(custom_path_refuses_cleanly);
     return test_summary();
 }
