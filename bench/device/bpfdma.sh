@@ -2,12 +2,13 @@
 # bench/device/bpfdma.sh — the eBPF / DMA part on a GPU host, within 120 s:
 #   1. accounting: real libcuda copies counted exactly by the uprobes; the monitor's rate vs
 #      NVML's PCIe RX counter (build/tests/device/test_bpf_cuda);
-#   2. monitor cost: `semflow bench decode` (1B dummy preset, 300 steps) with no monitor and with
+#   2. monitor cost: the time one uprobe hit adds to a copy call (build/bench/bpf_bench), and
+#      `semflow bench decode` (1B dummy preset, 300 steps) with no monitor and with
 #      `semflow top --json` attached (uprobes on libcuda for every process), in the order
 #      off, on, on, off; the median ms/token of each, and the copy calls the bench made;
 #   3. the contention experiment (bench/contention/run.sh): TinyLlama 1.1B shapes with dummy
 #      weights, a neighbour saturating H2D, high-class TTFT/ITL with the DMA tuner off, then on
-#      (15 s of load each: what the 120 s allow).
+#      (14 s of load each: what the 120 s allow).
 # Runs from the repo root with a prebuilt build/; writes under $OUT/bpfdma/; root and a GPU, else
 # it says why and exits 77. The summary table is printed last.
 set -u
@@ -26,7 +27,9 @@ left() { l=$(( BUDGET - $(date +%s) + T0 - ${1:-0} )); [ $l -lt 1 ] && l=1; echo
 timeout 30 build/tests/device/test_bpf_cuda >"$OUT/accounting.log" 2>&1
 echo "bpfdma: accounting rc=$? at $(el) s"; cat "$OUT/accounting.log"
 
-# 2. monitor cost
+# 2. monitor cost: one probe hit (fake libcuda, so only the probe is timed), then the engine
+SF_BUILD=build timeout 25 build/bench/bpf_bench 5000 1 >"$OUT/probe.log" 2>&1
+echo "bpfdma: probe cost rc=$? at $(el) s"
 bench() {
     timeout 20 "$BIN" bench decode --load-format dummy --preset 1b --ctx 128 --steps 300 --json \
         >"$OUT/decode-$1.json" 2>"$OUT/decode-$1.err"
@@ -42,11 +45,12 @@ bench off2
 echo "bpfdma: monitor cost done at $(el) s"
 
 # 3. the contention experiment
-DURATION=${DURATION:-15} timeout -k 3 "$(left 6)" sh bench/contention/run.sh "$OUT/contention" >"$OUT/contention.log" 2>&1
+DURATION=${DURATION:-14} timeout -k 3 "$(left 6)" sh bench/contention/run.sh "$OUT/contention" >"$OUT/contention.log" 2>&1
 echo "bpfdma: contention rc=$? at $(el) s"
 
 echo "==== bpfdma summary ($(el) s) ===="
 grep -E '^(PASS|FAIL)|GB/s|counted' "$OUT/accounting.log"
+grep -E 'uprobe|snapshot' "$OUT/probe.log"
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
