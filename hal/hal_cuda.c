@@ -750,6 +750,14 @@ static int cuda_collective(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn,
     return submit(CTX(b), &r, 1, "collective");
 }
 
+/* Before a communicator whose calls the graphs may hold goes away. */
+static void cuda_graphs_release(sf_backend *b)
+{
+    cuda_ctx *c = CTX(b);
+    cudaSetDevice(c->dev);
+    sf_cuda_graphs_drop(&c->graphs, c->s);
+}
+
 static const struct sf_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -776,6 +784,7 @@ static const struct sf_backend_ops cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .collective = cuda_collective,
+    .graphs_release = cuda_graphs_release,
 };
 
 int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)

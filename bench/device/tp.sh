@@ -9,7 +9,7 @@
 #      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset, the 1B
 #      preset with NCCL forced) — the step graphs with the all-reduces inside are replayed;
 #   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
-#   5. if time is left: 8B TP=2 with the all-reduce forced to NCCL (NCCL captured in the graph).
+#   5. if time is left: 8B TP=2 with the all-reduce forced to NCCL, NCCL captured in the graph.
 # Every step has its own timeout and is skipped when the time left is too short for it.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
@@ -80,7 +80,7 @@ SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 35 build/tests/device/test_tp
 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
-SEMFLOW_TP_ALLREDUCE=nccl run decode8b_tp2_nccl 15 25 "$BIN" bench decode-batch --load-format dummy \
+SEMFLOW_TP_ALLREDUCE=nccl SEMFLOW_TP_NCCL_GRAPH=1 run decode8b_tp2_nccl 15 25 "$BIN" bench decode-batch --load-format dummy \
     --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --batch 64 --ctx 128 --chunk 128 --steps 16 --json
 cp "$D/decode8b_tp2_nccl.out" "$D/decode8b_tp2_nccl.json" 2>/dev/null
 
