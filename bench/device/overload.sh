@@ -38,7 +38,7 @@ if [ -f "$TD/tinyllama-1.1b-chat-v1.0/tokenizer.json" ]; then
 else
     echo "overload: no TinyLlama tokenizer under $TD; using the demo model's (more tokens per word)"
     timeout 60 "$BIN" gen-model --out "$D/demo" >/dev/null 2>&1 || { echo "overload: gen-model failed"; exit 1; }
-    cp "$D/demo/tokenizer.json" "$M/"
+    cp "$D/demo/tokenizer.json" "$D/demo/tokenizer_config.json" "$M/" 2>/dev/null
     BOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("bos_token_id", 1))' "$D/demo/config.json")
     EOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("eos_token_id", 2))' "$D/demo/config.json")
 fi
