@@ -34,6 +34,10 @@ typedef struct sf_seq {
     int urgency;              /* SF_URGENCY_* */
     double deadline;          /* absolute time (s, sf_now_s clock); INFINITY when none */
     int max_len;              /* tokens (prompt + output) the sequence may reach, <= max_model_len */
+    int kv_i8;                /* 1: keep its K/V in INT8 blocks (the degrade path; half the memory),
+                               * when the pool has them (kvcache.h). Read when the sequence next
+                               * takes blocks with none held or swapped: set it before sf_sched_add,
+                               * or while it waits after a preemption by recompute. */
     void *owner;              /* the caller's object (the engine's request) */
     /* tokens: prompt, then generated ones; sf_seq_append adds */
     int32_t *tokens;
@@ -43,6 +47,7 @@ typedef struct sf_seq {
     int n_computed;           /* tokens whose K/V is in the cache */
     int32_t *blocks;          /* KV block ids, in position order */
     int n_blocks, cap_blocks;
+    int kv_i8_held;           /* kind of the blocks and swap slots it holds (kv_i8 when they were taken) */
     int state;                /* SF_SEQ_* */
     uint64_t arrival;         /* admission order, kept across preemption */
     int n_preempted;
@@ -102,8 +107,8 @@ typedef struct sf_plan {
 typedef struct sf_sched {
     sf_sched_config cfg;
     sf_kv_pool *pool;
-    int reserve_blocks;       /* blocks only high urgency may hold */
-    int held_low;             /* blocks held by sequences below high urgency */
+    int reserve_units;        /* KV units (half blocks, kvcache.h) only high urgency may hold */
+    int held_low_units;       /* units held by sequences below high urgency */
     sf_seq running;           /* list heads (sentinels), running in (urgency desc, arrival) order */
     sf_seq waiting;           /* waiting in (urgency desc, deadline, arrival) order */
     int n_running, n_waiting[3];
