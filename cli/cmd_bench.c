@@ -385,6 +385,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: semflow bench MODE (--model PATH | --load-format dummy --preset NAME) [options]\n\nmodes:\n");
     for (size_t i = 0; i < SF_ARRAY_LEN(bench_modes); i++) fprintf(f, "  %-10s %s\n", bench_modes[i].name, bench_modes[i].help);
+    fprintf(f, "  %-10s %s\n", "kv-quality", "INT8 vs full-precision KV: logit error and top-1 agreement (kv-quality --help)");
     fprintf(f, "\noptions:\n"
                "  --model PATH          Hugging Face folder, .gguf file or demo\n"
                "  --load-format dummy   random weights from the config alone (no weight files needed)\n"
@@ -414,6 +415,8 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 
 int sf_cmd_bench(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "kv-quality")) /* its own options (cmd_bench_kv.c) */
+        return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
     bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16 };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },
