@@ -425,8 +425,13 @@ static int cuda_kv_init(sf_backend *b, const sf_kv_config *k, sf_error *err)
 
 static sf_k_kv layer_kv(cuda_ctx *c, int layer)
 {
-    sf_k_kv kv = { c->kv + (size_t)layer * 2 * c->kv_layer_elems, c->kv + ((size_t)layer * 2 + 1) * c->kv_layer_elems,
-                   c->kvc.block_size, c->kvc.n_kv_heads, c->kvc.head_dim, NULL, NULL, 0 };
+    sf_k_kv kv;
+    memset(&kv, 0, sizeof kv); /* padding too: op records are compared bytewise for graph replays */
+    kv.k = c->kv + (size_t)layer * 2 * c->kv_layer_elems;
+    kv.v = c->kv + ((size_t)layer * 2 + 1) * c->kv_layer_elems;
+    kv.block_size = c->kvc.block_size;
+    kv.n_kv_heads = c->kvc.n_kv_heads;
+    kv.head_dim = c->kvc.head_dim;
     if (c->kvc.int8) {
         kv.k_scale = c->kv_scale + (size_t)layer * 2 * c->kv_layer_rows;
         kv.v_scale = kv.k_scale + c->kv_layer_rows;
