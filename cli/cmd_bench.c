@@ -151,6 +151,15 @@ static size_t decode_weight_bytes(const sf_model *m)
     return s;
 }
 
+/* KV bytes one token's K and V take, read once per decode step that attends to it: bf16 (f32 on
+ * the CPU) values, or INT8 values with one fp32 scale per kv head. */
+static double kv_token_bytes(const bench_env *e, const bench_opts *o)
+{
+    double vals = 2.0 * e->m->cfg.n_layers * e->kc.n_kv_heads * e->kc.head_dim;
+    if (o->kv_i8) return vals + 2.0 * e->m->cfg.n_layers * e->kc.n_kv_heads * 4;
+    return vals * (strcmp(e->b->ops->name, "cpu") ? 2 : 4);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -214,12 +223,7 @@ static int bench_decode(const bench_opts *o)
     double load[1] = { 0 };
     if (getloadavg(load, 1) != 1) load[0] = -1;
     size_t wbytes = decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
-    /* KV bytes a token's K and V take (read once per decode step): bf16 or f32 values, or INT8
-     * values with one fp32 scale per kv head */
-    const sf_model_config *kcfg = &e.m->cfg;
-    double kv_vals = 2.0 * kcfg->n_layers * e.kc.n_kv_heads * e.kc.head_dim;
-    double kv_per_tok = o->kv_i8 ? kv_vals + 2.0 * kcfg->n_layers * e.kc.n_kv_heads * 4
-                                 : kv_vals * (strcmp(e.b->ops->name, "cpu") ? 2 : 4);
+    double kv_per_tok = kv_token_bytes(&e, o);
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
     if (o->json) {
@@ -508,6 +512,20 @@ static int bench_decode_batch(const bench_opts *o)
                               "batch", B, "ctx", o->ctx, "steps", o->steps, "batch1_ms_per_step", m1, "batch1_host_us", hm1,
                               "ms_per_step_median", mb, "host_us_per_step", hmb, "tokens_per_s", B * 1e3 / mb,
                               "batch1_tokens_per_s", 1e3 / m1);
+        /* the memory roofline of a step: every weight once, and every sequence's KV (its mean
+         * context over the timed steps) once */
+        const sf_hw_info *hw = e.b->ops->hw(e.b);
+        double ceil_gbs = hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs;
+        double wbytes = (double)decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m), kvt = kv_token_bytes(&e, o);
+        double kv1 = kvt * (o->ctx + o->steps / 2.0), kvb = kvt * (B * (o->ctx + o->steps / 2.0) + o->steps + 1);
+        json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
+        json_object_set_new(j, "weight_bytes", json_real(wbytes));
+        json_object_set_new(j, "kv_bytes_per_step", json_real(kvb));
+        json_object_set_new(j, "ceiling_gbs", json_real(ceil_gbs));
+        json_object_set_new(j, "roofline_ms", json_real((wbytes + kvb) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "ratio", json_real((wbytes + kvb) / (ceil_gbs * 1e9) * 1e3 / mb));
+        json_object_set_new(j, "batch1_roofline_ms", json_real((wbytes + kv1) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "batch1_ratio", json_real((wbytes + kv1) / (ceil_gbs * 1e9) * 1e3 / m1));
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
         json_decref(j);

@@ -6,8 +6,8 @@
 #      (build/tests/device/test_ops --int8);
 #   2. quality: `semflow bench kv-quality` on the demo model and on the llama-3-8b dummy
 #      preset, CUDA backend (bf16 KV vs INT8 KV, teacher-forced logits, greedy agreement);
-#   3. decode ms/token at context 4096 with bf16 KV and with INT8 KV (llama-3-8b dummy preset),
-#      each against its weights + KV roofline.
+#   3. decode at context 4096 with bf16 KV and with INT8 KV (llama-3-8b dummy preset,
+#      `bench decode-batch`: batch 1 and 16 sequences), each against its weights + KV roofline.
 # Runs from the repo root with a prebuilt build/; writes under $OUT/kv8/; without a GPU it says
 # so and exits 77. Steps that would not finish within the 45 s budget are skipped and named.
 # The summary table is printed last.
@@ -35,9 +35,9 @@ step() {
 
 step ops 12 "$OPS" --int8
 step quality-demo 6 "$BIN" bench kv-quality --model demo --backend cuda --json
-step decode-bf16 12 "$BIN" bench decode --load-format dummy --preset llama-3-8b --backend cuda --ctx 4096 --steps 32 --json
-step decode-int8 12 "$BIN" bench decode --load-format dummy --preset llama-3-8b --backend cuda --ctx 4096 --steps 32 \
-    --kv-dtype int8 --json
+DEC="bench decode-batch --load-format dummy --preset llama-3-8b --backend cuda --ctx 4096 --batch 16 --steps 16 --json"
+step decode-bf16 13 "$BIN" $DEC
+step decode-int8 13 "$BIN" $DEC --kv-dtype int8
 step quality-8b 14 "$BIN" bench kv-quality --load-format dummy --preset llama-3-8b --backend cuda --gen 16 --json
 
 echo "==== kv8 summary ($(el) s) ===="
@@ -59,18 +59,20 @@ for name in ("quality-demo", "quality-8b"):
         continue
     print("%-26s %8d %10.4g %10.4g %8.3g %7.1f%% %5d/%-4d" % (j["model"][:26], j["positions"], j["max_abs_dlogit"],
           j["mean_abs_dlogit"], j["rel_l2"], 100 * j["top1_agreement"], j["greedy_same"], j["greedy_total"]))
-print("%-26s %10s %12s %12s %8s" % ("decode llama-3-8b ctx 4096", "ms/token", "KV MB/step", "roofline ms", "ratio"))
+print("%-30s %10s %12s %12s %8s" % ("decode llama-3-8b, ctx 4096", "ms/step", "KV GB/step", "roofline ms", "ratio"))
 rows = {}
 for kv in ("bf16", "int8"):
     j = load("decode-" + kv)
     rows[kv] = j
     if not j:
-        print("%-26s (no result: see decode-%s.err)" % (kv + " KV", kv))
+        print("%-30s (no result: see decode-%s.err)" % (kv + " KV", kv))
         continue
-    print("%-26s %10.3f %12.1f %12.3f %7.0f%%" % (kv + " KV", j["ms_per_token_median"], j["kv_bytes_per_step"] / 1e6,
-          j["roofline_weights_kv_ms"], 100 * j["ratio_weights_kv"]))
+    b1 = j["batch1_roofline_ms"]
+    print("%-30s %10.3f %12s %12.3f %7.0f%%" % (kv + " KV, batch 1", j["batch1_ms_per_step"], "", b1, 100 * j["batch1_ratio"]))
+    print("%-30s %10.3f %12.2f %12.3f %7.0f%%" % ("%s KV, batch %d" % (kv, j["batch"]), j["ms_per_step_median"],
+          j["kv_bytes_per_step"] / 1e9, j["roofline_ms"], 100 * j["ratio"]))
 if rows["bf16"] and rows["int8"]:
-    a, b = rows["bf16"]["ms_per_token_median"], rows["int8"]["ms_per_token_median"]
-    print("INT8 KV vs bf16 KV: %.3f -> %.3f ms/token (%+.1f%%); roofline %.3f -> %.3f ms" % (a, b, 100 * (b / a - 1),
-          rows["bf16"]["roofline_weights_kv_ms"], rows["int8"]["roofline_weights_kv_ms"]))
+    for k, what in (("batch1_ms_per_step", "batch 1"), ("ms_per_step_median", "batch %d" % rows["bf16"]["batch"])):
+        a, b = rows["bf16"][k], rows["int8"][k]
+        print("INT8 KV vs bf16 KV, %s: %.3f -> %.3f ms/step (%+.1f%%)" % (what, a, b, 100 * (b / a - 1)))
 PY
