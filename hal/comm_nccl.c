@@ -69,6 +69,7 @@ typedef struct nccl_comm {
     int broken;
     char broken_msg[400];
     sf_ar_custom *ar;    /* the peer-memory all-reduce; NULL: NCCL only */
+    int captured;        /* an NCCL call was captured into a CUDA graph (see nccl_abort) */
 } nccl_comm;
 
 #define NC(c) ((nccl_comm *)(c)->ctx)
@@ -102,7 +103,12 @@ static void nccl_abort(sf_comm *c, const char *why)
         x->broken = SF_ERROR;
         snprintf(x->broken_msg, sizeof x->broken_msg, "%s", why ? why : "aborted");
     }
-    if (x->comm) x->api.CommAbort(x->comm);
+    /* NCCL's abort (and destroy) wait until every graph that captured its calls is destroyed;
+     * after a failure those graphs cannot be torn down safely (a kernel may be stuck on the dead
+     * peer), so the communicator is left to the process's exit instead of hanging here. */
+    if (x->comm && !x->captured) x->api.CommAbort(x->comm);
+    else if (x->comm) SF_LOGW("rank %d: NCCL calls are held by CUDA graphs: NCCL is not aborted, the process must exit",
+                              c->rank);
     x->comm = NULL;
     for (int i = 0; i < SF_COMM_MAX_RANKS; i++)
         if (x->peer[i] >= 0) {
@@ -260,12 +266,18 @@ static int nccl_call(sf_comm *c, ncclResult_t r, const char *call, sf_error *err
 static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *err)
 {
     nccl_comm *x = NC(c);
-    uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull, next_check = t0 + 200000;
     for (;;) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return SF_OK;
         if (e != cudaErrorNotReady)
             return fail(c, err, "rank %d: %s: cudaStreamQuery: %s", c->rank, what, cudaGetErrorString(e));
+        /* a step ends here: spin (a sleep would add its wake-up latency to every step), and look
+         * at the peers, NCCL and the clock every 0.2 ms; sleep only once a wait has gone long */
+        uint64_t now = sf_now_ns();
+        if (now < next_check) continue;
+        next_check = now + 200000;
+        if (now - t0 > 20000000ull) usleep(50);
         int late = sf_ar_custom_failed(x->ar);
         if (late)
             return fail(c, err, "rank %d: %s: the peer-memory all-reduce waited longer than %d ms for rank %d (hung or "
@@ -284,7 +296,6 @@ static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *e
         if (sf_now_ns() - t0 >= limit)
             return fail(c, err, "rank %d: %s did not complete within %d ms (a peer hung); aborting NCCL", c->rank, what,
                         c->timeout_ms);
-        usleep(20);
     }
 }
 
@@ -298,6 +309,9 @@ static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void 
         if ((rc = sf_ar_custom_run(NC(c)->ar, data, n, stream, err))) return fail(c, err, "%s", err->msg);
         return SF_OK;
     }
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)
+        NC(c)->captured = 1;
     return nccl_call(c, NC(c)->api.AllReduce(data, data, (size_t)n, dt == SF_DT_BF16 ? ncclBfloat16 : ncclFloat32,
                                              ncclSum, NC(c)->comm, (cudaStream_t)stream),
                      "ncclAllReduce", err);
@@ -467,7 +481,7 @@ static int custom_setup(sf_comm *c, sf_error *err)
 {
     nccl_comm *x = NC(c);
     const char *e = getenv("SEMFLOW_TP_ALLREDUCE"), *g = getenv("SEMFLOW_TP_NCCL_GRAPH");
-    c->base_in_graph = !(g && !strcmp(g, "0"));
+    c->base_in_graph = g && !strcmp(g, "1");
     c->path = e && !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL : e && !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
                                                                                         : SF_COMM_PATH_AUTO;
     if (c->path == SF_COMM_PATH_NCCL || c->size > SF_COMM_MAX_RANKS) return SF_OK;
