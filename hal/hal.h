@@ -97,9 +97,22 @@ typedef struct sf_rope {
     float attn_scale;        /* usually 1/sqrt(head_dim) */
 } sf_rope;
 
+/* KV cache. Per layer, K and V alike, the pool is n_blocks full-precision blocks (bf16 on CUDA,
+ * f32 on the CPU) of [n_kv_heads][block_size][head_dim]. With int8 set it may also hold INT8
+ * blocks, carved in half-block units: block id n_blocks + u (u in [0, 2 * n_blocks)) is unit u,
+ * [n_kv_heads][block_size][head_dim] int8 at byte u * (full block bytes / 2), inside full block
+ * u / 2 (the allocator, engine/kvcache.h, never hands out both). Each INT8 row (token, kv head)
+ * has an fp32 scale, max|x| / 127, in side arrays indexed like the rows: (u * n_kv_heads + h) *
+ * block_size + offset. So a block id alone says its kind: ids in block tables and slots (slot =
+ * id * block_size + offset) may be of either kind, per sequence or even per block, and the
+ * kernels read each block as its id says. kv_copy_out/in move the right bytes for either kind:
+ * host block i at host + i * kv_block_bytes; an INT8 block there is, per layer, K then V int8
+ * rows, then K then V scales. */
 typedef struct sf_kv_config {
     int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
     sf_dtype dtype;          /* backend's choice for F32/BF16; I8 for the degrade path */
+    int int8;                /* 1: INT8 blocks may be used beside full ones (scales are allocated;
+                              * kv_block_bytes then includes a full block's share of them) */
 } sf_kv_config;
 
 /* Opaque backend-owned objects. */

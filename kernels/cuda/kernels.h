@@ -50,17 +50,24 @@ int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, uint16_t *out
 
 /* ---- paged KV layout ------------------------------------------------------------------ */
 /* One layer's K (and V) cache: [n_blocks][n_kv_heads][block_size][head_dim] bf16.
- * Token slot = block * block_size + offset. */
+ * Token slot = block * block_size + offset.
+ * INT8 blocks (hal.h, sf_kv_config.int8): block ids >= i8_base (0: none) are half-block units
+ * u = id - i8_base of the same memory: rows (token, kv head h) of head_dim int8 at
+ * (int8_t *)k + ((u * n_kv_heads + h) * block_size + offset) * head_dim, each with an fp32
+ * scale (max|x| / 127) at k_scale[(u * n_kv_heads + h) * block_size + offset]; V alike. */
 typedef struct sf_k_kv {
     uint16_t *k, *v;
     int block_size, n_kv_heads, head_dim;
+    float *k_scale, *v_scale;
+    int i8_base;
 } sf_k_kv;
 
 /* ---- RoPE + KV append (rope_kv.cu) ----------------------------------------------------- */
 /* qkv[T, (H + 2*Hkv) * hd] (ld): rotate q and k heads of token t by pos[t] in place (the first
  * rot_dim dims; interleaved: pairs (2i, 2i+1), else halves (i, i + rot/2)), angle =
  * pos * inv_freq[i] (inv_freq: device, rot/2 floats); then write k and v of token t into the
- * cache at slot[t] (slot < 0: not written). */
+ * cache at slot[t] (slot < 0: not written), quantised per (token, kv head) when the slot is in
+ * an INT8 block: scale = max|x| / 127 of the bf16 values, q = round(x / scale). */
 int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
                  int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
                  sf_k_kv kv, cudaStream_t s);
