@@ -167,6 +167,20 @@ struct sf_backend_ops {
      * graphs) ends the capture first, so collectives run eagerly. May be NULL: no tensor
      * parallelism on that backend. */
     int (*buf_raw)(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream);
+
+    /* Optional fused ops (NULL: the forward pass runs the plain ops instead). Each gives the
+     * result of the plain sequence it replaces, up to the order of fp32 sums; a backend fuses
+     * the shapes it can (CUDA: one row, i.e. batch-1 decode) and runs the plain ops for the
+     * others, using the scratch buffers the caller passes (contents afterwards unspecified). */
+    /* y[n, :] = rmsnorm(x[n, :]) * norm . W^T (+ bias), x unchanged (no residual add). glu: W is
+     * gate rows then up rows (2f rows) and y[n, f] = silu(gate) * up. Scratch: tmp_x [n, cols of
+     * x]; tmp_y [n, 2f] (glu only, else may be NULL). */
+    int (*norm_matmul)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
+                       int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y);
+    /* y[n, :] += x[n, :] . W^T (+ bias): a projection with the residual add in its epilogue; the
+     * product is rounded to the activation type before the add, as matmul then rmsnorm's add
+     * would. x and y are distinct; scratch: tmp [n, rows of w]. */
+    int (*matmul_add)(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *tmp, sf_buf *y);
 };
 
 struct sf_backend {
