@@ -4,9 +4,10 @@
  * weight, a tied lm_head shares the embedding's weight object. Activations live in backend
  * buffers sized for max_tokens rows; the residual stream h is updated by the fused
  * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds.
- * Backends with the optional fused ops (norm_matmul, matmul_add) run each layer as norm+QKV,
- * RoPE+KV, attention, O+residual, norm+gate/up+SiLU·mul, down+residual; without tensor
- * parallelism only, since the all-reduce sits between a projection and its residual add. */
+ * Backends with the optional fused ops (norm_qkv_rope, norm_matmul, matmul_add) run each layer
+ * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual;
+ * without tensor parallelism only, since the all-reduce sits between a projection and its
+ * residual add. */
 #include "forward.h"
 
 #include <math.h>
@@ -244,7 +245,7 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
     const struct sf_backend_ops *o = OPS(f);
     sf_backend *b = f->b;
     int T = bt->n_tokens, rc;
-    const int fused = o->norm_matmul && o->matmul_add && !f->comm;
+    const int fused = o->norm_qkv_rope && o->norm_matmul && o->matmul_add && !f->comm;
     const char *op = "";
     int layer = -1;
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
@@ -256,12 +257,13 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
     for (layer = 0; layer < c->n_layers; layer++) {
         fw_layer *L = &f->layers[layer];
         if (fused) {
-            STEP("attn_norm+qkv", o->norm_matmul(b, f->h, L->attn_norm, c->rms_eps, L->wqkv, T, 0, f->x, NULL, f->qkv));
+            STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, f->h, L->attn_norm, c->rms_eps, L->wqkv, layer, c->n_heads,
+                                                          c->n_kv_heads, &f->rope, f->x, f->qkv));
         } else {
             STEP("attn_norm", o->rmsnorm(b, f->h, layer ? f->mo : NULL, L->attn_norm, c->rms_eps, T, f->x));
             STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
+            STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
         }
-        STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
         STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
         if (fused) {
             STEP("o_proj+residual", o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));

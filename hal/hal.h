@@ -181,6 +181,11 @@ struct sf_backend_ops {
      * product is rounded to the activation type before the add, as matmul then rmsnorm's add
      * would. x and y are distinct; scratch: tmp [n, rows of w]. */
     int (*matmul_add)(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *tmp, sf_buf *y);
+    /* norm_matmul of the fused QKV weight ((H + 2*Hkv) * head_dim rows) over the batch's tokens
+     * into qkv, then rope_kv on it: q and k rotated in place, k and v appended to the cache of
+     * `layer`. Scratch: tmp_x [T, cols of x]. */
+    int (*norm_qkv_rope)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *wqkv,
+                         int layer, int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *tmp_x, sf_buf *qkv);
 };
 
 struct sf_backend {

@@ -143,7 +143,7 @@ static int step_end(cuda_ctx *c)
 
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
-    int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD;
+    int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE;
     int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : gemv ? r->n[0] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
@@ -162,7 +162,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
-                                   "norm_gemv", "gemv_add", "add", "attn_dec" };
+                                   "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -691,6 +691,33 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
     return rc;
 }
 
+static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w,
+                              int layer, int H, int Hkv, const sf_rope *r, sf_buf *tmp_x, sf_buf *qkv)
+{
+    cuda_ctx *c = CTX(b);
+    int rc;
+    int64_t k = w->cols;
+    if (!c->kv) return op_fail(SF_EINVAL, "norm_qkv_rope", "KV cache not initialised (kv_init first)");
+    if (layer < 0 || layer >= c->kvc.n_layers || Hkv != c->kvc.n_kv_heads || r->head_dim != c->kvc.head_dim ||
+        w->rows != (int64_t)(H + 2 * Hkv) * r->head_dim || qkv->cols < w->rows || qkv->rows < c->T ||
+        norm->rows * norm->cols != k || x->cols < k || x->rows < c->T)
+        return op_fail(SF_EINVAL, "norm_qkv_rope", "layer, heads or shapes do not match the weight and the KV cache");
+    if ((rc = ensure_rope(c, r))) return rc;
+    if (c->T == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
+        sf_op_rec rec = { 0 };
+        rec.kind = SF_OP_GEMV_ROPE;
+        rec.p[0] = x->d; rec.p[1] = norm->d; rec.p[2] = w->d; rec.p[3] = w->bias; rec.p[4] = qkv->d;
+        rec.p[5] = c->pos_d; rec.p[6] = c->slot_d; rec.p[7] = c->inv_freq_d;
+        rec.n[0] = w->rows; rec.n[1] = k; rec.n[2] = H; rec.n[3] = Hkv; rec.n[4] = r->head_dim; rec.n[5] = r->rot_dim;
+        rec.n[6] = r->interleaved;
+        rec.f = eps;
+        rec.kv = layer_kv(c, layer);
+        return submit(c, &rec, 1, "norm_qkv_rope");
+    }
+    if ((rc = cuda_norm_matmul(b, x, norm, eps, w, c->T, 0, tmp_x, NULL, qkv))) return rc;
+    return cuda_rope_kv(b, qkv, layer, H, Hkv, r);
+}
+
 static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *tmp, sf_buf *y)
 {
     cuda_ctx *c = CTX(b);
@@ -794,6 +821,7 @@ static const struct sf_backend_ops cuda_ops = {
     .buf_raw = cuda_buf_raw,
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,
+    .norm_qkv_rope = cuda_norm_qkv_rope,
 };
 
 /* SEMFLOW_CUDA_FUSED=0: the same backend without the fused ops (the forward pass then runs the
@@ -817,6 +845,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             cuda_ops_plain = cuda_ops;
             cuda_ops_plain.norm_matmul = NULL;
             cuda_ops_plain.matmul_add = NULL;
+            cuda_ops_plain.norm_qkv_rope = NULL;
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = !(ad && !strcmp(ad, "0"));

@@ -4,6 +4,8 @@
  *   norm:  y = rmsnorm(x) * nw . W^T (+ bias)           (RMSNorm as the prologue)
  *   glu:   y[j] = silu(z[j]) * z[f + j], z = rmsnorm(x) * nw . W^T (+ bias)   (W = gate rows, then up rows)
  *   add:   y += x . W^T (+ bias)                          (the residual add as the epilogue)
+ *   rope:  qkv = rmsnorm(x) * nw . Wqkv^T (+ bias), then RoPE on the q and k heads and the k and
+ *          v heads written to the paged cache at the token's slot   (rope_kv.cu as the epilogue)
  *
  * Decode is bound by reading W once. A warp streams two rows of W (two neighbouring rows, or a
  * gate row and its up row) with 16-byte loads that bypass L1, FG_UNROLL per row in flight per
@@ -17,7 +19,15 @@
 
 #define FG_UNROLL 4
 
-enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4 };
+enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8 };
+
+/* RoPE + KV append of the one token (rope mode only). */
+struct fg_rope {
+    const int32_t *pos, *slot;
+    const float *inv_freq;
+    int H, Hkv, hd, rot, interleaved;
+    sf_k_kv kv;
+};
 
 static __device__ __forceinline__ uint4 ld_stream(const void *p)
 {
@@ -41,24 +51,34 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, fl
 }
 
 /* One output unit per warp: rows (ra, rb) of W. MODE is a set of FG_* flags. k % 8 == 0 and
- * every pointer 16-byte aligned (the launcher checks). Dynamic shared memory: k bf16 (norm). */
+ * every pointer 16-byte aligned (the launcher checks). Dynamic shared memory: k bf16 (norm).
+ * Rope mode pairs the rows a rotation mixes: (i, i + rot/2) of a head (halves) or (2i, 2i + 1)
+ * (interleaved, and the unrotated dims past rot and the v heads in both conventions). */
 template <int MODE, int WARPS>
 __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                            float eps, const bf16 *__restrict__ w,
                                                            const bf16 *__restrict__ bias, int m, int k,
-                                                           bf16 *__restrict__ y)
+                                                           bf16 *__restrict__ y, fg_rope rp)
 {
     extern __shared__ __align__(16) unsigned char fg_smem[];
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = k / 8;
     /* units: glu -> f = m / 2 outputs, one (gate, up) pair each; else ceil(m / 2) row pairs */
-    const int units = (MODE & FG_GLU) ? m / 2 : (m + 1) / 2;
+    const int units = (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
     const int u = blockIdx.x * WARPS + warp;
     const bool active = u < units;
-    int ra = 0, rb = 0;
+    int ra = 0, rb = 0, hh = 0, ri = 0;
+    bool rotate = false;
     if (active) {
         if (MODE & FG_GLU) { ra = u; rb = u + m / 2; }
-        else { ra = 2 * u; rb = min(2 * u + 1, m - 1); }
+        else if (MODE & FG_ROPE) {
+            const int half = rp.hd / 2;
+            hh = u / half;
+            ri = u - hh * half;
+            rotate = hh < rp.H + rp.Hkv && ri < rp.rot / 2;
+            ra = hh * rp.hd + (rotate && !rp.interleaved ? ri : 2 * ri);
+            rb = ra + (rotate && !rp.interleaved ? rp.rot / 2 : 1);
+        } else { ra = 2 * u; rb = min(2 * u + 1, m - 1); }
     }
     const uint4 *wa = (const uint4 *)(w + (int64_t)ra * k), *wb = (const uint4 *)(w + (int64_t)rb * k);
 
@@ -132,6 +152,29 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         float g = bf2f(f2bf(acc_a)), up = bf2f(f2bf(acc_b));
         float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
         y[u] = f2bf(sg * up);
+    } else if (MODE & FG_ROPE) {
+        float va0 = bf2f(f2bf(acc_a)), vb0 = bf2f(f2bf(acc_b)); /* rope_kv reads the rounded product */
+        bf16 ya, yb;
+        if (rotate) {
+            float sn, cs;
+            sincosf((float)rp.pos[0] * rp.inv_freq[ri], &sn, &cs);
+            ya = f2bf(va0 * cs - vb0 * sn);
+            yb = f2bf(vb0 * cs + va0 * sn);
+        } else {
+            ya = f2bf(va0);
+            yb = f2bf(vb0);
+        }
+        y[ra] = ya;
+        y[rb] = yb;
+        const int sl = rp.slot[0];
+        if (hh >= rp.H && sl >= 0) {
+            const bool is_v = hh >= rp.H + rp.Hkv;
+            const int kvh = is_v ? hh - rp.H - rp.Hkv : hh - rp.H;
+            const int64_t blk = sl / rp.kv.block_size, off = sl % rp.kv.block_size;
+            bf16 *cache = (bf16 *)(is_v ? rp.kv.v : rp.kv.k) + ((blk * rp.Hkv + kvh) * rp.kv.block_size + off) * rp.hd;
+            cache[ra - hh * rp.hd] = ya;
+            cache[rb - hh * rp.hd] = yb;
+        }
     } else if (MODE & FG_ADD) {
         y[ra] = f2bf(bf2f(y[ra]) + bf2f(f2bf(acc_a)));
         if (rb != ra) y[rb] = f2bf(bf2f(y[rb]) + bf2f(f2bf(acc_b)));
@@ -148,9 +191,9 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
 
 template <int MODE, int WARPS>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
-                  int k, uint16_t *y, cudaStream_t s)
+                  int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
-    const int units = (MODE & FG_GLU) ? m / 2 : (m + 1) / 2;
+    const int units = (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
     const size_t smem = (size_t)k * 2 * ((MODE & FG_NORM) != 0);
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
     if (smem > smem_set) {
@@ -160,7 +203,7 @@ static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16
         smem_set = smem;
     }
     k_gemv_fused<MODE, WARPS><<<sf_div_up(units, WARPS), WARPS * 32, smem, s>>>(
-        (const bf16 *)x, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y);
+        (const bf16 *)x, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
     return sf_launch_status();
 }
 
@@ -170,13 +213,28 @@ extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, 
     if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !y || m < 1 ||
         (glu && m % 2))
         return (int)cudaErrorInvalidValue;
-    return glu ? launch<FG_NORM | FG_GLU, 8>(x, nw, eps, w, bias, m, k, y, s)
-               : launch<FG_NORM, 8>(x, nw, eps, w, bias, m, k, y, s);
+    fg_rope rp = {};
+    return glu ? launch<FG_NORM | FG_GLU, 8>(x, nw, eps, w, bias, m, k, y, rp, s)
+               : launch<FG_NORM, 8>(x, nw, eps, w, bias, m, k, y, rp, s);
 }
 
 extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
                              cudaStream_t s)
 {
     if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1) return (int)cudaErrorInvalidValue;
-    return launch<FG_ADD, 4>(x, NULL, 0.0f, w, bias, m, k, y, s);
+    fg_rope rp = {};
+    return launch<FG_ADD, 4>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+}
+
+extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                                   const uint16_t *bias, int k, int H, int Hkv, int hd, int rot_dim, int interleaved,
+                                   const int32_t *pos, const int32_t *slot, const float *inv_freq, sf_k_kv kv,
+                                   uint16_t *qkv, cudaStream_t s)
+{
+    if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !qkv || H < 1 ||
+        Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 2 || rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv ||
+        kv.head_dim != hd || kv.block_size < 1)
+        return (int)cudaErrorInvalidValue;
+    fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
+    return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
 }

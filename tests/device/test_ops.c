@@ -592,6 +592,82 @@ TEST(rope_kv_attention)
     else run_attn_case(&lc, 2, 3, len_long, 97);
 }
 
+/* norm_qkv_rope against the plain sequence it replaces (norm_matmul, rope_kv; checked against
+ * host references above), each on its own cache layer, over decode steps and one 3-token step:
+ * the rotated qkv and the attention over each layer's cache must agree. */
+static void check_norm_qkv_rope(int H, int Hkv, int hd, int rot, int interleaved, int bias, int d)
+{
+    const int W = (H + 2 * Hkv) * hd, bs = 16, steps = 24, max_blocks = 4;
+    float *wv = rand_vals((int64_t)W * d, 0.05f), *bv = bias ? rand_vals(W, 0.5f) : NULL, *nv = rand_vals(d, 1.0f);
+    sf_weight *w = upload_parts(wv, bv, 1, W, d), *nw = upload_f32(nv, 1, d);
+    sf_buf *x = new_buf(4, d), *xn = new_buf(4, d), *q1 = new_buf(4, W), *q2 = new_buf(4, W), *a1 = new_buf(4, H * hd),
+           *a2 = new_buf(4, H * hd);
+    sf_kv_config kc = { .n_layers = 2, .n_blocks = 8, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd,
+                        .dtype = SF_DT_BF16 };
+    sf_error err = { 0 };
+    REQUIRE(w && nw && x && xn && q1 && q2 && a1 && a2, "setup");
+    REQUIRE(OPS->kv_init(B, &kc, &err) == 0, "kv_init: %s", err.msg);
+    float inv_freq[SF_K_ATTN_MAX_HD / 2];
+    for (int j = 0; j < rot / 2; j++) inv_freq[j] = (float)pow(10000.0, -2.0 * j / rot);
+    sf_rope rope = { .head_dim = hd, .rot_dim = rot, .interleaved = interleaved, .inv_freq = inv_freq,
+                     .attn_scale = 1.0f / sqrtf((float)hd) };
+    int32_t blocks[4] = { 6, 2, 7, 0 };
+    float *g1 = malloc((size_t)4 * W * 4), *g2 = malloc((size_t)4 * W * 4), *o1 = malloc((size_t)4 * H * hd * 4),
+          *o2 = malloc((size_t)4 * H * hd * 4);
+    double worst_q = 0, worst_o = 0, *ref = malloc((size_t)4 * W * 8);
+    int len = 0;
+    for (int st = 0; st < steps; st++) {
+        int T = st == 5 ? 3 : 1;
+        float *xv = rand_vals((int64_t)T * d, 2.0f);
+        REQUIRE(!fill_buf(x, xv, T, d) && !poison(q1, T, W) && !poison(q2, T, W) && !poison(a1, T, H * hd) &&
+                !poison(a2, T, H * hd), "fill");
+        tbatch t;
+        tb_init(&t, T, 1, max_blocks, 0);
+        for (int i = 0; i < T; i++) {
+            int p = len + i;
+            t.pos[i] = p;
+            t.slot[i] = blocks[p / bs] * bs + p % bs;
+        }
+        t.seq_start[1] = T;
+        t.seq_ctx[0] = len + T;
+        memcpy(t.block_table, blocks, sizeof blocks);
+        CHECK(OPS->batch_begin(B, &t.b) == 0);
+        CHECK(OPS->norm_matmul(B, x, nw, 1e-5f, w, T, 0, xn, NULL, q1) == 0);
+        CHECK(OPS->rope_kv(B, q1, 0, H, Hkv, &rope) == 0);
+        CHECK(OPS->attention(B, q1, 0, H, Hkv, &rope, a1) == 0);
+        CHECK(OPS->norm_qkv_rope(B, x, nw, 1e-5f, w, 1, H, Hkv, &rope, xn, q2) == 0);
+        CHECK(OPS->attention(B, q2, 1, H, Hkv, &rope, a2) == 0);
+        CHECK(OPS->read_f32(B, q1, T, g1) == 0 && OPS->read_f32(B, q2, T, g2) == 0);
+        CHECK(OPS->read_f32(B, a1, T, o1) == 0 && OPS->read_f32(B, a2, T, o2) == 0);
+        for (int64_t i = 0; i < (int64_t)T * W; i++) ref[i] = g1[i];
+        worst_q = fmax(worst_q, rel_err(g2, ref, (int64_t)T * W));
+        for (int64_t i = 0; i < (int64_t)T * H * hd; i++) ref[i] = o1[i];
+        worst_o = fmax(worst_o, rel_err(o2, ref, (int64_t)T * H * hd));
+        len += T;
+        tb_free(&t);
+        free(xv);
+    }
+    CHECK_MSG(worst_q < 1e-2 && worst_o < 1e-2, "H=%d Hkv=%d hd=%d rot=%d il=%d bias=%d d=%d: qkv rel err %.3g, "
+              "attention rel err %.3g", H, Hkv, hd, rot, interleaved, bias, d, worst_q, worst_o);
+    printf("  H=%d Hkv=%d hd=%d rot=%d interleaved=%d bias=%d d=%d: qkv %.2g, attention %.2g vs the plain ops\n", H,
+           Hkv, hd, rot, interleaved, bias, d, worst_q, worst_o);
+    OPS->buf_free(B, x); OPS->buf_free(B, xn); OPS->buf_free(B, q1); OPS->buf_free(B, q2); OPS->buf_free(B, a1);
+    OPS->buf_free(B, a2); OPS->weight_free(B, w); OPS->weight_free(B, nw);
+    free(wv); free(bv); free(nv); free(g1); free(g2); free(o1); free(o2); free(ref);
+}
+
+TEST(norm_qkv_rope)
+{
+    if (!OPS->norm_qkv_rope) { printf("  the backend has no norm_qkv_rope\n"); return; }
+    check_norm_qkv_rope(8, 2, 64, 32, 1, 0, 256);
+    check_norm_qkv_rope(4, 1, 96, 96, 0, 1, 128);
+    check_norm_qkv_rope(6, 3, 16, 8, 0, 0, 64);
+    if (quick) return;
+    check_norm_qkv_rope(32, 8, 128, 128, 0, 0, 4096);
+    check_norm_qkv_rope(28, 4, 128, 128, 0, 1, 3584);
+    check_norm_qkv_rope(16, 16, 64, 64, 1, 1, 512);
+}
+
 TEST(kv_copy)
 {
     sf_kv_config kc = { .n_layers = 3, .n_blocks = 6, .block_size = 4, .n_kv_heads = 2, .head_dim = 8 };
@@ -653,6 +729,8 @@ TEST(no_alloc_in_steady_state)
             rc = rc ? rc : OPS->matmul(B, act, Wd, 1, y);
             if (OPS->norm_matmul && OPS->matmul_add) { /* the fused layer, onto the residual x */
                 rc = rc ? rc : OPS->norm_matmul(B, x, Nw, 1e-5f, Wq, 1, 0, xn, NULL, qkv);
+                rc = rc ? rc : (OPS->norm_qkv_rope ? OPS->norm_qkv_rope(B, x, Nw, 1e-5f, Wq, 0, H, Hkv, &rope, xn, qkv) : 0);
+                rc = rc ? rc : OPS->attention(B, qkv, 0, H, Hkv, &rope, a);
                 rc = rc ? rc : OPS->matmul_add(B, a, Wo, 1, y, x);
                 rc = rc ? rc : OPS->norm_matmul(B, x, Nw, 1e-5f, Wgu, 1, 1, xn, gu, act);
                 rc = rc ? rc : OPS->matmul_add(B, act, Wd, 1, y, x);
@@ -903,6 +981,7 @@ int main(int argc, char **argv)
     RUN(norm_matmul);
     RUN(matmul_add);
     RUN(rope_kv_attention);
+    RUN(norm_qkv_rope);
     RUN(kv_copy);
     RUN(no_alloc_in_steady_state);
     RUN(bad_inputs);
