@@ -17,7 +17,7 @@
  * residual add. Only the order of the fp32 sums differs. */
 #include "common.cuh"
 
-#define FG_UNROLL 4
+#define FG_UNROLL 4 /* default loads of each of the two rows in flight per lane */
 
 enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8 };
 
@@ -54,7 +54,7 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, fl
  * every pointer 16-byte aligned (the launcher checks). Dynamic shared memory: k bf16 (norm).
  * Rope mode pairs the rows a rotation mixes: (i, i + rot/2) of a head (halves) or (2i, 2i + 1)
  * (interleaved, and the unrotated dims past rot and the v heads in both conventions). */
-template <int MODE, int WARPS>
+template <int MODE, int WARPS, int FG_U>
 __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                            float eps, const bf16 *__restrict__ w,
                                                            const bf16 *__restrict__ bias, int m, int k,
@@ -83,9 +83,9 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     const uint4 *wa = (const uint4 *)(w + (int64_t)ra * k), *wb = (const uint4 *)(w + (int64_t)rb * k);
 
     /* first weight loads in flight before the prologue */
-    uint4 va[FG_UNROLL], vb[FG_UNROLL];
+    uint4 va[FG_U], vb[FG_U];
 #pragma unroll
-    for (int i = 0; i < FG_UNROLL; i++) {
+    for (int i = 0; i < FG_U; i++) {
         int c = lane + i * 32;
         if (active && c < k8) { va[i] = ld_stream(wa + c); vb[i] = ld_stream(wb + c); }
         else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
@@ -125,9 +125,9 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     if (!active) return;
 
     float acc_a = 0.0f, acc_b = 0.0f;
-    for (int c0 = lane;; c0 += FG_UNROLL * 32) {
+    for (int c0 = lane;; c0 += FG_U * 32) {
 #pragma unroll
-        for (int i = 0; i < FG_UNROLL; i++) {
+        for (int i = 0; i < FG_U; i++) {
             int c = c0 + i * 32;
             if (c < k8) {
                 bf16x8 xx = xv[c];
@@ -135,10 +135,10 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
                 acc_b = dot8(vb[i], xx, acc_b);
             }
         }
-        const int next = c0 + FG_UNROLL * 32;
+        const int next = c0 + FG_U * 32;
         if (next - lane >= k8) break;
 #pragma unroll
-        for (int i = 0; i < FG_UNROLL; i++) {
+        for (int i = 0; i < FG_U; i++) {
             int c = next + i * 32;
             if (c < k8) { va[i] = ld_stream(wa + c); vb[i] = ld_stream(wb + c); }
             else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
@@ -189,7 +189,7 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
     return k > 0 && k % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
 }
 
-template <int MODE, int WARPS>
+template <int MODE, int WARPS, int FG_U = FG_UNROLL>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
                   int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
@@ -197,12 +197,12 @@ static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16
     const size_t smem = (size_t)k * 2 * ((MODE & FG_NORM) != 0);
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
     if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
     }
-    k_gemv_fused<MODE, WARPS><<<sf_div_up(units, WARPS), WARPS * 32, smem, s>>>(
+    k_gemv_fused<MODE, WARPS, FG_U><<<sf_div_up(units, WARPS), WARPS * 32, smem, s>>>(
         (const bf16 *)x, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
     return sf_launch_status();
 }
@@ -237,4 +237,28 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
         return (int)cudaErrorInvalidValue;
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
     return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
+}
+
+/* Benchmarks only: the same kernels with other block sizes and load depths. */
+template <int MODE>
+static int tune(int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m, int k,
+                uint16_t *y, cudaStream_t s)
+{
+    fg_rope rp = {};
+    if (warps == 4 && unroll == 4) return launch<MODE, 4, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 4 && unroll == 8) return launch<MODE, 4, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 8 && unroll == 4) return launch<MODE, 8, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 8 && unroll == 8) return launch<MODE, 8, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 16 && unroll == 4) return launch<MODE, 16, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw,
+                                    const uint16_t *w, int m, int k, uint16_t *y, cudaStream_t s)
+{
+    if (!sf_k_gemv_fused_ok(x, w, k) || m < 2 || m % 2 || k > SF_K_GEMV_NORM_MAX_K * (kind == 2 ? 4 : 1))
+        return (int)cudaErrorInvalidValue;
+    return kind == 0 ? tune<FG_NORM>(warps, unroll, x, nw, w, m, k, y, s)
+           : kind == 1 ? tune<FG_NORM | FG_GLU>(warps, unroll, x, nw, w, m, k, y, s)
+                       : tune<FG_ADD>(warps, unroll, x, nw, w, m, k, y, s);
 }

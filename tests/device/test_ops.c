@@ -871,14 +871,17 @@ static void perf_fused(void)
         sf_k_fill_random(x, k, 8, 1.0f, s);
         sf_k_fill_random(nw, k, 9, 1.0f, s);
         sf_k_fill_random(y, m, 10, 0.01f, s);
-        float t[2];
-        for (int path = 0; path < 2; path++) {
+        /* paths: 0 the fused kernel as the backend launches it, 1 the plain GEMV, 2.. variants */
+        static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 } };
+        float t[2 + SF_ARRAY_LEN(var)];
+        for (int path = 0; path < 2 + (int)SF_ARRAY_LEN(var); path++) {
             const int reps = 50;
             int rc = 0;
             for (int r = 0; r < reps + 5; r++) {
                 if (r == 5) cudaEventRecord(e0, s);
                 const uint16_t *wr = w + (size_t)(r % copies) * m * k;
                 if (path == 1) rc |= sf_k_gemv(x, k, wr, NULL, 1, m, k, y, m, s);
+                else if (path >= 2) rc |= sf_k_gemv_fused_tune(kind, var[path - 2][0], var[path - 2][1], x, nw, wr, m, k, y, s);
                 else if (kind == 2) rc |= sf_k_gemv_add(x, wr, NULL, m, k, y, s);
                 else rc |= sf_k_gemv_norm(x, nw, 1e-5f, wr, NULL, m, k, kind, y, s);
             }
@@ -888,8 +891,10 @@ static void perf_fused(void)
             t[path] = rc ? NAN : t[path] * 1000.0f / reps;
         }
         double gb = (double)m * k * 2 / 1e3;
-        printf("perf: %7d %6d %-9s | %9.1f %7.0f %4.0f%% | %9.1f %4.0f%%\n", m, k, kinds[kind], t[0], gb / t[0],
-               100 * gb / t[0] / hw->mem_bw_gbs, t[1], 100 * gb / t[1] / hw->mem_bw_gbs);
+        printf("perf: %7d %6d %-9s | %9.1f %7.0f %4.0f%% | %9.1f %4.0f%% | variants (warps x loads) us:", m, k,
+               kinds[kind], t[0], gb / t[0], 100 * gb / t[0] / hw->mem_bw_gbs, t[1], 100 * gb / t[1] / hw->mem_bw_gbs);
+        for (size_t v = 0; v < SF_ARRAY_LEN(var); v++) printf(" %dx%d %.1f", var[v][0], var[v][1], t[2 + v]);
+        printf("\n");
         cudaFree(w); cudaFree(x); cudaFree(nw); cudaFree(y);
     }
     cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
@@ -930,9 +935,11 @@ static void perf_attn(void)
         int work = Hkv;
         int split_old = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, (4 * sms + work - 1) / work), 64));
         int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 31) / 32, (2 * sms + work - 1) / work), 64));
-        float t[2];
-        for (int path = 0; path < 2; path++) {
-            int ns = path ? split_new : split_old;
+        /* paths: 0 old kernel, 1 new kernel at the backend's split, 2.. new kernel at other splits */
+        static const int splits[] = { 1, 4, 8, 16, 32, 64 };
+        float t[2 + SF_ARRAY_LEN(splits)];
+        for (int path = 0; path < 2 + (int)SF_ARRAY_LEN(splits); path++) {
+            int ns = path == 0 ? split_old : path == 1 ? split_new : splits[path - 2];
             sf_k_attn a = { .q = q, .ld_q = (H + 2 * Hkv) * hd, .out = o, .ld_out = H * hd, .T = 1, .H = H,
                             .Hkv = Hkv, .hd = hd, .scale = 0.088f, .pos = meta, .tok_seq = meta + 1,
                             .block_table = meta + 2, .max_blocks = nb,
@@ -950,8 +957,10 @@ static void perf_attn(void)
             t[path] = rc ? NAN : t[path] * 1000.0f / reps;
         }
         double gb = (double)ctx * Hkv * hd * 2 * 2 / 1e3;
-        printf("perf: %3d %3d %5d | %5d %8.2f %6.0f | %5d %8.2f %6.0f\n", H, Hkv, ctx, split_old, t[0], gb / t[0],
-               split_new, t[1], gb / t[1]);
+        printf("perf: %3d %3d %5d | %5d %8.2f %6.0f | %5d %8.2f %6.0f | new kernel at splits:", H, Hkv, ctx, split_old,
+               t[0], gb / t[0], split_new, t[1], gb / t[1]);
+        for (size_t v = 0; v < SF_ARRAY_LEN(splits); v++) printf(" %d:%.2f", splits[v], t[2 + v]);
+        printf("\n");
         cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(o); cudaFree(meta); cudaFree(ws);
     }
     cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
