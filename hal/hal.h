@@ -116,6 +116,13 @@ typedef struct sf_weight_desc {
     sf_view bias[4];
 } sf_weight_desc;
 
+/* A collective queued by a communicator (hal/comm.h) as one op of a step: it queues its work
+ * for n elements of dt at data (the backend's memory) on stream and returns SF_OK or an SF_*
+ * code (the communicator keeps the message). It must not synchronise with the host, so that a
+ * backend recording the step into a CUDA graph records it too; a replay of that graph runs the
+ * recorded work again without calling fn. */
+typedef int (*sf_coll_fn)(void *arg, void *data, int64_t n, sf_dtype dt, void *stream);
+
 struct sf_backend_ops {
     const char *name;
     void (*destroy)(sf_backend *b);
@@ -168,6 +175,18 @@ struct sf_backend_ops {
      * parallelism on that backend. */
     int (*buf_raw)(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream);
 
+    /* Host memory the device copies from and to at full link speed (page-locked: CUDA's
+     * cudaHostAlloc), for swap space and staging. May be NULL: sf_backend_host_alloc then gives
+     * plain 4 KiB-aligned memory (what the CPU backend needs). */
+    int (*host_alloc)(sf_backend *b, size_t bytes, void **out, sf_error *err);
+    void (*host_free)(sf_backend *b, void *p);
+
+    /* Queue fn(arg, buf's data, n, dtype, stream) as one op of the step, in order with the
+     * ops around it, without ending a graph capture or replay: the step's graph then spans its
+     * collectives. An op equal to the recorded one (same fn, arg, buffer and n) is replayed
+     * from the graph without calling fn. May be NULL: the communicator uses buf_raw. */
+    int (*collective)(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn, void *arg);
+
     /* Optional fused ops (NULL: the forward pass runs the plain ops instead). Each gives the
      * result of the plain sequence it replaces, up to the order of fp32 sums; a backend fuses
      * the shapes it can (CUDA: one row, i.e. batch-1 decode) and runs the plain ops for the
@@ -213,6 +232,12 @@ int sf_hal_cuda_available(void);  /* 1 if a CUDA device can be used */
 /* Print hw as JSON (jansson) or as a human-readable table. */
 char *sf_hw_info_json(const sf_hw_info *hw); /* malloc'd */
 void sf_hw_info_print(FILE *f, const sf_hw_info *hw);
+
+/* Host memory for copies to and from b's device: the backend's host_alloc (pinned on CUDA), or
+ * 4 KiB-aligned memory. *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
+ * Free with sf_backend_host_free on the same backend. Any thread that may use b. */
+int sf_backend_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err);
+void sf_backend_host_free(sf_backend *b, void *p);
 
 /* Backend constructors (each file provides its own; CUDA one returns SF_ENODEV when built without CUDA). */
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err);

@@ -130,6 +130,7 @@ static int op_fail(int code, const char *op, const char *what)
 static int kcheck(int krc, const char *op)
 {
     if (!krc) return SF_OK;
+    if (krc == SF_K_COLL_FAILED) return SF_ERROR; /* the communicator logged and keeps the message */
     SF_LOGE("cuda backend: %s: %s", op, krc >= 10000 ? sf_k_gemm_error_str(krc) : cudaGetErrorString((cudaError_t)krc));
     return krc == cudaErrorMemoryAllocation ? SF_ENOMEM : SF_ERROR;
 }
@@ -162,7 +163,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
-                                   "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope" };
+                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -440,6 +441,27 @@ static int cuda_kv_copy_out(sf_backend *b, const int32_t *blocks, int n, void *h
 static int cuda_kv_copy_in(sf_backend *b, const int32_t *blocks, int n, const void *host)
 {
     return kv_copy(b, blocks, n, NULL, host);
+}
+
+/* Page-locked host memory, portable across devices: copies from it are real DMA at link speed
+ * and can be asynchronous. */
+static int cuda_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err)
+{
+    *out = NULL;
+    cudaError_t e = cudaSetDevice(CTX(b)->dev);
+    if (e == cudaSuccess) e = cudaHostAlloc(out, bytes ? bytes : 16, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *out = NULL;
+        return sf_err(err, SF_ENOMEM, "CUDA: cannot pin %.1f MiB of host memory (%s); ask for less (e.g. a smaller "
+                      "--swap-space) or raise the locked-memory limit (ulimit -l)", bytes / 1048576.0, cudaGetErrorString(e));
+    }
+    return SF_OK;
+}
+
+static void cuda_host_free(sf_backend *b, void *p)
+{
+    if (p) cudaFreeHost(p);
 }
 
 /* ---- one step ------------------------------------------------------------------------------ */
@@ -796,6 +818,19 @@ static int cuda_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, v
     return SF_OK;
 }
 
+/* For the communicator: a collective as an op of the step (recorded into its graph). */
+static int cuda_collective(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn, void *arg)
+{
+    if (n > buf->rows * buf->cols) return op_fail(SF_EINVAL, "collective", "more elements than the buffer holds");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_COLL;
+    r.p[0] = buf->d;
+    r.n[0] = n;
+    r.coll = fn;
+    r.coll_arg = arg;
+    return submit(CTX(b), &r, 1, "collective");
+}
+
 static const struct sf_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -819,6 +854,9 @@ static const struct sf_backend_ops cuda_ops = {
     .kv_copy_out = cuda_kv_copy_out,
     .kv_copy_in = cuda_kv_copy_in,
     .buf_raw = cuda_buf_raw,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
+    .collective = cuda_collective,
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,
     .norm_qkv_rope = cuda_norm_qkv_rope,

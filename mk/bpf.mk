@@ -29,10 +29,22 @@ $(WEB_PAGE): web/index.html web/dashboard.js web/dashboard.css web/embed.py
 	$(Q)python3 web/embed.py web $@
 $(BUILD)/obj/gateway/dashboard.o: $(WEB_PAGE)
 
-# ---- benchmark: what the monitor costs (root) ----
+# ---- benchmark: what the monitor costs (root); built with everything (the device script runs it) ----
 .PHONY: bench-bpf
 bench-bpf: $(BUILD)/bench/bpf_bench $(FAKECUDA)
+all: $(BUILD)/bench/bpf_bench
 $(BUILD)/bench/bpf_bench: bench/bpf_bench.c $(BUILD)/libsemflow.a
 	@mkdir -p $(@D)
 	@echo "  BENCH   $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libsemflow.a $(ALL_LIBS)
+
+# ---- the contention experiment's neighbour (bench/contention/run.sh): a pinned H2D stream ----
+ifeq ($(HAVE_CUDA),1)
+H2D_HOG := $(BUILD)/bench/h2d_hog
+$(H2D_HOG): bench/contention/h2d_hog.c
+	@mkdir -p $(@D)
+	@echo "  CC      $@"
+	$(Q)$(CC) -std=gnu11 -O2 -Wall -Wextra -I$(CUDA_HOME)/include -o $@ $< \
+	    -L$(CUDA_HOME)/lib64 -lcudart_static -lpthread -ldl -lrt
+all: $(H2D_HOG)
+endif
