@@ -108,6 +108,8 @@ typedef struct sf_engine_config {
     int progress;             /* loader progress bar */
     int tensor_parallel;      /* ranks the model is split over (processes; GPUs on CUDA); <= 1: none */
     double swap_space_gib;    /* host memory for preemption by swap (default 1); 0: recompute only */
+    int host_sampling;        /* 1: always copy the logits and sample on the host (comparisons);
+                               * 0: sample on the backend when it can and no request wants logprobs */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -145,6 +147,13 @@ typedef struct sf_engine_stats {
      * because the swap space was full, and the swap space in KV blocks */
     uint64_t swaps_out, swaps_in, swap_fallbacks;
     int swap_blocks_total, swap_blocks_used;
+    /* Engine-thread time per step, summed: wall time of each loop turn that ran a step, and the
+     * host's part of it (all of it but the wait for the device: scheduling, batch building,
+     * launches, token delivery). On the CPU backend the device is the host: host = step time.
+     * decode_*: the same over steps in which every sequence brought one token. Rows sampled on
+     * the backend (only ids came back) and on the host (logits copied). */
+    double step_s, host_s, decode_step_s, decode_host_s;
+    uint64_t decode_steps, rows_sampled_backend, rows_sampled_host;
 } sf_engine_stats;
 /* Any thread. A snapshot taken after every engine step (and when the engine goes idle). */
 void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st);
