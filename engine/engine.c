@@ -652,6 +652,15 @@ void sf_engine_get_info(sf_engine *e, sf_engine_info *info)
     info->vocab_size = e->vocab;
     info->max_model_len = e->max_model_len;
     info->random_weights = e->model->random_weights;
+    info->model = e->model;
+    info->hw = e->be->ops->hw(e->be);
+    info->kv_blocks = e->pool.n_blocks;
+    info->kv_block_size = e->cfg.kv_block_size;
+    const sf_model_config *mc = &e->model->cfg;
+    sf_kv_config kc = { .n_layers = mc->n_layers, .n_blocks = 1, .block_size = e->cfg.kv_block_size,
+                        .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : mc->n_kv_heads, .head_dim = mc->head_dim,
+                        .dtype = strcmp(e->be->ops->name, "cpu") ? SF_DT_BF16 : SF_DT_F32 };
+    info->kv_bytes_per_token = e->be->ops->kv_block_bytes(e->be, &kc) / (size_t)e->cfg.kv_block_size;
 }
 
 const struct sf_tokenizer *sf_engine_tokenizer(sf_engine *e) { return e ? e->model->tok : NULL; }

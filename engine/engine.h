@@ -165,6 +165,12 @@ typedef struct sf_engine_info {
     const char *backend;
     int vocab_size, max_model_len;
     int random_weights;
+    /* for benchmarks: the loaded model (engine/model.h), the backend's hardware description
+     * (hal/hal.h), the KV pool and the bytes one token of context takes in it */
+    const struct sf_model *model;
+    const struct sf_hw_info *hw;
+    int kv_blocks, kv_block_size;
+    size_t kv_bytes_per_token;
 } sf_engine_info;
 void sf_engine_get_info(sf_engine *e, sf_engine_info *info);
 
