@@ -699,6 +699,27 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     return SF_OK;
 }
 
+/* Rounds host fp32 rows to bf16 through the pinned stage and sends them (tests, comparisons). */
+static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
+{
+    cuda_ctx *c = CTX(b);
+    if (n < 0 || n > buf->rows) return op_fail(SF_EINVAL, "write_f32", "more rows than the buffer has");
+    int rc = step_end(c);
+    if (rc) return rc;
+    size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
+    for (size_t off = 0; off < total; off += per) {
+        size_t cnt = SF_MIN(per, total - off);
+        cudaError_t e = cudaEventSynchronize(c->stage_done[0]);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+        uint16_t *p = c->pin[0];
+        for (size_t i = 0; i < cnt; i++) p[i] = sf_f32_to_bf16(host[off + i]);
+        e = cudaMemcpyAsync(buf->d + off, c->pin[0], cnt * 2, cudaMemcpyHostToDevice, c->s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+    }
+    return SF_OK;
+}
+
 static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 /* Sends the rows and penalty entries (one copy), draws on the device, brings back n ids. */
@@ -789,6 +810,7 @@ static const struct sf_backend_ops cuda_ops = {
     .kv_copy_in = cuda_kv_copy_in,
     .buf_raw = cuda_buf_raw,
     .sample = cuda_sample,
+    .write_f32 = cuda_write_f32,
 };
 
 int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)
