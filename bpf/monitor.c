@@ -46,7 +46,7 @@ typedef struct pidinfo {
     int pid;
     char comm[16];
     double dead_since;      /* 0: alive when last checked */
-    unsigned gpu_mask;      /* /dev/nvidiaN held open */
+    unsigned gpu_mask;      /* GPUs it has a context on (NVML), else /dev/nvidiaN held open */
     int has_dma;            /* seen copying: worth looking for its GPUs */
 } pidinfo;
 
@@ -74,6 +74,8 @@ struct sf_monitor {
     int n_pids, cap_pids;
     sf_nvml *nvml;
     sf_mon_gpu nvml_last[SF_MON_MAX_GPUS];
+    unsigned nvml_pids[SF_MON_MAX_GPUS][64]; /* compute processes per GPU, refreshed every second */
+    int n_nvml_pids[SF_MON_MAX_GPUS];        /* -1: NVML cannot say */
     int *scanned, n_scanned, *new_scanned, n_new, cap_new; /* discovery: maps already read */
     sf_mon_cgroup *cgnames; /* id -> path cache */
     int n_cgnames;
@@ -195,7 +197,25 @@ static pidinfo *pid_get(sf_monitor *m, int pid)
     return p;
 }
 
-static unsigned gpu_mask_of(int pid)
+static unsigned gpu_fds_of(int pid);
+
+/* The GPUs a process copies to: those NVML lists it on (a compute context: what the copies
+ * need), else the /dev/nvidiaN it holds open (a CUDA process may open every visible device). */
+static unsigned gpu_mask_of(sf_monitor *m, int pid)
+{
+    unsigned nv = 0;
+    int nvml_knows = 0;
+    for (int g = 0; g < SF_MON_MAX_GPUS; g++) {
+        if (m->n_nvml_pids[g] < 0) continue;
+        nvml_knows = 1;
+        for (int i = 0; i < m->n_nvml_pids[g]; i++)
+            if (m->nvml_pids[g][i] == (unsigned)pid) nv |= 1u << g;
+    }
+    if (nvml_knows && nv) return nv;
+    return gpu_fds_of(pid);
+}
+
+static unsigned gpu_fds_of(int pid)
 {
     char path[64], target[64];
     unsigned mask = 0;
@@ -223,7 +243,7 @@ static void pids_maintain(sf_monitor *m, double now)
         int alive = kill(p->pid, 0) == 0 || errno == EPERM;
         if (alive) {
             p->dead_since = 0;
-            if (p->has_dma) p->gpu_mask = gpu_mask_of(p->pid);
+            if (p->has_dma) p->gpu_mask = gpu_mask_of(m, p->pid);
             continue;
         }
         if (!p->dead_since) p->dead_since = now;
@@ -389,8 +409,9 @@ static int take_snapshot(sf_monitor *m, sf_mon_snapshot *s, const sf_mon_snapsho
         sf_mon_gpu *G = &s->gpus[g];
         *G = m->nvml_last[g];
         G->index = g;
-        G->link_measured = m->o.link_gbs > 0;
-        G->link_gbs = G->link_measured ? m->o.link_gbs : NOMINAL_LINK_GBS;
+        double bw = m->o.link_gbs_gpu[g] > 0 ? m->o.link_gbs_gpu[g] : m->o.link_gbs;
+        G->link_measured = bw > 0;
+        G->link_gbs = G->link_measured ? bw : NOMINAL_LINK_GBS;
         G->other_h2d_per_s = G->other_d2h_per_s = G->own_h2d_per_s = G->own_d2h_per_s = 0;
     }
     for (int i = 0; i < s->n_procs; i++) {
@@ -458,6 +479,9 @@ static void *monitor_thread(void *arg)
         double now = sf_now_s();
         if (now - m->t_slow >= 1.0) {
             m->t_slow = now;
+            for (int g = 0; g < SF_MON_MAX_GPUS; g++)
+                m->n_nvml_pids[g] = m->nvml && g < SF_MAX(m->o.n_gpus, 1)
+                                        ? sf_nvml_pids(m->nvml, g, m->nvml_pids[g], 64) : -1;
             pids_maintain(m, now);
             for (int g = 0; m->nvml && g < SF_MIN(SF_MAX(m->o.n_gpus, 1), SF_MON_MAX_GPUS); g++) {
                 sf_mon_gpu *G = &m->nvml_last[g];

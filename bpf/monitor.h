@@ -47,6 +47,9 @@ typedef struct sf_monitor_opts {
      * h2d_pinned_gbs at its largest chunk when there is a GPU. <= 0: nominal 32 GB/s (Gen4
      * x16) and the index is marked "nominal". */
     double link_gbs;
+    /* > 0: the measured link of GPU g (hal's probe of that GPU), overriding link_gbs for it.
+     * GPUs are numbered as NVML and /dev/nvidiaN number them (PCI bus order). */
+    double link_gbs_gpu[SF_MON_MAX_GPUS];
     int n_gpus;               /* GPUs to report (0: 1, the host link) */
     int own_pid;              /* "our" process for the contention index; 0: getpid() */
 } sf_monitor_opts;

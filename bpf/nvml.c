@@ -16,7 +16,15 @@ struct sf_nvml {
     nvml_ret (*throughput)(nvml_dev dev, int counter, unsigned *kb_per_s);
     nvml_ret (*link_gen)(nvml_dev dev, unsigned *gen);
     nvml_ret (*link_width)(nvml_dev dev, unsigned *width);
+    nvml_ret (*procs)(nvml_dev dev, unsigned *count, void *infos);
 };
+
+/* nvmlProcessInfo_t as the _v2/_v3 process queries fill it */
+typedef struct nvml_proc {
+    unsigned pid;
+    unsigned long long used_mem;
+    unsigned gpu_instance, compute_instance;
+} nvml_proc;
 
 sf_nvml *sf_nvml_open(void)
 {
@@ -29,6 +37,8 @@ sf_nvml *sf_nvml_open(void)
     *(void **)&n->throughput = dlsym(n->lib, "nvmlDeviceGetPcieThroughput");
     *(void **)&n->link_gen = dlsym(n->lib, "nvmlDeviceGetCurrPcieLinkGeneration");
     *(void **)&n->link_width = dlsym(n->lib, "nvmlDeviceGetCurrPcieLinkWidth");
+    *(void **)&n->procs = dlsym(n->lib, "nvmlDeviceGetComputeRunningProcesses_v3");
+    if (!n->procs) *(void **)&n->procs = dlsym(n->lib, "nvmlDeviceGetComputeRunningProcesses_v2");
     if (!n->init || !n->shutdown || !n->handle || !n->throughput || n->init() != 0) goto fail;
     return n;
 fail:
@@ -59,4 +69,17 @@ int sf_nvml_pcie(sf_nvml *n, int idx, double *rx_per_s, double *tx_per_s, int *g
     *gen = (int)g;
     *width = (int)w;
     return 0;
+}
+
+int sf_nvml_pids(sf_nvml *n, int idx, unsigned *pids, int cap)
+{
+    nvml_dev dev;
+    nvml_proc info[64];
+    unsigned count = 64;
+    if (!n || !n->procs || n->handle((unsigned)idx, &dev) != 0) return -1;
+    if (n->procs(dev, &count, info) != 0) return -1; /* more than 64 contexts: NVML says so, skip */
+    int k = 0;
+    for (unsigned i = 0; i < count && i < 64 && k < cap; i++)
+        if (info[i].pid) pids[k++] = info[i].pid;
+    return k;
 }

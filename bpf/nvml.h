@@ -12,4 +12,8 @@ void sf_nvml_close(sf_nvml *n);
  * current link generation and width. 0 on success. Blocks ~20 ms per direction. */
 int sf_nvml_pcie(sf_nvml *n, int idx, double *rx_per_s, double *tx_per_s, int *gen, int *width);
 
+/* Pids with a compute context on GPU idx (NVML's running compute processes), at most cap.
+ * Returns how many were written, or -1 when NVML cannot say (old driver, no such GPU). */
+int sf_nvml_pids(sf_nvml *n, int idx, unsigned *pids, int cap);
+
 #endif

@@ -13,6 +13,7 @@
 #include "gateway/gateway.h"
 #include "gateway/intent.h"
 #include "gateway/tenants.h"
+#include "hal/hal.h"
 
 /* What serve adds around the gateway: the eBPF monitor (metrics, dashboard) and connection
  * steering. Every part is optional; without BPF the server runs and says why once. */
@@ -22,6 +23,7 @@ typedef struct serve_ctx {
     char mon_off[300];
     sf_dashboard *dash[64];
     sf_steer *steer;
+    int gpu_of[SF_MON_MAX_GPUS]; /* CUDA ordinal -> the monitor's GPU number (NVML / PCI order) */
 } serve_ctx;
 
 static void extra_metrics(void *user, FILE *out)
@@ -30,6 +32,20 @@ static void extra_metrics(void *user, FILE *out)
     char *text = sf_monitor_metrics(x->mon);
     if (text) fputs(text, out);
     free(text);
+    sf_engine *e = x->gw ? sf_gateway_engine(x->gw) : NULL;
+    if (!e) return;
+    sf_engine_stats st;
+    sf_engine_get_stats(e, &st);
+    static const char *lane[SF_URGENCY_COUNT] = { "low", "normal", "high" };
+    fputs("# HELP semflow_dma_swap_bytes_total KV swap bytes copied through the DMA scheduler (both directions)\n"
+          "# TYPE semflow_dma_swap_bytes_total counter\n", out);
+    for (int u = 0; u < SF_URGENCY_COUNT; u++)
+        fprintf(out, "semflow_dma_swap_bytes_total{urgency=\"%s\"} %llu\n", lane[u], (unsigned long long)st.dma_bytes[u]);
+    fprintf(out, "# HELP semflow_dma_deferred_total low-urgency swap-ins held back while the PCIe link was contended\n"
+                 "# TYPE semflow_dma_deferred_total counter\nsemflow_dma_deferred_total %llu\n"
+                 "# HELP semflow_dma_contention_index the contention index the DMA tuner last saw\n"
+                 "# TYPE semflow_dma_contention_index gauge\nsemflow_dma_contention_index %.4f\n",
+            (unsigned long long)st.dma_deferred, st.pcie_contention);
 }
 
 /* The dashboard's "server" object: engine queues, seats and KV, once the model is loaded. */
@@ -40,13 +56,71 @@ static char *dashboard_stats(void *user)
     if (!e) return strdup("{\"ready\":false}");
     sf_engine_stats st;
     sf_engine_get_stats(e, &st);
-    json_t *o = json_pack("{s:b, s:i, s:{s:i, s:i, s:i}, s:i, s:i, s:f, s:I}", "ready", 1, "running", st.running,
-                          "waiting", "high", st.waiting[SF_URGENCY_HIGH], "normal", st.waiting[SF_URGENCY_NORMAL], "low",
-                          st.waiting[SF_URGENCY_LOW], "kv_blocks_used", st.kv_blocks_used, "kv_blocks_total",
-                          st.kv_blocks_total, "tokens_per_s", st.tokens_per_s, "preemptions", (json_int_t)st.preemptions);
+    json_t *o = json_pack("{s:b, s:i, s:{s:i, s:i, s:i}, s:i, s:i, s:f, s:I, s:I, s:I, s:I, s:f}", "ready", 1,
+                          "running", st.running, "waiting", "high", st.waiting[SF_URGENCY_HIGH], "normal",
+                          st.waiting[SF_URGENCY_NORMAL], "low", st.waiting[SF_URGENCY_LOW], "kv_blocks_used",
+                          st.kv_blocks_used, "kv_blocks_total", st.kv_blocks_total, "tokens_per_s", st.tokens_per_s,
+                          "preemptions", (json_int_t)st.preemptions, "swaps_out", (json_int_t)st.swaps_out,
+                          "swaps_in", (json_int_t)st.swaps_in, "dma_deferred", (json_int_t)st.dma_deferred,
+                          "pcie_contention", st.pcie_contention);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;
+}
+
+/* The engine's DMA tuner reads the contention index of the GPU it copies to (engine thread). */
+static double link_contention(void *user, int device)
+{
+    serve_ctx *x = user;
+    if (device < 0 || device >= SF_MON_MAX_GPUS) return 0;
+    return sf_monitor_contention(x->mon, x->gpu_of[device]);
+}
+
+/* CUDA numbers the devices it sees in CUDA_VISIBLE_DEVICES order, the monitor (NVML,
+ * /dev/nvidiaN) in PCI bus order over all of them. serve asks CUDA for PCI bus order too
+ * (CUDA_DEVICE_ORDER, unless set), so ordinal i is the i-th listed index, or i itself when
+ * nothing is listed. UUID lists cannot be mapped without NVML's help: identity, with a warning. */
+static void map_gpus(serve_ctx *x)
+{
+    const char *v = getenv("CUDA_VISIBLE_DEVICES");
+    for (int i = 0; i < SF_MON_MAX_GPUS; i++) x->gpu_of[i] = i;
+    if (!v || !*v) return;
+    char *end;
+    const char *p = v;
+    for (int i = 0; i < SF_MON_MAX_GPUS && *p; i++) {
+        long g = strtol(p, &end, 10);
+        if (end == p || g < 0 || g >= SF_MON_MAX_GPUS || (*end && *end != ',')) {
+            SF_LOGW("CUDA_VISIBLE_DEVICES=%s is not a list of GPU indices: the PCIe contention index assumes CUDA "
+                    "device N is GPU N", v);
+            for (int k = 0; k < SF_MON_MAX_GPUS; k++) x->gpu_of[k] = k;
+            return;
+        }
+        x->gpu_of[i] = (int)g;
+        p = *end ? end + 1 : end;
+    }
+}
+
+/* The contention index is against the link hal measured: the top of each serving GPU's pinned
+ * H2D chunk-size curve (the calibration is cached, so the engine's own probe reads it back). */
+static void measure_links(serve_ctx *x, const sf_engine_config *ec, sf_monitor_opts *mo)
+{
+    if ((ec->backend && !strcmp(ec->backend, "cpu")) || !sf_hal_cuda_available()) return;
+    int n = ec->tensor_parallel > 1 ? ec->tensor_parallel : 1;
+    for (int r = 0; r < n; r++) {
+        int dev = ec->device + r, g = dev < SF_MON_MAX_GPUS ? x->gpu_of[dev] : -1;
+        sf_hw_info hw;
+        sf_error err = { 0 };
+        if (g < 0) continue;
+        if (sf_hal_cuda_probe(dev, &hw, 0, &err) != SF_OK) {
+            SF_LOGW("PCIe contention index of GPU %d against a nominal link: %s", g, err.msg);
+            continue;
+        }
+        double top = 0;
+        for (int i = 0; i < SF_HAL_CHUNKS; i++) top = SF_MAX(top, hw.h2d_pinned_gbs[i]);
+        mo->link_gbs_gpu[g] = top;
+        mo->n_gpus = SF_MAX(mo->n_gpus, g + 1);
+        SF_LOGI("PCIe link of GPU %d (CUDA device %d): %.1f GB/s measured (pinned H2D, largest chunk)", g, dev, top);
+    }
 }
 
 static int worker_init(void *user, int worker, struct evhttp *http, struct event_base *base, sf_error *err)
@@ -128,7 +202,9 @@ static void usage(FILE *f)
             "  --max-body BYTES          largest request body (default 4194304)\n"
             "  --timeout S               per-connection read/write timeout (default 30)\n"
             "  --drain-timeout S         on SIGTERM, how long in-flight requests may finish (default 30)\n"
-            "  --bpf auto|off            eBPF monitor (/metrics, /dashboard) and connection steering (default auto)\n");
+            "  --bpf auto|off            eBPF monitor (/metrics, /dashboard) and connection steering (default auto)\n"
+            "  --dma-tuner on|off        per-class chunks for KV swap copies, low-class swap-ins held back while\n"
+            "                            other processes contend for the PCIe link (default on; see docs/OBSERVABILITY.md)\n");
 }
 
 static int num(const char *flag, const char *v, double lo, double hi, double *out)
@@ -147,7 +223,7 @@ int sf_cmd_serve(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
            O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
-           O_DRAIN, O_BPF, O_TP, O_SWAP, O_HELP };
+           O_DRAIN, O_BPF, O_TP, O_SWAP, O_TUNER, O_HELP };
     static const struct option opts[] = {
         { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
         { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
@@ -158,7 +234,8 @@ int sf_cmd_serve(int argc, char **argv)
         { "kv-high-reserve", 1, 0, O_RESERVE }, { "gpu-memory-utilization", 1, 0, O_GPUMEM },
         { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
         { "drain-timeout", 1, 0, O_DRAIN }, { "bpf", 1, 0, O_BPF },
-        { "tensor-parallel-size", 1, 0, O_TP }, { "swap-space", 1, 0, O_SWAP }, { "help", 0, 0, O_HELP },
+        { "tensor-parallel-size", 1, 0, O_TP }, { "swap-space", 1, 0, O_SWAP }, { "dma-tuner", 1, 0, O_TUNER },
+        { "help", 0, 0, O_HELP },
         { 0, 0, 0, 0 },
     };
     sf_gateway_config c;
@@ -209,6 +286,13 @@ int sf_cmd_serve(int argc, char **argv)
             }
             bpf = !strcmp(optarg, "auto");
             break;
+        case O_TUNER:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "semflow serve: --dma-tuner must be 'on' or 'off'\n");
+                return 2;
+            }
+            c.engine.dma_tuner = !strcmp(optarg, "on");
+            break;
         case O_HELP: usage(stdout); return 0;
         default:
             fprintf(stderr, "semflow serve: unknown or incomplete option '%s'\n", argv[optind - 1]);
@@ -231,6 +315,9 @@ int sf_cmd_serve(int argc, char **argv)
     if (bpf) {
         sf_monitor_opts mo;
         sf_monitor_opts_default(&mo);
+        setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 0); /* before CUDA starts: see map_gpus */
+        map_gpus(&x);
+        measure_links(&x, &c.engine, &mo);
         if (sf_monitor_open(&mo, &x.mon, &err)) {
             snprintf(x.mon_off, sizeof x.mon_off, "%s", err.msg);
             SF_LOGI("eBPF monitor off: %s", err.msg);
@@ -238,6 +325,10 @@ int sf_cmd_serve(int argc, char **argv)
         }
     } else {
         snprintf(x.mon_off, sizeof x.mon_off, "disabled with --bpf off");
+    }
+    if (x.mon) {
+        c.engine.pcie_contention = link_contention;
+        c.engine.pcie_contention_arg = &x;
     }
     c.extra_metrics = extra_metrics;
     c.extra_metrics_user = &x;

@@ -2,6 +2,7 @@
 #include "engine/dma.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -18,6 +19,7 @@ struct sf_dma {
     double low_gbs[2];          /* link bandwidth at the low-class chunk size, GB/s */
     pthread_mutex_t mu;
     sf_dma_stats st;
+    double booked_until[2];     /* defer mode: low-class bookings drain at this time (sf_now_s) */
 };
 
 /* Smallest measured chunk whose bandwidth reaches frac of the curve's peak; 0 without a curve. */
@@ -63,6 +65,8 @@ int sf_dma_new(const sf_dma_opts *o, sf_dma **out, sf_error *err)
         d->chunk[SF_URGENCY_LOW][dir] = LOW_MAX;
         double g = o->link_gbs > 0 ? o->link_gbs : curve ? gbs_at(hw, curve, LOW_MAX) : 0;
         d->low_gbs[dir] = g > 0 ? g : DEF_LINK_GBS;
+        if (o->untuned)
+            for (int u = 0; u < SF_URGENCY_COUNT; u++) d->chunk[u][dir] = SIZE_MAX / 2;
     }
     pthread_mutex_init(&d->mu, NULL);
     *out = d;
@@ -93,7 +97,7 @@ static void sleep_s(double s)
  * at the share of the link the other processes leave. */
 static void pace(sf_dma *d, int urgency, int dir, double t_start, size_t through, double *waited, uint64_t *paced)
 {
-    if (urgency != SF_URGENCY_LOW || !d->o.contention) return;
+    if (urgency != SF_URGENCY_LOW || !d->o.contention || d->o.untuned || d->o.defer) return;
     double c = d->o.contention(d->o.contention_arg);
     if (c < d->o.pace_threshold) return;
     double share = SF_MAX(d->o.pace_floor, 1.0 - c);
@@ -106,8 +110,55 @@ static void pace(sf_dma *d, int urgency, int dir, double t_start, size_t through
     }
 }
 
+double sf_dma_contention(sf_dma *d)
+{
+    return d && d->o.contention ? d->o.contention(d->o.contention_arg) : 0;
+}
+
+int sf_dma_contended(sf_dma *d)
+{
+    return d && sf_dma_contention(d) >= d->o.pace_threshold;
+}
+
+int sf_dma_tuned(const sf_dma *d)
+{
+    return d && !d->o.untuned;
+}
+
+void sf_dma_count_deferred(sf_dma *d)
+{
+    pthread_mutex_lock(&d->mu);
+    d->st.deferred++;
+    pthread_mutex_unlock(&d->mu);
+}
+
+/* Defer mode: a low-class copy under contention books its bytes at the link share left to it. */
+static void book(sf_dma *d, int urgency, int dir, size_t bytes)
+{
+    if (!d->o.defer || d->o.untuned || urgency != SF_URGENCY_LOW || !bytes) return;
+    double c = sf_dma_contention(d);
+    if (c < d->o.pace_threshold) return;
+    double share = SF_MAX(d->o.pace_floor, 1.0 - c), now = sf_now_s();
+    pthread_mutex_lock(&d->mu);
+    d->booked_until[dir] = SF_MAX(d->booked_until[dir], now) + (double)bytes / (share * d->low_gbs[dir] * 1e9);
+    d->st.booked_bytes += bytes;
+    pthread_mutex_unlock(&d->mu);
+}
+
+int sf_dma_may_start(sf_dma *d, int urgency, int dir)
+{
+    if (!d || d->o.untuned || urgency != SF_URGENCY_LOW || (dir != SF_DMA_H2D && dir != SF_DMA_D2H)) return 1;
+    if (sf_dma_contention(d) < d->o.pace_threshold) return 1;
+    pthread_mutex_lock(&d->mu);
+    int ok = sf_now_s() >= d->booked_until[dir];
+    if (!ok) d->st.deferred++;
+    pthread_mutex_unlock(&d->mu);
+    return ok;
+}
+
 static void account(sf_dma *d, int urgency, int dir, size_t bytes, uint64_t chunks, uint64_t paced, double waited)
 {
+    book(d, urgency, dir, bytes);
     pthread_mutex_lock(&d->mu);
     d->st.bytes[urgency][dir] += bytes;
     d->st.chunks[urgency] += chunks;
@@ -150,7 +201,8 @@ int sf_dma_copy_units(sf_dma *d, int n_units, size_t unit_bytes, int dir, int ur
     if (n_units < 0 || (n_units && !unit_bytes))
         return sf_err(err, SF_EINVAL, "dma: %d units of %zu bytes is not a copy", n_units, unit_bytes);
     if (urgency < 0 || urgency >= SF_URGENCY_COUNT) urgency = SF_URGENCY_NORMAL;
-    int per = (int)SF_MAX((size_t)1, d->chunk[urgency][dir] / (unit_bytes ? unit_bytes : 1)), done = 0;
+    size_t per_z = SF_MAX((size_t)1, d->chunk[urgency][dir] / (unit_bytes ? unit_bytes : 1));
+    int per = per_z > (size_t)INT32_MAX ? INT32_MAX : (int)per_z, done = 0;
     uint64_t chunks = 0, paced = 0;
     double waited = 0, t_start = sf_now_s();
     int rc = SF_OK;

@@ -92,6 +92,7 @@ void sf_engine_config_default(sf_engine_config *c)
     c->gpu_memory_utilization = 0.9f;
     c->kv_high_reserve = 0.1f;
     c->swap_space_gib = 1.0;
+    c->dma_tuner = 1;
     for (int i = 0; i < SF_URGENCY_COUNT; i++) c->queue_limit[i] = 256;
 }
 
@@ -161,6 +162,24 @@ static void cancel_if_asked(sf_seq *q, void *arg)
     sf_engine *e = arg;
     sf_request *r = q->owner;
     if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) finish_and_free(e, r, SF_FINISH_CANCELLED, SF_OK, NULL);
+}
+
+/* The DMA tuner's view of the link (engine thread). */
+static double link_contention(void *arg)
+{
+    sf_engine *e = arg;
+    return e->cfg.pcie_contention(e->cfg.pcie_contention_arg, e->cfg.device);
+}
+
+/* The scheduler's gate for swap-ins: is a class above `urgency` running (the running list is in
+ * urgency order) or waiting? */
+static int swap_in_ok(void *arg, int urgency)
+{
+    sf_engine *e = arg;
+    const sf_sched *s = &e->sched;
+    int higher = s->running.next != &s->running && s->running.next->urgency > urgency;
+    for (int u = urgency + 1; u < SF_URGENCY_COUNT; u++) higher |= s->n_waiting[u] > 0;
+    return sf_swap_in_ok(&e->swap, urgency, higher);
 }
 
 /* Run the plan's swap copies: every swap-out (its blocks may already be planned for others),
@@ -291,6 +310,13 @@ static void update_stats(sf_engine *e)
     e->st.swap_fallbacks = s->swap_fallbacks;
     e->st.swap_blocks_total = s->swap.n_blocks;
     e->st.swap_blocks_used = s->swap.n_blocks - s->swap.n_free;
+    if (e->swap.dma) {
+        sf_dma_stats ds;
+        sf_dma_get_stats(e->swap.dma, &ds);
+        for (int u = 0; u < SF_URGENCY_COUNT; u++) e->st.dma_bytes[u] = ds.bytes[u][0] + ds.bytes[u][1];
+        e->st.dma_deferred = ds.deferred;
+        e->st.pcie_contention = sf_dma_contention(e->swap.dma);
+    }
     e->st.step_s = e->step_s;
     e->st.host_s = e->host_s;
     e->st.decode_steps = e->decode_steps;
@@ -360,8 +386,8 @@ static void *engine_main(void *arg)
         }
         update_stats(e);
         if (!ran && !e->in_head && !e->stop) {
-            /* Work is queued but none could be planned (it should not happen: something always
-             * runs or gets admitted). Do not spin: wait for a submit or cancel, 1 ms at most. */
+            /* Work is queued but none could be planned (the DMA tuner holds a low-class swap-in
+             * back on a contended link). Do not spin: wait for a submit or cancel, 1 ms at most. */
             struct timespec ts;
             clock_gettime(CLOCK_REALTIME, &ts);
             ts.tv_nsec += 1000000;
@@ -486,12 +512,15 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->pool_ready = 1;
     /* Swap space: tensor-parallel ranks hold a share of each block each, which rank 0's copies
      * would not cover, so swap stays off there. */
-    if (!e->tp && (rc = sf_swap_init(&e->swap, e->be, e->be->ops->kv_block_bytes(e->be, &kc), c->swap_space_gib,
-                                     err)) != SF_OK)
+    sf_swap_opts so = { .untuned = !c->dma_tuner, .contention = c->pcie_contention ? link_contention : NULL,
+                        .contention_arg = e };
+    if (!e->tp && (rc = sf_swap_init_opts(&e->swap, e->be, e->be->ops->kv_block_bytes(e->be, &kc),
+                                          c->swap_space_gib, &so, err)) != SF_OK)
         goto fail;
     sf_sched_config sc = { .max_num_seqs = c->max_num_seqs, .max_batched_tokens = c->max_batched_tokens,
                            .max_model_len = e->max_model_len, .kv_high_reserve = c->kv_high_reserve,
-                           .swap_blocks = e->swap.n_slots };
+                           .swap_blocks = e->swap.n_slots, .swap_in_ok = e->swap.n_slots ? swap_in_ok : NULL,
+                           .swap_in_ok_arg = e };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);

@@ -108,6 +108,15 @@ typedef struct sf_engine_config {
     int progress;             /* loader progress bar */
     int tensor_parallel;      /* ranks the model is split over (processes; GPUs on CUDA); <= 1: none */
     double swap_space_gib;    /* host memory for preemption by swap (default 1); 0: recompute only */
+    /* DMA tuning of the swap copies (engine/swap.h): 1 (default) per-class chunk sizes, and
+     * low-urgency swap-ins held back while the PCIe link is contended; 0: every copy in one
+     * piece, never held back (the baseline). */
+    int dma_tuner;
+    /* The PCIe contention index of CUDA device `device` (other processes' DMA / the link's
+     * measured bandwidth; e.g. a wrapper of sf_monitor_contention). Called on the engine thread
+     * before and after swap copies: must be cheap and never block. NULL: never paced. */
+    double (*pcie_contention)(void *arg, int device);
+    void *pcie_contention_arg;
     int host_sampling;        /* 1: always copy the logits and sample on the host (comparisons);
                                * 0: sample on the backend when it can and no request wants logprobs */
 } sf_engine_config;
@@ -147,6 +156,10 @@ typedef struct sf_engine_stats {
      * because the swap space was full, and the swap space in KV blocks */
     uint64_t swaps_out, swaps_in, swap_fallbacks;
     int swap_blocks_total, swap_blocks_used;
+    /* DMA tuner: swap bytes copied per urgency lane (both directions), low-class swap-ins held
+     * back because the link was contended, and the contention index it last saw */
+    uint64_t dma_bytes[SF_URGENCY_COUNT], dma_deferred;
+    double pcie_contention;
     /* Engine-thread time per step, summed: wall time of each loop turn that ran a step, and the
      * host's part of it (all of it but the wait for the device: scheduling, batch building,
      * launches, token delivery). On the CPU backend the device is the host: host = step time.

@@ -388,6 +388,7 @@ static int plan_running(sf_sched *s, sf_seq *q, int n)
 static int admit_head(sf_sched *s, sf_seq *q)
 {
     if (q->preempted_at == s->steps + 1) return 0; /* preempted in this very step: wait for the next */
+    if (q->n_swap && s->cfg.swap_in_ok && !s->cfg.swap_in_ok(s->cfg.swap_in_ok_arg, q->urgency)) return 0;
     if (sf_kv_blocks_for(s->pool, q->n_tokens) > usable_blocks(s, q->urgency) || q->n_tokens > s->cfg.max_model_len)
         return take_out_stuck(s, q);
     while (s->n_running >= s->cfg.max_num_seqs) {

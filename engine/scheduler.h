@@ -68,6 +68,11 @@ typedef struct sf_sched_config {
     int max_model_len;        /* context length cap */
     float kv_high_reserve;    /* share of the pool only SF_URGENCY_HIGH may take, [0, 1) */
     int swap_blocks;          /* swap space in KV blocks (host memory); 0: preemption by recompute only */
+    /* May a sequence of this urgency, preempted by swap, be swapped in this step? NULL: always.
+     * A "no" keeps it (and what waits behind it) waiting for a later step. The engine's DMA
+     * tuner says no to low urgency while the PCIe link is contended (swap.h). */
+    int (*swap_in_ok)(void *arg, int urgency);
+    void *swap_in_ok_arg;
 } sf_sched_config;
 
 /* A KV copy the caller runs between sf_sched_plan and the forward step: every swap_out first,

@@ -1,9 +1,7 @@
 /* swap.c — host swap space for preempted sequences' K/V (see swap.h). */
 #include "swap.h"
 
-#include <errno.h>
 #include <string.h>
-#include <sys/mman.h>
 
 /* The swap space copies whole KV blocks by id (sf_dma_copy_units), never raw bytes. */
 static int no_byte_copy(void *arg, void *dst, const void *src, size_t n, int dir, sf_error *err)
@@ -12,6 +10,12 @@ static int no_byte_copy(void *arg, void *dst, const void *src, size_t n, int dir
 }
 
 int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_error *err)
+{
+    return sf_swap_init_opts(w, be, block_bytes, gib, NULL, err);
+}
+
+int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, const sf_swap_opts *so,
+                      sf_error *err)
 {
     memset(w, 0, sizeof *w);
     if (!(gib >= 0)) return sf_err(err, SF_EINVAL, "swap space %g GiB: it must be 0 (off) or more", gib);
@@ -22,17 +26,20 @@ int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_
     w->be = be;
     w->block_bytes = block_bytes;
     w->bytes = (size_t)w->n_slots * block_bytes;
-    void *mem = mmap(NULL, w->bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (mem == MAP_FAILED) {
-        int e = errno;
-        size_t bytes = w->bytes;
+    void *mem = NULL;
+    int rc = sf_backend_host_alloc(be, w->bytes, &mem, err);
+    if (rc != SF_OK) {
         memset(w, 0, sizeof *w);
-        return sf_err(err, SF_ENOMEM, "swap space: mmap of %zu MiB failed: %s; lower --swap-space (0 turns it off)",
-                      bytes >> 20, strerror(e));
+        return sf_err_wrap(err, "swap space (lower --swap-space; 0 turns it off)");
     }
     w->mem = mem;
-    sf_dma_opts o = { .copy = no_byte_copy, .hw = be->ops->hw(be) };
-    int rc = sf_dma_new(&o, &w->dma, err);
+    sf_dma_opts o = { .copy = no_byte_copy, .hw = be->ops->hw(be), .defer = 1 };
+    if (so) {
+        o.untuned = so->untuned;
+        o.contention = so->contention;
+        o.contention_arg = so->contention_arg;
+    }
+    rc = sf_dma_new(&o, &w->dma, err);
     if (rc != SF_OK) sf_swap_free(w);
     return rc;
 }
@@ -40,9 +47,23 @@ int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_
 void sf_swap_free(sf_swap *w)
 {
     if (!w) return;
-    if (w->mem) munmap(w->mem, w->bytes);
+    if (w->mem) sf_backend_host_free(w->be, w->mem);
     sf_dma_free(w->dma);
     memset(w, 0, sizeof *w);
+}
+
+int sf_swap_in_ok(sf_swap *w, int urgency, int higher_busy)
+{
+    if (!w->dma || urgency != SF_URGENCY_LOW || !sf_dma_tuned(w->dma)) return 1;
+    int ok = sf_dma_may_start(w->dma, urgency, SF_DMA_H2D);
+    if (ok && higher_busy && sf_dma_contended(w->dma)) {
+        double now = sf_now_s();
+        if (!w->held_since) w->held_since = now;
+        ok = now - w->held_since >= SF_SWAP_MAX_HOLD_S;
+        if (!ok) sf_dma_count_deferred(w->dma);
+    }
+    if (ok) w->held_since = 0;
+    return ok;
 }
 
 typedef struct run_arg {

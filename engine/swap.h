@@ -1,6 +1,20 @@
 /* swap.h — the engine's swap space: host memory holding the K/V of sequences preempted by swap,
  * one slot per KV block, and the copies the scheduler plans (sf_swap_op) run through the DMA
  * scheduler (dma.h), chunked by the sequence's urgency, with the backend's kv_copy_out/in.
+ *
+ * The memory comes from sf_backend_host_alloc: page-locked on CUDA (real DMA at link speed),
+ * aligned host memory on the CPU backend. It is taken whole at init (pinned memory cannot be
+ * lazily mapped), so --swap-space is host RAM held for the server's life.
+ *
+ * DMA tuning (sf_swap_opts): with the tuner on, each class gets its chunk size, and while the
+ * PCIe link is contended (index >= the DMA scheduler's pace_threshold) sf_swap_in_ok (the
+ * scheduler's swap_in_ok gate) holds low-class swap-ins back:
+ *   - while sequences of a higher class run or wait: a swap-in runs inside the engine step, so
+ *     on a contended link it would stretch the step that carries their tokens; held at most
+ *     SF_SWAP_MAX_HOLD_S at a time, so low-class work is delayed, never starved;
+ *   - otherwise until the bytes earlier low-class copies booked against the link share left to
+ *     them have drained (dma.h, defer mode), so other tenants keep most of the link.
+ * With the tuner off every copy is one piece and nothing is held back.
  * Engine thread only. */
 #ifndef SF_SWAP_H
 #define SF_SWAP_H
@@ -12,19 +26,34 @@
 #include "dma.h"
 #include "scheduler.h"
 
+#define SF_SWAP_MAX_HOLD_S 1.0
+
 typedef struct sf_swap {
     sf_backend *be;           /* not owned */
     sf_dma *dma;              /* owned */
-    unsigned char *mem;       /* n_slots x block_bytes, mapped lazily (pages appear when written) */
+    unsigned char *mem;       /* n_slots x block_bytes, from sf_backend_host_alloc */
     size_t block_bytes, bytes;
     int n_slots;
+    double held_since;        /* a low-class swap-in has been held back since (0: none held) */
 } sf_swap;
 
+typedef struct sf_swap_opts {
+    int untuned;                      /* 1: DMA tuner off (one piece per copy, never held back) */
+    sf_dma_contention_fn contention;  /* the link's contention index; NULL: never paced */
+    void *contention_arg;
+} sf_swap_opts;
+
 /* Swap space of `gib` GiB for blocks of block_bytes. n_slots is 0 (swap off, nothing allocated)
- * when gib is 0, the backend cannot copy KV blocks, or gib holds no block. */
+ * when gib is 0, the backend cannot copy KV blocks, or gib holds no block. o may be NULL
+ * (tuner on, no contention source). */
 int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_error *err);
+int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, const sf_swap_opts *o,
+                      sf_error *err);
 void sf_swap_free(sf_swap *w);
 /* Run one planned copy: device blocks -> slots (SF_DMA_D2H, swap-out) or back (SF_DMA_H2D). */
 int sf_swap_run(sf_swap *w, const sf_swap_op *op, int dir, sf_error *err);
+/* May a sequence of this urgency be swapped in now (the DMA tuner's gate, see above)?
+ * higher_busy: sequences of a higher class are running or waiting. */
+int sf_swap_in_ok(sf_swap *w, int urgency, int higher_busy);
 
 #endif

@@ -58,6 +58,24 @@ void sf_backend_close(sf_backend *b)
     if (b && b->ops && b->ops->destroy) b->ops->destroy(b);
 }
 
+int sf_backend_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err)
+{
+    *out = NULL;
+    if (b && b->ops->host_alloc) return b->ops->host_alloc(b, bytes, out, err);
+    size_t n = (bytes + 4095) & ~(size_t)4095;
+    if (!n || !(*out = aligned_alloc(4096, n)))
+        return sf_err(err, SF_ENOMEM, "host memory: cannot allocate %.1f MiB; ask for less (e.g. a smaller --swap-space)",
+                      bytes / 1048576.0);
+    return SF_OK;
+}
+
+void sf_backend_host_free(sf_backend *b, void *p)
+{
+    if (!p) return;
+    if (b && b->ops->host_free) b->ops->host_free(b, p);
+    else free(p);
+}
+
 static json_t *gbs_array(const double *v)
 {
     json_t *a = json_array();

@@ -198,6 +198,11 @@ struct sf_backend_ops {
      * parallelism on that backend. */
     int (*buf_raw)(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream);
 
+    /* Host memory the device copies from and to at full link speed (page-locked: CUDA's
+     * cudaHostAlloc), for swap space and staging. May be NULL: sf_backend_host_alloc then gives
+     * plain 4 KiB-aligned memory (what the CPU backend needs). */
+    int (*host_alloc)(sf_backend *b, size_t bytes, void **out, sf_error *err);
+    void (*host_free)(sf_backend *b, void *p);
     /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
      * pen holds n_pen penalty entries (host memory, as are rows and ids). Ends the step: it
      * waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what the backend can do
@@ -232,6 +237,12 @@ int sf_hal_cuda_available(void);  /* 1 if a CUDA device can be used */
 /* Print hw as JSON (jansson) or as a human-readable table. */
 char *sf_hw_info_json(const sf_hw_info *hw); /* malloc'd */
 void sf_hw_info_print(FILE *f, const sf_hw_info *hw);
+
+/* Host memory for copies to and from b's device: the backend's host_alloc (pinned on CUDA), or
+ * 4 KiB-aligned memory. *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
+ * Free with sf_backend_host_free on the same backend. Any thread that may use b. */
+int sf_backend_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err);
+void sf_backend_host_free(sf_backend *b, void *p);
 
 /* Backend constructors (each file provides its own; CUDA one returns SF_ENODEV when built without CUDA). */
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err);

@@ -447,6 +447,27 @@ static int cuda_kv_copy_in(sf_backend *b, const int32_t *blocks, int n, const vo
     return kv_copy(b, blocks, n, NULL, host);
 }
 
+/* Page-locked host memory, portable across devices: copies from it are real DMA at link speed
+ * and can be asynchronous. */
+static int cuda_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err)
+{
+    *out = NULL;
+    cudaError_t e = cudaSetDevice(CTX(b)->dev);
+    if (e == cudaSuccess) e = cudaHostAlloc(out, bytes ? bytes : 16, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        *out = NULL;
+        return sf_err(err, SF_ENOMEM, "CUDA: cannot pin %.1f MiB of host memory (%s); ask for less (e.g. a smaller "
+                      "--swap-space) or raise the locked-memory limit (ulimit -l)", bytes / 1048576.0, cudaGetErrorString(e));
+    }
+    return SF_OK;
+}
+
+static void cuda_host_free(sf_backend *b, void *p)
+{
+    if (p) cudaFreeHost(p);
+}
+
 /* ---- one step ------------------------------------------------------------------------------ */
 static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
 {
@@ -809,6 +830,8 @@ static const struct sf_backend_ops cuda_ops = {
     .kv_copy_out = cuda_kv_copy_out,
     .kv_copy_in = cuda_kv_copy_in,
     .buf_raw = cuda_buf_raw,
+    .host_alloc = cuda_host_alloc,
+    .host_free = cuda_host_free,
     .sample = cuda_sample,
     .write_f32 = cuda_write_f32,
 };

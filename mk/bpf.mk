@@ -36,3 +36,14 @@ $(BUILD)/bench/bpf_bench: bench/bpf_bench.c $(BUILD)/libsemflow.a
 	@mkdir -p $(@D)
 	@echo "  BENCH   $@"
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libsemflow.a $(ALL_LIBS)
+
+# ---- the contention experiment's neighbour (bench/contention/run.sh): a pinned H2D stream ----
+ifeq ($(HAVE_CUDA),1)
+H2D_HOG := $(BUILD)/bench/h2d_hog
+$(H2D_HOG): bench/contention/h2d_hog.c
+	@mkdir -p $(@D)
+	@echo "  CC      $@"
+	$(Q)$(CC) -std=gnu11 -O2 -Wall -Wextra -I$(CUDA_HOME)/include -o $@ $< \
+	    -L$(CUDA_HOME)/lib64 -lcudart_static -lpthread -ldl -lrt
+all: $(H2D_HOG)
+endif

@@ -147,6 +147,57 @@ TEST(low_class_is_paced_under_contention)
     sf_dma_free(d);
 }
 
+TEST(defer_mode_books_low_copies_instead_of_sleeping)
+{
+    static char a[256 * 1024], b[256 * 1024];
+    counter c = { 0 };
+    sf_dma_opts o = { .copy = copy_memcpy, .copy_arg = &c, .contention = contention, .link_gbs = 0.01, .defer = 1 };
+    sf_dma *d = NULL;
+    sf_error e = { 0 };
+    REQUIRE(sf_dma_new(&o, &d, &e) == SF_OK, "sf_dma_new: %s", e.msg);
+    contention_value = 0.9;
+    CHECK(sf_dma_may_start(d, SF_URGENCY_LOW, SF_DMA_H2D)); /* nothing booked yet */
+    double t0 = sf_now_s();
+    CHECK(sf_dma_copy(d, a, b, sizeof a, SF_DMA_H2D, SF_URGENCY_LOW, &e) == SF_OK);
+    CHECK_MSG(sf_now_s() - t0 < 0.15, "defer mode slept %.3f s", sf_now_s() - t0);
+    /* 256 KiB booked at 10% of 10 MB/s: the next low H2D copy waits ~0.26 s; D2H, high and
+     * normal urgency are free to go */
+    CHECK(!sf_dma_may_start(d, SF_URGENCY_LOW, SF_DMA_H2D));
+    CHECK(sf_dma_may_start(d, SF_URGENCY_LOW, SF_DMA_D2H));
+    CHECK(sf_dma_may_start(d, SF_URGENCY_HIGH, SF_DMA_H2D) && sf_dma_may_start(d, SF_URGENCY_NORMAL, SF_DMA_H2D));
+    contention_value = 0.2; /* the link cleared: go */
+    CHECK(sf_dma_may_start(d, SF_URGENCY_LOW, SF_DMA_H2D));
+    contention_value = 0.9;
+    int waited = 0;
+    while (!sf_dma_may_start(d, SF_URGENCY_LOW, SF_DMA_H2D) && waited < 300) usleep(10000), waited++;
+    double drained = sf_now_s() - t0;
+    CHECK_MSG(drained >= 0.2 && drained < 2.0, "the booking drained after %.3f s, want ~0.26", drained);
+    sf_dma_stats st;
+    sf_dma_get_stats(d, &st);
+    CHECK_MSG(st.deferred >= 2 && st.booked_bytes == sizeof a && st.paced_copies == 0,
+              "%llu deferred, %llu booked, %llu paced", (unsigned long long)st.deferred,
+              (unsigned long long)st.booked_bytes, (unsigned long long)st.paced_copies);
+    sf_dma_free(d);
+}
+
+TEST(untuned_copies_in_one_piece_never_held)
+{
+    static char a[3 << 20], b[3 << 20];
+    counter c = { 0 };
+    sf_dma_opts o = { .copy = copy_memcpy, .copy_arg = &c, .contention = contention, .link_gbs = 0.01, .untuned = 1 };
+    sf_dma *d = NULL;
+    sf_error e = { 0 };
+    REQUIRE(sf_dma_new(&o, &d, &e) == SF_OK, "sf_dma_new: %s", e.msg);
+    contention_value = 0.95;
+    double t0 = sf_now_s();
+    for (int u = 0; u < SF_URGENCY_COUNT; u++)
+        CHECK(sf_dma_copy(d, a, b, sizeof a, SF_DMA_H2D, u, &e) == SF_OK);
+    CHECK_MSG(c.chunks == 3 && c.max_chunk == sizeof a, "%d chunks, largest %zu", c.chunks, c.max_chunk);
+    CHECK_MSG(sf_now_s() - t0 < 0.5, "untuned copies took %.3f s", sf_now_s() - t0);
+    CHECK(sf_dma_may_start(d, SF_URGENCY_LOW, SF_DMA_H2D));
+    sf_dma_free(d);
+}
+
 int main(void)
 {
     RUN(default_chunks);
@@ -154,5 +205,7 @@ int main(void)
     RUN(copies_arrive_whole_in_chunks);
     RUN(errors_are_reported);
     RUN(low_class_is_paced_under_contention);
+    RUN(defer_mode_books_low_copies_instead_of_sleeping);
+    RUN(untuned_copies_in_one_piece_never_held);
     return test_summary();
 }

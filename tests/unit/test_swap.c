@@ -363,6 +363,117 @@ TEST(random_workload_kv_follows_swaps)
     sf_kv_pool_free(&pool);
 }
 
+/* The DMA tuner's gate (sf_sched_config.swap_in_ok): while it says no, a sequence preempted by
+ * swap stays waiting even when blocks are free; once it says yes, its K/V comes back. */
+static int gate_open, gate_calls, gate_urgency = -1;
+static int gate(void *arg, int urgency)
+{
+    gate_calls++;
+    gate_urgency = urgency;
+    return gate_open;
+}
+
+TEST(swap_in_waits_for_the_gate)
+{
+    sf_kv_pool pool;
+    sf_sched s;
+    sf_error err = { 0 };
+    REQUIRE(sf_kv_pool_init(&pool, 8, 4, &err) == SF_OK, "pool");
+    sf_sched_config c = { .max_num_seqs = 4, .max_batched_tokens = 32, .max_model_len = 32, .kv_high_reserve = 0,
+                          .swap_blocks = 16, .swap_in_ok = gate };
+    REQUIRE(sf_sched_init(&s, &c, &pool, &err) == SF_OK, "sched: %s", err.msg);
+    int32_t p[24];
+    for (int i = 0; i < 24; i++) p[i] = i + 1;
+    sf_seq lo, hi;
+    sf_seq_init(&lo, p, 20, NULL);
+    sf_seq_init(&hi, p, 24, NULL);
+    lo.urgency = SF_URGENCY_LOW;
+    hi.urgency = SF_URGENCY_HIGH;
+    sf_sched_add(&s, &lo);
+    const sf_plan *pl = sf_sched_plan(&s);
+    CHECK(pl->n_tokens == 20);
+    sf_sched_commit(&s);
+    sf_seq_append(&lo, 99);
+    sf_sched_add(&s, &hi); /* needs 6 of the 8 blocks: lo (5) is preempted by swap */
+    pl = sf_sched_plan(&s);
+    CHECK_MSG(pl->n_swap_out == 1 && lo.n_swap == 5, "%d swap-outs, %d blocks swapped", pl->n_swap_out, lo.n_swap);
+    sf_sched_commit(&s);
+    sf_sched_remove(&s, &hi);
+    gate_open = 0;
+    gate_calls = 0;
+    for (int k = 0; k < 3; k++) { /* blocks are free, the gate is closed: nothing runs */
+        pl = sf_sched_plan(&s);
+        CHECK_MSG(pl->n_swap_in == 0 && pl->n_tokens == 0, "step %d: %d swap-ins, %d tokens", k, pl->n_swap_in,
+                  pl->n_tokens);
+        sf_sched_discard(&s);
+    }
+    CHECK_MSG(gate_calls == 3 && gate_urgency == SF_URGENCY_LOW, "gate asked %d times (urgency %d)", gate_calls,
+              gate_urgency);
+    gate_open = 1;
+    pl = sf_sched_plan(&s);
+    CHECK_MSG(pl->n_swap_in == 1 && pl->swap_in[0].n == 5 && pl->n_tokens == 1,
+              "gate open: %d swap-ins, %d tokens", pl->n_swap_in, pl->n_tokens);
+    sf_sched_commit(&s);
+    sf_sched_remove(&s, &lo);
+    sf_sched_plan(&s);
+    sf_sched_discard(&s);
+    CHECK_MSG(pool.n_free == pool.n_blocks && s.swap.n_free == s.swap.n_blocks, "leak: %d/%d blocks, %d/%d slots",
+              pool.n_free, pool.n_blocks, s.swap.n_free, s.swap.n_blocks);
+    sf_seq_free(&lo);
+    sf_seq_free(&hi);
+    sf_sched_free(&s);
+    sf_kv_pool_free(&pool);
+}
+
+/* The engine with its DMA tuner seeing a fully contended link, and with the tuner off: the same
+ * tokens as each request alone, and nothing left behind. */
+static double always_contended(void *arg, int device) { return 1.0; }
+
+TEST(tuner_on_and_off_keep_outputs_exact)
+{
+    REQUIRE(make_reference() == 0, "reference runs failed");
+    for (int tuner = 0; tuner < 2; tuner++) {
+        static collect many[N];
+        sf_engine_config c;
+        sf_engine_config_default(&c);
+        c.model = test_data("stories260K/stories260K.gguf");
+        c.backend = "cpu";
+        c.n_threads = 1;
+        c.max_num_seqs = 8;
+        c.max_batched_tokens = 64;
+        c.num_kv_blocks = 12;
+        c.dma_tuner = tuner;
+        c.pcie_contention = always_contended;
+        sf_engine *e = NULL;
+        sf_error err = { 0 };
+        REQUIRE(sf_engine_new(&c, &e, &err) == SF_OK, "engine: %s", err.msg);
+        for (int i = 0; i < N; i++) {
+            collect_init(&many[i]);
+            if (submit(e, i, &many[i], &err) != SF_OK) printf("submit %d: %s\n", i, err.msg);
+        }
+        int same = 0;
+        for (int i = 0; i < N; i++) {
+            collect_wait(&many[i]);
+            same += many[i].n_tokens == ref[i].n_tokens &&
+                    !memcmp(many[i].tokens, ref[i].tokens, (size_t)ref[i].n_tokens * sizeof(int32_t));
+        }
+        sf_engine_stats st;
+        wait_idle(e, &st);
+        CHECK_MSG(same == N, "tuner %s: %d of %d requests match their solo run", tuner ? "on" : "off", same, N);
+        CHECK_MSG(st.swaps_out > 0 && st.swaps_in == st.swaps_out, "tuner %s: %llu out, %llu in", tuner ? "on" : "off",
+                  (unsigned long long)st.swaps_out, (unsigned long long)st.swaps_in);
+        CHECK_MSG(st.pcie_contention == 1.0, "the engine saw contention %g", st.pcie_contention);
+        CHECK_MSG(st.dma_bytes[SF_URGENCY_LOW] > 0, "no low-class swap bytes counted");
+        /* tuner on: low-class swap-ins wait while normal-class sequences run on the contended link */
+        CHECK_MSG(tuner ? st.dma_deferred > 0 : st.dma_deferred == 0, "tuner %s held back %llu swap-ins",
+                  tuner ? "on" : "off", (unsigned long long)st.dma_deferred);
+        CHECK(st.kv_blocks_used == 0 && st.swap_blocks_used == 0);
+        printf("  tuner %s: %llu swaps, %llu low-class swap-ins held back\n", tuner ? "on" : "off",
+               (unsigned long long)st.swaps_out, (unsigned long long)st.dma_deferred);
+        sf_engine_free(e);
+    }
+}
+
 int main(void)
 {
     RUN(dma_copies_whole_blocks_per_urgency);
@@ -370,5 +481,7 @@ int main(void)
     RUN(swap_resumes_exactly);
     RUN(small_swap_falls_back_to_recompute);
     RUN(swap_off_recomputes);
+    RUN(swap_in_waits_for_the_gate);
+    RUN(tuner_on_and_off_keep_outputs_exact);
     return test_summary();
 }

@@ -1,0 +1,117 @@
+#!/bin/sh
+# The contention experiment (issue 5): semflow serves a high class (realtime-chat) beside a low
+# class (batch-summarize, long prompts) on a KV pool too small for both, so low-class sequences
+# are preempted by swap and come back over PCIe, while a neighbour process (h2d_hog) saturates
+# the same GPU's link host-to-device. The same load runs with the DMA tuner off, then on; the
+# high class's TTFT and ITL P99 are compared.
+#
+#   sh bench/contention/run.sh [OUTDIR]          (default OUTDIR: build/contention)
+#
+# Env: MODEL (preset:1b), SERVE_ARGS (extra serve flags), KV_BLOCKS (600), SEQS (16), RATE (req/s, 6),
+#      DURATION (s of load per run, 20), HOG (1: run the neighbour; 0: none), TUNERS ("off on"),
+#      SEED (1), LOADFMT (dummy; auto for a real model). Needs root for the monitor (its contention
+#      index drives the tuner) and a GPU for the neighbour: without one it says so and exits 77,
+#      unless HOG=0 (a rehearsal of the swap traffic alone, e.g. MODEL=demo LOADFMT=auto on a CPU).
+# Writes OUTDIR/<tuner>.json (loadgen), <tuner>.metrics (the server's /metrics after the run),
+# <tuner>.serve.log, <tuner>.hog.log, and prints a table last.
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:-build/contention}
+BIN=${SEMFLOW_BIN:-build/semflow}
+HOGBIN=${HOGBIN:-build/bench/h2d_hog}
+MODEL=${MODEL:-preset:1b}
+LOADFMT=${LOADFMT:-dummy}
+KV_BLOCKS=${KV_BLOCKS:-600}
+SEQS=${SEQS:-16}
+RATE=${RATE:-6}
+DURATION=${DURATION:-20}
+HOG=${HOG:-1}
+TUNERS=${TUNERS:-off on}
+SEED=${SEED:-1}
+SERVE_ARGS=${SERVE_ARGS:-}
+[ -x "$BIN" ] || { echo "contention: $BIN not found; build first (make)"; exit 1; }
+if [ "$HOG" = 1 ] && ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "contention: no GPU here (nvidia-smi lists none) for the neighbour: skipped (HOG=0 runs without one)"; exit 77
+fi
+if [ "$HOG" = 1 ] && [ ! -x "$HOGBIN" ]; then echo "contention: $HOGBIN not built (make with CUDA)"; exit 1; fi
+mkdir -p "$OUT"
+
+spid=""; hpid=""
+stop_all() {
+    [ -n "$hpid" ] && kill "$hpid" 2>/dev/null && wait "$hpid" 2>/dev/null
+    if [ -n "$spid" ]; then
+        kill "$spid" 2>/dev/null
+        i=0; while kill -0 "$spid" 2>/dev/null && [ $i -lt 150 ]; do sleep 0.1; i=$((i + 1)); done
+        kill -9 "$spid" 2>/dev/null; wait "$spid" 2>/dev/null
+    fi
+    spid=""; hpid=""
+}
+trap stop_all EXIT
+trap 'exit 1' HUP INT TERM
+
+for t in $TUNERS; do
+    PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+    URL=http://127.0.0.1:$PORT
+    # shellcheck disable=SC2086
+    "$BIN" serve --model "$MODEL" --load-format "$LOADFMT" --port "$PORT" --workers 2 --num-kv-blocks "$KV_BLOCKS" \
+        --max-num-seqs "$SEQS" --swap-space 4 --drain-timeout 1 --dma-tuner "$t" $SERVE_ARGS \
+        >"$OUT/$t.serve.log" 2>&1 &
+    spid=$!
+    i=0
+    until curl -sf "$URL/health" >/dev/null 2>&1; do
+        i=$((i + 1))
+        if [ $i -gt 1200 ] || ! kill -0 "$spid" 2>/dev/null; then
+            echo "contention: the server (tuner $t) did not become healthy; its log:"; tail -20 "$OUT/$t.serve.log"; exit 1
+        fi
+        sleep 0.1
+    done
+    if [ "$HOG" = 1 ]; then
+        "$HOGBIN" $((DURATION + 8)) 8 0 >"$OUT/$t.hog.log" 2>&1 &
+        hpid=$!
+        sleep 2 # the monitor sees the neighbour's rate after an interval or two
+    fi
+    n=$(python3 -c "import math; print(int(math.ceil($RATE * $DURATION * 2)) + 10)")
+    "$BIN" loadgen --url "$URL" --scenario bench/contention/scenario.json --rate "$RATE" --duration "$DURATION" \
+        --num-requests "$n" --seed "$SEED" --timeout 60 --json "$OUT/$t.json" >"$OUT/$t.loadgen.txt" 2>&1
+    curl -sf "$URL/metrics" >"$OUT/$t.metrics" 2>/dev/null
+    stop_all
+done
+
+python3 - "$OUT" $TUNERS <<'PY'
+import json, os, sys
+out, tuners = sys.argv[1], sys.argv[2:]
+def metric(t, name):
+    v = 0.0
+    try:
+        for line in open(os.path.join(out, t + ".metrics")):
+            if line.startswith(name) and not line.startswith("#"):
+                v += float(line.split()[-1])
+    except OSError:
+        return None
+    return v
+rows = {}
+print("%-4s %-16s %6s %9s %9s %9s %9s %9s" % ("DMA", "class", "done", "TTFTp50", "TTFTp99", "ITLp50", "ITLp99", "ITLspread"))
+for t in tuners:
+    try:
+        r = json.load(open(os.path.join(out, t + ".json")))
+    except (OSError, ValueError) as e:
+        print("%-4s (no report: %s)" % (t, e)); continue
+    for c in r["classes"]:
+        sp = c["itl"]["p99_ms"] - c["itl"]["median_ms"]
+        rows[(t, c["class"])] = c
+        print("%-4s %-16s %6d %9.1f %9.1f %9.2f %9.2f %9.2f" % (t, c["class"], c["completed"], c["ttft"]["median_ms"],
+              c["ttft"]["p99_ms"], c["itl"]["median_ms"], c["itl"]["p99_ms"], sp))
+    print("%-4s swaps out %s, swap bytes low %s MB, held back %s, contention seen %s" % (t,
+          metric(t, "semflow_swaps_out_total"),
+          "%.0f" % (metric(t, 'semflow_dma_swap_bytes_total{urgency="low"}') / 1e6) if metric(t, 'semflow_dma_swap_bytes_total{urgency="low"}') is not None else "?",
+          metric(t, "semflow_dma_deferred_total"), metric(t, "semflow_dma_contention_index")))
+hi = "realtime-chat"
+if ("off", hi) in rows and ("on", hi) in rows:
+    a, b = rows[("off", hi)], rows[("on", hi)]
+    for k in ("ttft", "itl"):
+        p_off, p_on = a[k]["p99_ms"], b[k]["p99_ms"]
+        s_off, s_on = p_off - a[k]["median_ms"], p_on - b[k]["median_ms"]
+        print("high class %s P99: off %.2f ms, on %.2f ms (%+.0f%%); P99-P50 spread off %.2f, on %.2f (%+.0f%%)" % (
+              k.upper(), p_off, p_on, 100 * (p_on / p_off - 1) if p_off else 0, s_off, s_on,
+              100 * (s_on / s_off - 1) if s_off else 0))
+PY
