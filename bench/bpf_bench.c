@@ -1,7 +1,8 @@
 /* bpf_bench.c — what the eBPF monitor costs: the time a uprobe adds to one libcuda copy call
  * (through the fake libcuda, so only the probe is timed), the time the socket tracepoints add
  * to one send+recv over loopback TCP, and the CPU the snapshot thread takes per second.
- * Root only. `make bench-bpf`, then build/bench/bpf_bench [CALLS]. */
+ * Root only. `make bench-bpf`, then build/bench/bpf_bench [CALLS [ROUNDS]] (ROUNDS off/on pairs,
+ * default 5; each closes the monitor, which detaches 22 uprobes: ~2 s on the dev VM). */
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
@@ -63,6 +64,11 @@ static double cpu_s(void)
 int main(int argc, char **argv)
 {
     long n = argc > 1 ? atol(argv[1]) : 1000000;
+    int rounds = argc > 2 ? atoi(argv[2]) : 5;
+    if (n < 10 || rounds < 1 || rounds > 99) {
+        fprintf(stderr, "usage: bpf_bench [CALLS>=10 [ROUNDS 1..99]]\n");
+        return 2;
+    }
     const char *b = getenv("SF_BUILD");
     char lib[1024];
     snprintf(lib, sizeof lib, "%s/tests/fixtures/libcuda.so.1", b ? b : "build");
@@ -109,11 +115,11 @@ int main(int argc, char **argv)
     o.cuda_libs[0] = real;
     o.n_cuda_libs = 1;
     o.no_discover = 1;
-    /* off and on interleaved, medians of ROUNDS: the machine's other load moves both alike */
-    enum { ROUNDS = 5 };
-    double c_off[ROUNDS], c_on[ROUNDS], s_off[ROUNDS], s_on[ROUNDS], thread_cpu = 0;
+    /* off and on interleaved, medians of the rounds: the machine's other load moves both alike */
+    enum { MAX_ROUNDS = 99 };
+    double c_off[MAX_ROUNDS], c_on[MAX_ROUNDS], s_off[MAX_ROUNDS], s_on[MAX_ROUNDS], thread_cpu = 0;
     int n_procs = 0;
-    for (int r = 0; r < ROUNDS; r++) {
+    for (int r = 0; r < rounds; r++) {
         c_off[r] = time_copies(htod, n);
         s_off[r] = time_sends(tx, rx, ns);
         sf_monitor *m = NULL;
@@ -126,7 +132,7 @@ int main(int argc, char **argv)
         s_on[r] = time_sends(tx, rx, ns);
         if (r == 0) { /* the snapshot thread's own cost, with nothing else running here */
             double c0 = cpu_s(), t0 = sf_now_s();
-            sleep(3);
+            sleep(rounds >= 3 ? 3 : 1);
             thread_cpu = (cpu_s() - c0) / (sf_now_s() - t0);
             sf_mon_snapshot s;
             sf_monitor_snapshot(m, &s);
@@ -135,13 +141,13 @@ int main(int argc, char **argv)
         }
         sf_monitor_close(m);
     }
-    double copy_off = median(c_off, ROUNDS), copy_on = median(c_on, ROUNDS);
-    double send_off = median(s_off, ROUNDS), send_on = median(s_on, ROUNDS);
+    double copy_off = median(c_off, rounds), copy_on = median(c_on, rounds);
+    double send_off = median(s_off, rounds), send_on = median(s_on, rounds);
 
     printf("uprobe on cuMemcpyHtoD_v2:   %.0f ns/call without, %.0f ns/call with (+%.0f ns); medians of %d x %ld calls\n",
-           copy_off, copy_on, copy_on - copy_off, ROUNDS, n);
+           copy_off, copy_on, copy_on - copy_off, rounds, n);
     printf("sock tracepoints:            %.0f ns per 64 B send+recv without, %.0f with (%+.0f ns); medians of %d x %ld\n",
-           send_off, send_on, send_on - send_off, ROUNDS, ns);
+           send_off, send_on, send_on - send_off, rounds, ns);
     printf("snapshot thread (every 0.1 s, %d processes in the maps): %.2f%% of one core\n", n_procs, thread_cpu * 100);
     printf("probe cost vs one pinned H2D copy on the H200 (ARCHITECTURE.md): 128 KiB (4.9 us) %.1f%%, 8 MiB (154 us) %.2f%%\n",
            (copy_on - copy_off) / 4946.0 * 100, (copy_on - copy_off) / 154490.0 * 100);

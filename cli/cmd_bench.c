@@ -52,8 +52,9 @@ static void bench_close(bench_env *e)
 }
 
 /* Loads the model, opens the backend, prepares a forward pass for steps of up to max_tokens
- * and a KV cache for one sequence of kv_tokens. */
-static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_env *e, sf_error *err)
+ * and a KV cache of kv_tokens for sequences of up to seq_tokens each. */
+static int bench_open_seqs(const bench_opts *o, int max_tokens, int kv_tokens, int seq_tokens, bench_env *e,
+                           sf_error *err)
 {
     memset(e, 0, sizeof *e);
     sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1,
@@ -63,7 +64,7 @@ static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_
     else snprintf(path, sizeof path, "%s", o->model);
     int rc = sf_model_load(path, &lo, &e->m, err);
     if (rc) return sf_err_wrap(err, "loading %s", path);
-    if (e->m->cfg.max_pos > 0 && kv_tokens > e->m->cfg.max_pos) {
+    if (e->m->cfg.max_pos > 0 && seq_tokens > e->m->cfg.max_pos) {
         rc = sf_err(err, SF_EINVAL, "--ctx %d plus %d steps is longer than %s's context of %d tokens; lower --ctx or --steps",
                     o->ctx, o->steps, e->m->name, e->m->cfg.max_pos);
         goto fail;
@@ -96,6 +97,12 @@ static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_
 fail:
     bench_close(e);
     return rc;
+}
+
+/* One sequence of kv_tokens. */
+static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_env *e, sf_error *err)
+{
+    return bench_open_seqs(o, max_tokens, kv_tokens, kv_tokens, e, err);
 }
 
 static int32_t argmax(const float *l, int n)
@@ -331,6 +338,9 @@ out:
 
 /* The all-reduce latency table: messages of T rows of the hidden width (what each layer's two
  * all-reduces carry at T tokens per step), back to back on every rank. */
+/* All-reduce latency by message size, 2 KiB .. 16 MiB, on the communicator's base path (NCCL,
+ * or shared memory on the CPU) and on its own peer-memory path where it has one, and which one
+ * it picks by itself. JSON: sizes[] = {bytes, rows, us (base), own_us (null: none), auto}. */
 static int bench_allreduce(const bench_opts *o)
 {
     bench_env e;
@@ -344,37 +354,168 @@ static int bench_allreduce(const bench_opts *o)
         return 1;
     }
     int width = o->hidden > 0 ? o->hidden : e.m->cfg.hidden, esize = strcmp(e.b->ops->name, "cpu") ? 2 : 4;
-    static const int rows[] = { 1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024 };
+    const sf_comm *c = sf_tp_comm(e.tp);
+    size_t cap = c->custom_cap_bytes, cross = c->custom_max_bytes;
     json_t *arr = json_array();
-    if (!o->json)
-        printf("all-reduce over %d ranks, backend %s, rows of %d %s (one decode token = 1 row)\n%8s %10s %10s %10s\n",
-               o->tp, e.b->ops->name, width, esize == 2 ? "bf16" : "f32", "rows", "bytes", "us", "GB/s");
+    if (!o->json) {
+        printf("all-reduce over %d ranks, backend %s, %s values; one decode token = %d bytes (row of %d)\n", o->tp,
+               e.b->ops->name, esize == 2 ? "bf16" : "f32", width * esize, width);
+        if (cap) printf("own path: one-shot peer memory up to %zu bytes; auto picks it up to %zu bytes\n", cap, cross);
+        else printf("own path: none on this communicator (only %s)\n", strcmp(e.b->ops->name, "cpu") ? "NCCL" : "shared memory");
+        char base[32];
+        snprintf(base, sizeof base, "%s_us", c->ops->name);
+        printf("%10s %10s %10s %10s %6s\n", "bytes", "rows", base, "own_us", "auto");
+    }
     int rc = 0;
-    for (size_t i = 0; i < SF_ARRAY_LEN(rows); i++) {
-        int64_t n = (int64_t)rows[i] * width;
-        double us = 0;
-        int iters = n * esize <= (1 << 20) ? o->steps * 20 : o->steps * 2;
-        if (sf_tp_bench_all_reduce(e.tp, n, iters, &us, &err)) {
-            fprintf(stderr, "semflow bench allreduce: %s\n", err.msg);
-            rc = 1;
-            break;
+    for (size_t bytes = 2048; bytes <= ((size_t)16 << 20) && !rc; bytes *= 2) {
+        int64_t n = (int64_t)(bytes / (size_t)esize);
+        double us[2] = { 0, 0 };
+        int iters = bytes <= (1u << 20) ? o->steps * 20 : o->steps * 2;
+        for (int p = 0; p < 2 && !rc; p++) {
+            if (p == 1 && bytes > cap) break;
+            if (sf_tp_bench_all_reduce_path(e.tp, n, iters, p ? SF_COMM_PATH_CUSTOM : SF_COMM_PATH_NCCL, &us[p], &err)) {
+                fprintf(stderr, "semflow bench allreduce: %s\n", err.msg);
+                rc = 1;
+            }
         }
-        double bytes = (double)n * esize;
-        if (o->json)
-            json_array_append_new(arr, json_pack("{s:i, s:f, s:f, s:f}", "rows", rows[i], "bytes", bytes, "us", us,
-                                                 "gbs", bytes / (us * 1e-6) / 1e9));
-        else
-            printf("%8d %10.0f %10.1f %10.2f\n", rows[i], bytes, us, bytes / (us * 1e-6) / 1e9);
+        if (rc) break;
+        const char *pick = cap && bytes <= cross ? "own" : c->ops->name;
+        double rows = (double)bytes / ((double)width * esize);
+        if (o->json) {
+            json_t *row = json_pack("{s:I, s:f, s:f, s:s}", "bytes", (json_int_t)bytes, "rows", rows, "us", us[0],
+                                    "auto", pick);
+            json_object_set_new(row, "own_us", us[1] > 0 ? json_real(us[1]) : json_null());
+            json_array_append_new(arr, row);
+        } else if (us[1] > 0) {
+            printf("%10zu %10.3g %10.1f %10.1f %6s\n", bytes, rows, us[0], us[1], pick);
+        } else {
+            printf("%10zu %10.3g %10.1f %10s %6s\n", bytes, rows, us[0], "-", pick);
+        }
     }
     if (o->json && !rc) {
-        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:o}", "mode", "allreduce", "backend", e.b->ops->name,
-                              "tensor_parallel", o->tp, "width", width, "sizes", arr);
+        json_t *j = json_pack("{s:s, s:s, s:i, s:i, s:s, s:I, s:I, s:o}", "mode", "allreduce", "backend", e.b->ops->name,
+                              "tensor_parallel", o->tp, "width", width, "base", c->ops->name, "own_cap_bytes", (json_int_t)cap,
+                              "crossover_bytes", (json_int_t)cross, "sizes", arr);
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
         json_decref(j);
     } else {
         json_decref(arr);
     }
+    bench_close(&e);
+    return rc;
+}
+
+/* One load, two figures: batch-1 decode (sequence 0 alone) and decode steps of --batch
+ * sequences together, each sequence first prefilled with --ctx tokens in chunks; ms per step,
+ * tokens/s and host µs per step (CUDA). Only one logit row is read back per step (the step's
+ * forward cost, not the logits' download), so the batch figure is a decode step rate, not the
+ * engine's served throughput. Sequence s owns blocks [s * per, (s + 1) * per) of the pool. */
+typedef struct batch_run {
+    int B, per, bs, chunk;
+    int32_t *tok, *pos, *slot, *ss, *ctx, *bt, *len;
+} batch_run;
+
+static int batch_step(bench_env *e, batch_run *r, int n_seqs, double *ms, double *host_us, sf_error *err)
+{
+    const sf_model_config *c = &e->m->cfg;
+    for (int s = 0; s < n_seqs; s++) {
+        r->tok[s] = (int32_t)((r->len[s] * 2654435761u + (unsigned)s * 40503u) % (unsigned)c->vocab_size);
+        r->pos[s] = r->len[s];
+        r->slot[s] = r->bt[s * r->per + r->pos[s] / r->bs] * r->bs + r->pos[s] % r->bs;
+        r->ss[s] = s;
+        r->ctx[s] = ++r->len[s];
+    }
+    r->ss[n_seqs] = n_seqs;
+    int32_t row[1] = { 0 };
+    sf_batch b = { .n_tokens = n_seqs, .n_seqs = n_seqs, .tokens = r->tok, .pos = r->pos, .slot = r->slot,
+                   .seq_start = r->ss, .seq_ctx = r->ctx, .block_table = r->bt, .max_blocks = r->per, .logit_rows = row,
+                   .n_logits = 1 };
+    double t0 = sf_now_s();
+    int rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
+    *ms = (sf_now_s() - t0) * 1e3;
+    sf_backend_stats st;
+    *host_us = sf_backend_cuda_stats(e->b, &st) == SF_OK ? st.last_step_host_us : 0;
+    return rc;
+}
+
+/* Median of v[1..n] (v[0], the untimed first step, left out). */
+static double median_after_first(double *v, int n)
+{
+    qsort(v + 1, (size_t)n, sizeof(double), cmp_double);
+    return v[1 + n / 2];
+}
+
+static int bench_decode_batch(const bench_opts *o)
+{
+    bench_env e;
+    sf_error err = { 0 };
+    batch_run r = { .B = o->batch, .bs = 16 };
+    r.per = (o->ctx + 2 * o->steps + 2 + r.bs - 1) / r.bs;
+    r.chunk = SF_MAX(1, SF_MIN(o->chunk, o->ctx));
+    int max_tokens = SF_MAX(r.B, r.chunk), rc = 1, B = r.B;
+    if (bench_open_seqs(o, max_tokens, B * r.per * r.bs, r.per * r.bs, &e, &err)) {
+        fprintf(stderr, "semflow bench decode-batch: %s\n", err.msg);
+        return 1;
+    }
+    const sf_model_config *c = &e.m->cfg;
+    r.tok = calloc((size_t)max_tokens, 4), r.pos = calloc((size_t)max_tokens, 4), r.slot = calloc((size_t)max_tokens, 4);
+    r.ss = calloc((size_t)B + 1, 4), r.ctx = calloc((size_t)B, 4), r.bt = calloc((size_t)B * r.per, 4);
+    r.len = calloc((size_t)B, 4);
+    double *ms1 = calloc((size_t)o->steps + 1, sizeof(double)), *h1 = calloc((size_t)o->steps + 1, sizeof(double));
+    double *msb = calloc((size_t)o->steps + 1, sizeof(double)), *hb = calloc((size_t)o->steps + 1, sizeof(double));
+    if (!r.tok || !r.pos || !r.slot || !r.ss || !r.ctx || !r.bt || !r.len || !ms1 || !h1 || !msb || !hb) {
+        sf_err(&err, SF_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < B * r.per; i++) r.bt[i] = e.blocks[i];
+    for (int s = 0; s < B; s++) /* prefill: one sequence's chunk per step */
+        for (int p = 0; p < o->ctx; p += r.chunk) {
+            int n = SF_MIN(r.chunk, o->ctx - p);
+            for (int i = 0; i < n; i++) {
+                r.tok[i] = (int32_t)((unsigned)(p + i + 7 * s) * 2654435761u % (unsigned)c->vocab_size);
+                r.pos[i] = p + i;
+                r.slot[i] = r.bt[s * r.per + r.pos[i] / r.bs] * r.bs + r.pos[i] % r.bs;
+            }
+            int32_t s2[2] = { 0, n }, cx[1] = { p + n }, row[1] = { n - 1 };
+            sf_batch b = { .n_tokens = n, .n_seqs = 1, .tokens = r.tok, .pos = r.pos, .slot = r.slot, .seq_start = s2,
+                           .seq_ctx = cx, .block_table = r.bt + s * r.per, .max_blocks = r.per, .logit_rows = row,
+                           .n_logits = 1 };
+            if (e.tp ? sf_tp_step(e.tp, &b, e.logits, &err) : sf_forward_step(e.f, &b, e.logits, &err)) goto fail;
+            r.len[s] = p + n;
+        }
+    for (int st = 0; st <= o->steps; st++) /* step 0 of each part untimed */
+        if (batch_step(&e, &r, 1, &ms1[st], &h1[st], &err)) goto fail;
+    for (int st = 0; st <= o->steps; st++)
+        if (batch_step(&e, &r, B, &msb[st], &hb[st], &err)) goto fail;
+    double m1 = median_after_first(ms1, o->steps), mb = median_after_first(msb, o->steps);
+    double hm1 = median_after_first(h1, o->steps), hmb = median_after_first(hb, o->steps);
+    if (o->json) {
+        json_t *j = json_pack("{s:s, s:s, s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "mode", "decode-batch",
+                              "model", e.m->name, "backend", e.b->ops->name, "tensor_parallel", o->tp > 1 ? o->tp : 1,
+                              "batch", B, "ctx", o->ctx, "steps", o->steps, "batch1_ms_per_step", m1, "batch1_host_us", hm1,
+                              "ms_per_step_median", mb, "host_us_per_step", hmb, "tokens_per_s", B * 1e3 / mb,
+                              "batch1_tokens_per_s", 1e3 / m1);
+        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(j);
+    } else {
+        printf("decode-batch %s%s, backend %s, tensor parallel %d, context %d + up to %d steps\n", e.m->name,
+               e.m->random_weights ? " (random weights)" : "", e.b->ops->name, o->tp > 1 ? o->tp : 1, o->ctx,
+               2 * o->steps + 2);
+        printf("batch 1  %.2f ms/step median = %.0f tokens/s", m1, 1e3 / m1);
+        if (hm1 > 0) printf(", host %.0f us/step", hm1);
+        printf("\nbatch %d %.2f ms/step median = %.0f tokens/s", B, mb, B * 1e3 / mb);
+        if (hmb > 0) printf(", host %.0f us/step", hmb);
+        printf(" (one logit row read back per step)\n");
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "semflow bench decode-batch: %s\n", err.msg);
+out:
+    free(r.tok); free(r.pos); free(r.slot); free(r.ss); free(r.ctx); free(r.bt); free(r.len);
+    free(ms1); free(h1); free(msb); free(hb);
     bench_close(&e);
     return rc;
 }
@@ -386,6 +527,7 @@ static const struct {
 } bench_modes[] = {
     { "decode", bench_decode, "batch-1 decode: ms/token and weight GB/s vs measured memory bandwidth" },
     { "allreduce", bench_allreduce, "all-reduce latency by message size across --tensor-parallel-size ranks" },
+    { "decode-batch", bench_decode_batch, "batch-1 decode, then steps of --batch sequences together: ms/step, tokens/s" },
     { "prefill", bench_prefill, "one prefill step of --ctx tokens: tokens/s and MFU vs the measured GEMM rate" },
     { "throughput", sf_bench_throughput, "offline: --num-prompts requests of --input/--output tokens through the engine; "
                                          "tokens/s vs the physical bound" },
@@ -407,6 +549,7 @@ static void usage(FILE *f)
                "  --chunk N             prefill chunk size (default 256)\n"
                "  --tensor-parallel-size N  split the model over N ranks (weight bytes are then per rank)\n"
                "  --hidden N            allreduce: message row width (default: the model's hidden size)\n"
+               "  --batch N             decode-batch: sequences decoded together (default 64)\n"
                "  --sample host|backend decode, throughput: where tokens are chosen (default backend when it can)\n"
                "  --json                machine-readable result\n"
                "\nthroughput options:\n"
@@ -445,8 +588,8 @@ static int parse_double(const char *flag, const char *v, double lo, double hi, d
 
 int sf_cmd_bench(int argc, char **argv)
 {
-    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .input = 128,
-                     .output = 128, .num_prompts = 256, .max_num_seqs = 256, .max_batched_tokens = 8192,
+    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
+                     .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 256, .max_batched_tokens = 8192,
                      .gpu_util = 0.9, .temperature = 1.0 };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },
@@ -455,11 +598,11 @@ int sf_cmd_bench(int argc, char **argv)
         { "steps", required_argument, NULL, 's' }, { "chunk", required_argument, NULL, 'k' },
         { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
         { "tensor-parallel-size", required_argument, NULL, 'P' }, { "hidden", required_argument, NULL, 'H' },
-        { "sample", required_argument, NULL, 'S' }, { "input", required_argument, NULL, 'I' },
-        { "output", required_argument, NULL, 'O' }, { "num-prompts", required_argument, NULL, 'N' },
-        { "max-num-seqs", required_argument, NULL, 'M' }, { "max-batched-tokens", required_argument, NULL, 'B' },
-        { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
-        { "help", no_argument, NULL, 'h' }, { 0 }
+        { "batch", required_argument, NULL, 'B' }, { "sample", required_argument, NULL, 'S' },
+        { "input", required_argument, NULL, 'I' }, { "output", required_argument, NULL, 'O' },
+        { "num-prompts", required_argument, NULL, 'N' }, { "max-num-seqs", required_argument, NULL, 'M' },
+        { "max-batched-tokens", required_argument, NULL, 'X' }, { "gpu-memory-utilization", required_argument, NULL, 'G' },
+        { "temperature", required_argument, NULL, 'T' }, { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -486,6 +629,7 @@ int sf_cmd_bench(int argc, char **argv)
             break;
         case 'j': o.json = 1; break;
         case 'H': if (parse_int("--hidden", optarg, 1, 1 << 20, &o.hidden)) return 2; break;
+        case 'B': if (parse_int("--batch", optarg, 1, 4096, &o.batch)) return 2; break;
         case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;
         case 'S':
             if (strcmp(optarg, "host") && strcmp(optarg, "backend")) {
@@ -498,7 +642,7 @@ int sf_cmd_bench(int argc, char **argv)
         case 'O': if (parse_int("--output", optarg, 1, 1 << 20, &o.output)) return 2; break;
         case 'N': if (parse_int("--num-prompts", optarg, 1, 1 << 20, &o.num_prompts)) return 2; break;
         case 'M': if (parse_int("--max-num-seqs", optarg, 1, 65536, &o.max_num_seqs)) return 2; break;
-        case 'B': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
+        case 'X': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
         case 'G': if (parse_double("--gpu-memory-utilization", optarg, 0.05, 1, &o.gpu_util)) return 2; break;
         case 'T': if (parse_double("--temperature", optarg, 0, 100, &o.temperature)) return 2; break;
         case 'h': usage(stdout); return 0;

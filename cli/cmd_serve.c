@@ -198,6 +198,12 @@ static void usage(FILE *f)
             "  --kv-high-reserve F       share of KV blocks only high urgency may take (default 0.1)\n"
             "  --gpu-memory-utilization F (default 0.9)\n"
             "  --swap-space GiB          host memory for preemption by swap (default 1; 0: recompute only)\n"
+            "  --step-shaping on|off     plan each step for the tightest max-latency / min-throughput present (default on)\n"
+            "  --kv-degrade-threshold F  KV usage above which low urgency is degraded, not refused (default 0.92; 0: off)\n"
+            "  --kv-degrade-restore F    KV usage below which it is restored (default 0.80)\n"
+            "  --kv-degrade-hold S       seconds past either threshold before switching (default 5)\n"
+            "  --relax-latency MS        max-latency low-urgency requests get while degraded (default 2000)\n"
+            "  --sched-trace FILE        one TSV line per engine step (time, tokens, queues, KV) for tuning\n"
             "  --queue-limit N           waiting requests per urgency lane before 429 (default 256)\n"
             "  --max-body BYTES          largest request body (default 4194304)\n"
             "  --timeout S               per-connection read/write timeout (default 30)\n"
@@ -223,7 +229,7 @@ int sf_cmd_serve(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
            O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
-           O_DRAIN, O_BPF, O_TP, O_SWAP, O_TUNER, O_HELP };
+           O_DRAIN, O_BPF, O_TP, O_SWAP, O_TUNER, O_TRACE, O_SHAPE, O_DEG_HI, O_DEG_LO, O_DEG_HOLD, O_RELAX, O_HELP };
     static const struct option opts[] = {
         { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
         { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
@@ -235,7 +241,9 @@ int sf_cmd_serve(int argc, char **argv)
         { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
         { "drain-timeout", 1, 0, O_DRAIN }, { "bpf", 1, 0, O_BPF },
         { "tensor-parallel-size", 1, 0, O_TP }, { "swap-space", 1, 0, O_SWAP }, { "dma-tuner", 1, 0, O_TUNER },
-        { "help", 0, 0, O_HELP },
+        { "sched-trace", 1, 0, O_TRACE }, { "step-shaping", 1, 0, O_SHAPE },
+        { "kv-degrade-threshold", 1, 0, O_DEG_HI }, { "kv-degrade-restore", 1, 0, O_DEG_LO },
+        { "kv-degrade-hold", 1, 0, O_DEG_HOLD }, { "relax-latency", 1, 0, O_RELAX }, { "help", 0, 0, O_HELP },
         { 0, 0, 0, 0 },
     };
     sf_gateway_config c;
@@ -271,6 +279,18 @@ int sf_cmd_serve(int argc, char **argv)
         case O_BLOCKSZ: bad = num("--kv-block-size", optarg, 1, 1024, &d); c.engine.kv_block_size = (int)d; break;
         case O_RESERVE: bad = num("--kv-high-reserve", optarg, 0, 0.9, &d); c.engine.kv_high_reserve = (float)d; break;
         case O_SWAP: bad = num("--swap-space", optarg, 0, 1 << 20, &d); c.engine.swap_space_gib = d; break;
+        case O_TRACE: c.engine.sched_trace = optarg; break;
+        case O_SHAPE:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "semflow serve: --step-shaping must be 'on' or 'off'\n");
+                return 2;
+            }
+            c.engine.step_shaping = !strcmp(optarg, "on");
+            break;
+        case O_DEG_HI: bad = num("--kv-degrade-threshold", optarg, 0, 1, &d); c.engine.kv_degrade_high = (float)d; break;
+        case O_DEG_LO: bad = num("--kv-degrade-restore", optarg, 0, 1, &d); c.engine.kv_degrade_low = (float)d; break;
+        case O_DEG_HOLD: bad = num("--kv-degrade-hold", optarg, 0, 3600, &d); c.engine.kv_degrade_hold_s = d; break;
+        case O_RELAX: bad = num("--relax-latency", optarg, 0, 3600000, &d); c.engine.relax_latency_ms = (int)d; break;
         case O_GPUMEM: bad = num("--gpu-memory-utilization", optarg, 0.05, 1, &d); c.engine.gpu_memory_utilization = (float)d; break;
         case O_QLIMIT:
             bad = num("--queue-limit", optarg, 1, 1 << 20, &d);

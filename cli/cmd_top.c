@@ -177,7 +177,42 @@ static double prom_quantile(const prom_sample *v, int n, const char *bucket_name
     return prev_le;
 }
 
-typedef struct server_rates { double t, steps, preempt, rejected, requests; int have; } server_rates;
+#define MAX_DECISIONS 8
+typedef struct server_rates {
+    double t, steps, preempt, rejected, requests, dma_held;
+    char dec_label[MAX_DECISIONS][48]; /* semflow_sched_decisions_total{decision="..."}: the policy's */
+    double dec[MAX_DECISIONS];
+    int n_dec, have;
+} server_rates;
+
+/* The scheduler policy's decisions per minute (semflow_sched_decisions_total by decision), whether
+ * it degrades now, and the DMA tuner's swap-ins held back and the contention it sees. */
+static int draw_decisions(int y, const prom_sample *v, int n, server_rates *r, const server_rates *prev, double k)
+{
+    char line[512];
+    int o = 0;
+    r->n_dec = 0;
+    for (int i = 0; i < n && r->n_dec < MAX_DECISIONS; i++) {
+        if (strcmp(v[i].name, "semflow_sched_decisions_total")) continue;
+        const char *q = strchr(v[i].labels, '"'), *e = q ? strchr(q + 1, '"') : NULL;
+        snprintf(r->dec_label[r->n_dec], sizeof r->dec_label[0], "%.*s", q && e ? (int)(e - q - 1) : 0, q ? q + 1 : "");
+        r->dec[r->n_dec] = v[i].v;
+        for (int j = 0; prev->have && j < prev->n_dec && o < (int)sizeof line - 64; j++)
+            if (!strcmp(prev->dec_label[j], r->dec_label[r->n_dec]))
+                o += snprintf(line + o, sizeof line - (size_t)o, " %s %.0f,", r->dec_label[r->n_dec],
+                              (v[i].v - prev->dec[j]) * k);
+        r->n_dec++;
+    }
+    if (o) {
+        line[o - 1] = 0;
+        mvprintw(y++, 0, "  decisions per minute:%s%s", line,
+                 prom_sum(v, n, "semflow_sched_degraded") > 0 ? "   DEGRADED (low urgency relaxed)" : "");
+    }
+    if (prev->have)
+        mvprintw(y++, 0, "  DMA tuner: %.0f low-class swap-ins held back per minute, contention index %.2f",
+                 (r->dma_held - prev->dma_held) * k, prom_sum(v, n, "semflow_dma_contention_index"));
+    return y;
+}
 
 static int draw_server(int y, int rows, int cols, const char *url, server_rates *r)
 {
@@ -214,12 +249,14 @@ static int draw_server(int y, int rows, int cols, const char *url, server_rates 
     double now = sf_now_s(), steps = prom_sum(v, n, "semflow_engine_steps_total"),
            pre = prom_sum(v, n, "semflow_preemptions_total"), rej = prom_sum(v, n, "semflow_rejected_total"),
            req = prom_sum(v, n, "semflow_requests_total");
-    if (r->have && now > r->t) {
-        double k = 60.0 / (now - r->t);
+    server_rates cur = { .t = now, .steps = steps, .preempt = pre, .rejected = rej, .requests = req,
+                         .dma_held = prom_sum(v, n, "semflow_dma_deferred_total"), .have = 1 };
+    double k = r->have && now > r->t ? 60.0 / (now - r->t) : 0;
+    if (k > 0)
         mvprintw(y++, 0, "  per minute: %.0f scheduler steps, %.0f preemptions, %.0f rejections (429), %.0f requests",
                  (steps - r->steps) * k, (pre - r->preempt) * k, (rej - r->rejected) * k, (req - r->requests) * k);
-    }
-    *r = (server_rates){ now, steps, pre, rej, req, 1 };
+    y = draw_decisions(y, v, n, &cur, k > 0 ? r : &(server_rates){ 0 }, k);
+    *r = cur;
     free(v);
     free(body);
     return y;
@@ -341,7 +378,7 @@ static void draw(sf_monitor *m, const char *url, int interval_ms)
     mvprintw(y++, 0, "%7s %-15s %9s %-*s %9s %-*s %9s %-*s %9s %-*s", "PID", "COMM", "H2D MB/s", bw, "", "D2H MB/s", bw,
              "", "TX MB/s", bw, "", "RX MB/s", bw, "");
     attroff(A_REVERSE);
-    int server_rows = url ? 10 : 0;
+    int server_rows = url ? 12 : 0; /* queues, 4 latency lines, per minute, decisions, DMA tuner */
     for (int i = 0; i < s.n_procs && y < rows - server_rows - 1; i++, y++) {
         const sf_mon_proc *p = &s.procs[i];
         int x = 0;

@@ -7,8 +7,11 @@
  * submit) is touched by the engine thread alone. */
 #include "engine.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +69,9 @@ struct sf_engine {
     /* engine thread only; copied into st by update_stats */
     uint64_t n_finished, n_cancelled, n_tokens_out;
     uint64_t st_tokens_seen;    /* n_tokens_out at the last update_stats (under mu) */
+    uint64_t n_rejected;        /* submits refused with SF_AGAIN (under mu) */
+    FILE *trace;                /* --sched-trace (engine thread only) */
+    double t_start;
     double step_s, host_s, decode_step_s, decode_host_s;
     uint64_t decode_steps, rows_dev, rows_host;
 };
@@ -92,6 +98,11 @@ void sf_engine_config_default(sf_engine_config *c)
     c->gpu_memory_utilization = 0.9f;
     c->kv_high_reserve = 0.1f;
     c->swap_space_gib = 1.0;
+    c->step_shaping = 1;
+    c->kv_degrade_high = 0.92f;
+    c->kv_degrade_low = 0.80f;
+    c->kv_degrade_hold_s = 5.0;
+    c->relax_latency_ms = 2000;
     c->dma_tuner = 1;
     for (int i = 0; i < SF_URGENCY_COUNT; i++) c->queue_limit[i] = 256;
 }
@@ -206,11 +217,24 @@ static void run_swaps(sf_engine *e, const sf_plan *p)
     }
 }
 
+/* --sched-trace: one line per step (TSV), for finding where step time and latency go. */
+static void trace_step(sf_engine *e, const sf_plan *p, double t0)
+{
+    const sf_sched *s = &e->sched;
+    double now = sf_now_s();
+    fprintf(e->trace, "%.4f\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%llu\t%d\t%d\t%.2f\t%d\n", now - e->t_start,
+            (now - t0) * 1e3, p->n_decode, p->n_prefill, s->n_running, s->n_waiting[SF_URGENCY_HIGH],
+            s->n_waiting[SF_URGENCY_NORMAL], s->n_waiting[SF_URGENCY_LOW], e->pool.n_blocks - e->pool.n_free,
+            (unsigned long long)s->preemptions, s->cap_tokens == INT_MAX ? -1 : s->cap_tokens,
+            s->cap_low == INT_MAX ? -1 : s->cap_low, sf_sched_predict_ms(s, p->n_tokens), s->degraded);
+}
+
 /* One scheduler step: plan, run the forward pass, sample, deliver. Returns the tokens run. */
 static int engine_step(sf_engine *e)
 {
     sf_error err = { 0 };
-    const sf_plan *p = sf_sched_plan(&e->sched);
+    double t0 = sf_now_s();
+    const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
     for (int i = 0; i < p->n_stuck; i++) /* the KV pool cannot hold them even alone */
         finish_and_free(e, p->stuck[i]->owner, SF_FINISH_LENGTH, SF_OK, NULL);
     run_swaps(e, p);
@@ -290,6 +314,8 @@ static int engine_step(sf_engine *e)
         e->n_tokens_out++;
     }
     if (got != small) free(got);
+    sf_sched_observe(&e->sched, b.n_tokens, p->n_decode, (sf_now_s() - t0) * 1e3);
+    if (e->trace) trace_step(e, p, t0);
     return b.n_tokens;
 }
 
@@ -310,6 +336,13 @@ static void update_stats(sf_engine *e)
     e->st.swap_fallbacks = s->swap_fallbacks;
     e->st.swap_blocks_total = s->swap.n_blocks;
     e->st.swap_blocks_used = s->swap.n_blocks - s->swap.n_free;
+    for (int i = 0; i < SF_DECISION_COUNT; i++) e->st.decisions[i] = s->decisions[i];
+    e->st.decisions[SF_DECISION_REJECT] += e->n_rejected;
+    e->st.degraded = s->degraded;
+    e->st.kv_usage = sf_sched_kv_usage(s);
+    e->st.step_ms = s->step_ms_avg;
+    e->st.cap_tokens = s->cap_tokens == INT_MAX ? -1 : s->cap_tokens;
+    e->st.cap_low = s->cap_low == INT_MAX ? -1 : s->cap_low;
     if (e->swap.dma) {
         sf_dma_stats ds;
         sf_dma_get_stats(e->swap.dma, &ds);
@@ -352,7 +385,19 @@ static void *engine_main(void *arg)
             e->busy = 0;
             update_stats(e);
             pthread_cond_broadcast(&e->idle);
-            pthread_cond_wait(&e->wake, &e->mu);
+            if (!e->sched.degraded) {
+                pthread_cond_wait(&e->wake, &e->mu);
+                continue;
+            }
+            /* degraded with nothing to do: the KV is free, so wake to let the state end */
+            double hold = SF_MAX(e->cfg.kv_degrade_hold_s / 4, 0.01), until;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            until = (double)ts.tv_sec + ts.tv_nsec * 1e-9 + hold;
+            ts.tv_sec = (time_t)until;
+            ts.tv_nsec = (long)((until - (double)ts.tv_sec) * 1e9);
+            pthread_cond_timedwait(&e->wake, &e->mu, &ts);
+            sf_sched_tick(&e->sched, sf_now_s()); /* sched is the engine thread's; the lock is only held longer */
         }
         if (e->stop) break;
         e->busy = 1;
@@ -520,7 +565,9 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     sf_sched_config sc = { .max_num_seqs = c->max_num_seqs, .max_batched_tokens = c->max_batched_tokens,
                            .max_model_len = e->max_model_len, .kv_high_reserve = c->kv_high_reserve,
                            .swap_blocks = e->swap.n_slots, .swap_in_ok = e->swap.n_slots ? swap_in_ok : NULL,
-                           .swap_in_ok_arg = e };
+                           .swap_in_ok_arg = e, .shape = c->step_shaping, .shape_frac = 0.25f,
+                           .min_chunk = 32, .degrade_high = c->kv_degrade_high, .degrade_low = c->kv_degrade_low,
+                           .degrade_hold_s = c->kv_degrade_hold_s, .relax_ms = c->relax_latency_ms };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
@@ -534,7 +581,15 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
             e->max_model_len, n_blocks, c->kv_block_size,
             (double)e->be->ops->kv_block_bytes(e->be, &kc) * n_blocks / (1 << 20));
     e->st.kv_blocks_total = n_blocks;
-    e->win_start = sf_now_s();
+    e->win_start = e->t_start = sf_now_s();
+    if (c->sched_trace && c->sched_trace[0]) {
+        if (!(e->trace = fopen(c->sched_trace, "w"))) {
+            rc = sf_err(err, SF_EIO, "cannot open the scheduler trace %s: %s; give a writable path", c->sched_trace,
+                        strerror(errno));
+            goto fail;
+        }
+        fprintf(e->trace, "t_s\tstep_ms\tdecode\tprefill\trunning\twait_high\twait_normal\twait_low\tkv_used\tpreemptions\tcap\tcap_low\tpredicted_ms\tdegraded\n");
+    }
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         rc = sf_err(err, SF_ERROR, "engine: cannot start the engine thread");
         goto fail;
@@ -557,6 +612,7 @@ void sf_engine_free(sf_engine *e)
         pthread_mutex_unlock(&e->mu);
         pthread_join(e->thread, NULL);
     }
+    if (e->trace) fclose(e->trace);
     free(e->logits);
     free(e->rows);
     free(e->ids);
@@ -606,8 +662,21 @@ int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double 
         return sf_err(err, SF_ENODEV, "the engine stopped: %s", e->tp_failed_msg);
     }
     int queued = e->st.waiting[u]; /* queued in the scheduler (last step) + in the inbox */
+    if (r->seq.min_tps > 0 && e->cfg.step_shaping && !e->st.degraded && e->st.running > 0 &&
+        e->st.step_ms > 1000.0 / r->seq.min_tps) {
+        /* Its floor cannot be met: steps already take longer than one token's share of it. */
+        double t = retry_after(e, u), ms = e->st.step_ms;
+        e->n_rejected++;
+        pthread_mutex_unlock(&e->mu);
+        sf_request_free(r);
+        if (retry_after_s) *retry_after_s = t;
+        return sf_err(err, SF_AGAIN, "a min-throughput of %g tokens/s cannot be met now: engine steps take %.1f ms "
+                      "(%.1f tokens/s per request); retry in %.1f s or ask for a lower min-throughput",
+                      r->seq.min_tps, ms, 1000.0 / ms, t);
+    }
     if (queued >= e->cfg.queue_limit[u]) {
         double t = retry_after(e, u);
+        e->n_rejected++;
         pthread_mutex_unlock(&e->mu);
         sf_request_free(r);
         if (retry_after_s) *retry_after_s = t;
@@ -670,6 +739,16 @@ void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st)
     double dt = sf_now_s() - e->win_start;
     if (dt >= RATE_WINDOW_S) st->tokens_per_s = (double)e->win_tokens / dt; /* idle: the rate decays */
     pthread_mutex_unlock(&e->mu);
+}
+
+_Static_assert(SF_DECISION_COUNT == sizeof ((sf_engine_stats *)0)->decisions / sizeof(uint64_t),
+               "sf_engine_stats.decisions must hold every SF_DECISION_*");
+
+const char *sf_decision_name(int i)
+{
+    static const char *names[SF_DECISION_COUNT] = { "relax", "kv_int8", "restore", "preempt_swap",
+                                                    "preempt_recompute", "reject" };
+    return i >= 0 && i < SF_DECISION_COUNT ? names[i] : "?";
 }
 
 void sf_engine_get_info(sf_engine *e, sf_engine_info *info)

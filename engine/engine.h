@@ -108,6 +108,15 @@ typedef struct sf_engine_config {
     int progress;             /* loader progress bar */
     int tensor_parallel;      /* ranks the model is split over (processes; GPUs on CUDA); <= 1: none */
     double swap_space_gib;    /* host memory for preemption by swap (default 1); 0: recompute only */
+    const char *sched_trace;  /* NULL: off; else a file that gets one TSV line per engine step */
+    /* step shaping by latency budget and throughput floor (default on; docs/SCHEDULER.md) */
+    int step_shaping;
+    /* degrade instead of reject: KV usage above kv_degrade_high for kv_degrade_hold_s seconds
+     * relaxes low-urgency requests to relax_latency_ms and gives new ones INT8 KV; below
+     * kv_degrade_low for as long restores (defaults 0.92, 0.80, 5 s, 2000 ms; high 0: off) */
+    float kv_degrade_high, kv_degrade_low;
+    double kv_degrade_hold_s;
+    int relax_latency_ms;
     /* DMA tuning of the swap copies (engine/swap.h): 1 (default) per-class chunk sizes, and
      * low-urgency swap-ins held back while the PCIe link is contended; 0: every copy in one
      * piece, never held back (the baseline). */
@@ -156,6 +165,14 @@ typedef struct sf_engine_stats {
      * because the swap space was full, and the swap space in KV blocks */
     uint64_t swaps_out, swaps_in, swap_fallbacks;
     int swap_blocks_total, swap_blocks_used;
+    /* the scheduler's policy: decisions by kind (SF_DECISION_*: relax, kv_int8, restore,
+     * preempt_swap, preempt_recompute, reject), whether it is degraded now, the KV usage it
+     * watches, the moving average of step time (ms) and the step caps of the last plan
+     * (prefill tokens; -1: none) */
+    uint64_t decisions[6];
+    int degraded;
+    double kv_usage, step_ms;
+    int cap_tokens, cap_low;
     /* DMA tuner: swap bytes copied per urgency lane (both directions), low-class swap-ins held
      * back because the link was contended, and the contention index it last saw */
     uint64_t dma_bytes[SF_URGENCY_COUNT], dma_deferred;
@@ -168,6 +185,8 @@ typedef struct sf_engine_stats {
     double step_s, host_s, decode_step_s, decode_host_s;
     uint64_t decode_steps, rows_sampled_backend, rows_sampled_host;
 } sf_engine_stats;
+/* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
+const char *sf_decision_name(int i);
 /* Any thread. A snapshot taken after every engine step (and when the engine goes idle). */
 void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st);
 

@@ -68,6 +68,9 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
     r->seq.owner = r;
     r->seq.urgency = s->intent.urgency;
     r->seq.deadline = s->intent.max_latency_ms > 0 ? r->t_submit + s->intent.max_latency_ms * 1e-3 : INFINITY;
+    r->seq.max_latency_ms = s->intent.max_latency_ms;
+    r->seq.min_tps = s->intent.min_tps;
+    r->seq.t_submit = r->t_submit;
     long max_out = r->sp.max_tokens > 0 ? r->sp.max_tokens : max_model_len;
     r->seq.max_len = (int)SF_MIN((long)max_model_len, (long)s->n_prompt + max_out);
     r->max_out = r->seq.max_len - s->n_prompt;

@@ -3,11 +3,13 @@
  * Engine thread only. */
 #include "scheduler.h"
 
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
+#include "sched_policy.h"
 
 /* ---- sequences ------------------------------------------------------------------------- */
 
@@ -114,10 +116,20 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
         return sf_err(err, SF_EINVAL, "scheduler: kv_high_reserve %g must be in [0, 1)", (double)c->kv_high_reserve);
     if (c->swap_blocks < 0)
         return sf_err(err, SF_EINVAL, "scheduler: swap space of %d blocks; it must be 0 (off) or more", c->swap_blocks);
+    if (c->shape && !(c->shape_frac > 0.0f && c->shape_frac <= 1.0f))
+        return sf_err(err, SF_EINVAL, "scheduler: the step-shaping fraction %g must be in (0, 1]", (double)c->shape_frac);
+    if (c->degrade_high > 0 && !(c->degrade_high <= 1.0f && c->degrade_low >= 0 && c->degrade_low <= c->degrade_high &&
+                                 c->degrade_hold_s >= 0 && c->relax_ms >= 0))
+        return sf_err(err, SF_EINVAL,
+                      "scheduler: degrade thresholds: enter above %g, leave below %g, hold %g s, relax to %d ms; "
+                      "need 0 <= leave <= enter <= 1, hold >= 0 and relax >= 0",
+                      (double)c->degrade_high, (double)c->degrade_low, c->degrade_hold_s, c->relax_ms);
     if (c->swap_blocks > 0 && sf_kv_pool_init(&s->swap, c->swap_blocks, 1, err) != SF_OK)
         return sf_err_wrap(err, "scheduler: swap space of %d blocks", c->swap_blocks);
     s->cfg = *c;
     s->pool = pool;
+    s->deg_since = -1;
+    s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
     s->reserve_blocks = (int)((double)pool->n_blocks * c->kv_high_reserve);
     list_init(&s->running);
     list_init(&s->waiting);
@@ -287,6 +299,7 @@ void sf_sched_add(sf_sched *s, sf_seq *q)
     q->n_computed = 0;
     q->plan_idx = -1;
     q->urgency = lane(q->urgency);
+    sf_policy_on_add(s, q);
     insert_sorted(&s->waiting, q, wait_before);
     s->n_waiting[q->urgency]++;
 }
@@ -322,6 +335,7 @@ static void preempt(sf_sched *s, sf_seq *q)
     }
     release_blocks(s, q);
     if (!kept) q->n_computed = 0;
+    s->decisions[kept ? SF_DECISION_PREEMPT_SWAP : SF_DECISION_PREEMPT_RECOMPUTE]++;
     q->state = SF_SEQ_WAITING;
     q->n_preempted++;
     q->preempted_at = s->steps + 1;
@@ -363,6 +377,19 @@ static int add_item(sf_sched *s, sf_seq *q, int n)
 
 /* ---- planning --------------------------------------------------------------------------- */
 
+/* The sequence to preempt so that asker can go on: from the tail of the running list (lowest
+ * urgency, latest arrival), skipping those the policy protects (throughput floors). With
+ * strictly_lower, only sequences of a lower class than asker qualify. NULL when none does. */
+static sf_seq *pick_victim(sf_sched *s, const sf_seq *asker, int strictly_lower)
+{
+    for (sf_seq *v = s->running.prev; v != &s->running; v = v->prev) {
+        if (strictly_lower && v->urgency >= asker->urgency) return NULL;
+        if (sf_policy_may_preempt(s, v, asker)) return v;
+        if (v == asker) return NULL;
+    }
+    return NULL;
+}
+
 /* Schedule n more tokens of running sequence q, preempting from the tail of the running list
  * (lowest urgency, latest arrival) while blocks are short. Returns 1 if q was planned. */
 static int plan_running(sf_sched *s, sf_seq *q, int n)
@@ -374,7 +401,8 @@ static int plan_running(sf_sched *s, sf_seq *q, int n)
     for (;;) {
         int rc = grow_blocks(s, q, q->n_computed + n);
         if (rc == SF_OK) return add_item(s, q, n) == SF_OK;
-        sf_seq *victim = s->running.prev;
+        sf_seq *victim = pick_victim(s, q, 0);
+        if (!victim) victim = q; /* everyone below is protected: q gives way itself */
         if (rc == SF_ENOMEM || (victim == q && s->n_running == 1)) {
             take_out_stuck(s, q); /* cannot grow even alone: the pool is too small for it */
             return 0;
@@ -392,18 +420,20 @@ static int admit_head(sf_sched *s, sf_seq *q)
     if (sf_kv_blocks_for(s->pool, q->n_tokens) > usable_blocks(s, q->urgency) || q->n_tokens > s->cfg.max_model_len)
         return take_out_stuck(s, q);
     while (s->n_running >= s->cfg.max_num_seqs) {
-        sf_seq *victim = s->running.prev;
-        if (victim->urgency >= q->urgency) return 0;
+        sf_seq *victim = pick_victim(s, q, 1);
+        if (!victim) return 0;
         preempt(s, victim);
     }
     int n = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
+    if (q->urgency < SF_URGENCY_HIGH) n = SF_MIN(n, s->low_budget_left);
     if (n <= 0) return 0;
+    sf_policy_on_admit(s, q);
     if (q->n_swap && ops_reserve(&s->plan.swap_in, s->plan.n_swap_in, &s->cap_swap_in) != SF_OK) return 0;
     for (;;) {
         int rc = grow_blocks(s, q, q->n_computed + n);
         if (rc == SF_OK) break;
-        sf_seq *victim = s->running.prev;
-        if (rc == SF_ENOMEM || s->n_running == 0 || victim->urgency >= q->urgency) {
+        sf_seq *victim = s->n_running ? pick_victim(s, q, 1) : NULL;
+        if (rc == SF_ENOMEM || !victim) {
             release_blocks(s, q);
             return 0;
         }
@@ -416,6 +446,7 @@ static int admit_head(sf_sched *s, sf_seq *q)
     insert_sorted(&s->running, q, run_before);
     s->n_running++;
     if (add_item(s, q, n) != SF_OK) return take_out_stuck(s, q);
+    if (q->urgency < SF_URGENCY_HIGH && s->low_budget_left != INT_MAX) s->low_budget_left -= n;
     if (q->n_swap) { /* its K/V comes back into the first n_swap of its new blocks before the step */
         sf_plan *p = &s->plan;
         p->swap_in[p->n_swap_in] = (sf_swap_op){ .seq = q, .urgency = q->urgency, .n = q->n_swap,
@@ -426,9 +457,13 @@ static int admit_head(sf_sched *s, sf_seq *q)
     return 1;
 }
 
-const sf_plan *sf_sched_plan(sf_sched *s)
+const sf_plan *sf_sched_plan(sf_sched *s) { return sf_sched_plan_at(s, sf_now_s()); }
+
+const sf_plan *sf_sched_plan_at(sf_sched *s, double now)
 {
     sf_plan *p = &s->plan;
+    s->now = now;
+    sf_policy_update(s);
     /* the previous step's swap copies ran: swapped-in sequences give their slots back */
     for (int i = 0; i < p->n_swap_in; i++) {
         sf_seq *q = p->swap_in[i].seq;
@@ -457,13 +492,17 @@ const sf_plan *sf_sched_plan(sf_sched *s)
         if (q->n_tokens - q->n_computed != 1 || s->budget_left < 1) continue;
         plan_running(s, q, 1);
     }
+    /* the rest of the step: prefill, within the latency budget and floors present (policy) */
+    sf_policy_caps(s, p->n_tokens);
     /* 2. chunked prefill of running sequences */
     for (int i = 0; i < k && s->budget_left > 0; i++) {
         sf_seq *q = snap[i];
         if (q->state != SF_SEQ_RUNNING || q->plan_idx >= 0) continue;
-        int need = q->n_tokens - q->n_computed;
+        int need = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
+        int low = q->urgency < SF_URGENCY_HIGH && s->low_budget_left != INT_MAX;
+        if (low) need = SF_MIN(need, s->low_budget_left);
         if (need < 1) continue;
-        plan_running(s, q, SF_MIN(need, s->budget_left));
+        if (plan_running(s, q, need) && low) s->low_budget_left -= need;
     }
     if (snap != snap_small) free(snap);
 
@@ -473,6 +512,23 @@ const sf_plan *sf_sched_plan(sf_sched *s)
     }
     s->steps++;
     return p;
+}
+
+void sf_sched_resort_waiting(sf_sched *s)
+{
+    sf_seq tmp;
+    list_init(&tmp);
+    while (s->waiting.next != &s->waiting) {
+        sf_seq *q = s->waiting.next;
+        list_unlink(q);
+        insert_sorted(&tmp, q, wait_before);
+    }
+    if (tmp.next == &tmp) return;
+    /* move the sorted chain back under the real head */
+    s->waiting.next = tmp.next;
+    s->waiting.prev = tmp.prev;
+    tmp.next->prev = &s->waiting;
+    tmp.prev->next = &s->waiting;
 }
 
 void sf_sched_batch(sf_sched *s, sf_batch *b)

@@ -54,6 +54,15 @@ typedef struct sf_seq {
     int n_swap, cap_swap;
     int swap_in_op;           /* 1 + index in the plan's swap_in when swapped in this step, else 0 */
     int swap_out_op;          /* 1 + index in the plan's swap_out when swapped out this step, else 0 */
+    /* targets (set by the caller before sf_sched_add; 0: none) */
+    int max_latency_ms;       /* first token / per token target: shapes the step while it is in */
+    double min_tps;           /* decode floor: the step stays under 1000 / min_tps ms while it decodes,
+                               * and it is not preempted except for a high-urgency deadline */
+    double t_submit;          /* sf_now_s clock; the relaxed deadline counts from it */
+    /* set by the degrade policy (sched_policy.c) */
+    int relaxed;              /* its targets no longer shape the step (KV pressure) */
+    double deadline_orig;     /* deadline before relaxing */
+    int kv_i8;                /* its KV blocks are INT8 (chosen at admission) */
 } sf_seq;
 
 /* Initialise with a copy of the prompt. */
@@ -68,12 +77,32 @@ typedef struct sf_sched_config {
     int max_model_len;        /* context length cap */
     float kv_high_reserve;    /* share of the pool only SF_URGENCY_HIGH may take, [0, 1) */
     int swap_blocks;          /* swap space in KV blocks (host memory); 0: preemption by recompute only */
+    /* Step shaping (0 / off when left zero): while a sequence with a max-latency target is waiting
+     * or running, a step is planned to take at most shape_frac x its target (the tightest one), and
+     * while a sequence with a min-throughput floor decodes, steps that carry prefill of classes
+     * below high stay under 1000 / min_tps ms. Step time is predicted from the steps measured so
+     * far (sf_sched_observe). Prefill keeps at least min_chunk tokens a step, so it never stops. */
+    int shape;
+    float shape_frac;         /* default 0.25 */
+    int min_chunk;            /* default 16 */
+    /* Degrade instead of reject (0 / off when degrade_high is 0): KV usage above degrade_high for
+     * degrade_hold_s seconds enters the degraded state: low-urgency sequences are relaxed (deadline
+     * at least relax_ms after submit, their targets stop shaping the step) and new low-urgency
+     * sequences get INT8 KV when kv_i8_ok; usage below degrade_low for degrade_hold_s restores. */
+    float degrade_high, degrade_low;
+    double degrade_hold_s;
+    int relax_ms;
+    int kv_i8_ok;             /* the backend's cache can hold INT8 blocks */
     /* May a sequence of this urgency, preempted by swap, be swapped in this step? NULL: always.
      * A "no" keeps it (and what waits behind it) waiting for a later step. The engine's DMA
      * tuner says no to low urgency while the PCIe link is contended (swap.h). */
     int (*swap_in_ok)(void *arg, int urgency);
     void *swap_in_ok_arg;
 } sf_sched_config;
+
+/* Every decision the policy takes, counted (/metrics: semflow_sched_decisions_total). */
+enum { SF_DECISION_RELAX = 0, SF_DECISION_KV_INT8, SF_DECISION_RESTORE, SF_DECISION_PREEMPT_SWAP,
+       SF_DECISION_PREEMPT_RECOMPUTE, SF_DECISION_REJECT, SF_DECISION_COUNT };
 
 /* A KV copy the caller runs between sf_sched_plan and the forward step: every swap_out first,
  * then every swap_in. Block i goes to / comes from swap slot slots[i]. seq is NULL when the
@@ -125,6 +154,16 @@ typedef struct sf_sched {
     sf_kv_pool swap;
     int cap_swap_out, cap_swap_in;
     uint64_t swaps_out, swaps_in, swap_fallbacks; /* fallbacks: preempted by recompute, swap full */
+    /* policy (sched_policy.c) */
+    double now;               /* time of the plan being built (sf_sched_plan_at) */
+    double cm_p[3], cm_th[2]; /* step-time model ms = th0 + th1 x tokens: recursive least squares */
+    int cm_n;                 /* steps observed */
+    double step_ms_avg;       /* moving average of measured steps that decoded */
+    int low_budget_left;      /* prefill tokens left this step for classes below high (floor cap) */
+    int cap_tokens, cap_low;  /* the caps of the last plan (INT_MAX: none), for traces and tests */
+    int degraded;
+    double deg_since;         /* since when usage is past the threshold being watched; < 0: not */
+    uint64_t decisions[SF_DECISION_COUNT];
 } sf_sched;
 
 /* pool: an initialised KV pool the scheduler allocates from (not owned). SF_EINVAL with a clear
@@ -142,6 +181,18 @@ void sf_sched_remove(sf_sched *s, sf_seq *q);
  * Every plan must be closed by sf_sched_commit (the step ran) or sf_sched_discard (it did not)
  * before the next sf_sched_plan; after either, planned sequences may be removed and freed. */
 const sf_plan *sf_sched_plan(sf_sched *s);
+/* The same at a given time (sf_now_s clock): tests drive the policy's clock with it. */
+const sf_plan *sf_sched_plan_at(sf_sched *s, double now);
+/* The step of n_tokens tokens took ms milliseconds (the caller measured it): feeds the step-time
+ * model that step shaping predicts with. */
+void sf_sched_observe(sf_sched *s, int n_tokens, int n_decode, double ms);
+/* Predicted milliseconds of a step of n tokens; 0 while too few steps were measured. */
+double sf_sched_predict_ms(const sf_sched *s, int n_tokens);
+/* Follow KV usage at time now without planning (the engine calls it while idle, so a degraded
+ * state ends even when no request comes). */
+void sf_sched_tick(sf_sched *s, double now);
+/* KV usage of the pool in [0, 1] as the degrade policy sees it. */
+double sf_sched_kv_usage(const sf_sched *s);
 /* Fill b with the current plan's batch (arrays owned by the scheduler). Logit rows are in
  * plan item order, skipping items without logits. */
 void sf_sched_batch(sf_sched *s, sf_batch *b);

@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -23,7 +24,7 @@
 #define TP_SLOT_BYTES ((size_t)4 << 20)
 #define TP_LOAD_TIMEOUT_MS 900000 /* ranks load their shards in parallel; a 70B dummy takes a while */
 
-enum { TP_STEP = 1, TP_KV_INIT = 2, TP_STOP = 3, TP_BENCH_ALLREDUCE = 4 };
+enum { TP_STEP = 1, TP_KV_INIT = 2, TP_STOP = 3, TP_BENCH_ALLREDUCE = 4, TP_CHECK_ALLREDUCE = 5 };
 
 typedef struct tp_hdr {
     uint32_t magic;
@@ -33,6 +34,7 @@ typedef struct tp_hdr {
     uint32_t payload; /* int32 values that follow */
     int64_t bench_n;  /* TP_BENCH_ALLREDUCE: elements and iterations */
     int32_t bench_iters;
+    int32_t bench_path; /* sf_comm_path */
 } tp_hdr;
 
 struct sf_tp {
@@ -112,11 +114,15 @@ static int build(sf_tp *t, const sf_model *m, sf_error *err)
 
 /* Every rank: iters all-reduces of an n-element buffer, then a sync and a barrier. *us: wall
  * time per all-reduce of the timed part on this rank. */
-static int bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+static int bench_all_reduce(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {
     sf_buf *buf = NULL;
+    sf_comm_path keep = t->comm->path;
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+        return sf_err(err, SF_EINVAL, "rank %d: all-reduce bench: unknown path %d", t->o.rank, (int)path);
     int rc = t->b->ops->buf_new(t->b, 1, n, &buf, err);
     if (rc) return rc;
+    t->comm->path = path;
     int warm = iters / 10 + 1;
     double t0 = 0;
     for (int i = 0; i < warm + iters && !rc; i++) {
@@ -128,8 +134,72 @@ static int bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error
     }
     if (!rc && (rc = t->b->ops->sync(t->b))) sf_err(err, rc, "rank %d: sync after the all-reduces failed", t->o.rank);
     if (!rc) *us = (sf_now_s() - t0) * 1e6 / iters;
+    t->comm->path = keep;
     t->b->ops->buf_free(t->b, buf);
     if (!rc) rc = t->comm->ops->barrier(t->comm, err);
+    return rc;
+}
+
+/* Value of element i on `rank` in round `it` of the all-reduce check: a multiple of 1/4 in
+ * [-2, 2], so any sum over up to 64 ranks is exact in fp32 and in bf16. */
+static float check_val(int rank, int64_t i, int it)
+{
+    return (float)((i * 7 + rank * 13 + it * 5) % 17 - 8) * 0.25f;
+}
+
+/* Every rank: `iters` rounds over message sizes that change every round (stale flags or
+ * buffers of an earlier round show up as wrong sums), each checked against the exact sum, then
+ * a burst of 8 all-reduces back to back without a host sync (x <- sum x: the values scale by
+ * the rank count). A wrong value fails this rank with the first bad element. *worst: the
+ * largest relative error seen. */
+static int check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err)
+{
+    static const int64_t sizes[] = { 1, 7, 8, 1000, 4096, 8192, 65539, 262144, 524288, 1048576 };
+    int N = t->o.size, rc = SF_OK, cpu = !strcmp(t->b->ops->name, "cpu");
+    sf_buf *buf = NULL;
+    float *h = malloc((size_t)max_n * sizeof *h), *want = malloc((size_t)max_n * sizeof *want);
+    sf_comm_path keep = t->comm->path;
+    *worst = 0;
+    if (!h || !want) {
+        rc = sf_err(err, SF_ENOMEM, "rank %d: all-reduce check: out of memory", t->o.rank);
+        goto out;
+    }
+    if ((rc = t->b->ops->buf_new(t->b, 1, max_n, &buf, err))) goto out;
+    t->comm->path = path;
+    for (int it = 0; it <= iters && !rc; it++) {
+        int64_t n = SF_MIN(max_n, sizes[it % SF_ARRAY_LEN(sizes)]);
+        int burst = it == iters; /* the last round: 8 back to back */
+        for (int64_t i = 0; i < n; i++) {
+            h[i] = check_val(t->o.rank, i, it);
+            float w = 0;
+            for (int r = 0; r < N; r++) w += check_val(r, i, it);
+            want[i] = w;
+        }
+        if (burst)
+            for (int64_t i = 0; i < n; i++) want[i] *= (float)pow(N, 7);
+        if ((rc = t->b->ops->write_f32(t->b, buf, 1, h))) break;
+        for (int k = 0; k < (burst ? 8 : 1) && !rc; k++) rc = sf_comm_all_reduce_buf(t->comm, t->b, buf, 1, n, err);
+        if (rc || (rc = t->b->ops->read_f32(t->b, buf, 1, h))) break;
+        /* bf16 on the device: exact until the burst scales past 8 significant bits */
+        double tol = cpu || !burst || !(N & (N - 1)) ? 0 : 1e-2;
+        for (int64_t i = 0; i < n; i++) {
+            double d = fabs((double)h[i] - want[i]) / fmax(1.0, fabs(want[i]));
+            *worst = fmax(*worst, d);
+            if (d > tol) {
+                rc = sf_err(err, SF_ERROR, "rank %d: all-reduce check (%s path), round %d, %lld values: element %lld "
+                            "is %g, the sum is %g", t->o.rank, path == SF_COMM_PATH_CUSTOM ? "own" : path ==
+                            SF_COMM_PATH_NCCL ? "base" : "auto", it, (long long)n, (long long)i, h[i], want[i]);
+                break;
+            }
+        }
+    }
+    if (rc && !err->msg[0]) sf_err(err, rc, "rank %d: all-reduce check: a backend op failed (logged above)", t->o.rank);
+    if (!rc) rc = t->comm->ops->barrier(t->comm, err);
+out:
+    t->comm->path = keep;
+    if (buf) t->b->ops->buf_free(t->b, buf);
+    free(h);
+    free(want);
     return rc;
 }
 
@@ -157,9 +227,14 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             goto out;
         }
         if (h.cmd == TP_STOP) break;
+        if (h.cmd == TP_CHECK_ALLREDUCE) {
+            double worst;
+            if ((rc = check_all_reduce(&t, h.bench_n, h.bench_iters, (sf_comm_path)h.bench_path, &worst, err))) goto out;
+            continue;
+        }
         if (h.cmd == TP_BENCH_ALLREDUCE) {
             double us;
-            if ((rc = bench_all_reduce(&t, h.bench_n, h.bench_iters, &us, err))) goto out;
+            if ((rc = bench_all_reduce(&t, h.bench_n, h.bench_iters, (sf_comm_path)h.bench_path, &us, err))) goto out;
             continue;
         }
         if (h.cmd == TP_KV_INIT) {
@@ -418,15 +493,36 @@ int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
     return SF_OK;
 }
 
-int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+int sf_tp_bench_all_reduce_path(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     if (n < 1 || iters < 1) return sf_err(err, SF_EINVAL, "all-reduce bench: %lld elements x %d", (long long)n, iters);
-    tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters };
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+        return sf_err(err, SF_EINVAL, "all-reduce bench: unknown path %d", (int)path);
+    tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters, .bench_path = path };
     int rc = send_hdr(t, &h, err);
-    if (!rc) rc = bench_all_reduce(t, n, iters, us, err);
+    if (!rc) rc = bench_all_reduce(t, n, iters, path, us, err);
     return rc ? dead(t, rc, err) : SF_OK;
 }
+
+int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error *err)
+{
+    return sf_tp_bench_all_reduce_path(t, n, iters, SF_COMM_PATH_AUTO, us, err);
+}
+
+int sf_tp_check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    if (max_n < 1 || iters < 1 || path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+        return sf_err(err, SF_EINVAL, "all-reduce check: %lld values, %d rounds, path %d", (long long)max_n, iters,
+                      (int)path);
+    tp_hdr h = { .cmd = TP_CHECK_ALLREDUCE, .bench_n = max_n, .bench_iters = iters, .bench_path = path };
+    int rc = send_hdr(t, &h, err);
+    if (!rc) rc = check_all_reduce(t, max_n, iters, path, worst, err);
+    return rc ? dead(t, rc, err) : SF_OK;
+}
+
+const sf_comm *sf_tp_comm(const sf_tp *t) { return t->comm; }
 
 void sf_tp_free(sf_tp *t)
 {

@@ -66,6 +66,16 @@ int sf_tp_step(sf_tp *tp, const sf_batch *b, float *logits, sf_error *err);
  * back (after `iters / 10 + 1` untimed); *us = the leader's wall time per all-reduce, queued
  * and completed (the backend synced at the end). For the all-reduce latency table. */
 int sf_tp_bench_all_reduce(sf_tp *tp, int64_t n, int iters, double *us, sf_error *err);
+/* The same on a given all-reduce path (SF_COMM_PATH_NCCL / _CUSTOM force one on every rank;
+ * CUSTOM falls back to NCCL for messages the custom path cannot take). */
+int sf_tp_bench_all_reduce_path(sf_tp *tp, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err);
+/* Correctness of the all-reduce on `path` (every rank, real processes): `iters` rounds of
+ * messages up to max_n values whose size changes every round, each against the exact sum,
+ * then 8 all-reduces back to back. A rank that sees a wrong value fails the group with that
+ * value in its message. *worst: the leader's largest relative error. */
+int sf_tp_check_all_reduce(sf_tp *tp, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err);
+/* The leader's communicator (read-only: its paths and crossover, for reports). */
+const sf_comm *sf_tp_comm(const sf_tp *tp);
 /* Stops the followers (waits up to 5 s, then kills them) and frees. NULL is fine. */
 void sf_tp_free(sf_tp *tp);
 

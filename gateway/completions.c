@@ -161,8 +161,8 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
         /* nothing was sent yet: answer now and let already-submitted choices (n > 1) wind down */
         if (rc == SF_AGAIN) {
             sf_metrics_add(&gw->metrics, &gw->metrics.rejected_queue_full, 1);
-            sf_gw_fail(&e, 429, "rate_limit_error", "queue_full", NULL,
-                       "the %s-urgency queue is full; retry after the Retry-After seconds", sf_urgency_name(intent.urgency));
+            sf_gw_fail(&e, 429, "rate_limit_error", "queue_full", NULL, "%s (%s urgency); retry after the Retry-After seconds",
+                       serr.msg, sf_urgency_name(intent.urgency));
         } else if (rc == SF_EINVAL) {
             sf_gw_fail(&e, 400, "invalid_request_error", NULL, NULL, "%s", serr.msg);
         } else if (rc == SF_ECANCELED || rc == SF_ENODEV) {

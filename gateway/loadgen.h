@@ -28,6 +28,7 @@ typedef struct sf_lg_class {
 } sf_lg_class;
 
 #define SF_LG_MAX_CLASSES 16
+#define SF_LG_DEFAULT_REQUESTS 100
 typedef struct sf_lg_config {
     char host[256];
     int port;
@@ -49,7 +50,9 @@ void sf_lg_config_default(sf_lg_config *c);
 int sf_lg_parse_url(sf_lg_config *c, const char *url, sf_error *err);
 /* "ttft=300ms,tpot=50ms,e2el=2s" */
 int sf_lg_parse_slo(sf_lg_config *c, const char *s, sf_error *err);
-/* Scenario file: {"classes": [{"name", "weight", "intent", "api_key", "endpoint": "completions"|"chat",
+/* Scenario file: {"rate": R, "duration_s": S, "slo": "ttft=400ms,tpot=20ms" (all three optional: they
+ *   apply where the command line left them unset; with rate and duration the request cap becomes
+ *   2 x rate x duration + 10 unless --num-requests changed it), "classes": [{"name", "weight", "intent", "api_key", "endpoint": "completions"|"chat",
  *   "prompt_tokens": N | {"dist": "uniform", "min", "max"} | {"dist": "normal", "mean", "std", "min", "max"},
  *   "output_tokens": same}]} */
 int sf_lg_load_scenario(sf_lg_config *c, const char *path, sf_error *err);

@@ -3,6 +3,7 @@
 #include "loadgen.h"
 
 #include <arpa/inet.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,7 +16,7 @@ void sf_lg_config_default(sf_lg_config *c)
     snprintf(c->host, sizeof c->host, "127.0.0.1");
     c->port = 8080;
     c->concurrency = 8;
-    c->num_requests = 100;
+    c->num_requests = SF_LG_DEFAULT_REQUESTS;
     c->timeout_s = 300;
     c->seed = 1;
     c->ignore_eos = 1;
@@ -143,6 +144,26 @@ int sf_lg_load_scenario(sf_lg_config *c, const char *path, sf_error *err)
         rc = sf_err(err, SF_EFORMAT, "scenario %s: needs \"classes\": [ 1 to %d objects ]", path, SF_LG_MAX_CLASSES);
         goto done;
     }
+    /* optional run settings: a scenario file can describe one load level whole; the command line wins */
+    json_t *rate = json_object_get(root, "rate"), *dur = json_object_get(root, "duration_s"),
+           *slo = json_object_get(root, "slo");
+    if ((rate && (!json_is_number(rate) || !(json_number_value(rate) > 0 && json_number_value(rate) <= 1e6))) ||
+        (dur && (!json_is_number(dur) || !(json_number_value(dur) > 0 && json_number_value(dur) <= 86400))) ||
+        (slo && !json_is_string(slo))) {
+        rc = sf_err(err, SF_EFORMAT, "scenario %s: \"rate\" (requests/s, up to 1e6) and \"duration_s\" (up to 86400) "
+                                     "are positive numbers, \"slo\" a string like \"ttft=400ms,tpot=20ms\"", path);
+        goto done;
+    }
+    if (rate && c->rate == 0) c->rate = json_number_value(rate);
+    if (dur && c->duration_s == 0) c->duration_s = json_number_value(dur);
+    if (slo && c->slo_ttft_s == 0 && c->slo_tpot_s == 0 && c->slo_e2el_s == 0 &&
+        (rc = sf_lg_parse_slo(c, json_string_value(slo), err)) != SF_OK) {
+        sf_err_wrap(err, "scenario %s: slo", path);
+        goto done;
+    }
+    /* an open-loop level bounded by time: the request cap must not end it first */
+    if (c->rate > 0 && c->duration_s > 0 && c->num_requests == SF_LG_DEFAULT_REQUESTS)
+        c->num_requests = (int)ceil(c->rate * c->duration_s * 2) + 10;
     size_t i;
     json_t *o;
     c->n_classes = 0;

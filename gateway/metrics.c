@@ -164,4 +164,16 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
     counter(out, "semflow_swaps_out_total", "Preempted sequences whose KV went to host swap.", st.swaps_out);
     counter(out, "semflow_engine_finished_total", "Sequences finished.", st.finished);
     counter(out, "semflow_engine_cancelled_total", "Sequences cancelled.", st.cancelled);
+    fprintf(out, "# HELP semflow_sched_decisions_total Scheduler policy decisions: relax (a low-urgency request's "
+                 "targets relaxed under KV pressure), kv_int8 (a new low-urgency sequence given INT8 KV), restore "
+                 "(KV pressure over), preempt_swap, preempt_recompute, reject (429 before any work).\n"
+                 "# TYPE semflow_sched_decisions_total counter\n");
+    for (int i = 0; i < (int)(sizeof st.decisions / sizeof st.decisions[0]); i++)
+        fprintf(out, "semflow_sched_decisions_total{decision=\"%s\"} %llu\n", sf_decision_name(i),
+                (unsigned long long)st.decisions[i]);
+    gauge(out, "semflow_sched_degraded", "1 while the scheduler degrades low-urgency work instead of rejecting it.",
+          st.degraded);
+    gauge(out, "semflow_kv_usage_ratio", "Share of the KV cache in use, as the degrade policy sees it.", st.kv_usage);
+    gauge(out, "semflow_engine_step_seconds", "Moving average of the engine step time (steps that decode).",
+          st.step_ms * 1e-3);
 }

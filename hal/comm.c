@@ -1,8 +1,12 @@
 /* comm.c — choosing a communicator for a backend, and collectives on backend buffers. */
 #include "comm.h"
 
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int sf_comm_default_timeout_ms(void)
 {
@@ -39,9 +43,28 @@ static int raw(sf_comm *c, sf_backend *b, sf_buf *x, void **p, sf_dtype *dt, voi
     return SF_OK;
 }
 
+/* The collective as a backend op (hal.h sf_coll_fn): arg is the communicator. Called when the
+ * op is queued directly or captured, and again if a step falls back to running its ops. */
+static int coll_all_reduce(void *arg, void *data, int64_t n, sf_dtype dt, void *stream)
+{
+    sf_comm *c = arg;
+    int rc = c->ops->all_reduce_sum(c, data, n, dt, stream, &c->coll_err);
+    if (rc) SF_LOGE("%s", c->coll_err.msg);
+    return rc;
+}
+
 int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64_t cols, sf_error *err)
 {
     if (!c || c->size == 1) return SF_OK;
+    if (b->ops->collective && (c->base_in_graph || sf_comm_takes_custom(c, (int64_t)rows * cols, SF_DT_BF16))) {
+        c->coll_err.code = SF_OK;
+        c->coll_err.msg[0] = 0;
+        int rc = b->ops->collective(b, x, (int64_t)rows * cols, coll_all_reduce, c);
+        if (!rc) return SF_OK;
+        if (c->coll_err.code) return sf_err(err, c->coll_err.code, "%s", c->coll_err.msg);
+        return sf_err(err, rc, "rank %d: %s backend: queueing the all-reduce of %d x %lld failed (logged above)",
+                      c->rank, b->ops->name, rows, (long long)cols);
+    }
     void *p, *stream;
     sf_dtype dt;
     int rc = raw(c, b, x, &p, &dt, &stream, err);
@@ -58,4 +81,81 @@ int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv
     if (!c) return sf_err(err, SF_EINVAL, "all-gather without a communicator");
     if ((rc = raw(c, b, send, &ps, &dt, &stream, err)) || (rc = raw(c, b, recv, &pr, &dt2, &stream, err))) return rc;
     return c->ops->all_gather(c, ps, pr, sf_dtype_bytes(dt, (int64_t)rows * cols), stream, err);
+}
+
+int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt)
+{
+    size_t bytes = sf_dtype_bytes(dt, n);
+    if (!c->custom_cap_bytes || dt != SF_DT_BF16 || bytes > c->custom_cap_bytes || c->path == SF_COMM_PATH_NCCL)
+        return 0;
+    return c->path == SF_COMM_PATH_CUSTOM || bytes <= c->custom_max_bytes;
+}
+
+/* ---- the all-reduce crossover ------------------------------------------------------------ */
+size_t sf_comm_pick_crossover(const size_t *bytes, const double *nccl_us, const double *own_us, int n, double margin)
+{
+    size_t best = 0;
+    for (int i = 0; i < n; i++) {
+        if (nccl_us[i] <= 0 || own_us[i] <= 0 || own_us[i] * (1 + margin) > nccl_us[i]) break;
+        best = bytes[i];
+    }
+    return best;
+}
+
+static int crossover_path(const char *key, char *out, size_t n, int mkdirs)
+{
+    const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+    char dir[600], safe[160];
+    if (x && *x) snprintf(dir, sizeof dir, "%s/semflow", x);
+    else if (home && *home) snprintf(dir, sizeof dir, "%s/.cache/semflow", home);
+    else return -1;
+    if (mkdirs) {
+        char parent[600];
+        snprintf(parent, sizeof parent, "%.*s", (int)(strrchr(dir, '/') - dir), dir);
+        mkdir(parent, 0755);
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST) return -1;
+    }
+    snprintf(safe, sizeof safe, "%s", key);
+    for (char *p = safe; *p; p++)
+        if (!((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9') || *p == '-'))
+            *p = '_';
+    snprintf(out, n, "%s/allreduce-%s.json", dir, safe);
+    return 0;
+}
+
+int sf_comm_crossover_load(const char *key, size_t *crossover)
+{
+    char path[800];
+    json_error_t je;
+    if (crossover_path(key, path, sizeof path, 0)) return -1;
+    json_t *o = json_load_file(path, 0, &je), *k = o ? json_object_get(o, "key") : NULL,
+           *v = o ? json_object_get(o, "crossover_bytes") : NULL;
+    int rc = -1;
+    if (json_is_string(k) && !strcmp(json_string_value(k), key) && json_is_integer(v) && json_integer_value(v) >= 0) {
+        *crossover = (size_t)json_integer_value(v);
+        rc = 0;
+    }
+    json_decref(o);
+    return rc;
+}
+
+void sf_comm_crossover_save(const char *key, size_t crossover, const size_t *bytes, const double *nccl_us,
+                            const double *own_us, int n)
+{
+    char path[800], tmp[820];
+    if (crossover_path(key, path, sizeof path, 1)) {
+        SF_LOGW("all-reduce: no cache folder (set XDG_CACHE_HOME or HOME); the crossover is measured again next time");
+        return;
+    }
+    json_t *o = json_object(), *t = json_array();
+    for (int i = 0; i < n; i++)
+        json_array_append_new(t, json_pack("{s:I, s:f, s:f}", "bytes", (json_int_t)bytes[i], "nccl_us", nccl_us[i],
+                                           "own_us", own_us[i]));
+    json_object_set_new(o, "key", json_string(key));
+    json_object_set_new(o, "crossover_bytes", json_integer((json_int_t)crossover));
+    json_object_set_new(o, "measured", t);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    if (json_dump_file(o, tmp, JSON_INDENT(1)) == 0) rename(tmp, path);
+    else SF_LOGW("all-reduce: cannot write %s (the crossover is measured again next time)", tmp);
+    json_decref(o);
 }

@@ -44,11 +44,29 @@ struct sf_comm_ops {
     void (*destroy)(sf_comm *c);
 };
 
+/* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
+ * one-shot peer-memory kernel of comm_custom.c for messages up to the measured crossover). */
+typedef enum sf_comm_path { SF_COMM_PATH_AUTO = 0, SF_COMM_PATH_NCCL = 1, SF_COMM_PATH_CUSTOM = 2 } sf_comm_path;
+
 struct sf_comm {
     const struct sf_comm_ops *ops;
     void *ctx;
     int rank, size;
     int timeout_ms;      /* longest wait for a peer in any call (default 60000, $SEMFLOW_TP_TIMEOUT_MS) */
+    /* All-reduce path: AUTO picks by message size; NCCL or CUSTOM force one (benchmarks). Every
+     * rank must hold the same value. CUSTOM falls back to NCCL where the custom path cannot
+     * take the message (too large, peer memory unavailable). */
+    sf_comm_path path;
+    /* Largest message (bytes) the custom path takes under AUTO; 0: never (set at open). */
+    size_t custom_max_bytes;
+    /* Largest message (bytes) the custom path can take at all; 0: no custom path. */
+    size_t custom_cap_bytes;
+    /* 1: base-path collectives (NCCL) are queued as backend ops too, inside the step's graph
+     * ($SEMFLOW_TP_NCCL_GRAPH=0 keeps them out: the graph then ends at them). The own path's
+     * kernel is always inside. */
+    int base_in_graph;
+    /* The message of the last collective that failed inside a backend op (sf_coll_fn). */
+    sf_error coll_err;
 };
 
 /* How this process joins the group. */
@@ -81,5 +99,23 @@ int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64
 /* recv[rank * rows .. , :] = each rank's send[0:rows, :] (both buffers cols wide). */
 int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv, int rows, int64_t cols,
                            sf_error *err);
+
+/* Whether an all-reduce of n values of dt takes the own (custom) path: a function of the
+ * communicator's path, cap and crossover only, so every rank decides the same way. */
+int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt);
+
+/* ---- the all-reduce crossover (pure logic, comm.c) ------------------------------------- */
+/* Given n message sizes in increasing order and the measured µs of NCCL and of the custom
+ * path at each, the largest size up to which the custom path wins at every size (by at least
+ * `margin`, e.g. 0.05 = 5%); 0 when it does not win at the smallest. Sizes where a path has no
+ * measurement (<= 0) end the run. */
+size_t sf_comm_pick_crossover(const size_t *bytes, const double *nccl_us, const double *own_us, int n, double margin);
+/* Cache of a measured crossover, hal-style: $XDG_CACHE_HOME/semflow/allreduce-<key>.json (or
+ * ~/.cache/semflow/). key: what the figure depends on (ranks, GPUs' bus ids, NCCL version;
+ * file-name safe characters are kept, the rest become '_'). load: 0 and *crossover filled
+ * when a cache for key exists; save: best effort (a warning when it cannot write). */
+int sf_comm_crossover_load(const char *key, size_t *crossover);
+void sf_comm_crossover_save(const char *key, size_t crossover, const size_t *bytes, const double *nccl_us,
+                            const double *own_us, int n);
 
 #endif

@@ -14,7 +14,14 @@
  * Waits: collectives are queued on the backend's stream without a host sync. all_gather (once
  * per step, at its end) waits for the stream with a watchdog: while the stream is busy it
  * checks ncclCommGetAsyncError, the peers' sockets and the timeout, and on failure calls
- * ncclCommAbort (which releases kernels stuck on a dead peer) and reports the rank and call. */
+ * ncclCommAbort (which releases kernels stuck on a dead peer) and reports the rank and call.
+ *
+ * Small all-reduces (decode: one row per token) take the one-shot peer-memory kernel of
+ * comm_custom.c where it is faster: at open, every rank times NCCL and that kernel over message
+ * sizes from 2 KiB up, and rank 0's figures give the crossover (the largest size up to which
+ * the custom path wins at every size), which every rank then uses, so the ranks always pick the
+ * same path for a message. The crossover is cached like hal's calibration (comm.c), keyed by
+ * the ranks' GPUs and the NCCL version; $SEMFLOW_TP_ALLREDUCE=nccl|custom forces a path. */
 #include "comm.h"
 
 #include <stdlib.h>
@@ -34,6 +41,10 @@
 #include <unistd.h>
 
 #include <nccl.h>
+
+#include "comm_custom.h"
+
+#define AR_CUSTOM_BYTES ((size_t)1 << 20) /* largest message the custom path can take */
 
 #define BOOT_MAGIC 0x53464e43u /* "SFNC" */
 
@@ -57,6 +68,7 @@ typedef struct nccl_comm {
     int peer[SF_COMM_MAX_RANKS]; /* rank 0: socket to each rank; others: peer[0] to rank 0 */
     int broken;
     char broken_msg[400];
+    sf_ar_custom *ar;    /* the peer-memory all-reduce; NULL: NCCL only */
 } nccl_comm;
 
 #define NC(c) ((nccl_comm *)(c)->ctx)
@@ -254,6 +266,10 @@ static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *e
         if (e == cudaSuccess) return SF_OK;
         if (e != cudaErrorNotReady)
             return fail(c, err, "rank %d: %s: cudaStreamQuery: %s", c->rank, what, cudaGetErrorString(e));
+        int late = sf_ar_custom_failed(x->ar);
+        if (late)
+            return fail(c, err, "rank %d: %s: the peer-memory all-reduce waited longer than %d ms for rank %d (hung or "
+                        "exited); aborting", c->rank, what, c->timeout_ms, late - 1);
         ncclResult_t ae = ncclSuccess;
         if (x->api.CommGetAsyncError(x->comm, &ae) != ncclSuccess || (ae != ncclSuccess && ae != ncclInProgress))
             return fail(c, err, "rank %d: %s: NCCL reports %s", c->rank, what, x->api.GetErrorString(ae));
@@ -278,6 +294,10 @@ static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void 
     if (rc) return rc;
     if (dt != SF_DT_BF16 && dt != SF_DT_F32)
         return sf_err(err, SF_EUNSUPPORTED, "rank %d: NCCL all-reduce of %s", c->rank, sf_dtype_name(dt));
+    if (NC(c)->ar && sf_comm_takes_custom(c, n, dt)) {
+        if ((rc = sf_ar_custom_run(NC(c)->ar, data, n, stream, err))) return fail(c, err, "%s", err->msg);
+        return SF_OK;
+    }
     return nccl_call(c, NC(c)->api.AllReduce(data, data, (size_t)n, dt == SF_DT_BF16 ? ncclBfloat16 : ncclFloat32,
                                              ncclSum, NC(c)->comm, (cudaStream_t)stream),
                      "ncclAllReduce", err);
@@ -333,12 +353,133 @@ static void nccl_destroy(sf_comm *c)
             cudaSetDevice(x->device);
             x->api.CommDestroy(x->comm);
         }
+        sf_ar_custom_free(x->ar);
         for (int i = 0; i < SF_COMM_MAX_RANKS; i++)
             if (x->peer[i] >= 0) close(x->peer[i]);
         if (x->api.so) dlclose(x->api.so);
         free(x);
     }
     free(c);
+}
+
+/* ---- the custom path: setup and crossover ------------------------------------------------- */
+/* all[size * bytes] = every rank's mine, over the bootstrap star (sf_ar_exchange_fn). */
+static int exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_error *err)
+{
+    sf_comm *c = ctx;
+    nccl_comm *x = NC(c);
+    char *a = all;
+    int rc = SF_OK;
+    memcpy(a + (size_t)c->rank * bytes, mine, bytes);
+    if (c->rank == 0) {
+        for (int i = 1; i < c->size && !rc; i++)
+            rc = xfer(c, x->peer[i], a + (size_t)i * bytes, bytes, 0, 0, i, "peer-memory setup", err);
+        for (int i = 1; i < c->size && !rc; i++)
+            rc = xfer(c, x->peer[i], a, (size_t)c->size * bytes, 1, 0, i, "peer-memory setup", err);
+        return rc;
+    }
+    if ((rc = xfer(c, x->peer[0], (void *)mine, bytes, 1, 0, 0, "peer-memory setup", err))) return rc;
+    return xfer(c, x->peer[0], a, (size_t)c->size * bytes, 0, 0, 0, "peer-memory setup", err);
+}
+
+#define XO_SIZES 10 /* 2 KiB .. 1 MiB */
+
+/* Every rank: µs per all-reduce of each size on each path (warm-up, then `iters` timed with
+ * events on stream s), ranks held together by a barrier before each measurement. */
+static int measure(sf_comm *c, cudaStream_t s, void *buf, size_t *bytes, double *nccl_us, double *own_us, sf_error *err)
+{
+    cudaEvent_t ev[2] = { NULL, NULL };
+    int rc = SF_OK, iters = 20;
+    sf_comm_path keep = c->path;
+    if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+        rc = fail(c, err, "rank %d: all-reduce crossover: cudaEventCreate failed", c->rank);
+        goto out;
+    }
+    for (int i = 0; i < XO_SIZES && !rc; i++) {
+        bytes[i] = (size_t)2048 << i;
+        for (int p = 0; p < 2 && !rc; p++) {
+            c->path = p ? SF_COMM_PATH_CUSTOM : SF_COMM_PATH_NCCL;
+            float ms = 0;
+            if ((rc = nccl_barrier(c, err))) break;
+            for (int k = 0; k < 5 + iters && !rc; k++) {
+                if (k == 5 && cudaEventRecord(ev[0], s) != cudaSuccess) rc = fail(c, err, "rank %d: cudaEventRecord", c->rank);
+                if (!rc) rc = nccl_all_reduce(c, buf, (int64_t)(bytes[i] / 2), SF_DT_BF16, s, err);
+            }
+            if (!rc && cudaEventRecord(ev[1], s) != cudaSuccess) rc = fail(c, err, "rank %d: cudaEventRecord", c->rank);
+            if (!rc) rc = wait_stream(c, s, "measuring the all-reduce crossover", err);
+            if (!rc && cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess)
+                rc = fail(c, err, "rank %d: all-reduce crossover: cudaEventElapsedTime failed", c->rank);
+            (p ? own_us : nccl_us)[i] = 1e3 * ms / iters;
+        }
+    }
+out:
+    c->path = keep;
+    for (int i = 0; i < 2; i++)
+        if (ev[i]) cudaEventDestroy(ev[i]);
+    return rc;
+}
+
+/* Sets c->custom_max_bytes the same on every rank: rank 0's cached or measured crossover. */
+static int crossover(sf_comm *c, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    char key[SF_COMM_MAX_RANKS * 20 + 64];
+    int ver = 0, rc;
+    x->api.GetVersion(&ver);
+    snprintf(key, sizeof key, "r%d-nccl%d-%s", c->size, ver, sf_ar_custom_gpus(x->ar));
+    uint64_t have[2] = { 0, 0 }; /* cached?, crossover */
+    size_t v = 0;
+    if (c->rank == 0 && sf_comm_crossover_load(key, &v) == 0) have[0] = 1, have[1] = v;
+    if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
+    if (!have[0]) {
+        size_t bytes[XO_SIZES];
+        double nccl_us[XO_SIZES], own_us[XO_SIZES];
+        cudaStream_t s = NULL;
+        void *buf = NULL;
+        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+            cudaMalloc(&buf, AR_CUSTOM_BYTES) != cudaSuccess || cudaMemset(buf, 0, AR_CUSTOM_BYTES) != cudaSuccess) {
+            cudaGetLastError();
+            rc = fail(c, err, "rank %d: all-reduce crossover: no stream or %zu bytes of device memory", c->rank,
+                      AR_CUSTOM_BYTES);
+        } else {
+            rc = measure(c, s, buf, bytes, nccl_us, own_us, err);
+        }
+        if (buf) cudaFree(buf);
+        if (s) cudaStreamDestroy(s);
+        if (rc) return rc;
+        if (c->rank == 0) {
+            have[1] = sf_comm_pick_crossover(bytes, nccl_us, own_us, XO_SIZES, 0.05);
+            sf_comm_crossover_save(key, (size_t)have[1], bytes, nccl_us, own_us, XO_SIZES);
+            for (int i = 0; i < XO_SIZES; i++)
+                SF_LOGD("all-reduce %zu bytes: NCCL %.1f us, peer memory %.1f us", bytes[i], nccl_us[i], own_us[i]);
+        }
+        if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
+    }
+    c->custom_max_bytes = (size_t)have[1];
+    if (c->rank == 0)
+        SF_LOGI("all-reduce: peer-memory path up to %zu bytes, NCCL above (%s)", c->custom_max_bytes,
+                have[0] ? "cached crossover" : "measured now");
+    return SF_OK;
+}
+
+/* The custom path where every rank can map every other's memory; else NCCL alone. */
+static int custom_setup(sf_comm *c, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    const char *e = getenv("SEMFLOW_TP_ALLREDUCE"), *g = getenv("SEMFLOW_TP_NCCL_GRAPH");
+    c->base_in_graph = !(g && !strcmp(g, "0"));
+    c->path = e && !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL : e && !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
+                                                                                        : SF_COMM_PATH_AUTO;
+    if (c->path == SF_COMM_PATH_NCCL || c->size > SF_COMM_MAX_RANKS) return SF_OK;
+    sf_error e2 = { 0 };
+    int rc = sf_ar_custom_open(c->rank, c->size, x->device, AR_CUSTOM_BYTES, c->timeout_ms, exchange, c, &x->ar, &e2);
+    if (rc == SF_EUNSUPPORTED) {
+        if (c->rank == 0) SF_LOGI("%s", e2.msg);
+        return SF_OK;
+    }
+    if (rc) return sf_err(err, rc, "%s", e2.msg);
+    c->custom_cap_bytes = sf_ar_custom_cap(x->ar);
+    return crossover(c, err);
 }
 
 static const struct sf_comm_ops nccl_ops = {
@@ -389,6 +530,7 @@ int sf_comm_nccl_open(const sf_comm_opts *o, sf_comm **out, sf_error *err)
     int ver = 0;
     x->api.GetVersion(&ver);
     SF_LOGD("rank %d: NCCL %d communicator of %d ranks on device %d", o->rank, ver, o->size, o->device);
+    if ((rc = custom_setup(c, err))) goto fail;
     *out = c;
     return SF_OK;
 fail:

@@ -116,6 +116,13 @@ typedef struct sf_weight_desc {
     sf_view bias[4];
 } sf_weight_desc;
 
+/* A collective queued by a communicator (hal/comm.h) as one op of a step: it queues its work
+ * for n elements of dt at data (the backend's memory) on stream and returns SF_OK or an SF_*
+ * code (the communicator keeps the message). It must not synchronise with the host, so that a
+ * backend recording the step into a CUDA graph records it too; a replay of that graph runs the
+ * recorded work again without calling fn. */
+typedef int (*sf_coll_fn)(void *arg, void *data, int64_t n, sf_dtype dt, void *stream);
+
 /* ---- sampling on the backend ------------------------------------------------------ */
 /* What the sample op needs of one logit row. The op draws one token id per row so that only
  * ids cross to the host. Semantics (identical on every backend; kernels/cpu/sample.c is the
@@ -203,6 +210,12 @@ struct sf_backend_ops {
      * plain 4 KiB-aligned memory (what the CPU backend needs). */
     int (*host_alloc)(sf_backend *b, size_t bytes, void **out, sf_error *err);
     void (*host_free)(sf_backend *b, void *p);
+
+    /* Queue fn(arg, buf's data, n, dtype, stream) as one op of the step, in order with the
+     * ops around it, without ending a graph capture or replay: the step's graph then spans its
+     * collectives. An op equal to the recorded one (same fn, arg, buffer and n) is replayed
+     * from the graph without calling fn. May be NULL: the communicator uses buf_raw. */
+    int (*collective)(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn, void *arg);
     /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
      * pen holds n_pen penalty entries (host memory, as are rows and ids). Ends the step: it
      * waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what the backend can do

@@ -137,6 +137,7 @@ static int op_fail(int code, const char *op, const char *what)
 static int kcheck(int krc, const char *op)
 {
     if (!krc) return SF_OK;
+    if (krc == SF_K_COLL_FAILED) return SF_ERROR; /* the communicator logged and keeps the message */
     SF_LOGE("cuda backend: %s: %s", op, krc >= 10000 ? sf_k_gemm_error_str(krc) : cudaGetErrorString((cudaError_t)krc));
     return krc == cudaErrorMemoryAllocation ? SF_ENOMEM : SF_ERROR;
 }
@@ -165,7 +166,8 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 
 static void prof_print(cuda_ctx *c)
 {
-    static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows" };
+    static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
+                                   "collective" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -807,6 +809,19 @@ static int cuda_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, v
     return SF_OK;
 }
 
+/* For the communicator: a collective as an op of the step (recorded into its graph). */
+static int cuda_collective(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn, void *arg)
+{
+    if (n > buf->rows * buf->cols) return op_fail(SF_EINVAL, "collective", "more elements than the buffer holds");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_COLL;
+    r.p[0] = buf->d;
+    r.n[0] = n;
+    r.coll = fn;
+    r.coll_arg = arg;
+    return submit(CTX(b), &r, 1, "collective");
+}
+
 static const struct sf_backend_ops cuda_ops = {
     .name = "cuda",
     .destroy = cuda_destroy,
@@ -832,6 +847,7 @@ static const struct sf_backend_ops cuda_ops = {
     .buf_raw = cuda_buf_raw,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
+    .collective = cuda_collective,
     .sample = cuda_sample,
     .write_f32 = cuda_write_f32,
 };

@@ -4,7 +4,15 @@
  * them cost as much as the work. Steps are keyed by their batch shape (tokens, sequences,
  * logit rows, block-table width, attention split): the first step with a key runs directly
  * (GEMM paths are timed and workspaces sized then), the second is captured into a graph, and
- * later ones replay it after checking that every op matches the recorded one exactly. */
+ * later ones replay it after checking that every op matches the recorded one exactly.
+ *
+ * Collectives (SF_OP_COLL: NCCL calls, the peer-memory all-reduce) are ops like the others, so
+ * one graph spans a whole tensor-parallel step. That holds across ranks because every rank
+ * replays its own graph of the same step plan: the keys (batch shapes) come in the same order
+ * on every rank, and a rank that falls back to running a step directly still queues the same
+ * collectives in the same order, so the ranks' collectives always pair up. NCCL (2.9 and
+ * newer) supports capture of its calls on the capturing stream; the first step of a key runs
+ * directly, which also makes NCCL set up its connections outside any capture. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,6 +42,8 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
         return sf_k_silu_mul(r->p[0], n[0], (int)n[1], (int)n[2], (uint16_t *)r->p[1], n[3], s);
     case SF_OP_ROWS:
         return sf_k_get_rows(r->p[0], n[0], r->p[1], (int)n[1], n[2], (uint16_t *)r->p[2], n[3], s);
+    case SF_OP_COLL:
+        return r->coll(r->coll_arg, (void *)r->p[0], n[0], SF_DT_BF16, s) ? SF_K_COLL_FAILED : 0;
     default:
         return (int)cudaErrorInvalidValue;
     }

@@ -26,7 +26,7 @@
 /* One launch of a step, with everything that determines it: ops are built as records so a
  * step can be captured into a CUDA graph and later steps checked against the capture. Records
  * are zeroed before they are filled, so they compare with memcmp. */
-enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF_OP_SILU, SF_OP_ROWS };
+enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF_OP_SILU, SF_OP_ROWS, SF_OP_COLL };
 typedef struct sf_op_rec {
     int kind;
     const void *p[6];
@@ -34,7 +34,13 @@ typedef struct sf_op_rec {
     float f;
     sf_k_kv kv;
     sf_k_attn attn;
+    sf_coll_fn coll; /* SF_OP_COLL: the communicator's collective, called with coll_arg, p[0], n[0] */
+    void *coll_arg;
 } sf_op_rec;
+
+/* What sf_cuda_op_exec returns when a collective (SF_OP_COLL) failed: the communicator holds
+ * the message. */
+#define SF_K_COLL_FAILED 20000
 
 int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r);
 

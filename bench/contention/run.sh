@@ -7,9 +7,10 @@
 #
 #   sh bench/contention/run.sh [OUTDIR]          (default OUTDIR: build/contention)
 #
-# Env: MODEL (preset:1b), SERVE_ARGS (extra serve flags), KV_BLOCKS (600), SEQS (16), RATE (req/s, 6),
-#      DURATION (s of load per run, 20), HOG (1: run the neighbour; 0: none), TUNERS ("off on"),
-#      SEED (1), LOADFMT (dummy; auto for a real model). Needs root for the monitor (its contention
+# Env: MODEL (TinyLlama 1.1B's config and tokenizer from the test data, dummy weights),
+#      SERVE_ARGS (extra serve flags), KV_BLOCKS (240), SEQS (16), RATE (req/s, 10), DURATION (s of
+#      load per run, 20), REQ_TIMEOUT (s a request may take, 6: bounds the tail of a run), HOG (1: run the neighbour; 0: none), TUNERS ("off on"),
+#      SEED (1), SCENARIO (bench/contention/scenario.json), LOADFMT (dummy; auto for a real model). Needs root for the monitor (its contention
 #      index drives the tuner) and a GPU for the neighbour: without one it says so and exits 77,
 #      unless HOG=0 (a rehearsal of the swap traffic alone, e.g. MODEL=demo LOADFMT=auto on a CPU).
 # Writes OUTDIR/<tuner>.json (loadgen), <tuner>.metrics (the server's /metrics after the run),
@@ -19,15 +20,17 @@ cd "$(dirname "$0")/../.."
 OUT=${1:-build/contention}
 BIN=${SEMFLOW_BIN:-build/semflow}
 HOGBIN=${HOGBIN:-build/bench/h2d_hog}
-MODEL=${MODEL:-preset:1b}
+MODEL=${MODEL:-${SF_TESTDATA:-../shared/testdata}/tinyllama-1.1b-chat-v1.0}
 LOADFMT=${LOADFMT:-dummy}
-KV_BLOCKS=${KV_BLOCKS:-600}
+KV_BLOCKS=${KV_BLOCKS:-240}
 SEQS=${SEQS:-16}
-RATE=${RATE:-6}
+RATE=${RATE:-10}
+REQ_TIMEOUT=${REQ_TIMEOUT:-6}
 DURATION=${DURATION:-20}
 HOG=${HOG:-1}
 TUNERS=${TUNERS:-off on}
 SEED=${SEED:-1}
+SCENARIO=${SCENARIO:-bench/contention/scenario.json}
 SERVE_ARGS=${SERVE_ARGS:-}
 [ -x "$BIN" ] || { echo "contention: $BIN not found; build first (make)"; exit 1; }
 if [ "$HOG" = 1 ] && ! nvidia-smi -L >/dev/null 2>&1; then
@@ -54,7 +57,7 @@ for t in $TUNERS; do
     URL=http://127.0.0.1:$PORT
     # shellcheck disable=SC2086
     "$BIN" serve --model "$MODEL" --load-format "$LOADFMT" --port "$PORT" --workers 2 --num-kv-blocks "$KV_BLOCKS" \
-        --max-num-seqs "$SEQS" --swap-space 4 --drain-timeout 1 --dma-tuner "$t" $SERVE_ARGS \
+        --max-num-seqs "$SEQS" --swap-space 2 --drain-timeout 1 --dma-tuner "$t" $SERVE_ARGS \
         >"$OUT/$t.serve.log" 2>&1 &
     spid=$!
     i=0
@@ -71,47 +74,10 @@ for t in $TUNERS; do
         sleep 2 # the monitor sees the neighbour's rate after an interval or two
     fi
     n=$(python3 -c "import math; print(int(math.ceil($RATE * $DURATION * 2)) + 10)")
-    "$BIN" loadgen --url "$URL" --scenario bench/contention/scenario.json --rate "$RATE" --duration "$DURATION" \
-        --num-requests "$n" --seed "$SEED" --timeout 60 --json "$OUT/$t.json" >"$OUT/$t.loadgen.txt" 2>&1
+    "$BIN" loadgen --url "$URL" --scenario "$SCENARIO" --rate "$RATE" --duration "$DURATION" \
+        --num-requests "$n" --seed "$SEED" --timeout "$REQ_TIMEOUT" --json "$OUT/$t.json" >"$OUT/$t.loadgen.txt" 2>&1
     curl -sf "$URL/metrics" >"$OUT/$t.metrics" 2>/dev/null
     stop_all
 done
 
-python3 - "$OUT" $TUNERS <<'PY'
-import json, os, sys
-out, tuners = sys.argv[1], sys.argv[2:]
-def metric(t, name):
-    v = 0.0
-    try:
-        for line in open(os.path.join(out, t + ".metrics")):
-            if line.startswith(name) and not line.startswith("#"):
-                v += float(line.split()[-1])
-    except OSError:
-        return None
-    return v
-rows = {}
-print("%-4s %-16s %6s %9s %9s %9s %9s %9s" % ("DMA", "class", "done", "TTFTp50", "TTFTp99", "ITLp50", "ITLp99", "ITLspread"))
-for t in tuners:
-    try:
-        r = json.load(open(os.path.join(out, t + ".json")))
-    except (OSError, ValueError) as e:
-        print("%-4s (no report: %s)" % (t, e)); continue
-    for c in r["classes"]:
-        sp = c["itl"]["p99_ms"] - c["itl"]["median_ms"]
-        rows[(t, c["class"])] = c
-        print("%-4s %-16s %6d %9.1f %9.1f %9.2f %9.2f %9.2f" % (t, c["class"], c["completed"], c["ttft"]["median_ms"],
-              c["ttft"]["p99_ms"], c["itl"]["median_ms"], c["itl"]["p99_ms"], sp))
-    print("%-4s swaps out %s, swap bytes low %s MB, held back %s, contention seen %s" % (t,
-          metric(t, "semflow_swaps_out_total"),
-          "%.0f" % (metric(t, 'semflow_dma_swap_bytes_total{urgency="low"}') / 1e6) if metric(t, 'semflow_dma_swap_bytes_total{urgency="low"}') is not None else "?",
-          metric(t, "semflow_dma_deferred_total"), metric(t, "semflow_dma_contention_index")))
-hi = "realtime-chat"
-if ("off", hi) in rows and ("on", hi) in rows:
-    a, b = rows[("off", hi)], rows[("on", hi)]
-    for k in ("ttft", "itl"):
-        p_off, p_on = a[k]["p99_ms"], b[k]["p99_ms"]
-        s_off, s_on = p_off - a[k]["median_ms"], p_on - b[k]["median_ms"]
-        print("high class %s P99: off %.2f ms, on %.2f ms (%+.0f%%); P99-P50 spread off %.2f, on %.2f (%+.0f%%)" % (
-              k.upper(), p_off, p_on, 100 * (p_on / p_off - 1) if p_off else 0, s_off, s_on,
-              100 * (s_on / s_off - 1) if s_off else 0))
-PY
+python3 bench/contention/summary.py "$OUT" $TUNERS

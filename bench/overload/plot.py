@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """The overload ladder's picture and table, from the loadgen JSON reports bench/overload/run.sh wrote.
 
-    python3 bench/overload/plot.py OUTDIR [--png docs/overload-cpu.png] [--title TEXT]
+    python3 bench/overload/plot.py OUTDIR [--png docs/overload-cpu.png] [--title TEXT] [--no-png]
 
-Reads OUTDIR/sustained_rate and OUTDIR/{on,off}-<level>x.json. Writes the PNG (latency against load
-per class: TTFT and ITL, priorities on against off) and OUTDIR/overload.md (a Markdown table per
-class and level: TTFT/ITL P50/P90/P99, goodput, completed/429/failed, decode tokens/s per admitted
-request), and prints the table. loadgen reports P50, P90 and P99, so the picture draws P90 (solid)
-and P99 (dashed): P95 lies between them.
+Reads OUTDIR/sustained_rate, OUTDIR/{on,off}-<level>x.json (loadgen) and, when present,
+OUTDIR/{on,off}-<level>x.metrics.json (watch.py). Writes the PNG (latency against load per class:
+TTFT and ITL P95 solid, P99 dashed, priorities on against off) and OUTDIR/overload.md (a Markdown
+table per class and level: TTFT/ITL P50/P95/P99, goodput, completed/429/failed, decode tokens/s per
+admitted request, and per level the KV usage peak and the scheduler's decisions), and prints it.
 """
 import argparse
 import json
@@ -51,8 +51,58 @@ def class_names(runs):
     return names
 
 
+def load_watch(outdir, mode, level):
+    try:
+        with open(os.path.join(outdir, f"{mode}-{level}x.metrics.json")) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def watch_table(outdir, runs):
+    rows = ["| priorities | load | KV usage peak | degraded | relax | kv_int8 | restore | preempt swap "
+            "| preempt recompute | reject (429) | steps | mean step (ms) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for mode in ("on", "off"):
+        for level in sorted(runs[mode]):
+            w = load_watch(outdir, mode, level)
+            if not w or w.get("kv_usage_peak") is None:
+                continue
+            d, c = w["decisions"], w["counters"]
+            steps = c.get("semflow_engine_steps_total", 0)
+            dur = runs[mode][level]["duration_s"]
+            rows.append("| %s | %dx | %.1f%% | %s | %d | %d | %d | %d | %d | %d | %d | %s |" % (
+                mode, level, 100 * w["kv_usage_peak"], "yes" if w["degraded_seen"] else "no", d.get("relax", 0),
+                d.get("kv_int8", 0), d.get("restore", 0), d.get("preempt_swap", 0), d.get("preempt_recompute", 0),
+                d.get("reject", 0), steps, "%.1f" % (1000.0 * dur / steps) if steps else "-"))
+    return "\n".join(rows) + "\n" if len(rows) > 2 else ""
+
+
+def short(outdir, runs, rate):
+    """One line per run: what the goals of issue 6 look at."""
+    rows = ["1x = %s req/s" % rate,
+            "%-4s %-5s %9s %9s %9s %9s %10s %8s %8s %6s %6s" % ("prio", "load", "rtTTFT95", "rtITL95", "rt c/429",
+                                                         "bt c/429", "bt tok/s", "failed", "KVpeak", "relax", "int8")]
+    for level in sorted(set(runs["on"]) | set(runs["off"])):
+        for mode in ("on", "off"):
+            rep = runs[mode].get(level)
+            if not rep:
+                continue
+            rt, bt = cls(rep, "realtime-chat"), cls(rep, "batch-summarize")
+            w = load_watch(outdir, mode, level) or {}
+            d = w.get("decisions", {})
+            f = (lambda c, k: "%.0f" % c[k]["p95_ms"] if c and c[k]["n"] else "-")
+            tps = (lambda c: "%.1f" % (1000.0 / c["tpot"]["mean_ms"]) if c and c["tpot"]["n"] and
+                   c["tpot"]["mean_ms"] > 0 else "-")
+            cr = (lambda c: "%d/%d" % (c["completed"], c["rejected_429"]) if c else "-")
+            kv = w.get("kv_usage_peak")
+            rows.append("%-4s %-5s %9s %9s %9s %9s %10s %8d %8s %6d %6d" % (
+                mode, "%dx" % level, f(rt, "ttft"), f(rt, "itl"), cr(rt), cr(bt), tps(bt), rep["all"]["failed"],
+                "%.1f%%" % (100 * kv) if kv is not None else "-", d.get("relax", 0), d.get("kv_int8", 0)))
+    return "\n".join(rows) + "\n"
+
+
 def table(runs, rate):
-    rows = ["| class | priorities | load | req/s | TTFT P50 / P90 / P99 (ms) | ITL P50 / P90 / P99 (ms) "
+    rows = ["| class | priorities | load | req/s | TTFT P50 / P95 / P99 (ms) | ITL P50 / P95 / P99 (ms) "
             "| goodput (req/s) | completed / 429 / failed | tok/s per request |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name in class_names(runs):
@@ -64,7 +114,8 @@ def table(runs, rate):
                     continue
                 t, i = c["ttft"], c["itl"]
                 tps = 1000.0 / c["tpot"]["mean_ms"] if c["tpot"]["n"] and c["tpot"]["mean_ms"] > 0 else 0.0
-                lat = (lambda s: "%.0f / %.0f / %.0f" % (s["median_ms"], s["p90_ms"], s["p99_ms"]) if s["n"] else "-")
+                lat = (lambda s: "%.0f / %.0f / %.0f" % (s["median_ms"], s.get("p95_ms", s["p90_ms"]), s["p99_ms"])
+                       if s["n"] else "-")
                 rows.append("| %s | %s | %dx | %g | %s | %s | %.2f | %d / %d / %d | %.1f |" % (
                     name, mode, level, rep["request_rate"], lat(t), lat(i), c["goodput"], c["completed"],
                     c["rejected_429"], c["failed"], tps))
@@ -97,12 +148,13 @@ def plot(runs, rate, png, title):
                           cls(runs[mode][lv], name)[metric]["n"]]
                 if not levels:
                     continue
-                p90 = [cls(runs[mode][lv], name)[metric]["p90_ms"] for lv in levels]
+                p95 = [cls(runs[mode][lv], name)[metric].get("p95_ms", 0) for lv in levels]
                 p99 = [cls(runs[mode][lv], name)[metric]["p99_ms"] for lv in levels]
-                ax.plot(levels, p90, "o-", color=colors[mode], label=f"priorities {mode}, P90")
+                ax.plot(levels, p95, "o-", color=colors[mode], label=f"priorities {mode}, P95")
                 ax.plot(levels, p99, "s--", color=colors[mode], alpha=0.7, label=f"priorities {mode}, P99")
             if metric == "ttft" and name.startswith("realtime"):
                 ax.axhline(400, color="gray", linestyle=":", label="max-latency 400 ms")
+                ax.axhline(300, color="green", linestyle=":", label="goal: P95 < 300 ms")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks([1, 2, 4, 8])
@@ -123,6 +175,8 @@ def main():
     ap.add_argument("outdir")
     ap.add_argument("--png", default="docs/overload-cpu.png")
     ap.add_argument("--title", default="semflow mixed-priority overload: latency against load")
+    ap.add_argument("--no-png", action="store_true", help="only the table (no matplotlib needed)")
+    ap.add_argument("--short", action="store_true", help="print one line per run instead of the tables")
     a = ap.parse_args()
     if not os.path.isdir(a.outdir):
         sys.exit(f"plot.py: {a.outdir} is not a folder; give the OUTDIR bench/overload/run.sh wrote")
@@ -133,11 +187,15 @@ def main():
         rate = "?"
     runs = load_runs(a.outdir)
     md = table(runs, rate)
-    plot(runs, rate, a.png, a.title)  # first: it may run this script again under Debian's python3
+    w = watch_table(a.outdir, runs)
+    if w:
+        md += "\nScheduler during each run (/metrics, sampled every 0.5 s):\n\n" + w
+    if not a.no_png:
+        plot(runs, rate, a.png, a.title)  # first: it may run this script again under Debian's python3
     with open(os.path.join(a.outdir, "overload.md"), "w") as f:
         f.write(md)
-    print(md)
-    print(f"wrote {a.png} and {os.path.join(a.outdir, 'overload.md')}")
+    print(short(a.outdir, runs, rate) if a.short else md)
+    print(f"wrote {'' if a.no_png else a.png + ' and '}{os.path.join(a.outdir, 'overload.md')}")
 
 
 if __name__ == "__main__":

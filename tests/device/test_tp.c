@@ -1,7 +1,10 @@
 /* test_tp.c — tensor parallelism over NCCL on a multi-GPU host: the logits of TP = 2 (and 4, 8
  * where the host has the GPUs and the heads split) equal TP = 1 on GPU 0 within bf16 tolerance,
  * over a prefill, decode steps and a mixed two-sequence batch, on the demo model,
- * tiny-random-llama-2, stories260K and the 1B preset (dummy weights, TinyLlama's shape).
+ * tiny-random-llama-2, stories260K and the 1B preset (dummy weights, TinyLlama's shape); the
+ * 1B preset again with each all-reduce path forced ($SEMFLOW_TP_ALLREDUCE=nccl|custom). And the
+ * all-reduce alone on both paths: sizes changing every round against the exact sum, many
+ * rounds, then a burst without host syncs (stale flags or buffers would show there).
  *
  * The followers are `semflow rank` processes started from $SEMFLOW_BIN (exec: CUDA is not
  * fork-safe). With fewer than two GPUs it says so and checks nothing. */
@@ -16,14 +19,16 @@
 #include "../test.h"
 
 #define BS 16
-#define NSTEPS 5
+#define NSTEPS 10
 
 typedef struct step {
     int T, S, L;
     int32_t tokens[16], pos[16], slot[16], seq_start[3], seq_ctx[2], bt[8], rows[2];
 } step;
 
-/* A: 6-token prefill (block 0); decode x2; A decode + B 4-token prefill (block 1); both decode. */
+/* A: 6-token prefill (block 0); decode x2; A decode + B 4-token prefill (block 1); both
+ * decode x6 (one shape: the step graph is captured at the second and replayed after, with
+ * the all-reduces inside it). */
 static void make_steps(step *s, int vocab)
 {
     memset(s, 0, sizeof(step) * NSTEPS);
@@ -151,12 +156,68 @@ static void check_model(const char *what, const char *path, int dummy, int n_gpu
 
 static int n_gpus;
 
+/* $SEMFLOW_TP_TEST_QUICK=1 (the timed device script): the demo model and the 1B preset only. */
 TEST(tp_nccl_logits)
 {
+    const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
+    int quick = q && !strcmp(q, "1");
     check_model("demo", "demo", 0, n_gpus);
-    check_model("tiny-random-llama-2", test_data("tiny-random-llama-2"), 0, n_gpus);
-    check_model("stories260K", test_data("stories260K/stories260K.gguf"), 0, n_gpus);
+    if (!quick) {
+        check_model("tiny-random-llama-2", test_data("tiny-random-llama-2"), 0, n_gpus);
+        check_model("stories260K", test_data("stories260K/stories260K.gguf"), 0, n_gpus);
+    }
     check_model("1b preset", "preset:1b", 1, n_gpus);
+}
+
+TEST(tp_logits_each_path)
+{
+    static const char *paths[] = { "nccl", "custom" };
+    for (int i = 0; i < 2; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "1b preset, %s all-reduce", paths[i]);
+        setenv("SEMFLOW_TP_ALLREDUCE", paths[i], 1); /* inherited by the rank processes */
+        check_model(what, "preset:1b", 1, 2);
+        unsetenv("SEMFLOW_TP_ALLREDUCE");
+    }
+}
+
+/* The all-reduce alone on both paths, at 2 ranks (and 4, 8 where the GPUs are). */
+TEST(tp_all_reduce_paths)
+{
+    for (int size = 2; size <= n_gpus; size *= 2) {
+        sf_error err = { 0 };
+        sf_model *m = NULL;
+        sf_backend *b = NULL;
+        sf_tp *tp = NULL;
+        sf_load_opts lo = { 0 };
+        sf_backend_opts bo = { .name = "cuda", .device = 0 };
+        sf_tp_rank_opts o = { .size = size, .model = "demo", .backend = "cuda", .max_tokens = 16, .max_logits = 2,
+                              .shm_fd = -1 };
+        const char *exe = getenv("SEMFLOW_BIN");
+        int rc = sf_model_load("demo", &lo, &m, &err);
+        if (!rc) rc = sf_backend_open(&bo, &b, &err);
+        if (!rc) rc = sf_tp_start(&o, exe ? exe : "build/semflow", m, b, &tp, &err);
+        CHECK_MSG(rc == SF_OK, "TP=%d: %s", size, err.msg);
+        if (!rc) {
+            const sf_comm *c = sf_tp_comm(tp);
+            printf("      TP=%d: own path up to %zu bytes, picked up to %zu bytes\n", size, c->custom_cap_bytes,
+                   c->custom_max_bytes);
+            CHECK_MSG(c->custom_cap_bytes > 0, "TP=%d: no peer-memory path on this host (see the log)", size);
+            static const sf_comm_path paths[] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_CUSTOM, SF_COMM_PATH_AUTO };
+            for (int p = 0; p < 3 && !rc; p++) {
+                double worst = -1;
+                double t0 = sf_now_s();
+                rc = sf_tp_check_all_reduce(tp, 1 << 19, 300, paths[p], &worst, &err);
+                CHECK_MSG(rc == SF_OK, "TP=%d path %d: %s", size, (int)paths[p], err.msg);
+                if (!rc)
+                    printf("      TP=%d %s: 300 rounds + burst, worst relative error %.2e (%.1f s)\n", size,
+                           p == 0 ? "nccl" : p == 1 ? "own" : "auto", worst, sf_now_s() - t0);
+            }
+        }
+        sf_tp_free(tp);
+        if (b) sf_backend_close(b);
+        sf_model_free(m);
+    }
 }
 
 int main(void)
@@ -167,6 +228,8 @@ int main(void)
         return test_summary();
     }
     n_gpus = n_gpus >= 8 ? 8 : n_gpus >= 4 ? 4 : 2;
+    RUN(tp_all_reduce_paths);
     RUN(tp_nccl_logits);
+    RUN(tp_logits_each_path);
     return test_summary();
 }

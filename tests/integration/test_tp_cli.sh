@@ -49,6 +49,14 @@ s = j["sizes"]
 print(0 if j["tensor_parallel"] == 2 and len(s) >= 8 and all(x["us"] > 0 and x["bytes"] > 0 for x in s) else 1)' "$tmp/ar.json" 2>/dev/null || echo 1)
 check bench_allreduce_table $ok "rc=$rc $(cat "$tmp/ar.err") $(head -c 300 "$tmp/ar.json")"
 
+timeout 120 "$BIN" bench decode-batch --model demo --backend cpu --threads 1 --tensor-parallel-size 2 --batch 4 --ctx 8 \
+    --steps 2 --json >"$tmp/db.json" 2>"$tmp/db.err"; rc=$?
+ok=$(python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print(0 if j["tensor_parallel"] == 2 and j["batch"] == 4 and j["tokens_per_s"] > 0 else 1)' "$tmp/db.json" 2>/dev/null || echo 1)
+check bench_decode_batch_tp2 $ok "rc=$rc $(cat "$tmp/db.err") $(head -c 300 "$tmp/db.json")"
+
 timeout 120 "$BIN" bench decode --model demo --backend cpu --threads 1 --tensor-parallel-size 2 --ctx 8 --steps 2 --json \
     >"$tmp/dec.json" 2>"$tmp/dec.err"; rc=$?
 ok=$(python3 -c '

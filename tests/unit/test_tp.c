@@ -348,6 +348,30 @@ static void check_failure(int sig)
     rm_synthetic(d);
 }
 
+/* The all-reduce itself over real processes: sizes changing every round against the exact
+ * sum, then a burst without host syncs (tp.c check_all_reduce), at 2, 4 and 8 ranks. */
+TEST(tp_all_reduce_check)
+{
+    for (int size = 2; size <= 8; size *= 2) {
+        sf_error err = { 0 };
+        sf_model *m = NULL;
+        sf_backend *b = NULL;
+        sf_tp *tp = NULL;
+        pid_t pids[8];
+        int rc = start("demo", 0, size, 0, &m, &b, &tp, pids, &err);
+        CHECK_MSG(rc == SF_OK, "TP=%d start: %s", size, err.msg);
+        if (rc) continue;
+        double worst = -1;
+        rc = sf_tp_check_all_reduce(tp, 70000, 24, SF_COMM_PATH_AUTO, &worst, &err);
+        CHECK_MSG(rc == SF_OK && worst == 0, "TP=%d: %s (worst %g)", size, err.msg, worst);
+        /* the CPU communicator has no own path: forcing it falls back to shared memory */
+        rc = sf_tp_check_all_reduce(tp, 5000, 4, SF_COMM_PATH_CUSTOM, &worst, &err);
+        CHECK_MSG(rc == SF_OK && worst == 0, "TP=%d custom forced: %s", size, err.msg);
+        CHECK(sf_tp_check_all_reduce(tp, 0, 4, SF_COMM_PATH_AUTO, &worst, &err) == SF_EINVAL);
+        stop(m, b, tp);
+    }
+}
+
 TEST(tp_rank_killed) { check_failure(SIGKILL); }
 TEST(tp_rank_hung) { check_failure(SIGSTOP); }
 
@@ -360,6 +384,7 @@ int main(void)
     RUN(tp_synthetic_kv_split);
     RUN(tp_synthetic_gqa_replicated_bias_tied);
     RUN(dummy_fill_of_a_shard);
+    RUN(tp_all_reduce_check);
     RUN(tp_rank_killed);
     RUN(tp_rank_hung);
     return test_summary();

@@ -1,0 +1,62 @@
+#!/bin/sh
+# bench/device/overload.sh — the mixed-priority overload ladder on one H200 (issue 6), <= 200 s.
+#
+# Usage (repo root of a prebuilt tree, on the GPU host): OUT=DIR sh bench/device/overload.sh
+# Serves a Llama-3-8B-shaped model with dummy bf16 weights (config.json written here, a Llama
+# tokenizer from $SF_TESTDATA/tinyllama-1.1b-chat-v1.0, else the demo model's), measures 1x with
+# a short search (priorities on, SLO TTFT 300 ms and 50 tokens/s), then runs 1x, 8x, 4x, 2x with
+# priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
+# /metrics (KV usage peak, degrade decisions) during each run. The KV pool is held to 2048 blocks
+# (32k tokens, 4 GiB) so that the overload levels press on it and the degrade path can be seen.
+# Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md); the
+# last thing printed is one line per run. Exit 77: no GPU or no binary here (nothing measured).
+# Env: SEARCH_RATES ("12 24 48 96"), DURATION (8 s per run), LEVELS ("1 8 4 2"), BUDGET_S (185).
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${OUT:?set OUT to a folder for the results}
+D=$OUT/overload
+BIN=${SF_BIN:-build/semflow}
+mkdir -p "$D"
+if ! nvidia-smi -L >/dev/null 2>&1 || [ "$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')" -eq 0 ]; then
+    echo "overload: no NVIDIA GPU visible (nvidia-smi -L lists none); this script runs on the GPU host. Skipped."
+    exit 77
+fi
+if [ ! -x "$BIN" ]; then
+    echo "overload: $BIN is missing: build the tree first (make) and carry build/. Skipped."
+    exit 77
+fi
+echo "overload: $(nvidia-smi -L | head -1) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+
+# A Hugging Face folder with the Llama-3-8B shape: dummy weights need only config.json, and the
+# server needs a tokenizer for text prompts.
+M=$D/model
+mkdir -p "$M"
+TD=${SF_TESTDATA:-../shared/testdata}
+if [ -f "$TD/tinyllama-1.1b-chat-v1.0/tokenizer.json" ]; then
+    cp "$TD/tinyllama-1.1b-chat-v1.0/tokenizer.json" "$TD/tinyllama-1.1b-chat-v1.0/tokenizer_config.json" "$M/" 2>/dev/null
+    BOS=1 EOS=2
+else
+    echo "overload: no TinyLlama tokenizer under $TD; using the demo model's (more tokens per word)"
+    timeout 60 "$BIN" gen-model --out "$D/demo" >/dev/null 2>&1 || { echo "overload: gen-model failed"; exit 1; }
+    cp "$D/demo/tokenizer.json" "$M/"
+    BOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("bos_token_id", 1))' "$D/demo/config.json")
+    EOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("eos_token_id", 2))' "$D/demo/config.json")
+fi
+cat >"$M/config.json" <<EOF
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+ "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+ "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": $BOS, "eos_token_id": $EOS}
+EOF
+
+SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
+SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 2048 --kv-high-reserve 0.05 --kv-degrade-hold 2" \
+SEARCH_RATES=${SEARCH_RATES-12 24 48 96} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
+DEADLINE=${BUDGET_S:-185} READY_TIMEOUT=90 \
+    timeout -k 5 "${BUDGET_S:-185}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
+rc=$?
+tail -n 40 "$D/run.log"
+grep -E "error|warn" "$D/serve.log" | tail -5
+echo "---- overload summary (rc=$rc; rt = realtime-chat, bt = batch-summarize; c/429 = completed/rejected) ----"
+python3 bench/overload/plot.py "$D" --no-png --short 2>&1 | grep -v '^wrote'
+exit $rc

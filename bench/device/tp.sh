@@ -1,0 +1,101 @@
+#!/bin/sh
+# bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 120 s in all.
+#
+# Runs from the repo root with a prebuilt build/ and prints a summary table last:
+#   1. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
+#      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset, the 1B
+#      preset with each path forced) — the step graphs with the all-reduces inside are replayed;
+#   2. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own path;
+#   3. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
+#      time per step, and the batch-64 decode step rate (stand-in for saturated throughput);
+#   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
+#   5. if time is left: 8B TP=2 with the all-reduce forced to NCCL (NCCL captured in the graph).
+# Every step has its own timeout and is skipped when the time left is too short for it.
+# Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
+set -u
+T0=$(date +%s)
+LIMIT=${TP_LIMIT_S:-118}
+BIN=${SF_BIN:-build/semflow}
+D=${OUT:-/tmp/semflow-tp}/tp
+mkdir -p "$D"
+export NCCL_NVLS_ENABLE=0
+export SEMFLOW_TP_TIMEOUT_MS=${SEMFLOW_TP_TIMEOUT_MS:-20000}
+export SEMFLOW_BIN=$BIN
+SUM=$D/summary.txt
+: > "$SUM"
+
+if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+    n=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+else
+    n=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+fi
+if [ "${n:-0}" -lt 2 ]; then
+    echo "tp: needs 2 GPUs (${n:-0} visible); nothing run"
+    exit 0
+fi
+if [ ! -x "$BIN" ]; then
+    echo "tp: $BIN missing: build first (make)"
+    exit 0
+fi
+
+left() { echo $((LIMIT - ($(date +%s) - T0))); }
+
+# run NAME MIN_S MAX_S CMD...: skipped when fewer than MIN_S seconds are left; stdout in
+# $D/NAME.out, stderr in $D/NAME.err; the rc and wall time go to the summary.
+run() {
+    name=$1 min=$2 max=$3
+    shift 3
+    l=$(left)
+    if [ "$l" -lt "$min" ]; then
+        echo "SKIP: $name ($l s left, needs $min)" | tee -a "$SUM"
+        return 1
+    fi
+    lim=$max
+    [ "$lim" -gt $((l - 2)) ] && lim=$((l - 2))
+    echo "== $name (timeout $lim s) $*"
+    t=$(date +%s)
+    timeout -k 3 "$lim" "$@" > "$D/$name.out" 2> "$D/$name.err"
+    rc=$?
+    cat "$D/$name.out"
+    [ $rc != 0 ] && tail -n 5 "$D/$name.err"
+    echo "$name: rc=$rc, $(( $(date +%s) - t )) s" >> "$SUM"
+    return $rc
+}
+
+# A JSON field of a result file, or "-".
+jf() { python3 -c 'import json,sys
+try: print(round(json.load(open(sys.argv[1]))[sys.argv[2]], 3))
+except Exception: print("-")' "$1" "$2" 2>/dev/null || echo -; }
+
+echo "tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null), limit $LIMIT s"
+nvidia-smi topo -m 2>/dev/null | head -4
+
+SEMFLOW_TP_TEST_QUICK=1 run test_tp 20 40 build/tests/device/test_tp
+run allreduce 10 20 "$BIN" bench allreduce --model demo --backend cuda --tensor-parallel-size 2 --hidden 8192 --steps 5
+for tp in 1 2; do
+    run decode8b_tp$tp 15 30 "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b --backend cuda \
+        --tensor-parallel-size $tp --batch 64 --ctx 128 --chunk 128 --steps 16 --json
+    cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
+done
+run decode70b_tp2 25 60 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
+    --tensor-parallel-size 2 --ctx 128 --steps 16 --json
+cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
+SEMFLOW_TP_ALLREDUCE=nccl run decode8b_tp2_nccl 15 30 "$BIN" bench decode-batch --load-format dummy \
+    --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --batch 64 --ctx 128 --chunk 128 --steps 16 --json
+cp "$D/decode8b_tp2_nccl.out" "$D/decode8b_tp2_nccl.json" 2>/dev/null
+
+# ---- summary ----
+echo
+echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
+cat "$SUM"
+grep -E '^(PASS|FAIL):' "$D/test_tp.out" 2>/dev/null
+grep -E 'worst|own path up to' "$D/test_tp.out" 2>/dev/null | head -12
+grep -E '^ +[0-9]+ ' "$D/allreduce.out" 2>/dev/null
+a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
+b1=$(jf "$D/decode8b_tp1.json" tokens_per_s) b2=$(jf "$D/decode8b_tp2.json" tokens_per_s)
+echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us); NCCL only: $(jf "$D/decode8b_tp2_nccl.json" batch1_ms_per_step) ms)"
+python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 latency: %.2fx (goal <= 0.6x)' % (float(b)/float(a)))" "$a1" "$a2" 2>/dev/null
+echo "8B batch-64 tokens/s (decode step rate, stand-in for saturated throughput): TP=1 $b1, TP=2 $b2"
+python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 batch-64 rate: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$b1" "$b2" 2>/dev/null
+echo "70B TP=2 batch-1: $(jf "$D/decode70b_tp2.json" ms_per_token_median) ms/token, roofline $(jf "$D/decode70b_tp2.json" roofline_ms) ms/token per GPU, ratio $(jf "$D/decode70b_tp2.json" ratio) (goal >= 0.85), host $(jf "$D/decode70b_tp2.json" host_us_per_step) us/step"
+exit 0

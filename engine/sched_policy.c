@@ -1,0 +1,170 @@
+/* sched_policy.c — step-time model, step shaping, floor protection and degrade-instead-of-reject.
+ * See sched_policy.h and scheduler.h (sf_sched_config) for the contracts. Engine thread only.
+ *
+ * Why the step is shaped: a step runs every planned token before any sequence gets its next
+ * one, so the step time is everyone's inter-token latency, and the time a request that just
+ * arrived waits before its own prefill can start. A full token budget of prompt tokens takes
+ * ~1.5 s on two CPU cores; every request that arrives meanwhile is admitted into the next
+ * equally full step, so the engine locks into long steps that no ordering of the queue can
+ * shorten. Planning the step for a time budget instead of a token count keeps the latency
+ * targets that are present within reach, at the cost of prefill throughput (more, smaller
+ * steps) only while such targets exist. */
+#include "sched_policy.h"
+
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define CM_FORGET 0.95      /* recursive least squares forgetting factor (~20 steps of memory) */
+#define CM_MIN_STEPS 8      /* steps measured before the model is trusted */
+#define AVG_ALPHA 0.1       /* moving average of step time (admission's floor check) */
+
+/* ---- step-time model: ms = th0 + th1 x tokens ------------------------------------------- */
+
+void sf_sched_observe(sf_sched *s, int n_tokens, int n_decode, double ms)
+{
+    if (n_tokens <= 0 || !(ms >= 0)) return;
+    if (s->cm_n == 0) { /* P = diag(1e4, 1): vague prior on both terms */
+        s->cm_p[0] = 1e4, s->cm_p[1] = 0, s->cm_p[2] = 1;
+        s->cm_th[0] = ms, s->cm_th[1] = 0;
+    }
+    double x = n_tokens, *p = s->cm_p, *th = s->cm_th;
+    double px0 = p[0] + p[1] * x, px1 = p[1] + p[2] * x;
+    double den = CM_FORGET + px0 + px1 * x;
+    double k0 = px0 / den, k1 = px1 / den;
+    double e = ms - (th[0] + th[1] * x);
+    th[0] += k0 * e;
+    th[1] += k1 * e;
+    p[0] = (p[0] - k0 * px0) / CM_FORGET;
+    p[1] = (p[1] - k0 * px1) / CM_FORGET;
+    p[2] = (p[2] - k1 * px1) / CM_FORGET;
+    /* steady decode-only traffic never varies x: keep P from winding up in that direction */
+    if (p[0] > 1e6 || p[2] > 1e2) p[0] *= 0.5, p[1] *= 0.5, p[2] *= 0.5;
+    s->cm_n++;
+    if (n_decode > 0) s->step_ms_avg = s->step_ms_avg > 0 ? s->step_ms_avg + AVG_ALPHA * (ms - s->step_ms_avg) : ms;
+}
+
+double sf_sched_predict_ms(const sf_sched *s, int n_tokens)
+{
+    if (s->cm_n < CM_MIN_STEPS) return 0;
+    double t = s->cm_th[0] + s->cm_th[1] * n_tokens;
+    return t > 0 ? t : 0;
+}
+
+/* Tokens a step may hold to take at most ms; INT_MAX when the model cannot tell. */
+static int tokens_within(const sf_sched *s, double ms)
+{
+    if (s->cm_n < CM_MIN_STEPS || !(s->cm_th[1] > 1e-9)) return INT_MAX;
+    double n = (ms - SF_MAX(s->cm_th[0], 0.0)) / s->cm_th[1];
+    return n <= 0 ? 0 : n >= INT_MAX ? INT_MAX : (int)n;
+}
+
+/* ---- step shaping ----------------------------------------------------------------------- */
+
+void sf_policy_caps(sf_sched *s, int n_decode)
+{
+    s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
+    if (!s->cfg.shape) return;
+    double t_rt = INFINITY, t_fl = INFINITY;
+    sf_seq *heads[2] = { &s->running, &s->waiting };
+    for (int h = 0; h < 2; h++)
+        for (sf_seq *q = heads[h]->next; q != heads[h]; q = q->next) {
+            if (q->relaxed) continue;
+            if (q->max_latency_ms > 0) t_rt = SF_MIN(t_rt, q->max_latency_ms * (double)s->cfg.shape_frac);
+            if (h == 0 && q->min_tps > 0 && q->n_tokens - q->n_computed <= 1) t_fl = SF_MIN(t_fl, 1000.0 / q->min_tps);
+        }
+    int min_chunk = SF_MAX(1, s->cfg.min_chunk);
+    if (t_rt < INFINITY) {
+        int n = tokens_within(s, t_rt);
+        if (n != INT_MAX) s->cap_tokens = SF_MAX(min_chunk, n - n_decode);
+    }
+    if (t_fl < INFINITY) {
+        int n = tokens_within(s, t_fl);
+        if (n != INT_MAX) s->cap_low = SF_MAX(min_chunk, n - n_decode);
+    }
+    s->cap_low = SF_MIN(s->cap_low, s->cap_tokens);
+    if (s->cap_tokens < s->budget_left) s->budget_left = s->cap_tokens;
+    s->low_budget_left = s->cap_low;
+}
+
+int sf_policy_may_preempt(const sf_sched *s, const sf_seq *victim, const sf_seq *asker)
+{
+    if (victim == asker || victim->min_tps <= 0 || victim->relaxed) return 1;
+    if (victim->n_tokens - victim->n_computed > 1) return 1; /* still prefilling: no rate to protect yet */
+    return asker->urgency >= SF_URGENCY_HIGH && asker->deadline < INFINITY;
+}
+
+/* ---- degrade instead of reject ---------------------------------------------------------- */
+
+double sf_sched_kv_usage(const sf_sched *s)
+{
+    const sf_kv_pool *p = s->pool;
+    return p->n_blocks ? (double)(p->n_blocks - p->n_free) / p->n_blocks : 0.0;
+}
+
+static void relax(sf_sched *s, sf_seq *q)
+{
+    if (q->relaxed || q->urgency != SF_URGENCY_LOW) return;
+    q->relaxed = 1;
+    q->deadline_orig = q->deadline;
+    double d = q->t_submit + s->cfg.relax_ms * 1e-3;
+    if (q->deadline < d) q->deadline = d;
+    s->decisions[SF_DECISION_RELAX]++;
+}
+
+static void for_all(sf_sched *s, void (*fn)(sf_sched *, sf_seq *))
+{
+    sf_seq *heads[2] = { &s->running, &s->waiting };
+    for (int h = 0; h < 2; h++)
+        for (sf_seq *q = heads[h]->next; q != heads[h]; q = q->next) fn(s, q);
+}
+
+static void unrelax(sf_sched *s, sf_seq *q)
+{
+    if (!q->relaxed) return;
+    q->relaxed = 0;
+    q->deadline = q->deadline_orig;
+}
+
+void sf_policy_update(sf_sched *s)
+{
+    if (!(s->cfg.degrade_high > 0)) return;
+    double u = sf_sched_kv_usage(s);
+    int past = s->degraded ? u < s->cfg.degrade_low : u > s->cfg.degrade_high;
+    if (!past) {
+        s->deg_since = -1;
+        return;
+    }
+    if (s->deg_since < 0) s->deg_since = s->now;
+    if (s->now - s->deg_since < s->cfg.degrade_hold_s) return;
+    s->deg_since = -1;
+    s->degraded = !s->degraded;
+    if (s->degraded) {
+        for_all(s, relax);
+    } else {
+        for_all(s, unrelax);
+        s->decisions[SF_DECISION_RESTORE]++;
+    }
+    sf_sched_resort_waiting(s);
+}
+
+void sf_sched_tick(sf_sched *s, double now)
+{
+    s->now = now;
+    sf_policy_update(s);
+}
+
+void sf_policy_on_add(sf_sched *s, sf_seq *q)
+{
+    if (s->degraded) relax(s, q);
+}
+
+void sf_policy_on_admit(sf_sched *s, sf_seq *q)
+{
+    if (!s->degraded || q->urgency != SF_URGENCY_LOW || !s->cfg.kv_i8_ok || q->kv_i8) return;
+    if (q->n_computed != 0 || q->n_blocks != 0 || q->n_swap != 0) return;
+    q->kv_i8 = 1;
+    s->decisions[SF_DECISION_KV_INT8]++;
+}

@@ -1,0 +1,36 @@
+/* comm_custom.h — the one-shot all-reduce over peer memory, for the NCCL communicator
+ * (comm_nccl.c). Internal to hal/. See kernels/cuda/allreduce.h for the protocol.
+ *
+ * Setup is collective: every rank calls sf_ar_custom_open in the same order with the same
+ * arguments but its own rank, and the ranks' records (host name, GPU bus id, CUDA IPC handle
+ * of its region, whether it could make one) travel through `exchange` (an all-gather of host
+ * bytes the caller provides). Every rank reaches the same answer: all ranks open all peers'
+ * regions, or none keeps the path (SF_EUNSUPPORTED with the reason: different hosts, no peer
+ * access between two GPUs, IPC refused). Engine thread only. */
+#ifndef SF_COMM_CUSTOM_H
+#define SF_COMM_CUSTOM_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hal.h"
+
+typedef struct sf_ar_custom sf_ar_custom;
+
+/* all[size * bytes] = every rank's mine[bytes], in rank order. */
+typedef int (*sf_ar_exchange_fn)(void *ctx, const void *mine, size_t bytes, void *all, sf_error *err);
+
+int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int timeout_ms, sf_ar_exchange_fn exchange,
+                      void *ctx, sf_ar_custom **out, sf_error *err);
+void sf_ar_custom_free(sf_ar_custom *a); /* NULL is fine */
+/* Largest message in bytes. */
+size_t sf_ar_custom_cap(const sf_ar_custom *a);
+/* Every rank's GPU bus id joined by '-' (for the crossover cache key). */
+const char *sf_ar_custom_gpus(const sf_ar_custom *a);
+/* Queues the all-reduce of n bf16 values at data (16-byte aligned, n * 2 <= cap) on stream.
+ * Returns SF_OK or an error with the rank in the message. */
+int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, void *stream, sf_error *err);
+/* 0, or 1 + the rank a kernel gave up waiting for (its timeout passed). */
+int sf_ar_custom_failed(const sf_ar_custom *a);
+
+#endif

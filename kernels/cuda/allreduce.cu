@@ -1,0 +1,120 @@
+/* allreduce.cu — one-shot all-reduce of bf16 messages over peer memory (see allreduce.h). */
+#include "allreduce.h"
+#include "common.cuh"
+
+typedef struct ar_sig {
+    unsigned flag[SF_AR_BLOCKS][SF_AR_MAX_RANKS]; /* [block][from rank]: written by that rank */
+    unsigned count[SF_AR_BLOCKS];                 /* this rank's calls, per block */
+} ar_sig;
+
+static_assert(sizeof(ar_sig) <= SF_AR_SIG_BYTES, "signal block too large");
+
+static __device__ __forceinline__ void st_release_sys(unsigned *p, unsigned v)
+{
+    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+static __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+static __device__ __forceinline__ uint64_t global_ns(void)
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __device__ __forceinline__ void add8(float *acc, uint4 v)
+{
+    const bf162 *h = (const bf162 *)&v;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 f = __bfloat1622float2(h[i]);
+        acc[2 * i] += f.x;
+        acc[2 * i + 1] += f.y;
+    }
+}
+
+__global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
+{
+    __shared__ unsigned flag_s;
+    __shared__ int failed_s;
+    ar_sig *self = (ar_sig *)a.region[a.rank];
+    if (threadIdx.x == 0) {
+        flag_s = self->count[blockIdx.x] + 1;
+        self->count[blockIdx.x] = flag_s;
+        failed_s = 0;
+    }
+    __syncthreads();
+    const unsigned flag = flag_s;
+    const size_t off = SF_AR_SIG_BYTES + (flag & 1) * a.buf_bytes;
+    const int64_t nv = a.n / 8, tail = a.n - nv * 8;
+    const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
+
+    /* 1. this block's share into the own buffer (the peers' same block reads exactly it) */
+    uint4 *mine = (uint4 *)(a.region[a.rank] + off);
+    const uint4 *src = (const uint4 *)a.data;
+    for (int64_t v = first; v < nv; v += step) mine[v] = src[v];
+    if (blockIdx.x == 0 && threadIdx.x < tail) ((uint16_t *)mine)[nv * 8 + threadIdx.x] = a.data[nv * 8 + threadIdx.x];
+    __syncthreads();
+
+    /* 2. raise this call's flag at every rank; wait for every rank's */
+    if (threadIdx.x < a.size) {
+        __threadfence_system();
+        ar_sig *peer = (ar_sig *)a.region[threadIdx.x];
+        st_release_sys(&peer->flag[blockIdx.x][a.rank], flag);
+        const unsigned *in = &self->flag[blockIdx.x][threadIdx.x];
+        uint64_t t0 = 0;
+        for (unsigned spins = 0; (int)(ld_acquire_sys(in) - flag) < 0; spins++) {
+            if ((spins & 1023) == 0) {
+                uint64_t t = global_ns();
+                if (!t0) t0 = t;
+                else if (t - t0 > a.timeout_ns) {
+                    *a.err = 1u + threadIdx.x;
+                    __threadfence_system();
+                    failed_s = 1;
+                    break;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    if (failed_s) return;
+
+    /* 3. sum in rank order, the same on every rank */
+    for (int64_t v = first; v < nv; v += step) {
+        float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+        /* L2 loads (__ldcg): never an L1 line of an earlier call */
+        for (int r = 0; r < a.size; r++) add8(acc, __ldcg((const uint4 *)(a.region[r] + off) + v));
+        uint4 o;
+        bf162 *h = (bf162 *)&o;
+#pragma unroll
+        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+        ((uint4 *)a.data)[v] = o;
+    }
+    if (blockIdx.x == 0 && threadIdx.x < tail) {
+        float acc = 0;
+        for (int r = 0; r < a.size; r++)
+            acc += __bfloat162float(
+                __ushort_as_bfloat16(__ldcg((const unsigned short *)(a.region[r] + off) + nv * 8 + threadIdx.x)));
+        ((bf16 *)a.data)[nv * 8 + threadIdx.x] = f2bf(acc);
+    }
+}
+
+extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes)
+{
+    return SF_AR_SIG_BYTES + 2 * buf_bytes;
+}
+
+extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)
+{
+    if (a->n <= 0) return 0;
+    if (a->size < 1 || a->size > SF_AR_MAX_RANKS || (size_t)a->n * 2 > a->buf_bytes || ((uintptr_t)a->data & 15))
+        return (int)cudaErrorInvalidValue;
+    k_allreduce<<<SF_AR_BLOCKS, SF_AR_THREADS, 0, s>>>(*a);
+    return sf_launch_status();
+}

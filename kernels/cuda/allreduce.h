@@ -1,0 +1,51 @@
+/* allreduce.h — the one-shot all-reduce over peer memory (allreduce.cu), for hal/comm_custom.c.
+ *
+ * Every rank owns one region of device memory, mapped into every other rank's process (CUDA
+ * IPC): a signal block (per-block flags written by the peers, per-block call counters) and two
+ * message buffers used alternately. One launch, all ranks in the same order:
+ *   1. each block copies its share of the local message into the own region's buffer;
+ *   2. it raises its flag (this call's number, from its own counter) in every rank's region
+ *      with a system-scope release store, and waits until every rank's same block raised it;
+ *   3. it sums its share over the ranks' buffers in rank order (fp32) and writes the result
+ *      over the local message — the same bits on every rank.
+ * Call numbers live in device memory, so a CUDA graph replays the launch unchanged. The grid is
+ * fixed (SF_AR_BLOCKS), so block b's counter counts every call and the buffer parity is the
+ * same in every block; a rank that raised call k's flags has finished call k-1, so writing the
+ * buffer of call k-2 is safe without a second barrier. A wait longer than timeout_ns gives up,
+ * writes 1 + the missing rank into *err (mapped host memory) and leaves the message unsummed. */
+#ifndef SF_KERNELS_ALLREDUCE_H
+#define SF_KERNELS_ALLREDUCE_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define SF_AR_MAX_RANKS 8
+#define SF_AR_BLOCKS 32
+#define SF_AR_THREADS 512
+#define SF_AR_SIG_BYTES 4096 /* the signal block at the start of each region */
+
+typedef struct sf_k_ar {
+    char *region[SF_AR_MAX_RANKS]; /* every rank's region as mapped in this process (own included) */
+    uint16_t *data;                /* the local bf16 message, 16-byte aligned; summed in place */
+    int64_t n;                     /* elements; n * 2 <= buf_bytes */
+    size_t buf_bytes;              /* bytes of each of the two message buffers of a region */
+    int rank, size;
+    uint64_t timeout_ns;
+    volatile unsigned *err;        /* device pointer of mapped host memory */
+} sf_k_ar;
+
+/* Bytes of one rank's region for buffers of buf_bytes each. */
+size_t sf_k_ar_region_bytes(size_t buf_bytes);
+/* Queues the one-shot all-reduce on s (see the top). Returns the launch's cudaError_t. */
+int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,318 @@
+/* test_sched_policy.c — the scheduler's policy: the step-time model, step shaping by latency
+ * budget and throughput floor, floors protected from preemption, the degrade state machine
+ * driven on a virtual clock, and the same state machine in the engine on the CPU backend
+ * (stories260K) with KV usage pushed over the threshold by real requests. */
+#include <limits.h>
+#include <pthread.h>
+
+#include "engine/engine.h"
+#include "engine/kvcache.h"
+#include "engine/scheduler.h"
+#include "tests/test.h"
+
+typedef struct world {
+    sf_kv_pool pool;
+    sf_sched s;
+    sf_seq q[16];
+    int n;
+} world;
+
+static int world_init(world *w, int n_blocks, int max_seqs, int budget, const sf_sched_config *extra)
+{
+    memset(w, 0, sizeof *w);
+    sf_error err = { 0 };
+    if (sf_kv_pool_init(&w->pool, n_blocks, 16, &err) != SF_OK) return -1;
+    sf_sched_config c = *extra;
+    c.max_num_seqs = max_seqs;
+    c.max_batched_tokens = budget;
+    c.max_model_len = 4096;
+    if (sf_sched_init(&w->s, &c, &w->pool, &err) != SF_OK) {
+        printf("sched init: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static void world_free(world *w)
+{
+    for (int i = 0; i < w->n; i++) {
+        sf_sched_remove(&w->s, &w->q[i]);
+        sf_seq_free(&w->q[i]);
+    }
+    sf_sched_free(&w->s);
+    sf_kv_pool_free(&w->pool);
+}
+
+/* Add a sequence of n_prompt tokens; returns it. */
+static sf_seq *add(world *w, int urgency, int n_prompt, int max_latency_ms, double min_tps, double now)
+{
+    static int32_t prompt[4096];
+    sf_seq *q = &w->q[w->n++];
+    sf_seq_init(q, prompt, n_prompt, NULL);
+    q->urgency = urgency;
+    q->max_latency_ms = max_latency_ms;
+    q->min_tps = min_tps;
+    q->t_submit = now;
+    q->deadline = max_latency_ms > 0 ? now + max_latency_ms * 1e-3 : INFINITY;
+    sf_sched_add(&w->s, q);
+    return q;
+}
+
+/* Plan at now, commit, and give every sequence with logits its next token. */
+static const sf_plan *step_at(world *w, double now)
+{
+    const sf_plan *p = sf_sched_plan_at(&w->s, now);
+    sf_sched_commit(&w->s);
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].seq && p->items[i].logits) sf_seq_append(p->items[i].seq, 1);
+    return p;
+}
+
+/* Train the step-time model on ms = base + per_tok x tokens. */
+static void train(sf_sched *s, double base, double per_tok)
+{
+    for (int i = 0; i < 40; i++) {
+        int n = 1 + (i * 97) % 600;
+        sf_sched_observe(s, n, 1, base + per_tok * n);
+    }
+}
+
+TEST(step_time_model)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8 };
+    REQUIRE(world_init(&w, 256, 8, 2048, &c) == 0, "init");
+    CHECK(sf_sched_predict_ms(&w.s, 100) == 0); /* nothing measured yet: no prediction */
+    train(&w.s, 5.0, 0.5);
+    double t = sf_sched_predict_ms(&w.s, 100);
+    CHECK_MSG(fabs(t - 55.0) < 0.5, "predicted %.3f ms for 100 tokens, want 55", t);
+    /* the machine slows down: the model follows within a few dozen steps */
+    train(&w.s, 5.0, 1.0);
+    train(&w.s, 5.0, 1.0);
+    t = sf_sched_predict_ms(&w.s, 100);
+    CHECK_MSG(fabs(t - 105.0) < 5.0, "after the slowdown %.3f ms, want ~105", t);
+    world_free(&w);
+}
+
+TEST(latency_budget_caps_prefill)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8 };
+    REQUIRE(world_init(&w, 1024, 8, 2048, &c) == 0, "init");
+    train(&w.s, 2.0, 1.0); /* 1 ms per token */
+    add(&w, SF_URGENCY_LOW, 1000, 0, 0, 0);
+    const sf_plan *p = step_at(&w, 0.0);
+    CHECK_MSG(p->n_prefill == 1000, "no target present: the whole prompt in one step (%d)", p->n_prefill);
+    CHECK(w.s.cap_tokens == INT_MAX);
+    /* a realtime request (400 ms) arrives while a long prompt is prefilling: steps <= 100 ms */
+    add(&w, SF_URGENCY_LOW, 1000, 0, 0, 0);
+    add(&w, SF_URGENCY_HIGH, 20, 400, 0, 0);
+    p = step_at(&w, 0.01);
+    CHECK_MSG(p->n_tokens <= 100 && p->n_tokens >= 90, "step of %d tokens, want <= 98 (100 ms at 1 ms/token)",
+              p->n_tokens);
+    CHECK_MSG(w.q[2].n_computed == 20, "the realtime prompt is planned whole first (%d)", w.q[2].n_computed);
+    double pred = sf_sched_predict_ms(&w.s, p->n_tokens);
+    CHECK_MSG(pred <= 100.5, "predicted %.1f ms", pred);
+    /* the realtime request finishes: the cap goes */
+    sf_sched_remove(&w.s, &w.q[2]);
+    p = step_at(&w, 0.02);
+    CHECK_MSG(p->n_tokens > 500, "cap lifted: %d tokens", p->n_tokens);
+    world_free(&w);
+}
+
+TEST(floor_caps_lower_prefill_only)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8 };
+    REQUIRE(world_init(&w, 1024, 8, 2048, &c) == 0, "init");
+    train(&w.s, 2.0, 1.0);
+    sf_seq *b = add(&w, SF_URGENCY_LOW, 40, 0, 50.0, 0); /* 50 tokens/s: steps <= 20 ms */
+    step_at(&w, 0);
+    REQUIRE(b->n_tokens - b->n_computed == 1, "the floor request decodes");
+    add(&w, SF_URGENCY_LOW, 500, 0, 0, 0);
+    const sf_plan *p = step_at(&w, 0.01);
+    CHECK_MSG(p->n_decode == 1 && p->n_prefill <= 17 && p->n_prefill >= 8,
+              "low prefill held to the floor's 20 ms: %d decode + %d prefill", p->n_decode, p->n_prefill);
+    /* a high-urgency prompt is not held back by a lower class's floor */
+    add(&w, SF_URGENCY_HIGH, 60, 0, 0, 0);
+    p = step_at(&w, 0.02);
+    CHECK_MSG(w.q[2].n_computed == 60, "high prompt whole (%d computed)", w.q[2].n_computed);
+    world_free(&w);
+}
+
+TEST(floor_protected_from_preemption)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8 };
+    REQUIRE(world_init(&w, 1024, 2, 2048, &c) == 0, "init");
+    sf_seq *fl = add(&w, SF_URGENCY_LOW, 30, 0, 50.0, 0);
+    sf_seq *plain = add(&w, SF_URGENCY_LOW, 30, 0, 0, 0);
+    step_at(&w, 0);
+    step_at(&w, 0.01);
+    REQUIRE(fl->state == SF_SEQ_RUNNING && plain->state == SF_SEQ_RUNNING, "both run");
+    /* a normal request without a deadline takes the unprotected seat, latest arrival or not */
+    sf_seq *n1 = add(&w, SF_URGENCY_NORMAL, 10, 0, 0, 0.02);
+    step_at(&w, 0.02);
+    CHECK(plain->state == SF_SEQ_WAITING && fl->state == SF_SEQ_RUNNING && n1->state == SF_SEQ_RUNNING);
+    CHECK(w.s.decisions[SF_DECISION_PREEMPT_RECOMPUTE] == 1);
+    /* a second one finds only the floor: it waits */
+    sf_seq *n2 = add(&w, SF_URGENCY_NORMAL, 10, 0, 0, 0.03);
+    step_at(&w, 0.03);
+    CHECK(fl->state == SF_SEQ_RUNNING && n2->state == SF_SEQ_WAITING);
+    /* a high-urgency request with a deadline may take it */
+    sf_seq *h = add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0.04);
+    step_at(&w, 0.04);
+    CHECK(h->state == SF_SEQ_RUNNING && fl->state == SF_SEQ_WAITING);
+    CHECK(w.s.decisions[SF_DECISION_PREEMPT_RECOMPUTE] == 2);
+    world_free(&w);
+}
+
+TEST(degrade_transitions)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8, .degrade_high = 0.92f,
+                          .degrade_low = 0.80f, .degrade_hold_s = 5.0, .relax_ms = 2000, .kv_i8_ok = 1 };
+    REQUIRE(world_init(&w, 100, 8, 4096, &c) == 0, "init");
+    sf_seq *a = add(&w, SF_URGENCY_LOW, 47 * 16, 100, 0, 0); /* 47 blocks, 100 ms target */
+    sf_seq *b = add(&w, SF_URGENCY_LOW, 47 * 16, 0, 50.0, 0);
+    sf_seq *hi = add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0);
+    step_at(&w, 0.0);
+    CHECK_MSG(sf_sched_kv_usage(&w.s) > 0.92, "usage %.3f", sf_sched_kv_usage(&w.s));
+    step_at(&w, 1.0); /* above since 1.0 */
+    step_at(&w, 5.9);
+    CHECK(!w.s.degraded && w.s.decisions[SF_DECISION_RELAX] == 0);
+    step_at(&w, 6.1);
+    CHECK(w.s.degraded);
+    CHECK_MSG(w.s.decisions[SF_DECISION_RELAX] == 2, "relaxed %llu (both low ones)",
+              (unsigned long long)w.s.decisions[SF_DECISION_RELAX]);
+    CHECK(a->relaxed && b->relaxed && !hi->relaxed);
+    CHECK(fabs(a->deadline - 2.0) < 1e-9 && b->deadline == INFINITY);
+    /* a new low request is relaxed on arrival and gets INT8 KV once admitted */
+    sf_seq *n = add(&w, SF_URGENCY_LOW, 20, 0, 50.0, 6.2);
+    CHECK(n->relaxed && w.s.decisions[SF_DECISION_RELAX] == 3);
+    sf_sched_remove(&w.s, b); /* pressure falls: 47 + 1 + 2 blocks of 100 */
+    step_at(&w, 6.3); /* below 80% from here (usage ~50%) */
+    CHECK(n->state == SF_SEQ_RUNNING && n->kv_i8 == 1 && w.s.decisions[SF_DECISION_KV_INT8] == 1);
+    step_at(&w, 7.0);
+    CHECK_MSG(sf_sched_kv_usage(&w.s) < 0.8, "usage %.3f", sf_sched_kv_usage(&w.s));
+    step_at(&w, 11.2);
+    CHECK(w.s.degraded);
+    sf_sched_tick(&w.s, 11.4); /* idle ticks end it too */
+    CHECK(!w.s.degraded && w.s.decisions[SF_DECISION_RESTORE] == 1);
+    CHECK(!a->relaxed && fabs(a->deadline - 0.1) < 1e-9);
+    /* hysteresis: back above 80% but not 92% does not degrade again */
+    add(&w, SF_URGENCY_LOW, 35 * 16, 0, 0, 12.2);
+    step_at(&w, 12.2);
+    step_at(&w, 20.0);
+    step_at(&w, 30.0);
+    CHECK_MSG(!w.s.degraded && sf_sched_kv_usage(&w.s) > 0.8 && sf_sched_kv_usage(&w.s) <= 0.92, "usage %.3f",
+              sf_sched_kv_usage(&w.s));
+    world_free(&w);
+}
+
+TEST(bad_policy_config)
+{
+    sf_kv_pool pool;
+    sf_sched s;
+    sf_error err = { 0 };
+    REQUIRE(sf_kv_pool_init(&pool, 64, 16, &err) == SF_OK, "pool");
+    sf_sched_config c = { .max_num_seqs = 4, .max_batched_tokens = 64, .max_model_len = 256, .degrade_high = 0.5f,
+                          .degrade_low = 0.8f, .degrade_hold_s = 5 };
+    CHECK(sf_sched_init(&s, &c, &pool, &err) == SF_EINVAL && strstr(err.msg, "leave <= enter"));
+    sf_sched_config c2 = { .max_num_seqs = 4, .max_batched_tokens = 64, .max_model_len = 256, .shape = 1,
+                           .shape_frac = 0 };
+    CHECK(sf_sched_init(&s, &c2, &pool, &err) == SF_EINVAL && strstr(err.msg, "shaping"));
+    sf_kv_pool_free(&pool);
+}
+
+/* ---- the engine on the CPU backend ---------------------------------------------------------- */
+
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int left;
+} waiter;
+
+static void on_event(const sf_event *ev)
+{
+    waiter *w = ev->user;
+    if (ev->type == SF_EV_TOKEN) return;
+    pthread_mutex_lock(&w->mu);
+    w->left--;
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+TEST(engine_degrades_under_kv_pressure)
+{
+    sf_engine_config cfg;
+    sf_engine_config_default(&cfg);
+    cfg.model = test_data("stories260K/stories260K.gguf");
+    cfg.backend = "cpu";
+    cfg.n_threads = 1;
+    cfg.max_num_seqs = 4;
+    cfg.max_batched_tokens = 64;
+    cfg.num_kv_blocks = 40; /* 640 tokens: four requests of 300 tokens need twice that */
+    cfg.kv_high_reserve = 0;
+    cfg.swap_space_gib = 0;
+    cfg.kv_degrade_hold_s = 0; /* the hold time is tested on a virtual clock above; stories260K is fast */
+    sf_engine *e = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_engine_new(&cfg, &e, &err) == SF_OK, "engine: %s", err.msg);
+    enum { N = 4 };
+    waiter w = { .left = N };
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
+    int32_t prompt[100];
+    for (int i = 0; i < 100; i++) prompt[i] = 1 + (i * 37) % 500;
+    for (int i = 0; i < N; i++) {
+        sf_submit s = { .prompt = prompt, .n_prompt = 100, .cb = on_event, .user = &w };
+        sf_sampling_default(&s.sampling);
+        s.sampling.temperature = 0;
+        s.sampling.max_tokens = 200;
+        s.sampling.ignore_eos = 1;
+        s.intent.urgency = SF_URGENCY_LOW;
+        s.intent.max_latency_ms = 300;
+        REQUIRE(sf_engine_submit(e, &s, NULL, NULL, &err) == SF_OK, "submit: %s", err.msg);
+    }
+    /* while they run, the pool stays full: the engine must enter the degraded state (relax) */
+    double peak = 0;
+    pthread_mutex_lock(&w.mu);
+    while (w.left > 0) {
+        pthread_mutex_unlock(&w.mu);
+        sf_engine_stats st;
+        sf_engine_get_stats(e, &st);
+        if (st.kv_usage > peak) peak = st.kv_usage;
+        usleep(2000);
+        pthread_mutex_lock(&w.mu);
+    }
+    pthread_mutex_unlock(&w.mu);
+    sf_engine_stats st;
+    sf_engine_get_stats(e, &st);
+    CHECK_MSG(peak > 0.92, "KV usage peaked at %.3f", peak);
+    CHECK_MSG(st.decisions[SF_DECISION_RELAX] >= 1, "relax decisions %llu",
+              (unsigned long long)st.decisions[SF_DECISION_RELAX]);
+    CHECK(st.decisions[SF_DECISION_PREEMPT_RECOMPUTE] >= 1 && st.decisions[SF_DECISION_PREEMPT_RECOMPUTE] == st.preemptions);
+    /* idle with a free pool: restored within a few hold times, no request needed */
+    double t0 = sf_now_s();
+    do {
+        usleep(5000);
+        sf_engine_get_stats(e, &st);
+    } while (st.degraded && sf_now_s() - t0 < 5.0);
+    CHECK_MSG(!st.degraded && st.decisions[SF_DECISION_RESTORE] >= 1, "degraded %d, restores %llu", st.degraded,
+              (unsigned long long)st.decisions[SF_DECISION_RESTORE]);
+    CHECK(!strcmp(sf_decision_name(SF_DECISION_KV_INT8), "kv_int8") && !strcmp(sf_decision_name(99), "?"));
+    sf_engine_free(e);
+}
+
+int main(void)
+{
+    RUN(step_time_model);
+    RUN(latency_budget_caps_prefill);
+    RUN(floor_caps_lower_prefill_only);
+    RUN(floor_protected_from_preemption);
+    RUN(degrade_transitions);
+    RUN(bad_policy_config);
+    RUN(engine_degrades_under_kv_pressure);
+    return test_summary();
+}
