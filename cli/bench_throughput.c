@@ -175,6 +175,7 @@ int sf_bench_throughput(const bench_opts *o)
         sf_err(&err, SF_ERROR, "%d of %d requests failed; the first: %s", st.n_failed, N, st.first_error);
         goto fail;
     }
+    sf_engine_drain(e, 10.0); /* the engine thread's accounting of the last step, then idle */
     sf_engine_stats es;
     sf_engine_get_stats(e, &es);
     long out_tok = st.completion_tokens;
@@ -190,6 +191,7 @@ int sf_bench_throughput(const bench_opts *o)
     double dec_ms = es.decode_steps ? 1e3 * es.decode_step_s / es.decode_steps : 0;
     double host_dec = es.decode_step_s > 0 ? es.decode_host_s / es.decode_step_s : 0;
     double host_all = es.step_s > 0 ? es.host_s / es.step_s : 0;
+    double enq_dec = es.decode_step_s > 0 ? es.decode_enqueue_s / es.decode_step_s : 0;
     double mean_b = es.decode_steps ? (double)es.tokens_decode / es.decode_steps : 0;
     const char *sampling = es.rows_sampled_host ? (es.rows_sampled_backend ? "mixed" : "host") : "backend";
     if (o->json) {
@@ -203,9 +205,10 @@ int sf_bench_throughput(const bench_opts *o)
                               "prefill_s", bd.prefill_s, "decode_s", bd.decode_s, "mem_gbs", bd.bw / 1e9,
                               "gemm_tflops", bd.peak / 1e12, "weight_bytes", bd.weight_bytes,
                               "kv_bytes_per_token", (json_int_t)in.kv_bytes_per_token);
-        json_t *s = json_pack("{s:I, s:I, s:f, s:f, s:f, s:f, s:s, s:I, s:I}", "steps", (json_int_t)es.steps,
+        json_t *s = json_pack("{s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:I, s:I}", "steps", (json_int_t)es.steps,
                               "decode_steps", (json_int_t)es.decode_steps, "mean_decode_batch", mean_b,
-                              "decode_step_ms", dec_ms, "host_share_decode", host_dec, "host_share_all", host_all,
+                              "decode_step_ms", dec_ms, "host_share_decode", host_dec,
+                              "enqueue_share_decode", enq_dec, "host_share_all", host_all,
                               "sampling", sampling, "rows_sampled_backend", (json_int_t)es.rows_sampled_backend,
                               "rows_sampled_host", (json_int_t)es.rows_sampled_host);
         json_object_set_new(j, "bound", b);
@@ -224,8 +227,9 @@ int sf_bench_throughput(const bench_opts *o)
                    "or the GEMM rate) = %.0f%% reached\n", bound_out, bound_tot, bd.prefill_s, bd.peak / 1e12,
                    bd.decode_s, bd.bw / 1e9, 100 * out_tps / bound_out);
         printf("engine   %llu steps, %llu decode steps of %.1f sequences on average, %.2f ms each; host %.1f%% of a "
-               "decode step (%.1f%% of all steps); sampling on the %s\n", (unsigned long long)es.steps,
-               (unsigned long long)es.decode_steps, mean_b, dec_ms, 100 * host_dec, 100 * host_all, sampling);
+               "decode step (of which enqueuing the step's work %.1f%%; %.1f%% of all steps); sampling on the %s\n",
+               (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, 100 * host_dec,
+               100 * enq_dec, 100 * host_all, sampling);
     }
     rc = 0;
     goto out;

@@ -48,6 +48,7 @@ struct sf_engine {
     int cap_pen;
     /* the last step's timing, for the loop's accounting (engine thread) */
     double last_wait_s;         /* waited for the device */
+    double last_enqueue_s;      /* the backend's host time enqueuing the step (0 on the CPU) */
     int last_decode;            /* every sequence brought one token */
 
     pthread_t thread;
@@ -72,7 +73,7 @@ struct sf_engine {
     uint64_t n_rejected;        /* submits refused with SF_AGAIN (under mu) */
     FILE *trace;                /* --sched-trace (engine thread only) */
     double t_start;
-    double step_s, host_s, decode_step_s, decode_host_s;
+    double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
     uint64_t decode_steps, rows_dev, rows_host;
 };
 
@@ -278,6 +279,7 @@ static int engine_step(sf_engine *e)
     double fwd_s = sf_now_s() - t_fwd;
     /* without a device to wait for (CPU backend) the whole forward pass is host work */
     e->last_wait_s = host_ns ? SF_MAX(0.0, fwd_s - host_ns * 1e-9) : 0;
+    e->last_enqueue_s = host_ns * 1e-9;
     if (rc == SF_ENODEV && e->tp) { /* a rank died or hung: the group cannot recover; admit nothing more */
         pthread_mutex_lock(&e->mu);
         if (!e->tp_failed) snprintf(e->tp_failed_msg, sizeof e->tp_failed_msg, "%s", err.msg);
@@ -355,6 +357,7 @@ static void update_stats(sf_engine *e)
     e->st.decode_steps = e->decode_steps;
     e->st.decode_step_s = e->decode_step_s;
     e->st.decode_host_s = e->decode_host_s;
+    e->st.decode_enqueue_s = e->decode_enqueue_s;
     e->st.rows_sampled_backend = e->rows_dev;
     e->st.rows_sampled_host = e->rows_host;
     e->win_tokens += e->n_tokens_out - e->st_tokens_seen;
@@ -414,7 +417,7 @@ static void *engine_main(void *arg)
             in = next;
         }
         sf_sched_foreach(&e->sched, cancel_if_asked, e);
-        e->last_wait_s = 0;
+        e->last_wait_s = e->last_enqueue_s = 0;
         e->last_decode = 0;
         int ran = engine_step(e);
 
@@ -427,6 +430,7 @@ static void *engine_main(void *arg)
                 e->decode_steps++;
                 e->decode_step_s += turn;
                 e->decode_host_s += host;
+                e->decode_enqueue_s += e->last_enqueue_s;
             }
         }
         update_stats(e);

@@ -180,9 +180,11 @@ typedef struct sf_engine_stats {
     /* Engine-thread time per step, summed: wall time of each loop turn that ran a step, and the
      * host's part of it (all of it but the wait for the device: scheduling, batch building,
      * launches, token delivery). On the CPU backend the device is the host: host = step time.
-     * decode_*: the same over steps in which every sequence brought one token. Rows sampled on
-     * the backend (only ids came back) and on the host (logits copied). */
-    double step_s, host_s, decode_step_s, decode_host_s;
+     * decode_*: the same over steps in which every sequence brought one token; decode_enqueue_s
+     * is the part of decode_host_s the backend spent enqueuing the step's work (launches, or the
+     * check of a CUDA graph replay), which may overlap the device's work on earlier kernels.
+     * Rows sampled on the backend (only ids came back) and on the host (logits copied). */
+    double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
     uint64_t decode_steps, rows_sampled_backend, rows_sampled_host;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */

@@ -59,15 +59,15 @@ for w in ("backend", "host"):
               d.get("roofline_ms", 0), 100 * d["ratio"], d.get("host_us_per_step", 0)))
     else:
         print("%-28s did not finish (see decode-%s.err)" % ("sampling on the " + w, w))
-print("%-14s %7s %8s %10s %10s %10s %7s %8s %9s" % ("throughput", "prompts", "running", "out tok/s", "total/s",
-      "bound out", "share", "step ms", "host"))
+print("%-14s %7s %8s %10s %10s %10s %7s %8s %7s %8s" % ("throughput", "prompts", "running", "out tok/s", "total/s",
+      "bound out", "share", "step ms", "host", "enqueue"))
 for name in ("tp-128-128", "tp-1000-1000"):
     r = load(name)
     if r:
         b, e = r["bound"], r["engine"]
-        print("%-14s %7d %8d %10.0f %10.0f %10.0f %6.0f%% %8.2f %8.1f%%" % (name[3:], r["num_prompts"], r["max_num_seqs"],
-              r["output_tokens_per_s"], r["total_tokens_per_s"], b["output_tokens_per_s"], 100 * b["ratio"],
-              e["decode_step_ms"], 100 * e["host_share_decode"]))
+        print("%-14s %7d %8d %10.0f %10.0f %10.0f %6.0f%% %8.2f %6.1f%% %7.1f%%" % (name[3:], r["num_prompts"],
+              r["max_num_seqs"], r["output_tokens_per_s"], r["total_tokens_per_s"], b["output_tokens_per_s"],
+              100 * b["ratio"], e["decode_step_ms"], 100 * e["host_share_decode"], 100 * e["enqueue_share_decode"]))
     else:
         print("%-14s did not finish (see %s.err)" % (name[3:], name))
 PY
