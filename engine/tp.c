@@ -264,6 +264,8 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
         if ((rc = sf_forward_step(t.fwd, &b, NULL, err))) goto out;
     }
 out:
+    /* graphs holding NCCL calls first: NCCL's destroy and abort wait for them to go */
+    if (t.b && t.b->ops->graphs_release) t.b->ops->graphs_release(t.b);
     if (rc && t.comm) t.comm->ops->abort(t.comm, err ? err->msg : "follower failed");
     sf_forward_free(t.fwd);
     sf_shard_free(&t.shard);
@@ -543,6 +545,7 @@ void sf_tp_free(sf_tp *t)
             usleep(10000);
         }
     }
+    if (t->b && t->b->ops->graphs_release) t->b->ops->graphs_release(t->b); /* see the follower's exit */
     sf_forward_free(t->fwd);
     sf_shard_free(&t->shard);
     sf_comm_free(t->comm);

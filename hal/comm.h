@@ -61,9 +61,10 @@ struct sf_comm {
     size_t custom_max_bytes;
     /* Largest message (bytes) the custom path can take at all; 0: no custom path. */
     size_t custom_cap_bytes;
-    /* 1: base-path collectives (NCCL) are queued as backend ops too, inside the step's graph
-     * ($SEMFLOW_TP_NCCL_GRAPH=0 keeps them out: the graph then ends at them). The own path's
-     * kernel is always inside. */
+    /* 1 ($SEMFLOW_TP_NCCL_GRAPH=1): base-path collectives (NCCL) are queued as backend ops too,
+     * inside the step's graph. 0 (default): the graph ends at them and they run eagerly. The
+     * own path's kernel is always inside. NCCL's destroy and abort wait for every graph that
+     * captured its calls to be destroyed: backends' graphs_release comes first (engine/tp.c). */
     int base_in_graph;
     /* The message of the last collective that failed inside a backend op (sf_coll_fn). */
     sf_error coll_err;

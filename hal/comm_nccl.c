@@ -69,6 +69,7 @@ typedef struct nccl_comm {
     int broken;
     char broken_msg[400];
     sf_ar_custom *ar;    /* the peer-memory all-reduce; NULL: NCCL only */
+    int captured;        /* an NCCL call was captured into a CUDA graph (see nccl_abort) */
 } nccl_comm;
 
 #define NC(c) ((nccl_comm *)(c)->ctx)
@@ -102,7 +103,12 @@ static void nccl_abort(sf_comm *c, const char *why)
         x->broken = SF_ERROR;
         snprintf(x->broken_msg, sizeof x->broken_msg, "%s", why ? why : "aborted");
     }
-    if (x->comm) x->api.CommAbort(x->comm);
+    /* NCCL's abort (and destroy) wait until every graph that captured its calls is destroyed;
+     * after a failure those graphs cannot be torn down safely (a kernel may be stuck on the dead
+     * peer), so the communicator is left to the process's exit instead of hanging here. */
+    if (x->comm && !x->captured) x->api.CommAbort(x->comm);
+    else if (x->comm) SF_LOGW("rank %d: NCCL calls are held by CUDA graphs: NCCL is not aborted, the process must exit",
+                              c->rank);
     x->comm = NULL;
     for (int i = 0; i < SF_COMM_MAX_RANKS; i++)
         if (x->peer[i] >= 0) {
@@ -298,6 +304,9 @@ static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void 
         if ((rc = sf_ar_custom_run(NC(c)->ar, data, n, stream, err))) return fail(c, err, "%s", err->msg);
         return SF_OK;
     }
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) == cudaSuccess && cs != cudaStreamCaptureStatusNone)
+        NC(c)->captured = 1;
     return nccl_call(c, NC(c)->api.AllReduce(data, data, (size_t)n, dt == SF_DT_BF16 ? ncclBfloat16 : ncclFloat32,
                                              ncclSum, NC(c)->comm, (cudaStream_t)stream),
                      "ncclAllReduce", err);
@@ -467,7 +476,7 @@ static int custom_setup(sf_comm *c, sf_error *err)
 {
     nccl_comm *x = NC(c);
     const char *e = getenv("SEMFLOW_TP_ALLREDUCE"), *g = getenv("SEMFLOW_TP_NCCL_GRAPH");
-    c->base_in_graph = !(g && !strcmp(g, "0"));
+    c->base_in_graph = g && !strcmp(g, "1");
     c->path = e && !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL : e && !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
                                                                                         : SF_COMM_PATH_AUTO;
     if (c->path == SF_COMM_PATH_NCCL || c->size > SF_COMM_MAX_RANKS) return SF_OK;

@@ -216,6 +216,10 @@ struct sf_backend_ops {
      * collectives. An op equal to the recorded one (same fn, arg, buffer and n) is replayed
      * from the graph without calling fn. May be NULL: the communicator uses buf_raw. */
     int (*collective)(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn, void *arg);
+    /* Drops the recorded step graphs (later steps capture them again). Called before a
+     * communicator whose calls a graph may hold is destroyed or aborted: NCCL waits for every
+     * graph that captured its calls to be destroyed first. May be NULL. */
+    void (*graphs_release)(sf_backend *b);
     /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
      * pen holds n_pen penalty entries (host memory, as are rows and ids). Ends the step: it
      * waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what the backend can do

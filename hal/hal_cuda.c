@@ -87,6 +87,8 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
+    uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
+                          * graph: its wait for the peers is not host work) */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
     sf_cuda_graphs graphs;
     /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
@@ -707,7 +709,7 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     if (n > buf->rows) return op_fail(SF_EINVAL, "read_f32", "more rows than the buffer has");
     int rc = step_end(c);
     if (rc) return rc;
-    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    if (c->t_step0) c->last_host_us = ((c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns()) - c->t_step0) / 1e3;
     c->t_step0 = 0;
     size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
     for (size_t off = 0; off < total; off += per) {
@@ -791,7 +793,7 @@ static int cuda_sync(sf_backend *b)
 {
     cuda_ctx *c = CTX(b);
     int rc = step_end(c);
-    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    if (c->t_step0) c->last_host_us = ((c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns()) - c->t_step0) / 1e3;
     c->t_step0 = 0;
     return rc ? rc : kcheck(cudaStreamSynchronize(CTX(b)->s), "sync");
 }
@@ -803,6 +805,7 @@ static int cuda_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, v
 {
     int rc = step_end(CTX(b));
     if (rc) return rc;
+    if (CTX(b)->t_step0) CTX(b)->t_raw = sf_now_ns();
     *data = buf->d;
     *dt = SF_DT_BF16;
     *stream = CTX(b)->s;
@@ -820,6 +823,14 @@ static int cuda_collective(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn,
     r.coll = fn;
     r.coll_arg = arg;
     return submit(CTX(b), &r, 1, "collective");
+}
+
+/* Before a communicator whose calls the graphs may hold goes away. */
+static void cuda_graphs_release(sf_backend *b)
+{
+    cuda_ctx *c = CTX(b);
+    cudaSetDevice(c->dev);
+    sf_cuda_graphs_drop(&c->graphs, c->s);
 }
 
 static const struct sf_backend_ops cuda_ops = {
@@ -848,6 +859,7 @@ static const struct sf_backend_ops cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .collective = cuda_collective,
+    .graphs_release = cuda_graphs_release,
     .sample = cuda_sample,
     .write_f32 = cuda_write_f32,
 };

@@ -68,6 +68,19 @@ void sf_cuda_graphs_free(sf_cuda_graphs *G)
     for (int i = 0; i < SF_GRAPH_SLOTS; i++) slot_clear(&G->slots[i]);
 }
 
+void sf_cuda_graphs_drop(sf_cuda_graphs *G, cudaStream_t s)
+{
+    if (G->mode == MODE_CAPTURE) { /* abandoned, not launched: its peers may be gone */
+        cudaGraph_t graph = NULL;
+        cudaStreamEndCapture(s, &graph);
+        if (graph) cudaGraphDestroy(graph);
+        cudaGetLastError();
+    }
+    for (int i = 0; i < SF_GRAPH_SLOTS; i++) slot_clear(&G->slots[i]);
+    G->mode = MODE_DIRECT;
+    G->cur = NULL;
+}
+
 static int run_trace(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *t, int n)
 {
     int rc = 0;

@@ -71,6 +71,10 @@ typedef struct sf_cuda_graphs {
 
 void sf_cuda_graphs_init(sf_cuda_graphs *G, int enabled, int max_tokens);
 void sf_cuda_graphs_free(sf_cuda_graphs *G);
+/* Destroys every recorded graph, keeping the settings and counters (backend graphs_release).
+ * A capture in progress is abandoned without running its ops; graphs still executing finish
+ * on their own (CUDA defers their release). */
+void sf_cuda_graphs_drop(sf_cuda_graphs *G, cudaStream_t s);
 /* Called at the end of batch_begin with the step's key; key[0] is the token count. */
 void sf_cuda_graph_begin(sf_cuda_graphs *G, cudaStream_t s, const int64_t key[SF_GRAPH_KEY]);
 /* Runs (direct), records (capture) or checks (replay) one op. `capturable`: 0 when running it

@@ -2,14 +2,14 @@
 # bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 120 s in all.
 #
 # Runs from the repo root with a prebuilt build/ and prints a summary table last:
-#   1. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
-#      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset, the 1B
-#      preset with each path forced) — the step graphs with the all-reduces inside are replayed;
-#   2. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own path;
-#   3. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
+#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own path;
+#   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
 #      time per step, and the batch-64 decode step rate (stand-in for saturated throughput);
+#   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
+#      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset, the 1B
+#      preset with NCCL forced) — the step graphs with the all-reduces inside are replayed;
 #   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
-#   5. if time is left: 8B TP=2 with the all-reduce forced to NCCL (NCCL captured in the graph).
+#   5. if time is left: 8B TP=2 with the all-reduce forced to NCCL, NCCL captured in the graph.
 # Every step has its own timeout and is skipped when the time left is too short for it.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
@@ -70,17 +70,17 @@ except Exception: print("-")' "$1" "$2" 2>/dev/null || echo -; }
 echo "tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null), limit $LIMIT s"
 nvidia-smi topo -m 2>/dev/null | head -4
 
-SEMFLOW_TP_TEST_QUICK=1 run test_tp 20 40 build/tests/device/test_tp
 run allreduce 10 20 "$BIN" bench allreduce --model demo --backend cuda --tensor-parallel-size 2 --hidden 8192 --steps 5
 for tp in 1 2; do
-    run decode8b_tp$tp 15 30 "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b --backend cuda \
-        --tensor-parallel-size $tp --batch 64 --ctx 128 --chunk 128 --steps 16 --json
+    run decode8b_tp$tp 15 $((25 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
+        --backend cuda --tensor-parallel-size $tp --batch 64 --ctx 128 --chunk 128 --steps 16 --json
     cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
 done
-run decode70b_tp2 25 60 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
+SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 35 build/tests/device/test_tp
+run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
-SEMFLOW_TP_ALLREDUCE=nccl run decode8b_tp2_nccl 15 30 "$BIN" bench decode-batch --load-format dummy \
+SEMFLOW_TP_ALLREDUCE=nccl SEMFLOW_TP_NCCL_GRAPH=1 run decode8b_tp2_nccl 15 25 "$BIN" bench decode-batch --load-format dummy \
     --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --batch 64 --ctx 128 --chunk 128 --steps 16 --json
 cp "$D/decode8b_tp2_nccl.out" "$D/decode8b_tp2_nccl.json" 2>/dev/null
 

@@ -2,7 +2,8 @@
  * where the host has the GPUs and the heads split) equal TP = 1 on GPU 0 within bf16 tolerance,
  * over a prefill, decode steps and a mixed two-sequence batch, on the demo model,
  * tiny-random-llama-2, stories260K and the 1B preset (dummy weights, TinyLlama's shape); the
- * 1B preset again with each all-reduce path forced ($SEMFLOW_TP_ALLREDUCE=nccl|custom). And the
+ * 1B preset again with each all-reduce path forced ($SEMFLOW_TP_ALLREDUCE=nccl|custom) and NCCL
+ * captured into the step graphs ($SEMFLOW_TP_NCCL_GRAPH=1). And the
  * all-reduce alone on both paths: sizes changing every round against the exact sum, many
  * rounds, then a burst without host syncs (stale flags or buffers would show there).
  *
@@ -156,7 +157,8 @@ static void check_model(const char *what, const char *path, int dummy, int n_gpu
 
 static int n_gpus;
 
-/* $SEMFLOW_TP_TEST_QUICK=1 (the timed device script): the demo model and the 1B preset only. */
+/* $SEMFLOW_TP_TEST_QUICK=1 (the timed device script): the demo model and the 1B preset only,
+ * and the 1B preset with NCCL forced but not with the own path forced. */
 TEST(tp_nccl_logits)
 {
     const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
@@ -172,12 +174,15 @@ TEST(tp_nccl_logits)
 TEST(tp_logits_each_path)
 {
     static const char *paths[] = { "nccl", "custom" };
-    for (int i = 0; i < 2; i++) {
+    const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
+    for (int i = 0; i < (q && !strcmp(q, "1") ? 1 : 2); i++) {
         char what[64];
         snprintf(what, sizeof what, "1b preset, %s all-reduce", paths[i]);
         setenv("SEMFLOW_TP_ALLREDUCE", paths[i], 1); /* inherited by the rank processes */
+        setenv("SEMFLOW_TP_NCCL_GRAPH", "1", 1);     /* NCCL calls captured into the step graphs */
         check_model(what, "preset:1b", 1, 2);
         unsetenv("SEMFLOW_TP_ALLREDUCE");
+        unsetenv("SEMFLOW_TP_NCCL_GRAPH");
     }
 }
 
