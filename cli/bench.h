@@ -13,6 +13,7 @@ typedef struct bench_opts {
     int dummy, ctx, steps, threads, json, chunk;
     int tp;              /* --tensor-parallel-size: ranks (1: none) */
     int hidden;          /* allreduce: row width of the messages (0: the model's hidden size) */
+    int kv_i8;           /* --kv-dtype int8: the sequence's KV in INT8 blocks */
     int batch;           /* decode-batch: sequences decoded together */
     sf_dtype dtype;
     int sample_host;     /* --sample host: copy the logits and choose on the host (default: the backend's sampler) */

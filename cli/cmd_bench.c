@@ -83,14 +83,19 @@ static int bench_open_seqs(const bench_opts *o, int max_tokens, int kv_tokens, i
     e->max_blocks = (kv_tokens + bs - 1) / bs;
     e->kc = (sf_kv_config){ .n_layers = c->n_layers, .n_blocks = e->max_blocks, .block_size = bs,
                             .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : c->n_kv_heads, .head_dim = c->head_dim,
-                            .dtype = SF_DT_BF16 };
+                            .dtype = SF_DT_BF16, .int8 = o->kv_i8 };
+    if (o->kv_i8 && e->tp) {
+        rc = sf_err(err, SF_EUNSUPPORTED, "--kv-dtype int8 is not available with tensor parallelism");
+        goto fail;
+    }
     e->max_tokens = max_tokens;
     e->blocks = calloc((size_t)e->max_blocks, sizeof *e->blocks);
     e->logits = malloc(sizeof(float) * (size_t)c->vocab_size * max_tokens);
     if (!e->blocks || !e->logits) { rc = sf_err(err, SF_ENOMEM, "out of memory"); goto fail; }
     if ((rc = e->tp ? sf_tp_kv_init(e->tp, &e->kc, err) : e->b->ops->kv_init(e->b, &e->kc, err)) ||
         (rc = sf_kv_pool_init(&e->pool, e->max_blocks, bs, err)) ||
-        (rc = sf_kv_alloc(&e->pool, e->max_blocks, e->blocks)) ||
+        (o->kv_i8 && (sf_kv_pool_enable_i8(&e->pool), 0)) ||
+        (rc = sf_kv_alloc_as(&e->pool, o->kv_i8, e->max_blocks, e->blocks)) ||
         (!e->tp && (rc = sf_forward_new(e->b, e->m, max_tokens, 1, &e->f, err))))
         goto fail;
     return SF_OK;
@@ -158,6 +163,15 @@ size_t sf_bench_decode_weight_bytes(const sf_model *m)
     return s;
 }
 
+/* KV bytes one token's K and V take, read once per decode step that attends to it: bf16 (f32 on
+ * the CPU) values, or INT8 values with one fp32 scale per kv head. */
+static double kv_token_bytes(const bench_env *e, const bench_opts *o)
+{
+    double vals = 2.0 * e->m->cfg.n_layers * e->kc.n_kv_heads * e->kc.head_dim;
+    if (o->kv_i8) return vals + 2.0 * e->m->cfg.n_layers * e->kc.n_kv_heads * 4;
+    return vals * (strcmp(e->b->ops->name, "cpu") ? 2 : 4);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -213,7 +227,7 @@ static int bench_decode(const bench_opts *o)
     double load[1] = { 0 };
     if (getloadavg(load, 1) != 1) load[0] = -1;
     size_t wbytes = sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
-    double kv_per_tok = (double)e.b->ops->kv_block_bytes(e.b, &e.kc) / e.kc.block_size;
+    double kv_per_tok = kv_token_bytes(&e, o);
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
     if (o->json) {
@@ -227,6 +241,11 @@ static int bench_decode(const bench_opts *o)
                               "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0, "loadavg_1min", load[0]);
         json_object_set_new(j, "tensor_parallel", json_integer(o->tp > 1 ? o->tp : 1));
         json_object_set_new(j, "sampling", json_string(e.sample_dev ? "backend" : "host"));
+        /* the KV side: what a step reads of the cache, and the roofline with it */
+        json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
+        json_object_set_new(j, "kv_bytes_per_step", json_real(kv_bytes));
+        json_object_set_new(j, "roofline_weights_kv_ms", json_real((wbytes + kv_bytes) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "ratio_weights_kv", json_real(gbs_kv / ceil_gbs));
         if (have_host) {
             json_object_set_new(j, "host_us_per_step", json_real(host_med));
             json_object_set_new(j, "host_share", json_real(host_med / (med * 1e3)));
@@ -248,6 +267,9 @@ static int bench_decode(const bench_opts *o)
         printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
                100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
         if (o->ctx) printf("prefill  %d tokens in %.2f s = %.1f tokens/s (chunks of %d)\n", o->ctx, prefill_s, o->ctx / prefill_s, chunk);
+        printf("kv       %s cache, %.1f MB read per step; weights + KV roofline %.2f ms/token = %.0f%% reached\n",
+               o->kv_i8 ? "INT8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32", kv_bytes / 1e6,
+               (wbytes + kv_bytes) / (ceil_gbs * 1e9) * 1e3, 100 * gbs_kv / ceil_gbs);
         if (hw->l3_bytes && wbytes < 2 * hw->l3_bytes)
             printf("note     the weights (%.1f MiB) fit in the caches: this is not a memory-bandwidth figure\n",
                    wbytes / 1048576.0);
@@ -496,6 +518,20 @@ static int bench_decode_batch(const bench_opts *o)
                               "batch", B, "ctx", o->ctx, "steps", o->steps, "batch1_ms_per_step", m1, "batch1_host_us", hm1,
                               "ms_per_step_median", mb, "host_us_per_step", hmb, "tokens_per_s", B * 1e3 / mb,
                               "batch1_tokens_per_s", 1e3 / m1);
+        /* the memory roofline of a step: every weight once, and every sequence's KV (its mean
+         * context over the timed steps) once */
+        const sf_hw_info *hw = e.b->ops->hw(e.b);
+        double ceil_gbs = hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs;
+        double wbytes = (double)sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m), kvt = kv_token_bytes(&e, o);
+        double kv1 = kvt * (o->ctx + o->steps / 2.0), kvb = kvt * (B * (o->ctx + o->steps / 2.0) + o->steps + 1);
+        json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
+        json_object_set_new(j, "weight_bytes", json_real(wbytes));
+        json_object_set_new(j, "kv_bytes_per_step", json_real(kvb));
+        json_object_set_new(j, "ceiling_gbs", json_real(ceil_gbs));
+        json_object_set_new(j, "roofline_ms", json_real((wbytes + kvb) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "ratio", json_real((wbytes + kvb) / (ceil_gbs * 1e9) * 1e3 / mb));
+        json_object_set_new(j, "batch1_roofline_ms", json_real((wbytes + kv1) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "batch1_ratio", json_real((wbytes + kv1) / (ceil_gbs * 1e9) * 1e3 / m1));
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
         json_decref(j);
@@ -537,6 +573,7 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: semflow bench MODE (--model PATH | --load-format dummy --preset NAME) [options]\n\nmodes:\n");
     for (size_t i = 0; i < SF_ARRAY_LEN(bench_modes); i++) fprintf(f, "  %-10s %s\n", bench_modes[i].name, bench_modes[i].help);
+    fprintf(f, "  %-10s %s\n", "kv-quality", "INT8 vs full-precision KV: logit error and top-1 agreement (kv-quality --help)");
     fprintf(f, "\noptions:\n"
                "  --model PATH          Hugging Face folder, .gguf file or demo\n"
                "  --load-format dummy   random weights from the config alone (no weight files needed)\n"
@@ -547,6 +584,7 @@ static void usage(FILE *f)
                "  --ctx N               prompt tokens before the timed steps (default 128)\n"
                "  --steps N             timed decode steps (default 16)\n"
                "  --chunk N             prefill chunk size (default 256)\n"
+               "  --kv-dtype int8       decode/prefill: keep the sequence's KV in INT8 blocks (default: full precision)\n"
                "  --tensor-parallel-size N  split the model over N ranks (weight bytes are then per rank)\n"
                "  --hidden N            allreduce: message row width (default: the model's hidden size)\n"
                "  --batch N             decode-batch: sequences decoded together (default 64)\n"
@@ -588,6 +626,8 @@ static int parse_double(const char *flag, const char *v, double lo, double hi, d
 
 int sf_cmd_bench(int argc, char **argv)
 {
+    if (argc > 1 && !strcmp(argv[1], "kv-quality")) /* its own options (cmd_bench_kv.c) */
+        return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
     bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
                      .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 256, .max_batched_tokens = 8192,
                      .gpu_util = 0.9, .temperature = 1.0 };
@@ -598,11 +638,12 @@ int sf_cmd_bench(int argc, char **argv)
         { "steps", required_argument, NULL, 's' }, { "chunk", required_argument, NULL, 'k' },
         { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
         { "tensor-parallel-size", required_argument, NULL, 'P' }, { "hidden", required_argument, NULL, 'H' },
-        { "batch", required_argument, NULL, 'B' }, { "sample", required_argument, NULL, 'S' },
-        { "input", required_argument, NULL, 'I' }, { "output", required_argument, NULL, 'O' },
-        { "num-prompts", required_argument, NULL, 'N' }, { "max-num-seqs", required_argument, NULL, 'M' },
-        { "max-batched-tokens", required_argument, NULL, 'X' }, { "gpu-memory-utilization", required_argument, NULL, 'G' },
-        { "temperature", required_argument, NULL, 'T' }, { "help", no_argument, NULL, 'h' }, { 0 }
+        { "kv-dtype", required_argument, NULL, 'K' }, { "batch", required_argument, NULL, 'B' },
+        { "sample", required_argument, NULL, 'S' }, { "input", required_argument, NULL, 'I' },
+        { "output", required_argument, NULL, 'O' }, { "num-prompts", required_argument, NULL, 'N' },
+        { "max-num-seqs", required_argument, NULL, 'M' }, { "max-batched-tokens", required_argument, NULL, 'X' },
+        { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
+        { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -628,6 +669,13 @@ int sf_cmd_bench(int argc, char **argv)
             else { fprintf(stderr, "semflow bench: --dtype takes bf16 or f16, got '%s'\n", optarg); return 2; }
             break;
         case 'j': o.json = 1; break;
+        case 'K':
+            if (!strcmp(optarg, "int8")) o.kv_i8 = 1;
+            else if (strcmp(optarg, "auto") && strcmp(optarg, "bf16")) {
+                fprintf(stderr, "semflow bench: --kv-dtype takes int8 or auto (bf16 on CUDA, f32 on the CPU), got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'H': if (parse_int("--hidden", optarg, 1, 1 << 20, &o.hidden)) return 2; break;
         case 'B': if (parse_int("--batch", optarg, 1, 4096, &o.batch)) return 2; break;
         case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;

@@ -328,7 +328,8 @@ static void update_stats(sf_engine *e)
     e->st.running = s->n_running;
     for (int i = 0; i < SF_URGENCY_COUNT; i++) e->st.waiting[i] = s->n_waiting[i] + e->in_count[i];
     e->st.kv_blocks_total = e->pool.n_blocks;
-    e->st.kv_blocks_used = e->pool.n_blocks - e->pool.n_free;
+    /* in full-block equivalents: an INT8 block is half a block (kvcache.h) */
+    e->st.kv_blocks_used = (sf_kv_total_units(&e->pool) - e->pool.n_free_units + 1) / 2;
     e->st.steps = s->steps;
     e->st.tokens_prefill = s->tokens_prefill;
     e->st.tokens_decode = s->tokens_decode;
@@ -536,7 +537,10 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
 
     sf_kv_config kc = { .n_layers = mc->n_layers, .n_blocks = 0, .block_size = c->kv_block_size,
                         .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : mc->n_kv_heads, .head_dim = mc->head_dim,
-                        .dtype = strcmp(e->be->ops->name, "cpu") ? SF_DT_BF16 : SF_DT_F32 };
+                        .dtype = strcmp(e->be->ops->name, "cpu") ? SF_DT_BF16 : SF_DT_F32,
+                        /* INT8 blocks for sequences set to kv_i8 (the degrade path); tensor-parallel
+                         * followers set up their caches without them, so it stays off there */
+                        .int8 = !e->tp };
     int n_blocks = size_kv_pool(e, &kc, err);
     if (n_blocks < 0) {
         rc = n_blocks;
@@ -558,6 +562,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     kc.n_blocks = n_blocks;
     if ((rc = e->tp ? sf_tp_kv_init(e->tp, &kc, err) : e->be->ops->kv_init(e->be, &kc, err)) != SF_OK) goto fail;
     if ((rc = sf_kv_pool_init(&e->pool, n_blocks, c->kv_block_size, err)) != SF_OK) goto fail;
+    if (kc.int8) sf_kv_pool_enable_i8(&e->pool);
     e->pool_ready = 1;
     /* Swap space: tensor-parallel ranks hold a share of each block each, which rank 0's copies
      * would not cover, so swap stays off there. */
@@ -571,7 +576,8 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                            .swap_blocks = e->swap.n_slots, .swap_in_ok = e->swap.n_slots ? swap_in_ok : NULL,
                            .swap_in_ok_arg = e, .shape = c->step_shaping, .shape_frac = 0.25f,
                            .min_chunk = 32, .degrade_high = c->kv_degrade_high, .degrade_low = c->kv_degrade_low,
-                           .degrade_hold_s = c->kv_degrade_hold_s, .relax_ms = c->relax_latency_ms };
+                           .degrade_hold_s = c->kv_degrade_hold_s, .relax_ms = c->relax_latency_ms,
+                           .kv_i8_ok = kc.int8 };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);

@@ -97,9 +97,22 @@ typedef struct sf_rope {
     float attn_scale;        /* usually 1/sqrt(head_dim) */
 } sf_rope;
 
+/* KV cache. Per layer, K and V alike, the pool is n_blocks full-precision blocks (bf16 on CUDA,
+ * f32 on the CPU) of [n_kv_heads][block_size][head_dim]. With int8 set it may also hold INT8
+ * blocks, carved in half-block units: block id n_blocks + u (u in [0, 2 * n_blocks)) is unit u,
+ * [n_kv_heads][block_size][head_dim] int8 at byte u * (full block bytes / 2), inside full block
+ * u / 2 (the allocator, engine/kvcache.h, never hands out both). Each INT8 row (token, kv head)
+ * has an fp32 scale, max|x| / 127, in side arrays indexed like the rows: (u * n_kv_heads + h) *
+ * block_size + offset. So a block id alone says its kind: ids in block tables and slots (slot =
+ * id * block_size + offset) may be of either kind, per sequence or even per block, and the
+ * kernels read each block as its id says. kv_copy_out/in move the right bytes for either kind:
+ * host block i at host + i * kv_block_bytes; an INT8 block there is, per layer, K then V int8
+ * rows, then K then V scales. */
 typedef struct sf_kv_config {
     int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
     sf_dtype dtype;          /* backend's choice for F32/BF16; I8 for the degrade path */
+    int int8;                /* 1: INT8 blocks may be used beside full ones (scales are allocated;
+                              * kv_block_bytes then includes a full block's share of them) */
 } sf_kv_config;
 
 /* Opaque backend-owned objects. */
@@ -220,6 +233,26 @@ struct sf_backend_ops {
      * communicator whose calls a graph may hold is destroyed or aborted: NCCL waits for every
      * graph that captured its calls to be destroyed first. May be NULL. */
     void (*graphs_release)(sf_backend *b);
+
+    /* Optional fused ops (NULL: the forward pass runs the plain ops instead). Each gives the
+     * result of the plain sequence it replaces, up to the order of fp32 sums; a backend fuses
+     * the shapes it can (CUDA: one row, i.e. batch-1 decode) and runs the plain ops for the
+     * others, using the scratch buffers the caller passes (contents afterwards unspecified). */
+    /* y[n, :] = rmsnorm(x[n, :]) * norm . W^T (+ bias), x unchanged (no residual add). glu: W is
+     * gate rows then up rows (2f rows) and y[n, f] = silu(gate) * up. Scratch: tmp_x [n, cols of
+     * x]; tmp_y [n, 2f] (glu only, else may be NULL). */
+    int (*norm_matmul)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
+                       int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y);
+    /* y[n, :] += x[n, :] . W^T (+ bias): a projection with the residual add in its epilogue; the
+     * product is rounded to the activation type before the add, as matmul then rmsnorm's add
+     * would. x and y are distinct; scratch: tmp [n, rows of w]. */
+    int (*matmul_add)(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *tmp, sf_buf *y);
+    /* norm_matmul of the fused QKV weight ((H + 2*Hkv) * head_dim rows) over the batch's tokens
+     * into qkv, then rope_kv on it: q and k rotated in place, k and v appended to the cache of
+     * `layer`. Scratch: tmp_x [T, cols of x]. */
+    int (*norm_qkv_rope)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *wqkv,
+                         int layer, int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *tmp_x, sf_buf *qkv);
+
     /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
      * pen holds n_pen penalty entries (host memory, as are rows and ids). Ends the step: it
      * waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what the backend can do
