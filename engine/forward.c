@@ -3,7 +3,11 @@
  * Weights: QKV fused into one 3-part weight (with Qwen2's biases), gate/up into one 2-part
  * weight, a tied lm_head shares the embedding's weight object. Activations live in backend
  * buffers sized for max_tokens rows; the residual stream h is updated by the fused
- * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds. */
+ * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds.
+ * Backends with the optional fused ops (norm_qkv_rope, norm_matmul, matmul_add) run each layer
+ * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual;
+ * without tensor parallelism only, since the all-reduce sits between a projection and its
+ * residual add. */
 #include "forward.h"
 
 #include <math.h>
@@ -241,6 +245,7 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
     const struct sf_backend_ops *o = OPS(f);
     sf_backend *b = f->b;
     int T = bt->n_tokens, rc;
+    const int fused = o->norm_qkv_rope && o->norm_matmul && o->matmul_add && !f->comm;
     const char *op = "";
     int layer = -1;
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
@@ -251,10 +256,22 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
     STEP("embed", o->embed(b, f->emb, f->h));
     for (layer = 0; layer < c->n_layers; layer++) {
         fw_layer *L = &f->layers[layer];
-        STEP("attn_norm", o->rmsnorm(b, f->h, layer ? f->mo : NULL, L->attn_norm, c->rms_eps, T, f->x));
-        STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
-        STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+        if (fused) {
+            STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, f->h, L->attn_norm, c->rms_eps, L->wqkv, layer, c->n_heads,
+                                                          c->n_kv_heads, &f->rope, f->x, f->qkv));
+        } else {
+            STEP("attn_norm", o->rmsnorm(b, f->h, layer ? f->mo : NULL, L->attn_norm, c->rms_eps, T, f->x));
+            STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
+            STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+        }
         STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
+        if (fused) {
+            STEP("o_proj+residual", o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
+            STEP("ffn_norm+gate_up+silu_mul",
+                 o->norm_matmul(b, f->h, L->ffn_norm, c->rms_eps, L->wgu, T, 1, f->x, f->gu, f->act));
+            STEP("down_proj+residual", o->matmul_add(b, f->act, L->wdown, T, f->mo, f->h));
+            continue;
+        }
         STEP("o_proj", o->matmul(b, f->att, L->wo, T, f->ao));
         if ((rc = sf_comm_all_reduce_buf(f->comm, b, f->ao, T, c->hidden, err))) goto comm_fail;
         STEP("ffn_norm", o->rmsnorm(b, f->h, f->ao, L->ffn_norm, c->rms_eps, T, f->x));
@@ -265,7 +282,8 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
     }
     layer = -1;
     if (bt->n_logits > 0) {
-        STEP("output_norm", o->rmsnorm(b, f->h, f->mo, f->out_norm, c->rms_eps, T, f->x));
+        /* fused: h already holds every residual add */
+        STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
         STEP("get_rows", o->get_rows(b, f->x, f->sel));
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
         if (f->shard && f->shard->size > 1) return gather_logits(f, bt->n_logits, logits, err);

@@ -203,6 +203,25 @@ struct sf_backend_ops {
      * communicator whose calls a graph may hold is destroyed or aborted: NCCL waits for every
      * graph that captured its calls to be destroyed first. May be NULL. */
     void (*graphs_release)(sf_backend *b);
+
+    /* Optional fused ops (NULL: the forward pass runs the plain ops instead). Each gives the
+     * result of the plain sequence it replaces, up to the order of fp32 sums; a backend fuses
+     * the shapes it can (CUDA: one row, i.e. batch-1 decode) and runs the plain ops for the
+     * others, using the scratch buffers the caller passes (contents afterwards unspecified). */
+    /* y[n, :] = rmsnorm(x[n, :]) * norm . W^T (+ bias), x unchanged (no residual add). glu: W is
+     * gate rows then up rows (2f rows) and y[n, f] = silu(gate) * up. Scratch: tmp_x [n, cols of
+     * x]; tmp_y [n, 2f] (glu only, else may be NULL). */
+    int (*norm_matmul)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
+                       int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y);
+    /* y[n, :] += x[n, :] . W^T (+ bias): a projection with the residual add in its epilogue; the
+     * product is rounded to the activation type before the add, as matmul then rmsnorm's add
+     * would. x and y are distinct; scratch: tmp [n, rows of w]. */
+    int (*matmul_add)(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *tmp, sf_buf *y);
+    /* norm_matmul of the fused QKV weight ((H + 2*Hkv) * head_dim rows) over the batch's tokens
+     * into qkv, then rope_kv on it: q and k rotated in place, k and v appended to the cache of
+     * `layer`. Scratch: tmp_x [T, cols of x]. */
+    int (*norm_qkv_rope)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *wqkv,
+                         int layer, int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *tmp_x, sf_buf *qkv);
 };
 
 struct sf_backend {

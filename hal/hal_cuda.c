@@ -83,6 +83,7 @@ typedef struct cuda_ctx {
     size_t attn_ws_floats, attn_cnt;
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
+    int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
@@ -148,10 +149,13 @@ static int step_end(cuda_ctx *c)
 
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
-    int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : 0;
-    /* rows of the op (tokens; for attention, the split count when it splits) */
+    int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE;
+    int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : gemv ? r->n[0] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : gemv ? r->n[1] : 0;
+    /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
+     * or 2 for the SiLU-gated one) */
     int64_t n = r->kind == SF_OP_GEMM || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
-                    ? r->n[1] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM ? r->n[2]
+                    ? r->n[1] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
+                    : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2])
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
     for (int i = 0; i < c->n_prof; i++) {
         struct prof_row *p = &c->prof_rows[i];
@@ -164,7 +168,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
-                                   "collective" };
+                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -593,7 +597,12 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     /* Split the keys when (tokens x kv heads) blocks cannot fill the SMs: decode at long context. */
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
     c->n_split = 1;
-    if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
+    if (c->attn_decode && (c->kvc.head_dim == 64 || c->kvc.head_dim == 128)) {
+        /* attention_decode.cu: latency-bound at batch 1, so at least 32 keys per block and up to
+         * two blocks per SM */
+        if (work < 2 * sms && max_ctx > 32 && !n_tiles)
+            c->n_split = SF_MAX(1, SF_MIN(SF_MIN((max_ctx + 31) / 32, (2 * sms + work - 1) / work), MAX_SPLIT));
+    } else if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
     }
@@ -719,6 +728,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         .max_blocks = c->max_blocks, .kv = layer_kv(c, layer), .ws = c->attn_ws,
         .n_split = n_split, .counters = n_split > 1 ? (unsigned *)(c->attn_ws + c->attn_ws_floats) : NULL, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
     };
+    if (c->attn_decode && c->kvc.dtype == SF_DT_BF16 && sf_k_attention_decode_ok(&rec.attn)) rec.kind = SF_OP_ATTN_DEC;
     return submit(c, &rec, capturable, "attention");
 }
 
@@ -731,6 +741,80 @@ static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *
     r.p[0] = gu->d; r.p[1] = out->d;
     r.n[0] = gu->cols; r.n[1] = n; r.n[2] = f; r.n[3] = out->cols;
     return submit(CTX(b), &r, 1, "silu_mul");
+}
+
+/* ---- fused ops (batch 1 through gemv_fused.cu; other batches run the plain ops) ---------- */
+static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
+                            int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y)
+{
+    cuda_ctx *c = CTX(b);
+    int64_t k = w->cols, out_cols = glu ? w->rows / 2 : w->rows;
+    if (norm->rows * norm->cols != k || x->cols < k || n > x->rows || n > y->rows || y->cols < out_cols ||
+        (glu && w->rows % 2))
+        return op_fail(SF_EINVAL, "norm_matmul", "buffer shapes do not match the norm and weight (glu: even rows)");
+    if (n == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
+        sf_op_rec r = { 0 };
+        r.kind = SF_OP_GEMV_NORM;
+        r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
+        r.n[0] = w->rows; r.n[1] = k; r.n[2] = glu;
+        r.f = eps;
+        return submit(c, &r, 1, "norm_matmul");
+    }
+    if (!tmp_x || tmp_x->rows < n || tmp_x->cols < k || (glu && (!tmp_y || tmp_y->rows < n || tmp_y->cols < w->rows)))
+        return op_fail(SF_EINVAL, "norm_matmul", "scratch buffers missing or too small for this batch");
+    int rc = cuda_rmsnorm(b, (sf_buf *)x, NULL, norm, eps, n, tmp_x); /* add == NULL: x is only read */
+    if (!rc) rc = cuda_matmul(b, tmp_x, w, n, glu ? tmp_y : y);
+    if (!rc && glu) rc = cuda_silu_mul(b, tmp_y, n, (int)out_cols, y);
+    return rc;
+}
+
+static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w,
+                              int layer, int H, int Hkv, const sf_rope *r, sf_buf *tmp_x, sf_buf *qkv)
+{
+    cuda_ctx *c = CTX(b);
+    int rc;
+    int64_t k = w->cols;
+    if (!c->kv) return op_fail(SF_EINVAL, "norm_qkv_rope", "KV cache not initialised (kv_init first)");
+    if (layer < 0 || layer >= c->kvc.n_layers || Hkv != c->kvc.n_kv_heads || r->head_dim != c->kvc.head_dim ||
+        w->rows != (int64_t)(H + 2 * Hkv) * r->head_dim || qkv->cols < w->rows || qkv->rows < c->T ||
+        norm->rows * norm->cols != k || x->cols < k || x->rows < c->T)
+        return op_fail(SF_EINVAL, "norm_qkv_rope", "layer, heads or shapes do not match the weight and the KV cache");
+    if ((rc = ensure_rope(c, r))) return rc;
+    if (c->T == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
+        sf_op_rec rec = { 0 };
+        rec.kind = SF_OP_GEMV_ROPE;
+        rec.p[0] = x->d; rec.p[1] = norm->d; rec.p[2] = w->d; rec.p[3] = w->bias; rec.p[4] = qkv->d;
+        rec.p[5] = c->pos_d; rec.p[6] = c->slot_d; rec.p[7] = c->inv_freq_d;
+        rec.n[0] = w->rows; rec.n[1] = k; rec.n[2] = H; rec.n[3] = Hkv; rec.n[4] = r->head_dim; rec.n[5] = r->rot_dim;
+        rec.n[6] = r->interleaved;
+        rec.f = eps;
+        rec.kv = layer_kv(c, layer);
+        return submit(c, &rec, 1, "norm_qkv_rope");
+    }
+    if ((rc = cuda_norm_matmul(b, x, norm, eps, w, c->T, 0, tmp_x, NULL, qkv))) return rc;
+    return cuda_rope_kv(b, qkv, layer, H, Hkv, r);
+}
+
+static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *tmp, sf_buf *y)
+{
+    cuda_ctx *c = CTX(b);
+    if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows || x == y)
+        return op_fail(SF_EINVAL, "matmul_add", "buffer shapes do not match the weight (or x is y)");
+    sf_op_rec r = { 0 };
+    if (n == 1 && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
+        r.kind = SF_OP_GEMV_ADD;
+        r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
+        r.n[0] = w->rows; r.n[1] = w->cols;
+        return submit(c, &r, 1, "matmul_add");
+    }
+    if (!tmp || tmp->rows < n || tmp->cols < w->rows)
+        return op_fail(SF_EINVAL, "matmul_add", "scratch buffer missing or too small for this batch");
+    int rc = cuda_matmul(b, x, w, n, tmp);
+    if (rc) return rc;
+    r.kind = SF_OP_ADD;
+    r.p[0] = y->d; r.p[1] = tmp->d;
+    r.n[0] = y->cols; r.n[1] = tmp->cols; r.n[2] = n; r.n[3] = w->rows;
+    return submit(c, &r, 1, "matmul_add");
 }
 
 static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
@@ -838,7 +922,14 @@ static const struct sf_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .collective = cuda_collective,
     .graphs_release = cuda_graphs_release,
+    .norm_matmul = cuda_norm_matmul,
+    .matmul_add = cuda_matmul_add,
+    .norm_qkv_rope = cuda_norm_qkv_rope,
 };
+
+/* SEMFLOW_CUDA_FUSED=0: the same backend without the fused ops (the forward pass then runs the
+ * plain sequence), for comparisons. */
+static struct sf_backend_ops cuda_ops_plain;
 
 int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)
 {
@@ -850,7 +941,18 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         rc = sf_err(err, SF_ENOMEM, "CUDA backend: out of host memory");
         goto cleanup;
     }
-    b->ops = &cuda_ops;
+    {
+        const char *fz = getenv("SEMFLOW_CUDA_FUSED"), *ad = getenv("SEMFLOW_CUDA_ATTN_DECODE");
+        b->ops = &cuda_ops;
+        if (fz && !strcmp(fz, "0")) {
+            cuda_ops_plain = cuda_ops;
+            cuda_ops_plain.norm_matmul = NULL;
+            cuda_ops_plain.matmul_add = NULL;
+            cuda_ops_plain.norm_qkv_rope = NULL;
+            b->ops = &cuda_ops_plain;
+        }
+        c->attn_decode = !(ad && !strcmp(ad, "0"));
+    }
     b->ctx = c;
     c->dev = dev;
     if ((rc = sf_hal_cuda_probe(dev, &c->hw, 0, err))) goto cleanup;
@@ -889,7 +991,7 @@ cleanup:
 int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 {
     memset(s, 0, sizeof *s);
-    if (!b || b->ops != &cuda_ops) return SF_ENODEV;
+    if (!b || (b->ops != &cuda_ops && b->ops != &cuda_ops_plain)) return SF_ENODEV;
     cuda_ctx *c = CTX(b);
     s->n_device_allocs = c->n_mallocs;
     s->device_bytes = c->dev_bytes;

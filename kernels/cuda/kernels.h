@@ -126,6 +126,45 @@ int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k,
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);
 
+/* ---- batch-1 GEMVs with fused neighbours (gemv_fused.cu) ----------------------------------- */
+/* One activation row x[k] (bf16, 16-byte aligned, k % 8 == 0), W[m, k] row-major, 16-byte aligned:
+ * sf_k_gemv_fused_ok says whether a shape and its pointers qualify. x and y must not overlap. */
+#define SF_K_GEMV_NORM_MAX_K 16384 /* the normalised row is held in shared memory */
+int sf_k_gemv_fused_ok(const void *x, const void *w, int k);
+/* z = bf16(rmsnorm(x) * nw) . W^T (+ bias); glu == 0: y[m] = z; glu == 1: W is gate rows then
+ * up rows (m even) and y[m / 2] = silu(z[j]) * z[m/2 + j]. */
+int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias,
+                   int m, int k, int glu, uint16_t *y, cudaStream_t s);
+/* y[m] += x . W^T (+ bias): the residual add in the epilogue (the product is rounded to bf16
+ * first, as the unfused GEMV-then-add does). */
+int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
+                  cudaStream_t s);
+
+/* qkv[(H + 2 Hkv) * hd] = bf16(rmsnorm(x) * nw) . Wqkv^T (+ bias), then what sf_k_rope_kv does
+ * for one token at pos[0] / slot[0] (device pointers): q and k heads rotated, k and v heads
+ * written to the cache. */
+int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias,
+                        int k, int H, int Hkv, int hd, int rot_dim, int interleaved, const int32_t *pos,
+                        const int32_t *slot, const float *inv_freq, sf_k_kv kv, uint16_t *qkv, cudaStream_t s);
+
+/* Benchmarks only: kind 0 norm, 1 norm + glu, 2 add, with `warps` per block (4, 8, 16) and
+ * `unroll` 16-byte loads per row in flight per lane (4, 8); no bias. */
+int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
+                         int m, int k, uint16_t *y, cudaStream_t s);
+
+/* ---- residual add (add.cu) ------------------------------------------------------------------ */
+/* y[i, :d] = bf16(y[i, :d] + a[i, :d]) for i < n. */
+int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, int d, cudaStream_t s);
+
+/* ---- decode attention (attention_decode.cu) -------------------------------------------------- */
+/* Single-query attention (a->n_tiles == 0) over a bf16 cache for head_dim 64 or 128 and GQA
+ * groups up to SF_K_ATTN_DECODE_MAX_GROUP, split over a->n_split (<= 64) key ranges combined by
+ * the last block (needs a->ws and a->counters when n_split > 1). Same contract as sf_k_attention
+ * otherwise. sf_k_attention_decode_ok says whether it takes `a`. */
+#define SF_K_ATTN_DECODE_MAX_GROUP 8
+int sf_k_attention_decode_ok(const sf_k_attn *a);
+int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -331,6 +331,110 @@ TEST(silu_mul)
     }
 }
 
+/* ---- fused ops: norm + matmul (+ SiLU·mul), matmul + residual add ---------------------------- */
+/* W of m rows in `parts` stacked parts (glu: gate, up) with an optional bias on every part. */
+static sf_weight *upload_parts(const float *wv, const float *bv, int parts, int64_t m, int64_t k)
+{
+    sf_weight_desc d = { .n_parts = parts };
+    int64_t per = m / parts;
+    for (int i = 0; i < parts; i++) {
+        d.part[i] = (sf_view){ wv + i * per * k, SF_DT_F32, per, k };
+        if (bv) d.bias[i] = (sf_view){ bv + i * per, SF_DT_F32, 1, per };
+    }
+    sf_weight *w = NULL;
+    sf_error err = { 0 };
+    if (OPS->weight_new(B, &d, &w, &err)) printf("weight_new: %s\n", err.msg);
+    return w;
+}
+
+static void check_norm_matmul(int n, int m, int k, int glu, int bias)
+{
+    const int out = glu ? m / 2 : m;
+    float *x = rand_vals((int64_t)n * k, 2.0f), *nv = rand_vals(k, 1.0f), *wv = rand_vals((int64_t)m * k, 0.05f),
+          *bv = bias ? rand_vals(m, 0.5f) : NULL;
+    sf_buf *bx = new_buf(n, k), *tx = new_buf(n, k), *ty = new_buf(n, m), *by = new_buf(n, out);
+    sf_weight *nw = upload_f32(nv, 1, k), *w = upload_parts(wv, bv, glu ? 2 : 1, m, k);
+    double *ref = malloc((size_t)n * out * 8), *z = malloc((size_t)m * 8), *xn = malloc((size_t)k * 8);
+    float *got = malloc((size_t)n * out * 4), *gotx = malloc((size_t)n * k * 4);
+    REQUIRE(bx && tx && ty && by && nw && w, "setup");
+    REQUIRE(!fill_buf(bx, x, n, k) && !poison(by, n, out) && !poison(tx, n, k) && !poison(ty, n, m), "fill");
+    for (int i = 0; i < n; i++) {
+        double ss = 0;
+        for (int c = 0; c < k; c++) ss += (double)x[(size_t)i * k + c] * x[(size_t)i * k + c];
+        double inv = 1.0 / sqrt(ss / k + 1e-5);
+        for (int c = 0; c < k; c++) xn[c] = x[(size_t)i * k + c] * inv * nv[c];
+        for (int j = 0; j < m; j++) {
+            double sum = bias ? bv[j] : 0;
+            for (int c = 0; c < k; c++) sum += xn[c] * wv[(size_t)j * k + c];
+            z[j] = sum;
+        }
+        for (int j = 0; j < out; j++)
+            ref[(size_t)i * out + j] = glu ? z[j] / (1 + exp(-z[j])) * z[out + j] : z[j];
+    }
+    CHECK(OPS->norm_matmul(B, bx, nw, 1e-5f, w, n, glu, tx, glu ? ty : NULL, by) == 0);
+    CHECK(OPS->read_f32(B, by, n, got) == 0 && OPS->read_f32(B, bx, n, gotx) == 0);
+    double e = rel_err(got, ref, (int64_t)n * out);
+    CHECK_MSG(e < 1e-2, "n=%d m=%d k=%d glu=%d bias=%d: rel err %.3g", n, m, k, glu, bias, e);
+    int changed = 0;
+    for (int64_t i = 0; i < (int64_t)n * k; i++) changed += gotx[i] != x[i];
+    CHECK_MSG(!changed, "n=%d m=%d k=%d: %d elements of x changed", n, m, k, changed);
+    OPS->buf_free(B, bx); OPS->buf_free(B, tx); OPS->buf_free(B, ty); OPS->buf_free(B, by);
+    OPS->weight_free(B, nw); OPS->weight_free(B, w);
+    free(x); free(nv); free(wv); free(bv); free(ref); free(z); free(xn); free(got); free(gotx);
+}
+
+TEST(norm_matmul)
+{
+    if (!OPS->norm_matmul) { printf("  the backend has no norm_matmul\n"); return; }
+    /* n, m, k, glu: batch 1 takes the fused kernel (k % 8 == 0), the rest the plain ops */
+    int shapes[][4] = { { 1, 6144, 4096, 0 }, { 1, 28672, 4096, 1 }, { 1, 4608, 3584, 0 }, { 1, 100, 72, 0 },
+                        { 1, 2 * 37, 200, 1 }, { 1, 33, 36, 0 }, { 1, 2 * 20, 12, 1 }, { 3, 512, 256, 0 },
+                        { 2, 2 * 256, 128, 1 }, { 12, 2 * 96, 64, 1 }, { 1, 3, 16384, 0 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        int n = shapes[i][0], m = shapes[i][1], k = shapes[i][2], glu = shapes[i][3];
+        if (quick && (double)n * m * k > 4e6) continue;
+        check_norm_matmul(n, m, k, glu, 0);
+        check_norm_matmul(n, m, k, glu, 1);
+    }
+}
+
+static void check_matmul_add(int n, int m, int k, int bias)
+{
+    float *x = rand_vals((int64_t)n * k, 1.0f), *y0 = rand_vals((int64_t)n * m, 1.0f),
+          *wv = rand_vals((int64_t)m * k, 0.05f), *bv = bias ? rand_vals(m, 0.5f) : NULL;
+    sf_buf *bx = new_buf(n, k), *by = new_buf(n, m), *tmp = new_buf(n, m);
+    sf_weight *w = upload_parts(wv, bv, 1, m, k);
+    double *ref = malloc((size_t)n * m * 8);
+    float *got = malloc((size_t)n * m * 4);
+    REQUIRE(bx && by && tmp && w, "setup");
+    REQUIRE(!fill_buf(bx, x, n, k) && !fill_buf(by, y0, n, m) && !poison(tmp, n, m), "fill");
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < m; j++) {
+            double sum = bias ? bv[j] : 0;
+            for (int c = 0; c < k; c++) sum += (double)x[(size_t)i * k + c] * wv[(size_t)j * k + c];
+            ref[(size_t)i * m + j] = y0[(size_t)i * m + j] + sum;
+        }
+    CHECK(OPS->matmul_add(B, bx, w, n, tmp, by) == 0);
+    CHECK(OPS->read_f32(B, by, n, got) == 0);
+    double e = rel_err(got, ref, (int64_t)n * m);
+    CHECK_MSG(e < 1e-2, "n=%d m=%d k=%d bias=%d: rel err %.3g", n, m, k, bias, e);
+    OPS->buf_free(B, bx); OPS->buf_free(B, by); OPS->buf_free(B, tmp); OPS->weight_free(B, w);
+    free(x); free(y0); free(wv); free(bv); free(ref); free(got);
+}
+
+TEST(matmul_add)
+{
+    if (!OPS->matmul_add) { printf("  the backend has no matmul_add\n"); return; }
+    int shapes[][3] = { { 1, 4096, 4096 }, { 1, 4096, 14336 }, { 1, 3584, 18944 }, { 1, 37, 24 }, { 1, 1, 8 },
+                        { 1, 64, 36 }, { 4, 256, 512 }, { 12, 128, 64 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        int n = shapes[i][0], m = shapes[i][1], k = shapes[i][2];
+        if (quick && (double)n * m * k > 4e6) continue;
+        check_matmul_add(n, m, k, 0);
+        check_matmul_add(n, m, k, 1);
+    }
+}
+
 /* ---- RoPE + paged KV + attention ------------------------------------------------------------ */
 typedef struct seqstate {
     int len;          /* tokens cached so far */
@@ -489,6 +593,82 @@ TEST(rope_kv_attention)
     attn_case lc = { 8, 2, 128, 16, 0 };
     if (quick) run_attn_case(&lc, 1, 2, len_quick_long, 37);
     else run_attn_case(&lc, 2, 3, len_long, 97);
+}
+
+/* norm_qkv_rope against the plain sequence it replaces (norm_matmul, rope_kv; checked against
+ * host references above), each on its own cache layer, over decode steps and one 3-token step:
+ * the rotated qkv and the attention over each layer's cache must agree. */
+static void check_norm_qkv_rope(int H, int Hkv, int hd, int rot, int interleaved, int bias, int d)
+{
+    const int W = (H + 2 * Hkv) * hd, bs = 16, steps = 24, max_blocks = 4;
+    float *wv = rand_vals((int64_t)W * d, 0.05f), *bv = bias ? rand_vals(W, 0.5f) : NULL, *nv = rand_vals(d, 1.0f);
+    sf_weight *w = upload_parts(wv, bv, 1, W, d), *nw = upload_f32(nv, 1, d);
+    sf_buf *x = new_buf(4, d), *xn = new_buf(4, d), *q1 = new_buf(4, W), *q2 = new_buf(4, W), *a1 = new_buf(4, H * hd),
+           *a2 = new_buf(4, H * hd);
+    sf_kv_config kc = { .n_layers = 2, .n_blocks = 8, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd,
+                        .dtype = SF_DT_BF16 };
+    sf_error err = { 0 };
+    REQUIRE(w && nw && x && xn && q1 && q2 && a1 && a2, "setup");
+    REQUIRE(OPS->kv_init(B, &kc, &err) == 0, "kv_init: %s", err.msg);
+    float inv_freq[SF_K_ATTN_MAX_HD / 2];
+    for (int j = 0; j < rot / 2; j++) inv_freq[j] = (float)pow(10000.0, -2.0 * j / rot);
+    sf_rope rope = { .head_dim = hd, .rot_dim = rot, .interleaved = interleaved, .inv_freq = inv_freq,
+                     .attn_scale = 1.0f / sqrtf((float)hd) };
+    int32_t blocks[4] = { 6, 2, 7, 0 };
+    float *g1 = malloc((size_t)4 * W * 4), *g2 = malloc((size_t)4 * W * 4), *o1 = malloc((size_t)4 * H * hd * 4),
+          *o2 = malloc((size_t)4 * H * hd * 4);
+    double worst_q = 0, worst_o = 0, *ref = malloc((size_t)4 * W * 8);
+    int len = 0;
+    for (int st = 0; st < steps; st++) {
+        int T = st == 5 ? 3 : 1;
+        float *xv = rand_vals((int64_t)T * d, 2.0f);
+        REQUIRE(!fill_buf(x, xv, T, d) && !poison(q1, T, W) && !poison(q2, T, W) && !poison(a1, T, H * hd) &&
+                !poison(a2, T, H * hd), "fill");
+        tbatch t;
+        tb_init(&t, T, 1, max_blocks, 0);
+        for (int i = 0; i < T; i++) {
+            int p = len + i;
+            t.pos[i] = p;
+            t.slot[i] = blocks[p / bs] * bs + p % bs;
+        }
+        t.seq_start[1] = T;
+        t.seq_ctx[0] = len + T;
+        memcpy(t.block_table, blocks, sizeof blocks);
+        CHECK(OPS->batch_begin(B, &t.b) == 0);
+        CHECK(OPS->norm_matmul(B, x, nw, 1e-5f, w, T, 0, xn, NULL, q1) == 0);
+        CHECK(OPS->rope_kv(B, q1, 0, H, Hkv, &rope) == 0);
+        CHECK(OPS->attention(B, q1, 0, H, Hkv, &rope, a1) == 0);
+        CHECK(OPS->norm_qkv_rope(B, x, nw, 1e-5f, w, 1, H, Hkv, &rope, xn, q2) == 0);
+        CHECK(OPS->attention(B, q2, 1, H, Hkv, &rope, a2) == 0);
+        CHECK(OPS->read_f32(B, q1, T, g1) == 0 && OPS->read_f32(B, q2, T, g2) == 0);
+        CHECK(OPS->read_f32(B, a1, T, o1) == 0 && OPS->read_f32(B, a2, T, o2) == 0);
+        for (int64_t i = 0; i < (int64_t)T * W; i++) ref[i] = g1[i];
+        worst_q = fmax(worst_q, rel_err(g2, ref, (int64_t)T * W));
+        for (int64_t i = 0; i < (int64_t)T * H * hd; i++) ref[i] = o1[i];
+        worst_o = fmax(worst_o, rel_err(o2, ref, (int64_t)T * H * hd));
+        len += T;
+        tb_free(&t);
+        free(xv);
+    }
+    CHECK_MSG(worst_q < 1e-2 && worst_o < 1e-2, "H=%d Hkv=%d hd=%d rot=%d il=%d bias=%d d=%d: qkv rel err %.3g, "
+              "attention rel err %.3g", H, Hkv, hd, rot, interleaved, bias, d, worst_q, worst_o);
+    printf("  H=%d Hkv=%d hd=%d rot=%d interleaved=%d bias=%d d=%d: qkv %.2g, attention %.2g vs the plain ops\n", H,
+           Hkv, hd, rot, interleaved, bias, d, worst_q, worst_o);
+    OPS->buf_free(B, x); OPS->buf_free(B, xn); OPS->buf_free(B, q1); OPS->buf_free(B, q2); OPS->buf_free(B, a1);
+    OPS->buf_free(B, a2); OPS->weight_free(B, w); OPS->weight_free(B, nw);
+    free(wv); free(bv); free(nv); free(g1); free(g2); free(o1); free(o2); free(ref);
+}
+
+TEST(norm_qkv_rope)
+{
+    if (!OPS->norm_qkv_rope) { printf("  the backend has no norm_qkv_rope\n"); return; }
+    check_norm_qkv_rope(8, 2, 64, 32, 1, 0, 256);
+    check_norm_qkv_rope(4, 1, 96, 96, 0, 1, 128);
+    check_norm_qkv_rope(6, 3, 16, 8, 0, 0, 64);
+    if (quick) return;
+    check_norm_qkv_rope(32, 8, 128, 128, 0, 0, 4096);
+    check_norm_qkv_rope(28, 4, 128, 128, 0, 1, 3584);
+    check_norm_qkv_rope(16, 16, 64, 64, 1, 1, 512);
 }
 
 TEST(kv_copy)
@@ -650,7 +830,18 @@ TEST(no_alloc_in_steady_state)
             rc = rc ? rc : OPS->matmul(B, xn, Wgu, 1, gu);
             rc = rc ? rc : OPS->silu_mul(B, gu, 1, f, act);
             rc = rc ? rc : OPS->matmul(B, act, Wd, 1, y);
-            rc = rc ? rc : OPS->get_rows(B, y, xn);
+            if (OPS->norm_matmul && OPS->matmul_add) { /* the fused layer, onto the residual x */
+                rc = rc ? rc : OPS->norm_matmul(B, x, Nw, 1e-5f, Wq, 1, 0, xn, NULL, qkv);
+                rc = rc ? rc : (OPS->norm_qkv_rope ? OPS->norm_qkv_rope(B, x, Nw, 1e-5f, Wq, 0, H, Hkv, &rope, xn, qkv) : 0);
+                rc = rc ? rc : OPS->attention(B, qkv, 0, H, Hkv, &rope, a);
+                rc = rc ? rc : OPS->matmul_add(B, a, Wo, 1, y, x);
+                rc = rc ? rc : OPS->norm_matmul(B, x, Nw, 1e-5f, Wgu, 1, 1, xn, gu, act);
+                rc = rc ? rc : OPS->matmul_add(B, act, Wd, 1, y, x);
+                rc = rc ? rc : OPS->matmul_add(B, qkv, Wo, 1, y, x); /* first H*hd columns of qkv */
+                rc = rc ? rc : OPS->get_rows(B, x, xn);
+            } else {
+                rc = rc ? rc : OPS->get_rows(B, y, xn);
+            }
             rc = rc ? rc : OPS->read_f32(B, xn, 1, logits);
             tb_free(&t);
             REQUIRE(rc == 0, "step %d failed: %d", pos, rc);
@@ -693,6 +884,17 @@ TEST(bad_inputs)
     CHECK(OPS->kv_init(B, &kc, &err) == SF_EINVAL && strstr(err.msg, "head_dim"));
     sf_buf *b = NULL;
     CHECK(OPS->buf_new(B, 0, 5, &b, &err) == SF_EINVAL);
+    if (OPS->norm_matmul && OPS->matmul_add) {
+        float wv[3 * 16] = { 0 }, nv[16] = { 1 };
+        sf_weight *w3 = upload_f32(wv, 3, 16), *nw = upload_f32(nv, 1, 16);
+        sf_buf *x = new_buf(1, 16), *y = new_buf(1, 16);
+        REQUIRE(w3 && nw && x && y, "setup");
+        CHECK(OPS->norm_matmul(B, x, nw, 1e-5f, w3, 1, 1, x, y, y) == SF_EINVAL); /* glu needs even rows */
+        CHECK(OPS->norm_matmul(B, x, w3, 1e-5f, w3, 1, 0, NULL, NULL, y) == SF_EINVAL); /* norm size */
+        CHECK(OPS->matmul_add(B, x, w3, 1, NULL, x) == SF_EINVAL);                      /* x is y */
+        CHECK(OPS->matmul_add(B, x, w3, 2, NULL, y) == SF_EINVAL);                      /* rows */
+        OPS->buf_free(B, x); OPS->buf_free(B, y); OPS->weight_free(B, w3); OPS->weight_free(B, nw);
+    }
 }
 
 /* ---- perf mode ------------------------------------------------------------------------------ */
@@ -744,6 +946,128 @@ static void perf_gemv(void)
     sf_k_gemm_ctx_free(g);
     cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
 }
+
+/* Batch-1 decode shapes of Llama-3-8B and Qwen2-7B through the fused GEMVs, against the plain
+ * GEMV kernel on the same weights (rotated past L2); GB/s counts weight bytes only. */
+static void perf_fused(void)
+{
+    const sf_hw_info *hw = OPS->hw(B);
+    /* m, k, kind: 0 norm, 1 norm + glu, 2 add */
+    int shapes[][3] = { { 6144, 4096, 0 }, { 28672, 4096, 1 }, { 4096, 4096, 2 }, { 4096, 14336, 2 },
+                        { 4608, 3584, 0 }, { 37888, 3584, 1 }, { 3584, 3584, 2 }, { 3584, 18944, 2 } };
+    static const char *kinds[] = { "norm", "norm+glu", "add" };
+    cudaStream_t s;
+    cudaEvent_t e0, e1;
+    if (cudaStreamCreate(&s) || cudaEventCreate(&e0) || cudaEventCreate(&e1)) return;
+    printf("perf: fused batch-1 GEMVs vs the plain GEMV kernel; GB/s = weight bytes / time; ceiling %.0f GB/s\n",
+           hw->mem_bw_gbs);
+    printf("perf: %7s %6s %-9s | %9s %7s %5s | %9s %5s\n", "m", "k", "fused", "fused us", "GB/s", "roof", "gemv us",
+           "roof");
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        int m = shapes[i][0], k = shapes[i][1], kind = shapes[i][2];
+        int copies = (int)SF_MAX(2, (256ll << 20) / ((int64_t)m * k * 2) + 1);
+        uint16_t *w, *x, *nw, *y;
+        if (cudaMalloc((void **)&w, (size_t)m * k * 2 * copies) || cudaMalloc((void **)&x, (size_t)k * 2) ||
+            cudaMalloc((void **)&nw, (size_t)k * 2) || cudaMalloc((void **)&y, (size_t)m * 2))
+            return;
+        sf_k_fill_random(w, (int64_t)m * k * copies, 7, 0.05f, s);
+        sf_k_fill_random(x, k, 8, 1.0f, s);
+        sf_k_fill_random(nw, k, 9, 1.0f, s);
+        sf_k_fill_random(y, m, 10, 0.01f, s);
+        /* paths: 0 the fused kernel as the backend launches it, 1 the plain GEMV, 2.. variants */
+        static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 } };
+        float t[2 + SF_ARRAY_LEN(var)];
+        for (int path = 0; path < 2 + (int)SF_ARRAY_LEN(var); path++) {
+            const int reps = 50;
+            int rc = 0;
+            for (int r = 0; r < reps + 5; r++) {
+                if (r == 5) cudaEventRecord(e0, s);
+                const uint16_t *wr = w + (size_t)(r % copies) * m * k;
+                if (path == 1) rc |= sf_k_gemv(x, k, wr, NULL, 1, m, k, y, m, s);
+                else if (path >= 2) rc |= sf_k_gemv_fused_tune(kind, var[path - 2][0], var[path - 2][1], x, nw, wr, m, k, y, s);
+                else if (kind == 2) rc |= sf_k_gemv_add(x, wr, NULL, m, k, y, s);
+                else rc |= sf_k_gemv_norm(x, nw, 1e-5f, wr, NULL, m, k, kind, y, s);
+            }
+            cudaEventRecord(e1, s);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&t[path], e0, e1);
+            t[path] = rc ? NAN : t[path] * 1000.0f / reps;
+        }
+        double gb = (double)m * k * 2 / 1e3;
+        printf("perf: %7d %6d %-9s | %9.1f %7.0f %4.0f%% | %9.1f %4.0f%% | variants (warps x loads) us:", m, k,
+               kinds[kind], t[0], gb / t[0], 100 * gb / t[0] / hw->mem_bw_gbs, t[1], 100 * gb / t[1] / hw->mem_bw_gbs);
+        for (size_t v = 0; v < SF_ARRAY_LEN(var); v++) printf(" %dx%d %.1f", var[v][0], var[v][1], t[2 + v]);
+        printf("\n");
+        cudaFree(w); cudaFree(x); cudaFree(nw); cudaFree(y);
+    }
+    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
+}
+
+/* Decode attention of one token (Llama-3-8B: 32 heads, 8 kv heads of 128; Qwen2-7B: 28 / 4)
+ * at 512 and 4096 keys: the CUDA-core kernel with its split vs attention_decode.cu with its own,
+ * as the backend chooses them. GB/s = K and V bytes read / time. */
+static void perf_attn(void)
+{
+    const sf_hw_info *hw = OPS->hw(B);
+    const int sms = hw->n_cores > 0 ? hw->n_cores : 132, bs = 16;
+    int cases[][3] = { { 32, 8, 512 }, { 32, 8, 4096 }, { 28, 4, 512 }, { 28, 4, 4096 } };
+    cudaStream_t s;
+    cudaEvent_t e0, e1;
+    if (cudaStreamCreate(&s) || cudaEventCreate(&e0) || cudaEventCreate(&e1)) return;
+    printf("perf: decode attention, 1 token, head_dim 128, block 16 (us; GB/s of K+V)\n");
+    printf("perf: %3s %3s %5s | %5s %8s %6s | %5s %8s %6s\n", "H", "Hkv", "ctx", "split", "old us", "GB/s", "split",
+           "new us", "GB/s");
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        int H = cases[i][0], Hkv = cases[i][1], ctx = cases[i][2], hd = 128, nb = ctx / bs;
+        size_t kv_elems = (size_t)nb * Hkv * bs * hd;
+        uint16_t *k, *v, *q, *o;
+        int32_t *meta, host[2 + 4096 / 16];
+        float *ws;
+        if (cudaMalloc((void **)&k, kv_elems * 2) || cudaMalloc((void **)&v, kv_elems * 2) ||
+            cudaMalloc((void **)&q, (size_t)(H + 2 * Hkv) * hd * 2) || cudaMalloc((void **)&o, (size_t)H * hd * 2) ||
+            cudaMalloc((void **)&meta, sizeof host) || cudaMalloc((void **)&ws, (size_t)H * 64 * (hd + 2) * 4 + 4096))
+            return;
+        sf_k_fill_random(k, (int64_t)kv_elems, 11, 1.0f, s);
+        sf_k_fill_random(v, (int64_t)kv_elems, 12, 1.0f, s);
+        sf_k_fill_random(q, (int64_t)(H + 2 * Hkv) * hd, 13, 1.0f, s);
+        host[0] = ctx - 1; /* pos */
+        host[1] = 0;       /* sequence */
+        for (int b = 0; b < nb; b++) host[2 + b] = (b * 7) % nb; /* a shuffled block table */
+        cudaMemcpy(meta, host, sizeof host, cudaMemcpyHostToDevice);
+        cudaMemset(ws, 0, (size_t)H * 64 * (hd + 2) * 4 + 4096);
+        int work = Hkv;
+        int split_old = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, (4 * sms + work - 1) / work), 64));
+        int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 31) / 32, (2 * sms + work - 1) / work), 64));
+        /* paths: 0 old kernel, 1 new kernel at the backend's split, 2.. new kernel at other splits */
+        static const int splits[] = { 1, 4, 8, 16, 32, 64 };
+        float t[2 + SF_ARRAY_LEN(splits)];
+        for (int path = 0; path < 2 + (int)SF_ARRAY_LEN(splits); path++) {
+            int ns = path == 0 ? split_old : path == 1 ? split_new : splits[path - 2];
+            sf_k_attn a = { .q = q, .ld_q = (H + 2 * Hkv) * hd, .out = o, .ld_out = H * hd, .T = 1, .H = H,
+                            .Hkv = Hkv, .hd = hd, .scale = 0.088f, .pos = meta, .tok_seq = meta + 1,
+                            .block_table = meta + 2, .max_blocks = nb,
+                            .kv = { k, v, bs, Hkv, hd }, .ws = ws, .n_split = ns,
+                            .counters = (unsigned *)(ws + (size_t)H * 64 * (hd + 2)) };
+            const int reps = 100;
+            int rc = 0;
+            for (int r = 0; r < reps + 5; r++) {
+                if (r == 5) cudaEventRecord(e0, s);
+                rc |= path ? sf_k_attention_decode(&a, s) : sf_k_attention(&a, s);
+            }
+            cudaEventRecord(e1, s);
+            cudaEventSynchronize(e1);
+            cudaEventElapsedTime(&t[path], e0, e1);
+            t[path] = rc ? NAN : t[path] * 1000.0f / reps;
+        }
+        double gb = (double)ctx * Hkv * hd * 2 * 2 / 1e3;
+        printf("perf: %3d %3d %5d | %5d %8.2f %6.0f | %5d %8.2f %6.0f | new kernel at splits:", H, Hkv, ctx, split_old,
+               t[0], gb / t[0], split_new, t[1], gb / t[1]);
+        for (size_t v = 0; v < SF_ARRAY_LEN(splits); v++) printf(" %d:%.2f", splits[v], t[2 + v]);
+        printf("\n");
+        cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(o); cudaFree(meta); cudaFree(ws);
+    }
+    cudaEventDestroy(e0); cudaEventDestroy(e1); cudaStreamDestroy(s);
+}
 #endif
 
 int main(int argc, char **argv)
@@ -775,14 +1099,21 @@ int main(int argc, char **argv)
     RUN(rmsnorm);
     RUN(matmul);
     RUN(silu_mul);
+    RUN(norm_matmul);
+    RUN(matmul_add);
     RUN(rope_kv_attention);
+    RUN(norm_qkv_rope);
     RUN(kv_copy);
     RUN(rope_kv_attention_int8);
     RUN(kv_copy_int8);
     RUN(no_alloc_in_steady_state);
     RUN(bad_inputs);
 #ifdef SF_HAVE_CUDA
-    if (perf) perf_gemv();
+    if (perf) {
+        perf_gemv();
+        perf_fused();
+        perf_attn();
+    }
 #endif
     B->ops->destroy(B);
     return test_summary();

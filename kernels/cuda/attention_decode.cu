@@ -1,0 +1,258 @@
+/* attention_decode.cu — attention of single query tokens over the paged bf16 KV cache (decode,
+ * and short chunks that do not take the tensor-core prefill kernel), for head sizes 64 and 128
+ * and GQA groups up to 8.
+ *
+ * At batch 1 a decode step's attention reads little (2 MiB for Llama-3-8B at 512 keys), so
+ * what matters is latency: enough blocks to cover the SMs, every load 16 bytes wide and several
+ * in flight, no shared-memory round trips in the key loop. One block per (token, kv head, key
+ * split); its 4 warps take interleaved runs of keys. Within a warp, HD/8 lanes share one key
+ * (8 dims each, one 16-byte load of K and of V), so a warp covers 32*8/HD keys per load and
+ * AD_U such loads are in flight. Every lane group keeps its own online softmax (running max,
+ * sum and 8 output dims per head of the group), in base 2 with q pre-scaled by log2(e)/sqrt(hd);
+ * groups merge by shuffles, warps through shared memory, splits through the workspace: the last
+ * block of each (token, kv head) to finish combines the splits (no second launch).
+ *
+ * Workspace layout (as attention.cu's): ws[((t * H + h) * n_split + split) * (hd + 2) + d],
+ * then the split's max (base 2) and sum at d = hd, hd + 1. */
+#include "common.cuh"
+
+#define AD_WARPS 4
+#define AD_MAX_SPLIT 64
+
+extern "C" int sf_k_attention_decode_ok(const sf_k_attn *a)
+{
+    int G = a->Hkv > 0 ? a->H / a->Hkv : 0;
+    return a->n_tiles == 0 && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
+           G <= SF_K_ATTN_DECODE_MAX_GROUP && a->n_split >= 1 && a->n_split <= AD_MAX_SPLIT &&
+           (a->n_split == 1 || (a->ws && a->counters)) && a->ld_q % 8 == 0 && (uintptr_t)a->q % 16 == 0 &&
+           (uintptr_t)a->kv.k % 16 == 0 && (uintptr_t)a->kv.v % 16 == 0 && a->kv.head_dim == a->hd;
+}
+
+static __device__ __forceinline__ uint4 ld_kv(const uint16_t *p)
+{
+    return __ldg((const uint4 *)p);
+}
+
+template <int HD, int MAXG>
+__global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
+{
+    constexpr int LPK = HD / 8;          /* lanes per key */
+    constexpr int KPW = 32 / LPK;        /* keys per warp per load */
+    constexpr int U = MAXG <= 4 ? 4 : 2; /* loads of K (and of V) in flight per lane */
+    constexpr int STEP = KPW * U;        /* keys per warp per iteration */
+    __shared__ float o_s[AD_WARPS][MAXG][HD];
+    __shared__ float ml_s[AD_WARPS][MAXG][2];
+    __shared__ float wsm[MAXG][AD_MAX_SPLIT];
+    __shared__ int last;
+
+    const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, sub = lane / LPK, dl = lane % LPK;
+    const int G = a.H / a.Hkv, Hkv = a.Hkv, bs = a.kv.block_size, ns = a.n_split;
+    const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
+    const int per = (ctx + ns - 1) / ns;
+    const int k0 = split * per, k1 = min(ctx, k0 + per);
+    const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
+
+    /* q of the group's heads, dims dl*8 .. dl*8+7, scaled so that scores are in base 2 */
+    const float qs = a.scale * 1.4426950408889634f;
+    float q[MAXG][8];
+    const bf16 *qp = (const bf16 *)a.q + (int64_t)t * a.ld_q + (int64_t)kh * G * HD + dl * 8;
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        if (g < G) {
+            bf16x8 v = *(const bf16x8 *)(qp + g * HD);
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 f = __bfloat1622float2(v.h[h]);
+                q[g][2 * h] = f.x * qs;
+                q[g][2 * h + 1] = f.y * qs;
+            }
+        } else {
+#pragma unroll
+            for (int d = 0; d < 8; d++) q[g][d] = 0.0f;
+        }
+    }
+    float m[MAXG], l[MAXG], o[MAXG][8];
+#pragma unroll
+    for (int g = 0; g < MAXG; g++) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int d = 0; d < 8; d++) o[g][d] = 0.0f;
+    }
+
+    for (int kb = k0 + warp * STEP; kb < k1; kb += AD_WARPS * STEP) {
+        uint4 kr[U], vr[U];
+        bool valid[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int p = kb + u * KPW + sub;
+            valid[u] = p < k1;
+            if (valid[u]) {
+                int64_t off = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * HD + dl * 8;
+                kr[u] = ld_kv(a.kv.k + off);
+                vr[u] = ld_kv(a.kv.v + off);
+            } else {
+                kr[u] = make_uint4(0, 0, 0, 0);
+                vr[u] = kr[u];
+            }
+        }
+        float s[U][MAXG];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const bf162 *kh2 = (const bf162 *)&kr[u];
+            float kf[8];
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 f = __bfloat1622float2(kh2[h]);
+                kf[2 * h] = f.x;
+                kf[2 * h + 1] = f.y;
+            }
+#pragma unroll
+            for (int g = 0; g < MAXG; g++) {
+                float d0 = 0.0f;
+#pragma unroll
+                for (int d = 0; d < 8; d++) d0 = fmaf(q[g][d], kf[d], d0);
+#pragma unroll
+                for (int x = LPK / 2; x > 0; x >>= 1) d0 += __shfl_xor_sync(0xffffffffu, d0, x);
+                s[u][g] = valid[u] ? d0 : -INFINITY;
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+            float mx = s[0][g];
+#pragma unroll
+            for (int u = 1; u < U; u++) mx = fmaxf(mx, s[u][g]);
+            const float mn = fmaxf(m[g], mx);
+            if (mn == -INFINITY) continue; /* nothing valid for this lane group yet */
+            const float alpha = exp2f(m[g] - mn);
+            l[g] *= alpha;
+#pragma unroll
+            for (int d = 0; d < 8; d++) o[g][d] *= alpha;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const float p = exp2f(s[u][g] - mn);
+                l[g] += p;
+                const bf162 *vh = (const bf162 *)&vr[u];
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    float2 f = __bfloat1622float2(vh[h]);
+                    o[g][2 * h] = fmaf(p, f.x, o[g][2 * h]);
+                    o[g][2 * h + 1] = fmaf(p, f.y, o[g][2 * h + 1]);
+                }
+            }
+            m[g] = mn;
+        }
+    }
+
+    /* merge the lane groups of the warp (lanes dl, dl + LPK, ...) */
+#pragma unroll
+    for (int x = LPK; x < 32; x <<= 1) {
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+            const float mb = __shfl_xor_sync(0xffffffffu, m[g], x), lb = __shfl_xor_sync(0xffffffffu, l[g], x);
+            const float mn = fmaxf(m[g], mb);
+            const float ea = mn == -INFINITY ? 0.0f : exp2f(m[g] - mn), eb = mn == -INFINITY ? 0.0f : exp2f(mb - mn);
+            l[g] = l[g] * ea + lb * eb;
+#pragma unroll
+            for (int d = 0; d < 8; d++) {
+                const float ob = __shfl_xor_sync(0xffffffffu, o[g][d], x);
+                o[g][d] = o[g][d] * ea + ob * eb;
+            }
+            m[g] = mn;
+        }
+    }
+    if (lane < LPK) {
+#pragma unroll
+        for (int g = 0; g < MAXG; g++) {
+#pragma unroll
+            for (int d = 0; d < 8; d++) o_s[warp][g][dl * 8 + d] = o[g][d];
+            if (lane == 0) { ml_s[warp][g][0] = m[g]; ml_s[warp][g][1] = l[g]; }
+        }
+    }
+    __syncthreads();
+
+    /* merge the warps; write the output (one split) or this split's partial */
+    const int H = a.H;
+    for (int idx = tid; idx < G * HD; idx += AD_WARPS * 32) {
+        const int g = idx / HD, d = idx - g * HD, h = kh * G + g;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < AD_WARPS; w++) M = fmaxf(M, ml_s[w][g][0]);
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < AD_WARPS; w++) {
+                const float e = exp2f(ml_s[w][g][0] - M);
+                L = fmaf(ml_s[w][g][1], e, L);
+                O = fmaf(o_s[w][g][d], e, O);
+            }
+        }
+        if (ns == 1) {
+            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+        } else {
+            float *wp = a.ws + (((int64_t)t * H + h) * ns + split) * (HD + 2);
+            wp[d] = O;
+            if (d == 0) { wp[HD] = M; wp[HD + 1] = L; }
+        }
+    }
+    if (ns == 1) return;
+
+    /* the last block of this (token, kv head) to finish combines the splits */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&a.counters[t * Hkv + kh], 1u) == (unsigned)ns - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int g = warp; g < G; g += AD_WARPS) {
+        const float *wp = a.ws + ((int64_t)t * H + kh * G + g) * ns * (HD + 2);
+        float m0 = lane < ns ? __ldcg(wp + lane * (HD + 2) + HD) : -INFINITY;
+        float m1 = lane + 32 < ns ? __ldcg(wp + (lane + 32) * (HD + 2) + HD) : -INFINITY;
+        const float M = warp_max(fmaxf(m0, m1));
+        float e0 = 0.0f, e1 = 0.0f;
+        if (M != -INFINITY) {
+            if (m0 != -INFINITY) e0 = exp2f(m0 - M);
+            if (m1 != -INFINITY) e1 = exp2f(m1 - M);
+        }
+        float L = (lane < ns ? e0 * __ldcg(wp + lane * (HD + 2) + HD + 1) : 0.0f) +
+                  (lane + 32 < ns ? e1 * __ldcg(wp + (lane + 32) * (HD + 2) + HD + 1) : 0.0f);
+        L = warp_sum(L);
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        wsm[g][lane] = e0 * inv;
+        wsm[g][lane + 32] = e1 * inv;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * HD; idx += AD_WARPS * 32) {
+        const int g = idx / HD, d = idx - g * HD, h = kh * G + g;
+        const float *wp = a.ws + ((int64_t)t * H + h) * ns * (HD + 2) + d;
+        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+        int i = 0;
+        for (; i + 3 < ns; i += 4) {
+            o0 = fmaf(__ldcg(wp + i * (HD + 2)), wsm[g][i], o0);
+            o1 = fmaf(__ldcg(wp + (i + 1) * (HD + 2)), wsm[g][i + 1], o1);
+            o2 = fmaf(__ldcg(wp + (i + 2) * (HD + 2)), wsm[g][i + 2], o2);
+            o3 = fmaf(__ldcg(wp + (i + 3) * (HD + 2)), wsm[g][i + 3], o3);
+        }
+        for (; i < ns; i++) o0 = fmaf(__ldcg(wp + i * (HD + 2)), wsm[g][i], o0);
+        ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf((o0 + o1) + (o2 + o3));
+    }
+    if (tid == 0) a.counters[t * Hkv + kh] = 0; /* ready for the next launch (graph replays too) */
+}
+
+template <int HD, int MAXG>
+static int launch(const sf_k_attn *a, cudaStream_t s)
+{
+    dim3 grid(a->T, a->Hkv, a->n_split);
+    k_attn_decode<HD, MAXG><<<grid, AD_WARPS * 32, 0, s>>>(*a);
+    return sf_launch_status();
+}
+
+extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
+{
+    if (a->T <= 0) return 0;
+    if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
+    const int G = a->H / a->Hkv;
+    if (a->hd == 128) return G <= 4 ? launch<128, 4>(a, s) : launch<128, 8>(a, s);
+    return G <= 4 ? launch<64, 4>(a, s) : launch<64, 8>(a, s);
+}

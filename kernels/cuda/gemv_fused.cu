@@ -1,0 +1,264 @@
+/* gemv_fused.cu — batch-1 GEMV with the neighbouring small ops folded in, so a decode layer runs
+ * three GEMV launches instead of three GEMVs plus two norms, a SiLU·mul and two residual adds:
+ *
+ *   norm:  y = rmsnorm(x) * nw . W^T (+ bias)           (RMSNorm as the prologue)
+ *   glu:   y[j] = silu(z[j]) * z[f + j], z = rmsnorm(x) * nw . W^T (+ bias)   (W = gate rows, then up rows)
+ *   add:   y += x . W^T (+ bias)                          (the residual add as the epilogue)
+ *   rope:  qkv = rmsnorm(x) * nw . Wqkv^T (+ bias), then RoPE on the q and k heads and the k and
+ *          v heads written to the paged cache at the token's slot   (rope_kv.cu as the epilogue)
+ *
+ * Decode is bound by reading W once. A warp streams two rows of W (two neighbouring rows, or a
+ * gate row and its up row) with 16-byte loads that bypass L1, FG_UNROLL per row in flight per
+ * lane, against x held in shared memory (norm: every block normalises the row itself from L2,
+ * 8 KiB for d = 4096, after its first weight loads are issued) or read through L1 (add).
+ *
+ * Rounding follows the unfused path exactly: the normalised x is bf16(bf16(x * inv) * nw), GEMV
+ * outputs are rounded to bf16 before SiLU (which is rounded again, as HF does) and before the
+ * residual add. Only the order of the fp32 sums differs. */
+#include "common.cuh"
+
+#define FG_UNROLL 4 /* default loads of each of the two rows in flight per lane */
+
+enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8 };
+
+/* RoPE + KV append of the one token (rope mode only). */
+struct fg_rope {
+    const int32_t *pos, *slot;
+    const float *inv_freq;
+    int H, Hkv, hd, rot, interleaved;
+    sf_k_kv kv;
+};
+
+static __device__ __forceinline__ uint4 ld_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, float acc)
+{
+    const bf162 *wh = (const bf162 *)&w;
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float2 wf = __bfloat1622float2(wh[h]), xf = __bfloat1622float2(x.h[h]);
+        acc = fmaf(wf.x, xf.x, acc);
+        acc = fmaf(wf.y, xf.y, acc);
+    }
+    return acc;
+}
+
+/* One output unit per warp: rows (ra, rb) of W. MODE is a set of FG_* flags. k % 8 == 0 and
+ * every pointer 16-byte aligned (the launcher checks). Dynamic shared memory: k bf16 (norm).
+ * Rope mode pairs the rows a rotation mixes: (i, i + rot/2) of a head (halves) or (2i, 2i + 1)
+ * (interleaved, and the unrotated dims past rot and the v heads in both conventions). */
+template <int MODE, int WARPS, int FG_U>
+__global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
+                                                           float eps, const bf16 *__restrict__ w,
+                                                           const bf16 *__restrict__ bias, int m, int k,
+                                                           bf16 *__restrict__ y, fg_rope rp)
+{
+    extern __shared__ __align__(16) unsigned char fg_smem[];
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = k / 8;
+    /* units: glu -> f = m / 2 outputs, one (gate, up) pair each; else ceil(m / 2) row pairs */
+    const int units = (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
+    const int u = blockIdx.x * WARPS + warp;
+    const bool active = u < units;
+    int ra = 0, rb = 0, hh = 0, ri = 0;
+    bool rotate = false;
+    if (active) {
+        if (MODE & FG_GLU) { ra = u; rb = u + m / 2; }
+        else if (MODE & FG_ROPE) {
+            const int half = rp.hd / 2;
+            hh = u / half;
+            ri = u - hh * half;
+            rotate = hh < rp.H + rp.Hkv && ri < rp.rot / 2;
+            ra = hh * rp.hd + (rotate && !rp.interleaved ? ri : 2 * ri);
+            rb = ra + (rotate && !rp.interleaved ? rp.rot / 2 : 1);
+        } else { ra = 2 * u; rb = min(2 * u + 1, m - 1); }
+    }
+    const uint4 *wa = (const uint4 *)(w + (int64_t)ra * k), *wb = (const uint4 *)(w + (int64_t)rb * k);
+
+    /* first weight loads in flight before the prologue */
+    uint4 va[FG_U], vb[FG_U];
+#pragma unroll
+    for (int i = 0; i < FG_U; i++) {
+        int c = lane + i * 32;
+        if (active && c < k8) { va[i] = ld_stream(wa + c); vb[i] = ld_stream(wb + c); }
+        else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
+    }
+
+    const bf16x8 *xv;
+    if (MODE & FG_NORM) {
+        bf16x8 *xs = (bf16x8 *)fg_smem;
+        const bf16x8 *x8 = (const bf16x8 *)x, *n8 = (const bf16x8 *)nw;
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < k8; i += WARPS * 32) {
+            bf16x8 v = x8[i];
+            xs[i] = v;
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 f = __bfloat1622float2(v.h[h]);
+                ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+            }
+        }
+        ss = block_sum(ss, red);
+        const float inv = rsqrtf(ss / (float)k + eps);
+        for (int i = threadIdx.x; i < k8; i += WARPS * 32) {
+            bf16x8 v = xs[i], g = n8[i], o;
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 f = __bfloat1622float2(v.h[h]), gw = __bfloat1622float2(g.h[h]);
+                float n0 = bf2f(f2bf(f.x * inv)), n1 = bf2f(f2bf(f.y * inv)); /* HF: round, then scale */
+                o.h[h] = __floats2bfloat162_rn(n0 * gw.x, n1 * gw.y);
+            }
+            xs[i] = o;
+        }
+        __syncthreads();
+        xv = xs;
+    } else {
+        xv = (const bf16x8 *)x;
+    }
+    if (!active) return;
+
+    float acc_a = 0.0f, acc_b = 0.0f;
+    for (int c0 = lane;; c0 += FG_U * 32) {
+#pragma unroll
+        for (int i = 0; i < FG_U; i++) {
+            int c = c0 + i * 32;
+            if (c < k8) {
+                bf16x8 xx = xv[c];
+                acc_a = dot8(va[i], xx, acc_a);
+                acc_b = dot8(vb[i], xx, acc_b);
+            }
+        }
+        const int next = c0 + FG_U * 32;
+        if (next - lane >= k8) break;
+#pragma unroll
+        for (int i = 0; i < FG_U; i++) {
+            int c = next + i * 32;
+            if (c < k8) { va[i] = ld_stream(wa + c); vb[i] = ld_stream(wb + c); }
+            else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
+        }
+    }
+    acc_a = warp_sum(acc_a);
+    acc_b = warp_sum(acc_b);
+    if (lane) return;
+    if (bias) { acc_a += bf2f(bias[ra]); acc_b += bf2f(bias[rb]); }
+    if (MODE & FG_GLU) {
+        float g = bf2f(f2bf(acc_a)), up = bf2f(f2bf(acc_b));
+        float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
+        y[u] = f2bf(sg * up);
+    } else if (MODE & FG_ROPE) {
+        float va0 = bf2f(f2bf(acc_a)), vb0 = bf2f(f2bf(acc_b)); /* rope_kv reads the rounded product */
+        bf16 ya, yb;
+        if (rotate) {
+            float sn, cs;
+            sincosf((float)rp.pos[0] * rp.inv_freq[ri], &sn, &cs);
+            ya = f2bf(va0 * cs - vb0 * sn);
+            yb = f2bf(vb0 * cs + va0 * sn);
+        } else {
+            ya = f2bf(va0);
+            yb = f2bf(vb0);
+        }
+        y[ra] = ya;
+        y[rb] = yb;
+        const int sl = rp.slot[0];
+        if (hh >= rp.H && sl >= 0) {
+            const bool is_v = hh >= rp.H + rp.Hkv;
+            const int kvh = is_v ? hh - rp.H - rp.Hkv : hh - rp.H;
+            const int64_t blk = sl / rp.kv.block_size, off = sl % rp.kv.block_size;
+            bf16 *cache = (bf16 *)(is_v ? rp.kv.v : rp.kv.k) + ((blk * rp.Hkv + kvh) * rp.kv.block_size + off) * rp.hd;
+            cache[ra - hh * rp.hd] = ya;
+            cache[rb - hh * rp.hd] = yb;
+        }
+    } else if (MODE & FG_ADD) {
+        y[ra] = f2bf(bf2f(y[ra]) + bf2f(f2bf(acc_a)));
+        if (rb != ra) y[rb] = f2bf(bf2f(y[rb]) + bf2f(f2bf(acc_b)));
+    } else {
+        y[ra] = f2bf(acc_a);
+        if (rb != ra) y[rb] = f2bf(acc_b);
+    }
+}
+
+extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
+{
+    return k > 0 && k % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
+}
+
+template <int MODE, int WARPS, int FG_U = FG_UNROLL>
+static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
+                  int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
+{
+    const int units = (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
+    const size_t smem = (size_t)k * 2 * ((MODE & FG_NORM) != 0);
+    static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
+    if (smem > smem_set) {
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        smem_set = smem;
+    }
+    k_gemv_fused<MODE, WARPS, FG_U><<<sf_div_up(units, WARPS), WARPS * 32, smem, s>>>(
+        (const bf16 *)x, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
+    return sf_launch_status();
+}
+
+extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                              const uint16_t *bias, int m, int k, int glu, uint16_t *y, cudaStream_t s)
+{
+    if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !y || m < 1 ||
+        (glu && m % 2))
+        return (int)cudaErrorInvalidValue;
+    fg_rope rp = {};
+    return glu ? launch<FG_NORM | FG_GLU, 8>(x, nw, eps, w, bias, m, k, y, rp, s)
+               : launch<FG_NORM, 8>(x, nw, eps, w, bias, m, k, y, rp, s);
+}
+
+extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
+                             cudaStream_t s)
+{
+    if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1) return (int)cudaErrorInvalidValue;
+    fg_rope rp = {};
+    return launch<FG_ADD, 4>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+}
+
+extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                                   const uint16_t *bias, int k, int H, int Hkv, int hd, int rot_dim, int interleaved,
+                                   const int32_t *pos, const int32_t *slot, const float *inv_freq, sf_k_kv kv,
+                                   uint16_t *qkv, cudaStream_t s)
+{
+    if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !qkv || H < 1 ||
+        Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 2 || rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv ||
+        kv.head_dim != hd || kv.block_size < 1)
+        return (int)cudaErrorInvalidValue;
+    fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
+    return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
+}
+
+/* Benchmarks only: the same kernels with other block sizes and load depths. */
+template <int MODE>
+static int tune(int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m, int k,
+                uint16_t *y, cudaStream_t s)
+{
+    fg_rope rp = {};
+    if (warps == 4 && unroll == 4) return launch<MODE, 4, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 4 && unroll == 8) return launch<MODE, 4, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 8 && unroll == 4) return launch<MODE, 8, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 8 && unroll == 8) return launch<MODE, 8, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 16 && unroll == 4) return launch<MODE, 16, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    return (int)cudaErrorInvalidValue;
+}
+
+extern "C" int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw,
+                                    const uint16_t *w, int m, int k, uint16_t *y, cudaStream_t s)
+{
+    if (!sf_k_gemv_fused_ok(x, w, k) || m < 2 || m % 2 || k > SF_K_GEMV_NORM_MAX_K * (kind == 2 ? 4 : 1))
+        return (int)cudaErrorInvalidValue;
+    return kind == 0 ? tune<FG_NORM>(warps, unroll, x, nw, w, m, k, y, s)
+           : kind == 1 ? tune<FG_NORM | FG_GLU>(warps, unroll, x, nw, w, m, k, y, s)
+                       : tune<FG_ADD>(warps, unroll, x, nw, w, m, k, y, s);
+}
