@@ -39,6 +39,12 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 #define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
 #define MAX_SPLIT 64
+#define SAMPLE_BYTES ((size_t)8 << 20) /* sampler arguments and ids, pinned + device */
+
+_Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
+               offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
+               offsetof(sf_k_sample_row, n_pen) == offsetof(sf_sample_row, n_pen) &&
+               sizeof(sf_k_sample_pen) == sizeof(sf_sample_pen), "kernels.h and hal.h disagree on the sampler rows");
 
 struct sf_buf {
     uint16_t *d;
@@ -91,6 +97,8 @@ typedef struct cuda_ctx {
                           * graph: its wait for the peers is not host work) */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
     sf_cuda_graphs graphs;
+    /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
+    char *samp_h, *samp_d;
     /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
      * printed when the backend closes */
     int prof;
@@ -223,6 +231,8 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->kv_scale);
         cudaFree(c->inv_freq_d);
         cudaFree(c->attn_ws);
+        if (c->samp_h) cudaFreeHost(c->samp_h);
+        cudaFree(c->samp_d);
         if (c->s) cudaStreamDestroy(c->s);
         free(c);
     }
@@ -857,6 +867,71 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     return SF_OK;
 }
 
+/* Rounds host fp32 rows to bf16 through the pinned stage and sends them (tests, comparisons). */
+static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
+{
+    cuda_ctx *c = CTX(b);
+    if (n < 0 || n > buf->rows) return op_fail(SF_EINVAL, "write_f32", "more rows than the buffer has");
+    int rc = step_end(c);
+    if (rc) return rc;
+    size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
+    for (size_t off = 0; off < total; off += per) {
+        size_t cnt = SF_MIN(per, total - off);
+        cudaError_t e = cudaEventSynchronize(c->stage_done[0]);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+        uint16_t *p = c->pin[0];
+        for (size_t i = 0; i < cnt; i++) p[i] = sf_f32_to_bf16(host[off + i]);
+        e = cudaMemcpyAsync(buf->d + off, c->pin[0], cnt * 2, cudaMemcpyHostToDevice, c->s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+    }
+    return SF_OK;
+}
+
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+/* Sends the rows and penalty entries (one copy), draws on the device, brings back n ids. */
+static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+{
+    cuda_ctx *c = CTX(b);
+    if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols || n_pen < 0)
+        return op_fail(SF_EINVAL, "sample", "more rows or tokens than the logits buffer has");
+    for (int i = 0; i < n; i++) {
+        const sf_sample_row *r = &rows[i];
+        if (r->n_pen < 0 || r->pen_off < 0 || (int64_t)r->pen_off + r->n_pen > n_pen)
+            return op_fail(SF_EINVAL, "sample", "a row's penalty entries lie outside the list");
+        for (int j = 0; j < r->n_pen; j++)
+            if (pen[r->pen_off + j].id < 0 || pen[r->pen_off + j].id >= vocab)
+                return op_fail(SF_EINVAL, "sample", "a penalized token id is outside the vocabulary");
+    }
+    size_t o_pen = align16((size_t)n * sizeof *rows), o_val = align16(o_pen + (size_t)n_pen * sizeof *pen),
+           o_ids = align16(o_val + (size_t)n_pen * 4), total = o_ids + (size_t)n * 4;
+    if (vocab > SF_K_SAMPLE_MAX_VOCAB || total > SAMPLE_BYTES) {
+        SF_LOGD("cuda backend: sample: %d rows, %d penalty entries, vocabulary %d exceed the device sampler; "
+                "sampling on the host", n, n_pen, vocab);
+        return SF_EUNSUPPORTED;
+    }
+    int rc = step_end(c);
+    if (rc) return rc;
+    if (n == 0) return SF_OK;
+    memcpy(c->samp_h, rows, (size_t)n * sizeof *rows);
+    if (n_pen) memcpy(c->samp_h + o_pen, pen, (size_t)n_pen * sizeof *pen);
+    cudaError_t e = cudaMemcpyAsync(c->samp_d, c->samp_h, o_val, cudaMemcpyHostToDevice, c->s);
+    if (e != cudaSuccess) return kcheck(e, "sample");
+    rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)c->samp_d,
+                            (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
+                            (int32_t *)(c->samp_d + o_ids), c->s), "sample");
+    if (rc) return rc;
+    e = cudaMemcpyAsync(c->samp_h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
+    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    c->t_step0 = 0;
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+    if (e != cudaSuccess) return kcheck(e, "sample");
+    memcpy(ids, c->samp_h + o_ids, (size_t)n * 4);
+    return SF_OK;
+}
+
 static int cuda_sync(sf_backend *b)
 {
     cuda_ctx *c = CTX(b);
@@ -931,6 +1006,8 @@ static const struct sf_backend_ops cuda_ops = {
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,
     .norm_qkv_rope = cuda_norm_qkv_rope,
+    .sample = cuda_sample,
+    .write_f32 = cuda_write_f32,
 };
 
 /* SEMFLOW_CUDA_FUSED=0: the same backend without the fused ops (the forward pass then runs the
@@ -978,6 +1055,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->meta_d, META_INTS * 4, "batch metadata", err))) goto cleanup;
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming), err, rc);
     if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
+    SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocDefault), err, rc);
+    if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     {
         const char *g = getenv("SEMFLOW_CUDA_GRAPHS"), *p = getenv("SEMFLOW_CUDA_PROFILE");
         c->prof = p && !strcmp(p, "1");

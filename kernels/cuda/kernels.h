@@ -165,6 +165,25 @@ int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, in
 int sf_k_attention_decode_ok(const sf_k_attn *a);
 int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
 
+/* ---- sampling (sample.cu) --------------------------------------------------------------- */
+/* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */
+typedef struct sf_k_sample_row {
+    float temperature, top_p, min_p;
+    int top_k;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed, step;
+    int pen_off, n_pen;
+} sf_k_sample_row;
+typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen;
+/* Largest vocabulary the penalty bitmap (shared memory) takes. */
+#define SF_K_SAMPLE_MAX_VOCAB (40 * 1024 * 8) /* 40 KiB of bits, within the 48 KiB default */
+/* ids[i] = the token drawn from row i of logits (bf16, ld) by rows[i], i < n: one block per
+ * row, the semantics of hal.h's sf_sample_row. pen_val: n_pen floats of scratch (the
+ * penalized logits). vocab <= SF_K_SAMPLE_MAX_VOCAB; penalty ids in [0, vocab), distinct per
+ * row (the host checks both). */
+int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
+                const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif
