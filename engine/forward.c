@@ -5,9 +5,11 @@
  * buffers sized for max_tokens rows; the residual stream h is updated by the fused
  * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds.
  * Backends with the optional fused ops (norm_qkv_rope, norm_matmul, matmul_add) run each layer
- * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual;
- * without tensor parallelism only, since the all-reduce sits between a projection and its
- * residual add. */
+ * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual.
+ * Under tensor parallelism too: the row-parallel projections (O, down) write into h itself —
+ * rank 0 adds its partial product to h, the other ranks overwrite h with theirs — and the
+ * all-reduce of h then leaves h + the whole product on every rank ($SEMFLOW_TP_FUSED=0: the
+ * plain ops with the all-reduce before the add). */
 #include "forward.h"
 
 #include <math.h>
@@ -35,6 +37,7 @@ struct sf_forward {
      * slices of all ranks [size * max_logits, vocab_pad] and their host copy */
     const sf_shard *shard;
     sf_comm *comm;
+    int tp_fused; /* the fused ops under tensor parallelism (see the top) */
     sf_buf *gathered;
     float *gather_host;
 };
@@ -146,6 +149,10 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
     f->max_logits = max_logits;
     f->shard = sh;
     f->comm = comm;
+    {
+        const char *e = getenv("SEMFLOW_TP_FUSED");
+        f->tp_fused = !(e && !strcmp(e, "0"));
+    }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
     if (!f->layers || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
@@ -246,7 +253,8 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     const struct sf_backend_ops *o = OPS(f);
     sf_backend *b = f->b;
     int T = bt->n_tokens, rc;
-    const int fused = o->norm_qkv_rope && o->norm_matmul && o->matmul_add && !f->comm;
+    const int tp = f->comm && f->comm->size > 1, rank = f->comm ? f->comm->rank : 0;
+    const int fused = o->norm_qkv_rope && o->norm_matmul && o->matmul_add && (!tp || f->tp_fused);
     const char *op = "";
     int layer = -1;
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
@@ -266,11 +274,15 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
         }
         STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
-        if (fused) {
-            STEP("o_proj+residual", o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
+        if (fused) { /* under TP: rank 0 adds its partial into h, the others write theirs there */
+            STEP("o_proj+residual", tp && rank ? o->matmul(b, f->att, L->wo, T, f->h)
+                                               : o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
+            if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) goto comm_fail;
             STEP("ffn_norm+gate_up+silu_mul",
                  o->norm_matmul(b, f->h, L->ffn_norm, c->rms_eps, L->wgu, T, 1, f->x, f->gu, f->act));
-            STEP("down_proj+residual", o->matmul_add(b, f->act, L->wdown, T, f->mo, f->h));
+            STEP("down_proj+residual", tp && rank ? o->matmul(b, f->act, L->wdown, T, f->h)
+                                                  : o->matmul_add(b, f->act, L->wdown, T, f->mo, f->h));
+            if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) goto comm_fail;
             continue;
         }
         STEP("o_proj", o->matmul(b, f->att, L->wo, T, f->ao));

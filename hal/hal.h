@@ -289,7 +289,7 @@ char *sf_hw_info_json(const sf_hw_info *hw); /* malloc'd */
 void sf_hw_info_print(FILE *f, const sf_hw_info *hw);
 
 /* Host memory for copies to and from b's device: the backend's host_alloc (pinned on CUDA), or
- * 4 KiB-aligned memory. *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
+ * 4 KiB-aligned memory (also when b is NULL). *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
  * Free with sf_backend_host_free on the same backend. Any thread that may use b. */
 int sf_backend_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err);
 void sf_backend_host_free(sf_backend *b, void *p);
