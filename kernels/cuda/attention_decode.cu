@@ -1,4 +1,5 @@
-/* attention_decode.cu — attention of single query tokens over the paged bf16 KV cache (decode,
+/* attention_decode.cu — attention of single query tokens over the paged bf16 KV cache (INT8
+ * blocks, kernels.h, are read as 8 bytes plus a scale and widened to the same registers) (decode,
  * and short chunks that do not take the tensor-core prefill kernel), for head sizes 64 and 128
  * and GQA groups up to 8.
  *
@@ -88,8 +89,16 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
         for (int u = 0; u < U; u++) {
             int p = kb + u * KPW + sub;
             valid[u] = p < k1;
-            if (valid[u]) {
-                int64_t off = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * HD + dl * 8;
+            const int64_t id = valid[u] ? bt[p / bs] : 0;
+            if (valid[u] && a.kv.i8_base && id >= a.kv.i8_base) {
+                /* an INT8 block (kernels.h): 8 bytes of K and of V and the rows' scales, as bf16 */
+                const int64_t row = ((id - a.kv.i8_base) * Hkv + kh) * bs + p % bs;
+                const bf16x8 k8 = sf_dequant8((const int8_t *)a.kv.k + row * HD + dl * 8, __ldg(a.kv.k_scale + row));
+                const bf16x8 v8 = sf_dequant8((const int8_t *)a.kv.v + row * HD + dl * 8, __ldg(a.kv.v_scale + row));
+                kr[u] = *(const uint4 *)&k8;
+                vr[u] = *(const uint4 *)&v8;
+            } else if (valid[u]) {
+                int64_t off = ((id * Hkv + kh) * bs + p % bs) * HD + dl * 8;
                 kr[u] = ld_kv(a.kv.k + off);
                 vr[u] = ld_kv(a.kv.v + off);
             } else {
