@@ -545,10 +545,11 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
     c->n_split = 1;
     if (c->attn_decode && (c->kvc.head_dim == 64 || c->kvc.head_dim == 128)) {
-        /* attention_decode.cu: latency-bound at batch 1, so at least 32 keys per block and up to
-         * two blocks per SM */
-        if (work < 2 * sms && max_ctx > 32 && !n_tiles)
-            c->n_split = SF_MAX(1, SF_MIN(SF_MIN((max_ctx + 31) / 32, (2 * sms + work - 1) / work), MAX_SPLIT));
+        /* attention_decode.cu: at least 64 keys and at most one block per SM (test_ops --perf on the
+         * H200: 512 keys of 8 kv heads 11.1 us at 8 splits, 11.4 at 16; 4096 keys of 4 kv heads 31.6 us
+         * at 32 splits, 41.3 at 64) */
+        if (work < sms && max_ctx > 64 && !n_tiles)
+            c->n_split = SF_MAX(1, SF_MIN(SF_MIN((max_ctx + 63) / 64, (sms + work - 1) / work), MAX_SPLIT));
     } else if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));

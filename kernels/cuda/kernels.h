@@ -141,7 +141,8 @@ int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const 
                         const int32_t *slot, const float *inv_freq, sf_k_kv kv, uint16_t *qkv, cudaStream_t s);
 
 /* Benchmarks only: kind 0 norm, 1 norm + glu, 2 add, with `warps` per block (4, 8, 16) and
- * `unroll` 16-byte loads per row in flight per lane (4, 8); no bias. */
+ * `unroll` 16-byte loads per row in flight per lane (4, 8; 100 + n: one row per warp, n loads;
+ * not glu); no bias. */
 int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                          int m, int k, uint16_t *y, cudaStream_t s);
 
