@@ -115,12 +115,6 @@ static __device__ __forceinline__ void sf_pdl_wait(void)
 #endif
 }
 
-/* Brings the 128-byte line holding p into L2 (no registers, no completion to wait for). */
-static __device__ __forceinline__ void sf_prefetch_l2(const void *p)
-{
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-}
-
 /* 1 unless SEMFLOW_CUDA_PDL=0 (read once). */
 static inline int sf_pdl_enabled(void)
 {

@@ -112,6 +112,11 @@ int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_
                  int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
 int sf_k_gemv(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+/* y += x . W^T (+ bias) through cuBLASLt (beta = 1, in place; one rounding of the sum), and
+ * whether cuBLASLt has an algorithm for the shape (makes its plan: no launch, no sync). */
+int sf_k_gemm_lt_acc(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                     int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+int sf_k_gemm_lt_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);
 /* 1 when sf_k_gemm on this shape will neither synchronise nor allocate (its plan and, for
  * n <= 8, its path are already chosen): safe inside a CUDA graph capture. */
 int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);

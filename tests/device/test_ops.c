@@ -934,7 +934,7 @@ static void perf_attn(void)
         cudaMemset(ws, 0, (size_t)H * 64 * (hd + 2) * 4 + 4096);
         int work = Hkv;
         int split_old = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, (4 * sms + work - 1) / work), 64));
-        int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, (sms + work - 1) / work), 64));
+        int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, SF_MAX((sms + work - 1) / work, (ctx + 127) / 128)), 64));
         /* paths: 0 old kernel, 1 new kernel at the backend's split, 2.. new kernel at other splits */
         static const int splits[] = { 1, 4, 8, 16, 32, 64 };
         float t[2 + SF_ARRAY_LEN(splits)];
