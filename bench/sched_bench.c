@@ -1,6 +1,7 @@
 /* sched_bench.c — host time the scheduler adds to one engine step: plan + batch + commit, with
  * no model, for N running sequences decoding (the steady state) and with prefill admission
- * (the churn). `make bench-sched`, then build/bench/sched_bench [N ...]. */
+ * (the churn), with the policy on (step shaping with realtime targets and batch floors, the
+ * degrade watch). `make bench-sched`, then build/bench/sched_bench [N ...]. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -17,7 +18,9 @@ static void run(int n_seqs)
         exit(1);
     }
     sf_sched_config c = { .max_num_seqs = n_seqs, .max_batched_tokens = SF_MAX(2048, n_seqs),
-                          .max_model_len = 8192, .kv_high_reserve = 0.1f };
+                          .max_model_len = 8192, .kv_high_reserve = 0.1f, .shape = 1, .shape_frac = 0.25f,
+                          .min_chunk = 32, .degrade_high = 0.92f, .degrade_low = 0.8f, .degrade_hold_s = 5,
+                          .relax_ms = 2000 };
     if (sf_sched_init(&s, &c, &pool, &err) != SF_OK) {
         fprintf(stderr, "%s\n", err.msg);
         exit(1);
@@ -27,6 +30,9 @@ static void run(int n_seqs)
     for (int i = 0; i < n_seqs; i++) {
         sf_seq_init(&q[i], prompt, 128 + (i * 37) % 896, &err);
         q[i].urgency = i % SF_URGENCY_COUNT;
+        /* the policy's inputs: realtime targets and batch floors, as in the overload scenario */
+        if (q[i].urgency == SF_URGENCY_HIGH) q[i].max_latency_ms = 400;
+        if (q[i].urgency == SF_URGENCY_LOW) q[i].min_tps = 50;
         sf_sched_add(&s, &q[i]);
     }
     double t_dec = 0, t_pre = 0;
@@ -40,6 +46,7 @@ static void run(int n_seqs)
         for (int i = 0; i < p->n_items; i++)
             if (p->items[i].seq && p->items[i].logits) sf_seq_append(p->items[i].seq, 7);
         double dt = sf_now_s() - t0;
+        sf_sched_observe(&s, p->n_tokens, p->n_decode, 5.0 + 0.03 * p->n_tokens); /* an H200-like step */
         if (p->n_prefill) t_pre += dt, n_pre++;
         else t_dec += dt, n_dec++;
     }

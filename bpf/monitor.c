@@ -48,6 +48,7 @@ typedef struct pidinfo {
     double dead_since;      /* 0: alive when last checked */
     unsigned gpu_mask;      /* GPUs it has a context on (NVML), else /dev/nvidiaN held open */
     int has_dma;            /* seen copying: worth looking for its GPUs */
+    int ppid;               /* parent when first seen (0: unknown) */
 } pidinfo;
 
 struct sf_monitor {
@@ -132,6 +133,16 @@ int sf_monitor_attach_lib(sf_monitor *m, const char *path, sf_error *err)
     return rc;
 }
 
+int sf_monitor_has_lib(sf_monitor *m, const char *path)
+{
+    int found = 0;
+    if (!m) return 0;
+    pthread_mutex_lock(&m->attach_mu);
+    for (int i = 0; i < m->n_libs && !found; i++) found = !strcmp(m->libs[i], path);
+    pthread_mutex_unlock(&m->attach_mu);
+    return found;
+}
+
 /* Pids whose maps were read since the last full scan (sorted), so that the 5 s scans read only
  * processes started since; a full scan each minute catches libcuda dlopen'd later. */
 static int cmp_int(const void *a, const void *b) { return *(const int *)a - *(const int *)b; }
@@ -194,6 +205,16 @@ static pidinfo *pid_get(sf_monitor *m, int pid)
     /* comm is any bytes a process chose: keep printable ASCII for JSON, labels and terminals */
     for (char *c = p->comm; *c; c++)
         if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\') *c = '?';
+    /* the parent: field 4 of /proc/PID/stat, after the ')' that closes comm */
+    char st[512];
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    if ((f = fopen(path, "re"))) {
+        size_t n = fread(st, 1, sizeof st - 1, f);
+        st[n] = 0;
+        const char *q = strrchr(st, ')');
+        if (q) sscanf(q + 1, " %*c %d", &p->ppid);
+        fclose(f);
+    }
     return p;
 }
 
@@ -431,7 +452,8 @@ static int take_snapshot(sf_monitor *m, sf_mon_snapshot *s, const sf_mon_snapsho
         unsigned mask = pi->gpu_mask & ((1u << s->n_gpus) - 1);
         if (!mask) mask = 1;  /* no /dev/nvidiaN open (or not visible): the first GPU's link */
         int share = __builtin_popcount(mask);
-        int own = p->pid == m->o.own_pid;
+        /* ours: the server and the processes it started (tensor-parallel ranks) */
+        int own = p->pid == m->o.own_pid || (pi->ppid && pi->ppid == m->o.own_pid);
         for (int g = 0; g < s->n_gpus; g++) {
             if (!(mask & (1u << g))) continue;
             sf_mon_gpu *G = &s->gpus[g];
@@ -690,5 +712,6 @@ int sf_monitor_attach_lib(sf_monitor *m, const char *path, sf_error *err)
 {
     return sf_err(err, SF_EUNSUPPORTED, "BPF is off in this build");
 }
+int sf_monitor_has_lib(sf_monitor *m, const char *path) { return 0; }
 
 #endif

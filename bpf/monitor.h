@@ -51,7 +51,8 @@ typedef struct sf_monitor_opts {
      * GPUs are numbered as NVML and /dev/nvidiaN number them (PCI bus order). */
     double link_gbs_gpu[SF_MON_MAX_GPUS];
     int n_gpus;               /* GPUs to report (0: 1, the host link) */
-    int own_pid;              /* "our" process for the contention index; 0: getpid() */
+    int own_pid;              /* "our" process for the contention index, with its children (the
+                               * tensor-parallel ranks); 0: getpid() */
 } sf_monitor_opts;
 
 void sf_monitor_opts_default(sf_monitor_opts *o);
@@ -115,6 +116,8 @@ uint64_t sf_monitor_wait(sf_monitor *m, uint64_t seq, double timeout_s);
 double sf_monitor_contention(sf_monitor *m, int gpu);
 /* Attach to another library exporting libcuda's copy symbols (any thread). */
 int sf_monitor_attach_lib(sf_monitor *m, const char *path, sf_error *err);
+/* 1 when the copies of the library at path (as discovered or given) are attached. Any thread. */
+int sf_monitor_has_lib(sf_monitor *m, const char *path);
 
 /* The latest snapshot as one JSON object (malloc'd, one line):
  *   {"t":..,"processes":[{"pid","comm","h2d_bytes","d2h_bytes","d2d_bytes","other_bytes",

@@ -16,6 +16,7 @@ SF_CMD(sf_cmd_top);
 SF_CMD(sf_cmd_hal);
 SF_CMD(sf_cmd_gen_model);
 SF_CMD(sf_cmd_rank);
+SF_CMD(sf_cmd_bench_kv_quality); /* `semflow bench kv-quality` (cmd_bench_kv.c) */
 #undef SF_CMD
 
 #endif

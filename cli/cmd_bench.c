@@ -4,7 +4,10 @@
  *   decode   batch-1 decode after a prompt of --ctx tokens: ms/token, and the weight bytes
  *            read per second as a share of the memory bandwidth hal measured (read
  *            bandwidth on the CPU: decode streams every weight once per token and writes
- *            almost nothing).
+ *            almost nothing). The next token is drawn by the backend's sampler unless
+ *            --sample host.
+ *   throughput  the one mode over the engine (scheduler, continuous batching, sampler):
+ *            cli/bench_throughput.c.
  *
  * Modes are a table (bench_modes below); each gets the parsed options and the shared setup
  * helpers (bench_open / bench_feed), so a prefill or throughput mode is one more function. */
@@ -13,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench.h"
 #include "cli/cli.h"
 #include "engine/forward.h"
 #include "engine/kvcache.h"
@@ -20,14 +24,6 @@
 #include "engine/tp.h"
 #include "hal/hal.h"
 
-typedef struct bench_opts {
-    const char *mode, *model, *preset, *backend;
-    int dummy, ctx, steps, threads, json, chunk;
-    int tp;              /* --tensor-parallel-size: ranks (1: none) */
-    int hidden;          /* allreduce: row width of the messages (0: the model's hidden size) */
-    int batch;           /* decode-batch: sequences decoded together */
-    sf_dtype dtype;
-} bench_opts;
 
 /* One model, one backend, one forward pass, one sequence's worth of KV blocks. */
 typedef struct bench_env {
@@ -40,6 +36,7 @@ typedef struct bench_env {
     int32_t *blocks;     /* the sequence's block table */
     int max_blocks, len, max_tokens;
     float *logits;       /* [max_tokens * vocab] */
+    int sample_dev;      /* decode steps draw on the backend (only the id comes back) */
 } bench_env;
 
 static void bench_close(bench_env *e)
@@ -86,14 +83,19 @@ static int bench_open_seqs(const bench_opts *o, int max_tokens, int kv_tokens, i
     e->max_blocks = (kv_tokens + bs - 1) / bs;
     e->kc = (sf_kv_config){ .n_layers = c->n_layers, .n_blocks = e->max_blocks, .block_size = bs,
                             .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : c->n_kv_heads, .head_dim = c->head_dim,
-                            .dtype = SF_DT_BF16 };
+                            .dtype = SF_DT_BF16, .int8 = o->kv_i8 };
+    if (o->kv_i8 && e->tp) {
+        rc = sf_err(err, SF_EUNSUPPORTED, "--kv-dtype int8 is not available with tensor parallelism");
+        goto fail;
+    }
     e->max_tokens = max_tokens;
     e->blocks = calloc((size_t)e->max_blocks, sizeof *e->blocks);
     e->logits = malloc(sizeof(float) * (size_t)c->vocab_size * max_tokens);
     if (!e->blocks || !e->logits) { rc = sf_err(err, SF_ENOMEM, "out of memory"); goto fail; }
     if ((rc = e->tp ? sf_tp_kv_init(e->tp, &e->kc, err) : e->b->ops->kv_init(e->b, &e->kc, err)) ||
         (rc = sf_kv_pool_init(&e->pool, e->max_blocks, bs, err)) ||
-        (rc = sf_kv_alloc(&e->pool, e->max_blocks, e->blocks)) ||
+        (o->kv_i8 && (sf_kv_pool_enable_i8(&e->pool), 0)) ||
+        (rc = sf_kv_alloc_as(&e->pool, o->kv_i8, e->max_blocks, e->blocks)) ||
         (!e->tp && (rc = sf_forward_new(e->b, e->m, max_tokens, 1, &e->f, err))))
         goto fail;
     return SF_OK;
@@ -108,8 +110,18 @@ static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_
     return bench_open_seqs(o, max_tokens, kv_tokens, kv_tokens, e, err);
 }
 
-/* Appends n tokens to the sequence in one step; logits of the last one in e->logits. */
-static int bench_feed(bench_env *e, const int32_t *tokens, int n, sf_error *err)
+static int32_t argmax(const float *l, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+/* Appends n tokens to the sequence in one step. next == NULL: the logits of the last one in
+ * e->logits; else its greedy successor in *next, drawn by the backend's sampler when
+ * e->sample_dev (only the id crosses), else chosen from the logits on the host. */
+static int bench_feed(bench_env *e, const int32_t *tokens, int n, int32_t *next, sf_error *err)
 {
     int32_t pos[n], slot[n], ss[2] = { 0, n }, ctx[1], row[1] = { n - 1 };
     int bs = e->kc.block_size;
@@ -121,7 +133,15 @@ static int bench_feed(bench_env *e, const int32_t *tokens, int n, sf_error *err)
     ctx[0] = e->len + n;
     sf_batch b = { .n_tokens = n, .n_seqs = 1, .tokens = tokens, .pos = pos, .slot = slot, .seq_start = ss,
                    .seq_ctx = ctx, .block_table = e->blocks, .max_blocks = e->max_blocks, .logit_rows = row, .n_logits = 1 };
-    int rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
+    int rc;
+    if (next && e->sample_dev) {
+        sf_sample_row greedy = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
+        sf_forward_sample smp = { .rows = &greedy, .ids = next };
+        rc = sf_forward_step_sample(e->f, &b, &smp, err);
+    } else {
+        rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
+        if (rc == SF_OK && next) *next = argmax(e->logits, e->m->cfg.vocab_size);
+    }
     if (rc == SF_OK) e->len += n;
     return rc;
 }
@@ -131,9 +151,7 @@ static size_t view_bytes(const sf_view *v)
     return v->data ? sf_dtype_bytes(v->dtype, v->rows * v->cols) : 0;
 }
 
-/* Weight bytes one decode step reads: every layer, the final norm and the lm_head (the
- * embedding table is touched at one row only, unless it doubles as the lm_head). */
-static size_t decode_weight_bytes(const sf_model *m)
+size_t sf_bench_decode_weight_bytes(const sf_model *m)
 {
     size_t s = view_bytes(&m->out_norm) + view_bytes(m->lm_head.data ? &m->lm_head : &m->tok_embd);
     for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -145,18 +163,19 @@ static size_t decode_weight_bytes(const sf_model *m)
     return s;
 }
 
+/* KV bytes one token's K and V take, read once per decode step that attends to it: bf16 (f32 on
+ * the CPU) values, or INT8 values with one fp32 scale per kv head. */
+static double kv_token_bytes(const bench_env *e, const bench_opts *o)
+{
+    double vals = 2.0 * e->m->cfg.n_layers * e->kc.n_kv_heads * e->kc.head_dim;
+    if (o->kv_i8) return vals + 2.0 * e->m->cfg.n_layers * e->kc.n_kv_heads * 4;
+    return vals * (strcmp(e->b->ops->name, "cpu") ? 2 : 4);
+}
+
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-static int32_t argmax(const float *l, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
-    return best;
 }
 
 static int bench_decode(const bench_opts *o)
@@ -180,14 +199,14 @@ static int bench_decode(const bench_opts *o)
     for (int i = 0; i < o->ctx; i++) prompt[i] = (int32_t)(sf_rng_next(&rng) % (uint64_t)c->vocab_size);
     double t0 = sf_now_s();
     for (int i = 0; i < o->ctx; i += chunk)
-        if (bench_feed(&e, prompt + i, SF_MIN(chunk, o->ctx - i), &err)) goto fail;
+        if (bench_feed(&e, prompt + i, SF_MIN(chunk, o->ctx - i), NULL, &err)) goto fail;
     double prefill_s = sf_now_s() - t0;
     int32_t tok = o->ctx ? argmax(e.logits, c->vocab_size) : (c->bos_id >= 0 ? c->bos_id : 0);
+    e.sample_dev = !o->sample_host && !e.tp && sf_forward_can_sample(e.f);
     /* one untimed step first: page faults of the weights and lazy allocations land there */
     for (int s = 0; s <= o->steps; s++) {
         double ts = sf_now_s();
-        if (bench_feed(&e, &tok, 1, &err)) goto fail;
-        tok = argmax(e.logits, c->vocab_size);
+        if (bench_feed(&e, &tok, 1, &tok, &err)) goto fail;
         ms[s] = (sf_now_s() - ts) * 1e3;
         /* CUDA: host time from batch_begin until the step's work was enqueued */
         if (sf_backend_cuda_stats(e.b, &st) == SF_OK) { host_us[s] = st.last_step_host_us; have_host = 1; }
@@ -207,8 +226,8 @@ static int bench_decode(const bench_opts *o)
     double ceil_gbs = read_bw ? hw->mem_read_gbs : hw->mem_bw_gbs;
     double load[1] = { 0 };
     if (getloadavg(load, 1) != 1) load[0] = -1;
-    size_t wbytes = decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
-    double kv_per_tok = (double)e.b->ops->kv_block_bytes(e.b, &e.kc) / e.kc.block_size;
+    size_t wbytes = sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
+    double kv_per_tok = kv_token_bytes(&e, o);
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
     if (o->json) {
@@ -221,6 +240,12 @@ static int bench_decode(const bench_opts *o)
                               "ceiling", read_bw ? "read bandwidth" : "copy bandwidth", "ratio", gbs / ceil_gbs,
                               "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0, "loadavg_1min", load[0]);
         json_object_set_new(j, "tensor_parallel", json_integer(o->tp > 1 ? o->tp : 1));
+        json_object_set_new(j, "sampling", json_string(e.sample_dev ? "backend" : "host"));
+        /* the KV side: what a step reads of the cache, and the roofline with it */
+        json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
+        json_object_set_new(j, "kv_bytes_per_step", json_real(kv_bytes));
+        json_object_set_new(j, "roofline_weights_kv_ms", json_real((wbytes + kv_bytes) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "ratio_weights_kv", json_real(gbs_kv / ceil_gbs));
         if (have_host) {
             json_object_set_new(j, "host_us_per_step", json_real(host_med));
             json_object_set_new(j, "host_share", json_real(host_med / (med * 1e3)));
@@ -234,12 +259,17 @@ static int bench_decode(const bench_opts *o)
         printf("decode   %s%s, %s, %.2f GB of weights read per token, backend %s (%d threads)\n", e.m->name,
                e.m->random_weights ? " (random weights)" : "", sf_dtype_name(c->dtype), wbytes / 1e9, e.b->ops->name,
                hw->n_threads);
+        printf("sampling %s\n", e.sample_dev ? "on the backend (greedy; only the token id is copied back)"
+                                               : "on the host (greedy; the row of logits is copied back)");
         printf("context  %d tokens, then %d decode steps%s\n", o->ctx, o->steps,
                o->tp > 1 ? " (tensor parallel: weight bytes and bandwidth are per rank)" : "");
         printf("latency  %.1f ms/token median (mean %.1f, best %.1f) = %.2f tokens/s\n", med, mean, best, 1e3 / med);
         printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
                100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
         if (o->ctx) printf("prefill  %d tokens in %.2f s = %.1f tokens/s (chunks of %d)\n", o->ctx, prefill_s, o->ctx / prefill_s, chunk);
+        printf("kv       %s cache, %.1f MB read per step; weights + KV roofline %.2f ms/token = %.0f%% reached\n",
+               o->kv_i8 ? "INT8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32", kv_bytes / 1e6,
+               (wbytes + kv_bytes) / (ceil_gbs * 1e9) * 1e3, 100 * gbs_kv / ceil_gbs);
         if (hw->l3_bytes && wbytes < 2 * hw->l3_bytes)
             printf("note     the weights (%.1f MiB) fit in the caches: this is not a memory-bandwidth figure\n",
                    wbytes / 1048576.0);
@@ -264,10 +294,9 @@ out:
     return rc;
 }
 
-/* FLOPs of one prefill step of T tokens from position 0: the GEMMs (2 per weight element per
- * token), causal attention (QK^T and PV over on average (T+1)/2 keys), and the lm_head for the
- * one logit row. */
-static double prefill_flops(const sf_model_config *c, int T)
+/* The GEMMs (2 per weight element per token), causal attention (QK^T and PV over on average
+ * (T+1)/2 keys), and the lm_head for the one logit row. */
+double sf_bench_prefill_flops(const sf_model_config *c, int T)
 {
     double d = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, f = c->intermediate;
     double per_layer = d * (H + 2 * Hkv) * hd + H * hd * d + 3 * d * f;
@@ -295,11 +324,11 @@ static int bench_prefill(const bench_opts *o)
     for (int s = 0; s <= n; s++) {
         e.len = 0;
         double ts = sf_now_s();
-        if (bench_feed(&e, prompt, T, &err)) goto fail;
+        if (bench_feed(&e, prompt, T, NULL, &err)) goto fail;
         ms[s] = (sf_now_s() - ts) * 1e3;
     }
     qsort(ms + 1, (size_t)n, sizeof(double), cmp_double);
-    double med = ms[1 + n / 2], flops = prefill_flops(c, T);
+    double med = ms[1 + n / 2], flops = sf_bench_prefill_flops(c, T);
     const sf_hw_info *hw = e.b->ops->hw(e.b);
     double tflops = flops / (med * 1e-3) / 1e12;
     if (o->json) {
@@ -489,6 +518,20 @@ static int bench_decode_batch(const bench_opts *o)
                               "batch", B, "ctx", o->ctx, "steps", o->steps, "batch1_ms_per_step", m1, "batch1_host_us", hm1,
                               "ms_per_step_median", mb, "host_us_per_step", hmb, "tokens_per_s", B * 1e3 / mb,
                               "batch1_tokens_per_s", 1e3 / m1);
+        /* the memory roofline of a step: every weight once, and every sequence's KV (its mean
+         * context over the timed steps) once */
+        const sf_hw_info *hw = e.b->ops->hw(e.b);
+        double ceil_gbs = hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs;
+        double wbytes = (double)sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m), kvt = kv_token_bytes(&e, o);
+        double kv1 = kvt * (o->ctx + o->steps / 2.0), kvb = kvt * (B * (o->ctx + o->steps / 2.0) + o->steps + 1);
+        json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
+        json_object_set_new(j, "weight_bytes", json_real(wbytes));
+        json_object_set_new(j, "kv_bytes_per_step", json_real(kvb));
+        json_object_set_new(j, "ceiling_gbs", json_real(ceil_gbs));
+        json_object_set_new(j, "roofline_ms", json_real((wbytes + kvb) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "ratio", json_real((wbytes + kvb) / (ceil_gbs * 1e9) * 1e3 / mb));
+        json_object_set_new(j, "batch1_roofline_ms", json_real((wbytes + kv1) / (ceil_gbs * 1e9) * 1e3));
+        json_object_set_new(j, "batch1_ratio", json_real((wbytes + kv1) / (ceil_gbs * 1e9) * 1e3 / m1));
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
         json_decref(j);
@@ -522,12 +565,15 @@ static const struct {
     { "allreduce", bench_allreduce, "all-reduce latency by message size across --tensor-parallel-size ranks" },
     { "decode-batch", bench_decode_batch, "batch-1 decode, then steps of --batch sequences together: ms/step, tokens/s" },
     { "prefill", bench_prefill, "one prefill step of --ctx tokens: tokens/s and MFU vs the measured GEMM rate" },
+    { "throughput", sf_bench_throughput, "offline: --num-prompts requests of --input/--output tokens through the engine; "
+                                         "tokens/s vs the physical bound" },
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: semflow bench MODE (--model PATH | --load-format dummy --preset NAME) [options]\n\nmodes:\n");
     for (size_t i = 0; i < SF_ARRAY_LEN(bench_modes); i++) fprintf(f, "  %-10s %s\n", bench_modes[i].name, bench_modes[i].help);
+    fprintf(f, "  %-10s %s\n", "kv-quality", "INT8 vs full-precision KV: logit error and top-1 agreement (kv-quality --help)");
     fprintf(f, "\noptions:\n"
                "  --model PATH          Hugging Face folder, .gguf file or demo\n"
                "  --load-format dummy   random weights from the config alone (no weight files needed)\n"
@@ -538,10 +584,20 @@ static void usage(FILE *f)
                "  --ctx N               prompt tokens before the timed steps (default 128)\n"
                "  --steps N             timed decode steps (default 16)\n"
                "  --chunk N             prefill chunk size (default 256)\n"
+               "  --kv-dtype int8       decode/prefill: keep the sequence's KV in INT8 blocks (default: full precision)\n"
                "  --tensor-parallel-size N  split the model over N ranks (weight bytes are then per rank)\n"
                "  --hidden N            allreduce: message row width (default: the model's hidden size)\n"
                "  --batch N             decode-batch: sequences decoded together (default 64)\n"
-               "  --json                machine-readable result\n");
+               "  --sample host|backend decode, throughput: where tokens are chosen (default backend when it can)\n"
+               "  --json                machine-readable result\n"
+               "\nthroughput options:\n"
+               "  --input N             prompt tokens per request (default 128)\n"
+               "  --output N            output tokens per request, EOS ignored (default 128)\n"
+               "  --num-prompts N       requests, all submitted at once (default 256)\n"
+               "  --max-num-seqs N      running sequences at most (default 256; lowered to what the KV cache holds)\n"
+               "  --max-batched-tokens N  token budget per step (default 8192)\n"
+               "  --gpu-memory-utilization F  share of device memory for weights + KV (default 0.9)\n"
+               "  --temperature F       sampling temperature (default 1; 0 is greedy)\n");
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
@@ -556,9 +612,25 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
     return 0;
 }
 
+static int parse_double(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (*v == 0 || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "semflow bench: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 int sf_cmd_bench(int argc, char **argv)
 {
-    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64 };
+    if (argc > 1 && !strcmp(argv[1], "kv-quality")) /* its own options (cmd_bench_kv.c) */
+        return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
+    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
+                     .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 256, .max_batched_tokens = 8192,
+                     .gpu_util = 0.9, .temperature = 1.0 };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },
         { "preset", required_argument, NULL, 'p' }, { "backend", required_argument, NULL, 'b' },
@@ -566,7 +638,12 @@ int sf_cmd_bench(int argc, char **argv)
         { "steps", required_argument, NULL, 's' }, { "chunk", required_argument, NULL, 'k' },
         { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
         { "tensor-parallel-size", required_argument, NULL, 'P' }, { "hidden", required_argument, NULL, 'H' },
-        { "batch", required_argument, NULL, 'B' }, { "help", no_argument, NULL, 'h' }, { 0 }
+        { "kv-dtype", required_argument, NULL, 'K' }, { "batch", required_argument, NULL, 'B' },
+        { "sample", required_argument, NULL, 'S' }, { "input", required_argument, NULL, 'I' },
+        { "output", required_argument, NULL, 'O' }, { "num-prompts", required_argument, NULL, 'N' },
+        { "max-num-seqs", required_argument, NULL, 'M' }, { "max-batched-tokens", required_argument, NULL, 'X' },
+        { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
+        { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -592,9 +669,30 @@ int sf_cmd_bench(int argc, char **argv)
             else { fprintf(stderr, "semflow bench: --dtype takes bf16 or f16, got '%s'\n", optarg); return 2; }
             break;
         case 'j': o.json = 1; break;
+        case 'K':
+            if (!strcmp(optarg, "int8")) o.kv_i8 = 1;
+            else if (strcmp(optarg, "auto") && strcmp(optarg, "bf16")) {
+                fprintf(stderr, "semflow bench: --kv-dtype takes int8 or auto (bf16 on CUDA, f32 on the CPU), got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case 'H': if (parse_int("--hidden", optarg, 1, 1 << 20, &o.hidden)) return 2; break;
         case 'B': if (parse_int("--batch", optarg, 1, 4096, &o.batch)) return 2; break;
         case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;
+        case 'S':
+            if (strcmp(optarg, "host") && strcmp(optarg, "backend")) {
+                fprintf(stderr, "semflow bench: --sample takes host or backend, got '%s'\n", optarg);
+                return 2;
+            }
+            o.sample_host = !strcmp(optarg, "host");
+            break;
+        case 'I': if (parse_int("--input", optarg, 1, 1 << 20, &o.input)) return 2; break;
+        case 'O': if (parse_int("--output", optarg, 1, 1 << 20, &o.output)) return 2; break;
+        case 'N': if (parse_int("--num-prompts", optarg, 1, 1 << 20, &o.num_prompts)) return 2; break;
+        case 'M': if (parse_int("--max-num-seqs", optarg, 1, 65536, &o.max_num_seqs)) return 2; break;
+        case 'X': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
+        case 'G': if (parse_double("--gpu-memory-utilization", optarg, 0.05, 1, &o.gpu_util)) return 2; break;
+        case 'T': if (parse_double("--temperature", optarg, 0, 100, &o.temperature)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

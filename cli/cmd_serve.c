@@ -63,6 +63,15 @@ static char *dashboard_stats(void *user)
                           "preemptions", (json_int_t)st.preemptions, "swaps_out", (json_int_t)st.swaps_out,
                           "swaps_in", (json_int_t)st.swaps_in, "dma_deferred", (json_int_t)st.dma_deferred,
                           "pcie_contention", st.pcie_contention);
+    json_t *dec = json_object(); /* the scheduler policy's decisions, as in /metrics */
+    for (int i = 0; dec && i < (int)SF_ARRAY_LEN(st.decisions); i++)
+        json_object_set_new(dec, sf_decision_name(i), json_integer((json_int_t)st.decisions[i]));
+    if (o && dec) {
+        json_object_set_new(o, "decisions", dec);
+        json_object_set_new(o, "degraded", json_boolean(st.degraded));
+    } else {
+        json_decref(dec);
+    }
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     return text;

@@ -5,9 +5,11 @@
  * buffers sized for max_tokens rows; the residual stream h is updated by the fused
  * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds.
  * Backends with the optional fused ops (norm_qkv_rope, norm_matmul, matmul_add) run each layer
- * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual;
- * without tensor parallelism only, since the all-reduce sits between a projection and its
- * residual add. */
+ * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual.
+ * Under tensor parallelism too: the row-parallel projections (O, down) write into h itself —
+ * rank 0 adds its partial product to h, the other ranks overwrite h with theirs — and the
+ * all-reduce of h then leaves h + the whole product on every rank ($SEMFLOW_TP_FUSED=0: the
+ * plain ops with the all-reduce before the add). */
 #include "forward.h"
 
 #include <math.h>
@@ -35,6 +37,7 @@ struct sf_forward {
      * slices of all ranks [size * max_logits, vocab_pad] and their host copy */
     const sf_shard *shard;
     sf_comm *comm;
+    int tp_fused; /* the fused ops under tensor parallelism (see the top) */
     sf_buf *gathered;
     float *gather_host;
 };
@@ -146,6 +149,10 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
     f->max_logits = max_logits;
     f->shard = sh;
     f->comm = comm;
+    {
+        const char *e = getenv("SEMFLOW_TP_FUSED");
+        f->tp_fused = !(e && !strcmp(e, "0"));
+    }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
     if (!f->layers || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
@@ -239,13 +246,15 @@ static int gather_logits(sf_forward *f, int L, float *logits, sf_error *err)
     return SF_OK;
 }
 
-int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *err)
+/* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */
+static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forward_sample *smp, sf_error *err)
 {
     const sf_model_config *c = &f->m->cfg;
     const struct sf_backend_ops *o = OPS(f);
     sf_backend *b = f->b;
     int T = bt->n_tokens, rc;
-    const int fused = o->norm_qkv_rope && o->norm_matmul && o->matmul_add && !f->comm;
+    const int tp = f->comm && f->comm->size > 1, rank = f->comm ? f->comm->rank : 0;
+    const int fused = o->norm_qkv_rope && o->norm_matmul && o->matmul_add && (!tp || f->tp_fused);
     const char *op = "";
     int layer = -1;
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
@@ -265,11 +274,15 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
             STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
         }
         STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
-        if (fused) {
-            STEP("o_proj+residual", o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
+        if (fused) { /* under TP: rank 0 adds its partial into h, the others write theirs there */
+            STEP("o_proj+residual", tp && rank ? o->matmul(b, f->att, L->wo, T, f->h)
+                                               : o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
+            if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) goto comm_fail;
             STEP("ffn_norm+gate_up+silu_mul",
                  o->norm_matmul(b, f->h, L->ffn_norm, c->rms_eps, L->wgu, T, 1, f->x, f->gu, f->act));
-            STEP("down_proj+residual", o->matmul_add(b, f->act, L->wdown, T, f->mo, f->h));
+            STEP("down_proj+residual", tp && rank ? o->matmul(b, f->act, L->wdown, T, f->h)
+                                                  : o->matmul_add(b, f->act, L->wdown, T, f->mo, f->h));
+            if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) goto comm_fail;
             continue;
         }
         STEP("o_proj", o->matmul(b, f->att, L->wo, T, f->ao));
@@ -287,7 +300,13 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
         STEP("get_rows", o->get_rows(b, f->x, f->sel));
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
         if (f->shard && f->shard->size > 1) return gather_logits(f, bt->n_logits, logits, err);
-        if (logits) STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
+        if (smp) {
+            op = "sample";
+            rc = o->sample(b, f->logits, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+            if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
+                                                     "%d rows; sample on the host", o->name, bt->n_logits);
+            if (rc) goto fail;
+        } else if (logits) STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
         else STEP("sync", o->sync(b));
     } else {
         STEP("sync", o->sync(b));
@@ -302,4 +321,30 @@ fail:
                       op, layer, o->name, sf_status_str(rc));
     return sf_err(err, rc, "forward step: %s failed on the %s backend (%s; details logged above)", op, o->name,
                   sf_status_str(rc));
+}
+
+int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *err)
+{
+    return step(f, bt, logits, NULL, err);
+}
+
+int sf_forward_can_sample(const sf_forward *f)
+{
+    return f->b->ops->sample != NULL && !(f->shard && f->shard->size > 1);
+}
+
+int sf_forward_step_sample(sf_forward *f, const sf_batch *bt, const sf_forward_sample *s, sf_error *err)
+{
+    if (!sf_forward_can_sample(f))
+        return sf_err(err, SF_EUNSUPPORTED, "forward step: the %s backend cannot sample%s", OPS(f)->name,
+                      f->shard && f->shard->size > 1 ? " a vocabulary split over ranks" : "");
+    return step(f, bt, NULL, s, err);
+}
+
+int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err)
+{
+    if (n < 0 || n > f->max_logits)
+        return sf_err(err, SF_EINVAL, "forward: %d logit rows asked, the step keeps up to %d", n, f->max_logits);
+    int rc = OPS(f)->read_f32(f->b, f->logits, n, logits);
+    return rc ? sf_err(err, rc, "forward: reading the logits failed on the %s backend", OPS(f)->name) : SF_OK;
 }

@@ -100,8 +100,7 @@ int sf_policy_may_preempt(const sf_sched *s, const sf_seq *victim, const sf_seq 
 
 double sf_sched_kv_usage(const sf_sched *s)
 {
-    const sf_kv_pool *p = s->pool;
-    return p->n_blocks ? (double)(p->n_blocks - p->n_free) / p->n_blocks : 0.0;
+    return sf_kv_usage(s->pool); /* in units: an INT8 block is half a full one */
 }
 
 static void relax(sf_sched *s, sf_seq *q)

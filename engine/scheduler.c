@@ -130,7 +130,7 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
     s->pool = pool;
     s->deg_since = -1;
     s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
-    s->reserve_blocks = (int)((double)pool->n_blocks * c->kv_high_reserve);
+    s->reserve_units = 2 * (int)((double)pool->n_blocks * c->kv_high_reserve);
     list_init(&s->running);
     list_init(&s->waiting);
 
@@ -181,7 +181,7 @@ static void release_blocks(sf_sched *s, sf_seq *q)
 {
     if (q->n_blocks) {
         sf_kv_release(s->pool, q->blocks, q->n_blocks);
-        if (q->urgency < SF_URGENCY_HIGH) s->held_low -= q->n_blocks;
+        if (q->urgency < SF_URGENCY_HIGH) s->held_low_units -= q->n_blocks * sf_kv_units(q->kv_i8_held);
     }
     q->n_blocks = 0;
 }
@@ -249,10 +249,18 @@ void sf_sched_swap_out_failed(sf_sched *s, int i)
     q->n_computed = 0;
 }
 
-/* Blocks a sequence of this urgency could hold with the pool to itself. */
-static int usable_blocks(const sf_sched *s, int urgency)
+/* Units a sequence of this urgency could hold with the pool to itself. */
+static int usable_units(const sf_sched *s, int urgency)
 {
-    return urgency >= SF_URGENCY_HIGH ? s->pool->n_blocks : s->pool->n_blocks - s->reserve_blocks;
+    int all = sf_kv_total_units(s->pool);
+    return urgency >= SF_URGENCY_HIGH ? all : all - s->reserve_units;
+}
+
+/* The kind of block q takes next: its choice when it holds nothing, else what it holds. */
+static int next_kind(const sf_sched *s, const sf_seq *q)
+{
+    if (q->n_blocks || q->n_swap) return q->kv_i8_held;
+    return q->kv_i8 && s->pool->i8_ok;
 }
 
 /* Make q hold blocks for `tokens` tokens. SF_AGAIN (nothing taken) when the pool, or the share
@@ -261,9 +269,10 @@ static int grow_blocks(sf_sched *s, sf_seq *q, int tokens)
 {
     int need = sf_kv_blocks_for(s->pool, tokens) - q->n_blocks;
     if (need <= 0) return SF_OK;
-    if (s->pool->n_free < need) return SF_AGAIN;
+    int i8 = next_kind(s, q), units = need * sf_kv_units(i8);
+    if (!sf_kv_can_alloc(s->pool, i8, need)) return SF_AGAIN;
     int low = q->urgency < SF_URGENCY_HIGH;
-    if (low && s->held_low + need > s->pool->n_blocks - s->reserve_blocks) return SF_AGAIN;
+    if (low && s->held_low_units + units > usable_units(s, SF_URGENCY_LOW)) return SF_AGAIN;
     if (q->n_blocks + need > q->cap_blocks) {
         int cap = SF_MAX(q->n_blocks + need, q->cap_blocks * 2 + 4);
         int32_t *b = realloc(q->blocks, (size_t)cap * sizeof *b);
@@ -271,9 +280,10 @@ static int grow_blocks(sf_sched *s, sf_seq *q, int tokens)
         q->blocks = b;
         q->cap_blocks = cap;
     }
-    if (sf_kv_alloc(s->pool, need, q->blocks + q->n_blocks) != SF_OK) return SF_AGAIN;
+    if (sf_kv_alloc_as(s->pool, i8, need, q->blocks + q->n_blocks) != SF_OK) return SF_AGAIN;
+    q->kv_i8_held = i8;
     q->n_blocks += need;
-    if (low) s->held_low += need;
+    if (low) s->held_low_units += units;
     return SF_OK;
 }
 
@@ -417,7 +427,8 @@ static int admit_head(sf_sched *s, sf_seq *q)
 {
     if (q->preempted_at == s->steps + 1) return 0; /* preempted in this very step: wait for the next */
     if (q->n_swap && s->cfg.swap_in_ok && !s->cfg.swap_in_ok(s->cfg.swap_in_ok_arg, q->urgency)) return 0;
-    if (sf_kv_blocks_for(s->pool, q->n_tokens) > usable_blocks(s, q->urgency) || q->n_tokens > s->cfg.max_model_len)
+    if (sf_kv_blocks_for(s->pool, q->n_tokens) * sf_kv_units(next_kind(s, q)) > usable_units(s, q->urgency) ||
+        q->n_tokens > s->cfg.max_model_len)
         return take_out_stuck(s, q);
     while (s->n_running >= s->cfg.max_num_seqs) {
         sf_seq *victim = pick_victim(s, q, 1);

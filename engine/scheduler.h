@@ -43,6 +43,7 @@ typedef struct sf_seq {
     int n_computed;           /* tokens whose K/V is in the cache */
     int32_t *blocks;          /* KV block ids, in position order */
     int n_blocks, cap_blocks;
+    int kv_i8_held;           /* kind of the blocks and swap slots it holds (kv_i8 when they were taken) */
     int state;                /* SF_SEQ_* */
     uint64_t arrival;         /* admission order, kept across preemption */
     int n_preempted;
@@ -62,7 +63,9 @@ typedef struct sf_seq {
     /* set by the degrade policy (sched_policy.c) */
     int relaxed;              /* its targets no longer shape the step (KV pressure) */
     double deadline_orig;     /* deadline before relaxing */
-    int kv_i8;                /* its KV blocks are INT8 (chosen at admission) */
+    int kv_i8;                /* its KV blocks are INT8 (chosen at admission): half the memory, when
+                               * the pool has them (kvcache.h). Read when the sequence next takes
+                               * blocks with none held or swapped (kv_i8_held is what it holds). */
 } sf_seq;
 
 /* Initialise with a copy of the prompt. */
@@ -136,8 +139,8 @@ typedef struct sf_plan {
 typedef struct sf_sched {
     sf_sched_config cfg;
     sf_kv_pool *pool;
-    int reserve_blocks;       /* blocks only high urgency may hold */
-    int held_low;             /* blocks held by sequences below high urgency */
+    int reserve_units;        /* KV units (half blocks, kvcache.h) only high urgency may hold */
+    int held_low_units;       /* units held by sequences below high urgency */
     sf_seq running;           /* list heads (sentinels), running in (urgency desc, arrival) order */
     sf_seq waiting;           /* waiting in (urgency desc, deadline, arrival) order */
     int n_running, n_waiting[3];

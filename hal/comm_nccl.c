@@ -266,12 +266,18 @@ static int nccl_call(sf_comm *c, ncclResult_t r, const char *call, sf_error *err
 static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *err)
 {
     nccl_comm *x = NC(c);
-    uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull;
+    uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull, next_check = t0 + 200000;
     for (;;) {
         cudaError_t e = cudaStreamQuery(s);
         if (e == cudaSuccess) return SF_OK;
         if (e != cudaErrorNotReady)
             return fail(c, err, "rank %d: %s: cudaStreamQuery: %s", c->rank, what, cudaGetErrorString(e));
+        /* a step ends here: spin (a sleep would add its wake-up latency to every step), and look
+         * at the peers, NCCL and the clock every 0.2 ms; sleep only once a wait has gone long */
+        uint64_t now = sf_now_ns();
+        if (now < next_check) continue;
+        next_check = now + 200000;
+        if (now - t0 > 20000000ull) usleep(50);
         int late = sf_ar_custom_failed(x->ar);
         if (late)
             return fail(c, err, "rank %d: %s: the peer-memory all-reduce waited longer than %d ms for rank %d (hung or "
@@ -290,7 +296,6 @@ static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *e
         if (sf_now_ns() - t0 >= limit)
             return fail(c, err, "rank %d: %s did not complete within %d ms (a peer hung); aborting NCCL", c->rank, what,
                         c->timeout_ms);
-        usleep(20);
     }
 }
 

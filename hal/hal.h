@@ -97,9 +97,22 @@ typedef struct sf_rope {
     float attn_scale;        /* usually 1/sqrt(head_dim) */
 } sf_rope;
 
+/* KV cache. Per layer, K and V alike, the pool is n_blocks full-precision blocks (bf16 on CUDA,
+ * f32 on the CPU) of [n_kv_heads][block_size][head_dim]. With int8 set it may also hold INT8
+ * blocks, carved in half-block units: block id n_blocks + u (u in [0, 2 * n_blocks)) is unit u,
+ * [n_kv_heads][block_size][head_dim] int8 at byte u * (full block bytes / 2), inside full block
+ * u / 2 (the allocator, engine/kvcache.h, never hands out both). Each INT8 row (token, kv head)
+ * has an fp32 scale, max|x| / 127, in side arrays indexed like the rows: (u * n_kv_heads + h) *
+ * block_size + offset. So a block id alone says its kind: ids in block tables and slots (slot =
+ * id * block_size + offset) may be of either kind, per sequence or even per block, and the
+ * kernels read each block as its id says. kv_copy_out/in move the right bytes for either kind:
+ * host block i at host + i * kv_block_bytes; an INT8 block there is, per layer, K then V int8
+ * rows, then K then V scales. */
 typedef struct sf_kv_config {
     int n_layers, n_blocks, block_size, n_kv_heads, head_dim;
     sf_dtype dtype;          /* backend's choice for F32/BF16; I8 for the degrade path */
+    int int8;                /* 1: INT8 blocks may be used beside full ones (scales are allocated;
+                              * kv_block_bytes then includes a full block's share of them) */
 } sf_kv_config;
 
 /* Opaque backend-owned objects. */
@@ -122,6 +135,36 @@ typedef struct sf_weight_desc {
  * backend recording the step into a CUDA graph records it too; a replay of that graph runs the
  * recorded work again without calling fn. */
 typedef int (*sf_coll_fn)(void *arg, void *data, int64_t n, sf_dtype dt, void *stream);
+
+/* ---- sampling on the backend ------------------------------------------------------ */
+/* What the sample op needs of one logit row. The op draws one token id per row so that only
+ * ids cross to the host. Semantics (identical on every backend; kernels/cpu/sample.c is the
+ * reference the CUDA kernel is tested against):
+ *   1. l = the row (fp32; bf16 widened); penalties of the row's entries, on the raw logits:
+ *      repetition (count > 0 or in_prompt): l = l > 0 ? l / rep : l * rep; then, count > 0:
+ *      l -= frequency * count + presence.
+ *   2. temperature <= 0 or top_k == 1: the smallest id of the largest l (greedy).
+ *   3. x = l * (1 / temperature); tokens with l = -inf or NaN are never drawn. In the order
+ *      (x descending, id ascending) the kept set is the shortest of: the first top_k (0: all);
+ *      the shortest prefix whose mass exp(x - max) reaches top_p times the mass of the top-k
+ *      set (masses summed in 2^-40 fixed point, so any summation order gives the same sum);
+ *      every token with x >= max + log(min_p).
+ *   4. The token is the kept argmax of x - log(E), E = -log1p(-u), u uniform from a hash of
+ *      (seed, step, id): the Gumbel-max trick, so the draw is a pure function of (seed, step,
+ *      logits) and needs no sort and no sequential RNG state.
+ * Entries (id, count, in_prompt) of one row have distinct ids; count is the id's occurrences
+ * in the output so far. */
+typedef struct sf_sample_row {
+    float temperature, top_p, min_p;
+    int top_k;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed, step;     /* the draw of `step` in the stream of `seed` */
+    int pen_off, n_pen;      /* the row's penalty entries: pen[pen_off .. pen_off + n_pen) */
+} sf_sample_row;
+
+typedef struct sf_sample_pen {
+    int32_t id, count, in_prompt;
+} sf_sample_pen;
 
 struct sf_backend_ops {
     const char *name;
@@ -209,6 +252,14 @@ struct sf_backend_ops {
      * `layer`. Scratch: tmp_x [T, cols of x]. */
     int (*norm_qkv_rope)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *wqkv,
                          int layer, int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *tmp_x, sf_buf *qkv);
+
+    /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
+     * pen holds n_pen penalty entries (host memory, as are rows and ids). Ends the step: it
+     * waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what the backend can do
+     * (the caller reads the logits and samples on the host instead); SF_EINVAL on bad ids in
+     * pen. May be NULL: the backend has no sampler. */
+    int (*sample)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                  const sf_sample_pen *pen, int n_pen, int32_t *ids);
 };
 
 struct sf_backend {
@@ -238,7 +289,7 @@ char *sf_hw_info_json(const sf_hw_info *hw); /* malloc'd */
 void sf_hw_info_print(FILE *f, const sf_hw_info *hw);
 
 /* Host memory for copies to and from b's device: the backend's host_alloc (pinned on CUDA), or
- * 4 KiB-aligned memory. *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
+ * 4 KiB-aligned memory (also when b is NULL). *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
  * Free with sf_backend_host_free on the same backend. Any thread that may use b. */
 int sf_backend_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err);
 void sf_backend_host_free(sf_backend *b, void *p);

@@ -4,7 +4,9 @@
  *
  * Driven by one thread (see hal.h). Every op checks the shapes it is given and returns
  * SF_EINVAL with a logged message naming the op and the mismatch rather than touching memory
- * out of range. KV layout per layer, K and V alike: [n_blocks][n_kv_heads][block_size][hd]. */
+ * out of range. KV layout per layer, K and V alike: [n_blocks][n_kv_heads][block_size][hd] fp32;
+ * INT8 blocks (kv.int8) are half-block units of the same memory, per hal.h: on the CPU one
+ * uses a quarter of a block's bytes (int8 against fp32), so each unit's second half is idle. */
 #include "hal.h"
 #include "kernels/cpu/cpu.h"
 
@@ -41,9 +43,15 @@ typedef struct cpu_ctx {
     float *kv_mem;
     size_t kv_bytes;
     int64_t kv_layer_floats; /* floats of K (or V) of one layer */
+    float *kv_scale;         /* INT8 blocks (kv.int8): per layer K then V scales, kv_layer_rows each */
+    int64_t kv_layer_rows;   /* INT8 rows (token, kv head) of one layer: 2 * n_blocks * Hkv * bs */
+    int32_t kv_ids;          /* block ids in use: n_blocks, or 3 * n_blocks with INT8 blocks */
     /* per-thread scratch */
     float *scratch;
     int64_t scratch_floats;  /* per thread */
+    /* sampler scratch, one per thread, for rows of up to sample_vocab tokens */
+    sf_cpu_sample_scratch *sample;
+    int sample_vocab;
 } cpu_ctx;
 
 #define CTX(b) ((cpu_ctx *)(b)->ctx)
@@ -197,15 +205,23 @@ static size_t kv_block_floats(const sf_kv_config *c)
     return (size_t)c->n_kv_heads * c->block_size * c->head_dim;
 }
 
+/* Scale bytes one full block's worth of units (two) takes across layers, K and V. */
+static size_t kv_block_scale_bytes(const sf_kv_config *c)
+{
+    return c->int8 ? (size_t)c->n_layers * 2 * 2 * c->n_kv_heads * c->block_size * sizeof(float) : 0;
+}
+
 static size_t cpu_kv_block_bytes(sf_backend *b, const sf_kv_config *c)
 {
-    return (size_t)c->n_layers * 2 * kv_block_floats(c) * sizeof(float);
+    return (size_t)c->n_layers * 2 * kv_block_floats(c) * sizeof(float) + kv_block_scale_bytes(c);
 }
 
 static void kv_release(cpu_ctx *c)
 {
     if (c->kv_mem) munmap(c->kv_mem, c->kv_bytes);
+    free(c->kv_scale);
     c->kv_mem = NULL;
+    c->kv_scale = NULL;
     c->kv_bytes = 0;
     c->kv_ready = 0;
 }
@@ -217,20 +233,30 @@ static int cpu_kv_init(sf_backend *b, const sf_kv_config *kc, sf_error *err)
         return sf_err(err, SF_EINVAL, "cpu kv cache: bad config (layers %d, blocks %d, block size %d, kv heads %d, head dim %d)",
                       kc->n_layers, kc->n_blocks, kc->block_size, kc->n_kv_heads, kc->head_dim);
     if (kc->dtype == SF_DT_I8)
-        return sf_err(err, SF_EUNSUPPORTED, "cpu kv cache: 8-bit KV is not implemented on the CPU backend; use f32 or bf16");
+        return sf_err(err, SF_EUNSUPPORTED, "cpu kv cache: an all-INT8 cache is not a mode; set int8 = 1 for INT8 "
+                      "blocks beside full-precision ones (chosen per sequence)");
+    if ((int64_t)kc->n_blocks * (kc->int8 ? 3 : 1) > INT32_MAX / kc->block_size)
+        return sf_err(err, SF_EINVAL, "cpu kv cache: %d blocks of %d tokens overflow the 32-bit slot numbers; "
+                      "lower --num-kv-blocks", kc->n_blocks, kc->block_size);
     /* The CPU keeps KV in fp32 whatever float type is asked for: conversions would cost more
      * than the bandwidth they save at the context lengths a CPU serves. */
     kv_release(c);
-    size_t bytes = (size_t)kc->n_blocks * cpu_kv_block_bytes(b, kc);
+    size_t bytes = (size_t)kc->n_blocks * (cpu_kv_block_bytes(b, kc) - kv_block_scale_bytes(kc));
     void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (mem == MAP_FAILED)
         return sf_err(err, SF_ENOMEM, "cpu kv cache: mmap(%zu MiB) for %d blocks failed: %s; lower --num-kv-blocks or the context",
                       bytes >> 20, kc->n_blocks, strerror(errno));
-    c->kv = *kc;
-    c->kv.dtype = SF_DT_F32;
     c->kv_mem = mem;
     c->kv_bytes = bytes;
+    c->kv_layer_rows = 2 * (int64_t)kc->n_blocks * kc->n_kv_heads * kc->block_size;
+    if (kc->int8 && !(c->kv_scale = calloc((size_t)kc->n_layers * 2 * c->kv_layer_rows, sizeof(float)))) {
+        kv_release(c);
+        return sf_err(err, SF_ENOMEM, "cpu kv cache: out of memory for the INT8 scales of %d blocks", kc->n_blocks);
+    }
+    c->kv = *kc;
+    c->kv.dtype = SF_DT_F32;
     c->kv_layer_floats = (int64_t)kc->n_blocks * (int64_t)kv_block_floats(kc);
+    c->kv_ids = kc->n_blocks * (kc->int8 ? 3 : 1);
     c->kv_ready = 1;
     return SF_OK;
 }
@@ -238,21 +264,54 @@ static int cpu_kv_init(sf_backend *b, const sf_kv_config *kc, sf_error *err)
 static float *kv_k(cpu_ctx *c, int layer) { return c->kv_mem + (int64_t)layer * 2 * c->kv_layer_floats; }
 static float *kv_v(cpu_ctx *c, int layer) { return kv_k(c, layer) + c->kv_layer_floats; }
 
-/* Host layout of a copied block: for each layer, K then V, n_kv_heads*block_size*hd floats each. */
+/* The INT8 view of a layer (i8_base 0 when the cache has no INT8 blocks). */
+static sf_cpu_kv8 kv8_of(cpu_ctx *c, int layer)
+{
+    sf_cpu_kv8 v = { 0 };
+    if (!c->kv.int8) return v;
+    v.k8 = (int8_t *)kv_k(c, layer);
+    v.v8 = (int8_t *)kv_v(c, layer);
+    v.k_scale = c->kv_scale + (int64_t)layer * 2 * c->kv_layer_rows;
+    v.v_scale = v.k_scale + c->kv_layer_rows;
+    v.unit_bytes = (int64_t)kv_block_floats(&c->kv) * sizeof(float) / 2;
+    v.i8_base = c->kv.n_blocks;
+    return v;
+}
+
+static void move(void *host, void *cache, size_t n, int out)
+{
+    if (out) memcpy(host, cache, n);
+    else memcpy(cache, host, n);
+}
+
+/* Host layout of a copied block (stride kv_block_bytes): a full block is, for each layer, K then
+ * V, n_kv_heads*block_size*hd floats each; an INT8 block, for each layer, K then V int8 rows,
+ * then K then V scales. */
 static int kv_copy(sf_backend *b, const int32_t *blocks, int n, void *host, int out)
 {
     cpu_ctx *c = CTX(b);
     if (!c->kv_ready) return BAD("kv copy: the KV cache is not initialised (kv_init)");
-    size_t bf = kv_block_floats(&c->kv);
-    float *h = host;
+    size_t bf = kv_block_floats(&c->kv), rows = (size_t)c->kv.n_kv_heads * c->kv.block_size;
+    size_t stride = cpu_kv_block_bytes(b, &c->kv);
     for (int i = 0; i < n; i++) {
-        if (blocks[i] < 0 || blocks[i] >= c->kv.n_blocks)
-            return BAD("kv copy: block id %d out of range [0, %d)", blocks[i], c->kv.n_blocks);
+        int32_t id = blocks[i];
+        if (id < 0 || id >= c->kv_ids)
+            return BAD("kv copy: block id %d out of range [0, %d)", id, c->kv_ids);
+        char *h = (char *)host + (size_t)i * stride;
         for (int l = 0; l < c->kv.n_layers; l++) {
-            float *k = kv_k(c, l) + (size_t)blocks[i] * bf, *v = kv_v(c, l) + (size_t)blocks[i] * bf;
-            if (out) { memcpy(h, k, bf * 4); memcpy(h + bf, v, bf * 4); }
-            else { memcpy(k, h, bf * 4); memcpy(v, h + bf, bf * 4); }
-            h += 2 * bf;
+            if (id < c->kv.n_blocks) {
+                move(h, kv_k(c, l) + (size_t)id * bf, bf * 4, out);
+                move(h + bf * 4, kv_v(c, l) + (size_t)id * bf, bf * 4, out);
+                h += 2 * bf * 4;
+                continue;
+            }
+            sf_cpu_kv8 v = kv8_of(c, l);
+            size_t u = (size_t)(id - v.i8_base);
+            move(h, v.k8 + u * v.unit_bytes, bf, out);
+            move(h + bf, v.v8 + u * v.unit_bytes, bf, out);
+            move(h + 2 * bf, v.k_scale + u * rows, rows * 4, out);
+            move(h + 2 * bf + rows * 4, v.v_scale + u * rows, rows * 4, out);
+            h += 2 * bf + 2 * rows * 4;
         }
     }
     return SF_OK;
@@ -290,8 +349,8 @@ static int cpu_batch_begin(sf_backend *b, const sf_batch *bt)
             if (p < 0 || p >= bt->max_blocks * bs)
                 return BAD("batch: token %d has position %d outside [0, %d)", t, p, bt->max_blocks * bs);
             int32_t blk = bt->block_table[(int64_t)s * bt->max_blocks + p / bs];
-            if (blk < 0 || blk >= c->kv.n_blocks)
-                return BAD("batch: sequence %d position %d maps to block %d, outside [0, %d)", s, p, blk, c->kv.n_blocks);
+            if (blk < 0 || blk >= c->kv_ids)
+                return BAD("batch: sequence %d position %d maps to block %d, outside [0, %d)", s, p, blk, c->kv_ids);
             if (bt->slot[t] != blk * bs + p % bs)
                 return BAD("batch: token %d slot %d does not match its block table (block %d offset %d)",
                            t, bt->slot[t], blk, p % bs);
@@ -301,8 +360,8 @@ static int cpu_batch_begin(sf_backend *b, const sf_batch *bt)
         for (int t = a; t < e; t++) maxp = SF_MAX(maxp, bt->pos[t]);
         for (int j = 0; e > a && j <= maxp / bs; j++) {
             int32_t blk = bt->block_table[(int64_t)s * bt->max_blocks + j];
-            if (blk < 0 || blk >= c->kv.n_blocks)
-                return BAD("batch: sequence %d block table entry %d is %d, outside [0, %d)", s, j, blk, c->kv.n_blocks);
+            if (blk < 0 || blk >= c->kv_ids)
+                return BAD("batch: sequence %d block table entry %d is %d, outside [0, %d)", s, j, blk, c->kv_ids);
         }
     }
     for (int i = 0; i < bt->n_logits; i++)
@@ -395,7 +454,7 @@ static int cpu_rope_kv(sf_backend *b, sf_buf *qkv, int layer, int H, int Hkv, co
     sf_cpu_rope_kv a = { .qkv = qkv->data, .T = c->T, .pos = c->pos, .slot = c->slot, .n_heads = H, .n_kv_heads = Hkv,
                          .head_dim = r->head_dim, .rot_dim = r->rot_dim, .interleaved = r->interleaved,
                          .inv_freq = r->inv_freq, .k_cache = kv_k(c, layer), .v_cache = kv_v(c, layer),
-                         .block_size = c->kv.block_size };
+                         .block_size = c->kv.block_size, .kv8 = kv8_of(c, layer) };
     run(c, sf_cpu_rope_kv_task, &a, (int64_t)c->T * (H + 2 * Hkv) * r->head_dim * 4);
     return SF_OK;
 }
@@ -413,7 +472,7 @@ static int cpu_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, int
                            .seq_start = c->seq_start, .block_table = c->block_table, .max_blocks = c->max_blocks,
                            .n_heads = H, .n_kv_heads = Hkv, .head_dim = r->head_dim, .scale = r->attn_scale,
                            .k_cache = kv_k(c, layer), .v_cache = kv_v(c, layer), .block_size = c->kv.block_size,
-                           .scratch = c->scratch, .scratch_floats = c->scratch_floats };
+                           .kv8 = kv8_of(c, layer), .scratch = c->scratch, .scratch_floats = c->scratch_floats };
     int64_t ctx_sum = 0;
     for (int t = 0; t < c->T; t++) ctx_sum += c->pos[t] + 1;
     run(c, sf_cpu_attention_task, &a, ctx_sum * H * r->head_dim * 2);
@@ -455,6 +514,57 @@ static int cpu_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
     return SF_OK;
 }
 
+static void sample_scratch_free(cpu_ctx *c)
+{
+    for (int i = 0; c->sample && i < c->n_threads; i++) {
+        free(c->sample[i].x);
+        free(c->sample[i].key);
+        free(c->sample[i].mass);
+    }
+    free(c->sample);
+    c->sample = NULL;
+    c->sample_vocab = 0;
+}
+
+/* The reference sampler (kernels/cpu/sample.c) over rows of the logits, one row per thread. */
+static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                      const sf_sample_pen *pen, int n_pen, int32_t *ids)
+{
+    cpu_ctx *c = CTX(b);
+    if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols)
+        return BAD("sample: %d rows of %d tokens from a buffer of %lld x %lld", n, vocab, (long long)logits->rows,
+                   (long long)logits->cols);
+    for (int i = 0; i < n; i++) {
+        const sf_sample_row *r = &rows[i];
+        if (r->n_pen < 0 || r->pen_off < 0 || (int64_t)r->pen_off + r->n_pen > n_pen)
+            return BAD("sample: row %d has penalty entries [%d, +%d) of %d", i, r->pen_off, r->n_pen, n_pen);
+        for (int j = 0; j < r->n_pen; j++)
+            if (pen[r->pen_off + j].id < 0 || pen[r->pen_off + j].id >= vocab)
+                return BAD("sample: row %d penalizes token %d, outside the vocabulary [0, %d)", i,
+                           pen[r->pen_off + j].id, vocab);
+    }
+    if (vocab > c->sample_vocab) {
+        sample_scratch_free(c);
+        if (!(c->sample = calloc((size_t)c->n_threads, sizeof *c->sample))) goto oom;
+        for (int i = 0; i < c->n_threads; i++) {
+            sf_cpu_sample_scratch *s = &c->sample[i];
+            s->x = malloc((size_t)vocab * sizeof *s->x);
+            s->key = malloc((size_t)vocab * sizeof *s->key);
+            s->mass = malloc((size_t)vocab * sizeof *s->mass);
+            if (!s->x || !s->key || !s->mass) goto oom;
+        }
+        c->sample_vocab = vocab;
+    }
+    sf_cpu_sample a = { .logits = logits->data, .ld = logits->cols, .n = n, .vocab = vocab, .rows = rows, .pen = pen,
+                        .ids = ids, .scratch = c->sample };
+    run(c, sf_cpu_sample_task, &a, (int64_t)n * vocab * 4);
+    return SF_OK;
+oom:
+    sample_scratch_free(c);
+    SF_LOGE("cpu backend: sample: out of memory for %d threads' scratch of %d tokens", c->n_threads, vocab);
+    return SF_ENOMEM;
+}
+
 static int cpu_sync(sf_backend *b) { return SF_OK; }
 
 static int cpu_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
@@ -475,6 +585,7 @@ static void cpu_destroy(sf_backend *b)
         sf_cpu_pool_free(c->pool);
         kv_release(c);
         free(c->scratch);
+        sample_scratch_free(c);
         free(c->tokens); free(c->pos); free(c->slot); free(c->seq_start); free(c->seq_ctx);
         free(c->block_table); free(c->logit_rows);
         free(c);
@@ -506,6 +617,7 @@ static const struct sf_backend_ops cpu_ops = {
     .kv_copy_in = cpu_kv_copy_in,
     .write_f32 = cpu_write_f32,
     .buf_raw = cpu_buf_raw,
+    .sample = cpu_sample,
 };
 
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)

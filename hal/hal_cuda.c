@@ -39,6 +39,12 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 #define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
 #define MAX_SPLIT 64
+#define SAMPLE_BYTES ((size_t)8 << 20) /* sampler arguments and ids, pinned + device */
+
+_Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
+               offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
+               offsetof(sf_k_sample_row, n_pen) == offsetof(sf_sample_row, n_pen) &&
+               sizeof(sf_k_sample_pen) == sizeof(sf_sample_pen), "kernels.h and hal.h disagree on the sampler rows");
 
 struct sf_buf {
     uint16_t *d;
@@ -71,6 +77,9 @@ typedef struct cuda_ctx {
     sf_kv_config kvc;
     uint16_t *kv;
     size_t kv_layer_elems; /* elements of K (or V) of one layer */
+    float *kv_scale;       /* INT8 blocks (kvc.int8): per layer K then V scales, kv_layer_rows each */
+    size_t kv_layer_rows;  /* INT8 rows (token, kv head) of one layer: 2 * n_blocks * Hkv * bs */
+    int kv_ids;            /* block ids in use: n_blocks, or 3 * n_blocks with INT8 blocks */
     /* RoPE frequencies (device copy of the last sf_rope's inv_freq) */
     float *inv_freq_d;
     float inv_freq_h[SF_K_ATTN_MAX_HD / 2];
@@ -86,6 +95,8 @@ typedef struct cuda_ctx {
                           * graph: its wait for the peers is not host work) */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
     sf_cuda_graphs graphs;
+    /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
+    char *samp_h, *samp_d;
     /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
      * printed when the backend closes */
     int prof;
@@ -216,8 +227,11 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->meta_d);
         if (c->meta_done) cudaEventDestroy(c->meta_done);
         cudaFree(c->kv);
+        cudaFree(c->kv_scale);
         cudaFree(c->inv_freq_d);
         cudaFree(c->attn_ws);
+        if (c->samp_h) cudaFreeHost(c->samp_h);
+        cudaFree(c->samp_d);
         if (c->s) cudaStreamDestroy(c->s);
         free(c);
     }
@@ -378,17 +392,23 @@ static void cuda_buf_free(sf_backend *b, sf_buf *buf)
 }
 
 /* ---- KV pool ------------------------------------------------------------------------------- */
+/* fp32 scales of two INT8 units (one full block's worth) across layers, K and V. */
+static size_t kv_block_scale_bytes(const sf_kv_config *k)
+{
+    return k->int8 ? (size_t)k->n_layers * 2 * 2 * k->n_kv_heads * k->block_size * 4 : 0;
+}
+
 static size_t cuda_kv_block_bytes(sf_backend *b, const sf_kv_config *k)
 {
-    return (size_t)k->n_layers * 2 * k->n_kv_heads * k->block_size * k->head_dim * 2;
+    return (size_t)k->n_layers * 2 * k->n_kv_heads * k->block_size * k->head_dim * 2 + kv_block_scale_bytes(k);
 }
 
 static int cuda_kv_init(sf_backend *b, const sf_kv_config *k, sf_error *err)
 {
     cuda_ctx *c = CTX(b);
     if (k->dtype == SF_DT_I8)
-        return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: an 8-bit KV cache is not implemented; use the bf16 cache "
-                      "(lower --max-num-seqs if memory is short)");
+        return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: an all-INT8 KV cache is not a mode; set int8 = 1 for INT8 "
+                      "blocks beside bf16 ones (chosen per sequence)");
     if (k->n_layers <= 0 || k->n_blocks <= 0 || k->block_size <= 0 || k->n_kv_heads <= 0 || k->head_dim <= 0 ||
         k->head_dim > SF_K_ATTN_MAX_HD || k->head_dim % 2)
         return sf_err(err, SF_EINVAL, "CUDA backend: KV config layers=%d blocks=%d block_size=%d kv_heads=%d "
@@ -396,24 +416,52 @@ static int cuda_kv_init(sf_backend *b, const sf_kv_config *k, sf_error *err)
                       k->block_size, k->n_kv_heads, k->head_dim, SF_K_ATTN_MAX_HD);
     if (step_end(c) || cudaStreamSynchronize(c->s))
         return sf_err(err, SF_ERROR, "CUDA backend: the previous step failed (logged above)");
+    if ((int64_t)k->n_blocks * (k->int8 ? 3 : 1) > INT32_MAX / k->block_size)
+        return sf_err(err, SF_EINVAL, "CUDA backend: %d KV blocks of %d tokens overflow the 32-bit slot numbers; "
+                      "lower --num-kv-blocks", k->n_blocks, k->block_size);
     if (c->kv) {
         dfree(c, c->kv, c->kv_layer_elems * 2 * 2 * c->kvc.n_layers);
         c->kv = NULL;
     }
+    if (c->kv_scale) {
+        dfree(c, c->kv_scale, c->kv_layer_rows * 2 * 4 * c->kvc.n_layers);
+        c->kv_scale = NULL;
+    }
     c->kvc = *k;
     c->kvc.dtype = SF_DT_BF16;
+    c->kvc.int8 = 0;
+    c->kv_ids = k->n_blocks;
     c->kv_layer_elems = (size_t)k->n_blocks * k->n_kv_heads * k->block_size * k->head_dim;
-    return dmalloc(c, (void **)&c->kv, c->kv_layer_elems * 2 * 2 * k->n_layers, "the KV cache", err);
+    c->kv_layer_rows = 2 * (size_t)k->n_blocks * k->n_kv_heads * k->block_size;
+    int rc = dmalloc(c, (void **)&c->kv, c->kv_layer_elems * 2 * 2 * k->n_layers, "the KV cache", err);
+    if (rc || !k->int8) return rc;
+    if ((rc = dmalloc(c, (void **)&c->kv_scale, c->kv_layer_rows * 2 * 4 * k->n_layers, "the INT8 KV scales", err)))
+        return rc;
+    c->kvc.int8 = 1;
+    c->kv_ids = 3 * k->n_blocks;
+    return SF_OK;
 }
 
 static sf_k_kv layer_kv(cuda_ctx *c, int layer)
 {
-    sf_k_kv kv = { c->kv + (size_t)layer * 2 * c->kv_layer_elems, c->kv + ((size_t)layer * 2 + 1) * c->kv_layer_elems,
-                   c->kvc.block_size, c->kvc.n_kv_heads, c->kvc.head_dim };
+    sf_k_kv kv;
+    memset(&kv, 0, sizeof kv); /* padding too: op records are compared bytewise for graph replays */
+    kv.k = c->kv + (size_t)layer * 2 * c->kv_layer_elems;
+    kv.v = c->kv + ((size_t)layer * 2 + 1) * c->kv_layer_elems;
+    kv.block_size = c->kvc.block_size;
+    kv.n_kv_heads = c->kvc.n_kv_heads;
+    kv.head_dim = c->kvc.head_dim;
+    if (c->kvc.int8) {
+        kv.k_scale = c->kv_scale + (size_t)layer * 2 * c->kv_layer_rows;
+        kv.v_scale = kv.k_scale + c->kv_layer_rows;
+        kv.i8_base = c->kvc.n_blocks;
+    }
     return kv;
 }
 
-/* Host layout of a swapped-out block: for each layer, K then V, each [n_kv_heads][block_size][head_dim]. */
+/* Host layout of a swapped-out block (stride kv_block_bytes): a bf16 block is, for each layer, K
+ * then V, each [n_kv_heads][block_size][head_dim]; an INT8 block, for each layer, K then V int8
+ * rows (half as many bytes), then K then V scales [n_kv_heads][block_size] fp32. */
 static int kv_copy(sf_backend *b, const int32_t *blocks, int n, void *host, const void *src_host)
 {
     cuda_ctx *c = CTX(b);
@@ -421,16 +469,31 @@ static int kv_copy(sf_backend *b, const int32_t *blocks, int n, void *host, cons
     int rc = step_end(c);
     if (rc) return rc;
     size_t blk = (size_t)c->kvc.n_kv_heads * c->kvc.block_size * c->kvc.head_dim;
-    char *h = host ? (char *)host : (char *)src_host;
+    size_t rows = (size_t)c->kvc.n_kv_heads * c->kvc.block_size, stride = cuda_kv_block_bytes(b, &c->kvc);
     for (int i = 0; i < n; i++) {
-        if (blocks[i] < 0 || blocks[i] >= c->kvc.n_blocks) return op_fail(SF_EINVAL, "kv_copy", "block id out of range");
+        int32_t id = blocks[i];
+        if (id < 0 || id >= c->kv_ids) return op_fail(SF_EINVAL, "kv_copy", "block id out of range");
+        char *h = (host ? (char *)host : (char *)src_host) + (size_t)i * stride;
         for (int l = 0; l < c->kvc.n_layers; l++)
-            for (int kvi = 0; kvi < 2; kvi++) {
-                uint16_t *d = c->kv + ((size_t)l * 2 + kvi) * c->kv_layer_elems + (size_t)blocks[i] * blk;
-                cudaError_t e = host ? cudaMemcpyAsync(h, d, blk * 2, cudaMemcpyDeviceToHost, c->s)
-                                     : cudaMemcpyAsync(d, h, blk * 2, cudaMemcpyHostToDevice, c->s);
+            for (int part = 0; part < (id < c->kvc.n_blocks ? 2 : 4); part++) {
+                /* bf16: K, V data; INT8: K, V int8 rows, then K, V scales */
+                char *d;
+                size_t len;
+                if (id < c->kvc.n_blocks) {
+                    d = (char *)(c->kv + ((size_t)l * 2 + part) * c->kv_layer_elems + (size_t)id * blk);
+                    len = blk * 2;
+                } else if (part < 2) {
+                    d = (char *)(c->kv + ((size_t)l * 2 + part) * c->kv_layer_elems) + (size_t)(id - c->kvc.n_blocks) * blk;
+                    len = blk;
+                } else {
+                    d = (char *)(c->kv_scale + ((size_t)l * 2 + part - 2) * c->kv_layer_rows +
+                                 (size_t)(id - c->kvc.n_blocks) * rows);
+                    len = rows * 4;
+                }
+                cudaError_t e = host ? cudaMemcpyAsync(h, d, len, cudaMemcpyDeviceToHost, c->s)
+                                     : cudaMemcpyAsync(d, h, len, cudaMemcpyHostToDevice, c->s);
                 if (e != cudaSuccess) return kcheck(e, "kv_copy");
-                h += blk * 2;
+                h += len;
             }
     }
     return kcheck(cudaStreamSynchronize(c->s), "kv_copy");
@@ -492,11 +555,11 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
             if (nb > bt->max_blocks) return op_fail(SF_EINVAL, "batch_begin", "sequence context longer than its block table");
             for (int i = 0; i < nb; i++) {
                 int32_t id = bt->block_table[(size_t)s * bt->max_blocks + i];
-                if (id < 0 || id >= c->kvc.n_blocks) return op_fail(SF_EINVAL, "batch_begin", "block id out of range");
+                if (id < 0 || id >= c->kv_ids) return op_fail(SF_EINVAL, "batch_begin", "block id out of range");
             }
         }
         for (int t = 0; t < T; t++)
-            if (bt->slot[t] >= c->kvc.n_blocks * c->kvc.block_size)
+            if (bt->slot[t] >= c->kv_ids * c->kvc.block_size)
                 return op_fail(SF_EINVAL, "batch_begin", "KV slot beyond the pool");
     }
     if (cudaEventSynchronize(c->meta_done) != cudaSuccess) return kcheck(cudaGetLastError(), "batch_begin");
@@ -811,6 +874,71 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     return SF_OK;
 }
 
+/* Rounds host fp32 rows to bf16 through the pinned stage and sends them (tests, comparisons). */
+static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
+{
+    cuda_ctx *c = CTX(b);
+    if (n < 0 || n > buf->rows) return op_fail(SF_EINVAL, "write_f32", "more rows than the buffer has");
+    int rc = step_end(c);
+    if (rc) return rc;
+    size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
+    for (size_t off = 0; off < total; off += per) {
+        size_t cnt = SF_MIN(per, total - off);
+        cudaError_t e = cudaEventSynchronize(c->stage_done[0]);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+        uint16_t *p = c->pin[0];
+        for (size_t i = 0; i < cnt; i++) p[i] = sf_f32_to_bf16(host[off + i]);
+        e = cudaMemcpyAsync(buf->d + off, c->pin[0], cnt * 2, cudaMemcpyHostToDevice, c->s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+    }
+    return SF_OK;
+}
+
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+/* Sends the rows and penalty entries (one copy), draws on the device, brings back n ids. */
+static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+{
+    cuda_ctx *c = CTX(b);
+    if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols || n_pen < 0)
+        return op_fail(SF_EINVAL, "sample", "more rows or tokens than the logits buffer has");
+    for (int i = 0; i < n; i++) {
+        const sf_sample_row *r = &rows[i];
+        if (r->n_pen < 0 || r->pen_off < 0 || (int64_t)r->pen_off + r->n_pen > n_pen)
+            return op_fail(SF_EINVAL, "sample", "a row's penalty entries lie outside the list");
+        for (int j = 0; j < r->n_pen; j++)
+            if (pen[r->pen_off + j].id < 0 || pen[r->pen_off + j].id >= vocab)
+                return op_fail(SF_EINVAL, "sample", "a penalized token id is outside the vocabulary");
+    }
+    size_t o_pen = align16((size_t)n * sizeof *rows), o_val = align16(o_pen + (size_t)n_pen * sizeof *pen),
+           o_ids = align16(o_val + (size_t)n_pen * 4), total = o_ids + (size_t)n * 4;
+    if (vocab > SF_K_SAMPLE_MAX_VOCAB || total > SAMPLE_BYTES) {
+        SF_LOGD("cuda backend: sample: %d rows, %d penalty entries, vocabulary %d exceed the device sampler; "
+                "sampling on the host", n, n_pen, vocab);
+        return SF_EUNSUPPORTED;
+    }
+    int rc = step_end(c);
+    if (rc) return rc;
+    if (n == 0) return SF_OK;
+    memcpy(c->samp_h, rows, (size_t)n * sizeof *rows);
+    if (n_pen) memcpy(c->samp_h + o_pen, pen, (size_t)n_pen * sizeof *pen);
+    cudaError_t e = cudaMemcpyAsync(c->samp_d, c->samp_h, o_val, cudaMemcpyHostToDevice, c->s);
+    if (e != cudaSuccess) return kcheck(e, "sample");
+    rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)c->samp_d,
+                            (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
+                            (int32_t *)(c->samp_d + o_ids), c->s), "sample");
+    if (rc) return rc;
+    e = cudaMemcpyAsync(c->samp_h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
+    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    c->t_step0 = 0;
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+    if (e != cudaSuccess) return kcheck(e, "sample");
+    memcpy(ids, c->samp_h + o_ids, (size_t)n * 4);
+    return SF_OK;
+}
+
 static int cuda_sync(sf_backend *b)
 {
     cuda_ctx *c = CTX(b);
@@ -885,6 +1013,8 @@ static const struct sf_backend_ops cuda_ops = {
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,
     .norm_qkv_rope = cuda_norm_qkv_rope,
+    .sample = cuda_sample,
+    .write_f32 = cuda_write_f32,
 };
 
 /* SEMFLOW_CUDA_FUSED=0: the same backend without the fused ops (the forward pass then runs the
@@ -932,6 +1062,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->meta_d, META_INTS * 4, "batch metadata", err))) goto cleanup;
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming), err, rc);
     if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
+    SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocDefault), err, rc);
+    if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     {
         const char *g = getenv("SEMFLOW_CUDA_GRAPHS"), *p = getenv("SEMFLOW_CUDA_PROFILE");
         c->prof = p && !strcmp(p, "1");

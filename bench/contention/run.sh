@@ -9,7 +9,7 @@
 #
 # Env: MODEL (TinyLlama 1.1B's config and tokenizer from the test data, dummy weights),
 #      SERVE_ARGS (extra serve flags), KV_BLOCKS (240), SEQS (16), RATE (req/s, 10), DURATION (s of
-#      load per run, 20), REQ_TIMEOUT (s a request may take, 6: bounds the tail of a run), HOG (1: run the neighbour; 0: none), TUNERS ("off on"),
+#      load per run, 20), REQ_TIMEOUT (s a request may take, 5: bounds the tail of a run), HOG (1: run the neighbour; 0: none), TUNERS ("off on"),
 #      SEED (1), SCENARIO (bench/contention/scenario.json), LOADFMT (dummy; auto for a real model). Needs root for the monitor (its contention
 #      index drives the tuner) and a GPU for the neighbour: without one it says so and exits 77,
 #      unless HOG=0 (a rehearsal of the swap traffic alone, e.g. MODEL=demo LOADFMT=auto on a CPU).
@@ -21,11 +21,15 @@ OUT=${1:-build/contention}
 BIN=${SEMFLOW_BIN:-build/semflow}
 HOGBIN=${HOGBIN:-build/bench/h2d_hog}
 MODEL=${MODEL:-${SF_TESTDATA:-../shared/testdata}/tinyllama-1.1b-chat-v1.0}
+if [ ! -f "$MODEL/config.json" ] && [ "$MODEL" != demo ] && [ "${MODEL#preset:}" = "$MODEL" ] && [ ! -f "$MODEL" ]; then
+    echo "contention: $MODEL not found (SF_TESTDATA?): using the demo model instead"
+    MODEL=demo LOADFMT=auto
+fi
 LOADFMT=${LOADFMT:-dummy}
 KV_BLOCKS=${KV_BLOCKS:-240}
 SEQS=${SEQS:-16}
 RATE=${RATE:-10}
-REQ_TIMEOUT=${REQ_TIMEOUT:-6}
+REQ_TIMEOUT=${REQ_TIMEOUT:-5}
 DURATION=${DURATION:-20}
 HOG=${HOG:-1}
 TUNERS=${TUNERS:-off on}
@@ -39,6 +43,7 @@ fi
 if [ "$HOG" = 1 ] && [ ! -x "$HOGBIN" ]; then echo "contention: $HOGBIN not built (make with CUDA)"; exit 1; fi
 mkdir -p "$OUT"
 
+get() { python3 -c 'import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=5).read().decode())' "$1"; }
 spid=""; hpid=""
 stop_all() {
     [ -n "$hpid" ] && kill "$hpid" 2>/dev/null && wait "$hpid" 2>/dev/null
@@ -61,7 +66,7 @@ for t in $TUNERS; do
         >"$OUT/$t.serve.log" 2>&1 &
     spid=$!
     i=0
-    until curl -sf "$URL/health" >/dev/null 2>&1; do
+    until get "$URL/health" >/dev/null 2>&1; do
         i=$((i + 1))
         if [ $i -gt 1200 ] || ! kill -0 "$spid" 2>/dev/null; then
             echo "contention: the server (tuner $t) did not become healthy; its log:"; tail -20 "$OUT/$t.serve.log"; exit 1
@@ -76,7 +81,7 @@ for t in $TUNERS; do
     n=$(python3 -c "import math; print(int(math.ceil($RATE * $DURATION * 2)) + 10)")
     "$BIN" loadgen --url "$URL" --scenario "$SCENARIO" --rate "$RATE" --duration "$DURATION" \
         --num-requests "$n" --seed "$SEED" --timeout "$REQ_TIMEOUT" --json "$OUT/$t.json" >"$OUT/$t.loadgen.txt" 2>&1
-    curl -sf "$URL/metrics" >"$OUT/$t.metrics" 2>/dev/null
+    get "$URL/metrics" >"$OUT/$t.metrics" 2>/dev/null
     stop_all
 done
 

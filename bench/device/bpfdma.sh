@@ -8,7 +8,7 @@
 #      off, on, on, off; the median ms/token of each, and the copy calls the bench made;
 #   3. the contention experiment (bench/contention/run.sh): TinyLlama 1.1B shapes with dummy
 #      weights, a neighbour saturating H2D, high-class TTFT/ITL with the DMA tuner off, then on
-#      (14 s of load each: what the 120 s allow).
+#      (12 s of load each: what the 120 s allow).
 # Runs from the repo root with a prebuilt build/; writes under $OUT/bpfdma/; root and a GPU, else
 # it says why and exits 77. The summary table is printed last.
 set -u
@@ -45,7 +45,7 @@ bench off2
 echo "bpfdma: monitor cost done at $(el) s"
 
 # 3. the contention experiment
-DURATION=${DURATION:-14} timeout -k 3 "$(left 6)" sh bench/contention/run.sh "$OUT/contention" >"$OUT/contention.log" 2>&1
+DURATION=${DURATION:-12} timeout -k 3 "$(left 6)" sh bench/contention/run.sh "$OUT/contention" >"$OUT/contention.log" 2>&1
 echo "bpfdma: contention rc=$? at $(el) s"
 
 echo "==== bpfdma summary ($(el) s) ===="

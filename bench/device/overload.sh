@@ -6,8 +6,8 @@
 # tokenizer from $SF_TESTDATA/tinyllama-1.1b-chat-v1.0, else the demo model's), measures 1x with
 # a short search (priorities on, SLO TTFT 300 ms and 50 tokens/s), then runs 1x, 8x, 4x, 2x with
 # priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
-# /metrics (KV usage peak, degrade decisions) during each run. The KV pool is held to 2048 blocks
-# (32k tokens, 4 GiB) so that the overload levels press on it and the degrade path can be seen.
+# /metrics (KV usage peak, degrade decisions) during each run. The KV pool is held to 1536 blocks
+# (24k tokens, 3 GiB) so that the overload levels press on it and the degrade path can be seen.
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md); the
 # last thing printed is one line per run. Exit 77: no GPU or no binary here (nothing measured).
 # Env: SEARCH_RATES ("12 24 48 96"), DURATION (8 s per run), LEVELS ("1 8 4 2"), BUDGET_S (185).
@@ -38,7 +38,7 @@ if [ -f "$TD/tinyllama-1.1b-chat-v1.0/tokenizer.json" ]; then
 else
     echo "overload: no TinyLlama tokenizer under $TD; using the demo model's (more tokens per word)"
     timeout 60 "$BIN" gen-model --out "$D/demo" >/dev/null 2>&1 || { echo "overload: gen-model failed"; exit 1; }
-    cp "$D/demo/tokenizer.json" "$M/"
+    cp "$D/demo/tokenizer.json" "$D/demo/tokenizer_config.json" "$M/" 2>/dev/null
     BOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("bos_token_id", 1))' "$D/demo/config.json")
     EOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("eos_token_id", 2))' "$D/demo/config.json")
 fi
@@ -50,7 +50,7 @@ cat >"$M/config.json" <<EOF
 EOF
 
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
-SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 2048 --kv-high-reserve 0.05 --kv-degrade-hold 2" \
+SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1536 --kv-high-reserve 0.05 --kv-degrade-hold 2" \
 SEARCH_RATES=${SEARCH_RATES-12 24 48 96} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
 DEADLINE=${BUDGET_S:-185} READY_TIMEOUT=90 \
     timeout -k 5 "${BUDGET_S:-185}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1

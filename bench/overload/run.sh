@@ -13,7 +13,7 @@
 # 1. 1x: with SEARCH_RATES set, Poisson rates ascending with priorities on; a rate holds when at
 #    least GOOD_SHARE of the requests issued met the SLO (loadgen's goodput); the search stops at
 #    the first miss and tries the midpoint once; 1x is the highest rate that held. With
-#    SEARCH_RATES empty, 1x is the rate in $SET/on-1x.json.
+#    SEARCH_RATES empty, 1x is RATE_1X, else the rate in $SET/on-1x.json.
 # 2. Ladder: for each level of LEVELS, priorities on then off (interleaved, so drifting background
 #    load hits both alike), at level x 1x for DURATION s. While each runs, watch.py samples
 #    /metrics (KV usage peak, degraded state, scheduler decisions, preemptions).
@@ -24,7 +24,7 @@
 #
 # Env: SET (cpu), MODEL (demo), BACKEND (auto), SERVE_ARGS (extra `semflow serve` flags),
 #      QUEUE_LIMIT (per-lane queue before 429, 16), SLO (the scenario's), GOOD_SHARE (0.9),
-#      SEARCH_RATES ("1 2 4 8 16" for cpu, "" for h200), SEARCH_DURATION (12), DURATION (the
+#      SEARCH_RATES ("1 2 4 8 16" for cpu, "" for h200), RATE_1X, SEARCH_DURATION (12), DURATION (the
 #      scenario's), LEVELS ("1 2 4 8"), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300).
 set -e
 cd "$(dirname "$0")/../.."
@@ -112,7 +112,7 @@ if [ -n "$miss" ] && [ -n "$best" ] && [ "$best" != "$miss" ]; then
     echo "search: rate $mid req/s: $s of requests met $SLO"
     if held "$s"; then best=$mid; fi
 fi
-[ -n "$best" ] || best=$(field "$SCEN/on-1x.json" rate)
+[ -n "$best" ] || best=${RATE_1X:-$(field "$SCEN/on-1x.json" rate)}
 echo "$best" >"$OUT/sustained_rate"
 echo "1x = $best req/s"
 

@@ -4,7 +4,8 @@
  * all n_heads / n_kv_heads query heads that share it. Units are dealt round-robin to the
  * threads, which balances prefill (later tokens see longer contexts). The context of a token
  * at position p is cache positions 0..p of its sequence, visited block by block: scores of a
- * block, then the running max / sum / accumulator are rescaled once per block. */
+ * block, then the running max / sum / accumulator are rescaled once per block. An INT8 block
+ * (id >= kv8.i8_base) is dequantised into the unit's scratch first, then read the same way. */
 #include "cpu.h"
 
 #include <immintrin.h>
@@ -14,7 +15,15 @@
 int64_t sf_cpu_attention_scratch(int n_heads, int n_kv_heads, int head_dim, int block_size)
 {
     int g = n_heads / n_kv_heads;
-    return (int64_t)g * head_dim + 2 * g + (int64_t)g * block_size + 16;
+    /* acc, m, l, scores, then a dequantised K and V block (INT8 blocks) */
+    return (int64_t)g * head_dim + 2 * g + (int64_t)g * block_size + 2 * (int64_t)block_size * head_dim + 16;
+}
+
+/* dst[i][d] = q[i][d] * scale[i] for n rows of hd */
+static void dequant_rows(const int8_t *q, const float *scale, int n, int hd, float *dst)
+{
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < hd; d++) dst[(int64_t)i * hd + d] = (float)q[(int64_t)i * hd + d] * scale[i];
 }
 
 static inline float dotf(const float *a, const float *b, int n)
@@ -83,6 +92,7 @@ static void attend_unit(const sf_cpu_attention *a, int s, int t, int kvh, float 
     int g = a->n_heads / Hkv;
     int64_t stride = (int64_t)(a->n_heads + 2 * Hkv) * hd;
     float *acc = scratch, *m = acc + (int64_t)g * hd, *l = m + g, *sc = l + g;
+    float *kdq = sc + (int64_t)g * bs, *vdq = kdq + (int64_t)bs * hd;
     for (int j = 0; j < g; j++) { m[j] = -INFINITY; l[j] = 0; }
     memset(acc, 0, (size_t)g * hd * sizeof(float));
     const float *q = a->qkv + t * stride + (int64_t)kvh * g * hd;
@@ -90,8 +100,20 @@ static void attend_unit(const sf_cpu_attention *a, int s, int t, int kvh, float 
     const int32_t *bt = a->block_table + (int64_t)s * a->max_blocks;
     for (int b0 = 0; b0 < ctx; b0 += bs) {
         int n = SF_MIN(bs, ctx - b0);
-        int64_t base = (((int64_t)bt[b0 / bs] * Hkv + kvh) * bs) * hd;
-        const float *K = a->k_cache + base, *V = a->v_cache + base;
+        int32_t id = bt[b0 / bs];
+        const float *K, *V;
+        if (a->kv8.i8_base && id >= a->kv8.i8_base) {
+            int64_t u = id - a->kv8.i8_base, row = (u * Hkv + kvh) * bs;
+            int64_t at = u * a->kv8.unit_bytes + (int64_t)kvh * bs * hd;
+            dequant_rows(a->kv8.k8 + at, a->kv8.k_scale + row, n, hd, kdq);
+            dequant_rows(a->kv8.v8 + at, a->kv8.v_scale + row, n, hd, vdq);
+            K = kdq;
+            V = vdq;
+        } else {
+            int64_t base = (((int64_t)id * Hkv + kvh) * bs) * hd;
+            K = a->k_cache + base;
+            V = a->v_cache + base;
+        }
         for (int j = 0; j < g; j++) {
             const float *qj = q + (int64_t)j * hd;
             float *sj = sc + (int64_t)j * bs, bmax = -INFINITY;

@@ -12,8 +12,10 @@
 #define SF_KERNELS_CPU_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "../../hal/hal.h"
 
@@ -94,16 +96,48 @@ typedef struct sf_cpu_rmsnorm {
 } sf_cpu_rmsnorm;
 void sf_cpu_rmsnorm_task(void *arg, int ith, int nth);
 
+/* ---- INT8 KV rows (the degrade path; layout in hal.h, sf_kv_config) ------------------- */
+/* One layer's INT8 view of the cache: block ids >= i8_base are INT8 units u = id - i8_base,
+ * rows [Hkv][block_size][hd] int8 at k8 + u * unit_bytes, in the same memory as the fp32 cache
+ * (k8 == (int8_t *) k_cache, unit_bytes half a full block), scales [unit][Hkv][block_size]
+ * fp32. i8_base = 0 (zero-initialised): no INT8 blocks. */
+typedef struct sf_cpu_kv8 {
+    int8_t *k8, *v8;
+    float *k_scale, *v_scale;
+    int64_t unit_bytes;
+    int32_t i8_base;
+} sf_cpu_kv8;
+
+/* q[i] = round(x[i] / s) with s = max|x| / 127 (0 for a zero row, all q 0); returns s.
+ * |x[i] - q[i] * s| <= s / 2. */
+static inline float sf_cpu_quant_row(const float *x, int n, int8_t *q)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+    if (!(amax > 0.0f)) {
+        memset(q, 0, (size_t)n);
+        return 0.0f;
+    }
+    float s = amax / 127.0f, inv = 127.0f / amax;
+    for (int i = 0; i < n; i++) {
+        float r = nearbyintf(x[i] * inv);
+        q[i] = (int8_t)(r > 127.0f ? 127.0f : r < -127.0f ? -127.0f : r);
+    }
+    return s;
+}
+
 /* ---- rope + KV append -------------------------------------------------------------- */
 /* qkv [T, (H + 2*Hkv) * hd]: q heads, then k heads, then v heads. Rotates q and k in place
  * by pos[t] and stores k and v of token t at slot[t] of this layer's paged cache:
- * k_cache/v_cache [n_blocks][Hkv][block_size][hd] fp32. */
+ * k_cache/v_cache [n_blocks][Hkv][block_size][hd] fp32, or, when slot[t] / block_size >=
+ * kv8.i8_base, quantised into the INT8 unit (sf_cpu_quant_row per token and kv head). */
 typedef struct sf_cpu_rope_kv {
     float *qkv; int T;
     const int32_t *pos, *slot;
     int n_heads, n_kv_heads, head_dim, rot_dim, interleaved;
     const float *inv_freq;
     float *k_cache, *v_cache; int block_size;
+    sf_cpu_kv8 kv8;
 } sf_cpu_rope_kv;
 void sf_cpu_rope_kv_task(void *arg, int ith, int nth);
 /* The rotation alone, on one head vector (used by tests and by the task above). */
@@ -119,6 +153,7 @@ typedef struct sf_cpu_attention {
     const int32_t *pos, *seq_start, *block_table; int max_blocks;
     int n_heads, n_kv_heads, head_dim; float scale;
     const float *k_cache, *v_cache; int block_size;
+    sf_cpu_kv8 kv8;          /* blocks with ids >= kv8.i8_base are read as INT8 and dequantised */
     float *scratch;          /* per thread: scratch + ith * scratch_floats */
     int64_t scratch_floats;  /* >= sf_cpu_attention_scratch(...) */
 } sf_cpu_attention;
@@ -137,5 +172,20 @@ void sf_cpu_embed_task(void *arg, int ith, int nth);
 
 /* ---- get_rows: out[i, :] = x[rows[i], :] --------------------------------------------- */
 void sf_cpu_get_rows(const float *x, int cols, const int32_t *rows, int n, float *out);
+
+/* ---- sample: one token per logit row (the reference of the backend's sample op) ------- */
+/* Scratch of one row: x [vocab] floats, key [vocab] and mass [vocab]. */
+typedef struct sf_cpu_sample_scratch { float *x; uint32_t *key; uint64_t *mass; } sf_cpu_sample_scratch;
+/* Draws one id from logits[0, vocab) by p and its n_pen penalty entries pen (ids in range,
+ * distinct), exactly as hal.h's sf_sample_row describes. logits is not modified. */
+int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p, const sf_sample_pen *pen,
+                          sf_cpu_sample_scratch *sc);
+/* Rows [lo, hi) of a batch, for sf_cpu_pool_run. */
+typedef struct sf_cpu_sample {
+    const float *logits; int64_t ld; int n, vocab;
+    const sf_sample_row *rows; const sf_sample_pen *pen; int32_t *ids;
+    sf_cpu_sample_scratch *scratch; /* one per thread */
+} sf_cpu_sample;
+void sf_cpu_sample_task(void *arg, int ith, int nth);
 
 #endif

@@ -1,7 +1,8 @@
 /* rope_kv.c — rotary position embedding of q and k, and the append of k and v to the paged
  * KV cache. Angles pos * inv_freq are computed in double once per token and shared by all
  * heads. Two conventions: halves (Hugging Face: dim i pairs with i + rot/2) and interleaved
- * (GGUF: dim 2i pairs with 2i+1). Dimensions past rot_dim are left as they are. */
+ * (GGUF: dim 2i pairs with 2i+1). Dimensions past rot_dim are left as they are. Tokens whose
+ * slot lies in an INT8 block are stored quantised (sf_cpu_quant_row). */
 #include "cpu.h"
 
 #include <math.h>
@@ -47,6 +48,16 @@ void sf_cpu_rope_kv_task(void *arg, int ith, int nth)
         int64_t blk = a->slot[t] / a->block_size, off = a->slot[t] % a->block_size;
         const float *k = row + (int64_t)a->n_heads * hd;
         const float *v = k + (int64_t)a->n_kv_heads * hd;
+        if (a->kv8.i8_base && blk >= a->kv8.i8_base) { /* an INT8 unit: one scale per token per kv head */
+            int64_t u = blk - a->kv8.i8_base;
+            for (int h = 0; h < a->n_kv_heads; h++) {
+                int64_t row = (u * a->n_kv_heads + h) * a->block_size + off;
+                int64_t at = u * a->kv8.unit_bytes + ((int64_t)h * a->block_size + off) * hd;
+                a->kv8.k_scale[row] = sf_cpu_quant_row(k + (int64_t)h * hd, hd, a->kv8.k8 + at);
+                a->kv8.v_scale[row] = sf_cpu_quant_row(v + (int64_t)h * hd, hd, a->kv8.v8 + at);
+            }
+            continue;
+        }
         for (int h = 0; h < a->n_kv_heads; h++) {
             int64_t dst = ((blk * a->n_kv_heads + h) * a->block_size + off) * hd;
             memcpy(a->k_cache + dst, k + (int64_t)h * hd, (size_t)hd * sizeof(float));

@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
     const int per = ((ctx + a.n_split - 1) / a.n_split + TILE - 1) / TILE * TILE;
     const int k0 = split * per, k1 = min(ctx, k0 + per);
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
-    const int bs = a.kv.block_size, Hkv = a.Hkv;
+    const int Hkv = a.Hkv;
     const bf16 *kc = (const bf16 *)a.kv.k, *vc = (const bf16 *)a.kv.v;
 
     const bf16 *q = (const bf16 *)a.q + (int64_t)t * a.ld_q + (int64_t)kh * G * hd;
@@ -97,13 +97,19 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
         const int n = min(TILE, k1 - kb);
         __syncthreads(); /* previous tile fully consumed */
         if (vec) {
-            sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, n, k1, k_s, kstride, v_s, hd, koff);
+            sf_load_kv_tile(a.kv, bt, kh, hd, kb, n, k1, k_s, kstride, v_s, hd, koff);
         } else {
             for (int i = tid; i < n * hd; i += NT) {
-                int j = i / hd, d = i - j * hd, p = kb + j;
-                int64_t src = (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * hd + d;
-                k_s[j * kstride + d] = kc[src];
-                v_s[j * hd + d] = vc[src];
+                int j = i / hd, d = i - j * hd;
+                int64_t o = sf_kv_row(a.kv, bt, kh, kb + j);
+                if (o & 1) { /* INT8 block */
+                    int64_t row = o >> 1;
+                    k_s[j * kstride + d] = f2bf((float)((const int8_t *)kc)[row * hd + d] * a.kv.k_scale[row]);
+                    v_s[j * hd + d] = f2bf((float)((const int8_t *)vc)[row * hd + d] * a.kv.v_scale[row]);
+                } else {
+                    k_s[j * kstride + d] = kc[(o >> 1) + d];
+                    v_s[j * hd + d] = vc[(o >> 1) + d];
+                }
             }
         }
         __syncthreads();

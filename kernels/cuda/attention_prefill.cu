@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
     const int t0 = a.tiles[2 * tile], nrows = a.tiles[2 * tile + 1];
     const int seq = a.tok_seq[t0], pos0 = a.pos[t0], ctx = a.pos[t0 + nrows - 1] + 1;
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
-    const int bs = a.kv.block_size, Hkv = a.Hkv, h8 = hd / 8;
+    const int h8 = hd / 8;
 
     /* Q tile (zero rows past the tile), O = 0, m = -inf, l = 0 */
     for (int i = tid; i < BQ * h8; i += NW * 32) {
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill(sf_k_attn a)
     __shared__ int64_t koff[BK];
     for (int kb = 0; kb < ctx; kb += BK) {
         __syncthreads(); /* K, V, P of the previous tile consumed; Q, O, M ready */
-        sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
+        sf_load_kv_tile(a.kv, bt, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
         /* S[r0:r0+16, 0:64] = Q K^T */
         for (int j = 0; j < BK / 16; j++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill_reg(sf_k_attn a)
     const int t0 = a.tiles[2 * tile], nrows = a.tiles[2 * tile + 1];
     const int seq = a.tok_seq[t0], pos0 = a.pos[t0], ctx = a.pos[t0 + nrows - 1] + 1;
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
-    const int bs = a.kv.block_size, Hkv = a.Hkv, h8 = hd / 8, r0 = warp * 16;
+    const int h8 = hd / 8, r0 = warp * 16;
     float *Sw = S + r0 * L.lds; /* this warp's 16 rows of S, also its 16x16 scratch */
 
     for (int i = tid; i < BQ * h8; i += NW * 32) {
@@ -205,7 +205,7 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill_reg(sf_k_attn a)
     __shared__ int64_t koff[BK];
     for (int kb = 0; kb < ctx; kb += BK) {
         __syncthreads();
-        sf_load_kv_tile(a.kv.k, a.kv.v, bt, bs, Hkv, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
+        sf_load_kv_tile(a.kv, bt, kh, hd, kb, BK, ctx, K, L.ld_bf, V, L.ld_bf, koff);
 #pragma unroll
         for (int j = 0; j < BK / 16; j++) {
             wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;

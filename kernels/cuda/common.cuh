@@ -48,20 +48,44 @@ static __device__ __forceinline__ float block_sum(float v, float *red)
 /* 8 bf16 in one 16-byte load. */
 struct __align__(16) bf16x8 { bf162 h[4]; };
 
+/* Row (token p of kv head kh) of the paged cache: for a bf16 block, 2 * (element offset of the
+ * row); for an INT8 block (kv.i8_base, kernels.h), 2 * (row index) + 1: the int8 values start at
+ * row * hd, the scale is scale[row]. */
+static __device__ __forceinline__ int64_t sf_kv_row(const sf_k_kv &kv, const int32_t *bt, int kh, int p)
+{
+    const int bs = kv.block_size;
+    int64_t id = bt[p / bs];
+    if (kv.i8_base && id >= kv.i8_base)
+        return ((((id - kv.i8_base) * kv.n_kv_heads + kh) * bs + p % bs) << 1) | 1;
+    return (((id * kv.n_kv_heads + kh) * bs + p % bs) * kv.head_dim) << 1;
+}
+
+/* 8 int8 values times a scale, as 8 bf16. */
+static __device__ __forceinline__ bf16x8 sf_dequant8(const int8_t *q, float s)
+{
+    int2 raw = *(const int2 *)q;
+    const int8_t *b = (const int8_t *)&raw;
+    bf16x8 r;
+#pragma unroll
+    for (int i = 0; i < 4; i++) r.h[i] = __floats2bfloat162_rn((float)b[2 * i] * s, (float)b[2 * i + 1] * s);
+    return r;
+}
+
 /* Loads the K and V rows of keys kb .. kb + rows - 1 of kv head kh (head_dim hd, hd % 8 == 0)
- * from the paged cache into shared memory: K to Kd (row stride ldk, rows 4-byte aligned), V to
- * Vd (row stride ldv, rows 16-byte aligned); keys at or past `valid` become zero rows. The block
- * offsets are looked up once per key (koff: `rows` int64 of shared memory), then every thread
- * has 4 independent 16-byte loads of K and of V in flight at a time. Ends with __syncthreads. */
-static __device__ __forceinline__ void sf_load_kv_tile(const uint16_t *kc, const uint16_t *vc, const int32_t *bt,
-                                                       int block_size, int Hkv, int kh, int hd, int kb, int rows,
-                                                       int valid, bf16 *Kd, int ldk, bf16 *Vd, int ldv,
+ * from the paged cache into shared memory as bf16 (INT8 blocks dequantised): K to Kd (row stride
+ * ldk, rows 4-byte aligned), V to Vd (row stride ldv, rows 16-byte aligned); keys at or past
+ * `valid` become zero rows. The rows are looked up once per key (koff: `rows` int64 of shared
+ * memory, sf_kv_row), then every thread has 4 independent 16-byte (bf16) or 8-byte (int8)
+ * loads of K and of V in flight at a time. Ends with __syncthreads. */
+static __device__ __forceinline__ void sf_load_kv_tile(const sf_k_kv &kv, const int32_t *bt, int kh, int hd, int kb,
+                                                       int rows, int valid, bf16 *Kd, int ldk, bf16 *Vd, int ldv,
                                                        int64_t *koff)
 {
     const int tid = threadIdx.x, nt = blockDim.x, h8 = hd / 8, items = rows * h8;
+    const uint16_t *kc = kv.k, *vc = kv.v;
     for (int j = tid; j < rows; j += nt) {
         int p = kb + j;
-        koff[j] = p < valid ? (((int64_t)bt[p / block_size] * Hkv + kh) * block_size + p % block_size) * hd : -1;
+        koff[j] = p < valid ? sf_kv_row(kv, bt, kh, p) : -1;
     }
     __syncthreads();
     for (int base = tid; base < items; base += 4 * nt) {
@@ -70,10 +94,15 @@ static __device__ __forceinline__ void sf_load_kv_tile(const uint16_t *kc, const
         for (int u = 0; u < 4; u++) {
             int i = base + u * nt;
             int64_t o = i < items ? koff[i / h8] : -1;
-            if (o >= 0) {
+            if (o >= 0 && (o & 1)) {
+                int64_t row = o >> 1;
                 int d = (i % h8) * 8;
-                kr[u] = *(const bf16x8 *)(kc + o + d);
-                vr[u] = *(const bf16x8 *)(vc + o + d);
+                kr[u] = sf_dequant8((const int8_t *)kc + row * hd + d, kv.k_scale[row]);
+                vr[u] = sf_dequant8((const int8_t *)vc + row * hd + d, kv.v_scale[row]);
+            } else if (o >= 0) {
+                int d = (i % h8) * 8;
+                kr[u] = *(const bf16x8 *)(kc + (o >> 1) + d);
+                vr[u] = *(const bf16x8 *)(vc + (o >> 1) + d);
             } else {
                 memset(&kr[u], 0, sizeof kr[u]);
                 memset(&vr[u], 0, sizeof vr[u]);

@@ -50,17 +50,24 @@ int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, uint16_t *out
 
 /* ---- paged KV layout ------------------------------------------------------------------ */
 /* One layer's K (and V) cache: [n_blocks][n_kv_heads][block_size][head_dim] bf16.
- * Token slot = block * block_size + offset. */
+ * Token slot = block * block_size + offset.
+ * INT8 blocks (hal.h, sf_kv_config.int8): block ids >= i8_base (0: none) are half-block units
+ * u = id - i8_base of the same memory: rows (token, kv head h) of head_dim int8 at
+ * (int8_t *)k + ((u * n_kv_heads + h) * block_size + offset) * head_dim, each with an fp32
+ * scale (max|x| / 127) at k_scale[(u * n_kv_heads + h) * block_size + offset]; V alike. */
 typedef struct sf_k_kv {
     uint16_t *k, *v;
     int block_size, n_kv_heads, head_dim;
+    float *k_scale, *v_scale;
+    int i8_base;
 } sf_k_kv;
 
 /* ---- RoPE + KV append (rope_kv.cu) ----------------------------------------------------- */
 /* qkv[T, (H + 2*Hkv) * hd] (ld): rotate q and k heads of token t by pos[t] in place (the first
  * rot_dim dims; interleaved: pairs (2i, 2i+1), else halves (i, i + rot/2)), angle =
  * pos * inv_freq[i] (inv_freq: device, rot/2 floats); then write k and v of token t into the
- * cache at slot[t] (slot < 0: not written). */
+ * cache at slot[t] (slot < 0: not written), quantised per (token, kv head) when the slot is in
+ * an INT8 block: scale = max|x| / 127 of the bf16 values, q = round(x / scale). */
 int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
                  int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
                  sf_k_kv kv, cudaStream_t s);
@@ -163,6 +170,25 @@ int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, in
 #define SF_K_ATTN_DECODE_MAX_GROUP 8
 int sf_k_attention_decode_ok(const sf_k_attn *a);
 int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
+
+/* ---- sampling (sample.cu) --------------------------------------------------------------- */
+/* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */
+typedef struct sf_k_sample_row {
+    float temperature, top_p, min_p;
+    int top_k;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed, step;
+    int pen_off, n_pen;
+} sf_k_sample_row;
+typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen;
+/* Largest vocabulary the penalty bitmap (shared memory) takes. */
+#define SF_K_SAMPLE_MAX_VOCAB (40 * 1024 * 8) /* 40 KiB of bits, within the 48 KiB default */
+/* ids[i] = the token drawn from row i of logits (bf16, ld) by rows[i], i < n: one block per
+ * row, the semantics of hal.h's sf_sample_row. pen_val: n_pen floats of scratch (the
+ * penalized logits). vocab <= SF_K_SAMPLE_MAX_VOCAB; penalty ids in [0, vocab), distinct per
+ * row (the host checks both). */
+int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
+                const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -5,13 +5,16 @@
  *
  *   test_ops            the checks (GPU host only)
  *   test_ops --quick    smaller shapes (under compute-sanitizer)
- *   test_ops --perf     also time GEMV vs cuBLASLt and attention on decode shapes (no assertions) */
+ *   test_ops --perf     also time GEMV vs cuBLASLt and attention on decode shapes (no assertions)
+ *   test_ops --int8     only the INT8 KV checks, then decode attention timed over a bf16 and an
+ *                       INT8 cache (Llama-3-8B heads, context 4096) against hal's bandwidth */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../../hal/hal.h"
+#include "../lib/kv8_case.h"
 #include "../test.h"
 
 #ifdef SF_HAVE_CUDA
@@ -22,7 +25,7 @@
 
 static sf_backend *B;
 static sf_rng R;
-static int quick, perf;
+static int quick, perf, only_int8;
 #define OPS (B->ops)
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -687,6 +690,106 @@ TEST(kv_copy)
     free(h); free(h2);
 }
 
+/* ---- INT8 KV (the degrade path) -------------------------------------------------------- */
+static float normal_r(void) { return sf_rng_normal(&R); }
+
+/* RoPE + INT8 KV write and attention (CUDA-core decode with and without split-K, the
+ * tensor-core prefill kernels, the scalar loader for head sizes not a multiple of 8), INT8 and
+ * bf16 sequences in the same batches, against float64 (tests/lib/kv8_case.h). */
+TEST(rope_kv_attention_int8)
+{
+    static const kv8_case cases[] = {
+        /* Llama-3-8B heads: prefill tiles of both kinds, then decode steps */
+        { 4, 8, 2, 128, 16, 0, 4, { { 40, 1, 1, 1 }, { 20, 1, 1, 1 }, { 17, 2, 1, 1 }, { 33, 1, 1, 1 } }, { 1, 0, 1, 0 } },
+        /* long contexts: decode through split-K */
+        { 2, 8, 1, 128, 16, 0, 3, { { 600, 1, 1 }, { 300, 1, 1 } }, { 1, 0 } },
+        /* head size 64 (register-resident prefill), interleaved RoPE */
+        { 2, 4, 4, 64, 32, 1, 3, { { 70, 1, 1 }, { 5, 1, 1 } }, { 0, 1 } },
+        /* head size 96 (shared-memory prefill) */
+        { 1, 8, 1, 96, 8, 0, 2, { { 50, 1 } }, { 1 } },
+        /* head size 12: the element-wise loader */
+        { 2, 4, 2, 12, 8, 0, 3, { { 9, 1, 1 }, { 3, 1, 1 } }, { 1, 1 } },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        const kv8_case *c = &cases[i];
+        if (quick && c->len[0][0] > 100) continue;
+        kv8_result r;
+        int ok = kv8_run(B, c, normal_r, 1.0 / 256, 1e-2, &r);
+        CHECK_MSG(ok, "case %zu (H=%d Hkv=%d hd=%d bs=%d): %s", i, c->H, c->Hkv, c->hd, c->bs, r.why);
+        printf("  int8 H=%d Hkv=%d hd=%-3d bs=%-2d: %d tokens, write %.2f of the bound, scale %.1e, rope %.1e, "
+               "attention %.1e; INT8 vs exact KV %.1e\n", c->H, c->Hkv, c->hd, c->bs, r.tokens_checked, r.worst_write,
+               r.worst_scale, r.worst_q, r.worst_out, r.quant_effect);
+    }
+}
+
+/* INT8 blocks through kv_copy_in/out: rows and scales round-trip, the bf16 block sharing no
+ * memory with them stays intact, ids past the INT8 range are refused. */
+TEST(kv_copy_int8)
+{
+    sf_kv_config kc = { .n_layers = 3, .n_blocks = 6, .block_size = 4, .n_kv_heads = 2, .head_dim = 8, .int8 = 1 };
+    sf_error err = { 0 };
+    REQUIRE(OPS->kv_init(B, &kc, &err) == 0, "kv_init: %s", err.msg);
+    size_t bb = OPS->kv_block_bytes(B, &kc), data = 3u * 2 * 2 * 4 * 8 * 2;
+    CHECK_MSG(bb == data + 3u * 2 * 2 * 2 * 4 * 4, "block bytes %zu include two units' scales", bb);
+    unsigned char *h = malloc(2 * bb), *h2 = malloc(2 * bb), *f = malloc(bb), *f2 = malloc(bb);
+    for (size_t i = 0; i < 2 * bb; i++) h[i] = (unsigned char)(sf_rng_next(&R) >> 7);
+    for (size_t i = 0; i < bb; i++) f[i] = (unsigned char)(sf_rng_next(&R) >> 9);
+    int32_t full = 1, q[2] = { 6 + 1, 6 + 4 }; /* units 1 (pair 0) and 4 (pair 2) */
+    CHECK(OPS->kv_copy_in(B, &full, 1, f) == 0);
+    CHECK(OPS->kv_copy_in(B, q, 2, h) == 0);
+    memset(h2, 0xff, 2 * bb);
+    CHECK(OPS->kv_copy_out(B, q, 2, h2) == 0);
+    size_t used = 3u * (2 * 64 + 2 * 8 * 4);
+    CHECK(!memcmp(h, h2, used) && !memcmp(h + bb, h2 + bb, used));
+    CHECK(OPS->kv_copy_out(B, &full, 1, f2) == 0 && !memcmp(f, f2, data));
+    int32_t bad = 18;
+    CHECK(OPS->kv_copy_out(B, &bad, 1, h2) == SF_EINVAL);
+    free(h); free(h2); free(f); free(f2);
+}
+
+/* Decode attention of S sequences at context ctx (Llama-3-8B heads: 32 query, 8 kv, 128 dims),
+ * one layer, over a bf16 cache and over an INT8 one: microseconds per call and the KV bytes it
+ * must read per second against the bandwidth hal measured. The cache contents are whatever the
+ * allocation held (timing only; the kernels do the same work on any values). */
+static void perf_int8_attention(int S, int ctx)
+{
+    const int H = 32, Hkv = 8, hd = 128, bs = 16, nb = ctx / bs, W = (H + 2 * Hkv) * hd, reps = 20;
+    sf_kv_config kc = { .n_layers = 1, .n_blocks = S * nb, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd, .int8 = 1 };
+    sf_error err = { 0 };
+    if (OPS->kv_init(B, &kc, &err)) { printf("  int8 perf: kv_init: %s\n", err.msg); return; }
+    float inv_freq[hd / 2];
+    for (int j = 0; j < hd / 2; j++) inv_freq[j] = (float)pow(500000.0, -2.0 * j / hd);
+    sf_rope rope = { .head_dim = hd, .rot_dim = hd, .inv_freq = inv_freq, .attn_scale = 1.0f / sqrtf((float)hd) };
+    sf_buf *q = new_buf(S, W), *o = new_buf(S, H * hd);
+    const double bw = OPS->hw(B)->mem_bw_gbs;
+    for (int i8 = 0; i8 < 2 && q && o; i8++) {
+        tbatch t;
+        tb_init(&t, S, S, nb, 0);
+        for (int s = 0; s < S; s++) {
+            t.seq_start[s] = s;
+            t.pos[s] = ctx - 1;
+            t.seq_ctx[s] = ctx;
+            for (int j = 0; j < nb; j++) t.block_table[(size_t)s * nb + j] = (i8 ? S * nb : 0) + s * nb + j;
+            t.slot[s] = -1;
+        }
+        t.seq_start[S] = S;
+        double us = -1;
+        if (OPS->batch_begin(B, &t.b) == 0 && OPS->attention(B, q, 0, H, Hkv, &rope, o) == 0 && OPS->sync(B) == 0) {
+            double t0 = sf_now_s();
+            for (int r = 0; r < reps; r++) OPS->attention(B, q, 0, H, Hkv, &rope, o);
+            OPS->sync(B);
+            us = (sf_now_s() - t0) / reps * 1e6;
+        }
+        double bytes = (double)S * ctx * Hkv * hd * 2 * (i8 ? 1 : 2) + (i8 ? (double)S * ctx * Hkv * 2 * 4 : 0);
+        printf("  int8 perf: decode attention S=%d ctx=%d %s KV: %.1f us, %.1f MB read, %.0f GB/s = %.0f%% of %.0f GB/s "
+               "(roofline %.1f us)\n", S, ctx, i8 ? "INT8" : "bf16", us, bytes / 1e6, bytes / (us * 1e-6) / 1e9,
+               100 * bytes / (us * 1e-6) / 1e9 / bw, bw, bytes / (bw * 1e9) * 1e6);
+        tb_free(&t);
+    }
+    if (q) OPS->buf_free(B, q);
+    if (o) OPS->buf_free(B, o);
+}
+
 /* One decode-like sequence of ops twice: the second pass allocates nothing on the device. */
 TEST(no_alloc_in_steady_state)
 {
@@ -972,6 +1075,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--perf")) perf = 1;
+        else if (!strcmp(argv[i], "--int8")) only_int8 = 1;
     }
     sf_rng_seed(&R, (uint64_t)sf_now_ns()); /* fresh inputs every run; the seed is printed */
     uint64_t seed = R.s[0];
@@ -981,6 +1085,14 @@ int main(int argc, char **argv)
     if (sf_backend_cuda_new(&o, &B, &err)) {
         printf("FAIL: open_cuda_backend: %s\n", err.msg);
         return 1;
+    }
+    if (only_int8) {
+        RUN(rope_kv_attention_int8);
+        RUN(kv_copy_int8);
+        perf_int8_attention(8, 4096);
+        perf_int8_attention(64, 4096);
+        B->ops->destroy(B);
+        return test_summary();
     }
     RUN(probe);
     RUN(embed_get_rows);
@@ -992,6 +1104,8 @@ int main(int argc, char **argv)
     RUN(rope_kv_attention);
     RUN(norm_qkv_rope);
     RUN(kv_copy);
+    RUN(rope_kv_attention_int8);
+    RUN(kv_copy_int8);
     RUN(no_alloc_in_steady_state);
     RUN(bad_inputs);
 #ifdef SF_HAVE_CUDA

@@ -318,9 +318,9 @@ TEST(discovery_finds_new_gpu_processes)
         sf_monitor_wait(m2, 0, 0);
         usleep(200 * 1000);
         sf_monitor_snapshot(m2, &s);
-        if (s.n_libs >= 1) break;
+        if (sf_monitor_has_lib(m2, fake_lib)) break; /* other processes' libcuda copies may come first */
     }
-    CHECK_MSG(s.n_libs >= 1, "the child's %s was not discovered within 8 s", fake_lib);
+    CHECK_MSG(sf_monitor_has_lib(m2, fake_lib), "the child's %s was not discovered within 8 s", fake_lib);
     sf_mon_snapshot_free(&s);
     CHECK(write(go[1], "g", 1) == 1 && read(ready[0], &b, 1) == 1);
     sf_monitor_wait(m2, sf_monitor_wait(m2, 0, 0), 2.0);
@@ -335,6 +335,72 @@ TEST(discovery_finds_new_gpu_processes)
     int st;
     waitpid(pid, &st, 0);
     close(ready[0]);
+    sf_monitor_close(m2);
+}
+
+/* The contention index counts processes other than ours: the server's own copies and those of
+ * the processes it started (tensor-parallel ranks: its children) are "own", a grandchild's are
+ * another tenant's. The link is the measured bandwidth given for the GPU. */
+static int stream_fn(void *arg)
+{
+    void *h = dlopen(fake_lib, RTLD_NOW);
+    cp3 htod = h ? (cp3)dlsym(h, "cuMemcpyHtoD_v2") : NULL;
+    if (!htod) return 2;
+    static char a[1 << 20], b[1 << 20];
+    double t0 = sf_now_s();
+    while (sf_now_s() - t0 < *(double *)arg) htod((uintptr_t)a, (uintptr_t)b, sizeof a);
+    dlclose(h);
+    return 0;
+}
+
+static int grandchild_fn(void *arg)
+{
+    child g;
+    if (child_start(&g, stream_fn, arg)) return 4;
+    child_go(&g);
+    int rc = child_done(&g);
+    child_end(&g);
+    return rc;
+}
+
+TEST(contention_counts_others_not_our_children)
+{
+    sf_monitor_opts o;
+    sf_monitor_opts_default(&o);
+    o.cuda_libs[0] = fake_lib;
+    o.n_cuda_libs = 1;
+    o.no_discover = 1;
+    o.link_gbs_gpu[0] = 40.0;
+    sf_monitor *m2 = NULL;
+    sf_error e = { 0 };
+    REQUIRE(sf_monitor_open(&o, &m2, &e) == SF_OK, "monitor: %s", e.msg);
+    double secs = 1.2;
+    child kid, old;
+    REQUIRE(child_start(&kid, stream_fn, &secs) == 0 && child_start(&old, grandchild_fn, &secs) == 0, "fork: %s",
+            strerror(errno));
+    child_go(&kid);
+    child_go(&old);
+    double own = 0, other = 0, link = 0;
+    int measured = 0;
+    for (double t0 = sf_now_s(); sf_now_s() - t0 < 1.0;) {
+        sf_mon_snapshot s;
+        sf_monitor_wait(m2, 0, 0.3);
+        sf_monitor_snapshot(m2, &s);
+        if (s.n_gpus >= 1) {
+            own = SF_MAX(own, s.gpus[0].own_h2d_per_s);
+            other = SF_MAX(other, s.gpus[0].other_h2d_per_s);
+            link = s.gpus[0].link_gbs;
+            measured = s.gpus[0].link_measured;
+        }
+        sf_mon_snapshot_free(&s);
+        usleep(100000);
+    }
+    CHECK_MSG(child_done(&kid) == 0 && child_done(&old) == 0, "streaming children failed");
+    CHECK_MSG(measured && link == 40.0, "link %.1f GB/s (%s), want the 40 given", link, measured ? "measured" : "nominal");
+    CHECK_MSG(own > 1e6, "our child's stream: %.0f B/s counted as own", own);
+    CHECK_MSG(other > 1e6, "the grandchild's stream: %.0f B/s counted as another's", other);
+    child_end(&old); /* first: it holds a copy of kid's pipe, which kid waits to see closed */
+    child_end(&kid);
     sf_monitor_close(m2);
 }
 
@@ -388,6 +454,7 @@ int main(void)
     RUN(socket_bytes_per_pid);
     RUN(uprobe_copies_per_direction);
     RUN(discovery_finds_new_gpu_processes);
+    RUN(contention_counts_others_not_our_children);
     RUN(off_monitor_is_harmless);
     RUN(attach_rejects_non_libcuda);
     sf_monitor_close(mon);

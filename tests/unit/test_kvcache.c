@@ -1,6 +1,7 @@
 /* test_kvcache.c — the KV block pool: allocation, exhaustion, sharing by reference count,
- * release order, misuse that must not corrupt the free list; and the CPU backend's block
- * copies out of and back into the cache. */
+ * release order, misuse that must not corrupt the free list; full-precision and INT8 blocks
+ * in one pool (units, pairing, fragmentation, a random run that must leak nothing); and the
+ * CPU backend's block copies out of and back into the cache, for both kinds. */
 #include "engine/kvcache.h"
 #include "hal/hal.h"
 #include "tests/test.h"
@@ -41,7 +42,7 @@ TEST(refcount_sharing)
     rc = sf_kv_alloc(&p, 2, b);
     REQUIRE(rc == SF_OK, "alloc");
     sf_kv_retain(&p, b, 2);          /* a second sequence shares the prefix */
-    CHECK(p.refcnt[b[0]] == 2 && p.refcnt[b[1]] == 2);
+    CHECK(sf_kv_refs(&p, b[0]) == 2 && sf_kv_refs(&p, b[1]) == 2);
     sf_kv_release(&p, b, 2);         /* first owner leaves: still held */
     CHECK_MSG(p.n_free == 2, "shared blocks stay out of the free list (n_free %d)", p.n_free);
     sf_kv_release(&p, b, 2);         /* last owner leaves */
@@ -98,11 +99,164 @@ TEST(backend_copy_out_in)
     sf_backend_close(b);
 }
 
+/* Full and INT8 blocks: units, exhaustion, pairing of INT8 halves, ids by kind. */
+TEST(mixed_kinds)
+{
+    sf_kv_pool p;
+    REQUIRE(sf_kv_pool_init(&p, 4, 16, NULL) == SF_OK, "init");
+    int32_t a[8], b[8];
+    CHECK_MSG(sf_kv_alloc_as(&p, 1, 1, a) == SF_EUNSUPPORTED, "INT8 blocks are off until enabled");
+    sf_kv_pool_enable_i8(&p);
+    CHECK(sf_kv_alloc_as(&p, 0, 2, a) == SF_OK && a[0] == 0 && a[1] == 1);
+    CHECK(p.n_free == 2 && p.n_free_units == 4);
+    CHECK(sf_kv_alloc_as(&p, 1, 1, b) == SF_OK);
+    CHECK_MSG(sf_kv_is_i8(&p, b[0]) && b[0] == 4 + 2 * 2, "first INT8 block is the first half of pair 2 (id %d)", b[0]);
+    CHECK(p.n_free == 1 && p.n_free_units == 3 && p.n_half == 1);
+    CHECK(sf_kv_alloc_as(&p, 1, 1, b + 1) == SF_OK);
+    CHECK_MSG(b[1] == 4 + 5, "the second INT8 block completes pair 2 (id %d)", b[1]);
+    CHECK(p.n_free == 1 && p.n_free_units == 2 && p.n_half == 0);
+    CHECK(sf_kv_alloc_as(&p, 1, 3, b + 2) == SF_AGAIN && p.n_free_units == 2);
+    CHECK(sf_kv_alloc_as(&p, 1, 2, b + 2) == SF_OK && p.n_free_units == 0 && p.n_free == 0);
+    CHECK(sf_kv_alloc_as(&p, 0, 1, a + 2) == SF_AGAIN && sf_kv_alloc_as(&p, 1, 1, b + 4) == SF_AGAIN);
+    CHECK(sf_kv_usage(&p) == 1.0);
+    /* one INT8 half back: one unit free but no full block */
+    sf_kv_release(&p, b, 1);
+    CHECK(p.n_free_units == 1 && p.n_free == 0 && !sf_kv_can_alloc(&p, 0, 1) && sf_kv_can_alloc(&p, 1, 1));
+    /* its partner back: pair 2 whole again */
+    sf_kv_release(&p, b + 1, 1);
+    CHECK(p.n_free == 1 && p.n_free_units == 2 && p.n_half == 0);
+    CHECK(sf_kv_alloc_as(&p, 0, 1, a + 2) == SF_OK && a[2] == 2);
+    sf_kv_release(&p, a, 3);
+    sf_kv_release(&p, b + 2, 2);
+    CHECK(p.n_free == 4 && p.n_free_units == 8 && p.n_half == 0 && sf_kv_usage(&p) == 0.0);
+    /* misuse: a full id released as INT8 and the reverse are not held */
+    CHECK(sf_kv_alloc_as(&p, 0, 1, a) == SF_OK && sf_kv_alloc_as(&p, 1, 1, b) == SF_OK);
+    int32_t wrong[3] = { 4 + 2 * a[0], b[0] - 4, 3 * 4 };
+    sf_kv_release(&p, wrong, 3);
+    CHECK_MSG(sf_kv_refs(&p, a[0]) == 1 && sf_kv_refs(&p, b[0]) == 1 && p.n_free_units == 5,
+              "ids of the other kind or past the pool change nothing (free units %d)", p.n_free_units);
+    sf_kv_retain(&p, b, 1);
+    sf_kv_release(&p, b, 1);
+    CHECK(sf_kv_refs(&p, b[0]) == 1);
+    sf_kv_release(&p, b, 1);
+    sf_kv_release(&p, a, 1);
+    CHECK(p.n_free == 4 && p.n_free_units == 8);
+    sf_kv_pool_free(&p);
+}
+
+/* Lone halves are used before pairs are split: INT8 blocks freed all over the pool leave
+ * room that the next INT8 allocations fill, so full blocks stay available. */
+TEST(fragmentation_pairs_halves)
+{
+    sf_kv_pool p;
+    REQUIRE(sf_kv_pool_init(&p, 8, 16, NULL) == SF_OK, "init");
+    sf_kv_pool_enable_i8(&p);
+    int32_t b[16];
+    CHECK(sf_kv_alloc_as(&p, 1, 16, b) == SF_OK && p.n_free == 0);
+    /* free every other INT8 block: 8 lone halves, no whole pair */
+    for (int i = 0; i < 16; i += 2) sf_kv_release(&p, b + i, 1);
+    CHECK(p.n_half == 8 && p.n_free == 0 && p.n_free_units == 8);
+    /* 8 new INT8 blocks take exactly those halves */
+    int32_t c[8];
+    CHECK(sf_kv_alloc_as(&p, 1, 8, c) == SF_OK && p.n_half == 0 && p.n_free_units == 0);
+    /* free both halves of pairs 0..3: four whole pairs come back for full blocks */
+    for (int i = 0; i < 16; i++) {
+        int32_t id = i % 2 ? b[i] : -1;
+        for (int j = 0; j < 8 && id < 0; j++)
+            if (c[j] - 8 == i) id = c[j];
+        if (i < 8) sf_kv_release(&p, &id, 1);
+    }
+    CHECK_MSG(p.n_free == 4 && p.n_half == 0, "whole pairs %d, lone halves %d", p.n_free, p.n_half);
+    int32_t f[4];
+    CHECK(sf_kv_alloc_as(&p, 0, 4, f) == SF_OK);
+    sf_kv_pool_free(&p);
+}
+
+/* A random mix of allocations, shares and releases of both kinds: the free counts always
+ * match what is held, nothing is handed out twice, and all comes back. */
+TEST(random_mixed_no_leak)
+{
+    enum { N = 32, MAXH = 200 };
+    sf_kv_pool p;
+    REQUIRE(sf_kv_pool_init(&p, N, 16, NULL) == SF_OK, "init");
+    sf_kv_pool_enable_i8(&p);
+    int32_t held[MAXH];
+    int n_held = 0, bad = 0;
+    uint64_t x = 12345;
+    for (int it = 0; it < 20000 && !bad; it++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int r = (int)(x >> 33) % 10;
+        if (r < 5 && n_held < MAXH - 4) {
+            int i8 = r & 1, n = 1 + (int)((x >> 20) % 3);
+            if (sf_kv_alloc_as(&p, i8, n, held + n_held) == SF_OK) n_held += n;
+        } else if (r < 6 && n_held && n_held < MAXH) {
+            int j = (int)((x >> 13) % (uint64_t)n_held);
+            sf_kv_retain(&p, held + j, 1);
+            held[n_held++] = held[j];
+        } else if (n_held) {
+            int j = (int)((x >> 13) % (uint64_t)n_held);
+            sf_kv_release(&p, held + j, 1);
+            held[j] = held[--n_held];
+        }
+        /* units held, from the ids: each distinct id counts once, by its kind */
+        int units = 0;
+        unsigned char seen[3 * N] = { 0 }, unit_used[2 * N] = { 0 };
+        for (int i = 0; i < n_held; i++) {
+            int32_t id = held[i];
+            if (seen[id]++) continue;
+            int u0 = id < N ? 2 * id : id - N, nu = id < N ? 2 : 1;
+            for (int k = 0; k < nu; k++) bad |= unit_used[u0 + k]++ != 0;
+            units += nu;
+        }
+        bad |= units + p.n_free_units != 2 * N;
+    }
+    CHECK_MSG(!bad, "a unit handed out twice or the free count drifted");
+    for (int i = 0; i < n_held; i++) sf_kv_release(&p, held + i, 1);
+    CHECK_MSG(p.n_free == N && p.n_free_units == 2 * N && p.n_half == 0, "leak: %d pairs, %d units free", p.n_free,
+              p.n_free_units);
+    sf_kv_pool_free(&p);
+}
+
+/* INT8 blocks through the CPU backend's copies: the right bytes (rows and scales) move, full
+ * blocks beside them stay intact, and ids past the INT8 range are refused. */
+TEST(backend_copy_int8)
+{
+    sf_backend *b = NULL;
+    sf_error err = { 0 };
+    sf_backend_opts o = { .name = "cpu", .n_threads = 1 };
+    REQUIRE(sf_backend_open(&o, &b, &err) == SF_OK, "%s", err.msg);
+    sf_kv_config kc = { .n_layers = 2, .n_blocks = 4, .block_size = 4, .n_kv_heads = 2, .head_dim = 8,
+                        .dtype = SF_DT_F32, .int8 = 1 };
+    REQUIRE(b->ops->kv_init(b, &kc, &err) == SF_OK, "%s", err.msg);
+    size_t bb = b->ops->kv_block_bytes(b, &kc), data = 2 * 2 * 2 * 4 * 8 * sizeof(float);
+    CHECK_MSG(bb == data + 2 * 2 * 2 * 2 * 4 * sizeof(float), "block bytes %zu include the scales of two units", bb);
+    unsigned char *src = malloc(2 * bb), *dst = calloc(2, bb), *full = malloc(bb), *full2 = malloc(bb);
+    for (size_t i = 0; i < 2 * bb; i++) src[i] = (unsigned char)(i * 7 + 3);
+    for (size_t i = 0; i < bb; i++) full[i] = (unsigned char)(i * 13 + 1);
+    int32_t f[1] = { 0 }, q[2] = { 4 + 2, 4 + 7 }; /* units 2 (pair 1) and 7 (pair 3) */
+    CHECK(b->ops->kv_copy_in(b, f, 1, full) == SF_OK);
+    CHECK(b->ops->kv_copy_in(b, q, 2, src) == SF_OK);
+    CHECK(b->ops->kv_copy_out(b, q, 2, dst) == SF_OK);
+    /* an INT8 block's host image: per layer K, V rows (64 bytes each) and K, V scales (8 floats) */
+    size_t used = 2 * (2 * 64 + 2 * 8 * sizeof(float));
+    CHECK(memcmp(src, dst, used) == 0 && memcmp(src + bb, dst + bb, used) == 0);
+    CHECK(b->ops->kv_copy_out(b, f, 1, full2) == SF_OK);
+    CHECK_MSG(memcmp(full, full2, data) == 0, "full block 0 untouched by INT8 copies into pairs 1 and 3");
+    int32_t bad[1] = { 12 };
+    CHECK(b->ops->kv_copy_out(b, bad, 1, dst) == SF_EINVAL);
+    free(src); free(dst); free(full); free(full2);
+    sf_backend_close(b);
+}
+
 int main(void)
 {
     RUN(alloc_all_then_again);
     RUN(refcount_sharing);
     RUN(bad_config);
     RUN(backend_copy_out_in);
+    RUN(mixed_kinds);
+    RUN(fragmentation_pairs_halves);
+    RUN(random_mixed_no_leak);
+    RUN(backend_copy_int8);
     return test_summary();
 }

@@ -103,8 +103,8 @@ static void check_plan(world *w, const sf_plan *p)
     int sum[3] = { 0, 0, 0 };
     sf_sched_foreach(s, count_blocks, sum);
     if (sum[0] + w->pool.n_free != w->pool.n_blocks) note_bad(w, "blocks leaked or double-counted");
-    if (sum[1] != s->held_low) note_bad(w, "held_low out of sync");
-    if (sum[1] > w->pool.n_blocks - s->reserve_blocks) note_bad(w, "reserve taken by low/normal urgency");
+    if (2 * sum[1] != s->held_low_units) note_bad(w, "held_low_units out of sync");
+    if (2 * sum[1] > 2 * w->pool.n_blocks - s->reserve_units) note_bad(w, "reserve taken by low/normal urgency");
     if (sum[2]) note_bad(w, "waiting sequence holds blocks");
     for (sf_seq *q = s->running.next; q != &s->running; q = q->next)
         if (q->plan_idx >= 0 && (q->plan_idx >= p->n_items || p->items[q->plan_idx].seq != q)) note_bad(w, "stale plan_idx");
@@ -241,14 +241,14 @@ TEST(high_reserve_honored)
     world w;
     int wrc = world_init(&w, 100, 16, 16, 4096, 4096, 0.2f);
     REQUIRE(wrc == 0, "init");
-    CHECK(w.s.reserve_blocks == 20);
+    CHECK(w.s.reserve_units == 2 * 20);
     fake *low[8];
     for (int i = 0; i < 8; i++) {
         low[i] = fake_new(i, SF_URGENCY_NORMAL, 16 * 14, 500); /* 14 blocks each, 16 after 20 steps */
         sf_sched_add(&w.s, &low[i]->q);
     }
     for (int k = 0; k < 20; k++) step(&w);
-    CHECK_MSG(w.s.held_low <= 80, "held_low %d", w.s.held_low);
+    CHECK_MSG(w.s.held_low_units <= 2 * 80, "held_low_units %d", w.s.held_low_units);
     CHECK(w.pool.n_free >= 20);
     CHECK_MSG(w.s.n_running == 5 && w.s.preemptions == 0, "running %d", w.s.n_running);
     fake *hi = fake_new(99, SF_URGENCY_HIGH, 16 * 10, 2);
