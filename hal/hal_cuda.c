@@ -80,6 +80,8 @@ typedef struct cuda_ctx {
     float *kv_scale;       /* INT8 blocks (kvc.int8): per layer K then V scales, kv_layer_rows each */
     size_t kv_layer_rows;  /* INT8 rows (token, kv head) of one layer: 2 * n_blocks * Hkv * bs */
     int kv_ids;            /* block ids in use: n_blocks, or 3 * n_blocks with INT8 blocks */
+    int step_i8;           /* this step reads or writes INT8 blocks: the bf16-only GEMV + RoPE +
+                            * KV-write epilogue (gemv_fused.cu) is skipped for the plain rope_kv */
     /* RoPE frequencies (device copy of the last sf_rope's inv_freq) */
     float *inv_freq_d;
     float inv_freq_h[SF_K_ATTN_MAX_HD / 2];
@@ -542,6 +544,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
     if (need > META_INTS)
         return op_fail(SF_EINVAL, "batch_begin", "batch metadata exceeds 4 MiB: fewer sequences or shorter block tables");
+    c->step_i8 = 0;
     if (c->kv) {
         /* checks here keep bad ids from turning into wild device reads */
         for (int s = 0; s < S; s++)
@@ -556,11 +559,13 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
             for (int i = 0; i < nb; i++) {
                 int32_t id = bt->block_table[(size_t)s * bt->max_blocks + i];
                 if (id < 0 || id >= c->kv_ids) return op_fail(SF_EINVAL, "batch_begin", "block id out of range");
+                c->step_i8 |= id >= c->kvc.n_blocks;
             }
         }
         for (int t = 0; t < T; t++)
             if (bt->slot[t] >= c->kv_ids * c->kvc.block_size)
                 return op_fail(SF_EINVAL, "batch_begin", "KV slot beyond the pool");
+            else c->step_i8 |= bt->slot[t] >= c->kvc.n_blocks * c->kvc.block_size;
     }
     if (cudaEventSynchronize(c->meta_done) != cudaSuccess) return kcheck(cudaGetLastError(), "batch_begin");
     int32_t *h = c->meta_h;
@@ -622,7 +627,8 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
     }
-    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, n_tiles };
+    /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
+    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, 2 * (int64_t)n_tiles + c->step_i8 };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
 }
@@ -796,7 +802,7 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         norm->rows * norm->cols != k || x->cols < k || x->rows < c->T)
         return op_fail(SF_EINVAL, "norm_qkv_rope", "layer, heads or shapes do not match the weight and the KV cache");
     if ((rc = ensure_rope(c, r))) return rc;
-    if (c->T == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
+    if (c->T == 1 && !c->step_i8 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
         sf_op_rec rec = { 0 };
         rec.kind = SF_OP_GEMV_ROPE;
         rec.p[0] = x->d; rec.p[1] = norm->d; rec.p[2] = w->d; rec.p[3] = w->bias; rec.p[4] = qkv->d;

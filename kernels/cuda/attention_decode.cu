@@ -1,4 +1,5 @@
-/* attention_decode.cu — attention of single query tokens over the paged bf16 KV cache (decode,
+/* attention_decode.cu — attention of single query tokens over the paged bf16 KV cache (INT8
+ * blocks, kernels.h, are read as 8 bytes plus a scale and widened to the same registers) (decode,
  * and short chunks that do not take the tensor-core prefill kernel), for head sizes 64 and 128
  * and GQA groups up to 8.
  *
@@ -38,16 +39,16 @@ static __device__ __forceinline__ uint4 ld_kv(const uint16_t *p)
     return __ldg((const uint4 *)p);
 }
 
-/* Cache offsets (elements, this lane's 8 dims included) of keys kb + u * kpw + sub, u < U;
- * off < 0 past k1. */
-template <int U, int HD>
+/* Cache rows (sf_kv_row: bf16 offset or INT8 row, tagged) of keys kb + u * kpw + sub, u < U;
+ * -1 past k1. */
+template <int U>
 static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int kpw, int sub, int k1, const int32_t *bt,
-                                                  int bs, int Hkv, int kh, int dl)
+                                                  const sf_k_kv &kv, int kh)
 {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int p = kb + u * kpw + sub;
-        off[u] = p < k1 ? (((int64_t)bt[p / bs] * Hkv + kh) * bs + p % bs) * HD + dl * 8 : -1;
+        off[u] = p < k1 ? sf_kv_row(kv, bt, kh, p) : -1;
     }
 }
 
@@ -66,13 +67,13 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     sf_pdl_trigger();
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, sub = lane / LPK, dl = lane % LPK;
-    const int G = a.H / a.Hkv, Hkv = a.Hkv, bs = a.kv.block_size, ns = a.n_split;
+    const int G = a.H / a.Hkv, Hkv = a.Hkv, ns = a.n_split;
     const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
     const int per = (ctx + ns - 1) / ns;
     const int k0 = split * per, k1 = min(ctx, k0 + per);
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     int64_t off[U];
-    kv_offsets<U, HD>(off, k0 + warp * STEP, KPW, sub, k1, bt, bs, Hkv, kh, dl);
+    kv_offsets<U>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
 
     /* q of the group's heads, dims dl*8 .. dl*8+7, scaled so that scores are in base 2 */
@@ -109,15 +110,22 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             valid[u] = off[u] >= 0;
-            if (valid[u]) {
-                kr[u] = ld_kv(a.kv.k + off[u]);
-                vr[u] = ld_kv(a.kv.v + off[u]);
+            if (valid[u] && (off[u] & 1)) {
+                /* an INT8 block (kernels.h): 8 bytes of K and of V and the rows' scales, as bf16 */
+                const int64_t row = off[u] >> 1;
+                const bf16x8 k8 = sf_dequant8((const int8_t *)a.kv.k + row * HD + dl * 8, __ldg(a.kv.k_scale + row));
+                const bf16x8 v8 = sf_dequant8((const int8_t *)a.kv.v + row * HD + dl * 8, __ldg(a.kv.v_scale + row));
+                kr[u] = *(const uint4 *)&k8;
+                vr[u] = *(const uint4 *)&v8;
+            } else if (valid[u]) {
+                kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
+                vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
             } else {
                 kr[u] = make_uint4(0, 0, 0, 0);
                 vr[u] = kr[u];
             }
         }
-        kv_offsets<U, HD>(off, kb + AD_WARPS * STEP, KPW, sub, k1, bt, bs, Hkv, kh, dl); /* next run's */
+        kv_offsets<U>(off, kb + AD_WARPS * STEP, KPW, sub, k1, bt, a.kv, kh); /* next run's */
         float s[U][MAXG];
 #pragma unroll
         for (int u = 0; u < U; u++) {

@@ -247,8 +247,8 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
 {
     if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !qkv || H < 1 ||
         Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 2 || rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv ||
-        kv.head_dim != hd || kv.block_size < 1)
-        return (int)cudaErrorInvalidValue;
+        kv.head_dim != hd || kv.block_size < 1 || kv.i8_base)
+        return (int)cudaErrorInvalidValue; /* INT8 cache blocks: rope_kv.cu quantises them */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
     return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
 }

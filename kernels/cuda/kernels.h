@@ -147,7 +147,7 @@ int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, in
 
 /* qkv[(H + 2 Hkv) * hd] = bf16(rmsnorm(x) * nw) . Wqkv^T (+ bias), then what sf_k_rope_kv does
  * for one token at pos[0] / slot[0] (device pointers): q and k heads rotated, k and v heads
- * written to the cache. */
+ * written to the cache (bf16 blocks only: kv.i8_base must be 0). */
 int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias,
                         int k, int H, int Hkv, int hd, int rot_dim, int interleaved, const int32_t *pos,
                         const int32_t *slot, const float *inv_freq, sf_k_kv kv, uint16_t *qkv, cudaStream_t s);
