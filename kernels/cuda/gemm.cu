@@ -137,15 +137,15 @@ static int get_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t
 }
 
 static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *w, const uint16_t *bias,
-                  uint16_t *y, cudaStream_t s)
+                  uint16_t *y, cudaStream_t s, float beta = 0.0f)
 {
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f;
     cublasStatus_t st;
     if (p->has_bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
         if (st != CUBLAS_STATUS_SUCCESS) return LT_ERR(st);
     }
-    st = cublasLtMatmul(g->lt, p->op, &one, w, p->a, x, p->b, &zero, y, p->c, y, p->c, &p->algo,
+    st = cublasLtMatmul(g->lt, p->op, &one, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                         g->workspace, LT_WORKSPACE, s);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : LT_ERR(st);
 }
@@ -156,6 +156,20 @@ extern "C" int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, co
     plan *p;
     int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
     return rc ? rc : p->lt_rc ? p->lt_rc : run_lt(g, p, x, w, bias, y, s);
+}
+
+extern "C" int sf_k_gemm_lt_acc(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                                const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    plan *p;
+    int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
+    return rc ? rc : p->lt_rc ? p->lt_rc : run_lt(g, p, x, w, bias, y, s, 1.0f);
+}
+
+extern "C" int sf_k_gemm_lt_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy)
+{
+    plan *p;
+    return !get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p) && !p->lt_rc;
 }
 
 /* Median-free but warm: one untimed run of each path, then `reps` timed back to back. */

@@ -975,7 +975,7 @@ static void perf_fused(void)
         sf_k_fill_random(nw, k, 9, 1.0f, s);
         sf_k_fill_random(y, m, 10, 0.01f, s);
         /* paths: 0 the fused kernel as the backend launches it, 1 the plain GEMV, 2.. variants */
-        static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 } };
+        static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 }, { 4, 108 }, { 8, 108 }, { 4, 116 } };
         float t[2 + SF_ARRAY_LEN(var)];
         for (int path = 0; path < 2 + (int)SF_ARRAY_LEN(var); path++) {
             const int reps = 50;
@@ -1037,7 +1037,7 @@ static void perf_attn(void)
         cudaMemset(ws, 0, (size_t)H * 64 * (hd + 2) * 4 + 4096);
         int work = Hkv;
         int split_old = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, (4 * sms + work - 1) / work), 64));
-        int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 31) / 32, (2 * sms + work - 1) / work), 64));
+        int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, SF_MAX((sms + work - 1) / work, (ctx + 127) / 128)), 64));
         /* paths: 0 old kernel, 1 new kernel at the backend's split, 2.. new kernel at other splits */
         static const int splits[] = { 1, 4, 8, 16, 32, 64 };
         float t[2 + SF_ARRAY_LEN(splits)];
