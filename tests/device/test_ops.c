@@ -307,6 +307,25 @@ TEST(matmul)
     }
 }
 
+/* A server's steps come in every token count: the GEMM plan cache must never run out. Runs
+ * more distinct shapes than it holds, then checks shapes old (evicted) and new numerically. */
+TEST(matmul_many_token_counts)
+{
+    int m = 64, k = 64, n_max = quick ? 200 : 1100;
+    float *wv = rand_vals((int64_t)m * k, 0.05f), *x = rand_vals((int64_t)n_max * k, 1.0f);
+    sf_weight *w = upload_f32(wv, m, k);
+    sf_buf *bx = new_buf(n_max, k), *by = new_buf(n_max, m);
+    REQUIRE(w && bx && by && !fill_buf(bx, x, n_max, k), "setup");
+    int failed = 0;
+    for (int n = 9; n <= n_max && !failed; n++)
+        if (OPS->matmul(B, bx, w, n, by) != 0) failed = n;
+    CHECK_MSG(!failed, "matmul failed at %d rows after %d shapes", failed, failed - 9);
+    OPS->buf_free(B, bx); OPS->buf_free(B, by); OPS->weight_free(B, w);
+    free(wv); free(x);
+    check_matmul(9, m, k, 0);
+    check_matmul(n_max - 1, m, k, 0);
+}
+
 TEST(silu_mul)
 {
     int shapes[][2] = { { 1, 172 }, { 7, 64 }, { 33, 1024 }, { 4, 14336 } };
@@ -1098,6 +1117,7 @@ int main(int argc, char **argv)
     RUN(embed_get_rows);
     RUN(rmsnorm);
     RUN(matmul);
+    RUN(matmul_many_token_counts);
     RUN(silu_mul);
     RUN(norm_matmul);
     RUN(matmul_add);
