@@ -4,7 +4,10 @@
  *   decode   batch-1 decode after a prompt of --ctx tokens: ms/token, and the weight bytes
  *            read per second as a share of the memory bandwidth hal measured (read
  *            bandwidth on the CPU: decode streams every weight once per token and writes
- *            almost nothing).
+ *            almost nothing). The next token is drawn by the backend's sampler unless
+ *            --sample host.
+ *   throughput  the one mode over the engine (scheduler, continuous batching, sampler):
+ *            cli/bench_throughput.c.
  *
  * Modes are a table (bench_modes below); each gets the parsed options and the shared setup
  * helpers (bench_open / bench_feed), so a prefill or throughput mode is one more function. */
@@ -13,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli/bench.h"
 #include "cli/cli.h"
 #include "engine/forward.h"
 #include "engine/kvcache.h"
@@ -20,15 +24,6 @@
 #include "engine/tp.h"
 #include "hal/hal.h"
 
-typedef struct bench_opts {
-    const char *mode, *model, *preset, *backend;
-    int dummy, ctx, steps, threads, json, chunk;
-    int tp;              /* --tensor-parallel-size: ranks (1: none) */
-    int hidden;          /* allreduce: row width of the messages (0: the model's hidden size) */
-    int kv_i8;           /* --kv-dtype int8: the sequence's KV in INT8 blocks */
-    int batch;           /* decode-batch: sequences decoded together */
-    sf_dtype dtype;
-} bench_opts;
 
 /* One model, one backend, one forward pass, one sequence's worth of KV blocks. */
 typedef struct bench_env {
@@ -41,6 +36,7 @@ typedef struct bench_env {
     int32_t *blocks;     /* the sequence's block table */
     int max_blocks, len, max_tokens;
     float *logits;       /* [max_tokens * vocab] */
+    int sample_dev;      /* decode steps draw on the backend (only the id comes back) */
 } bench_env;
 
 static void bench_close(bench_env *e)
@@ -114,8 +110,18 @@ static int bench_open(const bench_opts *o, int max_tokens, int kv_tokens, bench_
     return bench_open_seqs(o, max_tokens, kv_tokens, kv_tokens, e, err);
 }
 
-/* Appends n tokens to the sequence in one step; logits of the last one in e->logits. */
-static int bench_feed(bench_env *e, const int32_t *tokens, int n, sf_error *err)
+static int32_t argmax(const float *l, int n)
+{
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[best]) best = i;
+    return best;
+}
+
+/* Appends n tokens to the sequence in one step. next == NULL: the logits of the last one in
+ * e->logits; else its greedy successor in *next, drawn by the backend's sampler when
+ * e->sample_dev (only the id crosses), else chosen from the logits on the host. */
+static int bench_feed(bench_env *e, const int32_t *tokens, int n, int32_t *next, sf_error *err)
 {
     int32_t pos[n], slot[n], ss[2] = { 0, n }, ctx[1], row[1] = { n - 1 };
     int bs = e->kc.block_size;
@@ -127,7 +133,15 @@ static int bench_feed(bench_env *e, const int32_t *tokens, int n, sf_error *err)
     ctx[0] = e->len + n;
     sf_batch b = { .n_tokens = n, .n_seqs = 1, .tokens = tokens, .pos = pos, .slot = slot, .seq_start = ss,
                    .seq_ctx = ctx, .block_table = e->blocks, .max_blocks = e->max_blocks, .logit_rows = row, .n_logits = 1 };
-    int rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
+    int rc;
+    if (next && e->sample_dev) {
+        sf_sample_row greedy = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
+        sf_forward_sample smp = { .rows = &greedy, .ids = next };
+        rc = sf_forward_step_sample(e->f, &b, &smp, err);
+    } else {
+        rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
+        if (rc == SF_OK && next) *next = argmax(e->logits, e->m->cfg.vocab_size);
+    }
     if (rc == SF_OK) e->len += n;
     return rc;
 }
@@ -137,9 +151,7 @@ static size_t view_bytes(const sf_view *v)
     return v->data ? sf_dtype_bytes(v->dtype, v->rows * v->cols) : 0;
 }
 
-/* Weight bytes one decode step reads: every layer, the final norm and the lm_head (the
- * embedding table is touched at one row only, unless it doubles as the lm_head). */
-static size_t decode_weight_bytes(const sf_model *m)
+size_t sf_bench_decode_weight_bytes(const sf_model *m)
 {
     size_t s = view_bytes(&m->out_norm) + view_bytes(m->lm_head.data ? &m->lm_head : &m->tok_embd);
     for (int l = 0; l < m->cfg.n_layers; l++) {
@@ -166,14 +178,6 @@ static int cmp_double(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-static int32_t argmax(const float *l, int n)
-{
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[best]) best = i;
-    return best;
-}
-
 static int bench_decode(const bench_opts *o)
 {
     bench_env e;
@@ -195,14 +199,14 @@ static int bench_decode(const bench_opts *o)
     for (int i = 0; i < o->ctx; i++) prompt[i] = (int32_t)(sf_rng_next(&rng) % (uint64_t)c->vocab_size);
     double t0 = sf_now_s();
     for (int i = 0; i < o->ctx; i += chunk)
-        if (bench_feed(&e, prompt + i, SF_MIN(chunk, o->ctx - i), &err)) goto fail;
+        if (bench_feed(&e, prompt + i, SF_MIN(chunk, o->ctx - i), NULL, &err)) goto fail;
     double prefill_s = sf_now_s() - t0;
     int32_t tok = o->ctx ? argmax(e.logits, c->vocab_size) : (c->bos_id >= 0 ? c->bos_id : 0);
+    e.sample_dev = !o->sample_host && !e.tp && sf_forward_can_sample(e.f);
     /* one untimed step first: page faults of the weights and lazy allocations land there */
     for (int s = 0; s <= o->steps; s++) {
         double ts = sf_now_s();
-        if (bench_feed(&e, &tok, 1, &err)) goto fail;
-        tok = argmax(e.logits, c->vocab_size);
+        if (bench_feed(&e, &tok, 1, &tok, &err)) goto fail;
         ms[s] = (sf_now_s() - ts) * 1e3;
         /* CUDA: host time from batch_begin until the step's work was enqueued */
         if (sf_backend_cuda_stats(e.b, &st) == SF_OK) { host_us[s] = st.last_step_host_us; have_host = 1; }
@@ -222,7 +226,7 @@ static int bench_decode(const bench_opts *o)
     double ceil_gbs = read_bw ? hw->mem_read_gbs : hw->mem_bw_gbs;
     double load[1] = { 0 };
     if (getloadavg(load, 1) != 1) load[0] = -1;
-    size_t wbytes = decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
+    size_t wbytes = sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
     double kv_per_tok = kv_token_bytes(&e, o);
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
@@ -236,6 +240,7 @@ static int bench_decode(const bench_opts *o)
                               "ceiling", read_bw ? "read bandwidth" : "copy bandwidth", "ratio", gbs / ceil_gbs,
                               "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0, "loadavg_1min", load[0]);
         json_object_set_new(j, "tensor_parallel", json_integer(o->tp > 1 ? o->tp : 1));
+        json_object_set_new(j, "sampling", json_string(e.sample_dev ? "backend" : "host"));
         /* the KV side: what a step reads of the cache, and the roofline with it */
         json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
         json_object_set_new(j, "kv_bytes_per_step", json_real(kv_bytes));
@@ -254,6 +259,8 @@ static int bench_decode(const bench_opts *o)
         printf("decode   %s%s, %s, %.2f GB of weights read per token, backend %s (%d threads)\n", e.m->name,
                e.m->random_weights ? " (random weights)" : "", sf_dtype_name(c->dtype), wbytes / 1e9, e.b->ops->name,
                hw->n_threads);
+        printf("sampling %s\n", e.sample_dev ? "on the backend (greedy; only the token id is copied back)"
+                                               : "on the host (greedy; the row of logits is copied back)");
         printf("context  %d tokens, then %d decode steps%s\n", o->ctx, o->steps,
                o->tp > 1 ? " (tensor parallel: weight bytes and bandwidth are per rank)" : "");
         printf("latency  %.1f ms/token median (mean %.1f, best %.1f) = %.2f tokens/s\n", med, mean, best, 1e3 / med);
@@ -287,10 +294,9 @@ out:
     return rc;
 }
 
-/* FLOPs of one prefill step of T tokens from position 0: the GEMMs (2 per weight element per
- * token), causal attention (QK^T and PV over on average (T+1)/2 keys), and the lm_head for the
- * one logit row. */
-static double prefill_flops(const sf_model_config *c, int T)
+/* The GEMMs (2 per weight element per token), causal attention (QK^T and PV over on average
+ * (T+1)/2 keys), and the lm_head for the one logit row. */
+double sf_bench_prefill_flops(const sf_model_config *c, int T)
 {
     double d = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, f = c->intermediate;
     double per_layer = d * (H + 2 * Hkv) * hd + H * hd * d + 3 * d * f;
@@ -318,11 +324,11 @@ static int bench_prefill(const bench_opts *o)
     for (int s = 0; s <= n; s++) {
         e.len = 0;
         double ts = sf_now_s();
-        if (bench_feed(&e, prompt, T, &err)) goto fail;
+        if (bench_feed(&e, prompt, T, NULL, &err)) goto fail;
         ms[s] = (sf_now_s() - ts) * 1e3;
     }
     qsort(ms + 1, (size_t)n, sizeof(double), cmp_double);
-    double med = ms[1 + n / 2], flops = prefill_flops(c, T);
+    double med = ms[1 + n / 2], flops = sf_bench_prefill_flops(c, T);
     const sf_hw_info *hw = e.b->ops->hw(e.b);
     double tflops = flops / (med * 1e-3) / 1e12;
     if (o->json) {
@@ -516,7 +522,7 @@ static int bench_decode_batch(const bench_opts *o)
          * context over the timed steps) once */
         const sf_hw_info *hw = e.b->ops->hw(e.b);
         double ceil_gbs = hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs;
-        double wbytes = (double)decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m), kvt = kv_token_bytes(&e, o);
+        double wbytes = (double)sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m), kvt = kv_token_bytes(&e, o);
         double kv1 = kvt * (o->ctx + o->steps / 2.0), kvb = kvt * (B * (o->ctx + o->steps / 2.0) + o->steps + 1);
         json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
         json_object_set_new(j, "weight_bytes", json_real(wbytes));
@@ -559,6 +565,8 @@ static const struct {
     { "allreduce", bench_allreduce, "all-reduce latency by message size across --tensor-parallel-size ranks" },
     { "decode-batch", bench_decode_batch, "batch-1 decode, then steps of --batch sequences together: ms/step, tokens/s" },
     { "prefill", bench_prefill, "one prefill step of --ctx tokens: tokens/s and MFU vs the measured GEMM rate" },
+    { "throughput", sf_bench_throughput, "offline: --num-prompts requests of --input/--output tokens through the engine; "
+                                         "tokens/s vs the physical bound" },
 };
 
 static void usage(FILE *f)
@@ -580,7 +588,16 @@ static void usage(FILE *f)
                "  --tensor-parallel-size N  split the model over N ranks (weight bytes are then per rank)\n"
                "  --hidden N            allreduce: message row width (default: the model's hidden size)\n"
                "  --batch N             decode-batch: sequences decoded together (default 64)\n"
-               "  --json                machine-readable result\n");
+               "  --sample host|backend decode, throughput: where tokens are chosen (default backend when it can)\n"
+               "  --json                machine-readable result\n"
+               "\nthroughput options:\n"
+               "  --input N             prompt tokens per request (default 128)\n"
+               "  --output N            output tokens per request, EOS ignored (default 128)\n"
+               "  --num-prompts N       requests, all submitted at once (default 256)\n"
+               "  --max-num-seqs N      running sequences at most (default 256; lowered to what the KV cache holds)\n"
+               "  --max-batched-tokens N  token budget per step (default 8192)\n"
+               "  --gpu-memory-utilization F  share of device memory for weights + KV (default 0.9)\n"
+               "  --temperature F       sampling temperature (default 1; 0 is greedy)\n");
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
@@ -595,11 +612,25 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
     return 0;
 }
 
+static int parse_double(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    char *end;
+    double x = strtod(v, &end);
+    if (*v == 0 || *end || !(x >= lo && x <= hi)) {
+        fprintf(stderr, "semflow bench: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
 int sf_cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "kv-quality")) /* its own options (cmd_bench_kv.c) */
         return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
-    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64 };
+    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
+                     .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 256, .max_batched_tokens = 8192,
+                     .gpu_util = 0.9, .temperature = 1.0 };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },
         { "preset", required_argument, NULL, 'p' }, { "backend", required_argument, NULL, 'b' },
@@ -608,6 +639,10 @@ int sf_cmd_bench(int argc, char **argv)
         { "dtype", required_argument, NULL, 'd' }, { "json", no_argument, NULL, 'j' },
         { "tensor-parallel-size", required_argument, NULL, 'P' }, { "hidden", required_argument, NULL, 'H' },
         { "kv-dtype", required_argument, NULL, 'K' }, { "batch", required_argument, NULL, 'B' },
+        { "sample", required_argument, NULL, 'S' }, { "input", required_argument, NULL, 'I' },
+        { "output", required_argument, NULL, 'O' }, { "num-prompts", required_argument, NULL, 'N' },
+        { "max-num-seqs", required_argument, NULL, 'M' }, { "max-batched-tokens", required_argument, NULL, 'X' },
+        { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
         { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
@@ -644,6 +679,20 @@ int sf_cmd_bench(int argc, char **argv)
         case 'H': if (parse_int("--hidden", optarg, 1, 1 << 20, &o.hidden)) return 2; break;
         case 'B': if (parse_int("--batch", optarg, 1, 4096, &o.batch)) return 2; break;
         case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;
+        case 'S':
+            if (strcmp(optarg, "host") && strcmp(optarg, "backend")) {
+                fprintf(stderr, "semflow bench: --sample takes host or backend, got '%s'\n", optarg);
+                return 2;
+            }
+            o.sample_host = !strcmp(optarg, "host");
+            break;
+        case 'I': if (parse_int("--input", optarg, 1, 1 << 20, &o.input)) return 2; break;
+        case 'O': if (parse_int("--output", optarg, 1, 1 << 20, &o.output)) return 2; break;
+        case 'N': if (parse_int("--num-prompts", optarg, 1, 1 << 20, &o.num_prompts)) return 2; break;
+        case 'M': if (parse_int("--max-num-seqs", optarg, 1, 65536, &o.max_num_seqs)) return 2; break;
+        case 'X': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
+        case 'G': if (parse_double("--gpu-memory-utilization", optarg, 0.05, 1, &o.gpu_util)) return 2; break;
+        case 'T': if (parse_double("--temperature", optarg, 0, 100, &o.temperature)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

@@ -41,6 +41,15 @@ struct sf_engine {
     sf_swap swap;               /* host swap space for preemption by swap (n_slots 0: off) */
     float *logits;              /* [max_num_seqs * vocab] host */
     int vocab, max_model_len;
+    /* sampling on the backend: per-row parameters, drawn ids, penalty entries */
+    sf_sample_row *rows;        /* [max_num_seqs] */
+    int32_t *ids;               /* [max_num_seqs] */
+    sf_sample_pen *pen;
+    int cap_pen;
+    /* the last step's timing, for the loop's accounting (engine thread) */
+    double last_wait_s;         /* waited for the device */
+    double last_enqueue_s;      /* the backend's host time enqueuing the step (0 on the CPU) */
+    int last_decode;            /* every sequence brought one token */
 
     pthread_t thread;
     int thread_started;
@@ -64,6 +73,8 @@ struct sf_engine {
     uint64_t n_rejected;        /* submits refused with SF_AGAIN (under mu) */
     FILE *trace;                /* --sched-trace (engine thread only) */
     double t_start;
+    double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
+    uint64_t decode_steps, rows_dev, rows_host;
 };
 
 void sf_sampling_default(sf_sampling *s)
@@ -234,7 +245,41 @@ static int engine_step(sf_engine *e)
     }
     sf_batch b;
     sf_sched_batch(&e->sched, &b);
-    int rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, &err) : sf_forward_step(e->fwd, &b, e->logits, &err);
+    /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
+    int n = p->n_items, k = 0;
+    sf_request *small[64], **got = n <= 64 ? small : malloc((size_t)n * sizeof *got);
+    if (!got) { /* run the step again next time: it rewrites the same KV slots */
+        sf_sched_discard(&e->sched);
+        return 0;
+    }
+    int on_dev = !e->tp && !e->cfg.host_sampling && sf_forward_can_sample(e->fwd), n_pen = 0;
+    for (int i = 0; i < n; i++) {
+        if (!p->items[i].seq || !p->items[i].logits) continue;
+        sf_request *r = got[k] = p->items[i].seq->owner;
+        if (on_dev && (sf_sampler_needs_logits(&r->sp) ||
+                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
+            on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
+        k++;
+    }
+    e->last_decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
+    double t_fwd = sf_now_s();
+    uint64_t host_ns = 0;
+    int rc;
+    if (e->tp) rc = sf_tp_step(e->tp, &b, e->logits, &err);
+    else if (on_dev) {
+        sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = e->ids };
+        rc = sf_forward_step_sample(e->fwd, &b, &smp, &err);
+        if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
+            on_dev = 0;
+            rc = sf_forward_read_logits(e->fwd, k, e->logits, &err);
+        }
+    } else rc = sf_forward_step(e->fwd, &b, e->logits, &err);
+    sf_backend_stats bs;
+    if (sf_backend_cuda_stats(e->be, &bs) == SF_OK) host_ns = (uint64_t)(bs.last_step_host_us * 1e3);
+    double fwd_s = sf_now_s() - t_fwd;
+    /* without a device to wait for (CPU backend) the whole forward pass is host work */
+    e->last_wait_s = host_ns ? SF_MAX(0.0, fwd_s - host_ns * 1e-9) : 0;
+    e->last_enqueue_s = host_ns * 1e-9;
     if (rc == SF_ENODEV && e->tp) { /* a rank died or hung: the group cannot recover; admit nothing more */
         pthread_mutex_lock(&e->mu);
         if (!e->tp_failed) snprintf(e->tp_failed_msg, sizeof e->tp_failed_msg, "%s", err.msg);
@@ -244,34 +289,25 @@ static int engine_step(sf_engine *e)
     if (rc != SF_OK) {
         /* The step failed: fail the requests in it, keep serving the others. */
         SF_LOGE("forward step of %d tokens failed: %s", b.n_tokens, err.msg);
-        int n = p->n_items;
         sf_request **victims = malloc((size_t)n * sizeof *victims);
-        int k = 0;
+        int nv = 0;
         for (int i = 0; i < n && victims; i++)
-            if (p->items[i].seq) victims[k++] = p->items[i].seq->owner;
+            if (p->items[i].seq) victims[nv++] = p->items[i].seq->owner;
         sf_sched_discard(&e->sched);
-        for (int i = 0; i < k; i++) finish_and_free(e, victims[i], SF_FINISH_ERROR, rc, err.msg);
+        for (int i = 0; i < nv; i++) finish_and_free(e, victims[i], SF_FINISH_ERROR, rc, err.msg);
         free(victims);
-        return k;
+        if (got != small) free(got);
+        return nv;
     }
-    /* Collect the sequences that yielded logits before commit (which closes the plan). */
-    int n = p->n_items, row = 0;
-    sf_request *small[64], **got = n <= 64 ? small : malloc((size_t)n * sizeof *got);
-    int k = 0;
-    if (!got) { /* run the step again next time: it rewrites the same KV slots */
-        sf_sched_discard(&e->sched);
-        return 0;
-    }
-    for (int i = 0; i < n; i++)
-        if (p->items[i].seq && p->items[i].logits) got[k++] = p->items[i].seq->owner;
     sf_sched_commit(&e->sched);
-    for (int i = 0; i < k; i++, row++) {
+    if (on_dev) e->rows_dev += (uint64_t)k;
+    else e->rows_host += (uint64_t)k;
+    for (int i = 0; i < k; i++) {
         sf_request *r = got[i];
-        float *l = e->logits + (size_t)row * e->vocab;
         float lp = 0;
         sf_logprob top[SF_MAX_LOGPROBS];
         int n_top = 0;
-        int32_t id = sf_sample(&r->sp, &r->ss, l, e->vocab, &lp, top, &n_top);
+        int32_t id = on_dev ? e->ids[i] : sf_sample(&r->sp, &r->ss, e->logits + (size_t)i * e->vocab, e->vocab, &lp, top, &n_top);
         if (sf_request_on_token(r, id, lp, top, n_top) == SF_REQ_FINISHED) {
             sf_sched_remove(&e->sched, &r->seq);
             e->n_finished++;
@@ -304,7 +340,6 @@ static void update_stats(sf_engine *e)
     e->st.swap_blocks_total = s->swap.n_blocks;
     e->st.swap_blocks_used = s->swap.n_blocks - s->swap.n_free;
     for (int i = 0; i < SF_DECISION_COUNT; i++) e->st.decisions[i] = s->decisions[i];
-    e->st.decisions[SF_DECISION_REJECT] += e->n_rejected;
     e->st.degraded = s->degraded;
     e->st.kv_usage = sf_sched_kv_usage(s);
     e->st.step_ms = s->step_ms_avg;
@@ -317,6 +352,14 @@ static void update_stats(sf_engine *e)
         e->st.dma_deferred = ds.deferred;
         e->st.pcie_contention = sf_dma_contention(e->swap.dma);
     }
+    e->st.step_s = e->step_s;
+    e->st.host_s = e->host_s;
+    e->st.decode_steps = e->decode_steps;
+    e->st.decode_step_s = e->decode_step_s;
+    e->st.decode_host_s = e->decode_host_s;
+    e->st.decode_enqueue_s = e->decode_enqueue_s;
+    e->st.rows_sampled_backend = e->rows_dev;
+    e->st.rows_sampled_host = e->rows_host;
     e->win_tokens += e->n_tokens_out - e->st_tokens_seen;
     e->win_finished += e->n_finished - e->st.finished;
     e->st_tokens_seen = e->n_tokens_out;
@@ -367,15 +410,29 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&e->mu);
 
         /* Requests and their callbacks run without the lock, so a callback may submit or cancel. */
+        double t_turn = sf_now_s();
         while (in) {
             sf_request *next = in->next_in;
             sf_sched_add(&e->sched, &in->seq);
             in = next;
         }
         sf_sched_foreach(&e->sched, cancel_if_asked, e);
+        e->last_wait_s = e->last_enqueue_s = 0;
+        e->last_decode = 0;
         int ran = engine_step(e);
 
         pthread_mutex_lock(&e->mu);
+        if (ran) { /* the turn's time, less what it spent waiting for the device */
+            double turn = sf_now_s() - t_turn, host = SF_MAX(0.0, turn - e->last_wait_s);
+            e->step_s += turn;
+            e->host_s += host;
+            if (e->last_decode) {
+                e->decode_steps++;
+                e->decode_step_s += turn;
+                e->decode_host_s += host;
+                e->decode_enqueue_s += e->last_enqueue_s;
+            }
+        }
         update_stats(e);
         if (!ran && !e->in_head && !e->stop) {
             /* Work is queued but none could be planned (the DMA tuner holds a low-class swap-in
@@ -523,7 +580,9 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
-    if (!e->logits) {
+    e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
+    e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
+    if (!e->logits || !e->rows || !e->ids) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
     }
@@ -564,6 +623,9 @@ void sf_engine_free(sf_engine *e)
     }
     if (e->trace) fclose(e->trace);
     free(e->logits);
+    free(e->rows);
+    free(e->ids);
+    free(e->pen);
     if (e->sched_ready) sf_sched_free(&e->sched);
     if (e->pool_ready) sf_kv_pool_free(&e->pool);
     sf_swap_free(&e->swap);
@@ -683,6 +745,7 @@ void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st)
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     *st = e->st;
+    st->decisions[SF_DECISION_REJECT] += e->n_rejected; /* counted at submit: live, not per step */
     double dt = sf_now_s() - e->win_start;
     if (dt >= RATE_WINDOW_S) st->tokens_per_s = (double)e->win_tokens / dt; /* idle: the rate decays */
     pthread_mutex_unlock(&e->mu);
@@ -707,6 +770,15 @@ void sf_engine_get_info(sf_engine *e, sf_engine_info *info)
     info->vocab_size = e->vocab;
     info->max_model_len = e->max_model_len;
     info->random_weights = e->model->random_weights;
+    info->model = e->model;
+    info->hw = e->be->ops->hw(e->be);
+    info->kv_blocks = e->pool.n_blocks;
+    info->kv_block_size = e->cfg.kv_block_size;
+    const sf_model_config *mc = &e->model->cfg;
+    sf_kv_config kc = { .n_layers = mc->n_layers, .n_blocks = 1, .block_size = e->cfg.kv_block_size,
+                        .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : mc->n_kv_heads, .head_dim = mc->head_dim,
+                        .dtype = strcmp(e->be->ops->name, "cpu") ? SF_DT_BF16 : SF_DT_F32 };
+    info->kv_bytes_per_token = e->be->ops->kv_block_bytes(e->be, &kc) / (size_t)e->cfg.kv_block_size;
 }
 
 const struct sf_tokenizer *sf_engine_tokenizer(sf_engine *e) { return e ? e->model->tok : NULL; }

@@ -126,6 +126,8 @@ typedef struct sf_engine_config {
      * before and after swap copies: must be cheap and never block. NULL: never paced. */
     double (*pcie_contention)(void *arg, int device);
     void *pcie_contention_arg;
+    int host_sampling;        /* 1: always copy the logits and sample on the host (comparisons);
+                               * 0: sample on the backend when it can and no request wants logprobs */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -175,6 +177,15 @@ typedef struct sf_engine_stats {
      * back because the link was contended, and the contention index it last saw */
     uint64_t dma_bytes[SF_URGENCY_COUNT], dma_deferred;
     double pcie_contention;
+    /* Engine-thread time per step, summed: wall time of each loop turn that ran a step, and the
+     * host's part of it (all of it but the wait for the device: scheduling, batch building,
+     * launches, token delivery). On the CPU backend the device is the host: host = step time.
+     * decode_*: the same over steps in which every sequence brought one token; decode_enqueue_s
+     * is the part of decode_host_s the backend spent enqueuing the step's work (launches, or the
+     * check of a CUDA graph replay), which may overlap the device's work on earlier kernels.
+     * Rows sampled on the backend (only ids came back) and on the host (logits copied). */
+    double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
+    uint64_t decode_steps, rows_sampled_backend, rows_sampled_host;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
 const char *sf_decision_name(int i);
@@ -188,6 +199,12 @@ typedef struct sf_engine_info {
     const char *backend;
     int vocab_size, max_model_len;
     int random_weights;
+    /* for benchmarks: the loaded model (engine/model.h), the backend's hardware description
+     * (hal/hal.h), the KV pool and the bytes one token of context takes in it */
+    const struct sf_model *model;
+    const struct sf_hw_info *hw;
+    int kv_blocks, kv_block_size;
+    size_t kv_bytes_per_token;
 } sf_engine_info;
 void sf_engine_get_info(sf_engine *e, sf_engine_info *info);
 

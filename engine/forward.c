@@ -246,7 +246,8 @@ static int gather_logits(sf_forward *f, int L, float *logits, sf_error *err)
     return SF_OK;
 }
 
-int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *err)
+/* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */
+static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forward_sample *smp, sf_error *err)
 {
     const sf_model_config *c = &f->m->cfg;
     const struct sf_backend_ops *o = OPS(f);
@@ -299,7 +300,13 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
         STEP("get_rows", o->get_rows(b, f->x, f->sel));
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
         if (f->shard && f->shard->size > 1) return gather_logits(f, bt->n_logits, logits, err);
-        if (logits) STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
+        if (smp) {
+            op = "sample";
+            rc = o->sample(b, f->logits, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+            if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
+                                                     "%d rows; sample on the host", o->name, bt->n_logits);
+            if (rc) goto fail;
+        } else if (logits) STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
         else STEP("sync", o->sync(b));
     } else {
         STEP("sync", o->sync(b));
@@ -314,4 +321,30 @@ fail:
                       op, layer, o->name, sf_status_str(rc));
     return sf_err(err, rc, "forward step: %s failed on the %s backend (%s; details logged above)", op, o->name,
                   sf_status_str(rc));
+}
+
+int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *err)
+{
+    return step(f, bt, logits, NULL, err);
+}
+
+int sf_forward_can_sample(const sf_forward *f)
+{
+    return f->b->ops->sample != NULL && !(f->shard && f->shard->size > 1);
+}
+
+int sf_forward_step_sample(sf_forward *f, const sf_batch *bt, const sf_forward_sample *s, sf_error *err)
+{
+    if (!sf_forward_can_sample(f))
+        return sf_err(err, SF_EUNSUPPORTED, "forward step: the %s backend cannot sample%s", OPS(f)->name,
+                      f->shard && f->shard->size > 1 ? " a vocabulary split over ranks" : "");
+    return step(f, bt, NULL, s, err);
+}
+
+int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err)
+{
+    if (n < 0 || n > f->max_logits)
+        return sf_err(err, SF_EINVAL, "forward: %d logit rows asked, the step keeps up to %d", n, f->max_logits);
+    int rc = OPS(f)->read_f32(f->b, f->logits, n, logits);
+    return rc ? sf_err(err, rc, "forward: reading the logits failed on the %s backend", OPS(f)->name) : SF_OK;
 }

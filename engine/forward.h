@@ -36,4 +36,21 @@ int sf_forward_new_tp(sf_backend *b, const struct sf_shard *sh, struct sf_comm *
  * have been initialised (kv_init). */
 int sf_forward_step(sf_forward *f, const sf_batch *batch, float *logits, sf_error *err);
 
+/* Sampling on the backend, so that only token ids leave it. */
+typedef struct sf_forward_sample {
+    const sf_sample_row *rows;   /* [batch->n_logits], row i for the token at batch->logit_rows[i] */
+    const sf_sample_pen *pen;    /* penalty entries the rows point into */
+    int n_pen;
+    int32_t *ids;                /* out: [batch->n_logits] the drawn tokens */
+} sf_forward_sample;
+/* 1 when sf_forward_step_sample can run: the backend has a sample op and the vocabulary is not
+ * split over ranks. */
+int sf_forward_can_sample(const sf_forward *f);
+/* The same step as sf_forward_step, ending in the backend's sample op instead of a copy of the
+ * logits. SF_EUNSUPPORTED when the backend declined this call's sizes: the step has run, and
+ * sf_forward_read_logits then gives its logits for the host sampler. */
+int sf_forward_step_sample(sf_forward *f, const sf_batch *batch, const sf_forward_sample *s, sf_error *err);
+/* The first n logit rows of the last step, to host memory [n * vocab] fp32. */
+int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err);
+
 #endif

@@ -2,10 +2,11 @@
  *
  * Order, as Hugging Face and vLLM apply it: penalties (repetition: HF, over prompt and output;
  * presence/frequency: OpenAI, over output) on the raw logits; the reported logprobs come from
- * these penalized logits; then temperature; then top-k, top-p, min-p; then a draw from the
- * seeded rng. temperature 0 is greedy (argmax of the penalized logits).
- * No full sort of the vocabulary: top-k is a quickselect, top-p a bucket walk that sorts
- * only its boundary bucket, min-p a threshold. */
+ * these penalized logits; then temperature; then top-k, top-p, min-p; then a draw.
+ * temperature 0 is greedy (argmax of the penalized logits). The truncations and the draw are
+ * the backend sample op's reference (kernels/cpu/sample.c: radix selection, no sort; a
+ * Gumbel-max draw keyed by (seed, step, id)), so the host path here and the op on any backend
+ * choose the same way. */
 #include "sampler.h"
 
 #include <immintrin.h>
@@ -15,7 +16,7 @@
 
 #include "kernels/cpu/cpu.h"
 
-typedef struct cand { float v, e; int32_t id, b; } cand; /* logit, exp(logit - max), id, top-p bucket */
+typedef struct cand { float v; int32_t id; } cand; /* logit, id */
 
 /* ---- vector helpers: max and exp over a whole vocabulary ------------------------------ */
 __attribute__((target("avx2,fma")))
@@ -80,6 +81,20 @@ static double vsumexp(const float *l, int n, float scale, float m, float *e)
     return total;
 }
 
+/* Appends a distinct id to the penalty list. */
+static int touch(sf_sampler_seq *s, int32_t id)
+{
+    if (s->n_touched == s->cap_touched) {
+        int cap = s->cap_touched ? 2 * s->cap_touched : 64;
+        int32_t *t = realloc(s->touched, (size_t)cap * sizeof *t);
+        if (!t) return -1;
+        s->touched = t;
+        s->cap_touched = cap;
+    }
+    s->touched[s->n_touched++] = id;
+    return 0;
+}
+
 int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab, const int32_t *prompt, int n_prompt,
                         sf_error *err)
 {
@@ -98,10 +113,13 @@ int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab, cons
         return sf_err(err, SF_EINVAL, "repetition_penalty %g is outside (0, 10] (1 turns it off)", p->repetition_penalty);
     if (p->logprobs > SF_MAX_LOGPROBS)
         return sf_err(err, SF_EINVAL, "logprobs %d is more than %d", p->logprobs, SF_MAX_LOGPROBS);
-    sf_rng_seed(&s->rng, p->has_seed ? p->seed : sf_now_ns() ^ ((uint64_t)(uintptr_t)s << 17));
+    s->seed = p->has_seed ? p->seed : sf_now_ns() ^ ((uint64_t)(uintptr_t)s << 17);
+    sf_rng_seed(&s->rng, s->seed);
     int rep = p->repetition_penalty != 1.0f;
     if (rep || p->presence_penalty != 0 || p->frequency_penalty != 0) {
         if (!(s->counts = calloc((size_t)vocab, sizeof *s->counts))) goto oom;
+        s->cap_touched = 64;
+        if (!(s->touched = malloc((size_t)s->cap_touched * sizeof *s->touched))) goto oom;
     }
     if (rep) {
         if (!(s->in_prompt = calloc((size_t)vocab, 1))) goto oom;
@@ -111,6 +129,7 @@ int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab, cons
                 return sf_err(err, SF_EINVAL, "sampler: prompt token %d at %d is outside the vocabulary [0, %d)",
                               prompt[i], i, vocab);
             }
+            if (!s->in_prompt[prompt[i]] && touch(s, prompt[i])) goto oom;
             s->in_prompt[prompt[i]] = 1;
         }
     }
@@ -125,13 +144,46 @@ void sf_sampler_seq_free(sf_sampler_seq *s)
     if (!s) return;
     free(s->counts);
     free(s->in_prompt);
+    free(s->touched);
     s->counts = NULL;
     s->in_prompt = NULL;
+    s->touched = NULL;
+    s->n_touched = s->cap_touched = 0;
 }
 
 void sf_sampler_accept(sf_sampler_seq *s, int32_t id)
 {
-    if (s->counts && id >= 0) s->counts[id]++;
+    s->step++;
+    if (!s->counts || id < 0) return;
+    if (!s->counts[id] && !(s->in_prompt && s->in_prompt[id]) && touch(s, id))
+        SF_LOGW("sampler: out of memory for the penalty list; token %d keeps no penalty on the device path", id);
+    s->counts[id]++;
+}
+
+int sf_sampler_needs_logits(const sf_sampling *p) { return p->logprobs != 0; }
+
+int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
+                   int *n_pen, int *cap_pen)
+{
+    *row = (sf_sample_row){ .temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
+                            .repetition_penalty = p->repetition_penalty, .presence_penalty = p->presence_penalty,
+                            .frequency_penalty = p->frequency_penalty, .seed = s->seed, .step = s->step,
+                            .pen_off = *n_pen, .n_pen = 0 };
+    if (!s->counts || !s->n_touched) return SF_OK;
+    if (*n_pen + s->n_touched > *cap_pen) {
+        int cap = SF_MAX(2 * *cap_pen, *n_pen + s->n_touched);
+        sf_sample_pen *t = realloc(*pen, (size_t)cap * sizeof *t);
+        if (!t) return SF_ENOMEM;
+        *pen = t;
+        *cap_pen = cap;
+    }
+    for (int i = 0; i < s->n_touched; i++) {
+        int32_t id = s->touched[i];
+        (*pen)[*n_pen + i] = (sf_sample_pen){ id, s->counts[id], s->in_prompt ? s->in_prompt[id] : 0 };
+    }
+    *n_pen += s->n_touched;
+    row->n_pen = s->n_touched;
+    return SF_OK;
 }
 
 static void apply_penalties(const sf_sampling *p, const sf_sampler_seq *s, float *l, int vocab)
@@ -144,33 +196,6 @@ static void apply_penalties(const sf_sampling *p, const sf_sampler_seq *s, float
             l[i] = l[i] > 0 ? l[i] / rp : l[i] * rp;
         if (c > 0) l[i] -= fp * (float)c + pp;
     }
-}
-
-/* Rearranges a[0..n) so that a[0..k) hold the k largest values (in no order). */
-static void select_top(cand *a, int n, int k)
-{
-    int lo = 0, hi = n - 1;
-    while (lo < hi) {
-        int mid = lo + (hi - lo) / 2;
-        /* median of three as pivot */
-        float x = a[lo].v, y = a[mid].v, z = a[hi].v;
-        float piv = (x > y) ? ((y > z) ? y : (x > z ? z : x)) : ((x > z) ? x : (y > z ? z : y));
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (a[i].v > piv) i++;
-            while (a[j].v < piv) j--;
-            if (i <= j) { cand t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
-        }
-        if (k - 1 <= j) hi = j;
-        else if (k - 1 >= i) lo = i;
-        else return;
-    }
-}
-
-static int cmp_desc(const void *x, const void *y)
-{
-    float a = ((const cand *)x)->v, b = ((const cand *)y)->v;
-    return (a < b) - (a > b);
 }
 
 /* Top n (value, id) pairs of l by insertion into a small sorted array. */
@@ -195,82 +220,18 @@ static int32_t argmax(const float *l, int vocab)
     return best;
 }
 
-/* Draw from the truncated, temperature-scaled distribution. Returns -1 on out of memory.
- * top-p without sorting the vocabulary: candidates are bucketed by how far their logit lies
- * below the max (NB buckets over R nats, the rest in the last bucket); whole buckets are
- * taken from the top until the wanted mass is reached, and only the boundary bucket is
- * sorted. Bucket order is logit order, so the kept set is exactly the sorted prefix. */
-#define NB 1024
-#define RANGE 40.0f
-
-static int32_t sample_truncated(const sf_sampling *p, sf_rng *rng, const float *l, int vocab)
+/* The op's reference on the penalized row (penalties already applied: no entries). */
+static int32_t draw(const sf_sampling *p, const sf_sampler_seq *s, const float *l, int vocab)
 {
-    cand *c = malloc((size_t)vocab * sizeof *c);
-    float *e = malloc((size_t)vocab * sizeof *e);
-    if (!c || !e) { free(c); free(e); return -1; }
-    float inv_t = 1.0f / p->temperature;
-    float m = vmax(l, vocab) * inv_t;
-    if (m != m || m == -INFINITY) { free(c); free(e); return argmax(l, vocab); }
-    double z = vsumexp(l, vocab, inv_t, m, e);
-    int n = 0;
-    for (int i = 0; i < vocab; i++) {
-        if (l[i] == -INFINITY || l[i] != l[i]) continue; /* masked or NaN: never drawn */
-        c[n].v = l[i] * inv_t;
-        c[n].e = e[i];
-        c[n].id = i;
-        n++;
-    }
-    free(e);
-    if (p->top_k > 0 && p->top_k < n) {
-        select_top(c, n, p->top_k);
-        n = p->top_k;
-        z = 0;
-        for (int i = 0; i < n; i++) z += c[i].e;
-    }
-    if (p->top_p < 1.0f) {
-        double mass[NB] = { 0 }, want = p->top_p * z, cum = 0;
-        const float scale = NB / RANGE;
-        for (int i = 0; i < n; i++) {
-            float d = (m - c[i].v) * scale;
-            c[i].b = d < NB - 1 ? (int)d : NB - 1;
-            mass[c[i].b] += c[i].e;
-        }
-        int bstar = NB - 1;
-        for (int b = 0; b < NB; b++) {
-            if (cum + mass[b] >= want) { bstar = b; break; }
-            cum += mass[b];
-        }
-        /* buckets <= bstar to the front (one pass over all), then bstar behind the rest */
-        int k2 = 0;
-        for (int i = 0; i < n; i++)
-            if (c[i].b <= bstar) { cand t = c[k2]; c[k2] = c[i]; c[i] = t; k2++; }
-        int k1 = 0;
-        for (int i = 0; i < k2; i++)
-            if (c[i].b < bstar) { cand t = c[k1]; c[k1] = c[i]; c[i] = t; k1++; }
-        qsort(c + k1, (size_t)(k2 - k1), sizeof *c, cmp_desc);
-        int keep = k2;
-        for (int i = k1; i < k2; i++) {
-            cum += c[i].e;
-            if (cum >= want) { keep = i + 1; break; }
-        }
-        n = keep;
-    }
-    if (p->min_p > 0) {
-        float thr = m + logf(p->min_p);
-        int k = 0;
-        for (int i = 0; i < n; i++)
-            if (c[i].v >= thr) c[k++] = c[i];
-        n = k; /* the max always passes: n >= 1 */
-    }
-    double tot = 0;
-    for (int i = 0; i < n; i++) tot += c[i].e;
-    double u = (double)sf_rng_uniform(rng) * tot;
-    int32_t id = c[n - 1].id;
-    for (int i = 0; i < n; i++) {
-        u -= c[i].e;
-        if (u < 0) { id = c[i].id; break; }
-    }
-    free(c);
+    sf_sample_row row = { .temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
+                          .repetition_penalty = 1.0f, .seed = s->seed, .step = s->step };
+    sf_cpu_sample_scratch sc = { malloc((size_t)vocab * sizeof(float)), malloc((size_t)vocab * sizeof(uint32_t)),
+                                 malloc((size_t)vocab * sizeof(uint64_t)) };
+    int32_t id = -1;
+    if (sc.x && sc.key && sc.mass) id = sf_cpu_sample_row(l, vocab, &row, NULL, &sc);
+    free(sc.x);
+    free(sc.key);
+    free(sc.mass);
     return id;
 }
 
@@ -278,14 +239,10 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
                   sf_logprob *top, int *n_top)
 {
     apply_penalties(p, s, logits, vocab);
-    int32_t id;
-    if (p->temperature <= 0 || p->top_k == 1) id = argmax(logits, vocab);
-    else {
-        id = sample_truncated(p, &s->rng, logits, vocab);
-        if (id < 0) {
-            SF_LOGW("sampler: out of memory for %d candidates; falling back to greedy", vocab);
-            id = argmax(logits, vocab);
-        }
+    int32_t id = draw(p, s, logits, vocab);
+    if (id < 0) {
+        SF_LOGW("sampler: out of memory for a row of %d; falling back to greedy", vocab);
+        id = argmax(logits, vocab);
     }
     /* log-softmax of the penalized logits */
     float m = vmax(logits, vocab);

@@ -1,12 +1,17 @@
 /* sampler.h — turning one row of logits into a token: penalties, temperature, top-k, top-p,
- * min-p, seeded sampling, greedy, logprobs. Internal to engine/. Pure functions of their
- * inputs (plus the caller's rng), so the same seed gives the same text. */
+ * min-p, seeded sampling, greedy, logprobs. Internal to engine/.
+ *
+ * The draw is the backend sample op's (hal.h, sf_sample_row): a pure function of the logits,
+ * the request's seed and the number of tokens drawn so far, whether it runs here on the host
+ * (sf_sample: requests that want logprobs) or on the backend (sf_sampler_row), so the same
+ * seed gives the same text on either path. */
 #ifndef SF_SAMPLER_H
 #define SF_SAMPLER_H
 
 #include <stdint.h>
 
 #include "../common/sf.h"
+#include "../hal/hal.h"
 #include "engine.h"
 
 /* Per-sequence state kept by the engine. */
@@ -14,6 +19,10 @@ typedef struct sf_sampler_seq {
     sf_rng rng;
     int32_t *counts;     /* [vocab] occurrences of each id in the generated output (penalties) */
     uint8_t *in_prompt;  /* [vocab] 1 if the id occurs in the prompt (repetition penalty) */
+    uint64_t seed;       /* the request's seed, or one drawn from the clock */
+    uint64_t step;       /* tokens accepted so far: the counter of the next draw */
+    int32_t *touched;    /* distinct ids with counts > 0 or in_prompt (penalties only) */
+    int n_touched, cap_touched;
 } sf_sampler_seq;
 
 int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab,
@@ -27,5 +36,15 @@ void sf_sampler_accept(sf_sampler_seq *s, int32_t id);
  * truncation, as OpenAI reports it), and the top n_top alternatives when p->logprobs > 0. */
 int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vocab,
                   float *logprob, sf_logprob *top, int *n_top);
+
+/* The backend sample op's view of this sequence: its parameters and draw counter in *row,
+ * its penalty entries appended to *pen (grown with realloc; *n_pen entries used of *cap_pen).
+ * SF_ENOMEM leaves *pen valid. */
+int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
+                   int *n_pen, int *cap_pen);
+
+/* 1 when choosing this request's tokens needs the whole row of logits on the host
+ * (logprobs), so the backend's sampler cannot serve it. */
+int sf_sampler_needs_logits(const sf_sampling *p);
 
 #endif

@@ -27,7 +27,14 @@ int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib
     w->block_bytes = block_bytes;
     w->bytes = (size_t)w->n_slots * block_bytes;
     void *mem = NULL;
+    w->pinned = be->ops->host_alloc != NULL;
     int rc = sf_backend_host_alloc(be, w->bytes, &mem, err);
+    if (rc != SF_OK && w->pinned) { /* swap still works from plain memory, only slower */
+        SF_LOGW("swap space: %s; using pageable memory instead (swap copies will be slower)",
+                err ? err->msg : "pinning failed");
+        w->pinned = 0;
+        rc = sf_backend_host_alloc(NULL, w->bytes, &mem, err);
+    }
     if (rc != SF_OK) {
         memset(w, 0, sizeof *w);
         return sf_err_wrap(err, "swap space (lower --swap-space; 0 turns it off)");
@@ -47,7 +54,7 @@ int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib
 void sf_swap_free(sf_swap *w)
 {
     if (!w) return;
-    if (w->mem) sf_backend_host_free(w->be, w->mem);
+    if (w->mem) sf_backend_host_free(w->pinned ? w->be : NULL, w->mem);
     sf_dma_free(w->dma);
     memset(w, 0, sizeof *w);
 }

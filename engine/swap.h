@@ -4,7 +4,8 @@
  *
  * The memory comes from sf_backend_host_alloc: page-locked on CUDA (real DMA at link speed),
  * aligned host memory on the CPU backend. It is taken whole at init (pinned memory cannot be
- * lazily mapped), so --swap-space is host RAM held for the server's life.
+ * lazily mapped), so --swap-space is host RAM held for the server's life. When pinning fails
+ * (a locked-memory limit) it falls back to plain memory with a warning.
  *
  * DMA tuning (sf_swap_opts): with the tuner on, each class gets its chunk size, and while the
  * PCIe link is contended (index >= the DMA scheduler's pace_threshold) sf_swap_in_ok (the
@@ -35,6 +36,7 @@ typedef struct sf_swap {
     size_t block_bytes, bytes;
     int n_slots;
     double held_since;        /* a low-class swap-in has been held back since (0: none held) */
+    int pinned;               /* mem is the backend's (pinned); 0: plain memory (the fallback) */
 } sf_swap;
 
 typedef struct sf_swap_opts {

@@ -136,6 +136,36 @@ typedef struct sf_weight_desc {
  * recorded work again without calling fn. */
 typedef int (*sf_coll_fn)(void *arg, void *data, int64_t n, sf_dtype dt, void *stream);
 
+/* ---- sampling on the backend ------------------------------------------------------ */
+/* What the sample op needs of one logit row. The op draws one token id per row so that only
+ * ids cross to the host. Semantics (identical on every backend; kernels/cpu/sample.c is the
+ * reference the CUDA kernel is tested against):
+ *   1. l = the row (fp32; bf16 widened); penalties of the row's entries, on the raw logits:
+ *      repetition (count > 0 or in_prompt): l = l > 0 ? l / rep : l * rep; then, count > 0:
+ *      l -= frequency * count + presence.
+ *   2. temperature <= 0 or top_k == 1: the smallest id of the largest l (greedy).
+ *   3. x = l * (1 / temperature); tokens with l = -inf or NaN are never drawn. In the order
+ *      (x descending, id ascending) the kept set is the shortest of: the first top_k (0: all);
+ *      the shortest prefix whose mass exp(x - max) reaches top_p times the mass of the top-k
+ *      set (masses summed in 2^-40 fixed point, so any summation order gives the same sum);
+ *      every token with x >= max + log(min_p).
+ *   4. The token is the kept argmax of x - log(E), E = -log1p(-u), u uniform from a hash of
+ *      (seed, step, id): the Gumbel-max trick, so the draw is a pure function of (seed, step,
+ *      logits) and needs no sort and no sequential RNG state.
+ * Entries (id, count, in_prompt) of one row have distinct ids; count is the id's occurrences
+ * in the output so far. */
+typedef struct sf_sample_row {
+    float temperature, top_p, min_p;
+    int top_k;
+    float repetition_penalty, presence_penalty, frequency_penalty;
+    uint64_t seed, step;     /* the draw of `step` in the stream of `seed` */
+    int pen_off, n_pen;      /* the row's penalty entries: pen[pen_off .. pen_off + n_pen) */
+} sf_sample_row;
+
+typedef struct sf_sample_pen {
+    int32_t id, count, in_prompt;
+} sf_sample_pen;
+
 struct sf_backend_ops {
     const char *name;
     void (*destroy)(sf_backend *b);
@@ -222,6 +252,14 @@ struct sf_backend_ops {
      * `layer`. Scratch: tmp_x [T, cols of x]. */
     int (*norm_qkv_rope)(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *wqkv,
                          int layer, int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *tmp_x, sf_buf *qkv);
+
+    /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
+     * pen holds n_pen penalty entries (host memory, as are rows and ids). Ends the step: it
+     * waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what the backend can do
+     * (the caller reads the logits and samples on the host instead); SF_EINVAL on bad ids in
+     * pen. May be NULL: the backend has no sampler. */
+    int (*sample)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                  const sf_sample_pen *pen, int n_pen, int32_t *ids);
 };
 
 struct sf_backend {
@@ -251,7 +289,7 @@ char *sf_hw_info_json(const sf_hw_info *hw); /* malloc'd */
 void sf_hw_info_print(FILE *f, const sf_hw_info *hw);
 
 /* Host memory for copies to and from b's device: the backend's host_alloc (pinned on CUDA), or
- * 4 KiB-aligned memory. *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
+ * 4 KiB-aligned memory (also when b is NULL). *out is NULL on failure (SF_ENOMEM with the size and what to do in err).
  * Free with sf_backend_host_free on the same backend. Any thread that may use b. */
 int sf_backend_host_alloc(sf_backend *b, size_t bytes, void **out, sf_error *err);
 void sf_backend_host_free(sf_backend *b, void *p);

@@ -49,6 +49,9 @@ typedef struct cpu_ctx {
     /* per-thread scratch */
     float *scratch;
     int64_t scratch_floats;  /* per thread */
+    /* sampler scratch, one per thread, for rows of up to sample_vocab tokens */
+    sf_cpu_sample_scratch *sample;
+    int sample_vocab;
 } cpu_ctx;
 
 #define CTX(b) ((cpu_ctx *)(b)->ctx)
@@ -511,6 +514,57 @@ static int cpu_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
     return SF_OK;
 }
 
+static void sample_scratch_free(cpu_ctx *c)
+{
+    for (int i = 0; c->sample && i < c->n_threads; i++) {
+        free(c->sample[i].x);
+        free(c->sample[i].key);
+        free(c->sample[i].mass);
+    }
+    free(c->sample);
+    c->sample = NULL;
+    c->sample_vocab = 0;
+}
+
+/* The reference sampler (kernels/cpu/sample.c) over rows of the logits, one row per thread. */
+static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                      const sf_sample_pen *pen, int n_pen, int32_t *ids)
+{
+    cpu_ctx *c = CTX(b);
+    if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols)
+        return BAD("sample: %d rows of %d tokens from a buffer of %lld x %lld", n, vocab, (long long)logits->rows,
+                   (long long)logits->cols);
+    for (int i = 0; i < n; i++) {
+        const sf_sample_row *r = &rows[i];
+        if (r->n_pen < 0 || r->pen_off < 0 || (int64_t)r->pen_off + r->n_pen > n_pen)
+            return BAD("sample: row %d has penalty entries [%d, +%d) of %d", i, r->pen_off, r->n_pen, n_pen);
+        for (int j = 0; j < r->n_pen; j++)
+            if (pen[r->pen_off + j].id < 0 || pen[r->pen_off + j].id >= vocab)
+                return BAD("sample: row %d penalizes token %d, outside the vocabulary [0, %d)", i,
+                           pen[r->pen_off + j].id, vocab);
+    }
+    if (vocab > c->sample_vocab) {
+        sample_scratch_free(c);
+        if (!(c->sample = calloc((size_t)c->n_threads, sizeof *c->sample))) goto oom;
+        for (int i = 0; i < c->n_threads; i++) {
+            sf_cpu_sample_scratch *s = &c->sample[i];
+            s->x = malloc((size_t)vocab * sizeof *s->x);
+            s->key = malloc((size_t)vocab * sizeof *s->key);
+            s->mass = malloc((size_t)vocab * sizeof *s->mass);
+            if (!s->x || !s->key || !s->mass) goto oom;
+        }
+        c->sample_vocab = vocab;
+    }
+    sf_cpu_sample a = { .logits = logits->data, .ld = logits->cols, .n = n, .vocab = vocab, .rows = rows, .pen = pen,
+                        .ids = ids, .scratch = c->sample };
+    run(c, sf_cpu_sample_task, &a, (int64_t)n * vocab * 4);
+    return SF_OK;
+oom:
+    sample_scratch_free(c);
+    SF_LOGE("cpu backend: sample: out of memory for %d threads' scratch of %d tokens", c->n_threads, vocab);
+    return SF_ENOMEM;
+}
+
 static int cpu_sync(sf_backend *b) { return SF_OK; }
 
 static int cpu_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
@@ -531,6 +585,7 @@ static void cpu_destroy(sf_backend *b)
         sf_cpu_pool_free(c->pool);
         kv_release(c);
         free(c->scratch);
+        sample_scratch_free(c);
         free(c->tokens); free(c->pos); free(c->slot); free(c->seq_start); free(c->seq_ctx);
         free(c->block_table); free(c->logit_rows);
         free(c);
@@ -562,6 +617,7 @@ static const struct sf_backend_ops cpu_ops = {
     .kv_copy_in = cpu_kv_copy_in,
     .write_f32 = cpu_write_f32,
     .buf_raw = cpu_buf_raw,
+    .sample = cpu_sample,
 };
 
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)

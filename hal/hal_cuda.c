@@ -39,6 +39,12 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 #define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
 #define MAX_SPLIT 64
+#define SAMPLE_BYTES ((size_t)8 << 20) /* sampler arguments and ids, pinned + device */
+
+_Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
+               offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
+               offsetof(sf_k_sample_row, n_pen) == offsetof(sf_sample_row, n_pen) &&
+               sizeof(sf_k_sample_pen) == sizeof(sf_sample_pen), "kernels.h and hal.h disagree on the sampler rows");
 
 struct sf_buf {
     uint16_t *d;
@@ -74,6 +80,8 @@ typedef struct cuda_ctx {
     float *kv_scale;       /* INT8 blocks (kvc.int8): per layer K then V scales, kv_layer_rows each */
     size_t kv_layer_rows;  /* INT8 rows (token, kv head) of one layer: 2 * n_blocks * Hkv * bs */
     int kv_ids;            /* block ids in use: n_blocks, or 3 * n_blocks with INT8 blocks */
+    int step_i8;           /* this step reads or writes INT8 blocks: the bf16-only GEMV + RoPE +
+                            * KV-write epilogue (gemv_fused.cu) is skipped for the plain rope_kv */
     /* RoPE frequencies (device copy of the last sf_rope's inv_freq) */
     float *inv_freq_d;
     float inv_freq_h[SF_K_ATTN_MAX_HD / 2];
@@ -89,6 +97,8 @@ typedef struct cuda_ctx {
                           * graph: its wait for the peers is not host work) */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
     sf_cuda_graphs graphs;
+    /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
+    char *samp_h, *samp_d;
     /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
      * printed when the backend closes */
     int prof;
@@ -150,10 +160,11 @@ static int step_end(cuda_ctx *c)
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE;
-    int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : gemv ? r->n[0] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : gemv ? r->n[1] : 0;
+    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
+    int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
-    int64_t n = r->kind == SF_OP_GEMM || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
+    int64_t n = gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
                     ? r->n[1] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
                     : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2])
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
@@ -168,7 +179,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
-                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope" };
+                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -221,6 +232,8 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->kv_scale);
         cudaFree(c->inv_freq_d);
         cudaFree(c->attn_ws);
+        if (c->samp_h) cudaFreeHost(c->samp_h);
+        cudaFree(c->samp_d);
         if (c->s) cudaStreamDestroy(c->s);
         free(c);
     }
@@ -531,6 +544,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
     if (need > META_INTS)
         return op_fail(SF_EINVAL, "batch_begin", "batch metadata exceeds 4 MiB: fewer sequences or shorter block tables");
+    c->step_i8 = 0;
     if (c->kv) {
         /* checks here keep bad ids from turning into wild device reads */
         for (int s = 0; s < S; s++)
@@ -545,11 +559,13 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
             for (int i = 0; i < nb; i++) {
                 int32_t id = bt->block_table[(size_t)s * bt->max_blocks + i];
                 if (id < 0 || id >= c->kv_ids) return op_fail(SF_EINVAL, "batch_begin", "block id out of range");
+                c->step_i8 |= id >= c->kvc.n_blocks;
             }
         }
         for (int t = 0; t < T; t++)
             if (bt->slot[t] >= c->kv_ids * c->kvc.block_size)
                 return op_fail(SF_EINVAL, "batch_begin", "KV slot beyond the pool");
+            else c->step_i8 |= bt->slot[t] >= c->kvc.n_blocks * c->kvc.block_size;
     }
     if (cudaEventSynchronize(c->meta_done) != cudaSuccess) return kcheck(cudaGetLastError(), "batch_begin");
     int32_t *h = c->meta_h;
@@ -598,15 +614,21 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
     c->n_split = 1;
     if (c->attn_decode && (c->kvc.head_dim == 64 || c->kvc.head_dim == 128)) {
-        /* attention_decode.cu: latency-bound at batch 1, so at least 32 keys per block and up to
-         * two blocks per SM */
-        if (work < 2 * sms && max_ctx > 32 && !n_tiles)
-            c->n_split = SF_MAX(1, SF_MIN(SF_MIN((max_ctx + 31) / 32, (2 * sms + work - 1) / work), MAX_SPLIT));
+        /* attention_decode.cu: at least 64 keys per block; a block per SM, or more blocks while each
+         * keeps >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us
+         * at 8 splits, 8.9 at 16; 4096 keys: 8 kv heads 15.4 us at 32 splits, 19.4 at 17; 4 kv
+         * heads 20.9 at 32, 32.9 at 64) */
+        if (work < sms && max_ctx > 64 && !n_tiles) {
+            int per_sm = (sms + work - 1) / work, by_keys = (max_ctx + 127) / 128;
+            c->n_split = SF_MIN((max_ctx + 63) / 64, SF_MAX(per_sm, by_keys));
+            c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
+        }
     } else if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
     }
-    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, n_tiles };
+    /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
+    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, 2 * (int64_t)n_tiles + c->step_i8 };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
 }
@@ -780,7 +802,7 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         norm->rows * norm->cols != k || x->cols < k || x->rows < c->T)
         return op_fail(SF_EINVAL, "norm_qkv_rope", "layer, heads or shapes do not match the weight and the KV cache");
     if ((rc = ensure_rope(c, r))) return rc;
-    if (c->T == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
+    if (c->T == 1 && !c->step_i8 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
         sf_op_rec rec = { 0 };
         rec.kind = SF_OP_GEMV_ROPE;
         rec.p[0] = x->d; rec.p[1] = norm->d; rec.p[2] = w->d; rec.p[3] = w->bias; rec.p[4] = qkv->d;
@@ -805,6 +827,13 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         r.kind = SF_OP_GEMV_ADD;
         r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = w->cols;
+        return submit(c, &r, 1, "matmul_add");
+    }
+    if (n > 8 && sf_k_gemm_lt_ok(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols)) {
+        /* prefill: cuBLASLt accumulates into y itself (beta = 1) */
+        r.kind = SF_OP_GEMM_ACC;
+        r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
+        r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
         return submit(c, &r, 1, "matmul_add");
     }
     if (!tmp || tmp->rows < n || tmp->cols < w->rows)
@@ -848,6 +877,71 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
         const uint16_t *p = c->pin[0];
         for (size_t i = 0; i < cnt; i++) host[off + i] = sf_bf16_to_f32(p[i]);
     }
+    return SF_OK;
+}
+
+/* Rounds host fp32 rows to bf16 through the pinned stage and sends them (tests, comparisons). */
+static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
+{
+    cuda_ctx *c = CTX(b);
+    if (n < 0 || n > buf->rows) return op_fail(SF_EINVAL, "write_f32", "more rows than the buffer has");
+    int rc = step_end(c);
+    if (rc) return rc;
+    size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
+    for (size_t off = 0; off < total; off += per) {
+        size_t cnt = SF_MIN(per, total - off);
+        cudaError_t e = cudaEventSynchronize(c->stage_done[0]);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+        uint16_t *p = c->pin[0];
+        for (size_t i = 0; i < cnt; i++) p[i] = sf_f32_to_bf16(host[off + i]);
+        e = cudaMemcpyAsync(buf->d + off, c->pin[0], cnt * 2, cudaMemcpyHostToDevice, c->s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) return kcheck(e, "write_f32");
+    }
+    return SF_OK;
+}
+
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
+
+/* Sends the rows and penalty entries (one copy), draws on the device, brings back n ids. */
+static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+{
+    cuda_ctx *c = CTX(b);
+    if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols || n_pen < 0)
+        return op_fail(SF_EINVAL, "sample", "more rows or tokens than the logits buffer has");
+    for (int i = 0; i < n; i++) {
+        const sf_sample_row *r = &rows[i];
+        if (r->n_pen < 0 || r->pen_off < 0 || (int64_t)r->pen_off + r->n_pen > n_pen)
+            return op_fail(SF_EINVAL, "sample", "a row's penalty entries lie outside the list");
+        for (int j = 0; j < r->n_pen; j++)
+            if (pen[r->pen_off + j].id < 0 || pen[r->pen_off + j].id >= vocab)
+                return op_fail(SF_EINVAL, "sample", "a penalized token id is outside the vocabulary");
+    }
+    size_t o_pen = align16((size_t)n * sizeof *rows), o_val = align16(o_pen + (size_t)n_pen * sizeof *pen),
+           o_ids = align16(o_val + (size_t)n_pen * 4), total = o_ids + (size_t)n * 4;
+    if (vocab > SF_K_SAMPLE_MAX_VOCAB || total > SAMPLE_BYTES) {
+        SF_LOGD("cuda backend: sample: %d rows, %d penalty entries, vocabulary %d exceed the device sampler; "
+                "sampling on the host", n, n_pen, vocab);
+        return SF_EUNSUPPORTED;
+    }
+    int rc = step_end(c);
+    if (rc) return rc;
+    if (n == 0) return SF_OK;
+    memcpy(c->samp_h, rows, (size_t)n * sizeof *rows);
+    if (n_pen) memcpy(c->samp_h + o_pen, pen, (size_t)n_pen * sizeof *pen);
+    cudaError_t e = cudaMemcpyAsync(c->samp_d, c->samp_h, o_val, cudaMemcpyHostToDevice, c->s);
+    if (e != cudaSuccess) return kcheck(e, "sample");
+    rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)c->samp_d,
+                            (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
+                            (int32_t *)(c->samp_d + o_ids), c->s), "sample");
+    if (rc) return rc;
+    e = cudaMemcpyAsync(c->samp_h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
+    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
+    c->t_step0 = 0;
+    if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+    if (e != cudaSuccess) return kcheck(e, "sample");
+    memcpy(ids, c->samp_h + o_ids, (size_t)n * 4);
     return SF_OK;
 }
 
@@ -925,6 +1019,8 @@ static const struct sf_backend_ops cuda_ops = {
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,
     .norm_qkv_rope = cuda_norm_qkv_rope,
+    .sample = cuda_sample,
+    .write_f32 = cuda_write_f32,
 };
 
 /* SEMFLOW_CUDA_FUSED=0: the same backend without the fused ops (the forward pass then runs the
@@ -972,6 +1068,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->meta_d, META_INTS * 4, "batch metadata", err))) goto cleanup;
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming), err, rc);
     if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
+    SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocDefault), err, rc);
+    if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     {
         const char *g = getenv("SEMFLOW_CUDA_GRAPHS"), *p = getenv("SEMFLOW_CUDA_PROFILE");
         c->prof = p && !strcmp(p, "1");

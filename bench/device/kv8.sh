@@ -33,11 +33,11 @@ step() {
     echo "kv8: $name rc=$? at $(el) s"
 }
 
-step ops 12 "$OPS" --int8
+step ops 12 env SEMFLOW_CUDA_GRAPHS=0 "$OPS" --int8
 step quality-demo 6 "$BIN" bench kv-quality --model demo --backend cuda --json
 DEC="bench decode-batch --load-format dummy --preset llama-3-8b --backend cuda --ctx 4096 --batch 16 --steps 16 --json"
-step decode-bf16 13 "$BIN" $DEC
-step decode-int8 13 "$BIN" $DEC --kv-dtype int8
+step decode-bf16 14 "$BIN" $DEC
+step decode-int8 14 "$BIN" $DEC --kv-dtype int8
 step quality-8b 14 "$BIN" bench kv-quality --load-format dummy --preset llama-3-8b --backend cuda --gen 16 --json
 
 echo "==== kv8 summary ($(el) s) ===="

@@ -173,4 +173,19 @@ void sf_cpu_embed_task(void *arg, int ith, int nth);
 /* ---- get_rows: out[i, :] = x[rows[i], :] --------------------------------------------- */
 void sf_cpu_get_rows(const float *x, int cols, const int32_t *rows, int n, float *out);
 
+/* ---- sample: one token per logit row (the reference of the backend's sample op) ------- */
+/* Scratch of one row: x [vocab] floats, key [vocab] and mass [vocab]. */
+typedef struct sf_cpu_sample_scratch { float *x; uint32_t *key; uint64_t *mass; } sf_cpu_sample_scratch;
+/* Draws one id from logits[0, vocab) by p and its n_pen penalty entries pen (ids in range,
+ * distinct), exactly as hal.h's sf_sample_row describes. logits is not modified. */
+int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p, const sf_sample_pen *pen,
+                          sf_cpu_sample_scratch *sc);
+/* Rows [lo, hi) of a batch, for sf_cpu_pool_run. */
+typedef struct sf_cpu_sample {
+    const float *logits; int64_t ld; int n, vocab;
+    const sf_sample_row *rows; const sf_sample_pen *pen; int32_t *ids;
+    sf_cpu_sample_scratch *scratch; /* one per thread */
+} sf_cpu_sample;
+void sf_cpu_sample_task(void *arg, int ith, int nth);
+
 #endif

@@ -91,6 +91,14 @@ def main():
         check("metrics_contention_index", re.search(r'semflow_pcie_contention_index\{gpu="0",link="(measured|nominal)"\}', m2)
               is not None, "missing in /metrics")
 
+        # the DMA tuner's counters: swap bytes per lane, held-back swap-ins, the index it sees
+        check("metrics_dma_tuner",
+              all(metric(m2, "semflow_dma_swap_bytes_total", ['urgency="%s"' % u]) is not None
+                  for u in ("low", "normal", "high"))
+              and re.search(r"^semflow_dma_deferred_total \d+$", m2, re.M) is not None
+              and re.search(r"^semflow_dma_contention_index [0-9.]+$", m2, re.M) is not None,
+              "\n".join(l for l in m2.splitlines() if "dma" in l)[:600])
+
         st, ctype, page = get(port, "/dashboard")
         check("dashboard_page", st == 200 and "text/html" in ctype and b"/dashboard/events" in page,
               "%d %s" % (st, ctype))
@@ -110,6 +118,9 @@ def main():
         events = [json.loads(l[6:]) for l in buf.decode(errors="replace").split("\n") if l.startswith("data: {")]
         ok = len(events) >= 2 and events[-1].get("monitor") and events[-1]["monitor"]["bpf"] and "server" in events[-1]
         check("dashboard_events", ok, buf[:400])
+        srv = events[-1].get("server", {}) if events else {}
+        check("dashboard_dma_and_decisions", all(k in srv for k in ("swaps_out", "dma_deferred", "pcie_contention"))
+              and isinstance(srv.get("decisions"), dict) and "preempt_swap" in srv["decisions"], str(srv)[:400])
 
         # tenants on their prefixes are served through the steered group
         for src in ("127.0.0.2", "127.0.0.3"):
@@ -125,5 +136,13 @@ def main():
         os.unlink(log.name)
 
 
+def bad_flag():
+    r = subprocess.run([BIN, "serve", "--model", "demo", "--dma-tuner", "sometimes"], capture_output=True, text=True,
+                       timeout=30)
+    check("serve_rejects_bad_dma_tuner", r.returncode == 2 and "--dma-tuner must be 'on' or 'off'" in r.stderr,
+          "rc %d: %s" % (r.returncode, r.stderr[-300:]))
+
+
 if __name__ == "__main__":
+    bad_flag()
     main()

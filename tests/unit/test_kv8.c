@@ -3,9 +3,10 @@
  *    batches, against a float64 reference (tests/lib/kv8_case.h: the write within the
  *    quantisation bound, the read exact up to fp32 rounding);
  *  - the scheduler with INT8 sequences: half a block each, so the same pool runs twice the
- *    context, and every unit comes back;
+ *    context, and every unit comes back; an INT8 sequence preempted by swap and back;
  *  - end to end on stories260K: greedy text with INT8 KV against the full-precision text
  *    and the quality figures of engine/kv_quality.h. */
+#include "engine/engine.h"
 #include "engine/kv_quality.h"
 #include "engine/kvcache.h"
 #include "engine/model.h"
@@ -63,7 +64,7 @@ TEST(scheduler_int8_half_blocks)
     for (int i = 0; i < 3; i++) {
         REQUIRE(sf_seq_init(&q[i], prompt, 32, &err) == SF_OK, "%s", err.msg);
         q[i].max_len = 64;
-        q[i].urgency = 1;
+        q[i].urgency = SF_URGENCY_NORMAL;
         q[i].kv_i8 = i < 2;
     }
     sf_sched_add(&s, &q[0]);
@@ -109,6 +110,80 @@ TEST(scheduler_int8_half_blocks)
     for (int i = 0; i < 3; i++) sf_seq_free(&q[i]);
     sf_sched_free(&s);
     sf_kv_pool_free(&pool);
+}
+
+/* An INT8 sequence preempted by swap: its INT8 blocks go out (their bytes, through the CPU
+ * backend's copies), a full-precision high-urgency sequence takes the memory, and it comes
+ * back into INT8 blocks with the same bytes; nothing leaks. */
+TEST(int8_sequence_swaps_out_and_in)
+{
+    sf_kv_pool pool;
+    sf_sched s;
+    sf_backend *B = NULL;
+    sf_error err = { 0 };
+    sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
+    REQUIRE(sf_backend_open(&bo, &B, &err) == SF_OK, "%s", err.msg);
+    sf_kv_config kc = { .n_layers = 2, .n_blocks = 8, .block_size = 4, .n_kv_heads = 2, .head_dim = 8,
+                        .dtype = SF_DT_F32, .int8 = 1 };
+    REQUIRE(B->ops->kv_init(B, &kc, &err) == SF_OK, "%s", err.msg);
+    size_t bb = B->ops->kv_block_bytes(B, &kc);
+    REQUIRE(sf_kv_pool_init(&pool, 8, 4, &err) == SF_OK, "pool");
+    sf_kv_pool_enable_i8(&pool);
+    sf_sched_config c = { .max_num_seqs = 4, .max_batched_tokens = 32, .max_model_len = 32, .kv_high_reserve = 0,
+                          .swap_blocks = 16 };
+    REQUIRE(sf_sched_init(&s, &c, &pool, &err) == SF_OK, "sched: %s", err.msg);
+    int32_t p[24];
+    for (int i = 0; i < 24; i++) p[i] = i + 1;
+    sf_seq lo, hi;
+    sf_seq_init(&lo, p, 20, NULL);
+    sf_seq_init(&hi, p, 24, NULL);
+    lo.urgency = SF_URGENCY_LOW;
+    lo.kv_i8 = 1;
+    hi.urgency = SF_URGENCY_HIGH;
+    sf_sched_add(&s, &lo);
+    const sf_plan *pl = sf_sched_plan(&s);
+    CHECK(pl->n_tokens == 20 && lo.n_blocks == 5 && lo.kv_i8_held && pool.n_free_units == 11);
+    sf_sched_commit(&s);
+    /* the K/V the step would have written: a pattern in lo's INT8 blocks */
+    unsigned char *pat = malloc(5 * bb), *host = calloc(16, bb), *back = malloc(5 * bb);
+    for (size_t i = 0; i < 5 * bb; i++) pat[i] = (unsigned char)(i * 31 + 7);
+    CHECK(B->ops->kv_copy_in(B, lo.blocks, 5, pat) == SF_OK);
+    sf_seq_append(&lo, 99);
+    sf_sched_add(&s, &hi); /* 6 full blocks = 12 units, 11 free: lo is preempted by swap */
+    pl = sf_sched_plan(&s);
+    REQUIRE(pl->n_swap_out == 1 && lo.n_swap == 5, "%d swap-outs, %d blocks swapped", pl->n_swap_out, lo.n_swap);
+    const sf_swap_op *o = &pl->swap_out[0];
+    int kinds_ok = 1;
+    for (int i = 0; i < o->n; i++) kinds_ok &= sf_kv_is_i8(&pool, o->blocks[i]);
+    CHECK_MSG(kinds_ok, "the swapped-out blocks are INT8 blocks");
+    for (int i = 0; i < o->n; i++) CHECK(B->ops->kv_copy_out(B, &o->blocks[i], 1, host + (size_t)o->slots[i] * bb) == SF_OK);
+    CHECK(hi.n_blocks == 6 && !hi.kv_i8_held);
+    sf_sched_commit(&s);
+    sf_sched_remove(&s, &hi);
+    pl = sf_sched_plan(&s);
+    REQUIRE(pl->n_swap_in == 1 && pl->swap_in[0].n == 5, "%d swap-ins", pl->n_swap_in);
+    o = &pl->swap_in[0];
+    kinds_ok = lo.kv_i8_held;
+    for (int i = 0; i < o->n; i++) kinds_ok &= sf_kv_is_i8(&pool, o->blocks[i]);
+    CHECK_MSG(kinds_ok, "it comes back into INT8 blocks");
+    for (int i = 0; i < o->n; i++) CHECK(B->ops->kv_copy_in(B, &o->blocks[i], 1, host + (size_t)o->slots[i] * bb) == SF_OK);
+    CHECK(B->ops->kv_copy_out(B, lo.blocks, 5, back) == SF_OK);
+    size_t used = 2 * (2 * 64 + 2 * 8 * sizeof(float)); /* an INT8 block's bytes in its host image */
+    int same = 1;
+    for (int i = 0; i < 5; i++) same &= !memcmp(pat + (size_t)i * bb, back + (size_t)i * bb, used);
+    CHECK_MSG(same, "the INT8 rows and scales came back unchanged");
+    sf_sched_commit(&s);
+    sf_sched_remove(&s, &lo);
+    sf_sched_plan(&s);
+    sf_sched_discard(&s);
+    CHECK_MSG(pool.n_free_units == 16 && s.swap.n_free == s.swap.n_blocks && s.held_low_units == 0,
+              "leak: %d/16 units, %d/%d slots", pool.n_free_units, s.swap.n_free, s.swap.n_blocks);
+    free(pat); free(host); free(back);
+    sf_seq_free(&lo);
+    sf_seq_free(&hi);
+    sf_sched_free(&s);
+    sf_kv_pool_free(&pool);
+    sf_backend_close(B);
 }
 
 /* stories260K, CPU: greedy from BOS for 256 steps with INT8 KV against the f32-KV text (which
@@ -159,6 +234,7 @@ int main(void)
     sf_rng_seed(&R, 20261130);
     RUN(int8_rope_kv_attention_vs_reference);
     RUN(scheduler_int8_half_blocks);
+    RUN(int8_sequence_swaps_out_and_in);
     RUN(stories260k_int8_end_to_end);
     return test_summary();
 }

@@ -69,7 +69,9 @@ static void histogram(sf_sampling *p, const float *l, int n, int N, double *freq
     for (int i = 0; i < n; i++) freq[i] = 0;
     for (int k = 0; k < N; k++) {
         memcpy(tmp, l, sizeof(float) * n);
-        freq[sf_sample(p, &s, tmp, n, NULL, NULL, NULL)] += 1.0 / N;
+        int32_t id = sf_sample(p, &s, tmp, n, NULL, NULL, NULL);
+        freq[id] += 1.0 / N;
+        sf_sampler_accept(&s, id); /* the next draw is the next step's */
     }
     free(tmp);
     sf_sampler_seq_free(&s);
@@ -142,6 +144,7 @@ TEST(top_p_large_vocab_matches_full_sort)
     for (int k = 0; k < N; k++) {
         memcpy(tmp, l, sizeof(float) * V);
         int32_t id = sf_sample(&p, &s, tmp, V, NULL, NULL, NULL);
+        sf_sampler_accept(&s, id);
         if (l[id] < cutoff) outside++;
         if (!seen[id]++) distinct++;
     }
@@ -172,6 +175,7 @@ TEST(seed_reproducible)
         for (int k = 0; k < 32; k++) {
             memcpy(tmp, l, sizeof(float) * V);
             int32_t id = sf_sample(&p, &s, tmp, V, NULL, NULL, NULL);
+            sf_sampler_accept(&s, id);
             (run == 0 ? a : run == 1 ? b : c)[k] = id;
         }
         sf_sampler_seq_free(&s);

@@ -1,0 +1,33 @@
+/* bench.h — what the modes of `semflow bench` share (cli/cmd_bench.c parses the options and
+ * holds the single-sequence modes; cli/bench_throughput.c the engine-driven one). */
+#ifndef SF_CLI_BENCH_H
+#define SF_CLI_BENCH_H
+
+#include <stddef.h>
+
+#include "engine/model.h"
+#include "hal/hal.h"
+
+typedef struct bench_opts {
+    const char *mode, *model, *preset, *backend;
+    int dummy, ctx, steps, threads, json, chunk;
+    int tp;              /* --tensor-parallel-size: ranks (1: none) */
+    int hidden;          /* allreduce: row width of the messages (0: the model's hidden size) */
+    int kv_i8;           /* --kv-dtype int8: the sequence's KV in INT8 blocks */
+    int batch;           /* decode-batch: sequences decoded together */
+    sf_dtype dtype;
+    int sample_host;     /* --sample host: copy the logits and choose on the host (default: the backend's sampler) */
+    /* throughput */
+    int input, output, num_prompts, max_num_seqs, max_batched_tokens;
+    double gpu_util, temperature;
+} bench_opts;
+
+/* Weight bytes one decode step reads: every layer, the final norm and the lm_head (the
+ * embedding table is touched at one row only, unless it doubles as the lm_head). */
+size_t sf_bench_decode_weight_bytes(const sf_model *m);
+/* FLOPs of one prefill step of T tokens from position 0 (GEMMs, causal attention, one lm_head row). */
+double sf_bench_prefill_flops(const sf_model_config *c, int T);
+
+int sf_bench_throughput(const bench_opts *o);
+
+#endif

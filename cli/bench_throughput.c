@@ -1,0 +1,244 @@
+/* bench_throughput.c — `semflow bench throughput`: saturated offline throughput through the
+ * engine itself (its scheduler, continuous batching, chunked prefill and sampler), as vLLM's
+ * benchmark_throughput measures it: --num-prompts requests of --input random prompt tokens
+ * and --output output tokens each (EOS ignored), all submitted at once; output and total
+ * tokens per second from the first submit to the last finish.
+ *
+ * Beside the figure it prints the physical bound of the same work on the measured hardware
+ * (docs/PERFORMANCE.md derives it): prefill at the GEMM rate hal measured, then every decode
+ * step of b running sequences at the slower of reading the weights plus the KV of all b
+ * contexts at the measured memory bandwidth, and its FLOPs at the GEMM rate. And the host's
+ * share of a decode step (the engine thread's time not spent waiting for the device). */
+#include <jansson.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/bench.h"
+#include "engine/engine.h"
+
+typedef struct run_state {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_done, n_failed;        /* under mu */
+    long completion_tokens;      /* under mu: as the DONE events report them */
+    atomic_long token_events;
+    double t_last;               /* under mu: the last finish */
+    char first_error[256];
+} run_state;
+
+/* Engine thread: count tokens and finishes; never blocks for long. */
+static void on_event(const sf_event *ev)
+{
+    run_state *r = ev->user;
+    if (ev->type == SF_EV_TOKEN) {
+        atomic_fetch_add(&r->token_events, 1);
+        return;
+    }
+    pthread_mutex_lock(&r->mu);
+    if (ev->type == SF_EV_DONE) r->completion_tokens += ev->completion_tokens;
+    else {
+        r->n_failed++;
+        if (!r->first_error[0]) snprintf(r->first_error, sizeof r->first_error, "%s", ev->message ? ev->message : "?");
+    }
+    r->n_done++;
+    r->t_last = sf_now_s();
+    pthread_cond_signal(&r->cv);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static int open_engine(const bench_opts *o, const char *path, int max_seqs, sf_engine **out, sf_error *err)
+{
+    sf_engine_config c;
+    sf_engine_config_default(&c);
+    c.model = path;
+    c.backend = o->backend;
+    c.load_dummy = o->dummy;
+    c.n_threads = o->threads;
+    c.tensor_parallel = o->tp;
+    c.max_num_seqs = max_seqs;
+    c.max_batched_tokens = SF_MAX(o->max_batched_tokens, max_seqs);
+    c.max_model_len = o->input + o->output + 1;
+    c.gpu_memory_utilization = (float)o->gpu_util;
+    c.host_sampling = o->sample_host;
+    c.progress = !o->json;
+    for (int i = 0; i < SF_URGENCY_COUNT; i++) c.queue_limit[i] = o->num_prompts + 1;
+    return sf_engine_new(&c, out, err);
+}
+
+/* The physical bound of the run (see the file comment): seconds of prefill and of decode. */
+typedef struct bound { double prefill_s, decode_s, weight_bytes, bw, peak; } bound;
+
+static bound physical_bound(const sf_engine_info *in, int N, int I, int O, int B)
+{
+    const sf_model_config *c = &in->model->cfg;
+    const sf_hw_info *hw = in->hw;
+    bound r = { 0 };
+    r.bw = (hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs) * 1e9;
+    r.peak = hw->gemm_tflops * 1e12;
+    r.weight_bytes = (double)sf_bench_decode_weight_bytes(in->model);
+    if (r.bw <= 0 || r.peak <= 0) return r;
+    double d = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, f = c->intermediate;
+    double gemm_tok = 2.0 * (c->n_layers * (d * (H + 2 * Hkv) * hd + H * hd * d + 3 * d * f) + d * c->vocab_size);
+    double attn_per_key = 4.0 * c->n_layers * H * hd, kv_tok = (double)in->kv_bytes_per_token;
+    r.prefill_s = N * sf_bench_prefill_flops(c, I) / r.peak;
+    /* the first output token comes with the prefill; the other O - 1 from decode steps, the
+     * sequences in waves of at most B */
+    for (int left = N; left > 0; left -= B) {
+        double b = SF_MIN(left, B);
+        for (int j = 1; j < O; j++) {
+            double ctx = (double)I + j + 1;
+            double mem = (r.weight_bytes + b * kv_tok * ctx) / r.bw, fl = b * (gemm_tok + attn_per_key * ctx) / r.peak;
+            r.decode_s += mem > fl ? mem : fl;
+        }
+    }
+    return r;
+}
+
+int sf_bench_throughput(const bench_opts *o)
+{
+    sf_error err = { 0 };
+    sf_engine *e = NULL;
+    int32_t *prompt = NULL;
+    int rc = 1, N = o->num_prompts, I = o->input, O = o->output;
+    char path[1100];
+    run_state st;
+    memset(&st, 0, sizeof st);
+    pthread_mutex_init(&st.mu, NULL);
+    pthread_cond_init(&st.cv, NULL);
+    if (o->preset) snprintf(path, sizeof path, "preset:%s", o->preset);
+    else snprintf(path, sizeof path, "%s", o->model);
+
+    int max_seqs = SF_MIN(o->max_num_seqs, N);
+    if (open_engine(o, path, max_seqs, &e, &err)) goto fail;
+    sf_engine_info in;
+    sf_engine_get_info(e, &in);
+    if (in.max_model_len < I + O + 1) {
+        sf_err(&err, SF_EINVAL, "--input %d + --output %d need a context of %d tokens; %s holds %d here (the model's "
+               "context, or what the KV cache holds): lower them or raise --gpu-memory-utilization", I, O, I + O + 1,
+               in.model_name, in.max_model_len);
+        goto fail;
+    }
+    /* As many sequences as the KV cache holds whole, so none is preempted (serve sizes the pool
+     * the same way from --gpu-memory-utilization; below high urgency a request may use
+     * (1 - kv_high_reserve) of it). */
+    {
+        int per_seq = (I + O + 1 + in.kv_block_size - 1) / in.kv_block_size;
+        int usable = in.kv_blocks - (int)((double)in.kv_blocks * 0.1);
+        int fit = usable / per_seq;
+        if (fit < max_seqs) {
+            if (fit < 1) {
+                sf_err(&err, SF_ENOMEM, "the KV cache (%d blocks of %d tokens) holds no sequence of %d tokens",
+                       in.kv_blocks, in.kv_block_size, I + O + 1);
+                goto fail;
+            }
+            if (!o->json)
+                printf("note     the KV cache holds %d sequences of %d tokens: --max-num-seqs %d -> %d\n", fit,
+                       I + O + 1, max_seqs, fit);
+            sf_engine_free(e);
+            e = NULL;
+            max_seqs = fit;
+            if (open_engine(o, path, max_seqs, &e, &err)) goto fail;
+            sf_engine_get_info(e, &in);
+        }
+    }
+
+    if (!(prompt = malloc((size_t)I * sizeof *prompt))) {
+        sf_err(&err, SF_ENOMEM, "out of memory for the prompts");
+        goto fail;
+    }
+    sf_rng rng;
+    sf_rng_seed(&rng, 7);
+    double t0 = sf_now_s();
+    for (int i = 0; i < N; i++) {
+        for (int k = 0; k < I; k++) prompt[k] = (int32_t)(sf_rng_next(&rng) % (uint64_t)in.vocab_size);
+        sf_submit s = { .prompt = prompt, .n_prompt = I, .cb = on_event, .user = &st };
+        sf_sampling_default(&s.sampling);
+        s.sampling.temperature = (float)o->temperature;
+        s.sampling.max_tokens = O;
+        s.sampling.ignore_eos = 1;
+        s.sampling.seed = (uint64_t)i;
+        s.sampling.has_seed = 1;
+        s.intent.urgency = SF_URGENCY_NORMAL;
+        snprintf(s.intent.cls, sizeof s.intent.cls, "bench-throughput");
+        if (sf_engine_submit(e, &s, NULL, NULL, &err)) {
+            sf_err_wrap(&err, "submitting request %d of %d", i + 1, N);
+            goto fail;
+        }
+    }
+    pthread_mutex_lock(&st.mu);
+    while (st.n_done < N) pthread_cond_wait(&st.cv, &st.mu);
+    double elapsed = st.t_last - t0;
+    pthread_mutex_unlock(&st.mu);
+    if (st.n_failed) {
+        sf_err(&err, SF_ERROR, "%d of %d requests failed; the first: %s", st.n_failed, N, st.first_error);
+        goto fail;
+    }
+    sf_engine_drain(e, 10.0); /* the engine thread's accounting of the last step, then idle */
+    sf_engine_stats es;
+    sf_engine_get_stats(e, &es);
+    long out_tok = st.completion_tokens;
+    if (out_tok != (long)N * O || atomic_load(&st.token_events) != out_tok) {
+        sf_err(&err, SF_ERROR, "expected %ld output tokens, the requests reported %ld and delivered %ld", (long)N * O,
+               out_tok, (long)atomic_load(&st.token_events));
+        goto fail;
+    }
+    bound bd = physical_bound(&in, N, I, O, max_seqs);
+    double out_tps = out_tok / elapsed, tot_tps = ((double)N * I + out_tok) / elapsed;
+    double bound_s = bd.prefill_s + bd.decode_s, bound_out = bound_s > 0 ? (double)N * O / bound_s : 0;
+    double bound_tot = bound_s > 0 ? (double)N * (I + O) / bound_s : 0;
+    double dec_ms = es.decode_steps ? 1e3 * es.decode_step_s / es.decode_steps : 0;
+    double host_dec = es.decode_step_s > 0 ? es.decode_host_s / es.decode_step_s : 0;
+    double host_all = es.step_s > 0 ? es.host_s / es.step_s : 0;
+    double enq_dec = es.decode_step_s > 0 ? es.decode_enqueue_s / es.decode_step_s : 0;
+    double mean_b = es.decode_steps ? (double)es.tokens_decode / es.decode_steps : 0;
+    const char *sampling = es.rows_sampled_host ? (es.rows_sampled_backend ? "mixed" : "host") : "backend";
+    if (o->json) {
+        json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:I, s:f, s:f, s:f}",
+                              "mode", "throughput", "model", in.model_name, "random_weights", in.random_weights,
+                              "backend", in.backend, "input", I, "output", O, "num_prompts", N, "max_num_seqs", max_seqs,
+                              "kv_blocks", in.kv_blocks, "elapsed_s", elapsed, "output_tokens", (json_int_t)out_tok,
+                              "output_tokens_per_s", out_tps, "total_tokens_per_s", tot_tps, "requests_per_s", N / elapsed);
+        json_t *b = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I}", "output_tokens_per_s", bound_out,
+                              "total_tokens_per_s", bound_tot, "ratio", bound_out > 0 ? out_tps / bound_out : 0.0,
+                              "prefill_s", bd.prefill_s, "decode_s", bd.decode_s, "mem_gbs", bd.bw / 1e9,
+                              "gemm_tflops", bd.peak / 1e12, "weight_bytes", bd.weight_bytes,
+                              "kv_bytes_per_token", (json_int_t)in.kv_bytes_per_token);
+        json_t *s = json_pack("{s:I, s:I, s:f, s:f, s:f, s:f, s:f, s:s, s:I, s:I}", "steps", (json_int_t)es.steps,
+                              "decode_steps", (json_int_t)es.decode_steps, "mean_decode_batch", mean_b,
+                              "decode_step_ms", dec_ms, "host_share_decode", host_dec,
+                              "enqueue_share_decode", enq_dec, "host_share_all", host_all,
+                              "sampling", sampling, "rows_sampled_backend", (json_int_t)es.rows_sampled_backend,
+                              "rows_sampled_host", (json_int_t)es.rows_sampled_host);
+        json_object_set_new(j, "bound", b);
+        json_object_set_new(j, "engine", s);
+        json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+        fputc('\n', stdout);
+        json_decref(j);
+    } else {
+        printf("throughput %s%s, backend %s, %d requests of %d in / %d out (EOS ignored), %d running at most, "
+               "KV %d blocks x %d\n", in.model_name, in.random_weights ? " (random weights)" : "", in.backend, N, I, O,
+               max_seqs, in.kv_blocks, in.kv_block_size);
+        printf("measured %.2f s: %.1f output tokens/s, %.1f total tokens/s, %.2f requests/s\n", elapsed, out_tps, tot_tps,
+               N / elapsed);
+        if (bound_s > 0)
+            printf("bound    %.1f output tokens/s, %.1f total (prefill %.2f s at %.1f TFLOP/s, decode %.2f s at %.0f GB/s "
+                   "or the GEMM rate) = %.0f%% reached\n", bound_out, bound_tot, bd.prefill_s, bd.peak / 1e12,
+                   bd.decode_s, bd.bw / 1e9, 100 * out_tps / bound_out);
+        printf("engine   %llu steps, %llu decode steps of %.1f sequences on average, %.2f ms each; host %.1f%% of a "
+               "decode step (of which enqueuing the step's work %.1f%%; %.1f%% of all steps); sampling on the %s\n",
+               (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, 100 * host_dec,
+               100 * enq_dec, 100 * host_all, sampling);
+    }
+    rc = 0;
+    goto out;
+fail:
+    fprintf(stderr, "semflow bench throughput: %s\n", err.msg);
+out:
+    sf_engine_free(e);
+    free(prompt);
+    pthread_cond_destroy(&st.cv);
+    pthread_mutex_destroy(&st.mu);
+    return rc;
+}

@@ -1,0 +1,315 @@
+/* sample.cu — one token per logit row on the GPU, so only ids cross PCIe.
+ *
+ * One block of 1024 threads per row; the step-by-step mirror of kernels/cpu/sample.c (read
+ * that first: the boundaries (t, c), the radix selection, the Gumbel-max draw). Each pass
+ * streams the row (bf16) from L2/HBM; the number of passes depends on the request:
+ *   greedy 1; temperature only 2; + top-k 6 (+4 when ties straddle the boundary);
+ *   + top-p 6 (+4); + min-p 0.
+ * Histograms are 256 bins in shared memory; masses are 2^-40 fixed point, so the integer
+ * atomics give the same sums in any order and the same seed gives the same token every run.
+ * Penalized tokens are marked in a shared-memory bitmap (vocab bits) and visited from the
+ * row's entry list with their penalized value instead of from the row. */
+#include <climits>
+
+#include "../sample_draw.h"
+#include "common.cuh"
+
+#define NT 1024
+#define FULL 0xffffffffu
+
+typedef unsigned long long u64;
+
+struct Row {
+    const bf16 *l;
+    int vocab;
+    const uint32_t *bits;       /* penalized ids (shared memory), NULL when the row has none */
+    const sf_k_sample_pen *e;   /* the row's entries and their penalized values */
+    const float *ev;
+    int n_e;
+    float inv_t, m;
+};
+
+struct Shared {
+    u64 h[256];
+    u64 red[32];
+    float redf[32];
+    int redi[32];
+    int sel;
+    u64 acc;
+};
+
+/* f(id, logit) for every token of the row, each once: penalized ones with their new value. */
+template <class F>
+static __device__ __forceinline__ void visit(const Row &r, F &f)
+{
+    for (int i = threadIdx.x; i < r.vocab; i += NT) {
+        if (r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) continue;
+        f(i, bf2f(r.l[i]));
+    }
+    for (int j = threadIdx.x; j < r.n_e; j += NT) f(r.e[j].id, r.ev[j]);
+}
+
+static __device__ __forceinline__ bool valid(float x) { return x == x && x != -INFINITY; }
+
+static __device__ __forceinline__ u64 mass_of(float x, float m)
+{
+    return (u64)(expf(x - m) * SF_SAMPLE_MASS_ONE);
+}
+
+/* (value descending, id ascending); identity (-inf, INT_MAX). */
+static __device__ __forceinline__ void best_combine(float &v, int &i, float v2, int i2)
+{
+    if (v2 > v || (v2 == v && i2 < i)) { v = v2; i = i2; }
+}
+
+static __device__ void block_best(float &v, int &i, Shared &sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) best_combine(v, i, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, i, o));
+    __syncthreads();
+    if (lane == 0) { sh.redf[w] = v; sh.redi[w] = i; }
+    __syncthreads();
+    v = sh.redf[lane];
+    i = sh.redi[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) best_combine(v, i, __shfl_xor_sync(FULL, v, o), __shfl_xor_sync(FULL, i, o));
+}
+
+static __device__ u64 block_sum_u64(u64 x, Shared &sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
+    __syncthreads();
+    if (lane == 0) sh.red[w] = x;
+    __syncthreads();
+    x = sh.red[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(FULL, x, o);
+    return x;
+}
+
+static __device__ u64 block_max_u64(u64 x, Shared &sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { u64 y = __shfl_xor_sync(FULL, x, o); x = y > x ? y : x; }
+    __syncthreads();
+    if (lane == 0) sh.red[w] = x;
+    __syncthreads();
+    x = sh.red[lane];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) { u64 y = __shfl_xor_sync(FULL, x, o); x = y > x ? y : x; }
+    return x;
+}
+
+/* ---- passes ---------------------------------------------------------------------------- */
+struct FirstPass { /* argmax of x and the count of candidates */
+    float inv_t, v; int i, n;
+    __device__ void operator()(int id, float l) {
+        float x = __fmul_rn(l, inv_t);
+        if (x == x) best_combine(v, i, x, id);
+        n += valid(x);
+    }
+};
+
+struct MassPass { /* total mass */
+    float inv_t, m; u64 z;
+    __device__ void operator()(int id, float l) {
+        float x = __fmul_rn(l, inv_t);
+        if (valid(x)) z += mass_of(x, m);
+    }
+};
+
+struct TiePass { /* about key t: tokens on it, the mass of one, the mass above it */
+    float inv_t, m; uint32_t t; int n; u64 one, above;
+    __device__ void operator()(int id, float l) {
+        float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        uint32_t k = sf_sample_key(x);
+        if (k == t) { n++; one = mass_of(x, m); }
+        else if (k > t) above += mass_of(x, m);
+    }
+};
+
+/* MODE 0: count by key; 1: mass by key; 2: count by ~id among the tokens with key t. */
+template <int MODE>
+struct HistPass {
+    float inv_t, m; uint32_t prefix, mask, t; int shift; u64 *h;
+    __device__ void operator()(int id, float l) {
+        float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        uint32_t k = sf_sample_key(x);
+        if (MODE == 2) {
+            if (k != t) return;
+            k = ~(uint32_t)id;
+        }
+        if ((k & mask) != prefix) return;
+        atomicAdd(&h[(k >> shift) & 255], MODE == 1 ? mass_of(x, m) : 1ull);
+    }
+};
+
+struct DrawPass { /* Gumbel-max over the kept tokens */
+    float inv_t; uint32_t t; int c; uint64_t stream; float v; int i;
+    __device__ void operator()(int id, float l) {
+        float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        uint32_t k = sf_sample_key(x);
+        if (!(k > t || (k == t && id <= c))) return;
+        float g = x - logf(-log1pf(-sf_sample_uniform(stream, (uint32_t)id)));
+        best_combine(v, i, g, id);
+    }
+};
+
+/* The key of the prefix that reaches `want` (see radix_select in kernels/cpu/sample.c). */
+template <int MODE>
+static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 *above, Shared &sh)
+{
+    uint32_t prefix = 0, mask = 0;
+    u64 acc = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int b = threadIdx.x; b < 256; b += NT) sh.h[b] = 0;
+        __syncthreads();
+        HistPass<MODE> f = { r.inv_t, r.m, prefix, mask, t, shift, sh.h };
+        visit(r, f);
+        __syncthreads();
+        if (threadIdx.x < 32) { /* walk the bins from the top: 8 per lane, a warp scan across lanes */
+            int lane = threadIdx.x, top = 255 - 8 * lane;
+            u64 s = 0;
+            for (int j = 0; j < 8; j++) s += sh.h[top - j];
+            u64 inc = s;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                u64 y = __shfl_up_sync(FULL, inc, o);
+                if (lane >= o) inc += y;
+            }
+            unsigned hit = __ballot_sync(FULL, acc + inc >= want);
+            int L = hit ? __ffs(hit) - 1 : 31;
+            if (lane == L) {
+                u64 a = acc + inc - s;
+                int b = top;
+                for (; b > top - 7; b--) {
+                    if (a + sh.h[b] >= want) break;
+                    a += sh.h[b];
+                }
+                sh.sel = b;
+                sh.acc = a;
+            }
+        }
+        __syncthreads();
+        prefix |= (uint32_t)sh.sel << shift;
+        mask |= 255u << shift;
+        acc = sh.acc;
+        __syncthreads();
+    }
+    *above = acc;
+    return prefix;
+}
+
+/* The boundary (t, c) keeping the r first (by id) of the n tokens on key t. */
+static __device__ int cut_ties(const Row &r, uint32_t t, u64 rr, int n, Shared &sh)
+{
+    if (rr >= (u64)n) return INT_MAX;
+    u64 above;
+    return (int)~radix_select<2>(r, rr, t, &above, sh);
+}
+
+static __device__ __forceinline__ bool shorter(uint32_t ta, int ca, uint32_t tb, int cb)
+{
+    return ta > tb || (ta == tb && ca < cb);
+}
+
+__global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
+                                               const sf_k_sample_pen *pen, float *pen_val, int32_t *ids)
+{
+    extern __shared__ uint32_t bits[];
+    __shared__ Shared sh;
+    const sf_k_sample_row p = rows[blockIdx.x];
+    Row r;
+    r.l = logits + blockIdx.x * ld;
+    r.vocab = vocab;
+    r.e = pen + p.pen_off;
+    r.ev = pen_val + p.pen_off;
+    r.n_e = p.n_pen;
+    r.bits = NULL;
+    if (p.n_pen > 0) { /* penalties on the raw logits, as on the CPU (no fused multiply-add) */
+        for (int w = threadIdx.x; w < (vocab + 31) / 32; w += NT) bits[w] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < p.n_pen; j += NT) {
+            sf_k_sample_pen e = r.e[j];
+            float v = bf2f(r.l[e.id]);
+            if (p.repetition_penalty != 1.0f && (e.count > 0 || e.in_prompt))
+                v = v > 0 ? __fdiv_rn(v, p.repetition_penalty) : __fmul_rn(v, p.repetition_penalty);
+            if (e.count > 0) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.frequency_penalty, (float)e.count), p.presence_penalty));
+            pen_val[p.pen_off + j] = v;
+            atomicOr(&bits[e.id >> 5], 1u << (e.id & 31));
+        }
+        __syncthreads();
+        r.bits = bits;
+    }
+    bool greedy = p.temperature <= 0 || p.top_k == 1;
+    r.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, p.temperature);
+    FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
+    visit(r, f1);
+    block_best(f1.v, f1.i, sh);
+    int n_valid = (int)block_sum_u64((u64)f1.n, sh);
+    int first = f1.i == INT_MAX ? 0 : f1.i;
+    if (greedy || n_valid == 0) {
+        if (threadIdx.x == 0) ids[blockIdx.x] = first;
+        return;
+    }
+    r.m = f1.v;
+    uint32_t t = 0; /* kept: key > t, or key == t and id <= c */
+    int c = -1;
+    u64 zk = 0, above;
+    bool have_zk = false;
+    if (p.top_k > 0 && p.top_k < n_valid) {
+        uint32_t tk = radix_select<0>(r, (u64)p.top_k, 0, &above, sh);
+        TiePass tp = { r.inv_t, r.m, tk, 0, 0, 0 };
+        visit(r, tp);
+        int n_t = (int)block_sum_u64((u64)tp.n, sh);
+        u64 one = block_max_u64(tp.one, sh), m_above = block_sum_u64(tp.above, sh);
+        u64 rr = (u64)p.top_k - above;
+        t = tk;
+        c = cut_ties(r, tk, rr, n_t, sh);
+        zk = m_above + rr * one;
+        have_zk = true;
+    }
+    if (p.top_p < 1.0f) {
+        if (!have_zk) {
+            MassPass mp = { r.inv_t, r.m, 0 };
+            visit(r, mp);
+            zk = block_sum_u64(mp.z, sh);
+        }
+        u64 want = (u64)((double)p.top_p * (double)zk);
+        if (want < 1) want = 1;
+        uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh);
+        TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
+        visit(r, tp);
+        u64 n_t = block_sum_u64((u64)tp.n, sh), one = block_max_u64(tp.one, sh);
+        u64 rr = one ? (want - above + one - 1) / one : n_t;
+        if (rr < 1) rr = 1;
+        if (rr > n_t) rr = n_t;
+        int cp = cut_ties(r, tp_key, rr, (int)n_t, sh);
+        if (shorter(tp_key, cp, t, c)) { t = tp_key; c = cp; }
+    }
+    if (p.min_p > 0) {
+        uint32_t tm = sf_sample_key(r.m + logf(p.min_p));
+        if (shorter(tm, INT_MAX, t, c)) { t = tm; c = INT_MAX; }
+    }
+    DrawPass d = { r.inv_t, t, c, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX };
+    visit(r, d);
+    block_best(d.v, d.i, sh);
+    if (threadIdx.x == 0) ids[blockIdx.x] = d.i == INT_MAX ? first : d.i;
+}
+
+extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
+                           const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, cudaStream_t s)
+{
+    if (n <= 0) return 0;
+    if (vocab <= 0 || vocab > SF_K_SAMPLE_MAX_VOCAB) return (int)cudaErrorInvalidValue;
+    size_t smem = n_pen > 0 ? (size_t)(vocab + 31) / 32 * 4 : 0;
+    k_sample<<<n, NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids);
+    return sf_launch_status();
+}

@@ -1,0 +1,246 @@
+/* test_sample.c — the CUDA sample op against the CPU reference (kernels/cpu/sample.c through
+ * the CPU backend's op) on the same bf16 logits: fresh random rows every run (the seed is
+ * printed), vocabularies 512 .. 152064, batches of 1 .. 96 rows, every sampling option and
+ * penalties, rows with heavy ties. Greedy rows must agree exactly; drawn rows agree except
+ * where expf/logf of the two machines differ in the last place right at a boundary (at most
+ * 1 in 100 is allowed, and the count is printed). Also: the same call twice gives the same ids,
+ * ids are always in range, a bad penalty id is refused, and --perf times the op by batch size.
+ *
+ *   test_sample          the checks (GPU host only)
+ *   test_sample --perf   also the timing table (no assertions) */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../hal/hal.h"
+#include "../test.h"
+
+static sf_backend *G, *C;
+static sf_rng R;
+static int perf;
+
+static float bfr(float x) { return sf_bf16_to_f32(sf_f32_to_bf16(x)); }
+
+/* Both backends' op on the same rows; 0 or the first failing status. */
+static int both(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
+                int32_t *gpu, int32_t *cpu)
+{
+    sf_buf *bg = NULL, *bc = NULL;
+    sf_error err = { 0 };
+    int rc = G->ops->buf_new(G, n, V, &bg, &err);
+    if (!rc) rc = C->ops->buf_new(C, n, V, &bc, &err);
+    if (!rc) rc = G->ops->write_f32(G, bg, n, l);
+    if (!rc) rc = C->ops->write_f32(C, bc, n, l);
+    for (int i = 0; i < n; i++) gpu[i] = cpu[i] = -7; /* poisoned */
+    if (!rc) rc = G->ops->sample(G, bg, n, V, rows, pen, n_pen, gpu);
+    if (!rc) rc = C->ops->sample(C, bc, n, V, rows, pen, n_pen, cpu);
+    if (rc && err.msg[0]) printf("  %s\n", err.msg);
+    if (bg) G->ops->buf_free(G, bg);
+    if (bc) C->ops->buf_free(C, bc);
+    return rc;
+}
+
+/* A random row configuration; kind cycles through the options. */
+static sf_sample_row random_row(int kind, int V)
+{
+    sf_sample_row r = { .temperature = 0.5f + 1.5f * sf_rng_uniform(&R), .top_p = 1, .repetition_penalty = 1,
+                        .seed = sf_rng_next(&R), .step = sf_rng_next(&R) % 5000 };
+    switch (kind % 8) {
+    case 0: r.temperature = 0; break;
+    case 1: break;
+    case 2: r.top_k = 1 + (int)(sf_rng_next(&R) % 100); break;
+    case 3: r.top_p = 0.5f + 0.49f * sf_rng_uniform(&R); break;
+    case 4: r.min_p = 0.01f + 0.2f * sf_rng_uniform(&R); break;
+    case 5: r.top_k = 40; r.top_p = 0.9f; r.min_p = 0.05f; break;
+    case 6: r.top_k = V > 2000 ? 1000 : V / 2; r.top_p = 0.95f; break;
+    case 7: r.top_k = 1; break;
+    }
+    return r;
+}
+
+static int total_rows, total_drawn, mismatched_drawn;
+
+static void one_case(int V, int n, int with_pen, int tied)
+{
+    float *l = malloc(sizeof(float) * (size_t)n * V);
+    sf_sample_row *rows = malloc(sizeof *rows * (size_t)n);
+    int32_t *g = malloc(4 * (size_t)n), *c = malloc(4 * (size_t)n), *g2 = malloc(4 * (size_t)n);
+    int cap = with_pen ? n * 64 : 1, n_pen = 0;
+    sf_sample_pen *pen = malloc(sizeof *pen * (size_t)cap);
+    float scale = 1 + 3 * sf_rng_uniform(&R);
+    for (int64_t i = 0; i < (int64_t)n * V; i++)
+        l[i] = tied ? (float)(int)(sf_rng_uniform(&R) * 6) : bfr(sf_rng_normal(&R) * scale);
+    for (int i = 0; i < n; i++) {
+        rows[i] = random_row(i + (int)(sf_rng_next(&R) % 8), V);
+        if (with_pen && i % 2 == 0) { /* distinct ids, a few repeated outputs, some from the prompt */
+            rows[i].repetition_penalty = 1.0f + sf_rng_uniform(&R);
+            rows[i].presence_penalty = sf_rng_uniform(&R);
+            rows[i].frequency_penalty = sf_rng_uniform(&R) - 0.2f;
+            rows[i].pen_off = n_pen;
+            int k = 1 + (int)(sf_rng_next(&R) % SF_MIN(64, V / 4));
+            for (int j = 0; j < k; j++) pen[n_pen + j] = (sf_sample_pen){ (int32_t)((j * 7919 + i) % V),
+                                                                          (int32_t)(sf_rng_next(&R) % 4),
+                                                                          (int32_t)(sf_rng_next(&R) % 2) };
+            /* the top of the row among them, so the penalty decides */
+            int top = 0;
+            for (int t = 1; t < V; t++) if (l[(size_t)i * V + t] > l[(size_t)i * V + top]) top = t;
+            int dup = 0;
+            for (int j = 0; j < k; j++) dup |= pen[n_pen + j].id == top;
+            if (!dup) pen[n_pen + k++] = (sf_sample_pen){ top, 1, 1 };
+            rows[i].n_pen = k;
+            n_pen += k;
+        }
+    }
+    int rc = both(l, n, V, rows, pen, n_pen, g, c);
+    CHECK_MSG(rc == SF_OK, "vocab %d, %d rows: status %d", V, n, rc);
+    if (rc == SF_OK) {
+        int greedy_bad = 0, drawn_bad = 0, drawn = 0, range_bad = 0;
+        for (int i = 0; i < n; i++) {
+            range_bad += g[i] < 0 || g[i] >= V;
+            if (rows[i].temperature <= 0 || rows[i].top_k == 1) greedy_bad += g[i] != c[i];
+            else { drawn++; drawn_bad += g[i] != c[i]; }
+        }
+        CHECK_MSG(range_bad == 0, "vocab %d, %d rows: %d ids out of range", V, n, range_bad);
+        CHECK_MSG(greedy_bad == 0, "vocab %d, %d rows%s%s: %d greedy rows differ from the CPU", V, n,
+                  with_pen ? ", penalties" : "", tied ? ", ties" : "", greedy_bad);
+        total_rows += n;
+        total_drawn += drawn;
+        mismatched_drawn += drawn_bad;
+        /* the same call again: the same ids */
+        rc = both(l, n, V, rows, pen, n_pen, g2, c);
+        CHECK_MSG(rc == SF_OK && !memcmp(g, g2, 4 * (size_t)n), "vocab %d, %d rows: a second run differs", V, n);
+    }
+    free(l); free(rows); free(g); free(c); free(g2); free(pen);
+}
+
+TEST(matches_cpu_reference)
+{
+    static const int vocabs[] = { 512, 3000, 32000, 128256, 152064 };
+    static const int batch[] = { 1, 7, 33, 96 };
+    for (size_t v = 0; v < SF_ARRAY_LEN(vocabs); v++)
+        for (size_t b = 0; b < SF_ARRAY_LEN(batch); b++) {
+            if (vocabs[v] > 100000 && batch[b] > 33) continue; /* keeps the CPU side of the test short */
+            one_case(vocabs[v], batch[b], (int)(b % 2), 0);
+        }
+    one_case(32000, 16, 1, 1);
+    one_case(600, 40, 0, 1);
+    printf("  %d rows, %d drawn at random: %d differ from the CPU reference\n", total_rows, total_drawn,
+           mismatched_drawn);
+    CHECK_MSG(mismatched_drawn * 100 <= total_drawn, "%d of %d drawn rows differ", mismatched_drawn, total_drawn);
+}
+
+/* The draw's distribution on the device: 4000 steps of one row against the exact softmax. */
+TEST(distribution)
+{
+    enum { V = 8 };
+    float l[V] = { 2, 1.5f, 1, 0.5f, 0, -1, -2, -INFINITY };
+    sf_buf *bg = NULL;
+    sf_error err = { 0 };
+    REQUIRE(G->ops->buf_new(G, 4000, V, &bg, &err) == SF_OK, "%s", err.msg);
+    float *rep = malloc(sizeof(float) * 4000 * V);
+    sf_sample_row *rows = malloc(sizeof *rows * 4000);
+    int32_t *ids = malloc(4 * 4000);
+    for (int i = 0; i < 4000; i++) {
+        memcpy(rep + (size_t)i * V, l, sizeof l);
+        rows[i] = (sf_sample_row){ .temperature = 1, .top_p = 1, .repetition_penalty = 1, .seed = 9, .step = (uint64_t)i };
+    }
+    REQUIRE(G->ops->write_f32(G, bg, 4000, rep) == SF_OK, "write");
+    REQUIRE(G->ops->sample(G, bg, 4000, V, rows, NULL, 0, ids) == SF_OK, "sample");
+    double z = 0, f[V] = { 0 };
+    for (int i = 0; i < V - 1; i++) z += exp(l[i]);
+    for (int i = 0; i < 4000; i++) f[ids[i]] += 1.0 / 4000;
+    for (int i = 0; i < V - 1; i++) {
+        double p = exp(l[i]) / z, sd = sqrt(p * (1 - p) / 4000);
+        CHECK_MSG(fabs(f[i] - p) < 5 * sd + 1e-3, "token %d: %.4f drawn, %.4f expected", i, f[i], p);
+    }
+    CHECK_MSG(f[V - 1] == 0, "-inf drawn %.4f", f[V - 1]);
+    G->ops->buf_free(G, bg);
+    free(rep); free(rows); free(ids);
+}
+
+TEST(bad_inputs)
+{
+    float l[16] = { 0 };
+    sf_buf *bg = NULL;
+    sf_error err = { 0 };
+    int32_t id;
+    REQUIRE(G->ops->buf_new(G, 1, 16, &bg, &err) == SF_OK, "%s", err.msg);
+    G->ops->write_f32(G, bg, 1, l);
+    sf_sample_row r = { .temperature = 1, .top_p = 1, .repetition_penalty = 1, .n_pen = 1 };
+    sf_sample_pen pen[1] = { { 16, 1, 0 } };
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, pen, 1, &id) == SF_EINVAL);
+    CHECK(G->ops->sample(G, bg, 1, 17, &r, NULL, 0, &id) == SF_EINVAL);
+    r.n_pen = 0;
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id) == SF_OK && id >= 0 && id < 16);
+    G->ops->buf_free(G, bg);
+}
+
+static void perf_table(void)
+{
+    enum { V = 128256 };
+    static const int batch[] = { 1, 8, 64, 256 };
+    static const char *kinds[] = { "greedy", "temperature", "top-k 50 + top-p 0.9", "top-p 0.95 + penalties" };
+    printf("perf: sample op (upload rows, kernel, ids back), vocab %d, us per call (median of 20)\n", V);
+    printf("  %-24s %8s %8s %8s %8s\n", "rows", "1", "8", "64", "256");
+    float *l = malloc(sizeof(float) * 256 * V);
+    for (int64_t i = 0; i < 256LL * V; i++) l[i] = bfr(sf_rng_normal(&R) * 2);
+    sf_buf *bg = NULL;
+    sf_error err = { 0 };
+    if (G->ops->buf_new(G, 256, V, &bg, &err) || G->ops->write_f32(G, bg, 256, l)) { free(l); return; }
+    sf_sample_row rows[256];
+    sf_sample_pen pen[256 * 32];
+    int32_t ids[256];
+    for (int k = 0; k < 4; k++) {
+        printf("  %-24s", kinds[k]);
+        for (size_t b = 0; b < SF_ARRAY_LEN(batch); b++) {
+            int n_pen = 0;
+            for (int i = 0; i < batch[b]; i++) {
+                rows[i] = (sf_sample_row){ .temperature = k ? 0.8f : 0, .top_p = k >= 2 ? (k == 2 ? 0.9f : 0.95f) : 1,
+                                           .top_k = k == 2 ? 50 : 0, .repetition_penalty = k == 3 ? 1.1f : 1,
+                                           .seed = (uint64_t)i, .step = 3 };
+                if (k == 3) {
+                    rows[i].pen_off = n_pen;
+                    rows[i].n_pen = 32;
+                    for (int j = 0; j < 32; j++) pen[n_pen++] = (sf_sample_pen){ j * 1000 + i, 1, 1 };
+                }
+            }
+            double t[20];
+            for (int it = 0; it < 20; it++) {
+                double t0 = sf_now_s();
+                G->ops->sample(G, bg, batch[b], V, rows, pen, n_pen, ids);
+                t[it] = (sf_now_s() - t0) * 1e6;
+            }
+            for (int i = 0; i < 20; i++) for (int j = i + 1; j < 20; j++) if (t[j] < t[i]) { double x = t[i]; t[i] = t[j]; t[j] = x; }
+            printf(" %8.0f", t[10]);
+        }
+        printf("\n");
+    }
+    G->ops->buf_free(G, bg);
+    free(l);
+}
+
+int main(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--perf")) perf = 1;
+    sf_rng_seed(&R, (uint64_t)sf_now_ns()); /* fresh inputs every run; the seed is printed */
+    printf("seed %llu\n", (unsigned long long)R.s[0]);
+    sf_backend_opts go = { .name = "cuda" }, co = { .name = "cpu" };
+    sf_error err = { 0 };
+    if (sf_backend_cuda_new(&go, &G, &err)) {
+        printf("FAIL: open_cuda_backend: %s\n", err.msg);
+        return 1;
+    }
+    if (sf_backend_cpu_new(&co, &C, &err)) {
+        printf("FAIL: open_cpu_backend: %s\n", err.msg);
+        return 1;
+    }
+    RUN(matches_cpu_reference);
+    RUN(distribution);
+    RUN(bad_inputs);
+    if (perf) perf_table();
+    G->ops->destroy(G);
+    C->ops->destroy(C);
+    return test_summary();
+}

@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""`semflow bench throughput` and `bench decode --sample` from outside, on the CPU backend with
+small models: the run completes through the engine, every output token is counted, the bound
+and the host share are reported, both sampling paths run, and bad flags exit 2 with a message. Speeds are only checked to be positive."""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sftest import DATA, check, results, run  # noqa: E402
+STORIES = os.path.join(DATA, "stories260K", "stories260K.gguf")
+
+
+def throughput(*extra):
+    rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--threads", "1",
+                       "--input", "12", "--output", "7", "--json", *extra)
+    try:
+        return rc, json.loads(out), err
+    except ValueError:
+        return rc, None, out[:300] + err[-300:]
+
+
+rc, r, err = throughput("--num-prompts", "5")
+ok = (rc == 0 and r and r["mode"] == "throughput" and r["backend"] == "cpu" and r["num_prompts"] == 5
+      and r["output_tokens"] == 5 * 7 and r["output_tokens_per_s"] > 0
+      and abs(r["total_tokens_per_s"] / r["output_tokens_per_s"] - (12 + 7) / 7) < 1e-6
+      and r["bound"]["output_tokens_per_s"] > 0 and 0 < r["bound"]["ratio"]
+      and r["engine"]["decode_steps"] >= 6 and r["engine"]["sampling"] == "backend"
+      and r["engine"]["rows_sampled_backend"] == 5 * 7 and 0 < r["engine"]["host_share_decode"] <= 1.0)
+check("throughput_cpu_counts_every_token", ok, f"rc {rc}: {r or err}")
+
+# more requests than may run at once: the scheduler queues the rest
+rc, r, err = throughput("--num-prompts", "9", "--max-num-seqs", "4", "--temperature", "0", "--sample", "host")
+ok = (rc == 0 and r and r["output_tokens"] == 9 * 7 and r["max_num_seqs"] == 4
+      and r["engine"]["sampling"] == "host" and r["engine"]["mean_decode_batch"] <= 4)
+check("throughput_queues_beyond_max_num_seqs_host_sampling", ok, f"rc {rc}: {r or err}")
+
+rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--threads", "1",
+                   "--input", "8", "--output", "4", "--num-prompts", "2")
+check("throughput_text", rc == 0 and "output tokens/s" in out and "bound" in out and "host" in out,
+      out[:400] + err[-300:])
+
+# decode with the next token drawn by the backend's sampler or chosen on the host
+dec = {}
+for where in ("backend", "host"):
+    rc, out, err = run("bench", "decode", "--model", STORIES, "--backend", "cpu", "--ctx", "4", "--steps", "3",
+                       "--sample", where, "--json")
+    try:
+        dec[where] = json.loads(out)
+    except ValueError:
+        dec[where] = {"rc": rc, "err": err[-300:]}
+check("decode_sample_paths", all(dec[w].get("sampling") == w and dec[w].get("ms_per_token_median", 0) > 0
+                                 for w in dec), str(dec)[:500])
+
+for args, what in [
+    (["--input", "0"], "--input"),
+    (["--output", "x"], "--output"),
+    (["--num-prompts", "-1"], "--num-prompts"),
+    (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
+    (["--temperature", "nan"], "--temperature"),
+    (["--sample", "gpu"], "--sample"),
+]:
+    rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", *args)
+    check("bad_flag " + " ".join(args), rc == 2 and what in err, f"rc {rc}: {err[-300:]}")
+
+rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--input", "4000", "--output", "4000")
+check("context_too_long", rc == 1 and "--input" in err and "context" in err, f"rc {rc}: {err[-300:]}")
+
+print(f"{results.passed} passed, {results.failures} failed")
+sys.exit(1 if results.failures else 0)

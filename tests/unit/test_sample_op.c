@@ -1,0 +1,278 @@
+/* test_sample_op.c — the backend sample op on the CPU backend (kernels/cpu/sample.c, the
+ * reference the CUDA kernel is tested against): greedy with penalties against a direct
+ * argmax, distributions against the exact truncated softmax, ties cut by id, top-p over a
+ * large vocabulary against a full sort, determinism per (seed, step), rows of a batch
+ * independent, the engine's two paths (host sf_sample and the op) choosing alike, bad input. */
+#include "engine/sampler.h"
+#include "kernels/cpu/cpu.h"
+#include "tests/test.h"
+
+static sf_backend *be;
+
+static sf_sample_row row_default(void)
+{
+    return (sf_sample_row){ .temperature = 1, .top_p = 1, .repetition_penalty = 1, .seed = 42 };
+}
+
+/* ids of n rows of logits [n * V] through the op. */
+static int op(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
+              int32_t *ids)
+{
+    sf_buf *buf = NULL;
+    sf_error err = { 0 };
+    if (be->ops->buf_new(be, n, V, &buf, &err)) return -100;
+    be->ops->write_f32(be, buf, n, l);
+    int rc = be->ops->sample(be, buf, n, V, rows, pen, n_pen, ids);
+    be->ops->buf_free(be, buf);
+    return rc;
+}
+
+/* Frequencies of N draws (steps 0..N-1) from one row. */
+static void freq_of(const float *l, int V, sf_sample_row r, int N, double *f)
+{
+    for (int i = 0; i < V; i++) f[i] = 0;
+    for (int k = 0; k < N; k++) {
+        int32_t id = -1;
+        r.step = (uint64_t)k;
+        if (op(l, 1, V, &r, NULL, 0, &id) || id < 0 || id >= V) { f[0] = -1; return; }
+        f[id] += 1.0 / N;
+    }
+}
+
+TEST(greedy_with_penalties_is_argmax)
+{
+    enum { V = 3000 };
+    static float l[V];
+    sf_rng g;
+    sf_rng_seed(&g, 3);
+    for (int i = 0; i < V; i++) l[i] = sf_rng_normal(&g);
+    l[77] = 9;  /* the top, then penalized below the second */
+    l[1234] = 8;
+    sf_sample_row r = row_default();
+    r.temperature = 0;
+    int32_t id = -1;
+    REQUIRE(op(l, 1, V, &r, NULL, 0, &id) == SF_OK, "op failed");
+    CHECK_MSG(id == 77, "greedy %d", id);
+    sf_sample_pen pen[1] = { { 77, 2, 0 } };
+    r.frequency_penalty = 1.0f; /* 9 - 2 = 7 < 8 */
+    r.n_pen = 1;
+    REQUIRE(op(l, 1, V, &r, pen, 1, &id) == SF_OK, "op failed");
+    CHECK_MSG(id == 1234, "frequency penalty: %d", id);
+    r.frequency_penalty = 0;
+    r.repetition_penalty = 1.2f; /* 9 / 1.2 = 7.5 < 8, through in_prompt alone */
+    pen[0] = (sf_sample_pen){ 77, 0, 1 };
+    REQUIRE(op(l, 1, V, &r, pen, 1, &id) == SF_OK, "op failed");
+    CHECK_MSG(id == 1234, "repetition penalty: %d", id);
+    /* ties: the smallest id, as the host's argmax */
+    float t[4] = { 1, 5, 5, 2 };
+    r = row_default();
+    r.temperature = 0;
+    REQUIRE(op(t, 1, 4, &r, NULL, 0, &id) == SF_OK, "op failed");
+    CHECK_MSG(id == 1, "tie: %d", id);
+}
+
+TEST(distributions_match_the_truncated_softmax)
+{
+    float l[4] = { logf(0.5f), logf(0.3f), logf(0.15f), logf(0.05f) };
+    double f[4];
+    const int N = 20000;
+    sf_sample_row r = row_default();
+    freq_of(l, 4, r, N, f);
+    CHECK_MSG(fabs(f[0] - 0.5) < 0.02 && fabs(f[1] - 0.3) < 0.02 && fabs(f[2] - 0.15) < 0.015 && fabs(f[3] - 0.05) < 0.01,
+              "T=1: %.3f %.3f %.3f %.3f", f[0], f[1], f[2], f[3]);
+    r.temperature = 0.5f;
+    freq_of(l, 4, r, N, f);
+    double z = 0.25 + 0.09 + 0.0225 + 0.0025;
+    CHECK_MSG(fabs(f[0] - 0.25 / z) < 0.02 && fabs(f[1] - 0.09 / z) < 0.02, "T=0.5: %.3f %.3f", f[0], f[1]);
+    r.temperature = 1;
+    r.top_k = 2;
+    freq_of(l, 4, r, N, f);
+    CHECK_MSG(f[2] == 0 && f[3] == 0 && fabs(f[0] - 0.625) < 0.02, "top_k=2: %.3f %.3f %.3f %.3f", f[0], f[1], f[2], f[3]);
+    r.top_k = 0;
+    r.top_p = 0.7f;
+    freq_of(l, 4, r, N, f);
+    CHECK_MSG(f[2] == 0 && f[3] == 0 && fabs(f[0] - 0.625) < 0.02, "top_p=0.7: %.3f %.3f %.3f %.3f", f[0], f[1], f[2], f[3]);
+    r.top_p = 0.45f;
+    freq_of(l, 4, r, N, f);
+    CHECK_MSG(f[0] > 0.9999 && f[1] == 0, "top_p=0.45: %.3f", f[0]);
+    r.top_p = 1;
+    r.min_p = 0.2f;
+    freq_of(l, 4, r, N, f);
+    CHECK_MSG(f[3] == 0 && fabs(f[0] - 0.5 / 0.95) < 0.02, "min_p=0.2: %.3f %.3f %.3f %.3f", f[0], f[1], f[2], f[3]);
+    /* -inf is never drawn */
+    float m[3] = { 0, -INFINITY, 0 };
+    r = row_default();
+    freq_of(m, 3, r, 2000, f);
+    CHECK_MSG(f[1] == 0 && f[0] > 0.4 && f[2] > 0.4, "-inf: %.3f %.3f %.3f", f[0], f[1], f[2]);
+}
+
+TEST(ties_on_the_boundary_are_cut_by_id)
+{
+    /* five equal logits: top_k 2 keeps ids 0 and 1 only, each half the time */
+    float l[6] = { 3, 3, 3, 3, 3, -1 };
+    double f[6];
+    sf_sample_row r = row_default();
+    r.top_k = 2;
+    freq_of(l, 6, r, 4000, f);
+    CHECK_MSG(f[2] == 0 && f[3] == 0 && f[4] == 0 && f[5] == 0 && fabs(f[0] - 0.5) < 0.04, "top_k ties: %.3f %.3f %.3f",
+              f[0], f[1], f[2]);
+    /* top_p 0.5 of five equal masses needs three of them (0.6 >= 0.5): ids 0, 1, 2 */
+    r.top_k = 0;
+    r.top_p = 0.5f;
+    l[5] = -50;
+    freq_of(l, 6, r, 6000, f);
+    CHECK_MSG(f[3] == 0 && f[4] == 0 && f[5] == 0 && fabs(f[2] - 1.0 / 3) < 0.04, "top_p ties: %.3f %.3f %.3f %.3f",
+              f[0], f[1], f[2], f[3]);
+}
+
+TEST(top_p_large_vocab_matches_full_sort)
+{
+    enum { V = 128256 };
+    static float l[V], sorted[V];
+    sf_rng g;
+    sf_rng_seed(&g, 99);
+    for (int i = 0; i < V; i++) l[i] = sf_rng_normal(&g) * 0.5f;
+    double m = -INFINITY, z = 0, cum = 0;
+    for (int i = 0; i < V; i++) m = fmax(m, l[i]);
+    for (int i = 0; i < V; i++) z += exp(l[i] - m);
+    memcpy(sorted, l, sizeof l);
+    int cmp(const void *a, const void *b) { float x = *(const float *)a, y = *(const float *)b; return (x < y) - (x > y); }
+    qsort(sorted, V, sizeof(float), cmp);
+    float cutoff = sorted[V - 1];
+    for (int i = 0; i < V; i++) {
+        cum += exp(sorted[i] - m);
+        if (cum >= 0.3 * z) { cutoff = sorted[i]; break; }
+    }
+    sf_sample_row r = row_default();
+    r.top_p = 0.3f;
+    r.top_k = 40000;
+    int outside = 0, distinct = 0;
+    static char seen[V];
+    for (int k = 0; k < 100; k++) {
+        int32_t id = -1;
+        r.step = (uint64_t)k;
+        REQUIRE(op(l, 1, V, &r, NULL, 0, &id) == SF_OK, "op failed");
+        if (l[id] < cutoff) outside++;
+        if (!seen[id]++) distinct++;
+    }
+    CHECK_MSG(outside == 0, "%d draws outside the nucleus", outside);
+    CHECK_MSG(distinct > 50, "only %d distinct ids in 100 draws", distinct);
+}
+
+TEST(deterministic_and_rows_independent)
+{
+    enum { V = 5000, R = 6 };
+    static float l[R * V];
+    sf_rng g;
+    sf_rng_seed(&g, 5);
+    for (int i = 0; i < R * V; i++) l[i] = sf_rng_normal(&g) * 2;
+    sf_sample_row rows[R];
+    sf_sample_pen pen[3] = { { 10, 1, 0 }, { 11, 0, 1 }, { 4999, 3, 1 } };
+    for (int i = 0; i < R; i++) {
+        rows[i] = row_default();
+        rows[i].seed = 100 + i;
+        rows[i].step = 7;
+        rows[i].top_k = i % 3 ? 50 : 0;
+        rows[i].top_p = i % 2 ? 0.9f : 1;
+        rows[i].min_p = i == 5 ? 0.05f : 0;
+        rows[i].temperature = i == 4 ? 0 : 0.8f;
+    }
+    rows[3].pen_off = 0;
+    rows[3].n_pen = 3;
+    rows[3].repetition_penalty = 1.3f;
+    rows[3].presence_penalty = 0.5f;
+    int32_t a[R], b[R], one;
+    REQUIRE(op(l, R, V, rows, pen, 3, a) == SF_OK, "op failed");
+    REQUIRE(op(l, R, V, rows, pen, 3, b) == SF_OK, "op failed");
+    CHECK(memcmp(a, b, sizeof a) == 0);
+    for (int i = 0; i < R; i++) {
+        sf_sample_row r = rows[i];
+        REQUIRE(op(l + (size_t)i * V, 1, V, &r, pen, 3, &one) == SF_OK, "op failed");
+        CHECK_MSG(one == a[i], "row %d: %d alone, %d in the batch", i, one, a[i]);
+    }
+    int differ = 0;
+    for (int s = 0; s < 8; s++) {
+        rows[0].step = (uint64_t)s + 100;
+        REQUIRE(op(l, 1, V, rows, NULL, 0, &one) == SF_OK, "op failed");
+        differ += one != a[0];
+    }
+    CHECK_MSG(differ > 0, "another step draws another token now and then");
+}
+
+/* The engine's host path (sf_sample on copied logits) and the op choose the same token. */
+TEST(host_path_and_op_agree)
+{
+    enum { V = 4000 };
+    static float l[V], tmp[V];
+    sf_rng g;
+    sf_rng_seed(&g, 8);
+    for (int i = 0; i < V; i++) l[i] = sf_rng_normal(&g) * 1.5f;
+    sf_sampling p;
+    memset(&p, 0, sizeof p);
+    p.temperature = 0.9f;
+    p.top_p = 0.95f;
+    p.top_k = 100;
+    p.repetition_penalty = 1.1f;
+    p.frequency_penalty = 0.3f;
+    p.has_seed = 1;
+    p.seed = 1234;
+    int32_t prompt[3] = { 5, 6, 5 };
+    sf_sampler_seq s;
+    sf_error err = { 0 };
+    REQUIRE(sf_sampler_seq_init(&s, &p, V, prompt, 3, &err) == SF_OK, "%s", err.msg);
+    sf_sample_pen *pen = NULL;
+    int cap = 0, same = 0;
+    for (int k = 0; k < 40; k++) {
+        sf_sample_row row;
+        int n_pen = 0;
+        REQUIRE(sf_sampler_row(&p, &s, &row, &pen, &n_pen, &cap) == SF_OK, "row");
+        int32_t dev = -1;
+        REQUIRE(op(l, 1, V, &row, pen, n_pen, &dev) == SF_OK, "op failed");
+        memcpy(tmp, l, sizeof l);
+        int32_t host = sf_sample(&p, &s, tmp, V, NULL, NULL, NULL);
+        same += host == dev;
+        sf_sampler_accept(&s, host);
+    }
+    CHECK_MSG(same == 40, "%d of 40 draws agree", same);
+    free(pen);
+    sf_sampler_seq_free(&s);
+}
+
+TEST(rejects_bad_input)
+{
+    float l[8] = { 0 };
+    int32_t id;
+    sf_sample_row r = row_default();
+    sf_sample_pen pen[1] = { { 8, 1, 0 } };
+    r.n_pen = 1;
+    CHECK(op(l, 1, 8, &r, pen, 1, &id) == SF_EINVAL);
+    r.pen_off = 1;
+    pen[0].id = 3;
+    CHECK(op(l, 1, 8, &r, pen, 1, &id) == SF_EINVAL);
+    r = row_default();
+    sf_buf *buf = NULL;
+    sf_error err = { 0 };
+    REQUIRE(be->ops->buf_new(be, 1, 8, &buf, &err) == SF_OK, "%s", err.msg);
+    CHECK(be->ops->sample(be, buf, 1, 9, &r, NULL, 0, &id) == SF_EINVAL); /* more tokens than columns */
+    CHECK(be->ops->sample(be, buf, 2, 8, &r, NULL, 0, &id) == SF_EINVAL); /* more rows than the buffer */
+    be->ops->buf_free(be, buf);
+}
+
+int main(void)
+{
+    sf_error err = { 0 };
+    sf_backend_opts o = { .name = "cpu", .n_threads = 2 };
+    if (sf_backend_open(&o, &be, &err)) {
+        printf("FAIL: backend: %s\n", err.msg);
+        return 1;
+    }
+    RUN(greedy_with_penalties_is_argmax);
+    RUN(distributions_match_the_truncated_softmax);
+    RUN(ties_on_the_boundary_are_cut_by_id);
+    RUN(top_p_large_vocab_matches_full_sort);
+    RUN(deterministic_and_rows_independent);
+    RUN(host_path_and_op_agree);
+    RUN(rejects_bad_input);
+    sf_backend_close(be);
+    return test_summary();
+}
