@@ -340,7 +340,6 @@ static void update_stats(sf_engine *e)
     e->st.swap_blocks_total = s->swap.n_blocks;
     e->st.swap_blocks_used = s->swap.n_blocks - s->swap.n_free;
     for (int i = 0; i < SF_DECISION_COUNT; i++) e->st.decisions[i] = s->decisions[i];
-    e->st.decisions[SF_DECISION_REJECT] += e->n_rejected;
     e->st.degraded = s->degraded;
     e->st.kv_usage = sf_sched_kv_usage(s);
     e->st.step_ms = s->step_ms_avg;
@@ -746,6 +745,7 @@ void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st)
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     *st = e->st;
+    st->decisions[SF_DECISION_REJECT] += e->n_rejected; /* counted at submit: live, not per step */
     double dt = sf_now_s() - e->win_start;
     if (dt >= RATE_WINDOW_S) st->tokens_per_s = (double)e->win_tokens / dt; /* idle: the rate decays */
     pthread_mutex_unlock(&e->mu);

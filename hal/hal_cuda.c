@@ -160,10 +160,11 @@ static int step_end(cuda_ctx *c)
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE;
-    int64_t m = r->kind == SF_OP_GEMM ? r->n[2] : gemv ? r->n[0] : 0, k = r->kind == SF_OP_GEMM ? r->n[3] : gemv ? r->n[1] : 0;
+    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
+    int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
-    int64_t n = r->kind == SF_OP_GEMM || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
+    int64_t n = gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
                     ? r->n[1] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
                     : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2])
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
@@ -178,7 +179,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
-                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope" };
+                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -613,10 +614,15 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
     c->n_split = 1;
     if (c->attn_decode && (c->kvc.head_dim == 64 || c->kvc.head_dim == 128)) {
-        /* attention_decode.cu: latency-bound at batch 1, so at least 32 keys per block and up to
-         * two blocks per SM */
-        if (work < 2 * sms && max_ctx > 32 && !n_tiles)
-            c->n_split = SF_MAX(1, SF_MIN(SF_MIN((max_ctx + 31) / 32, (2 * sms + work - 1) / work), MAX_SPLIT));
+        /* attention_decode.cu: at least 64 keys per block; a block per SM, or more blocks while each
+         * keeps >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us
+         * at 8 splits, 8.9 at 16; 4096 keys: 8 kv heads 15.4 us at 32 splits, 19.4 at 17; 4 kv
+         * heads 20.9 at 32, 32.9 at 64) */
+        if (work < sms && max_ctx > 64 && !n_tiles) {
+            int per_sm = (sms + work - 1) / work, by_keys = (max_ctx + 127) / 128;
+            c->n_split = SF_MIN((max_ctx + 63) / 64, SF_MAX(per_sm, by_keys));
+            c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
+        }
     } else if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
@@ -821,6 +827,13 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         r.kind = SF_OP_GEMV_ADD;
         r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = w->cols;
+        return submit(c, &r, 1, "matmul_add");
+    }
+    if (n > 8 && sf_k_gemm_lt_ok(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols)) {
+        /* prefill: cuBLASLt accumulates into y itself (beta = 1) */
+        r.kind = SF_OP_GEMM_ACC;
+        r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
+        r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
         return submit(c, &r, 1, "matmul_add");
     }
     if (!tmp || tmp->rows < n || tmp->cols < w->rows)

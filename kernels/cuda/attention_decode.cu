@@ -6,18 +6,23 @@
  * At batch 1 a decode step's attention reads little (2 MiB for Llama-3-8B at 512 keys), so
  * what matters is latency: enough blocks to cover the SMs, every load 16 bytes wide and several
  * in flight, no shared-memory round trips in the key loop. One block per (token, kv head, key
- * split); its 4 warps take interleaved runs of keys. Within a warp, HD/8 lanes share one key
+ * split); its 8 warps take interleaved runs of keys. Within a warp, HD/8 lanes share one key
  * (8 dims each, one 16-byte load of K and of V), so a warp covers 32*8/HD keys per load and
  * AD_U such loads are in flight. Every lane group keeps its own online softmax (running max,
  * sum and 8 output dims per head of the group), in base 2 with q pre-scaled by log2(e)/sqrt(hd);
  * groups merge by shuffles, warps through shared memory, splits through the workspace: the last
  * block of each (token, kv head) to finish combines the splits (no second launch).
  *
+ * Launched as a programmatic dependent (common.cuh): the block reads the step's metadata and
+ * looks up its first keys' cache offsets before it waits for the QKV kernel, and lets the next
+ * kernel (the O projection) start streaming its weights at once. In the key loop the offsets of
+ * the next run of keys are looked up while the current K and V loads are in flight.
+ *
  * Workspace layout (as attention.cu's): ws[((t * H + h) * n_split + split) * (hd + 2) + d],
  * then the split's max (base 2) and sum at d = hd, hd + 1. */
 #include "common.cuh"
 
-#define AD_WARPS 4
+#define AD_WARPS 8
 #define AD_MAX_SPLIT 64
 
 extern "C" int sf_k_attention_decode_ok(const sf_k_attn *a)
@@ -34,6 +39,19 @@ static __device__ __forceinline__ uint4 ld_kv(const uint16_t *p)
     return __ldg((const uint4 *)p);
 }
 
+/* Cache rows (sf_kv_row: bf16 offset or INT8 row, tagged) of keys kb + u * kpw + sub, u < U;
+ * -1 past k1. */
+template <int U>
+static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int kpw, int sub, int k1, const int32_t *bt,
+                                                  const sf_k_kv &kv, int kh)
+{
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        int p = kb + u * kpw + sub;
+        off[u] = p < k1 ? sf_kv_row(kv, bt, kh, p) : -1;
+    }
+}
+
 template <int HD, int MAXG>
 __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 {
@@ -46,13 +64,17 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     __shared__ float wsm[MAXG][AD_MAX_SPLIT];
     __shared__ int last;
 
+    sf_pdl_trigger();
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, sub = lane / LPK, dl = lane % LPK;
-    const int G = a.H / a.Hkv, Hkv = a.Hkv, bs = a.kv.block_size, ns = a.n_split;
+    const int G = a.H / a.Hkv, Hkv = a.Hkv, ns = a.n_split;
     const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
     const int per = (ctx + ns - 1) / ns;
     const int k0 = split * per, k1 = min(ctx, k0 + per);
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
+    int64_t off[U];
+    kv_offsets<U>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
+    sf_pdl_wait(); /* q and the newest keys come from the kernel before */
 
     /* q of the group's heads, dims dl*8 .. dl*8+7, scaled so that scores are in base 2 */
     const float qs = a.scale * 1.4426950408889634f;
@@ -87,25 +109,23 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
         bool valid[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            int p = kb + u * KPW + sub;
-            valid[u] = p < k1;
-            const int64_t id = valid[u] ? bt[p / bs] : 0;
-            if (valid[u] && a.kv.i8_base && id >= a.kv.i8_base) {
+            valid[u] = off[u] >= 0;
+            if (valid[u] && (off[u] & 1)) {
                 /* an INT8 block (kernels.h): 8 bytes of K and of V and the rows' scales, as bf16 */
-                const int64_t row = ((id - a.kv.i8_base) * Hkv + kh) * bs + p % bs;
+                const int64_t row = off[u] >> 1;
                 const bf16x8 k8 = sf_dequant8((const int8_t *)a.kv.k + row * HD + dl * 8, __ldg(a.kv.k_scale + row));
                 const bf16x8 v8 = sf_dequant8((const int8_t *)a.kv.v + row * HD + dl * 8, __ldg(a.kv.v_scale + row));
                 kr[u] = *(const uint4 *)&k8;
                 vr[u] = *(const uint4 *)&v8;
             } else if (valid[u]) {
-                int64_t off = ((id * Hkv + kh) * bs + p % bs) * HD + dl * 8;
-                kr[u] = ld_kv(a.kv.k + off);
-                vr[u] = ld_kv(a.kv.v + off);
+                kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
+                vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
             } else {
                 kr[u] = make_uint4(0, 0, 0, 0);
                 vr[u] = kr[u];
             }
         }
+        kv_offsets<U>(off, kb + AD_WARPS * STEP, KPW, sub, k1, bt, a.kv, kh); /* next run's */
         float s[U][MAXG];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -252,9 +272,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
-    dim3 grid(a->T, a->Hkv, a->n_split);
-    k_attn_decode<HD, MAXG><<<grid, AD_WARPS * 32, 0, s>>>(*a);
-    return sf_launch_status();
+    int rc = sf_launch_pdl(k_attn_decode<HD, MAXG>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a);
+    return rc ? rc : sf_launch_status();
 }
 
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)

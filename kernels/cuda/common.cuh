@@ -7,6 +7,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kernels.h"
 
@@ -120,6 +121,56 @@ static __device__ __forceinline__ void sf_load_kv_tile(const sf_k_kv &kv, const 
         }
     }
     __syncthreads();
+}
+
+/* Programmatic dependent launch (sm_90), for kernels whose first work does not depend on the
+ * kernel before them (a GEMV's weights, a step's block table). A kernel launched with
+ * sf_launch_pdl may start while the previous kernel in the stream is still running, once every
+ * block of that kernel has called sf_pdl_trigger (or exited); it must call sf_pdl_wait before it
+ * reads anything an earlier kernel of the step writes, and before it writes anything. What runs
+ * before the wait may read only memory no kernel of the step writes (weights, metadata copied
+ * before the step's first kernel). Both are no-ops for kernels launched without the attribute. */
+static __device__ __forceinline__ void sf_pdl_trigger(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+static __device__ __forceinline__ void sf_pdl_wait(void)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* 1 unless SEMFLOW_CUDA_PDL=0 (read once). */
+static inline int sf_pdl_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("SEMFLOW_CUDA_PDL");
+        on = !(e && e[0] == '0');
+    }
+    return on;
+}
+
+/* kernel<<<grid, block, smem, s>>>(args...) with programmatic stream serialisation allowed
+ * (when sf_pdl_enabled). Returns the cudaError_t of the launch. */
+template <typename... P, typename... A>
+static inline int sf_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t s, A... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = sf_pdl_enabled() ? 1 : 0;
+    return (int)cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
 }
 
 /* Status of the last launch, as the C API returns it. */

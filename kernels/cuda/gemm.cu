@@ -4,7 +4,9 @@
  * Row-major y[n, m] = x[n, k] . W[m, k]^T is, in cuBLAS's column-major terms,
  * Y (m x n, ld ldy) = op_T(W as k x m, ld k) . X (k x n, ld ldx): one cuBLASLt matmul with
  * bf16 inputs and output, fp32 accumulation, and the bias added in the epilogue.
- * A plan (layouts, descriptor, heuristic algorithm) is made once per shape and cached.
+ * A plan (layouts, descriptor, heuristic algorithm) is made once per shape and cached. A
+ * server's steps come in many token counts, so the cache is bounded and evicts the plan used
+ * least recently when full: a step never fails for want of a slot, it pays one heuristic query.
  * Not thread-safe: one context per backend, driven by the backend's thread. */
 #include <cublasLt.h>
 #include <stdio.h>
@@ -14,7 +16,7 @@
 #include "common.cuh"
 
 #define LT_WORKSPACE (32u << 20)
-#define MAX_PLANS 128
+#define MAX_PLANS 512
 #define LT_ERR(st) (10000 + (int)(st))
 
 typedef struct plan {
@@ -25,14 +27,28 @@ typedef struct plan {
     cublasLtMatmulAlgo_t algo;
     int lt_rc;  /* 0, or why cuBLASLt has no algorithm for this shape (GEMV in chunks of 8 then) */
     int choice; /* n <= 8: 0 not measured, 1 GEMV, 2 cuBLASLt */
+    uint64_t used; /* the context's use clock at the last lookup (for eviction) */
+    int next;      /* next plan in the same hash chain, -1 at the end */
 } plan;
+
+#define PLAN_BUCKETS 256
 
 struct sf_k_gemm_ctx {
     cublasLtHandle_t lt;
     void *workspace;
     plan plans[MAX_PLANS];
     int n_plans;
+    uint64_t clock;
+    int bucket[PLAN_BUCKETS]; /* first plan of each hash chain, -1 when empty */
 };
+
+static unsigned plan_hash(int n, int m, int k, int has_bias, int64_t ldx, int64_t ldy)
+{
+    uint64_t h = 1469598103934665603ull;
+    const int64_t v[6] = { n, m, k, has_bias, ldx, ldy };
+    for (int i = 0; i < 6; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
+    return (unsigned)(h ^ (h >> 29)) % PLAN_BUCKETS;
+}
 
 extern "C" const char *sf_k_gemm_error_str(int code)
 {
@@ -49,20 +65,25 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
     cudaError_t e = cudaMalloc(&g->workspace, LT_WORKSPACE);
     if (n_mallocs) (*n_mallocs)++;
     if (e != cudaSuccess) { cublasLtDestroy(g->lt); free(g); return (int)e; }
+    for (int i = 0; i < PLAN_BUCKETS; i++) g->bucket[i] = -1;
     *out = g;
     return 0;
+}
+
+static void plan_release(plan *p)
+{
+    if (p->op) cublasLtMatmulDescDestroy(p->op);
+    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
+    p->op = NULL;
+    p->a = p->b = p->c = NULL;
 }
 
 extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
 {
     if (!g) return;
-    for (int i = 0; i < g->n_plans; i++) {
-        plan *p = &g->plans[i];
-        if (p->op) cublasLtMatmulDescDestroy(p->op);
-        if (p->a) cublasLtMatrixLayoutDestroy(p->a);
-        if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-        if (p->c) cublasLtMatrixLayoutDestroy(p->c);
-    }
+    for (int i = 0; i < g->n_plans; i++) plan_release(&g->plans[i]);
     cudaFree(g->workspace);
     cublasLtDestroy(g->lt);
     free(g);
@@ -70,12 +91,23 @@ extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
 
 static plan *find_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t ldx, int64_t ldy)
 {
-    for (int i = 0; i < g->n_plans; i++) {
+    for (int i = g->bucket[plan_hash(n, m, k, has_bias, ldx, ldy)]; i >= 0; i = g->plans[i].next) {
         plan *p = &g->plans[i];
-        if (p->n == n && p->m == m && p->k == k && p->has_bias == has_bias && p->ldx == ldx && p->ldy == ldy)
+        if (p->n == n && p->m == m && p->k == k && p->has_bias == has_bias && p->ldx == ldx && p->ldy == ldy) {
+            p->used = ++g->clock;
             return p;
+        }
     }
     return NULL;
+}
+
+/* Takes plan i out of its hash chain (before its slot is reused). */
+static void plan_unlink(sf_k_gemm_ctx *g, int i)
+{
+    const plan *p = &g->plans[i];
+    int *link = &g->bucket[plan_hash(p->n, p->m, p->k, p->has_bias, p->ldx, p->ldy)];
+    while (*link >= 0 && *link != i) link = &g->plans[*link].next;
+    if (*link == i) *link = p->next;
 }
 
 /* Makes the cuBLASLt part of a plan: descriptors and the heuristic's first algorithm. */
@@ -115,37 +147,45 @@ static int get_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t
 {
     plan *p = find_plan(g, n, m, k, has_bias, ldx, ldy);
     if (!p) {
-        if (g->n_plans == MAX_PLANS) return LT_ERR(CUBLAS_STATUS_ALLOC_FAILED);
-        p = &g->plans[g->n_plans];
+        int slot = g->n_plans;
+        if (slot == MAX_PLANS) { /* full: reuse the least recently used slot */
+            slot = 0;
+            for (int i = 1; i < g->n_plans; i++)
+                if (g->plans[i].used < g->plans[slot].used) slot = i;
+            plan_unlink(g, slot);
+            plan_release(&g->plans[slot]);
+        } else {
+            g->n_plans++;
+        }
+        p = &g->plans[slot];
         memset(p, 0, sizeof *p);
+        p->used = ++g->clock;
         p->n = n; p->m = m; p->k = k; p->has_bias = has_bias; p->ldx = ldx; p->ldy = ldy;
+        unsigned h = plan_hash(n, m, k, has_bias, ldx, ldy);
+        p->next = g->bucket[h];
+        g->bucket[h] = slot;
         p->lt_rc = make_lt(g, p);
         if (p->lt_rc) {
-            if (p->op) cublasLtMatmulDescDestroy(p->op);
-            if (p->a) cublasLtMatrixLayoutDestroy(p->a);
-            if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-            if (p->c) cublasLtMatrixLayoutDestroy(p->c);
-            p->op = NULL; p->a = p->b = p->c = NULL;
+            plan_release(p);
             if (getenv("SF_GEMM_VERBOSE"))
                 fprintf(stderr, "gemm n=%d m=%d k=%d: cuBLASLt: %s; using the GEMV kernel\n", n, m, k,
                         sf_k_gemm_error_str(p->lt_rc));
         }
-        g->n_plans++;
     }
     *out = p;
     return 0;
 }
 
 static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *w, const uint16_t *bias,
-                  uint16_t *y, cudaStream_t s)
+                  uint16_t *y, cudaStream_t s, float beta = 0.0f)
 {
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f;
     cublasStatus_t st;
     if (p->has_bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
         if (st != CUBLAS_STATUS_SUCCESS) return LT_ERR(st);
     }
-    st = cublasLtMatmul(g->lt, p->op, &one, w, p->a, x, p->b, &zero, y, p->c, y, p->c, &p->algo,
+    st = cublasLtMatmul(g->lt, p->op, &one, w, p->a, x, p->b, &beta, y, p->c, y, p->c, &p->algo,
                         g->workspace, LT_WORKSPACE, s);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : LT_ERR(st);
 }
@@ -156,6 +196,20 @@ extern "C" int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, co
     plan *p;
     int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
     return rc ? rc : p->lt_rc ? p->lt_rc : run_lt(g, p, x, w, bias, y, s);
+}
+
+extern "C" int sf_k_gemm_lt_acc(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                                const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    plan *p;
+    int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
+    return rc ? rc : p->lt_rc ? p->lt_rc : run_lt(g, p, x, w, bias, y, s, 1.0f);
+}
+
+extern "C" int sf_k_gemm_lt_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy)
+{
+    plan *p;
+    return !get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p) && !p->lt_rc;
 }
 
 /* Median-free but warm: one untimed run of each path, then `reps` timed back to back. */

@@ -10,7 +10,16 @@
  * Decode is bound by reading W once. A warp streams two rows of W (two neighbouring rows, or a
  * gate row and its up row) with 16-byte loads that bypass L1, FG_UNROLL per row in flight per
  * lane, against x held in shared memory (norm: every block normalises the row itself from L2,
- * 8 KiB for d = 4096, after its first weight loads are issued) or read through L1 (add).
+ * 8 KiB for d = 4096, after its first weight loads are issued) or read through L1 (add, where a
+ * warp streams one row with twice the loads in flight: measured faster for the wide-k down
+ * projection).
+ *
+ * Launched as programmatic dependents (common.cuh): a block issues its first weight loads (into
+ * registers) before it waits for the kernel before it, so the weight stream starts under that
+ * kernel's tail (attention, the previous GEMV's last wave) instead of after it; and it lets the
+ * next kernel start the same way. L2 prefetches of further chunks before the wait were tried
+ * and dropped: the previous kernel's own stream evicts them before use (test_ops --perf on the
+ * H200: 4096 x 14336 add 38.0 us with them, against 32.0 for the plain GEMV).
  *
  * Rounding follows the unfused path exactly: the normalised x is bf16(bf16(x * inv) * nw), GEMV
  * outputs are rounded to bf16 before SiLU (which is rounded again, as HF does) and before the
@@ -19,7 +28,7 @@
 
 #define FG_UNROLL 4 /* default loads of each of the two rows in flight per lane */
 
-enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8 };
+enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8, FG_ONE = 16 /* one row per warp (not glu, rope) */ };
 
 /* RoPE + KV append of the one token (rope mode only). */
 struct fg_rope {
@@ -63,8 +72,9 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     extern __shared__ __align__(16) unsigned char fg_smem[];
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = k / 8;
-    /* units: glu -> f = m / 2 outputs, one (gate, up) pair each; else ceil(m / 2) row pairs */
-    const int units = (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
+    /* units: glu -> f = m / 2 outputs, one (gate, up) pair each; one row: m; else ceil(m / 2) row pairs */
+    constexpr bool TWO = !(MODE & FG_ONE);
+    const int units = (MODE & FG_ONE) ? m : (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
     const int u = blockIdx.x * WARPS + warp;
     const bool active = u < units;
     int ra = 0, rb = 0, hh = 0, ri = 0;
@@ -78,18 +88,21 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
             rotate = hh < rp.H + rp.Hkv && ri < rp.rot / 2;
             ra = hh * rp.hd + (rotate && !rp.interleaved ? ri : 2 * ri);
             rb = ra + (rotate && !rp.interleaved ? rp.rot / 2 : 1);
-        } else { ra = 2 * u; rb = min(2 * u + 1, m - 1); }
+        } else if (MODE & FG_ONE) { ra = rb = u; }
+        else { ra = 2 * u; rb = min(2 * u + 1, m - 1); }
     }
     const uint4 *wa = (const uint4 *)(w + (int64_t)ra * k), *wb = (const uint4 *)(w + (int64_t)rb * k);
+    sf_pdl_trigger();
 
-    /* first weight loads in flight before the prologue */
+    /* first weight loads in flight before the wait */
     uint4 va[FG_U], vb[FG_U];
 #pragma unroll
     for (int i = 0; i < FG_U; i++) {
         int c = lane + i * 32;
-        if (active && c < k8) { va[i] = ld_stream(wa + c); vb[i] = ld_stream(wb + c); }
+        if (active && c < k8) { va[i] = ld_stream(wa + c); vb[i] = TWO ? ld_stream(wb + c) : va[i]; }
         else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
     }
+    sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
 
     const bf16x8 *xv;
     if (MODE & FG_NORM) {
@@ -132,7 +145,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
             if (c < k8) {
                 bf16x8 xx = xv[c];
                 acc_a = dot8(va[i], xx, acc_a);
-                acc_b = dot8(vb[i], xx, acc_b);
+                if (TWO) acc_b = dot8(vb[i], xx, acc_b);
             }
         }
         const int next = c0 + FG_U * 32;
@@ -140,12 +153,12 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
 #pragma unroll
         for (int i = 0; i < FG_U; i++) {
             int c = next + i * 32;
-            if (c < k8) { va[i] = ld_stream(wa + c); vb[i] = ld_stream(wb + c); }
+            if (c < k8) { va[i] = ld_stream(wa + c); if (TWO) vb[i] = ld_stream(wb + c); }
             else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
         }
     }
     acc_a = warp_sum(acc_a);
-    acc_b = warp_sum(acc_b);
+    if (TWO) acc_b = warp_sum(acc_b);
     if (lane) return;
     if (bias) { acc_a += bf2f(bias[ra]); acc_b += bf2f(bias[rb]); }
     if (MODE & FG_GLU) {
@@ -193,7 +206,7 @@ template <int MODE, int WARPS, int FG_U = FG_UNROLL>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
                   int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
-    const int units = (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
+    const int units = (MODE & FG_ONE) ? m : (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
     const size_t smem = (size_t)k * 2 * ((MODE & FG_NORM) != 0);
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
     if (smem > smem_set) {
@@ -202,9 +215,10 @@ static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
     }
-    k_gemv_fused<MODE, WARPS, FG_U><<<sf_div_up(units, WARPS), WARPS * 32, smem, s>>>(
-        (const bf16 *)x, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
-    return sf_launch_status();
+    int rc = sf_launch_pdl(k_gemv_fused<MODE, WARPS, FG_U>, dim3(sf_div_up(units, WARPS)), dim3(WARPS * 32), smem, s,
+                           (const bf16 *)x, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y,
+                           rp);
+    return rc ? rc : sf_launch_status();
 }
 
 extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
@@ -214,7 +228,7 @@ extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, 
         (glu && m % 2))
         return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
-    return glu ? launch<FG_NORM | FG_GLU, 8>(x, nw, eps, w, bias, m, k, y, rp, s)
+    return glu ? launch<FG_NORM | FG_GLU, 8, 8>(x, nw, eps, w, bias, m, k, y, rp, s)
                : launch<FG_NORM, 8>(x, nw, eps, w, bias, m, k, y, rp, s);
 }
 
@@ -223,7 +237,7 @@ extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_
 {
     if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1) return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
-    return launch<FG_ADD, 4>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+    return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
 }
 
 extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
@@ -233,8 +247,8 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
 {
     if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !qkv || H < 1 ||
         Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 2 || rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv ||
-        kv.head_dim != hd || kv.block_size < 1)
-        return (int)cudaErrorInvalidValue;
+        kv.head_dim != hd || kv.block_size < 1 || kv.i8_base)
+        return (int)cudaErrorInvalidValue; /* INT8 cache blocks: rope_kv.cu quantises them */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
     return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
 }
@@ -250,6 +264,11 @@ static int tune(int warps, int unroll, const uint16_t *x, const uint16_t *nw, co
     if (warps == 8 && unroll == 4) return launch<MODE, 8, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
     if (warps == 8 && unroll == 8) return launch<MODE, 8, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
     if (warps == 16 && unroll == 4) return launch<MODE, 16, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if constexpr (!(MODE & FG_GLU)) { /* one row per warp (unroll + 100) */
+        if (warps == 4 && unroll == 108) return launch<MODE | FG_ONE, 4, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+        if (warps == 8 && unroll == 108) return launch<MODE | FG_ONE, 8, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+        if (warps == 4 && unroll == 116) return launch<MODE | FG_ONE, 4, 16>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    }
     return (int)cudaErrorInvalidValue;
 }
 

@@ -119,6 +119,11 @@ int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_
                  int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
 int sf_k_gemv(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
               int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+/* y += x . W^T (+ bias) through cuBLASLt (beta = 1, in place; one rounding of the sum), and
+ * whether cuBLASLt has an algorithm for the shape (makes its plan: no launch, no sync). */
+int sf_k_gemm_lt_acc(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                     int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+int sf_k_gemm_lt_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);
 /* 1 when sf_k_gemm on this shape will neither synchronise nor allocate (its plan and, for
  * n <= 8, its path are already chosen): safe inside a CUDA graph capture. */
 int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);
@@ -142,13 +147,14 @@ int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, in
 
 /* qkv[(H + 2 Hkv) * hd] = bf16(rmsnorm(x) * nw) . Wqkv^T (+ bias), then what sf_k_rope_kv does
  * for one token at pos[0] / slot[0] (device pointers): q and k heads rotated, k and v heads
- * written to the cache. */
+ * written to the cache (bf16 blocks only: kv.i8_base must be 0). */
 int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias,
                         int k, int H, int Hkv, int hd, int rot_dim, int interleaved, const int32_t *pos,
                         const int32_t *slot, const float *inv_freq, sf_k_kv kv, uint16_t *qkv, cudaStream_t s);
 
 /* Benchmarks only: kind 0 norm, 1 norm + glu, 2 add, with `warps` per block (4, 8, 16) and
- * `unroll` 16-byte loads per row in flight per lane (4, 8); no bias. */
+ * `unroll` 16-byte loads per row in flight per lane (4, 8; 100 + n: one row per warp, n loads;
+ * not glu); no bias. */
 int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                          int m, int k, uint16_t *y, cudaStream_t s);
 

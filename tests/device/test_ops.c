@@ -307,6 +307,25 @@ TEST(matmul)
     }
 }
 
+/* A server's steps come in every token count: the GEMM plan cache must never run out. Runs
+ * more distinct shapes than it holds, then checks shapes old (evicted) and new numerically. */
+TEST(matmul_many_token_counts)
+{
+    int m = 64, k = 64, n_max = quick ? 200 : 1100;
+    float *wv = rand_vals((int64_t)m * k, 0.05f), *x = rand_vals((int64_t)n_max * k, 1.0f);
+    sf_weight *w = upload_f32(wv, m, k);
+    sf_buf *bx = new_buf(n_max, k), *by = new_buf(n_max, m);
+    REQUIRE(w && bx && by && !fill_buf(bx, x, n_max, k), "setup");
+    int failed = 0;
+    for (int n = 9; n <= n_max && !failed; n++)
+        if (OPS->matmul(B, bx, w, n, by) != 0) failed = n;
+    CHECK_MSG(!failed, "matmul failed at %d rows after %d shapes", failed, failed - 9);
+    OPS->buf_free(B, bx); OPS->buf_free(B, by); OPS->weight_free(B, w);
+    free(wv); free(x);
+    check_matmul(9, m, k, 0);
+    check_matmul(n_max - 1, m, k, 0);
+}
+
 TEST(silu_mul)
 {
     int shapes[][2] = { { 1, 172 }, { 7, 64 }, { 33, 1024 }, { 4, 14336 } };
@@ -975,7 +994,7 @@ static void perf_fused(void)
         sf_k_fill_random(nw, k, 9, 1.0f, s);
         sf_k_fill_random(y, m, 10, 0.01f, s);
         /* paths: 0 the fused kernel as the backend launches it, 1 the plain GEMV, 2.. variants */
-        static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 } };
+        static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 }, { 4, 108 }, { 8, 108 }, { 4, 116 } };
         float t[2 + SF_ARRAY_LEN(var)];
         for (int path = 0; path < 2 + (int)SF_ARRAY_LEN(var); path++) {
             const int reps = 50;
@@ -1037,7 +1056,7 @@ static void perf_attn(void)
         cudaMemset(ws, 0, (size_t)H * 64 * (hd + 2) * 4 + 4096);
         int work = Hkv;
         int split_old = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, (4 * sms + work - 1) / work), 64));
-        int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 31) / 32, (2 * sms + work - 1) / work), 64));
+        int split_new = SF_MAX(1, SF_MIN(SF_MIN((ctx + 63) / 64, SF_MAX((sms + work - 1) / work, (ctx + 127) / 128)), 64));
         /* paths: 0 old kernel, 1 new kernel at the backend's split, 2.. new kernel at other splits */
         static const int splits[] = { 1, 4, 8, 16, 32, 64 };
         float t[2 + SF_ARRAY_LEN(splits)];
@@ -1098,6 +1117,7 @@ int main(int argc, char **argv)
     RUN(embed_get_rows);
     RUN(rmsnorm);
     RUN(matmul);
+    RUN(matmul_many_token_counts);
     RUN(silu_mul);
     RUN(norm_matmul);
     RUN(matmul_add);

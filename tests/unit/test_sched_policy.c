@@ -256,6 +256,7 @@ TEST(engine_degrades_under_kv_pressure)
     cfg.kv_high_reserve = 0;
     cfg.swap_space_gib = 0;
     cfg.kv_degrade_hold_s = 0; /* the hold time is tested on a virtual clock above; stories260K is fast */
+    cfg.kv_degrade_low = 0.05f; /* stay degraded until the work is nearly done: no flapping */
     sf_engine *e = NULL;
     sf_error err = { 0 };
     REQUIRE(sf_engine_new(&cfg, &e, &err) == SF_OK, "engine: %s", err.msg);
@@ -293,6 +294,9 @@ TEST(engine_degrades_under_kv_pressure)
     CHECK_MSG(st.decisions[SF_DECISION_RELAX] >= 1, "relax decisions %llu",
               (unsigned long long)st.decisions[SF_DECISION_RELAX]);
     CHECK(st.decisions[SF_DECISION_PREEMPT_RECOMPUTE] >= 1 && st.decisions[SF_DECISION_PREEMPT_RECOMPUTE] == st.preemptions);
+    /* sequences preempted and admitted again while degraded come back with INT8 KV */
+    CHECK_MSG(st.decisions[SF_DECISION_KV_INT8] >= 1, "kv_int8 decisions %llu",
+              (unsigned long long)st.decisions[SF_DECISION_KV_INT8]);
     /* idle with a free pool: restored within a few hold times, no request needed */
     double t0 = sf_now_s();
     do {
