@@ -38,15 +38,23 @@ struct Shared {
     u64 acc;
 };
 
-/* f(id, logit) for every token of the row, each once: penalized ones with their new value. */
+/* f(id, logit, in) for every token of the row, each once: penalized ones with their new value.
+ * Every thread makes the same number of calls (in = 0 on the ragged end), so a warp arrives
+ * whole at each call and f may use warp-wide intrinsics. */
 template <class F>
 static __device__ __forceinline__ void visit(const Row &r, F &f)
 {
-    for (int i = threadIdx.x; i < r.vocab; i += NT) {
-        if (r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) continue;
-        f(i, bf2f(r.l[i]));
+    for (int base = 0; base < r.vocab; base += NT) {
+        int i = base + threadIdx.x;
+        bool in = i < r.vocab;
+        if (in && r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) in = false;
+        f(i, in ? bf2f(r.l[i]) : 0.0f, in);
     }
-    for (int j = threadIdx.x; j < r.n_e; j += NT) f(r.e[j].id, r.ev[j]);
+    for (int base = 0; base < r.n_e; base += NT) {
+        int j = base + threadIdx.x;
+        bool in = j < r.n_e;
+        f(in ? r.e[j].id : 0, in ? r.ev[j] : 0.0f, in);
+    }
 }
 
 static __device__ __forceinline__ bool valid(float x) { return x == x && x != -INFINITY; }
@@ -107,7 +115,8 @@ static __device__ u64 block_max_u64(u64 x, Shared &sh)
 /* ---- passes ---------------------------------------------------------------------------- */
 struct FirstPass { /* argmax of x and the count of candidates */
     float inv_t, v; int i, n;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (x == x) best_combine(v, i, x, id);
         n += valid(x);
@@ -116,7 +125,8 @@ struct FirstPass { /* argmax of x and the count of candidates */
 
 struct MassPass { /* total mass */
     float inv_t, m; u64 z;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (valid(x)) z += mass_of(x, m);
     }
@@ -124,7 +134,8 @@ struct MassPass { /* total mass */
 
 struct TiePass { /* about key t: tokens on it, the mass of one, the mass above it */
     float inv_t, m; uint32_t t; int n; u64 one, above;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
         uint32_t k = sf_sample_key(x);
@@ -133,26 +144,41 @@ struct TiePass { /* about key t: tokens on it, the mass of one, the mass above i
     }
 };
 
-/* MODE 0: count by key; 1: mass by key; 2: count by ~id among the tokens with key t. */
+/* MODE 0: count by key; 1: mass by key; 2: count by ~id among the tokens with key t.
+ * Most tokens of a row fall in a few bins of the top digits, so the lanes of a warp that hit
+ * the same bin add up first (__match_any_sync, __reduce_add_sync) and one of them adds for all:
+ * a warp's 32 tokens cost as many shared-memory atomics as they have distinct bins. */
 template <int MODE>
 struct HistPass {
     float inv_t, m; uint32_t prefix, mask, t; int shift; u64 *h;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
         float x = __fmul_rn(l, inv_t);
-        if (!valid(x)) return;
-        uint32_t k = sf_sample_key(x);
+        bool take = in && valid(x);
+        uint32_t k = take ? sf_sample_key(x) : 0;
         if (MODE == 2) {
-            if (k != t) return;
+            take = take && k == t;
             k = ~(uint32_t)id;
         }
-        if ((k & mask) != prefix) return;
-        atomicAdd(&h[(k >> shift) & 255], MODE == 1 ? mass_of(x, m) : 1ull);
+        take = take && (k & mask) == prefix;
+        unsigned bin = take ? (k >> shift) & 255u : 0xffffffffu;
+        unsigned grp = __match_any_sync(FULL, bin);
+        u64 w;
+        if (MODE == 1) { /* masses < 2^41: two 21-bit halves keep the 32-lane sums within 32 bits */
+            u64 v = take ? mass_of(x, m) : 0;
+            unsigned lo = __reduce_add_sync(grp, (unsigned)(v & 0x1fffffu));
+            unsigned hi = __reduce_add_sync(grp, (unsigned)(v >> 21));
+            w = ((u64)hi << 21) + lo;
+        } else {
+            w = (u64)__popc(grp);
+        }
+        if (take && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&h[bin], w);
     }
 };
 
 struct DrawPass { /* Gumbel-max over the kept tokens */
     float inv_t; uint32_t t; int c; uint64_t stream; float v; int i;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
         uint32_t k = sf_sample_key(x);
