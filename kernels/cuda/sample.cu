@@ -29,13 +29,16 @@ struct Row {
     float inv_t, m;
 };
 
+#define TOPK_CAP NT /* top-k sets up to this size are gathered into shared memory and sorted */
+
 struct Shared {
     u64 h[256];
     u64 red[32];
     float redf[32];
     int redi[32];
-    int sel;
+    int sel, n, kp;
     u64 acc;
+    u64 top[TOPK_CAP];  /* the gathered top-k set: key << 32 | ~id, sorted descending */
 };
 
 /* f(id, logit, in) for every token of the row, each once: penalized ones with their new value.
@@ -112,6 +115,29 @@ static __device__ u64 block_max_u64(u64 x, Shared &sh)
     return x;
 }
 
+/* Inclusive prefix sum over the block (thread order). */
+static __device__ u64 block_scan_u64(u64 x, Shared &sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 y = __shfl_up_sync(FULL, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) sh.red[w] = x;
+    __syncthreads();
+    u64 before = 0;
+    for (int k = 0; k < w; k++) before += sh.red[k];
+    return x + before;
+}
+
+/* The inverse of sf_sample_key. */
+static __device__ __forceinline__ float key_float(uint32_t k)
+{
+    return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
 /* ---- passes ---------------------------------------------------------------------------- */
 struct FirstPass { /* argmax of x and the count of candidates */
     float inv_t, v; int i, n;
@@ -172,6 +198,19 @@ struct HistPass {
             w = (u64)__popc(grp);
         }
         if (take && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&h[bin], w);
+    }
+};
+
+struct GatherPass { /* the kept tokens (at most TOPK_CAP) into sh.top */
+    float inv_t; uint32_t t; int c; Shared *sh;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
+        float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        uint32_t k = sf_sample_key(x);
+        if (!(k > t || (k == t && id <= c))) return;
+        int slot = atomicAdd(&sh->n, 1);
+        if (slot < TOPK_CAP) sh->top[slot] = (u64)k << 32 | (uint32_t)~(uint32_t)id;
     }
 };
 
@@ -246,6 +285,61 @@ static __device__ __forceinline__ bool shorter(uint32_t ta, int ca, uint32_t tb,
     return ta > tb || (ta == tb && ca < cb);
 }
 
+/* Top-k sets of at most TOPK_CAP tokens: gather them, sort them by (x descending, id
+ * ascending) in shared memory, and finish top-p, min-p and the draw there, without further
+ * passes over the row. The same choices as the row-wide path (and the CPU reference): top-p
+ * keeps the shortest prefix whose mass reaches top_p of the set's mass, min-p the tokens with a
+ * key at least the threshold's. Returns the drawn id (every thread). */
+static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32_t t, int c, Shared &sh)
+{
+    const int tid = threadIdx.x;
+    if (tid == 0) sh.n = 0;
+    sh.top[tid] = 0; /* sorts last */
+    __syncthreads();
+    GatherPass gp = { r.inv_t, t, c, &sh };
+    visit(r, gp);
+    __syncthreads();
+    int n = SF_MIN(sh.n, TOPK_CAP);
+    for (int size = 2; size <= TOPK_CAP; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            int j = tid ^ stride;
+            if (j > tid) {
+                u64 a = sh.top[tid], b = sh.top[j];
+                if ((a < b) == ((tid & size) == 0)) { sh.top[tid] = b; sh.top[j] = a; }
+            }
+        }
+    __syncthreads();
+    u64 e = sh.top[tid];
+    uint32_t k = (uint32_t)(e >> 32);
+    int id = (int)~(uint32_t)e;
+    float x = key_float(k);
+    int kept = n;
+    if (p.top_p < 1.0f) {
+        u64 mass = tid < n ? mass_of(x, r.m) : 0;
+        u64 zk = block_sum_u64(mass, sh), cum = block_scan_u64(mass, sh);
+        u64 want = (u64)((double)p.top_p * (double)zk);
+        if (want < 1) want = 1;
+        if (tid == 0) sh.kp = n;
+        __syncthreads();
+        if (tid < n && cum >= want && cum - mass < want) sh.kp = tid + 1;
+        __syncthreads();
+        kept = SF_MIN(kept, sh.kp);
+    }
+    if (p.min_p > 0) {
+        uint32_t thr = sf_sample_key(r.m + logf(p.min_p));
+        kept = SF_MIN(kept, (int)block_sum_u64(tid < n && k >= thr, sh));
+    }
+    float g = -INFINITY;
+    int gi = INT_MAX;
+    if (tid < kept) {
+        g = x - logf(-log1pf(-sf_sample_uniform(sf_sample_stream(p.seed, p.step), (uint32_t)id)));
+        gi = id;
+    }
+    block_best(g, gi, sh);
+    return gi;
+}
+
 __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
                                                const sf_k_sample_pen *pen, float *pen_val, int32_t *ids)
 {
@@ -301,6 +395,11 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         c = cut_ties(r, tk, rr, n_t, sh);
         zk = m_above + rr * one;
         have_zk = true;
+        if (p.top_k <= TOPK_CAP) {
+            int id = small_top_k(r, p, t, c, sh);
+            if (threadIdx.x == 0) ids[blockIdx.x] = id == INT_MAX ? first : id;
+            return;
+        }
     }
     if (p.top_p < 1.0f) {
         if (!have_zk) {
