@@ -22,6 +22,7 @@ typedef struct lg_req {
     char *line;               /* partial SSE line */
     size_t line_len;
     int done;
+    int errored;              /* the stream carried an error event or finish_reason "error" */
     double last_t;
     int cap_itl;
 } lg_req;
@@ -34,6 +35,7 @@ struct lg_run {
     sf_lg_result *res;
     int issued, inflight;
     double t0, wsum;
+    double next_t;            /* open loop: when the next arrival is due (absolute, sf_now_s clock) */
     lg_req *active;           /* requests in flight */
     struct evhttp_connection **dead; /* finished; freed outside their callbacks */
     int n_dead, cap_dead;
@@ -77,6 +79,8 @@ static void on_line(lg_req *q, const char *line, size_t n)
         s->prompt_tokens = (int)json_integer_value(json_object_get(usage, "prompt_tokens"));
     }
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
+    json_t *fr = json_object_get(ch, "finish_reason");
+    if (json_object_get(o, "error") || (json_is_string(fr) && !strcmp(json_string_value(fr), "error"))) q->errored = 1;
     json_t *text = json_object_get(ch, "text");
     if (!text) text = json_object_get(json_object_get(ch, "delta"), "content");
     if (json_is_string(text) && json_string_length(text) > 0) {
@@ -114,7 +118,11 @@ static void on_done(struct evhttp_request *req, void *arg)
     sf_lg_sample *s = &q->run->res->s[q->idx];
     s->status = req ? evhttp_request_get_response_code(req) : 0;
     s->e2el = sf_now_s() - s->t_start;
-    s->ok = s->status == 200 && q->done;
+    /* A 200 whose stream reported an error (the engine failed the request) is a failure, not a
+     * completion. A completion without any text (every token held back or empty) had its first
+     * text, for a client, at the end. */
+    s->ok = s->status == 200 && q->done && !q->errored;
+    if (s->ok && s->ttft == 0) s->ttft = s->e2el;
     if (s->ok && s->output_tokens > 1) s->tpot = (s->e2el - s->ttft) / (s->output_tokens - 1);
     finish(q);
 }
@@ -216,12 +224,23 @@ static void issue(lg_run *r)
     }
 }
 
+static int may_issue(const lg_run *r)
+{
+    return r->issued < r->c->num_requests && !(r->c->duration_s > 0 && sf_now_s() - r->t0 >= r->c->duration_s);
+}
+
+/* Arrivals are due at absolute times (exponential gaps: Poisson). A busy loop that wakes late
+ * issues every arrival that fell due meanwhile, so the offered rate is the one asked for. */
 static void on_arrival(evutil_socket_t fd, short what, void *arg)
 {
     lg_run *r = arg;
-    issue(r);
-    if (r->issued < r->c->num_requests && !(r->c->duration_s > 0 && sf_now_s() - r->t0 >= r->c->duration_s)) {
-        double gap = -log(1.0 - sf_rng_uniform(&r->rng)) / r->c->rate; /* exponential: Poisson arrivals */
+    double now = sf_now_s();
+    while (r->next_t <= now && may_issue(r)) {
+        issue(r);
+        r->next_t += -log(1.0 - sf_rng_uniform(&r->rng)) / r->c->rate;
+    }
+    if (may_issue(r)) {
+        double gap = SF_MAX(r->next_t - sf_now_s(), 0.0);
         struct timeval tv = { (time_t)gap, (suseconds_t)((gap - floor(gap)) * 1e6) };
         evtimer_add(r->arrival, &tv);
     } else if (r->inflight == 0) {
@@ -245,7 +264,7 @@ int sf_loadgen_run(const sf_lg_config *c, sf_lg_result **out, sf_error *err)
     }
     sf_rng_seed(&r.rng, c->seed);
     for (int i = 0; i < c->n_classes; i++) r.wsum += c->classes[i].weight;
-    r.t0 = sf_now_s();
+    r.t0 = r.next_t = sf_now_s();
     if (c->rate > 0) {
         r.arrival = evtimer_new(r.base, on_arrival, &r);
         struct timeval zero = { 0, 0 };

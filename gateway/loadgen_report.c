@@ -144,8 +144,11 @@ int sf_lg_report_json(const sf_lg_config *c, const sf_lg_result *r, const char *
         cls_stats s = compute(c, r, k);
         json_array_append_new(classes, cls_json(&s, r->elapsed_s));
     }
-    json_t *o = json_pack("{s:f, s:i, s:f, s:{s:f, s:f, s:f}, s:o, s:o}", "duration_s", r->elapsed_s, "concurrency",
-                          c->rate > 0 ? 0 : c->concurrency, "request_rate", c->rate, "slo", "ttft_ms", c->slo_ttft_s * 1e3,
+    /* issued_rate: requests issued per second of the issuing window (the offered load achieved) */
+    double window = c->duration_s > 0 && c->duration_s < r->elapsed_s ? c->duration_s : r->elapsed_s;
+    json_t *o = json_pack("{s:f, s:i, s:f, s:f, s:{s:f, s:f, s:f}, s:o, s:o}", "duration_s", r->elapsed_s, "concurrency",
+                          c->rate > 0 ? 0 : c->concurrency, "request_rate", c->rate, "issued_rate",
+                          window > 0 ? all.total / window : 0.0, "slo", "ttft_ms", c->slo_ttft_s * 1e3,
                           "tpot_ms", c->slo_tpot_s * 1e3, "e2el_ms", c->slo_e2el_s * 1e3, "all", cls_json(&all, r->elapsed_s),
                           "classes", classes);
     int rc = json_dump_file(o, path, JSON_INDENT(2));

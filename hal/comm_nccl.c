@@ -18,7 +18,8 @@
  *
  * Small all-reduces (decode: one row per token) take the one-shot peer-memory kernel of
  * comm_custom.c where it is faster: at open, every rank times NCCL and that kernel over message
- * sizes from 2 KiB up, and rank 0's figures give the crossover (the largest size up to which
+ * sizes from 2 KiB up (wall time per call, launches included), and rank 0's figures give the
+ * crossover (the largest size up to which
  * the custom path wins at every size), which every rank then uses, so the ranks always pick the
  * same path for a message. The crossover is cached like hal's calibration (comm.c), keyed by
  * the ranks' GPUs and the NCCL version; $SEMFLOW_TP_ALLREDUCE=nccl|custom forces a path. */
@@ -398,38 +399,31 @@ static int exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_err
 
 #define XO_SIZES 10 /* 2 KiB .. 1 MiB */
 
-/* Every rank: µs per all-reduce of each size on each path (warm-up, then `iters` timed with
- * events on stream s), ranks held together by a barrier before each measurement. */
+/* Every rank: µs per all-reduce of each size on each path, the way a step pays for it: wall
+ * time from queueing `iters` calls back to back until they completed (launches included —
+ * events on the GPU would hide NCCL's host cost), after a barrier and 5 untimed calls. */
 static int measure(sf_comm *c, cudaStream_t s, void *buf, size_t *bytes, double *nccl_us, double *own_us, sf_error *err)
 {
-    cudaEvent_t ev[2] = { NULL, NULL };
     int rc = SF_OK, iters = 20;
     sf_comm_path keep = c->path;
-    if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
-        rc = fail(c, err, "rank %d: all-reduce crossover: cudaEventCreate failed", c->rank);
-        goto out;
-    }
     for (int i = 0; i < XO_SIZES && !rc; i++) {
         bytes[i] = (size_t)2048 << i;
         for (int p = 0; p < 2 && !rc; p++) {
             c->path = p ? SF_COMM_PATH_CUSTOM : SF_COMM_PATH_NCCL;
-            float ms = 0;
+            double t0 = 0;
             if ((rc = nccl_barrier(c, err))) break;
             for (int k = 0; k < 5 + iters && !rc; k++) {
-                if (k == 5 && cudaEventRecord(ev[0], s) != cudaSuccess) rc = fail(c, err, "rank %d: cudaEventRecord", c->rank);
-                if (!rc) rc = nccl_all_reduce(c, buf, (int64_t)(bytes[i] / 2), SF_DT_BF16, s, err);
+                if (k == 5) {
+                    if ((rc = wait_stream(c, s, "measuring the all-reduce crossover", err))) break;
+                    t0 = sf_now_s();
+                }
+                rc = nccl_all_reduce(c, buf, (int64_t)(bytes[i] / 2), SF_DT_BF16, s, err);
             }
-            if (!rc && cudaEventRecord(ev[1], s) != cudaSuccess) rc = fail(c, err, "rank %d: cudaEventRecord", c->rank);
             if (!rc) rc = wait_stream(c, s, "measuring the all-reduce crossover", err);
-            if (!rc && cudaEventElapsedTime(&ms, ev[0], ev[1]) != cudaSuccess)
-                rc = fail(c, err, "rank %d: all-reduce crossover: cudaEventElapsedTime failed", c->rank);
-            (p ? own_us : nccl_us)[i] = 1e3 * ms / iters;
+            (p ? own_us : nccl_us)[i] = (sf_now_s() - t0) * 1e6 / iters;
         }
     }
-out:
     c->path = keep;
-    for (int i = 0; i < 2; i++)
-        if (ev[i]) cudaEventDestroy(ev[i]);
     return rc;
 }
 
@@ -440,7 +434,8 @@ static int crossover(sf_comm *c, sf_error *err)
     char key[SF_COMM_MAX_RANKS * 20 + 64];
     int ver = 0, rc;
     x->api.GetVersion(&ver);
-    snprintf(key, sizeof key, "r%d-nccl%d-%s", c->size, ver, sf_ar_custom_gpus(x->ar));
+    /* w: measured in wall time (a cache from another method is not reused) */
+    snprintf(key, sizeof key, "r%d-nccl%d-w-%s", c->size, ver, sf_ar_custom_gpus(x->ar));
     uint64_t have[2] = { 0, 0 }; /* cached?, crossover */
     size_t v = 0;
     if (c->rank == 0 && sf_comm_crossover_load(key, &v) == 0) have[0] = 1, have[1] = v;
@@ -464,8 +459,11 @@ static int crossover(sf_comm *c, sf_error *err)
         if (c->rank == 0) {
             have[1] = sf_comm_pick_crossover(bytes, nccl_us, own_us, XO_SIZES, 0.05);
             sf_comm_crossover_save(key, (size_t)have[1], bytes, nccl_us, own_us, XO_SIZES);
+            char line[600] = "";
             for (int i = 0; i < XO_SIZES; i++)
-                SF_LOGD("all-reduce %zu bytes: NCCL %.1f us, peer memory %.1f us", bytes[i], nccl_us[i], own_us[i]);
+                snprintf(line + strlen(line), sizeof line - strlen(line), " %zuK %.1f/%.1f", bytes[i] >> 10, nccl_us[i],
+                         own_us[i]);
+            SF_LOGI("all-reduce us per call, NCCL/peer memory:%s", line);
         }
         if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
     }

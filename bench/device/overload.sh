@@ -3,14 +3,15 @@
 #
 # Usage (repo root of a prebuilt tree, on the GPU host): OUT=DIR sh bench/device/overload.sh
 # Serves a Llama-3-8B-shaped model with dummy bf16 weights (config.json written here, a Llama
-# tokenizer from $SF_TESTDATA/tinyllama-1.1b-chat-v1.0, else the demo model's), measures 1x with
+# tokenizer from $SF_TESTDATA/tinyllama-1.1b-chat-v1.0, else the demo model's; the vocabulary is
+# the tokenizer's, see below), measures 1x with
 # a short search (priorities on, SLO TTFT 300 ms and 50 tokens/s), then runs 1x, 8x, 4x, 2x with
 # priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
 # /metrics (KV usage peak, degrade decisions) during each run. The KV pool is held to 1536 blocks
 # (24k tokens, 3 GiB) so that the overload levels press on it and the degrade path can be seen.
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md); the
 # last thing printed is one line per run. Exit 77: no GPU or no binary here (nothing measured).
-# Env: SEARCH_RATES ("12 24 48 96"), DURATION (8 s per run), LEVELS ("1 8 4 2"), BUDGET_S (185).
+# Env: SEARCH_RATES ("12 24 48 96 192"), DURATION (8 s per run), LEVELS ("1 8 4 2"), BUDGET_S (185).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -42,17 +43,21 @@ else
     BOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("bos_token_id", 1))' "$D/demo/config.json")
     EOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("eos_token_id", 2))' "$D/demo/config.json")
 fi
+# The vocabulary is the tokenizer's (32000 for TinyLlama's) instead of Llama-3's 128256, so every
+# token a random model samples has text and loadgen can time it: the LM head then reads 0.26 GB
+# a step instead of 1.05 GB (about 5% of the 15 GB a decode step reads).
+VOCAB=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); ids=list(t["model"]["vocab"].values()) + [a["id"] for a in t.get("added_tokens", [])]; print(max(ids) + 1)' "$M/tokenizer.json")
 cat >"$M/config.json" <<EOF
 {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
- "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+ "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": $VOCAB,
  "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": $BOS, "eos_token_id": $EOS}
 EOF
 
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
 SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1536 --kv-high-reserve 0.05 --kv-degrade-hold 2" \
-SEARCH_RATES=${SEARCH_RATES-12 24 48 96} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
-DEADLINE=${BUDGET_S:-185} READY_TIMEOUT=90 \
+SEARCH_RATES=${SEARCH_RATES-12 24 48 96 192} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
+DEADLINE=${BUDGET_S:-185} READY_TIMEOUT=90 WARMUP_S=3 \
     timeout -k 5 "${BUDGET_S:-185}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
 rc=$?
 tail -n 40 "$D/run.log"

@@ -6,11 +6,11 @@
 #   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
 #      time per step, and the batch-64 decode step rate (stand-in for saturated throughput);
 #   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
-#      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset, the 1B
-#      preset with NCCL forced) — the step graphs with the all-reduces inside are replayed;
+#      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
+#      step graphs with the all-reduces inside are replayed;
 #   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
-#   5. if time is left: 8B TP=2 without the fused ops (SEMFLOW_TP_FUSED=0), then with the
-#      all-reduce forced to NCCL, NCCL captured in the graph.
+#   5. saturated throughput, `bench throughput` 128 in / 128 out, 512 prompts, TP=1 and TP=2;
+#   6. if time is left: 8B TP=2 with every all-reduce on NCCL (eager: the graph ends at each).
 # Every step has its own timeout and is skipped when the time left is too short for it.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
@@ -81,10 +81,12 @@ SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 35 build/tests/device/test_tp
 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
-SEMFLOW_TP_FUSED=0 run decode8b_tp2_unfused 15 25 "$BIN" bench decode-batch --load-format dummy \
-    --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --batch 64 --ctx 128 --chunk 128 --steps 16 --json
-cp "$D/decode8b_tp2_unfused.out" "$D/decode8b_tp2_unfused.json" 2>/dev/null
-SEMFLOW_TP_ALLREDUCE=nccl SEMFLOW_TP_NCCL_GRAPH=1 run decode8b_tp2_nccl 15 25 "$BIN" bench decode-batch --load-format dummy \
+for tp in 1 2; do
+    run throughput_tp$tp 15 30 "$BIN" bench throughput --load-format dummy --preset llama-3-8b --backend cuda \
+        --tensor-parallel-size $tp --input 128 --output 128 --num-prompts 512 --json
+    cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
+done
+SEMFLOW_TP_ALLREDUCE=nccl run decode8b_tp2_nccl 12 25 "$BIN" bench decode-batch --load-format dummy \
     --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --batch 64 --ctx 128 --chunk 128 --steps 16 --json
 cp "$D/decode8b_tp2_nccl.out" "$D/decode8b_tp2_nccl.json" 2>/dev/null
 
@@ -97,9 +99,12 @@ grep -E 'worst|own path up to' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E '^ +[0-9]+ ' "$D/allreduce.out" 2>/dev/null
 a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
 b1=$(jf "$D/decode8b_tp1.json" tokens_per_s) b2=$(jf "$D/decode8b_tp2.json" tokens_per_s)
-echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us); TP=2 unfused: $(jf "$D/decode8b_tp2_unfused.json" batch1_ms_per_step) ms; NCCL only: $(jf "$D/decode8b_tp2_nccl.json" batch1_ms_per_step) ms)"
+echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us); TP=2 NCCL only: $(jf "$D/decode8b_tp2_nccl.json" batch1_ms_per_step) ms, host $(jf "$D/decode8b_tp2_nccl.json" batch1_host_us) us)"
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 latency: %.2fx (goal <= 0.6x)' % (float(b)/float(a)))" "$a1" "$a2" 2>/dev/null
 echo "8B batch-64 tokens/s (decode step rate, stand-in for saturated throughput): TP=1 $b1, TP=2 $b2"
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 batch-64 rate: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$b1" "$b2" 2>/dev/null
+t1=$(jf "$D/throughput_tp1.json" output_tokens_per_s) t2=$(jf "$D/throughput_tp2.json" output_tokens_per_s)
+echo "8B throughput 128/128, 512 prompts, output tokens/s: TP=1 $t1, TP=2 $t2"
+python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
 echo "70B TP=2 batch-1: $(jf "$D/decode70b_tp2.json" ms_per_token_median) ms/token, roofline $(jf "$D/decode70b_tp2.json" roofline_ms) ms/token per GPU, ratio $(jf "$D/decode70b_tp2.json" ratio) (goal >= 0.85), host $(jf "$D/decode70b_tp2.json" host_us_per_step) us/step"
 exit 0

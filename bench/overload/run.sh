@@ -25,7 +25,8 @@
 # Env: SET (cpu), MODEL (demo), BACKEND (auto), SERVE_ARGS (extra `semflow serve` flags),
 #      QUEUE_LIMIT (per-lane queue before 429, 16), SLO (the scenario's), GOOD_SHARE (0.9),
 #      SEARCH_RATES ("1 2 4 8 16" for cpu, "" for h200), RATE_1X, SEARCH_DURATION (12), DURATION (the
-#      scenario's), LEVELS ("1 2 4 8"), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300).
+#      scenario's), LEVELS ("1 2 4 8"), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
+#      WARMUP_S (0: none; else a run of that long at the scenario's 1x before anything is measured).
 set -e
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
@@ -93,6 +94,10 @@ print("%.3f" % (a["goodput"] * r["duration_s"] / a["issued"] if a["issued"] else
 held() { python3 -c "import sys; sys.exit(0 if $1 >= $GOOD_SHARE else 1)"; }
 left() { [ "$DEADLINE" -le 0 ] && echo 1000000 || echo $((DEADLINE - ($(date +%s) - T0))); }
 
+if [ "${WARMUP_S:-0}" -gt 0 ]; then  # first steps of new shapes (CUDA graph captures) stay out of the figures
+    loadgen "$SCEN/on-1x.json" "$(field "$SCEN/on-1x.json" rate)" "$WARMUP_S" warmup
+    echo "warm-up: $WARMUP_S s at the scenario's 1x"
+fi
 best=""
 miss=""
 for r in $SEARCH_RATES; do

@@ -39,6 +39,35 @@ static __device__ __forceinline__ uint4 ld_kv(const uint16_t *p)
     return __ldg((const uint4 *)p);
 }
 
+/* Byte i (0..3) of w, a signed int8, as a float: 0x4B0000xx is 2^23 + xx exactly, so with the
+ * sign bit flipped (xx = b + 128) one byte permute and one add give b (no int-to-float convert). */
+static __device__ __forceinline__ float i8_to_f(uint32_t w_flipped, int i)
+{
+    return __int_as_float((int)__byte_perm(w_flipped, 0x4B000000u, 0x7540u + i)) - 8388736.0f;
+}
+
+/* 8 dims of a key or value row: bf16 (4 words) or int8 (the first 2 words; the scale is applied
+ * by the caller, to the score or to the softmax weight) as floats. */
+static __device__ __forceinline__ void row8_to_f(const uint4 &r, bool i8, float (&f)[8])
+{
+    if (i8) {
+        const uint32_t w0 = r.x ^ 0x80808080u, w1 = r.y ^ 0x80808080u;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            f[i] = i8_to_f(w0, i);
+            f[4 + i] = i8_to_f(w1, i);
+        }
+    } else {
+        const bf162 *h2 = (const bf162 *)&r;
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            float2 x = __bfloat1622float2(h2[h]);
+            f[2 * h] = x.x;
+            f[2 * h + 1] = x.y;
+        }
+    }
+}
+
 /* Cache rows (sf_kv_row: bf16 offset or INT8 row, tagged) of keys kb + u * kpw + sub, u < U;
  * -1 past k1. */
 template <int U>
@@ -106,17 +135,22 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 
     for (int kb = k0 + warp * STEP; kb < k1; kb += AD_WARPS * STEP) {
         uint4 kr[U], vr[U];
-        bool valid[U];
+        bool valid[U], i8[U];
+        float ks[U], vs[U]; /* INT8 rows' scales (1 for bf16) */
 #pragma unroll
         for (int u = 0; u < U; u++) {
             valid[u] = off[u] >= 0;
-            if (valid[u] && (off[u] & 1)) {
-                /* an INT8 block (kernels.h): 8 bytes of K and of V and the rows' scales, as bf16 */
+            i8[u] = valid[u] && (off[u] & 1);
+            ks[u] = vs[u] = 1.0f;
+            if (i8[u]) {
+                /* an INT8 block (kernels.h): 8 bytes of K and of V, and the rows' scales */
                 const int64_t row = off[u] >> 1;
-                const bf16x8 k8 = sf_dequant8((const int8_t *)a.kv.k + row * HD + dl * 8, __ldg(a.kv.k_scale + row));
-                const bf16x8 v8 = sf_dequant8((const int8_t *)a.kv.v + row * HD + dl * 8, __ldg(a.kv.v_scale + row));
-                kr[u] = *(const uint4 *)&k8;
-                vr[u] = *(const uint4 *)&v8;
+                const uint2 k8 = __ldg((const uint2 *)((const int8_t *)a.kv.k + row * HD + dl * 8));
+                const uint2 v8 = __ldg((const uint2 *)((const int8_t *)a.kv.v + row * HD + dl * 8));
+                kr[u] = make_uint4(k8.x, k8.y, 0u, 0u);
+                vr[u] = make_uint4(v8.x, v8.y, 0u, 0u);
+                ks[u] = __ldg(a.kv.k_scale + row);
+                vs[u] = __ldg(a.kv.v_scale + row);
             } else if (valid[u]) {
                 kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
                 vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
@@ -129,14 +163,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
         float s[U][MAXG];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            const bf162 *kh2 = (const bf162 *)&kr[u];
             float kf[8];
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 f = __bfloat1622float2(kh2[h]);
-                kf[2 * h] = f.x;
-                kf[2 * h + 1] = f.y;
-            }
+            row8_to_f(kr[u], i8[u], kf);
 #pragma unroll
             for (int g = 0; g < MAXG; g++) {
                 float d0 = 0.0f;
@@ -144,9 +172,12 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
                 for (int d = 0; d < 8; d++) d0 = fmaf(q[g][d], kf[d], d0);
 #pragma unroll
                 for (int x = LPK / 2; x > 0; x >>= 1) d0 += __shfl_xor_sync(0xffffffffu, d0, x);
-                s[u][g] = valid[u] ? d0 : -INFINITY;
+                s[u][g] = valid[u] ? d0 * ks[u] : -INFINITY;
             }
         }
+        float vf[U][8]; /* the value rows as floats, once for all heads of the group */
+#pragma unroll
+        for (int u = 0; u < U; u++) row8_to_f(vr[u], i8[u], vf[u]);
 #pragma unroll
         for (int g = 0; g < MAXG; g++) {
             float mx = s[0][g];
@@ -160,15 +191,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
             for (int d = 0; d < 8; d++) o[g][d] *= alpha;
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const float p = exp2f(s[u][g] - mn);
+                const float p = exp2f(s[u][g] - mn), pv = p * vs[u]; /* the V scale rides on the weight */
                 l[g] += p;
-                const bf162 *vh = (const bf162 *)&vr[u];
 #pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    float2 f = __bfloat1622float2(vh[h]);
-                    o[g][2 * h] = fmaf(p, f.x, o[g][2 * h]);
-                    o[g][2 * h + 1] = fmaf(p, f.y, o[g][2 * h + 1]);
-                }
+                for (int d = 0; d < 8; d++) o[g][d] = fmaf(pv, vf[u][d], o[g][d]);
             }
             m[g] = mn;
         }

@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""semflow loadgen against a scripted SSE server: a 200 stream that carries an error event and
+finish_reason "error" (what semflow sends when the engine fails a request) counts as failed,
+not completed; a stream whose tokens carry no text has its TTFT at the end, never 0."""
+import http.server
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sftest import BIN, check, results  # noqa: E402
+
+MODE = {"kind": "error"}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"  # the body ends when the connection closes
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+        def ev(o):
+            self.wfile.write(b"data: " + json.dumps(o).encode() + b"\n\n")
+            self.wfile.flush()
+        if MODE["kind"] == "error":
+            ev({"choices": [{"index": 0, "text": "hello", "finish_reason": None}]})
+            ev({"choices": [{"index": 0, "text": "", "finish_reason": "error"}]})
+            ev({"error": {"message": "forward step failed", "type": "server_error"}})
+        else:
+            for _ in range(3):
+                ev({"choices": [{"index": 0, "text": "", "finish_reason": None}]})
+            ev({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 4, "completion_tokens": 3}})
+        self.wfile.write(b"data: [DONE]\n\n")
+
+
+def loadgen(port, out):
+    p = subprocess.run([BIN, "loadgen", "--url", "http://127.0.0.1:%d" % port, "--concurrency", "1",
+                        "--num-requests", "3", "--timeout", "20", "--json", out], capture_output=True, timeout=60)
+    with open(out) as f:
+        return p.returncode, json.load(f)["all"]
+
+
+def main():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    port = srv.server_address[1]
+    with tempfile.TemporaryDirectory() as d:
+        try:
+            MODE["kind"] = "error"
+            rc, a = loadgen(port, os.path.join(d, "err.json"))
+            check("loadgen_error_stream_counts_failed", a["failed"] == 3 and a["completed"] == 0,
+                  "completed %d failed %d" % (a["completed"], a["failed"]))
+            check("loadgen_nothing_completed_exits_nonzero", rc != 0, str(rc))
+            MODE["kind"] = "empty"
+            rc, a = loadgen(port, os.path.join(d, "empty.json"))
+            check("loadgen_textless_stream_ttft_not_zero",
+                  a["completed"] == 3 and a["ttft"]["median_ms"] > 0 and
+                  abs(a["ttft"]["median_ms"] - a["e2el"]["median_ms"]) < 1e-6,
+                  "completed %d ttft %s e2el %s" % (a["completed"], a["ttft"]["median_ms"], a["e2el"]["median_ms"]))
+        finally:
+            srv.shutdown()
+    print("%d passed, %d failed" % (results.passed, results.failures))
+    sys.exit(1 if results.failures else 0)
+
+
+if __name__ == "__main__":
+    main()
