@@ -180,6 +180,9 @@ int sf_cmd_bench_kv_quality(int argc, char **argv)
                               "greedy_prefix_min", st.prefix_min, "kv_bytes_per_token_full", (json_int_t)st.kv_bytes_full,
                               "kv_bytes_per_token_int8", (json_int_t)st.kv_bytes_i8, "seconds_full", st.s_full,
                               "seconds_int8", st.s_i8);
+        json_object_set_new(j, "floor_max_abs_dlogit", json_real(st.floor_max_abs));
+        json_object_set_new(j, "floor_rel_l2", json_real(st.floor_rel_l2));
+        json_object_set_new(j, "floor_top1_agreement", json_real(st.floor_top1));
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
         json_decref(j);
@@ -190,6 +193,8 @@ int sf_cmd_bench_kv_quality(int argc, char **argv)
                a.gen, st.n_positions, m->cfg.vocab_size);
         printf("logits      max |d| %.4g, mean |d| %.4g, relative L2 %.3g\n", st.max_abs, st.mean_abs, st.rel_l2);
         printf("top-1       %.1f%% of positions agree\n", 100 * st.top1);
+        printf("floor       %s KV again, prompt one token per step (only rounding differs): max |d| %.4g, "
+               "relative L2 %.3g, top-1 %.1f%%\n", kv_full, st.floor_max_abs, st.floor_rel_l2, 100 * st.floor_top1);
         printf("greedy      %ld of %ld free-running tokens identical (%.1f%%); shortest identical prefix %d\n",
                st.greedy_same, st.greedy_total, 100.0 * st.greedy_same / st.greedy_total, st.prefix_min);
         printf("memory      KV bytes per token: %zu in %s, %zu in INT8 with its scales (%.2fx less); in the pool an\n"

@@ -86,8 +86,8 @@ int sf_kvq_run(sf_backend *b, const sf_model *m, const int32_t *const *prompts, 
     float *ref = NULL, *cur = NULL;
     int32_t *gen = NULL;
     int rc;
-    double sum_abs = 0, sum_d2 = 0, sum_r2 = 0;
-    long agree = 0;
+    double sum_abs = 0, sum_d2 = 0, sum_r2 = 0, floor_d2 = 0;
+    long agree = 0, floor_agree = 0;
     st->prefix_min = o->n_gen;
     if ((rc = b->ops->kv_init(b, &kc, err)) || (rc = sf_kv_pool_init(&q.pool, kc.n_blocks, q.bs, err)) ||
         (rc = sf_forward_new(b, m, o->chunk, 1, &q.f, err)))
@@ -133,6 +133,22 @@ int sf_kvq_run(sf_backend *b, const sf_model *m, const int32_t *const *prompts, 
         double t2 = sf_now_s();
         st->s_full += t1 - t0;
         st->s_i8 += t2 - t1;
+        /* 4. the noise floor: full precision, the prompt one token per step */
+        seq_reset(&q, 0);
+        q.chunk = 1;
+        for (int g = 0; g < o->n_gen; g++) {
+            rc = g == 0 ? feed(&q, prompts[p], lens[p], cur, err) : feed(&q, &gen[g - 1], 1, cur, err);
+            if (rc) break;
+            const float *r = ref + (size_t)g * q.vocab;
+            for (int v = 0; v < q.vocab; v++) {
+                double d = (double)cur[v] - r[v];
+                floor_d2 += d * d;
+                st->floor_max_abs = fmax(st->floor_max_abs, fabs(d));
+            }
+            floor_agree += argmax(cur, q.vocab) == gen[g];
+        }
+        q.chunk = o->chunk;
+        if (rc) goto cleanup;
         /* 3. INT8, free-running greedy */
         seq_reset(&q, 1);
         if ((rc = feed(&q, prompts[p], lens[p], cur, err))) goto cleanup;
@@ -150,6 +166,8 @@ int sf_kvq_run(sf_backend *b, const sf_model *m, const int32_t *const *prompts, 
     st->mean_abs = sum_abs / ((double)st->n_positions * q.vocab);
     st->rel_l2 = sum_r2 > 0 ? sqrt(sum_d2 / sum_r2) : sqrt(sum_d2);
     st->top1 = (double)agree / st->n_positions;
+    st->floor_rel_l2 = sum_r2 > 0 ? sqrt(floor_d2 / sum_r2) : sqrt(floor_d2);
+    st->floor_top1 = (double)floor_agree / st->n_positions;
     rc = SF_OK;
 cleanup:
     if (q.pool.n_blocks) seq_reset(&q, 0);

@@ -7,7 +7,11 @@
  *   2. INT8 KV, teacher-forced: the same prompt and the same n_gen - 1 tokens, so every
  *      position sees the same context; its logits are compared with the reference there;
  *   3. INT8 KV, free-running greedy: how many of the n_gen tokens come out the same, and the
- *      identical prefix.
+ *      identical prefix;
+ *   4. the noise floor: full precision again, teacher-forced, with the prompt fed one token per
+ *      step instead of in chunks: other kernels (decode instead of prefill attention, GEMV
+ *      instead of GEMM), so only rounding differs. A model that amplifies rounding shows it here,
+ *      and INT8's figures read against it.
  * The comparison of run 2 gives max and mean |delta logit| over every position and vocabulary
  * entry, the relative L2 (||delta|| / ||reference||) and the top-1 agreement (share of positions
  * whose argmax is the same). Called on one thread; the backend is used exclusively meanwhile. */
@@ -29,6 +33,7 @@ typedef struct sf_kvq_stats {
     double max_abs, mean_abs; /* |delta logit| over all positions x vocabulary */
     double rel_l2;            /* ||delta|| / ||reference|| over all positions */
     double top1;              /* share of positions whose argmax agrees (teacher-forced) */
+    double floor_max_abs, floor_rel_l2, floor_top1; /* run 4 against the reference, same measures */
     long greedy_same, greedy_total; /* free-running INT8 greedy tokens equal to full precision's */
     int prefix_min;           /* shortest identical greedy prefix over the prompts */
     double s_full, s_i8;      /* seconds of runs 1 and 2 */

@@ -32,7 +32,11 @@ $(BUILD)/obj/gateway/dashboard.o: $(WEB_PAGE)
 # ---- benchmark: what the monitor costs (root); built with everything (the device script runs it) ----
 .PHONY: bench-bpf
 bench-bpf: $(BUILD)/bench/bpf_bench $(FAKECUDA)
-all: $(BUILD)/bench/bpf_bench
+all: $(BUILD)/bench/bpf_bench $(BUILD)/bench/fakecuda.so
+# bpf_bench's own copy of the fake libcuda, beside it (a device run carries build/bench)
+$(BUILD)/bench/fakecuda.so: $(FAKECUDA)
+	@mkdir -p $(@D)
+	$(Q)cp $< $@
 $(BUILD)/bench/bpf_bench: bench/bpf_bench.c $(BUILD)/libsemflow.a
 	@mkdir -p $(@D)
 	@echo "  BENCH   $@"

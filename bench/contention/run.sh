@@ -8,7 +8,7 @@
 #   sh bench/contention/run.sh [OUTDIR]          (default OUTDIR: build/contention)
 #
 # Env: MODEL (TinyLlama 1.1B's config and tokenizer from the test data, dummy weights),
-#      SERVE_ARGS (extra serve flags), KV_BLOCKS (240), SEQS (16), RATE (req/s, 10), DURATION (s of
+#      SERVE_ARGS (extra serve flags), KV_BLOCKS (160), SEQS (16), RATE (req/s, 10), DURATION (s of
 #      load per run, 20), REQ_TIMEOUT (s a request may take, 5: bounds the tail of a run), HOG (1: run the neighbour; 0: none), TUNERS ("off on"),
 #      SEED (1), SCENARIO (bench/contention/scenario.json), LOADFMT (dummy; auto for a real model). Needs root for the monitor (its contention
 #      index drives the tuner) and a GPU for the neighbour: without one it says so and exits 77,
@@ -26,7 +26,7 @@ if [ ! -f "$MODEL/config.json" ] && [ "$MODEL" != demo ] && [ "${MODEL#preset:}"
     MODEL=demo LOADFMT=auto
 fi
 LOADFMT=${LOADFMT:-dummy}
-KV_BLOCKS=${KV_BLOCKS:-240}
+KV_BLOCKS=${KV_BLOCKS:-160}
 SEQS=${SEQS:-16}
 RATE=${RATE:-10}
 REQ_TIMEOUT=${REQ_TIMEOUT:-5}

@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/device/decode.sh — the CUDA decode figures of docs/PERFORMANCE.md in one go (about 40 s):
+# bench/device/decode.sh — the CUDA decode figures of docs/PERFORMANCE.md in one go (about 45 s):
 # batch-1 decode of the Llama-3-8B and Qwen2-7B shapes (random bf16 weights) at 512 and 4096
 # tokens of context and one 2048-token Llama-3-8B prefill, as the backend runs by default; the
 # same decode runs with the fused batch-1 kernels off (SEMFLOW_CUDA_FUSED=0) for comparison;
@@ -52,6 +52,7 @@ run llama3-prefill2048 12 $B prefill --preset llama-3-8b --ctx 2048 --steps 5
 run llama3-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset llama-3-8b --ctx 512 --steps 32
 run llama3-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset llama-3-8b --ctx 4096 --steps 32
 run qwen2-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset qwen2-7b --ctx 512 --steps 32
+run qwen2-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset qwen2-7b --ctx 4096 --steps 32
 cat "$D/runs.txt"
 
 # the table: one line per run from its JSON (python3 is on the GPU host)
@@ -59,7 +60,7 @@ python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 names = ["llama3-ctx512", "llama3-ctx4096", "qwen2-ctx512", "qwen2-ctx4096", "llama3-prefill2048",
-         "llama3-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx512-unfused"]
+         "llama3-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx512-unfused", "qwen2-ctx4096-unfused"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:

@@ -50,15 +50,17 @@ def load(name):
         return json.load(open(os.path.join(out, name + ".out")))
     except (OSError, ValueError):
         return None
-print("%-26s %8s %10s %10s %8s %8s %10s" % ("kv-quality (bf16 vs INT8)", "positions", "max|dlog|", "mean|dlog|",
-                                             "rel L2", "top-1", "greedy"))
+print("%-26s %8s %10s %10s %8s %8s %10s %9s %9s" % ("kv-quality (bf16 vs INT8)", "positions", "max|dlog|", "mean|dlog|",
+                                                     "rel L2", "top-1", "greedy", "floor L2", "floor t1"))
 for name in ("quality-demo", "quality-8b"):
     j = load(name)
     if not j:
         print("%-26s (no result: see %s.err)" % (name, name))
         continue
-    print("%-26s %8d %10.4g %10.4g %8.3g %7.1f%% %5d/%-4d" % (j["model"][:26], j["positions"], j["max_abs_dlogit"],
-          j["mean_abs_dlogit"], j["rel_l2"], 100 * j["top1_agreement"], j["greedy_same"], j["greedy_total"]))
+    print("%-26s %8d %10.4g %10.4g %8.3g %7.1f%% %5d/%-4d %9.3g %8.1f%%" % (j["model"][:26], j["positions"],
+          j["max_abs_dlogit"], j["mean_abs_dlogit"], j["rel_l2"], 100 * j["top1_agreement"], j["greedy_same"],
+          j["greedy_total"], j.get("floor_rel_l2", -1), 100 * j.get("floor_top1_agreement", -1)))
+print("(floor: bf16 KV again with the prompt fed one token per step: what rounding alone changes)")
 print("%-30s %10s %12s %12s %8s" % ("decode llama-3-8b, ctx 4096", "ms/step", "KV GB/step", "roofline ms", "ratio"))
 rows = {}
 for kv in ("bf16", "int8"):

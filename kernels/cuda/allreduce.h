@@ -25,7 +25,7 @@ extern "C" {
 #endif
 
 #define SF_AR_MAX_RANKS 8
-#define SF_AR_BLOCKS 32
+#define SF_AR_BLOCKS 64
 #define SF_AR_THREADS 512
 #define SF_AR_SIG_BYTES 4096 /* the signal block at the start of each region */
 

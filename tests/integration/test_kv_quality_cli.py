@@ -21,7 +21,8 @@ try:
           and j["vocab"] == 512 and j["kv_full"] == "f32" and 0 < j["max_abs_dlogit"] < 5
           and 0 < j["mean_abs_dlogit"] <= j["max_abs_dlogit"] and j["rel_l2"] < 0.05
           and j["top1_agreement"] >= 0.95 and 0 <= j["greedy_same"] <= j["greedy_total"] == 8 * 16
-          and j["kv_bytes_per_token_int8"] < j["kv_bytes_per_token_full"])
+          and j["kv_bytes_per_token_int8"] < j["kv_bytes_per_token_full"]
+          and 0 <= j["floor_rel_l2"] <= j["rel_l2"] and 0 <= j["floor_top1_agreement"] <= 1)
     check("kv_quality_json", ok, f"rc {rc}: {out[:400]} {err[:300]}")
 except (ValueError, KeyError) as e:
     check("kv_quality_json", False, f"{e}: rc {rc}: {out[:300]} {err[:300]}")
