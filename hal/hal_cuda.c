@@ -1077,7 +1077,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);
         }
-        sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, 64);
+        sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, SF_GRAPH_MAX_TOKENS);
     }
     *out = b;
     return SF_OK;
