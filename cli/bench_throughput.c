@@ -192,7 +192,7 @@ int sf_bench_throughput(const bench_opts *o)
     double host_dec = es.decode_step_s > 0 ? es.decode_host_s / es.decode_step_s : 0;
     double host_all = es.step_s > 0 ? es.host_s / es.step_s : 0;
     double enq_dec = es.decode_step_s > 0 ? es.decode_enqueue_s / es.decode_step_s : 0;
-    double mean_b = es.decode_steps ? (double)es.tokens_decode / es.decode_steps : 0;
+    double mean_b = es.decode_steps ? (double)es.decode_step_tokens / es.decode_steps : 0;
     const char *sampling = es.rows_sampled_host ? (es.rows_sampled_backend ? "mixed" : "host") : "backend";
     if (o->json) {
         json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:I, s:f, s:f, s:f}",
@@ -211,6 +211,9 @@ int sf_bench_throughput(const bench_opts *o)
                               "enqueue_share_decode", enq_dec, "host_share_all", host_all,
                               "sampling", sampling, "rows_sampled_backend", (json_int_t)es.rows_sampled_backend,
                               "rows_sampled_host", (json_int_t)es.rows_sampled_host);
+        json_object_set_new(s, "graphs_captured", json_integer(es.graphs_captured));
+        json_object_set_new(s, "graph_replays", json_integer(es.graph_replays));
+        json_object_set_new(s, "graph_fallbacks", json_integer(es.graph_fallbacks));
         json_object_set_new(j, "bound", b);
         json_object_set_new(j, "engine", s);
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -230,6 +233,9 @@ int sf_bench_throughput(const bench_opts *o)
                "decode step (of which enqueuing the step's work %.1f%%; %.1f%% of all steps); sampling on the %s\n",
                (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, 100 * host_dec,
                100 * enq_dec, 100 * host_all, sampling);
+        if (es.graphs_captured || es.graph_replays || es.graph_fallbacks)
+            printf("graphs   %ld captured, %ld replays, %ld fallbacks (steps over the graph size limit run op by op)\n", es.graphs_captured, es.graph_replays,
+                   es.graph_fallbacks);
     }
     rc = 0;
     goto out;

@@ -50,6 +50,7 @@ struct sf_engine {
     double last_wait_s;         /* waited for the device */
     double last_enqueue_s;      /* the backend's host time enqueuing the step (0 on the CPU) */
     int last_decode;            /* every sequence brought one token */
+    int last_tokens;            /* tokens of the last step */
 
     pthread_t thread;
     int thread_started;
@@ -74,7 +75,7 @@ struct sf_engine {
     FILE *trace;                /* --sched-trace (engine thread only) */
     double t_start;
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
-    uint64_t decode_steps, rows_dev, rows_host;
+    uint64_t decode_steps, decode_tokens, rows_dev, rows_host;
 };
 
 void sf_sampling_default(sf_sampling *s)
@@ -262,6 +263,7 @@ static int engine_step(sf_engine *e)
         k++;
     }
     e->last_decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
+    e->last_tokens = b.n_tokens;
     double t_fwd = sf_now_s();
     uint64_t host_ns = 0;
     int rc;
@@ -358,6 +360,13 @@ static void update_stats(sf_engine *e)
     e->st.decode_step_s = e->decode_step_s;
     e->st.decode_host_s = e->decode_host_s;
     e->st.decode_enqueue_s = e->decode_enqueue_s;
+    e->st.decode_step_tokens = e->decode_tokens;
+    sf_backend_stats bs;
+    if (sf_backend_cuda_stats(e->be, &bs) == SF_OK) {
+        e->st.graphs_captured = bs.graphs_captured;
+        e->st.graph_replays = bs.graph_replays;
+        e->st.graph_fallbacks = bs.graph_fallbacks;
+    }
     e->st.rows_sampled_backend = e->rows_dev;
     e->st.rows_sampled_host = e->rows_host;
     e->win_tokens += e->n_tokens_out - e->st_tokens_seen;
@@ -431,6 +440,7 @@ static void *engine_main(void *arg)
                 e->decode_step_s += turn;
                 e->decode_host_s += host;
                 e->decode_enqueue_s += e->last_enqueue_s;
+                e->decode_tokens += (uint64_t)e->last_tokens;
             }
         }
         update_stats(e);

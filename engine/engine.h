@@ -185,7 +185,9 @@ typedef struct sf_engine_stats {
      * check of a CUDA graph replay), which may overlap the device's work on earlier kernels.
      * Rows sampled on the backend (only ids came back) and on the host (logits copied). */
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
-    uint64_t decode_steps, rows_sampled_backend, rows_sampled_host;
+    uint64_t decode_steps, decode_step_tokens, rows_sampled_backend, rows_sampled_host;
+    /* CUDA backend: decode-step graphs captured and replayed, and steps that ran op by op */
+    long graphs_captured, graph_replays, graph_fallbacks;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
 const char *sf_decision_name(int i);

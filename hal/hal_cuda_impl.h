@@ -46,9 +46,6 @@ typedef struct sf_op_rec {
 int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r);
 
 #define SF_GRAPH_SLOTS 64
-/* Steps of up to this many tokens are captured: decode batches of a few hundred sequences
- * launch ~10 kernels per layer, and launched one by one the host becomes the bottleneck. */
-#define SF_GRAPH_MAX_TOKENS 512
 #define SF_GRAPH_KEY 6
 typedef struct sf_graph_slot {
     int64_t key[SF_GRAPH_KEY];

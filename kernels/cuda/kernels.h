@@ -182,7 +182,7 @@ typedef struct sf_k_sample_row {
 } sf_k_sample_row;
 typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen;
 /* Largest vocabulary the penalty bitmap (shared memory) takes. */
-#define SF_K_SAMPLE_MAX_VOCAB (40 * 1024 * 8) /* 40 KiB of bits, within the 48 KiB default */
+#define SF_K_SAMPLE_MAX_VOCAB (36 * 1024 * 8) /* 36 KiB of bits: with the kernel's own 11 KiB, within 48 KiB */
 /* ids[i] = the token drawn from row i of logits (bf16, ld) by rows[i], i < n: one block per
  * row, the semantics of hal.h's sf_sample_row. pen_val: n_pen floats of scratch (the
  * penalized logits). vocab <= SF_K_SAMPLE_MAX_VOCAB; penalty ids in [0, vocab), distinct per

@@ -29,24 +29,35 @@ struct Row {
     float inv_t, m;
 };
 
+#define TOPK_CAP NT /* top-k sets up to this size are gathered into shared memory and sorted */
+
 struct Shared {
     u64 h[256];
     u64 red[32];
     float redf[32];
     int redi[32];
-    int sel;
+    int sel, n, kp;
     u64 acc;
+    u64 top[TOPK_CAP];  /* the gathered top-k set: key << 32 | ~id, sorted descending */
 };
 
-/* f(id, logit) for every token of the row, each once: penalized ones with their new value. */
+/* f(id, logit, in) for every token of the row, each once: penalized ones with their new value.
+ * Every thread makes the same number of calls (in = 0 on the ragged end), so a warp arrives
+ * whole at each call and f may use warp-wide intrinsics. */
 template <class F>
 static __device__ __forceinline__ void visit(const Row &r, F &f)
 {
-    for (int i = threadIdx.x; i < r.vocab; i += NT) {
-        if (r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) continue;
-        f(i, bf2f(r.l[i]));
+    for (int base = 0; base < r.vocab; base += NT) {
+        int i = base + threadIdx.x;
+        bool in = i < r.vocab;
+        if (in && r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) in = false;
+        f(i, in ? bf2f(r.l[i]) : 0.0f, in);
     }
-    for (int j = threadIdx.x; j < r.n_e; j += NT) f(r.e[j].id, r.ev[j]);
+    for (int base = 0; base < r.n_e; base += NT) {
+        int j = base + threadIdx.x;
+        bool in = j < r.n_e;
+        f(in ? r.e[j].id : 0, in ? r.ev[j] : 0.0f, in);
+    }
 }
 
 static __device__ __forceinline__ bool valid(float x) { return x == x && x != -INFINITY; }
@@ -104,10 +115,34 @@ static __device__ u64 block_max_u64(u64 x, Shared &sh)
     return x;
 }
 
+/* Inclusive prefix sum over the block (thread order). */
+static __device__ u64 block_scan_u64(u64 x, Shared &sh)
+{
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        u64 y = __shfl_up_sync(FULL, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) sh.red[w] = x;
+    __syncthreads();
+    u64 before = 0;
+    for (int k = 0; k < w; k++) before += sh.red[k];
+    return x + before;
+}
+
+/* The inverse of sf_sample_key. */
+static __device__ __forceinline__ float key_float(uint32_t k)
+{
+    return __uint_as_float(k & 0x80000000u ? k & 0x7fffffffu : ~k);
+}
+
 /* ---- passes ---------------------------------------------------------------------------- */
 struct FirstPass { /* argmax of x and the count of candidates */
     float inv_t, v; int i, n;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (x == x) best_combine(v, i, x, id);
         n += valid(x);
@@ -116,7 +151,8 @@ struct FirstPass { /* argmax of x and the count of candidates */
 
 struct MassPass { /* total mass */
     float inv_t, m; u64 z;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (valid(x)) z += mass_of(x, m);
     }
@@ -124,7 +160,8 @@ struct MassPass { /* total mass */
 
 struct TiePass { /* about key t: tokens on it, the mass of one, the mass above it */
     float inv_t, m; uint32_t t; int n; u64 one, above;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
         uint32_t k = sf_sample_key(x);
@@ -133,26 +170,54 @@ struct TiePass { /* about key t: tokens on it, the mass of one, the mass above i
     }
 };
 
-/* MODE 0: count by key; 1: mass by key; 2: count by ~id among the tokens with key t. */
+/* MODE 0: count by key; 1: mass by key; 2: count by ~id among the tokens with key t.
+ * Most tokens of a row fall in a few bins of the top digits, so the lanes of a warp that hit
+ * the same bin add up first (__match_any_sync, __reduce_add_sync) and one of them adds for all:
+ * a warp's 32 tokens cost as many shared-memory atomics as they have distinct bins. */
 template <int MODE>
 struct HistPass {
     float inv_t, m; uint32_t prefix, mask, t; int shift; u64 *h;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        float x = __fmul_rn(l, inv_t);
+        bool take = in && valid(x);
+        uint32_t k = take ? sf_sample_key(x) : 0;
+        if (MODE == 2) {
+            take = take && k == t;
+            k = ~(uint32_t)id;
+        }
+        take = take && (k & mask) == prefix;
+        unsigned bin = take ? (k >> shift) & 255u : 0xffffffffu;
+        unsigned grp = __match_any_sync(FULL, bin);
+        u64 w;
+        if (MODE == 1) { /* masses < 2^41: two 21-bit halves keep the 32-lane sums within 32 bits */
+            u64 v = take ? mass_of(x, m) : 0;
+            unsigned lo = __reduce_add_sync(grp, (unsigned)(v & 0x1fffffu));
+            unsigned hi = __reduce_add_sync(grp, (unsigned)(v >> 21));
+            w = ((u64)hi << 21) + lo;
+        } else {
+            w = (u64)__popc(grp);
+        }
+        if (take && (threadIdx.x & 31) == __ffs(grp) - 1) atomicAdd(&h[bin], w);
+    }
+};
+
+struct GatherPass { /* the kept tokens (at most TOPK_CAP) into sh.top */
+    float inv_t; uint32_t t; int c; Shared *sh;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
         uint32_t k = sf_sample_key(x);
-        if (MODE == 2) {
-            if (k != t) return;
-            k = ~(uint32_t)id;
-        }
-        if ((k & mask) != prefix) return;
-        atomicAdd(&h[(k >> shift) & 255], MODE == 1 ? mass_of(x, m) : 1ull);
+        if (!(k > t || (k == t && id <= c))) return;
+        int slot = atomicAdd(&sh->n, 1);
+        if (slot < TOPK_CAP) sh->top[slot] = (u64)k << 32 | (uint32_t)~(uint32_t)id;
     }
 };
 
 struct DrawPass { /* Gumbel-max over the kept tokens */
     float inv_t; uint32_t t; int c; uint64_t stream; float v; int i;
-    __device__ void operator()(int id, float l) {
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
         uint32_t k = sf_sample_key(x);
@@ -220,6 +285,61 @@ static __device__ __forceinline__ bool shorter(uint32_t ta, int ca, uint32_t tb,
     return ta > tb || (ta == tb && ca < cb);
 }
 
+/* Top-k sets of at most TOPK_CAP tokens: gather them, sort them by (x descending, id
+ * ascending) in shared memory, and finish top-p, min-p and the draw there, without further
+ * passes over the row. The same choices as the row-wide path (and the CPU reference): top-p
+ * keeps the shortest prefix whose mass reaches top_p of the set's mass, min-p the tokens with a
+ * key at least the threshold's. Returns the drawn id (every thread). */
+static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32_t t, int c, Shared &sh)
+{
+    const int tid = threadIdx.x;
+    if (tid == 0) sh.n = 0;
+    sh.top[tid] = 0; /* sorts last */
+    __syncthreads();
+    GatherPass gp = { r.inv_t, t, c, &sh };
+    visit(r, gp);
+    __syncthreads();
+    int n = SF_MIN(sh.n, TOPK_CAP);
+    for (int size = 2; size <= TOPK_CAP; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            int j = tid ^ stride;
+            if (j > tid) {
+                u64 a = sh.top[tid], b = sh.top[j];
+                if ((a < b) == ((tid & size) == 0)) { sh.top[tid] = b; sh.top[j] = a; }
+            }
+        }
+    __syncthreads();
+    u64 e = sh.top[tid];
+    uint32_t k = (uint32_t)(e >> 32);
+    int id = (int)~(uint32_t)e;
+    float x = key_float(k);
+    int kept = n;
+    if (p.top_p < 1.0f) {
+        u64 mass = tid < n ? mass_of(x, r.m) : 0;
+        u64 zk = block_sum_u64(mass, sh), cum = block_scan_u64(mass, sh);
+        u64 want = (u64)((double)p.top_p * (double)zk);
+        if (want < 1) want = 1;
+        if (tid == 0) sh.kp = n;
+        __syncthreads();
+        if (tid < n && cum >= want && cum - mass < want) sh.kp = tid + 1;
+        __syncthreads();
+        kept = SF_MIN(kept, sh.kp);
+    }
+    if (p.min_p > 0) {
+        uint32_t thr = sf_sample_key(r.m + logf(p.min_p));
+        kept = SF_MIN(kept, (int)block_sum_u64(tid < n && k >= thr, sh));
+    }
+    float g = -INFINITY;
+    int gi = INT_MAX;
+    if (tid < kept) {
+        g = x - logf(-log1pf(-sf_sample_uniform(sf_sample_stream(p.seed, p.step), (uint32_t)id)));
+        gi = id;
+    }
+    block_best(g, gi, sh);
+    return gi;
+}
+
 __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
                                                const sf_k_sample_pen *pen, float *pen_val, int32_t *ids)
 {
@@ -275,6 +395,11 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         c = cut_ties(r, tk, rr, n_t, sh);
         zk = m_above + rr * one;
         have_zk = true;
+        if (p.top_k <= TOPK_CAP) {
+            int id = small_top_k(r, p, t, c, sh);
+            if (threadIdx.x == 0) ids[blockIdx.x] = id == INT_MAX ? first : id;
+            return;
+        }
     }
     if (p.top_p < 1.0f) {
         if (!have_zk) {

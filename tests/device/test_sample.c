@@ -46,15 +46,16 @@ static sf_sample_row random_row(int kind, int V)
 {
     sf_sample_row r = { .temperature = 0.5f + 1.5f * sf_rng_uniform(&R), .top_p = 1, .repetition_penalty = 1,
                         .seed = sf_rng_next(&R), .step = sf_rng_next(&R) % 5000 };
-    switch (kind % 8) {
+    switch (kind % 9) {
     case 0: r.temperature = 0; break;
     case 1: break;
     case 2: r.top_k = 1 + (int)(sf_rng_next(&R) % 100); break;
     case 3: r.top_p = 0.5f + 0.49f * sf_rng_uniform(&R); break;
     case 4: r.min_p = 0.01f + 0.2f * sf_rng_uniform(&R); break;
     case 5: r.top_k = 40; r.top_p = 0.9f; r.min_p = 0.05f; break;
-    case 6: r.top_k = V > 2000 ? 1000 : V / 2; r.top_p = 0.95f; break;
+    case 6: r.top_k = V > 2000 ? 1024 : V / 2; r.top_p = 0.95f; break; /* the gathered set at its largest */
     case 7: r.top_k = 1; break;
+    case 8: r.top_k = V > 6000 ? 3000 : V / 3; r.top_p = 0.9f; break; /* beyond the kernel's gathered set */
     }
     return r;
 }
@@ -72,7 +73,7 @@ static void one_case(int V, int n, int with_pen, int tied)
     for (int64_t i = 0; i < (int64_t)n * V; i++)
         l[i] = tied ? (float)(int)(sf_rng_uniform(&R) * 6) : bfr(sf_rng_normal(&R) * scale);
     for (int i = 0; i < n; i++) {
-        rows[i] = random_row(i + (int)(sf_rng_next(&R) % 8), V);
+        rows[i] = random_row(i + (int)(sf_rng_next(&R) % 9), V);
         if (with_pen && i % 2 == 0) { /* distinct ids, a few repeated outputs, some from the prompt */
             rows[i].repetition_penalty = 1.0f + sf_rng_uniform(&R);
             rows[i].presence_penalty = sf_rng_uniform(&R);
