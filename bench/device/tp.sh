@@ -1,5 +1,6 @@
 #!/bin/sh
-# bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 120 s in all.
+# bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 125 s in all (the lead's call
+# gives it 130).
 #
 # Runs from the repo root with a prebuilt build/ and prints a summary table last:
 #   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own path;
@@ -16,7 +17,7 @@
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
 T0=$(date +%s)
-LIMIT=${TP_LIMIT_S:-118}
+LIMIT=${TP_LIMIT_S:-124}
 BIN=${SF_BIN:-build/semflow}
 D=${OUT:-/tmp/semflow-tp}/tp
 mkdir -p "$D"
