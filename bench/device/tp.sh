@@ -1,5 +1,6 @@
 #!/bin/sh
-# bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 120 s in all.
+# bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 125 s in all (the lead's call
+# gives it 130).
 #
 # Runs from the repo root with a prebuilt build/ and prints a summary table last:
 #   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own path;
@@ -9,13 +10,14 @@
 #      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
 #      step graphs with the all-reduces inside are replayed;
 #   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
-#   5. saturated throughput, `bench throughput` 128 in / 128 out, 512 prompts, TP=1 and TP=2;
+#   5. saturated throughput, `bench throughput` 128 in / 128 out, 512 prompts, TP=1 and TP=2
+#      (SEMFLOW_CUDA_GRAPH_TOKENS=512 for both: the decode steps of 256 sequences in graphs);
 #   6. if time is left: 8B TP=2 with every all-reduce on NCCL (eager: the graph ends at each).
 # Every step has its own timeout and is skipped when the time left is too short for it.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
 T0=$(date +%s)
-LIMIT=${TP_LIMIT_S:-118}
+LIMIT=${TP_LIMIT_S:-124}
 BIN=${SF_BIN:-build/semflow}
 D=${OUT:-/tmp/semflow-tp}/tp
 mkdir -p "$D"
@@ -81,8 +83,8 @@ SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 35 build/tests/device/test_tp
 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
-for tp in 1 2; do
-    run throughput_tp$tp 15 30 "$BIN" bench throughput --load-format dummy --preset llama-3-8b --backend cuda \
+for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 64) at both sizes
+    SEMFLOW_CUDA_GRAPH_TOKENS=512 run throughput_tp$tp 15 30 "$BIN" bench throughput --load-format dummy --preset llama-3-8b --backend cuda \
         --tensor-parallel-size $tp --input 128 --output 128 --num-prompts 512 --json
     cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
 done

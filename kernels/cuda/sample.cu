@@ -227,6 +227,11 @@ struct DrawPass { /* Gumbel-max over the kept tokens */
     }
 };
 
+struct PlainPass { /* temperature alone: FirstPass and DrawPass (every candidate kept) at once */
+    FirstPass f; DrawPass d;
+    __device__ void operator()(int id, float l, bool in) { f(id, l, in); d(id, l, in); }
+};
+
 /* The key of the prefix that reaches `want` (see radix_select in kernels/cpu/sample.c). */
 template <int MODE>
 static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 *above, Shared &sh)
@@ -370,6 +375,18 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     }
     bool greedy = p.temperature <= 0 || p.top_k == 1;
     r.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, p.temperature);
+    if (!greedy && p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0) { /* one pass: nothing is truncated */
+        PlainPass pp = { { r.inv_t, -INFINITY, INT_MAX, 0 },
+                         { r.inv_t, 0, -1, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX } };
+        visit(r, pp);
+        block_best(pp.f.v, pp.f.i, sh);
+        block_best(pp.d.v, pp.d.i, sh);
+        if (threadIdx.x == 0) {
+            int first = pp.f.i == INT_MAX ? 0 : pp.f.i;
+            ids[blockIdx.x] = pp.d.i == INT_MAX ? first : pp.d.i;
+        }
+        return;
+    }
     FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
     visit(r, f1);
     block_best(f1.v, f1.i, sh);
