@@ -20,6 +20,9 @@
 #define CM_FORGET 0.95      /* recursive least squares forgetting factor (~20 steps of memory) */
 #define CM_MIN_STEPS 8      /* steps measured before the model is trusted */
 #define AVG_ALPHA 0.1       /* moving average of step time (admission's floor check) */
+#define TARGET_MEMORY_S 10.0 /* a latency target shapes steps this long after the last request that had it */
+#define FLOOR_MARGIN 0.8    /* floors shape steps to this share of 1000 / min_tps: the model's error and
+                             * the prefill of higher classes (never held back) stay inside the floor */
 
 /* ---- step-time model: ms = th0 + th1 x tokens ------------------------------------------- */
 
@@ -73,8 +76,14 @@ void sf_policy_caps(sf_sched *s, int n_decode)
         for (sf_seq *q = heads[h]->next; q != heads[h]; q = q->next) {
             if (q->relaxed) continue;
             if (q->max_latency_ms > 0) t_rt = SF_MIN(t_rt, q->max_latency_ms * (double)s->cfg.shape_frac);
-            if (h == 0 && q->min_tps > 0 && q->n_tokens - q->n_computed <= 1) t_fl = SF_MIN(t_fl, 1000.0 / q->min_tps);
+            if (h == 0 && q->min_tps > 0 && q->n_tokens - q->n_computed <= 1)
+                t_fl = SF_MIN(t_fl, FLOOR_MARGIN * 1000.0 / q->min_tps);
         }
+    /* A request with a target that arrives during a step waits for it: keep shaping for the
+     * tightest target seen lately, not only while one is in, so a lone long prompt between two
+     * realtime requests does not become the step the next one waits behind. */
+    if (t_rt < INFINITY) s->rt_seen_ms = t_rt, s->rt_seen_at = s->now;
+    else if (s->rt_seen_ms > 0 && s->now - s->rt_seen_at < TARGET_MEMORY_S) t_rt = s->rt_seen_ms;
     int min_chunk = SF_MAX(1, s->cfg.min_chunk);
     if (t_rt < INFINITY) {
         int n = tokens_within(s, t_rt);

@@ -164,6 +164,7 @@ typedef struct sf_sched {
     double step_ms_avg;       /* moving average of measured steps that decoded */
     int low_budget_left;      /* prefill tokens left this step for classes below high (floor cap) */
     int cap_tokens, cap_low;  /* the caps of the last plan (INT_MAX: none), for traces and tests */
+    double rt_seen_ms, rt_seen_at; /* tightest latency budget (ms) seen lately, and when */
     int degraded;
     double deg_since;         /* since when usage is past the threshold being watched; < 0: not */
     uint64_t decisions[SF_DECISION_COUNT];

@@ -8,7 +8,8 @@
 #   sh bench/contention/run.sh [OUTDIR]          (default OUTDIR: build/contention)
 #
 # Env: MODEL (TinyLlama 1.1B's config and tokenizer from the test data, dummy weights),
-#      SERVE_ARGS (extra serve flags), KV_BLOCKS (160), SEQS (16), RATE (req/s, 10), DURATION (s of
+#      SERVE_ARGS (extra serve flags), KV_BLOCKS (160), HIGH_RESERVE (0: no KV kept for the high
+#      class, so every high-class admission into a full pool preempts a low-class sequence), SEQS (16), RATE (req/s, 10), DURATION (s of
 #      load per run, 20), REQ_TIMEOUT (s a request may take, 5: bounds the tail of a run), HOG (1: run the neighbour; 0: none), TUNERS ("off on"),
 #      SEED (1), SCENARIO (bench/contention/scenario.json), LOADFMT (dummy; auto for a real model). Needs root for the monitor (its contention
 #      index drives the tuner) and a GPU for the neighbour: without one it says so and exits 77,
@@ -27,6 +28,7 @@ if [ ! -f "$MODEL/config.json" ] && [ "$MODEL" != demo ] && [ "${MODEL#preset:}"
 fi
 LOADFMT=${LOADFMT:-dummy}
 KV_BLOCKS=${KV_BLOCKS:-160}
+HIGH_RESERVE=${HIGH_RESERVE:-0}
 SEQS=${SEQS:-16}
 RATE=${RATE:-10}
 REQ_TIMEOUT=${REQ_TIMEOUT:-5}
@@ -62,6 +64,7 @@ for t in $TUNERS; do
     URL=http://127.0.0.1:$PORT
     # shellcheck disable=SC2086
     "$BIN" serve --model "$MODEL" --load-format "$LOADFMT" --port "$PORT" --workers 2 --num-kv-blocks "$KV_BLOCKS" \
+        --kv-high-reserve "$HIGH_RESERVE" \
         --max-num-seqs "$SEQS" --swap-space 2 --drain-timeout 1 --dma-tuner "$t" $SERVE_ARGS \
         >"$OUT/$t.serve.log" 2>&1 &
     spid=$!

@@ -180,7 +180,8 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         y[ra] = ya;
         y[rb] = yb;
         const int sl = rp.slot[0];
-        if (hh >= rp.H && sl >= 0) {
+        /* full-precision blocks only (the caller sends INT8 steps through rope_kv.cu) */
+        if (hh >= rp.H && sl >= 0 && !(rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base)) {
             const bool is_v = hh >= rp.H + rp.Hkv;
             const int kvh = is_v ? hh - rp.H - rp.Hkv : hh - rp.H;
             const int64_t blk = sl / rp.kv.block_size, off = sl % rp.kv.block_size;
@@ -247,8 +248,11 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
 {
     if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !qkv || H < 1 ||
         Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 2 || rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv ||
-        kv.head_dim != hd || kv.block_size < 1 || kv.i8_base)
-        return (int)cudaErrorInvalidValue; /* INT8 cache blocks: rope_kv.cu quantises them */
+        kv.head_dim != hd || kv.block_size < 1)
+        return (int)cudaErrorInvalidValue;
+    /* A pool with INT8 blocks (ids >= kv.i8_base) is fine as long as this token's slot is in a
+     * full-precision block: the backend sends steps that touch INT8 blocks to rope_kv.cu, which
+     * quantises them, and the kernel never writes into one. */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
     return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
 }

@@ -617,6 +617,10 @@ TEST(rope_kv_attention)
 /* norm_qkv_rope against the plain sequence it replaces (norm_matmul, rope_kv; checked against
  * host references above), each on its own cache layer, over decode steps and one 3-token step:
  * the rotated qkv and the attention over each layer's cache must agree. */
+/* nqr_int8_pool: the KV pool also holds INT8 blocks (as a server's does, for the degrade path)
+ * while this sequence's blocks stay full precision: the fused path must still run. */
+static int nqr_int8_pool;
+
 static void check_norm_qkv_rope(int H, int Hkv, int hd, int rot, int interleaved, int bias, int d)
 {
     const int W = (H + 2 * Hkv) * hd, bs = 16, steps = 24, max_blocks = 4;
@@ -625,7 +629,7 @@ static void check_norm_qkv_rope(int H, int Hkv, int hd, int rot, int interleaved
     sf_buf *x = new_buf(4, d), *xn = new_buf(4, d), *q1 = new_buf(4, W), *q2 = new_buf(4, W), *a1 = new_buf(4, H * hd),
            *a2 = new_buf(4, H * hd);
     sf_kv_config kc = { .n_layers = 2, .n_blocks = 8, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd,
-                        .dtype = SF_DT_BF16 };
+                        .dtype = SF_DT_BF16, .int8 = nqr_int8_pool };
     sf_error err = { 0 };
     REQUIRE(w && nw && x && xn && q1 && q2 && a1 && a2, "setup");
     REQUIRE(OPS->kv_init(B, &kc, &err) == 0, "kv_init: %s", err.msg);
@@ -684,6 +688,9 @@ TEST(norm_qkv_rope)
     check_norm_qkv_rope(8, 2, 64, 32, 1, 0, 256);
     check_norm_qkv_rope(4, 1, 96, 96, 0, 1, 128);
     check_norm_qkv_rope(6, 3, 16, 8, 0, 0, 64);
+    nqr_int8_pool = 1;
+    check_norm_qkv_rope(8, 2, 64, 32, 1, 0, 256);
+    nqr_int8_pool = 0;
     if (quick) return;
     check_norm_qkv_rope(32, 8, 128, 128, 0, 0, 4096);
     check_norm_qkv_rope(28, 4, 128, 128, 0, 1, 3584);
