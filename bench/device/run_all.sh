@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench/device/run_all.sh — every part's device script in one call on a GPU host.
 #
-# Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/run_all.sh
+# Usage (repo root, prebuilt build/): OUT=DIR [PLAN=short] sh bench/device/run_all.sh
 # With two GPUs, the single-GPU parts run on GPU 0 while the overload ladder has GPU 1 to
 # itself; tensor parallelism and the eBPF/DMA experiments then run alone (they need both GPUs
 # or a quiet PCIe link). Each part writes its files under $WORK/<part>/ and its log to
@@ -37,15 +37,20 @@ part() { # part NAME GPUS SECONDS
     echo "---- $name (rc=$rc) ----"; tail -n 25 "$WORK/$name.log"
 }
 
-if [ "$NGPU" -ge 2 ]; then
+if [ "$NGPU" -ge 2 ] && [ "${PLAN:-full}" = short ]; then
+    # no tensor parallelism; the eBPF/DMA part follows on GPU 0 once the overload ladder is done
+    ( part decode 0 60; part kv8 0 60; part throughput 0 130; part bpfdma 0 130 ) &
+    part overload 1 215 &
+    wait
+elif [ "$NGPU" -ge 2 ]; then
     ( part decode 0 60; part kv8 0 60; part throughput 0 130 ) &
     part overload 1 215 &
     wait
     part tp 0,1 130
+    part bpfdma 0 130
 else
-    part decode 0 60; part kv8 0 60; part throughput 0 130; part overload 0 215
+    part decode 0 60; part kv8 0 60; part throughput 0 130; part overload 0 215; part bpfdma 0 130
 fi
-part bpfdma 0 130
 
 tar -C "$WORK" -czf "$OUT/devlog.tgz" . 2>/dev/null
 echo "==== summary ===="
