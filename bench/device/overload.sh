@@ -7,8 +7,8 @@
 # the tokenizer's, see below), measures 1x with
 # a short search (priorities on, SLO TTFT 300 ms and 50 tokens/s), then runs 1x, 8x, 4x, 2x with
 # priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
-# /metrics (KV usage peak, degrade decisions) during each run. The KV pool is held to 1536 blocks
-# (24k tokens, 3 GiB) so that the overload levels press on it and the degrade path can be seen.
+# /metrics (KV usage peak, degrade decisions) during each run. The KV pool is held to 1024 blocks
+# (16k tokens, 2 GiB) so that the overload levels press on it and the degrade path can be seen.
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md); the
 # last thing printed is one line per run. Exit 77: no GPU or no binary here (nothing measured).
 # Env: SEARCH_RATES ("12 24 48 96 192"), DURATION (8 s per run), LEVELS ("1 8 4 2"), BUDGET_S (185).
@@ -55,7 +55,7 @@ cat >"$M/config.json" <<EOF
 EOF
 
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
-SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1536 --kv-high-reserve 0.05 --kv-degrade-hold 2" \
+SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1024 --kv-high-reserve 0.05 --kv-degrade-hold 2" \
 SEARCH_RATES=${SEARCH_RATES-12 24 48 96 192} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
 DEADLINE=${BUDGET_S:-185} READY_TIMEOUT=90 WARMUP_S=3 \
     timeout -k 5 "${BUDGET_S:-185}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1

@@ -96,7 +96,9 @@ def floor_refused():
                                                              "chat; urgency=normal")[0]))
         t.start()
         deadline = time.time() + 30
-        while metrics(srv.port).get("semflow_running_sequences", 0) < 1 and time.time() < deadline:
+        # decoding for a few steps: the engine has measured what a step takes
+        while (metrics(srv.port).get("semflow_engine_decode_tokens_total", 0) < 4 or
+               metrics(srv.port).get("semflow_running_sequences", 0) < 1) and time.time() < deadline:
             time.sleep(0.02)
         # Steps take far longer than 1 ms, so a floor of 1000 tokens/s per request cannot be met.
         st, hdr, body = post(srv.port, {"prompt": "hello", "max_tokens": 4},
