@@ -453,7 +453,9 @@ static sf_k_kv layer_kv(cuda_ctx *c, int layer)
     kv.block_size = c->kvc.block_size;
     kv.n_kv_heads = c->kvc.n_kv_heads;
     kv.head_dim = c->kvc.head_dim;
-    if (c->kvc.int8) {
+    /* INT8 fields only for steps that touch INT8 blocks: the kernels then take their bf16-only
+     * paths (attention_decode.cu: an instance with fewer registers) for every other step */
+    if (c->kvc.int8 && c->step_i8) {
         kv.k_scale = c->kv_scale + (size_t)layer * 2 * c->kv_layer_rows;
         kv.v_scale = kv.k_scale + c->kv_layer_rows;
         kv.i8_base = c->kvc.n_blocks;

@@ -69,19 +69,24 @@ static __device__ __forceinline__ void row8_to_f(const uint4 &r, bool i8, float 
 }
 
 /* Cache rows (sf_kv_row: bf16 offset or INT8 row, tagged) of keys kb + u * kpw + sub, u < U;
- * -1 past k1. */
-template <int U>
+ * -1 past k1. Without I8 every block is bf16 (the step has no INT8 block). */
+template <int U, bool I8>
 static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int kpw, int sub, int k1, const int32_t *bt,
                                                   const sf_k_kv &kv, int kh)
 {
 #pragma unroll
     for (int u = 0; u < U; u++) {
         int p = kb + u * kpw + sub;
-        off[u] = p < k1 ? sf_kv_row(kv, bt, kh, p) : -1;
+        if (I8) off[u] = p < k1 ? sf_kv_row(kv, bt, kh, p) : -1;
+        else off[u] = p < k1 ? ((((int64_t)bt[p / kv.block_size] * kv.n_kv_heads + kh) * kv.block_size +
+                                 p % kv.block_size) * kv.head_dim) << 1 : -1;
     }
 }
 
-template <int HD, int MAXG>
+/* I8: the step has INT8 blocks (kv.i8_base set). The INT8 handling costs registers (about 155
+ * against 128), which would halve the blocks per SM of every bf16 step, so it is a separate
+ * instance that only steps with INT8 blocks launch. */
+template <int HD, int MAXG, bool I8>
 __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
@@ -102,7 +107,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     const int k0 = split * per, k1 = min(ctx, k0 + per);
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     int64_t off[U];
-    kv_offsets<U>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
+    kv_offsets<U, I8>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
 
     /* q of the group's heads, dims dl*8 .. dl*8+7, scaled so that scores are in base 2 */
@@ -140,7 +145,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 #pragma unroll
         for (int u = 0; u < U; u++) {
             valid[u] = off[u] >= 0;
-            i8[u] = valid[u] && (off[u] & 1);
+            i8[u] = I8 && valid[u] && (off[u] & 1);
             ks[u] = vs[u] = 1.0f;
             if (i8[u]) {
                 /* an INT8 block (kernels.h): 8 bytes of K and of V, and the rows' scales */
@@ -159,7 +164,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
                 vr[u] = kr[u];
             }
         }
-        kv_offsets<U>(off, kb + AD_WARPS * STEP, KPW, sub, k1, bt, a.kv, kh); /* next run's */
+        kv_offsets<U, I8>(off, kb + AD_WARPS * STEP, KPW, sub, k1, bt, a.kv, kh); /* next run's */
         float s[U][MAXG];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -175,9 +180,11 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
                 s[u][g] = valid[u] ? d0 * ks[u] : -INFINITY;
             }
         }
-        float vf[U][8]; /* the value rows as floats, once for all heads of the group */
+        float vf[U][8]; /* INT8 steps: the value rows as floats, once for all heads of the group */
+        if (I8) {
 #pragma unroll
-        for (int u = 0; u < U; u++) row8_to_f(vr[u], i8[u], vf[u]);
+            for (int u = 0; u < U; u++) row8_to_f(vr[u], i8[u], vf[u]);
+        }
 #pragma unroll
         for (int g = 0; g < MAXG; g++) {
             float mx = s[0][g];
@@ -191,10 +198,21 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
             for (int d = 0; d < 8; d++) o[g][d] *= alpha;
 #pragma unroll
             for (int u = 0; u < U; u++) {
-                const float p = exp2f(s[u][g] - mn), pv = p * vs[u]; /* the V scale rides on the weight */
+                const float p = exp2f(s[u][g] - mn);
                 l[g] += p;
+                if (I8) {
+                    const float pv = p * vs[u]; /* the V scale rides on the weight */
 #pragma unroll
-                for (int d = 0; d < 8; d++) o[g][d] = fmaf(pv, vf[u][d], o[g][d]);
+                    for (int d = 0; d < 8; d++) o[g][d] = fmaf(pv, vf[u][d], o[g][d]);
+                } else {
+                    const bf162 *vh = (const bf162 *)&vr[u];
+#pragma unroll
+                    for (int h = 0; h < 4; h++) {
+                        float2 f = __bfloat1622float2(vh[h]);
+                        o[g][2 * h] = fmaf(p, f.x, o[g][2 * h]);
+                        o[g][2 * h + 1] = fmaf(p, f.y, o[g][2 * h + 1]);
+                    }
+                }
             }
             m[g] = mn;
         }
@@ -298,7 +316,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
-    int rc = sf_launch_pdl(k_attn_decode<HD, MAXG>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a);
+    int rc = a->kv.i8_base
+                 ? sf_launch_pdl(k_attn_decode<HD, MAXG, true>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a)
+                 : sf_launch_pdl(k_attn_decode<HD, MAXG, false>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a);
     return rc ? rc : sf_launch_status();
 }
 
