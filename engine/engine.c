@@ -681,7 +681,7 @@ int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double 
         return sf_err(err, SF_ENODEV, "the engine stopped: %s", e->tp_failed_msg);
     }
     int queued = e->st.waiting[u]; /* queued in the scheduler (last step) + in the inbox */
-    if (r->seq.min_tps > 0 && e->cfg.step_shaping && !e->st.degraded && e->st.running > 0 &&
+    if (r->seq.min_tps > 0 && e->cfg.step_shaping && e->st.running > 0 &&
         e->st.step_ms > 1000.0 / r->seq.min_tps) {
         /* Its floor cannot be met: steps already take longer than one token's share of it. */
         double t = retry_after(e, u), ms = e->st.step_ms;

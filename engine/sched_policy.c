@@ -74,8 +74,7 @@ void sf_policy_caps(sf_sched *s, int n_decode)
     sf_seq *heads[2] = { &s->running, &s->waiting };
     for (int h = 0; h < 2; h++)
         for (sf_seq *q = heads[h]->next; q != heads[h]; q = q->next) {
-            if (q->relaxed) continue;
-            if (q->max_latency_ms > 0) t_rt = SF_MIN(t_rt, q->max_latency_ms * (double)s->cfg.shape_frac);
+            if (q->max_latency_ms > 0 && !q->relaxed) t_rt = SF_MIN(t_rt, q->max_latency_ms * (double)s->cfg.shape_frac);
             if (h == 0 && q->min_tps > 0 && q->n_tokens - q->n_computed <= 1)
                 t_fl = SF_MIN(t_fl, FLOOR_MARGIN * 1000.0 / q->min_tps);
         }
@@ -100,7 +99,7 @@ void sf_policy_caps(sf_sched *s, int n_decode)
 
 int sf_policy_may_preempt(const sf_sched *s, const sf_seq *victim, const sf_seq *asker)
 {
-    if (victim == asker || victim->min_tps <= 0 || victim->relaxed) return 1;
+    if (victim == asker || victim->min_tps <= 0) return 1;
     if (victim->n_tokens - victim->n_computed > 1) return 1; /* still prefilling: no rate to protect yet */
     return asker->urgency >= SF_URGENCY_HIGH && asker->deadline < INFINITY;
 }

@@ -61,7 +61,7 @@ typedef struct sf_seq {
                                * and it is not preempted except for a high-urgency deadline */
     double t_submit;          /* sf_now_s clock; the relaxed deadline counts from it */
     /* set by the degrade policy (sched_policy.c) */
-    int relaxed;              /* its targets no longer shape the step (KV pressure) */
+    int relaxed;              /* its max-latency no longer shapes the step (KV pressure); floors stay */
     double deadline_orig;     /* deadline before relaxing */
     int kv_i8;                /* its KV blocks are INT8 (chosen at admission): half the memory, when
                                * the pool has them (kvcache.h). Read when the sequence next takes
@@ -90,7 +90,7 @@ typedef struct sf_sched_config {
     int min_chunk;            /* default 16 */
     /* Degrade instead of reject (0 / off when degrade_high is 0): KV usage above degrade_high for
      * degrade_hold_s seconds enters the degraded state: low-urgency sequences are relaxed (deadline
-     * at least relax_ms after submit, their targets stop shaping the step) and new low-urgency
+     * at least relax_ms after submit, their max-latency stops shaping the step) and new low-urgency
      * sequences get INT8 KV when kv_i8_ok; usage below degrade_low for degrade_hold_s restores. */
     float degrade_high, degrade_low;
     double degrade_hold_s;
