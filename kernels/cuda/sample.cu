@@ -201,14 +201,24 @@ struct HistPass {
     }
 };
 
+/* Whether token id (logit l, in: inside the row) survives the cut: its temperature-scaled
+ * logit x has a key above the threshold t, or equal to it with an id at most c. */
+static __device__ __forceinline__ bool kept(int id, float l, bool in, float inv_t, uint32_t t, int c, float *x,
+                                            uint32_t *k)
+{
+    if (!in) return false;
+    *x = __fmul_rn(l, inv_t);
+    if (!valid(*x)) return false;
+    *k = sf_sample_key(*x);
+    return *k > t || (*k == t && id <= c);
+}
+
 struct GatherPass { /* the kept tokens (at most TOPK_CAP) into sh.top */
     float inv_t; uint32_t t; int c; Shared *sh;
     __device__ void operator()(int id, float l, bool in) {
-        if (!in) return;
-        float x = __fmul_rn(l, inv_t);
-        if (!valid(x)) return;
-        uint32_t k = sf_sample_key(x);
-        if (!(k > t || (k == t && id <= c))) return;
+        float x;
+        uint32_t k;
+        if (!kept(id, l, in, inv_t, t, c, &x, &k)) return;
         int slot = atomicAdd(&sh->n, 1);
         if (slot < TOPK_CAP) sh->top[slot] = (u64)k << 32 | (uint32_t)~(uint32_t)id;
     }
@@ -217,11 +227,9 @@ struct GatherPass { /* the kept tokens (at most TOPK_CAP) into sh.top */
 struct DrawPass { /* Gumbel-max over the kept tokens */
     float inv_t; uint32_t t; int c; uint64_t stream; float v; int i;
     __device__ void operator()(int id, float l, bool in) {
-        if (!in) return;
-        float x = __fmul_rn(l, inv_t);
-        if (!valid(x)) return;
-        uint32_t k = sf_sample_key(x);
-        if (!(k > t || (k == t && id <= c))) return;
+        float x;
+        uint32_t k;
+        if (!kept(id, l, in, inv_t, t, c, &x, &k)) return;
         float g = x - logf(-log1pf(-sf_sample_uniform(stream, (uint32_t)id)));
         best_combine(v, i, g, id);
     }

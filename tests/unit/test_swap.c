@@ -53,16 +53,22 @@ static void collect_wait(collect *c)
     pthread_mutex_unlock(&c->mu);
 }
 
+/* The engine every test here runs: stories260K on one CPU thread, a small KV pool. */
+static void swap_config(sf_engine_config *c, int kv_blocks)
+{
+    sf_engine_config_default(c);
+    c->model = test_data("stories260K/stories260K.gguf");
+    c->backend = "cpu";
+    c->n_threads = 1;
+    c->max_num_seqs = 8;
+    c->max_batched_tokens = 64;
+    c->num_kv_blocks = kv_blocks;
+}
+
 static sf_engine *open_engine(int kv_blocks, double swap_gib, sf_error *err)
 {
     sf_engine_config c;
-    sf_engine_config_default(&c);
-    c.model = test_data("stories260K/stories260K.gguf");
-    c.backend = "cpu";
-    c.n_threads = 1;
-    c.max_num_seqs = 8;
-    c.max_batched_tokens = 64;
-    c.num_kv_blocks = kv_blocks;
+    swap_config(&c, kv_blocks);
     c.swap_space_gib = swap_gib;
     sf_engine *e = NULL;
     if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
@@ -435,13 +441,7 @@ TEST(tuner_on_and_off_keep_outputs_exact)
     for (int tuner = 0; tuner < 2; tuner++) {
         static collect many[N];
         sf_engine_config c;
-        sf_engine_config_default(&c);
-        c.model = test_data("stories260K/stories260K.gguf");
-        c.backend = "cpu";
-        c.n_threads = 1;
-        c.max_num_seqs = 8;
-        c.max_batched_tokens = 64;
-        c.num_kv_blocks = 12;
+        swap_config(&c, 12);
         c.dma_tuner = tuner;
         c.pcie_contention = always_contended;
         sf_engine *e = NULL;
