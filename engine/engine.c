@@ -684,14 +684,14 @@ int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double 
     if (r->seq.min_tps > 0 && e->cfg.step_shaping && e->st.running > 0 &&
         e->st.step_ms > 1000.0 / r->seq.min_tps) {
         /* Its floor cannot be met: steps already take longer than one token's share of it. */
-        double t = retry_after(e, u), ms = e->st.step_ms;
+        double t = retry_after(e, u), ms = e->st.step_ms, floor = r->seq.min_tps;
         e->n_rejected++;
         pthread_mutex_unlock(&e->mu);
         sf_request_free(r);
         if (retry_after_s) *retry_after_s = t;
         return sf_err(err, SF_AGAIN, "a min-throughput of %g tokens/s cannot be met now: engine steps take %.1f ms "
                       "(%.1f tokens/s per request); retry in %.1f s or ask for a lower min-throughput",
-                      r->seq.min_tps, ms, 1000.0 / ms, t);
+                      floor, ms, 1000.0 / ms, t);
     }
     if (queued >= e->cfg.queue_limit[u]) {
         double t = retry_after(e, u);
