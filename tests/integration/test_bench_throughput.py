@@ -59,6 +59,8 @@ for args, what in [
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--temperature", "nan"], "--temperature"),
     (["--sample", "gpu"], "--sample"),
+    (["--batch", "0"], "--batch"),
+    (["--kv-dtype", "fp4"], "--kv-dtype"),
 ]:
     rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", *args)
     check("bad_flag " + " ".join(args), rc == 2 and what in err, f"rc {rc}: {err[-300:]}")

@@ -11,6 +11,7 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "tests/test.h"
+#include "tests/lib/engine_wait.h"
 
 #define MAXTOK 512
 
@@ -90,16 +91,6 @@ static sf_engine *open_engine(const char *model, int max_seqs, int budget, int m
     sf_engine *e = NULL;
     if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
     return e;
-}
-
-/* Stats are a snapshot taken after each step: wait until the engine has gone idle. */
-static void wait_idle(sf_engine *e, sf_engine_stats *st)
-{
-    for (int i = 0; i < 400; i++) {
-        sf_engine_get_stats(e, st);
-        if (!st->running && !st->waiting[0] && !st->waiting[1] && !st->waiting[2] && !st->kv_blocks_used) return;
-        usleep(5000);
-    }
 }
 
 static const char *stories(void) { return test_data("stories260K/stories260K.gguf"); }

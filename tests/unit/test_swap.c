@@ -13,6 +13,7 @@
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
 #include "tests/test.h"
+#include "tests/lib/engine_wait.h"
 
 #define MAXTOK 256
 
@@ -73,15 +74,6 @@ static sf_engine *open_engine(int kv_blocks, double swap_gib, sf_error *err)
     sf_engine *e = NULL;
     if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
     return e;
-}
-
-static void wait_idle(sf_engine *e, sf_engine_stats *st)
-{
-    for (int i = 0; i < 400; i++) {
-        sf_engine_get_stats(e, st);
-        if (!st->running && !st->waiting[0] && !st->waiting[1] && !st->waiting[2] && !st->kv_blocks_used) return;
-        usleep(5000);
-    }
 }
 
 enum { N = 32 };
