@@ -44,6 +44,7 @@ struct sf_engine {
     /* sampling on the backend: per-row parameters, drawn ids, penalty entries */
     sf_sample_row *rows;        /* [max_num_seqs] */
     int32_t *ids;               /* [max_num_seqs] */
+    sf_request **got;           /* [max_num_seqs]: the step's requests that yield logits, in row order */
     sf_sample_pen *pen;
     int cap_pen;
     /* the last step's timing, for the loop's accounting (engine thread) */
@@ -248,11 +249,7 @@ static int engine_step(sf_engine *e)
     sf_sched_batch(&e->sched, &b);
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     int n = p->n_items, k = 0;
-    sf_request *small[64], **got = n <= 64 ? small : malloc((size_t)n * sizeof *got);
-    if (!got) { /* run the step again next time: it rewrites the same KV slots */
-        sf_sched_discard(&e->sched);
-        return 0;
-    }
+    sf_request **got = e->got; /* k <= running <= max_num_seqs */
     int on_dev = !e->tp && !e->cfg.host_sampling && sf_forward_can_sample(e->fwd), n_pen = 0;
     for (int i = 0; i < n; i++) {
         if (!p->items[i].seq || !p->items[i].logits) continue;
@@ -298,7 +295,6 @@ static int engine_step(sf_engine *e)
         sf_sched_discard(&e->sched);
         for (int i = 0; i < nv; i++) finish_and_free(e, victims[i], SF_FINISH_ERROR, rc, err.msg);
         free(victims);
-        if (got != small) free(got);
         return nv;
     }
     sf_sched_commit(&e->sched);
@@ -317,7 +313,6 @@ static int engine_step(sf_engine *e)
         }
         e->n_tokens_out++;
     }
-    if (got != small) free(got);
     sf_sched_observe(&e->sched, b.n_tokens, p->n_decode, (sf_now_s() - t0) * 1e3);
     if (e->trace) trace_step(e, p, t0);
     return b.n_tokens;
@@ -592,7 +587,8 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
     e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
     e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
-    if (!e->logits || !e->rows || !e->ids) {
+    e->got = malloc((size_t)c->max_num_seqs * sizeof *e->got);
+    if (!e->logits || !e->rows || !e->ids || !e->got) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
     }
@@ -635,6 +631,7 @@ void sf_engine_free(sf_engine *e)
     free(e->logits);
     free(e->rows);
     free(e->ids);
+    free(e->got);
     free(e->pen);
     if (e->sched_ready) sf_sched_free(&e->sched);
     if (e->pool_ready) sf_kv_pool_free(&e->pool);
