@@ -3,8 +3,8 @@
 #
 # Usage (repo root, prebuilt build/): OUT=DIR [PLAN=short] sh bench/device/run_all.sh
 # With two GPUs, the single-GPU parts run on GPU 0 while the overload ladder has GPU 1 to
-# itself; tensor parallelism and the eBPF/DMA experiments then run alone (they need both GPUs
-# or a quiet PCIe link). Each part writes its files under $WORK/<part>/ and its log to
+# itself; tensor parallelism then runs alone on both, and the eBPF/DMA experiment (BPFDMA=1)
+# last on a quiet PCIe link. Each part writes its files under $WORK/<part>/ and its log to
 # $WORK/<part>.log; everything is packed into $OUT/devlog.tgz (one file comes back) and a
 # summary of exit codes and wall times is printed last.
 set -u
@@ -37,20 +37,23 @@ part() { # part NAME GPUS SECONDS
     echo "---- $name (rc=$rc) ----"; tail -n 25 "$WORK/$name.log"
 }
 
+# single-GPU parts, one after the other on GPU 0, with their limits in seconds
+SINGLE="gemm:45 prefill:35 smallops:25 decattn:40 decode:60 throughput:120"
+single() { for p in $SINGLE; do part "${p%%:*}" 0 "${p#*:}"; done; }
 if [ "$NGPU" -ge 2 ] && [ "${PLAN:-full}" = short ]; then
-    # no tensor parallelism; the eBPF/DMA part follows on GPU 0 once the overload ladder is done
-    ( part decode 0 60; part kv8 0 60; part throughput 0 130; part bpfdma 0 130 ) &
-    part overload 1 215 &
+    # no tensor parallelism
+    single &
+    part overload 1 300 &
     wait
 elif [ "$NGPU" -ge 2 ]; then
-    ( part decode 0 60; part kv8 0 60; part throughput 0 130 ) &
-    part overload 1 215 &
+    single &
+    part overload 1 300 &
     wait
     part tp 0,1 130
-    part bpfdma 0 130
 else
-    part decode 0 60; part kv8 0 60; part throughput 0 130; part overload 0 215; part bpfdma 0 130
+    single; part overload 0 300
 fi
+[ "${BPFDMA:-0}" = 1 ] && part bpfdma 0 130
 
 tar -C "$WORK" -czf "$OUT/devlog.tgz" . 2>/dev/null
 echo "==== summary ===="
