@@ -262,7 +262,7 @@ static int engine_step(sf_engine *e)
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     int n = p->n_items, k = 0;
     sf_request **got = e->got; /* k <= running <= max_num_seqs */
-    int on_dev = !e->tp && !e->cfg.host_sampling && sf_forward_can_sample(e->fwd), n_pen = 0;
+    int on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd), n_pen = 0;
     for (int i = 0; i < n; i++) {
         if (!p->items[i].seq || !p->items[i].logits) continue;
         sf_request *r = got[k] = p->items[i].seq->owner;
@@ -276,10 +276,10 @@ static int engine_step(sf_engine *e)
     double t_fwd = sf_now_s();
     uint64_t host_ns = 0;
     int rc;
-    if (e->tp) rc = sf_tp_step(e->tp, &b, e->logits, &err);
-    else if (on_dev) {
+    if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
+    else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
         sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = e->ids };
-        rc = sf_forward_step_sample(e->fwd, &b, &smp, &err);
+        rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, &err) : sf_forward_step_sample(e->fwd, &b, &smp, &err);
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
             rc = sf_forward_read_logits(e->fwd, k, e->logits, &err);
