@@ -1113,10 +1113,10 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);
         }
-        /* SEMFLOW_CUDA_GRAPH_TOKENS=N: steps of up to N tokens use graphs (default 64), e.g. the
-         * decode steps of 128-256 sequences of a saturated engine */
+        /* SEMFLOW_CUDA_GRAPH_TOKENS=N: steps of up to N tokens use graphs (default 512: the decode
+         * steps of up to 512 sequences of a saturated engine; docs/CUDA.md has what one costs) */
         const char *gt = getenv("SEMFLOW_CUDA_GRAPH_TOKENS");
-        int gmax = gt && atoi(gt) > 0 ? atoi(gt) : 64;
+        int gmax = gt && atoi(gt) > 0 ? atoi(gt) : 512;
         sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, gmax);
     }
     *out = b;
