@@ -144,6 +144,11 @@ int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, const uint1
  * first, as the unfused GEMV-then-add does). */
 int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
                   cudaStream_t s);
+/* sf_k_gemv_add that also pulls the first next_bytes of the next GEMV's weight `next` into L2
+ * before it waits for the kernel before it (while attention runs): half at next and half at
+ * next + next_seg2 bytes when next_seg2 > 0 (gate rows, then up rows). next_bytes 0: none. */
+int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
+                       const uint16_t *next, long long next_bytes, long long next_seg2, cudaStream_t s);
 
 /* qkv[(H + 2 Hkv) * hd] = bf16(rmsnorm(x) * nw) . Wqkv^T (+ bias), then what sf_k_rope_kv does
  * for one token at pos[0] / slot[0] (device pointers): q and k heads rotated, k and v heads
