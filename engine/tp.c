@@ -112,13 +112,19 @@ static int build(sf_tp *t, const sf_model *m, sf_error *err)
     return SF_OK;
 }
 
+static const char *path_name(sf_comm_path p)
+{
+    return p == SF_COMM_PATH_CUSTOM ? "own" : p == SF_COMM_PATH_NCCL ? "base" : p == SF_COMM_PATH_ONESHOT ? "one-shot"
+         : p == SF_COMM_PATH_LL ? "LL" : "auto";
+}
+
 /* Every rank: iters all-reduces of an n-element buffer, then a sync and a barrier. *us: wall
  * time per all-reduce of the timed part on this rank. */
 static int bench_all_reduce(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {
     sf_buf *buf = NULL;
     sf_comm_path keep = t->comm->path;
-    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "rank %d: all-reduce bench: unknown path %d", t->o.rank, (int)path);
     int rc = t->b->ops->buf_new(t->b, 1, n, &buf, err);
     if (rc) return rc;
@@ -187,8 +193,8 @@ static int check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path pat
             *worst = fmax(*worst, d);
             if (d > tol) {
                 rc = sf_err(err, SF_ERROR, "rank %d: all-reduce check (%s path), round %d, %lld values: element %lld "
-                            "is %g, the sum is %g", t->o.rank, path == SF_COMM_PATH_CUSTOM ? "own" : path ==
-                            SF_COMM_PATH_NCCL ? "base" : "auto", it, (long long)n, (long long)i, h[i], want[i]);
+                            "is %g, the sum is %g", t->o.rank, path_name(path), it, (long long)n, (long long)i, h[i],
+                            want[i]);
                 break;
             }
         }
@@ -468,7 +474,9 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
     return rc ? dead(t, rc, err) : SF_OK;
 }
 
-int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
+/* The step plan to every rank, then this rank's step: logits to host memory, or sampled on
+ * rank 0's device (smp). */
+static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sample *smp, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     tp_hdr h = { .cmd = TP_STEP, .T = b->n_tokens, .S = b->n_seqs, .max_blocks = b->max_blocks, .L = b->n_logits };
@@ -489,17 +497,32 @@ int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
 #undef PUT
     int rc;
     if ((rc = send_hdr(t, &h, err)) ||
-        (rc = t->comm->ops->broadcast(t->comm, t->payload, n * sizeof(int32_t), 0, 0, err)) ||
-        (rc = sf_forward_step(t->fwd, b, logits, err)))
+        (rc = t->comm->ops->broadcast(t->comm, t->payload, n * sizeof(int32_t), 0, 0, err)))
         return dead(t, rc, err);
-    return SF_OK;
+    rc = smp ? sf_forward_step_sample(t->fwd, b, smp, err) : sf_forward_step(t->fwd, b, logits, err);
+    /* a sampler that declined these sizes is no failure of the group: the step ran on every
+     * rank, and the caller samples on the host from sf_forward_read_logits */
+    if (rc == SF_EUNSUPPORTED && smp) return rc;
+    return rc ? dead(t, rc, err) : SF_OK;
+}
+
+int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
+{
+    return step(t, b, logits, NULL, err);
+}
+
+int sf_tp_step_sample(sf_tp *t, const sf_batch *b, const sf_forward_sample *smp, sf_error *err)
+{
+    if (!sf_forward_can_sample(t->fwd))
+        return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: rank 0's backend cannot sample (sample on the host)");
+    return step(t, b, NULL, smp, err);
 }
 
 int sf_tp_bench_all_reduce_path(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     if (n < 1 || iters < 1) return sf_err(err, SF_EINVAL, "all-reduce bench: %lld elements x %d", (long long)n, iters);
-    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "all-reduce bench: unknown path %d", (int)path);
     tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters, .bench_path = path };
     int rc = send_hdr(t, &h, err);
@@ -515,7 +538,7 @@ int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error 
 int sf_tp_check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
-    if (max_n < 1 || iters < 1 || path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+    if (max_n < 1 || iters < 1 || path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "all-reduce check: %lld values, %d rounds, path %d", (long long)max_n, iters,
                       (int)path);
     tp_hdr h = { .cmd = TP_CHECK_ALLREDUCE, .bench_n = max_n, .bench_iters = iters, .bench_path = path };

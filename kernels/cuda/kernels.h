@@ -172,6 +172,11 @@ int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, const uint1
  * first, as the unfused GEMV-then-add does). */
 int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
                   cudaStream_t s);
+/* sf_k_gemv_add that also pulls the first next_bytes of the next GEMV's weight `next` into L2
+ * before it waits for the kernel before it (while attention runs): half at next and half at
+ * next + next_seg2 bytes when next_seg2 > 0 (gate rows, then up rows). next_bytes 0: none. */
+int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
+                       const uint16_t *next, long long next_bytes, long long next_seg2, cudaStream_t s);
 
 /* qkv[(H + 2 Hkv) * hd] = bf16(rmsnorm(x) * nw) . Wqkv^T (+ bias), then what sf_k_rope_kv does
  * for one token at pos[0] / slot[0] (device pointers): q and k heads rotated, k and v heads
@@ -198,6 +203,11 @@ int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, in
 #define SF_K_ATTN_DECODE_MAX_GROUP 8
 int sf_k_attention_decode_ok(const sf_k_attn *a);
 int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
+/* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of `stages` (2 or 3)
+ * 64-key tiles, bf16 and INT8 blocks (block size a multiple of 16). sf_k_attention_decode
+ * chooses it by shape (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
+int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
+int sf_k_attention_decode_mma(const sf_k_attn *a, int stages, cudaStream_t s);
 
 /* ---- sampling (sample.cu) --------------------------------------------------------------- */
 /* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */
