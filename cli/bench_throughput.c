@@ -70,26 +70,30 @@ static int open_engine(const bench_opts *o, const char *path, int max_seqs, sf_e
 /* The physical bound of the run (see the file comment): seconds of prefill and of decode. */
 typedef struct bound { double prefill_s, decode_s, weight_bytes, bw, peak; } bound;
 
-static bound physical_bound(const sf_engine_info *in, int N, int I, int O, int B)
+/* Under tensor parallelism (tp > 1) every GPU reads 1/tp of the weights and does 1/tp of the
+ * FLOPs, and kv_bytes_per_token is already one rank's share (its kv heads), so the bound is that
+ * of one GPU's share; the collectives are left out (they are what TP costs beyond it). */
+static bound physical_bound(const sf_engine_info *in, int N, int I, int O, int B, int tp)
 {
     const sf_model_config *c = &in->model->cfg;
     const sf_hw_info *hw = in->hw;
     bound r = { 0 };
     r.bw = (hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs) * 1e9;
     r.peak = hw->gemm_tflops * 1e12;
-    r.weight_bytes = (double)sf_bench_decode_weight_bytes(in->model);
+    tp = tp > 1 ? tp : 1;
+    r.weight_bytes = (double)sf_bench_decode_weight_bytes(in->model) / tp;
     if (r.bw <= 0 || r.peak <= 0) return r;
     double d = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, f = c->intermediate;
     double gemm_tok = 2.0 * (c->n_layers * (d * (H + 2 * Hkv) * hd + H * hd * d + 3 * d * f) + d * c->vocab_size);
     double attn_per_key = 4.0 * c->n_layers * H * hd, kv_tok = (double)in->kv_bytes_per_token;
-    r.prefill_s = N * sf_bench_prefill_flops(c, I) / r.peak;
+    r.prefill_s = N * sf_bench_prefill_flops(c, I) / tp / r.peak;
     /* the first output token comes with the prefill; the other O - 1 from decode steps, the
      * sequences in waves of at most B */
     for (int left = N; left > 0; left -= B) {
         double b = SF_MIN(left, B);
         for (int j = 1; j < O; j++) {
             double ctx = (double)I + j + 1;
-            double mem = (r.weight_bytes + b * kv_tok * ctx) / r.bw, fl = b * (gemm_tok + attn_per_key * ctx) / r.peak;
+            double mem = (r.weight_bytes + b * kv_tok * ctx) / r.bw, fl = b * (gemm_tok + attn_per_key * ctx) / tp / r.peak;
             r.decode_s += mem > fl ? mem : fl;
         }
     }
@@ -184,7 +188,7 @@ int sf_bench_throughput(const bench_opts *o)
                out_tok, (long)atomic_load(&st.token_events));
         goto fail;
     }
-    bound bd = physical_bound(&in, N, I, O, max_seqs);
+    bound bd = physical_bound(&in, N, I, O, max_seqs, o->tp);
     double out_tps = out_tok / elapsed, tot_tps = ((double)N * I + out_tok) / elapsed;
     double bound_s = bd.prefill_s + bd.decode_s, bound_out = bound_s > 0 ? (double)N * O / bound_s : 0;
     double bound_tot = bound_s > 0 ? (double)N * (I + O) / bound_s : 0;
@@ -214,6 +218,9 @@ int sf_bench_throughput(const bench_opts *o)
         json_object_set_new(s, "graphs_captured", json_integer(es.graphs_captured));
         json_object_set_new(s, "graph_replays", json_integer(es.graph_replays));
         json_object_set_new(s, "graph_fallbacks", json_integer(es.graph_fallbacks));
+        json_object_set_new(b, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
+        json_object_set_new(b, "kv_tokens", json_integer((json_int_t)in.kv_blocks * in.kv_block_size));
+        json_object_set_new(j, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
         json_object_set_new(j, "bound", b);
         json_object_set_new(j, "engine", s);
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
@@ -225,6 +232,10 @@ int sf_bench_throughput(const bench_opts *o)
                max_seqs, in.kv_blocks, in.kv_block_size);
         printf("measured %.2f s: %.1f output tokens/s, %.1f total tokens/s, %.2f requests/s\n", elapsed, out_tps, tot_tps,
                N / elapsed);
+        if (o->tp > 1)
+            printf("tp       %d ranks: each holds 1/%d of the weights (%.2f GB) and KV for %d tokens (%zu bytes per token "
+                   "per GPU); the bound below is one GPU's share of the work\n", o->tp, o->tp, bd.weight_bytes / 1e9,
+                   in.kv_blocks * in.kv_block_size, in.kv_bytes_per_token);
         if (bound_s > 0)
             printf("bound    %.1f output tokens/s, %.1f total (prefill %.2f s at %.1f TFLOP/s, decode %.2f s at %.0f GB/s "
                    "or the GEMM rate) = %.0f%% reached\n", bound_out, bound_tot, bd.prefill_s, bd.peak / 1e12,

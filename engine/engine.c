@@ -220,16 +220,19 @@ static void run_swaps(sf_engine *e, const sf_plan *p)
     }
 }
 
-/* --sched-trace: one line per step (TSV), for finding where step time and latency go. */
-static void trace_step(sf_engine *e, const sf_plan *p, double t0)
+/* --sched-trace: one line per step (TSV), for finding where step time and latency go. rt: tokens
+ * of high-urgency sequences in the step; sw: KV blocks swapped out or in before it, in swap_ms. */
+static void trace_step(sf_engine *e, const sf_plan *p, double t0, int rt, int sw, double swap_ms)
 {
     const sf_sched *s = &e->sched;
     double now = sf_now_s();
-    fprintf(e->trace, "%.4f\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%llu\t%d\t%d\t%.2f\t%d\n", now - e->t_start,
-            (now - t0) * 1e3, p->n_decode, p->n_prefill, s->n_running, s->n_waiting[SF_URGENCY_HIGH],
-            s->n_waiting[SF_URGENCY_NORMAL], s->n_waiting[SF_URGENCY_LOW], e->pool.n_blocks - e->pool.n_free,
-            (unsigned long long)s->preemptions, s->cap_tokens == INT_MAX ? -1 : s->cap_tokens,
-            s->cap_low == INT_MAX ? -1 : s->cap_low, sf_sched_predict_ms(s, p->n_tokens), s->degraded);
+    fprintf(e->trace, "%.4f\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%llu\t%d\t%d\t%.2f\t%d\t%.4f\t%d\t%d\t%d\t%.2f\t%llu\n",
+            now - e->t_start, (now - t0) * 1e3, p->n_decode, p->n_prefill, s->n_running,
+            s->n_waiting[SF_URGENCY_HIGH], s->n_waiting[SF_URGENCY_NORMAL], s->n_waiting[SF_URGENCY_LOW],
+            (sf_kv_total_units(&e->pool) - e->pool.n_free_units + 1) / 2, (unsigned long long)s->preemptions,
+            s->cap_tokens == INT_MAX ? -1 : s->cap_tokens, s->cap_low == INT_MAX ? -1 : s->cap_low,
+            sf_sched_predict_ms(s, p->n_tokens), s->degraded, sf_sched_kv_demand(s), s->n_running_i8, rt, sw,
+            swap_ms, (unsigned long long)s->steps);
 }
 
 /* One scheduler step: plan, run the forward pass, sample, deliver. Returns the tokens run. */
@@ -240,7 +243,16 @@ static int engine_step(sf_engine *e)
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
     for (int i = 0; i < p->n_stuck; i++) /* the KV pool cannot hold them even alone */
         finish_and_free(e, p->stuck[i]->owner, SF_FINISH_LENGTH, SF_OK, NULL);
+    int rt = 0, sw = 0; /* for the trace (the plan's sequences may be freed by the time it is written) */
+    if (e->trace) {
+        for (int i = 0; i < p->n_items; i++)
+            if (p->items[i].seq && p->items[i].seq->urgency == SF_URGENCY_HIGH) rt += p->items[i].n;
+        for (int i = 0; i < p->n_swap_out; i++) sw += p->swap_out[i].seq ? p->swap_out[i].n : 0;
+        for (int i = 0; i < p->n_swap_in; i++) sw += p->swap_in[i].seq ? p->swap_in[i].n : 0;
+    }
+    double t_sw = sf_now_s();
     run_swaps(e, p);
+    double swap_ms = (sf_now_s() - t_sw) * 1e3;
     if (p->n_tokens == 0) {
         sf_sched_discard(&e->sched);
         return p->n_stuck;
@@ -250,7 +262,7 @@ static int engine_step(sf_engine *e)
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     int n = p->n_items, k = 0;
     sf_request **got = e->got; /* k <= running <= max_num_seqs */
-    int on_dev = !e->tp && !e->cfg.host_sampling && sf_forward_can_sample(e->fwd), n_pen = 0;
+    int on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd), n_pen = 0;
     for (int i = 0; i < n; i++) {
         if (!p->items[i].seq || !p->items[i].logits) continue;
         sf_request *r = got[k] = p->items[i].seq->owner;
@@ -264,10 +276,10 @@ static int engine_step(sf_engine *e)
     double t_fwd = sf_now_s();
     uint64_t host_ns = 0;
     int rc;
-    if (e->tp) rc = sf_tp_step(e->tp, &b, e->logits, &err);
-    else if (on_dev) {
+    if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
+    else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
         sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = e->ids };
-        rc = sf_forward_step_sample(e->fwd, &b, &smp, &err);
+        rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, &err) : sf_forward_step_sample(e->fwd, &b, &smp, &err);
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
             rc = sf_forward_read_logits(e->fwd, k, e->logits, &err);
@@ -314,7 +326,7 @@ static int engine_step(sf_engine *e)
         e->n_tokens_out++;
     }
     sf_sched_observe(&e->sched, b.n_tokens, p->n_decode, (sf_now_s() - t0) * 1e3);
-    if (e->trace) trace_step(e, p, t0);
+    if (e->trace) trace_step(e, p, t0, rt, sw, swap_ms);
     return b.n_tokens;
 }
 
@@ -339,6 +351,8 @@ static void update_stats(sf_engine *e)
     for (int i = 0; i < SF_DECISION_COUNT; i++) e->st.decisions[i] = s->decisions[i];
     e->st.degraded = s->degraded;
     e->st.kv_usage = sf_sched_kv_usage(s);
+    e->st.kv_demand = sf_sched_kv_demand(s);
+    e->st.running_kv_i8 = s->n_running_i8;
     e->st.step_ms = s->step_ms_avg;
     e->st.cap_tokens = s->cap_tokens == INT_MAX ? -1 : s->cap_tokens;
     e->st.cap_low = s->cap_low == INT_MAX ? -1 : s->cap_low;
@@ -603,7 +617,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                         strerror(errno));
             goto fail;
         }
-        fprintf(e->trace, "t_s\tstep_ms\tdecode\tprefill\trunning\twait_high\twait_normal\twait_low\tkv_used\tpreemptions\tcap\tcap_low\tpredicted_ms\tdegraded\n");
+        fprintf(e->trace, "t_s\tstep_ms\tdecode\tprefill\trunning\twait_high\twait_normal\twait_low\tkv_used\tpreemptions\tcap\tcap_low\tpredicted_ms\tdegraded\tkv_demand\trunning_i8\trt_tokens\tswap_blocks\tswap_ms\tstep\n");
     }
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         rc = sf_err(err, SF_ERROR, "engine: cannot start the engine thread");

@@ -188,6 +188,11 @@ typedef struct sf_engine_stats {
     uint64_t decode_steps, decode_step_tokens, rows_sampled_backend, rows_sampled_host;
     /* CUDA backend: decode-step graphs captured and replayed, and steps that ran op by op */
     long graphs_captured, graph_replays, graph_fallbacks;
+    /* KV demand the degrade policy watches (docs/SCHEDULER.md): units admitted work holds or
+     * needs to finish, over the pool (may pass 1); kv_usage above is the memory held now.
+     * Sequences running with INT8 KV now. */
+    double kv_demand;
+    int running_kv_i8;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
 const char *sf_decision_name(int i);

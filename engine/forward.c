@@ -40,6 +40,7 @@ struct sf_forward {
     int tp_fused; /* the fused ops under tensor parallelism (see the top) */
     sf_buf *gathered;
     float *gather_host;
+    sf_buf *rows_full; /* rank 0 with a sampler: [max_logits, size * vocab_pad], whole logit rows */
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -80,7 +81,8 @@ void sf_forward_free(sf_forward *f)
 {
     if (!f) return;
     const struct sf_backend_ops *o = OPS(f);
-    sf_buf *bufs[] = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo, f->sel, f->logits, f->gathered };
+    sf_buf *bufs[] = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo, f->sel, f->logits, f->gathered,
+                       f->rows_full };
     for (size_t i = 0; i < SF_ARRAY_LEN(bufs); i++)
         if (bufs[i]) o->buf_free(f->b, bufs[i]);
     if (f->layers) {
@@ -199,6 +201,9 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
         goto fail;
     if (sh && sh->size > 1) {
         if ((rc = o->buf_new(b, (int64_t)sh->size * Lg, sh->vocab_pad, &f->gathered, err))) goto fail;
+        if (sh->rank == 0 && o->sample && comm->ops->copy_2d &&
+            (rc = o->buf_new(b, Lg, (int64_t)sh->size * sh->vocab_pad, &f->rows_full, err)))
+            goto fail;
         if (!(f->gather_host = malloc((size_t)sh->size * Lg * sh->vocab_pad * sizeof(float)))) {
             rc = sf_err(err, SF_ENOMEM, "forward: out of memory for the gathered logits");
             goto fail;
@@ -299,10 +304,17 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
         STEP("get_rows", o->get_rows(b, f->x, f->sel));
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
-        if (f->shard && f->shard->size > 1) return gather_logits(f, bt->n_logits, logits, err);
+        if (f->shard && f->shard->size > 1) {
+            if (!smp) return gather_logits(f, bt->n_logits, logits, err);
+            /* the sampling rank gets whole rows; the followers take part in the same gather */
+            if ((rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
+                                              f->shard->vocab_pad, 0, err)))
+                return sf_err_wrap(err, "forward step: gathering the logit rows");
+        }
         if (smp) {
             op = "sample";
-            rc = o->sample(b, f->logits, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+            rc = o->sample(b, f->rows_full ? f->rows_full : f->logits, bt->n_logits, c->vocab_size, smp->rows, smp->pen,
+                           smp->n_pen, smp->ids);
             if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
                                                      "%d rows; sample on the host", o->name, bt->n_logits);
             if (rc) goto fail;
@@ -330,14 +342,14 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
 
 int sf_forward_can_sample(const sf_forward *f)
 {
-    return f->b->ops->sample != NULL && !(f->shard && f->shard->size > 1);
+    return f->b->ops->sample != NULL && (!(f->shard && f->shard->size > 1) || f->rows_full);
 }
 
 int sf_forward_step_sample(sf_forward *f, const sf_batch *bt, const sf_forward_sample *s, sf_error *err)
 {
     if (!sf_forward_can_sample(f))
         return sf_err(err, SF_EUNSUPPORTED, "forward step: the %s backend cannot sample%s", OPS(f)->name,
-                      f->shard && f->shard->size > 1 ? " a vocabulary split over ranks" : "");
+                      f->shard && f->shard->size > 1 ? " on this rank of a split vocabulary" : "");
     return step(f, bt, NULL, s, err);
 }
 
@@ -345,6 +357,15 @@ int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err)
 {
     if (n < 0 || n > f->max_logits)
         return sf_err(err, SF_EINVAL, "forward: %d logit rows asked, the step keeps up to %d", n, f->max_logits);
-    int rc = OPS(f)->read_f32(f->b, f->logits, n, logits);
-    return rc ? sf_err(err, rc, "forward: reading the logits failed on the %s backend", OPS(f)->name) : SF_OK;
+    if (!f->rows_full) {
+        int rc = OPS(f)->read_f32(f->b, f->logits, n, logits);
+        return rc ? sf_err(err, rc, "forward: reading the logits failed on the %s backend", OPS(f)->name) : SF_OK;
+    }
+    /* tensor parallelism: the whole rows the last sampled step gathered, without their padding */
+    int V = f->m->cfg.vocab_size;
+    size_t W = (size_t)f->shard->size * f->shard->vocab_pad;
+    int rc = OPS(f)->read_f32(f->b, f->rows_full, n, f->gather_host);
+    if (rc) return sf_err(err, rc, "forward: reading the gathered logit rows failed on the %s backend", OPS(f)->name);
+    for (int i = 0; i < n; i++) memcpy(logits + (size_t)i * V, f->gather_host + i * W, (size_t)V * sizeof(float));
+    return SF_OK;
 }

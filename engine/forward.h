@@ -43,14 +43,16 @@ typedef struct sf_forward_sample {
     int n_pen;
     int32_t *ids;                /* out: [batch->n_logits] the drawn tokens */
 } sf_forward_sample;
-/* 1 when sf_forward_step_sample can run: the backend has a sample op and the vocabulary is not
- * split over ranks. */
+/* 1 when sf_forward_step_sample can run: the backend has a sample op and, with a vocabulary split
+ * over ranks, this is rank 0 and its communicator can lay the gathered slices out as whole rows
+ * (the other ranks run sf_forward_step with logits NULL: the same collectives). */
 int sf_forward_can_sample(const sf_forward *f);
 /* The same step as sf_forward_step, ending in the backend's sample op instead of a copy of the
  * logits. SF_EUNSUPPORTED when the backend declined this call's sizes: the step has run, and
  * sf_forward_read_logits then gives its logits for the host sampler. */
 int sf_forward_step_sample(sf_forward *f, const sf_batch *batch, const sf_forward_sample *s, sf_error *err);
-/* The first n logit rows of the last step, to host memory [n * vocab] fp32. */
+/* The first n logit rows of the last step, to host memory [n * vocab] fp32. Under tensor
+ * parallelism: of the last sf_forward_step_sample (its gathered rows). */
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err);
 
 #endif

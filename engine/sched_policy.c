@@ -23,6 +23,8 @@
 #define TARGET_MEMORY_S 10.0 /* a latency target shapes steps this long after the last request that had it */
 #define FLOOR_MARGIN 0.8    /* floors shape steps to this share of 1000 / min_tps: the model's error and
                              * the prefill of higher classes (never held back) stay inside the floor */
+#define HI_MEMORY_S 3.0     /* the high class's peaks (seats, KV) decay with this time constant */
+#define HI_MARGIN 1.25      /* seats and KV kept for the high class: this much over its recent peak */
 
 /* ---- step-time model: ms = th0 + th1 x tokens ------------------------------------------- */
 
@@ -97,11 +99,72 @@ void sf_policy_caps(sf_sched *s, int n_decode)
     s->low_budget_left = s->cap_low;
 }
 
+int sf_policy_protected(const sf_seq *v)
+{
+    /* still prefilling: no rate to protect yet */
+    return v->min_tps > 0 && v->n_tokens - v->n_computed <= 1;
+}
+
 int sf_policy_may_preempt(const sf_sched *s, const sf_seq *victim, const sf_seq *asker)
 {
-    if (victim == asker || victim->min_tps <= 0) return 1;
-    if (victim->n_tokens - victim->n_computed > 1) return 1; /* still prefilling: no rate to protect yet */
+    (void)s;
+    if (victim == asker || !sf_policy_protected(victim)) return 1;
     return asker->urgency >= SF_URGENCY_HIGH && asker->deadline < INFINITY;
+}
+
+/* ---- admission below high: headroom for the high class, floors that can be held ----------- */
+
+/* The kind of block q holds or will take (scheduler.c's next_kind). */
+static int seq_kind(const sf_sched *s, const sf_seq *q)
+{
+    if (q->n_blocks || q->n_swap) return q->kv_i8_held;
+    return q->kv_i8 && s->pool->i8_ok;
+}
+
+int sf_policy_full_units(const sf_sched *s, const sf_seq *q, int i8)
+{
+    int len = SF_MIN(SF_MAX(q->max_len, q->n_tokens), q->n_tokens + SF_KV_AHEAD);
+    return sf_kv_blocks_for(s->pool, len) * sf_kv_units(i8);
+}
+
+/* Seats the high class may still claim beyond those it holds: its recent peak with a margin. */
+static int hi_seat_claim(const sf_sched *s)
+{
+    int c = (int)ceil(HI_MARGIN * s->hi_seats_peak - 1e-9) - s->n_running_u[SF_URGENCY_HIGH];
+    return c > 0 ? c : 0;
+}
+
+int sf_policy_may_admit_low(sf_sched *s, const sf_seq *q, int kind)
+{
+    /* Without step shaping the plan is the plain one; with nothing running, whatever q gets is
+     * the best there is (and the high class's peak decays while it waits). */
+    if (!s->cfg.shape || s->n_running == 0) return 1;
+    int claim = hi_seat_claim(s), held = 0; /* seats of lower classes are q's to take by preemption */
+    for (int u = q->urgency; u < SF_URGENCY_COUNT; u++) held += s->n_running_u[u];
+    if (held + 1 + claim > s->cfg.max_num_seqs) {
+        s->gate_seats++;
+        return 0;
+    }
+    if (q->min_tps > 0 || (q->urgency == SF_URGENCY_LOW && s->hi_units_peak > 0)) {
+        /* admitted once, it must be able to finish without taking what realtime will ask for:
+         * a preempted floor misses its rate, and its swap runs inside a realtime step */
+        int full = sf_policy_full_units(s, q, kind);
+        int hi = SF_MAX(s->reserve_units, (int)ceil(HI_MARGIN * s->hi_units_peak - 1e-9));
+        if (s->low_reserved_units + full > sf_kv_total_units(s->pool) - hi) {
+            s->gate_kv++;
+            if (!s->blocked_units) s->blocked_units = full;
+            return 0;
+        }
+    }
+    if (q->min_tps > 0) {
+        /* the decode step with the seats the high class may fill, plus a prefill chunk */
+        double ms = sf_sched_predict_ms(s, s->n_running + 1 + claim + SF_MAX(1, s->cfg.min_chunk));
+        if (ms > 1000.0 / q->min_tps) {
+            s->gate_floor++;
+            return 0;
+        }
+    }
+    return 1;
 }
 
 /* ---- degrade instead of reject ---------------------------------------------------------- */
@@ -109,6 +172,49 @@ int sf_policy_may_preempt(const sf_sched *s, const sf_seq *victim, const sf_seq 
 double sf_sched_kv_usage(const sf_sched *s)
 {
     return sf_kv_usage(s->pool); /* in units: an INT8 block is half a full one */
+}
+
+double sf_sched_kv_demand(const sf_sched *s)
+{
+    return s->kv_demand;
+}
+
+/* KV demand, the low classes' reservation and the high class's peaks, from the queues. Why
+ * demand and not the blocks held: under pressure preemption by swap empties blocks within a
+ * fraction of a second (the H200 ladder crossed 92% often but never held it 0.54 s), and the
+ * sequences it swapped out still need their memory back to finish; so does the rest of every
+ * running sequence's length, and the request at the head of the queue that found no room. */
+static void refresh(sf_sched *s)
+{
+    int total = sf_kv_total_units(s->pool);
+    double need = total - s->pool->n_free_units;
+    int low_res = 0, hi_seats = 0, i8 = 0;
+    double hi_units = 0;
+    for (sf_seq *q = s->running.next; q != &s->running; q = q->next) {
+        int k = seq_kind(s, q), full = sf_policy_full_units(s, q, k);
+        i8 += q->n_blocks > 0 && q->kv_i8_held;
+        need += SF_MAX(0, full - q->n_blocks * sf_kv_units(k));
+        if (q->urgency >= SF_URGENCY_HIGH) hi_units += full, hi_seats++;
+        else low_res += full;
+    }
+    for (sf_seq *q = s->waiting.next; q != &s->waiting; q = q->next) {
+        int full = sf_policy_full_units(s, q, seq_kind(s, q));
+        if (q->urgency >= SF_URGENCY_HIGH) hi_units += full, hi_seats++;
+        if (q->n_preempted > 0) need += full; /* admitted work waiting to resume */
+    }
+    if (s->waiting.next == &s->waiting) s->blocked_units = 0;
+    need += s->blocked_units;
+    s->kv_demand = total ? need / total : 0;
+    s->low_reserved_units = low_res;
+    s->n_running_i8 = i8;
+    double dt = s->now - s->hi_peak_at;
+    if (dt > 0) {
+        double f = exp(-dt / HI_MEMORY_S);
+        s->hi_seats_peak *= f, s->hi_units_peak *= f;
+        s->hi_peak_at = s->now;
+    }
+    if (hi_seats > s->hi_seats_peak) s->hi_seats_peak = hi_seats;
+    if (hi_units > s->hi_units_peak) s->hi_units_peak = hi_units;
 }
 
 static void relax(sf_sched *s, sf_seq *q)
@@ -137,8 +243,9 @@ static void unrelax(sf_sched *s, sf_seq *q)
 
 void sf_policy_update(sf_sched *s)
 {
+    refresh(s);
     if (!(s->cfg.degrade_high > 0)) return;
-    double u = sf_sched_kv_usage(s);
+    double u = s->kv_demand;
     int past = s->degraded ? u < s->cfg.degrade_low : u > s->cfg.degrade_high;
     if (!past) {
         s->deg_since = -1;

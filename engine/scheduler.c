@@ -320,6 +320,7 @@ void sf_sched_remove(sf_sched *s, sf_seq *q)
         withdraw(s, q);
         list_unlink(q);
         s->n_running--;
+        s->n_running_u[q->urgency]--;
     } else if (q->state == SF_SEQ_WAITING) {
         list_unlink(q);
         s->n_waiting[q->urgency]--;
@@ -334,6 +335,7 @@ static void preempt(sf_sched *s, sf_seq *q)
     withdraw(s, q);
     list_unlink(q);
     s->n_running--;
+    s->n_running_u[q->urgency]--;
     int kept;
     if (q->swap_in_op) { /* swapped in during this plan: the copy has not run, its slots still hold the K/V */
         s->plan.swap_in[q->swap_in_op - 1].seq = NULL;
@@ -388,16 +390,29 @@ static int add_item(sf_sched *s, sf_seq *q, int n)
 /* ---- planning --------------------------------------------------------------------------- */
 
 /* The sequence to preempt so that asker can go on: from the tail of the running list (lowest
- * urgency, latest arrival), skipping those the policy protects (throughput floors). With
+ * urgency, latest arrival), skipping those the policy protects (throughput floors that decode).
+ * A floor is taken only when nothing unprotected below the asker will do (and only by a
+ * high-urgency deadline, sched_policy.c); a running asker reached first gives way itself. With
  * strictly_lower, only sequences of a lower class than asker qualify. NULL when none does. */
 static sf_seq *pick_victim(sf_sched *s, const sf_seq *asker, int strictly_lower)
 {
-    for (sf_seq *v = s->running.prev; v != &s->running; v = v->prev) {
-        if (strictly_lower && v->urgency >= asker->urgency) return NULL;
-        if (sf_policy_may_preempt(s, v, asker)) return v;
-        if (v == asker) return NULL;
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (sf_seq *v = s->running.prev; v != &s->running; v = v->prev) {
+            if (strictly_lower && v->urgency >= asker->urgency) break;
+            if (v == asker) {
+                if (pass == 1) return v;
+                break;
+            }
+            if (!sf_policy_may_preempt(s, v, asker) || (pass == 0 && sf_policy_protected(v))) continue;
+            return v;
+        }
     return NULL;
+}
+
+/* Is the high class running or waiting? */
+static int high_active(const sf_sched *s)
+{
+    return s->n_running_u[SF_URGENCY_HIGH] > 0 || s->n_waiting[SF_URGENCY_HIGH] > 0;
 }
 
 /* Schedule n more tokens of running sequence q, preempting from the tail of the running list
@@ -430,6 +445,13 @@ static int admit_head(sf_sched *s, sf_seq *q)
     if (sf_kv_blocks_for(s->pool, q->n_tokens) * sf_kv_units(next_kind(s, q)) > usable_units(s, q->urgency) ||
         q->n_tokens > s->cfg.max_model_len)
         return take_out_stuck(s, q);
+    int low = q->urgency < SF_URGENCY_HIGH;
+    if (low) {
+        sf_policy_on_admit(s, q); /* the kind first: the gate counts q's memory in it */
+        /* a swap-in runs before the step: while realtime is in, one lower-class swap-in a step */
+        if (q->n_swap && s->swap_in_low_step >= 1 && high_active(s)) return 0;
+        if (!sf_policy_may_admit_low(s, q, next_kind(s, q))) return 0;
+    }
     while (s->n_running >= s->cfg.max_num_seqs) {
         sf_seq *victim = pick_victim(s, q, 1);
         if (!victim) return 0;
@@ -438,7 +460,6 @@ static int admit_head(sf_sched *s, sf_seq *q)
     int n = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
     if (q->urgency < SF_URGENCY_HIGH) n = SF_MIN(n, s->low_budget_left);
     if (n <= 0) return 0;
-    sf_policy_on_admit(s, q);
     if (q->n_swap && ops_reserve(&s->plan.swap_in, s->plan.n_swap_in, &s->cap_swap_in) != SF_OK) return 0;
     for (;;) {
         int rc = grow_blocks(s, q, q->n_computed + n);
@@ -446,6 +467,8 @@ static int admit_head(sf_sched *s, sf_seq *q)
         sf_seq *victim = s->n_running ? pick_victim(s, q, 1) : NULL;
         if (rc == SF_ENOMEM || !victim) {
             release_blocks(s, q);
+            if (rc == SF_AGAIN && !s->blocked_units) /* no room: its need is KV demand (sched_policy.c) */
+                s->blocked_units = sf_policy_full_units(s, q, next_kind(s, q));
             return 0;
         }
         preempt(s, victim);
@@ -456,6 +479,8 @@ static int admit_head(sf_sched *s, sf_seq *q)
     q->state = SF_SEQ_RUNNING;
     insert_sorted(&s->running, q, run_before);
     s->n_running++;
+    s->n_running_u[q->urgency]++;
+    if (low) s->low_reserved_units += sf_policy_full_units(s, q, q->kv_i8_held);
     if (add_item(s, q, n) != SF_OK) return take_out_stuck(s, q);
     if (q->urgency < SF_URGENCY_HIGH && s->low_budget_left != INT_MAX) s->low_budget_left -= n;
     if (q->n_swap) { /* its K/V comes back into the first n_swap of its new blocks before the step */
@@ -464,6 +489,7 @@ static int admit_head(sf_sched *s, sf_seq *q)
                                                  .blocks = q->blocks, .slots = q->swap_slots };
         q->swap_in_op = ++p->n_swap_in;
         s->swaps_in++;
+        if (low) s->swap_in_low_step++;
     }
     return 1;
 }
@@ -518,6 +544,8 @@ const sf_plan *sf_sched_plan_at(sf_sched *s, double now)
     if (snap != snap_small) free(snap);
 
     /* 3. admission from the waiting queue, head first */
+    s->blocked_units = 0;
+    s->swap_in_low_step = 0;
     while (s->budget_left > 0 && s->waiting.next != &s->waiting) {
         if (!admit_head(s, s->waiting.next)) break;
     }

@@ -168,6 +168,15 @@ typedef struct sf_sched {
     int degraded;
     double deg_since;         /* since when usage is past the threshold being watched; < 0: not */
     uint64_t decisions[SF_DECISION_COUNT];
+    /* KV demand and the high class's headroom (sched_policy.c), refreshed at the start of a plan */
+    int n_running_u[3]; /* running sequences per class (kept live) */
+    double kv_demand;         /* units admitted work holds or needs to finish, over all units (may pass 1) */
+    int blocked_units;        /* full need of the first waiting sequence refused for KV in the last plan */
+    int low_reserved_units;   /* full need of running sequences below high (grows as admission goes) */
+    double hi_seats_peak, hi_units_peak, hi_peak_at; /* decaying peaks of what the high class holds or asks */
+    int swap_in_low_step;     /* swap-ins below high planned in this step */
+    int n_running_i8;         /* running sequences holding INT8 blocks (at the start of the plan) */
+    uint64_t gate_seats, gate_kv, gate_floor; /* admissions below high held back, by reason */
 } sf_sched;
 
 /* pool: an initialised KV pool the scheduler allocates from (not owned). SF_EINVAL with a clear
@@ -195,8 +204,13 @@ double sf_sched_predict_ms(const sf_sched *s, int n_tokens);
 /* Follow KV usage at time now without planning (the engine calls it while idle, so a degraded
  * state ends even when no request comes). */
 void sf_sched_tick(sf_sched *s, double now);
-/* KV usage of the pool in [0, 1] as the degrade policy sees it. */
+/* KV usage of the pool in [0, 1]: memory held now. */
 double sf_sched_kv_usage(const sf_sched *s);
+/* KV demand as the degrade policy reads it (sched_policy.c): the units admitted work holds or
+ * needs to finish (resident blocks, the rest of running sequences' lengths, preempted sequences
+ * waiting to resume, and the first waiting sequence refused for lack of KV), over the pool's
+ * units; may pass 1. Refreshed at the start of each plan and each tick. */
+double sf_sched_kv_demand(const sf_sched *s);
 /* Fill b with the current plan's batch (arrays owned by the scheduler). Logit rows are in
  * plan item order, skipping items without logits. */
 void sf_sched_batch(sf_sched *s, sf_batch *b);

@@ -468,7 +468,9 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
     return rc ? dead(t, rc, err) : SF_OK;
 }
 
-int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
+/* The step plan to every rank, then this rank's step: logits to host memory, or sampled on
+ * rank 0's device (smp). */
+static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sample *smp, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     tp_hdr h = { .cmd = TP_STEP, .T = b->n_tokens, .S = b->n_seqs, .max_blocks = b->max_blocks, .L = b->n_logits };
@@ -489,10 +491,25 @@ int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
 #undef PUT
     int rc;
     if ((rc = send_hdr(t, &h, err)) ||
-        (rc = t->comm->ops->broadcast(t->comm, t->payload, n * sizeof(int32_t), 0, 0, err)) ||
-        (rc = sf_forward_step(t->fwd, b, logits, err)))
+        (rc = t->comm->ops->broadcast(t->comm, t->payload, n * sizeof(int32_t), 0, 0, err)))
         return dead(t, rc, err);
-    return SF_OK;
+    rc = smp ? sf_forward_step_sample(t->fwd, b, smp, err) : sf_forward_step(t->fwd, b, logits, err);
+    /* a sampler that declined these sizes is no failure of the group: the step ran on every
+     * rank, and the caller samples on the host from sf_forward_read_logits */
+    if (rc == SF_EUNSUPPORTED && smp) return rc;
+    return rc ? dead(t, rc, err) : SF_OK;
+}
+
+int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
+{
+    return step(t, b, logits, NULL, err);
+}
+
+int sf_tp_step_sample(sf_tp *t, const sf_batch *b, const sf_forward_sample *smp, sf_error *err)
+{
+    if (!sf_forward_can_sample(t->fwd))
+        return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: rank 0's backend cannot sample (sample on the host)");
+    return step(t, b, NULL, smp, err);
 }
 
 int sf_tp_bench_all_reduce_path(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)

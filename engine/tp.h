@@ -62,6 +62,10 @@ sf_forward *sf_tp_forward(sf_tp *tp);
 int sf_tp_kv_init(sf_tp *tp, const sf_kv_config *kc, sf_error *err);
 /* One step on every rank; logits as sf_forward_step. SF_ENODEV once the group failed. */
 int sf_tp_step(sf_tp *tp, const sf_batch *b, float *logits, sf_error *err);
+/* The same step, sampled on rank 0's device (sf_forward_step_sample on the gathered rows): only
+ * ids cross to the host. SF_EUNSUPPORTED (the group stays up) when the sampler declined: the
+ * step ran, and sf_forward_read_logits(sf_tp_forward(tp), ...) gives the rows. */
+int sf_tp_step_sample(sf_tp *tp, const sf_batch *b, const sf_forward_sample *smp, sf_error *err);
 /* Benchmark: every rank all-reduces an activation buffer of n elements `iters` times back to
  * back (after `iters / 10 + 1` untimed); *us = the leader's wall time per all-reduce, queued
  * and completed (the backend synced at the end). For the all-reduce latency table. */

@@ -173,7 +173,13 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
                 (unsigned long long)st.decisions[i]);
     gauge(out, "semflow_sched_degraded", "1 while the scheduler degrades low-urgency work instead of rejecting it.",
           st.degraded);
-    gauge(out, "semflow_kv_usage_ratio", "Share of the KV cache in use, as the degrade policy sees it.", st.kv_usage);
+    gauge(out, "semflow_kv_usage_ratio", "Share of the KV cache held now.", st.kv_usage);
+    gauge(out, "semflow_kv_demand_ratio",
+          "KV the admitted work holds or needs to finish (running sequences to their length, preempted ones "
+          "waiting to resume, the first request refused for lack of KV), over the cache: what the degrade policy "
+          "watches; may pass 1.", st.kv_demand);
+    gauge(out, "semflow_running_kv_int8", "Running sequences whose KV cache is INT8 (the degrade path).",
+          st.running_kv_i8);
     gauge(out, "semflow_engine_step_seconds", "Moving average of the engine step time (steps that decode).",
           st.step_ms * 1e-3);
 }

@@ -83,6 +83,32 @@ int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv
     return c->ops->all_gather(c, ps, pr, sf_dtype_bytes(dt, (int64_t)rows * cols), stream, err);
 }
 
+int sf_comm_gather_rows_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *tmp, sf_buf *out, int rows,
+                            int64_t cols, int root, sf_error *err)
+{
+    void *ps, *pt, *po, *stream;
+    sf_dtype dt, dt2, dt3;
+    int rc;
+    if (!c) return sf_err(err, SF_EINVAL, "gathering logit rows without a communicator");
+    if (!c->ops->copy_2d)
+        return sf_err(err, SF_EUNSUPPORTED, "rank %d: the %s communicator cannot lay gathered rows out (no copy_2d)",
+                      c->rank, c->ops->name);
+    if (root < 0 || root >= c->size)
+        return sf_err(err, SF_EINVAL, "rank %d: gathering logit rows to rank %d of %d", c->rank, root, c->size);
+    if ((rc = raw(c, b, send, &ps, &dt, &stream, err)) || (rc = raw(c, b, tmp, &pt, &dt2, &stream, err)) ||
+        (rc = raw(c, b, out, &po, &dt3, &stream, err)))
+        return rc;
+    size_t row = sf_dtype_bytes(dt, cols), slice = row * (size_t)rows;
+    /* one row: rank r's slice is already columns [r * cols, (r + 1) * cols) of out's row 0 */
+    if ((rc = c->ops->all_gather(c, ps, rows == 1 ? po : pt, slice, stream, err)) || rows == 1 || c->rank != root)
+        return rc;
+    for (int r = 0; r < c->size; r++)
+        if ((rc = c->ops->copy_2d(c, (char *)po + (size_t)r * row, row * (size_t)c->size, (char *)pt + (size_t)r * slice,
+                                  row, row, (size_t)rows, stream, err)))
+            return rc;
+    return SF_OK;
+}
+
 int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt)
 {
     size_t bytes = sf_dtype_bytes(dt, n);

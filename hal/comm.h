@@ -42,6 +42,11 @@ struct sf_comm_ops {
      * them). Safe to call more than once. */
     void (*abort)(sf_comm *c, const char *why);
     void (*destroy)(sf_comm *c);
+    /* Local copy of `height` rows of `width` bytes, rows `spitch` apart at src to rows `dpitch`
+     * apart at dst (memory of the communicator's backend, queued on its stream). Used to lay
+     * gathered logit slices out as whole rows. May be NULL: no such layout on this rank. */
+    int (*copy_2d)(sf_comm *c, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                   size_t height, void *stream, sf_error *err);
 };
 
 /* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
@@ -100,6 +105,15 @@ int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64
 /* recv[rank * rows .. , :] = each rank's send[0:rows, :] (both buffers cols wide). */
 int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv, int rows, int64_t cols,
                            sf_error *err);
+/* The vocabulary-parallel logits as whole rows on rank `root`: out[i, r * cols + j] = rank r's
+ * send[i, j] for i < rows (out is size * cols wide). Every rank calls it (one all-gather, the
+ * same bytes as sf_comm_all_gather_buf); tmp [size * rows, cols] is the gather's landing
+ * buffer, and only root rearranges it into out (one row needs no rearranging: the gather lands
+ * in out directly). Returns when the gather is done on this rank (the rearrangement may still
+ * be queued on root's stream, before anything queued after it). SF_EUNSUPPORTED when the
+ * communicator has no copy_2d. */
+int sf_comm_gather_rows_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *tmp, sf_buf *out, int rows,
+                            int64_t cols, int root, sf_error *err);
 
 /* Whether an all-reduce of n values of dt takes the own (custom) path: a function of the
  * communicator's path, cap and crossover only, so every rank decides the same way. */

@@ -252,6 +252,16 @@ static int cpu_all_gather(sf_comm *c, const void *send, void *recv, size_t bytes
     return SF_OK;
 }
 
+static int cpu_copy_2d(sf_comm *c, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t height, void *stream, sf_error *err)
+{
+    (void)stream;
+    int rc = check(c, err);
+    if (rc) return rc;
+    for (size_t i = 0; i < height; i++) memcpy((char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+    return SF_OK;
+}
+
 static int cpu_broadcast(sf_comm *c, void *data, size_t bytes, int root, int idle, sf_error *err)
 {
     cpu_comm *x = CC(c);
@@ -288,6 +298,7 @@ static const struct sf_comm_ops cpu_comm_ops = {
     .name = "cpu-shm",
     .all_reduce_sum = cpu_all_reduce,
     .all_gather = cpu_all_gather,
+    .copy_2d = cpu_copy_2d,
     .broadcast = cpu_broadcast,
     .barrier = cpu_barrier,
     .abort = cpu_abort,

@@ -328,6 +328,19 @@ static int nccl_all_gather(sf_comm *c, const void *send, void *recv, size_t byte
     return wait_stream(c, (cudaStream_t)stream, "the step's all-reduces and logit all-gather", err);
 }
 
+static int nccl_copy_2d(sf_comm *c, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                        size_t height, void *stream, sf_error *err)
+{
+    int rc = check(c, err);
+    if (rc) return rc;
+    cudaError_t e = cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDeviceToDevice,
+                                      (cudaStream_t)stream);
+    if (e != cudaSuccess)
+        return fail(c, err, "rank %d: laying out the gathered logits: cudaMemcpy2DAsync of %zu rows of %zu bytes: %s",
+                    c->rank, height, width, cudaGetErrorString(e));
+    return SF_OK;
+}
+
 static int nccl_broadcast(sf_comm *c, void *data, size_t bytes, int root, int idle, sf_error *err)
 {
     nccl_comm *x = NC(c);
@@ -498,6 +511,7 @@ static const struct sf_comm_ops nccl_ops = {
     .name = "nccl",
     .all_reduce_sum = nccl_all_reduce,
     .all_gather = nccl_all_gather,
+    .copy_2d = nccl_copy_2d,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
     .abort = nccl_abort,

@@ -1,5 +1,5 @@
 #!/bin/sh
-# bench/device/overload.sh — the mixed-priority overload ladder on one H200 (issue 6), <= 200 s.
+# bench/device/overload.sh — the mixed-priority overload ladder on one H200 (issue 6), <= 300 s.
 #
 # Usage (repo root of a prebuilt tree, on the GPU host): OUT=DIR sh bench/device/overload.sh
 # Serves a Llama-3-8B-shaped model with dummy bf16 weights (config.json written here, a Llama
@@ -7,11 +7,15 @@
 # the tokenizer's, see below), measures 1x with
 # a short search (priorities on, SLO TTFT 300 ms and 50 tokens/s), then runs 1x, 8x, 4x, 2x with
 # priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
-# /metrics (KV usage peak, degrade decisions) during each run. The KV pool is held to 1024 blocks
-# (16k tokens, 2 GiB) so that the overload levels press on it and the degrade path can be seen.
-# Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md); the
-# last thing printed is one line per run. Exit 77: no GPU or no binary here (nothing measured).
-# Env: SEARCH_RATES ("12 24 48 96 192"), DURATION (8 s per run), LEVELS ("1 8 4 2"), BUDGET_S (185).
+# /metrics (KV usage and demand, degrade decisions) during each run; 4x and 8x run 16 s so that
+# KV pressure can outlast the default 5 s degrade hold. The KV pool is held to 1024 blocks (16k
+# tokens, 2 GiB) so that the overload levels press on it and the degrade path can be seen. Then
+# the INT8 KV quality cost (`semflow bench kv-quality`, Llama-3-8B dummy preset) and the step
+# trace summarised per run (bench/overload/trace_summary.py).
+# Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md,
+# kv-quality.json); the last thing printed is one line per run. Exit 77: no GPU or no binary here.
+# Env: SEARCH_RATES ("12 24 48 96"), DURATION (8 s per run), LONG_DURATION (16 s at 4x and 8x),
+# LEVELS ("1 8 4 2"), BUDGET_S (250 for the ladder; the whole script stays under 300 s).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -54,14 +58,33 @@ cat >"$M/config.json" <<EOF
  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": $BOS, "eos_token_id": $EOS}
 EOF
 
+T0=$(date +%s)
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
-SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1024 --kv-high-reserve 0.05 --kv-degrade-hold 2" \
-SEARCH_RATES=${SEARCH_RATES-12 24 48 96 192} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
-DEADLINE=${BUDGET_S:-185} READY_TIMEOUT=90 WARMUP_S=3 \
-    timeout -k 5 "${BUDGET_S:-185}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
+SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
+SEARCH_RATES=${SEARCH_RATES-12 24 48 96} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
+LONG_LEVELS="4 8" LONG_DURATION=${LONG_DURATION:-16} \
+DEADLINE=${BUDGET_S:-250} READY_TIMEOUT=90 WARMUP_S=3 \
+    timeout -k 5 "${BUDGET_S:-250}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
 rc=$?
 tail -n 40 "$D/run.log"
 grep -E "error|warn" "$D/serve.log" | tail -5
+# The quality cost of the degrade path's INT8 KV: teacher-forced logits, bf16 KV vs INT8 KV.
+left=$((285 - ($(date +%s) - T0)))
+if [ "$left" -ge 20 ]; then
+    timeout -k 2 $((left - 5)) "$BIN" bench kv-quality --load-format dummy --preset llama-3-8b --backend cuda --gen 16 \
+        --json >"$D/kv-quality.json" 2>"$D/kv-quality.err" || echo "overload: kv-quality failed or timed out (see kv-quality.err)"
+else
+    echo "overload: kv-quality skipped: $left s left"
+fi
+echo "---- step trace per run (rt = steps carrying realtime tokens) ----"
+python3 bench/overload/trace_summary.py "$D" 2>&1
+python3 - "$D/kv-quality.json" <<'PY' 2>/dev/null || true
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("INT8 KV vs bf16 KV (%s, %d positions): max|dlogit| %.4g, mean|dlogit| %.4g, rel L2 %.3g, top-1 %.1f%%, greedy %d/%d"
+      % (j["model"], j["positions"], j["max_abs_dlogit"], j["mean_abs_dlogit"], j["rel_l2"],
+         100 * j["top1_agreement"], j["greedy_same"], j["greedy_total"]))
+PY
 echo "---- overload summary (rc=$rc; rt = realtime-chat, bt = batch-summarize; c/429 = completed/rejected) ----"
 python3 bench/overload/plot.py "$D" --no-png --short 2>&1 | grep -v '^wrote'
 exit $rc

@@ -8,16 +8,18 @@
 #      time per step, and the batch-64 decode step rate (stand-in for saturated throughput);
 #   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
 #      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
-#      step graphs with the all-reduces inside are replayed;
+#      step graphs with the all-reduces inside are replayed — and TP=2 draws on rank 0's GPU
+#      against the CPU reference and TP=1 (greedy, seeded top-k, top-p);
 #   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
 #   5. saturated throughput, `bench throughput` 128 in / 128 out, 512 prompts, TP=1 and TP=2
-#      (SEMFLOW_CUDA_GRAPH_TOKENS=512 for both: the decode steps of 256 sequences in graphs);
-#   6. if time is left: 8B TP=2 with every all-reduce on NCCL (eager: the graph ends at each).
+#      (SEMFLOW_CUDA_GRAPH_TOKENS=512 for both: the decode steps of 256 sequences in graphs;
+#      at TP=2 rank 0 samples the gathered rows on its GPU), with each run's bound.
+# Order: 1, 2, 5, 3, 4.
 # Every step has its own timeout and is skipped when the time left is too short for it.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
 T0=$(date +%s)
-LIMIT=${TP_LIMIT_S:-124}
+LIMIT=${TP_LIMIT_S:-125}
 BIN=${SF_BIN:-build/semflow}
 D=${OUT:-/tmp/semflow-tp}/tp
 mkdir -p "$D"
@@ -79,34 +81,42 @@ for tp in 1 2; do
         --backend cuda --tensor-parallel-size $tp --batch 64 --ctx 128 --chunk 128 --steps 16 --json
     cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
 done
-SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 35 build/tests/device/test_tp
+for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 64) at both sizes
+    SEMFLOW_CUDA_GRAPH_TOKENS=512 run throughput_tp$tp 15 $((20 + 10 * (tp - 1))) "$BIN" bench throughput \
+        --load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size $tp --input 128 --output 128 \
+        --num-prompts 512 --json
+    cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
+done
+SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 45 build/tests/device/test_tp
 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
-for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 64) at both sizes
-    SEMFLOW_CUDA_GRAPH_TOKENS=512 run throughput_tp$tp 15 30 "$BIN" bench throughput --load-format dummy --preset llama-3-8b --backend cuda \
-        --tensor-parallel-size $tp --input 128 --output 128 --num-prompts 512 --json
-    cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
-done
-SEMFLOW_TP_ALLREDUCE=nccl run decode8b_tp2_nccl 12 25 "$BIN" bench decode-batch --load-format dummy \
-    --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --batch 64 --ctx 128 --chunk 128 --steps 16 --json
-cp "$D/decode8b_tp2_nccl.out" "$D/decode8b_tp2_nccl.json" 2>/dev/null
 
 # ---- summary ----
 echo
 echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -E '^(PASS|FAIL):' "$D/test_tp.out" 2>/dev/null
-grep -E 'worst|own path up to' "$D/test_tp.out" 2>/dev/null | head -12
+grep -E 'worst|own path up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E '^ +[0-9]+ ' "$D/allreduce.out" 2>/dev/null
 a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
 b1=$(jf "$D/decode8b_tp1.json" tokens_per_s) b2=$(jf "$D/decode8b_tp2.json" tokens_per_s)
-echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us); TP=2 NCCL only: $(jf "$D/decode8b_tp2_nccl.json" batch1_ms_per_step) ms, host $(jf "$D/decode8b_tp2_nccl.json" batch1_host_us) us)"
+echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us))"
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 latency: %.2fx (goal <= 0.6x)' % (float(b)/float(a)))" "$a1" "$a2" 2>/dev/null
 echo "8B batch-64 tokens/s (decode step rate, stand-in for saturated throughput): TP=1 $b1, TP=2 $b2"
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 batch-64 rate: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$b1" "$b2" 2>/dev/null
 t1=$(jf "$D/throughput_tp1.json" output_tokens_per_s) t2=$(jf "$D/throughput_tp2.json" output_tokens_per_s)
 echo "8B throughput 128/128, 512 prompts, output tokens/s: TP=1 $t1, TP=2 $t2"
+python3 - "$D/throughput_tp1.json" "$D/throughput_tp2.json" <<'PY' 2>/dev/null
+import json, sys
+for f in sys.argv[1:]:
+    try: j = json.load(open(f))
+    except Exception: continue
+    b, e = j["bound"], j["engine"]
+    print("  TP=%d: %d running at most, KV %d tokens per GPU, bound %.0f tok/s (ratio %.2f), decode step %.2f ms of %.1f seqs, sampling on the %s"
+          % (j.get("tensor_parallel", 1), j["max_num_seqs"], b.get("kv_tokens", 0), b["output_tokens_per_s"], b["ratio"],
+             e["decode_step_ms"], e["mean_decode_batch"], e["sampling"]))
+PY
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
 echo "70B TP=2 batch-1: $(jf "$D/decode70b_tp2.json" ms_per_token_median) ms/token, roofline $(jf "$D/decode70b_tp2.json" roofline_ms) ms/token per GPU, ratio $(jf "$D/decode70b_tp2.json" ratio) (goal >= 0.85), host $(jf "$D/decode70b_tp2.json" host_us_per_step) us/step"
 exit 0

@@ -25,7 +25,8 @@
 # Env: SET (cpu), MODEL (demo), BACKEND (auto), SERVE_ARGS (extra `semflow serve` flags),
 #      QUEUE_LIMIT (per-lane queue before 429, 16), SLO (the scenario's), GOOD_SHARE (0.9),
 #      SEARCH_RATES ("1 2 4 8 16" for cpu, "" for h200), RATE_1X, SEARCH_DURATION (12), DURATION (the
-#      scenario's), LEVELS ("1 2 4 8"), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
+#      scenario's), LEVELS ("1 2 4 8"), LONG_LEVELS (levels run for LONG_DURATION s instead, so that
+#      KV pressure can outlast the degrade hold; "" none), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
 #      WARMUP_S (0: none; else a run of that long at the scenario's 1x before anything is measured).
 set -e
 cd "$(dirname "$0")/../.."
@@ -39,6 +40,7 @@ GOOD_SHARE=${GOOD_SHARE:-0.9}
 if [ "$SET" = cpu ]; then SEARCH_RATES=${SEARCH_RATES-1 2 4 8 16}; else SEARCH_RATES=${SEARCH_RATES-}; fi
 SEARCH_DURATION=${SEARCH_DURATION:-12}
 LEVELS=${LEVELS:-1 2 4 8}
+LONG_LEVELS=${LONG_LEVELS:-}
 SEED=${SEED:-1}
 DEADLINE=${DEADLINE:-0}
 READY_TIMEOUT=${READY_TIMEOUT:-300}
@@ -51,6 +53,7 @@ mkdir -p "$OUT"
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2"; }
 SLO=${SLO:-$(field "$SCEN/on-1x.json" slo)}
 DURATION=${DURATION:-$(field "$SCEN/on-1x.json" duration_s)}
+LONG_DURATION=${LONG_DURATION:-$DURATION}
 PORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 URL=http://127.0.0.1:$PORT
 # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
@@ -128,7 +131,10 @@ for l in $LEVELS; do
             continue
         fi
         r=$(python3 -c "print('%g' % ($best * $l))")
-        loadgen "$SCEN/$mode-${l}x.json" "$r" "$DURATION" "$mode-${l}x"
+        d=$DURATION
+        case " $LONG_LEVELS " in *" $l "*) d=$LONG_DURATION ;; esac
+        if [ "$(left)" -lt $((d + 20)) ]; then d=$DURATION; fi
+        loadgen "$SCEN/$mode-${l}x.json" "$r" "$d" "$mode-${l}x"
         echo "priorities $mode, ${l}x = $r req/s: $(share "$mode-${l}x") met the SLO ($(( $(date +%s) - T0 )) s)"
     done
 done

@@ -4,7 +4,8 @@
     python3 bench/overload/watch.py URL OUT.json [--interval 0.5]
 
 Samples URL/metrics every interval until SIGTERM or SIGINT, then writes OUT.json:
-KV usage peak and mean, whether the degraded state was seen, and the change over the run of
+KV usage peak and mean, KV demand peak (what the degrade policy watches), the most sequences
+running with INT8 KV, the engine's step numbers at start and end (to cut the step trace), whether the degraded state was seen, and the change over the run of
 every scheduler counter (semflow_sched_decisions_total by decision, preemptions, swaps, steps,
 prefill and decode tokens, the requests refused with 429).
 """
@@ -45,7 +46,7 @@ def main():
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     signal.signal(signal.SIGINT, lambda *_: stop.append(1))
     first = last = None
-    kv = []
+    kv, demand, i8 = [], [], []
     degraded = 0
     while not stop:
         s = scrape(url)
@@ -53,6 +54,8 @@ def main():
             first = first or s
             last = s
             kv.append(s.get("semflow_kv_usage_ratio", 0.0))
+            demand.append(s.get("semflow_kv_demand_ratio", 0.0))
+            i8.append(s.get("semflow_running_kv_int8", 0.0))
             degraded = max(degraded, int(s.get("semflow_sched_degraded", 0)))
         time.sleep(interval)
     s = scrape(url)  # the last word: counters after the run
@@ -60,6 +63,7 @@ def main():
         last = s
     res = {"samples": len(kv), "kv_usage_peak": max(kv) if kv else None,
            "kv_usage_mean": sum(kv) / len(kv) if kv else None, "degraded_seen": degraded,
+           "kv_demand_peak": max(demand) if demand else None, "running_kv_int8_peak": max(i8) if i8 else None,
            "decisions": {}, "counters": {}}
     if first and last:
         for k, v in last.items():
@@ -68,6 +72,8 @@ def main():
                 res["decisions"][m.group(1)] = v - first.get(k, 0.0)
         for k in COUNTERS:
             res["counters"][k] = last.get(k, 0.0) - first.get(k, 0.0)
+        # the engine's step numbers of the run: the --sched-trace lines of this run (column "step")
+        res["steps_range"] = [first.get("semflow_engine_steps_total", 0.0), last.get("semflow_engine_steps_total", 0.0)]
         res["counters"]["rejected_429"] = sum(v - first.get(k, 0.0) for k, v in last.items()
                                               if k.startswith("semflow_rejected_total{"))
     with open(out, "w") as f:

@@ -1,7 +1,14 @@
-/* rmsnorm.cu — RMSNorm fused with the residual add: one block per row.
- * Pass 1 adds the residual (rounding to bf16 as the stored stream is bf16) and sums squares;
- * pass 2 normalises. Each element is read and written by the same thread in both passes, so
- * out may alias x. */
+/* rmsnorm.cu — RMSNorm fused with the residual add: one block per row, one pass over memory.
+ *
+ * Fast path (d % 8 == 0, 16-byte aligned rows, d <= 8 * 8 * 256): the block's threads each hold
+ * VPT 16-byte vectors of the row (the bf16 values after the add: 4 registers per vector), so x
+ * and add are read once and x (when add is given) and out written once; the sum of squares is
+ * one block reduction. VPT is the smallest of 1, 2, 4, 8 that keeps the block within 256 threads
+ * where the row allows it, so a 4096-wide row is 256 threads x 2 vectors and an SM holds eight
+ * rows at a time (registers stay low: the row is kept as bf16, not fp32).
+ * Rounding as HF: x + add rounded to bf16 (the stored stream is bf16), sum of squares in fp32,
+ * the normalised value rounded to bf16, then multiplied by w and rounded.
+ * Each element is read and written by the same thread, so out may alias x. */
 #include "common.cuh"
 
 __global__ void k_rmsnorm(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add, const bf16 *w, float eps,
@@ -34,56 +41,67 @@ __global__ void k_rmsnorm(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
     }
 }
 
-/* Fast path for d % 8 == 0, d <= 8 * 8 * RN_THREADS and 16-byte aligned rows: the row stays in
- * registers (one read of x and add, one write of x and out), 16-byte loads and stores. */
-#define RN_THREADS 256
-#define RN_VEC 8
-__global__ void __launch_bounds__(RN_THREADS) k_rmsnorm_vec(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
-                                                             const bf16 *w, float eps, int d, bf16 *out, int64_t ldo)
+#define RN_MAX_VPT 8
+#define RN_MAX_THREADS 256
+
+template <int VPT>
+__global__ void __launch_bounds__(RN_MAX_THREADS) k_rmsnorm_vec(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
+                                                      const bf16 *__restrict__ w, float eps, int d, bf16 *out,
+                                                      int64_t ldo)
 {
     __shared__ float red[32];
     const int64_t r = blockIdx.x;
     const int nv = d / 8;
     bf16x8 *xr = (bf16x8 *)(x + r * ldx);
     const bf16x8 *ar = add ? (const bf16x8 *)(add + r * ld_add) : NULL;
-    float v[RN_VEC][8];
-    float ss = 0.0f;
+    bf16x8 v[VPT];
+    /* every load of the row first, then the arithmetic */
 #pragma unroll
-    for (int u = 0; u < RN_VEC; u++) {
-        int i = threadIdx.x + u * RN_THREADS;
-        if (i < nv) {
-            bf16x8 xv = xr[i];
-            if (ar) {
-                bf16x8 av = ar[i];
+    for (int u = 0; u < VPT; u++) {
+        int i = threadIdx.x + u * blockDim.x;
+        if (i < nv) v[u] = xr[i];
+        else memset(&v[u], 0, sizeof v[u]);
+    }
+    if (ar) {
+        bf16x8 a[VPT];
 #pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    float2 a2 = __bfloat1622float2(av.h[h]), x2 = __bfloat1622float2(xv.h[h]);
-                    xv.h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
-                }
-                xr[i] = xv;
-            }
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (i < nv) a[u] = ar[i];
+            else memset(&a[u], 0, sizeof a[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
 #pragma unroll
             for (int h = 0; h < 4; h++) {
-                float2 f = __bfloat1622float2(xv.h[h]);
-                v[u][2 * h] = f.x;
-                v[u][2 * h + 1] = f.y;
-                ss += f.x * f.x + f.y * f.y;
+                float2 a2 = __bfloat1622float2(a[u].h[h]), x2 = __bfloat1622float2(v[u].h[h]);
+                v[u].h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
             }
+            if (i < nv) xr[i] = v[u];
         }
     }
+    float ss = 0.0f;
+#pragma unroll
+    for (int u = 0; u < VPT; u++)
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            float2 f = __bfloat1622float2(v[u].h[h]);
+            ss += f.x * f.x + f.y * f.y;
+        }
     ss = block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)d + eps);
     const bf16x8 *wv8 = (const bf16x8 *)w;
     bf16x8 *orow = (bf16x8 *)(out + r * ldo);
 #pragma unroll
-    for (int u = 0; u < RN_VEC; u++) {
-        int i = threadIdx.x + u * RN_THREADS;
+    for (int u = 0; u < VPT; u++) {
+        int i = threadIdx.x + u * blockDim.x;
         if (i < nv) {
             bf16x8 wv = wv8[i], o;
 #pragma unroll
             for (int h = 0; h < 4; h++) {
-                float2 w2 = __bfloat1622float2(wv.h[h]);
-                float n0 = bf2f(f2bf(v[u][2 * h] * inv)), n1 = bf2f(f2bf(v[u][2 * h + 1] * inv));
+                float2 w2 = __bfloat1622float2(wv.h[h]), x2 = __bfloat1622float2(v[u].h[h]);
+                float n0 = bf2f(f2bf(x2.x * inv)), n1 = bf2f(f2bf(x2.y * inv));
                 o.h[h] = __floats2bfloat162_rn(n0 * w2.x, n1 * w2.y);
             }
             orow[i] = o;
@@ -95,11 +113,23 @@ extern "C" int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64
                             float eps, int n, int d, uint16_t *out, int64_t ldo, cudaStream_t s)
 {
     if (n <= 0) return 0;
-    bool vec = d % 8 == 0 && d <= 8 * RN_VEC * RN_THREADS && ldx % 8 == 0 && ldo % 8 == 0 && (!add || ld_add % 8 == 0) &&
-               (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 && (uintptr_t)w % 16 == 0 && (uintptr_t)add % 16 == 0;
+    bool vec = d % 8 == 0 && d <= 8 * RN_MAX_VPT * RN_MAX_THREADS && ldx % 8 == 0 && ldo % 8 == 0 &&
+               (!add || ld_add % 8 == 0) && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
+               (uintptr_t)w % 16 == 0 && (uintptr_t)add % 16 == 0;
     if (vec) {
-        k_rmsnorm_vec<<<n, RN_THREADS, 0, s>>>((bf16 *)x, ldx, (const bf16 *)add, ld_add, (const bf16 *)w, eps, d,
-                                               (bf16 *)out, ldo);
+        const int nv = d / 8;
+        int vpt = 1;
+        while (vpt < RN_MAX_VPT && (nv + vpt - 1) / vpt > RN_MAX_THREADS) vpt *= 2;
+        int threads = (nv + vpt - 1) / vpt;
+        threads = (threads + 31) / 32 * 32; /* block_sum wants whole warps */
+        bf16 *xb = (bf16 *)x, *ob = (bf16 *)out;
+        const bf16 *ab = (const bf16 *)add, *wb = (const bf16 *)w;
+        switch (vpt) {
+        case 1: k_rmsnorm_vec<1><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
+        case 2: k_rmsnorm_vec<2><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
+        case 4: k_rmsnorm_vec<4><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
+        default: k_rmsnorm_vec<8><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
+        }
         return sf_launch_status();
     }
     int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 64;

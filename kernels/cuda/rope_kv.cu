@@ -1,8 +1,20 @@
 /* rope_kv.cu — RoPE on q and k fused with the write of k and v into the paged cache.
- * One block per (token, head): q heads are rotated in place, k heads rotated in place and
- * written to the token's slot, v heads copied to it (fp32 math on bf16 values). A slot in an
- * INT8 block gets the head quantised: the block's threads find max|x| together, then each
- * writes its share of int8 values; thread 0 writes the scale. */
+ *
+ * Fast path (head_dim % 8 == 0, head_dim <= 256, rot_dim % 16 == 0 for halves or % 8 == 0 for
+ * pairs, 16-byte aligned rows): a block per (token, group of heads). The block first computes
+ * the token's cos/sin table (rot/2 entries, sincosf of the fp32 angle pos * inv_freq[i], as the
+ * element-wise path) into shared memory, once for all its heads, then its threads walk the
+ * heads' 16-byte units: with halves (NeoX/HF layout) a unit is the vector pair (i, i + rot/16)
+ * whose elements a rotation mixes, with interleaved pairs (GPT-J/GGUF) one vector of four pairs,
+ * past rot_dim one vector passed through; v heads take the same units, copied. Q and k are
+ * rotated in place, k and v written to the token's slot. The head groups are sized so that
+ * even a handful of tokens (decode) gives a few hundred blocks; 2048 tokens are 2048 blocks.
+ *
+ * INT8 slots: a token's slot is one block kind, so the whole block knows; after the rotation
+ * (written in place to q/k) one warp per k or v head finds max|x| of the bf16 values and
+ * writes the int8 row and its scale.
+ *
+ * Other shapes take the element-wise kernel: a block per (token, head). */
 #include "common.cuh"
 
 /* q[d] = round(x[d] / s), s = max|x| / 127 (0 for a zero row), over hd values; all threads of
@@ -69,13 +81,131 @@ __global__ void k_rope_kv(bf16 *qkv, int64_t ld, const int32_t *pos, const int32
     if (c8) quant_store(hp, hd, c8, sc); /* c8 is uniform over the block */
 }
 
+/* ---- fast path ---------------------------------------------------------------------------- */
+#define RK_THREADS 128
+#define RK_MAX_HD 256
+#define RK_TARGET_BLOCKS 512 /* about four per SM of a 132-SM GPU */
+
+/* One warp quantises the bf16 row x[hd] (hd <= RK_MAX_HD) into q and *scale, the rule of
+ * quant_store. */
+static __device__ void quant_row_warp(const bf16 *x, int hd, int8_t *q, float *scale)
+{
+    const int lane = threadIdx.x & 31;
+    float v[RK_MAX_HD / 32], m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < RK_MAX_HD / 32; i++) {
+        int d = lane + 32 * i;
+        v[i] = d < hd ? bf2f(x[d]) : 0.0f;
+        m = fmaxf(m, fabsf(v[i]));
+    }
+    const float amax = warp_max(m), inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+#pragma unroll
+    for (int i = 0; i < RK_MAX_HD / 32; i++) {
+        int d = lane + 32 * i;
+        if (d < hd) q[d] = (int8_t)max(-127, min(127, __float2int_rn(v[i] * inv)));
+    }
+    if (lane == 0) *scale = amax / 127.0f;
+}
+
+/* Rotates the 8 pairs (a[e], b[e]) with cos cs[e], sin sn[e]. */
+static __device__ __forceinline__ void rot_halves(bf16x8 &a, bf16x8 &b, const float *cs, const float *sn)
+{
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float2 x0 = __bfloat1622float2(a.h[h]), x1 = __bfloat1622float2(b.h[h]);
+        float c0 = cs[2 * h], c1 = cs[2 * h + 1], s0 = sn[2 * h], s1 = sn[2 * h + 1];
+        a.h[h] = __floats2bfloat162_rn(x0.x * c0 - x1.x * s0, x0.y * c1 - x1.y * s1);
+        b.h[h] = __floats2bfloat162_rn(x1.x * c0 + x0.x * s0, x1.y * c1 + x0.y * s1);
+    }
+}
+
+/* Rotates the 4 adjacent pairs of a with cos cs[i], sin sn[i]. */
+static __device__ __forceinline__ void rot_pairs(bf16x8 &a, const float *cs, const float *sn)
+{
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float2 x = __bfloat1622float2(a.h[h]);
+        a.h[h] = __floats2bfloat162_rn(x.x * cs[h] - x.y * sn[h], x.y * cs[h] + x.x * sn[h]);
+    }
+}
+
+/* Block (token blockIdx.x, heads [blockIdx.y * hpb, + hpb) of the H + 2 Hkv). */
+__global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t ld, const int32_t *__restrict__ pos,
+                                                            const int32_t *__restrict__ slot, int H, int Hkv, int hd,
+                                                            int rot, int interleaved,
+                                                            const float *__restrict__ inv_freq, sf_k_kv kv, int hpb)
+{
+    __shared__ float cs[RK_MAX_HD / 2], sn[RK_MAX_HD / 2];
+    const int t = blockIdx.x, NH = H + 2 * Hkv, half = rot / 2, h8 = hd / 8;
+    const int h0 = blockIdx.y * hpb, h1 = min(NH, h0 + hpb);
+    if (h0 < H + Hkv) { /* the block rotates something: the token's table */
+        const float p = (float)pos[t];
+        for (int j = threadIdx.x; j < half; j += RK_THREADS) sincosf(p * inv_freq[j], &sn[j], &cs[j]);
+    }
+    __syncthreads();
+    const int sl = slot[t];
+    const int64_t blk = sl >= 0 ? sl / kv.block_size : 0, off = sl >= 0 ? sl % kv.block_size : 0;
+    const bool i8 = sl >= 0 && kv.i8_base && blk >= kv.i8_base;
+    const bool to_cache = sl >= 0 && !i8;
+    /* units per head: with halves, the pairs (i, i + half/8) for i < half/8 count once */
+    const int hv = interleaved ? 0 : half / 8, U = h8 - hv;
+    bf16 *row = qkv + (int64_t)t * ld;
+    const int items = (h1 - h0) * U;
+    for (int w = threadIdx.x; w < items; w += RK_THREADS) {
+        const int hi = w / U, u = w - hi * U, h = h0 + hi;
+        bf16 *hp = row + (int64_t)h * hd;
+        const bool pair = u < hv;                 /* halves: vectors u and u + hv */
+        const int va = pair ? u : u + hv;         /* the (first) vector */
+        const bool rotate = h < H + Hkv && va * 8 < rot;
+        bf16x8 a = ((const bf16x8 *)hp)[va], b;
+        if (pair) b = ((const bf16x8 *)hp)[va + hv];
+        if (rotate) {
+            if (pair) rot_halves(a, b, cs + va * 8, sn + va * 8);
+            else rot_pairs(a, cs + va * 4, sn + va * 4);
+            ((bf16x8 *)hp)[va] = a;
+            if (pair) ((bf16x8 *)hp)[va + hv] = b;
+        }
+        if (h >= H && to_cache) {
+            const bool is_v = h >= H + Hkv;
+            const int kh = is_v ? h - H - Hkv : h - H;
+            bf16x8 *c = (bf16x8 *)((is_v ? (bf16 *)kv.v : (bf16 *)kv.k) +
+                                   ((blk * Hkv + kh) * kv.block_size + off) * hd);
+            c[va] = a;
+            if (pair) c[va + hv] = b;
+        }
+    }
+    if (i8 && h1 > H) { /* block-uniform */
+        __syncthreads(); /* the rotated k rows are in place */
+        const int warp = threadIdx.x >> 5;
+        for (int h = max(h0, H) + warp; h < h1; h += RK_THREADS / 32) {
+            const bool is_v = h >= H + Hkv;
+            const int kh = is_v ? h - H - Hkv : h - H;
+            const int64_t r8 = ((blk - kv.i8_base) * Hkv + kh) * kv.block_size + off;
+            quant_row_warp(row + (int64_t)h * hd, hd, (int8_t *)(is_v ? kv.v : kv.k) + r8 * hd,
+                           (is_v ? kv.v_scale : kv.k_scale) + r8);
+        }
+    }
+}
+
 extern "C" int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
                             int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
                             sf_k_kv kv, cudaStream_t s)
 {
     if (T <= 0) return 0;
     if (rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv || kv.head_dim != hd) return (int)cudaErrorInvalidValue;
-    dim3 grid(T, H + 2 * Hkv);
+    const int NH = H + 2 * Hkv;
+    bool vec = hd % 8 == 0 && hd <= RK_MAX_HD && rot_dim % (interleaved ? 8 : 16) == 0 && ld % 8 == 0 &&
+               (uintptr_t)qkv % 16 == 0 && (uintptr_t)kv.k % 16 == 0 && (uintptr_t)kv.v % 16 == 0;
+    if (vec) {
+        int splits = SF_MIN(NH, (RK_TARGET_BLOCKS + T - 1) / T);
+        int hpb = (NH + splits - 1) / splits;
+        splits = (NH + hpb - 1) / hpb;
+        dim3 grid(T, splits);
+        k_rope_kv_vec<<<grid, RK_THREADS, 0, s>>>((bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved,
+                                                  inv_freq, kv, hpb);
+        return sf_launch_status();
+    }
+    dim3 grid(T, NH);
     int threads = hd / 2 >= 64 ? 64 : 32;
     k_rope_kv<<<grid, threads, 0, s>>>((bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv);
     return sf_launch_status();

@@ -5,7 +5,9 @@
  * 1B preset again with each all-reduce path forced ($SEMFLOW_TP_ALLREDUCE=nccl|custom) and NCCL
  * captured into the step graphs ($SEMFLOW_TP_NCCL_GRAPH=1). And the
  * all-reduce alone on both paths: sizes changing every round against the exact sum, many
- * rounds, then a burst without host syncs (stale flags or buffers would show there).
+ * rounds, then a burst without host syncs (stale flags or buffers would show there). And
+ * sampling under TP: rank 0 draws from the gathered logit rows on its GPU, equal to the CPU
+ * reference on those rows and to TP = 1's draws (greedy, seeded top-k, seeded top-p).
  *
  * The followers are `semflow rank` processes started from $SEMFLOW_BIN (exec: CUDA is not
  * fork-safe). With fewer than two GPUs it says so and checks nothing. */
@@ -17,6 +19,7 @@
 #include "../../engine/forward.h"
 #include "../../engine/shard.h"
 #include "../../engine/tp.h"
+#include "../../kernels/cpu/cpu.h"
 #include "../test.h"
 
 #define BS 16
@@ -155,6 +158,119 @@ static void check_model(const char *what, const char *path, int dummy, int n_gpu
     free(ref);
 }
 
+/* ---- sampling on rank 0's device ----------------------------------------------------- */
+/* Three draws per logit row: greedy, seeded top-k, seeded top-p (temperature 0.9). */
+#define NMODES 3
+static sf_sample_row sample_row(int mode, int k, int r)
+{
+    sf_sample_row p = { .temperature = mode ? 0.9f : 0, .top_p = mode == 2 ? 0.8f : 1, .top_k = mode == 1 ? 40 : 0,
+                        .repetition_penalty = 1, .seed = 1234u + (uint64_t)r, .step = (uint64_t)k };
+    return p;
+}
+
+/* The steps at `size` with every row drawn by the backend's sampler, three times per step (one
+ * per mode; the steps' KV writes are the same each time). ids [NSTEPS][NMODES][2]. At TP > 1
+ * each draw is also checked against the CPU reference on the gathered rows (*ref_diff: rows
+ * that differ; *rows: rows drawn). */
+static int run_sampled(int size, int32_t *ids, int *ref_diff, int *rows, sf_error *err)
+{
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_forward *f = NULL;
+    sf_tp *tp = NULL;
+    float *lg = NULL;
+    int rc;
+    sf_load_opts lo = { 0 };
+    sf_backend_opts bo = { .name = "cuda", .device = 0 };
+    if ((rc = sf_model_load("demo", &lo, &m, err)) || (rc = sf_backend_open(&bo, &b, err))) goto done;
+    const sf_model_config *c = &m->cfg;
+    sf_kv_config kc = { .n_layers = c->n_layers, .n_blocks = 4, .block_size = BS, .n_kv_heads = c->n_kv_heads,
+                        .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
+    if (size > 1) {
+        sf_tp_rank_opts o = { .size = size, .model = "demo", .backend = "cuda", .max_tokens = 16, .max_logits = 2,
+                              .shm_fd = -1 };
+        const char *exe = getenv("SEMFLOW_BIN");
+        if ((rc = sf_tp_start(&o, exe ? exe : "build/semflow", m, b, &tp, err))) goto done;
+        kc.n_kv_heads = sf_tp_kv_heads(tp);
+        if ((rc = sf_tp_kv_init(tp, &kc, err))) goto done;
+        f = sf_tp_forward(tp);
+    } else if ((rc = sf_forward_new(b, m, 16, 2, &f, err)) || (rc = b->ops->kv_init(b, &kc, err))) {
+        goto done;
+    }
+    if (!sf_forward_can_sample(f)) {
+        rc = sf_err(err, SF_EUNSUPPORTED, "TP=%d: rank 0 cannot sample on its device", size);
+        goto done;
+    }
+    if (!(lg = malloc((size_t)2 * c->vocab_size * sizeof(float)))) {
+        rc = sf_err(err, SF_ENOMEM, "out of memory");
+        goto done;
+    }
+    step s[NSTEPS];
+    make_steps(s, c->vocab_size);
+    *ref_diff = *rows = 0;
+    for (int k = 0; k < NSTEPS; k++)
+        for (int mode = 0; mode < NMODES; mode++) {
+            sf_batch bt = batch_of(&s[k]);
+            sf_sample_row sr[2] = { sample_row(mode, k, 0), sample_row(mode, k, 1) };
+            int32_t *out = ids + ((size_t)k * NMODES + mode) * 2;
+            sf_forward_sample smp = { .rows = sr, .ids = out };
+            if ((rc = tp ? sf_tp_step_sample(tp, &bt, &smp, err) : sf_forward_step_sample(f, &bt, &smp, err)))
+                goto done;
+            if (!tp) continue;
+            if ((rc = sf_forward_read_logits(f, bt.n_logits, lg, err))) goto done;
+            for (int r = 0; r < bt.n_logits; r++, (*rows)++) {
+                sf_cpu_sample_scratch sc = { malloc(c->vocab_size * sizeof(float)),
+                                             malloc(c->vocab_size * sizeof(uint32_t)),
+                                             malloc(c->vocab_size * sizeof(uint64_t)) };
+                int32_t want = sc.x && sc.key && sc.mass
+                                   ? sf_cpu_sample_row(lg + (size_t)r * c->vocab_size, c->vocab_size, &sr[r], NULL, &sc)
+                                   : -1;
+                free(sc.x);
+                free(sc.key);
+                free(sc.mass);
+                *ref_diff += want != out[r];
+            }
+        }
+done:
+    free(lg);
+    if (tp) sf_tp_free(tp); /* frees its forward pass */
+    else sf_forward_free(f);
+    if (b) sf_backend_close(b);
+    sf_model_free(m);
+    return rc;
+}
+
+/* TP = 2 draws on rank 0's GPU from the gathered rows: the same ids as the CPU reference on
+ * those rows, and the same ids as TP = 1 (the draw is a function of seed, step and logits, and
+ * the logits agree within bf16 rounding). */
+TEST(tp_sample_on_device)
+{
+    sf_error err = { 0 };
+    int32_t one[NSTEPS * NMODES * 2], two[NSTEPS * NMODES * 2];
+    int d1 = 0, r1 = 0, d2 = 0, rows = 0;
+    int rc = run_sampled(1, one, &d1, &r1, &err);
+    REQUIRE(rc == SF_OK, "TP=1: %s", err.msg);
+    rc = run_sampled(2, two, &d2, &rows, &err);
+    REQUIRE(rc == SF_OK, "TP=2: %s", err.msg);
+    step s[NSTEPS];
+    make_steps(s, 512);
+    int same[NMODES] = { 0 }, n[NMODES] = { 0 };
+    for (int k = 0; k < NSTEPS; k++)
+        for (int mode = 0; mode < NMODES; mode++)
+            for (int r = 0; r < s[k].L; r++) {
+                size_t i = ((size_t)k * NMODES + mode) * 2 + r;
+                same[mode] += one[i] == two[i];
+                n[mode]++;
+            }
+    printf("      TP=2 sampled on rank 0's GPU: CPU reference on the gathered rows agrees on %d of %d draws; "
+           "TP=1 ids agree: greedy %d/%d, top-k %d/%d, top-p %d/%d\n", rows - d2, rows, same[0], n[0], same[1], n[1],
+           same[2], n[2]);
+    CHECK_MSG(rows > 0 && d2 == 0, "%d of %d draws differ from the CPU reference on the same rows", d2, rows);
+    for (int mode = 0; mode < NMODES; mode++)
+        CHECK_MSG(same[mode] == n[mode], "%s: TP=2 drew other ids than TP=1 on %d of %d rows",
+                  mode == 0 ? "greedy" : mode == 1 ? "top-k" : "top-p", n[mode] - same[mode], n[mode]);
+}
+
 static int n_gpus;
 
 /* $SEMFLOW_TP_TEST_QUICK=1 (the timed device script): the demo model and the 1B preset only,
@@ -235,6 +351,7 @@ int main(void)
     n_gpus = n_gpus >= 8 ? 8 : n_gpus >= 4 ? 4 : 2;
     RUN(tp_all_reduce_paths);
     RUN(tp_nccl_logits);
+    RUN(tp_sample_on_device);
     RUN(tp_logits_each_path);
     return test_summary();
 }

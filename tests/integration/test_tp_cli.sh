@@ -1,6 +1,7 @@
 #!/bin/sh
 # Tensor parallelism from the outside: `semflow generate --tensor-parallel-size N` starts its
-# own `semflow rank` followers and greedy text equals TP=1 (demo model, stories260K GGUF);
+# own `semflow rank` followers and greedy text equals TP=1 (demo model, stories260K GGUF), and
+# seeded top-k/top-p text too (sampled from the gathered rows on rank 0's backend);
 # a size that does not split the heads is refused with a message naming them; no rank
 # process outlives its leader; the hidden rank command refuses being run by hand; `bench
 # allreduce` and `bench decode` run over rank processes.
@@ -24,6 +25,19 @@ for model in demo "$DATA/stories260K/stories260K.gguf"; do
         check "tp${n}_equals_tp1_$name" $ok "rc $r1/$rn; TP=1: $(head -c 200 "$tmp/$name.1"); TP=$n: $(head -c 200 "$tmp/$name.$n") $(tail -2 "$tmp/$name.$n.err")"
     done
 done
+
+# seeded top-k / top-p: rank 0 draws from the gathered rows with the backend's sampler, and the
+# draw (a function of seed, step and logits) gives TP=1's text
+sgen() { # tp out
+    timeout 120 "$BIN" generate --model demo --prompt "Once upon a time" --max-tokens 48 --temperature 0.9 \
+        --top-k 40 --top-p 0.9 --seed 11 --backend cpu --threads 1 --ignore-eos --tensor-parallel-size "$1" \
+        >"$2" 2>"$2.err"
+}
+sgen 1 "$tmp/s.1"; r1=$?
+sgen 2 "$tmp/s.2"; r2=$?
+ok=1
+[ $r1 = 0 ] && [ $r2 = 0 ] && [ -s "$tmp/s.1" ] && cmp -s "$tmp/s.1" "$tmp/s.2" && ok=0
+check tp2_sampled_equals_tp1_demo $ok "rc $r1/$r2; TP=1: $(head -c 200 "$tmp/s.1"); TP=2: $(head -c 200 "$tmp/s.2") $(tail -2 "$tmp/s.2.err")"
 
 gen demo 3 "$tmp/bad"; rc=$?
 ok=1

@@ -162,11 +162,17 @@ TEST(floor_protected_from_preemption)
     sf_seq *n2 = add(&w, SF_URGENCY_NORMAL, 10, 0, 0, 0.03);
     step_at(&w, 0.03);
     CHECK(fl->state == SF_SEQ_RUNNING && n2->state == SF_SEQ_WAITING);
-    /* a high-urgency request with a deadline may take it */
+    /* a high-urgency request with a deadline takes an unprotected seat first, even of a class
+     * above the floor's */
     sf_seq *h = add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0.04);
     step_at(&w, 0.04);
-    CHECK(h->state == SF_SEQ_RUNNING && fl->state == SF_SEQ_WAITING);
+    CHECK(h->state == SF_SEQ_RUNNING && fl->state == SF_SEQ_RUNNING && n1->state == SF_SEQ_WAITING);
     CHECK(w.s.decisions[SF_DECISION_PREEMPT_RECOMPUTE] == 2);
+    /* and the floor only when nothing else will do */
+    sf_seq *h2 = add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0.05);
+    step_at(&w, 0.05);
+    CHECK(h2->state == SF_SEQ_RUNNING && h->state == SF_SEQ_RUNNING && fl->state == SF_SEQ_WAITING);
+    CHECK(w.s.decisions[SF_DECISION_PREEMPT_RECOMPUTE] == 3);
     world_free(&w);
 }
 
@@ -210,6 +216,130 @@ TEST(degrade_transitions)
     step_at(&w, 30.0);
     CHECK_MSG(!w.s.degraded && sf_sched_kv_usage(&w.s) > 0.8 && sf_sched_kv_usage(&w.s) <= 0.92, "usage %.3f",
               sf_sched_kv_usage(&w.s));
+    world_free(&w);
+}
+
+/* KV demand, not blocks held: what running sequences still need to reach their length counts,
+ * and so does a sequence swapped out, so swapping does not hide the pressure from the degrade
+ * policy. */
+TEST(degrade_reads_demand)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8, .degrade_high = 0.92f,
+                          .degrade_low = 0.80f, .degrade_hold_s = 5.0, .relax_ms = 2000, .swap_blocks = 200 };
+    REQUIRE(world_init(&w, 100, 8, 4096, &c) == 0, "init");
+    sf_seq *a = add(&w, SF_URGENCY_LOW, 40 * 16 - 8, 0, 0, 0);
+    sf_seq *b = add(&w, SF_URGENCY_LOW, 40 * 16 - 8, 0, 0, 0);
+    a->max_len = b->max_len = 50 * 16; /* 10 blocks more each to finish */
+    step_at(&w, 0.0);
+    REQUIRE(a->state == SF_SEQ_RUNNING && b->state == SF_SEQ_RUNNING, "both admitted");
+    double u = sf_sched_kv_usage(&w.s);
+    step_at(&w, 0.5);
+    CHECK_MSG(u < 0.92 && sf_sched_kv_demand(&w.s) > 0.99, "held %.3f, demand %.3f (want 0.80, 1.00)", u,
+              sf_sched_kv_demand(&w.s));
+    step_at(&w, 5.4);
+    CHECK(!w.s.degraded);
+    step_at(&w, 5.6); /* demand above 92% since 0.5 s */
+    CHECK(w.s.degraded && w.s.decisions[SF_DECISION_RELAX] == 2);
+    /* a realtime prompt of 30 blocks swaps b out: held falls under 92%, demand does not */
+    sf_seq *h = add(&w, SF_URGENCY_HIGH, 30 * 16, 400, 0, 6.0);
+    step_at(&w, 6.0);
+    step_at(&w, 6.1);
+    CHECK_MSG(h->state == SF_SEQ_RUNNING && b->state == SF_SEQ_WAITING && b->n_swap > 0, "h %d, b %d, b swapped %d",
+              h->state, b->state, b->n_swap);
+    CHECK_MSG(sf_sched_kv_usage(&w.s) < 0.92 && sf_sched_kv_demand(&w.s) > 1.0, "held %.3f, demand %.3f",
+              sf_sched_kv_usage(&w.s), sf_sched_kv_demand(&w.s));
+    sf_sched_remove(&w.s, h);
+    sf_sched_remove(&w.s, b);
+    sf_sched_remove(&w.s, a);
+    sf_sched_tick(&w.s, 7.0);
+    CHECK_MSG(sf_sched_kv_demand(&w.s) == 0, "demand %.3f with nothing in", sf_sched_kv_demand(&w.s));
+    sf_sched_tick(&w.s, 12.1);
+    CHECK(!w.s.degraded && w.s.decisions[SF_DECISION_RESTORE] == 1);
+    world_free(&w);
+}
+
+/* Below high urgency a sequence gets a seat only if the high class keeps the seats it had lately
+ * (its decaying peak, with a 25% margin). */
+TEST(high_keeps_seat_headroom)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8 };
+    REQUIRE(world_init(&w, 1000, 8, 4096, &c) == 0, "init");
+    sf_seq *hi[6], *lo[3];
+    for (int i = 0; i < 6; i++) hi[i] = add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0);
+    step_at(&w, 0.0);
+    for (int i = 0; i < 3; i++) lo[i] = add(&w, SF_URGENCY_LOW, 10, 0, 0, 0.01);
+    step_at(&w, 0.01);
+    /* 6 high running, peak 6: 1.25 x 6 = 8 seats are theirs, none left for low */
+    CHECK_MSG(lo[0]->state == SF_SEQ_WAITING && w.s.gate_seats >= 1, "low %d, gated %llu", lo[0]->state,
+              (unsigned long long)w.s.gate_seats);
+    for (int i = 0; i < 5; i++) sf_sched_remove(&w.s, hi[i]);
+    step_at(&w, 0.02); /* one high left, but the peak holds */
+    CHECK(lo[0]->state == SF_SEQ_WAITING);
+    step_at(&w, 12.0); /* 12 s later the peak has decayed to the one still running */
+    int run = 0;
+    for (int i = 0; i < 3; i++) run += lo[i]->state == SF_SEQ_RUNNING;
+    CHECK_MSG(run == 3, "%d of 3 low sequences running after the peak decayed", run);
+    world_free(&w);
+}
+
+/* A floor is admitted only if its whole length fits beside what the high class needs (so it is
+ * not preempted later), and only if the step-time model says its rate can be held; a refusal for
+ * KV counts as demand. */
+TEST(floor_admitted_only_if_it_can_finish)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 32, .degrade_high = 0.92f,
+                          .degrade_low = 0.8f, .degrade_hold_s = 5 };
+    REQUIRE(world_init(&w, 100, 8, 4096, &c) == 0, "init");
+    train(&w.s, 2.0, 0.1); /* a step of n tokens: 2 + 0.1 n ms */
+    sf_seq *h = add(&w, SF_URGENCY_HIGH, 40 * 16, 400, 0, 0);
+    h->max_len = 40 * 16;
+    step_at(&w, 0.0);
+    sf_seq *f = add(&w, SF_URGENCY_LOW, 30 * 16, 0, 50.0, 0.01);
+    f->max_len = 60 * 16; /* 60 blocks to finish; high keeps 1.25 x 41 of 100 */
+    step_at(&w, 0.01);
+    CHECK_MSG(f->state == SF_SEQ_WAITING && w.s.gate_kv >= 1, "floor %d, KV refusals %llu", f->state,
+              (unsigned long long)w.s.gate_kv);
+    step_at(&w, 0.02);
+    CHECK_MSG(sf_sched_kv_demand(&w.s) >= 1.0 && sf_sched_kv_usage(&w.s) < 0.45, "demand %.3f, held %.3f",
+              sf_sched_kv_demand(&w.s), sf_sched_kv_usage(&w.s));
+    f->max_len = 40 * 16; /* fits: 40 blocks beside 1.25 x 41 */
+    sf_seq *g = add(&w, SF_URGENCY_LOW, 10, 0, 50.0, 0.03);
+    step_at(&w, 0.03);
+    CHECK(f->state == SF_SEQ_RUNNING && g->state == SF_SEQ_RUNNING);
+    /* steps get slow: 1 + 3 + 32 tokens would take 2 + 36 ms > 20 ms for 50 tokens/s */
+    train(&w.s, 2.0, 1.0);
+    sf_seq *k = add(&w, SF_URGENCY_LOW, 10, 0, 50.0, 0.04);
+    step_at(&w, 0.04);
+    CHECK_MSG(k->state == SF_SEQ_WAITING && w.s.gate_floor >= 1, "floor %d, step-time refusals %llu (seats %llu kv %llu, %.1f ms)", k->state,
+              (unsigned long long)w.s.gate_floor, (unsigned long long)w.s.gate_seats, (unsigned long long)w.s.gate_kv,
+              sf_sched_predict_ms(&w.s, 37));
+    world_free(&w);
+}
+
+/* While realtime is in, one lower-class swap-in a step: each runs before the step it joins. */
+TEST(one_low_swap_in_per_step_beside_realtime)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8, .swap_blocks = 100 };
+    REQUIRE(world_init(&w, 10, 8, 4096, &c) == 0, "init");
+    sf_seq *lo[4];
+    for (int i = 0; i < 4; i++) lo[i] = add(&w, SF_URGENCY_LOW, 20, 0, 0, 0);
+    step_at(&w, 0.0);
+    step_at(&w, 0.01);
+    sf_seq *h = add(&w, SF_URGENCY_HIGH, 6 * 16, 400, 0, 0.02);
+    step_at(&w, 0.02);
+    REQUIRE(h->state == SF_SEQ_RUNNING && lo[2]->n_swap > 0 && lo[3]->n_swap > 0, "two low swapped out (%d %d)",
+            lo[2]->n_swap, lo[3]->n_swap);
+    sf_sched_remove(&w.s, h);
+    add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0.03);
+    const sf_plan *p = step_at(&w, 20.0);
+    CHECK_MSG(p->n_swap_in == 1, "%d swap-ins in one step beside realtime", p->n_swap_in);
+    p = step_at(&w, 20.01);
+    CHECK_MSG(p->n_swap_in == 1 && lo[2]->state == SF_SEQ_RUNNING && lo[3]->state == SF_SEQ_RUNNING,
+              "%d swap-ins in the next step; low 3 %d, low 4 %d", p->n_swap_in, lo[2]->state, lo[3]->state);
     world_free(&w);
 }
 
@@ -319,6 +449,10 @@ int main(void)
     RUN(floor_caps_lower_prefill_only);
     RUN(floor_protected_from_preemption);
     RUN(degrade_transitions);
+    RUN(degrade_reads_demand);
+    RUN(high_keeps_seat_headroom);
+    RUN(floor_admitted_only_if_it_can_finish);
+    RUN(one_low_swap_in_per_step_beside_realtime);
     RUN(bad_policy_config);
     RUN(engine_degrades_under_kv_pressure);
     return test_summary();
