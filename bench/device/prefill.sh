@@ -56,7 +56,7 @@ bench() {
     echo "$name: rc=$? SEMFLOW_ATTN_PREFILL=$kern $BIN bench prefill --load-format dummy --preset $preset --backend cuda --ctx 2048 --steps 5 --json" >>"$D/runs.txt"
 }
 
-step kernels 12 "$TB/test_prefill_attn" --perf
+step kernels 13 "$TB/test_prefill_attn" --perf
 bench llama3-fa2 7 fa2 llama-3-8b
 bench llama3-wmma 7 wmma llama-3-8b
 if [ -x "$TB/test_model" ]; then

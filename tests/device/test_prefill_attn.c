@@ -28,8 +28,8 @@
 static sf_rng R;
 static int quick, perf;
 
-enum { PATH_FA2, PATH_WMMA, PATH_DISPATCH, N_PATHS };
-static const char *path_name[N_PATHS] = { "fa2", "wmma", "dispatch(fa2)" };
+enum { PATH_FA2, PATH_FA2_128, PATH_WMMA, PATH_DISPATCH, N_PATHS };
+static const char *path_name[N_PATHS] = { "fa2", "fa2-128", "wmma", "dispatch(fa2)" };
 
 /* One launch's inputs on host and device. */
 typedef struct pcase {
@@ -172,7 +172,8 @@ static sf_k_attn pcase_args(const pcase *c)
 
 static int launch(int path, const sf_k_attn *a, cudaStream_t s)
 {
-    if (path == PATH_FA2) return sf_k_attention_prefill_fa2(a, s);
+    if (path == PATH_FA2) return sf_k_attention_prefill_fa2(a, 64, s);
+    if (path == PATH_FA2_128) return sf_k_attention_prefill_fa2(a, 128, s);
     setenv("SEMFLOW_ATTN_PREFILL", path == PATH_WMMA ? "wmma" : "fa2", 1);
     int rc = path == PATH_WMMA ? sf_k_attention_prefill(a, s) : sf_k_attention(a, s);
     unsetenv("SEMFLOW_ATTN_PREFILL");
@@ -356,6 +357,7 @@ TEST(prefill_attention)
             CHECK_MSG(0, "%s: could not allocate the reference (host memory)", sh->name);
         } else {
             check_path(sh->name, &c, &rf, PATH_FA2);
+            check_path(sh->name, &c, &rf, PATH_FA2_128);
             if (!quick) check_path(sh->name, &c, &rf, PATH_WMMA);
             if (i == 8) check_path(sh->name, &c, &rf, PATH_DISPATCH);
         }
@@ -373,7 +375,7 @@ TEST(prefill_attention_refuses)
     a.tiles = tiles;
     a.kv.head_dim = 96;
     CHECK(!sf_k_attention_prefill_fa2_ok(&a));
-    CHECK(sf_k_attention_prefill_fa2(&a, 0) == (int)cudaErrorInvalidValue);
+    CHECK(sf_k_attention_prefill_fa2(&a, 0, 0) == (int)cudaErrorInvalidValue);
     a.hd = a.kv.head_dim = 128;
     a.Hkv = 5;
     CHECK(!sf_k_attention_prefill_fa2_ok(&a));
@@ -382,43 +384,44 @@ TEST(prefill_attention_refuses)
     CHECK(!sf_k_attention_prefill_fa2_ok(&a));
     a.scale = 0.1f;
     CHECK(sf_k_attention_prefill_fa2_ok(&a));
+    CHECK(sf_k_attention_prefill_fa2(&a, 96, 0) == (int)cudaErrorInvalidValue); /* rows 64 or 128 */
     a.n_tiles = 0;
-    CHECK(sf_k_attention_prefill_fa2(&a, 0) == 0); /* nothing to do */
+    CHECK(sf_k_attention_prefill_fa2(&a, 0, 0) == 0); /* nothing to do */
     cudaFree(tiles);
     cudaGetLastError();
 }
 
 /* Causal prefill of one sequence: us per launch and TFLOP/s (4 * H * hd * sum of context lengths:
- * QK^T and PV, the causal half only), both kernels. */
+ * QK^T and PV, the causal half only), each kernel. */
 static void perf_prefill(void)
 {
     static const int cases[][3] = { { 32, 8, 512 }, { 32, 8, 2048 }, { 32, 8, 4096 }, { 28, 4, 2048 }, { 28, 4, 4096 } };
+    static const int paths[] = { PATH_FA2, PATH_FA2_128, PATH_WMMA };
     cudaEvent_t e0, e1;
     if (cudaEventCreate(&e0) || cudaEventCreate(&e1)) return;
-    printf("perf: causal prefill attention, one sequence, head_dim 128, block 16\n");
-    printf("perf: %3s %3s %5s | %9s %7s | %9s %7s | %s\n", "H", "Hkv", "T", "fa2 us", "TFLOP/s", "wmma us", "TFLOP/s",
-           "speedup");
+    printf("perf: causal prefill attention, one sequence, head_dim 128, block 16: us (TFLOP/s)\n");
+    printf("perf: %3s %3s %5s | %16s | %16s | %16s\n", "H", "Hkv", "T", "fa2", "fa2-128", "wmma");
     for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
         int H = cases[i][0], Hkv = cases[i][1], T = cases[i][2], p0 = 0;
         pcase c;
         if (pcase_init(&c, H, Hkv, 128, 16, 1, &p0, &T, 0)) { pcase_free(&c); continue; }
         sf_k_attn a = pcase_args(&c);
         double flops = 4.0 * H * 128 * ((double)T * (T + 1) / 2);
-        float us[2];
-        for (int path = 0; path < 2; path++) {
+        printf("perf: %3d %3d %5d", H, Hkv, T);
+        for (size_t k = 0; k < SF_ARRAY_LEN(paths); k++) {
             const int reps = T >= 4096 ? 10 : 20;
             int rc = 0;
-            for (int r = 0; r < 3; r++) rc |= launch(path, &a, 0);
+            for (int r = 0; r < 3; r++) rc |= launch(paths[k], &a, 0);
             cudaEventRecord(e0, 0);
-            for (int r = 0; r < reps; r++) rc |= launch(path, &a, 0);
+            for (int r = 0; r < reps; r++) rc |= launch(paths[k], &a, 0);
             cudaEventRecord(e1, 0);
             cudaEventSynchronize(e1);
             float ms = 0;
             cudaEventElapsedTime(&ms, e0, e1);
-            us[path] = rc ? NAN : ms * 1000.0f / reps;
+            float us = rc ? NAN : ms * 1000.0f / reps;
+            printf(" | %8.1f (%5.1f)", us, flops / us / 1e6);
         }
-        printf("perf: %3d %3d %5d | %9.1f %7.1f | %9.1f %7.1f | %.2fx\n", H, Hkv, T, us[0], flops / us[0] / 1e6, us[1],
-               flops / us[1] / 1e6, us[1] / us[0]);
+        printf("\n");
         pcase_free(&c);
     }
     cudaEventDestroy(e0);
