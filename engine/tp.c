@@ -112,13 +112,19 @@ static int build(sf_tp *t, const sf_model *m, sf_error *err)
     return SF_OK;
 }
 
+static const char *path_name(sf_comm_path p)
+{
+    return p == SF_COMM_PATH_CUSTOM ? "own" : p == SF_COMM_PATH_NCCL ? "base" : p == SF_COMM_PATH_ONESHOT ? "one-shot"
+         : p == SF_COMM_PATH_LL ? "LL" : "auto";
+}
+
 /* Every rank: iters all-reduces of an n-element buffer, then a sync and a barrier. *us: wall
  * time per all-reduce of the timed part on this rank. */
 static int bench_all_reduce(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {
     sf_buf *buf = NULL;
     sf_comm_path keep = t->comm->path;
-    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "rank %d: all-reduce bench: unknown path %d", t->o.rank, (int)path);
     int rc = t->b->ops->buf_new(t->b, 1, n, &buf, err);
     if (rc) return rc;
@@ -154,7 +160,7 @@ static float check_val(int rank, int64_t i, int it)
  * largest relative error seen. */
 static int check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err)
 {
-    static const int64_t sizes[] = { 1, 7, 8, 1000, 4096, 8192, 65539, 262144, 524288, 1048576 };
+    static const int64_t sizes[] = { 1, 7, 8, 1000, 4096, 8192, 65539, 262144, 524288, 1048576, 2097152 };
     int N = t->o.size, rc = SF_OK, cpu = !strcmp(t->b->ops->name, "cpu");
     sf_buf *buf = NULL;
     float *h = malloc((size_t)max_n * sizeof *h), *want = malloc((size_t)max_n * sizeof *want);
@@ -187,8 +193,8 @@ static int check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path pat
             *worst = fmax(*worst, d);
             if (d > tol) {
                 rc = sf_err(err, SF_ERROR, "rank %d: all-reduce check (%s path), round %d, %lld values: element %lld "
-                            "is %g, the sum is %g", t->o.rank, path == SF_COMM_PATH_CUSTOM ? "own" : path ==
-                            SF_COMM_PATH_NCCL ? "base" : "auto", it, (long long)n, (long long)i, h[i], want[i]);
+                            "is %g, the sum is %g", t->o.rank, path_name(path), it, (long long)n, (long long)i, h[i],
+                            want[i]);
                 break;
             }
         }
@@ -516,7 +522,7 @@ int sf_tp_bench_all_reduce_path(sf_tp *t, int64_t n, int iters, sf_comm_path pat
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     if (n < 1 || iters < 1) return sf_err(err, SF_EINVAL, "all-reduce bench: %lld elements x %d", (long long)n, iters);
-    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "all-reduce bench: unknown path %d", (int)path);
     tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters, .bench_path = path };
     int rc = send_hdr(t, &h, err);
@@ -532,7 +538,7 @@ int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error 
 int sf_tp_check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
-    if (max_n < 1 || iters < 1 || path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_CUSTOM)
+    if (max_n < 1 || iters < 1 || path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "all-reduce check: %lld values, %d rounds, path %d", (long long)max_n, iters,
                       (int)path);
     tp_hdr h = { .cmd = TP_CHECK_ALLREDUCE, .bench_n = max_n, .bench_iters = iters, .bench_path = path };

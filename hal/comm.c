@@ -114,7 +114,15 @@ int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt)
     size_t bytes = sf_dtype_bytes(dt, n);
     if (!c->custom_cap_bytes || dt != SF_DT_BF16 || bytes > c->custom_cap_bytes || c->path == SF_COMM_PATH_NCCL)
         return 0;
-    return c->path == SF_COMM_PATH_CUSTOM || bytes <= c->custom_max_bytes;
+    if (c->path == SF_COMM_PATH_LL) return bytes <= c->ll_cap_bytes;
+    return c->path != SF_COMM_PATH_AUTO || bytes <= c->custom_max_bytes;
+}
+
+int sf_comm_takes_ll(const sf_comm *c, int64_t n, sf_dtype dt)
+{
+    size_t bytes = sf_dtype_bytes(dt, n);
+    if (!sf_comm_takes_custom(c, n, dt) || bytes > c->ll_cap_bytes || c->path == SF_COMM_PATH_ONESHOT) return 0;
+    return c->path == SF_COMM_PATH_LL || bytes <= c->ll_max_bytes;
 }
 
 /* ---- the all-reduce crossover ------------------------------------------------------------ */

@@ -50,8 +50,16 @@ struct sf_comm_ops {
 };
 
 /* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
- * one-shot peer-memory kernel of comm_custom.c for messages up to the measured crossover). */
-typedef enum sf_comm_path { SF_COMM_PATH_AUTO = 0, SF_COMM_PATH_NCCL = 1, SF_COMM_PATH_CUSTOM = 2 } sf_comm_path;
+ * peer-memory kernels of comm_custom.c for messages up to the measured crossover: the LL
+ * variant up to its own measured crossover, the one-shot kernel above). CUSTOM forces the own
+ * path (LL where measured faster), ONESHOT and LL force one kernel (up to its cap). */
+typedef enum sf_comm_path {
+    SF_COMM_PATH_AUTO = 0,
+    SF_COMM_PATH_NCCL = 1,
+    SF_COMM_PATH_CUSTOM = 2,
+    SF_COMM_PATH_ONESHOT = 3,
+    SF_COMM_PATH_LL = 4
+} sf_comm_path;
 
 struct sf_comm {
     const struct sf_comm_ops *ops;
@@ -66,6 +74,9 @@ struct sf_comm {
     size_t custom_max_bytes;
     /* Largest message (bytes) the custom path can take at all; 0: no custom path. */
     size_t custom_cap_bytes;
+    /* The same for the LL variant of the custom path: up to ll_max_bytes it takes the messages
+     * of the custom path (set at open from a measurement); it can take up to ll_cap_bytes. */
+    size_t ll_max_bytes, ll_cap_bytes;
     /* 1 ($SEMFLOW_TP_NCCL_GRAPH=1): base-path collectives (NCCL) are queued as backend ops too,
      * inside the step's graph. 0 (default): the graph ends at them and they run eagerly. The
      * own path's kernel is always inside. NCCL's destroy and abort wait for every graph that
@@ -118,6 +129,8 @@ int sf_comm_gather_rows_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *tmp
 /* Whether an all-reduce of n values of dt takes the own (custom) path: a function of the
  * communicator's path, cap and crossover only, so every rank decides the same way. */
 int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt);
+/* Of those, whether it takes the LL variant (same contract). */
+int sf_comm_takes_ll(const sf_comm *c, int64_t n, sf_dtype dt);
 
 /* ---- the all-reduce crossover (pure logic, comm.c) ------------------------------------- */
 /* Given n message sizes in increasing order and the measured µs of NCCL and of the custom

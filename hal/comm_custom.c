@@ -13,7 +13,7 @@
 
 struct sf_ar_custom {
     int rank, size, device;
-    size_t buf_bytes;
+    size_t buf_bytes, ll_bytes;
     char *own;                     /* cudaMalloc'd region */
     char *region[SF_AR_MAX_RANKS]; /* as mapped here; region[rank] = own */
     int opened[SF_AR_MAX_RANKS];   /* IPC mappings to close */
@@ -54,7 +54,7 @@ void sf_ar_custom_free(sf_ar_custom *a)
 /* This rank's record: a zeroed region (signals and buffers) and its IPC handle. */
 static int make_region(sf_ar_custom *a, ar_rec *me)
 {
-    size_t bytes = sf_k_ar_region_bytes(a->buf_bytes);
+    size_t bytes = sf_k_ar_region_bytes(a->buf_bytes, a->ll_bytes, a->size);
     cudaError_t e = cudaMalloc((void **)&a->own, bytes);
     if (e == cudaSuccess) e = cudaMemset(a->own, 0, bytes);
     if (e == cudaSuccess) e = cudaHostAlloc((void **)&a->err_h, sizeof(unsigned), cudaHostAllocMapped);
@@ -94,6 +94,7 @@ int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int time
     a->size = size;
     a->device = device;
     a->buf_bytes = (buf_bytes + 15) & ~(size_t)15;
+    a->ll_bytes = SF_MIN(a->buf_bytes, SF_AR_LL_BYTES);
     a->timeout_ns = (uint64_t)(timeout_ms > 0 ? timeout_ms : 60000) * 1000000ull;
     memset(&me, 0, sizeof me);
     me.ok = make_region(a, &me);
@@ -155,13 +156,15 @@ cleanup:
 }
 
 size_t sf_ar_custom_cap(const sf_ar_custom *a) { return a ? a->buf_bytes : 0; }
+size_t sf_ar_custom_ll_cap(const sf_ar_custom *a) { return a ? a->ll_bytes : 0; }
 const char *sf_ar_custom_gpus(const sf_ar_custom *a) { return a ? a->gpus : ""; }
 
-int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, void *stream, sf_error *err)
+int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, int ll, void *stream, sf_error *err)
 {
-    if ((size_t)n * 2 > a->buf_bytes || ((uintptr_t)data & 15))
-        return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce of %lld values at %p: more than %zu bytes or "
-                      "not 16-byte aligned", a->rank, (long long)n, data, a->buf_bytes);
+    size_t cap = ll ? a->ll_bytes : a->buf_bytes;
+    if ((size_t)n * 2 > cap || ((uintptr_t)data & 15))
+        return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce%s of %lld values at %p: more than %zu bytes or "
+                      "not 16-byte aligned", a->rank, ll ? " (LL)" : "", (long long)n, data, cap);
     sf_k_ar k;
     memset(&k, 0, sizeof k);
     for (int i = 0; i < a->size; i++) k.region[i] = a->region[i];
@@ -172,6 +175,9 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, void *stream, sf_er
     k.size = a->size;
     k.timeout_ns = a->timeout_ns;
     k.err = a->err_d;
+    k.ll = ll;
+    k.ll_off = SF_AR_SIG_BYTES + 2 * a->buf_bytes;
+    k.ll_bytes = a->ll_bytes;
     int e = sf_k_allreduce(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce of %lld values: launch: %s", a->rank, (long long)n,
@@ -194,8 +200,9 @@ int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int time
 }
 void sf_ar_custom_free(sf_ar_custom *a) { (void)a; }
 size_t sf_ar_custom_cap(const sf_ar_custom *a) { return 0; }
+size_t sf_ar_custom_ll_cap(const sf_ar_custom *a) { return 0; }
 const char *sf_ar_custom_gpus(const sf_ar_custom *a) { return ""; }
-int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, void *stream, sf_error *err)
+int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, int ll, void *stream, sf_error *err)
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }

@@ -23,13 +23,16 @@ typedef int (*sf_ar_exchange_fn)(void *ctx, const void *mine, size_t bytes, void
 int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int timeout_ms, sf_ar_exchange_fn exchange,
                       void *ctx, sf_ar_custom **out, sf_error *err);
 void sf_ar_custom_free(sf_ar_custom *a); /* NULL is fine */
-/* Largest message in bytes. */
+/* Largest message in bytes; of the LL variant (kernels/cuda/allreduce.h). */
 size_t sf_ar_custom_cap(const sf_ar_custom *a);
+size_t sf_ar_custom_ll_cap(const sf_ar_custom *a);
+#define SF_AR_LL_BYTES ((size_t)512 << 10) /* the LL variant's largest message */
 /* Every rank's GPU bus id joined by '-' (for the crossover cache key). */
 const char *sf_ar_custom_gpus(const sf_ar_custom *a);
-/* Queues the all-reduce of n bf16 values at data (16-byte aligned, n * 2 <= cap) on stream.
- * Returns SF_OK or an error with the rank in the message. */
-int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, void *stream, sf_error *err);
+/* Queues the all-reduce of n bf16 values at data (16-byte aligned, n * 2 <= cap, or <= the LL
+ * cap with ll = 1) on stream: the one-shot kernel, or its LL variant. Every rank must pass the
+ * same ll for a call. Returns SF_OK or an error with the rank in the message. */
+int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, int ll, void *stream, sf_error *err);
 /* 0, or 1 + the rank a kernel gave up waiting for (its timeout passed). */
 int sf_ar_custom_failed(const sf_ar_custom *a);
 

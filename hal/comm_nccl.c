@@ -22,7 +22,10 @@
  * crossover (the largest size up to which
  * the custom path wins at every size), which every rank then uses, so the ranks always pick the
  * same path for a message. The crossover is cached like hal's calibration (comm.c), keyed by
- * the ranks' GPUs and the NCCL version; $SEMFLOW_TP_ALLREDUCE=nccl|custom forces a path. */
+ * the ranks' GPUs and the NCCL version; $SEMFLOW_TP_ALLREDUCE=nccl|custom|oneshot|ll forces a
+ * path. The own path has two kernels (kernels/cuda/allreduce.h): LL for the sizes where it was
+ * measured faster than the one-shot kernel ($SEMFLOW_TP_LL=1 lets AUTO use it; else only a
+ * forced path does), the one-shot kernel above. */
 #include "comm.h"
 
 #include <stdlib.h>
@@ -45,7 +48,9 @@
 
 #include "comm_custom.h"
 
-#define AR_CUSTOM_BYTES ((size_t)1 << 20) /* largest message the custom path can take */
+/* largest message the custom path can take: a decode step of 256 rows of 8192 (70B), inside the
+ * step graph (an NCCL call ends it) */
+#define AR_CUSTOM_BYTES ((size_t)4 << 20)
 
 #define BOOT_MAGIC 0x53464e43u /* "SFNC" */
 
@@ -307,7 +312,8 @@ static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void 
     if (dt != SF_DT_BF16 && dt != SF_DT_F32)
         return sf_err(err, SF_EUNSUPPORTED, "rank %d: NCCL all-reduce of %s", c->rank, sf_dtype_name(dt));
     if (NC(c)->ar && sf_comm_takes_custom(c, n, dt)) {
-        if ((rc = sf_ar_custom_run(NC(c)->ar, data, n, stream, err))) return fail(c, err, "%s", err->msg);
+        if ((rc = sf_ar_custom_run(NC(c)->ar, data, n, sf_comm_takes_ll(c, n, dt), stream, err)))
+            return fail(c, err, "%s", err->msg);
         return SF_OK;
     }
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -410,19 +416,25 @@ static int exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_err
     return xfer(c, x->peer[0], a, (size_t)c->size * bytes, 0, 0, 0, "peer-memory setup", err);
 }
 
-#define XO_SIZES 10 /* 2 KiB .. 1 MiB */
+#define XO_SIZES 12 /* 2 KiB .. 4 MiB */
+#define XO_PATHS 3  /* NCCL, one-shot, LL */
 
-/* Every rank: µs per all-reduce of each size on each path, the way a step pays for it: wall
- * time from queueing `iters` calls back to back until they completed (launches included —
- * events on the GPU would hide NCCL's host cost), after a barrier and 5 untimed calls. */
-static int measure(sf_comm *c, cudaStream_t s, void *buf, size_t *bytes, double *nccl_us, double *own_us, sf_error *err)
+/* Every rank: µs per all-reduce of each size on each path (us[path][size]; 0: the path cannot
+ * take that size), the way a step pays for it: wall time from queueing `iters` calls back to
+ * back until they completed (launches included — events on the GPU would hide NCCL's host
+ * cost), after a barrier and 5 untimed calls. */
+static int measure(sf_comm *c, cudaStream_t s, void *buf, size_t *bytes, double us[XO_PATHS][XO_SIZES], int ll,
+                   sf_error *err)
 {
+    static const sf_comm_path paths[XO_PATHS] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL };
     int rc = SF_OK, iters = 20;
     sf_comm_path keep = c->path;
     for (int i = 0; i < XO_SIZES && !rc; i++) {
         bytes[i] = (size_t)2048 << i;
-        for (int p = 0; p < 2 && !rc; p++) {
-            c->path = p ? SF_COMM_PATH_CUSTOM : SF_COMM_PATH_NCCL;
+        for (int p = 0; p < XO_PATHS && !rc; p++) {
+            us[p][i] = 0;
+            if (paths[p] == SF_COMM_PATH_LL && (!ll || bytes[i] > c->ll_cap_bytes)) continue; /* same on every rank */
+            c->path = paths[p];
             double t0 = 0;
             if ((rc = nccl_barrier(c, err))) break;
             for (int k = 0; k < 5 + iters && !rc; k++) {
@@ -433,29 +445,36 @@ static int measure(sf_comm *c, cudaStream_t s, void *buf, size_t *bytes, double 
                 rc = nccl_all_reduce(c, buf, (int64_t)(bytes[i] / 2), SF_DT_BF16, s, err);
             }
             if (!rc) rc = wait_stream(c, s, "measuring the all-reduce crossover", err);
-            (p ? own_us : nccl_us)[i] = (sf_now_s() - t0) * 1e6 / iters;
+            us[p][i] = (sf_now_s() - t0) * 1e6 / iters;
         }
     }
     c->path = keep;
     return rc;
 }
 
-/* Sets c->custom_max_bytes the same on every rank: rank 0's cached or measured crossover. */
-static int crossover(sf_comm *c, sf_error *err)
+/* Sets c->custom_max_bytes and c->ll_max_bytes the same on every rank: rank 0's cached or
+ * measured crossovers. LL takes the sizes up to which it beats the one-shot kernel at every
+ * size (by 5%); the own path (LL there, one-shot above) takes the sizes up to which it beats
+ * NCCL at every size. ll: whether AUTO may take the LL kernel at all ($SEMFLOW_TP_LL=1, the
+ * same on every rank); without it LL is not measured and runs only when forced. */
+static int crossover(sf_comm *c, int ll, sf_error *err)
 {
     nccl_comm *x = NC(c);
-    char key[SF_COMM_MAX_RANKS * 20 + 64];
+    char key[SF_COMM_MAX_RANKS * 20 + 64], key_ll[sizeof key + 8];
     int ver = 0, rc;
     x->api.GetVersion(&ver);
-    /* w: measured in wall time (a cache from another method is not reused) */
-    snprintf(key, sizeof key, "r%d-nccl%d-w-%s", c->size, ver, sf_ar_custom_gpus(x->ar));
-    uint64_t have[2] = { 0, 0 }; /* cached?, crossover */
-    size_t v = 0;
-    if (c->rank == 0 && sf_comm_crossover_load(key, &v) == 0) have[0] = 1, have[1] = v;
+    /* w2: measured in wall time, the own path being the faster of LL (w2ll: where allowed) and
+     * one-shot (a cache from another method is not reused) */
+    snprintf(key, sizeof key, "r%d-nccl%d-w2%s-%s", c->size, ver, ll ? "ll" : "", sf_ar_custom_gpus(x->ar));
+    snprintf(key_ll, sizeof key_ll, "%s-ll", key);
+    uint64_t have[3] = { 0, 0, 0 }; /* cached?, crossover, LL crossover */
+    size_t v = 0, v_ll = 0;
+    if (c->rank == 0 && sf_comm_crossover_load(key, &v) == 0 && sf_comm_crossover_load(key_ll, &v_ll) == 0)
+        have[0] = 1, have[1] = v, have[2] = v_ll;
     if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
     if (!have[0]) {
         size_t bytes[XO_SIZES];
-        double nccl_us[XO_SIZES], own_us[XO_SIZES];
+        double us[XO_PATHS][XO_SIZES], own[XO_SIZES];
         cudaStream_t s = NULL;
         void *buf = NULL;
         if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
@@ -464,26 +483,30 @@ static int crossover(sf_comm *c, sf_error *err)
             rc = fail(c, err, "rank %d: all-reduce crossover: no stream or %zu bytes of device memory", c->rank,
                       AR_CUSTOM_BYTES);
         } else {
-            rc = measure(c, s, buf, bytes, nccl_us, own_us, err);
+            rc = measure(c, s, buf, bytes, us, ll, err);
         }
         if (buf) cudaFree(buf);
         if (s) cudaStreamDestroy(s);
         if (rc) return rc;
         if (c->rank == 0) {
-            have[1] = sf_comm_pick_crossover(bytes, nccl_us, own_us, XO_SIZES, 0.05);
-            sf_comm_crossover_save(key, (size_t)have[1], bytes, nccl_us, own_us, XO_SIZES);
-            char line[600] = "";
+            have[2] = sf_comm_pick_crossover(bytes, us[1], us[2], XO_SIZES, 0.05);
+            for (int i = 0; i < XO_SIZES; i++) own[i] = bytes[i] <= have[2] ? us[2][i] : us[1][i];
+            have[1] = sf_comm_pick_crossover(bytes, us[0], own, XO_SIZES, 0.05);
+            sf_comm_crossover_save(key, (size_t)have[1], bytes, us[0], own, XO_SIZES);
+            sf_comm_crossover_save(key_ll, (size_t)have[2], bytes, us[1], us[2], XO_SIZES);
+            char line[800] = "";
             for (int i = 0; i < XO_SIZES; i++)
-                snprintf(line + strlen(line), sizeof line - strlen(line), " %zuK %.1f/%.1f", bytes[i] >> 10, nccl_us[i],
-                         own_us[i]);
-            SF_LOGI("all-reduce us per call, NCCL/peer memory:%s", line);
+                snprintf(line + strlen(line), sizeof line - strlen(line), " %zuK %.1f/%.1f/%.1f", bytes[i] >> 10,
+                         us[0][i], us[1][i], us[2][i]);
+            SF_LOGI("all-reduce us per call, NCCL/one-shot/LL (0: cannot):%s", line);
         }
         if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
     }
     c->custom_max_bytes = (size_t)have[1];
+    c->ll_max_bytes = SF_MIN((size_t)have[2], c->ll_cap_bytes);
     if (c->rank == 0)
-        SF_LOGI("all-reduce: peer-memory path up to %zu bytes, NCCL above (%s)", c->custom_max_bytes,
-                have[0] ? "cached crossover" : "measured now");
+        SF_LOGI("all-reduce: peer memory up to %zu bytes (LL up to %zu, one-shot above), NCCL above (%s)",
+                c->custom_max_bytes, c->ll_max_bytes, have[0] ? "cached crossover" : "measured now");
     return SF_OK;
 }
 
@@ -493,8 +516,13 @@ static int custom_setup(sf_comm *c, sf_error *err)
     nccl_comm *x = NC(c);
     const char *e = getenv("SEMFLOW_TP_ALLREDUCE"), *g = getenv("SEMFLOW_TP_NCCL_GRAPH");
     c->base_in_graph = g && !strcmp(g, "1");
-    c->path = e && !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL : e && !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
-                                                                                        : SF_COMM_PATH_AUTO;
+    c->path = !e ? SF_COMM_PATH_AUTO
+              : !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL
+              : !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
+              : !strcmp(e, "oneshot") ? SF_COMM_PATH_ONESHOT
+              : !strcmp(e, "ll") ? SF_COMM_PATH_LL : SF_COMM_PATH_AUTO;
+    if (e && *e && c->path == SF_COMM_PATH_AUTO && strcmp(e, "auto") && c->rank == 0)
+        SF_LOGW("SEMFLOW_TP_ALLREDUCE=%s: not one of nccl, custom, oneshot, ll, auto; picking by measurement", e);
     if (c->path == SF_COMM_PATH_NCCL || c->size > SF_COMM_MAX_RANKS) return SF_OK;
     sf_error e2 = { 0 };
     int rc = sf_ar_custom_open(c->rank, c->size, x->device, AR_CUSTOM_BYTES, c->timeout_ms, exchange, c, &x->ar, &e2);
@@ -504,7 +532,9 @@ static int custom_setup(sf_comm *c, sf_error *err)
     }
     if (rc) return sf_err(err, rc, "%s", e2.msg);
     c->custom_cap_bytes = sf_ar_custom_cap(x->ar);
-    return crossover(c, err);
+    c->ll_cap_bytes = sf_ar_custom_ll_cap(x->ar);
+    const char *ll = getenv("SEMFLOW_TP_LL"); /* the launcher passes its environment to every rank */
+    return crossover(c, ll && !strcmp(ll, "1"), err);
 }
 
 static const struct sf_comm_ops nccl_ops = {

@@ -1,17 +1,29 @@
 #!/bin/sh
-# bench/device/decode.sh — the CUDA decode figures of docs/PERFORMANCE.md in one go (about 45 s):
-# batch-1 decode of the Llama-3-8B and Qwen2-7B shapes (random bf16 weights) at 512 and 4096
-# tokens of context and one 2048-token Llama-3-8B prefill, as the backend runs by default; the
-# same decode runs with the fused batch-1 kernels off (SEMFLOW_CUDA_FUSED=0) for comparison;
-# and whole-model logits against the CPU backend (build/tests/device/test_model) both ways.
-# Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; a table is printed
-# last.
+# bench/device/decode.sh — the batch-1 decode figures of docs/PERFORMANCE.md in one go (under 60 s):
+#   - correctness first: whole-model logits against the CPU backend (build/tests/device/test_model)
+#     with the fused kernels on and off and with every L2 option on, and the batch-1 GEMVs
+#     against a host reference (build/tests/device/test_gemv) as launched by default and with
+#     the L2 options on;
+#   - batch-1 decode of the Llama-3-8B and Qwen2-7B shapes (random bf16 weights) at 512 and 4096
+#     tokens of context as the backend runs by default;
+#   - the L2 options of the fused batch-1 path (docs/CUDA.md "Fused batch-1 decode"), each on
+#     Llama-3-8B at 512 keys (and the full set at 4096): SEMFLOW_CUDA_L2HINT=1 (weight loads
+#     evict_first), SEMFLOW_CUDA_L2PF=MB (each GEMV's first wave prefetches its rows into L2
+#     before its wait), SEMFLOW_CUDA_L2PF_DEEP=1 (every block does), SEMFLOW_CUDA_L2NEXT=MB (the
+#     O projection pulls the gate/up weight's first MB into L2 while attention runs),
+#     SEMFLOW_CUDA_L2AHEAD=N (rows bulk-prefetched N loop iterations ahead of the loads);
+#   - the layer's four fused GEMVs alone in a graph (test_gemv --perf) with and without them;
+#   - the same decode with the fused kernels off (SEMFLOW_CUDA_FUSED=0), as time allows.
+# Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; runs.txt has every
+# command with its exit code and seconds; a table is printed last.
 #
 # Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/decode.sh
 # Exits 77 (skipped) on a machine without an NVIDIA GPU.
 set -u
 BIN=${SF_BIN:-build/semflow}
+BUILD_DIR=${SF_BUILD:-build}
 D=${OUT:-./out}/decode
+BUDGET=${DECODE_BUDGET_S:-54} # seconds this script may spend (its hard limit is 60)
 mkdir -p "$D"
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "decode: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
@@ -23,44 +35,83 @@ if [ ! -x "$BIN" ]; then
 fi
 echo "decode: $(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
 : >"$D/runs.txt"
+T0=$(date +%s)
 
-# correctness first: whole-model logits, CUDA against CPU, fused kernels on and off
-MODEL_TEST=${SF_BUILD:-build}/tests/device/test_model
-for mode in 1 0; do
-    if [ -x "$MODEL_TEST" ]; then
-        SEMFLOW_CUDA_FUSED=$mode timeout -k 5 20 "$MODEL_TEST" >"$D/model-fused$mode.log" 2>&1
-        echo "test_model fused=$mode: rc=$? $(tail -1 "$D/model-fused$mode.log")" >>"$D/runs.txt"
-        grep '^FAIL' "$D/model-fused$mode.log" >>"$D/runs.txt"
-    else
-        echo "test_model: $MODEL_TEST missing (device tests are built with CUDA)" >>"$D/runs.txt"
-    fi
-done
-
-# run NAME SECONDS [VAR=VALUE...] ARGS...: one `semflow bench` with --json, bounded by SECONDS
-run() {
+# step NAME SECONDS [VAR=VALUE...] CMD...: one bounded command, output to NAME.log (tests) or
+# NAME.json / NAME.err (benches: the command ends in --json); skipped when the budget is spent
+step() {
     name=$1 lim=$2
     shift 2
-    timeout -k 5 "$lim" env "$@" --backend cuda --load-format dummy --json >"$D/$name.json" 2>"$D/$name.err"
-    echo "$name: rc=$? $*" >>"$D/runs.txt"
+    left=$((BUDGET - ($(date +%s) - T0)))
+    if [ "$left" -lt 4 ]; then
+        echo "$name: skipped (the script's $BUDGET s are spent)" >>"$D/runs.txt"
+        return
+    fi
+    [ "$lim" -gt "$left" ] && lim=$left
+    t=$(date +%s)
+    case "$*" in
+    *--json*) timeout -k 3 "$lim" env "$@" >"$D/$name.json" 2>"$D/$name.err" ;;
+    *) timeout -k 3 "$lim" env "$@" >"$D/$name.log" 2>&1 ;;
+    esac
+    rc=$?
+    echo "$name: rc=$rc $(($(date +%s) - t)) s: $*" >>"$D/runs.txt"
+    case "$*" in *--json*) ;; *) tail -1 "$D/$name.log" | sed "s/^/    /" >>"$D/runs.txt"
+                                grep '^FAIL' "$D/$name.log" >>"$D/runs.txt" ;; esac
 }
+ALL="SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 SEMFLOW_CUDA_L2NEXT=16 SEMFLOW_CUDA_L2AHEAD=1"
+
+# correctness first
+MT=$BUILD_DIR/tests/device/test_model
+GT=$BUILD_DIR/tests/device/test_gemv
+if [ -x "$MT" ] && [ -x "$GT" ]; then
+    step model-fused1 20 SEMFLOW_CUDA_FUSED=1 "$MT"
+    step model-fused0 20 SEMFLOW_CUDA_FUSED=0 "$MT"
+    step model-l2all 20 $ALL "$MT"
+    step gemv-l2all 15 $ALL "$GT"
+else
+    echo "test_model/test_gemv: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
+fi
+
 B="$BIN bench"
-run llama3-ctx512 12 $B decode --preset llama-3-8b --ctx 512 --steps 32
-run llama3-ctx4096 12 $B decode --preset llama-3-8b --ctx 4096 --steps 32
-run qwen2-ctx512 12 $B decode --preset qwen2-7b --ctx 512 --steps 32
-run qwen2-ctx4096 12 $B decode --preset qwen2-7b --ctx 4096 --steps 32
-run llama3-prefill2048 12 $B prefill --preset llama-3-8b --ctx 2048 --steps 5
-run llama3-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset llama-3-8b --ctx 512 --steps 32
-run llama3-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset llama-3-8b --ctx 4096 --steps 32
-run qwen2-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset qwen2-7b --ctx 512 --steps 32
-run qwen2-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $B decode --preset qwen2-7b --ctx 4096 --steps 32
+P="--backend cuda --load-format dummy --json"
+L8="$B decode --preset llama-3-8b --steps 32 $P"
+Q7="$B decode --preset qwen2-7b --steps 32 $P"
+step llama3-ctx512 12 $L8 --ctx 512
+step llama3-ctx4096 12 $L8 --ctx 4096
+step qwen2-ctx512 12 $Q7 --ctx 512
+step qwen2-ctx4096 12 $Q7 --ctx 4096
+# the L2 options, one at a time and together
+step l8-512-hint 12 SEMFLOW_CUDA_L2HINT=1 $L8 --ctx 512
+step l8-512-pf24 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 $L8 --ctx 512
+step l8-512-next16 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2NEXT=16 $L8 --ctx 512
+step l8-512-all 12 $ALL $L8 --ctx 512
+step l8-4096-all 12 $ALL $L8 --ctx 4096
+step l8-4096-next32 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 SEMFLOW_CUDA_L2NEXT=32 $L8 --ctx 4096
+step l8-512-ahead1 12 SEMFLOW_CUDA_L2AHEAD=1 $L8 --ctx 512
+step l8-512-ahead2 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2AHEAD=2 $L8 --ctx 512
+if [ -x "$GT" ]; then # the four GEMVs without attention, each alone and chained
+    step layer-base 6 "$GT" --perf
+    step layer-hint 6 SEMFLOW_CUDA_L2HINT=1 "$GT" --perf
+    step layer-pf24 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 "$GT" --perf
+    step layer-ahead1 6 SEMFLOW_CUDA_L2AHEAD=1 "$GT" --perf
+    step layer-ahead2 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2AHEAD=2 "$GT" --perf
+    step layer-deep 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF_DEEP=1 "$GT" --perf
+fi
+step llama3-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 512
+step qwen2-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 512
+step llama3-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 4096
+step qwen2-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 4096
 cat "$D/runs.txt"
+for f in "$D"/layer-*.log; do [ -f "$f" ] && echo "$(basename "$f" .log):" && grep '^perf:' "$f"; done
 
 # the table: one line per run from its JSON (python3 is on the GPU host)
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["llama3-ctx512", "llama3-ctx4096", "qwen2-ctx512", "qwen2-ctx4096", "llama3-prefill2048",
-         "llama3-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx512-unfused", "qwen2-ctx4096-unfused"]
+names = ["llama3-ctx512", "llama3-ctx4096", "qwen2-ctx512", "qwen2-ctx4096",
+         "l8-512-hint", "l8-512-pf24", "l8-512-next16", "l8-512-all", "l8-4096-all", "l8-4096-next32",
+         "l8-512-ahead1", "l8-512-ahead2",
+         "llama3-ctx512-unfused", "qwen2-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx4096-unfused"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:
@@ -69,13 +120,9 @@ for name in names:
         try:
             err = open(os.path.join(d, name + ".err")).read().strip().splitlines()
         except OSError:
-            err = []
+            err = ["not run"]
         print("%-24s failed: %s" % (name, err[-1] if err else e))
         continue
-    if j.get("mode") == "decode":
-        print("%-24s %10.3f %10.1f %8.3fms %7.1f%% %7.1fus" % (name, j["ms_per_token_median"], j["tokens_per_s"],
-              j.get("roofline_ms", 0), 100 * j["ratio"], j.get("host_us_per_step", 0)))
-    else:
-        print("%-24s %10.1f %10.0f %10s %7.1f%%   MFU" % (name, j.get("ms_median", 0), j.get("tokens_per_s", 0), "-",
-              100 * j.get("mfu", 0)))
+    print("%-24s %10.3f %10.1f %8.3fms %7.1f%% %7.1fus" % (name, j["ms_per_token_median"], j["tokens_per_s"],
+          j.get("roofline_ms", 0), 100 * j["ratio"], j.get("host_us_per_step", 0)))
 PY

@@ -3,9 +3,10 @@
 # gives it 130).
 #
 # Runs from the repo root with a prebuilt build/ and prints a summary table last:
-#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own path;
+#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own one-shot and LL kernels;
 #   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
-#      time per step, and the batch-64 decode step rate (stand-in for saturated throughput);
+#      time per step, and the batch-64 decode step rate; TP=2 and 70B with SEMFLOW_TP_LL=1 (the
+#      LL all-reduce where it measures faster than the one-shot kernel);
 #   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
 #      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
 #      step graphs with the all-reduces inside are replayed — and TP=2 draws on rank 0's GPU
@@ -76,8 +77,8 @@ echo "tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --short 
 nvidia-smi topo -m 2>/dev/null | head -4
 
 run allreduce 10 20 "$BIN" bench allreduce --model demo --backend cuda --tensor-parallel-size 2 --hidden 8192 --steps 5
-for tp in 1 2; do
-    run decode8b_tp$tp 15 $((25 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
+for tp in 1 2; do # TP=2 with the LL all-reduce allowed where it measures faster (SEMFLOW_TP_LL=1)
+    SEMFLOW_TP_LL=1 run decode8b_tp$tp 15 $((25 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
         --backend cuda --tensor-parallel-size $tp --batch 64 --ctx 128 --chunk 128 --steps 16 --json
     cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
 done
@@ -88,7 +89,7 @@ for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 6
     cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
 done
 SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 45 build/tests/device/test_tp
-run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
+SEMFLOW_TP_LL=1 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
 
@@ -97,7 +98,7 @@ echo
 echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -E '^(PASS|FAIL):' "$D/test_tp.out" 2>/dev/null
-grep -E 'worst|own path up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
+grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E '^ +[0-9]+ ' "$D/allreduce.out" 2>/dev/null
 a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
 b1=$(jf "$D/decode8b_tp1.json" tokens_per_s) b2=$(jf "$D/decode8b_tp2.json" tokens_per_s)

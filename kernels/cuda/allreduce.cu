@@ -4,7 +4,8 @@
 
 typedef struct ar_sig {
     unsigned flag[SF_AR_BLOCKS][SF_AR_MAX_RANKS]; /* [block][from rank]: written by that rank */
-    unsigned count[SF_AR_BLOCKS];                 /* this rank's calls, per block */
+    unsigned count[SF_AR_BLOCKS];                 /* this rank's one-shot calls, per block */
+    unsigned ll_count[SF_AR_BLOCKS];              /* this rank's LL calls, per block */
 } ar_sig;
 
 static_assert(sizeof(ar_sig) <= SF_AR_SIG_BYTES, "signal block too large");
@@ -26,6 +27,41 @@ static __device__ __forceinline__ uint64_t global_ns(void)
     uint64_t t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
+}
+
+/* LL lines: 16-byte stores and loads whose two 8-byte halves each arrive whole */
+static __device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v)
+{
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
+}
+
+static __device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p)
+{
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+/* Values [4i, 4i + 4) of the message as 8 bytes (zeros past n). */
+static __device__ __forceinline__ uint2 load4(const uint16_t *d, int64_t i, int64_t n)
+{
+    if (4 * i + 4 <= n) return ((const uint2 *)d)[i];
+    uint16_t h[4] = { 0, 0, 0, 0 };
+    for (int k = 0; k < 4 && 4 * i + k < n; k++) h[k] = d[4 * i + k];
+    return make_uint2(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16);
+}
+
+static __device__ __forceinline__ void add4(float *acc, uint2 v)
+{
+    float2 a = __bfloat1622float2(*(const bf162 *)&v.x), b = __bfloat1622float2(*(const bf162 *)&v.y);
+    acc[0] += a.x;
+    acc[1] += a.y;
+    acc[2] += b.x;
+    acc[3] += b.y;
 }
 
 static __device__ __forceinline__ void add8(float *acc, uint4 v)
@@ -105,16 +141,84 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
     }
 }
 
-extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes)
+/* The LL variant (allreduce.h): line i = values [4i, 4i + 4) goes, with this call's flag beside
+ * each 4-byte half, straight into slot [this rank] of every peer's LL buffer of the call's
+ * parity; then each line of every peer is read from the own region until both its flags are
+ * this call's, and the lines are summed in rank order. Line i belongs to block (i / blockDim)
+ * mod SF_AR_BLOCKS whatever the grid, so a block's counter numbers the uses of its lines. */
+__global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
 {
-    return SF_AR_SIG_BYTES + 2 * buf_bytes;
+    __shared__ unsigned flag_s;
+    ar_sig *self = (ar_sig *)a.region[a.rank];
+    if (threadIdx.x == 0) {
+        flag_s = self->ll_count[blockIdx.x] + 1;
+        self->ll_count[blockIdx.x] = flag_s;
+    }
+    __syncthreads();
+    const unsigned flag = flag_s;
+    const int64_t nl = (a.n + 3) / 4, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x,
+                  step = (int64_t)gridDim.x * blockDim.x;
+    const size_t slot = 2 * a.ll_bytes, base = a.ll_off + (size_t)(flag & 1) * a.size * slot;
+
+    /* 1. push: every line of this thread to every peer (one-way NVLink writes, no fence) */
+    for (int64_t i = first; i < nl; i += step) {
+        uint2 v = load4(a.data, i, a.n);
+        uint4 line = make_uint4(v.x, flag, v.y, flag);
+        for (int r = 0; r < a.size; r++)
+            if (r != a.rank) st_volatile_v4((uint4 *)(a.region[r] + base + (size_t)a.rank * slot) + i, line);
+    }
+
+    /* 2. wait for each peer's line in the own region, sum in rank order (the same bits everywhere) */
+    uint64_t t0 = 0;
+    for (int64_t i = first; i < nl; i += step) {
+        float acc[4] = { 0, 0, 0, 0 };
+        for (int r = 0; r < a.size; r++) {
+            if (r == a.rank) {
+                add4(acc, load4(a.data, i, a.n));
+                continue;
+            }
+            const uint4 *p = (const uint4 *)(a.region[a.rank] + base + (size_t)r * slot) + i;
+            uint4 l = ld_volatile_v4(p);
+            for (unsigned spins = 1; l.y != flag || l.w != flag; spins++) {
+                if ((spins & 1023) == 0) {
+                    uint64_t t = global_ns();
+                    if (!t0) t0 = t;
+                    else if (t - t0 > a.timeout_ns) {
+                        *a.err = 1u + r;
+                        __threadfence_system();
+                        return;
+                    }
+                }
+                l = ld_volatile_v4(p);
+            }
+            add4(acc, make_uint2(l.x, l.z));
+        }
+        bf162 lo = __floats2bfloat162_rn(acc[0], acc[1]), hi = __floats2bfloat162_rn(acc[2], acc[3]);
+        if (4 * i + 4 <= a.n) {
+            ((uint2 *)a.data)[i] = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
+        } else {
+            bf16 o[4] = { lo.x, lo.y, hi.x, hi.y };
+            for (int k = 0; k < 4 && 4 * i + k < a.n; k++) ((bf16 *)a.data)[4 * i + k] = o[k];
+        }
+    }
+}
+
+extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
+{
+    return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes;
 }
 
 extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)
 {
     if (a->n <= 0) return 0;
-    if (a->size < 1 || a->size > SF_AR_MAX_RANKS || (size_t)a->n * 2 > a->buf_bytes || ((uintptr_t)a->data & 15))
-        return (int)cudaErrorInvalidValue;
+    if (a->size < 1 || a->size > SF_AR_MAX_RANKS || ((uintptr_t)a->data & 15)) return (int)cudaErrorInvalidValue;
+    if (a->ll) {
+        if ((size_t)a->n * 2 > a->ll_bytes) return (int)cudaErrorInvalidValue;
+        int64_t lines = (a->n + 3) / 4, blocks = (lines + SF_AR_THREADS - 1) / SF_AR_THREADS;
+        k_allreduce_ll<<<(unsigned)(blocks < SF_AR_BLOCKS ? blocks : SF_AR_BLOCKS), SF_AR_THREADS, 0, s>>>(*a);
+        return sf_launch_status();
+    }
+    if ((size_t)a->n * 2 > a->buf_bytes) return (int)cudaErrorInvalidValue;
     k_allreduce<<<SF_AR_BLOCKS, SF_AR_THREADS, 0, s>>>(*a);
     return sf_launch_status();
 }

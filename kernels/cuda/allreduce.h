@@ -12,7 +12,17 @@
  * fixed (SF_AR_BLOCKS), so block b's counter counts every call and the buffer parity is the
  * same in every block; a rank that raised call k's flags has finished call k-1, so writing the
  * buffer of call k-2 is safe without a second barrier. A wait longer than timeout_ns gives up,
- * writes 1 + the missing rank into *err (mapped host memory) and leaves the message unsummed. */
+ * writes 1 + the missing rank into *err (mapped host memory) and leaves the message unsummed.
+ *
+ * The LL variant (ll = 1, messages up to ll_bytes; for decode sizes) takes one NVLink crossing
+ * instead of a flag write then a remote read: each 8 bytes of the message travel as one 16-byte
+ * line {4 bytes, flag, 4 bytes, flag}, written straight into every peer's LL buffer (slot of
+ * the sending rank, parity of the call). 8-byte halves arrive whole, so a reader that sees both
+ * flags equal to this call's number has the line, with no fence and no separate signal. The
+ * grid is as large as the message needs (one line per thread, up to SF_AR_BLOCKS blocks), the
+ * call numbers are per block as above, and the parity argument is the same (kernels on a
+ * stream run one after the other). Region: signal block, the two one-shot buffers, then the LL
+ * buffers [2 parities][size ranks][2 * ll_bytes]. */
 #ifndef SF_KERNELS_ALLREDUCE_H
 #define SF_KERNELS_ALLREDUCE_H
 
@@ -37,10 +47,13 @@ typedef struct sf_k_ar {
     int rank, size;
     uint64_t timeout_ns;
     volatile unsigned *err;        /* device pointer of mapped host memory */
+    int ll;                        /* 1: the LL variant (n * 2 <= ll_bytes) */
+    size_t ll_off, ll_bytes;       /* the LL buffers' offset in a region; largest LL message */
 } sf_k_ar;
 
-/* Bytes of one rank's region for buffers of buf_bytes each. */
-size_t sf_k_ar_region_bytes(size_t buf_bytes);
+/* Bytes of one rank's region: one-shot buffers of buf_bytes each, LL buffers for messages of
+ * up to ll_bytes from `size` ranks. The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes. */
+size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size);
 /* Queues the one-shot all-reduce on s (see the top). Returns the launch's cudaError_t. */
 int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s);
 

@@ -129,7 +129,28 @@ static __device__ __forceinline__ void rot_pairs(bf16x8 &a, const float *cs, con
     }
 }
 
-/* Block (token blockIdx.x, heads [blockIdx.y * hpb, + hpb) of the H + 2 Hkv). */
+/* Unit w of a block: head h, first vector va, pair (halves: va and va + hv rotate together). */
+struct rk_unit {
+    bf16 *hp;
+    int h, va;
+    bool pair;
+    bf16x8 a, b;
+};
+
+static __device__ __forceinline__ void rk_load(rk_unit &x, bf16 *row, int w, int U, int hv, int h0, int hd)
+{
+    const int hi = w / U, u = w - hi * U;
+    x.h = h0 + hi;
+    x.hp = row + (int64_t)x.h * hd;
+    x.pair = u < hv;
+    x.va = x.pair ? u : u + hv;
+    x.a = ((const bf16x8 *)x.hp)[x.va];
+    if (x.pair) x.b = ((const bf16x8 *)x.hp)[x.va + hv];
+}
+
+/* Block (token blockIdx.x, heads [blockIdx.y * hpb, + hpb) of the H + 2 Hkv). Each thread keeps
+ * two units in flight: the next unit's loads are issued before the current one's stores (units
+ * touch disjoint memory), and the first unit's before the cos/sin table is built. */
 __global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t ld, const int32_t *__restrict__ pos,
                                                             const int32_t *__restrict__ slot, int H, int Hkv, int hd,
                                                             int rot, int interleaved,
@@ -138,6 +159,13 @@ __global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t l
     __shared__ float cs[RK_MAX_HD / 2], sn[RK_MAX_HD / 2];
     const int t = blockIdx.x, NH = H + 2 * Hkv, half = rot / 2, h8 = hd / 8;
     const int h0 = blockIdx.y * hpb, h1 = min(NH, h0 + hpb);
+    /* units per head: with halves, the pairs (i, i + half/8) for i < half/8 count once */
+    const int hv = interleaved ? 0 : half / 8, U = h8 - hv;
+    bf16 *row = qkv + (int64_t)t * ld;
+    const int items = (h1 - h0) * U;
+    int w = threadIdx.x;
+    rk_unit cur;
+    if (w < items) rk_load(cur, row, w, U, hv, h0, hd);
     if (h0 < H + Hkv) { /* the block rotates something: the token's table */
         const float p = (float)pos[t];
         for (int j = threadIdx.x; j < half; j += RK_THREADS) sincosf(p * inv_freq[j], &sn[j], &cs[j]);
@@ -147,32 +175,27 @@ __global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t l
     const int64_t blk = sl >= 0 ? sl / kv.block_size : 0, off = sl >= 0 ? sl % kv.block_size : 0;
     const bool i8 = sl >= 0 && kv.i8_base && blk >= kv.i8_base;
     const bool to_cache = sl >= 0 && !i8;
-    /* units per head: with halves, the pairs (i, i + half/8) for i < half/8 count once */
-    const int hv = interleaved ? 0 : half / 8, U = h8 - hv;
-    bf16 *row = qkv + (int64_t)t * ld;
-    const int items = (h1 - h0) * U;
-    for (int w = threadIdx.x; w < items; w += RK_THREADS) {
-        const int hi = w / U, u = w - hi * U, h = h0 + hi;
-        bf16 *hp = row + (int64_t)h * hd;
-        const bool pair = u < hv;                 /* halves: vectors u and u + hv */
-        const int va = pair ? u : u + hv;         /* the (first) vector */
-        const bool rotate = h < H + Hkv && va * 8 < rot;
-        bf16x8 a = ((const bf16x8 *)hp)[va], b;
-        if (pair) b = ((const bf16x8 *)hp)[va + hv];
-        if (rotate) {
-            if (pair) rot_halves(a, b, cs + va * 8, sn + va * 8);
-            else rot_pairs(a, cs + va * 4, sn + va * 4);
-            ((bf16x8 *)hp)[va] = a;
-            if (pair) ((bf16x8 *)hp)[va + hv] = b;
+    while (w < items) {
+        rk_unit nxt;
+        const int nw = w + RK_THREADS;
+        if (nw < items) rk_load(nxt, row, nw, U, hv, h0, hd);
+        const int h = cur.h, va = cur.va;
+        if (h < H + Hkv && va * 8 < rot) {
+            if (cur.pair) rot_halves(cur.a, cur.b, cs + va * 8, sn + va * 8);
+            else rot_pairs(cur.a, cs + va * 4, sn + va * 4);
+            ((bf16x8 *)cur.hp)[va] = cur.a;
+            if (cur.pair) ((bf16x8 *)cur.hp)[va + hv] = cur.b;
         }
         if (h >= H && to_cache) {
             const bool is_v = h >= H + Hkv;
             const int kh = is_v ? h - H - Hkv : h - H;
             bf16x8 *c = (bf16x8 *)((is_v ? (bf16 *)kv.v : (bf16 *)kv.k) +
                                    ((blk * Hkv + kh) * kv.block_size + off) * hd);
-            c[va] = a;
-            if (pair) c[va + hv] = b;
+            c[va] = cur.a;
+            if (cur.pair) c[va + hv] = cur.b;
         }
+        cur = nxt;
+        w = nw;
     }
     if (i8 && h1 > H) { /* block-uniform */
         __syncthreads(); /* the rotated k rows are in place */

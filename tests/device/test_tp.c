@@ -289,9 +289,9 @@ TEST(tp_nccl_logits)
 
 TEST(tp_logits_each_path)
 {
-    static const char *paths[] = { "nccl", "custom" };
+    static const char *paths[] = { "nccl", "oneshot", "ll" };
     const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
-    for (int i = 0; i < (q && !strcmp(q, "1") ? 0 : 2); i++) {
+    for (int i = 0; i < (q && !strcmp(q, "1") ? 0 : 3); i++) {
         char what[64];
         snprintf(what, sizeof what, "1b preset, %s all-reduce", paths[i]);
         setenv("SEMFLOW_TP_ALLREDUCE", paths[i], 1); /* inherited by the rank processes */
@@ -324,15 +324,18 @@ TEST(tp_all_reduce_paths)
             printf("      TP=%d: own path up to %zu bytes, picked up to %zu bytes\n", size, c->custom_cap_bytes,
                    c->custom_max_bytes);
             CHECK_MSG(c->custom_cap_bytes > 0, "TP=%d: no peer-memory path on this host (see the log)", size);
-            static const sf_comm_path paths[] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_CUSTOM, SF_COMM_PATH_AUTO };
-            for (int p = 0; p < 3 && !rc; p++) {
+            static const sf_comm_path paths[] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL,
+                                                  SF_COMM_PATH_AUTO };
+            static const char *names[] = { "nccl", "one-shot", "LL", "auto" };
+            printf("      TP=%d: LL up to %zu bytes, picked up to %zu bytes\n", size, c->ll_cap_bytes, c->ll_max_bytes);
+            for (int p = 0; p < 4 && !rc; p++) {
                 double worst = -1;
                 double t0 = sf_now_s();
-                rc = sf_tp_check_all_reduce(tp, 1 << 19, 300, paths[p], &worst, &err);
+                rc = sf_tp_check_all_reduce(tp, 1 << 21, 300, paths[p], &worst, &err);
                 CHECK_MSG(rc == SF_OK, "TP=%d path %d: %s", size, (int)paths[p], err.msg);
                 if (!rc)
-                    printf("      TP=%d %s: 300 rounds + burst, worst relative error %.2e (%.1f s)\n", size,
-                           p == 0 ? "nccl" : p == 1 ? "own" : "auto", worst, sf_now_s() - t0);
+                    printf("      TP=%d %s: 300 rounds + burst, worst relative error %.2e (%.1f s)\n", size, names[p],
+                           worst, sf_now_s() - t0);
             }
         }
         sf_tp_free(tp);

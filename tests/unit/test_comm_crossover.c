@@ -86,8 +86,22 @@ TEST(path_choice)
     c.path = SF_COMM_PATH_NCCL;
     CHECK(!sf_comm_takes_custom(&c, 4096, SF_DT_BF16));
     c.path = SF_COMM_PATH_AUTO;
+    /* the LL kernel: up to its crossover, within the own path's */
+    c.ll_cap_bytes = 512 << 10;
+    c.ll_max_bytes = 16 << 10;
+    CHECK(sf_comm_takes_ll(&c, 8 << 10, SF_DT_BF16));         /* 16 KiB: at the LL crossover */
+    CHECK(!sf_comm_takes_ll(&c, (8 << 10) + 1, SF_DT_BF16));  /* above: one-shot */
+    CHECK(sf_comm_takes_custom(&c, (8 << 10) + 1, SF_DT_BF16));
+    c.path = SF_COMM_PATH_ONESHOT;
+    CHECK(!sf_comm_takes_ll(&c, 4096, SF_DT_BF16) && sf_comm_takes_custom(&c, 4096, SF_DT_BF16));
+    c.path = SF_COMM_PATH_LL;                                 /* forced: up to the LL cap */
+    CHECK(sf_comm_takes_ll(&c, 256 << 10, SF_DT_BF16));
+    CHECK(!sf_comm_takes_custom(&c, (256 << 10) + 1, SF_DT_BF16));
+    c.path = SF_COMM_PATH_NCCL;
+    CHECK(!sf_comm_takes_ll(&c, 4096, SF_DT_BF16));
+    c.path = SF_COMM_PATH_AUTO;
     c.custom_max_bytes = 0; /* the own path never won */
-    CHECK(!sf_comm_takes_custom(&c, 1, SF_DT_BF16));
+    CHECK(!sf_comm_takes_custom(&c, 1, SF_DT_BF16) && !sf_comm_takes_ll(&c, 1, SF_DT_BF16));
 }
 
 static int no_exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_error *err)

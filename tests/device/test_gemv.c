@@ -1,0 +1,310 @@
+/* test_gemv.c — the batch-1 GEMVs (gemv.cu, gemv_fused.cu) against a float64 host reference over
+ * the decode shapes of Llama-3-8B and Qwen2-7B and the tensor-parallel shards of 8B and 70B:
+ * fresh random weights and activations every run (the seed is printed), outputs poisoned with
+ * NaN before each launch, every output row checked on the model shapes and 256 sampled rows on
+ * the TP shapes (the reference is the host's work), ||out - ref|| / ||ref|| <= 1e-2 per launch
+ * and NaN never passing. The L2 settings of gemv_fused.cu come from the environment
+ * (SEMFLOW_CUDA_L2HINT, SEMFLOW_CUDA_L2PF, SEMFLOW_CUDA_L2PF_DEEP), so bench/device/decode.sh runs
+ * this binary once per setting.
+ *
+ *   test_gemv            the checks (GPU host only)
+ *   test_gemv --perf     instead time a decode layer's four fused GEMVs in one CUDA graph (PDL
+ *                        as the backend launches them) over 8 layers of weights (past L2) */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../common/sf.h"
+#include "../test.h"
+
+#ifdef SF_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "../../kernels/cuda/kernels.h"
+
+static cudaStream_t S;
+static uint64_t seed;
+
+static double bf(uint16_t v) { return (double)sf_bf16_to_f32(v); }
+
+/* Device buffer of n bf16 with random values (scale), and its host copy. */
+static uint16_t *dev_rand(int64_t n, float scale, uint16_t **host)
+{
+    uint16_t *d = NULL;
+    if (cudaMalloc((void **)&d, (size_t)n * 2)) return NULL;
+    if (sf_k_fill_random(d, n, seed++, scale, S) || cudaStreamSynchronize(S)) { cudaFree(d); return NULL; }
+    if (host) {
+        *host = malloc((size_t)n * 2);
+        if (!*host || cudaMemcpy(*host, d, (size_t)n * 2, cudaMemcpyDeviceToHost)) { cudaFree(d); return NULL; }
+    }
+    return d;
+}
+
+static void poison(uint16_t *d, int64_t n) { cudaMemsetAsync(d, 0xff, (size_t)n * 2, S); /* bf16 NaN */ }
+
+/* The normalised row as the kernels round it: bf16(bf16(x * inv) * nw). */
+static void host_norm(const uint16_t *x, const uint16_t *nw, int k, double *xn)
+{
+    double ss = 0;
+    for (int i = 0; i < k; i++) ss += bf(x[i]) * bf(x[i]);
+    float inv = 1.0f / sqrtf((float)(ss / k) + 1e-5f);
+    for (int i = 0; i < k; i++) {
+        float n0 = sf_bf16_to_f32(sf_f32_to_bf16((float)bf(x[i]) * inv));
+        xn[i] = sf_bf16_to_f32(sf_f32_to_bf16(n0 * (float)bf(nw[i])));
+    }
+}
+
+static double dot(const uint16_t *w, const double *x, int k)
+{
+    double a = 0;
+    for (int i = 0; i < k; i++) a += bf(w[i]) * x[i];
+    return a;
+}
+
+/* relative error over the checked rows; NaN -> inf */
+typedef struct errsum {
+    double num, den;
+    int nan;
+} errsum;
+
+static void err_add(errsum *e, double got, double ref)
+{
+    if (isnan(got) || isinf(got)) e->nan = 1;
+    e->num += (got - ref) * (got - ref);
+    e->den += ref * ref;
+}
+
+static double err_rel(const errsum *e) { return e->nan ? INFINITY : sqrt(e->num / (e->den > 0 ? e->den : 1e-30)); }
+
+/* Rows checked: all when m <= all_up_to, else 256 spread over [0, m) including both ends. */
+static int row_at(int i, int n_check, int m) { return n_check == m ? i : (int)((int64_t)i * (m - 1) / (n_check - 1)); }
+
+/* kind 0 norm, 1 norm + glu, 2 add (y += ...); bias optional. */
+static void check_fused(int kind, int m, int k, int with_bias)
+{
+    uint16_t *hx, *hnw, *hw, *hb = NULL, *hy0;
+    const int out = kind == 1 ? m / 2 : m;
+    uint16_t *x = dev_rand(k, 1.0f, &hx), *nw = dev_rand(k, 1.0f, &hnw), *w = dev_rand((int64_t)m * k, 0.05f, &hw);
+    uint16_t *b = with_bias ? dev_rand(m, 0.5f, &hb) : NULL, *y = dev_rand(out, 1.0f, &hy0);
+    REQUIRE(x && nw && w && y && (!with_bias || b), "cudaMalloc/fill of %d x %d failed", m, k);
+    if (kind != 2) poison(y, out);
+    /* add: also pulls its own weight into L2 as if it were the next one (gate/up halves) */
+    int rc = kind == 2 ? sf_k_gemv_add_next(x, w, b, m, k, y, w, (long long)m * k * 2, (long long)(m / 2) * k * 2, S)
+                       : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
+    cudaError_t e = cudaStreamSynchronize(S);
+    CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", kind == 2 ? "add" : "norm", m, k, rc, cudaGetErrorString(e));
+    uint16_t *hy = malloc((size_t)out * 2);
+    cudaMemcpy(hy, y, (size_t)out * 2, cudaMemcpyDeviceToHost);
+    double *xn = malloc(sizeof(double) * k);
+    if (kind == 2) for (int i = 0; i < k; i++) xn[i] = bf(hx[i]);
+    else host_norm(hx, hnw, k, xn);
+    const int n_check = out <= 8192 ? out : 256;
+    errsum es = { 0 };
+    for (int i = 0; i < n_check; i++) {
+        int r = row_at(i, n_check, out);
+        double ref;
+        if (kind == 1) {
+            double g = sf_bf16_to_f32(sf_f32_to_bf16((float)(dot(hw + (int64_t)r * k, xn, k) + (hb ? bf(hb[r]) : 0))));
+            double u = sf_bf16_to_f32(
+                sf_f32_to_bf16((float)(dot(hw + (int64_t)(r + m / 2) * k, xn, k) + (hb ? bf(hb[r + m / 2]) : 0))));
+            ref = sf_bf16_to_f32(sf_f32_to_bf16((float)(g / (1 + exp(-g))))) * u;
+        } else {
+            ref = dot(hw + (int64_t)r * k, xn, k) + (hb ? bf(hb[r]) : 0);
+            if (kind == 2) ref = bf(hy0[r]) + sf_bf16_to_f32(sf_f32_to_bf16((float)ref));
+        }
+        err_add(&es, bf(hy[r]), ref);
+    }
+    double rel = err_rel(&es);
+    CHECK_MSG(rel <= 1e-2, "%s%s m=%d k=%d: relative error %.3g over %d rows", kind == 0 ? "norm" : kind == 1 ? "glu" : "add",
+              with_bias ? "+bias" : "", m, k, rel, n_check);
+    free(xn); free(hy); free(hx); free(hnw); free(hw); free(hb); free(hy0);
+    cudaFree(x); cudaFree(nw); cudaFree(w); cudaFree(b); cudaFree(y);
+}
+
+/* plain GEMV y[n, m] = x[n, k] W^T for n = 1, 2, 4, 8 (the TP shards run it) */
+static void check_plain(int m, int k)
+{
+    uint16_t *hx, *hw;
+    uint16_t *x = dev_rand((int64_t)8 * k, 1.0f, &hx), *w = dev_rand((int64_t)m * k, 0.05f, &hw), *y = NULL;
+    REQUIRE(x && w && !cudaMalloc((void **)&y, (size_t)8 * m * 2), "cudaMalloc/fill of %d x %d failed", m, k);
+    uint16_t *hy = malloc((size_t)8 * m * 2);
+    double *xr = malloc(sizeof(double) * k);
+    for (int n = 1; n <= 8; n *= 2) {
+        poison(y, (int64_t)8 * m);
+        int rc = sf_k_gemv(x, k, w, NULL, n, m, k, y, m, S);
+        cudaError_t e = cudaStreamSynchronize(S);
+        CHECK_MSG(!rc && !e, "gemv n=%d m=%d k=%d: launch %d, sync %s", n, m, k, rc, cudaGetErrorString(e));
+        cudaMemcpy(hy, y, (size_t)8 * m * 2, cudaMemcpyDeviceToHost);
+        const int n_check = m <= 8192 ? m : 256;
+        errsum es = { 0 };
+        for (int j = 0; j < n; j++) {
+            for (int i = 0; i < k; i++) xr[i] = bf(hx[(int64_t)j * k + i]);
+            for (int i = 0; i < n_check; i += (n > 1 ? 3 : 1)) { /* batches: every third row */
+                int r = row_at(i, n_check, m);
+                err_add(&es, bf(hy[(int64_t)j * m + r]), dot(hw + (int64_t)r * k, xr, k));
+            }
+        }
+        double rel = err_rel(&es);
+        CHECK_MSG(rel <= 1e-2, "gemv n=%d m=%d k=%d: relative error %.3g", n, m, k, rel);
+        /* rows past n stay poisoned: nothing written outside y[n, m] */
+        uint16_t past = n < 8 ? hy[(int64_t)n * m] : 0;
+        CHECK_MSG(n == 8 || isnan(bf(past)), "gemv n=%d m=%d k=%d wrote past its %d rows", n, m, k, n);
+    }
+    free(hy); free(xr); free(hx); free(hw);
+    cudaFree(x); cudaFree(w); cudaFree(y);
+}
+
+TEST(fused_llama3_8b)
+{
+    check_fused(0, 6144, 4096, 0);  /* QKV (norm prologue) */
+    check_fused(2, 4096, 4096, 0);  /* O + residual */
+    check_fused(1, 28672, 4096, 0); /* gate/up + SiLU */
+    check_fused(2, 4096, 14336, 0); /* down + residual */
+}
+
+TEST(fused_qwen2_7b)
+{
+    check_fused(0, 4608, 3584, 1); /* QKV with bias */
+    check_fused(2, 3584, 3584, 0);
+    check_fused(1, 37888, 3584, 0);
+    check_fused(2, 3584, 18944, 0);
+}
+
+TEST(fused_odd_shapes)
+{
+    check_fused(0, 7, 64, 1); /* an odd row count: the last warp's pair repeats a row */
+    check_fused(2, 5, 8, 0);
+    check_fused(1, 2, 16, 1);
+    check_fused(2, 33, 16384, 1);
+}
+
+TEST(gemv_tp_8b)
+{
+    check_plain(3072, 4096);
+    check_plain(4096, 2048);
+    check_plain(14336, 4096);
+    check_plain(4096, 7168);
+}
+
+TEST(gemv_tp_70b)
+{
+    check_plain(5120, 8192);
+    check_plain(8192, 4096);
+    check_plain(28672, 8192);
+    check_plain(8192, 14336);
+}
+
+TEST(bad_inputs)
+{
+    uint16_t *x = NULL, *w = NULL, *y = NULL;
+    REQUIRE(!cudaMalloc((void **)&x, 4096) && !cudaMalloc((void **)&w, 65536) && !cudaMalloc((void **)&y, 4096),
+            "cudaMalloc failed");
+    CHECK(sf_k_gemv_add(x, w, NULL, 4, 12, y, S) != 0);           /* k % 8 */
+    CHECK(sf_k_gemv_add(x + 1, w, NULL, 4, 16, y, S) != 0);       /* misaligned x */
+    CHECK(sf_k_gemv_norm(x, x, 1e-5f, w, NULL, 3, 16, 1, y, S) != 0); /* glu needs even m */
+    CHECK(sf_k_gemv_norm(x, NULL, 1e-5f, w, NULL, 4, 16, 0, y, S) != 0);
+    CHECK(sf_k_gemv(x, 16, w, NULL, 9, 4, 16, y, 4, S) != 0); /* n > 8 */
+    CHECK(sf_k_gemv_add_next(x, w, NULL, 4, 16, y, w, 128, 8, S) != 0);  /* seg2 % 16 */
+    CHECK(sf_k_gemv_add_next(x, w, NULL, 4, 16, y, NULL, 128, 0, S) != 0); /* bytes without a weight */
+    CHECK(cudaStreamSynchronize(S) == cudaSuccess);
+    cudaFree(x); cudaFree(w); cudaFree(y);
+}
+
+/* ---- perf: one decode layer's fused GEMVs (Llama-3-8B shapes) in a graph ---------------------- */
+static const char *env_or0(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? v : "0";
+}
+
+static void perf_layer(void)
+{
+    enum { L = 8, REPS = 20 };
+    const int d = 4096, qkv = 6144, ff = 14336;
+    uint16_t *wq[L], *wo[L], *wgu[L], *wd[L], *x, *nw, *h, *q, *act;
+    for (int l = 0; l < L; l++) {
+        wq[l] = dev_rand((int64_t)qkv * d, 0.05f, NULL);
+        wo[l] = dev_rand((int64_t)d * d, 0.05f, NULL);
+        wgu[l] = dev_rand((int64_t)2 * ff * d, 0.05f, NULL);
+        wd[l] = dev_rand((int64_t)d * ff, 0.05f, NULL);
+        if (!wq[l] || !wo[l] || !wgu[l] || !wd[l]) { printf("perf: cudaMalloc of layer %d failed\n", l); return; }
+    }
+    x = dev_rand(d, 1.0f, NULL); nw = dev_rand(d, 1.0f, NULL); h = dev_rand(d, 1.0f, NULL);
+    q = dev_rand(qkv, 1.0f, NULL); act = dev_rand(ff, 1.0f, NULL);
+    if (!x || !nw || !h || !q || !act) return;
+    cudaEvent_t e0, e1;
+    cudaEventCreate(&e0); cudaEventCreate(&e1);
+    /* op -1: the chain; 0..3 one op alone, L launches back to back */
+    static const char *names[] = { "QKV (norm) 6144 x 4096", "O (add) 4096 x 4096", "gate/up (norm+glu) 28672 x 4096",
+                                   "down (add) 4096 x 14336" };
+    const double op_mb[] = { (double)qkv * d * 2 / 1e6, (double)d * d * 2 / 1e6, 2.0 * ff * d * 2 / 1e6,
+                             (double)d * ff * 2 / 1e6 };
+    double us = 0, mb = op_mb[0] + op_mb[1] + op_mb[2] + op_mb[3];
+    for (int op = -1; op < 4; op++) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        int rc = 0;
+        if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf("perf: capture failed\n"); return; }
+        for (int l = 0; l < L; l++) {
+            if (op < 0 || op == 0) rc |= sf_k_gemv_norm(h, nw, 1e-5f, wq[l], NULL, qkv, d, 0, q, S);
+            if (op < 0 || op == 1) rc |= sf_k_gemv_add(x, wo[l], NULL, d, d, h, S);
+            if (op < 0 || op == 2) rc |= sf_k_gemv_norm(h, nw, 1e-5f, wgu[l], NULL, 2 * ff, d, 1, act, S);
+            if (op < 0 || op == 3) rc |= sf_k_gemv_add(act, wd[l], NULL, d, ff, h, S);
+        }
+        cudaStreamEndCapture(S, &g);
+        if (rc || !g || cudaGraphInstantiate(&ge, g, 0)) { printf("perf: graph of op %d failed (%d)\n", op, rc); return; }
+        float ms = 0;
+        cudaGraphLaunch(ge, S);
+        cudaEventRecord(e0, S);
+        for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
+        cudaEventRecord(e1, S);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        double t = ms * 1000.0 / (REPS * L);
+        if (op < 0) us = t;
+        else printf("perf: %-32s %7.1f us %6.0f GB/s (%d launches back to back in a graph)\n", names[op], t,
+                    op_mb[op] / t * 1e3, L);
+        cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
+    }
+    printf("perf: layer chain (QKV, O, gate/up, down; Llama-3-8B, no attention): %.1f us per layer, %.0f GB/s "
+           "(%.1f MB per layer; L2HINT=%s L2PF=%s L2PF_DEEP=%s L2AHEAD=%s)\n",
+           us, mb / us * 1e3, mb, env_or0("SEMFLOW_CUDA_L2HINT"), env_or0("SEMFLOW_CUDA_L2PF"),
+           env_or0("SEMFLOW_CUDA_L2PF_DEEP"), env_or0("SEMFLOW_CUDA_L2AHEAD"));
+    cudaEventDestroy(e0); cudaEventDestroy(e1);
+    for (int l = 0; l < L; l++) { cudaFree(wq[l]); cudaFree(wo[l]); cudaFree(wgu[l]); cudaFree(wd[l]); }
+    cudaFree(x); cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(act);
+}
+
+int main(int argc, char **argv)
+{
+    int perf = argc > 1 && !strcmp(argv[1], "--perf");
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
+        printf("test_gemv: no CUDA device (cudaGetDeviceCount found none): run it on the GPU host\n");
+        return 77;
+    }
+    if (cudaStreamCreate(&S)) { printf("FAIL: stream: cudaStreamCreate failed\n"); return 1; }
+    seed = (uint64_t)sf_now_ns();
+    if (!perf) printf("seed %llu\n", (unsigned long long)seed);
+    if (perf) {
+        perf_layer();
+        cudaStreamDestroy(S);
+        return 0;
+    }
+    RUN(fused_llama3_8b);
+    RUN(fused_qwen2_7b);
+    RUN(fused_odd_shapes);
+    RUN(gemv_tp_8b);
+    RUN(gemv_tp_70b);
+    RUN(bad_inputs);
+    cudaStreamDestroy(S);
+    return test_summary();
+}
+#else
+int main(void)
+{
+    printf("test_gemv: built without CUDA: nothing to check\n");
+    return 77;
+}
+#endif
