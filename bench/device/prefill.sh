@@ -3,7 +3,7 @@
 # (build/tests/device/test_prefill_attn: FlashAttention-2-style and WMMA kernels against a float64
 # reference over many shapes, then --perf: causal 512/2048/4096 tokens, us and TFLOP/s), whole-model
 # logits against the CPU backend with the new kernel (test_model), `semflow bench prefill` at 2048
-# tokens for the Llama-3-8B and Qwen2-7B shapes with each kernel (SEMFLOW_ATTN_PREFILL=fa2 / wmma),
+# tokens for the Llama-3-8B and Qwen2-7B shapes with each kernel (SEMFLOW_ATTN_PREFILL=fa2 / fa2-128 / wmma),
 # and compute-sanitizer memcheck on the quick kernel test when time is left. Each step is bounded
 # by `timeout` and skipped when the remaining budget (PREFILL_BUDGET_S, default 31 s) is too short.
 # Files: $OUT/prefill/*.log, *.json, *.err; a summary table is printed last.
@@ -64,6 +64,7 @@ if [ -x "$TB/test_model" ]; then
 else
     echo "model-fa2: $TB/test_model missing" >>"$D/runs.txt"
 fi
+bench llama3-fa2-128 7 fa2-128 llama-3-8b
 bench qwen2-fa2 7 fa2 qwen2-7b
 bench qwen2-wmma 7 wmma qwen2-7b
 if command -v compute-sanitizer >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
@@ -74,22 +75,22 @@ else
 fi
 cat "$D/runs.txt"
 grep '^perf:' "$D/kernels.log" 2>/dev/null
-grep -E '^  .*(fa2|wmma)' "$D/kernels.log" 2>/dev/null | head -40
+grep -E '^  .*(fa2|wmma)' "$D/kernels.log" 2>/dev/null | head -60
 
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-print("%-12s %10s %10s %9s %8s" % ("run", "ms", "tokens/s", "TFLOP/s", "MFU"))
-for name in ["llama3-fa2", "llama3-wmma", "qwen2-fa2", "qwen2-wmma"]:
+print("%-15s %10s %10s %9s %8s" % ("run", "ms", "tokens/s", "TFLOP/s", "MFU"))
+for name in ["llama3-fa2", "llama3-fa2-128", "llama3-wmma", "qwen2-fa2", "qwen2-wmma"]:
     try:
         j = json.load(open(os.path.join(d, name + ".json")))
-        print("%-12s %10.1f %10.0f %9.0f %7.1f%%" % (name, j.get("ms_median", 0), j.get("tokens_per_s", 0),
+        print("%-15s %10.1f %10.0f %9.0f %7.1f%%" % (name, j.get("ms_median", 0), j.get("tokens_per_s", 0),
               j.get("tflops", 0), 100 * j.get("mfu", 0)))
     except Exception as e:
         try:
             err = open(os.path.join(d, name + ".err")).read().strip().splitlines()
         except OSError:
             err = []
-        print("%-12s failed or skipped: %s" % (name, err[-1] if err else e))
+        print("%-15s failed or skipped: %s" % (name, err[-1] if err else e))
 PY
 echo "prefill: $(($(date +%s) - T0)) s"
