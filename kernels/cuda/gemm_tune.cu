@@ -308,7 +308,7 @@ static void add_splitk(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo
 
 /* Candidates for t's shape: the heuristic's first (index 0, the reference), its other
  * results, and split-K variants of the first four. */
-static int candidates(sf_k_gemm_ctx *g, const plan *t, cublasLtMatmulAlgo_t *c)
+static int candidates(sf_k_gemm_ctx *g, const plan *t, cublasLtMatmulAlgo_t *c, int *n_split)
 {
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res[HEUR_REQ];
@@ -330,6 +330,7 @@ static int candidates(sf_k_gemm_ctx *g, const plan *t, cublasLtMatmulAlgo_t *c)
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     int base = n;
     for (int i = 0; i < base && i < 4; i++) add_splitk(g, t, &c[i], c, &n);
+    *n_split = n - base;
     return n;
 }
 
@@ -375,7 +376,7 @@ static int scratch_new(sf_k_gemm_ctx *g, const plan *t, scratch *S, cudaStream_t
 
 int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
 {
-    int nb = sf_k_gemm_bucket(p->n), hard = 0, n_c = 0, n_ok = 0, reps = 3;
+    int nb = sf_k_gemm_bucket(p->n), hard = 0, n_c = 0, n_ok = 0, n_split = 0, reps = 3, winner = 0;
     if (!g->tune_on || !nb || g->n_tunes >= MAX_TUNES || sf_gemm_tune_find(g, p->m, p->k, p->has_bias, p->acc, nb))
         return 0;
     if (g->spent_s >= g->budget_s) {
@@ -404,7 +405,7 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     if (t.has_bias &&
         cublasLtMatmulDescSetAttribute(t.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &S.bias, sizeof S.bias) != CUBLAS_STATUS_SUCCESS)
         goto done;
-    n_c = candidates(g, &t, c);
+    n_c = candidates(g, &t, c, &n_split);
     for (int i = 0; i < n_c; i++) us[i] = INFINITY; /* untimed (refused, wrong, over budget) */
     /* reference: the heuristic's first; its time sets the repetitions (about 1 ms of calls each,
      * 2 ms for the final comparison) */
@@ -451,7 +452,8 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
         int best = 0; /* the heuristic's first unless another is more than 2% faster (noise) */
         for (int j = 1; j < nt; j++)
             if (fin[j] < 0.98f * fin[0] && fin[j] < fin[best]) best = j;
-        e.algo = c[top[best]];
+        winner = top[best];
+        e.algo = c[winner];
         e.us = fin[best];
         e.heuristic_us = fin[0];
         e.n_candidates = n_ok;
@@ -467,10 +469,11 @@ done:
     g->spent_s += e.tune_ms * 1e-3;
     g->tunes[g->n_tunes++] = e; /* a failed shape too (n_candidates = 0): not tried again here */
     if (e.n_candidates) {
-        SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx), %d of %d candidates "
-                "in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb, e.has_bias ? " +bias" : "",
-                e.acc ? " accumulate" : "", e.us, e.heuristic_us, e.heuristic_us / e.us, n_ok, n_c, e.tune_ms,
-                g->spent_s, g->budget_s);
+        SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx; candidate %d%s), %d of "
+                "%d candidates (%d split-K variants) in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb,
+                e.has_bias ? " +bias" : "", e.acc ? " accumulate" : "", e.us, e.heuristic_us, e.heuristic_us / e.us,
+                winner, winner >= n_c - n_split ? ", split-K variant" : "", n_ok, n_c, n_split, e.tune_ms, g->spent_s,
+                g->budget_s);
         cache_save(g);
     }
     return hard;
