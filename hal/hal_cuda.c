@@ -748,6 +748,10 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     r.kind = SF_OP_GEMM;
     r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
     r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
+    /* the shape's first use outside a capture tunes its algorithm here, not inside the op */
+    int rc = n > 8 ? kcheck(sf_k_gemm_prepare(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 0, c->s),
+                            "matmul (tuning)") : SF_OK;
+    if (rc) return rc;
     return submit(c, &r, sf_k_gemm_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols), "matmul");
 }
 
@@ -928,7 +932,11 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         r.kind = SF_OP_GEMM_ACC;
         r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
         r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
-        return submit(c, &r, 1, "matmul_add");
+        int rc = kcheck(sf_k_gemm_prepare(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 1, c->s),
+                        "matmul_add (tuning)");
+        if (rc) return rc;
+        return submit(c, &r, sf_k_gemm_acc_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols),
+                      "matmul_add");
     }
     if (!tmp || tmp->rows < n || tmp->cols < w->rows)
         return op_fail(SF_EINVAL, "matmul_add", "scratch buffer missing or too small for this batch");
@@ -1156,6 +1164,26 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         goto cleanup;
     }
     c->dev_bytes += 32u << 20;
+    {
+        /* SEMFLOW_CUDA_GEMM_TUNE=0: cuBLASLt's heuristic choice only (for comparison);
+         * SEMFLOW_CUDA_GEMM_TUNE_S: the tuning budget in seconds (default 20) */
+        const char *t = getenv("SEMFLOW_CUDA_GEMM_TUNE"), *ts = getenv("SEMFLOW_CUDA_GEMM_TUNE_S");
+        char bus[64] = "", path[1024] = "";
+        double budget = ts && atof(ts) > 0 ? atof(ts) : 20.0;
+        if (!(t && !strcmp(t, "0"))) {
+            if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess ||
+                sf_hal_cuda_cache_path(bus, "gemm-cuda", path, sizeof path) != 0) {
+                cudaGetLastError();
+                path[0] = 0;
+                SF_LOGW("CUDA backend: no cache folder for GEMM tuning (set HOME or XDG_CACHE_HOME); tuning is "
+                        "repeated by every process");
+            }
+            if ((krc = sf_k_gemm_tune_enable(c->gemm, path[0] ? path : NULL, budget))) {
+                rc = sf_err(err, SF_ERROR, "CUDA backend: GEMM tuner: %s", sf_k_gemm_error_str(krc));
+                goto cleanup;
+            }
+        }
+    }
     for (int i = 0; i < 2; i++) {
         SF_CUDA_GOTO(cudaHostAlloc(&c->pin[i], STAGE_BYTES, cudaHostAllocDefault), err, rc);
         if ((rc = dmalloc(c, &c->stage[i], STAGE_BYTES, "the upload stage", err))) goto cleanup;
@@ -1174,10 +1202,10 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);
         }
-        /* SEMFLOW_CUDA_GRAPH_TOKENS=N: steps of up to N tokens use graphs (default 64), e.g. the
-         * decode steps of 128-256 sequences of a saturated engine */
+        /* SEMFLOW_CUDA_GRAPH_TOKENS=N: steps of up to N tokens use graphs (default 512: the decode
+         * steps of up to 512 sequences of a saturated engine; docs/CUDA.md has what one costs) */
         const char *gt = getenv("SEMFLOW_CUDA_GRAPH_TOKENS");
-        int gmax = gt && atoi(gt) > 0 ? atoi(gt) : 64;
+        int gmax = gt && atoi(gt) > 0 ? atoi(gt) : 512;
         sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, gmax);
     }
     *out = b;
