@@ -10,7 +10,8 @@
 #     Llama-3-8B at 512 keys (and the full set at 4096): SEMFLOW_CUDA_L2HINT=1 (weight loads
 #     evict_first), SEMFLOW_CUDA_L2PF=MB (each GEMV's first wave prefetches its rows into L2
 #     before its wait), SEMFLOW_CUDA_L2PF_DEEP=1 (every block does), SEMFLOW_CUDA_L2NEXT=MB (the
-#     O projection pulls the gate/up weight's first MB into L2 while attention runs);
+#     O projection pulls the gate/up weight's first MB into L2 while attention runs),
+#     SEMFLOW_CUDA_L2AHEAD=N (rows bulk-prefetched N loop iterations ahead of the loads);
 #   - the layer's four fused GEMVs alone in a graph (test_gemv --perf) with and without them;
 #   - the same decode with the fused kernels off (SEMFLOW_CUDA_FUSED=0), as time allows.
 # Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; runs.txt has every
@@ -57,7 +58,7 @@ step() {
     case "$*" in *--json*) ;; *) tail -1 "$D/$name.log" | sed "s/^/    /" >>"$D/runs.txt"
                                 grep '^FAIL' "$D/$name.log" >>"$D/runs.txt" ;; esac
 }
-ALL="SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 SEMFLOW_CUDA_L2NEXT=16"
+ALL="SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 SEMFLOW_CUDA_L2NEXT=16 SEMFLOW_CUDA_L2AHEAD=1"
 
 # correctness first
 MT=$BUILD_DIR/tests/device/test_model
@@ -66,7 +67,6 @@ if [ -x "$MT" ] && [ -x "$GT" ]; then
     step model-fused1 20 SEMFLOW_CUDA_FUSED=1 "$MT"
     step model-fused0 20 SEMFLOW_CUDA_FUSED=0 "$MT"
     step model-l2all 20 $ALL "$MT"
-    step gemv 15 "$GT"
     step gemv-l2all 15 $ALL "$GT"
 else
     echo "test_model/test_gemv: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
@@ -87,17 +87,22 @@ step l8-512-next16 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2NEXT=16 $L8 --ctx 512
 step l8-512-all 12 $ALL $L8 --ctx 512
 step l8-4096-all 12 $ALL $L8 --ctx 4096
 step l8-4096-next32 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 SEMFLOW_CUDA_L2NEXT=32 $L8 --ctx 4096
-step l8-512-deep 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF_DEEP=1 $L8 --ctx 512
-if [ -x "$GT" ]; then
-    step layer-base 8 "$GT" --perf
-    step layer-pf24 8 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 "$GT" --perf
+step l8-512-ahead1 12 SEMFLOW_CUDA_L2AHEAD=1 $L8 --ctx 512
+step l8-512-ahead2 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2AHEAD=2 $L8 --ctx 512
+if [ -x "$GT" ]; then # the four GEMVs without attention, each alone and chained
+    step layer-base 6 "$GT" --perf
+    step layer-hint 6 SEMFLOW_CUDA_L2HINT=1 "$GT" --perf
+    step layer-pf24 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 "$GT" --perf
+    step layer-ahead1 6 SEMFLOW_CUDA_L2AHEAD=1 "$GT" --perf
+    step layer-ahead2 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2AHEAD=2 "$GT" --perf
+    step layer-deep 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF_DEEP=1 "$GT" --perf
 fi
 step llama3-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 512
 step qwen2-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 512
 step llama3-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 4096
 step qwen2-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 4096
 cat "$D/runs.txt"
-grep -h '^perf:' "$D"/layer-*.log 2>/dev/null
+for f in "$D"/layer-*.log; do [ -f "$f" ] && echo "$(basename "$f" .log):" && grep '^perf:' "$f"; done
 
 # the table: one line per run from its JSON (python3 is on the GPU host)
 python3 - "$D" <<'PY'
@@ -105,7 +110,7 @@ import json, os, sys
 d = sys.argv[1]
 names = ["llama3-ctx512", "llama3-ctx4096", "qwen2-ctx512", "qwen2-ctx4096",
          "l8-512-hint", "l8-512-pf24", "l8-512-next16", "l8-512-all", "l8-4096-all", "l8-4096-next32",
-         "l8-512-deep",
+         "l8-512-ahead1", "l8-512-ahead2",
          "llama3-ctx512-unfused", "qwen2-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx4096-unfused"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:

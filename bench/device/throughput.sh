@@ -4,9 +4,9 @@
 #      (build/tests/device/test_sample --perf);
 #   2. batch-1 decode ms/token on llama-3-8b (dummy weights, 512 context) with the next token drawn
 #      by the GPU sampler (only the id crosses PCIe) and chosen on the host (128256 logits copied);
-#   3. `semflow bench throughput` on llama-3-8b, 128 in / 128 out with 512 prompts (default CUDA
-#      graphs, then graphs for steps of up to 512 tokens), then 1000 in / 1000 out with 128 prompts
-#      (with those graphs; without them it ran at 5,607 output tokens/s in the first device run).
+#   3. `semflow bench throughput` on llama-3-8b (graphs for steps of up to 512 tokens, the default), 128 in /
+#      128 out with 512 prompts (decode attention: the CUDA-core "lanes" kernel, then the
+#      tensor-core "mma" kernel), then 1000 in / 1000 out with 128 prompts (mma).
 #      The prompt counts fit the time box; the bound printed beside each is for the same prompts
 #      and the same number of running sequences.
 # Runs from the repo root with a prebuilt build/; writes under $OUT/throughput/; without a GPU it
@@ -39,11 +39,11 @@ run_tp() { # NAME INPUT OUTPUT PROMPTS SECONDS
     echo "throughput: $1 rc=$? at $(el) s"
     tail -n 3 "$OUT/$1.err"
 }
-run_tp tp-128-128 128 128 512 30
-# the same with CUDA graphs for steps of up to 512 tokens (the default stops at 64: decode steps
-# of 256 sequences are launched op by op)
-(export SEMFLOW_CUDA_GRAPH_TOKENS=512; run_tp tp-128-128-graphs 128 128 512 30)
-(export SEMFLOW_CUDA_GRAPH_TOKENS=512; run_tp tp-1000-1000 1000 1000 128 "$(left)")
+# 128/128 with the decode attention kernel of
+# each kind (lanes: the CUDA-core kernel; mma: the tensor-core batch kernel), then 1000/1000
+(export SEMFLOW_CUDA_DECODE_ATTN=lanes; run_tp tp-128-128-lanes 128 128 512 30)
+(export SEMFLOW_CUDA_DECODE_ATTN=mma; run_tp tp-128-128-mma 128 128 512 30)
+(export SEMFLOW_CUDA_DECODE_ATTN=mma; run_tp tp-1000-1000-mma 1000 1000 128 "$(left)")
 
 echo "==== throughput summary ($(el) s) ===="
 grep -E '^(PASS|FAIL)|differ from|passed' "$OUT/test_sample.log"
@@ -66,7 +66,7 @@ for w in ("backend", "host"):
         print("%-28s did not finish (see decode-%s.err)" % ("sampling on the " + w, w))
 print("%-17s %7s %8s %10s %10s %10s %7s %8s %7s %8s %8s" % ("throughput", "prompts", "running", "out tok/s",
       "total/s", "bound out", "share", "step ms", "host", "enqueue", "replays"))
-for name in ("tp-128-128", "tp-128-128-graphs", "tp-1000-1000"):
+for name in ("tp-128-128-lanes", "tp-128-128-mma", "tp-1000-1000-mma"):
     r = load(name)
     if r:
         b, e = r["bound"], r["engine"]

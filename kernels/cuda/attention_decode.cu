@@ -20,6 +20,8 @@
  *
  * Workspace layout (as attention.cu's): ws[((t * H + h) * n_split + split) * (hd + 2) + d],
  * then the split's max (base 2) and sum at d = hd, hd + 1. */
+#include <string.h>
+
 #include "common.cuh"
 
 #define AD_WARPS 8
@@ -322,9 +324,35 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
     return rc ? rc : sf_launch_status();
 }
 
+/* SEMFLOW_CUDA_DECODE_ATTN: "lanes" (this file's kernel), "mma" (attention_decode_mma.cu where it
+ * applies), else auto; SEMFLOW_CUDA_DECODE_ATTN_STAGES: the mma kernel's ring depth (2 or 3).
+ * Read once (the launch thread is the backend's only thread). */
+static int dec_mode(int *stages)
+{
+    static int mode = -1, ns = 3;
+    if (mode < 0) {
+        const char *e = getenv("SEMFLOW_CUDA_DECODE_ATTN"), *st = getenv("SEMFLOW_CUDA_DECODE_ATTN_STAGES");
+        mode = e && !strcmp(e, "lanes") ? 1 : e && !strcmp(e, "mma") ? 2 : 0;
+        if (st && atoi(st) == 2) ns = 2;
+    }
+    *stages = ns;
+    return mode;
+}
+
+/* Whether the batch (tensor-core) path takes this step: forced by the mode, else auto. */
+static bool use_mma(const sf_k_attn *a, int *stages)
+{
+    const int mode = dec_mode(stages);
+    if (mode == 1 || !sf_k_attention_decode_mma_ok(a)) return false;
+    if (mode == 2) return true;
+    return false;
+}
+
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->T <= 0) return 0;
+    int stages;
+    if (use_mma(a, &stages)) return sf_k_attention_decode_mma(a, stages, s);
     if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
     const int G = a->H / a->Hkv;
     if (a->hd == 128) return G <= 4 ? launch<128, 4>(a, s) : launch<128, 8>(a, s);

@@ -81,6 +81,13 @@ static __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes
 #endif
 }
 
+static __device__ __forceinline__ void prefetch_l2_plain(const void *p, unsigned bytes)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
 static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, float acc)
 {
     const bf162 *wh = (const bf162 *)&w;
@@ -98,9 +105,11 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, fl
  * loads already in registers, marked evict_last (0: none). nx_bytes > 0: the blocks also
  * prefetch, spread over all of them, the first nx_bytes of the next GEMV's weight nx (half at
  * nx and half at nx + nx_seg2 when nx_seg2 > 0: a gate/up weight, whose first blocks read gate
- * row j together with up row j). */
+ * row j together with up row j). ahead > 0: each row's loads run `ahead` iterations (FG_U x
+ * 512 bytes each) behind a bulk prefetch of the same row, so a warp has its next bytes on the
+ * way without holding them in registers. */
 struct fg_l2 {
-    int hint, pf_bytes, pf_blocks, nx_bytes;
+    int hint, pf_bytes, pf_blocks, nx_bytes, ahead;
     const char *nx;
     long long nx_seg2;
 };
@@ -158,6 +167,11 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         const int n = min(l2.pf_bytes, left) & ~15;
         if (n > 0) prefetch_l2((const char *)(lane ? wb : wa) + done, (unsigned)n, policy_evict_last());
     }
+    constexpr int CHUNK = FG_U * 32 * 16; /* bytes of a row per loop iteration */
+    if (l2.ahead > 0 && active && lane < (TWO ? 2 : 1)) {
+        const int n = min(l2.ahead * CHUNK, k * 2 - CHUNK) & ~15;
+        if (n > 0) prefetch_l2_plain((const char *)(lane ? wb : wa) + CHUNK, (unsigned)n);
+    }
     if (l2.nx_bytes > 0 && threadIdx.x < 2 && (threadIdx.x == 0 || l2.nx_seg2 > 0)) {
         const long long seg = l2.nx_seg2 > 0 ? l2.nx_bytes / 2 : l2.nx_bytes;
         const long long per = (seg / gridDim.x + 15) & ~15LL, off = per * blockIdx.x;
@@ -213,6 +227,11 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         }
         const int next = c0 + FG_U * 32;
         if (next - lane >= k8) break;
+        if (l2.ahead > 0 && lane < (TWO ? 2 : 1)) {
+            const int off = (next - lane) * 16 + l2.ahead * CHUNK;
+            if (off < k * 2)
+                prefetch_l2_plain((const char *)(lane ? wb : wa) + off, (unsigned)(min(CHUNK, k * 2 - off) & ~15));
+        }
 #pragma unroll
         for (int i = 0; i < FG_U; i++) {
             int c = next + i * 32;
@@ -269,10 +288,11 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
 
 /* SEMFLOW_CUDA_L2HINT=1: weight loads evict_first; SEMFLOW_CUDA_L2PF=MB: the first wave of each
  * launch prefetches up to MB of its rows into L2 before its wait; SEMFLOW_CUDA_L2PF_DEEP=1:
- * every block prefetches the whole rest of its rows. Read once (C++ static initialisation is
+ * every block prefetches the whole rest of its rows; SEMFLOW_CUDA_L2AHEAD=N (0-16): rows are
+ * bulk-prefetched N loop iterations ahead of the loads. Read once (C++ static initialisation is
  * thread-safe). */
 struct fg_l2_cfg {
-    int hint, pf_mb, deep;
+    int hint, pf_mb, deep, ahead;
 };
 
 static int env_int(const char *name, int dflt)
@@ -285,7 +305,8 @@ static const fg_l2_cfg &l2_cfg(void)
 {
     static const fg_l2_cfg c = { env_int("SEMFLOW_CUDA_L2HINT", 0) != 0,
                                  env_int("SEMFLOW_CUDA_L2PF", 0) > 0 ? env_int("SEMFLOW_CUDA_L2PF", 0) : 0,
-                                 env_int("SEMFLOW_CUDA_L2PF_DEEP", 0) != 0 };
+                                 env_int("SEMFLOW_CUDA_L2PF_DEEP", 0) != 0,
+                                 SF_MIN(env_int("SEMFLOW_CUDA_L2AHEAD", 0) > 0 ? env_int("SEMFLOW_CUDA_L2AHEAD", 0) : 0, 16) };
     return c;
 }
 
@@ -297,7 +318,7 @@ template <typename K>
 static fg_l2 l2_plan(K kernel, int grid, int warps, int rows, int k, int fg_u, size_t smem)
 {
     const fg_l2_cfg &c = l2_cfg();
-    fg_l2 p = { c.hint, 0, 0, 0, NULL, 0 };
+    fg_l2 p = { c.hint, 0, 0, 0, c.ahead, NULL, 0 };
     const long left = (long)k * 2 - (long)fg_u * 32 * 16;
     if ((!c.pf_mb && !c.deep) || left < 16) return p;
     static int sms = 0; /* the launch thread is the backend's only thread */

@@ -212,6 +212,12 @@ TEST(bad_inputs)
 }
 
 /* ---- perf: one decode layer's fused GEMVs (Llama-3-8B shapes) in a graph ---------------------- */
+static const char *env_or0(const char *name)
+{
+    const char *v = getenv(name);
+    return v ? v : "0";
+}
+
 static void perf_layer(void)
 {
     enum { L = 8, REPS = 20 };
@@ -227,34 +233,44 @@ static void perf_layer(void)
     x = dev_rand(d, 1.0f, NULL); nw = dev_rand(d, 1.0f, NULL); h = dev_rand(d, 1.0f, NULL);
     q = dev_rand(qkv, 1.0f, NULL); act = dev_rand(ff, 1.0f, NULL);
     if (!x || !nw || !h || !q || !act) return;
-    cudaGraph_t g = NULL;
-    cudaGraphExec_t ge = NULL;
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0); cudaEventCreate(&e1);
-    int rc = 0;
-    if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf("perf: capture failed\n"); return; }
-    for (int l = 0; l < L; l++) {
-        rc |= sf_k_gemv_norm(h, nw, 1e-5f, wq[l], NULL, qkv, d, 0, q, S);
-        rc |= sf_k_gemv_add(x, wo[l], NULL, d, d, h, S);
-        rc |= sf_k_gemv_norm(h, nw, 1e-5f, wgu[l], NULL, 2 * ff, d, 1, act, S);
-        rc |= sf_k_gemv_add(act, wd[l], NULL, d, ff, h, S);
+    /* op -1: the chain; 0..3 one op alone, L launches back to back */
+    static const char *names[] = { "QKV (norm) 6144 x 4096", "O (add) 4096 x 4096", "gate/up (norm+glu) 28672 x 4096",
+                                   "down (add) 4096 x 14336" };
+    const double op_mb[] = { (double)qkv * d * 2 / 1e6, (double)d * d * 2 / 1e6, 2.0 * ff * d * 2 / 1e6,
+                             (double)d * ff * 2 / 1e6 };
+    double us = 0, mb = op_mb[0] + op_mb[1] + op_mb[2] + op_mb[3];
+    for (int op = -1; op < 4; op++) {
+        cudaGraph_t g = NULL;
+        cudaGraphExec_t ge = NULL;
+        int rc = 0;
+        if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf("perf: capture failed\n"); return; }
+        for (int l = 0; l < L; l++) {
+            if (op < 0 || op == 0) rc |= sf_k_gemv_norm(h, nw, 1e-5f, wq[l], NULL, qkv, d, 0, q, S);
+            if (op < 0 || op == 1) rc |= sf_k_gemv_add(x, wo[l], NULL, d, d, h, S);
+            if (op < 0 || op == 2) rc |= sf_k_gemv_norm(h, nw, 1e-5f, wgu[l], NULL, 2 * ff, d, 1, act, S);
+            if (op < 0 || op == 3) rc |= sf_k_gemv_add(act, wd[l], NULL, d, ff, h, S);
+        }
+        cudaStreamEndCapture(S, &g);
+        if (rc || !g || cudaGraphInstantiate(&ge, g, 0)) { printf("perf: graph of op %d failed (%d)\n", op, rc); return; }
+        float ms = 0;
+        cudaGraphLaunch(ge, S);
+        cudaEventRecord(e0, S);
+        for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
+        cudaEventRecord(e1, S);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        double t = ms * 1000.0 / (REPS * L);
+        if (op < 0) us = t;
+        else printf("perf: %-32s %7.1f us %6.0f GB/s (%d launches back to back in a graph)\n", names[op], t,
+                    op_mb[op] / t * 1e3, L);
+        cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
     }
-    cudaStreamEndCapture(S, &g);
-    if (rc || !g || cudaGraphInstantiate(&ge, g, 0)) { printf("perf: graph of the layer chain failed (%d)\n", rc); return; }
-    float ms = 0;
-    cudaGraphLaunch(ge, S);
-    cudaEventRecord(e0, S);
-    for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
-    cudaEventRecord(e1, S);
-    cudaEventSynchronize(e1);
-    cudaEventElapsedTime(&ms, e0, e1);
-    double us = ms * 1000.0 / (REPS * L), mb = ((double)qkv * d + d * d + 2.0 * ff * d + (double)d * ff) * 2 / 1e6;
     printf("perf: layer chain (QKV, O, gate/up, down; Llama-3-8B, no attention): %.1f us per layer, %.0f GB/s "
-           "(%.1f MB per layer; L2HINT=%s L2PF=%s L2PF_DEEP=%s)\n",
-           us, mb / us * 1e3, mb, getenv("SEMFLOW_CUDA_L2HINT") ? getenv("SEMFLOW_CUDA_L2HINT") : "0",
-           getenv("SEMFLOW_CUDA_L2PF") ? getenv("SEMFLOW_CUDA_L2PF") : "0",
-           getenv("SEMFLOW_CUDA_L2PF_DEEP") ? getenv("SEMFLOW_CUDA_L2PF_DEEP") : "0");
-    cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
+           "(%.1f MB per layer; L2HINT=%s L2PF=%s L2PF_DEEP=%s L2AHEAD=%s)\n",
+           us, mb / us * 1e3, mb, env_or0("SEMFLOW_CUDA_L2HINT"), env_or0("SEMFLOW_CUDA_L2PF"),
+           env_or0("SEMFLOW_CUDA_L2PF_DEEP"), env_or0("SEMFLOW_CUDA_L2AHEAD"));
     cudaEventDestroy(e0); cudaEventDestroy(e1);
     for (int l = 0; l < L; l++) { cudaFree(wq[l]); cudaFree(wo[l]); cudaFree(wgu[l]); cudaFree(wd[l]); }
     cudaFree(x); cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(act);

@@ -1,0 +1,481 @@
+/* attention_decode_mma.cu — single-query attention of many sequences over the paged KV cache
+ * (bf16 blocks, INT8 blocks, or both in one sequence), on tensor cores, for head sizes 64 and 128
+ * and GQA groups up to 8. attention_decode.cu's dispatcher chooses it for batches; its 8-warp
+ * CUDA-core kernel keeps the batch-1 latency shapes.
+ *
+ * At batch (256 sequences x 192 keys, 128 x 1500) decode attention reads 200-800 MB of K and V
+ * per layer and nothing else matters: every byte must come from HBM once, at full rate. One block
+ * of 4 warps per (token, kv head, key split) reads its keys in tiles of 64 (16 per warp) with
+ * 16-byte cp.async into an NS-stage shared-memory ring (NS - 1 tiles in flight while one is
+ * computed); the block-table entries of the next tile to fetch are loaded while the current one is
+ * computed. The G query heads of the kv head share each K/V load: a warp computes
+ * S^T[16 keys][8 heads] = K[16][hd] . Q^T with mma.m16n8k16 (keys as M, the group padded to 8 as
+ * N), keeps an online softmax per head in base 2, turns P into the B operand with movmatrix, and
+ * accumulates O^T[hd][8] += V^T[hd][16 keys] . P^T[16][8].
+ *
+ * The fragments are read from shared memory with 16-byte (INT8 V: 8-byte) loads in a layout that
+ * no bank conflict slows: the dims of a K row are permuted (the dot product does not care, q is
+ * read in the same order) so that a lane's K fragments are one contiguous run of the row, and the
+ * output dims of the PV product likewise, so that a lane's V fragments are a contiguous run of 4
+ * key rows (bf16 pairs are interleaved with one byte permute). The same permutations serve INT8
+ * rows, widened to bf16 in registers (exact: |q| <= 127); the K scale multiplies the score, the V
+ * scale the softmax weight. Rows are stored with 16-byte chunk index XOR-swizzled by the row.
+ *
+ * INT8 needs the block size to be a multiple of 16 (a warp's 16 keys are then of one kind).
+ * Splits (n_split > 1) write partials in attention.cu's workspace layout; the last block of each
+ * (token, kv head) combines them. Launched as a programmatic dependent (common.cuh): the
+ * metadata and the first tiles' block-table entries are read before the wait. */
+#include "common.cuh"
+
+#define DM_WARPS 4
+#define DM_NT (32 * DM_WARPS)
+#define DM_TK (16 * DM_WARPS) /* keys per tile */
+#define DM_MAX_SPLIT 64
+
+/* ---- small device helpers ------------------------------------------------------------------ */
+static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+
+static __device__ __forceinline__ void cp4(void *dst, const void *src)
+{
+    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
+}
+
+static __device__ __forceinline__ void cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+static __device__ __forceinline__ void cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+/* d += a . b, m16n8k16, bf16 inputs, fp32 accumulators */
+static __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+static __device__ __forceinline__ uint32_t movtrans(uint32_t x)
+{
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    bf162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+static __device__ __forceinline__ uint32_t u4w(const uint4 &v, int i)
+{
+    return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+/* Byte i of w (sign bit flipped: w ^ 0x80808080) as the float of the signed int8: 0x4B0000xx is
+ * 2^23 + xx exactly, so one byte permute and one add (no int-to-float convert). */
+static __device__ __forceinline__ float i8f(uint32_t w_flipped, int i)
+{
+    return __int_as_float((int)__byte_perm(w_flipped, 0x4B000000u, 0x7540u + i)) - 8388736.0f;
+}
+
+/* Shared-memory position (16-byte chunk) of chunk k of tile row `row`: bf16 rows (hd/8 chunks),
+ * INT8 rows (hd/16 chunks, in the first half of the row's slot). */
+static __device__ __forceinline__ int sw_bf(int row, int k) { return k ^ ((row ^ ((k >> 3) << 1)) & 7); }
+template <int HD>
+static __device__ __forceinline__ int sw_i8(int row, int k)
+{
+    return k ^ (row & (HD / 16 - 1) & 7);
+}
+
+/* ---- the kernel ---------------------------------------------------------------------------- */
+template <int HD, bool I8>
+struct dm_layout {
+    static constexpr int ROWB = HD * 2;               /* bytes of one key's slot (a bf16 row) */
+    static constexpr int KB = DM_TK * ROWB;           /* bytes of K (and of V) per stage */
+    static constexpr int CH = HD / 8;                 /* 16-byte chunks of a bf16 row */
+    static constexpr int RP = DM_NT / CH;             /* rows one pass of the block's loads covers */
+    static constexpr int NR = DM_TK / RP;             /* passes per tile */
+    static constexpr int SCB = I8 ? 2 * DM_TK * 4 + 16 : 0; /* INT8: K, V scales and kinds */
+    static constexpr int STB = 2 * KB + SCB;          /* bytes per stage */
+};
+
+/* Issues the cp.async loads of the tile starting at key `base` into stage `st`. blk: the
+ * block-table entries of this thread's rows (row j0 + r * RP). Keys at or past k1 are zero-filled. */
+template <int HD, bool I8>
+static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_attn &a, int kh, int base, int k1,
+                                                const int (&blk)[dm_layout<HD, I8>::NR], int ck, int j0)
+{
+    using Lo = dm_layout<HD, I8>;
+    const int bs = a.kv.block_size, Hkv = a.Hkv;
+    float *ks = (float *)(st + 2 * Lo::KB), *vs = ks + DM_TK;
+    int *kind = (int *)(vs + DM_TK);
+#pragma unroll
+    for (int r = 0; r < Lo::NR; r++) {
+        const int j = j0 + r * Lo::RP, p = base + j;
+        unsigned char *dk = st + j * Lo::ROWB, *dv = dk + Lo::KB;
+        const bool valid = p < k1;
+        const int id = blk[r];
+        if (I8 && valid && id >= a.kv.i8_base) {
+            const int64_t row = ((int64_t)(id - a.kv.i8_base) * Hkv + kh) * bs + p % bs;
+            if (ck < HD / 16) {
+                cp16(dk + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.k + row * HD + ck * 16, true);
+                cp16(dv + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.v + row * HD + ck * 16, true);
+            }
+            if (ck == 0) {
+                cp4(ks + j, a.kv.k_scale + row);
+                cp4(vs + j, a.kv.v_scale + row);
+                if ((j & 15) == 0) kind[j >> 4] = 1;
+            }
+        } else {
+            const int64_t off = valid ? (((int64_t)id * Hkv + kh) * bs + p % bs) * HD : 0;
+            cp16(dk + sw_bf(j, ck) * 16, a.kv.k + off + ck * 8, valid);
+            cp16(dv + sw_bf(j, ck) * 16, a.kv.v + off + ck * 8, valid);
+            if (I8 && ck == 0) {
+                if (!valid) ks[j] = vs[j] = 0.0f; /* the weights of masked keys stay 0 */
+                if ((j & 15) == 0) kind[j >> 4] = 0;
+            }
+        }
+    }
+}
+
+template <int HD, bool I8>
+static __device__ __forceinline__ void dm_ids(int (&blk)[dm_layout<HD, I8>::NR], const int32_t *bt, int bs, int base,
+                                              int k1, int j0)
+{
+    using Lo = dm_layout<HD, I8>;
+#pragma unroll
+    for (int r = 0; r < Lo::NR; r++) {
+        const int p = base + j0 + r * Lo::RP;
+        blk[r] = p < k1 ? __ldg(bt + p / bs) : 0;
+    }
+}
+
+/* One warp's 16 keys (tile rows 16w .. 16w + 15, keys kb ..) into its softmax state and O^T. */
+template <int HD, bool I8>
+static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w, int kb, int k1, float qs,
+                                                  const uint32_t (&qb)[HD / 16][2], float (&m)[2], float (&l)[2],
+                                                  float (&o)[HD / 16][4])
+{
+    using Lo = dm_layout<HD, I8>;
+    const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
+    const float *ksm = (const float *)(st + 2 * Lo::KB), *vsm = ksm + DM_TK;
+    const int *kind = (const int *)(vsm + DM_TK);
+    const bool i8 = I8 && kind[w];
+    const unsigned char *sk = st, *sv = st + Lo::KB;
+    const int r0 = 16 * w + g, r1 = r0 + 8; /* this lane's K rows */
+
+    /* S^T[key][head] = K . Q^T; logical k index (2c, 2c+1 | 2c+8, 2c+9) of step s = row dims
+     * c*hd/4 + 4s + (0, 1 | 2, 3) */
+    float sc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    if (!i8) {
+        constexpr int KC = HD / 32;
+        uint4 x0[KC], x1[KC];
+#pragma unroll
+        for (int q = 0; q < KC; q++) {
+            x0[q] = *(const uint4 *)(sk + r0 * Lo::ROWB + sw_bf(r0, c * KC + q) * 16);
+            x1[q] = *(const uint4 *)(sk + r1 * Lo::ROWB + sw_bf(r1, c * KC + q) * 16);
+        }
+#pragma unroll
+        for (int s = 0; s < HD / 16; s++) {
+            const int q = s >> 1, wd = (s & 1) * 2;
+            mma16816(sc, u4w(x0[q], wd), u4w(x1[q], wd), u4w(x0[q], wd + 1), u4w(x1[q], wd + 1), qb[s][0], qb[s][1]);
+        }
+    } else {
+        constexpr int KC = HD / 64;
+        uint4 x0[KC], x1[KC];
+#pragma unroll
+        for (int q = 0; q < KC; q++) {
+            x0[q] = *(const uint4 *)(sk + r0 * Lo::ROWB + sw_i8<HD>(r0, c * KC + q) * 16);
+            x1[q] = *(const uint4 *)(sk + r1 * Lo::ROWB + sw_i8<HD>(r1, c * KC + q) * 16);
+        }
+#pragma unroll
+        for (int s = 0; s < HD / 16; s++) {
+            const uint32_t w0 = u4w(x0[s >> 2], s & 3) ^ 0x80808080u, w1 = u4w(x1[s >> 2], s & 3) ^ 0x80808080u;
+            mma16816(sc, pack_bf2(i8f(w0, 0), i8f(w0, 1)), pack_bf2(i8f(w1, 0), i8f(w1, 1)),
+                     pack_bf2(i8f(w0, 2), i8f(w0, 3)), pack_bf2(i8f(w1, 2), i8f(w1, 3)), qb[s][0], qb[s][1]);
+        }
+    }
+
+    /* online softmax per head (columns 2c, 2c+1), base 2 */
+    float ks0 = 1.0f, ks1 = 1.0f;
+    if (i8) { ks0 = ksm[r0]; ks1 = ksm[r1]; }
+    const bool v0 = kb + g < k1, v1 = kb + g + 8 < k1;
+    float s00 = v0 ? sc[0] * qs * ks0 : -INFINITY, s01 = v0 ? sc[1] * qs * ks0 : -INFINITY;
+    float s10 = v1 ? sc[2] * qs * ks1 : -INFINITY, s11 = v1 ? sc[3] * qs * ks1 : -INFINITY;
+    float mx0 = fmaxf(s00, s10), mx1 = fmaxf(s01, s11);
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, x));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, x));
+    }
+    /* key kb is valid (the caller skips empty subtiles), so mx0 and mx1 are finite */
+    const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
+    const float al0 = exp2f(m[0] - mn0), al1 = exp2f(m[1] - mn1);
+    float p00 = exp2f(s00 - mn0), p01 = exp2f(s01 - mn1), p10 = exp2f(s10 - mn0), p11 = exp2f(s11 - mn1);
+    l[0] = l[0] * al0 + p00 + p10;
+    l[1] = l[1] * al1 + p01 + p11;
+    m[0] = mn0;
+    m[1] = mn1;
+#pragma unroll
+    for (int j = 0; j < HD / 16; j++) {
+        o[j][0] *= al0; o[j][1] *= al1; o[j][2] *= al0; o[j][3] *= al1;
+    }
+    if (i8) { /* the V scale rides on the weight (the sum l does not take it) */
+        const float vs0 = vsm[r0], vs1 = vsm[r1];
+        p00 *= vs0; p01 *= vs0; p10 *= vs1; p11 *= vs1;
+    }
+    const uint32_t b0 = movtrans(pack_bf2(p00, p01)), b1 = movtrans(pack_bf2(p10, p11));
+
+    /* O^T += V^T . P^T; output dim rows (g | g+8) of tile j = row dims (e, e + 1) of lane g's run,
+     * e = 8 * (g + 8 * (j / 4)) + 2 * (j % 4); keys (2c, 2c+1 | 2c+8, 2c+9) */
+    const int q0 = 16 * w + 2 * c;
+    const int rows[4] = { q0, q0 + 1, q0 + 8, q0 + 9 };
+    if (!i8) {
+        constexpr int VC = HD / 64;
+        uint4 y[4][VC];
+#pragma unroll
+        for (int rr = 0; rr < 4; rr++)
+#pragma unroll
+            for (int q = 0; q < VC; q++)
+                y[rr][q] = *(const uint4 *)(sv + rows[rr] * Lo::ROWB + sw_bf(rows[rr], g + 8 * q) * 16);
+#pragma unroll
+        for (int j = 0; j < HD / 16; j++) {
+            const int q = j >> 2, wi = j & 3;
+            const uint32_t w0 = u4w(y[0][q], wi), w1 = u4w(y[1][q], wi), w2 = u4w(y[2][q], wi), w3 = u4w(y[3][q], wi);
+            mma16816(o[j], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
+                     __byte_perm(w2, w3, 0x7632), b0, b1);
+        }
+    } else {
+        constexpr int VC = HD / 64;
+        uint2 y[4][VC];
+#pragma unroll
+        for (int rr = 0; rr < 4; rr++)
+#pragma unroll
+            for (int q = 0; q < VC; q++)
+                y[rr][q] = *(const uint2 *)(sv + rows[rr] * Lo::ROWB + sw_i8<HD>(rows[rr], (g >> 1) + 4 * q) * 16 +
+                                            (g & 1) * 8);
+#pragma unroll
+        for (int j = 0; j < HD / 16; j++) {
+            const int q = j >> 2, wi = j & 3, b = (wi & 1) * 2;
+            const uint32_t w0 = (wi < 2 ? y[0][q].x : y[0][q].y) ^ 0x80808080u,
+                           w1 = (wi < 2 ? y[1][q].x : y[1][q].y) ^ 0x80808080u,
+                           w2 = (wi < 2 ? y[2][q].x : y[2][q].y) ^ 0x80808080u,
+                           w3 = (wi < 2 ? y[3][q].x : y[3][q].y) ^ 0x80808080u;
+            mma16816(o[j], pack_bf2(i8f(w0, b), i8f(w1, b)), pack_bf2(i8f(w0, b + 1), i8f(w1, b + 1)),
+                     pack_bf2(i8f(w2, b), i8f(w3, b)), pack_bf2(i8f(w2, b + 1), i8f(w3, b + 1)), b0, b1);
+        }
+    }
+}
+
+template <int HD, bool I8, int NS>
+__global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
+{
+    using Lo = dm_layout<HD, I8>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    __shared__ int last;
+
+    sf_pdl_trigger();
+    const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+    const int lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
+    const int G = a.H / a.Hkv, ns = a.n_split, bs = a.kv.block_size;
+    const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
+    const int per = ((ctx + ns - 1) / ns + DM_TK - 1) / DM_TK * DM_TK;
+    const int k0 = min(ctx, split * per), k1 = min(ctx, k0 + per);
+    const int ntile = (k1 - k0 + DM_TK - 1) / DM_TK;
+    const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
+    const int ck = tid % Lo::CH, j0 = tid / Lo::CH;
+
+    /* block-table entries of the first NS - 1 tiles (metadata: readable before the wait) */
+    int ids[NS][Lo::NR];
+#pragma unroll
+    for (int st = 0; st < NS; st++) dm_ids<HD, I8>(ids[st], bt, bs, k0 + st * DM_TK, k1, j0);
+    sf_pdl_wait(); /* q and the newest keys come from the kernel before */
+
+#pragma unroll
+    for (int st = 0; st < NS - 1; st++) {
+        if (st < ntile) dm_issue<HD, I8>(smem + st * Lo::STB, a, kh, k0 + st * DM_TK, k1, ids[st], ck, j0);
+        cp_commit();
+    }
+    int blk[Lo::NR];
+#pragma unroll
+    for (int r = 0; r < Lo::NR; r++) blk[r] = ids[NS - 1][r];
+
+    /* q of head g of the group as B fragments (dims in the K rows' permuted order) */
+    uint32_t qb[HD / 16][2];
+    {
+        const uint16_t *qp = a.q + (int64_t)t * a.ld_q + (int64_t)(kh * G + g) * HD + c * (HD / 4);
+#pragma unroll
+        for (int s = 0; s < HD / 16; s++) {
+            uint2 v = make_uint2(0u, 0u);
+            if (g < G) v = *(const uint2 *)(qp + 4 * s);
+            qb[s][0] = v.x;
+            qb[s][1] = v.y;
+        }
+    }
+    const float qs = a.scale * 1.4426950408889634f;
+    float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, o[HD / 16][4];
+#pragma unroll
+    for (int j = 0; j < HD / 16; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+    for (int i = 0; i < ntile; i++) {
+        cp_wait<NS - 2>();
+        __syncthreads(); /* tile i is in; every warp is done with the stage tile i + NS - 1 reuses */
+        const int nx = i + NS - 1;
+        if (nx < ntile) {
+            dm_issue<HD, I8>(smem + (nx % NS) * Lo::STB, a, kh, k0 + nx * DM_TK, k1, blk, ck, j0);
+            if (nx + 1 < ntile) dm_ids<HD, I8>(blk, bt, bs, k0 + (nx + 1) * DM_TK, k1, j0);
+        }
+        cp_commit();
+        const int kb = k0 + i * DM_TK + 16 * w;
+        if (kb < k1) dm_compute<HD, I8>(smem + (i % NS) * Lo::STB, w, kb, k1, qs, qb, m, l, o);
+    }
+    cp_wait<0>();
+    __syncthreads(); /* the ring is free: it holds the warps' partial results now */
+
+    /* the warp's l over its lanes (each lane summed its own keys) */
+#pragma unroll
+    for (int x = 4; x < 32; x <<= 1) {
+        l[0] += __shfl_xor_sync(0xffffffffu, l[0], x);
+        l[1] += __shfl_xor_sync(0xffffffffu, l[1], x);
+    }
+    float *o_s = (float *)smem;                 /* [DM_WARPS][8][HD] */
+    float *ml_s = o_s + DM_WARPS * 8 * HD;      /* [DM_WARPS][8][2] */
+    float *wsm = ml_s + DM_WARPS * 8 * 2;       /* [8][DM_MAX_SPLIT] */
+#pragma unroll
+    for (int j = 0; j < HD / 16; j++) {
+        const int e = 8 * (g + 8 * (j >> 2)) + 2 * (j & 3);
+        float *oh = o_s + (w * 8 + 2 * c) * HD + e;
+        oh[0] = o[j][0];
+        oh[HD] = o[j][1];
+        oh[1] = o[j][2];
+        oh[HD + 1] = o[j][3];
+    }
+    if (g == 0) {
+        ml_s[(w * 8 + 2 * c) * 2] = m[0];
+        ml_s[(w * 8 + 2 * c) * 2 + 1] = l[0];
+        ml_s[(w * 8 + 2 * c + 1) * 2] = m[1];
+        ml_s[(w * 8 + 2 * c + 1) * 2 + 1] = l[1];
+    }
+    __syncthreads();
+
+    /* merge the warps; write the output (one split) or this split's partial */
+    const int H = a.H;
+    for (int idx = tid; idx < G * HD; idx += DM_NT) {
+        const int hg = idx / HD, d = idx - hg * HD, h = kh * G + hg;
+        float M = -INFINITY;
+#pragma unroll
+        for (int v = 0; v < DM_WARPS; v++) M = fmaxf(M, ml_s[(v * 8 + hg) * 2]);
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int v = 0; v < DM_WARPS; v++) {
+                const float e = exp2f(ml_s[(v * 8 + hg) * 2] - M);
+                L = fmaf(ml_s[(v * 8 + hg) * 2 + 1], e, L);
+                O = fmaf(o_s[(v * 8 + hg) * HD + d], e, O);
+            }
+        }
+        if (ns == 1) {
+            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+        } else {
+            float *wp = a.ws + (((int64_t)t * H + h) * ns + split) * (HD + 2);
+            wp[d] = O;
+            if (d == 0) { wp[HD] = M; wp[HD + 1] = L; }
+        }
+    }
+    if (ns == 1) return;
+
+    /* the last block of this (token, kv head) to finish combines the splits */
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&a.counters[t * a.Hkv + kh], 1u) == (unsigned)ns - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int hg = w; hg < G; hg += DM_WARPS) {
+        const float *wp = a.ws + ((int64_t)t * H + kh * G + hg) * ns * (HD + 2);
+        const float m0 = lane < ns ? __ldcg(wp + lane * (HD + 2) + HD) : -INFINITY;
+        const float m1 = lane + 32 < ns ? __ldcg(wp + (lane + 32) * (HD + 2) + HD) : -INFINITY;
+        const float M = warp_max(fmaxf(m0, m1));
+        float e0 = 0.0f, e1 = 0.0f;
+        if (M != -INFINITY) {
+            if (m0 != -INFINITY) e0 = exp2f(m0 - M);
+            if (m1 != -INFINITY) e1 = exp2f(m1 - M);
+        }
+        float L = (lane < ns ? e0 * __ldcg(wp + lane * (HD + 2) + HD + 1) : 0.0f) +
+                  (lane + 32 < ns ? e1 * __ldcg(wp + (lane + 32) * (HD + 2) + HD + 1) : 0.0f);
+        L = warp_sum(L);
+        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        wsm[hg * DM_MAX_SPLIT + lane] = e0 * inv;
+        wsm[hg * DM_MAX_SPLIT + lane + 32] = e1 * inv;
+    }
+    __syncthreads();
+    for (int idx = tid; idx < G * HD; idx += DM_NT) {
+        const int hg = idx / HD, d = idx - hg * HD, h = kh * G + hg;
+        const float *wp = a.ws + ((int64_t)t * H + h) * ns * (HD + 2) + d;
+        const float *e = wsm + hg * DM_MAX_SPLIT;
+        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
+        int i = 0;
+        for (; i + 3 < ns; i += 4) {
+            o0 = fmaf(__ldcg(wp + i * (HD + 2)), e[i], o0);
+            o1 = fmaf(__ldcg(wp + (i + 1) * (HD + 2)), e[i + 1], o1);
+            o2 = fmaf(__ldcg(wp + (i + 2) * (HD + 2)), e[i + 2], o2);
+            o3 = fmaf(__ldcg(wp + (i + 3) * (HD + 2)), e[i + 3], o3);
+        }
+        for (; i < ns; i++) o0 = fmaf(__ldcg(wp + i * (HD + 2)), e[i], o0);
+        ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf((o0 + o1) + (o2 + o3));
+    }
+    if (tid == 0) a.counters[t * a.Hkv + kh] = 0; /* ready for the next launch (graph replays too) */
+}
+
+/* ---- host side ----------------------------------------------------------------------------- */
+extern "C" int sf_k_attention_decode_mma_ok(const sf_k_attn *a)
+{
+    const int G = a->Hkv > 0 ? a->H / a->Hkv : 0;
+    return a->n_tiles == 0 && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
+           G <= 8 && a->n_split >= 1 && a->n_split <= DM_MAX_SPLIT && (a->n_split == 1 || (a->ws && a->counters)) &&
+           a->ld_q % 8 == 0 && (uintptr_t)a->q % 16 == 0 && (uintptr_t)a->kv.k % 16 == 0 &&
+           (uintptr_t)a->kv.v % 16 == 0 && a->kv.head_dim == a->hd && a->kv.block_size > 0 &&
+           a->kv.block_size % 16 == 0;
+}
+
+template <int HD, bool I8, int NS>
+static int launch(const sf_k_attn *a, cudaStream_t s)
+{
+    using Lo = dm_layout<HD, I8>;
+    const size_t smem = (size_t)NS * Lo::STB;
+    static_assert((size_t)NS * Lo::STB >= (DM_WARPS * 8 * (HD + 2) + 8 * DM_MAX_SPLIT) * 4, "merge area");
+    static bool attr_set; /* the launch thread is the backend's only thread */
+    if (!attr_set) {
+        cudaError_t e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        attr_set = true;
+    }
+    int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NS>, dim3(a->T, a->Hkv, a->n_split), dim3(DM_NT), smem, s, *a);
+    return rc ? rc : sf_launch_status();
+}
+
+template <int HD, bool I8>
+static int launch_ns(const sf_k_attn *a, int stages, cudaStream_t s)
+{
+    return stages <= 2 ? launch<HD, I8, 2>(a, s) : launch<HD, I8, 3>(a, s);
+}
+
+extern "C" int sf_k_attention_decode_mma(const sf_k_attn *a, int stages, cudaStream_t s)
+{
+    if (a->T <= 0) return 0;
+    if (!sf_k_attention_decode_mma_ok(a)) return (int)cudaErrorInvalidValue;
+    const bool i8 = a->kv.i8_base != 0;
+    if (a->hd == 128) return i8 ? launch_ns<128, true>(a, stages, s) : launch_ns<128, false>(a, stages, s);
+    return i8 ? launch_ns<64, true>(a, stages, s) : launch_ns<64, false>(a, stages, s);
+}

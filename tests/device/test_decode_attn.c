@@ -1,0 +1,449 @@
+/* test_decode_attn.c — decode attention (one query token per sequence over the paged KV cache)
+ * against a float64 host reference: both kernels of attention_decode*.cu (the 8-warp CUDA-core
+ * "lanes" kernel, the tensor-core "mma" kernel at ring depths 2 and 3), batches of 1..256
+ * sequences with ragged contexts of 1..8192 keys, GQA 32/8, 28/4, 64/8 (head 128) and 8/2
+ * (head 64), bf16 blocks, INT8 blocks and sequences mixing both, shuffled block tables, with and
+ * without key splits. Outputs are poisoned (NaN) before each run; the check is
+ * ||out - ref|| / ||ref|| <= 1e-2 per case with NaN never passing.
+ *
+ *   test_decode_attn           the checks (GPU host only)
+ *   test_decode_attn --perf    also time both kernels on the batch and batch-1 shapes of
+ *                              Llama-3-8B (32/8 heads of 128, block 16), bf16 and INT8, and print
+ *                              each as a share of hal's measured HBM bandwidth */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../../hal/hal.h"
+#include "../test.h"
+
+#ifdef SF_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "../../kernels/cuda/kernels.h"
+
+static sf_rng R;
+static int perf;
+static double hbm_gbs = 0;
+static int sms = 132;
+
+/* A fast uniform value of unit variance, as bf16 (the cache of a 256-sequence case holds tens of
+ * millions of values). */
+static uint16_t rand_bf16(void)
+{
+    static uint64_t bits;
+    static int left;
+    if (!left) { bits = sf_rng_next(&R); left = 4; }
+    int u = (int)(bits & 0xFFFF) - 32768;
+    bits >>= 16;
+    left--;
+    return sf_f32_to_bf16((float)u * (1.7320508f / 32768.0f));
+}
+
+/* ---- one case: T sequences (one query token each) ------------------------------------------ */
+typedef struct dcase {
+    int T, H, Hkv, hd, bs;
+    int ctx_min, ctx_max; /* contexts drawn uniformly from [min, max] per sequence */
+    int i8_pct;           /* share of blocks stored as INT8 (0, 100, or mixed) */
+    float q_scale;        /* larger: peakier softmax */
+} dcase;
+
+typedef struct dhost {
+    int n_blocks, max_blocks, i8_base;
+    int *ctx, *bt;            /* [T], [T][max_blocks] */
+    uint16_t *k, *v, *q;      /* cache as n_blocks full bf16 blocks (INT8 units inside), q [T][H*hd] */
+    float *ks, *vs;           /* INT8 scales: [2 * n_blocks][Hkv][bs] */
+    double *ref;              /* [T][H][hd] */
+} dhost;
+
+/* Row of key p of sequence t, kv head h as the kernel must see it (INT8: q * scale), into r. */
+static void key_row(const dcase *c, const dhost *x, const uint16_t *kc, const float *sc, int t, int h, int p, double *r)
+{
+    int id = x->bt[t * x->max_blocks + p / c->bs], off = p % c->bs;
+    if (id >= x->i8_base) {
+        int64_t row = ((int64_t)(id - x->i8_base) * c->Hkv + h) * c->bs + off;
+        const int8_t *k8 = (const int8_t *)kc + row * c->hd;
+        for (int d = 0; d < c->hd; d++) r[d] = (double)k8[d] * sc[row];
+    } else {
+        const uint16_t *kb = kc + (((int64_t)id * c->Hkv + h) * c->bs + off) * c->hd;
+        for (int d = 0; d < c->hd; d++) r[d] = sf_bf16_to_f32(kb[d]);
+    }
+}
+
+static void make_case(const dcase *c, dhost *x)
+{
+    const int T = c->T, hd = c->hd, Hkv = c->Hkv, bs = c->bs;
+    x->ctx = malloc(T * sizeof(int));
+    int total = 0, maxb = 1;
+    for (int t = 0; t < T; t++) {
+        x->ctx[t] = c->ctx_min + (int)(sf_rng_uniform(&R) * (c->ctx_max - c->ctx_min + 1));
+        if (x->ctx[t] > c->ctx_max) x->ctx[t] = c->ctx_max;
+        int nb = (x->ctx[t] + bs - 1) / bs;
+        total += nb;
+        maxb = nb > maxb ? nb : maxb;
+    }
+    x->max_blocks = maxb;
+    x->n_blocks = total + 3;
+    x->i8_base = x->n_blocks;
+    int64_t blk_elems = (int64_t)Hkv * bs * hd;
+    x->k = malloc((size_t)x->n_blocks * blk_elems * 2);
+    x->v = malloc((size_t)x->n_blocks * blk_elems * 2);
+    x->ks = malloc((size_t)2 * x->n_blocks * Hkv * bs * sizeof(float));
+    x->vs = malloc((size_t)2 * x->n_blocks * Hkv * bs * sizeof(float));
+    for (int64_t i = 0; i < (int64_t)x->n_blocks * blk_elems; i++) {
+        x->k[i] = rand_bf16();
+        x->v[i] = rand_bf16();
+    }
+    for (int64_t i = 0; i < (int64_t)2 * x->n_blocks * Hkv * bs; i++) {
+        x->ks[i] = 0.004f + 0.012f * sf_rng_uniform(&R);
+        x->vs[i] = 0.004f + 0.012f * sf_rng_uniform(&R);
+    }
+    /* a shuffled pool of full blocks; an INT8 block takes one half of a full block */
+    int *perm = malloc(x->n_blocks * sizeof(int));
+    for (int i = 0; i < x->n_blocks; i++) perm[i] = i;
+    for (int i = x->n_blocks - 1; i > 0; i--) {
+        int j = (int)(sf_rng_uniform(&R) * (i + 1)) % (i + 1), tmp = perm[i];
+        perm[i] = perm[j];
+        perm[j] = tmp;
+    }
+    x->bt = malloc((size_t)T * maxb * sizeof(int));
+    int next = 0;
+    for (int t = 0; t < T; t++) {
+        int nb = (x->ctx[t] + bs - 1) / bs;
+        for (int b = 0; b < maxb; b++) {
+            if (b >= nb) { x->bt[t * maxb + b] = -1; continue; } /* never read */
+            int fb = perm[next++];
+            int i8 = (int)(sf_rng_uniform(&R) * 100) < c->i8_pct;
+            if (i8) {
+                int u = 2 * fb + (sf_rng_next(&R) & 1);
+                x->bt[t * maxb + b] = x->i8_base + u;
+                int8_t *k8 = (int8_t *)x->k, *v8 = (int8_t *)x->v;
+                for (int64_t i = 0; i < blk_elems; i++) {
+                    k8[(int64_t)u * blk_elems + i] = (int8_t)((int)(rand_bf16() & 0xFF) % 255 - 127);
+                    v8[(int64_t)u * blk_elems + i] = (int8_t)((int)(rand_bf16() & 0xFF) % 255 - 127);
+                }
+            } else {
+                x->bt[t * maxb + b] = fb;
+            }
+        }
+    }
+    free(perm);
+    const int H = c->H, G = H / Hkv;
+    x->q = malloc((size_t)T * H * hd * 2);
+    for (int64_t i = 0; i < (int64_t)T * H * hd; i++) x->q[i] = sf_f32_to_bf16(sf_rng_normal(&R) * c->q_scale);
+    /* float64 reference */
+    x->ref = malloc((size_t)T * H * hd * sizeof(double));
+    const double scale = 1.0 / sqrt((double)hd);
+    double *s = malloc((size_t)c->ctx_max * sizeof(double)), row[256], qd[256];
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < H; h++) {
+            int kh = h / G, n = x->ctx[t];
+            const uint16_t *qh = x->q + ((int64_t)t * H + h) * hd;
+            for (int d = 0; d < hd; d++) qd[d] = sf_bf16_to_f32(qh[d]);
+            double mx = -INFINITY;
+            for (int p = 0; p < n; p++) {
+                double d0 = 0;
+                key_row(c, x, x->k, x->ks, t, kh, p, row);
+                for (int d = 0; d < hd; d++) d0 += qd[d] * row[d];
+                s[p] = d0 * scale;
+                mx = s[p] > mx ? s[p] : mx;
+            }
+            double sum = 0;
+            for (int p = 0; p < n; p++) sum += (s[p] = exp(s[p] - mx));
+            double *o = x->ref + ((int64_t)t * H + h) * hd;
+            for (int d = 0; d < hd; d++) o[d] = 0;
+            for (int p = 0; p < n; p++) {
+                key_row(c, x, x->v, x->vs, t, kh, p, row);
+                for (int d = 0; d < hd; d++) o[d] += s[p] / sum * row[d];
+            }
+        }
+    free(s);
+}
+
+static void free_host(dhost *x)
+{
+    free(x->ctx); free(x->bt); free(x->k); free(x->v); free(x->q); free(x->ks); free(x->vs); free(x->ref);
+    memset(x, 0, sizeof *x);
+}
+
+/* Device copies of a case, and an sf_k_attn over them. */
+typedef struct ddev {
+    uint16_t *k, *v, *q, *o;
+    float *ks, *vs, *ws;
+    int32_t *meta; /* pos [T], tok_seq [T], block table [T][max_blocks] */
+    size_t ws_floats;
+} ddev;
+
+static int upload(const dcase *c, const dhost *x, ddev *d, int max_split)
+{
+    const int T = c->T, H = c->H;
+    size_t cache = (size_t)x->n_blocks * c->Hkv * c->bs * c->hd * 2, sc = (size_t)2 * x->n_blocks * c->Hkv * c->bs * 4;
+    size_t nmeta = 2 * (size_t)T + (size_t)T * x->max_blocks;
+    d->ws_floats = (size_t)T * H * max_split * (c->hd + 2);
+    if (cudaMalloc((void **)&d->k, cache) || cudaMalloc((void **)&d->v, cache) || cudaMalloc((void **)&d->ks, sc) ||
+        cudaMalloc((void **)&d->vs, sc) || cudaMalloc((void **)&d->q, (size_t)T * H * c->hd * 2) ||
+        cudaMalloc((void **)&d->o, (size_t)T * H * c->hd * 2) || cudaMalloc((void **)&d->meta, nmeta * 4) ||
+        cudaMalloc((void **)&d->ws, d->ws_floats * 4 + (size_t)T * c->Hkv * 4))
+        return -1;
+    int32_t *meta = malloc(nmeta * 4);
+    for (int t = 0; t < T; t++) {
+        meta[t] = x->ctx[t] - 1;
+        meta[T + t] = t;
+    }
+    memcpy(meta + 2 * T, x->bt, (size_t)T * x->max_blocks * 4);
+    int rc = cudaMemcpy(d->k, x->k, cache, cudaMemcpyHostToDevice) || cudaMemcpy(d->v, x->v, cache, cudaMemcpyHostToDevice) ||
+             cudaMemcpy(d->ks, x->ks, sc, cudaMemcpyHostToDevice) || cudaMemcpy(d->vs, x->vs, sc, cudaMemcpyHostToDevice) ||
+             cudaMemcpy(d->q, x->q, (size_t)T * H * c->hd * 2, cudaMemcpyHostToDevice) ||
+             cudaMemcpy(d->meta, meta, nmeta * 4, cudaMemcpyHostToDevice) ||
+             cudaMemset(d->ws + d->ws_floats, 0, (size_t)T * c->Hkv * 4);
+    free(meta);
+    return rc ? -1 : 0;
+}
+
+static void free_dev(ddev *d)
+{
+    cudaFree(d->k); cudaFree(d->v); cudaFree(d->ks); cudaFree(d->vs); cudaFree(d->q); cudaFree(d->o);
+    cudaFree(d->meta); cudaFree(d->ws);
+    memset(d, 0, sizeof *d);
+}
+
+static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_split)
+{
+    int any_i8 = 0;
+    for (int i = 0; i < c->T * x->max_blocks; i++) any_i8 |= x->bt[i] >= x->i8_base;
+    sf_k_attn a = { .q = d->q, .ld_q = (int64_t)c->H * c->hd, .out = d->o, .ld_out = (int64_t)c->H * c->hd, .T = c->T,
+                    .H = c->H, .Hkv = c->Hkv, .hd = c->hd, .scale = 1.0f / sqrtf((float)c->hd), .pos = d->meta,
+                    .tok_seq = d->meta + c->T, .block_table = d->meta + 2 * c->T, .max_blocks = x->max_blocks,
+                    .kv = { d->k, d->v, c->bs, c->Hkv, c->hd, any_i8 ? d->ks : NULL, any_i8 ? d->vs : NULL,
+                            any_i8 ? x->i8_base : 0 },
+                    .ws = d->ws, .n_split = n_split, .counters = (unsigned *)(d->ws + d->ws_floats) };
+    return a;
+}
+
+/* path: 0 lanes kernel, 2 or 3 mma kernel at that ring depth. Returns the relative error (NaN
+ * or INFINITY when the output has a NaN or the launch failed). */
+static double run_path(const dcase *c, const dhost *x, const ddev *d, int path, int n_split)
+{
+    const int64_t n = (int64_t)c->T * c->H * c->hd;
+    cudaMemset(d->o, 0xFF, n * 2); /* NaN */
+    sf_k_attn a = make_attn(c, x, d, n_split);
+    int rc = path == 0 ? sf_k_attention_decode(&a, 0) : sf_k_attention_decode_mma(&a, path, 0);
+    if (rc || cudaDeviceSynchronize()) {
+        printf("  launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+        return INFINITY;
+    }
+    uint16_t *o = malloc(n * 2);
+    cudaMemcpy(o, d->o, n * 2, cudaMemcpyDeviceToHost);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) {
+        float f = sf_bf16_to_f32(o[i]);
+        if (f != f) { free(o); return NAN; }
+        num += (f - x->ref[i]) * (f - x->ref[i]);
+        den += x->ref[i] * x->ref[i];
+    }
+    free(o);
+    return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static void check_case(const dcase *c)
+{
+    dhost x = { 0 };
+    ddev d = { 0 };
+    make_case(c, &x);
+    const int splits[] = { 1, 3, 16 };
+    int ok_up = upload(c, &x, &d, 16) == 0;
+    CHECK_MSG(ok_up, "device allocation for T=%d failed", c->T);
+    if (ok_up) {
+        for (size_t si = 0; si < SF_ARRAY_LEN(splits); si++) {
+            int ns = splits[si];
+            if (ns > 1 && c->T > 64) continue; /* batches run unsplit */
+            sf_k_attn a = make_attn(c, &x, &d, ns);
+            int lanes_ok = sf_k_attention_decode_ok(&a), mma_ok = sf_k_attention_decode_mma_ok(&a);
+            CHECK_MSG(mma_ok, "mma kernel refuses H=%d Hkv=%d hd=%d bs=%d split=%d", c->H, c->Hkv, c->hd, c->bs, ns);
+            double e_lanes = lanes_ok ? run_path(c, &x, &d, 0, ns) : 0.0;
+            double e2 = run_path(c, &x, &d, 2, ns), e3 = run_path(c, &x, &d, 3, ns);
+            int pass = e_lanes <= 1e-2 && e2 <= 1e-2 && e3 <= 1e-2; /* NaN compares false */
+            CHECK_MSG(pass, "T=%d H=%d Hkv=%d hd=%d bs=%d ctx %d..%d int8 %d%% split %d: rel err lanes %.3g, mma2 %.3g, mma3 %.3g",
+                      c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns, e_lanes, e2, e3);
+            printf("  T=%3d H=%2d/%d hd=%3d bs=%2d ctx %4d..%4d int8 %3d%% split %2d: lanes %.2e mma2 %.2e mma3 %.2e\n",
+                   c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns, e_lanes, e2, e3);
+        }
+    }
+    free_dev(&d);
+    free_host(&x);
+}
+
+TEST(decode_attention_vs_reference)
+{
+    const dcase cases[] = {
+        /* T    H  Hkv  hd  bs  ctx       int8  q */
+        { 1, 32, 8, 128, 16, 1, 1, 0, 1.0f },
+        { 1, 32, 8, 128, 16, 17, 17, 0, 1.0f },
+        { 1, 32, 8, 128, 16, 8192, 8192, 0, 1.0f },
+        { 1, 32, 8, 128, 16, 4096, 4096, 100, 1.0f },
+        { 4, 64, 8, 128, 16, 1, 8192, 50, 1.0f },
+        { 3, 28, 4, 128, 16, 100, 3000, 0, 3.0f },
+        { 7, 28, 4, 128, 32, 1, 700, 50, 1.0f },
+        { 16, 32, 8, 128, 16, 1, 1500, 30, 2.0f },
+        { 64, 32, 8, 128, 16, 1, 300, 0, 1.0f },
+        { 64, 64, 8, 128, 16, 60, 200, 100, 1.0f },
+        { 256, 32, 8, 128, 16, 1, 260, 0, 1.0f },
+        { 256, 32, 8, 128, 16, 150, 200, 100, 1.0f },
+        { 128, 28, 4, 128, 16, 1, 200, 50, 3.0f },
+        { 9, 8, 2, 64, 16, 1, 900, 0, 1.0f },
+        { 33, 8, 2, 64, 16, 1, 300, 50, 1.0f },
+        { 5, 8, 8, 64, 16, 1, 200, 100, 1.0f },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) check_case(&cases[i]);
+}
+
+/* A bad shape is refused with an error code, never launched. */
+TEST(decode_attention_refuses_bad_shapes)
+{
+    sf_k_attn a = { 0 };
+    a.T = 1; a.H = 32; a.Hkv = 8; a.hd = 96; a.n_split = 1; a.ld_q = 4096;
+    a.kv.head_dim = 96; a.kv.block_size = 16;
+    CHECK(!sf_k_attention_decode_mma_ok(&a));
+    CHECK(sf_k_attention_decode_mma(&a, 3, 0) != 0);
+    a.hd = a.kv.head_dim = 128; a.kv.block_size = 8; /* INT8 layout needs blocks of 16 */
+    CHECK(!sf_k_attention_decode_mma_ok(&a));
+    a.kv.block_size = 16; a.H = 80; /* group of 10 */
+    CHECK(!sf_k_attention_decode_mma_ok(&a));
+    a.H = 32; a.n_split = 4; /* split without a workspace */
+    CHECK(!sf_k_attention_decode_mma_ok(&a));
+}
+
+/* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
+static int split_for(int T, int Hkv, int ctx, int path)
+{
+    int work = T * Hkv;
+    if (work >= sms || ctx <= 64) return 1;
+    if (path == 0) { /* hal_cuda.c's choice for the lanes kernel */
+        int per_sm = (sms + work - 1) / work, by_keys = (ctx + 127) / 128;
+        int ns = SF_MIN((ctx + 63) / 64, SF_MAX(per_sm, by_keys));
+        return SF_MAX(1, SF_MIN(ns, 64));
+    }
+    /* mma: 64-key tiles; about 2 blocks per SM, at least 2 tiles each */
+    int ns = SF_MIN((ctx + 127) / 128, (2 * sms + work - 1) / work);
+    return SF_MAX(1, SF_MIN(ns, 64));
+}
+
+static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
+{
+    const int H = 32, Hkv = 8, hd = 128, bs = 16, nb = (ctx + bs - 1) / bs;
+    const int64_t n_blocks = (int64_t)T * nb;
+    const size_t blk_bytes = (size_t)Hkv * bs * hd * 2;
+    uint16_t *k = NULL, *v = NULL, *q = NULL, *o = NULL;
+    float *sc = NULL, *ws = NULL;
+    int32_t *meta = NULL, *host = NULL;
+    const size_t ws_floats = (size_t)T * H * 64 * (hd + 2);
+    const size_t nmeta = 2 * (size_t)T + (size_t)T * nb;
+    /* INT8: every block is an INT8 unit; the cache holds n_blocks / 2 full blocks (+1) */
+    const int64_t full = i8 ? n_blocks / 2 + 1 : n_blocks;
+    if (cudaMalloc((void **)&k, full * blk_bytes) || cudaMalloc((void **)&v, full * blk_bytes) ||
+        cudaMalloc((void **)&q, (size_t)T * H * hd * 2) || cudaMalloc((void **)&o, (size_t)T * H * hd * 2) ||
+        cudaMalloc((void **)&sc, (size_t)2 * 2 * full * Hkv * bs * 4) || cudaMalloc((void **)&meta, nmeta * 4) ||
+        cudaMalloc((void **)&ws, ws_floats * 4 + (size_t)T * Hkv * 4)) {
+        printf("perf: T=%d ctx=%d: out of device memory, skipped\n", T, ctx);
+        goto cleanup;
+    }
+    sf_k_fill_random(k, (int64_t)(full * blk_bytes / 2), 21, 1.0f, s);
+    sf_k_fill_random(v, (int64_t)(full * blk_bytes / 2), 22, 1.0f, s);
+    sf_k_fill_random(q, (int64_t)T * H * hd, 23, 1.0f, s);
+    cudaMemsetAsync(sc, 0x3C, (size_t)2 * 2 * full * Hkv * bs * 4, s); /* 0.0115 */
+    cudaMemsetAsync(ws + ws_floats, 0, (size_t)T * Hkv * 4, s);
+    host = malloc(nmeta * 4);
+    for (int t = 0; t < T; t++) { host[t] = ctx - 1; host[T + t] = t; }
+    for (int64_t i = 0; i < n_blocks; i++) {
+        int64_t id = (i * 7919) % n_blocks; /* shuffled */
+        host[2 * T + i] = i8 ? (int32_t)(full + id) : (int32_t)id;
+    }
+    cudaMemcpy(meta, host, nmeta * 4, cudaMemcpyHostToDevice);
+    double bytes = (double)T * ctx * Hkv * hd * 2 * (i8 ? 1 : 2) + (i8 ? (double)T * ctx * Hkv * 8 : 0) +
+                   (double)T * H * hd * 2 * 2;
+    printf("perf: T=%3d ctx=%4d %-4s %7.1f MB |", T, ctx, i8 ? "int8" : "bf16", bytes / 1e6);
+    /* paths: 0 lanes, 2 and 3 mma at its ring depth, 4: mma3 at twice its split (the wave count) */
+    for (int path = 0; path <= 4; path++) {
+        if (path == 1) continue;
+        int ns = path == 4 ? SF_MIN(64, 2 * split_for(T, Hkv, ctx, 3)) : split_for(T, Hkv, ctx, path);
+        sf_k_attn a = { .q = q, .ld_q = H * hd, .out = o, .ld_out = H * hd, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
+                        .scale = 0.088f, .pos = meta, .tok_seq = meta + T, .block_table = meta + 2 * T,
+                        .max_blocks = nb, .kv = { k, v, bs, Hkv, hd, i8 ? sc : NULL, i8 ? sc + 2 * full * Hkv * bs : NULL,
+                                                  i8 ? (int)full : 0 },
+                        .ws = ws, .n_split = ns, .counters = (unsigned *)(ws + ws_floats) };
+        cudaEvent_t e0, e1;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        const int reps = T * ctx > 100000 ? 20 : 200;
+        int rc = 0;
+        for (int r = 0; r < reps + 3; r++) {
+            if (r == 3) cudaEventRecord(e0, s);
+            rc |= path == 0 ? sf_k_attention_decode(&a, s) : sf_k_attention_decode_mma(&a, path == 2 ? 2 : 3, s);
+        }
+        cudaEventRecord(e1, s);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        double us = rc ? NAN : ms * 1000.0 / reps;
+        printf(" %s(split %2d) %8.1f us %5.1f%% |", path == 0 ? "lanes" : path == 2 ? "mma2" : "mma3", ns, us,
+               100.0 * bytes / (us * 1e3) / hbm_gbs);
+    }
+    printf("\n");
+cleanup:
+    free(host);
+    cudaFree(k); cudaFree(v); cudaFree(q); cudaFree(o); cudaFree(sc); cudaFree(meta); cudaFree(ws);
+    cudaGetLastError();
+}
+
+static void perf_all(void)
+{
+    cudaStream_t s;
+    if (cudaStreamCreate(&s)) return;
+    printf("perf: decode attention, Llama-3-8B heads (32/8 x 128), block 16; %% of hal's HBM %.0f GB/s "
+           "(bytes: K+V (+scales) + q + o)\n", hbm_gbs);
+    const int shapes[][2] = { { 256, 192 }, { 128, 1500 }, { 64, 4096 }, { 1, 512 }, { 1, 4096 } };
+    for (int i8 = 0; i8 <= 1; i8++)
+        for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_shape(shapes[i][0], shapes[i][1], i8, s);
+    cudaStreamDestroy(s);
+}
+#endif
+
+int main(int argc, char **argv)
+{
+#ifdef SF_HAVE_CUDA
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--perf")) perf = 1;
+    /* sf_k_attention_decode is the lanes kernel here; the mma kernel is called directly */
+    setenv("SEMFLOW_CUDA_DECODE_ATTN", "lanes", 1);
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    sf_rng_seed(&R, (uint64_t)sf_now_ns());
+    printf("seed %llu\n", (unsigned long long)R.s[0]);
+    sf_backend_opts o = { .name = "cuda" };
+    sf_backend *B = NULL;
+    sf_error err = { 0 };
+    if (sf_backend_cuda_new(&o, &B, &err)) {
+        printf("FAIL: open_cuda_backend: %s\n", err.msg);
+        return 1;
+    }
+    const sf_hw_info *hw = B->ops->hw(B);
+    hbm_gbs = hw->mem_bw_gbs > 0 ? hw->mem_bw_gbs : 4000;
+    sms = hw->n_cores > 0 ? hw->n_cores : 132;
+    RUN(decode_attention_refuses_bad_shapes);
+    RUN(decode_attention_vs_reference);
+    if (perf) perf_all();
+    B->ops->destroy(B);
+    return test_summary();
+#else
+    (void)argc; (void)argv;
+    printf("SKIP: built without CUDA\n");
+    return 77;
+#endif
+}
