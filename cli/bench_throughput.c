@@ -8,7 +8,9 @@
  * (docs/PERFORMANCE.md derives it): prefill at the GEMM rate hal measured, then every decode
  * step of b running sequences at the slower of reading the weights plus the KV of all b
  * contexts at the measured memory bandwidth, and its FLOPs at the GEMM rate. And the host's
- * share of a decode step (the engine thread's time not spent waiting for the device). */
+ * share of a decode step (the engine thread's time not spent waiting for the device), and on a
+ * GPU the device memory the run took beyond what the engine allocated at start (the decode-step
+ * CUDA graphs: the pool is sized once), per captured graph. */
 #include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -17,6 +19,21 @@
 
 #include "cli/bench.h"
 #include "engine/engine.h"
+
+#ifdef SF_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
+
+/* Free device memory of the current device in bytes; -1 without CUDA or on error. */
+static double device_free_bytes(void)
+{
+#ifdef SF_HAVE_CUDA
+    size_t fr = 0, tot = 0;
+    if (cudaMemGetInfo(&fr, &tot) == cudaSuccess) return (double)fr;
+    cudaGetLastError();
+#endif
+    return -1;
+}
 
 typedef struct run_state {
     pthread_mutex_t mu;
@@ -154,6 +171,9 @@ int sf_bench_throughput(const bench_opts *o)
     }
     sf_rng rng;
     sf_rng_seed(&rng, 7);
+    /* one GPU (tp 1, cuda): the engine's device; what the run takes beyond it is graphs */
+    const int on_gpu = !strcmp(in.backend, "cuda") && o->tp <= 1;
+    const double free0 = on_gpu ? device_free_bytes() : -1;
     double t0 = sf_now_s();
     for (int i = 0; i < N; i++) {
         for (int k = 0; k < I; k++) prompt[k] = (int32_t)(sf_rng_next(&rng) % (uint64_t)in.vocab_size);
@@ -182,6 +202,8 @@ int sf_bench_throughput(const bench_opts *o)
     sf_engine_drain(e, 10.0); /* the engine thread's accounting of the last step, then idle */
     sf_engine_stats es;
     sf_engine_get_stats(e, &es);
+    const double free1 = free0 >= 0 ? device_free_bytes() : -1;
+    const double run_mib = free0 >= 0 && free1 >= 0 ? (free0 - free1) / 1048576.0 : -1;
     long out_tok = st.completion_tokens;
     if (out_tok != (long)N * O || atomic_load(&st.token_events) != out_tok) {
         sf_err(&err, SF_ERROR, "expected %ld output tokens, the requests reported %ld and delivered %ld", (long)N * O,
@@ -218,6 +240,10 @@ int sf_bench_throughput(const bench_opts *o)
         json_object_set_new(s, "graphs_captured", json_integer(es.graphs_captured));
         json_object_set_new(s, "graph_replays", json_integer(es.graph_replays));
         json_object_set_new(s, "graph_fallbacks", json_integer(es.graph_fallbacks));
+        if (run_mib >= 0) {
+            json_object_set_new(s, "device_mib_taken_in_run", json_real(run_mib));
+            json_object_set_new(s, "device_mib_per_graph", json_real(es.graphs_captured ? run_mib / es.graphs_captured : 0));
+        }
         json_object_set_new(b, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
         json_object_set_new(b, "kv_tokens", json_integer((json_int_t)in.kv_blocks * in.kv_block_size));
         json_object_set_new(j, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
@@ -247,6 +273,9 @@ int sf_bench_throughput(const bench_opts *o)
         if (es.graphs_captured || es.graph_replays || es.graph_fallbacks)
             printf("graphs   %ld captured, %ld replays, %ld fallbacks (steps over the graph size limit run op by op)\n", es.graphs_captured, es.graph_replays,
                    es.graph_fallbacks);
+        if (run_mib >= 0)
+            printf("memory   %.1f MiB of device memory taken during the run (%.2f MiB per captured graph)\n", run_mib,
+                   es.graphs_captured ? run_mib / es.graphs_captured : 0.0);
     }
     rc = 0;
     goto out;

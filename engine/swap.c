@@ -79,12 +79,22 @@ typedef struct run_arg {
     int dir;
 } run_arg;
 
-/* Copy op blocks [first, first + count), one backend call per run of consecutive slots. */
+/* Copy op blocks [first, first + count): one kv_copy_blocks call when the backend has it, else
+ * one kv_copy_out/in call per run of consecutive slots. */
 static int copy_units(void *arg, int first, int count, sf_error *err)
 {
     run_arg *a = arg;
     const sf_swap_op *op = a->op;
     sf_backend *be = a->w->be;
+    if (be->ops->kv_copy_blocks && !a->w->batched_off) { /* one call for the piece, blocks wherever their slots are */
+        int rc = be->ops->kv_copy_blocks(be, op->blocks + first, op->slots + first, count, a->w->mem,
+                                         a->w->block_bytes, a->dir == SF_DMA_D2H);
+        if (rc == SF_OK) return SF_OK;
+        /* nothing is lost by trying the per-block copies: the same bytes go to the same places */
+        SF_LOGW("swap: the %s backend's batched KV copy failed (%s of %d blocks); using per-block copies from now on",
+                be->ops->name, a->dir == SF_DMA_D2H ? "out" : "in", count);
+        a->w->batched_off = 1;
+    }
     for (int i = first; i < first + count;) {
         int k = 1;
         while (i + k < first + count && op->slots[i + k] == op->slots[i] + k) k++;

@@ -7,6 +7,9 @@
  * lazily mapped), so --swap-space is host RAM held for the server's life. When pinning fails
  * (a locked-memory limit) it falls back to plain memory with a warning.
  *
+ * Copies use the backend's batched kv_copy_blocks (one call per piece, one pitched copy per block
+ * on CUDA) when it has one, else kv_copy_out/in per run of consecutive slots.
+ *
  * DMA tuning (sf_swap_opts): with the tuner on, each class gets its chunk size, and while the
  * PCIe link is contended (index >= the DMA scheduler's pace_threshold) sf_swap_in_ok (the
  * scheduler's swap_in_ok gate) holds low-class swap-ins back:
@@ -37,6 +40,7 @@ typedef struct sf_swap {
     int n_slots;
     double held_since;        /* a low-class swap-in has been held back since (0: none held) */
     int pinned;               /* mem is the backend's (pinned); 0: plain memory (the fallback) */
+    int batched_off;          /* the backend's kv_copy_blocks failed once: per-block copies only */
 } sf_swap;
 
 typedef struct sf_swap_opts {

@@ -160,7 +160,7 @@ static float check_val(int rank, int64_t i, int it)
  * largest relative error seen. */
 static int check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err)
 {
-    static const int64_t sizes[] = { 1, 7, 8, 1000, 4096, 8192, 65539, 262144, 524288, 1048576 };
+    static const int64_t sizes[] = { 1, 7, 8, 1000, 4096, 8192, 65539, 262144, 524288, 1048576, 2097152 };
     int N = t->o.size, rc = SF_OK, cpu = !strcmp(t->b->ops->name, "cpu");
     sf_buf *buf = NULL;
     float *h = malloc((size_t)max_n * sizeof *h), *want = malloc((size_t)max_n * sizeof *want);

@@ -48,7 +48,9 @@
 
 #include "comm_custom.h"
 
-#define AR_CUSTOM_BYTES ((size_t)1 << 20) /* largest message the custom path can take */
+/* largest message the custom path can take: a decode step of 256 rows of 8192 (70B), inside the
+ * step graph (an NCCL call ends it) */
+#define AR_CUSTOM_BYTES ((size_t)4 << 20)
 
 #define BOOT_MAGIC 0x53464e43u /* "SFNC" */
 
@@ -414,7 +416,7 @@ static int exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_err
     return xfer(c, x->peer[0], a, (size_t)c->size * bytes, 0, 0, 0, "peer-memory setup", err);
 }
 
-#define XO_SIZES 10 /* 2 KiB .. 1 MiB */
+#define XO_SIZES 12 /* 2 KiB .. 4 MiB */
 #define XO_PATHS 3  /* NCCL, one-shot, LL */
 
 /* Every rank: µs per all-reduce of each size on each path (us[path][size]; 0: the path cannot

@@ -205,6 +205,14 @@ struct sf_backend_ops {
     /* KV block copies for preemption by swap and prefix reuse (may be NULL). */
     int (*kv_copy_out)(sf_backend *b, const int32_t *blocks, int n, void *host);
     int (*kv_copy_in)(sf_backend *b, const int32_t *blocks, int n, const void *host);
+    /* Batched KV block copies (may be NULL: kv_copy_out/in then): block blocks[i] goes to
+     * (out = 1) or comes from (out = 0) host + slots[i] * stride, for i in [0, n), all layers,
+     * in one call that waits once. stride >= kv_block_bytes; each block's host layout is
+     * kv_copy_out's. SF_EINVAL (nothing copied) for an id out of range or a negative slot. The
+     * CUDA backend moves a full block with one pitched copy (every layer's K and V) and an INT8
+     * block with four, instead of one copy per layer and K/V (64 for Llama-3-8B). */
+    int (*kv_copy_blocks)(sf_backend *b, const int32_t *blocks, const int32_t *slots, int n, void *host,
+                          size_t stride, int out);
 
     /* Copy n rows of host fp32 memory (row-major, cols of buf) into buf: test inputs,
      * device-vs-CPU comparisons. */

@@ -318,6 +318,23 @@ static int kv_copy(sf_backend *b, const int32_t *blocks, int n, void *host, int 
 }
 static int cpu_kv_copy_out(sf_backend *b, const int32_t *blocks, int n, void *host) { return kv_copy(b, blocks, n, host, 1); }
 static int cpu_kv_copy_in(sf_backend *b, const int32_t *blocks, int n, const void *host) { return kv_copy(b, blocks, n, (void *)host, 0); }
+static int cpu_kv_copy_blocks(sf_backend *b, const int32_t *blocks, const int32_t *slots, int n, void *host,
+                              size_t stride, int out)
+{
+    cpu_ctx *c = CTX(b);
+    if (!c->kv_ready) return BAD("kv copy: the KV cache is not initialised (kv_init)");
+    if (stride < cpu_kv_block_bytes(b, &c->kv))
+        return BAD("kv copy: host stride %zu is below a block's %zu bytes", stride, cpu_kv_block_bytes(b, &c->kv));
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || blocks[i] < 0 || blocks[i] >= c->kv_ids)
+            return BAD("kv copy: block %d to slot %d: block out of range [0, %d) or negative slot", blocks[i],
+                       slots[i], c->kv_ids);
+    for (int i = 0; i < n; i++) {
+        int rc = kv_copy(b, blocks + i, 1, (char *)host + (size_t)slots[i] * stride, out);
+        if (rc != SF_OK) return rc;
+    }
+    return SF_OK;
+}
 
 /* ---- one step ---------------------------------------------------------------------------- */
 static int grow(int32_t **p, size_t *cap, size_t n)
@@ -615,6 +632,7 @@ static const struct sf_backend_ops cpu_ops = {
     .sync = cpu_sync,
     .kv_copy_out = cpu_kv_copy_out,
     .kv_copy_in = cpu_kv_copy_in,
+    .kv_copy_blocks = cpu_kv_copy_blocks,
     .write_f32 = cpu_write_f32,
     .buf_raw = cpu_buf_raw,
     .sample = cpu_sample,

@@ -513,6 +513,66 @@ static int kv_copy(sf_backend *b, const int32_t *blocks, int n, void *host, cons
     return kcheck(cudaStreamSynchronize(c->s), "kv_copy");
 }
 
+/* kv_copy_blocks: each block with pitched copies. The device side of one block is a column
+ * through the layer planes (K and V of every layer at a constant pitch), the host side kv_copy's
+ * layout, so a full block is one copy of 2 x n_layers rows and an INT8 block four copies (K rows,
+ * V rows, K scales, V scales) of n_layers rows each. Falls back to kv_copy per block when a pitch
+ * is past what the device allows (a very large pool). */
+static int cuda_kv_copy_blocks(sf_backend *b, const int32_t *blocks, const int32_t *slots, int n, void *host,
+                               size_t stride, int out)
+{
+    cuda_ctx *c = CTX(b);
+    if (!c->kv) return op_fail(SF_EINVAL, "kv_copy_blocks", "KV cache not initialised (kv_init first)");
+    size_t bb = cuda_kv_block_bytes(b, &c->kvc);
+    if (stride < bb) return op_fail(SF_EINVAL, "kv_copy_blocks", "host stride below a block's bytes");
+    for (int i = 0; i < n; i++)
+        if (blocks[i] < 0 || blocks[i] >= c->kv_ids || slots[i] < 0)
+            return op_fail(SF_EINVAL, "kv_copy_blocks", "block id out of range or negative slot");
+    int rc = step_end(c);
+    if (rc) return rc;
+    size_t blk = (size_t)c->kvc.n_kv_heads * c->kvc.block_size * c->kvc.head_dim;
+    size_t rows = (size_t)c->kvc.n_kv_heads * c->kvc.block_size, L = (size_t)c->kvc.n_layers;
+    size_t plane = c->kv_layer_elems * 2; /* bytes from one layer's K (or V) plane to the next plane */
+    int max_pitch = 0;
+    if (cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, c->dev) != cudaSuccess) max_pitch = 0;
+    int pitched = max_pitch > 0 && 2 * plane <= (size_t)max_pitch && 2 * c->kv_layer_rows * 4 <= (size_t)max_pitch;
+    enum cudaMemcpyKind kind = out ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    for (int i = 0; i < n; i++) {
+        int32_t id = blocks[i];
+        char *h = (char *)host + (size_t)slots[i] * stride;
+        if (!pitched) {
+            rc = out ? kv_copy(b, &id, 1, h, NULL) : kv_copy(b, &id, 1, NULL, h);
+            if (rc) return rc;
+            continue;
+        }
+        cudaError_t e;
+        if (id < c->kvc.n_blocks) { /* rows (l, part) at plane pitch; host: 2 x blk bf16 per layer, K then V */
+            char *d = (char *)(c->kv + (size_t)id * blk);
+            size_t w = blk * 2;
+            e = out ? cudaMemcpy2DAsync(h, w, d, plane, w, 2 * L, kind, c->s)
+                    : cudaMemcpy2DAsync(d, plane, h, w, w, 2 * L, kind, c->s);
+        } else { /* per layer on the host: K rows, V rows (blk bytes each), K scales, V scales (rows x 4) */
+            size_t u = (size_t)(id - c->kvc.n_blocks), hp = 2 * blk + 2 * rows * 4;
+            e = cudaSuccess;
+            for (int part = 0; part < 4 && e == cudaSuccess; part++) {
+                char *d;
+                size_t w, dp, ho;
+                if (part < 2) {
+                    d = (char *)(c->kv + (size_t)part * c->kv_layer_elems) + u * blk;
+                    w = blk, dp = 2 * plane, ho = (size_t)part * blk;
+                } else {
+                    d = (char *)(c->kv_scale + (size_t)(part - 2) * c->kv_layer_rows + u * rows);
+                    w = rows * 4, dp = 2 * c->kv_layer_rows * 4, ho = 2 * blk + (size_t)(part - 2) * rows * 4;
+                }
+                e = out ? cudaMemcpy2DAsync(h + ho, hp, d, dp, w, L, kind, c->s)
+                        : cudaMemcpy2DAsync(d, dp, h + ho, hp, w, L, kind, c->s);
+            }
+        }
+        if (e != cudaSuccess) return kcheck(e, "kv_copy_blocks");
+    }
+    return kcheck(cudaStreamSynchronize(c->s), "kv_copy_blocks");
+}
+
 static int cuda_kv_copy_out(sf_backend *b, const int32_t *blocks, int n, void *host)
 {
     return kv_copy(b, blocks, n, host, NULL);
@@ -688,6 +748,10 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     r.kind = SF_OP_GEMM;
     r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
     r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
+    /* the shape's first use outside a capture tunes its algorithm here, not inside the op */
+    int rc = n > 8 ? kcheck(sf_k_gemm_prepare(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 0, c->s),
+                            "matmul (tuning)") : SF_OK;
+    if (rc) return rc;
     return submit(c, &r, sf_k_gemm_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols), "matmul");
 }
 
@@ -868,7 +932,11 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         r.kind = SF_OP_GEMM_ACC;
         r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
         r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
-        return submit(c, &r, 1, "matmul_add");
+        int rc = kcheck(sf_k_gemm_prepare(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 1, c->s),
+                        "matmul_add (tuning)");
+        if (rc) return rc;
+        return submit(c, &r, sf_k_gemm_acc_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols),
+                      "matmul_add");
     }
     if (!tmp || tmp->rows < n || tmp->cols < w->rows)
         return op_fail(SF_EINVAL, "matmul_add", "scratch buffer missing or too small for this batch");
@@ -1045,6 +1113,7 @@ static const struct sf_backend_ops cuda_ops = {
     .sync = cuda_sync,
     .kv_copy_out = cuda_kv_copy_out,
     .kv_copy_in = cuda_kv_copy_in,
+    .kv_copy_blocks = cuda_kv_copy_blocks,
     .buf_raw = cuda_buf_raw,
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
@@ -1095,6 +1164,26 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         goto cleanup;
     }
     c->dev_bytes += 32u << 20;
+    {
+        /* SEMFLOW_CUDA_GEMM_TUNE=0: cuBLASLt's heuristic choice only (for comparison);
+         * SEMFLOW_CUDA_GEMM_TUNE_S: the tuning budget in seconds (default 20) */
+        const char *t = getenv("SEMFLOW_CUDA_GEMM_TUNE"), *ts = getenv("SEMFLOW_CUDA_GEMM_TUNE_S");
+        char bus[64] = "", path[1024] = "";
+        double budget = ts && atof(ts) > 0 ? atof(ts) : 20.0;
+        if (!(t && !strcmp(t, "0"))) {
+            if (cudaDeviceGetPCIBusId(bus, sizeof bus, dev) != cudaSuccess ||
+                sf_hal_cuda_cache_path(bus, "gemm-cuda", path, sizeof path) != 0) {
+                cudaGetLastError();
+                path[0] = 0;
+                SF_LOGW("CUDA backend: no cache folder for GEMM tuning (set HOME or XDG_CACHE_HOME); tuning is "
+                        "repeated by every process");
+            }
+            if ((krc = sf_k_gemm_tune_enable(c->gemm, path[0] ? path : NULL, budget))) {
+                rc = sf_err(err, SF_ERROR, "CUDA backend: GEMM tuner: %s", sf_k_gemm_error_str(krc));
+                goto cleanup;
+            }
+        }
+    }
     for (int i = 0; i < 2; i++) {
         SF_CUDA_GOTO(cudaHostAlloc(&c->pin[i], STAGE_BYTES, cudaHostAllocDefault), err, rc);
         if ((rc = dmalloc(c, &c->stage[i], STAGE_BYTES, "the upload stage", err))) goto cleanup;
@@ -1113,10 +1202,10 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);
         }
-        /* SEMFLOW_CUDA_GRAPH_TOKENS=N: steps of up to N tokens use graphs (default 64), e.g. the
-         * decode steps of 128-256 sequences of a saturated engine */
+        /* SEMFLOW_CUDA_GRAPH_TOKENS=N: steps of up to N tokens use graphs (default 512: the decode
+         * steps of up to 512 sequences of a saturated engine; docs/CUDA.md has what one costs) */
         const char *gt = getenv("SEMFLOW_CUDA_GRAPH_TOKENS");
-        int gmax = gt && atoi(gt) > 0 ? atoi(gt) : 64;
+        int gmax = gt && atoi(gt) > 0 ? atoi(gt) : 512;
         sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, gmax);
     }
     *out = b;

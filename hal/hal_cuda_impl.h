@@ -88,6 +88,11 @@ int sf_cuda_graph_end(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s);
 int sf_cuda_graph_bail(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s);
 #endif
 
+/* $XDG_CACHE_HOME/semflow/<prefix>-<pci bus id>.json (or under ~/.cache), creating the folder:
+ * where hal's calibration ("hal-cuda") and the GEMM tuner ("gemm-cuda") keep what they measured
+ * on one GPU. Returns 0, or -1 when there is no cache folder. (hal_cuda_probe.c) */
+int sf_hal_cuda_cache_path(const char *bus_id, const char *prefix, char *out, size_t n);
+
 /* PCIe link of the GPU with PCI bus id `bus_id` (as cudaDeviceGetPCIBusId writes it), read
  * through NVML loaded with dlopen. Fills 0 when NVML is missing; returns SF_OK or SF_ENODEV
  * with a message saying why. */

@@ -37,7 +37,7 @@ int sf_hal_cuda_available(void)
 }
 
 /* ---- cache ------------------------------------------------------------------------------ */
-static int cache_path(const char *bus_id, char *out, size_t n)
+int sf_hal_cuda_cache_path(const char *bus_id, const char *prefix, char *out, size_t n)
 {
     const char *x = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
     char dir[768];
@@ -52,7 +52,7 @@ static int cache_path(const char *bus_id, char *out, size_t n)
     snprintf(id, sizeof id, "%s", bus_id);
     for (char *p = id; *p; p++)
         if (*p == ':' || *p == '.') *p = '_';
-    snprintf(out, n, "%s/hal-cuda-%s.json", dir, id);
+    snprintf(out, n, "%s/%s-%s.json", dir, prefix, id);
     return 0;
 }
 
@@ -291,7 +291,7 @@ int sf_hal_cuda_probe(int device, sf_hw_info *hw, int force, sf_error *err)
         if (sf_nvml_pcie_link(bus_id, &hw->pcie_gen, &hw->pcie_width, &mg, &mw, &nerr))
             SF_LOGD("hal: PCIe link unknown: %s", nerr.msg);
     }
-    if (!force && cache_path(bus_id, path, sizeof path) == 0 && cache_load(path, hw, driver) == 0) {
+    if (!force && sf_hal_cuda_cache_path(bus_id, "hal-cuda", path, sizeof path) == 0 && cache_load(path, hw, driver) == 0) {
         hw->from_cache = 1;
         return SF_OK;
     }
@@ -303,7 +303,7 @@ int sf_hal_cuda_probe(int device, sf_hw_info *hw, int force, sf_error *err)
         goto cleanup;
     }
     hw->calib_seconds = sf_now_s() - t0;
-    if (path[0] || cache_path(bus_id, path, sizeof path) == 0) cache_save(path, hw, driver);
+    if (path[0] || sf_hal_cuda_cache_path(bus_id, "hal-cuda", path, sizeof path) == 0) cache_save(path, hw, driver);
 cleanup:
     if (s) cudaStreamDestroy(s);
     return rc;

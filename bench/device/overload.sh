@@ -59,6 +59,13 @@ cat >"$M/config.json" <<EOF
 EOF
 
 T0=$(date +%s)
+# The swap path's batched KV block copy: correct on this device, and its time against per-block copies.
+if [ -x build/tests/device/test_swap_copy ]; then
+    timeout -k 2 30 build/tests/device/test_swap_copy >"$D/swap_copy.log" 2>&1
+    echo "overload: test_swap_copy rc=$? ($(grep -c '^PASS' "$D/swap_copy.log") passed, $(grep -c '^FAIL' "$D/swap_copy.log") failed)"
+else
+    echo "overload: build/tests/device/test_swap_copy missing (a CUDA build makes it); the copy check is skipped"
+fi
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
 SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
 SEARCH_RATES=${SEARCH_RATES-12 24 48 96} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
@@ -76,6 +83,7 @@ if [ "$left" -ge 20 ]; then
 else
     echo "overload: kv-quality skipped: $left s left"
 fi
+grep -E "^(FAIL|  swap of)" "$D/swap_copy.log" 2>/dev/null
 echo "---- step trace per run (rt = steps carrying realtime tokens) ----"
 python3 bench/overload/trace_summary.py "$D" 2>&1
 python3 - "$D/kv-quality.json" <<'PY' 2>/dev/null || true

@@ -4,7 +4,7 @@
 #      (build/tests/device/test_sample --perf);
 #   2. batch-1 decode ms/token on llama-3-8b (dummy weights, 512 context) with the next token drawn
 #      by the GPU sampler (only the id crosses PCIe) and chosen on the host (128256 logits copied);
-#   3. `semflow bench throughput` on llama-3-8b with graphs for steps of up to 512 tokens, 128 in /
+#   3. `semflow bench throughput` on llama-3-8b (graphs for steps of up to 512 tokens, the default), 128 in /
 #      128 out with 512 prompts (decode attention: the CUDA-core "lanes" kernel, then the
 #      tensor-core "mma" kernel), then 1000 in / 1000 out with 128 prompts (mma).
 #      The prompt counts fit the time box; the bound printed beside each is for the same prompts
@@ -39,11 +39,11 @@ run_tp() { # NAME INPUT OUTPUT PROMPTS SECONDS
     echo "throughput: $1 rc=$? at $(el) s"
     tail -n 3 "$OUT/$1.err"
 }
-# 128/128 with graphs for steps of up to 512 tokens, with the decode attention kernel of
+# 128/128 with the decode attention kernel of
 # each kind (lanes: the CUDA-core kernel; mma: the tensor-core batch kernel), then 1000/1000
-(export SEMFLOW_CUDA_GRAPH_TOKENS=512 SEMFLOW_CUDA_DECODE_ATTN=lanes; run_tp tp-128-128-lanes 128 128 512 30)
-(export SEMFLOW_CUDA_GRAPH_TOKENS=512 SEMFLOW_CUDA_DECODE_ATTN=mma; run_tp tp-128-128-mma 128 128 512 30)
-(export SEMFLOW_CUDA_GRAPH_TOKENS=512 SEMFLOW_CUDA_DECODE_ATTN=mma; run_tp tp-1000-1000-mma 1000 1000 128 "$(left)")
+(export SEMFLOW_CUDA_DECODE_ATTN=lanes; run_tp tp-128-128-lanes 128 128 512 30)
+(export SEMFLOW_CUDA_DECODE_ATTN=mma; run_tp tp-128-128-mma 128 128 512 30)
+(export SEMFLOW_CUDA_DECODE_ATTN=mma; run_tp tp-1000-1000-mma 1000 1000 128 "$(left)")
 
 echo "==== throughput summary ($(el) s) ===="
 grep -E '^(PASS|FAIL)|differ from|passed' "$OUT/test_sample.log"

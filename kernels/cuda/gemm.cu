@@ -8,46 +8,35 @@
  * server's steps come in many token counts, so the cache is bounded and evicts the plan used
  * least recently when full: a step never fails for want of a slot, it pays one heuristic query.
  * Not thread-safe: one context per backend, driven by the backend's thread. */
-#include <cublasLt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "common.cuh"
+#include "gemm_impl.cuh"
 
-#define LT_WORKSPACE (32u << 20)
-#define MAX_PLANS 512
-#define LT_ERR(st) (10000 + (int)(st))
+extern "C" {
+#include "../../common/sf.h"
+}
 
-typedef struct plan {
-    int n, m, k, has_bias;
-    int64_t ldx, ldy;
-    cublasLtMatmulDesc_t op;
-    cublasLtMatrixLayout_t a, b, c;
-    cublasLtMatmulAlgo_t algo;
-    int lt_rc;  /* 0, or why cuBLASLt has no algorithm for this shape (GEMV in chunks of 8 then) */
-    int choice; /* n <= 8: 0 not measured, 1 GEMV, 2 cuBLASLt */
-    uint64_t used; /* the context's use clock at the last lookup (for eviction) */
-    int next;      /* next plan in the same hash chain, -1 at the end */
-} plan;
-
-#define PLAN_BUCKETS 256
-
-struct sf_k_gemm_ctx {
-    cublasLtHandle_t lt;
-    void *workspace;
-    plan plans[MAX_PLANS];
-    int n_plans;
-    uint64_t clock;
-    int bucket[PLAN_BUCKETS]; /* first plan of each hash chain, -1 when empty */
-};
-
-static unsigned plan_hash(int n, int m, int k, int has_bias, int64_t ldx, int64_t ldy)
+static unsigned plan_hash(int n, int m, int k, int has_bias, int acc, int64_t ldx, int64_t ldy)
 {
     uint64_t h = 1469598103934665603ull;
-    const int64_t v[6] = { n, m, k, has_bias, ldx, ldy };
-    for (int i = 0; i < 6; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
+    const int64_t v[7] = { n, m, k, has_bias, acc, ldx, ldy };
+    for (int i = 0; i < 7; i++) h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     return (unsigned)(h ^ (h >> 29)) % PLAN_BUCKETS;
+}
+
+/* Token counts are tuned in buckets (each timed at its upper end): a server's steps come in
+ * every count, the best algorithm changes slowly with n. Up to 8 rows the GEMV/cuBLASLt choice
+ * below applies; above 4096 the heuristic's first choice is already near the peak. */
+static const int tune_buckets[] = { 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096 };
+
+extern "C" int sf_k_gemm_bucket(int n)
+{
+    if (n <= 8) return 0;
+    for (size_t i = 0; i < sizeof tune_buckets / sizeof tune_buckets[0]; i++)
+        if (n <= tune_buckets[i]) return tune_buckets[i];
+    return 0;
 }
 
 extern "C" const char *sf_k_gemm_error_str(int code)
@@ -70,7 +59,7 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
     return 0;
 }
 
-static void plan_release(plan *p)
+void sf_gemm_plan_release(plan *p)
 {
     if (p->op) cublasLtMatmulDescDestroy(p->op);
     if (p->a) cublasLtMatrixLayoutDestroy(p->a);
@@ -83,17 +72,19 @@ static void plan_release(plan *p)
 extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
 {
     if (!g) return;
-    for (int i = 0; i < g->n_plans; i++) plan_release(&g->plans[i]);
+    for (int i = 0; i < g->n_plans; i++) sf_gemm_plan_release(&g->plans[i]);
+    sf_gemm_tune_free(g);
     cudaFree(g->workspace);
     cublasLtDestroy(g->lt);
     free(g);
 }
 
-static plan *find_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t ldx, int64_t ldy)
+static plan *find_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int acc, int64_t ldx, int64_t ldy)
 {
-    for (int i = g->bucket[plan_hash(n, m, k, has_bias, ldx, ldy)]; i >= 0; i = g->plans[i].next) {
+    for (int i = g->bucket[plan_hash(n, m, k, has_bias, acc, ldx, ldy)]; i >= 0; i = g->plans[i].next) {
         plan *p = &g->plans[i];
-        if (p->n == n && p->m == m && p->k == k && p->has_bias == has_bias && p->ldx == ldx && p->ldy == ldy) {
+        if (p->n == n && p->m == m && p->k == k && p->has_bias == has_bias && p->acc == acc && p->ldx == ldx &&
+            p->ldy == ldy) {
             p->used = ++g->clock;
             return p;
         }
@@ -105,13 +96,13 @@ static plan *find_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int6
 static void plan_unlink(sf_k_gemm_ctx *g, int i)
 {
     const plan *p = &g->plans[i];
-    int *link = &g->bucket[plan_hash(p->n, p->m, p->k, p->has_bias, p->ldx, p->ldy)];
+    int *link = &g->bucket[plan_hash(p->n, p->m, p->k, p->has_bias, p->acc, p->ldx, p->ldy)];
     while (*link >= 0 && *link != i) link = &g->plans[*link].next;
     if (*link == i) *link = p->next;
 }
 
 /* Makes the cuBLASLt part of a plan: descriptors and the heuristic's first algorithm. */
-static int make_lt(sf_k_gemm_ctx *g, plan *p)
+int sf_gemm_plan_lt(sf_k_gemm_ctx *g, plan *p)
 {
     cublasStatus_t st;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -143,9 +134,34 @@ fail:
 #undef LT
 }
 
-static int get_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t ldx, int64_t ldy, plan **out)
+/* Decides p's algorithm: the tuner's winner for its bucket where there is one and it is valid
+ * for p's exact layouts, else the heuristic's first; or leaves it pending (settled = 0) when
+ * its bucket is still to be tuned. */
+static void plan_settle(sf_k_gemm_ctx *g, plan *p)
 {
-    plan *p = find_plan(g, n, m, k, has_bias, ldx, ldy);
+    p->settled = 1;
+    int nb = sf_k_gemm_bucket(p->n);
+    if (p->lt_rc || !g->tune_on || !nb) return;
+    tune_entry *t = sf_gemm_tune_find(g, p->m, p->k, p->has_bias, p->acc, nb);
+    if (!t) {
+        if (g->spent_s < g->budget_s) p->settled = 0;
+        return;
+    }
+    if (t->n_candidates == 0) return; /* tuning failed for this shape: the heuristic stays */
+    cublasLtMatmulHeuristicResult_t r;
+    memset(&r, 0, sizeof r);
+    if (cublasLtMatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->c, p->c, &t->algo, &r) == CUBLAS_STATUS_SUCCESS &&
+        r.workspaceSize <= LT_WORKSPACE)
+        p->algo = t->algo;
+    else
+        SF_LOGD("gemm m=%d k=%d n=%d: the algorithm tuned at n=%d does not apply; heuristic's first", p->m, p->k,
+                p->n, nb);
+}
+
+static int get_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int acc, int64_t ldx, int64_t ldy,
+                    plan **out)
+{
+    plan *p = find_plan(g, n, m, k, has_bias, acc, ldx, ldy);
     if (!p) {
         int slot = g->n_plans;
         if (slot == MAX_PLANS) { /* full: reuse the least recently used slot */
@@ -153,33 +169,52 @@ static int get_plan(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int64_t
             for (int i = 1; i < g->n_plans; i++)
                 if (g->plans[i].used < g->plans[slot].used) slot = i;
             plan_unlink(g, slot);
-            plan_release(&g->plans[slot]);
+            sf_gemm_plan_release(&g->plans[slot]);
         } else {
             g->n_plans++;
         }
         p = &g->plans[slot];
         memset(p, 0, sizeof *p);
         p->used = ++g->clock;
-        p->n = n; p->m = m; p->k = k; p->has_bias = has_bias; p->ldx = ldx; p->ldy = ldy;
-        unsigned h = plan_hash(n, m, k, has_bias, ldx, ldy);
+        p->n = n; p->m = m; p->k = k; p->has_bias = has_bias; p->acc = acc; p->ldx = ldx; p->ldy = ldy;
+        unsigned h = plan_hash(n, m, k, has_bias, acc, ldx, ldy);
         p->next = g->bucket[h];
         g->bucket[h] = slot;
-        p->lt_rc = make_lt(g, p);
+        p->lt_rc = sf_gemm_plan_lt(g, p);
         if (p->lt_rc) {
-            plan_release(p);
+            sf_gemm_plan_release(p);
             if (getenv("SF_GEMM_VERBOSE"))
                 fprintf(stderr, "gemm n=%d m=%d k=%d: cuBLASLt: %s; using the GEMV kernel\n", n, m, k,
                         sf_k_gemm_error_str(p->lt_rc));
         }
     }
+    if (!p->settled) plan_settle(g, p);
     *out = p;
     return 0;
 }
 
-static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *w, const uint16_t *bias,
-                  uint16_t *y, cudaStream_t s, float beta = 0.0f)
+/* Tunes p's bucket when it waits for that and s is not capturing (a capture must not
+ * synchronise; the op then runs with the heuristic's choice and the bucket is tuned at the next
+ * use outside a capture). */
+static int maybe_tune(sf_k_gemm_ctx *g, plan *p, cudaStream_t s)
 {
-    const float one = 1.0f;
+    if (p->settled) return 0;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &cs) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (cs != cudaStreamCaptureStatusNone) return 0;
+    int rc = sf_gemm_tune_run(g, p, s);
+    plan_settle(g, p);
+    p->settled = 1; /* whatever happened, this plan is decided now */
+    return rc;
+}
+
+static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *w, const uint16_t *bias,
+                  uint16_t *y, cudaStream_t s)
+{
+    const float one = 1.0f, beta = p->acc ? 1.0f : 0.0f;
     cublasStatus_t st;
     if (p->has_bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
@@ -190,26 +225,39 @@ static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *
     return st == CUBLAS_STATUS_SUCCESS ? 0 : LT_ERR(st);
 }
 
+static int lt_call(sf_k_gemm_ctx *g, int acc, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                   const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    plan *p;
+    int rc = get_plan(g, n, m, k, bias != NULL, acc, ldx, ldy, &p);
+    if (rc || (rc = p->lt_rc) || (rc = maybe_tune(g, p, s))) return rc;
+    return run_lt(g, p, x, w, bias, y, s);
+}
+
 extern "C" int sf_k_gemm_lt(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w,
                             const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
 {
-    plan *p;
-    int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
-    return rc ? rc : p->lt_rc ? p->lt_rc : run_lt(g, p, x, w, bias, y, s);
+    return lt_call(g, 0, x, ldx, w, bias, n, m, k, y, ldy, s);
 }
 
 extern "C" int sf_k_gemm_lt_acc(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w,
                                 const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
 {
-    plan *p;
-    int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
-    return rc ? rc : p->lt_rc ? p->lt_rc : run_lt(g, p, x, w, bias, y, s, 1.0f);
+    return lt_call(g, 1, x, ldx, w, bias, n, m, k, y, ldy, s);
 }
 
 extern "C" int sf_k_gemm_lt_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy)
 {
+    plan *p; /* the accumulating plan: its one caller asks before sf_k_gemm_lt_acc */
+    return !get_plan(g, n, m, k, bias != NULL, 1, ldx, ldy, &p) && !p->lt_rc;
+}
+
+extern "C" int sf_k_gemm_prepare(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx,
+                                 int64_t ldy, int acc, cudaStream_t s)
+{
     plan *p;
-    return !get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p) && !p->lt_rc;
+    int rc = get_plan(g, n, m, k, bias != NULL, acc != 0, ldx, ldy, &p);
+    return rc ? rc : p->lt_rc ? 0 : maybe_tune(g, p, s);
 }
 
 /* Median-free but warm: one untimed run of each path, then `reps` timed back to back. */
@@ -237,14 +285,14 @@ extern "C" int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const
 {
     if (n <= 0) return 0;
     plan *p;
-    int rc = get_plan(g, n, m, k, bias != NULL, ldx, ldy, &p);
+    int rc = get_plan(g, n, m, k, bias != NULL, 0, ldx, ldy, &p);
     if (rc) return rc;
     if (p->lt_rc) { /* no cuBLASLt algorithm (odd leading dimensions): GEMV, 8 rows at a time */
         for (int r = 0; r < n && !rc; r += 8)
             rc = sf_k_gemv(x + (int64_t)r * ldx, ldx, w, bias, SF_MIN(8, n - r), m, k, y + (int64_t)r * ldy, ldy, s);
         return rc;
     }
-    if (n > 8) return run_lt(g, p, x, w, bias, y, s);
+    if (n > 8) return (rc = maybe_tune(g, p, s)) ? rc : run_lt(g, p, x, w, bias, y, s);
     if (!p->choice) {
         float t_gemv = time_path(g, p, 1, x, w, bias, y, s, &rc);
         if (rc) return rc;
@@ -261,13 +309,20 @@ extern "C" int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const
 extern "C" int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k)
 {
     for (int i = 0; i < g->n_plans; i++)
-        if (g->plans[i].n == n && g->plans[i].m == m && g->plans[i].k == k)
+        if (g->plans[i].n == n && g->plans[i].m == m && g->plans[i].k == k && !g->plans[i].acc)
             return g->plans[i].lt_rc ? 1 : n > 8 ? 2 : g->plans[i].choice;
     return 0;
 }
 
 extern "C" int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy)
 {
-    plan *p = find_plan(g, n, m, k, bias != NULL, ldx, ldy);
-    return p && (p->lt_rc || n > 8 || p->choice);
+    plan *p = find_plan(g, n, m, k, bias != NULL, 0, ldx, ldy);
+    return p && p->settled && (p->lt_rc || n > 8 || p->choice);
+}
+
+extern "C" int sf_k_gemm_acc_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx,
+                                   int64_t ldy)
+{
+    plan *p = find_plan(g, n, m, k, bias != NULL, 1, ldx, ldy);
+    return p && p->settled;
 }

@@ -131,6 +131,34 @@ int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k,
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);
 
+/* ---- measured cuBLASLt algorithm choice (gemm_tune.cu) ------------------------------------- */
+/* Turns the tuner on: from then on the first use of each (m, k, bias, accumulate, n bucket) with
+ * n > 8, outside a graph capture, times cuBLASLt's candidates on scratch buffers of its own
+ * (allocated and freed there; it synchronises the stream) and keeps the fastest correct one for
+ * every n of the bucket. Winners are read from and written to cache_path (JSON, per GPU; NULL:
+ * none). budget_s bounds the context's total tuning time; later shapes keep the heuristic's first
+ * choice. Until called (and for n <= 8 or n > 4096) plans use the heuristic's first choice. */
+int sf_k_gemm_tune_enable(sf_k_gemm_ctx *g, const char *cache_path, double budget_s);
+/* The tuning bucket of n (the largest n it was timed at), 0 when n is not tuned. */
+int sf_k_gemm_bucket(int n);
+/* Makes the plan of a GEMM (acc: the sf_k_gemm_lt_acc flavour) and tunes its bucket when that
+ * is due and s is not capturing: called before an op is recorded, so a capture only ever sees
+ * decided plans. Returns 0 or an error as sf_k_gemm does. */
+int sf_k_gemm_prepare(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy, int acc,
+                      cudaStream_t s);
+/* sf_k_gemm_ready for sf_k_gemm_lt_acc. */
+int sf_k_gemm_acc_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);
+/* What the tuner decided for a shape's bucket: 1 and *out filled when it has an entry (us,
+ * heuristic_us: mean µs at n = nb of the winner and of the heuristic's first; n_candidates 0:
+ * tuning failed, the heuristic stays), else 0. */
+typedef struct sf_k_gemm_tune_stat {
+    int nb, n_candidates, from_cache;
+    float us, heuristic_us, tune_ms;
+} sf_k_gemm_tune_stat;
+int sf_k_gemm_tune_info(sf_k_gemm_ctx *g, int n, int m, int k, int has_bias, int acc, sf_k_gemm_tune_stat *out);
+/* Seconds this context has spent tuning. */
+double sf_k_gemm_tune_spent(sf_k_gemm_ctx *g);
+
 /* ---- batch-1 GEMVs with fused neighbours (gemv_fused.cu) ----------------------------------- */
 /* One activation row x[k] (bf16, 16-byte aligned, k % 8 == 0), W[m, k] row-major, 16-byte aligned:
  * sf_k_gemv_fused_ok says whether a shape and its pointers qualify. x and y must not overlap. */

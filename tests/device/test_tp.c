@@ -331,7 +331,7 @@ TEST(tp_all_reduce_paths)
             for (int p = 0; p < 4 && !rc; p++) {
                 double worst = -1;
                 double t0 = sf_now_s();
-                rc = sf_tp_check_all_reduce(tp, 1 << 19, 300, paths[p], &worst, &err);
+                rc = sf_tp_check_all_reduce(tp, 1 << 21, 300, paths[p], &worst, &err);
                 CHECK_MSG(rc == SF_OK, "TP=%d path %d: %s", size, (int)paths[p], err.msg);
                 if (!rc)
                     printf("      TP=%d %s: 300 rounds + burst, worst relative error %.2e (%.1f s)\n", size, names[p],
