@@ -199,7 +199,7 @@ extern "C" double sf_k_gemm_tune_spent(sf_k_gemm_ctx *g) { return g->spent_s; }
 /* ---- measuring ---------------------------------------------------------------------------- */
 /* Counts elements of a that differ from b by more than 3% of (1 + |b|) (NaN counts). The
  * scratch inputs are scaled so outputs are O(1): a bf16 rounding is 0.4%, a wrong tile O(1). */
-__global__ void k_count_bad(const bf16 *a, const bf16 *b, int64_t n, unsigned *bad)
+static __global__ void k_count_bad(const bf16 *a, const bf16 *b, int64_t n, unsigned *bad)
 {
     unsigned local = 0;
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
@@ -308,7 +308,7 @@ static void add_splitk(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo
 
 /* Candidates for t's shape: the heuristic's first (index 0, the reference), its other
  * results, and split-K variants of the first four. */
-static int candidates(sf_k_gemm_ctx *g, const plan *t, cublasLtMatmulAlgo_t *c)
+static int candidates(sf_k_gemm_ctx *g, const plan *t, cublasLtMatmulAlgo_t *c, int *n_split)
 {
     cublasLtMatmulPreference_t pref = NULL;
     cublasLtMatmulHeuristicResult_t res[HEUR_REQ];
@@ -330,6 +330,7 @@ static int candidates(sf_k_gemm_ctx *g, const plan *t, cublasLtMatmulAlgo_t *c)
     if (pref) cublasLtMatmulPreferenceDestroy(pref);
     int base = n;
     for (int i = 0; i < base && i < 4; i++) add_splitk(g, t, &c[i], c, &n);
+    *n_split = n - base;
     return n;
 }
 
@@ -375,7 +376,7 @@ static int scratch_new(sf_k_gemm_ctx *g, const plan *t, scratch *S, cudaStream_t
 
 int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
 {
-    int nb = sf_k_gemm_bucket(p->n), hard = 0, n_c = 0, n_ok = 0, reps = 3;
+    int nb = sf_k_gemm_bucket(p->n), hard = 0, n_c = 0, n_ok = 0, n_split = 0, reps = 3, winner = 0;
     if (!g->tune_on || !nb || g->n_tunes >= MAX_TUNES || sf_gemm_tune_find(g, p->m, p->k, p->has_bias, p->acc, nb))
         return 0;
     if (g->spent_s >= g->budget_s) {
@@ -404,16 +405,17 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     if (t.has_bias &&
         cublasLtMatmulDescSetAttribute(t.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &S.bias, sizeof S.bias) != CUBLAS_STATUS_SUCCESS)
         goto done;
-    n_c = candidates(g, &t, c);
+    n_c = candidates(g, &t, c, &n_split);
     for (int i = 0; i < n_c; i++) us[i] = INFINITY; /* untimed (refused, wrong, over budget) */
-    /* reference: the heuristic's first; its time sets the repetitions (about 2 ms of calls each) */
+    /* reference: the heuristic's first; its time sets the repetitions (about 1 ms of calls each,
+     * 2 ms for the final comparison) */
     if (check_algo(g, &t, &c[0], &S, 1, s, &hard) != 0) {
         if (!hard) SF_LOGW("gemm tuner: m=%d k=%d n=%d: the heuristic's first algorithm failed or left NaNs; not tuned", t.m, t.k, nb);
         goto done;
     }
     us[0] = time_algo(g, &t, &c[0], &S, 3, s, &hard);
     if (hard || !(us[0] < INFINITY)) goto done;
-    reps = (int)SF_MIN(SF_MAX(2000.0f / us[0], 3.0f), 20.0f);
+    reps = (int)SF_MIN(SF_MAX(1000.0f / us[0], 2.0f), 10.0f);
     us[0] = time_algo(g, &t, &c[0], &S, reps, s, &hard);
     n_ok = 1;
     for (int i = 1; i < n_c && !hard; i++) {
@@ -428,7 +430,8 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     }
     if (hard) goto done;
     {
-        /* the best three and the reference again, interleaved twice; each keeps its best mean */
+        /* the best three and the reference again, interleaved twice with twice the calls; each
+         * keeps the better of its two means */
         int top[4] = { 0, -1, -1, -1 }, nt = 1;
         for (int r = 0; r < 3; r++) {
             int b = -1;
@@ -439,18 +442,20 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
             }
             if (b >= 0) top[nt++] = b;
         }
+        float fin[4] = { INFINITY, INFINITY, INFINITY, INFINITY };
         for (int round = 0; round < 2 && !hard; round++)
             for (int j = 0; j < nt && !hard; j++) {
-                float u = time_algo(g, &t, &c[top[j]], &S, reps, s, &hard);
-                if (u < us[top[j]]) us[top[j]] = u;
+                float u = time_algo(g, &t, &c[top[j]], &S, 2 * reps, s, &hard);
+                if (u < fin[j]) fin[j] = u;
             }
         if (hard) goto done;
         int best = 0; /* the heuristic's first unless another is more than 2% faster (noise) */
         for (int j = 1; j < nt; j++)
-            if (us[top[j]] < 0.98f * us[0] && us[top[j]] < us[best]) best = top[j];
-        e.algo = c[best];
-        e.us = us[best];
-        e.heuristic_us = us[0];
+            if (fin[j] < 0.98f * fin[0] && fin[j] < fin[best]) best = j;
+        winner = top[best];
+        e.algo = c[winner];
+        e.us = fin[best];
+        e.heuristic_us = fin[0];
         e.n_candidates = n_ok;
     }
 done:
@@ -464,10 +469,11 @@ done:
     g->spent_s += e.tune_ms * 1e-3;
     g->tunes[g->n_tunes++] = e; /* a failed shape too (n_candidates = 0): not tried again here */
     if (e.n_candidates) {
-        SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx), %d of %d candidates "
-                "in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb, e.has_bias ? " +bias" : "",
-                e.acc ? " accumulate" : "", e.us, e.heuristic_us, e.heuristic_us / e.us, n_ok, n_c, e.tune_ms,
-                g->spent_s, g->budget_s);
+        SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx; candidate %d%s), %d of "
+                "%d candidates (%d split-K variants) in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb,
+                e.has_bias ? " +bias" : "", e.acc ? " accumulate" : "", e.us, e.heuristic_us, e.heuristic_us / e.us,
+                winner, winner >= n_c - n_split ? ", split-K variant" : "", n_ok, n_c, n_split, e.tune_ms, g->spent_s,
+                g->budget_s);
         cache_save(g);
     }
     return hard;

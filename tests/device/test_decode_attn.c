@@ -7,9 +7,9 @@
  * ||out - ref|| / ||ref|| <= 1e-2 per case with NaN never passing.
  *
  *   test_decode_attn           the checks (GPU host only)
- *   test_decode_attn --perf    also time both kernels on the batch and batch-1 shapes of
+ *   test_decode_attn --perf    instead, time both kernels on the batch and batch-1 shapes of
  *                              Llama-3-8B (32/8 heads of 128, block 16), bf16 and INT8, and print
- *                              each as a share of hal's measured HBM bandwidth */
+ *                              each as a share of hal's measured HBM bandwidth (no assertions) */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -283,14 +283,14 @@ TEST(decode_attention_vs_reference)
         { 1, 32, 8, 128, 16, 17, 17, 0, 1.0f },
         { 1, 32, 8, 128, 16, 8192, 8192, 0, 1.0f },
         { 1, 32, 8, 128, 16, 4096, 4096, 100, 1.0f },
-        { 4, 64, 8, 128, 16, 1, 8192, 50, 1.0f },
+        { 2, 64, 8, 128, 16, 1, 8192, 50, 1.0f },
         { 3, 28, 4, 128, 16, 100, 3000, 0, 3.0f },
         { 7, 28, 4, 128, 32, 1, 700, 50, 1.0f },
-        { 16, 32, 8, 128, 16, 1, 1500, 30, 2.0f },
+        { 16, 32, 8, 128, 16, 1, 1000, 30, 2.0f },
         { 64, 32, 8, 128, 16, 1, 300, 0, 1.0f },
-        { 64, 64, 8, 128, 16, 60, 200, 100, 1.0f },
-        { 256, 32, 8, 128, 16, 1, 260, 0, 1.0f },
-        { 256, 32, 8, 128, 16, 150, 200, 100, 1.0f },
+        { 32, 64, 8, 128, 16, 60, 200, 100, 1.0f },
+        { 256, 32, 8, 128, 16, 1, 130, 0, 1.0f },
+        { 256, 32, 8, 128, 16, 60, 100, 100, 1.0f },
         { 128, 28, 4, 128, 16, 1, 200, 50, 3.0f },
         { 9, 8, 2, 64, 16, 1, 900, 0, 1.0f },
         { 33, 8, 2, 64, 16, 1, 300, 50, 1.0f },
@@ -405,7 +405,7 @@ static void perf_all(void)
     if (cudaStreamCreate(&s)) return;
     printf("perf: decode attention, Llama-3-8B heads (32/8 x 128), block 16; %% of hal's HBM %.0f GB/s "
            "(bytes: K+V (+scales) + q + o)\n", hbm_gbs);
-    const int shapes[][2] = { { 256, 192 }, { 128, 1500 }, { 64, 4096 }, { 1, 512 }, { 1, 4096 } };
+    const int shapes[][2] = { { 256, 192 }, { 128, 1500 }, { 64, 4096 }, { 16, 1024 }, { 4, 4096 }, { 1, 512 }, { 1, 4096 } };
     for (int i8 = 0; i8 <= 1; i8++)
         for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_shape(shapes[i][0], shapes[i][1], i8, s);
     cudaStreamDestroy(s);
@@ -436,9 +436,12 @@ int main(int argc, char **argv)
     const sf_hw_info *hw = B->ops->hw(B);
     hbm_gbs = hw->mem_bw_gbs > 0 ? hw->mem_bw_gbs : 4000;
     sms = hw->n_cores > 0 ? hw->n_cores : 132;
-    RUN(decode_attention_refuses_bad_shapes);
-    RUN(decode_attention_vs_reference);
-    if (perf) perf_all();
+    if (perf) {
+        perf_all();
+    } else {
+        RUN(decode_attention_refuses_bad_shapes);
+        RUN(decode_attention_vs_reference);
+    }
     B->ops->destroy(B);
     return test_summary();
 #else
