@@ -23,6 +23,7 @@
 #define TARGET_MEMORY_S 10.0 /* a latency target shapes steps this long after the last request that had it */
 #define FLOOR_MARGIN 0.8    /* floors shape steps to this share of 1000 / min_tps: the model's error and
                              * the prefill of higher classes (never held back) stay inside the floor */
+#define DIP_BRIDGE_S 0.5    /* the degrade watch bridges a dip back across its threshold this short */
 #define HI_MEMORY_S 3.0     /* the high class's peaks (seats, KV) decay with this time constant */
 #define HI_MARGIN 1.25      /* seats and KV kept for the high class: this much over its recent peak */
 
@@ -247,10 +248,13 @@ void sf_policy_update(sf_sched *s)
     if (!(s->cfg.degrade_high > 0)) return;
     double u = s->kv_demand;
     int past = s->degraded ? u < s->cfg.degrade_low : u > s->cfg.degrade_high;
-    if (!past) {
-        s->deg_since = -1;
+    if (!past) { /* a dip of a few steps (a long request finishing, the refused head let in) is bridged */
+        if (s->deg_since >= 0 && s->deg_dip_since < 0) s->deg_dip_since = s->now;
+        if (s->deg_since >= 0 && s->now - s->deg_dip_since <= DIP_BRIDGE_S) return;
+        s->deg_since = s->deg_dip_since = -1;
         return;
     }
+    s->deg_dip_since = -1;
     if (s->deg_since < 0) s->deg_since = s->now;
     if (s->now - s->deg_since < s->cfg.degrade_hold_s) return;
     s->deg_since = -1;

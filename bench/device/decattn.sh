@@ -21,9 +21,9 @@ T0=$(date +%s)
 el() { echo $(( $(date +%s) - T0 )); }
 
 # 1. kernel timings, then correctness (separate processes: a fault in one leaves the other)
-timeout 7 build/tests/device/test_decode_attn --perf >"$OUT/test_decode_attn_perf.log" 2>&1
+timeout 6 build/tests/device/test_decode_attn --perf >"$OUT/test_decode_attn_perf.log" 2>&1
 echo "decattn: test_decode_attn --perf rc=$? at $(el) s"
-timeout 11 build/tests/device/test_decode_attn >"$OUT/test_decode_attn.log" 2>&1
+timeout 12 build/tests/device/test_decode_attn >"$OUT/test_decode_attn.log" 2>&1
 echo "decattn: test_decode_attn rc=$? at $(el) s"
 
 # 2. whole decode steps at the batch shapes (each run ~7-10 s: weights, batch-1 pass, 8 steps)

@@ -343,6 +343,33 @@ TEST(one_low_swap_in_per_step_beside_realtime)
     world_free(&w);
 }
 
+/* The hold is "stays above": a dip under the threshold for a few steps (under 0.5 s) does not
+ * restart it, a longer one does. */
+TEST(degrade_hold_bridges_short_dips)
+{
+    for (int longdip = 0; longdip < 2; longdip++) {
+        world w;
+        sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8, .degrade_high = 0.92f,
+                              .degrade_low = 0.80f, .degrade_hold_s = 5.0, .relax_ms = 2000 };
+        REQUIRE(world_init(&w, 100, 8, 4096, &c) == 0, "init");
+        sf_seq *a = add(&w, SF_URGENCY_LOW, 95 * 16 - 4, 0, 0, 0);
+        step_at(&w, 0.0);
+        step_at(&w, 0.1); /* above from here */
+        step_at(&w, 2.0);
+        sf_sched_remove(&w.s, a);
+        step_at(&w, 2.1); /* the dip starts */
+        double back = longdip ? 3.1 : 2.3;
+        add(&w, SF_URGENCY_LOW, 95 * 16 - 4, 0, 0, back);
+        step_at(&w, back);
+        step_at(&w, back + 0.05);
+        step_at(&w, 5.2);
+        CHECK_MSG(w.s.degraded == !longdip, "%s dip: degraded %d at 5.2 s", longdip ? "1.0 s" : "0.2 s", w.s.degraded);
+        step_at(&w, back + 5.1);
+        CHECK_MSG(w.s.degraded, "%s dip: degraded 5 s after demand came back", longdip ? "1.0 s" : "0.2 s");
+        world_free(&w);
+    }
+}
+
 TEST(bad_policy_config)
 {
     sf_kv_pool pool;
@@ -450,6 +477,7 @@ int main(void)
     RUN(floor_protected_from_preemption);
     RUN(degrade_transitions);
     RUN(degrade_reads_demand);
+    RUN(degrade_hold_bridges_short_dips);
     RUN(high_keeps_seat_headroom);
     RUN(floor_admitted_only_if_it_can_finish);
     RUN(one_low_swap_in_per_step_beside_realtime);
