@@ -78,6 +78,11 @@ if [ -x "$GT" ]; then # the four GEMVs without attention, each alone and chained
     step layer-ahead2 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2AHEAD=2 "$GT" --perf
     step layer-pf24 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 "$GT" --perf
     step layer-deep 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF_DEEP=1 "$GT" --perf
+    # why a GEMV is below the bytes: ncu on the chain's first QKV, O, gate/up and down (each
+    # replayed alone by ncu, so without the PDL overlap)
+    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
+    [ -n "$NCU" ] && step ncu-layer 14 "$NCU" --clock-control none -k regex:k_gemv_fused --launch-count 4 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats "$GT" --perf
 fi
 # each decode run costs ~5 s (model init): the default, the options not yet measured, then the
 # rest of the record as the budget allows (earlier calls: docs/PERFORMANCE.md)
