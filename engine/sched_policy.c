@@ -23,6 +23,7 @@
 #define TARGET_MEMORY_S 10.0 /* a latency target shapes steps this long after the last request that had it */
 #define FLOOR_MARGIN 0.8    /* floors shape steps to this share of 1000 / min_tps: the model's error and
                              * the prefill of higher classes (never held back) stay inside the floor */
+#define DIP_BRIDGE_S 0.5    /* the degrade watch bridges a dip back across its threshold this short */
 #define HI_MEMORY_S 3.0     /* the high class's peaks (seats, KV) decay with this time constant */
 #define HI_MARGIN 1.25      /* seats and KV kept for the high class: this much over its recent peak */
 
@@ -68,6 +69,15 @@ static int tokens_within(const sf_sched *s, double ms)
 
 /* ---- step shaping ----------------------------------------------------------------------- */
 
+/* A high-urgency sequence waits, or runs with prompt tokens still to compute. */
+static int high_prefill_pending(const sf_sched *s)
+{
+    if (s->n_waiting[SF_URGENCY_HIGH] > 0) return 1;
+    for (const sf_seq *q = s->running.next; q != &s->running && q->urgency >= SF_URGENCY_HIGH; q = q->next)
+        if (q->n_tokens - q->n_computed > 1) return 1;
+    return 0;
+}
+
 void sf_policy_caps(sf_sched *s, int n_decode)
 {
     s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
@@ -95,6 +105,10 @@ void sf_policy_caps(sf_sched *s, int n_decode)
         if (n != INT_MAX) s->cap_low = SF_MAX(min_chunk, n - n_decode);
     }
     s->cap_low = SF_MIN(s->cap_low, s->cap_tokens);
+    /* High-urgency prompts in this step (waiting, or a running one not yet prefilled): lower-class
+     * prefill keeps to one small chunk, so the step that brings realtime its first token is not
+     * stretched by batch prompts (their floors are about decode, which is not held back). */
+    if (t_rt < INFINITY && high_prefill_pending(s)) s->cap_low = SF_MIN(s->cap_low, min_chunk);
     if (s->cap_tokens < s->budget_left) s->budget_left = s->cap_tokens;
     s->low_budget_left = s->cap_low;
 }
@@ -247,10 +261,13 @@ void sf_policy_update(sf_sched *s)
     if (!(s->cfg.degrade_high > 0)) return;
     double u = s->kv_demand;
     int past = s->degraded ? u < s->cfg.degrade_low : u > s->cfg.degrade_high;
-    if (!past) {
-        s->deg_since = -1;
+    if (!past) { /* a dip of a few steps (a long request finishing, the refused head let in) is bridged */
+        if (s->deg_since >= 0 && s->deg_dip_since < 0) s->deg_dip_since = s->now;
+        if (s->deg_since >= 0 && s->now - s->deg_dip_since <= DIP_BRIDGE_S) return;
+        s->deg_since = s->deg_dip_since = -1;
         return;
     }
+    s->deg_dip_since = -1;
     if (s->deg_since < 0) s->deg_since = s->now;
     if (s->now - s->deg_since < s->cfg.degrade_hold_s) return;
     s->deg_since = -1;

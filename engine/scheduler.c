@@ -128,7 +128,7 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
         return sf_err_wrap(err, "scheduler: swap space of %d blocks", c->swap_blocks);
     s->cfg = *c;
     s->pool = pool;
-    s->deg_since = -1;
+    s->deg_since = s->deg_dip_since = -1;
     s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
     s->reserve_units = 2 * (int)((double)pool->n_blocks * c->kv_high_reserve);
     list_init(&s->running);

@@ -166,7 +166,8 @@ typedef struct sf_sched {
     int cap_tokens, cap_low;  /* the caps of the last plan (INT_MAX: none), for traces and tests */
     double rt_seen_ms, rt_seen_at; /* tightest latency budget (ms) seen lately, and when */
     int degraded;
-    double deg_since;         /* since when usage is past the threshold being watched; < 0: not */
+    double deg_since;         /* since when demand is past the threshold being watched; < 0: not */
+    double deg_dip_since;     /* since when it is back across it, in a stretch (bridged up to 0.5 s); < 0: not */
     uint64_t decisions[SF_DECISION_COUNT];
     /* KV demand and the high class's headroom (sched_policy.c), refreshed at the start of a plan */
     int n_running_u[3]; /* running sequences per class (kept live) */

@@ -159,12 +159,14 @@ size_t sf_ar_custom_cap(const sf_ar_custom *a) { return a ? a->buf_bytes : 0; }
 size_t sf_ar_custom_ll_cap(const sf_ar_custom *a) { return a ? a->ll_bytes : 0; }
 const char *sf_ar_custom_gpus(const sf_ar_custom *a) { return a ? a->gpus : ""; }
 
-int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, int ll, void *stream, sf_error *err)
+int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err)
 {
+    int ll = kernel == SF_AR_LL;
     size_t cap = ll ? a->ll_bytes : a->buf_bytes;
     if ((size_t)n * 2 > cap || ((uintptr_t)data & 15))
-        return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce%s of %lld values at %p: more than %zu bytes or "
-                      "not 16-byte aligned", a->rank, ll ? " (LL)" : "", (long long)n, data, cap);
+        return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce (%s) of %lld values at %p: more than %zu bytes "
+                      "or not 16-byte aligned", a->rank, ll ? "LL" : kernel == SF_AR_PUSH ? "push" : "one-shot",
+                      (long long)n, data, cap);
     sf_k_ar k;
     memset(&k, 0, sizeof k);
     for (int i = 0; i < a->size; i++) k.region[i] = a->region[i];
@@ -178,6 +180,8 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, int ll, void *strea
     k.ll = ll;
     k.ll_off = SF_AR_SIG_BYTES + 2 * a->buf_bytes;
     k.ll_bytes = a->ll_bytes;
+    k.push = kernel == SF_AR_PUSH;
+    k.push_off = k.ll_off + 2 * (size_t)a->size * 2 * a->ll_bytes;
     int e = sf_k_allreduce(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce of %lld values: launch: %s", a->rank, (long long)n,
@@ -202,7 +206,7 @@ void sf_ar_custom_free(sf_ar_custom *a) { (void)a; }
 size_t sf_ar_custom_cap(const sf_ar_custom *a) { return 0; }
 size_t sf_ar_custom_ll_cap(const sf_ar_custom *a) { return 0; }
 const char *sf_ar_custom_gpus(const sf_ar_custom *a) { return ""; }
-int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, int ll, void *stream, sf_error *err)
+int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err)
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }

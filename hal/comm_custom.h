@@ -29,10 +29,12 @@ size_t sf_ar_custom_ll_cap(const sf_ar_custom *a);
 #define SF_AR_LL_BYTES ((size_t)512 << 10) /* the LL variant's largest message */
 /* Every rank's GPU bus id joined by '-' (for the crossover cache key). */
 const char *sf_ar_custom_gpus(const sf_ar_custom *a);
+/* The kernels (kernels/cuda/allreduce.h). */
+typedef enum sf_ar_kernel { SF_AR_ONESHOT = 0, SF_AR_LL = 1, SF_AR_PUSH = 2 } sf_ar_kernel;
 /* Queues the all-reduce of n bf16 values at data (16-byte aligned, n * 2 <= cap, or <= the LL
- * cap with ll = 1) on stream: the one-shot kernel, or its LL variant. Every rank must pass the
- * same ll for a call. Returns SF_OK or an error with the rank in the message. */
-int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, int ll, void *stream, sf_error *err);
+ * cap for SF_AR_LL) on stream with that kernel. Every rank must pass the same kernel for a
+ * call. Returns SF_OK or an error with the rank in the message. */
+int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err);
 /* 0, or 1 + the rank a kernel gave up waiting for (its timeout passed). */
 int sf_ar_custom_failed(const sf_ar_custom *a);
 

@@ -3,10 +3,10 @@
 # gives it 130).
 #
 # Runs from the repo root with a prebuilt build/ and prints a summary table last:
-#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own one-shot and LL kernels;
+#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own one-shot, LL and push kernels;
 #   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
-#      time per step, and the batch-64 decode step rate; TP=2 and 70B with SEMFLOW_TP_LL=1 (the
-#      LL all-reduce where it measures faster than the one-shot kernel);
+#      time per step, and the batch-64 decode step rate; TP=2 and 70B with SEMFLOW_TP_LL=1 and
+#      SEMFLOW_TP_PUSH=1 (the LL and push all-reduces where they measure faster than one-shot);
 #   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
 #      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
 #      step graphs with the all-reduces inside are replayed — and TP=2 draws on rank 0's GPU
@@ -77,8 +77,8 @@ echo "tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --short 
 nvidia-smi topo -m 2>/dev/null | head -4
 
 run allreduce 10 20 "$BIN" bench allreduce --model demo --backend cuda --tensor-parallel-size 2 --hidden 8192 --steps 5
-for tp in 1 2; do # TP=2 with the LL all-reduce allowed where it measures faster (SEMFLOW_TP_LL=1)
-    SEMFLOW_TP_LL=1 run decode8b_tp$tp 15 $((25 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
+for tp in 1 2; do # TP=2 with the LL and push all-reduces allowed where they measure faster
+    SEMFLOW_TP_LL=1 SEMFLOW_TP_PUSH=1 run decode8b_tp$tp 15 $((25 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
         --backend cuda --tensor-parallel-size $tp --batch 64 --ctx 128 --chunk 128 --steps 16 --json
     cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
 done
@@ -89,7 +89,7 @@ for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 6
     cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
 done
 SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 45 build/tests/device/test_tp
-SEMFLOW_TP_LL=1 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
+SEMFLOW_TP_LL=1 SEMFLOW_TP_PUSH=1 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
 

@@ -11,6 +11,7 @@
  * Head sizes 64 and 128 take the register-resident variant below (k_attn_prefill_reg). */
 #include <mma.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -323,6 +324,9 @@ extern "C" int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->n_tiles <= 0) return 0;
     if (!sf_k_attention_prefill_ok(a->hd) || a->Hkv <= 0 || a->H % a->Hkv || !a->tiles) return (int)cudaErrorInvalidValue;
+    const char *path = getenv("SEMFLOW_ATTN_PREFILL");
+    if (path && (!strcmp(path, "fa2") || !strcmp(path, "fa2-128")) && sf_k_attention_prefill_fa2_ok(a))
+        return sf_k_attention_prefill_fa2(a, path[3] ? 128 : 0, s);
     if (a->hd == 128 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<8>(a, s);
     if (a->hd == 64 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<4>(a, s);
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */

@@ -175,9 +175,8 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     if (l2.nx_bytes > 0 && threadIdx.x < 2 && (threadIdx.x == 0 || l2.nx_seg2 > 0)) {
         const long long seg = l2.nx_seg2 > 0 ? l2.nx_bytes / 2 : l2.nx_bytes;
         const long long per = (seg / gridDim.x + 15) & ~15LL, off = per * blockIdx.x;
-        if (off < seg)
-            prefetch_l2(l2.nx + threadIdx.x * l2.nx_seg2 + off, (unsigned)min(per, (seg - off) & ~15LL),
-                        policy_evict_last());
+        const long long n = off < seg ? min(per, (seg - off) & ~15LL) : 0;
+        if (n > 0) prefetch_l2(l2.nx + threadIdx.x * l2.nx_seg2 + off, (unsigned)n, policy_evict_last());
     }
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
 
@@ -228,9 +227,8 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         const int next = c0 + FG_U * 32;
         if (next - lane >= k8) break;
         if (l2.ahead > 0 && lane < (TWO ? 2 : 1)) {
-            const int off = (next - lane) * 16 + l2.ahead * CHUNK;
-            if (off < k * 2)
-                prefetch_l2_plain((const char *)(lane ? wb : wa) + off, (unsigned)(min(CHUNK, k * 2 - off) & ~15));
+            const int off = (next - lane) * 16 + l2.ahead * CHUNK, n = min(CHUNK, k * 2 - off) & ~15;
+            if (n > 0) prefetch_l2_plain((const char *)(lane ? wb : wa) + off, (unsigned)n);
         }
 #pragma unroll
         for (int i = 0; i < FG_U; i++) {

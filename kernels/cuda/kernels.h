@@ -102,6 +102,13 @@ int sf_k_attention(const sf_k_attn *a, cudaStream_t s);
 /* The two paths (attention.cu, attention_prefill.cu). */
 int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s);
 int sf_k_attention_prefill_ok(int head_dim);
+/* The FlashAttention-2-style prefill kernel (attention_prefill_fa2.cu: mma.sync, cp.async from
+ * the paged cache): head_dim 64 or 128, scale > 0, a tile list. block_rows: query rows per block,
+ * 64 (16 per warp) or 128 (32 per warp: pairs of consecutive tiles of one sequence), 0 for the
+ * default. sf_k_attention_prefill takes it when _ok says so and SEMFLOW_ATTN_PREFILL is fa2
+ * (default rows) or fa2-128 (read at each launch); otherwise (or =wmma) the WMMA kernels. */
+int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cudaStream_t s);
+int sf_k_attention_prefill_fa2_ok(const sf_k_attn *a);
 #define SF_K_PREFILL_TILE 64
 
 /* ---- GEMM: y[n, m] = x[n, k] . W[m, k]^T (+ bias[m]) (gemm.cu, gemv.cu) --------------- */

@@ -12,7 +12,9 @@
  *   test_gemm            the checks (GPU host only; exit 77 without a GPU)
  *   test_gemm --perf     also the table: µs per call with the heuristic's first choice and with
  *                        the tuner's, against max(bytes / HBM, FLOPs / peak) from hal
- *   test_gemm --fresh    tune into a temporary cache instead of this GPU's cache */
+ *   test_gemm --fresh    tune into a temporary cache instead of this GPU's cache
+ *   test_gemm --pretune  only tune the Llama-3-8B shapes at every bucket (lm_head: up to 256
+ *                        rows) into this GPU's cache, as a deployment would once per GPU */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -38,7 +40,7 @@ static const shape SHAPES[] = {
 };
 static const int NS[] = { 128, 192, 256, 1500, 2048 };
 
-static int perf, fresh;
+static int perf, fresh, pretune;
 static cudaStream_t S;
 static sf_rng R;
 static sf_hw_info HW;
@@ -264,6 +266,26 @@ TEST(cache_distrusted)
     weight_free(&w);
 }
 
+/* Every bucket of every Llama-3-8B GEMM (the lm_head for up to 256 logit rows). */
+TEST(pretune)
+{
+    static const int buckets[] = { 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096 };
+    double t0 = sf_now_s();
+    int n_tuned = 0;
+    for (size_t s = 0; s <= SF_ARRAY_LEN(SHAPES); s++) {
+        int lm = s == SF_ARRAY_LEN(SHAPES), m = lm ? 128256 : SHAPES[s].m, k = lm ? 4096 : SHAPES[s].k;
+        int acc = lm ? 0 : SHAPES[s].acc;
+        for (size_t i = 0; i < SF_ARRAY_LEN(buckets) && (!lm || buckets[i] <= 256); i++) {
+            int rc = sf_k_gemm_prepare(G, NULL, buckets[i], m, k, k, m, acc, S);
+            CHECK_MSG(rc == 0, "m=%d k=%d n=%d: %s", m, k, buckets[i], sf_k_gemm_error_str(rc));
+            sf_k_gemm_tune_stat st;
+            n_tuned += sf_k_gemm_tune_info(G, buckets[i], m, k, 0, acc, &st) && st.n_candidates > 0;
+        }
+    }
+    printf("pretune: %d shapes x buckets decided in %.1f s (%.1f s of it tuning)\n", n_tuned, sf_now_s() - t0,
+           sf_k_gemm_tune_spent(G));
+}
+
 /* ---- perf --------------------------------------------------------------------------------- */
 /* Mean µs of one call over reps calls rotating over `copies` weights (each streamed from HBM). */
 static double time_calls(sf_k_gemm_ctx *g, const uint16_t *w, size_t w_elems, int copies, const uint16_t *x,
@@ -331,8 +353,9 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf")) perf = 1;
         else if (!strcmp(argv[i], "--fresh")) fresh = 1;
+        else if (!strcmp(argv[i], "--pretune")) pretune = 1;
         else {
-            fprintf(stderr, "usage: test_gemm [--perf] [--fresh]\n");
+            fprintf(stderr, "usage: test_gemm [--perf] [--fresh] [--pretune]\n");
             return 2;
         }
     }
@@ -358,6 +381,12 @@ int main(int argc, char **argv)
     if (cudaSetDevice(0) || cudaStreamCreateWithFlags(&S, cudaStreamNonBlocking) || !(G = ctx_with_cache(cache_path))) {
         printf("FAIL: setup: cannot make a stream and a GEMM context\n");
         return 1;
+    }
+    if (pretune) {
+        RUN(pretune);
+        sf_k_gemm_ctx_free(G);
+        cudaStreamDestroy(S);
+        return test_summary();
     }
     RUN(engine_shapes);
     RUN(odd_shapes);

@@ -271,6 +271,40 @@ static void perf_layer(void)
            "(%.1f MB per layer; L2HINT=%s L2PF=%s L2PF_DEEP=%s L2AHEAD=%s)\n",
            us, mb / us * 1e3, mb, env_or0("SEMFLOW_CUDA_L2HINT"), env_or0("SEMFLOW_CUDA_L2PF"),
            env_or0("SEMFLOW_CUDA_L2PF_DEEP"), env_or0("SEMFLOW_CUDA_L2AHEAD"));
+    /* block shapes (warps x loads per row in flight; 1xx: one row per warp) of each op, alone */
+    static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 }, { 4, 108 }, { 8, 108 }, { 4, 116 } };
+    const int vm[] = { qkv, d, 2 * ff, d }, vk[] = { d, d, d, ff }, vkind[] = { 0, 2, 1, 2 };
+    for (int op = 0; op < 4; op++) {
+        printf("perf: %-32s variants (warps x loads) us:", names[op]);
+        for (size_t v = 0; v < SF_ARRAY_LEN(var); v++) {
+            cudaGraph_t g = NULL;
+            cudaGraphExec_t ge = NULL;
+            int rc = 0;
+            if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) break;
+            for (int l = 0; l < L; l++) {
+                const uint16_t *w = op == 0 ? wq[l] : op == 1 ? wo[l] : op == 2 ? wgu[l] : wd[l];
+                rc |= sf_k_gemv_fused_tune(vkind[op], var[v][0], var[v][1], op == 3 ? act : h, nw, w, vm[op], vk[op],
+                                           op == 2 ? act : q, S);
+            }
+            cudaStreamEndCapture(S, &g);
+            float ms = 0;
+            if (!rc && g && !cudaGraphInstantiate(&ge, g, 0)) {
+                cudaGraphLaunch(ge, S);
+                cudaEventRecord(e0, S);
+                for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
+                cudaEventRecord(e1, S);
+                cudaEventSynchronize(e1);
+                cudaEventElapsedTime(&ms, e0, e1);
+                printf(" %dx%d %.1f", var[v][0], var[v][1], ms * 1000.0 / (REPS * L));
+            } else {
+                cudaGetLastError();
+                printf(" %dx%d -", var[v][0], var[v][1]);
+            }
+            if (ge) cudaGraphExecDestroy(ge);
+            if (g) cudaGraphDestroy(g);
+        }
+        printf("\n");
+    }
     cudaEventDestroy(e0); cudaEventDestroy(e1);
     for (int l = 0; l < L; l++) { cudaFree(wq[l]); cudaFree(wo[l]); cudaFree(wgu[l]); cudaFree(wd[l]); }
     cudaFree(x); cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(act);

@@ -289,9 +289,9 @@ TEST(tp_nccl_logits)
 
 TEST(tp_logits_each_path)
 {
-    static const char *paths[] = { "nccl", "oneshot", "ll" };
+    static const char *paths[] = { "nccl", "oneshot", "ll", "push" };
     const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
-    for (int i = 0; i < (q && !strcmp(q, "1") ? 0 : 3); i++) {
+    for (int i = 0; i < (q && !strcmp(q, "1") ? 0 : 4); i++) {
         char what[64];
         snprintf(what, sizeof what, "1b preset, %s all-reduce", paths[i]);
         setenv("SEMFLOW_TP_ALLREDUCE", paths[i], 1); /* inherited by the rank processes */
@@ -325,10 +325,10 @@ TEST(tp_all_reduce_paths)
                    c->custom_max_bytes);
             CHECK_MSG(c->custom_cap_bytes > 0, "TP=%d: no peer-memory path on this host (see the log)", size);
             static const sf_comm_path paths[] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL,
-                                                  SF_COMM_PATH_AUTO };
-            static const char *names[] = { "nccl", "one-shot", "LL", "auto" };
+                                                  SF_COMM_PATH_PUSH, SF_COMM_PATH_AUTO };
+            static const char *names[] = { "nccl", "one-shot", "LL", "push", "auto" };
             printf("      TP=%d: LL up to %zu bytes, picked up to %zu bytes\n", size, c->ll_cap_bytes, c->ll_max_bytes);
-            for (int p = 0; p < 4 && !rc; p++) {
+            for (int p = 0; p < 5 && !rc; p++) {
                 double worst = -1;
                 double t0 = sf_now_s();
                 rc = sf_tp_check_all_reduce(tp, 1 << 21, 300, paths[p], &worst, &err);
