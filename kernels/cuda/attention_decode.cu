@@ -325,25 +325,24 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
 }
 
 /* SEMFLOW_CUDA_DECODE_ATTN: "lanes" (this file's kernel), "mma" (attention_decode_mma.cu where it
- * applies), else auto; SEMFLOW_CUDA_DECODE_ATTN_STAGES: the mma kernel's ring depth (2, the
- * default: three blocks per SM; or 3: two).
- * Read once (the launch thread is the backend's only thread). */
-static int dec_mode(int *stages)
+ * applies), else auto; SEMFLOW_CUDA_DECODE_ATTN_CFG: the mma kernel's warps x 10 + ring depth
+ * (kernels.h; 42 by default). Read once (the launch thread is the backend's only thread). */
+static int dec_mode(int *cfg)
 {
-    static int mode = -1, ns = 2;
+    static int mode = -1, c = 42;
     if (mode < 0) {
-        const char *e = getenv("SEMFLOW_CUDA_DECODE_ATTN"), *st = getenv("SEMFLOW_CUDA_DECODE_ATTN_STAGES");
+        const char *e = getenv("SEMFLOW_CUDA_DECODE_ATTN"), *st = getenv("SEMFLOW_CUDA_DECODE_ATTN_CFG");
         mode = e && !strcmp(e, "lanes") ? 1 : e && !strcmp(e, "mma") ? 2 : 0;
-        ns = st && atoi(st) == 3 ? 3 : 2;
+        if (st) c = atoi(st);
     }
-    *stages = ns;
+    *cfg = c;
     return mode;
 }
 
 /* Whether the batch (tensor-core) path takes this step: forced by the mode, else auto. */
-static bool use_mma(const sf_k_attn *a, int *stages)
+static bool use_mma(const sf_k_attn *a, int *cfg)
 {
-    const int mode = dec_mode(stages);
+    const int mode = dec_mode(cfg);
     if (mode == 1 || !sf_k_attention_decode_mma_ok(a)) return false;
     if (mode == 2) return true;
     /* auto: batches take the tensor-core kernel (test_decode_attn --perf on the H200: 63% of HBM
@@ -355,8 +354,8 @@ static bool use_mma(const sf_k_attn *a, int *stages)
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->T <= 0) return 0;
-    int stages;
-    if (use_mma(a, &stages)) return sf_k_attention_decode_mma(a, stages, s);
+    int cfg;
+    if (use_mma(a, &cfg)) return sf_k_attention_decode_mma(a, cfg, s);
     if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
     const int G = a->H / a->Hkv;
     if (a->hd == 128) return G <= 4 ? launch<128, 4>(a, s) : launch<128, 8>(a, s);

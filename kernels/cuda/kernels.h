@@ -210,11 +210,12 @@ int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, in
 #define SF_K_ATTN_DECODE_MAX_GROUP 8
 int sf_k_attention_decode_ok(const sf_k_attn *a);
 int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
-/* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of `stages` (2 or 3)
- * 64-key tiles, bf16 and INT8 blocks (block size a multiple of 16). sf_k_attention_decode
- * chooses it by shape (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
+/* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of 16-key-per-warp
+ * tiles, bf16 and INT8 blocks (block size a power of 2, >= 16). cfg = warps per block x 10 + ring
+ * depth: 42 (the default; 0 means it), 43, 23, 24. sf_k_attention_decode chooses it by shape
+ * (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
 int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
-int sf_k_attention_decode_mma(const sf_k_attn *a, int stages, cudaStream_t s);
+int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
 
 /* ---- sampling (sample.cu) --------------------------------------------------------------- */
 /* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */
