@@ -508,6 +508,36 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
     return rc ? rc : sf_launch_status();
 }
 
+/* Blocks of one configuration resident per SM (the occupancy calculator, after the attributes
+ * launch() sets), 0 on error. */
+template <int HD, bool I8, int NW, int NS>
+static int per_sm(void)
+{
+    using Lo = dm_layout<HD, I8, NW>;
+    const size_t smem = (size_t)NS * Lo::STB;
+    int n = 0;
+    if (cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ||
+        cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             (int)cudaSharedmemCarveoutMaxShared) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_dec_mma<HD, I8, NW, NS>, Lo::NT, smem)) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg)
+{
+    if (hd == 64) return int8 ? per_sm<64, true, 4, 2>() : per_sm<64, false, 4, 2>();
+    if (hd != 128) return 0;
+    switch (cfg) {
+    case 43: return int8 ? per_sm<128, true, 4, 3>() : per_sm<128, false, 4, 3>();
+    case 23: return int8 ? per_sm<128, true, 2, 3>() : per_sm<128, false, 2, 3>();
+    case 24: return int8 ? per_sm<128, true, 2, 4>() : per_sm<128, false, 2, 4>();
+    default: return int8 ? per_sm<128, true, 4, 2>() : per_sm<128, false, 4, 2>();
+    }
+}
+
 /* cfg: warps per block x 10 + ring depth (kernels.h); head size 64 has the default only */
 template <int HD, bool I8>
 static int launch_cfg(const sf_k_attn *a, int cfg, cudaStream_t s)

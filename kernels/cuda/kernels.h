@@ -216,6 +216,13 @@ int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
  * (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
 int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
 int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
+/* Blocks of that kernel (head size, INT8 instance, cfg) resident per SM on the current device. */
+int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg);
+/* The key split the decode dispatcher wants for a decode step of T tokens (contexts up to
+ * max_ctx) on `sms` SMs, for the kernel sf_k_attention_decode will pick (kernel 0), or for the
+ * lanes (1) or mma (2) kernel; int8: the step has INT8 blocks. 1..64. Host only; cheap after its
+ * first call. */
+int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel);
 
 /* ---- sampling (sample.cu) --------------------------------------------------------------- */
 /* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */

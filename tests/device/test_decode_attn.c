@@ -260,7 +260,6 @@ static void check_case(const dcase *c)
     if (ok_up) {
         for (size_t si = 0; si < SF_ARRAY_LEN(splits); si++) {
             int ns = splits[si];
-            if (ns > 1 && c->T > 64) continue; /* batches run unsplit */
             sf_k_attn a = make_attn(c, &x, &d, ns);
             int lanes_ok = sf_k_attention_decode_ok(&a), mma_ok = sf_k_attention_decode_mma_ok(&a);
             CHECK_MSG(mma_ok, "mma kernel refuses H=%d Hkv=%d hd=%d bs=%d split=%d", c->H, c->Hkv, c->hd, c->bs, ns);
@@ -324,18 +323,10 @@ TEST(decode_attention_refuses_bad_shapes)
 }
 
 /* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
+/* The split the backend would pick for this kernel (path 0: lanes; else mma). */
 static int split_for(int T, int Hkv, int ctx, int path)
 {
-    int work = T * Hkv;
-    if (work >= sms || ctx <= 64) return 1;
-    if (path == 0) { /* hal_cuda.c's choice for the lanes kernel */
-        int per_sm = (sms + work - 1) / work, by_keys = (ctx + 127) / 128;
-        int ns = SF_MIN((ctx + 63) / 64, SF_MAX(per_sm, by_keys));
-        return SF_MAX(1, SF_MIN(ns, 64));
-    }
-    /* mma: 64-key tiles; about 2 blocks per SM, at least 2 tiles each */
-    int ns = SF_MIN((ctx + 127) / 128, (2 * sms + work - 1) / work);
-    return SF_MAX(1, SF_MIN(ns, 64));
+    return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, 0, sms, path ? 2 : 1);
 }
 
 static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
@@ -371,6 +362,12 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
     cudaMemcpy(meta, host, nmeta * 4, cudaMemcpyHostToDevice);
     double bytes = (double)T * ctx * Hkv * hd * 2 * (i8 ? 1 : 2) + (i8 ? (double)T * ctx * Hkv * 8 : 0) +
                    (double)T * H * hd * 2 * 2;
+    if (T == 256 && ctx == 192) { /* once per kind: what each configuration fits per SM */
+        printf("perf: %s blocks per SM:", i8 ? "int8" : "bf16");
+        for (size_t k = 0; k < SF_ARRAY_LEN(CFGS); k++)
+            printf(" mma%d %d", CFGS[k], sf_k_attention_decode_mma_per_sm(hd, i8, CFGS[k]));
+        printf("\n");
+    }
     printf("perf: T=%3d ctx=%4d %-4s %7.1f MB |", T, ctx, i8 ? "int8" : "bf16", bytes / 1e6);
     /* paths: 0 lanes, then the mma configurations */
     for (int path = 0; path <= (int)SF_ARRAY_LEN(CFGS); path++) {
