@@ -400,6 +400,7 @@ extern "C" int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const ui
     if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1 || next_bytes < 0 || next_seg2 < 0 || next_seg2 % 16 ||
         (uintptr_t)next % 16 || (next_bytes && !next))
         return (int)cudaErrorInvalidValue;
+    if (!next_bytes && sf_k_gemv_ring_enabled()) return sf_k_gemv_ring_add(x, w, bias, m, k, y, s);
     fg_rope rp = {};
     return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s, fg_next{ next, next_bytes, next_seg2 });
 }
