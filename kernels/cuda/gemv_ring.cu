@@ -8,7 +8,8 @@
  * itself, so cp.async.wait_group is the only synchronisation. Launched as a programmatic
  * dependent (common.cuh): the first RING_ST - 1 stages are issued before the wait. Rounding is
  * that of gemv_fused.cu's add mode (the product rounded to bf16, then added). Opt-in:
- * SEMFLOW_CUDA_GEMV_RING=1 (read once). */
+ * SEMFLOW_CUDA_GEMV_RING=1 (read once), which also switches gemv_fused.cu's norm, glu and rope
+ * launches to their ring mode. */
 #include "common.cuh"
 
 #define RING_WARPS 4
