@@ -458,6 +458,10 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
     if (!attr_set) {
         cudaError_t e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
+        /* all of L1 as shared memory: the blocks per SM are what keeps the ring's bytes in flight */
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     (int)cudaSharedmemCarveoutMaxShared);
         if (e != cudaSuccess) return (int)e;
         attr_set = true;
     }
