@@ -117,11 +117,12 @@ static int kcheck(int rc, const char *what)
 }
 
 /* ---- rmsnorm (+ residual add) ----------------------------------------------------------- */
-static void rmsnorm_case(int n, int d, int with_add, int in_place, int64_t pad)
+/* variant: NULL for sf_k_rmsnorm, else {vpt, prefetch_w, rows_per_block} of sf_k_rmsnorm_tune */
+static void rmsnorm_case_v(int n, int d, int with_add, int in_place, int64_t pad, const int *variant)
 {
-    char what[96];
-    snprintf(what, sizeof what, "rmsnorm n=%d d=%d add=%d in_place=%d ld=+%lld", n, d, with_add, in_place,
-             (long long)pad);
+    char what[128];
+    snprintf(what, sizeof what, "rmsnorm n=%d d=%d add=%d in_place=%d ld=+%lld variant=%d/%d/%d", n, d, with_add,
+             in_place, (long long)pad, variant ? variant[0] : 0, variant ? variant[1] : 0, variant ? variant[2] : 0);
     const int64_t ld = d + pad;
     float *x = rand_vals((int64_t)n * d, 1.0f), *a = rand_vals((int64_t)n * d, 0.5f), *w = rand_vals(d, 1.0f);
     uint16_t *dx = upload(x, n, d, ld), *da = upload(a, n, d, ld), *dw = upload(w, 1, d, d);
@@ -133,7 +134,11 @@ static void rmsnorm_case(int n, int d, int with_add, int in_place, int64_t pad)
         for (int64_t i = 0; i < (int64_t)n * d; i++) x[i] = bfr(x[i] + a[i]);
     sf_cpu_rmsnorm ref = { .x = x, .add = NULL, .w = w, .out = out, .n = n, .d = d, .eps = 1e-5f };
     sf_cpu_rmsnorm_task(&ref, 0, 1);
-    if (!kcheck(sf_k_rmsnorm(dx, ld, with_add ? da : NULL, ld, dw, 1e-5f, n, d, dout, ld, NULL), what)) goto cleanup;
+    const uint16_t *dadd = with_add ? da : NULL;
+    int rc = variant ? sf_k_rmsnorm_tune(variant[0], variant[1], variant[2], dx, ld, dadd, ld, dw, 1e-5f, n, d, dout,
+                                         ld, NULL)
+                     : sf_k_rmsnorm(dx, ld, dadd, ld, dw, 1e-5f, n, d, dout, ld, NULL);
+    if (!kcheck(rc, what)) goto cleanup;
     float *got = download(dout, n, d, ld);
     close_enough(what, got, out, (int64_t)n * d, 0);
     free(got);
@@ -150,8 +155,22 @@ cleanup:
     free(x); free(a); free(w); free(out);
 }
 
+static void rmsnorm_case(int n, int d, int with_add, int in_place, int64_t pad)
+{
+    rmsnorm_case_v(n, d, with_add, in_place, pad, NULL);
+}
+
+/* The variants --perf times (sf_k_rmsnorm_tune at d = 4096). */
+static const int RN_VARIANTS[][3] = { { 2, 0, 1 }, { 2, 1, 1 }, { 1, 0, 1 }, { 1, 1, 1 }, { 4, 0, 1 },
+                                      { 2, 0, 2 }, { 1, 0, 2 }, { 1, 1, 2 } };
+#define N_RN_VARIANTS (int)(sizeof RN_VARIANTS / sizeof RN_VARIANTS[0])
+
 TEST(rmsnorm)
 {
+    for (int v = 0; v < N_RN_VARIANTS; v++) {
+        rmsnorm_case_v(7, 4096, 1, 0, 0, RN_VARIANTS[v]);  /* odd n: a block's second row missing */
+        rmsnorm_case_v(256, 4096, 0, 1, 8, RN_VARIANTS[v]);
+    }
     for (int i = 0; i < N_NS; i++) rmsnorm_case(NS[i], 4096, 1, 0, 0);
     for (int i = 0; i < N_NS; i += 2) {
         rmsnorm_case(NS[i], 3584, 1, 0, 0);
@@ -270,11 +289,11 @@ typedef struct rope_shape {
 /* T tokens of up to 3 sequences at positions p0 + i (p0 > 0 random), slots through a random
  * block table (block size 16) over a pool of bf16 blocks (and INT8 units when sh.int8);
  * every 37th token has slot -1 (not written). */
-static void rope_case(int T, rope_shape sh)
+static void rope_case_v(int T, rope_shape sh, int threads, int target)
 {
     char what[160];
-    snprintf(what, sizeof what, "rope_kv T=%d H=%d Hkv=%d hd=%d rot=%d %s%s", T, sh.H, sh.Hkv, sh.hd, sh.rot,
-             sh.interleaved ? "pairs" : "halves", sh.int8 ? " int8" : "");
+    snprintf(what, sizeof what, "rope_kv T=%d H=%d Hkv=%d hd=%d rot=%d %s%s variant=%d/%d", T, sh.H, sh.Hkv, sh.hd,
+             sh.rot, sh.interleaved ? "pairs" : "halves", sh.int8 ? " int8" : "", threads, target);
     const int H = sh.H, Hkv = sh.Hkv, hd = sh.hd, NH = H + 2 * Hkv, bs = 16, half = sh.rot / 2;
     const int64_t ld = (int64_t)NH * hd + 8; /* padded rows */
     const int nb = 2 * ((T + bs - 1) / bs + 4) + 8; /* bf16 blocks; INT8 units live in the top half */
@@ -322,8 +341,10 @@ static void rope_case(int T, rope_shape sh)
     cudaMemcpy(dslot, slot, (size_t)T * 4, cudaMemcpyHostToDevice);
     sf_k_kv kv = { .k = kc, .v = vc, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd, .k_scale = ksc,
                    .v_scale = vsc, .i8_base = sh.int8 ? nb : 0 };
-    if (!kcheck(sf_k_rope_kv(dqkv, ld, T, dpos, dslot, H, Hkv, hd, sh.rot, sh.interleaved, dinv, kv, NULL), what))
-        goto cleanup;
+    int rc = threads ? sf_k_rope_kv_tune(threads, target, dqkv, ld, T, dpos, dslot, H, Hkv, hd, sh.rot,
+                                         sh.interleaved, dinv, kv, NULL)
+                     : sf_k_rope_kv(dqkv, ld, T, dpos, dslot, H, Hkv, hd, sh.rot, sh.interleaved, dinv, kv, NULL);
+    if (!kcheck(rc, what)) goto cleanup;
     /* reference: the CPU rotation with angles in double, as kernels/cpu/rope_kv.c */
     float c[256], s_[256];
     for (int tt = 0; tt < T; tt++) {
@@ -392,6 +413,13 @@ cleanup:
     free(written);
 }
 
+static void rope_case(int T, rope_shape sh) { rope_case_v(T, sh, 0, 0); }
+
+/* The variants --perf times (sf_k_rope_kv_tune): threads per block, target blocks. */
+static const int RK_VARIANTS[][2] = { { 128, 512 }, { 64, 512 }, { 256, 512 }, { 128, 1024 }, { 64, 1024 },
+                                      { 128, 2048 }, { 64, 2048 }, { 256, 2048 } };
+#define N_RK_VARIANTS (int)(sizeof RK_VARIANTS / sizeof RK_VARIANTS[0])
+
 TEST(rope_kv)
 {
     const rope_shape llama3 = { 32, 8, 128, 128, 0, 0 }, qwen2 = { 28, 4, 128, 128, 0, 0 },
@@ -412,6 +440,10 @@ TEST(rope_kv)
     rope_case(1, l3_int8);
     rope_case(256, l3_int8);
     rope_case(64, gguf_int8);
+    for (int v = 0; v < N_RK_VARIANTS; v++) {
+        rope_case_v(7, llama3, RK_VARIANTS[v][0], RK_VARIANTS[v][1]);
+        rope_case_v(256, gguf_int8, RK_VARIANTS[v][0], RK_VARIANTS[v][1]);
+    }
 }
 
 /* ---- --perf --------------------------------------------------------------------------------- */
@@ -454,13 +486,19 @@ typedef struct perf_ctx {
     int32_t *idx, *pos, *slot;
     float *inv;
     sf_k_kv kv;
+    const int *variant; /* tune runs: RN_VARIANTS / RK_VARIANTS row, NULL: the dispatcher */
+    int no_add;
 } perf_ctx;
 
 static int p_rmsnorm(int i, void *c_, cudaStream_t s)
 {
     perf_ctx *c = c_;
-    return sf_k_rmsnorm(c->in + i * c->in_elems, c->d, c->in2 + i * c->in_elems, c->d, c->w, 1e-5f, c->n, c->d,
-                        c->out + i * c->out_elems, c->d, s);
+    const uint16_t *a = c->no_add ? NULL : c->in2 + i * c->in_elems;
+    if (c->variant)
+        return sf_k_rmsnorm_tune(c->variant[0], c->variant[1], c->variant[2], c->in + i * c->in_elems, c->d, a, c->d,
+                                 c->w, 1e-5f, c->n, c->d, c->out + i * c->out_elems, c->d, s);
+    return sf_k_rmsnorm(c->in + i * c->in_elems, c->d, a, c->d, c->w, 1e-5f, c->n, c->d, c->out + i * c->out_elems,
+                        c->d, s);
 }
 static int p_silu(int i, void *c_, cudaStream_t s)
 {
@@ -480,6 +518,9 @@ static int p_embed(int i, void *c_, cudaStream_t s)
 static int p_rope(int i, void *c_, cudaStream_t s)
 {
     perf_ctx *c = c_;
+    if (c->variant)
+        return sf_k_rope_kv_tune(c->variant[0], c->variant[1], c->in + i * c->in_elems, 6144, c->n, c->pos,
+                                 c->slot + (int64_t)i * c->n, 32, 8, 128, 128, 0, c->inv, c->kv, s);
     return sf_k_rope_kv(c->in + i * c->in_elems, 6144, c->n, c->pos, c->slot + (int64_t)i * c->n, 32, 8, 128, 128, 0,
                         c->inv, c->kv, s);
 }
@@ -487,11 +528,11 @@ static int p_rope(int i, void *c_, cudaStream_t s)
 static void perf_row(const char *op, int n, double bytes, double us, double hbm)
 {
     if (us <= 0) {
-        printf("perf: %-9s n=%-5d failed to time\n", op, n);
+        printf("perf: %-13s n=%-5d failed to time\n", op, n);
         return;
     }
     double gbs = bytes / us / 1e3;
-    printf("perf: %-9s n=%-5d %9.2f us %8.1f GB/s %6.1f%% of HBM\n", op, n, us, gbs, hbm > 0 ? 100 * gbs / hbm : 0);
+    printf("perf: %-13s n=%-5d %9.2f us %8.1f GB/s %6.1f%% of HBM\n", op, n, us, gbs, hbm > 0 ? 100 * gbs / hbm : 0);
 }
 
 /* Llama-3-8B shapes: hidden 4096, FFN 14336, 32 q / 8 kv heads of 128, vocab 128256. */
@@ -522,6 +563,20 @@ static void run_perf(void)
             sf_k_fill_random(c.in2, ni * c.in_elems, 2, 0.01f, s);
             sf_k_fill_random(c.w, d, 3, 1.0f, s);
             perf_row("rmsnorm", n, b, time_op(p_rmsnorm, &c, ni, s), hbm);
+            c.no_add = 1; /* prefill's norms: the residual add is in the GEMM */
+            perf_row("rmsnorm-x", n, 2.0 * n * d * 2 + d * 2, time_op(p_rmsnorm, &c, ni, s), hbm);
+            for (int v = 0; n >= 256 && v < N_RN_VARIANTS; v++) {
+                char name[32];
+                c.variant = RN_VARIANTS[v];
+                for (int na = 0; na < 2; na++) {
+                    c.no_add = na;
+                    snprintf(name, sizeof name, "rn%s:%d/%d/%d", na ? "-x" : "", c.variant[0], c.variant[1],
+                             c.variant[2]);
+                    perf_row(name, n, (na ? 2.0 : 4.0) * n * d * 2 + d * 2, time_op(p_rmsnorm, &c, ni, s), hbm);
+                }
+            }
+            c.variant = NULL;
+            c.no_add = 0;
             /* add: reads y, a, writes y */
             perf_row("add", n, 3.0 * n * d * 2, time_op(p_add, &c, ni, s), hbm);
         }
@@ -571,6 +626,13 @@ static void run_perf(void)
             free(hp); free(hs);
             sf_k_fill_random(c.in, ni * c.in_elems, 5, 1.0f, s);
             perf_row("rope_kv", n, b, time_op(p_rope, &c, ni, s), hbm);
+            for (int v = 0; n >= 64 && v < N_RK_VARIANTS; v++) {
+                char name[32];
+                c.variant = RK_VARIANTS[v];
+                snprintf(name, sizeof name, "rk:%d/%d", c.variant[0], c.variant[1]);
+                perf_row(name, n, b, time_op(p_rope, &c, ni, s), hbm);
+            }
+            c.variant = NULL;
         }
         cudaFree(c.in); cudaFree(c.kv.k); cudaFree(c.kv.v); cudaFree(c.pos); cudaFree(c.slot); cudaFree(c.inv);
     }
