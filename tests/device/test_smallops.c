@@ -116,6 +116,18 @@ static int kcheck(int rc, const char *what)
     return rc == 0;
 }
 
+/* The launch's status (rc, then a synchronise), then rows x cols of the bf16 device matrix d
+ * (leading dimension ld) against ref under close_enough. 0 when the launch failed. */
+static int launched_close(int rc, const char *what, const uint16_t *d, int64_t rows, int64_t cols, int64_t ld,
+                          const float *ref, int exact)
+{
+    if (!kcheck(rc, what)) return 0;
+    float *got = download(d, rows, cols, ld);
+    close_enough(what, got, ref, rows * cols, exact);
+    free(got);
+    return 1;
+}
+
 /* ---- rmsnorm (+ residual add) ----------------------------------------------------------- */
 /* variant: NULL for sf_k_rmsnorm, else {vpt, prefetch_w, rows_per_block} of sf_k_rmsnorm_tune */
 static void rmsnorm_case_v(int n, int d, int with_add, int in_place, int64_t pad, const int *variant)
@@ -138,10 +150,7 @@ static void rmsnorm_case_v(int n, int d, int with_add, int in_place, int64_t pad
     int rc = variant ? sf_k_rmsnorm_tune(variant[0], variant[1], variant[2], dx, ld, dadd, ld, dw, 1e-5f, n, d, dout,
                                          ld, NULL)
                      : sf_k_rmsnorm(dx, ld, dadd, ld, dw, 1e-5f, n, d, dout, ld, NULL);
-    if (!kcheck(rc, what)) goto cleanup;
-    float *got = download(dout, n, d, ld);
-    close_enough(what, got, out, (int64_t)n * d, 0);
-    free(got);
+    if (!launched_close(rc, what, dout, n, d, ld, out, 0)) goto cleanup;
     if (with_add && !in_place) { /* the updated residual, exactly bf16(x + add) */
         float *gx = download(dx, n, d, ld);
         char w2[128];
@@ -196,10 +205,7 @@ static void silu_case(int n, int f, int64_t pad_out)
     if (!dgu || !dout) goto cleanup;
     sf_cpu_silu_mul ref = { .gu = gu, .out = out, .n = n, .f = f };
     sf_cpu_silu_mul_task(&ref, 0, 1);
-    if (!kcheck(sf_k_silu_mul(dgu, 2 * f, n, f, dout, ldo, NULL), what)) goto cleanup;
-    float *got = download(dout, n, f, ldo);
-    close_enough(what, got, out, (int64_t)n * f, 0);
-    free(got);
+    launched_close(sf_k_silu_mul(dgu, 2 * f, n, f, dout, ldo, NULL), what, dout, n, f, ldo, out, 0);
 cleanup:
     cudaFree(dgu); cudaFree(dout);
     free(gu); free(out);
@@ -224,10 +230,7 @@ static void add_case(int n, int d, int64_t pad)
     uint16_t *dy = upload(y, n, d, ld), *da = upload(a, n, d, ld);
     if (!dy || !da) goto cleanup;
     for (int64_t i = 0; i < (int64_t)n * d; i++) y[i] = bfr(y[i] + a[i]);
-    if (!kcheck(sf_k_add(dy, ld, da, ld, n, d, NULL), what)) goto cleanup;
-    float *got = download(dy, n, d, ld);
-    close_enough(what, got, y, (int64_t)n * d, 1);
-    free(got);
+    launched_close(sf_k_add(dy, ld, da, ld, n, d, NULL), what, dy, n, d, ld, y, 1);
 cleanup:
     cudaFree(dy); cudaFree(da);
     free(y); free(a);
@@ -255,20 +258,15 @@ static void embed_case(int T, int vocab, int d)
     uint16_t *demb = upload(emb, vocab, d, d), *dx = poisoned((int64_t)T * d), *dr = poisoned((int64_t)T * d);
     if (!demb || !dx || !dr || !did) goto cleanup;
     cudaMemcpy(did, ids, (size_t)T * 4, cudaMemcpyHostToDevice);
-    if (!kcheck(sf_k_embed(demb, vocab, d, did, T, dx, d, NULL), what)) goto cleanup;
-    float *got = download(dx, T, d, d);
-    close_enough(what, got, ref, (int64_t)T * d, 1);
-    free(got);
+    if (!launched_close(sf_k_embed(demb, vocab, d, did, T, dx, d, NULL), what, dx, T, d, d, ref, 1)) goto cleanup;
     /* get_rows: rows of the embedded matrix back in reverse order */
     for (int t = 0; t < T; t++) ids[t] = T - 1 - t;
     cudaMemcpy(did, ids, (size_t)T * 4, cudaMemcpyHostToDevice);
     snprintf(what, sizeof what, "get_rows n=%d d=%d", T, d);
-    if (!kcheck(sf_k_get_rows(dx, d, did, T, d, dr, d, NULL), what)) goto cleanup;
     float *back = malloc((size_t)T * d * sizeof *back);
     sf_cpu_get_rows(ref, d, ids, T, back);
-    got = download(dr, T, d, d);
-    close_enough(what, got, back, (int64_t)T * d, 1);
-    free(got); free(back);
+    launched_close(sf_k_get_rows(dx, d, did, T, d, dr, d, NULL), what, dr, T, d, d, back, 1);
+    free(back);
 cleanup:
     cudaFree(demb); cudaFree(dx); cudaFree(dr); cudaFree(did);
     free(emb); free(ref); free(ids);
