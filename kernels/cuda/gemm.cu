@@ -55,6 +55,7 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
     if (n_mallocs) (*n_mallocs)++;
     if (e != cudaSuccess) { cublasLtDestroy(g->lt); free(g); return (int)e; }
     for (int i = 0; i < PLAN_BUCKETS; i++) g->bucket[i] = -1;
+    g->n_mallocs = n_mallocs;
     *out = g;
     return 0;
 }
@@ -67,6 +68,7 @@ void sf_gemm_plan_release(plan *p)
     if (p->c) cublasLtMatrixLayoutDestroy(p->c);
     p->op = NULL;
     p->a = p->b = p->c = NULL;
+    sf_gemm_split_release(p);
 }
 
 extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
@@ -74,6 +76,7 @@ extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
     if (!g) return;
     for (int i = 0; i < g->n_plans; i++) sf_gemm_plan_release(&g->plans[i]);
     sf_gemm_tune_free(g);
+    cudaFree(g->split_ws);
     cudaFree(g->workspace);
     cublasLtDestroy(g->lt);
     free(g);
@@ -148,6 +151,16 @@ static void plan_settle(sf_k_gemm_ctx *g, plan *p)
         return;
     }
     if (t->n_candidates == 0) return; /* tuning failed for this shape: the heuristic stays */
+    if (t->split > 1) {
+        if (sf_gemm_split_ok(p->k, t->split) && !sf_gemm_split_make(g, p, t->split) && sf_gemm_split_check(g, p, &t->algo))
+            p->salgo = t->algo;
+        else {
+            sf_gemm_split_release(p);
+            SF_LOGD("gemm m=%d k=%d n=%d: the split-%d algorithm tuned at n=%d does not apply; heuristic's first",
+                    p->m, p->k, p->n, t->split, nb);
+        }
+        return;
+    }
     cublasLtMatmulHeuristicResult_t r;
     memset(&r, 0, sizeof r);
     if (cublasLtMatmulAlgoCheck(g->lt, p->op, p->a, p->b, p->c, p->c, &t->algo, &r) == CUBLAS_STATUS_SUCCESS &&
@@ -216,6 +229,7 @@ static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *
 {
     const float one = 1.0f, beta = p->acc ? 1.0f : 0.0f;
     cublasStatus_t st;
+    if (p->split > 1) return sf_gemm_split_run(g, p, &p->salgo, x, w, bias, y, p->ldy, s);
     if (p->has_bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
         if (st != CUBLAS_STATUS_SUCCESS) return LT_ERR(st);

@@ -8,6 +8,7 @@
 #include "common.cuh"
 
 #define LT_WORKSPACE (32u << 20)
+#define SPLIT_WS_BYTES ((size_t)64 << 20) /* fp32 partials of a split GEMM: split x n x m x 4 */
 #define LT_ERR(st) (10000 + (int)(st))
 
 /* One shape's cuBLASLt plan: y[n, m] (ld ldy) = x[n, k] (ld ldx) . W[m, k]^T (+ bias), plain
@@ -20,6 +21,11 @@ typedef struct plan {
     cublasLtMatmulAlgo_t algo;
     int lt_rc;  /* 0, or why cuBLASLt has no algorithm for this shape (GEMV in chunks of 8 then) */
     int choice; /* n <= 8: 0 not measured, 1 GEMV, 2 cuBLASLt */
+    int split;   /* > 1: run as `split` k-slices into fp32 partials plus a reduction (gemm_split.cu),
+                  * with sop/sa/sb/sc and salgo instead of op/a/b/c and algo */
+    cublasLtMatmulDesc_t sop;
+    cublasLtMatrixLayout_t sa, sb, sc;
+    cublasLtMatmulAlgo_t salgo;
     int settled; /* 1: algo is final (tuned, from the cache, or the heuristic's first when there is
                   * nothing to tune); 0: its n bucket waits for the tuner (first use outside a capture) */
     uint64_t used; /* the context's use clock at the last lookup (for eviction) */
@@ -29,6 +35,7 @@ typedef struct plan {
 /* The tuner's winner for one (m, k, bias, acc, n bucket); timed at n = nb. */
 typedef struct tune_entry {
     int m, k, has_bias, acc, nb;
+    int split; /* 0: algo is a plain cuBLASLt algorithm; > 1: algo is for the split batch */
     cublasLtMatmulAlgo_t algo;
     float us, heuristic_us, tune_ms; /* winner's and heuristic-first's time at nb; time spent tuning */
     int n_candidates, from_cache;
@@ -41,6 +48,9 @@ typedef struct tune_entry {
 struct sf_k_gemm_ctx {
     cublasLtHandle_t lt;
     void *workspace;
+    int *n_mallocs;      /* the owner's allocation counter (may be NULL) */
+    float *split_ws;     /* fp32 partials of split GEMMs (gemm_split.cu), split_bytes long */
+    size_t split_bytes;
     plan plans[MAX_PLANS];
     int n_plans;
     uint64_t clock;
@@ -70,5 +80,19 @@ tune_entry *sf_gemm_tune_find(sf_k_gemm_ctx *g, int m, int k, int has_bias, int 
  * device errors (0 otherwise). */
 int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s);
 void sf_gemm_tune_free(sf_k_gemm_ctx *g);
+
+/* Split along k (gemm_split.cu): whether k splits into `split` aligned slices; descriptors for
+ * p's shape split so (replacing p's split ones); up to max heuristic algorithms for them; whether
+ * algorithm a applies to p's split descriptors and the partials fit; the partials buffer made
+ * (once; outside captures only); one run (the batch, then the
+ * reduction into y, ld ldy). */
+int sf_gemm_split_ok(int k, int split);
+int sf_gemm_split_make(sf_k_gemm_ctx *g, plan *p, int split);
+void sf_gemm_split_release(plan *p);
+int sf_gemm_split_heuristic(sf_k_gemm_ctx *g, const plan *p, cublasLtMatmulAlgo_t *out, int max);
+int sf_gemm_split_check(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlgo_t *a);
+int sf_gemm_split_ws(sf_k_gemm_ctx *g);
+int sf_gemm_split_run(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlgo_t *a, const uint16_t *x,
+                      const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t ldy, cudaStream_t s);
 
 #endif

@@ -3,8 +3,9 @@
  * cuBLASLt's heuristic picks one algorithm per shape from a model of the GPU; at the engine's
  * decode-batch shapes (n = 128..256 rows against 4096-28672 x 4096-14336 weights) its first
  * choice runs at a third to a half of the bound. For each (m, k, bias, accumulate, n bucket) the
- * tuner asks the heuristic for up to 32 candidates, adds split-K variants of the first few, and
- * on scratch buffers of its own (so the caller's data is never touched):
+ * tuner asks the heuristic for up to 32 candidates, adds split-K variants of the first few and
+ * k-split batches (gemm_split.cu), and on scratch buffers of its own (so the caller's data is
+ * never touched):
  *   1. runs each candidate once into a NaN-poisoned output (zeroed for the accumulating flavour)
  *      and compares it with the heuristic's first choice; a candidate that differs anywhere by
  *      more than 3% of (1 + |ref|), or leaves a NaN, is dropped;
@@ -85,10 +86,10 @@ static void cache_save(sf_k_gemm_ctx *g)
         if (!t->n_candidates) continue; /* failed: try again in the next process */
         char hex[129];
         hex_algo(&t->algo, hex);
-        json_array_append_new(arr, json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:i}", "m", t->m, "k", t->k,
-                                             "bias", t->has_bias, "acc", t->acc, "n", t->nb, "algo", hex, "us",
-                                             (double)t->us, "heuristic_us", (double)t->heuristic_us, "candidates",
-                                             t->n_candidates));
+        json_array_append_new(arr, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:i}", "m", t->m, "k",
+                                             t->k, "bias", t->has_bias, "acc", t->acc, "n", t->nb, "split", t->split,
+                                             "algo", hex, "us", (double)t->us, "heuristic_us",
+                                             (double)t->heuristic_us, "candidates", t->n_candidates));
     }
     json_object_set_new(o, "entries", arr);
     char tmp[1100];
@@ -132,20 +133,23 @@ static void cache_load(sf_k_gemm_ctx *g)
     }
     for (size_t i = 0; i < json_array_size(arr) && g->n_tunes < MAX_TUNES; i++) {
         json_t *e = json_array_get(arr, i);
-        json_int_t m = 0, k = 0, bias = 0, acc = 0, nb = 0, nc = 0;
+        json_int_t m = 0, k = 0, bias = 0, acc = 0, nb = 0, nc = 0, split = 0;
         const char *hex = NULL;
         double us = 0, hus = 0;
         tune_entry t;
         memset(&t, 0, sizeof t);
-        if (json_unpack(e, "{s:I, s:I, s:I, s:I, s:I, s:s, s:F, s:F, s:I}", "m", &m, "k", &k, "bias", &bias, "acc",
-                        &acc, "n", &nb, "algo", &hex, "us", &us, "heuristic_us", &hus, "candidates", &nc) ||
+        if (json_unpack(e, "{s:I, s:I, s:I, s:I, s:I, s?I, s:s, s:F, s:F, s:I}", "m", &m, "k", &k, "bias", &bias,
+                        "acc", &acc, "n", &nb, "split", &split, "algo", &hex, "us", &us, "heuristic_us", &hus,
+                        "candidates", &nc) ||
             m <= 0 || k <= 0 || m > (1 << 24) || k > (1 << 24) || (bias | acc) & ~1 || sf_k_gemm_bucket((int)nb) != nb ||
             nc <= 0 || !(us > 0) || unhex_algo(hex, &t.algo) ||
+            (split != 0 && (split < 0 || split > 64 || !sf_gemm_split_ok((int)k, (int)split) ||
+                            (size_t)split * nb * m * 4 > SPLIT_WS_BYTES || sf_gemm_split_ws(g))) ||
             sf_gemm_tune_find(g, (int)m, (int)k, (int)bias, (int)acc, (int)nb)) {
             bad++;
             continue;
         }
-        t.m = (int)m; t.k = (int)k; t.has_bias = (int)bias; t.acc = (int)acc; t.nb = (int)nb;
+        t.m = (int)m; t.k = (int)k; t.has_bias = (int)bias; t.acc = (int)acc; t.nb = (int)nb; t.split = (int)split;
         t.us = (float)us; t.heuristic_us = (float)hus; t.n_candidates = (int)nc; t.from_cache = 1;
         g->tunes[g->n_tunes++] = t;
     }
@@ -217,9 +221,12 @@ typedef struct scratch {
     cudaEvent_t e0, e1;
 } scratch;
 
+/* One call of a candidate: t is the tuning plan, or one of its split plans (t->split > 1). */
 static int run_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t *a, const scratch *S, int copy,
                     cudaStream_t s)
 {
+    if (t->split > 1)
+        return sf_gemm_split_run(g, t, a, S->x, S->w + (size_t)copy * S->w_elems, S->bias, S->y, t->m, s);
     const float one = 1.0f, beta = t->acc ? 1.0f : 0.0f;
     cublasStatus_t st = cublasLtMatmul(g->lt, t->op, &one, S->w + (size_t)copy * S->w_elems, t->a, S->x, t->b, &beta,
                                        S->y, t->c, S->y, t->c, a, g->workspace, LT_WORKSPACE, s);
@@ -394,6 +401,10 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     t.n = nb; t.m = p->m; t.k = p->k; t.has_bias = p->has_bias; t.acc = p->acc; t.ldx = p->k; t.ldy = p->m;
     scratch S;
     memset(&S, 0, sizeof S);
+    plan ts[3]; /* the split variants' descriptors */
+    memset(ts, 0, sizeof ts);
+    const plan *cp[MAX_CAND]; /* each candidate's plan: &t or one of ts */
+    int n_plain = 0;
     cublasLtMatmulAlgo_t *c = (cublasLtMatmulAlgo_t *)calloc(MAX_CAND, sizeof *c);
     float *us = (float *)calloc(MAX_CAND, sizeof *us);
     if ((hard = (int)cudaStreamSynchronize(s))) goto done;
@@ -406,26 +417,44 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
         cublasLtMatmulDescSetAttribute(t.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &S.bias, sizeof S.bias) != CUBLAS_STATUS_SUCCESS)
         goto done;
     n_c = candidates(g, &t, c, &n_split);
+    for (int i = 0; i < n_c; i++) cp[i] = &t;
+    n_plain = n_c;
+    /* split along k into 2, 4, 8 slices where the slices stay aligned and the partials fit */
+    for (int j = 0; j < 3 && n_c < MAX_CAND; j++) {
+        static const int parts[3] = { 2, 4, 8 };
+        ts[j].n = nb; ts[j].m = t.m; ts[j].k = t.k; ts[j].has_bias = t.has_bias; ts[j].acc = t.acc;
+        ts[j].ldx = t.k; ts[j].ldy = t.m;
+        if (!sf_gemm_split_ok(t.k, parts[j]) || (size_t)parts[j] * nb * t.m * 4 > SPLIT_WS_BYTES ||
+            sf_gemm_split_ws(g) || sf_gemm_split_make(g, &ts[j], parts[j]))
+            continue;
+        cublasLtMatmulAlgo_t sa[4];
+        int ns = sf_gemm_split_heuristic(g, &ts[j], sa, 4);
+        for (int i = 0; i < ns && n_c < MAX_CAND; i++)
+            if (sf_gemm_split_check(g, &ts[j], &sa[i])) {
+                c[n_c] = sa[i];
+                cp[n_c++] = &ts[j];
+            }
+    }
     for (int i = 0; i < n_c; i++) us[i] = INFINITY; /* untimed (refused, wrong, over budget) */
     /* reference: the heuristic's first; its time sets the repetitions (about 1 ms of calls each,
      * 2 ms for the final comparison) */
-    if (check_algo(g, &t, &c[0], &S, 1, s, &hard) != 0) {
+    if (check_algo(g, cp[0], &c[0], &S, 1, s, &hard) != 0) {
         if (!hard) SF_LOGW("gemm tuner: m=%d k=%d n=%d: the heuristic's first algorithm failed or left NaNs; not tuned", t.m, t.k, nb);
         goto done;
     }
-    us[0] = time_algo(g, &t, &c[0], &S, 3, s, &hard);
+    us[0] = time_algo(g, cp[0], &c[0], &S, 3, s, &hard);
     if (hard || !(us[0] < INFINITY)) goto done;
     reps = (int)SF_MIN(SF_MAX(1000.0f / us[0], 2.0f), 10.0f);
-    us[0] = time_algo(g, &t, &c[0], &S, reps, s, &hard);
+    us[0] = time_algo(g, cp[0], &c[0], &S, reps, s, &hard);
     n_ok = 1;
     for (int i = 1; i < n_c && !hard; i++) {
         if (g->spent_s + (sf_now_s() - t0) > g->budget_s) break;
-        unsigned bad = check_algo(g, &t, &c[i], &S, 0, s, &hard);
+        unsigned bad = check_algo(g, cp[i], &c[i], &S, 0, s, &hard);
         if (bad) {
             if (bad != ~0u) SF_LOGD("gemm tuner: m=%d k=%d n=%d: candidate %d differs in %u outputs; dropped", t.m, t.k, nb, i, bad);
             continue;
         }
-        us[i] = time_algo(g, &t, &c[i], &S, reps, s, &hard);
+        us[i] = time_algo(g, cp[i], &c[i], &S, reps, s, &hard);
         n_ok += us[i] < INFINITY;
     }
     if (hard) goto done;
@@ -445,7 +474,7 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
         float fin[4] = { INFINITY, INFINITY, INFINITY, INFINITY };
         for (int round = 0; round < 2 && !hard; round++)
             for (int j = 0; j < nt && !hard; j++) {
-                float u = time_algo(g, &t, &c[top[j]], &S, 2 * reps, s, &hard);
+                float u = time_algo(g, cp[top[j]], &c[top[j]], &S, 2 * reps, s, &hard);
                 if (u < fin[j]) fin[j] = u;
             }
         if (hard) goto done;
@@ -454,6 +483,7 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
             if (fin[j] < 0.98f * fin[0] && fin[j] < fin[best]) best = j;
         winner = top[best];
         e.algo = c[winner];
+        e.split = cp[winner]->split;
         e.us = fin[best];
         e.heuristic_us = fin[0];
         e.n_candidates = n_ok;
@@ -462,6 +492,7 @@ done:
     if (hard) SF_LOGE("gemm tuner: m=%d k=%d n=%d: device error: %s", p->m, p->k, nb, cudaGetErrorString((cudaError_t)hard));
     scratch_free(&S);
     sf_gemm_plan_release(&t);
+    for (int j = 0; j < 3; j++) sf_gemm_plan_release(&ts[j]);
     free(c);
     free(us);
     cudaGetLastError();
@@ -470,10 +501,11 @@ done:
     g->tunes[g->n_tunes++] = e; /* a failed shape too (n_candidates = 0): not tried again here */
     if (e.n_candidates) {
         SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx; candidate %d%s), %d of "
-                "%d candidates (%d split-K variants) in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb,
+                "%d candidates (%d split-K variants, %d split batches) in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb,
                 e.has_bias ? " +bias" : "", e.acc ? " accumulate" : "", e.us, e.heuristic_us, e.heuristic_us / e.us,
-                winner, winner >= n_c - n_split ? ", split-K variant" : "", n_ok, n_c, n_split, e.tune_ms, g->spent_s,
-                g->budget_s);
+                winner, e.split > 1 ? ", split batch" : winner >= n_plain - n_split ? ", split-K variant" : "", n_ok, n_c,
+                n_split, n_c - n_plain, e.tune_ms, g->spent_s, g->budget_s);
+        if (e.split > 1) SF_LOGI("gemm tuner: m=%d k=%d n<=%d: k split into %d slices", e.m, e.k, nb, e.split);
         cache_save(g);
     }
     return hard;
