@@ -69,6 +69,15 @@ static int tokens_within(const sf_sched *s, double ms)
 
 /* ---- step shaping ----------------------------------------------------------------------- */
 
+/* A high-urgency sequence waits, or runs with prompt tokens still to compute. */
+static int high_prefill_pending(const sf_sched *s)
+{
+    if (s->n_waiting[SF_URGENCY_HIGH] > 0) return 1;
+    for (const sf_seq *q = s->running.next; q != &s->running && q->urgency >= SF_URGENCY_HIGH; q = q->next)
+        if (q->n_tokens - q->n_computed > 1) return 1;
+    return 0;
+}
+
 void sf_policy_caps(sf_sched *s, int n_decode)
 {
     s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
@@ -96,6 +105,10 @@ void sf_policy_caps(sf_sched *s, int n_decode)
         if (n != INT_MAX) s->cap_low = SF_MAX(min_chunk, n - n_decode);
     }
     s->cap_low = SF_MIN(s->cap_low, s->cap_tokens);
+    /* High-urgency prompts in this step (waiting, or a running one not yet prefilled): lower-class
+     * prefill keeps to one small chunk, so the step that brings realtime its first token is not
+     * stretched by batch prompts (their floors are about decode, which is not held back). */
+    if (t_rt < INFINITY && high_prefill_pending(s)) s->cap_low = SF_MIN(s->cap_low, min_chunk);
     if (s->cap_tokens < s->budget_left) s->budget_left = s->cap_tokens;
     s->low_budget_left = s->cap_low;
 }

@@ -60,8 +60,9 @@ def load_watch(outdir, mode, level):
 
 
 def watch_table(outdir, runs):
-    rows = ["| priorities | load | KV usage peak | degraded | relax | kv_int8 | restore | preempt swap "
-            "| preempt recompute | reject (429) | steps | mean step (ms) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| priorities | load | KV held peak | KV demand peak | degraded | relax | kv_int8 | INT8 seqs (max) | restore "
+            "| preempt swap | preempt recompute | reject (429) | steps | mean step (ms) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for mode in ("on", "off"):
         for level in sorted(runs[mode]):
             w = load_watch(outdir, mode, level)
@@ -70,18 +71,22 @@ def watch_table(outdir, runs):
             d, c = w["decisions"], w["counters"]
             steps = c.get("semflow_engine_steps_total", 0)
             dur = runs[mode][level]["duration_s"]
-            rows.append("| %s | %dx | %.1f%% | %s | %d | %d | %d | %d | %d | %d | %d | %s |" % (
-                mode, level, 100 * w["kv_usage_peak"], "yes" if w["degraded_seen"] else "no", d.get("relax", 0),
-                d.get("kv_int8", 0), d.get("restore", 0), d.get("preempt_swap", 0), d.get("preempt_recompute", 0),
-                d.get("reject", 0), steps, "%.1f" % (1000.0 * dur / steps) if steps else "-"))
+            dem, i8 = w.get("kv_demand_peak"), w.get("running_kv_int8_peak")
+            rows.append("| %s | %dx | %.1f%% | %s | %s | %d | %d | %s | %d | %d | %d | %d | %d | %s |" % (
+                mode, level, 100 * w["kv_usage_peak"], "%.1f%%" % (100 * dem) if dem is not None else "-",
+                "yes" if w["degraded_seen"] else "no", d.get("relax", 0), d.get("kv_int8", 0),
+                "%d" % i8 if i8 is not None else "-", d.get("restore", 0), d.get("preempt_swap", 0),
+                d.get("preempt_recompute", 0), d.get("reject", 0), steps,
+                "%.1f" % (1000.0 * dur / steps) if steps else "-"))
     return "\n".join(rows) + "\n" if len(rows) > 2 else ""
 
 
 def short(outdir, runs, rate):
     """One line per run: what the goals of issue 6 look at."""
     rows = ["1x = %s req/s" % rate,
-            "%-4s %-5s %9s %9s %9s %9s %10s %8s %8s %6s %6s" % ("prio", "load", "rtTTFT95", "rtITL95", "rt c/429",
-                                                         "bt c/429", "bt tok/s", "failed", "KVpeak", "relax", "int8")]
+            "%-4s %-5s %9s %9s %9s %9s %10s %8s %8s %8s %4s %6s %6s" % (
+                "prio", "load", "rtTTFT95", "rtITL95", "rt c/429", "bt c/429", "bt tok/s", "failed", "KVpeak",
+                "demand", "deg", "relax", "int8")]
     for level in sorted(set(runs["on"]) | set(runs["off"])):
         for mode in ("on", "off"):
             rep = runs[mode].get(level)
@@ -94,10 +99,11 @@ def short(outdir, runs, rate):
             tps = (lambda c: "%.1f" % (1000.0 / c["tpot"]["mean_ms"]) if c and c["tpot"]["n"] and
                    c["tpot"]["mean_ms"] > 0 else "-")
             cr = (lambda c: "%d/%d" % (c["completed"], c["rejected_429"]) if c else "-")
-            kv = w.get("kv_usage_peak")
-            rows.append("%-4s %-5s %9s %9s %9s %9s %10s %8d %8s %6d %6d" % (
+            kv, dem = w.get("kv_usage_peak"), w.get("kv_demand_peak")
+            rows.append("%-4s %-5s %9s %9s %9s %9s %10s %8d %8s %8s %4s %6d %6d" % (
                 mode, "%dx" % level, f(rt, "ttft"), f(rt, "itl"), cr(rt), cr(bt), tps(bt), rep["all"]["failed"],
-                "%.1f%%" % (100 * kv) if kv is not None else "-", d.get("relax", 0), d.get("kv_int8", 0)))
+                "%.1f%%" % (100 * kv) if kv is not None else "-", "%.1f%%" % (100 * dem) if dem is not None else "-",
+                "yes" if w.get("degraded_seen") else "no", d.get("relax", 0), d.get("kv_int8", 0)))
     return "\n".join(rows) + "\n"
 
 

@@ -60,6 +60,16 @@ static __device__ __forceinline__ void mma_bf16(float *d, const unsigned *a, uns
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* Pulls the block-table entries of keys kb .. min(kb + BK, ctx) - 1 into L1 ahead of their use,
+ * so the tile loader's address lookups do not wait on L2. */
+template <int BK>
+static __device__ __forceinline__ void prefetch_bt(const int32_t *bt, int bs, int kb, int ctx)
+{
+    if (kb < 0) return;
+    const int e0 = kb / bs, e1 = (min(kb + BK, ctx) - 1) / bs;
+    if ((int)threadIdx.x <= e1 - e0) asm volatile("prefetch.global.L1 [%0];\n" ::"l"(bt + e0 + threadIdx.x));
+}
+
 static __device__ __forceinline__ float fast_exp2(float x)
 {
     float y;
@@ -135,6 +145,7 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
     }
     load_kv<HD, BK>(a.kv, bt, kh, (n_kt - 1) * BK, ctx, Ks, Vs);
     cp_async_commit();
+    prefetch_bt<BK>(bt, a.kv.block_size, (n_kt - 2) * BK, ctx);
 
     const int g = lane >> 2, tq = lane & 3;
     unsigned qf[MT == 1 ? KD : 1][4];
@@ -153,6 +164,7 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
         const bf16 *K = Ks + buf * BK * HD, *V = Vs + buf * BK * HD;
         if (it + 1 < n_kt) load_kv<HD, BK>(a.kv, bt, kh, kb - BK, ctx, Ks + (buf ^ 1) * BK * HD, Vs + (buf ^ 1) * BK * HD);
         cp_async_commit();
+        prefetch_bt<BK>(bt, a.kv.block_size, kb - 2 * BK, ctx);
         cp_async_wait<1>(); /* everything but the tile just issued has landed */
         __syncthreads();
         if (MT == 1 && it == 0) {

@@ -88,6 +88,18 @@ static __device__ __forceinline__ void prefetch_l2_plain(const void *p, unsigned
 #endif
 }
 
+static __device__ __forceinline__ void cp_async16(void *smem, const void *g)
+{
+    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
+}
+static __device__ __forceinline__ void cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+static __device__ __forceinline__ void cp_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, float acc)
 {
     const bf162 *wh = (const bf162 *)&w;
@@ -118,7 +130,13 @@ struct fg_l2 {
  * every pointer 16-byte aligned (the launcher checks). Dynamic shared memory: k bf16 (norm).
  * Rope mode pairs the rows a rotation mixes: (i, i + rot/2) of a head (halves) or (2i, 2i + 1)
  * (interleaved, and the unrotated dims past rot and the v heads in both conventions). */
-template <int MODE, int WARPS, int FG_U>
+/* RING: the weight loads go through a per-warp ring of FG_RING_ST shared-memory stages filled by
+ * cp.async (FG_RING_V 16-byte loads per row per lane each), after the normalised row; a lane
+ * reads back only the slots it filled, so cp.async.wait_group is the only synchronisation. The
+ * loads then stay in flight across loop iterations instead of draining at each (FG_U unused). */
+#define FG_RING_ST 4
+#define FG_RING_V 2
+template <int MODE, int WARPS, int FG_U, bool RING = false>
 __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                            float eps, const bf16 *__restrict__ w,
                                                            const bf16 *__restrict__ bias, int m, int k,
@@ -149,6 +167,28 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     const uint4 *wa = (const uint4 *)(w + (int64_t)ra * k), *wb = (const uint4 *)(w + (int64_t)rb * k);
     sf_pdl_trigger();
 
+    constexpr int NR = TWO ? 2 : 1; /* rows per warp */
+    uint4 *ring = (uint4 *)(fg_smem + (MODE & FG_NORM ? ((size_t)k * 2 + 15) / 16 * 16 : 0)) +
+                  (size_t)warp * FG_RING_ST * NR * FG_RING_V * 32 + lane;
+    const int n_st = RING && active ? (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V) : 0;
+    /* stage t: uint4 columns [t * 32 * FG_RING_V, (t + 1) * 32 * FG_RING_V) of each row */
+    auto ring_issue = [&](int t) {
+        if (t < n_st) {
+#pragma unroll
+            for (int rr = 0; rr < NR; rr++)
+#pragma unroll
+                for (int v = 0; v < FG_RING_V; v++) {
+                    const int c = (t * FG_RING_V + v) * 32 + lane;
+                    if (c < k8) cp_async16(ring + (((t % FG_RING_ST) * NR + rr) * FG_RING_V + v) * 32, (rr ? wb : wa) + c);
+                }
+        }
+        cp_commit(); /* one group per stage, empty or not: wait_group counts them */
+    };
+    if constexpr (RING) {
+#pragma unroll
+        for (int t = 0; t < FG_RING_ST - 1; t++) ring_issue(t);
+    }
+
     /* first weight loads in flight before the wait */
     const bool hint = l2.hint != 0;
     const uint64_t pol = hint ? policy_evict_first() : 0;
@@ -157,7 +197,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
 #pragma unroll
     for (int i = 0; i < FG_U; i++) {
         int c = lane + i * 32;
-        if (active && c < k8) { va[i] = FG_LD(wa + c); vb[i] = TWO ? FG_LD(wb + c) : va[i]; }
+        if (!RING && active && c < k8) { va[i] = FG_LD(wa + c); vb[i] = TWO ? FG_LD(wb + c) : va[i]; }
         else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
     }
     /* the rest of the rows (up to pf_bytes each) on their way into L2 while the kernel before
@@ -211,9 +251,29 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     } else {
         xv = (const bf16x8 *)x;
     }
-    if (!active) return;
+    if (!active) {
+        if (RING) cp_wait<0>();
+        return;
+    }
 
     float acc_a = 0.0f, acc_b = 0.0f;
+    if constexpr (RING) {
+        for (int t = 0; t < n_st; t++) {
+            ring_issue(t + FG_RING_ST - 1); /* into the slot consumed at t - 1 */
+            cp_wait<FG_RING_ST - 1>();       /* stage t has landed */
+            const uint4 *st = ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32;
+#pragma unroll
+            for (int v = 0; v < FG_RING_V; v++) {
+                const int c = (t * FG_RING_V + v) * 32 + lane;
+                if (c < k8) {
+                    bf16x8 xx = xv[c];
+                    acc_a = dot8(st[v * 32], xx, acc_a);
+                    if (TWO) acc_b = dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
+                }
+            }
+        }
+        cp_wait<0>();
+    } else
     for (int c0 = lane;; c0 += FG_U * 32) {
 #pragma unroll
         for (int i = 0; i < FG_U; i++) {
@@ -351,27 +411,29 @@ struct fg_next {
     long long bytes, seg2;
 };
 
-template <int MODE, int WARPS, int FG_U = FG_UNROLL>
+template <int MODE, int WARPS, int FG_U = FG_UNROLL, bool RING = false>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
                   int k, uint16_t *y, const fg_rope &rp, cudaStream_t s, fg_next nx = { NULL, 0, 0 })
 {
     const int units = (MODE & FG_ONE) ? m : (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
-    const size_t smem = (size_t)k * 2 * ((MODE & FG_NORM) != 0);
+    const size_t ring = RING ? (size_t)WARPS * FG_RING_ST * ((MODE & FG_ONE) ? 1 : 2) * FG_RING_V * 32 * 16 : 0;
+    const size_t smem = ((size_t)k * 2 * ((MODE & FG_NORM) != 0) + 15) / 16 * 16 + ring;
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
     if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U, RING>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
     }
     const int grid = (int)sf_div_up(units, WARPS);
-    fg_l2 l2 = l2_plan(k_gemv_fused<MODE, WARPS, FG_U>, grid, WARPS, (MODE & FG_ONE) ? 1 : 2, k, FG_U, smem);
+    fg_l2 l2 = l2_plan(k_gemv_fused<MODE, WARPS, FG_U, RING>, grid, WARPS, (MODE & FG_ONE) ? 1 : 2, k, FG_U, smem);
+    if (RING) l2.pf_bytes = l2.ahead = 0; /* the ring is its own prefetch */
     if (nx.w && nx.bytes >= 16) {
         l2.nx = (const char *)nx.w;
         l2.nx_bytes = (int)SF_MIN(nx.bytes, 1LL << 30) & ~15;
         l2.nx_seg2 = nx.seg2;
     }
-    int rc = sf_launch_pdl(k_gemv_fused<MODE, WARPS, FG_U>, dim3(grid), dim3(WARPS * 32), smem, s, (const bf16 *)x,
+    int rc = sf_launch_pdl(k_gemv_fused<MODE, WARPS, FG_U, RING>, dim3(grid), dim3(WARPS * 32), smem, s, (const bf16 *)x,
                            (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp, l2);
     return rc ? rc : sf_launch_status();
 }
@@ -383,6 +445,9 @@ extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, 
         (glu && m % 2))
         return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
+    if (sf_k_gemv_ring_enabled())
+        return glu ? launch<FG_NORM | FG_GLU, 8, 8, true>(x, nw, eps, w, bias, m, k, y, rp, s)
+                   : launch<FG_NORM, 8, 4, true>(x, nw, eps, w, bias, m, k, y, rp, s);
     return glu ? launch<FG_NORM | FG_GLU, 8, 8>(x, nw, eps, w, bias, m, k, y, rp, s)
                : launch<FG_NORM, 8>(x, nw, eps, w, bias, m, k, y, rp, s);
 }
@@ -400,6 +465,7 @@ extern "C" int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const ui
     if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1 || next_bytes < 0 || next_seg2 < 0 || next_seg2 % 16 ||
         (uintptr_t)next % 16 || (next_bytes && !next))
         return (int)cudaErrorInvalidValue;
+    if (!next_bytes && sf_k_gemv_ring_enabled()) return sf_k_gemv_ring_add(x, w, bias, m, k, y, s);
     fg_rope rp = {};
     return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s, fg_next{ next, next_bytes, next_seg2 });
 }
@@ -417,6 +483,8 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
      * full-precision block: the backend sends steps that touch INT8 blocks to rope_kv.cu, which
      * quantises them, and the kernel never writes into one. */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
+    if (sf_k_gemv_ring_enabled())
+        return launch<FG_NORM | FG_ROPE, 8, 4, true>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
     return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
 }
 

@@ -81,23 +81,27 @@ static double err_rel(const errsum *e) { return e->nan ? INFINITY : sqrt(e->num 
 static int row_at(int i, int n_check, int m) { return n_check == m ? i : (int)((int64_t)i * (m - 1) / (n_check - 1)); }
 
 /* kind 0 norm, 1 norm + glu, 2 add (y += ...); bias optional. */
+/* kind 0 norm, 1 norm + glu, 2 add (y += ...) that also prefetches a "next" weight, 3 add as
+ * sf_k_gemv_add launches it (gemv_ring.cu when SEMFLOW_CUDA_GEMV_RING=1); bias optional. */
 static void check_fused(int kind, int m, int k, int with_bias)
 {
+    const int add = kind >= 2;
     uint16_t *hx, *hnw, *hw, *hb = NULL, *hy0;
     const int out = kind == 1 ? m / 2 : m;
     uint16_t *x = dev_rand(k, 1.0f, &hx), *nw = dev_rand(k, 1.0f, &hnw), *w = dev_rand((int64_t)m * k, 0.05f, &hw);
     uint16_t *b = with_bias ? dev_rand(m, 0.5f, &hb) : NULL, *y = dev_rand(out, 1.0f, &hy0);
     REQUIRE(x && nw && w && y && (!with_bias || b), "cudaMalloc/fill of %d x %d failed", m, k);
-    if (kind != 2) poison(y, out);
+    if (!add) poison(y, out);
     /* add: also pulls its own weight into L2 as if it were the next one (gate/up halves) */
-    int rc = kind == 2 ? sf_k_gemv_add_next(x, w, b, m, k, y, w, (long long)m * k * 2, (long long)(m / 2) * k * 2, S)
-                       : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
+    int rc = kind == 3 ? sf_k_gemv_add(x, w, b, m, k, y, S)
+             : add   ? sf_k_gemv_add_next(x, w, b, m, k, y, w, (long long)m * k * 2, (long long)(m / 2) * k * 2, S)
+                     : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
     cudaError_t e = cudaStreamSynchronize(S);
-    CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", kind == 2 ? "add" : "norm", m, k, rc, cudaGetErrorString(e));
+    CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", add ? "add" : "norm", m, k, rc, cudaGetErrorString(e));
     uint16_t *hy = malloc((size_t)out * 2);
     cudaMemcpy(hy, y, (size_t)out * 2, cudaMemcpyDeviceToHost);
     double *xn = malloc(sizeof(double) * k);
-    if (kind == 2) for (int i = 0; i < k; i++) xn[i] = bf(hx[i]);
+    if (add) for (int i = 0; i < k; i++) xn[i] = bf(hx[i]);
     else host_norm(hx, hnw, k, xn);
     const int n_check = out <= 8192 ? out : 256;
     errsum es = { 0 };
@@ -111,13 +115,14 @@ static void check_fused(int kind, int m, int k, int with_bias)
             ref = sf_bf16_to_f32(sf_f32_to_bf16((float)(g / (1 + exp(-g))))) * u;
         } else {
             ref = dot(hw + (int64_t)r * k, xn, k) + (hb ? bf(hb[r]) : 0);
-            if (kind == 2) ref = bf(hy0[r]) + sf_bf16_to_f32(sf_f32_to_bf16((float)ref));
+            if (add) ref = bf(hy0[r]) + sf_bf16_to_f32(sf_f32_to_bf16((float)ref));
         }
         err_add(&es, bf(hy[r]), ref);
     }
     double rel = err_rel(&es);
-    CHECK_MSG(rel <= 1e-2, "%s%s m=%d k=%d: relative error %.3g over %d rows", kind == 0 ? "norm" : kind == 1 ? "glu" : "add",
-              with_bias ? "+bias" : "", m, k, rel, n_check);
+    static const char *names[] = { "norm", "glu", "add_next", "add" };
+    CHECK_MSG(rel <= 1e-2, "%s%s m=%d k=%d: relative error %.3g over %d rows", names[kind], with_bias ? "+bias" : "", m,
+              k, rel, n_check);
     free(xn); free(hy); free(hx); free(hnw); free(hw); free(hb); free(hy0);
     cudaFree(x); cudaFree(nw); cudaFree(w); cudaFree(b); cudaFree(y);
 }
@@ -158,9 +163,10 @@ static void check_plain(int m, int k)
 TEST(fused_llama3_8b)
 {
     check_fused(0, 6144, 4096, 0);  /* QKV (norm prologue) */
-    check_fused(2, 4096, 4096, 0);  /* O + residual */
+    check_fused(3, 4096, 4096, 0);  /* O + residual */
+    check_fused(2, 4096, 4096, 0);
     check_fused(1, 28672, 4096, 0); /* gate/up + SiLU */
-    check_fused(2, 4096, 14336, 0); /* down + residual */
+    check_fused(3, 4096, 14336, 0); /* down + residual */
 }
 
 TEST(fused_qwen2_7b)
@@ -168,7 +174,7 @@ TEST(fused_qwen2_7b)
     check_fused(0, 4608, 3584, 1); /* QKV with bias */
     check_fused(2, 3584, 3584, 0);
     check_fused(1, 37888, 3584, 0);
-    check_fused(2, 3584, 18944, 0);
+    check_fused(3, 3584, 18944, 1);
 }
 
 TEST(fused_odd_shapes)
@@ -177,6 +183,8 @@ TEST(fused_odd_shapes)
     check_fused(2, 5, 8, 0);
     check_fused(1, 2, 16, 1);
     check_fused(2, 33, 16384, 1);
+    check_fused(3, 33, 16384, 1);
+    check_fused(3, 3, 24, 0); /* k shorter than one stage of the ring */
 }
 
 TEST(gemv_tp_8b)

@@ -108,9 +108,13 @@ TEST(latency_budget_caps_prefill)
     add(&w, SF_URGENCY_LOW, 1000, 0, 0, 0);
     add(&w, SF_URGENCY_HIGH, 20, 400, 0, 0);
     p = step_at(&w, 0.01);
+    CHECK_MSG(p->n_tokens <= 100 && p->n_prefill <= 20 + 8, "step of %d tokens (%d prefill), want the realtime "
+              "prompt and one 8-token chunk of the low one", p->n_tokens, p->n_prefill);
+    CHECK_MSG(w.q[2].n_computed == 20, "the realtime prompt is planned whole first (%d)", w.q[2].n_computed);
+    /* the realtime prompt is in: the low prompt takes the rest of the 100 ms budget */
+    p = step_at(&w, 0.015);
     CHECK_MSG(p->n_tokens <= 100 && p->n_tokens >= 90, "step of %d tokens, want <= 98 (100 ms at 1 ms/token)",
               p->n_tokens);
-    CHECK_MSG(w.q[2].n_computed == 20, "the realtime prompt is planned whole first (%d)", w.q[2].n_computed);
     double pred = sf_sched_predict_ms(&w.s, p->n_tokens);
     CHECK_MSG(pred <= 100.5, "predicted %.1f ms", pred);
     /* the realtime request finishes: the cap stays a while (the next one may arrive mid-step),
@@ -185,13 +189,14 @@ TEST(degrade_transitions)
     sf_seq *a = add(&w, SF_URGENCY_LOW, 47 * 16, 100, 0, 0); /* 47 blocks, 100 ms target */
     sf_seq *b = add(&w, SF_URGENCY_LOW, 47 * 16, 0, 50.0, 0);
     sf_seq *hi = add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0);
-    step_at(&w, 0.0);
-    CHECK_MSG(sf_sched_kv_usage(&w.s) > 0.92, "usage %.3f", sf_sched_kv_usage(&w.s));
+    step_at(&w, 0.0); /* the realtime prompt comes in: the low prompts take one small chunk beside it */
+    step_at(&w, 0.5);
     step_at(&w, 1.0); /* above since 1.0 */
+    CHECK_MSG(sf_sched_kv_usage(&w.s) > 0.92, "usage %.3f", sf_sched_kv_usage(&w.s));
     step_at(&w, 5.9);
     CHECK(!w.s.degraded && w.s.decisions[SF_DECISION_RELAX] == 0);
     step_at(&w, 6.1);
-    CHECK(w.s.degraded);
+    CHECK_MSG(w.s.degraded, "demand %.3f, since %.2f", sf_sched_kv_demand(&w.s), w.s.deg_since);
     CHECK_MSG(w.s.decisions[SF_DECISION_RELAX] == 2, "relaxed %llu (both low ones)",
               (unsigned long long)w.s.decisions[SF_DECISION_RELAX]);
     CHECK(a->relaxed && b->relaxed && !hi->relaxed);
