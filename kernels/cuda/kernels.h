@@ -160,7 +160,7 @@ const char *sf_k_gemm_error_str(int code);
  * (allocated and freed there; it synchronises the stream) and keeps the fastest correct one for
  * every n of the bucket. Winners are read from and written to cache_path (JSON, per GPU; NULL:
  * none). budget_s bounds the context's total tuning time; later shapes keep the heuristic's first
- * choice. Until called (and for n <= 8 or n > 4096) plans use the heuristic's first choice. */
+ * choice. Until called (and for n <= 8 or n > 256) plans use the heuristic's first choice. */
 int sf_k_gemm_tune_enable(sf_k_gemm_ctx *g, const char *cache_path, double budget_s);
 /* The tuning bucket of n (the largest n it was timed at), 0 when n is not tuned. */
 int sf_k_gemm_bucket(int n);
