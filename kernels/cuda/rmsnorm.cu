@@ -1,11 +1,13 @@
 /* rmsnorm.cu — RMSNorm fused with the residual add: one block per row, one pass over memory.
  *
- * Fast path (d % 8 == 0, 16-byte aligned rows, d <= 8 * 8 * 256): the block's threads each hold
- * VPT 16-byte vectors of the row (the bf16 values after the add: 4 registers per vector), so x
- * and add are read once and x (when add is given) and out written once; the sum of squares is
- * one block reduction. VPT is the smallest of 1, 2, 4, 8 that keeps the block within 256 threads
- * where the row allows it, so a 4096-wide row is 256 threads x 2 vectors and an SM holds eight
- * rows at a time (registers stay low: the row is kept as bf16, not fp32).
+ * Fast path (d % 8 == 0, 16-byte aligned rows, d <= 16384): the block's threads each hold VPT
+ * 16-byte vectors of the row (the bf16 values after the add: 4 registers per vector), so x and add
+ * are read once and x (when add is given) and out written once; the sum of squares is one block
+ * reduction. VPT is the smallest of 1, 2, 4, 8 that keeps the block within 512 threads, so a
+ * 4096-wide row is 512 threads x 1 vector: of the variants timed on the H200 (test_smallops
+ * --perf, docs/PERFORMANCE.md) the fastest with the add at 256, 1500 and 2048 rows, and faster
+ * than 256 x 2 without it. Other variants (two rows per block, a software-pipelined row loop)
+ * stay reachable through sf_k_rmsnorm_tune for measurements.
  * Rounding as HF: x + add rounded to bf16 (the stored stream is bf16), sum of squares in fp32,
  * the normalised value rounded to bf16, then multiplied by w and rounded.
  * Each element is read and written by the same thread, so out may alias x. */
@@ -42,7 +44,8 @@ __global__ void k_rmsnorm(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
 }
 
 #define RN_MAX_VPT 8
-#define RN_MAX_THREADS 256  /* the dispatcher's blocks; sf_k_rmsnorm_tune may use up to 512 */
+#define RN_MAX_THREADS 512  /* threads per block of the one-pass kernels */
+#define RN_MAX_D 16384      /* widest row of the one-pass path */
 
 /* One pass over RPB rows per block (rows blockIdx.x + k * gridDim.x): every load of the rows
  * (x, add and, with PW, the weights) is issued before any arithmetic, then per row the add, the
@@ -198,7 +201,7 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1) k_rmsnorm_loop(bf16 *x,
 static bool rn_vec_ok(const uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w, int d,
                       const uint16_t *out, int64_t ldo)
 {
-    return d % 8 == 0 && d <= 8 * RN_MAX_VPT * RN_MAX_THREADS && ldx % 8 == 0 && ldo % 8 == 0 &&
+    return d % 8 == 0 && d <= RN_MAX_D && ldx % 8 == 0 && ldo % 8 == 0 &&
            (!add || ld_add % 8 == 0) && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
            (uintptr_t)w % 16 == 0 && (uintptr_t)add % 16 == 0;
 }
@@ -227,7 +230,7 @@ extern "C" int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, ui
 {
     if (n <= 0) return 0;
     if (!rn_vec_ok(x, ldx, add, ld_add, w, d, out, ldo) || (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) ||
-        rn_threads(d, vpt) > 512 || rows_per_block < 1)
+        rn_threads(d, vpt) > RN_MAX_THREADS || rows_per_block < 1)
         return (int)cudaErrorInvalidValue;
     const int t = rn_threads(d, vpt);
     if (rows_per_block > 2) { /* the pipelined loop */
