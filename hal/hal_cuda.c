@@ -672,19 +672,15 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->logit_rows_d = c->block_table_d + (size_t)S * bt->max_blocks;
     c->tiles_d = c->logit_rows_d + L;
     c->n_tiles = n_tiles;
-    /* Split the keys when (tokens x kv heads) blocks cannot fill the SMs: decode at long context. */
+    /* Split the keys of decode steps: when (tokens x kv heads) blocks cannot fill the SMs, or (the
+     * batch kernel) to make the blocks come out in whole waves. */
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
     c->n_split = 1;
     if (c->attn_decode && (c->kvc.head_dim == 64 || c->kvc.head_dim == 128)) {
-        /* attention_decode.cu: at least 64 keys per block; a block per SM, or more blocks while each
-         * keeps >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us
-         * at 8 splits, 8.9 at 16; 4096 keys: 8 kv heads 15.4 us at 32 splits, 19.4 at 17; 4 kv
-         * heads 20.9 at 32, 32.9 at 64) */
-        if (work < sms && max_ctx > 64 && !n_tiles) {
-            int per_sm = (sms + work - 1) / work, by_keys = (max_ctx + 127) / 128;
-            c->n_split = SF_MIN((max_ctx + 63) / 64, SF_MAX(per_sm, by_keys));
-            c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
-        }
+        /* the decode dispatcher's own choice for the kernel it will run (attention_decode.cu) */
+        if (!n_tiles)
+            c->n_split = sf_k_attention_decode_split(T, c->kvc.n_kv_heads, c->kvc.head_dim, max_ctx,
+                                                     c->kvc.block_size, c->step_i8, sms, 0);
     } else if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));

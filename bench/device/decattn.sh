@@ -1,7 +1,7 @@
 #!/bin/sh
 # bench/device/decattn.sh — decode attention of many sequences, on a GPU host, within 40 s:
 #   1. build/tests/device/test_decode_attn: --perf times both decode-attention kernels (the
-#      CUDA-core "lanes" kernel, the tensor-core "mma" kernel at ring depths 2 and 3) on 256x192,
+#      CUDA-core "lanes" kernel, the tensor-core "mma" kernel in each configuration) on 256x192,
 #      128x1500, 64x4096, 16x1024, 4x4096, 1x512, 1x4096 (bf16 and INT8) as a share of hal's
 #      measured HBM bandwidth; then (another process) the checks against a float64 reference over
 #      batches 1..256, ragged contexts 1..8192, GQA 32/8, 28/4, 64/8 and head 64, bf16 / INT8 /

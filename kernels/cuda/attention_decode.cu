@@ -325,25 +325,24 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
 }
 
 /* SEMFLOW_CUDA_DECODE_ATTN: "lanes" (this file's kernel), "mma" (attention_decode_mma.cu where it
- * applies), else auto; SEMFLOW_CUDA_DECODE_ATTN_STAGES: the mma kernel's ring depth (2, the
- * default: three blocks per SM; or 3: two).
- * Read once (the launch thread is the backend's only thread). */
-static int dec_mode(int *stages)
+ * applies), else auto; SEMFLOW_CUDA_DECODE_ATTN_CFG: the mma kernel's warps x 10 + ring depth
+ * (kernels.h; 42 by default). Read once (the launch thread is the backend's only thread). */
+static int dec_mode(int *cfg)
 {
-    static int mode = -1, ns = 2;
+    static int mode = -1, c = 42;
     if (mode < 0) {
-        const char *e = getenv("SEMFLOW_CUDA_DECODE_ATTN"), *st = getenv("SEMFLOW_CUDA_DECODE_ATTN_STAGES");
+        const char *e = getenv("SEMFLOW_CUDA_DECODE_ATTN"), *st = getenv("SEMFLOW_CUDA_DECODE_ATTN_CFG");
         mode = e && !strcmp(e, "lanes") ? 1 : e && !strcmp(e, "mma") ? 2 : 0;
-        ns = st && atoi(st) == 3 ? 3 : 2;
+        if (st) c = atoi(st);
     }
-    *stages = ns;
+    *cfg = c;
     return mode;
 }
 
 /* Whether the batch (tensor-core) path takes this step: forced by the mode, else auto. */
-static bool use_mma(const sf_k_attn *a, int *stages)
+static bool use_mma(const sf_k_attn *a, int *cfg)
 {
-    const int mode = dec_mode(stages);
+    const int mode = dec_mode(cfg);
     if (mode == 1 || !sf_k_attention_decode_mma_ok(a)) return false;
     if (mode == 2) return true;
     /* auto: batches take the tensor-core kernel (test_decode_attn --perf on the H200: 63% of HBM
@@ -352,11 +351,55 @@ static bool use_mma(const sf_k_attn *a, int *stages)
     return a->T >= 16;
 }
 
+/* Tiles of keys per block of the mma configuration (16 keys per warp). */
+static int mma_tile_keys(int cfg) { return cfg / 10 == 2 ? 32 : 64; }
+
+extern "C" int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms,
+                                           int kernel)
+{
+    int cfg, mode = dec_mode(&cfg);
+    const int work = T * (Hkv > 0 ? Hkv : 1);
+    if (kernel) mode = kernel;
+    if (max_ctx <= 64 || T <= 0 || sms <= 0) return 1;
+    const bool mma = mode != 1 && (mode == 2 || T >= 16) && (hd == 64 || hd == 128) && block_size >= 16 &&
+                     (block_size & (block_size - 1)) == 0;
+    if (!mma) {
+        /* lanes kernel: at least 64 keys per block; a block per SM, or more blocks while each keeps
+         * >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us at 8
+         * splits, 8.9 at 16; 4096 keys: 8 kv heads 15.4 us at 32 splits, 19.4 at 17; 4 kv heads
+         * 20.9 at 32, 32.9 at 64) */
+        if (work >= sms) return 1;
+        const int per_sm = (sms + work - 1) / work, by_keys = (max_ctx + 127) / 128;
+        const int ns = SF_MIN((max_ctx + 63) / 64, per_sm > by_keys ? per_sm : by_keys);
+        return ns < 1 ? 1 : SF_MIN(ns, AD_MAX_SPLIT);
+    }
+    /* mma kernel: the blocks resident at once (measured) are `slots`; a block's time is about its
+     * tiles plus one (its start: block-table and first-tile latency; its end: the merge). Pick the
+     * split with the least (waves x that), the smallest on ties: whole waves at every batch and
+     * context, no split where the waves already come out even (256 x 192: 1; 128 x 1500: 3). */
+    static int slots_cache[2][2] = { { 0, 0 }, { 0, 0 } };
+    int *sc = &slots_cache[hd == 128][int8 != 0];
+    if (!*sc) {
+        const int n = sf_k_attention_decode_mma_per_sm(hd, int8, cfg);
+        *sc = (n > 0 ? n : 1) * sms;
+    }
+    const int slots = *sc, tk = hd == 64 ? 64 : mma_tile_keys(cfg);
+    int best = 1;
+    double best_cost = 1e300;
+    for (int ns = 1; ns <= AD_MAX_SPLIT; ns++) {
+        const int per_keys = (max_ctx + ns - 1) / ns, tiles = (per_keys + tk - 1) / tk;
+        if (ns > 1 && (int64_t)(ns - 1) * ((per_keys + tk - 1) / tk * tk) >= max_ctx) break; /* empty splits */
+        const double waves = (double)(((int64_t)work * ns + slots - 1) / slots), cost = waves * (tiles + 1);
+        if (cost < best_cost) { best_cost = cost; best = ns; }
+    }
+    return best;
+}
+
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->T <= 0) return 0;
-    int stages;
-    if (use_mma(a, &stages)) return sf_k_attention_decode_mma(a, stages, s);
+    int cfg;
+    if (use_mma(a, &cfg)) return sf_k_attention_decode_mma(a, cfg, s);
     if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
     const int G = a->H / a->Hkv;
     if (a->hd == 128) return G <= 4 ? launch<128, 4>(a, s) : launch<128, 8>(a, s);

@@ -21,15 +21,13 @@
  * rows, widened to bf16 in registers (exact: |q| <= 127); the K scale multiplies the score, the V
  * scale the softmax weight. Rows are stored with 16-byte chunk index XOR-swizzled by the row.
  *
- * INT8 needs the block size to be a multiple of 16 (a warp's 16 keys are then of one kind).
+ * Block sizes are powers of 2 from 16 up (a warp's 16 keys are then of one kind, and a key's block
+ * and offset are a shift and a mask).
  * Splits (n_split > 1) write partials in attention.cu's workspace layout; the last block of each
  * (token, kv head) combines them. Launched as a programmatic dependent (common.cuh): the
  * metadata and the first tiles' block-table entries are read before the wait. */
 #include "common.cuh"
 
-#define DM_WARPS 4
-#define DM_NT (32 * DM_WARPS)
-#define DM_TK (16 * DM_WARPS) /* keys per tile */
 #define DM_MAX_SPLIT 64
 
 /* ---- small device helpers ------------------------------------------------------------------ */
@@ -63,6 +61,15 @@ static __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
+static __device__ __forceinline__ void mma16816h(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                                 uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
 static __device__ __forceinline__ uint32_t movtrans(uint32_t x)
 {
     uint32_t y;
@@ -81,11 +88,20 @@ static __device__ __forceinline__ uint32_t u4w(const uint4 &v, int i)
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
-/* Byte i of w (sign bit flipped: w ^ 0x80808080) as the float of the signed int8: 0x4B0000xx is
- * 2^23 + xx exactly, so one byte permute and one add (no int-to-float convert). */
-static __device__ __forceinline__ float i8f(uint32_t w_flipped, int i)
+static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
 {
-    return __int_as_float((int)__byte_perm(w_flipped, 0x4B000000u, 0x7540u + i)) - 8388736.0f;
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+
+/* Two signed int8 (bytes of w_flipped = w ^ 0x80808080 picked by `sel`: 0x4140 bytes 0 and 1,
+ * 0x4342 bytes 2 and 3) as an fp16 pair, exactly: 0x64xx is 1024 + xx, less 1152 is the int8.
+ * One byte permute and one half2 subtract (INT8 rows take the fp16 tensor-core path). */
+static __device__ __forceinline__ uint32_t i8x2_h2(uint32_t w_flipped, uint32_t sel)
+{
+    const uint32_t u = __byte_perm(w_flipped, 0x64646464u, sel);
+    __half2 h = __hsub2(*(const __half2 *)&u, __half2half2(__ushort_as_half((unsigned short)0x6480u)));
+    return *(uint32_t *)&h;
 }
 
 /* Shared-memory position (16-byte chunk) of chunk k of tile row `row`: bf16 rows (hd/8 chunks),
@@ -98,27 +114,29 @@ static __device__ __forceinline__ int sw_i8(int row, int k)
 }
 
 /* ---- the kernel ---------------------------------------------------------------------------- */
-template <int HD, bool I8>
+template <int HD, bool I8, int NW>
 struct dm_layout {
+    static constexpr int NT = 32 * NW;               /* threads */
+    static constexpr int TK = 16 * NW;               /* keys per tile */
     static constexpr int ROWB = HD * 2;               /* bytes of one key's slot (a bf16 row) */
-    static constexpr int KB = DM_TK * ROWB;           /* bytes of K (and of V) per stage */
+    static constexpr int KB = TK * ROWB;              /* bytes of K (and of V) per stage */
     static constexpr int CH = HD / 8;                 /* 16-byte chunks of a bf16 row */
-    static constexpr int RP = DM_NT / CH;             /* rows one pass of the block's loads covers */
-    static constexpr int NR = DM_TK / RP;             /* passes per tile */
-    static constexpr int SCB = I8 ? 2 * DM_TK * 4 + 16 : 0; /* INT8: K, V scales and kinds */
+    static constexpr int RP = NT / CH;                /* rows one pass of the block's loads covers */
+    static constexpr int NR = TK / RP;                /* passes per tile */
+    static constexpr int SCB = I8 ? 2 * TK * 4 + 16 : 0; /* INT8: K, V scales and kinds */
     static constexpr int STB = 2 * KB + SCB;          /* bytes per stage */
 };
 
 /* Issues the cp.async loads of the tile starting at key `base` into stage `st`. blk: the
  * block-table entries of this thread's rows (row j0 + r * RP). Keys at or past k1 are zero-filled. */
-template <int HD, bool I8>
+template <int HD, bool I8, int NW>
 static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_attn &a, int kh, int base, int k1,
-                                                const int (&blk)[dm_layout<HD, I8>::NR], int ck, int j0)
+                                                const int (&blk)[dm_layout<HD, I8, NW>::NR], int ck, int j0)
 {
-    using Lo = dm_layout<HD, I8>;
+    using Lo = dm_layout<HD, I8, NW>;
     const int bs = a.kv.block_size, Hkv = a.Hkv;
-    float *ks = (float *)(st + 2 * Lo::KB), *vs = ks + DM_TK;
-    int *kind = (int *)(vs + DM_TK);
+    float *ks = (float *)(st + 2 * Lo::KB), *vs = ks + Lo::TK;
+    int *kind = (int *)(vs + Lo::TK);
 #pragma unroll
     for (int r = 0; r < Lo::NR; r++) {
         const int j = j0 + r * Lo::RP, p = base + j;
@@ -126,7 +144,7 @@ static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_at
         const bool valid = p < k1;
         const int id = blk[r];
         if (I8 && valid && id >= a.kv.i8_base) {
-            const int64_t row = ((int64_t)(id - a.kv.i8_base) * Hkv + kh) * bs + p % bs;
+            const int64_t row = ((int64_t)(id - a.kv.i8_base) * Hkv + kh) * bs + (p & (bs - 1));
             if (ck < HD / 16) {
                 cp16(dk + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.k + row * HD + ck * 16, true);
                 cp16(dv + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.v + row * HD + ck * 16, true);
@@ -137,7 +155,7 @@ static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_at
                 if ((j & 15) == 0) kind[j >> 4] = 1;
             }
         } else {
-            const int64_t off = valid ? (((int64_t)id * Hkv + kh) * bs + p % bs) * HD : 0;
+            const int64_t off = valid ? (((int64_t)id * Hkv + kh) * bs + (p & (bs - 1))) * HD : 0;
             cp16(dk + sw_bf(j, ck) * 16, a.kv.k + off + ck * 8, valid);
             cp16(dv + sw_bf(j, ck) * 16, a.kv.v + off + ck * 8, valid);
             if (I8 && ck == 0) {
@@ -148,35 +166,35 @@ static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_at
     }
 }
 
-template <int HD, bool I8>
-static __device__ __forceinline__ void dm_ids(int (&blk)[dm_layout<HD, I8>::NR], const int32_t *bt, int bs, int base,
+template <int HD, bool I8, int NW>
+static __device__ __forceinline__ void dm_ids(int (&blk)[dm_layout<HD, I8, NW>::NR], const int32_t *bt, int lbs, int base,
                                               int k1, int j0)
 {
-    using Lo = dm_layout<HD, I8>;
+    using Lo = dm_layout<HD, I8, NW>;
 #pragma unroll
     for (int r = 0; r < Lo::NR; r++) {
         const int p = base + j0 + r * Lo::RP;
-        blk[r] = p < k1 ? __ldg(bt + p / bs) : 0;
+        blk[r] = p < k1 ? __ldg(bt + (p >> lbs)) : 0;
     }
 }
 
 /* One warp's 16 keys (tile rows 16w .. 16w + 15, keys kb ..) into its softmax state and O^T. */
-template <int HD, bool I8>
+template <int HD, bool I8, int NW>
 static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w, int kb, int k1, float qs,
-                                                  const uint32_t (&qb)[HD / 16][2], float (&m)[2], float (&l)[2],
-                                                  float (&o)[HD / 16][4])
+                                                  const uint32_t (&qb)[HD / 16][2], const uint32_t (&qh)[I8 ? HD / 16 : 1][2],
+                                                  float (&m)[2], float (&l)[2], float (&o)[HD / 16][4])
 {
-    using Lo = dm_layout<HD, I8>;
+    using Lo = dm_layout<HD, I8, NW>;
     const int lane = threadIdx.x & 31, g = lane >> 2, c = lane & 3;
-    const float *ksm = (const float *)(st + 2 * Lo::KB), *vsm = ksm + DM_TK;
-    const int *kind = (const int *)(vsm + DM_TK);
+    const float *ksm = (const float *)(st + 2 * Lo::KB), *vsm = ksm + Lo::TK;
+    const int *kind = (const int *)(vsm + Lo::TK);
     const bool i8 = I8 && kind[w];
     const unsigned char *sk = st, *sv = st + Lo::KB;
     const int r0 = 16 * w + g, r1 = r0 + 8; /* this lane's K rows */
 
     /* S^T[key][head] = K . Q^T; logical k index (2c, 2c+1 | 2c+8, 2c+9) of step s = row dims
      * c*hd/4 + 4s + (0, 1 | 2, 3) */
-    float sc[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+    float sc[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, sd[4] = { 0.0f, 0.0f, 0.0f, 0.0f }; /* two chains */
     if (!i8) {
         constexpr int KC = HD / 32;
         uint4 x0[KC], x1[KC];
@@ -188,7 +206,8 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
 #pragma unroll
         for (int s = 0; s < HD / 16; s++) {
             const int q = s >> 1, wd = (s & 1) * 2;
-            mma16816(sc, u4w(x0[q], wd), u4w(x1[q], wd), u4w(x0[q], wd + 1), u4w(x1[q], wd + 1), qb[s][0], qb[s][1]);
+            mma16816(s & 1 ? sd : sc, u4w(x0[q], wd), u4w(x1[q], wd), u4w(x0[q], wd + 1), u4w(x1[q], wd + 1), qb[s][0],
+                     qb[s][1]);
         }
     } else {
         constexpr int KC = HD / 64;
@@ -201,10 +220,12 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
 #pragma unroll
         for (int s = 0; s < HD / 16; s++) {
             const uint32_t w0 = u4w(x0[s >> 2], s & 3) ^ 0x80808080u, w1 = u4w(x1[s >> 2], s & 3) ^ 0x80808080u;
-            mma16816(sc, pack_bf2(i8f(w0, 0), i8f(w0, 1)), pack_bf2(i8f(w1, 0), i8f(w1, 1)),
-                     pack_bf2(i8f(w0, 2), i8f(w0, 3)), pack_bf2(i8f(w1, 2), i8f(w1, 3)), qb[s][0], qb[s][1]);
+            mma16816h(s & 1 ? sd : sc, i8x2_h2(w0, 0x4140u), i8x2_h2(w1, 0x4140u), i8x2_h2(w0, 0x4342u),
+                      i8x2_h2(w1, 0x4342u), qh[I8 ? s : 0][0], qh[I8 ? s : 0][1]);
         }
     }
+#pragma unroll
+    for (int i = 0; i < 4; i++) sc[i] += sd[i];
 
     /* online softmax per head (columns 2c, 2c+1), base 2 */
     float ks0 = 1.0f, ks1 = 1.0f;
@@ -234,7 +255,9 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
         const float vs0 = vsm[r0], vs1 = vsm[r1];
         p00 *= vs0; p01 *= vs0; p10 *= vs1; p11 *= vs1;
     }
-    const uint32_t b0 = movtrans(pack_bf2(p00, p01)), b1 = movtrans(pack_bf2(p10, p11));
+    /* P^T as the B operand: bf16 for bf16 rows, fp16 for INT8 rows (the V scale makes p small) */
+    const uint32_t b0 = movtrans(i8 ? pack_h2(p00, p01) : pack_bf2(p00, p01));
+    const uint32_t b1 = movtrans(i8 ? pack_h2(p10, p11) : pack_bf2(p10, p11));
 
     /* O^T += V^T . P^T; output dim rows (g | g+8) of tile j = row dims (e, e + 1) of lane g's run,
      * e = 8 * (g + 8 * (j / 4)) + 2 * (j % 4); keys (2c, 2c+1 | 2c+8, 2c+9) */
@@ -265,45 +288,51 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
                 y[rr][q] = *(const uint2 *)(sv + rows[rr] * Lo::ROWB + sw_i8<HD>(rows[rr], (g >> 1) + 4 * q) * 16 +
                                             (g & 1) * 8);
 #pragma unroll
-        for (int j = 0; j < HD / 16; j++) {
-            const int q = j >> 2, wi = j & 3, b = (wi & 1) * 2;
+        for (int j = 0; j < HD / 16; j += 2) {
+            /* tiles j, j + 1: bytes 0..3 of one word of each of the 4 rows; keys 2c and 2c+1 (and
+             * 2c+8, 2c+9) interleaved first, so one permute then picks a key pair of a byte */
+            const int q = j >> 2, wi = j & 3;
             const uint32_t w0 = (wi < 2 ? y[0][q].x : y[0][q].y) ^ 0x80808080u,
                            w1 = (wi < 2 ? y[1][q].x : y[1][q].y) ^ 0x80808080u,
                            w2 = (wi < 2 ? y[2][q].x : y[2][q].y) ^ 0x80808080u,
                            w3 = (wi < 2 ? y[3][q].x : y[3][q].y) ^ 0x80808080u;
-            mma16816(o[j], pack_bf2(i8f(w0, b), i8f(w1, b)), pack_bf2(i8f(w0, b + 1), i8f(w1, b + 1)),
-                     pack_bf2(i8f(w2, b), i8f(w3, b)), pack_bf2(i8f(w2, b + 1), i8f(w3, b + 1)), b0, b1);
+            const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
+            const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
+            mma16816h(o[j], i8x2_h2(lo01, 0x4140u), i8x2_h2(lo01, 0x4342u), i8x2_h2(lo23, 0x4140u),
+                      i8x2_h2(lo23, 0x4342u), b0, b1);
+            mma16816h(o[j + 1], i8x2_h2(hi01, 0x4140u), i8x2_h2(hi01, 0x4342u), i8x2_h2(hi23, 0x4140u),
+                      i8x2_h2(hi23, 0x4342u), b0, b1);
         }
     }
 }
 
-template <int HD, bool I8, int NS>
-__global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
+template <int HD, bool I8, int NW, int NS>
+__global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 {
-    using Lo = dm_layout<HD, I8>;
+    using Lo = dm_layout<HD, I8, NW>;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int last;
 
     sf_pdl_trigger();
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
-    const int G = a.H / a.Hkv, ns = a.n_split, bs = a.kv.block_size;
+    const int G = a.H / a.Hkv, ns = a.n_split, lbs = __ffs(a.kv.block_size) - 1; /* a power of 2 */
     const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
-    const int per = ((ctx + ns - 1) / ns + DM_TK - 1) / DM_TK * DM_TK;
+    const int per = ((ctx + ns - 1) / ns + Lo::TK - 1) / Lo::TK * Lo::TK;
     const int k0 = min(ctx, split * per), k1 = min(ctx, k0 + per);
-    const int ntile = (k1 - k0 + DM_TK - 1) / DM_TK;
+    const int ntile = (k1 - k0 + Lo::TK - 1) / Lo::TK;
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     const int ck = tid % Lo::CH, j0 = tid / Lo::CH;
 
     /* block-table entries of the first NS - 1 tiles (metadata: readable before the wait) */
     int ids[NS][Lo::NR];
 #pragma unroll
-    for (int st = 0; st < NS; st++) dm_ids<HD, I8>(ids[st], bt, bs, k0 + st * DM_TK, k1, j0);
+    for (int st = 0; st < NS; st++) dm_ids<HD, I8, NW>(ids[st], bt, lbs, k0 + st * Lo::TK, k1, j0);
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
 
 #pragma unroll
     for (int st = 0; st < NS - 1; st++) {
-        if (st < ntile) dm_issue<HD, I8>(smem + st * Lo::STB, a, kh, k0 + st * DM_TK, k1, ids[st], ck, j0);
+        if (st < ntile) dm_issue<HD, I8, NW>(smem + st * Lo::STB, a, kh, k0 + st * Lo::TK, k1, ids[st], ck, j0);
         cp_commit();
     }
     int blk[Lo::NR];
@@ -322,6 +351,15 @@ __global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
             qb[s][1] = v.y;
         }
     }
+    /* INT8 rows multiply in fp16 (int8 widens to fp16 in two instructions): q as fp16 too */
+    uint32_t qh[I8 ? HD / 16 : 1][2];
+#pragma unroll
+    for (int s = 0; s < (I8 ? HD / 16 : 1); s++)
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float2 f = __bfloat1622float2(*(const bf162 *)&qb[s][k]);
+            qh[s][k] = I8 ? pack_h2(f.x, f.y) : 0u;
+        }
     const float qs = a.scale * 1.4426950408889634f;
     float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, o[HD / 16][4];
 #pragma unroll
@@ -332,12 +370,12 @@ __global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
         __syncthreads(); /* tile i is in; every warp is done with the stage tile i + NS - 1 reuses */
         const int nx = i + NS - 1;
         if (nx < ntile) {
-            dm_issue<HD, I8>(smem + (nx % NS) * Lo::STB, a, kh, k0 + nx * DM_TK, k1, blk, ck, j0);
-            if (nx + 1 < ntile) dm_ids<HD, I8>(blk, bt, bs, k0 + (nx + 1) * DM_TK, k1, j0);
+            dm_issue<HD, I8, NW>(smem + (nx % NS) * Lo::STB, a, kh, k0 + nx * Lo::TK, k1, blk, ck, j0);
+            if (nx + 1 < ntile) dm_ids<HD, I8, NW>(blk, bt, lbs, k0 + (nx + 1) * Lo::TK, k1, j0);
         }
         cp_commit();
-        const int kb = k0 + i * DM_TK + 16 * w;
-        if (kb < k1) dm_compute<HD, I8>(smem + (i % NS) * Lo::STB, w, kb, k1, qs, qb, m, l, o);
+        const int kb = k0 + i * Lo::TK + 16 * w;
+        if (kb < k1) dm_compute<HD, I8, NW>(smem + (i % NS) * Lo::STB, w, kb, k1, qs, qb, qh, m, l, o);
     }
     cp_wait<0>();
     __syncthreads(); /* the ring is free: it holds the warps' partial results now */
@@ -348,9 +386,9 @@ __global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
         l[0] += __shfl_xor_sync(0xffffffffu, l[0], x);
         l[1] += __shfl_xor_sync(0xffffffffu, l[1], x);
     }
-    float *o_s = (float *)smem;                 /* [DM_WARPS][8][HD] */
-    float *ml_s = o_s + DM_WARPS * 8 * HD;      /* [DM_WARPS][8][2] */
-    float *wsm = ml_s + DM_WARPS * 8 * 2;       /* [8][DM_MAX_SPLIT] */
+    float *o_s = (float *)smem;      /* [NW][8][HD] */
+    float *ml_s = o_s + NW * 8 * HD; /* [NW][8][2] */
+    float *wsm = ml_s + NW * 8 * 2;  /* [8][DM_MAX_SPLIT] */
 #pragma unroll
     for (int j = 0; j < HD / 16; j++) {
         const int e = 8 * (g + 8 * (j >> 2)) + 2 * (j & 3);
@@ -370,15 +408,15 @@ __global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
 
     /* merge the warps; write the output (one split) or this split's partial */
     const int H = a.H;
-    for (int idx = tid; idx < G * HD; idx += DM_NT) {
+    for (int idx = tid; idx < G * HD; idx += Lo::NT) {
         const int hg = idx / HD, d = idx - hg * HD, h = kh * G + hg;
         float M = -INFINITY;
 #pragma unroll
-        for (int v = 0; v < DM_WARPS; v++) M = fmaxf(M, ml_s[(v * 8 + hg) * 2]);
+        for (int v = 0; v < NW; v++) M = fmaxf(M, ml_s[(v * 8 + hg) * 2]);
         float L = 0.0f, O = 0.0f;
         if (M != -INFINITY) {
 #pragma unroll
-            for (int v = 0; v < DM_WARPS; v++) {
+            for (int v = 0; v < NW; v++) {
                 const float e = exp2f(ml_s[(v * 8 + hg) * 2] - M);
                 L = fmaf(ml_s[(v * 8 + hg) * 2 + 1], e, L);
                 O = fmaf(o_s[(v * 8 + hg) * HD + d], e, O);
@@ -401,7 +439,7 @@ __global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
     __syncthreads();
     if (!last) return;
     __threadfence();
-    for (int hg = w; hg < G; hg += DM_WARPS) {
+    for (int hg = w; hg < G; hg += NW) {
         const float *wp = a.ws + ((int64_t)t * H + kh * G + hg) * ns * (HD + 2);
         const float m0 = lane < ns ? __ldcg(wp + lane * (HD + 2) + HD) : -INFINITY;
         const float m1 = lane + 32 < ns ? __ldcg(wp + (lane + 32) * (HD + 2) + HD) : -INFINITY;
@@ -419,7 +457,7 @@ __global__ void __launch_bounds__(DM_NT) k_attn_dec_mma(sf_k_attn a)
         wsm[hg * DM_MAX_SPLIT + lane + 32] = e1 * inv;
     }
     __syncthreads();
-    for (int idx = tid; idx < G * HD; idx += DM_NT) {
+    for (int idx = tid; idx < G * HD; idx += Lo::NT) {
         const int hg = idx / HD, d = idx - hg * HD, h = kh * G + hg;
         const float *wp = a.ws + ((int64_t)t * H + h) * ns * (HD + 2) + d;
         const float *e = wsm + hg * DM_MAX_SPLIT;
@@ -444,42 +482,80 @@ extern "C" int sf_k_attention_decode_mma_ok(const sf_k_attn *a)
     return a->n_tiles == 0 && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
            G <= 8 && a->n_split >= 1 && a->n_split <= DM_MAX_SPLIT && (a->n_split == 1 || (a->ws && a->counters)) &&
            a->ld_q % 8 == 0 && (uintptr_t)a->q % 16 == 0 && (uintptr_t)a->kv.k % 16 == 0 &&
-           (uintptr_t)a->kv.v % 16 == 0 && a->kv.head_dim == a->hd && a->kv.block_size > 0 &&
-           a->kv.block_size % 16 == 0;
+           (uintptr_t)a->kv.v % 16 == 0 && a->kv.head_dim == a->hd && a->kv.block_size >= 16 &&
+           (a->kv.block_size & (a->kv.block_size - 1)) == 0;
 }
 
-template <int HD, bool I8, int NS>
+template <int HD, bool I8, int NW, int NS>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
-    using Lo = dm_layout<HD, I8>;
+    using Lo = dm_layout<HD, I8, NW>;
     const size_t smem = (size_t)NS * Lo::STB;
-    static_assert((size_t)NS * Lo::STB >= (DM_WARPS * 8 * (HD + 2) + 8 * DM_MAX_SPLIT) * 4, "merge area");
+    static_assert((size_t)NS * Lo::STB >= (NW * 8 * (HD + 2) + 8 * DM_MAX_SPLIT) * 4, "merge area");
     static bool attr_set; /* the launch thread is the backend's only thread */
     if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
+        cudaError_t e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         /* all of L1 as shared memory: the blocks per SM are what keeps the ring's bytes in flight */
         if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+            e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      (int)cudaSharedmemCarveoutMaxShared);
         if (e != cudaSuccess) return (int)e;
         attr_set = true;
     }
-    int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NS>, dim3(a->T, a->Hkv, a->n_split), dim3(DM_NT), smem, s, *a);
+    int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NW, NS>, dim3(a->T, a->Hkv, a->n_split), dim3(Lo::NT), smem, s,
+                           *a);
     return rc ? rc : sf_launch_status();
 }
 
-template <int HD, bool I8>
-static int launch_ns(const sf_k_attn *a, int stages, cudaStream_t s)
+/* Blocks of one configuration resident per SM (the occupancy calculator, after the attributes
+ * launch() sets), 0 on error. */
+template <int HD, bool I8, int NW, int NS>
+static int per_sm(void)
 {
-    return stages <= 2 ? launch<HD, I8, 2>(a, s) : launch<HD, I8, 3>(a, s);
+    using Lo = dm_layout<HD, I8, NW>;
+    const size_t smem = (size_t)NS * Lo::STB;
+    int n = 0;
+    if (cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ||
+        cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                             (int)cudaSharedmemCarveoutMaxShared) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_dec_mma<HD, I8, NW, NS>, Lo::NT, smem)) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
 }
 
-extern "C" int sf_k_attention_decode_mma(const sf_k_attn *a, int stages, cudaStream_t s)
+extern "C" int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg)
+{
+    if (hd == 64) return int8 ? per_sm<64, true, 4, 2>() : per_sm<64, false, 4, 2>();
+    if (hd != 128) return 0;
+    switch (cfg) {
+    case 43: return int8 ? per_sm<128, true, 4, 3>() : per_sm<128, false, 4, 3>();
+    case 23: return int8 ? per_sm<128, true, 2, 3>() : per_sm<128, false, 2, 3>();
+    case 24: return int8 ? per_sm<128, true, 2, 4>() : per_sm<128, false, 2, 4>();
+    default: return int8 ? per_sm<128, true, 4, 2>() : per_sm<128, false, 4, 2>();
+    }
+}
+
+/* cfg: warps per block x 10 + ring depth (kernels.h); head size 64 has the default only */
+template <int HD, bool I8>
+static int launch_cfg(const sf_k_attn *a, int cfg, cudaStream_t s)
+{
+    if (HD == 64) return launch<HD, I8, 4, 2>(a, s);
+    switch (cfg) {
+    case 43: return launch<HD, I8, 4, 3>(a, s);
+    case 23: return launch<HD, I8, 2, 3>(a, s);
+    case 24: return launch<HD, I8, 2, 4>(a, s);
+    default: return launch<HD, I8, 4, 2>(a, s);
+    }
+}
+
+extern "C" int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s)
 {
     if (a->T <= 0) return 0;
     if (!sf_k_attention_decode_mma_ok(a)) return (int)cudaErrorInvalidValue;
     const bool i8 = a->kv.i8_base != 0;
-    if (a->hd == 128) return i8 ? launch_ns<128, true>(a, stages, s) : launch_ns<128, false>(a, stages, s);
-    return i8 ? launch_ns<64, true>(a, stages, s) : launch_ns<64, false>(a, stages, s);
+    if (a->hd == 128) return i8 ? launch_cfg<128, true>(a, cfg, s) : launch_cfg<128, false>(a, cfg, s);
+    return i8 ? launch_cfg<64, true>(a, cfg, s) : launch_cfg<64, false>(a, cfg, s);
 }

@@ -43,6 +43,14 @@ int sf_k_get_rows(const uint16_t *x, int64_t ldx, const int32_t *rows, int n, in
 int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w,
                  float eps, int n, int d, uint16_t *out, int64_t ldo, cudaStream_t s);
 
+/* Benchmarks only: the one-pass kernel with `vpt` 16-byte vectors per thread (1, 2, 4, 8; the
+ * block is d / 8 / vpt threads rounded to warps, <= 512), the weights loaded with the row
+ * (prefetch_w) or after the reduction, rows_per_block 1 or 2 (loads of both rows in flight).
+ * cudaErrorInvalidValue for shapes that kernel does not take. */
+int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, uint16_t *x, int64_t ldx, const uint16_t *add,
+                      int64_t ld_add, const uint16_t *w, float eps, int n, int d, uint16_t *out, int64_t ldo,
+                      cudaStream_t s);
+
 /* ---- SiLU * mul (silu_mul.cu) --------------------------------------------------------- */
 /* out[i, j] = silu(gu[i, j]) * gu[i, f + j], i < n, j < f. */
 int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, uint16_t *out, int64_t ldo,
@@ -71,6 +79,12 @@ typedef struct sf_k_kv {
 int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
                  int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
                  sf_k_kv kv, cudaStream_t s);
+
+/* Benchmarks only: the 16-byte path with `threads` per block (64, 128, 256) and head groups
+ * sized for about target_blocks blocks; cudaErrorInvalidValue for shapes it does not take. */
+int sf_k_rope_kv_tune(int threads, int target_blocks, uint16_t *qkv, int64_t ld, int T, const int32_t *pos,
+                      const int32_t *slot, int H, int Hkv, int hd, int rot_dim, int interleaved,
+                      const float *inv_freq, sf_k_kv kv, cudaStream_t s);
 
 /* ---- attention over the paged cache (attention.cu) ------------------------------------ */
 typedef struct sf_k_attn {
@@ -210,11 +224,19 @@ int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, in
 #define SF_K_ATTN_DECODE_MAX_GROUP 8
 int sf_k_attention_decode_ok(const sf_k_attn *a);
 int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
-/* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of `stages` (2 or 3)
- * 64-key tiles, bf16 and INT8 blocks (block size a multiple of 16). sf_k_attention_decode
- * chooses it by shape (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
+/* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of 16-key-per-warp
+ * tiles, bf16 and INT8 blocks (block size a power of 2, >= 16). cfg = warps per block x 10 + ring
+ * depth: 42 (the default; 0 means it), 43, 23, 24. sf_k_attention_decode chooses it by shape
+ * (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
 int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
-int sf_k_attention_decode_mma(const sf_k_attn *a, int stages, cudaStream_t s);
+int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
+/* Blocks of that kernel (head size, INT8 instance, cfg) resident per SM on the current device. */
+int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg);
+/* The key split the decode dispatcher wants for a decode step of T tokens (contexts up to
+ * max_ctx) on `sms` SMs, for the kernel sf_k_attention_decode will pick (kernel 0), or for the
+ * lanes (1) or mma (2) kernel; int8: the step has INT8 blocks. 1..64. Host only; cheap after its
+ * first call. */
+int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel);
 
 /* ---- sampling (sample.cu) --------------------------------------------------------------- */
 /* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */

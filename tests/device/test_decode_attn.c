@@ -1,6 +1,6 @@
 /* test_decode_attn.c — decode attention (one query token per sequence over the paged KV cache)
  * against a float64 host reference: both kernels of attention_decode*.cu (the 8-warp CUDA-core
- * "lanes" kernel, the tensor-core "mma" kernel at ring depths 2 and 3), batches of 1..256
+ * "lanes" kernel, the tensor-core "mma" kernel in each configuration), batches of 1..256
  * sequences with ragged contexts of 1..8192 keys, GQA 32/8, 28/4, 64/8 (head 128) and 8/2
  * (head 64), bf16 blocks, INT8 blocks and sequences mixing both, shuffled block tables, with and
  * without key splits. Outputs are poisoned (NaN) before each run; the check is
@@ -25,6 +25,8 @@
 #include "../../kernels/cuda/kernels.h"
 
 static sf_rng R;
+/* the mma kernel's configurations (kernels.h: warps x 10 + ring depth) */
+static const int CFGS[] = { 42, 43, 23, 24 };
 static int perf;
 static double hbm_gbs = 0;
 static int sms = 132;
@@ -222,7 +224,7 @@ static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_
     return a;
 }
 
-/* path: 0 lanes kernel, 2 or 3 mma kernel at that ring depth. Returns the relative error (NaN
+/* path: 0 lanes kernel, else the mma kernel in that configuration (kernels.h). Returns the relative error (NaN
  * or INFINITY when the output has a NaN or the launch failed). */
 static double run_path(const dcase *c, const dhost *x, const ddev *d, int path, int n_split)
 {
@@ -258,17 +260,20 @@ static void check_case(const dcase *c)
     if (ok_up) {
         for (size_t si = 0; si < SF_ARRAY_LEN(splits); si++) {
             int ns = splits[si];
-            if (ns > 1 && c->T > 64) continue; /* batches run unsplit */
             sf_k_attn a = make_attn(c, &x, &d, ns);
             int lanes_ok = sf_k_attention_decode_ok(&a), mma_ok = sf_k_attention_decode_mma_ok(&a);
             CHECK_MSG(mma_ok, "mma kernel refuses H=%d Hkv=%d hd=%d bs=%d split=%d", c->H, c->Hkv, c->hd, c->bs, ns);
-            double e_lanes = lanes_ok ? run_path(c, &x, &d, 0, ns) : 0.0;
-            double e2 = run_path(c, &x, &d, 2, ns), e3 = run_path(c, &x, &d, 3, ns);
-            int pass = e_lanes <= 1e-2 && e2 <= 1e-2 && e3 <= 1e-2; /* NaN compares false */
-            CHECK_MSG(pass, "T=%d H=%d Hkv=%d hd=%d bs=%d ctx %d..%d int8 %d%% split %d: rel err lanes %.3g, mma2 %.3g, mma3 %.3g",
-                      c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns, e_lanes, e2, e3);
-            printf("  T=%3d H=%2d/%d hd=%3d bs=%2d ctx %4d..%4d int8 %3d%% split %2d: lanes %.2e mma2 %.2e mma3 %.2e\n",
-                   c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns, e_lanes, e2, e3);
+            double e[1 + SF_ARRAY_LEN(CFGS)];
+            int pass = 1;
+            e[0] = lanes_ok ? run_path(c, &x, &d, 0, ns) : 0.0;
+            for (size_t k = 0; k < SF_ARRAY_LEN(CFGS); k++) e[1 + k] = run_path(c, &x, &d, CFGS[k], ns);
+            for (size_t k = 0; k <= SF_ARRAY_LEN(CFGS); k++) pass &= e[k] <= 1e-2; /* NaN compares false */
+            CHECK_MSG(pass, "T=%d H=%d Hkv=%d hd=%d bs=%d ctx %d..%d int8 %d%% split %d: rel err lanes %.3g, mma "
+                      "42 %.3g, 43 %.3g, 23 %.3g, 24 %.3g", c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max,
+                      c->i8_pct, ns, e[0], e[1], e[2], e[3], e[4]);
+            printf("  T=%3d H=%2d/%d hd=%3d bs=%2d ctx %4d..%4d int8 %3d%% split %2d: lanes %.2e mma 42 %.2e 43 %.2e "
+                   "23 %.2e 24 %.2e\n", c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns, e[0],
+                   e[1], e[2], e[3], e[4]);
         }
     }
     free_dev(&d);
@@ -306,8 +311,10 @@ TEST(decode_attention_refuses_bad_shapes)
     a.T = 1; a.H = 32; a.Hkv = 8; a.hd = 96; a.n_split = 1; a.ld_q = 4096;
     a.kv.head_dim = 96; a.kv.block_size = 16;
     CHECK(!sf_k_attention_decode_mma_ok(&a));
-    CHECK(sf_k_attention_decode_mma(&a, 3, 0) != 0);
-    a.hd = a.kv.head_dim = 128; a.kv.block_size = 8; /* INT8 layout needs blocks of 16 */
+    CHECK(sf_k_attention_decode_mma(&a, 42, 0) != 0);
+    a.hd = a.kv.head_dim = 128; a.kv.block_size = 8; /* a warp's 16 keys in one block */
+    CHECK(!sf_k_attention_decode_mma_ok(&a));
+    a.kv.block_size = 48; /* not a power of 2 */
     CHECK(!sf_k_attention_decode_mma_ok(&a));
     a.kv.block_size = 16; a.H = 80; /* group of 10 */
     CHECK(!sf_k_attention_decode_mma_ok(&a));
@@ -316,18 +323,10 @@ TEST(decode_attention_refuses_bad_shapes)
 }
 
 /* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
+/* The split the backend would pick for this kernel (path 0: lanes; else mma). */
 static int split_for(int T, int Hkv, int ctx, int path)
 {
-    int work = T * Hkv;
-    if (work >= sms || ctx <= 64) return 1;
-    if (path == 0) { /* hal_cuda.c's choice for the lanes kernel */
-        int per_sm = (sms + work - 1) / work, by_keys = (ctx + 127) / 128;
-        int ns = SF_MIN((ctx + 63) / 64, SF_MAX(per_sm, by_keys));
-        return SF_MAX(1, SF_MIN(ns, 64));
-    }
-    /* mma: 64-key tiles; about 2 blocks per SM, at least 2 tiles each */
-    int ns = SF_MIN((ctx + 127) / 128, (2 * sms + work - 1) / work);
-    return SF_MAX(1, SF_MIN(ns, 64));
+    return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, 0, sms, path ? 2 : 1);
 }
 
 static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
@@ -363,11 +362,17 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
     cudaMemcpy(meta, host, nmeta * 4, cudaMemcpyHostToDevice);
     double bytes = (double)T * ctx * Hkv * hd * 2 * (i8 ? 1 : 2) + (i8 ? (double)T * ctx * Hkv * 8 : 0) +
                    (double)T * H * hd * 2 * 2;
+    if (T == 256 && ctx == 192) { /* once per kind: what each configuration fits per SM */
+        printf("perf: %s blocks per SM:", i8 ? "int8" : "bf16");
+        for (size_t k = 0; k < SF_ARRAY_LEN(CFGS); k++)
+            printf(" mma%d %d", CFGS[k], sf_k_attention_decode_mma_per_sm(hd, i8, CFGS[k]));
+        printf("\n");
+    }
     printf("perf: T=%3d ctx=%4d %-4s %7.1f MB |", T, ctx, i8 ? "int8" : "bf16", bytes / 1e6);
-    /* paths: 0 lanes, 2 and 3 mma at its ring depth, 4: mma3 at twice its split (the wave count) */
-    for (int path = 0; path <= 4; path++) {
-        if (path == 1) continue;
-        int ns = path == 4 ? SF_MIN(64, 2 * split_for(T, Hkv, ctx, 3)) : split_for(T, Hkv, ctx, path);
+    /* paths: 0 lanes, then the mma configurations */
+    for (int path = 0; path <= (int)SF_ARRAY_LEN(CFGS); path++) {
+        const int cfg = path ? CFGS[path - 1] : 0;
+        int ns = split_for(T, Hkv, ctx, path);
         sf_k_attn a = { .q = q, .ld_q = H * hd, .out = o, .ld_out = H * hd, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
                         .scale = 0.088f, .pos = meta, .tok_seq = meta + T, .block_table = meta + 2 * T,
                         .max_blocks = nb, .kv = { k, v, bs, Hkv, hd, i8 ? sc : NULL, i8 ? sc + 2 * full * Hkv * bs : NULL,
@@ -380,7 +385,7 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         int rc = 0;
         for (int r = 0; r < reps + 3; r++) {
             if (r == 3) cudaEventRecord(e0, s);
-            rc |= path == 0 ? sf_k_attention_decode(&a, s) : sf_k_attention_decode_mma(&a, path == 2 ? 2 : 3, s);
+            rc |= path == 0 ? sf_k_attention_decode(&a, s) : sf_k_attention_decode_mma(&a, cfg, s);
         }
         cudaEventRecord(e1, s);
         cudaEventSynchronize(e1);
@@ -389,7 +394,9 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
         double us = rc ? NAN : ms * 1000.0 / reps;
-        printf(" %s(split %2d) %8.1f us %5.1f%% |", path == 0 ? "lanes" : path == 2 ? "mma2" : "mma3", ns, us,
+        char name[16];
+        snprintf(name, sizeof name, path ? "mma%d" : "lanes", cfg);
+        printf(" %s(split %2d) %7.1f us %5.1f%% |", name, ns, us,
                100.0 * bytes / (us * 1e3) / hbm_gbs);
     }
     printf("\n");
