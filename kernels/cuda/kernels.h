@@ -45,8 +45,10 @@ int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, 
 
 /* Benchmarks only: the one-pass kernel with `vpt` 16-byte vectors per thread (1, 2, 4, 8; the
  * block is d / 8 / vpt threads rounded to warps, <= 512), the weights loaded with the row
- * (prefetch_w) or after the reduction, rows_per_block 1 or 2 (loads of both rows in flight).
- * cudaErrorInvalidValue for shapes that kernel does not take. */
+ * (prefetch_w) or after the reduction, rows_per_block 1 or 2 (loads of both rows in flight) or
+ * more: a block per rows_per_block rows in a software-pipelined loop (the next row's loads before
+ * the current row's reduction and stores; weights always held). cudaErrorInvalidValue for shapes
+ * that kernel does not take. */
 int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, uint16_t *x, int64_t ldx, const uint16_t *add,
                       int64_t ld_add, const uint16_t *w, float eps, int n, int d, uint16_t *out, int64_t ldo,
                       cudaStream_t s);
@@ -118,9 +120,11 @@ int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s);
 int sf_k_attention_prefill_ok(int head_dim);
 /* The FlashAttention-2-style prefill kernel (attention_prefill_fa2.cu: mma.sync, cp.async from
  * the paged cache): head_dim 64 or 128, scale > 0, a tile list. block_rows: query rows per block,
- * 64 (16 per warp) or 128 (32 per warp: pairs of consecutive tiles of one sequence), 0 for the
- * default. sf_k_attention_prefill takes it when _ok says so and SEMFLOW_ATTN_PREFILL is fa2
- * (default rows) or fa2-128 (read at each launch); otherwise (or =wmma) the WMMA kernels. */
+ * 64 (16 per warp) or 128 (32 per warp: pairs of consecutive tiles of one sequence), 0: 128 when
+ * the pairs make >= 2 blocks per SM, else 64. sf_k_attention_prefill takes it whenever _ok says
+ * so, unless SEMFLOW_ATTN_PREFILL=wmma (read at each launch) selects the WMMA kernels;
+ * SEMFLOW_ATTN_PREFILL=fa2-64 / fa2-128 fix the rows; SEMFLOW_ATTN_FA2_BK=64 takes 64-key tiles
+ * (instead of 32) for 128 rows of head size 128. */
 int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cudaStream_t s);
 int sf_k_attention_prefill_fa2_ok(const sf_k_attn *a);
 #define SF_K_PREFILL_TILE 64
@@ -158,7 +162,7 @@ const char *sf_k_gemm_error_str(int code);
  * (allocated and freed there; it synchronises the stream) and keeps the fastest correct one for
  * every n of the bucket. Winners are read from and written to cache_path (JSON, per GPU; NULL:
  * none). budget_s bounds the context's total tuning time; later shapes keep the heuristic's first
- * choice. Until called (and for n <= 8 or n > 4096) plans use the heuristic's first choice. */
+ * choice. Until called (and for n <= 8 or n > 256) plans use the heuristic's first choice. */
 int sf_k_gemm_tune_enable(sf_k_gemm_ctx *g, const char *cache_path, double budget_s);
 /* The tuning bucket of n (the largest n it was timed at), 0 when n is not tuned. */
 int sf_k_gemm_bucket(int n);
