@@ -302,9 +302,12 @@ TEST(tp_logits_each_path)
     }
 }
 
-/* The all-reduce alone on both paths, at 2 ranks (and 4, 8 where the GPUs are). */
+/* The all-reduce alone on every path, at 2 ranks (and 4, 8 where the GPUs are); 300 rounds
+ * each (100 in the quick set). */
 TEST(tp_all_reduce_paths)
 {
+    const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
+    int rounds = q && !strcmp(q, "1") ? 100 : 300;
     for (int size = 2; size <= n_gpus; size *= 2) {
         sf_error err = { 0 };
         sf_model *m = NULL;
@@ -331,11 +334,11 @@ TEST(tp_all_reduce_paths)
             for (int p = 0; p < 5 && !rc; p++) {
                 double worst = -1;
                 double t0 = sf_now_s();
-                rc = sf_tp_check_all_reduce(tp, 1 << 21, 300, paths[p], &worst, &err);
+                rc = sf_tp_check_all_reduce(tp, 1 << 21, rounds, paths[p], &worst, &err);
                 CHECK_MSG(rc == SF_OK, "TP=%d path %d: %s", size, (int)paths[p], err.msg);
                 if (!rc)
-                    printf("      TP=%d %s: 300 rounds + burst, worst relative error %.2e (%.1f s)\n", size, names[p],
-                           worst, sf_now_s() - t0);
+                    printf("      TP=%d %s: %d rounds + burst, worst relative error %.2e (%.1f s)\n", size, names[p],
+                           rounds, worst, sf_now_s() - t0);
             }
         }
         sf_tp_free(tp);
@@ -353,8 +356,8 @@ int main(void)
     }
     n_gpus = n_gpus >= 8 ? 8 : n_gpus >= 4 ? 4 : 2;
     RUN(tp_all_reduce_paths);
-    RUN(tp_nccl_logits);
     RUN(tp_sample_on_device);
+    RUN(tp_nccl_logits);
     RUN(tp_logits_each_path);
     return test_summary();
 }
