@@ -3,10 +3,10 @@
 # gives it 130).
 #
 # Runs from the repo root with a prebuilt build/ and prints a summary table last:
-#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own one-shot, LL and push kernels;
+#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own one-shot and LL kernels;
 #   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
 #      time per step, and the batch-64 decode step rate;
-#   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, one-shot, LL, push,
+#   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, one-shot, LL,
 #      auto) against exact sums over 100 rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
 #      step graphs with the all-reduces inside are replayed — and TP=2 draws on rank 0's GPU
 #      against the CPU reference and TP=1 (greedy, seeded top-k, top-p);
