@@ -5,10 +5,11 @@
  *
  * At batch (256 sequences x 192 keys, 128 x 1500) decode attention reads 200-800 MB of K and V
  * per layer and nothing else matters: every byte must come from HBM once, at full rate. One block
- * of 4 warps per (token, kv head, key split) reads its keys in tiles of 64 (16 per warp) with
- * 16-byte cp.async into an NS-stage shared-memory ring (NS - 1 tiles in flight while one is
- * computed); the block-table entries of the next tile to fetch are loaded while the current one is
- * computed. The G query heads of the kv head share each K/V load: a warp computes
+ * of NW warps (4 by default) per (token, kv head, key split) reads its keys in tiles of 16 x NW
+ * (16 per warp) with 16-byte cp.async into an NS-stage shared-memory ring (NS - 1 tiles in flight
+ * while one is computed; NS = 2 by default, which leaves room for 3 blocks per SM: more blocks beat
+ * deeper rings in the first measurements); the block-table entries of the next tile to fetch are
+ * loaded while the current one is computed. The G query heads of the kv head share each K/V load: a warp computes
  * S^T[16 keys][8 heads] = K[16][hd] . Q^T with mma.m16n8k16 (keys as M, the group padded to 8 as
  * N), keeps an online softmax per head in base 2, turns P into the B operand with movmatrix, and
  * accumulates O^T[hd][8] += V^T[hd][16 keys] . P^T[16][8].
@@ -18,8 +19,9 @@
  * read in the same order) so that a lane's K fragments are one contiguous run of the row, and the
  * output dims of the PV product likewise, so that a lane's V fragments are a contiguous run of 4
  * key rows (bf16 pairs are interleaved with one byte permute). The same permutations serve INT8
- * rows, widened to bf16 in registers (exact: |q| <= 127); the K scale multiplies the score, the V
- * scale the softmax weight. Rows are stored with 16-byte chunk index XOR-swizzled by the row.
+ * rows, widened to fp16 in registers (exact: |q| <= 127; one permute and one half2 subtract per
+ * pair) for fp16 mma with q in fp16; the K scale multiplies the score, the V scale the softmax
+ * weight. Rows are stored with their 16-byte chunk index XOR-swizzled by the row.
  *
  * Block sizes are powers of 2 from 16 up (a warp's 16 keys are then of one kind, and a key's block
  * and offset are a shift and a mask).
