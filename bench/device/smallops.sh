@@ -21,7 +21,7 @@ echo "smallops: $(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,
 
 # 1. correctness + per-op bandwidth
 if [ -x "$TEST" ]; then
-    timeout -k 2 12 "$TEST" --perf >"$D/test_smallops.log" 2>&1
+    timeout -k 2 13 "$TEST" --perf >"$D/test_smallops.log" 2>&1
     echo "smallops: test_smallops rc=$? at $(el) s: $(tail -n 1 "$D/test_smallops.log")"
     grep -E '^(FAIL|  |      )' "$D/test_smallops.log" | head -n 20
 else
@@ -41,9 +41,12 @@ if [ "$(el)" -le 17 ]; then
     grep -E '^  (op|embed|rmsnorm|rope_kv|silu_mul|add|gemm|attention)' "$D/prefill-profile.err"
 fi
 
-# summary
+# the tuning variants (sf_k_rmsnorm_tune: vpt/prefetch_w/rows_per_block, "-x" without the add;
+# sf_k_rope_kv_tune: threads/target blocks), then the summary: the dispatchers' figures
+echo "---- variants ----"
+grep -E '^perf: +r[nk]' "$D/test_smallops.log"
 echo "---- smallops summary ($(el) s) ----"
-grep -E '^(perf:|[0-9]+ passed)' "$D/test_smallops.log"
+grep -E '^(perf:|[0-9]+ passed)' "$D/test_smallops.log" | grep -vE '^perf: +r[nk]'
 python3 - "$D/prefill.json" <<'PY'
 import json, sys
 try:

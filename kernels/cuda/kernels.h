@@ -43,6 +43,14 @@ int sf_k_get_rows(const uint16_t *x, int64_t ldx, const int32_t *rows, int n, in
 int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w,
                  float eps, int n, int d, uint16_t *out, int64_t ldo, cudaStream_t s);
 
+/* Benchmarks only: the one-pass kernel with `vpt` 16-byte vectors per thread (1, 2, 4, 8; the
+ * block is d / 8 / vpt threads rounded to warps, <= 512), the weights loaded with the row
+ * (prefetch_w) or after the reduction, rows_per_block 1 or 2 (loads of both rows in flight).
+ * cudaErrorInvalidValue for shapes that kernel does not take. */
+int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, uint16_t *x, int64_t ldx, const uint16_t *add,
+                      int64_t ld_add, const uint16_t *w, float eps, int n, int d, uint16_t *out, int64_t ldo,
+                      cudaStream_t s);
+
 /* ---- SiLU * mul (silu_mul.cu) --------------------------------------------------------- */
 /* out[i, j] = silu(gu[i, j]) * gu[i, f + j], i < n, j < f. */
 int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, uint16_t *out, int64_t ldo,
@@ -71,6 +79,12 @@ typedef struct sf_k_kv {
 int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
                  int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
                  sf_k_kv kv, cudaStream_t s);
+
+/* Benchmarks only: the 16-byte path with `threads` per block (64, 128, 256) and head groups
+ * sized for about target_blocks blocks; cudaErrorInvalidValue for shapes it does not take. */
+int sf_k_rope_kv_tune(int threads, int target_blocks, uint16_t *qkv, int64_t ld, int T, const int32_t *pos,
+                      const int32_t *slot, int H, int Hkv, int hd, int rot_dim, int interleaved,
+                      const float *inv_freq, sf_k_kv kv, cudaStream_t s);
 
 /* ---- attention over the paged cache (attention.cu) ------------------------------------ */
 typedef struct sf_k_attn {

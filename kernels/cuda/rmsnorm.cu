@@ -42,94 +42,138 @@ __global__ void k_rmsnorm(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
 }
 
 #define RN_MAX_VPT 8
-#define RN_MAX_THREADS 256
+#define RN_MAX_THREADS 256  /* the dispatcher's blocks; sf_k_rmsnorm_tune may use up to 512 */
 
-template <int VPT>
-__global__ void __launch_bounds__(RN_MAX_THREADS) k_rmsnorm_vec(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
-                                                      const bf16 *__restrict__ w, float eps, int d, bf16 *out,
-                                                      int64_t ldo)
+/* One pass over RPB rows per block (rows blockIdx.x + k * gridDim.x): every load of the rows
+ * (x, add and, with PW, the weights) is issued before any arithmetic, then per row the add, the
+ * sum of squares (one block reduction), the normalised output. Registers are capped so that
+ * small VPT keeps many blocks per SM (<= 42 for 2 vectors: 6 blocks of 256 threads); holding the
+ * weights too (PW) costs registers, so those instances get twice the cap. */
+template <int VPT, bool PW, int RPB>
+__global__ void __launch_bounds__(512, VPT * RPB <= 2 && !PW ? 3 : VPT * RPB <= 2 ? 2 : VPT * RPB <= 4 && !PW ? 2 : 1) k_rmsnorm_vec(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
+                                                     const bf16 *__restrict__ w, float eps, int n, int d, bf16 *out,
+                                                     int64_t ldo)
 {
     __shared__ float red[32];
-    const int64_t r = blockIdx.x;
     const int nv = d / 8;
-    bf16x8 *xr = (bf16x8 *)(x + r * ldx);
-    const bf16x8 *ar = add ? (const bf16x8 *)(add + r * ld_add) : NULL;
-    bf16x8 v[VPT];
-    /* every load of the row first, then the arithmetic */
-#pragma unroll
-    for (int u = 0; u < VPT; u++) {
-        int i = threadIdx.x + u * blockDim.x;
-        if (i < nv) v[u] = xr[i];
-        else memset(&v[u], 0, sizeof v[u]);
-    }
-    if (ar) {
-        bf16x8 a[VPT];
-#pragma unroll
-        for (int u = 0; u < VPT; u++) {
-            int i = threadIdx.x + u * blockDim.x;
-            if (i < nv) a[u] = ar[i];
-            else memset(&a[u], 0, sizeof a[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < VPT; u++) {
-            int i = threadIdx.x + u * blockDim.x;
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 a2 = __bfloat1622float2(a[u].h[h]), x2 = __bfloat1622float2(v[u].h[h]);
-                v[u].h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
-            }
-            if (i < nv) xr[i] = v[u];
-        }
-    }
-    float ss = 0.0f;
-#pragma unroll
-    for (int u = 0; u < VPT; u++)
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            float2 f = __bfloat1622float2(v[u].h[h]);
-            ss += f.x * f.x + f.y * f.y;
-        }
-    ss = block_sum(ss, red);
-    const float inv = rsqrtf(ss / (float)d + eps);
     const bf16x8 *wv8 = (const bf16x8 *)w;
-    bf16x8 *orow = (bf16x8 *)(out + r * ldo);
+    bf16x8 v[RPB][VPT], a[RPB][VPT], wv[VPT];
 #pragma unroll
-    for (int u = 0; u < VPT; u++) {
-        int i = threadIdx.x + u * blockDim.x;
-        if (i < nv) {
-            bf16x8 wv = wv8[i], o;
+    for (int k = 0; k < RPB; k++) {
+        const int64_t r = blockIdx.x + (int64_t)k * gridDim.x;
+        const bf16x8 *xr = (const bf16x8 *)(x + r * ldx);
+        const bf16x8 *ar = add ? (const bf16x8 *)(add + r * ld_add) : NULL;
 #pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 w2 = __bfloat1622float2(wv.h[h]), x2 = __bfloat1622float2(v[u].h[h]);
-                float n0 = bf2f(f2bf(x2.x * inv)), n1 = bf2f(f2bf(x2.y * inv));
-                o.h[h] = __floats2bfloat162_rn(n0 * w2.x, n1 * w2.y);
-            }
-            orow[i] = o;
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            bool in = i < nv && r < n;
+            if (in) v[k][u] = xr[i];
+            else memset(&v[k][u], 0, sizeof v[k][u]);
+            if (in && ar) a[k][u] = ar[i];
+            else memset(&a[k][u], 0, sizeof a[k][u]);
         }
     }
+    if (PW)
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (i < nv) wv[u] = wv8[i];
+        }
+#pragma unroll
+    for (int k = 0; k < RPB; k++) {
+        const int64_t r = blockIdx.x + (int64_t)k * gridDim.x;
+        float ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (add) {
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    float2 a2 = __bfloat1622float2(a[k][u].h[h]), x2 = __bfloat1622float2(v[k][u].h[h]);
+                    v[k][u].h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
+                }
+                if (i < nv && r < n) ((bf16x8 *)(x + r * ldx))[i] = v[k][u];
+            }
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 f = __bfloat1622float2(v[k][u].h[h]);
+                ss += f.x * f.x + f.y * f.y;
+            }
+        }
+        ss = block_sum(ss, red); /* every thread of the block takes part, also past the last row */
+        if (r >= n) continue;
+        const float inv = rsqrtf(ss / (float)d + eps);
+        bf16x8 *orow = (bf16x8 *)(out + r * ldo);
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (i < nv) {
+                bf16x8 ww = PW ? wv[u] : wv8[i], o;
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    float2 w2 = __bfloat1622float2(ww.h[h]), x2 = __bfloat1622float2(v[k][u].h[h]);
+                    float n0 = bf2f(f2bf(x2.x * inv)), n1 = bf2f(f2bf(x2.y * inv));
+                    o.h[h] = __floats2bfloat162_rn(n0 * w2.x, n1 * w2.y);
+                }
+                orow[i] = o;
+            }
+        }
+    }
+}
+
+static bool rn_vec_ok(const uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w, int d,
+                      const uint16_t *out, int64_t ldo)
+{
+    return d % 8 == 0 && d <= 8 * RN_MAX_VPT * RN_MAX_THREADS && ldx % 8 == 0 && ldo % 8 == 0 &&
+           (!add || ld_add % 8 == 0) && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
+           (uintptr_t)w % 16 == 0 && (uintptr_t)add % 16 == 0;
+}
+
+template <bool PW, int RPB>
+static void rn_launch(int vpt, int threads, uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add,
+                      const uint16_t *w, float eps, int n, int d, uint16_t *out, int64_t ldo, cudaStream_t s)
+{
+    bf16 *xb = (bf16 *)x, *ob = (bf16 *)out;
+    const bf16 *ab = (const bf16 *)add, *wb = (const bf16 *)w;
+    const unsigned grid = (unsigned)((n + RPB - 1) / RPB);
+    switch (vpt) {
+    case 1: k_rmsnorm_vec<1, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+    case 2: k_rmsnorm_vec<2, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+    case 4: k_rmsnorm_vec<4, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+    default: k_rmsnorm_vec<8, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+    }
+}
+
+/* Threads for vpt vectors per thread over d / 8 vectors, whole warps (block_sum wants them). */
+static int rn_threads(int d, int vpt) { return ((d / 8 + vpt - 1) / vpt + 31) / 32 * 32; }
+
+extern "C" int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, uint16_t *x, int64_t ldx,
+                                 const uint16_t *add, int64_t ld_add, const uint16_t *w, float eps, int n, int d,
+                                 uint16_t *out, int64_t ldo, cudaStream_t s)
+{
+    if (n <= 0) return 0;
+    if (!rn_vec_ok(x, ldx, add, ld_add, w, d, out, ldo) || (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) ||
+        rn_threads(d, vpt) > 512 || (rows_per_block != 1 && rows_per_block != 2))
+        return (int)cudaErrorInvalidValue;
+    const int t = rn_threads(d, vpt);
+    if (rows_per_block == 2) {
+        if (prefetch_w) rn_launch<true, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
+        else rn_launch<false, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
+    } else {
+        if (prefetch_w) rn_launch<true, 1>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
+        else rn_launch<false, 1>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
+    }
+    return sf_launch_status();
 }
 
 extern "C" int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w,
                             float eps, int n, int d, uint16_t *out, int64_t ldo, cudaStream_t s)
 {
     if (n <= 0) return 0;
-    bool vec = d % 8 == 0 && d <= 8 * RN_MAX_VPT * RN_MAX_THREADS && ldx % 8 == 0 && ldo % 8 == 0 &&
-               (!add || ld_add % 8 == 0) && (uintptr_t)x % 16 == 0 && (uintptr_t)out % 16 == 0 &&
-               (uintptr_t)w % 16 == 0 && (uintptr_t)add % 16 == 0;
-    if (vec) {
-        const int nv = d / 8;
+    if (rn_vec_ok(x, ldx, add, ld_add, w, d, out, ldo)) {
         int vpt = 1;
-        while (vpt < RN_MAX_VPT && (nv + vpt - 1) / vpt > RN_MAX_THREADS) vpt *= 2;
-        int threads = (nv + vpt - 1) / vpt;
-        threads = (threads + 31) / 32 * 32; /* block_sum wants whole warps */
-        bf16 *xb = (bf16 *)x, *ob = (bf16 *)out;
-        const bf16 *ab = (const bf16 *)add, *wb = (const bf16 *)w;
-        switch (vpt) {
-        case 1: k_rmsnorm_vec<1><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
-        case 2: k_rmsnorm_vec<2><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
-        case 4: k_rmsnorm_vec<4><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
-        default: k_rmsnorm_vec<8><<<n, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, d, ob, ldo); break;
-        }
+        while (vpt < RN_MAX_VPT && rn_threads(d, vpt) > RN_MAX_THREADS) vpt *= 2;
+        rn_launch<false, 1>(vpt, rn_threads(d, vpt), x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
         return sf_launch_status();
     }
     int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 64;

@@ -151,7 +151,8 @@ static __device__ __forceinline__ void rk_load(rk_unit &x, bf16 *row, int w, int
 /* Block (token blockIdx.x, heads [blockIdx.y * hpb, + hpb) of the H + 2 Hkv). Each thread keeps
  * two units in flight: the next unit's loads are issued before the current one's stores (units
  * touch disjoint memory), and the first unit's before the cos/sin table is built. */
-__global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t ld, const int32_t *__restrict__ pos,
+template <int NT>
+__global__ void __launch_bounds__(NT) k_rope_kv_vec(bf16 *qkv, int64_t ld, const int32_t *__restrict__ pos,
                                                             const int32_t *__restrict__ slot, int H, int Hkv, int hd,
                                                             int rot, int interleaved,
                                                             const float *__restrict__ inv_freq, sf_k_kv kv, int hpb)
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t l
     if (w < items) rk_load(cur, row, w, U, hv, h0, hd);
     if (h0 < H + Hkv) { /* the block rotates something: the token's table */
         const float p = (float)pos[t];
-        for (int j = threadIdx.x; j < half; j += RK_THREADS) sincosf(p * inv_freq[j], &sn[j], &cs[j]);
+        for (int j = threadIdx.x; j < half; j += NT) sincosf(p * inv_freq[j], &sn[j], &cs[j]);
     }
     __syncthreads();
     const int sl = slot[t];
@@ -177,7 +178,7 @@ __global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t l
     const bool to_cache = sl >= 0 && !i8;
     while (w < items) {
         rk_unit nxt;
-        const int nw = w + RK_THREADS;
+        const int nw = w + NT;
         if (nw < items) rk_load(nxt, row, nw, U, hv, h0, hd);
         const int h = cur.h, va = cur.va;
         if (h < H + Hkv && va * 8 < rot) {
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t l
     if (i8 && h1 > H) { /* block-uniform */
         __syncthreads(); /* the rotated k rows are in place */
         const int warp = threadIdx.x >> 5;
-        for (int h = max(h0, H) + warp; h < h1; h += RK_THREADS / 32) {
+        for (int h = max(h0, H) + warp; h < h1; h += NT / 32) {
             const bool is_v = h >= H + Hkv;
             const int kh = is_v ? h - H - Hkv : h - H;
             const int64_t r8 = ((blk - kv.i8_base) * Hkv + kh) * kv.block_size + off;
@@ -210,25 +211,52 @@ __global__ void __launch_bounds__(RK_THREADS) k_rope_kv_vec(bf16 *qkv, int64_t l
     }
 }
 
+static bool rk_vec_ok(const uint16_t *qkv, int64_t ld, int hd, int rot_dim, int interleaved, const sf_k_kv &kv)
+{
+    return hd % 8 == 0 && hd <= RK_MAX_HD && rot_dim % (interleaved ? 8 : 16) == 0 && ld % 8 == 0 &&
+           (uintptr_t)qkv % 16 == 0 && (uintptr_t)kv.k % 16 == 0 && (uintptr_t)kv.v % 16 == 0;
+}
+
+static int rk_launch(int nt, int target_blocks, uint16_t *qkv, int64_t ld, int T, const int32_t *pos,
+                     const int32_t *slot, int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
+                     sf_k_kv kv, cudaStream_t s)
+{
+    const int NH = H + 2 * Hkv;
+    int splits = SF_MIN(NH, (target_blocks + T - 1) / T);
+    int hpb = (NH + splits - 1) / splits;
+    splits = (NH + hpb - 1) / hpb;
+    dim3 grid(T, splits);
+    bf16 *q = (bf16 *)qkv;
+    switch (nt) {
+    case 64: k_rope_kv_vec<64><<<grid, 64, 0, s>>>(q, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, hpb); break;
+    case 256: k_rope_kv_vec<256><<<grid, 256, 0, s>>>(q, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, hpb); break;
+    default: k_rope_kv_vec<128><<<grid, 128, 0, s>>>(q, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, hpb); break;
+    }
+    return sf_launch_status();
+}
+
+extern "C" int sf_k_rope_kv_tune(int threads, int target_blocks, uint16_t *qkv, int64_t ld, int T, const int32_t *pos,
+                                 const int32_t *slot, int H, int Hkv, int hd, int rot_dim, int interleaved,
+                                 const float *inv_freq, sf_k_kv kv, cudaStream_t s)
+{
+    if (T <= 0) return 0;
+    if (rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv || kv.head_dim != hd ||
+        !rk_vec_ok(qkv, ld, hd, rot_dim, interleaved, kv) || (threads != 64 && threads != 128 && threads != 256) ||
+        target_blocks < 1)
+        return (int)cudaErrorInvalidValue;
+    return rk_launch(threads, target_blocks, qkv, ld, T, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, s);
+}
+
 extern "C" int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int32_t *slot,
                             int H, int Hkv, int hd, int rot_dim, int interleaved, const float *inv_freq,
                             sf_k_kv kv, cudaStream_t s)
 {
     if (T <= 0) return 0;
     if (rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv || kv.head_dim != hd) return (int)cudaErrorInvalidValue;
-    const int NH = H + 2 * Hkv;
-    bool vec = hd % 8 == 0 && hd <= RK_MAX_HD && rot_dim % (interleaved ? 8 : 16) == 0 && ld % 8 == 0 &&
-               (uintptr_t)qkv % 16 == 0 && (uintptr_t)kv.k % 16 == 0 && (uintptr_t)kv.v % 16 == 0;
-    if (vec) {
-        int splits = SF_MIN(NH, (RK_TARGET_BLOCKS + T - 1) / T);
-        int hpb = (NH + splits - 1) / splits;
-        splits = (NH + hpb - 1) / hpb;
-        dim3 grid(T, splits);
-        k_rope_kv_vec<<<grid, RK_THREADS, 0, s>>>((bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved,
-                                                  inv_freq, kv, hpb);
-        return sf_launch_status();
-    }
-    dim3 grid(T, NH);
+    if (rk_vec_ok(qkv, ld, hd, rot_dim, interleaved, kv))
+        return rk_launch(RK_THREADS, RK_TARGET_BLOCKS, qkv, ld, T, pos, slot, H, Hkv, hd, rot_dim, interleaved,
+                         inv_freq, kv, s);
+    dim3 grid(T, H + 2 * Hkv);
     int threads = hd / 2 >= 64 ? 64 : 32;
     k_rope_kv<<<grid, threads, 0, s>>>((bf16 *)qkv, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv);
     return sf_launch_status();

@@ -116,12 +116,25 @@ static int kcheck(int rc, const char *what)
     return rc == 0;
 }
 
-/* ---- rmsnorm (+ residual add) ----------------------------------------------------------- */
-static void rmsnorm_case(int n, int d, int with_add, int in_place, int64_t pad)
+/* The launch's status (rc, then a synchronise), then rows x cols of the bf16 device matrix d
+ * (leading dimension ld) against ref under close_enough. 0 when the launch failed. */
+static int launched_close(int rc, const char *what, const uint16_t *d, int64_t rows, int64_t cols, int64_t ld,
+                          const float *ref, int exact)
 {
-    char what[96];
-    snprintf(what, sizeof what, "rmsnorm n=%d d=%d add=%d in_place=%d ld=+%lld", n, d, with_add, in_place,
-             (long long)pad);
+    if (!kcheck(rc, what)) return 0;
+    float *got = download(d, rows, cols, ld);
+    close_enough(what, got, ref, rows * cols, exact);
+    free(got);
+    return 1;
+}
+
+/* ---- rmsnorm (+ residual add) ----------------------------------------------------------- */
+/* variant: NULL for sf_k_rmsnorm, else {vpt, prefetch_w, rows_per_block} of sf_k_rmsnorm_tune */
+static void rmsnorm_case_v(int n, int d, int with_add, int in_place, int64_t pad, const int *variant)
+{
+    char what[128];
+    snprintf(what, sizeof what, "rmsnorm n=%d d=%d add=%d in_place=%d ld=+%lld variant=%d/%d/%d", n, d, with_add,
+             in_place, (long long)pad, variant ? variant[0] : 0, variant ? variant[1] : 0, variant ? variant[2] : 0);
     const int64_t ld = d + pad;
     float *x = rand_vals((int64_t)n * d, 1.0f), *a = rand_vals((int64_t)n * d, 0.5f), *w = rand_vals(d, 1.0f);
     uint16_t *dx = upload(x, n, d, ld), *da = upload(a, n, d, ld), *dw = upload(w, 1, d, d);
@@ -133,10 +146,11 @@ static void rmsnorm_case(int n, int d, int with_add, int in_place, int64_t pad)
         for (int64_t i = 0; i < (int64_t)n * d; i++) x[i] = bfr(x[i] + a[i]);
     sf_cpu_rmsnorm ref = { .x = x, .add = NULL, .w = w, .out = out, .n = n, .d = d, .eps = 1e-5f };
     sf_cpu_rmsnorm_task(&ref, 0, 1);
-    if (!kcheck(sf_k_rmsnorm(dx, ld, with_add ? da : NULL, ld, dw, 1e-5f, n, d, dout, ld, NULL), what)) goto cleanup;
-    float *got = download(dout, n, d, ld);
-    close_enough(what, got, out, (int64_t)n * d, 0);
-    free(got);
+    const uint16_t *dadd = with_add ? da : NULL;
+    int rc = variant ? sf_k_rmsnorm_tune(variant[0], variant[1], variant[2], dx, ld, dadd, ld, dw, 1e-5f, n, d, dout,
+                                         ld, NULL)
+                     : sf_k_rmsnorm(dx, ld, dadd, ld, dw, 1e-5f, n, d, dout, ld, NULL);
+    if (!launched_close(rc, what, dout, n, d, ld, out, 0)) goto cleanup;
     if (with_add && !in_place) { /* the updated residual, exactly bf16(x + add) */
         float *gx = download(dx, n, d, ld);
         char w2[128];
@@ -150,8 +164,22 @@ cleanup:
     free(x); free(a); free(w); free(out);
 }
 
+static void rmsnorm_case(int n, int d, int with_add, int in_place, int64_t pad)
+{
+    rmsnorm_case_v(n, d, with_add, in_place, pad, NULL);
+}
+
+/* The variants --perf times (sf_k_rmsnorm_tune at d = 4096). */
+static const int RN_VARIANTS[][3] = { { 2, 0, 1 }, { 2, 1, 1 }, { 1, 0, 1 }, { 1, 1, 1 }, { 4, 0, 1 },
+                                      { 2, 0, 2 }, { 1, 0, 2 }, { 1, 1, 2 } };
+#define N_RN_VARIANTS (int)(sizeof RN_VARIANTS / sizeof RN_VARIANTS[0])
+
 TEST(rmsnorm)
 {
+    for (int v = 0; v < N_RN_VARIANTS; v++) {
+        rmsnorm_case_v(7, 4096, 1, 0, 0, RN_VARIANTS[v]);  /* odd n: a block's second row missing */
+        rmsnorm_case_v(256, 4096, 0, 1, 8, RN_VARIANTS[v]);
+    }
     for (int i = 0; i < N_NS; i++) rmsnorm_case(NS[i], 4096, 1, 0, 0);
     for (int i = 0; i < N_NS; i += 2) {
         rmsnorm_case(NS[i], 3584, 1, 0, 0);
@@ -177,10 +205,7 @@ static void silu_case(int n, int f, int64_t pad_out)
     if (!dgu || !dout) goto cleanup;
     sf_cpu_silu_mul ref = { .gu = gu, .out = out, .n = n, .f = f };
     sf_cpu_silu_mul_task(&ref, 0, 1);
-    if (!kcheck(sf_k_silu_mul(dgu, 2 * f, n, f, dout, ldo, NULL), what)) goto cleanup;
-    float *got = download(dout, n, f, ldo);
-    close_enough(what, got, out, (int64_t)n * f, 0);
-    free(got);
+    launched_close(sf_k_silu_mul(dgu, 2 * f, n, f, dout, ldo, NULL), what, dout, n, f, ldo, out, 0);
 cleanup:
     cudaFree(dgu); cudaFree(dout);
     free(gu); free(out);
@@ -205,10 +230,7 @@ static void add_case(int n, int d, int64_t pad)
     uint16_t *dy = upload(y, n, d, ld), *da = upload(a, n, d, ld);
     if (!dy || !da) goto cleanup;
     for (int64_t i = 0; i < (int64_t)n * d; i++) y[i] = bfr(y[i] + a[i]);
-    if (!kcheck(sf_k_add(dy, ld, da, ld, n, d, NULL), what)) goto cleanup;
-    float *got = download(dy, n, d, ld);
-    close_enough(what, got, y, (int64_t)n * d, 1);
-    free(got);
+    launched_close(sf_k_add(dy, ld, da, ld, n, d, NULL), what, dy, n, d, ld, y, 1);
 cleanup:
     cudaFree(dy); cudaFree(da);
     free(y); free(a);
@@ -236,20 +258,15 @@ static void embed_case(int T, int vocab, int d)
     uint16_t *demb = upload(emb, vocab, d, d), *dx = poisoned((int64_t)T * d), *dr = poisoned((int64_t)T * d);
     if (!demb || !dx || !dr || !did) goto cleanup;
     cudaMemcpy(did, ids, (size_t)T * 4, cudaMemcpyHostToDevice);
-    if (!kcheck(sf_k_embed(demb, vocab, d, did, T, dx, d, NULL), what)) goto cleanup;
-    float *got = download(dx, T, d, d);
-    close_enough(what, got, ref, (int64_t)T * d, 1);
-    free(got);
+    if (!launched_close(sf_k_embed(demb, vocab, d, did, T, dx, d, NULL), what, dx, T, d, d, ref, 1)) goto cleanup;
     /* get_rows: rows of the embedded matrix back in reverse order */
     for (int t = 0; t < T; t++) ids[t] = T - 1 - t;
     cudaMemcpy(did, ids, (size_t)T * 4, cudaMemcpyHostToDevice);
     snprintf(what, sizeof what, "get_rows n=%d d=%d", T, d);
-    if (!kcheck(sf_k_get_rows(dx, d, did, T, d, dr, d, NULL), what)) goto cleanup;
     float *back = malloc((size_t)T * d * sizeof *back);
     sf_cpu_get_rows(ref, d, ids, T, back);
-    got = download(dr, T, d, d);
-    close_enough(what, got, back, (int64_t)T * d, 1);
-    free(got); free(back);
+    launched_close(sf_k_get_rows(dx, d, did, T, d, dr, d, NULL), what, dr, T, d, d, back, 1);
+    free(back);
 cleanup:
     cudaFree(demb); cudaFree(dx); cudaFree(dr); cudaFree(did);
     free(emb); free(ref); free(ids);
@@ -270,11 +287,11 @@ typedef struct rope_shape {
 /* T tokens of up to 3 sequences at positions p0 + i (p0 > 0 random), slots through a random
  * block table (block size 16) over a pool of bf16 blocks (and INT8 units when sh.int8);
  * every 37th token has slot -1 (not written). */
-static void rope_case(int T, rope_shape sh)
+static void rope_case_v(int T, rope_shape sh, int threads, int target)
 {
     char what[160];
-    snprintf(what, sizeof what, "rope_kv T=%d H=%d Hkv=%d hd=%d rot=%d %s%s", T, sh.H, sh.Hkv, sh.hd, sh.rot,
-             sh.interleaved ? "pairs" : "halves", sh.int8 ? " int8" : "");
+    snprintf(what, sizeof what, "rope_kv T=%d H=%d Hkv=%d hd=%d rot=%d %s%s variant=%d/%d", T, sh.H, sh.Hkv, sh.hd,
+             sh.rot, sh.interleaved ? "pairs" : "halves", sh.int8 ? " int8" : "", threads, target);
     const int H = sh.H, Hkv = sh.Hkv, hd = sh.hd, NH = H + 2 * Hkv, bs = 16, half = sh.rot / 2;
     const int64_t ld = (int64_t)NH * hd + 8; /* padded rows */
     const int nb = 2 * ((T + bs - 1) / bs + 4) + 8; /* bf16 blocks; INT8 units live in the top half */
@@ -322,8 +339,10 @@ static void rope_case(int T, rope_shape sh)
     cudaMemcpy(dslot, slot, (size_t)T * 4, cudaMemcpyHostToDevice);
     sf_k_kv kv = { .k = kc, .v = vc, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd, .k_scale = ksc,
                    .v_scale = vsc, .i8_base = sh.int8 ? nb : 0 };
-    if (!kcheck(sf_k_rope_kv(dqkv, ld, T, dpos, dslot, H, Hkv, hd, sh.rot, sh.interleaved, dinv, kv, NULL), what))
-        goto cleanup;
+    int rc = threads ? sf_k_rope_kv_tune(threads, target, dqkv, ld, T, dpos, dslot, H, Hkv, hd, sh.rot,
+                                         sh.interleaved, dinv, kv, NULL)
+                     : sf_k_rope_kv(dqkv, ld, T, dpos, dslot, H, Hkv, hd, sh.rot, sh.interleaved, dinv, kv, NULL);
+    if (!kcheck(rc, what)) goto cleanup;
     /* reference: the CPU rotation with angles in double, as kernels/cpu/rope_kv.c */
     float c[256], s_[256];
     for (int tt = 0; tt < T; tt++) {
@@ -392,6 +411,13 @@ cleanup:
     free(written);
 }
 
+static void rope_case(int T, rope_shape sh) { rope_case_v(T, sh, 0, 0); }
+
+/* The variants --perf times (sf_k_rope_kv_tune): threads per block, target blocks. */
+static const int RK_VARIANTS[][2] = { { 128, 512 }, { 64, 512 }, { 256, 512 }, { 128, 1024 }, { 64, 1024 },
+                                      { 128, 2048 }, { 64, 2048 }, { 256, 2048 } };
+#define N_RK_VARIANTS (int)(sizeof RK_VARIANTS / sizeof RK_VARIANTS[0])
+
 TEST(rope_kv)
 {
     const rope_shape llama3 = { 32, 8, 128, 128, 0, 0 }, qwen2 = { 28, 4, 128, 128, 0, 0 },
@@ -412,6 +438,10 @@ TEST(rope_kv)
     rope_case(1, l3_int8);
     rope_case(256, l3_int8);
     rope_case(64, gguf_int8);
+    for (int v = 0; v < N_RK_VARIANTS; v++) {
+        rope_case_v(7, llama3, RK_VARIANTS[v][0], RK_VARIANTS[v][1]);
+        rope_case_v(256, gguf_int8, RK_VARIANTS[v][0], RK_VARIANTS[v][1]);
+    }
 }
 
 /* ---- --perf --------------------------------------------------------------------------------- */
@@ -454,13 +484,19 @@ typedef struct perf_ctx {
     int32_t *idx, *pos, *slot;
     float *inv;
     sf_k_kv kv;
+    const int *variant; /* tune runs: RN_VARIANTS / RK_VARIANTS row, NULL: the dispatcher */
+    int no_add;
 } perf_ctx;
 
 static int p_rmsnorm(int i, void *c_, cudaStream_t s)
 {
     perf_ctx *c = c_;
-    return sf_k_rmsnorm(c->in + i * c->in_elems, c->d, c->in2 + i * c->in_elems, c->d, c->w, 1e-5f, c->n, c->d,
-                        c->out + i * c->out_elems, c->d, s);
+    const uint16_t *a = c->no_add ? NULL : c->in2 + i * c->in_elems;
+    if (c->variant)
+        return sf_k_rmsnorm_tune(c->variant[0], c->variant[1], c->variant[2], c->in + i * c->in_elems, c->d, a, c->d,
+                                 c->w, 1e-5f, c->n, c->d, c->out + i * c->out_elems, c->d, s);
+    return sf_k_rmsnorm(c->in + i * c->in_elems, c->d, a, c->d, c->w, 1e-5f, c->n, c->d, c->out + i * c->out_elems,
+                        c->d, s);
 }
 static int p_silu(int i, void *c_, cudaStream_t s)
 {
@@ -480,6 +516,9 @@ static int p_embed(int i, void *c_, cudaStream_t s)
 static int p_rope(int i, void *c_, cudaStream_t s)
 {
     perf_ctx *c = c_;
+    if (c->variant)
+        return sf_k_rope_kv_tune(c->variant[0], c->variant[1], c->in + i * c->in_elems, 6144, c->n, c->pos,
+                                 c->slot + (int64_t)i * c->n, 32, 8, 128, 128, 0, c->inv, c->kv, s);
     return sf_k_rope_kv(c->in + i * c->in_elems, 6144, c->n, c->pos, c->slot + (int64_t)i * c->n, 32, 8, 128, 128, 0,
                         c->inv, c->kv, s);
 }
@@ -487,11 +526,11 @@ static int p_rope(int i, void *c_, cudaStream_t s)
 static void perf_row(const char *op, int n, double bytes, double us, double hbm)
 {
     if (us <= 0) {
-        printf("perf: %-9s n=%-5d failed to time\n", op, n);
+        printf("perf: %-13s n=%-5d failed to time\n", op, n);
         return;
     }
     double gbs = bytes / us / 1e3;
-    printf("perf: %-9s n=%-5d %9.2f us %8.1f GB/s %6.1f%% of HBM\n", op, n, us, gbs, hbm > 0 ? 100 * gbs / hbm : 0);
+    printf("perf: %-13s n=%-5d %9.2f us %8.1f GB/s %6.1f%% of HBM\n", op, n, us, gbs, hbm > 0 ? 100 * gbs / hbm : 0);
 }
 
 /* Llama-3-8B shapes: hidden 4096, FFN 14336, 32 q / 8 kv heads of 128, vocab 128256. */
@@ -522,6 +561,20 @@ static void run_perf(void)
             sf_k_fill_random(c.in2, ni * c.in_elems, 2, 0.01f, s);
             sf_k_fill_random(c.w, d, 3, 1.0f, s);
             perf_row("rmsnorm", n, b, time_op(p_rmsnorm, &c, ni, s), hbm);
+            c.no_add = 1; /* prefill's norms: the residual add is in the GEMM */
+            perf_row("rmsnorm-x", n, 2.0 * n * d * 2 + d * 2, time_op(p_rmsnorm, &c, ni, s), hbm);
+            for (int v = 0; n >= 256 && v < N_RN_VARIANTS; v++) {
+                char name[32];
+                c.variant = RN_VARIANTS[v];
+                for (int na = 0; na < 2; na++) {
+                    c.no_add = na;
+                    snprintf(name, sizeof name, "rn%s:%d/%d/%d", na ? "-x" : "", c.variant[0], c.variant[1],
+                             c.variant[2]);
+                    perf_row(name, n, (na ? 2.0 : 4.0) * n * d * 2 + d * 2, time_op(p_rmsnorm, &c, ni, s), hbm);
+                }
+            }
+            c.variant = NULL;
+            c.no_add = 0;
             /* add: reads y, a, writes y */
             perf_row("add", n, 3.0 * n * d * 2, time_op(p_add, &c, ni, s), hbm);
         }
@@ -571,6 +624,13 @@ static void run_perf(void)
             free(hp); free(hs);
             sf_k_fill_random(c.in, ni * c.in_elems, 5, 1.0f, s);
             perf_row("rope_kv", n, b, time_op(p_rope, &c, ni, s), hbm);
+            for (int v = 0; n >= 64 && v < N_RK_VARIANTS; v++) {
+                char name[32];
+                c.variant = RK_VARIANTS[v];
+                snprintf(name, sizeof name, "rk:%d/%d", c.variant[0], c.variant[1]);
+                perf_row(name, n, b, time_op(p_rope, &c, ni, s), hbm);
+            }
+            c.variant = NULL;
         }
         cudaFree(c.in); cudaFree(c.kv.k); cudaFree(c.kv.v); cudaFree(c.pos); cudaFree(c.slot); cudaFree(c.inv);
     }
