@@ -23,6 +23,7 @@
 #define TARGET_MEMORY_S 10.0 /* a latency target shapes steps this long after the last request that had it */
 #define FLOOR_MARGIN 0.8    /* floors shape steps to this share of 1000 / min_tps: the model's error and
                              * the prefill of higher classes (never held back) stay inside the floor */
+#define RT_EXTRA_MS 2.0     /* lower-class prefill adds at most this to a step that carries a realtime prompt */
 #define DIP_BRIDGE_S 0.5    /* the degrade watch bridges a dip back across its threshold this short */
 #define HI_MEMORY_S 3.0     /* the high class's peaks (seats, KV) decay with this time constant */
 #define HI_MARGIN 1.25      /* seats and KV kept for the high class: this much over its recent peak */
@@ -106,9 +107,13 @@ void sf_policy_caps(sf_sched *s, int n_decode)
     }
     s->cap_low = SF_MIN(s->cap_low, s->cap_tokens);
     /* High-urgency prompts in this step (waiting, or a running one not yet prefilled): lower-class
-     * prefill keeps to one small chunk, so the step that brings realtime its first token is not
-     * stretched by batch prompts (their floors are about decode, which is not held back). */
-    if (t_rt < INFINITY && high_prefill_pending(s)) s->cap_low = SF_MIN(s->cap_low, min_chunk);
+     * prefill may add at most RT_EXTRA_MS to the step, as the model predicts (at least one small
+     * chunk), so the step that brings realtime its first token is not stretched by batch prompts
+     * (their floors are about decode, which is not held back). */
+    if (t_rt < INFINITY && high_prefill_pending(s)) {
+        int extra = s->cm_n >= CM_MIN_STEPS && s->cm_th[1] > 1e-9 ? (int)SF_MIN(RT_EXTRA_MS / s->cm_th[1], 1e9) : 0;
+        s->cap_low = SF_MIN(s->cap_low, SF_MAX(min_chunk, extra));
+    }
     if (s->cap_tokens < s->budget_left) s->budget_left = s->cap_tokens;
     s->low_budget_left = s->cap_low;
 }

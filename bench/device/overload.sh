@@ -8,8 +8,11 @@
 # a short search (priorities on, SLO TTFT 300 ms and 50 tokens/s), then runs 1x, 8x, 4x, 2x with
 # priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
 # /metrics (KV usage and demand, degrade decisions) during each run; 4x and 8x run 16 s so that
-# KV pressure can outlast the default 5 s degrade hold. The KV pool is held to 1024 blocks (16k
-# tokens, 2 GiB) so that the overload levels press on it and the degrade path can be seen. Then
+# KV pressure can outlast the default 5 s degrade hold; before each run the server is given up to
+# 7 s to leave a degraded state the run before left (so decisions are counted in the run that made
+# them). The KV pool is held to 1024 blocks (16k tokens, 2 GiB) and the seats to 256, so that at
+# 8x the KV pool, not the seats, is what the high class's headroom leaves short and the degrade
+# path can be seen. Then
 # the INT8 KV quality cost (`semflow bench kv-quality`, Llama-3-8B dummy preset) and the step
 # trace summarised per run (bench/overload/trace_summary.py).
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md,
@@ -67,10 +70,10 @@ else
     echo "overload: build/tests/device/test_swap_copy missing (a CUDA build makes it); the copy check is skipped"
 fi
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
-SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 128 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
+SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 256 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
 SEARCH_RATES=${SEARCH_RATES-12 24 48 96} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
 LONG_LEVELS="4 8" LONG_DURATION=${LONG_DURATION:-16} \
-DEADLINE=${BUDGET_S:-250} READY_TIMEOUT=90 WARMUP_S=3 \
+DEADLINE=${BUDGET_S:-250} READY_TIMEOUT=90 WARMUP_S=3 SETTLE_S=7 \
     timeout -k 5 "${BUDGET_S:-250}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
 rc=$?
 tail -n 40 "$D/run.log"

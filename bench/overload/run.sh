@@ -27,7 +27,8 @@
 #      SEARCH_RATES ("1 2 4 8 16" for cpu, "" for h200), RATE_1X, SEARCH_DURATION (12), DURATION (the
 #      scenario's), LEVELS ("1 2 4 8"), LONG_LEVELS (levels run for LONG_DURATION s instead, so that
 #      KV pressure can outlast the degrade hold; "" none), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
-#      WARMUP_S (0: none; else a run of that long at the scenario's 1x before anything is measured).
+#      WARMUP_S (0: none; else a run of that long at the scenario's 1x before anything is measured),
+#      SETTLE_S (0: none; else before each ladder run, wait up to that long for the degraded state to end).
 set -e
 cd "$(dirname "$0")/../.."
 T0=$(date +%s)
@@ -78,6 +79,23 @@ until curl -sf "$URL/health" >/dev/null; do
 done
 echo "server ready after $(( $(date +%s) - T0 )) s"
 
+# settle: wait (at most SETTLE_S s) until the scheduler is out of the degraded state, so that each
+# run starts from the normal state and the decisions counted during it are its own.
+settle() {
+    python3 - "$URL" "${SETTLE_S:-0}" <<'PY' || true
+import sys, time, urllib.request
+url, limit = sys.argv[1], float(sys.argv[2])
+t0 = time.time()
+while time.time() - t0 < limit:
+    try:
+        text = urllib.request.urlopen(url + "/metrics", timeout=2).read().decode()
+    except OSError:
+        break
+    if "\nsemflow_sched_degraded 1" not in text:
+        break
+    time.sleep(0.25)
+PY
+}
 # loadgen SCENARIO RATE DURATION NAME: one open-loop run bounded by time, watched.
 loadgen() {
     n=$(python3 -c "import math; print(int(math.ceil($2 * $3 * 2)) + 10)")
@@ -134,6 +152,7 @@ for l in $LEVELS; do
         d=$DURATION
         case " $LONG_LEVELS " in *" $l "*) d=$LONG_DURATION ;; esac
         if [ "$(left)" -lt $((d + 20)) ]; then d=$DURATION; fi
+        settle
         loadgen "$SCEN/$mode-${l}x.json" "$r" "$d" "$mode-${l}x"
         echo "priorities $mode, ${l}x = $r req/s: $(share "$mode-${l}x") met the SLO ($(( $(date +%s) - T0 )) s)"
     done

@@ -8,7 +8,7 @@ watch.py wrote with the engine's step numbers at the start and end of the run (s
 the trace lines of that run. Per run: steps, steps carrying realtime (high-urgency) tokens and
 their time (P50 / P95 / max ms), preemptions planned in those steps, KV blocks swapped before
 them and the longest swap time, the KV demand peak and the longest stretch above the degrade
-threshold (0.92), degrade transitions, and the most sequences running with INT8 KV.
+threshold (0.92; dips under 0.5 s bridged, as the policy does), degrade transitions, and the most sequences running with INT8 KV.
 """
 import glob
 import json
@@ -16,6 +16,7 @@ import os
 import sys
 
 THRESHOLD = 0.92
+BRIDGE_S = 0.5  # engine/sched_policy.c: DIP_BRIDGE_S
 
 
 def pct(xs, q):
@@ -61,13 +62,16 @@ def summarise(rows, prev_preempt):
     dem = [r.get("kv_demand", 0) for r in rows]
     out["kv_demand_peak"] = max(dem, default=0.0)
     longest = 0.0
-    since = None
-    for r in rows:
+    since = dip = None
+    for r in rows:  # as the policy watches it: dips back under shorter than BRIDGE_S are bridged
         if r.get("kv_demand", 0) > THRESHOLD:
             since = r["t_s"] if since is None else since
+            dip = None
             longest = max(longest, r["t_s"] - since)
-        else:
-            since = None
+        elif since is not None:
+            dip = r["t_s"] if dip is None else dip
+            if r["t_s"] - dip > BRIDGE_S:
+                since = dip = None
     out["kv_demand_above_s"] = longest
     trans = 0
     for a, b in zip(rows, rows[1:]):

@@ -16,7 +16,7 @@ import sys
 import time
 import urllib.request
 
-LINE = re.compile(r'^([a-z_]+)(\{[^}]*\})? ([0-9.eE+-]+|NaN|[+-]Inf)$')
+LINE = re.compile(r'^([a-z_][a-z_0-9]*)(\{[^}]*\})? ([0-9.eE+-]+|NaN|[+-]Inf)$')
 COUNTERS = ("semflow_preemptions_total", "semflow_swaps_out_total", "semflow_engine_steps_total",
             "semflow_engine_prefill_tokens_total", "semflow_engine_decode_tokens_total",
             "semflow_engine_finished_total")
