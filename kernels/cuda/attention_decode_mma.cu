@@ -33,6 +33,16 @@
 #define DM_MAX_SPLIT SF_AD_MAX_SPLIT
 
 /* ---- helpers of this kernel ------------------------------------------------------------- */
+/* d += a . b (m16n8k16, fp32 accumulators; fp16 or bf16 inputs) from four A registers */
+template <bool F16>
+static __device__ __forceinline__ void mma4(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1)
+{
+    const unsigned a[4] = { a0, a1, a2, a3 };
+    if (F16) sf_mma_f16(d, a, b0, b1);
+    else sf_mma_bf16(d, a, b0, b1);
+}
+
 static __device__ __forceinline__ uint32_t u4w(const uint4 &v, int i)
 {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
@@ -90,8 +100,8 @@ static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_at
         if (I8 && valid && id >= a.kv.i8_base) {
             const int64_t row = ((int64_t)(id - a.kv.i8_base) * Hkv + kh) * bs + (p & (bs - 1));
             if (ck < HD / 16) {
-                sf_cp_async16(dk + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.k + row * HD + ck * 16, true);
-                sf_cp_async16(dv + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.v + row * HD + ck * 16, true);
+                sf_cp_async16(dk + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.k + row * HD + ck * 16, 16);
+                sf_cp_async16(dv + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.v + row * HD + ck * 16, 16);
             }
             if (ck == 0) {
                 sf_cp_async4(ks + j, a.kv.k_scale + row);
@@ -100,8 +110,8 @@ static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_at
             }
         } else {
             const int64_t off = valid ? (((int64_t)id * Hkv + kh) * bs + (p & (bs - 1))) * HD : 0;
-            sf_cp_async16(dk + sw_bf(j, ck) * 16, a.kv.k + off + ck * 8, valid);
-            sf_cp_async16(dv + sw_bf(j, ck) * 16, a.kv.v + off + ck * 8, valid);
+            sf_cp_async16(dk + sw_bf(j, ck) * 16, a.kv.k + off + ck * 8, valid ? 16 : 0);
+            sf_cp_async16(dv + sw_bf(j, ck) * 16, a.kv.v + off + ck * 8, valid ? 16 : 0);
             if (I8 && ck == 0) {
                 if (!valid) ks[j] = vs[j] = 0.0f; /* the weights of masked keys stay 0 */
                 if ((j & 15) == 0) kind[j >> 4] = 0;
@@ -153,7 +163,7 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
 #pragma unroll
         for (int s = 0; s < HD / 16; s++) {
             const int q = s >> 1, wd = (s & 1) * 2;
-            sf_mma16816<false>(s & 1 ? sd : sc, u4w(x0[q], wd), u4w(x1[q], wd), u4w(x0[q], wd + 1), u4w(x1[q], wd + 1), qb[s][0],
+            mma4<false>(s & 1 ? sd : sc, u4w(x0[q], wd), u4w(x1[q], wd), u4w(x0[q], wd + 1), u4w(x1[q], wd + 1), qb[s][0],
                      qb[s][1]);
         }
     } else {
@@ -167,7 +177,7 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
 #pragma unroll
         for (int s = 0; s < HD / 16; s++) {
             const uint32_t w0 = u4w(x0[s >> 2], s & 3) ^ 0x80808080u, w1 = u4w(x1[s >> 2], s & 3) ^ 0x80808080u;
-            sf_mma16816<true>(s & 1 ? sd : sc, i8x2_h2(w0, 0x4140u), i8x2_h2(w1, 0x4140u), i8x2_h2(w0, 0x4342u),
+            mma4<true>(s & 1 ? sd : sc, i8x2_h2(w0, 0x4140u), i8x2_h2(w1, 0x4140u), i8x2_h2(w0, 0x4342u),
                       i8x2_h2(w1, 0x4342u), qh[I8 ? s : 0][0], qh[I8 ? s : 0][1]);
         }
     }
@@ -203,8 +213,8 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
         p00 *= vs0; p01 *= vs0; p10 *= vs1; p11 *= vs1;
     }
     /* P^T as the B operand: bf16 for bf16 rows, fp16 for INT8 rows (the V scale makes p small) */
-    const uint32_t b0 = sf_movmatrix_trans(i8 ? sf_pack_f16x2(p00, p01) : sf_pack_bf16x2(p00, p01));
-    const uint32_t b1 = sf_movmatrix_trans(i8 ? sf_pack_f16x2(p10, p11) : sf_pack_bf16x2(p10, p11));
+    const uint32_t b0 = sf_movmatrix_trans(i8 ? sf_pack_f16(p00, p01) : sf_pack_bf16(p00, p01));
+    const uint32_t b1 = sf_movmatrix_trans(i8 ? sf_pack_f16(p10, p11) : sf_pack_bf16(p10, p11));
 
     /* O^T += V^T . P^T; output dim rows (g | g+8) of tile j = row dims (e, e + 1) of lane g's run,
      * e = 8 * (g + 8 * (j / 4)) + 2 * (j % 4); keys (2c, 2c+1 | 2c+8, 2c+9) */
@@ -222,7 +232,7 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
         for (int j = 0; j < HD / 16; j++) {
             const int q = j >> 2, wi = j & 3;
             const uint32_t w0 = u4w(y[0][q], wi), w1 = u4w(y[1][q], wi), w2 = u4w(y[2][q], wi), w3 = u4w(y[3][q], wi);
-            sf_mma16816<false>(o[j], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
+            mma4<false>(o[j], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
                      __byte_perm(w2, w3, 0x7632), b0, b1);
         }
     } else {
@@ -245,9 +255,9 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
                            w3 = (wi < 2 ? y[3][q].x : y[3][q].y) ^ 0x80808080u;
             const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
             const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-            sf_mma16816<true>(o[j], i8x2_h2(lo01, 0x4140u), i8x2_h2(lo01, 0x4342u), i8x2_h2(lo23, 0x4140u),
+            mma4<true>(o[j], i8x2_h2(lo01, 0x4140u), i8x2_h2(lo01, 0x4342u), i8x2_h2(lo23, 0x4140u),
                       i8x2_h2(lo23, 0x4342u), b0, b1);
-            sf_mma16816<true>(o[j + 1], i8x2_h2(hi01, 0x4140u), i8x2_h2(hi01, 0x4342u), i8x2_h2(hi23, 0x4140u),
+            mma4<true>(o[j + 1], i8x2_h2(hi01, 0x4140u), i8x2_h2(hi01, 0x4342u), i8x2_h2(hi23, 0x4140u),
                       i8x2_h2(hi23, 0x4342u), b0, b1);
         }
     }
@@ -280,7 +290,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 #pragma unroll
     for (int st = 0; st < NS - 1; st++) {
         if (st < ntile) dm_issue<HD, I8, NW>(smem + st * Lo::STB, a, kh, k0 + st * Lo::TK, k1, ids[st], ck, j0);
-        sf_cp_commit();
+        sf_cp_async_commit();
     }
     int blk[Lo::NR];
 #pragma unroll
@@ -305,7 +315,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             const float2 f = __bfloat1622float2(*(const bf162 *)&qb[s][k]);
-            qh[s][k] = I8 ? sf_pack_f16x2(f.x, f.y) : 0u;
+            qh[s][k] = I8 ? sf_pack_f16(f.x, f.y) : 0u;
         }
     const float qs = a.scale * 1.4426950408889634f;
     float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, o[HD / 16][4];
@@ -313,18 +323,18 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     for (int j = 0; j < HD / 16; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
     for (int i = 0; i < ntile; i++) {
-        sf_cp_wait<NS - 2>();
+        sf_cp_async_wait<NS - 2>();
         __syncthreads(); /* tile i is in; every warp is done with the stage tile i + NS - 1 reuses */
         const int nx = i + NS - 1;
         if (nx < ntile) {
             dm_issue<HD, I8, NW>(smem + (nx % NS) * Lo::STB, a, kh, k0 + nx * Lo::TK, k1, blk, ck, j0);
             if (nx + 1 < ntile) dm_ids<HD, I8, NW>(blk, bt, lbs, k0 + (nx + 1) * Lo::TK, k1, j0);
         }
-        sf_cp_commit();
+        sf_cp_async_commit();
         const int kb = k0 + i * Lo::TK + 16 * w;
         if (kb < k1) dm_compute<HD, I8, NW>(smem + (i % NS) * Lo::STB, w, kb, k1, qs, qb, qh, m, l, o);
     }
-    sf_cp_wait<0>();
+    sf_cp_async_wait<0>();
     __syncthreads(); /* the ring is free: it holds the warps' partial results now */
 
     /* the warp's l over its lanes (each lane summed its own keys) */

@@ -219,67 +219,33 @@ static inline int sf_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, siz
     return (int)cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
 }
 
-/* ---- tensor-core and cp.async building blocks (sm_80+; the kernels that use them need sm_90) -- */
-/* 16 bytes global -> shared without registers; valid = false writes zeros (src is not read). */
-static __device__ __forceinline__ void sf_cp_async16(void *dst, const void *src, bool valid)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
-}
-
+/* ---- more tensor-core building blocks (beside the ones above) ------------------------------ */
+/* 4 bytes global -> shared (cp.async.ca), in the current group. */
 static __device__ __forceinline__ void sf_cp_async4(void *dst, const void *src)
 {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
 }
-
-static __device__ __forceinline__ void sf_cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-
-/* Waits until at most N of this thread's committed groups are still in flight. */
-template <int N>
-static __device__ __forceinline__ void sf_cp_wait(void)
+/* sf_mma_bf16 with fp16 inputs */
+static __device__ __forceinline__ void sf_mma_f16(float *d, const unsigned *a, unsigned b0, unsigned b1)
 {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
-
-/* d += a . b, mma.m16n8k16 with fp32 accumulators; inputs bf16 (F16 false) or fp16 (F16 true).
- * Fragments as the PTX ISA lays them out: a0..a3 rows (g | g+8) x k (2c.. | 2c+8..), b0, b1 k
- * (2c.. | 2c+8..) x n g, d rows (g | g+8) x n (2c, 2c+1); g = lane / 4, c = lane % 4. */
-template <bool F16>
-static __device__ __forceinline__ void sf_mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                   uint32_t b0, uint32_t b1)
+/* The 8x8 b16 matrix whose fragment (row lane / 4, columns 2 (lane % 4), +1) is x, transposed, as
+ * the same kind of fragment (turns an accumulator tile into a B operand). */
+static __device__ __forceinline__ unsigned sf_movmatrix_trans(unsigned x)
 {
-    if (F16)
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-            "{%0,%1,%2,%3};\n"
-            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-/* The 8x8 16-bit matrix whose fragment (row lane / 4, columns 2 (lane % 4) + 0..1) is x, transposed,
- * as the same kind of fragment (turns an accumulator tile into a B operand). */
-static __device__ __forceinline__ uint32_t sf_movmatrix_trans(uint32_t x)
-{
-    uint32_t y;
+    unsigned y;
     asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
     return y;
 }
-
-static __device__ __forceinline__ uint32_t sf_pack_bf16x2(float lo, float hi)
-{
-    bf162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
-}
-
-static __device__ __forceinline__ uint32_t sf_pack_f16x2(float lo, float hi)
+/* two floats as an fp16 pair, lo in the low half */
+static __device__ __forceinline__ unsigned sf_pack_f16(float lo, float hi)
 {
     __half2 h = __floats2half2_rn(lo, hi);
-    return *(uint32_t *)&h;
+    return *(unsigned *)&h;
 }
 
 /* Status of the last launch, as the C API returns it. */
