@@ -45,8 +45,10 @@ int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, 
 
 /* Benchmarks only: the one-pass kernel with `vpt` 16-byte vectors per thread (1, 2, 4, 8; the
  * block is d / 8 / vpt threads rounded to warps, <= 512), the weights loaded with the row
- * (prefetch_w) or after the reduction, rows_per_block 1 or 2 (loads of both rows in flight).
- * cudaErrorInvalidValue for shapes that kernel does not take. */
+ * (prefetch_w) or after the reduction, rows_per_block 1 or 2 (loads of both rows in flight) or
+ * more: a block per rows_per_block rows in a software-pipelined loop (the next row's loads before
+ * the current row's reduction and stores; weights always held). cudaErrorInvalidValue for shapes
+ * that kernel does not take. */
 int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, uint16_t *x, int64_t ldx, const uint16_t *add,
                       int64_t ld_add, const uint16_t *w, float eps, int n, int d, uint16_t *out, int64_t ldo,
                       cudaStream_t s);

@@ -121,6 +121,80 @@ __global__ void __launch_bounds__(512, VPT * RPB <= 2 && !PW ? 3 : VPT * RPB <= 
     }
 }
 
+/* Rows blockIdx.x, + gridDim.x, ... in a loop, software-pipelined: the next row's x and add are
+ * loaded before the current row's add, reduction and stores, so a block always has a row's loads
+ * in flight; the weights are loaded once per block. Same arithmetic as k_rmsnorm_vec. */
+template <int VPT>
+__global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1) k_rmsnorm_loop(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add,
+                                                         const bf16 *__restrict__ w, float eps, int n, int d,
+                                                         bf16 *out, int64_t ldo)
+{
+    __shared__ float red[32];
+    const int nv = d / 8;
+    bf16x8 v[VPT], a[VPT], wv[VPT];
+    int64_t r = blockIdx.x;
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int i = threadIdx.x + u * blockDim.x;
+        bool in = i < nv && r < n;
+        if (in) v[u] = ((const bf16x8 *)(x + r * ldx))[i];
+        else memset(&v[u], 0, sizeof v[u]);
+        if (in && add) a[u] = ((const bf16x8 *)(add + r * ld_add))[i];
+        else memset(&a[u], 0, sizeof a[u]);
+        if (i < nv) wv[u] = ((const bf16x8 *)w)[i];
+    }
+    for (; r < n; r += gridDim.x) { /* block-uniform */
+        const int64_t rn = r + gridDim.x;
+        bf16x8 vn[VPT], an[VPT];
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            bool in = i < nv && rn < n;
+            if (in) vn[u] = ((const bf16x8 *)(x + rn * ldx))[i];
+            else memset(&vn[u], 0, sizeof vn[u]);
+            if (in && add) an[u] = ((const bf16x8 *)(add + rn * ld_add))[i];
+            else memset(&an[u], 0, sizeof an[u]);
+        }
+        float ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (add) {
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    float2 a2 = __bfloat1622float2(a[u].h[h]), x2 = __bfloat1622float2(v[u].h[h]);
+                    v[u].h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
+                }
+                if (i < nv) ((bf16x8 *)(x + r * ldx))[i] = v[u];
+            }
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                float2 f = __bfloat1622float2(v[u].h[h]);
+                ss += f.x * f.x + f.y * f.y;
+            }
+        }
+        ss = block_sum(ss, red);
+        const float inv = rsqrtf(ss / (float)d + eps);
+        bf16x8 *orow = (bf16x8 *)(out + r * ldo);
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (i < nv) {
+                bf16x8 o;
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    float2 w2 = __bfloat1622float2(wv[u].h[h]), x2 = __bfloat1622float2(v[u].h[h]);
+                    float n0 = bf2f(f2bf(x2.x * inv)), n1 = bf2f(f2bf(x2.y * inv));
+                    o.h[h] = __floats2bfloat162_rn(n0 * w2.x, n1 * w2.y);
+                }
+                orow[i] = o;
+            }
+            v[u] = vn[u];
+            a[u] = an[u];
+        }
+    }
+}
+
 static bool rn_vec_ok(const uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w, int d,
                       const uint16_t *out, int64_t ldo)
 {
@@ -153,10 +227,20 @@ extern "C" int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, ui
 {
     if (n <= 0) return 0;
     if (!rn_vec_ok(x, ldx, add, ld_add, w, d, out, ldo) || (vpt != 1 && vpt != 2 && vpt != 4 && vpt != 8) ||
-        rn_threads(d, vpt) > 512 || (rows_per_block != 1 && rows_per_block != 2))
+        rn_threads(d, vpt) > 512 || rows_per_block < 1)
         return (int)cudaErrorInvalidValue;
     const int t = rn_threads(d, vpt);
-    if (rows_per_block == 2) {
+    if (rows_per_block > 2) { /* the pipelined loop */
+        bf16 *xb = (bf16 *)x, *ob = (bf16 *)out;
+        const bf16 *ab = (const bf16 *)add, *wb = (const bf16 *)w;
+        const unsigned grid = (unsigned)((n + rows_per_block - 1) / rows_per_block);
+        switch (vpt) {
+        case 1: k_rmsnorm_loop<1><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+        case 2: k_rmsnorm_loop<2><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+        case 4: k_rmsnorm_loop<4><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+        default: k_rmsnorm_loop<8><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
+        }
+    } else if (rows_per_block == 2) {
         if (prefetch_w) rn_launch<true, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
         else rn_launch<false, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
     } else {

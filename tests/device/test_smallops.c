@@ -170,8 +170,8 @@ static void rmsnorm_case(int n, int d, int with_add, int in_place, int64_t pad)
 }
 
 /* The variants --perf times (sf_k_rmsnorm_tune at d = 4096). */
-static const int RN_VARIANTS[][3] = { { 2, 0, 1 }, { 2, 1, 1 }, { 1, 0, 1 }, { 1, 1, 1 }, { 4, 0, 1 },
-                                      { 2, 0, 2 }, { 1, 0, 2 }, { 1, 1, 2 } };
+static const int RN_VARIANTS[][3] = { { 2, 0, 1 }, { 2, 1, 1 }, { 1, 0, 1 }, { 4, 0, 1 }, { 2, 0, 2 },
+                                      { 1, 0, 2 }, { 2, 1, 4 }, { 1, 1, 4 }, { 2, 1, 8 }, { 1, 1, 8 } };
 #define N_RN_VARIANTS (int)(sizeof RN_VARIANTS / sizeof RN_VARIANTS[0])
 
 TEST(rmsnorm)
