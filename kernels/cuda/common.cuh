@@ -219,6 +219,35 @@ static inline int sf_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, siz
     return (int)cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
 }
 
+/* ---- more tensor-core building blocks (beside the ones above) ------------------------------ */
+/* 4 bytes global -> shared (cp.async.ca), in the current group. */
+static __device__ __forceinline__ void sf_cp_async4(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+/* sf_mma_bf16 with fp16 inputs */
+static __device__ __forceinline__ void sf_mma_f16(float *d, const unsigned *a, unsigned b0, unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* The 8x8 b16 matrix whose fragment (row lane / 4, columns 2 (lane % 4), +1) is x, transposed, as
+ * the same kind of fragment (turns an accumulator tile into a B operand). */
+static __device__ __forceinline__ unsigned sf_movmatrix_trans(unsigned x)
+{
+    unsigned y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+/* two floats as an fp16 pair, lo in the low half */
+static __device__ __forceinline__ unsigned sf_pack_f16(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(unsigned *)&h;
+}
+
 /* Status of the last launch, as the C API returns it. */
 static inline int sf_launch_status(void) { return (int)cudaGetLastError(); }
 

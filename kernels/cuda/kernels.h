@@ -200,12 +200,6 @@ int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, in
 /* sf_k_gemv_add that also pulls the first next_bytes of the next GEMV's weight `next` into L2
  * before it waits for the kernel before it (while attention runs): half at next and half at
  * next + next_seg2 bytes when next_seg2 > 0 (gate rows, then up rows). next_bytes 0: none. */
-/* The same y[m] += x . W^T (+ bias) through gemv_ring.cu (weights staged in shared memory by
- * cp.async); sf_k_gemv_add(_next without next bytes) takes it when sf_k_gemv_ring_enabled
- * (SEMFLOW_CUDA_GEMV_RING=1). */
-int sf_k_gemv_ring_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
-                       cudaStream_t s);
-int sf_k_gemv_ring_enabled(void);
 int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
                        const uint16_t *next, long long next_bytes, long long next_seg2, cudaStream_t s);
 
@@ -218,7 +212,7 @@ int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const 
 
 /* Benchmarks only: kind 0 norm, 1 norm + glu, 2 add, with `warps` per block (4, 8, 16) and
  * `unroll` 16-byte loads per row in flight per lane (4, 8; 100 + n: one row per warp, n loads;
- * not glu); no bias. */
+ * not glu; 201: two rows per warp through the cp.async ring, 200: one, not glu); no bias. */
 int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                          int m, int k, uint16_t *y, cudaStream_t s);
 
