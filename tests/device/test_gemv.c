@@ -218,6 +218,28 @@ static const char *env_or_unset(const char *name)
     return v ? v : "unset";
 }
 
+/* Instantiates the captured graph g (and destroys it), replays it `reps` times after one warm-up
+ * and returns the time per kernel in us (n kernels in g); NAN when it cannot run. */
+static double graph_us(cudaGraph_t g, int n, int reps)
+{
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = NAN;
+    if (g && !cudaGraphInstantiate(&ge, g, 0) && !cudaEventCreate(&e0) && !cudaEventCreate(&e1)) {
+        cudaGraphLaunch(ge, S);
+        cudaEventRecord(e0, S);
+        for (int r = 0; r < reps; r++) cudaGraphLaunch(ge, S);
+        cudaEventRecord(e1, S);
+        if (cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1)) ms = NAN;
+    }
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    return ms * 1000.0 / ((double)reps * n);
+}
+
 static void perf_layer(void)
 {
     enum { L = 8, REPS = 20 };
@@ -233,8 +255,6 @@ static void perf_layer(void)
     x = dev_rand(d, 1.0f, NULL); nw = dev_rand(d, 1.0f, NULL); h = dev_rand(d, 1.0f, NULL);
     q = dev_rand(qkv, 1.0f, NULL); act = dev_rand(ff, 1.0f, NULL);
     if (!x || !nw || !h || !q || !act) return;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0); cudaEventCreate(&e1);
     /* op -1: the chain; 0..3 one op alone, L launches back to back */
     static const char *names[] = { "QKV (norm) 6144 x 4096", "O (add) 4096 x 4096", "gate/up (norm+glu) 28672 x 4096",
                                    "down (add) 4096 x 14336" };
@@ -243,7 +263,6 @@ static void perf_layer(void)
     double us = 0, mb = op_mb[0] + op_mb[1] + op_mb[2] + op_mb[3];
     for (int op = -1; op < 4; op++) {
         cudaGraph_t g = NULL;
-        cudaGraphExec_t ge = NULL;
         int rc = 0;
         if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf("perf: capture failed\n"); return; }
         for (int l = 0; l < L; l++) {
@@ -253,19 +272,11 @@ static void perf_layer(void)
             if (op < 0 || op == 3) rc |= sf_k_gemv_add(act, wd[l], NULL, d, ff, h, S);
         }
         cudaStreamEndCapture(S, &g);
-        if (rc || !g || cudaGraphInstantiate(&ge, g, 0)) { printf("perf: graph of op %d failed (%d)\n", op, rc); return; }
-        float ms = 0;
-        cudaGraphLaunch(ge, S);
-        cudaEventRecord(e0, S);
-        for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
-        cudaEventRecord(e1, S);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        double t = ms * 1000.0 / (REPS * L);
+        double t = rc ? NAN : graph_us(g, L, REPS); /* per layer for the chain */
+        if (rc && g) cudaGraphDestroy(g);
         if (op < 0) us = t;
         else printf("perf: %-32s %7.1f us %6.0f GB/s (%d launches back to back in a graph)\n", names[op], t,
                     op_mb[op] / t * 1e3, L);
-        cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
     }
     printf("perf: layer chain (QKV, O, gate/up, down; Llama-3-8B, no attention): %.1f us per layer, %.0f GB/s "
            "(%.1f MB per layer; SEMFLOW_CUDA_GEMV_RING=%s)\n",
@@ -278,7 +289,6 @@ static void perf_layer(void)
         printf("perf: %-32s variants (warps x loads) us:", names[op]);
         for (size_t v = 0; v < SF_ARRAY_LEN(var); v++) {
             cudaGraph_t g = NULL;
-            cudaGraphExec_t ge = NULL;
             int rc = 0;
             if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) break;
             for (int l = 0; l < L; l++) {
@@ -287,25 +297,13 @@ static void perf_layer(void)
                                            op == 2 ? act : q, S);
             }
             cudaStreamEndCapture(S, &g);
-            float ms = 0;
-            if (!rc && g && !cudaGraphInstantiate(&ge, g, 0)) {
-                cudaGraphLaunch(ge, S);
-                cudaEventRecord(e0, S);
-                for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
-                cudaEventRecord(e1, S);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&ms, e0, e1);
-                printf(" %dx%d %.1f", var[v][0], var[v][1], ms * 1000.0 / (REPS * L));
-            } else {
-                cudaGetLastError();
-                printf(" %dx%d -", var[v][0], var[v][1]);
-            }
-            if (ge) cudaGraphExecDestroy(ge);
-            if (g) cudaGraphDestroy(g);
+            double t = rc ? NAN : graph_us(g, L, REPS);
+            if (rc && g) cudaGraphDestroy(g);
+            if (isnan(t)) printf(" %dx%d -", var[v][0], var[v][1]);
+            else printf(" %dx%d %.1f", var[v][0], var[v][1], t);
         }
         printf("\n");
     }
-    cudaEventDestroy(e0); cudaEventDestroy(e1);
     for (int l = 0; l < L; l++) { cudaFree(wq[l]); cudaFree(wo[l]); cudaFree(wgu[l]); cudaFree(wd[l]); }
     cudaFree(x); cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(act);
 }
