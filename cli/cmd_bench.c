@@ -362,8 +362,8 @@ out:
  * all-reduces carry at T tokens per step), back to back on every rank. */
 /* All-reduce latency by message size, 2 KiB .. 16 MiB, on the communicator's base path (NCCL,
  * or shared memory on the CPU) and on its own peer-memory kernels where it has them (one-shot,
- * LL, push), and which one it picks by itself. JSON: sizes[] = {bytes, rows, us (base), own_us,
- * ll_us and push_us (null: none), auto}. */
+ * LL), and which one it picks by itself. JSON: sizes[] = {bytes, rows, us (base), own_us and
+ * ll_us (null: none), auto}. */
 static int bench_allreduce(const bench_opts *o)
 {
     bench_env e;
@@ -384,21 +384,20 @@ static int bench_allreduce(const bench_opts *o)
         printf("all-reduce over %d ranks, backend %s, %s values; one decode token = %d bytes (row of %d)\n", o->tp,
                e.b->ops->name, esize == 2 ? "bf16" : "f32", width * esize, width);
         if (cap)
-            printf("own path: one-shot and push peer memory up to %zu bytes, LL up to %zu; auto picks the own path up to "
-                   "%zu bytes (LL up to %zu, push from %zu)\n", cap, ll_cap, cross, c->ll_max_bytes, c->push_min_bytes);
+            printf("own path: one-shot peer memory up to %zu bytes, LL up to %zu; auto picks the own path up to %zu "
+                   "bytes (LL up to %zu)\n", cap, ll_cap, cross, c->ll_max_bytes);
         else printf("own path: none on this communicator (only %s)\n", strcmp(e.b->ops->name, "cpu") ? "NCCL" : "shared memory");
         char base[32];
         snprintf(base, sizeof base, "%s_us", c->ops->name);
-        printf("%10s %10s %10s %10s %10s %10s %6s\n", "bytes", "rows", base, "own_us", "ll_us", "push_us", "auto");
+        printf("%10s %10s %10s %10s %10s %6s\n", "bytes", "rows", base, "own_us", "ll_us", "auto");
     }
     int rc = 0;
     for (size_t bytes = 2048; bytes <= ((size_t)16 << 20) && !rc; bytes *= 2) {
         int64_t n = (int64_t)(bytes / (size_t)esize);
-        double us[4] = { 0, 0, 0, 0 }; /* base, one-shot, LL, push */
-        static const sf_comm_path paths[4] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL,
-                                               SF_COMM_PATH_PUSH };
+        double us[3] = { 0, 0, 0 }; /* base, one-shot, LL */
+        static const sf_comm_path paths[3] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL };
         int iters = bytes <= (1u << 20) ? o->steps * 20 : o->steps * 2;
-        for (int p = 0; p < 4 && !rc; p++) {
+        for (int p = 0; p < 3 && !rc; p++) {
             if ((p != 0 && bytes > cap) || (p == 2 && bytes > ll_cap)) continue;
             if (sf_tp_bench_all_reduce_path(e.tp, n, iters, paths[p], &us[p], &err)) {
                 fprintf(stderr, "semflow bench allreduce: %s\n", err.msg);
@@ -406,21 +405,19 @@ static int bench_allreduce(const bench_opts *o)
             }
         }
         if (rc) break;
-        const char *pick = !cap || bytes > cross ? c->ops->name : bytes <= c->ll_max_bytes ? "ll"
-                         : c->push_min_bytes && bytes >= c->push_min_bytes ? "push" : "own";
+        const char *pick = !cap || bytes > cross ? c->ops->name : bytes <= c->ll_max_bytes ? "ll" : "own";
         double rows = (double)bytes / ((double)width * esize);
         if (o->json) {
             json_t *row = json_pack("{s:I, s:f, s:f, s:s}", "bytes", (json_int_t)bytes, "rows", rows, "us", us[0],
                                     "auto", pick);
             json_object_set_new(row, "own_us", us[1] > 0 ? json_real(us[1]) : json_null());
             json_object_set_new(row, "ll_us", us[2] > 0 ? json_real(us[2]) : json_null());
-            json_object_set_new(row, "push_us", us[3] > 0 ? json_real(us[3]) : json_null());
             json_array_append_new(arr, row);
         } else {
-            char own[3][16] = { "-", "-", "-" };
-            for (int p = 1; p < 4; p++)
+            char own[2][16] = { "-", "-" };
+            for (int p = 1; p < 3; p++)
                 if (us[p] > 0) snprintf(own[p - 1], sizeof own[p - 1], "%.1f", us[p]);
-            printf("%10zu %10.3g %10.1f %10s %10s %10s %6s\n", bytes, rows, us[0], own[0], own[1], own[2], pick);
+            printf("%10zu %10.3g %10.1f %10s %10s %6s\n", bytes, rows, us[0], own[0], own[1], pick);
         }
     }
     if (o->json && !rc) {
@@ -429,7 +426,6 @@ static int bench_allreduce(const bench_opts *o)
                               "crossover_bytes", (json_int_t)cross, "sizes", arr);
         json_object_set_new(j, "ll_cap_bytes", json_integer((json_int_t)ll_cap));
         json_object_set_new(j, "ll_crossover_bytes", json_integer((json_int_t)c->ll_max_bytes));
-        json_object_set_new(j, "push_from_bytes", json_integer((json_int_t)c->push_min_bytes));
         json_dumpf(j, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
         fputc('\n', stdout);
         json_decref(j);

@@ -115,7 +115,7 @@ static int build(sf_tp *t, const sf_model *m, sf_error *err)
 static const char *path_name(sf_comm_path p)
 {
     return p == SF_COMM_PATH_CUSTOM ? "own" : p == SF_COMM_PATH_NCCL ? "base" : p == SF_COMM_PATH_ONESHOT ? "one-shot"
-         : p == SF_COMM_PATH_LL ? "LL" : p == SF_COMM_PATH_PUSH ? "push" : "auto";
+         : p == SF_COMM_PATH_LL ? "LL" : "auto";
 }
 
 /* Every rank: iters all-reduces of an n-element buffer, then a sync and a barrier. *us: wall
@@ -124,7 +124,7 @@ static int bench_all_reduce(sf_tp *t, int64_t n, int iters, sf_comm_path path, d
 {
     sf_buf *buf = NULL;
     sf_comm_path keep = t->comm->path;
-    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_PUSH)
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "rank %d: all-reduce bench: unknown path %d", t->o.rank, (int)path);
     int rc = t->b->ops->buf_new(t->b, 1, n, &buf, err);
     if (rc) return rc;
@@ -522,7 +522,7 @@ int sf_tp_bench_all_reduce_path(sf_tp *t, int64_t n, int iters, sf_comm_path pat
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     if (n < 1 || iters < 1) return sf_err(err, SF_EINVAL, "all-reduce bench: %lld elements x %d", (long long)n, iters);
-    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_PUSH)
+    if (path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "all-reduce bench: unknown path %d", (int)path);
     tp_hdr h = { .cmd = TP_BENCH_ALLREDUCE, .bench_n = n, .bench_iters = iters, .bench_path = path };
     int rc = send_hdr(t, &h, err);
@@ -538,7 +538,7 @@ int sf_tp_bench_all_reduce(sf_tp *t, int64_t n, int iters, double *us, sf_error 
 int sf_tp_check_all_reduce(sf_tp *t, int64_t max_n, int iters, sf_comm_path path, double *worst, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
-    if (max_n < 1 || iters < 1 || path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_PUSH)
+    if (max_n < 1 || iters < 1 || path < SF_COMM_PATH_AUTO || path > SF_COMM_PATH_LL)
         return sf_err(err, SF_EINVAL, "all-reduce check: %lld values, %d rounds, path %d", (long long)max_n, iters,
                       (int)path);
     tp_hdr h = { .cmd = TP_CHECK_ALLREDUCE, .bench_n = max_n, .bench_iters = iters, .bench_path = path };

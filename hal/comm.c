@@ -121,18 +121,10 @@ int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt)
 int sf_comm_takes_ll(const sf_comm *c, int64_t n, sf_dtype dt)
 {
     size_t bytes = sf_dtype_bytes(dt, n);
-    if (!sf_comm_takes_custom(c, n, dt) || bytes > c->ll_cap_bytes || c->path == SF_COMM_PATH_ONESHOT ||
-        c->path == SF_COMM_PATH_PUSH)
-        return 0;
+    if (!sf_comm_takes_custom(c, n, dt) || bytes > c->ll_cap_bytes || c->path == SF_COMM_PATH_ONESHOT) return 0;
     return c->path == SF_COMM_PATH_LL || bytes <= c->ll_max_bytes;
 }
 
-int sf_comm_takes_push(const sf_comm *c, int64_t n, sf_dtype dt)
-{
-    size_t bytes = sf_dtype_bytes(dt, n);
-    if (!sf_comm_takes_custom(c, n, dt) || c->path == SF_COMM_PATH_ONESHOT || sf_comm_takes_ll(c, n, dt)) return 0;
-    return c->path == SF_COMM_PATH_PUSH || (c->push_min_bytes && bytes >= c->push_min_bytes);
-}
 
 /* ---- the all-reduce crossover ------------------------------------------------------------ */
 size_t sf_comm_pick_crossover(const size_t *bytes, const double *nccl_us, const double *own_us, int n, double margin)
@@ -140,16 +132,6 @@ size_t sf_comm_pick_crossover(const size_t *bytes, const double *nccl_us, const 
     size_t best = 0;
     for (int i = 0; i < n; i++) {
         if (nccl_us[i] <= 0 || own_us[i] <= 0 || own_us[i] * (1 + margin) > nccl_us[i]) break;
-        best = bytes[i];
-    }
-    return best;
-}
-
-size_t sf_comm_pick_from_top(const size_t *bytes, const double *base_us, const double *other_us, int n, double margin)
-{
-    size_t best = 0;
-    for (int i = n - 1; i >= 0; i--) {
-        if (base_us[i] <= 0 || other_us[i] <= 0 || other_us[i] * (1 + margin) > base_us[i]) break;
         best = bytes[i];
     }
     return best;

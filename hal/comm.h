@@ -52,15 +52,13 @@ struct sf_comm_ops {
 /* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
  * peer-memory kernels of comm_custom.c for messages up to the measured crossover: the LL
  * variant up to its own measured crossover, the one-shot kernel above). CUSTOM forces the own
- * path (LL and push where measured faster), ONESHOT, LL and PUSH force one kernel (up to its
- * cap). */
+ * path (LL where measured faster), ONESHOT and LL force one kernel (up to its cap). */
 typedef enum sf_comm_path {
     SF_COMM_PATH_AUTO = 0,
     SF_COMM_PATH_NCCL = 1,
     SF_COMM_PATH_CUSTOM = 2,
     SF_COMM_PATH_ONESHOT = 3,
-    SF_COMM_PATH_LL = 4,
-    SF_COMM_PATH_PUSH = 5
+    SF_COMM_PATH_LL = 4
 } sf_comm_path;
 
 struct sf_comm {
@@ -79,9 +77,6 @@ struct sf_comm {
     /* The same for the LL variant of the custom path: up to ll_max_bytes it takes the messages
      * of the custom path (set at open from a measurement); it can take up to ll_cap_bytes. */
     size_t ll_max_bytes, ll_cap_bytes;
-    /* From this size up (0: never) the own path takes the push kernel instead of the one-shot
-     * kernel (where LL does not take the message); set at open from a measurement. */
-    size_t push_min_bytes;
     /* 1 ($SEMFLOW_TP_NCCL_GRAPH=1): base-path collectives (NCCL) are queued as backend ops too,
      * inside the step's graph. 0 (default): the graph ends at them and they run eagerly. The
      * own path's kernel is always inside. NCCL's destroy and abort wait for every graph that
@@ -134,13 +129,8 @@ int sf_comm_gather_rows_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *tmp
 /* Whether an all-reduce of n values of dt takes the own (custom) path: a function of the
  * communicator's path, cap and crossover only, so every rank decides the same way. */
 int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt);
-/* Of those, whether it takes the LL variant, or the push variant (same contract). */
+/* Of those, whether it takes the LL variant (same contract). */
 int sf_comm_takes_ll(const sf_comm *c, int64_t n, sf_dtype dt);
-int sf_comm_takes_push(const sf_comm *c, int64_t n, sf_dtype dt);
-/* The smallest size from which `other` beats `base` at every size up to the largest (by at
- * least `margin`), over n sizes in increasing order; 0 when it does not win at the largest.
- * Sizes where a path has no measurement (<= 0) end the run. */
-size_t sf_comm_pick_from_top(const size_t *bytes, const double *base_us, const double *other_us, int n, double margin);
 
 /* ---- the all-reduce crossover (pure logic, comm.c) ------------------------------------- */
 /* Given n message sizes in increasing order and the measured µs of NCCL and of the custom

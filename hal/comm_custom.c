@@ -165,7 +165,7 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     size_t cap = ll ? a->ll_bytes : a->buf_bytes;
     if ((size_t)n * 2 > cap || ((uintptr_t)data & 15))
         return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce (%s) of %lld values at %p: more than %zu bytes "
-                      "or not 16-byte aligned", a->rank, ll ? "LL" : kernel == SF_AR_PUSH ? "push" : "one-shot",
+                      "or not 16-byte aligned", a->rank, ll ? "LL" : "one-shot",
                       (long long)n, data, cap);
     sf_k_ar k;
     memset(&k, 0, sizeof k);
@@ -180,8 +180,6 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     k.ll = ll;
     k.ll_off = SF_AR_SIG_BYTES + 2 * a->buf_bytes;
     k.ll_bytes = a->ll_bytes;
-    k.push = kernel == SF_AR_PUSH;
-    k.push_off = k.ll_off + 2 * (size_t)a->size * 2 * a->ll_bytes;
     int e = sf_k_allreduce(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce of %lld values: launch: %s", a->rank, (long long)n,

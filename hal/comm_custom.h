@@ -30,7 +30,7 @@ size_t sf_ar_custom_ll_cap(const sf_ar_custom *a);
 /* Every rank's GPU bus id joined by '-' (for the crossover cache key). */
 const char *sf_ar_custom_gpus(const sf_ar_custom *a);
 /* The kernels (kernels/cuda/allreduce.h). */
-typedef enum sf_ar_kernel { SF_AR_ONESHOT = 0, SF_AR_LL = 1, SF_AR_PUSH = 2 } sf_ar_kernel;
+typedef enum sf_ar_kernel { SF_AR_ONESHOT = 0, SF_AR_LL = 1 } sf_ar_kernel;
 /* Queues the all-reduce of n bf16 values at data (16-byte aligned, n * 2 <= cap, or <= the LL
  * cap for SF_AR_LL) on stream with that kernel. Every rank must pass the same kernel for a
  * call. Returns SF_OK or an error with the rank in the message. */

@@ -21,12 +21,11 @@
  * sizes from 2 KiB up (wall time per call, launches included), and rank 0's figures give the
  * crossover (the largest size up to which
  * the custom path wins at every size), which every rank then uses, so the ranks always pick the
- * same path for a message. The crossover is cached like hal's calibration (comm.c), keyed by
- * the ranks' GPUs and the NCCL version; $SEMFLOW_TP_ALLREDUCE=nccl|custom|oneshot|ll|push forces a
- * path. The own path has three kernels (kernels/cuda/allreduce.h): LL for the small sizes where
- * it was measured faster than the one-shot kernel, push for the large sizes where it was, the
- * one-shot kernel between ($SEMFLOW_TP_LL=1 and $SEMFLOW_TP_PUSH=1 let AUTO use the first two;
- * else only a forced path does). */
+ * same path for a message. It is measured at every open (the best of 3 passes) and written to
+ * a record file (comm.c) keyed by the ranks' GPUs and the NCCL version; $SEMFLOW_TP_ALLREDUCE=nccl|custom|oneshot|ll forces a
+ * path. The own path has two kernels (kernels/cuda/allreduce.h): LL for the sizes where it was
+ * measured faster than the one-shot kernel, the one-shot kernel above ($SEMFLOW_TP_LL=0 keeps
+ * AUTO off LL). */
 #include "comm.h"
 
 #include <stdlib.h>
@@ -313,7 +312,7 @@ static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void 
     if (dt != SF_DT_BF16 && dt != SF_DT_F32)
         return sf_err(err, SF_EUNSUPPORTED, "rank %d: NCCL all-reduce of %s", c->rank, sf_dtype_name(dt));
     if (NC(c)->ar && sf_comm_takes_custom(c, n, dt)) {
-        sf_ar_kernel k = sf_comm_takes_ll(c, n, dt) ? SF_AR_LL : sf_comm_takes_push(c, n, dt) ? SF_AR_PUSH : SF_AR_ONESHOT;
+        sf_ar_kernel k = sf_comm_takes_ll(c, n, dt) ? SF_AR_LL : SF_AR_ONESHOT;
         if ((rc = sf_ar_custom_run(NC(c)->ar, data, n, k, stream, err)))
             return fail(c, err, "%s", err->msg);
         return SF_OK;
@@ -419,109 +418,97 @@ static int exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_err
 }
 
 #define XO_SIZES 12 /* 2 KiB .. 4 MiB */
-#define XO_PATHS 4  /* NCCL, one-shot, LL, push */
+#define XO_PATHS 3  /* NCCL, one-shot, LL */
 
 /* Every rank: µs per all-reduce of each size on each path (us[path][size]; 0: the path cannot
  * take that size), the way a step pays for it: wall time from queueing `iters` calls back to
  * back until they completed (launches included — events on the GPU would hide NCCL's host
- * cost), after a barrier and 5 untimed calls. */
+ * cost), after a barrier and 5 untimed calls; the best of XO_REPS passes over all sizes and
+ * paths, so that one disturbed pass does not decide. */
+#define XO_REPS 3
 static int measure(sf_comm *c, cudaStream_t s, void *buf, size_t *bytes, double us[XO_PATHS][XO_SIZES], int ll,
-                   int push, sf_error *err)
+                   sf_error *err)
 {
-    static const sf_comm_path paths[XO_PATHS] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL,
-                                                  SF_COMM_PATH_PUSH };
+    static const sf_comm_path paths[XO_PATHS] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL };
     int rc = SF_OK, iters = 20;
     sf_comm_path keep = c->path;
-    for (int i = 0; i < XO_SIZES && !rc; i++) {
+    for (int i = 0; i < XO_SIZES; i++) {
         bytes[i] = (size_t)2048 << i;
-        for (int p = 0; p < XO_PATHS && !rc; p++) {
-            us[p][i] = 0;
-            if ((paths[p] == SF_COMM_PATH_LL && (!ll || bytes[i] > c->ll_cap_bytes)) ||
-                (paths[p] == SF_COMM_PATH_PUSH && !push))
-                continue; /* the same on every rank */
-            c->path = paths[p];
-            double t0 = 0;
-            if ((rc = nccl_barrier(c, err))) break;
-            for (int k = 0; k < 5 + iters && !rc; k++) {
-                if (k == 5) {
-                    if ((rc = wait_stream(c, s, "measuring the all-reduce crossover", err))) break;
-                    t0 = sf_now_s();
-                }
-                rc = nccl_all_reduce(c, buf, (int64_t)(bytes[i] / 2), SF_DT_BF16, s, err);
-            }
-            if (!rc) rc = wait_stream(c, s, "measuring the all-reduce crossover", err);
-            us[p][i] = (sf_now_s() - t0) * 1e6 / iters;
-        }
+        for (int p = 0; p < XO_PATHS; p++) us[p][i] = 0;
     }
+    for (int rep = 0; rep < XO_REPS && !rc; rep++)
+        for (int i = 0; i < XO_SIZES && !rc; i++)
+            for (int p = 0; p < XO_PATHS && !rc; p++) {
+                if (paths[p] == SF_COMM_PATH_LL && (!ll || bytes[i] > c->ll_cap_bytes))
+                    continue; /* the same on every rank */
+                c->path = paths[p];
+                double t0 = 0;
+                if ((rc = nccl_barrier(c, err))) break;
+                for (int k = 0; k < 5 + iters && !rc; k++) {
+                    if (k == 5) {
+                        if ((rc = wait_stream(c, s, "measuring the all-reduce crossover", err))) break;
+                        t0 = sf_now_s();
+                    }
+                    rc = nccl_all_reduce(c, buf, (int64_t)(bytes[i] / 2), SF_DT_BF16, s, err);
+                }
+                if (!rc) rc = wait_stream(c, s, "measuring the all-reduce crossover", err);
+                double t = (sf_now_s() - t0) * 1e6 / iters;
+                if (!rc && (us[p][i] <= 0 || t < us[p][i])) us[p][i] = t;
+            }
     c->path = keep;
     return rc;
 }
 
-/* Sets c->custom_max_bytes, c->ll_max_bytes and c->push_min_bytes the same on every rank: rank
- * 0's cached or measured crossovers. LL takes the sizes up to which it beats the one-shot
- * kernel at every size (by 5%), push the sizes from which it beats the one-shot kernel at every
- * larger size; the own path (LL, one-shot, push by size) takes the sizes up to which it beats
- * NCCL at every size. ll, push: whether AUTO may take those kernels at all ($SEMFLOW_TP_LL=1,
- * $SEMFLOW_TP_PUSH=1, the same on every rank); a kernel not allowed is not measured and runs
- * only when forced. */
-static int crossover(sf_comm *c, int ll, int push, sf_error *err)
+/* Sets c->custom_max_bytes and c->ll_max_bytes the same on every rank, from rank 0's
+ * measurement at this open. LL takes the sizes up to which it beats the one-shot kernel at
+ * every size (by 5%); the own path (LL there, one-shot above) takes the sizes up to which it
+ * beats NCCL at every size. ll: whether AUTO may take LL at all (the same on every rank); when
+ * not, LL is not measured and runs only when forced.
+ * Measured at every open (about 0.1 s): a figure cached from an earlier, disturbed run once
+ * sent every later run's decode all-reduces to NCCL. The measurement is still written to
+ * $XDG_CACHE_HOME/semflow/allreduce-<key>.json as a record. */
+static int crossover(sf_comm *c, int ll, sf_error *err)
 {
     nccl_comm *x = NC(c);
-    char key[SF_COMM_MAX_RANKS * 20 + 64], key_ll[sizeof key + 8], key_push[sizeof key + 8];
+    char key[SF_COMM_MAX_RANKS * 20 + 64], key_ll[sizeof key + 8];
     int ver = 0, rc;
     x->api.GetVersion(&ver);
-    /* w2: measured in wall time, the own path being the fastest of the kernels allowed (ll,
-     * push) and one-shot (a cache from another method is not reused) */
-    snprintf(key, sizeof key, "r%d-nccl%d-w2%s%s-%s", c->size, ver, ll ? "ll" : "", push ? "push" : "",
-             sf_ar_custom_gpus(x->ar));
+    snprintf(key, sizeof key, "r%d-nccl%d-w3%s-%s", c->size, ver, ll ? "ll" : "", sf_ar_custom_gpus(x->ar));
     snprintf(key_ll, sizeof key_ll, "%s-ll", key);
-    snprintf(key_push, sizeof key_push, "%s-push", key);
-    uint64_t have[4] = { 0, 0, 0, 0 }; /* cached?, crossover, LL crossover, push crossover */
-    size_t v = 0, v_ll = 0, v_push = 0;
-    if (c->rank == 0 && sf_comm_crossover_load(key, &v) == 0 && sf_comm_crossover_load(key_ll, &v_ll) == 0 &&
-        sf_comm_crossover_load(key_push, &v_push) == 0)
-        have[0] = 1, have[1] = v, have[2] = v_ll, have[3] = v_push;
-    if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
-    if (!have[0]) {
-        size_t bytes[XO_SIZES];
-        double us[XO_PATHS][XO_SIZES], own[XO_SIZES];
-        cudaStream_t s = NULL;
-        void *buf = NULL;
-        if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
-            cudaMalloc(&buf, AR_CUSTOM_BYTES) != cudaSuccess || cudaMemset(buf, 0, AR_CUSTOM_BYTES) != cudaSuccess) {
-            cudaGetLastError();
-            rc = fail(c, err, "rank %d: all-reduce crossover: no stream or %zu bytes of device memory", c->rank,
-                      AR_CUSTOM_BYTES);
-        } else {
-            rc = measure(c, s, buf, bytes, us, ll, push, err);
-        }
-        if (buf) cudaFree(buf);
-        if (s) cudaStreamDestroy(s);
-        if (rc) return rc;
-        if (c->rank == 0) {
-            have[2] = sf_comm_pick_crossover(bytes, us[1], us[2], XO_SIZES, 0.05);
-            have[3] = sf_comm_pick_from_top(bytes, us[1], us[3], XO_SIZES, 0.05);
-            for (int i = 0; i < XO_SIZES; i++)
-                own[i] = bytes[i] <= have[2] ? us[2][i] : have[3] && bytes[i] >= have[3] ? us[3][i] : us[1][i];
-            have[1] = sf_comm_pick_crossover(bytes, us[0], own, XO_SIZES, 0.05);
-            sf_comm_crossover_save(key, (size_t)have[1], bytes, us[0], own, XO_SIZES);
-            sf_comm_crossover_save(key_ll, (size_t)have[2], bytes, us[1], us[2], XO_SIZES);
-            sf_comm_crossover_save(key_push, (size_t)have[3], bytes, us[1], us[3], XO_SIZES);
-            char line[1000] = "";
-            for (int i = 0; i < XO_SIZES; i++)
-                snprintf(line + strlen(line), sizeof line - strlen(line), " %zuK %.1f/%.1f/%.1f/%.1f", bytes[i] >> 10,
-                         us[0][i], us[1][i], us[2][i], us[3][i]);
-            SF_LOGI("all-reduce us per call, NCCL/one-shot/LL/push (0: not measured):%s", line);
-        }
-        if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
+    uint64_t have[2] = { 0, 0 }; /* crossover, LL crossover */
+    size_t bytes[XO_SIZES];
+    double us[XO_PATHS][XO_SIZES], own[XO_SIZES];
+    cudaStream_t s = NULL;
+    void *buf = NULL;
+    if (cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaMalloc(&buf, AR_CUSTOM_BYTES) != cudaSuccess || cudaMemset(buf, 0, AR_CUSTOM_BYTES) != cudaSuccess) {
+        cudaGetLastError();
+        rc = fail(c, err, "rank %d: all-reduce crossover: no stream or %zu bytes of device memory", c->rank,
+                  AR_CUSTOM_BYTES);
+    } else {
+        rc = measure(c, s, buf, bytes, us, ll, err);
     }
-    c->custom_max_bytes = (size_t)have[1];
-    c->ll_max_bytes = SF_MIN((size_t)have[2], c->ll_cap_bytes);
-    c->push_min_bytes = (size_t)have[3];
+    if (buf) cudaFree(buf);
+    if (s) cudaStreamDestroy(s);
+    if (rc) return rc;
+    if (c->rank == 0) {
+        have[1] = sf_comm_pick_crossover(bytes, us[1], us[2], XO_SIZES, 0.05);
+        for (int i = 0; i < XO_SIZES; i++) own[i] = bytes[i] <= have[1] ? us[2][i] : us[1][i];
+        have[0] = sf_comm_pick_crossover(bytes, us[0], own, XO_SIZES, 0.05);
+        sf_comm_crossover_save(key, (size_t)have[0], bytes, us[0], own, XO_SIZES);
+        sf_comm_crossover_save(key_ll, (size_t)have[1], bytes, us[1], us[2], XO_SIZES);
+        char line[1000] = "";
+        for (int i = 0; i < XO_SIZES; i++)
+            snprintf(line + strlen(line), sizeof line - strlen(line), " %zuK %.1f/%.1f/%.1f", bytes[i] >> 10,
+                     us[0][i], us[1][i], us[2][i]);
+        SF_LOGI("all-reduce us per call, NCCL/one-shot/LL (0: not measured):%s", line);
+    }
+    if ((rc = nccl_broadcast(c, have, sizeof have, 0, 0, err))) return rc;
+    c->custom_max_bytes = (size_t)have[0];
+    c->ll_max_bytes = SF_MIN((size_t)have[1], c->ll_cap_bytes);
     if (c->rank == 0)
-        SF_LOGI("all-reduce: peer memory up to %zu bytes (LL up to %zu, push from %zu, one-shot between), NCCL above "
-                "(%s)", c->custom_max_bytes, c->ll_max_bytes, c->push_min_bytes,
-                have[0] ? "cached crossover" : "measured now");
+        SF_LOGI("all-reduce: peer memory up to %zu bytes (LL up to %zu, one-shot above), NCCL above", c->custom_max_bytes,
+                c->ll_max_bytes);
     return SF_OK;
 }
 
@@ -535,10 +522,9 @@ static int custom_setup(sf_comm *c, sf_error *err)
               : !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL
               : !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
               : !strcmp(e, "oneshot") ? SF_COMM_PATH_ONESHOT
-              : !strcmp(e, "ll") ? SF_COMM_PATH_LL
-              : !strcmp(e, "push") ? SF_COMM_PATH_PUSH : SF_COMM_PATH_AUTO;
+              : !strcmp(e, "ll") ? SF_COMM_PATH_LL : SF_COMM_PATH_AUTO;
     if (e && *e && c->path == SF_COMM_PATH_AUTO && strcmp(e, "auto") && c->rank == 0)
-        SF_LOGW("SEMFLOW_TP_ALLREDUCE=%s: not one of nccl, custom, oneshot, ll, push, auto; picking by measurement", e);
+        SF_LOGW("SEMFLOW_TP_ALLREDUCE=%s: not one of nccl, custom, oneshot, ll, auto; picking by measurement", e);
     if (c->path == SF_COMM_PATH_NCCL || c->size > SF_COMM_MAX_RANKS) return SF_OK;
     sf_error e2 = { 0 };
     int rc = sf_ar_custom_open(c->rank, c->size, x->device, AR_CUSTOM_BYTES, c->timeout_ms, exchange, c, &x->ar, &e2);
@@ -549,9 +535,10 @@ static int custom_setup(sf_comm *c, sf_error *err)
     if (rc) return sf_err(err, rc, "%s", e2.msg);
     c->custom_cap_bytes = sf_ar_custom_cap(x->ar);
     c->ll_cap_bytes = sf_ar_custom_ll_cap(x->ar);
-    /* the launcher passes its environment to every rank */
-    const char *ll = getenv("SEMFLOW_TP_LL"), *push = getenv("SEMFLOW_TP_PUSH");
-    return crossover(c, ll && !strcmp(ll, "1"), push && !strcmp(push, "1"), err);
+    /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won
+     * at every size up to 512 KiB on the H200 pair (docs/PERFORMANCE.md) */
+    const char *ll = getenv("SEMFLOW_TP_LL");
+    return crossover(c, !(ll && !strcmp(ll, "0")), err);
 }
 
 static const struct sf_comm_ops nccl_ops = {

@@ -54,10 +54,6 @@ struct sf_buf {
 struct sf_weight {
     uint16_t *d, *bias;
     int64_t rows, cols;
-    /* batch-1 decode: the fused GEMV weight submitted after this one in the last step (learned
-     * as steps run; the forward pass repeats its order), and whether this one ran as gate/up */
-    const struct sf_weight *next;
-    int glu;
 };
 
 typedef struct cuda_ctx {
@@ -101,11 +97,6 @@ typedef struct cuda_ctx {
                           * graph: its wait for the peers is not host work) */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
     sf_cuda_graphs graphs;
-    /* batch-1 decode L2 use: the last fused GEMV weight of this step, the last op kind
-     * submitted, and SEMFLOW_CUDA_L2NEXT (MB of the next GEMV's weight the O projection pulls
-     * into L2 while attention runs; 0: none) */
-    struct sf_weight *gemv_prev;
-    int last_kind, l2next_mb;
     /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
     char *samp_h, *samp_d;
     /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
@@ -202,7 +193,6 @@ static void prof_print(cuda_ctx *c)
 
 static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
 {
-    c->last_kind = r->kind;
     if (!c->prof) return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
     float ms = 0;
     cudaEventRecord(c->prof_ev[0], c->s);
@@ -611,8 +601,6 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     int T = bt->n_tokens, S = bt->n_seqs, L = bt->n_logits, rc;
     if ((rc = step_end(c))) return rc;
     c->t_step0 = sf_now_ns();
-    c->gemv_prev = NULL;
-    c->last_kind = 0;
     if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
         return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
     size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
@@ -840,16 +828,6 @@ static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *
 }
 
 /* ---- fused ops (batch 1 through gemv_fused.cu; other batches run the plain ops) ---------- */
-/* Records w as the successor of the step's previous fused GEMV weight (weights belong to the
- * backend; the engine thread is the only writer). */
-static void gemv_chain(cuda_ctx *c, const sf_weight *w, int glu)
-{
-    sf_weight *cur = (sf_weight *)w;
-    cur->glu = glu;
-    if (c->gemv_prev) c->gemv_prev->next = cur;
-    c->gemv_prev = cur;
-}
-
 static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
                             int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y)
 {
@@ -860,7 +838,6 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         return op_fail(SF_EINVAL, "norm_matmul", "buffer shapes do not match the norm and weight (glu: even rows)");
     if (n == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
         sf_op_rec r = { 0 };
-        gemv_chain(c, w, glu);
         r.kind = SF_OP_GEMV_NORM;
         r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = k; r.n[2] = glu;
@@ -889,7 +866,6 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
     if ((rc = ensure_rope(c, r))) return rc;
     if (c->T == 1 && !c->step_i8 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
         sf_op_rec rec = { 0 };
-        gemv_chain(c, w, 0);
         rec.kind = SF_OP_GEMV_ROPE;
         rec.p[0] = x->d; rec.p[1] = norm->d; rec.p[2] = w->d; rec.p[3] = w->bias; rec.p[4] = qkv->d;
         rec.p[5] = c->pos_d; rec.p[6] = c->slot_d; rec.p[7] = c->inv_freq_d;
@@ -910,17 +886,9 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         return op_fail(SF_EINVAL, "matmul_add", "buffer shapes do not match the weight (or x is y)");
     sf_op_rec r = { 0 };
     if (n == 1 && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
-        const sf_weight *nx = w->next;
         r.kind = SF_OP_GEMV_ADD;
         r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = w->cols;
-        if (c->l2next_mb > 0 && c->last_kind == SF_OP_ATTN_DEC && nx) {
-            /* right after attention: the next weights start into L2 while attention runs */
-            r.p[5] = nx->d;
-            r.n[2] = SF_MIN(nx->rows * nx->cols * 2, (int64_t)c->l2next_mb << 20);
-            r.n[3] = nx->glu ? nx->rows / 2 * nx->cols * 2 : 0;
-        }
-        gemv_chain(c, w, 0);
         return submit(c, &r, 1, "matmul_add");
     }
     if (n > 8 && sf_k_gemm_lt_ok(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols)) {
@@ -1147,8 +1115,6 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = !(ad && !strcmp(ad, "0"));
-        const char *nx = getenv("SEMFLOW_CUDA_L2NEXT");
-        c->l2next_mb = nx && atoi(nx) > 0 ? atoi(nx) : 0;
     }
     b->ctx = c;
     c->dev = dev;

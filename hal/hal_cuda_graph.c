@@ -48,8 +48,7 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
         return sf_k_gemv_norm(r->p[0], r->p[1], r->f, r->p[2], r->p[3], (int)n[0], (int)n[1], (int)n[2],
                               (uint16_t *)r->p[4], s);
     case SF_OP_GEMV_ADD:
-        return sf_k_gemv_add_next(r->p[0], r->p[2], r->p[3], (int)n[0], (int)n[1], (uint16_t *)r->p[4], r->p[5], n[2],
-                                  n[3], s);
+        return sf_k_gemv_add(r->p[0], r->p[2], r->p[3], (int)n[0], (int)n[1], (uint16_t *)r->p[4], s);
     case SF_OP_ADD:
         return sf_k_add((uint16_t *)r->p[0], n[0], r->p[1], n[1], (int)n[2], (int)n[3], s);
     case SF_OP_ATTN_DEC:

@@ -1,22 +1,17 @@
 #!/bin/sh
 # bench/device/decode.sh — the batch-1 decode figures of docs/PERFORMANCE.md in one go (under 60 s):
 #   - correctness first: whole-model logits against the CPU backend (build/tests/device/test_model)
-#     with the fused kernels on and off and with every L2 option on, and the batch-1 GEMVs
-#     against a host reference (build/tests/device/test_gemv) as launched by default and with
-#     the L2 options on;
+#     with the fused kernels on and off and with every fused GEMV on the cp.async ring, and the
+#     batch-1 GEMVs against a host reference (build/tests/device/test_gemv) with each kernel
+#     choice of SEMFLOW_CUDA_GEMV_RING (docs/CUDA.md "Fused batch-1 decode");
 #   - the layer's four fused GEMVs (Llama-3-8B shapes) alone and chained in a graph, with their
-#     block-shape variants (test_gemv --perf), as launched by default and with L2 options;
+#     block-shape variants (test_gemv --perf), per kernel choice;
 #   - batch-1 decode of the Llama-3-8B and Qwen2-7B shapes (random bf16 weights) at 512 and 4096
-#     tokens of context as the backend runs by default, and Llama-3-8B with the L2 options of the
-#     fused path (docs/CUDA.md "Fused batch-1 decode"): SEMFLOW_CUDA_L2HINT=1 (weight loads
-#     evict_first), SEMFLOW_CUDA_L2PF=MB (each GEMV's first wave prefetches its rows into L2
-#     before its wait), SEMFLOW_CUDA_L2PF_DEEP=1 (every block does), SEMFLOW_CUDA_L2NEXT=MB (the
-#     O projection pulls the gate/up weight's first MB into L2 while attention runs),
-#     SEMFLOW_CUDA_L2AHEAD=N (rows bulk-prefetched N loop iterations ahead of the loads), and
-#     SEMFLOW_CUDA_GEMV_RING=1 (every fused GEMV's weight loads through a cp.async ring in shared
-#     memory: gemv_ring.cu for O and down, the ring mode of gemv_fused.cu for the others);
+#     tokens of context as the backend runs by default; Llama-3-8B at 512 with
+#     SEMFLOW_CUDA_GEMV_RING=0 (the register kernels, one row per warp for O and down: the
+#     earlier default), 1 and 2 (every fused GEMV on the ring, O and down one / two rows per warp);
 #   - the same decode with the fused kernels off (SEMFLOW_CUDA_FUSED=0), as the budget allows
-#     (each decode run costs ~5 s, most of it model set-up).
+#     (each decode run costs ~4-5 s, most of it model set-up).
 # Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; runs.txt has every
 # command with its exit code and seconds; a table is printed last.
 #
@@ -61,7 +56,6 @@ step() {
     case "$*" in *--json*) ;; *) tail -1 "$D/$name.log" | sed "s/^/    /" >>"$D/runs.txt"
                                 grep '^FAIL' "$D/$name.log" >>"$D/runs.txt" ;; esac
 }
-ALL="SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2PF=24 SEMFLOW_CUDA_L2NEXT=16 SEMFLOW_CUDA_L2AHEAD=1"
 
 # correctness first
 MT=$BUILD_DIR/tests/device/test_model
@@ -69,38 +63,31 @@ GT=$BUILD_DIR/tests/device/test_gemv
 if [ -x "$MT" ] && [ -x "$GT" ]; then
     step model-fused1 20 SEMFLOW_CUDA_FUSED=1 "$MT"
     step model-fused0 20 SEMFLOW_CUDA_FUSED=0 "$MT"
-    step model-l2all 20 $ALL "$MT"
-    step gemv-l2all 15 $ALL "$GT"
-    step gemv-ring 15 SEMFLOW_CUDA_GEMV_RING=1 "$GT"
-    step model-ring 20 SEMFLOW_CUDA_GEMV_RING=1 "$MT"
+    step gemv 15 "$GT"
+    step gemv-ring1 15 SEMFLOW_CUDA_GEMV_RING=1 "$GT"
+    step gemv-ring2 15 SEMFLOW_CUDA_GEMV_RING=2 "$GT"
+    step model-ring2 20 SEMFLOW_CUDA_GEMV_RING=2 "$MT"
+    # the four GEMVs without attention, each alone and chained, and their variants (~1 s each)
+    step layer 6 "$GT" --perf
+    step layer-ring0 6 SEMFLOW_CUDA_GEMV_RING=0 "$GT" --perf
+    step layer-ring2 6 SEMFLOW_CUDA_GEMV_RING=2 "$GT" --perf
 else
     echo "test_model/test_gemv: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
 fi
 
+# each decode run costs ~4-5 s (model set-up): the record, the kernel choices beside it, then
+# the unfused sequence as the budget allows (earlier calls: docs/PERFORMANCE.md)
 B="$BIN bench"
 P="--backend cuda --load-format dummy --json"
 L8="$B decode --preset llama-3-8b --steps 32 $P"
 Q7="$B decode --preset qwen2-7b --steps 32 $P"
 step llama3-ctx512 12 $L8 --ctx 512
-step l8-512-ring 12 SEMFLOW_CUDA_GEMV_RING=1 $L8 --ctx 512
-if [ -x "$GT" ]; then # the four GEMVs without attention, each alone and chained (~2 s each)
-    step layer-base 6 "$GT" --perf
-    step layer-ring 6 SEMFLOW_CUDA_GEMV_RING=1 "$GT" --perf
-    step layer-ahead2 6 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2AHEAD=2 "$GT" --perf
-    # why a GEMV is below the bytes: ncu on the chain's first QKV, O, gate/up and down (each
-    # replayed alone by ncu, so without the PDL overlap)
-    NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null)
-    [ -n "$NCU" ] && step ncu-layer 14 "$NCU" --clock-control none -k regex:k_gemv_fused --launch-count 4 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats "$GT" --perf
-fi
-# each decode run costs ~5 s (model init): the options not yet measured, then the rest of the
-# record as the budget allows (earlier calls: docs/PERFORMANCE.md)
-step l8-512-ahead1 12 SEMFLOW_CUDA_L2AHEAD=1 $L8 --ctx 512
-step l8-512-ahead2 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2AHEAD=2 $L8 --ctx 512
 step llama3-ctx4096 12 $L8 --ctx 4096
-step l8-4096-next32 12 SEMFLOW_CUDA_L2HINT=1 SEMFLOW_CUDA_L2NEXT=32 $L8 --ctx 4096
 step qwen2-ctx512 12 $Q7 --ctx 512
 step qwen2-ctx4096 12 $Q7 --ctx 4096
+step l8-512-ring0 12 SEMFLOW_CUDA_GEMV_RING=0 $L8 --ctx 512
+step l8-512-ring1 12 SEMFLOW_CUDA_GEMV_RING=1 $L8 --ctx 512
+step l8-512-ring2 12 SEMFLOW_CUDA_GEMV_RING=2 $L8 --ctx 512
 step llama3-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 512
 step qwen2-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 512
 step llama3-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 4096
@@ -112,8 +99,8 @@ for f in "$D"/layer-*.log; do [ -f "$f" ] && echo "$(basename "$f" .log):" && gr
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["llama3-ctx512", "l8-512-ring", "l8-512-ahead1", "l8-512-ahead2", "llama3-ctx4096", "l8-4096-next32",
-         "qwen2-ctx512", "qwen2-ctx4096",
+names = ["llama3-ctx512", "llama3-ctx4096", "qwen2-ctx512", "qwen2-ctx4096", "l8-512-ring0", "l8-512-ring1",
+         "l8-512-ring2",
          "llama3-ctx512-unfused", "qwen2-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx4096-unfused"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:

@@ -3,19 +3,18 @@
 # gives it 130).
 #
 # Runs from the repo root with a prebuilt build/ and prints a summary table last:
-#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own one-shot, LL and push kernels;
+#   1. the all-reduce latency table, 2 KiB .. 16 MiB, NCCL vs the own one-shot and LL kernels;
 #   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
-#      time per step, and the batch-64 decode step rate; TP=2 and 70B with SEMFLOW_TP_LL=1 and
-#      SEMFLOW_TP_PUSH=1 (the LL and push all-reduces where they measure faster than one-shot);
-#   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, peer memory, auto)
-#      against exact sums over many rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
+#      time per step, and the batch-64 decode step rate;
+#   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, one-shot, LL,
+#      auto) against exact sums over 100 rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
 #      step graphs with the all-reduces inside are replayed — and TP=2 draws on rank 0's GPU
 #      against the CPU reference and TP=1 (greedy, seeded top-k, top-p);
 #   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
 #   5. saturated throughput, `bench throughput` 128 in / 128 out, 512 prompts, TP=1 and TP=2
 #      (SEMFLOW_CUDA_GRAPH_TOKENS=512 for both: the decode steps of 256 sequences in graphs;
 #      at TP=2 rank 0 samples the gathered rows on its GPU), with each run's bound.
-# Order: 1, 2, 5, 3, 4.
+# Order: 1, 2, 5, 4, 3 (the test takes what time is left).
 # Every step has its own timeout and is skipped when the time left is too short for it.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
@@ -77,8 +76,8 @@ echo "tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --short 
 nvidia-smi topo -m 2>/dev/null | head -4
 
 run allreduce 10 20 "$BIN" bench allreduce --model demo --backend cuda --tensor-parallel-size 2 --hidden 8192 --steps 5
-for tp in 1 2; do # TP=2 with the LL and push all-reduces allowed where they measure faster
-    SEMFLOW_TP_LL=1 SEMFLOW_TP_PUSH=1 run decode8b_tp$tp 15 $((25 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
+for tp in 1 2; do
+    run decode8b_tp$tp 15 $((25 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
         --backend cuda --tensor-parallel-size $tp --batch 64 --ctx 128 --chunk 128 --steps 16 --json
     cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
 done
@@ -88,10 +87,10 @@ for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 6
         --num-prompts 512 --json
     cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
 done
-SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 45 build/tests/device/test_tp
-SEMFLOW_TP_LL=1 SEMFLOW_TP_PUSH=1 run decode70b_tp2 25 70 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
+run decode70b_tp2 40 55 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
     --tensor-parallel-size 2 --ctx 128 --steps 16 --json
 cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
+SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 45 build/tests/device/test_tp
 
 # ---- summary ----
 echo

@@ -1,5 +1,5 @@
-/* allreduce.cu — all-reduce of bf16 messages over peer memory: one-shot, LL and push kernels
- * (see allreduce.h). */
+/* allreduce.cu — all-reduce of bf16 messages over peer memory: one-shot and LL kernels (see
+ * allreduce.h). */
 #include "allreduce.h"
 #include "common.cuh"
 
@@ -7,8 +7,6 @@ typedef struct ar_sig {
     unsigned flag[SF_AR_BLOCKS][SF_AR_MAX_RANKS]; /* [block][from rank]: written by that rank */
     unsigned count[SF_AR_BLOCKS];                 /* this rank's one-shot calls, per block */
     unsigned ll_count[SF_AR_BLOCKS];              /* this rank's LL calls, per block */
-    unsigned push_flag[SF_AR_BLOCKS][SF_AR_MAX_RANKS]; /* the push kernel's, as flag */
-    unsigned push_count[SF_AR_BLOCKS];
 } ar_sig;
 
 static_assert(sizeof(ar_sig) <= SF_AR_SIG_BYTES, "signal block too large");
@@ -206,93 +204,9 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
     }
 }
 
-/* Waits (thread t < size) until rank t raised `flag` in *in; 0, or 1 + t after the timeout. */
-static __device__ __forceinline__ unsigned wait_flag(const unsigned *in, unsigned flag, uint64_t timeout_ns)
-{
-    uint64_t t0 = 0;
-    for (unsigned spins = 0; (int)(ld_acquire_sys(in) - flag) < 0; spins++) {
-        if ((spins & 1023) == 0) {
-            uint64_t t = global_ns();
-            if (!t0) t0 = t;
-            else if (t - t0 > timeout_ns) return 1u + threadIdx.x;
-        }
-    }
-    return 0;
-}
-
-/* The push variant (allreduce.h): block b writes its chunks of the local message into slot
- * [this rank] of every peer's push buffer of the call's parity (posted NVLink writes), raises
- * its flag at every peer (one release per peer), waits for every peer's block b, and sums its
- * chunks from the own region (local reads) in rank order. The grid is always SF_AR_BLOCKS. */
-__global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_push(sf_k_ar a)
-{
-    __shared__ unsigned flag_s;
-    __shared__ int failed_s;
-    ar_sig *self = (ar_sig *)a.region[a.rank];
-    if (threadIdx.x == 0) {
-        flag_s = self->push_count[blockIdx.x] + 1;
-        self->push_count[blockIdx.x] = flag_s;
-        failed_s = 0;
-    }
-    __syncthreads();
-    const unsigned flag = flag_s;
-    const size_t base = a.push_off + (size_t)(flag & 1) * a.size * a.buf_bytes;
-    const int64_t nv = a.n / 8, tail = a.n - nv * 8;
-    const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, step = (int64_t)gridDim.x * blockDim.x;
-    const uint4 *src = (const uint4 *)a.data;
-
-    /* 1. push this block's share to every peer's slot [rank] */
-    for (int64_t v = first; v < nv; v += step) {
-        uint4 x = src[v];
-        for (int r = 0; r < a.size; r++)
-            if (r != a.rank) ((uint4 *)(a.region[r] + base + (size_t)a.rank * a.buf_bytes))[v] = x;
-    }
-    if (blockIdx.x == 0 && threadIdx.x < tail)
-        for (int r = 0; r < a.size; r++)
-            if (r != a.rank)
-                ((uint16_t *)(a.region[r] + base + (size_t)a.rank * a.buf_bytes))[nv * 8 + threadIdx.x] =
-                    a.data[nv * 8 + threadIdx.x];
-    __syncthreads();
-
-    /* 2. this block's writes are out: say so at every peer, wait for every peer's block */
-    if (threadIdx.x < a.size && threadIdx.x != a.rank) {
-        __threadfence_system();
-        st_release_sys(&((ar_sig *)a.region[threadIdx.x])->push_flag[blockIdx.x][a.rank], flag);
-        unsigned late = wait_flag(&self->push_flag[blockIdx.x][threadIdx.x], flag, a.timeout_ns);
-        if (late) {
-            *a.err = late;
-            __threadfence_system();
-            failed_s = 1;
-        }
-    }
-    __syncthreads();
-    if (failed_s) return;
-
-    /* 3. sum in rank order from the own region (L2 loads: never an L1 line of an earlier call) */
-    for (int64_t v = first; v < nv; v += step) {
-        float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-        for (int r = 0; r < a.size; r++)
-            add8(acc, r == a.rank ? src[v] : __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)r * a.buf_bytes) + v));
-        uint4 o;
-        bf162 *h = (bf162 *)&o;
-#pragma unroll
-        for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-        ((uint4 *)a.data)[v] = o;
-    }
-    if (blockIdx.x == 0 && threadIdx.x < tail) {
-        float acc = 0;
-        for (int r = 0; r < a.size; r++)
-            acc += __bfloat162float(__ushort_as_bfloat16(
-                r == a.rank ? a.data[nv * 8 + threadIdx.x]
-                            : __ldcg((const unsigned short *)(a.region[a.rank] + base + (size_t)r * a.buf_bytes) + nv * 8 +
-                                     threadIdx.x)));
-        ((bf16 *)a.data)[nv * 8 + threadIdx.x] = f2bf(acc);
-    }
-}
-
 extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
 {
-    return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes + 2 * (size_t)size * buf_bytes;
+    return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes;
 }
 
 extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)
@@ -306,7 +220,6 @@ extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)
         return sf_launch_status();
     }
     if ((size_t)a->n * 2 > a->buf_bytes) return (int)cudaErrorInvalidValue;
-    if (a->push) k_allreduce_push<<<SF_AR_BLOCKS, SF_AR_THREADS, 0, s>>>(*a);
-    else k_allreduce<<<SF_AR_BLOCKS, SF_AR_THREADS, 0, s>>>(*a);
+    k_allreduce<<<SF_AR_BLOCKS, SF_AR_THREADS, 0, s>>>(*a);
     return sf_launch_status();
 }

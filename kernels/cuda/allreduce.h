@@ -22,14 +22,7 @@
  * grid is as large as the message needs (one line per thread, up to SF_AR_BLOCKS blocks), the
  * call numbers are per block as above, and the parity argument is the same (kernels on a
  * stream run one after the other). Region: signal block, the two one-shot buffers, then the LL
- * buffers [2 parities][size ranks][2 * ll_bytes].
- *
- * The push variant (push = 1; for large messages) writes instead of reading across NVLink: each
- * block stores its share of the local message into slot [own rank] of every peer's push
- * buffer (parity of the call; [2 parities][size ranks][buf_bytes]), then, after a system
- * fence, raises its flag at every peer and waits for theirs, and sums its share from the own
- * region, which is local memory. Posted writes do not wait for a round trip, and the sum reads
- * HBM instead of NVLink. Grid, counters and parity as in the one-shot kernel. */
+ * buffers [2 parities][size ranks][2 * ll_bytes]. */
 #ifndef SF_KERNELS_ALLREDUCE_H
 #define SF_KERNELS_ALLREDUCE_H
 
@@ -44,7 +37,7 @@ extern "C" {
 #define SF_AR_MAX_RANKS 8
 #define SF_AR_BLOCKS 64
 #define SF_AR_THREADS 512
-#define SF_AR_SIG_BYTES 8192 /* the signal block at the start of each region */
+#define SF_AR_SIG_BYTES 4096 /* the signal block at the start of each region */
 
 typedef struct sf_k_ar {
     char *region[SF_AR_MAX_RANKS]; /* every rank's region as mapped in this process (own included) */
@@ -56,14 +49,10 @@ typedef struct sf_k_ar {
     volatile unsigned *err;        /* device pointer of mapped host memory */
     int ll;                        /* 1: the LL variant (n * 2 <= ll_bytes) */
     size_t ll_off, ll_bytes;       /* the LL buffers' offset in a region; largest LL message */
-    int push;                      /* 1 (ll 0): the push variant (n * 2 <= buf_bytes) */
-    size_t push_off;               /* the push buffers' offset in a region */
 } sf_k_ar;
 
 /* Bytes of one rank's region: one-shot buffers of buf_bytes each, LL buffers for messages of
- * up to ll_bytes from `size` ranks, push buffers for messages of up to buf_bytes from `size`
- * ranks. The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes, the push buffers after them
- * (+ 2 * size * 2 * ll_bytes). */
+ * up to ll_bytes from `size` ranks. The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes. */
 size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size);
 /* Queues the one-shot all-reduce on s (see the top). Returns the launch's cudaError_t. */
 int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s);

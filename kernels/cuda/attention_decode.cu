@@ -22,10 +22,10 @@
  * then the split's max (base 2) and sum at d = hd, hd + 1. */
 #include <string.h>
 
-#include "common.cuh"
+#include "attention_decode.cuh"
 
 #define AD_WARPS 8
-#define AD_MAX_SPLIT 64
+#define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 
 extern "C" int sf_k_attention_decode_ok(const sf_k_attn *a)
 {
@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     sf_pdl_trigger();
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, sub = lane / LPK, dl = lane % LPK;
-    const int G = a.H / a.Hkv, Hkv = a.Hkv, ns = a.n_split;
+    const int G = a.H / a.Hkv, ns = a.n_split;
     const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
     const int per = (ctx + ns - 1) / ns;
     const int k0 = split * per, k1 = min(ctx, k0 + per);
@@ -274,45 +274,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     if (ns == 1) return;
 
     /* the last block of this (token, kv head) to finish combines the splits */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&a.counters[t * Hkv + kh], 1u) == (unsigned)ns - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int g = warp; g < G; g += AD_WARPS) {
-        const float *wp = a.ws + ((int64_t)t * H + kh * G + g) * ns * (HD + 2);
-        float m0 = lane < ns ? __ldcg(wp + lane * (HD + 2) + HD) : -INFINITY;
-        float m1 = lane + 32 < ns ? __ldcg(wp + (lane + 32) * (HD + 2) + HD) : -INFINITY;
-        const float M = warp_max(fmaxf(m0, m1));
-        float e0 = 0.0f, e1 = 0.0f;
-        if (M != -INFINITY) {
-            if (m0 != -INFINITY) e0 = exp2f(m0 - M);
-            if (m1 != -INFINITY) e1 = exp2f(m1 - M);
-        }
-        float L = (lane < ns ? e0 * __ldcg(wp + lane * (HD + 2) + HD + 1) : 0.0f) +
-                  (lane + 32 < ns ? e1 * __ldcg(wp + (lane + 32) * (HD + 2) + HD + 1) : 0.0f);
-        L = warp_sum(L);
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        wsm[g][lane] = e0 * inv;
-        wsm[g][lane + 32] = e1 * inv;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < G * HD; idx += AD_WARPS * 32) {
-        const int g = idx / HD, d = idx - g * HD, h = kh * G + g;
-        const float *wp = a.ws + ((int64_t)t * H + h) * ns * (HD + 2) + d;
-        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-        int i = 0;
-        for (; i + 3 < ns; i += 4) {
-            o0 = fmaf(__ldcg(wp + i * (HD + 2)), wsm[g][i], o0);
-            o1 = fmaf(__ldcg(wp + (i + 1) * (HD + 2)), wsm[g][i + 1], o1);
-            o2 = fmaf(__ldcg(wp + (i + 2) * (HD + 2)), wsm[g][i + 2], o2);
-            o3 = fmaf(__ldcg(wp + (i + 3) * (HD + 2)), wsm[g][i + 3], o3);
-        }
-        for (; i < ns; i++) o0 = fmaf(__ldcg(wp + i * (HD + 2)), wsm[g][i], o0);
-        ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf((o0 + o1) + (o2 + o3));
-    }
-    if (tid == 0) a.counters[t * Hkv + kh] = 0; /* ready for the next launch (graph replays too) */
+    sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
 }
 
 template <int HD, int MAXG>

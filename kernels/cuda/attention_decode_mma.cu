@@ -5,10 +5,11 @@
  *
  * At batch (256 sequences x 192 keys, 128 x 1500) decode attention reads 200-800 MB of K and V
  * per layer and nothing else matters: every byte must come from HBM once, at full rate. One block
- * of 4 warps per (token, kv head, key split) reads its keys in tiles of 64 (16 per warp) with
- * 16-byte cp.async into an NS-stage shared-memory ring (NS - 1 tiles in flight while one is
- * computed); the block-table entries of the next tile to fetch are loaded while the current one is
- * computed. The G query heads of the kv head share each K/V load: a warp computes
+ * of NW warps (4 by default) per (token, kv head, key split) reads its keys in tiles of 16 x NW
+ * (16 per warp) with 16-byte cp.async into an NS-stage shared-memory ring (NS - 1 tiles in flight
+ * while one is computed; NS = 2 by default, which leaves room for 3 blocks per SM: more blocks beat
+ * deeper rings in the first measurements); the block-table entries of the next tile to fetch are
+ * loaded while the current one is computed. The G query heads of the kv head share each K/V load: a warp computes
  * S^T[16 keys][8 heads] = K[16][hd] . Q^T with mma.m16n8k16 (keys as M, the group padded to 8 as
  * N), keeps an online softmax per head in base 2, turns P into the B operand with movmatrix, and
  * accumulates O^T[hd][8] += V^T[hd][16 keys] . P^T[16][8].
@@ -18,80 +19,33 @@
  * read in the same order) so that a lane's K fragments are one contiguous run of the row, and the
  * output dims of the PV product likewise, so that a lane's V fragments are a contiguous run of 4
  * key rows (bf16 pairs are interleaved with one byte permute). The same permutations serve INT8
- * rows, widened to bf16 in registers (exact: |q| <= 127); the K scale multiplies the score, the V
- * scale the softmax weight. Rows are stored with 16-byte chunk index XOR-swizzled by the row.
+ * rows, widened to fp16 in registers (exact: |q| <= 127; one permute and one half2 subtract per
+ * pair) for fp16 mma with q in fp16; the K scale multiplies the score, the V scale the softmax
+ * weight. Rows are stored with their 16-byte chunk index XOR-swizzled by the row.
  *
  * Block sizes are powers of 2 from 16 up (a warp's 16 keys are then of one kind, and a key's block
  * and offset are a shift and a mask).
  * Splits (n_split > 1) write partials in attention.cu's workspace layout; the last block of each
  * (token, kv head) combines them. Launched as a programmatic dependent (common.cuh): the
  * metadata and the first tiles' block-table entries are read before the wait. */
-#include "common.cuh"
+#include "attention_decode.cuh"
 
-#define DM_MAX_SPLIT 64
+#define DM_MAX_SPLIT SF_AD_MAX_SPLIT
 
-/* ---- small device helpers ------------------------------------------------------------------ */
-static __device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
+/* ---- helpers of this kernel ------------------------------------------------------------- */
+/* d += a . b (m16n8k16, fp32 accumulators; fp16 or bf16 inputs) from four A registers */
+template <bool F16>
+static __device__ __forceinline__ void mma4(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                            uint32_t b0, uint32_t b1)
 {
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
-}
-
-static __device__ __forceinline__ void cp4(void *dst, const void *src)
-{
-    const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src));
-}
-
-static __device__ __forceinline__ void cp_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-
-template <int N>
-static __device__ __forceinline__ void cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-/* d += a . b, m16n8k16, bf16 inputs, fp32 accumulators */
-static __device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ void mma16816h(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                                 uint32_t b0, uint32_t b1)
-{
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-static __device__ __forceinline__ uint32_t movtrans(uint32_t x)
-{
-    uint32_t y;
-    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
-    return y;
-}
-
-static __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
-{
-    bf162 h = __floats2bfloat162_rn(lo, hi);
-    return *(uint32_t *)&h;
+    const unsigned a[4] = { a0, a1, a2, a3 };
+    if (F16) sf_mma_f16(d, a, b0, b1);
+    else sf_mma_bf16(d, a, b0, b1);
 }
 
 static __device__ __forceinline__ uint32_t u4w(const uint4 &v, int i)
 {
     return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-static __device__ __forceinline__ uint32_t pack_h2(float lo, float hi)
-{
-    __half2 h = __floats2half2_rn(lo, hi);
-    return *(uint32_t *)&h;
 }
 
 /* Two signed int8 (bytes of w_flipped = w ^ 0x80808080 picked by `sel`: 0x4140 bytes 0 and 1,
@@ -146,18 +100,18 @@ static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_at
         if (I8 && valid && id >= a.kv.i8_base) {
             const int64_t row = ((int64_t)(id - a.kv.i8_base) * Hkv + kh) * bs + (p & (bs - 1));
             if (ck < HD / 16) {
-                cp16(dk + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.k + row * HD + ck * 16, true);
-                cp16(dv + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.v + row * HD + ck * 16, true);
+                sf_cp_async16(dk + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.k + row * HD + ck * 16, 16);
+                sf_cp_async16(dv + sw_i8<HD>(j, ck) * 16, (const int8_t *)a.kv.v + row * HD + ck * 16, 16);
             }
             if (ck == 0) {
-                cp4(ks + j, a.kv.k_scale + row);
-                cp4(vs + j, a.kv.v_scale + row);
+                sf_cp_async4(ks + j, a.kv.k_scale + row);
+                sf_cp_async4(vs + j, a.kv.v_scale + row);
                 if ((j & 15) == 0) kind[j >> 4] = 1;
             }
         } else {
             const int64_t off = valid ? (((int64_t)id * Hkv + kh) * bs + (p & (bs - 1))) * HD : 0;
-            cp16(dk + sw_bf(j, ck) * 16, a.kv.k + off + ck * 8, valid);
-            cp16(dv + sw_bf(j, ck) * 16, a.kv.v + off + ck * 8, valid);
+            sf_cp_async16(dk + sw_bf(j, ck) * 16, a.kv.k + off + ck * 8, valid ? 16 : 0);
+            sf_cp_async16(dv + sw_bf(j, ck) * 16, a.kv.v + off + ck * 8, valid ? 16 : 0);
             if (I8 && ck == 0) {
                 if (!valid) ks[j] = vs[j] = 0.0f; /* the weights of masked keys stay 0 */
                 if ((j & 15) == 0) kind[j >> 4] = 0;
@@ -173,8 +127,11 @@ static __device__ __forceinline__ void dm_ids(int (&blk)[dm_layout<HD, I8, NW>::
     using Lo = dm_layout<HD, I8, NW>;
 #pragma unroll
     for (int r = 0; r < Lo::NR; r++) {
+        /* rows of one 16-key group are in one block (blocks are >= 16 keys and tiles start at
+         * multiples of 16): one load per group */
         const int p = base + j0 + r * Lo::RP;
-        blk[r] = p < k1 ? __ldg(bt + (p >> lbs)) : 0;
+        if (Lo::RP >= 16 || (r * Lo::RP) % 16 == 0) blk[r] = p < k1 ? __ldg(bt + (p >> lbs)) : 0;
+        else blk[r] = blk[r - 1];
     }
 }
 
@@ -206,7 +163,7 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
 #pragma unroll
         for (int s = 0; s < HD / 16; s++) {
             const int q = s >> 1, wd = (s & 1) * 2;
-            mma16816(s & 1 ? sd : sc, u4w(x0[q], wd), u4w(x1[q], wd), u4w(x0[q], wd + 1), u4w(x1[q], wd + 1), qb[s][0],
+            mma4<false>(s & 1 ? sd : sc, u4w(x0[q], wd), u4w(x1[q], wd), u4w(x0[q], wd + 1), u4w(x1[q], wd + 1), qb[s][0],
                      qb[s][1]);
         }
     } else {
@@ -220,7 +177,7 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
 #pragma unroll
         for (int s = 0; s < HD / 16; s++) {
             const uint32_t w0 = u4w(x0[s >> 2], s & 3) ^ 0x80808080u, w1 = u4w(x1[s >> 2], s & 3) ^ 0x80808080u;
-            mma16816h(s & 1 ? sd : sc, i8x2_h2(w0, 0x4140u), i8x2_h2(w1, 0x4140u), i8x2_h2(w0, 0x4342u),
+            mma4<true>(s & 1 ? sd : sc, i8x2_h2(w0, 0x4140u), i8x2_h2(w1, 0x4140u), i8x2_h2(w0, 0x4342u),
                       i8x2_h2(w1, 0x4342u), qh[I8 ? s : 0][0], qh[I8 ? s : 0][1]);
         }
     }
@@ -256,8 +213,8 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
         p00 *= vs0; p01 *= vs0; p10 *= vs1; p11 *= vs1;
     }
     /* P^T as the B operand: bf16 for bf16 rows, fp16 for INT8 rows (the V scale makes p small) */
-    const uint32_t b0 = movtrans(i8 ? pack_h2(p00, p01) : pack_bf2(p00, p01));
-    const uint32_t b1 = movtrans(i8 ? pack_h2(p10, p11) : pack_bf2(p10, p11));
+    const uint32_t b0 = sf_movmatrix_trans(i8 ? sf_pack_f16(p00, p01) : sf_pack_bf16(p00, p01));
+    const uint32_t b1 = sf_movmatrix_trans(i8 ? sf_pack_f16(p10, p11) : sf_pack_bf16(p10, p11));
 
     /* O^T += V^T . P^T; output dim rows (g | g+8) of tile j = row dims (e, e + 1) of lane g's run,
      * e = 8 * (g + 8 * (j / 4)) + 2 * (j % 4); keys (2c, 2c+1 | 2c+8, 2c+9) */
@@ -275,7 +232,7 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
         for (int j = 0; j < HD / 16; j++) {
             const int q = j >> 2, wi = j & 3;
             const uint32_t w0 = u4w(y[0][q], wi), w1 = u4w(y[1][q], wi), w2 = u4w(y[2][q], wi), w3 = u4w(y[3][q], wi);
-            mma16816(o[j], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
+            mma4<false>(o[j], __byte_perm(w0, w1, 0x5410), __byte_perm(w0, w1, 0x7632), __byte_perm(w2, w3, 0x5410),
                      __byte_perm(w2, w3, 0x7632), b0, b1);
         }
     } else {
@@ -298,9 +255,9 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
                            w3 = (wi < 2 ? y[3][q].x : y[3][q].y) ^ 0x80808080u;
             const uint32_t lo01 = __byte_perm(w0, w1, 0x5140), hi01 = __byte_perm(w0, w1, 0x7362);
             const uint32_t lo23 = __byte_perm(w2, w3, 0x5140), hi23 = __byte_perm(w2, w3, 0x7362);
-            mma16816h(o[j], i8x2_h2(lo01, 0x4140u), i8x2_h2(lo01, 0x4342u), i8x2_h2(lo23, 0x4140u),
+            mma4<true>(o[j], i8x2_h2(lo01, 0x4140u), i8x2_h2(lo01, 0x4342u), i8x2_h2(lo23, 0x4140u),
                       i8x2_h2(lo23, 0x4342u), b0, b1);
-            mma16816h(o[j + 1], i8x2_h2(hi01, 0x4140u), i8x2_h2(hi01, 0x4342u), i8x2_h2(hi23, 0x4140u),
+            mma4<true>(o[j + 1], i8x2_h2(hi01, 0x4140u), i8x2_h2(hi01, 0x4342u), i8x2_h2(hi23, 0x4140u),
                       i8x2_h2(hi23, 0x4342u), b0, b1);
         }
     }
@@ -333,7 +290,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 #pragma unroll
     for (int st = 0; st < NS - 1; st++) {
         if (st < ntile) dm_issue<HD, I8, NW>(smem + st * Lo::STB, a, kh, k0 + st * Lo::TK, k1, ids[st], ck, j0);
-        cp_commit();
+        sf_cp_async_commit();
     }
     int blk[Lo::NR];
 #pragma unroll
@@ -358,7 +315,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 #pragma unroll
         for (int k = 0; k < 2; k++) {
             const float2 f = __bfloat1622float2(*(const bf162 *)&qb[s][k]);
-            qh[s][k] = I8 ? pack_h2(f.x, f.y) : 0u;
+            qh[s][k] = I8 ? sf_pack_f16(f.x, f.y) : 0u;
         }
     const float qs = a.scale * 1.4426950408889634f;
     float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, o[HD / 16][4];
@@ -366,18 +323,18 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     for (int j = 0; j < HD / 16; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
     for (int i = 0; i < ntile; i++) {
-        cp_wait<NS - 2>();
+        sf_cp_async_wait<NS - 2>();
         __syncthreads(); /* tile i is in; every warp is done with the stage tile i + NS - 1 reuses */
         const int nx = i + NS - 1;
         if (nx < ntile) {
             dm_issue<HD, I8, NW>(smem + (nx % NS) * Lo::STB, a, kh, k0 + nx * Lo::TK, k1, blk, ck, j0);
             if (nx + 1 < ntile) dm_ids<HD, I8, NW>(blk, bt, lbs, k0 + (nx + 1) * Lo::TK, k1, j0);
         }
-        cp_commit();
+        sf_cp_async_commit();
         const int kb = k0 + i * Lo::TK + 16 * w;
         if (kb < k1) dm_compute<HD, I8, NW>(smem + (i % NS) * Lo::STB, w, kb, k1, qs, qb, qh, m, l, o);
     }
-    cp_wait<0>();
+    sf_cp_async_wait<0>();
     __syncthreads(); /* the ring is free: it holds the warps' partial results now */
 
     /* the warp's l over its lanes (each lane summed its own keys) */
@@ -433,46 +390,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     if (ns == 1) return;
 
     /* the last block of this (token, kv head) to finish combines the splits */
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&a.counters[t * a.Hkv + kh], 1u) == (unsigned)ns - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int hg = w; hg < G; hg += NW) {
-        const float *wp = a.ws + ((int64_t)t * H + kh * G + hg) * ns * (HD + 2);
-        const float m0 = lane < ns ? __ldcg(wp + lane * (HD + 2) + HD) : -INFINITY;
-        const float m1 = lane + 32 < ns ? __ldcg(wp + (lane + 32) * (HD + 2) + HD) : -INFINITY;
-        const float M = warp_max(fmaxf(m0, m1));
-        float e0 = 0.0f, e1 = 0.0f;
-        if (M != -INFINITY) {
-            if (m0 != -INFINITY) e0 = exp2f(m0 - M);
-            if (m1 != -INFINITY) e1 = exp2f(m1 - M);
-        }
-        float L = (lane < ns ? e0 * __ldcg(wp + lane * (HD + 2) + HD + 1) : 0.0f) +
-                  (lane + 32 < ns ? e1 * __ldcg(wp + (lane + 32) * (HD + 2) + HD + 1) : 0.0f);
-        L = warp_sum(L);
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
-        wsm[hg * DM_MAX_SPLIT + lane] = e0 * inv;
-        wsm[hg * DM_MAX_SPLIT + lane + 32] = e1 * inv;
-    }
-    __syncthreads();
-    for (int idx = tid; idx < G * HD; idx += Lo::NT) {
-        const int hg = idx / HD, d = idx - hg * HD, h = kh * G + hg;
-        const float *wp = a.ws + ((int64_t)t * H + h) * ns * (HD + 2) + d;
-        const float *e = wsm + hg * DM_MAX_SPLIT;
-        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-        int i = 0;
-        for (; i + 3 < ns; i += 4) {
-            o0 = fmaf(__ldcg(wp + i * (HD + 2)), e[i], o0);
-            o1 = fmaf(__ldcg(wp + (i + 1) * (HD + 2)), e[i + 1], o1);
-            o2 = fmaf(__ldcg(wp + (i + 2) * (HD + 2)), e[i + 2], o2);
-            o3 = fmaf(__ldcg(wp + (i + 3) * (HD + 2)), e[i + 3], o3);
-        }
-        for (; i < ns; i++) o0 = fmaf(__ldcg(wp + i * (HD + 2)), e[i], o0);
-        ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf((o0 + o1) + (o2 + o3));
-    }
-    if (tid == 0) a.counters[t * a.Hkv + kh] = 0; /* ready for the next launch (graph replays too) */
+    sf_attn_split_finish<HD>(a, t, kh, G, NW, wsm, &last);
 }
 
 /* ---- host side ----------------------------------------------------------------------------- */

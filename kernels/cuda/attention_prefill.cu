@@ -324,9 +324,11 @@ extern "C" int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->n_tiles <= 0) return 0;
     if (!sf_k_attention_prefill_ok(a->hd) || a->Hkv <= 0 || a->H % a->Hkv || !a->tiles) return (int)cudaErrorInvalidValue;
-    const char *path = getenv("SEMFLOW_ATTN_PREFILL");
-    if (path && (!strcmp(path, "fa2") || !strcmp(path, "fa2-128")) && sf_k_attention_prefill_fa2_ok(a))
-        return sf_k_attention_prefill_fa2(a, path[3] ? 128 : 0, s);
+    const char *path = getenv("SEMFLOW_ATTN_PREFILL"); /* fa2 (default), fa2-64, fa2-128, wmma */
+    if (!(path && !strcmp(path, "wmma")) && sf_k_attention_prefill_fa2_ok(a)) {
+        int rows = path && !strcmp(path, "fa2-64") ? 64 : path && !strcmp(path, "fa2-128") ? 128 : 0;
+        return sf_k_attention_prefill_fa2(a, rows, s);
+    }
     if (a->hd == 128 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<8>(a, s);
     if (a->hd == 64 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<4>(a, s);
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */

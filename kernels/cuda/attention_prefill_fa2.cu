@@ -3,62 +3,31 @@
  * from XOR-swizzled shared memory, K/V tiles copied with cp.async (double-buffered) straight from
  * the paged blocks, the online softmax kept in registers (exp2 with the scale folded in).
  *
- * Work split: one block (4 warps) per (query tile, head); a query tile is up to 64 consecutive
- * tokens of one sequence at consecutive positions p0 .. p0 + rows - 1 (the host's tile list,
- * kernels.h), so chunked prefill (p0 > 0) and prefix reuse read the earlier keys from the cache.
- * Each warp owns 16 query rows: S = Q K^T for 64 keys (8 n-tiles of m16n8 accumulators), the
- * softmax of its rows, O += P V with P taken directly from the S accumulators (the m16n8k16
- * C layout of two n-tiles is the A layout of one k-step). Key tiles run from the last (the
- * diagonal, where the causal mask and the context end are applied) to the first; the tiles
- * strictly below the diagonal take no mask. Blocks are ordered longest query tile first.
+ * Work split: a block of 4 warps per (query rows, head). The host's tile list (kernels.h) gives
+ * runs of up to 64 consecutive tokens of one sequence at consecutive positions p0 .. p0 + rows - 1,
+ * so chunked prefill (p0 > 0) and prefix reuse read the earlier keys from the cache. With 64 rows
+ * per block each warp owns 16 rows and keeps its Q fragments in registers; with 128 (two
+ * consecutive tiles of one sequence) each warp owns 32 rows as two m16 tiles that share every K
+ * and V fragment (half the ldmatrix traffic per mma), Q reloaded from shared memory per key tile.
+ * Per key tile: S = Q K^T (m16n8 accumulators), the causal mask where needed, the online softmax
+ * of the warp's rows, O += P V with P taken directly from the S accumulators (the m16n8k16 C
+ * layout of two n-tiles is the A layout of one k-step). Key tiles run from the last (the diagonal,
+ * where the causal mask and the context end are applied) to the first; the tiles strictly below
+ * the diagonal take no mask. Blocks are ordered longest query tile first.
  *
- * Shared memory (head size HD = 64 or 128): Q [64][HD], K [2][64][HD], V [2][64][HD] bf16, rows
+ * Shared memory (head size HD = 64 or 128): Q [rows][HD], K [2][BK][HD], V [2][BK][HD] bf16, rows
  * of HD/8 16-byte chunks stored at chunk ^ (row & 7), so the 8 row addresses of every ldmatrix
- * phase fall in distinct banks. 80 KB for HD = 128: two blocks per SM.
+ * phase fall in distinct banks. HD 128: 80 KB at 64 rows (BK 64), 64 KB at 128 rows (BK 32):
+ * two blocks per SM either way (registers: 199 and 249 per thread).
  *
  * INT8 KV blocks (kernels.h) are dequantised by plain loads and shared-memory stores in the same
  * tile loader; bf16 rows go through cp.async. Requires scale > 0 (the max runs on raw scores). */
+#include <string.h>
+
 #include "common.cuh"
 
 #define FA_BQ 64
 #define FA_NT 128
-
-static __device__ __forceinline__ unsigned smem_u32(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
-
-/* 16 bytes global -> shared, asynchronous; src_bytes 0 writes zeros (src must still be a valid
- * address). */
-static __device__ __forceinline__ void cp_async16(void *dst, const void *src, int src_bytes)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src), "r"(src_bytes));
-}
-static __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-static __device__ __forceinline__ void cp_async_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-static __device__ __forceinline__ void ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_u32(p)));
-}
-static __device__ __forceinline__ void ldsm_x4_t(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
-                 : "r"(smem_u32(p)));
-}
-
-/* d (16x8 fp32) += a (16x16 bf16, row) * b (16x8 bf16, col) */
-static __device__ __forceinline__ void mma_bf16(float *d, const unsigned *a, unsigned b0, unsigned b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 /* Pulls the block-table entries of keys kb .. min(kb + BK, ctx) - 1 into L1 ahead of their use,
  * so the tile loader's address lookups do not wait on L2. */
@@ -77,12 +46,6 @@ static __device__ __forceinline__ float fast_exp2(float x)
     return y;
 }
 
-static __device__ __forceinline__ unsigned pack_bf16(float lo, float hi)
-{
-    bf162 v = __floats2bfloat162_rn(lo, hi);
-    return *(unsigned *)&v;
-}
-
 /* Element offset of 16-byte chunk c of row r in a [rows][HD] swizzled tile. */
 template <int HD>
 static __device__ __forceinline__ int swz(int r, int c)
@@ -95,7 +58,7 @@ static __device__ __forceinline__ int swz(int r, int c)
  * (HD/8): BK / 8 (HD 128) or BK / 16 (HD 64) rows of K and of V. */
 template <int HD, int BK>
 static __device__ __forceinline__ void load_kv(const sf_k_kv &kv, const int32_t *bt, int kh, int kb, int ctx, bf16 *K,
-                                               bf16 *V)
+                                               bf16 *V, int lbs)
 {
     constexpr int CH = HD / 8, RSTEP = FA_NT / CH;
     const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
@@ -103,18 +66,23 @@ static __device__ __forceinline__ void load_kv(const sf_k_kv &kv, const int32_t 
     for (int i = 0; i < BK / RSTEP; i++) {
         const int r = r0 + i * RSTEP, p = kb + r, so = swz<HD>(r, c);
         if (p < ctx) {
-            int64_t o = sf_kv_row(kv, bt, kh, p);
+            /* sf_kv_row, with shifts when the block size is a power of two (lbs = log2, else -1) */
+            const int bs = kv.block_size, blk = lbs >= 0 ? p >> lbs : p / bs, off = p - blk * bs;
+            const int64_t id = bt[blk];
+            const int64_t o = kv.i8_base && id >= kv.i8_base
+                                  ? ((((id - kv.i8_base) * kv.n_kv_heads + kh) * bs + off) << 1) | 1
+                                  : (((id * kv.n_kv_heads + kh) * bs + off) * HD) << 1;
             if (o & 1) { /* INT8 block: dequantise through registers */
                 int64_t row = o >> 1;
                 *(bf16x8 *)(K + so) = sf_dequant8((const int8_t *)kv.k + row * HD + c * 8, kv.k_scale[row]);
                 *(bf16x8 *)(V + so) = sf_dequant8((const int8_t *)kv.v + row * HD + c * 8, kv.v_scale[row]);
             } else {
-                cp_async16(K + so, kv.k + (o >> 1) + c * 8, 16);
-                cp_async16(V + so, kv.v + (o >> 1) + c * 8, 16);
+                sf_cp_async16(K + so, kv.k + (o >> 1) + c * 8, 16);
+                sf_cp_async16(V + so, kv.v + (o >> 1) + c * 8, 16);
             }
         } else {
-            cp_async16(K + so, kv.k, 0);
-            cp_async16(V + so, kv.v, 0);
+            sf_cp_async16(K + so, kv.k, 0);
+            sf_cp_async16(V + so, kv.v, 0);
         }
     }
 }
@@ -140,11 +108,12 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
         const int c = tid % CH;
         for (int r = tid / CH; r < BQ; r += FA_NT / CH) {
             const bf16 *src = (const bf16 *)a.q + (int64_t)(t0 + (r < nrows ? r : 0)) * a.ld_q + (int64_t)h * HD + c * 8;
-            cp_async16(Qs + swz<HD>(r, c), src, r < nrows ? 16 : 0);
+            sf_cp_async16(Qs + swz<HD>(r, c), src, r < nrows ? 16 : 0);
         }
     }
-    load_kv<HD, BK>(a.kv, bt, kh, (n_kt - 1) * BK, ctx, Ks, Vs);
-    cp_async_commit();
+    const int bsz = a.kv.block_size, lbs = (bsz & (bsz - 1)) ? -1 : __ffs(bsz) - 1;
+    load_kv<HD, BK>(a.kv, bt, kh, (n_kt - 1) * BK, ctx, Ks, Vs, lbs);
+    sf_cp_async_commit();
     prefetch_bt<BK>(bt, a.kv.block_size, (n_kt - 2) * BK, ctx);
 
     const int g = lane >> 2, tq = lane & 3;
@@ -162,15 +131,15 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
     for (int it = 0; it < n_kt; it++) {
         const int kb = (n_kt - 1 - it) * BK, buf = it & 1;
         const bf16 *K = Ks + buf * BK * HD, *V = Vs + buf * BK * HD;
-        if (it + 1 < n_kt) load_kv<HD, BK>(a.kv, bt, kh, kb - BK, ctx, Ks + (buf ^ 1) * BK * HD, Vs + (buf ^ 1) * BK * HD);
-        cp_async_commit();
+        if (it + 1 < n_kt) load_kv<HD, BK>(a.kv, bt, kh, kb - BK, ctx, Ks + (buf ^ 1) * BK * HD, Vs + (buf ^ 1) * BK * HD, lbs);
+        sf_cp_async_commit();
         prefetch_bt<BK>(bt, a.kv.block_size, kb - 2 * BK, ctx);
-        cp_async_wait<1>(); /* everything but the tile just issued has landed */
+        sf_cp_async_wait<1>(); /* everything but the tile just issued has landed */
         __syncthreads();
         if (MT == 1 && it == 0) {
 #pragma unroll
             for (int kk = 0; kk < KD; kk++)
-                ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
+                sf_ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
                         Qs + swz<HD>(warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)));
         }
 
@@ -189,18 +158,18 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
                     qa[mt][0] = qf[MT == 1 ? kk : 0][0]; qa[mt][1] = qf[MT == 1 ? kk : 0][1];
                     qa[mt][2] = qf[MT == 1 ? kk : 0][2]; qa[mt][3] = qf[MT == 1 ? kk : 0][3];
                 } else {
-                    ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3],
+                    sf_ldsm_x4(qa[mt][0], qa[mt][1], qa[mt][2], qa[mt][3],
                             Qs + swz<HD>(mt * 64 + warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * kk + (lane >> 4)));
                 }
             }
 #pragma unroll
             for (int np = 0; np < NS / 2; np++) {
                 unsigned b0, b1, b2, b3;
-                ldsm_x4(b0, b1, b2, b3, K + swz<HD>(np * 16 + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
+                sf_ldsm_x4(b0, b1, b2, b3, K + swz<HD>(np * 16 + (lane & 7) + (lane >> 4) * 8, 2 * kk + ((lane >> 3) & 1)));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(s[mt][2 * np], qa[mt], b0, b1);
-                    mma_bf16(s[mt][2 * np + 1], qa[mt], b2, b3);
+                    sf_mma_bf16(s[mt][2 * np], qa[mt], b0, b1);
+                    sf_mma_bf16(s[mt][2 * np + 1], qa[mt], b2, b3);
                 }
             }
         }
@@ -248,12 +217,14 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
             }
             l[mt][0] = l[mt][0] * al0 + sum0;
             l[mt][1] = l[mt][1] * al1 + sum1;
+            if (__any_sync(0xffffffffu, al0 != 1.0f || al1 != 1.0f)) { /* skipped when no row max moved */
 #pragma unroll
-            for (int n = 0; n < ND; n++) {
-                o[mt][n][0] *= al0;
-                o[mt][n][1] *= al0;
-                o[mt][n][2] *= al1;
-                o[mt][n][3] *= al1;
+                for (int n = 0; n < ND; n++) {
+                    o[mt][n][0] *= al0;
+                    o[mt][n][1] *= al0;
+                    o[mt][n][2] *= al1;
+                    o[mt][n][3] *= al1;
+                }
             }
         }
 
@@ -263,19 +234,19 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
             unsigned pa[MT][4];
 #pragma unroll
             for (int mt = 0; mt < MT; mt++) {
-                pa[mt][0] = pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-                pa[mt][1] = pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-                pa[mt][2] = pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-                pa[mt][3] = pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                pa[mt][0] = sf_pack_bf16(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = sf_pack_bf16(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = sf_pack_bf16(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = sf_pack_bf16(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
 #pragma unroll
             for (int dp = 0; dp < ND / 2; dp++) {
                 unsigned b0, b1, b2, b3;
-                ldsm_x4_t(b0, b1, b2, b3, V + swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
+                sf_ldsm_x4_t(b0, b1, b2, b3, V + swz<HD>(kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8, 2 * dp + (lane >> 4)));
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    mma_bf16(o[mt][2 * dp], pa[mt], b0, b1);
-                    mma_bf16(o[mt][2 * dp + 1], pa[mt], b2, b3);
+                    sf_mma_bf16(o[mt][2 * dp], pa[mt], b0, b1);
+                    sf_mma_bf16(o[mt][2 * dp + 1], pa[mt], b2, b3);
                 }
             }
         }
@@ -296,8 +267,8 @@ static __device__ __forceinline__ void fa2_pass(const sf_k_attn &a, int h, int t
         const int rA = mt * 64 + warp * 16 + g, rB = rA + 8;
 #pragma unroll
         for (int n = 0; n < ND; n++) {
-            *(unsigned *)(Qs + swz<HD>(rA, n) + 2 * tq) = pack_bf16(o[mt][n][0] * inv[0], o[mt][n][1] * inv[0]);
-            *(unsigned *)(Qs + swz<HD>(rB, n) + 2 * tq) = pack_bf16(o[mt][n][2] * inv[1], o[mt][n][3] * inv[1]);
+            *(unsigned *)(Qs + swz<HD>(rA, n) + 2 * tq) = sf_pack_bf16(o[mt][n][0] * inv[0], o[mt][n][1] * inv[0]);
+            *(unsigned *)(Qs + swz<HD>(rB, n) + 2 * tq) = sf_pack_bf16(o[mt][n][2] * inv[1], o[mt][n][3] * inv[1]);
         }
     }
     __syncwarp();
@@ -362,8 +333,22 @@ extern "C" int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cu
     if (a->n_tiles <= 0) return 0;
     if (!sf_k_attention_prefill_fa2_ok(a) || (block_rows != 0 && block_rows != 64 && block_rows != 128))
         return (int)cudaErrorInvalidValue;
+    if (block_rows == 0) { /* 128 rows when the pairs still make >= 2 blocks per SM (2048 tokens of
+                            * 32 heads: 201 against 270 us; 512 tokens: 44 against 35 us) */
+        static int sms; /* the launch thread is the backend's only thread */
+        if (!sms) {
+            int dev = 0;
+            if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
+                sms = 132;
+        }
+        block_rows = (int64_t)(a->n_tiles + 1) / 2 * a->H >= 2 * (int64_t)sms ? 128 : 64;
+    }
     const int mt2 = block_rows == 128;
-    /* 128 rows of head size 128 take 32-key tiles: with 64 the S accumulators spill */
-    if (a->hd == 128) return mt2 ? launch_fa2<128, 2, 32>(a, s) : launch_fa2<128, 1, 64>(a, s);
+    /* 128 rows of head size 128: 32-key tiles, or 64 with SEMFLOW_ATTN_FA2_BK=64 (255 registers) */
+    if (a->hd == 128 && mt2) {
+        const char *bk = getenv("SEMFLOW_ATTN_FA2_BK");
+        return bk && !strcmp(bk, "64") ? launch_fa2<128, 2, 64>(a, s) : launch_fa2<128, 2, 32>(a, s);
+    }
+    if (a->hd == 128) return launch_fa2<128, 1, 64>(a, s);
     return mt2 ? launch_fa2<64, 2, 64>(a, s) : launch_fa2<64, 1, 64>(a, s);
 }

@@ -123,6 +123,52 @@ static __device__ __forceinline__ void sf_load_kv_tile(const sf_k_kv &kv, const 
     __syncthreads();
 }
 
+/* ---- tensor-core building blocks (sm_80+) ------------------------------------------------------
+ * sf_cp_async16: 16 bytes global -> shared without registers; src_bytes 0 writes zeros (src must
+ * still be a valid address). Groups: sf_cp_async_commit closes the copies issued so far into a
+ * group; sf_cp_async_wait<N> waits until at most N groups are pending (then __syncthreads for
+ * other threads' copies). sf_ldsm_x4(_t): ldmatrix of four 8x8 b16 matrices, lanes 8j..8j+7
+ * giving the row addresses of matrix j (16-byte aligned); register j of lane l holds row l / 4,
+ * columns 2 (l % 4), +1 of matrix j (_t: the transpose). sf_mma_bf16: d (m16n8, fp32) += a (m16k16
+ * bf16, row) * b (k16n8 bf16, col) in the PTX fragment layouts. */
+static __device__ __forceinline__ void sf_cp_async16(void *dst, const void *src, int src_bytes)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src),
+                 "r"(src_bytes));
+}
+static __device__ __forceinline__ void sf_cp_async_commit(void) { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+static __device__ __forceinline__ void sf_cp_async_wait(void)
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+static __device__ __forceinline__ void sf_ldsm_x4(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+static __device__ __forceinline__ void sf_ldsm_x4_t(unsigned &r0, unsigned &r1, unsigned &r2, unsigned &r3, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"((unsigned)__cvta_generic_to_shared(p)));
+}
+/* pure register arithmetic: not volatile, so the compiler may schedule it */
+static __device__ __forceinline__ void sf_mma_bf16(float *d, const unsigned *a, unsigned b0, unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* two floats as a bf16 pair, lo in the low half (the lower column of a fragment) */
+static __device__ __forceinline__ unsigned sf_pack_bf16(float lo, float hi)
+{
+    bf162 v = __floats2bfloat162_rn(lo, hi);
+    return *(unsigned *)&v;
+}
+
 /* Programmatic dependent launch (sm_90), for kernels whose first work does not depend on the
  * kernel before them (a GEMV's weights, a step's block table). A kernel launched with
  * sf_launch_pdl may start while the previous kernel in the stream is still running, once every
@@ -171,6 +217,35 @@ static inline int sf_launch_pdl(void (*kernel)(P...), dim3 grid, dim3 block, siz
     cfg.attrs = at;
     cfg.numAttrs = sf_pdl_enabled() ? 1 : 0;
     return (int)cudaLaunchKernelEx(&cfg, kernel, ((P)args)...);
+}
+
+/* ---- more tensor-core building blocks (beside the ones above) ------------------------------ */
+/* 4 bytes global -> shared (cp.async.ca), in the current group. */
+static __device__ __forceinline__ void sf_cp_async4(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src));
+}
+/* sf_mma_bf16 with fp16 inputs */
+static __device__ __forceinline__ void sf_mma_f16(float *d, const unsigned *a, unsigned b0, unsigned b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+/* The 8x8 b16 matrix whose fragment (row lane / 4, columns 2 (lane % 4), +1) is x, transposed, as
+ * the same kind of fragment (turns an accumulator tile into a B operand). */
+static __device__ __forceinline__ unsigned sf_movmatrix_trans(unsigned x)
+{
+    unsigned y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+/* two floats as an fp16 pair, lo in the low half */
+static __device__ __forceinline__ unsigned sf_pack_f16(float lo, float hi)
+{
+    __half2 h = __floats2half2_rn(lo, hi);
+    return *(unsigned *)&h;
 }
 
 /* Status of the last launch, as the C API returns it. */

@@ -8,18 +8,22 @@
  *          v heads written to the paged cache at the token's slot   (rope_kv.cu as the epilogue)
  *
  * Decode is bound by reading W once. A warp streams two rows of W (two neighbouring rows, or a
- * gate row and its up row) with 16-byte loads that bypass L1, FG_UNROLL per row in flight per
- * lane, against x held in shared memory (norm: every block normalises the row itself from L2,
- * 8 KiB for d = 4096, after its first weight loads are issued) or read through L1 (add, where a
- * warp streams one row with twice the loads in flight: measured faster for the wide-k down
- * projection).
+ * gate row and its up row; one row per warp is a variant) with 16-byte loads that bypass L1,
+ * against x held in shared memory (norm: every block normalises the row itself from L2, 8 KiB
+ * for d = 4096, after its first weight loads are issued) or read through L1 (add). The loads go
+ * either into registers (FG_U per row in flight per lane, drained at each loop iteration) or,
+ * in the ring mode, through a per-warp ring of shared-memory stages filled by cp.async that
+ * stays full across iterations. Which op takes which: ring_mode() (measured per op in a graph,
+ * docs/PERFORMANCE.md).
  *
  * Launched as programmatic dependents (common.cuh): a block issues its first weight loads (into
- * registers) before it waits for the kernel before it, so the weight stream starts under that
- * kernel's tail (attention, the previous GEMV's last wave) instead of after it; and it lets the
- * next kernel start the same way. L2 prefetches of further chunks before the wait were tried
- * and dropped: the previous kernel's own stream evicts them before use (test_ops --perf on the
- * H200: 4096 x 14336 add 38.0 us with them, against 32.0 for the plain GEMV).
+ * registers or the ring) before it waits for the kernel before it, so the weight stream starts
+ * under that kernel's tail (attention, the previous GEMV's last wave) instead of after it; and it
+ * lets the next kernel start the same way. Pulling weights into L2 ahead of their GEMV (bulk
+ * prefetches of a launch's rows before its wait, rolling prefetches ahead of the loads, the next
+ * GEMV's weight during attention, evict_first on the stream) was tried in several forms and
+ * dropped: none was faster end to end, and the first-wave and rolling prefetches were slower
+ * (docs/PERFORMANCE.md).
  *
  * Rounding follows the unfused path exactly: the normalised x is bf16(bf16(x * inv) * nw), GEMV
  * outputs are rounded to bf16 before SiLU (which is rounded again, as HF does) and before the
@@ -47,47 +51,6 @@ static __device__ __forceinline__ uint4 ld_stream(const void *p)
     return v;
 }
 
-/* The same load with an L2 eviction-priority policy (createpolicy): evict_first for the weight
- * stream, so a GEMV's own bytes are the first to go and not the lines prefetched ahead of it. */
-static __device__ __forceinline__ uint4 ld_stream_hint(const void *p, uint64_t pol)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p), "l"(pol));
-    return v;
-}
-
-static __device__ __forceinline__ uint64_t policy_evict_first(void)
-{
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-
-static __device__ __forceinline__ uint64_t policy_evict_last(void)
-{
-    uint64_t pol;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-
-/* One bulk (TMA) prefetch of `bytes` (a multiple of 16, 16-byte aligned) into L2; fire and forget. */
-static __device__ __forceinline__ void prefetch_l2(const void *p, unsigned bytes, uint64_t pol)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global.L2::cache_hint [%0], %1, %2;" ::"l"(p), "r"(bytes), "l"(pol)
-                 : "memory");
-#endif
-}
-
-static __device__ __forceinline__ void prefetch_l2_plain(const void *p, unsigned bytes)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
-#endif
-}
-
 static __device__ __forceinline__ void cp_async16(void *smem, const void *g)
 {
     unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
@@ -112,35 +75,21 @@ static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, fl
     return acc;
 }
 
-/* L2 use of one launch (l2_plan): hint = weight loads marked evict_first; blocks with
- * blockIdx.x < pf_blocks prefetch, before their wait, pf_bytes of each of their rows past the
- * loads already in registers, marked evict_last (0: none). nx_bytes > 0: the blocks also
- * prefetch, spread over all of them, the first nx_bytes of the next GEMV's weight nx (half at
- * nx and half at nx + nx_seg2 when nx_seg2 > 0: a gate/up weight, whose first blocks read gate
- * row j together with up row j). ahead > 0: each row's loads run `ahead` iterations (FG_U x
- * 512 bytes each) behind a bulk prefetch of the same row, so a warp has its next bytes on the
- * way without holding them in registers. */
-struct fg_l2 {
-    int hint, pf_bytes, pf_blocks, nx_bytes, ahead;
-    const char *nx;
-    long long nx_seg2;
-};
-
 /* One output unit per warp: rows (ra, rb) of W. MODE is a set of FG_* flags. k % 8 == 0 and
  * every pointer 16-byte aligned (the launcher checks). Dynamic shared memory: k bf16 (norm).
  * Rope mode pairs the rows a rotation mixes: (i, i + rot/2) of a head (halves) or (2i, 2i + 1)
  * (interleaved, and the unrotated dims past rot and the v heads in both conventions). */
-/* RING: the weight loads go through a per-warp ring of FG_RING_ST shared-memory stages filled by
+/* RING: the weight loads go through a per-warp ring of fg_ring_st shared-memory stages filled by
  * cp.async (FG_RING_V 16-byte loads per row per lane each), after the normalised row; a lane
  * reads back only the slots it filled, so cp.async.wait_group is the only synchronisation. The
  * loads then stay in flight across loop iterations instead of draining at each (FG_U unused). */
-#define FG_RING_ST 4
 #define FG_RING_V 2
+static constexpr int fg_ring_st(int mode) { return (mode & FG_ONE) ? 6 : 4; }
 template <int MODE, int WARPS, int FG_U, bool RING = false>
 __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                            float eps, const bf16 *__restrict__ w,
                                                            const bf16 *__restrict__ bias, int m, int k,
-                                                           bf16 *__restrict__ y, fg_rope rp, fg_l2 l2)
+                                                           bf16 *__restrict__ y, fg_rope rp)
 {
     extern __shared__ __align__(16) unsigned char fg_smem[];
     __shared__ float red[32];
@@ -167,7 +116,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     const uint4 *wa = (const uint4 *)(w + (int64_t)ra * k), *wb = (const uint4 *)(w + (int64_t)rb * k);
     sf_pdl_trigger();
 
-    constexpr int NR = TWO ? 2 : 1; /* rows per warp */
+    constexpr int NR = TWO ? 2 : 1, FG_RING_ST = fg_ring_st(MODE); /* rows per warp, ring stages */
     uint4 *ring = (uint4 *)(fg_smem + (MODE & FG_NORM ? ((size_t)k * 2 + 15) / 16 * 16 : 0)) +
                   (size_t)warp * FG_RING_ST * NR * FG_RING_V * 32 + lane;
     const int n_st = RING && active ? (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V) : 0;
@@ -190,33 +139,12 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     }
 
     /* first weight loads in flight before the wait */
-    const bool hint = l2.hint != 0;
-    const uint64_t pol = hint ? policy_evict_first() : 0;
-#define FG_LD(p) (hint ? ld_stream_hint((p), pol) : ld_stream(p))
     uint4 va[FG_U], vb[FG_U];
 #pragma unroll
     for (int i = 0; i < FG_U; i++) {
         int c = lane + i * 32;
-        if (!RING && active && c < k8) { va[i] = FG_LD(wa + c); vb[i] = TWO ? FG_LD(wb + c) : va[i]; }
+        if (!RING && active && c < k8) { va[i] = ld_stream(wa + c); vb[i] = TWO ? ld_stream(wb + c) : va[i]; }
         else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
-    }
-    /* the rest of the rows (up to pf_bytes each) on their way into L2 while the kernel before
-     * still runs: lane 0 row a, lane 1 row b */
-    if (l2.pf_bytes > 0 && active && (int)blockIdx.x < l2.pf_blocks && lane < (TWO ? 2 : 1)) {
-        const int done = FG_U * 32 * 16, left = k * 2 - done;
-        const int n = min(l2.pf_bytes, left) & ~15;
-        if (n > 0) prefetch_l2((const char *)(lane ? wb : wa) + done, (unsigned)n, policy_evict_last());
-    }
-    constexpr int CHUNK = FG_U * 32 * 16; /* bytes of a row per loop iteration */
-    if (l2.ahead > 0 && active && lane < (TWO ? 2 : 1)) {
-        const int n = min(l2.ahead * CHUNK, k * 2 - CHUNK) & ~15;
-        if (n > 0) prefetch_l2_plain((const char *)(lane ? wb : wa) + CHUNK, (unsigned)n);
-    }
-    if (l2.nx_bytes > 0 && threadIdx.x < 2 && (threadIdx.x == 0 || l2.nx_seg2 > 0)) {
-        const long long seg = l2.nx_seg2 > 0 ? l2.nx_bytes / 2 : l2.nx_bytes;
-        const long long per = (seg / gridDim.x + 15) & ~15LL, off = per * blockIdx.x;
-        const long long n = off < seg ? min(per, (seg - off) & ~15LL) : 0;
-        if (n > 0) prefetch_l2(l2.nx + threadIdx.x * l2.nx_seg2 + off, (unsigned)n, policy_evict_last());
     }
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
 
@@ -286,18 +214,13 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         }
         const int next = c0 + FG_U * 32;
         if (next - lane >= k8) break;
-        if (l2.ahead > 0 && lane < (TWO ? 2 : 1)) {
-            const int off = (next - lane) * 16 + l2.ahead * CHUNK, n = min(CHUNK, k * 2 - off) & ~15;
-            if (n > 0) prefetch_l2_plain((const char *)(lane ? wb : wa) + off, (unsigned)n);
-        }
 #pragma unroll
         for (int i = 0; i < FG_U; i++) {
             int c = next + i * 32;
-            if (c < k8) { va[i] = FG_LD(wa + c); if (TWO) vb[i] = FG_LD(wb + c); }
+            if (c < k8) { va[i] = ld_stream(wa + c); if (TWO) vb[i] = ld_stream(wb + c); }
             else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
         }
     }
-#undef FG_LD
     acc_a = warp_sum(acc_a);
     if (TWO) acc_b = warp_sum(acc_b);
     if (lane) return;
@@ -344,79 +267,25 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
     return k > 0 && k % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
 }
 
-/* SEMFLOW_CUDA_L2HINT=1: weight loads evict_first; SEMFLOW_CUDA_L2PF=MB: the first wave of each
- * launch prefetches up to MB of its rows into L2 before its wait; SEMFLOW_CUDA_L2PF_DEEP=1:
- * every block prefetches the whole rest of its rows; SEMFLOW_CUDA_L2AHEAD=N (0-16): rows are
- * bulk-prefetched N loop iterations ahead of the loads. Read once (C++ static initialisation is
- * thread-safe). */
-struct fg_l2_cfg {
-    int hint, pf_mb, deep, ahead;
-};
-
-static int env_int(const char *name, int dflt)
+/* SEMFLOW_CUDA_GEMV_RING: unset -> the measured choice per op (QKV through the ring, gate/up
+ * through registers, O and down two rows per warp through registers); 0 -> registers everywhere,
+ * one row per warp for O and down (the choice before the ring); 1 -> the ring everywhere, one
+ * row per warp for O and down; 2 -> the ring everywhere, two rows per warp for O and down. */
+static int ring_mode(void)
 {
-    const char *e = getenv(name);
-    return e && *e ? atoi(e) : dflt;
+    static const int mode = [] {
+        const char *e = getenv("SEMFLOW_CUDA_GEMV_RING");
+        return e && *e >= '0' && *e <= '2' && !e[1] ? *e - '0' : -1;
+    }();
+    return mode;
 }
-
-static const fg_l2_cfg &l2_cfg(void)
-{
-    static const fg_l2_cfg c = { env_int("SEMFLOW_CUDA_L2HINT", 0) != 0,
-                                 env_int("SEMFLOW_CUDA_L2PF", 0) > 0 ? env_int("SEMFLOW_CUDA_L2PF", 0) : 0,
-                                 env_int("SEMFLOW_CUDA_L2PF_DEEP", 0) != 0,
-                                 SF_MIN(env_int("SEMFLOW_CUDA_L2AHEAD", 0) > 0 ? env_int("SEMFLOW_CUDA_L2AHEAD", 0) : 0, 16) };
-    return c;
-}
-
-/* The fg_l2 of a launch of `kernel` with `grid` blocks of `warps` warps, each warp streaming
- * `rows` rows of k bf16 with fg_u loads per row already in registers before its wait. The first
- * wave (the blocks resident at once, from the occupancy calculator) shares the MB budget; later
- * blocks start after the wait is satisfied and prefetch nothing (unless deep). */
-template <typename K>
-static fg_l2 l2_plan(K kernel, int grid, int warps, int rows, int k, int fg_u, size_t smem)
-{
-    const fg_l2_cfg &c = l2_cfg();
-    fg_l2 p = { c.hint, 0, 0, 0, c.ahead, NULL, 0 };
-    const long left = (long)k * 2 - (long)fg_u * 32 * 16;
-    if ((!c.pf_mb && !c.deep) || left < 16) return p;
-    static int sms = 0; /* the launch thread is the backend's only thread */
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) || sms < 1) {
-            cudaGetLastError();
-            sms = 0;
-            return p;
-        }
-    }
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, warps * 32, smem) || per_sm < 1) {
-        cudaGetLastError();
-        return p;
-    }
-    const long wave = SF_MIN((long)grid, (long)sms * per_sm);
-    if (c.deep) {
-        p.pf_blocks = grid;
-        p.pf_bytes = (int)(left & ~15L);
-    } else {
-        long per_row = ((long)c.pf_mb << 20) / (wave * warps * rows);
-        p.pf_blocks = (int)wave;
-        p.pf_bytes = (int)(SF_MIN(per_row, left) & ~15L);
-    }
-    return p;
-}
-
-/* The next GEMV's weights to pull into L2 ahead of it (sf_k_gemv_add_next); none: bytes 0. */
-struct fg_next {
-    const uint16_t *w;
-    long long bytes, seg2;
-};
 
 template <int MODE, int WARPS, int FG_U = FG_UNROLL, bool RING = false>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
-                  int k, uint16_t *y, const fg_rope &rp, cudaStream_t s, fg_next nx = { NULL, 0, 0 })
+                  int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
     const int units = (MODE & FG_ONE) ? m : (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
-    const size_t ring = RING ? (size_t)WARPS * FG_RING_ST * ((MODE & FG_ONE) ? 1 : 2) * FG_RING_V * 32 * 16 : 0;
+    const size_t ring = RING ? (size_t)WARPS * fg_ring_st(MODE) * ((MODE & FG_ONE) ? 1 : 2) * FG_RING_V * 32 * 16 : 0;
     const size_t smem = ((size_t)k * 2 * ((MODE & FG_NORM) != 0) + 15) / 16 * 16 + ring;
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
     if (smem > smem_set) {
@@ -426,15 +295,8 @@ static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16
         smem_set = smem;
     }
     const int grid = (int)sf_div_up(units, WARPS);
-    fg_l2 l2 = l2_plan(k_gemv_fused<MODE, WARPS, FG_U, RING>, grid, WARPS, (MODE & FG_ONE) ? 1 : 2, k, FG_U, smem);
-    if (RING) l2.pf_bytes = l2.ahead = 0; /* the ring is its own prefetch */
-    if (nx.w && nx.bytes >= 16) {
-        l2.nx = (const char *)nx.w;
-        l2.nx_bytes = (int)SF_MIN(nx.bytes, 1LL << 30) & ~15;
-        l2.nx_seg2 = nx.seg2;
-    }
     int rc = sf_launch_pdl(k_gemv_fused<MODE, WARPS, FG_U, RING>, dim3(grid), dim3(WARPS * 32), smem, s, (const bf16 *)x,
-                           (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp, l2);
+                           (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
     return rc ? rc : sf_launch_status();
 }
 
@@ -445,9 +307,8 @@ extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, 
         (glu && m % 2))
         return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
-    if (sf_k_gemv_ring_enabled())
-        return glu ? launch<FG_NORM | FG_GLU, 8, 8, true>(x, nw, eps, w, bias, m, k, y, rp, s)
-                   : launch<FG_NORM, 8, 4, true>(x, nw, eps, w, bias, m, k, y, rp, s);
+    if (glu && ring_mode() >= 1) return launch<FG_NORM | FG_GLU, 8, 8, true>(x, nw, eps, w, bias, m, k, y, rp, s);
+    if (!glu && ring_mode() != 0) return launch<FG_NORM, 8, 4, true>(x, nw, eps, w, bias, m, k, y, rp, s);
     return glu ? launch<FG_NORM | FG_GLU, 8, 8>(x, nw, eps, w, bias, m, k, y, rp, s)
                : launch<FG_NORM, 8>(x, nw, eps, w, bias, m, k, y, rp, s);
 }
@@ -455,19 +316,14 @@ extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, 
 extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
                              cudaStream_t s)
 {
-    return sf_k_gemv_add_next(x, w, bias, m, k, y, NULL, 0, 0, s);
-}
-
-extern "C" int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k,
-                                  uint16_t *y, const uint16_t *next, long long next_bytes, long long next_seg2,
-                                  cudaStream_t s)
-{
-    if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1 || next_bytes < 0 || next_seg2 < 0 || next_seg2 % 16 ||
-        (uintptr_t)next % 16 || (next_bytes && !next))
-        return (int)cudaErrorInvalidValue;
-    if (!next_bytes && sf_k_gemv_ring_enabled()) return sf_k_gemv_ring_add(x, w, bias, m, k, y, s);
+    if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1) return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
-    return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s, fg_next{ next, next_bytes, next_seg2 });
+    switch (ring_mode()) {
+    case 0: return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+    case 1: return launch<FG_ADD | FG_ONE, 4, 8, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+    case 2: return launch<FG_ADD, 4, 4, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+    default: return launch<FG_ADD, 4, 4>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+    }
 }
 
 extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
@@ -483,7 +339,7 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
      * full-precision block: the backend sends steps that touch INT8 blocks to rope_kv.cu, which
      * quantises them, and the kernel never writes into one. */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
-    if (sf_k_gemv_ring_enabled())
+    if (ring_mode() != 0)
         return launch<FG_NORM | FG_ROPE, 8, 4, true>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
     return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
 }
@@ -499,10 +355,13 @@ static int tune(int warps, int unroll, const uint16_t *x, const uint16_t *nw, co
     if (warps == 8 && unroll == 4) return launch<MODE, 8, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
     if (warps == 8 && unroll == 8) return launch<MODE, 8, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
     if (warps == 16 && unroll == 4) return launch<MODE, 16, 4>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 4 && unroll == 201) return launch<MODE, 4, 4, true>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    if (warps == 8 && unroll == 201) return launch<MODE, 8, 4, true>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
     if constexpr (!(MODE & FG_GLU)) { /* one row per warp (unroll + 100) */
         if (warps == 4 && unroll == 108) return launch<MODE | FG_ONE, 4, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
         if (warps == 8 && unroll == 108) return launch<MODE | FG_ONE, 8, 8>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
         if (warps == 4 && unroll == 116) return launch<MODE | FG_ONE, 4, 16>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+        if (warps == 4 && unroll == 200) return launch<MODE | FG_ONE, 4, 8, true>(x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
     }
     return (int)cudaErrorInvalidValue;
 }

@@ -120,9 +120,11 @@ int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s);
 int sf_k_attention_prefill_ok(int head_dim);
 /* The FlashAttention-2-style prefill kernel (attention_prefill_fa2.cu: mma.sync, cp.async from
  * the paged cache): head_dim 64 or 128, scale > 0, a tile list. block_rows: query rows per block,
- * 64 (16 per warp) or 128 (32 per warp: pairs of consecutive tiles of one sequence), 0 for the
- * default. sf_k_attention_prefill takes it when _ok says so and SEMFLOW_ATTN_PREFILL is fa2
- * (default rows) or fa2-128 (read at each launch); otherwise (or =wmma) the WMMA kernels. */
+ * 64 (16 per warp) or 128 (32 per warp: pairs of consecutive tiles of one sequence), 0: 128 when
+ * the pairs make >= 2 blocks per SM, else 64. sf_k_attention_prefill takes it whenever _ok says
+ * so, unless SEMFLOW_ATTN_PREFILL=wmma (read at each launch) selects the WMMA kernels;
+ * SEMFLOW_ATTN_PREFILL=fa2-64 / fa2-128 fix the rows; SEMFLOW_ATTN_FA2_BK=64 takes 64-key tiles
+ * (instead of 32) for 128 rows of head size 128. */
 int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cudaStream_t s);
 int sf_k_attention_prefill_fa2_ok(const sf_k_attn *a);
 #define SF_K_PREFILL_TILE 64
@@ -160,7 +162,7 @@ const char *sf_k_gemm_error_str(int code);
  * (allocated and freed there; it synchronises the stream) and keeps the fastest correct one for
  * every n of the bucket. Winners are read from and written to cache_path (JSON, per GPU; NULL:
  * none). budget_s bounds the context's total tuning time; later shapes keep the heuristic's first
- * choice. Until called (and for n <= 8 or n > 4096) plans use the heuristic's first choice. */
+ * choice. Until called (and for n <= 8 or n > 256) plans use the heuristic's first choice. */
 int sf_k_gemm_tune_enable(sf_k_gemm_ctx *g, const char *cache_path, double budget_s);
 /* The tuning bucket of n (the largest n it was timed at), 0 when n is not tuned. */
 int sf_k_gemm_bucket(int n);
@@ -198,12 +200,6 @@ int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, in
 /* sf_k_gemv_add that also pulls the first next_bytes of the next GEMV's weight `next` into L2
  * before it waits for the kernel before it (while attention runs): half at next and half at
  * next + next_seg2 bytes when next_seg2 > 0 (gate rows, then up rows). next_bytes 0: none. */
-/* The same y[m] += x . W^T (+ bias) through gemv_ring.cu (weights staged in shared memory by
- * cp.async); sf_k_gemv_add(_next without next bytes) takes it when sf_k_gemv_ring_enabled
- * (SEMFLOW_CUDA_GEMV_RING=1). */
-int sf_k_gemv_ring_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
-                       cudaStream_t s);
-int sf_k_gemv_ring_enabled(void);
 int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
                        const uint16_t *next, long long next_bytes, long long next_seg2, cudaStream_t s);
 
@@ -216,7 +212,7 @@ int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const 
 
 /* Benchmarks only: kind 0 norm, 1 norm + glu, 2 add, with `warps` per block (4, 8, 16) and
  * `unroll` 16-byte loads per row in flight per lane (4, 8; 100 + n: one row per warp, n loads;
- * not glu); no bias. */
+ * not glu; 201: two rows per warp through the cp.async ring, 200: one, not glu); no bias. */
 int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                          int m, int k, uint16_t *y, cudaStream_t s);
 

@@ -3,9 +3,8 @@
  * fresh random weights and activations every run (the seed is printed), outputs poisoned with
  * NaN before each launch, every output row checked on the model shapes and 256 sampled rows on
  * the TP shapes (the reference is the host's work), ||out - ref|| / ||ref|| <= 1e-2 per launch
- * and NaN never passing. The L2 settings of gemv_fused.cu come from the environment
- * (SEMFLOW_CUDA_L2HINT, SEMFLOW_CUDA_L2PF, SEMFLOW_CUDA_L2PF_DEEP), so bench/device/decode.sh runs
- * this binary once per setting.
+ * and NaN never passing. Which kernel each fused op takes comes from the environment
+ * (SEMFLOW_CUDA_GEMV_RING), so bench/device/decode.sh runs this binary once per setting.
  *
  *   test_gemv            the checks (GPU host only)
  *   test_gemv --perf     instead time a decode layer's four fused GEMVs in one CUDA graph (PDL
@@ -81,21 +80,18 @@ static double err_rel(const errsum *e) { return e->nan ? INFINITY : sqrt(e->num 
 static int row_at(int i, int n_check, int m) { return n_check == m ? i : (int)((int64_t)i * (m - 1) / (n_check - 1)); }
 
 /* kind 0 norm, 1 norm + glu, 2 add (y += ...); bias optional. */
-/* kind 0 norm, 1 norm + glu, 2 add (y += ...) that also prefetches a "next" weight, 3 add as
- * sf_k_gemv_add launches it (gemv_ring.cu when SEMFLOW_CUDA_GEMV_RING=1); bias optional. */
+/* kind 0 norm, 1 norm + glu, 2 add (y += ...), as the launchers choose their kernels (per
+ * SEMFLOW_CUDA_GEMV_RING); bias optional. */
 static void check_fused(int kind, int m, int k, int with_bias)
 {
-    const int add = kind >= 2;
+    const int add = kind == 2;
     uint16_t *hx, *hnw, *hw, *hb = NULL, *hy0;
     const int out = kind == 1 ? m / 2 : m;
     uint16_t *x = dev_rand(k, 1.0f, &hx), *nw = dev_rand(k, 1.0f, &hnw), *w = dev_rand((int64_t)m * k, 0.05f, &hw);
     uint16_t *b = with_bias ? dev_rand(m, 0.5f, &hb) : NULL, *y = dev_rand(out, 1.0f, &hy0);
     REQUIRE(x && nw && w && y && (!with_bias || b), "cudaMalloc/fill of %d x %d failed", m, k);
     if (!add) poison(y, out);
-    /* add: also pulls its own weight into L2 as if it were the next one (gate/up halves) */
-    int rc = kind == 3 ? sf_k_gemv_add(x, w, b, m, k, y, S)
-             : add   ? sf_k_gemv_add_next(x, w, b, m, k, y, w, (long long)m * k * 2, (long long)(m / 2) * k * 2, S)
-                     : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
+    int rc = add ? sf_k_gemv_add(x, w, b, m, k, y, S) : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
     cudaError_t e = cudaStreamSynchronize(S);
     CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", add ? "add" : "norm", m, k, rc, cudaGetErrorString(e));
     uint16_t *hy = malloc((size_t)out * 2);
@@ -120,7 +116,7 @@ static void check_fused(int kind, int m, int k, int with_bias)
         err_add(&es, bf(hy[r]), ref);
     }
     double rel = err_rel(&es);
-    static const char *names[] = { "norm", "glu", "add_next", "add" };
+    static const char *names[] = { "norm", "glu", "add" };
     CHECK_MSG(rel <= 1e-2, "%s%s m=%d k=%d: relative error %.3g over %d rows", names[kind], with_bias ? "+bias" : "", m,
               k, rel, n_check);
     free(xn); free(hy); free(hx); free(hnw); free(hw); free(hb); free(hy0);
@@ -163,10 +159,9 @@ static void check_plain(int m, int k)
 TEST(fused_llama3_8b)
 {
     check_fused(0, 6144, 4096, 0);  /* QKV (norm prologue) */
-    check_fused(3, 4096, 4096, 0);  /* O + residual */
-    check_fused(2, 4096, 4096, 0);
+    check_fused(2, 4096, 4096, 0);  /* O + residual */
     check_fused(1, 28672, 4096, 0); /* gate/up + SiLU */
-    check_fused(3, 4096, 14336, 0); /* down + residual */
+    check_fused(2, 4096, 14336, 0); /* down + residual */
 }
 
 TEST(fused_qwen2_7b)
@@ -174,7 +169,7 @@ TEST(fused_qwen2_7b)
     check_fused(0, 4608, 3584, 1); /* QKV with bias */
     check_fused(2, 3584, 3584, 0);
     check_fused(1, 37888, 3584, 0);
-    check_fused(3, 3584, 18944, 1);
+    check_fused(2, 3584, 18944, 1);
 }
 
 TEST(fused_odd_shapes)
@@ -183,8 +178,7 @@ TEST(fused_odd_shapes)
     check_fused(2, 5, 8, 0);
     check_fused(1, 2, 16, 1);
     check_fused(2, 33, 16384, 1);
-    check_fused(3, 33, 16384, 1);
-    check_fused(3, 3, 24, 0); /* k shorter than one stage of the ring */
+    check_fused(2, 3, 24, 0); /* k shorter than one stage of the ring */
 }
 
 TEST(gemv_tp_8b)
@@ -213,17 +207,37 @@ TEST(bad_inputs)
     CHECK(sf_k_gemv_norm(x, x, 1e-5f, w, NULL, 3, 16, 1, y, S) != 0); /* glu needs even m */
     CHECK(sf_k_gemv_norm(x, NULL, 1e-5f, w, NULL, 4, 16, 0, y, S) != 0);
     CHECK(sf_k_gemv(x, 16, w, NULL, 9, 4, 16, y, 4, S) != 0); /* n > 8 */
-    CHECK(sf_k_gemv_add_next(x, w, NULL, 4, 16, y, w, 128, 8, S) != 0);  /* seg2 % 16 */
-    CHECK(sf_k_gemv_add_next(x, w, NULL, 4, 16, y, NULL, 128, 0, S) != 0); /* bytes without a weight */
     CHECK(cudaStreamSynchronize(S) == cudaSuccess);
     cudaFree(x); cudaFree(w); cudaFree(y);
 }
 
 /* ---- perf: one decode layer's fused GEMVs (Llama-3-8B shapes) in a graph ---------------------- */
-static const char *env_or0(const char *name)
+static const char *env_or_unset(const char *name)
 {
     const char *v = getenv(name);
-    return v ? v : "0";
+    return v ? v : "unset";
+}
+
+/* Instantiates the captured graph g (and destroys it), replays it `reps` times after one warm-up
+ * and returns the time per kernel in us (n kernels in g); NAN when it cannot run. */
+static double graph_us(cudaGraph_t g, int n, int reps)
+{
+    cudaGraphExec_t ge = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = NAN;
+    if (g && !cudaGraphInstantiate(&ge, g, 0) && !cudaEventCreate(&e0) && !cudaEventCreate(&e1)) {
+        cudaGraphLaunch(ge, S);
+        cudaEventRecord(e0, S);
+        for (int r = 0; r < reps; r++) cudaGraphLaunch(ge, S);
+        cudaEventRecord(e1, S);
+        if (cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1)) ms = NAN;
+    }
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    return ms * 1000.0 / ((double)reps * n);
 }
 
 static void perf_layer(void)
@@ -241,8 +255,6 @@ static void perf_layer(void)
     x = dev_rand(d, 1.0f, NULL); nw = dev_rand(d, 1.0f, NULL); h = dev_rand(d, 1.0f, NULL);
     q = dev_rand(qkv, 1.0f, NULL); act = dev_rand(ff, 1.0f, NULL);
     if (!x || !nw || !h || !q || !act) return;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0); cudaEventCreate(&e1);
     /* op -1: the chain; 0..3 one op alone, L launches back to back */
     static const char *names[] = { "QKV (norm) 6144 x 4096", "O (add) 4096 x 4096", "gate/up (norm+glu) 28672 x 4096",
                                    "down (add) 4096 x 14336" };
@@ -251,7 +263,6 @@ static void perf_layer(void)
     double us = 0, mb = op_mb[0] + op_mb[1] + op_mb[2] + op_mb[3];
     for (int op = -1; op < 4; op++) {
         cudaGraph_t g = NULL;
-        cudaGraphExec_t ge = NULL;
         int rc = 0;
         if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf("perf: capture failed\n"); return; }
         for (int l = 0; l < L; l++) {
@@ -261,32 +272,23 @@ static void perf_layer(void)
             if (op < 0 || op == 3) rc |= sf_k_gemv_add(act, wd[l], NULL, d, ff, h, S);
         }
         cudaStreamEndCapture(S, &g);
-        if (rc || !g || cudaGraphInstantiate(&ge, g, 0)) { printf("perf: graph of op %d failed (%d)\n", op, rc); return; }
-        float ms = 0;
-        cudaGraphLaunch(ge, S);
-        cudaEventRecord(e0, S);
-        for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
-        cudaEventRecord(e1, S);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        double t = ms * 1000.0 / (REPS * L);
+        double t = rc ? NAN : graph_us(g, L, REPS); /* per layer for the chain */
+        if (rc && g) cudaGraphDestroy(g);
         if (op < 0) us = t;
         else printf("perf: %-32s %7.1f us %6.0f GB/s (%d launches back to back in a graph)\n", names[op], t,
                     op_mb[op] / t * 1e3, L);
-        cudaGraphExecDestroy(ge); cudaGraphDestroy(g);
     }
     printf("perf: layer chain (QKV, O, gate/up, down; Llama-3-8B, no attention): %.1f us per layer, %.0f GB/s "
-           "(%.1f MB per layer; L2HINT=%s L2PF=%s L2PF_DEEP=%s L2AHEAD=%s)\n",
-           us, mb / us * 1e3, mb, env_or0("SEMFLOW_CUDA_L2HINT"), env_or0("SEMFLOW_CUDA_L2PF"),
-           env_or0("SEMFLOW_CUDA_L2PF_DEEP"), env_or0("SEMFLOW_CUDA_L2AHEAD"));
+           "(%.1f MB per layer; SEMFLOW_CUDA_GEMV_RING=%s)\n",
+           us, mb / us * 1e3, mb, env_or_unset("SEMFLOW_CUDA_GEMV_RING"));
     /* block shapes (warps x loads per row in flight; 1xx: one row per warp) of each op, alone */
-    static const int var[][2] = { { 4, 4 }, { 4, 8 }, { 8, 4 }, { 8, 8 }, { 16, 4 }, { 4, 108 }, { 8, 108 }, { 4, 116 } };
+    static const int var[][2] = { { 4, 4 },   { 4, 8 },   { 8, 4 },   { 8, 8 },   { 16, 4 },
+                                  { 4, 108 }, { 8, 108 }, { 4, 116 }, { 4, 200 }, { 4, 201 }, { 8, 201 } };
     const int vm[] = { qkv, d, 2 * ff, d }, vk[] = { d, d, d, ff }, vkind[] = { 0, 2, 1, 2 };
     for (int op = 0; op < 4; op++) {
         printf("perf: %-32s variants (warps x loads) us:", names[op]);
         for (size_t v = 0; v < SF_ARRAY_LEN(var); v++) {
             cudaGraph_t g = NULL;
-            cudaGraphExec_t ge = NULL;
             int rc = 0;
             if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) break;
             for (int l = 0; l < L; l++) {
@@ -295,25 +297,13 @@ static void perf_layer(void)
                                            op == 2 ? act : q, S);
             }
             cudaStreamEndCapture(S, &g);
-            float ms = 0;
-            if (!rc && g && !cudaGraphInstantiate(&ge, g, 0)) {
-                cudaGraphLaunch(ge, S);
-                cudaEventRecord(e0, S);
-                for (int r = 0; r < REPS; r++) cudaGraphLaunch(ge, S);
-                cudaEventRecord(e1, S);
-                cudaEventSynchronize(e1);
-                cudaEventElapsedTime(&ms, e0, e1);
-                printf(" %dx%d %.1f", var[v][0], var[v][1], ms * 1000.0 / (REPS * L));
-            } else {
-                cudaGetLastError();
-                printf(" %dx%d -", var[v][0], var[v][1]);
-            }
-            if (ge) cudaGraphExecDestroy(ge);
-            if (g) cudaGraphDestroy(g);
+            double t = rc ? NAN : graph_us(g, L, REPS);
+            if (rc && g) cudaGraphDestroy(g);
+            if (isnan(t)) printf(" %dx%d -", var[v][0], var[v][1]);
+            else printf(" %dx%d %.1f", var[v][0], var[v][1], t);
         }
         printf("\n");
     }
-    cudaEventDestroy(e0); cudaEventDestroy(e1);
     for (int l = 0; l < L; l++) { cudaFree(wq[l]); cudaFree(wo[l]); cudaFree(wgu[l]); cudaFree(wd[l]); }
     cudaFree(x); cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(act);
 }

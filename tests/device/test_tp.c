@@ -71,31 +71,62 @@ static sf_batch batch_of(const step *p)
                        .logit_rows = p->rows, .n_logits = p->L };
 }
 
-/* Runs the steps at tensor-parallel size `size` (1: plain forward pass); logits [NSTEPS][2][V]. */
-static float *run(const char *path, int dummy, int size, sf_error *err)
+/* One engine's pieces on GPU 0 (and the rank processes at size > 1). */
+typedef struct setup {
+    sf_model *m;
+    sf_backend *b;
+    sf_forward *f; /* owned by tp when there is one */
+    sf_tp *tp;
+} setup;
+
+static void setup_free(setup *u)
 {
-    sf_model *m = NULL;
-    sf_backend *b = NULL;
-    sf_forward *f = NULL;
-    sf_tp *tp = NULL;
-    float *out = NULL;
+    if (u->tp) sf_tp_free(u->tp);
+    else sf_forward_free(u->f);
+    if (u->b) sf_backend_close(u->b);
+    sf_model_free(u->m);
+    memset(u, 0, sizeof *u);
+}
+
+/* Loads `path`, opens GPU 0, starts size - 1 rank processes (size > 1) and initialises the KV
+ * cache of every rank: 4 blocks of BS, steps of up to 16 tokens and 2 logit rows. */
+static int setup_open(setup *u, const char *path, int dummy, int size, sf_error *err)
+{
+    memset(u, 0, sizeof *u);
     int rc;
     sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
     sf_backend_opts bo = { .name = "cuda", .device = 0 };
-    if ((rc = sf_model_load(path, &lo, &m, err)) || (rc = sf_backend_open(&bo, &b, err))) goto done;
-    const sf_model_config *c = &m->cfg;
+    if ((rc = sf_model_load(path, &lo, &u->m, err)) || (rc = sf_backend_open(&bo, &u->b, err))) goto fail;
+    const sf_model_config *c = &u->m->cfg;
     sf_kv_config kc = { .n_layers = c->n_layers, .n_blocks = 4, .block_size = BS, .n_kv_heads = c->n_kv_heads,
                         .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
     if (size > 1) {
         sf_tp_rank_opts o = { .size = size, .model = path, .load_dummy = dummy, .backend = "cuda", .max_tokens = 16,
                               .max_logits = 2, .shm_fd = -1 };
         const char *exe = getenv("SEMFLOW_BIN");
-        if ((rc = sf_tp_start(&o, exe ? exe : "build/semflow", m, b, &tp, err))) goto done;
-        kc.n_kv_heads = sf_tp_kv_heads(tp);
-        if ((rc = sf_tp_kv_init(tp, &kc, err))) goto done;
-    } else if ((rc = sf_forward_new(b, m, 16, 2, &f, err)) || (rc = b->ops->kv_init(b, &kc, err))) {
-        goto done;
+        if ((rc = sf_tp_start(&o, exe ? exe : "build/semflow", u->m, u->b, &u->tp, err))) goto fail;
+        u->f = sf_tp_forward(u->tp);
+        kc.n_kv_heads = sf_tp_kv_heads(u->tp);
+        if ((rc = sf_tp_kv_init(u->tp, &kc, err))) goto fail;
+    } else if ((rc = sf_forward_new(u->b, u->m, 16, 2, &u->f, err)) || (rc = u->b->ops->kv_init(u->b, &kc, err))) {
+        goto fail;
     }
+    return SF_OK;
+fail:
+    setup_free(u);
+    return rc;
+}
+
+/* Runs the steps at tensor-parallel size `size` (1: plain forward pass); logits [NSTEPS][2][V]. */
+static float *run(const char *path, int dummy, int size, sf_error *err)
+{
+    setup u;
+    float *out = NULL;
+    int rc;
+    if ((rc = setup_open(&u, path, dummy, size, err))) return NULL;
+    const sf_model_config *c = &u.m->cfg;
+    sf_tp *tp = u.tp;
+    sf_forward *f = u.f;
     step s[NSTEPS];
     make_steps(s, c->vocab_size);
     out = calloc((size_t)NSTEPS * 2 * c->vocab_size, sizeof(float));
@@ -107,11 +138,7 @@ static float *run(const char *path, int dummy, int size, sf_error *err)
             out = NULL;
         }
     }
-done:
-    sf_tp_free(tp);
-    sf_forward_free(f);
-    if (b) sf_backend_close(b);
-    sf_model_free(m);
+    setup_free(&u);
     return out;
 }
 
@@ -174,29 +201,13 @@ static sf_sample_row sample_row(int mode, int k, int r)
  * that differ; *rows: rows drawn). */
 static int run_sampled(int size, int32_t *ids, int *ref_diff, int *rows, sf_error *err)
 {
-    sf_model *m = NULL;
-    sf_backend *b = NULL;
-    sf_forward *f = NULL;
-    sf_tp *tp = NULL;
+    setup u;
     float *lg = NULL;
     int rc;
-    sf_load_opts lo = { 0 };
-    sf_backend_opts bo = { .name = "cuda", .device = 0 };
-    if ((rc = sf_model_load("demo", &lo, &m, err)) || (rc = sf_backend_open(&bo, &b, err))) goto done;
-    const sf_model_config *c = &m->cfg;
-    sf_kv_config kc = { .n_layers = c->n_layers, .n_blocks = 4, .block_size = BS, .n_kv_heads = c->n_kv_heads,
-                        .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
-    if (size > 1) {
-        sf_tp_rank_opts o = { .size = size, .model = "demo", .backend = "cuda", .max_tokens = 16, .max_logits = 2,
-                              .shm_fd = -1 };
-        const char *exe = getenv("SEMFLOW_BIN");
-        if ((rc = sf_tp_start(&o, exe ? exe : "build/semflow", m, b, &tp, err))) goto done;
-        kc.n_kv_heads = sf_tp_kv_heads(tp);
-        if ((rc = sf_tp_kv_init(tp, &kc, err))) goto done;
-        f = sf_tp_forward(tp);
-    } else if ((rc = sf_forward_new(b, m, 16, 2, &f, err)) || (rc = b->ops->kv_init(b, &kc, err))) {
-        goto done;
-    }
+    if ((rc = setup_open(&u, "demo", 0, size, err))) return rc;
+    const sf_model_config *c = &u.m->cfg;
+    sf_tp *tp = u.tp;
+    sf_forward *f = u.f;
     if (!sf_forward_can_sample(f)) {
         rc = sf_err(err, SF_EUNSUPPORTED, "TP=%d: rank 0 cannot sample on its device", size);
         goto done;
@@ -233,10 +244,7 @@ static int run_sampled(int size, int32_t *ids, int *ref_diff, int *rows, sf_erro
         }
 done:
     free(lg);
-    if (tp) sf_tp_free(tp); /* frees its forward pass */
-    else sf_forward_free(f);
-    if (b) sf_backend_close(b);
-    sf_model_free(m);
+    setup_free(&u);
     return rc;
 }
 
@@ -289,9 +297,9 @@ TEST(tp_nccl_logits)
 
 TEST(tp_logits_each_path)
 {
-    static const char *paths[] = { "nccl", "oneshot", "ll", "push" };
+    static const char *paths[] = { "nccl", "oneshot", "ll" };
     const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
-    for (int i = 0; i < (q && !strcmp(q, "1") ? 0 : 4); i++) {
+    for (int i = 0; i < (q && !strcmp(q, "1") ? 0 : 3); i++) {
         char what[64];
         snprintf(what, sizeof what, "1b preset, %s all-reduce", paths[i]);
         setenv("SEMFLOW_TP_ALLREDUCE", paths[i], 1); /* inherited by the rank processes */
@@ -302,9 +310,12 @@ TEST(tp_logits_each_path)
     }
 }
 
-/* The all-reduce alone on both paths, at 2 ranks (and 4, 8 where the GPUs are). */
+/* The all-reduce alone on every path, at 2 ranks (and 4, 8 where the GPUs are); 300 rounds
+ * each (100 in the quick set). */
 TEST(tp_all_reduce_paths)
 {
+    const char *q = getenv("SEMFLOW_TP_TEST_QUICK");
+    int rounds = q && !strcmp(q, "1") ? 100 : 300;
     for (int size = 2; size <= n_gpus; size *= 2) {
         sf_error err = { 0 };
         sf_model *m = NULL;
@@ -325,17 +336,17 @@ TEST(tp_all_reduce_paths)
                    c->custom_max_bytes);
             CHECK_MSG(c->custom_cap_bytes > 0, "TP=%d: no peer-memory path on this host (see the log)", size);
             static const sf_comm_path paths[] = { SF_COMM_PATH_NCCL, SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL,
-                                                  SF_COMM_PATH_PUSH, SF_COMM_PATH_AUTO };
-            static const char *names[] = { "nccl", "one-shot", "LL", "push", "auto" };
+                                                  SF_COMM_PATH_AUTO };
+            static const char *names[] = { "nccl", "one-shot", "LL", "auto" };
             printf("      TP=%d: LL up to %zu bytes, picked up to %zu bytes\n", size, c->ll_cap_bytes, c->ll_max_bytes);
-            for (int p = 0; p < 5 && !rc; p++) {
+            for (int p = 0; p < 4 && !rc; p++) {
                 double worst = -1;
                 double t0 = sf_now_s();
-                rc = sf_tp_check_all_reduce(tp, 1 << 21, 300, paths[p], &worst, &err);
+                rc = sf_tp_check_all_reduce(tp, 1 << 21, rounds, paths[p], &worst, &err);
                 CHECK_MSG(rc == SF_OK, "TP=%d path %d: %s", size, (int)paths[p], err.msg);
                 if (!rc)
-                    printf("      TP=%d %s: 300 rounds + burst, worst relative error %.2e (%.1f s)\n", size, names[p],
-                           worst, sf_now_s() - t0);
+                    printf("      TP=%d %s: %d rounds + burst, worst relative error %.2e (%.1f s)\n", size, names[p],
+                           rounds, worst, sf_now_s() - t0);
             }
         }
         sf_tp_free(tp);
@@ -353,8 +364,8 @@ int main(void)
     }
     n_gpus = n_gpus >= 8 ? 8 : n_gpus >= 4 ? 4 : 2;
     RUN(tp_all_reduce_paths);
-    RUN(tp_nccl_logits);
     RUN(tp_sample_on_device);
+    RUN(tp_nccl_logits);
     RUN(tp_logits_each_path);
     return test_summary();
 }

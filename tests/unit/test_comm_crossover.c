@@ -31,21 +31,6 @@ TEST(crossover_pick)
     CHECK(sf_comm_pick_crossover(sizes, nccl, all_win, 0, 0.05) == 0);
 }
 
-/* From the top (the push kernel against the one-shot kernel): the smallest size from which
- * it wins at every larger size. */
-TEST(pick_from_top)
-{
-    double base[6] = { 7.0, 7.1, 7.2, 7.5, 8.0, 9.0 };
-    double upper[6] = { 8.0, 7.5, 5.0, 5.0, 5.0, 5.0 };
-    CHECK(sf_comm_pick_from_top(sizes, base, upper, 6, 0.05) == 8192);
-    double all[6] = { 1, 1, 1, 1, 1, 1 };
-    CHECK(sf_comm_pick_from_top(sizes, base, all, 6, 0.05) == 2048);
-    double top_loses[6] = { 1, 1, 1, 1, 1, 9.5 };
-    CHECK(sf_comm_pick_from_top(sizes, base, top_loses, 6, 0.05) == 0);
-    double missing[6] = { 1, 1, 0, 1, 1, 1 };
-    CHECK(sf_comm_pick_from_top(sizes, base, missing, 6, 0.05) == 16384);
-}
-
 TEST(crossover_cache)
 {
     char dir[] = "/tmp/sf_xo_XXXXXX";
@@ -115,18 +100,6 @@ TEST(path_choice)
     c.path = SF_COMM_PATH_NCCL;
     CHECK(!sf_comm_takes_ll(&c, 4096, SF_DT_BF16));
     c.path = SF_COMM_PATH_AUTO;
-    /* the push kernel: from its crossover up, where LL does not take the message */
-    c.push_min_bytes = 8 << 10;
-    CHECK(sf_comm_takes_ll(&c, 8 << 10, SF_DT_BF16) && !sf_comm_takes_push(&c, 8 << 10, SF_DT_BF16));
-    CHECK(sf_comm_takes_push(&c, 64 << 10, SF_DT_BF16));
-    CHECK(!sf_comm_takes_push(&c, (128 << 10) + 1, SF_DT_BF16)); /* above the own path's crossover: NCCL */
-    c.path = SF_COMM_PATH_PUSH;
-    CHECK(sf_comm_takes_push(&c, 4, SF_DT_BF16) && !sf_comm_takes_ll(&c, 4, SF_DT_BF16));
-    c.path = SF_COMM_PATH_ONESHOT;
-    CHECK(!sf_comm_takes_push(&c, 64 << 10, SF_DT_BF16));
-    c.path = SF_COMM_PATH_AUTO;
-    c.push_min_bytes = 0;
-    CHECK(!sf_comm_takes_push(&c, 64 << 10, SF_DT_BF16));
     c.custom_max_bytes = 0; /* the own path never won */
     CHECK(!sf_comm_takes_custom(&c, 1, SF_DT_BF16) && !sf_comm_takes_ll(&c, 1, SF_DT_BF16));
 }
@@ -155,7 +128,6 @@ TEST(custom_path_refuses_cleanly)
 int main(void)
 {
     RUN(crossover_pick);
-    RUN(pick_from_top);
     RUN(crossover_cache);
     RUN(path_choice);
     RUN(custom_path_refuses_cleanly);
