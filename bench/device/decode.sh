@@ -7,9 +7,9 @@
 #   - the layer's four fused GEMVs (Llama-3-8B shapes) alone and chained in a graph, with their
 #     block-shape variants (test_gemv --perf), per kernel choice;
 #   - batch-1 decode of the Llama-3-8B and Qwen2-7B shapes (random bf16 weights) at 512 and 4096
-#     tokens of context as the backend runs by default; Llama-3-8B at 512 with
-#     SEMFLOW_CUDA_GEMV_RING=0 (the register kernels, one row per warp for O and down: the
-#     earlier default), 1 and 2 (every fused GEMV on the ring, O and down one / two rows per warp);
+#     tokens of context as the backend runs by default (every fused GEMV on the cp.async ring);
+#     Llama-3-8B at 512 with SEMFLOW_CUDA_GEMV_RING=0 (the register kernels, one row per warp for
+#     O and down: the earlier default) and 1 (the ring, one row per warp for O and down);
 #   - the same decode with the fused kernels off (SEMFLOW_CUDA_FUSED=0), as the budget allows
 #     (each decode run costs ~4-5 s, most of it model set-up).
 # Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; runs.txt has every
@@ -65,12 +65,10 @@ if [ -x "$MT" ] && [ -x "$GT" ]; then
     step model-fused0 20 SEMFLOW_CUDA_FUSED=0 "$MT"
     step gemv 15 "$GT"
     step gemv-ring1 15 SEMFLOW_CUDA_GEMV_RING=1 "$GT"
-    step gemv-ring2 15 SEMFLOW_CUDA_GEMV_RING=2 "$GT"
-    step model-ring2 20 SEMFLOW_CUDA_GEMV_RING=2 "$MT"
+    step model-ring0 20 SEMFLOW_CUDA_GEMV_RING=0 "$MT"
     # the four GEMVs without attention, each alone and chained, and their variants (~1 s each)
     step layer 6 "$GT" --perf
     step layer-ring0 6 SEMFLOW_CUDA_GEMV_RING=0 "$GT" --perf
-    step layer-ring2 6 SEMFLOW_CUDA_GEMV_RING=2 "$GT" --perf
 else
     echo "test_model/test_gemv: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
 fi
@@ -87,7 +85,6 @@ step qwen2-ctx512 12 $Q7 --ctx 512
 step qwen2-ctx4096 12 $Q7 --ctx 4096
 step l8-512-ring0 12 SEMFLOW_CUDA_GEMV_RING=0 $L8 --ctx 512
 step l8-512-ring1 12 SEMFLOW_CUDA_GEMV_RING=1 $L8 --ctx 512
-step l8-512-ring2 12 SEMFLOW_CUDA_GEMV_RING=2 $L8 --ctx 512
 step llama3-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 512
 step qwen2-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 512
 step llama3-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 4096
@@ -100,7 +97,6 @@ python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 names = ["llama3-ctx512", "llama3-ctx4096", "qwen2-ctx512", "qwen2-ctx4096", "l8-512-ring0", "l8-512-ring1",
-         "l8-512-ring2",
          "llama3-ctx512-unfused", "qwen2-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx4096-unfused"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:

@@ -7,7 +7,7 @@
 #   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch`): batch-1 decode latency with host
 #      time per step, and the batch-64 decode step rate;
 #   3. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, one-shot, LL,
-#      auto) against exact sums over 100 rounds, then TP=2 logits vs TP=1 (demo, 1B preset) — the
+#      auto) against exact sums over 100 rounds, then TP=2 logits vs TP=1 (demo) — the
 #      step graphs with the all-reduces inside are replayed — and TP=2 draws on rank 0's GPU
 #      against the CPU reference and TP=1 (greedy, seeded top-k, top-p);
 #   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);

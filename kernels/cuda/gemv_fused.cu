@@ -267,15 +267,17 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
     return k > 0 && k % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
 }
 
-/* SEMFLOW_CUDA_GEMV_RING: unset -> the measured choice per op (QKV through the ring, gate/up
- * through registers, O and down two rows per warp through registers); 0 -> registers everywhere,
- * one row per warp for O and down (the choice before the ring); 1 -> the ring everywhere, one
- * row per warp for O and down; 2 -> the ring everywhere, two rows per warp for O and down. */
+/* SEMFLOW_CUDA_GEMV_RING: 2 (default) -> every fused GEMV through the cp.async ring, two rows per
+ * warp for O and down; 1 -> the ring, one row per warp for O and down; 0 -> registers everywhere,
+ * one row per warp for O and down (the choice before the ring). Ops are not mixed: a ring
+ * kernel (dynamic shared memory) next to a register kernel (none) cannot share an SM's carveout,
+ * so the next kernel's blocks wait for the SM to drain and the programmatic-launch overlap is
+ * lost (measured: 146 us per layer mixed against 119.5 all on the ring, docs/PERFORMANCE.md). */
 static int ring_mode(void)
 {
     static const int mode = [] {
         const char *e = getenv("SEMFLOW_CUDA_GEMV_RING");
-        return e && *e >= '0' && *e <= '2' && !e[1] ? *e - '0' : -1;
+        return e && *e >= '0' && *e <= '2' && !e[1] ? *e - '0' : 2;
     }();
     return mode;
 }
@@ -321,8 +323,7 @@ extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_
     switch (ring_mode()) {
     case 0: return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
     case 1: return launch<FG_ADD | FG_ONE, 4, 8, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
-    case 2: return launch<FG_ADD, 4, 4, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
-    default: return launch<FG_ADD, 4, 4>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+    default: return launch<FG_ADD, 4, 4, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
     }
 }
 
