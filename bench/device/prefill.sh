@@ -4,7 +4,7 @@
 # reference over many shapes, then --perf: causal 512/2048/4096 tokens, us and TFLOP/s), whole-model
 # logits against the CPU backend with the default kernel (test_model), `semflow bench prefill` at 2048
 # tokens for the Llama-3-8B and Qwen2-7B shapes with each kernel (SEMFLOW_ATTN_PREFILL=fa2, the default, / wmma;
-# SEMFLOW_ATTN_FA2_BK=64 for 64-key tiles),
+# SEMFLOW_ATTN_FA2_BK=32 for 32-key tiles),
 # and compute-sanitizer memcheck on the quick kernel test when time is left. Each step is bounded
 # by `timeout` and skipped when the remaining budget (PREFILL_BUDGET_S, default 32 s) is too short.
 # Files: $OUT/prefill/*.log, *.json, *.err; a summary table is printed last.
@@ -48,7 +48,7 @@ step() {
 }
 # bench NAME SECONDS KERNEL PRESET [VAR=VALUE]: one prefill bench with --json
 bench() {
-    name=$1 lim=$2 kern=$3 preset=$4 extra=${5:-SEMFLOW_ATTN_FA2_BK=32}
+    name=$1 lim=$2 kern=$3 preset=$4 extra=${5:-SEMFLOW_ATTN_FA2_BK=64}
     l=$(left)
     if [ "$l" -lt 4 ]; then echo "$name: skipped (budget spent)" >>"$D/runs.txt"; return; fi
     [ "$lim" -gt "$l" ] && lim=$l
@@ -65,7 +65,7 @@ if [ -x "$TB/test_model" ]; then
 else
     echo "model-fa2: $TB/test_model missing" >>"$D/runs.txt"
 fi
-bench llama3-fa2-k64 7 fa2 llama-3-8b SEMFLOW_ATTN_FA2_BK=64
+bench llama3-fa2-k32 7 fa2 llama-3-8b SEMFLOW_ATTN_FA2_BK=32
 bench qwen2-fa2 7 fa2 qwen2-7b
 if command -v compute-sanitizer >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -82,7 +82,7 @@ python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 print("%-15s %10s %10s %9s %8s" % ("run", "ms", "tokens/s", "TFLOP/s", "MFU"))
-for name in ["llama3-fa2", "llama3-fa2-k64", "llama3-wmma", "qwen2-fa2", "qwen2-wmma"]:
+for name in ["llama3-fa2", "llama3-fa2-k32", "llama3-wmma", "qwen2-fa2", "qwen2-wmma"]:
     try:
         j = json.load(open(os.path.join(d, name + ".json")))
         print("%-15s %10.1f %10.0f %9.0f %7.1f%%" % (name, j.get("ms_median", 0), j.get("tokens_per_s", 0),

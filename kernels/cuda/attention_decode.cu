@@ -26,6 +26,7 @@
 
 #define AD_WARPS 8
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
+#define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
 
 extern "C" int sf_k_attention_decode_ok(const sf_k_attn *a)
 {
@@ -307,10 +308,11 @@ static bool use_mma(const sf_k_attn *a, int *cfg)
     const int mode = dec_mode(cfg);
     if (mode == 1 || !sf_k_attention_decode_mma_ok(a)) return false;
     if (mode == 2) return true;
-    /* auto: batches take the tensor-core kernel (test_decode_attn --perf on the H200: 63% of HBM
-     * against 49% at 256 x 192 keys, 78% against 63% at 128 x 1500); single sequences keep the
-     * lanes kernel (8.5 against 8.8 us at 512 keys, 15.4 against 16.8 at 4096) */
-    return a->T >= 16;
+    /* auto: 4 or more tokens take the tensor-core kernel (test_decode_attn --perf on the H200,
+     * docs/PERFORMANCE.md: 87% of HBM against 49% at 256 x 192 keys, 89% against 63% at 128 x 1500,
+     * 29.4 against 48.5 us at 4 x 4096); single sequences keep the lanes kernel (15.4 against
+     * 18.9 us at 4096 keys; at 512 keys the mma kernel was faster, 7.6 against 8.6) */
+    return a->T >= SF_AD_MMA_MIN_TOKENS;
 }
 
 /* Tiles of keys per block of the mma configuration (16 keys per warp). */
@@ -323,8 +325,8 @@ extern "C" int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, 
     const int work = T * (Hkv > 0 ? Hkv : 1);
     if (kernel) mode = kernel;
     if (max_ctx <= 64 || T <= 0 || sms <= 0) return 1;
-    const bool mma = mode != 1 && (mode == 2 || T >= 16) && (hd == 64 || hd == 128) && block_size >= 16 &&
-                     (block_size & (block_size - 1)) == 0;
+    const bool mma = mode != 1 && (mode == 2 || T >= SF_AD_MMA_MIN_TOKENS) && (hd == 64 || hd == 128) &&
+                     block_size >= 16 && (block_size & (block_size - 1)) == 0;
     if (!mma) {
         /* lanes kernel: at least 64 keys per block; a block per SM, or more blocks while each keeps
          * >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us at 8

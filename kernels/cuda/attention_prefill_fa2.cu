@@ -17,8 +17,8 @@
  *
  * Shared memory (head size HD = 64 or 128): Q [rows][HD], K [2][BK][HD], V [2][BK][HD] bf16, rows
  * of HD/8 16-byte chunks stored at chunk ^ (row & 7), so the 8 row addresses of every ldmatrix
- * phase fall in distinct banks. HD 128: 80 KB at 64 rows (BK 64), 64 KB at 128 rows (BK 32):
- * two blocks per SM either way (registers: 199 and 249 per thread).
+ * phase fall in distinct banks. HD 128, BK 64: 80 KB at 64 rows, 96 KB at 128 rows: two blocks
+ * per SM either way (registers: 199 and 255 per thread, no spills).
  *
  * INT8 KV blocks (kernels.h) are dequantised by plain loads and shared-memory stores in the same
  * tile loader; bf16 rows go through cp.async. Requires scale > 0 (the max runs on raw scores). */
@@ -344,10 +344,11 @@ extern "C" int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cu
         block_rows = (int64_t)(a->n_tiles + 1) / 2 * a->H >= 2 * (int64_t)sms ? 128 : 64;
     }
     const int mt2 = block_rows == 128;
-    /* 128 rows of head size 128: 32-key tiles, or 64 with SEMFLOW_ATTN_FA2_BK=64 (255 registers) */
+    /* 128 rows of head size 128: 64-key tiles (255 registers; call 3: 165 against 185 us with 32-key
+     * tiles at 2048 tokens), 32 with SEMFLOW_ATTN_FA2_BK=32 */
     if (a->hd == 128 && mt2) {
         const char *bk = getenv("SEMFLOW_ATTN_FA2_BK");
-        return bk && !strcmp(bk, "64") ? launch_fa2<128, 2, 64>(a, s) : launch_fa2<128, 2, 32>(a, s);
+        return bk && !strcmp(bk, "32") ? launch_fa2<128, 2, 32>(a, s) : launch_fa2<128, 2, 64>(a, s);
     }
     if (a->hd == 128) return launch_fa2<128, 1, 64>(a, s);
     return mt2 ? launch_fa2<64, 2, 64>(a, s) : launch_fa2<64, 1, 64>(a, s);

@@ -64,12 +64,7 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
 
 void sf_gemm_plan_release(plan *p)
 {
-    if (p->op) cublasLtMatmulDescDestroy(p->op);
-    if (p->a) cublasLtMatrixLayoutDestroy(p->a);
-    if (p->b) cublasLtMatrixLayoutDestroy(p->b);
-    if (p->c) cublasLtMatrixLayoutDestroy(p->c);
-    p->op = NULL;
-    p->a = p->b = p->c = NULL;
+    sf_gemm_descs_release(&p->op, &p->a, &p->b, &p->c);
     sf_gemm_split_release(p);
 }
 

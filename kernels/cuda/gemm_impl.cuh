@@ -68,6 +68,18 @@ struct sf_k_gemm_ctx {
     int n_tunes;
 };
 
+/* Destroys one descriptor set (plain or split) and clears its handles. */
+static inline void sf_gemm_descs_release(cublasLtMatmulDesc_t *op, cublasLtMatrixLayout_t *a, cublasLtMatrixLayout_t *b,
+                                         cublasLtMatrixLayout_t *c)
+{
+    if (*op) cublasLtMatmulDescDestroy(*op);
+    if (*a) cublasLtMatrixLayoutDestroy(*a);
+    if (*b) cublasLtMatrixLayoutDestroy(*b);
+    if (*c) cublasLtMatrixLayoutDestroy(*c);
+    *op = NULL;
+    *a = *b = *c = NULL;
+}
+
 /* Descriptors and the heuristic's first algorithm for p's shape. Returns 0 or LT_ERR. */
 int sf_gemm_plan_lt(sf_k_gemm_ctx *g, plan *p);
 void sf_gemm_plan_release(plan *p);

@@ -22,12 +22,7 @@ int sf_gemm_split_ok(int k, int split)
 
 void sf_gemm_split_release(plan *p)
 {
-    if (p->sop) cublasLtMatmulDescDestroy(p->sop);
-    if (p->sa) cublasLtMatrixLayoutDestroy(p->sa);
-    if (p->sb) cublasLtMatrixLayoutDestroy(p->sb);
-    if (p->sc) cublasLtMatrixLayoutDestroy(p->sc);
-    p->sop = NULL;
-    p->sa = p->sb = p->sc = NULL;
+    sf_gemm_descs_release(&p->sop, &p->sa, &p->sb, &p->sc);
     p->split = 0;
 }
 

@@ -123,8 +123,8 @@ int sf_k_attention_prefill_ok(int head_dim);
  * 64 (16 per warp) or 128 (32 per warp: pairs of consecutive tiles of one sequence), 0: 128 when
  * the pairs make >= 2 blocks per SM, else 64. sf_k_attention_prefill takes it whenever _ok says
  * so, unless SEMFLOW_ATTN_PREFILL=wmma (read at each launch) selects the WMMA kernels;
- * SEMFLOW_ATTN_PREFILL=fa2-64 / fa2-128 fix the rows; SEMFLOW_ATTN_FA2_BK=64 takes 64-key tiles
- * (instead of 32) for 128 rows of head size 128. */
+ * SEMFLOW_ATTN_PREFILL=fa2-64 / fa2-128 fix the rows; SEMFLOW_ATTN_FA2_BK=32 takes 32-key tiles
+ * (instead of 64) for 128 rows of head size 128. */
 int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cudaStream_t s);
 int sf_k_attention_prefill_fa2_ok(const sf_k_attn *a);
 #define SF_K_PREFILL_TILE 64

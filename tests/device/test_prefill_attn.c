@@ -11,7 +11,7 @@
  *   test_prefill_attn            the checks (GPU host only)
  *   test_prefill_attn --quick    fewer, smaller cases (for compute-sanitizer)
  *   test_prefill_attn --perf     also time each kernel (fa2 at 64 and 128 rows per block, 128 with
- *                                64-key tiles, the dispatcher's default, WMMA), causal, one
+ *                                32-key tiles, the dispatcher's default, WMMA), causal, one
  *                                sequence of 512 / 2048 / 4096 tokens, 32/8 and 28/4 heads of 128:
  *                                us and TFLOP/s */
 #include <math.h>
@@ -30,8 +30,8 @@
 static sf_rng R;
 static int quick, perf;
 
-enum { PATH_FA2, PATH_FA2_128, PATH_FA2_128_K64, PATH_WMMA, PATH_DISPATCH, N_PATHS };
-static const char *path_name[N_PATHS] = { "fa2-64", "fa2-128", "fa2-128 k64", "wmma", "dispatch" };
+enum { PATH_FA2, PATH_FA2_128, PATH_FA2_128_K32, PATH_WMMA, PATH_DISPATCH, N_PATHS };
+static const char *path_name[N_PATHS] = { "fa2-64", "fa2-128", "fa2-128 k32", "wmma", "dispatch" };
 
 /* One launch's inputs on host and device. */
 typedef struct pcase {
@@ -176,8 +176,8 @@ static int launch(int path, const sf_k_attn *a, cudaStream_t s)
 {
     if (path == PATH_FA2) return sf_k_attention_prefill_fa2(a, 64, s);
     if (path == PATH_FA2_128) return sf_k_attention_prefill_fa2(a, 128, s);
-    if (path == PATH_FA2_128_K64) {
-        setenv("SEMFLOW_ATTN_FA2_BK", "64", 1);
+    if (path == PATH_FA2_128_K32) {
+        setenv("SEMFLOW_ATTN_FA2_BK", "32", 1);
         int rc = sf_k_attention_prefill_fa2(a, 128, s);
         unsetenv("SEMFLOW_ATTN_FA2_BK");
         return rc;
@@ -366,7 +366,7 @@ TEST(prefill_attention)
         } else {
             check_path(sh->name, &c, &rf, PATH_FA2);
             check_path(sh->name, &c, &rf, PATH_FA2_128);
-            check_path(sh->name, &c, &rf, PATH_FA2_128_K64);
+            check_path(sh->name, &c, &rf, PATH_FA2_128_K32);
             if (!quick) check_path(sh->name, &c, &rf, PATH_WMMA);
             if (i == 8 || sh->big) check_path(sh->name, &c, &rf, PATH_DISPATCH);
         }
@@ -405,12 +405,12 @@ TEST(prefill_attention_refuses)
 static void perf_prefill(void)
 {
     static const int cases[][3] = { { 32, 8, 512 }, { 32, 8, 2048 }, { 32, 8, 4096 }, { 28, 4, 2048 }, { 28, 4, 4096 } };
-    static const int paths[] = { PATH_FA2, PATH_FA2_128, PATH_FA2_128_K64, PATH_DISPATCH, PATH_WMMA };
+    static const int paths[] = { PATH_FA2, PATH_FA2_128, PATH_FA2_128_K32, PATH_DISPATCH, PATH_WMMA };
     cudaEvent_t e0, e1;
     if (cudaEventCreate(&e0) || cudaEventCreate(&e1)) return;
     printf("perf: causal prefill attention, one sequence, head_dim 128, block 16: us (TFLOP/s)\n");
     printf("perf: %3s %3s %5s | %16s | %16s | %16s | %16s | %16s\n", "H", "Hkv", "T", "fa2-64", "fa2-128",
-           "fa2-128 k64", "default", "wmma");
+           "fa2-128 k32", "default", "wmma");
     for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
         int H = cases[i][0], Hkv = cases[i][1], T = cases[i][2], p0 = 0;
         pcase c;
