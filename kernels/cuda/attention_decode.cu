@@ -249,7 +249,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     __syncthreads();
 
     /* merge the warps; write the output (one split) or this split's partial */
-    const int H = a.H;
     for (int idx = tid; idx < G * HD; idx += AD_WARPS * 32) {
         const int g = idx / HD, d = idx - g * HD, h = kh * G + g;
         float M = -INFINITY;
@@ -264,13 +263,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
                 O = fmaf(o_s[w][g][d], e, O);
             }
         }
-        if (ns == 1) {
-            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
-        } else {
-            float *wp = a.ws + (((int64_t)t * H + h) * ns + split) * (HD + 2);
-            wp[d] = O;
-            if (d == 0) { wp[HD] = M; wp[HD + 1] = L; }
-        }
+        sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
     }
     if (ns == 1) return;
 

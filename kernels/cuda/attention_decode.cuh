@@ -7,6 +7,23 @@
 
 #define SF_AD_MAX_SPLIT 64
 
+/* A block's result for query head h, dimension d of token t: the output itself when there is one
+ * split, else its partial (o unnormalised, m in base 2, l) in the workspace for
+ * sf_attn_split_finish. */
+template <int HD>
+static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, int t, int h, int split, int d, float O,
+                                                           float M, float L)
+{
+    const int ns = a.n_split;
+    if (ns == 1) {
+        ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)h * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+    } else {
+        float *wp = a.ws + (((int64_t)t * a.H + h) * ns + split) * (HD + 2);
+        wp[d] = O;
+        if (d == 0) { wp[HD] = M; wp[HD + 1] = L; }
+    }
+}
+
 /* After a block of (token t, kv head kh) has written its split's partials (o unnormalised, m in
  * base 2, l: attention.cu's workspace layout), the last of the n_split blocks to finish combines
  * them into a.out and resets the counter (graph replays reuse it). Called by every thread of the

@@ -124,6 +124,23 @@ __global__ void __launch_bounds__(512, VPT * RPB <= 2 && !PW ? 3 : VPT * RPB <= 
     }
 }
 
+/* Loads row r's VPT vectors of x (and of add, when given) per thread; zeros past the row's end
+ * and for r >= n, so every thread can still join the block's reduction. */
+template <int VPT>
+static __device__ __forceinline__ void load_row(bf16x8 (&v)[VPT], bf16x8 (&a)[VPT], const bf16 *x, int64_t ldx,
+                                                const bf16 *add, int64_t ld_add, int64_t r, int n, int nv)
+{
+#pragma unroll
+    for (int u = 0; u < VPT; u++) {
+        int i = threadIdx.x + u * blockDim.x;
+        bool in = i < nv && r < n;
+        if (in) v[u] = ((const bf16x8 *)(x + r * ldx))[i];
+        else memset(&v[u], 0, sizeof v[u]);
+        if (in && add) a[u] = ((const bf16x8 *)(add + r * ld_add))[i];
+        else memset(&a[u], 0, sizeof a[u]);
+    }
+}
+
 /* Rows blockIdx.x, + gridDim.x, ... in a loop, software-pipelined: the next row's x and add are
  * loaded before the current row's add, reduction and stores, so a block always has a row's loads
  * in flight; the weights are loaded once per block. Same arithmetic as k_rmsnorm_vec. */
@@ -136,28 +153,16 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1) k_rmsnorm_loop(bf16 *x,
     const int nv = d / 8;
     bf16x8 v[VPT], a[VPT], wv[VPT];
     int64_t r = blockIdx.x;
+    load_row<VPT>(v, a, x, ldx, add, ld_add, r, n, nv);
 #pragma unroll
     for (int u = 0; u < VPT; u++) {
         int i = threadIdx.x + u * blockDim.x;
-        bool in = i < nv && r < n;
-        if (in) v[u] = ((const bf16x8 *)(x + r * ldx))[i];
-        else memset(&v[u], 0, sizeof v[u]);
-        if (in && add) a[u] = ((const bf16x8 *)(add + r * ld_add))[i];
-        else memset(&a[u], 0, sizeof a[u]);
         if (i < nv) wv[u] = ((const bf16x8 *)w)[i];
     }
     for (; r < n; r += gridDim.x) { /* block-uniform */
         const int64_t rn = r + gridDim.x;
         bf16x8 vn[VPT], an[VPT];
-#pragma unroll
-        for (int u = 0; u < VPT; u++) {
-            int i = threadIdx.x + u * blockDim.x;
-            bool in = i < nv && rn < n;
-            if (in) vn[u] = ((const bf16x8 *)(x + rn * ldx))[i];
-            else memset(&vn[u], 0, sizeof vn[u]);
-            if (in && add) an[u] = ((const bf16x8 *)(add + rn * ld_add))[i];
-            else memset(&an[u], 0, sizeof an[u]);
-        }
+        load_row<VPT>(vn, an, x, ldx, add, ld_add, rn, n, nv);
         float ss = 0.0f;
 #pragma unroll
         for (int u = 0; u < VPT; u++) {
