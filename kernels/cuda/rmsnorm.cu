@@ -89,19 +89,7 @@ __global__ void __launch_bounds__(512, VPT * RPB <= 2 && !PW ? 3 : VPT * RPB <= 
 #pragma unroll
         for (int u = 0; u < VPT; u++) {
             int i = threadIdx.x + u * blockDim.x;
-            if (add) {
-#pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    float2 a2 = __bfloat1622float2(a[k][u].h[h]), x2 = __bfloat1622float2(v[k][u].h[h]);
-                    v[k][u].h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
-                }
-                if (i < nv && r < n) ((bf16x8 *)(x + r * ldx))[i] = v[k][u];
-            }
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 f = __bfloat1622float2(v[k][u].h[h]);
-                ss += f.x * f.x + f.y * f.y;
-            }
+            ss += add_sumsq(v[k][u], a[k][u], add != NULL, x, ldx, r, i, i < nv && r < n);
         }
         ss = block_sum(ss, red); /* every thread of the block takes part, also past the last row */
         if (r >= n) continue;
@@ -122,6 +110,28 @@ __global__ void __launch_bounds__(512, VPT * RPB <= 2 && !PW ? 3 : VPT * RPB <= 
             }
         }
     }
+}
+
+/* The residual add of one 8-wide vector (written back to x at row r when `store`) and its
+ * contribution to the row's sum of squares. */
+static __device__ __forceinline__ float add_sumsq(bf16x8 &v, const bf16x8 &a, bool has_add, bf16 *x, int64_t ldx,
+                                                  int64_t r, int i, bool store)
+{
+    if (has_add) {
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            float2 a2 = __bfloat1622float2(a.h[h]), x2 = __bfloat1622float2(v.h[h]);
+            v.h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
+        }
+        if (store) ((bf16x8 *)(x + r * ldx))[i] = v;
+    }
+    float ss = 0.0f;
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float2 f = __bfloat1622float2(v.h[h]);
+        ss += f.x * f.x + f.y * f.y;
+    }
+    return ss;
 }
 
 /* Loads row r's VPT vectors of x (and of add, when given) per thread; zeros past the row's end
@@ -167,19 +177,7 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1) k_rmsnorm_loop(bf16 *x,
 #pragma unroll
         for (int u = 0; u < VPT; u++) {
             int i = threadIdx.x + u * blockDim.x;
-            if (add) {
-#pragma unroll
-                for (int h = 0; h < 4; h++) {
-                    float2 a2 = __bfloat1622float2(a[u].h[h]), x2 = __bfloat1622float2(v[u].h[h]);
-                    v[u].h[h] = __floats2bfloat162_rn(x2.x + a2.x, x2.y + a2.y);
-                }
-                if (i < nv) ((bf16x8 *)(x + r * ldx))[i] = v[u];
-            }
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 f = __bfloat1622float2(v[u].h[h]);
-                ss += f.x * f.x + f.y * f.y;
-            }
+            ss += add_sumsq(v[u], a[u], add != NULL, x, ldx, r, i, i < nv);
         }
         ss = block_sum(ss, red);
         const float inv = rsqrtf(ss / (float)d + eps);
