@@ -38,7 +38,7 @@ part() { # part NAME GPUS SECONDS
 }
 
 # single-GPU parts, one after the other on GPU 0, with their limits in seconds
-SINGLE=${SINGLE:-"gemm:45 prefill:35 smallops:25 decattn:40 decode:60 throughput:120"}
+SINGLE=${SINGLE:-"decattn:40 decode:70 throughput:120"}
 single() { for p in $SINGLE; do part "${p%%:*}" 0 "${p#*:}"; done; }
 if [ "$NGPU" -ge 2 ] && [ "${PLAN:-full}" = short ]; then
     # no tensor parallelism
