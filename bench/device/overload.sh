@@ -20,8 +20,8 @@
 # trace summarised per run (bench/overload/trace_summary.py).
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md,
 # kv-quality.json); the last thing printed is one line per run. Exit 77: no GPU or no binary here.
-# Env: SEARCH_RATES ("24 48 72"), WARMUP_RATE (384), DURATION (8 s per run), LONG_DURATION (16 s at 4x and 8x),
-# LEVELS ("1 8 4 2"), BUDGET_S (250 for the ladder; the whole script stays under 300 s).
+# Env: SEARCH_RATES ("24 48 72"), WARMUP_RATE (384), RIDE (1: the comparison run, below), DURATION (8 s per run), LONG_DURATION (16 s at 4x and 8x),
+# LEVELS ("1 8 4 2"), BUDGET_S (215 for the ladder; the whole script stays under 300 s).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -76,9 +76,9 @@ SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
 SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 256 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
 SEARCH_RATES=${SEARCH_RATES-24 48 72} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
 LONG_LEVELS="4 8" LONG_DURATION=${LONG_DURATION:-16} \
-DEADLINE=${BUDGET_S:-250} READY_TIMEOUT=90 WARMUP_S=4 WARMUP_SCEN=bench/overload/h200/on-8x.json \
+DEADLINE=${BUDGET_S:-215} READY_TIMEOUT=90 WARMUP_S=4 WARMUP_SCEN=bench/overload/h200/on-8x.json \
 WARMUP_RATE=${WARMUP_RATE:-384} SETTLE_S=7 \
-    timeout -k 5 "${BUDGET_S:-250}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
+    timeout -k 5 "${BUDGET_S:-215}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
 rc=$?
 tail -n 40 "$D/run.log"
 grep -E "error|warn" "$D/serve.log" | tail -5
@@ -90,9 +90,29 @@ if [ "$left" -ge 20 ]; then
 else
     echo "overload: kv-quality skipped: $left s left"
 fi
+# The comparison for the realtime-step rule: the same server with SEMFLOW_SCHED_RT_ALONE=0 (batch
+# prefill up to ~2 ms in every step that carries a realtime prompt, the rule before), priorities
+# on, 1x and 8x at the 1x found above, after its own warm-up; in $D/ride/.
+left=$((285 - ($(date +%s) - T0)))
+if [ "${RIDE:-1}" = 1 ] && [ "$left" -ge 55 ] && [ -s "$D/sustained_rate" ]; then
+    SEMFLOW_SCHED_RT_ALONE=0 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
+    SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 256 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
+    SEARCH_RATES="" RATE_1X="$(cat "$D/sustained_rate")" DURATION=${DURATION:-8} LEVELS="1 8" MODES=on \
+    LONG_LEVELS="8" LONG_DURATION=${LONG_DURATION:-16} DEADLINE=$((left - 8)) READY_TIMEOUT=60 WARMUP_S=3 \
+    WARMUP_SCEN=bench/overload/h200/on-8x.json WARMUP_RATE=${WARMUP_RATE:-384} SETTLE_S=5 \
+        timeout -k 5 $((left - 5)) sh bench/overload/run.sh "$D/ride" >"$D/ride.log" 2>&1
+    echo "overload: comparison run (SEMFLOW_SCHED_RT_ALONE=0) rc=$?"
+else
+    echo "overload: comparison run (SEMFLOW_SCHED_RT_ALONE=0) skipped: $left s left"
+fi
 grep -E "^(FAIL|  swap of)" "$D/swap_copy.log" 2>/dev/null
-echo "---- step trace per run (rt = steps carrying realtime tokens) ----"
+echo "---- step trace per run (rt = steps carrying realtime tokens; alone = realtime prompt, batch prefill held out) ----"
 python3 bench/overload/trace_summary.py "$D" 2>&1
+if [ -s "$D/ride/trace.tsv" ]; then
+    echo "---- the same with SEMFLOW_SCHED_RT_ALONE=0 (batch prefill rides beside realtime prompts) ----"
+    python3 bench/overload/trace_summary.py "$D/ride" 2>&1 | grep -E "^(run|on-)"
+    python3 bench/overload/plot.py "$D/ride" --no-png --short 2>&1 | grep -E "^(prio|on|realtime)"
+fi
 python3 - "$D/kv-quality.json" <<'PY' 2>/dev/null || true
 import json, sys
 j = json.load(open(sys.argv[1]))
