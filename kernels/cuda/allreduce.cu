@@ -253,17 +253,22 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     const int nv = a.cols / 8;
     const size_t base = a.push_off + (size_t)(flag & 1) * a.size * a.push_bytes;
 
-    /* 1. push this block's rows to every peer, slot of this rank */
+    /* 1. push this block's rows to every peer, slot of this rank (all loads, then the stores) */
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
         const uint4 *xr = (const uint4 *)(a.x + r * a.cols);
+        uint4 v[VPT];
 #pragma unroll
         for (int u = 0; u < VPT; u++) {
             const int i = threadIdx.x + u * SF_ARN_THREADS;
-            if (i < nv) {
-                const uint4 v = xr[i];
-                for (int p = 0; p < a.size; p++)
-                    if (p != a.rank)
-                        ((uint4 *)(a.region[p] + base + (size_t)a.rank * a.push_bytes) + r * nv)[i] = v;
+            if (i < nv) v[u] = xr[i];
+        }
+        for (int p = 0; p < a.size; p++) {
+            if (p == a.rank) continue;
+            uint4 *dst = (uint4 *)(a.region[p] + base + (size_t)a.rank * a.push_bytes) + r * nv;
+#pragma unroll
+            for (int u = 0; u < VPT; u++) {
+                const int i = threadIdx.x + u * SF_ARN_THREADS;
+                if (i < nv) dst[i] = v[u];
             }
         }
     }
@@ -276,33 +281,37 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
         uint4 hv[VPT];
         float ss = 0.0f;
+        uint4 *xr = (uint4 *)(a.x + r * a.cols), *rr = a.res ? (uint4 *)(a.res + r * a.cols) : NULL;
+#pragma unroll
+        for (int u = 0; u < VPT; u++) { /* loads and sums only: no store yet */
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i >= nv) continue;
+            float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+            for (int p = 0; p < a.size; p++) /* L2 loads: a peer's line never comes from a stale L1 line */
+                add8(acc, p == a.rank ? xr[i]
+                                      : __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) +
+                                               r * nv + i));
+            bf162 *h = (bf162 *)&hv[u];
+            if (rr) {
+                const uint4 rv = rr[i];
+                const bf162 *rh = (const bf162 *)&rv;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float2 sm = __bfloat1622float2(__floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]));
+                    float2 o = __bfloat1622float2(rh[k]);
+                    h[k] = __floats2bfloat162_rn(o.x + sm.x, o.y + sm.y);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+            }
+        }
 #pragma unroll
         for (int u = 0; u < VPT; u++) {
             const int i = threadIdx.x + u * SF_ARN_THREADS;
             if (i >= nv) continue;
-            float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-            for (int p = 0; p < a.size; p++) {
-                const uint4 *src = p == a.rank ? (const uint4 *)(a.x + r * a.cols)
-                                               : (const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) + r * nv;
-                /* L2 loads: peers' lines never come from an L1 line of an earlier call */
-                add8(acc, p == a.rank ? src[i] : __ldcg(src + i));
-            }
-            bf162 *h = (bf162 *)&hv[u];
-            if (a.res) {
-                const uint4 rv = ((const uint4 *)(a.res + r * a.cols))[i];
-                const bf162 *rh = (const bf162 *)&rv;
-#pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    float2 s = __bfloat1622float2(__floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]));
-                    float2 o = __bfloat1622float2(rh[k]);
-                    h[k] = __floats2bfloat162_rn(o.x + s.x, o.y + s.y);
-                }
-                ((uint4 *)(a.res + r * a.cols))[i] = hv[u];
-            } else {
-#pragma unroll
-                for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
-                ((uint4 *)(a.x + r * a.cols))[i] = hv[u];
-            }
+            (rr ? rr : xr)[i] = hv[u];
+            const bf162 *h = (const bf162 *)&hv[u];
 #pragma unroll
             for (int k = 0; k < 4; k++) {
                 float2 f = __bfloat1622float2(h[k]);
