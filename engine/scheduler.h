@@ -176,6 +176,7 @@ typedef struct sf_sched {
     int low_reserved_units;   /* full need of running sequences below high (grows as admission goes) */
     double hi_seats_peak, hi_units_peak, hi_peak_at; /* decaying peaks of what the high class holds or asks */
     int swap_in_low_step;     /* swap-ins below high planned in this step */
+    double low_prefill_at;    /* when prefill below high urgency was last planned (step shaping) */
     int n_running_i8;         /* running sequences holding INT8 blocks (at the start of the plan) */
     uint64_t gate_seats, gate_kv, gate_floor; /* admissions below high held back, by reason */
 } sf_sched;
