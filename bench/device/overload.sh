@@ -11,16 +11,18 @@
 # 8x run steps of 96-184 ms), then runs 1x, 8x, 4x, 2x with
 # priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
 # /metrics (KV usage and demand, degrade decisions) during each run; 4x and 8x run 16 s so that
-# KV pressure can outlast the default 5 s degrade hold; before each run the server is given up to
+# KV pressure can outlast the default 5 s degrade hold, and 1x too (the base of the realtime
+# TTFT rise: ~570 realtime requests instead of ~290 for its P95); before each run the server is given up to
 # 7 s to leave a degraded state the run before left (so decisions are counted in the run that made
 # them). The KV pool is held to 1024 blocks (16k tokens, 2 GiB) and the seats to 256, so that at
 # 8x the KV pool, not the seats, is what the high class's headroom leaves short and the degrade
 # path can be seen. Then
 # the INT8 KV quality cost (`semflow bench kv-quality`, Llama-3-8B dummy preset) and the step
-# trace summarised per run (bench/overload/trace_summary.py).
+# trace summarised per run (bench/overload/trace_summary.py), and, as time allows, 1x and 8x with
+# priorities again on a second server with SEMFLOW_SCHED_RT_ALONE=0 (the earlier realtime-step rule).
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md,
 # kv-quality.json); the last thing printed is one line per run. Exit 77: no GPU or no binary here.
-# Env: SEARCH_RATES ("24 48 72"), WARMUP_RATE (384), RIDE (1: the comparison run, below), DURATION (8 s per run), LONG_DURATION (16 s at 4x and 8x),
+# Env: SEARCH_RATES ("24 48 72"), WARMUP_RATE (384), RIDE (1: the comparison run, below), DURATION (8 s per run), LONG_DURATION (16 s at 1x, 4x and 8x: 1x is the base of the rise),
 # LEVELS ("1 8 4 2"), BUDGET_S (215 for the ladder; the whole script stays under 300 s).
 set -u
 cd "$(dirname "$0")/../.."
@@ -75,7 +77,7 @@ fi
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
 SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 256 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
 SEARCH_RATES=${SEARCH_RATES-24 48 72} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
-LONG_LEVELS="4 8" LONG_DURATION=${LONG_DURATION:-16} \
+LONG_LEVELS="1 4 8" LONG_DURATION=${LONG_DURATION:-16} \
 DEADLINE=${BUDGET_S:-215} READY_TIMEOUT=90 WARMUP_S=4 WARMUP_SCEN=bench/overload/h200/on-8x.json \
 WARMUP_RATE=${WARMUP_RATE:-384} SETTLE_S=7 \
     timeout -k 5 "${BUDGET_S:-215}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
