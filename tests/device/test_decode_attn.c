@@ -467,7 +467,8 @@ static void perf_all(void)
     if (cudaStreamCreate(&s)) return;
     printf("perf: decode attention, Llama-3-8B heads (32/8 x 128), block 16; %% of hal's HBM %.0f GB/s "
            "(bytes: K+V (+scales) + q + o)\n", hbm_gbs);
-    const int shapes[][2] = { { 256, 192 }, { 128, 1500 }, { 64, 4096 }, { 16, 1024 }, { 4, 4096 }, { 1, 512 }, { 1, 4096 } };
+    const int shapes[][2] = { { 256, 192 }, { 512, 192 }, { 128, 1500 }, { 64, 4096 },
+                              { 16, 1024 }, { 4, 4096 },  { 1, 512 },    { 1, 4096 } };
     for (int i8 = 0; i8 <= 1; i8++)
         for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_shape(shapes[i][0], shapes[i][1], i8, s);
     cudaStreamDestroy(s);
