@@ -107,8 +107,8 @@ grep -hE '^(PASS|FAIL):' "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
 grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
-echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: fused / all-reduce then rmsnorm"
-awk '/^ARNORM/ { printf "  %4d x %5d: %6.1f / %6.1f  (%.2fx)\n", $2, $3, $4, $5, $4 / $5 }' "$D/test_tp_norm.out" 2>/dev/null
+echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: LL / push+flag / all-reduce then rmsnorm"
+awk '/^ARNORM/ { printf "  %4d x %5d: %6.1f / %6.1f / %6.1f\n", $2, $3, $4, $5, $6 }' "$D/test_tp_norm.out" 2>/dev/null
 a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
 s1=$(jf "$D/decode8b_tp1.json" ms_per_step_median) s2=$(jf "$D/decode8b_tp2.json" ms_per_step_median)
 s0=$(jf "$D/decode8b_tp2_arnorm_off.json" ms_per_step_median)
