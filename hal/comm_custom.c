@@ -22,6 +22,7 @@ struct sf_ar_custom {
     int opened[SF_AR_MAX_RANKS];   /* IPC mappings to close */
     unsigned *err_h, *err_d;       /* mapped host word the kernel reports a timeout in */
     uint64_t timeout_ns;
+    int ll_pdl;                    /* LL launched with PDL (unless $SEMFLOW_TP_LL_PDL=0) */
     char gpus[SF_AR_MAX_RANKS * 20];
 };
 
@@ -99,6 +100,8 @@ int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int time
     a->buf_bytes = (buf_bytes + 15) & ~(size_t)15;
     a->ll_bytes = SF_MIN(a->buf_bytes, SF_AR_LL_BYTES);
     a->timeout_ns = (uint64_t)(timeout_ms > 0 ? timeout_ms : 60000) * 1000000ull;
+    const char *pdl = getenv("SEMFLOW_TP_LL_PDL");
+    a->ll_pdl = !(pdl && !strcmp(pdl, "0"));
     memset(&me, 0, sizeof me);
     me.ok = make_region(a, &me);
     if ((rc = exchange(ctx, &me, sizeof me, all, err))) goto cleanup;
@@ -183,6 +186,7 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     k.ll = ll;
     k.ll_off = SF_AR_SIG_BYTES + 2 * a->buf_bytes;
     k.ll_bytes = a->ll_bytes;
+    k.pdl = ll && a->ll_pdl;
     int e = sf_k_allreduce(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce of %lld values: launch: %s", a->rank, (long long)n,

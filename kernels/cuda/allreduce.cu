@@ -152,6 +152,10 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
 __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
 {
     __shared__ unsigned flag_s;
+    /* launched with PDL (a.pdl): the next kernel (a GEMV that streams its weights before its
+     * own wait) may start now; this one waits for the kernel before, which wrote the message */
+    sf_pdl_trigger();
+    sf_pdl_wait();
     ar_sig *self = (ar_sig *)a.region[a.rank];
     if (threadIdx.x == 0) {
         flag_s = self->ll_count[blockIdx.x] + 1;
@@ -431,7 +435,9 @@ extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)
     if (a->ll) {
         if ((size_t)a->n * 2 > a->ll_bytes) return (int)cudaErrorInvalidValue;
         int64_t lines = (a->n + 3) / 4, blocks = (lines + SF_AR_THREADS - 1) / SF_AR_THREADS;
-        k_allreduce_ll<<<(unsigned)(blocks < SF_AR_BLOCKS ? blocks : SF_AR_BLOCKS), SF_AR_THREADS, 0, s>>>(*a);
+        dim3 grid((unsigned)(blocks < SF_AR_BLOCKS ? blocks : SF_AR_BLOCKS));
+        if (a->pdl) return sf_launch_pdl(k_allreduce_ll, grid, dim3(SF_AR_THREADS), 0, s, *a);
+        k_allreduce_ll<<<grid, SF_AR_THREADS, 0, s>>>(*a);
         return sf_launch_status();
     }
     if ((size_t)a->n * 2 > a->buf_bytes) return (int)cudaErrorInvalidValue;

@@ -53,6 +53,8 @@ typedef struct sf_k_ar {
     volatile unsigned *err;        /* device pointer of mapped host memory */
     int ll;                        /* 1: the LL variant (n * 2 <= ll_bytes) */
     size_t ll_off, ll_bytes;       /* the LL buffers' offset in a region; largest LL message */
+    int pdl;                       /* LL: launched with programmatic dependent launch (common.cuh):
+                                    * the kernel after it may start early and stream its weights */
 } sf_k_ar;
 
 /* The all-reduce fused with the residual add and the RMSNorm after it (push + flag, rows):
