@@ -115,7 +115,7 @@ void sf_policy_caps(sf_sched *s, int n_decode)
      * every step) does it ride, adding at most RT_EXTRA_MS as the model predicts (at least one
      * small chunk), so admitted batch work never stops. */
     if (t_rt < INFINITY && high_prefill_pending(s)) {
-        if (s->now - s->low_prefill_at < LOW_STARVE_S) {
+        if (s->rt_alone && s->now - s->low_prefill_at < LOW_STARVE_S) {
             s->cap_low = 0;
         } else {
             int extra = s->cm_n >= CM_MIN_STEPS && s->cm_th[1] > 1e-9 ? (int)SF_MIN(RT_EXTRA_MS / s->cm_th[1], 1e9) : 0;

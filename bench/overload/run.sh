@@ -26,7 +26,8 @@
 #      QUEUE_LIMIT (per-lane queue before 429, 16), SLO (the scenario's), GOOD_SHARE (0.9),
 #      SEARCH_RATES ("1 2 4 8 16" for cpu, "" for h200), RATE_1X, SEARCH_DURATION (12), DURATION (the
 #      scenario's), LEVELS ("1 2 4 8"), LONG_LEVELS (levels run for LONG_DURATION s instead, so that
-#      KV pressure can outlast the degrade hold; "" none), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
+#      KV pressure can outlast the degrade hold; "" none), MODES ("on off": which of each level run),
+#      SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
 #      WARMUP_S (0: none; else a run of that long before anything is measured, of WARMUP_SCEN at
 #      WARMUP_RATE req/s: by default the scenario's 1x file and rate; a warm-up at the top level
 #      reaches the batch sizes the ladder will, whose first steps time GEMM paths and capture graphs),
@@ -147,7 +148,7 @@ echo "$best" >"$OUT/sustained_rate"
 echo "1x = $best req/s"
 
 for l in $LEVELS; do
-    for mode in on off; do
+    for mode in ${MODES:-on off}; do
         if [ "$(left)" -lt $((DURATION + 20)) ]; then
             echo "run.sh: $(left) s left before the deadline: $mode-${l}x skipped"
             continue

@@ -455,6 +455,21 @@ TEST(realtime_step_carries_no_low_prefill)
     }
     CHECK_MSG(rode >= 1 && rode <= steps / 5 + 1, "low prefill rode in %d of %d realtime steps", rode, steps);
     world_free(&w);
+    /* SEMFLOW_SCHED_RT_ALONE=0 (rt_alone 0): the earlier rule, a ~2 ms chunk in every such step */
+    REQUIRE(world_init(&w, 1024, 16, 4096, &c) == 0, "init");
+    w.s.rt_alone = 0;
+    train(&w.s, 2.0, 0.1);
+    add(&w, SF_URGENCY_HIGH, 30, 400, 0, 0);
+    lp = add(&w, SF_URGENCY_LOW, 3000, 0, 0, 0);
+    step_at(&w, 0.0);
+    for (int i = 0; i < 3; i++) {
+        add(&w, SF_URGENCY_HIGH, 30, 400, 0, 0.01 * (i + 1));
+        before = lp->n_computed;
+        step_at(&w, 0.01 * (i + 1));
+        CHECK_MSG(lp->n_computed - before == 20, "rt_alone 0: %d low tokens beside the realtime prompt, want 20",
+                  lp->n_computed - before);
+    }
+    world_free(&w);
 }
 
 TEST(bad_policy_config)
