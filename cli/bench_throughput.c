@@ -215,7 +215,11 @@ int sf_bench_throughput(const bench_opts *o)
     double bound_s = bd.prefill_s + bd.decode_s, bound_out = bound_s > 0 ? (double)N * O / bound_s : 0;
     double bound_tot = bound_s > 0 ? (double)N * (I + O) / bound_s : 0;
     double dec_ms = es.decode_steps ? 1e3 * es.decode_step_s / es.decode_steps : 0;
-    double host_dec = es.decode_step_s > 0 ? es.decode_host_s / es.decode_step_s : 0;
+    /* host share of a decode step: the host time on the device's critical path (from a step's
+     * ids to the next step's work all queued); host work: all the engine thread's time but its
+     * waits for the device (part of it runs while the device runs the next step) */
+    double host_dec = es.decode_step_s > 0 ? es.decode_exposed_s / es.decode_step_s : 0;
+    double work_dec = es.decode_step_s > 0 ? es.decode_host_s / es.decode_step_s : 0;
     double host_all = es.step_s > 0 ? es.host_s / es.step_s : 0;
     double enq_dec = es.decode_step_s > 0 ? es.decode_enqueue_s / es.decode_step_s : 0;
     double mean_b = es.decode_steps ? (double)es.decode_step_tokens / es.decode_steps : 0;
@@ -237,6 +241,19 @@ int sf_bench_throughput(const bench_opts *o)
                               "enqueue_share_decode", enq_dec, "host_share_all", host_all,
                               "sampling", sampling, "rows_sampled_backend", (json_int_t)es.rows_sampled_backend,
                               "rows_sampled_host", (json_int_t)es.rows_sampled_host);
+        json_object_set_new(s, "host_work_share_decode", json_real(work_dec));
+        json_object_set_new(s, "overlapped", json_boolean(es.overlapped));
+        json_object_set_new(s, "decode_step_p50_ms", json_real(es.decode_step_p50_ms));
+        json_object_set_new(s, "decode_step_p90_ms", json_real(es.decode_step_p90_ms));
+        if (es.decode_steps) { /* ms per decode step, by phase of the engine thread's turn */
+            double k = 1e3 / (double)es.decode_steps;
+            json_t *ph = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "wait_device", es.decode_wait_s * k,
+                                   "take", es.decode_take_s * k, "plan", es.decode_plan_s * k, "batch",
+                                   es.decode_batch_s * k, "launch", es.decode_launch_s * k, "tp_plan_send",
+                                   es.decode_send_s * k, "enqueue", es.decode_enqueue_s * k, "deliver",
+                                   es.decode_deliver_s * k, "device_idle_gap", es.decode_exposed_s * k);
+            json_object_set_new(s, "phases_ms", ph);
+        }
         json_object_set_new(s, "graphs_captured", json_integer(es.graphs_captured));
         json_object_set_new(s, "graph_replays", json_integer(es.graph_replays));
         json_object_set_new(s, "graph_fallbacks", json_integer(es.graph_fallbacks));
@@ -266,10 +283,19 @@ int sf_bench_throughput(const bench_opts *o)
             printf("bound    %.1f output tokens/s, %.1f total (prefill %.2f s at %.1f TFLOP/s, decode %.2f s at %.0f GB/s "
                    "or the GEMM rate) = %.0f%% reached\n", bound_out, bound_tot, bd.prefill_s, bd.peak / 1e12,
                    bd.decode_s, bd.bw / 1e9, 100 * out_tps / bound_out);
-        printf("engine   %llu steps, %llu decode steps of %.1f sequences on average, %.2f ms each; host %.1f%% of a "
-               "decode step (of which enqueuing the step's work %.1f%%; %.1f%% of all steps); sampling on the %s\n",
-               (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, 100 * host_dec,
-               100 * enq_dec, 100 * host_all, sampling);
+        printf("engine   %llu steps, %llu decode steps of %.1f sequences on average, %.2f ms each (median %.2f, p90 "
+               "%.2f); host on the critical path %.1f%% of a decode step, host work %.1f%% (enqueuing %.1f%%; %.1f%% "
+               "of all steps); %s loop; sampling on the %s\n",
+               (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, es.decode_step_p50_ms,
+               es.decode_step_p90_ms, 100 * host_dec, 100 * work_dec, 100 * enq_dec, 100 * host_all,
+               es.overlapped ? "overlapped" : "serial", sampling);
+        if (es.decode_steps) {
+            double k = 1e3 / (double)es.decode_steps;
+            printf("phases   ms per decode step: wait for the device %.3f, take %.3f, plan %.3f, batch %.3f, launch %.3f "
+                   "(TP plan send %.3f, enqueue %.3f), deliver %.3f; device idle gap %.3f\n", es.decode_wait_s * k,
+                   es.decode_take_s * k, es.decode_plan_s * k, es.decode_batch_s * k, es.decode_launch_s * k,
+                   es.decode_send_s * k, es.decode_enqueue_s * k, es.decode_deliver_s * k, es.decode_exposed_s * k);
+        }
         if (es.graphs_captured || es.graph_replays || es.graph_fallbacks)
             printf("graphs   %ld captured, %ld replays, %ld fallbacks (steps over the graph size limit run op by op)\n", es.graphs_captured, es.graph_replays,
                    es.graph_fallbacks);
