@@ -117,11 +117,33 @@ static bound physical_bound(const sf_engine_info *in, int N, int I, int O, int B
     return r;
 }
 
+/* --compare: the decode-batch result the engine's step is set beside; NULL with a message in
+ * err when the file is not one. */
+static json_t *load_compare(const char *path, sf_error *err)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) {
+        sf_err(err, SF_EINVAL, "--compare %s: not readable JSON (%s, line %d); give the output of `semflow bench "
+               "decode-batch --json`", path, je.text, je.line);
+        return NULL;
+    }
+    json_t *mode = json_object_get(j, "mode"), *ms = json_object_get(j, "ms_per_step_median");
+    if (!json_is_string(mode) || strcmp(json_string_value(mode), "decode-batch") || !json_is_number(ms)) {
+        sf_err(err, SF_EINVAL, "--compare %s: not a decode-batch result (no \"mode\": \"decode-batch\" with "
+               "ms_per_step_median); give the output of `semflow bench decode-batch --json`", path);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
 int sf_bench_throughput(const bench_opts *o)
 {
     sf_error err = { 0 };
     sf_engine *e = NULL;
     int32_t *prompt = NULL;
+    json_t *cmp = NULL; /* --compare */
     int rc = 1, N = o->num_prompts, I = o->input, O = o->output;
     char path[1100];
     run_state st;
@@ -132,6 +154,7 @@ int sf_bench_throughput(const bench_opts *o)
     else snprintf(path, sizeof path, "%s", o->model);
 
     int max_seqs = SF_MIN(o->max_num_seqs, N);
+    if (o->compare && !(cmp = load_compare(o->compare, &err))) goto fail;
     if (open_engine(o, path, max_seqs, &e, &err)) goto fail;
     sf_engine_info in;
     sf_engine_get_info(e, &in);
@@ -261,6 +284,15 @@ int sf_bench_throughput(const bench_opts *o)
             json_object_set_new(s, "device_mib_taken_in_run", json_real(run_mib));
             json_object_set_new(s, "device_mib_per_graph", json_real(es.graphs_captured ? run_mib / es.graphs_captured : 0));
         }
+        if (cmp) { /* the forward pass alone at a similar shape, and the engine's step over it */
+            double ms = json_number_value(json_object_get(cmp, "ms_per_step_median"));
+            json_t *d = json_pack("{s:s, s:O?, s:O?, s:O?, s:f, s:O?, s:f}", "file", o->compare, "batch",
+                                  json_object_get(cmp, "batch"), "ctx", json_object_get(cmp, "ctx"), "tensor_parallel",
+                                  json_object_get(cmp, "tensor_parallel"), "ms_per_step", ms, "host_us_per_step",
+                                  json_object_get(cmp, "host_us_per_step"), "engine_step_over_it",
+                                  ms > 0 ? dec_ms / ms : 0.0);
+            json_object_set_new(s, "decode_batch", d);
+        }
         json_object_set_new(b, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
         json_object_set_new(b, "kv_tokens", json_integer((json_int_t)in.kv_blocks * in.kv_block_size));
         json_object_set_new(j, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
@@ -296,6 +328,12 @@ int sf_bench_throughput(const bench_opts *o)
                    es.decode_take_s * k, es.decode_plan_s * k, es.decode_batch_s * k, es.decode_launch_s * k,
                    es.decode_send_s * k, es.decode_enqueue_s * k, es.decode_deliver_s * k, es.decode_exposed_s * k);
         }
+        if (cmp) {
+            double ms = json_number_value(json_object_get(cmp, "ms_per_step_median"));
+            printf("compare  the forward pass alone (%s: batch %lld, context %lld) %.2f ms/step: the engine's decode step "
+                   "is %.2fx of it\n", o->compare, (long long)json_integer_value(json_object_get(cmp, "batch")),
+                   (long long)json_integer_value(json_object_get(cmp, "ctx")), ms, ms > 0 ? dec_ms / ms : 0.0);
+        }
         if (es.graphs_captured || es.graph_replays || es.graph_fallbacks)
             printf("graphs   %ld captured, %ld replays, %ld fallbacks (steps over the graph size limit run op by op)\n", es.graphs_captured, es.graph_replays,
                    es.graph_fallbacks);
@@ -309,6 +347,7 @@ fail:
     fprintf(stderr, "semflow bench throughput: %s\n", err.msg);
 out:
     sf_engine_free(e);
+    json_decref(cmp);
     free(prompt);
     pthread_cond_destroy(&st.cv);
     pthread_mutex_destroy(&st.mu);

@@ -72,6 +72,8 @@ struct sf_engine {
     sf_sample_row *rows;        /* [max_num_seqs] */
     int32_t *ids;               /* [max_num_seqs] */
     int *row_item;              /* [max_num_seqs]: plan item of each logit row of the step in flight */
+    int32_t *table;             /* the step's block table with its stride rounded up (step.c) */
+    size_t cap_table;
     sf_sample_pen *pen;
     int cap_pen;
     /* the step pipeline (step.c) */
@@ -120,6 +122,11 @@ static inline int sf_engine_in_flight(const sf_engine *e) { return e->fl.active;
 /* Stopping: wait for the step in flight, if any, and drop its ids (the requests are cancelled
  * next). */
 void sf_engine_settle(sf_engine *e);
+/* Before serving, on a backend that makes per-size choices on first use (CUDA: the GEMM
+ * tuner): one decode step at each batch size those choices are made for, up to max_num_seqs
+ * (every rank under TP), each sequence one token in its own block of the still empty KV pool
+ * (n_blocks of them), so that no served step pays for them. */
+int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err);
 /* Median and 90th percentile of the decode turns so far, ms (0 without any). */
 void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90);
 

@@ -407,6 +407,14 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
     }
+    {
+        /* $SEMFLOW_ENGINE_WARMUP: 0 off, 1 on any backend; unset: where choices are made on first
+         * use (CUDA) */
+        const char *w = getenv("SEMFLOW_ENGINE_WARMUP");
+        sf_backend_stats bs;
+        int warm = w ? strcmp(w, "0") != 0 : sf_backend_cuda_stats(e->be, &bs) == SF_OK;
+        if (warm && (rc = sf_engine_warm_up(e, n_blocks, err)) != SF_OK) goto fail;
+    }
     SF_LOGD("engine: %s on %s, context %d, KV %d blocks x %d tokens (%.1f MiB)", e->model->name, e->be->ops->name,
             e->max_model_len, n_blocks, c->kv_block_size,
             (double)e->be->ops->kv_block_bytes(e->be, &kc) * n_blocks / (1 << 20));
@@ -447,6 +455,7 @@ void sf_engine_free(sf_engine *e)
     free(e->rows);
     free(e->ids);
     free(e->row_item);
+    free(e->table);
     free(e->taken);
     free(e->step_hist);
     free(e->pen);

@@ -117,6 +117,32 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
     e->fl.active = 0;
 }
 
+/* Block tables go to the backend with their row stride rounded up to a multiple of this many
+ * blocks (the entries past a sequence's blocks are 0 and never read): the stride is part of a
+ * step's CUDA graph key, and a rounded one keeps one graph for the steps of many context
+ * lengths instead of one per block of growth. */
+#define TABLE_STRIDE_QUANTUM 16
+
+static void round_table_stride(sf_engine *e, sf_batch *b)
+{
+    int stride = (b->max_blocks + TABLE_STRIDE_QUANTUM - 1) / TABLE_STRIDE_QUANTUM * TABLE_STRIDE_QUANTUM;
+    size_t need = (size_t)b->n_seqs * stride;
+    if (stride == b->max_blocks) return;
+    if (need > e->cap_table) {
+        int32_t *t = realloc(e->table, need * sizeof *t);
+        if (!t) return; /* keep the scheduler's stride: correct, only less graph reuse */
+        e->table = t;
+        e->cap_table = need;
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        int32_t *row = e->table + (size_t)s * stride;
+        memcpy(row, b->block_table + (size_t)s * b->max_blocks, (size_t)b->max_blocks * sizeof *row);
+        memset(row + b->max_blocks, 0, (size_t)(stride - b->max_blocks) * sizeof *row);
+    }
+    b->block_table = e->table;
+    b->max_blocks = stride;
+}
+
 /* Plan the next step and launch it. Returns the tokens launched (0: none); *progress is set when
  * stuck requests were finished. */
 static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
@@ -155,6 +181,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
     }
     sf_batch b;
     sf_sched_batch(&e->sched, &b);
+    round_table_stride(e, &b);
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     for (int i = 0; i < p->n_items; i++) {
@@ -301,4 +328,51 @@ void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90)
         if (before < (n + 1) / 2 && c >= (n + 1) / 2) *p50 = ms;
         if (before < (n * 9 + 9) / 10 && c >= (n * 9 + 9) / 10) *p90 = ms;
     }
+}
+
+/* Decode batch sizes the warm-up runs: the row counts the CUDA backend's GEMM tuner times its
+ * choices at (kernels/cuda/gemm.cu tune_buckets; any count up to one of them uses its choice). */
+static const int warm_sizes[] = { 16, 24, 32, 48, 64, 96, 128, 192, 256 };
+
+int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err)
+{
+    int max_n = SF_MIN(e->cfg.max_num_seqs, n_blocks), rc = SF_OK, ran = 0;
+    int32_t *buf = malloc((size_t)6 * (max_n + 1) * sizeof *buf);
+    if (!buf) return sf_err(err, SF_ENOMEM, "engine warm-up: out of memory");
+    int32_t *tok = buf, *pos = tok + max_n, *slot = pos + max_n, *start = slot + max_n, *ctx = start + max_n + 1,
+            *table = ctx + max_n;
+    int sizes[SF_ARRAY_LEN(warm_sizes) + 1], n_sizes = 0;
+    for (size_t i = 0; i < SF_ARRAY_LEN(warm_sizes) && warm_sizes[i] <= max_n; i++) sizes[n_sizes++] = warm_sizes[i];
+    if (max_n > 8 && (!n_sizes || sizes[n_sizes - 1] != max_n)) sizes[n_sizes++] = max_n; /* its bucket's choice */
+    double t0 = sf_now_s();
+    for (int i = 0; i < n_sizes && !rc; i++) {
+        int n = sizes[i];
+        for (int s = 0; s < n; s++) { /* sequence s: one token at position 0 of block s (the pool is empty) */
+            tok[s] = (int32_t)((s * 7919) % e->vocab);
+            pos[s] = 0;
+            slot[s] = s * e->cfg.kv_block_size;
+            start[s] = s;
+            ctx[s] = 1;
+            table[s] = s;
+        }
+        start[n] = n;
+        sf_batch b = { .n_tokens = n, .n_seqs = n, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
+                       .seq_ctx = ctx, .block_table = table, .max_blocks = 1, .logit_rows = start, .n_logits = n };
+        if (!e->cfg.host_sampling && sf_forward_can_sample(e->fwd)) {
+            for (int s = 0; s < n; s++)
+                e->rows[s] = (sf_sample_row){ .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
+            sf_forward_sample smp = { .rows = e->rows, .ids = e->ids };
+            rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, err) : sf_forward_step_sample(e->fwd, &b, &smp, err);
+            if (rc == SF_EUNSUPPORTED) rc = SF_OK; /* the step ran; the sampler declined these sizes */
+        } else {
+            rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->fwd, &b, e->logits, err);
+        }
+        ran++;
+    }
+    free(buf);
+    if (rc) return sf_err_wrap(err, "engine warm-up");
+    if (ran)
+            SF_LOGI("engine: warm-up of %d decode batch sizes up to %d in %.2f s (the backend's per-size choices made "
+                "before serving)", ran, max_n, sf_now_s() - t0);
+    return SF_OK;
 }
