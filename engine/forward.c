@@ -9,7 +9,9 @@
  * Under tensor parallelism too: the row-parallel projections (O, down) write into h itself —
  * rank 0 adds its partial product to h, the other ranks overwrite h with theirs — and the
  * all-reduce of h then leaves h + the whole product on every rank ($SEMFLOW_TP_FUSED=0: the
- * plain ops with the all-reduce before the add). */
+ * plain ops with the all-reduce before the add). Above one row (and always with the plain ops)
+ * each all-reduce is one op with the residual add and the norm after it
+ * (sf_comm_all_reduce_norm_buf), which leaves the next norm's output in x for a plain matmul. */
 #include "forward.h"
 
 #include <math.h>
@@ -262,6 +264,10 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     int T = bt->n_tokens, rc;
     const int tp = f->comm && f->comm->size > 1, rank = f->comm ? f->comm->rank : 0;
     const int fused = o->norm_qkv_rope && o->norm_matmul && o->matmul_add && (!tp || f->tp_fused);
+    /* under TP, each all-reduce and the norm after it as one op (sf_comm_all_reduce_norm_buf),
+     * leaving the next norm's output in x; with the fused ops only above one row, where the
+     * GEMV takes the norm in its prologue */
+    const int rn = tp && (!fused || T > 1);
     const char *op = "";
     int layer = -1;
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
@@ -272,38 +278,66 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     STEP("embed", o->embed(b, f->emb, f->h));
     for (layer = 0; layer < c->n_layers; layer++) {
         fw_layer *L = &f->layers[layer];
+        /* the norm after each row-parallel projection's all-reduce: ffn_norm, then the next
+         * layer's attn_norm (the output norm after the last layer) */
+        const sf_weight *next_norm = layer + 1 < c->n_layers ? f->layers[layer + 1].attn_norm : f->out_norm;
         if (fused) {
-            STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, f->h, L->attn_norm, c->rms_eps, L->wqkv, layer, c->n_heads,
-                                                          c->n_kv_heads, &f->rope, f->x, f->qkv));
-        } else {
-            STEP("attn_norm", o->rmsnorm(b, f->h, layer ? f->mo : NULL, L->attn_norm, c->rms_eps, T, f->x));
-            STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
-            STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
-        }
-        STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
-        if (fused) { /* under TP: rank 0 adds its partial into h, the others write theirs there */
+            if (rn && layer) { /* x holds this layer's attn_norm(h) */
+                STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
+                STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+            } else {
+                STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, f->h, L->attn_norm, c->rms_eps, L->wqkv, layer,
+                                                              c->n_heads, c->n_kv_heads, &f->rope, f->x, f->qkv));
+            }
+            STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
+            /* under TP: rank 0 adds its partial into h, the others write theirs there */
             STEP("o_proj+residual", tp && rank ? o->matmul(b, f->att, L->wo, T, f->h)
                                                : o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
-            if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) goto comm_fail;
-            STEP("ffn_norm+gate_up+silu_mul",
-                 o->norm_matmul(b, f->h, L->ffn_norm, c->rms_eps, L->wgu, T, 1, f->x, f->gu, f->act));
+            if (rn) {
+                if ((rc = sf_comm_all_reduce_norm_buf(f->comm, b, f->h, NULL, L->ffn_norm, c->rms_eps, T, c->hidden,
+                                                      f->x, err)))
+                    goto comm_fail;
+                STEP("gate_up", o->matmul(b, f->x, L->wgu, T, f->gu));
+                STEP("silu_mul", o->silu_mul(b, f->gu, T, c->intermediate, f->act));
+            } else {
+                if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) goto comm_fail;
+                STEP("ffn_norm+gate_up+silu_mul",
+                     o->norm_matmul(b, f->h, L->ffn_norm, c->rms_eps, L->wgu, T, 1, f->x, f->gu, f->act));
+            }
             STEP("down_proj+residual", tp && rank ? o->matmul(b, f->act, L->wdown, T, f->h)
                                                   : o->matmul_add(b, f->act, L->wdown, T, f->mo, f->h));
-            if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) goto comm_fail;
+            if (rn) {
+                if ((rc = sf_comm_all_reduce_norm_buf(f->comm, b, f->h, NULL, next_norm, c->rms_eps, T, c->hidden,
+                                                      f->x, err)))
+                    goto comm_fail;
+            } else if (tp && (rc = sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err))) {
+                goto comm_fail;
+            }
             continue;
         }
+        if (!(rn && layer)) STEP("attn_norm", o->rmsnorm(b, f->h, layer ? f->mo : NULL, L->attn_norm, c->rms_eps, T, f->x));
+        STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
+        STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+        STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
         STEP("o_proj", o->matmul(b, f->att, L->wo, T, f->ao));
-        if ((rc = sf_comm_all_reduce_buf(f->comm, b, f->ao, T, c->hidden, err))) goto comm_fail;
-        STEP("ffn_norm", o->rmsnorm(b, f->h, f->ao, L->ffn_norm, c->rms_eps, T, f->x));
+        if (rn) { /* h += the all-reduced ao, x = ffn_norm(h) */
+            if ((rc = sf_comm_all_reduce_norm_buf(f->comm, b, f->ao, f->h, L->ffn_norm, c->rms_eps, T, c->hidden, f->x,
+                                                  err)))
+                goto comm_fail;
+        } else {
+            STEP("ffn_norm", o->rmsnorm(b, f->h, f->ao, L->ffn_norm, c->rms_eps, T, f->x));
+        }
         STEP("gate_up", o->matmul(b, f->x, L->wgu, T, f->gu));
         STEP("silu_mul", o->silu_mul(b, f->gu, T, c->intermediate, f->act));
         STEP("down_proj", o->matmul(b, f->act, L->wdown, T, f->mo));
-        if ((rc = sf_comm_all_reduce_buf(f->comm, b, f->mo, T, c->hidden, err))) goto comm_fail;
+        if (rn && (rc = sf_comm_all_reduce_norm_buf(f->comm, b, f->mo, f->h, next_norm, c->rms_eps, T, c->hidden, f->x,
+                                                    err)))
+            goto comm_fail;
     }
     layer = -1;
     if (bt->n_logits > 0) {
-        /* fused: h already holds every residual add */
-        STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
+        /* fused: h already holds every residual add; rn: x already holds output_norm(h) */
+        if (!rn) STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
         STEP("get_rows", o->get_rows(b, f->x, f->sel));
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
         if (f->shard && f->shard->size > 1) {

@@ -23,7 +23,9 @@
 #define TARGET_MEMORY_S 10.0 /* a latency target shapes steps this long after the last request that had it */
 #define FLOOR_MARGIN 0.8    /* floors shape steps to this share of 1000 / min_tps: the model's error and
                              * the prefill of higher classes (never held back) stay inside the floor */
-#define RT_EXTRA_MS 2.0     /* lower-class prefill adds at most this to a step that carries a realtime prompt */
+#define RT_EXTRA_MS 2.0     /* ... and at most this when it rides in one after LOW_STARVE_S without prefill */
+#define LOW_STARVE_S 0.1    /* lower-class prefill stays out of steps that carry a realtime prompt unless it
+                             * had none for this long (under 8x load nearly every step carries one) */
 #define DIP_BRIDGE_S 0.5    /* the degrade watch bridges a dip back across its threshold this short */
 #define HI_MEMORY_S 3.0     /* the high class's peaks (seats, KV) decay with this time constant */
 #define HI_MARGIN 1.25      /* seats and KV kept for the high class: this much over its recent peak */
@@ -106,13 +108,19 @@ void sf_policy_caps(sf_sched *s, int n_decode)
         if (n != INT_MAX) s->cap_low = SF_MAX(min_chunk, n - n_decode);
     }
     s->cap_low = SF_MIN(s->cap_low, s->cap_tokens);
-    /* High-urgency prompts in this step (waiting, or a running one not yet prefilled): lower-class
-     * prefill may add at most RT_EXTRA_MS to the step, as the model predicts (at least one small
-     * chunk), so the step that brings realtime its first token is not stretched by batch prompts
-     * (their floors are about decode, which is not held back). */
+    /* High-urgency prompts in this step (waiting, or a running one not yet prefilled): the step
+     * that brings realtime its first token carries no lower-class prompt (their floors are about
+     * decode, which is not held back), so it is as short at 8x as at 1x. Lower-class prefill
+     * runs in the steps without one; only when it had none for LOW_STARVE_S (a realtime prompt in
+     * every step) does it ride, adding at most RT_EXTRA_MS as the model predicts (at least one
+     * small chunk), so admitted batch work never stops. */
     if (t_rt < INFINITY && high_prefill_pending(s)) {
-        int extra = s->cm_n >= CM_MIN_STEPS && s->cm_th[1] > 1e-9 ? (int)SF_MIN(RT_EXTRA_MS / s->cm_th[1], 1e9) : 0;
-        s->cap_low = SF_MIN(s->cap_low, SF_MAX(min_chunk, extra));
+        if (s->rt_alone && s->now - s->low_prefill_at < LOW_STARVE_S) {
+            s->cap_low = 0;
+        } else {
+            int extra = s->cm_n >= CM_MIN_STEPS && s->cm_th[1] > 1e-9 ? (int)SF_MIN(RT_EXTRA_MS / s->cm_th[1], 1e9) : 0;
+            s->cap_low = SF_MIN(s->cap_low, SF_MAX(min_chunk, extra));
+        }
     }
     if (s->cap_tokens < s->budget_left) s->budget_left = s->cap_tokens;
     s->low_budget_left = s->cap_low;
@@ -153,6 +161,12 @@ static int hi_seat_claim(const sf_sched *s)
     return c > 0 ? c : 0;
 }
 
+/* KV units kept for the high class: its recent peak with a margin, at least the static reserve. */
+static int hi_keep_units(const sf_sched *s)
+{
+    return SF_MAX(s->reserve_units, (int)ceil(HI_MARGIN * s->hi_units_peak - 1e-9));
+}
+
 int sf_policy_may_admit_low(sf_sched *s, const sf_seq *q, int kind)
 {
     /* Without step shaping the plan is the plain one; with nothing running, whatever q gets is
@@ -168,8 +182,7 @@ int sf_policy_may_admit_low(sf_sched *s, const sf_seq *q, int kind)
         /* admitted once, it must be able to finish without taking what realtime will ask for:
          * a preempted floor misses its rate, and its swap runs inside a realtime step */
         int full = sf_policy_full_units(s, q, kind);
-        int hi = SF_MAX(s->reserve_units, (int)ceil(HI_MARGIN * s->hi_units_peak - 1e-9));
-        if (s->low_reserved_units + full > sf_kv_total_units(s->pool) - hi) {
+        if (s->low_reserved_units + full > sf_kv_total_units(s->pool) - hi_keep_units(s)) {
             s->gate_kv++;
             if (!s->blocked_units) s->blocked_units = full;
             return 0;
@@ -202,28 +215,34 @@ double sf_sched_kv_demand(const sf_sched *s)
  * demand and not the blocks held: under pressure preemption by swap empties blocks within a
  * fraction of a second (the H200 ladder crossed 92% often but never held it 0.54 s), and the
  * sequences it swapped out still need their memory back to finish; so does the rest of every
- * running sequence's length, and the request at the head of the queue that found no room. */
+ * running sequence's length, and the request at the head of the queue that found no room. The
+ * high class counts for what it holds and needs or for the headroom kept for it (its recent peak
+ * with a margin, hi_keep_units), whichever is more: that headroom is as closed to lower classes
+ * as held blocks (admission refuses them for it), so a pool that admits batch work only by
+ * eating into it is a pool under pressure (docs/SCHEDULER.md, "Degrade instead of reject"). */
 static void refresh(sf_sched *s)
 {
     int total = sf_kv_total_units(s->pool);
-    double need = total - s->pool->n_free_units;
+    double need = 0, hi_units = 0;
     int low_res = 0, hi_seats = 0, i8 = 0;
-    double hi_units = 0;
     for (sf_seq *q = s->running.next; q != &s->running; q = q->next) {
         int k = seq_kind(s, q), full = sf_policy_full_units(s, q, k);
+        int n = SF_MAX(full, q->n_blocks * sf_kv_units(k));
         i8 += q->n_blocks > 0 && q->kv_i8_held;
-        need += SF_MAX(0, full - q->n_blocks * sf_kv_units(k));
-        if (q->urgency >= SF_URGENCY_HIGH) hi_units += full, hi_seats++;
-        else low_res += full;
+        if (q->urgency >= SF_URGENCY_HIGH) {
+            hi_units += n, hi_seats++;
+        } else {
+            low_res += full;
+            need += n;
+        }
     }
     for (sf_seq *q = s->waiting.next; q != &s->waiting; q = q->next) {
         int full = sf_policy_full_units(s, q, seq_kind(s, q));
         if (q->urgency >= SF_URGENCY_HIGH) hi_units += full, hi_seats++;
-        if (q->n_preempted > 0) need += full; /* admitted work waiting to resume */
+        else if (q->n_preempted > 0) need += full; /* admitted work waiting to resume */
     }
     if (s->waiting.next == &s->waiting) s->blocked_units = 0;
     need += s->blocked_units;
-    s->kv_demand = total ? need / total : 0;
     s->low_reserved_units = low_res;
     s->n_running_i8 = i8;
     double dt = s->now - s->hi_peak_at;
@@ -234,6 +253,8 @@ static void refresh(sf_sched *s)
     }
     if (hi_seats > s->hi_seats_peak) s->hi_seats_peak = hi_seats;
     if (hi_units > s->hi_units_peak) s->hi_units_peak = hi_units;
+    need += SF_MAX(hi_units, (double)hi_keep_units(s));
+    s->kv_demand = total ? need / total : 0;
 }
 
 static void relax(sf_sched *s, sf_seq *q)

@@ -129,6 +129,9 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
     s->cfg = *c;
     s->pool = pool;
     s->deg_since = s->deg_dip_since = -1;
+    s->low_prefill_at = -INFINITY;
+    const char *ra = getenv("SEMFLOW_SCHED_RT_ALONE");
+    s->rt_alone = !(ra && ra[0] == '0');
     s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
     s->reserve_units = 2 * (int)((double)pool->n_blocks * c->kv_high_reserve);
     list_init(&s->running);
@@ -382,7 +385,10 @@ static int add_item(sf_sched *s, sf_seq *q, int n)
     q->plan_idx = s->plan.n_items++;
     s->plan.n_tokens += n;
     if (n == 1 && it->logits) s->plan.n_decode++;
-    else s->plan.n_prefill += n;
+    else {
+        s->plan.n_prefill += n;
+        if (q->urgency < SF_URGENCY_HIGH) s->low_prefill_at = s->now;
+    }
     s->budget_left -= n;
     return SF_OK;
 }

@@ -176,6 +176,10 @@ typedef struct sf_sched {
     int low_reserved_units;   /* full need of running sequences below high (grows as admission goes) */
     double hi_seats_peak, hi_units_peak, hi_peak_at; /* decaying peaks of what the high class holds or asks */
     int swap_in_low_step;     /* swap-ins below high planned in this step */
+    double low_prefill_at;    /* when prefill below high urgency was last planned (step shaping) */
+    int rt_alone;             /* a step with a realtime prompt holds lower-class prefill out (1, the
+                               * default; SEMFLOW_SCHED_RT_ALONE=0 at init: the earlier rule, up to
+                               * ~2 ms of it in every such step, for comparison on a device) */
     int n_running_i8;         /* running sequences holding INT8 blocks (at the start of the plan) */
     uint64_t gate_seats, gate_kv, gate_floor; /* admissions below high held back, by reason */
 } sf_sched;

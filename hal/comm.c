@@ -72,6 +72,40 @@ int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64
     return c->ops->all_reduce_sum(c, p, (int64_t)rows * cols, dt, stream, err);
 }
 
+static int coll_all_reduce_norm(void *arg, const sf_coll_norm *a, void *stream)
+{
+    sf_comm *c = arg;
+    int rc = c->ops->all_reduce_norm(c, a, stream, &c->coll_err);
+    if (rc) SF_LOGE("%s", c->coll_err.msg);
+    return rc;
+}
+
+int sf_comm_takes_norm(const sf_comm *c, const sf_backend *b, int rows, int64_t cols)
+{
+    return c && c->size > 1 && c->ops->all_reduce_norm && b->ops->collective_norm && c->norm_max_bytes &&
+           c->path != SF_COMM_PATH_NCCL && rows >= c->norm_min_rows && cols <= c->norm_max_cols && cols % 8 == 0 &&
+           sf_dtype_bytes(SF_DT_BF16, (int64_t)rows * cols) <= c->norm_max_bytes;
+}
+
+int sf_comm_all_reduce_norm_buf(sf_comm *c, sf_backend *b, sf_buf *x, sf_buf *res, const sf_weight *w, float eps,
+                                int rows, int64_t cols, sf_buf *out, sf_error *err)
+{
+    int rc;
+    if (sf_comm_takes_norm(c, b, rows, cols)) {
+        c->coll_err.code = SF_OK;
+        c->coll_err.msg[0] = 0;
+        if (!(rc = b->ops->collective_norm(b, x, res, w, eps, rows, out, coll_all_reduce_norm, c))) return SF_OK;
+        if (c->coll_err.code) return sf_err(err, c->coll_err.code, "%s", c->coll_err.msg);
+        return sf_err(err, rc, "rank %d: %s backend: queueing the all-reduce + rmsnorm of %d x %lld failed (logged "
+                      "above)", c->rank, b->ops->name, rows, (long long)cols);
+    }
+    if ((rc = sf_comm_all_reduce_buf(c, b, x, rows, cols, err))) return rc;
+    if ((rc = b->ops->rmsnorm(b, res ? res : x, res ? x : NULL, w, eps, rows, out)))
+        return sf_err(err, rc, "rank %d: %s backend: rmsnorm of %d rows after the all-reduce failed (logged above)",
+                      c ? c->rank : 0, b->ops->name, rows);
+    return SF_OK;
+}
+
 int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv, int rows, int64_t cols,
                            sf_error *err)
 {

@@ -47,6 +47,10 @@ struct sf_comm_ops {
      * gathered logit slices out as whole rows. May be NULL: no such layout on this rank. */
     int (*copy_2d)(sf_comm *c, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                    size_t height, void *stream, sf_error *err);
+    /* The all-reduce fused with the residual add and the RMSNorm after it (hal.h sf_coll_norm),
+     * queued on stream. Called only for messages sf_comm_takes_norm accepts. May be NULL: no
+     * fused kernel (sf_comm_all_reduce_norm_buf runs the all-reduce and the backend's rmsnorm). */
+    int (*all_reduce_norm)(sf_comm *c, const sf_coll_norm *a, void *stream, sf_error *err);
 };
 
 /* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
@@ -82,6 +86,10 @@ struct sf_comm {
      * own path's kernel is always inside. NCCL's destroy and abort wait for every graph that
      * captured its calls to be destroyed: backends' graphs_release comes first (engine/tp.c). */
     int base_in_graph;
+    /* The fused all-reduce + RMSNorm (all_reduce_norm): largest message in bytes (0: off, set at
+     * open; $SEMFLOW_TP_ARNORM=0 keeps it off), widest row, fewest rows it takes. */
+    size_t norm_max_bytes;
+    int norm_max_cols, norm_min_rows;
     /* The message of the last collective that failed inside a backend op (sf_coll_fn). */
     sf_error coll_err;
 };
@@ -113,6 +121,16 @@ int sf_comm_nccl_open(const sf_comm_opts *o, sf_comm **out, sf_error *err);
 /* ---- on backend buffers (what the forward pass calls) ---------------------------------- */
 /* x[0:rows, :] = sum over ranks. c == NULL or size 1: nothing to do. */
 int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64_t cols, sf_error *err);
+/* The all-reduce and the RMSNorm after it: x[0:rows, :] summed over ranks; with res (the
+ * residual stream), res += that sum (x is then scratch); out = rmsnorm(res or x) * w. One
+ * kernel where the communicator and the backend have it and sf_comm_takes_norm accepts the
+ * message, else sf_comm_all_reduce_buf then the backend's rmsnorm (the same values, up to the
+ * order of the norm's fp32 sum). c == NULL or size 1: the rmsnorm alone. Buffers cols wide. */
+int sf_comm_all_reduce_norm_buf(sf_comm *c, sf_backend *b, sf_buf *x, sf_buf *res, const sf_weight *w, float eps,
+                                int rows, int64_t cols, sf_buf *out, sf_error *err);
+/* Whether such a call of rows x cols takes the fused kernel: a function of the communicator's
+ * settings and the backend only, so every rank decides the same way. */
+int sf_comm_takes_norm(const sf_comm *c, const sf_backend *b, int rows, int64_t cols);
 /* recv[rank * rows .. , :] = each rank's send[0:rows, :] (both buffers cols wide). */
 int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv, int rows, int64_t cols,
                            sf_error *err);

@@ -1,4 +1,4 @@
-/* comm_custom.c — the host side of the one-shot peer-memory all-reduce (comm_custom.h):
+/* comm_custom.c — the host side of the peer-memory all-reduce kernels (comm_custom.h):
  * one region of device memory per rank, shared through CUDA IPC, and the kernel's launch. */
 #include "comm_custom.h"
 
@@ -187,6 +187,37 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     return SF_OK;
 }
 
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, void *stream, sf_error *err)
+{
+    if (n->dt != SF_DT_BF16 || n->rows < 1 || n->cols < 8 || n->cols % 8 || n->cols > SF_AR_NORM_MAX_COLS ||
+        (size_t)n->rows * n->cols * 2 > a->buf_bytes)
+        return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce + rmsnorm of %lld x %lld %s: it takes bf16 "
+                      "rows of a multiple of 8 up to %d values, up to %zu bytes", a->rank, (long long)n->rows,
+                      (long long)n->cols, sf_dtype_name(n->dt), SF_AR_NORM_MAX_COLS, a->buf_bytes);
+    sf_k_arn k;
+    memset(&k, 0, sizeof k);
+    for (int i = 0; i < a->size; i++) k.region[i] = a->region[i];
+    k.x = n->x;
+    k.res = n->res;
+    k.w = n->w;
+    k.out = n->out;
+    k.rows = n->rows;
+    k.cols = (int)n->cols;
+    k.eps = n->eps;
+    k.push_off = sf_k_ar_push_off(a->buf_bytes, a->ll_bytes, a->size);
+    k.push_bytes = a->buf_bytes;
+    k.rank = a->rank;
+    k.size = a->size;
+    k.timeout_ns = a->timeout_ns;
+    k.err = a->err_d;
+    int e = sf_k_allreduce_norm(&k, (cudaStream_t)stream);
+    if (e)
+        return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce + rmsnorm of %lld x %lld: launch: %s (buffers "
+                      "16-byte aligned?)", a->rank, (long long)n->rows, (long long)n->cols,
+                      cudaGetErrorString((cudaError_t)e));
+    return SF_OK;
+}
+
 int sf_ar_custom_failed(const sf_ar_custom *a)
 {
     return a ? (int)*(volatile unsigned *)a->err_h : 0;
@@ -205,6 +236,10 @@ size_t sf_ar_custom_cap(const sf_ar_custom *a) { return 0; }
 size_t sf_ar_custom_ll_cap(const sf_ar_custom *a) { return 0; }
 const char *sf_ar_custom_gpus(const sf_ar_custom *a) { return ""; }
 int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err)
+{
+    return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
+}
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, void *stream, sf_error *err)
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }

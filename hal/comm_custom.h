@@ -1,4 +1,4 @@
-/* comm_custom.h — the one-shot all-reduce over peer memory, for the NCCL communicator
+/* comm_custom.h — the all-reduce over peer memory (one-shot, LL, fused with RMSNorm), for the NCCL communicator
  * (comm_nccl.c). Internal to hal/. See kernels/cuda/allreduce.h for the protocol.
  *
  * Setup is collective: every rank calls sf_ar_custom_open in the same order with the same
@@ -35,6 +35,11 @@ typedef enum sf_ar_kernel { SF_AR_ONESHOT = 0, SF_AR_LL = 1 } sf_ar_kernel;
  * cap for SF_AR_LL) on stream with that kernel. Every rank must pass the same kernel for a
  * call. Returns SF_OK or an error with the rank in the message. */
 int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err);
+/* Queues the all-reduce fused with the residual add and RMSNorm (kernels/cuda/allreduce.h
+ * sf_k_arn) of a: rows * cols * 2 <= cap, cols a multiple of 8 up to SF_AR_NORM_MAX_COLS,
+ * pointers 16-byte aligned. */
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, void *stream, sf_error *err);
+#define SF_AR_NORM_MAX_COLS 16384 /* SF_ARN_MAX_COLS */
 /* 0, or 1 + the rank a kernel gave up waiting for (its timeout passed). */
 int sf_ar_custom_failed(const sf_ar_custom *a);
 

@@ -325,6 +325,15 @@ static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void 
                      "ncclAllReduce", err);
 }
 
+static int nccl_all_reduce_norm(sf_comm *c, const sf_coll_norm *a, void *stream, sf_error *err)
+{
+    int rc = check(c, err);
+    if (rc) return rc;
+    if (!NC(c)->ar) return sf_err(err, SF_EUNSUPPORTED, "rank %d: all-reduce + rmsnorm without peer memory", c->rank);
+    if ((rc = sf_ar_custom_run_norm(NC(c)->ar, a, stream, err))) return fail(c, err, "%s", err->msg);
+    return SF_OK;
+}
+
 static int nccl_all_gather(sf_comm *c, const void *send, void *recv, size_t bytes, void *stream, sf_error *err)
 {
     int rc = check(c, err);
@@ -535,6 +544,13 @@ static int custom_setup(sf_comm *c, sf_error *err)
     if (rc) return sf_err(err, rc, "%s", e2.msg);
     c->custom_cap_bytes = sf_ar_custom_cap(x->ar);
     c->ll_cap_bytes = sf_ar_custom_ll_cap(x->ar);
+    /* the fused all-reduce + rmsnorm: on unless SEMFLOW_TP_ARNORM=0; from
+     * $SEMFLOW_TP_ARNORM_MIN_ROWS rows (default 2: one row keeps LL and the GEMV's own norm) */
+    const char *an = getenv("SEMFLOW_TP_ARNORM"), *amr = getenv("SEMFLOW_TP_ARNORM_MIN_ROWS");
+    long min_rows = amr ? strtol(amr, NULL, 10) : 2;
+    c->norm_max_bytes = an && !strcmp(an, "0") ? 0 : c->custom_cap_bytes;
+    c->norm_max_cols = SF_AR_NORM_MAX_COLS;
+    c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 2;
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won
      * at every size up to 512 KiB on the H200 pair (docs/PERFORMANCE.md) */
     const char *ll = getenv("SEMFLOW_TP_LL");
@@ -546,6 +562,7 @@ static const struct sf_comm_ops nccl_ops = {
     .all_reduce_sum = nccl_all_reduce,
     .all_gather = nccl_all_gather,
     .copy_2d = nccl_copy_2d,
+    .all_reduce_norm = nccl_all_reduce_norm,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
     .abort = nccl_abort,

@@ -136,6 +136,19 @@ typedef struct sf_weight_desc {
  * recorded work again without calling fn. */
 typedef int (*sf_coll_fn)(void *arg, void *data, int64_t n, sf_dtype dt, void *stream);
 
+/* The all-reduce fused with the residual add and the RMSNorm after it (collective_norm): x is
+ * summed over the ranks; with res, res += the sum (x is then scratch); out = rmsnorm(res or x)
+ * * w, rounded as the backend's rmsnorm op. Every buffer is [rows, cols] contiguous, w [cols];
+ * addresses are the backend's memory. */
+typedef struct sf_coll_norm {
+    void *x, *res, *out;
+    const void *w;
+    int64_t rows, cols;
+    float eps;
+    sf_dtype dt;
+} sf_coll_norm;
+typedef int (*sf_coll_norm_fn)(void *arg, const sf_coll_norm *a, void *stream);
+
 /* ---- sampling on the backend ------------------------------------------------------ */
 /* What the sample op needs of one logit row. The op draws one token id per row so that only
  * ids cross to the host. Semantics (identical on every backend; kernels/cpu/sample.c is the
@@ -237,6 +250,12 @@ struct sf_backend_ops {
      * collectives. An op equal to the recorded one (same fn, arg, buffer and n) is replayed
      * from the graph without calling fn. May be NULL: the communicator uses buf_raw. */
     int (*collective)(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn, void *arg);
+    /* Queue fn(arg, {x, res, out, w, ...}, stream) as one op of the step, as collective does:
+     * the all-reduce + residual add + RMSNorm of sf_coll_norm over `rows` rows of x (res may be
+     * NULL; x, res and out as wide as w). May be NULL: the communicator then runs the
+     * all-reduce and the backend's rmsnorm. */
+    int (*collective_norm)(sf_backend *b, sf_buf *x, sf_buf *res, const sf_weight *w, float eps, int rows,
+                           sf_buf *out, sf_coll_norm_fn fn, void *arg);
     /* Drops the recorded step graphs (later steps capture them again). Called before a
      * communicator whose calls a graph may hold is destroyed or aborted: NCCL waits for every
      * graph that captured its calls to be destroyed first. May be NULL. */

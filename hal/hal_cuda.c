@@ -182,7 +182,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
     int64_t n = gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
-                    ? r->n[1] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
+                    ? r->n[1] : r->kind == SF_OP_COLL_NORM ? r->n[0] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
                     : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2])
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
     for (int i = 0; i < c->n_prof; i++) {
@@ -196,7 +196,8 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
-                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc" };
+                                   "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
+                                   "coll_norm" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -1083,6 +1084,24 @@ static int cuda_collective(sf_backend *b, sf_buf *buf, int64_t n, sf_coll_fn fn,
     return submit(CTX(b), &r, 1, "collective");
 }
 
+/* For the communicator: the all-reduce + residual add + RMSNorm as one op of the step. */
+static int cuda_collective_norm(sf_backend *b, sf_buf *x, sf_buf *res, const sf_weight *w, float eps, int rows,
+                                sf_buf *out, sf_coll_norm_fn fn, void *arg)
+{
+    int64_t d = w->rows * w->cols;
+    if (rows < 1 || x->cols != d || out->cols != d || rows > x->rows || rows > out->rows ||
+        (res && (res->cols != d || rows > res->rows)))
+        return op_fail(SF_EINVAL, "collective_norm", "buffers must be as wide as the norm weight, with the rows");
+    sf_op_rec r = { 0 };
+    r.kind = SF_OP_COLL_NORM;
+    r.p[0] = x->d; r.p[1] = res ? res->d : NULL; r.p[2] = w->d; r.p[3] = out->d;
+    r.n[0] = rows; r.n[1] = d;
+    r.f = eps;
+    r.coll_norm = fn;
+    r.coll_arg = arg;
+    return submit(CTX(b), &r, 1, "collective_norm");
+}
+
 /* Before a communicator whose calls the graphs may hold goes away. */
 static void cuda_graphs_release(sf_backend *b)
 {
@@ -1118,6 +1137,7 @@ static const struct sf_backend_ops cuda_ops = {
     .host_alloc = cuda_host_alloc,
     .host_free = cuda_host_free,
     .collective = cuda_collective,
+    .collective_norm = cuda_collective_norm,
     .graphs_release = cuda_graphs_release,
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,

@@ -44,6 +44,11 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
         return sf_k_get_rows(r->p[0], n[0], r->p[1], (int)n[1], n[2], (uint16_t *)r->p[2], n[3], s);
     case SF_OP_COLL:
         return r->coll(r->coll_arg, (void *)r->p[0], n[0], SF_DT_BF16, s) ? SF_K_COLL_FAILED : 0;
+    case SF_OP_COLL_NORM: {
+        sf_coll_norm a = { .x = (void *)r->p[0], .res = (void *)r->p[1], .w = r->p[2], .out = (void *)r->p[3],
+                           .rows = n[0], .cols = n[1], .eps = r->f, .dt = SF_DT_BF16 };
+        return r->coll_norm(r->coll_arg, &a, s) ? SF_K_COLL_FAILED : 0;
+    }
     case SF_OP_GEMV_NORM:
         return sf_k_gemv_norm(r->p[0], r->p[1], r->f, r->p[2], r->p[3], (int)n[0], (int)n[1], (int)n[2],
                               (uint16_t *)r->p[4], s);

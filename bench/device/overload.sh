@@ -4,21 +4,28 @@
 # Usage (repo root of a prebuilt tree, on the GPU host): OUT=DIR sh bench/device/overload.sh
 # Serves a Llama-3-8B-shaped model with dummy bf16 weights (config.json written here, a Llama
 # tokenizer from $SF_TESTDATA/tinyllama-1.1b-chat-v1.0, else the demo model's; the vocabulary is
-# the tokenizer's, see below), measures 1x with
-# a short search (priorities on, SLO TTFT 300 ms and 50 tokens/s), then runs 1x, 8x, 4x, 2x with
+# the tokenizer's, see below), checks 1x = 48 req/s with a 5 s run (priorities on, SLO TTFT
+# 300 ms and 50 tokens/s; SEARCH_RATES below) after a 4 s warm-up at 384
+# req/s (8x of the 48 req/s found before: the first steps at each decode batch size up to the
+# seat limit time GEMM candidates and capture graphs, which made the first second of call 3's
+# 8x run steps of 96-184 ms), then runs 1x, 8x, 4x, 2x with
 # priorities on and off (bench/overload/h200/*.json) through bench/overload/run.sh, which watches
 # /metrics (KV usage and demand, degrade decisions) during each run; 4x and 8x run 16 s so that
-# KV pressure can outlast the default 5 s degrade hold; before each run the server is given up to
+# KV pressure can outlast the default 5 s degrade hold, and 1x too (the base of the realtime
+# TTFT rise: ~570 realtime requests instead of ~290 for its P95); before each run the server is given up to
 # 7 s to leave a degraded state the run before left (so decisions are counted in the run that made
 # them). The KV pool is held to 1024 blocks (16k tokens, 2 GiB) and the seats to 256, so that at
 # 8x the KV pool, not the seats, is what the high class's headroom leaves short and the degrade
 # path can be seen. Then
 # the INT8 KV quality cost (`semflow bench kv-quality`, Llama-3-8B dummy preset) and the step
-# trace summarised per run (bench/overload/trace_summary.py).
+# trace summarised per run (bench/overload/trace_summary.py), and, as time allows, 1x and 8x with
+# priorities again on a second server with SEMFLOW_SCHED_RT_ALONE=0 (the earlier realtime-step rule).
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md,
 # kv-quality.json); the last thing printed is one line per run. Exit 77: no GPU or no binary here.
-# Env: SEARCH_RATES ("12 24 48 96"), DURATION (8 s per run), LONG_DURATION (16 s at 4x and 8x),
-# LEVELS ("1 8 4 2"), BUDGET_S (250 for the ladder; the whole script stays under 300 s).
+# Env: SEARCH_RATES ("48": 1x held fixed at what the search over 12 / 24 / 48 / 72 / 96 req/s found
+# on this device in call 3 of 2026-11-30, so that ladders of different commits share one base; the
+# 5 s run at 48 says whether it still holds; give "12 24 48 96" to search again), WARMUP_RATE (384), RIDE (1: the comparison run, below), DURATION (8 s per run), LONG_DURATION (16 s at 1x, 4x and 8x: 1x is the base of the rise),
+# LEVELS ("1 8 4 2"), BUDGET_S (215 for the ladder; the whole script stays under 300 s).
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to a folder for the results}
@@ -71,10 +78,11 @@ else
 fi
 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
 SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 256 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
-SEARCH_RATES=${SEARCH_RATES-12 24 48 96} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
-LONG_LEVELS="4 8" LONG_DURATION=${LONG_DURATION:-16} \
-DEADLINE=${BUDGET_S:-250} READY_TIMEOUT=90 WARMUP_S=3 SETTLE_S=7 \
-    timeout -k 5 "${BUDGET_S:-250}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
+SEARCH_RATES=${SEARCH_RATES-48} SEARCH_DURATION=5 DURATION=${DURATION:-8} LEVELS=${LEVELS:-1 8 4 2} \
+LONG_LEVELS="1 4 8" LONG_DURATION=${LONG_DURATION:-16} \
+DEADLINE=${BUDGET_S:-215} READY_TIMEOUT=90 WARMUP_S=4 WARMUP_SCEN=bench/overload/h200/on-8x.json \
+WARMUP_RATE=${WARMUP_RATE:-384} SETTLE_S=7 \
+    timeout -k 5 "${BUDGET_S:-215}" sh bench/overload/run.sh "$D" >"$D/run.log" 2>&1
 rc=$?
 tail -n 40 "$D/run.log"
 grep -E "error|warn" "$D/serve.log" | tail -5
@@ -86,9 +94,29 @@ if [ "$left" -ge 20 ]; then
 else
     echo "overload: kv-quality skipped: $left s left"
 fi
+# The comparison for the realtime-step rule: the same server with SEMFLOW_SCHED_RT_ALONE=0 (batch
+# prefill up to ~2 ms in every step that carries a realtime prompt, the rule before), priorities
+# on, 1x and 8x at the 1x found above, after its own warm-up; in $D/ride/.
+left=$((285 - ($(date +%s) - T0)))
+if [ "${RIDE:-1}" = 1 ] && [ "$left" -ge 55 ] && [ -s "$D/sustained_rate" ]; then
+    SEMFLOW_SCHED_RT_ALONE=0 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
+    SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 256 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
+    SEARCH_RATES="" RATE_1X="$(cat "$D/sustained_rate")" DURATION=${DURATION:-8} LEVELS="1 8" MODES=on \
+    LONG_LEVELS="8" LONG_DURATION=${LONG_DURATION:-16} DEADLINE=$((left - 8)) READY_TIMEOUT=60 WARMUP_S=3 \
+    WARMUP_SCEN=bench/overload/h200/on-8x.json WARMUP_RATE=${WARMUP_RATE:-384} SETTLE_S=5 \
+        timeout -k 5 $((left - 5)) sh bench/overload/run.sh "$D/ride" >"$D/ride.log" 2>&1
+    echo "overload: comparison run (SEMFLOW_SCHED_RT_ALONE=0) rc=$?"
+else
+    echo "overload: comparison run (SEMFLOW_SCHED_RT_ALONE=0) skipped: $left s left"
+fi
 grep -E "^(FAIL|  swap of)" "$D/swap_copy.log" 2>/dev/null
-echo "---- step trace per run (rt = steps carrying realtime tokens) ----"
+echo "---- step trace per run (rt = steps carrying realtime tokens; alone = realtime prompt, batch prefill held out) ----"
 python3 bench/overload/trace_summary.py "$D" 2>&1
+if [ -s "$D/ride/trace.tsv" ]; then
+    echo "---- the same with SEMFLOW_SCHED_RT_ALONE=0 (batch prefill rides beside realtime prompts) ----"
+    python3 bench/overload/trace_summary.py "$D/ride" 2>&1 | grep -E "^(run|on-)"
+    python3 bench/overload/plot.py "$D/ride" --no-png --short 2>&1 | grep -E "^(prio|on|realtime)"
+fi
 python3 - "$D/kv-quality.json" <<'PY' 2>/dev/null || true
 import json, sys
 j = json.load(open(sys.argv[1]))

@@ -104,6 +104,12 @@ def short(outdir, runs, rate):
                 mode, "%dx" % level, f(rt, "ttft"), f(rt, "itl"), cr(rt), cr(bt), tps(bt), rep["all"]["failed"],
                 "%.1f%%" % (100 * kv) if kv is not None else "-", "%.1f%%" % (100 * dem) if dem is not None else "-",
                 "yes" if w.get("degraded_seen") else "no", d.get("relax", 0), d.get("kv_int8", 0)))
+    lo, hi = runs["on"].get(1), runs["on"].get(max(runs["on"], default=1))
+    a, b = cls(lo, "realtime-chat") if lo else None, cls(hi, "realtime-chat") if hi else None
+    if a and b and a["ttft"]["n"] and b["ttft"]["n"] and a["ttft"]["p95_ms"] > 0 and hi is not lo:
+        rows.append("realtime TTFT P95 with priorities, 1x -> %dx: %.0f -> %.0f ms (%+.0f%%; goal <= +10%%)" % (
+            max(runs["on"]), a["ttft"]["p95_ms"], b["ttft"]["p95_ms"],
+            100.0 * (b["ttft"]["p95_ms"] / a["ttft"]["p95_ms"] - 1)))
     return "\n".join(rows) + "\n"
 
 

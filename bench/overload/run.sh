@@ -26,8 +26,11 @@
 #      QUEUE_LIMIT (per-lane queue before 429, 16), SLO (the scenario's), GOOD_SHARE (0.9),
 #      SEARCH_RATES ("1 2 4 8 16" for cpu, "" for h200), RATE_1X, SEARCH_DURATION (12), DURATION (the
 #      scenario's), LEVELS ("1 2 4 8"), LONG_LEVELS (levels run for LONG_DURATION s instead, so that
-#      KV pressure can outlast the degrade hold; "" none), SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
-#      WARMUP_S (0: none; else a run of that long at the scenario's 1x before anything is measured),
+#      KV pressure can outlast the degrade hold; "" none), MODES ("on off": which of each level run),
+#      SEED (1), DEADLINE (0), READY_TIMEOUT (s, 300),
+#      WARMUP_S (0: none; else a run of that long before anything is measured, of WARMUP_SCEN at
+#      WARMUP_RATE req/s: by default the scenario's 1x file and rate; a warm-up at the top level
+#      reaches the batch sizes the ladder will, whose first steps time GEMM paths and capture graphs),
 #      SETTLE_S (0: none; else before each ladder run, wait up to that long for the degraded state to end).
 set -e
 cd "$(dirname "$0")/../.."
@@ -115,9 +118,11 @@ print("%.3f" % (a["goodput"] * r["duration_s"] / a["issued"] if a["issued"] else
 held() { python3 -c "import sys; sys.exit(0 if $1 >= $GOOD_SHARE else 1)"; }
 left() { [ "$DEADLINE" -le 0 ] && echo 1000000 || echo $((DEADLINE - ($(date +%s) - T0))); }
 
-if [ "${WARMUP_S:-0}" -gt 0 ]; then  # first steps of new shapes (CUDA graph captures) stay out of the figures
-    loadgen "$SCEN/on-1x.json" "$(field "$SCEN/on-1x.json" rate)" "$WARMUP_S" warmup
-    echo "warm-up: $WARMUP_S s at the scenario's 1x"
+if [ "${WARMUP_S:-0}" -gt 0 ]; then  # first steps of new shapes (GEMM tuning, graph captures) stay out of the figures
+    WARMUP_SCEN=${WARMUP_SCEN:-$SCEN/on-1x.json}
+    WARMUP_RATE=${WARMUP_RATE:-$(field "$WARMUP_SCEN" rate)}
+    loadgen "$WARMUP_SCEN" "$WARMUP_RATE" "$WARMUP_S" warmup
+    echo "warm-up: $WARMUP_S s of $(basename "$WARMUP_SCEN") at $WARMUP_RATE req/s"
 fi
 best=""
 miss=""
@@ -143,7 +148,7 @@ echo "$best" >"$OUT/sustained_rate"
 echo "1x = $best req/s"
 
 for l in $LEVELS; do
-    for mode in on off; do
+    for mode in ${MODES:-on off}; do
         if [ "$(left)" -lt $((DURATION + 20)) ]; then
             echo "run.sh: $(left) s left before the deadline: $mode-${l}x skipped"
             continue

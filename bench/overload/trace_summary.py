@@ -6,7 +6,8 @@
 Reads OUTDIR/trace.tsv (one line per engine step) and, for every OUTDIR/<run>.metrics.json that
 watch.py wrote with the engine's step numbers at the start and end of the run (steps_range),
 the trace lines of that run. Per run: steps, steps carrying realtime (high-urgency) tokens and
-their time (P50 / P95 / max ms), preemptions planned in those steps, KV blocks swapped before
+their time (P50 / P95 / max ms), steps planned for a realtime prompt with lower-class prefill
+held out ("alone": cap_low 0) and the other steps with prefill (their time), preemptions planned in those steps, KV blocks swapped before
 them and the longest swap time, the KV demand peak and the longest stretch above the degrade
 threshold (0.92; dips under 0.5 s bridged, as the policy does), degrade transitions, and the most sequences running with INT8 KV.
 """
@@ -47,6 +48,13 @@ def summarise(rows, prev_preempt):
     out["rt_step_ms_p50"] = pct([r["step_ms"] for r in rt], 0.5)
     out["rt_step_ms_p95"] = pct([r["step_ms"] for r in rt], 0.95)
     out["rt_step_ms_max"] = max([r["step_ms"] for r in rt], default=float("nan"))
+    # steps planned for a realtime prompt with lower-class prefill held out (cap_low 0: the rule of
+    # docs/SCHEDULER.md, "Realtime prompts first, alone"), and the other steps with prefill
+    rtp = [r["step_ms"] for r in rows if r.get("cap_low", -1) == 0]
+    oth = [r["step_ms"] for r in rows if r.get("cap_low", -1) != 0 and r["prefill"] > 0]
+    out["rt_alone_steps"] = len(rtp)
+    out["rt_alone_ms_p50"], out["rt_alone_ms_p95"] = pct(rtp, 0.5), pct(rtp, 0.95)
+    out["other_prefill_ms_p50"], out["other_prefill_ms_p95"] = pct(oth, 0.5), pct(oth, 0.95)
     pre_rt = pre_all = 0
     last = prev_preempt
     for r in rows:
@@ -109,12 +117,15 @@ def main():
         before = [r for r in rows if r["step"] <= lo]
         runs[name] = summarise(sel, before[-1]["preemptions"] if before else None)
     order = sorted(runs, key=lambda n: (not n.startswith(("on", "off")), n.split("-")[-1].rjust(4), n))
-    print("%-10s %6s %6s %16s %8s %8s %8s %8s %8s %6s %6s" % (
-        "run", "steps", "rt", "rt ms p50/95/max", "preempt", "pre@rt", "swap@rt", "swapms", "demand", ">92%s", "deg/i8"))
+    print("%-10s %6s %6s %16s %13s %10s %8s %8s %8s %8s %8s %6s %6s" % (
+        "run", "steps", "rt", "rt ms p50/95/max", "alone n p50/95", "pf p50/95", "preempt", "pre@rt", "swap@rt",
+        "swapms", "demand", ">92%s", "deg/i8"))
     for n in order:
         s = runs[n]
-        print("%-10s %6d %6d %16s %8d %8d %8d %8.1f %7.1f%% %6.1f %6s" % (
+        print("%-10s %6d %6d %16s %13s %10s %8d %8d %8d %8.1f %7.1f%% %6.1f %6s" % (
             n, s["steps"], s["rt_steps"], "%.0f/%.0f/%.0f" % (s["rt_step_ms_p50"], s["rt_step_ms_p95"], s["rt_step_ms_max"]),
+            "%d %.0f/%.0f" % (s["rt_alone_steps"], s["rt_alone_ms_p50"], s["rt_alone_ms_p95"]),
+            "%.0f/%.0f" % (s["other_prefill_ms_p50"], s["other_prefill_ms_p95"]),
             s["preemptions"], s["preemptions_in_rt_steps"], s["swap_blocks_in_rt_steps"], s["swap_ms_max_in_rt_steps"],
             100 * s["kv_demand_peak"], s["kv_demand_above_s"], "%d/%d" % (s["degrade_transitions"], s["running_i8_max"])))
     if "--json" in sys.argv:

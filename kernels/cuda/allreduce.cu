@@ -1,5 +1,5 @@
-/* allreduce.cu — all-reduce of bf16 messages over peer memory: one-shot and LL kernels (see
- * allreduce.h). */
+/* allreduce.cu — all-reduce of bf16 messages over peer memory: one-shot and LL kernels, and
+ * the all-reduce fused with the residual add and RMSNorm (see allreduce.h). */
 #include "allreduce.h"
 #include "common.cuh"
 
@@ -7,6 +7,8 @@ typedef struct ar_sig {
     unsigned flag[SF_AR_BLOCKS][SF_AR_MAX_RANKS]; /* [block][from rank]: written by that rank */
     unsigned count[SF_AR_BLOCKS];                 /* this rank's one-shot calls, per block */
     unsigned ll_count[SF_AR_BLOCKS];              /* this rank's LL calls, per block */
+    unsigned nflag[SF_ARN_BLOCKS][SF_AR_MAX_RANKS]; /* the fused kernel's flags, [block][from rank] */
+    unsigned ncount[SF_ARN_BLOCKS];               /* this rank's fused calls, per block */
 } ar_sig;
 
 static_assert(sizeof(ar_sig) <= SF_AR_SIG_BYTES, "signal block too large");
@@ -204,9 +206,163 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
     }
 }
 
-extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
+
+/* Raises this call's flag for block b at every peer (flags[b][rank] of each peer's signal
+ * block, after a system-scope fence) and waits until every peer raised its own at this rank.
+ * Threads [0, size) of the block take part; returns 1 in every thread when a wait timed out. */
+static __device__ int arn_exchange(const sf_k_arn &a, unsigned flag, int *failed_s)
+{
+    ar_sig *self = (ar_sig *)a.region[a.rank];
+    if (threadIdx.x < a.size && threadIdx.x != a.rank) {
+        __threadfence_system();
+        ar_sig *peer = (ar_sig *)a.region[threadIdx.x];
+        st_release_sys(&peer->nflag[blockIdx.x][a.rank], flag);
+        const unsigned *in = &self->nflag[blockIdx.x][threadIdx.x];
+        uint64_t t0 = 0;
+        for (unsigned spins = 0; (int)(ld_acquire_sys(in) - flag) < 0; spins++) {
+            if ((spins & 1023) == 0) {
+                uint64_t t = global_ns();
+                if (!t0) t0 = t;
+                else if (t - t0 > a.timeout_ns) {
+                    *a.err = 1u + threadIdx.x;
+                    __threadfence_system();
+                    *failed_s = 1;
+                    break;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    return *failed_s;
+}
+
+template <int VPT>
+__global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
+{
+    __shared__ unsigned flag_s;
+    __shared__ int failed_s;
+    __shared__ float red[32];
+    ar_sig *self = (ar_sig *)a.region[a.rank];
+    if (threadIdx.x == 0) {
+        flag_s = self->ncount[blockIdx.x] + 1;
+        self->ncount[blockIdx.x] = flag_s;
+        failed_s = 0;
+    }
+    __syncthreads();
+    const unsigned flag = flag_s;
+    const int nv = a.cols / 8;
+    const size_t base = a.push_off + (size_t)(flag & 1) * a.size * a.push_bytes;
+
+    /* 1. push this block's rows to every peer, slot of this rank (all loads, then the stores) */
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        const uint4 *xr = (const uint4 *)(a.x + r * a.cols);
+        uint4 v[VPT];
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i < nv) v[u] = xr[i];
+        }
+        for (int p = 0; p < a.size; p++) {
+            if (p == a.rank) continue;
+            uint4 *dst = (uint4 *)(a.region[p] + base + (size_t)a.rank * a.push_bytes) + r * nv;
+#pragma unroll
+            for (int u = 0; u < VPT; u++) {
+                const int i = threadIdx.x + u * SF_ARN_THREADS;
+                if (i < nv) dst[i] = v[u];
+            }
+        }
+    }
+    __syncthreads();
+
+    /* 2. flags */
+    if (arn_exchange(a, flag, &failed_s)) return;
+
+    /* 3. per row: sum in rank order (the same bits on every rank), residual add, norm */
+    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+        uint4 hv[VPT];
+        float ss = 0.0f;
+        uint4 *xr = (uint4 *)(a.x + r * a.cols), *rr = a.res ? (uint4 *)(a.res + r * a.cols) : NULL;
+#pragma unroll
+        for (int u = 0; u < VPT; u++) { /* loads and sums only: no store yet */
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i >= nv) continue;
+            float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
+            for (int p = 0; p < a.size; p++) /* L2 loads: a peer's line never comes from a stale L1 line */
+                add8(acc, p == a.rank ? xr[i]
+                                      : __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) +
+                                               r * nv + i));
+            bf162 *h = (bf162 *)&hv[u];
+            if (rr) {
+                const uint4 rv = rr[i];
+                const bf162 *rh = (const bf162 *)&rv;
+#pragma unroll
+                for (int k = 0; k < 4; k++) {
+                    float2 sm = __bfloat1622float2(__floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]));
+                    float2 o = __bfloat1622float2(rh[k]);
+                    h[k] = __floats2bfloat162_rn(o.x + sm.x, o.y + sm.y);
+                }
+            } else {
+#pragma unroll
+                for (int k = 0; k < 4; k++) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i >= nv) continue;
+            (rr ? rr : xr)[i] = hv[u];
+            const bf162 *h = (const bf162 *)&hv[u];
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 f = __bfloat1622float2(h[k]);
+                ss += f.x * f.x + f.y * f.y;
+            }
+        }
+        ss = block_sum(ss, red);
+        const float inv = rsqrtf(ss / (float)a.cols + a.eps);
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i >= nv) continue;
+            const uint4 wv = ((const uint4 *)a.w)[i];
+            const bf162 *h = (const bf162 *)&hv[u], *wh = (const bf162 *)&wv;
+            uint4 o;
+            bf162 *oh = (bf162 *)&o;
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                float2 f = __bfloat1622float2(h[k]), g = __bfloat1622float2(wh[k]);
+                /* as sf_k_rmsnorm: normalise in fp32, round, then scale */
+                float2 nrm = __bfloat1622float2(__floats2bfloat162_rn(f.x * inv, f.y * inv));
+                oh[k] = __floats2bfloat162_rn(nrm.x * g.x, nrm.y * g.y);
+            }
+            ((uint4 *)(a.out + r * a.cols))[i] = o;
+        }
+    }
+}
+
+extern "C" size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size)
 {
     return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes;
+}
+
+extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
+{
+    return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
+}
+
+extern "C" int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s)
+{
+    if (a->rows <= 0) return 0;
+    const int nv = a->cols / 8, vpt = (nv + SF_ARN_THREADS - 1) / SF_ARN_THREADS;
+    if (a->size < 2 || a->size > SF_AR_MAX_RANKS || a->cols < 8 || a->cols % 8 || a->cols > SF_ARN_MAX_COLS ||
+        (size_t)a->rows * a->cols * 2 > a->push_bytes || ((uintptr_t)a->x & 15) || ((uintptr_t)a->res & 15) ||
+        ((uintptr_t)a->w & 15) || ((uintptr_t)a->out & 15))
+        return (int)cudaErrorInvalidValue;
+    if (vpt <= 1) k_allreduce_norm<1><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
+    else if (vpt <= 2) k_allreduce_norm<2><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
+    else if (vpt <= 4) k_allreduce_norm<4><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
+    else k_allreduce_norm<8><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
+    return sf_launch_status();
 }
 
 extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)

@@ -37,7 +37,10 @@ extern "C" {
 #define SF_AR_MAX_RANKS 8
 #define SF_AR_BLOCKS 64
 #define SF_AR_THREADS 512
-#define SF_AR_SIG_BYTES 4096 /* the signal block at the start of each region */
+#define SF_AR_SIG_BYTES 16384 /* the signal block at the start of each region */
+#define SF_ARN_BLOCKS 256      /* the fused all-reduce + RMSNorm kernel's fixed grid */
+#define SF_ARN_THREADS 256
+#define SF_ARN_MAX_COLS 16384  /* widest row it takes (8 vectors of 8 values per thread) */
 
 typedef struct sf_k_ar {
     char *region[SF_AR_MAX_RANKS]; /* every rank's region as mapped in this process (own included) */
@@ -51,11 +54,46 @@ typedef struct sf_k_ar {
     size_t ll_off, ll_bytes;       /* the LL buffers' offset in a region; largest LL message */
 } sf_k_ar;
 
+/* The all-reduce fused with the residual add and the RMSNorm after it (push + flag, rows):
+ *   x[rows, cols] = sum over ranks (res == NULL), or res[rows, cols] += that sum (rounded to
+ *   bf16, x then unspecified); out = bf16(bf16(v * rsqrt(mean(v^2) + eps)) * w) of the summed
+ *   stream v, as sf_k_rmsnorm rounds.
+ * One launch of a fixed grid (SF_ARN_BLOCKS blocks: every block takes part in every call, so
+ * every block's call counter is the call number): block b owns rows b, b + grid, ...; it
+ * writes its rows of the local message with 16-byte stores straight into slot [this rank] of
+ * every peer's push buffer of the call's parity (posted NVLink writes, once), raises its flag
+ * at every peer (fence, system-scope release), waits for every peer's block b, then sums each
+ * row in rank order from the own region (local reads) and norms it in the same block. A rank
+ * that finished call k - 1 saw every peer start call k - 1, so a peer is done reading the
+ * buffers of call k - 2 that call k overwrites. Push buffers: [2 parities][size][push_bytes]
+ * at push_off. cols % 8 == 0, cols <= SF_ARN_MAX_COLS, rows * cols * 2 <= push_bytes, every
+ * pointer 16-byte aligned. */
+typedef struct sf_k_arn {
+    char *region[SF_AR_MAX_RANKS];
+    uint16_t *x;                   /* [rows, cols] this rank's partial sums */
+    uint16_t *res;                 /* NULL, or [rows, cols] the residual stream */
+    const uint16_t *w;             /* [cols] the norm's weight */
+    uint16_t *out;                 /* [rows, cols] */
+    int64_t rows;
+    int cols;
+    float eps;
+    size_t push_off, push_bytes;
+    int rank, size;
+    uint64_t timeout_ns;
+    volatile unsigned *err;
+} sf_k_arn;
+
 /* Bytes of one rank's region: one-shot buffers of buf_bytes each, LL buffers for messages of
- * up to ll_bytes from `size` ranks. The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes. */
+ * up to ll_bytes from `size` ranks, then the fused kernel's push buffers (buf_bytes per rank
+ * and parity). The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes, the push buffers at
+ * sf_k_ar_push_off. */
 size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size);
+size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size);
 /* Queues the one-shot all-reduce on s (see the top). Returns the launch's cudaError_t. */
 int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s);
+/* Queues the fused all-reduce + residual add + RMSNorm (above); cudaErrorInvalidValue for
+ * shapes or pointers it does not take. */
+int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s);
 
 #ifdef __cplusplus
 }

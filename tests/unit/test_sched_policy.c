@@ -258,9 +258,15 @@ TEST(degrade_reads_demand)
     sf_sched_remove(&w.s, b);
     sf_sched_remove(&w.s, a);
     sf_sched_tick(&w.s, 7.0);
-    CHECK_MSG(sf_sched_kv_demand(&w.s) == 0, "demand %.3f with nothing in", sf_sched_kv_demand(&w.s));
+    /* with nothing in, what is left is the headroom kept for the high class: 1.25 x its peak
+     * (31 blocks = 62 units at 6.1 s) decayed for 0.9 s (3 s time constant), of 200 units */
+    double keep = ceil(1.25 * 62 * exp(-0.9 / 3.0) - 1e-9) / 200;
+    CHECK_MSG(fabs(sf_sched_kv_demand(&w.s) - keep) < 1e-6, "demand %.4f with nothing in, want the high headroom %.4f",
+              sf_sched_kv_demand(&w.s), keep);
     sf_sched_tick(&w.s, 12.1);
     CHECK(!w.s.degraded && w.s.decisions[SF_DECISION_RESTORE] == 1);
+    sf_sched_tick(&w.s, 40.0);
+    CHECK_MSG(sf_sched_kv_demand(&w.s) < 0.01, "demand %.3f once the peak has decayed", sf_sched_kv_demand(&w.s));
     world_free(&w);
 }
 
@@ -375,6 +381,97 @@ TEST(degrade_hold_bridges_short_dips)
     }
 }
 
+/* The headroom kept for the high class is demand: a pool whose lower-class admissions are
+ * refused for it is under pressure even with few blocks held, so sustained overload degrades
+ * and the refused low request is then admitted on INT8 KV (half the units) instead. */
+TEST(degrade_counts_high_headroom)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8, .degrade_high = 0.92f,
+                          .degrade_low = 0.80f, .degrade_hold_s = 5.0, .relax_ms = 2000, .kv_i8_ok = 1 };
+    REQUIRE(world_init(&w, 100, 8, 4096, &c) == 0, "init");
+    sf_kv_pool_enable_i8(&w.pool);
+    train(&w.s, 2.0, 0.01);
+    sf_seq *h = add(&w, SF_URGENCY_HIGH, 600, 400, 0, 0);
+    h->max_len = 40 * 16; /* ~40-43 blocks (80-86 units) while it decodes: 1.25 x that kept of 200 */
+    step_at(&w, 0.0);
+    sf_seq *lo = add(&w, SF_URGENCY_LOW, 40 * 16, 0, 0, 0.01);
+    lo->max_len = 60 * 16; /* 60 blocks (120 units) do not fit beside the high class's headroom */
+    double t = 0.01;
+    for (; t < 5.0; t += 0.1) step_at(&w, t);
+    CHECK_MSG(lo->state == SF_SEQ_WAITING && w.s.gate_kv >= 1, "low %d, KV refusals %llu", lo->state,
+              (unsigned long long)w.s.gate_kv);
+    CHECK_MSG(sf_sched_kv_usage(&w.s) < 0.45 && sf_sched_kv_demand(&w.s) > 0.92, "held %.3f, demand %.3f",
+              sf_sched_kv_usage(&w.s), sf_sched_kv_demand(&w.s));
+    CHECK(!w.s.degraded);
+    for (; t < 6.0 && lo->state == SF_SEQ_WAITING; t += 0.1) step_at(&w, t);
+    CHECK_MSG(w.s.degraded && w.s.decisions[SF_DECISION_RELAX] == 1, "degraded %d, relax %llu at %.1f s",
+              w.s.degraded, (unsigned long long)w.s.decisions[SF_DECISION_RELAX], t);
+    /* in INT8 it needs 60 units: it fits beside the headroom and is admitted instead of refused */
+    CHECK_MSG(lo->state == SF_SEQ_RUNNING && lo->kv_i8_held && w.s.decisions[SF_DECISION_KV_INT8] == 1,
+              "low admitted on INT8: state %d, i8 %d, kv_int8 %llu", lo->state, lo->kv_i8_held,
+              (unsigned long long)w.s.decisions[SF_DECISION_KV_INT8]);
+    world_free(&w);
+}
+
+/* A step that carries a realtime prompt carries no lower-class prompt (lower-class decode rows
+ * stay); lower-class prefill runs in the steps without one, and rides in one only after
+ * 0.1 s without any, as one small chunk. */
+TEST(realtime_step_carries_no_low_prefill)
+{
+    world w;
+    sf_sched_config c = { .shape = 1, .shape_frac = 0.25f, .min_chunk = 8 };
+    REQUIRE(world_init(&w, 1024, 16, 4096, &c) == 0, "init");
+    train(&w.s, 2.0, 0.1); /* 0.1 ms a token: RT_EXTRA_MS (2 ms) is 20 tokens */
+    add(&w, SF_URGENCY_HIGH, 30, 400, 0, 0); /* realtime traffic is present from the start */
+    sf_seq *d = add(&w, SF_URGENCY_LOW, 10, 0, 50.0, 0); /* a low sequence that decodes */
+    sf_seq *lp = add(&w, SF_URGENCY_LOW, 3000, 0, 0, 0); /* a long low prompt */
+    const sf_plan *p = step_at(&w, 0.0); /* no lower prefill ran yet: one small chunk rides */
+    REQUIRE(d->n_computed == 10 && lp->n_computed > 0 && lp->n_computed <= 10, "both admitted (%d, %d)",
+            d->n_computed, lp->n_computed);
+    double t = 0.01;
+    for (int i = 0; i < 3; i++, t += 0.01) {
+        add(&w, SF_URGENCY_HIGH, 30, 400, 0, t);
+        int before = lp->n_computed;
+        p = step_at(&w, t);
+        CHECK_MSG(lp->n_computed == before && p->n_prefill == 30 && p->n_decode >= 2,
+                  "step %d with a realtime prompt: low prompt %d -> %d, prefill %d, decode %d", i, before,
+                  lp->n_computed, p->n_prefill, p->n_decode);
+    }
+    /* no realtime prompt: the low prompt goes on */
+    int before = lp->n_computed;
+    p = step_at(&w, t);
+    CHECK_MSG(lp->n_computed > before + 100, "step without a realtime prompt: low prompt %d -> %d", before, lp->n_computed);
+    /* realtime prompts in every step for more than 0.1 s: then one small chunk rides */
+    int rode = 0, steps = 0;
+    for (t += 0.02; t < 0.5; t += 0.02, steps++) {
+        add(&w, SF_URGENCY_HIGH, 30, 400, 0, t);
+        before = lp->n_computed;
+        step_at(&w, t);
+        int n = lp->n_computed - before;
+        CHECK_MSG(n == 0 || (n >= 8 && n <= 20), "a riding chunk of %d tokens", n);
+        rode += n > 0;
+        if (w.n >= 15) break;
+    }
+    CHECK_MSG(rode >= 1 && rode <= steps / 5 + 1, "low prefill rode in %d of %d realtime steps", rode, steps);
+    world_free(&w);
+    /* SEMFLOW_SCHED_RT_ALONE=0 (rt_alone 0): the earlier rule, a ~2 ms chunk in every such step */
+    REQUIRE(world_init(&w, 1024, 16, 4096, &c) == 0, "init");
+    w.s.rt_alone = 0;
+    train(&w.s, 2.0, 0.1);
+    add(&w, SF_URGENCY_HIGH, 30, 400, 0, 0);
+    lp = add(&w, SF_URGENCY_LOW, 3000, 0, 0, 0);
+    step_at(&w, 0.0);
+    for (int i = 0; i < 3; i++) {
+        add(&w, SF_URGENCY_HIGH, 30, 400, 0, 0.01 * (i + 1));
+        before = lp->n_computed;
+        step_at(&w, 0.01 * (i + 1));
+        CHECK_MSG(lp->n_computed - before == 20, "rt_alone 0: %d low tokens beside the realtime prompt, want 20",
+                  lp->n_computed - before);
+    }
+    world_free(&w);
+}
+
 TEST(bad_policy_config)
 {
     sf_kv_pool pool;
@@ -486,6 +583,8 @@ int main(void)
     RUN(high_keeps_seat_headroom);
     RUN(floor_admitted_only_if_it_can_finish);
     RUN(one_low_swap_in_per_step_beside_realtime);
+    RUN(degrade_counts_high_headroom);
+    RUN(realtime_step_carries_no_low_prefill);
     RUN(bad_policy_config);
     RUN(engine_degrades_under_kv_pressure);
     return test_summary();
