@@ -123,9 +123,10 @@ static inline int sf_engine_in_flight(const sf_engine *e) { return e->fl.active;
  * next). */
 void sf_engine_settle(sf_engine *e);
 /* Before serving, on a backend that makes per-size choices on first use (CUDA: the GEMM
- * tuner): one decode step at each batch size those choices are made for, up to max_num_seqs
- * (every rank under TP), each sequence one token in its own block of the still empty KV pool
- * (n_blocks of them), so that no served step pays for them. */
+ * tuner): one step at each token count those choices are made for, up to 256 (within
+ * max_batched_tokens; and max_num_seqs when larger), every rank under TP; each sequence one
+ * token in its own block of the still empty KV pool (n_blocks of them), logits for up to
+ * max_num_seqs rows; so that no served step pays for them. */
 int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err);
 /* Median and 90th percentile of the decode turns so far, ms (0 without any). */
 void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90);

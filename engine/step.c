@@ -336,7 +336,10 @@ static const int warm_sizes[] = { 16, 24, 32, 48, 64, 96, 128, 192, 256 };
 
 int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err)
 {
-    int max_n = SF_MIN(e->cfg.max_num_seqs, n_blocks), rc = SF_OK, ran = 0;
+    /* steps of up to 256 tokens (decode, or a mix with prefill) use the tuned choices; logit
+     * rows up to max_num_seqs */
+    int max_n = SF_MIN(SF_MIN(SF_MAX(e->cfg.max_num_seqs, 256), e->cfg.max_batched_tokens), n_blocks);
+    int rc = SF_OK, ran = 0;
     int32_t *buf = malloc((size_t)6 * (max_n + 1) * sizeof *buf);
     if (!buf) return sf_err(err, SF_ENOMEM, "engine warm-up: out of memory");
     int32_t *tok = buf, *pos = tok + max_n, *slot = pos + max_n, *start = slot + max_n, *ctx = start + max_n + 1,
@@ -356,10 +359,11 @@ int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err)
             table[s] = s;
         }
         start[n] = n;
+        int L = SF_MIN(n, e->cfg.max_num_seqs);
         sf_batch b = { .n_tokens = n, .n_seqs = n, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
-                       .seq_ctx = ctx, .block_table = table, .max_blocks = 1, .logit_rows = start, .n_logits = n };
+                       .seq_ctx = ctx, .block_table = table, .max_blocks = 1, .logit_rows = start, .n_logits = L };
         if (!e->cfg.host_sampling && sf_forward_can_sample(e->fwd)) {
-            for (int s = 0; s < n; s++)
+            for (int s = 0; s < L; s++)
                 e->rows[s] = (sf_sample_row){ .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
             sf_forward_sample smp = { .rows = e->rows, .ids = e->ids };
             rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, err) : sf_forward_step_sample(e->fwd, &b, &smp, err);
@@ -372,7 +376,7 @@ int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err)
     free(buf);
     if (rc) return sf_err_wrap(err, "engine warm-up");
     if (ran)
-            SF_LOGI("engine: warm-up of %d decode batch sizes up to %d in %.2f s (the backend's per-size choices made "
+            SF_LOGI("engine: warm-up of %d step sizes up to %d tokens in %.2f s (the backend's per-size choices made "
                 "before serving)", ran, max_n, sf_now_s() - t0);
     return SF_OK;
 }
