@@ -5,8 +5,9 @@
  *    the summed stream exact (the values are multiples of 1/4), the normed rows within 1/32
  *    relative (a few bf16 steps: the order of the fp32 sum of squares differs);
  *  - a burst of calls of changing sizes without a host sync (stale flags or buffers show);
- *  - the time per call at decode sizes, fused against the all-reduce then the rmsnorm kernel
- *    (lines `ARNORM rows cols fused_us plain_us` for bench/device/tp.sh).
+ *    all of it twice: with the kernel's LL variant up to its cap, then push + flag only;
+ *  - the time per call at decode sizes, each variant against the all-reduce then the rmsnorm
+ *    kernel (lines `ARNORM rows cols ll_us push_us plain_us` for bench/device/tp.sh).
  * The parent forks the ranks before anything touches CUDA; each rank uses GPU `rank`. */
 #include <dirent.h>
 #include <math.h>
@@ -23,6 +24,7 @@
 #endif
 
 #define RANKS 2
+#define SF_AR_NORM_LL_BYTES_TEST ((size_t)256 << 10) /* the LL variant's cap (hal/comm_custom.h) */
 #define MAX_ROWS 256
 #define MAX_COLS 8192
 
@@ -167,11 +169,14 @@ static double time_calls(rank_ctx *r, int rows, int cols, sf_weight *w, int iter
     return rc ? -1 : (sf_now_s() - t0) * 1e6 / iters;
 }
 
+/* Per size: the fused kernel's LL variant (where it takes the size), its push + flag variant,
+ * and the all-reduce then the rmsnorm; one line `ARNORM rows cols ll push plain` (µs; 0: not
+ * run) from rank 0. */
 static void time_sizes(rank_ctx *r)
 {
-    static const int rows_of[] = { 2, 16, 64, 128, 192, 256 }, cols_of[] = { 4096, 8192 };
+    static const int rows_of[] = { 2, 16, 32, 64, 128, 192, 256 }, cols_of[] = { 4096, 8192 };
     sf_error err = { 0 };
-    size_t keep = r->c->norm_max_bytes;
+    size_t keep = r->c->norm_max_bytes, keep_ll = r->c->norm_ll_max_bytes;
     for (int ci = 0; ci < 2; ci++) {
         sf_weight *w = NULL;
         if (make_weight(r, cols_of[ci], &w, &err)) {
@@ -181,19 +186,22 @@ static void time_sizes(rank_ctx *r)
         }
         for (int ri = 0; ri < (int)SF_ARRAY_LEN(rows_of); ri++) {
             int rows = rows_of[ri], cols = cols_of[ci];
-            if ((size_t)rows * cols * 2 > keep) continue;
-            double us[2];
-            for (int fused = 1; fused >= 0; fused--) { /* the same order on every rank */
-                r->c->norm_max_bytes = fused ? keep : 0;
-                us[fused] = time_calls(r, rows, cols, w, 50, &err);
-                if (us[fused] < 0) {
+            size_t bytes = (size_t)rows * cols * 2;
+            if (bytes > keep) continue;
+            double us[3] = { 0, 0, 0 };
+            for (int v = 0; v < 3; v++) { /* the same order on every rank */
+                if (v == 0 && bytes > SF_AR_NORM_LL_BYTES_TEST) continue;
+                r->c->norm_max_bytes = v < 2 ? keep : 0;
+                r->c->norm_ll_max_bytes = v == 0 ? SF_AR_NORM_LL_BYTES_TEST : 0;
+                us[v] = time_calls(r, rows, cols, w, 50, &err);
+                if (us[v] < 0) {
                     printf("      rank %d: timing %d x %d: %s\n", r->rank, rows, cols, err.msg);
                     r->bad++;
                 }
             }
             r->c->norm_max_bytes = keep;
-            if (r->rank == 0)
-                printf("ARNORM %d %d %.1f %.1f\n", rows, cols, us[1], us[0]);
+            r->c->norm_ll_max_bytes = keep_ll;
+            if (r->rank == 0) printf("ARNORM %d %d %.1f %.1f %.1f\n", rows, cols, us[0], us[1], us[2]);
         }
         r->b->ops->weight_free(r->b, w);
     }
@@ -227,21 +235,27 @@ static int rank_main(int rank, const char *boot)
         return 1;
     }
     if (rank == 0)
-        printf("      fused kernel up to %zu bytes, %d columns, from %d rows (0 bytes: off)\n", r.c->norm_max_bytes,
-               r.c->norm_max_cols, r.c->norm_min_rows);
+        printf("      fused kernel up to %zu bytes (LL up to %zu), %d columns, from %d rows (0 bytes: off)\n",
+               r.c->norm_max_bytes, r.c->norm_ll_max_bytes, r.c->norm_max_cols, r.c->norm_min_rows);
     if (!r.c->norm_max_bytes) {
         printf("      rank %d: the fused kernel is off (no peer memory, or SEMFLOW_TP_ARNORM=0)\n", rank);
         r.bad++;
     }
     static const int rows_of[] = { 1, 2, 3, 17, 64, 100, 128, 192, 255, 256 }, cols_of[] = { 64, 1000, 4096, 5120, 8192 };
     int it = 0;
-    for (int ci = 0; ci < (int)SF_ARRAY_LEN(cols_of) && !r.bad; ci++)
-        for (int ri = 0; ri < (int)SF_ARRAY_LEN(rows_of) && !r.bad; ri++)
-            for (int with_res = 0; with_res < 2 && !r.bad; with_res++)
-                check_case(&r, rows_of[ri], cols_of[ci], with_res, it++);
-    if (!r.bad) check_burst(&r, 4096);
-    if (!r.bad) check_burst(&r, 8192);
-    if (!r.bad && rank == 0) printf("      %d shapes and 2 bursts exact (stream) and within 1/32 (norm)\n", it);
+    size_t keep_ll = r.c->norm_ll_max_bytes;
+    for (int pass = 0; pass < 2 && !r.bad; pass++) { /* LL variant where it applies, then push + flag only */
+        r.c->norm_ll_max_bytes = pass ? 0 : SF_AR_NORM_LL_BYTES_TEST;
+        if (rank == 0) printf("      %s\n", pass ? "push + flag variant at every size" : "LL variant up to 256 KiB");
+        for (int ci = 0; ci < (int)SF_ARRAY_LEN(cols_of) && !r.bad; ci++)
+            for (int ri = 0; ri < (int)SF_ARRAY_LEN(rows_of) && !r.bad; ri++)
+                for (int with_res = 0; with_res < 2 && !r.bad; with_res++)
+                    check_case(&r, rows_of[ri], cols_of[ci], with_res, it++);
+        if (!r.bad) check_burst(&r, 4096);
+        if (!r.bad) check_burst(&r, 8192);
+    }
+    r.c->norm_ll_max_bytes = keep_ll;
+    if (!r.bad && rank == 0) printf("      %d shapes and 4 bursts exact (stream) and within 1/32 (norm)\n", it);
     if (!r.bad) time_sizes(&r);
     r.b->ops->buf_free(r.b, r.x);
     r.b->ops->buf_free(r.b, r.out);
