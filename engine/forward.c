@@ -46,6 +46,8 @@ struct sf_forward {
     sf_buf *gathered;
     float *gather_host;
     sf_buf *rows_full; /* rank 0 with a sampler: [max_logits, size * vocab_pad], whole logit rows */
+    int launching;     /* step(): queue the draw with sample_start (sf_forward_launch_sample) */
+    int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -361,8 +363,13 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         }
         if (smp) {
             op = "sample";
-            rc = o->sample(b, f->rows_full ? f->rows_full : f->logits, bt->n_logits, c->vocab_size, smp->rows, smp->pen,
-                           smp->n_pen, smp->ids);
+            const sf_buf *lg = f->rows_full ? f->rows_full : f->logits;
+            if (f->launching && o->sample_start) {
+                rc = o->sample_start(b, lg, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+                f->draw_pending = rc == SF_OK;
+            } else {
+                rc = o->sample(b, lg, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+            }
             if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
                                                      "%d rows; sample on the host", o->name, bt->n_logits);
             if (rc) goto fail;
@@ -399,6 +406,25 @@ int sf_forward_step_sample(sf_forward *f, const sf_batch *bt, const sf_forward_s
         return sf_err(err, SF_EUNSUPPORTED, "forward step: the %s backend cannot sample%s", OPS(f)->name,
                       f->shard && f->shard->size > 1 ? " on this rank of a split vocabulary" : "");
     return step(f, bt, NULL, s, err);
+}
+
+int sf_forward_launch_sample(sf_forward *f, const sf_batch *bt, const sf_forward_sample *s, sf_error *err)
+{
+    if (f->draw_pending)
+        return sf_err(err, SF_EINVAL, "forward: a step was launched while the draw of the last one was not waited for");
+    f->launching = 1;
+    int rc = sf_forward_step_sample(f, bt, s, err);
+    f->launching = 0;
+    return rc;
+}
+
+int sf_forward_wait_sample(sf_forward *f, sf_error *err)
+{
+    if (!f->draw_pending) return SF_OK; /* the backend drew synchronously in the launch */
+    f->draw_pending = 0;
+    int rc = OPS(f)->sample_wait(f->b);
+    return rc ? sf_err(err, rc, "forward step: waiting for the sampled ids failed on the %s backend (%s; details "
+                       "logged above)", OPS(f)->name, sf_status_str(rc)) : SF_OK;
 }
 
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err)

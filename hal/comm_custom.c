@@ -11,6 +11,9 @@
 
 #include "../kernels/cuda/allreduce.h"
 
+_Static_assert(SF_AR_NORM_MAX_COLS == SF_ARN_MAX_COLS && SF_AR_NORM_LL_BYTES == SF_ARN_LL_BYTES,
+               "comm_custom.h repeats the fused kernel's limits");
+
 struct sf_ar_custom {
     int rank, size, device;
     size_t buf_bytes, ll_bytes;
@@ -19,6 +22,7 @@ struct sf_ar_custom {
     int opened[SF_AR_MAX_RANKS];   /* IPC mappings to close */
     unsigned *err_h, *err_d;       /* mapped host word the kernel reports a timeout in */
     uint64_t timeout_ns;
+    int ll_pdl;                    /* LL launched with PDL (unless $SEMFLOW_TP_LL_PDL=0) */
     char gpus[SF_AR_MAX_RANKS * 20];
 };
 
@@ -96,6 +100,8 @@ int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int time
     a->buf_bytes = (buf_bytes + 15) & ~(size_t)15;
     a->ll_bytes = SF_MIN(a->buf_bytes, SF_AR_LL_BYTES);
     a->timeout_ns = (uint64_t)(timeout_ms > 0 ? timeout_ms : 60000) * 1000000ull;
+    const char *pdl = getenv("SEMFLOW_TP_LL_PDL");
+    a->ll_pdl = !(pdl && !strcmp(pdl, "0"));
     memset(&me, 0, sizeof me);
     me.ok = make_region(a, &me);
     if ((rc = exchange(ctx, &me, sizeof me, all, err))) goto cleanup;
@@ -180,6 +186,7 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     k.ll = ll;
     k.ll_off = SF_AR_SIG_BYTES + 2 * a->buf_bytes;
     k.ll_bytes = a->ll_bytes;
+    k.pdl = ll && a->ll_pdl;
     int e = sf_k_allreduce(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce of %lld values: launch: %s", a->rank, (long long)n,
@@ -187,13 +194,14 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     return SF_OK;
 }
 
-int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, void *stream, sf_error *err)
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int ll, void *stream, sf_error *err)
 {
     if (n->dt != SF_DT_BF16 || n->rows < 1 || n->cols < 8 || n->cols % 8 || n->cols > SF_AR_NORM_MAX_COLS ||
-        (size_t)n->rows * n->cols * 2 > a->buf_bytes)
+        (size_t)n->rows * n->cols * 2 > (ll ? SF_AR_NORM_LL_BYTES : a->buf_bytes))
         return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce + rmsnorm of %lld x %lld %s: it takes bf16 "
                       "rows of a multiple of 8 up to %d values, up to %zu bytes", a->rank, (long long)n->rows,
-                      (long long)n->cols, sf_dtype_name(n->dt), SF_AR_NORM_MAX_COLS, a->buf_bytes);
+                      (long long)n->cols, sf_dtype_name(n->dt), SF_AR_NORM_MAX_COLS,
+                      ll ? SF_AR_NORM_LL_BYTES : a->buf_bytes);
     sf_k_arn k;
     memset(&k, 0, sizeof k);
     for (int i = 0; i < a->size; i++) k.region[i] = a->region[i];
@@ -210,6 +218,9 @@ int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, void *stream, 
     k.size = a->size;
     k.timeout_ns = a->timeout_ns;
     k.err = a->err_d;
+    k.ll = ll;
+    k.ll_off = sf_k_ar_norm_ll_off(a->buf_bytes, a->ll_bytes, a->size);
+    k.ll_bytes = SF_ARN_LL_BYTES;
     int e = sf_k_allreduce_norm(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce + rmsnorm of %lld x %lld: launch: %s (buffers "
@@ -239,7 +250,7 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }
-int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, void *stream, sf_error *err)
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int ll, void *stream, sf_error *err)
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }

@@ -330,7 +330,8 @@ static int nccl_all_reduce_norm(sf_comm *c, const sf_coll_norm *a, void *stream,
     int rc = check(c, err);
     if (rc) return rc;
     if (!NC(c)->ar) return sf_err(err, SF_EUNSUPPORTED, "rank %d: all-reduce + rmsnorm without peer memory", c->rank);
-    if ((rc = sf_ar_custom_run_norm(NC(c)->ar, a, stream, err))) return fail(c, err, "%s", err->msg);
+    int ll = sf_dtype_bytes(SF_DT_BF16, a->rows * a->cols) <= c->norm_ll_max_bytes;
+    if ((rc = sf_ar_custom_run_norm(NC(c)->ar, a, ll, stream, err))) return fail(c, err, "%s", err->msg);
     return SF_OK;
 }
 
@@ -545,9 +546,12 @@ static int custom_setup(sf_comm *c, sf_error *err)
     c->custom_cap_bytes = sf_ar_custom_cap(x->ar);
     c->ll_cap_bytes = sf_ar_custom_ll_cap(x->ar);
     /* the fused all-reduce + rmsnorm: on unless SEMFLOW_TP_ARNORM=0; from
-     * $SEMFLOW_TP_ARNORM_MIN_ROWS rows (default 2: one row keeps LL and the GEMV's own norm) */
-    const char *an = getenv("SEMFLOW_TP_ARNORM"), *amr = getenv("SEMFLOW_TP_ARNORM_MIN_ROWS");
-    long min_rows = amr ? strtol(amr, NULL, 10) : 2;
+     * $SEMFLOW_TP_ARNORM_MIN_ROWS rows (default 2: one row keeps LL and the GEMV's own norm);
+     * its LL variant up to $SEMFLOW_TP_ARNORM_LL_BYTES (default and cap 256 KiB) */
+    const char *an = getenv("SEMFLOW_TP_ARNORM"), *amr = getenv("SEMFLOW_TP_ARNORM_MIN_ROWS"),
+               *all = getenv("SEMFLOW_TP_ARNORM_LL_BYTES");
+    long min_rows = amr ? strtol(amr, NULL, 10) : 2, ll_bytes = all ? strtol(all, NULL, 10) : (long)SF_AR_NORM_LL_BYTES;
+    c->norm_ll_max_bytes = ll_bytes >= 0 ? SF_MIN((size_t)ll_bytes, SF_AR_NORM_LL_BYTES) : SF_AR_NORM_LL_BYTES;
     c->norm_max_bytes = an && !strcmp(an, "0") ? 0 : c->custom_cap_bytes;
     c->norm_max_cols = SF_AR_NORM_MAX_COLS;
     c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 2;

@@ -292,6 +292,15 @@ struct sf_backend_ops {
      * pen. May be NULL: the backend has no sampler. */
     int (*sample)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
                   const sf_sample_pen *pen, int n_pen, int32_t *ids);
+    /* The sample op in two halves, so that the host can work while the device runs the step:
+     * sample_start takes sample's arguments, makes its checks and answers as it does (SF_OK,
+     * SF_EUNSUPPORTED, SF_EINVAL) but returns once the draw and the copy of the ids are queued;
+     * sample_wait waits for them and writes the ids to the `ids` given to sample_start (which
+     * must stay valid until then). After a successful sample_start the next call into the
+     * backend must be sample_wait. Both NULL: only sample exists. */
+    int (*sample_start)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                        const sf_sample_pen *pen, int n_pen, int32_t *ids);
+    int (*sample_wait)(sf_backend *b);
 
     /* Optional: decoder layers first_layer .. first_layer + n_layers - 1 of a batch-1 step (the
      * step's one token) as one operation: for each layer in turn (w[i] its weights), what
@@ -348,6 +357,9 @@ typedef struct sf_backend_stats {
     size_t device_bytes;
     long graphs_captured, graph_replays, graph_fallbacks; /* decode-step CUDA graphs */
     double last_step_host_us; /* host time of the last step: batch_begin to all work enqueued */
+    /* the same step on the sf_now_s clock: its batch_begin, and when its work was all enqueued
+     * (0 until a step has run) */
+    double last_step_begin_s, last_step_enqueued_s;
 } sf_backend_stats;
 int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s);
 

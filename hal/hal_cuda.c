@@ -101,9 +101,14 @@ typedef struct cuda_ctx {
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
+    uint64_t last_begin_ns, last_enq_ns; /* the same two moments of the last step */
     sf_cuda_graphs graphs;
     /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
     char *samp_h, *samp_d;
+    /* a draw queued by sample_start: where its ids go, how many, their offset in samp_h */
+    int32_t *samp_out;
+    int samp_n, samp_pending;
+    size_t samp_o_ids;
     /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
      * printed when the backend closes */
     int prof;
@@ -160,6 +165,18 @@ static int kcheck(int krc, const char *op)
 static int step_end(cuda_ctx *c)
 {
     return kcheck(sf_cuda_graph_end(&c->graphs, c->gemm, c->s), "launching the step's graph");
+}
+
+/* The step's work is all queued: record its host time (to the last collective queued outside
+ * the graph when use_raw, whose wait for the peers is not host work) and close the step. */
+static void step_enqueued(cuda_ctx *c, int use_raw)
+{
+    if (!c->t_step0) return;
+    uint64_t end = use_raw && c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns();
+    c->last_host_us = (double)(end - c->t_step0) / 1e3;
+    c->last_begin_ns = c->t_step0;
+    c->last_enq_ns = end;
+    c->t_step0 = 0;
 }
 
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
@@ -1022,8 +1039,7 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     if (n > buf->rows) return op_fail(SF_EINVAL, "read_f32", "more rows than the buffer has");
     int rc = step_end(c);
     if (rc) return rc;
-    if (c->t_step0) c->last_host_us = ((c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns()) - c->t_step0) / 1e3;
-    c->t_step0 = 0;
+    step_enqueued(c, 1);
     size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
     for (size_t off = 0; off < total; off += per) {
         size_t cnt = SF_MIN(per, total - off);
@@ -1060,11 +1076,13 @@ static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
 
 static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
-/* Sends the rows and penalty entries (one copy), draws on the device, brings back n ids. */
-static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
-                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+/* Sends the rows and penalty entries (one copy), queues the draw and the copy of the n ids back
+ * (sample_start); cuda_sample_wait waits for them. */
+static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                             const sf_sample_pen *pen, int n_pen, int32_t *ids)
 {
     cuda_ctx *c = CTX(b);
+    c->samp_pending = 0;
     if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols || n_pen < 0)
         return op_fail(SF_EINVAL, "sample", "more rows or tokens than the logits buffer has");
     for (int i = 0; i < n; i++) {
@@ -1084,6 +1102,10 @@ static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, co
     }
     int rc = step_end(c);
     if (rc) return rc;
+    c->samp_pending = 1;
+    c->samp_n = n;
+    c->samp_out = ids;
+    c->samp_o_ids = o_ids;
     if (n == 0) return SF_OK;
     memcpy(c->samp_h, rows, (size_t)n * sizeof *rows);
     if (n_pen) memcpy(c->samp_h + o_pen, pen, (size_t)n_pen * sizeof *pen);
@@ -1094,20 +1116,34 @@ static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, co
                             (int32_t *)(c->samp_d + o_ids), c->s), "sample");
     if (rc) return rc;
     e = cudaMemcpyAsync(c->samp_h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
-    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
-    c->t_step0 = 0;
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
-    if (e != cudaSuccess) return kcheck(e, "sample");
-    memcpy(ids, c->samp_h + o_ids, (size_t)n * 4);
+    step_enqueued(c, 1);
+    return kcheck(e, "sample");
+}
+
+static int cuda_sample_wait(sf_backend *b)
+{
+    cuda_ctx *c = CTX(b);
+    if (!c->samp_pending) return op_fail(SF_EINVAL, "sample_wait", "no draw was queued by sample_start");
+    c->samp_pending = 0;
+    if (c->samp_n == 0) return SF_OK;
+    int rc = kcheck(cudaStreamSynchronize(c->s), "sample");
+    if (rc) return rc;
+    memcpy(c->samp_out, c->samp_h + c->samp_o_ids, (size_t)c->samp_n * 4);
     return SF_OK;
+}
+
+static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+{
+    int rc = cuda_sample_start(b, logits, n, vocab, rows, pen, n_pen, ids);
+    return rc ? rc : cuda_sample_wait(b);
 }
 
 static int cuda_sync(sf_backend *b)
 {
     cuda_ctx *c = CTX(b);
     int rc = step_end(c);
-    if (c->t_step0) c->last_host_us = ((c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns()) - c->t_step0) / 1e3;
-    c->t_step0 = 0;
+    step_enqueued(c, 1);
     return rc ? rc : kcheck(cudaStreamSynchronize(CTX(b)->s), "sync");
 }
 
@@ -1197,6 +1233,8 @@ static const struct sf_backend_ops cuda_ops = {
     .matmul_add = cuda_matmul_add,
     .norm_qkv_rope = cuda_norm_qkv_rope,
     .sample = cuda_sample,
+    .sample_start = cuda_sample_start,
+    .sample_wait = cuda_sample_wait,
     .write_f32 = cuda_write_f32,
     .decode_layers = cuda_decode_layers,
 };
@@ -1302,6 +1340,8 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
     s->graph_replays = c->graphs.n_replayed;
     s->graph_fallbacks = c->graphs.n_fallbacks;
     s->last_step_host_us = c->last_host_us;
+    s->last_step_begin_s = (double)c->last_begin_ns * 1e-9;
+    s->last_step_enqueued_s = (double)c->last_enq_ns * 1e-9;
     return SF_OK;
 }
 

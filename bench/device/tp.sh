@@ -7,7 +7,9 @@
 #      decode latency with host time per step, and the device step of 256 sequences at 192 keys
 #      (the TP=2 / TP=1 step ratio; goal <= 0.55x); every TP=2 run logs the all-reduce table
 #      (NCCL, one-shot, LL, 2 KiB .. 4 MiB) it measured at start-up, shown in the summary;
-#   2. the same TP=2 run with the fused all-reduce + RMSNorm off (SEMFLOW_TP_ARNORM=0);
+#   2. the same TP=2 run with this round's all-reduce changes off: the fused all-reduce +
+#      RMSNorm above one row (SEMFLOW_TP_ARNORM=0) and the LL kernel's programmatic dependent
+#      launch at one row (SEMFLOW_TP_LL_PDL=0);
 #   3. saturated throughput, `bench throughput` 128 in / 128 out, 512 prompts, TP=1 and TP=2
 #      (SEMFLOW_CUDA_GRAPH_TOKENS=512 for both: the decode steps of 256 sequences in graphs;
 #      at TP=2 rank 0 samples the gathered rows on its GPU), with each run's bound;
@@ -84,9 +86,9 @@ for tp in 1 2; do
         --backend cuda --tensor-parallel-size $tp $B256
     cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
 done
-SEMFLOW_TP_ARNORM=0 run decode8b_tp2_arnorm_off 15 30 "$BIN" bench decode-batch --load-format dummy \
+run decode8b_tp2_off 15 30 env SEMFLOW_TP_ARNORM=0 SEMFLOW_TP_LL_PDL=0 "$BIN" bench decode-batch --load-format dummy \
     --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
-cp "$D/decode8b_tp2_arnorm_off.out" "$D/decode8b_tp2_arnorm_off.json" 2>/dev/null
+cp "$D/decode8b_tp2_off.out" "$D/decode8b_tp2_off.json" 2>/dev/null
 for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 64) at both sizes
     SEMFLOW_CUDA_GRAPH_TOKENS=512 run throughput_tp$tp 15 $((20 + 10 * (tp - 1))) "$BIN" bench throughput \
         --load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size $tp --input 128 --output 128 \
@@ -107,12 +109,12 @@ grep -hE '^(PASS|FAIL):' "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
 grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
-echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: fused / all-reduce then rmsnorm"
-awk '/^ARNORM/ { printf "  %4d x %5d: %6.1f / %6.1f  (%.2fx)\n", $2, $3, $4, $5, $4 / $5 }' "$D/test_tp_norm.out" 2>/dev/null
+echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: LL / push+flag / all-reduce then rmsnorm"
+awk '/^ARNORM/ { printf "  %4d x %5d: %6.1f / %6.1f / %6.1f\n", $2, $3, $4, $5, $6 }' "$D/test_tp_norm.out" 2>/dev/null
 a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
 s1=$(jf "$D/decode8b_tp1.json" ms_per_step_median) s2=$(jf "$D/decode8b_tp2.json" ms_per_step_median)
-s0=$(jf "$D/decode8b_tp2_arnorm_off.json" ms_per_step_median)
-echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us))"
+s0=$(jf "$D/decode8b_tp2_off.json" ms_per_step_median) a0=$(jf "$D/decode8b_tp2_off.json" batch1_ms_per_step)
+echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (LL without PDL: $a0; host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us))"
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 latency: %.3fx (goal <= 0.6x)' % (float(b)/float(a)))" "$a1" "$a2" 2>/dev/null
 echo "8B decode step, 256 seqs x 192 keys, ms: TP=1 $s1, TP=2 $s2 (fused all-reduce + RMSNorm off: $s0)"
 python3 -c "import sys; a,b,c=sys.argv[1:4]; print('8B TP=2 / TP=1 device step at 256 seqs: %.3fx (goal <= 0.55x; with the fusion off %.3fx)' % (float(b)/float(a), float(c)/float(a)))" "$s1" "$s2" "$s0" 2>/dev/null

@@ -152,6 +152,10 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
 __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
 {
     __shared__ unsigned flag_s;
+    /* launched with PDL (a.pdl): the next kernel (a GEMV that streams its weights before its
+     * own wait) may start now; this one waits for the kernel before, which wrote the message */
+    sf_pdl_trigger();
+    sf_pdl_wait();
     ar_sig *self = (ar_sig *)a.region[a.rank];
     if (threadIdx.x == 0) {
         flag_s = self->ll_count[blockIdx.x] + 1;
@@ -236,7 +240,31 @@ static __device__ int arn_exchange(const sf_k_arn &a, unsigned flag, int *failed
     return *failed_s;
 }
 
-template <int VPT>
+/* The 8 data bytes of an LL line of this call, once both its flags are `flag`. Gives up (zeros,
+ * *failed set, the rank in *a.err) after the timeout or once another thread of the block gave
+ * up, so that every thread still reaches the block's barriers. */
+static __device__ uint2 arn_ll_wait(const uint4 *p, unsigned flag, const sf_k_arn &a, int peer, volatile int *failed)
+{
+    uint4 l = ld_volatile_v4(p);
+    uint64_t t0 = 0;
+    for (unsigned spins = 1; l.y != flag || l.w != flag; spins++) {
+        if ((spins & 1023) == 0) {
+            if (*failed) return make_uint2(0, 0);
+            uint64_t t = global_ns();
+            if (!t0) t0 = t;
+            else if (t - t0 > a.timeout_ns) {
+                *a.err = 1u + peer;
+                __threadfence_system();
+                *failed = 1;
+                return make_uint2(0, 0);
+            }
+        }
+        l = ld_volatile_v4(p);
+    }
+    return make_uint2(l.x, l.z);
+}
+
+template <int VPT, bool LL>
 __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
 {
     __shared__ unsigned flag_s;
@@ -252,6 +280,8 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     const unsigned flag = flag_s;
     const int nv = a.cols / 8;
     const size_t base = a.push_off + (size_t)(flag & 1) * a.size * a.push_bytes;
+    /* LL: line 2j, 2j + 1 of a row carry its vector j; slot [parity][rank] of 2 * ll_bytes */
+    const size_t llbase = a.ll_off + (size_t)(flag & 1) * a.size * 2 * a.ll_bytes;
 
     /* 1. push this block's rows to every peer, slot of this rank (all loads, then the stores) */
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
@@ -264,6 +294,18 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
         }
         for (int p = 0; p < a.size; p++) {
             if (p == a.rank) continue;
+            if (LL) { /* data and flag in one 16-byte store: no fence, no separate flag */
+                uint4 *dst = (uint4 *)(a.region[p] + llbase + (size_t)a.rank * 2 * a.ll_bytes) + 2 * r * nv;
+#pragma unroll
+                for (int u = 0; u < VPT; u++) {
+                    const int i = threadIdx.x + u * SF_ARN_THREADS;
+                    if (i < nv) {
+                        st_volatile_v4(dst + 2 * i, make_uint4(v[u].x, flag, v[u].y, flag));
+                        st_volatile_v4(dst + 2 * i + 1, make_uint4(v[u].z, flag, v[u].w, flag));
+                    }
+                }
+                continue;
+            }
             uint4 *dst = (uint4 *)(a.region[p] + base + (size_t)a.rank * a.push_bytes) + r * nv;
 #pragma unroll
             for (int u = 0; u < VPT; u++) {
@@ -272,10 +314,12 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
             }
         }
     }
-    __syncthreads();
 
-    /* 2. flags */
-    if (arn_exchange(a, flag, &failed_s)) return;
+    /* 2. flags (LL: each line carries its own) */
+    if (!LL) {
+        __syncthreads();
+        if (arn_exchange(a, flag, &failed_s)) return;
+    }
 
     /* 3. per row: sum in rank order (the same bits on every rank), residual add, norm */
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
@@ -287,10 +331,19 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
             const int i = threadIdx.x + u * SF_ARN_THREADS;
             if (i >= nv) continue;
             float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-            for (int p = 0; p < a.size; p++) /* L2 loads: a peer's line never comes from a stale L1 line */
-                add8(acc, p == a.rank ? xr[i]
-                                      : __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) +
-                                               r * nv + i));
+            for (int p = 0; p < a.size; p++) {
+                uint4 v;
+                if (p == a.rank) {
+                    v = xr[i];
+                } else if (LL) {
+                    const uint4 *l = (const uint4 *)(a.region[a.rank] + llbase + (size_t)p * 2 * a.ll_bytes) + 2 * (r * nv + i);
+                    uint2 lo = arn_ll_wait(l, flag, a, p, &failed_s), hi = arn_ll_wait(l + 1, flag, a, p, &failed_s);
+                    v = make_uint4(lo.x, lo.y, hi.x, hi.y);
+                } else { /* L2 loads: a peer's line never comes from a stale L1 line */
+                    v = __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) + r * nv + i);
+                }
+                add8(acc, v);
+            }
             bf162 *h = (bf162 *)&hv[u];
             if (rr) {
                 const uint4 rv = rr[i];
@@ -345,9 +398,14 @@ extern "C" size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size)
     return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes;
 }
 
-extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
+extern "C" size_t sf_k_ar_norm_ll_off(size_t buf_bytes, size_t ll_bytes, int size)
 {
     return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
+}
+
+extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
+{
+    return sf_k_ar_norm_ll_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * 2 * SF_ARN_LL_BYTES;
 }
 
 extern "C" int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s)
@@ -358,10 +416,15 @@ extern "C" int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s)
         (size_t)a->rows * a->cols * 2 > a->push_bytes || ((uintptr_t)a->x & 15) || ((uintptr_t)a->res & 15) ||
         ((uintptr_t)a->w & 15) || ((uintptr_t)a->out & 15))
         return (int)cudaErrorInvalidValue;
-    if (vpt <= 1) k_allreduce_norm<1><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
-    else if (vpt <= 2) k_allreduce_norm<2><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
-    else if (vpt <= 4) k_allreduce_norm<4><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
-    else k_allreduce_norm<8><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
+    if (a->ll && (size_t)a->rows * a->cols * 2 > a->ll_bytes) return (int)cudaErrorInvalidValue;
+#define ARN_LAUNCH(V)                                                                                              \
+    (a->ll ? k_allreduce_norm<V, true><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a)                                 \
+           : k_allreduce_norm<V, false><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a))
+    if (vpt <= 1) ARN_LAUNCH(1);
+    else if (vpt <= 2) ARN_LAUNCH(2);
+    else if (vpt <= 4) ARN_LAUNCH(4);
+    else ARN_LAUNCH(8);
+#undef ARN_LAUNCH
     return sf_launch_status();
 }
 
@@ -372,7 +435,9 @@ extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)
     if (a->ll) {
         if ((size_t)a->n * 2 > a->ll_bytes) return (int)cudaErrorInvalidValue;
         int64_t lines = (a->n + 3) / 4, blocks = (lines + SF_AR_THREADS - 1) / SF_AR_THREADS;
-        k_allreduce_ll<<<(unsigned)(blocks < SF_AR_BLOCKS ? blocks : SF_AR_BLOCKS), SF_AR_THREADS, 0, s>>>(*a);
+        dim3 grid((unsigned)(blocks < SF_AR_BLOCKS ? blocks : SF_AR_BLOCKS));
+        if (a->pdl) return sf_launch_pdl(k_allreduce_ll, grid, dim3(SF_AR_THREADS), 0, s, *a);
+        k_allreduce_ll<<<grid, SF_AR_THREADS, 0, s>>>(*a);
         return sf_launch_status();
     }
     if ((size_t)a->n * 2 > a->buf_bytes) return (int)cudaErrorInvalidValue;

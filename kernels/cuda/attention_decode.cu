@@ -281,31 +281,36 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
 }
 
 /* SEMFLOW_CUDA_DECODE_ATTN: "lanes" (this file's kernel), "mma" (attention_decode_mma.cu where it
- * applies), else auto; SEMFLOW_CUDA_DECODE_ATTN_CFG: the mma kernel's warps x 10 + ring depth
- * (kernels.h; 42 by default). Read once (the launch thread is the backend's only thread). */
+ * applies), "stream" (attention_decode_stream.cu where it applies), else auto;
+ * SEMFLOW_CUDA_DECODE_ATTN_CFG: the tensor-core kernels' warps x 10 + ring depth (kernels.h; 42
+ * by default). Read once (the launch thread is the backend's only thread). */
+enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM };
 static int dec_mode(int *cfg)
 {
     static int mode = -1, c = 42;
     if (mode < 0) {
         const char *e = getenv("SEMFLOW_CUDA_DECODE_ATTN"), *st = getenv("SEMFLOW_CUDA_DECODE_ATTN_CFG");
-        mode = e && !strcmp(e, "lanes") ? 1 : e && !strcmp(e, "mma") ? 2 : 0;
+        mode = !e ? DEC_AUTO : !strcmp(e, "lanes") ? DEC_LANES : !strcmp(e, "mma") ? DEC_MMA
+                                                   : !strcmp(e, "stream") ? DEC_STREAM : DEC_AUTO;
         if (st) c = atoi(st);
     }
     *cfg = c;
     return mode;
 }
 
-/* Whether the batch (tensor-core) path takes this step: forced by the mode, else auto. */
-static bool use_mma(const sf_k_attn *a, int *cfg)
+/* The kernel that takes this step: forced by the mode, else auto. 4 or more tokens take a
+ * tensor-core kernel (test_decode_attn --perf on the H200, docs/PERFORMANCE.md: 87% of HBM
+ * against 49% at 256 x 192 keys, 89% against 63% at 128 x 1500, 29.4 against 48.5 us at 4 x
+ * 4096); single sequences keep the lanes kernel (15.4 against 18.9 us at 4096 keys; at 512 keys
+ * the mma kernel was faster, 7.6 against 8.6). The stream kernel only where the split gave it
+ * its workspace (n_split >= 2). */
+static int pick(const sf_k_attn *a, int *cfg)
 {
     const int mode = dec_mode(cfg);
-    if (mode == 1 || !sf_k_attention_decode_mma_ok(a)) return false;
-    if (mode == 2) return true;
-    /* auto: 4 or more tokens take the tensor-core kernel (test_decode_attn --perf on the H200,
-     * docs/PERFORMANCE.md: 87% of HBM against 49% at 256 x 192 keys, 89% against 63% at 128 x 1500,
-     * 29.4 against 48.5 us at 4 x 4096); single sequences keep the lanes kernel (15.4 against
-     * 18.9 us at 4096 keys; at 512 keys the mma kernel was faster, 7.6 against 8.6) */
-    return a->T >= SF_AD_MMA_MIN_TOKENS;
+    if (mode == DEC_LANES || !sf_k_attention_decode_mma_ok(a)) return DEC_LANES;
+    if (mode == DEC_STREAM && a->T >= SF_AD_MMA_MIN_TOKENS && sf_k_attention_decode_stream_ok(a)) return DEC_STREAM;
+    if (mode == DEC_MMA || mode == DEC_STREAM) return DEC_MMA;
+    return a->T >= SF_AD_MMA_MIN_TOKENS ? DEC_MMA : DEC_LANES;
 }
 
 /* Tiles of keys per block of the mma configuration (16 keys per warp). */
@@ -317,9 +322,18 @@ extern "C" int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, 
     int cfg, mode = dec_mode(&cfg);
     const int work = T * (Hkv > 0 ? Hkv : 1);
     if (kernel) mode = kernel;
-    if (max_ctx <= 64 || T <= 0 || sms <= 0) return 1;
-    const bool mma = mode != 1 && (mode == 2 || T >= SF_AD_MMA_MIN_TOKENS) && (hd == 64 || hd == 128) &&
-                     block_size >= 16 && (block_size & (block_size - 1)) == 0;
+    if (T <= 0 || sms <= 0) return 1;
+    const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;
+    const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || T >= SF_AD_MMA_MIN_TOKENS);
+    if (shape && mode == DEC_STREAM && (kernel == DEC_STREAM || T >= SF_AD_MMA_MIN_TOKENS)) {
+        /* stream kernel: enough workspace slots (two per block) for a block per resident slot;
+         * the split itself is the kernel's (every context, even short ones, is cut evenly) */
+        const int n = sf_k_attention_decode_stream_per_sm(hd, int8, cfg);
+        const int64_t slots = (int64_t)(n > 0 ? n : 1) * sms;
+        const int64_t ns = (2 * slots + work - 1) / work;
+        return ns < 2 ? 2 : (int)SF_MIN(ns, (int64_t)AD_MAX_SPLIT);
+    }
+    if (max_ctx <= 64) return 1;
     if (!mma) {
         /* lanes kernel: at least 64 keys per block; a block per SM, or more blocks while each keeps
          * >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us at 8
@@ -356,7 +370,9 @@ extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->T <= 0) return 0;
     int cfg;
-    if (use_mma(a, &cfg)) return sf_k_attention_decode_mma(a, cfg, s);
+    const int k = pick(a, &cfg);
+    if (k == DEC_STREAM) return sf_k_attention_decode_stream(a, cfg, 0, s);
+    if (k == DEC_MMA) return sf_k_attention_decode_mma(a, cfg, s);
     if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
     const int G = a->H / a->Hkv;
     if (a->hd == 128) return G <= 4 ? launch<128, 4>(a, s) : launch<128, 8>(a, s);

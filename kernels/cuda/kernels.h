@@ -236,10 +236,19 @@ int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
 int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
 /* Blocks of that kernel (head size, INT8 instance, cfg) resident per SM on the current device. */
 int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg);
+/* The persistent batch path (attention_decode_stream.cu): the same tiles as one stream of 64-key
+ * tiles cut evenly over the resident blocks (at most max_blocks when > 0), the pieces of items cut
+ * by block boundaries combined by the last one. Needs what the mma path needs plus a->n_split >= 2
+ * with a->ws and a->counters: the grid is at most T * Hkv * n_split / 2 blocks (two workspace
+ * slots each). cfg: 42 (default; 0 means it) or 43 (ring depth 3). SEMFLOW_CUDA_DECODE_ATTN=stream
+ * makes sf_k_attention_decode choose it for batches. */
+int sf_k_attention_decode_stream_ok(const sf_k_attn *a);
+int sf_k_attention_decode_stream(const sf_k_attn *a, int cfg, int max_blocks, cudaStream_t s);
+int sf_k_attention_decode_stream_per_sm(int hd, int int8, int cfg);
 /* The key split the decode dispatcher wants for a decode step of T tokens (contexts up to
  * max_ctx) on `sms` SMs, for the kernel sf_k_attention_decode will pick (kernel 0), or for the
- * lanes (1) or mma (2) kernel; int8: the step has INT8 blocks. 1..64. Host only; cheap after its
- * first call. */
+ * lanes (1), mma (2) or stream (3: the workspace's slots, see above) kernel; int8: the step has
+ * INT8 blocks. 1..64. Host only; cheap after its first call. */
 int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel);
 
 /* ---- persistent batch-1 decoder layers (decode_persist.cu) ---------------------------------- */

@@ -10,7 +10,9 @@
  * stay reachable through sf_k_rmsnorm_tune for measurements.
  * Rounding as HF: x + add rounded to bf16 (the stored stream is bf16), sum of squares in fp32,
  * the normalised value rounded to bf16, then multiplied by w and rounded.
- * Each element is read and written by the same thread, so out may alias x. */
+ * Each element is read and written by the same thread, so out may alias x.
+ * The one-pass kernels are launched as programmatic dependents (common.cuh): resident, with
+ * their weights loaded, before the kernel before them ends. */
 #include "common.cuh"
 
 __global__ void k_rmsnorm(bf16 *x, int64_t ldx, const bf16 *add, int64_t ld_add, const bf16 *w, float eps,
@@ -61,6 +63,14 @@ __global__ void __launch_bounds__(512, VPT * RPB <= 2 && !PW ? 3 : VPT * RPB <= 
     const int nv = d / 8;
     const bf16x8 *wv8 = (const bf16x8 *)w;
     bf16x8 v[RPB][VPT], a[RPB][VPT], wv[VPT];
+    sf_pdl_trigger();
+    if (PW)
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            int i = threadIdx.x + u * blockDim.x;
+            if (i < nv) wv[u] = wv8[i]; /* weights: no kernel of the step writes them */
+        }
+    sf_pdl_wait(); /* x and add come from the kernels before */
 #pragma unroll
     for (int k = 0; k < RPB; k++) {
         const int64_t r = blockIdx.x + (int64_t)k * gridDim.x;
@@ -76,12 +86,6 @@ __global__ void __launch_bounds__(512, VPT * RPB <= 2 && !PW ? 3 : VPT * RPB <= 
             else memset(&a[k][u], 0, sizeof a[k][u]);
         }
     }
-    if (PW)
-#pragma unroll
-        for (int u = 0; u < VPT; u++) {
-            int i = threadIdx.x + u * blockDim.x;
-            if (i < nv) wv[u] = wv8[i];
-        }
 #pragma unroll
     for (int k = 0; k < RPB; k++) {
         const int64_t r = blockIdx.x + (int64_t)k * gridDim.x;
@@ -163,12 +167,14 @@ __global__ void __launch_bounds__(512, VPT <= 2 ? 2 : 1) k_rmsnorm_loop(bf16 *x,
     const int nv = d / 8;
     bf16x8 v[VPT], a[VPT], wv[VPT];
     int64_t r = blockIdx.x;
-    load_row<VPT>(v, a, x, ldx, add, ld_add, r, n, nv);
+    sf_pdl_trigger();
 #pragma unroll
     for (int u = 0; u < VPT; u++) {
         int i = threadIdx.x + u * blockDim.x;
-        if (i < nv) wv[u] = ((const bf16x8 *)w)[i];
+        if (i < nv) wv[u] = ((const bf16x8 *)w)[i]; /* weights: no kernel of the step writes them */
     }
+    sf_pdl_wait(); /* x and add come from the kernels before */
+    load_row<VPT>(v, a, x, ldx, add, ld_add, r, n, nv);
     for (; r < n; r += gridDim.x) { /* block-uniform */
         const int64_t rn = r + gridDim.x;
         bf16x8 vn[VPT], an[VPT];
@@ -210,18 +216,16 @@ static bool rn_vec_ok(const uint16_t *x, int64_t ldx, const uint16_t *add, int64
 }
 
 template <bool PW, int RPB>
-static void rn_launch(int vpt, int threads, uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add,
+static int rn_launch(int vpt, int threads, uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add,
                       const uint16_t *w, float eps, int n, int d, uint16_t *out, int64_t ldo, cudaStream_t s)
 {
     bf16 *xb = (bf16 *)x, *ob = (bf16 *)out;
     const bf16 *ab = (const bf16 *)add, *wb = (const bf16 *)w;
     const unsigned grid = (unsigned)((n + RPB - 1) / RPB);
-    switch (vpt) {
-    case 1: k_rmsnorm_vec<1, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-    case 2: k_rmsnorm_vec<2, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-    case 4: k_rmsnorm_vec<4, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-    default: k_rmsnorm_vec<8, PW, RPB><<<grid, threads, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-    }
+    void (*k)(bf16 *, int64_t, const bf16 *, int64_t, const bf16 *, float, int, int, bf16 *, int64_t) =
+        vpt == 1 ? k_rmsnorm_vec<1, PW, RPB> : vpt == 2 ? k_rmsnorm_vec<2, PW, RPB>
+                                             : vpt == 4 ? k_rmsnorm_vec<4, PW, RPB> : k_rmsnorm_vec<8, PW, RPB>;
+    return sf_launch_pdl(k, dim3(grid), dim3(threads), 0, s, xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo);
 }
 
 /* Threads for vpt vectors per thread over d / 8 vectors, whole warps (block_sum wants them). */
@@ -236,24 +240,22 @@ extern "C" int sf_k_rmsnorm_tune(int vpt, int prefetch_w, int rows_per_block, ui
         rn_threads(d, vpt) > RN_MAX_THREADS || rows_per_block < 1)
         return (int)cudaErrorInvalidValue;
     const int t = rn_threads(d, vpt);
+    int rc;
     if (rows_per_block > 2) { /* the pipelined loop */
         bf16 *xb = (bf16 *)x, *ob = (bf16 *)out;
         const bf16 *ab = (const bf16 *)add, *wb = (const bf16 *)w;
         const unsigned grid = (unsigned)((n + rows_per_block - 1) / rows_per_block);
-        switch (vpt) {
-        case 1: k_rmsnorm_loop<1><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-        case 2: k_rmsnorm_loop<2><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-        case 4: k_rmsnorm_loop<4><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-        default: k_rmsnorm_loop<8><<<grid, t, 0, s>>>(xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo); break;
-        }
+        void (*k)(bf16 *, int64_t, const bf16 *, int64_t, const bf16 *, float, int, int, bf16 *, int64_t) =
+            vpt == 1 ? k_rmsnorm_loop<1> : vpt == 2 ? k_rmsnorm_loop<2> : vpt == 4 ? k_rmsnorm_loop<4> : k_rmsnorm_loop<8>;
+        rc = sf_launch_pdl(k, dim3(grid), dim3(t), 0, s, xb, ldx, ab, ld_add, wb, eps, n, d, ob, ldo);
     } else if (rows_per_block == 2) {
-        if (prefetch_w) rn_launch<true, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
-        else rn_launch<false, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
+        rc = prefetch_w ? rn_launch<true, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s)
+                        : rn_launch<false, 2>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
     } else {
-        if (prefetch_w) rn_launch<true, 1>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
-        else rn_launch<false, 1>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
+        rc = prefetch_w ? rn_launch<true, 1>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s)
+                        : rn_launch<false, 1>(vpt, t, x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
     }
-    return sf_launch_status();
+    return rc ? rc : sf_launch_status();
 }
 
 extern "C" int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64_t ld_add, const uint16_t *w,
@@ -263,8 +265,8 @@ extern "C" int sf_k_rmsnorm(uint16_t *x, int64_t ldx, const uint16_t *add, int64
     if (rn_vec_ok(x, ldx, add, ld_add, w, d, out, ldo)) {
         int vpt = 1;
         while (vpt < RN_MAX_VPT && rn_threads(d, vpt) > RN_MAX_THREADS) vpt *= 2;
-        rn_launch<false, 1>(vpt, rn_threads(d, vpt), x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
-        return sf_launch_status();
+        int rc = rn_launch<false, 1>(vpt, rn_threads(d, vpt), x, ldx, add, ld_add, w, eps, n, d, out, ldo, s);
+        return rc ? rc : sf_launch_status();
     }
     int threads = d >= 1024 ? 512 : d >= 256 ? 256 : 64;
     k_rmsnorm<<<n, threads, 0, s>>>((bf16 *)x, ldx, (const bf16 *)add, ld_add, (const bf16 *)w, eps, d,

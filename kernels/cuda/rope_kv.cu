@@ -14,6 +14,10 @@
  * (written in place to q/k) one warp per k or v head finds max|x| of the bf16 values and
  * writes the int8 row and its scale.
  *
+ * The fast path is launched as a programmatic dependent (common.cuh): the block builds its
+ * cos/sin table (metadata) before it waits for the QKV GEMM, and lets the attention kernel after it
+ * start on its own metadata.
+ *
  * Other shapes take the element-wise kernel: a block per (token, head). */
 #include "common.cuh"
 
@@ -166,11 +170,13 @@ __global__ void __launch_bounds__(NT) k_rope_kv_vec(bf16 *qkv, int64_t ld, const
     const int items = (h1 - h0) * U;
     int w = threadIdx.x;
     rk_unit cur;
-    if (w < items) rk_load(cur, row, w, U, hv, h0, hd);
-    if (h0 < H + Hkv) { /* the block rotates something: the token's table */
+    sf_pdl_trigger();
+    if (h0 < H + Hkv) { /* the block rotates something: the token's table (metadata only) */
         const float p = (float)pos[t];
         for (int j = threadIdx.x; j < half; j += NT) sincosf(p * inv_freq[j], &sn[j], &cs[j]);
     }
+    sf_pdl_wait(); /* q, k, v come from the GEMM before */
+    if (w < items) rk_load(cur, row, w, U, hv, h0, hd);
     __syncthreads();
     const int sl = slot[t];
     const int64_t blk = sl >= 0 ? sl / kv.block_size : 0, off = sl >= 0 ? sl % kv.block_size : 0;
@@ -227,12 +233,10 @@ static int rk_launch(int nt, int target_blocks, uint16_t *qkv, int64_t ld, int T
     splits = (NH + hpb - 1) / hpb;
     dim3 grid(T, splits);
     bf16 *q = (bf16 *)qkv;
-    switch (nt) {
-    case 64: k_rope_kv_vec<64><<<grid, 64, 0, s>>>(q, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, hpb); break;
-    case 256: k_rope_kv_vec<256><<<grid, 256, 0, s>>>(q, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, hpb); break;
-    default: k_rope_kv_vec<128><<<grid, 128, 0, s>>>(q, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, hpb); break;
-    }
-    return sf_launch_status();
+    const int th = nt == 64 || nt == 256 ? nt : 128;
+    int rc = sf_launch_pdl(th == 64 ? k_rope_kv_vec<64> : th == 256 ? k_rope_kv_vec<256> : k_rope_kv_vec<128>, grid,
+                           dim3(th), 0, s, q, ld, pos, slot, H, Hkv, hd, rot_dim, interleaved, inv_freq, kv, hpb);
+    return rc ? rc : sf_launch_status();
 }
 
 extern "C" int sf_k_rope_kv_tune(int threads, int target_blocks, uint16_t *qkv, int64_t ld, int T, const int32_t *pos,

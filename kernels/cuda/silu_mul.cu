@@ -3,7 +3,9 @@
  * Fast path (f % 8 == 0, 16-byte aligned rows): one thread per 8 outputs, one 16-byte load of
  * gate and one of up in flight per thread, one 16-byte store; a flat grid over n x f/8 (no
  * per-row loop), so a 2048 x 14336 call is ~14k blocks and a batch-1 call still spreads over
- * f/8/64 blocks. Rounding as HF: act(gate) is rounded to bf16 before the product. */
+ * f/8/64 blocks. Rounding as HF: act(gate) is rounded to bf16 before the product.
+ * Launched as a programmatic dependent (common.cuh): at decode batches a call moves a few MB,
+ * about as long as a launch gap, so the grid is resident before the GEMM before it ends. */
 #include "common.cuh"
 
 static __device__ __forceinline__ float silu_bf16(float g)
@@ -34,6 +36,8 @@ static __device__ __forceinline__ bf16x8 ld8_stream(const bf16 *p)
 __global__ void __launch_bounds__(256) k_silu_mul_vec(const bf16 *__restrict__ gu, int64_t ld_gu, int fv, int64_t total,
                                                       bf16 *__restrict__ out, int64_t ldo)
 {
+    sf_pdl_trigger();
+    sf_pdl_wait(); /* gate/up come from the GEMM before */
     const int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     if (i >= total) return;
     const int64_t r = i / fv;
@@ -58,9 +62,9 @@ extern "C" int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, ui
         int64_t items = total / 8;
         /* small calls (decode) in 64-thread blocks so that they reach more SMs */
         int threads = items >= 132 * 256 * 2 ? 256 : 64;
-        k_silu_mul_vec<<<(unsigned)sf_div_up(items, threads), threads, 0, s>>>((const bf16 *)gu, ld_gu, f / 8, items,
-                                                                                (bf16 *)out, ldo);
-        return sf_launch_status();
+        int rc = sf_launch_pdl(k_silu_mul_vec, dim3(sf_div_up(items, threads)), dim3(threads), 0, s, (const bf16 *)gu,
+                               ld_gu, f / 8, items, (bf16 *)out, ldo);
+        return rc ? rc : sf_launch_status();
     }
     unsigned grid = (unsigned)SF_MIN(sf_div_up(total, 256), 65535u * 8);
     k_silu_mul<<<grid, 256, 0, s>>>((const bf16 *)gu, ld_gu, n, f, (bf16 *)out, ldo);

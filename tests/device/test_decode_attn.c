@@ -224,14 +224,34 @@ static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_
     return a;
 }
 
-/* path: 0 lanes kernel, else the mma kernel in that configuration (kernels.h). Returns the relative error (NaN
- * or INFINITY when the output has a NaN or the launch failed). */
-static double run_path(const dcase *c, const dhost *x, const ddev *d, int path, int n_split)
+/* The kernels under test: the lanes kernel, the mma kernel in a configuration (kernels.h), the
+ * stream kernel in a configuration on at most max_blocks blocks (0: as many as are resident). */
+typedef struct dpath {
+    const char *name;
+    int kind; /* 0 lanes, 1 mma, 2 stream */
+    int cfg, max_blocks;
+} dpath;
+static const dpath PATHS[] = {
+    { "lanes", 0, 0, 0 },        { "mma42", 1, 42, 0 },       { "mma43", 1, 43, 0 },  { "mma23", 1, 23, 0 },
+    { "mma24", 1, 24, 0 },       { "stream42", 2, 42, 0 },    { "stream43", 2, 43, 0 },
+    { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 },
+};
+
+static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
+{
+    if (p->kind == 0) return sf_k_attention_decode(a, s);
+    if (p->kind == 1) return sf_k_attention_decode_mma(a, p->cfg, s);
+    return sf_k_attention_decode_stream(a, p->cfg, p->max_blocks, s);
+}
+
+/* Returns the relative error of one kernel on one case (NaN or INFINITY when the output has a
+ * NaN or the launch failed). */
+static double run_path(const dcase *c, const dhost *x, const ddev *d, const dpath *p, int n_split)
 {
     const int64_t n = (int64_t)c->T * c->H * c->hd;
     cudaMemset(d->o, 0xFF, n * 2); /* NaN */
     sf_k_attn a = make_attn(c, x, d, n_split);
-    int rc = path == 0 ? sf_k_attention_decode(&a, 0) : sf_k_attention_decode_mma(&a, path, 0);
+    int rc = launch_path(p, &a, 0);
     if (rc || cudaDeviceSynchronize()) {
         printf("  launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
         return INFINITY;
@@ -262,18 +282,23 @@ static void check_case(const dcase *c)
             int ns = splits[si];
             sf_k_attn a = make_attn(c, &x, &d, ns);
             int lanes_ok = sf_k_attention_decode_ok(&a), mma_ok = sf_k_attention_decode_mma_ok(&a);
+            int stream_ok = sf_k_attention_decode_stream_ok(&a);
             CHECK_MSG(mma_ok, "mma kernel refuses H=%d Hkv=%d hd=%d bs=%d split=%d", c->H, c->Hkv, c->hd, c->bs, ns);
-            double e[1 + SF_ARRAY_LEN(CFGS)];
+            /* the stream kernel needs the workspace (two slots per block, n_split >= 2) */
+            CHECK_MSG(stream_ok == (ns >= 2), "stream kernel %s split %d", stream_ok ? "takes" : "refuses", ns);
+            char line[512];
+            int len = snprintf(line, sizeof line, "T=%3d H=%2d/%d hd=%3d bs=%2d ctx %4d..%4d int8 %3d%% split %2d:",
+                               c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns);
             int pass = 1;
-            e[0] = lanes_ok ? run_path(c, &x, &d, 0, ns) : 0.0;
-            for (size_t k = 0; k < SF_ARRAY_LEN(CFGS); k++) e[1 + k] = run_path(c, &x, &d, CFGS[k], ns);
-            for (size_t k = 0; k <= SF_ARRAY_LEN(CFGS); k++) pass &= e[k] <= 1e-2; /* NaN compares false */
-            CHECK_MSG(pass, "T=%d H=%d Hkv=%d hd=%d bs=%d ctx %d..%d int8 %d%% split %d: rel err lanes %.3g, mma "
-                      "42 %.3g, 43 %.3g, 23 %.3g, 24 %.3g", c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max,
-                      c->i8_pct, ns, e[0], e[1], e[2], e[3], e[4]);
-            printf("  T=%3d H=%2d/%d hd=%3d bs=%2d ctx %4d..%4d int8 %3d%% split %2d: lanes %.2e mma 42 %.2e 43 %.2e "
-                   "23 %.2e 24 %.2e\n", c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns, e[0],
-                   e[1], e[2], e[3], e[4]);
+            for (size_t k = 0; k < SF_ARRAY_LEN(PATHS); k++) {
+                const dpath *p = &PATHS[k];
+                if ((p->kind == 0 && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
+                const double e = run_path(c, &x, &d, p, ns);
+                pass &= e <= 1e-2; /* NaN compares false */
+                if (len < (int)sizeof line) len += snprintf(line + len, sizeof line - len, " %s %.2e", p->name, e);
+            }
+            CHECK_MSG(pass, "%s (relative error over 1e-2)", line);
+            printf("  %s\n", line);
         }
     }
     free_dev(&d);
@@ -304,6 +329,32 @@ TEST(decode_attention_vs_reference)
     for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) check_case(&cases[i]);
 }
 
+/* The stream kernel over one batch three times in a row: its counters come back to zero after
+ * every launch (graph replays rely on it) and a second and third run give the same result. */
+TEST(decode_attention_stream_replays)
+{
+    const dcase c = { 96, 32, 8, 128, 16, 1, 700, 0, 1.0f };
+    dhost x = { 0 };
+    ddev d = { 0 };
+    make_case(&c, &x);
+    int ok_up = upload(&c, &x, &d, 4) == 0;
+    CHECK_MSG(ok_up, "device allocation failed");
+    if (ok_up) {
+        const dpath p = { "stream42/50blk", 2, 42, 50 };
+        for (int r = 0; r < 3; r++) {
+            double e = run_path(&c, &x, &d, &p, 4);
+            CHECK_MSG(e <= 1e-2, "run %d: relative error %.3g", r, e);
+            unsigned cnt[96 * 8];
+            cudaMemcpy(cnt, d.ws + d.ws_floats, sizeof cnt, cudaMemcpyDeviceToHost);
+            unsigned nz = 0;
+            for (size_t i = 0; i < SF_ARRAY_LEN(cnt); i++) nz += cnt[i] != 0;
+            CHECK_MSG(nz == 0, "run %d: %u counters left non-zero", r, nz);
+        }
+    }
+    free_dev(&d);
+    free_host(&x);
+}
+
 /* A bad shape is refused with an error code, never launched. */
 TEST(decode_attention_refuses_bad_shapes)
 {
@@ -320,13 +371,17 @@ TEST(decode_attention_refuses_bad_shapes)
     CHECK(!sf_k_attention_decode_mma_ok(&a));
     a.H = 32; a.n_split = 4; /* split without a workspace */
     CHECK(!sf_k_attention_decode_mma_ok(&a));
+    CHECK(!sf_k_attention_decode_stream_ok(&a));
+    CHECK(sf_k_attention_decode_stream(&a, 42, 0, 0) != 0);
+    a.n_split = 1; /* the stream kernel's pieces need a workspace even without a split */
+    CHECK(!sf_k_attention_decode_stream_ok(&a));
 }
 
 /* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
-/* The split the backend would pick for this kernel (path 0: lanes; else mma). */
-static int split_for(int T, int Hkv, int ctx, int path)
+/* The split the backend would pick for this kernel (kind 0 lanes, 1 mma, 2 stream). */
+static int split_for(int T, int Hkv, int ctx, int i8, int kind)
 {
-    return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, 0, sms, path ? 2 : 1);
+    return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, i8, sms, kind + 1);
 }
 
 static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
@@ -366,13 +421,15 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         printf("perf: %s blocks per SM:", i8 ? "int8" : "bf16");
         for (size_t k = 0; k < SF_ARRAY_LEN(CFGS); k++)
             printf(" mma%d %d", CFGS[k], sf_k_attention_decode_mma_per_sm(hd, i8, CFGS[k]));
+        printf(" stream42 %d stream43 %d", sf_k_attention_decode_stream_per_sm(hd, i8, 42),
+               sf_k_attention_decode_stream_per_sm(hd, i8, 43));
         printf("\n");
     }
     printf("perf: T=%3d ctx=%4d %-4s %7.1f MB |", T, ctx, i8 ? "int8" : "bf16", bytes / 1e6);
-    /* paths: 0 lanes, then the mma configurations */
-    for (int path = 0; path <= (int)SF_ARRAY_LEN(CFGS); path++) {
-        const int cfg = path ? CFGS[path - 1] : 0;
-        int ns = split_for(T, Hkv, ctx, path);
+    for (size_t pi = 0; pi < SF_ARRAY_LEN(PATHS); pi++) {
+        const dpath *p = &PATHS[pi];
+        if (p->max_blocks) continue; /* the test's small grids */
+        int ns = split_for(T, Hkv, ctx, i8, p->kind);
         sf_k_attn a = { .q = q, .ld_q = H * hd, .out = o, .ld_out = H * hd, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
                         .scale = 0.088f, .pos = meta, .tok_seq = meta + T, .block_table = meta + 2 * T,
                         .max_blocks = nb, .kv = { k, v, bs, Hkv, hd, i8 ? sc : NULL, i8 ? sc + 2 * full * Hkv * bs : NULL,
@@ -385,7 +442,7 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         int rc = 0;
         for (int r = 0; r < reps + 3; r++) {
             if (r == 3) cudaEventRecord(e0, s);
-            rc |= path == 0 ? sf_k_attention_decode(&a, s) : sf_k_attention_decode_mma(&a, cfg, s);
+            rc |= launch_path(p, &a, s);
         }
         cudaEventRecord(e1, s);
         cudaEventSynchronize(e1);
@@ -394,9 +451,7 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
         double us = rc ? NAN : ms * 1000.0 / reps;
-        char name[16];
-        snprintf(name, sizeof name, path ? "mma%d" : "lanes", cfg);
-        printf(" %s(split %2d) %7.1f us %5.1f%% |", name, ns, us,
+        printf(" %s(split %2d) %7.1f us %5.1f%% |", p->name, ns, us,
                100.0 * bytes / (us * 1e3) / hbm_gbs);
     }
     printf("\n");
@@ -412,7 +467,8 @@ static void perf_all(void)
     if (cudaStreamCreate(&s)) return;
     printf("perf: decode attention, Llama-3-8B heads (32/8 x 128), block 16; %% of hal's HBM %.0f GB/s "
            "(bytes: K+V (+scales) + q + o)\n", hbm_gbs);
-    const int shapes[][2] = { { 256, 192 }, { 128, 1500 }, { 64, 4096 }, { 16, 1024 }, { 4, 4096 }, { 1, 512 }, { 1, 4096 } };
+    const int shapes[][2] = { { 256, 192 }, { 512, 192 }, { 128, 1500 }, { 64, 4096 },
+                              { 16, 1024 }, { 4, 4096 },  { 1, 512 },    { 1, 4096 } };
     for (int i8 = 0; i8 <= 1; i8++)
         for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_shape(shapes[i][0], shapes[i][1], i8, s);
     cudaStreamDestroy(s);
@@ -448,6 +504,7 @@ int main(int argc, char **argv)
     } else {
         RUN(decode_attention_refuses_bad_shapes);
         RUN(decode_attention_vs_reference);
+        RUN(decode_attention_stream_replays);
     }
     B->ops->destroy(B);
     return test_summary();

@@ -5,8 +5,9 @@
  *    the summed stream exact (the values are multiples of 1/4), the normed rows within 1/32
  *    relative (a few bf16 steps: the order of the fp32 sum of squares differs);
  *  - a burst of calls of changing sizes without a host sync (stale flags or buffers show);
- *  - the time per call at decode sizes, fused against the all-reduce then the rmsnorm kernel
- *    (lines `ARNORM rows cols fused_us plain_us` for bench/device/tp.sh).
+ *    all of it twice: with the kernel's LL variant up to its cap, then push + flag only;
+ *  - the time per call at decode sizes, each variant against the all-reduce then the rmsnorm
+ *    kernel (lines `ARNORM rows cols ll_us push_us plain_us` for bench/device/tp.sh).
  * The parent forks the ranks before anything touches CUDA; each rank uses GPU `rank`. */
 #include <dirent.h>
 #include <math.h>
@@ -23,6 +24,7 @@
 #endif
 
 #define RANKS 2
+#define SF_AR_NORM_LL_BYTES_TEST ((size_t)256 << 10) /* the LL variant's cap (hal/comm_custom.h) */
 #define MAX_ROWS 256
 #define MAX_COLS 8192
 
@@ -30,10 +32,25 @@ typedef struct rank_ctx {
     int rank;
     sf_backend *b;
     sf_comm *c;
-    sf_buf *x, *res, *out;
+    sf_buf *x, *out; /* [MAX_ROWS, width] */
+    int width;
     float *hx, *hres, *hout, *want_h, *want_out;
     int bad; /* failed checks on this rank */
 } rank_ctx;
+
+/* r->x and r->out as [MAX_ROWS, cols] (the op takes buffers exactly as wide as the norm). */
+static int set_width(rank_ctx *r, int cols, sf_error *err)
+{
+    if (r->width == cols) return SF_OK;
+    if (r->x) r->b->ops->buf_free(r->b, r->x);
+    if (r->out) r->b->ops->buf_free(r->b, r->out);
+    r->x = r->out = NULL;
+    r->width = 0;
+    int rc = r->b->ops->buf_new(r->b, MAX_ROWS, cols, &r->x, err);
+    if (!rc) rc = r->b->ops->buf_new(r->b, MAX_ROWS, cols, &r->out, err);
+    if (!rc) r->width = cols;
+    return rc;
+}
 
 static float val(int rank, int64_t row, int64_t i, int it)
 {
@@ -124,6 +141,7 @@ static void check_burst(rank_ctx *r, int cols)
     sf_error err = { 0 };
     sf_weight *w = NULL;
     int count[MAX_ROWS] = { 0 }, rc = make_weight(r, cols, &w, &err);
+    if (!rc) rc = set_width(r, cols, &err);
     for (int64_t i = 0; i < (int64_t)MAX_ROWS * cols; i++) r->hx[i] = val(r->rank, i / cols, i % cols, 11);
     if (!rc) rc = o->write_f32(r->b, r->x, MAX_ROWS, r->hx);
     for (int k = 0; k < n && !rc; k++) {
@@ -167,33 +185,40 @@ static double time_calls(rank_ctx *r, int rows, int cols, sf_weight *w, int iter
     return rc ? -1 : (sf_now_s() - t0) * 1e6 / iters;
 }
 
+/* Per size: the fused kernel's LL variant (where it takes the size), its push + flag variant,
+ * and the all-reduce then the rmsnorm; one line `ARNORM rows cols ll push plain` (µs; 0: not
+ * run) from rank 0. */
 static void time_sizes(rank_ctx *r)
 {
-    static const int rows_of[] = { 2, 16, 64, 128, 192, 256 }, cols_of[] = { 4096, 8192 };
+    static const int rows_of[] = { 2, 16, 32, 64, 128, 192, 256 }, cols_of[] = { 4096, 8192 };
     sf_error err = { 0 };
-    size_t keep = r->c->norm_max_bytes;
+    size_t keep = r->c->norm_max_bytes, keep_ll = r->c->norm_ll_max_bytes;
     for (int ci = 0; ci < 2; ci++) {
         sf_weight *w = NULL;
-        if (make_weight(r, cols_of[ci], &w, &err)) {
+        if (make_weight(r, cols_of[ci], &w, &err) || set_width(r, cols_of[ci], &err)) {
             printf("      rank %d: %s\n", r->rank, err.msg);
             r->bad++;
+            if (w) r->b->ops->weight_free(r->b, w);
             return;
         }
         for (int ri = 0; ri < (int)SF_ARRAY_LEN(rows_of); ri++) {
             int rows = rows_of[ri], cols = cols_of[ci];
-            if ((size_t)rows * cols * 2 > keep) continue;
-            double us[2];
-            for (int fused = 1; fused >= 0; fused--) { /* the same order on every rank */
-                r->c->norm_max_bytes = fused ? keep : 0;
-                us[fused] = time_calls(r, rows, cols, w, 50, &err);
-                if (us[fused] < 0) {
+            size_t bytes = (size_t)rows * cols * 2;
+            if (bytes > keep) continue;
+            double us[3] = { 0, 0, 0 };
+            for (int v = 0; v < 3; v++) { /* the same order on every rank */
+                if (v == 0 && bytes > SF_AR_NORM_LL_BYTES_TEST) continue;
+                r->c->norm_max_bytes = v < 2 ? keep : 0;
+                r->c->norm_ll_max_bytes = v == 0 ? SF_AR_NORM_LL_BYTES_TEST : 0;
+                us[v] = time_calls(r, rows, cols, w, 50, &err);
+                if (us[v] < 0) {
                     printf("      rank %d: timing %d x %d: %s\n", r->rank, rows, cols, err.msg);
                     r->bad++;
                 }
             }
             r->c->norm_max_bytes = keep;
-            if (r->rank == 0)
-                printf("ARNORM %d %d %.1f %.1f\n", rows, cols, us[1], us[0]);
+            r->c->norm_ll_max_bytes = keep_ll;
+            if (r->rank == 0) printf("ARNORM %d %d %.1f %.1f %.1f\n", rows, cols, us[0], us[1], us[2]);
         }
         r->b->ops->weight_free(r->b, w);
     }
@@ -216,8 +241,6 @@ static int rank_main(int rank, const char *boot)
     size_t all = (size_t)MAX_ROWS * MAX_COLS;
     int rc = sf_backend_open(&bo, &r.b, &err);
     if (!rc) rc = sf_comm_open(&co, &r.c, &err);
-    if (!rc) rc = r.b->ops->buf_new(r.b, MAX_ROWS, MAX_COLS, &r.x, &err);
-    if (!rc) rc = r.b->ops->buf_new(r.b, MAX_ROWS, MAX_COLS, &r.out, &err);
     r.hx = malloc(all * 4);
     r.hres = malloc(all * 4);
     r.hout = malloc(all * 4);
@@ -227,24 +250,31 @@ static int rank_main(int rank, const char *boot)
         return 1;
     }
     if (rank == 0)
-        printf("      fused kernel up to %zu bytes, %d columns, from %d rows (0 bytes: off)\n", r.c->norm_max_bytes,
-               r.c->norm_max_cols, r.c->norm_min_rows);
+        printf("      fused kernel up to %zu bytes (LL up to %zu), %d columns, from %d rows (0 bytes: off)\n",
+               r.c->norm_max_bytes, r.c->norm_ll_max_bytes, r.c->norm_max_cols, r.c->norm_min_rows);
     if (!r.c->norm_max_bytes) {
         printf("      rank %d: the fused kernel is off (no peer memory, or SEMFLOW_TP_ARNORM=0)\n", rank);
         r.bad++;
     }
-    static const int rows_of[] = { 1, 2, 3, 17, 64, 100, 128, 192, 255, 256 }, cols_of[] = { 64, 1000, 4096, 5120, 8192 };
+    static const int rows_of[] = { 1, 2, 3, 17, 64, 100, 128, 192, 255, 256 };
+    static const int cols_of[] = { 64, 1000, 1004, 4096, 5120, 8192 }; /* 1004: refused, the fallback */
     int it = 0;
-    for (int ci = 0; ci < (int)SF_ARRAY_LEN(cols_of) && !r.bad; ci++)
-        for (int ri = 0; ri < (int)SF_ARRAY_LEN(rows_of) && !r.bad; ri++)
-            for (int with_res = 0; with_res < 2 && !r.bad; with_res++)
-                check_case(&r, rows_of[ri], cols_of[ci], with_res, it++);
-    if (!r.bad) check_burst(&r, 4096);
-    if (!r.bad) check_burst(&r, 8192);
-    if (!r.bad && rank == 0) printf("      %d shapes and 2 bursts exact (stream) and within 1/32 (norm)\n", it);
+    size_t keep_ll = r.c->norm_ll_max_bytes;
+    for (int pass = 0; pass < 2 && !r.bad; pass++) { /* LL variant where it applies, then push + flag only */
+        r.c->norm_ll_max_bytes = pass ? 0 : SF_AR_NORM_LL_BYTES_TEST;
+        if (rank == 0) printf("      %s\n", pass ? "push + flag variant at every size" : "LL variant up to 256 KiB");
+        for (int ci = 0; ci < (int)SF_ARRAY_LEN(cols_of) && !r.bad; ci++)
+            for (int ri = 0; ri < (int)SF_ARRAY_LEN(rows_of) && !r.bad; ri++)
+                for (int with_res = 0; with_res < 2 && !r.bad; with_res++)
+                    check_case(&r, rows_of[ri], cols_of[ci], with_res, it++);
+        if (!r.bad) check_burst(&r, 4096);
+        if (!r.bad) check_burst(&r, 8192);
+    }
+    r.c->norm_ll_max_bytes = keep_ll;
+    if (!r.bad && rank == 0) printf("      %d shapes and 4 bursts exact (stream) and within 1/32 (norm)\n", it);
     if (!r.bad) time_sizes(&r);
-    r.b->ops->buf_free(r.b, r.x);
-    r.b->ops->buf_free(r.b, r.out);
+    if (r.x) r.b->ops->buf_free(r.b, r.x);
+    if (r.out) r.b->ops->buf_free(r.b, r.out);
     sf_comm_free(r.c);
     sf_backend_close(r.b);
     free(r.hx);
