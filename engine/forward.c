@@ -5,7 +5,9 @@
  * buffers sized for max_tokens rows; the residual stream h is updated by the fused
  * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds.
  * Backends with the optional fused ops (norm_qkv_rope, norm_matmul, matmul_add) run each layer
- * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual.
+ * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual; a
+ * batch-1 step without tensor parallelism offers each layer whole to the optional decode_layer
+ * op first (SF_EUNSUPPORTED: it declined, the fused ops run).
  * Under tensor parallelism too: the row-parallel projections (O, down) write into h itself —
  * rank 0 adds its partial product to h, the other ranks overwrite h with theirs — and the
  * all-reduce of h then leaves h + the whole product on every rank ($SEMFLOW_TP_FUSED=0: the
@@ -276,6 +278,14 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     STEP("embed", o->embed(b, f->emb, f->h));
     for (layer = 0; layer < c->n_layers; layer++) {
         fw_layer *L = &f->layers[layer];
+        if (fused && !tp && T == 1 && o->decode_layer) { /* the whole layer as one op, where the backend takes it */
+            sf_layer_weights lw = { L->attn_norm, L->wqkv, L->wo, L->ffn_norm, L->wgu, L->wdown };
+            op = "decode_layer";
+            rc = o->decode_layer(b, f->h, &lw, c->rms_eps, layer, c->n_heads, c->n_kv_heads, &f->rope, f->qkv, f->att,
+                                 f->act);
+            if (rc == SF_OK) continue;
+            if (rc != SF_EUNSUPPORTED) goto fail;
+        }
         /* the norm after each row-parallel projection's all-reduce: ffn_norm, then the next
          * layer's attn_norm (the output norm after the last layer) */
         const sf_weight *next_norm = layer + 1 < c->n_layers ? f->layers[layer + 1].attn_norm : f->out_norm;

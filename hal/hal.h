@@ -120,6 +120,11 @@ typedef struct sf_backend sf_backend;
 typedef struct sf_buf sf_buf;       /* activation buffer: rows x cols in the backend's act dtype */
 typedef struct sf_weight sf_weight; /* an uploaded (or referenced) weight, possibly fused */
 
+/* The weights of one decoder layer, for the backend's optional decode_layer op. */
+typedef struct sf_layer_weights {
+    const sf_weight *attn_norm, *wqkv, *wo, *ffn_norm, *wgu, *wdown;
+} sf_layer_weights;
+
 /* A weight is made of 1..4 parts stacked along rows (out features): fused QKV, gate/up.
  * bias[i] may have data == NULL. The CPU backend keeps pointers (no copy); the CUDA backend
  * converts and concatenates into one device buffer. */
@@ -287,6 +292,15 @@ struct sf_backend_ops {
      * pen. May be NULL: the backend has no sampler. */
     int (*sample)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
                   const sf_sample_pen *pen, int n_pen, int32_t *ids);
+
+    /* Optional: one whole decoder layer of a batch-1 step (the step's one token) as one
+     * operation: what norm_qkv_rope, attention, matmul_add (O), norm_matmul (glu) and matmul_add
+     * (down) do in turn, h updated in place; qkv [1, (H + 2*Hkv) * head_dim], att [1, H *
+     * head_dim] and act [1, intermediate] are the scratch those ops would write. Returns
+     * SF_EUNSUPPORTED, having queued nothing, when it does not take this step (more than one
+     * token, INT8 KV blocks, shapes, or switched off): the caller then runs those ops. */
+    int (*decode_layer)(sf_backend *b, sf_buf *h, const sf_layer_weights *w, float eps, int layer, int n_heads,
+                        int n_kv_heads, const sf_rope *rope, sf_buf *qkv, sf_buf *att, sf_buf *act);
 };
 
 struct sf_backend {

@@ -92,6 +92,9 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
+    int persist;     /* SEMFLOW_CUDA_PERSIST=1: batch-1 layers through decode_persist.cu */
+    float *l1_ws;    /* its attention partials, then its barrier words (zeroed once) */
+    size_t l1_ws_floats;
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
@@ -162,11 +165,12 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE;
     int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
     int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
+    if (r->kind == SF_OP_LAYER1) { m = r->layer1.d; k = r->layer1.ffn; } /* n: 1 token */
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
     int64_t n = gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
                     ? r->n[1] : r->kind == SF_OP_COLL_NORM ? r->n[0] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
-                    : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2])
+                    : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2]) : r->kind == SF_OP_LAYER1 ? 1
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
     for (int i = 0; i < c->n_prof; i++) {
         struct prof_row *p = &c->prof_rows[i];
@@ -180,7 +184,7 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm" };
+                                   "coll_norm", "layer1" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -233,6 +237,7 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->kv_scale);
         cudaFree(c->inv_freq_d);
         cudaFree(c->attn_ws);
+        cudaFree(c->l1_ws);
         if (c->samp_h) cudaFreeHost(c->samp_h);
         cudaFree(c->samp_d);
         if (c->s) cudaStreamDestroy(c->s);
@@ -913,6 +918,56 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
     return submit(c, &r, 1, "matmul_add");
 }
 
+/* One layer of a batch-1 step in one persistent launch (decode_persist.cu), when switched on
+ * (SEMFLOW_CUDA_PERSIST=1) and the step and shapes allow; else SF_EUNSUPPORTED, nothing queued. */
+static int cuda_decode_layer(sf_backend *b, sf_buf *h, const sf_layer_weights *w, float eps, int layer, int H,
+                             int Hkv, const sf_rope *r, sf_buf *qkv, sf_buf *att, sf_buf *act)
+{
+    cuda_ctx *c = CTX(b);
+    if (!c->persist || c->T != 1 || c->step_i8 || !c->kv || !w->wgu || w->wgu->rows % 2) return SF_EUNSUPPORTED;
+    int hd = r->head_dim, d = (int)h->cols, ffn = (int)(w->wgu->rows / 2), rc;
+    if (layer < 0 || layer >= c->kvc.n_layers || Hkv != c->kvc.n_kv_heads || hd != c->kvc.head_dim ||
+        w->wqkv->rows != (int64_t)(H + 2 * Hkv) * hd || w->wqkv->cols != d || w->wo->rows != d ||
+        w->wo->cols != (int64_t)H * hd || w->wgu->cols != d || w->wdown->rows != d || w->wdown->cols != ffn ||
+        w->attn_norm->rows * w->attn_norm->cols != d || w->ffn_norm->rows * w->ffn_norm->cols != d ||
+        qkv->cols < w->wqkv->rows || att->cols < (int64_t)H * hd || act->cols < ffn || w->wo->bias ||
+        w->wgu->bias || w->wdown->bias)
+        return SF_EUNSUPPORTED;
+    if ((rc = ensure_rope(c, r))) return rc;
+    size_t sync_floats = (sf_k_decode_persist_sync_bytes() + 3) / 4;
+    size_t need = sf_k_decode_persist_ws_floats(H, hd) + sync_floats;
+    int capturable = 1;
+    if (need > c->l1_ws_floats) { /* once per model: the partials and the zeroed barrier words */
+        sf_error err;
+        if ((rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "decode_layer"))) return rc;
+        capturable = 0;
+        dfree(c, c->l1_ws, c->l1_ws_floats * 4);
+        c->l1_ws = NULL;
+        c->l1_ws_floats = 0;
+        if (dmalloc(c, (void **)&c->l1_ws, need * 4, "the persistent layer's workspace", &err)) {
+            SF_LOGE("cuda backend: %s", err.msg);
+            return err.code;
+        }
+        c->l1_ws_floats = need;
+        if ((rc = kcheck(cudaMemsetAsync(c->l1_ws, 0, need * 4, c->s), "decode_layer"))) return rc;
+    }
+    sf_op_rec rec;
+    memset(&rec, 0, sizeof rec); /* padding too: records are compared bytewise */
+    rec.kind = SF_OP_LAYER1;
+    sf_k_layer1 *p = &rec.layer1;
+    p->attn_norm = w->attn_norm->d; p->wqkv = w->wqkv->d; p->bqkv = w->wqkv->bias; p->wo = w->wo->d;
+    p->ffn_norm = w->ffn_norm->d; p->wgu = w->wgu->d; p->wdown = w->wdown->d;
+    p->h = h->d; p->qkv = qkv->d; p->att = att->d; p->act = act->d;
+    p->pos = c->pos_d; p->slot = c->slot_d; p->block_table = c->block_table_d; p->inv_freq = c->inv_freq_d;
+    p->kv = layer_kv(c, layer);
+    p->d = d; p->H = H; p->Hkv = Hkv; p->hd = hd; p->rot = r->rot_dim; p->interleaved = r->interleaved; p->ffn = ffn;
+    p->eps = eps; p->scale = r->attn_scale;
+    p->ws = c->l1_ws;
+    p->sync = (unsigned *)(c->l1_ws + (need - sync_floats));
+    if (!sf_k_decode_persist_ok(p)) return SF_EUNSUPPORTED;
+    return submit(c, &rec, capturable, "decode_layer");
+}
+
 static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
 {
     cuda_ctx *c = CTX(b);
@@ -1108,6 +1163,7 @@ static const struct sf_backend_ops cuda_ops = {
     .norm_qkv_rope = cuda_norm_qkv_rope,
     .sample = cuda_sample,
     .write_f32 = cuda_write_f32,
+    .decode_layer = cuda_decode_layer,
 };
 
 /* SEMFLOW_CUDA_FUSED=0: the same backend without the fused ops (the forward pass then runs the
@@ -1132,9 +1188,12 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             cuda_ops_plain.norm_matmul = NULL;
             cuda_ops_plain.matmul_add = NULL;
             cuda_ops_plain.norm_qkv_rope = NULL;
+            cuda_ops_plain.decode_layer = NULL;
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = !(ad && !strcmp(ad, "0"));
+        const char *ps = getenv("SEMFLOW_CUDA_PERSIST");
+        c->persist = ps && !strcmp(ps, "1");
     }
     b->ctx = c;
     c->dev = dev;

@@ -1,17 +1,12 @@
 #!/bin/sh
-# bench/device/decode.sh — the batch-1 decode figures of docs/PERFORMANCE.md in one go (under 60 s):
-#   - correctness first: whole-model logits against the CPU backend (build/tests/device/test_model)
-#     with the fused kernels on and off and with every fused GEMV on the cp.async ring, and the
-#     batch-1 GEMVs against a host reference (build/tests/device/test_gemv) with each kernel
-#     choice of SEMFLOW_CUDA_GEMV_RING (docs/CUDA.md "Fused batch-1 decode");
-#   - the layer's four fused GEMVs (Llama-3-8B shapes) alone and chained in a graph, with their
-#     block-shape variants (test_gemv --perf), per kernel choice;
+# bench/device/decode.sh — the batch-1 decode figures of docs/PERFORMANCE.md in one go (under 70 s):
+#   - correctness first: the persistent batch-1 layer (decode_persist.cu) against a host reference
+#     and the fused kernel sequence (build/tests/device/test_decode_persist), then whole-model
+#     logits against the CPU backend (build/tests/device/test_model) with it on
+#     (SEMFLOW_CUDA_PERSIST=1) and with the default path;
 #   - batch-1 decode of the Llama-3-8B and Qwen2-7B shapes (random bf16 weights) at 512 and 4096
-#     tokens of context as the backend runs by default (every fused GEMV on the cp.async ring);
-#     Llama-3-8B at 512 with SEMFLOW_CUDA_GEMV_RING=0 (the register kernels, one row per warp for
-#     O and down: the earlier default) and 1 (the ring, one row per warp for O and down);
-#   - the same decode with the fused kernels off (SEMFLOW_CUDA_FUSED=0), as the budget allows
-#     (each decode run costs ~4-5 s, most of it model set-up).
+#     tokens of context, the persistent layer on and off (docs/CUDA.md "Fused batch-1 decode"),
+#     as the budget allows (each decode run costs ~4-5 s, most of it model set-up).
 # Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; runs.txt has every
 # command with its exit code and seconds; a table is printed last.
 #
@@ -21,7 +16,7 @@ set -u
 BIN=${SF_BIN:-build/semflow}
 BUILD_DIR=${SF_BUILD:-build}
 D=${OUT:-./out}/decode
-BUDGET=${DECODE_BUDGET_S:-54} # seconds this script may spend (its hard limit is 60)
+BUDGET=${DECODE_BUDGET_S:-63} # seconds this script may spend (its hard limit is 70)
 mkdir -p "$D"
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "decode: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
@@ -57,47 +52,38 @@ step() {
                                 grep '^FAIL' "$D/$name.log" >>"$D/runs.txt" ;; esac
 }
 
-# correctness first
+# correctness first (a persistent kernel that hangs is cut by the step's limit)
 MT=$BUILD_DIR/tests/device/test_model
-GT=$BUILD_DIR/tests/device/test_gemv
-if [ -x "$MT" ] && [ -x "$GT" ]; then
-    step model-fused1 20 SEMFLOW_CUDA_FUSED=1 "$MT"
-    step model-fused0 20 SEMFLOW_CUDA_FUSED=0 "$MT"
-    step gemv 15 "$GT"
-    step gemv-ring1 15 SEMFLOW_CUDA_GEMV_RING=1 "$GT"
-    step model-ring0 20 SEMFLOW_CUDA_GEMV_RING=0 "$MT"
-    # the four GEMVs without attention, each alone and chained, and their variants (~1 s each)
-    step layer 6 "$GT" --perf
-    step layer-ring0 6 SEMFLOW_CUDA_GEMV_RING=0 "$GT" --perf
+PT=$BUILD_DIR/tests/device/test_decode_persist
+if [ -x "$MT" ] && [ -x "$PT" ]; then
+    step persist-layer 15 "$PT"
 else
-    echo "test_model/test_gemv: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
+    echo "test_model/test_decode_persist: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
 fi
 
-# each decode run costs ~4-5 s (model set-up): the record, the kernel choices beside it, then
-# the unfused sequence as the budget allows (earlier calls: docs/PERFORMANCE.md)
+# each decode run costs ~4-5 s (model set-up): persistent layer on, then off, per shape
 B="$BIN bench"
 P="--backend cuda --load-format dummy --json"
 L8="$B decode --preset llama-3-8b --steps 32 $P"
 Q7="$B decode --preset qwen2-7b --steps 32 $P"
-step llama3-ctx512 12 $L8 --ctx 512
-step llama3-ctx4096 12 $L8 --ctx 4096
-step qwen2-ctx512 12 $Q7 --ctx 512
-step qwen2-ctx4096 12 $Q7 --ctx 4096
-step l8-512-ring0 12 SEMFLOW_CUDA_GEMV_RING=0 $L8 --ctx 512
-step l8-512-ring1 12 SEMFLOW_CUDA_GEMV_RING=1 $L8 --ctx 512
-step llama3-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 512
-step qwen2-ctx512-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 512
-step llama3-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $L8 --ctx 4096
-step qwen2-ctx4096-unfused 12 SEMFLOW_CUDA_FUSED=0 $Q7 --ctx 4096
+step l8-512-persist 10 SEMFLOW_CUDA_PERSIST=1 $L8 --ctx 512
+step l8-512 10 $L8 --ctx 512
+[ -x "$MT" ] && step model-persist 15 SEMFLOW_CUDA_PERSIST=1 "$MT"
+step q7-512-persist 10 SEMFLOW_CUDA_PERSIST=1 $Q7 --ctx 512
+step q7-512 10 $Q7 --ctx 512
+step l8-4096-persist 10 SEMFLOW_CUDA_PERSIST=1 $L8 --ctx 4096
+step l8-4096 10 $L8 --ctx 4096
+step q7-4096-persist 10 SEMFLOW_CUDA_PERSIST=1 $Q7 --ctx 4096
+step q7-4096 10 $Q7 --ctx 4096
 cat "$D/runs.txt"
-for f in "$D"/layer-*.log; do [ -f "$f" ] && echo "$(basename "$f" .log):" && grep '^perf:' "$f"; done
+[ -f "$D/persist-layer.log" ] && grep '^  ' "$D/persist-layer.log"
 
 # the table: one line per run from its JSON (python3 is on the GPU host)
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["llama3-ctx512", "llama3-ctx4096", "qwen2-ctx512", "qwen2-ctx4096", "l8-512-ring0", "l8-512-ring1",
-         "llama3-ctx512-unfused", "qwen2-ctx512-unfused", "llama3-ctx4096-unfused", "qwen2-ctx4096-unfused"]
+names = ["l8-512-persist", "l8-512", "q7-512-persist", "q7-512", "l8-4096-persist", "l8-4096", "q7-4096-persist",
+         "q7-4096"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:
