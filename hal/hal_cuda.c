@@ -75,7 +75,7 @@ typedef struct cuda_ctx {
     int n_tiles; /* prefill query tiles of this step (0: none) */
     int n_dec, dec_split; /* steps with tiles: single-token sequences left out of the tiles, whose */
     int32_t *dec_rows_d;  /* token rows (after the tiles) take the decode kernel with this split */
-    int mixed_decode;     /* SEMFLOW_CUDA_MIXED_DECODE (default 1): do so */
+    int mixed_decode;     /* SEMFLOW_CUDA_MIXED_DECODE=1: do so (off by default until measured) */
     /* KV pool */
     sf_kv_config kvc;
     uint16_t *kv;
@@ -1300,7 +1300,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         }
         c->attn_decode = !(ad && !strcmp(ad, "0"));
         const char *md = getenv("SEMFLOW_CUDA_MIXED_DECODE");
-        c->mixed_decode = !(md && !strcmp(md, "0"));
+        c->mixed_decode = md && !strcmp(md, "1");
         const char *ps = getenv("SEMFLOW_CUDA_PERSIST");
         c->persist = ps && (ps[0] == '1' || ps[0] == '2') && !ps[1] ? ps[0] - '0' : 0;
     }
