@@ -53,7 +53,7 @@ typedef struct sf_turn_clock {
     double exposed;              /* from the taken ids to the next step's work all queued: the device's idle gap */
 } sf_turn_clock;
 
-#define SF_STEP_HIST 10000       /* decode turn durations in 10 µs buckets up to 100 ms */
+#define SF_STEP_HIST 1700        /* decode turn durations in buckets 1% wide from 10 µs (step.c) */
 
 struct sf_engine {
     sf_engine_config cfg;
@@ -108,7 +108,7 @@ struct sf_engine {
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
     uint64_t decode_steps, decode_tokens, rows_dev, rows_host;
     sf_turn_clock dclk;         /* summed over decode turns */
-    uint32_t *step_hist;        /* [SF_STEP_HIST + 1] decode turn durations */
+    uint32_t *step_hist;        /* [SF_STEP_HIST] decode turn durations */
 };
 
 /* step.c, engine thread only. */
