@@ -20,10 +20,14 @@
 #define CM_FORGET 0.95      /* recursive least squares forgetting factor (~20 steps of memory) */
 #define CM_MIN_STEPS 8      /* steps measured before the model is trusted */
 #define AVG_ALPHA 0.1       /* moving average of step time (admission's floor check) */
+#define CM_REF_ALPHA 0.02   /* slow average of the per-token term (~50 steps): its floor in tokens_within */
 #define TARGET_MEMORY_S 10.0 /* a latency target shapes steps this long after the last request that had it */
 #define FLOOR_MARGIN 0.8    /* floors shape steps to this share of 1000 / min_tps: the model's error and
                              * the prefill of higher classes (never held back) stay inside the floor */
 #define RT_EXTRA_MS 2.0     /* ... and at most this when it rides in one after LOW_STARVE_S without prefill */
+#define LOW_STEP_FRAC 0.05  /* while a latency target is present, a step with lower-class prefill takes at most
+                             * this share of the tightest target (20 ms for 400 ms): what a realtime request
+                             * arriving during it waits for */
 #define LOW_STARVE_S 0.1    /* lower-class prefill stays out of steps that carry a realtime prompt unless it
                              * had none for this long (under 8x load nearly every step carries one) */
 #define DIP_BRIDGE_S 0.5    /* the degrade watch bridges a dip back across its threshold this short */
@@ -52,6 +56,7 @@ void sf_sched_observe(sf_sched *s, int n_tokens, int n_decode, double ms)
     /* steady decode-only traffic never varies x: keep P from winding up in that direction */
     if (p[0] > 1e6 || p[2] > 1e2) p[0] *= 0.5, p[1] *= 0.5, p[2] *= 0.5;
     s->cm_n++;
+    if (th[1] > 1e-9) s->cm_b_ref = s->cm_b_ref > 0 ? s->cm_b_ref + CM_REF_ALPHA * (th[1] - s->cm_b_ref) : th[1];
     if (n_decode > 0) s->step_ms_avg = s->step_ms_avg > 0 ? s->step_ms_avg + AVG_ALPHA * (ms - s->step_ms_avg) : ms;
 }
 
@@ -62,11 +67,21 @@ double sf_sched_predict_ms(const sf_sched *s, int n_tokens)
     return t > 0 ? t : 0;
 }
 
-/* Tokens a step may hold to take at most ms; INT_MAX when the model cannot tell. */
+/* Tokens a step may hold to take at most ms; INT_MAX when the model cannot tell. The per-token
+ * term is held to at least half its slow average: steps that all carry about as many tokens (a
+ * capped prefill chunk beside the same decode rows) leave the slope unidentified, and a slope
+ * drifting to zero must not lift the cap (on the CPU rehearsal it let a 2042-token step of 1.4 s
+ * through while realtime requests waited). */
+static double per_token_ms(const sf_sched *s)
+{
+    return s->cm_n < CM_MIN_STEPS ? 0 : SF_MAX(s->cm_th[1], 0.5 * s->cm_b_ref);
+}
+
 static int tokens_within(const sf_sched *s, double ms)
 {
-    if (s->cm_n < CM_MIN_STEPS || !(s->cm_th[1] > 1e-9)) return INT_MAX;
-    double n = (ms - SF_MAX(s->cm_th[0], 0.0)) / s->cm_th[1];
+    double b = per_token_ms(s);
+    if (!(b > 1e-9)) return INT_MAX;
+    double n = (ms - SF_MAX(s->cm_th[0], 0.0)) / b;
     return n <= 0 ? 0 : n >= INT_MAX ? INT_MAX : (int)n;
 }
 
@@ -108,6 +123,13 @@ void sf_policy_caps(sf_sched *s, int n_decode)
         if (n != INT_MAX) s->cap_low = SF_MAX(min_chunk, n - n_decode);
     }
     s->cap_low = SF_MIN(s->cap_low, s->cap_tokens);
+    /* Lower-class prefill while realtime is about: a realtime request arriving during the step
+     * waits for all of it, so that step stays short too (held back from realtime steps, below,
+     * lower-class prompts pile up and would otherwise take the whole latency budget). */
+    if (t_rt < INFINITY) {
+        int n = tokens_within(s, t_rt / s->cfg.shape_frac * LOW_STEP_FRAC);
+        if (n != INT_MAX) s->cap_low = SF_MIN(s->cap_low, SF_MAX(min_chunk, n - n_decode));
+    }
     /* High-urgency prompts in this step (waiting, or a running one not yet prefilled): the step
      * that brings realtime its first token carries no lower-class prompt (their floors are about
      * decode, which is not held back), so it is as short at 8x as at 1x. Lower-class prefill
@@ -118,7 +140,8 @@ void sf_policy_caps(sf_sched *s, int n_decode)
         if (s->rt_alone && s->now - s->low_prefill_at < LOW_STARVE_S) {
             s->cap_low = 0;
         } else {
-            int extra = s->cm_n >= CM_MIN_STEPS && s->cm_th[1] > 1e-9 ? (int)SF_MIN(RT_EXTRA_MS / s->cm_th[1], 1e9) : 0;
+            double b = per_token_ms(s);
+            int extra = b > 1e-9 ? (int)SF_MIN(RT_EXTRA_MS / b, 1e9) : 0;
             s->cap_low = SF_MIN(s->cap_low, SF_MAX(min_chunk, extra));
         }
     }

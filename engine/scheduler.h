@@ -161,6 +161,8 @@ typedef struct sf_sched {
     double now;               /* time of the plan being built (sf_sched_plan_at) */
     double cm_p[3], cm_th[2]; /* step-time model ms = th0 + th1 x tokens: recursive least squares */
     int cm_n;                 /* steps observed */
+    double cm_b_ref;          /* slow average of the per-token term while positive: a floor for it when steps
+                               * of one size leave the slope unidentified (it may drift to 0 or below) */
     double step_ms_avg;       /* moving average of measured steps that decoded */
     int low_budget_left;      /* prefill tokens left this step for classes below high (floor cap) */
     int cap_tokens, cap_low;  /* the caps of the last plan (INT_MAX: none), for traces and tests */

@@ -162,21 +162,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
         sf_cp_async_commit();
         unsigned char *st = smem + ((x - c0) % NS) * SL::STB;
         if (cc.i == 0 || x == c0) { /* a new item: its q (B fragments, permuted dims), a fresh state */
-            const unsigned char *qp = st + Lo::STB + (g * HD + c * (HD / 4)) * 2;
-#pragma unroll
-            for (int s = 0; s < HD / 16; s++) {
-                uint2 v = make_uint2(0u, 0u);
-                if (g < G) v = *(const uint2 *)(qp + 8 * s);
-                qb[s][0] = v.x;
-                qb[s][1] = v.y;
-            }
-#pragma unroll
-            for (int s = 0; s < (I8 ? HD / 16 : 1); s++)
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const float2 f = __bfloat1622float2(*(const bf162 *)&qb[s][k]);
-                    qh[s][k] = I8 ? sf_pack_f16(f.x, f.y) : 0u;
-                }
+            dm_q_frags<HD, I8>((const uint16_t *)(st + Lo::STB) + g * HD + c * (HD / 4), g < G, qb, qh);
             m[0] = m[1] = -INFINITY;
             l[0] = l[1] = 0.0f;
 #pragma unroll

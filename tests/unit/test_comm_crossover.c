@@ -1,6 +1,7 @@
 /* test_comm_crossover.c — the all-reduce path choice that runs on any machine: the crossover
  * picked from measured latencies (hal/comm.c), its cache, and the setup of the peer-memory
- * path where there is no GPU (it must refuse cleanly, so NCCL takes every message). */
+ * path where there is no GPU (it must refuse cleanly, so NCCL takes every message), which
+ * all-reduce + rmsnorm calls take the fused kernel, and that op's fallback on the CPU. */
 #include <stdlib.h>
 #include <sys/stat.h>
 
@@ -104,6 +105,87 @@ TEST(path_choice)
     CHECK(!sf_comm_takes_custom(&c, 1, SF_DT_BF16) && !sf_comm_takes_ll(&c, 1, SF_DT_BF16));
 }
 
+static int fake_ar_norm(sf_comm *c, const sf_coll_norm *a, void *stream, sf_error *err)
+{
+    return sf_err(err, SF_ERROR, "not called here");
+}
+static int fake_coll_norm(sf_backend *b, sf_buf *x, sf_buf *res, const sf_weight *w, float eps, int rows, sf_buf *out,
+                          sf_coll_norm_fn fn, void *arg)
+{
+    return SF_ERROR;
+}
+
+/* Which all-reduce + rmsnorm calls take the fused kernel: the same answer on every rank. */
+TEST(norm_choice)
+{
+    static const struct sf_comm_ops with = { .name = "fake", .all_reduce_norm = fake_ar_norm }, without = { .name = "x" };
+    static const struct sf_backend_ops bwith = { .name = "fake", .collective_norm = fake_coll_norm }, bwithout = { 0 };
+    sf_backend b = { .ops = &bwith }, b0 = { .ops = &bwithout };
+    sf_comm c = { .ops = &with, .size = 2, .norm_max_bytes = 4 << 20, .norm_max_cols = 16384, .norm_min_rows = 2 };
+    CHECK(sf_comm_takes_norm(&c, &b, 256, 4096));       /* 2 MiB */
+    CHECK(sf_comm_takes_norm(&c, &b, 256, 8192));       /* 4 MiB: at the cap */
+    CHECK(!sf_comm_takes_norm(&c, &b, 257, 8192));      /* above */
+    CHECK(!sf_comm_takes_norm(&c, &b, 1, 4096));        /* one row: the GEMV's own norm */
+    CHECK(!sf_comm_takes_norm(&c, &b, 16, 1004));       /* not a multiple of 8 */
+    CHECK(!sf_comm_takes_norm(&c, &b, 2, 16392));       /* wider than the kernel */
+    CHECK(!sf_comm_takes_norm(&c, &b0, 16, 4096));      /* the backend has no such op */
+    CHECK(!sf_comm_takes_norm(NULL, &b, 16, 4096));
+    c.path = SF_COMM_PATH_NCCL;                         /* NCCL forced */
+    CHECK(!sf_comm_takes_norm(&c, &b, 16, 4096));
+    c.path = SF_COMM_PATH_AUTO;
+    c.norm_max_bytes = 0;                               /* $SEMFLOW_TP_ARNORM=0 */
+    CHECK(!sf_comm_takes_norm(&c, &b, 16, 4096));
+    c.norm_max_bytes = 4 << 20;
+    c.size = 1;
+    CHECK(!sf_comm_takes_norm(&c, &b, 16, 4096));
+    c.size = 2;
+    c.ops = &without;
+    CHECK(!sf_comm_takes_norm(&c, &b, 16, 4096));
+}
+
+/* Without a communicator the op is the residual add and the rmsnorm (CPU backend). */
+TEST(norm_fallback_cpu)
+{
+    sf_backend *b = NULL;
+    sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
+    sf_error err = { 0 };
+    REQUIRE(sf_backend_open(&bo, &b, &err) == SF_OK, "%s", err.msg);
+    enum { R = 3, C = 16 };
+    float x[R * C], res[R * C], wv[C], got[R * C], h[R * C], want[R * C];
+    for (int i = 0; i < R * C; i++) {
+        x[i] = (float)(i % 5) - 2.0f;
+        res[i] = (float)(i % 3) * 0.5f;
+    }
+    for (int i = 0; i < C; i++) wv[i] = 1.0f + 0.125f * (float)i;
+    sf_weight_desc d = { .n_parts = 1 };
+    d.part[0] = (sf_view){ .data = wv, .dtype = SF_DT_F32, .rows = 1, .cols = C };
+    sf_weight *w = NULL;
+    sf_buf *bx = NULL, *br = NULL, *bo2 = NULL;
+    int rc = b->ops->weight_new(b, &d, &w, &err);
+    if (!rc) rc = b->ops->buf_new(b, R, C, &bx, &err);
+    if (!rc) rc = b->ops->buf_new(b, R, C, &br, &err);
+    if (!rc) rc = b->ops->buf_new(b, R, C, &bo2, &err);
+    if (!rc) rc = b->ops->write_f32(b, bx, R, x) || b->ops->write_f32(b, br, R, res);
+    if (!rc) rc = sf_comm_all_reduce_norm_buf(NULL, b, bx, br, w, 1e-6f, R, C, bo2, &err);
+    if (!rc) rc = b->ops->read_f32(b, bo2, R, got) || b->ops->read_f32(b, br, R, h);
+    CHECK_MSG(rc == SF_OK, "%s", err.msg);
+    for (int r = 0; r < R && !rc; r++) {
+        double ss = 0;
+        for (int i = 0; i < C; i++) ss += (double)(res[r * C + i] + x[r * C + i]) * (res[r * C + i] + x[r * C + i]);
+        for (int i = 0; i < C; i++)
+            want[r * C + i] = (float)((res[r * C + i] + x[r * C + i]) / sqrt(ss / C + 1e-6) * wv[i]);
+    }
+    for (int i = 0; i < R * C && !rc; i++) {
+        CHECK_MSG(h[i] == res[i] + x[i], "residual %d: %g, want %g", i, h[i], res[i] + x[i]);
+        CHECK_MSG(fabsf(got[i] - want[i]) <= 1e-5f * (1 + fabsf(want[i])), "normed %d: %g, want %g", i, got[i], want[i]);
+    }
+    if (bx) b->ops->buf_free(b, bx);
+    if (br) b->ops->buf_free(b, br);
+    if (bo2) b->ops->buf_free(b, bo2);
+    if (w) b->ops->weight_free(b, w);
+    sf_backend_close(b);
+}
+
 static int no_exchange(void *ctx, const void *mine, size_t bytes, void *all, sf_error *err)
 {
     (*(int *)ctx)++;
@@ -131,5 +213,7 @@ int main(void)
     RUN(crossover_cache);
     RUN(path_choice);
     RUN(custom_path_refuses_cleanly);
+    RUN(norm_choice);
+    RUN(norm_fallback_cpu);
     return test_summary();
 }
