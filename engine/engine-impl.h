@@ -43,6 +43,7 @@ typedef struct sf_flight {
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
     double swap_ms;
     double t_plan;               /* sf_now_s when it was planned */
+    double t_done;               /* its launch returned only once the step was done (0: not so) */
 } sf_flight;
 
 /* Where one loop turn's time went (seconds). */
@@ -81,7 +82,8 @@ struct sf_engine {
     sf_flight fl;
     sf_taken *taken;            /* [max_num_seqs] tokens taken, not yet delivered */
     int n_taken;
-    double t_ids;               /* when the ids of the step taken this turn arrived (0: none) */
+    double t_ids;               /* when the device ran out of work in the step taken this turn: its
+                                 * ids arrived, or its launch returned after the step (0: none) */
 
     pthread_t thread;
     int thread_started;

@@ -218,6 +218,9 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
         t_enq = bs.last_step_enqueued_s;
         tc->enqueue += bs.last_step_host_us * 1e-6;
         tc->wait += t3 - t_enq;
+        /* a launch that waited for its step (host sampling, or a gather that waits) leaves the
+         * device with at most the draw from here: its idle gap starts now, not at the ids */
+        if (t3 - t_enq > 50e-6) f->t_done = t3;
     }
     tc->launch += t3 - t2;
     if (e->tp) tc->send += sf_tp_last_send_s(e->tp);
@@ -240,7 +243,7 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     int rc = !f->on_dev ? SF_OK : e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
     double t1 = sf_now_s();
     tc->wait += t1 - t0;
-    e->t_ids = t1;
+    e->t_ids = f->t_done > 0 && f->t_done < t1 ? f->t_done : t1;
     if (rc != SF_OK) {
         step_failed(e, rc, &err, f->n_tokens, tc);
         return 0;
