@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 extern "C" int sf_k_attention_decode_mma_ok(const sf_k_attn *a)
 {
     const int G = a->Hkv > 0 ? a->H / a->Hkv : 0;
-    return a->n_tiles == 0 && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
+    return a->n_tiles == 0 && !a->rows && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
            G <= 8 && a->n_split >= 1 && a->n_split <= DM_MAX_SPLIT && (a->n_split == 1 || (a->ws && a->counters)) &&
            a->ld_q % 8 == 0 && (uintptr_t)a->q % 16 == 0 && (uintptr_t)a->kv.k % 16 == 0 &&
            (uintptr_t)a->kv.v % 16 == 0 && a->kv.head_dim == a->hd && a->kv.block_size >= 16 &&

@@ -108,6 +108,9 @@ typedef struct sf_k_attn {
     const int32_t *tiles;    /* prefill: [n_tiles][2] = first token, rows (<= 64 consecutive
                               * tokens of one sequence, consecutive positions) */
     int n_tiles;             /* > 0: the tensor-core prefill kernel (when head_dim % 16 == 0) */
+    const int32_t *rows;     /* decode, stream kernel only: query i < T is token rows[i] (its q, out,
+                              * pos, tok_seq and counter); NULL: token i. Lets the single-token
+                              * sequences of a step with prefill tiles take the decode kernel */
 } sf_k_attn;
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
