@@ -73,6 +73,9 @@ typedef struct cuda_ctx {
     int32_t *tokens_h; /* into meta_h */
     int32_t *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d, *tiles_d;
     int n_tiles; /* prefill query tiles of this step (0: none) */
+    int n_dec, dec_split; /* steps with tiles: single-token sequences left out of the tiles, whose */
+    int32_t *dec_rows_d;  /* token rows (after the tiles) take the decode kernel with this split */
+    int mixed_decode;     /* SEMFLOW_CUDA_MIXED_DECODE=1: do so (off by default until measured) */
     /* KV pool */
     sf_kv_config kvc;
     uint16_t *kv;
@@ -629,7 +632,8 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->t_step0 = sf_now_ns();
     if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
         return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
-    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
+    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1) +
+                  (size_t)S;
     if (need > META_INTS)
         return op_fail(SF_EINVAL, "batch_begin", "batch metadata exceeds 4 MiB: fewer sequences or shorter block tables");
     c->step_i8 = 0;
@@ -672,19 +676,31 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     /* Prefill tiles when some sequence brings >= 16 tokens: runs of <= 64 consecutive tokens of
      * one sequence with consecutive positions (anything else keeps the CUDA-core kernel). */
     int32_t *tiles = h + 4 * T + (size_t)S * bt->max_blocks + L;
-    int n_tiles = 0, longest = 0, consecutive = 1;
+    int n_tiles = 0, longest = 0, consecutive = 1, n_dec = 0;
     for (int s = 0; s < S; s++) {
         longest = SF_MAX(longest, bt->seq_start[s + 1] - bt->seq_start[s]);
         for (int t = bt->seq_start[s] + 1; t < bt->seq_start[s + 1]; t++) consecutive &= bt->pos[t] == bt->pos[t - 1] + 1;
     }
+    /* The single-token sequences of such a step (decodes beside a prefill) go to the decode
+     * kernel over their rows (attention_decode_stream.cu, sf_k_attn.rows), not to 1-row query tiles
+     * of the prefill kernel (64 rows of tensor work per token and head): their rows are collected
+     * past the largest tile list, then moved behind the tiles. */
+    const int kbs = c->kvc.block_size, dec_ok = c->mixed_decode && c->attn_decode && c->kvc.dtype == SF_DT_BF16 &&
+                    (c->kvc.head_dim == 64 || c->kvc.head_dim == 128) && kbs >= 16 && (kbs & (kbs - 1)) == 0;
+    int32_t *dec_rows = tiles + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
     if (longest >= 16 && consecutive)
         for (int s = 0; s < S; s++)
             for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t += SF_K_PREFILL_TILE) {
+                if (dec_ok && bt->seq_start[s + 1] - bt->seq_start[s] == 1) {
+                    dec_rows[n_dec++] = t;
+                    continue;
+                }
                 tiles[2 * n_tiles] = t;
                 tiles[2 * n_tiles + 1] = SF_MIN(SF_K_PREFILL_TILE, bt->seq_start[s + 1] - t);
                 n_tiles++;
             }
-    need = 4 * (size_t)T + (size_t)S * bt->max_blocks + L + 2 * (size_t)n_tiles;
+    if (n_dec) memmove(tiles + 2 * n_tiles, dec_rows, (size_t)n_dec * 4);
+    need = 4 * (size_t)T + (size_t)S * bt->max_blocks + L + 2 * (size_t)n_tiles + n_dec;
     cudaError_t e = cudaMemcpyAsync(c->meta_d, h, need * 4, cudaMemcpyHostToDevice, c->s);
     if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
@@ -698,6 +714,8 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->logit_rows_d = c->block_table_d + (size_t)S * bt->max_blocks;
     c->tiles_d = c->logit_rows_d + L;
     c->n_tiles = n_tiles;
+    c->n_dec = n_dec;
+    c->dec_rows_d = c->tiles_d + 2 * n_tiles;
     /* Split the keys of decode steps: when (tokens x kv heads) blocks cannot fill the SMs, or (the
      * batch kernel) to make the blocks come out in whole waves. */
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
@@ -712,7 +730,11 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
     }
     /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
-    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, 2 * (int64_t)n_tiles + c->step_i8 };
+    c->dec_split = n_dec ? sf_k_attention_decode_split(n_dec, c->kvc.n_kv_heads, c->kvc.head_dim, max_ctx,
+                                                       c->kvc.block_size, c->step_i8, sms, 3)
+                         : 0;
+    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split,
+                                  2 * (int64_t)n_tiles + c->step_i8 + ((int64_t)n_dec << 32) };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
 }
@@ -807,8 +829,8 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         qkv->cols < (int64_t)(H + 2 * Hkv) * hd)
         return op_fail(SF_EINVAL, "attention", "heads or shapes do not match the KV cache (group size <= 16)");
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, n_split = c->n_split, capturable = 1;
-    if (n_split > 1) {
-        size_t need = (size_t)c->T * H * n_split * (hd + 2);
+    if (n_split > 1 || c->n_dec) {
+        size_t need = SF_MAX((size_t)c->T * H * n_split * (hd + 2), (size_t)c->n_dec * H * c->dec_split * (hd + 2));
         if (need > c->attn_ws_floats || (size_t)c->T * Hkv > c->attn_cnt) {
             /* sized once for the worst split case this model can hit (work < sms), at warm-up */
             size_t cap = (size_t)SF_MIN(c->max_rows, sms) * H * MAX_SPLIT * (hd + 2);
@@ -839,7 +861,19 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         .n_split = n_split, .counters = n_split > 1 ? (unsigned *)(c->attn_ws + c->attn_ws_floats) : NULL, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
     };
     if (c->attn_decode && c->kvc.dtype == SF_DT_BF16 && sf_k_attention_decode_ok(&rec.attn)) rec.kind = SF_OP_ATTN_DEC;
-    return submit(c, &rec, capturable, "attention");
+    int rc = submit(c, &rec, capturable, "attention");
+    if (rc || !c->n_dec) return rc;
+    /* the step's single-token sequences (batch_begin left them out of the tiles) */
+    rec.kind = SF_OP_ATTN_DEC;
+    rec.attn.T = c->n_dec;
+    rec.attn.rows = c->dec_rows_d;
+    rec.attn.n_split = c->dec_split;
+    rec.attn.counters = (unsigned *)(c->attn_ws + c->attn_ws_floats);
+    rec.attn.tiles = NULL;
+    rec.attn.n_tiles = 0;
+    if (!sf_k_attention_decode_stream_ok(&rec.attn))
+        return op_fail(SF_EINVAL, "attention", "the decode kernel refuses the step's single-token sequences");
+    return submit(c, &rec, capturable, "attention (decodes)");
 }
 
 static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *out)
@@ -1265,6 +1299,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = !(ad && !strcmp(ad, "0"));
+        const char *md = getenv("SEMFLOW_CUDA_MIXED_DECODE");
+        c->mixed_decode = md && !strcmp(md, "1");
         const char *ps = getenv("SEMFLOW_CUDA_PERSIST");
         c->persist = ps && (ps[0] == '1' || ps[0] == '2') && !ps[1] ? ps[0] - '0' : 0;
     }
