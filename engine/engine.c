@@ -402,7 +402,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
     e->row_item = malloc((size_t)c->max_num_seqs * sizeof *e->row_item);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
-    e->step_hist = calloc(SF_STEP_HIST + 1, sizeof *e->step_hist);
+    e->step_hist = calloc(SF_STEP_HIST, sizeof *e->step_hist);
     if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->taken || !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;

@@ -18,6 +18,7 @@
  * Swaps, preemption and stuck sequences are planned with no step in flight: a step is launched
  * only after the ids of the one before it were taken. */
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -217,6 +218,9 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
         t_enq = bs.last_step_enqueued_s;
         tc->enqueue += bs.last_step_host_us * 1e-6;
         tc->wait += t3 - t_enq;
+        /* a launch that waited for its step (host sampling, or a gather that waits) leaves the
+         * device with at most the draw from here: its idle gap starts now, not at the ids */
+        if (t3 - t_enq > 50e-6) f->t_done = t3;
     }
     tc->launch += t3 - t2;
     if (e->tp) tc->send += sf_tp_last_send_s(e->tp);
@@ -239,7 +243,7 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     int rc = !f->on_dev ? SF_OK : e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
     double t1 = sf_now_s();
     tc->wait += t1 - t0;
-    e->t_ids = t1;
+    e->t_ids = f->t_done > 0 && f->t_done < t1 ? f->t_done : t1;
     if (rc != SF_OK) {
         step_failed(e, rc, &err, f->n_tokens, tc);
         return 0;
@@ -273,6 +277,14 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     return 1;
 }
 
+/* Decode turn durations are kept in buckets 1% wide from 10 µs up (SF_STEP_HIST of them reach
+ * past 100 s): bucket i holds [0.01 * 1.01^i, 0.01 * 1.01^(i+1)) ms. */
+static int hist_bucket(double ms)
+{
+    double i = ms > 0.01 ? floor(log(ms / 0.01) / log(1.01)) : 0;
+    return i < SF_STEP_HIST - 1 ? (int)i : SF_STEP_HIST - 1;
+}
+
 int sf_engine_turn(sf_engine *e)
 {
     sf_turn_clock tc = { 0 };
@@ -298,8 +310,7 @@ int sf_engine_turn(sf_engine *e)
             d->wait += tc.wait, d->take += tc.take, d->plan += tc.plan, d->batch += tc.batch;
             d->launch += tc.launch, d->send += tc.send, d->deliver += tc.deliver, d->enqueue += tc.enqueue;
             d->exposed += launched ? tc.exposed : 0;
-            long bucket = (long)(turn * 1e5);
-            if (e->step_hist) e->step_hist[bucket < SF_STEP_HIST ? bucket : SF_STEP_HIST]++;
+            if (e->step_hist) e->step_hist[hist_bucket(turn * 1e3)]++;
         }
     }
     return took || launched || progress;
@@ -320,11 +331,11 @@ void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90)
     uint64_t n = 0, c = 0;
     *p50 = *p90 = 0;
     if (!e->step_hist) return;
-    for (int i = 0; i <= SF_STEP_HIST; i++) n += e->step_hist[i];
-    for (int i = 0; i <= SF_STEP_HIST && n; i++) {
+    for (int i = 0; i < SF_STEP_HIST; i++) n += e->step_hist[i];
+    for (int i = 0; i < SF_STEP_HIST && n; i++) {
         uint64_t before = c;
         c += e->step_hist[i];
-        double ms = (i + 0.5) * 1e-2;
+        double ms = 0.01 * pow(1.01, i + 0.5); /* the bucket's middle: within 0.5% */
         if (before < (n + 1) / 2 && c >= (n + 1) / 2) *p50 = ms;
         if (before < (n * 9 + 9) / 10 && c >= (n * 9 + 9) / 10) *p90 = ms;
     }
