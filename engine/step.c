@@ -329,16 +329,18 @@ void sf_engine_settle(sf_engine *e)
 void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90)
 {
     uint64_t n = 0, c = 0;
+    int i50 = -1, i90 = -1;
     *p50 = *p90 = 0;
     if (!e->step_hist) return;
     for (int i = 0; i < SF_STEP_HIST; i++) n += e->step_hist[i];
-    for (int i = 0; i < SF_STEP_HIST && n; i++) {
-        uint64_t before = c;
+    for (int i = 0; i < SF_STEP_HIST && n && i90 < 0; i++) {
         c += e->step_hist[i];
-        double ms = 0.01 * pow(1.01, i + 0.5); /* the bucket's middle: within 0.5% */
-        if (before < (n + 1) / 2 && c >= (n + 1) / 2) *p50 = ms;
-        if (before < (n * 9 + 9) / 10 && c >= (n * 9 + 9) / 10) *p90 = ms;
+        if (i50 < 0 && 2 * c >= n) i50 = i;
+        if (10 * c >= 9 * n) i90 = i;
     }
+    /* each bucket's middle: within 0.5% */
+    if (i50 >= 0) *p50 = 0.01 * pow(1.01, i50 + 0.5);
+    if (i90 >= 0) *p90 = 0.01 * pow(1.01, i90 + 0.5);
 }
 
 /* Decode batch sizes the warm-up runs: the row counts the CUDA backend's GEMM tuner times its
