@@ -311,6 +311,7 @@ int sf_engine_turn(sf_engine *e)
             d->launch += tc.launch, d->send += tc.send, d->deliver += tc.deliver, d->enqueue += tc.enqueue;
             d->exposed += launched ? tc.exposed : 0;
             if (e->step_hist) e->step_hist[hist_bucket(turn * 1e3)]++;
+            if (e->step_hist && launched) e->step_hist[SF_STEP_HIST + hist_bucket(tc.exposed * 1e3)]++;
         }
     }
     return took || launched || progress;
@@ -326,15 +327,16 @@ void sf_engine_settle(sf_engine *e)
     e->fl.active = 0;
 }
 
-void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90)
+void sf_engine_step_percentiles(const sf_engine *e, int which, double *p50, double *p90)
 {
     uint64_t n = 0, c = 0;
     int i50 = -1, i90 = -1;
     *p50 = *p90 = 0;
     if (!e->step_hist) return;
-    for (int i = 0; i < SF_STEP_HIST; i++) n += e->step_hist[i];
+    const uint32_t *h = e->step_hist + (which ? SF_STEP_HIST : 0);
+    for (int i = 0; i < SF_STEP_HIST; i++) n += h[i];
     for (int i = 0; i < SF_STEP_HIST && n && i90 < 0; i++) {
-        c += e->step_hist[i];
+        c += h[i];
         if (i50 < 0 && 2 * c >= n) i50 = i;
         if (10 * c >= 9 * n) i90 = i;
     }
