@@ -20,6 +20,7 @@ typedef struct bench_opts {
     /* throughput */
     int input, output, num_prompts, max_num_seqs, max_batched_tokens;
     double gpu_util, temperature;
+    const char *compare; /* throughput: a `bench decode-batch --json` result to set the engine's step beside */
 } bench_opts;
 
 /* Weight bytes one decode step reads: every layer, the final norm and the lm_head (the

@@ -117,11 +117,33 @@ static bound physical_bound(const sf_engine_info *in, int N, int I, int O, int B
     return r;
 }
 
+/* --compare: the decode-batch result the engine's step is set beside; NULL with a message in
+ * err when the file is not one. */
+static json_t *load_compare(const char *path, sf_error *err)
+{
+    json_error_t je;
+    json_t *j = json_load_file(path, 0, &je);
+    if (!j) {
+        sf_err(err, SF_EINVAL, "--compare %s: not readable JSON (%s, line %d); give the output of `semflow bench "
+               "decode-batch --json`", path, je.text, je.line);
+        return NULL;
+    }
+    json_t *mode = json_object_get(j, "mode"), *ms = json_object_get(j, "ms_per_step_median");
+    if (!json_is_string(mode) || strcmp(json_string_value(mode), "decode-batch") || !json_is_number(ms)) {
+        sf_err(err, SF_EINVAL, "--compare %s: not a decode-batch result (no \"mode\": \"decode-batch\" with "
+               "ms_per_step_median); give the output of `semflow bench decode-batch --json`", path);
+        json_decref(j);
+        return NULL;
+    }
+    return j;
+}
+
 int sf_bench_throughput(const bench_opts *o)
 {
     sf_error err = { 0 };
     sf_engine *e = NULL;
     int32_t *prompt = NULL;
+    json_t *cmp = NULL; /* --compare */
     int rc = 1, N = o->num_prompts, I = o->input, O = o->output;
     char path[1100];
     run_state st;
@@ -132,6 +154,7 @@ int sf_bench_throughput(const bench_opts *o)
     else snprintf(path, sizeof path, "%s", o->model);
 
     int max_seqs = SF_MIN(o->max_num_seqs, N);
+    if (o->compare && !(cmp = load_compare(o->compare, &err))) goto fail;
     if (open_engine(o, path, max_seqs, &e, &err)) goto fail;
     sf_engine_info in;
     sf_engine_get_info(e, &in);
@@ -215,7 +238,11 @@ int sf_bench_throughput(const bench_opts *o)
     double bound_s = bd.prefill_s + bd.decode_s, bound_out = bound_s > 0 ? (double)N * O / bound_s : 0;
     double bound_tot = bound_s > 0 ? (double)N * (I + O) / bound_s : 0;
     double dec_ms = es.decode_steps ? 1e3 * es.decode_step_s / es.decode_steps : 0;
-    double host_dec = es.decode_step_s > 0 ? es.decode_host_s / es.decode_step_s : 0;
+    /* host share of a decode step: the host time on the device's critical path (from a step's
+     * ids to the next step's work all queued); host work: all the engine thread's time but its
+     * waits for the device (part of it runs while the device runs the next step) */
+    double host_dec = es.decode_step_s > 0 ? es.decode_exposed_s / es.decode_step_s : 0;
+    double work_dec = es.decode_step_s > 0 ? es.decode_host_s / es.decode_step_s : 0;
     double host_all = es.step_s > 0 ? es.host_s / es.step_s : 0;
     double enq_dec = es.decode_step_s > 0 ? es.decode_enqueue_s / es.decode_step_s : 0;
     double mean_b = es.decode_steps ? (double)es.decode_step_tokens / es.decode_steps : 0;
@@ -237,12 +264,34 @@ int sf_bench_throughput(const bench_opts *o)
                               "enqueue_share_decode", enq_dec, "host_share_all", host_all,
                               "sampling", sampling, "rows_sampled_backend", (json_int_t)es.rows_sampled_backend,
                               "rows_sampled_host", (json_int_t)es.rows_sampled_host);
+        json_object_set_new(s, "host_work_share_decode", json_real(work_dec));
+        json_object_set_new(s, "overlapped", json_boolean(es.overlapped));
+        json_object_set_new(s, "decode_step_p50_ms", json_real(es.decode_step_p50_ms));
+        json_object_set_new(s, "decode_step_p90_ms", json_real(es.decode_step_p90_ms));
+        if (es.decode_steps) { /* ms per decode step, by phase of the engine thread's turn */
+            double k = 1e3 / (double)es.decode_steps;
+            json_t *ph = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "wait_device", es.decode_wait_s * k,
+                                   "take", es.decode_take_s * k, "plan", es.decode_plan_s * k, "batch",
+                                   es.decode_batch_s * k, "launch", es.decode_launch_s * k, "tp_plan_send",
+                                   es.decode_send_s * k, "enqueue", es.decode_enqueue_s * k, "deliver",
+                                   es.decode_deliver_s * k, "device_idle_gap", es.decode_exposed_s * k);
+            json_object_set_new(s, "phases_ms", ph);
+        }
         json_object_set_new(s, "graphs_captured", json_integer(es.graphs_captured));
         json_object_set_new(s, "graph_replays", json_integer(es.graph_replays));
         json_object_set_new(s, "graph_fallbacks", json_integer(es.graph_fallbacks));
         if (run_mib >= 0) {
             json_object_set_new(s, "device_mib_taken_in_run", json_real(run_mib));
             json_object_set_new(s, "device_mib_per_graph", json_real(es.graphs_captured ? run_mib / es.graphs_captured : 0));
+        }
+        if (cmp) { /* the forward pass alone at a similar shape, and the engine's step over it */
+            double ms = json_number_value(json_object_get(cmp, "ms_per_step_median"));
+            json_t *d = json_pack("{s:s, s:O?, s:O?, s:O?, s:f, s:O?, s:f}", "file", o->compare, "batch",
+                                  json_object_get(cmp, "batch"), "ctx", json_object_get(cmp, "ctx"), "tensor_parallel",
+                                  json_object_get(cmp, "tensor_parallel"), "ms_per_step", ms, "host_us_per_step",
+                                  json_object_get(cmp, "host_us_per_step"), "engine_step_over_it",
+                                  ms > 0 ? dec_ms / ms : 0.0);
+            json_object_set_new(s, "decode_batch", d);
         }
         json_object_set_new(b, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
         json_object_set_new(b, "kv_tokens", json_integer((json_int_t)in.kv_blocks * in.kv_block_size));
@@ -266,10 +315,25 @@ int sf_bench_throughput(const bench_opts *o)
             printf("bound    %.1f output tokens/s, %.1f total (prefill %.2f s at %.1f TFLOP/s, decode %.2f s at %.0f GB/s "
                    "or the GEMM rate) = %.0f%% reached\n", bound_out, bound_tot, bd.prefill_s, bd.peak / 1e12,
                    bd.decode_s, bd.bw / 1e9, 100 * out_tps / bound_out);
-        printf("engine   %llu steps, %llu decode steps of %.1f sequences on average, %.2f ms each; host %.1f%% of a "
-               "decode step (of which enqueuing the step's work %.1f%%; %.1f%% of all steps); sampling on the %s\n",
-               (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, 100 * host_dec,
-               100 * enq_dec, 100 * host_all, sampling);
+        printf("engine   %llu steps, %llu decode steps of %.1f sequences on average, %.2f ms each (median %.2f, p90 "
+               "%.2f); host on the critical path %.1f%% of a decode step, host work %.1f%% (enqueuing %.1f%%; %.1f%% "
+               "of all steps); %s loop; sampling on the %s\n",
+               (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, es.decode_step_p50_ms,
+               es.decode_step_p90_ms, 100 * host_dec, 100 * work_dec, 100 * enq_dec, 100 * host_all,
+               es.overlapped ? "overlapped" : "serial", sampling);
+        if (es.decode_steps) {
+            double k = 1e3 / (double)es.decode_steps;
+            printf("phases   ms per decode step: wait for the device %.3f, take %.3f, plan %.3f, batch %.3f, launch %.3f "
+                   "(TP plan send %.3f, enqueue %.3f), deliver %.3f; device idle gap %.3f\n", es.decode_wait_s * k,
+                   es.decode_take_s * k, es.decode_plan_s * k, es.decode_batch_s * k, es.decode_launch_s * k,
+                   es.decode_send_s * k, es.decode_enqueue_s * k, es.decode_deliver_s * k, es.decode_exposed_s * k);
+        }
+        if (cmp) {
+            double ms = json_number_value(json_object_get(cmp, "ms_per_step_median"));
+            printf("compare  the forward pass alone (%s: batch %lld, context %lld) %.2f ms/step: the engine's decode step "
+                   "is %.2fx of it\n", o->compare, (long long)json_integer_value(json_object_get(cmp, "batch")),
+                   (long long)json_integer_value(json_object_get(cmp, "ctx")), ms, ms > 0 ? dec_ms / ms : 0.0);
+        }
         if (es.graphs_captured || es.graph_replays || es.graph_fallbacks)
             printf("graphs   %ld captured, %ld replays, %ld fallbacks (steps over the graph size limit run op by op)\n", es.graphs_captured, es.graph_replays,
                    es.graph_fallbacks);
@@ -283,6 +347,7 @@ fail:
     fprintf(stderr, "semflow bench throughput: %s\n", err.msg);
 out:
     sf_engine_free(e);
+    json_decref(cmp);
     free(prompt);
     pthread_cond_destroy(&st.cv);
     pthread_mutex_destroy(&st.mu);

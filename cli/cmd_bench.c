@@ -605,7 +605,9 @@ static void usage(FILE *f)
                "  --max-num-seqs N      running sequences at most (default 256; lowered to what the KV cache holds)\n"
                "  --max-batched-tokens N  token budget per step (default 8192)\n"
                "  --gpu-memory-utilization F  share of device memory for weights + KV (default 0.9)\n"
-               "  --temperature F       sampling temperature (default 1; 0 is greedy)\n");
+               "  --temperature F       sampling temperature (default 1; 0 is greedy)\n"
+               "  --compare FILE        a `bench decode-batch --json` result: its step (the forward pass alone) is\n"
+               "                        reported beside the engine's decode step\n");
 }
 
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
@@ -651,7 +653,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "output", required_argument, NULL, 'O' }, { "num-prompts", required_argument, NULL, 'N' },
         { "max-num-seqs", required_argument, NULL, 'M' }, { "max-batched-tokens", required_argument, NULL, 'X' },
         { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
-        { "help", no_argument, NULL, 'h' }, { 0 }
+        { "compare", required_argument, NULL, 'C' }, { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -701,6 +703,7 @@ int sf_cmd_bench(int argc, char **argv)
         case 'X': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
         case 'G': if (parse_double("--gpu-memory-utilization", optarg, 0.05, 1, &o.gpu_util)) return 2; break;
         case 'T': if (parse_double("--temperature", optarg, 0, 100, &o.temperature)) return 2; break;
+        case 'C': o.compare = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

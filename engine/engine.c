@@ -5,7 +5,7 @@
  * from any thread. They share with the engine thread only the inbox, the flags and the stats
  * snapshot, all under e->mu. Everything else (scheduler, KV pool, backend, requests after
  * submit) is touched by the engine thread alone. */
-#include "engine.h"
+#include "engine-impl.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -16,68 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "forward.h"
-#include "kvcache.h"
-#include "model.h"
-#include "request.h"
-#include "scheduler.h"
-#include "swap.h"
 #include "tokenizer.h"
-#include "tp.h"
 
 #define CPU_KV_CAP_BYTES (4ull << 30) /* the CPU backend's KV pool at most (host RAM is shared) */
 #define RATE_WINDOW_S 2.0             /* throughput is measured over windows this long */
-
-struct sf_engine {
-    sf_engine_config cfg;
-    sf_model *model;
-    sf_backend *be;
-    sf_forward *fwd;
-    sf_tp *tp;                  /* tensor parallelism: the follower ranks (owns fwd then) */
-    sf_kv_pool pool;
-    int pool_ready;
-    sf_sched sched;
-    int sched_ready;
-    sf_swap swap;               /* host swap space for preemption by swap (n_slots 0: off) */
-    float *logits;              /* [max_num_seqs * vocab] host */
-    int vocab, max_model_len;
-    /* sampling on the backend: per-row parameters, drawn ids, penalty entries */
-    sf_sample_row *rows;        /* [max_num_seqs] */
-    int32_t *ids;               /* [max_num_seqs] */
-    sf_request **got;           /* [max_num_seqs]: the step's requests that yield logits, in row order */
-    sf_sample_pen *pen;
-    int cap_pen;
-    /* the last step's timing, for the loop's accounting (engine thread) */
-    double last_wait_s;         /* waited for the device */
-    double last_enqueue_s;      /* the backend's host time enqueuing the step (0 on the CPU) */
-    int last_decode;            /* every sequence brought one token */
-    int last_tokens;            /* tokens of the last step */
-
-    pthread_t thread;
-    int thread_started;
-    pthread_mutex_t mu;         /* guards everything below */
-    pthread_cond_t wake;        /* the engine thread waits for work */
-    pthread_cond_t idle;        /* drain waits for the engine to empty */
-    sf_request *in_head, *in_tail;
-    int in_count[SF_URGENCY_COUNT];
-    int stop, draining, busy;
-    int tp_failed;              /* the tensor-parallel group failed: submit answers SF_ENODEV */
-    char tp_failed_msg[512];
-    atomic_int cancel_all;      /* drain timed out: cancel everything (read by the engine thread) */
-    sf_engine_stats st;         /* snapshot, updated after every step */
-    /* throughput windows (engine thread writes, under mu) */
-    double win_start;
-    uint64_t win_tokens, win_finished;
-    double req_per_s;           /* finished requests per second, last window */
-    /* engine thread only; copied into st by update_stats */
-    uint64_t n_finished, n_cancelled, n_tokens_out;
-    uint64_t st_tokens_seen;    /* n_tokens_out at the last update_stats (under mu) */
-    uint64_t n_rejected;        /* submits refused with SF_AGAIN (under mu) */
-    FILE *trace;                /* --sched-trace (engine thread only) */
-    double t_start;
-    double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
-    uint64_t decode_steps, decode_tokens, rows_dev, rows_host;
-};
 
 void sf_sampling_default(sf_sampling *s)
 {
@@ -162,20 +104,11 @@ static int size_kv_pool(sf_engine *e, sf_kv_config *kc, sf_error *err)
 
 /* ---- the engine thread ------------------------------------------------------------------ */
 
-static void finish_and_free(sf_engine *e, sf_request *r, int reason, int status, const char *msg)
-{
-    sf_sched_remove(&e->sched, &r->seq);
-    sf_request_finish(r, reason, status, msg);
-    if (reason == SF_FINISH_CANCELLED) e->n_cancelled++;
-    e->n_finished++;
-    sf_request_free(r);
-}
-
 static void cancel_if_asked(sf_seq *q, void *arg)
 {
     sf_engine *e = arg;
     sf_request *r = q->owner;
-    if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) finish_and_free(e, r, SF_FINISH_CANCELLED, SF_OK, NULL);
+    if (atomic_load(&r->cancel) || atomic_load(&e->cancel_all)) sf_engine_finish_free(e, r, SF_FINISH_CANCELLED, SF_OK, NULL);
 }
 
 /* The DMA tuner's view of the link (engine thread). */
@@ -194,140 +127,6 @@ static int swap_in_ok(void *arg, int urgency)
     int higher = s->running.next != &s->running && s->running.next->urgency > urgency;
     for (int u = urgency + 1; u < SF_URGENCY_COUNT; u++) higher |= s->n_waiting[u] > 0;
     return sf_swap_in_ok(&e->swap, urgency, higher);
-}
-
-/* Run the plan's swap copies: every swap-out (its blocks may already be planned for others),
- * then every swap-in. A failed swap-out turns into a recompute; a failed swap-in fails its
- * request (its K/V is lost). */
-static void run_swaps(sf_engine *e, const sf_plan *p)
-{
-    sf_error err = { 0 };
-    for (int i = 0; i < p->n_swap_out; i++) {
-        if (!p->swap_out[i].seq) continue;
-        if (sf_swap_run(&e->swap, &p->swap_out[i], SF_DMA_D2H, &err) != SF_OK) {
-            SF_LOGW("%s; the sequence will be recomputed instead", err.msg);
-            sf_sched_swap_out_failed(&e->sched, i);
-        }
-    }
-    for (int i = 0; i < p->n_swap_in; i++) {
-        sf_seq *q = p->swap_in[i].seq;
-        if (!q) continue;
-        int rc = sf_swap_run(&e->swap, &p->swap_in[i], SF_DMA_H2D, &err);
-        if (rc != SF_OK) {
-            SF_LOGE("%s", err.msg);
-            finish_and_free(e, q->owner, SF_FINISH_ERROR, rc, err.msg);
-        }
-    }
-}
-
-/* --sched-trace: one line per step (TSV), for finding where step time and latency go. rt: tokens
- * of high-urgency sequences in the step; sw: KV blocks swapped out or in before it, in swap_ms. */
-static void trace_step(sf_engine *e, const sf_plan *p, double t0, int rt, int sw, double swap_ms)
-{
-    const sf_sched *s = &e->sched;
-    double now = sf_now_s();
-    fprintf(e->trace, "%.4f\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%llu\t%d\t%d\t%.2f\t%d\t%.4f\t%d\t%d\t%d\t%.2f\t%llu\n",
-            now - e->t_start, (now - t0) * 1e3, p->n_decode, p->n_prefill, s->n_running,
-            s->n_waiting[SF_URGENCY_HIGH], s->n_waiting[SF_URGENCY_NORMAL], s->n_waiting[SF_URGENCY_LOW],
-            (sf_kv_total_units(&e->pool) - e->pool.n_free_units + 1) / 2, (unsigned long long)s->preemptions,
-            s->cap_tokens == INT_MAX ? -1 : s->cap_tokens, s->cap_low == INT_MAX ? -1 : s->cap_low,
-            sf_sched_predict_ms(s, p->n_tokens), s->degraded, sf_sched_kv_demand(s), s->n_running_i8, rt, sw,
-            swap_ms, (unsigned long long)s->steps);
-}
-
-/* One scheduler step: plan, run the forward pass, sample, deliver. Returns the tokens run. */
-static int engine_step(sf_engine *e)
-{
-    sf_error err = { 0 };
-    double t0 = sf_now_s();
-    const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
-    for (int i = 0; i < p->n_stuck; i++) /* the KV pool cannot hold them even alone */
-        finish_and_free(e, p->stuck[i]->owner, SF_FINISH_LENGTH, SF_OK, NULL);
-    int rt = 0, sw = 0; /* for the trace (the plan's sequences may be freed by the time it is written) */
-    if (e->trace) {
-        for (int i = 0; i < p->n_items; i++)
-            if (p->items[i].seq && p->items[i].seq->urgency == SF_URGENCY_HIGH) rt += p->items[i].n;
-        for (int i = 0; i < p->n_swap_out; i++) sw += p->swap_out[i].seq ? p->swap_out[i].n : 0;
-        for (int i = 0; i < p->n_swap_in; i++) sw += p->swap_in[i].seq ? p->swap_in[i].n : 0;
-    }
-    double t_sw = sf_now_s();
-    run_swaps(e, p);
-    double swap_ms = (sf_now_s() - t_sw) * 1e3;
-    if (p->n_tokens == 0) {
-        sf_sched_discard(&e->sched);
-        return p->n_stuck;
-    }
-    sf_batch b;
-    sf_sched_batch(&e->sched, &b);
-    /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
-    int n = p->n_items, k = 0;
-    sf_request **got = e->got; /* k <= running <= max_num_seqs */
-    int on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd), n_pen = 0;
-    for (int i = 0; i < n; i++) {
-        if (!p->items[i].seq || !p->items[i].logits) continue;
-        sf_request *r = got[k] = p->items[i].seq->owner;
-        if (on_dev && (sf_sampler_needs_logits(&r->sp) ||
-                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
-            on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
-        k++;
-    }
-    e->last_decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
-    e->last_tokens = b.n_tokens;
-    double t_fwd = sf_now_s();
-    uint64_t host_ns = 0;
-    int rc;
-    if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
-    else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
-        sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = e->ids };
-        rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, &err) : sf_forward_step_sample(e->fwd, &b, &smp, &err);
-        if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
-            on_dev = 0;
-            rc = sf_forward_read_logits(e->fwd, k, e->logits, &err);
-        }
-    } else rc = sf_forward_step(e->fwd, &b, e->logits, &err);
-    sf_backend_stats bs;
-    if (sf_backend_cuda_stats(e->be, &bs) == SF_OK) host_ns = (uint64_t)(bs.last_step_host_us * 1e3);
-    double fwd_s = sf_now_s() - t_fwd;
-    /* without a device to wait for (CPU backend) the whole forward pass is host work */
-    e->last_wait_s = host_ns ? SF_MAX(0.0, fwd_s - host_ns * 1e-9) : 0;
-    e->last_enqueue_s = host_ns * 1e-9;
-    if (rc == SF_ENODEV && e->tp) { /* a rank died or hung: the group cannot recover; admit nothing more */
-        pthread_mutex_lock(&e->mu);
-        if (!e->tp_failed) snprintf(e->tp_failed_msg, sizeof e->tp_failed_msg, "%s", err.msg);
-        e->tp_failed = 1;
-        pthread_mutex_unlock(&e->mu);
-    }
-    if (rc != SF_OK) {
-        /* The step failed: fail the requests in it, keep serving the others. */
-        SF_LOGE("forward step of %d tokens failed: %s", b.n_tokens, err.msg);
-        sf_request **victims = malloc((size_t)n * sizeof *victims);
-        int nv = 0;
-        for (int i = 0; i < n && victims; i++)
-            if (p->items[i].seq) victims[nv++] = p->items[i].seq->owner;
-        sf_sched_discard(&e->sched);
-        for (int i = 0; i < nv; i++) finish_and_free(e, victims[i], SF_FINISH_ERROR, rc, err.msg);
-        free(victims);
-        return nv;
-    }
-    sf_sched_commit(&e->sched);
-    if (on_dev) e->rows_dev += (uint64_t)k;
-    else e->rows_host += (uint64_t)k;
-    for (int i = 0; i < k; i++) {
-        sf_request *r = got[i];
-        float lp = 0;
-        sf_logprob top[SF_MAX_LOGPROBS];
-        int n_top = 0;
-        int32_t id = on_dev ? e->ids[i] : sf_sample(&r->sp, &r->ss, e->logits + (size_t)i * e->vocab, e->vocab, &lp, top, &n_top);
-        if (sf_request_on_token(r, id, lp, top, n_top) == SF_REQ_FINISHED) {
-            sf_sched_remove(&e->sched, &r->seq);
-            e->n_finished++;
-            sf_request_free(r);
-        }
-        e->n_tokens_out++;
-    }
-    sf_sched_observe(&e->sched, b.n_tokens, p->n_decode, (sf_now_s() - t0) * 1e3);
-    if (e->trace) trace_step(e, p, t0, rt, sw, swap_ms);
-    return b.n_tokens;
 }
 
 /* Under e->mu: refresh the stats snapshot from the scheduler. */
@@ -370,6 +169,16 @@ static void update_stats(sf_engine *e)
     e->st.decode_host_s = e->decode_host_s;
     e->st.decode_enqueue_s = e->decode_enqueue_s;
     e->st.decode_step_tokens = e->decode_tokens;
+    e->st.decode_wait_s = e->dclk.wait;
+    e->st.decode_take_s = e->dclk.take;
+    e->st.decode_plan_s = e->dclk.plan;
+    e->st.decode_batch_s = e->dclk.batch;
+    e->st.decode_launch_s = e->dclk.launch;
+    e->st.decode_send_s = e->dclk.send;
+    e->st.decode_deliver_s = e->dclk.deliver;
+    e->st.decode_exposed_s = e->dclk.exposed;
+    sf_engine_step_percentiles(e, &e->st.decode_step_p50_ms, &e->st.decode_step_p90_ms);
+    e->st.overlapped = !e->serial;
     sf_backend_stats bs;
     if (sf_backend_cuda_stats(e->be, &bs) == SF_OK) {
         e->st.graphs_captured = bs.graphs_captured;
@@ -394,7 +203,7 @@ static void update_stats(sf_engine *e)
 
 static int engine_has_work(sf_engine *e)
 {
-    return e->in_head || e->sched.n_running || sf_sched_waiting_total(&e->sched);
+    return e->in_head || e->sched.n_running || sf_sched_waiting_total(&e->sched) || sf_engine_in_flight(e);
 }
 
 static void *engine_main(void *arg)
@@ -428,30 +237,15 @@ static void *engine_main(void *arg)
         pthread_mutex_unlock(&e->mu);
 
         /* Requests and their callbacks run without the lock, so a callback may submit or cancel. */
-        double t_turn = sf_now_s();
         while (in) {
             sf_request *next = in->next_in;
             sf_sched_add(&e->sched, &in->seq);
             in = next;
         }
         sf_sched_foreach(&e->sched, cancel_if_asked, e);
-        e->last_wait_s = e->last_enqueue_s = 0;
-        e->last_decode = 0;
-        int ran = engine_step(e);
+        int ran = sf_engine_turn(e);
 
         pthread_mutex_lock(&e->mu);
-        if (ran) { /* the turn's time, less what it spent waiting for the device */
-            double turn = sf_now_s() - t_turn, host = SF_MAX(0.0, turn - e->last_wait_s);
-            e->step_s += turn;
-            e->host_s += host;
-            if (e->last_decode) {
-                e->decode_steps++;
-                e->decode_step_s += turn;
-                e->decode_host_s += host;
-                e->decode_enqueue_s += e->last_enqueue_s;
-                e->decode_tokens += (uint64_t)e->last_tokens;
-            }
-        }
         update_stats(e);
         if (!ran && !e->in_head && !e->stop) {
             /* Work is queued but none could be planned (the DMA tuner holds a low-class swap-in
@@ -468,7 +262,8 @@ static void *engine_main(void *arg)
     e->in_head = e->in_tail = NULL;
     pthread_mutex_unlock(&e->mu);
 
-    /* Stopping: everything still queued or running is cancelled. */
+    /* Stopping: everything still queued or running is cancelled (after the step in flight). */
+    sf_engine_settle(e);
     while (in) {
         sf_request *next = in->next_in;
         sf_sched_add(&e->sched, &in->seq);
@@ -494,6 +289,10 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     if (!e) return sf_err(err, SF_ENOMEM, "engine: out of memory");
     e->cfg = *cin;
     sf_engine_config *c = &e->cfg;
+    {
+        const char *ov = getenv("SEMFLOW_ENGINE_OVERLAP");
+        e->serial = c->serial_steps || (ov && !strcmp(ov, "0"));
+    }
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle, NULL);
@@ -601,10 +400,20 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
     e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
     e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
-    e->got = malloc((size_t)c->max_num_seqs * sizeof *e->got);
-    if (!e->logits || !e->rows || !e->ids || !e->got) {
+    e->row_item = malloc((size_t)c->max_num_seqs * sizeof *e->row_item);
+    e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
+    e->step_hist = calloc(SF_STEP_HIST, sizeof *e->step_hist);
+    if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->taken || !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
+    }
+    {
+        /* $SEMFLOW_ENGINE_WARMUP: 0 off, 1 on any backend; unset: where choices are made on first
+         * use (CUDA) */
+        const char *w = getenv("SEMFLOW_ENGINE_WARMUP");
+        sf_backend_stats bs;
+        int warm = w ? strcmp(w, "0") != 0 : sf_backend_cuda_stats(e->be, &bs) == SF_OK;
+        if (warm && (rc = sf_engine_warm_up(e, n_blocks, err)) != SF_OK) goto fail;
     }
     SF_LOGD("engine: %s on %s, context %d, KV %d blocks x %d tokens (%.1f MiB)", e->model->name, e->be->ops->name,
             e->max_model_len, n_blocks, c->kv_block_size,
@@ -645,7 +454,10 @@ void sf_engine_free(sf_engine *e)
     free(e->logits);
     free(e->rows);
     free(e->ids);
-    free(e->got);
+    free(e->row_item);
+    free(e->table);
+    free(e->taken);
+    free(e->step_hist);
     free(e->pen);
     if (e->sched_ready) sf_sched_free(&e->sched);
     if (e->pool_ready) sf_kv_pool_free(&e->pool);

@@ -128,6 +128,9 @@ typedef struct sf_engine_config {
     void *pcie_contention_arg;
     int host_sampling;        /* 1: always copy the logits and sample on the host (comparisons);
                                * 0: sample on the backend when it can and no request wants logprobs */
+    int serial_steps;         /* 1: deliver a step's tokens before launching the next (the serial loop;
+                               * also $SEMFLOW_ENGINE_OVERLAP=0); 0 (default): launch the next step
+                               * first and deliver while the device runs it (docs/ENGINE.md) */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -193,6 +196,18 @@ typedef struct sf_engine_stats {
      * Sequences running with INT8 KV now. */
     double kv_demand;
     int running_kv_i8;
+    /* Where a decode step's time goes (docs/ENGINE.md), summed over the loop turns that took a
+     * decode step's ids (decode_steps of them; their wall time is decode_step_s): blocked
+     * waiting for the device (the ids; under TP also the logits' gather inside the launch),
+     * taking the ids, planning (scheduler, swaps), building the batch and sampling rows,
+     * launching the next step (of which sending the TP step plan), delivering text and events.
+     * decode_exposed_s: the host time on the device's critical path — from the moment a step's
+     * ids arrived to the moment the next step's work was all queued, when the device has
+     * nothing to run. overlapped: 1 when tokens are delivered while the next step runs. */
+    double decode_wait_s, decode_take_s, decode_plan_s, decode_batch_s, decode_launch_s, decode_send_s,
+        decode_deliver_s, decode_exposed_s;
+    double decode_step_p50_ms, decode_step_p90_ms; /* of those turns' wall times */
+    int overlapped;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
 const char *sf_decision_name(int i);

@@ -6,7 +6,7 @@
  * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds.
  * Backends with the optional fused ops (norm_qkv_rope, norm_matmul, matmul_add) run each layer
  * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual; a
- * batch-1 step without tensor parallelism offers each layer whole to the optional decode_layer
+ * batch-1 step without tensor parallelism offers all its layers to the optional decode_layers
  * op first (SF_EUNSUPPORTED: it declined, the fused ops run).
  * Under tensor parallelism too: the row-parallel projections (O, down) write into h itself —
  * rank 0 adds its partial product to h, the other ranks overwrite h with theirs — and the
@@ -33,6 +33,7 @@ struct sf_forward {
     int max_tokens, max_logits;
     sf_weight *emb, *out_norm, *lm;
     fw_layer *layers;
+    sf_layer_weights *lw; /* the same weights as the backend's decode_layers takes them */
     float *inv_freq;
     sf_rope rope;
     /* activations */
@@ -45,6 +46,10 @@ struct sf_forward {
     sf_buf *gathered;
     float *gather_host;
     sf_buf *rows_full; /* rank 0 with a sampler: [max_logits, size * vocab_pad], whole logit rows */
+    int launching;     /* step(): queue the draw with sample_start (sf_forward_launch_sample) */
+    int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
+    int gather_pending; /* rank 0, launching: the logits' gather was queued without waiting for it */
+    int gather_waits;   /* $SEMFLOW_TP_GATHER_WAIT=1: the launch waits for the gather (the earlier way) */
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -101,6 +106,7 @@ void sf_forward_free(sf_forward *f)
     if (f->emb) o->weight_free(f->b, f->emb);
     if (f->out_norm) o->weight_free(f->b, f->out_norm);
     free(f->layers);
+    free(f->lw);
     free(f->inv_freq);
     free(f->gather_host);
     free(f);
@@ -158,10 +164,13 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
     {
         const char *e = getenv("SEMFLOW_TP_FUSED");
         f->tp_fused = !(e && !strcmp(e, "0"));
+        e = getenv("SEMFLOW_TP_GATHER_WAIT");
+        f->gather_waits = e && !strcmp(e, "1");
     }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
+    f->lw = calloc((size_t)c->n_layers, sizeof *f->lw);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
-    if (!f->layers || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
+    if (!f->layers || !f->lw || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
 
     if ((rc = new_weight(f, &f->emb, err, 1, &m->tok_embd, NULL)) || (rc = new_vec(f, &f->out_norm, &m->out_norm, err)))
         goto fail;
@@ -186,6 +195,7 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
             sf_err_wrap(err, "layer %d", l);
             goto fail;
         }
+        f->lw[l] = (sf_layer_weights){ L->attn_norm, L->wqkv, L->wo, L->ffn_norm, L->wgu, L->wdown };
     }
 
     int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
@@ -276,16 +286,16 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
 #define STEP(name, call) do { op = name; if ((rc = (call)) != SF_OK) goto fail; } while (0)
     STEP("batch_begin", o->batch_begin(b, bt));
     STEP("embed", o->embed(b, f->emb, f->h));
-    for (layer = 0; layer < c->n_layers; layer++) {
+    layer = 0;
+    if (fused && !tp && T == 1 && o->decode_layers) { /* every layer as one op, where the backend takes it */
+        op = "decode_layers";
+        rc = o->decode_layers(b, f->h, f->lw, 0, c->n_layers, c->rms_eps, c->n_heads, c->n_kv_heads, &f->rope, f->qkv,
+                              f->att, f->act);
+        if (rc == SF_OK) layer = c->n_layers;
+        else if (rc != SF_EUNSUPPORTED) { layer = -1; goto fail; }
+    }
+    for (; layer < c->n_layers; layer++) {
         fw_layer *L = &f->layers[layer];
-        if (fused && !tp && T == 1 && o->decode_layer) { /* the whole layer as one op, where the backend takes it */
-            sf_layer_weights lw = { L->attn_norm, L->wqkv, L->wo, L->ffn_norm, L->wgu, L->wdown };
-            op = "decode_layer";
-            rc = o->decode_layer(b, f->h, &lw, c->rms_eps, layer, c->n_heads, c->n_kv_heads, &f->rope, f->qkv, f->att,
-                                 f->act);
-            if (rc == SF_OK) continue;
-            if (rc != SF_EUNSUPPORTED) goto fail;
-        }
         /* the norm after each row-parallel projection's all-reduce: ffn_norm, then the next
          * layer's attn_norm (the output norm after the last layer) */
         const sf_weight *next_norm = layer + 1 < c->n_layers ? f->layers[layer + 1].attn_norm : f->out_norm;
@@ -350,15 +360,31 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
         if (f->shard && f->shard->size > 1) {
             if (!smp) return gather_logits(f, bt->n_logits, logits, err);
-            /* the sampling rank gets whole rows; the followers take part in the same gather */
-            if ((rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
-                                              f->shard->vocab_pad, 0, err)))
-                return sf_err_wrap(err, "forward step: gathering the logit rows");
+            /* the sampling rank gets whole rows; the followers take part in the same gather.
+             * Launching with a backend that draws asynchronously, the gather is only queued:
+             * sf_forward_wait_sample waits for it (watching the peers) with the draw. */
+            int nowait = f->launching && o->sample_start && !f->gather_waits;
+            f->comm->gather_nowait = nowait;
+            rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
+                                         f->shard->vocab_pad, 0, err);
+            f->comm->gather_nowait = 0;
+            if (rc) return sf_err_wrap(err, "forward step: gathering the logit rows");
+            f->gather_pending = nowait;
         }
         if (smp) {
             op = "sample";
-            rc = o->sample(b, f->rows_full ? f->rows_full : f->logits, bt->n_logits, c->vocab_size, smp->rows, smp->pen,
-                           smp->n_pen, smp->ids);
+            const sf_buf *lg = f->rows_full ? f->rows_full : f->logits;
+            if (f->launching && o->sample_start) {
+                rc = o->sample_start(b, lg, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+                f->draw_pending = rc == SF_OK;
+            } else {
+                rc = o->sample(b, lg, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+            }
+            if (rc != SF_OK && f->gather_pending) { /* nothing to wait for later: wait for the gather now */
+                f->gather_pending = 0;
+                int wrc = sf_comm_wait(f->comm, b, f->logits, "the step and its logits gather", err);
+                if (wrc) return wrc;
+            }
             if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
                                                      "%d rows; sample on the host", o->name, bt->n_logits);
             if (rc) goto fail;
@@ -395,6 +421,30 @@ int sf_forward_step_sample(sf_forward *f, const sf_batch *bt, const sf_forward_s
         return sf_err(err, SF_EUNSUPPORTED, "forward step: the %s backend cannot sample%s", OPS(f)->name,
                       f->shard && f->shard->size > 1 ? " on this rank of a split vocabulary" : "");
     return step(f, bt, NULL, s, err);
+}
+
+int sf_forward_launch_sample(sf_forward *f, const sf_batch *bt, const sf_forward_sample *s, sf_error *err)
+{
+    if (f->draw_pending)
+        return sf_err(err, SF_EINVAL, "forward: a step was launched while the draw of the last one was not waited for");
+    f->launching = 1;
+    int rc = sf_forward_step_sample(f, bt, s, err);
+    f->launching = 0;
+    return rc;
+}
+
+int sf_forward_wait_sample(sf_forward *f, sf_error *err)
+{
+    if (!f->draw_pending) return SF_OK; /* the backend drew synchronously in the launch */
+    f->draw_pending = 0;
+    if (f->gather_pending) { /* under TP: wait watching the peers, so a dead rank is an error, not a hang */
+        f->gather_pending = 0;
+        int rc = sf_comm_wait(f->comm, f->b, f->logits, "the step, its logits gather and the draw", err);
+        if (rc) return rc;
+    }
+    int rc = OPS(f)->sample_wait(f->b);
+    return rc ? sf_err(err, rc, "forward step: waiting for the sampled ids failed on the %s backend (%s; details "
+                       "logged above)", OPS(f)->name, sf_status_str(rc)) : SF_OK;
 }
 
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err)

@@ -51,6 +51,14 @@ int sf_forward_can_sample(const sf_forward *f);
  * logits. SF_EUNSUPPORTED when the backend declined this call's sizes: the step has run, and
  * sf_forward_read_logits then gives its logits for the host sampler. */
 int sf_forward_step_sample(sf_forward *f, const sf_batch *batch, const sf_forward_sample *s, sf_error *err);
+/* sf_forward_step_sample in two halves, so that the host can work while the device runs the
+ * step: launch queues the step and its draw and returns (on a backend with sample_start; on
+ * others it runs the whole step and s->ids is written when it returns), and wait waits for the
+ * ids (written to s->ids, which must stay valid until then). After a successful launch, wait
+ * comes before any other call on f. Under tensor parallelism launch returns once the logits'
+ * gather has completed (the communicator waits for it). */
+int sf_forward_launch_sample(sf_forward *f, const sf_batch *batch, const sf_forward_sample *s, sf_error *err);
+int sf_forward_wait_sample(sf_forward *f, sf_error *err);
 /* The first n logit rows of the last step, to host memory [n * vocab] fp32. Under tensor
  * parallelism: of the last sf_forward_step_sample (its gathered rows). */
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err);

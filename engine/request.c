@@ -216,17 +216,25 @@ void sf_request_finish(sf_request *r, int reason, int status, const char *messag
     deliver_done(r, reason, reason != SF_FINISH_CANCELLED);
 }
 
-int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logprob *top, int n_top)
+int sf_request_take(sf_request *r, int32_t id)
 {
     if (r->n_out++ == 0) r->t_first = sf_now_s();
     sf_sampler_accept(&r->ss, id);
-    if (sf_seq_append(&r->seq, id) != SF_OK) {
+    if (sf_seq_append(&r->seq, id) != SF_OK) return SF_REQ_END_ERROR;
+    int stop = !r->sp.ignore_eos && r->tok && sf_tok_is_eog(r->tok, id);
+    for (int i = 0; i < r->sp.n_stop_ids; i++) stop |= id == r->sp.stop_ids[i];
+    if (stop) return SF_REQ_END_STOP;
+    if (r->n_out >= r->max_out || r->seq.n_tokens >= r->seq.max_len) return SF_REQ_END_LENGTH;
+    return SF_REQ_CONTINUE;
+}
+
+int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top)
+{
+    if (end == SF_REQ_END_ERROR) {
         sf_request_finish(r, SF_FINISH_ERROR, SF_ENOMEM, "out of memory while appending a generated token");
         return SF_REQ_FINISHED;
     }
-    int stop = !r->sp.ignore_eos && r->tok && sf_tok_is_eog(r->tok, id);
-    for (int i = 0; i < r->sp.n_stop_ids; i++) stop |= id == r->sp.stop_ids[i];
-    if (stop) { /* the stop token itself is not shown */
+    if (end == SF_REQ_END_STOP) { /* the stop token itself is not shown */
         deliver_done(r, SF_FINISH_STOP, 1);
         return SF_REQ_FINISHED;
     }
@@ -255,9 +263,14 @@ int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logpr
         deliver_done(r, SF_FINISH_STOP, 0);
         return SF_REQ_FINISHED;
     }
-    if (r->n_out >= r->max_out || r->seq.n_tokens >= r->seq.max_len) {
+    if (end == SF_REQ_END_LENGTH) {
         deliver_done(r, SF_FINISH_LENGTH, 1);
         return SF_REQ_FINISHED;
     }
     return SF_REQ_CONTINUE;
+}
+
+int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logprob *top, int n_top)
+{
+    return sf_request_deliver(r, id, sf_request_take(r, id), logprob, top, n_top);
 }

@@ -31,6 +31,7 @@ struct sf_request {
     double t_submit, t_first;   /* sf_now_s clock */
     atomic_int cancel;
     struct sf_request *next_in; /* engine inbox link */
+    int taken_slot;             /* engine thread: 1 + its entry among the tokens taken and not yet delivered; 0: none */
 };
 
 /* Validate s against the model and copy it into a new request (sampler, detokenizer ready).
@@ -47,6 +48,16 @@ enum { SF_REQ_CONTINUE = 0, SF_REQ_FINISHED = 1 };
  * stop string / max_tokens / context end delivers SF_EV_DONE and returns SF_REQ_FINISHED (the
  * caller then removes r from the scheduler and frees it). */
 int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logprob *top, int n_top);
+
+/* The same in two halves, so that the next step can be planned before the text work:
+ * take records `id` (sampler state, the sequence's tokens) and says whether the token ends r
+ * whatever its text: SF_REQ_CONTINUE, or SF_REQ_END_* (EOS or stop id, max_tokens or context
+ * end, out of memory) — r must then not be planned again. deliver then does the rest of
+ * on_token for that id with take's answer (`end`): text, stop strings, events; it returns
+ * SF_REQ_FINISHED when r is done (a stop string may end r although take did not). */
+enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4 };
+int sf_request_take(sf_request *r, int32_t id);
+int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top);
 
 /* Engine thread: deliver SF_EV_DONE with this reason (flushing held-back text unless
  * cancelled), or SF_EV_ERROR when status != SF_OK. */

@@ -49,7 +49,27 @@ struct sf_tp {
     size_t payload_cap;
     int dead;
     char dead_msg[512];
+    double last_send_s; /* leader: time the last step plan took to send */
 };
+
+/* Follower: where a rank's time goes between plans, summed over steps and logged when it stops
+ * (the leader's side is in the engine's stats). */
+typedef struct tp_clock {
+    uint64_t steps;
+    double idle_s;    /* waiting for the next plan's header */
+    double recv_s;    /* receiving the plan's arrays */
+    double step_s;    /* the forward step: enqueue, the device, the gather */
+    double enqueue_s; /* of which the backend's host time queuing the step (CUDA) */
+} tp_clock;
+
+static void tp_clock_log(const sf_tp_rank_opts *o, const tp_clock *k)
+{
+    if (!k->steps) return;
+    double n = (double)k->steps;
+    SF_LOGI("rank %d: %llu steps; per step %.3f ms waiting for the plan, %.3f ms receiving it, %.3f ms in the "
+            "forward step (%.3f ms of it enqueuing)", o->rank, (unsigned long long)k->steps, 1e3 * k->idle_s / n,
+            1e3 * k->recv_s / n, 1e3 * k->step_s / n, 1e3 * k->enqueue_s / n);
+}
 
 /* ---- shared by both sides ----------------------------------------------------------------- */
 static int grow(int32_t **p, size_t *cap, size_t n)
@@ -224,9 +244,12 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
     if ((rc = join(&t, err)) || (rc = sf_model_load(o->model, &lo, &m, err)) ||
         (rc = sf_backend_open(&bo, &t.b, err)) || (rc = build(&t, m, err)))
         goto out;
+    tp_clock clk = { 0 };
     for (;;) {
         tp_hdr h;
+        double t0 = sf_now_s();
         if ((rc = t.comm->ops->broadcast(t.comm, &h, sizeof h, 0, 1, err))) goto out;
+        double t1 = sf_now_s();
         if (h.magic != TP_MAGIC) {
             rc = sf_err(err, SF_EFORMAT, "rank %d: a step plan with a bad magic (a different semflow build as leader?)",
                         o->rank);
@@ -265,10 +288,18 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             goto out;
         }
         if ((rc = t.comm->ops->broadcast(t.comm, t.payload, h.payload * sizeof(int32_t), 0, 0, err))) goto out;
+        double t2 = sf_now_s();
         sf_batch b;
         batch_from(&h, t.payload, &b);
         if ((rc = sf_forward_step(t.fwd, &b, NULL, err))) goto out;
+        sf_backend_stats bs;
+        clk.steps++;
+        clk.idle_s += t1 - t0;
+        clk.recv_s += t2 - t1;
+        clk.step_s += sf_now_s() - t2;
+        if (sf_backend_cuda_stats(t.b, &bs) == SF_OK) clk.enqueue_s += bs.last_step_host_us * 1e-6;
     }
+    tp_clock_log(o, &clk);
 out:
     /* graphs holding NCCL calls first: NCCL's destroy and abort wait for them to go */
     if (t.b && t.b->ops->graphs_release) t.b->ops->graphs_release(t.b);
@@ -475,8 +506,8 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
 }
 
 /* The step plan to every rank, then this rank's step: logits to host memory, or sampled on
- * rank 0's device (smp). */
-static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sample *smp, sf_error *err)
+ * rank 0's device (smp; launch: queued, sf_tp_wait_sample waits for the ids). */
+static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sample *smp, int launch, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     tp_hdr h = { .cmd = TP_STEP, .T = b->n_tokens, .S = b->n_seqs, .max_blocks = b->max_blocks, .L = b->n_logits };
@@ -496,10 +527,13 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
     PUT(b->logit_rows, h.L);
 #undef PUT
     int rc;
+    double t0 = sf_now_s();
     if ((rc = send_hdr(t, &h, err)) ||
         (rc = t->comm->ops->broadcast(t->comm, t->payload, n * sizeof(int32_t), 0, 0, err)))
         return dead(t, rc, err);
-    rc = smp ? sf_forward_step_sample(t->fwd, b, smp, err) : sf_forward_step(t->fwd, b, logits, err);
+    t->last_send_s = sf_now_s() - t0;
+    rc = !smp ? sf_forward_step(t->fwd, b, logits, err)
+         : launch ? sf_forward_launch_sample(t->fwd, b, smp, err) : sf_forward_step_sample(t->fwd, b, smp, err);
     /* a sampler that declined these sizes is no failure of the group: the step ran on every
      * rank, and the caller samples on the host from sf_forward_read_logits */
     if (rc == SF_EUNSUPPORTED && smp) return rc;
@@ -508,15 +542,31 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
 
 int sf_tp_step(sf_tp *t, const sf_batch *b, float *logits, sf_error *err)
 {
-    return step(t, b, logits, NULL, err);
+    return step(t, b, logits, NULL, 0, err);
 }
 
 int sf_tp_step_sample(sf_tp *t, const sf_batch *b, const sf_forward_sample *smp, sf_error *err)
 {
     if (!sf_forward_can_sample(t->fwd))
         return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: rank 0's backend cannot sample (sample on the host)");
-    return step(t, b, NULL, smp, err);
+    return step(t, b, NULL, smp, 0, err);
 }
+
+int sf_tp_launch_sample(sf_tp *t, const sf_batch *b, const sf_forward_sample *smp, sf_error *err)
+{
+    if (!sf_forward_can_sample(t->fwd))
+        return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: rank 0's backend cannot sample (sample on the host)");
+    return step(t, b, NULL, smp, 1, err);
+}
+
+int sf_tp_wait_sample(sf_tp *t, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    int rc = sf_forward_wait_sample(t->fwd, err);
+    return rc ? dead(t, rc, err) : SF_OK;
+}
+
+double sf_tp_last_send_s(const sf_tp *t) { return t->last_send_s; }
 
 int sf_tp_bench_all_reduce_path(sf_tp *t, int64_t n, int iters, sf_comm_path path, double *us, sf_error *err)
 {

@@ -66,6 +66,13 @@ int sf_tp_step(sf_tp *tp, const sf_batch *b, float *logits, sf_error *err);
  * ids cross to the host. SF_EUNSUPPORTED (the group stays up) when the sampler declined: the
  * step ran, and sf_forward_read_logits(sf_tp_forward(tp), ...) gives the rows. */
 int sf_tp_step_sample(sf_tp *tp, const sf_batch *b, const sf_forward_sample *smp, sf_error *err);
+/* sf_tp_step_sample in two halves (sf_forward_launch_sample / sf_forward_wait_sample on rank
+ * 0): launch sends the plan and queues the step; wait waits for the ids. SF_ENODEV once the
+ * group failed; launch's SF_EUNSUPPORTED as sf_tp_step_sample's. */
+int sf_tp_launch_sample(sf_tp *tp, const sf_batch *b, const sf_forward_sample *smp, sf_error *err);
+int sf_tp_wait_sample(sf_tp *tp, sf_error *err);
+/* Seconds the last step plan took to send to the followers (the leader's part of a TP step). */
+double sf_tp_last_send_s(const sf_tp *tp);
 /* Benchmark: every rank all-reduces an activation buffer of n elements `iters` times back to
  * back (after `iters / 10 + 1` untimed); *us = the leader's wall time per all-reduce, queued
  * and completed (the backend synced at the end). For the all-reduce latency table. */

@@ -342,7 +342,14 @@ static int nccl_all_gather(sf_comm *c, const void *send, void *recv, size_t byte
     if ((rc = nccl_call(c, NC(c)->api.AllGather(send, recv, bytes, ncclUint8, NC(c)->comm, (cudaStream_t)stream),
                         "ncclAllGather", err)))
         return rc;
+    if (c->gather_nowait) return SF_OK; /* the caller waits (nccl_wait) */
     return wait_stream(c, (cudaStream_t)stream, "the step's all-reduces and logit all-gather", err);
+}
+
+static int nccl_wait(sf_comm *c, void *stream, const char *what, sf_error *err)
+{
+    int rc = check(c, err);
+    return rc ? rc : wait_stream(c, (cudaStream_t)stream, what, err);
 }
 
 static int nccl_copy_2d(sf_comm *c, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
@@ -566,6 +573,7 @@ static const struct sf_comm_ops nccl_ops = {
     .all_reduce_sum = nccl_all_reduce,
     .all_gather = nccl_all_gather,
     .copy_2d = nccl_copy_2d,
+    .wait = nccl_wait,
     .all_reduce_norm = nccl_all_reduce_norm,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,

@@ -120,7 +120,7 @@ typedef struct sf_backend sf_backend;
 typedef struct sf_buf sf_buf;       /* activation buffer: rows x cols in the backend's act dtype */
 typedef struct sf_weight sf_weight; /* an uploaded (or referenced) weight, possibly fused */
 
-/* The weights of one decoder layer, for the backend's optional decode_layer op. */
+/* The weights of one decoder layer, for the backend's optional decode_layers op. */
 typedef struct sf_layer_weights {
     const sf_weight *attn_norm, *wqkv, *wo, *ffn_norm, *wgu, *wdown;
 } sf_layer_weights;
@@ -292,15 +292,25 @@ struct sf_backend_ops {
      * pen. May be NULL: the backend has no sampler. */
     int (*sample)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
                   const sf_sample_pen *pen, int n_pen, int32_t *ids);
+    /* The sample op in two halves, so that the host can work while the device runs the step:
+     * sample_start takes sample's arguments, makes its checks and answers as it does (SF_OK,
+     * SF_EUNSUPPORTED, SF_EINVAL) but returns once the draw and the copy of the ids are queued;
+     * sample_wait waits for them and writes the ids to the `ids` given to sample_start (which
+     * must stay valid until then). After a successful sample_start the next call into the
+     * backend must be sample_wait. Both NULL: only sample exists. */
+    int (*sample_start)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                        const sf_sample_pen *pen, int n_pen, int32_t *ids);
+    int (*sample_wait)(sf_backend *b);
 
-    /* Optional: one whole decoder layer of a batch-1 step (the step's one token) as one
-     * operation: what norm_qkv_rope, attention, matmul_add (O), norm_matmul (glu) and matmul_add
-     * (down) do in turn, h updated in place; qkv [1, (H + 2*Hkv) * head_dim], att [1, H *
-     * head_dim] and act [1, intermediate] are the scratch those ops would write. Returns
-     * SF_EUNSUPPORTED, having queued nothing, when it does not take this step (more than one
-     * token, INT8 KV blocks, shapes, or switched off): the caller then runs those ops. */
-    int (*decode_layer)(sf_backend *b, sf_buf *h, const sf_layer_weights *w, float eps, int layer, int n_heads,
-                        int n_kv_heads, const sf_rope *rope, sf_buf *qkv, sf_buf *att, sf_buf *act);
+    /* Optional: decoder layers first_layer .. first_layer + n_layers - 1 of a batch-1 step (the
+     * step's one token) as one operation: for each layer in turn (w[i] its weights), what
+     * norm_qkv_rope, attention, matmul_add (O), norm_matmul (glu) and matmul_add (down) do, h
+     * updated in place; qkv [1, (H + 2*Hkv) * head_dim], att [1, H * head_dim] and act [1,
+     * intermediate] are the scratch those ops would write. Returns SF_EUNSUPPORTED, having
+     * queued nothing the caller sees, when it does not take this step (more than one token,
+     * INT8 KV blocks, shapes, or switched off): the caller then runs those ops. */
+    int (*decode_layers)(sf_backend *b, sf_buf *h, const sf_layer_weights *w, int first_layer, int n_layers, float eps,
+                         int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *qkv, sf_buf *att, sf_buf *act);
 };
 
 struct sf_backend {
@@ -347,6 +357,9 @@ typedef struct sf_backend_stats {
     size_t device_bytes;
     long graphs_captured, graph_replays, graph_fallbacks; /* decode-step CUDA graphs */
     double last_step_host_us; /* host time of the last step: batch_begin to all work enqueued */
+    /* the same step on the sf_now_s clock: its batch_begin, and when its work was all enqueued
+     * (0 until a step has run) */
+    double last_step_begin_s, last_step_enqueued_s;
 } sf_backend_stats;
 int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s);
 

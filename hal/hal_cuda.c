@@ -73,6 +73,9 @@ typedef struct cuda_ctx {
     int32_t *tokens_h; /* into meta_h */
     int32_t *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d, *tiles_d;
     int n_tiles; /* prefill query tiles of this step (0: none) */
+    int n_dec, dec_split; /* steps with tiles: single-token sequences left out of the tiles, whose */
+    int32_t *dec_rows_d;  /* token rows (after the tiles) take the decode kernel with this split */
+    int mixed_decode;     /* SEMFLOW_CUDA_MIXED_DECODE=1: do so (off by default until measured) */
     /* KV pool */
     sf_kv_config kvc;
     uint16_t *kv;
@@ -92,16 +95,23 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
-    int persist;     /* SEMFLOW_CUDA_PERSIST=1: batch-1 layers through decode_persist.cu */
-    float *l1_ws;    /* its attention partials, then its barrier words (zeroed once) */
-    size_t l1_ws_floats;
+    int persist;     /* SEMFLOW_CUDA_PERSIST: batch-1 layers through decode_persist.cu (1: a step's
+                      * layers in one launch, 2: a launch per layer, 0: off) */
+    float *l1_mem;   /* its attention partials, barrier words (zeroed once) and layer table */
+    size_t l1_floats;
+    sf_k_layer1_w *l1_tab, *l1_tab_h; /* the table (in l1_mem) and its host copy, by layer */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
     double last_host_us; /* batch_begin until the step's work was all enqueued */
+    uint64_t last_begin_ns, last_enq_ns; /* the same two moments of the last step */
     sf_cuda_graphs graphs;
     /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
     char *samp_h, *samp_d;
+    /* a draw queued by sample_start: where its ids go, how many, their offset in samp_h */
+    int32_t *samp_out;
+    int samp_n, samp_pending;
+    size_t samp_o_ids;
     /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
      * printed when the backend closes */
     int prof;
@@ -158,6 +168,18 @@ static int kcheck(int krc, const char *op)
 static int step_end(cuda_ctx *c)
 {
     return kcheck(sf_cuda_graph_end(&c->graphs, c->gemm, c->s), "launching the step's graph");
+}
+
+/* The step's work is all queued: record its host time (to the last collective queued outside
+ * the graph when use_raw, whose wait for the peers is not host work) and close the step. */
+static void step_enqueued(cuda_ctx *c, int use_raw)
+{
+    if (!c->t_step0) return;
+    uint64_t end = use_raw && c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns();
+    c->last_host_us = (double)(end - c->t_step0) / 1e3;
+    c->last_begin_ns = c->t_step0;
+    c->last_enq_ns = end;
+    c->t_step0 = 0;
 }
 
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
@@ -237,7 +259,8 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->kv_scale);
         cudaFree(c->inv_freq_d);
         cudaFree(c->attn_ws);
-        cudaFree(c->l1_ws);
+        cudaFree(c->l1_mem);
+        free(c->l1_tab_h);
         if (c->samp_h) cudaFreeHost(c->samp_h);
         cudaFree(c->samp_d);
         if (c->s) cudaStreamDestroy(c->s);
@@ -609,7 +632,8 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->t_step0 = sf_now_ns();
     if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
         return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
-    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
+    size_t need = (size_t)T * 4 + (size_t)S * bt->max_blocks + (size_t)L + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1) +
+                  (size_t)S;
     if (need > META_INTS)
         return op_fail(SF_EINVAL, "batch_begin", "batch metadata exceeds 4 MiB: fewer sequences or shorter block tables");
     c->step_i8 = 0;
@@ -652,19 +676,31 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     /* Prefill tiles when some sequence brings >= 16 tokens: runs of <= 64 consecutive tokens of
      * one sequence with consecutive positions (anything else keeps the CUDA-core kernel). */
     int32_t *tiles = h + 4 * T + (size_t)S * bt->max_blocks + L;
-    int n_tiles = 0, longest = 0, consecutive = 1;
+    int n_tiles = 0, longest = 0, consecutive = 1, n_dec = 0;
     for (int s = 0; s < S; s++) {
         longest = SF_MAX(longest, bt->seq_start[s + 1] - bt->seq_start[s]);
         for (int t = bt->seq_start[s] + 1; t < bt->seq_start[s + 1]; t++) consecutive &= bt->pos[t] == bt->pos[t - 1] + 1;
     }
+    /* The single-token sequences of such a step (decodes beside a prefill) go to the decode
+     * kernel over their rows (attention_decode_stream.cu, sf_k_attn.rows), not to 1-row query tiles
+     * of the prefill kernel (64 rows of tensor work per token and head): their rows are collected
+     * past the largest tile list, then moved behind the tiles. */
+    const int kbs = c->kvc.block_size, dec_ok = c->mixed_decode && c->attn_decode && c->kvc.dtype == SF_DT_BF16 &&
+                    (c->kvc.head_dim == 64 || c->kvc.head_dim == 128) && kbs >= 16 && (kbs & (kbs - 1)) == 0;
+    int32_t *dec_rows = tiles + 2 * ((size_t)S + T / SF_K_PREFILL_TILE + 1);
     if (longest >= 16 && consecutive)
         for (int s = 0; s < S; s++)
             for (int t = bt->seq_start[s]; t < bt->seq_start[s + 1]; t += SF_K_PREFILL_TILE) {
+                if (dec_ok && bt->seq_start[s + 1] - bt->seq_start[s] == 1) {
+                    dec_rows[n_dec++] = t;
+                    continue;
+                }
                 tiles[2 * n_tiles] = t;
                 tiles[2 * n_tiles + 1] = SF_MIN(SF_K_PREFILL_TILE, bt->seq_start[s + 1] - t);
                 n_tiles++;
             }
-    need = 4 * (size_t)T + (size_t)S * bt->max_blocks + L + 2 * (size_t)n_tiles;
+    if (n_dec) memmove(tiles + 2 * n_tiles, dec_rows, (size_t)n_dec * 4);
+    need = 4 * (size_t)T + (size_t)S * bt->max_blocks + L + 2 * (size_t)n_tiles + n_dec;
     cudaError_t e = cudaMemcpyAsync(c->meta_d, h, need * 4, cudaMemcpyHostToDevice, c->s);
     if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
@@ -678,6 +714,8 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->logit_rows_d = c->block_table_d + (size_t)S * bt->max_blocks;
     c->tiles_d = c->logit_rows_d + L;
     c->n_tiles = n_tiles;
+    c->n_dec = n_dec;
+    c->dec_rows_d = c->tiles_d + 2 * n_tiles;
     /* Split the keys of decode steps: when (tokens x kv heads) blocks cannot fill the SMs, or (the
      * batch kernel) to make the blocks come out in whole waves. */
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
@@ -692,7 +730,11 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
     }
     /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
-    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split, 2 * (int64_t)n_tiles + c->step_i8 };
+    c->dec_split = n_dec ? sf_k_attention_decode_split(n_dec, c->kvc.n_kv_heads, c->kvc.head_dim, max_ctx,
+                                                       c->kvc.block_size, c->step_i8, sms, 3)
+                         : 0;
+    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split,
+                                  2 * (int64_t)n_tiles + c->step_i8 + ((int64_t)n_dec << 32) };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
 }
@@ -787,8 +829,8 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         qkv->cols < (int64_t)(H + 2 * Hkv) * hd)
         return op_fail(SF_EINVAL, "attention", "heads or shapes do not match the KV cache (group size <= 16)");
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, n_split = c->n_split, capturable = 1;
-    if (n_split > 1) {
-        size_t need = (size_t)c->T * H * n_split * (hd + 2);
+    if (n_split > 1 || c->n_dec) {
+        size_t need = SF_MAX((size_t)c->T * H * n_split * (hd + 2), (size_t)c->n_dec * H * c->dec_split * (hd + 2));
         if (need > c->attn_ws_floats || (size_t)c->T * Hkv > c->attn_cnt) {
             /* sized once for the worst split case this model can hit (work < sms), at warm-up */
             size_t cap = (size_t)SF_MIN(c->max_rows, sms) * H * MAX_SPLIT * (hd + 2);
@@ -819,7 +861,19 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         .n_split = n_split, .counters = n_split > 1 ? (unsigned *)(c->attn_ws + c->attn_ws_floats) : NULL, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
     };
     if (c->attn_decode && c->kvc.dtype == SF_DT_BF16 && sf_k_attention_decode_ok(&rec.attn)) rec.kind = SF_OP_ATTN_DEC;
-    return submit(c, &rec, capturable, "attention");
+    int rc = submit(c, &rec, capturable, "attention");
+    if (rc || !c->n_dec) return rc;
+    /* the step's single-token sequences (batch_begin left them out of the tiles) */
+    rec.kind = SF_OP_ATTN_DEC;
+    rec.attn.T = c->n_dec;
+    rec.attn.rows = c->dec_rows_d;
+    rec.attn.n_split = c->dec_split;
+    rec.attn.counters = (unsigned *)(c->attn_ws + c->attn_ws_floats);
+    rec.attn.tiles = NULL;
+    rec.attn.n_tiles = 0;
+    if (!sf_k_attention_decode_stream_ok(&rec.attn))
+        return op_fail(SF_EINVAL, "attention", "the decode kernel refuses the step's single-token sequences");
+    return submit(c, &rec, capturable, "attention (decodes)");
 }
 
 static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *out)
@@ -918,54 +972,86 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
     return submit(c, &r, 1, "matmul_add");
 }
 
-/* One layer of a batch-1 step in one persistent launch (decode_persist.cu), when switched on
- * (SEMFLOW_CUDA_PERSIST=1) and the step and shapes allow; else SF_EUNSUPPORTED, nothing queued. */
-static int cuda_decode_layer(sf_backend *b, sf_buf *h, const sf_layer_weights *w, float eps, int layer, int H,
-                             int Hkv, const sf_rope *r, sf_buf *qkv, sf_buf *att, sf_buf *act)
+/* Layers of a batch-1 step in persistent launches (decode_persist.cu), when switched on and the
+ * step and shapes allow; else SF_EUNSUPPORTED. SEMFLOW_CUDA_PERSIST=1: the whole range in one
+ * launch; 2: one launch per layer. The kernel reads each layer's weights and cache from a device
+ * table, written (outside any capture) when an entry changes: once per model. */
+static int cuda_decode_layers(sf_backend *b, sf_buf *h, const sf_layer_weights *w, int first, int n, float eps, int H,
+                              int Hkv, const sf_rope *r, sf_buf *qkv, sf_buf *att, sf_buf *act)
 {
     cuda_ctx *c = CTX(b);
-    if (!c->persist || c->T != 1 || c->step_i8 || !c->kv || !w->wgu || w->wgu->rows % 2) return SF_EUNSUPPORTED;
-    int hd = r->head_dim, d = (int)h->cols, ffn = (int)(w->wgu->rows / 2), rc;
-    if (layer < 0 || layer >= c->kvc.n_layers || Hkv != c->kvc.n_kv_heads || hd != c->kvc.head_dim ||
-        w->wqkv->rows != (int64_t)(H + 2 * Hkv) * hd || w->wqkv->cols != d || w->wo->rows != d ||
-        w->wo->cols != (int64_t)H * hd || w->wgu->cols != d || w->wdown->rows != d || w->wdown->cols != ffn ||
-        w->attn_norm->rows * w->attn_norm->cols != d || w->ffn_norm->rows * w->ffn_norm->cols != d ||
-        qkv->cols < w->wqkv->rows || att->cols < (int64_t)H * hd || act->cols < ffn || w->wo->bias ||
-        w->wgu->bias || w->wdown->bias)
+    if (!c->persist || c->T != 1 || c->step_i8 || !c->kv || n < 1 || first < 0 || first + n > c->kvc.n_layers)
         return SF_EUNSUPPORTED;
+    int hd = r->head_dim, d = (int)h->cols, ffn = (int)(w[0].wgu->rows / 2), rc;
+    if (Hkv != c->kvc.n_kv_heads || hd != c->kvc.head_dim || qkv->cols < (int64_t)(H + 2 * Hkv) * hd ||
+        att->cols < (int64_t)H * hd || act->cols < ffn)
+        return SF_EUNSUPPORTED;
+    for (int i = 0; i < n; i++) {
+        const sf_layer_weights *L = &w[i];
+        uintptr_t al = (uintptr_t)L->attn_norm->d | (uintptr_t)L->wqkv->d | (uintptr_t)L->wo->d |
+                       (uintptr_t)L->ffn_norm->d | (uintptr_t)L->wgu->d | (uintptr_t)L->wdown->d;
+        if (L->wqkv->rows != (int64_t)(H + 2 * Hkv) * hd || L->wqkv->cols != d || L->wo->rows != d ||
+            L->wo->cols != (int64_t)H * hd || L->wgu->rows != 2 * (int64_t)ffn || L->wgu->cols != d ||
+            L->wdown->rows != d || L->wdown->cols != ffn || L->attn_norm->rows * L->attn_norm->cols != d ||
+            L->ffn_norm->rows * L->ffn_norm->cols != d || L->wo->bias || L->wgu->bias || L->wdown->bias || al % 16)
+            return SF_EUNSUPPORTED;
+    }
     if ((rc = ensure_rope(c, r))) return rc;
-    size_t sync_floats = (sf_k_decode_persist_sync_bytes() + 3) / 4;
-    size_t need = sf_k_decode_persist_ws_floats(H, hd) + sync_floats;
     int capturable = 1;
-    if (need > c->l1_ws_floats) { /* once per model: the partials and the zeroed barrier words */
+    size_t ws_f = sf_k_decode_persist_ws_floats(H, hd), sync_f = (sf_k_decode_persist_sync_bytes() + 3) / 4;
+    size_t tab_f = ((size_t)c->kvc.n_layers * sizeof(sf_k_layer1_w) + 15) / 16 * 4;
+    size_t need = ws_f + sync_f + tab_f;
+    if (need > c->l1_floats) { /* once per model: partials, zeroed barrier words, the layer table */
         sf_error err;
-        if ((rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "decode_layer"))) return rc;
+        if ((rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "decode_layers"))) return rc;
         capturable = 0;
-        dfree(c, c->l1_ws, c->l1_ws_floats * 4);
-        c->l1_ws = NULL;
-        c->l1_ws_floats = 0;
-        if (dmalloc(c, (void **)&c->l1_ws, need * 4, "the persistent layer's workspace", &err)) {
+        dfree(c, c->l1_mem, c->l1_floats * 4);
+        free(c->l1_tab_h);
+        c->l1_mem = NULL;
+        c->l1_floats = 0;
+        if (!(c->l1_tab_h = calloc((size_t)c->kvc.n_layers, sizeof *c->l1_tab_h)))
+            return op_fail(SF_ENOMEM, "decode_layers", "out of host memory for the layer table");
+        if (dmalloc(c, (void **)&c->l1_mem, need * 4, "the persistent layers' workspace", &err)) {
             SF_LOGE("cuda backend: %s", err.msg);
             return err.code;
         }
-        c->l1_ws_floats = need;
-        if ((rc = kcheck(cudaMemsetAsync(c->l1_ws, 0, need * 4, c->s), "decode_layer"))) return rc;
+        c->l1_floats = need;
+        c->l1_tab = (sf_k_layer1_w *)c->l1_mem; /* [table | partials | barrier words], 16-byte aligned parts */
+        if ((rc = kcheck(cudaMemsetAsync(c->l1_mem, 0, need * 4, c->s), "decode_layers"))) return rc;
+    }
+    for (int i = 0; i < n; i++) {
+        sf_k_kv kv = layer_kv(c, first + i);
+        sf_k_layer1_w e = { w[i].attn_norm->d, w[i].wqkv->d, w[i].wqkv->bias, w[i].wo->d, w[i].ffn_norm->d,
+                            w[i].wgu->d, w[i].wdown->d, kv.k, kv.v };
+        if (memcmp(&e, &c->l1_tab_h[first + i], sizeof e)) { /* rare: the model's first steps */
+            if (capturable && (rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "decode_layers"))) return rc;
+            capturable = 0;
+            c->l1_tab_h[first + i] = e;
+            if ((rc = kcheck(cudaMemcpyAsync(c->l1_tab + first + i, &c->l1_tab_h[first + i], sizeof e,
+                                             cudaMemcpyHostToDevice, c->s), "decode_layers")) ||
+                (rc = kcheck(cudaStreamSynchronize(c->s), "decode_layers")))
+                return rc;
+        }
     }
     sf_op_rec rec;
     memset(&rec, 0, sizeof rec); /* padding too: records are compared bytewise */
     rec.kind = SF_OP_LAYER1;
     sf_k_layer1 *p = &rec.layer1;
-    p->attn_norm = w->attn_norm->d; p->wqkv = w->wqkv->d; p->bqkv = w->wqkv->bias; p->wo = w->wo->d;
-    p->ffn_norm = w->ffn_norm->d; p->wgu = w->wgu->d; p->wdown = w->wdown->d;
+    p->n_layers = c->persist == 2 ? 1 : n;
     p->h = h->d; p->qkv = qkv->d; p->att = att->d; p->act = act->d;
     p->pos = c->pos_d; p->slot = c->slot_d; p->block_table = c->block_table_d; p->inv_freq = c->inv_freq_d;
-    p->kv = layer_kv(c, layer);
+    p->block_size = c->kvc.block_size;
     p->d = d; p->H = H; p->Hkv = Hkv; p->hd = hd; p->rot = r->rot_dim; p->interleaved = r->interleaved; p->ffn = ffn;
     p->eps = eps; p->scale = r->attn_scale;
-    p->ws = c->l1_ws;
-    p->sync = (unsigned *)(c->l1_ws + (need - sync_floats));
+    p->ws = c->l1_mem + tab_f;
+    p->sync = (unsigned *)(c->l1_mem + tab_f + ws_f);
+    p->lw = c->l1_tab + first;
     if (!sf_k_decode_persist_ok(p)) return SF_EUNSUPPORTED;
-    return submit(c, &rec, capturable, "decode_layer");
+    for (int i = 0; i < n; i += p->n_layers) {
+        p->lw = c->l1_tab + first + i;
+        if ((rc = submit(c, &rec, capturable, "decode_layers"))) return rc;
+    }
+    return SF_OK;
 }
 
 static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
@@ -987,8 +1073,7 @@ static int cuda_read_f32(sf_backend *b, const sf_buf *buf, int n, float *host)
     if (n > buf->rows) return op_fail(SF_EINVAL, "read_f32", "more rows than the buffer has");
     int rc = step_end(c);
     if (rc) return rc;
-    if (c->t_step0) c->last_host_us = ((c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns()) - c->t_step0) / 1e3;
-    c->t_step0 = 0;
+    step_enqueued(c, 1);
     size_t total = (size_t)n * buf->cols, per = STAGE_BYTES / 2;
     for (size_t off = 0; off < total; off += per) {
         size_t cnt = SF_MIN(per, total - off);
@@ -1025,11 +1110,13 @@ static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
 
 static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
-/* Sends the rows and penalty entries (one copy), draws on the device, brings back n ids. */
-static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
-                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+/* Sends the rows and penalty entries (one copy), queues the draw and the copy of the n ids back
+ * (sample_start); cuda_sample_wait waits for them. */
+static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                             const sf_sample_pen *pen, int n_pen, int32_t *ids)
 {
     cuda_ctx *c = CTX(b);
+    c->samp_pending = 0;
     if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols || n_pen < 0)
         return op_fail(SF_EINVAL, "sample", "more rows or tokens than the logits buffer has");
     for (int i = 0; i < n; i++) {
@@ -1049,6 +1136,10 @@ static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, co
     }
     int rc = step_end(c);
     if (rc) return rc;
+    c->samp_pending = 1;
+    c->samp_n = n;
+    c->samp_out = ids;
+    c->samp_o_ids = o_ids;
     if (n == 0) return SF_OK;
     memcpy(c->samp_h, rows, (size_t)n * sizeof *rows);
     if (n_pen) memcpy(c->samp_h + o_pen, pen, (size_t)n_pen * sizeof *pen);
@@ -1059,20 +1150,34 @@ static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, co
                             (int32_t *)(c->samp_d + o_ids), c->s), "sample");
     if (rc) return rc;
     e = cudaMemcpyAsync(c->samp_h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
-    if (c->t_step0) c->last_host_us = (sf_now_ns() - c->t_step0) / 1e3;
-    c->t_step0 = 0;
-    if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
-    if (e != cudaSuccess) return kcheck(e, "sample");
-    memcpy(ids, c->samp_h + o_ids, (size_t)n * 4);
+    step_enqueued(c, 1);
+    return kcheck(e, "sample");
+}
+
+static int cuda_sample_wait(sf_backend *b)
+{
+    cuda_ctx *c = CTX(b);
+    if (!c->samp_pending) return op_fail(SF_EINVAL, "sample_wait", "no draw was queued by sample_start");
+    c->samp_pending = 0;
+    if (c->samp_n == 0) return SF_OK;
+    int rc = kcheck(cudaStreamSynchronize(c->s), "sample");
+    if (rc) return rc;
+    memcpy(c->samp_out, c->samp_h + c->samp_o_ids, (size_t)c->samp_n * 4);
     return SF_OK;
+}
+
+static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
+                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+{
+    int rc = cuda_sample_start(b, logits, n, vocab, rows, pen, n_pen, ids);
+    return rc ? rc : cuda_sample_wait(b);
 }
 
 static int cuda_sync(sf_backend *b)
 {
     cuda_ctx *c = CTX(b);
     int rc = step_end(c);
-    if (c->t_step0) c->last_host_us = ((c->t_raw > c->t_step0 ? c->t_raw : sf_now_ns()) - c->t_step0) / 1e3;
-    c->t_step0 = 0;
+    step_enqueued(c, 1);
     return rc ? rc : kcheck(cudaStreamSynchronize(CTX(b)->s), "sync");
 }
 
@@ -1162,8 +1267,10 @@ static const struct sf_backend_ops cuda_ops = {
     .matmul_add = cuda_matmul_add,
     .norm_qkv_rope = cuda_norm_qkv_rope,
     .sample = cuda_sample,
+    .sample_start = cuda_sample_start,
+    .sample_wait = cuda_sample_wait,
     .write_f32 = cuda_write_f32,
-    .decode_layer = cuda_decode_layer,
+    .decode_layers = cuda_decode_layers,
 };
 
 /* SEMFLOW_CUDA_FUSED=0: the same backend without the fused ops (the forward pass then runs the
@@ -1188,12 +1295,14 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             cuda_ops_plain.norm_matmul = NULL;
             cuda_ops_plain.matmul_add = NULL;
             cuda_ops_plain.norm_qkv_rope = NULL;
-            cuda_ops_plain.decode_layer = NULL;
+            cuda_ops_plain.decode_layers = NULL;
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = !(ad && !strcmp(ad, "0"));
+        const char *md = getenv("SEMFLOW_CUDA_MIXED_DECODE");
+        c->mixed_decode = md && !strcmp(md, "1");
         const char *ps = getenv("SEMFLOW_CUDA_PERSIST");
-        c->persist = ps && !strcmp(ps, "1");
+        c->persist = ps && (ps[0] == '1' || ps[0] == '2') && !ps[1] ? ps[0] - '0' : 0;
     }
     b->ctx = c;
     c->dev = dev;
@@ -1267,6 +1376,8 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
     s->graph_replays = c->graphs.n_replayed;
     s->graph_fallbacks = c->graphs.n_fallbacks;
     s->last_step_host_us = c->last_host_us;
+    s->last_step_begin_s = (double)c->last_begin_ns * 1e-9;
+    s->last_step_enqueued_s = (double)c->last_enq_ns * 1e-9;
     return SF_OK;
 }
 

@@ -8,7 +8,9 @@
 #      32/8, 28/4, 64/8 and head 64, bf16 / INT8 / mixed blocks, with and without key splits,
 #      the stream kernel also on 1 and 7 blocks and replayed;
 #   2. build/tests/device/test_smallops (rmsnorm, silu_mul, rope_kv, add, embed against the CPU
-#      reference; the first three launched as programmatic dependents);
+#      reference; the first three launched as programmatic dependents), and test_ops --mixed:
+#      steps mixing prefill chunks and decodes, the decodes through the stream kernel over their
+#      rows (SEMFLOW_CUDA_MIXED_DECODE=1), against the host reference;
 #   3. `semflow bench decode-batch` on llama-3-8b (dummy weights) at 256 sequences x 192 keys and
 #      128 x 1500 (graphs on) with the stream kernel (SEMFLOW_CUDA_DECODE_ATTN=stream), then, as
 #      time allows, the same with the per-item mma kernel (=mma) for the old figure.
@@ -30,9 +32,12 @@ timeout -k 1 7 build/tests/device/test_decode_attn --perf >"$OUT/test_decode_att
 echo "decattn: test_decode_attn --perf rc=$? at $(el) s"
 timeout -k 1 10 build/tests/device/test_decode_attn >"$OUT/test_decode_attn.log" 2>&1
 echo "decattn: test_decode_attn rc=$? at $(el) s"
-# 2. the small ops' checks
+# 2. the small ops' checks; steps mixing prefill chunks and decodes with the decodes through the
+#    stream kernel (SEMFLOW_CUDA_MIXED_DECODE=1) against the host reference
 timeout -k 1 6 build/tests/device/test_smallops >"$OUT/test_smallops.log" 2>&1
 echo "decattn: test_smallops rc=$? at $(el) s"
+SEMFLOW_CUDA_MIXED_DECODE=1 timeout -k 1 6 build/tests/device/test_ops --mixed >"$OUT/test_ops_mixed.log" 2>&1
+echo "decattn: test_ops --mixed rc=$? at $(el) s"
 
 # 3. whole decode steps at the batch shapes (each run ~6-9 s: weights, batch-1 pass, 8 steps)
 run_db() { # NAME BATCH CTX SECONDS [ENV=VALUE]
@@ -46,7 +51,7 @@ left 11 && run_db b128-1500-stream 128 1500 11 SEMFLOW_CUDA_DECODE_ATTN=stream
 left 8 && run_db b256-192-mma 256 192 8 SEMFLOW_CUDA_DECODE_ATTN=mma
 
 echo "==== decattn summary ($(el) s) ===="
-grep -E '^(FAIL|PASS)|passed' "$OUT/test_decode_attn.log" "$OUT/test_smallops.log"
+grep -E '^(FAIL|PASS)|passed' "$OUT/test_decode_attn.log" "$OUT/test_smallops.log" "$OUT/test_ops_mixed.log"
 grep -E '^perf:' "$OUT/test_decode_attn_perf.log" | sed 's/ | /\n    /g'
 python3 - "$OUT" <<'PY'
 import json, os, sys

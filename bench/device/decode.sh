@@ -5,7 +5,8 @@
 #     logits against the CPU backend (build/tests/device/test_model) with it on
 #     (SEMFLOW_CUDA_PERSIST=1) and with the default path;
 #   - batch-1 decode of the Llama-3-8B and Qwen2-7B shapes (random bf16 weights) at 512 and 4096
-#     tokens of context, the persistent layer on and off (docs/CUDA.md "Fused batch-1 decode"),
+#     tokens of context, the persistent kernel on (SEMFLOW_CUDA_PERSIST=1: a step's layers in one
+#     launch; 2: a launch per layer) and off (docs/CUDA.md "Fused batch-1 decode"),
 #     as the budget allows (each decode run costs ~4-5 s, most of it model set-up).
 # Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; runs.txt has every
 # command with its exit code and seconds; a table is printed last.
@@ -68,6 +69,7 @@ L8="$B decode --preset llama-3-8b --steps 32 $P"
 Q7="$B decode --preset qwen2-7b --steps 32 $P"
 step l8-512-persist 10 SEMFLOW_CUDA_PERSIST=1 $L8 --ctx 512
 step l8-512 10 $L8 --ctx 512
+step l8-512-perlayer 10 SEMFLOW_CUDA_PERSIST=2 $L8 --ctx 512
 [ -x "$MT" ] && step model-persist 15 SEMFLOW_CUDA_PERSIST=1 "$MT"
 step q7-512-persist 10 SEMFLOW_CUDA_PERSIST=1 $Q7 --ctx 512
 step q7-512 10 $Q7 --ctx 512
@@ -82,7 +84,7 @@ cat "$D/runs.txt"
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512-persist", "l8-512", "q7-512-persist", "q7-512", "l8-4096-persist", "l8-4096", "q7-4096-persist",
+names = ["l8-512-persist", "l8-512", "l8-512-perlayer", "q7-512-persist", "q7-512", "l8-4096-persist", "l8-4096", "q7-4096-persist",
          "q7-4096"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:

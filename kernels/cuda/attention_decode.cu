@@ -31,7 +31,7 @@
 extern "C" int sf_k_attention_decode_ok(const sf_k_attn *a)
 {
     int G = a->Hkv > 0 ? a->H / a->Hkv : 0;
-    return a->n_tiles == 0 && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
+    return a->n_tiles == 0 && !a->rows && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
            G <= SF_K_ATTN_DECODE_MAX_GROUP && a->n_split >= 1 && a->n_split <= AD_MAX_SPLIT &&
            (a->n_split == 1 || (a->ws && a->counters)) && a->ld_q % 8 == 0 && (uintptr_t)a->q % 16 == 0 &&
            (uintptr_t)a->kv.k % 16 == 0 && (uintptr_t)a->kv.v % 16 == 0 && a->kv.head_dim == a->hd;
@@ -303,10 +303,11 @@ static int dec_mode(int *cfg)
  * against 49% at 256 x 192 keys, 89% against 63% at 128 x 1500, 29.4 against 48.5 us at 4 x
  * 4096); single sequences keep the lanes kernel (15.4 against 18.9 us at 4096 keys; at 512 keys
  * the mma kernel was faster, 7.6 against 8.6). The stream kernel only where the split gave it
- * its workspace (n_split >= 2). */
+ * its workspace (n_split >= 2), and always for a subset of the step's tokens (a->rows). */
 static int pick(const sf_k_attn *a, int *cfg)
 {
     const int mode = dec_mode(cfg);
+    if (a->rows) return DEC_STREAM; /* a subset of the tokens: only that kernel takes it */
     if (mode == DEC_LANES || !sf_k_attention_decode_mma_ok(a)) return DEC_LANES;
     if (mode == DEC_STREAM && a->T >= SF_AD_MMA_MIN_TOKENS && sf_k_attention_decode_stream_ok(a)) return DEC_STREAM;
     if (mode == DEC_MMA || mode == DEC_STREAM) return DEC_MMA;

@@ -65,26 +65,8 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     for (int r = 0; r < Lo::NR; r++) blk[r] = ids[NS - 1][r];
 
     /* q of head g of the group as B fragments (dims in the K rows' permuted order) */
-    uint32_t qb[HD / 16][2];
-    {
-        const uint16_t *qp = a.q + (int64_t)t * a.ld_q + (int64_t)(kh * G + g) * HD + c * (HD / 4);
-#pragma unroll
-        for (int s = 0; s < HD / 16; s++) {
-            uint2 v = make_uint2(0u, 0u);
-            if (g < G) v = *(const uint2 *)(qp + 4 * s);
-            qb[s][0] = v.x;
-            qb[s][1] = v.y;
-        }
-    }
-    /* INT8 rows multiply in fp16 (int8 widens to fp16 in two instructions): q as fp16 too */
-    uint32_t qh[I8 ? HD / 16 : 1][2];
-#pragma unroll
-    for (int s = 0; s < (I8 ? HD / 16 : 1); s++)
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const float2 f = __bfloat1622float2(*(const bf162 *)&qb[s][k]);
-            qh[s][k] = I8 ? sf_pack_f16(f.x, f.y) : 0u;
-        }
+    uint32_t qb[HD / 16][2], qh[I8 ? HD / 16 : 1][2];
+    dm_q_frags<HD, I8>(a.q + (int64_t)t * a.ld_q + (int64_t)(kh * G + g) * HD + c * (HD / 4), g < G, qb, qh);
     const float qs = a.scale * 1.4426950408889634f;
     float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0.0f, 0.0f }, o[HD / 16][4];
 #pragma unroll
@@ -120,7 +102,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 extern "C" int sf_k_attention_decode_mma_ok(const sf_k_attn *a)
 {
     const int G = a->Hkv > 0 ? a->H / a->Hkv : 0;
-    return a->n_tiles == 0 && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
+    return a->n_tiles == 0 && !a->rows && (a->hd == 64 || a->hd == 128) && a->Hkv > 0 && a->H % a->Hkv == 0 && G >= 1 &&
            G <= 8 && a->n_split >= 1 && a->n_split <= DM_MAX_SPLIT && (a->n_split == 1 || (a->ws && a->counters)) &&
            a->ld_q % 8 == 0 && (uintptr_t)a->q % 16 == 0 && (uintptr_t)a->kv.k % 16 == 0 &&
            (uintptr_t)a->kv.v % 16 == 0 && a->kv.head_dim == a->hd && a->kv.block_size >= 16 &&

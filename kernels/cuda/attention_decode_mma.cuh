@@ -243,6 +243,30 @@ static __device__ __forceinline__ void dm_compute(const unsigned char *st, int w
     }
 }
 
+/* q of head g of the group as dm_compute's B fragments: qp points at this lane's HD / 4
+ * consecutive dims (c * HD / 4 ..: the K rows' permuted order) in global or shared memory; zeros
+ * for padded heads (valid false). INT8 rows multiply in fp16 (int8 widens to fp16 in two
+ * instructions), so the I8 instance also gets q as fp16 (qh). */
+template <int HD, bool I8>
+static __device__ __forceinline__ void dm_q_frags(const uint16_t *qp, bool valid, uint32_t (&qb)[HD / 16][2],
+                                                  uint32_t (&qh)[I8 ? HD / 16 : 1][2])
+{
+#pragma unroll
+    for (int s = 0; s < HD / 16; s++) {
+        uint2 v = make_uint2(0u, 0u);
+        if (valid) v = *(const uint2 *)(qp + 4 * s);
+        qb[s][0] = v.x;
+        qb[s][1] = v.y;
+    }
+#pragma unroll
+    for (int s = 0; s < (I8 ? HD / 16 : 1); s++)
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const float2 f = __bfloat1622float2(*(const bf162 *)&qb[s][k]);
+            qh[s][k] = I8 ? sf_pack_f16(f.x, f.y) : 0u;
+        }
+}
+
 /* Bytes of dm_merge_warps' scratch: o [NW][8][HD], then (m, l) [NW][8][2], then the split merge's
  * weights [8][DM_MAX_SPLIT] (sf_attn_split_finish). */
 template <int HD, int NW>

@@ -23,6 +23,9 @@
  * is at most T * Hkv * n_split / 2 blocks (attention_decode.cu's dispatcher picks n_split so that
  * it is the resident slots). Pieces per item stay <= DM_MAX_SPLIT (per is raised for long items).
  *
+ * a.rows (kernels.h) makes the queries a subset of the step's tokens: the single-token sequences
+ * of a step whose other sequences take the prefill kernel.
+ *
  * Launched as a programmatic dependent: the prefix sum, the first tile's block-table entries
  * (metadata) come before the wait; q and the cache (the new token's K/V) after it. */
 #include "attention_decode_mma.cuh"
@@ -36,11 +39,17 @@ struct ds_layout {
     static constexpr int STB = Lo::STB + QB;
 };
 
-/* Where a block is in the tile stream: token t (sequence seq, ctx keys, nt tiles per item), kv
- * head kh, tile i of the item, f the stream index of the item's first tile. Uniform over the
- * block. */
+/* Token row of query i (a.rows: a subset of the step's tokens). */
+static __device__ __forceinline__ int ds_row(const sf_k_attn &a, int i)
+{
+    return a.rows ? __ldg(a.rows + i) : i;
+}
+
+/* Where a block is in the tile stream: query t (token row, sequence seq, ctx keys, nt tiles per
+ * item), kv head kh, tile i of the item, f the stream index of the item's first tile. Uniform
+ * over the block. */
 struct ds_cur {
-    int t, seq, ctx, nt, kh, i, f;
+    int t, row, seq, ctx, nt, kh, i, f;
 };
 
 template <int TK>
@@ -48,8 +57,9 @@ static __device__ __forceinline__ void ds_token(ds_cur &c, const sf_k_attn &a, i
 {
     c.t = t;
     if (t < a.T) {
-        c.ctx = __ldg(a.pos + t) + 1;
-        c.seq = __ldg(a.tok_seq + t);
+        c.row = ds_row(a, t);
+        c.ctx = __ldg(a.pos + c.row) + 1;
+        c.seq = __ldg(a.tok_seq + c.row);
         c.nt = (c.ctx + TK - 1) / TK;
     }
 }
@@ -85,7 +95,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
     const int chunk = (T + NT - 1) / NT, t_lo = min(T, tid * chunk), t_hi = min(T, t_lo + chunk);
     int mine = 0, mx = 0;
     for (int t = t_lo; t < t_hi; t++) {
-        const int nt = (__ldg(a.pos + t) + TK) / TK; /* (pos + 1 + TK - 1) / TK */
+        const int nt = (__ldg(a.pos + ds_row(a, t)) + TK) / TK; /* (pos + 1 + TK - 1) / TK */
         mine += Hkv * nt;
         mx = max(mx, nt);
     }
@@ -114,7 +124,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
     if (c0 >= excl && c0 < excl + mine) { /* the thread whose tokens hold tile c0 */
         int acc = excl;
         for (int t = t_lo; t < t_hi; t++) {
-            const int nt = (__ldg(a.pos + t) + TK) / TK;
+            const int nt = (__ldg(a.pos + ds_row(a, t)) + TK) / TK;
             if (c0 < acc + Hkv * nt) {
                 const int kh = (c0 - acc) / nt;
                 start[0] = t; start[1] = kh; start[2] = c0 - acc - kh * nt; start[3] = acc + kh * nt;
@@ -141,7 +151,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
         if ((fc.i == 0 || xf == c0) && tid < G * (HD / 8)) { /* the item starts here: its q too */
             const int hg = tid / (HD / 8), k = tid % (HD / 8);
             sf_cp_async16(st + Lo::STB + (hg * HD + k * 8) * 2,
-                          a.q + (int64_t)fc.t * a.ld_q + (int64_t)(fc.kh * G + hg) * HD + k * 8, 16);
+                          a.q + (int64_t)fc.row * a.ld_q + (int64_t)(fc.kh * G + hg) * HD + k * 8, 16);
         }
         ds_next<TK>(fc, a);
         if (++xf < c1) dm_ids<HD, I8, NW>(blk, a.block_table + (int64_t)fc.seq * a.max_blocks, lbs, fc.i * TK, fc.ctx, j0);
@@ -162,21 +172,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
         sf_cp_async_commit();
         unsigned char *st = smem + ((x - c0) % NS) * SL::STB;
         if (cc.i == 0 || x == c0) { /* a new item: its q (B fragments, permuted dims), a fresh state */
-            const unsigned char *qp = st + Lo::STB + (g * HD + c * (HD / 4)) * 2;
-#pragma unroll
-            for (int s = 0; s < HD / 16; s++) {
-                uint2 v = make_uint2(0u, 0u);
-                if (g < G) v = *(const uint2 *)(qp + 8 * s);
-                qb[s][0] = v.x;
-                qb[s][1] = v.y;
-            }
-#pragma unroll
-            for (int s = 0; s < (I8 ? HD / 16 : 1); s++)
-#pragma unroll
-                for (int k = 0; k < 2; k++) {
-                    const float2 f = __bfloat1622float2(*(const bf162 *)&qb[s][k]);
-                    qh[s][k] = I8 ? sf_pack_f16(f.x, f.y) : 0u;
-                }
+            dm_q_frags<HD, I8>((const uint16_t *)(st + Lo::STB) + g * HD + c * (HD / 4), g < G, qb, qh);
             m[0] = m[1] = -INFINITY;
             l[0] = l[1] = 0.0f;
 #pragma unroll
@@ -188,7 +184,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
         if (cc.i == cc.nt - 1 || x == c1 - 1) { /* the item ends here (or this block's share of it) */
             __syncthreads(); /* every warp is done with this stage: it is the merge's scratch now */
             const bool whole = cc.f >= c0 && cc.f + cc.nt <= c1;
-            const int slot = cc.f <= c0 ? 0 : 1, t = cc.t, kh = cc.kh;
+            const int slot = cc.f <= c0 ? 0 : 1, t = cc.row, kh = cc.kh;
             float *wsm;
             dm_merge_warps<HD, NW>(st, G, m, l, o, &wsm, [&](int hg, int d, float O, float M, float L) {
                 if (whole) {
@@ -216,7 +212,9 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
 /* ---- host side ----------------------------------------------------------------------------- */
 extern "C" int sf_k_attention_decode_stream_ok(const sf_k_attn *a)
 {
-    return sf_k_attention_decode_mma_ok(a) && a->n_split >= 2 && a->ws && a->counters;
+    sf_k_attn b = *a;
+    b.rows = NULL; /* the tiles' own conditions; rows is this kernel's alone */
+    return sf_k_attention_decode_mma_ok(&b) && a->n_split >= 2 && a->ws && a->counters;
 }
 
 template <int HD, bool I8, int NS>

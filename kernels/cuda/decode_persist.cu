@@ -1,4 +1,4 @@
-/* decode_persist.cu — one whole decoder layer of a batch-1 decode step in one persistent launch:
+/* decode_persist.cu — the decoder layers of a batch-1 decode step in one persistent launch:
  *
  *   phase 0  x = rmsnorm(h) * attn_norm; qkv = x . Wqkv^T (+ bias); RoPE on q, k; k, v -> cache
  *   phase A  attention of the token's q over the layer's paged cache (GQA, keys split over warps)
@@ -6,13 +6,14 @@
  *   phase 2  x = rmsnorm(h) * ffn_norm; act = silu(x . Wgate^T) * (x . Wup^T)
  *   phase 3  h += bf16(act . Wdown^T)
  *
+ * for each of n_layers layers (a whole step's layers, or one per launch).
  * One block per SM (grid = SMs x blocks that fit, all resident: the grid-wide barriers between
  * the phases spin on a counter in global memory). What the separate kernels of gemv_fused.cu
  * lose is the time between them: each kernel's ramp-up and tail, and attention's latency while
  * HBM idles. Here every warp streams its share of the layer's four weights through one per-warp
  * ring of cp.async stages (DP_ST stages of two rows x DP_V 16-byte loads per lane) that runs
  * across the phases: the stages a warp issues while it consumes the last ones of a phase are
- * the first ones of its next phase, so before it reaches a barrier (or attention) its next
+ * the first ones of its next phase (or of the next layer's QKV), so before it reaches a barrier (or attention) its next
  * weights are already in flight, and they land while the barrier and attention wait. Weights do
  * not depend on activations, so nothing orders those loads; activations are read only after
  * the barrier that publishes them (through L2: __ldcg, never a stale L1 line).
@@ -29,7 +30,7 @@
  * with the output rounded once. Only the order of fp32 sums differs.
  *
  * Launched as a programmatic dependent (common.cuh): a block issues its first QKV stages, then
- * waits for the kernel before it (the previous layer's down phase, or the embedding). */
+ * waits for the kernel before it (the embedding, or the launch of the layers before). */
 #include "common.cuh"
 
 #define DP_WARPS 16
@@ -89,17 +90,17 @@ static __device__ __forceinline__ void dp_grid_sync(unsigned *sync, unsigned G)
 
 /* Rows (ra, rb) of unit u of phase `ph`; rope: the pair a rotation mixes (gemv_fused.cu). */
 struct dp_rows { int ra, rb, hh, ri; bool rotate; };
-static __device__ __forceinline__ dp_rows dp_unit_rows(const sf_k_layer1 &p, int ph, int u)
+static __device__ __forceinline__ dp_rows dp_unit_rows(const sf_k_layer1 &p, int kind, int u)
 {
     dp_rows r = { 0, 0, 0, 0, false };
-    if (ph == DP_QKV) {
+    if (kind == DP_QKV) {
         const int half = p.hd / 2;
         r.hh = u / half;
         r.ri = u - r.hh * half;
         r.rotate = r.hh < p.H + p.Hkv && r.ri < p.rot / 2;
         r.ra = r.hh * p.hd + (r.rotate && !p.interleaved ? r.ri : 2 * r.ri);
         r.rb = r.ra + (r.rotate && !p.interleaved ? p.rot / 2 : 1);
-    } else if (ph == DP_GU) {
+    } else if (kind == DP_GU) {
         r.ra = u;
         r.rb = u + p.ffn;
     } else {
@@ -109,24 +110,38 @@ static __device__ __forceinline__ dp_rows dp_unit_rows(const sf_k_layer1 &p, int
     return r;
 }
 
-/* The weight stream of one warp: its units of the four phases in order, DP_V * 32 16-byte
- * columns of both rows per stage. Two cursors walk it: one issuing, DP_ST - 1 stages ahead of
- * the one consuming. */
+/* The weight stream of one warp: its units of the four phases of each layer in order (phase
+ * ph: layer ph / 4, kind ph % 4), DP_V * 32 16-byte columns of both rows per stage. Two cursors
+ * walk it: one issuing, DP_ST - 1 stages ahead of the one consuming, into the next phases and
+ * the next layer. */
 struct dp_cursor { int ph, i, j; };
 struct dp_stream {
-    const uint4 *w[DP_PHASES];
-    int k8[DP_PHASES], units[DP_PHASES], nsu[DP_PHASES];
+    int k8[DP_PHASES], units[DP_PHASES], nsu[DP_PHASES]; /* by kind */
+    int n_ph;        /* 4 * layers */
     int first, step; /* this warp's units: first + step * i */
 };
 
+static __device__ __forceinline__ const uint4 *dp_weight(const sf_k_layer1 &p, int ph)
+{
+    const sf_k_layer1_w *L = p.lw + (ph >> 2);
+    const uint16_t *w;
+    switch (ph & 3) {
+    case DP_QKV: w = L->wqkv; break;
+    case DP_O: w = L->wo; break;
+    case DP_GU: w = L->wgu; break;
+    default: w = L->wdown; break;
+    }
+    return (const uint4 *)w;
+}
+
 static __device__ __forceinline__ void dp_skip_empty(const dp_stream &s, dp_cursor &c)
 {
-    while (c.ph < DP_PHASES && s.first + s.step * c.i >= s.units[c.ph]) { c.ph++; c.i = 0; c.j = 0; }
+    while (c.ph < s.n_ph && s.first + s.step * c.i >= s.units[c.ph & 3]) { c.ph++; c.i = 0; c.j = 0; }
 }
 
 static __device__ __forceinline__ void dp_advance(const dp_stream &s, dp_cursor &c)
 {
-    if (++c.j == s.nsu[c.ph]) {
+    if (++c.j == s.nsu[c.ph & 3]) {
         c.j = 0;
         c.i++;
         dp_skip_empty(s, c);
@@ -137,10 +152,10 @@ static __device__ __forceinline__ void dp_advance(const dp_stream &s, dp_cursor 
 static __device__ __forceinline__ void dp_issue(const sf_k_layer1 &p, const dp_stream &s, dp_cursor &c, uint4 *ring,
                                                 int slot, int lane)
 {
-    if (c.ph < DP_PHASES) {
-        const dp_rows r = dp_unit_rows(p, c.ph, s.first + s.step * c.i);
-        const int k8 = s.k8[c.ph];
-        const uint4 *wa = s.w[c.ph] + (int64_t)r.ra * k8, *wb = s.w[c.ph] + (int64_t)r.rb * k8;
+    if (c.ph < s.n_ph) {
+        const dp_rows r = dp_unit_rows(p, c.ph & 3, s.first + s.step * c.i);
+        const int k8 = s.k8[c.ph & 3];
+        const uint4 *w = dp_weight(p, c.ph), *wa = w + (int64_t)r.ra * k8, *wb = w + (int64_t)r.rb * k8;
 #pragma unroll
         for (int v = 0; v < DP_V; v++) {
             const int col = (c.j * DP_V + v) * 32 + lane;
@@ -197,11 +212,12 @@ static __device__ void dp_load_vec(const uint16_t *v, int n, bf16x8 *xs)
 }
 
 /* The GEMV epilogue of one unit (lane 0): what gemv_fused.cu's epilogues do. */
-static __device__ __forceinline__ void dp_epilogue(const sf_k_layer1 &p, int ph, int u, float acc_a, float acc_b)
+static __device__ __forceinline__ void dp_epilogue(const sf_k_layer1 &p, const sf_k_layer1_w *L, int kind, int u,
+                                                   float acc_a, float acc_b)
 {
-    const dp_rows r = dp_unit_rows(p, ph, u);
-    if (ph == DP_QKV) {
-        if (p.bqkv) { acc_a += sf_ld_bf16(p.bqkv + r.ra); acc_b += sf_ld_bf16(p.bqkv + r.rb); }
+    const dp_rows r = dp_unit_rows(p, kind, u);
+    if (kind == DP_QKV) {
+        if (L->bqkv) { acc_a += sf_ld_bf16(L->bqkv + r.ra); acc_b += sf_ld_bf16(L->bqkv + r.rb); }
         float va = bf2f(f2bf(acc_a)), vb = bf2f(f2bf(acc_b));
         bf16 ya, yb;
         if (r.rotate) {
@@ -220,12 +236,12 @@ static __device__ __forceinline__ void dp_epilogue(const sf_k_layer1 &p, int ph,
         if (r.hh >= p.H && sl >= 0) {
             const bool is_v = r.hh >= p.H + p.Hkv;
             const int kvh = is_v ? r.hh - p.H - p.Hkv : r.hh - p.H;
-            const int64_t blk = sl / p.kv.block_size, off = sl % p.kv.block_size;
-            bf16 *cache = (bf16 *)(is_v ? p.kv.v : p.kv.k) + ((blk * p.Hkv + kvh) * p.kv.block_size + off) * p.hd;
+            const int64_t blk = sl / p.block_size, off = sl % p.block_size;
+            bf16 *cache = (bf16 *)(is_v ? L->v : L->k) + ((blk * p.Hkv + kvh) * p.block_size + off) * p.hd;
             cache[r.ra - r.hh * p.hd] = ya;
             cache[r.rb - r.hh * p.hd] = yb;
         }
-    } else if (ph == DP_GU) {
+    } else if (kind == DP_GU) {
         float g = bf2f(f2bf(acc_a)), up = bf2f(f2bf(acc_b));
         float sg = bf2f(f2bf(g / (1.0f + __expf(-g))));
         ((bf16 *)p.act)[u] = f2bf(sg * up);
@@ -243,10 +259,11 @@ static __device__ __forceinline__ void dp_epilogue(const sf_k_layer1 &p, int ph,
 static __device__ __forceinline__ void dp_gemv_phase(const sf_k_layer1 &p, const dp_stream &s, int ph, dp_cursor &ci,
                                                      int &slot_c, uint4 *ring, const bf16x8 *xs, int lane)
 {
-    const int k8 = s.k8[ph];
-    for (int u = s.first; u < s.units[ph]; u += s.step) {
+    const int kind = ph & 3, k8 = s.k8[kind], nsu = s.nsu[kind];
+    const sf_k_layer1_w *L = p.lw + (ph >> 2);
+    for (int u = s.first; u < s.units[kind]; u += s.step) {
         float acc_a = 0.0f, acc_b = 0.0f;
-        for (int j = 0; j < s.nsu[ph]; j++) {
+        for (int j = 0; j < nsu; j++) {
             dp_issue(p, s, ci, ring, (slot_c + DP_ST - 1) % DP_ST, lane); /* the slot consumed last */
             dp_wait<DP_ST - 1>();
             const uint4 *st = ring + (size_t)slot_c * 2 * DP_V * 32;
@@ -263,17 +280,18 @@ static __device__ __forceinline__ void dp_gemv_phase(const sf_k_layer1 &p, const
         }
         acc_a = warp_sum(acc_a);
         acc_b = warp_sum(acc_b);
-        if (lane == 0) dp_epilogue(p, ph, u, acc_a, acc_b);
+        if (lane == 0) dp_epilogue(p, L, kind, u, acc_a, acc_b);
     }
 }
 
 /* Attention of the token over keys 0 .. pos[0] of kv head items; q of every head in qs (bf16,
  * H * HD, shared memory). A lane holds DL = HD / 32 output dims of each head of the group. */
 template <int HD>
-static __device__ void dp_attention(const sf_k_layer1 &p, const bf16x8 *qs, int gw, int n_warps, int lane)
+static __device__ void dp_attention(const sf_k_layer1 &p, const sf_k_layer1_w *L, const bf16x8 *qs, int gw, int n_warps,
+                                    int lane)
 {
     constexpr int MG = SF_K_DECODE_PERSIST_MAX_GROUP, DL = HD / 32;
-    const int GQ = p.H / p.Hkv, ctx = p.pos[0] + 1, bs = p.kv.block_size;
+    const int GQ = p.H / p.Hkv, ctx = p.pos[0] + 1, bs = p.block_size;
     const int max_split = max(1, min(SF_K_DECODE_PERSIST_MAX_SPLIT, n_warps / p.Hkv));
     int chunk = (ctx + max_split - 1) / max_split;
     chunk = max(32, (chunk + 31) / 32 * 32);
@@ -283,7 +301,7 @@ static __device__ void dp_attention(const sf_k_layer1 &p, const bf16x8 *qs, int 
     for (int it = gw; it < items; it += n_warps) {
         const int kvh = it / n_split, sp = it - kvh * n_split;
         const int k0 = sp * chunk, k1 = min(ctx, k0 + chunk);
-        const uint16_t *kc = p.kv.k, *vc = p.kv.v;
+        const uint16_t *kc = L->k, *vc = L->v;
         float m[MG], l[MG], acc[MG][DL];
 #pragma unroll
         for (int g = 0; g < MG; g++) {
@@ -418,12 +436,13 @@ __global__ void __launch_bounds__(DP_WARPS * 32, 1) k_decode_persist(const sf_k_
 
     dp_stream s;
     const int d = p.d, q_dim = p.H * p.hd;
-    s.w[DP_QKV] = (const uint4 *)p.wqkv; s.k8[DP_QKV] = d / 8; s.units[DP_QKV] = (p.H + 2 * p.Hkv) * p.hd / 2;
-    s.w[DP_O] = (const uint4 *)p.wo; s.k8[DP_O] = q_dim / 8; s.units[DP_O] = d / 2;
-    s.w[DP_GU] = (const uint4 *)p.wgu; s.k8[DP_GU] = d / 8; s.units[DP_GU] = p.ffn;
-    s.w[DP_DOWN] = (const uint4 *)p.wdown; s.k8[DP_DOWN] = p.ffn / 8; s.units[DP_DOWN] = d / 2;
+    s.k8[DP_QKV] = d / 8; s.units[DP_QKV] = (p.H + 2 * p.Hkv) * p.hd / 2;
+    s.k8[DP_O] = q_dim / 8; s.units[DP_O] = d / 2;
+    s.k8[DP_GU] = d / 8; s.units[DP_GU] = p.ffn;
+    s.k8[DP_DOWN] = p.ffn / 8; s.units[DP_DOWN] = d / 2;
 #pragma unroll
-    for (int ph = 0; ph < DP_PHASES; ph++) s.nsu[ph] = (s.k8[ph] + 32 * DP_V - 1) / (32 * DP_V);
+    for (int k = 0; k < DP_PHASES; k++) s.nsu[k] = (s.k8[k] + 32 * DP_V - 1) / (32 * DP_V);
+    s.n_ph = DP_PHASES * p.n_layers;
     s.first = blockIdx.x + G * warp;
     s.step = G * DP_WARPS;
 
@@ -436,25 +455,30 @@ __global__ void __launch_bounds__(DP_WARPS * 32, 1) k_decode_persist(const sf_k_
     int slot_c = 0;
     sf_pdl_wait();
 
-    dp_norm(p.h, p.attn_norm, d, p.eps, xs, red);
-    dp_gemv_phase(p, s, DP_QKV, ci, slot_c, ring, xs, lane);
-    dp_grid_sync(p.sync, G); /* q, k, v and the cache written */
+    for (int l = 0; l < p.n_layers; l++) {
+        const sf_k_layer1_w *L = p.lw + l;
+        const int ph = DP_PHASES * l;
+        if (l) dp_grid_sync(p.sync, G); /* h of the layer before */
+        dp_norm(p.h, L->attn_norm, d, p.eps, xs, red);
+        dp_gemv_phase(p, s, ph + DP_QKV, ci, slot_c, ring, xs, lane);
+        dp_grid_sync(p.sync, G); /* q, k, v and the cache written */
 
-    dp_load_vec(p.qkv, q_dim, xs);
-    if (p.hd == 128) dp_attention<128>(p, xs, blockIdx.x + G * warp, G * DP_WARPS, lane);
-    else dp_attention<64>(p, xs, blockIdx.x + G * warp, G * DP_WARPS, lane);
-    dp_grid_sync(p.sync, G); /* att written */
+        dp_load_vec(p.qkv, q_dim, xs);
+        if (p.hd == 128) dp_attention<128>(p, L, xs, blockIdx.x + G * warp, G * DP_WARPS, lane);
+        else dp_attention<64>(p, L, xs, blockIdx.x + G * warp, G * DP_WARPS, lane);
+        dp_grid_sync(p.sync, G); /* att written */
 
-    dp_load_vec(p.att, q_dim, xs);
-    dp_gemv_phase(p, s, DP_O, ci, slot_c, ring, xs, lane);
-    dp_grid_sync(p.sync, G); /* h += o */
+        dp_load_vec(p.att, q_dim, xs);
+        dp_gemv_phase(p, s, ph + DP_O, ci, slot_c, ring, xs, lane);
+        dp_grid_sync(p.sync, G); /* h += o */
 
-    dp_norm(p.h, p.ffn_norm, d, p.eps, xs, red);
-    dp_gemv_phase(p, s, DP_GU, ci, slot_c, ring, xs, lane);
-    dp_grid_sync(p.sync, G); /* act written */
+        dp_norm(p.h, L->ffn_norm, d, p.eps, xs, red);
+        dp_gemv_phase(p, s, ph + DP_GU, ci, slot_c, ring, xs, lane);
+        dp_grid_sync(p.sync, G); /* act written */
 
-    dp_load_vec(p.act, p.ffn, xs);
-    dp_gemv_phase(p, s, DP_DOWN, ci, slot_c, ring, xs, lane);
+        dp_load_vec(p.act, p.ffn, xs);
+        dp_gemv_phase(p, s, ph + DP_DOWN, ci, slot_c, ring, xs, lane);
+    }
     dp_wait<0>(); /* the groups issued past the end are empty */
 }
 
@@ -502,14 +526,12 @@ extern "C" size_t sf_k_decode_persist_sync_bytes(void) { return DP_SYNC_WORDS * 
 extern "C" int sf_k_decode_persist_ok(const sf_k_layer1 *p)
 {
     const int G = p->Hkv > 0 ? p->H / p->Hkv : 0;
-    const uintptr_t a = (uintptr_t)p->wqkv | (uintptr_t)p->wo | (uintptr_t)p->wgu | (uintptr_t)p->wdown |
-                        (uintptr_t)p->h | (uintptr_t)p->qkv | (uintptr_t)p->att | (uintptr_t)p->act |
-                        (uintptr_t)p->attn_norm | (uintptr_t)p->ffn_norm | (uintptr_t)p->ws;
-    return (p->hd == 128 || p->hd == 64) && p->H > 0 && p->Hkv > 0 && p->H % p->Hkv == 0 && G <= SF_K_DECODE_PERSIST_MAX_GROUP &&
-           p->Hkv + 2 <= DP_SYNC_WORDS && p->d > 0 && p->d % 8 == 0 && p->ffn > 0 && p->ffn % 8 == 0 &&
-           p->rot >= 2 && p->rot % 2 == 0 && p->rot <= p->hd && p->kv.head_dim == p->hd &&
-           p->kv.n_kv_heads == p->Hkv && p->kv.block_size > 0 && !p->kv.i8_base && a % 16 == 0 && p->sync &&
-           p->pos && p->slot && p->block_table && p->inv_freq && grid_size(smem_bytes(p)) > 0;
+    const uintptr_t a = (uintptr_t)p->h | (uintptr_t)p->qkv | (uintptr_t)p->att | (uintptr_t)p->act | (uintptr_t)p->ws;
+    return (p->hd == 128 || p->hd == 64) && p->H > 0 && p->Hkv > 0 && p->H % p->Hkv == 0 &&
+           G <= SF_K_DECODE_PERSIST_MAX_GROUP && p->Hkv + 2 <= DP_SYNC_WORDS && p->d > 0 && p->d % 8 == 0 &&
+           p->ffn > 0 && p->ffn % 8 == 0 && p->rot >= 2 && p->rot % 2 == 0 && p->rot <= p->hd &&
+           p->block_size > 0 && p->lw && p->n_layers >= 1 && a % 16 == 0 && p->sync && p->pos && p->slot &&
+           p->block_table && p->inv_freq && grid_size(smem_bytes(p)) > 0;
 }
 
 extern "C" int sf_k_decode_persist(const sf_k_layer1 *p, cudaStream_t s)

@@ -108,6 +108,9 @@ typedef struct sf_k_attn {
     const int32_t *tiles;    /* prefill: [n_tiles][2] = first token, rows (<= 64 consecutive
                               * tokens of one sequence, consecutive positions) */
     int n_tiles;             /* > 0: the tensor-core prefill kernel (when head_dim % 16 == 0) */
+    const int32_t *rows;     /* decode, stream kernel only: query i < T is token rows[i] (its q, out,
+                              * pos, tok_seq and counter); NULL: token i. Lets the single-token
+                              * sequences of a step with prefill tiles take the decode kernel */
 } sf_k_attn;
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
@@ -251,24 +254,30 @@ int sf_k_attention_decode_stream_per_sm(int hd, int int8, int cfg);
  * INT8 blocks. 1..64. Host only; cheap after its first call. */
 int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel);
 
-/* ---- persistent batch-1 decoder layer (decode_persist.cu) ------------------------------------ */
-/* One layer of a batch-1 decode step in one launch (one block per SM, grid-wide barriers):
- * h += o_proj(attention(rope(qkv(rmsnorm(h) * attn_norm)))), then
+/* ---- persistent batch-1 decoder layers (decode_persist.cu) ---------------------------------- */
+/* n_layers decoder layers of a batch-1 decode step in one launch (one block per SM, grid-wide
+ * barriers), layer after layer: h += o_proj(attention(rope(qkv(rmsnorm(h) * attn_norm)))), then
  * h += down(silu(gate(x)) * up(x)), x = rmsnorm(h) * ffn_norm; k and v of the token are written
- * to the cache at slot[0], the token attends keys 0..pos[0] (block_table: the sequence's row).
- * Weights [rows][cols] bf16: wqkv [(H + 2 Hkv) hd][d] (bias bqkv or NULL), wo [d][H hd], wgu
- * [2 ffn][d] (gate rows, then up rows), wdown [d][ffn]. Scratch: qkv [(H + 2 Hkv) hd], att
- * [H hd], act [ffn], ws sf_k_decode_persist_ws_floats(H, hd) floats, sync
- * sf_k_decode_persist_sync_bytes() zeroed once before the first launch (kept zero between
- * launches). head_dim 64 or 128, H / Hkv <= 8, bf16 cache blocks only (kv.i8_base 0). */
+ * to the layer's cache at slot[0], the token attends keys 0..pos[0] (block_table: the
+ * sequence's row). lw: device array of n_layers entries; weights [rows][cols] bf16, 16-byte
+ * aligned: wqkv [(H + 2 Hkv) hd][d] (bias bqkv or NULL), wo [d][H hd], wgu [2 ffn][d] (gate
+ * rows, then up rows), wdown [d][ffn]; k, v the layer's paged cache (kernels.h layout, bf16
+ * blocks only). Scratch: qkv [(H + 2 Hkv) hd], att [H hd], act [ffn], ws
+ * sf_k_decode_persist_ws_floats(H, hd) floats, sync sf_k_decode_persist_sync_bytes() zeroed
+ * once before the first launch (kept zero between launches). head_dim 64 or 128, H / Hkv <= 8. */
 #define SF_K_DECODE_PERSIST_MAX_GROUP 8
 #define SF_K_DECODE_PERSIST_MAX_SPLIT 32
-typedef struct sf_k_layer1 {
+typedef struct sf_k_layer1_w {
     const uint16_t *attn_norm, *wqkv, *bqkv, *wo, *ffn_norm, *wgu, *wdown;
+    uint16_t *k, *v;
+} sf_k_layer1_w;
+typedef struct sf_k_layer1 {
+    const sf_k_layer1_w *lw;
+    int n_layers;
     uint16_t *h, *qkv, *att, *act;
     const int32_t *pos, *slot, *block_table;
     const float *inv_freq;
-    sf_k_kv kv;
+    int block_size;
     int d, H, Hkv, hd, rot, interleaved, ffn;
     float eps, scale;
     float *ws;
@@ -276,7 +285,8 @@ typedef struct sf_k_layer1 {
 } sf_k_layer1;
 size_t sf_k_decode_persist_ws_floats(int H, int hd);
 size_t sf_k_decode_persist_sync_bytes(void);
-/* Whether the kernel takes p on the current device (shapes, alignment, a grid that fits). */
+/* Whether the kernel takes p on the current device (shapes, alignment of the scratch, a grid
+ * that fits; the caller answers for the entries of lw). */
 int sf_k_decode_persist_ok(const sf_k_layer1 *p);
 int sf_k_decode_persist(const sf_k_layer1 *p, cudaStream_t s);
 

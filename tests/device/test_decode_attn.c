@@ -355,6 +355,65 @@ TEST(decode_attention_stream_replays)
     free_host(&x);
 }
 
+/* The stream kernel over a subset of the step's tokens (a->rows: the single-token sequences of a
+ * step whose other sequences take the prefill kernel): the listed rows match the reference, every
+ * other row keeps its poison, and the per-item kernels refuse such a call. */
+TEST(decode_attention_stream_rows)
+{
+    for (int i8 = 0; i8 <= 50; i8 += 50) {
+        const dcase c = { 40, 32, 8, 128, 16, 1, 900, i8, 1.0f };
+        dhost x = { 0 };
+        ddev d = { 0 };
+        int32_t *rows_d = NULL, rows[40], n = 0;
+        make_case(&c, &x);
+        for (int t = 0; t < c.T; t++)
+            if (t % 3 != 1) rows[n++] = t;
+        int ok_up = upload(&c, &x, &d, 4) == 0 && cudaMalloc((void **)&rows_d, sizeof rows) == cudaSuccess &&
+                    cudaMemcpy(rows_d, rows, sizeof rows, cudaMemcpyHostToDevice) == cudaSuccess;
+        CHECK_MSG(ok_up, "device allocation failed");
+        if (ok_up) {
+            const int64_t per = (int64_t)c.H * c.hd, total = (int64_t)c.T * per;
+            sf_k_attn a = make_attn(&c, &x, &d, 4);
+            a.T = n;
+            a.rows = rows_d;
+            CHECK(sf_k_attention_decode_stream_ok(&a));
+            CHECK(!sf_k_attention_decode_mma_ok(&a) && !sf_k_attention_decode_ok(&a));
+            for (int mb = 0; mb <= 7; mb += 7) { /* as many blocks as are resident; 7 */
+                cudaMemset(d.o, 0xFF, total * 2);
+                int rc = sf_k_attention_decode_stream(&a, 42, mb, 0);
+                CHECK_MSG(rc == 0 && cudaDeviceSynchronize() == cudaSuccess, "launch failed: %s",
+                          cudaGetErrorString(cudaGetLastError()));
+                uint16_t *o = malloc(total * 2);
+                cudaMemcpy(o, d.o, total * 2, cudaMemcpyDeviceToHost);
+                double num = 0, den = 0;
+                int64_t untouched = 0, nan_listed = 0;
+                for (int t = 0; t < c.T; t++) {
+                    const int listed = t % 3 != 1;
+                    for (int64_t k = 0; k < per; k++) {
+                        const uint16_t b = o[t * per + k];
+                        const float f = sf_bf16_to_f32(b);
+                        const double r = x.ref[t * per + k];
+                        if (!listed) { untouched += b == 0xFFFF; continue; }
+                        if (f != f) { nan_listed++; continue; }
+                        num += (f - r) * (f - r);
+                        den += r * r;
+                    }
+                }
+                const double e = den > 0 ? sqrt(num / den) : sqrt(num);
+                CHECK_MSG(nan_listed == 0 && e <= 1e-2, "int8 %d%% blocks %d: %lld NaN in listed rows, rel err %.3g", i8,
+                          mb, (long long)nan_listed, e);
+                CHECK_MSG(untouched == (int64_t)(c.T - n) * per, "int8 %d%% blocks %d: %lld of %lld values of unlisted "
+                          "rows written", i8, mb, (long long)((c.T - n) * per - untouched), (long long)((c.T - n) * per));
+                printf("  rows %d of %d, int8 %d%%, blocks %d: rel err %.2e\n", n, c.T, i8, mb, e);
+                free(o);
+            }
+        }
+        cudaFree(rows_d);
+        free_dev(&d);
+        free_host(&x);
+    }
+}
+
 /* A bad shape is refused with an error code, never launched. */
 TEST(decode_attention_refuses_bad_shapes)
 {
@@ -505,6 +564,7 @@ int main(int argc, char **argv)
         RUN(decode_attention_refuses_bad_shapes);
         RUN(decode_attention_vs_reference);
         RUN(decode_attention_stream_replays);
+        RUN(decode_attention_stream_rows);
     }
     B->ops->destroy(B);
     return test_summary();

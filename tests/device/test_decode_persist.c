@@ -5,9 +5,9 @@
  * 1, 77, 512 and 4096 keys (one warp, a few and many key splits). Fresh random weights, cache
  * and residual every run (the seed is printed); the scratch buffers (qkv, att, act) are poisoned
  * with NaN before each launch, so NaN never passes. Checked: the update of h (h_out - h_in) and
- * the attention output by ||got - ref|| / ||ref||, the k and v rows written to the cache, and
- * that a second launch (the barriers and split counters must have reset themselves) gives
- * bit-identical results. */
+ * the attention output by ||got - ref|| / ||ref||, the k and v rows written to the cache, that
+ * a second launch (the barriers and split counters must have reset themselves) gives
+ * bit-identical results, and two layers in one launch at 512 keys. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -112,7 +112,7 @@ static void host_layer(const shape *sh, const layer_h *L, const int32_t *bt, int
         }
     }
     for (int r = 0; r < d; r++) h1[r] = rbf(bf(L->h[r]) + rbf(dotw(L->wo + (size_t)r * H * hd, att, H * hd)));
-    uint16_t *h1b = malloc(2 * (size_t)d);
+    uint16_t *h1b = calloc((size_t)d, 2);
     for (int r = 0; r < d; r++) h1b[r] = sf_f32_to_bf16((float)h1[r]);
     host_norm(h1b, L->fn, d, 1e-5f, xn);
     for (int j = 0; j < ffn; j++) {
@@ -145,6 +145,7 @@ static void check_shape(const shape *sh)
     uint16_t *kc = dev_rand((int64_t)kv_elems, 1.0f, &L.kc), *vc = dev_rand((int64_t)kv_elems, 1.0f, &L.vc);
     uint16_t *h = NULL, *qkv = NULL, *att = NULL, *act = NULL;
     int32_t *meta = NULL, *bt_h = malloc(sizeof(int32_t) * nb);
+    sf_k_layer1_w *tab = NULL;
     float *ws = NULL, *ifq = NULL, inv_freq[64];
     unsigned *sync = NULL;
     double *dh_ref = malloc(sizeof(double) * d), *att_ref = malloc(sizeof(double) * H * hd),
@@ -156,7 +157,8 @@ static void check_shape(const shape *sh)
                 !cudaMalloc((void **)&meta, sizeof(int32_t) * (nb + 2)) &&
                 !cudaMalloc((void **)&ws, sizeof(float) * sf_k_decode_persist_ws_floats(H, hd)) &&
                 !cudaMalloc((void **)&ifq, sizeof inv_freq) &&
-                !cudaMalloc((void **)&sync, sf_k_decode_persist_sync_bytes()),
+                !cudaMalloc((void **)&sync, sf_k_decode_persist_sync_bytes()) &&
+                !cudaMalloc((void **)&tab, 2 * sizeof(sf_k_layer1_w)),
             "%s: device allocation", sh->name);
     cudaMemset(sync, 0, sf_k_decode_persist_sync_bytes());
     for (int i = 0; i < hd / 2; i++) inv_freq[i] = powf(500000.0f, -2.0f * i / hd);
@@ -175,9 +177,11 @@ static void check_shape(const shape *sh)
         cudaMemcpy(meta + 2, bt_h, sizeof(int32_t) * (nb - 5), cudaMemcpyHostToDevice);
         host_layer(sh, &L, bt_h, bs, pos, inv_freq, dh_ref, att_ref, kv_ref);
         sf_k_kv kv = { .k = kc, .v = vc, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd };
-        sf_k_layer1 p = { .attn_norm = an, .wqkv = wqkv, .bqkv = bq, .wo = wo, .ffn_norm = fn, .wgu = wgu, .wdown = wd,
-                          .h = h, .qkv = qkv, .att = att, .act = act, .pos = meta, .slot = meta + 1,
-                          .block_table = meta + 2, .inv_freq = ifq, .kv = kv, .d = d, .H = H, .Hkv = Hkv, .hd = hd,
+        sf_k_layer1_w ent = { an, wqkv, bq, wo, fn, wgu, wd, kc, vc }, two[2] = { ent, ent };
+        cudaMemcpy(tab, two, sizeof two, cudaMemcpyHostToDevice);
+        sf_k_layer1 p = { .lw = tab, .n_layers = 1, .h = h, .qkv = qkv, .att = att, .act = act, .pos = meta,
+                          .slot = meta + 1, .block_table = meta + 2, .inv_freq = ifq, .block_size = bs, .d = d, .H = H,
+                          .Hkv = Hkv, .hd = hd,
                           .rot = hd, .interleaved = 0, .ffn = ffn, .eps = 1e-5f, .scale = 1.0f / sqrtf((float)hd),
                           .ws = ws, .sync = sync };
         REQUIRE(sf_k_decode_persist_ok(&p), "%s: the persistent kernel declines the shape", sh->name);
@@ -255,11 +259,37 @@ static void check_shape(const shape *sh)
         free(h_first);
         cudaMemcpy(kc, kv_save, 2 * kv_elems, cudaMemcpyDeviceToDevice);
         cudaMemcpy(vc, kv_save + kv_elems, 2 * kv_elems, cudaMemcpyDeviceToDevice);
+        if (ctxs[ci] != 512) continue;
+        /* two layers in one launch (the same weights and cache twice): the stream runs from the
+         * first layer's down projection into the second's QKV across a barrier */
+        double *dh2 = malloc(sizeof(double) * d), *tot = malloc(sizeof(double) * d);
+        uint16_t *h1b = malloc(2 * (size_t)d), *keep = L.h;
+        for (int i = 0; i < d; i++) h1b[i] = sf_f32_to_bf16((float)(h0d[i] + dh_ref[i]));
+        L.h = h1b;
+        host_layer(sh, &L, bt_h, bs, pos, inv_freq, dh2, att_ref, kv_ref);
+        L.h = keep;
+        for (int i = 0; i < d; i++) tot[i] = bf(h1b[i]) + dh2[i] - h0d[i];
+        p.n_layers = 2;
+        cudaMemcpy(h, h0, 2 * (size_t)d, cudaMemcpyDeviceToDevice);
+        cudaMemset(qkv, 0xff, 2 * (size_t)rows);
+        cudaMemset(att, 0xff, 2 * (size_t)H * hd);
+        cudaMemset(act, 0xff, 2 * (size_t)ffn);
+        rc = sf_k_decode_persist(&p, S);
+        e = cudaStreamSynchronize(S);
+        CHECK_MSG(!rc && e == cudaSuccess, "%s: two layers: launch %d", sh->name, rc);
+        read_bf(h, d, got);
+        for (int i = 0; i < d; i++) got[i] -= h0d[i];
+        double e2 = rel(got, tot, d);
+        printf("  %-10s ctx %4d, two layers in one launch: rel err h update %.2e\n", sh->name, ctxs[ci], e2);
+        CHECK_MSG(e2 < 2e-2, "%s: two layers in one launch against the host reference: %.3g", sh->name, e2);
+        free(dh2); free(tot); free(h1b);
+        cudaMemcpy(kc, kv_save, 2 * kv_elems, cudaMemcpyDeviceToDevice);
+        cudaMemcpy(vc, kv_save + kv_elems, 2 * kv_elems, cudaMemcpyDeviceToDevice);
     }
     cudaFree(kv_save);
     uint16_t *devs[] = { an, wqkv, bq, wo, fn, wgu, wd, h0, kc, vc, h, qkv, att, act };
     for (size_t i = 0; i < SF_ARRAY_LEN(devs); i++) cudaFree(devs[i]);
-    cudaFree(meta); cudaFree(ws); cudaFree(ifq); cudaFree(sync);
+    cudaFree(meta); cudaFree(ws); cudaFree(ifq); cudaFree(sync); cudaFree(tab);
     uint16_t *hs[] = { L.an, L.wqkv, L.bqkv, L.wo, L.fn, L.wgu, L.wd, L.h, L.kc, L.vc };
     for (size_t i = 0; i < SF_ARRAY_LEN(hs); i++) free(hs[i]);
     free(bt_h); free(dh_ref); free(att_ref); free(kv_ref); free(got); free(h0d);
@@ -275,7 +305,7 @@ TEST(persist_declines)
     sf_k_layer1 p;
     memset(&p, 0, sizeof p);
     CHECK(!sf_k_decode_persist_ok(&p));
-    p.d = 4096; p.H = 32; p.Hkv = 8; p.hd = 96; p.ffn = 14336; p.rot = 96;
+    p.d = 4096; p.H = 32; p.Hkv = 8; p.hd = 96; p.ffn = 14336; p.rot = 96; p.n_layers = 1;
     CHECK(!sf_k_decode_persist_ok(&p)); /* head_dim 96, no buffers */
     CHECK(sf_k_decode_persist(&p, S) == (int)cudaErrorInvalidValue);
 }

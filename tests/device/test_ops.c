@@ -7,7 +7,8 @@
  *   test_ops --quick    smaller shapes (under compute-sanitizer)
  *   test_ops --perf     also time GEMV vs cuBLASLt and attention on decode shapes (no assertions)
  *   test_ops --int8     only the INT8 KV checks, then decode attention timed over a bf16 and an
- *                       INT8 cache (Llama-3-8B heads, context 4096) against hal's bandwidth */
+ *                       INT8 cache (Llama-3-8B heads, context 4096) against hal's bandwidth
+ *   test_ops --mixed    only the steps mixing prefill chunks and single-token decodes */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,7 +26,7 @@
 
 static sf_backend *B;
 static sf_rng R;
-static int quick, perf, only_int8;
+static int quick, perf, only_int8, only_mixed;
 #define OPS (B->ops)
 
 /* ---- helpers ------------------------------------------------------------------------------ */
@@ -614,6 +615,23 @@ TEST(rope_kv_attention)
     else run_attn_case(&lc, 2, 3, len_long, 97);
 }
 
+/* Steps mixing prefill chunks (>= 16 tokens: the prefill kernel's tiles) with single-token
+ * decodes, which take the decode kernel over their rows with SEMFLOW_CUDA_MIXED_DECODE=1
+ * (hal_cuda.c batch_begin), else 1-row tiles of the prefill kernel: every token of every step
+ * against the host reference. */
+static int len_mixed(int st, int s)
+{
+    return st == 0 ? 20 + 3 * s : st == 1 ? (s % 2 ? 17 : 1) : st == 2 ? (s % 3 ? 1 : 40) : 1;
+}
+static int len_mixed_many(int st, int s) { return st == 0 ? 30 + s : st == 1 ? (s ? 1 : 20) : 1; }
+
+TEST(rope_kv_attention_mixed)
+{
+    attn_case cases[] = { { 32, 8, 128, 16, 0 }, { 28, 4, 128, 32, 0 }, { 16, 4, 64, 16, 1 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) run_attn_case(&cases[i], 6, 4, len_mixed, 1);
+    run_attn_case(&cases[0], 40, 3, len_mixed_many, 1);
+}
+
 /* norm_qkv_rope against the plain sequence it replaces (norm_matmul, rope_kv; checked against
  * host references above), each on its own cache layer, over decode steps and one 3-token step:
  * the rotated qkv and the attention over each layer's cache must agree. */
@@ -1102,6 +1120,7 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--perf")) perf = 1;
         else if (!strcmp(argv[i], "--int8")) only_int8 = 1;
+        else if (!strcmp(argv[i], "--mixed")) only_mixed = 1;
     }
     sf_rng_seed(&R, (uint64_t)sf_now_ns()); /* fresh inputs every run; the seed is printed */
     uint64_t seed = R.s[0];
@@ -1111,6 +1130,11 @@ int main(int argc, char **argv)
     if (sf_backend_cuda_new(&o, &B, &err)) {
         printf("FAIL: open_cuda_backend: %s\n", err.msg);
         return 1;
+    }
+    if (only_mixed) {
+        RUN(rope_kv_attention_mixed);
+        B->ops->destroy(B);
+        return test_summary();
     }
     if (only_int8) {
         RUN(rope_kv_attention_int8);
@@ -1129,6 +1153,7 @@ int main(int argc, char **argv)
     RUN(norm_matmul);
     RUN(matmul_add);
     RUN(rope_kv_attention);
+    RUN(rope_kv_attention_mixed);
     RUN(norm_qkv_rope);
     RUN(kv_copy);
     RUN(rope_kv_attention_int8);

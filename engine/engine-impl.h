@@ -1,0 +1,136 @@
+/* engine-impl.h — the engine's state, shared by engine.c (API, setup, the engine thread) and
+ * step.c (the step pipeline). Internal to engine/.
+ *
+ * Threads: the fields above `mu` are the engine thread's alone once the thread runs; those
+ * below are shared under `mu` (see each comment). */
+#ifndef SF_ENGINE_IMPL_H
+#define SF_ENGINE_IMPL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+
+#include "engine.h"
+#include "forward.h"
+#include "kvcache.h"
+#include "model.h"
+#include "request.h"
+#include "scheduler.h"
+#include "swap.h"
+#include "tp.h"
+
+/* A sampled token between take (appended to its sequence) and delivery (text and events). */
+typedef struct sf_taken {
+    sf_request *r;
+    int32_t id;
+    int end;                     /* sf_request_take's answer */
+    int removed;                 /* already out of the scheduler (take ended it, or it got stuck) */
+    int stuck;                   /* the next plan found it stuck: finish it (length) after delivery */
+    float logprob;
+    int n_top;
+    sf_logprob top[SF_MAX_LOGPROBS];
+} sf_taken;
+
+/* The launched step whose ids are not taken yet. Its plan is the scheduler's current plan
+ * (committed when the ids are taken); its rows' requests are found through row_item, because a
+ * request cancelled or ended meanwhile is withdrawn from the plan (item seq NULL). */
+typedef struct sf_flight {
+    int active;
+    int on_dev;                  /* ids drawn on the backend; else e->logits hold the rows */
+    int k;                       /* logit rows */
+    int n_tokens, n_decode;
+    int decode;                  /* every sequence brought one token */
+    int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
+    double swap_ms;
+    double t_plan;               /* sf_now_s when it was planned */
+    double t_done;               /* its launch returned only once the step was done (0: not so) */
+} sf_flight;
+
+/* Where one loop turn's time went (seconds). */
+typedef struct sf_turn_clock {
+    double wait;                 /* blocked waiting for the device: the ids, or (TP) the gather inside the launch */
+    double take, plan, batch, launch, send, deliver;
+    double enqueue;              /* the backend's host time queuing the launched step (CUDA) */
+    double exposed;              /* from the taken ids to the next step's work all queued: the device's idle gap */
+} sf_turn_clock;
+
+#define SF_STEP_HIST 1700        /* decode turn durations in buckets 1% wide from 10 µs (step.c) */
+
+struct sf_engine {
+    sf_engine_config cfg;
+    sf_model *model;
+    sf_backend *be;
+    sf_forward *fwd;
+    sf_tp *tp;                  /* tensor parallelism: the follower ranks (owns fwd then) */
+    sf_kv_pool pool;
+    int pool_ready;
+    sf_sched sched;
+    int sched_ready;
+    sf_swap swap;               /* host swap space for preemption by swap (n_slots 0: off) */
+    float *logits;              /* [max_num_seqs * vocab] host */
+    int vocab, max_model_len;
+    /* sampling on the backend: per-row parameters, drawn ids, penalty entries */
+    sf_sample_row *rows;        /* [max_num_seqs] */
+    int32_t *ids;               /* [max_num_seqs] */
+    int *row_item;              /* [max_num_seqs]: plan item of each logit row of the step in flight */
+    int32_t *table;             /* the step's block table with its stride rounded up (step.c) */
+    size_t cap_table;
+    sf_sample_pen *pen;
+    int cap_pen;
+    /* the step pipeline (step.c) */
+    int serial;                 /* 1: deliver before planning the next step (SEMFLOW_ENGINE_OVERLAP=0) */
+    sf_flight fl;
+    sf_taken *taken;            /* [max_num_seqs] tokens taken, not yet delivered */
+    int n_taken;
+    double t_ids;               /* when the device ran out of work in the step taken this turn: its
+                                 * ids arrived, or its launch returned after the step (0: none) */
+
+    pthread_t thread;
+    int thread_started;
+    pthread_mutex_t mu;         /* guards everything below */
+    pthread_cond_t wake;        /* the engine thread waits for work */
+    pthread_cond_t idle;        /* drain waits for the engine to empty */
+    sf_request *in_head, *in_tail;
+    int in_count[SF_URGENCY_COUNT];
+    int stop, draining, busy;
+    int tp_failed;              /* the tensor-parallel group failed: submit answers SF_ENODEV */
+    char tp_failed_msg[512];
+    atomic_int cancel_all;      /* drain timed out: cancel everything (read by the engine thread) */
+    sf_engine_stats st;         /* snapshot, updated after every step */
+    /* throughput windows (engine thread writes, under mu) */
+    double win_start;
+    uint64_t win_tokens, win_finished;
+    double req_per_s;           /* finished requests per second, last window */
+    /* engine thread only; copied into st by update_stats */
+    uint64_t n_finished, n_cancelled, n_tokens_out;
+    uint64_t st_tokens_seen;    /* n_tokens_out at the last update_stats (under mu) */
+    uint64_t n_rejected;        /* submits refused with SF_AGAIN (under mu) */
+    FILE *trace;                /* --sched-trace (engine thread only) */
+    double t_start;
+    double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
+    uint64_t decode_steps, decode_tokens, rows_dev, rows_host;
+    sf_turn_clock dclk;         /* summed over decode turns */
+    uint32_t *step_hist;        /* [SF_STEP_HIST] decode turn durations */
+};
+
+/* step.c, engine thread only. */
+/* Finish r with reason/status (events delivered), take it out of the scheduler and free it. */
+void sf_engine_finish_free(sf_engine *e, sf_request *r, int reason, int status, const char *msg);
+/* One loop turn: take the ids of the step in flight, launch the next step, deliver. Returns
+ * whether anything progressed (a step taken or launched, or a request finished). */
+int sf_engine_turn(sf_engine *e);
+/* Whether a step is in flight (the loop must come back for it even with nothing queued). */
+static inline int sf_engine_in_flight(const sf_engine *e) { return e->fl.active; }
+/* Stopping: wait for the step in flight, if any, and drop its ids (the requests are cancelled
+ * next). */
+void sf_engine_settle(sf_engine *e);
+/* Before serving, on a backend that makes per-size choices on first use (CUDA: the GEMM
+ * tuner): one step at each token count those choices are made for, up to 256 (within
+ * max_batched_tokens; and max_num_seqs when larger), every rank under TP; each sequence one
+ * token in its own block of the still empty KV pool (n_blocks of them), logits for up to
+ * max_num_seqs rows; so that no served step pays for them. */
+int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err);
+/* Median and 90th percentile of the decode turns so far, ms (0 without any). */
+void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90);
+
+#endif

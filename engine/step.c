@@ -1,0 +1,393 @@
+/* step.c — the engine's step pipeline (engine thread only): plan and launch a step, take its
+ * sampled ids, deliver their text and events, and account where the time of a step goes.
+ *
+ * One loop turn, overlapped (the default):
+ *
+ *     wait for step N's ids ─ take them ─ plan N+1, build its batch, launch it ─ deliver N
+ *                                                     └── the device runs N+1 ──────────────┘
+ *
+ * Taking an id appends it to its sequence and ends the request when the token alone decides it
+ * (EOS, a stop id, max_tokens, the context's end), so N+1 is planned from exactly what a serial
+ * loop would plan from. Delivery — detokenizing, stop strings, the callbacks — runs while the
+ * device runs N+1. A request that a stop string ends there was planned into N+1: it is withdrawn
+ * from that plan, and its row of N+1 is dropped when the ids come (its K/V write lands in blocks
+ * that are freed now and reused only by later steps, which the device runs after N+1). Sampling
+ * is a pure function of (seed, step, logits), so every request gets the same tokens as in the
+ * serial order (SEMFLOW_ENGINE_OVERLAP=0: deliver, then plan and launch).
+ *
+ * Swaps, preemption and stuck sequences are planned with no step in flight: a step is launched
+ * only after the ids of the one before it were taken. */
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine-impl.h"
+#include "sampler.h"
+
+void sf_engine_finish_free(sf_engine *e, sf_request *r, int reason, int status, const char *msg)
+{
+    sf_sched_remove(&e->sched, &r->seq);
+    sf_request_finish(r, reason, status, msg);
+    if (reason == SF_FINISH_CANCELLED) e->n_cancelled++;
+    e->n_finished++;
+    sf_request_free(r);
+}
+
+/* Run the plan's swap copies: every swap-out (its blocks may already be planned for others),
+ * then every swap-in. A failed swap-out turns into a recompute; a failed swap-in fails its
+ * request (its K/V is lost). */
+static void run_swaps(sf_engine *e, const sf_plan *p)
+{
+    sf_error err = { 0 };
+    for (int i = 0; i < p->n_swap_out; i++) {
+        if (!p->swap_out[i].seq) continue;
+        if (sf_swap_run(&e->swap, &p->swap_out[i], SF_DMA_D2H, &err) != SF_OK) {
+            SF_LOGW("%s; the sequence will be recomputed instead", err.msg);
+            sf_sched_swap_out_failed(&e->sched, i);
+        }
+    }
+    for (int i = 0; i < p->n_swap_in; i++) {
+        sf_seq *q = p->swap_in[i].seq;
+        if (!q) continue;
+        int rc = sf_swap_run(&e->swap, &p->swap_in[i], SF_DMA_H2D, &err);
+        if (rc != SF_OK) {
+            SF_LOGE("%s", err.msg);
+            sf_engine_finish_free(e, q->owner, SF_FINISH_ERROR, rc, err.msg);
+        }
+    }
+}
+
+/* --sched-trace: one line per step (TSV), for finding where step time and latency go. rt: tokens
+ * of high-urgency sequences in the step; sw: KV blocks swapped out or in before it, in swap_ms. */
+static void trace_step(sf_engine *e, const sf_plan *p, const sf_flight *f)
+{
+    const sf_sched *s = &e->sched;
+    double now = sf_now_s();
+    fprintf(e->trace, "%.4f\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%llu\t%d\t%d\t%.2f\t%d\t%.4f\t%d\t%d\t%d\t%.2f\t%llu\n",
+            now - e->t_start, (now - f->t_plan) * 1e3, p->n_decode, p->n_prefill, s->n_running,
+            s->n_waiting[SF_URGENCY_HIGH], s->n_waiting[SF_URGENCY_NORMAL], s->n_waiting[SF_URGENCY_LOW],
+            (sf_kv_total_units(&e->pool) - e->pool.n_free_units + 1) / 2, (unsigned long long)s->preemptions,
+            s->cap_tokens == INT_MAX ? -1 : s->cap_tokens, s->cap_low == INT_MAX ? -1 : s->cap_low,
+            sf_sched_predict_ms(s, p->n_tokens), s->degraded, sf_sched_kv_demand(s), s->n_running_i8, f->rt, f->sw,
+            f->swap_ms, (unsigned long long)s->steps);
+}
+
+/* Text and events of the tokens taken (sf_request_deliver); requests that end are freed. */
+static void deliver(sf_engine *e, sf_turn_clock *tc)
+{
+    double t0 = sf_now_s();
+    for (int i = 0; i < e->n_taken; i++) {
+        sf_taken *t = &e->taken[i];
+        sf_request *r = t->r;
+        r->taken_slot = 0;
+        int fin = sf_request_deliver(r, t->id, t->end, t->logprob, t->top, t->n_top);
+        if (fin != SF_REQ_FINISHED && t->stuck) { /* the KV pool cannot hold it even alone */
+            sf_request_finish(r, SF_FINISH_LENGTH, SF_OK, NULL);
+            fin = SF_REQ_FINISHED;
+        }
+        if (fin != SF_REQ_FINISHED) continue;
+        if (!t->removed) sf_sched_remove(&e->sched, &r->seq); /* withdrawn from the step in flight, if in it */
+        e->n_finished++;
+        sf_request_free(r);
+    }
+    e->n_taken = 0;
+    tc->deliver += sf_now_s() - t0;
+}
+
+/* The step in flight (or being launched) failed: fail the requests in it, keep serving the
+ * others. A dead tensor-parallel group stops admission for good. */
+static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens, sf_turn_clock *tc)
+{
+    if (rc == SF_ENODEV && e->tp) {
+        pthread_mutex_lock(&e->mu);
+        if (!e->tp_failed) snprintf(e->tp_failed_msg, sizeof e->tp_failed_msg, "%s", err->msg);
+        e->tp_failed = 1;
+        pthread_mutex_unlock(&e->mu);
+    }
+    SF_LOGE("forward step of %d tokens failed: %s", n_tokens, err->msg);
+    deliver(e, tc); /* what was taken before comes first; it may end requests of this plan */
+    const sf_plan *p = &e->sched.plan;
+    int n = p->n_items, nv = 0;
+    sf_request **victims = malloc((size_t)(n ? n : 1) * sizeof *victims);
+    for (int i = 0; i < n && victims; i++)
+        if (p->items[i].seq) victims[nv++] = p->items[i].seq->owner;
+    sf_sched_discard(&e->sched);
+    for (int i = 0; i < nv; i++) sf_engine_finish_free(e, victims[i], SF_FINISH_ERROR, rc, err->msg);
+    free(victims);
+    e->fl.active = 0;
+}
+
+/* Block tables go to the backend with their row stride rounded up to a multiple of this many
+ * blocks (the entries past a sequence's blocks are 0 and never read): the stride is part of a
+ * step's CUDA graph key, and a rounded one keeps one graph for the steps of many context
+ * lengths instead of one per block of growth. */
+#define TABLE_STRIDE_QUANTUM 16
+
+static void round_table_stride(sf_engine *e, sf_batch *b)
+{
+    int stride = (b->max_blocks + TABLE_STRIDE_QUANTUM - 1) / TABLE_STRIDE_QUANTUM * TABLE_STRIDE_QUANTUM;
+    size_t need = (size_t)b->n_seqs * stride;
+    if (stride == b->max_blocks) return;
+    if (need > e->cap_table) {
+        int32_t *t = realloc(e->table, need * sizeof *t);
+        if (!t) return; /* keep the scheduler's stride: correct, only less graph reuse */
+        e->table = t;
+        e->cap_table = need;
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        int32_t *row = e->table + (size_t)s * stride;
+        memcpy(row, b->block_table + (size_t)s * b->max_blocks, (size_t)b->max_blocks * sizeof *row);
+        memset(row + b->max_blocks, 0, (size_t)(stride - b->max_blocks) * sizeof *row);
+    }
+    b->block_table = e->table;
+    b->max_blocks = stride;
+}
+
+/* Plan the next step and launch it. Returns the tokens launched (0: none); *progress is set when
+ * stuck requests were finished. */
+static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
+{
+    sf_error err = { 0 };
+    sf_flight *f = &e->fl;
+    double t0 = sf_now_s();
+    const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
+    for (int i = 0; i < p->n_stuck; i++) { /* the KV pool cannot hold them even alone */
+        sf_request *r = p->stuck[i]->owner;
+        *progress = 1;
+        if (r->taken_slot) { /* its last token is still to deliver: finish it after that */
+            sf_sched_remove(&e->sched, &r->seq);
+            e->taken[r->taken_slot - 1].removed = 1;
+            e->taken[r->taken_slot - 1].stuck = 1;
+        } else {
+            sf_engine_finish_free(e, r, SF_FINISH_LENGTH, SF_OK, NULL);
+        }
+    }
+    memset(f, 0, sizeof *f);
+    f->t_plan = t0;
+    if (e->trace) { /* the plan's sequences may be freed by the time the trace line is written */
+        for (int i = 0; i < p->n_items; i++)
+            if (p->items[i].seq && p->items[i].seq->urgency == SF_URGENCY_HIGH) f->rt += p->items[i].n;
+        for (int i = 0; i < p->n_swap_out; i++) f->sw += p->swap_out[i].seq ? p->swap_out[i].n : 0;
+        for (int i = 0; i < p->n_swap_in; i++) f->sw += p->swap_in[i].seq ? p->swap_in[i].n : 0;
+    }
+    double t_sw = sf_now_s();
+    run_swaps(e, p);
+    double t1 = sf_now_s();
+    f->swap_ms = (t1 - t_sw) * 1e3;
+    tc->plan += t1 - t0;
+    if (p->n_tokens == 0) {
+        sf_sched_discard(&e->sched);
+        return 0;
+    }
+    sf_batch b;
+    sf_sched_batch(&e->sched, &b);
+    round_table_stride(e, &b);
+    /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
+    int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
+    for (int i = 0; i < p->n_items; i++) {
+        if (!p->items[i].seq || !p->items[i].logits) continue;
+        sf_request *r = p->items[i].seq->owner;
+        e->row_item[k] = i; /* k <= running <= max_num_seqs */
+        if (on_dev && (sf_sampler_needs_logits(&r->sp) ||
+                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
+            on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
+        k++;
+    }
+    f->k = k;
+    f->n_tokens = b.n_tokens;
+    f->n_decode = p->n_decode;
+    f->decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
+    double t2 = sf_now_s();
+    tc->batch += t2 - t1;
+    int rc;
+    if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
+    else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
+        sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = e->ids };
+        rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
+        if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
+            on_dev = 0;
+            rc = sf_forward_read_logits(e->fwd, k, e->logits, &err);
+        }
+    } else rc = sf_forward_step(e->fwd, &b, e->logits, &err);
+    double t3 = sf_now_s(), t_enq = t3;
+    sf_backend_stats bs;
+    if (sf_backend_cuda_stats(e->be, &bs) == SF_OK && bs.last_step_begin_s >= t2 && bs.last_step_enqueued_s <= t3) {
+        /* the device's work was all queued at t_enq; after it the launch waited (TP: the
+         * logits' gather; host sampling: the copy of the logits) */
+        t_enq = bs.last_step_enqueued_s;
+        tc->enqueue += bs.last_step_host_us * 1e-6;
+        tc->wait += t3 - t_enq;
+        /* a launch that waited for its step (host sampling, or a gather that waits) leaves the
+         * device with at most the draw from here: its idle gap starts now, not at the ids */
+        if (t3 - t_enq > 50e-6) f->t_done = t3;
+    }
+    tc->launch += t3 - t2;
+    if (e->tp) tc->send += sf_tp_last_send_s(e->tp);
+    if (e->t_ids > 0) tc->exposed += t_enq - e->t_ids;
+    if (rc != SF_OK) {
+        step_failed(e, rc, &err, b.n_tokens, tc);
+        return 0;
+    }
+    f->on_dev = on_dev;
+    f->active = 1;
+    return b.n_tokens;
+}
+
+/* Wait for the ids of the step in flight and take them. Returns 1 when a step was taken. */
+static int step_take(sf_engine *e, sf_turn_clock *tc)
+{
+    sf_error err = { 0 };
+    sf_flight *f = &e->fl;
+    double t0 = sf_now_s();
+    int rc = !f->on_dev ? SF_OK : e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
+    double t1 = sf_now_s();
+    tc->wait += t1 - t0;
+    e->t_ids = f->t_done > 0 && f->t_done < t1 ? f->t_done : t1;
+    if (rc != SF_OK) {
+        step_failed(e, rc, &err, f->n_tokens, tc);
+        return 0;
+    }
+    f->active = 0;
+    const sf_plan *p = &e->sched.plan;
+    sf_sched_commit(&e->sched);
+    if (f->on_dev) e->rows_dev += (uint64_t)f->k;
+    else e->rows_host += (uint64_t)f->k;
+    for (int j = 0; j < f->k; j++) {
+        sf_seq *q = p->items[e->row_item[j]].seq;
+        if (!q) continue; /* cancelled, or ended by a stop string, while the step ran */
+        sf_request *r = q->owner;
+        sf_taken *t = &e->taken[e->n_taken];
+        t->r = r;
+        t->logprob = 0;
+        t->n_top = 0;
+        t->id = f->on_dev ? e->ids[j]
+                          : sf_sample(&r->sp, &r->ss, e->logits + (size_t)j * e->vocab, e->vocab, &t->logprob, t->top,
+                                      &t->n_top);
+        t->end = sf_request_take(r, t->id);
+        t->removed = t->end != SF_REQ_CONTINUE;
+        t->stuck = 0;
+        if (t->removed) sf_sched_remove(&e->sched, q); /* not planned again */
+        r->taken_slot = ++e->n_taken;
+        e->n_tokens_out++;
+    }
+    sf_sched_observe(&e->sched, f->n_tokens, f->n_decode, (t1 - f->t_plan) * 1e3);
+    if (e->trace) trace_step(e, p, f);
+    tc->take += sf_now_s() - t1;
+    return 1;
+}
+
+/* Decode turn durations are kept in buckets 1% wide from 10 µs up (SF_STEP_HIST of them reach
+ * past 100 s): bucket i holds [0.01 * 1.01^i, 0.01 * 1.01^(i+1)) ms. */
+static int hist_bucket(double ms)
+{
+    double i = ms > 0.01 ? floor(log(ms / 0.01) / log(1.01)) : 0;
+    return i < SF_STEP_HIST - 1 ? (int)i : SF_STEP_HIST - 1;
+}
+
+int sf_engine_turn(sf_engine *e)
+{
+    sf_turn_clock tc = { 0 };
+    double t_turn = sf_now_s();
+    sf_flight done = e->fl; /* the step whose ids this turn takes */
+    int took = 0, progress = 0, launched;
+    e->t_ids = 0;
+    if (e->fl.active) took = step_take(e, &tc);
+    if (e->serial) deliver(e, &tc);
+    launched = step_launch(e, &tc, &progress);
+    deliver(e, &tc);
+    if (took) { /* the turn's time, less what it spent waiting for the device */
+        double turn = sf_now_s() - t_turn, host = SF_MAX(0.0, turn - tc.wait);
+        e->step_s += turn;
+        e->host_s += host;
+        if (done.decode) {
+            e->decode_steps++;
+            e->decode_step_s += turn;
+            e->decode_host_s += host;
+            e->decode_enqueue_s += tc.enqueue;
+            e->decode_tokens += (uint64_t)done.n_tokens;
+            sf_turn_clock *d = &e->dclk;
+            d->wait += tc.wait, d->take += tc.take, d->plan += tc.plan, d->batch += tc.batch;
+            d->launch += tc.launch, d->send += tc.send, d->deliver += tc.deliver, d->enqueue += tc.enqueue;
+            d->exposed += launched ? tc.exposed : 0;
+            if (e->step_hist) e->step_hist[hist_bucket(turn * 1e3)]++;
+        }
+    }
+    return took || launched || progress;
+}
+
+void sf_engine_settle(sf_engine *e)
+{
+    if (!e->fl.active) return;
+    sf_error err = { 0 };
+    int rc = !e->fl.on_dev ? SF_OK : e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
+    if (rc) SF_LOGW("engine: the step in flight at shutdown failed: %s", err.msg);
+    sf_sched_discard(&e->sched);
+    e->fl.active = 0;
+}
+
+void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90)
+{
+    uint64_t n = 0, c = 0;
+    *p50 = *p90 = 0;
+    if (!e->step_hist) return;
+    for (int i = 0; i < SF_STEP_HIST; i++) n += e->step_hist[i];
+    for (int i = 0; i < SF_STEP_HIST && n; i++) {
+        uint64_t before = c;
+        c += e->step_hist[i];
+        double ms = 0.01 * pow(1.01, i + 0.5); /* the bucket's middle: within 0.5% */
+        if (before < (n + 1) / 2 && c >= (n + 1) / 2) *p50 = ms;
+        if (before < (n * 9 + 9) / 10 && c >= (n * 9 + 9) / 10) *p90 = ms;
+    }
+}
+
+/* Decode batch sizes the warm-up runs: the row counts the CUDA backend's GEMM tuner times its
+ * choices at (kernels/cuda/gemm.cu tune_buckets; any count up to one of them uses its choice). */
+static const int warm_sizes[] = { 16, 24, 32, 48, 64, 96, 128, 192, 256 };
+
+int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err)
+{
+    /* steps of up to 256 tokens (decode, or a mix with prefill) use the tuned choices; logit
+     * rows up to max_num_seqs */
+    int max_n = SF_MIN(SF_MIN(SF_MAX(e->cfg.max_num_seqs, 256), e->cfg.max_batched_tokens), n_blocks);
+    int rc = SF_OK, ran = 0;
+    int32_t *buf = malloc((size_t)6 * (max_n + 1) * sizeof *buf);
+    if (!buf) return sf_err(err, SF_ENOMEM, "engine warm-up: out of memory");
+    int32_t *tok = buf, *pos = tok + max_n, *slot = pos + max_n, *start = slot + max_n, *ctx = start + max_n + 1,
+            *table = ctx + max_n;
+    int sizes[SF_ARRAY_LEN(warm_sizes) + 1], n_sizes = 0;
+    for (size_t i = 0; i < SF_ARRAY_LEN(warm_sizes) && warm_sizes[i] <= max_n; i++) sizes[n_sizes++] = warm_sizes[i];
+    if (max_n > 8 && (!n_sizes || sizes[n_sizes - 1] != max_n)) sizes[n_sizes++] = max_n; /* its bucket's choice */
+    double t0 = sf_now_s();
+    for (int i = 0; i < n_sizes && !rc; i++) {
+        int n = sizes[i];
+        for (int s = 0; s < n; s++) { /* sequence s: one token at position 0 of block s (the pool is empty) */
+            tok[s] = (int32_t)((s * 7919) % e->vocab);
+            pos[s] = 0;
+            slot[s] = s * e->cfg.kv_block_size;
+            start[s] = s;
+            ctx[s] = 1;
+            table[s] = s;
+        }
+        start[n] = n;
+        int L = SF_MIN(n, e->cfg.max_num_seqs);
+        sf_batch b = { .n_tokens = n, .n_seqs = n, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
+                       .seq_ctx = ctx, .block_table = table, .max_blocks = 1, .logit_rows = start, .n_logits = L };
+        if (!e->cfg.host_sampling && sf_forward_can_sample(e->fwd)) {
+            for (int s = 0; s < L; s++)
+                e->rows[s] = (sf_sample_row){ .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
+            sf_forward_sample smp = { .rows = e->rows, .ids = e->ids };
+            rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, err) : sf_forward_step_sample(e->fwd, &b, &smp, err);
+            if (rc == SF_EUNSUPPORTED) rc = SF_OK; /* the step ran; the sampler declined these sizes */
+        } else {
+            rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->fwd, &b, e->logits, err);
+        }
+        ran++;
+    }
+    free(buf);
+    if (rc) return sf_err_wrap(err, "engine warm-up");
+    if (ran)
+            SF_LOGI("engine: warm-up of %d step sizes up to %d tokens in %.2f s (the backend's per-size choices made "
+                "before serving)", ran, max_n, sf_now_s() - t0);
+    return SF_OK;
+}
