@@ -81,16 +81,18 @@ static __device__ __forceinline__ void add8(float *acc, uint4 v)
 }
 
 /* Threads [0, size) of the block, thread p != rank: raise `flag` in peer p's signal block at
- * byte off + 4 * rank (after a system-scope fence, with a release store), then wait until this
- * rank's own word at off + 4 * p reached it. Ends with a block barrier; returns 1 in every
- * thread when a wait timed out (the missing rank written to *err). The block's stores before
- * the call are visible to the peers once they see the flag. */
+ * byte off + 4 * rank with a system-scope release store (after a block barrier the caller
+ * placed; fence: a system-scope fence before it as well), then wait until this rank's own word
+ * at off + 4 * p reached it. Ends with a block barrier; returns 1 in every thread when a wait
+ * timed out (the missing rank written to *err). The block's stores before the barrier are
+ * visible to the peers once they see the flag: the release is cumulative over what the barrier
+ * ordered before it. */
 static __device__ int exchange_flags(char *const *region, int rank, int size, size_t off, unsigned flag,
-                                     uint64_t timeout_ns, volatile unsigned *err, int *failed_s)
+                                     uint64_t timeout_ns, volatile unsigned *err, int *failed_s, bool fence)
 {
     const int p = threadIdx.x;
     if (p < size && p != rank) {
-        __threadfence_system();
+        if (fence) __threadfence_system();
         st_release_sys((unsigned *)(region[p] + off) + rank, flag);
         const unsigned *in = (const unsigned *)(region[rank] + off) + p;
         uint64_t t0 = 0;
@@ -136,7 +138,7 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
 
     /* 2. raise this call's flag at every rank; wait for every rank's */
     if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, flag) + blockIdx.x * sizeof self->flag[0], flag,
-                       a.timeout_ns, a.err, &failed_s))
+                       a.timeout_ns, a.err, &failed_s, true))
         return;
 
     /* 3. sum in rank order, the same on every rank */
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     if (!LL) {
         __syncthreads();
         if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, nflag) + blockIdx.x * sizeof self->nflag[0],
-                           flag, a.timeout_ns, a.err, &failed_s))
+                           flag, a.timeout_ns, a.err, &failed_s, false))
             return;
     }
 
