@@ -43,6 +43,7 @@ typedef struct sf_flight {
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
     double swap_ms;
     double t_plan;               /* sf_now_s when it was planned */
+    double t_done;               /* its launch returned only once the step was done (0: not so) */
 } sf_flight;
 
 /* Where one loop turn's time went (seconds). */
@@ -53,7 +54,7 @@ typedef struct sf_turn_clock {
     double exposed;              /* from the taken ids to the next step's work all queued: the device's idle gap */
 } sf_turn_clock;
 
-#define SF_STEP_HIST 10000       /* decode turn durations in 10 µs buckets up to 100 ms */
+#define SF_STEP_HIST 1700        /* decode turn durations in buckets 1% wide from 10 µs (step.c) */
 
 struct sf_engine {
     sf_engine_config cfg;
@@ -81,7 +82,8 @@ struct sf_engine {
     sf_flight fl;
     sf_taken *taken;            /* [max_num_seqs] tokens taken, not yet delivered */
     int n_taken;
-    double t_ids;               /* when the ids of the step taken this turn arrived (0: none) */
+    double t_ids;               /* when the device ran out of work in the step taken this turn: its
+                                 * ids arrived, or its launch returned after the step (0: none) */
 
     pthread_t thread;
     int thread_started;
@@ -108,7 +110,7 @@ struct sf_engine {
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
     uint64_t decode_steps, decode_tokens, rows_dev, rows_host;
     sf_turn_clock dclk;         /* summed over decode turns */
-    uint32_t *step_hist;        /* [SF_STEP_HIST + 1] decode turn durations */
+    uint32_t *step_hist;        /* [2 * SF_STEP_HIST] decode turn durations, then their idle gaps */
 };
 
 /* step.c, engine thread only. */
@@ -128,7 +130,8 @@ void sf_engine_settle(sf_engine *e);
  * token in its own block of the still empty KV pool (n_blocks of them), logits for up to
  * max_num_seqs rows; so that no served step pays for them. */
 int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err);
-/* Median and 90th percentile of the decode turns so far, ms (0 without any). */
-void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90);
+/* Median and 90th percentile of the decode turns so far (which 0) or of their device idle
+ * gaps (which 1), ms (0 without any). */
+void sf_engine_step_percentiles(const sf_engine *e, int which, double *p50, double *p90);
 
 #endif

@@ -48,6 +48,8 @@ struct sf_forward {
     sf_buf *rows_full; /* rank 0 with a sampler: [max_logits, size * vocab_pad], whole logit rows */
     int launching;     /* step(): queue the draw with sample_start (sf_forward_launch_sample) */
     int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
+    int gather_pending; /* rank 0, launching: the logits' gather was queued without waiting for it */
+    int gather_waits;   /* $SEMFLOW_TP_GATHER_WAIT=1: the launch waits for the gather (the earlier way) */
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -162,6 +164,8 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
     {
         const char *e = getenv("SEMFLOW_TP_FUSED");
         f->tp_fused = !(e && !strcmp(e, "0"));
+        e = getenv("SEMFLOW_TP_GATHER_WAIT");
+        f->gather_waits = e && !strcmp(e, "1");
     }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
     f->lw = calloc((size_t)c->n_layers, sizeof *f->lw);
@@ -356,10 +360,16 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
         if (f->shard && f->shard->size > 1) {
             if (!smp) return gather_logits(f, bt->n_logits, logits, err);
-            /* the sampling rank gets whole rows; the followers take part in the same gather */
-            if ((rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
-                                              f->shard->vocab_pad, 0, err)))
-                return sf_err_wrap(err, "forward step: gathering the logit rows");
+            /* the sampling rank gets whole rows; the followers take part in the same gather.
+             * Launching with a backend that draws asynchronously, the gather is only queued:
+             * sf_forward_wait_sample waits for it (watching the peers) with the draw. */
+            int nowait = f->launching && o->sample_start && !f->gather_waits;
+            f->comm->gather_nowait = nowait;
+            rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
+                                         f->shard->vocab_pad, 0, err);
+            f->comm->gather_nowait = 0;
+            if (rc) return sf_err_wrap(err, "forward step: gathering the logit rows");
+            f->gather_pending = nowait;
         }
         if (smp) {
             op = "sample";
@@ -369,6 +379,11 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
                 f->draw_pending = rc == SF_OK;
             } else {
                 rc = o->sample(b, lg, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+            }
+            if (rc != SF_OK && f->gather_pending) { /* nothing to wait for later: wait for the gather now */
+                f->gather_pending = 0;
+                int wrc = sf_comm_wait(f->comm, b, f->logits, "the step and its logits gather", err);
+                if (wrc) return wrc;
             }
             if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
                                                      "%d rows; sample on the host", o->name, bt->n_logits);
@@ -422,6 +437,11 @@ int sf_forward_wait_sample(sf_forward *f, sf_error *err)
 {
     if (!f->draw_pending) return SF_OK; /* the backend drew synchronously in the launch */
     f->draw_pending = 0;
+    if (f->gather_pending) { /* under TP: wait watching the peers, so a dead rank is an error, not a hang */
+        f->gather_pending = 0;
+        int rc = sf_comm_wait(f->comm, f->b, f->logits, "the step, its logits gather and the draw", err);
+        if (rc) return rc;
+    }
     int rc = OPS(f)->sample_wait(f->b);
     return rc ? sf_err(err, rc, "forward step: waiting for the sampled ids failed on the %s backend (%s; details "
                        "logged above)", OPS(f)->name, sf_status_str(rc)) : SF_OK;

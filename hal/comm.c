@@ -143,6 +143,15 @@ int sf_comm_gather_rows_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *tmp
     return SF_OK;
 }
 
+int sf_comm_wait(sf_comm *c, sf_backend *b, sf_buf *x, const char *what, sf_error *err)
+{
+    if (!c || !c->ops->wait) return SF_OK;
+    void *p, *stream;
+    sf_dtype dt;
+    int rc = raw(c, b, x, &p, &dt, &stream, err);
+    return rc ? rc : c->ops->wait(c, stream, what, err);
+}
+
 int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt)
 {
     size_t bytes = sf_dtype_bytes(dt, n);

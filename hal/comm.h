@@ -51,6 +51,10 @@ struct sf_comm_ops {
      * queued on stream. Called only for messages sf_comm_takes_norm accepts. May be NULL: no
      * fused kernel (sf_comm_all_reduce_norm_buf runs the all-reduce and the backend's rmsnorm). */
     int (*all_reduce_norm)(sf_comm *c, const sf_coll_norm *a, void *stream, sf_error *err);
+    /* Waits until everything queued on stream has completed, watching the peers as the
+     * collectives' own waits do (a dead or hung rank fails it with the rank named). May be NULL:
+     * collectives complete before they return (cpu). */
+    int (*wait)(sf_comm *c, void *stream, const char *what, sf_error *err);
 };
 
 /* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
@@ -95,6 +99,10 @@ struct sf_comm {
     size_t norm_ll_max_bytes;
     /* The message of the last collective that failed inside a backend op (sf_coll_fn). */
     sf_error coll_err;
+    /* 1: all_gather returns once the gather is queued instead of waiting for it; the caller
+     * then waits with sf_comm_wait before it reads anything the stream produced (rank 0 of an
+     * overlapped engine step, engine/forward.c). 0 (default): all_gather waits. */
+    int gather_nowait;
 };
 
 /* How this process joins the group. */
@@ -146,6 +154,11 @@ int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv
  * communicator has no copy_2d. */
 int sf_comm_gather_rows_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *tmp, sf_buf *out, int rows,
                             int64_t cols, int root, sf_error *err);
+
+/* Waits (watching the peers) until the work queued on the stream of b (the one x's ops run
+ * on) has completed; SF_OK at once for a communicator whose collectives complete before
+ * returning. what: for messages ("the step's logits gather"). */
+int sf_comm_wait(sf_comm *c, sf_backend *b, sf_buf *x, const char *what, sf_error *err);
 
 /* Whether an all-reduce of n values of dt takes the own (custom) path: a function of the
  * communicator's path, cap and crossover only, so every rank decides the same way. */
