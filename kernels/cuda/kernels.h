@@ -274,7 +274,7 @@ int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, int block_si
  * sf_k_decode_persist_ws_floats(H, hd) floats, sync sf_k_decode_persist_sync_bytes() zeroed
  * once before the first launch (kept zero between launches). head_dim 64 or 128, H / Hkv <= 8. */
 #define SF_K_DECODE_PERSIST_MAX_GROUP 8
-#define SF_K_DECODE_PERSIST_MAX_SPLIT 32
+#define SF_K_DECODE_PERSIST_MAX_SPLIT 64
 typedef struct sf_k_layer1_w {
     const uint16_t *attn_norm, *wqkv, *bqkv, *wo, *ffn_norm, *wgu, *wdown;
     uint16_t *k, *v;
