@@ -1,5 +1,7 @@
 /* allreduce.cu — all-reduce of bf16 messages over peer memory: one-shot and LL kernels, and
  * the all-reduce fused with the residual add and RMSNorm (see allreduce.h). */
+#include <stddef.h>
+
 #include "allreduce.h"
 #include "common.cuh"
 
@@ -78,6 +80,39 @@ static __device__ __forceinline__ void add8(float *acc, uint4 v)
     }
 }
 
+/* Threads [0, size) of the block, thread p != rank: raise `flag` in peer p's signal block at
+ * byte off + 4 * rank with a system-scope release store (after a block barrier the caller
+ * placed; fence: a system-scope fence before it as well), then wait until this rank's own word
+ * at off + 4 * p reached it. Ends with a block barrier; returns 1 in every thread when a wait
+ * timed out (the missing rank written to *err). The block's stores before the barrier are
+ * visible to the peers once they see the flag: the release is cumulative over what the barrier
+ * ordered before it. */
+static __device__ int exchange_flags(char *const *region, int rank, int size, size_t off, unsigned flag,
+                                     uint64_t timeout_ns, volatile unsigned *err, int *failed_s, bool fence)
+{
+    const int p = threadIdx.x;
+    if (p < size && p != rank) {
+        if (fence) __threadfence_system();
+        st_release_sys((unsigned *)(region[p] + off) + rank, flag);
+        const unsigned *in = (const unsigned *)(region[rank] + off) + p;
+        uint64_t t0 = 0;
+        for (unsigned spins = 0; (int)(ld_acquire_sys(in) - flag) < 0; spins++) {
+            if ((spins & 1023) == 0) {
+                uint64_t t = global_ns();
+                if (!t0) t0 = t;
+                else if (t - t0 > timeout_ns) {
+                    *err = 1u + p;
+                    __threadfence_system();
+                    *failed_s = 1;
+                    break;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    return *failed_s;
+}
+
 __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
 {
     __shared__ unsigned flag_s;
@@ -102,27 +137,9 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
     __syncthreads();
 
     /* 2. raise this call's flag at every rank; wait for every rank's */
-    if (threadIdx.x < a.size) {
-        __threadfence_system();
-        ar_sig *peer = (ar_sig *)a.region[threadIdx.x];
-        st_release_sys(&peer->flag[blockIdx.x][a.rank], flag);
-        const unsigned *in = &self->flag[blockIdx.x][threadIdx.x];
-        uint64_t t0 = 0;
-        for (unsigned spins = 0; (int)(ld_acquire_sys(in) - flag) < 0; spins++) {
-            if ((spins & 1023) == 0) {
-                uint64_t t = global_ns();
-                if (!t0) t0 = t;
-                else if (t - t0 > a.timeout_ns) {
-                    *a.err = 1u + threadIdx.x;
-                    __threadfence_system();
-                    failed_s = 1;
-                    break;
-                }
-            }
-        }
-    }
-    __syncthreads();
-    if (failed_s) return;
+    if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, flag) + blockIdx.x * sizeof self->flag[0], flag,
+                       a.timeout_ns, a.err, &failed_s, true))
+        return;
 
     /* 3. sum in rank order, the same on every rank */
     for (int64_t v = first; v < nv; v += step) {
@@ -144,6 +161,31 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
     }
 }
 
+/* The 8 data bytes of an LL line of this call, once both its flags are `flag`. Gives up (zeros,
+ * *failed set, 1 + peer in *err) after the timeout, or at once when another thread of the block
+ * gave up, so that every thread still reaches the block's barriers. */
+static __device__ uint2 ll_wait(const uint4 *p, unsigned flag, uint64_t timeout_ns, volatile unsigned *err, int peer,
+                                volatile int *failed)
+{
+    uint4 l = ld_volatile_v4(p);
+    uint64_t t0 = 0;
+    for (unsigned spins = 1; l.y != flag || l.w != flag; spins++) {
+        if ((spins & 1023) == 0) {
+            if (*failed) return make_uint2(0, 0);
+            uint64_t t = global_ns();
+            if (!t0) t0 = t;
+            else if (t - t0 > timeout_ns) {
+                *err = 1u + peer;
+                __threadfence_system();
+                *failed = 1;
+                return make_uint2(0, 0);
+            }
+        }
+        l = ld_volatile_v4(p);
+    }
+    return make_uint2(l.x, l.z);
+}
+
 /* The LL variant (allreduce.h): line i = values [4i, 4i + 4) goes, with this call's flag beside
  * each 4-byte half, straight into slot [this rank] of every peer's LL buffer of the call's
  * parity; then each line of every peer is read from the own region until both its flags are
@@ -152,6 +194,7 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce(sf_k_ar a)
 __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
 {
     __shared__ unsigned flag_s;
+    __shared__ int failed_s;
     /* launched with PDL (a.pdl): the next kernel (a GEMV that streams its weights before its
      * own wait) may start now; this one waits for the kernel before, which wrote the message */
     sf_pdl_trigger();
@@ -160,6 +203,7 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
     if (threadIdx.x == 0) {
         flag_s = self->ll_count[blockIdx.x] + 1;
         self->ll_count[blockIdx.x] = flag_s;
+        failed_s = 0;
     }
     __syncthreads();
     const unsigned flag = flag_s;
@@ -176,30 +220,13 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
     }
 
     /* 2. wait for each peer's line in the own region, sum in rank order (the same bits everywhere) */
-    uint64_t t0 = 0;
     for (int64_t i = first; i < nl; i += step) {
         float acc[4] = { 0, 0, 0, 0 };
-        for (int r = 0; r < a.size; r++) {
-            if (r == a.rank) {
-                add4(acc, load4(a.data, i, a.n));
-                continue;
-            }
-            const uint4 *p = (const uint4 *)(a.region[a.rank] + base + (size_t)r * slot) + i;
-            uint4 l = ld_volatile_v4(p);
-            for (unsigned spins = 1; l.y != flag || l.w != flag; spins++) {
-                if ((spins & 1023) == 0) {
-                    uint64_t t = global_ns();
-                    if (!t0) t0 = t;
-                    else if (t - t0 > a.timeout_ns) {
-                        *a.err = 1u + r;
-                        __threadfence_system();
-                        return;
-                    }
-                }
-                l = ld_volatile_v4(p);
-            }
-            add4(acc, make_uint2(l.x, l.z));
-        }
+        for (int r = 0; r < a.size; r++)
+            add4(acc, r == a.rank ? load4(a.data, i, a.n)
+                                  : ll_wait((const uint4 *)(a.region[a.rank] + base + (size_t)r * slot) + i, flag,
+                                            a.timeout_ns, a.err, r, &failed_s));
+        if (failed_s) return; /* the message stays unsummed; the watchdog reports the rank */
         bf162 lo = __floats2bfloat162_rn(acc[0], acc[1]), hi = __floats2bfloat162_rn(acc[2], acc[3]);
         if (4 * i + 4 <= a.n) {
             ((uint2 *)a.data)[i] = make_uint2(*(unsigned *)&lo, *(unsigned *)&hi);
@@ -210,59 +237,6 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
     }
 }
 
-
-/* Raises this call's flag for block b at every peer (flags[b][rank] of each peer's signal
- * block, after a system-scope fence) and waits until every peer raised its own at this rank.
- * Threads [0, size) of the block take part; returns 1 in every thread when a wait timed out. */
-static __device__ int arn_exchange(const sf_k_arn &a, unsigned flag, int *failed_s)
-{
-    ar_sig *self = (ar_sig *)a.region[a.rank];
-    if (threadIdx.x < a.size && threadIdx.x != a.rank) {
-        __threadfence_system();
-        ar_sig *peer = (ar_sig *)a.region[threadIdx.x];
-        st_release_sys(&peer->nflag[blockIdx.x][a.rank], flag);
-        const unsigned *in = &self->nflag[blockIdx.x][threadIdx.x];
-        uint64_t t0 = 0;
-        for (unsigned spins = 0; (int)(ld_acquire_sys(in) - flag) < 0; spins++) {
-            if ((spins & 1023) == 0) {
-                uint64_t t = global_ns();
-                if (!t0) t0 = t;
-                else if (t - t0 > a.timeout_ns) {
-                    *a.err = 1u + threadIdx.x;
-                    __threadfence_system();
-                    *failed_s = 1;
-                    break;
-                }
-            }
-        }
-    }
-    __syncthreads();
-    return *failed_s;
-}
-
-/* The 8 data bytes of an LL line of this call, once both its flags are `flag`. Gives up (zeros,
- * *failed set, the rank in *a.err) after the timeout or once another thread of the block gave
- * up, so that every thread still reaches the block's barriers. */
-static __device__ uint2 arn_ll_wait(const uint4 *p, unsigned flag, const sf_k_arn &a, int peer, volatile int *failed)
-{
-    uint4 l = ld_volatile_v4(p);
-    uint64_t t0 = 0;
-    for (unsigned spins = 1; l.y != flag || l.w != flag; spins++) {
-        if ((spins & 1023) == 0) {
-            if (*failed) return make_uint2(0, 0);
-            uint64_t t = global_ns();
-            if (!t0) t0 = t;
-            else if (t - t0 > a.timeout_ns) {
-                *a.err = 1u + peer;
-                __threadfence_system();
-                *failed = 1;
-                return make_uint2(0, 0);
-            }
-        }
-        l = ld_volatile_v4(p);
-    }
-    return make_uint2(l.x, l.z);
-}
 
 template <int VPT, bool LL>
 __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
@@ -318,7 +292,9 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     /* 2. flags (LL: each line carries its own) */
     if (!LL) {
         __syncthreads();
-        if (arn_exchange(a, flag, &failed_s)) return;
+        if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, nflag) + blockIdx.x * sizeof self->nflag[0],
+                           flag, a.timeout_ns, a.err, &failed_s, false))
+            return;
     }
 
     /* 3. per row: sum in rank order (the same bits on every rank), residual add, norm */
@@ -337,7 +313,8 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
                     v = xr[i];
                 } else if (LL) {
                     const uint4 *l = (const uint4 *)(a.region[a.rank] + llbase + (size_t)p * 2 * a.ll_bytes) + 2 * (r * nv + i);
-                    uint2 lo = arn_ll_wait(l, flag, a, p, &failed_s), hi = arn_ll_wait(l + 1, flag, a, p, &failed_s);
+                    uint2 lo = ll_wait(l, flag, a.timeout_ns, a.err, p, &failed_s),
+                          hi = ll_wait(l + 1, flag, a.timeout_ns, a.err, p, &failed_s);
                     v = make_uint4(lo.x, lo.y, hi.x, hi.y);
                 } else { /* L2 loads: a peer's line never comes from a stale L1 line */
                     v = __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) + r * nv + i);

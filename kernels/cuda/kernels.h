@@ -111,6 +111,9 @@ typedef struct sf_k_attn {
     const int32_t *rows;     /* decode, stream kernel only: query i < T is token rows[i] (its q, out,
                               * pos, tok_seq and counter); NULL: token i. Lets the single-token
                               * sequences of a step with prefill tiles take the decode kernel */
+    int kernel;              /* decode: the kernel planned with the split (sf_k_attention_decode_plan:
+                              * 1 lanes, 2 mma, 3 stream); 0: sf_k_attention_decode decides by T
+                              * and SEMFLOW_CUDA_DECODE_ATTN alone */
 } sf_k_attn;
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
@@ -253,6 +256,10 @@ int sf_k_attention_decode_stream_per_sm(int hd, int int8, int cfg);
  * lanes (1), mma (2) or stream (3: the workspace's slots, see above) kernel; int8: the step has
  * INT8 blocks. 1..64. Host only; cheap after its first call. */
 int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel);
+/* The same for the kernel the dispatcher would choose by itself (SEMFLOW_CUDA_DECODE_ATTN, else
+ * auto: by tokens and max_ctx), which it returns in *kernel (1 lanes, 2 mma, 3 stream) for
+ * sf_k_attn.kernel: batch_begin plans once per step, the launches (and graph replays) follow. */
+int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int *kernel);
 
 /* ---- persistent batch-1 decoder layers (decode_persist.cu) ---------------------------------- */
 /* n_layers decoder layers of a batch-1 decode step in one launch (one block per SM, grid-wide
