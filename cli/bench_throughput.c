@@ -268,6 +268,8 @@ int sf_bench_throughput(const bench_opts *o)
         json_object_set_new(s, "overlapped", json_boolean(es.overlapped));
         json_object_set_new(s, "decode_step_p50_ms", json_real(es.decode_step_p50_ms));
         json_object_set_new(s, "decode_step_p90_ms", json_real(es.decode_step_p90_ms));
+        json_object_set_new(s, "device_idle_gap_p50_ms", json_real(es.decode_gap_p50_ms));
+        json_object_set_new(s, "device_idle_gap_p90_ms", json_real(es.decode_gap_p90_ms));
         if (es.decode_steps) { /* ms per decode step, by phase of the engine thread's turn */
             double k = 1e3 / (double)es.decode_steps;
             json_t *ph = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f}", "wait_device", es.decode_wait_s * k,
@@ -324,9 +326,10 @@ int sf_bench_throughput(const bench_opts *o)
         if (es.decode_steps) {
             double k = 1e3 / (double)es.decode_steps;
             printf("phases   ms per decode step: wait for the device %.3f, take %.3f, plan %.3f, batch %.3f, launch %.3f "
-                   "(TP plan send %.3f, enqueue %.3f), deliver %.3f; device idle gap %.3f\n", es.decode_wait_s * k,
-                   es.decode_take_s * k, es.decode_plan_s * k, es.decode_batch_s * k, es.decode_launch_s * k,
-                   es.decode_send_s * k, es.decode_enqueue_s * k, es.decode_deliver_s * k, es.decode_exposed_s * k);
+                   "(TP plan send %.3f, enqueue %.3f), deliver %.3f; device idle gap %.3f (median %.3f, p90 %.3f)\n",
+                   es.decode_wait_s * k, es.decode_take_s * k, es.decode_plan_s * k, es.decode_batch_s * k,
+                   es.decode_launch_s * k, es.decode_send_s * k, es.decode_enqueue_s * k, es.decode_deliver_s * k,
+                   es.decode_exposed_s * k, es.decode_gap_p50_ms, es.decode_gap_p90_ms);
         }
         if (cmp) {
             double ms = json_number_value(json_object_get(cmp, "ms_per_step_median"));

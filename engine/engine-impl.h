@@ -110,7 +110,7 @@ struct sf_engine {
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
     uint64_t decode_steps, decode_tokens, rows_dev, rows_host;
     sf_turn_clock dclk;         /* summed over decode turns */
-    uint32_t *step_hist;        /* [SF_STEP_HIST] decode turn durations */
+    uint32_t *step_hist;        /* [2 * SF_STEP_HIST] decode turn durations, then their idle gaps */
 };
 
 /* step.c, engine thread only. */
@@ -130,7 +130,8 @@ void sf_engine_settle(sf_engine *e);
  * token in its own block of the still empty KV pool (n_blocks of them), logits for up to
  * max_num_seqs rows; so that no served step pays for them. */
 int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err);
-/* Median and 90th percentile of the decode turns so far, ms (0 without any). */
-void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90);
+/* Median and 90th percentile of the decode turns so far (which 0) or of their device idle
+ * gaps (which 1), ms (0 without any). */
+void sf_engine_step_percentiles(const sf_engine *e, int which, double *p50, double *p90);
 
 #endif

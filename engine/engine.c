@@ -177,7 +177,8 @@ static void update_stats(sf_engine *e)
     e->st.decode_send_s = e->dclk.send;
     e->st.decode_deliver_s = e->dclk.deliver;
     e->st.decode_exposed_s = e->dclk.exposed;
-    sf_engine_step_percentiles(e, &e->st.decode_step_p50_ms, &e->st.decode_step_p90_ms);
+    sf_engine_step_percentiles(e, 0, &e->st.decode_step_p50_ms, &e->st.decode_step_p90_ms);
+    sf_engine_step_percentiles(e, 1, &e->st.decode_gap_p50_ms, &e->st.decode_gap_p90_ms);
     e->st.overlapped = !e->serial;
     sf_backend_stats bs;
     if (sf_backend_cuda_stats(e->be, &bs) == SF_OK) {
@@ -402,7 +403,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
     e->row_item = malloc((size_t)c->max_num_seqs * sizeof *e->row_item);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
-    e->step_hist = calloc(SF_STEP_HIST, sizeof *e->step_hist);
+    e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
     if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->taken || !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;

@@ -207,6 +207,7 @@ typedef struct sf_engine_stats {
     double decode_wait_s, decode_take_s, decode_plan_s, decode_batch_s, decode_launch_s, decode_send_s,
         decode_deliver_s, decode_exposed_s;
     double decode_step_p50_ms, decode_step_p90_ms; /* of those turns' wall times */
+    double decode_gap_p50_ms, decode_gap_p90_ms;   /* of their device idle gaps */
     int overlapped;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */

@@ -311,6 +311,7 @@ int sf_engine_turn(sf_engine *e)
             d->launch += tc.launch, d->send += tc.send, d->deliver += tc.deliver, d->enqueue += tc.enqueue;
             d->exposed += launched ? tc.exposed : 0;
             if (e->step_hist) e->step_hist[hist_bucket(turn * 1e3)]++;
+            if (e->step_hist && launched) e->step_hist[SF_STEP_HIST + hist_bucket(tc.exposed * 1e3)]++;
         }
     }
     return took || launched || progress;
@@ -326,68 +327,82 @@ void sf_engine_settle(sf_engine *e)
     e->fl.active = 0;
 }
 
-void sf_engine_step_percentiles(const sf_engine *e, double *p50, double *p90)
+void sf_engine_step_percentiles(const sf_engine *e, int which, double *p50, double *p90)
 {
     uint64_t n = 0, c = 0;
+    int i50 = -1, i90 = -1;
     *p50 = *p90 = 0;
     if (!e->step_hist) return;
-    for (int i = 0; i < SF_STEP_HIST; i++) n += e->step_hist[i];
-    for (int i = 0; i < SF_STEP_HIST && n; i++) {
-        uint64_t before = c;
-        c += e->step_hist[i];
-        double ms = 0.01 * pow(1.01, i + 0.5); /* the bucket's middle: within 0.5% */
-        if (before < (n + 1) / 2 && c >= (n + 1) / 2) *p50 = ms;
-        if (before < (n * 9 + 9) / 10 && c >= (n * 9 + 9) / 10) *p90 = ms;
+    const uint32_t *h = e->step_hist + (which ? SF_STEP_HIST : 0);
+    for (int i = 0; i < SF_STEP_HIST; i++) n += h[i];
+    for (int i = 0; i < SF_STEP_HIST && n && i90 < 0; i++) {
+        c += h[i];
+        if (i50 < 0 && 2 * c >= n) i50 = i;
+        if (10 * c >= 9 * n) i90 = i;
     }
+    /* each bucket's middle: within 0.5% */
+    if (i50 >= 0) *p50 = 0.01 * pow(1.01, i50 + 0.5);
+    if (i90 >= 0) *p90 = 0.01 * pow(1.01, i90 + 0.5);
 }
 
 /* Decode batch sizes the warm-up runs: the row counts the CUDA backend's GEMM tuner times its
  * choices at (kernels/cuda/gemm.cu tune_buckets; any count up to one of them uses its choice). */
 static const int warm_sizes[] = { 16, 24, 32, 48, 64, 96, 128, 192, 256 };
 
+/* One warm-up step: n sequences of one token each at position 0 of block s (the pool is still
+ * empty), block tables `stride` wide, logits for the first L; greedy draws on the backend where
+ * it samples. buf: [n * (5 + stride) + 1] scratch. */
+static int warm_step(sf_engine *e, int n, int L, int stride, int32_t *buf, sf_error *err)
+{
+    int32_t *tok = buf, *pos = tok + n, *slot = pos + n, *start = slot + n, *ctx = start + n + 1, *table = ctx + n;
+    for (int s = 0; s < n; s++) {
+        tok[s] = (int32_t)((s * 7919) % e->vocab);
+        pos[s] = 0;
+        slot[s] = s * e->cfg.kv_block_size;
+        start[s] = s;
+        ctx[s] = 1;
+        table[(size_t)s * stride] = s;
+        for (int j = 1; j < stride; j++) table[(size_t)s * stride + j] = 0; /* past the context: never read */
+    }
+    start[n] = n;
+    sf_batch b = { .n_tokens = n, .n_seqs = n, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
+                   .seq_ctx = ctx, .block_table = table, .max_blocks = stride, .logit_rows = start, .n_logits = L };
+    int rc;
+    if (!e->cfg.host_sampling && sf_forward_can_sample(e->fwd)) {
+        for (int s = 0; s < L; s++) e->rows[s] = (sf_sample_row){ .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
+        sf_forward_sample smp = { .rows = e->rows, .ids = e->ids };
+        rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, err) : sf_forward_step_sample(e->fwd, &b, &smp, err);
+        if (rc == SF_EUNSUPPORTED) rc = SF_OK; /* the step ran; the sampler declined these sizes */
+    } else {
+        rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->fwd, &b, e->logits, err);
+    }
+    return rc;
+}
+
 int sf_engine_warm_up(sf_engine *e, int n_blocks, sf_error *err)
 {
     /* steps of up to 256 tokens (decode, or a mix with prefill) use the tuned choices; logit
      * rows up to max_num_seqs */
     int max_n = SF_MIN(SF_MIN(SF_MAX(e->cfg.max_num_seqs, 256), e->cfg.max_batched_tokens), n_blocks);
+    int full = SF_MIN(SF_MIN(e->cfg.max_num_seqs, e->cfg.max_batched_tokens), n_blocks); /* every seat decoding */
     int rc = SF_OK, ran = 0;
-    int32_t *buf = malloc((size_t)6 * (max_n + 1) * sizeof *buf);
+    int32_t *buf = malloc(((size_t)(5 + TABLE_STRIDE_QUANTUM) * SF_MAX(max_n, full) + 1) * sizeof *buf);
     if (!buf) return sf_err(err, SF_ENOMEM, "engine warm-up: out of memory");
-    int32_t *tok = buf, *pos = tok + max_n, *slot = pos + max_n, *start = slot + max_n, *ctx = start + max_n + 1,
-            *table = ctx + max_n;
     int sizes[SF_ARRAY_LEN(warm_sizes) + 1], n_sizes = 0;
     for (size_t i = 0; i < SF_ARRAY_LEN(warm_sizes) && warm_sizes[i] <= max_n; i++) sizes[n_sizes++] = warm_sizes[i];
     if (max_n > 8 && (!n_sizes || sizes[n_sizes - 1] != max_n)) sizes[n_sizes++] = max_n; /* its bucket's choice */
     double t0 = sf_now_s();
-    for (int i = 0; i < n_sizes && !rc; i++) {
-        int n = sizes[i];
-        for (int s = 0; s < n; s++) { /* sequence s: one token at position 0 of block s (the pool is empty) */
-            tok[s] = (int32_t)((s * 7919) % e->vocab);
-            pos[s] = 0;
-            slot[s] = s * e->cfg.kv_block_size;
-            start[s] = s;
-            ctx[s] = 1;
-            table[s] = s;
-        }
-        start[n] = n;
-        int L = SF_MIN(n, e->cfg.max_num_seqs);
-        sf_batch b = { .n_tokens = n, .n_seqs = n, .tokens = tok, .pos = pos, .slot = slot, .seq_start = start,
-                       .seq_ctx = ctx, .block_table = table, .max_blocks = 1, .logit_rows = start, .n_logits = L };
-        if (!e->cfg.host_sampling && sf_forward_can_sample(e->fwd)) {
-            for (int s = 0; s < L; s++)
-                e->rows[s] = (sf_sample_row){ .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
-            sf_forward_sample smp = { .rows = e->rows, .ids = e->ids };
-            rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, err) : sf_forward_step_sample(e->fwd, &b, &smp, err);
-            if (rc == SF_EUNSUPPORTED) rc = SF_OK; /* the step ran; the sampler declined these sizes */
-        } else {
-            rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->fwd, &b, e->logits, err);
-        }
-        ran++;
-    }
+    for (int i = 0; i < n_sizes && !rc; i++, ran++)
+        rc = warm_step(e, sizes[i], SF_MIN(sizes[i], e->cfg.max_num_seqs), 1, buf, err);
+    /* The decode step of every seat, with block tables as wide as contexts of up to
+     * TABLE_STRIDE_QUANTUM blocks send them, twice: a backend that records steps (CUDA graphs:
+     * seen once, then captured) then has that step ready for the saturated decode steps. */
+    for (int k = 0; k < 2 && !rc && full > 8; k++, ran++)
+        rc = warm_step(e, full, full, TABLE_STRIDE_QUANTUM, buf, err);
     free(buf);
     if (rc) return sf_err_wrap(err, "engine warm-up");
     if (ran)
-            SF_LOGI("engine: warm-up of %d step sizes up to %d tokens in %.2f s (the backend's per-size choices made "
-                "before serving)", ran, max_n, sf_now_s() - t0);
+        SF_LOGI("engine: warm-up of %d steps of up to %d tokens in %.2f s (the backend's per-size choices made "
+                "before serving)", ran, SF_MAX(max_n, full), sf_now_s() - t0);
     return SF_OK;
 }

@@ -76,6 +76,7 @@ typedef struct cuda_ctx {
     int n_dec, dec_split; /* steps with tiles: single-token sequences left out of the tiles, whose */
     int32_t *dec_rows_d;  /* token rows (after the tiles) take the decode kernel with this split */
     int mixed_decode;     /* SEMFLOW_CUDA_MIXED_DECODE=1: do so (off by default until measured) */
+    int dec_kernel;       /* decode steps: the kernel planned with n_split (sf_k_attn.kernel) */
     /* KV pool */
     sf_kv_config kvc;
     uint16_t *kv;
@@ -720,11 +721,12 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
      * batch kernel) to make the blocks come out in whole waves. */
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, work = T * SF_MAX(1, c->kvc.n_kv_heads);
     c->n_split = 1;
+    c->dec_kernel = 0;
     if (c->attn_decode && (c->kvc.head_dim == 64 || c->kvc.head_dim == 128)) {
         /* the decode dispatcher's own choice for the kernel it will run (attention_decode.cu) */
         if (!n_tiles)
-            c->n_split = sf_k_attention_decode_split(T, c->kvc.n_kv_heads, c->kvc.head_dim, max_ctx,
-                                                     c->kvc.block_size, c->step_i8, sms, 0);
+            c->n_split = sf_k_attention_decode_plan(T, c->kvc.n_kv_heads, c->kvc.head_dim, max_ctx,
+                                                    c->kvc.block_size, c->step_i8, sms, &c->dec_kernel);
     } else if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);
         c->n_split = SF_MAX(1, SF_MIN(c->n_split, MAX_SPLIT));
@@ -733,7 +735,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     c->dec_split = n_dec ? sf_k_attention_decode_split(n_dec, c->kvc.n_kv_heads, c->kvc.head_dim, max_ctx,
                                                        c->kvc.block_size, c->step_i8, sms, 3)
                          : 0;
-    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split,
+    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split + ((int64_t)c->dec_kernel << 16),
                                   2 * (int64_t)n_tiles + c->step_i8 + ((int64_t)n_dec << 32) };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
@@ -859,6 +861,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
         .scale = r->attn_scale, .pos = c->pos_d, .tok_seq = c->tok_seq_d, .block_table = c->block_table_d,
         .max_blocks = c->max_blocks, .kv = layer_kv(c, layer), .ws = c->attn_ws,
         .n_split = n_split, .counters = n_split > 1 ? (unsigned *)(c->attn_ws + c->attn_ws_floats) : NULL, .tiles = c->tiles_d, .n_tiles = c->n_tiles,
+        .kernel = c->dec_kernel,
     };
     if (c->attn_decode && c->kvc.dtype == SF_DT_BF16 && sf_k_attention_decode_ok(&rec.attn)) rec.kind = SF_OP_ATTN_DEC;
     int rc = submit(c, &rec, capturable, "attention");
@@ -871,6 +874,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
     rec.attn.counters = (unsigned *)(c->attn_ws + c->attn_ws_floats);
     rec.attn.tiles = NULL;
     rec.attn.n_tiles = 0;
+    rec.attn.kernel = 3; /* the stream kernel: the only one that takes rows */
     if (!sf_k_attention_decode_stream_ok(&rec.attn))
         return op_fail(SF_EINVAL, "attention", "the decode kernel refuses the step's single-token sequences");
     return submit(c, &rec, capturable, "attention (decodes)");

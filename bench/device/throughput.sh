@@ -66,8 +66,8 @@ for n in ("ref-256x192", "ref-128x1500"):
     d = load(n)
     print("%-22s %s" % (n, "%.3f ms/step (forward pass alone, graphs), host %.0f us" % (d["ms_per_step_median"],
           d.get("host_us_per_step", 0)) if d else "did not finish (see %s.err)" % n))
-print("%-20s %9s %9s %6s %7s %7s %7s %7s %6s %6s %7s %7s" % ("run", "out tok/s", "bound", "share", "step ms", "median",
-      "fwd ms", "x fwd", "host", "work", "deliver", "replays"))
+print("%-20s %9s %9s %6s %7s %7s %7s %7s %6s %7s %6s %7s %7s" % ("run", "out tok/s", "bound", "share", "step ms", "median",
+      "fwd ms", "x fwd", "host", "gap p50", "work", "deliver", "replays"))
 for name in ("tp-128-128-overlap", "tp-128-128-serial", "tp-1000-1000-overlap", "tp-1000-1000-serial"):
     r = load(name)
     if not r:
@@ -76,11 +76,12 @@ for name in ("tp-128-128-overlap", "tp-128-128-serial", "tp-1000-1000-overlap", 
     b, e = r["bound"], r["engine"]
     d = e.get("decode_batch", {})
     ph = e.get("phases_ms", {})
-    print("%-20s %9.0f %9.0f %5.1f%% %7.2f %7.2f %7.2f %7.2f %5.1f%% %5.1f%% %7.3f %7d" % (name[3:],
+    print("%-20s %9.0f %9.0f %5.1f%% %7.2f %7.2f %7.2f %7.2f %5.1f%% %7.3f %5.1f%% %7.3f %7d" % (name[3:],
           r["output_tokens_per_s"], b["output_tokens_per_s"], 100 * b["ratio"], e["decode_step_ms"],
           e.get("decode_step_p50_ms", 0), d.get("ms_per_step", 0), d.get("engine_step_over_it", 0),
-          100 * e["host_share_decode"], 100 * e.get("host_work_share_decode", 0), ph.get("deliver", 0),
-          e.get("graph_replays", 0)))
-print("host: the device's idle gap between steps (host on the critical path) per decode step; work: all the")
-print("engine thread's time but its waits; fwd ms: bench decode-batch at the run's decode shape; x fwd: step / fwd")
+          100 * e["host_share_decode"], e.get("device_idle_gap_p50_ms", 0), 100 * e.get("host_work_share_decode", 0),
+          ph.get("deliver", 0), e.get("graph_replays", 0)))
+print("host: the device's idle gap between steps (host on the critical path), share of a decode step; gap p50: its")
+print("median in ms; work: all the engine thread's time but its waits; fwd ms: bench decode-batch at the run's decode")
+print("shape; x fwd: step / fwd")
 PY

@@ -308,6 +308,10 @@ static int pick(const sf_k_attn *a, int *cfg)
 {
     const int mode = dec_mode(cfg);
     if (a->rows) return DEC_STREAM; /* a subset of the tokens: only that kernel takes it */
+    if (a->kernel) { /* batch_begin's plan */
+        if (a->kernel == DEC_STREAM && sf_k_attention_decode_stream_ok(a)) return DEC_STREAM;
+        return a->kernel != DEC_LANES && sf_k_attention_decode_mma_ok(a) ? DEC_MMA : DEC_LANES;
+    }
     if (mode == DEC_LANES || !sf_k_attention_decode_mma_ok(a)) return DEC_LANES;
     if (mode == DEC_STREAM && a->T >= SF_AD_MMA_MIN_TOKENS && sf_k_attention_decode_stream_ok(a)) return DEC_STREAM;
     if (mode == DEC_MMA || mode == DEC_STREAM) return DEC_MMA;
@@ -317,16 +321,26 @@ static int pick(const sf_k_attn *a, int *cfg)
 /* Tiles of keys per block of the mma configuration (16 keys per warp). */
 static int mma_tile_keys(int cfg) { return cfg / 10 == 2 ? 32 : 64; }
 
-extern "C" int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms,
-                                           int kernel)
+/* The kernel for a decode step (kernel: forced, else the mode, else auto) and its key split.
+ * Auto: batches (4+ tokens) take the stream kernel from SF_AD_STREAM_MIN_CTX keys and the
+ * per-item mma kernel below (test_decode_attn --perf on the H200, docs/PERFORMANCE.md: stream
+ * 191.7 against 212.7 us at 128 x 1500, 253.6 against 259.5 at 64 x 4096, 27.9 against 29.5 at
+ * 4 x 4096; but 60.7 against 56.4 at 256 x 192 and 109.7 against 106.1 at 512 x 192, where items
+ * of 3 tiles make its per-item and per-piece work weigh), single sequences the lanes kernel. */
+#define SF_AD_STREAM_MIN_CTX 1024
+static int plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel, int *chosen)
 {
     int cfg, mode = dec_mode(&cfg);
     const int work = T * (Hkv > 0 ? Hkv : 1);
     if (kernel) mode = kernel;
+    *chosen = DEC_LANES;
     if (T <= 0 || sms <= 0) return 1;
     const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;
+    if (shape && mode == DEC_AUTO && T >= SF_AD_MMA_MIN_TOKENS) mode = max_ctx >= SF_AD_STREAM_MIN_CTX ? DEC_STREAM : DEC_MMA;
     const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || T >= SF_AD_MMA_MIN_TOKENS);
+    if (mma) *chosen = DEC_MMA;
     if (shape && mode == DEC_STREAM && (kernel == DEC_STREAM || T >= SF_AD_MMA_MIN_TOKENS)) {
+        *chosen = DEC_STREAM;
         /* stream kernel: enough workspace slots (two per block) for a block per resident slot;
          * the split itself is the kernel's (every context, even short ones, is cut evenly) */
         const int n = sf_k_attention_decode_stream_per_sm(hd, int8, cfg);
@@ -365,6 +379,19 @@ extern "C" int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, 
         if (cost < best_cost) { best_cost = cost; best = ns; }
     }
     return best;
+}
+
+extern "C" int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms,
+                                           int kernel)
+{
+    int chosen;
+    return plan(T, Hkv, hd, max_ctx, block_size, int8, sms, kernel, &chosen);
+}
+
+extern "C" int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms,
+                                          int *kernel)
+{
+    return plan(T, Hkv, hd, max_ctx, block_size, int8, sms, 0, kernel);
 }
 
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)

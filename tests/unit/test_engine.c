@@ -11,71 +11,8 @@
 #include "engine/model.h"
 #include "engine/tokenizer.h"
 #include "tests/test.h"
+#include "tests/lib/engine_collect.h"
 #include "tests/lib/engine_wait.h"
-
-#define MAXTOK 512
-
-/* Collects one request's events; the engine thread writes, the test thread waits. */
-typedef struct collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    int32_t tokens[MAXTOK];
-    int n_tokens;
-    char text[8192];
-    size_t text_len;
-    int finish, status, prompt_tokens, completion_tokens;
-    double ttft, e2e;
-    int n_top_seen, top_sorted, lp_ok;
-    sf_engine *cancel_engine; /* cancel itself after cancel_after tokens */
-    int cancel_after;
-} collect;
-
-static void collect_init(collect *c)
-{
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-    c->top_sorted = c->lp_ok = 1;
-}
-
-static void on_event(const sf_event *ev)
-{
-    collect *c = ev->user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->text_len && c->text_len + ev->text_len < sizeof c->text) {
-        memcpy(c->text + c->text_len, ev->text, ev->text_len);
-        c->text_len += ev->text_len;
-        c->text[c->text_len] = 0;
-    }
-    if (ev->type == SF_EV_TOKEN) {
-        if (c->n_tokens < MAXTOK) c->tokens[c->n_tokens++] = ev->token;
-        if (!(ev->logprob <= 0.0f)) c->lp_ok = 0;
-        if (ev->n_top) {
-            c->n_top_seen = ev->n_top;
-            for (int i = 1; i < ev->n_top; i++)
-                if (ev->top[i].logprob > ev->top[i - 1].logprob) c->top_sorted = 0;
-        }
-        if (c->cancel_engine && c->n_tokens == c->cancel_after) sf_engine_cancel(c->cancel_engine, ev->req);
-    } else {
-        c->finish = ev->type == SF_EV_DONE ? ev->finish_reason : -1;
-        c->status = ev->type == SF_EV_ERROR ? ev->status : SF_OK;
-        c->prompt_tokens = ev->prompt_tokens;
-        c->completion_tokens = ev->completion_tokens;
-        c->ttft = ev->ttft_s;
-        c->e2e = ev->e2e_s;
-        c->done = 1;
-        pthread_cond_broadcast(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void collect_wait(collect *c)
-{
-    pthread_mutex_lock(&c->mu);
-    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
 
 static sf_engine *open_engine(const char *model, int max_seqs, int budget, int max_len, int kv_blocks, sf_error *err)
 {

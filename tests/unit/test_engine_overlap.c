@@ -10,42 +10,11 @@
 
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
+#include "tests/lib/engine_collect.h"
 #include "tests/lib/engine_wait.h"
 #include "tests/test.h"
 
 #define N_REQ 40
-#define MAXTOK 96
-
-typedef struct result {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done;
-    int32_t tokens[MAXTOK];
-    int n_tokens;
-    char text[4096];
-    size_t text_len;
-    int finish, completion_tokens;
-} result;
-
-static void on_event(const sf_event *ev)
-{
-    result *c = ev->user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->text_len && c->text_len + ev->text_len < sizeof c->text) {
-        memcpy(c->text + c->text_len, ev->text, ev->text_len);
-        c->text_len += ev->text_len;
-        c->text[c->text_len] = 0;
-    }
-    if (ev->type == SF_EV_TOKEN) {
-        if (c->n_tokens < MAXTOK) c->tokens[c->n_tokens++] = ev->token;
-    } else {
-        c->finish = ev->type == SF_EV_DONE ? ev->finish_reason : -1;
-        c->completion_tokens = ev->completion_tokens;
-        c->done = 1;
-        pthread_cond_broadcast(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
 
 /* Request i's sampling: a mix of every sampler option, each request with its own seed. */
 static sf_sampling sampling_of(int i)
@@ -71,7 +40,7 @@ static sf_sampling sampling_of(int i)
 }
 
 /* Runs the N_REQ requests through one engine; serial: the serial loop. */
-static int run_all(int serial, int kv_blocks, result *res, sf_engine_stats *st, sf_error *err)
+static int run_all(int serial, int kv_blocks, collect *res, sf_engine_stats *st, sf_error *err)
 {
     static const char *words[] = { "Tom", "The sun", "A little bird", "Once", "Lily and Ben went", "The big dog", "One day" };
     sf_engine_config c;
@@ -92,9 +61,7 @@ static int run_all(int serial, int kv_blocks, result *res, sf_engine_stats *st, 
         size_t n = 0;
         snprintf(text, sizeof text, "%s %s", words[i % 7], i % 3 ? "saw" : "was happy. One day");
         if ((rc = sf_tok_encode(sf_engine_tokenizer(e), text, strlen(text), 1, &ids, &n, err))) break;
-        memset(&res[i], 0, sizeof res[i]);
-        pthread_mutex_init(&res[i].mu, NULL);
-        pthread_cond_init(&res[i].cv, NULL);
+        collect_init(&res[i]);
         sf_submit s;
         memset(&s, 0, sizeof s);
         s.prompt = ids;
@@ -106,11 +73,7 @@ static int run_all(int serial, int kv_blocks, result *res, sf_engine_stats *st, 
         rc = sf_engine_submit(e, &s, NULL, NULL, err);
         free(ids);
     }
-    for (int i = 0; i < N_REQ && !rc; i++) {
-        pthread_mutex_lock(&res[i].mu);
-        while (!res[i].done) pthread_cond_wait(&res[i].cv, &res[i].mu);
-        pthread_mutex_unlock(&res[i].mu);
-    }
+    for (int i = 0; i < N_REQ && !rc; i++) collect_wait(&res[i]);
     if (!rc) wait_idle(e, st);
     sf_engine_free(e);
     return rc;
@@ -118,7 +81,7 @@ static int run_all(int serial, int kv_blocks, result *res, sf_engine_stats *st, 
 
 static void overlap_equals_serial(int kv_blocks)
 {
-    static result ser[N_REQ], ovl[N_REQ];
+    static collect ser[N_REQ], ovl[N_REQ];
     sf_engine_stats st_s, st_o;
     sf_error err = { 0 };
     setenv("SEMFLOW_ENGINE_WARMUP", "1", 1); /* the serial run warms up first: it must change nothing */
@@ -129,7 +92,7 @@ static void overlap_equals_serial(int kv_blocks)
     CHECK(!st_s.overlapped && st_o.overlapped);
     int same = 0, stops = 0, eos = 0, lengths = 0;
     for (int i = 0; i < N_REQ; i++) {
-        const result *a = &ser[i], *b = &ovl[i];
+        const collect *a = &ser[i], *b = &ovl[i];
         int eq = a->n_tokens == b->n_tokens && !memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) &&
                  !strcmp(a->text, b->text) && a->finish == b->finish && a->completion_tokens == b->completion_tokens;
         if (!eq)
