@@ -11,7 +11,7 @@
  * the phases spin on a counter in global memory). What the separate kernels of gemv_fused.cu
  * lose is the time between them: each kernel's ramp-up and tail, and attention's latency while
  * HBM idles. Here every warp streams its share of the layer's four weights through one per-warp
- * ring of cp.async stages (6, 5 or 4 stages of two rows x DP_V 16-byte loads per lane) that runs
+ * ring of cp.async stages (4 stages, 5 or 6 on request, of two rows x DP_V 16-byte loads per lane) that runs
  * across the phases: the stages a warp issues while it consumes the last ones of a phase are
  * the first ones of its next phase (or of the next layer's QKV), so before it reaches a barrier (or attention) its next
  * weights are already in flight, and they land while the barrier and attention wait. Weights do
@@ -21,7 +21,7 @@
  * Work split: a GEMV unit is two rows of a weight (a rotation pair of QKV, a gate row and its up
  * row, two neighbouring rows of O or down); unit u goes to block u % G, warp (u / G) % DP_WARPS,
  * so blocks differ by at most one unit per phase. Attention items are (kv head, key range) with
- * ranges of >= 32 keys (up to SF_K_DECODE_PERSIST_MAX_SPLIT per kv head), one warp each, lanes one key each for q.k and 4 dims each for p.v;
+ * ranges of >= 32 keys (up to DP_MAX_SPLIT per kv head), one warp each, lanes one key each for q.k and 4 dims each for p.v;
  * partials go to a workspace and the last warp of a kv head combines them (a counter per kv head).
  * Norms are recomputed by every block from h (d values, L2).
  *
@@ -38,8 +38,11 @@
 #define DP_WARPS 16
 #define DP_V 2     /* 16-byte loads per row per lane per stage */
 #define DP_SYNC_WORDS 128
+/* Key splits per kv head (<= SF_K_DECODE_PERSIST_MAX_SPLIT, which sizes the workspace): 64
+ * measured no faster than 32 at 4096 keys (docs/PERFORMANCE.md). */
+#define DP_MAX_SPLIT 32
 
-/* Ring bytes of a block with ST stages per warp (as many as shared memory allows, 4 to 6). */
+/* Ring bytes of a block with ST stages per warp (4, or 5 and 6 on request). */
 static constexpr size_t dp_ring_bytes(int st) { return (size_t)DP_WARPS * st * 2 * DP_V * 32 * 16; }
 
 enum { DP_QKV = 0, DP_O = 1, DP_GU = 2, DP_DOWN = 3, DP_PHASES = 4 };
@@ -232,7 +235,7 @@ static __device__ void dp_attention(const sf_k_layer1 &p, const sf_k_layer1_w *L
 {
     constexpr int MG = SF_K_DECODE_PERSIST_MAX_GROUP, DL = HD / 32;
     const int GQ = p.H / p.Hkv, ctx = p.pos[0] + 1, bs = p.block_size;
-    const int max_split = max(1, min(SF_K_DECODE_PERSIST_MAX_SPLIT, n_warps / p.Hkv));
+    const int max_split = max(1, min(DP_MAX_SPLIT, n_warps / p.Hkv));
     int chunk = (ctx + max_split - 1) / max_split;
     chunk = max(32, (chunk + 31) / 32 * 32);
     const int n_split = (ctx + chunk - 1) / chunk, items = p.Hkv * n_split;
@@ -260,12 +263,9 @@ static __device__ void dp_attention(const sf_k_layer1 &p, const sf_k_layer1_w *L
             for (int g = 0; g < MG; g++) s[g] = 0.0f;
             if (valid) {
                 const uint4 *kr = (const uint4 *)(kc + off);
-                uint4 kraw[HD / 8];
-#pragma unroll
-                for (int c = 0; c < HD / 8; c++) kraw[c] = __ldcg(kr + c); /* all in flight at once */
-#pragma unroll
+#pragma unroll 4
                 for (int c = 0; c < HD / 8; c++) {
-                    const uint4 raw = kraw[c];
+                    const uint4 raw = __ldcg(kr + c);
                     const bf16x8 kk = *(bf16x8 *)&raw;
 #pragma unroll
                     for (int g = 0; g < MG; g++)
@@ -348,13 +348,11 @@ static __device__ void dp_attention(const sf_k_layer1 &p, const sf_k_layer1_w *L
         __threadfence(); /* the last of the kv head's splits: combine them */
         for (int g = 0; g < GQ; g++) {
             float M = -INFINITY;
-#pragma unroll 8
             for (int t = 0; t < n_split; t++)
                 M = fmaxf(M, __ldcg(p.ws + ((size_t)(kvh * max_split + t) * GQ + g) * (HD + 2) + HD));
             float L = 0.0f, o[DL];
 #pragma unroll
             for (int q = 0; q < DL; q++) o[q] = 0.0f;
-#pragma unroll 4
             for (int t = 0; t < n_split; t++) {
                 const float *w = p.ws + ((size_t)(kvh * max_split + t) * GQ + g) * (HD + 2);
                 const float e = __expf(__ldcg(w + HD) - M);
@@ -463,16 +461,16 @@ static int grid_size(size_t smem)
     return sms * per_sm;
 }
 
-/* Ring depth: 6 stages where they fit beside the activation row, else 5, else 4;
- * SEMFLOW_CUDA_PERSIST_ST=4 forces 4 (for comparison). */
+/* Ring depth: 4 stages (measured faster than 6, docs/PERFORMANCE.md); SEMFLOW_CUDA_PERSIST_ST=5
+ * or 6 asks for a deeper ring, taken where it fits beside the activation row. */
 static int ring_stages(const sf_k_layer1 *p)
 {
-    static const int force4 = [] {
+    static const int want = [] {
         const char *e = getenv("SEMFLOW_CUDA_PERSIST_ST");
-        return e && !strcmp(e, "4");
+        return e && (!strcmp(e, "5") || !strcmp(e, "6")) ? e[0] - '0' : 4;
     }();
-    if (force4) return 4;
-    return grid_size<6>(smem_bytes(p, 6)) > 0 ? 6 : grid_size<5>(smem_bytes(p, 5)) > 0 ? 5 : 4;
+    if (want == 6 && grid_size<6>(smem_bytes(p, 6)) > 0) return 6;
+    return want >= 5 && grid_size<5>(smem_bytes(p, 5)) > 0 ? 5 : 4;
 }
 
 extern "C" size_t sf_k_decode_persist_ws_floats(int H, int hd)
