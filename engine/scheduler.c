@@ -465,7 +465,13 @@ static int admit_head(sf_sched *s, sf_seq *q)
     }
     int n = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
     if (q->urgency < SF_URGENCY_HIGH) n = SF_MIN(n, s->low_budget_left);
-    if (n <= 0) return 0;
+    if (n <= 0) {
+        /* held back for step time (realtime prompts take the steps): refused all the same, so
+         * its need is demand too (sched_policy.c) */
+        if (low && s->low_budget_left <= 0 && !s->blocked_units)
+            s->blocked_units = sf_policy_full_units(s, q, next_kind(s, q));
+        return 0;
+    }
     if (q->n_swap && ops_reserve(&s->plan.swap_in, s->plan.n_swap_in, &s->cap_swap_in) != SF_OK) return 0;
     for (;;) {
         int rc = grow_blocks(s, q, q->n_computed + n);

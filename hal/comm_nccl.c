@@ -553,16 +553,16 @@ static int custom_setup(sf_comm *c, sf_error *err)
     c->custom_cap_bytes = sf_ar_custom_cap(x->ar);
     c->ll_cap_bytes = sf_ar_custom_ll_cap(x->ar);
     /* the fused all-reduce + rmsnorm: on unless SEMFLOW_TP_ARNORM=0, from
-     * $SEMFLOW_TP_ARNORM_MIN_ROWS rows (default 192: below, LL or one-shot then the rmsnorm kernel
+     * $SEMFLOW_TP_ARNORM_MIN_ROWS rows (default 128: below, LL or one-shot then the rmsnorm kernel
      * measured as fast or faster, docs/TP.md); its LL variant up to $SEMFLOW_TP_ARNORM_LL_BYTES
      * (default 0: off, it lost to LL + rmsnorm from 16 rows; cap 256 KiB) */
     const char *an = getenv("SEMFLOW_TP_ARNORM"), *amr = getenv("SEMFLOW_TP_ARNORM_MIN_ROWS"),
                *all = getenv("SEMFLOW_TP_ARNORM_LL_BYTES");
-    long min_rows = amr ? strtol(amr, NULL, 10) : 192, ll_bytes = all ? strtol(all, NULL, 10) : 0;
+    long min_rows = amr ? strtol(amr, NULL, 10) : 128, ll_bytes = all ? strtol(all, NULL, 10) : 0;
     c->norm_ll_max_bytes = ll_bytes > 0 ? SF_MIN((size_t)ll_bytes, SF_AR_NORM_LL_BYTES) : 0;
     c->norm_max_bytes = an && !strcmp(an, "0") ? 0 : c->custom_cap_bytes;
     c->norm_max_cols = SF_AR_NORM_MAX_COLS;
-    c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 192;
+    c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 128;
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won
      * at every size up to 512 KiB on the H200 pair (docs/PERFORMANCE.md) */
     const char *ll = getenv("SEMFLOW_TP_LL");

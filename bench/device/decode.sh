@@ -70,6 +70,7 @@ Q7="$B decode --preset qwen2-7b --steps 32 $P"
 step l8-512-persist 10 SEMFLOW_CUDA_PERSIST=1 $L8 --ctx 512
 step l8-512 10 $L8 --ctx 512
 step l8-512-perlayer 10 SEMFLOW_CUDA_PERSIST=2 $L8 --ctx 512
+step l8-512-persist-st4 10 SEMFLOW_CUDA_PERSIST=1 SEMFLOW_CUDA_PERSIST_ST=4 $L8 --ctx 512
 [ -x "$MT" ] && step model-persist 15 SEMFLOW_CUDA_PERSIST=1 "$MT"
 step q7-512-persist 10 SEMFLOW_CUDA_PERSIST=1 $Q7 --ctx 512
 step q7-512 10 $Q7 --ctx 512
@@ -84,7 +85,7 @@ cat "$D/runs.txt"
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512-persist", "l8-512", "l8-512-perlayer", "q7-512-persist", "q7-512", "l8-4096-persist", "l8-4096", "q7-4096-persist",
+names = ["l8-512-persist", "l8-512", "l8-512-perlayer", "l8-512-persist-st4", "q7-512-persist", "q7-512", "l8-4096-persist", "l8-4096", "q7-4096-persist",
          "q7-4096"]
 print("%-24s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:

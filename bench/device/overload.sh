@@ -19,12 +19,12 @@
 # path can be seen. Then
 # the INT8 KV quality cost (`semflow bench kv-quality`, Llama-3-8B dummy preset) and the step
 # trace summarised per run (bench/overload/trace_summary.py), and, as time allows, 1x and 8x with
-# priorities again on a second server with SEMFLOW_SCHED_RT_ALONE=0 (the earlier realtime-step rule).
+# priorities again on a second server with CMP_ENV in its environment (below).
 # Files: $OUT/overload/ (loadgen JSON, watch JSON, the step trace, serve.log, overload.md,
 # kv-quality.json); the last thing printed is one line per run. Exit 77: no GPU or no binary here.
 # Env: SEARCH_RATES ("48": 1x held fixed at what the search over 12 / 24 / 48 / 72 / 96 req/s found
 # on this device in call 3 of 2026-11-30, so that ladders of different commits share one base; the
-# 5 s run at 48 says whether it still holds; give "12 24 48 96" to search again), WARMUP_RATE (384), RIDE (1: the comparison run, below), DURATION (8 s per run), LONG_DURATION (16 s at 1x, 4x and 8x: 1x is the base of the rise),
+# 5 s run at 48 says whether it still holds; give "12 24 48 96" to search again), WARMUP_RATE (384), CMP_ENV (the comparison run, below; "" none), DURATION (8 s per run), LONG_DURATION (16 s at 1x, 4x and 8x: 1x is the base of the rise),
 # LEVELS ("1 8 4 2"), BUDGET_S (215 for the ladder; the whole script stays under 300 s).
 set -u
 cd "$(dirname "$0")/../.."
@@ -94,28 +94,30 @@ if [ "$left" -ge 20 ]; then
 else
     echo "overload: kv-quality skipped: $left s left"
 fi
-# The comparison for the realtime-step rule: the same server with SEMFLOW_SCHED_RT_ALONE=0 (batch
-# prefill up to ~2 ms in every step that carries a realtime prompt, the rule before), priorities
-# on, 1x and 8x at the 1x found above, after its own warm-up; in $D/ride/.
+# A comparison on a second server: priorities on, 1x and 8x at the 1x above, after its own
+# warm-up, with CMP_ENV set (default SEMFLOW_ENGINE_OVERLAP=0: the engine's serial step order,
+# token delivery before the next step's launch; SEMFLOW_SCHED_RT_ALONE=0 compares the earlier
+# realtime-step rule); in $D/cmp/.
+CMP_ENV=${CMP_ENV-SEMFLOW_ENGINE_OVERLAP=0}
 left=$((285 - ($(date +%s) - T0)))
-if [ "${RIDE:-1}" = 1 ] && [ "$left" -ge 55 ] && [ -s "$D/sustained_rate" ]; then
-    SEMFLOW_SCHED_RT_ALONE=0 SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
+if [ -n "$CMP_ENV" ] && [ "$left" -ge 55 ] && [ -s "$D/sustained_rate" ]; then
+    # shellcheck disable=SC2086  # CMP_ENV is a list of NAME=VALUE words
+    env $CMP_ENV SET=h200 MODEL=$M BACKEND=${BACKEND:-cuda} QUEUE_LIMIT=64 \
     SERVE_ARGS="--load-format dummy --workers 4 --max-num-seqs 256 --num-kv-blocks 1024 --kv-high-reserve 0.05" \
     SEARCH_RATES="" RATE_1X="$(cat "$D/sustained_rate")" DURATION=${DURATION:-8} LEVELS="1 8" MODES=on \
     LONG_LEVELS="8" LONG_DURATION=${LONG_DURATION:-16} DEADLINE=$((left - 8)) READY_TIMEOUT=60 WARMUP_S=3 \
     WARMUP_SCEN=bench/overload/h200/on-8x.json WARMUP_RATE=${WARMUP_RATE:-384} SETTLE_S=5 \
-        timeout -k 5 $((left - 5)) sh bench/overload/run.sh "$D/ride" >"$D/ride.log" 2>&1
-    echo "overload: comparison run (SEMFLOW_SCHED_RT_ALONE=0) rc=$?"
+        timeout -k 5 $((left - 5)) sh bench/overload/run.sh "$D/cmp" >"$D/cmp.log" 2>&1
+    echo "overload: comparison run ($CMP_ENV) rc=$?"
 else
-    echo "overload: comparison run (SEMFLOW_SCHED_RT_ALONE=0) skipped: $left s left"
+    echo "overload: comparison run (${CMP_ENV:-none}) skipped: $left s left"
 fi
-grep -E "^(FAIL|  swap of)" "$D/swap_copy.log" 2>/dev/null
 echo "---- step trace per run (rt = steps carrying realtime tokens; alone = realtime prompt, batch prefill held out) ----"
 python3 bench/overload/trace_summary.py "$D" 2>&1
-if [ -s "$D/ride/trace.tsv" ]; then
-    echo "---- the same with SEMFLOW_SCHED_RT_ALONE=0 (batch prefill rides beside realtime prompts) ----"
-    python3 bench/overload/trace_summary.py "$D/ride" 2>&1 | grep -E "^(run|on-)"
-    python3 bench/overload/plot.py "$D/ride" --no-png --short 2>&1 | grep -E "^(prio|on|realtime)"
+if [ -s "$D/cmp/trace.tsv" ]; then
+    echo "---- the same with $CMP_ENV ----"
+    python3 bench/overload/trace_summary.py "$D/cmp" 2>&1 | grep -E "^(run|on-)"
+    python3 bench/overload/plot.py "$D/cmp" --no-png --short 2>&1 | grep -E "^(prio|on|realtime)"
 fi
 python3 - "$D/kv-quality.json" <<'PY' 2>/dev/null || true
 import json, sys

@@ -75,7 +75,9 @@ static __device__ __forceinline__ void ds_next(ds_cur &c, const sf_k_attn &a)
     ds_token<TK>(c, a, c.t + 1);
 }
 
-template <int HD, bool I8, int NW, int NS>
+/* DF: the combine checks (a fence, an atomic, maybe the combine) of the block's cut items wait
+ * until its last tile, instead of stalling the ring where each item ends (cfg 44). */
+template <int HD, bool I8, int NW, int NS, bool DF>
 __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
 {
     using Lo = dm_layout<HD, I8, NW>;
@@ -162,6 +164,18 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
         sf_cp_async_commit();
     }
 
+    /* the combine of an item cut by block boundaries (first tile f, nt tiles): blocks cf .. cl
+     * hold its pieces; block cf's piece is in its slot 1 unless the item starts exactly at cf's
+     * first tile */
+    auto finish = [&](int row, int kh, int f0, int nt, float *wsm) {
+        const int cf = f0 / per, np = (f0 + nt - 1) / per - cf + 1;
+        sf_attn_pieces_finish<HD>(a, row, kh, G, np, NW, wsm, &last, [&](int hg, int p) {
+            const int slot_p = p == 0 && f0 != cf * per ? 1 : 0;
+            return (const float *)a.ws + (((int64_t)(cf + p) * 2 + slot_p) * G + hg) * (HD + 2);
+        });
+    };
+    int n_cut = 0, cut_row[2] = { 0, 0 }, cut_kh[2] = { 0, 0 }, cut_f[2] = { 0, 0 }, cut_nt[2] = { 0, 0 };
+
     const float qs = a.scale * 1.4426950408889634f;
     uint32_t qb[HD / 16][2], qh[I8 ? HD / 16 : 1][2];
     float m[2], l[2], o[HD / 16][4];
@@ -195,17 +209,18 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
                     if (d == 0) { wp[HD] = M; wp[HD + 1] = L; }
                 }
             });
-            if (!whole) {
-                /* pieces: blocks cf .. cl; block cf's piece is in its slot 1 unless the item
-                 * starts exactly at cf's first tile */
-                const int cf = cc.f / per, np = (cc.f + cc.nt - 1) / per - cf + 1, f0 = cc.f;
-                sf_attn_pieces_finish<HD>(a, t, kh, G, np, NW, wsm, &last, [&](int hg, int p) {
-                    const int slot_p = p == 0 && f0 != cf * per ? 1 : 0;
-                    return (const float *)a.ws + (((int64_t)(cf + p) * 2 + slot_p) * G + hg) * (HD + 2);
-                });
+            if (!whole && !DF) finish(t, kh, cc.f, cc.nt, wsm);
+            if (!whole && DF && n_cut < 2) { /* a block cuts at most two items */
+                cut_row[n_cut] = t; cut_kh[n_cut] = kh; cut_f[n_cut] = cc.f; cut_nt[n_cut] = cc.nt;
+                n_cut++;
             }
         }
         ds_next<TK>(cc, a);
+    }
+    if (DF && n_cut) {
+        sf_cp_async_wait<0>();
+        __syncthreads(); /* the ring is free: stage 0 holds the combine's weights */
+        for (int k = 0; k < n_cut; k++) finish(cut_row[k], cut_kh[k], cut_f[k], cut_nt[k], (float *)smem);
     }
 }
 
@@ -225,17 +240,17 @@ static int ds_smem(void)
 }
 
 /* Sets the kernel's attributes (once) and returns its resident blocks per SM, 0 on error. */
-template <int HD, bool I8, int NS>
+template <int HD, bool I8, int NS, bool DF = false>
 static int ds_per_sm(void)
 {
     static int n = -1; /* the launch thread is the backend's only thread */
     if (n < 0) {
         const int smem = ds_smem<HD, I8, NS>();
         int k = 0;
-        if (cudaFuncSetAttribute(k_attn_dec_stream<HD, I8, 4, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ||
-            cudaFuncSetAttribute(k_attn_dec_stream<HD, I8, 4, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+        if (cudaFuncSetAttribute(k_attn_dec_stream<HD, I8, 4, NS, DF>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ||
+            cudaFuncSetAttribute(k_attn_dec_stream<HD, I8, 4, NS, DF>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                  (int)cudaSharedmemCarveoutMaxShared) ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, k_attn_dec_stream<HD, I8, 4, NS>, 128, smem)) {
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, k_attn_dec_stream<HD, I8, 4, NS, DF>, 128, smem)) {
             cudaGetLastError();
             return 0;
         }
@@ -258,16 +273,16 @@ static int ds_sms(void)
     return sms;
 }
 
-template <int HD, bool I8, int NS>
+template <int HD, bool I8, int NS, bool DF = false>
 static int ds_launch(const sf_k_attn *a, int max_blocks, cudaStream_t s)
 {
-    const int per_sm = ds_per_sm<HD, I8, NS>();
+    const int per_sm = ds_per_sm<HD, I8, NS, DF>();
     if (per_sm <= 0) return (int)cudaErrorInvalidConfiguration;
     int64_t grid = (int64_t)per_sm * ds_sms();
     grid = SF_MIN(grid, (int64_t)a->T * a->Hkv * a->n_split / 2); /* the workspace's slots */
     if (max_blocks > 0) grid = SF_MIN(grid, (int64_t)max_blocks);
     if (grid < 1) grid = 1;
-    int rc = sf_launch_pdl(k_attn_dec_stream<HD, I8, 4, NS>, dim3((unsigned)grid), dim3(128),
+    int rc = sf_launch_pdl(k_attn_dec_stream<HD, I8, 4, NS, DF>, dim3((unsigned)grid), dim3(128),
                            (size_t)ds_smem<HD, I8, NS>(), s, *a);
     return rc ? rc : sf_launch_status();
 }
@@ -277,6 +292,7 @@ extern "C" int sf_k_attention_decode_stream_per_sm(int hd, int int8, int cfg)
     if (hd == 64) return int8 ? ds_per_sm<64, true, 2>() : ds_per_sm<64, false, 2>();
     if (hd != 128) return 0;
     if (cfg == 43) return int8 ? ds_per_sm<128, true, 3>() : ds_per_sm<128, false, 3>();
+    if (cfg == 44) return int8 ? ds_per_sm<128, true, 2, true>() : ds_per_sm<128, false, 2, true>();
     return int8 ? ds_per_sm<128, true, 2>() : ds_per_sm<128, false, 2>();
 }
 
@@ -287,5 +303,7 @@ extern "C" int sf_k_attention_decode_stream(const sf_k_attn *a, int cfg, int max
     const bool i8 = a->kv.i8_base != 0;
     if (a->hd == 64) return i8 ? ds_launch<64, true, 2>(a, max_blocks, s) : ds_launch<64, false, 2>(a, max_blocks, s);
     if (cfg == 43) return i8 ? ds_launch<128, true, 3>(a, max_blocks, s) : ds_launch<128, false, 3>(a, max_blocks, s);
+    if (cfg == 44)
+        return i8 ? ds_launch<128, true, 2, true>(a, max_blocks, s) : ds_launch<128, false, 2, true>(a, max_blocks, s);
     return i8 ? ds_launch<128, true, 2>(a, max_blocks, s) : ds_launch<128, false, 2>(a, max_blocks, s);
 }

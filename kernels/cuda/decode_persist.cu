@@ -11,7 +11,7 @@
  * the phases spin on a counter in global memory). What the separate kernels of gemv_fused.cu
  * lose is the time between them: each kernel's ramp-up and tail, and attention's latency while
  * HBM idles. Here every warp streams its share of the layer's four weights through one per-warp
- * ring of cp.async stages (DP_ST stages of two rows x DP_V 16-byte loads per lane) that runs
+ * ring of cp.async stages (4 stages, 5 or 6 on request, of two rows x DP_V 16-byte loads per lane) that runs
  * across the phases: the stages a warp issues while it consumes the last ones of a phase are
  * the first ones of its next phase (or of the next layer's QKV), so before it reaches a barrier (or attention) its next
  * weights are already in flight, and they land while the barrier and attention wait. Weights do
@@ -21,7 +21,7 @@
  * Work split: a GEMV unit is two rows of a weight (a rotation pair of QKV, a gate row and its up
  * row, two neighbouring rows of O or down); unit u goes to block u % G, warp (u / G) % DP_WARPS,
  * so blocks differ by at most one unit per phase. Attention items are (kv head, key range) with
- * ranges of >= 32 keys, one warp each, lanes one key each for q.k and 4 dims each for p.v;
+ * ranges of >= 32 keys (up to DP_MAX_SPLIT per kv head), one warp each, lanes one key each for q.k and 4 dims each for p.v;
  * partials go to a workspace and the last warp of a kv head combines them (a counter per kv head).
  * Norms are recomputed by every block from h (d values, L2).
  *
@@ -31,40 +31,21 @@
  *
  * Launched as a programmatic dependent (common.cuh): a block issues its first QKV stages, then
  * waits for the kernel before it (the embedding, or the launch of the layers before). */
-#include "common.cuh"
+#include <string.h>
+
+#include "gemv_ring.cuh"
 
 #define DP_WARPS 16
 #define DP_V 2     /* 16-byte loads per row per lane per stage */
-#define DP_ST 4    /* ring stages per warp */
 #define DP_SYNC_WORDS 128
+/* Key splits per kv head (<= SF_K_DECODE_PERSIST_MAX_SPLIT, which sizes the workspace): 64
+ * measured no faster than 32 at 4096 keys (docs/PERFORMANCE.md). */
+#define DP_MAX_SPLIT 32
 
-static constexpr size_t DP_RING_BYTES = (size_t)DP_WARPS * DP_ST * 2 * DP_V * 32 * 16;
+/* Ring bytes of a block with ST stages per warp (4, or 5 and 6 on request). */
+static constexpr size_t dp_ring_bytes(int st) { return (size_t)DP_WARPS * st * 2 * DP_V * 32 * 16; }
 
 enum { DP_QKV = 0, DP_O = 1, DP_GU = 2, DP_DOWN = 3, DP_PHASES = 4 };
-
-static __device__ __forceinline__ void dp_cp16(void *smem, const void *g)
-{
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
-}
-static __device__ __forceinline__ void dp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void dp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-static __device__ __forceinline__ float dp_dot8(const uint4 &w, const bf16x8 &x, float acc)
-{
-    const bf162 *wh = (const bf162 *)&w;
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-        float2 wf = __bfloat1622float2(wh[h]), xf = __bfloat1622float2(x.h[h]);
-        acc = fmaf(wf.x, xf.x, acc);
-        acc = fmaf(wf.y, xf.y, acc);
-    }
-    return acc;
-}
 
 /* Grid-wide barrier over G resident blocks: sync[0] counts arrivals, sync[1] is the generation;
  * the last block to arrive resets the count and bumps the generation. Self-resetting, so a
@@ -112,7 +93,7 @@ static __device__ __forceinline__ dp_rows dp_unit_rows(const sf_k_layer1 &p, int
 
 /* The weight stream of one warp: its units of the four phases of each layer in order (phase
  * ph: layer ph / 4, kind ph % 4), DP_V * 32 16-byte columns of both rows per stage. Two cursors
- * walk it: one issuing, DP_ST - 1 stages ahead of the one consuming, into the next phases and
+ * walk it: one issuing, ST - 1 stages ahead of the one consuming, into the next phases and
  * the next layer. */
 struct dp_cursor { int ph, i, j; };
 struct dp_stream {
@@ -160,43 +141,25 @@ static __device__ __forceinline__ void dp_issue(const sf_k_layer1 &p, const dp_s
         for (int v = 0; v < DP_V; v++) {
             const int col = (c.j * DP_V + v) * 32 + lane;
             if (col < k8) {
-                dp_cp16(ring + ((slot * 2 + 0) * DP_V + v) * 32, wa + col);
-                dp_cp16(ring + ((slot * 2 + 1) * DP_V + v) * 32, wb + col);
+                gr_cp16(ring + ((slot * 2 + 0) * DP_V + v) * 32, wa + col);
+                gr_cp16(ring + ((slot * 2 + 1) * DP_V + v) * 32, wb + col);
             }
         }
         dp_advance(s, c);
     }
-    dp_commit();
+    gr_commit();
 }
 
 /* xs[i] = bf16(bf16(h[i] * inv) * w[i]), inv = rsqrt(mean(h^2) + eps); whole block, ends synced. */
 static __device__ void dp_norm(const uint16_t *h, const uint16_t *w, int d, float eps, bf16x8 *xs, float *red)
 {
     const uint4 *h8 = (const uint4 *)h;
-    const bf16x8 *w8 = (const bf16x8 *)w;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) {
+    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) { /* through L2: other blocks wrote h */
         uint4 raw = __ldcg(h8 + i);
-        bf16x8 v = *(bf16x8 *)&raw;
-        xs[i] = v;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float2 f = __bfloat1622float2(v.h[q]);
-            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-        }
+        xs[i] = *(bf16x8 *)&raw;
     }
-    ss = block_sum(ss, red);
-    const float inv = rsqrtf(ss / (float)d + eps);
-    for (int i = threadIdx.x; i < d / 8; i += blockDim.x) {
-        bf16x8 v = xs[i], g = w8[i], o;
-#pragma unroll
-        for (int q = 0; q < 4; q++) {
-            float2 f = __bfloat1622float2(v.h[q]), gw = __bfloat1622float2(g.h[q]);
-            float n0 = bf2f(f2bf(f.x * inv)), n1 = bf2f(f2bf(f.y * inv));
-            o.h[q] = __floats2bfloat162_rn(n0 * gw.x, n1 * gw.y);
-        }
-        xs[i] = o;
-    }
+    const float ss = block_sum(gr_row_sumsq(xs, xs, d / 8, blockDim.x), red); /* a thread's own entries */
+    gr_row_scale(xs, (const bf16x8 *)w, rsqrtf(ss / (float)d + eps), d / 8, blockDim.x);
     __syncthreads();
 }
 
@@ -218,29 +181,8 @@ static __device__ __forceinline__ void dp_epilogue(const sf_k_layer1 &p, const s
     const dp_rows r = dp_unit_rows(p, kind, u);
     if (kind == DP_QKV) {
         if (L->bqkv) { acc_a += sf_ld_bf16(L->bqkv + r.ra); acc_b += sf_ld_bf16(L->bqkv + r.rb); }
-        float va = bf2f(f2bf(acc_a)), vb = bf2f(f2bf(acc_b));
-        bf16 ya, yb;
-        if (r.rotate) {
-            float sn, cs;
-            sincosf((float)p.pos[0] * p.inv_freq[r.ri], &sn, &cs);
-            ya = f2bf(va * cs - vb * sn);
-            yb = f2bf(vb * cs + va * sn);
-        } else {
-            ya = f2bf(va);
-            yb = f2bf(vb);
-        }
-        bf16 *y = (bf16 *)p.qkv;
-        y[r.ra] = ya;
-        y[r.rb] = yb;
-        const int sl = p.slot[0];
-        if (r.hh >= p.H && sl >= 0) {
-            const bool is_v = r.hh >= p.H + p.Hkv;
-            const int kvh = is_v ? r.hh - p.H - p.Hkv : r.hh - p.H;
-            const int64_t blk = sl / p.block_size, off = sl % p.block_size;
-            bf16 *cache = (bf16 *)(is_v ? L->v : L->k) + ((blk * p.Hkv + kvh) * p.block_size + off) * p.hd;
-            cache[r.ra - r.hh * p.hd] = ya;
-            cache[r.rb - r.hh * p.hd] = yb;
-        }
+        gr_rope_store(acc_a, acc_b, r.rotate, r.ri, r.hh, r.ra, r.rb, p.pos[0], p.inv_freq, p.slot[0], p.H, p.Hkv, p.hd,
+                      p.block_size, L->k, L->v, (bf16 *)p.qkv);
     } else if (kind == DP_GU) {
         float g = bf2f(f2bf(acc_a)), up = bf2f(f2bf(acc_b));
         float sg = bf2f(f2bf(g / (1.0f + __expf(-g))));
@@ -255,7 +197,8 @@ static __device__ __forceinline__ void dp_epilogue(const sf_k_layer1 &p, const s
     }
 }
 
-/* Consumes this warp's units of phase `ph` (x in xs), issuing DP_ST - 1 stages ahead. */
+/* Consumes this warp's units of phase `ph` (x in xs), issuing ST - 1 stages ahead. */
+template <int ST>
 static __device__ __forceinline__ void dp_gemv_phase(const sf_k_layer1 &p, const dp_stream &s, int ph, dp_cursor &ci,
                                                      int &slot_c, uint4 *ring, const bf16x8 *xs, int lane)
 {
@@ -264,19 +207,19 @@ static __device__ __forceinline__ void dp_gemv_phase(const sf_k_layer1 &p, const
     for (int u = s.first; u < s.units[kind]; u += s.step) {
         float acc_a = 0.0f, acc_b = 0.0f;
         for (int j = 0; j < nsu; j++) {
-            dp_issue(p, s, ci, ring, (slot_c + DP_ST - 1) % DP_ST, lane); /* the slot consumed last */
-            dp_wait<DP_ST - 1>();
+            dp_issue(p, s, ci, ring, (slot_c + ST - 1) % ST, lane); /* the slot consumed last */
+            gr_wait<ST - 1>();
             const uint4 *st = ring + (size_t)slot_c * 2 * DP_V * 32;
 #pragma unroll
             for (int v = 0; v < DP_V; v++) {
                 const int col = (j * DP_V + v) * 32 + lane;
                 if (col < k8) {
                     bf16x8 xx = xs[col];
-                    acc_a = dp_dot8(st[v * 32], xx, acc_a);
-                    acc_b = dp_dot8(st[(DP_V + v) * 32], xx, acc_b);
+                    acc_a = gr_dot8(st[v * 32], xx, acc_a);
+                    acc_b = gr_dot8(st[(DP_V + v) * 32], xx, acc_b);
                 }
             }
-            slot_c = (slot_c + 1) % DP_ST;
+            slot_c = (slot_c + 1) % ST;
         }
         acc_a = warp_sum(acc_a);
         acc_b = warp_sum(acc_b);
@@ -292,7 +235,7 @@ static __device__ void dp_attention(const sf_k_layer1 &p, const sf_k_layer1_w *L
 {
     constexpr int MG = SF_K_DECODE_PERSIST_MAX_GROUP, DL = HD / 32;
     const int GQ = p.H / p.Hkv, ctx = p.pos[0] + 1, bs = p.block_size;
-    const int max_split = max(1, min(SF_K_DECODE_PERSIST_MAX_SPLIT, n_warps / p.Hkv));
+    const int max_split = max(1, min(DP_MAX_SPLIT, n_warps / p.Hkv));
     int chunk = (ctx + max_split - 1) / max_split;
     chunk = max(32, (chunk + 31) / 32 * 32);
     const int n_split = (ctx + chunk - 1) / chunk, items = p.Hkv * n_split;
@@ -322,7 +265,7 @@ static __device__ void dp_attention(const sf_k_layer1 &p, const sf_k_layer1_w *L
                 const uint4 *kr = (const uint4 *)(kc + off);
 #pragma unroll 4
                 for (int c = 0; c < HD / 8; c++) {
-                    uint4 raw = __ldcg(kr + c);
+                    const uint4 raw = __ldcg(kr + c);
                     const bf16x8 kk = *(bf16x8 *)&raw;
 #pragma unroll
                     for (int g = 0; g < MG; g++)
@@ -426,13 +369,14 @@ static __device__ void dp_attention(const sf_k_layer1 &p, const sf_k_layer1_w *L
     }
 }
 
+template <int ST>
 __global__ void __launch_bounds__(DP_WARPS * 32, 1) k_decode_persist(const sf_k_layer1 p)
 {
     extern __shared__ __align__(16) unsigned char dp_smem[];
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, G = gridDim.x;
-    uint4 *ring = (uint4 *)dp_smem + (size_t)warp * DP_ST * 2 * DP_V * 32 + lane;
-    bf16x8 *xs = (bf16x8 *)(dp_smem + DP_RING_BYTES);
+    uint4 *ring = (uint4 *)dp_smem + (size_t)warp * ST * 2 * DP_V * 32 + lane;
+    bf16x8 *xs = (bf16x8 *)(dp_smem + dp_ring_bytes(ST));
 
     dp_stream s;
     const int d = p.d, q_dim = p.H * p.hd;
@@ -451,7 +395,7 @@ __global__ void __launch_bounds__(DP_WARPS * 32, 1) k_decode_persist(const sf_k_
     dp_cursor ci = { 0, 0, 0 };
     dp_skip_empty(s, ci);
 #pragma unroll
-    for (int t = 0; t < DP_ST - 1; t++) dp_issue(p, s, ci, ring, t, lane);
+    for (int t = 0; t < ST - 1; t++) dp_issue(p, s, ci, ring, t, lane);
     int slot_c = 0;
     sf_pdl_wait();
 
@@ -460,7 +404,7 @@ __global__ void __launch_bounds__(DP_WARPS * 32, 1) k_decode_persist(const sf_k_
         const int ph = DP_PHASES * l;
         if (l) dp_grid_sync(p.sync, G); /* h of the layer before */
         dp_norm(p.h, L->attn_norm, d, p.eps, xs, red);
-        dp_gemv_phase(p, s, ph + DP_QKV, ci, slot_c, ring, xs, lane);
+        dp_gemv_phase<ST>(p, s, ph + DP_QKV, ci, slot_c, ring, xs, lane);
         dp_grid_sync(p.sync, G); /* q, k, v and the cache written */
 
         dp_load_vec(p.qkv, q_dim, xs);
@@ -469,43 +413,44 @@ __global__ void __launch_bounds__(DP_WARPS * 32, 1) k_decode_persist(const sf_k_
         dp_grid_sync(p.sync, G); /* att written */
 
         dp_load_vec(p.att, q_dim, xs);
-        dp_gemv_phase(p, s, ph + DP_O, ci, slot_c, ring, xs, lane);
+        dp_gemv_phase<ST>(p, s, ph + DP_O, ci, slot_c, ring, xs, lane);
         dp_grid_sync(p.sync, G); /* h += o */
 
         dp_norm(p.h, L->ffn_norm, d, p.eps, xs, red);
-        dp_gemv_phase(p, s, ph + DP_GU, ci, slot_c, ring, xs, lane);
+        dp_gemv_phase<ST>(p, s, ph + DP_GU, ci, slot_c, ring, xs, lane);
         dp_grid_sync(p.sync, G); /* act written */
 
         dp_load_vec(p.act, p.ffn, xs);
-        dp_gemv_phase(p, s, ph + DP_DOWN, ci, slot_c, ring, xs, lane);
+        dp_gemv_phase<ST>(p, s, ph + DP_DOWN, ci, slot_c, ring, xs, lane);
     }
-    dp_wait<0>(); /* the groups issued past the end are empty */
+    gr_wait<0>(); /* the groups issued past the end are empty */
 }
 
-static size_t smem_bytes(const sf_k_layer1 *p)
+static size_t smem_bytes(const sf_k_layer1 *p, int st)
 {
     int kmax = p->d > p->H * p->hd ? p->d : p->H * p->hd;
     if (p->ffn > kmax) kmax = p->ffn;
-    return DP_RING_BYTES + ((size_t)kmax * 2 + 15) / 16 * 16;
+    return dp_ring_bytes(st) + ((size_t)kmax * 2 + 15) / 16 * 16;
 }
 
-/* Blocks resident per SM times SMs on the current device for this smem size (0: none fit). */
+/* SMs of the current device times the blocks of k_decode_persist<ST> resident per SM with smem
+ * bytes of dynamic shared memory (0: none fit). */
+template <int ST>
 static int grid_size(size_t smem)
 {
-    static int dev = -1, sms = 0;
+    static int dev = -1, sms = 0, per_sm = 0;
     static size_t smem_for = 0;
-    static int per_sm = 0;
     int cur = 0;
     if (cudaGetDevice(&cur) != cudaSuccess) return 0;
     if (cur != dev || smem != smem_for) {
         int max_optin = 0;
         if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, cur) != cudaSuccess ||
             cudaDeviceGetAttribute(&max_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, cur) != cudaSuccess ||
-            smem > (size_t)max_optin)
+            smem + 1024 > (size_t)max_optin) /* + the static shared memory */
             return 0;
-        if (cudaFuncSetAttribute(k_decode_persist, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
+        if (cudaFuncSetAttribute(k_decode_persist<ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) !=
                 cudaSuccess ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_decode_persist, DP_WARPS * 32, smem) !=
+            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_decode_persist<ST>, DP_WARPS * 32, smem) !=
                 cudaSuccess) {
             cudaGetLastError();
             return 0;
@@ -514,6 +459,18 @@ static int grid_size(size_t smem)
         smem_for = smem;
     }
     return sms * per_sm;
+}
+
+/* Ring depth: 4 stages (measured faster than 6, docs/PERFORMANCE.md); SEMFLOW_CUDA_PERSIST_ST=5
+ * or 6 asks for a deeper ring, taken where it fits beside the activation row. */
+static int ring_stages(const sf_k_layer1 *p)
+{
+    static const int want = [] {
+        const char *e = getenv("SEMFLOW_CUDA_PERSIST_ST");
+        return e && (!strcmp(e, "5") || !strcmp(e, "6")) ? e[0] - '0' : 4;
+    }();
+    if (want == 6 && grid_size<6>(smem_bytes(p, 6)) > 0) return 6;
+    return want >= 5 && grid_size<5>(smem_bytes(p, 5)) > 0 ? 5 : 4;
 }
 
 extern "C" size_t sf_k_decode_persist_ws_floats(int H, int hd)
@@ -531,14 +488,23 @@ extern "C" int sf_k_decode_persist_ok(const sf_k_layer1 *p)
            G <= SF_K_DECODE_PERSIST_MAX_GROUP && p->Hkv + 2 <= DP_SYNC_WORDS && p->d > 0 && p->d % 8 == 0 &&
            p->ffn > 0 && p->ffn % 8 == 0 && p->rot >= 2 && p->rot % 2 == 0 && p->rot <= p->hd &&
            p->block_size > 0 && p->lw && p->n_layers >= 1 && a % 16 == 0 && p->sync && p->pos && p->slot &&
-           p->block_table && p->inv_freq && grid_size(smem_bytes(p)) > 0;
+           p->block_table && p->inv_freq && grid_size<4>(smem_bytes(p, 4)) > 0;
 }
 
 extern "C" int sf_k_decode_persist(const sf_k_layer1 *p, cudaStream_t s)
 {
     if (!sf_k_decode_persist_ok(p)) return (int)cudaErrorInvalidValue;
-    const size_t smem = smem_bytes(p);
-    const int G = grid_size(smem);
-    int rc = sf_launch_pdl(k_decode_persist, dim3(G), dim3(DP_WARPS * 32), smem, s, *p);
+    int rc;
+    const int st = ring_stages(p);
+    if (st == 6) {
+        const size_t smem = smem_bytes(p, 6);
+        rc = sf_launch_pdl(k_decode_persist<6>, dim3(grid_size<6>(smem)), dim3(DP_WARPS * 32), smem, s, *p);
+    } else if (st == 5) {
+        const size_t smem = smem_bytes(p, 5);
+        rc = sf_launch_pdl(k_decode_persist<5>, dim3(grid_size<5>(smem)), dim3(DP_WARPS * 32), smem, s, *p);
+    } else {
+        const size_t smem = smem_bytes(p, 4);
+        rc = sf_launch_pdl(k_decode_persist<4>, dim3(grid_size<4>(smem)), dim3(DP_WARPS * 32), smem, s, *p);
+    }
     return rc ? rc : sf_launch_status();
 }

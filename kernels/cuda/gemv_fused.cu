@@ -28,7 +28,7 @@
  * Rounding follows the unfused path exactly: the normalised x is bf16(bf16(x * inv) * nw), GEMV
  * outputs are rounded to bf16 before SiLU (which is rounded again, as HF does) and before the
  * residual add. Only the order of the fp32 sums differs. */
-#include "common.cuh"
+#include "gemv_ring.cuh"
 
 #define FG_UNROLL 4 /* default loads of each of the two rows in flight per lane */
 
@@ -49,30 +49,6 @@ static __device__ __forceinline__ uint4 ld_stream(const void *p)
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p));
     return v;
-}
-
-static __device__ __forceinline__ void cp_async16(void *smem, const void *g)
-{
-    unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
-}
-static __device__ __forceinline__ void cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-static __device__ __forceinline__ void cp_wait(void)
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
-static __device__ __forceinline__ float dot8(const uint4 &w, const bf16x8 &x, float acc)
-{
-    const bf162 *wh = (const bf162 *)&w;
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-        float2 wf = __bfloat1622float2(wh[h]), xf = __bfloat1622float2(x.h[h]);
-        acc = fmaf(wf.x, xf.x, acc);
-        acc = fmaf(wf.y, xf.y, acc);
-    }
-    return acc;
 }
 
 /* One output unit per warp: rows (ra, rb) of W. MODE is a set of FG_* flags. k % 8 == 0 and
@@ -128,10 +104,10 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
 #pragma unroll
                 for (int v = 0; v < FG_RING_V; v++) {
                     const int c = (t * FG_RING_V + v) * 32 + lane;
-                    if (c < k8) cp_async16(ring + (((t % FG_RING_ST) * NR + rr) * FG_RING_V + v) * 32, (rr ? wb : wa) + c);
+                    if (c < k8) gr_cp16(ring + (((t % FG_RING_ST) * NR + rr) * FG_RING_V + v) * 32, (rr ? wb : wa) + c);
                 }
         }
-        cp_commit(); /* one group per stage, empty or not: wait_group counts them */
+        gr_commit(); /* one group per stage, empty or not: wait_group counts them */
     };
     if constexpr (RING) {
 #pragma unroll
@@ -152,35 +128,15 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     if (MODE & FG_NORM) {
         bf16x8 *xs = (bf16x8 *)fg_smem;
         const bf16x8 *x8 = (const bf16x8 *)x, *n8 = (const bf16x8 *)nw;
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < k8; i += WARPS * 32) {
-            bf16x8 v = x8[i];
-            xs[i] = v;
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 f = __bfloat1622float2(v.h[h]);
-                ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-            }
-        }
-        ss = block_sum(ss, red);
-        const float inv = rsqrtf(ss / (float)k + eps);
-        for (int i = threadIdx.x; i < k8; i += WARPS * 32) {
-            bf16x8 v = xs[i], g = n8[i], o;
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                float2 f = __bfloat1622float2(v.h[h]), gw = __bfloat1622float2(g.h[h]);
-                float n0 = bf2f(f2bf(f.x * inv)), n1 = bf2f(f2bf(f.y * inv)); /* HF: round, then scale */
-                o.h[h] = __floats2bfloat162_rn(n0 * gw.x, n1 * gw.y);
-            }
-            xs[i] = o;
-        }
+        const float ss = block_sum(gr_row_sumsq(x8, xs, k8, WARPS * 32), red);
+        gr_row_scale(xs, n8, rsqrtf(ss / (float)k + eps), k8, WARPS * 32);
         __syncthreads();
         xv = xs;
     } else {
         xv = (const bf16x8 *)x;
     }
     if (!active) {
-        if (RING) cp_wait<0>();
+        if (RING) gr_wait<0>();
         return;
     }
 
@@ -188,19 +144,19 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     if constexpr (RING) {
         for (int t = 0; t < n_st; t++) {
             ring_issue(t + FG_RING_ST - 1); /* into the slot consumed at t - 1 */
-            cp_wait<FG_RING_ST - 1>();       /* stage t has landed */
+            gr_wait<FG_RING_ST - 1>();       /* stage t has landed */
             const uint4 *st = ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32;
 #pragma unroll
             for (int v = 0; v < FG_RING_V; v++) {
                 const int c = (t * FG_RING_V + v) * 32 + lane;
                 if (c < k8) {
                     bf16x8 xx = xv[c];
-                    acc_a = dot8(st[v * 32], xx, acc_a);
-                    if (TWO) acc_b = dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
+                    acc_a = gr_dot8(st[v * 32], xx, acc_a);
+                    if (TWO) acc_b = gr_dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
                 }
             }
         }
-        cp_wait<0>();
+        gr_wait<0>();
     } else
     for (int c0 = lane;; c0 += FG_U * 32) {
 #pragma unroll
@@ -208,8 +164,8 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
             int c = c0 + i * 32;
             if (c < k8) {
                 bf16x8 xx = xv[c];
-                acc_a = dot8(va[i], xx, acc_a);
-                if (TWO) acc_b = dot8(vb[i], xx, acc_b);
+                acc_a = gr_dot8(va[i], xx, acc_a);
+                if (TWO) acc_b = gr_dot8(vb[i], xx, acc_b);
             }
         }
         const int next = c0 + FG_U * 32;
@@ -230,29 +186,11 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
         y[u] = f2bf(sg * up);
     } else if (MODE & FG_ROPE) {
-        float va0 = bf2f(f2bf(acc_a)), vb0 = bf2f(f2bf(acc_b)); /* rope_kv reads the rounded product */
-        bf16 ya, yb;
-        if (rotate) {
-            float sn, cs;
-            sincosf((float)rp.pos[0] * rp.inv_freq[ri], &sn, &cs);
-            ya = f2bf(va0 * cs - vb0 * sn);
-            yb = f2bf(vb0 * cs + va0 * sn);
-        } else {
-            ya = f2bf(va0);
-            yb = f2bf(vb0);
-        }
-        y[ra] = ya;
-        y[rb] = yb;
-        const int sl = rp.slot[0];
         /* full-precision blocks only (the caller sends INT8 steps through rope_kv.cu) */
-        if (hh >= rp.H && sl >= 0 && !(rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base)) {
-            const bool is_v = hh >= rp.H + rp.Hkv;
-            const int kvh = is_v ? hh - rp.H - rp.Hkv : hh - rp.H;
-            const int64_t blk = sl / rp.kv.block_size, off = sl % rp.kv.block_size;
-            bf16 *cache = (bf16 *)(is_v ? rp.kv.v : rp.kv.k) + ((blk * rp.Hkv + kvh) * rp.kv.block_size + off) * rp.hd;
-            cache[ra - hh * rp.hd] = ya;
-            cache[rb - hh * rp.hd] = yb;
-        }
+        const int sl = rp.slot[0];
+        const bool i8 = rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base;
+        gr_rope_store(acc_a, acc_b, rotate, ri, hh, ra, rb, rp.pos[0], rp.inv_freq, i8 ? -1 : sl, rp.H, rp.Hkv, rp.hd,
+                      rp.kv.block_size, rp.kv.k, rp.kv.v, y);
     } else if (MODE & FG_ADD) {
         y[ra] = f2bf(bf2f(y[ra]) + bf2f(f2bf(acc_a)));
         if (rb != ra) y[rb] = f2bf(bf2f(y[rb]) + bf2f(f2bf(acc_b)));

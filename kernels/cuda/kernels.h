@@ -246,7 +246,8 @@ int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg);
  * tiles cut evenly over the resident blocks (at most max_blocks when > 0), the pieces of items cut
  * by block boundaries combined by the last one. Needs what the mma path needs plus a->n_split >= 2
  * with a->ws and a->counters: the grid is at most T * Hkv * n_split / 2 blocks (two workspace
- * slots each). cfg: 42 (default; 0 means it) or 43 (ring depth 3). SEMFLOW_CUDA_DECODE_ATTN=stream
+ * slots each). cfg: 42 (default; 0 means it), 43 (ring depth 3) or 44 (42 with the combines of
+ * cut items after the block's last tile). SEMFLOW_CUDA_DECODE_ATTN=stream
  * makes sf_k_attention_decode choose it for batches. */
 int sf_k_attention_decode_stream_ok(const sf_k_attn *a);
 int sf_k_attention_decode_stream(const sf_k_attn *a, int cfg, int max_blocks, cudaStream_t s);
@@ -273,7 +274,7 @@ int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, int block_si
  * sf_k_decode_persist_ws_floats(H, hd) floats, sync sf_k_decode_persist_sync_bytes() zeroed
  * once before the first launch (kept zero between launches). head_dim 64 or 128, H / Hkv <= 8. */
 #define SF_K_DECODE_PERSIST_MAX_GROUP 8
-#define SF_K_DECODE_PERSIST_MAX_SPLIT 32
+#define SF_K_DECODE_PERSIST_MAX_SPLIT 64
 typedef struct sf_k_layer1_w {
     const uint16_t *attn_norm, *wqkv, *bqkv, *wo, *ffn_norm, *wgu, *wdown;
     uint16_t *k, *v;

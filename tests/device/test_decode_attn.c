@@ -233,7 +233,7 @@ typedef struct dpath {
 } dpath;
 static const dpath PATHS[] = {
     { "lanes", 0, 0, 0 },        { "mma42", 1, 42, 0 },       { "mma43", 1, 43, 0 },  { "mma23", 1, 23, 0 },
-    { "mma24", 1, 24, 0 },       { "stream42", 2, 42, 0 },    { "stream43", 2, 43, 0 },
+    { "mma24", 1, 24, 0 },       { "stream42", 2, 42, 0 },    { "stream43", 2, 43, 0 },  { "stream44", 2, 44, 0 },
     { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 },
 };
 

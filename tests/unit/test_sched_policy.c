@@ -208,13 +208,14 @@ TEST(degrade_transitions)
     sf_seq *a = add(&w, SF_URGENCY_LOW, 47 * 16, 100, 0, 0); /* 47 blocks, 100 ms target */
     sf_seq *b = add(&w, SF_URGENCY_LOW, 47 * 16, 0, 50.0, 0);
     sf_seq *hi = add(&w, SF_URGENCY_HIGH, 10, 400, 0, 0);
-    step_at(&w, 0.0); /* the realtime prompt comes in: the low prompts take one small chunk beside it */
-    step_at(&w, 0.5);
-    step_at(&w, 1.0); /* above since 1.0 */
+    step_at(&w, 0.0); /* the realtime prompt comes in: one low prompt takes a small chunk beside it,
+                       * the other is held back for step time, and its need is demand */
+    step_at(&w, 0.5); /* above since 0.5 */
+    step_at(&w, 1.0);
     CHECK_MSG(sf_sched_kv_usage(&w.s) > 0.92, "usage %.3f", sf_sched_kv_usage(&w.s));
-    step_at(&w, 5.9);
+    step_at(&w, 5.4);
     CHECK(!w.s.degraded && w.s.decisions[SF_DECISION_RELAX] == 0);
-    step_at(&w, 6.1);
+    step_at(&w, 5.6);
     CHECK_MSG(w.s.degraded, "demand %.3f, since %.2f", sf_sched_kv_demand(&w.s), w.s.deg_since);
     CHECK_MSG(w.s.decisions[SF_DECISION_RELAX] == 2, "relaxed %llu (both low ones)",
               (unsigned long long)w.s.decisions[SF_DECISION_RELAX]);
@@ -459,7 +460,17 @@ TEST(realtime_step_carries_no_low_prefill)
                   "step %d with a realtime prompt: low prompt %d -> %d, prefill %d, decode %d", i, before,
                   lp->n_computed, p->n_prefill, p->n_decode);
     }
-    /* no realtime prompt: the low prompt goes on */
+    /* a low request at the head of the queue held back for step time counts as demand: its
+     * 40 blocks (80 units of 2048) */
+    sf_seq *wq = add(&w, SF_URGENCY_LOW, 40 * 16 - 1, 0, 0, t);
+    add(&w, SF_URGENCY_HIGH, 30, 400, 0, t);
+    double d0 = sf_sched_kv_demand(&w.s);
+    step_at(&w, t);
+    sf_sched_tick(&w.s, t + 0.001);
+    CHECK_MSG(wq->state == SF_SEQ_WAITING && sf_sched_kv_demand(&w.s) >= d0 + 80.0 / 2048 - 1e-9,
+              "held-back low request: state %d, demand %.4f -> %.4f", wq->state, d0, sf_sched_kv_demand(&w.s));
+    t += 0.01;
+    /* no realtime prompt: the low prompts go on */
     int before = lp->n_computed;
     p = step_at(&w, t);
     CHECK_MSG(lp->n_computed > before + 100, "step without a realtime prompt: low prompt %d -> %d", before, lp->n_computed);

@@ -13,46 +13,8 @@
 #include "engine/scheduler.h"
 #include "engine/tokenizer.h"
 #include "tests/test.h"
+#include "tests/lib/engine_collect.h"
 #include "tests/lib/engine_wait.h"
-
-#define MAXTOK 256
-
-/* One request's output; the engine thread writes, the test thread waits. */
-typedef struct collect {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, finish;
-    int32_t tokens[MAXTOK];
-    int n_tokens;
-} collect;
-
-static void collect_init(collect *c)
-{
-    memset(c, 0, sizeof *c);
-    pthread_mutex_init(&c->mu, NULL);
-    pthread_cond_init(&c->cv, NULL);
-}
-
-static void on_event(const sf_event *ev)
-{
-    collect *c = ev->user;
-    pthread_mutex_lock(&c->mu);
-    if (ev->type == SF_EV_TOKEN) {
-        if (c->n_tokens < MAXTOK) c->tokens[c->n_tokens++] = ev->token;
-    } else {
-        c->finish = ev->type == SF_EV_DONE ? ev->finish_reason : -1;
-        c->done = 1;
-        pthread_cond_signal(&c->cv);
-    }
-    pthread_mutex_unlock(&c->mu);
-}
-
-static void collect_wait(collect *c)
-{
-    pthread_mutex_lock(&c->mu);
-    while (!c->done) pthread_cond_wait(&c->cv, &c->mu);
-    pthread_mutex_unlock(&c->mu);
-}
 
 /* The engine every test here runs: stories260K on one CPU thread, a small KV pool. */
 static void swap_config(sf_engine_config *c, int kv_blocks)
