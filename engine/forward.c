@@ -433,6 +433,11 @@ int sf_forward_launch_sample(sf_forward *f, const sf_batch *bt, const sf_forward
     return rc;
 }
 
+int sf_forward_launch_waited(const sf_forward *f)
+{
+    return !f->draw_pending || (f->shard && f->shard->size > 1 && !f->gather_pending);
+}
+
 int sf_forward_wait_sample(sf_forward *f, sf_error *err)
 {
     if (!f->draw_pending) return SF_OK; /* the backend drew synchronously in the launch */

@@ -59,6 +59,10 @@ int sf_forward_step_sample(sf_forward *f, const sf_batch *batch, const sf_forwar
  * gather has completed (the communicator waits for it). */
 int sf_forward_launch_sample(sf_forward *f, const sf_batch *batch, const sf_forward_sample *s, sf_error *err);
 int sf_forward_wait_sample(sf_forward *f, sf_error *err);
+/* After a successful sf_forward_launch_sample: 1 when it returned only once the step's work
+ * but the draw was done (the backend drew synchronously, or under TP the logits' gather
+ * waited), 0 when it returned with the step queued. */
+int sf_forward_launch_waited(const sf_forward *f);
 /* The first n logit rows of the last step, to host memory [n * vocab] fp32. Under tensor
  * parallelism: of the last sf_forward_step_sample (its gathered rows). */
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err);

@@ -217,10 +217,14 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
          * logits' gather; host sampling: the copy of the logits) */
         t_enq = bs.last_step_enqueued_s;
         tc->enqueue += bs.last_step_host_us * 1e-6;
-        tc->wait += t3 - t_enq;
         /* a launch that waited for its step (host sampling, or a gather that waits) leaves the
-         * device with at most the draw from here: its idle gap starts now, not at the ids */
-        if (t3 - t_enq > 50e-6) f->t_done = t3;
+         * device with at most the draw from t3: its idle gap starts there, not at the ids, and
+         * the launch's time after t_enq was a wait; otherwise that time queued the gather and
+         * the draw (host work) */
+        if (!on_dev || sf_forward_launch_waited(e->fwd)) {
+            f->t_done = t3;
+            tc->wait += t3 - t_enq;
+        }
     }
     tc->launch += t3 - t2;
     if (e->tp) tc->send += sf_tp_last_send_s(e->tp);
