@@ -137,7 +137,12 @@ static int bench_feed(bench_env *e, const int32_t *tokens, int n, int32_t *next,
     if (next && e->sample_dev) {
         sf_sample_row greedy = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
         sf_forward_sample smp = { .rows = &greedy, .ids = next };
-        rc = sf_forward_step_sample(e->f, &b, &smp, err);
+        /* under TP rank 0 draws on its GPU from the gathered rows: only the id crosses PCIe */
+        rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, err) : sf_forward_step_sample(e->f, &b, &smp, err);
+        if (rc == SF_EUNSUPPORTED) { /* the sampler declined: the step ran, its logits are there */
+            rc = sf_forward_read_logits(e->tp ? sf_tp_forward(e->tp) : e->f, 1, e->logits, err);
+            if (rc == SF_OK) *next = argmax(e->logits, e->m->cfg.vocab_size);
+        }
     } else {
         rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
         if (rc == SF_OK && next) *next = argmax(e->logits, e->m->cfg.vocab_size);
@@ -202,7 +207,7 @@ static int bench_decode(const bench_opts *o)
         if (bench_feed(&e, prompt + i, SF_MIN(chunk, o->ctx - i), NULL, &err)) goto fail;
     double prefill_s = sf_now_s() - t0;
     int32_t tok = o->ctx ? argmax(e.logits, c->vocab_size) : (c->bos_id >= 0 ? c->bos_id : 0);
-    e.sample_dev = !o->sample_host && !e.tp && sf_forward_can_sample(e.f);
+    e.sample_dev = !o->sample_host && sf_forward_can_sample(e.tp ? sf_tp_forward(e.tp) : e.f);
     /* one untimed step first: page faults of the weights and lazy allocations land there */
     for (int s = 0; s <= o->steps; s++) {
         double ts = sf_now_s();
