@@ -68,5 +68,16 @@ for args, what in [
 rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--input", "4000", "--output", "4000")
 check("context_too_long", rc == 1 and "--input" in err and "context" in err, f"rc {rc}: {err[-300:]}")
 
+# --compare takes a decode-batch JSON file: a missing or malformed one is refused with what to give
+bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), "sf-compare-bad-%d.json" % os.getpid())
+with open(bad, "w") as f:
+    f.write("{bad")
+for path in [bad, bad + ".missing"]:
+    rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--input", "4", "--output", "2",
+                       "--num-prompts", "2", "--compare", path)
+    check("bad_compare_file " + os.path.basename(path), rc != 0 and "--compare" in err and "decode-batch" in err,
+          f"rc {rc}: {err[-300:]}")
+os.unlink(bad)
+
 print(f"{results.passed} passed, {results.failures} failed")
 sys.exit(1 if results.failures else 0)
