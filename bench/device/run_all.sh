@@ -1,9 +1,10 @@
 #!/bin/sh
 # bench/device/run_all.sh — every part's device script in one call on a GPU host.
 #
-# Usage (repo root, prebuilt build/): OUT=DIR [PLAN=short] sh bench/device/run_all.sh
-# With two GPUs, the single-GPU parts run on GPU 0 while the overload ladder has GPU 1 to
-# itself; tensor parallelism then runs alone on both, and the eBPF/DMA experiment (BPFDMA=1)
+# Usage (repo root, prebuilt build/): OUT=DIR [PLAN=short] [OVERLOAD=1] [SINGLE=.. SINGLE1=.. DUAL=..]
+#   sh bench/device/run_all.sh
+# With two GPUs, two lists of single-GPU parts run side by side on GPU 0 and GPU 1; the
+# multi-GPU parts (tensor parallelism) then run alone on both, and the eBPF/DMA experiment (BPFDMA=1)
 # last on a quiet PCIe link. Each part writes its files under $WORK/<part>/ and its log to
 # $WORK/<part>.log; everything is packed into $OUT/devlog.tgz (one file comes back) and a
 # summary of exit codes and wall times is printed last.
@@ -37,21 +38,21 @@ part() { # part NAME GPUS SECONDS
     echo "---- $name (rc=$rc) ----"; tail -n 25 "$WORK/$name.log"
 }
 
-# single-GPU parts, one after the other on GPU 0, with their limits in seconds
-SINGLE=${SINGLE:-"decattn:40 decode:70 throughput:120"}
-single() { for p in $SINGLE; do part "${p%%:*}" 0 "${p#*:}"; done; }
-if [ "$NGPU" -ge 2 ] && [ "${PLAN:-full}" = short ]; then
-    # no tensor parallelism
-    single &
-    part overload 1 300 &
+# Single-GPU parts run one after the other on GPU 0 (SINGLE) while those of SINGLE1 run on GPU 1
+# (the overload ladder wants a GPU to itself); then the parts of DUAL run alone on both GPUs.
+# Each entry is NAME:SECONDS, the part's hard limit.
+SINGLE=${SINGLE:-"decode:90 throughput:120"}
+SINGLE1=${SINGLE1:-"mbatch1:150"}
+DUAL=${DUAL:-"tp:150 mbatch2:100"}
+[ "${OVERLOAD:-0}" = 1 ] && SINGLE1="overload:300 $SINGLE1"
+run_on() { gpus=$1; shift; for p in "$@"; do part "${p%%:*}" "$gpus" "${p#*:}"; done; }
+if [ "$NGPU" -ge 2 ]; then
+    run_on 0 $SINGLE &
+    run_on 1 $SINGLE1 &
     wait
-elif [ "$NGPU" -ge 2 ]; then
-    single &
-    part overload 1 300 &
-    wait
-    part tp 0,1 130
+    [ "${PLAN:-full}" = short ] || run_on 0,1 $DUAL
 else
-    single; part overload 0 300
+    run_on 0 $SINGLE $SINGLE1
 fi
 [ "${BPFDMA:-0}" = 1 ] && part bpfdma 0 130
 
