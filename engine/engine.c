@@ -290,10 +290,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     if (!e) return sf_err(err, SF_ENOMEM, "engine: out of memory");
     e->cfg = *cin;
     sf_engine_config *c = &e->cfg;
-    {
-        const char *ov = getenv("SEMFLOW_ENGINE_OVERLAP");
-        e->serial = c->serial_steps || (ov && !strcmp(ov, "0"));
-    }
+    e->serial = c->serial_steps || !sf_env_bool("SEMFLOW_ENGINE_OVERLAP", 1);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle, NULL);
@@ -411,9 +408,9 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     {
         /* $SEMFLOW_ENGINE_WARMUP: 0 off, 1 on any backend; unset: where choices are made on first
          * use (CUDA) */
-        const char *w = getenv("SEMFLOW_ENGINE_WARMUP");
         sf_backend_stats bs;
-        int warm = w ? strcmp(w, "0") != 0 : sf_backend_cuda_stats(e->be, &bs) == SF_OK;
+        int warm = sf_env_bool("SEMFLOW_ENGINE_WARMUP", -1);
+        if (warm < 0) warm = sf_backend_cuda_stats(e->be, &bs) == SF_OK;
         if (warm && (rc = sf_engine_warm_up(e, n_blocks, err)) != SF_OK) goto fail;
     }
     SF_LOGD("engine: %s on %s, context %d, KV %d blocks x %d tokens (%.1f MiB)", e->model->name, e->be->ops->name,

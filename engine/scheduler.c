@@ -130,8 +130,7 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
     s->pool = pool;
     s->deg_since = s->deg_dip_since = -1;
     s->low_prefill_at = -INFINITY;
-    const char *ra = getenv("SEMFLOW_SCHED_RT_ALONE");
-    s->rt_alone = !(ra && ra[0] == '0');
+    s->rt_alone = sf_env_bool("SEMFLOW_SCHED_RT_ALONE", 1);
     s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
     s->reserve_units = 2 * (int)((double)pool->n_blocks * c->kv_high_reserve);
     list_init(&s->running);
