@@ -243,7 +243,12 @@ static void *engine_main(void *arg)
             sf_sched_add(&e->sched, &in->seq);
             in = next;
         }
-        sf_sched_foreach(&e->sched, cancel_if_asked, e);
+        /* cancels: a walk over every sequence, so only in turns after a cancel or a drain's timeout */
+        unsigned nc = atomic_load(&e->cancels);
+        if (nc != e->cancels_seen || atomic_load(&e->cancel_all)) {
+            e->cancels_seen = nc;
+            sf_sched_foreach(&e->sched, cancel_if_asked, e);
+        }
         int ran = sf_engine_turn(e);
 
         pthread_mutex_lock(&e->mu);
@@ -392,7 +397,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                            .swap_in_ok_arg = e, .shape = c->step_shaping, .shape_frac = 0.25f,
                            .min_chunk = 32, .degrade_high = c->kv_degrade_high, .degrade_low = c->kv_degrade_low,
                            .degrade_hold_s = c->kv_degrade_hold_s, .relax_ms = c->relax_latency_ms,
-                           .kv_i8_ok = kc.int8 };
+                           .kv_i8_ok = kc.int8, .table_quantum = TABLE_STRIDE_QUANTUM };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
@@ -453,7 +458,6 @@ void sf_engine_free(sf_engine *e)
     free(e->rows);
     free(e->ids);
     free(e->row_item);
-    free(e->table);
     free(e->taken);
     free(e->step_hist);
     free(e->pen);
@@ -539,6 +543,7 @@ void sf_engine_cancel(sf_engine *e, sf_request *r)
 {
     if (!e || !r) return;
     atomic_store(&r->cancel, 1);
+    atomic_fetch_add(&e->cancels, 1); /* after the flag: the walk that sees the count sees the flag */
     pthread_mutex_lock(&e->mu);
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);
