@@ -978,7 +978,7 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
 }
 
 /* A kernel of the batch-1 link (hal.h sf_tp_op; gemv_ar.cu). The link is the communicator's
- * sf_k_tpl (comm_custom.c), copied into the record. */
+ * sf_k_tpl (comm_custom.c); the record keeps its address. */
 static int cuda_tp_fused(sf_backend *b, const sf_tp_op *op)
 {
     cuda_ctx *c = CTX(b);
@@ -987,7 +987,7 @@ static int cuda_tp_fused(sf_backend *b, const sf_tp_op *op)
     sf_op_rec r;
     memset(&r, 0, sizeof r); /* padding too: records are compared bytewise */
     r.kind = SF_OP_GEMV_TP;
-    r.tpl = *(const sf_k_tpl *)op->link;
+    r.tpl = (const sf_k_tpl *)op->link;
     sf_k_tp *a = &r.tp;
     a->ch = op->ch;
     a->prev = op->prev;

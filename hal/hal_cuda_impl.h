@@ -43,8 +43,8 @@ typedef struct sf_op_rec {
      * cols n[1], eps f} */
     sf_coll_norm_fn coll_norm;
     sf_k_layer1 layer1; /* SF_OP_LAYER1: the persistent batch-1 layer (decode_persist.cu) */
-    sf_k_tp tp;         /* SF_OP_GEMV_TP: a kernel of the batch-1 link (gemv_ar.cu) over tpl */
-    sf_k_tpl tpl;
+    sf_k_tp tp;         /* SF_OP_GEMV_TP: a kernel of the batch-1 link (gemv_ar.cu) over tpl, the */
+    const sf_k_tpl *tpl; /* communicator's link (it outlives the graphs: graphs_release comes first) */
 } sf_op_rec;
 
 /* What sf_cuda_op_exec returns when a collective (SF_OP_COLL) failed: the communicator holds
