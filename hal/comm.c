@@ -57,8 +57,7 @@ int sf_comm_skip_all_reduce(void)
 {
     static int skip = -1;
     if (skip < 0) {
-        const char *e = getenv("SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS");
-        skip = e && !strcmp(e, "1");
+        skip = sf_env_bool("SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS", 0);
         if (skip) SF_LOGW("SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1: no all-reduce is run; every result is wrong "
                           "(for timing only)");
     }

@@ -564,8 +564,7 @@ static int custom_setup(sf_comm *c, sf_error *err)
     c->norm_max_cols = SF_AR_NORM_MAX_COLS;
     c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 128;
     /* the batch-1 link (sf_comm_tp_link): on with SEMFLOW_TP_PUSH=1 */
-    const char *push = getenv("SEMFLOW_TP_PUSH");
-    c->tp_push = push && !strcmp(push, "1");
+    c->tp_push = sf_env_bool("SEMFLOW_TP_PUSH", 0);
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won
      * at every size up to 512 KiB on the H200 pair (docs/PERFORMANCE.md) */
     const char *ll = getenv("SEMFLOW_TP_LL");
