@@ -989,6 +989,9 @@ static int cuda_tp_fused(sf_backend *b, const sf_tp_op *op)
     r.kind = SF_OP_GEMV_TP;
     r.tpl = (const sf_k_tpl *)op->link;
     sf_k_tp *a = &r.tp;
+    static long stages = -1; /* $SEMFLOW_TP_LINK_STAGES: the kernels' ring stages (0: by shape) */
+    if (stages < 0) stages = sf_env_long("SEMFLOW_TP_LINK_STAGES", 0, 0, 4);
+    a->stages = (int)stages;
     a->ch = op->ch;
     a->prev = op->prev;
     a->h = op->h->d;

@@ -112,6 +112,8 @@ echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -hE '^(PASS|FAIL):' "$D/test_tp_push.out" "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
 grep -E 'stream exact|rank [0-9]:' "$D/test_tp_push.out" 2>/dev/null | head -8
+echo "link pushes alone, us per call by ring stages (auto / 2 / 3 / 4; ideal at 4.25 TB/s):"
+awk '/^PUSHTIME/ { printf "  %5d x %5d: %6.1f / %6.1f / %6.1f / %6.1f  (ideal %4.1f, auto at %.0f%%)\n", $2, $3, $4, $5, $6, $7, $8, 100 * $8 / $4 }' "$D/test_tp_push.out" 2>/dev/null
 grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'

@@ -153,6 +153,7 @@ typedef struct sf_k_tpl {
 
 typedef struct sf_k_tp {
     int mode;                      /* SF_TPK_* */
+    int stages;                    /* ring stages per warp, 2..4; 0: picked by shape (gemv_ar.cu) */
     int ch, prev;                  /* the channel pushed (PUSH) or summed; PUSH: see above */
     const uint16_t *x;             /* PUSH: [k] the projection's input */
     const uint16_t *nw;            /* GLU, NORM, ROPE: [k] the norm's weight */

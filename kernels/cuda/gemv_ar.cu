@@ -12,8 +12,7 @@
 #include "allreduce.h"
 #include "gemv_ring.cuh"
 
-#define TP_ST 4 /* ring stages per warp */
-#define TP_V 2  /* 16-byte loads per row per lane in a stage */
+#define TP_V 2  /* 16-byte loads per row per lane in a stage; stages per warp: the template's ST */
 #define TP_CNT_BYTES ((size_t)SF_TPL_CHANNELS * SF_TPL_MAX_BLOCKS * sizeof(unsigned))
 #define TP_SLOT_BYTES ((size_t)(SF_TPL_MAX_COLS / 2) * 8)
 
@@ -78,9 +77,9 @@ static __device__ __forceinline__ uint4 tp_sum8(const sf_k_tpl &l, int ch, unsig
     return o;
 }
 
-/* MODE: SF_TPK_PUSH, GLU, NORM or ROPE. One unit (two output rows) per warp. Dynamic shared
- * memory: the normalised row (not PUSH), then the warps' rings. */
-template <int MODE, int WARPS>
+/* MODE: SF_TPK_PUSH, GLU, NORM or ROPE. One unit (two output rows) per warp, TP_ST ring stages
+ * per warp. Dynamic shared memory: the normalised row (not PUSH), then the warps' rings. */
+template <int MODE, int WARPS, int TP_ST>
 __global__ void __launch_bounds__(WARPS * 32) k_gemv_tp(sf_k_tp a, sf_k_tpl l)
 {
     extern __shared__ __align__(16) unsigned char tp_smem[];
@@ -245,22 +244,85 @@ __global__ void __launch_bounds__(256) k_tp_sum(sf_k_tp a, sf_k_tpl l)
     }
 }
 
+static size_t smem_bytes(int mode, int warps, int st, int k)
+{
+    return (mode != SF_TPK_PUSH ? ((size_t)k * 2 + 15) / 16 * 16 : 0) + (size_t)warps * st * 2 * TP_V * 32 * 16;
+}
+
+/* Lets k_gemv_tp<MODE, WARPS, ST> take the device's opt-in shared memory per block (once; the
+ * amount a launch passes is what sets its occupancy). */
+template <int MODE, int WARPS, int ST>
+static int allow_smem(void)
+{
+    static int done;
+    if (done) return 0;
+    int dev = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(k_gemv_tp<MODE, WARPS, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
+    done = e == cudaSuccess;
+    return (int)e;
+}
+
+template <int MODE, int WARPS, int ST>
+static int launch_st(const sf_k_tp *a, const sf_k_tpl *l, unsigned grid, cudaStream_t s)
+{
+    int rc = allow_smem<MODE, WARPS, ST>();
+    if (!rc) rc = sf_launch_pdl(k_gemv_tp<MODE, WARPS, ST>, dim3(grid), dim3(WARPS * 32),
+                                smem_bytes(MODE, WARPS, ST, a->k), s, *a, *l);
+    return rc ? rc : sf_launch_status();
+}
+
+/* Blocks of k_gemv_tp<MODE, WARPS, ST> one SM holds at once (0 when the query fails). */
+template <int MODE, int WARPS, int ST>
+static int per_sm(int k)
+{
+    int n = 0;
+    if (allow_smem<MODE, WARPS, ST>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv_tp<MODE, WARPS, ST>, WARPS * 32,
+                                                      smem_bytes(MODE, WARPS, ST, k)) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+/* Ring stages: a->stages when set (2..4), else 4 unless the grid then needs more than one wave
+ * and 3 or 2 stages (less shared memory per block, more blocks per SM) fit it in one: a grid
+ * just over one wave runs its last blocks alone (the 70B shards: O and down 1024 blocks of 4
+ * warps, QKV 320 of 8). Decided once per shape (cached; the launch thread is the backend's only
+ * thread). */
 template <int MODE, int WARPS>
 static int launch(const sf_k_tp *a, const sf_k_tpl *l, cudaStream_t s)
 {
-    const size_t smem = (MODE != SF_TPK_PUSH ? ((size_t)a->k * 2 + 15) / 16 * 16 : 0) +
-                        (size_t)WARPS * TP_ST * 2 * TP_V * 32 * 16;
-    static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
-    if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_tp<MODE, WARPS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        smem_set = smem;
-    }
     const unsigned grid = sf_div_up(a->m / 2, WARPS);
     if (MODE == SF_TPK_PUSH && grid > SF_TPL_MAX_BLOCKS) return (int)cudaErrorInvalidValue;
-    int rc = sf_launch_pdl(k_gemv_tp<MODE, WARPS>, dim3(grid), dim3(WARPS * 32), smem, s, *a, *l);
-    return rc ? rc : sf_launch_status();
+    int st = a->stages;
+    if (st < 2 || st > 4) {
+        static struct { int m, k, st; } memo[16];
+        static int n_memo, sms;
+        for (int i = 0; i < n_memo && st < 2; i++)
+            if (memo[i].m == a->m && memo[i].k == a->k) st = memo[i].st;
+        if (st < 2) {
+            if (!sms) {
+                int dev = 0;
+                if (cudaGetDevice(&dev) != cudaSuccess ||
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+                    sms = 0;
+                cudaGetLastError();
+            }
+            st = 4;
+            if (sms && (unsigned)(per_sm<MODE, WARPS, 4>(a->k) * sms) < grid) {
+                if ((unsigned)(per_sm<MODE, WARPS, 3>(a->k) * sms) >= grid) st = 3;
+                else if ((unsigned)(per_sm<MODE, WARPS, 2>(a->k) * sms) >= grid) st = 2;
+            }
+            if (n_memo < 16) memo[n_memo++] = { a->m, a->k, st };
+        }
+    }
+    if (st == 2) return launch_st<MODE, WARPS, 2>(a, l, grid, s);
+    if (st == 3) return launch_st<MODE, WARPS, 3>(a, l, grid, s);
+    return launch_st<MODE, WARPS, 4>(a, l, grid, s);
 }
 
 extern "C" int sf_k_gemv_tp(const sf_k_tp *a, const sf_k_tpl *l, cudaStream_t s)

@@ -8,8 +8,9 @@
  *    order), on every rank; every layer's gated output (its own buffer, poisoned with NaN
  *    first) within a few bf16 steps of the host reference (the norm's sum of squares and the
  *    gate/up sums run in another order);
- *  - widths 64, 4096 and 8192 with inner sizes up to 14336 (the 70B down shard);
- *  - the time per layer of the chain (no attention), against the LL all-reduce timed alone.
+ *  - widths 64 (odd sizes), 4096 and 8192 with the shard shapes of Llama-3-8B and -70B at TP=2;
+ *  - the time of each push alone at those shapes by ring stages (lines `PUSHTIME d k auto 2 3 4
+ *    ideal`, µs; ideal: the weight at 4.25 TB/s) for bench/device/tp.sh.
  * The parent forks the ranks before anything touches CUDA; each rank uses GPU `rank`. */
 #include <dirent.h>
 #include <math.h>
@@ -51,19 +52,22 @@ static float nwval(int64_t j) { return 0.5f + (float)(j % 7) * 0.125f; }
 
 #ifdef SF_HAVE_CUDA
 typedef struct shape {
-    int d, k, f; /* residual width, inner size of the pushes, gated outputs */
+    int d, ko, kd, f; /* residual width, inner sizes of the O and down pushes, gated outputs */
 } shape;
 
-/* Host emulation of the chain for rank-independent results: the stream after LAYERS layers and
- * every layer's gated output [LAYERS][f]. */
+static int kin(const shape *s, int which) { return which ? s->kd : s->ko; }
+
+/* Host emulation of the chain: the stream after LAYERS layers and every layer's gated output
+ * [LAYERS][f] (the same on every rank). */
 static void reference(const shape *s, float *stream, float *y)
 {
-    int d = s->d, k = s->k, f = s->f;
-    float *z = malloc((size_t)d * 4), *xr = malloc((size_t)k * 4), *p[RANKS];
+    int d = s->d, f = s->f, kmax = SF_MAX(s->ko, s->kd);
+    float *z = malloc((size_t)d * 4), *xr = malloc((size_t)kmax * 4), *p[RANKS];
     for (int r = 0; r < RANKS; r++) p[r] = malloc((size_t)d * 4);
     for (int j = 0; j < d; j++) stream[j] = bfr(resval(j));
     for (int it = 0; it < LAYERS; it++) {
         for (int which = 0; which < 2; which++) { /* 0: O, 1: down */
+            int k = kin(s, which);
             for (int r = 0; r < RANKS; r++) {
                 for (int j = 0; j < k; j++) xr[j] = xval(r, it * 2 + which, j);
                 for (int i = 0; i < d; i++) p[r][i] = bfr(sparse_dot(r, which, i, k, xr));
@@ -89,84 +93,107 @@ static void reference(const shape *s, float *stream, float *y)
     for (int r = 0; r < RANKS; r++) free(p[r]);
 }
 
-static uint16_t *upload(const float *h, size_t n)
+/* Device bf16 [rows, cols] of value(i, j), built on the host a slab at a time. */
+static uint16_t *device_matrix(int64_t rows, int64_t cols, float (*value)(int, int, int64_t, int64_t), int rank,
+                               int which)
 {
-    uint16_t *b = malloc(n * 2), *d = NULL;
-    if (!b) return NULL;
-    for (size_t i = 0; i < n; i++) b[i] = sf_f32_to_bf16(h[i]);
-    if (cudaMalloc((void **)&d, n * 2) != cudaSuccess || cudaMemcpy(d, b, n * 2, cudaMemcpyHostToDevice) != cudaSuccess)
-        d = NULL;
-    free(b);
+    const int64_t slab = SF_MAX(1, (1 << 22) / cols);
+    uint16_t *h = malloc((size_t)SF_MIN(slab, rows) * cols * 2), *d = NULL;
+    if (!h) return NULL;
+    if (cudaMalloc((void **)&d, (size_t)rows * cols * 2) != cudaSuccess) d = NULL;
+    for (int64_t r0 = 0; d && r0 < rows; r0 += slab) {
+        int64_t n = SF_MIN(slab, rows - r0);
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < cols; j++) h[i * cols + j] = sf_f32_to_bf16(value(rank, which, r0 + i, j));
+        if (cudaMemcpy(d + r0 * cols, h, (size_t)n * cols * 2, cudaMemcpyHostToDevice) != cudaSuccess) {
+            cudaFree(d);
+            d = NULL;
+        }
+    }
+    free(h);
     return d;
 }
+static float xmat(int rank, int unused, int64_t it, int64_t j) { (void)unused; return xval(rank, (int)it, j); }
+static float resmat(int rank, int unused, int64_t i, int64_t j) { (void)rank; (void)unused; (void)i; return resval(j); }
+static float nwmat(int rank, int unused, int64_t i, int64_t j) { (void)rank; (void)unused; (void)i; return nwval(j); }
+static float gmat(int rank, int unused, int64_t i, int64_t j) { (void)rank; (void)unused; return wval(0, 2, i, j); }
 
-/* One rank's chain of one shape; returns failed checks (printed). us_layer: time per layer. */
-static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t st, double *us_layer)
+/* µs per push alone (20 back to back) of [d, k] with `stages` ring stages (0: picked by shape). */
+static double time_push(const sf_k_tpl *l, sf_k_tp a, int stages, cudaStream_t st)
 {
-    int d = s->d, k = s->k, f = s->f, bad = 0;
-    size_t nx = (size_t)LAYERS * 2 * k;
-    float *hw = malloc((size_t)d * k * 4), *hg = malloc((size_t)2 * f * d * 4), *hx = malloc(nx * 4);
-    float *hres = malloc((size_t)d * 4), *hn = malloc((size_t)d * 4), *want = malloc((size_t)d * 4);
-    float *ywant = malloc((size_t)LAYERS * f * 4);
-    uint16_t *w[2] = { NULL, NULL }, *wg = NULL, *x = NULL, *h = NULL, *nw = NULL, *y = NULL;
-    if (!hw || !hg || !hx || !hres || !hn || !want || !ywant) { bad = 1; printf("      rank %d: out of memory\n", rank); goto out; }
-    for (int which = 0; which < 2 && !bad; which++) {
-        for (int64_t i = 0; i < (int64_t)d * k; i++) hw[i] = wval(rank, which, i / k, i % k);
-        if (!(w[which] = upload(hw, (size_t)d * k))) bad = 1;
-    }
-    for (int64_t i = 0; i < (int64_t)2 * f * d; i++) hg[i] = wval(0, 2, i / d, i % d);
-    for (int it = 0; it < LAYERS * 2; it++)
-        for (int j = 0; j < k; j++) hx[(size_t)it * k + j] = xval(rank, it, j);
-    for (int j = 0; j < d; j++) { hres[j] = resval(j); hn[j] = nwval(j); }
-    if (!bad && (!(wg = upload(hg, (size_t)2 * f * d)) || !(x = upload(hx, nx)) || !(h = upload(hres, d)) ||
-                 !(nw = upload(hn, d)) || cudaMalloc((void **)&y, (size_t)LAYERS * f * 2) != cudaSuccess))
+    cudaEvent_t e0, e1;
+    float ms = -1;
+    a.stages = stages;
+    a.ch = 0;
+    a.prev = -1;
+    int rc = sf_k_gemv_tp(&a, l, st); /* untimed: the first launch sets the kernel up */
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+    cudaEventRecord(e0, st);
+    for (int i = 0; i < 20 && !rc; i++) rc = sf_k_gemv_tp(&a, l, st);
+    cudaEventRecord(e1, st);
+    if (!rc && cudaEventSynchronize(e1) == cudaSuccess) cudaEventElapsedTime(&ms, e0, e1);
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return rc ? -1 : 1e3 * ms / 20;
+}
+
+/* One rank's chain of one shape, then the pushes timed alone; returns failed checks (printed). */
+static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t st)
+{
+    int d = s->d, f = s->f, bad = 0, kmax = SF_MAX(s->ko, s->kd);
+    float *want = malloc((size_t)d * 4), *ywant = malloc((size_t)LAYERS * f * 4);
+    uint16_t *hb = malloc((size_t)SF_MAX(d, LAYERS * f) * 2);
+    uint16_t *w[2], *wg, *x, *h, *nw, *y = NULL;
+    w[0] = device_matrix(d, s->ko, wval, rank, 0);
+    w[1] = device_matrix(d, s->kd, wval, rank, 1);
+    wg = device_matrix(2 * (int64_t)f, d, gmat, 0, 0);
+    x = device_matrix(2 * LAYERS, kmax, xmat, rank, 0); /* row it: the input of push it */
+    h = device_matrix(1, d, resmat, 0, 0);
+    nw = device_matrix(1, d, nwmat, 0, 0);
+    if (!want || !ywant || !hb || !w[0] || !w[1] || !wg || !x || !h || !nw ||
+        cudaMalloc((void **)&y, (size_t)LAYERS * f * 2) != cudaSuccess) {
+        printf("      rank %d: %d x %d/%d: setup failed (memory)\n", rank, d, s->ko, s->kd);
         bad = 1;
-    if (bad) { printf("      rank %d: %d x %d: device setup failed\n", rank, d, k); goto out; }
+        goto out;
+    }
     cudaMemset(y, 0xff, (size_t)LAYERS * f * 2); /* NaN in every output */
 
     sf_k_tp a;
     memset(&a, 0, sizeof a);
     a.eps = 1e-5f;
     a.h = h;
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    cudaEventRecord(e0, st);
     int krc = 0;
     for (int it = 0; it < LAYERS && !krc; it++) {
-        a.mode = SF_TPK_PUSH; a.ch = 0; a.prev = it ? 1 : -1; a.x = x + (size_t)it * 2 * k; a.w = w[0];
-        a.m = d; a.k = k; a.nw = NULL; a.y = NULL;
-        krc = sf_k_gemv_tp(&a, l, st);
-        a.mode = SF_TPK_GLU; a.ch = 0; a.prev = -1; a.x = NULL; a.w = wg; a.m = 2 * f; a.k = d; a.nw = nw;
-        a.y = y + (size_t)it * f;
-        if (!krc) krc = sf_k_gemv_tp(&a, l, st);
-        a.mode = SF_TPK_PUSH; a.ch = 1; a.prev = 0; a.x = x + ((size_t)it * 2 + 1) * k; a.w = w[1];
-        a.m = d; a.k = k; a.nw = NULL; a.y = NULL;
-        if (!krc) krc = sf_k_gemv_tp(&a, l, st);
+        for (int which = 0; which < 2 && !krc; which++) {
+            a.mode = SF_TPK_PUSH; a.ch = which; a.prev = which ? 0 : it ? 1 : -1;
+            a.x = x + (size_t)(it * 2 + which) * kmax; a.w = w[which]; a.m = d; a.k = kin(s, which);
+            a.nw = NULL; a.y = NULL;
+            krc = sf_k_gemv_tp(&a, l, st);
+            if (which || krc) continue;
+            a.mode = SF_TPK_GLU; a.ch = 0; a.prev = -1; a.x = NULL; a.w = wg; a.m = 2 * f; a.k = d; a.nw = nw;
+            a.y = y + (size_t)it * f;
+            krc = sf_k_gemv_tp(&a, l, st);
+        }
     }
     a.mode = SF_TPK_SUM; a.ch = 1; a.prev = -1; a.k = d; a.m = 0; a.w = NULL;
     if (!krc) krc = sf_k_gemv_tp(&a, l, st);
-    cudaEventRecord(e1, st);
     cudaError_t ce = krc ? (cudaError_t)krc : cudaStreamSynchronize(st);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    *us_layer = 1e3 * ms / LAYERS;
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    if (ce != cudaSuccess) { printf("      rank %d: %d x %d: %s\n", rank, d, k, cudaGetErrorString(ce)); bad = 1; goto out; }
+    if (ce != cudaSuccess) {
+        printf("      rank %d: %d x %d/%d: %s\n", rank, d, s->ko, s->kd, cudaGetErrorString(ce));
+        bad = 1;
+        goto out;
+    }
 
-    /* the stream: exact, every rank */
-    uint16_t *hb = malloc((size_t)SF_MAX(d, LAYERS * f) * 2);
-    if (!hb) { bad = 1; goto out; }
     reference(s, want, ywant);
-    cudaMemcpy(hb, h, (size_t)d * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hb, h, (size_t)d * 2, cudaMemcpyDeviceToHost); /* the stream: exact, every rank */
     for (int j = 0; j < d && !bad; j++)
         if (sf_bf16_to_f32(hb[j]) != want[j]) {
-            printf("      rank %d: %d x %d: stream[%d] = %g, want %g\n", rank, d, k, j, sf_bf16_to_f32(hb[j]), want[j]);
+            printf("      rank %d: %d x %d/%d: stream[%d] = %g, want %g\n", rank, d, s->ko, s->kd, j,
+                   sf_bf16_to_f32(hb[j]), want[j]);
             bad = 1;
         }
-    /* the gated outputs: finite, within a few bf16 steps */
-    cudaMemcpy(hb, y, (size_t)LAYERS * f * 2, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hb, y, (size_t)LAYERS * f * 2, cudaMemcpyDeviceToHost); /* gated: a few bf16 steps */
     double worst = 0;
     for (int it = 0; it < LAYERS && !bad; it++) {
         float scale = 0;
@@ -176,19 +203,27 @@ static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t s
             double dd = fabs((double)g - wnt);
             worst = fmax(worst, dd / fmax(scale, 1e-6));
             if (!(dd <= fabs(wnt) / 16 + scale / 64 + 1e-6)) { /* NaN fails here too */
-                printf("      rank %d: %d x %d: layer %d gated[%d] = %g, want %g (scale %g)\n", rank, d, k, it, u, g,
-                       wnt, scale);
+                printf("      rank %d: %d x %d/%d: layer %d gated[%d] = %g, want %g (scale %g)\n", rank, d, s->ko,
+                       s->kd, it, u, g, wnt, scale);
                 bad = 1;
             }
         }
     }
-    free(hb);
     if (!bad && rank == 0)
-        printf("      %5d x %5d (f %5d): stream exact after %d layers, gated outputs within %.1e of their scale, "
-               "%.1f us per layer (2 pushes + norm/gate/up)\n", d, k, f, LAYERS, worst, *us_layer);
+        printf("      %5d x %5d/%5d (f %5d): stream exact after %d layers, gated outputs within %.1e of their "
+               "scale\n", d, s->ko, s->kd, f, LAYERS, worst);
+    /* the pushes alone, by ring stages (the same calls on both ranks) */
+    for (int which = 0; which < 2 && !bad && d >= 4096; which++) {
+        a.mode = SF_TPK_PUSH; a.x = x; a.w = w[which]; a.m = d; a.k = kin(s, which); a.nw = NULL; a.y = NULL;
+        double us[4];
+        for (int v = 0; v < 4; v++) us[v] = time_push(l, a, v ? v + 1 : 0, st);
+        if (rank == 0)
+            printf("PUSHTIME %d %d %.1f %.1f %.1f %.1f %.0f\n", d, a.k, us[0], us[1], us[2], us[3],
+                   (double)d * a.k * 2 / 4.25e3); /* last: µs at 4.25 TB/s */
+    }
 out:
     cudaFree(w[0]); cudaFree(w[1]); cudaFree(wg); cudaFree(x); cudaFree(h); cudaFree(nw); cudaFree(y);
-    free(hw); free(hg); free(hx); free(hres); free(hn); free(want); free(ywant);
+    free(want); free(ywant); free(hb);
     return bad;
 }
 #endif
@@ -199,19 +234,17 @@ static int rank_main(int rank, const char *boot)
 #ifdef SF_HAVE_CUDA
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < RANKS) return 77;
-    sf_backend *b = NULL;
     sf_error err = { 0 };
-    sf_backend_opts bo = { .name = "cuda", .device = rank };
     int bad = 0;
-    if (sf_backend_open(&bo, &b, &err)) {
-        printf("      rank %d: setup: %s\n", rank, err.msg);
+    cudaStream_t st = NULL;
+    if (cudaSetDevice(rank) != cudaSuccess || cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) {
+        printf("      rank %d: cannot use GPU %d\n", rank, rank);
         return 1;
     }
-    cudaStream_t st = NULL;
-    if (cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking) != cudaSuccess) bad = 1;
     /* a channel's producers keep one width for the link's life: one communicator per width */
-    static const shape shapes[] = { { 64, 64, 64 }, { 64, 1024, 256 }, { 4096, 2048, 1024 }, { 8192, 14336, 2048 },
-                                    { 8192, 4096, 512 } };
+    /* Llama-3-8B and -70B at TP=2: O 4096 x 2048, down 4096 x 7168; O 8192 x 4096, down 8192 x 14336 */
+    static const shape shapes[] = { { 64, 64, 64, 64 }, { 64, 1024, 256, 96 }, { 4096, 2048, 7168, 7168 },
+                                    { 8192, 4096, 14336, 14336 } };
     sf_comm *c = NULL;
     const sf_k_tpl *l = NULL;
     for (int i = 0; i < (int)SF_ARRAY_LEN(shapes) && !bad; i++) {
@@ -235,12 +268,10 @@ static int rank_main(int rank, const char *boot)
             }
         }
         if (c->ops->barrier(c, &err)) { printf("      rank %d: barrier: %s\n", rank, err.msg); bad = 1; break; }
-        double us = 0;
-        bad += run_shape(rank, l, &shapes[i], st, &us);
+        bad += run_shape(rank, l, &shapes[i], st);
     }
     if (st) cudaStreamDestroy(st);
     sf_comm_free(c);
-    sf_backend_close(b);
     return bad ? 1 : 0;
 #else
     (void)rank;
