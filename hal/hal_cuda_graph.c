@@ -67,6 +67,8 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
                                    (uint16_t *)r->p[4], s);
     case SF_OP_LAYER1:
         return sf_k_decode_persist(&r->layer1, s);
+    case SF_OP_GEMV_TP:
+        return sf_k_gemv_tp(&r->tp, r->tpl, s);
     default:
         return (int)cudaErrorInvalidValue;
     }
