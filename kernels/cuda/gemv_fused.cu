@@ -30,6 +30,10 @@
  * residual add. Only the order of the fp32 sums differs. */
 #include "gemv_ring.cuh"
 
+extern "C" {
+#include "../../common/sf.h"
+}
+
 #define FG_UNROLL 4 /* default loads of each of the two rows in flight per lane */
 
 static __device__ __forceinline__ uint4 ld_stream(const void *p)
@@ -174,20 +178,14 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
  * ring, docs/PERFORMANCE.md). Read once (the launch thread is the backend's only thread). */
 static int ring_mode(void)
 {
-    static const int mode = [] {
-        const char *e = getenv("SEMFLOW_CUDA_GEMV_RING");
-        return e && *e >= '0' && *e <= '3' && !e[1] ? *e - '0' : 2;
-    }();
+    static const int mode = (int)sf_env_long("SEMFLOW_CUDA_GEMV_RING", 2, 0, 3);
     return mode;
 }
 
 /* SEMFLOW_CUDA_CARVEOUT=1|0; unset: on with SEMFLOW_CUDA_GEMV_RING=3. */
 extern "C" int sf_k_batch1_carveout(void)
 {
-    static const int on = [] {
-        const char *e = getenv("SEMFLOW_CUDA_CARVEOUT");
-        return e && (*e == '0' || *e == '1') && !e[1] ? *e - '0' : ring_mode() == 3;
-    }();
+    static const int on = sf_env_bool("SEMFLOW_CUDA_CARVEOUT", ring_mode() == 3);
     return on;
 }
 

@@ -20,6 +20,10 @@
  * to change it between them. Rounding and the epilogues are gemv_fused.cu's (gemv_ring.cuh). */
 #include "gemv_ring.cuh"
 
+extern "C" {
+#include "../../common/sf.h"
+}
+
 #define FS_WARPS 8
 #define FS_PER_SM 2            /* blocks per SM the plan aims for */
 #define FS_KEEP (20 * 1024)    /* shared memory per SM left to a neighbouring kernel's block */
@@ -134,8 +138,11 @@ static bool cfg_valid(int cfg) { return cfg / 10 >= 1 && cfg / 10 <= 3 && cfg % 
 static int forced_cfg(void)
 {
     static const int cfg = [] {
-        const char *e = getenv("SEMFLOW_CUDA_GEMV_CFG");
-        const int c = e ? atoi(e) : 0;
+        const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_CFG", 0, 0, 36);
+        if (c && !cfg_valid(c))
+            SF_LOGW("SEMFLOW_CUDA_GEMV_CFG=%d: takes blocks per SM (1..3) x 10 + ring stages (3..6), e.g. 25; "
+                    "using the planned configuration",
+                    c);
         return cfg_valid(c) ? c : 0;
     }();
     return cfg;
