@@ -78,6 +78,7 @@ struct sf_engine {
     sf_sample_row *rows;        /* [max_num_seqs] */
     int32_t *ids;               /* [max_num_seqs] */
     int *row_item;              /* [max_num_seqs]: plan item of each logit row of the step in flight */
+    sf_request **victims;       /* [max_num_seqs]: the requests of a failed step (step.c step_failed) */
     sf_sample_pen *pen;
     int cap_pen;
     /* the step pipeline (step.c) */

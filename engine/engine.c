@@ -404,9 +404,10 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
     e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
     e->row_item = malloc((size_t)c->max_num_seqs * sizeof *e->row_item);
+    e->victims = malloc((size_t)c->max_num_seqs * sizeof *e->victims);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
-    if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->taken || !e->step_hist) {
+    if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->victims || !e->taken || !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
     }
@@ -458,6 +459,7 @@ void sf_engine_free(sf_engine *e)
     free(e->rows);
     free(e->ids);
     free(e->row_item);
+    free(e->victims);
     free(e->taken);
     free(e->step_hist);
     free(e->pen);

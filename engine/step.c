@@ -108,13 +108,11 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
     SF_LOGE("forward step of %d tokens failed: %s", n_tokens, err->msg);
     deliver(e, tc); /* what was taken before comes first; it may end requests of this plan */
     const sf_plan *p = &e->sched.plan;
-    int n = p->n_items, nv = 0;
-    sf_request **victims = malloc((size_t)(n ? n : 1) * sizeof *victims);
-    for (int i = 0; i < n && victims; i++)
-        if (p->items[i].seq) victims[nv++] = p->items[i].seq->owner;
+    int nv = 0;
+    for (int i = 0; i < p->n_items; i++) /* a plan's live items are running sequences: max_num_seqs at most */
+        if (p->items[i].seq && nv < e->cfg.max_num_seqs) e->victims[nv++] = p->items[i].seq->owner;
     sf_sched_discard(&e->sched);
-    for (int i = 0; i < nv; i++) sf_engine_finish_free(e, victims[i], SF_FINISH_ERROR, rc, err->msg);
-    free(victims);
+    for (int i = 0; i < nv; i++) sf_engine_finish_free(e, e->victims[i], SF_FINISH_ERROR, rc, err->msg);
     e->fl.active = 0;
 }
 

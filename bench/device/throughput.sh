@@ -11,7 +11,9 @@
 #      tiles). Each run prints its bound (same prompts, same seats) and its timeline: until every
 #      request's first token, every seat decoding, the ramp-down; steps with prompt tokens against
 #      decode-only steps. The overlapped and serial loops were compared in session 4 (equal at
-#      TP=1; SEMFLOW_ENGINE_OVERLAP=0 runs the serial one).
+#      TP=1; SEMFLOW_ENGINE_OVERLAP=0 runs the serial one);
+#   4. (last) build/tests/device/test_env_switches: the CUDA backend's SEMFLOW_* switches refuse a
+#      malformed value with a warning naming it.
 # Runs from the repo root with a prebuilt build/; writes under $OUT/throughput/; without a GPU it
 # says so and exits 77. The summary table is printed last.
 set -u
@@ -55,8 +57,12 @@ run_tp tp-1000-1000-mixdec 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECO
 run_tp tp-1000-1000-mbt16k 1000 1000 128 30 ref-128x1500 SF_RUN=1 --max-batched-tokens 16384
 run_tp tp-1000-1000-mbt2k 1000 1000 128 30 ref-128x1500 SF_RUN=1 --max-batched-tokens 2048
 
+# 4. the CUDA backend's switches refuse malformed values by name (last: it only opens backends)
+timeout "$(cap 15)" build/tests/device/test_env_switches >"$OUT/test_env_switches.log" 2>&1
+echo "throughput: test_env_switches rc=$? at $(el) s"
+
 echo "==== throughput summary ($(el) s) ===="
-grep -E '^(PASS|FAIL)|passed' "$OUT/test_sample.log"
+grep -E '^(PASS|FAIL)|passed' "$OUT/test_sample.log" "$OUT/test_env_switches.log" | sed 's|^.*/||' 
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
