@@ -13,7 +13,10 @@
  * all-reduce of h then leaves h + the whole product on every rank ($SEMFLOW_TP_FUSED=0: the
  * plain ops with the all-reduce before the add). Above one row (and always with the plain ops)
  * each all-reduce is one op with the residual add and the norm after it
- * (sf_comm_all_reduce_norm_buf), which leaves the next norm's output in x for a plain matmul. */
+ * (sf_comm_all_reduce_norm_buf), which leaves the next norm's output in x for a plain matmul.
+ * At one row with the batch-1 link (sf_comm_tp_link, hal.h sf_tp_op) no all-reduce runs: O and
+ * down push this rank's part of the sum to the peers as they finish, the norm GEMV after each
+ * sums the parts in its prologue, and one sum op after the last layer leaves h whole. */
 #include "forward.h"
 
 #include <math.h>
@@ -265,6 +268,17 @@ static int gather_logits(sf_forward *f, int L, float *logits, sf_error *err)
     return SF_OK;
 }
 
+/* A kernel of the batch-1 link (hal.h sf_tp_op) on the residual stream h. */
+static int tp_op(sf_forward *f, const void *link, int kind, int ch, int prev, const sf_buf *x, const sf_weight *w,
+                 const sf_weight *norm, int layer, sf_buf *y)
+{
+    const sf_model_config *c = &f->m->cfg;
+    sf_tp_op op = { .kind = kind, .link = link, .ch = ch, .prev = prev, .x = x, .h = f->h, .y = y, .w = w,
+                    .norm = norm, .eps = c->rms_eps, .layer = layer, .n_heads = c->n_heads,
+                    .n_kv_heads = c->n_kv_heads, .rope = &f->rope };
+    return OPS(f)->tp_fused(f->b, &op);
+}
+
 /* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */
 static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forward_sample *smp, sf_error *err)
 {
@@ -278,6 +292,9 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
      * leaving the next norm's output in x; with the fused ops only above one row, where the
      * GEMV takes the norm in its prologue */
     const int rn = tp && (!fused || T > 1);
+    /* at one row, the batch-1 link where communicator and backend have it (channel 0: after O,
+     * 1: after down) */
+    const void *link = tp && fused && T == 1 ? sf_comm_tp_link(f->comm, b, c->hidden) : NULL;
     const char *op = "";
     int layer = -1;
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
@@ -300,7 +317,10 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
          * layer's attn_norm (the output norm after the last layer) */
         const sf_weight *next_norm = layer + 1 < c->n_layers ? f->layers[layer + 1].attn_norm : f->out_norm;
         if (fused) {
-            if (rn && layer) { /* x holds this layer's attn_norm(h) */
+            if (link && layer) {
+                STEP("attn_norm+qkv+rope_kv (link)", tp_op(f, link, SF_TP_NORM_QKV_ROPE, 1, -1, NULL, L->wqkv,
+                                                          L->attn_norm, layer, f->qkv));
+            } else if (rn && layer) { /* x holds this layer's attn_norm(h) */
                 STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
                 STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
             } else {
@@ -308,6 +328,13 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
                                                               c->n_heads, c->n_kv_heads, &f->rope, f->x, f->qkv));
             }
             STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
+            if (link) {
+                STEP("o_proj (link)", tp_op(f, link, SF_TP_PUSH, 0, layer ? 1 : -1, f->att, L->wo, NULL, layer, NULL));
+                STEP("ffn_norm+gate_up+silu_mul (link)",
+                     tp_op(f, link, SF_TP_NORM_GLU, 0, -1, NULL, L->wgu, L->ffn_norm, layer, f->act));
+                STEP("down_proj (link)", tp_op(f, link, SF_TP_PUSH, 1, 0, f->act, L->wdown, NULL, layer, NULL));
+                continue;
+            }
             /* under TP: rank 0 adds its partial into h, the others write theirs there */
             STEP("o_proj+residual", tp && rank ? o->matmul(b, f->att, L->wo, T, f->h)
                                                : o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
@@ -353,6 +380,7 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             goto comm_fail;
     }
     layer = -1;
+    if (link) STEP("sum (link)", tp_op(f, link, SF_TP_SUM, 1, -1, NULL, NULL, NULL, -1, NULL));
     if (bt->n_logits > 0) {
         /* fused: h already holds every residual add; rn: x already holds output_norm(h) */
         if (!rn) STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
