@@ -356,6 +356,21 @@ static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int fused
     return SF_OK;
 }
 
+/* Under tensor parallelism, whether a lane of T rows may run beside the other: its all-reduces
+ * (with the norm after them) must be ops of the step (hal.h collective, collective_norm), which
+ * the backend orders one after the other across lanes, not calls that end the step's graph
+ * (buf_raw); a backend without collective ops (the CPU) runs lanes one after the other anyway.
+ * Each lane needs 2 rows or more: at one row the fused ops leave the norm to the GEMV, and both
+ * lanes must leave x as the whole step's path does. The same answer on every rank. */
+static int tp_lane_ok(const sf_forward *f, int T)
+{
+    int64_t d = f->m->cfg.hidden;
+    if (T < 2) return 0;
+    if (!OPS(f)->collective) return 1;
+    return f->comm->base_in_graph || sf_comm_takes_norm(f->comm, f->b, T, d) ||
+           sf_comm_takes_custom(f->comm, (int64_t)T * d, SF_DT_BF16);
+}
+
 /* Whether this step runs in two lanes (hal.h lanes_plan), and if so the sub-batches in
  * f->lane_bt: whole sequences, lane 0 the first ones, split where the token counts come
  * closest to halves; lane 1's row views (f->view) made for its first row. 0: run it whole. */
@@ -363,13 +378,14 @@ static int lanes_split(sf_forward *f, const sf_batch *bt, int tp, sf_error *err)
 {
     const struct sf_backend_ops *o = OPS(f);
     int T = bt->n_tokens, S = bt->n_seqs;
-    if (f->lanes != 2 || tp || !o->lanes_plan || !o->lane || !o->buf_view || T < f->lanes_min_tokens ||
+    if (f->lanes != 2 || !o->lanes_plan || !o->lane || !o->buf_view || T < f->lanes_min_tokens ||
         S < SF_MAX(2, f->lanes_min_seqs))
         return 0;
     int s0 = 1;
     for (int s = 1; s < S; s++)
         if (abs(2 * bt->seq_start[s] - T) < abs(2 * bt->seq_start[s0] - T)) s0 = s;
     int t0 = bt->seq_start[s0];
+    if (tp && !(tp_lane_ok(f, t0) && tp_lane_ok(f, T - t0))) return 0;
     for (int i = 0; i < 2; i++) {
         int sa = i ? s0 : 0, sn = i ? S - s0 : s0, ta = i ? t0 : 0;
         for (int s = 0; s <= sn; s++) f->lane_ss[i][s] = bt->seq_start[sa + s] - ta;

@@ -136,6 +136,8 @@ typedef struct cuda_ctx {
     cudaStream_t s1;
     sf_k_gemm_ctx *gemm1;
     cudaEvent_t ev_fork, ev_join;
+    cudaEvent_t ev_coll[2]; /* after each lane's last collective: the other lane's next one waits */
+    int coll_last;          /* the lane of the step's last collective (-1: none yet) */
     float *attn_ws1;
     size_t attn_ws1_floats, attn_cnt1;
     cuda_meta meta_whole, meta_lane[2];
@@ -245,8 +247,12 @@ static void prof_print(cuda_ctx *c)
     }
 }
 
+static int submit_coll(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op);
+
 static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
 {
+    if (c->lane_cur >= 0 && (r->kind == SF_OP_COLL || r->kind == SF_OP_COLL_NORM))
+        return submit_coll(c, r, capturable, op);
     if (c->lane_cur == 1) { /* lane 1's op: on its stream (records are compared whole, lane included) */
         sf_op_rec r1 = *r;
         r1.lane = 1;
@@ -305,7 +311,7 @@ static int lanes_wait(cuda_ctx *c, int join)
     memset(&r, 0, sizeof r);
     r.kind = SF_OP_WAIT;
     r.lane = join;
-    r.p[0] = join ? c->ev_join : c->ev_fork;
+    r.p[0] = r.p[2] = join ? c->ev_join : c->ev_fork;
     r.p[1] = join ? c->s : c->graphs.lane_s;
     int rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &r, 1), join ? "lanes (join)" : "lanes (fork)");
     if (!rc) c->forked = !join;
@@ -339,6 +345,31 @@ static int cuda_lane(sf_backend *b, int i)
     return SF_OK;
 }
 
+/* A collective of a lane: the lanes' collectives share one communicator (its buffers and
+ * flags), so they run one at a time, in the order issued (the same on every rank): each waits
+ * for the other lane's last one. Everything else of both lanes may overlap them. */
+static int submit_coll(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
+{
+    int l = c->lane_cur == 1, rc = SF_OK;
+    sf_op_rec w;
+    memset(&w, 0, sizeof w);
+    w.kind = SF_OP_WAIT;
+    w.lane = l;
+    if (c->coll_last >= 0 && c->coll_last != l) { /* this lane's stream waits for the other's collective */
+        w.p[1] = l ? c->graphs.lane_s : c->s;
+        w.p[2] = c->ev_coll[!l];
+        rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &w, 1), "lanes (collective order)");
+    }
+    sf_op_rec r1 = *r;
+    r1.lane = l;
+    if (!rc) rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &r1, capturable), op);
+    if (rc) return rc;
+    w.p[0] = c->ev_coll[l];
+    w.p[1] = w.p[2] = NULL;
+    c->coll_last = l;
+    return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &w, 1), "lanes (collective order)");
+}
+
 static int gemm_make(cuda_ctx *c, sf_k_gemm_ctx **out, sf_error *err);
 
 /* Lane 1's stream, events and cuBLASLt context: made at the first split step (one more
@@ -350,6 +381,8 @@ static int lanes_make(cuda_ctx *c, sf_error *err)
     SF_CUDA_GOTO(cudaStreamCreateWithFlags(&c->s1, cudaStreamNonBlocking), err, rc);
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming), err, rc);
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_join, cudaEventDisableTiming), err, rc);
+    SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[0], cudaEventDisableTiming), err, rc);
+    SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[1], cudaEventDisableTiming), err, rc);
     if ((rc = gemm_make(c, &c->gemm1, err))) goto cleanup;
     /* SEMFLOW_CUDA_LANES_SERIAL=1: lane 1's ops on the main stream too, after lane 0's (the split
      * without the overlap: what the half-size GEMMs cost, for comparison) */
@@ -359,11 +392,12 @@ static int lanes_make(cuda_ctx *c, sf_error *err)
     return SF_OK;
 cleanup:
     sf_k_gemm_ctx_free(c->gemm1);
-    if (c->ev_join) cudaEventDestroy(c->ev_join);
-    if (c->ev_fork) cudaEventDestroy(c->ev_fork);
+    cudaEvent_t evs[] = { c->ev_join, c->ev_fork, c->ev_coll[0], c->ev_coll[1] };
+    for (size_t i = 0; i < SF_ARRAY_LEN(evs); i++)
+        if (evs[i]) cudaEventDestroy(evs[i]);
     if (c->s1) cudaStreamDestroy(c->s1);
     c->gemm1 = NULL;
-    c->ev_join = c->ev_fork = NULL;
+    c->ev_join = c->ev_fork = c->ev_coll[0] = c->ev_coll[1] = NULL;
     c->s1 = NULL;
     return rc;
 }
@@ -406,8 +440,9 @@ static void cuda_destroy(sf_backend *b)
         sf_k_gemm_ctx_free(c->gemm);
         sf_k_gemm_ctx_free(c->gemm1);
         cudaFree(c->attn_ws1);
-        if (c->ev_fork) cudaEventDestroy(c->ev_fork);
-        if (c->ev_join) cudaEventDestroy(c->ev_join);
+        cudaEvent_t evs[] = { c->ev_join, c->ev_fork, c->ev_coll[0], c->ev_coll[1] };
+        for (size_t i = 0; i < SF_ARRAY_LEN(evs); i++)
+            if (evs[i]) cudaEventDestroy(evs[i]);
         if (c->s1) cudaStreamDestroy(c->s1);
         for (int i = 0; i < 2; i++) {
             if (c->pin[i]) cudaFreeHost(c->pin[i]);
@@ -865,6 +900,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
         lane_key[0] = 1 | (int64_t)lanes[0].n_tokens << 1 | (int64_t)lanes[0].n_seqs << 32;
         c->n_lanes = 2;
         c->lane_cur = -1;
+        c->coll_last = -1;
     }
     cudaError_t e = cudaMemcpyAsync(c->meta_d, c->meta_h, used * 4, cudaMemcpyHostToDevice, c->s);
     if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
@@ -1405,6 +1441,8 @@ static int cuda_sync(sf_backend *b)
  * before it; the ops after it run directly (or start nothing new: graphs begin at batch_begin). */
 static int cuda_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
 {
+    if (CTX(b)->lane_cur >= 0) /* the forward pass splits only steps whose collectives are ops */
+        return op_fail(SF_EUNSUPPORTED, "buf_raw", "a collective outside the step's ops inside a lane (run the step whole)");
     int rc = step_end(CTX(b));
     if (rc) return rc;
     if (CTX(b)->t_step0) CTX(b)->t_raw = sf_now_ns();

@@ -32,7 +32,8 @@ enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF
 typedef struct sf_op_rec {
     int kind;
     int lane; /* 1: lane 1's op (hal.h lanes_plan), run on the graphs' lane_s with lane_g; 0: the main stream.
-               * SF_OP_WAIT: record event p[0] on the op's stream, then make stream p[1] wait for it */
+               * SF_OP_WAIT: record event p[0] (if any) on the op's stream, then make stream p[1] (if
+               * any) wait for event p[2] */
     const void *p[8];
     int64_t n[8];
     float f;

@@ -5,6 +5,9 @@
  *                                       sequences (captured, then replayed as graphs) give the
  *                                       whole steps' logits within bf16 tolerance; no device
  *                                       allocation in steady state
+ *   SEMFLOW_LANES_TEST_TP=1 test_lanes  the same at tensor-parallel size 2 on 2 GPUs instead (ranks
+ *                                       started from $SEMFLOW_BIN, default build/semflow): the
+ *                                       lanes' all-reduces inside the step
  *   test_lanes --bench PRESET LAYERS BATCH CTX [STEPS]
  *                                       the layer benchmark: a dummy PRESET cut to LAYERS layers,
  *                                       BATCH sequences of CTX cached tokens, decode steps timed
@@ -14,8 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime.h>
+
 #include "../../engine/forward.h"
 #include "../../engine/model.h"
+#include "../../engine/tp.h"
 #include "../../hal/hal.h"
 #include "../test.h"
 
@@ -25,12 +31,15 @@
 typedef struct lrun {
     sf_backend *b;
     sf_forward *f;
+    sf_tp *tp; /* tensor parallelism (NULL: one GPU) */
     int nseq, per, max_tokens;
     int32_t *bt, *len, *tok, *pos, *slot, *ss, *ctx, *rows;
 } lrun;
 
-/* lanes: "0" whole, "2" split on two streams, "serial" split on one stream. */
-static int lrun_open(lrun *r, const sf_model *m, const char *lanes, int nseq, int max_ctx, int max_tokens, sf_error *err)
+/* lanes: "0" whole, "2" split on two streams, "serial" split on one stream. tp > 1: ranks of
+ * the model at path (dummy weights with seed 5 when dummy), as m was loaded. */
+static int lrun_open(lrun *r, const sf_model *m, const char *path, int dummy, int tp, const char *lanes, int nseq,
+                     int max_ctx, int max_tokens, sf_error *err)
 {
     memset(r, 0, sizeof *r);
     int serial = !strcmp(lanes, "serial");
@@ -45,8 +54,20 @@ static int lrun_open(lrun *r, const sf_model *m, const char *lanes, int nseq, in
     const sf_model_config *c = &m->cfg;
     sf_kv_config kc = { .n_layers = c->n_layers, .n_blocks = nseq * r->per, .block_size = BS,
                         .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
-    if (!rc) rc = r->b->ops->kv_init(r->b, &kc, err);
-    if (!rc) rc = sf_forward_new(r->b, m, max_tokens, max_tokens, &r->f, err);
+    if (!rc && tp > 1) { /* the followers read the same switches from the environment */
+        sf_tp_rank_opts to = { .size = tp, .model = path, .load_dummy = dummy, .seed = 5, .backend = "cuda",
+                               .max_tokens = max_tokens, .max_logits = max_tokens, .shm_fd = -1 };
+        const char *exe = getenv("SEMFLOW_BIN");
+        rc = sf_tp_start(&to, exe ? exe : "build/semflow", m, r->b, &r->tp, err);
+        if (!rc) {
+            r->f = sf_tp_forward(r->tp);
+            kc.n_kv_heads = sf_tp_kv_heads(r->tp);
+            rc = sf_tp_kv_init(r->tp, &kc, err);
+        }
+    } else {
+        if (!rc) rc = r->b->ops->kv_init(r->b, &kc, err);
+        if (!rc) rc = sf_forward_new(r->b, m, max_tokens, max_tokens, &r->f, err);
+    }
     unsetenv("SEMFLOW_LANES");
     unsetenv("SEMFLOW_LANES_MIN");
     unsetenv("SEMFLOW_CUDA_LANES_SERIAL");
@@ -67,7 +88,8 @@ static int lrun_open(lrun *r, const sf_model *m, const char *lanes, int nseq, in
 
 static void lrun_close(lrun *r)
 {
-    sf_forward_free(r->f);
+    if (r->tp) sf_tp_free(r->tp); /* its forward pass with it */
+    else sf_forward_free(r->f);
     sf_backend_close(r->b);
     free(r->bt); free(r->len); free(r->tok); free(r->pos); free(r->slot); free(r->rows); free(r->ss); free(r->ctx);
 }
@@ -99,7 +121,8 @@ static int lrun_step(lrun *r, int first, int n, const int *cnt, int vocab, int a
                    .logit_rows = r->rows, .n_logits = L };
     static float one_row[1 << 18];
     if (!out && vocab > (int)SF_ARRAY_LEN(one_row)) return sf_err(err, SF_EINVAL, "test: vocabulary too large");
-    return sf_forward_step(r->f, &b, out ? out : one_row, err);
+    float *dst = out ? out : one_row;
+    return r->tp ? sf_tp_step(r->tp, &b, dst, err) : sf_forward_step(r->f, &b, dst, err);
 }
 
 static double rel(const float *a, const float *ref, int64_t n)
@@ -123,7 +146,7 @@ static int argmax(const float *l, int n)
 
 /* 40 sequences: one mixed step (prompts of 1..13 tokens), then 6 decode steps of all of them
  * (the second is captured, the rest replay), then 3 decode steps of 33 (another split). */
-static void compare_split(const char *path, int dummy, int layers, double tol)
+static void compare_split(const char *path, int dummy, int layers, int tp, double tol)
 {
     enum { NSEQ = 40 };
     sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16, .seed = 5 };
@@ -139,7 +162,8 @@ static void compare_split(const char *path, int dummy, int layers, double tol)
     int V = m->cfg.vocab_size, cnt[NSEQ], one[NSEQ];
     a = malloc(sizeof(float) * V * NSEQ);
     b = malloc(sizeof(float) * V * NSEQ);
-    if (lrun_open(&w, m, "0", NSEQ, 64, 512, &err) || lrun_open(&l, m, "2", NSEQ, 64, 512, &err)) {
+    if (lrun_open(&w, m, path, dummy, tp, "0", NSEQ, 64, 512, &err) ||
+        lrun_open(&l, m, path, dummy, tp, "2", NSEQ, 64, 512, &err)) {
         CHECK_MSG(0, "%s: opening: %s", path, err.msg);
         goto out;
     }
@@ -164,8 +188,8 @@ static void compare_split(const char *path, int dummy, int layers, double tol)
     }
     int steady_allocs = st1.n_device_allocs - st0.n_device_allocs;
     sf_backend_cuda_stats(l.b, &st1);
-    printf("  %-24s layers %2d: split vs whole worst rel err %.2e, argmax agrees %d/%d; lanes %ld steps, "
-           "graphs %ld captured %ld replayed %ld fallbacks\n", m->name, m->cfg.n_layers, worst, agree, total,
+    printf("  %-24s TP=%d layers %2d: split vs whole worst rel err %.2e, argmax agrees %d/%d; lanes %ld steps, "
+           "graphs %ld captured %ld replayed %ld fallbacks\n", m->name, tp, m->cfg.n_layers, worst, agree, total,
            sf_forward_lane_steps(l.f), st1.graphs_captured, st1.graph_replays, st1.graph_fallbacks);
     CHECK_MSG(worst < tol, "%s: split vs whole logits rel err %.3g (tolerance %.g)", path, worst, tol);
     CHECK_MSG(agree >= total * 9 / 10, "%s: argmax agrees on %d of %d rows", path, agree, total);
@@ -180,8 +204,10 @@ out:
     free(b);
 }
 
-TEST(stories260K_split) { compare_split(test_data("stories260K/stories260K.gguf"), 0, 0, 2e-2); }
-TEST(dummy_1b_split) { compare_split("preset:1b", 1, 4, 3e-2); }
+TEST(stories260K_split) { compare_split(test_data("stories260K/stories260K.gguf"), 0, 0, 1, 2e-2); }
+TEST(dummy_1b_split) { compare_split("preset:1b", 1, 4, 1, 3e-2); }
+TEST(stories260K_tp2_split) { compare_split(test_data("stories260K/stories260K.gguf"), 0, 0, 2, 2e-2); }
+TEST(dummy_1b_tp2_split) { compare_split("preset:1b", 1, 0, 2, 3e-2); }
 
 static int cmp_d(const void *x, const void *y)
 {
@@ -210,7 +236,7 @@ static int bench(const char *preset, int layers, int batch, int ctx, int steps)
     for (int i = 0; i < batch; i++) cnt[i] = ctx, one[i] = 1;
     for (int k = 0; k < 3 && !rc; k++) {
         lrun r;
-        if ((rc = lrun_open(&r, m, modes[k], batch, ctx + steps + 8, SF_MAX(batch, chunk * ctx), &err))) break;
+        if ((rc = lrun_open(&r, m, path, 1, 1, modes[k], batch, ctx + steps + 8, SF_MAX(batch, chunk * ctx), &err))) break;
         for (int s0 = 0; s0 < batch && !rc; s0 += chunk) /* prefill, chunk sequences a step */
             rc = lrun_step(&r, s0, SF_MIN(chunk, batch - s0), cnt, V, 0, NULL, &err);
         for (int i = 0; i < 3 && !rc; i++) rc = lrun_step(&r, 0, batch, one, V, 0, NULL, &err); /* warm: capture */
@@ -254,7 +280,16 @@ int main(int argc, char **argv)
         printf("SKIP: no CUDA device\n");
         return 77;
     }
-    RUN(stories260K_split);
-    RUN(dummy_1b_split);
+    int n_gpus = 0;
+    if (cudaGetDeviceCount(&n_gpus) != cudaSuccess) n_gpus = 0;
+    if (!getenv("SEMFLOW_LANES_TEST_TP")) {
+        RUN(stories260K_split);
+        RUN(dummy_1b_split);
+    } else if (n_gpus >= 2) { /* SEMFLOW_LANES_TEST_TP=1: the TP=2 set alone (mbatch2.sh, on both GPUs) */
+        RUN(stories260K_tp2_split);
+        RUN(dummy_1b_tp2_split);
+    } else {
+        printf("      TP=2 set not run: %d GPU(s)\n", n_gpus);
+    }
     return test_summary();
 }
