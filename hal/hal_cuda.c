@@ -389,6 +389,7 @@ static int lanes_make(cuda_ctx *c, sf_error *err)
     const char *ser = getenv("SEMFLOW_CUDA_LANES_SERIAL");
     c->graphs.lane_s = ser && !strcmp(ser, "1") ? c->s : c->s1;
     c->graphs.lane_g = c->gemm1;
+    c->graphs.lane_ev = c->ev_join;
     return SF_OK;
 cleanup:
     sf_k_gemm_ctx_free(c->gemm1);
@@ -890,6 +891,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     if (lanes) { /* each lane's metadata after the whole step's (one copy for all) */
         meta_save(c, &c->meta_whole);
         for (int i = 0; i < 2; i++) {
+            used = (used + 15) & ~(size_t)15; /* each lane's arrays 64-byte aligned, as the step's */
             if ((rc = plan_meta(c, &lanes[i], c->meta_h + used, c->meta_d + used, META_INTS - used, &u))) return rc;
             used += u;
             meta_save(c, &c->meta_lane[i]);

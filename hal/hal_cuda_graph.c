@@ -96,9 +96,21 @@ void sf_cuda_graphs_free(sf_cuda_graphs *G)
     for (int i = 0; i < SF_GRAPH_SLOTS; i++) slot_clear(&G->slots[i]);
 }
 
+/* Before a capture on s ends early: lane 1's stream, when the capture forked it, joined back
+ * (ending a capture with an unjoined fork is an error). */
+static void join_lane(const sf_cuda_graphs *G, cudaStream_t s)
+{
+    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (!G->lane_s || G->lane_s == s || !G->lane_ev || cudaStreamIsCapturing(G->lane_s, &st) != cudaSuccess ||
+        st != cudaStreamCaptureStatusActive)
+        return;
+    if (cudaEventRecord(G->lane_ev, G->lane_s) == cudaSuccess) cudaStreamWaitEvent(s, G->lane_ev, 0);
+}
+
 void sf_cuda_graphs_drop(sf_cuda_graphs *G, cudaStream_t s)
 {
     if (G->mode == MODE_CAPTURE) { /* abandoned, not launched: its peers may be gone */
+        join_lane(G, s);
         cudaGraph_t graph = NULL;
         cudaStreamEndCapture(s, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -168,6 +180,7 @@ int sf_cuda_graph_bail(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s)
     G->n_fallbacks++;
     sl->failures++;
     if (mode == MODE_CAPTURE) {
+        join_lane(G, s);
         cudaGraph_t graph = NULL;
         cudaStreamEndCapture(s, &graph);
         if (graph) cudaGraphDestroy(graph);

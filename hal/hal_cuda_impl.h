@@ -81,6 +81,7 @@ typedef struct sf_cuda_graphs {
      * SF_OP_WAIT record, so the capture spans it) and when a bail replays a trace */
     cudaStream_t lane_s;
     sf_k_gemm_ctx *lane_g;
+    cudaEvent_t lane_ev; /* joins lane 1 into a capture abandoned mid-step, so that it ends cleanly */
 } sf_cuda_graphs;
 
 void sf_cuda_graphs_init(sf_cuda_graphs *G, int enabled, int max_tokens);
