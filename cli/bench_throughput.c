@@ -43,17 +43,41 @@ typedef struct run_state {
     atomic_long token_events;
     double t_last;               /* under mu: the last finish */
     char first_error[256];
+    /* the run's timeline (engine thread; read after the last DONE, under mu): requests that had
+     * their first token, when the last of them had it, the first finish and the tokens
+     * delivered by then */
+    int n_started, n_started_want;
+    double t_all_started, t_first_done;
+    long tokens_at_all_started, tokens_at_first_done;
 } run_state;
+
+/* One request's event context: the run and whether its first token came. */
+typedef struct run_req {
+    run_state *st;
+    int started;
+} run_req;
 
 /* Engine thread: count tokens and finishes; never blocks for long. */
 static void on_event(const sf_event *ev)
 {
-    run_state *r = ev->user;
+    run_req *q = ev->user;
+    run_state *r = q->st;
     if (ev->type == SF_EV_TOKEN) {
         atomic_fetch_add(&r->token_events, 1);
+        if (!q->started) {
+            q->started = 1;
+            if (++r->n_started == r->n_started_want) {
+                r->t_all_started = sf_now_s();
+                r->tokens_at_all_started = atomic_load(&r->token_events);
+            }
+        }
         return;
     }
     pthread_mutex_lock(&r->mu);
+    if (!r->n_done) {
+        r->t_first_done = sf_now_s();
+        r->tokens_at_first_done = atomic_load(&r->token_events);
+    }
     if (ev->type == SF_EV_DONE) r->completion_tokens += ev->completion_tokens;
     else {
         r->n_failed++;
@@ -143,6 +167,7 @@ int sf_bench_throughput(const bench_opts *o)
     sf_error err = { 0 };
     sf_engine *e = NULL;
     int32_t *prompt = NULL;
+    run_req *reqs = NULL;
     json_t *cmp = NULL; /* --compare */
     int rc = 1, N = o->num_prompts, I = o->input, O = o->output;
     char path[1100];
@@ -188,7 +213,8 @@ int sf_bench_throughput(const bench_opts *o)
         }
     }
 
-    if (!(prompt = malloc((size_t)I * sizeof *prompt))) {
+    st.n_started_want = N;
+    if (!(prompt = malloc((size_t)I * sizeof *prompt)) || !(reqs = calloc((size_t)N, sizeof *reqs))) {
         sf_err(&err, SF_ENOMEM, "out of memory for the prompts");
         goto fail;
     }
@@ -200,7 +226,8 @@ int sf_bench_throughput(const bench_opts *o)
     double t0 = sf_now_s();
     for (int i = 0; i < N; i++) {
         for (int k = 0; k < I; k++) prompt[k] = (int32_t)(sf_rng_next(&rng) % (uint64_t)in.vocab_size);
-        sf_submit s = { .prompt = prompt, .n_prompt = I, .cb = on_event, .user = &st };
+        reqs[i].st = &st;
+        sf_submit s = { .prompt = prompt, .n_prompt = I, .cb = on_event, .user = &reqs[i] };
         sf_sampling_default(&s.sampling);
         s.sampling.temperature = (float)o->temperature;
         s.sampling.max_tokens = O;
@@ -246,6 +273,17 @@ int sf_bench_throughput(const bench_opts *o)
     double host_all = es.step_s > 0 ? es.host_s / es.step_s : 0;
     double enq_dec = es.decode_step_s > 0 ? es.decode_enqueue_s / es.decode_step_s : 0;
     double mean_b = es.decode_steps ? (double)es.decode_step_tokens / es.decode_steps : 0;
+    /* Where the run's time went. Client side: until every request had its first token (with
+     * every request seated at once: the prefill, during which the early ones already decode),
+     * then until the first finish (every seat decoding), then the ramp-down while the seats
+     * empty. Engine side: the steps that carried prompt tokens, the decode-only steps, and the
+     * rest (between steps, or idle). */
+    const double tl_first = st.t_all_started > 0 ? st.t_all_started - t0 : -1, tl_fin = st.t_first_done - t0;
+    const double tl_full = tl_first >= 0 && tl_fin > tl_first ? tl_fin - tl_first : 0, tl_ramp = elapsed - tl_fin;
+    const long tok_full = tl_full > 0 ? st.tokens_at_first_done - st.tokens_at_all_started : 0;
+    const long tok_ramp = out_tok - st.tokens_at_first_done;
+    const uint64_t pf_steps = es.steps > es.decode_steps ? es.steps - es.decode_steps : 0;
+    const double pf_s = SF_MAX(0.0, es.step_s - es.decode_step_s), other_s = SF_MAX(0.0, elapsed - es.step_s);
     const char *sampling = es.rows_sampled_host ? (es.rows_sampled_backend ? "mixed" : "host") : "backend";
     if (o->json) {
         json_t *j = json_pack("{s:s, s:s, s:b, s:s, s:i, s:i, s:i, s:i, s:i, s:f, s:I, s:f, s:f, s:f}",
@@ -295,6 +333,12 @@ int sf_bench_throughput(const bench_opts *o)
                                   ms > 0 ? dec_ms / ms : 0.0);
             json_object_set_new(s, "decode_batch", d);
         }
+        json_t *tl = json_pack("{s:f, s:f, s:f, s:I, s:f, s:I, s:I, s:f, s:f, s:f}", "first_tokens_s", tl_first,
+                               "full_decode_s", tl_full, "ramp_down_s", tl_ramp, "full_decode_tokens", (json_int_t)tok_full,
+                               "full_decode_tokens_per_s", tl_full > 0 ? tok_full / tl_full : 0.0,
+                               "ramp_down_tokens", (json_int_t)tok_ramp, "prompt_steps", (json_int_t)pf_steps,
+                               "prompt_steps_s", pf_s, "decode_steps_s", es.decode_step_s, "outside_steps_s", other_s);
+        json_object_set_new(j, "timeline", tl);
         json_object_set_new(b, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
         json_object_set_new(b, "kv_tokens", json_integer((json_int_t)in.kv_blocks * in.kv_block_size));
         json_object_set_new(j, "tensor_parallel", json_integer(SF_MAX(o->tp, 1)));
@@ -323,6 +367,10 @@ int sf_bench_throughput(const bench_opts *o)
                (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, es.decode_step_p50_ms,
                es.decode_step_p90_ms, 100 * host_dec, 100 * work_dec, 100 * enq_dec, 100 * host_all,
                es.overlapped ? "overlapped" : "serial", sampling);
+        printf("timeline every request's first token at %.2f s; every seat decoding for %.2f s (%.0f tokens/s); "
+               "ramp-down %.2f s (%ld tokens); steps with prompt tokens: %llu, %.2f s; decode-only steps %.2f s; "
+               "outside steps %.2f s\n", tl_first, tl_full, tl_full > 0 ? tok_full / tl_full : 0.0, tl_ramp, tok_ramp,
+               (unsigned long long)pf_steps, pf_s, es.decode_step_s, other_s);
         if (es.decode_steps) {
             double k = 1e3 / (double)es.decode_steps;
             printf("phases   ms per decode step: wait for the device %.3f, take %.3f, plan %.3f, batch %.3f, launch %.3f "
@@ -352,6 +400,7 @@ out:
     sf_engine_free(e);
     json_decref(cmp);
     free(prompt);
+    free(reqs);
     pthread_cond_destroy(&st.cv);
     pthread_mutex_destroy(&st.mu);
     return rc;

@@ -59,12 +59,8 @@ static void log_init_once(void)
     static int done;
     if (done) return;
     done = 1;
-    const char *e = getenv("SEMFLOW_LOG");
-    if (!e) return;
-    if (!strcmp(e, "error")) sf_log_level = SF_LOG_ERROR;
-    else if (!strcmp(e, "warn")) sf_log_level = SF_LOG_WARN;
-    else if (!strcmp(e, "info")) sf_log_level = SF_LOG_INFO;
-    else if (!strcmp(e, "debug")) sf_log_level = SF_LOG_DEBUG;
+    static const char *const names[] = { "error", "warn", "info", "debug" }; /* SF_LOG_* order */
+    sf_log_level = sf_env_choice("SEMFLOW_LOG", sf_log_level, names, 4);
 }
 
 void sf_log(int level, const char *fmt, ...)

@@ -59,6 +59,17 @@ uint64_t sf_rng_next(sf_rng *r);
 float sf_rng_uniform(sf_rng *r);   /* [0,1) */
 float sf_rng_normal(sf_rng *r);    /* N(0,1) */
 
+/* Environment switches (SEMFLOW_*), read once where their module starts. A value that is not
+ * one the switch takes is never taken for something else: the call logs a warning that names
+ * the variable, the value and what it takes, and returns the default (the documented fallback).
+ * Unset or empty: the default, silently.
+ *   sf_env_bool:   0/1, off/on, false/true, no/yes (any case).
+ *   sf_env_long:   a decimal integer in [lo, hi].
+ *   sf_env_choice: the index of the value in choices (n of them); def when unset or unknown. */
+int sf_env_bool(const char *name, int def);
+long sf_env_long(const char *name, long def, long lo, long hi);
+int sf_env_choice(const char *name, int def, const char *const *choices, int n);
+
 /* bf16/fp16 <-> fp32 on the host. */
 static inline float sf_bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };

@@ -54,6 +54,11 @@ typedef struct sf_turn_clock {
     double exposed;              /* from the taken ids to the next step's work all queued: the device's idle gap */
 } sf_turn_clock;
 
+/* Block tables go to the backend with their row stride rounded up to a multiple of this many
+ * blocks (sf_sched_config.table_quantum; the entries past a sequence's blocks are 0 and never
+ * read): the stride is part of a step's CUDA graph key, and a rounded one keeps one graph for the
+ * steps of many context lengths instead of one per block of growth. */
+#define TABLE_STRIDE_QUANTUM 16
 #define SF_STEP_HIST 1700        /* decode turn durations in buckets 1% wide from 10 µs (step.c) */
 
 struct sf_engine {
@@ -73,8 +78,7 @@ struct sf_engine {
     sf_sample_row *rows;        /* [max_num_seqs] */
     int32_t *ids;               /* [max_num_seqs] */
     int *row_item;              /* [max_num_seqs]: plan item of each logit row of the step in flight */
-    int32_t *table;             /* the step's block table with its stride rounded up (step.c) */
-    size_t cap_table;
+    sf_request **victims;       /* [max_num_seqs]: the requests of a failed step (step.c step_failed) */
     sf_sample_pen *pen;
     int cap_pen;
     /* the step pipeline (step.c) */
@@ -96,6 +100,9 @@ struct sf_engine {
     int tp_failed;              /* the tensor-parallel group failed: submit answers SF_ENODEV */
     char tp_failed_msg[512];
     atomic_int cancel_all;      /* drain timed out: cancel everything (read by the engine thread) */
+    atomic_uint cancels;        /* sf_engine_cancel calls so far: the engine thread walks its
+                                 * sequences for cancelled ones only when this moved */
+    unsigned cancels_seen;      /* engine thread: the count at its last walk */
     sf_engine_stats st;         /* snapshot, updated after every step */
     /* throughput windows (engine thread writes, under mu) */
     double win_start;

@@ -243,7 +243,12 @@ static void *engine_main(void *arg)
             sf_sched_add(&e->sched, &in->seq);
             in = next;
         }
-        sf_sched_foreach(&e->sched, cancel_if_asked, e);
+        /* cancels: a walk over every sequence, so only in turns after a cancel or a drain's timeout */
+        unsigned nc = atomic_load(&e->cancels);
+        if (nc != e->cancels_seen || atomic_load(&e->cancel_all)) {
+            e->cancels_seen = nc;
+            sf_sched_foreach(&e->sched, cancel_if_asked, e);
+        }
         int ran = sf_engine_turn(e);
 
         pthread_mutex_lock(&e->mu);
@@ -290,10 +295,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     if (!e) return sf_err(err, SF_ENOMEM, "engine: out of memory");
     e->cfg = *cin;
     sf_engine_config *c = &e->cfg;
-    {
-        const char *ov = getenv("SEMFLOW_ENGINE_OVERLAP");
-        e->serial = c->serial_steps || (ov && !strcmp(ov, "0"));
-    }
+    e->serial = c->serial_steps || !sf_env_bool("SEMFLOW_ENGINE_OVERLAP", 1);
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle, NULL);
@@ -395,25 +397,26 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                            .swap_in_ok_arg = e, .shape = c->step_shaping, .shape_frac = 0.25f,
                            .min_chunk = 32, .degrade_high = c->kv_degrade_high, .degrade_low = c->kv_degrade_low,
                            .degrade_hold_s = c->kv_degrade_hold_s, .relax_ms = c->relax_latency_ms,
-                           .kv_i8_ok = kc.int8 };
+                           .kv_i8_ok = kc.int8, .table_quantum = TABLE_STRIDE_QUANTUM };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
     e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
     e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
     e->row_item = malloc((size_t)c->max_num_seqs * sizeof *e->row_item);
+    e->victims = malloc((size_t)c->max_num_seqs * sizeof *e->victims);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
-    if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->taken || !e->step_hist) {
+    if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->victims || !e->taken || !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
     }
     {
         /* $SEMFLOW_ENGINE_WARMUP: 0 off, 1 on any backend; unset: where choices are made on first
          * use (CUDA) */
-        const char *w = getenv("SEMFLOW_ENGINE_WARMUP");
         sf_backend_stats bs;
-        int warm = w ? strcmp(w, "0") != 0 : sf_backend_cuda_stats(e->be, &bs) == SF_OK;
+        int warm = sf_env_bool("SEMFLOW_ENGINE_WARMUP", -1);
+        if (warm < 0) warm = sf_backend_cuda_stats(e->be, &bs) == SF_OK;
         if (warm && (rc = sf_engine_warm_up(e, n_blocks, err)) != SF_OK) goto fail;
     }
     SF_LOGD("engine: %s on %s, context %d, KV %d blocks x %d tokens (%.1f MiB)", e->model->name, e->be->ops->name,
@@ -456,7 +459,7 @@ void sf_engine_free(sf_engine *e)
     free(e->rows);
     free(e->ids);
     free(e->row_item);
-    free(e->table);
+    free(e->victims);
     free(e->taken);
     free(e->step_hist);
     free(e->pen);
@@ -542,6 +545,7 @@ void sf_engine_cancel(sf_engine *e, sf_request *r)
 {
     if (!e || !r) return;
     atomic_store(&r->cancel, 1);
+    atomic_fetch_add(&e->cancels, 1); /* after the flag: the walk that sees the count sees the flag */
     pthread_mutex_lock(&e->mu);
     pthread_cond_signal(&e->wake);
     pthread_mutex_unlock(&e->mu);

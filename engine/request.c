@@ -269,8 +269,3 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
     }
     return SF_REQ_CONTINUE;
 }
-
-int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logprob *top, int n_top)
-{
-    return sf_request_deliver(r, id, sf_request_take(r, id), logprob, top, n_top);
-}

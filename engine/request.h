@@ -43,18 +43,14 @@ void sf_request_free(sf_request *r);
 /* What handling a sampled token decided. */
 enum { SF_REQ_CONTINUE = 0, SF_REQ_FINISHED = 1 };
 
-/* Engine thread: the model produced `id` for r (logprob and top as the sampler gave them).
- * Appends it, delivers SF_EV_TOKEN with the text that is safe to show, and on EOS / stop id /
- * stop string / max_tokens / context end delivers SF_EV_DONE and returns SF_REQ_FINISHED (the
- * caller then removes r from the scheduler and frees it). */
-int sf_request_on_token(sf_request *r, int32_t id, float logprob, const sf_logprob *top, int n_top);
-
-/* The same in two halves, so that the next step can be planned before the text work:
- * take records `id` (sampler state, the sequence's tokens) and says whether the token ends r
+/* Engine thread: the model produced `id` for r (logprob and top as the sampler gave them),
+ * handled in two halves so that the next step can be planned before the text work. take
+ * records `id` (sampler state, the sequence's tokens) and says whether the token ends r
  * whatever its text: SF_REQ_CONTINUE, or SF_REQ_END_* (EOS or stop id, max_tokens or context
- * end, out of memory) — r must then not be planned again. deliver then does the rest of
- * on_token for that id with take's answer (`end`): text, stop strings, events; it returns
- * SF_REQ_FINISHED when r is done (a stop string may end r although take did not). */
+ * end, out of memory) — r must then not be planned again. deliver then does the rest for that
+ * id with take's answer (`end`): SF_EV_TOKEN with the text that is safe to show, stop strings,
+ * SF_EV_DONE; it returns SF_REQ_FINISHED when r is done (a stop string may end r although take
+ * did not; the caller then removes r from the scheduler and frees it). */
 enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4 };
 int sf_request_take(sf_request *r, int32_t id);
 int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top);

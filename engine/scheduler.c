@@ -130,15 +130,15 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
     s->pool = pool;
     s->deg_since = s->deg_dip_since = -1;
     s->low_prefill_at = -INFINITY;
-    const char *ra = getenv("SEMFLOW_SCHED_RT_ALONE");
-    s->rt_alone = !(ra && ra[0] == '0');
+    s->rt_alone = sf_env_bool("SEMFLOW_SCHED_RT_ALONE", 1);
     s->cap_tokens = s->cap_low = s->low_budget_left = INT_MAX;
     s->reserve_units = 2 * (int)((double)pool->n_blocks * c->kv_high_reserve);
     list_init(&s->running);
     list_init(&s->waiting);
 
     int max_blocks = (c->max_model_len + pool->block_size - 1) / pool->block_size + 1;
-    int T = c->max_batched_tokens, S = c->max_num_seqs;
+    int T = c->max_batched_tokens, S = c->max_num_seqs, quantum = SF_MAX(c->table_quantum, 1);
+    max_blocks = (max_blocks + quantum - 1) / quantum * quantum;
     s->cap_table = S * max_blocks;
     s->cap_items = 2 * S + 8;
     s->plan.items = malloc((size_t)s->cap_items * sizeof *s->plan.items);
@@ -151,7 +151,9 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
     s->b_seq_ctx = malloc((size_t)S * sizeof(int32_t));
     s->b_logit_rows = malloc((size_t)S * sizeof(int32_t));
     s->b_table = malloc((size_t)s->cap_table * sizeof(int32_t));
-    if (!s->plan.items || !s->plan.stuck || !s->b_tokens || !s->b_pos || !s->b_slot || !s->b_seq_start ||
+    s->cap_snap = S;
+    s->snap = malloc((size_t)S * sizeof *s->snap);
+    if (!s->snap || !s->plan.items || !s->plan.stuck || !s->b_tokens || !s->b_pos || !s->b_slot || !s->b_seq_start ||
         !s->b_seq_ctx || !s->b_logit_rows || !s->b_table) {
         sf_sched_free(s);
         return sf_err(err, SF_ENOMEM, "scheduler: out of memory for %d tokens x %d sequences", T, S);
@@ -171,6 +173,7 @@ void sf_sched_free(sf_sched *s)
     free(s->b_seq_ctx);
     free(s->b_logit_rows);
     free(s->b_table);
+    free(s->snap);
     for (int i = 0; i < s->plan.n_swap_out; i++) free(s->plan.swap_out[i].blocks);
     free(s->plan.swap_out);
     free(s->plan.swap_in);
@@ -528,10 +531,11 @@ const sf_plan *sf_sched_plan_at(sf_sched *s, double now)
     p->n_items = p->n_tokens = p->n_decode = p->n_prefill = p->n_stuck = 0;
     s->budget_left = s->cfg.max_batched_tokens;
 
-    /* snapshot of the running list in priority order (preemption changes the list) */
-    int n_run = s->n_running, k = 0;
-    sf_seq *snap_small[64], **snap = n_run <= 64 ? snap_small : malloc((size_t)n_run * sizeof *snap);
-    if (!snap) return p;
+    /* snapshot of the running list in priority order (preemption changes the list); running
+     * sequences never outnumber the seats, the array's size */
+    int k = 0;
+    sf_seq **snap = s->snap;
+    if (s->n_running > s->cap_snap) return p;
     for (sf_seq *q = s->running.next; q != &s->running; q = q->next) snap[k++] = q;
 
     /* 1. decode: one token each, before any prefill, so decodes are never starved */
@@ -553,7 +557,6 @@ const sf_plan *sf_sched_plan_at(sf_sched *s, double now)
         if (need < 1) continue;
         if (plan_running(s, q, need) && low) s->low_budget_left -= need;
     }
-    if (snap != snap_small) free(snap);
 
     /* 3. admission from the waiting queue, head first */
     s->blocked_units = 0;
@@ -585,9 +588,10 @@ void sf_sched_resort_waiting(sf_sched *s)
 void sf_sched_batch(sf_sched *s, sf_batch *b)
 {
     const sf_plan *p = &s->plan;
-    int bs = s->pool->block_size, T = 0, S = 0, L = 0, stride = 1;
+    int bs = s->pool->block_size, T = 0, S = 0, L = 0, stride = 1, quantum = SF_MAX(s->cfg.table_quantum, 1);
     for (int i = 0; i < p->n_items; i++)
         if (p->items[i].seq) stride = SF_MAX(stride, p->items[i].seq->n_blocks);
+    stride = (stride + quantum - 1) / quantum * quantum;
     for (int i = 0; i < p->n_items; i++) {
         const sf_plan_item *it = &p->items[i];
         const sf_seq *q = it->seq;

@@ -101,6 +101,9 @@ typedef struct sf_sched_config {
      * tuner says no to low urgency while the PCIe link is contended (swap.h). */
     int (*swap_in_ok)(void *arg, int urgency);
     void *swap_in_ok_arg;
+    /* sf_sched_batch rounds the block table's row stride up to a multiple of this many blocks
+     * (0 or 1: the widest sequence's blocks). The entries past a sequence's blocks are 0. */
+    int table_quantum;
 } sf_sched_config;
 
 /* Every decision the policy takes, counted (/metrics: semflow_sched_decisions_total). */
@@ -151,6 +154,8 @@ typedef struct sf_sched {
     /* the batch of the current plan (sf_sched_batch) */
     int32_t *b_tokens, *b_pos, *b_slot, *b_seq_start, *b_seq_ctx, *b_table, *b_logit_rows;
     int cap_table;
+    sf_seq **snap;            /* the running list in priority order, copied at the start of a plan */
+    int cap_snap;
     /* counters */
     uint64_t steps, tokens_prefill, tokens_decode, preemptions;
     /* swap space: a pool of slots of one KV block each (bookkeeping; the memory is the caller's) */

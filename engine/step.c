@@ -108,40 +108,12 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
     SF_LOGE("forward step of %d tokens failed: %s", n_tokens, err->msg);
     deliver(e, tc); /* what was taken before comes first; it may end requests of this plan */
     const sf_plan *p = &e->sched.plan;
-    int n = p->n_items, nv = 0;
-    sf_request **victims = malloc((size_t)(n ? n : 1) * sizeof *victims);
-    for (int i = 0; i < n && victims; i++)
-        if (p->items[i].seq) victims[nv++] = p->items[i].seq->owner;
+    int nv = 0;
+    for (int i = 0; i < p->n_items; i++) /* a plan's live items are running sequences: max_num_seqs at most */
+        if (p->items[i].seq && nv < e->cfg.max_num_seqs) e->victims[nv++] = p->items[i].seq->owner;
     sf_sched_discard(&e->sched);
-    for (int i = 0; i < nv; i++) sf_engine_finish_free(e, victims[i], SF_FINISH_ERROR, rc, err->msg);
-    free(victims);
+    for (int i = 0; i < nv; i++) sf_engine_finish_free(e, e->victims[i], SF_FINISH_ERROR, rc, err->msg);
     e->fl.active = 0;
-}
-
-/* Block tables go to the backend with their row stride rounded up to a multiple of this many
- * blocks (the entries past a sequence's blocks are 0 and never read): the stride is part of a
- * step's CUDA graph key, and a rounded one keeps one graph for the steps of many context
- * lengths instead of one per block of growth. */
-#define TABLE_STRIDE_QUANTUM 16
-
-static void round_table_stride(sf_engine *e, sf_batch *b)
-{
-    int stride = (b->max_blocks + TABLE_STRIDE_QUANTUM - 1) / TABLE_STRIDE_QUANTUM * TABLE_STRIDE_QUANTUM;
-    size_t need = (size_t)b->n_seqs * stride;
-    if (stride == b->max_blocks) return;
-    if (need > e->cap_table) {
-        int32_t *t = realloc(e->table, need * sizeof *t);
-        if (!t) return; /* keep the scheduler's stride: correct, only less graph reuse */
-        e->table = t;
-        e->cap_table = need;
-    }
-    for (int s = 0; s < b->n_seqs; s++) {
-        int32_t *row = e->table + (size_t)s * stride;
-        memcpy(row, b->block_table + (size_t)s * b->max_blocks, (size_t)b->max_blocks * sizeof *row);
-        memset(row + b->max_blocks, 0, (size_t)(stride - b->max_blocks) * sizeof *row);
-    }
-    b->block_table = e->table;
-    b->max_blocks = stride;
 }
 
 /* Plan the next step and launch it. Returns the tokens launched (0: none); *progress is set when
@@ -181,8 +153,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
         return 0;
     }
     sf_batch b;
-    sf_sched_batch(&e->sched, &b);
-    round_table_stride(e, &b);
+    sf_sched_batch(&e->sched, &b); /* its table stride rounded to TABLE_STRIDE_QUANTUM blocks */
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     for (int i = 0; i < p->n_items; i++) {

@@ -234,6 +234,7 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
 {
     sf_model *m = NULL;
     sf_tp t;
+    tp_clock clk = { 0 };
     memset(&t, 0, sizeof t);
     t.o = *o;
     int rc;
@@ -244,7 +245,6 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
     if ((rc = join(&t, err)) || (rc = sf_model_load(o->model, &lo, &m, err)) ||
         (rc = sf_backend_open(&bo, &t.b, err)) || (rc = build(&t, m, err)))
         goto out;
-    tp_clock clk = { 0 };
     for (;;) {
         tp_hdr h;
         double t0 = sf_now_s();
@@ -299,8 +299,8 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
         clk.step_s += sf_now_s() - t2;
         if (sf_backend_cuda_stats(t.b, &bs) == SF_OK) clk.enqueue_s += bs.last_step_host_us * 1e-6;
     }
-    tp_clock_log(o, &clk);
 out:
+    tp_clock_log(o, &clk); /* also when the group failed: where the time went until then */
     /* graphs holding NCCL calls first: NCCL's destroy and abort wait for them to go */
     if (t.b && t.b->ops->graphs_release) t.b->ops->graphs_release(t.b);
     if (rc && t.comm) t.comm->ops->abort(t.comm, err ? err->msg : "follower failed");

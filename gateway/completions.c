@@ -166,7 +166,11 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
         } else if (rc == SF_EINVAL) {
             sf_gw_fail(&e, 400, "invalid_request_error", NULL, NULL, "%s", serr.msg);
         } else if (rc == SF_ECANCELED || rc == SF_ENODEV) {
-            sf_gw_fail(&e, 503, "service_unavailable", "draining", NULL, "the server is shutting down");
+            /* shutting down, or an engine that stopped for good (a dead tensor-parallel rank):
+             * the engine's message says which */
+            int draining = atomic_load(&gw->draining);
+            sf_gw_fail(&e, 503, "service_unavailable", draining ? "draining" : "engine_unavailable", NULL, "%s%s",
+                       serr.msg, draining ? "" : "; restart the server");
         } else {
             sf_gw_fail(&e, 500, "server_error", NULL, NULL, "submitting to the engine: %s", serr.msg);
         }

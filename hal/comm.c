@@ -53,9 +53,29 @@ static int coll_all_reduce(void *arg, void *data, int64_t n, sf_dtype dt, void *
     return rc;
 }
 
+int sf_comm_skip_all_reduce(void)
+{
+    static int skip = -1;
+    if (skip < 0) {
+        skip = sf_env_bool("SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS", 0);
+        if (skip) SF_LOGW("SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1: no all-reduce is run; every result is wrong "
+                          "(for timing only)");
+    }
+    return skip;
+}
+
+const void *sf_comm_tp_link(sf_comm *c, const sf_backend *b, int64_t cols)
+{
+    if (!c || c->size < 2 || !c->tp_push || !c->ops->tp_link || !b->ops->tp_fused || cols < 8 || cols % 8 ||
+        cols > SF_COMM_TP_LINK_MAX_COLS || sf_comm_skip_all_reduce() || (c->tp_link_cols && c->tp_link_cols != cols))
+        return NULL;
+    c->tp_link_cols = cols;
+    return c->ops->tp_link(c);
+}
+
 int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64_t cols, sf_error *err)
 {
-    if (!c || c->size == 1) return SF_OK;
+    if (!c || c->size == 1 || sf_comm_skip_all_reduce()) return SF_OK;
     if (b->ops->collective && (c->base_in_graph || sf_comm_takes_custom(c, (int64_t)rows * cols, SF_DT_BF16))) {
         c->coll_err.code = SF_OK;
         c->coll_err.msg[0] = 0;
@@ -91,7 +111,7 @@ int sf_comm_all_reduce_norm_buf(sf_comm *c, sf_backend *b, sf_buf *x, sf_buf *re
                                 int rows, int64_t cols, sf_buf *out, sf_error *err)
 {
     int rc;
-    if (sf_comm_takes_norm(c, b, rows, cols)) {
+    if (sf_comm_takes_norm(c, b, rows, cols) && !sf_comm_skip_all_reduce()) {
         c->coll_err.code = SF_OK;
         c->coll_err.msg[0] = 0;
         if (!(rc = b->ops->collective_norm(b, x, res, w, eps, rows, out, coll_all_reduce_norm, c))) return SF_OK;

@@ -42,6 +42,9 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
 int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int ll, void *stream, sf_error *err);
 #define SF_AR_NORM_MAX_COLS 16384            /* SF_ARN_MAX_COLS */
 #define SF_AR_NORM_LL_BYTES ((size_t)256 << 10) /* SF_ARN_LL_BYTES: largest message of its LL variant */
+/* The batch-1 link over the ranks' regions (kernels/cuda/allreduce.h sf_k_tpl, opaque here),
+ * valid until sf_ar_custom_free. */
+const void *sf_ar_custom_link(const sf_ar_custom *a);
 /* 0, or 1 + the rank a kernel gave up waiting for (its timeout passed). */
 int sf_ar_custom_failed(const sf_ar_custom *a);
 

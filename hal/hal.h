@@ -154,6 +154,33 @@ typedef struct sf_coll_norm {
 } sf_coll_norm;
 typedef int (*sf_coll_norm_fn)(void *arg, const sf_coll_norm *a, void *stream);
 
+/* One kernel of the batch-1 link (tp_fused below): the all-reduce of a row-parallel
+ * projection at one row carried by the projection and the norm op after it, over a link the
+ * communicator made (comm.h sf_comm_tp_link; opaque here). Kinds:
+ *   SF_TP_PUSH:     h = this rank's contribution to the sum of x . W^T over the ranks (rank 0:
+ *                   the residual stream plus its product, rounded as matmul_add rounds; the
+ *                   others: their product), pushed to the peers on channel ch. With prev >= 0,
+ *                   rank 0's h holds its contribution on channel prev, and the stream is first
+ *                   completed from it (prev = -1: h is the stream).
+ *   SF_TP_NORM_GLU: as norm_matmul (glu) of x = the sum of channel ch (h: this rank's part) into y.
+ *   SF_TP_NORM_QKV_ROPE: as norm_qkv_rope of that sum (layer, heads, rope) into y (qkv).
+ *   SF_TP_SUM:      h = the sum of channel ch (before the output norm).
+ * Every rank must queue the same kinds on the same channels in the same order; a consumer waits
+ * for the peers' pushes inside its kernel (with the communicator's timeout). */
+enum { SF_TP_PUSH = 1, SF_TP_NORM_GLU = 2, SF_TP_NORM_QKV_ROPE = 3, SF_TP_SUM = 4 };
+typedef struct sf_tp_op {
+    int kind;
+    const void *link;
+    int ch, prev;
+    const sf_buf *x;          /* PUSH: [1, k] */
+    sf_buf *h;                /* [1, cols]: the residual stream's buffer */
+    sf_buf *y;                /* NORM_GLU: [1, f]; NORM_QKV_ROPE: qkv */
+    const sf_weight *w, *norm;
+    float eps;
+    int layer, n_heads, n_kv_heads;
+    const sf_rope *rope;
+} sf_tp_op;
+
 /* ---- sampling on the backend ------------------------------------------------------ */
 /* What the sample op needs of one logit row. The op draws one token id per row so that only
  * ids cross to the host. Semantics (identical on every backend; kernels/cpu/sample.c is the
@@ -311,6 +338,11 @@ struct sf_backend_ops {
      * INT8 KV blocks, shapes, or switched off): the caller then runs those ops. */
     int (*decode_layers)(sf_backend *b, sf_buf *h, const sf_layer_weights *w, int first_layer, int n_layers, float eps,
                          int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *qkv, sf_buf *att, sf_buf *act);
+    /* Optional (tensor parallelism at one row): queue one kernel of the batch-1 link (sf_tp_op).
+     * SF_EUNSUPPORTED, having queued nothing, for a step of more than one token; SF_EINVAL for
+     * shapes it does not take. NULL: the forward pass all-reduces after each row-parallel
+     * projection instead. */
+    int (*tp_fused)(sf_backend *b, const sf_tp_op *op);
 
     /* Optional: lanes (nano-batching). A step split into n lanes (n == 2), each a sub-batch of
      * whole sequences, whose ops the backend may run at the same time (CUDA: one stream per

@@ -67,6 +67,8 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
                                    (uint16_t *)r->p[4], s);
     case SF_OP_LAYER1:
         return sf_k_decode_persist(&r->layer1, s);
+    case SF_OP_GEMV_TP:
+        return sf_k_gemv_tp(&r->tp, r->tpl, s);
     case SF_OP_WAIT: { /* lanes' forks, joins and collective order: captured as graph edges */
         cudaError_t e = r->p[0] ? cudaEventRecord((cudaEvent_t)r->p[0], s) : cudaSuccess;
         if (e == cudaSuccess && r->p[1]) e = cudaStreamWaitEvent((cudaStream_t)r->p[1], (cudaEvent_t)r->p[2], 0);

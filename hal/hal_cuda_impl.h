@@ -21,6 +21,7 @@
     } while (0)
 
 #include "../kernels/cuda/kernels.h"
+#include "../kernels/cuda/allreduce.h"
 
 /* ---- recorded ops and CUDA graphs (hal_cuda_graph.c) ------------------------------------- */
 /* One launch of a step, with everything that determines it: ops are built as records so a
@@ -28,7 +29,7 @@
  * are zeroed before they are filled, so they compare with memcmp. */
 enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF_OP_SILU, SF_OP_ROWS, SF_OP_COLL,
        SF_OP_GEMV_NORM, SF_OP_GEMV_ADD, SF_OP_ADD, SF_OP_ATTN_DEC, SF_OP_GEMV_ROPE, SF_OP_GEMM_ACC,
-       SF_OP_COLL_NORM, SF_OP_LAYER1, SF_OP_WAIT };
+       SF_OP_COLL_NORM, SF_OP_LAYER1, SF_OP_GEMV_TP, SF_OP_WAIT };
 typedef struct sf_op_rec {
     int kind;
     int lane; /* 1: lane 1's op (hal.h lanes_plan), run on the graphs' lane_s with lane_g; 0: the main stream.
@@ -45,6 +46,8 @@ typedef struct sf_op_rec {
      * cols n[1], eps f} */
     sf_coll_norm_fn coll_norm;
     sf_k_layer1 layer1; /* SF_OP_LAYER1: the persistent batch-1 layer (decode_persist.cu) */
+    sf_k_tp tp;         /* SF_OP_GEMV_TP: a kernel of the batch-1 link (gemv_ar.cu) over tpl, the */
+    const sf_k_tpl *tpl; /* communicator's link (it outlives the graphs: graphs_release comes first) */
 } sf_op_rec;
 
 /* What sf_cuda_op_exec returns when a collective (SF_OP_COLL) failed: the communicator holds

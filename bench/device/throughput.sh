@@ -1,12 +1,21 @@
 #!/bin/sh
 # bench/device/throughput.sh — saturated throughput through the engine on one GPU, within 120 s:
 #   1. the CUDA sample op against the CPU reference (build/tests/device/test_sample);
-#   2. the forward pass alone at the engine's decode shapes (`bench decode-batch`: 256 sequences
-#      x 192 keys for 128/128, 128 x 1500 for 1000/1000), the step the engine's is set beside;
+#   2. the forward pass alone at 128/128's decode shape (`bench decode-batch` 256 sequences x 192
+#      keys), the step the engine's is set beside (128 x 1500 for 1000/1000 when
+#      $OUT/throughput/ref-128x1500.json is there: left out for time, s4call3 had 11.171 ms);
 #   3. `semflow bench throughput` on llama-3-8b (dummy weights): 128 in / 128 out with 512
-#      prompts and 1000 in / 1000 out with 128 prompts, each with the overlapped step loop (the
-#      default) and the serial one (SEMFLOW_ENGINE_OVERLAP=0). The prompt counts fit the time
-#      box; the bound printed beside each is for the same prompts and running sequences.
+#      prompts, then 1000 in / 1000 out with 128 prompts (128 seats) under the engine-side knobs
+#      that move where its time goes: the prefill chunk (--max-batched-tokens 8192, the default,
+#      against 16384), the decode rows of steps that carry prompt tokens
+#      (SEMFLOW_CUDA_MIXED_DECODE=1: the decode attention kernel over them, not 1-row prefill
+#      tiles) and the prompts and seats (256 prompts, 256 seats: the bench's default seats).
+#      Each run prints its bound (same prompts, same seats) and its timeline: until every
+#      request's first token, every seat decoding, the ramp-down; steps with prompt tokens against
+#      decode-only steps. The overlapped and serial loops were compared in session 4 (equal at
+#      TP=1; SEMFLOW_ENGINE_OVERLAP=0 runs the serial one);
+#   4. (last) build/tests/device/test_env_switches: the CUDA backend's SEMFLOW_* switches refuse a
+#      malformed value with a warning naming it.
 # Runs from the repo root with a prebuilt build/; writes under $OUT/throughput/; without a GPU it
 # says so and exits 77. The summary table is printed last.
 set -u
@@ -31,29 +40,30 @@ ref() { # NAME BATCH CTX
     echo "throughput: $1 rc=$? at $(el) s"
 }
 ref ref-256x192 256 192
-ref ref-128x1500 128 1500
 
-# 3. saturated throughput, overlapped and serial
-run_tp() { # NAME INPUT OUTPUT PROMPTS SECONDS OVERLAP REF
-    SEMFLOW_ENGINE_OVERLAP=$6 timeout "$(cap "$5")" "$BIN" bench throughput --load-format dummy --preset llama-3-8b \
-        --backend cuda --input "$2" --output "$3" --num-prompts "$4" --compare "$OUT/$7.json" --json \
-        >"$OUT/$1.json" 2>"$OUT/$1.err"
-    rc=$?
-    if [ "$rc" != 0 ] && grep -q -- "--compare" "$OUT/$1.err"; then # no reference: run without it
-        SEMFLOW_ENGINE_OVERLAP=$6 timeout "$(cap "$5")" "$BIN" bench throughput --load-format dummy --preset llama-3-8b \
-            --backend cuda --input "$2" --output "$3" --num-prompts "$4" --json >"$OUT/$1.json" 2>"$OUT/$1.err"
-        rc=$?
-    fi
-    echo "throughput: $1 rc=$rc at $(el) s"
-    grep -E "warm-up|error" "$OUT/$1.err" | tail -n 2
+# 3. saturated throughput: NAME INPUT OUTPUT PROMPTS SECONDS REF ENV [FLAGS...]
+run_tp() {
+    name=$1 in=$2 outn=$3 np=$4 secs=$5 refj=$6 envs=$7
+    shift 7
+    cmp=""
+    [ -s "$OUT/$refj.json" ] && cmp="--compare $OUT/$refj.json"
+    env $envs timeout "$(cap "$secs")" "$BIN" bench throughput --load-format dummy --preset llama-3-8b --backend cuda \
+        --input "$in" --output "$outn" --num-prompts "$np" $cmp --json "$@" >"$OUT/$name.json" 2>"$OUT/$name.err"
+    echo "throughput: $name rc=$? at $(el) s"
+    grep -E "warm-up|error|warn" "$OUT/$name.err" | tail -n 2
 }
-run_tp tp-128-128-overlap 128 128 512 20 1 ref-256x192
-run_tp tp-128-128-serial 128 128 512 20 0 ref-256x192
-run_tp tp-1000-1000-overlap 1000 1000 128 32 1 ref-128x1500
-run_tp tp-1000-1000-serial 1000 1000 128 32 0 ref-128x1500
+run_tp tp-128-128 128 128 512 20 ref-256x192 SF_RUN=1
+run_tp tp-1000-1000 1000 1000 128 30 ref-128x1500 SF_RUN=1
+run_tp tp-1000-1000-mbt16k 1000 1000 128 30 ref-128x1500 SF_RUN=1 --max-batched-tokens 16384
+run_tp tp-1000-1000-mixdec 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=1
+run_tp tp-1000-1000-n256 1000 1000 256 36 none SF_RUN=1
+
+# 4. the CUDA backend's switches refuse malformed values by name (last: it only opens backends)
+timeout "$(cap 15)" build/tests/device/test_env_switches >"$OUT/test_env_switches.log" 2>&1
+echo "throughput: test_env_switches rc=$? at $(el) s"
 
 echo "==== throughput summary ($(el) s) ===="
-grep -E '^(PASS|FAIL)|passed' "$OUT/test_sample.log"
+grep -E '^(PASS|FAIL)|passed' "$OUT/test_sample.log" "$OUT/test_env_switches.log" | sed 's|^.*/||' 
 python3 - "$OUT" <<'PY'
 import json, os, sys
 out = sys.argv[1]
@@ -64,11 +74,14 @@ def load(name):
         return None
 for n in ("ref-256x192", "ref-128x1500"):
     d = load(n)
+    if not d and n == "ref-128x1500":
+        continue
     print("%-22s %s" % (n, "%.3f ms/step (forward pass alone, graphs), host %.0f us" % (d["ms_per_step_median"],
           d.get("host_us_per_step", 0)) if d else "did not finish (see %s.err)" % n))
 print("%-20s %9s %9s %6s %7s %7s %7s %7s %6s %7s %6s %7s %7s" % ("run", "out tok/s", "bound", "share", "step ms", "median",
       "fwd ms", "x fwd", "host", "gap p50", "work", "deliver", "replays"))
-for name in ("tp-128-128-overlap", "tp-128-128-serial", "tp-1000-1000-overlap", "tp-1000-1000-serial"):
+RUNS = ("tp-128-128", "tp-1000-1000", "tp-1000-1000-mbt16k", "tp-1000-1000-mixdec", "tp-1000-1000-n256")
+for name in RUNS:
     r = load(name)
     if not r:
         print("%-20s did not finish (see %s.err)" % (name[3:], name))
@@ -81,6 +94,20 @@ for name in ("tp-128-128-overlap", "tp-128-128-serial", "tp-1000-1000-overlap", 
           e.get("decode_step_p50_ms", 0), d.get("ms_per_step", 0), d.get("engine_step_over_it", 0),
           100 * e["host_share_decode"], e.get("device_idle_gap_p50_ms", 0), 100 * e.get("host_work_share_decode", 0),
           ph.get("deliver", 0), e.get("graph_replays", 0)))
+print()
+print("%-20s %7s %7s %7s %7s | %7s %7s %6s %7s | %7s %7s" % ("timeline (s)", "elapsed", "1st tok", "full", "ramp",
+      "prompt", "steps", "decode", "outside", "bnd pf", "bnd dec"))
+for name in RUNS:
+    r = load(name)
+    if not r or "timeline" not in r:
+        continue
+    t, b = r["timeline"], r["bound"]
+    print("%-20s %7.2f %7.2f %7.2f %7.2f | %7.2f %7d %6.2f %7.2f | %7.2f %7.2f" % (name[3:], r["elapsed_s"],
+          t["first_tokens_s"], t["full_decode_s"], t["ramp_down_s"], t["prompt_steps_s"], t["prompt_steps"],
+          t["decode_steps_s"], t["outside_steps_s"], b["prefill_s"], b["decode_s"]))
+print("1st tok: until every request had its first token; full: every seat decoding; ramp: from the first finish to")
+print("the last; prompt: time of the steps that carried prompt tokens (steps: how many); decode: decode-only steps;")
+print("outside: the run's time outside steps; bnd pf / bnd dec: the bound's prefill and decode seconds")
 print("host: the device's idle gap between steps (host on the critical path), share of a decode step; gap p50: its")
 print("median in ms; work: all the engine thread's time but its waits; fwd ms: bench decode-batch at the run's decode")
 print("shape; x fwd: step / fwd")

@@ -1,30 +1,27 @@
 #!/bin/sh
-# bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 125 s in all (the lead's call
-# gives it 130).
+# bench/device/tp.sh — tensor parallelism on 2 GPUs (issue 7), within 145 s in all (the lead's call
+# gives it 150).
 #
-# Runs from the repo root with a prebuilt build/ and prints a summary table last:
-#   1. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch --batch 256 --ctx 192`): batch-1
-#      decode latency with host time per step, and the device step of 256 sequences at 192 keys
-#      (the TP=2 / TP=1 step ratio; goal <= 0.55x); every TP=2 run logs the all-reduce table
-#      (NCCL, one-shot, LL, 2 KiB .. 4 MiB) it measured at start-up, shown in the summary;
-#   2. the same TP=2 run with this round's all-reduce changes off: the fused all-reduce +
-#      RMSNorm above one row (SEMFLOW_TP_ARNORM=0) and the LL kernel's programmatic dependent
-#      launch at one row (SEMFLOW_TP_LL_PDL=0);
-#   3. saturated throughput, `bench throughput` 128 in / 128 out, 512 prompts, TP=1 and TP=2
-#      (SEMFLOW_CUDA_GRAPH_TOKENS=512 for both: the decode steps of 256 sequences in graphs;
-#      at TP=2 rank 0 samples the gathered rows on its GPU), with each run's bound;
-#   4. Llama-3-70B dummy, TP=2 batch-1 decode against its per-GPU roofline (`bench decode`);
-#   5. tests/device/test_tp_norm: the fused all-reduce + residual + RMSNorm against the host
-#      reference at 1..256 rows, a burst, and its time per call against all-reduce + rmsnorm;
-#   6. tests/device/test_tp (quick set): the all-reduce on each path (NCCL, one-shot, LL,
-#      auto) against exact sums, then TP=2 logits vs TP=1 (demo) — the step graphs with the
-#      all-reduces inside are replayed — and TP=2 draws on rank 0's GPU against the CPU
-#      reference and TP=1 (greedy, seeded top-k, top-p).
-# Every step has its own timeout and is skipped when the time left is too short for it.
+# Runs from the repo root with a prebuilt build/ and prints a summary table last. In order (each
+# step has its own timeout and is skipped when the time left is too short for it):
+#   1. tests/device/test_tp_push: the batch-1 link (the all-reduce after O and down carried by
+#      the projections and the norm GEMVs after them, SEMFLOW_TP_PUSH=1) over chains of layers
+#      against a host emulation (the stream exact), and its time per layer;
+#   2. Llama-3-8B dummy, TP=1 then TP=2 (`bench decode-batch --batch 256 --ctx 192`): batch-1
+#      decode latency with host time per step, and the device step of 256 sequences; every TP=2
+#      run logs the all-reduce table (NCCL, one-shot, LL, 2 KiB .. 4 MiB) it measured at start;
+#   3. the same TP=2 run with the batch-1 link (SEMFLOW_TP_PUSH=1);
+#   4. Llama-3-70B dummy, TP=2 batch-1 against its per-GPU roofline (`bench decode`), without
+#      and with the link (each load ~45 s);
+#   5. tests/device/test_tp (quick set) with the link: the all-reduce paths against exact sums,
+#      TP=2 logits vs TP=1 (the step graphs replayed), TP=2 draws on rank 0's GPU;
+#   6. if time is left: 8B TP=2 with no all-reduce at all (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1,
+#      wrong results: what the all-reduces cost inside the step), tests/device/test_tp_norm,
+#      saturated throughput 128/128 at TP=1 and TP=2.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
 T0=$(date +%s)
-LIMIT=${TP_LIMIT_S:-125}
+LIMIT=${TP_LIMIT_S:-145}
 BIN=${SF_BIN:-build/semflow}
 D=${OUT:-/tmp/semflow-tp}/tp
 mkdir -p "$D"
@@ -81,31 +78,42 @@ echo "tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --short 
 nvidia-smi topo -m 2>/dev/null | head -4
 
 B256="--batch 256 --ctx 192 --chunk 192 --steps 8 --json"
+D70="--load-format dummy --preset llama-3-70b --backend cuda --tensor-parallel-size 2 --ctx 128 --steps 16 --json"
+# run_json NAME MIN MAX CMD...: run, then keep stdout as NAME.json
+run_json() { n=$1; run "$@"; r=$?; cp "$D/$n.out" "$D/$n.json" 2>/dev/null; return $r; }
+
+run test_tp_push 8 25 build/tests/device/test_tp_push
+push_ok=$?
 for tp in 1 2; do
-    run decode8b_tp$tp 10 $((20 + 10 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
+    run_json decode8b_tp$tp 10 $((20 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
         --backend cuda --tensor-parallel-size $tp $B256
-    cp "$D/decode8b_tp$tp.out" "$D/decode8b_tp$tp.json" 2>/dev/null
 done
-run decode8b_tp2_off 15 30 env SEMFLOW_TP_ARNORM=0 SEMFLOW_TP_LL_PDL=0 "$BIN" bench decode-batch --load-format dummy \
+SEMFLOW_TP_PUSH=1 run_json decode8b_tp2_push 12 25 "$BIN" bench decode-batch --load-format dummy \
     --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
-cp "$D/decode8b_tp2_off.out" "$D/decode8b_tp2_off.json" 2>/dev/null
+run_json decode70b_tp2 40 55 "$BIN" bench decode $D70
+if [ $push_ok = 0 ]; then
+    SEMFLOW_TP_PUSH=1 run_json decode70b_tp2_push 40 55 "$BIN" bench decode $D70
+else
+    echo "SKIP: decode70b_tp2_push (test_tp_push failed)" | tee -a "$SUM"
+fi
+SEMFLOW_TP_PUSH=1 SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 30 build/tests/device/test_tp
+SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 run_json decode8b_tp2_noar 12 20 "$BIN" bench decode-batch \
+    --load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
+run test_tp_norm 8 15 build/tests/device/test_tp_norm
 for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 64) at both sizes
-    SEMFLOW_CUDA_GRAPH_TOKENS=512 run throughput_tp$tp 15 $((20 + 10 * (tp - 1))) "$BIN" bench throughput \
+    SEMFLOW_CUDA_GRAPH_TOKENS=512 run_json throughput_tp$tp 15 $((20 + 10 * (tp - 1))) "$BIN" bench throughput \
         --load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size $tp --input 128 --output 128 \
         --num-prompts 512 --json
-    cp "$D/throughput_tp$tp.out" "$D/throughput_tp$tp.json" 2>/dev/null
 done
-run decode70b_tp2 40 55 "$BIN" bench decode --load-format dummy --preset llama-3-70b --backend cuda \
-    --tensor-parallel-size 2 --ctx 128 --steps 16 --json
-cp "$D/decode70b_tp2.out" "$D/decode70b_tp2.json" 2>/dev/null
-run test_tp_norm 8 20 build/tests/device/test_tp_norm
-SEMFLOW_TP_TEST_QUICK=1 run test_tp 12 40 build/tests/device/test_tp
 
 # ---- summary ----
 echo
 echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
-grep -hE '^(PASS|FAIL):' "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
+grep -hE '^(PASS|FAIL):' "$D/test_tp_push.out" "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
+grep -E 'stream exact|rank [0-9]:' "$D/test_tp_push.out" 2>/dev/null | head -8
+echo "link pushes alone, us per call by ring stages (auto / 2 / 3 / 4; ideal at 4.25 TB/s):"
+awk '/^PUSHTIME/ { printf "  %5d x %5d: %6.1f / %6.1f / %6.1f / %6.1f  (ideal %4.1f, auto at %.0f%%)\n", $2, $3, $4, $5, $6, $7, $8, 100 * $8 / $4 }' "$D/test_tp_push.out" 2>/dev/null
 grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
@@ -113,11 +121,12 @@ echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x co
 awk '/^ARNORM/ { printf "  %4d x %5d: %6.1f / %6.1f / %6.1f\n", $2, $3, $4, $5, $6 }' "$D/test_tp_norm.out" 2>/dev/null
 a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
 s1=$(jf "$D/decode8b_tp1.json" ms_per_step_median) s2=$(jf "$D/decode8b_tp2.json" ms_per_step_median)
-s0=$(jf "$D/decode8b_tp2_off.json" ms_per_step_median) a0=$(jf "$D/decode8b_tp2_off.json" batch1_ms_per_step)
-echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 (LL without PDL: $a0; host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us))"
-python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 latency: %.3fx (goal <= 0.6x)' % (float(b)/float(a)))" "$a1" "$a2" 2>/dev/null
-echo "8B decode step, 256 seqs x 192 keys, ms: TP=1 $s1, TP=2 $s2 (fused all-reduce + RMSNorm off: $s0)"
-python3 -c "import sys; a,b,c=sys.argv[1:4]; print('8B TP=2 / TP=1 device step at 256 seqs: %.3fx (goal <= 0.55x; with the fusion off %.3fx)' % (float(b)/float(a), float(c)/float(a)))" "$s1" "$s2" "$s0" 2>/dev/null
+ap=$(jf "$D/decode8b_tp2_push.json" batch1_ms_per_step) an=$(jf "$D/decode8b_tp2_noar.json" batch1_ms_per_step)
+echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2, TP=2 with the link $ap, TP=2 without any all-reduce (wrong results) $an"
+echo "  host us/step TP=2: $(jf "$D/decode8b_tp2.json" batch1_host_us), with the link $(jf "$D/decode8b_tp2_push.json" batch1_host_us)"
+python3 -c "import sys; a,b,c=sys.argv[1:4]; print('8B TP=2 / TP=1 latency: %.3fx, with the link %.3fx (goal <= 0.6x)' % (float(b)/float(a), float(c)/float(a)))" "$a1" "$a2" "$ap" 2>/dev/null
+echo "8B decode step, 256 seqs x 192 keys, ms: TP=1 $s1, TP=2 $s2"
+python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 device step at 256 seqs: %.3fx (goal <= 0.55x)' % (float(b)/float(a)))" "$s1" "$s2" 2>/dev/null
 t1=$(jf "$D/throughput_tp1.json" output_tokens_per_s) t2=$(jf "$D/throughput_tp2.json" output_tokens_per_s)
 echo "8B throughput 128/128, 512 prompts, output tokens/s: TP=1 $t1, TP=2 $t2"
 python3 - "$D/throughput_tp1.json" "$D/throughput_tp2.json" <<'PY' 2>/dev/null
@@ -131,5 +140,8 @@ for f in sys.argv[1:]:
              e["decode_step_ms"], e["mean_decode_batch"], e["sampling"]))
 PY
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
-echo "70B TP=2 batch-1: $(jf "$D/decode70b_tp2.json" ms_per_token_median) ms/token, roofline $(jf "$D/decode70b_tp2.json" roofline_ms) ms/token per GPU, ratio $(jf "$D/decode70b_tp2.json" ratio) (goal >= 0.85), host $(jf "$D/decode70b_tp2.json" host_us_per_step) us/step"
+for v in "" _push; do
+    f="$D/decode70b_tp2$v.json"
+    echo "70B TP=2 batch-1${v:+ with the link}: $(jf "$f" ms_per_token_median) ms/token, roofline $(jf "$f" roofline_ms) ms/token per GPU, ratio $(jf "$f" ratio) (goal >= 0.85), host $(jf "$f" host_us_per_step) us/step"
+done
 exit 0

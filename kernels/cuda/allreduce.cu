@@ -3,7 +3,7 @@
 #include <stddef.h>
 
 #include "allreduce.h"
-#include "common.cuh"
+#include "allreduce.cuh"
 
 typedef struct ar_sig {
     unsigned flag[SF_AR_BLOCKS][SF_AR_MAX_RANKS]; /* [block][from rank]: written by that rank */
@@ -15,42 +15,6 @@ typedef struct ar_sig {
 
 static_assert(sizeof(ar_sig) <= SF_AR_SIG_BYTES, "signal block too large");
 
-static __device__ __forceinline__ void st_release_sys(unsigned *p, unsigned v)
-{
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-static __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-static __device__ __forceinline__ uint64_t global_ns(void)
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
-/* LL lines: 16-byte stores and loads whose two 8-byte halves each arrive whole */
-static __device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v)
-{
-    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
-                 : "memory");
-}
-
-static __device__ __forceinline__ uint4 ld_volatile_v4(const uint4 *p)
-{
-    uint4 v;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
-
 /* Values [4i, 4i + 4) of the message as 8 bytes (zeros past n). */
 static __device__ __forceinline__ uint2 load4(const uint16_t *d, int64_t i, int64_t n)
 {
@@ -58,26 +22,6 @@ static __device__ __forceinline__ uint2 load4(const uint16_t *d, int64_t i, int6
     uint16_t h[4] = { 0, 0, 0, 0 };
     for (int k = 0; k < 4 && 4 * i + k < n; k++) h[k] = d[4 * i + k];
     return make_uint2(h[0] | (unsigned)h[1] << 16, h[2] | (unsigned)h[3] << 16);
-}
-
-static __device__ __forceinline__ void add4(float *acc, uint2 v)
-{
-    float2 a = __bfloat1622float2(*(const bf162 *)&v.x), b = __bfloat1622float2(*(const bf162 *)&v.y);
-    acc[0] += a.x;
-    acc[1] += a.y;
-    acc[2] += b.x;
-    acc[3] += b.y;
-}
-
-static __device__ __forceinline__ void add8(float *acc, uint4 v)
-{
-    const bf162 *h = (const bf162 *)&v;
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float2 f = __bfloat1622float2(h[i]);
-        acc[2 * i] += f.x;
-        acc[2 * i + 1] += f.y;
-    }
 }
 
 /* Threads [0, size) of the block, thread p != rank: raise `flag` in peer p's signal block at
@@ -170,17 +114,7 @@ static __device__ uint2 ll_wait(const uint4 *p, unsigned flag, uint64_t timeout_
     uint4 l = ld_volatile_v4(p);
     uint64_t t0 = 0;
     for (unsigned spins = 1; l.y != flag || l.w != flag; spins++) {
-        if ((spins & 1023) == 0) {
-            if (*failed) return make_uint2(0, 0);
-            uint64_t t = global_ns();
-            if (!t0) t0 = t;
-            else if (t - t0 > timeout_ns) {
-                *err = 1u + peer;
-                __threadfence_system();
-                *failed = 1;
-                return make_uint2(0, 0);
-            }
-        }
+        if (spin_late(spins, &t0, timeout_ns, err, peer, failed)) return make_uint2(0, 0);
         l = ld_volatile_v4(p);
     }
     return make_uint2(l.x, l.z);
@@ -380,9 +314,15 @@ extern "C" size_t sf_k_ar_norm_ll_off(size_t buf_bytes, size_t ll_bytes, int siz
     return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
 }
 
-extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
+extern "C" size_t sf_k_tpl_off(size_t buf_bytes, size_t ll_bytes, int size)
 {
     return sf_k_ar_norm_ll_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * 2 * SF_ARN_LL_BYTES;
+}
+
+extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
+{
+    return sf_k_tpl_off(buf_bytes, ll_bytes, size) + SF_TPL_CHANNELS * SF_TPL_MAX_BLOCKS * sizeof(unsigned) +
+           (size_t)SF_TPL_CHANNELS * size * (SF_TPL_MAX_COLS / 2) * 8;
 }
 
 extern "C" int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s)

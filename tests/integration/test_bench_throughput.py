@@ -29,6 +29,16 @@ ok = (rc == 0 and r and r["mode"] == "throughput" and r["backend"] == "cpu" and 
       and r["engine"]["rows_sampled_backend"] == 5 * 7 and 0 < r["engine"]["host_share_decode"] <= 1.0)
 check("throughput_cpu_counts_every_token", ok, f"rc {rc}: {r or err}")
 
+# the timeline: every request seated at once, so its three phases add up to the run and its
+# tokens to the output (the first tokens come before the "full" phase starts)
+tl = (r or {}).get("timeline", {})
+ok = (tl and tl["first_tokens_s"] > 0 and tl["ramp_down_s"] >= 0 and tl["full_decode_s"] >= 0
+      and abs(tl["first_tokens_s"] + tl["full_decode_s"] + tl["ramp_down_s"] - r["elapsed_s"]) < 1e-6
+      and tl["full_decode_tokens"] + tl["ramp_down_tokens"] <= r["output_tokens"] - 5
+      and tl["prompt_steps"] >= 1 and tl["prompt_steps_s"] > 0 and tl["decode_steps_s"] > 0
+      and tl["prompt_steps_s"] + tl["decode_steps_s"] + tl["outside_steps_s"] >= 0.99 * r["elapsed_s"])
+check("throughput_timeline_adds_up", ok, f"{tl}")
+
 # more requests than may run at once: the scheduler queues the rest
 rc, r, err = throughput("--num-prompts", "9", "--max-num-seqs", "4", "--temperature", "0", "--sample", "host")
 ok = (rc == 0 and r and r["output_tokens"] == 9 * 7 and r["max_num_seqs"] == 4
@@ -61,6 +71,8 @@ for args, what in [
     (["--sample", "gpu"], "--sample"),
     (["--batch", "0"], "--batch"),
     (["--kv-dtype", "fp4"], "--kv-dtype"),
+    (["--max-batched-tokens", "0"], "--max-batched-tokens"),
+    (["--max-num-seqs", "12x"], "--max-num-seqs"),
 ]:
     rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", *args)
     check("bad_flag " + " ".join(args), rc == 2 and what in err, f"rc {rc}: {err[-300:]}")
@@ -70,14 +82,18 @@ check("context_too_long", rc == 1 and "--input" in err and "context" in err, f"r
 
 # --compare takes a decode-batch JSON file: a missing or malformed one is refused with what to give
 bad = os.path.join(os.environ.get("TMPDIR", "/tmp"), "sf-compare-bad-%d.json" % os.getpid())
+wrong = bad + ".decode.json"
 with open(bad, "w") as f:
     f.write("{bad")
-for path in [bad, bad + ".missing"]:
+with open(wrong, "w") as f:
+    f.write('{"mode": "decode", "ms_per_token_median": 1.0}')
+for path in [bad, bad + ".missing", wrong]:
     rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--input", "4", "--output", "2",
                        "--num-prompts", "2", "--compare", path)
     check("bad_compare_file " + os.path.basename(path), rc != 0 and "--compare" in err and "decode-batch" in err,
           f"rc {rc}: {err[-300:]}")
 os.unlink(bad)
+os.unlink(wrong)
 
 print(f"{results.passed} passed, {results.failures} failed")
 sys.exit(1 if results.failures else 0)

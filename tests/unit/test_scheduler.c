@@ -44,13 +44,15 @@ typedef struct world {
     char why[256];
 } world;
 
+static int table_quantum; /* the block table's stride quantum of the worlds made next */
+
 static int world_init(world *w, int n_blocks, int bs, int max_seqs, int budget, int max_len, float reserve)
 {
     memset(w, 0, sizeof *w);
     sf_error err = { 0 };
     if (sf_kv_pool_init(&w->pool, n_blocks, bs, &err) != SF_OK) return -1;
     sf_sched_config c = { .max_num_seqs = max_seqs, .max_batched_tokens = budget, .max_model_len = max_len,
-                          .kv_high_reserve = reserve };
+                          .kv_high_reserve = reserve, .table_quantum = table_quantum };
     if (sf_sched_init(&w->s, &c, &w->pool, &err) != SF_OK) {
         printf("sched init: %s\n", err.msg);
         return -1;
@@ -115,6 +117,18 @@ static void check_plan(world *w, const sf_plan *p)
     sf_batch b;
     sf_sched_batch(s, &b);
     if (b.n_tokens != p->n_tokens || b.n_seqs != live) note_bad(w, "batch size mismatch");
+    /* the block table: each row the sequence's blocks then zeros, the stride the widest
+     * sequence's blocks rounded up to the quantum */
+    int widest = 1, q = SF_MAX(s->cfg.table_quantum, 1);
+    for (int i = 0, r = 0; i < p->n_items; i++) {
+        const sf_seq *sq = p->items[i].seq;
+        if (!sq) continue;
+        widest = SF_MAX(widest, sq->n_blocks);
+        const int32_t *row = b.block_table + (size_t)r++ * b.max_blocks;
+        for (int j = 0; j < b.max_blocks; j++)
+            if (row[j] != (j < sq->n_blocks ? sq->blocks[j] : 0)) { note_bad(w, "block table row wrong"); break; }
+    }
+    if (live && b.max_blocks != (widest + q - 1) / q * q) note_bad(w, "block table stride not the rounded widest");
     static unsigned char seen[1 << 16];
     int slots = w->pool.n_blocks * w->pool.block_size;
     if (slots <= (int)sizeof seen) {
@@ -333,12 +347,14 @@ TEST(bad_config_rejected)
 }
 
 /* A few thousand random steps: arrivals of every class, random prompt and output lengths,
- * cancellations, a pool small enough to force preemption. Invariants are checked every step;
+ * cancellations, a pool small enough to force preemption, block tables with a rounded stride. Invariants are checked every step;
  * at the end every request has finished (or was cancelled) and every block is back. */
 TEST(random_workload)
 {
     world w;
+    table_quantum = 16; /* as the engine sets it: 512 / 8 + 1 blocks -> a stride of up to 80 */
     int wrc = world_init(&w, 96, 8, 12, 96, 512, 0.15f);
+    table_quantum = 0;
     REQUIRE(wrc == 0, "init");
     sf_rng rng;
     sf_rng_seed(&rng, 42);

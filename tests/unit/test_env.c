@@ -1,0 +1,243 @@
+/* test_env.c — the SEMFLOW_* environment switches (common/env.c): every accepted spelling, and
+ * every malformed value refused with a warning that names the variable, the value and what it
+ * takes, the default then in force; and the engine's own switches read through them
+ * (SEMFLOW_ENGINE_OVERLAP, SEMFLOW_ENGINE_WARMUP, SEMFLOW_SCHED_RT_ALONE, SEMFLOW_LOG) on the CPU
+ * backend with stories260K. */
+#include <fcntl.h>
+#include <pthread.h>
+#include <unistd.h>
+
+#include "common/sf.h"
+#include "engine/engine.h"
+#include "engine/kvcache.h"
+#include "engine/scheduler.h"
+#include "tests/lib/engine_wait.h"
+#include "tests/test.h"
+
+/* stderr goes to a file between capture_begin and capture_end, which returns what was written. */
+static int saved_fd = -1;
+static char captured[8192];
+
+static void capture_begin(void)
+{
+    fflush(stderr);
+    saved_fd = dup(2);
+    FILE *f = tmpfile();
+    dup2(fileno(f), 2); /* the file stays open through fd 2 */
+    fclose(f);
+}
+
+static const char *capture_end(void)
+{
+    fflush(stderr);
+    off_t n = lseek(2, 0, SEEK_CUR);
+    lseek(2, 0, SEEK_SET);
+    ssize_t got = n > 0 ? read(2, captured, SF_MIN((size_t)n, sizeof captured - 1)) : 0;
+    captured[got > 0 ? got : 0] = 0;
+    dup2(saved_fd, 2);
+    close(saved_fd);
+    return captured;
+}
+
+TEST(bool_values)
+{
+    static const char *on[] = { "1", "on", "ON", "true", "Yes" }, *off[] = { "0", "off", "False", "no" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(on); i++) {
+        setenv("SEMFLOW_TEST_SWITCH", on[i], 1);
+        CHECK_MSG(sf_env_bool("SEMFLOW_TEST_SWITCH", 0) == 1, "'%s' is on", on[i]);
+    }
+    for (size_t i = 0; i < SF_ARRAY_LEN(off); i++) {
+        setenv("SEMFLOW_TEST_SWITCH", off[i], 1);
+        CHECK_MSG(sf_env_bool("SEMFLOW_TEST_SWITCH", 1) == 0, "'%s' is off", off[i]);
+    }
+    unsetenv("SEMFLOW_TEST_SWITCH");
+    capture_begin();
+    int a = sf_env_bool("SEMFLOW_TEST_SWITCH", 1), b;
+    setenv("SEMFLOW_TEST_SWITCH", "", 1);
+    b = sf_env_bool("SEMFLOW_TEST_SWITCH", 0);
+    const char *log = capture_end();
+    CHECK(a == 1 && b == 0);
+    CHECK_MSG(!log[0], "unset and empty are silent, got '%s'", log);
+}
+
+TEST(bool_malformed_warns_and_keeps_default)
+{
+    static const char *bad[] = { "2", "01", "yes please", "enable", " 1", "-1" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(bad); i++) {
+        setenv("SEMFLOW_TEST_SWITCH", bad[i], 1);
+        capture_begin();
+        int v0 = sf_env_bool("SEMFLOW_TEST_SWITCH", 0), v1 = sf_env_bool("SEMFLOW_TEST_SWITCH", 1);
+        const char *log = capture_end();
+        CHECK_MSG(v0 == 0 && v1 == 1, "'%s' keeps the default", bad[i]);
+        CHECK_MSG(strstr(log, "warn") && strstr(log, "SEMFLOW_TEST_SWITCH") && strstr(log, bad[i]) &&
+                  strstr(log, "0 or 1"), "'%s': %s", bad[i], log);
+    }
+    unsetenv("SEMFLOW_TEST_SWITCH");
+}
+
+TEST(long_values)
+{
+    setenv("SEMFLOW_TEST_N", "4096", 1);
+    CHECK(sf_env_long("SEMFLOW_TEST_N", 7, 0, 1 << 20) == 4096);
+    setenv("SEMFLOW_TEST_N", "-3", 1);
+    CHECK(sf_env_long("SEMFLOW_TEST_N", 7, -5, 5) == -3);
+    static const char *bad[] = { "12k", "1e3", "abc", "99999999999999999999", "2000000", "-1" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(bad); i++) {
+        setenv("SEMFLOW_TEST_N", bad[i], 1);
+        capture_begin();
+        long v = sf_env_long("SEMFLOW_TEST_N", 7, 0, 1 << 20);
+        const char *log = capture_end();
+        CHECK_MSG(v == 7, "'%s' keeps the default, got %ld", bad[i], v);
+        CHECK_MSG(strstr(log, "SEMFLOW_TEST_N") && strstr(log, "[0, 1048576]"), "'%s': %s", bad[i], log);
+    }
+    unsetenv("SEMFLOW_TEST_N");
+    CHECK(sf_env_long("SEMFLOW_TEST_N", 7, 0, 10) == 7);
+}
+
+TEST(choice_values)
+{
+    static const char *const ch[] = { "nccl", "custom", "ll" };
+    setenv("SEMFLOW_TEST_PATH", "ll", 1);
+    CHECK(sf_env_choice("SEMFLOW_TEST_PATH", -1, ch, 3) == 2);
+    setenv("SEMFLOW_TEST_PATH", "LL", 1);
+    capture_begin();
+    int v = sf_env_choice("SEMFLOW_TEST_PATH", 0, ch, 3);
+    const char *log = capture_end();
+    CHECK(v == 0);
+    CHECK_MSG(strstr(log, "SEMFLOW_TEST_PATH=LL") && strstr(log, "nccl, custom, ll") && strstr(log, "default, nccl"),
+              "%s", log);
+    unsetenv("SEMFLOW_TEST_PATH");
+}
+
+TEST(sched_rt_alone)
+{
+    static const struct { const char *v; int want; } cases[] = { { NULL, 1 }, { "0", 0 }, { "off", 0 }, { "1", 1 },
+                                                                 { "0x", 1 }, { "nope", 1 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        sf_error err = { 0 };
+        sf_kv_pool pool;
+        sf_sched s;
+        REQUIRE(sf_kv_pool_init(&pool, 64, 16, &err) == SF_OK, "%s", err.msg);
+        sf_sched_config c = { .max_num_seqs = 4, .max_batched_tokens = 64, .max_model_len = 256 };
+        if (cases[i].v) setenv("SEMFLOW_SCHED_RT_ALONE", cases[i].v, 1);
+        else unsetenv("SEMFLOW_SCHED_RT_ALONE");
+        capture_begin();
+        int rc = sf_sched_init(&s, &c, &pool, &err);
+        const char *log = capture_end();
+        CHECK_MSG(rc == SF_OK, "%s", err.msg);
+        CHECK_MSG(rc || s.rt_alone == cases[i].want, "SEMFLOW_SCHED_RT_ALONE=%s: rt_alone %d", cases[i].v ? cases[i].v : "(unset)",
+                  s.rt_alone);
+        int malformed = i >= 4;
+        CHECK_MSG(!malformed == !strstr(log, "SEMFLOW_SCHED_RT_ALONE"), "%s: log '%s'", cases[i].v ? cases[i].v : "(unset)", log);
+        if (!rc) sf_sched_free(&s);
+        sf_kv_pool_free(&pool);
+    }
+    unsetenv("SEMFLOW_SCHED_RT_ALONE");
+}
+
+typedef struct one_req {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done, tokens;
+} one_req;
+
+static void on_event(const sf_event *ev)
+{
+    one_req *o = ev->user;
+    pthread_mutex_lock(&o->mu);
+    if (ev->type == SF_EV_TOKEN) o->tokens++;
+    else o->done = 1;
+    pthread_cond_signal(&o->cv);
+    pthread_mutex_unlock(&o->mu);
+}
+
+/* An engine on the CPU with the environment as set; one request of 3 tokens through it.
+ * *overlapped: the loop it ran; returns what the engine logged while starting. */
+static const char *engine_run(int *overlapped, int *tokens)
+{
+    sf_error err = { 0 };
+    sf_engine_config c;
+    sf_engine_config_default(&c);
+    c.model = test_data("stories260K/stories260K.gguf");
+    c.backend = "cpu";
+    c.n_threads = 1;
+    c.max_num_seqs = 4;
+    c.max_batched_tokens = 64;
+    sf_engine *e = NULL;
+    *overlapped = -1;
+    *tokens = 0;
+    capture_begin();
+    int rc = sf_engine_new(&c, &e, &err);
+    const char *log = capture_end();
+    if (rc) {
+        printf("      engine: %s\n", err.msg);
+        return log;
+    }
+    one_req o = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+    int32_t prompt[3] = { 1, 2, 3 };
+    sf_submit s = { .prompt = prompt, .n_prompt = 3, .cb = on_event, .user = &o };
+    sf_sampling_default(&s.sampling);
+    s.sampling.max_tokens = 3;
+    s.sampling.ignore_eos = 1;
+    if (sf_engine_submit(e, &s, NULL, NULL, &err) == SF_OK) {
+        pthread_mutex_lock(&o.mu);
+        while (!o.done) pthread_cond_wait(&o.cv, &o.mu);
+        pthread_mutex_unlock(&o.mu);
+    }
+    sf_engine_stats st;
+    wait_idle(e, &st);
+    *overlapped = st.overlapped;
+    *tokens = o.tokens;
+    sf_engine_free(e);
+    return log;
+}
+
+TEST(engine_overlap_and_warmup)
+{
+    static const struct { const char *ov, *warm; int overlapped, warmed, warns; } cases[] = {
+        { NULL, NULL, 1, 0, 0 },        { "0", NULL, 0, 0, 0 },        { "off", "1", 0, 1, 0 },
+        { "serial", NULL, 1, 0, 1 },    { "1", "sometimes", 1, 0, 1 }, { NULL, "0", 1, 0, 0 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        if (cases[i].ov) setenv("SEMFLOW_ENGINE_OVERLAP", cases[i].ov, 1);
+        else unsetenv("SEMFLOW_ENGINE_OVERLAP");
+        if (cases[i].warm) setenv("SEMFLOW_ENGINE_WARMUP", cases[i].warm, 1);
+        else unsetenv("SEMFLOW_ENGINE_WARMUP");
+        int ov, tok;
+        const char *log = engine_run(&ov, &tok);
+        CHECK_MSG(ov == cases[i].overlapped && tok == 3, "case %zu: overlapped %d, %d tokens", i, ov, tok);
+        CHECK_MSG(!strstr(log, "warm-up of") == !cases[i].warmed, "case %zu: %s", i, log);
+        CHECK_MSG(!strstr(log, "warn:") == !cases[i].warns, "case %zu: %s", i, log);
+        if (cases[i].warns)
+            CHECK_MSG(strstr(log, cases[i].ov && strcmp(cases[i].ov, "1") ? "SEMFLOW_ENGINE_OVERLAP=serial"
+                                                                            : "SEMFLOW_ENGINE_WARMUP=sometimes"),
+                      "case %zu names the variable: %s", i, log);
+    }
+    unsetenv("SEMFLOW_ENGINE_OVERLAP");
+    unsetenv("SEMFLOW_ENGINE_WARMUP");
+}
+
+TEST(log_level)
+{
+    int saved = sf_log_level;
+    setenv("SEMFLOW_LOG", "loud", 1);
+    capture_begin();
+    int v = sf_env_choice("SEMFLOW_LOG", SF_LOG_INFO, (const char *const[]){ "error", "warn", "info", "debug" }, 4);
+    const char *log = capture_end();
+    CHECK(v == SF_LOG_INFO);
+    CHECK_MSG(strstr(log, "SEMFLOW_LOG=loud") && strstr(log, "error, warn, info, debug"), "%s", log);
+    unsetenv("SEMFLOW_LOG");
+    sf_log_level = saved;
+}
+
+int main(void)
+{
+    RUN(bool_values);
+    RUN(bool_malformed_warns_and_keeps_default);
+    RUN(long_values);
+    RUN(choice_values);
+    RUN(sched_rt_alone);
+    RUN(engine_overlap_and_warmup);
+    RUN(log_level);
+    return test_summary();
+}
