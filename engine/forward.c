@@ -59,10 +59,10 @@ struct sf_forward {
     int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
     int gather_pending; /* rank 0, launching: the logits' gather was queued without waiting for it */
     int gather_waits;   /* $SEMFLOW_TP_GATHER_WAIT=1: the launch waits for the gather (the earlier way) */
-    /* lanes (lanes_split below): $SEMFLOW_LANES (0 or 2), the fewest tokens and sequences of a step
-     * that splits; lane 1's row views of the activations start at view_row0 (0: none yet); the
+    /* lanes (lanes_split below): $SEMFLOW_LANES (0 or 2), the fewest and most tokens and the fewest
+     * sequences of a step that splits; lane 1's row views of the activations start at view_row0 (0: none yet); the
      * sub-batches' rebased seq_start arrays ([max_tokens + 1] each) */
-    int lanes, lanes_min_tokens, lanes_min_seqs;
+    int lanes, lanes_min_tokens, lanes_max_tokens, lanes_min_seqs;
     int64_t view_row0;
     sf_buf *view[FW_ACT_N];
     int32_t *lane_ss[2];
@@ -188,14 +188,13 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
         f->tp_fused = !(e && !strcmp(e, "0"));
         e = getenv("SEMFLOW_TP_GATHER_WAIT");
         f->gather_waits = e && !strcmp(e, "1");
-        /* $SEMFLOW_LANES=2: steps of at least $SEMFLOW_LANES_MIN tokens (default 64) and two
-         * sequences run in two lanes; 0 (the default): whole */
-        e = getenv("SEMFLOW_LANES");
-        f->lanes = e && !strcmp(e, "2") ? 2 : 0;
-        if (e && strcmp(e, "0") && strcmp(e, "2"))
-            SF_LOGW("forward: SEMFLOW_LANES=%s is not 0 or 2; steps run whole", e);
-        e = getenv("SEMFLOW_LANES_MIN");
-        f->lanes_min_tokens = e && atoi(e) > 0 ? atoi(e) : 64;
+        /* $SEMFLOW_LANES=2: steps of $SEMFLOW_LANES_MIN to $SEMFLOW_LANES_MAX tokens (default 64
+         * to 1024: decode steps and small mixed ones; a prefill-sized step's GEMMs fill the GPU
+         * alone) and two sequences or more run in two lanes; 0 (the default): whole */
+        static const char *const lanes[] = { "0", "2" };
+        f->lanes = sf_env_choice("SEMFLOW_LANES", 0, lanes, 2) ? 2 : 0;
+        f->lanes_min_tokens = (int)sf_env_long("SEMFLOW_LANES_MIN", 64, 2, 1 << 20);
+        f->lanes_max_tokens = (int)sf_env_long("SEMFLOW_LANES_MAX", 1024, 2, 1 << 20);
         f->lanes_min_seqs = 2;
     }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
@@ -203,7 +202,10 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
     f->lane_ss[0] = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
     f->lane_ss[1] = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
-    if (!f->layers || !f->lw || !f->inv_freq || !f->lane_ss[0] || !f->lane_ss[1]) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
+    if (!f->layers || !f->lw || !f->inv_freq || !f->lane_ss[0] || !f->lane_ss[1]) {
+        rc = sf_err(err, SF_ENOMEM, "forward: out of memory");
+        goto fail;
+    }
 
     if ((rc = new_weight(f, &f->emb, err, 1, &m->tok_embd, NULL)) || (rc = new_vec(f, &f->out_norm, &m->out_norm, err)))
         goto fail;
@@ -404,7 +406,7 @@ static int lanes_split(sf_forward *f, const sf_batch *bt, int tp, sf_error *err)
     const struct sf_backend_ops *o = OPS(f);
     int T = bt->n_tokens, S = bt->n_seqs;
     if (f->lanes != 2 || !o->lanes_plan || !o->lane || !o->buf_view || T < f->lanes_min_tokens ||
-        S < SF_MAX(2, f->lanes_min_seqs))
+        T > f->lanes_max_tokens || S < SF_MAX(2, f->lanes_min_seqs))
         return 0;
     int s0 = 1;
     for (int s = 1; s < S; s++)

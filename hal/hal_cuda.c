@@ -387,8 +387,7 @@ static int lanes_make(cuda_ctx *c, sf_error *err)
     if ((rc = gemm_make(c, &c->gemm1, err))) goto cleanup;
     /* SEMFLOW_CUDA_LANES_SERIAL=1: lane 1's ops on the main stream too, after lane 0's (the split
      * without the overlap: what the half-size GEMMs cost, for comparison) */
-    const char *ser = getenv("SEMFLOW_CUDA_LANES_SERIAL");
-    c->graphs.lane_s = ser && !strcmp(ser, "1") ? c->s : c->s1;
+    c->graphs.lane_s = sf_env_bool("SEMFLOW_CUDA_LANES_SERIAL", 0) ? c->s : c->s1;
     c->graphs.lane_g = c->gemm1;
     c->graphs.lane_ev = c->ev_join;
     return SF_OK;
