@@ -105,11 +105,6 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
-    int persist;     /* SEMFLOW_CUDA_PERSIST: batch-1 layers through decode_persist.cu (1: a step's
-                      * layers in one launch, 2: a launch per layer, 0: off) */
-    float *l1_mem;   /* its attention partials, barrier words (zeroed once) and layer table */
-    size_t l1_floats;
-    sf_k_layer1_w *l1_tab, *l1_tab_h; /* the table (in l1_mem) and its host copy, by layer */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
@@ -217,12 +212,11 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
                r->kind == SF_OP_GEMV_TP;
     int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
     int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
-    if (r->kind == SF_OP_LAYER1) { m = r->layer1.d; k = r->layer1.ffn; } /* n: 1 token */
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
     int64_t n = gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
                     ? r->n[1] : r->kind == SF_OP_COLL_NORM ? r->n[0] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
-                    : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2]) : r->kind == SF_OP_LAYER1 ? 1
+                    : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2])
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
     for (int i = 0; i < c->n_prof; i++) {
         struct prof_row *p = &c->prof_rows[i];
@@ -236,7 +230,7 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm", "layer1", "gemv_tp" };
+                                   "coll_norm", "gemv_tp" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -457,8 +451,6 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->kv_scale);
         cudaFree(c->inv_freq_d);
         cudaFree(c->attn_ws);
-        cudaFree(c->l1_mem);
-        free(c->l1_tab_h);
         if (c->samp_h) cudaFreeHost(c->samp_h);
         cudaFree(c->samp_d);
         if (c->s) cudaStreamDestroy(c->s);
@@ -1315,88 +1307,6 @@ static int cuda_tp_fused(sf_backend *b, const sf_tp_op *op)
     return submit(c, &r, 1, "tp_fused");
 }
 
-/* Layers of a batch-1 step in persistent launches (decode_persist.cu), when switched on and the
- * step and shapes allow; else SF_EUNSUPPORTED. SEMFLOW_CUDA_PERSIST=1: the whole range in one
- * launch; 2: one launch per layer. The kernel reads each layer's weights and cache from a device
- * table, written (outside any capture) when an entry changes: once per model. */
-static int cuda_decode_layers(sf_backend *b, sf_buf *h, const sf_layer_weights *w, int first, int n, float eps, int H,
-                              int Hkv, const sf_rope *r, sf_buf *qkv, sf_buf *att, sf_buf *act)
-{
-    cuda_ctx *c = CTX(b);
-    if (!c->persist || c->T != 1 || c->step_i8 || !c->kv || n < 1 || first < 0 || first + n > c->kvc.n_layers)
-        return SF_EUNSUPPORTED;
-    int hd = r->head_dim, d = (int)h->cols, ffn = (int)(w[0].wgu->rows / 2), rc;
-    if (Hkv != c->kvc.n_kv_heads || hd != c->kvc.head_dim || qkv->cols < (int64_t)(H + 2 * Hkv) * hd ||
-        att->cols < (int64_t)H * hd || act->cols < ffn)
-        return SF_EUNSUPPORTED;
-    for (int i = 0; i < n; i++) {
-        const sf_layer_weights *L = &w[i];
-        uintptr_t al = (uintptr_t)L->attn_norm->d | (uintptr_t)L->wqkv->d | (uintptr_t)L->wo->d |
-                       (uintptr_t)L->ffn_norm->d | (uintptr_t)L->wgu->d | (uintptr_t)L->wdown->d;
-        if (L->wqkv->rows != (int64_t)(H + 2 * Hkv) * hd || L->wqkv->cols != d || L->wo->rows != d ||
-            L->wo->cols != (int64_t)H * hd || L->wgu->rows != 2 * (int64_t)ffn || L->wgu->cols != d ||
-            L->wdown->rows != d || L->wdown->cols != ffn || L->attn_norm->rows * L->attn_norm->cols != d ||
-            L->ffn_norm->rows * L->ffn_norm->cols != d || L->wo->bias || L->wgu->bias || L->wdown->bias || al % 16)
-            return SF_EUNSUPPORTED;
-    }
-    if ((rc = ensure_rope(c, r))) return rc;
-    int capturable = 1;
-    size_t ws_f = sf_k_decode_persist_ws_floats(H, hd), sync_f = (sf_k_decode_persist_sync_bytes() + 3) / 4;
-    size_t tab_f = ((size_t)c->kvc.n_layers * sizeof(sf_k_layer1_w) + 15) / 16 * 4;
-    size_t need = ws_f + sync_f + tab_f;
-    if (need > c->l1_floats) { /* once per model: partials, zeroed barrier words, the layer table */
-        sf_error err;
-        if ((rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "decode_layers"))) return rc;
-        capturable = 0;
-        dfree(c, c->l1_mem, c->l1_floats * 4);
-        free(c->l1_tab_h);
-        c->l1_mem = NULL;
-        c->l1_floats = 0;
-        if (!(c->l1_tab_h = calloc((size_t)c->kvc.n_layers, sizeof *c->l1_tab_h)))
-            return op_fail(SF_ENOMEM, "decode_layers", "out of host memory for the layer table");
-        if (dmalloc(c, (void **)&c->l1_mem, need * 4, "the persistent layers' workspace", &err)) {
-            SF_LOGE("cuda backend: %s", err.msg);
-            return err.code;
-        }
-        c->l1_floats = need;
-        c->l1_tab = (sf_k_layer1_w *)c->l1_mem; /* [table | partials | barrier words], 16-byte aligned parts */
-        if ((rc = kcheck(cudaMemsetAsync(c->l1_mem, 0, need * 4, c->s), "decode_layers"))) return rc;
-    }
-    for (int i = 0; i < n; i++) {
-        sf_k_kv kv = layer_kv(c, first + i);
-        sf_k_layer1_w e = { w[i].attn_norm->d, w[i].wqkv->d, w[i].wqkv->bias, w[i].wo->d, w[i].ffn_norm->d,
-                            w[i].wgu->d, w[i].wdown->d, kv.k, kv.v };
-        if (memcmp(&e, &c->l1_tab_h[first + i], sizeof e)) { /* rare: the model's first steps */
-            if (capturable && (rc = kcheck(sf_cuda_graph_bail(&c->graphs, c->gemm, c->s), "decode_layers"))) return rc;
-            capturable = 0;
-            c->l1_tab_h[first + i] = e;
-            if ((rc = kcheck(cudaMemcpyAsync(c->l1_tab + first + i, &c->l1_tab_h[first + i], sizeof e,
-                                             cudaMemcpyHostToDevice, c->s), "decode_layers")) ||
-                (rc = kcheck(cudaStreamSynchronize(c->s), "decode_layers")))
-                return rc;
-        }
-    }
-    sf_op_rec rec;
-    memset(&rec, 0, sizeof rec); /* padding too: records are compared bytewise */
-    rec.kind = SF_OP_LAYER1;
-    sf_k_layer1 *p = &rec.layer1;
-    p->n_layers = c->persist == 2 ? 1 : n;
-    p->h = h->d; p->qkv = qkv->d; p->att = att->d; p->act = act->d;
-    p->pos = c->pos_d; p->slot = c->slot_d; p->block_table = c->block_table_d; p->inv_freq = c->inv_freq_d;
-    p->block_size = c->kvc.block_size;
-    p->d = d; p->H = H; p->Hkv = Hkv; p->hd = hd; p->rot = r->rot_dim; p->interleaved = r->interleaved; p->ffn = ffn;
-    p->eps = eps; p->scale = r->attn_scale;
-    p->ws = c->l1_mem + tab_f;
-    p->sync = (unsigned *)(c->l1_mem + tab_f + ws_f);
-    p->lw = c->l1_tab + first;
-    if (!sf_k_decode_persist_ok(p)) return SF_EUNSUPPORTED;
-    for (int i = 0; i < n; i += p->n_layers) {
-        p->lw = c->l1_tab + first + i;
-        if ((rc = submit(c, &rec, capturable, "decode_layers"))) return rc;
-    }
-    return SF_OK;
-}
-
 static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
 {
     cuda_ctx *c = CTX(b);
@@ -1616,7 +1526,6 @@ static const struct sf_backend_ops cuda_ops = {
     .sample_start = cuda_sample_start,
     .sample_wait = cuda_sample_wait,
     .write_f32 = cuda_write_f32,
-    .decode_layers = cuda_decode_layers,
     .lanes_plan = cuda_lanes_plan,
     .lane = cuda_lane,
     .buf_view = cuda_buf_view,
@@ -1675,14 +1584,11 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             cuda_ops_plain.norm_matmul = NULL;
             cuda_ops_plain.matmul_add = NULL;
             cuda_ops_plain.norm_qkv_rope = NULL;
-            cuda_ops_plain.decode_layers = NULL;
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = !(ad && !strcmp(ad, "0"));
         const char *md = getenv("SEMFLOW_CUDA_MIXED_DECODE");
         c->mixed_decode = md && !strcmp(md, "1");
-        const char *ps = getenv("SEMFLOW_CUDA_PERSIST");
-        c->persist = ps && (ps[0] == '1' || ps[0] == '2') && !ps[1] ? ps[0] - '0' : 0;
     }
     b->ctx = c;
     c->dev = dev;

@@ -11,13 +11,17 @@
 #      decode latency with host time per step, and the device step of 256 sequences; every TP=2
 #      run logs the all-reduce table (NCCL, one-shot, LL, 2 KiB .. 4 MiB) it measured at start;
 #   3. the same TP=2 run with the batch-1 link (SEMFLOW_TP_PUSH=1);
-#   4. Llama-3-70B dummy, TP=2 batch-1 against its per-GPU roofline (`bench decode`), without
-#      and with the link (each load ~45 s);
-#   5. tests/device/test_tp (quick set) with the link: the all-reduce paths against exact sums,
-#      TP=2 logits vs TP=1 (the step graphs replayed), TP=2 draws on rank 0's GPU;
-#   6. if time is left: 8B TP=2 with no all-reduce at all (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1,
-#      wrong results: what the all-reduces cost inside the step), tests/device/test_tp_norm,
-#      saturated throughput 128/128 at TP=1 and TP=2.
+#   4. Llama-3-70B's shapes with 16 of its 80 layers (dummy weights from a config.json written
+#      here; ~1/4 of the load), TP=2 batch-1 (`bench decode`), one run per switch set: the link,
+#      without it, the link with the per-lane decode attention (SEMFLOW_CUDA_DECODE_ATTN=lanes:
+#      the regression since session 3?), no all-reduce at all
+#      (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1, wrong results: what the all-reduces cost in the
+#      step), the link with 4 ring stages everywhere (SEMFLOW_TP_LINK_STAGES=4);
+#   5. tests/device/test_tp (quick set), with the link when test_tp_push passed: the all-reduce
+#      paths against exact sums, TP=2 logits vs TP=1 (the step graphs replayed), TP=2 draws on
+#      rank 0's GPU;
+#   6. if time is left: the whole Llama-3-70B with the link (~45 s to load),
+#      tests/device/test_tp_norm, saturated throughput 128/128 at TP=1 and TP=2.
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
 T0=$(date +%s)
@@ -90,15 +94,32 @@ for tp in 1 2; do
 done
 SEMFLOW_TP_PUSH=1 run_json decode8b_tp2_push 12 25 "$BIN" bench decode-batch --load-format dummy \
     --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
-run_json decode70b_tp2 40 55 "$BIN" bench decode $D70
+# Llama-3-70B's shapes with 16 layers (a quarter of the load): the per-layer A/B of the switches
+L70=$D/l70x16
+mkdir -p "$L70"
+cat > "$L70/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192,
+ "intermediate_size": 28672, "num_hidden_layers": 16, "num_attention_heads": 64, "num_key_value_heads": 8,
+ "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "torch_dtype": "bfloat16",
+ "tie_word_embeddings": false, "bos_token_id": 128000, "eos_token_id": [128001, 128009]}
+JSON
+P70="--load-format dummy --model $L70 --backend cuda --tensor-parallel-size 2 --ctx 128 --steps 16 --json"
+# name and environment of each proxy run, most important first
+for v in "push SEMFLOW_TP_PUSH=1" "base SEMFLOW_TP_PUSH=0" "push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes" \
+         "noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1" "push_st4 SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_STAGES=4"; do
+    set -- $v
+    n=$1
+    shift
+    if [ $push_ok != 0 ] && [ "${n#push}" != "$n" ]; then
+        echo "SKIP: l70x16_$n (test_tp_push failed)" | tee -a "$SUM"
+        continue
+    fi
+    run_json l70x16_$n 12 30 env "$@" "$BIN" bench decode $P70
+done
+SEMFLOW_TP_PUSH=$((push_ok == 0)) SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 30 build/tests/device/test_tp
 if [ $push_ok = 0 ]; then
-    SEMFLOW_TP_PUSH=1 run_json decode70b_tp2_push 40 55 "$BIN" bench decode $D70
-else
-    echo "SKIP: decode70b_tp2_push (test_tp_push failed)" | tee -a "$SUM"
+    SEMFLOW_TP_PUSH=1 run_json decode70b_tp2_push 45 55 "$BIN" bench decode $D70
 fi
-SEMFLOW_TP_PUSH=1 SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 30 build/tests/device/test_tp
-SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 run_json decode8b_tp2_noar 12 20 "$BIN" bench decode-batch \
-    --load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
 run test_tp_norm 8 15 build/tests/device/test_tp_norm
 for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 64) at both sizes
     SEMFLOW_CUDA_GRAPH_TOKENS=512 run_json throughput_tp$tp 15 $((20 + 10 * (tp - 1))) "$BIN" bench throughput \
@@ -140,8 +161,11 @@ for f in sys.argv[1:]:
              e["decode_step_ms"], e["mean_decode_batch"], e["sampling"]))
 PY
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
-for v in "" _push; do
-    f="$D/decode70b_tp2$v.json"
-    echo "70B TP=2 batch-1${v:+ with the link}: $(jf "$f" ms_per_token_median) ms/token, roofline $(jf "$f" roofline_ms) ms/token per GPU, ratio $(jf "$f" ratio) (goal >= 0.85), host $(jf "$f" host_us_per_step) us/step"
+echo "Llama-3-70B shapes, 16 layers, TP=2 batch-1 (ms/token; ratio to its per-GPU roofline):"
+for n in base push push_lanes push_st4 noar; do
+    f="$D/l70x16_$n.json"
+    [ -f "$f" ] && echo "  $n: $(jf "$f" ms_per_token_median) ms, roofline $(jf "$f" roofline_ms), ratio $(jf "$f" ratio), host $(jf "$f" host_us_per_step) us/step"
 done
+f="$D/decode70b_tp2_push.json"
+[ -f "$f" ] && echo "70B TP=2 batch-1 with the link: $(jf "$f" ms_per_token_median) ms/token, roofline $(jf "$f" roofline_ms) ms/token per GPU, ratio $(jf "$f" ratio) (goal >= 0.85), host $(jf "$f" host_us_per_step) us/step"
 exit 0

@@ -30,17 +30,11 @@
  * residual add. Only the order of the fp32 sums differs. */
 #include "gemv_ring.cuh"
 
+extern "C" {
+#include "../../common/sf.h"
+}
+
 #define FG_UNROLL 4 /* default loads of each of the two rows in flight per lane */
-
-enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8, FG_ONE = 16 /* one row per warp (not glu, rope) */ };
-
-/* RoPE + KV append of the one token (rope mode only). */
-struct fg_rope {
-    const int32_t *pos, *slot;
-    const float *inv_freq;
-    int H, Hkv, hd, rot, interleaved;
-    sf_k_kv kv;
-};
 
 static __device__ __forceinline__ uint4 ld_stream(const void *p)
 {
@@ -51,15 +45,13 @@ static __device__ __forceinline__ uint4 ld_stream(const void *p)
     return v;
 }
 
-/* One output unit per warp: rows (ra, rb) of W. MODE is a set of FG_* flags. k % 8 == 0 and
- * every pointer 16-byte aligned (the launcher checks). Dynamic shared memory: k bf16 (norm).
- * Rope mode pairs the rows a rotation mixes: (i, i + rot/2) of a head (halves) or (2i, 2i + 1)
- * (interleaved, and the unrotated dims past rot and the v heads in both conventions). */
+/* One output unit per warp (fg_unit_rows: its rows ra, rb of W). MODE is a set of FG_* flags.
+ * k % 8 == 0 and every pointer 16-byte aligned (the launcher checks). Dynamic shared memory:
+ * k bf16 (norm), then the ring. */
 /* RING: the weight loads go through a per-warp ring of fg_ring_st shared-memory stages filled by
  * cp.async (FG_RING_V 16-byte loads per row per lane each), after the normalised row; a lane
  * reads back only the slots it filled, so cp.async.wait_group is the only synchronisation. The
  * loads then stay in flight across loop iterations instead of draining at each (FG_U unused). */
-#define FG_RING_V 2
 static constexpr int fg_ring_st(int mode) { return (mode & FG_ONE) ? 6 : 4; }
 template <int MODE, int WARPS, int FG_U, bool RING = false>
 __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
@@ -72,23 +64,11 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = k / 8;
     /* units: glu -> f = m / 2 outputs, one (gate, up) pair each; one row: m; else ceil(m / 2) row pairs */
     constexpr bool TWO = !(MODE & FG_ONE);
-    const int units = (MODE & FG_ONE) ? m : (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
+    const int units = fg_units(MODE, m);
     const int u = blockIdx.x * WARPS + warp;
     const bool active = u < units;
-    int ra = 0, rb = 0, hh = 0, ri = 0;
-    bool rotate = false;
-    if (active) {
-        if (MODE & FG_GLU) { ra = u; rb = u + m / 2; }
-        else if (MODE & FG_ROPE) {
-            const int half = rp.hd / 2;
-            hh = u / half;
-            ri = u - hh * half;
-            rotate = hh < rp.H + rp.Hkv && ri < rp.rot / 2;
-            ra = hh * rp.hd + (rotate && !rp.interleaved ? ri : 2 * ri);
-            rb = ra + (rotate && !rp.interleaved ? rp.rot / 2 : 1);
-        } else if (MODE & FG_ONE) { ra = rb = u; }
-        else { ra = 2 * u; rb = min(2 * u + 1, m - 1); }
-    }
+    const fg_unit r = active ? fg_unit_rows<MODE>(u, m, rp) : fg_unit{ 0, 0, 0, 0, false };
+    const int ra = r.ra, rb = r.rb;
     const uint4 *wa = (const uint4 *)(w + (int64_t)ra * k), *wb = (const uint4 *)(w + (int64_t)rb * k);
     sf_pdl_trigger();
 
@@ -180,24 +160,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     acc_a = warp_sum(acc_a);
     if (TWO) acc_b = warp_sum(acc_b);
     if (lane) return;
-    if (bias) { acc_a += bf2f(bias[ra]); acc_b += bf2f(bias[rb]); }
-    if (MODE & FG_GLU) {
-        float g = bf2f(f2bf(acc_a)), up = bf2f(f2bf(acc_b));
-        float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
-        y[u] = f2bf(sg * up);
-    } else if (MODE & FG_ROPE) {
-        /* full-precision blocks only (the caller sends INT8 steps through rope_kv.cu) */
-        const int sl = rp.slot[0];
-        const bool i8 = rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base;
-        gr_rope_store(acc_a, acc_b, rotate, ri, hh, ra, rb, rp.pos[0], rp.inv_freq, i8 ? -1 : sl, rp.H, rp.Hkv, rp.hd,
-                      rp.kv.block_size, rp.kv.k, rp.kv.v, y);
-    } else if (MODE & FG_ADD) {
-        y[ra] = f2bf(bf2f(y[ra]) + bf2f(f2bf(acc_a)));
-        if (rb != ra) y[rb] = f2bf(bf2f(y[rb]) + bf2f(f2bf(acc_b)));
-    } else {
-        y[ra] = f2bf(acc_a);
-        if (rb != ra) y[rb] = f2bf(acc_b);
-    }
+    fg_epilogue<MODE>(r, u, acc_a, acc_b, bias, y, rp);
 }
 
 extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
@@ -205,34 +168,48 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
     return k > 0 && k % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
 }
 
-/* SEMFLOW_CUDA_GEMV_RING: 2 (default) -> every fused GEMV through the cp.async ring, two rows per
- * warp for O and down; 1 -> the ring, one row per warp for O and down; 0 -> registers everywhere,
- * one row per warp for O and down (the choice before the ring). Ops are not mixed: a ring
- * kernel (dynamic shared memory) next to a register kernel (none) cannot share an SM's carveout,
- * so the next kernel's blocks wait for the SM to drain and the programmatic-launch overlap is
- * lost (measured: 146 us per layer mixed against 119.5 all on the ring, docs/PERFORMANCE.md). */
+/* SEMFLOW_CUDA_GEMV_RING: 3 -> every fused GEMV on persistent warps (gemv_stream.cu) where its
+ * shared memory fits, else as 2; 2 (default) -> every fused GEMV through the cp.async ring, a
+ * warp per unit, two rows per warp for O and down; 1 -> the ring, one row per warp for O and
+ * down; 0 -> registers everywhere, one row per warp for O and down (the choice before the ring).
+ * Ops are not mixed: a ring kernel (dynamic shared memory) next to a register kernel (none)
+ * cannot share an SM's carveout, so the next kernel's blocks wait for the SM to drain and the
+ * programmatic-launch overlap is lost (measured: 146 us per layer mixed against 119.5 all on the
+ * ring, docs/PERFORMANCE.md). Read once (the launch thread is the backend's only thread). */
 static int ring_mode(void)
 {
-    static const int mode = [] {
-        const char *e = getenv("SEMFLOW_CUDA_GEMV_RING");
-        return e && *e >= '0' && *e <= '2' && !e[1] ? *e - '0' : 2;
-    }();
+    static const int mode = (int)sf_env_long("SEMFLOW_CUDA_GEMV_RING", 2, 0, 3);
     return mode;
+}
+
+/* SEMFLOW_CUDA_CARVEOUT=1|0; unset: on with SEMFLOW_CUDA_GEMV_RING=3. */
+extern "C" int sf_k_batch1_carveout(void)
+{
+    static const int on = sf_env_bool("SEMFLOW_CUDA_CARVEOUT", ring_mode() == 3);
+    return on;
 }
 
 template <int MODE, int WARPS, int FG_U = FG_UNROLL, bool RING = false>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
                   int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
-    const int units = (MODE & FG_ONE) ? m : (MODE & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
+    const int units = fg_units(MODE, m);
     const size_t ring = RING ? (size_t)WARPS * fg_ring_st(MODE) * ((MODE & FG_ONE) ? 1 : 2) * FG_RING_V * 32 * 16 : 0;
     const size_t smem = ((size_t)k * 2 * ((MODE & FG_NORM) != 0) + 15) / 16 * 16 + ring;
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
+    static bool carve_set = false;
     if (smem > smem_set) {
         cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U, RING>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
+    }
+    if (!carve_set && sf_k_batch1_carveout()) {
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U, RING>,
+                                             cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             (int)cudaSharedmemCarveoutMaxShared);
+        if (e != cudaSuccess) return (int)e;
+        carve_set = true;
     }
     const int grid = (int)sf_div_up(units, WARPS);
     int rc = sf_launch_pdl(k_gemv_fused<MODE, WARPS, FG_U, RING>, dim3(grid), dim3(WARPS * 32), smem, s, (const bf16 *)x,
@@ -247,6 +224,10 @@ extern "C" int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, 
         (glu && m % 2))
         return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
+    int rc;
+    if (ring_mode() == 3 &&
+        (rc = sf_gemv_stream(glu ? FG_NORM | FG_GLU : FG_NORM, x, nw, eps, w, bias, m, k, y, rp, s)) >= 0)
+        return rc;
     if (glu && ring_mode() >= 1) return launch<FG_NORM | FG_GLU, 8, 8, true>(x, nw, eps, w, bias, m, k, y, rp, s);
     if (!glu && ring_mode() != 0) return launch<FG_NORM, 8, 4, true>(x, nw, eps, w, bias, m, k, y, rp, s);
     return glu ? launch<FG_NORM | FG_GLU, 8, 8>(x, nw, eps, w, bias, m, k, y, rp, s)
@@ -258,6 +239,8 @@ extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_
 {
     if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1) return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
+    int rc;
+    if (ring_mode() == 3 && (rc = sf_gemv_stream(FG_ADD, x, NULL, 0.0f, w, bias, m, k, y, rp, s)) >= 0) return rc;
     switch (ring_mode()) {
     case 0: return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
     case 1: return launch<FG_ADD | FG_ONE, 4, 8, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
@@ -278,6 +261,10 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
      * full-precision block: the backend sends steps that touch INT8 blocks to rope_kv.cu, which
      * quantises them, and the kernel never writes into one. */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
+    const int m = (H + 2 * Hkv) * hd;
+    int rc;
+    if (ring_mode() == 3 && (rc = sf_gemv_stream(FG_NORM | FG_ROPE, x, nw, eps, w, bias, m, k, qkv, rp, s)) >= 0)
+        return rc;
     if (ring_mode() != 0)
         return launch<FG_NORM | FG_ROPE, 8, 4, true>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
     return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);

@@ -1,7 +1,8 @@
 /* gemv_ring.cuh — device pieces shared by the batch-1 GEMVs that stream weights through a
- * cp.async ring (gemv_fused.cu) and the persistent decoder-layer kernel (decode_persist.cu):
- * the ring's copies, the 8-wide dot product, the normalised row and the RoPE + K/V epilogue.
- * Device code only. */
+ * cp.async ring (gemv_fused.cu: a warp per unit of rows; gemv_stream.cu: persistent warps):
+ * the ring's copies, the 8-wide dot product, the normalised row, the rows of a unit and the
+ * epilogues (GLU, RoPE + K/V append, residual add). Device code, and the launch entry of
+ * gemv_stream.cu for gemv_fused.cu's dispatchers. */
 #ifndef SF_KERNELS_GEMV_RING_CUH
 #define SF_KERNELS_GEMV_RING_CUH
 
@@ -96,5 +97,82 @@ static __device__ __forceinline__ void gr_rope_store(float a, float b, bool rota
         cache[rb - hh * hd] = yb;
     }
 }
+
+/* ---- the fused GEMVs' units and epilogues (gemv_fused.cu, gemv_stream.cu) ------------------ */
+enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8, FG_ONE = 16 /* one row per warp (not glu, rope) */ };
+#define FG_RING_V 2 /* 16-byte loads per row per lane in one ring stage */
+
+/* RoPE + KV append of the one token (rope mode only). */
+struct fg_rope {
+    const int32_t *pos, *slot;
+    const float *inv_freq;
+    int H, Hkv, hd, rot, interleaved;
+    sf_k_kv kv;
+};
+
+/* Output units of an m-row weight: glu -> m / 2 (a gate row and its up row), rope -> m / 2
+ * (the two rows a rotation mixes), one row per warp -> m, else ceil(m / 2) neighbouring pairs. */
+static __host__ __device__ __forceinline__ int fg_units(int mode, int m)
+{
+    return (mode & FG_ONE) ? m : (mode & (FG_GLU | FG_ROPE)) ? m / 2 : (m + 1) / 2;
+}
+
+/* The rows (ra, rb) of unit u < fg_units(MODE, m); rope mode: the head hh, the rotation index ri
+ * and whether the pair is rotated: (i, i + rot/2) of a head (halves) or (2i, 2i + 1)
+ * (interleaved, and the unrotated dims past rot and the v heads in both conventions). */
+struct fg_unit {
+    int ra, rb, hh, ri;
+    bool rotate;
+};
+template <int MODE>
+static __device__ __forceinline__ fg_unit fg_unit_rows(int u, int m, const fg_rope &rp)
+{
+    fg_unit r = { 0, 0, 0, 0, false };
+    if (MODE & FG_GLU) { r.ra = u; r.rb = u + m / 2; }
+    else if (MODE & FG_ROPE) {
+        const int half = rp.hd / 2;
+        r.hh = u / half;
+        r.ri = u - r.hh * half;
+        r.rotate = r.hh < rp.H + rp.Hkv && r.ri < rp.rot / 2;
+        r.ra = r.hh * rp.hd + (r.rotate && !rp.interleaved ? r.ri : 2 * r.ri);
+        r.rb = r.ra + (r.rotate && !rp.interleaved ? rp.rot / 2 : 1);
+    } else if (MODE & FG_ONE) { r.ra = r.rb = u; }
+    else { r.ra = 2 * u; r.rb = min(2 * u + 1, m - 1); }
+    return r;
+}
+
+/* One lane writes unit r's outputs from its two sums a, b (b unused with one row per warp):
+ * bias, then glu (y[u] = bf16(silu(bf16 g)) * bf16 u), rope (gr_rope_store), add (y += bf16)
+ * or a plain store. Rounding as the unfused kernels round. */
+template <int MODE>
+static __device__ __forceinline__ void fg_epilogue(const fg_unit &r, int u, float a, float b,
+                                                   const bf16 *__restrict__ bias, bf16 *__restrict__ y,
+                                                   const fg_rope &rp)
+{
+    if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
+    if (MODE & FG_GLU) {
+        float g = bf2f(f2bf(a)), up = bf2f(f2bf(b));
+        float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
+        y[u] = f2bf(sg * up);
+    } else if (MODE & FG_ROPE) {
+        /* full-precision blocks only (the caller sends INT8 steps through rope_kv.cu) */
+        const int sl = rp.slot[0];
+        const bool i8 = rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base;
+        gr_rope_store(a, b, r.rotate, r.ri, r.hh, r.ra, r.rb, rp.pos[0], rp.inv_freq, i8 ? -1 : sl, rp.H, rp.Hkv,
+                      rp.hd, rp.kv.block_size, rp.kv.k, rp.kv.v, y);
+    } else if (MODE & FG_ADD) {
+        y[r.ra] = f2bf(bf2f(y[r.ra]) + bf2f(f2bf(a)));
+        if (r.rb != r.ra) y[r.rb] = f2bf(bf2f(y[r.rb]) + bf2f(f2bf(b)));
+    } else {
+        y[r.ra] = f2bf(a);
+        if (r.rb != r.ra) y[r.rb] = f2bf(b);
+    }
+}
+
+/* gemv_stream.cu: the fused GEMV of MODE (FG_NORM, | FG_GLU, | FG_ROPE, or FG_ADD) on
+ * persistent warps. Returns a cudaError_t, or -1 when the shape does not fit the kernel's
+ * shared memory (the caller then takes gemv_fused.cu's kernels). */
+int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s);
 
 #endif

@@ -203,12 +203,6 @@ int sf_k_gemv_norm(const uint16_t *x, const uint16_t *nw, float eps, const uint1
  * first, as the unfused GEMV-then-add does). */
 int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
                   cudaStream_t s);
-/* sf_k_gemv_add that also pulls the first next_bytes of the next GEMV's weight `next` into L2
- * before it waits for the kernel before it (while attention runs): half at next and half at
- * next + next_seg2 bytes when next_seg2 > 0 (gate rows, then up rows). next_bytes 0: none. */
-int sf_k_gemv_add_next(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
-                       const uint16_t *next, long long next_bytes, long long next_seg2, cudaStream_t s);
-
 /* qkv[(H + 2 Hkv) * hd] = bf16(rmsnorm(x) * nw) . Wqkv^T (+ bias), then what sf_k_rope_kv does
  * for one token at pos[0] / slot[0] (device pointers): q and k heads rotated, k and v heads
  * written to the cache (bf16 blocks only: kv.i8_base must be 0). */
@@ -221,6 +215,14 @@ int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const 
  * not glu; 201: two rows per warp through the cp.async ring, 200: one, not glu); no bias. */
 int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                          int m, int k, uint16_t *y, cudaStream_t s);
+/* Benchmarks only: the same kinds on persistent warps (gemv_stream.cu) with cfg = blocks per SM
+ * (1..3) x 10 + ring stages per warp (3..6), + 100 to read x through L1 instead of shared memory
+ * (add only); cudaErrorInvalidValue where that does not fit. */
+int sf_k_gemv_stream_tune(int kind, int cfg, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m, int k,
+                          uint16_t *y, cudaStream_t s);
+/* Whether the batch-1 chain's kernels (fused GEMVs, batch-1 decode attention) ask for the
+ * max-shared carveout: SEMFLOW_CUDA_CARVEOUT=1|0, unset: with SEMFLOW_CUDA_GEMV_RING=3. */
+int sf_k_batch1_carveout(void);
 
 /* ---- residual add (add.cu) ------------------------------------------------------------------ */
 /* y[i, :d] = bf16(y[i, :d] + a[i, :d]) for i < n. */
@@ -260,42 +262,6 @@ int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_s
  * auto: by tokens and max_ctx), which it returns in *kernel (1 lanes, 2 mma, 3 stream) for
  * sf_k_attn.kernel: batch_begin plans once per step, the launches (and graph replays) follow. */
 int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int *kernel);
-
-/* ---- persistent batch-1 decoder layers (decode_persist.cu) ---------------------------------- */
-/* n_layers decoder layers of a batch-1 decode step in one launch (one block per SM, grid-wide
- * barriers), layer after layer: h += o_proj(attention(rope(qkv(rmsnorm(h) * attn_norm)))), then
- * h += down(silu(gate(x)) * up(x)), x = rmsnorm(h) * ffn_norm; k and v of the token are written
- * to the layer's cache at slot[0], the token attends keys 0..pos[0] (block_table: the
- * sequence's row). lw: device array of n_layers entries; weights [rows][cols] bf16, 16-byte
- * aligned: wqkv [(H + 2 Hkv) hd][d] (bias bqkv or NULL), wo [d][H hd], wgu [2 ffn][d] (gate
- * rows, then up rows), wdown [d][ffn]; k, v the layer's paged cache (kernels.h layout, bf16
- * blocks only). Scratch: qkv [(H + 2 Hkv) hd], att [H hd], act [ffn], ws
- * sf_k_decode_persist_ws_floats(H, hd) floats, sync sf_k_decode_persist_sync_bytes() zeroed
- * once before the first launch (kept zero between launches). head_dim 64 or 128, H / Hkv <= 8. */
-#define SF_K_DECODE_PERSIST_MAX_GROUP 8
-#define SF_K_DECODE_PERSIST_MAX_SPLIT 64
-typedef struct sf_k_layer1_w {
-    const uint16_t *attn_norm, *wqkv, *bqkv, *wo, *ffn_norm, *wgu, *wdown;
-    uint16_t *k, *v;
-} sf_k_layer1_w;
-typedef struct sf_k_layer1 {
-    const sf_k_layer1_w *lw;
-    int n_layers;
-    uint16_t *h, *qkv, *att, *act;
-    const int32_t *pos, *slot, *block_table;
-    const float *inv_freq;
-    int block_size;
-    int d, H, Hkv, hd, rot, interleaved, ffn;
-    float eps, scale;
-    float *ws;
-    unsigned *sync;
-} sf_k_layer1;
-size_t sf_k_decode_persist_ws_floats(int H, int hd);
-size_t sf_k_decode_persist_sync_bytes(void);
-/* Whether the kernel takes p on the current device (shapes, alignment of the scratch, a grid
- * that fits; the caller answers for the entries of lw). */
-int sf_k_decode_persist_ok(const sf_k_layer1 *p);
-int sf_k_decode_persist(const sf_k_layer1 *p, cudaStream_t s);
 
 /* ---- sampling (sample.cu) --------------------------------------------------------------- */
 /* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */

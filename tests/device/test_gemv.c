@@ -8,7 +8,10 @@
  *
  *   test_gemv            the checks (GPU host only)
  *   test_gemv --perf     instead time a decode layer's four fused GEMVs in one CUDA graph (PDL
- *                        as the backend launches them) over 8 layers of weights (past L2) */
+ *                        as the backend launches them) over 8 layers of weights (past L2), at
+ *                        the shapes of Llama-3-8B, its TP=2 shard, Llama-3-70B's TP=2 shard and
+ *                        Qwen2-7B: the chain and each op alone, with every kernel variant, in %
+ *                        of the device's copy bandwidth measured first */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -79,10 +82,10 @@ static double err_rel(const errsum *e) { return e->nan ? INFINITY : sqrt(e->num 
 /* Rows checked: all when m <= all_up_to, else 256 spread over [0, m) including both ends. */
 static int row_at(int i, int n_check, int m) { return n_check == m ? i : (int)((int64_t)i * (m - 1) / (n_check - 1)); }
 
-/* kind 0 norm, 1 norm + glu, 2 add (y += ...); bias optional. */
-/* kind 0 norm, 1 norm + glu, 2 add (y += ...), as the launchers choose their kernels (per
- * SEMFLOW_CUDA_GEMV_RING); bias optional. */
-static void check_fused(int kind, int m, int k, int with_bias)
+/* kind 0 norm, 1 norm + glu, 2 add (y += ...); st 0: as the launchers choose their kernels (per
+ * SEMFLOW_CUDA_GEMV_RING), bias optional; else the persistent-warp kernel (gemv_stream.cu) with
+ * st = blocks per SM x 10 + ring stages, no bias. */
+static void check_fused_st(int kind, int m, int k, int with_bias, int st)
 {
     const int add = kind == 2;
     uint16_t *hx, *hnw, *hw, *hb = NULL, *hy0;
@@ -91,7 +94,8 @@ static void check_fused(int kind, int m, int k, int with_bias)
     uint16_t *b = with_bias ? dev_rand(m, 0.5f, &hb) : NULL, *y = dev_rand(out, 1.0f, &hy0);
     REQUIRE(x && nw && w && y && (!with_bias || b), "cudaMalloc/fill of %d x %d failed", m, k);
     if (!add) poison(y, out);
-    int rc = add ? sf_k_gemv_add(x, w, b, m, k, y, S) : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
+    int rc = st ? sf_k_gemv_stream_tune(kind, st, x, nw, w, m, k, y, S)
+             : add ? sf_k_gemv_add(x, w, b, m, k, y, S) : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
     cudaError_t e = cudaStreamSynchronize(S);
     CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", add ? "add" : "norm", m, k, rc, cudaGetErrorString(e));
     uint16_t *hy = malloc((size_t)out * 2);
@@ -117,11 +121,13 @@ static void check_fused(int kind, int m, int k, int with_bias)
     }
     double rel = err_rel(&es);
     static const char *names[] = { "norm", "glu", "add" };
-    CHECK_MSG(rel <= 1e-2, "%s%s m=%d k=%d: relative error %.3g over %d rows", names[kind], with_bias ? "+bias" : "", m,
-              k, rel, n_check);
+    CHECK_MSG(rel <= 1e-2, "%s%s m=%d k=%d st=%d: relative error %.3g over %d rows", names[kind],
+              with_bias ? "+bias" : "", m, k, st, rel, n_check);
     free(xn); free(hy); free(hx); free(hnw); free(hw); free(hb); free(hy0);
     cudaFree(x); cudaFree(nw); cudaFree(w); cudaFree(b); cudaFree(y);
 }
+
+static void check_fused(int kind, int m, int k, int with_bias) { check_fused_st(kind, m, k, with_bias, 0); }
 
 /* plain GEMV y[n, m] = x[n, k] W^T for n = 1, 2, 4, 8 (the TP shards run it) */
 static void check_plain(int m, int k)
@@ -181,6 +187,29 @@ TEST(fused_odd_shapes)
     check_fused(2, 3, 24, 0); /* k shorter than one stage of the ring */
 }
 
+/* The persistent-warp kernels at every ring depth, whatever the environment picks: shapes with
+ * one unit per warp (O), several (gate/up), a long row (down), a unit count that leaves warps
+ * idle, and k shorter than a stage. */
+TEST(stream_depths)
+{
+    static const int cfg[] = { 23, 24, 25, 26, 13, 16, 33, 34 };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cfg); i++) {
+        const int st = cfg[i], wide = st != 26 && st / 10 != 3; /* 26, 3x: no room for a 28 KiB x */
+        check_fused_st(0, 6144, 4096, 0, st);
+        check_fused_st(1, 28672, 4096, 0, st);
+        check_fused_st(2, 4096, 4096, 0, st);
+        if (wide) check_fused_st(2, 4096, 14336, 0, st);
+        check_fused_st(0, 4608, 3584, 0, st);
+        check_fused_st(2, 6, 24, 0, st);
+        check_fused_st(1, 2, 16, 0, st);
+    }
+    for (int st = 123; st <= 126; st++) { /* add mode, x through L1 */
+        check_fused_st(2, 4096, 4096, 0, st);
+        check_fused_st(2, 4096, 14336, 0, st);
+        check_fused_st(2, 6, 24, 0, st);
+    }
+}
+
 TEST(gemv_tp_8b)
 {
     check_plain(3072, 4096);
@@ -207,11 +236,14 @@ TEST(bad_inputs)
     CHECK(sf_k_gemv_norm(x, x, 1e-5f, w, NULL, 3, 16, 1, y, S) != 0); /* glu needs even m */
     CHECK(sf_k_gemv_norm(x, NULL, 1e-5f, w, NULL, 4, 16, 0, y, S) != 0);
     CHECK(sf_k_gemv(x, 16, w, NULL, 9, 4, 16, y, 4, S) != 0); /* n > 8 */
+    CHECK(sf_k_gemv_stream_tune(2, 27, x, NULL, w, 4, 16, y, S) != 0); /* no such ring depth */
+    CHECK(sf_k_gemv_stream_tune(2, 44, x, NULL, w, 4, 16, y, S) != 0); /* nor blocks per SM */
+    CHECK(sf_k_gemv_stream_tune(3, 24, x, NULL, w, 4, 16, y, S) != 0); /* no such kind */
     CHECK(cudaStreamSynchronize(S) == cudaSuccess);
     cudaFree(x); cudaFree(w); cudaFree(y);
 }
 
-/* ---- perf: one decode layer's fused GEMVs (Llama-3-8B shapes) in a graph ---------------------- */
+/* ---- perf: a decode layer's four fused GEMVs in a graph, at TP=1 and TP=2 shard shapes -------- */
 static const char *env_or_unset(const char *name)
 {
     const char *v = getenv(name);
@@ -240,72 +272,123 @@ static double graph_us(cudaGraph_t g, int n, int reps)
     return ms * 1000.0 / ((double)reps * n);
 }
 
-static void perf_layer(void)
+/* Device copy bandwidth (read + write bytes per second, GB/s) over 1 GiB, as `semflow hal`
+ * measures its ceiling; NAN when it cannot run. */
+static double copy_gbs(void)
+{
+    const size_t n = (size_t)1 << 30;
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    float ms = NAN;
+    if (!cudaMalloc(&a, n) && !cudaMalloc(&b, n) && !cudaEventCreate(&e0) && !cudaEventCreate(&e1)) {
+        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, S);
+        cudaEventRecord(e0, S);
+        for (int r = 0; r < 10; r++) cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, S);
+        cudaEventRecord(e1, S);
+        if (cudaEventSynchronize(e1) || cudaEventElapsedTime(&ms, e0, e1)) ms = NAN;
+    }
+    cudaGetLastError();
+    if (e0) cudaEventDestroy(e0);
+    if (e1) cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * 10 * (double)n / (ms * 1e-3) / 1e9;
+}
+
+/* One layer's GEMV shapes: d model dim, qkv rows, o_k the O projection's k (its rows are d),
+ * ff the FFN rows per gate/up half (down's k). */
+typedef struct perf_shape {
+    const char *name;
+    int d, qkv, o_k, ff;
+} perf_shape;
+
+/* Launches op (0 QKV, 1 O, 2 gate/up, 3 down) of layer weights w with variant v: 0 the
+ * dispatchers (per the environment); 1 gemv_fused.cu's ring (8 warps, 4 for add); else the
+ * persistent-warp kernel with v = blocks per SM x 10 + ring stages (+ 100: x through L1). */
+static int perf_launch(int op, int v, const perf_shape *p, const uint16_t *w, uint16_t *h, const uint16_t *nw,
+                       uint16_t *q, const uint16_t *att, uint16_t *act)
+{
+    const int m[] = { p->qkv, p->d, 2 * p->ff, p->d }, k[] = { p->d, p->o_k, p->d, p->ff }, kind[] = { 0, 2, 1, 2 };
+    const uint16_t *x = op == 1 ? att : op == 3 ? act : h;
+    uint16_t *y = op == 0 ? q : op == 2 ? act : h;
+    if (v == 0) {
+        if (op == 1 || op == 3) return sf_k_gemv_add(x, w, NULL, m[op], k[op], y, S);
+        return sf_k_gemv_norm(x, nw, 1e-5f, w, NULL, m[op], k[op], op == 2, y, S);
+    }
+    if (v == 1) return sf_k_gemv_fused_tune(kind[op], kind[op] == 2 ? 4 : 8, 201, x, nw, w, m[op], k[op], y, S);
+    return sf_k_gemv_stream_tune(kind[op], v, x, nw, w, m[op], k[op], y, S);
+}
+
+/* Times the chain (QKV, O, gate/up, down, L layers of weights back to back in one graph, as the
+ * backend launches them, no attention) and each op alone, with % of the copy bandwidth bw. */
+static void perf_layers(const perf_shape *p, double bw, int variants)
 {
     enum { L = 8, REPS = 20 };
-    const int d = 4096, qkv = 6144, ff = 14336;
-    uint16_t *wq[L], *wo[L], *wgu[L], *wd[L], *x, *nw, *h, *q, *act;
-    for (int l = 0; l < L; l++) {
-        wq[l] = dev_rand((int64_t)qkv * d, 0.05f, NULL);
-        wo[l] = dev_rand((int64_t)d * d, 0.05f, NULL);
-        wgu[l] = dev_rand((int64_t)2 * ff * d, 0.05f, NULL);
-        wd[l] = dev_rand((int64_t)d * ff, 0.05f, NULL);
-        if (!wq[l] || !wo[l] || !wgu[l] || !wd[l]) { printf("perf: cudaMalloc of layer %d failed\n", l); return; }
-    }
-    x = dev_rand(d, 1.0f, NULL); nw = dev_rand(d, 1.0f, NULL); h = dev_rand(d, 1.0f, NULL);
-    q = dev_rand(qkv, 1.0f, NULL); act = dev_rand(ff, 1.0f, NULL);
-    if (!x || !nw || !h || !q || !act) return;
-    /* op -1: the chain; 0..3 one op alone, L launches back to back */
-    static const char *names[] = { "QKV (norm) 6144 x 4096", "O (add) 4096 x 4096", "gate/up (norm+glu) 28672 x 4096",
-                                   "down (add) 4096 x 14336" };
-    const double op_mb[] = { (double)qkv * d * 2 / 1e6, (double)d * d * 2 / 1e6, 2.0 * ff * d * 2 / 1e6,
-                             (double)d * ff * 2 / 1e6 };
-    double us = 0, mb = op_mb[0] + op_mb[1] + op_mb[2] + op_mb[3];
+    uint16_t *wt[4][L], *nw = NULL, *h = NULL, *q = NULL, *att = NULL, *act = NULL;
+    const double mb[4] = { (double)p->qkv * p->d * 2 / 1e6, (double)p->d * p->o_k * 2 / 1e6,
+                           2.0 * p->ff * p->d * 2 / 1e6, (double)p->d * p->ff * 2 / 1e6 };
+    const int64_t n[4] = { (int64_t)p->qkv * p->d, (int64_t)p->d * p->o_k, 2LL * p->ff * p->d, (int64_t)p->d * p->ff };
+    memset(wt, 0, sizeof wt);
+    for (int l = 0; l < L; l++)
+        for (int o = 0; o < 4; o++)
+            if (!(wt[o][l] = dev_rand(n[o], 0.05f, NULL))) {
+                printf("perf: %s: cudaMalloc of layer %d failed\n", p->name, l);
+                goto cleanup;
+            }
+    nw = dev_rand(p->d, 1.0f, NULL); h = dev_rand(p->d, 1.0f, NULL); q = dev_rand(p->qkv, 1.0f, NULL);
+    att = dev_rand(p->o_k, 1.0f, NULL); act = dev_rand(2 * p->ff, 1.0f, NULL);
+    if (!nw || !h || !q || !att || !act) { printf("perf: %s: cudaMalloc failed\n", p->name); goto cleanup; }
+    static const char *names[] = { "QKV (norm)", "O (add)", "gate/up (norm+glu)", "down (add)" };
     for (int op = -1; op < 4; op++) {
-        cudaGraph_t g = NULL;
-        int rc = 0;
-        if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf("perf: capture failed\n"); return; }
-        for (int l = 0; l < L; l++) {
-            if (op < 0 || op == 0) rc |= sf_k_gemv_norm(h, nw, 1e-5f, wq[l], NULL, qkv, d, 0, q, S);
-            if (op < 0 || op == 1) rc |= sf_k_gemv_add(x, wo[l], NULL, d, d, h, S);
-            if (op < 0 || op == 2) rc |= sf_k_gemv_norm(h, nw, 1e-5f, wgu[l], NULL, 2 * ff, d, 1, act, S);
-            if (op < 0 || op == 3) rc |= sf_k_gemv_add(act, wd[l], NULL, d, ff, h, S);
-        }
-        cudaStreamEndCapture(S, &g);
-        double t = rc ? NAN : graph_us(g, L, REPS); /* per layer for the chain */
-        if (rc && g) cudaGraphDestroy(g);
-        if (op < 0) us = t;
-        else printf("perf: %-32s %7.1f us %6.0f GB/s (%d launches back to back in a graph)\n", names[op], t,
-                    op_mb[op] / t * 1e3, L);
-    }
-    printf("perf: layer chain (QKV, O, gate/up, down; Llama-3-8B, no attention): %.1f us per layer, %.0f GB/s "
-           "(%.1f MB per layer; SEMFLOW_CUDA_GEMV_RING=%s)\n",
-           us, mb / us * 1e3, mb, env_or_unset("SEMFLOW_CUDA_GEMV_RING"));
-    /* block shapes (warps x loads per row in flight; 1xx: one row per warp) of each op, alone */
-    static const int var[][2] = { { 4, 4 },   { 4, 8 },   { 8, 4 },   { 8, 8 },   { 16, 4 },
-                                  { 4, 108 }, { 8, 108 }, { 4, 116 }, { 4, 200 }, { 4, 201 }, { 8, 201 } };
-    const int vm[] = { qkv, d, 2 * ff, d }, vk[] = { d, d, d, ff }, vkind[] = { 0, 2, 1, 2 };
-    for (int op = 0; op < 4; op++) {
-        printf("perf: %-32s variants (warps x loads) us:", names[op]);
-        for (size_t v = 0; v < SF_ARRAY_LEN(var); v++) {
+        static const int vars[] = { 0, 1, 24, 25, 26, 33, 34, 16, 125, 126 };
+        const int nv = op < 0 || !variants ? 1 : (int)SF_ARRAY_LEN(vars);
+        if (op >= 0) printf("perf: %-12s %-18s %5d x %5d:", p->name, names[op], op == 2 ? 2 * p->ff : op == 0 ? p->qkv : p->d,
+                            op == 1 ? p->o_k : op == 3 ? p->ff : p->d);
+        for (int vi = 0; vi < nv; vi++) {
+            const int v = vars[vi];
             cudaGraph_t g = NULL;
             int rc = 0;
-            if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) break;
-            for (int l = 0; l < L; l++) {
-                const uint16_t *w = op == 0 ? wq[l] : op == 1 ? wo[l] : op == 2 ? wgu[l] : wd[l];
-                rc |= sf_k_gemv_fused_tune(vkind[op], var[v][0], var[v][1], op == 3 ? act : h, nw, w, vm[op], vk[op],
-                                           op == 2 ? act : q, S);
-            }
+            if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf(" capture failed\n"); goto cleanup; }
+            for (int l = 0; l < L; l++)
+                for (int o = 0; o < 4; o++)
+                    if (op < 0 || op == o) rc |= perf_launch(o, v, p, wt[o][l], h, nw, q, att, act);
             cudaStreamEndCapture(S, &g);
             double t = rc ? NAN : graph_us(g, L, REPS);
             if (rc && g) cudaGraphDestroy(g);
-            if (isnan(t)) printf(" %dx%d -", var[v][0], var[v][1]);
-            else printf(" %dx%d %.1f", var[v][0], var[v][1], t);
+            if (rc) cudaGetLastError();
+            const double gbs = (op < 0 ? mb[0] + mb[1] + mb[2] + mb[3] : mb[op]) / t * 1e3;
+            if (op < 0)
+                printf("perf: %-12s layer chain (QKV, O, gate/up, down): %.1f us per layer, %.0f GB/s = %.1f%% of copy "
+                       "%.0f GB/s (%.1f MB; SEMFLOW_CUDA_GEMV_RING=%s CARVEOUT=%s)\n",
+                       p->name, t, gbs, 100 * gbs / bw, bw, mb[0] + mb[1] + mb[2] + mb[3],
+                       env_or_unset("SEMFLOW_CUDA_GEMV_RING"), env_or_unset("SEMFLOW_CUDA_CARVEOUT"));
+            else {
+                char lab[16]; /* dispatch, ring4 (gemv_fused.cu), sBS (blocks per SM, stages) */
+                snprintf(lab, sizeof lab, v == 0 ? "dispatch" : v == 1 ? "ring4" : "s%d", v);
+                if (isnan(t)) printf(" %s -", lab);
+                else printf(" %s %.1f us %.1f%%", lab, t, 100 * gbs / bw);
+                if (v == 0) printf(variants ? ";" : "\n");
+            }
         }
-        printf("\n");
+        if (op >= 0 && variants) printf("\n");
     }
-    for (int l = 0; l < L; l++) { cudaFree(wq[l]); cudaFree(wo[l]); cudaFree(wgu[l]); cudaFree(wd[l]); }
-    cudaFree(x); cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(act);
+cleanup:
+    for (int l = 0; l < L; l++)
+        for (int o = 0; o < 4; o++) cudaFree(wt[o][l]);
+    cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(att); cudaFree(act);
+}
+
+static void perf_all(void)
+{
+    static const perf_shape shapes[] = {
+        { "8B", 4096, 6144, 4096, 14336 },          /* Llama-3-8B, TP=1 */
+        { "8B/TP2", 4096, 3072, 2048, 7168 },       /* its TP=2 shard */
+        { "70B/TP2", 8192, 5120, 4096, 14336 },     /* Llama-3-70B's TP=2 shard */
+        { "Qwen2-7B", 3584, 4608, 3584, 18944 },
+    };
+    const double bw = copy_gbs();
+    printf("perf: copy bandwidth %.0f GB/s (1 GiB device to device, read + write)\n", bw);
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_layers(&shapes[i], bw, 1);
 }
 
 int main(int argc, char **argv)
@@ -320,13 +403,14 @@ int main(int argc, char **argv)
     seed = (uint64_t)sf_now_ns();
     if (!perf) printf("seed %llu\n", (unsigned long long)seed);
     if (perf) {
-        perf_layer();
+        perf_all();
         cudaStreamDestroy(S);
         return 0;
     }
     RUN(fused_llama3_8b);
     RUN(fused_qwen2_7b);
     RUN(fused_odd_shapes);
+    RUN(stream_depths);
     RUN(gemv_tp_8b);
     RUN(gemv_tp_70b);
     RUN(bad_inputs);

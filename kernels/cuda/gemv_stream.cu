@@ -1,0 +1,263 @@
+/* gemv_stream.cu — the batch-1 fused GEMVs (gemv_fused.cu's modes: norm, norm + glu, norm + RoPE
+ * + K/V append, residual add) on persistent warps (SEMFLOW_CUDA_GEMV_RING=3).
+ *
+ * gemv_fused.cu gives every unit of two rows its own warp, so a layer's big GEMV runs in several
+ * waves of blocks, each warp filling its ring from empty, and a small one (O: 2048 units) has
+ * only three stages per warp in flight before its programmatic-launch wait. Here the grid is
+ * what fits at once (FS_PER_SM blocks of FS_WARPS warps per SM, or one), each warp takes the
+ * units u = warp, warp + warps, ... and streams their rows through one ring that runs on from
+ * unit to unit: the stages of the next unit are in flight while the warp finishes the current
+ * one, so the weight stream of a warp never drains until its last unit. The ring is as deep as
+ * shared memory allows (ST stages of 2 rows x FG_RING_V 16-byte loads per lane; ST - 1 in
+ * flight), and all ST - 1 of them are issued before the wait: while attention runs, the O
+ * projection's first ~16 MB are already on their way. x (normalised, or copied for the add
+ * mode) is held in shared memory, read once per block instead of once per warp through L1.
+ *
+ * Every block leaves FS_KEEP bytes of the SM's shared memory free, so a block of the kernel
+ * before (attention: ~18 KiB) or after can sit beside this kernel's blocks (with
+ * programmatic launch the next kernel's blocks become resident as soon as there is room); the
+ * kernels ask for the max-shared carveout (sf_k_batch1_carveout) so an SM never has to drain
+ * to change it between them. Rounding and the epilogues are gemv_fused.cu's (gemv_ring.cuh). */
+#include "gemv_ring.cuh"
+
+extern "C" {
+#include "../../common/sf.h"
+}
+
+#define FS_WARPS 8
+#define FS_PER_SM 2            /* blocks per SM the plan aims for */
+#define FS_KEEP (20 * 1024)    /* shared memory per SM left to a neighbouring kernel's block */
+#define FS_STAGE_BYTES (FS_WARPS * 2 * FG_RING_V * 32 * 16) /* one ring stage of a block */
+#define FS_MAX_X (64 * 1024)   /* largest x (bytes) held in shared memory */
+
+/* MODE: FG_NORM (| FG_GLU | FG_ROPE) or FG_ADD; ST ring stages per warp; XS: x in shared memory
+ * (else, add mode only, read through L1, leaving the shared memory to the ring). Dynamic shared
+ * memory: x (k bf16, 16-byte rounded; XS), then FS_WARPS rings of ST stages. */
+template <int MODE, int ST, bool XS = true>
+__global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
+                                                               float eps, const bf16 *__restrict__ w,
+                                                               const bf16 *__restrict__ bias, int m, int k,
+                                                               bf16 *__restrict__ y, fg_rope rp)
+{
+    extern __shared__ __align__(16) unsigned char fs_smem[];
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = k / 8;
+    const int units = fg_units(MODE, m), nwarps = gridDim.x * FS_WARPS;
+    const int n_st = (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V); /* ring stages per unit */
+    bf16x8 *xs = (bf16x8 *)fs_smem;
+    static_assert(XS || (MODE & FG_ADD), "the normalised row lives in shared memory");
+    uint4 *ring = (uint4 *)(fs_smem + (XS ? ((size_t)k * 2 + 15) / 16 * 16 : 0)) + (size_t)warp * ST * 2 * FG_RING_V * 32 +
+                  lane;
+    sf_pdl_trigger();
+
+    /* The issue cursor: unit iu, its stage it, the ring slot islot; rows ia, ib. */
+    int iu = blockIdx.x * FS_WARPS + warp, it = 0, islot = 0;
+    const uint4 *ia = NULL, *ib = NULL;
+    auto rows_of = [&](int u) {
+        const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
+        ia = (const uint4 *)(w + (int64_t)r.ra * k);
+        ib = (const uint4 *)(w + (int64_t)r.rb * k);
+    };
+    if (iu < units) rows_of(iu);
+    auto issue = [&]() { /* the cursor's stage into its slot, then one group (empty past the end) */
+        if (iu < units) {
+#pragma unroll
+            for (int rr = 0; rr < 2; rr++)
+#pragma unroll
+                for (int v = 0; v < FG_RING_V; v++) {
+                    const int c = (it * FG_RING_V + v) * 32 + lane;
+                    if (c < k8) gr_cp16(ring + ((islot * 2 + rr) * FG_RING_V + v) * 32, (rr ? ib : ia) + c);
+                }
+            if (++it == n_st) {
+                it = 0;
+                iu += nwarps;
+                if (iu < units) rows_of(iu);
+            }
+        }
+        gr_commit();
+        if (++islot == ST) islot = 0;
+    };
+#pragma unroll
+    for (int t = 0; t < ST - 1; t++) issue(); /* weights only: before the wait */
+    sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
+
+    const bf16x8 *x8 = (const bf16x8 *)x;
+    if (MODE & FG_NORM) {
+        const float ss = block_sum(gr_row_sumsq(x8, xs, k8, FS_WARPS * 32), red);
+        gr_row_scale(xs, (const bf16x8 *)nw, rsqrtf(ss / (float)k + eps), k8, FS_WARPS * 32);
+        __syncthreads();
+    } else if (XS) {
+        for (int i = threadIdx.x; i < k8; i += FS_WARPS * 32) xs[i] = x8[i];
+        __syncthreads();
+    }
+    const bf16x8 *xv = XS ? xs : x8;
+
+    int cslot = 0;
+    for (int u = blockIdx.x * FS_WARPS + warp; u < units; u += nwarps) {
+        float acc_a = 0.0f, acc_b = 0.0f;
+        for (int t = 0; t < n_st; t++) {
+            issue();              /* into the slot consumed last */
+            gr_wait<ST - 1>();    /* this stage has landed */
+            const uint4 *st = ring + (size_t)cslot * 2 * FG_RING_V * 32;
+#pragma unroll
+            for (int v = 0; v < FG_RING_V; v++) {
+                const int c = (t * FG_RING_V + v) * 32 + lane;
+                if (c < k8) {
+                    const bf16x8 xx = xv[c];
+                    acc_a = gr_dot8(st[v * 32], xx, acc_a);
+                    acc_b = gr_dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
+                }
+            }
+            if (++cslot == ST) cslot = 0;
+        }
+        acc_a = warp_sum(acc_a);
+        acc_b = warp_sum(acc_b);
+        if (lane == 0) fg_epilogue<MODE>(fg_unit_rows<MODE>(u, m, rp), u, acc_a, acc_b, bias, y, rp);
+    }
+    gr_wait<0>();
+}
+
+/* The device's shared memory per SM and per-block reservation (read once per process; the
+ * backend's GPUs are of one kind). */
+static void smem_limits(int *per_sm, int *reserved, int *sms)
+{
+    static int sm = 0, rs = 0, n = 0;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) ||
+            cudaDeviceGetAttribute(&rs, cudaDevAttrReservedSharedMemoryPerBlock, dev) ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) {
+            cudaGetLastError();
+            sm = rs = n = 0;
+        }
+    }
+    *per_sm = sm;
+    *reserved = rs;
+    *sms = n;
+}
+
+/* A forced configuration: blocks per SM x 10 + ring stages (13..16, 23..26, 33..36), + 100 for
+ * x read through L1 instead of shared memory (add mode only); 0: none. */
+static bool cfg_valid(int cfg)
+{
+    const int c = cfg % 100;
+    return cfg >= 0 && cfg < 200 && c / 10 >= 1 && c / 10 <= 3 && c % 10 >= 3 && c % 10 <= 6;
+}
+
+/* SEMFLOW_CUDA_GEMV_CFG forces one for every launch (benchmarks); 0: planned. */
+static int forced_cfg(void)
+{
+    static const int cfg = [] {
+        const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_CFG", 0, 0, 199);
+        if (c && !cfg_valid(c))
+            SF_LOGW("SEMFLOW_CUDA_GEMV_CFG=%d: takes blocks per SM (1..3) x 10 + ring stages (3..6), e.g. 25, "
+                    "+ 100 for x through L1; using the planned configuration",
+                    c);
+        return cfg_valid(c) ? c : 0;
+    }();
+    return cfg;
+}
+
+/* Ring depth and blocks for a shape. Planned (want 0): the deepest ring (3..6 stages) with
+ * which FS_PER_SM blocks fit an SM beside FS_KEEP bytes, else one block per SM. Forced (want =
+ * blocks per SM x 10 + stages): that, if it fits the SM at all. Returns the stages, 0 when
+ * nothing fits. The grid is the fewest blocks that give every warp the same number of units
+ * (plus or minus one) at the resident capacity. */
+static int plan(int units, int k, bool xs, int want, int *grid)
+{
+    int per_sm, reserved, sms;
+    smem_limits(&per_sm, &reserved, &sms);
+    if (!sms || (xs && (size_t)k * 2 > FS_MAX_X)) return 0;
+    const long x_bytes = xs ? ((long)k * 2 + 15) / 16 * 16 : 0, fixed = x_bytes + reserved + 32 * 4 /* red */;
+    int st = 0, blocks_per_sm = 0;
+    if (want) {
+        if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
+    } else {
+        for (int b = FS_PER_SM; b >= 1 && !st; b--) {
+            const long room = (per_sm - FS_KEEP) / b - fixed;
+            for (int s = 6; s >= 3 && !st; s--)
+                if ((long)s * FS_STAGE_BYTES <= room) { st = s; blocks_per_sm = b; }
+        }
+    }
+    if (!st) return 0;
+    const long cap = (long)blocks_per_sm * sms * FS_WARPS, per_warp = (units + cap - 1) / cap;
+    const long warps = (units + per_warp - 1) / per_warp;
+    *grid = (int)((warps + FS_WARPS - 1) / FS_WARPS);
+    return st;
+}
+
+template <int MODE, int ST, bool XS>
+static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
+                  int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
+{
+    const size_t smem = (XS ? ((size_t)k * 2 + 15) / 16 * 16 : 0) + (size_t)ST * FS_STAGE_BYTES;
+    static size_t smem_set = 48 * 1024; /* per instance; the launch thread is the backend's only thread */
+    static bool carve_set = false;
+    if (smem > smem_set) {
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             (int)smem);
+        if (e != cudaSuccess) return (int)e;
+        smem_set = smem;
+    }
+    if (!carve_set && sf_k_batch1_carveout()) {
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, XS>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             (int)cudaSharedmemCarveoutMaxShared);
+        if (e != cudaSuccess) return (int)e;
+        carve_set = true;
+    }
+    int rc = sf_launch_pdl(k_gemv_stream<MODE, ST, XS>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
+                           (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
+    return rc ? rc : sf_launch_status();
+}
+
+template <int MODE, bool XS = true>
+static int launch_st(int st, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                     const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
+{
+    switch (st) {
+    case 3: return launch<MODE, 3, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case 4: return launch<MODE, 4, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case 5: return launch<MODE, 5, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    default: return launch<MODE, 6, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    }
+}
+
+/* want 0: planned (or SEMFLOW_CUDA_GEMV_CFG); else blocks per SM x 10 + stages, + 100 for x
+ * through L1 (add mode; benchmarks). */
+static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                  const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
+{
+    int grid = 0;
+    if (!want) want = forced_cfg();
+    const bool xs = want < 100;
+    if (!xs && mode != FG_ADD) return -1;
+    const int st = plan(fg_units(mode, m), k, xs, want % 100, &grid);
+    if (!st || fg_units(mode, m) < 1) return -1;
+    if (!xs) return launch_st<FG_ADD, false>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    switch (mode) {
+    case FG_NORM: return launch_st<FG_NORM>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case FG_NORM | FG_GLU: return launch_st<FG_NORM | FG_GLU>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case FG_NORM | FG_ROPE: return launch_st<FG_NORM | FG_ROPE>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case FG_ADD: return launch_st<FG_ADD>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    default: return -1;
+    }
+}
+
+int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
+{
+    return stream(mode, 0, x, nw, eps, w, bias, m, k, y, rp, s);
+}
+
+/* Benchmarks: kind 0 norm, 1 norm + glu, 2 add, with cfg = blocks per SM x 10 + ring stages
+ * (+ 100: x through L1, add only); no bias. */
+extern "C" int sf_k_gemv_stream_tune(int kind, int cfg, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
+                                     int m, int k, uint16_t *y, cudaStream_t s)
+{
+    fg_rope rp = {};
+    if (!sf_k_gemv_fused_ok(x, w, k) || m < 2 || m % 2 || !cfg_valid(cfg) || kind < 0 || kind > 2)
+        return (int)cudaErrorInvalidValue;
+    const int mode = kind == 0 ? FG_NORM : kind == 1 ? FG_NORM | FG_GLU : FG_ADD;
+    const int rc = stream(mode, cfg, x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
+    return rc < 0 ? (int)cudaErrorInvalidValue : rc;
+}
