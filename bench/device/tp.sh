@@ -13,7 +13,8 @@
 #   3. the same TP=2 run with the batch-1 link (SEMFLOW_TP_PUSH=1);
 #   4. Llama-3-70B's shapes with 16 of its 80 layers (dummy weights from a config.json written
 #      here; ~1/4 of the load), TP=2 batch-1 (`bench decode`), one run per switch set: the link,
-#      without it, the link with the per-lane decode attention (SEMFLOW_CUDA_DECODE_ATTN=lanes:
+#      without it, the link with the normed row shared between a consumer's blocks
+#      (SEMFLOW_TP_LINK_SHARE=1), the link with the per-lane decode attention (SEMFLOW_CUDA_DECODE_ATTN=lanes:
 #      the regression since session 3?), no all-reduce at all
 #      (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1, wrong results: what the all-reduces cost in the
 #      step), the link with 4 ring stages everywhere (SEMFLOW_TP_LINK_STAGES=4);
@@ -105,8 +106,9 @@ cat > "$L70/config.json" <<'JSON'
 JSON
 P70="--load-format dummy --model $L70 --backend cuda --tensor-parallel-size 2 --ctx 128 --steps 16 --json"
 # name and environment of each proxy run, most important first
-for v in "push SEMFLOW_TP_PUSH=1" "base SEMFLOW_TP_PUSH=0" "push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes" \
-         "noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1" "push_st4 SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_STAGES=4"; do
+for v in "push SEMFLOW_TP_PUSH=1" "base SEMFLOW_TP_PUSH=0" "push_share SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_SHARE=1" \
+         "push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes" "noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1" \
+         "push_st4 SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_STAGES=4"; do
     set -- $v
     n=$1
     shift
@@ -162,7 +164,7 @@ for f in sys.argv[1:]:
 PY
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
 echo "Llama-3-70B shapes, 16 layers, TP=2 batch-1 (ms/token; ratio to its per-GPU roofline):"
-for n in base push push_lanes push_st4 noar; do
+for n in base push push_share push_lanes push_st4 noar; do
     f="$D/l70x16_$n.json"
     [ -f "$f" ] && echo "  $n: $(jf "$f" ms_per_token_median) ms, roofline $(jf "$f" roofline_ms), ratio $(jf "$f" ratio), host $(jf "$f" host_us_per_step) us/step"
 done

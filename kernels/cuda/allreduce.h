@@ -134,6 +134,11 @@ int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s);
  *     after its consumer of the other channel saw every line this rank's producer wrote there;
  *     that producer ran after this rank's consumer of ch (and rank 0's read of ch in it) had
  *     completed. So one set of lines per channel suffices.
+ *   - share = 1: a consumer block that summed and normed the row keeps it in this rank's norm
+ *     scratch of the channel (then a gpu-scope release of the call number beside it); a block
+ *     that finds the call number there later reads the normed row (cols values) instead of
+ *     h and every peer's lines (3x the bytes). A later consumer on the channel comes after this
+ *     one completed, so one scratch per channel suffices.
  *   - A wait longer than timeout_ns gives up (1 + the rank into *err, as the all-reduce does).
  * Shapes: cols (the residual width) even, a multiple of 8, at most SF_TPL_MAX_COLS; k % 8 == 0;
  * pointers 16-byte aligned; no bias on the producer (a row-parallel bias would count once per
@@ -154,6 +159,7 @@ typedef struct sf_k_tpl {
 typedef struct sf_k_tp {
     int mode;                      /* SF_TPK_* */
     int stages;                    /* ring stages per warp, 2..4; 0: picked by shape (gemv_ar.cu) */
+    int share;                     /* consumers: share the normed row through the scratch (above) */
     int ch, prev;                  /* the channel pushed (PUSH) or summed; PUSH: see above */
     const uint16_t *x;             /* PUSH: [k] the projection's input */
     const uint16_t *nw;            /* GLU, NORM, ROPE: [k] the norm's weight */

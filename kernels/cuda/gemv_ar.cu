@@ -27,6 +27,13 @@ static __device__ __forceinline__ uint2 *tp_lines(const sf_k_tpl &l, int at, int
     return (uint2 *)(l.region[at] + l.off + TP_CNT_BYTES + ((size_t)ch * l.size + from) * TP_SLOT_BYTES);
 }
 
+/* Channel ch's norm scratch in this rank's region: the call number, then (256 bytes on) the row. */
+static __device__ __forceinline__ unsigned *tp_scratch(const sf_k_tpl &l, int ch)
+{
+    return (unsigned *)(l.region[l.rank] + l.off + TP_CNT_BYTES + (size_t)SF_TPL_CHANNELS * l.size * TP_SLOT_BYTES +
+                        (size_t)ch * (256 + (size_t)SF_TPL_MAX_COLS * 2));
+}
+
 /* The data word of a line once it carries `flag` (0 after a timeout, *failed set). */
 static __device__ __forceinline__ unsigned tp_wait8(const uint2 *p, unsigned flag, const sf_k_tpl &l, int peer,
                                                     volatile int *failed)
@@ -85,7 +92,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_tp(sf_k_tp a, sf_k_tpl l)
     extern __shared__ __align__(16) unsigned char tp_smem[];
     __shared__ float red[32];
     __shared__ unsigned flag_s, prev_s;
-    __shared__ int failed_s;
+    __shared__ int failed_s, have_s;
     constexpr bool NORM = MODE != SF_TPK_PUSH;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = a.k / 8;
     const int units = a.m / 2, u = blockIdx.x * WARPS + warp;
@@ -137,26 +144,43 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_tp(sf_k_tp a, sf_k_tpl l)
         }
     }
     __syncthreads();
-    const bf16x8 *xv;
+    const bf16x8 *xv = NORM ? (const bf16x8 *)tp_smem : (const bf16x8 *)a.x;
     if (NORM) { /* the sum over ranks, then the norm, into shared memory */
         bf16x8 *xs = (bf16x8 *)tp_smem;
-        float ss = 0.0f;
-        for (int i = threadIdx.x; i < k8; i += WARPS * 32) {
-            uint4 o = tp_sum8(l, a.ch, flag_s, a.h, i, &failed_s);
-            xs[i] = *(const bf16x8 *)&o;
-            const bf162 *oh = (const bf162 *)&o;
+        unsigned *scr = tp_scratch(l, a.ch);
+        uint4 *scr_row = (uint4 *)((char *)scr + 256);
+        if (threadIdx.x == 0) have_s = a.share && ld_acquire_gpu(scr) == flag_s;
+        __syncthreads();
+        if (have_s) { /* an earlier block of this call left the normed row */
+            for (int i = threadIdx.x; i < k8; i += WARPS * 32) {
+                uint4 v = __ldcg(scr_row + i);
+                xs[i] = *(const bf16x8 *)&v;
+            }
+        } else {
+            float ss = 0.0f;
+            for (int i = threadIdx.x; i < k8; i += WARPS * 32) {
+                uint4 o = tp_sum8(l, a.ch, flag_s, a.h, i, &failed_s);
+                xs[i] = *(const bf16x8 *)&o;
+                const bf162 *oh = (const bf162 *)&o;
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                float2 f = __bfloat1622float2(oh[q]);
-                ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+                for (int q = 0; q < 4; q++) {
+                    float2 f = __bfloat1622float2(oh[q]);
+                    ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+                }
+            }
+            ss = block_sum(ss, red);
+            gr_row_scale(xs, (const bf16x8 *)a.nw, rsqrtf(ss / (float)a.k + a.eps), k8, WARPS * 32);
+            __syncthreads();
+            if (a.share && !failed_s) { /* leave it for the blocks that start later */
+                for (int i = threadIdx.x; i < k8; i += WARPS * 32) __stcg(scr_row + i, *(const uint4 *)&xs[i]);
+                __syncthreads();
+                if (threadIdx.x == 0) {
+                    __threadfence();
+                    st_release_gpu(scr, flag_s);
+                }
             }
         }
-        ss = block_sum(ss, red);
-        gr_row_scale(xs, (const bf16x8 *)a.nw, rsqrtf(ss / (float)a.k + a.eps), k8, WARPS * 32);
         __syncthreads();
-        xv = xs;
-    } else {
-        xv = (const bf16x8 *)a.x;
     }
     if (!active) {
         gr_wait<0>();

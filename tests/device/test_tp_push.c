@@ -157,61 +157,64 @@ static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t s
         bad = 1;
         goto out;
     }
-    cudaMemset(y, 0xff, (size_t)LAYERS * f * 2); /* NaN in every output */
-
-    sf_k_tp a;
-    memset(&a, 0, sizeof a);
-    a.eps = 1e-5f;
-    a.h = h;
-    int krc = 0;
-    for (int it = 0; it < LAYERS && !krc; it++) {
-        for (int which = 0; which < 2 && !krc; which++) {
-            a.mode = SF_TPK_PUSH; a.ch = which; a.prev = which ? 0 : it ? 1 : -1;
-            a.x = x + (size_t)(it * 2 + which) * kmax; a.w = w[which]; a.m = d; a.k = kin(s, which);
-            a.nw = NULL; a.y = NULL;
-            krc = sf_k_gemv_tp(&a, l, st);
-            if (which || krc) continue;
-            a.mode = SF_TPK_GLU; a.ch = 0; a.prev = -1; a.x = NULL; a.w = wg; a.m = 2 * f; a.k = d; a.nw = nw;
-            a.y = y + (size_t)it * f;
-            krc = sf_k_gemv_tp(&a, l, st);
-        }
-    }
-    a.mode = SF_TPK_SUM; a.ch = 1; a.prev = -1; a.k = d; a.m = 0; a.w = NULL;
-    if (!krc) krc = sf_k_gemv_tp(&a, l, st);
-    cudaError_t ce = krc ? (cudaError_t)krc : cudaStreamSynchronize(st);
-    if (ce != cudaSuccess) {
-        printf("      rank %d: %d x %d/%d: %s\n", rank, d, s->ko, s->kd, cudaGetErrorString(ce));
-        bad = 1;
-        goto out;
-    }
-
     reference(s, want, ywant);
-    cudaMemcpy(hb, h, (size_t)d * 2, cudaMemcpyDeviceToHost); /* the stream: exact, every rank */
-    for (int j = 0; j < d && !bad; j++)
-        if (sf_bf16_to_f32(hb[j]) != want[j]) {
-            printf("      rank %d: %d x %d/%d: stream[%d] = %g, want %g\n", rank, d, s->ko, s->kd, j,
-                   sf_bf16_to_f32(hb[j]), want[j]);
-            bad = 1;
-        }
-    cudaMemcpy(hb, y, (size_t)LAYERS * f * 2, cudaMemcpyDeviceToHost); /* gated: a few bf16 steps */
-    double worst = 0;
-    for (int it = 0; it < LAYERS && !bad; it++) {
-        float scale = 0;
-        for (int u = 0; u < f; u++) scale = fmaxf(scale, fabsf(ywant[(size_t)it * f + u]));
-        for (int u = 0; u < f && !bad; u++) {
-            float g = sf_bf16_to_f32(hb[(size_t)it * f + u]), wnt = ywant[(size_t)it * f + u];
-            double dd = fabs((double)g - wnt);
-            worst = fmax(worst, dd / fmax(scale, 1e-6));
-            if (!(dd <= fabs(wnt) / 16 + scale / 64 + 1e-6)) { /* NaN fails here too */
-                printf("      rank %d: %d x %d/%d: layer %d gated[%d] = %g, want %g (scale %g)\n", rank, d, s->ko,
-                       s->kd, it, u, g, wnt, scale);
-                bad = 1;
+    sf_k_tp a;
+    for (int share = 0; share < 2 && !bad; share++) { /* the normed row shared through the scratch or not */
+        cudaFree(h);
+        if (!(h = device_matrix(1, d, resmat, 0, 0))) { bad = 1; break; }
+        cudaMemset(y, 0xff, (size_t)LAYERS * f * 2); /* NaN in every output */
+        memset(&a, 0, sizeof a);
+        a.eps = 1e-5f;
+        a.h = h;
+        a.share = share;
+        int krc = 0;
+        for (int it = 0; it < LAYERS && !krc; it++) {
+            for (int which = 0; which < 2 && !krc; which++) {
+                a.mode = SF_TPK_PUSH; a.ch = which; a.prev = which ? 0 : it ? 1 : -1;
+                a.x = x + (size_t)(it * 2 + which) * kmax; a.w = w[which]; a.m = d; a.k = kin(s, which);
+                a.nw = NULL; a.y = NULL;
+                krc = sf_k_gemv_tp(&a, l, st);
+                if (which || krc) continue;
+                a.mode = SF_TPK_GLU; a.ch = 0; a.prev = -1; a.x = NULL; a.w = wg; a.m = 2 * f; a.k = d; a.nw = nw;
+                a.y = y + (size_t)it * f;
+                krc = sf_k_gemv_tp(&a, l, st);
             }
         }
+        a.mode = SF_TPK_SUM; a.ch = 1; a.prev = -1; a.k = d; a.m = 0; a.w = NULL;
+        if (!krc) krc = sf_k_gemv_tp(&a, l, st);
+        cudaError_t ce = krc ? (cudaError_t)krc : cudaStreamSynchronize(st);
+        if (ce != cudaSuccess) {
+            printf("      rank %d: %d x %d/%d (share %d): %s\n", rank, d, s->ko, s->kd, share, cudaGetErrorString(ce));
+            bad = 1;
+            break;
+        }
+        cudaMemcpy(hb, h, (size_t)d * 2, cudaMemcpyDeviceToHost); /* the stream: exact, every rank */
+        for (int j = 0; j < d && !bad; j++)
+            if (sf_bf16_to_f32(hb[j]) != want[j]) {
+                printf("      rank %d: %d x %d/%d (share %d): stream[%d] = %g, want %g\n", rank, d, s->ko, s->kd,
+                       share, j, sf_bf16_to_f32(hb[j]), want[j]);
+                bad = 1;
+            }
+        cudaMemcpy(hb, y, (size_t)LAYERS * f * 2, cudaMemcpyDeviceToHost); /* gated: a few bf16 steps */
+        double worst = 0;
+        for (int it = 0; it < LAYERS && !bad; it++) {
+            float scale = 0;
+            for (int u = 0; u < f; u++) scale = fmaxf(scale, fabsf(ywant[(size_t)it * f + u]));
+            for (int u = 0; u < f && !bad; u++) {
+                float g = sf_bf16_to_f32(hb[(size_t)it * f + u]), wnt = ywant[(size_t)it * f + u];
+                double dd = fabs((double)g - wnt);
+                worst = fmax(worst, dd / fmax(scale, 1e-6));
+                if (!(dd <= fabs(wnt) / 16 + scale / 64 + 1e-6)) { /* NaN fails here too */
+                    printf("      rank %d: %d x %d/%d (share %d): layer %d gated[%d] = %g, want %g (scale %g)\n", rank,
+                           d, s->ko, s->kd, share, it, u, g, wnt, scale);
+                    bad = 1;
+                }
+            }
+        }
+        if (!bad && rank == 0)
+            printf("      %5d x %5d/%5d (f %5d, share %d): stream exact after %d layers, gated outputs within %.1e of "
+                   "their scale\n", d, s->ko, s->kd, f, share, LAYERS, worst);
     }
-    if (!bad && rank == 0)
-        printf("      %5d x %5d/%5d (f %5d): stream exact after %d layers, gated outputs within %.1e of their "
-               "scale\n", d, s->ko, s->kd, f, LAYERS, worst);
     /* the pushes alone, by ring stages (the same calls on both ranks) */
     for (int which = 0; which < 2 && !bad && d >= 4096; which++) {
         a.mode = SF_TPK_PUSH; a.x = x; a.w = w[which]; a.m = d; a.k = kin(s, which); a.nw = NULL; a.y = NULL;
