@@ -18,16 +18,18 @@ PART=mbatch1 LIMIT=${MBATCH1_LIMIT_S:-145} NEED_GPUS=1
 P8="--load-format dummy --preset llama-3-8b --backend cuda"
 run test_lanes 15 30 build/tests/device/test_lanes
 run layer_bench 15 40 build/tests/device/test_lanes --bench llama-3-8b 4 256 192 30
-for l in 0 2; do
-    n=$([ $l = 0 ] && echo off || echo on)
-    run d256-$n 12 22 env SEMFLOW_LANES=$l "$BIN" bench decode-batch $P8 --batch 256 --ctx 192 --chunk 192 --steps 8 --json
-done
+# dpair NAME BATCH CTX: `bench decode-batch` at BATCH sequences x CTX keys, lanes off then on
+dpair() {
+    for l in 0 2; do
+        n=$([ $l = 0 ] && echo off || echo on)
+        run "$1-$n" 12 22 env SEMFLOW_LANES=$l "$BIN" bench decode-batch $P8 --batch "$2" --ctx "$3" --chunk "$3" \
+            --steps 8 --json
+    done
+}
+dpair d256 256 192
 run tp128-on 15 22 env SEMFLOW_LANES=2 "$BIN" bench throughput $P8 --input 128 --output 128 --num-prompts 512 --json
 run tp128-off 15 22 env SEMFLOW_LANES=0 "$BIN" bench throughput $P8 --input 128 --output 128 --num-prompts 512 --json
-for l in 0 2; do
-    n=$([ $l = 0 ] && echo off || echo on)
-    run d1500-$n 12 22 env SEMFLOW_LANES=$l "$BIN" bench decode-batch $P8 --batch 128 --ctx 1500 --chunk 1500 --steps 8 --json
-done
+dpair d1500 128 1500
 run tp1000-on 25 34 env SEMFLOW_LANES=2 "$BIN" bench throughput $P8 --input 1000 --output 1000 --num-prompts 128 --json
 run tp1000-off 25 34 env SEMFLOW_LANES=0 "$BIN" bench throughput $P8 --input 1000 --output 1000 --num-prompts 128 --json
 
