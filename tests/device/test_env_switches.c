@@ -2,43 +2,29 @@
  * malformed value must be refused with a warning naming it (common/env.c), the backend then
  * opening with its default; set to a value the switch takes, it must open without a word. Run
  * by bench/device/throughput.sh. */
-#include <fcntl.h>
-#include <unistd.h>
-
 #include "common/sf.h"
 #include "hal/hal.h"
+#include "tests/lib/capture.h"
 #include "tests/test.h"
-
-static char captured[16384];
 
 /* Opens and closes the CUDA backend with name=value set; returns what it logged, or NULL when
  * it did not open (the message is printed). */
 static const char *open_with(const char *name, const char *value)
 {
     setenv(name, value, 1);
-    fflush(stderr);
-    int saved = dup(2);
-    FILE *f = tmpfile();
-    dup2(fileno(f), 2);
-    fclose(f);
+    capture_begin();
     sf_backend_opts o = { .name = "cuda" };
     sf_backend *b = NULL;
     sf_error err = { 0 };
     int rc = sf_backend_open(&o, &b, &err);
     if (b) sf_backend_close(b);
-    fflush(stderr);
-    off_t n = lseek(2, 0, SEEK_CUR);
-    lseek(2, 0, SEEK_SET);
-    ssize_t got = n > 0 ? read(2, captured, SF_MIN((size_t)n, sizeof captured - 1)) : 0;
-    captured[got > 0 ? got : 0] = 0;
-    dup2(saved, 2);
-    close(saved);
+    const char *log = capture_end();
     unsetenv(name);
     if (rc) {
         printf("      %s=%s: the backend did not open: %s\n", name, value, err.msg);
         return NULL;
     }
-    return captured;
+    return log;
 }
 
 static const struct { const char *name, *bad, *good; } switches[] = {

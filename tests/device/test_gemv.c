@@ -203,6 +203,11 @@ TEST(stream_depths)
         check_fused_st(2, 6, 24, 0, st);
         check_fused_st(1, 2, 16, 0, st);
     }
+    for (int st = 123; st <= 126; st++) { /* add mode, x through L1 */
+        check_fused_st(2, 4096, 4096, 0, st);
+        check_fused_st(2, 4096, 14336, 0, st);
+        check_fused_st(2, 6, 24, 0, st);
+    }
 }
 
 TEST(gemv_tp_8b)
@@ -299,7 +304,7 @@ typedef struct perf_shape {
 
 /* Launches op (0 QKV, 1 O, 2 gate/up, 3 down) of layer weights w with variant v: 0 the
  * dispatchers (per the environment); 1 gemv_fused.cu's ring (8 warps, 4 for add); else the
- * persistent-warp kernel with v = blocks per SM x 10 + ring stages. */
+ * persistent-warp kernel with v = blocks per SM x 10 + ring stages (+ 100: x through L1). */
 static int perf_launch(int op, int v, const perf_shape *p, const uint16_t *w, uint16_t *h, const uint16_t *nw,
                        uint16_t *q, const uint16_t *att, uint16_t *act)
 {
@@ -335,7 +340,7 @@ static void perf_layers(const perf_shape *p, double bw, int variants)
     if (!nw || !h || !q || !att || !act) { printf("perf: %s: cudaMalloc failed\n", p->name); goto cleanup; }
     static const char *names[] = { "QKV (norm)", "O (add)", "gate/up (norm+glu)", "down (add)" };
     for (int op = -1; op < 4; op++) {
-        static const int vars[] = { 0, 1, 24, 25, 26, 33, 34, 16 };
+        static const int vars[] = { 0, 1, 24, 25, 26, 33, 34, 16, 125, 126 };
         const int nv = op < 0 || !variants ? 1 : (int)SF_ARRAY_LEN(vars);
         if (op >= 0) printf("perf: %-12s %-18s %5d x %5d:", p->name, names[op], op == 2 ? 2 * p->ff : op == 0 ? p->qkv : p->d,
                             op == 1 ? p->o_k : op == 3 ? p->ff : p->d);

@@ -9,7 +9,6 @@ client that disconnects mid-stream (its KV blocks must be freed)."""
 import http.client
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -72,16 +71,6 @@ class Server(ServerProcess):
             return self.request("GET", "/health", timeout=10)[0] == 200
         except OSError:
             return False
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = -9
-        self._cleanup()
-        return rc
 
 
 def generate_cli(prompt, max_tokens):

@@ -58,16 +58,6 @@ class Server(ServerProcess):
                 return float(line.rsplit(" ", 1)[1])
         return None
 
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = -9
-        self._cleanup()
-        return rc
-
 
 def run_threads(fns):
     out = [None] * len(fns)

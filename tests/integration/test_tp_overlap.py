@@ -8,8 +8,6 @@ EOS fire)."""
 import http.client
 import json
 import os
-import signal
-import subprocess
 import sys
 import threading
 
@@ -59,13 +57,7 @@ def run(overlap):
         for t in ts:
             t.join()
     finally:
-        srv.proc.send_signal(signal.SIGTERM)
-        try:
-            srv.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            srv.proc.kill()
-            srv.proc.wait()
-        srv._cleanup()
+        srv.stop()
     return out
 
 

@@ -8,7 +8,6 @@ import http.client
 import json
 import os
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -94,13 +93,7 @@ def main():
               and "rank" in e.get("message", "") and "restart" in e.get("message", ""), "%d %r" % (r.status, d))
         check("tp_rank_dies_server_alive", srv.proc.poll() is None, "server exited: %s" % srv.logtext()[-500:])
     finally:
-        srv.proc.send_signal(signal.SIGTERM)
-        try:
-            srv.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            srv.proc.kill()
-            srv.proc.wait()
-        srv._cleanup()
+        srv.stop(30)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 counts), free loopback ports, and a `semflow serve` process that is healthy before it returns."""
 import http.client
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,19 @@ class ServerProcess:
             return self.final_log
         with open(self.log.name, errors="replace") as f:
             return f.read()[-3000:]
+
+    def stop(self, timeout=60):
+        """SIGTERM, then SIGKILL after timeout seconds; the log is read one last time. Returns the
+        exit status (-9 when it had to be killed)."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            rc = -9
+        self._cleanup()
+        return rc
 
     def _cleanup(self):
         if self.final_log is None:

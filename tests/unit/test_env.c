@@ -3,7 +3,6 @@
  * takes, the default then in force; and the engine's own switches read through them
  * (SEMFLOW_ENGINE_OVERLAP, SEMFLOW_ENGINE_WARMUP, SEMFLOW_SCHED_RT_ALONE, SEMFLOW_LOG) on the CPU
  * backend with stories260K. */
-#include <fcntl.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -11,33 +10,9 @@
 #include "engine/engine.h"
 #include "engine/kvcache.h"
 #include "engine/scheduler.h"
+#include "tests/lib/capture.h"
 #include "tests/lib/engine_wait.h"
 #include "tests/test.h"
-
-/* stderr goes to a file between capture_begin and capture_end, which returns what was written. */
-static int saved_fd = -1;
-static char captured[8192];
-
-static void capture_begin(void)
-{
-    fflush(stderr);
-    saved_fd = dup(2);
-    FILE *f = tmpfile();
-    dup2(fileno(f), 2); /* the file stays open through fd 2 */
-    fclose(f);
-}
-
-static const char *capture_end(void)
-{
-    fflush(stderr);
-    off_t n = lseek(2, 0, SEEK_CUR);
-    lseek(2, 0, SEEK_SET);
-    ssize_t got = n > 0 ? read(2, captured, SF_MIN((size_t)n, sizeof captured - 1)) : 0;
-    captured[got > 0 ? got : 0] = 0;
-    dup2(saved_fd, 2);
-    close(saved_fd);
-    return captured;
-}
 
 TEST(bool_values)
 {
