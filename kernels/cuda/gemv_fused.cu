@@ -69,15 +69,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     const int n_st = RING && active ? (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V) : 0;
     /* stage t: uint4 columns [t * 32 * FG_RING_V, (t + 1) * 32 * FG_RING_V) of each row */
     auto ring_issue = [&](int t) {
-        if (t < n_st) {
-#pragma unroll
-            for (int rr = 0; rr < NR; rr++)
-#pragma unroll
-                for (int v = 0; v < FG_RING_V; v++) {
-                    const int c = (t * FG_RING_V + v) * 32 + lane;
-                    if (c < k8) gr_cp16(ring + (((t % FG_RING_ST) * NR + rr) * FG_RING_V + v) * 32, (rr ? wb : wa) + c);
-                }
-        }
+        if (t < n_st) gr_stage_copy<NR>(ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32, wa, wb, t, k8, lane);
         gr_commit(); /* one group per stage, empty or not: wait_group counts them */
     };
     if constexpr (RING) {
@@ -116,16 +108,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         for (int t = 0; t < n_st; t++) {
             ring_issue(t + FG_RING_ST - 1); /* into the slot consumed at t - 1 */
             gr_wait<FG_RING_ST - 1>();       /* stage t has landed */
-            const uint4 *st = ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32;
-#pragma unroll
-            for (int v = 0; v < FG_RING_V; v++) {
-                const int c = (t * FG_RING_V + v) * 32 + lane;
-                if (c < k8) {
-                    bf16x8 xx = xv[c];
-                    acc_a = gr_dot8(st[v * 32], xx, acc_a);
-                    if (TWO) acc_b = gr_dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
-                }
-            }
+            gr_stage_dot<NR>(ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32, xv, t, k8, lane, acc_a, acc_b);
         }
         gr_wait<0>();
     } else

@@ -42,14 +42,7 @@ __global__ void __launch_bounds__(GH_WARPS * 32, 4) k_gemv_hold(const bf16 *__re
 
     /* everything of the unit in flight: ring stages, then register stages */
     if (active)
-        for (int t = 0; t < ring_slots; t++)
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++)
-#pragma unroll
-                for (int v = 0; v < FG_RING_V; v++) {
-                    const int c = (t * FG_RING_V + v) * 32 + lane;
-                    if (c < k8) gr_cp16(ring + ((t * 2 + rr) * FG_RING_V + v) * 32, (rr ? wb : wa) + c);
-                }
+        for (int t = 0; t < ring_slots; t++) gr_stage_copy<2>(ring + (size_t)t * 2 * FG_RING_V * 32, wa, wb, t, k8, lane);
     gr_commit();
     uint4 rg[GH_REGS][2][FG_RING_V];
 #pragma unroll
@@ -68,15 +61,7 @@ __global__ void __launch_bounds__(GH_WARPS * 32, 4) k_gemv_hold(const bf16 *__re
     const bf16x8 *x8 = (const bf16x8 *)x;
     float acc_a = 0.0f, acc_b = 0.0f;
     for (int t = 0; t < ring_slots; t++)
-#pragma unroll
-        for (int v = 0; v < FG_RING_V; v++) {
-            const int c = (t * FG_RING_V + v) * 32 + lane;
-            if (c < k8) {
-                const bf16x8 xx = x8[c];
-                acc_a = gr_dot8(ring[((t * 2) * FG_RING_V + v) * 32], xx, acc_a);
-                acc_b = gr_dot8(ring[((t * 2 + 1) * FG_RING_V + v) * 32], xx, acc_b);
-            }
-        }
+        gr_stage_dot<2>(ring + (size_t)t * 2 * FG_RING_V * 32, x8, t, k8, lane, acc_a, acc_b);
 #pragma unroll
     for (int j = 0; j < GH_REGS; j++)
 #pragma unroll

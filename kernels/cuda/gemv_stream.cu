@@ -61,13 +61,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     if (iu < units) rows_of(iu);
     auto issue = [&]() { /* the cursor's stage into its slot, then one group (empty past the end) */
         if (iu < units) {
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++)
-#pragma unroll
-                for (int v = 0; v < FG_RING_V; v++) {
-                    const int c = (it * FG_RING_V + v) * 32 + lane;
-                    if (c < k8) gr_cp16(ring + ((islot * 2 + rr) * FG_RING_V + v) * 32, (rr ? ib : ia) + c);
-                }
+            gr_stage_copy<2>(ring + (size_t)islot * 2 * FG_RING_V * 32, ia, ib, it, k8, lane);
             if (++it == n_st) {
                 it = 0;
                 iu += nwarps;
@@ -98,16 +92,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         for (int t = 0; t < n_st; t++) {
             issue();              /* into the slot consumed last */
             gr_wait<ST - 1>();    /* this stage has landed */
-            const uint4 *st = ring + (size_t)cslot * 2 * FG_RING_V * 32;
-#pragma unroll
-            for (int v = 0; v < FG_RING_V; v++) {
-                const int c = (t * FG_RING_V + v) * 32 + lane;
-                if (c < k8) {
-                    const bf16x8 xx = xv[c];
-                    acc_a = gr_dot8(st[v * 32], xx, acc_a);
-                    acc_b = gr_dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
-                }
-            }
+            gr_stage_dot<2>(ring + (size_t)cslot * 2 * FG_RING_V * 32, xv, t, k8, lane, acc_a, acc_b);
             if (++cslot == ST) cslot = 0;
         }
         acc_a = warp_sum(acc_a);
