@@ -271,26 +271,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
 }
 
-/* With sf_k_batch1_carveout, the kernel asks for the max-shared carveout like the batch-1 GEMVs
- * around it, so an SM that ran one of its blocks keeps room for the O projection's blocks (which
- * start streaming their weights while attention runs) instead of draining to change it. */
-template <typename K>
-static int carveout(K kernel)
-{
-    if (!sf_k_batch1_carveout()) return 0;
-    return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     (int)cudaSharedmemCarveoutMaxShared);
-}
-
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
-    static bool carve_set = false; /* per instance pair; the launch thread is the backend's only thread */
-    if (!carve_set) {
-        int e = carveout(k_attn_decode<HD, MAXG, true>);
-        if (e || (e = carveout(k_attn_decode<HD, MAXG, false>))) return e;
-        carve_set = true;
-    }
     int rc = a->kv.i8_base
                  ? sf_launch_pdl(k_attn_decode<HD, MAXG, true>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a)
                  : sf_launch_pdl(k_attn_decode<HD, MAXG, false>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a);

@@ -235,10 +235,4 @@ static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)
 int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                    const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s);
 
-/* gemv_hold.cu: y += x . W^T (+ bias) with every warp's whole unit loaded before the
- * programmatic-launch wait. Returns a cudaError_t, or -1 when the shape does not fit (more units
- * than warps resident at once, or rows longer than a warp holds). */
-int sf_gemv_hold(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
-                 cudaStream_t s);
-
 #endif
