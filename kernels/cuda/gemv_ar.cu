@@ -217,14 +217,15 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_tp(sf_k_tp a, sf_k_tpl l)
             if (a.prev >= 0) { /* the stream at these rows: the sum of channel prev */
                 float sa = 0.0f, sb = 0.0f;
                 for (int r = 0; r < l.size; r++) {
-                    unsigned d = r == 0 ? *hw : tp_wait8(tp_lines(l, 0, a.prev, r) + u, prev_s, l, r, &failed_s);
+                    unsigned d = r == 0 ? __ldcg(hw) : tp_wait8(tp_lines(l, 0, a.prev, r) + u, prev_s, l, r, &failed_s);
                     float2 f = __bfloat1622float2(*(const bf162 *)&d);
                     sa += f.x;
                     sb += f.y;
                 }
                 res = __bfloat1622float2(__floats2bfloat162_rn(sa, sb));
             } else {
-                res = __bfloat1622float2(*(const bf162 *)hw);
+                const unsigned hv = __ldcg(hw);
+                res = __bfloat1622float2(*(const bf162 *)&hv);
             }
             v = __floats2bfloat162_rn(res.x + pa, res.y + pb);
         } else {
