@@ -6,7 +6,8 @@
 #     (SEMFLOW_CUDA_GEMV_RING=2, the previous default);
 #   - batch-1 decode (bench decode, random bf16 weights) of Llama-3-8B at 512 and 4096 keys and
 #     Qwen2-7B at 512, the default against SEMFLOW_CUDA_GEMV_RING=2 in the same call, and the
-#     default without programmatic dependent launch (SEMFLOW_CUDA_PDL=0);
+#     default without programmatic dependent launch (SEMFLOW_CUDA_PDL=0) and with the attention
+#     split at 4 and 16 instead of 8 (SEMFLOW_CUDA_DECODE_SPLIT);
 #   - test_gemv --perf: a layer's four GEMVs chained in a graph at the shapes of Llama-3-8B, its
 #     TP=2 shard, Llama-3-70B's TP=2 shard and Qwen2-7B, each op alone with every kernel variant,
 #     in % of the copy bandwidth (default and SEMFLOW_CUDA_GEMV_RING=2).
@@ -81,6 +82,8 @@ step q7-512-r2 10 $R2 $Q7 --ctx 512
 step l8-4096 10 $L8 --ctx 4096
 step l8-4096-r2 10 $R2 $L8 --ctx 4096
 step l8-512-pdl0 10 SEMFLOW_CUDA_PDL=0 $L8 --ctx 512
+step l8-512-sp4 10 SEMFLOW_CUDA_DECODE_SPLIT=4 $L8 --ctx 512
+step l8-512-sp16 10 SEMFLOW_CUDA_DECODE_SPLIT=16 $L8 --ctx 512
 [ -x "$MT" ] && step model-r2 10 $R2 "$MT"
 [ -x "$GT" ] && step gemv-r2 12 $R2 "$GT"
 cat "$D/runs.txt"
@@ -90,7 +93,7 @@ for f in perf perf-r2; do [ -f "$D/$f.log" ] && grep 'chain\|copy bandwidth' "$D
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512", "l8-512-r2", "l8-512-pdl0", "q7-512", "q7-512-r2", "l8-4096", "l8-4096-r2"]
+names = ["l8-512", "l8-512-r2", "l8-512-pdl0", "l8-512-sp4", "l8-512-sp16", "q7-512", "q7-512-r2", "l8-4096", "l8-4096-r2"]
 print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:

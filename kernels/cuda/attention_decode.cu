@@ -24,6 +24,10 @@
 
 #include "attention_decode.cuh"
 
+extern "C" {
+#include "../../common/sf.h"
+}
+
 #define AD_WARPS 8
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 #define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
@@ -349,6 +353,9 @@ static int plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, i
         return ns < 2 ? 2 : (int)SF_MIN(ns, (int64_t)AD_MAX_SPLIT);
     }
     if (max_ctx <= 64) return 1;
+    /* SEMFLOW_CUDA_DECODE_SPLIT=n: the lanes kernel's key split, forced (comparisons) */
+    static const int forced_split = (int)sf_env_long("SEMFLOW_CUDA_DECODE_SPLIT", 0, 0, AD_MAX_SPLIT);
+    if (!mma && forced_split) return SF_MIN(forced_split, (max_ctx + 63) / 64);
     if (!mma) {
         /* lanes kernel: at least 64 keys per block; a block per SM, or more blocks while each keeps
          * >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us at 8
