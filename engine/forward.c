@@ -62,7 +62,7 @@ struct sf_forward {
     /* lanes (lanes_split below): $SEMFLOW_LANES (0 or 2), the fewest and most tokens and the fewest
      * sequences of a step that splits; lane 1's row views of the activations start at view_row0 (0: none yet); the
      * sub-batches' rebased seq_start arrays ([max_tokens + 1] each) */
-    int lanes, lanes_min_tokens, lanes_max_tokens, lanes_min_seqs;
+    int lanes, lanes_min_tokens, lanes_max_tokens, lanes_min_seqs, lanes_stagger;
     int64_t view_row0;
     sf_buf *view[FW_ACT_N];
     int32_t *lane_ss[2];
@@ -195,6 +195,7 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
         f->lanes = sf_env_choice("SEMFLOW_LANES", 0, lanes, 2) ? 2 : 0;
         f->lanes_min_tokens = (int)sf_env_long("SEMFLOW_LANES_MIN", 64, 2, 1 << 20);
         f->lanes_max_tokens = (int)sf_env_long("SEMFLOW_LANES_MAX", 1024, 2, 1 << 20);
+        f->lanes_stagger = (int)sf_env_long("SEMFLOW_LANES_STAGGER", 1, 0, 2);
         f->lanes_min_seqs = 2;
     }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
@@ -312,10 +313,11 @@ static int tp_op(sf_forward *f, const void *link, int kind, int ch, int prev, co
 }
 
 /* One decoder layer over T rows of the activations a (the step's, or a lane's; link: the
- * batch-1 link of a whole one-row step, else NULL). Returns SF_OK, or a status with *op naming
- * the failed op (NULL: a collective failed, err holds why). */
-static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int fused, int rn, const void *link,
-                     const char **op, sf_error *err)
+ * batch-1 link of a whole one-row step, else NULL); parts: 1 its attention half (norm, QKV,
+ * RoPE + KV append, attention), 2 the rest (O, the MLP, their all-reduces), 3 both. Returns
+ * SF_OK, or a status with *op naming the failed op (NULL: a collective failed, err holds why). */
+static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int parts, int fused, int rn,
+                     const void *link, const char **op, sf_error *err)
 {
     const sf_model_config *c = &f->m->cfg;
     const struct sf_backend_ops *o = OPS(f);
@@ -329,17 +331,20 @@ static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int fused
 #define STEP(name, call) do { *op = name; if ((rc = (call)) != SF_OK) return rc; } while (0)
 #define COMM(call) do { if ((rc = (call)) != SF_OK) { *op = NULL; return rc; } } while (0)
     if (fused) {
-        if (link && layer) {
-            STEP("attn_norm+qkv+rope_kv (link)", tp_op(f, link, SF_TP_NORM_QKV_ROPE, 1, -1, NULL, L->wqkv,
-                                                      L->attn_norm, layer, a->qkv));
-        } else if (rn && layer) { /* x holds this layer's attn_norm(h) */
-            STEP("qkv", o->matmul(b, a->x, L->wqkv, T, a->qkv));
-            STEP("rope_kv", o->rope_kv(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
-        } else {
-            STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, a->h, L->attn_norm, c->rms_eps, L->wqkv, layer,
-                                                          c->n_heads, c->n_kv_heads, &f->rope, a->x, a->qkv));
+        if (parts & 1) {
+            if (link && layer) {
+                STEP("attn_norm+qkv+rope_kv (link)", tp_op(f, link, SF_TP_NORM_QKV_ROPE, 1, -1, NULL, L->wqkv,
+                                                          L->attn_norm, layer, a->qkv));
+            } else if (rn && layer) { /* x holds this layer's attn_norm(h) */
+                STEP("qkv", o->matmul(b, a->x, L->wqkv, T, a->qkv));
+                STEP("rope_kv", o->rope_kv(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+            } else {
+                STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, a->h, L->attn_norm, c->rms_eps, L->wqkv, layer,
+                                                              c->n_heads, c->n_kv_heads, &f->rope, a->x, a->qkv));
+            }
+            STEP("attention", o->attention(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, a->att));
         }
-        STEP("attention", o->attention(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, a->att));
+        if (!(parts & 2)) return SF_OK;
         if (link) {
             STEP("o_proj (link)", tp_op(f, link, SF_TP_PUSH, 0, layer ? 1 : -1, a->att, L->wo, NULL, layer, NULL));
             STEP("ffn_norm+gate_up+silu_mul (link)",
@@ -365,10 +370,14 @@ static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int fused
         else if (tp) COMM(sf_comm_all_reduce_buf(f->comm, b, a->h, T, c->hidden, err));
         return SF_OK;
     }
-    if (!(rn && layer)) STEP("attn_norm", o->rmsnorm(b, a->h, layer ? a->mo : NULL, L->attn_norm, c->rms_eps, T, a->x));
-    STEP("qkv", o->matmul(b, a->x, L->wqkv, T, a->qkv));
-    STEP("rope_kv", o->rope_kv(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
-    STEP("attention", o->attention(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, a->att));
+    if (parts & 1) {
+        if (!(rn && layer))
+            STEP("attn_norm", o->rmsnorm(b, a->h, layer ? a->mo : NULL, L->attn_norm, c->rms_eps, T, a->x));
+        STEP("qkv", o->matmul(b, a->x, L->wqkv, T, a->qkv));
+        STEP("rope_kv", o->rope_kv(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+        STEP("attention", o->attention(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, a->att));
+    }
+    if (!(parts & 2)) return SF_OK;
     STEP("o_proj", o->matmul(b, a->att, L->wo, T, a->ao));
     if (rn) /* h += the all-reduced ao, x = ffn_norm(h) */
         COMM(sf_comm_all_reduce_norm_buf(f->comm, b, a->ao, a->h, L->ffn_norm, c->rms_eps, T, c->hidden, a->x, err));
@@ -476,14 +485,25 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         else if (rc != SF_EUNSUPPORTED) { layer = -1; goto fail; }
     }
     const fw_act whole = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo };
-    if (lanes) { /* A's layer l, B's layer l, A's layer l + 1, ...: the backend overlaps them */
+    if (lanes) {
+        /* Issued as A's and B's attention halves of layer l, then A's and B's other halves, and
+         * so on; the backend runs each lane in order and the two side by side. Lane 1 forks off
+         * at its first op, so where it starts sets how far B runs behind A ($SEMFLOW_LANES_STAGGER):
+         * 1 (default) after A's first attention half, so that B's attention meets A's MLP
+         * GEMMs; 0 at once (B first: the lanes in step); 2 after A's whole first layer. */
         const fw_act la1 = { f->view[0], f->view[1], f->view[2], f->view[3], f->view[4], f->view[5], f->view[6],
                              f->view[7] };
+        static const int order[3][4][2] = { /* {lane, parts} as issued, per stagger */
+            { { 1, 1 }, { 0, 1 }, { 1, 2 }, { 0, 2 } },
+            { { 0, 1 }, { 1, 1 }, { 0, 2 }, { 1, 2 } },
+            { { 0, 1 }, { 0, 2 }, { 1, 1 }, { 1, 2 } },
+        };
         for (; layer < c->n_layers; layer++)
-            for (int i = 0; i < 2; i++) {
+            for (int k = 0; k < 4; k++) {
+                int i = order[f->lanes_stagger][k][0];
                 STEP("lane", o->lane(b, i));
-                if ((rc = layer_run(f, i ? &la1 : &whole, f->lane_bt[i].n_tokens, layer, fused, rn, NULL, &op,
-                                    err))) {
+                if ((rc = layer_run(f, i ? &la1 : &whole, f->lane_bt[i].n_tokens, layer, order[f->lanes_stagger][k][1],
+                                    fused, rn, NULL, &op, err))) {
                     if (!op) goto comm_fail;
                     goto fail;
                 }
@@ -493,7 +513,7 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         f->n_lane_steps++;
     } else {
         for (; layer < c->n_layers; layer++)
-            if ((rc = layer_run(f, &whole, T, layer, fused, rn, link, &op, err))) {
+            if ((rc = layer_run(f, &whole, T, layer, 3, fused, rn, link, &op, err))) {
                 if (!op) goto comm_fail;
                 goto fail;
             }

@@ -138,6 +138,8 @@ typedef struct cuda_ctx {
     cuda_meta meta_whole, meta_lane[2];
     const sf_batch *lanes_next;
     int n_lanes, lane_cur, forked;
+    int lanes_serial; /* SEMFLOW_CUDA_LANES_SERIAL=1: lane 1's ops on the main stream too, after lane
+                       * 0's (the split without the overlap: what the half-size GEMMs cost) */
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -379,9 +381,7 @@ static int lanes_make(cuda_ctx *c, sf_error *err)
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[0], cudaEventDisableTiming), err, rc);
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[1], cudaEventDisableTiming), err, rc);
     if ((rc = gemm_make(c, &c->gemm1, err))) goto cleanup;
-    /* SEMFLOW_CUDA_LANES_SERIAL=1: lane 1's ops on the main stream too, after lane 0's (the split
-     * without the overlap: what the half-size GEMMs cost, for comparison) */
-    c->graphs.lane_s = sf_env_bool("SEMFLOW_CUDA_LANES_SERIAL", 0) ? c->s : c->s1;
+    c->graphs.lane_s = c->lanes_serial ? c->s : c->s1;
     c->graphs.lane_g = c->gemm1;
     c->graphs.lane_ev = c->ev_join;
     return SF_OK;
@@ -1544,10 +1544,9 @@ static int gemm_make(cuda_ctx *c, sf_k_gemm_ctx **out, sf_error *err)
     *out = NULL;
     if (krc) return sf_err(err, SF_ERROR, "CUDA backend: cuBLASLt: %s", sf_k_gemm_error_str(krc));
     c->dev_bytes += 32u << 20;
-    const char *t = getenv("SEMFLOW_CUDA_GEMM_TUNE"), *ts = getenv("SEMFLOW_CUDA_GEMM_TUNE_S");
     char bus[64] = "", path[1024] = "";
-    double budget = ts && atof(ts) > 0 ? atof(ts) : 20.0;
-    if (!(t && !strcmp(t, "0"))) {
+    double budget = (double)sf_env_long("SEMFLOW_CUDA_GEMM_TUNE_S", 20, 1, 3600);
+    if (sf_env_bool("SEMFLOW_CUDA_GEMM_TUNE", 1)) {
         if (cudaDeviceGetPCIBusId(bus, sizeof bus, c->dev) != cudaSuccess ||
             sf_hal_cuda_cache_path(bus, "gemm-cuda", path, sizeof path) != 0) {
             cudaGetLastError();
@@ -1580,18 +1579,16 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         goto cleanup;
     }
     {
-        const char *fz = getenv("SEMFLOW_CUDA_FUSED"), *ad = getenv("SEMFLOW_CUDA_ATTN_DECODE");
         b->ops = &cuda_ops;
-        if (fz && !strcmp(fz, "0")) {
+        if (!sf_env_bool("SEMFLOW_CUDA_FUSED", 1)) {
             cuda_ops_plain = cuda_ops;
             cuda_ops_plain.norm_matmul = NULL;
             cuda_ops_plain.matmul_add = NULL;
             cuda_ops_plain.norm_qkv_rope = NULL;
             b->ops = &cuda_ops_plain;
         }
-        c->attn_decode = !(ad && !strcmp(ad, "0"));
-        const char *md = getenv("SEMFLOW_CUDA_MIXED_DECODE");
-        c->mixed_decode = md && !strcmp(md, "1");
+        c->attn_decode = sf_env_bool("SEMFLOW_CUDA_ATTN_DECODE", 1);
+        c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 0);
     }
     b->ctx = c;
     c->dev = dev;
@@ -1612,17 +1609,16 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocDefault), err, rc);
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     {
-        const char *g = getenv("SEMFLOW_CUDA_GRAPHS"), *p = getenv("SEMFLOW_CUDA_PROFILE");
-        c->prof = p && !strcmp(p, "1");
+        c->prof = sf_env_bool("SEMFLOW_CUDA_PROFILE", 0);
+        c->lanes_serial = sf_env_bool("SEMFLOW_CUDA_LANES_SERIAL", 0);
         if (c->prof) {
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);
         }
         /* SEMFLOW_CUDA_GRAPH_TOKENS=N: steps of up to N tokens use graphs (default 512: the decode
          * steps of up to 512 sequences of a saturated engine; docs/CUDA.md has what one costs) */
-        const char *gt = getenv("SEMFLOW_CUDA_GRAPH_TOKENS");
-        int gmax = gt && atoi(gt) > 0 ? atoi(gt) : 512;
-        sf_cuda_graphs_init(&c->graphs, !(g && !strcmp(g, "0")) && !c->prof, gmax);
+        int gmax = (int)sf_env_long("SEMFLOW_CUDA_GRAPH_TOKENS", 512, 1, 1 << 20);
+        sf_cuda_graphs_init(&c->graphs, sf_env_bool("SEMFLOW_CUDA_GRAPHS", 1) && !c->prof, gmax);
     }
     *out = b;
     return SF_OK;

@@ -4,8 +4,9 @@
 #     and whole-model logits against the CPU backend (build/tests/device/test_model), with the
 #     persistent-warp GEMVs (SEMFLOW_CUDA_GEMV_RING=3) and with the default path;
 #   - batch-1 decode (bench decode, random bf16 weights) of Llama-3-8B at 512 and 4096 keys and
-#     Qwen2-7B at 512, default path against SEMFLOW_CUDA_GEMV_RING=3 in the same call, and the
-#     max-shared carveout (SEMFLOW_CUDA_CARVEOUT) on its own, and the tensor-core attention
+#     Qwen2-7B at 512, default path against SEMFLOW_CUDA_GEMV_RING=3 in the same call, that
+#     without the whole-unit O projection (SEMFLOW_CUDA_GEMV_HOLD=0), the max-shared carveout
+#     (SEMFLOW_CUDA_CARVEOUT) on its own, and the tensor-core attention
 #     kernel at batch 1 (SEMFLOW_CUDA_DECODE_ATTN=mma);
 #   - test_gemv --perf: a layer's four GEMVs chained in a graph at the shapes of Llama-3-8B, its
 #     TP=2 shard, Llama-3-70B's TP=2 shard and Qwen2-7B, each op alone with every kernel variant,
@@ -76,6 +77,7 @@ step l8-512 10 $L8 --ctx 512
 step l8-512-r3 10 $R3 $L8 --ctx 512
 [ -x "$GT" ] && step perf 14 "$GT" --perf
 [ -x "$GT" ] && step perf-r3 14 $R3 "$GT" --perf
+step l8-512-r3-h0 10 $R3 SEMFLOW_CUDA_GEMV_HOLD=0 $L8 --ctx 512
 step l8-512-c1 10 SEMFLOW_CUDA_CARVEOUT=1 $L8 --ctx 512
 step q7-512 10 $Q7 --ctx 512
 step q7-512-r3 10 $R3 $Q7 --ctx 512
@@ -92,7 +94,7 @@ for f in perf perf-r3; do [ -f "$D/$f.log" ] && grep 'chain\|copy bandwidth' "$D
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512", "l8-512-r3", "l8-512-c1", "l8-512-r3-mma", "l8-512-r3-c0", "q7-512", "q7-512-r3", "l8-4096", "l8-4096-r3"]
+names = ["l8-512", "l8-512-r3", "l8-512-r3-h0", "l8-512-c1", "l8-512-r3-mma", "l8-512-r3-c0", "q7-512", "q7-512-r3", "l8-4096", "l8-4096-r3"]
 print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:

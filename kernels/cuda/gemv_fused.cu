@@ -36,15 +36,6 @@ extern "C" {
 
 #define FG_UNROLL 4 /* default loads of each of the two rows in flight per lane */
 
-static __device__ __forceinline__ uint4 ld_stream(const void *p)
-{
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-
 /* One output unit per warp (fg_unit_rows: its rows ra, rb of W). MODE is a set of FG_* flags.
  * k % 8 == 0 and every pointer 16-byte aligned (the launcher checks). Dynamic shared memory:
  * k bf16 (norm), then the ring. */
@@ -99,7 +90,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
 #pragma unroll
     for (int i = 0; i < FG_U; i++) {
         int c = lane + i * 32;
-        if (!RING && active && c < k8) { va[i] = ld_stream(wa + c); vb[i] = TWO ? ld_stream(wb + c) : va[i]; }
+        if (!RING && active && c < k8) { va[i] = gr_ld_stream(wa + c); vb[i] = TWO ? gr_ld_stream(wb + c) : va[i]; }
         else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
     }
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
@@ -153,7 +144,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
 #pragma unroll
         for (int i = 0; i < FG_U; i++) {
             int c = next + i * 32;
-            if (c < k8) { va[i] = ld_stream(wa + c); if (TWO) vb[i] = ld_stream(wb + c); }
+            if (c < k8) { va[i] = gr_ld_stream(wa + c); if (TWO) vb[i] = gr_ld_stream(wb + c); }
             else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
         }
     }
@@ -168,8 +159,9 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
     return k > 0 && k % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
 }
 
-/* SEMFLOW_CUDA_GEMV_RING: 3 -> every fused GEMV on persistent warps (gemv_stream.cu) where its
- * shared memory fits, else as 2; 2 (default) -> every fused GEMV through the cp.async ring, a
+/* SEMFLOW_CUDA_GEMV_RING: 3 -> the add GEMVs whose whole grid is resident and rows short (O) load
+ * everything before their wait (gemv_hold.cu), the others on persistent warps (gemv_stream.cu)
+ * where shared memory fits, else as 2; 2 (default) -> every fused GEMV through the cp.async ring, a
  * warp per unit, two rows per warp for O and down; 1 -> the ring, one row per warp for O and
  * down; 0 -> registers everywhere, one row per warp for O and down (the choice before the ring).
  * Ops are not mixed: a ring kernel (dynamic shared memory) next to a register kernel (none)
@@ -240,7 +232,9 @@ extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_
     if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1) return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
     int rc;
-    if (ring_mode() == 3 && (rc = sf_gemv_stream(FG_ADD, x, NULL, 0.0f, w, bias, m, k, y, rp, s)) >= 0) return rc;
+    if (ring_mode() == 3 && ((rc = sf_gemv_hold(x, w, bias, m, k, y, s)) >= 0 ||
+                             (rc = sf_gemv_stream(FG_ADD, x, NULL, 0.0f, w, bias, m, k, y, rp, s)) >= 0))
+        return rc;
     switch (ring_mode()) {
     case 0: return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
     case 1: return launch<FG_ADD | FG_ONE, 4, 8, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);

@@ -15,6 +15,15 @@ static __device__ __forceinline__ void gr_cp16(void *smem, const void *g)
     unsigned sa = (unsigned)__cvta_generic_to_shared(smem);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(g) : "memory");
 }
+/* 16 bytes of a weight into registers, L1 not allocated. */
+static __device__ __forceinline__ uint4 gr_ld_stream(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
 static __device__ __forceinline__ void gr_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N>
 static __device__ __forceinline__ void gr_wait(void)
@@ -169,10 +178,35 @@ static __device__ __forceinline__ void fg_epilogue(const fg_unit &r, int u, floa
     }
 }
 
+/* The device's shared memory per SM, per-block reservation and SMs (read once per file; the
+ * backend's GPUs are of one kind). */
+static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)
+{
+    static int sm = 0, rs = 0, n = 0;
+    if (!n) {
+        int dev = 0;
+        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) ||
+            cudaDeviceGetAttribute(&rs, cudaDevAttrReservedSharedMemoryPerBlock, dev) ||
+            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) {
+            cudaGetLastError();
+            sm = rs = n = 0;
+        }
+    }
+    *per_sm = sm;
+    *reserved = rs;
+    *sms = n;
+}
+
 /* gemv_stream.cu: the fused GEMV of MODE (FG_NORM, | FG_GLU, | FG_ROPE, or FG_ADD) on
  * persistent warps. Returns a cudaError_t, or -1 when the shape does not fit the kernel's
  * shared memory (the caller then takes gemv_fused.cu's kernels). */
 int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                    const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s);
+
+/* gemv_hold.cu: y += x . W^T (+ bias) with every warp's whole unit loaded before the
+ * programmatic-launch wait. Returns a cudaError_t, or -1 when the shape does not fit (more units
+ * than warps resident at once, or rows longer than a warp holds). */
+int sf_gemv_hold(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
+                 cudaStream_t s);
 
 #endif

@@ -117,25 +117,6 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     gr_wait<0>();
 }
 
-/* The device's shared memory per SM and per-block reservation (read once per process; the
- * backend's GPUs are of one kind). */
-static void smem_limits(int *per_sm, int *reserved, int *sms)
-{
-    static int sm = 0, rs = 0, n = 0;
-    if (!n) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) ||
-            cudaDeviceGetAttribute(&rs, cudaDevAttrReservedSharedMemoryPerBlock, dev) ||
-            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) {
-            cudaGetLastError();
-            sm = rs = n = 0;
-        }
-    }
-    *per_sm = sm;
-    *reserved = rs;
-    *sms = n;
-}
-
 /* A forced configuration: blocks per SM x 10 + ring stages (13..16, 23..26, 33..36), + 100 for
  * x read through L1 instead of shared memory (add mode only); 0: none. */
 static bool cfg_valid(int cfg)
@@ -166,7 +147,7 @@ static int forced_cfg(void)
 static int plan(int units, int k, bool xs, int want, int *grid)
 {
     int per_sm, reserved, sms;
-    smem_limits(&per_sm, &reserved, &sms);
+    gr_smem_limits(&per_sm, &reserved, &sms);
     if (!sms || (xs && (size_t)k * 2 > FS_MAX_X)) return 0;
     const long x_bytes = xs ? ((long)k * 2 + 15) / 16 * 16 : 0, fixed = x_bytes + reserved + 32 * 4 /* red */;
     int st = 0, blocks_per_sm = 0;

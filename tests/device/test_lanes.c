@@ -12,7 +12,8 @@
  *                                       the layer benchmark: a dummy PRESET cut to LAYERS layers,
  *                                       BATCH sequences of CTX cached tokens, decode steps timed
  *                                       whole, split on one stream (the half-size GEMMs alone)
- *                                       and split on two streams (the overlap): median ms/step */
+ *                                       and split on two streams (the overlap) with lane 1 starting
+ *                                       at once, half a layer or a layer behind: median ms/step */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -228,14 +229,20 @@ static int bench(const char *preset, int layers, int batch, int ctx, int steps)
         return 1;
     }
     if (layers > 0 && layers < m->cfg.n_layers) m->cfg.n_layers = layers;
-    static const char *modes[] = { "0", "serial", "2" }, *names[] = { "whole", "split-1stream", "split-2streams" };
-    double med[3] = { 0 };
+    /* lanes mode and $SEMFLOW_LANES_STAGGER of each run */
+    static const char *modes[] = { "0", "serial", "2", "2", "2" }, *stagger[] = { "1", "1", "0", "1", "2" };
+    static const char *names[] = { "whole", "split-1stream", "2streams-stag0", "2streams-stag1", "2streams-stag2" };
+    enum { NM = 5 };
+    double med[NM] = { 0 };
     int V = m->cfg.vocab_size, chunk = SF_MAX(1, 2048 / ctx), rc = 0;
     int *cnt = malloc(sizeof(int) * batch), *one = malloc(sizeof(int) * batch);
     double *ms = malloc(sizeof(double) * steps);
     for (int i = 0; i < batch; i++) cnt[i] = ctx, one[i] = 1;
-    for (int k = 0; k < 3 && !rc; k++) {
+    if (!getenv("SEMFLOW_CUDA_GRAPH_TOKENS")) setenv("SEMFLOW_CUDA_GRAPH_TOKENS", "4096", 1); /* graphs at every batch */
+    if (!getenv("SEMFLOW_LANES_MAX")) setenv("SEMFLOW_LANES_MAX", "4096", 1);
+    for (int k = 0; k < NM && !rc; k++) {
         lrun r;
+        setenv("SEMFLOW_LANES_STAGGER", stagger[k], 1);
         if ((rc = lrun_open(&r, m, path, 1, 1, modes[k], batch, ctx + steps + 8, SF_MAX(batch, chunk * ctx), &err))) break;
         for (int s0 = 0; s0 < batch && !rc; s0 += chunk) /* prefill, chunk sequences a step */
             rc = lrun_step(&r, s0, SF_MIN(chunk, batch - s0), cnt, V, 0, NULL, &err);
@@ -251,15 +258,16 @@ static int bench(const char *preset, int layers, int batch, int ctx, int steps)
         }
         lrun_close(&r);
     }
+    unsetenv("SEMFLOW_LANES_STAGGER");
     if (rc) fprintf(stderr, "test_lanes --bench: %s\n", err.msg);
     else {
         printf("lanes bench: %s, %d layers, %d sequences x %d keys, median of %d decode steps (ms/step, one logit row)\n",
                preset, m->cfg.n_layers, batch, ctx, steps);
-        for (int k = 0; k < 3; k++)
+        for (int k = 0; k < NM; k++)
             printf("  %-16s %8.3f ms  %.3fx of whole  (%.1f us/layer)\n", names[k], med[k], med[k] / med[0],
                    1e3 * med[k] / m->cfg.n_layers);
-        printf("LANES_BENCH preset=%s layers=%d batch=%d ctx=%d whole=%.4f serial=%.4f overlap=%.4f\n", preset,
-               m->cfg.n_layers, batch, ctx, med[0], med[1], med[2]);
+        printf("LANES_BENCH preset=%s layers=%d batch=%d ctx=%d whole=%.4f serial=%.4f stag0=%.4f stag1=%.4f "
+               "stag2=%.4f\n", preset, m->cfg.n_layers, batch, ctx, med[0], med[1], med[2], med[3], med[4]);
     }
     free(cnt);
     free(one);

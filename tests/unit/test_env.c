@@ -3,14 +3,12 @@
  * takes, the default then in force; and the engine's own switches read through them
  * (SEMFLOW_ENGINE_OVERLAP, SEMFLOW_ENGINE_WARMUP, SEMFLOW_SCHED_RT_ALONE, SEMFLOW_LOG) on the CPU
  * backend with stories260K. */
-#include <pthread.h>
-#include <unistd.h>
-
 #include "common/sf.h"
 #include "engine/engine.h"
 #include "engine/kvcache.h"
 #include "engine/scheduler.h"
 #include "tests/lib/capture.h"
+#include "tests/lib/engine_collect.h"
 #include "tests/lib/engine_wait.h"
 #include "tests/test.h"
 
@@ -110,22 +108,6 @@ TEST(sched_rt_alone)
     unsetenv("SEMFLOW_SCHED_RT_ALONE");
 }
 
-typedef struct one_req {
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    int done, tokens;
-} one_req;
-
-static void on_event(const sf_event *ev)
-{
-    one_req *o = ev->user;
-    pthread_mutex_lock(&o->mu);
-    if (ev->type == SF_EV_TOKEN) o->tokens++;
-    else o->done = 1;
-    pthread_cond_signal(&o->cv);
-    pthread_mutex_unlock(&o->mu);
-}
-
 /* An engine on the CPU with the environment as set; one request of 3 tokens through it.
  * *overlapped: the loop it ran; returns what the engine logged while starting. */
 static const char *engine_run(int *overlapped, int *tokens)
@@ -148,21 +130,18 @@ static const char *engine_run(int *overlapped, int *tokens)
         printf("      engine: %s\n", err.msg);
         return log;
     }
-    one_req o = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+    collect o;
+    collect_init(&o);
     int32_t prompt[3] = { 1, 2, 3 };
     sf_submit s = { .prompt = prompt, .n_prompt = 3, .cb = on_event, .user = &o };
     sf_sampling_default(&s.sampling);
     s.sampling.max_tokens = 3;
     s.sampling.ignore_eos = 1;
-    if (sf_engine_submit(e, &s, NULL, NULL, &err) == SF_OK) {
-        pthread_mutex_lock(&o.mu);
-        while (!o.done) pthread_cond_wait(&o.cv, &o.mu);
-        pthread_mutex_unlock(&o.mu);
-    }
+    if (sf_engine_submit(e, &s, NULL, NULL, &err) == SF_OK) collect_wait(&o);
     sf_engine_stats st;
     wait_idle(e, &st);
     *overlapped = st.overlapped;
-    *tokens = o.tokens;
+    *tokens = o.n_tokens;
     sf_engine_free(e);
     return log;
 }
