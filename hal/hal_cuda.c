@@ -138,6 +138,8 @@ typedef struct cuda_ctx {
     cuda_meta meta_whole, meta_lane[2];
     const sf_batch *lanes_next;
     int n_lanes, lane_cur, forked;
+    int lanes_serial; /* SEMFLOW_CUDA_LANES_SERIAL=1: lane 1's ops on the main stream too, after lane
+                       * 0's (the split without the overlap: what the half-size GEMMs cost) */
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -379,9 +381,7 @@ static int lanes_make(cuda_ctx *c, sf_error *err)
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[0], cudaEventDisableTiming), err, rc);
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[1], cudaEventDisableTiming), err, rc);
     if ((rc = gemm_make(c, &c->gemm1, err))) goto cleanup;
-    /* SEMFLOW_CUDA_LANES_SERIAL=1: lane 1's ops on the main stream too, after lane 0's (the split
-     * without the overlap: what the half-size GEMMs cost, for comparison) */
-    c->graphs.lane_s = sf_env_bool("SEMFLOW_CUDA_LANES_SERIAL", 0) ? c->s : c->s1;
+    c->graphs.lane_s = c->lanes_serial ? c->s : c->s1;
     c->graphs.lane_g = c->gemm1;
     c->graphs.lane_ev = c->ev_join;
     return SF_OK;
@@ -1610,6 +1610,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     {
         c->prof = sf_env_bool("SEMFLOW_CUDA_PROFILE", 0);
+        c->lanes_serial = sf_env_bool("SEMFLOW_CUDA_LANES_SERIAL", 0);
         if (c->prof) {
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);

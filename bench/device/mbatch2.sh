@@ -9,7 +9,7 @@ PART=mbatch2 LIMIT=${MBATCH2_LIMIT_S:-95} NEED_GPUS=2
 . bench/device/mbatch_common.sh
 
 P8="--load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size 2"
-run test_lanes_tp 15 28 env SEMFLOW_LANES_TEST_TP=1 SEMFLOW_BIN="$BIN" build/tests/device/test_lanes
+run test_lanes_tp 15 45 env SEMFLOW_LANES_TEST_TP=1 SEMFLOW_BIN="$BIN" build/tests/device/test_lanes
 run d256-on 15 26 env SEMFLOW_LANES=2 "$BIN" bench decode-batch $P8 --batch 256 --ctx 192 --chunk 192 --steps 8 --json
 run tp128-on 18 30 env SEMFLOW_LANES=2 "$BIN" bench throughput $P8 --input 128 --output 128 --num-prompts 512 --json
 run d256-off 15 26 env SEMFLOW_LANES=0 "$BIN" bench decode-batch $P8 --batch 256 --ctx 192 --chunk 192 --steps 8 --json

@@ -238,6 +238,8 @@ static int bench(const char *preset, int layers, int batch, int ctx, int steps)
     int *cnt = malloc(sizeof(int) * batch), *one = malloc(sizeof(int) * batch);
     double *ms = malloc(sizeof(double) * steps);
     for (int i = 0; i < batch; i++) cnt[i] = ctx, one[i] = 1;
+    if (!getenv("SEMFLOW_CUDA_GRAPH_TOKENS")) setenv("SEMFLOW_CUDA_GRAPH_TOKENS", "4096", 1); /* graphs at every batch */
+    if (!getenv("SEMFLOW_LANES_MAX")) setenv("SEMFLOW_LANES_MAX", "4096", 1);
     for (int k = 0; k < NM && !rc; k++) {
         lrun r;
         setenv("SEMFLOW_LANES_STAGGER", stagger[k], 1);
