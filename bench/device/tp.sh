@@ -17,7 +17,7 @@
 #      (SEMFLOW_TP_LINK_SHARE=1), the link with the per-lane decode attention (SEMFLOW_CUDA_DECODE_ATTN=lanes:
 #      the regression since session 3?), no all-reduce at all
 #      (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1, wrong results: what the all-reduces cost in the
-#      step), the link with 4 ring stages everywhere (SEMFLOW_TP_LINK_STAGES=4);
+#      step), and without the link on the persistent-warp GEMVs (SEMFLOW_CUDA_GEMV_RING=3);
 #   5. tests/device/test_tp (quick set), with the link when test_tp_push passed: the all-reduce
 #      paths against exact sums, TP=2 logits vs TP=1 (the step graphs replayed), TP=2 draws on
 #      rank 0's GPU;
@@ -106,9 +106,9 @@ cat > "$L70/config.json" <<'JSON'
 JSON
 P70="--load-format dummy --model $L70 --backend cuda --tensor-parallel-size 2 --ctx 128 --steps 16 --json"
 # name and environment of each proxy run, most important first
-for v in "push SEMFLOW_TP_PUSH=1" "base SEMFLOW_TP_PUSH=0" "push_share SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_SHARE=1" \
-         "push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes" "noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1" \
-         "push_st4 SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_STAGES=4"; do
+for v in "push SEMFLOW_TP_PUSH=1" "base SEMFLOW_TP_PUSH=0" "base_r3 SEMFLOW_TP_PUSH=0 SEMFLOW_CUDA_GEMV_RING=3" \
+         "push_share SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_SHARE=1" "noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1" \
+         "push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes"; do
     set -- $v
     n=$1
     shift
@@ -164,7 +164,7 @@ for f in sys.argv[1:]:
 PY
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
 echo "Llama-3-70B shapes, 16 layers, TP=2 batch-1 (ms/token; ratio to its per-GPU roofline):"
-for n in base push push_share push_lanes push_st4 noar; do
+for n in base base_r3 push push_share push_lanes noar; do
     f="$D/l70x16_$n.json"
     [ -f "$f" ] && echo "  $n: $(jf "$f" ms_per_token_median) ms, roofline $(jf "$f" roofline_ms), ratio $(jf "$f" ratio), host $(jf "$f" host_us_per_step) us/step"
 done

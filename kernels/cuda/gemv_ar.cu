@@ -274,28 +274,25 @@ static size_t smem_bytes(int mode, int warps, int st, int k)
     return (mode != SF_TPK_PUSH ? ((size_t)k * 2 + 15) / 16 * 16 : 0) + (size_t)warps * st * 2 * TP_V * 32 * 16;
 }
 
-/* Lets k_gemv_tp<MODE, WARPS, ST> take the device's opt-in shared memory per block (once; the
- * amount a launch passes is what sets its occupancy). */
+/* Lets k_gemv_tp<MODE, WARPS, ST> take `smem` bytes of dynamic shared memory (the attribute
+ * only grows; the amount a launch passes is what sets its occupancy). */
 template <int MODE, int WARPS, int ST>
-static int allow_smem(void)
+static int allow_smem(size_t smem)
 {
-    static int done;
-    if (done) return 0;
-    int dev = 0, optin = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(k_gemv_tp<MODE, WARPS, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize, optin);
-    done = e == cudaSuccess;
+    static size_t set = 48 * 1024; /* the launch thread is the backend's only thread */
+    if (smem <= set) return 0;
+    cudaError_t e = cudaFuncSetAttribute(k_gemv_tp<MODE, WARPS, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)smem);
+    if (e == cudaSuccess) set = smem;
     return (int)e;
 }
 
 template <int MODE, int WARPS, int ST>
 static int launch_st(const sf_k_tp *a, const sf_k_tpl *l, unsigned grid, cudaStream_t s)
 {
-    int rc = allow_smem<MODE, WARPS, ST>();
-    if (!rc) rc = sf_launch_pdl(k_gemv_tp<MODE, WARPS, ST>, dim3(grid), dim3(WARPS * 32),
-                                smem_bytes(MODE, WARPS, ST, a->k), s, *a, *l);
+    const size_t smem = smem_bytes(MODE, WARPS, ST, a->k);
+    int rc = allow_smem<MODE, WARPS, ST>(smem);
+    if (!rc) rc = sf_launch_pdl(k_gemv_tp<MODE, WARPS, ST>, dim3(grid), dim3(WARPS * 32), smem, s, *a, *l);
     return rc ? rc : sf_launch_status();
 }
 
@@ -303,10 +300,10 @@ static int launch_st(const sf_k_tp *a, const sf_k_tpl *l, unsigned grid, cudaStr
 template <int MODE, int WARPS, int ST>
 static int per_sm(int k)
 {
+    const size_t smem = smem_bytes(MODE, WARPS, ST, k);
     int n = 0;
-    if (allow_smem<MODE, WARPS, ST>() ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv_tp<MODE, WARPS, ST>, WARPS * 32,
-                                                      smem_bytes(MODE, WARPS, ST, k)) != cudaSuccess) {
+    if (allow_smem<MODE, WARPS, ST>(smem) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_gemv_tp<MODE, WARPS, ST>, WARPS * 32, smem) != cudaSuccess) {
         cudaGetLastError();
         return 0;
     }
