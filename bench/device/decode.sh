@@ -2,15 +2,15 @@
 # bench/device/decode.sh — the batch-1 decode figures of docs/PERFORMANCE.md in one go (under 90 s):
 #   - correctness: the batch-1 GEMVs against a host reference (build/tests/device/test_gemv)
 #     and whole-model logits against the CPU backend (build/tests/device/test_model), with the
-#     persistent-warp GEMVs (SEMFLOW_CUDA_GEMV_RING=3) and with the default path;
+#     default path (persistent-warp GEMVs, gemv_stream.cu) and the ring kernels
+#     (SEMFLOW_CUDA_GEMV_RING=2, the previous default);
 #   - batch-1 decode (bench decode, random bf16 weights) of Llama-3-8B at 512 and 4096 keys and
-#     Qwen2-7B at 512, default path against SEMFLOW_CUDA_GEMV_RING=3 in the same call, that
-#     without the whole-unit O projection (SEMFLOW_CUDA_GEMV_HOLD=0), the max-shared carveout
-#     (SEMFLOW_CUDA_CARVEOUT) on its own, and the tensor-core attention
-#     kernel at batch 1 (SEMFLOW_CUDA_DECODE_ATTN=mma);
+#     Qwen2-7B at 512, the default against SEMFLOW_CUDA_GEMV_RING=2 in the same call, and the
+#     default without programmatic dependent launch (SEMFLOW_CUDA_PDL=0) and with the attention
+#     split at 4 and 16 instead of 8 (SEMFLOW_CUDA_DECODE_SPLIT);
 #   - test_gemv --perf: a layer's four GEMVs chained in a graph at the shapes of Llama-3-8B, its
 #     TP=2 shard, Llama-3-70B's TP=2 shard and Qwen2-7B, each op alone with every kernel variant,
-#     in % of the copy bandwidth (with the default path and with SEMFLOW_CUDA_GEMV_RING=3).
+#     in % of the copy bandwidth (default and SEMFLOW_CUDA_GEMV_RING=2).
 # Each bench decode costs ~4-5 s (model set-up), so the list is short and ordered by value; a
 # step that would pass the budget is skipped and says so.
 # Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; tests to <name>.log;
@@ -64,37 +64,36 @@ B="$BIN bench"
 P="--backend cuda --load-format dummy --json"
 L8="$B decode --preset llama-3-8b --steps 32 $P"
 Q7="$B decode --preset qwen2-7b --steps 32 $P"
-R3=SEMFLOW_CUDA_GEMV_RING=3
+R2=SEMFLOW_CUDA_GEMV_RING=2
 
-# correctness of the new path first (a kernel that hangs is cut by the step's limit)
+# correctness of the default path first (a kernel that hangs is cut by the step's limit)
 if [ -x "$GT" ] && [ -x "$MT" ]; then
-    step gemv-r3 12 $R3 "$GT"
-    step model-r3 10 $R3 "$MT"
+    step gemv 12 "$GT"
+    step model 10 "$MT"
 else
     echo "test_gemv/test_model: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
 fi
 step l8-512 10 $L8 --ctx 512
-step l8-512-r3 10 $R3 $L8 --ctx 512
+step l8-512-r2 10 $R2 $L8 --ctx 512
 [ -x "$GT" ] && step perf 14 "$GT" --perf
-[ -x "$GT" ] && step perf-r3 14 $R3 "$GT" --perf
-step l8-512-r3-h0 10 $R3 SEMFLOW_CUDA_GEMV_HOLD=0 $L8 --ctx 512
-step l8-512-c1 10 SEMFLOW_CUDA_CARVEOUT=1 $L8 --ctx 512
+[ -x "$GT" ] && step perf-r2 14 $R2 "$GT" --perf
 step q7-512 10 $Q7 --ctx 512
-step q7-512-r3 10 $R3 $Q7 --ctx 512
+step q7-512-r2 10 $R2 $Q7 --ctx 512
 step l8-4096 10 $L8 --ctx 4096
-step l8-4096-r3 10 $R3 $L8 --ctx 4096
-[ -x "$MT" ] && step model 10 "$MT"
-[ -x "$GT" ] && step gemv 12 "$GT"
-step l8-512-r3-mma 10 $R3 SEMFLOW_CUDA_DECODE_ATTN=mma $L8 --ctx 512
-step l8-512-r3-c0 10 $R3 SEMFLOW_CUDA_CARVEOUT=0 $L8 --ctx 512
+step l8-4096-r2 10 $R2 $L8 --ctx 4096
+step l8-512-pdl0 10 SEMFLOW_CUDA_PDL=0 $L8 --ctx 512
+step l8-512-sp4 10 SEMFLOW_CUDA_DECODE_SPLIT=4 $L8 --ctx 512
+step l8-512-sp16 10 SEMFLOW_CUDA_DECODE_SPLIT=16 $L8 --ctx 512
+[ -x "$MT" ] && step model-r2 10 $R2 "$MT"
+[ -x "$GT" ] && step gemv-r2 12 $R2 "$GT"
 cat "$D/runs.txt"
-for f in perf perf-r3; do [ -f "$D/$f.log" ] && grep 'chain\|copy bandwidth' "$D/$f.log"; done
+for f in perf perf-r2; do [ -f "$D/$f.log" ] && grep 'chain\|copy bandwidth' "$D/$f.log"; done
 
 # the table: one line per run from its JSON (python3 is on the GPU host)
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512", "l8-512-r3", "l8-512-r3-h0", "l8-512-c1", "l8-512-r3-mma", "l8-512-r3-c0", "q7-512", "q7-512-r3", "l8-4096", "l8-4096-r3"]
+names = ["l8-512", "l8-512-r2", "l8-512-pdl0", "l8-512-sp4", "l8-512-sp16", "q7-512", "q7-512-r2", "l8-4096", "l8-4096-r2"]
 print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:

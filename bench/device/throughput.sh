@@ -1,15 +1,15 @@
 #!/bin/sh
 # bench/device/throughput.sh — saturated throughput through the engine on one GPU, within 120 s:
 #   1. the CUDA sample op against the CPU reference (build/tests/device/test_sample);
-#   2. the forward pass alone at 128/128's decode shape (`bench decode-batch` 256 sequences x 192
-#      keys), the step the engine's is set beside (128 x 1500 for 1000/1000 when
-#      $OUT/throughput/ref-128x1500.json is there: left out for time, s4call3 had 11.171 ms);
+#   2. the forward pass alone at the engine's decode shapes (`bench decode-batch`: 256 sequences
+#      x 192 keys for 128/128, 128 x 1500 for 1000/1000), the step the engine's is set beside (it
+#      reads one logit row and draws none: the engine's step also computes 128-256 rows and draws);
 #   3. `semflow bench throughput` on llama-3-8b (dummy weights): 128 in / 128 out with 512
 #      prompts, then 1000 in / 1000 out with 128 prompts (128 seats) under the engine-side knobs
-#      that move where its time goes: the prefill chunk (--max-batched-tokens 8192, the default,
-#      against 16384), the decode rows of steps that carry prompt tokens
-#      (SEMFLOW_CUDA_MIXED_DECODE=1: the decode attention kernel over them, not 1-row prefill
-#      tiles) and the prompts and seats (256 prompts, 256 seats: the bench's default seats).
+#      that move where its time goes, each set explicitly: the prefill chunk (--max-batched-tokens
+#      8192 or 16384) and the decode rows of steps that carry prompt tokens
+#      (SEMFLOW_CUDA_MIXED_DECODE=1: the decode attention kernel over them; 0: 1-row prefill
+#      tiles). Session 5 call 1 also ran 256 prompts on 256 seats (76.1% against 80.3% for 128).
 #      Each run prints its bound (same prompts, same seats) and its timeline: until every
 #      request's first token, every seat decoding, the ramp-down; steps with prompt tokens against
 #      decode-only steps. The overlapped and serial loops were compared in session 4 (equal at
@@ -40,6 +40,7 @@ ref() { # NAME BATCH CTX
     echo "throughput: $1 rc=$? at $(el) s"
 }
 ref ref-256x192 256 192
+ref ref-128x1500 128 1500
 
 # 3. saturated throughput: NAME INPUT OUTPUT PROMPTS SECONDS REF ENV [FLAGS...]
 run_tp() {
@@ -53,10 +54,13 @@ run_tp() {
     grep -E "warm-up|error|warn" "$OUT/$name.err" | tail -n 2
 }
 run_tp tp-128-128 128 128 512 20 ref-256x192 SF_RUN=1
-run_tp tp-1000-1000 1000 1000 128 30 ref-128x1500 SF_RUN=1
-run_tp tp-1000-1000-mbt16k 1000 1000 128 30 ref-128x1500 SF_RUN=1 --max-batched-tokens 16384
-run_tp tp-1000-1000-mixdec 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=1
-run_tp tp-1000-1000-n256 1000 1000 256 36 none SF_RUN=1
+# 1000/1000 with each knob set explicitly (whatever the defaults are): 8192 / 16384-token
+# chunks, decode rows of prompt-carrying steps as 1-row prefill tiles (MIXED_DECODE=0) or
+# through the decode kernel (=1)
+run_tp tp-1000-1000-8k 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=0 --max-batched-tokens 8192
+run_tp tp-1000-1000-16k 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=0 --max-batched-tokens 16384
+run_tp tp-1000-1000-16k-mix 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=1 --max-batched-tokens 16384
+run_tp tp-1000-1000-8k-mix 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=1 --max-batched-tokens 8192
 
 # 4. the CUDA backend's switches refuse malformed values by name (last: it only opens backends)
 timeout "$(cap 15)" build/tests/device/test_env_switches >"$OUT/test_env_switches.log" 2>&1
@@ -74,13 +78,11 @@ def load(name):
         return None
 for n in ("ref-256x192", "ref-128x1500"):
     d = load(n)
-    if not d and n == "ref-128x1500":
-        continue
     print("%-22s %s" % (n, "%.3f ms/step (forward pass alone, graphs), host %.0f us" % (d["ms_per_step_median"],
           d.get("host_us_per_step", 0)) if d else "did not finish (see %s.err)" % n))
 print("%-20s %9s %9s %6s %7s %7s %7s %7s %6s %7s %6s %7s %7s" % ("run", "out tok/s", "bound", "share", "step ms", "median",
       "fwd ms", "x fwd", "host", "gap p50", "work", "deliver", "replays"))
-RUNS = ("tp-128-128", "tp-1000-1000", "tp-1000-1000-mbt16k", "tp-1000-1000-mixdec", "tp-1000-1000-n256")
+RUNS = ("tp-128-128", "tp-1000-1000-8k", "tp-1000-1000-16k", "tp-1000-1000-16k-mix", "tp-1000-1000-8k-mix")
 for name in RUNS:
     r = load(name)
     if not r:

@@ -24,6 +24,10 @@
 
 #include "attention_decode.cuh"
 
+extern "C" {
+#include "../../common/sf.h"
+}
+
 #define AD_WARPS 8
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 #define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
@@ -271,26 +275,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
 }
 
-/* With sf_k_batch1_carveout, the kernel asks for the max-shared carveout like the batch-1 GEMVs
- * around it, so an SM that ran one of its blocks keeps room for the O projection's blocks (which
- * start streaming their weights while attention runs) instead of draining to change it. */
-template <typename K>
-static int carveout(K kernel)
-{
-    if (!sf_k_batch1_carveout()) return 0;
-    return (int)cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     (int)cudaSharedmemCarveoutMaxShared);
-}
-
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
-    static bool carve_set = false; /* per instance pair; the launch thread is the backend's only thread */
-    if (!carve_set) {
-        int e = carveout(k_attn_decode<HD, MAXG, true>);
-        if (e || (e = carveout(k_attn_decode<HD, MAXG, false>))) return e;
-        carve_set = true;
-    }
     int rc = a->kv.i8_base
                  ? sf_launch_pdl(k_attn_decode<HD, MAXG, true>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a)
                  : sf_launch_pdl(k_attn_decode<HD, MAXG, false>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a);
@@ -366,6 +353,9 @@ static int plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, i
         return ns < 2 ? 2 : (int)SF_MIN(ns, (int64_t)AD_MAX_SPLIT);
     }
     if (max_ctx <= 64) return 1;
+    /* SEMFLOW_CUDA_DECODE_SPLIT=n: the lanes kernel's key split, forced (comparisons) */
+    static const int forced_split = (int)sf_env_long("SEMFLOW_CUDA_DECODE_SPLIT", 0, 0, AD_MAX_SPLIT);
+    if (!mma && forced_split) return SF_MIN(forced_split, (max_ctx + 63) / 64);
     if (!mma) {
         /* lanes kernel: at least 64 keys per block; a block per SM, or more blocks while each keeps
          * >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us at 8

@@ -69,15 +69,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     const int n_st = RING && active ? (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V) : 0;
     /* stage t: uint4 columns [t * 32 * FG_RING_V, (t + 1) * 32 * FG_RING_V) of each row */
     auto ring_issue = [&](int t) {
-        if (t < n_st) {
-#pragma unroll
-            for (int rr = 0; rr < NR; rr++)
-#pragma unroll
-                for (int v = 0; v < FG_RING_V; v++) {
-                    const int c = (t * FG_RING_V + v) * 32 + lane;
-                    if (c < k8) gr_cp16(ring + (((t % FG_RING_ST) * NR + rr) * FG_RING_V + v) * 32, (rr ? wb : wa) + c);
-                }
-        }
+        if (t < n_st) gr_stage_copy<NR>(ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32, wa, wb, t, k8, lane);
         gr_commit(); /* one group per stage, empty or not: wait_group counts them */
     };
     if constexpr (RING) {
@@ -116,16 +108,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         for (int t = 0; t < n_st; t++) {
             ring_issue(t + FG_RING_ST - 1); /* into the slot consumed at t - 1 */
             gr_wait<FG_RING_ST - 1>();       /* stage t has landed */
-            const uint4 *st = ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32;
-#pragma unroll
-            for (int v = 0; v < FG_RING_V; v++) {
-                const int c = (t * FG_RING_V + v) * 32 + lane;
-                if (c < k8) {
-                    bf16x8 xx = xv[c];
-                    acc_a = gr_dot8(st[v * 32], xx, acc_a);
-                    if (TWO) acc_b = gr_dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
-                }
-            }
+            gr_stage_dot<NR>(ring + (size_t)(t % FG_RING_ST) * NR * FG_RING_V * 32, xv, t, k8, lane, acc_a, acc_b);
         }
         gr_wait<0>();
     } else
@@ -159,10 +142,9 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
     return k > 0 && k % 8 == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0;
 }
 
-/* SEMFLOW_CUDA_GEMV_RING: 3 -> the add GEMVs whose whole grid is resident and rows short (O) load
- * everything before their wait (gemv_hold.cu), the others on persistent warps (gemv_stream.cu)
- * where shared memory fits, else as 2; 2 (default) -> every fused GEMV through the cp.async ring, a
- * warp per unit, two rows per warp for O and down; 1 -> the ring, one row per warp for O and
+/* SEMFLOW_CUDA_GEMV_RING: 3 (default) -> every fused GEMV on persistent warps (gemv_stream.cu)
+ * where x fits shared memory, else as 2; 2 -> every fused GEMV through the cp.async ring, a warp
+ * per unit, two rows per warp for O and down; 1 -> the ring, one row per warp for O and
  * down; 0 -> registers everywhere, one row per warp for O and down (the choice before the ring).
  * Ops are not mixed: a ring kernel (dynamic shared memory) next to a register kernel (none)
  * cannot share an SM's carveout, so the next kernel's blocks wait for the SM to drain and the
@@ -170,15 +152,8 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
  * ring, docs/PERFORMANCE.md). Read once (the launch thread is the backend's only thread). */
 static int ring_mode(void)
 {
-    static const int mode = (int)sf_env_long("SEMFLOW_CUDA_GEMV_RING", 2, 0, 3);
+    static const int mode = (int)sf_env_long("SEMFLOW_CUDA_GEMV_RING", 3, 0, 3);
     return mode;
-}
-
-/* SEMFLOW_CUDA_CARVEOUT=1|0; unset: on with SEMFLOW_CUDA_GEMV_RING=3. */
-extern "C" int sf_k_batch1_carveout(void)
-{
-    static const int on = sf_env_bool("SEMFLOW_CUDA_CARVEOUT", ring_mode() == 3);
-    return on;
 }
 
 template <int MODE, int WARPS, int FG_U = FG_UNROLL, bool RING = false>
@@ -189,19 +164,11 @@ static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16
     const size_t ring = RING ? (size_t)WARPS * fg_ring_st(MODE) * ((MODE & FG_ONE) ? 1 : 2) * FG_RING_V * 32 * 16 : 0;
     const size_t smem = ((size_t)k * 2 * ((MODE & FG_NORM) != 0) + 15) / 16 * 16 + ring;
     static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
-    static bool carve_set = false;
     if (smem > smem_set) {
         cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U, RING>,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
-    }
-    if (!carve_set && sf_k_batch1_carveout()) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U, RING>,
-                                             cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             (int)cudaSharedmemCarveoutMaxShared);
-        if (e != cudaSuccess) return (int)e;
-        carve_set = true;
     }
     const int grid = (int)sf_div_up(units, WARPS);
     int rc = sf_launch_pdl(k_gemv_fused<MODE, WARPS, FG_U, RING>, dim3(grid), dim3(WARPS * 32), smem, s, (const bf16 *)x,
@@ -232,9 +199,7 @@ extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_
     if (!sf_k_gemv_fused_ok(x, w, k) || !y || m < 1) return (int)cudaErrorInvalidValue;
     fg_rope rp = {};
     int rc;
-    if (ring_mode() == 3 && ((rc = sf_gemv_hold(x, w, bias, m, k, y, s)) >= 0 ||
-                             (rc = sf_gemv_stream(FG_ADD, x, NULL, 0.0f, w, bias, m, k, y, rp, s)) >= 0))
-        return rc;
+    if (ring_mode() == 3 && (rc = sf_gemv_stream(FG_ADD, x, NULL, 0.0f, w, bias, m, k, y, rp, s)) >= 0) return rc;
     switch (ring_mode()) {
     case 0: return launch<FG_ADD | FG_ONE, 4, 8>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);
     case 1: return launch<FG_ADD | FG_ONE, 4, 8, true>(x, NULL, 0.0f, w, bias, m, k, y, rp, s);

@@ -178,6 +178,38 @@ static __device__ __forceinline__ void fg_epilogue(const fg_unit &r, int u, floa
     }
 }
 
+/* Ring stage t (16-byte columns [t * 32 * FG_RING_V, (t + 1) * 32 * FG_RING_V)) of NR rows wa
+ * (and wb) into one slot: slot is the slot's base plus the lane (a lane copies, and later reads,
+ * only its own columns); columns past k8 are left alone. In the caller's current group. */
+template <int NR>
+static __device__ __forceinline__ void gr_stage_copy(uint4 *slot, const uint4 *wa, const uint4 *wb, int t, int k8,
+                                                     int lane)
+{
+#pragma unroll
+    for (int rr = 0; rr < NR; rr++)
+#pragma unroll
+        for (int v = 0; v < FG_RING_V; v++) {
+            const int c = (t * FG_RING_V + v) * 32 + lane;
+            if (c < k8) gr_cp16(slot + (rr * FG_RING_V + v) * 32, (rr ? wb : wa) + c);
+        }
+}
+
+/* acc_a (+ acc_b for the second row) += the landed slot of stage t . x (xv: 16-byte columns). */
+template <int NR>
+static __device__ __forceinline__ void gr_stage_dot(const uint4 *slot, const bf16x8 *xv, int t, int k8, int lane,
+                                                    float &acc_a, float &acc_b)
+{
+#pragma unroll
+    for (int v = 0; v < FG_RING_V; v++) {
+        const int c = (t * FG_RING_V + v) * 32 + lane;
+        if (c < k8) {
+            const bf16x8 xx = xv[c];
+            acc_a = gr_dot8(slot[v * 32], xx, acc_a);
+            if (NR > 1) acc_b = gr_dot8(slot[(FG_RING_V + v) * 32], xx, acc_b);
+        }
+    }
+}
+
 /* The device's shared memory per SM, per-block reservation and SMs (read once per file; the
  * backend's GPUs are of one kind). */
 static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)
@@ -202,11 +234,5 @@ static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)
  * shared memory (the caller then takes gemv_fused.cu's kernels). */
 int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                    const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s);
-
-/* gemv_hold.cu: y += x . W^T (+ bias) with every warp's whole unit loaded before the
- * programmatic-launch wait. Returns a cudaError_t, or -1 when the shape does not fit (more units
- * than warps resident at once, or rows longer than a warp holds). */
-int sf_gemv_hold(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k, uint16_t *y,
-                 cudaStream_t s);
 
 #endif

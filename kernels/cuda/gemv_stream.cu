@@ -1,23 +1,18 @@
 /* gemv_stream.cu — the batch-1 fused GEMVs (gemv_fused.cu's modes: norm, norm + glu, norm + RoPE
- * + K/V append, residual add) on persistent warps (SEMFLOW_CUDA_GEMV_RING=3).
+ * + K/V append, residual add) on persistent warps (SEMFLOW_CUDA_GEMV_RING=3, the default).
  *
  * gemv_fused.cu gives every unit of two rows its own warp, so a layer's big GEMV runs in several
- * waves of blocks, each warp filling its ring from empty, and a small one (O: 2048 units) has
- * only three stages per warp in flight before its programmatic-launch wait. Here the grid is
- * what fits at once (FS_PER_SM blocks of FS_WARPS warps per SM, or one), each warp takes the
- * units u = warp, warp + warps, ... and streams their rows through one ring that runs on from
- * unit to unit: the stages of the next unit are in flight while the warp finishes the current
- * one, so the weight stream of a warp never drains until its last unit. The ring is as deep as
- * shared memory allows (ST stages of 2 rows x FG_RING_V 16-byte loads per lane; ST - 1 in
- * flight), and all ST - 1 of them are issued before the wait: while attention runs, the O
- * projection's first ~16 MB are already on their way. x (normalised, or copied for the add
- * mode) is held in shared memory, read once per block instead of once per warp through L1.
- *
- * Every block leaves FS_KEEP bytes of the SM's shared memory free, so a block of the kernel
- * before (attention: ~18 KiB) or after can sit beside this kernel's blocks (with
- * programmatic launch the next kernel's blocks become resident as soon as there is room); the
- * kernels ask for the max-shared carveout (sf_k_batch1_carveout) so an SM never has to drain
- * to change it between them. Rounding and the epilogues are gemv_fused.cu's (gemv_ring.cuh). */
+ * waves of blocks, each warp filling its ring from empty, and reads x through L1 in the add
+ * mode (down: 28 KB of x per warp, 2048 warps). Here the grid is what fits at once (2 or 3
+ * blocks of FS_WARPS warps per SM), each warp takes the units u = warp, warp + warps, ... and
+ * streams their rows through one ring that runs on from unit to unit: the stages of the next
+ * unit are in flight while the warp finishes the current one, so the weight stream of a warp
+ * never drains until its last unit. The ring is as deep as shared memory allows (ST stages of
+ * 2 rows x FG_RING_V 16-byte loads per lane; ST - 1 in flight, all issued before the
+ * programmatic-launch wait), and x (normalised, or copied for the add mode) is held in shared
+ * memory, read once per block. Measured per op on the H200 (docs/PERFORMANCE.md): down 36.9 ->
+ * 30.4 us (91% of the copy bandwidth), O 13.0 -> 11.2, QKV best at 3 blocks per SM. Rounding and
+ * the epilogues are gemv_fused.cu's (gemv_ring.cuh). */
 #include "gemv_ring.cuh"
 
 extern "C" {
@@ -25,8 +20,6 @@ extern "C" {
 }
 
 #define FS_WARPS 8
-#define FS_PER_SM 2            /* blocks per SM the plan aims for */
-#define FS_KEEP (20 * 1024)    /* shared memory per SM left to a neighbouring kernel's block */
 #define FS_STAGE_BYTES (FS_WARPS * 2 * FG_RING_V * 32 * 16) /* one ring stage of a block */
 #define FS_MAX_X (64 * 1024)   /* largest x (bytes) held in shared memory */
 
@@ -61,13 +54,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     if (iu < units) rows_of(iu);
     auto issue = [&]() { /* the cursor's stage into its slot, then one group (empty past the end) */
         if (iu < units) {
-#pragma unroll
-            for (int rr = 0; rr < 2; rr++)
-#pragma unroll
-                for (int v = 0; v < FG_RING_V; v++) {
-                    const int c = (it * FG_RING_V + v) * 32 + lane;
-                    if (c < k8) gr_cp16(ring + ((islot * 2 + rr) * FG_RING_V + v) * 32, (rr ? ib : ia) + c);
-                }
+            gr_stage_copy<2>(ring + (size_t)islot * 2 * FG_RING_V * 32, ia, ib, it, k8, lane);
             if (++it == n_st) {
                 it = 0;
                 iu += nwarps;
@@ -98,16 +85,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         for (int t = 0; t < n_st; t++) {
             issue();              /* into the slot consumed last */
             gr_wait<ST - 1>();    /* this stage has landed */
-            const uint4 *st = ring + (size_t)cslot * 2 * FG_RING_V * 32;
-#pragma unroll
-            for (int v = 0; v < FG_RING_V; v++) {
-                const int c = (t * FG_RING_V + v) * 32 + lane;
-                if (c < k8) {
-                    const bf16x8 xx = xv[c];
-                    acc_a = gr_dot8(st[v * 32], xx, acc_a);
-                    acc_b = gr_dot8(st[(FG_RING_V + v) * 32], xx, acc_b);
-                }
-            }
+            gr_stage_dot<2>(ring + (size_t)cslot * 2 * FG_RING_V * 32, xv, t, k8, lane, acc_a, acc_b);
             if (++cslot == ST) cslot = 0;
         }
         acc_a = warp_sum(acc_a);
@@ -139,12 +117,13 @@ static int forced_cfg(void)
     return cfg;
 }
 
-/* Ring depth and blocks for a shape. Planned (want 0): the deepest ring (3..6 stages) with
- * which FS_PER_SM blocks fit an SM beside FS_KEEP bytes, else one block per SM. Forced (want =
- * blocks per SM x 10 + stages): that, if it fits the SM at all. Returns the stages, 0 when
- * nothing fits. The grid is the fewest blocks that give every warp the same number of units
- * (plus or minus one) at the resident capacity. */
-static int plan(int units, int k, bool xs, int want, int *grid)
+/* Ring depth and blocks for a shape. Planned (want 0): the deepest ring (3..6 stages) with which
+ * per_sm blocks fit an SM (3 for the plain norm mode, the QKV projection; 2 otherwise; fewer when
+ * even 3 stages do not fit), as measured best per op in test_gemv --perf. Forced (want = blocks
+ * per SM x 10 + stages): that, if it fits. Returns the stages, 0 when nothing fits. The grid is
+ * the fewest blocks that give every warp the same number of units (plus or minus one) at the
+ * resident capacity. */
+static int plan(int mode, int units, int k, bool xs, int want, int *grid)
 {
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
@@ -154,11 +133,9 @@ static int plan(int units, int k, bool xs, int want, int *grid)
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
-        for (int b = FS_PER_SM; b >= 1 && !st; b--) {
-            const long room = (per_sm - FS_KEEP) / b - fixed;
+        for (int b = mode == FG_NORM || mode == (FG_NORM | FG_ROPE) ? 3 : 2; b >= 1 && !st; b--)
             for (int s = 6; s >= 3 && !st; s--)
-                if ((long)s * FS_STAGE_BYTES <= room) { st = s; blocks_per_sm = b; }
-        }
+                if ((s * (long)FS_STAGE_BYTES + fixed) * b <= per_sm) { st = s; blocks_per_sm = b; }
     }
     if (!st) return 0;
     const long cap = (long)blocks_per_sm * sms * FS_WARPS, per_warp = (units + cap - 1) / cap;
@@ -173,18 +150,11 @@ static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16
 {
     const size_t smem = (XS ? ((size_t)k * 2 + 15) / 16 * 16 : 0) + (size_t)ST * FS_STAGE_BYTES;
     static size_t smem_set = 48 * 1024; /* per instance; the launch thread is the backend's only thread */
-    static bool carve_set = false;
     if (smem > smem_set) {
         cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
-    }
-    if (!carve_set && sf_k_batch1_carveout()) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, XS>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             (int)cudaSharedmemCarveoutMaxShared);
-        if (e != cudaSuccess) return (int)e;
-        carve_set = true;
     }
     int rc = sf_launch_pdl(k_gemv_stream<MODE, ST, XS>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
                            (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
@@ -212,7 +182,7 @@ static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, flo
     if (!want) want = forced_cfg();
     const bool xs = want < 100;
     if (!xs && mode != FG_ADD) return -1;
-    const int st = plan(fg_units(mode, m), k, xs, want % 100, &grid);
+    const int st = plan(mode, fg_units(mode, m), k, xs, want % 100, &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
     if (!xs) return launch_st<FG_ADD, false>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     switch (mode) {

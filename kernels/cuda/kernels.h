@@ -220,12 +220,6 @@ int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, con
  * (add only); cudaErrorInvalidValue where that does not fit. */
 int sf_k_gemv_stream_tune(int kind, int cfg, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m, int k,
                           uint16_t *y, cudaStream_t s);
-/* Benchmarks only: y += x . W^T with each warp's whole unit loaded before the wait
- * (gemv_hold.cu); cudaErrorInvalidValue where the shape does not fit it. */
-int sf_k_gemv_hold_tune(const uint16_t *x, const uint16_t *w, int m, int k, uint16_t *y, cudaStream_t s);
-/* Whether the batch-1 chain's kernels (fused GEMVs, batch-1 decode attention) ask for the
- * max-shared carveout: SEMFLOW_CUDA_CARVEOUT=1|0, unset: with SEMFLOW_CUDA_GEMV_RING=3. */
-int sf_k_batch1_carveout(void);
 
 /* ---- residual add (add.cu) ------------------------------------------------------------------ */
 /* y[i, :d] = bf16(y[i, :d] + a[i, :d]) for i < n. */

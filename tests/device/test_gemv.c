@@ -83,8 +83,7 @@ static double err_rel(const errsum *e) { return e->nan ? INFINITY : sqrt(e->num 
 static int row_at(int i, int n_check, int m) { return n_check == m ? i : (int)((int64_t)i * (m - 1) / (n_check - 1)); }
 
 /* kind 0 norm, 1 norm + glu, 2 add (y += ...); st 0: as the launchers choose their kernels (per
- * SEMFLOW_CUDA_GEMV_RING), bias optional; 1: the whole-unit kernel (gemv_hold.cu, add only, no
- * bias); else the persistent-warp kernel (gemv_stream.cu) with st = blocks per SM x 10 + ring
+ * SEMFLOW_CUDA_GEMV_RING), bias optional; else the persistent-warp kernel (gemv_stream.cu) with st = blocks per SM x 10 + ring
  * stages (+ 100: x through L1), no bias. */
 static void check_fused_st(int kind, int m, int k, int with_bias, int st)
 {
@@ -95,8 +94,7 @@ static void check_fused_st(int kind, int m, int k, int with_bias, int st)
     uint16_t *b = with_bias ? dev_rand(m, 0.5f, &hb) : NULL, *y = dev_rand(out, 1.0f, &hy0);
     REQUIRE(x && nw && w && y && (!with_bias || b), "cudaMalloc/fill of %d x %d failed", m, k);
     if (!add) poison(y, out);
-    int rc = st == 1 ? sf_k_gemv_hold_tune(x, w, m, k, y, S)
-             : st ? sf_k_gemv_stream_tune(kind, st, x, nw, w, m, k, y, S)
+    int rc = st ? sf_k_gemv_stream_tune(kind, st, x, nw, w, m, k, y, S)
              : add ? sf_k_gemv_add(x, w, b, m, k, y, S) : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
     cudaError_t e = cudaStreamSynchronize(S);
     CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", add ? "add" : "norm", m, k, rc, cudaGetErrorString(e));
@@ -212,23 +210,6 @@ TEST(stream_depths)
     }
 }
 
-/* The whole-unit kernel on the O shapes it takes (8B, its TP=2 shard, Qwen2-7B, a tiny one), and
- * its refusal of rows longer than a warp holds. */
-TEST(hold)
-{
-    check_fused_st(2, 4096, 4096, 0, 1);
-    check_fused_st(2, 4096, 2048, 0, 1);
-    check_fused_st(2, 3584, 3584, 0, 1);
-    check_fused_st(2, 6, 24, 0, 1);
-    uint16_t *x = NULL, *w = NULL, *y = NULL;
-    REQUIRE(!cudaMalloc((void **)&x, 2 * 14336) && !cudaMalloc((void **)&w, (size_t)2 * 8 * 14336) &&
-                !cudaMalloc((void **)&y, 64),
-            "cudaMalloc failed");
-    CHECK(sf_k_gemv_hold_tune(x, w, 8, 14336, y, S) == cudaErrorInvalidValue); /* 28 stages per row */
-    CHECK(cudaStreamSynchronize(S) == cudaSuccess);
-    cudaFree(x); cudaFree(w); cudaFree(y);
-}
-
 TEST(gemv_tp_8b)
 {
     check_plain(3072, 4096);
@@ -322,8 +303,7 @@ typedef struct perf_shape {
 } perf_shape;
 
 /* Launches op (0 QKV, 1 O, 2 gate/up, 3 down) of layer weights w with variant v: 0 the
- * dispatchers (per the environment); 1 gemv_fused.cu's ring (8 warps, 4 for add); 2 the
- * whole-unit kernel (gemv_hold.cu, add shapes it takes); else the
+ * dispatchers (per the environment); 1 gemv_fused.cu's ring (8 warps, 4 for add); else the
  * persistent-warp kernel with v = blocks per SM x 10 + ring stages (+ 100: x through L1). */
 static int perf_launch(int op, int v, const perf_shape *p, const uint16_t *w, uint16_t *h, const uint16_t *nw,
                        uint16_t *q, const uint16_t *att, uint16_t *act)
@@ -336,7 +316,6 @@ static int perf_launch(int op, int v, const perf_shape *p, const uint16_t *w, ui
         return sf_k_gemv_norm(x, nw, 1e-5f, w, NULL, m[op], k[op], op == 2, y, S);
     }
     if (v == 1) return sf_k_gemv_fused_tune(kind[op], kind[op] == 2 ? 4 : 8, 201, x, nw, w, m[op], k[op], y, S);
-    if (v == 2) return kind[op] == 2 ? sf_k_gemv_hold_tune(x, w, m[op], k[op], y, S) : (int)cudaErrorInvalidValue;
     return sf_k_gemv_stream_tune(kind[op], v, x, nw, w, m[op], k[op], y, S);
 }
 
@@ -361,7 +340,7 @@ static void perf_layers(const perf_shape *p, double bw, int variants)
     if (!nw || !h || !q || !att || !act) { printf("perf: %s: cudaMalloc failed\n", p->name); goto cleanup; }
     static const char *names[] = { "QKV (norm)", "O (add)", "gate/up (norm+glu)", "down (add)" };
     for (int op = -1; op < 4; op++) {
-        static const int vars[] = { 0, 1, 2, 24, 25, 26, 33, 34, 16, 125, 126 };
+        static const int vars[] = { 0, 1, 24, 25, 26, 33, 34, 16 };
         const int nv = op < 0 || !variants ? 1 : (int)SF_ARRAY_LEN(vars);
         if (op >= 0) printf("perf: %-12s %-18s %5d x %5d:", p->name, names[op], op == 2 ? 2 * p->ff : op == 0 ? p->qkv : p->d,
                             op == 1 ? p->o_k : op == 3 ? p->ff : p->d);
@@ -384,8 +363,8 @@ static void perf_layers(const perf_shape *p, double bw, int variants)
                        p->name, t, gbs, 100 * gbs / bw, bw, mb[0] + mb[1] + mb[2] + mb[3],
                        env_or_unset("SEMFLOW_CUDA_GEMV_RING"), env_or_unset("SEMFLOW_CUDA_CARVEOUT"));
             else {
-                char lab[16]; /* dispatch, ring4 (gemv_fused.cu), hold, sBS (blocks per SM, stages) */
-                snprintf(lab, sizeof lab, v == 0 ? "dispatch" : v == 1 ? "ring4" : v == 2 ? "hold" : "s%d", v);
+                char lab[16]; /* dispatch, ring4 (gemv_fused.cu), sBS (blocks per SM, stages) */
+                snprintf(lab, sizeof lab, v == 0 ? "dispatch" : v == 1 ? "ring4" : "s%d", v);
                 if (isnan(t)) printf(" %s -", lab);
                 else printf(" %s %.1f us %.1f%%", lab, t, 100 * gbs / bw);
                 if (v == 0) printf(variants ? ";" : "\n");
@@ -432,7 +411,6 @@ int main(int argc, char **argv)
     RUN(fused_qwen2_7b);
     RUN(fused_odd_shapes);
     RUN(stream_depths);
-    RUN(hold);
     RUN(gemv_tp_8b);
     RUN(gemv_tp_70b);
     RUN(bad_inputs);
