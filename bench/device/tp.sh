@@ -17,7 +17,8 @@
 #      (SEMFLOW_TP_LINK_SHARE=1), the link with the per-lane decode attention (SEMFLOW_CUDA_DECODE_ATTN=lanes:
 #      the regression since session 3?), no all-reduce at all
 #      (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1, wrong results: what the all-reduces cost in the
-#      step), and without the link on the persistent-warp GEMVs (SEMFLOW_CUDA_GEMV_RING=3);
+#      step), without the link on the persistent-warp GEMVs (SEMFLOW_CUDA_GEMV_RING=3), and the
+#      link on grids of what fits at once (SEMFLOW_TP_LINK_PERSIST=1);
 #   5. tests/device/test_tp (quick set), with the link when test_tp_push passed: the all-reduce
 #      paths against exact sums, TP=2 logits vs TP=1 (the step graphs replayed), TP=2 draws on
 #      rank 0's GPU;
@@ -106,19 +107,23 @@ cat > "$L70/config.json" <<'JSON'
 JSON
 P70="--load-format dummy --model $L70 --backend cuda --tensor-parallel-size 2 --ctx 128 --steps 16 --json"
 # name and environment of each proxy run, most important first
-for v in "push SEMFLOW_TP_PUSH=1" "base SEMFLOW_TP_PUSH=0" "base_r3 SEMFLOW_TP_PUSH=0 SEMFLOW_CUDA_GEMV_RING=3" \
-         "push_share SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_SHARE=1" "noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1" \
-         "push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes"; do
-    set -- $v
+proxy() { # NAME ENV...: one run of the 70B-shape proxy with that environment
     n=$1
     shift
     if [ $push_ok != 0 ] && [ "${n#push}" != "$n" ]; then
         echo "SKIP: l70x16_$n (test_tp_push failed)" | tee -a "$SUM"
-        continue
+        return
     fi
     run_json l70x16_$n 12 30 env "$@" "$BIN" bench decode $P70
-done
+}
+proxy push SEMFLOW_TP_PUSH=1
+proxy base SEMFLOW_TP_PUSH=0
+proxy base_r3 SEMFLOW_TP_PUSH=0 SEMFLOW_CUDA_GEMV_RING=3
+proxy push_persist SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_PERSIST=1
+proxy noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1
 SEMFLOW_TP_PUSH=$((push_ok == 0)) SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 30 build/tests/device/test_tp
+proxy push_share SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_SHARE=1
+proxy push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes
 if [ $push_ok = 0 ]; then
     SEMFLOW_TP_PUSH=1 run_json decode70b_tp2_push 45 55 "$BIN" bench decode $D70
 fi
@@ -135,8 +140,8 @@ echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -hE '^(PASS|FAIL):' "$D/test_tp_push.out" "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
 grep -E 'stream exact|rank [0-9]:' "$D/test_tp_push.out" 2>/dev/null | head -8
-echo "link pushes alone, us per call by ring stages (auto / 2 / 3 / 4; ideal at 4.25 TB/s):"
-awk '/^PUSHTIME/ { printf "  %5d x %5d: %6.1f / %6.1f / %6.1f / %6.1f  (ideal %4.1f, auto at %.0f%%)\n", $2, $3, $4, $5, $6, $7, $8, 100 * $8 / $4 }' "$D/test_tp_push.out" 2>/dev/null
+echo "link pushes alone, us per call by ring stages (auto / 2 / 3 / 4 / persistent grid; ideal at 4.25 TB/s):"
+awk '/^PUSHTIME/ { printf "  %5d x %5d: %6.1f / %6.1f / %6.1f / %6.1f / %6.1f  (ideal %4.1f, auto at %.0f%%)\n", $2, $3, $4, $5, $6, $7, $9, $8, 100 * $8 / $4 }' "$D/test_tp_push.out" 2>/dev/null
 grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
@@ -164,7 +169,7 @@ for f in sys.argv[1:]:
 PY
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
 echo "Llama-3-70B shapes, 16 layers, TP=2 batch-1 (ms/token; ratio to its per-GPU roofline):"
-for n in base base_r3 push push_share push_lanes noar; do
+for n in base base_r3 push push_persist push_share push_lanes noar; do
     f="$D/l70x16_$n.json"
     [ -f "$f" ] && echo "  $n: $(jf "$f" ms_per_token_median) ms, roofline $(jf "$f" roofline_ms), ratio $(jf "$f" ratio), host $(jf "$f" host_us_per_step) us/step"
 done
