@@ -59,9 +59,10 @@ struct sf_forward {
     int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
     int gather_pending; /* rank 0, launching: the logits' gather was queued without waiting for it */
     int gather_waits;   /* $SEMFLOW_TP_GATHER_WAIT=1: the launch waits for the gather (the earlier way) */
-    /* lanes (lanes_split below): $SEMFLOW_LANES (0 or 2), the fewest and most tokens and the fewest
-     * sequences of a step that splits; lane 1's row views of the activations start at view_row0 (0: none yet); the
-     * sub-batches' rebased seq_start arrays ([max_tokens + 1] each) */
+    /* lanes (lanes_split below): $SEMFLOW_LANES (0 or 2), the fewest and most tokens and the
+     * fewest sequences of a step that splits, where lane 1 starts ($SEMFLOW_LANES_STAGGER); lane
+     * 1's row views of the activations, from row view_row0 (0: none yet); the sub-batches and
+     * their rebased seq_start arrays ([max_tokens + 1] each); steps run in lanes so far */
     int lanes, lanes_min_tokens, lanes_max_tokens, lanes_min_seqs, lanes_stagger;
     int64_t view_row0;
     sf_buf *view[FW_ACT_N];
@@ -366,7 +367,8 @@ static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int parts
         }
         STEP("down_proj+residual", tp && rank ? o->matmul(b, a->act, L->wdown, T, a->h)
                                               : o->matmul_add(b, a->act, L->wdown, T, a->mo, a->h));
-        if (rn) COMM(sf_comm_all_reduce_norm_buf(f->comm, b, a->h, NULL, next_norm, c->rms_eps, T, c->hidden, a->x, err));
+        if (rn)
+            COMM(sf_comm_all_reduce_norm_buf(f->comm, b, a->h, NULL, next_norm, c->rms_eps, T, c->hidden, a->x, err));
         else if (tp) COMM(sf_comm_all_reduce_buf(f->comm, b, a->h, T, c->hidden, err));
         return SF_OK;
     }

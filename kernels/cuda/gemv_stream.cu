@@ -23,10 +23,9 @@ extern "C" {
 #define FS_STAGE_BYTES (FS_WARPS * 2 * FG_RING_V * 32 * 16) /* one ring stage of a block */
 #define FS_MAX_X (64 * 1024)   /* largest x (bytes) held in shared memory */
 
-/* MODE: FG_NORM (| FG_GLU | FG_ROPE) or FG_ADD; ST ring stages per warp; XS: x in shared memory
- * (else, add mode only, read through L1, leaving the shared memory to the ring). Dynamic shared
- * memory: x (k bf16, 16-byte rounded; XS), then FS_WARPS rings of ST stages. */
-template <int MODE, int ST, bool XS = true>
+/* MODE: FG_NORM (| FG_GLU | FG_ROPE) or FG_ADD; ST ring stages per warp. Dynamic shared memory:
+ * x (k bf16, 16-byte rounded), then FS_WARPS rings of ST stages. */
+template <int MODE, int ST>
 __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                                float eps, const bf16 *__restrict__ w,
                                                                const bf16 *__restrict__ bias, int m, int k,
@@ -38,9 +37,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     const int units = fg_units(MODE, m), nwarps = gridDim.x * FS_WARPS;
     const int n_st = (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V); /* ring stages per unit */
     bf16x8 *xs = (bf16x8 *)fs_smem;
-    static_assert(XS || (MODE & FG_ADD), "the normalised row lives in shared memory");
-    uint4 *ring = (uint4 *)(fs_smem + (XS ? ((size_t)k * 2 + 15) / 16 * 16 : 0)) + (size_t)warp * ST * 2 * FG_RING_V * 32 +
-                  lane;
+    uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
     sf_pdl_trigger();
 
     /* The issue cursor: unit iu, its stage it, the ring slot islot; rows ia, ib. */
@@ -72,12 +69,10 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     if (MODE & FG_NORM) {
         const float ss = block_sum(gr_row_sumsq(x8, xs, k8, FS_WARPS * 32), red);
         gr_row_scale(xs, (const bf16x8 *)nw, rsqrtf(ss / (float)k + eps), k8, FS_WARPS * 32);
-        __syncthreads();
-    } else if (XS) {
+    } else {
         for (int i = threadIdx.x; i < k8; i += FS_WARPS * 32) xs[i] = x8[i];
-        __syncthreads();
     }
-    const bf16x8 *xv = XS ? xs : x8;
+    __syncthreads();
 
     int cslot = 0;
     for (int u = blockIdx.x * FS_WARPS + warp; u < units; u += nwarps) {
@@ -85,7 +80,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         for (int t = 0; t < n_st; t++) {
             issue();              /* into the slot consumed last */
             gr_wait<ST - 1>();    /* this stage has landed */
-            gr_stage_dot<2>(ring + (size_t)cslot * 2 * FG_RING_V * 32, xv, t, k8, lane, acc_a, acc_b);
+            gr_stage_dot<2>(ring + (size_t)cslot * 2 * FG_RING_V * 32, xs, t, k8, lane, acc_a, acc_b);
             if (++cslot == ST) cslot = 0;
         }
         acc_a = warp_sum(acc_a);
@@ -95,22 +90,17 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     gr_wait<0>();
 }
 
-/* A forced configuration: blocks per SM x 10 + ring stages (13..16, 23..26, 33..36), + 100 for
- * x read through L1 instead of shared memory (add mode only); 0: none. */
-static bool cfg_valid(int cfg)
-{
-    const int c = cfg % 100;
-    return cfg >= 0 && cfg < 200 && c / 10 >= 1 && c / 10 <= 3 && c % 10 >= 3 && c % 10 <= 6;
-}
+/* A forced configuration: blocks per SM x 10 + ring stages (13..16, 23..26, 33..36); 0: none. */
+static bool cfg_valid(int cfg) { return cfg / 10 >= 1 && cfg / 10 <= 3 && cfg % 10 >= 3 && cfg % 10 <= 6; }
 
 /* SEMFLOW_CUDA_GEMV_CFG forces one for every launch (benchmarks); 0: planned. */
 static int forced_cfg(void)
 {
     static const int cfg = [] {
-        const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_CFG", 0, 0, 199);
+        const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_CFG", 0, 0, 36);
         if (c && !cfg_valid(c))
-            SF_LOGW("SEMFLOW_CUDA_GEMV_CFG=%d: takes blocks per SM (1..3) x 10 + ring stages (3..6), e.g. 25, "
-                    "+ 100 for x through L1; using the planned configuration",
+            SF_LOGW("SEMFLOW_CUDA_GEMV_CFG=%d: takes blocks per SM (1..3) x 10 + ring stages (3..6), e.g. 25; "
+                    "using the planned configuration",
                     c);
         return cfg_valid(c) ? c : 0;
     }();
@@ -123,12 +113,12 @@ static int forced_cfg(void)
  * per SM x 10 + stages): that, if it fits. Returns the stages, 0 when nothing fits. The grid is
  * the fewest blocks that give every warp the same number of units (plus or minus one) at the
  * resident capacity. */
-static int plan(int mode, int units, int k, bool xs, int want, int *grid)
+static int plan(int mode, int units, int k, int want, int *grid)
 {
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
-    if (!sms || (xs && (size_t)k * 2 > FS_MAX_X)) return 0;
-    const long x_bytes = xs ? ((long)k * 2 + 15) / 16 * 16 : 0, fixed = x_bytes + reserved + 32 * 4 /* red */;
+    if (!sms || (size_t)k * 2 > FS_MAX_X) return 0;
+    const long x_bytes = ((long)k * 2 + 15) / 16 * 16, fixed = x_bytes + reserved + 32 * 4 /* red */;
     int st = 0, blocks_per_sm = 0;
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
@@ -144,47 +134,42 @@ static int plan(int mode, int units, int k, bool xs, int want, int *grid)
     return st;
 }
 
-template <int MODE, int ST, bool XS>
+template <int MODE, int ST>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
                   int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
 {
-    const size_t smem = (XS ? ((size_t)k * 2 + 15) / 16 * 16 : 0) + (size_t)ST * FS_STAGE_BYTES;
+    const size_t smem = ((size_t)k * 2 + 15) / 16 * 16 + (size_t)ST * FS_STAGE_BYTES;
     static size_t smem_set = 48 * 1024; /* per instance; the launch thread is the backend's only thread */
     if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, XS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
     }
-    int rc = sf_launch_pdl(k_gemv_stream<MODE, ST, XS>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
+    int rc = sf_launch_pdl(k_gemv_stream<MODE, ST>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
                            (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
     return rc ? rc : sf_launch_status();
 }
 
-template <int MODE, bool XS = true>
+template <int MODE>
 static int launch_st(int st, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                      const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
 {
     switch (st) {
-    case 3: return launch<MODE, 3, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
-    case 4: return launch<MODE, 4, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
-    case 5: return launch<MODE, 5, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
-    default: return launch<MODE, 6, XS>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case 3: return launch<MODE, 3>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case 4: return launch<MODE, 4>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case 5: return launch<MODE, 5>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    default: return launch<MODE, 6>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
     }
 }
 
-/* want 0: planned (or SEMFLOW_CUDA_GEMV_CFG); else blocks per SM x 10 + stages, + 100 for x
- * through L1 (add mode; benchmarks). */
+/* want 0: planned (or SEMFLOW_CUDA_GEMV_CFG); else blocks per SM x 10 + stages (benchmarks). */
 static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
     int grid = 0;
-    if (!want) want = forced_cfg();
-    const bool xs = want < 100;
-    if (!xs && mode != FG_ADD) return -1;
-    const int st = plan(mode, fg_units(mode, m), k, xs, want % 100, &grid);
+    const int st = plan(mode, fg_units(mode, m), k, want ? want : forced_cfg(), &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
-    if (!xs) return launch_st<FG_ADD, false>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     switch (mode) {
     case FG_NORM: return launch_st<FG_NORM>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_GLU: return launch_st<FG_NORM | FG_GLU>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
@@ -200,8 +185,8 @@ int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, c
     return stream(mode, 0, x, nw, eps, w, bias, m, k, y, rp, s);
 }
 
-/* Benchmarks: kind 0 norm, 1 norm + glu, 2 add, with cfg = blocks per SM x 10 + ring stages
- * (+ 100: x through L1, add only); no bias. */
+/* Benchmarks: kind 0 norm, 1 norm + glu, 2 add, with cfg = blocks per SM x 10 + ring stages;
+ * no bias. */
 extern "C" int sf_k_gemv_stream_tune(int kind, int cfg, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                                      int m, int k, uint16_t *y, cudaStream_t s)
 {

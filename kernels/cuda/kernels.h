@@ -216,8 +216,7 @@ int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const 
 int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                          int m, int k, uint16_t *y, cudaStream_t s);
 /* Benchmarks only: the same kinds on persistent warps (gemv_stream.cu) with cfg = blocks per SM
- * (1..3) x 10 + ring stages per warp (3..6), + 100 to read x through L1 instead of shared memory
- * (add only); cudaErrorInvalidValue where that does not fit. */
+ * (1..3) x 10 + ring stages per warp (3..6); cudaErrorInvalidValue where that does not fit. */
 int sf_k_gemv_stream_tune(int kind, int cfg, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m, int k,
                           uint16_t *y, cudaStream_t s);
 
