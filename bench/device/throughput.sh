@@ -56,7 +56,7 @@ run_tp() {
 run_tp tp-128-128 128 128 512 20 ref-256x192 SF_RUN=1
 # 1000/1000 with each knob set explicitly (whatever the defaults are): 8192 / 16384-token
 # chunks, decode rows of prompt-carrying steps as 1-row prefill tiles (MIXED_DECODE=0) or
-# through the decode kernel (=1)
+# through the decode kernel (=1). 16k-mix is the default since session 5 call 2.
 run_tp tp-1000-1000-8k 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=0 --max-batched-tokens 8192
 run_tp tp-1000-1000-16k 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=0 --max-batched-tokens 16384
 run_tp tp-1000-1000-16k-mix 1000 1000 128 30 ref-128x1500 SEMFLOW_CUDA_MIXED_DECODE=1 --max-batched-tokens 16384

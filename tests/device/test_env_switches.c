@@ -30,7 +30,7 @@ static const char *open_with(const char *name, const char *value)
 static const struct { const char *name, *bad, *good; } switches[] = {
     { "SEMFLOW_CUDA_FUSED", "maybe", "0" },
     { "SEMFLOW_CUDA_ATTN_DECODE", "yes please", "on" },
-    { "SEMFLOW_CUDA_MIXED_DECODE", "2", "1" },
+    { "SEMFLOW_CUDA_MIXED_DECODE", "2", "0" },
     { "SEMFLOW_CUDA_GEMM_TUNE", "auto", "1" },
     { "SEMFLOW_CUDA_GEMM_TUNE_S", "abc", "5" },
     { "SEMFLOW_CUDA_GRAPHS", "sometimes", "1" },

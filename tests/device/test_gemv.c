@@ -83,8 +83,8 @@ static double err_rel(const errsum *e) { return e->nan ? INFINITY : sqrt(e->num 
 static int row_at(int i, int n_check, int m) { return n_check == m ? i : (int)((int64_t)i * (m - 1) / (n_check - 1)); }
 
 /* kind 0 norm, 1 norm + glu, 2 add (y += ...); st 0: as the launchers choose their kernels (per
- * SEMFLOW_CUDA_GEMV_RING), bias optional; else the persistent-warp kernel (gemv_stream.cu) with st = blocks per SM x 10 + ring
- * stages, no bias. */
+ * SEMFLOW_CUDA_GEMV_RING), bias optional; else the persistent-warp kernel (gemv_stream.cu) with
+ * st = blocks per SM x 10 + ring stages, no bias. */
 static void check_fused_st(int kind, int m, int k, int with_bias, int st)
 {
     const int add = kind == 2;
@@ -354,9 +354,9 @@ static void perf_layers(const perf_shape *p, double bw, int variants)
             const double gbs = (op < 0 ? mb[0] + mb[1] + mb[2] + mb[3] : mb[op]) / t * 1e3;
             if (op < 0)
                 printf("perf: %-12s layer chain (QKV, O, gate/up, down): %.1f us per layer, %.0f GB/s = %.1f%% of copy "
-                       "%.0f GB/s (%.1f MB; SEMFLOW_CUDA_GEMV_RING=%s CARVEOUT=%s)\n",
+                       "%.0f GB/s (%.1f MB; SEMFLOW_CUDA_GEMV_RING=%s)\n",
                        p->name, t, gbs, 100 * gbs / bw, bw, mb[0] + mb[1] + mb[2] + mb[3],
-                       env_or_unset("SEMFLOW_CUDA_GEMV_RING"), env_or_unset("SEMFLOW_CUDA_CARVEOUT"));
+                       env_or_unset("SEMFLOW_CUDA_GEMV_RING"));
             else {
                 char lab[16]; /* dispatch, ring4 (gemv_fused.cu), sBS (blocks per SM, stages) */
                 snprintf(lab, sizeof lab, v == 0 ? "dispatch" : v == 1 ? "ring4" : "s%d", v);
