@@ -94,8 +94,7 @@ for tp in 1 2; do
     run_json decode8b_tp$tp 10 $((20 + 5 * (tp - 1))) "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b \
         --backend cuda --tensor-parallel-size $tp $B256
 done
-SEMFLOW_TP_PUSH=1 run_json decode8b_tp2_push 12 25 "$BIN" bench decode-batch --load-format dummy \
-    --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
+run_json decode70b_tp2 45 55 "$BIN" bench decode $D70
 # Llama-3-70B's shapes with 16 layers (a quarter of the load): the per-layer A/B of the switches
 L70=$D/l70x16
 mkdir -p "$L70"
@@ -116,17 +115,12 @@ proxy() { # NAME ENV...: one run of the 70B-shape proxy with that environment
     fi
     run_json l70x16_$n 12 30 env "$@" "$BIN" bench decode $P70
 }
-proxy push SEMFLOW_TP_PUSH=1
 proxy base SEMFLOW_TP_PUSH=0
-proxy base_r3 SEMFLOW_TP_PUSH=0 SEMFLOW_CUDA_GEMV_RING=3
-proxy push_persist SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_PERSIST=1
 proxy noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1
-SEMFLOW_TP_PUSH=$((push_ok == 0)) SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 30 build/tests/device/test_tp
-proxy push_share SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_SHARE=1
-proxy push_lanes SEMFLOW_TP_PUSH=1 SEMFLOW_CUDA_DECODE_ATTN=lanes
-if [ $push_ok = 0 ]; then
-    SEMFLOW_TP_PUSH=1 run_json decode70b_tp2_push 45 55 "$BIN" bench decode $D70
-fi
+proxy push_persist SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_PERSIST=1 SEMFLOW_TP_LINK_SHARE=1
+SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 30 build/tests/device/test_tp
+SEMFLOW_TP_PUSH=1 run_json decode8b_tp2_push 12 25 "$BIN" bench decode-batch --load-format dummy \
+    --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
 run test_tp_norm 8 15 build/tests/device/test_tp_norm
 for tp in 1 2; do # graphs for steps of up to 512 tokens (main's knob; default 64) at both sizes
     SEMFLOW_CUDA_GRAPH_TOKENS=512 run_json throughput_tp$tp 15 $((20 + 10 * (tp - 1))) "$BIN" bench throughput \
@@ -173,6 +167,6 @@ for n in base base_r3 push push_persist push_share push_lanes noar; do
     f="$D/l70x16_$n.json"
     [ -f "$f" ] && echo "  $n: $(jf "$f" ms_per_token_median) ms, roofline $(jf "$f" roofline_ms), ratio $(jf "$f" ratio), host $(jf "$f" host_us_per_step) us/step"
 done
-f="$D/decode70b_tp2_push.json"
-[ -f "$f" ] && echo "70B TP=2 batch-1 with the link: $(jf "$f" ms_per_token_median) ms/token, roofline $(jf "$f" roofline_ms) ms/token per GPU, ratio $(jf "$f" ratio) (goal >= 0.85), host $(jf "$f" host_us_per_step) us/step"
+f="$D/decode70b_tp2.json"
+[ -f "$f" ] && echo "70B TP=2 batch-1: $(jf "$f" ms_per_token_median) ms/token, roofline $(jf "$f" roofline_ms) ms/token per GPU, ratio $(jf "$f" ratio) (goal >= 0.85), host $(jf "$f" host_us_per_step) us/step"
 exit 0

@@ -18,6 +18,7 @@
 #include "../../hal/comm.h"
 #include "../../hal/hal.h"
 #include "../test.h"
+#include "tp_ranks.h"
 
 #ifdef SF_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -290,25 +291,8 @@ static int skipped;
 
 TEST(tp_all_reduce_norm)
 {
-    char boot[64];
-    snprintf(boot, sizeof boot, "127.0.0.1:%d", 31000 + (int)(getpid() % 2000));
-    pid_t pid[RANKS];
-    for (int k = 0; k < RANKS; k++) {
-        fflush(stdout);
-        pid[k] = fork();
-        if (pid[k] == 0) {
-            int rc = rank_main(k, boot);
-            fflush(stdout);
-            _exit(rc);
-        }
-        REQUIRE(pid[k] > 0, "fork failed");
-    }
     int codes[RANKS];
-    for (int k = 0; k < RANKS; k++) {
-        int st = 0;
-        waitpid(pid[k], &st, 0);
-        codes[k] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    }
+    REQUIRE(!tp_fork_ranks(RANKS, 31000 + (int)(getpid() % 2000), rank_main, codes), "fork failed");
     if (codes[0] == 77 && codes[1] == 77) {
         skipped = 1;
         return;
@@ -316,27 +300,9 @@ TEST(tp_all_reduce_norm)
     for (int k = 0; k < RANKS; k++) CHECK_MSG(codes[k] == 0, "rank %d exited with %d (see above)", k, codes[k]);
 }
 
-/* GPUs the driver lists, without initialising CUDA in the parent (the ranks are forked). */
-static int count_gpus(void)
-{
-    DIR *d = opendir("/proc/driver/nvidia/gpus");
-    int n = 0;
-    if (!d) return 0;
-    for (struct dirent *e; (e = readdir(d));)
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    const char *v = getenv("CUDA_VISIBLE_DEVICES"); /* what CUDA will show the ranks */
-    if (v) {
-        int k = *v ? 1 : 0;
-        for (; *v; v++) k += *v == ',';
-        n = SF_MIN(n, k);
-    }
-    return n;
-}
-
 int main(void)
 {
-    int n = count_gpus();
+    int n = tp_count_gpus();
     if (n < RANKS) {
         printf("      %d GPU(s): the fused all-reduce needs %d; nothing checked\n", n, RANKS);
         return test_summary();

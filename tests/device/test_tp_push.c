@@ -23,6 +23,7 @@
 #include "../../hal/comm.h"
 #include "../../hal/hal.h"
 #include "../test.h"
+#include "tp_ranks.h"
 
 #ifdef SF_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -297,25 +298,8 @@ static int skipped;
 
 TEST(tp_push_chain)
 {
-    char boot[64];
-    snprintf(boot, sizeof boot, "127.0.0.1:%d", 3300 + (int)(getpid() % 200)); /* + a digit per communicator */
-    pid_t pid[RANKS];
-    for (int k = 0; k < RANKS; k++) {
-        fflush(stdout);
-        pid[k] = fork();
-        if (pid[k] == 0) {
-            int rc = rank_main(k, boot);
-            fflush(stdout);
-            _exit(rc);
-        }
-        REQUIRE(pid[k] > 0, "fork failed");
-    }
     int codes[RANKS];
-    for (int k = 0; k < RANKS; k++) {
-        int st = 0;
-        waitpid(pid[k], &st, 0);
-        codes[k] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    }
+    REQUIRE(!tp_fork_ranks(RANKS, 3300 + (int)(getpid() % 200), rank_main, codes), "fork failed");
     if (codes[0] == 77 && codes[1] == 77) {
         skipped = 1;
         return;
@@ -323,27 +307,9 @@ TEST(tp_push_chain)
     for (int k = 0; k < RANKS; k++) CHECK_MSG(codes[k] == 0, "rank %d exited with %d (see above)", k, codes[k]);
 }
 
-/* GPUs the driver lists, without initialising CUDA in the parent (the ranks are forked). */
-static int count_gpus(void)
-{
-    DIR *d = opendir("/proc/driver/nvidia/gpus");
-    int n = 0;
-    if (!d) return 0;
-    for (struct dirent *e; (e = readdir(d));)
-        if (e->d_name[0] != '.') n++;
-    closedir(d);
-    const char *v = getenv("CUDA_VISIBLE_DEVICES");
-    if (v) {
-        int k = *v ? 1 : 0;
-        for (; *v; v++) k += *v == ',';
-        n = SF_MIN(n, k);
-    }
-    return n;
-}
-
 int main(void)
 {
-    int n = count_gpus();
+    int n = tp_count_gpus();
     if (n < RANKS) {
         printf("      %d GPU(s): the batch-1 link needs %d; nothing checked\n", n, RANKS);
         return test_summary();
