@@ -30,12 +30,6 @@ typedef struct fw_layer {
     sf_weight *attn_norm, *wqkv, *wo, *ffn_norm, *wgu, *wdown;
 } fw_layer;
 
-/* The activations one run of a layer works on: the step's buffers, or a lane's row views. */
-typedef struct fw_act {
-    sf_buf *h, *x, *qkv, *att, *ao, *gu, *act, *mo;
-} fw_act;
-#define FW_ACT_N 8
-
 struct sf_forward {
     sf_backend *b;
     const sf_model *m;
@@ -59,16 +53,6 @@ struct sf_forward {
     int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
     int gather_pending; /* rank 0, launching: the logits' gather was queued without waiting for it */
     int gather_waits;   /* $SEMFLOW_TP_GATHER_WAIT=1: the launch waits for the gather (the earlier way) */
-    /* lanes (lanes_split below): $SEMFLOW_LANES (0 or 2), the fewest and most tokens and the
-     * fewest sequences of a step that splits, where lane 1 starts ($SEMFLOW_LANES_STAGGER); lane
-     * 1's row views of the activations, from row view_row0 (0: none yet); the sub-batches and
-     * their rebased seq_start arrays ([max_tokens + 1] each); steps run in lanes so far */
-    int lanes, lanes_min_tokens, lanes_max_tokens, lanes_min_seqs, lanes_stagger;
-    int64_t view_row0;
-    sf_buf *view[FW_ACT_N];
-    int32_t *lane_ss[2];
-    sf_batch lane_bt[2];
-    long n_lane_steps;
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -113,10 +97,6 @@ void sf_forward_free(sf_forward *f)
                        f->rows_full };
     for (size_t i = 0; i < SF_ARRAY_LEN(bufs); i++)
         if (bufs[i]) o->buf_free(f->b, bufs[i]);
-    for (int i = 0; i < FW_ACT_N; i++)
-        if (f->view[i]) o->buf_free(f->b, f->view[i]);
-    free(f->lane_ss[0]);
-    free(f->lane_ss[1]);
     if (f->layers) {
         for (int l = 0; l < f->m->cfg.n_layers; l++) {
             fw_layer *L = &f->layers[l];
@@ -189,25 +169,11 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
         f->tp_fused = !(e && !strcmp(e, "0"));
         e = getenv("SEMFLOW_TP_GATHER_WAIT");
         f->gather_waits = e && !strcmp(e, "1");
-        /* $SEMFLOW_LANES=2: steps of $SEMFLOW_LANES_MIN to $SEMFLOW_LANES_MAX tokens (default 64
-         * to 1024: decode steps and small mixed ones; a prefill-sized step's GEMMs fill the GPU
-         * alone) and two sequences or more run in two lanes; 0 (the default): whole */
-        static const char *const lanes[] = { "0", "2" };
-        f->lanes = sf_env_choice("SEMFLOW_LANES", 0, lanes, 2) ? 2 : 0;
-        f->lanes_min_tokens = (int)sf_env_long("SEMFLOW_LANES_MIN", 64, 2, 1 << 20);
-        f->lanes_max_tokens = (int)sf_env_long("SEMFLOW_LANES_MAX", 1024, 2, 1 << 20);
-        f->lanes_stagger = (int)sf_env_long("SEMFLOW_LANES_STAGGER", 1, 0, 2);
-        f->lanes_min_seqs = 2;
     }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
     f->lw = calloc((size_t)c->n_layers, sizeof *f->lw);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
-    f->lane_ss[0] = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
-    f->lane_ss[1] = malloc(((size_t)max_tokens + 1) * sizeof(int32_t));
-    if (!f->layers || !f->lw || !f->inv_freq || !f->lane_ss[0] || !f->lane_ss[1]) {
-        rc = sf_err(err, SF_ENOMEM, "forward: out of memory");
-        goto fail;
-    }
+    if (!f->layers || !f->lw || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
 
     if ((rc = new_weight(f, &f->emb, err, 1, &m->tok_embd, NULL)) || (rc = new_vec(f, &f->out_norm, &m->out_norm, err)))
         goto fail;
@@ -313,12 +279,11 @@ static int tp_op(sf_forward *f, const void *link, int kind, int ch, int prev, co
     return OPS(f)->tp_fused(f->b, &op);
 }
 
-/* One decoder layer over T rows of the activations a (the step's, or a lane's; link: the
- * batch-1 link of a whole one-row step, else NULL); parts: 1 its attention half (norm, QKV,
- * RoPE + KV append, attention), 2 the rest (O, the MLP, their all-reduces), 3 both. Returns
- * SF_OK, or a status with *op naming the failed op (NULL: a collective failed, err holds why). */
-static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int parts, int fused, int rn,
-                     const void *link, const char **op, sf_error *err)
+/* One decoder layer over the step's T rows (link: the batch-1 link of a one-row step, else
+ * NULL). Returns SF_OK, or a status with *op naming the failed op (NULL: a collective failed,
+ * err holds why). */
+static int layer_run(sf_forward *f, int T, int layer, int fused, int rn, const void *link, const char **op,
+                     sf_error *err)
 {
     const sf_model_config *c = &f->m->cfg;
     const struct sf_backend_ops *o = OPS(f);
@@ -332,119 +297,60 @@ static int layer_run(sf_forward *f, const fw_act *a, int T, int layer, int parts
 #define STEP(name, call) do { *op = name; if ((rc = (call)) != SF_OK) return rc; } while (0)
 #define COMM(call) do { if ((rc = (call)) != SF_OK) { *op = NULL; return rc; } } while (0)
     if (fused) {
-        if (parts & 1) {
-            if (link && layer) {
-                STEP("attn_norm+qkv+rope_kv (link)", tp_op(f, link, SF_TP_NORM_QKV_ROPE, 1, -1, NULL, L->wqkv,
-                                                          L->attn_norm, layer, a->qkv));
-            } else if (rn && layer) { /* x holds this layer's attn_norm(h) */
-                STEP("qkv", o->matmul(b, a->x, L->wqkv, T, a->qkv));
-                STEP("rope_kv", o->rope_kv(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
-            } else {
-                STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, a->h, L->attn_norm, c->rms_eps, L->wqkv, layer,
-                                                              c->n_heads, c->n_kv_heads, &f->rope, a->x, a->qkv));
-            }
-            STEP("attention", o->attention(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, a->att));
+        if (link && layer) {
+            STEP("attn_norm+qkv+rope_kv (link)", tp_op(f, link, SF_TP_NORM_QKV_ROPE, 1, -1, NULL, L->wqkv,
+                                                      L->attn_norm, layer, f->qkv));
+        } else if (rn && layer) { /* x holds this layer's attn_norm(h) */
+            STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
+            STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+        } else {
+            STEP("attn_norm+qkv+rope_kv", o->norm_qkv_rope(b, f->h, L->attn_norm, c->rms_eps, L->wqkv, layer,
+                                                          c->n_heads, c->n_kv_heads, &f->rope, f->x, f->qkv));
         }
-        if (!(parts & 2)) return SF_OK;
+        STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
         if (link) {
-            STEP("o_proj (link)", tp_op(f, link, SF_TP_PUSH, 0, layer ? 1 : -1, a->att, L->wo, NULL, layer, NULL));
+            STEP("o_proj (link)", tp_op(f, link, SF_TP_PUSH, 0, layer ? 1 : -1, f->att, L->wo, NULL, layer, NULL));
             STEP("ffn_norm+gate_up+silu_mul (link)",
-                 tp_op(f, link, SF_TP_NORM_GLU, 0, -1, NULL, L->wgu, L->ffn_norm, layer, a->act));
-            STEP("down_proj (link)", tp_op(f, link, SF_TP_PUSH, 1, 0, a->act, L->wdown, NULL, layer, NULL));
+                 tp_op(f, link, SF_TP_NORM_GLU, 0, -1, NULL, L->wgu, L->ffn_norm, layer, f->act));
+            STEP("down_proj (link)", tp_op(f, link, SF_TP_PUSH, 1, 0, f->act, L->wdown, NULL, layer, NULL));
             return SF_OK;
         }
         /* under TP: rank 0 adds its partial into h, the others write theirs there */
-        STEP("o_proj+residual", tp && rank ? o->matmul(b, a->att, L->wo, T, a->h)
-                                           : o->matmul_add(b, a->att, L->wo, T, a->ao, a->h));
+        STEP("o_proj+residual", tp && rank ? o->matmul(b, f->att, L->wo, T, f->h)
+                                           : o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
         if (rn) {
-            COMM(sf_comm_all_reduce_norm_buf(f->comm, b, a->h, NULL, L->ffn_norm, c->rms_eps, T, c->hidden, a->x, err));
-            STEP("gate_up", o->matmul(b, a->x, L->wgu, T, a->gu));
-            STEP("silu_mul", o->silu_mul(b, a->gu, T, c->intermediate, a->act));
+            COMM(sf_comm_all_reduce_norm_buf(f->comm, b, f->h, NULL, L->ffn_norm, c->rms_eps, T, c->hidden, f->x, err));
+            STEP("gate_up", o->matmul(b, f->x, L->wgu, T, f->gu));
+            STEP("silu_mul", o->silu_mul(b, f->gu, T, c->intermediate, f->act));
         } else {
-            if (tp) COMM(sf_comm_all_reduce_buf(f->comm, b, a->h, T, c->hidden, err));
+            if (tp) COMM(sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err));
             STEP("ffn_norm+gate_up+silu_mul",
-                 o->norm_matmul(b, a->h, L->ffn_norm, c->rms_eps, L->wgu, T, 1, a->x, a->gu, a->act));
+                 o->norm_matmul(b, f->h, L->ffn_norm, c->rms_eps, L->wgu, T, 1, f->x, f->gu, f->act));
         }
-        STEP("down_proj+residual", tp && rank ? o->matmul(b, a->act, L->wdown, T, a->h)
-                                              : o->matmul_add(b, a->act, L->wdown, T, a->mo, a->h));
+        STEP("down_proj+residual", tp && rank ? o->matmul(b, f->act, L->wdown, T, f->h)
+                                              : o->matmul_add(b, f->act, L->wdown, T, f->mo, f->h));
         if (rn)
-            COMM(sf_comm_all_reduce_norm_buf(f->comm, b, a->h, NULL, next_norm, c->rms_eps, T, c->hidden, a->x, err));
-        else if (tp) COMM(sf_comm_all_reduce_buf(f->comm, b, a->h, T, c->hidden, err));
+            COMM(sf_comm_all_reduce_norm_buf(f->comm, b, f->h, NULL, next_norm, c->rms_eps, T, c->hidden, f->x, err));
+        else if (tp) COMM(sf_comm_all_reduce_buf(f->comm, b, f->h, T, c->hidden, err));
         return SF_OK;
     }
-    if (parts & 1) {
-        if (!(rn && layer))
-            STEP("attn_norm", o->rmsnorm(b, a->h, layer ? a->mo : NULL, L->attn_norm, c->rms_eps, T, a->x));
-        STEP("qkv", o->matmul(b, a->x, L->wqkv, T, a->qkv));
-        STEP("rope_kv", o->rope_kv(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
-        STEP("attention", o->attention(b, a->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, a->att));
-    }
-    if (!(parts & 2)) return SF_OK;
-    STEP("o_proj", o->matmul(b, a->att, L->wo, T, a->ao));
+    if (!(rn && layer))
+        STEP("attn_norm", o->rmsnorm(b, f->h, layer ? f->mo : NULL, L->attn_norm, c->rms_eps, T, f->x));
+    STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
+    STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
+    STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
+    STEP("o_proj", o->matmul(b, f->att, L->wo, T, f->ao));
     if (rn) /* h += the all-reduced ao, x = ffn_norm(h) */
-        COMM(sf_comm_all_reduce_norm_buf(f->comm, b, a->ao, a->h, L->ffn_norm, c->rms_eps, T, c->hidden, a->x, err));
+        COMM(sf_comm_all_reduce_norm_buf(f->comm, b, f->ao, f->h, L->ffn_norm, c->rms_eps, T, c->hidden, f->x, err));
     else
-        STEP("ffn_norm", o->rmsnorm(b, a->h, a->ao, L->ffn_norm, c->rms_eps, T, a->x));
-    STEP("gate_up", o->matmul(b, a->x, L->wgu, T, a->gu));
-    STEP("silu_mul", o->silu_mul(b, a->gu, T, c->intermediate, a->act));
-    STEP("down_proj", o->matmul(b, a->act, L->wdown, T, a->mo));
-    if (rn) COMM(sf_comm_all_reduce_norm_buf(f->comm, b, a->mo, a->h, next_norm, c->rms_eps, T, c->hidden, a->x, err));
+        STEP("ffn_norm", o->rmsnorm(b, f->h, f->ao, L->ffn_norm, c->rms_eps, T, f->x));
+    STEP("gate_up", o->matmul(b, f->x, L->wgu, T, f->gu));
+    STEP("silu_mul", o->silu_mul(b, f->gu, T, c->intermediate, f->act));
+    STEP("down_proj", o->matmul(b, f->act, L->wdown, T, f->mo));
+    if (rn) COMM(sf_comm_all_reduce_norm_buf(f->comm, b, f->mo, f->h, next_norm, c->rms_eps, T, c->hidden, f->x, err));
 #undef COMM
 #undef STEP
     return SF_OK;
-}
-
-/* Under tensor parallelism, whether a lane of T rows may run beside the other: its all-reduces
- * (with the norm after them) must be ops of the step (hal.h collective, collective_norm), which
- * the backend orders one after the other across lanes, not calls that end the step's graph
- * (buf_raw); a backend without collective ops (the CPU) runs lanes one after the other anyway.
- * Each lane needs 2 rows or more: at one row the fused ops leave the norm to the GEMV, and both
- * lanes must leave x as the whole step's path does. The same answer on every rank. */
-static int tp_lane_ok(const sf_forward *f, int T)
-{
-    int64_t d = f->m->cfg.hidden;
-    if (T < 2) return 0;
-    if (!OPS(f)->collective) return 1;
-    return f->comm->base_in_graph || sf_comm_takes_norm(f->comm, f->b, T, d) ||
-           sf_comm_takes_custom(f->comm, (int64_t)T * d, SF_DT_BF16);
-}
-
-/* Whether this step runs in two lanes (hal.h lanes_plan), and if so the sub-batches in
- * f->lane_bt: whole sequences, lane 0 the first ones, split where the token counts come
- * closest to halves; lane 1's row views (f->view) made for its first row. 0: run it whole. */
-static int lanes_split(sf_forward *f, const sf_batch *bt, int tp, sf_error *err)
-{
-    const struct sf_backend_ops *o = OPS(f);
-    int T = bt->n_tokens, S = bt->n_seqs;
-    if (f->lanes != 2 || !o->lanes_plan || !o->lane || !o->buf_view || T < f->lanes_min_tokens ||
-        T > f->lanes_max_tokens || S < SF_MAX(2, f->lanes_min_seqs))
-        return 0;
-    int s0 = 1;
-    for (int s = 1; s < S; s++)
-        if (abs(2 * bt->seq_start[s] - T) < abs(2 * bt->seq_start[s0] - T)) s0 = s;
-    int t0 = bt->seq_start[s0];
-    if (tp && !(tp_lane_ok(f, t0) && tp_lane_ok(f, T - t0))) return 0;
-    for (int i = 0; i < 2; i++) {
-        int sa = i ? s0 : 0, sn = i ? S - s0 : s0, ta = i ? t0 : 0;
-        for (int s = 0; s <= sn; s++) f->lane_ss[i][s] = bt->seq_start[sa + s] - ta;
-        f->lane_bt[i] = (sf_batch){ .n_tokens = f->lane_ss[i][sn], .n_seqs = sn, .tokens = bt->tokens + ta,
-                                    .pos = bt->pos + ta, .slot = bt->slot + ta, .seq_start = f->lane_ss[i],
-                                    .seq_ctx = bt->seq_ctx ? bt->seq_ctx + sa : NULL,
-                                    .block_table = bt->block_table + (size_t)sa * bt->max_blocks,
-                                    .max_blocks = bt->max_blocks, .logit_rows = NULL, .n_logits = 0 };
-    }
-    if (t0 != f->view_row0) { /* lane 1's rows start elsewhere: new views */
-        sf_buf *base[FW_ACT_N] = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo };
-        for (int i = 0; i < FW_ACT_N; i++) {
-            o->buf_free(f->b, f->view[i]);
-            f->view[i] = NULL;
-        }
-        f->view_row0 = 0;
-        for (int i = 0; i < FW_ACT_N; i++)
-            if (o->buf_view(f->b, base[i], t0, f->max_tokens - t0, &f->view[i], err)) return -1;
-        f->view_row0 = t0;
-    }
-    return 1;
 }
 
 /* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */
@@ -468,14 +374,7 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
         return sf_err(err, SF_EINVAL, "forward step: %d tokens and %d logit rows (this forward pass takes up to %d and %d)",
                       T, bt->n_logits, f->max_tokens, f->max_logits);
-    int lanes = lanes_split(f, bt, tp, err);
-    if (lanes < 0) return sf_err_wrap(err, "forward step: the lanes' activation views");
 #define STEP(name, call) do { op = name; if ((rc = (call)) != SF_OK) goto fail; } while (0)
-    if (lanes) {
-        rc = o->lanes_plan(b, 2, f->lane_bt);
-        if (rc == SF_EUNSUPPORTED) lanes = 0;
-        else if (rc) { op = "lanes_plan"; goto fail; }
-    }
     STEP("batch_begin", o->batch_begin(b, bt));
     STEP("embed", o->embed(b, f->emb, f->h));
     layer = 0;
@@ -486,40 +385,11 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         if (rc == SF_OK) layer = c->n_layers;
         else if (rc != SF_EUNSUPPORTED) { layer = -1; goto fail; }
     }
-    const fw_act whole = { f->h, f->x, f->qkv, f->att, f->ao, f->gu, f->act, f->mo };
-    if (lanes) {
-        /* Issued as A's and B's attention halves of layer l, then A's and B's other halves, and
-         * so on; the backend runs each lane in order and the two side by side. Lane 1 forks off
-         * at its first op, so where it starts sets how far B runs behind A ($SEMFLOW_LANES_STAGGER):
-         * 1 (default) after A's first attention half, so that B's attention meets A's MLP
-         * GEMMs; 0 at once (B first: the lanes in step); 2 after A's whole first layer. */
-        const fw_act la1 = { f->view[0], f->view[1], f->view[2], f->view[3], f->view[4], f->view[5], f->view[6],
-                             f->view[7] };
-        static const int order[3][4][2] = { /* {lane, parts} as issued, per stagger */
-            { { 1, 1 }, { 0, 1 }, { 1, 2 }, { 0, 2 } },
-            { { 0, 1 }, { 1, 1 }, { 0, 2 }, { 1, 2 } },
-            { { 0, 1 }, { 0, 2 }, { 1, 1 }, { 1, 2 } },
-        };
-        for (; layer < c->n_layers; layer++)
-            for (int k = 0; k < 4; k++) {
-                int i = order[f->lanes_stagger][k][0];
-                STEP("lane", o->lane(b, i));
-                if ((rc = layer_run(f, i ? &la1 : &whole, f->lane_bt[i].n_tokens, layer, order[f->lanes_stagger][k][1],
-                                    fused, rn, NULL, &op, err))) {
-                    if (!op) goto comm_fail;
-                    goto fail;
-                }
-            }
-        layer = -1;
-        STEP("lane join", o->lane(b, -1));
-        f->n_lane_steps++;
-    } else {
-        for (; layer < c->n_layers; layer++)
-            if ((rc = layer_run(f, &whole, T, layer, 3, fused, rn, link, &op, err))) {
-                if (!op) goto comm_fail;
-                goto fail;
-            }
-    }
+    for (; layer < c->n_layers; layer++)
+        if ((rc = layer_run(f, T, layer, fused, rn, link, &op, err))) {
+            if (!op) goto comm_fail;
+            goto fail;
+        }
     layer = -1;
     if (link) STEP("sum (link)", tp_op(f, link, SF_TP_SUM, 1, -1, NULL, NULL, NULL, -1, NULL));
     if (bt->n_logits > 0) {
@@ -636,9 +506,4 @@ int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err)
     if (rc) return sf_err(err, rc, "forward: reading the gathered logit rows failed on the %s backend", OPS(f)->name);
     for (int i = 0; i < n; i++) memcpy(logits + (size_t)i * V, f->gather_host + i * W, (size_t)V * sizeof(float));
     return SF_OK;
-}
-
-long sf_forward_lane_steps(const sf_forward *f)
-{
-    return f->n_lane_steps;
 }

@@ -67,8 +67,4 @@ int sf_forward_launch_waited(const sf_forward *f);
  * parallelism: of the last sf_forward_step_sample (its gathered rows). */
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err);
 
-/* Steps this forward pass ran in two lanes ($SEMFLOW_LANES=2; hal.h lanes_plan): for tests and
- * benchmarks that check the split was taken. */
-long sf_forward_lane_steps(const sf_forward *f);
-
 #endif

@@ -343,35 +343,12 @@ struct sf_backend_ops {
      * shapes it does not take. NULL: the forward pass all-reduces after each row-parallel
      * projection instead. */
     int (*tp_fused)(sf_backend *b, const sf_tp_op *op);
-
-    /* Optional: lanes (nano-batching). A step split into n lanes (n == 2), each a sub-batch of
-     * whole sequences, whose ops the backend may run at the same time (CUDA: one stream per
-     * lane, forked after the ops before the first lane switch and joined at lane -1; the CPU
-     * runs them one after the other). Protocol for one step: lanes_plan(sub) just before
-     * batch_begin(bt); the ops that follow (embed ...) see the whole batch; lane(b, i) switches
-     * the ops that follow to lane i's sub-batch (its T, positions, slots, block tables);
-     * lane(b, -1) joins the lanes and returns to the whole batch before get_rows, sample or any
-     * read. sub[i] are the step's sequences in order: lane 0 the first sub[0].n_seqs of them,
-     * lane 1 the rest, each with seq_start rebased to 0 and n_logits 0; they are host memory
-     * read until batch_begin returns. Buffers of one lane are row views (buf_view), disjoint
-     * from the other lane's. lanes_plan returns SF_EUNSUPPORTED when the backend declines (the
-     * step then runs whole), SF_EINVAL for a malformed split; a batch_begin without lanes_plan
-     * before it runs whole. lanes_plan and lane may be NULL: no lanes. */
-    int (*lanes_plan)(sf_backend *b, int n, const sf_batch *sub);
-    int (*lane)(sf_backend *b, int i);
-    /* A view of rows [row0, row0 + rows) of base (no copy: it aliases base's memory, which must
-     * outlive it); freed with buf_free, which then frees only the view. May be NULL. */
-    int (*buf_view)(sf_backend *b, sf_buf *base, int64_t row0, int64_t rows, sf_buf **out, sf_error *err);
 };
 
 struct sf_backend {
     const struct sf_backend_ops *ops;
     void *ctx;
 };
-
-/* SF_OK when sub[0..n) split bt into lanes as lanes_plan (above) describes; else SF_EINVAL with
- * the first disagreement in err (hal_lanes.c). Backends call it in batch_begin. */
-int sf_batch_lanes_check(const sf_batch *bt, int n, const sf_batch *sub, sf_error *err);
 
 /* Backend selection. name: "auto" (CUDA when a GPU is present, else CPU), "cpu", "cuda".
  * n_threads <= 0: all cores. */

@@ -18,16 +18,7 @@
 struct sf_buf {
     int64_t rows, cols;
     float *data;
-    int view; /* a row view of another buffer (buf_view): data is not owned */
 };
-
-/* A deep copy of a batch (a lane's sub-batch, or the whole step's while lanes run): its arrays
- * in one allocation. */
-typedef struct cpu_batch_copy {
-    sf_batch bt;
-    int32_t *mem;
-    size_t cap;
-} cpu_batch_copy;
 
 struct sf_weight {
     int n_parts;
@@ -61,10 +52,6 @@ typedef struct cpu_ctx {
     /* sampler scratch, one per thread, for rows of up to sample_vocab tokens */
     sf_cpu_sample_scratch *sample;
     int sample_vocab;
-    /* lanes (hal.h lanes_plan): the CPU runs them one after the other, switching the current
-     * batch to lane i's sub-batch (copies 0 and 1) and back to the whole step's (copy 2) */
-    cpu_batch_copy lanes[3];
-    int lanes_next, n_lanes, lane_cur;
 } cpu_ctx;
 
 #define CTX(b) ((cpu_ctx *)(b)->ctx)
@@ -209,21 +196,8 @@ static int cpu_buf_new(sf_backend *b, int64_t rows, int64_t cols, sf_buf **out, 
 static void cpu_buf_free(sf_backend *b, sf_buf *buf)
 {
     if (!buf) return;
-    if (!buf->view) free(buf->data);
+    free(buf->data);
     free(buf);
-}
-
-static int cpu_buf_view(sf_backend *b, sf_buf *base, int64_t row0, int64_t rows, sf_buf **out, sf_error *err)
-{
-    *out = NULL;
-    if (row0 < 0 || rows < 1 || row0 + rows > base->rows)
-        return sf_err(err, SF_EINVAL, "cpu buffer view: rows %lld..%lld of a %lld-row buffer", (long long)row0,
-                      (long long)(row0 + rows - 1), (long long)base->rows);
-    sf_buf *v = calloc(1, sizeof *v);
-    if (!v) return sf_err(err, SF_ENOMEM, "cpu buffer view: out of memory");
-    *v = (sf_buf){ .rows = rows, .cols = base->cols, .data = base->data + row0 * base->cols, .view = 1 };
-    *out = v;
-    return SF_OK;
 }
 
 static size_t kv_block_floats(const sf_kv_config *c)
@@ -373,9 +347,9 @@ static int grow(int32_t **p, size_t *cap, size_t n)
     return 0;
 }
 
-/* Makes bt the current batch (its arrays copied). */
-static int batch_set(cpu_ctx *c, const sf_batch *bt)
+static int cpu_batch_begin(sf_backend *b, const sf_batch *bt)
 {
+    cpu_ctx *c = CTX(b);
     c->have_batch = 0;
     if (bt->n_tokens < 1 || bt->n_seqs < 1 || bt->n_logits < 0 || bt->max_blocks < 1)
         return BAD("batch: %d tokens, %d sequences, %d logit rows, max_blocks %d", bt->n_tokens, bt->n_seqs,
@@ -428,67 +402,6 @@ static int batch_set(cpu_ctx *c, const sf_batch *bt)
     c->max_blocks = bt->max_blocks;
     c->have_batch = 1;
     return SF_OK;
-}
-
-static int batch_copy(cpu_batch_copy *d, const sf_batch *s)
-{
-    size_t T = (size_t)s->n_tokens, S = (size_t)s->n_seqs, nbt = S * (size_t)s->max_blocks, L = (size_t)s->n_logits;
-    size_t need = 3 * T + 2 * S + 1 + nbt + L;
-    if (need > d->cap) {
-        int32_t *m = realloc(d->mem, need * sizeof *m);
-        if (!m) return SF_ENOMEM;
-        d->mem = m;
-        d->cap = need;
-    }
-    int32_t *p = d->mem;
-    d->bt = *s;
-#define TAKE(field, n) do { if (s->field) { memcpy(p, s->field, (n) * 4); d->bt.field = p; p += (n); } } while (0)
-    TAKE(tokens, T); TAKE(pos, T); TAKE(slot, T); TAKE(seq_start, S + 1); TAKE(seq_ctx, S); TAKE(block_table, nbt);
-    TAKE(logit_rows, L);
-#undef TAKE
-    return SF_OK;
-}
-
-static int cpu_batch_begin(sf_backend *b, const sf_batch *bt)
-{
-    cpu_ctx *c = CTX(b);
-    int n = c->lanes_next, rc;
-    c->lanes_next = c->n_lanes = 0;
-    c->lane_cur = -1;
-    if ((rc = batch_set(c, bt)) || !n) return rc;
-    sf_batch sub[2] = { c->lanes[0].bt, c->lanes[1].bt };
-    sf_error err;
-    if ((rc = sf_batch_lanes_check(bt, n, sub, &err))) return BAD("batch: %s", err.msg);
-    if (batch_copy(&c->lanes[2], bt)) return (SF_LOGE("batch: out of memory for the lanes"), SF_ENOMEM);
-    c->n_lanes = n;
-    return SF_OK;
-}
-
-/* Lanes on the CPU: copies of the sub-batches, run one after the other (same results as the
- * whole step, which is what the forward pass's split is tested against). */
-static int cpu_lanes_plan(sf_backend *b, int n, const sf_batch *sub)
-{
-    cpu_ctx *c = CTX(b);
-    c->lanes_next = 0;
-    if (n != 2) return BAD("lanes_plan: %d lanes (2 supported)", n);
-    for (int i = 0; i < n; i++)
-        if (sub[i].n_tokens < 1 || sub[i].n_seqs < 1 || !sub[i].seq_start)
-            return BAD("lanes_plan: lane %d has %d tokens of %d sequences", i, sub[i].n_tokens, sub[i].n_seqs);
-        else if (batch_copy(&c->lanes[i], &sub[i]))
-            return (SF_LOGE("lanes_plan: out of memory"), SF_ENOMEM);
-    c->lanes_next = n;
-    return SF_OK;
-}
-
-static int cpu_lane(sf_backend *b, int i)
-{
-    cpu_ctx *c = CTX(b);
-    if (!c->n_lanes && i == -1) return SF_OK; /* a whole step: nothing to join */
-    if (i < -1 || i >= c->n_lanes) return BAD("lane: lane %d, the step has %d lanes (lanes_plan before batch_begin)", i, c->n_lanes);
-    if (i == c->lane_cur) return SF_OK;
-    int rc = batch_set(c, &c->lanes[i < 0 ? 2 : i].bt);
-    if (!rc) c->lane_cur = i;
-    return rc;
 }
 
 static int cpu_embed(sf_backend *b, const sf_weight *emb, sf_buf *x)
@@ -692,7 +605,6 @@ static void cpu_destroy(sf_backend *b)
         sample_scratch_free(c);
         free(c->tokens); free(c->pos); free(c->slot); free(c->seq_start); free(c->seq_ctx);
         free(c->block_table); free(c->logit_rows);
-        for (int i = 0; i < 3; i++) free(c->lanes[i].mem);
         free(c);
     }
     free(b);
@@ -724,9 +636,6 @@ static const struct sf_backend_ops cpu_ops = {
     .write_f32 = cpu_write_f32,
     .buf_raw = cpu_buf_raw,
     .sample = cpu_sample,
-    .lanes_plan = cpu_lanes_plan,
-    .lane = cpu_lane,
-    .buf_view = cpu_buf_view,
 };
 
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)

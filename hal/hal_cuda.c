@@ -49,21 +49,12 @@ _Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
 struct sf_buf {
     uint16_t *d;
     int64_t rows, cols;
-    int view; /* a row view of another buffer (buf_view): d is not owned */
 };
 
 struct sf_weight {
     uint16_t *d, *bias;
     int64_t rows, cols;
 };
-
-/* A step's batch metadata as the ops read it (the cuda_ctx fields of the same names): saved
- * and restored around lanes, whose sub-batches each have their own. */
-typedef struct cuda_meta {
-    int T, S, L, max_blocks, max_ctx;
-    int32_t *tokens_h, *tokens_d, *pos_d, *slot_d, *tok_seq_d, *block_table_d, *logit_rows_d, *tiles_d, *dec_rows_d;
-    int n_tiles, n_dec, dec_split, n_split, dec_kernel;
-} cuda_meta;
 
 typedef struct cuda_ctx {
     int dev;
@@ -124,23 +115,6 @@ typedef struct cuda_ctx {
     cudaEvent_t prof_ev[2];
     struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
     int n_prof;
-    /* lanes (hal.h lanes_plan; made at the first split step): lane 1's stream, cuBLASLt context
-     * and attention workspace (swapped into attn_ws while lane 1 is current), the fork and join
-     * events; the step's metadata for the whole batch and for each lane; the split the next
-     * batch_begin takes (lanes_next), the lanes of this step, the current lane (-1: whole) and
-     * whether lane 1 is forked off the main stream */
-    cudaStream_t s1;
-    sf_k_gemm_ctx *gemm1;
-    cudaEvent_t ev_fork, ev_join;
-    cudaEvent_t ev_coll[2]; /* after each lane's last collective: the other lane's next one waits */
-    int coll_last;          /* the lane of the step's last collective (-1: none yet) */
-    float *attn_ws1;
-    size_t attn_ws1_floats, attn_cnt1;
-    cuda_meta meta_whole, meta_lane[2];
-    const sf_batch *lanes_next;
-    int n_lanes, lane_cur, forked;
-    int lanes_serial; /* SEMFLOW_CUDA_LANES_SERIAL=1: lane 1's ops on the main stream too, after lane
-                       * 0's (the split without the overlap: what the half-size GEMMs cost) */
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -188,13 +162,9 @@ static int kcheck(int krc, const char *op)
 
 /* Ends a graph capture or replay in progress: called before anything reads results, frees or
  * allocates memory, or synchronises. */
-static int lanes_end(cuda_ctx *c);
-
 static int step_end(cuda_ctx *c)
 {
-    int rc = lanes_end(c); /* lane 1 joined inside the capture, if one runs */
-    int grc = kcheck(sf_cuda_graph_end(&c->graphs, c->gemm, c->s), "launching the step's graph");
-    return rc ? rc : grc;
+    return kcheck(sf_cuda_graph_end(&c->graphs, c->gemm, c->s), "launching the step's graph");
 }
 
 /* The step's work is all queued: record its host time (to the last collective queued outside
@@ -245,17 +215,8 @@ static void prof_print(cuda_ctx *c)
     }
 }
 
-static int submit_coll(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op);
-
 static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
 {
-    if (c->lane_cur >= 0 && (r->kind == SF_OP_COLL || r->kind == SF_OP_COLL_NORM))
-        return submit_coll(c, r, capturable, op);
-    if (c->lane_cur == 1) { /* lane 1's op: on its stream (records are compared whole, lane included) */
-        sf_op_rec r1 = *r;
-        r1.lane = 1;
-        return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &r1, capturable), op);
-    }
     if (!c->prof) return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
     float ms = 0;
     cudaEventRecord(c->prof_ev[0], c->s);
@@ -267,156 +228,6 @@ static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *o
     return rc;
 }
 
-/* ---- lanes (hal.h lanes_plan) --------------------------------------------------------------- */
-/* Lane 1 runs on its own stream with its own cuBLASLt context (workspace) and attention
- * workspace, so that its ops may run beside lane 0's on the main stream: the ops of one lane
- * after the other's on the host, overlapping on the device. Lane switches swap the step's
- * metadata (cuda_meta) and, for lane 1, the attention workspace; the first switch to lane 1
- * forks it off the main stream (SF_OP_WAIT: an event edge in a capture), lane -1 joins it. */
-static void meta_save(const cuda_ctx *c, cuda_meta *m)
-{
-    *m = (cuda_meta){ c->T, c->S, c->L, c->max_blocks, c->max_ctx, c->tokens_h, c->tokens_d, c->pos_d, c->slot_d,
-                      c->tok_seq_d, c->block_table_d, c->logit_rows_d, c->tiles_d, c->dec_rows_d, c->n_tiles, c->n_dec,
-                      c->dec_split, c->n_split, c->dec_kernel };
-}
-
-static void meta_load(cuda_ctx *c, const cuda_meta *m)
-{
-    c->T = m->T; c->S = m->S; c->L = m->L; c->max_blocks = m->max_blocks; c->max_ctx = m->max_ctx;
-    c->tokens_h = m->tokens_h; c->tokens_d = m->tokens_d; c->pos_d = m->pos_d; c->slot_d = m->slot_d;
-    c->tok_seq_d = m->tok_seq_d; c->block_table_d = m->block_table_d; c->logit_rows_d = m->logit_rows_d;
-    c->tiles_d = m->tiles_d; c->dec_rows_d = m->dec_rows_d; c->n_tiles = m->n_tiles; c->n_dec = m->n_dec;
-    c->dec_split = m->dec_split; c->n_split = m->n_split; c->dec_kernel = m->dec_kernel;
-}
-
-static void swap_ws(cuda_ctx *c)
-{
-    float *w = c->attn_ws;
-    size_t f = c->attn_ws_floats, n = c->attn_cnt;
-    c->attn_ws = c->attn_ws1; c->attn_ws_floats = c->attn_ws1_floats; c->attn_cnt = c->attn_cnt1;
-    c->attn_ws1 = w; c->attn_ws1_floats = f; c->attn_cnt1 = n;
-}
-
-/* The current lane's cuBLASLt context and stream (for planning, tuning and workspace setup). */
-static sf_k_gemm_ctx *lane_gemm(const cuda_ctx *c) { return c->lane_cur == 1 ? c->gemm1 : c->gemm; }
-static cudaStream_t lane_stream(const cuda_ctx *c) { return c->lane_cur == 1 ? c->graphs.lane_s : c->s; }
-
-/* The fork (lane 1 waits for the main stream's work so far) or the join (the main stream waits
- * for lane 1's), as a recorded op of the step. */
-static int lanes_wait(cuda_ctx *c, int join)
-{
-    sf_op_rec r;
-    memset(&r, 0, sizeof r);
-    r.kind = SF_OP_WAIT;
-    r.lane = join;
-    r.p[0] = r.p[2] = join ? c->ev_join : c->ev_fork;
-    r.p[1] = join ? c->s : c->graphs.lane_s;
-    int rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &r, 1), join ? "lanes (join)" : "lanes (fork)");
-    if (!rc) c->forked = !join;
-    return rc;
-}
-
-/* Back to the whole step: lane 1 joined, the whole batch's metadata current. */
-static int lanes_end(cuda_ctx *c)
-{
-    if (!c->n_lanes) return SF_OK;
-    if (c->lane_cur == 1) swap_ws(c);
-    c->lane_cur = -1;
-    meta_load(c, &c->meta_whole);
-    return c->forked ? lanes_wait(c, 1) : SF_OK;
-}
-
-static int cuda_lane(sf_backend *b, int i)
-{
-    cuda_ctx *c = CTX(b);
-    if (i == c->lane_cur) return SF_OK;
-    if (i < -1 || i >= c->n_lanes)
-        return op_fail(SF_EINVAL, "lane", "no such lane in this step (lanes_plan comes just before batch_begin)");
-    if (i < 0) return lanes_end(c);
-    if (c->lane_cur == 1) swap_ws(c);
-    c->lane_cur = 0;
-    int rc = i == 1 && !c->forked ? lanes_wait(c, 0) : SF_OK;
-    if (rc) return rc;
-    meta_load(c, &c->meta_lane[i]);
-    c->lane_cur = i;
-    if (i == 1) swap_ws(c);
-    return SF_OK;
-}
-
-/* A collective of a lane: the lanes' collectives share one communicator (its buffers and
- * flags), so they run one at a time, in the order issued (the same on every rank): each waits
- * for the other lane's last one. Everything else of both lanes may overlap them. */
-static int submit_coll(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
-{
-    int l = c->lane_cur == 1, rc = SF_OK;
-    sf_op_rec w;
-    memset(&w, 0, sizeof w);
-    w.kind = SF_OP_WAIT;
-    w.lane = l;
-    if (c->coll_last >= 0 && c->coll_last != l) { /* this lane's stream waits for the other's collective */
-        w.p[1] = l ? c->graphs.lane_s : c->s;
-        w.p[2] = c->ev_coll[!l];
-        rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &w, 1), "lanes (collective order)");
-    }
-    sf_op_rec r1 = *r;
-    r1.lane = l;
-    if (!rc) rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &r1, capturable), op);
-    if (rc) return rc;
-    w.p[0] = c->ev_coll[l];
-    w.p[1] = w.p[2] = NULL;
-    c->coll_last = l;
-    return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, &w, 1), "lanes (collective order)");
-}
-
-static int gemm_make(cuda_ctx *c, sf_k_gemm_ctx **out, sf_error *err);
-
-/* Lane 1's stream, events and cuBLASLt context: made at the first split step (one more
- * cuBLASLt workspace on the device). */
-static int lanes_make(cuda_ctx *c, sf_error *err)
-{
-    int rc = SF_OK;
-    SF_CUDA_GOTO(cudaSetDevice(c->dev), err, rc);
-    SF_CUDA_GOTO(cudaStreamCreateWithFlags(&c->s1, cudaStreamNonBlocking), err, rc);
-    SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming), err, rc);
-    SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_join, cudaEventDisableTiming), err, rc);
-    SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[0], cudaEventDisableTiming), err, rc);
-    SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->ev_coll[1], cudaEventDisableTiming), err, rc);
-    if ((rc = gemm_make(c, &c->gemm1, err))) goto cleanup;
-    c->graphs.lane_s = c->lanes_serial ? c->s : c->s1;
-    c->graphs.lane_g = c->gemm1;
-    c->graphs.lane_ev = c->ev_join;
-    return SF_OK;
-cleanup:
-    sf_k_gemm_ctx_free(c->gemm1);
-    cudaEvent_t evs[] = { c->ev_join, c->ev_fork, c->ev_coll[0], c->ev_coll[1] };
-    for (size_t i = 0; i < SF_ARRAY_LEN(evs); i++)
-        if (evs[i]) cudaEventDestroy(evs[i]);
-    if (c->s1) cudaStreamDestroy(c->s1);
-    c->gemm1 = NULL;
-    c->ev_join = c->ev_fork = c->ev_coll[0] = c->ev_coll[1] = NULL;
-    c->s1 = NULL;
-    return rc;
-}
-
-static int cuda_lanes_plan(sf_backend *b, int n, const sf_batch *sub)
-{
-    cuda_ctx *c = CTX(b);
-    c->lanes_next = NULL;
-    if (c->prof) return SF_EUNSUPPORTED; /* ops timed one by one: nothing would overlap */
-    if (n != 2 || !sub) return op_fail(SF_EINVAL, "lanes_plan", "a step splits into 2 lanes");
-    if (!c->s1) {
-        sf_error err;
-        int rc = step_end(c);
-        if (rc) return rc;
-        if (lanes_make(c, &err)) {
-            SF_LOGW("cuda backend: lanes: %s; the step runs whole", err.msg);
-            return SF_EUNSUPPORTED;
-        }
-    }
-    c->lanes_next = sub;
-    return SF_OK;
-}
-
 /* ---- lifecycle ------------------------------------------------------------------------ */
 static void cuda_destroy(sf_backend *b)
 {
@@ -426,7 +237,6 @@ static void cuda_destroy(sf_backend *b)
         cudaSetDevice(c->dev);
         if (c->gemm && c->s) step_end(c);
         if (c->s) cudaStreamSynchronize(c->s);
-        if (c->s1) cudaStreamSynchronize(c->s1);
         sf_cuda_graphs_free(&c->graphs);
         if (c->prof) {
             prof_print(c);
@@ -434,12 +244,6 @@ static void cuda_destroy(sf_backend *b)
             cudaEventDestroy(c->prof_ev[1]);
         }
         sf_k_gemm_ctx_free(c->gemm);
-        sf_k_gemm_ctx_free(c->gemm1);
-        cudaFree(c->attn_ws1);
-        cudaEvent_t evs[] = { c->ev_join, c->ev_fork, c->ev_coll[0], c->ev_coll[1] };
-        for (size_t i = 0; i < SF_ARRAY_LEN(evs); i++)
-            if (evs[i]) cudaEventDestroy(evs[i]);
-        if (c->s1) cudaStreamDestroy(c->s1);
         for (int i = 0; i < 2; i++) {
             if (c->pin[i]) cudaFreeHost(c->pin[i]);
             cudaFree(c->stage[i]);
@@ -607,27 +411,10 @@ static int cuda_buf_new(sf_backend *b, int64_t rows, int64_t cols, sf_buf **out,
 static void cuda_buf_free(sf_backend *b, sf_buf *buf)
 {
     if (!buf) return;
-    if (buf->view) { /* the rows belong to another buffer */
-        free(buf);
-        return;
-    }
     step_end(CTX(b));
     cudaStreamSynchronize(CTX(b)->s);
     dfree(CTX(b), buf->d, (size_t)buf->rows * buf->cols * 2);
     free(buf);
-}
-
-static int cuda_buf_view(sf_backend *b, sf_buf *base, int64_t row0, int64_t rows, sf_buf **out, sf_error *err)
-{
-    *out = NULL;
-    if (row0 < 0 || rows < 1 || row0 + rows > base->rows)
-        return sf_err(err, SF_EINVAL, "CUDA backend: view of rows %lld..%lld of a %lld-row buffer", (long long)row0,
-                      (long long)(row0 + rows - 1), (long long)base->rows);
-    sf_buf *v = calloc(1, sizeof *v);
-    if (!v) return sf_err(err, SF_ENOMEM, "CUDA backend: out of host memory");
-    *v = (sf_buf){ .d = base->d + row0 * base->cols, .rows = rows, .cols = base->cols, .view = 1 };
-    *out = v;
-    return SF_OK;
 }
 
 /* ---- KV pool ------------------------------------------------------------------------------- */
@@ -841,10 +628,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
 {
     cuda_ctx *c = CTX(b);
     int T = bt->n_tokens, S = bt->n_seqs, L = bt->n_logits, rc;
-    const sf_batch *lanes = c->lanes_next;
-    c->lanes_next = NULL;
     if ((rc = step_end(c))) return rc;
-    c->n_lanes = 0;
     c->t_step0 = sf_now_ns();
     if (T <= 0 || S <= 0 || L < 0 || (S > 0 && bt->max_blocks <= 0))
         return op_fail(SF_EINVAL, "batch_begin", "empty batch or no block table");
@@ -871,39 +655,17 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
                 return op_fail(SF_EINVAL, "batch_begin", "KV slot beyond the pool");
             else c->step_i8 |= bt->slot[t] >= c->kvc.n_blocks * c->kvc.block_size;
     }
-    if (lanes) {
-        sf_error err;
-        if (sf_batch_lanes_check(bt, 2, lanes, &err)) return op_fail(SF_EINVAL, "batch_begin", err.msg);
-    }
     for (int i = 0; i < L; i++)
         if (bt->logit_rows[i] < 0 || bt->logit_rows[i] >= T) return op_fail(SF_EINVAL, "batch_begin", "logit row outside the batch");
     if (cudaEventSynchronize(c->meta_done) != cudaSuccess) return kcheck(cudaGetLastError(), "batch_begin");
-    size_t used = 0, u = 0;
+    size_t used = 0;
     if ((rc = plan_meta(c, bt, c->meta_h, c->meta_d, META_INTS, &used))) return rc;
-    int64_t lane_key[2] = { 0, 0 };
-    if (lanes) { /* each lane's metadata after the whole step's (one copy for all) */
-        meta_save(c, &c->meta_whole);
-        for (int i = 0; i < 2; i++) {
-            used = (used + 15) & ~(size_t)15; /* each lane's arrays 64-byte aligned, as the step's */
-            if ((rc = plan_meta(c, &lanes[i], c->meta_h + used, c->meta_d + used, META_INTS - used, &u))) return rc;
-            used += u;
-            meta_save(c, &c->meta_lane[i]);
-            lane_key[1] |= ((int64_t)c->n_split | (int64_t)c->dec_kernel << 8 | (int64_t)(c->n_tiles > 0) << 12 |
-                            (int64_t)c->n_dec << 13) << (32 * i);
-        }
-        meta_load(c, &c->meta_whole);
-        lane_key[0] = 1 | (int64_t)lanes[0].n_tokens << 1 | (int64_t)lanes[0].n_seqs << 32;
-        c->n_lanes = 2;
-        c->lane_cur = -1;
-        c->coll_last = -1;
-    }
     cudaError_t e = cudaMemcpyAsync(c->meta_d, c->meta_h, used * 4, cudaMemcpyHostToDevice, c->s);
     if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
     /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
     int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split + ((int64_t)c->dec_kernel << 16),
-                                  2 * (int64_t)c->n_tiles + c->step_i8 + ((int64_t)c->n_dec << 32), lane_key[0],
-                                  lane_key[1] };
+                                  2 * (int64_t)c->n_tiles + c->step_i8 + ((int64_t)c->n_dec << 32) };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
 }
@@ -1027,11 +789,10 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
     r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
     /* the shape's first use outside a capture tunes its algorithm here, not inside the op */
-    sf_k_gemm_ctx *g = lane_gemm(c);
-    int rc = n > 8 ? kcheck(sf_k_gemm_prepare(g, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 0,
-                                              lane_stream(c)), "matmul (tuning)") : SF_OK;
+    int rc = n > 8 ? kcheck(sf_k_gemm_prepare(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 0, c->s),
+                            "matmul (tuning)") : SF_OK;
     if (rc) return rc;
-    return submit(c, &r, sf_k_gemm_ready(g, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols), "matmul");
+    return submit(c, &r, sf_k_gemm_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols), "matmul");
 }
 
 static int ensure_rope(cuda_ctx *c, const sf_rope *r)
@@ -1094,7 +855,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
                 SF_LOGE("cuda backend: %s", err.msg);
                 return err.code;
             }
-            if ((rc = kcheck(cudaMemsetAsync(c->attn_ws + cap, 0, n_cnt * 4, lane_stream(c)), "attention"))) return rc;
+            if ((rc = kcheck(cudaMemsetAsync(c->attn_ws + cap, 0, n_cnt * 4, c->s), "attention"))) return rc;
             c->attn_cnt = n_cnt;
             c->attn_ws_floats = cap;
         }
@@ -1200,16 +961,15 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         r.n[0] = w->rows; r.n[1] = w->cols;
         return submit(c, &r, 1, "matmul_add");
     }
-    sf_k_gemm_ctx *g = lane_gemm(c);
-    if (n > 8 && sf_k_gemm_lt_ok(g, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols)) {
+    if (n > 8 && sf_k_gemm_lt_ok(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols)) {
         /* prefill: cuBLASLt accumulates into y itself (beta = 1) */
         r.kind = SF_OP_GEMM_ACC;
         r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
         r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
-        int rc = kcheck(sf_k_gemm_prepare(g, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 1,
-                                          lane_stream(c)), "matmul_add (tuning)");
+        int rc = kcheck(sf_k_gemm_prepare(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols, 1, c->s),
+                        "matmul_add (tuning)");
         if (rc) return rc;
-        return submit(c, &r, sf_k_gemm_acc_ready(g, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols),
+        return submit(c, &r, sf_k_gemm_acc_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols),
                       "matmul_add");
     }
     if (!tmp || tmp->rows < n || tmp->cols < w->rows)
@@ -1443,8 +1203,6 @@ static int cuda_sync(sf_backend *b)
  * before it; the ops after it run directly (or start nothing new: graphs begin at batch_begin). */
 static int cuda_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
 {
-    if (CTX(b)->lane_cur >= 0) /* the forward pass splits only steps whose collectives are ops */
-        return op_fail(SF_EUNSUPPORTED, "buf_raw", "a collective outside the step's ops inside a lane (run the step whole)");
     int rc = step_end(CTX(b));
     if (rc) return rc;
     if (CTX(b)->t_step0) CTX(b)->t_raw = sf_now_ns();
@@ -1530,9 +1288,6 @@ static const struct sf_backend_ops cuda_ops = {
     .sample_start = cuda_sample_start,
     .sample_wait = cuda_sample_wait,
     .write_f32 = cuda_write_f32,
-    .lanes_plan = cuda_lanes_plan,
-    .lane = cuda_lane,
-    .buf_view = cuda_buf_view,
 };
 
 /* A cuBLASLt context (its workspace counted) with the GEMM tuner on, as configured:
@@ -1593,7 +1348,6 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     }
     b->ctx = c;
     c->dev = dev;
-    c->lane_cur = -1;
     if ((rc = sf_hal_cuda_probe(dev, &c->hw, 0, err))) goto cleanup;
     SF_CUDA_GOTO(cudaSetDevice(dev), err, rc);
     SF_CUDA_GOTO(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), err, rc);
@@ -1611,7 +1365,6 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     {
         c->prof = sf_env_bool("SEMFLOW_CUDA_PROFILE", 0);
-        c->lanes_serial = sf_env_bool("SEMFLOW_CUDA_LANES_SERIAL", 0);
         if (c->prof) {
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[0]), err, rc);
             SF_CUDA_GOTO(cudaEventCreate(&c->prof_ev[1]), err, rc);

@@ -67,11 +67,6 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
                                    (uint16_t *)r->p[4], s);
     case SF_OP_GEMV_TP:
         return sf_k_gemv_tp(&r->tp, r->tpl, s);
-    case SF_OP_WAIT: { /* lanes' forks, joins and collective order: captured as graph edges */
-        cudaError_t e = r->p[0] ? cudaEventRecord((cudaEvent_t)r->p[0], s) : cudaSuccess;
-        if (e == cudaSuccess && r->p[1]) e = cudaStreamWaitEvent((cudaStream_t)r->p[1], (cudaEvent_t)r->p[2], 0);
-        return (int)e;
-    }
     default:
         return (int)cudaErrorInvalidValue;
     }
@@ -96,21 +91,9 @@ void sf_cuda_graphs_free(sf_cuda_graphs *G)
     for (int i = 0; i < SF_GRAPH_SLOTS; i++) slot_clear(&G->slots[i]);
 }
 
-/* Before a capture on s ends early: lane 1's stream, when the capture forked it, joined back
- * (ending a capture with an unjoined fork is an error). */
-static void join_lane(const sf_cuda_graphs *G, cudaStream_t s)
-{
-    enum cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
-    if (!G->lane_s || G->lane_s == s || !G->lane_ev || cudaStreamIsCapturing(G->lane_s, &st) != cudaSuccess ||
-        st != cudaStreamCaptureStatusActive)
-        return;
-    if (cudaEventRecord(G->lane_ev, G->lane_s) == cudaSuccess) cudaStreamWaitEvent(s, G->lane_ev, 0);
-}
-
 void sf_cuda_graphs_drop(sf_cuda_graphs *G, cudaStream_t s)
 {
     if (G->mode == MODE_CAPTURE) { /* abandoned, not launched: its peers may be gone */
-        join_lane(G, s);
         cudaGraph_t graph = NULL;
         cudaStreamEndCapture(s, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -121,17 +104,10 @@ void sf_cuda_graphs_drop(sf_cuda_graphs *G, cudaStream_t s)
     G->cur = NULL;
 }
 
-/* One record on its lane's stream and cuBLASLt context. */
-static int exec_rec(const sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
-{
-    if (r->lane && G->lane_s) return sf_cuda_op_exec(G->lane_g, G->lane_s, r);
-    return sf_cuda_op_exec(g, s, r);
-}
-
-static int run_trace(const sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *t, int n)
+static int run_trace(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *t, int n)
 {
     int rc = 0;
-    for (int i = 0; i < n && !rc; i++) rc = exec_rec(G, g, s, &t[i]);
+    for (int i = 0; i < n && !rc; i++) rc = sf_cuda_op_exec(g, s, &t[i]);
     return rc;
 }
 
@@ -180,7 +156,6 @@ int sf_cuda_graph_bail(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s)
     G->n_fallbacks++;
     sl->failures++;
     if (mode == MODE_CAPTURE) {
-        join_lane(G, s);
         cudaGraph_t graph = NULL;
         cudaStreamEndCapture(s, &graph);
         if (graph) cudaGraphDestroy(graph);
@@ -191,7 +166,7 @@ int sf_cuda_graph_bail(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s)
         if (sl->exec) cudaGraphExecDestroy(sl->exec);
         sl->exec = NULL;
     }
-    return run_trace(G, g, s, sl->trace, n);
+    return run_trace(g, s, sl->trace, n);
 }
 
 int sf_cuda_graph_submit(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r, int capturable)
@@ -203,33 +178,33 @@ int sf_cuda_graph_submit(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s, co
             return 0;
         }
         int rc = sf_cuda_graph_bail(G, g, s);
-        return rc ? rc : exec_rec(G, g, s, r);
+        return rc ? rc : sf_cuda_op_exec(g, s, r);
     }
     if (G->mode == MODE_CAPTURE) {
         if (!capturable) {
             int rc = sf_cuda_graph_bail(G, g, s);
-            return rc ? rc : exec_rec(G, g, s, r);
+            return rc ? rc : sf_cuda_op_exec(g, s, r);
         }
         if (sl->n_trace == sl->cap_trace) {
             int cap = sl->cap_trace ? 2 * sl->cap_trace : 256;
             sf_op_rec *t = realloc(sl->trace, (size_t)cap * sizeof *t);
             if (!t) {
                 int rc = sf_cuda_graph_bail(G, g, s);
-                return rc ? rc : exec_rec(G, g, s, r);
+                return rc ? rc : sf_cuda_op_exec(g, s, r);
             }
             sl->trace = t;
             sl->cap_trace = cap;
         }
-        int rc = exec_rec(G, g, s, r);
+        int rc = sf_cuda_op_exec(g, s, r);
         if (rc) { /* not capturable after all: run what came before, then this op, directly */
             cudaGetLastError();
             rc = sf_cuda_graph_bail(G, g, s);
-            return rc ? rc : exec_rec(G, g, s, r);
+            return rc ? rc : sf_cuda_op_exec(g, s, r);
         }
         sl->trace[sl->n_trace++] = *r;
         return 0;
     }
-    return exec_rec(G, g, s, r);
+    return sf_cuda_op_exec(g, s, r);
 }
 
 int sf_cuda_graph_end(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s)
@@ -254,7 +229,7 @@ int sf_cuda_graph_end(sf_cuda_graphs *G, sf_k_gemm_ctx *g, cudaStream_t s)
         sl->exec = NULL;
         sl->failures++;
         G->n_fallbacks++;
-        return run_trace(G, g, s, sl->trace, sl->n_trace);
+        return run_trace(g, s, sl->trace, sl->n_trace);
     }
     G->n_captured++;
     return (int)cudaGraphLaunch(sl->exec, s);

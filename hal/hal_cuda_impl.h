@@ -29,12 +29,9 @@
  * are zeroed before they are filled, so they compare with memcmp. */
 enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF_OP_SILU, SF_OP_ROWS, SF_OP_COLL,
        SF_OP_GEMV_NORM, SF_OP_GEMV_ADD, SF_OP_ADD, SF_OP_ATTN_DEC, SF_OP_GEMV_ROPE, SF_OP_GEMM_ACC,
-       SF_OP_COLL_NORM, SF_OP_GEMV_TP, SF_OP_WAIT };
+       SF_OP_COLL_NORM, SF_OP_GEMV_TP };
 typedef struct sf_op_rec {
     int kind;
-    int lane; /* 1: lane 1's op (hal.h lanes_plan), run on the graphs' lane_s with lane_g; 0: the main stream.
-               * SF_OP_WAIT: record event p[0] (if any) on the op's stream, then make stream p[1] (if
-               * any) wait for event p[2] */
     const void *p[8];
     int64_t n[8];
     float f;
@@ -56,7 +53,7 @@ typedef struct sf_op_rec {
 int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r);
 
 #define SF_GRAPH_SLOTS 64
-#define SF_GRAPH_KEY 8
+#define SF_GRAPH_KEY 6
 typedef struct sf_graph_slot {
     int64_t key[SF_GRAPH_KEY];
     int seen, failures;
@@ -78,12 +75,6 @@ typedef struct sf_cuda_graphs {
     int pos;
     uint64_t tick;
     long n_captured, n_replayed, n_fallbacks;
-    /* lane 1's stream and cuBLASLt context (NULL until a step first runs in lanes): its
-     * records run there, directly, in a capture (forked from the main stream by an
-     * SF_OP_WAIT record, so the capture spans it) and when a bail replays a trace */
-    cudaStream_t lane_s;
-    sf_k_gemm_ctx *lane_g;
-    cudaEvent_t lane_ev; /* joins lane 1 into a capture abandoned mid-step, so that it ends cleanly */
 } sf_cuda_graphs;
 
 void sf_cuda_graphs_init(sf_cuda_graphs *G, int enabled, int max_tokens);
@@ -92,8 +83,7 @@ void sf_cuda_graphs_free(sf_cuda_graphs *G);
  * A capture in progress is abandoned without running its ops; graphs still executing finish
  * on their own (CUDA defers their release). */
 void sf_cuda_graphs_drop(sf_cuda_graphs *G, cudaStream_t s);
-/* Called at the end of batch_begin with the step's key; key[0] is the token count, key[6..7]
- * the lanes' split (0 without lanes). */
+/* Called at the end of batch_begin with the step's key; key[0] is the token count. */
 void sf_cuda_graph_begin(sf_cuda_graphs *G, cudaStream_t s, const int64_t key[SF_GRAPH_KEY]);
 /* Runs (direct), records (capture) or checks (replay) one op. `capturable`: 0 when running it
  * would synchronise or allocate (then a capture is abandoned first). */

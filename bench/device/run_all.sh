@@ -42,8 +42,8 @@ part() { # part NAME GPUS SECONDS
 # (the overload ladder wants a GPU to itself); then the parts of DUAL run alone on both GPUs.
 # Each entry is NAME:SECONDS, the part's hard limit.
 SINGLE=${SINGLE:-"decode:90 throughput:120"}
-SINGLE1=${SINGLE1:-"mbatch1:150"}
-DUAL=${DUAL:-"tp:150 mbatch2:100"}
+SINGLE1=${SINGLE1:-""}
+DUAL=${DUAL:-"tp:150"}
 [ "${OVERLOAD:-0}" = 1 ] && SINGLE1="overload:300 $SINGLE1"
 run_on() { gpus=$1; shift; for p in "$@"; do part "${p%%:*}" "$gpus" "${p#*:}"; done; }
 if [ "$NGPU" -ge 2 ]; then
