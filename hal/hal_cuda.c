@@ -996,11 +996,8 @@ static int cuda_tp_fused(sf_backend *b, const sf_tp_op *op)
     sf_k_tp *a = &r.tp;
     static long stages = -1; /* $SEMFLOW_TP_LINK_STAGES: the kernels' ring stages (0: by shape) */
     static int share = -1;   /* $SEMFLOW_TP_LINK_SHARE=1: consumers share the normed row */
-    static int persist = -1; /* $SEMFLOW_TP_LINK_PERSIST=1: grids of what fits at once */
     if (stages < 0) stages = sf_env_long("SEMFLOW_TP_LINK_STAGES", 0, 0, 4);
     if (share < 0) share = sf_env_bool("SEMFLOW_TP_LINK_SHARE", 0);
-    if (persist < 0) persist = sf_env_bool("SEMFLOW_TP_LINK_PERSIST", 0);
-    a->persist = persist;
     a->stages = (int)stages;
     a->share = share;
     a->ch = op->ch;

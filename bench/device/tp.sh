@@ -18,7 +18,7 @@
 #      the regression since session 3?), no all-reduce at all
 #      (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1, wrong results: what the all-reduces cost in the
 #      step), without the link on the persistent-warp GEMVs (SEMFLOW_CUDA_GEMV_RING=3), and the
-#      link on grids of what fits at once (SEMFLOW_TP_LINK_PERSIST=1);
+#      link with the shared normed row;
 #   5. tests/device/test_tp (quick set), with the link when test_tp_push passed: the all-reduce
 #      paths against exact sums, TP=2 logits vs TP=1 (the step graphs replayed), TP=2 draws on
 #      rank 0's GPU;
@@ -117,7 +117,7 @@ proxy() { # NAME ENV...: one run of the 70B-shape proxy with that environment
 }
 proxy base SEMFLOW_TP_PUSH=0
 proxy noar SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1
-proxy push_persist SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_PERSIST=1 SEMFLOW_TP_LINK_SHARE=1
+proxy push_share SEMFLOW_TP_PUSH=1 SEMFLOW_TP_LINK_SHARE=1
 SEMFLOW_TP_TEST_QUICK=1 run test_tp 15 30 build/tests/device/test_tp
 SEMFLOW_TP_PUSH=1 run_json decode8b_tp2_push 12 25 "$BIN" bench decode-batch --load-format dummy \
     --preset llama-3-8b --backend cuda --tensor-parallel-size 2 $B256
@@ -134,8 +134,8 @@ echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -hE '^(PASS|FAIL):' "$D/test_tp_push.out" "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
 grep -E 'stream exact|rank [0-9]:' "$D/test_tp_push.out" 2>/dev/null | head -8
-echo "link pushes alone, us per call by ring stages (auto / 2 / 3 / 4 / persistent grid; ideal at 4.25 TB/s):"
-awk '/^PUSHTIME/ { printf "  %5d x %5d: %6.1f / %6.1f / %6.1f / %6.1f / %6.1f  (ideal %4.1f, auto at %.0f%%)\n", $2, $3, $4, $5, $6, $7, $9, $8, 100 * $8 / $4 }' "$D/test_tp_push.out" 2>/dev/null
+echo "link pushes alone, us per call by ring stages (auto / 2 / 3 / 4; ideal at 4.25 TB/s):"
+awk '/^PUSHTIME/ { printf "  %5d x %5d: %6.1f / %6.1f / %6.1f / %6.1f  (ideal %4.1f, auto at %.0f%%)\n", $2, $3, $4, $5, $6, $7, $8 / 1000, 100 * $8 / 1000 / $4 }' "$D/test_tp_push.out" 2>/dev/null
 grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
@@ -163,7 +163,7 @@ for f in sys.argv[1:]:
 PY
 python3 -c "import sys; a,b=sys.argv[1:3]; print('8B TP=2 / TP=1 saturated throughput: %.2fx (goal >= 1.8x)' % (float(b)/float(a)))" "$t1" "$t2" 2>/dev/null
 echo "Llama-3-70B shapes, 16 layers, TP=2 batch-1 (ms/token; ratio to its per-GPU roofline):"
-for n in base base_r3 push push_persist push_share push_lanes noar; do
+for n in base base_r3 push push_share push_lanes noar; do
     f="$D/l70x16_$n.json"
     [ -f "$f" ] && echo "  $n: $(jf "$f" ms_per_token_median) ms, roofline $(jf "$f" roofline_ms), ratio $(jf "$f" ratio), host $(jf "$f" host_us_per_step) us/step"
 done

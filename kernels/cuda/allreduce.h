@@ -160,8 +160,6 @@ typedef struct sf_k_tp {
     int mode;                      /* SF_TPK_* */
     int stages;                    /* ring stages per warp, 2..4; 0: picked by shape (gemv_ar.cu) */
     int share;                     /* consumers: share the normed row through the scratch (above) */
-    int persist;                   /* 1: no more blocks than fit at once, each warp taking units
-                                    * warp, warp + all warps, ... on one ring (4 stages unless set) */
     int ch, prev;                  /* the channel pushed (PUSH) or summed; PUSH: see above */
     const uint16_t *x;             /* PUSH: [k] the projection's input */
     const uint16_t *nw;            /* GLU, NORM, ROPE: [k] the norm's weight */

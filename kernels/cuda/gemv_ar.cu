@@ -84,73 +84,6 @@ static __device__ __forceinline__ uint4 tp_sum8(const sf_k_tpl &l, int ch, unsig
     return o;
 }
 
-/* The two weight rows of unit u: GLU (gate u, up u), ROPE (the rows one rotation mixes), else
- * (2u, 2u + 1). */
-template <int MODE>
-static __device__ __forceinline__ int2 tp_rows(const sf_k_tp &a, int units, int u)
-{
-    if (MODE == SF_TPK_GLU) return make_int2(u, u + units);
-    if (MODE == SF_TPK_ROPE) {
-        const int half = a.hd / 2, hh = u / half, ri = u - hh * half;
-        const bool rotate = hh < a.H + a.Hkv && ri < a.rot / 2;
-        const int ra = hh * a.hd + (rotate && !a.interleaved ? ri : 2 * ri);
-        return make_int2(ra, ra + (rotate && !a.interleaved ? a.rot / 2 : 1));
-    }
-    return make_int2(2 * u, 2 * u + 1);
-}
-
-/* Unit u's outputs from its two sums (lane 0 of its warp). */
-template <int MODE>
-static __device__ __forceinline__ void tp_epilogue(const sf_k_tp &a, const sf_k_tpl &l, int units, int u, float acc_a,
-                                                   float acc_b, unsigned flag, unsigned prev_flag, volatile int *failed)
-{
-    const int2 r = tp_rows<MODE>(a, units, u);
-    if (a.bias) { acc_a += bf2f(((const bf16 *)a.bias)[r.x]); acc_b += bf2f(((const bf16 *)a.bias)[r.y]); }
-    bf16 *y = (bf16 *)a.y;
-    if (MODE == SF_TPK_PUSH) {
-        float pa = bf2f(f2bf(acc_a)), pb = bf2f(f2bf(acc_b));
-        unsigned *hw = (unsigned *)a.h + u; /* rows 2u, 2u + 1 */
-        bf162 v;
-        if (l.rank == 0) {
-            float2 res;
-            if (a.prev >= 0) { /* the stream at these rows: the sum of channel prev */
-                float sa = 0.0f, sb = 0.0f;
-                for (int p = 0; p < l.size; p++) {
-                    unsigned d = p == 0 ? __ldcg(hw) : tp_wait8(tp_lines(l, 0, a.prev, p) + u, prev_flag, l, p, failed);
-                    float2 f = __bfloat1622float2(*(const bf162 *)&d);
-                    sa += f.x;
-                    sb += f.y;
-                }
-                res = __bfloat1622float2(__floats2bfloat162_rn(sa, sb));
-            } else {
-                const unsigned hv = __ldcg(hw);
-                res = __bfloat1622float2(*(const bf162 *)&hv);
-            }
-            v = __floats2bfloat162_rn(res.x + pa, res.y + pb);
-        } else {
-            v = __floats2bfloat162_rn(pa, pb);
-        }
-        const unsigned d = *(const unsigned *)&v;
-        *hw = d;
-        for (int p = 0; p < l.size; p++)
-            if (p != l.rank) st_volatile_v2(tp_lines(l, p, a.ch, l.rank) + u, make_uint2(d, flag));
-    } else if (MODE == SF_TPK_GLU) {
-        float g = bf2f(f2bf(acc_a)), up = bf2f(f2bf(acc_b));
-        float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
-        y[u] = f2bf(sg * up);
-    } else if (MODE == SF_TPK_ROPE) {
-        const int half = a.hd / 2, hh = u / half, ri = u - hh * half;
-        const bool rotate = hh < a.H + a.Hkv && ri < a.rot / 2;
-        const int sl = a.slot[0];
-        const bool i8 = a.kv.i8_base && sl / a.kv.block_size >= a.kv.i8_base;
-        gr_rope_store(acc_a, acc_b, rotate, ri, hh, r.x, r.y, a.pos[0], a.inv_freq, i8 ? -1 : sl, a.H, a.Hkv, a.hd,
-                      a.kv.block_size, a.kv.k, a.kv.v, y);
-    } else {
-        y[r.x] = f2bf(acc_a);
-        y[r.y] = f2bf(acc_b);
-    }
-}
-
 /* MODE: SF_TPK_PUSH, GLU, NORM or ROPE. One unit (two output rows) per warp, TP_ST ring stages
  * per warp. Dynamic shared memory: the normalised row (not PUSH), then the warps' rings. */
 template <int MODE, int WARPS, int TP_ST>
@@ -162,34 +95,41 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_tp(sf_k_tp a, sf_k_tpl l)
     __shared__ int failed_s, have_s;
     constexpr bool NORM = MODE != SF_TPK_PUSH;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = a.k / 8;
-    /* units (two output rows each) u = gw, gw + nwarps, ...: one per warp when the grid covers
-     * them all, several when it is what fits at once (a.persist) */
-    const int units = a.m / 2, nwarps = gridDim.x * WARPS, gw = blockIdx.x * WARPS + warp;
-    const int mine = gw < units ? (units - 1 - gw) / nwarps + 1 : 0;
-    const int n_st = (k8 + 32 * TP_V - 1) / (32 * TP_V), total = mine * n_st; /* stages per unit, of this warp */
+    const int units = a.m / 2, u = blockIdx.x * WARPS + warp;
+    const bool active = u < units;
+    int ra = 0, rb = 0, hh = 0, ri = 0;
+    bool rotate = false;
+    if (active) {
+        if (MODE == SF_TPK_GLU) { ra = u; rb = u + units; }
+        else if (MODE == SF_TPK_ROPE) {
+            const int half = a.hd / 2;
+            hh = u / half;
+            ri = u - hh * half;
+            rotate = hh < a.H + a.Hkv && ri < a.rot / 2;
+            ra = hh * a.hd + (rotate && !a.interleaved ? ri : 2 * ri);
+            rb = ra + (rotate && !a.interleaved ? a.rot / 2 : 1);
+        } else { ra = 2 * u; rb = 2 * u + 1; }
+    }
+    const uint4 *wa = (const uint4 *)(a.w + (int64_t)ra * a.k), *wb = (const uint4 *)(a.w + (int64_t)rb * a.k);
     sf_pdl_trigger();
 
     uint4 *ring = (uint4 *)(tp_smem + (NORM ? ((size_t)a.k * 2 + 15) / 16 * 16 : 0)) +
                   (size_t)warp * TP_ST * 2 * TP_V * 32 + lane;
-    /* stage g of this warp: stage g % n_st of its unit g / n_st, into ring slot g % TP_ST; the
-     * ring runs on from one unit to the next */
-    auto issue = [&](int g) {
-        if (g < total) {
-            const int j = g / n_st, t = g - j * n_st;
-            const int2 r = tp_rows<MODE>(a, units, gw + j * nwarps);
-            const uint4 *wa = (const uint4 *)(a.w + (int64_t)r.x * a.k), *wb = (const uint4 *)(a.w + (int64_t)r.y * a.k);
+    const int n_st = active ? (k8 + 32 * TP_V - 1) / (32 * TP_V) : 0;
+    auto issue = [&](int t) {
+        if (t < n_st) {
 #pragma unroll
             for (int rr = 0; rr < 2; rr++)
 #pragma unroll
                 for (int v = 0; v < TP_V; v++) {
                     const int c = (t * TP_V + v) * 32 + lane;
-                    if (c < k8) gr_cp16(ring + (((g % TP_ST) * 2 + rr) * TP_V + v) * 32, (rr ? wb : wa) + c);
+                    if (c < k8) gr_cp16(ring + (((t % TP_ST) * 2 + rr) * TP_V + v) * 32, (rr ? wb : wa) + c);
                 }
         }
         gr_commit();
     };
 #pragma unroll
-    for (int g = 0; g < TP_ST - 1; g++) issue(g);
+    for (int t = 0; t < TP_ST - 1; t++) issue(t);
     sf_pdl_wait(); /* x, h, the counters and the cache are written by the kernels before */
 
     if (threadIdx.x == 0) {
@@ -242,12 +182,16 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_tp(sf_k_tp a, sf_k_tpl l)
         }
         __syncthreads();
     }
+    if (!active) {
+        gr_wait<0>();
+        return;
+    }
+
     float acc_a = 0.0f, acc_b = 0.0f;
-    for (int g = 0; g < total; g++) {
-        issue(g + TP_ST - 1);
+    for (int t = 0; t < n_st; t++) {
+        issue(t + TP_ST - 1);
         gr_wait<TP_ST - 1>();
-        const int j = g / n_st, t = g - j * n_st;
-        const uint4 *st = ring + (size_t)(g % TP_ST) * 2 * TP_V * 32;
+        const uint4 *st = ring + (size_t)(t % TP_ST) * 2 * TP_V * 32;
 #pragma unroll
         for (int v = 0; v < TP_V; v++) {
             const int c = (t * TP_V + v) * 32 + lane;
@@ -257,12 +201,53 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_tp(sf_k_tp a, sf_k_tpl l)
                 acc_b = gr_dot8(st[(TP_V + v) * 32], xx, acc_b);
             }
         }
-        if (t < n_st - 1) continue;
-        const float sa = warp_sum(acc_a), sb = warp_sum(acc_b); /* unit gw + j * nwarps is done */
-        acc_a = acc_b = 0.0f;
-        if (lane == 0) tp_epilogue<MODE>(a, l, units, gw + j * nwarps, sa, sb, flag_s, prev_s, &failed_s);
     }
     gr_wait<0>();
+    acc_a = warp_sum(acc_a);
+    acc_b = warp_sum(acc_b);
+    if (lane) return;
+    if (a.bias) { acc_a += bf2f(((const bf16 *)a.bias)[ra]); acc_b += bf2f(((const bf16 *)a.bias)[rb]); }
+    bf16 *y = (bf16 *)a.y;
+    if (MODE == SF_TPK_PUSH) {
+        float pa = bf2f(f2bf(acc_a)), pb = bf2f(f2bf(acc_b));
+        unsigned *hw = (unsigned *)a.h + u; /* rows 2u, 2u + 1 */
+        bf162 v;
+        if (l.rank == 0) {
+            float2 res;
+            if (a.prev >= 0) { /* the stream at these rows: the sum of channel prev */
+                float sa = 0.0f, sb = 0.0f;
+                for (int r = 0; r < l.size; r++) {
+                    unsigned d = r == 0 ? __ldcg(hw) : tp_wait8(tp_lines(l, 0, a.prev, r) + u, prev_s, l, r, &failed_s);
+                    float2 f = __bfloat1622float2(*(const bf162 *)&d);
+                    sa += f.x;
+                    sb += f.y;
+                }
+                res = __bfloat1622float2(__floats2bfloat162_rn(sa, sb));
+            } else {
+                const unsigned hv = __ldcg(hw);
+                res = __bfloat1622float2(*(const bf162 *)&hv);
+            }
+            v = __floats2bfloat162_rn(res.x + pa, res.y + pb);
+        } else {
+            v = __floats2bfloat162_rn(pa, pb);
+        }
+        const unsigned d = *(const unsigned *)&v;
+        *hw = d;
+        for (int p = 0; p < l.size; p++)
+            if (p != l.rank) st_volatile_v2(tp_lines(l, p, a.ch, l.rank) + u, make_uint2(d, flag_s));
+    } else if (MODE == SF_TPK_GLU) {
+        float g = bf2f(f2bf(acc_a)), up = bf2f(f2bf(acc_b));
+        float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
+        y[u] = f2bf(sg * up);
+    } else if (MODE == SF_TPK_ROPE) {
+        const int sl = a.slot[0];
+        const bool i8 = a.kv.i8_base && sl / a.kv.block_size >= a.kv.i8_base;
+        gr_rope_store(acc_a, acc_b, rotate, ri, hh, ra, rb, a.pos[0], a.inv_freq, i8 ? -1 : sl, a.H, a.Hkv, a.hd,
+                      a.kv.block_size, a.kv.k, a.kv.v, y);
+    } else {
+        y[ra] = f2bf(acc_a);
+        y[rb] = f2bf(acc_b);
+    }
 }
 
 /* h = the sum over ranks of channel ch: one thread per 8 values. */
@@ -302,6 +287,15 @@ static int allow_smem(size_t smem)
     return (int)e;
 }
 
+template <int MODE, int WARPS, int ST>
+static int launch_st(const sf_k_tp *a, const sf_k_tpl *l, unsigned grid, cudaStream_t s)
+{
+    const size_t smem = smem_bytes(MODE, WARPS, ST, a->k);
+    int rc = allow_smem<MODE, WARPS, ST>(smem);
+    if (!rc) rc = sf_launch_pdl(k_gemv_tp<MODE, WARPS, ST>, dim3(grid), dim3(WARPS * 32), smem, s, *a, *l);
+    return rc ? rc : sf_launch_status();
+}
+
 /* Blocks of k_gemv_tp<MODE, WARPS, ST> one SM holds at once (0 when the query fails). */
 template <int MODE, int WARPS, int ST>
 static int per_sm(int k)
@@ -316,20 +310,6 @@ static int per_sm(int k)
     return n;
 }
 
-/* grid blocks, or (a->persist) no more than fit at once. */
-template <int MODE, int WARPS, int ST>
-static int launch_st(const sf_k_tp *a, const sf_k_tpl *l, unsigned grid, int sms, cudaStream_t s)
-{
-    const size_t smem = smem_bytes(MODE, WARPS, ST, a->k);
-    if (a->persist && sms) {
-        const unsigned fit = (unsigned)(per_sm<MODE, WARPS, ST>(a->k) * sms);
-        if (fit && fit < grid) grid = fit;
-    }
-    int rc = allow_smem<MODE, WARPS, ST>(smem);
-    if (!rc) rc = sf_launch_pdl(k_gemv_tp<MODE, WARPS, ST>, dim3(grid), dim3(WARPS * 32), smem, s, *a, *l);
-    return rc ? rc : sf_launch_status();
-}
-
 /* Ring stages: a->stages when set (2..4), else 4 unless the grid then needs more than one wave
  * and 3 or 2 stages (less shared memory per block, more blocks per SM) fit it in one: a grid
  * just over one wave runs its last blocks alone (the 70B shards: O and down 1024 blocks of 4
@@ -340,22 +320,20 @@ static int launch(const sf_k_tp *a, const sf_k_tpl *l, cudaStream_t s)
 {
     const unsigned grid = sf_div_up(a->m / 2, WARPS);
     if (MODE == SF_TPK_PUSH && grid > SF_TPL_MAX_BLOCKS) return (int)cudaErrorInvalidValue;
-    static int sms;
-    if (!sms) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) !=
-                                                      cudaSuccess)
-            sms = 0;
-        cudaGetLastError();
-    }
     int st = a->stages;
-    if ((st < 2 || st > 4) && a->persist) st = 4; /* one wave by construction: the deepest ring */
     if (st < 2 || st > 4) {
         static struct { int m, k, st; } memo[16];
-        static int n_memo;
+        static int n_memo, sms;
         for (int i = 0; i < n_memo && st < 2; i++)
             if (memo[i].m == a->m && memo[i].k == a->k) st = memo[i].st;
         if (st < 2) {
+            if (!sms) {
+                int dev = 0;
+                if (cudaGetDevice(&dev) != cudaSuccess ||
+                    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+                    sms = 0;
+                cudaGetLastError();
+            }
             st = 4;
             if (sms && (unsigned)(per_sm<MODE, WARPS, 4>(a->k) * sms) < grid) {
                 if ((unsigned)(per_sm<MODE, WARPS, 3>(a->k) * sms) >= grid) st = 3;
@@ -364,9 +342,9 @@ static int launch(const sf_k_tp *a, const sf_k_tpl *l, cudaStream_t s)
             if (n_memo < 16) memo[n_memo++] = { a->m, a->k, st };
         }
     }
-    if (st == 2) return launch_st<MODE, WARPS, 2>(a, l, grid, sms, s);
-    if (st == 3) return launch_st<MODE, WARPS, 3>(a, l, grid, sms, s);
-    return launch_st<MODE, WARPS, 4>(a, l, grid, sms, s);
+    if (st == 2) return launch_st<MODE, WARPS, 2>(a, l, grid, s);
+    if (st == 3) return launch_st<MODE, WARPS, 3>(a, l, grid, s);
+    return launch_st<MODE, WARPS, 4>(a, l, grid, s);
 }
 
 extern "C" int sf_k_gemv_tp(const sf_k_tp *a, const sf_k_tpl *l, cudaStream_t s)

@@ -9,10 +9,8 @@
  *    first) within a few bf16 steps of the host reference (the norm's sum of squares and the
  *    gate/up sums run in another order);
  *  - widths 64 (odd sizes), 4096 and 8192 with the shard shapes of Llama-3-8B and -70B at TP=2;
- *  - all of it plain, with the normed row shared between a consumer's blocks, and on persistent
- *    grids;
  *  - the time of each push alone at those shapes by ring stages (lines `PUSHTIME d k auto 2 3 4
- *    ideal persistent`, µs; ideal: the weight at 4.25 TB/s) for bench/device/tp.sh.
+ *    ideal`, µs; ideal: the weight at 4.25 TB/s) for bench/device/tp.sh.
  * The parent forks the ranks before anything touches CUDA; each rank uses GPU `rank`. */
 #include <dirent.h>
 #include <math.h>
@@ -162,10 +160,7 @@ static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t s
     }
     reference(s, want, ywant);
     sf_k_tp a;
-    /* plain, the normed row shared through the scratch, persistent grids (last: a channel's
-     * producer grid changes there, and its blocks' call counters with it) */
-    for (int var = 0; var < 3 && !bad; var++) {
-        const int share = var == 1, persist = var == 2;
+    for (int share = 0; share < 2 && !bad; share++) { /* the normed row shared through the scratch or not */
         cudaFree(h);
         if (!(h = device_matrix(1, d, resmat, 0, 0))) { bad = 1; break; }
         cudaMemset(y, 0xff, (size_t)LAYERS * f * 2); /* NaN in every output */
@@ -173,7 +168,6 @@ static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t s
         a.eps = 1e-5f;
         a.h = h;
         a.share = share;
-        a.persist = persist;
         int krc = 0;
         for (int it = 0; it < LAYERS && !krc; it++) {
             for (int which = 0; which < 2 && !krc; which++) {
@@ -191,16 +185,15 @@ static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t s
         if (!krc) krc = sf_k_gemv_tp(&a, l, st);
         cudaError_t ce = krc ? (cudaError_t)krc : cudaStreamSynchronize(st);
         if (ce != cudaSuccess) {
-            printf("      rank %d: %d x %d/%d (share %d, persist %d): %s\n", rank, d, s->ko, s->kd, share, persist,
-                   cudaGetErrorString(ce));
+            printf("      rank %d: %d x %d/%d (share %d): %s\n", rank, d, s->ko, s->kd, share, cudaGetErrorString(ce));
             bad = 1;
             break;
         }
         cudaMemcpy(hb, h, (size_t)d * 2, cudaMemcpyDeviceToHost); /* the stream: exact, every rank */
         for (int j = 0; j < d && !bad; j++)
             if (sf_bf16_to_f32(hb[j]) != want[j]) {
-                printf("      rank %d: %d x %d/%d (share %d, persist %d): stream[%d] = %g, want %g\n", rank, d, s->ko,
-                       s->kd, share, persist, j, sf_bf16_to_f32(hb[j]), want[j]);
+                printf("      rank %d: %d x %d/%d (share %d): stream[%d] = %g, want %g\n", rank, d, s->ko, s->kd,
+                       share, j, sf_bf16_to_f32(hb[j]), want[j]);
                 bad = 1;
             }
         cudaMemcpy(hb, y, (size_t)LAYERS * f * 2, cudaMemcpyDeviceToHost); /* gated: a few bf16 steps */
@@ -213,27 +206,24 @@ static int run_shape(int rank, const sf_k_tpl *l, const shape *s, cudaStream_t s
                 double dd = fabs((double)g - wnt);
                 worst = fmax(worst, dd / fmax(scale, 1e-6));
                 if (!(dd <= fabs(wnt) / 16 + scale / 64 + 1e-6)) { /* NaN fails here too */
-                    printf("      rank %d: %d x %d/%d (share %d, persist %d): layer %d gated[%d] = %g, want %g "
-                           "(scale %g)\n", rank, d, s->ko, s->kd, share, persist, it, u, g, wnt, scale);
+                    printf("      rank %d: %d x %d/%d (share %d): layer %d gated[%d] = %g, want %g (scale %g)\n", rank,
+                           d, s->ko, s->kd, share, it, u, g, wnt, scale);
                     bad = 1;
                 }
             }
         }
         if (!bad && rank == 0)
-            printf("      %5d x %5d/%5d (f %5d, share %d, persist %d): stream exact after %d layers, gated outputs "
-                   "within %.1e of their scale\n", d, s->ko, s->kd, f, share, persist, LAYERS, worst);
+            printf("      %5d x %5d/%5d (f %5d, share %d): stream exact after %d layers, gated outputs within %.1e of "
+                   "their scale\n", d, s->ko, s->kd, f, share, LAYERS, worst);
     }
     /* the pushes alone, by ring stages (the same calls on both ranks) */
     for (int which = 0; which < 2 && !bad && d >= 4096; which++) {
         a.mode = SF_TPK_PUSH; a.x = x; a.w = w[which]; a.m = d; a.k = kin(s, which); a.nw = NULL; a.y = NULL;
-        double us[5];
-        a.persist = 0;
+        double us[4];
         for (int v = 0; v < 4; v++) us[v] = time_push(l, a, v ? v + 1 : 0, st);
-        a.persist = 1;
-        us[4] = time_push(l, a, 0, st);
         if (rank == 0)
-            printf("PUSHTIME %d %d %.1f %.1f %.1f %.1f %.1f %.1f\n", d, a.k, us[0], us[1], us[2], us[3],
-                   (double)d * a.k * 2 / 4.25e3, us[4]); /* ideal: µs at 4.25 TB/s; then persistent */
+            printf("PUSHTIME %d %d %.1f %.1f %.1f %.1f %.0f\n", d, a.k, us[0], us[1], us[2], us[3],
+                   (double)d * a.k * 2 / 4.25e3); /* last: µs at 4.25 TB/s */
     }
 out:
     cudaFree(w[0]); cudaFree(w[1]); cudaFree(wg); cudaFree(x); cudaFree(h); cudaFree(nw); cudaFree(y);
