@@ -5,9 +5,7 @@
  * buffers sized for max_tokens rows; the residual stream h is updated by the fused
  * add-then-norm of the next rmsnorm, so each layer costs two norms and no separate adds.
  * Backends with the optional fused ops (norm_qkv_rope, norm_matmul, matmul_add) run each layer
- * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual; a
- * batch-1 step without tensor parallelism offers all its layers to the optional decode_layers
- * op first (SF_EUNSUPPORTED: it declined, the fused ops run).
+ * as norm+QKV+RoPE+KV append, attention, O+residual, norm+gate/up+SiLU·mul, down+residual.
  * Under tensor parallelism too: the row-parallel projections (O, down) write into h itself —
  * rank 0 adds its partial product to h, the other ranks overwrite h with theirs — and the
  * all-reduce of h then leaves h + the whole product on every rank ($SEMFLOW_TP_FUSED=0: the
@@ -36,7 +34,6 @@ struct sf_forward {
     int max_tokens, max_logits;
     sf_weight *emb, *out_norm, *lm;
     fw_layer *layers;
-    sf_layer_weights *lw; /* the same weights as the backend's decode_layers takes them */
     float *inv_freq;
     sf_rope rope;
     /* activations */
@@ -109,7 +106,6 @@ void sf_forward_free(sf_forward *f)
     if (f->emb) o->weight_free(f->b, f->emb);
     if (f->out_norm) o->weight_free(f->b, f->out_norm);
     free(f->layers);
-    free(f->lw);
     free(f->inv_freq);
     free(f->gather_host);
     free(f);
@@ -171,9 +167,8 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
         f->gather_waits = e && !strcmp(e, "1");
     }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
-    f->lw = calloc((size_t)c->n_layers, sizeof *f->lw);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
-    if (!f->layers || !f->lw || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
+    if (!f->layers || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }
 
     if ((rc = new_weight(f, &f->emb, err, 1, &m->tok_embd, NULL)) || (rc = new_vec(f, &f->out_norm, &m->out_norm, err)))
         goto fail;
@@ -198,7 +193,6 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
             sf_err_wrap(err, "layer %d", l);
             goto fail;
         }
-        f->lw[l] = (sf_layer_weights){ L->attn_norm, L->wqkv, L->wo, L->ffn_norm, L->wgu, L->wdown };
     }
 
     int hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads;
@@ -377,15 +371,7 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
 #define STEP(name, call) do { op = name; if ((rc = (call)) != SF_OK) goto fail; } while (0)
     STEP("batch_begin", o->batch_begin(b, bt));
     STEP("embed", o->embed(b, f->emb, f->h));
-    layer = 0;
-    if (fused && !tp && T == 1 && o->decode_layers) { /* every layer as one op, where the backend takes it */
-        op = "decode_layers";
-        rc = o->decode_layers(b, f->h, f->lw, 0, c->n_layers, c->rms_eps, c->n_heads, c->n_kv_heads, &f->rope, f->qkv,
-                              f->att, f->act);
-        if (rc == SF_OK) layer = c->n_layers;
-        else if (rc != SF_EUNSUPPORTED) { layer = -1; goto fail; }
-    }
-    for (; layer < c->n_layers; layer++)
+    for (layer = 0; layer < c->n_layers; layer++)
         if ((rc = layer_run(f, T, layer, fused, rn, link, &op, err))) {
             if (!op) goto comm_fail;
             goto fail;

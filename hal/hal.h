@@ -120,11 +120,6 @@ typedef struct sf_backend sf_backend;
 typedef struct sf_buf sf_buf;       /* activation buffer: rows x cols in the backend's act dtype */
 typedef struct sf_weight sf_weight; /* an uploaded (or referenced) weight, possibly fused */
 
-/* The weights of one decoder layer, for the backend's optional decode_layers op. */
-typedef struct sf_layer_weights {
-    const sf_weight *attn_norm, *wqkv, *wo, *ffn_norm, *wgu, *wdown;
-} sf_layer_weights;
-
 /* A weight is made of 1..4 parts stacked along rows (out features): fused QKV, gate/up.
  * bias[i] may have data == NULL. The CPU backend keeps pointers (no copy); the CUDA backend
  * converts and concatenates into one device buffer. */
@@ -329,15 +324,6 @@ struct sf_backend_ops {
                         const sf_sample_pen *pen, int n_pen, int32_t *ids);
     int (*sample_wait)(sf_backend *b);
 
-    /* Optional: decoder layers first_layer .. first_layer + n_layers - 1 of a batch-1 step (the
-     * step's one token) as one operation: for each layer in turn (w[i] its weights), what
-     * norm_qkv_rope, attention, matmul_add (O), norm_matmul (glu) and matmul_add (down) do, h
-     * updated in place; qkv [1, (H + 2*Hkv) * head_dim], att [1, H * head_dim] and act [1,
-     * intermediate] are the scratch those ops would write. Returns SF_EUNSUPPORTED, having
-     * queued nothing the caller sees, when it does not take this step (more than one token,
-     * INT8 KV blocks, shapes, or switched off): the caller then runs those ops. */
-    int (*decode_layers)(sf_backend *b, sf_buf *h, const sf_layer_weights *w, int first_layer, int n_layers, float eps,
-                         int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *qkv, sf_buf *att, sf_buf *act);
     /* Optional (tensor parallelism at one row): queue one kernel of the batch-1 link (sf_tp_op).
      * SF_EUNSUPPORTED, having queued nothing, for a step of more than one token; SF_EINVAL for
      * shapes it does not take. NULL: the forward pass all-reduces after each row-parallel
