@@ -172,12 +172,16 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
 }
 
 
-template <int VPT, bool LL>
+/* The fused all-reduce + residual add + RMSNorm (allreduce.h sf_k_arn). Launched with PDL
+ * (a.pdl): it may start while the projection before it still runs, and waits for it before it
+ * touches anything, the call counter included. */
+template <int VPT>
 __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
 {
     __shared__ unsigned flag_s;
     __shared__ int failed_s;
     __shared__ float red[32];
+    sf_pdl_wait();
     ar_sig *self = (ar_sig *)a.region[a.rank];
     if (threadIdx.x == 0) {
         flag_s = self->ncount[blockIdx.x] + 1;
@@ -188,8 +192,6 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     const unsigned flag = flag_s;
     const int nv = a.cols / 8;
     const size_t base = a.push_off + (size_t)(flag & 1) * a.size * a.push_bytes;
-    /* LL: line 2j, 2j + 1 of a row carry its vector j; slot [parity][rank] of 2 * ll_bytes */
-    const size_t llbase = a.ll_off + (size_t)(flag & 1) * a.size * 2 * a.ll_bytes;
 
     /* 1. push this block's rows to every peer, slot of this rank (all loads, then the stores) */
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
@@ -202,18 +204,6 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
         }
         for (int p = 0; p < a.size; p++) {
             if (p == a.rank) continue;
-            if (LL) { /* data and flag in one 16-byte store: no fence, no separate flag */
-                uint4 *dst = (uint4 *)(a.region[p] + llbase + (size_t)a.rank * 2 * a.ll_bytes) + 2 * r * nv;
-#pragma unroll
-                for (int u = 0; u < VPT; u++) {
-                    const int i = threadIdx.x + u * SF_ARN_THREADS;
-                    if (i < nv) {
-                        st_volatile_v4(dst + 2 * i, make_uint4(v[u].x, flag, v[u].y, flag));
-                        st_volatile_v4(dst + 2 * i + 1, make_uint4(v[u].z, flag, v[u].w, flag));
-                    }
-                }
-                continue;
-            }
             uint4 *dst = (uint4 *)(a.region[p] + base + (size_t)a.rank * a.push_bytes) + r * nv;
 #pragma unroll
             for (int u = 0; u < VPT; u++) {
@@ -223,13 +213,13 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
         }
     }
 
-    /* 2. flags (LL: each line carries its own) */
-    if (!LL) {
-        __syncthreads();
-        if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, nflag) + blockIdx.x * sizeof self->nflag[0],
-                           flag, a.timeout_ns, a.err, &failed_s, false))
-            return;
-    }
+    /* 2. flags */
+    __syncthreads();
+    if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, nflag) + blockIdx.x * sizeof self->nflag[0], flag,
+                       a.timeout_ns, a.err, &failed_s, false))
+        return;
+    /* the kernel after this one may launch: it waits for this one's end before it reads */
+    sf_pdl_trigger();
 
     /* 3. per row: sum in rank order (the same bits on every rank), residual add, norm */
     for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
@@ -241,20 +231,11 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
             const int i = threadIdx.x + u * SF_ARN_THREADS;
             if (i >= nv) continue;
             float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-            for (int p = 0; p < a.size; p++) {
-                uint4 v;
-                if (p == a.rank) {
-                    v = xr[i];
-                } else if (LL) {
-                    const uint4 *l = (const uint4 *)(a.region[a.rank] + llbase + (size_t)p * 2 * a.ll_bytes) + 2 * (r * nv + i);
-                    uint2 lo = ll_wait(l, flag, a.timeout_ns, a.err, p, &failed_s),
-                          hi = ll_wait(l + 1, flag, a.timeout_ns, a.err, p, &failed_s);
-                    v = make_uint4(lo.x, lo.y, hi.x, hi.y);
-                } else { /* L2 loads: a peer's line never comes from a stale L1 line */
-                    v = __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) + r * nv + i);
-                }
-                add8(acc, v);
-            }
+            for (int p = 0; p < a.size; p++)
+                /* L2 loads: a peer's line never comes from a stale L1 line */
+                add8(acc, p == a.rank ? xr[i]
+                                      : __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) +
+                                               r * nv + i));
             bf162 *h = (bf162 *)&hv[u];
             if (rr) {
                 const uint4 rv = rr[i];
@@ -309,14 +290,9 @@ extern "C" size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size)
     return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes;
 }
 
-extern "C" size_t sf_k_ar_norm_ll_off(size_t buf_bytes, size_t ll_bytes, int size)
-{
-    return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
-}
-
 extern "C" size_t sf_k_tpl_off(size_t buf_bytes, size_t ll_bytes, int size)
 {
-    return sf_k_ar_norm_ll_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * 2 * SF_ARN_LL_BYTES;
+    return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
 }
 
 extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
@@ -334,16 +310,14 @@ extern "C" int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s)
         (size_t)a->rows * a->cols * 2 > a->push_bytes || ((uintptr_t)a->x & 15) || ((uintptr_t)a->res & 15) ||
         ((uintptr_t)a->w & 15) || ((uintptr_t)a->out & 15))
         return (int)cudaErrorInvalidValue;
-    if (a->ll && (size_t)a->rows * a->cols * 2 > a->ll_bytes) return (int)cudaErrorInvalidValue;
 #define ARN_LAUNCH(V)                                                                                              \
-    (a->ll ? k_allreduce_norm<V, true><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a)                                 \
-           : k_allreduce_norm<V, false><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a))
-    if (vpt <= 1) ARN_LAUNCH(1);
-    else if (vpt <= 2) ARN_LAUNCH(2);
-    else if (vpt <= 4) ARN_LAUNCH(4);
-    else ARN_LAUNCH(8);
+    (a->pdl ? sf_launch_pdl(k_allreduce_norm<V>, dim3(SF_ARN_BLOCKS), dim3(SF_ARN_THREADS), 0, s, *a)                \
+            : (k_allreduce_norm<V><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a), sf_launch_status()))
+    if (vpt <= 1) return ARN_LAUNCH(1);
+    if (vpt <= 2) return ARN_LAUNCH(2);
+    if (vpt <= 4) return ARN_LAUNCH(4);
+    return ARN_LAUNCH(8);
 #undef ARN_LAUNCH
-    return sf_launch_status();
 }
 
 extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)
