@@ -204,7 +204,7 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     return SF_OK;
 }
 
-int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int pdl, void *stream, sf_error *err)
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, unsigned flags, void *stream, sf_error *err)
 {
     if (n->dt != SF_DT_BF16 || n->rows < 1 || n->cols < 8 || n->cols % 8 || n->cols > SF_AR_NORM_MAX_COLS ||
         (size_t)n->rows * n->cols * 2 > a->buf_bytes)
@@ -227,7 +227,8 @@ int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int pdl, void 
     k.size = a->size;
     k.timeout_ns = a->timeout_ns;
     k.err = a->err_d;
-    k.pdl = pdl;
+    k.pdl = !!(flags & SF_AR_NORM_PDL);
+    k.early = !!(flags & SF_AR_NORM_EARLY);
     int e = sf_k_allreduce_norm(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce + rmsnorm of %lld x %lld: launch: %s (buffers "
@@ -258,7 +259,7 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }
-int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int pdl, void *stream, sf_error *err)
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, unsigned flags, void *stream, sf_error *err)
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }

@@ -330,7 +330,9 @@ static int nccl_all_reduce_norm(sf_comm *c, const sf_coll_norm *a, void *stream,
     int rc = check(c, err);
     if (rc) return rc;
     if (!NC(c)->ar) return sf_err(err, SF_EUNSUPPORTED, "rank %d: all-reduce + rmsnorm without peer memory", c->rank);
-    if ((rc = sf_ar_custom_run_norm(NC(c)->ar, a, c->norm_pdl, stream, err))) return fail(c, err, "%s", err->msg);
+    if ((rc = sf_ar_custom_run_norm(NC(c)->ar, a,
+                                    (c->norm_pdl ? SF_AR_NORM_PDL : 0) | (c->norm_early ? SF_AR_NORM_EARLY : 0), stream,
+                                    err))) return fail(c, err, "%s", err->msg);
     return SF_OK;
 }
 
@@ -560,6 +562,7 @@ static int custom_setup(sf_comm *c, sf_error *err)
     c->norm_max_cols = SF_AR_NORM_MAX_COLS;
     c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 128;
     c->norm_pdl = sf_env_bool("SEMFLOW_TP_ARNORM_PDL", 1);
+    c->norm_early = sf_env_bool("SEMFLOW_TP_ARNORM_EARLY", 1);
     /* the batch-1 link (sf_comm_tp_link): on with SEMFLOW_TP_PUSH=1 */
     c->tp_push = sf_env_bool("SEMFLOW_TP_PUSH", 0);
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won

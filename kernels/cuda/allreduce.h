@@ -88,6 +88,8 @@ typedef struct sf_k_arn {
     uint64_t timeout_ns;
     volatile unsigned *err;
     int pdl;                       /* launched with PDL (above) */
+    int early;                     /* 1: the local loads overlap the counter's and the flags' waits
+                                    * (allreduce.cu); the same results */
 } sf_k_arn;
 
 /* Bytes of one rank's region: one-shot buffers of buf_bytes each, LL buffers for messages of
