@@ -178,6 +178,8 @@ TEST(async_equals_serial_plain) { loop_equals_serial(ASYNC, 0, 1); }
 
 int main(void)
 {
+    unsetenv("SEMFLOW_ENGINE_ASYNC"); /* each run picks its loop through the config */
+    unsetenv("SEMFLOW_ENGINE_OVERLAP");
     RUN(overlap_equals_serial);
     RUN(overlap_equals_serial_preempted);
     RUN(async_equals_serial);
