@@ -49,7 +49,6 @@ struct sf_forward {
     int launching;     /* step(): queue the draw with sample_start (sf_forward_launch_sample) */
     int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
     int gather_pending; /* rank 0, launching: the logits' gather was queued without waiting for it */
-    int gather_waits;   /* $SEMFLOW_TP_GATHER_WAIT=1: the launch waits for the gather (the earlier way) */
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -163,8 +162,6 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
     {
         const char *e = getenv("SEMFLOW_TP_FUSED");
         f->tp_fused = !(e && !strcmp(e, "0"));
-        e = getenv("SEMFLOW_TP_GATHER_WAIT");
-        f->gather_waits = e && !strcmp(e, "1");
     }
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
@@ -388,7 +385,7 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             /* the sampling rank gets whole rows; the followers take part in the same gather.
              * Launching with a backend that draws asynchronously, the gather is only queued:
              * sf_forward_wait_sample waits for it (watching the peers) with the draw. */
-            int nowait = f->launching && o->sample_start && !f->gather_waits;
+            int nowait = f->launching && o->sample_start;
             f->comm->gather_nowait = nowait;
             rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
                                          f->shard->vocab_pad, 0, err);

@@ -97,9 +97,10 @@ struct sf_comm {
      * open; $SEMFLOW_TP_ARNORM=0 keeps it off), widest row, fewest rows it takes. */
     size_t norm_max_bytes;
     int norm_max_cols, norm_min_rows;
-    /* Messages up to this many bytes take the fused kernel's LL variant
-     * ($SEMFLOW_TP_ARNORM_LL_BYTES; 0: never). The same on every rank. */
-    size_t norm_ll_max_bytes;
+    /* 1: the fused kernel is launched with programmatic dependent launch ($SEMFLOW_TP_ARNORM_PDL,
+     * default 1); norm_early 1: it overlaps its local loads with its waits
+     * ($SEMFLOW_TP_ARNORM_EARLY, default 1). Either way the same results; the same on every rank. */
+    int norm_pdl, norm_early;
     /* The message of the last collective that failed inside a backend op (sf_coll_fn). */
     sf_error coll_err;
     /* 1: all_gather returns once the gather is queued instead of waiting for it; the caller

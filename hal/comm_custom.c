@@ -13,8 +13,7 @@
 
 #include "../kernels/cuda/allreduce.h"
 
-_Static_assert(SF_AR_NORM_MAX_COLS == SF_ARN_MAX_COLS && SF_AR_NORM_LL_BYTES == SF_ARN_LL_BYTES,
-               "comm_custom.h repeats the fused kernel's limits");
+_Static_assert(SF_AR_NORM_MAX_COLS == SF_ARN_MAX_COLS, "comm_custom.h repeats the fused kernel's limits");
 _Static_assert(SF_COMM_TP_LINK_MAX_COLS == SF_TPL_MAX_COLS, "comm.h repeats the link's widest row");
 
 struct sf_ar_custom {
@@ -205,14 +204,13 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
     return SF_OK;
 }
 
-int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int ll, void *stream, sf_error *err)
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, unsigned flags, void *stream, sf_error *err)
 {
     if (n->dt != SF_DT_BF16 || n->rows < 1 || n->cols < 8 || n->cols % 8 || n->cols > SF_AR_NORM_MAX_COLS ||
-        (size_t)n->rows * n->cols * 2 > (ll ? SF_AR_NORM_LL_BYTES : a->buf_bytes))
+        (size_t)n->rows * n->cols * 2 > a->buf_bytes)
         return sf_err(err, SF_EINVAL, "rank %d: peer-memory all-reduce + rmsnorm of %lld x %lld %s: it takes bf16 "
                       "rows of a multiple of 8 up to %d values, up to %zu bytes", a->rank, (long long)n->rows,
-                      (long long)n->cols, sf_dtype_name(n->dt), SF_AR_NORM_MAX_COLS,
-                      ll ? SF_AR_NORM_LL_BYTES : a->buf_bytes);
+                      (long long)n->cols, sf_dtype_name(n->dt), SF_AR_NORM_MAX_COLS, a->buf_bytes);
     sf_k_arn k;
     memset(&k, 0, sizeof k);
     for (int i = 0; i < a->size; i++) k.region[i] = a->region[i];
@@ -229,9 +227,8 @@ int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int ll, void *
     k.size = a->size;
     k.timeout_ns = a->timeout_ns;
     k.err = a->err_d;
-    k.ll = ll;
-    k.ll_off = sf_k_ar_norm_ll_off(a->buf_bytes, a->ll_bytes, a->size);
-    k.ll_bytes = SF_ARN_LL_BYTES;
+    k.pdl = !!(flags & SF_AR_NORM_PDL);
+    k.early = !!(flags & SF_AR_NORM_EARLY);
     int e = sf_k_allreduce_norm(&k, (cudaStream_t)stream);
     if (e)
         return sf_err(err, SF_ERROR, "rank %d: peer-memory all-reduce + rmsnorm of %lld x %lld: launch: %s (buffers "
@@ -262,7 +259,7 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }
-int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int ll, void *stream, sf_error *err)
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, unsigned flags, void *stream, sf_error *err)
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");
 }

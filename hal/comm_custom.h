@@ -37,11 +37,12 @@ typedef enum sf_ar_kernel { SF_AR_ONESHOT = 0, SF_AR_LL = 1 } sf_ar_kernel;
 int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err);
 /* Queues the all-reduce fused with the residual add and RMSNorm (kernels/cuda/allreduce.h
  * sf_k_arn) of a: rows * cols * 2 <= cap, cols a multiple of 8 up to SF_AR_NORM_MAX_COLS,
- * pointers 16-byte aligned. ll: its LL variant (rows * cols * 2 <= SF_AR_NORM_LL_BYTES); every
- * rank must pass the same. */
-int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, int ll, void *stream, sf_error *err);
-#define SF_AR_NORM_MAX_COLS 16384            /* SF_ARN_MAX_COLS */
-#define SF_AR_NORM_LL_BYTES ((size_t)256 << 10) /* SF_ARN_LL_BYTES: largest message of its LL variant */
+ * pointers 16-byte aligned. flags: SF_AR_NORM_PDL launches it with programmatic dependent launch
+ * (the launch may begin while the kernel before it ends); SF_AR_NORM_EARLY overlaps its local
+ * loads with its waits (the same results). */
+int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, unsigned flags, void *stream, sf_error *err);
+enum { SF_AR_NORM_PDL = 1, SF_AR_NORM_EARLY = 2 };
+#define SF_AR_NORM_MAX_COLS 16384 /* SF_ARN_MAX_COLS */
 /* The batch-1 link over the ranks' regions (kernels/cuda/allreduce.h sf_k_tpl, opaque here),
  * valid until sf_ar_custom_free. */
 const void *sf_ar_custom_link(const sf_ar_custom *a);

@@ -330,8 +330,9 @@ static int nccl_all_reduce_norm(sf_comm *c, const sf_coll_norm *a, void *stream,
     int rc = check(c, err);
     if (rc) return rc;
     if (!NC(c)->ar) return sf_err(err, SF_EUNSUPPORTED, "rank %d: all-reduce + rmsnorm without peer memory", c->rank);
-    int ll = sf_dtype_bytes(SF_DT_BF16, a->rows * a->cols) <= c->norm_ll_max_bytes;
-    if ((rc = sf_ar_custom_run_norm(NC(c)->ar, a, ll, stream, err))) return fail(c, err, "%s", err->msg);
+    if ((rc = sf_ar_custom_run_norm(NC(c)->ar, a,
+                                    (c->norm_pdl ? SF_AR_NORM_PDL : 0) | (c->norm_early ? SF_AR_NORM_EARLY : 0), stream,
+                                    err))) return fail(c, err, "%s", err->msg);
     return SF_OK;
 }
 
@@ -554,15 +555,14 @@ static int custom_setup(sf_comm *c, sf_error *err)
     c->ll_cap_bytes = sf_ar_custom_ll_cap(x->ar);
     /* the fused all-reduce + rmsnorm: on unless SEMFLOW_TP_ARNORM=0, from
      * $SEMFLOW_TP_ARNORM_MIN_ROWS rows (default 128: below, LL or one-shot then the rmsnorm kernel
-     * measured as fast or faster, docs/TP.md); its LL variant up to $SEMFLOW_TP_ARNORM_LL_BYTES
-     * (default 0: off, it lost to LL + rmsnorm from 16 rows; cap 256 KiB) */
-    const char *an = getenv("SEMFLOW_TP_ARNORM"), *amr = getenv("SEMFLOW_TP_ARNORM_MIN_ROWS"),
-               *all = getenv("SEMFLOW_TP_ARNORM_LL_BYTES");
-    long min_rows = amr ? strtol(amr, NULL, 10) : 128, ll_bytes = all ? strtol(all, NULL, 10) : 0;
-    c->norm_ll_max_bytes = ll_bytes > 0 ? SF_MIN((size_t)ll_bytes, SF_AR_NORM_LL_BYTES) : 0;
+     * measured as fast or faster, docs/TP.md) */
+    const char *an = getenv("SEMFLOW_TP_ARNORM"), *amr = getenv("SEMFLOW_TP_ARNORM_MIN_ROWS");
+    long min_rows = amr ? strtol(amr, NULL, 10) : 128;
     c->norm_max_bytes = an && !strcmp(an, "0") ? 0 : c->custom_cap_bytes;
     c->norm_max_cols = SF_AR_NORM_MAX_COLS;
     c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 128;
+    c->norm_pdl = sf_env_bool("SEMFLOW_TP_ARNORM_PDL", 1);
+    c->norm_early = sf_env_bool("SEMFLOW_TP_ARNORM_EARLY", 1);
     /* the batch-1 link (sf_comm_tp_link): on with SEMFLOW_TP_PUSH=1 */
     c->tp_push = sf_env_bool("SEMFLOW_TP_PUSH", 0);
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won

@@ -172,13 +172,40 @@ __global__ void __launch_bounds__(SF_AR_THREADS) k_allreduce_ll(sf_k_ar a)
 }
 
 
-template <int VPT, bool LL>
+/* The fused all-reduce + residual add + RMSNorm (allreduce.h sf_k_arn). Launched with PDL
+ * (a.pdl): it may start while the projection before it still runs, and waits for it before it
+ * touches anything but the norm's weight, the call counter included.
+ * EARLY (a.early): the latencies that do not depend on the peers overlap instead of following
+ * each other: the block's first row is loaded together with the call counter and kept in
+ * registers for the sum, the norm's weight before the programmatic wait, and the first row's
+ * residual before the flag wait. */
+template <int VPT, bool EARLY>
 __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
 {
     __shared__ unsigned flag_s;
     __shared__ int failed_s;
     __shared__ float red[32];
+    const int nv = a.cols / 8;
+    const int64_t r0 = blockIdx.x;
+    const bool first = r0 < a.rows; /* this block has a row */
+    uint4 wv[VPT], v0[VPT], rv0[VPT];
+    if (EARLY) { /* the weight: no kernel of the step writes it */
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i < nv) wv[u] = ((const uint4 *)a.w)[i];
+        }
+    }
+    sf_pdl_wait();
     ar_sig *self = (ar_sig *)a.region[a.rank];
+    if (EARLY && first) { /* in flight with the counter's load below */
+        const uint4 *xr = (const uint4 *)(a.x + r0 * a.cols);
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i < nv) v0[u] = xr[i];
+        }
+    }
     if (threadIdx.x == 0) {
         flag_s = self->ncount[blockIdx.x] + 1;
         self->ncount[blockIdx.x] = flag_s;
@@ -186,34 +213,19 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     }
     __syncthreads();
     const unsigned flag = flag_s;
-    const int nv = a.cols / 8;
     const size_t base = a.push_off + (size_t)(flag & 1) * a.size * a.push_bytes;
-    /* LL: line 2j, 2j + 1 of a row carry its vector j; slot [parity][rank] of 2 * ll_bytes */
-    const size_t llbase = a.ll_off + (size_t)(flag & 1) * a.size * 2 * a.ll_bytes;
 
     /* 1. push this block's rows to every peer, slot of this rank (all loads, then the stores) */
-    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    for (int64_t r = r0; r < a.rows; r += gridDim.x) {
         const uint4 *xr = (const uint4 *)(a.x + r * a.cols);
         uint4 v[VPT];
 #pragma unroll
         for (int u = 0; u < VPT; u++) {
             const int i = threadIdx.x + u * SF_ARN_THREADS;
-            if (i < nv) v[u] = xr[i];
+            if (i < nv) v[u] = EARLY && r == r0 ? v0[u] : xr[i];
         }
         for (int p = 0; p < a.size; p++) {
             if (p == a.rank) continue;
-            if (LL) { /* data and flag in one 16-byte store: no fence, no separate flag */
-                uint4 *dst = (uint4 *)(a.region[p] + llbase + (size_t)a.rank * 2 * a.ll_bytes) + 2 * r * nv;
-#pragma unroll
-                for (int u = 0; u < VPT; u++) {
-                    const int i = threadIdx.x + u * SF_ARN_THREADS;
-                    if (i < nv) {
-                        st_volatile_v4(dst + 2 * i, make_uint4(v[u].x, flag, v[u].y, flag));
-                        st_volatile_v4(dst + 2 * i + 1, make_uint4(v[u].z, flag, v[u].w, flag));
-                    }
-                }
-                continue;
-            }
             uint4 *dst = (uint4 *)(a.region[p] + base + (size_t)a.rank * a.push_bytes) + r * nv;
 #pragma unroll
             for (int u = 0; u < VPT; u++) {
@@ -222,17 +234,26 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
             }
         }
     }
-
-    /* 2. flags (LL: each line carries its own) */
-    if (!LL) {
-        __syncthreads();
-        if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, nflag) + blockIdx.x * sizeof self->nflag[0],
-                           flag, a.timeout_ns, a.err, &failed_s, false))
-            return;
+    if (EARLY && first && a.res) { /* local: in flight during the flag exchange */
+        const uint4 *rr = (const uint4 *)(a.res + r0 * a.cols);
+#pragma unroll
+        for (int u = 0; u < VPT; u++) {
+            const int i = threadIdx.x + u * SF_ARN_THREADS;
+            if (i < nv) rv0[u] = rr[i];
+        }
     }
 
+    /* 2. flags */
+    __syncthreads();
+    if (exchange_flags(a.region, a.rank, a.size, offsetof(ar_sig, nflag) + blockIdx.x * sizeof self->nflag[0], flag,
+                       a.timeout_ns, a.err, &failed_s, false))
+        return;
+    /* the kernel after this one may launch: it waits for this one's end before it reads */
+    sf_pdl_trigger();
+
     /* 3. per row: sum in rank order (the same bits on every rank), residual add, norm */
-    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    for (int64_t r = r0; r < a.rows; r += gridDim.x) {
+        const bool kept = EARLY && r == r0;
         uint4 hv[VPT];
         float ss = 0.0f;
         uint4 *xr = (uint4 *)(a.x + r * a.cols), *rr = a.res ? (uint4 *)(a.res + r * a.cols) : NULL;
@@ -241,23 +262,14 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
             const int i = threadIdx.x + u * SF_ARN_THREADS;
             if (i >= nv) continue;
             float acc[8] = { 0, 0, 0, 0, 0, 0, 0, 0 };
-            for (int p = 0; p < a.size; p++) {
-                uint4 v;
-                if (p == a.rank) {
-                    v = xr[i];
-                } else if (LL) {
-                    const uint4 *l = (const uint4 *)(a.region[a.rank] + llbase + (size_t)p * 2 * a.ll_bytes) + 2 * (r * nv + i);
-                    uint2 lo = ll_wait(l, flag, a.timeout_ns, a.err, p, &failed_s),
-                          hi = ll_wait(l + 1, flag, a.timeout_ns, a.err, p, &failed_s);
-                    v = make_uint4(lo.x, lo.y, hi.x, hi.y);
-                } else { /* L2 loads: a peer's line never comes from a stale L1 line */
-                    v = __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) + r * nv + i);
-                }
-                add8(acc, v);
-            }
+            for (int p = 0; p < a.size; p++)
+                /* L2 loads: a peer's line never comes from a stale L1 line */
+                add8(acc, p == a.rank ? (kept ? v0[u] : xr[i])
+                                      : __ldcg((const uint4 *)(a.region[a.rank] + base + (size_t)p * a.push_bytes) +
+                                               r * nv + i));
             bf162 *h = (bf162 *)&hv[u];
             if (rr) {
-                const uint4 rv = rr[i];
+                const uint4 rv = kept ? rv0[u] : rr[i];
                 const bf162 *rh = (const bf162 *)&rv;
 #pragma unroll
                 for (int k = 0; k < 4; k++) {
@@ -288,8 +300,8 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
         for (int u = 0; u < VPT; u++) {
             const int i = threadIdx.x + u * SF_ARN_THREADS;
             if (i >= nv) continue;
-            const uint4 wv = ((const uint4 *)a.w)[i];
-            const bf162 *h = (const bf162 *)&hv[u], *wh = (const bf162 *)&wv;
+            const uint4 w = EARLY ? wv[u] : ((const uint4 *)a.w)[i];
+            const bf162 *h = (const bf162 *)&hv[u], *wh = (const bf162 *)&w;
             uint4 o;
             bf162 *oh = (bf162 *)&o;
 #pragma unroll
@@ -304,19 +316,28 @@ __global__ void __launch_bounds__(SF_ARN_THREADS) k_allreduce_norm(sf_k_arn a)
     }
 }
 
+template <int V, bool E>
+static int arn_launch(const sf_k_arn *a, cudaStream_t s)
+{
+    if (a->pdl) return sf_launch_pdl(k_allreduce_norm<V, E>, dim3(SF_ARN_BLOCKS), dim3(SF_ARN_THREADS), 0, s, *a);
+    k_allreduce_norm<V, E><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a);
+    return sf_launch_status();
+}
+
+template <int V>
+static int arn_launch(const sf_k_arn *a, cudaStream_t s)
+{
+    return a->early ? arn_launch<V, true>(a, s) : arn_launch<V, false>(a, s);
+}
+
 extern "C" size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size)
 {
     return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes;
 }
 
-extern "C" size_t sf_k_ar_norm_ll_off(size_t buf_bytes, size_t ll_bytes, int size)
-{
-    return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
-}
-
 extern "C" size_t sf_k_tpl_off(size_t buf_bytes, size_t ll_bytes, int size)
 {
-    return sf_k_ar_norm_ll_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * 2 * SF_ARN_LL_BYTES;
+    return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
 }
 
 extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
@@ -334,16 +355,10 @@ extern "C" int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s)
         (size_t)a->rows * a->cols * 2 > a->push_bytes || ((uintptr_t)a->x & 15) || ((uintptr_t)a->res & 15) ||
         ((uintptr_t)a->w & 15) || ((uintptr_t)a->out & 15))
         return (int)cudaErrorInvalidValue;
-    if (a->ll && (size_t)a->rows * a->cols * 2 > a->ll_bytes) return (int)cudaErrorInvalidValue;
-#define ARN_LAUNCH(V)                                                                                              \
-    (a->ll ? k_allreduce_norm<V, true><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a)                                 \
-           : k_allreduce_norm<V, false><<<SF_ARN_BLOCKS, SF_ARN_THREADS, 0, s>>>(*a))
-    if (vpt <= 1) ARN_LAUNCH(1);
-    else if (vpt <= 2) ARN_LAUNCH(2);
-    else if (vpt <= 4) ARN_LAUNCH(4);
-    else ARN_LAUNCH(8);
-#undef ARN_LAUNCH
-    return sf_launch_status();
+    if (vpt <= 1) return arn_launch<1>(a, s);
+    if (vpt <= 2) return arn_launch<2>(a, s);
+    if (vpt <= 4) return arn_launch<4>(a, s);
+    return arn_launch<8>(a, s);
 }
 
 extern "C" int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s)

@@ -43,7 +43,6 @@ extern "C" {
 #define SF_ARN_BLOCKS 256      /* the fused all-reduce + RMSNorm kernel's fixed grid */
 #define SF_ARN_THREADS 256
 #define SF_ARN_MAX_COLS 16384  /* widest row it takes (8 vectors of 8 values per thread) */
-#define SF_ARN_LL_BYTES ((size_t)256 << 10) /* its LL variant's largest message */
 
 typedef struct sf_k_ar {
     char *region[SF_AR_MAX_RANKS]; /* every rank's region as mapped in this process (own included) */
@@ -73,10 +72,8 @@ typedef struct sf_k_ar {
  * buffers of call k - 2 that call k overwrites. Push buffers: [2 parities][size][push_bytes]
  * at push_off. cols % 8 == 0, cols <= SF_ARN_MAX_COLS, rows * cols * 2 <= push_bytes, every
  * pointer 16-byte aligned.
- * ll = 1 (messages up to ll_bytes = SF_ARN_LL_BYTES): the rows travel as LL lines (16 bytes:
- * 4 data bytes, the call number, 4 data bytes, the call number) into every peer's LL buffer
- * ([2 parities][size][2 * ll_bytes] at ll_off), and the reader spins on each line's flags: no
- * fence and no flag round trip, twice the bytes; for few rows. */
+ * pdl = 1: launched with programmatic dependent launch (common.cuh): the launch may start
+ * while the projection before it ends; the kernel waits for it before anything else. */
 typedef struct sf_k_arn {
     char *region[SF_AR_MAX_RANKS];
     uint16_t *x;                   /* [rows, cols] this rank's partial sums */
@@ -90,18 +87,17 @@ typedef struct sf_k_arn {
     int rank, size;
     uint64_t timeout_ns;
     volatile unsigned *err;
-    int ll;                        /* 1: LL lines instead of push + flag (rows * cols * 2 <= ll_bytes) */
-    size_t ll_off, ll_bytes;
+    int pdl;                       /* launched with PDL (above) */
+    int early;                     /* 1: the local loads overlap the counter's and the flags' waits
+                                    * (allreduce.cu); the same results */
 } sf_k_arn;
 
 /* Bytes of one rank's region: one-shot buffers of buf_bytes each, LL buffers for messages of
  * up to ll_bytes from `size` ranks, then the fused kernel's push buffers (buf_bytes per rank
- * and parity), its LL buffers (2 * SF_ARN_LL_BYTES per rank and parity) and the batch-1 link's
- * area (below). The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes, the push buffers at
+ * and parity) and the batch-1 link's area (below). The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes, the push buffers at
  * sf_k_ar_push_off. */
 size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size);
 size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size);
-size_t sf_k_ar_norm_ll_off(size_t buf_bytes, size_t ll_bytes, int size); /* the fused kernel's LL buffers */
 /* Queues the one-shot all-reduce on s (see the top). Returns the launch's cudaError_t. */
 int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s);
 /* Queues the fused all-reduce + residual add + RMSNorm (above); cudaErrorInvalidValue for

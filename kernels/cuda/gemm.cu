@@ -58,6 +58,7 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
     if (e != cudaSuccess) { cublasLtDestroy(g->lt); free(g); return (int)e; }
     for (int i = 0; i < PLAN_BUCKETS; i++) g->bucket[i] = -1;
     g->n_mallocs = n_mallocs;
+    g->own_on = sf_env_bool("SEMFLOW_CUDA_GEMM_OWN", 0);
     *out = g;
     return 0;
 }
@@ -148,6 +149,10 @@ static void plan_settle(sf_k_gemm_ctx *g, plan *p)
         return;
     }
     if (t->n_candidates == 0) return; /* tuning failed for this shape: the heuristic stays */
+    if (t->own && g->own_on && sf_gemm_wg_ok(g, t->own, p->n, p->m, p->k, p->ldx, p->ldy)) {
+        p->own = t->own; /* algo stays the heuristic's first: the fallback for unaligned pointers */
+        return;
+    }
     if (t->split > 1) {
         if (sf_gemm_split_ok(p->k, t->split) && !sf_gemm_split_make(g, p, t->split) && sf_gemm_split_check(g, p, &t->algo))
             p->salgo = t->algo;
@@ -226,6 +231,8 @@ static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *
 {
     const float one = 1.0f, beta = p->acc ? 1.0f : 0.0f;
     cublasStatus_t st;
+    if (p->own && ((uintptr_t)x | (uintptr_t)w) % 16 == 0 && ((uintptr_t)y | (uintptr_t)bias) % 8 == 0)
+        return sf_gemm_wg_run(g, p->own, x, p->ldx, w, bias, p->n, p->m, p->k, y, p->ldy, p->acc, s);
     if (p->split > 1) return sf_gemm_split_run(g, p, &p->salgo, x, w, bias, y, p->ldy, s);
     if (p->has_bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);

@@ -162,6 +162,16 @@ int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k,
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);
 
+/* The own Hopper GEMM for decode batches (gemm_wgmma.cu): y (+)= x . W^T (+ bias) for n <= 256,
+ * `split` (1..4) CTAs of a cluster sharing each 128-row tile along k, reduced in distributed shared
+ * memory. _ok: whether the device (compute capability 9.0) and shape qualify (m % 128 == 0,
+ * k % 64 == 0, ldx % 8 == 0, ldy % 4 == 0); the run also needs x and W 16-byte, y and bias 8-byte
+ * aligned (cudaErrorInvalidValue otherwise). The tuner offers it as a candidate per shape and
+ * bucket unless SEMFLOW_CUDA_GEMM_OWN=0; direct calls are for tests and benchmarks. */
+int sf_k_gemm_own_ok(sf_k_gemm_ctx *g, int split, int n, int m, int k, int64_t ldx, int64_t ldy);
+int sf_k_gemm_own(sf_k_gemm_ctx *g, int split, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                  int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
+
 /* ---- measured cuBLASLt algorithm choice (gemm_tune.cu) ------------------------------------- */
 /* Turns the tuner on: from then on the first use of each (m, k, bias, accumulate, n bucket) with
  * n > 8, outside a graph capture, times cuBLASLt's candidates on scratch buffers of its own

@@ -39,8 +39,14 @@ static const shape SHAPES[] = {
     { "qkv", 6144, 4096, 0 }, { "o", 4096, 4096, 1 }, { "gate_up", 28672, 4096, 0 }, { "down", 4096, 14336, 1 },
 };
 static const int NS[] = { 128, 192, 256, 1500, 2048 };
+/* --perf: the engine's shapes and their TP=2 shards (half the heads, half the FFN) */
+static const shape PERF_SHAPES[] = {
+    { "qkv", 6144, 4096, 0 },   { "o", 4096, 4096, 1 },     { "gate_up", 28672, 4096, 0 }, { "down", 4096, 14336, 1 },
+    { "qkv/2", 3072, 4096, 0 }, { "o/2", 4096, 2048, 1 },   { "gu/2", 14336, 4096, 0 },    { "down/2", 4096, 7168, 1 },
+};
 
 static int perf, fresh, pretune;
+static int own_split; /* > 0: check_case calls the own wgmma kernel with this many ranks directly */
 static cudaStream_t S;
 static sf_rng R;
 static sf_hw_info HW;
@@ -100,8 +106,9 @@ static int check_case(sf_k_gemm_ctx *g, const char *name, const weight *w, int a
     else cudaMemsetAsync(y_d, 0xff, ys * 2, S); /* NaN */
     cudaMemcpyAsync(x_h, x_d, xs * 2, cudaMemcpyDeviceToHost, S);
     cudaMemcpyAsync(y0_h, y_d, ys * 2, cudaMemcpyDeviceToHost, S);
-    rc = acc ? sf_k_gemm_lt_acc(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S)
-             : sf_k_gemm(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S);
+    rc = own_split ? sf_k_gemm_own(g, own_split, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, acc, S)
+         : acc     ? sf_k_gemm_lt_acc(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S)
+                   : sf_k_gemm(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S);
     if (rc) {
         printf("  %s n=%d: GEMM failed: %s\n", name, n, sf_k_gemm_error_str(rc));
         fails = 1;
@@ -149,9 +156,10 @@ static int check_case(sf_k_gemm_ctx *g, const char *name, const weight *w, int a
     free(xf);
     double rel = den > 0 ? sqrt(num / den) : 0;
     sf_k_gemm_tune_stat st;
-    int tuned = sf_k_gemm_tune_info(g, n, m, k, w->bias_d != NULL, acc, &st);
+    int tuned = !own_split && sf_k_gemm_tune_info(g, n, m, k, w->bias_d != NULL, acc, &st);
     printf("  %-8s m=%-5d k=%-5d n=%-4d%s%s: %dx%d checked, worst %.2f of tolerance, rel %.1e; %s", name, m, k, n,
-           acc ? " acc" : "", pad ? " padded" : "", nr, nc, worst, rel, tuned ? "" : "not tuned\n");
+           acc ? " acc" : "", pad ? " padded" : "", nr, nc, worst, rel,
+           tuned ? "" : own_split ? "own kernel\n" : "not tuned\n");
     if (tuned)
         printf("bucket %d: %.1f us vs heuristic %.1f us (%d candidates, %s)\n", st.nb, st.us, st.heuristic_us,
                st.n_candidates, st.from_cache ? "from cache" : "tuned now");
@@ -189,6 +197,40 @@ TEST(odd_shapes)
     CHECK(check_case(G, "qkv+bias", &w, 0, 16, 0) == 0);
     CHECK(check_case(G, "qkv+bias", &w, 0, 5, 0) == 0); /* GEMV / cuBLASLt choice, untuned */
     weight_free(&w);
+}
+
+/* The own wgmma kernel called directly, every rank count: token counts off its 64-column steps,
+ * the accumulating flavour, a bias, padded leading dimensions, k slices that do not divide evenly,
+ * the TP=2 shard shapes. Skipped where the device has no sm_90a code path. */
+TEST(own_kernel)
+{
+    if (!sf_k_gemm_own_ok(G, 1, 256, 4096, 4096, 4096, 4096)) {
+        printf("  own kernel: not on this device (compute capability 9.0 only); skipped\n");
+        return;
+    }
+    static const struct { int m, k, bias, acc, n, pad, split; } C[] = {
+        { 4096, 4096, 0, 1, 256, 0, 4 }, { 4096, 4096, 0, 0, 256, 0, 1 }, { 4096, 4096, 0, 1, 128, 0, 2 },
+        { 6144, 4096, 1, 0, 200, 8, 3 }, { 6144, 4096, 1, 1, 100, 0, 2 }, { 4096, 14336, 0, 1, 192, 0, 4 },
+        { 28672, 4096, 0, 0, 256, 0, 1 }, { 3072, 4096, 0, 0, 37, 0, 3 }, { 4096, 7168, 0, 1, 250, 4, 4 },
+        { 4096, 2048, 0, 1, 1, 0, 2 }, { 1024, 192, 0, 0, 64, 0, 3 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(C); i++) {
+        weight w;
+        REQUIRE(weight_new(&w, C[i].m, C[i].k, C[i].bias) == 0, "cannot make a %dx%d weight", C[i].m, C[i].k);
+        own_split = C[i].split;
+        char name[32];
+        snprintf(name, sizeof name, "own/%d", C[i].split);
+        CHECK_MSG(check_case(G, name, &w, C[i].acc, C[i].n, C[i].pad) == 0, "own kernel m=%d k=%d n=%d split %d",
+                  C[i].m, C[i].k, C[i].n, C[i].split);
+        own_split = 0;
+        weight_free(&w);
+    }
+    /* what it refuses: more ranks than 64-slices of k, m off 128, odd strides, more than 256 rows */
+    CHECK(!sf_k_gemm_own_ok(G, 4, 64, 1024, 192, 192, 1024));
+    CHECK(!sf_k_gemm_own_ok(G, 1, 64, 1000, 4096, 4096, 1000));
+    CHECK(!sf_k_gemm_own_ok(G, 1, 64, 1024, 4096, 4095, 1024));
+    CHECK(!sf_k_gemm_own_ok(G, 1, 257, 1024, 4096, 4096, 1024));
+    CHECK(!sf_k_gemm_own_ok(G, 5, 64, 1024, 4096, 4096, 1024));
 }
 
 static sf_k_gemm_ctx *ctx_with_cache(const char *path)
@@ -310,16 +352,48 @@ static double time_calls(sf_k_gemm_ctx *g, const uint16_t *w, size_t w_elems, in
     return rc ? NAN : 1e3 * ms / reps;
 }
 
+/* Mean µs of the own kernel (ranks 1..4, the fastest) over reps calls rotating weights, as
+ * time_calls; *best_split gets its rank count (0 and NAN when it does not apply). */
+static double time_own(sf_k_gemm_ctx *g, const uint16_t *w, size_t w_elems, int copies, const uint16_t *x, uint16_t *y,
+                       int n, int m, int k, int acc, int *best_split)
+{
+    double best = NAN;
+    *best_split = 0;
+    for (int sp = 1; sp <= 4; sp++) {
+        if (!sf_k_gemm_own_ok(g, sp, n, m, k, k, m)) continue;
+        cudaEvent_t e0, e1;
+        float ms = 0;
+        int reps = 20, rc = 0;
+        cudaEventCreate(&e0);
+        cudaEventCreate(&e1);
+        for (int r = -2; r < reps && !rc; r++) {
+            if (r == 0) cudaEventRecord(e0, S);
+            rc = sf_k_gemm_own(g, sp, x, k, w + (size_t)((r + 2) % copies) * w_elems, NULL, n, m, k, y, m, acc, S);
+        }
+        cudaEventRecord(e1, S);
+        cudaEventSynchronize(e1);
+        cudaEventElapsedTime(&ms, e0, e1);
+        cudaEventDestroy(e0);
+        cudaEventDestroy(e1);
+        double us = 1e3 * ms / reps;
+        if (!rc && (isnan(best) || us < best)) {
+            best = us;
+            *best_split = sp;
+        }
+    }
+    return best;
+}
+
 static void perf_table(void)
 {
     sf_k_gemm_ctx *off = NULL;
     if (sf_k_gemm_ctx_new(&off, NULL)) return;
     printf("\nGEMM per call (weights rotated past L2), bound = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s):\n",
            HW.mem_bw_gbs, HW.gemm_tflops);
-    printf("PERF %-8s %6s %6s %5s %9s %9s %8s %9s %6s %6s\n", "shape", "m", "k", "n", "heur_us", "tuned_us",
-           "TFLOP/s", "bound_us", "heur%", "tuned%");
-    for (size_t s = 0; s < SF_ARRAY_LEN(SHAPES); s++) {
-        const shape *sh = &SHAPES[s];
+    printf("PERF %-8s %6s %6s %5s %9s %9s %8s %9s %6s %6s %8s %5s %6s\n", "shape", "m", "k", "n", "heur_us", "tuned_us",
+           "TFLOP/s", "bound_us", "heur%", "tuned%", "own_us", "split", "own%");
+    for (size_t s = 0; s < SF_ARRAY_LEN(PERF_SHAPES); s++) {
+        const shape *sh = &PERF_SHAPES[s];
         size_t we = (size_t)sh->m * sh->k, wb = we * 2;
         int copies = wb >= 2 * HW.l2_bytes ? 1 : (int)fmin(16, ceil(3.0 * HW.l2_bytes / wb));
         int nmax = NS[SF_ARRAY_LEN(NS) - 1];
@@ -336,11 +410,14 @@ static void perf_table(void)
                 int n = NS[i];
                 double t0 = time_calls(off, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
                 double t1 = time_calls(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
+                int osplit = 0;
+                double t2 = n <= 256 ? time_own(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc, &osplit) : NAN;
                 double bytes = wb + (double)n * sh->k * 2 + (double)n * sh->m * 2 * (sh->acc ? 2 : 1);
                 double flops = 2.0 * sh->m * (double)n * sh->k;
                 double bound = fmax(bytes / (HW.mem_bw_gbs * 1e3), flops / (HW.gemm_tflops * 1e6));
-                printf("PERF %-8s %6d %6d %5d %9.1f %9.1f %8.0f %9.1f %5.0f%% %5.0f%%\n", sh->name, sh->m, sh->k, n, t0,
-                       t1, flops / (t1 * 1e6), bound, 100 * bound / t0, 100 * bound / t1);
+                printf("PERF %-8s %6d %6d %5d %9.1f %9.1f %8.0f %9.1f %5.0f%% %5.0f%% %8.1f %5d %5.0f%%\n", sh->name,
+                       sh->m, sh->k, n, t0, t1, flops / (t1 * 1e6), bound, 100 * bound / t0, 100 * bound / t1, t2, osplit,
+                       100 * bound / t2);
             }
         }
         cudaFree(w); cudaFree(x); cudaFree(y);
@@ -391,6 +468,7 @@ int main(int argc, char **argv)
     }
     RUN(engine_shapes);
     RUN(odd_shapes);
+    RUN(own_kernel);
     RUN(cache_reused);
     RUN(cache_distrusted);
     if (perf) perf_table();

@@ -5,9 +5,11 @@
  *    the summed stream exact (the values are multiples of 1/4), the normed rows within 1/32
  *    relative (a few bf16 steps: the order of the fp32 sum of squares differs);
  *  - a burst of calls of changing sizes without a host sync (stale flags or buffers show);
- *    all of it twice: with the kernel's LL variant up to its cap, then push + flag only;
- *  - the time per call at decode sizes, each variant against the all-reduce then the rmsnorm
- *    kernel (lines `ARNORM rows cols ll_us push_us plain_us` for bench/device/tp.sh).
+ *    all of it twice: the kernel launched with programmatic dependent launch and its local loads
+ *    overlapping its waits (the defaults), then launched plainly, its loads in sequence;
+ *  - the time per call at decode sizes of those and of PDL alone, against the all-reduce then
+ *    the rmsnorm kernel (lines `ARNORM rows cols default_us pdl_us plain_us unfused_us` for
+ *    bench/device/tp.sh).
  * The parent forks the ranks before anything touches CUDA; each rank uses GPU `rank`. */
 #include <dirent.h>
 #include <math.h>
@@ -25,7 +27,6 @@
 #endif
 
 #define RANKS 2
-#define SF_AR_NORM_LL_BYTES_TEST ((size_t)256 << 10) /* the LL variant's cap (hal/comm_custom.h) */
 #define MAX_ROWS 256
 #define MAX_COLS 8192
 
@@ -88,7 +89,9 @@ static void check_case(rank_ctx *r, int rows, int cols, int with_res, int it)
         r->hx[i] = val(r->rank, row, c, it);
         r->hres[i] = val(7, row, c, it + 1);
     }
-    if (!rc && ((rc = o->write_f32(r->b, x, rows, r->hx)) || (rc = o->write_f32(r->b, res, rows, r->hres))))
+    for (int64_t i = 0; !rc && i < (int64_t)rows * cols; i++) r->hout[i] = NAN; /* poison: a row not written fails */
+    if (!rc && ((rc = o->write_f32(r->b, x, rows, r->hx)) || (rc = o->write_f32(r->b, res, rows, r->hres)) ||
+                (rc = o->write_f32(r->b, out, rows, r->hout))))
         sf_err(&err, rc, "write_f32 failed");
     if (!rc) rc = sf_comm_all_reduce_norm_buf(r->c, r->b, x, with_res ? res : NULL, w, 1e-5f, rows, cols, out, &err);
     if (!rc && ((rc = o->read_f32(r->b, with_res ? res : x, rows, r->hx)) || (rc = o->read_f32(r->b, out, rows, r->hout))))
@@ -115,7 +118,7 @@ static void check_case(rank_ctx *r, int rows, int cols, int with_res, int it)
             float want = bfr(bfr(r->want_h[c] * inv) * (0.5f + (float)(c % 7) * 0.125f));
             double d = fabs((double)r->hout[i] - want);
             worst = fmax(worst, d / fmax(fabs(want), 1e-3));
-            if (r->hx[i] != r->want_h[c] || d > fabs(want) * (1.0 / 32) + 1e-6) {
+            if (r->hx[i] != r->want_h[c] || !(d <= fabs(want) * (1.0 / 32) + 1e-6)) { /* NaN fails */
                 printf("      rank %d: %d x %d (residual %d, round %d): row %d col %d: stream %g (want %g), normed %g "
                        "(want %g)\n", r->rank, rows, cols, with_res, it, row, c, r->hx[i], r->want_h[c], r->hout[i], want);
                 r->bad++;
@@ -186,14 +189,15 @@ static double time_calls(rank_ctx *r, int rows, int cols, sf_weight *w, int iter
     return rc ? -1 : (sf_now_s() - t0) * 1e6 / iters;
 }
 
-/* Per size: the fused kernel's LL variant (where it takes the size), its push + flag variant,
- * and the all-reduce then the rmsnorm; one line `ARNORM rows cols ll push plain` (µs; 0: not
- * run) from rank 0. */
+/* Per size: the fused kernel with PDL and early loads, with PDL alone, with neither, and the
+ * all-reduce then the rmsnorm; one line `ARNORM rows cols default pdl plain unfused` (µs) from
+ * rank 0. */
 static void time_sizes(rank_ctx *r)
 {
     static const int rows_of[] = { 2, 16, 32, 64, 128, 192, 256 }, cols_of[] = { 4096, 8192 };
     sf_error err = { 0 };
-    size_t keep = r->c->norm_max_bytes, keep_ll = r->c->norm_ll_max_bytes;
+    size_t keep = r->c->norm_max_bytes;
+    int keep_pdl = r->c->norm_pdl, keep_early = r->c->norm_early;
     for (int ci = 0; ci < 2; ci++) {
         sf_weight *w = NULL;
         if (make_weight(r, cols_of[ci], &w, &err) || set_width(r, cols_of[ci], &err)) {
@@ -206,11 +210,11 @@ static void time_sizes(rank_ctx *r)
             int rows = rows_of[ri], cols = cols_of[ci];
             size_t bytes = (size_t)rows * cols * 2;
             if (bytes > keep) continue;
-            double us[3] = { 0, 0, 0 };
-            for (int v = 0; v < 3; v++) { /* the same order on every rank */
-                if (v == 0 && bytes > SF_AR_NORM_LL_BYTES_TEST) continue;
-                r->c->norm_max_bytes = v < 2 ? keep : 0;
-                r->c->norm_ll_max_bytes = v == 0 ? SF_AR_NORM_LL_BYTES_TEST : 0;
+            double us[4] = { 0, 0, 0, 0 };
+            for (int v = 0; v < 4; v++) { /* the same order on every rank */
+                r->c->norm_max_bytes = v < 3 ? keep : 0;
+                r->c->norm_pdl = v < 2;
+                r->c->norm_early = v == 0;
                 us[v] = time_calls(r, rows, cols, w, 50, &err);
                 if (us[v] < 0) {
                     printf("      rank %d: timing %d x %d: %s\n", r->rank, rows, cols, err.msg);
@@ -218,8 +222,9 @@ static void time_sizes(rank_ctx *r)
                 }
             }
             r->c->norm_max_bytes = keep;
-            r->c->norm_ll_max_bytes = keep_ll;
-            if (r->rank == 0) printf("ARNORM %d %d %.1f %.1f %.1f\n", rows, cols, us[0], us[1], us[2]);
+            r->c->norm_pdl = keep_pdl;
+            r->c->norm_early = keep_early;
+            if (r->rank == 0) printf("ARNORM %d %d %.1f %.1f %.1f %.1f\n", rows, cols, us[0], us[1], us[2], us[3]);
         }
         r->b->ops->weight_free(r->b, w);
     }
@@ -251,9 +256,9 @@ static int rank_main(int rank, const char *boot)
         return 1;
     }
     if (rank == 0)
-        printf("      fused kernel up to %zu bytes (LL up to %zu), %d columns, from %d rows (0 bytes: off); "
-               "checked and timed here from 2 rows\n", r.c->norm_max_bytes, r.c->norm_ll_max_bytes,
-               r.c->norm_max_cols, r.c->norm_min_rows);
+        printf("      fused kernel up to %zu bytes, %d columns, from %d rows (0 bytes: off), PDL %s, early loads "
+               "%s; checked and timed here from 2 rows\n", r.c->norm_max_bytes, r.c->norm_max_cols,
+               r.c->norm_min_rows, r.c->norm_pdl ? "on" : "off", r.c->norm_early ? "on" : "off");
     r.c->norm_min_rows = 2; /* the kernel at every size it takes (the same on both ranks) */
     if (!r.c->norm_max_bytes) {
         printf("      rank %d: the fused kernel is off (no peer memory, or SEMFLOW_TP_ARNORM=0)\n", rank);
@@ -262,10 +267,10 @@ static int rank_main(int rank, const char *boot)
     static const int rows_of[] = { 1, 2, 3, 17, 64, 100, 128, 192, 255, 256 };
     static const int cols_of[] = { 64, 1000, 1004, 4096, 5120, 8192 }; /* 1004: refused, the fallback */
     int it = 0;
-    size_t keep_ll = r.c->norm_ll_max_bytes;
-    for (int pass = 0; pass < 2 && !r.bad; pass++) { /* LL variant where it applies, then push + flag only */
-        r.c->norm_ll_max_bytes = pass ? 0 : SF_AR_NORM_LL_BYTES_TEST;
-        if (rank == 0) printf("      %s\n", pass ? "push + flag variant at every size" : "LL variant up to 256 KiB");
+    int keep_pdl = r.c->norm_pdl, keep_early = r.c->norm_early;
+    for (int pass = 0; pass < 2 && !r.bad; pass++) { /* PDL + early loads, then plainly in sequence */
+        r.c->norm_pdl = r.c->norm_early = !pass;
+        if (rank == 0) printf("      %s\n", pass ? "launched plainly, loads in sequence" : "PDL, early loads");
         for (int ci = 0; ci < (int)SF_ARRAY_LEN(cols_of) && !r.bad; ci++)
             for (int ri = 0; ri < (int)SF_ARRAY_LEN(rows_of) && !r.bad; ri++)
                 for (int with_res = 0; with_res < 2 && !r.bad; with_res++)
@@ -273,7 +278,8 @@ static int rank_main(int rank, const char *boot)
         if (!r.bad) check_burst(&r, 4096);
         if (!r.bad) check_burst(&r, 8192);
     }
-    r.c->norm_ll_max_bytes = keep_ll;
+    r.c->norm_pdl = keep_pdl;
+    r.c->norm_early = keep_early;
     if (!r.bad && rank == 0) printf("      %d shapes and 4 bursts exact (stream) and within 1/32 (norm)\n", it);
     if (!r.bad) time_sizes(&r);
     if (r.x) r.b->ops->buf_free(r.b, r.x);

@@ -1,0 +1,307 @@
+/* gemm_wgmma.cu — the own GEMM for decode batches on Hopper: y[n, m] (+)= x[n, k] . W[m, k]^T
+ * (+ bias) for n <= 256 rows, bf16 in and out, fp32 accumulation, one rounding.
+ *
+ * At decode-batch sizes a flat GEMM has too few output tiles for 132 SMs (4096 x 256 outputs
+ * are 32 tiles of 128 x 256), and cuBLASLt's split-K variants reduce through global memory. Here
+ * a CTA owns 128 weight rows x all n tokens (n rounded up to 64, 128, 192 or 256 columns of the
+ * warpgroup MMA), and `split` CTAs of one thread-block cluster share a tile, each taking a
+ * contiguous 1/split of k; their fp32 partial tiles are summed through distributed shared
+ * memory, so the only global traffic is W (once), x (from L2) and y (once).
+ *
+ * One CTA = three warpgroups (384 threads): warpgroup 0's first thread issues the bulk tensor
+ * copies (TMA) of a 128 x 64 slice of W and an n x 64 slice of x per stage into a ring of
+ * 128-byte-swizzled stages (full/empty mbarriers); warpgroups 1 and 2 each multiply 64 weight
+ * rows by all tokens with wgmma (m64nNk16, both operands from shared memory, accumulators in
+ * registers). At the end the accumulators are staged as fp32 [token][feature] in the CTA's own
+ * shared memory; after a cluster barrier, cluster rank r sums rows r/split of the tile over the
+ * cluster's CTAs, adds the bias and (accumulating flavour) y, and writes bf16 rows coalesced.
+ *
+ * Contract (sf_gemm_wg_ok): compute capability 9.0 exactly (the sm_90a code; the compute_90 PTX
+ * of this file traps), 1 <= n <= 256, m % 128 == 0, k % 64 == 0 with at least one 64-slice per
+ * cluster rank, ldx % 8 == 0, ldy % 4 == 0, x and W 16-byte aligned, y and bias 8-byte aligned.
+ * Used by the tuner as one more candidate per shape and bucket (gemm_tune.cu), so only where it
+ * measured fastest. Not thread-safe: the context's one thread. */
+#include <cuda.h>
+#include <string.h>
+
+#include "gemm_impl.cuh"
+#include "gemm_wgmma_ops.cuh"
+
+#define WG_BM 128     /* weight rows per CTA: two consumer warpgroups of 64 */
+#define WG_BK 64      /* k per stage: one 128-byte swizzle row of bf16 */
+#define WG_THREADS 384
+#define WG_RING_BYTES (192 * 1024)
+
+template <int BN> struct wg_cfg {
+    static constexpr int A_BYTES = WG_BM * WG_BK * 2;
+    static constexpr int B_BYTES = BN * WG_BK * 2;
+    static constexpr int STAGE = A_BYTES + B_BYTES;
+    static constexpr int STAGES = WG_RING_BYTES / STAGE > 8 ? 8 : WG_RING_BYTES / STAGE;
+    static constexpr int LDR = WG_BM + 4; /* fp32 staging row of one token: conflict-free writes */
+    static constexpr int SMEM = STAGES * STAGE + 1024; /* + room to align the ring to 1 KiB */
+    static_assert(BN * LDR * 4 <= STAGES * STAGE, "the staging tile reuses the ring");
+};
+
+#ifdef SF_WGMMA
+static __device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+static __device__ __forceinline__ void mbar_init(uint64_t *b, unsigned count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(b)), "r"(count));
+}
+
+static __device__ __forceinline__ void mbar_expect_tx(uint64_t *b, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(b)) : "memory");
+}
+
+static __device__ __forceinline__ void mbar_wait(uint64_t *b, unsigned parity)
+{
+    uint32_t done = 0, a = smem_u32(b);
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* One box of a 2-D tensor map (c0: element along k, c1: row) into shared memory at dst. */
+static __device__ __forceinline__ void tma_load(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];"
+                 ::"r"(smem_u32(dst)), "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1)
+                 : "memory");
+}
+
+/* Matrix descriptor of a K-major tile in the 128-byte swizzle: 8-row atoms of 128 bytes, 1 KiB
+ * apart; p is the tile's (1 KiB-aligned) start plus 32 bytes per 16-element k step. */
+static __device__ __forceinline__ uint64_t wg_desc(const void *p)
+{
+    uint64_t a = smem_u32(p);
+    return ((a & 0x3FFFF) >> 4) | ((uint64_t)1 << 16) | ((uint64_t)(1024 >> 4) << 32) | ((uint64_t)1 << 62);
+}
+
+template <int BN> static __device__ __forceinline__ void wg_mma(float *d, uint64_t da, uint64_t db)
+{
+    if (BN == 64) wg_mma_n64(d, da, db);
+    else if (BN == 128) wg_mma_n128(d, da, db);
+    else if (BN == 192) wg_mma_n192(d, da, db);
+    else wg_mma_n256(d, da, db);
+}
+
+static __device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+/* 4 floats at p in the shared memory of cluster CTA `rank`. */
+static __device__ __forceinline__ float4 ld_cluster4(const float *p, unsigned rank)
+{
+    uint32_t r;
+    float4 v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "r"(r)
+                 : "memory");
+    return v;
+}
+#endif
+
+/* Grid: m / 128 * split CTAs in clusters of `split` along x (cluster rank = blockIdx.x % split). */
+template <int BN>
+static __global__ void __launch_bounds__(WG_THREADS, 1)
+    k_gemm_wg(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, int n, int k, int split,
+              const bf16 *__restrict__ bias, bf16 *y, int64_t ldy, int acc)
+{
+#ifdef SF_WGMMA
+    typedef wg_cfg<BN> C;
+    extern __shared__ uint8_t wg_smem_raw[];
+    __shared__ uint64_t full[C::STAGES], empty[C::STAGES];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
+    const int rank = blockIdx.x % split, tile = blockIdx.x / split, tid = threadIdx.x, wg = tid / 128;
+    const int kt = k / WG_BK, kb0 = rank * kt / split, nk = (rank + 1) * kt / split - kb0;
+    if (tid == 0) {
+        for (int s = 0; s < C::STAGES; s++) {
+            mbar_init(&full[s], 1);
+            mbar_init(&empty[s], 2); /* one arrival per consumer warpgroup */
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 0) {
+        if (tid == 0)
+            for (int i = 0; i < nk; i++) {
+                const int s = i % C::STAGES;
+                if (i >= C::STAGES) mbar_wait(&empty[s], ((i / C::STAGES) & 1) ^ 1);
+                uint8_t *a = sm + s * C::STAGE;
+                mbar_expect_tx(&full[s], C::STAGE); /* out-of-range token rows arrive as zeros, counted */
+                tma_load(a, &tw, &full[s], (kb0 + i) * WG_BK, tile * WG_BM);
+                tma_load(a + C::A_BYTES, &tx, &full[s], (kb0 + i) * WG_BK, 0);
+            }
+    } else {
+        float d[BN / 2];
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++) d[j] = 0.0f;
+        const int c = wg - 1;
+        for (int i = 0; i < nk; i++) {
+            const int s = i % C::STAGES;
+            mbar_wait(&full[s], (i / C::STAGES) & 1);
+            const uint8_t *a = sm + s * C::STAGE + c * 64 * 128, *b = sm + s * C::STAGE + C::A_BYTES;
+            asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+#pragma unroll
+            for (int kk = 0; kk < WG_BK / 16; kk++) wg_mma<BN>(d, wg_desc(a + 32 * kk), wg_desc(b + 32 * kk));
+            asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+            asm volatile("wgmma.wait_group.sync.aligned 1;" ::: "memory"); /* stage i - 1 is read */
+            if (i > 0 && tid % 128 == 0) mbar_arrive(&empty[(i - 1) % C::STAGES]);
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++) asm volatile("" : "+f"(d[j])::"memory");
+        asm volatile("bar.sync 1, 256;" ::: "memory"); /* both consumers are done with the ring */
+        /* accumulator j of lane l, warp w: feature w*16 + l/4 + 8*((j/2)%2), token 8*(j/4) + 2*(l%4) + j%2 */
+        float *red = (float *)sm;
+        const int lane = tid % 32, f0 = c * 64 + ((tid % 128) / 32) * 16 + lane / 4;
+#pragma unroll
+        for (int j = 0; j < BN / 2; j++)
+            red[(8 * (j / 4) + 2 * (lane % 4) + (j % 2)) * C::LDR + f0 + 8 * ((j / 2) % 2)] = d[j];
+    }
+    __syncwarp();
+    cluster_sync(); /* every CTA's partial tile is staged */
+    {
+        const float *red = (const float *)sm;
+        const int t0 = rank * BN / split, t1 = SF_MIN((rank + 1) * BN / split, n);
+        for (int e = tid; e < (t1 - t0) * (WG_BM / 4); e += WG_THREADS) {
+            const int t = t0 + e / (WG_BM / 4), f = (e % (WG_BM / 4)) * 4;
+            float4 v = ld_cluster4(red + t * C::LDR + f, 0);
+            for (int q = 1; q < split; q++) {
+                float4 u = ld_cluster4(red + t * C::LDR + f, q);
+                v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+            }
+            const int64_t col = (int64_t)tile * WG_BM + f;
+            if (bias) {
+                uint2 raw = *(const uint2 *)(bias + col);
+                float2 b0 = __bfloat1622float2(*(bf162 *)&raw.x), b1 = __bfloat1622float2(*(bf162 *)&raw.y);
+                v.x += b0.x; v.y += b0.y; v.z += b1.x; v.w += b1.y;
+            }
+            bf16 *o = y + (int64_t)t * ldy + col;
+            if (acc) {
+                uint2 raw = *(const uint2 *)o;
+                float2 y0 = __bfloat1622float2(*(bf162 *)&raw.x), y1 = __bfloat1622float2(*(bf162 *)&raw.y);
+                v.x += y0.x; v.y += y0.y; v.z += y1.x; v.w += y1.y;
+            }
+            bf162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
+            uint2 out;
+            out.x = *(uint32_t *)&h0;
+            out.y = *(uint32_t *)&h1;
+            *(uint2 *)o = out;
+        }
+    }
+    cluster_sync(); /* no CTA leaves while a neighbour still reads its shared memory */
+#else
+    __trap(); /* the compute_90 PTX pass: sf_gemm_wg_ok admits only the sm_90a code */
+#endif
+}
+
+/* ---- host ---------------------------------------------------------------------------------- */
+typedef CUresult (*encode_fn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                              const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                              CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+static int wg_bn(int n) { return n <= 64 ? 64 : n <= 128 ? 128 : n <= 192 ? 192 : 256; }
+
+/* The context's one-time set-up: the driver's tensor-map encoder, the device's compute
+ * capability, the kernels' shared-memory limits. wg_state: 0 not tried, 1 usable, -1 not here. */
+static int wg_setup(sf_k_gemm_ctx *g)
+{
+    if (g->wg_state) return g->wg_state > 0;
+    g->wg_state = -1;
+    int dev = 0, major = 0, minor = 0;
+    void *fn = NULL;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) || major != 9 || minor != 0 ||
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ||
+        q != cudaDriverEntryPointSuccess || !fn ||
+        cudaFuncSetAttribute(k_gemm_wg<64>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<64>::SMEM) ||
+        cudaFuncSetAttribute(k_gemm_wg<128>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<128>::SMEM) ||
+        cudaFuncSetAttribute(k_gemm_wg<192>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<192>::SMEM) ||
+        cudaFuncSetAttribute(k_gemm_wg<256>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<256>::SMEM)) {
+        cudaGetLastError();
+        return 0;
+    }
+    g->wg_encode = fn;
+    g->wg_state = 1;
+    return 1;
+}
+
+int sf_gemm_wg_ok(sf_k_gemm_ctx *g, int split, int n, int m, int k, int64_t ldx, int64_t ldy)
+{
+    return split >= 1 && split <= 4 && n >= 1 && n <= 256 && m > 0 && m % WG_BM == 0 && k > 0 && k % WG_BK == 0 &&
+           k / WG_BK >= split && ldx % 8 == 0 && ldx >= k && ldy % 4 == 0 && ldy >= m && wg_setup(g);
+}
+
+/* A 2-D tensor map over rows x k bf16 (row stride ld elements), boxes of box_rows x 64. */
+static int wg_map(sf_k_gemm_ctx *g, CUtensorMap *map, const uint16_t *p, int rows, int k, int64_t ld, int box_rows)
+{
+    cuuint64_t dims[2] = { (cuuint64_t)k, (cuuint64_t)rows }, strides[1] = { (cuuint64_t)ld * 2 };
+    cuuint32_t box[2] = { WG_BK, (cuuint32_t)box_rows }, estr[2] = { 1, 1 };
+    CUresult r = ((encode_fn)g->wg_encode)(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, (void *)p, dims, strides, box, estr,
+                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? 0 : (int)cudaErrorInvalidValue;
+}
+
+template <int BN>
+static int wg_launch(const CUtensorMap &tw, const CUtensorMap &tx, int split, int n, int m, int k, const uint16_t *bias,
+                     uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1] = {};
+    cfg.gridDim = dim3((unsigned)(m / WG_BM * split));
+    cfg.blockDim = dim3(WG_THREADS);
+    cfg.dynamicSmemBytes = wg_cfg<BN>::SMEM;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = (unsigned)split;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    return (int)cudaLaunchKernelEx(&cfg, k_gemm_wg<BN>, tw, tx, n, k, split, (const bf16 *)bias, (bf16 *)y, ldy, acc);
+}
+
+int sf_gemm_wg_run(sf_k_gemm_ctx *g, int split, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                   int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
+{
+    CUtensorMap tw, tx;
+    int rc, bn = wg_bn(n);
+    if (!sf_gemm_wg_ok(g, split, n, m, k, ldx, ldy) || ((uintptr_t)x | (uintptr_t)w) % 16 ||
+        ((uintptr_t)y | (uintptr_t)bias) % 8)
+        return (int)cudaErrorInvalidValue;
+    if ((rc = wg_map(g, &tw, w, m, k, k, WG_BM)) || (rc = wg_map(g, &tx, x, n, k, ldx, bn))) return rc;
+    switch (bn) {
+    case 64: rc = wg_launch<64>(tw, tx, split, n, m, k, bias, y, ldy, acc, s); break;
+    case 128: rc = wg_launch<128>(tw, tx, split, n, m, k, bias, y, ldy, acc, s); break;
+    case 192: rc = wg_launch<192>(tw, tx, split, n, m, k, bias, y, ldy, acc, s); break;
+    default: rc = wg_launch<256>(tw, tx, split, n, m, k, bias, y, ldy, acc, s); break;
+    }
+    return rc;
+}
+
+extern "C" int sf_k_gemm_own_ok(sf_k_gemm_ctx *g, int split, int n, int m, int k, int64_t ldx, int64_t ldy)
+{
+    return sf_gemm_wg_ok(g, split, n, m, k, ldx, ldy);
+}
+
+extern "C" int sf_k_gemm_own(sf_k_gemm_ctx *g, int split, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                             const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
+{
+    return sf_gemm_wg_run(g, split, x, ldx, w, bias, n, m, k, y, ldy, acc, s);
+}
