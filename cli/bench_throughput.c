@@ -304,6 +304,13 @@ int sf_bench_throughput(const bench_opts *o)
                               "rows_sampled_host", (json_int_t)es.rows_sampled_host);
         json_object_set_new(s, "host_work_share_decode", json_real(work_dec));
         json_object_set_new(s, "overlapped", json_boolean(es.overlapped));
+        json_object_set_new(s, "async", json_boolean(es.async));
+        json_object_set_new(s, "async_steps", json_integer((json_int_t)es.async_steps));
+        if (es.dev_idle_n) { /* the device's own clock: idle from a step's ids to the next step's work */
+            json_object_set_new(s, "device_idle_us_per_step", json_real(es.dev_idle_s * 1e6 / (double)es.dev_idle_n));
+            json_object_set_new(s, "device_idle_s", json_real(es.dev_idle_s));
+            json_object_set_new(s, "device_idle_steps", json_integer(es.dev_idle_n));
+        }
         json_object_set_new(s, "decode_step_p50_ms", json_real(es.decode_step_p50_ms));
         json_object_set_new(s, "decode_step_p90_ms", json_real(es.decode_step_p90_ms));
         json_object_set_new(s, "device_idle_gap_p50_ms", json_real(es.decode_gap_p50_ms));
@@ -366,7 +373,7 @@ int sf_bench_throughput(const bench_opts *o)
                "of all steps); %s loop; sampling on the %s\n",
                (unsigned long long)es.steps, (unsigned long long)es.decode_steps, mean_b, dec_ms, es.decode_step_p50_ms,
                es.decode_step_p90_ms, 100 * host_dec, 100 * work_dec, 100 * enq_dec, 100 * host_all,
-               es.overlapped ? "overlapped" : "serial", sampling);
+               es.async ? "async" : es.overlapped ? "overlapped" : "serial", sampling);
         printf("timeline every request's first token at %.2f s; every seat decoding for %.2f s (%.0f tokens/s); "
                "ramp-down %.2f s (%ld tokens); steps with prompt tokens: %llu, %.2f s; decode-only steps %.2f s; "
                "outside steps %.2f s\n", tl_first, tl_full, tl_full > 0 ? tok_full / tl_full : 0.0, tl_ramp, tok_ramp,
@@ -379,6 +386,9 @@ int sf_bench_throughput(const bench_opts *o)
                    es.decode_launch_s * k, es.decode_send_s * k, es.decode_enqueue_s * k, es.decode_deliver_s * k,
                    es.decode_exposed_s * k, es.decode_gap_p50_ms, es.decode_gap_p90_ms);
         }
+        if (es.dev_idle_n)
+            printf("device   idle %.1f us per step on its own clock, from a step's ids to the next step's work (%ld steps, "
+                   "%.3f s)\n", es.dev_idle_s * 1e6 / (double)es.dev_idle_n, es.dev_idle_n, es.dev_idle_s);
         if (cmp) {
             double ms = json_number_value(json_object_get(cmp, "ms_per_step_median"));
             printf("compare  the forward pass alone (%s: batch %lld, context %lld) %.2f ms/step: the engine's decode step "

@@ -31,18 +31,25 @@ typedef struct sf_taken {
     sf_logprob top[SF_MAX_LOGPROBS];
 } sf_taken;
 
-/* The launched step whose ids are not taken yet. Its plan is the scheduler's current plan
- * (committed when the ids are taken); its rows' requests are found through row_item, because a
- * request cancelled or ended meanwhile is withdrawn from the plan (item seq NULL). */
+/* A launched step whose ids are not taken yet. Its logit rows' sequences are row_seq[0..k) of
+ * its slot (NULL for a request freed meanwhile: sf_engine_forget), its drawn ids ids[0..k) of
+ * the slot. Its plan is the scheduler's current plan until the next step is planned: committed
+ * when its ids are taken, or (async scheduling) just before the next step is planned. */
 typedef struct sf_flight {
     int active;
     int on_dev;                  /* ids drawn on the backend; else e->logits hold the rows */
+    int queued;                  /* its draw is queued on the backend until sample_take (async) */
+    int committed;               /* its plan was committed (the next one was planned after it) */
+    int slot;                    /* its half of e->ids and e->row_seq */
     int k;                       /* logit rows */
-    int n_tokens, n_decode;
+    int n_tokens, n_decode, n_prefill;
     int decode;                  /* every sequence brought one token */
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
     double swap_ms;
     double t_plan;               /* sf_now_s when it was planned */
+    double t_ready;              /* when the device could start it: t_plan, or (queued behind the
+                                  * step before it) when that step's ids came */
+    double t_enq;                /* when its work was all queued */
     double t_done;               /* its launch returned only once the step was done (0: not so) */
 } sf_flight;
 
@@ -76,14 +83,19 @@ struct sf_engine {
     int vocab, max_model_len;
     /* sampling on the backend: per-row parameters, drawn ids, penalty entries */
     sf_sample_row *rows;        /* [max_num_seqs] */
-    int32_t *ids;               /* [max_num_seqs] */
-    int *row_item;              /* [max_num_seqs]: plan item of each logit row of the step in flight */
-    sf_request **victims;       /* [max_num_seqs]: the requests of a failed step (step.c step_failed) */
+    int32_t *ids;               /* [2 * max_num_seqs]: the drawn ids of each flight slot */
+    sf_seq **row_seq;           /* [2 * max_num_seqs]: the sequence of each logit row of each flight slot */
+    int32_t *src_row;           /* [max_batched_tokens]: async scheduling, sf_batch.src_row */
+    sf_request **victims;       /* [2 * max_num_seqs]: the requests of a failed step (step.c step_failed) */
     sf_sample_pen *pen;
     int cap_pen;
     /* the step pipeline (step.c) */
     int serial;                 /* 1: deliver before planning the next step (SEMFLOW_ENGINE_OVERLAP=0) */
-    sf_flight fl;
+    int async;                  /* 1: async scheduling (the backend's draws deferred: sample_defer) */
+    uint64_t n_async;           /* steps queued behind the step before them (async) */
+    sf_flight fl;               /* the oldest step in flight: its ids are taken next */
+    sf_flight fl2;              /* async: the step queued behind fl (launched before fl's ids came) */
+    int next_slot;              /* the slot of the next step launched */
     sf_taken *taken;            /* [max_num_seqs] tokens taken, not yet delivered */
     int n_taken;
     double t_ids;               /* when the device ran out of work in the step taken this turn: its
@@ -121,12 +133,15 @@ struct sf_engine {
 };
 
 /* step.c, engine thread only. */
+/* r is about to be freed: the steps in flight forget its rows. */
+void sf_engine_forget(sf_engine *e, sf_request *r);
 /* Finish r with reason/status (events delivered), take it out of the scheduler and free it. */
 void sf_engine_finish_free(sf_engine *e, sf_request *r, int reason, int status, const char *msg);
 /* One loop turn: take the ids of the step in flight, launch the next step, deliver. Returns
  * whether anything progressed (a step taken or launched, or a request finished). */
 int sf_engine_turn(sf_engine *e);
-/* Whether a step is in flight (the loop must come back for it even with nothing queued). */
+/* Whether a step is in flight (the loop must come back for it even with nothing queued). fl2
+ * is only active while fl is. */
 static inline int sf_engine_in_flight(const sf_engine *e) { return e->fl.active; }
 /* Stopping: wait for the step in flight, if any, and drop its ids (the requests are cancelled
  * next). */

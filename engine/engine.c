@@ -180,11 +180,15 @@ static void update_stats(sf_engine *e)
     sf_engine_step_percentiles(e, 0, &e->st.decode_step_p50_ms, &e->st.decode_step_p90_ms);
     sf_engine_step_percentiles(e, 1, &e->st.decode_gap_p50_ms, &e->st.decode_gap_p90_ms);
     e->st.overlapped = !e->serial;
+    e->st.async = e->async;
+    e->st.async_steps = e->n_async;
     sf_backend_stats bs;
     if (sf_backend_cuda_stats(e->be, &bs) == SF_OK) {
         e->st.graphs_captured = bs.graphs_captured;
         e->st.graph_replays = bs.graph_replays;
         e->st.graph_fallbacks = bs.graph_fallbacks;
+        e->st.dev_idle_s = bs.idle_after_draw_us * 1e-6;
+        e->st.dev_idle_n = bs.idle_after_draw_n;
     }
     e->st.rows_sampled_backend = e->rows_dev;
     e->st.rows_sampled_host = e->rows_host;
@@ -402,12 +406,14 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
     e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
-    e->ids = malloc((size_t)c->max_num_seqs * sizeof *e->ids);
-    e->row_item = malloc((size_t)c->max_num_seqs * sizeof *e->row_item);
-    e->victims = malloc((size_t)c->max_num_seqs * sizeof *e->victims);
+    e->ids = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->ids);
+    e->row_seq = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->row_seq);
+    e->src_row = malloc((size_t)c->max_batched_tokens * sizeof *e->src_row);
+    e->victims = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->victims);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
-    if (!e->logits || !e->rows || !e->ids || !e->row_item || !e->victims || !e->taken || !e->step_hist) {
+    if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->src_row || !e->victims || !e->taken ||
+        !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
     }
@@ -418,6 +424,20 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         int warm = sf_env_bool("SEMFLOW_ENGINE_WARMUP", -1);
         if (warm < 0) warm = sf_backend_cuda_stats(e->be, &bs) == SF_OK;
         if (warm && (rc = sf_engine_warm_up(e, n_blocks, err)) != SF_OK) goto fail;
+    }
+    /* Async scheduling: one GPU (the ranks of a TP group would each need the draw's ids), a
+     * backend that keeps its draws queued, the overlapped loop. */
+    e->async = sf_env_bool("SEMFLOW_ENGINE_ASYNC", c->async_steps != 0) && !e->serial;
+    if (e->async && (e->tp || !e->be->ops->sample_defer || !e->be->ops->sample_take || c->host_sampling)) {
+        SF_LOGW("engine: async scheduling is off: it needs one device (no tensor parallelism), sampling on it, "
+                "and a backend that queues its draws (the %s backend %s)", e->be->ops->name,
+                e->be->ops->sample_take ? "does" : "does not");
+        e->async = 0;
+    }
+    if (e->async && (rc = e->be->ops->sample_defer(e->be, 1)) != SF_OK) {
+        rc = sf_err(err, rc, "engine: the %s backend cannot queue its draws (async scheduling); run with "
+                    "SEMFLOW_ENGINE_ASYNC=0", e->be->ops->name);
+        goto fail;
     }
     SF_LOGD("engine: %s on %s, context %d, KV %d blocks x %d tokens (%.1f MiB)", e->model->name, e->be->ops->name,
             e->max_model_len, n_blocks, c->kv_block_size,
@@ -458,7 +478,8 @@ void sf_engine_free(sf_engine *e)
     free(e->logits);
     free(e->rows);
     free(e->ids);
-    free(e->row_item);
+    free(e->row_seq);
+    free(e->src_row);
     free(e->victims);
     free(e->taken);
     free(e->step_hist);

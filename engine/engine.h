@@ -131,6 +131,10 @@ typedef struct sf_engine_config {
     int serial_steps;         /* 1: deliver a step's tokens before launching the next (the serial loop;
                                * also $SEMFLOW_ENGINE_OVERLAP=0); 0 (default): launch the next step
                                * first and deliver while the device runs it (docs/ENGINE.md) */
+    int async_steps;          /* 1: async scheduling — queue the next step before the ids of the one
+                               * in flight reach the host, its decode tokens taken from that step's
+                               * draw on the backend (also $SEMFLOW_ENGINE_ASYNC=1; single-GPU
+                               * backends with sample_take; docs/ENGINE.md); 0 (default): after */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -209,6 +213,12 @@ typedef struct sf_engine_stats {
     double decode_step_p50_ms, decode_step_p90_ms; /* of those turns' wall times */
     double decode_gap_p50_ms, decode_gap_p90_ms;   /* of their device idle gaps */
     int overlapped;
+    int async;                /* 1: async scheduling ran (sf_engine_config.async_steps) */
+    uint64_t async_steps;     /* steps queued before the ids of the step before them reached the host */
+    /* CUDA: the device's idle time between a step's ids copied back and the next step's first
+     * work, on the device's clock (sf_backend_stats), summed over dev_idle_n steps */
+    double dev_idle_s;
+    long dev_idle_n;
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
 const char *sf_decision_name(int i);

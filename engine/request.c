@@ -220,12 +220,23 @@ int sf_request_take(sf_request *r, int32_t id)
 {
     if (r->n_out++ == 0) r->t_first = sf_now_s();
     sf_sampler_accept(&r->ss, id);
-    if (sf_seq_append(&r->seq, id) != SF_OK) return SF_REQ_END_ERROR;
+    if (r->placed) { /* the stand-in the next step was planned with becomes the id */
+        r->seq.tokens[r->seq.n_tokens - 1] = id;
+        r->placed = 0;
+    } else if (sf_seq_append(&r->seq, id) != SF_OK) {
+        return SF_REQ_END_ERROR;
+    }
     int stop = !r->sp.ignore_eos && r->tok && sf_tok_is_eog(r->tok, id);
     for (int i = 0; i < r->sp.n_stop_ids; i++) stop |= id == r->sp.stop_ids[i];
     if (stop) return SF_REQ_END_STOP;
     if (r->n_out >= r->max_out || r->seq.n_tokens >= r->seq.max_len) return SF_REQ_END_LENGTH;
     return SF_REQ_CONTINUE;
+}
+
+int sf_request_may_place(const sf_request *r)
+{
+    return !r->placed && r->n_out + 1 < r->max_out && r->seq.n_tokens + 1 < r->seq.max_len && !r->ss.counts &&
+           !sf_sampler_needs_logits(&r->sp);
 }
 
 int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top)

@@ -32,6 +32,9 @@ struct sf_request {
     atomic_int cancel;
     struct sf_request *next_in; /* engine inbox link */
     int taken_slot;             /* engine thread: 1 + its entry among the tokens taken and not yet delivered; 0: none */
+    int placed;                 /* engine thread, async scheduling: 1 + its logit row in the step in flight whose
+                                 * id is still to come, when a stand-in for that id ends seq.tokens (the next step
+                                 * was planned with it); 0: none */
 };
 
 /* Validate s against the model and copy it into a new request (sampler, detokenizer ready).
@@ -53,6 +56,10 @@ enum { SF_REQ_CONTINUE = 0, SF_REQ_FINISHED = 1 };
  * did not; the caller then removes r from the scheduler and frees it). */
 enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4 };
 int sf_request_take(sf_request *r, int32_t id);
+/* Async scheduling: whether r may be planned before its next id is known, with a stand-in for
+ * it: the id cannot decide r's length (max_tokens, context) nor its draw's penalties, and r's
+ * rows are drawn on the backend. */
+int sf_request_may_place(const sf_request *r);
 int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top);
 
 /* Engine thread: deliver SF_EV_DONE with this reason (flushing held-back text unless

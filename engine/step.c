@@ -15,8 +15,22 @@
  * is a pure function of (seed, step, logits), so every request gets the same tokens as in the
  * serial order (SEMFLOW_ENGINE_OVERLAP=0: deliver, then plan and launch).
  *
- * Swaps, preemption and stuck sequences are planned with no step in flight: a step is launched
- * only after the ids of the one before it were taken. */
+ * Async scheduling (sf_engine_config.async_steps, SEMFLOW_ENGINE_ASYNC=1) also hides the take
+ * and the plan:
+ *
+ *     plan N+1 assuming every sequence of N continues, launch it ─ wait for N's ids ─ take ─ deliver N
+ *     └──────── the device runs N, then N+1 at once ──────────────────────────────────────────────┘
+ *
+ * N's plan is committed first; each sequence that N draws for gets a stand-in token (its
+ * request's `placed`) so the scheduler plans its decode, and N+1's batch takes that token from
+ * N's draw on the backend (sf_batch.src_row). Sequences whose next id cannot be stood in for
+ * (it decides their length, it feeds their penalties, they want logprobs) are left out of N+1
+ * and planned again once taken. When N's ids come, the stand-ins become the ids; a sequence that
+ * they end is removed (its row of N+1 is dropped, as above). A plan that swaps, or finds a
+ * sequence stuck, waits for N's ids before it runs (swaps move blocks N may still write).
+ *
+ * Swaps, preemption and stuck sequences are otherwise planned with no step in flight: a step is
+ * launched only after the ids of the one before it were taken. */
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -25,13 +39,30 @@
 #include "engine-impl.h"
 #include "sampler.h"
 
+void sf_engine_forget(sf_engine *e, sf_request *r)
+{
+    const sf_flight *fs[2] = { &e->fl, &e->fl2 };
+    for (int f = 0; f < 2; f++) {
+        if (!fs[f]->active) continue;
+        sf_seq **rows = e->row_seq + (size_t)fs[f]->slot * e->cfg.max_num_seqs;
+        for (int j = 0; j < fs[f]->k; j++)
+            if (rows[j] == &r->seq) rows[j] = NULL;
+    }
+}
+
+static void free_request(sf_engine *e, sf_request *r)
+{
+    sf_engine_forget(e, r);
+    sf_request_free(r);
+}
+
 void sf_engine_finish_free(sf_engine *e, sf_request *r, int reason, int status, const char *msg)
 {
     sf_sched_remove(&e->sched, &r->seq);
     sf_request_finish(r, reason, status, msg);
     if (reason == SF_FINISH_CANCELLED) e->n_cancelled++;
     e->n_finished++;
-    sf_request_free(r);
+    free_request(e, r);
 }
 
 /* Run the plan's swap copies: every swap-out (its blocks may already be planned for others),
@@ -60,16 +91,16 @@ static void run_swaps(sf_engine *e, const sf_plan *p)
 
 /* --sched-trace: one line per step (TSV), for finding where step time and latency go. rt: tokens
  * of high-urgency sequences in the step; sw: KV blocks swapped out or in before it, in swap_ms. */
-static void trace_step(sf_engine *e, const sf_plan *p, const sf_flight *f)
+static void trace_step(sf_engine *e, const sf_flight *f)
 {
     const sf_sched *s = &e->sched;
     double now = sf_now_s();
     fprintf(e->trace, "%.4f\t%.2f\t%d\t%d\t%d\t%d\t%d\t%d\t%d\t%llu\t%d\t%d\t%.2f\t%d\t%.4f\t%d\t%d\t%d\t%.2f\t%llu\n",
-            now - e->t_start, (now - f->t_plan) * 1e3, p->n_decode, p->n_prefill, s->n_running,
+            now - e->t_start, (now - f->t_plan) * 1e3, f->n_decode, f->n_prefill, s->n_running,
             s->n_waiting[SF_URGENCY_HIGH], s->n_waiting[SF_URGENCY_NORMAL], s->n_waiting[SF_URGENCY_LOW],
             (sf_kv_total_units(&e->pool) - e->pool.n_free_units + 1) / 2, (unsigned long long)s->preemptions,
             s->cap_tokens == INT_MAX ? -1 : s->cap_tokens, s->cap_low == INT_MAX ? -1 : s->cap_low,
-            sf_sched_predict_ms(s, p->n_tokens), s->degraded, sf_sched_kv_demand(s), s->n_running_i8, f->rt, f->sw,
+            sf_sched_predict_ms(s, f->n_tokens), s->degraded, sf_sched_kv_demand(s), s->n_running_i8, f->rt, f->sw,
             f->swap_ms, (unsigned long long)s->steps);
 }
 
@@ -89,14 +120,23 @@ static void deliver(sf_engine *e, sf_turn_clock *tc)
         if (fin != SF_REQ_FINISHED) continue;
         if (!t->removed) sf_sched_remove(&e->sched, &r->seq); /* withdrawn from the step in flight, if in it */
         e->n_finished++;
-        sf_request_free(r);
+        free_request(e, r);
     }
     e->n_taken = 0;
     tc->deliver += sf_now_s() - t0;
 }
 
-/* The step in flight (or being launched) failed: fail the requests in it, keep serving the
- * others. A dead tensor-parallel group stops admission for good. */
+/* Draws still queued on the backend (async) are dropped: their ids are taken and ignored. */
+static void drop_queued(sf_engine *e)
+{
+    sf_flight *fs[2] = { &e->fl, &e->fl2 };
+    for (int f = 0; f < 2; f++)
+        if (fs[f]->active && fs[f]->queued && e->be->ops->sample_take(e->be) != SF_OK)
+            SF_LOGW("engine: a queued draw failed too (details logged above)");
+}
+
+/* A step in flight (or being launched) failed: fail the requests in it and in any other step in
+ * flight, keep serving the others. A dead tensor-parallel group stops admission for good. */
 static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens, sf_turn_clock *tc)
 {
     if (rc == SF_ENODEV && e->tp) {
@@ -106,24 +146,91 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
         pthread_mutex_unlock(&e->mu);
     }
     SF_LOGE("forward step of %d tokens failed: %s", n_tokens, err->msg);
+    drop_queued(e);
     deliver(e, tc); /* what was taken before comes first; it may end requests of this plan */
     const sf_plan *p = &e->sched.plan;
-    int nv = 0;
-    for (int i = 0; i < p->n_items; i++) /* a plan's live items are running sequences: max_num_seqs at most */
-        if (p->items[i].seq && nv < e->cfg.max_num_seqs) e->victims[nv++] = p->items[i].seq->owner;
+    int nv = 0, cap = 2 * e->cfg.max_num_seqs;
+    /* the plan's live items and the rows of the steps in flight: running sequences, each once */
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].seq && nv < cap) e->victims[nv++] = p->items[i].seq->owner;
+    const sf_flight *fs[2] = { &e->fl, &e->fl2 };
+    for (int f = 0; f < 2; f++) {
+        if (!fs[f]->active) continue;
+        sf_seq **rows = e->row_seq + (size_t)fs[f]->slot * e->cfg.max_num_seqs;
+        for (int j = 0; j < fs[f]->k; j++) {
+            int seen = !rows[j] || rows[j]->state == SF_SEQ_DONE;
+            for (int v = 0; v < nv && !seen; v++) seen = e->victims[v] == rows[j]->owner;
+            if (!seen && nv < cap) e->victims[nv++] = rows[j]->owner;
+        }
+    }
     sf_sched_discard(&e->sched);
+    e->fl.active = e->fl2.active = 0;
     for (int i = 0; i < nv; i++) sf_engine_finish_free(e, e->victims[i], SF_FINISH_ERROR, rc, err->msg);
-    e->fl.active = 0;
+}
+
+static int step_take(sf_engine *e, sf_turn_clock *tc);
+
+/* Async scheduling: may the next step be planned before the ids of the step in flight come? */
+static int may_plan_ahead(const sf_engine *e)
+{
+    return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed;
+}
+
+/* Async scheduling: commit the plan of the step in flight and give each sequence it draws for
+ * that may be planned ahead a stand-in for its id (its request's `placed`). */
+static void plan_ahead(sf_engine *e)
+{
+    sf_flight *f = &e->fl;
+    sf_sched_commit(&e->sched);
+    f->committed = 1;
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
+    for (int j = 0; j < f->k; j++) {
+        sf_request *r = rows[j] ? rows[j]->owner : NULL;
+        /* a stand-in that cannot be appended: the sequence waits for its id instead */
+        if (r && rows[j]->state == SF_SEQ_RUNNING && sf_request_may_place(r) && sf_seq_append(&r->seq, 0) == SF_OK)
+            r->placed = j + 1;
+    }
+}
+
+/* Async scheduling: b's tokens that are stand-ins come from the draw in flight (src_row). */
+static void src_rows(sf_engine *e, const sf_plan *p, sf_batch *b)
+{
+    int T = 0, any = 0;
+    for (int i = 0; i < p->n_items; i++) {
+        const sf_plan_item *it = &p->items[i];
+        if (!it->seq) continue;
+        for (int t = 0; t < it->n; t++) e->src_row[T + t] = -1;
+        const sf_request *r = it->seq->owner;
+        if (r->placed && it->start + it->n == it->seq->n_tokens) { /* the stand-in ends the item */
+            e->src_row[T + it->n - 1] = r->placed - 1;
+            any = 1;
+        }
+        T += it->n;
+    }
+    b->src_row = any ? e->src_row : NULL;
 }
 
 /* Plan the next step and launch it. Returns the tokens launched (0: none); *progress is set when
- * stuck requests were finished. */
-static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
+ * stuck requests were finished. ahead (async): the step in flight's ids have not come; the new
+ * step is planned assuming its sequences continue, or its ids are taken first when the plan
+ * needs them (*took is then set). */
+static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead, int *took)
 {
     sf_error err = { 0 };
-    sf_flight *f = &e->fl;
     double t0 = sf_now_s();
+    if (ahead) plan_ahead(e);
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
+    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in)) {
+        /* swaps move blocks the step in flight may still write, and a stuck sequence's last
+         * token is still to come: take the step's ids first (the stand-ins become ids) */
+        double tw = sf_now_s();
+        tc->plan += tw - t0;
+        *took = step_take(e, tc);
+        if (!*took) return 0; /* it failed: every request in it or in this plan was failed */
+        t0 = sf_now_s();
+        ahead = 0;
+    }
+    sf_flight *f = ahead ? &e->fl2 : &e->fl;
     for (int i = 0; i < p->n_stuck; i++) { /* the KV pool cannot hold them even alone */
         sf_request *r = p->stuck[i]->owner;
         *progress = 1;
@@ -136,7 +243,9 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
         }
     }
     memset(f, 0, sizeof *f);
-    f->t_plan = t0;
+    f->t_plan = f->t_ready = t0;
+    f->slot = e->next_slot; /* at most two steps in flight, launched in turn */
+    e->next_slot ^= 1;
     if (e->trace) { /* the plan's sequences may be freed by the time the trace line is written */
         for (int i = 0; i < p->n_items; i++)
             if (p->items[i].seq && p->items[i].seq->urgency == SF_URGENCY_HIGH) f->rt += p->items[i].n;
@@ -154,27 +263,34 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
     }
     sf_batch b;
     sf_sched_batch(&e->sched, &b); /* its table stride rounded to TABLE_STRIDE_QUANTUM blocks */
+    if (ahead) src_rows(e, p, &b);
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
+    int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_num_seqs;
     int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     for (int i = 0; i < p->n_items; i++) {
         if (!p->items[i].seq || !p->items[i].logits) continue;
         sf_request *r = p->items[i].seq->owner;
-        e->row_item[k] = i; /* k <= running <= max_num_seqs */
+        rows[k] = p->items[i].seq; /* k <= running <= max_num_seqs */
         if (on_dev && (sf_sampler_needs_logits(&r->sp) ||
                        sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
             on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
+        else if (on_dev && r->placed)
+            e->rows[k].step++; /* its stand-in's draw comes first */
         k++;
     }
     f->k = k;
     f->n_tokens = b.n_tokens;
     f->n_decode = p->n_decode;
+    f->n_prefill = p->n_prefill;
     f->decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
+    f->active = 1; /* its rows are known now: a request freed from here on is forgotten in them */
     double t2 = sf_now_s();
     tc->batch += t2 - t1;
     int rc;
     if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
     else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
-        sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = e->ids };
+        sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = ids };
         rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
@@ -199,44 +315,59 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress)
     }
     tc->launch += t3 - t2;
     if (e->tp) tc->send += sf_tp_last_send_s(e->tp);
-    if (e->t_ids > 0) tc->exposed += t_enq - e->t_ids;
+    f->t_enq = t_enq;
+    if (!ahead && e->t_ids > 0) tc->exposed += t_enq - e->t_ids;
+    if (rc == SF_OK && on_dev && e->async) { /* the draw stays queued until sample_take */
+        rc = sf_forward_wait_sample(e->fwd, &err);
+        f->queued = rc == SF_OK;
+    }
     if (rc != SF_OK) {
         step_failed(e, rc, &err, b.n_tokens, tc);
         return 0;
     }
     f->on_dev = on_dev;
-    f->active = 1;
+    if (ahead) e->n_async++;
     return b.n_tokens;
 }
 
-/* Wait for the ids of the step in flight and take them. Returns 1 when a step was taken. */
+/* Wait for the ids of the oldest step in flight and take them. Returns 1 when a step was taken. */
 static int step_take(sf_engine *e, sf_turn_clock *tc)
 {
     sf_error err = { 0 };
     sf_flight *f = &e->fl;
     double t0 = sf_now_s();
-    int rc = !f->on_dev ? SF_OK : e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
+    int rc = SF_OK;
+    if (f->queued) {
+        rc = e->be->ops->sample_take(e->be);
+        if (rc) sf_err(&err, rc, "engine: waiting for the sampled ids failed on the %s backend (%s; details logged "
+                       "above)", e->be->ops->name, sf_status_str(rc));
+    } else if (f->on_dev) {
+        rc = e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
+    }
     double t1 = sf_now_s();
     tc->wait += t1 - t0;
     e->t_ids = f->t_done > 0 && f->t_done < t1 ? f->t_done : t1;
     if (rc != SF_OK) {
+        f->queued = 0;
         step_failed(e, rc, &err, f->n_tokens, tc);
         return 0;
     }
-    f->active = 0;
-    const sf_plan *p = &e->sched.plan;
-    sf_sched_commit(&e->sched);
+    if (!f->committed) sf_sched_commit(&e->sched);
     if (f->on_dev) e->rows_dev += (uint64_t)f->k;
     else e->rows_host += (uint64_t)f->k;
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
+    const int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_num_seqs;
     for (int j = 0; j < f->k; j++) {
-        sf_seq *q = p->items[e->row_item[j]].seq;
-        if (!q) continue; /* cancelled, or ended by a stop string, while the step ran */
+        sf_seq *q = rows[j];
+        /* freed while the step ran: cancelled, ended by a stop string, or (async) ended by the
+         * step before it, whose ids were taken after this step was planned */
+        if (!q) continue;
         sf_request *r = q->owner;
         sf_taken *t = &e->taken[e->n_taken];
         t->r = r;
         t->logprob = 0;
         t->n_top = 0;
-        t->id = f->on_dev ? e->ids[j]
+        t->id = f->on_dev ? ids[j]
                           : sf_sample(&r->sp, &r->ss, e->logits + (size_t)j * e->vocab, e->vocab, &t->logprob, t->top,
                                       &t->n_top);
         t->end = sf_request_take(r, t->id);
@@ -246,12 +377,18 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
         r->taken_slot = ++e->n_taken;
         e->n_tokens_out++;
     }
-    sf_sched_observe(&e->sched, f->n_tokens, f->n_decode, (t1 - f->t_plan) * 1e3);
-    if (e->trace) trace_step(e, p, f);
+    sf_sched_observe(&e->sched, f->n_tokens, f->n_decode, (t1 - f->t_ready) * 1e3);
+    if (e->trace) trace_step(e, f);
+    /* the step queued behind it becomes the oldest; it could start once these ids were in */
+    e->fl = e->fl2;
+    e->fl2.active = 0;
+    if (e->fl.active) {
+        e->fl.t_ready = SF_MAX(e->fl.t_ready, t1);
+        tc->exposed += SF_MAX(0.0, e->fl.t_enq - e->t_ids);
+    }
     tc->take += sf_now_s() - t1;
     return 1;
 }
-
 /* Decode turn durations are kept in buckets 1% wide from 10 µs up (SF_STEP_HIST of them reach
  * past 100 s): bucket i holds [0.01 * 1.01^i, 0.01 * 1.01^(i+1)) ms. */
 static int hist_bucket(double ms)
@@ -267,9 +404,15 @@ int sf_engine_turn(sf_engine *e)
     sf_flight done = e->fl; /* the step whose ids this turn takes */
     int took = 0, progress = 0, launched;
     e->t_ids = 0;
-    if (e->fl.active) took = step_take(e, &tc);
-    if (e->serial) deliver(e, &tc);
-    launched = step_launch(e, &tc, &progress);
+    if (may_plan_ahead(e)) { /* async: queue the next step behind it, then take its ids */
+        launched = step_launch(e, &tc, &progress, 1, &took);
+        if (!took && e->fl.active) took = step_take(e, &tc);
+    } else {
+        if (e->fl.active) took = step_take(e, &tc);
+        if (e->serial) deliver(e, &tc);
+        int unused = 0;
+        launched = step_launch(e, &tc, &progress, 0, &unused);
+    }
     deliver(e, &tc);
     if (took) { /* the turn's time, less what it spent waiting for the device */
         double turn = sf_now_s() - t_turn, host = SF_MAX(0.0, turn - tc.wait);
@@ -294,12 +437,18 @@ int sf_engine_turn(sf_engine *e)
 
 void sf_engine_settle(sf_engine *e)
 {
-    if (!e->fl.active) return;
-    sf_error err = { 0 };
-    int rc = !e->fl.on_dev ? SF_OK : e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
-    if (rc) SF_LOGW("engine: the step in flight at shutdown failed: %s", err.msg);
+    while (e->fl.active) { /* the oldest first; the ids are dropped with the requests */
+        sf_error err = { 0 };
+        const sf_flight *f = &e->fl;
+        int rc = f->queued ? e->be->ops->sample_take(e->be)
+                 : !f->on_dev ? SF_OK
+                 : e->tp      ? sf_tp_wait_sample(e->tp, &err)
+                              : sf_forward_wait_sample(e->fwd, &err);
+        if (rc) SF_LOGW("engine: the step in flight at shutdown failed: %s", err.msg[0] ? err.msg : sf_status_str(rc));
+        e->fl = e->fl2;
+        e->fl2.active = 0;
+    }
     sf_sched_discard(&e->sched);
-    e->fl.active = 0;
 }
 
 void sf_engine_step_percentiles(const sf_engine *e, int which, double *p50, double *p90)

@@ -86,6 +86,11 @@ typedef struct sf_batch {
     int max_blocks;            /* row stride of block_table */
     const int32_t *logit_rows; /* [L] batch token indices whose logits are wanted */
     int n_logits;              /* L */
+    /* Async scheduling: NULL, or [T]: token t with src_row[t] >= 0 is the id that the last draw
+     * (sample / sample_start) gave its row src_row[t], taken on the backend, so the host need
+     * not have it yet; tokens[t] is then only a stand-in (a valid id). Only for backends with
+     * sample_take; SF_EINVAL for a row the last draw did not have. */
+    const int32_t *src_row;
 } sf_batch;
 
 /* RoPE parameters; inv_freq is precomputed by the engine (scaling applied), head_dim/2 floats. */
@@ -329,6 +334,17 @@ struct sf_backend_ops {
      * shapes it does not take. NULL: the forward pass all-reduces after each row-parallel
      * projection instead. */
     int (*tp_fused)(sf_backend *b, const sf_tp_op *op);
+
+    /* Async scheduling (optional; both or neither). sample_defer(b, 1): from then on sample_wait
+     * returns at once and leaves its draw queued, and the ids of a queued draw reach the `ids`
+     * given to sample_start only at sample_take, which waits for the oldest queued draw alone.
+     * So the next step — its tokens taken from the last draw on the backend (sf_batch.src_row)
+     * — can be queued before the ids of the step before it reach the host. Two draws may be
+     * queued at once (SF_EINVAL for a third). sample_take with none queued: SF_OK (the backend
+     * drew synchronously: sample wrote the ids). sample_defer(b, 0) takes effect with nothing
+     * queued. */
+    int (*sample_defer)(sf_backend *b, int on);
+    int (*sample_take)(sf_backend *b);
 };
 
 struct sf_backend {
@@ -378,6 +394,10 @@ typedef struct sf_backend_stats {
     /* the same step on the sf_now_s clock: its batch_begin, and when its work was all enqueued
      * (0 until a step has run) */
     double last_step_begin_s, last_step_enqueued_s;
+    /* the device's own clock (events): its idle time between a draw's ids copied back and the
+     * next step's first work, summed over the steps that followed a draw, and how many */
+    double idle_after_draw_us;
+    long idle_after_draw_n;
 } sf_backend_stats;
 int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s);
 

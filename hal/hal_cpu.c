@@ -52,6 +52,9 @@ typedef struct cpu_ctx {
     /* sampler scratch, one per thread, for rows of up to sample_vocab tokens */
     sf_cpu_sample_scratch *sample;
     int sample_vocab;
+    /* the ids of the last draw, for batches that take tokens from it (sf_batch.src_row) */
+    int32_t *last_ids;
+    int n_last, cap_last;
 } cpu_ctx;
 
 #define CTX(b) ((cpu_ctx *)(b)->ctx)
@@ -390,6 +393,14 @@ static int cpu_batch_begin(sf_backend *b, const sf_batch *bt)
         grow(&c->block_table, &c->cap[5], nbt) || grow(&c->logit_rows, &c->cap[6], bt->n_logits + 1))
         return (SF_LOGE("batch: out of memory"), SF_ENOMEM);
     memcpy(c->tokens, bt->tokens, T * 4);
+    if (bt->src_row)
+        for (int t = 0; t < T; t++) {
+            if (bt->src_row[t] < 0) continue;
+            if (bt->src_row[t] >= c->n_last)
+                return BAD("batch: token %d takes row %d of the last draw, which had %d rows", t, bt->src_row[t],
+                           c->n_last);
+            c->tokens[t] = c->last_ids[bt->src_row[t]];
+        }
     memcpy(c->pos, bt->pos, T * 4);
     memcpy(c->slot, bt->slot, T * 4);
     memcpy(c->seq_start, bt->seq_start, (S + 1) * 4);
@@ -575,6 +586,14 @@ static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, con
     sf_cpu_sample a = { .logits = logits->data, .ld = logits->cols, .n = n, .vocab = vocab, .rows = rows, .pen = pen,
                         .ids = ids, .scratch = c->sample };
     run(c, sf_cpu_sample_task, &a, (int64_t)n * vocab * 4);
+    if (n > c->cap_last) {
+        int32_t *t = realloc(c->last_ids, (size_t)n * sizeof *t);
+        if (!t) goto oom;
+        c->last_ids = t;
+        c->cap_last = n;
+    }
+    memcpy(c->last_ids, ids, (size_t)n * sizeof *ids);
+    c->n_last = n;
     return SF_OK;
 oom:
     sample_scratch_free(c);
@@ -583,6 +602,11 @@ oom:
 }
 
 static int cpu_sync(sf_backend *b) { return SF_OK; }
+
+/* Async scheduling: the draw is synchronous here (sample writes the ids), so nothing is ever
+ * queued; batches may still take their tokens from the last draw (src_row). */
+static int cpu_sample_defer(sf_backend *b, int on) { return SF_OK; }
+static int cpu_sample_take(sf_backend *b) { return SF_OK; }
 
 static int cpu_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
 {
@@ -603,7 +627,7 @@ static void cpu_destroy(sf_backend *b)
         kv_release(c);
         free(c->scratch);
         sample_scratch_free(c);
-        free(c->tokens); free(c->pos); free(c->slot); free(c->seq_start); free(c->seq_ctx);
+        free(c->tokens); free(c->last_ids); free(c->pos); free(c->slot); free(c->seq_start); free(c->seq_ctx);
         free(c->block_table); free(c->logit_rows);
         free(c);
     }
@@ -636,6 +660,8 @@ static const struct sf_backend_ops cpu_ops = {
     .write_f32 = cpu_write_f32,
     .buf_raw = cpu_buf_raw,
     .sample = cpu_sample,
+    .sample_defer = cpu_sample_defer,
+    .sample_take = cpu_sample_take,
 };
 
 int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err)

@@ -16,6 +16,9 @@
 #include <string.h>
 
 #include "hal_cuda_impl.h"
+#ifdef SF_HAVE_CUDA
+#include "../kernels/cuda/b1trace.h"
+#endif
 
 #ifndef SF_HAVE_CUDA
 
@@ -97,6 +100,8 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
+    int gemv_plain;  /* 1: one-row plain matmuls of up to 32768 rows on the persistent-warp GEMV
+                      * (SEMFLOW_CUDA_GEMV_PLAIN; with the fused ops only) */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
@@ -105,16 +110,30 @@ typedef struct cuda_ctx {
     sf_cuda_graphs graphs;
     /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
     char *samp_h, *samp_d;
-    /* a draw queued by sample_start: where its ids go, how many, their offset in samp_h */
-    int32_t *samp_out;
-    int samp_n, samp_pending;
-    size_t samp_o_ids;
+    int samp_pending; /* the last sample_start's draw awaits sample_wait */
+    /* draws queued by sample_start, oldest first (two with sample_defer, else one): where their
+     * ids go, how many, where they land in pinned memory, and (deferred) when they are there */
+    struct cuda_draw { int32_t *out; int n; const int32_t *h_ids; cudaEvent_t done; } draw[2];
+    int n_draws, draw_head;
+    int samp_defer;     /* sample_defer: draws stay queued until sample_take */
+    char *samp_h2;      /* deferred: the pinned memory of every other draw (the one before may
+                         * still be on its way to the device) */
+    int samp_flip;
+    const int32_t *last_ids_d; /* the last draw's ids on the device (sf_batch.src_row), n_last */
+    int n_last;
+    /* the device's idle gap after each draw (sf_backend_stats.idle_after_draw_*): event pairs
+     * (ids copied back, next step's first work), recorded in a ring and read once complete */
+    cudaEvent_t gap_ev[4][2];
+    int gap_w, gap_r, gap_open; /* pairs [gap_r, gap_w) await reading; gap_open: pair gap_w has its first */
+    double gap_us;
+    long gap_n;
     /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
      * printed when the backend closes */
     int prof;
     cudaEvent_t prof_ev[2];
     struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
     int n_prof;
+    sf_k_trace *trace; /* SEMFLOW_CUDA_TRACE=FILE: the batch-1 kernels' timeline (b1trace.h) */
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -182,7 +201,7 @@ static void step_enqueued(cuda_ctx *c, int use_raw)
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE ||
-               r->kind == SF_OP_GEMV_TP;
+               r->kind == SF_OP_GEMV_TP || r->kind == SF_OP_GEMV_PLAIN;
     int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
     int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
@@ -203,7 +222,7 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm", "gemv_tp" };
+                                   "coll_norm", "gemv_tp", "gemv" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -238,6 +257,7 @@ static void cuda_destroy(sf_backend *b)
         if (c->gemm && c->s) step_end(c);
         if (c->s) cudaStreamSynchronize(c->s);
         sf_cuda_graphs_free(&c->graphs);
+        if (sf_k_trace_close(c->trace) > 0) cudaGetLastError();
         if (c->prof) {
             prof_print(c);
             cudaEventDestroy(c->prof_ev[0]);
@@ -257,6 +277,11 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->inv_freq_d);
         cudaFree(c->attn_ws);
         if (c->samp_h) cudaFreeHost(c->samp_h);
+        if (c->samp_h2) cudaFreeHost(c->samp_h2);
+        for (int i = 0; i < 2; i++)
+            if (c->draw[i].done) cudaEventDestroy(c->draw[i].done);
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 2 && c->gap_ev[0][0]; j++) cudaEventDestroy(c->gap_ev[i][j]);
         cudaFree(c->samp_d);
         if (c->s) cudaStreamDestroy(c->s);
         free(c);
@@ -624,6 +649,58 @@ static void cuda_host_free(sf_backend *b, void *p)
  * been checked (batch_begin). */
 static int plan_meta(cuda_ctx *c, const sf_batch *bt, int32_t *h, int32_t *d, size_t cap, size_t *used);
 
+/* The device's idle gap after a draw: its first event after the ids' copy back (end 0), its
+ * second before the next step's metadata copy (end 1); read when both have run. The events are
+ * made at the first draw; a full ring skips measuring until a pair is read. */
+static void gap_mark(cuda_ctx *c, int end)
+{
+    if (!c->gap_ev[0][0]) {
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 2; j++)
+                if (cudaEventCreate(&c->gap_ev[i][j]) != cudaSuccess) {
+                    cudaGetLastError();
+                    return; /* no measurement, nothing else changes */
+                }
+    }
+    if (end == 0 && !c->gap_open && (c->gap_w + 1) % 4 != c->gap_r) {
+        c->gap_open = cudaEventRecord(c->gap_ev[c->gap_w][0], c->s) == cudaSuccess;
+    } else if (end == 1 && c->gap_open) {
+        c->gap_open = 0;
+        if (cudaEventRecord(c->gap_ev[c->gap_w][1], c->s) == cudaSuccess) c->gap_w = (c->gap_w + 1) % 4;
+    }
+}
+
+static void gap_read(cuda_ctx *c)
+{
+    while (c->gap_r != c->gap_w && cudaEventQuery(c->gap_ev[c->gap_r][1]) == cudaSuccess) {
+        float ms = 0;
+        if (cudaEventElapsedTime(&ms, c->gap_ev[c->gap_r][0], c->gap_ev[c->gap_r][1]) == cudaSuccess) {
+            c->gap_us += ms * 1e3;
+            c->gap_n++;
+        }
+        c->gap_r = (c->gap_r + 1) % 4;
+    }
+    cudaGetLastError(); /* cudaErrorNotReady of the query */
+}
+
+/* Async scheduling: the batch's tokens that the last draw gives (bt->src_row) are copied on the
+ * device from its ids, in runs of consecutive rows: one copy for a decode step whose rows follow
+ * the step before it row for row. After the metadata's copy, before the step's graph. */
+static int tokens_from_draw(cuda_ctx *c, const sf_batch *bt)
+{
+    for (int t = 0; t < bt->n_tokens; t++) {
+        int r = bt->src_row[t], n = 1;
+        if (r < 0) continue;
+        if (r >= c->n_last || !c->last_ids_d)
+            return op_fail(SF_EINVAL, "batch_begin", "a token taken from a row the last draw did not have");
+        while (t + n < bt->n_tokens && bt->src_row[t + n] == r + n && r + n < c->n_last) n++;
+        cudaError_t e = cudaMemcpyAsync(c->tokens_d + t, c->last_ids_d + r, (size_t)n * 4, cudaMemcpyDeviceToDevice, c->s);
+        if (e != cudaSuccess) return kcheck(e, "batch_begin (tokens from the last draw)");
+        t += n - 1;
+    }
+    return SF_OK;
+}
+
 static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
 {
     cuda_ctx *c = CTX(b);
@@ -660,9 +737,11 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     if (cudaEventSynchronize(c->meta_done) != cudaSuccess) return kcheck(cudaGetLastError(), "batch_begin");
     size_t used = 0;
     if ((rc = plan_meta(c, bt, c->meta_h, c->meta_d, META_INTS, &used))) return rc;
+    if (c->gap_open) gap_mark(c, 1); /* the device's first work of the step comes next */
     cudaError_t e = cudaMemcpyAsync(c->meta_d, c->meta_h, used * 4, cudaMemcpyHostToDevice, c->s);
     if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
+    if (bt->src_row && (rc = tokens_from_draw(c, bt))) return rc;
     /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
     int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split + ((int64_t)c->dec_kernel << 16),
                                   2 * (int64_t)c->n_tiles + c->step_i8 + ((int64_t)c->n_dec << 32) };
@@ -785,6 +864,14 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows)
         return op_fail(SF_EINVAL, "matmul", "buffer shapes do not match the weight");
     sf_op_rec r = { 0 };
+    if (n == 1 && c->gemv_plain && w->rows <= 32768 && x->d != y->d && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
+        /* one row (the O and down projections of the TP ranks that do not add the residual):
+         * the persistent-warp GEMV, a programmatic dependent like its fused neighbours */
+        r.kind = SF_OP_GEMV_PLAIN;
+        r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
+        r.n[0] = w->rows; r.n[1] = w->cols;
+        return submit(c, &r, 1, "matmul");
+    }
     r.kind = SF_OP_GEMM;
     r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
     r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
@@ -1128,7 +1215,7 @@ static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
 static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 /* Sends the rows and penalty entries (one copy), queues the draw and the copy of the n ids back
- * (sample_start); cuda_sample_wait waits for them. */
+ * (sample_start); cuda_sample_wait (or, deferred, cuda_sample_take) waits for them. */
 static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
                              const sf_sample_pen *pen, int n_pen, int32_t *ids)
 {
@@ -1153,22 +1240,47 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     }
     int rc = step_end(c);
     if (rc) return rc;
+    if (!c->samp_defer) c->n_draws = 0; /* a draw never waited for is dropped */
+    if (c->n_draws == 2) return op_fail(SF_EINVAL, "sample", "two draws are queued already: sample_take one first");
+    char *h = c->samp_defer && c->samp_flip ? c->samp_h2 : c->samp_h;
+    struct cuda_draw *d = &c->draw[(c->draw_head + c->n_draws) % 2];
+    d->out = ids;
+    d->n = n;
+    d->h_ids = (const int32_t *)(h + o_ids);
+    c->n_draws++;
     c->samp_pending = 1;
-    c->samp_n = n;
-    c->samp_out = ids;
-    c->samp_o_ids = o_ids;
+    c->samp_flip ^= c->samp_defer;
+    c->last_ids_d = (const int32_t *)(c->samp_d + o_ids);
+    c->n_last = n;
     if (n == 0) return SF_OK;
-    memcpy(c->samp_h, rows, (size_t)n * sizeof *rows);
-    if (n_pen) memcpy(c->samp_h + o_pen, pen, (size_t)n_pen * sizeof *pen);
-    cudaError_t e = cudaMemcpyAsync(c->samp_d, c->samp_h, o_val, cudaMemcpyHostToDevice, c->s);
+    memcpy(h, rows, (size_t)n * sizeof *rows);
+    if (n_pen) memcpy(h + o_pen, pen, (size_t)n_pen * sizeof *pen);
+    cudaError_t e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
     if (e != cudaSuccess) return kcheck(e, "sample");
     rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)c->samp_d,
                             (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
                             (int32_t *)(c->samp_d + o_ids), c->s), "sample");
     if (rc) return rc;
-    e = cudaMemcpyAsync(c->samp_h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
+    e = cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
+    if (e == cudaSuccess && c->samp_defer) e = cudaEventRecord(d->done, c->s);
+    if (e == cudaSuccess) gap_mark(c, 0);
     step_enqueued(c, 1);
     return kcheck(e, "sample");
+}
+
+/* Takes the oldest queued draw's ids: after its event (deferred: later steps may be queued
+ * behind it), else after everything queued. */
+static int draw_take(cuda_ctx *c)
+{
+    struct cuda_draw *d = &c->draw[c->draw_head];
+    c->draw_head = (c->draw_head + 1) % 2;
+    c->n_draws--;
+    if (d->n == 0) return SF_OK;
+    int rc = kcheck(c->samp_defer ? cudaEventSynchronize(d->done) : cudaStreamSynchronize(c->s), "sample");
+    if (rc) return rc;
+    memcpy(d->out, d->h_ids, (size_t)d->n * 4);
+    gap_read(c);
+    return SF_OK;
 }
 
 static int cuda_sample_wait(sf_backend *b)
@@ -1176,18 +1288,38 @@ static int cuda_sample_wait(sf_backend *b)
     cuda_ctx *c = CTX(b);
     if (!c->samp_pending) return op_fail(SF_EINVAL, "sample_wait", "no draw was queued by sample_start");
     c->samp_pending = 0;
-    if (c->samp_n == 0) return SF_OK;
-    int rc = kcheck(cudaStreamSynchronize(c->s), "sample");
-    if (rc) return rc;
-    memcpy(c->samp_out, c->samp_h + c->samp_o_ids, (size_t)c->samp_n * 4);
-    return SF_OK;
+    return c->samp_defer ? SF_OK : draw_take(c); /* deferred: the draw stays queued for sample_take */
 }
 
 static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
                        const sf_sample_pen *pen, int n_pen, int32_t *ids)
 {
+    cuda_ctx *c = CTX(b);
+    if (c->samp_defer) return op_fail(SF_EINVAL, "sample", "draws are deferred (sample_defer): use sample_start");
     int rc = cuda_sample_start(b, logits, n, vocab, rows, pen, n_pen, ids);
     return rc ? rc : cuda_sample_wait(b);
+}
+
+/* Async scheduling (hal.h): the second pinned half and the draws' events, made on first use. */
+static int cuda_sample_defer(sf_backend *b, int on)
+{
+    cuda_ctx *c = CTX(b);
+    if (c->n_draws) return op_fail(SF_EINVAL, "sample_defer", "draws are queued: take them first");
+    if (on && !c->samp_h2) {
+        cudaError_t e = cudaHostAlloc((void **)&c->samp_h2, SAMPLE_BYTES, cudaHostAllocDefault);
+        for (int i = 0; i < 2 && e == cudaSuccess; i++)
+            if (!c->draw[i].done) e = cudaEventCreateWithFlags(&c->draw[i].done, cudaEventDisableTiming);
+        if (e != cudaSuccess) return kcheck(e, "sample_defer");
+    }
+    c->samp_defer = on != 0;
+    c->samp_flip = 0;
+    return SF_OK;
+}
+
+static int cuda_sample_take(sf_backend *b)
+{
+    cuda_ctx *c = CTX(b);
+    return c->n_draws ? draw_take(c) : SF_OK;
 }
 
 static int cuda_sync(sf_backend *b)
@@ -1288,6 +1420,8 @@ static const struct sf_backend_ops cuda_ops = {
     .sample_start = cuda_sample_start,
     .sample_wait = cuda_sample_wait,
     .write_f32 = cuda_write_f32,
+    .sample_defer = cuda_sample_defer,
+    .sample_take = cuda_sample_take,
 };
 
 /* A cuBLASLt context (its workspace counted) with the GEMM tuner on, as configured:
@@ -1344,6 +1478,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = sf_env_bool("SEMFLOW_CUDA_ATTN_DECODE", 1);
+        c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 0);
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
     }
     b->ctx = c;
@@ -1374,6 +1509,12 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         int gmax = (int)sf_env_long("SEMFLOW_CUDA_GRAPH_TOKENS", 512, 1, 1 << 20);
         sf_cuda_graphs_init(&c->graphs, sf_env_bool("SEMFLOW_CUDA_GRAPHS", 1) && !c->prof, gmax);
     }
+    {
+        int trc = sf_k_trace_open(&c->trace);
+        if (trc)
+            SF_LOGW("cuda backend: SEMFLOW_CUDA_TRACE: the trace buffer could not be set up (%s); running untraced",
+                    cudaGetErrorString((cudaError_t)trc));
+    }
     *out = b;
     return SF_OK;
 cleanup:
@@ -1394,6 +1535,12 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
     s->last_step_host_us = c->last_host_us;
     s->last_step_begin_s = (double)c->last_begin_ns * 1e-9;
     s->last_step_enqueued_s = (double)c->last_enq_ns * 1e-9;
+    if (c->gap_r != c->gap_w) {
+        cudaSetDevice(c->dev);
+        gap_read(c);
+    }
+    s->idle_after_draw_us = c->gap_us;
+    s->idle_after_draw_n = c->gap_n;
     return SF_OK;
 }
 

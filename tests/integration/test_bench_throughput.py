@@ -39,6 +39,15 @@ ok = (tl and tl["first_tokens_s"] > 0 and tl["ramp_down_s"] >= 0 and tl["full_de
       and tl["prompt_steps_s"] + tl["decode_steps_s"] + tl["outside_steps_s"] >= 0.99 * r["elapsed_s"])
 check("throughput_timeline_adds_up", ok, f"{tl}")
 
+# async scheduling (SEMFLOW_ENGINE_ASYNC=1): every output token still counted, its steps queued
+# ahead of the ids of the step before them, and the report says so
+os.environ["SEMFLOW_ENGINE_ASYNC"] = "1"
+rc, r, err = throughput("--num-prompts", "5", "--max-num-seqs", "3")
+del os.environ["SEMFLOW_ENGINE_ASYNC"]
+e = r["engine"] if r else {}
+check("throughput_async", rc == 0 and r and r["output_tokens"] == 5 * 7 and e.get("async") is True
+      and e.get("async_steps", 0) >= 6 and e.get("overlapped") is True, f"rc {rc}: {e or err}")
+
 # more requests than may run at once: the scheduler queues the rest
 rc, r, err = throughput("--num-prompts", "9", "--max-num-seqs", "4", "--temperature", "0", "--sample", "host")
 ok = (rc == 0 and r and r["output_tokens"] == 9 * 7 and r["max_num_seqs"] == 4
