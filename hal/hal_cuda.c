@@ -16,6 +16,9 @@
 #include <string.h>
 
 #include "hal_cuda_impl.h"
+#ifdef SF_HAVE_CUDA
+#include "../kernels/cuda/b1trace.h"
+#endif
 
 #ifndef SF_HAVE_CUDA
 
@@ -97,6 +100,8 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
+    int gemv_plain;  /* 1: one-row plain matmuls of up to 32768 rows on the persistent-warp GEMV
+                      * (SEMFLOW_CUDA_GEMV_PLAIN; with the fused ops only) */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
@@ -128,6 +133,7 @@ typedef struct cuda_ctx {
     cudaEvent_t prof_ev[2];
     struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
     int n_prof;
+    sf_k_trace *trace; /* SEMFLOW_CUDA_TRACE=FILE: the batch-1 kernels' timeline (b1trace.h) */
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -195,7 +201,7 @@ static void step_enqueued(cuda_ctx *c, int use_raw)
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE ||
-               r->kind == SF_OP_GEMV_TP;
+               r->kind == SF_OP_GEMV_TP || r->kind == SF_OP_GEMV_PLAIN;
     int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
     int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
@@ -216,7 +222,7 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm", "gemv_tp" };
+                                   "coll_norm", "gemv_tp", "gemv" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -251,6 +257,7 @@ static void cuda_destroy(sf_backend *b)
         if (c->gemm && c->s) step_end(c);
         if (c->s) cudaStreamSynchronize(c->s);
         sf_cuda_graphs_free(&c->graphs);
+        if (sf_k_trace_close(c->trace) > 0) cudaGetLastError();
         if (c->prof) {
             prof_print(c);
             cudaEventDestroy(c->prof_ev[0]);
@@ -857,6 +864,14 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows)
         return op_fail(SF_EINVAL, "matmul", "buffer shapes do not match the weight");
     sf_op_rec r = { 0 };
+    if (n == 1 && c->gemv_plain && w->rows <= 32768 && x->d != y->d && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
+        /* one row (the O and down projections of the TP ranks that do not add the residual):
+         * the persistent-warp GEMV, a programmatic dependent like its fused neighbours */
+        r.kind = SF_OP_GEMV_PLAIN;
+        r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
+        r.n[0] = w->rows; r.n[1] = w->cols;
+        return submit(c, &r, 1, "matmul");
+    }
     r.kind = SF_OP_GEMM;
     r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
     r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
@@ -1463,6 +1478,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = sf_env_bool("SEMFLOW_CUDA_ATTN_DECODE", 1);
+        c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 0);
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
     }
     b->ctx = c;
@@ -1492,6 +1508,12 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
          * steps of up to 512 sequences of a saturated engine; docs/CUDA.md has what one costs) */
         int gmax = (int)sf_env_long("SEMFLOW_CUDA_GRAPH_TOKENS", 512, 1, 1 << 20);
         sf_cuda_graphs_init(&c->graphs, sf_env_bool("SEMFLOW_CUDA_GRAPHS", 1) && !c->prof, gmax);
+    }
+    {
+        int trc = sf_k_trace_open(&c->trace);
+        if (trc)
+            SF_LOGW("cuda backend: SEMFLOW_CUDA_TRACE: the trace buffer could not be set up (%s); running untraced",
+                    cudaGetErrorString((cudaError_t)trc));
     }
     *out = b;
     return SF_OK;

@@ -17,6 +17,9 @@
 #include <string.h>
 
 #include "hal_cuda_impl.h"
+#ifdef SF_HAVE_CUDA
+#include "../kernels/cuda/gemv_stream.h"
+#endif
 
 #ifdef SF_HAVE_CUDA
 
@@ -67,6 +70,8 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
                                    (uint16_t *)r->p[4], s);
     case SF_OP_GEMV_TP:
         return sf_k_gemv_tp(&r->tp, r->tpl, s);
+    case SF_OP_GEMV_PLAIN:
+        return sf_k_gemv_stream_plain(r->p[0], r->p[2], r->p[3], (int)n[0], (int)n[1], (uint16_t *)r->p[4], s);
     default:
         return (int)cudaErrorInvalidValue;
     }

@@ -13,10 +13,11 @@
 #      SEMFLOW_TP_ARNORM_EARLY=0: session 5's kernel) instead of with PDL and early loads;
 #   3. tests/device/test_tp_norm: the fused all-reduce + residual + RMSNorm against the host
 #      reference (both launches), and its time per call;
-#   4. saturated throughput 128/128 (512 prompts) at TP=1 and TP=2, then TP=2 without any
-#      all-reduce (timing only);
+#   4. saturated throughput 128/128 (512 prompts) at TP=1 and TP=2;
 #   5. tests/device/test_tp (quick set): the all-reduce paths against exact sums, TP=2 logits vs
-#      TP=1 (the step graphs replayed), TP=2 draws on rank 0's GPU.
+#      TP=1 (the step graphs replayed), TP=2 draws on rank 0's GPU;
+#   6. if time is left, timing only: 128/128 at TP=2 without any all-reduce, and one prefill step
+#      of 8192 tokens at TP=2 with and without its all-reduces (NCCL at 64 MiB per call).
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
 T0=$(date +%s)
@@ -94,14 +95,14 @@ run_json decode8b_tp2_noar 12 25 env SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 "
 run_json decode8b_tp2_plain 12 25 env SEMFLOW_TP_ARNORM_PDL=0 SEMFLOW_TP_ARNORM_EARLY=0 "$BIN" bench decode-batch \
     --tensor-parallel-size 2 $B256
 run test_tp_norm 10 20 build/tests/device/test_tp_norm
-# graphs for steps of up to 512 tokens (default 64) at both sizes
-export SEMFLOW_CUDA_GRAPH_TOKENS=512
 run_json throughput_tp1 15 25 "$BIN" bench throughput --tensor-parallel-size 1 $THR
 run_json throughput_tp2 18 32 "$BIN" bench throughput --tensor-parallel-size 2 $THR
-unset SEMFLOW_CUDA_GRAPH_TOKENS
 SEMFLOW_TP_TEST_QUICK=1 run test_tp 18 30 build/tests/device/test_tp
-SEMFLOW_CUDA_GRAPH_TOKENS=512 run_json throughput_tp2_noar 18 32 env SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 \
-    "$BIN" bench throughput --tensor-parallel-size 2 $THR
+run_json throughput_tp2_noar 18 32 env SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 "$BIN" bench throughput \
+    --tensor-parallel-size 2 $THR
+PRE="--load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --ctx 8192 --chunk 8192 --steps 3 --json"
+run_json prefill_tp2 13 20 "$BIN" bench prefill $PRE
+run_json prefill_tp2_noar 13 20 env SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 "$BIN" bench prefill $PRE
 
 # ---- summary ----
 echo
@@ -138,4 +139,6 @@ for f in sys.argv[1:]:
 PY
 echo "8B TP=2 / TP=1 saturated throughput: $(ratio "$t1" "$t2")x (goal >= 1.8x); without all-reduces $(ratio "$t1" "$tn")x"
 grep -h "rank 1: .* steps; per step" "$D/throughput_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
+p2=$(jf "$D/prefill_tp2.json" ms_median) pn=$(jf "$D/prefill_tp2_noar.json" ms_median)
+echo "8B prefill of 8192 tokens in one step at TP=2, ms: $p2, without any all-reduce (wrong results) $pn"
 exit 0

@@ -13,7 +13,12 @@
  * memory, read once per block. Measured per op on the H200 (docs/PERFORMANCE.md): down 36.9 ->
  * 30.4 us (91% of the copy bandwidth), O 13.0 -> 11.2, QKV best at 3 blocks per SM. Rounding and
  * the epilogues are gemv_fused.cu's (gemv_ring.cuh). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "b1trace.cuh"
 #include "gemv_ring.cuh"
+#include "gemv_stream.h"
 
 extern "C" {
 #include "../../common/sf.h"
@@ -38,6 +43,8 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     const int n_st = (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V); /* ring stages per unit */
     bf16x8 *xs = (bf16x8 *)fs_smem;
     uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
+    sf_tr tr;
+    tr_begin(tr);
     sf_pdl_trigger();
 
     /* The issue cursor: unit iu, its stage it, the ring slot islot; rows ia, ib. */
@@ -64,6 +71,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
 #pragma unroll
     for (int t = 0; t < ST - 1; t++) issue(); /* weights only: before the wait */
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
+    tr_waited(tr);
 
     const bf16x8 *x8 = (const bf16x8 *)x;
     if (MODE & FG_NORM) {
@@ -73,6 +81,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         for (int i = threadIdx.x; i < k8; i += FS_WARPS * 32) xs[i] = x8[i];
     }
     __syncthreads();
+    tr_ready(tr);
 
     int cslot = 0;
     for (int u = blockIdx.x * FS_WARPS + warp; u < units; u += nwarps) {
@@ -88,7 +97,10 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         if (lane == 0) fg_epilogue<MODE>(fg_unit_rows<MODE>(u, m, rp), u, acc_a, acc_b, bias, y, rp);
     }
     gr_wait<0>();
+    tr_end(tr, SF_TR_GEMV + MODE, m, k);
 }
+
+SF_TR_SETTER(sf_k_gemv_stream_trace)
 
 /* A forced configuration: blocks per SM x 10 + ring stages (13..16, 23..26, 33..36); 0: none. */
 static bool cfg_valid(int cfg) { return cfg / 10 >= 1 && cfg / 10 <= 3 && cfg % 10 >= 3 && cfg % 10 <= 6; }
@@ -105,6 +117,36 @@ static int forced_cfg(void)
         return cfg_valid(c) ? c : 0;
     }();
     return cfg;
+}
+
+/* SEMFLOW_CUDA_GEMV_PLAN="qkv=33,o=25,gu=26,down=25" forces a configuration per op (comparisons
+ * in one device call; any subset, SEMFLOW_CUDA_GEMV_CFG still wins): qkv is the norm (+ RoPE)
+ * GEMV, gu the norm + glu one, o and down the residual-add and plain ones with k <= m and k > m.
+ * Read once. */
+enum { OP_QKV, OP_O, OP_GU, OP_DOWN, OP_N };
+static int op_cfg(int mode, int m, int k)
+{
+    static int cfg[OP_N] = { -1 };
+    if (cfg[0] < 0) {
+        static const char *names[OP_N] = { "qkv", "o", "gu", "down" };
+        memset(cfg, 0, sizeof cfg);
+        const char *e = getenv("SEMFLOW_CUDA_GEMV_PLAN");
+        for (const char *p = e; p && *p;) {
+            const char *eq = strchr(p, '='), *end = strchr(p, ',');
+            if (!end) end = p + strlen(p);
+            int op = -1, c = eq && eq < end ? atoi(eq + 1) : 0;
+            for (int i = 0; i < OP_N && eq && eq < end; i++)
+                if ((size_t)(eq - p) == strlen(names[i]) && !strncmp(p, names[i], eq - p)) op = i;
+            if (op < 0 || !cfg_valid(c))
+                SF_LOGW("SEMFLOW_CUDA_GEMV_PLAN: '%.*s' is not OP=CFG with OP one of qkv, o, gu, down and CFG blocks "
+                        "per SM (1..3) x 10 + ring stages (3..6), e.g. o=25; ignored",
+                        (int)(end - p), p);
+            else cfg[op] = c;
+            p = *end ? end + 1 : end;
+        }
+    }
+    const int op = mode & FG_GLU ? OP_GU : mode & FG_ADD || !mode ? (k <= m ? OP_O : OP_DOWN) : OP_QKV;
+    return cfg[op];
 }
 
 /* Ring depth and blocks for a shape. Planned (want 0): the deepest ring (3..6 stages) with which
@@ -168,9 +210,10 @@ static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, flo
                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
     int grid = 0;
-    const int st = plan(mode, fg_units(mode, m), k, want ? want : forced_cfg(), &grid);
+    const int st = plan(mode, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(mode, m, k), &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
     switch (mode) {
+    case 0: return launch_st<0>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM: return launch_st<FG_NORM>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_GLU: return launch_st<FG_NORM | FG_GLU>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_ROPE: return launch_st<FG_NORM | FG_ROPE>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
@@ -185,15 +228,28 @@ int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, c
     return stream(mode, 0, x, nw, eps, w, bias, m, k, y, rp, s);
 }
 
-/* Benchmarks: kind 0 norm, 1 norm + glu, 2 add, with cfg = blocks per SM x 10 + ring stages;
- * no bias. */
+extern "C" int sf_k_gemv_stream_plain(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k,
+                                      uint16_t *y, cudaStream_t s)
+{
+    fg_rope rp = {};
+    if (!y || m < 1) return (int)cudaErrorInvalidValue;
+    static const long ring = sf_env_long("SEMFLOW_CUDA_GEMV_RING", 3, 0, 3); /* as gemv_fused.cu reads it */
+    if (sf_k_gemv_fused_ok(x, w, k) && ring == 3) {
+        const int rc = stream(0, 0, x, NULL, 0.0f, w, bias, m, k, y, rp, s);
+        if (rc >= 0) return rc;
+    }
+    return sf_k_gemv(x, k, w, bias, 1, m, k, y, m, s);
+}
+
+/* Benchmarks: kind 0 norm, 1 norm + glu, 2 add, 3 plain (gemv_stream.h), with cfg = blocks per
+ * SM x 10 + ring stages; no bias. */
 extern "C" int sf_k_gemv_stream_tune(int kind, int cfg, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
                                      int m, int k, uint16_t *y, cudaStream_t s)
 {
     fg_rope rp = {};
-    if (!sf_k_gemv_fused_ok(x, w, k) || m < 2 || m % 2 || !cfg_valid(cfg) || kind < 0 || kind > 2)
+    if (!sf_k_gemv_fused_ok(x, w, k) || m < 2 || m % 2 || !cfg_valid(cfg) || kind < 0 || kind > 3)
         return (int)cudaErrorInvalidValue;
-    const int mode = kind == 0 ? FG_NORM : kind == 1 ? FG_NORM | FG_GLU : FG_ADD;
+    const int mode = kind == 0 ? FG_NORM : kind == 1 ? FG_NORM | FG_GLU : kind == 2 ? FG_ADD : 0;
     const int rc = stream(mode, cfg, x, nw, 1e-5f, w, NULL, m, k, y, rp, s);
     return rc < 0 ? (int)cudaErrorInvalidValue : rc;
 }
