@@ -201,7 +201,7 @@ static void step_enqueued(cuda_ctx *c, int use_raw)
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE ||
-               r->kind == SF_OP_GEMV_TP || r->kind == SF_OP_GEMV_PLAIN;
+               r->kind == SF_OP_GEMV_PLAIN;
     int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC || r->kind == SF_OP_GEMM_GLU;
     int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
@@ -222,7 +222,7 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm", "gemv_tp", "gemv", "gemm_glu" };
+                                   "coll_norm", "gemv", "gemm_glu" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -1083,95 +1083,6 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
     return submit(c, &r, 1, "matmul_add");
 }
 
-/* A kernel of the batch-1 link (hal.h sf_tp_op; gemv_ar.cu). The link is the communicator's
- * sf_k_tpl (comm_custom.c); the record keeps its address. */
-static int cuda_tp_fused(sf_backend *b, const sf_tp_op *op)
-{
-    cuda_ctx *c = CTX(b);
-    if (c->T != 1) return SF_EUNSUPPORTED;
-    if (!op->link || !op->h) return op_fail(SF_EINVAL, "tp_fused", "no link or no residual buffer");
-    sf_op_rec r;
-    memset(&r, 0, sizeof r); /* padding too: records are compared bytewise */
-    r.kind = SF_OP_GEMV_TP;
-    r.tpl = (const sf_k_tpl *)op->link;
-    sf_k_tp *a = &r.tp;
-    static long stages = -1; /* $SEMFLOW_TP_LINK_STAGES: the kernels' ring stages (0: by shape) */
-    static int share = -1;   /* $SEMFLOW_TP_LINK_SHARE=1: consumers share the normed row */
-    if (stages < 0) stages = sf_env_long("SEMFLOW_TP_LINK_STAGES", 0, 0, 4);
-    if (share < 0) share = sf_env_bool("SEMFLOW_TP_LINK_SHARE", 0);
-    a->stages = (int)stages;
-    a->share = share;
-    a->ch = op->ch;
-    a->prev = op->prev;
-    a->h = op->h->d;
-    const sf_weight *w = op->w;
-    int rc;
-    switch (op->kind) {
-    case SF_TP_PUSH:
-        if (!op->x || !w || op->x->cols < w->cols || op->h->cols < w->rows || w->bias)
-            return op_fail(SF_EINVAL, "tp_fused", "push: shapes do not match the weight (or it has a bias)");
-        a->mode = SF_TPK_PUSH;
-        a->x = op->x->d;
-        a->w = w->d;
-        a->m = (int)w->rows;
-        a->k = (int)w->cols;
-        break;
-    case SF_TP_NORM_GLU:
-        if (!w || !op->norm || !op->y || op->norm->rows * op->norm->cols != w->cols || op->h->cols < w->cols ||
-            w->rows % 2 || op->y->cols < w->rows / 2)
-            return op_fail(SF_EINVAL, "tp_fused", "norm+glu: shapes do not match the norm and weight");
-        a->mode = SF_TPK_GLU;
-        a->nw = op->norm->d;
-        a->eps = op->eps;
-        a->w = w->d;
-        a->bias = w->bias;
-        a->m = (int)w->rows;
-        a->k = (int)w->cols;
-        a->y = op->y->d;
-        break;
-    case SF_TP_NORM_QKV_ROPE: {
-        const sf_rope *rp = op->rope;
-        if (!c->kv) return op_fail(SF_EINVAL, "tp_fused", "KV cache not initialised (kv_init first)");
-        if (!w || !op->norm || !op->y || !rp || op->layer < 0 || op->layer >= c->kvc.n_layers ||
-            op->n_kv_heads != c->kvc.n_kv_heads || rp->head_dim != c->kvc.head_dim ||
-            w->rows != (int64_t)(op->n_heads + 2 * op->n_kv_heads) * rp->head_dim || op->y->cols < w->rows ||
-            op->norm->rows * op->norm->cols != w->cols || op->h->cols < w->cols)
-            return op_fail(SF_EINVAL, "tp_fused", "norm+qkv+rope: layer, heads or shapes do not match");
-        if ((rc = ensure_rope(c, rp))) return rc;
-        a->mode = c->step_i8 ? SF_TPK_NORM : SF_TPK_ROPE; /* INT8 blocks: rope_kv.cu quantises them */
-        a->nw = op->norm->d;
-        a->eps = op->eps;
-        a->w = w->d;
-        a->bias = w->bias;
-        a->m = (int)w->rows;
-        a->k = (int)w->cols;
-        a->y = op->y->d;
-        a->pos = c->pos_d;
-        a->slot = c->slot_d;
-        a->inv_freq = c->inv_freq_d;
-        a->H = op->n_heads;
-        a->Hkv = op->n_kv_heads;
-        a->hd = rp->head_dim;
-        a->rot = rp->rot_dim;
-        a->interleaved = rp->interleaved;
-        a->kv = layer_kv(c, op->layer);
-        r.n[0] = a->m;
-        r.n[1] = a->k;
-        if ((rc = submit(c, &r, 1, "tp_fused (norm+qkv)"))) return rc;
-        return c->step_i8 ? cuda_rope_kv(b, op->y, op->layer, op->n_heads, op->n_kv_heads, rp) : SF_OK;
-    }
-    case SF_TP_SUM:
-        a->mode = SF_TPK_SUM;
-        a->k = (int)op->h->cols;
-        break;
-    default:
-        return op_fail(SF_EINVAL, "tp_fused", "unknown kind");
-    }
-    r.n[0] = a->m; /* the profile's shape columns */
-    r.n[1] = a->k;
-    return submit(c, &r, 1, "tp_fused");
-}
-
 static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
 {
     cuda_ctx *c = CTX(b);
@@ -1425,7 +1336,6 @@ static const struct sf_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .collective = cuda_collective,
     .collective_norm = cuda_collective_norm,
-    .tp_fused = cuda_tp_fused,
     .graphs_release = cuda_graphs_release,
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,
