@@ -142,7 +142,7 @@ static void cache_load(sf_k_gemm_ctx *g)
         if (json_unpack(e, "{s:I, s:I, s:I, s:I, s:I, s?I, s:s, s:F, s:F, s:I, s?I, s?F, s?F}", "m", &m, "k", &k,
                         "bias", &bias, "acc", &acc, "n", &nb, "split", &split, "algo", &hex, "us", &us, "heuristic_us",
                         &hus, "candidates", &nc, "own", &own, "own_us", &own_us, "lt_us", &lt_us) ||
-            own < 0 || own > 4 || (own && !(own_us > 0)) ||
+            own < 0 || own > 8 || (own && !(own_us > 0)) ||
             m <= 0 || k <= 0 || m > (1 << 24) || k > (1 << 24) || (bias | acc) & ~1 || sf_k_gemm_bucket((int)nb) != nb ||
             nc <= 0 || !(us > 0) || unhex_algo(hex, &t.algo) ||
             (split != 0 && (split < 0 || split > 64 || !sf_gemm_split_ok((int)k, (int)split) ||
@@ -442,8 +442,8 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
                 cp[n_c++] = &ts[j];
             }
     }
-    /* the own wgmma kernel with 1 to 4 cluster ranks along k where the shape qualifies */
-    for (int r = 1; r <= 4 && g->own_on && n_c < MAX_CAND; r++)
+    /* the own wgmma kernel's variants where the shape qualifies (own_on 2: without multicast) */
+    for (int r = 1; r <= (g->own_on == 2 ? 4 : 8) && g->own_on && n_c < MAX_CAND; r++)
         if (sf_gemm_wg_ok(g, r, nb, t.m, t.k, t.k, t.m)) {
             ow[n_c] = r;
             cp[n_c++] = &t;
@@ -532,7 +532,9 @@ done:
                 e.us, e.heuristic_us, e.heuristic_us / e.us, e.own ? "own kernel" : "cuBLASLt",
                 e.own ? "" : e.split > 1 ? ", split batch" : winner >= n_plain - n_split ? ", split-K variant" : "",
                 e.lt_us, e.own_us, n_ok, n_c, n_split, n_c - n_plain - n_own, n_own, e.tune_ms, g->spent_s, g->budget_s);
-        if (e.own) SF_LOGI("gemm tuner: m=%d k=%d n<=%d: own kernel, %d cluster ranks along k", e.m, e.k, nb, e.own);
+        if (e.own)
+            SF_LOGI("gemm tuner: m=%d k=%d n<=%d: own kernel, %d cluster ranks along k%s", e.m, e.k, nb, (e.own - 1) % 4 + 1,
+                    e.own > 4 ? ", x multicast to tile pairs" : "");
         if (e.split > 1) SF_LOGI("gemm tuner: m=%d k=%d n<=%d: k split into %d slices", e.m, e.k, nb, e.split);
         cache_save(g);
     }

@@ -162,14 +162,16 @@ int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k,
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);
 
-/* The own Hopper GEMM for decode batches (gemm_wgmma.cu): y (+)= x . W^T (+ bias) for n <= 256,
- * `split` (1..4) CTAs of a cluster sharing each 128-row tile along k, reduced in distributed shared
- * memory. _ok: whether the device (compute capability 9.0) and shape qualify (m % 128 == 0,
- * k % 64 == 0, ldx % 8 == 0, ldy % 4 == 0); the run also needs x and W 16-byte, y and bias 8-byte
- * aligned (cudaErrorInvalidValue otherwise). The tuner offers it as a candidate per shape and
- * bucket unless SEMFLOW_CUDA_GEMM_OWN=0; direct calls are for tests and benchmarks. */
-int sf_k_gemm_own_ok(sf_k_gemm_ctx *g, int split, int n, int m, int k, int64_t ldx, int64_t ldy);
-int sf_k_gemm_own(sf_k_gemm_ctx *g, int split, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+/* The own Hopper GEMM for decode batches (gemm_wgmma.cu): y (+)= x . W^T (+ bias) for n <= 256.
+ * Variant own: 1..4 CTAs of a cluster share each 128-row tile along k, reduced in distributed
+ * shared memory; 5..8: the same with own - 4 ranks, and pairs of tiles sharing x by multicast.
+ * _ok: whether the device (compute capability 9.0) and shape qualify (m % 128 == 0, % 256 for
+ * pairs; k % 64 == 0, ldx % 8 == 0, ldy % 4 == 0); the run also needs x and W 16-byte, y and bias
+ * 8-byte aligned (cudaErrorInvalidValue otherwise). The tuner offers the variants as candidates
+ * per shape and bucket with SEMFLOW_CUDA_GEMM_OWN=1 (all) or 2 (1..4 only); direct calls are
+ * for tests and benchmarks. */
+int sf_k_gemm_own_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx, int64_t ldy);
+int sf_k_gemm_own(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
                   int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
 
 /* ---- measured cuBLASLt algorithm choice (gemm_tune.cu) ------------------------------------- */
