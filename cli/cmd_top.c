@@ -438,8 +438,11 @@ int sf_cmd_top(int argc, char **argv)
             if (!end || *end || o.link_gbs <= 0) { fprintf(stderr, "semflow top: --link-gbs '%s': give GB/s > 0\n", optarg); return 2; }
             break;
         case 'g':
-            o.n_gpus = atoi(optarg);
-            if (o.n_gpus < 1 || o.n_gpus > SF_MON_MAX_GPUS) { fprintf(stderr, "semflow top: --gpus: 1 to %d\n", SF_MON_MAX_GPUS); return 2; }
+            o.n_gpus = (int)strtol(optarg, &end, 10);
+            if (!*optarg || *end || o.n_gpus < 1 || o.n_gpus > SF_MON_MAX_GPUS) {
+                fprintf(stderr, "semflow top: --gpus '%s': give a count from 1 to %d\n", optarg, SF_MON_MAX_GPUS);
+                return 2;
+            }
             break;
         case 'L': listen_at = optarg; break;
         case 'h': usage(stdout); return 0;

@@ -11,10 +11,7 @@
  * all-reduce of h then leaves h + the whole product on every rank ($SEMFLOW_TP_FUSED=0: the
  * plain ops with the all-reduce before the add). Above one row (and always with the plain ops)
  * each all-reduce is one op with the residual add and the norm after it
- * (sf_comm_all_reduce_norm_buf), which leaves the next norm's output in x for a plain matmul.
- * At one row with the batch-1 link (sf_comm_tp_link, hal.h sf_tp_op) no all-reduce runs: O and
- * down push this rank's part of the sum to the peers as they finish, the norm GEMV after each
- * sums the parts in its prologue, and one sum op after the last layer leaves h whole. */
+ * (sf_comm_all_reduce_norm_buf), which leaves the next norm's output in x for a plain matmul. */
 #include "forward.h"
 
 #include <math.h>
@@ -264,22 +261,9 @@ static int gather_logits(sf_forward *f, int L, float *logits, sf_error *err)
     return SF_OK;
 }
 
-/* A kernel of the batch-1 link (hal.h sf_tp_op) on the residual stream h. */
-static int tp_op(sf_forward *f, const void *link, int kind, int ch, int prev, const sf_buf *x, const sf_weight *w,
-                 const sf_weight *norm, int layer, sf_buf *y)
-{
-    const sf_model_config *c = &f->m->cfg;
-    sf_tp_op op = { .kind = kind, .link = link, .ch = ch, .prev = prev, .x = x, .h = f->h, .y = y, .w = w,
-                    .norm = norm, .eps = c->rms_eps, .layer = layer, .n_heads = c->n_heads,
-                    .n_kv_heads = c->n_kv_heads, .rope = &f->rope };
-    return OPS(f)->tp_fused(f->b, &op);
-}
-
-/* One decoder layer over the step's T rows (link: the batch-1 link of a one-row step, else
- * NULL). Returns SF_OK, or a status with *op naming the failed op (NULL: a collective failed,
- * err holds why). */
-static int layer_run(sf_forward *f, int T, int layer, int fused, int rn, const void *link, const char **op,
-                     sf_error *err)
+/* One decoder layer over the step's T rows. Returns SF_OK, or a status with *op naming the
+ * failed op (NULL: a collective failed, err holds why). */
+static int layer_run(sf_forward *f, int T, int layer, int fused, int rn, const char **op, sf_error *err)
 {
     const sf_model_config *c = &f->m->cfg;
     const struct sf_backend_ops *o = OPS(f);
@@ -293,10 +277,7 @@ static int layer_run(sf_forward *f, int T, int layer, int fused, int rn, const v
 #define STEP(name, call) do { *op = name; if ((rc = (call)) != SF_OK) return rc; } while (0)
 #define COMM(call) do { if ((rc = (call)) != SF_OK) { *op = NULL; return rc; } } while (0)
     if (fused) {
-        if (link && layer) {
-            STEP("attn_norm+qkv+rope_kv (link)", tp_op(f, link, SF_TP_NORM_QKV_ROPE, 1, -1, NULL, L->wqkv,
-                                                      L->attn_norm, layer, f->qkv));
-        } else if (rn && layer) { /* x holds this layer's attn_norm(h) */
+        if (rn && layer) { /* x holds this layer's attn_norm(h) */
             STEP("qkv", o->matmul(b, f->x, L->wqkv, T, f->qkv));
             STEP("rope_kv", o->rope_kv(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope));
         } else {
@@ -304,13 +285,6 @@ static int layer_run(sf_forward *f, int T, int layer, int fused, int rn, const v
                                                           c->n_heads, c->n_kv_heads, &f->rope, f->x, f->qkv));
         }
         STEP("attention", o->attention(b, f->qkv, layer, c->n_heads, c->n_kv_heads, &f->rope, f->att));
-        if (link) {
-            STEP("o_proj (link)", tp_op(f, link, SF_TP_PUSH, 0, layer ? 1 : -1, f->att, L->wo, NULL, layer, NULL));
-            STEP("ffn_norm+gate_up+silu_mul (link)",
-                 tp_op(f, link, SF_TP_NORM_GLU, 0, -1, NULL, L->wgu, L->ffn_norm, layer, f->act));
-            STEP("down_proj (link)", tp_op(f, link, SF_TP_PUSH, 1, 0, f->act, L->wdown, NULL, layer, NULL));
-            return SF_OK;
-        }
         /* under TP: rank 0 adds its partial into h, the others write theirs there */
         STEP("o_proj+residual", tp && rank ? o->matmul(b, f->att, L->wo, T, f->h)
                                            : o->matmul_add(b, f->att, L->wo, T, f->ao, f->h));
@@ -362,9 +336,6 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
      * leaving the next norm's output in x; with the fused ops only above one row, where the
      * GEMV takes the norm in its prologue */
     const int rn = tp && (!fused || T > 1);
-    /* at one row, the batch-1 link where communicator and backend have it (channel 0: after O,
-     * 1: after down) */
-    const void *link = tp && fused && T == 1 ? sf_comm_tp_link(f->comm, b, c->hidden) : NULL;
     const char *op = "";
     int layer = -1;
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
@@ -374,12 +345,11 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     STEP("batch_begin", o->batch_begin(b, bt));
     STEP("embed", o->embed(b, f->emb, f->h));
     for (layer = 0; layer < c->n_layers; layer++)
-        if ((rc = layer_run(f, T, layer, fused, rn, link, &op, err))) {
+        if ((rc = layer_run(f, T, layer, fused, rn, &op, err))) {
             if (!op) goto comm_fail;
             goto fail;
         }
     layer = -1;
-    if (link) STEP("sum (link)", tp_op(f, link, SF_TP_SUM, 1, -1, NULL, NULL, NULL, -1, NULL));
     if (bt->n_logits > 0) {
         /* fused: h already holds every residual add; rn: x already holds output_norm(h) */
         if (!rn) STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));

@@ -64,15 +64,6 @@ int sf_comm_skip_all_reduce(void)
     return skip;
 }
 
-const void *sf_comm_tp_link(sf_comm *c, const sf_backend *b, int64_t cols)
-{
-    if (!c || c->size < 2 || !c->tp_push || !c->ops->tp_link || !b->ops->tp_fused || cols < 8 || cols % 8 ||
-        cols > SF_COMM_TP_LINK_MAX_COLS || sf_comm_skip_all_reduce() || (c->tp_link_cols && c->tp_link_cols != cols))
-        return NULL;
-    c->tp_link_cols = cols;
-    return c->ops->tp_link(c);
-}
-
 int sf_comm_all_reduce_buf(sf_comm *c, sf_backend *b, sf_buf *x, int rows, int64_t cols, sf_error *err)
 {
     if (!c || c->size == 1 || sf_comm_skip_all_reduce()) return SF_OK;

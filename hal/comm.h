@@ -61,9 +61,6 @@ struct sf_comm_ops {
      * return (cpu). */
     int (*mark)(sf_comm *c, void *stream, sf_error *err);
     int (*wait_mark)(sf_comm *c, const char *what, sf_error *err);
-    /* The batch-1 link over the peer memory (hal.h sf_tp_op.link; kernels/cuda/allreduce.h
-     * sf_k_tpl), valid while the communicator lives. May be NULL, or return NULL: no link. */
-    const void *(*tp_link)(sf_comm *c);
 };
 
 /* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
@@ -113,12 +110,6 @@ struct sf_comm {
      * then waits with sf_comm_wait before it reads anything the stream produced (rank 0 of an
      * overlapped engine step, engine/forward.c). 0 (default): all_gather waits. */
     int gather_nowait;
-    /* 1 ($SEMFLOW_TP_PUSH=1): steps of one row carry their all-reduces in the projections and
-     * norm GEMVs around them (sf_comm_tp_link). The same on every rank. */
-    int tp_push;
-    /* the width the link was first asked for: a link's channels keep one width (their producers
-     * keep one grid, allreduce.h), so another width gets no link */
-    int64_t tp_link_cols;
 };
 
 /* How this process joins the group. */
@@ -170,14 +161,6 @@ int sf_comm_all_gather_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *recv
  * communicator has no copy_2d. */
 int sf_comm_gather_rows_buf(sf_comm *c, sf_backend *b, sf_buf *send, sf_buf *tmp, sf_buf *out, int rows,
                             int64_t cols, int root, sf_error *err);
-
-/* The batch-1 link for a backend's tp_fused op (hal.h sf_tp_op) over residual rows of `cols`
- * values, or NULL when there is none: no peer-memory path, the backend has no tp_fused op, the
- * link is off ($SEMFLOW_TP_PUSH), or cols is odd, not a multiple of 8 or above
- * SF_COMM_TP_LINK_MAX_COLS, or another cols than the first call's (a link keeps one width). A
- * function of settings and calls that are the same on every rank. */
-#define SF_COMM_TP_LINK_MAX_COLS 16384
-const void *sf_comm_tp_link(sf_comm *c, const sf_backend *b, int64_t cols);
 
 /* $SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1: sf_comm_all_reduce_buf returns without summing
  * (and sf_comm_all_reduce_norm_buf runs only the norm). For timing what the all-reduces cost

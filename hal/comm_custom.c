@@ -14,7 +14,6 @@
 #include "../kernels/cuda/allreduce.h"
 
 _Static_assert(SF_AR_NORM_MAX_COLS == SF_ARN_MAX_COLS, "comm_custom.h repeats the fused kernel's limits");
-_Static_assert(SF_COMM_TP_LINK_MAX_COLS == SF_TPL_MAX_COLS, "comm.h repeats the link's widest row");
 
 struct sf_ar_custom {
     int rank, size, device;
@@ -25,7 +24,6 @@ struct sf_ar_custom {
     unsigned *err_h, *err_d;       /* mapped host word the kernel reports a timeout in */
     uint64_t timeout_ns;
     int ll_pdl;                    /* LL launched with PDL (unless $SEMFLOW_TP_LL_PDL=0) */
-    sf_k_tpl link;                 /* the batch-1 link over the regions (gemv_ar.cu) */
     char gpus[SF_AR_MAX_RANKS * 20];
 };
 
@@ -155,12 +153,6 @@ int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int time
     }
     for (int i = 0; i < size; i++)
         snprintf(a->gpus + strlen(a->gpus), sizeof a->gpus - strlen(a->gpus), "%s%s", i ? "-" : "", all[i].bus);
-    for (int i = 0; i < size; i++) a->link.region[i] = a->region[i];
-    a->link.off = sf_k_tpl_off(a->buf_bytes, a->ll_bytes, size);
-    a->link.rank = rank;
-    a->link.size = size;
-    a->link.timeout_ns = a->timeout_ns;
-    a->link.err = a->err_d;
     free(all);
     *out = a;
     return SF_OK;
@@ -173,7 +165,6 @@ cleanup:
 size_t sf_ar_custom_cap(const sf_ar_custom *a) { return a ? a->buf_bytes : 0; }
 size_t sf_ar_custom_ll_cap(const sf_ar_custom *a) { return a ? a->ll_bytes : 0; }
 const char *sf_ar_custom_gpus(const sf_ar_custom *a) { return a ? a->gpus : ""; }
-const void *sf_ar_custom_link(const sf_ar_custom *a) { return a ? &a->link : NULL; }
 
 int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err)
 {
@@ -254,7 +245,6 @@ void sf_ar_custom_free(sf_ar_custom *a) { (void)a; }
 size_t sf_ar_custom_cap(const sf_ar_custom *a) { return 0; }
 size_t sf_ar_custom_ll_cap(const sf_ar_custom *a) { return 0; }
 const char *sf_ar_custom_gpus(const sf_ar_custom *a) { return ""; }
-const void *sf_ar_custom_link(const sf_ar_custom *a) { return NULL; }
 int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel, void *stream, sf_error *err)
 {
     return sf_err(err, SF_ENODEV, "peer-memory all-reduce: built without CUDA");

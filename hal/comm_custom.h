@@ -43,9 +43,6 @@ int sf_ar_custom_run(sf_ar_custom *a, void *data, int64_t n, sf_ar_kernel kernel
 int sf_ar_custom_run_norm(sf_ar_custom *a, const sf_coll_norm *n, unsigned flags, void *stream, sf_error *err);
 enum { SF_AR_NORM_PDL = 1, SF_AR_NORM_EARLY = 2 };
 #define SF_AR_NORM_MAX_COLS 16384 /* SF_ARN_MAX_COLS */
-/* The batch-1 link over the ranks' regions (kernels/cuda/allreduce.h sf_k_tpl, opaque here),
- * valid until sf_ar_custom_free. */
-const void *sf_ar_custom_link(const sf_ar_custom *a);
 /* 0, or 1 + the rank a kernel gave up waiting for (its timeout passed). */
 int sf_ar_custom_failed(const sf_ar_custom *a);
 

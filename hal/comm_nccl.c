@@ -603,17 +603,10 @@ static int custom_setup(sf_comm *c, sf_error *err)
     c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 128;
     c->norm_pdl = sf_env_bool("SEMFLOW_TP_ARNORM_PDL", 1);
     c->norm_early = sf_env_bool("SEMFLOW_TP_ARNORM_EARLY", 1);
-    /* the batch-1 link (sf_comm_tp_link): on with SEMFLOW_TP_PUSH=1 */
-    c->tp_push = sf_env_bool("SEMFLOW_TP_PUSH", 0);
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won
      * at every size up to 512 KiB on the H200 pair (docs/PERFORMANCE.md) */
     const char *ll = getenv("SEMFLOW_TP_LL");
     return crossover(c, !(ll && !strcmp(ll, "0")), err);
-}
-
-static const void *nccl_tp_link(sf_comm *c)
-{
-    return NC(c)->ar && c->path != SF_COMM_PATH_NCCL ? sf_ar_custom_link(NC(c)->ar) : NULL;
 }
 
 static const struct sf_comm_ops nccl_ops = {
@@ -625,7 +618,6 @@ static const struct sf_comm_ops nccl_ops = {
     .mark = nccl_mark,
     .wait_mark = nccl_wait_mark,
     .all_reduce_norm = nccl_all_reduce_norm,
-    .tp_link = nccl_tp_link,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
     .abort = nccl_abort,

@@ -154,33 +154,6 @@ typedef struct sf_coll_norm {
 } sf_coll_norm;
 typedef int (*sf_coll_norm_fn)(void *arg, const sf_coll_norm *a, void *stream);
 
-/* One kernel of the batch-1 link (tp_fused below): the all-reduce of a row-parallel
- * projection at one row carried by the projection and the norm op after it, over a link the
- * communicator made (comm.h sf_comm_tp_link; opaque here). Kinds:
- *   SF_TP_PUSH:     h = this rank's contribution to the sum of x . W^T over the ranks (rank 0:
- *                   the residual stream plus its product, rounded as matmul_add rounds; the
- *                   others: their product), pushed to the peers on channel ch. With prev >= 0,
- *                   rank 0's h holds its contribution on channel prev, and the stream is first
- *                   completed from it (prev = -1: h is the stream).
- *   SF_TP_NORM_GLU: as norm_matmul (glu) of x = the sum of channel ch (h: this rank's part) into y.
- *   SF_TP_NORM_QKV_ROPE: as norm_qkv_rope of that sum (layer, heads, rope) into y (qkv).
- *   SF_TP_SUM:      h = the sum of channel ch (before the output norm).
- * Every rank must queue the same kinds on the same channels in the same order; a consumer waits
- * for the peers' pushes inside its kernel (with the communicator's timeout). */
-enum { SF_TP_PUSH = 1, SF_TP_NORM_GLU = 2, SF_TP_NORM_QKV_ROPE = 3, SF_TP_SUM = 4 };
-typedef struct sf_tp_op {
-    int kind;
-    const void *link;
-    int ch, prev;
-    const sf_buf *x;          /* PUSH: [1, k] */
-    sf_buf *h;                /* [1, cols]: the residual stream's buffer */
-    sf_buf *y;                /* NORM_GLU: [1, f]; NORM_QKV_ROPE: qkv */
-    const sf_weight *w, *norm;
-    float eps;
-    int layer, n_heads, n_kv_heads;
-    const sf_rope *rope;
-} sf_tp_op;
-
 /* ---- sampling on the backend ------------------------------------------------------ */
 /* What the sample op needs of one logit row. The op draws one token id per row so that only
  * ids cross to the host. Semantics (identical on every backend; kernels/cpu/sample.c is the
@@ -328,12 +301,6 @@ struct sf_backend_ops {
     int (*sample_start)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
                         const sf_sample_pen *pen, int n_pen, int32_t *ids);
     int (*sample_wait)(sf_backend *b);
-
-    /* Optional (tensor parallelism at one row): queue one kernel of the batch-1 link (sf_tp_op).
-     * SF_EUNSUPPORTED, having queued nothing, for a step of more than one token; SF_EINVAL for
-     * shapes it does not take. NULL: the forward pass all-reduces after each row-parallel
-     * projection instead. */
-    int (*tp_fused)(sf_backend *b, const sf_tp_op *op);
 
     /* Async scheduling (optional; both or neither). sample_defer(b, 1): from then on sample_wait
      * returns at once and leaves its draw queued, and the ids of a queued draw reach the `ids`

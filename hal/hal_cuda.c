@@ -16,6 +16,9 @@
 #include <string.h>
 
 #include "hal_cuda_impl.h"
+#ifdef SF_HAVE_CUDA
+#include "../kernels/cuda/b1trace.h"
+#endif
 
 #ifndef SF_HAVE_CUDA
 
@@ -97,6 +100,8 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
+    int gemv_plain;  /* 1: one-row plain matmuls of up to 32768 rows on the persistent-warp GEMV
+                      * (SEMFLOW_CUDA_GEMV_PLAIN; with the fused ops only) */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
@@ -128,6 +133,7 @@ typedef struct cuda_ctx {
     cudaEvent_t prof_ev[2];
     struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
     int n_prof;
+    sf_k_trace *trace; /* SEMFLOW_CUDA_TRACE=FILE: the batch-1 kernels' timeline (b1trace.h) */
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -195,8 +201,8 @@ static void step_enqueued(cuda_ctx *c, int use_raw)
 static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE ||
-               r->kind == SF_OP_GEMV_TP;
-    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
+               r->kind == SF_OP_GEMV_PLAIN;
+    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC || r->kind == SF_OP_GEMM_GLU;
     int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
@@ -216,7 +222,7 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm", "gemv_tp" };
+                                   "coll_norm", "gemv", "gemm_glu" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -251,6 +257,7 @@ static void cuda_destroy(sf_backend *b)
         if (c->gemm && c->s) step_end(c);
         if (c->s) cudaStreamSynchronize(c->s);
         sf_cuda_graphs_free(&c->graphs);
+        if (sf_k_trace_close(c->trace) > 0) cudaGetLastError();
         if (c->prof) {
             prof_print(c);
             cudaEventDestroy(c->prof_ev[0]);
@@ -857,6 +864,14 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows)
         return op_fail(SF_EINVAL, "matmul", "buffer shapes do not match the weight");
     sf_op_rec r = { 0 };
+    if (n == 1 && c->gemv_plain && w->rows <= 32768 && x->d != y->d && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
+        /* one row (the O and down projections of the TP ranks that do not add the residual):
+         * the persistent-warp GEMV, a programmatic dependent like its fused neighbours */
+        r.kind = SF_OP_GEMV_PLAIN;
+        r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
+        r.n[0] = w->rows; r.n[1] = w->cols;
+        return submit(c, &r, 1, "matmul");
+    }
     r.kind = SF_OP_GEMM;
     r.p[0] = x->d; r.p[1] = w->d; r.p[2] = w->bias; r.p[3] = y->d;
     r.n[0] = x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = w->cols; r.n[4] = y->cols;
@@ -989,6 +1004,20 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
     if (!tmp_x || tmp_x->rows < n || tmp_x->cols < k || (glu && (!tmp_y || tmp_y->rows < n || tmp_y->cols < w->rows)))
         return op_fail(SF_EINVAL, "norm_matmul", "scratch buffers missing or too small for this batch");
     int rc = cuda_rmsnorm(b, (sf_buf *)x, NULL, norm, eps, n, tmp_x); /* add == NULL: x is only read */
+    if (!rc && glu && n > 8 && !w->bias) {
+        /* the gate/up GEMM with SiLU·mul in its epilogue (the own kernel, SEMFLOW_CUDA_GEMM_GLU=1),
+         * in the variant the tuner measured fastest for the plain GEMM: tuned here, outside any
+         * capture, so the decision below is the same at every later step of this size */
+        rc = kcheck(sf_k_gemm_prepare(c->gemm, NULL, n, (int)w->rows, (int)k, tmp_x->cols, tmp_y->cols, 0, c->s),
+                    "norm_matmul (tuning)");
+        if (!rc && sf_k_gemm_glu_ok(c->gemm, NULL, n, (int)out_cols, (int)k, tmp_x->cols, y->cols)) {
+            sf_op_rec r = { 0 };
+            r.kind = SF_OP_GEMM_GLU;
+            r.p[0] = tmp_x->d; r.p[1] = w->d; r.p[3] = y->d;
+            r.n[0] = tmp_x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = k; r.n[4] = y->cols;
+            return submit(c, &r, 1, "norm_matmul");
+        }
+    }
     if (!rc) rc = cuda_matmul(b, tmp_x, w, n, glu ? tmp_y : y);
     if (!rc && glu) rc = cuda_silu_mul(b, tmp_y, n, (int)out_cols, y);
     return rc;
@@ -1052,95 +1081,6 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
     r.p[0] = y->d; r.p[1] = tmp->d;
     r.n[0] = y->cols; r.n[1] = tmp->cols; r.n[2] = n; r.n[3] = w->rows;
     return submit(c, &r, 1, "matmul_add");
-}
-
-/* A kernel of the batch-1 link (hal.h sf_tp_op; gemv_ar.cu). The link is the communicator's
- * sf_k_tpl (comm_custom.c); the record keeps its address. */
-static int cuda_tp_fused(sf_backend *b, const sf_tp_op *op)
-{
-    cuda_ctx *c = CTX(b);
-    if (c->T != 1) return SF_EUNSUPPORTED;
-    if (!op->link || !op->h) return op_fail(SF_EINVAL, "tp_fused", "no link or no residual buffer");
-    sf_op_rec r;
-    memset(&r, 0, sizeof r); /* padding too: records are compared bytewise */
-    r.kind = SF_OP_GEMV_TP;
-    r.tpl = (const sf_k_tpl *)op->link;
-    sf_k_tp *a = &r.tp;
-    static long stages = -1; /* $SEMFLOW_TP_LINK_STAGES: the kernels' ring stages (0: by shape) */
-    static int share = -1;   /* $SEMFLOW_TP_LINK_SHARE=1: consumers share the normed row */
-    if (stages < 0) stages = sf_env_long("SEMFLOW_TP_LINK_STAGES", 0, 0, 4);
-    if (share < 0) share = sf_env_bool("SEMFLOW_TP_LINK_SHARE", 0);
-    a->stages = (int)stages;
-    a->share = share;
-    a->ch = op->ch;
-    a->prev = op->prev;
-    a->h = op->h->d;
-    const sf_weight *w = op->w;
-    int rc;
-    switch (op->kind) {
-    case SF_TP_PUSH:
-        if (!op->x || !w || op->x->cols < w->cols || op->h->cols < w->rows || w->bias)
-            return op_fail(SF_EINVAL, "tp_fused", "push: shapes do not match the weight (or it has a bias)");
-        a->mode = SF_TPK_PUSH;
-        a->x = op->x->d;
-        a->w = w->d;
-        a->m = (int)w->rows;
-        a->k = (int)w->cols;
-        break;
-    case SF_TP_NORM_GLU:
-        if (!w || !op->norm || !op->y || op->norm->rows * op->norm->cols != w->cols || op->h->cols < w->cols ||
-            w->rows % 2 || op->y->cols < w->rows / 2)
-            return op_fail(SF_EINVAL, "tp_fused", "norm+glu: shapes do not match the norm and weight");
-        a->mode = SF_TPK_GLU;
-        a->nw = op->norm->d;
-        a->eps = op->eps;
-        a->w = w->d;
-        a->bias = w->bias;
-        a->m = (int)w->rows;
-        a->k = (int)w->cols;
-        a->y = op->y->d;
-        break;
-    case SF_TP_NORM_QKV_ROPE: {
-        const sf_rope *rp = op->rope;
-        if (!c->kv) return op_fail(SF_EINVAL, "tp_fused", "KV cache not initialised (kv_init first)");
-        if (!w || !op->norm || !op->y || !rp || op->layer < 0 || op->layer >= c->kvc.n_layers ||
-            op->n_kv_heads != c->kvc.n_kv_heads || rp->head_dim != c->kvc.head_dim ||
-            w->rows != (int64_t)(op->n_heads + 2 * op->n_kv_heads) * rp->head_dim || op->y->cols < w->rows ||
-            op->norm->rows * op->norm->cols != w->cols || op->h->cols < w->cols)
-            return op_fail(SF_EINVAL, "tp_fused", "norm+qkv+rope: layer, heads or shapes do not match");
-        if ((rc = ensure_rope(c, rp))) return rc;
-        a->mode = c->step_i8 ? SF_TPK_NORM : SF_TPK_ROPE; /* INT8 blocks: rope_kv.cu quantises them */
-        a->nw = op->norm->d;
-        a->eps = op->eps;
-        a->w = w->d;
-        a->bias = w->bias;
-        a->m = (int)w->rows;
-        a->k = (int)w->cols;
-        a->y = op->y->d;
-        a->pos = c->pos_d;
-        a->slot = c->slot_d;
-        a->inv_freq = c->inv_freq_d;
-        a->H = op->n_heads;
-        a->Hkv = op->n_kv_heads;
-        a->hd = rp->head_dim;
-        a->rot = rp->rot_dim;
-        a->interleaved = rp->interleaved;
-        a->kv = layer_kv(c, op->layer);
-        r.n[0] = a->m;
-        r.n[1] = a->k;
-        if ((rc = submit(c, &r, 1, "tp_fused (norm+qkv)"))) return rc;
-        return c->step_i8 ? cuda_rope_kv(b, op->y, op->layer, op->n_heads, op->n_kv_heads, rp) : SF_OK;
-    }
-    case SF_TP_SUM:
-        a->mode = SF_TPK_SUM;
-        a->k = (int)op->h->cols;
-        break;
-    default:
-        return op_fail(SF_EINVAL, "tp_fused", "unknown kind");
-    }
-    r.n[0] = a->m; /* the profile's shape columns */
-    r.n[1] = a->k;
-    return submit(c, &r, 1, "tp_fused");
 }
 
 static int cuda_get_rows(sf_backend *b, const sf_buf *x, sf_buf *out)
@@ -1396,7 +1336,6 @@ static const struct sf_backend_ops cuda_ops = {
     .host_free = cuda_host_free,
     .collective = cuda_collective,
     .collective_norm = cuda_collective_norm,
-    .tp_fused = cuda_tp_fused,
     .graphs_release = cuda_graphs_release,
     .norm_matmul = cuda_norm_matmul,
     .matmul_add = cuda_matmul_add,
@@ -1463,6 +1402,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = sf_env_bool("SEMFLOW_CUDA_ATTN_DECODE", 1);
+        c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 0);
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
     }
     b->ctx = c;
@@ -1492,6 +1432,12 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
          * steps of up to 512 sequences of a saturated engine; docs/CUDA.md has what one costs) */
         int gmax = (int)sf_env_long("SEMFLOW_CUDA_GRAPH_TOKENS", 512, 1, 1 << 20);
         sf_cuda_graphs_init(&c->graphs, sf_env_bool("SEMFLOW_CUDA_GRAPHS", 1) && !c->prof, gmax);
+    }
+    {
+        int trc = sf_k_trace_open(&c->trace);
+        if (trc)
+            SF_LOGW("cuda backend: SEMFLOW_CUDA_TRACE: the trace buffer could not be set up (%s); running untraced",
+                    cudaGetErrorString((cudaError_t)trc));
     }
     *out = b;
     return SF_OK;

@@ -29,7 +29,8 @@
  * are zeroed before they are filled, so they compare with memcmp. */
 enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF_OP_SILU, SF_OP_ROWS, SF_OP_COLL,
        SF_OP_GEMV_NORM, SF_OP_GEMV_ADD, SF_OP_ADD, SF_OP_ATTN_DEC, SF_OP_GEMV_ROPE, SF_OP_GEMM_ACC,
-       SF_OP_COLL_NORM, SF_OP_GEMV_TP };
+       SF_OP_COLL_NORM, SF_OP_GEMV_PLAIN,
+       SF_OP_GEMM_GLU /* n[2] = 2f weight rows, y gets silu(gate) * up (sf_k_gemm_glu) */ };
 typedef struct sf_op_rec {
     int kind;
     const void *p[8];
@@ -42,8 +43,6 @@ typedef struct sf_op_rec {
     /* SF_OP_COLL_NORM: called with coll_arg and {x p[0], res p[1], out p[3], w p[2], rows n[0],
      * cols n[1], eps f} */
     sf_coll_norm_fn coll_norm;
-    sf_k_tp tp;         /* SF_OP_GEMV_TP: a kernel of the batch-1 link (gemv_ar.cu) over tpl, the */
-    const sf_k_tpl *tpl; /* communicator's link (it outlives the graphs: graphs_release comes first) */
 } sf_op_rec;
 
 /* What sf_cuda_op_exec returns when a collective (SF_OP_COLL) failed: the communicator holds

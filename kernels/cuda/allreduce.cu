@@ -335,16 +335,9 @@ extern "C" size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size)
     return SF_AR_SIG_BYTES + 2 * buf_bytes + 2 * (size_t)size * 2 * ll_bytes;
 }
 
-extern "C" size_t sf_k_tpl_off(size_t buf_bytes, size_t ll_bytes, int size)
-{
-    return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
-}
-
 extern "C" size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size)
 {
-    return sf_k_tpl_off(buf_bytes, ll_bytes, size) + SF_TPL_CHANNELS * SF_TPL_MAX_BLOCKS * sizeof(unsigned) +
-           (size_t)SF_TPL_CHANNELS * size * (SF_TPL_MAX_COLS / 2) * 8 +
-           (size_t)SF_TPL_CHANNELS * (256 + (size_t)SF_TPL_MAX_COLS * 2);
+    return sf_k_ar_push_off(buf_bytes, ll_bytes, size) + 2 * (size_t)size * buf_bytes;
 }
 
 extern "C" int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s)

@@ -1,4 +1,4 @@
-/* allreduce.cuh — device pieces shared by the peer-memory kernels (allreduce.cu, gemv_ar.cu):
+/* allreduce.cuh — device pieces shared by the peer-memory kernels (allreduce.cu):
  * system-scope flags, the global timer, LL stores and loads, bf16 sums. Device code only. */
 #ifndef SF_KERNELS_ALLREDUCE_CUH
 #define SF_KERNELS_ALLREDUCE_CUH

@@ -94,7 +94,7 @@ typedef struct sf_k_arn {
 
 /* Bytes of one rank's region: one-shot buffers of buf_bytes each, LL buffers for messages of
  * up to ll_bytes from `size` ranks, then the fused kernel's push buffers (buf_bytes per rank
- * and parity) and the batch-1 link's area (below). The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes, the push buffers at
+ * and parity). The LL buffers start at SF_AR_SIG_BYTES + 2 * buf_bytes, the push buffers at
  * sf_k_ar_push_off. */
 size_t sf_k_ar_region_bytes(size_t buf_bytes, size_t ll_bytes, int size);
 size_t sf_k_ar_push_off(size_t buf_bytes, size_t ll_bytes, int size);
@@ -103,78 +103,6 @@ int sf_k_allreduce(const sf_k_ar *a, cudaStream_t s);
 /* Queues the fused all-reduce + residual add + RMSNorm (above); cudaErrorInvalidValue for
  * shapes or pointers it does not take. */
 int sf_k_allreduce_norm(const sf_k_arn *a, cudaStream_t s);
-
-/* ---- the batch-1 link (gemv_ar.cu): the all-reduce of a row-parallel projection carried by the
- * kernels around it, with no all-reduce kernel between them ----------------------------------
- * Channels 0 and 1 (the O and the down projection alternate on them). Every rank's region has a
- * link area at sf_k_tpl_off: per-block call counters cnt[channel][SF_TPL_MAX_BLOCKS] (this rank's,
- * local), then lines[channel][from rank][SF_TPL_MAX_COLS / 2] of 8 bytes each.
- *   - A producer (SF_TPK_PUSH: y = x . W^T with m = cols output rows, two neighbouring rows per
- *     warp) computes this rank's contribution v to the sum: rank 0 the residual stream plus its
- *     bf16-rounded product, bf16(h + bf16(x . W^T)); the others bf16(x . W^T). It keeps v in h
- *     and, as each warp finishes, writes rows (2u, 2u + 1) as one 8-byte line {v[2u] | v[2u + 1]
- *     << 16, call number} into slot [this rank] of its channel at every peer (posted NVLink
- *     writes; an 8-byte store arrives whole, so a line with the call number is complete).
- *   - A consumer (SF_TPK_GLU / NORM / ROPE: the norm GEMV after it; SF_TPK_SUM: h = the sum) reads
- *     h and every peer's lines of the channel from its own region, spinning until each carries
- *     the call number, and sums in rank order in fp32, rounded to bf16: the same bits on every
- *     rank, and the sum the LL all-reduce of the same contributions gives.
- *   - Rank 0's residual: h there holds rank 0's last contribution, not the stream; a producer
- *     with prev >= 0 first completes each of its rows from channel prev exactly as a consumer of
- *     prev would (prev = -1: h is the stream, e.g. after the embedding).
- *   - Call numbers: producer block b counts its calls in cnt[ch][b] (the grid of a channel never
- *     changes: m = cols); a consumer reads cnt[ch][0] after its programmatic wait, when the
- *     local producer has completed. The ranks run the same kernels in the same order, so the
- *     counts agree.
- *   - Reuse: a peer overwrites channel ch's lines only in its next producer on ch, which runs
- *     after its consumer of the other channel saw every line this rank's producer wrote there;
- *     that producer ran after this rank's consumer of ch (and rank 0's read of ch in it) had
- *     completed. So one set of lines per channel suffices.
- *   - share = 1: a consumer block that summed and normed the row keeps it in this rank's norm
- *     scratch of the channel (then a gpu-scope release of the call number beside it); a block
- *     that finds the call number there later reads the normed row (cols values) instead of
- *     h and every peer's lines (3x the bytes). A later consumer on the channel comes after this
- *     one completed, so one scratch per channel suffices.
- *   - A wait longer than timeout_ns gives up (1 + the rank into *err, as the all-reduce does).
- * Shapes: cols (the residual width) even, a multiple of 8, at most SF_TPL_MAX_COLS; k % 8 == 0;
- * pointers 16-byte aligned; no bias on the producer (a row-parallel bias would count once per
- * rank). */
-#define SF_TPL_CHANNELS 2
-#define SF_TPL_MAX_COLS 16384
-#define SF_TPL_MAX_BLOCKS 4096
-enum { SF_TPK_PUSH = 1, SF_TPK_GLU = 2, SF_TPK_NORM = 3, SF_TPK_ROPE = 4, SF_TPK_SUM = 5 };
-
-typedef struct sf_k_tpl {
-    char *region[SF_AR_MAX_RANKS]; /* every rank's region as mapped in this process */
-    size_t off;                    /* the link area's offset in a region */
-    int rank, size;
-    uint64_t timeout_ns;
-    volatile unsigned *err;        /* device pointer of mapped host memory */
-} sf_k_tpl;
-
-typedef struct sf_k_tp {
-    int mode;                      /* SF_TPK_* */
-    int stages;                    /* ring stages per warp, 2..4; 0: picked by shape (gemv_ar.cu) */
-    int share;                     /* consumers: share the normed row through the scratch (above) */
-    int ch, prev;                  /* the channel pushed (PUSH) or summed; PUSH: see above */
-    const uint16_t *x;             /* PUSH: [k] the projection's input */
-    const uint16_t *nw;            /* GLU, NORM, ROPE: [k] the norm's weight */
-    float eps;
-    const uint16_t *w, *bias;      /* [m, k]; bias [m] or NULL (not PUSH) */
-    int m, k;
-    uint16_t *h;                   /* [cols] this rank's contribution (PUSH writes it) */
-    uint16_t *y;                   /* GLU [m / 2], NORM [m], ROPE: qkv [m] */
-    /* ROPE: as sf_k_gemv_norm_rope (m = (H + 2 Hkv) hd) */
-    const int32_t *pos, *slot;
-    const float *inv_freq;
-    int H, Hkv, hd, rot, interleaved;
-    sf_k_kv kv;
-} sf_k_tp;
-
-size_t sf_k_tpl_off(size_t buf_bytes, size_t ll_bytes, int size); /* the link area in a region */
-/* Queues one link kernel (SF_TPK_SUM: a.k = cols, no weight). cudaErrorInvalidValue for shapes
- * or pointers it does not take. */
-int sf_k_gemv_tp(const sf_k_tp *a, const sf_k_tpl *l, cudaStream_t s);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "attention_decode.cuh"
+#include "b1trace.cuh"
 
 extern "C" {
 #include "../../common/sf.h"
@@ -93,7 +94,7 @@ static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int
 /* I8: the step has INT8 blocks (kv.i8_base set). The INT8 handling costs registers (about 155
  * against 128), which would halve the blocks per SM of every bf16 step, so it is a separate
  * instance that only steps with INT8 blocks launch. */
-template <int HD, int MAXG, bool I8>
+template <int HD, int MAXG, bool I8, bool PRE>
 __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
@@ -105,6 +106,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     __shared__ float wsm[MAXG][AD_MAX_SPLIT];
     __shared__ int last;
 
+    sf_tr tr;
+    tr_begin(tr);
     sf_pdl_trigger();
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, sub = lane / LPK, dl = lane % LPK;
@@ -115,7 +118,36 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     int64_t off[U];
     kv_offsets<U, I8>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
+    uint4 kr[U], vr[U];
+    bool valid[U], i8[U];
+    float ks[U], vs[U]; /* INT8 rows' scales (1 for bf16) */
+    /* PRE (one token, bf16 cache): the keys of the earlier steps need nothing of this step, so
+     * the first run's K and V loads are issued before the wait; only the newest key (the one
+     * the QKV kernel just appended, position ctx - 1) is loaded after it */
+    bool pre = PRE && a.T == 1;
+    if (pre) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            valid[u] = off[u] >= 0;
+            i8[u] = false;
+            ks[u] = vs[u] = 1.0f;
+            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+            if (valid[u] && k0 + warp * STEP + u * KPW + sub != ctx - 1) {
+                kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
+                vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
+            }
+        }
+    }
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
+    tr_waited(tr);
+    if (pre) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (valid[u] && k0 + warp * STEP + u * KPW + sub == ctx - 1) {
+                kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
+                vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
+            }
+    }
 
     /* q of the group's heads, dims dl*8 .. dl*8+7, scaled so that scores are in base 2 */
     const float qs = a.scale * 1.4426950408889634f;
@@ -146,11 +178,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     }
 
     for (int kb = k0 + warp * STEP; kb < k1; kb += AD_WARPS * STEP) {
-        uint4 kr[U], vr[U];
-        bool valid[U], i8[U];
-        float ks[U], vs[U]; /* INT8 rows' scales (1 for bf16) */
 #pragma unroll
-        for (int u = 0; u < U; u++) {
+        for (int u = 0; u < U && !pre; u++) {
             valid[u] = off[u] >= 0;
             i8[u] = I8 && valid[u] && (off[u] & 1);
             ks[u] = vs[u] = 1.0f;
@@ -171,6 +200,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
                 vr[u] = kr[u];
             }
         }
+        pre = false;
         kv_offsets<U, I8>(off, kb + AD_WARPS * STEP, KPW, sub, k1, bt, a.kv, kh); /* next run's */
         float s[U][MAXG];
 #pragma unroll
@@ -269,18 +299,29 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
         }
         sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
     }
-    if (ns == 1) return;
-
+    tr_ready(tr);
     /* the last block of this (token, kv head) to finish combines the splits */
-    sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+    if (ns > 1) sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+    tr_end(tr, SF_TR_ATTN, ns, ctx);
+}
+
+SF_TR_SETTER(sf_k_attn_decode_trace)
+
+/* SEMFLOW_CUDA_ATTN_PRE=1: one-token steps issue their first run of K/V loads before the
+ * programmatic wait (all but the newest key; off by default until measured; read once). */
+static bool pre_loads(void)
+{
+    static const int on = sf_env_bool("SEMFLOW_CUDA_ATTN_PRE", 0);
+    return on;
 }
 
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
-    int rc = a->kv.i8_base
-                 ? sf_launch_pdl(k_attn_decode<HD, MAXG, true>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a)
-                 : sf_launch_pdl(k_attn_decode<HD, MAXG, false>, dim3(a->T, a->Hkv, a->n_split), dim3(AD_WARPS * 32), 0, s, *a);
+    const dim3 grid(a->T, a->Hkv, a->n_split), block(AD_WARPS * 32);
+    int rc = a->kv.i8_base  ? sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a)
+             : pre_loads() ? sf_launch_pdl(k_attn_decode<HD, MAXG, false, true>, grid, block, 0, s, *a)
+                           : sf_launch_pdl(k_attn_decode<HD, MAXG, false, false>, grid, block, 0, s, *a);
     return rc ? rc : sf_launch_status();
 }
 

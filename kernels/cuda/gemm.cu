@@ -58,7 +58,11 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
     if (e != cudaSuccess) { cublasLtDestroy(g->lt); free(g); return (int)e; }
     for (int i = 0; i < PLAN_BUCKETS; i++) g->bucket[i] = -1;
     g->n_mallocs = n_mallocs;
-    g->own_on = sf_env_bool("SEMFLOW_CUDA_GEMM_OWN", 0);
+    { /* SEMFLOW_CUDA_GEMM_OWN: 0 off, 1 every variant of the own kernel a tuner candidate, 2 no multicast */
+        static const char *const own_modes[] = { "0", "1", "2" };
+        g->own_on = sf_env_choice("SEMFLOW_CUDA_GEMM_OWN", 0, own_modes, 3);
+    }
+    g->own_glu = g->own_on && sf_env_bool("SEMFLOW_CUDA_GEMM_GLU", 0);
     *out = g;
     return 0;
 }

@@ -23,6 +23,7 @@
 #ifdef SF_HAVE_CUDA
 #include <cuda_runtime.h>
 
+#include "../../kernels/cuda/gemv_stream.h"
 #include "../../kernels/cuda/kernels.h"
 
 static cudaStream_t S;
@@ -87,7 +88,7 @@ static int row_at(int i, int n_check, int m) { return n_check == m ? i : (int)((
  * st = blocks per SM x 10 + ring stages, no bias. */
 static void check_fused_st(int kind, int m, int k, int with_bias, int st)
 {
-    const int add = kind == 2;
+    const int add = kind == 2, plain = kind == 3;
     uint16_t *hx, *hnw, *hw, *hb = NULL, *hy0;
     const int out = kind == 1 ? m / 2 : m;
     uint16_t *x = dev_rand(k, 1.0f, &hx), *nw = dev_rand(k, 1.0f, &hnw), *w = dev_rand((int64_t)m * k, 0.05f, &hw);
@@ -95,13 +96,15 @@ static void check_fused_st(int kind, int m, int k, int with_bias, int st)
     REQUIRE(x && nw && w && y && (!with_bias || b), "cudaMalloc/fill of %d x %d failed", m, k);
     if (!add) poison(y, out);
     int rc = st ? sf_k_gemv_stream_tune(kind, st, x, nw, w, m, k, y, S)
-             : add ? sf_k_gemv_add(x, w, b, m, k, y, S) : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
+             : add ? sf_k_gemv_add(x, w, b, m, k, y, S)
+             : plain ? sf_k_gemv_stream_plain(x, w, b, m, k, y, S) : sf_k_gemv_norm(x, nw, 1e-5f, w, b, m, k, kind, y, S);
     cudaError_t e = cudaStreamSynchronize(S);
-    CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", add ? "add" : "norm", m, k, rc, cudaGetErrorString(e));
+    CHECK_MSG(!rc && !e, "%s m=%d k=%d: launch %d, sync %s", add ? "add" : plain ? "plain" : "norm", m, k, rc,
+              cudaGetErrorString(e));
     uint16_t *hy = malloc((size_t)out * 2);
     cudaMemcpy(hy, y, (size_t)out * 2, cudaMemcpyDeviceToHost);
     double *xn = malloc(sizeof(double) * k);
-    if (add) for (int i = 0; i < k; i++) xn[i] = bf(hx[i]);
+    if (add || plain) for (int i = 0; i < k; i++) xn[i] = bf(hx[i]);
     else host_norm(hx, hnw, k, xn);
     const int n_check = out <= 8192 ? out : 256;
     errsum es = { 0 };
@@ -120,7 +123,7 @@ static void check_fused_st(int kind, int m, int k, int with_bias, int st)
         err_add(&es, bf(hy[r]), ref);
     }
     double rel = err_rel(&es);
-    static const char *names[] = { "norm", "glu", "add" };
+    static const char *names[] = { "norm", "glu", "add", "plain" };
     CHECK_MSG(rel <= 1e-2, "%s%s m=%d k=%d st=%d: relative error %.3g over %d rows", names[kind],
               with_bias ? "+bias" : "", m, k, st, rel, n_check);
     free(xn); free(hy); free(hx); free(hnw); free(hw); free(hb); free(hy0);
@@ -205,6 +208,22 @@ TEST(stream_depths)
     }
 }
 
+/* The persistent-warp GEMV without prologue or epilogue (the TP ranks' O and down at one row),
+ * planned and at every configuration, with and without a bias, and shapes it hands to sf_k_gemv. */
+TEST(stream_plain)
+{
+    check_fused(3, 4096, 2048, 0);  /* 8B TP=2 O */
+    check_fused(3, 4096, 7168, 1);  /* 8B TP=2 down, with a bias */
+    check_fused(3, 8192, 14336, 0); /* 70B TP=2 down */
+    check_fused(3, 7, 64, 1);       /* an odd row count */
+    check_fused(3, 64, 40000, 0);   /* x over 64 KiB: sf_k_gemv */
+    static const int cfg[] = { 23, 26, 13, 33 };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cfg); i++) {
+        check_fused_st(3, 4096, 2048, 0, cfg[i]);
+        check_fused_st(3, 6, 24, 0, cfg[i]);
+    }
+}
+
 TEST(gemv_tp_8b)
 {
     check_plain(3072, 4096);
@@ -233,7 +252,8 @@ TEST(bad_inputs)
     CHECK(sf_k_gemv(x, 16, w, NULL, 9, 4, 16, y, 4, S) != 0); /* n > 8 */
     CHECK(sf_k_gemv_stream_tune(2, 27, x, NULL, w, 4, 16, y, S) != 0); /* no such ring depth */
     CHECK(sf_k_gemv_stream_tune(2, 44, x, NULL, w, 4, 16, y, S) != 0); /* nor blocks per SM */
-    CHECK(sf_k_gemv_stream_tune(3, 24, x, NULL, w, 4, 16, y, S) != 0); /* no such kind */
+    CHECK(sf_k_gemv_stream_tune(4, 24, x, NULL, w, 4, 16, y, S) != 0); /* no such kind */
+    CHECK(sf_k_gemv_stream_plain(x, w, NULL, 0, 16, y, S) != 0);      /* no rows */
     CHECK(cudaStreamSynchronize(S) == cudaSuccess);
     cudaFree(x); cudaFree(w); cudaFree(y);
 }
@@ -406,6 +426,7 @@ int main(int argc, char **argv)
     RUN(fused_qwen2_7b);
     RUN(fused_odd_shapes);
     RUN(stream_depths);
+    RUN(stream_plain);
     RUN(gemv_tp_8b);
     RUN(gemv_tp_70b);
     RUN(bad_inputs);

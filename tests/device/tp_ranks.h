@@ -1,4 +1,4 @@
-/* tp_ranks.h — the rank processes of the 2-GPU device tests (test_tp_norm.c, test_tp_push.c):
+/* tp_ranks.h — the rank processes of the 2-GPU device tests (test_tp_norm.c):
  * the GPUs the driver lists without initialising CUDA in the parent, and the fork of one process
  * per rank, each running rank_main(rank, bootstrap) on GPU `rank`. Header-only (static). */
 #ifndef SF_TESTS_TP_RANKS_H

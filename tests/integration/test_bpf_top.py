@@ -45,6 +45,13 @@ def main():
     else:
         fail("top_rejects_bad_interval", f"rc {p.returncode} stderr {p.stderr!r}")
 
+    for bad in ("2x", "0", ""):  # a count with a suffix is refused, not read as its digits
+        p = subprocess.run([BIN, "top", "--gpus", bad], capture_output=True, text=True)
+        if p.returncode == 2 and "--gpus" in p.stderr:
+            print(f"PASS: top_rejects_bad_gpus {bad!r}")
+        else:
+            fail("top_rejects_bad_gpus", f"{bad!r}: rc {p.returncode} stderr {p.stderr!r}")
+
     p = subprocess.run([BIN, "top", "--json", "--once", "--no-discover"], capture_output=True, text=True, timeout=30)
     if p.returncode != 0:
         fail("top_json_once", f"rc {p.returncode}: {p.stderr.strip()}")

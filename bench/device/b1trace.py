@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""b1trace.py — reads a batch-1 kernel timeline (SEMFLOW_CUDA_TRACE=FILE, kernels/cuda/b1trace.cuh)
+and prints, per kernel of a decoder layer, when its blocks started, got past the programmatic
+wait, finished their prologue and ended, relative to the end of the kernel before it (medians
+over the layers of the newest whole steps; µs). Usage: b1trace.py FILE [HBM_GB_S]"""
+import statistics
+import sys
+
+GEMV, ATTN = 16, 64
+FG_NORM, FG_GLU, FG_ADD, FG_ROPE = 1, 2, 4, 8
+
+
+def kind(tag, m, k):
+    if tag == ATTN:
+        return "attn"
+    mode = tag - GEMV
+    if mode & FG_ROPE or mode == FG_NORM:
+        return "qkv"
+    if mode & FG_GLU:
+        return "gate/up"
+    if mode & FG_ADD or mode == 0:  # residual add, or plain (the other TP ranks)
+        return "O" if k <= m else "down"
+    return "tag%d" % tag
+
+
+def main():
+    path = sys.argv[1]
+    bw = float(sys.argv[2]) if len(sys.argv) > 2 else 4250.0
+    groups = {}
+    with open(path) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            v = [int(x) for x in line.split()]
+            if len(v) != 10:
+                continue
+            tag, m, k, grid, blk, sm, t0, dw, dr, de = v
+            groups.setdefault((tag, m, k, grid), []).append((t0, dw, dr, de, sm))
+    inst = []
+    for (tag, m, k, grid), recs in groups.items():
+        recs.sort()
+        n = len(recs) // grid * grid
+        recs = recs[len(recs) - n:]  # the oldest launch may have been overwritten in part
+        for i in range(0, n, grid):
+            r = recs[i:i + grid]
+            inst.append({
+                "kind": kind(tag, m, k), "m": m, "k": k, "grid": grid,
+                "start": min(x[0] for x in r), "last_start": max(x[0] for x in r),
+                "wait0": min(x[0] + x[1] for x in r), "wait1": max(x[0] + x[1] for x in r),
+                "ready1": max(x[0] + x[2] for x in r),
+                "end0": min(x[0] + x[3] for x in r), "end": max(x[0] + x[3] for x in r),
+                "t0s": [x[0] for x in r],
+            })
+    inst.sort(key=lambda x: x["start"])
+    if not inst:
+        print("b1trace: no records in %s" % path)
+        return 1
+    seq = ["qkv", "attn", "O", "gate/up", "down"]
+    layers, i = [], 0
+    while i + 5 <= len(inst):
+        if [x["kind"] for x in inst[i:i + 5]] == seq:
+            layers.append(inst[i:i + 5])
+            i += 5
+        else:
+            i += 1
+    rows = {kd: [] for kd in seq}
+    layer_us = []
+    for j in range(1, len(layers)):
+        prev = layers[j - 1][4]
+        if layers[j][0]["start"] - prev["end"] > 20000:  # a new step (lm_head and sampling between)
+            continue
+        layer_us.append((layers[j][4]["end"] - prev["end"]) / 1e3)
+        p = prev
+        for x in layers[j]:
+            e = p["end"]
+            rows[x["kind"]].append({
+                "start": (x["start"] - e) / 1e3,
+                "before": sum(1 for t in x["t0s"] if t < e),
+                "last_start": (x["last_start"] - e) / 1e3,
+                "wait0": (x["wait0"] - e) / 1e3, "wait1": (x["wait1"] - e) / 1e3,
+                "ready1": (x["ready1"] - e) / 1e3, "end0": (x["end0"] - e) / 1e3,
+                "end": (x["end"] - e) / 1e3, "m": x["m"], "k": x["k"], "grid": x["grid"],
+            })
+            p = x
+    if not layer_us:
+        print("b1trace: no two consecutive whole layers in %s (%d launches)" % (path, len(inst)))
+        return 1
+    ts = sorted(set(t for x in inst for t in x["t0s"]))
+    steps = [b - a for a, b in zip(ts, ts[1:]) if b > a]
+    med = lambda v: statistics.median(v) if v else float("nan")
+    print("b1trace: %d layers (medians; us after the previous kernel's last block ended; timer step >= %d ns)"
+          % (len(layer_us), min(steps) if steps else 0))
+    print("%-8s %6s %5s %7s %6s %7s %7s %7s %7s %7s %7s %7s" % ("kernel", "grid", "early", "start", "last",
+          "wait0", "wait1", "ready", "end0", "end", "ideal", "bytes%"))
+    total_ideal = 0.0
+    for kd in seq:
+        r = rows[kd]
+        if not r:
+            continue
+        ideal = r[0]["m"] * r[0]["k"] * 2 / (bw * 1e3) if kd != "attn" else 0.0
+        total_ideal += ideal
+        end = med([x["end"] for x in r])
+        print("%-8s %6d %5d %7.2f %6.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %6s" % (
+            kd, r[0]["grid"], med([x["before"] for x in r]), med([x["start"] for x in r]),
+            med([x["last_start"] for x in r]), med([x["wait0"] for x in r]), med([x["wait1"] for x in r]),
+            med([x["ready1"] for x in r]), med([x["end0"] for x in r]), end, ideal,
+            "%.0f%%" % (100 * ideal / end) if kd != "attn" and end > 0 else "-"))
+    print("layer: %.2f us (median; min %.2f, max %.2f); its GEMVs' bytes at %.0f GB/s: %.2f us (%.1f%%)" % (
+        med(layer_us), min(layer_us), max(layer_us), bw, total_ideal, 100 * total_ideal / med(layer_us)))
+    print("columns: early = blocks started before the previous kernel ended; start/last = first/last block start;")
+    print("  wait0/wait1 = first/last block past the wait; ready = last prologue done (attention: last partial")
+    print("  stored); end0/end = first/last block end = this kernel's share of the layer time")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,83 @@
+/* b1trace.cuh — an in-kernel timeline of the batch-1 decode kernels (SEMFLOW_CUDA_TRACE=FILE;
+ * b1trace.cu opens and writes it, bench/device/b1trace.py reads it).
+ *
+ * Thread 0 of every block of a traced kernel notes %globaltimer (ns, common to all SMs) when the
+ * block starts, when it is past the programmatic-launch wait, when its prologue is done (x in
+ * shared memory; attention: its partial stored) and when its last thread is done, and appends
+ * one record to a device ring. So the overlap of neighbouring kernels in a graph replay is seen
+ * as it runs, which per-kernel profilers (each kernel alone) cannot show. Off (the default), a
+ * traced kernel pays one constant-cache read of a NULL pointer per mark.
+ *
+ * Every .cu file that includes this has its own copy of the pointer (no relocatable device
+ * code) and a setter made by SF_TR_SETTER, which b1trace.cu calls for each. */
+#ifndef SF_KERNELS_B1TRACE_CUH
+#define SF_KERNELS_B1TRACE_CUH
+
+#include <stdint.h>
+
+/* One block of one launch (32 bytes). Record 0 of the buffer is the header: t0 counts the
+ * records ever appended, grid is the ring's capacity (records after the header). */
+struct sf_tr_rec {
+    uint32_t id;          /* tag << 24 | SM << 16 | block (low 16 bits) */
+    uint16_t m, k;        /* the launch's shape (GEMV rows and columns; attention: splits, keys) */
+    unsigned long long t0; /* %globaltimer at the block's start */
+    uint32_t d_wait, d_ready, d_end; /* ns after t0: past the wait, prologue done, block done */
+    uint32_t grid;        /* blocks of the launch */
+};
+
+/* Tags: the persistent-warp GEMVs are SF_TR_GEMV + their mode bits (gemv_ring.cuh FG_*). */
+#define SF_TR_GEMV 16
+#define SF_TR_ATTN 64
+
+static __constant__ sf_tr_rec *tr_buf; /* this file's copy (NULL: off) */
+
+#define SF_TR_SETTER(name) \
+    extern "C" int name(void *buf) { return (int)cudaMemcpyToSymbol(tr_buf, &buf, sizeof buf); }
+
+struct sf_tr {
+    unsigned long long t0;
+    uint32_t tw, tr;
+};
+
+static __device__ __forceinline__ unsigned long long tr_now(void)
+{
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+static __device__ __forceinline__ void tr_begin(sf_tr &s)
+{
+    if (tr_buf && threadIdx.x == 0) { s.t0 = tr_now(); s.tw = s.tr = 0; }
+}
+static __device__ __forceinline__ void tr_waited(sf_tr &s)
+{
+    if (tr_buf && threadIdx.x == 0) s.tw = (uint32_t)(tr_now() - s.t0);
+}
+static __device__ __forceinline__ void tr_ready(sf_tr &s)
+{
+    if (tr_buf && threadIdx.x == 0) s.tr = (uint32_t)(tr_now() - s.t0);
+}
+/* Called by every thread of the block (it synchronises the block when tracing). */
+static __device__ __forceinline__ void tr_end(const sf_tr &s, int tag, int m, int k)
+{
+    if (!tr_buf) return;
+    __syncthreads();
+    if (threadIdx.x) return;
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    const unsigned long long now = tr_now();
+    const unsigned long long i = atomicAdd(&tr_buf[0].t0, 1ull);
+    sf_tr_rec *r = &tr_buf[1 + i % tr_buf[0].grid];
+    const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    r->id = (unsigned)tag << 24 | (sm & 0xff) << 16 | (b & 0xffff);
+    r->m = (uint16_t)min(m, 65535);
+    r->k = (uint16_t)min(k, 65535);
+    r->t0 = s.t0;
+    r->d_wait = s.tw;
+    r->d_ready = s.tr;
+    r->d_end = (uint32_t)(now - s.t0);
+    r->grid = gridDim.x * gridDim.y * gridDim.z;
+}
+
+#endif
