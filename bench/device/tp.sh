@@ -112,7 +112,7 @@ echo
 echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -hE '^(PASS|FAIL):' "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
-grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
+grep -E 'worst|own path up to|LL up to|sampled on rank|TP=2 async' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
 echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: PDL + early loads (default) / PDL / plain / all-reduce then rmsnorm"
