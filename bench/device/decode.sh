@@ -103,9 +103,10 @@ step q7-512 10 $Q7 --ctx 512
 step q7-512-bat 10 $BAT $Q7 --ctx 512
 step l8-4096 10 $L8 --ctx 4096
 step l8-4096-bat 10 $BAT $L8 --ctx 4096
-# a per-op plan (blocks per SM x 10 + ring stages) that leaves an SM room for attention's
-# blocks beside QKV's; the TP=2 shard shapes' per-op bests of session 5 in the chain
+# per-op plans (blocks per SM x 10 + ring stages) that leave an SM room for attention's
+# blocks beside QKV's, and for two O blocks beside an attention block; the TP=2 shard shapes' per-op bests of session 5 in the chain
 step l8-512-q33 10 SEMFLOW_CUDA_GEMV_PLAN=qkv=33 $L8 --ctx 512
+step l8-512-o25 10 SEMFLOW_CUDA_GEMV_PLAN=o=25 $L8 --ctx 512
 [ -x "$GT" ] && step perf-tp2plan 14 SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33,down=25 "$GT" --perf
 cat "$D/runs.txt"
 for f in perf perf-bat perf-tp2plan; do [ -f "$D/$f.log" ] && echo "$f:" && grep 'chain\|copy bandwidth' "$D/$f.log"; done
@@ -123,7 +124,7 @@ python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
 names = ["l8-512", "l8-512-trace", "l8-512-bat", "l8-512-pre", "l8-512-bat-pre", "l8-512-bat-trace", "l8-512-cl",
-         "l8-512-bat-cl", "l8-512-q33",
+         "l8-512-bat-cl", "l8-512-q33", "l8-512-o25",
          "q7-512", "q7-512-bat", "l8-4096", "l8-4096-bat"]
 print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
