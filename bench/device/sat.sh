@@ -7,8 +7,9 @@
 #      table of µs per call (cuBLASLt heuristic, tuner, own kernel) at n = 128/192/256 for the 8B
 #      shapes and their TP=2 shards, weights rotated past L2, against max(bytes/HBM, FLOPs/peak);
 #   2. the 256x192 step op by op (SEMFLOW_CUDA_PROFILE=1: each op timed alone, graphs off);
-#   3. bench decode-batch 256x192 (graphs) own on / off;
-#   4. bench throughput 128/128 with 512 prompts own on / off;
+#   3. bench decode-batch 256x192 (graphs) own on / own on with the gate/up GEMM's SiLU·mul
+#      epilogue (SEMFLOW_CUDA_GEMM_GLU=1) / off;
+#   4. bench throughput 128/128 with 512 prompts, the same three;
 #   5. test_decode_attn and test_smallops checks with what time is left.
 # The "on" runs go first: the tuner writes its winners (cuBLASLt's best and the own kernel's) to
 # this GPU's cache, and the "off" runs read the same entries and take cuBLASLt's best.
@@ -60,8 +61,10 @@ echo "sat: the tuner's own-kernel candidates: SEMFLOW_CUDA_GEMM_OWN=$OWN" | tee 
 r test_gemm 55 SEMFLOW_CUDA_GEMM_OWN=$OWN "$TB/test_gemm" --perf
 r profile 30 "SEMFLOW_CUDA_GEMM_OWN=$OWN SEMFLOW_CUDA_PROFILE=1" "$BIN" $DB
 r db-own 20 SEMFLOW_CUDA_GEMM_OWN=$OWN "$BIN" $DB
+r db-glu 20 "SEMFLOW_CUDA_GEMM_OWN=$OWN SEMFLOW_CUDA_GEMM_GLU=1" "$BIN" $DB
 r db-lt 20 SEMFLOW_CUDA_GEMM_OWN=0 "$BIN" $DB
 r thr-own 25 SEMFLOW_CUDA_GEMM_OWN=$OWN "$BIN" $TP --compare "$D/db-own.out"
+r thr-glu 25 "SEMFLOW_CUDA_GEMM_OWN=$OWN SEMFLOW_CUDA_GEMM_GLU=1" "$BIN" $TP --compare "$D/db-glu.out"
 r thr-lt 25 SEMFLOW_CUDA_GEMM_OWN=0 "$BIN" $TP --compare "$D/db-lt.out"
 r test_decode_attn 15 SF_RUN=1 "$TB/test_decode_attn"
 r test_smallops 15 SF_RUN=1 "$TB/test_smallops"
@@ -85,13 +88,15 @@ def load(n):
     except (OSError, ValueError):
         return None
 print("%-8s %12s %12s %8s" % ("own", "step 256x192", "128/128 tok/s", "of bound"))
-for tag, db, tp in (("on", "db-own", "thr-own"), ("off", "db-lt", "thr-lt")):
+for tag, db, tp in (("on", "db-own", "thr-own"), ("on+glu", "db-glu", "thr-glu"), ("off", "db-lt", "thr-lt")):
     a, b = load(db), load(tp)
     step = "%.3f ms" % a["ms_per_step_median"] if a else "-"
     tok = "%.0f" % b["output_tokens_per_s"] if b else "-"
     share = "%.1f%%" % (100 * b["bound"]["ratio"]) if b else "-"
     print("%-8s %12s %12s %8s" % (tag, step, tok, share))
-a, b = load("db-own"), load("db-lt")
-if a and b:
-    print("step own/off: %.3fx (bound %.3f ms)" % (a["ms_per_step_median"] / b["ms_per_step_median"], a["roofline_ms"]))
+b = load("db-lt")
+for tag, n in (("own", "db-own"), ("own+glu", "db-glu")):
+    a = load(n)
+    if a and b:
+        print("step %s/off: %.3fx (bound %.3f ms)" % (tag, a["ms_per_step_median"] / b["ms_per_step_median"], a["roofline_ms"]))
 PY

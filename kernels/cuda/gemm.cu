@@ -62,6 +62,7 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
         static const char *const own_modes[] = { "0", "1", "2" };
         g->own_on = sf_env_choice("SEMFLOW_CUDA_GEMM_OWN", 0, own_modes, 3);
     }
+    g->own_glu = g->own_on && sf_env_bool("SEMFLOW_CUDA_GEMM_GLU", 0);
     *out = g;
     return 0;
 }

@@ -43,6 +43,7 @@ typedef struct tune_entry {
     float us, heuristic_us, tune_ms; /* winner's and heuristic-first's time at nb; time spent tuning */
     int own;      /* > 0: the own wgmma kernel's variant (plan.own) that beat algo (us is then its time) */
     float own_us; /* the own kernel's best time at nb (0: not a candidate), winning or not */
+    int own_best; /* the variant of own_us (0: none); the GLU epilogue's variant (gemm_wgmma.cu) */
     float lt_us;  /* the best cuBLASLt-family time at nb (algo / split), what runs with the own kernel off */
     int n_candidates, from_cache;
 } tune_entry;
@@ -76,6 +77,7 @@ struct sf_k_gemm_ctx {
      * the driver's cuTensorMapEncodeTiled; own_on: it may be a tuner candidate
      * (SEMFLOW_CUDA_GEMM_OWN, default on) */
     int wg_state, own_on;
+    int own_glu; /* SEMFLOW_CUDA_GEMM_GLU=1: sf_k_gemm_glu_ok may say yes (gate/up + SiLU·mul fused) */
     void *wg_encode;
 };
 

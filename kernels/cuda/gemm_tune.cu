@@ -86,11 +86,12 @@ static void cache_save(sf_k_gemm_ctx *g)
         if (!t->n_candidates) continue; /* failed: try again in the next process */
         char hex[129];
         hex_algo(&t->algo, hex);
-        json_array_append_new(arr, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:i, s:i, s:f, s:f}", "m",
+        json_array_append_new(arr, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:i, s:i, s:f, s:f, s:i}", "m",
                                              t->m, "k", t->k, "bias", t->has_bias, "acc", t->acc, "n", t->nb, "split",
                                              t->split, "algo", hex, "us", (double)t->us, "heuristic_us",
                                              (double)t->heuristic_us, "candidates", t->n_candidates, "own", t->own,
-                                             "own_us", (double)t->own_us, "lt_us", (double)t->lt_us));
+                                             "own_us", (double)t->own_us, "lt_us", (double)t->lt_us, "own_best",
+                                             t->own_best));
     }
     json_object_set_new(o, "entries", arr);
     char tmp[1100];
@@ -134,15 +135,15 @@ static void cache_load(sf_k_gemm_ctx *g)
     }
     for (size_t i = 0; i < json_array_size(arr) && g->n_tunes < MAX_TUNES; i++) {
         json_t *e = json_array_get(arr, i);
-        json_int_t m = 0, k = 0, bias = 0, acc = 0, nb = 0, nc = 0, split = 0, own = 0;
+        json_int_t m = 0, k = 0, bias = 0, acc = 0, nb = 0, nc = 0, split = 0, own = 0, own_best = 0;
         const char *hex = NULL;
         double us = 0, hus = 0, own_us = 0, lt_us = 0;
         tune_entry t;
         memset(&t, 0, sizeof t);
-        if (json_unpack(e, "{s:I, s:I, s:I, s:I, s:I, s?I, s:s, s:F, s:F, s:I, s?I, s?F, s?F}", "m", &m, "k", &k,
+        if (json_unpack(e, "{s:I, s:I, s:I, s:I, s:I, s?I, s:s, s:F, s:F, s:I, s?I, s?F, s?F, s?I}", "m", &m, "k", &k,
                         "bias", &bias, "acc", &acc, "n", &nb, "split", &split, "algo", &hex, "us", &us, "heuristic_us",
-                        &hus, "candidates", &nc, "own", &own, "own_us", &own_us, "lt_us", &lt_us) ||
-            own < 0 || own > 8 || (own && !(own_us > 0)) ||
+                        &hus, "candidates", &nc, "own", &own, "own_us", &own_us, "lt_us", &lt_us, "own_best", &own_best) ||
+            own < 0 || own > 8 || (own && !(own_us > 0)) || own_best < 0 || own_best > 8 ||
             m <= 0 || k <= 0 || m > (1 << 24) || k > (1 << 24) || (bias | acc) & ~1 || sf_k_gemm_bucket((int)nb) != nb ||
             nc <= 0 || !(us > 0) || unhex_algo(hex, &t.algo) ||
             (split != 0 && (split < 0 || split > 64 || !sf_gemm_split_ok((int)k, (int)split) ||
@@ -153,7 +154,7 @@ static void cache_load(sf_k_gemm_ctx *g)
         }
         t.m = (int)m; t.k = (int)k; t.has_bias = (int)bias; t.acc = (int)acc; t.nb = (int)nb; t.split = (int)split;
         t.us = (float)us; t.heuristic_us = (float)hus; t.n_candidates = (int)nc; t.from_cache = 1;
-        t.own = (int)own; t.own_us = (float)own_us; t.lt_us = lt_us > 0 ? (float)lt_us : (float)us;
+        t.own = (int)own; t.own_us = (float)own_us; t.own_best = (int)own_best; t.lt_us = lt_us > 0 ? (float)lt_us : (float)us;
         g->tunes[g->n_tunes++] = t;
     }
     if (bad)
@@ -508,6 +509,7 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
         e.n_candidates = n_ok;
         if (jo >= 0) {
             e.own_us = fin[jo];
+            e.own_best = ow[top[jo]];
             if (fin[jo] < fin[best]) { /* the own kernel is exact to one rounding: no noise margin */
                 e.own = ow[top[jo]];
                 e.us = fin[jo];

@@ -119,6 +119,30 @@ static __device__ __forceinline__ void mbar_arrive_cluster(uint64_t *b, unsigned
                  : "memory");
 }
 
+/* 4 bf16 (8-byte aligned) as floats, and back with round-to-nearest. */
+static __device__ __forceinline__ float4 ld_bf16x4(const bf16 *p)
+{
+    uint2 raw = *(const uint2 *)p;
+    float2 a = __bfloat1622float2(*(bf162 *)&raw.x), b = __bfloat1622float2(*(bf162 *)&raw.y);
+    return make_float4(a.x, a.y, b.x, b.y);
+}
+
+static __device__ __forceinline__ void st_bf16x4(bf16 *p, float4 v)
+{
+    bf162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
+    uint2 out;
+    out.x = *(uint32_t *)&h0;
+    out.y = *(uint32_t *)&h1;
+    *(uint2 *)p = out;
+}
+
+/* silu(gate) * up from fp32 sums, rounded as silu_mul.cu rounds its bf16 inputs */
+static __device__ __forceinline__ float glu1(float g, float u)
+{
+    g = bf2f(f2bf(g));
+    return bf2f(f2bf(g / (1.0f + __expf(-g)))) * bf2f(f2bf(u));
+}
+
 static __device__ __forceinline__ void cluster_sync()
 {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -142,10 +166,10 @@ static __device__ __forceinline__ float4 ld_cluster4(const float *p, unsigned ra
  * (which k slice), mi = r / split (which of the MC tiles). MC = 2: the two tiles' CTAs of one k
  * slice load half the x box each and multicast it to both (x read from L2 once per pair), so a
  * stage is free for the next copy only when both CTAs' consumers released it: 4 arrivals. */
-template <int BN, int MC>
+template <int BN, int MC, int GLU>
 static __global__ void __launch_bounds__(WG_THREADS, 1)
     k_gemm_wg(const __grid_constant__ CUtensorMap tw, const __grid_constant__ CUtensorMap tx, int n, int k, int split,
-              const bf16 *__restrict__ bias, bf16 *y, int64_t ldy, int acc)
+              int f, const bf16 *__restrict__ bias, bf16 *y, int64_t ldy, int acc)
 {
 #ifdef SF_WGMMA
     typedef wg_cfg<BN> C;
@@ -171,7 +195,12 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
                 if (i >= C::STAGES) mbar_wait(&empty[s], ((i / C::STAGES) & 1) ^ 1);
                 uint8_t *a = sm + s * C::STAGE;
                 mbar_expect_tx(&full[s], C::STAGE); /* out-of-range token rows arrive as zeros, counted */
-                tma_load(a, &tw, &full[s], (kb0 + i) * WG_BK, tile * WG_BM);
+                if (GLU) { /* gate rows to the first consumer, the matching up rows to the second */
+                    tma_load(a, &tw, &full[s], (kb0 + i) * WG_BK, tile * (WG_BM / 2));
+                    tma_load(a + C::A_BYTES / 2, &tw, &full[s], (kb0 + i) * WG_BK, f + tile * (WG_BM / 2));
+                } else {
+                    tma_load(a, &tw, &full[s], (kb0 + i) * WG_BK, tile * WG_BM);
+                }
                 if (MC == 1)
                     tma_load(a + C::A_BYTES, &tx, &full[s], (kb0 + i) * WG_BK, 0);
                 else
@@ -217,30 +246,46 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     {
         const float *red = (const float *)sm;
         const int t0 = ki * BN / split, t1 = SF_MIN((ki + 1) * BN / split, n), r0 = mi * split;
-        for (int e = tid; e < (t1 - t0) * (WG_BM / 4); e += WG_THREADS) {
-            const int t = t0 + e / (WG_BM / 4), f = (e % (WG_BM / 4)) * 4;
-            float4 v = ld_cluster4(red + t * C::LDR + f, r0);
-            for (int q = 1; q < split; q++) {
-                float4 u = ld_cluster4(red + t * C::LDR + f, r0 + q);
-                v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+        if (GLU) {
+            /* y[t, tile*64 + j] = silu(gate) * up, rounded as the GEMM then silu_mul would: the
+             * products to bf16, silu(gate) to bf16, the product once more */
+            for (int e = tid; e < (t1 - t0) * (WG_BM / 8); e += WG_THREADS) {
+                const int t = t0 + e / (WG_BM / 8), j = (e % (WG_BM / 8)) * 4;
+                float4 g = ld_cluster4(red + t * C::LDR + j, r0), u = ld_cluster4(red + t * C::LDR + 64 + j, r0);
+                for (int q = 1; q < split; q++) {
+                    float4 a = ld_cluster4(red + t * C::LDR + j, r0 + q), b = ld_cluster4(red + t * C::LDR + 64 + j, r0 + q);
+                    g.x += a.x; g.y += a.y; g.z += a.z; g.w += a.w;
+                    u.x += b.x; u.y += b.y; u.z += b.z; u.w += b.w;
+                }
+                const int64_t col = (int64_t)tile * (WG_BM / 2) + j;
+                if (bias) {
+                    float4 bg = ld_bf16x4(bias + col), bu = ld_bf16x4(bias + f + col);
+                    g.x += bg.x; g.y += bg.y; g.z += bg.z; g.w += bg.w;
+                    u.x += bu.x; u.y += bu.y; u.z += bu.z; u.w += bu.w;
+                }
+                float4 v = make_float4(glu1(g.x, u.x), glu1(g.y, u.y), glu1(g.z, u.z), glu1(g.w, u.w));
+                st_bf16x4(y + (int64_t)t * ldy + col, v);
             }
-            const int64_t col = (int64_t)tile * WG_BM + f;
-            if (bias) {
-                uint2 raw = *(const uint2 *)(bias + col);
-                float2 b0 = __bfloat1622float2(*(bf162 *)&raw.x), b1 = __bfloat1622float2(*(bf162 *)&raw.y);
-                v.x += b0.x; v.y += b0.y; v.z += b1.x; v.w += b1.y;
+        } else {
+            for (int e = tid; e < (t1 - t0) * (WG_BM / 4); e += WG_THREADS) {
+                const int t = t0 + e / (WG_BM / 4), j = (e % (WG_BM / 4)) * 4;
+                float4 v = ld_cluster4(red + t * C::LDR + j, r0);
+                for (int q = 1; q < split; q++) {
+                    float4 u = ld_cluster4(red + t * C::LDR + j, r0 + q);
+                    v.x += u.x; v.y += u.y; v.z += u.z; v.w += u.w;
+                }
+                const int64_t col = (int64_t)tile * WG_BM + j;
+                if (bias) {
+                    float4 b = ld_bf16x4(bias + col);
+                    v.x += b.x; v.y += b.y; v.z += b.z; v.w += b.w;
+                }
+                bf16 *o = y + (int64_t)t * ldy + col;
+                if (acc) {
+                    float4 a = ld_bf16x4(o);
+                    v.x += a.x; v.y += a.y; v.z += a.z; v.w += a.w;
+                }
+                st_bf16x4(o, v);
             }
-            bf16 *o = y + (int64_t)t * ldy + col;
-            if (acc) {
-                uint2 raw = *(const uint2 *)o;
-                float2 y0 = __bfloat1622float2(*(bf162 *)&raw.x), y1 = __bfloat1622float2(*(bf162 *)&raw.y);
-                v.x += y0.x; v.y += y0.y; v.z += y1.x; v.w += y1.y;
-            }
-            bf162 h0 = __floats2bfloat162_rn(v.x, v.y), h1 = __floats2bfloat162_rn(v.z, v.w);
-            uint2 out;
-            out.x = *(uint32_t *)&h0;
-            out.y = *(uint32_t *)&h1;
-            *(uint2 *)o = out;
         }
     }
     cluster_sync(); /* no CTA leaves while a neighbour still reads its shared memory */
@@ -260,12 +305,13 @@ static int wg_bn(int n) { return n <= 64 ? 64 : n <= 128 ? 128 : n <= 192 ? 192 
 static int own_split(int own) { return (own - 1) % 4 + 1; }
 static int own_mc(int own) { return own > 4 ? 2 : 1; }
 
-template <int MC> static int wg_attrs()
+template <int MC, int GLU> static int wg_attrs()
 {
-    return cudaFuncSetAttribute(k_gemm_wg<64, MC>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<64>::SMEM) ||
-           cudaFuncSetAttribute(k_gemm_wg<128, MC>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<128>::SMEM) ||
-           cudaFuncSetAttribute(k_gemm_wg<192, MC>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<192>::SMEM) ||
-           cudaFuncSetAttribute(k_gemm_wg<256, MC>, cudaFuncAttributeMaxDynamicSharedMemorySize, wg_cfg<256>::SMEM);
+    const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
+    return cudaFuncSetAttribute(k_gemm_wg<64, MC, GLU>, a, wg_cfg<64>::SMEM) ||
+           cudaFuncSetAttribute(k_gemm_wg<128, MC, GLU>, a, wg_cfg<128>::SMEM) ||
+           cudaFuncSetAttribute(k_gemm_wg<192, MC, GLU>, a, wg_cfg<192>::SMEM) ||
+           cudaFuncSetAttribute(k_gemm_wg<256, MC, GLU>, a, wg_cfg<256>::SMEM);
 }
 
 /* The context's one-time set-up: the driver's tensor-map encoder, the device's compute
@@ -280,7 +326,8 @@ static int wg_setup(sf_k_gemm_ctx *g)
     if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) || major != 9 || minor != 0 ||
         cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ||
-        q != cudaDriverEntryPointSuccess || !fn || wg_attrs<1>() || wg_attrs<2>()) {
+        q != cudaDriverEntryPointSuccess || !fn || wg_attrs<1, 0>() || wg_attrs<2, 0>() || wg_attrs<1, 1>() ||
+        wg_attrs<2, 1>()) {
         cudaGetLastError();
         return 0;
     }
@@ -289,13 +336,19 @@ static int wg_setup(sf_k_gemm_ctx *g)
     return 1;
 }
 
-int sf_gemm_wg_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx, int64_t ldy)
+/* m: weight rows; out: the output's columns (m, or m / 2 for the GLU epilogue) */
+static int wg_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx, int64_t ldy, int out)
 {
     if (own < 1 || own > 8) return 0;
     const int split = own_split(own), mc = own_mc(own);
     return n >= 1 && n <= 256 && m > 0 && m % (WG_BM * mc) == 0 && k > 0 && k % WG_BK == 0 && k / WG_BK >= split &&
            (mc == 1 || n > wg_bn(n) / 2) /* no multicast half wholly past the rows */ && ldx % 8 == 0 && ldx >= k &&
-           ldy % 4 == 0 && ldy >= m && wg_setup(g);
+           ldy % 4 == 0 && ldy >= out && wg_setup(g);
+}
+
+int sf_gemm_wg_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx, int64_t ldy)
+{
+    return wg_ok(g, own, n, m, k, ldx, ldy, m);
 }
 
 /* A 2-D tensor map over rows x k bf16 (row stride ld elements), boxes of box_rows x 64. */
@@ -309,7 +362,7 @@ static int wg_map(sf_k_gemm_ctx *g, CUtensorMap *map, const uint16_t *p, int row
     return r == CUDA_SUCCESS ? 0 : (int)cudaErrorInvalidValue;
 }
 
-template <int BN, int MC>
+template <int BN, int MC, int GLU>
 static int wg_launch(const CUtensorMap &tw, const CUtensorMap &tx, int split, int n, int m, int k, const uint16_t *bias,
                      uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
 {
@@ -325,33 +378,44 @@ static int wg_launch(const CUtensorMap &tw, const CUtensorMap &tx, int split, in
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
     cfg.numAttrs = 1;
-    return (int)cudaLaunchKernelEx(&cfg, k_gemm_wg<BN, MC>, tw, tx, n, k, split, (const bf16 *)bias, (bf16 *)y, ldy,
-                                   acc);
+    return (int)cudaLaunchKernelEx(&cfg, k_gemm_wg<BN, MC, GLU>, tw, tx, n, k, split, m / 2, (const bf16 *)bias,
+                                   (bf16 *)y, ldy, acc);
 }
 
-template <int MC>
+template <int MC, int GLU>
 static int wg_launch_bn(int bn, const CUtensorMap &tw, const CUtensorMap &tx, int split, int n, int m, int k,
                         const uint16_t *bias, uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
 {
     switch (bn) {
-    case 64: return wg_launch<64, MC>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
-    case 128: return wg_launch<128, MC>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
-    case 192: return wg_launch<192, MC>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
-    default: return wg_launch<256, MC>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
+    case 64: return wg_launch<64, MC, GLU>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
+    case 128: return wg_launch<128, MC, GLU>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
+    case 192: return wg_launch<192, MC, GLU>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
+    default: return wg_launch<256, MC, GLU>(tw, tx, split, n, m, k, bias, y, ldy, acc, s);
     }
+}
+
+/* glu: m = 2f weight rows (gate then up), y gets f columns; acc is then 0 */
+static int wg_run(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                  int n, int m, int k, uint16_t *y, int64_t ldy, int acc, int glu, cudaStream_t s)
+{
+    CUtensorMap tw, tx;
+    int rc, bn = wg_bn(n), split = own_split(own), mc = own_mc(own);
+    if (!wg_ok(g, own, n, m, k, ldx, ldy, glu ? m / 2 : m) || ((uintptr_t)x | (uintptr_t)w) % 16 ||
+        ((uintptr_t)y | (uintptr_t)bias) % 8)
+        return (int)cudaErrorInvalidValue;
+    if ((rc = wg_map(g, &tw, w, m, k, k, glu ? WG_BM / 2 : WG_BM)) || (rc = wg_map(g, &tx, x, n, k, ldx, bn / mc)))
+        return rc;
+    if (glu)
+        return mc == 1 ? wg_launch_bn<1, 1>(bn, tw, tx, split, n, m, k, bias, y, ldy, 0, s)
+                       : wg_launch_bn<2, 1>(bn, tw, tx, split, n, m, k, bias, y, ldy, 0, s);
+    return mc == 1 ? wg_launch_bn<1, 0>(bn, tw, tx, split, n, m, k, bias, y, ldy, acc, s)
+                   : wg_launch_bn<2, 0>(bn, tw, tx, split, n, m, k, bias, y, ldy, acc, s);
 }
 
 int sf_gemm_wg_run(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
                    int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
 {
-    CUtensorMap tw, tx;
-    int rc, bn = wg_bn(n), split = own_split(own), mc = own_mc(own);
-    if (!sf_gemm_wg_ok(g, own, n, m, k, ldx, ldy) || ((uintptr_t)x | (uintptr_t)w) % 16 ||
-        ((uintptr_t)y | (uintptr_t)bias) % 8)
-        return (int)cudaErrorInvalidValue;
-    if ((rc = wg_map(g, &tw, w, m, k, k, WG_BM)) || (rc = wg_map(g, &tx, x, n, k, ldx, bn / mc))) return rc;
-    return mc == 1 ? wg_launch_bn<1>(bn, tw, tx, split, n, m, k, bias, y, ldy, acc, s)
-                   : wg_launch_bn<2>(bn, tw, tx, split, n, m, k, bias, y, ldy, acc, s);
+    return wg_run(g, own, x, ldx, w, bias, n, m, k, y, ldy, acc, 0, s);
 }
 
 extern "C" int sf_k_gemm_own_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx, int64_t ldy)
@@ -363,4 +427,31 @@ extern "C" int sf_k_gemm_own(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64
                              const uint16_t *bias, int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
 {
     return sf_gemm_wg_run(g, own, x, ldx, w, bias, n, m, k, y, ldy, acc, s);
+}
+
+/* The variant for the GLU epilogue at (n, 2f, k): the tuner's fastest own variant for the plain
+ * gate/up GEMM of n's bucket (0 when it has none or it does not apply). */
+static int glu_variant(sf_k_gemm_ctx *g, int n, int f, int k, int64_t ldx, int64_t ldy)
+{
+    int nb = sf_k_gemm_bucket(n);
+    const tune_entry *t = nb && g->tunes && g->own_glu ? sf_gemm_tune_find(g, 2 * f, k, 0, 0, nb) : NULL;
+    return t && t->own_best && wg_ok(g, t->own_best, n, 2 * f, k, ldx, ldy, f) ? t->own_best : 0;
+}
+
+extern "C" int sf_k_gemm_glu_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int f, int k, int64_t ldx, int64_t ldy)
+{
+    return !bias && glu_variant(g, n, f, k, ldx, ldy) > 0;
+}
+
+extern "C" int sf_k_gemm_glu(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, int n, int f, int k,
+                             uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    int v = glu_variant(g, n, f, k, ldx, ldy);
+    return v ? wg_run(g, v, x, ldx, w, NULL, n, 2 * f, k, y, ldy, 0, 1, s) : (int)cudaErrorInvalidValue;
+}
+
+extern "C" int sf_k_gemm_own_glu(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w,
+                                 const uint16_t *bias, int n, int f, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    return wg_run(g, own, x, ldx, w, bias, n, 2 * f, k, y, ldy, 0, 1, s);
 }

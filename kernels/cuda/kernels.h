@@ -174,6 +174,17 @@ int sf_k_gemm_own_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx
 int sf_k_gemm_own(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
                   int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
 
+/* y[n, f] = silu(x . Wg^T) * (x . Wu^T) for W = [Wg; Wu] (2f x k, no bias) in one own-kernel
+ * launch (the GLU epilogue; rounded as the GEMM then sf_k_silu_mul would). _ok: whether it applies
+ * to this n: SEMFLOW_CUDA_GEMM_GLU=1 (with the own kernel on) and the tuner has timed an own
+ * variant for the plain 2f x k GEMM in n's bucket (sf_k_gemm_prepare of that shape first); that
+ * variant runs. _own_glu: a given variant, for tests. */
+int sf_k_gemm_glu_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int f, int k, int64_t ldx, int64_t ldy);
+int sf_k_gemm_glu(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, int n, int f, int k, uint16_t *y,
+                  int64_t ldy, cudaStream_t s);
+int sf_k_gemm_own_glu(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
+                      int n, int f, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
+
 /* ---- measured cuBLASLt algorithm choice (gemm_tune.cu) ------------------------------------- */
 /* Turns the tuner on: from then on the first use of each (m, k, bias, accumulate, n bucket) with
  * n > 8, outside a graph capture, times cuBLASLt's candidates on scratch buffers of its own

@@ -201,6 +201,52 @@ TEST(odd_shapes)
     weight_free(&w);
 }
 
+/* The GLU epilogue of variant own against the same variant's plain gate/up output (itself checked
+ * against float64 above) with SiLU·mul on the host, rounded as silu_mul.cu rounds. */
+static int glu_case(int own, int f, int k, int n)
+{
+    weight w;
+    uint16_t *x = NULL, *yp = NULL, *yg = NULL, *hp = NULL, *hg = NULL;
+    int fails = 1;
+    size_t np = (size_t)n * 2 * f, ng = (size_t)n * f;
+    if (weight_new(&w, 2 * f, k, 0)) {
+        printf("  glu: cannot make a %dx%d weight\n", 2 * f, k);
+        return 1;
+    }
+    if (cudaMalloc((void **)&x, (size_t)n * k * 2) || cudaMalloc((void **)&yp, np * 2) || cudaMalloc((void **)&yg, ng * 2) ||
+        !(hp = malloc(np * 2)) || !(hg = malloc(ng * 2))) {
+        printf("  glu: out of memory\n");
+        goto out;
+    }
+    sf_k_fill_random(x, (int64_t)n * k, sf_rng_next(&R), 1.0f, S);
+    cudaMemsetAsync(yg, 0xff, ng * 2, S);
+    int rc = sf_k_gemm_own(G, own, x, k, w.d, NULL, n, 2 * f, k, yp, 2 * f, 0, S);
+    if (!rc) rc = sf_k_gemm_own_glu(G, own, x, k, w.d, NULL, n, f, k, yg, f, S);
+    if (rc || cudaMemcpyAsync(hp, yp, np * 2, cudaMemcpyDeviceToHost, S) ||
+        cudaMemcpyAsync(hg, yg, ng * 2, cudaMemcpyDeviceToHost, S) || cudaStreamSynchronize(S)) {
+        printf("  glu own/%d f=%d n=%d: %s\n", own, f, n, rc ? sf_k_gemm_error_str(rc) : cudaGetErrorString(cudaGetLastError()));
+        goto out;
+    }
+    long bad = 0;
+    double worst = 0;
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < f; j++) {
+            float g = bf(hp[(size_t)i * 2 * f + j]), u = bf(hp[(size_t)i * 2 * f + f + j]);
+            float ref = bf(sf_f32_to_bf16(g / (1.0f + expf(-g)))) * u, got = bf(hg[(size_t)i * f + j]);
+            double e = fabs(got - ref) / (0.01 + 0.01 * fabs(ref));
+            if (!(e <= 1.0)) bad++;
+            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+        }
+    printf("  glu own/%d f=%-5d k=%-5d n=%-4d: %d x %d checked against the plain GEMM + SiLU·mul, worst %.2f of tolerance\n",
+           own, f, k, n, n, f, worst);
+    fails = bad != 0;
+out:
+    cudaFree(x); cudaFree(yp); cudaFree(yg);
+    free(hp); free(hg);
+    weight_free(&w);
+    return fails;
+}
+
 /* The own wgmma kernel called directly, every variant (1..4 ranks along k; 5..8 the same with x
  * multicast to tile pairs): token counts off its 64-column steps, the accumulating flavour, a
  * bias, padded leading dimensions, k slices that do not divide evenly, the TP=2 shard shapes.
@@ -231,6 +277,12 @@ TEST(own_kernel)
         own_split = 0;
         weight_free(&w);
     }
+    static const struct { int own, f, k, n; } GL[] = {
+        { 1, 14336, 4096, 256 }, { 5, 14336, 4096, 256 }, { 2, 14336, 4096, 100 }, { 7, 1024, 512, 37 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(GL); i++)
+        CHECK_MSG(glu_case(GL[i].own, GL[i].f, GL[i].k, GL[i].n) == 0, "GLU epilogue, variant %d f=%d n=%d", GL[i].own,
+                  GL[i].f, GL[i].n);
     /* what it refuses: more ranks than 64-slices of k, m off 128 (256 for pairs), odd strides,
      * more than 256 rows, pairs at n <= 32, unknown variants */
     CHECK(!sf_k_gemm_own_ok(G, 4, 64, 1024, 192, 192, 1024));
