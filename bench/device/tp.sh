@@ -99,7 +99,7 @@ run_json decode8b_tp2_plain 12 25 env SEMFLOW_TP_ARNORM_PDL=0 SEMFLOW_TP_ARNORM_
 run test_tp_norm 10 20 build/tests/device/test_tp_norm
 run_json throughput_tp1 15 25 "$BIN" bench throughput --tensor-parallel-size 1 $THR
 run_json throughput_tp2 18 32 "$BIN" bench throughput --tensor-parallel-size 2 $THR
-SEMFLOW_TP_TEST_QUICK=1 run test_tp 18 30 build/tests/device/test_tp
+SEMFLOW_TP_TEST_QUICK=1 run test_tp 18 35 build/tests/device/test_tp
 run_json throughput_tp2_async 18 32 env SEMFLOW_ENGINE_ASYNC=1 "$BIN" bench throughput --tensor-parallel-size 2 $THR
 run_json throughput_tp2_noar 18 32 env SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 "$BIN" bench throughput \
     --tensor-parallel-size 2 $THR
@@ -112,7 +112,7 @@ echo
 echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -hE '^(PASS|FAIL):' "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
-grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
+grep -E 'worst|own path up to|LL up to|sampled on rank|TP=2 async' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
 echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: PDL + early loads (default) / PDL / plain / all-reduce then rmsnorm"
