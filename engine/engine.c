@@ -425,18 +425,17 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         if (warm < 0) warm = sf_backend_cuda_stats(e->be, &bs) == SF_OK;
         if (warm && (rc = sf_engine_warm_up(e, n_blocks, err)) != SF_OK) goto fail;
     }
-    /* Async scheduling: one GPU (the ranks of a TP group would each need the draw's ids), a
-     * backend that keeps its draws queued, the overlapped loop. */
+    /* Async scheduling: sampling on the device, a backend that keeps its draws queued, the
+     * overlapped loop; under tensor parallelism every rank draws (engine/tp.c). */
     e->async = sf_env_bool("SEMFLOW_ENGINE_ASYNC", c->async_steps != 0) && !e->serial;
-    if (e->async && (e->tp || !e->be->ops->sample_defer || !e->be->ops->sample_take || c->host_sampling)) {
-        SF_LOGW("engine: async scheduling is off: it needs one device (no tensor parallelism), sampling on it, "
-                "and a backend that queues its draws (the %s backend %s)", e->be->ops->name,
-                e->be->ops->sample_take ? "does" : "does not");
+    if (e->async && (!e->be->ops->sample_defer || !e->be->ops->sample_take || c->host_sampling ||
+                     !sf_forward_can_sample(e->fwd))) {
+        SF_LOGW("engine: async scheduling is off: it needs sampling on the device and a backend that queues its "
+                "draws (the %s backend %s)", e->be->ops->name, e->be->ops->sample_take ? "does" : "does not");
         e->async = 0;
     }
-    if (e->async && (rc = e->be->ops->sample_defer(e->be, 1)) != SF_OK) {
-        rc = sf_err(err, rc, "engine: the %s backend cannot queue its draws (async scheduling); run with "
-                    "SEMFLOW_ENGINE_ASYNC=0", e->be->ops->name);
+    if (e->async && (rc = e->tp ? sf_tp_defer(e->tp, 1, err) : sf_forward_defer(e->fwd, 1, err)) != SF_OK) {
+        sf_err_wrap(err, "engine: async scheduling (run with SEMFLOW_ENGINE_ASYNC=0)");
         goto fail;
     }
     SF_LOGD("engine: %s on %s, context %d, KV %d blocks x %d tokens (%.1f MiB)", e->model->name, e->be->ops->name,

@@ -42,10 +42,15 @@ struct sf_forward {
     int tp_fused; /* the fused ops under tensor parallelism (see the top) */
     sf_buf *gathered;
     float *gather_host;
-    sf_buf *rows_full; /* rank 0 with a sampler: [max_logits, size * vocab_pad], whole logit rows */
+    sf_buf *rows_full; /* with a sampler: [max_logits, size * vocab_pad], whole logit rows */
     int launching;     /* step(): queue the draw with sample_start (sf_forward_launch_sample) */
     int draw_pending;  /* a draw queued by sample_start waits for sf_forward_wait_sample */
-    int gather_pending; /* rank 0, launching: the logits' gather was queued without waiting for it */
+    int gather_pending; /* launching under TP: the logits' gather was queued without waiting for it */
+    /* sf_forward_defer: draws stay queued on the backend until sf_forward_take; for each, in
+     * order, whether a communicator mark (the gather's wait) goes with it */
+    int deferred;
+    unsigned char dq[SF_COMM_MARKS];
+    int dq_r, dq_n;
 };
 
 #define OPS(f) ((f)->b->ops)
@@ -206,7 +211,7 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
         goto fail;
     if (sh && sh->size > 1) {
         if ((rc = o->buf_new(b, (int64_t)sh->size * Lg, sh->vocab_pad, &f->gathered, err))) goto fail;
-        if (sh->rank == 0 && o->sample && comm->ops->copy_2d &&
+        if (o->sample && comm->ops->copy_2d &&
             (rc = o->buf_new(b, Lg, (int64_t)sh->size * sh->vocab_pad, &f->rows_full, err)))
             goto fail;
         if (!(f->gather_host = malloc((size_t)sh->size * Lg * sh->vocab_pad * sizeof(float)))) {
@@ -358,7 +363,7 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             int nowait = f->launching && o->sample_start;
             f->comm->gather_nowait = nowait;
             rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
-                                         f->shard->vocab_pad, 0, err);
+                                         f->shard->vocab_pad, f->shard->rank, err);
             f->comm->gather_nowait = 0;
             if (rc) return sf_err_wrap(err, "forward step: gathering the logit rows");
             f->gather_pending = nowait;
@@ -434,6 +439,20 @@ int sf_forward_wait_sample(sf_forward *f, sf_error *err)
 {
     if (!f->draw_pending) return SF_OK; /* the backend drew synchronously in the launch */
     f->draw_pending = 0;
+    if (f->deferred) { /* the draw stays queued: its gather is waited for in sf_forward_take */
+        if (f->dq_n == SF_COMM_MARKS)
+            return sf_err(err, SF_EINVAL, "forward: %d draws queued already (sf_forward_take first)", SF_COMM_MARKS);
+        int marked = f->gather_pending;
+        f->gather_pending = 0;
+        if (marked) {
+            int rc = sf_comm_mark(f->comm, f->b, f->logits, err);
+            if (rc) return rc;
+        }
+        f->dq[(f->dq_r + f->dq_n++) % SF_COMM_MARKS] = (unsigned char)marked;
+        int rc = OPS(f)->sample_wait(f->b);
+        return rc ? sf_err(err, rc, "forward step: queueing the draw failed on the %s backend (%s; details logged "
+                           "above)", OPS(f)->name, sf_status_str(rc)) : SF_OK;
+    }
     if (f->gather_pending) { /* under TP: wait watching the peers, so a dead rank is an error, not a hang */
         f->gather_pending = 0;
         int rc = sf_comm_wait(f->comm, f->b, f->logits, "the step, its logits gather and the draw", err);
@@ -459,4 +478,31 @@ int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err)
     if (rc) return sf_err(err, rc, "forward: reading the gathered logit rows failed on the %s backend", OPS(f)->name);
     for (int i = 0; i < n; i++) memcpy(logits + (size_t)i * V, f->gather_host + i * W, (size_t)V * sizeof(float));
     return SF_OK;
+}
+
+int sf_forward_defer(sf_forward *f, int on, sf_error *err)
+{
+    if (f->dq_n || f->draw_pending)
+        return sf_err(err, SF_EINVAL, "forward: draws are queued: take them before deferring is switched");
+    if (on && (!OPS(f)->sample_defer || !OPS(f)->sample_take))
+        return sf_err(err, SF_EUNSUPPORTED, "forward: the %s backend cannot keep its draws queued", OPS(f)->name);
+    int rc = OPS(f)->sample_defer ? OPS(f)->sample_defer(f->b, on) : SF_OK;
+    if (rc) return sf_err(err, rc, "forward: the %s backend's sample_defer failed (logged above)", OPS(f)->name);
+    f->deferred = on != 0;
+    return SF_OK;
+}
+
+int sf_forward_take(sf_forward *f, sf_error *err)
+{
+    int rc = SF_OK;
+    if (f->dq_n) {
+        int marked = f->dq[f->dq_r];
+        f->dq_r = (f->dq_r + 1) % SF_COMM_MARKS;
+        f->dq_n--;
+        if (marked && (rc = sf_comm_wait_mark(f->comm, "the step, its logits gather and the draw", err))) return rc;
+    }
+    if (!OPS(f)->sample_take) return SF_OK;
+    rc = OPS(f)->sample_take(f->b);
+    return rc ? sf_err(err, rc, "forward step: taking the sampled ids failed on the %s backend (%s; details logged "
+                       "above)", OPS(f)->name, sf_status_str(rc)) : SF_OK;
 }

@@ -44,8 +44,8 @@ typedef struct sf_forward_sample {
     int32_t *ids;                /* out: [batch->n_logits] the drawn tokens */
 } sf_forward_sample;
 /* 1 when sf_forward_step_sample can run: the backend has a sample op and, with a vocabulary split
- * over ranks, this is rank 0 and its communicator can lay the gathered slices out as whole rows
- * (the other ranks run sf_forward_step with logits NULL: the same collectives). */
+ * over ranks, the communicator can lay the gathered slices out as whole rows (every rank takes
+ * part in the same gather; a rank that does not draw runs sf_forward_step with logits NULL). */
 int sf_forward_can_sample(const sf_forward *f);
 /* The same step as sf_forward_step, ending in the backend's sample op instead of a copy of the
  * logits. SF_EUNSUPPORTED when the backend declined this call's sizes: the step has run, and
@@ -66,5 +66,14 @@ int sf_forward_launch_waited(const sf_forward *f);
 /* The first n logit rows of the last step, to host memory [n * vocab] fp32. Under tensor
  * parallelism: of the last sf_forward_step_sample (its gathered rows). */
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err);
+/* Async scheduling. sf_forward_defer(f, 1) turns on the backend's sample_defer (hal.h): from
+ * then on sf_forward_wait_sample returns at once and leaves the draw queued (under TP its
+ * logits' gather too), and sf_forward_take waits for the oldest queued draw — under TP watching
+ * the peers, as the communicator's waits do — and takes its ids (to the launch's s->ids). Up to
+ * SF_COMM_MARKS draws may be queued (the backend may allow fewer). SF_EINVAL with draws queued;
+ * SF_EUNSUPPORTED for a backend without sample_defer. sf_forward_take with none queued calls the
+ * backend's sample_take (SF_OK: nothing to take). */
+int sf_forward_defer(sf_forward *f, int on, sf_error *err);
+int sf_forward_take(sf_forward *f, sf_error *err);
 
 #endif

@@ -127,12 +127,21 @@ static void deliver(sf_engine *e, sf_turn_clock *tc)
 }
 
 /* Draws still queued on the backend (async) are dropped: their ids are taken and ignored. */
+/* Async scheduling: wait for the oldest draw queued on the backend and take its ids (under TP
+ * watching the peers). */
+static int take_draw(sf_engine *e, sf_error *err)
+{
+    return e->tp ? sf_tp_take(e->tp, err) : sf_forward_take(e->fwd, err);
+}
+
 static void drop_queued(sf_engine *e)
 {
     sf_flight *fs[2] = { &e->fl, &e->fl2 };
-    for (int f = 0; f < 2; f++)
-        if (fs[f]->active && fs[f]->queued && e->be->ops->sample_take(e->be) != SF_OK)
-            SF_LOGW("engine: a queued draw failed too (details logged above)");
+    for (int f = 0; f < 2; f++) {
+        sf_error err = { 0 };
+        if (fs[f]->active && fs[f]->queued && take_draw(e, &err) != SF_OK)
+            SF_LOGW("engine: a queued draw failed too: %s", err.msg);
+    }
 }
 
 /* A step in flight (or being launched) failed: fail the requests in it and in any other step in
@@ -338,9 +347,7 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     double t0 = sf_now_s();
     int rc = SF_OK;
     if (f->queued) {
-        rc = e->be->ops->sample_take(e->be);
-        if (rc) sf_err(&err, rc, "engine: waiting for the sampled ids failed on the %s backend (%s; details logged "
-                       "above)", e->be->ops->name, sf_status_str(rc));
+        rc = take_draw(e, &err);
     } else if (f->on_dev) {
         rc = e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
     }
@@ -440,7 +447,7 @@ void sf_engine_settle(sf_engine *e)
     while (e->fl.active) { /* the oldest first; the ids are dropped with the requests */
         sf_error err = { 0 };
         const sf_flight *f = &e->fl;
-        int rc = f->queued ? e->be->ops->sample_take(e->be)
+        int rc = f->queued ? take_draw(e, &err)
                  : !f->on_dev ? SF_OK
                  : e->tp      ? sf_tp_wait_sample(e->tp, &err)
                               : sf_forward_wait_sample(e->fwd, &err);

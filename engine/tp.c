@@ -3,8 +3,17 @@
  *
  * Wire format of a step plan (two broadcasts from rank 0): a fixed tp_hdr, then for TP_STEP
  * the batch's int32 arrays back to back — tokens[T], pos[T], slot[T], seq_start[S+1],
- * seq_ctx[S], block_table[S*max_blocks], logit_rows[L]. The follower waits for the header
- * without a timeout (the server may be idle) but notices a dead leader. */
+ * seq_ctx[S], block_table[S*max_blocks], logit_rows[L] — then, with has_src, src_row[T], and
+ * with draw, the sampler rows (sf_sample_row[L]) and penalty entries (sf_sample_pen[n_pen]) as
+ * raw bytes. The follower waits for the header without a timeout (the server may be idle) but
+ * notices a dead leader.
+ *
+ * Async scheduling (sf_tp_defer): rank 0 queues step N+1 before the ids of step N reach its
+ * host, N+1's tokens taken from N's draw on the device (sf_batch.src_row). Every rank then
+ * draws: the followers run the same sampler with the same rows on the same gathered logits
+ * (the draw is a function of seed, step and logits), so each has N's ids on its own device for
+ * N+1's tokens, and no ids cross between the ranks. A follower keeps at most two draws queued
+ * and takes the oldest (watching the peers) before it queues a third. */
 #include "tp.h"
 
 #include <errno.h>
@@ -35,6 +44,9 @@ typedef struct tp_hdr {
     int64_t bench_n;  /* TP_BENCH_ALLREDUCE: elements and iterations */
     int32_t bench_iters;
     int32_t bench_path; /* sf_comm_path */
+    int32_t draw;       /* TP_STEP: every rank draws (async scheduling; n_pen penalty entries) */
+    int32_t n_pen;
+    int32_t has_src;    /* TP_STEP: the batch has src_row */
 } tp_hdr;
 
 struct sf_tp {
@@ -50,6 +62,7 @@ struct sf_tp {
     int dead;
     char dead_msg[512];
     double last_send_s; /* leader: time the last step plan took to send */
+    int deferred;       /* sf_tp_defer: async scheduling, every rank draws */
 };
 
 /* Follower: where a rank's time goes between plans, summed over steps and logged when it stops
@@ -82,9 +95,17 @@ static int grow(int32_t **p, size_t *cap, size_t n)
     return SF_OK;
 }
 
-static size_t payload_ints(const tp_hdr *h)
+static size_t rows_ints(int L) { return ((size_t)L * sizeof(sf_sample_row) + 3) / 4; }
+static size_t pen_ints(int n) { return ((size_t)n * sizeof(sf_sample_pen) + 3) / 4; }
+
+static size_t batch_ints(const tp_hdr *h)
 {
     return (size_t)3 * h->T + (size_t)(h->S + 1) + h->S + (size_t)h->S * h->max_blocks + h->L;
+}
+
+static size_t payload_ints(const tp_hdr *h)
+{
+    return batch_ints(h) + (h->has_src ? (size_t)h->T : 0) + (h->draw ? rows_ints(h->L) + pen_ints(h->n_pen) : 0);
 }
 
 /* Points the batch's arrays into the payload. */
@@ -101,7 +122,8 @@ static void batch_from(const tp_hdr *h, int32_t *p, sf_batch *b)
     b->seq_start = p; p += h->S + 1;
     b->seq_ctx = p; p += h->S;
     b->block_table = p; p += (size_t)h->S * h->max_blocks;
-    b->logit_rows = p;
+    b->logit_rows = p; p += h->L;
+    if (h->has_src) b->src_row = p;
 }
 
 static int join(sf_tp *t, sf_error *err)
@@ -230,11 +252,74 @@ out:
 }
 
 /* ---- follower -------------------------------------------------------------------------------- */
+/* A follower's draws under async scheduling: ids land in ring[k] (valid until taken); the rows
+ * and penalty entries are copied out of the payload (8-byte aligned). */
+typedef struct fol_draws {
+    int on, queued, k;
+    int32_t *ring[2];
+    sf_sample_row *rows;
+    sf_sample_pen *pen;
+    size_t rows_cap, pen_cap;
+} fol_draws;
+
+static void fol_draws_free(fol_draws *d)
+{
+    free(d->ring[0]);
+    free(d->ring[1]);
+    free(d->rows);
+    free(d->pen);
+}
+
+/* The step as rank 0 runs it, drawing as rank 0 does (see the top): at most two draws queued. */
+static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_batch *b, fol_draws *d, sf_error *err)
+{
+    const sf_tp_rank_opts *o = &t->o;
+    int rc;
+    if (!d->on) {
+        for (int i = 0; i < 2; i++)
+            if (!d->ring[i] && !(d->ring[i] = malloc((size_t)SF_MAX(o->max_logits, 1) * sizeof(int32_t))))
+                return sf_err(err, SF_ENOMEM, "rank %d: out of memory for the drawn ids", o->rank);
+        if ((rc = sf_forward_defer(t->fwd, 1, err))) return sf_err_wrap(err, "rank %d", o->rank);
+        d->on = 1;
+    }
+    if (h->L > o->max_logits)
+        return sf_err(err, SF_EFORMAT, "rank %d: a step plan draws %d rows (this rank takes up to %d)", o->rank, h->L,
+                      o->max_logits);
+    if ((size_t)h->L > d->rows_cap) {
+        sf_sample_row *r = realloc(d->rows, (size_t)h->L * sizeof *r);
+        if (!r) return sf_err(err, SF_ENOMEM, "rank %d: out of memory for the sampler rows", o->rank);
+        d->rows = r;
+        d->rows_cap = (size_t)h->L;
+    }
+    if ((size_t)h->n_pen > d->pen_cap) {
+        sf_sample_pen *q = realloc(d->pen, (size_t)h->n_pen * sizeof *q);
+        if (!q) return sf_err(err, SF_ENOMEM, "rank %d: out of memory for the penalty entries", o->rank);
+        d->pen = q;
+        d->pen_cap = (size_t)h->n_pen;
+    }
+    const int32_t *p = payload + batch_ints(h) + (h->has_src ? h->T : 0);
+    memcpy(d->rows, p, (size_t)h->L * sizeof *d->rows);
+    memcpy(d->pen, p + rows_ints(h->L), (size_t)h->n_pen * sizeof *d->pen);
+    if (d->queued == 2) { /* the oldest first: the backend keeps two */
+        if ((rc = sf_forward_take(t->fwd, err))) return rc;
+        d->queued--;
+    }
+    sf_forward_sample smp = { .rows = d->rows, .pen = d->pen, .n_pen = h->n_pen, .ids = d->ring[d->k] };
+    rc = sf_forward_launch_sample(t->fwd, b, &smp, err);
+    if (rc == SF_EUNSUPPORTED) return SF_OK; /* rank 0's sampler declined the same sizes: no draw here either */
+    if (!rc) rc = sf_forward_wait_sample(t->fwd, err);
+    if (rc) return rc;
+    d->queued++;
+    d->k ^= 1;
+    return SF_OK;
+}
+
 int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
 {
     sf_model *m = NULL;
     sf_tp t;
     tp_clock clk = { 0 };
+    fol_draws dr = { 0 };
     memset(&t, 0, sizeof t);
     t.o = *o;
     int rc;
@@ -278,7 +363,8 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             if ((rc = t.comm->ops->barrier(t.comm, err))) goto out;
             continue;
         }
-        if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || payload_ints(&h) != h.payload) {
+        if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || h.n_pen < 0 ||
+            (h.has_src && !h.draw) || payload_ints(&h) != h.payload) {
             rc = sf_err(err, SF_EFORMAT, "rank %d: malformed step plan (command %d, %d tokens, %d sequences)", o->rank,
                         h.cmd, h.T, h.S);
             goto out;
@@ -291,7 +377,8 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
         double t2 = sf_now_s();
         sf_batch b;
         batch_from(&h, t.payload, &b);
-        if ((rc = sf_forward_step(t.fwd, &b, NULL, err))) goto out;
+        if ((rc = h.draw ? follower_draw(&t, &h, t.payload, &b, &dr, err) : sf_forward_step(t.fwd, &b, NULL, err)))
+            goto out;
         sf_backend_stats bs;
         clk.steps++;
         clk.idle_s += t1 - t0;
@@ -300,6 +387,11 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
         if (sf_backend_cuda_stats(t.b, &bs) == SF_OK) clk.enqueue_s += bs.last_step_host_us * 1e-6;
     }
 out:
+    while (dr.queued-- > 0) { /* the draws still queued: their steps complete before the teardown */
+        sf_error e2 = { 0 };
+        if (!rc && (rc = sf_forward_take(t.fwd, &e2)) && err) *err = e2;
+    }
+    fol_draws_free(&dr);
     tp_clock_log(o, &clk); /* also when the group failed: where the time went until then */
     /* graphs holding NCCL calls first: NCCL's destroy and abort wait for them to go */
     if (t.b && t.b->ops->graphs_release) t.b->ops->graphs_release(t.b);
@@ -510,7 +602,12 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
 static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sample *smp, int launch, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
-    tp_hdr h = { .cmd = TP_STEP, .T = b->n_tokens, .S = b->n_seqs, .max_blocks = b->max_blocks, .L = b->n_logits };
+    tp_hdr h = { .cmd = TP_STEP, .T = b->n_tokens, .S = b->n_seqs, .max_blocks = b->max_blocks, .L = b->n_logits,
+                 .draw = smp && launch && t->deferred, .has_src = b->src_row != NULL };
+    h.n_pen = h.draw ? smp->n_pen : 0;
+    if (h.has_src && !h.draw)
+        return sf_err(err, SF_EINVAL, "tensor parallelism: a step takes tokens from a draw (src_row) that the "
+                      "followers did not make (async scheduling needs sf_tp_defer and sf_tp_launch_sample)");
     size_t n = payload_ints(&h);
     if (h.T < 1 || h.S < 1 || grow(&t->payload, &t->payload_cap, n))
         return sf_err(err, h.T < 1 || h.S < 1 ? SF_EINVAL : SF_ENOMEM, "tensor parallelism: step of %d tokens in %d "
@@ -525,6 +622,12 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
     PUT(b->seq_ctx, h.S);
     PUT(b->block_table, (size_t)h.S * h.max_blocks);
     PUT(b->logit_rows, h.L);
+    if (h.has_src) PUT(b->src_row, h.T);
+    if (h.draw) {
+        memcpy(p, smp->rows, (size_t)h.L * sizeof *smp->rows);
+        p += rows_ints(h.L);
+        if (h.n_pen) memcpy(p, smp->pen, (size_t)h.n_pen * sizeof *smp->pen);
+    }
 #undef PUT
     int rc;
     double t0 = sf_now_s();
@@ -563,6 +666,21 @@ int sf_tp_wait_sample(sf_tp *t, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     int rc = sf_forward_wait_sample(t->fwd, err);
+    return rc ? dead(t, rc, err) : SF_OK;
+}
+
+int sf_tp_defer(sf_tp *t, int on, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    int rc = sf_forward_defer(t->fwd, on, err);
+    if (!rc) t->deferred = on != 0;
+    return rc;
+}
+
+int sf_tp_take(sf_tp *t, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    int rc = sf_forward_take(t->fwd, err);
     return rc ? dead(t, rc, err) : SF_OK;
 }
 

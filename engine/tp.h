@@ -71,6 +71,14 @@ int sf_tp_step_sample(sf_tp *tp, const sf_batch *b, const sf_forward_sample *smp
  * group failed; launch's SF_EUNSUPPORTED as sf_tp_step_sample's. */
 int sf_tp_launch_sample(sf_tp *tp, const sf_batch *b, const sf_forward_sample *smp, sf_error *err);
 int sf_tp_wait_sample(sf_tp *tp, sf_error *err);
+/* Async scheduling (engine/forward.h sf_forward_defer): on, every rank draws the steps launched
+ * with sf_tp_launch_sample (the followers with the same rows on the same gathered logits), so a
+ * later step may take its tokens from the last draw on every rank's device (sf_batch.src_row);
+ * sf_tp_wait_sample then leaves the draw queued and sf_tp_take waits for the oldest (watching
+ * the peers) and takes its ids. SF_EUNSUPPORTED when rank 0's backend cannot keep draws queued;
+ * SF_ENODEV once the group failed. */
+int sf_tp_defer(sf_tp *tp, int on, sf_error *err);
+int sf_tp_take(sf_tp *tp, sf_error *err);
 /* Seconds the last step plan took to send to the followers (the leader's part of a TP step). */
 double sf_tp_last_send_s(const sf_tp *tp);
 /* Benchmark: every rank all-reduces an activation buffer of n elements `iters` times back to

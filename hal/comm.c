@@ -163,6 +163,20 @@ int sf_comm_wait(sf_comm *c, sf_backend *b, sf_buf *x, const char *what, sf_erro
     return rc ? rc : c->ops->wait(c, stream, what, err);
 }
 
+int sf_comm_mark(sf_comm *c, sf_backend *b, sf_buf *x, sf_error *err)
+{
+    if (!c || !c->ops->mark) return SF_OK;
+    void *p, *stream;
+    sf_dtype dt;
+    int rc = raw(c, b, x, &p, &dt, &stream, err);
+    return rc ? rc : c->ops->mark(c, stream, err);
+}
+
+int sf_comm_wait_mark(sf_comm *c, const char *what, sf_error *err)
+{
+    return !c || !c->ops->wait_mark ? SF_OK : c->ops->wait_mark(c, what, err);
+}
+
 int sf_comm_takes_custom(const sf_comm *c, int64_t n, sf_dtype dt)
 {
     size_t bytes = sf_dtype_bytes(dt, n);

@@ -55,6 +55,12 @@ struct sf_comm_ops {
      * collectives' own waits do (a dead or hung rank fails it with the rank named). May be NULL:
      * collectives complete before they return (cpu). */
     int (*wait)(sf_comm *c, void *stream, const char *what, sf_error *err);
+    /* mark queues a marker on stream after the work queued there (at most SF_COMM_MARKS not yet
+     * waited for); wait_mark waits, watching the peers as wait does, until the oldest marker's
+     * work has completed, and forgets it. Both NULL where collectives complete before they
+     * return (cpu). */
+    int (*mark)(sf_comm *c, void *stream, sf_error *err);
+    int (*wait_mark)(sf_comm *c, const char *what, sf_error *err);
 };
 
 /* Which all-reduce path a communicator with more than one takes (comm_nccl.c: NCCL, or the
@@ -165,6 +171,13 @@ int sf_comm_skip_all_reduce(void);
  * on) has completed; SF_OK at once for a communicator whose collectives complete before
  * returning. what: for messages ("the step's logits gather"). */
 int sf_comm_wait(sf_comm *c, sf_backend *b, sf_buf *x, const char *what, sf_error *err);
+/* The same wait split in two, so that later work can be queued in between: sf_comm_mark notes
+ * what is queued on b's stream now; sf_comm_wait_mark waits for the oldest such note (marks are
+ * waited for in the order they were made; at most SF_COMM_MARKS at once, SF_EINVAL beyond).
+ * Both SF_OK at once for a communicator whose collectives complete before returning. */
+#define SF_COMM_MARKS 4
+int sf_comm_mark(sf_comm *c, sf_backend *b, sf_buf *x, sf_error *err);
+int sf_comm_wait_mark(sf_comm *c, const char *what, sf_error *err);
 
 /* Whether an all-reduce of n values of dt takes the own (custom) path: a function of the
  * communicator's path, cap and crossover only, so every rank decides the same way. */

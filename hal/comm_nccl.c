@@ -76,6 +76,9 @@ typedef struct nccl_comm {
     char broken_msg[400];
     sf_ar_custom *ar;    /* the peer-memory all-reduce; NULL: NCCL only */
     int captured;        /* an NCCL call was captured into a CUDA graph (see nccl_abort) */
+    /* sf_comm_mark's markers: a ring of events, [mark_r, mark_r + n_marks) recorded, unwaited */
+    cudaEvent_t marks[SF_COMM_MARKS];
+    int mark_r, n_marks;
 } nccl_comm;
 
 #define NC(c) ((nccl_comm *)(c)->ctx)
@@ -269,15 +272,17 @@ static int nccl_call(sf_comm *c, ncclResult_t r, const char *call, sf_error *err
 }
 
 /* Waits for the stream with the watchdog described at the top. */
-static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *err)
+/* Waits until everything queued on s (ev == NULL), or before ev, has completed. */
+static int wait_done(sf_comm *c, cudaStream_t s, cudaEvent_t ev, const char *what, sf_error *err)
 {
     nccl_comm *x = NC(c);
     uint64_t t0 = sf_now_ns(), limit = (uint64_t)c->timeout_ms * 1000000ull, next_check = t0 + 200000;
     for (;;) {
-        cudaError_t e = cudaStreamQuery(s);
+        cudaError_t e = ev ? cudaEventQuery(ev) : cudaStreamQuery(s);
         if (e == cudaSuccess) return SF_OK;
         if (e != cudaErrorNotReady)
-            return fail(c, err, "rank %d: %s: cudaStreamQuery: %s", c->rank, what, cudaGetErrorString(e));
+            return fail(c, err, "rank %d: %s: %s: %s", c->rank, what, ev ? "cudaEventQuery" : "cudaStreamQuery",
+                        cudaGetErrorString(e));
         /* a step ends here: spin (a sleep would add its wake-up latency to every step), and look
          * at the peers, NCCL and the clock every 0.2 ms; sleep only once a wait has gone long */
         uint64_t now = sf_now_ns();
@@ -303,6 +308,39 @@ static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *e
             return fail(c, err, "rank %d: %s did not complete within %d ms (a peer hung); aborting NCCL", c->rank, what,
                         c->timeout_ms);
     }
+}
+
+static int wait_stream(sf_comm *c, cudaStream_t s, const char *what, sf_error *err)
+{
+    return wait_done(c, s, NULL, what, err);
+}
+
+static int nccl_mark(sf_comm *c, void *stream, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    int rc = check(c, err);
+    if (rc) return rc;
+    if (x->n_marks == SF_COMM_MARKS)
+        return sf_err(err, SF_EINVAL, "rank %d: %d marks not waited for already (sf_comm_wait_mark first)", c->rank,
+                      SF_COMM_MARKS);
+    int i = (x->mark_r + x->n_marks) % SF_COMM_MARKS;
+    cudaError_t e = x->marks[i] ? cudaSuccess : cudaEventCreateWithFlags(&x->marks[i], cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(x->marks[i], (cudaStream_t)stream);
+    if (e != cudaSuccess) return fail(c, err, "rank %d: marking the stream: %s", c->rank, cudaGetErrorString(e));
+    x->n_marks++;
+    return SF_OK;
+}
+
+static int nccl_wait_mark(sf_comm *c, const char *what, sf_error *err)
+{
+    nccl_comm *x = NC(c);
+    int rc = check(c, err);
+    if (rc) return rc;
+    if (!x->n_marks) return sf_err(err, SF_EINVAL, "rank %d: %s: no mark to wait for", c->rank, what);
+    rc = wait_done(c, NULL, x->marks[x->mark_r], what, err);
+    x->mark_r = (x->mark_r + 1) % SF_COMM_MARKS;
+    x->n_marks--;
+    return rc;
 }
 
 static int nccl_all_reduce(sf_comm *c, void *data, int64_t n, sf_dtype dt, void *stream, sf_error *err)
@@ -407,6 +445,8 @@ static void nccl_destroy(sf_comm *c)
             x->api.CommDestroy(x->comm);
         }
         sf_ar_custom_free(x->ar);
+        for (int i = 0; i < SF_COMM_MARKS; i++)
+            if (x->marks[i]) cudaEventDestroy(x->marks[i]);
         for (int i = 0; i < SF_COMM_MAX_RANKS; i++)
             if (x->peer[i] >= 0) close(x->peer[i]);
         if (x->api.so) dlclose(x->api.so);
@@ -575,6 +615,8 @@ static const struct sf_comm_ops nccl_ops = {
     .all_gather = nccl_all_gather,
     .copy_2d = nccl_copy_2d,
     .wait = nccl_wait,
+    .mark = nccl_mark,
+    .wait_mark = nccl_wait_mark,
     .all_reduce_norm = nccl_all_reduce_norm,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,

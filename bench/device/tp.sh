@@ -16,7 +16,9 @@
 #   4. saturated throughput 128/128 (512 prompts) at TP=1 and TP=2;
 #   5. tests/device/test_tp (quick set): the all-reduce paths against exact sums, TP=2 logits vs
 #      TP=1 (the step graphs replayed), TP=2 draws on rank 0's GPU;
-#   6. if time is left, timing only: 128/128 at TP=2 without any all-reduce, and one prefill step
+#   6. 128/128 at TP=2 with async scheduling (SEMFLOW_ENGINE_ASYNC=1: every rank draws, the next
+#      step queued before the ids reach the host);
+#   7. if time is left, timing only: 128/128 at TP=2 without any all-reduce, and one prefill step
 #      of 8192 tokens at TP=2 with and without its all-reduces (NCCL at 64 MiB per call).
 # Results: $OUT/tp/*.log|*.json. Needs 2 GPUs; with fewer it says so and exits 0.
 set -u
@@ -97,7 +99,8 @@ run_json decode8b_tp2_plain 12 25 env SEMFLOW_TP_ARNORM_PDL=0 SEMFLOW_TP_ARNORM_
 run test_tp_norm 10 20 build/tests/device/test_tp_norm
 run_json throughput_tp1 15 25 "$BIN" bench throughput --tensor-parallel-size 1 $THR
 run_json throughput_tp2 18 32 "$BIN" bench throughput --tensor-parallel-size 2 $THR
-SEMFLOW_TP_TEST_QUICK=1 run test_tp 18 30 build/tests/device/test_tp
+SEMFLOW_TP_TEST_QUICK=1 run test_tp 18 35 build/tests/device/test_tp
+run_json throughput_tp2_async 18 32 env SEMFLOW_ENGINE_ASYNC=1 "$BIN" bench throughput --tensor-parallel-size 2 $THR
 run_json throughput_tp2_noar 18 32 env SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 "$BIN" bench throughput \
     --tensor-parallel-size 2 $THR
 PRE="--load-format dummy --preset llama-3-8b --backend cuda --tensor-parallel-size 2 --ctx 8192 --chunk 8192 --steps 3 --json"
@@ -109,7 +112,7 @@ echo
 echo "==== tp summary ($(( $(date +%s) - T0 )) s) ===="
 cat "$SUM"
 grep -hE '^(PASS|FAIL):' "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
-grep -E 'worst|own path up to|LL up to|sampled on rank' "$D/test_tp.out" 2>/dev/null | head -12
+grep -E 'worst|own path up to|LL up to|sampled on rank|TP=2 async' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
 echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: PDL + early loads (default) / PDL / plain / all-reduce then rmsnorm"
@@ -122,9 +125,9 @@ echo "8B decode step, 256 seqs x 192 keys, ms: TP=1 $s1, TP=2 $s2, TP=2 fused ke
 echo "8B TP=2 / TP=1 device step at 256 seqs: $(ratio "$s1" "$s2")x (goal <= 0.55x); plain kernel $(ratio "$s1" "$sp")x; without all-reduces $(ratio "$s1" "$sn")x"
 python3 -c 'import sys; a,b=map(float,sys.argv[1:3]); print("  the all-reduces cost %.3f ms per step = %.1f us per layer (32 layers, 2 per layer)" % (a-b, (a-b)*1e3/32))' "$s2" "$sn" 2>/dev/null
 t1=$(jf "$D/throughput_tp1.json" output_tokens_per_s) t2=$(jf "$D/throughput_tp2.json" output_tokens_per_s)
-tn=$(jf "$D/throughput_tp2_noar.json" output_tokens_per_s)
-echo "8B throughput 128/128, 512 prompts, output tokens/s: TP=1 $t1, TP=2 $t2, TP=2 without any all-reduce (wrong results) $tn"
-python3 - "$D/throughput_tp1.json" "$D/throughput_tp2.json" "$D/throughput_tp2_noar.json" <<'PY' 2>/dev/null
+tn=$(jf "$D/throughput_tp2_noar.json" output_tokens_per_s) ta=$(jf "$D/throughput_tp2_async.json" output_tokens_per_s)
+echo "8B throughput 128/128, 512 prompts, output tokens/s: TP=1 $t1, TP=2 $t2, TP=2 async $ta, TP=2 without any all-reduce (wrong results) $tn"
+python3 - "$D/throughput_tp1.json" "$D/throughput_tp2.json" "$D/throughput_tp2_async.json" "$D/throughput_tp2_noar.json" <<'PY' 2>/dev/null
 import json, sys
 for f in sys.argv[1:]:
     try: j = json.load(open(f))
@@ -132,12 +135,13 @@ for f in sys.argv[1:]:
     b, e = j["bound"], j["engine"]
     ph = e.get("phases_ms", {})
     print("  %s: elapsed %.3f s, %d running at most, bound %.0f tok/s (ratio %.2f), decode step %.2f ms of %.1f seqs "
-          "(%d steps), host %.1f%%, idle gap %.3f ms, launch %.3f ms, plan send %.3f ms, sampling on the %s"
+          "(%d steps, %s async), host %.1f%%, idle gap %.3f ms, launch %.3f ms, plan send %.3f ms, sampling on the %s"
           % (f.rsplit("/", 1)[-1][:-5], j["elapsed_s"], j["max_num_seqs"], b["output_tokens_per_s"], b["ratio"],
-             e["decode_step_ms"], e["mean_decode_batch"], e["decode_steps"], 100 * e.get("host_share_decode", 0),
-             ph.get("device_idle_gap", 0), ph.get("launch", 0), ph.get("tp_plan_send", 0), e["sampling"]))
+             e["decode_step_ms"], e["mean_decode_batch"], e["decode_steps"], e.get("async_steps", 0),
+             100 * e.get("host_share_decode", 0), ph.get("device_idle_gap", 0), ph.get("launch", 0),
+             ph.get("tp_plan_send", 0), e["sampling"]))
 PY
-echo "8B TP=2 / TP=1 saturated throughput: $(ratio "$t1" "$t2")x (goal >= 1.8x); without all-reduces $(ratio "$t1" "$tn")x"
+echo "8B TP=2 / TP=1 saturated throughput: $(ratio "$t1" "$t2")x (goal >= 1.8x); TP=2 async $(ratio "$t1" "$ta")x; without all-reduces $(ratio "$t1" "$tn")x"
 grep -h "rank 1: .* steps; per step" "$D/throughput_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
 p2=$(jf "$D/prefill_tp2.json" ms_median) pn=$(jf "$D/prefill_tp2_noar.json" ms_median)
 echo "8B prefill of 8192 tokens in one step at TP=2, ms: $p2, without any all-reduce (wrong results) $pn"

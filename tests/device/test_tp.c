@@ -7,7 +7,10 @@
  * all-reduce alone on both paths: sizes changing every round against the exact sum, many
  * rounds, then a burst without host syncs (stale flags or buffers would show there). And
  * sampling under TP: rank 0 draws from the gathered logit rows on its GPU, equal to the CPU
- * reference on those rows and to TP = 1's draws (greedy, seeded top-k, seeded top-p).
+ * reference on those rows and to TP = 1's draws (greedy, seeded top-k, seeded top-p). And async
+ * scheduling under TP (sf_tp_defer): each decode token taken on every rank's device from the
+ * draw before it (every rank draws), the next step queued before the ids are taken, gives the
+ * ids of the same steps run with the ids fed back through the host.
  *
  * The followers are `semflow rank` processes started from $SEMFLOW_BIN (exec: CUDA is not
  * fork-safe). With fewer than two GPUs it says so and checks nothing. */
@@ -279,6 +282,66 @@ TEST(tp_sample_on_device)
                   mode == 0 ? "greedy" : mode == 1 ? "top-k" : "top-p", n[mode] - same[mode], n[mode]);
 }
 
+/* The steps at TP=2 drawn seeded (top-k, temperature 0.9), each decode token the draw of the
+ * step before: defer 0 feeds the ids back through the host (each step waited for); defer 1
+ * takes them on the devices (src_row, stand-in token 0), each step launched before the draw
+ * of the one before it is taken. ids [NSTEPS][2]. */
+static int run_fed_back(int defer, int32_t *ids, sf_error *err)
+{
+    setup u;
+    int rc;
+    if ((rc = setup_open(&u, "demo", 0, 2, err))) return rc;
+    if (defer && (rc = sf_tp_defer(u.tp, 1, err))) goto done;
+    step s[NSTEPS];
+    make_steps(s, u.m->cfg.vocab_size);
+    int queued = 0;
+    for (int k = 0; k < NSTEPS; k++) {
+        step *p = &s[k];
+        int32_t src[16];
+        for (int i = 0; i < p->T; i++) src[i] = -1;
+        if (k >= 1) src[0] = 0;             /* A's decode token: row 0 of the draw before */
+        if (k >= 4) src[p->T - 1] = 1;      /* B's: row 1 */
+        for (int i = 0; i < p->T; i++)
+            if (src[i] >= 0) p->tokens[i] = defer ? 0 : ids[(size_t)(k - 1) * 2 + src[i]];
+        sf_batch bt = batch_of(p);
+        if (defer) bt.src_row = src;
+        sf_sample_row sr[2] = { sample_row(1, k, 0), sample_row(1, k, 1) };
+        sf_forward_sample smp = { .rows = sr, .ids = ids + (size_t)k * 2 };
+        if (!defer) {
+            if ((rc = sf_tp_step_sample(u.tp, &bt, &smp, err))) goto done;
+            continue;
+        }
+        if ((rc = sf_tp_launch_sample(u.tp, &bt, &smp, err)) || (rc = sf_tp_wait_sample(u.tp, err))) goto done;
+        if (++queued == 2) { /* the draw before this step's: taken after this step was queued */
+            if ((rc = sf_tp_take(u.tp, err))) goto done;
+            queued--;
+        }
+    }
+    while (queued-- > 0 && !rc) rc = sf_tp_take(u.tp, err);
+done:
+    setup_free(&u);
+    return rc;
+}
+
+TEST(tp_async_draws)
+{
+    sf_error err = { 0 };
+    int32_t fed[NSTEPS * 2], dev[NSTEPS * 2];
+    for (int i = 0; i < NSTEPS * 2; i++) fed[i] = dev[i] = -1; /* poison: a draw not taken shows */
+    int rc = run_fed_back(0, fed, &err);
+    REQUIRE(rc == SF_OK, "TP=2, ids through the host: %s", err.msg);
+    rc = run_fed_back(1, dev, &err);
+    REQUIRE(rc == SF_OK, "TP=2, async (ids on the devices): %s", err.msg);
+    step s[NSTEPS];
+    make_steps(s, 512);
+    int same = 0, n = 0;
+    for (int k = 0; k < NSTEPS; k++)
+        for (int r = 0; r < s[k].L; r++, n++) same += fed[k * 2 + r] == dev[k * 2 + r] && fed[k * 2 + r] >= 0;
+    printf("      TP=2 async: %d of %d seeded draws equal the steps fed back through the host\n", same, n);
+    CHECK_MSG(n > 0 && same == n, "%d of %d draws differ (a follower drew other ids, or took the wrong ones)", n - same,
+              n);
+}
+
 static int n_gpus;
 
 /* $SEMFLOW_TP_TEST_QUICK=1 (the timed device script): the demo model only, with the paths as
@@ -365,6 +428,7 @@ int main(void)
     n_gpus = n_gpus >= 8 ? 8 : n_gpus >= 4 ? 4 : 2;
     RUN(tp_all_reduce_paths);
     RUN(tp_sample_on_device);
+    RUN(tp_async_draws);
     RUN(tp_nccl_logits);
     RUN(tp_logits_each_path);
     return test_summary();

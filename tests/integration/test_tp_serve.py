@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
@@ -38,8 +39,8 @@ def rank_pids(parent):
 
 
 class Server(ServerProcess):
-    def __init__(self, tp):
-        env = dict(os.environ, SEMFLOW_TP_TIMEOUT_MS="5000")
+    def __init__(self, tp, **extra_env):
+        env = dict(os.environ, SEMFLOW_TP_TIMEOUT_MS="5000", **extra_env)
         super().__init__(["--model", "demo", "--backend", BACKEND, "--threads", "1", "--workers", "1", "--bpf", "off",
                           "--max-num-seqs", "4", "--max-batched-tokens", "256", "--max-model-len", "256",
                           "--tensor-parallel-size", str(tp)], env=env, prefix="semflow-tp-")
@@ -53,9 +54,11 @@ class Server(ServerProcess):
         c.close()
         return r.status, data
 
-    def complete(self, prompt, n=16):
-        st, data = self.request("POST", "/v1/completions", {"model": "demo", "prompt": prompt, "max_tokens": n,
-                                                            "temperature": 0, "ignore_eos": True})
+    def complete(self, prompt, n=16, temperature=0, seed=None):
+        body = {"model": "demo", "prompt": prompt, "max_tokens": n, "temperature": temperature, "ignore_eos": True}
+        if seed is not None:
+            body["seed"] = seed
+        st, data = self.request("POST", "/v1/completions", body)
         try:
             return st, json.loads(data)
         except ValueError:
@@ -80,11 +83,41 @@ def text_of(body):
         return None
 
 
+def complete_all(server, asks):
+    """The requests at once (one thread each), so that the steps carry several rows."""
+    out = [None] * len(asks)
+
+    def run(i):
+        out[i] = server.complete(asks[i][0], temperature=asks[i][1], seed=asks[i][2])
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(asks))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
 def main():
     prompts = ["Once upon a time", "The quick brown fox", "tensor parallel"]
+    # async scheduling: seeded draws too, so that a follower's draw unlike rank 0's shows
+    asks = [(p, 0, None) for p in prompts] + [(p, 0.9, 7 + i) for i, p in enumerate(prompts)]
     one = Server(1)
     ref = [one.complete(p) for p in prompts]
+    ref_async = complete_all(one, asks)
     one.stop()
+
+    # async scheduling at TP=2: every rank draws, the next step's tokens from the draw on each device
+    s = Server(2, SEMFLOW_ENGINE_ASYNC="1")
+    got_async = complete_all(s, asks)
+    rc, log = s.stop()
+    answered = all(g[0] == 200 and text_of(g[1]) for g in got_async)
+    same = answered and all(text_of(g[1]) == text_of(r[1]) for g, r in zip(got_async, ref_async))
+    if BACKEND == "cpu":
+        check("tp2_async_text_equals_tp1", same and "async scheduling is off" not in log,
+              "TP=1 %r, TP=2 async %r, log %s" % (ref_async, got_async, log[-600:]))
+    else:
+        check("tp2_async_answers", answered, "TP=2 async %r" % got_async)
+    check("tp2_async_stops", rc == 0, "rc %d log %s" % (rc, log[-800:]))
 
     s = Server(2)
     followers = rank_pids(s.proc.pid)
