@@ -64,6 +64,7 @@ run tp2 14 $L8 --tensor-parallel-size 2
 run tp2-plain 14 $PLAIN $L8 --tensor-parallel-size 2
 # and the GEMVs' batched prologue
 run tp2-bat 14 $PLAIN $BAT $L8 --tensor-parallel-size 2
+run tp2-cl 14 $PLAIN $BAT SEMFLOW_CUDA_ATTN_CLUSTER=1 $L8 --tensor-parallel-size 2
 run tp2-trace 15 $PLAIN $BAT SEMFLOW_CUDA_TRACE="$D/trace-tp2.txt" $L8 --tensor-parallel-size 2
 run tp2-pre 14 $PLAIN $BAT $PRE $L8 --tensor-parallel-size 2
 run tp2-plan 14 $PLAIN $BAT SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33 $L8 --tensor-parallel-size 2
@@ -87,7 +88,7 @@ def load(name):
         return None
 base = load("tp1")
 print("%-10s %10s %10s %8s %10s %8s" % ("run", "ms", "roofline", "ratio", "TP2/TP1", "host"))
-for name in ["tp1", "tp2", "tp2-plain", "tp2-bat", "tp2-trace", "tp2-pre", "tp2-plan", "tp2-sp16"]:
+for name in ["tp1", "tp2", "tp2-plain", "tp2-bat", "tp2-cl", "tp2-trace", "tp2-pre", "tp2-plan", "tp2-sp16"]:
     j = load(name)
     if not j:
         try:

@@ -3,7 +3,8 @@
 #   - correctness: the batch-1 GEMVs against a host reference (build/tests/device/test_gemv)
 #     and whole-model logits against the CPU backend (build/tests/device/test_model), with the
 #     default path, with the GEMVs' batched prologue (SEMFLOW_CUDA_GEMV_BATCHED=1) and with
-#     attention's early K/V loads (SEMFLOW_CUDA_ATTN_PRE=1);
+#     attention's early K/V loads (SEMFLOW_CUDA_ATTN_PRE=1) and its splits combined in a cluster
+#     (SEMFLOW_CUDA_ATTN_CLUSTER=1; test_decode_attn against its float64 reference too);
 #   - batch-1 decode (bench decode, random bf16 weights) of Llama-3-8B at 512 and 4096 keys and
 #     Qwen2-7B at 512; the switches under test against the default in the same call: batched
 #     prologue, early K/V loads, per-op GEMV plans (SEMFLOW_CUDA_GEMV_PLAN);
@@ -24,7 +25,7 @@ set -u
 BIN=${SF_BIN:-build/semflow}
 BUILD_DIR=${SF_BUILD:-build}
 D=${OUT:-./out}/decode
-BUDGET=${DECODE_BUDGET_S:-83} # seconds this script may spend (its hard limit is 90)
+BUDGET=${DECODE_BUDGET_S:-85} # seconds this script may spend (its hard limit is 90)
 mkdir -p "$D"
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "decode: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
@@ -68,6 +69,8 @@ L8="$B decode --preset llama-3-8b --steps 32 $P"
 Q7="$B decode --preset qwen2-7b --steps 32 $P"
 PRE=SEMFLOW_CUDA_ATTN_PRE=1
 BAT=SEMFLOW_CUDA_GEMV_BATCHED=1
+CL=SEMFLOW_CUDA_ATTN_CLUSTER=1
+AT=$BUILD_DIR/tests/device/test_decode_attn
 
 # correctness of the default path first (a kernel that hangs is cut by the step's limit), then
 # of the switches under test
@@ -77,8 +80,13 @@ if [ -x "$GT" ] && [ -x "$MT" ]; then
     step gemv-bat 12 $BAT "$GT"
     step model-bat 10 $BAT "$MT"
     step model-pre 10 $PRE "$MT"
+    step model-cl 10 $CL "$MT"
 else
     echo "test_gemv/test_model: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
+fi
+if [ -x "$AT" ]; then
+    step attn-cl 10 $CL "$AT"
+    step attn-pre 10 $PRE "$AT"
 fi
 step l8-512 10 $L8 --ctx 512
 # the timeline of the batch-1 kernels as the graph runs (kernels/cuda/b1trace.cuh)
@@ -87,15 +95,18 @@ step l8-512-bat 10 $BAT $L8 --ctx 512
 step l8-512-pre 10 $PRE $L8 --ctx 512
 step l8-512-bat-pre 10 $BAT $PRE $L8 --ctx 512
 step l8-512-bat-trace 12 $BAT SEMFLOW_CUDA_TRACE="$D/trace-l8-512-bat.txt" $L8 --ctx 512
+step l8-512-cl 10 $CL $L8 --ctx 512
+step l8-512-bat-cl 10 $BAT $CL $L8 --ctx 512
 [ -x "$GT" ] && step perf 14 "$GT" --perf
 [ -x "$GT" ] && step perf-bat 14 $BAT "$GT" --perf
 step q7-512 10 $Q7 --ctx 512
 step q7-512-bat 10 $BAT $Q7 --ctx 512
 step l8-4096 10 $L8 --ctx 4096
 step l8-4096-bat 10 $BAT $L8 --ctx 4096
-# a per-op plan (blocks per SM x 10 + ring stages) that leaves an SM room for attention's
-# blocks beside QKV's; the TP=2 shard shapes' per-op bests of session 5 in the chain
+# per-op plans (blocks per SM x 10 + ring stages) that leave an SM room for attention's
+# blocks beside QKV's, and for two O blocks beside an attention block; the TP=2 shard shapes' per-op bests of session 5 in the chain
 step l8-512-q33 10 SEMFLOW_CUDA_GEMV_PLAN=qkv=33 $L8 --ctx 512
+step l8-512-o25 10 SEMFLOW_CUDA_GEMV_PLAN=o=25 $L8 --ctx 512
 [ -x "$GT" ] && step perf-tp2plan 14 SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33,down=25 "$GT" --perf
 cat "$D/runs.txt"
 for f in perf perf-bat perf-tp2plan; do [ -f "$D/$f.log" ] && echo "$f:" && grep 'chain\|copy bandwidth' "$D/$f.log"; done
@@ -112,7 +123,8 @@ done
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512", "l8-512-trace", "l8-512-bat", "l8-512-pre", "l8-512-bat-pre", "l8-512-bat-trace", "l8-512-q33",
+names = ["l8-512", "l8-512-trace", "l8-512-bat", "l8-512-pre", "l8-512-bat-pre", "l8-512-bat-trace", "l8-512-cl",
+         "l8-512-bat-cl", "l8-512-q33", "l8-512-o25",
          "q7-512", "q7-512-bat", "l8-4096", "l8-4096-bat"]
 print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:

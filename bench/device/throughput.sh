@@ -14,7 +14,8 @@
 #      seat decoding, the ramp-down; steps with prompt tokens against decode-only steps) and the
 #      device's idle time between steps on its own clock (events: from a step's ids copied back
 #      to the next step's first work). Earlier knobs measured and made defaults: 16384-token
-#      chunks and SEMFLOW_CUDA_MIXED_DECODE=1 (session 5), the overlapped loop (session 4);
+#      chunks and SEMFLOW_CUDA_MIXED_DECODE=1 (session 5), the overlapped loop (session 4); last,
+#      batch 1 through the engine (one request of 128 in / 512 out) both ways, time allowing;
 #   4. (last) build/tests/device/test_env_switches: the CUDA backend's SEMFLOW_* switches refuse a
 #      malformed value with a warning naming it.
 # Runs from the repo root with a prebuilt build/; writes under $OUT/throughput/; without a GPU it
@@ -62,6 +63,10 @@ run_tp tp-128-128 128 128 512 20 ref-256x192 SEMFLOW_ENGINE_ASYNC=0
 run_tp tp-128-128-async 128 128 512 20 ref-256x192 SEMFLOW_ENGINE_ASYNC=1
 run_tp tp-1000-1000 1000 1000 128 30 ref-128x1500 SEMFLOW_ENGINE_ASYNC=0
 run_tp tp-1000-1000-async 1000 1000 128 30 ref-128x1500 SEMFLOW_ENGINE_ASYNC=1
+# batch 1 through the engine (one request, 512 tokens: ~4 ms steps, where the host's 20-40 us
+# between steps is ~1% of a step), if the call's seconds allow
+run_tp tp-b1 128 512 1 12 none SEMFLOW_ENGINE_ASYNC=0 --max-num-seqs 1
+run_tp tp-b1-async 128 512 1 12 none SEMFLOW_ENGINE_ASYNC=1 --max-num-seqs 1
 
 # 4. the CUDA backend's switches refuse malformed values by name (last: it only opens backends)
 timeout "$(cap 15)" build/tests/device/test_env_switches >"$OUT/test_env_switches.log" 2>&1
@@ -84,7 +89,7 @@ for n in ("ref-256x192", "ref-128x1500"):
           d.get("host_us_per_step", 0)) if d else "did not finish (see %s.err)" % n))
 print("%-18s %9s %9s %6s %7s %7s %7s %7s %6s %7s %8s %6s %7s %7s" % ("run", "out tok/s", "bound", "share", "step ms",
       "median", "fwd ms", "x fwd", "host", "gap p50", "dev idle", "ahead", "work", "replays"))
-RUNS = ("tp-128-128", "tp-128-128-async", "tp-1000-1000", "tp-1000-1000-async")
+RUNS = ("tp-128-128", "tp-128-128-async", "tp-1000-1000", "tp-1000-1000-async", "tp-b1", "tp-b1-async")
 for name in RUNS:
     r = load(name)
     if not r:

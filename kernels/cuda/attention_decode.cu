@@ -30,6 +30,20 @@ extern "C" {
 }
 
 #define AD_WARPS 8
+#define AD_CL_MAX 8 /* splits combined in a cluster (the portable cluster size) */
+
+/* The block's cluster: barrier with release/acquire (shared-memory writes before it are seen by
+ * the peers after it), and a peer's copy of a shared-memory address. */
+static __device__ __forceinline__ void cluster_sync(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ const float *cluster_peer(const float *p, int rank)
+{
+    uint64_t out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((uint64_t)p), "r"(rank));
+    return (const float *)out;
+}
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 #define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
 
@@ -93,9 +107,12 @@ static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int
 
 /* I8: the step has INT8 blocks (kv.i8_base set). The INT8 handling costs registers (about 155
  * against 128), which would halve the blocks per SM of every bf16 step, so it is a separate
- * instance that only steps with INT8 blocks launch. */
-template <int HD, int MAXG, bool I8, bool PRE>
-__global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
+ * instance that only steps with INT8 blocks launch. The bf16 instances for groups up to 4 are
+ * held to 128 registers (two blocks per SM, and room beside one for the O projection's two
+ * 64-register blocks); PRE (early K/V loads, ~175 registers) and CL (the cluster combine) are
+ * the switches under measurement. */
+template <int HD, int MAXG, bool I8, bool PRE, bool CL>
+__global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 1) k_attn_decode(sf_k_attn a)
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
     constexpr int KPW = 32 / LPK;        /* keys per warp per load */
@@ -105,8 +122,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     __shared__ float ml_s[AD_WARPS][MAXG][2];
     __shared__ float wsm[MAXG][AD_MAX_SPLIT];
     __shared__ int last;
+    __shared__ float part_s[CL ? MAXG : 1][HD + 2]; /* CL: this split's o, m, l per head */
 
-    sf_tr tr;
+    __shared__ sf_tr tr;
     tr_begin(tr);
     sf_pdl_trigger();
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
@@ -118,23 +136,19 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     int64_t off[U];
     kv_offsets<U, I8>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
-    uint4 kr[U], vr[U];
-    bool valid[U], i8[U];
-    float ks[U], vs[U]; /* INT8 rows' scales (1 for bf16) */
     /* PRE (one token, bf16 cache): the keys of the earlier steps need nothing of this step, so
      * the first run's K and V loads are issued before the wait; only the newest key (the one
      * the QKV kernel just appended, position ctx - 1) is loaded after it */
+    constexpr int PU = PRE ? U : 1;
+    uint4 pkr[PU], pvr[PU];
     bool pre = PRE && a.T == 1;
     if (pre) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            valid[u] = off[u] >= 0;
-            i8[u] = false;
-            ks[u] = vs[u] = 1.0f;
-            kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
-            if (valid[u] && k0 + warp * STEP + u * KPW + sub != ctx - 1) {
-                kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
-                vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
+        for (int u = 0; u < PU; u++) {
+            pkr[u] = pvr[u] = make_uint4(0, 0, 0, 0);
+            if (off[u] >= 0 && k0 + warp * STEP + u * KPW + sub != ctx - 1) {
+                pkr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
+                pvr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
             }
         }
     }
@@ -142,10 +156,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     tr_waited(tr);
     if (pre) {
 #pragma unroll
-        for (int u = 0; u < U; u++)
-            if (valid[u] && k0 + warp * STEP + u * KPW + sub == ctx - 1) {
-                kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
-                vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
+        for (int u = 0; u < PU; u++)
+            if (off[u] >= 0 && k0 + warp * STEP + u * KPW + sub == ctx - 1) {
+                pkr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
+                pvr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
             }
     }
 
@@ -178,8 +192,11 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
     }
 
     for (int kb = k0 + warp * STEP; kb < k1; kb += AD_WARPS * STEP) {
+        uint4 kr[U], vr[U];
+        bool valid[U], i8[U];
+        float ks[U], vs[U]; /* INT8 rows' scales (1 for bf16) */
 #pragma unroll
-        for (int u = 0; u < U && !pre; u++) {
+        for (int u = 0; u < U; u++) {
             valid[u] = off[u] >= 0;
             i8[u] = I8 && valid[u] && (off[u] & 1);
             ks[u] = vs[u] = 1.0f;
@@ -192,6 +209,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
                 vr[u] = make_uint4(v8.x, v8.y, 0u, 0u);
                 ks[u] = __ldg(a.kv.k_scale + row);
                 vs[u] = __ldg(a.kv.v_scale + row);
+            } else if (PRE && pre) {
+                kr[u] = pkr[u % PU];
+                vr[u] = pvr[u % PU];
             } else if (valid[u]) {
                 kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
                 vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
@@ -297,11 +317,47 @@ __global__ void __launch_bounds__(AD_WARPS * 32) k_attn_decode(sf_k_attn a)
                 O = fmaf(o_s[w][g][d], e, O);
             }
         }
-        sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
+        if (CL) {
+            part_s[g][d] = O;
+            if (d == 0) { part_s[g][HD] = M; part_s[g][HD + 1] = L; }
+        } else {
+            sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
+        }
     }
     tr_ready(tr);
+    if (CL) {
+        /* the splits of (t, kh) are one cluster (blockIdx.z = the rank in it): each combines its
+         * share of the G x HD outputs from every split's shared memory, no global round trip */
+        cluster_sync();
+        const int per = (G * HD + ns - 1) / ns;
+        for (int idx = split * per + tid; idx < min(G * HD, (split + 1) * per); idx += AD_WARPS * 32) {
+            const int g = idx / HD, d = idx - g * HD;
+            float mp[AD_CL_MAX], lp[AD_CL_MAX], op[AD_CL_MAX], M = -INFINITY;
+#pragma unroll
+            for (int r = 0; r < AD_CL_MAX; r++)
+                if (r < ns) {
+                    const float *ps = cluster_peer(&part_s[g][0], r);
+                    mp[r] = ps[HD];
+                    lp[r] = ps[HD + 1];
+                    op[r] = ps[d];
+                    M = fmaxf(M, mp[r]);
+                }
+            float L = 0.0f, O = 0.0f;
+            if (M != -INFINITY) {
+#pragma unroll
+                for (int r = 0; r < AD_CL_MAX; r++)
+                    if (r < ns && mp[r] != -INFINITY) {
+                        const float e = exp2f(mp[r] - M);
+                        L = fmaf(lp[r], e, L);
+                        O = fmaf(op[r], e, O);
+                    }
+            }
+            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g) * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+        }
+        cluster_sync(); /* no block leaves while a peer may still read its shared memory */
+    }
     /* the last block of this (token, kv head) to finish combines the splits */
-    if (ns > 1) sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+    else if (ns > 1) sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
     tr_end(tr, SF_TR_ATTN, ns, ctx);
 }
 
@@ -315,13 +371,48 @@ static bool pre_loads(void)
     return on;
 }
 
+/* SEMFLOW_CUDA_ATTN_CLUSTER=1: splits of 2..AD_CL_MAX combine in a thread-block cluster
+ * (distributed shared memory) instead of through the workspace and the last block (off until
+ * measured; read once). */
+static bool cluster_combine(void)
+{
+    static const int on = sf_env_bool("SEMFLOW_CUDA_ATTN_CLUSTER", 0);
+    return on;
+}
+
+/* The cluster launch: the n_split blocks of a (token, kv head) as one cluster, with programmatic
+ * dependent launch as sf_launch_pdl gives it. */
+template <typename K>
+static int launch_cluster(K kernel, dim3 grid, dim3 block, const sf_k_attn *a, cudaStream_t s)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[2];
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = grid.z;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = sf_pdl_enabled() ? 2 : 1;
+    return (int)cudaLaunchKernelEx(&cfg, kernel, *a);
+}
+
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
     const dim3 grid(a->T, a->Hkv, a->n_split), block(AD_WARPS * 32);
-    int rc = a->kv.i8_base  ? sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a)
-             : pre_loads() ? sf_launch_pdl(k_attn_decode<HD, MAXG, false, true>, grid, block, 0, s, *a)
-                           : sf_launch_pdl(k_attn_decode<HD, MAXG, false, false>, grid, block, 0, s, *a);
+    int rc;
+    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false, false>, grid, block, 0, s, *a);
+    else if (cluster_combine() && a->n_split >= 2 && a->n_split <= AD_CL_MAX)
+        rc = pre_loads() ? launch_cluster(k_attn_decode<HD, MAXG, false, true, true>, grid, block, a, s)
+                         : launch_cluster(k_attn_decode<HD, MAXG, false, false, true>, grid, block, a, s);
+    else
+        rc = pre_loads() ? sf_launch_pdl(k_attn_decode<HD, MAXG, false, true, false>, grid, block, 0, s, *a)
+                         : sf_launch_pdl(k_attn_decode<HD, MAXG, false, false, false>, grid, block, 0, s, *a);
     return rc ? rc : sf_launch_status();
 }
 

@@ -34,6 +34,8 @@ static __constant__ sf_tr_rec *tr_buf; /* this file's copy (NULL: off) */
 #define SF_TR_SETTER(name) \
     extern "C" int name(void *buf) { return (int)cudaMemcpyToSymbol(tr_buf, &buf, sizeof buf); }
 
+/* A block's marks so far; kept in shared memory (declare it __shared__ in the kernel) so that
+ * tracing costs the kernel no registers. */
 struct sf_tr {
     unsigned long long t0;
     uint32_t tw, tr;

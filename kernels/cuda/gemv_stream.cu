@@ -117,7 +117,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     const int n_st = (k8 + 32 * FG_RING_V - 1) / (32 * FG_RING_V); /* ring stages per unit */
     bf16x8 *xs = (bf16x8 *)fs_smem;
     uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
-    sf_tr tr;
+    __shared__ sf_tr tr;
     tr_begin(tr);
     sf_pdl_trigger();
 
