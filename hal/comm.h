@@ -101,8 +101,8 @@ struct sf_comm {
     size_t norm_max_bytes;
     int norm_max_cols, norm_min_rows;
     /* 1: the fused kernel is launched with programmatic dependent launch ($SEMFLOW_TP_ARNORM_PDL,
-     * default 1); norm_early 1: it overlaps its local loads with its waits
-     * ($SEMFLOW_TP_ARNORM_EARLY, default 1). Either way the same results; the same on every rank. */
+     * default 0); norm_early 1: it overlaps its local loads with its waits
+     * ($SEMFLOW_TP_ARNORM_EARLY, default 0). Either way the same results; the same on every rank. */
     int norm_pdl, norm_early;
     /* The message of the last collective that failed inside a backend op (sf_coll_fn). */
     sf_error coll_err;

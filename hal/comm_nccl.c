@@ -601,8 +601,9 @@ static int custom_setup(sf_comm *c, sf_error *err)
     c->norm_max_bytes = an && !strcmp(an, "0") ? 0 : c->custom_cap_bytes;
     c->norm_max_cols = SF_AR_NORM_MAX_COLS;
     c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 128;
-    c->norm_pdl = sf_env_bool("SEMFLOW_TP_ARNORM_PDL", 1);
-    c->norm_early = sf_env_bool("SEMFLOW_TP_ARNORM_EARLY", 1);
+    /* off until a device call measures them against session 5's kernel (docs/PERFORMANCE.md) */
+    c->norm_pdl = sf_env_bool("SEMFLOW_TP_ARNORM_PDL", 0);
+    c->norm_early = sf_env_bool("SEMFLOW_TP_ARNORM_EARLY", 0);
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won
      * at every size up to 512 KiB on the H200 pair (docs/PERFORMANCE.md) */
     const char *ll = getenv("SEMFLOW_TP_LL");

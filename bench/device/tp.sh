@@ -9,8 +9,8 @@
 #      run logs the all-reduce table (NCCL, one-shot, LL, 2 KiB .. 4 MiB) it measured at start;
 #   2. the same TP=2 step without any all-reduce (SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1, wrong
 #      results: what the all-reduces cost inside the step), and with the fused all-reduce +
-#      RMSNorm launched plainly, its local loads in sequence (SEMFLOW_TP_ARNORM_PDL=0
-#      SEMFLOW_TP_ARNORM_EARLY=0: session 5's kernel) instead of with PDL and early loads;
+#      RMSNorm launched with PDL, its local loads overlapping its waits (SEMFLOW_TP_ARNORM_PDL=1
+#      SEMFLOW_TP_ARNORM_EARLY=1, opt-in) instead of session 5's kernel (the default);
 #   3. tests/device/test_tp_norm: the fused all-reduce + residual + RMSNorm against the host
 #      reference (both launches), and its time per call;
 #   4. saturated throughput 128/128 (512 prompts) at TP=1 and TP=2;
@@ -94,7 +94,7 @@ run_json decode8b_tp1 10 20 "$BIN" bench decode-batch --tensor-parallel-size 1 $
 run_json decode8b_tp2 12 25 "$BIN" bench decode-batch --tensor-parallel-size 2 $B256
 run_json decode8b_tp2_noar 12 25 env SEMFLOW_TP_SKIP_ALLREDUCE_WRONG_RESULTS=1 "$BIN" bench decode-batch \
     --tensor-parallel-size 2 $B256
-run_json decode8b_tp2_plain 12 25 env SEMFLOW_TP_ARNORM_PDL=0 SEMFLOW_TP_ARNORM_EARLY=0 "$BIN" bench decode-batch \
+run_json decode8b_tp2_early 12 25 env SEMFLOW_TP_ARNORM_PDL=1 SEMFLOW_TP_ARNORM_EARLY=1 "$BIN" bench decode-batch \
     --tensor-parallel-size 2 $B256
 run test_tp_norm 10 20 build/tests/device/test_tp_norm
 run_json throughput_tp1 15 25 "$BIN" bench throughput --tensor-parallel-size 1 $THR
@@ -115,14 +115,14 @@ grep -hE '^(PASS|FAIL):' "$D/test_tp_norm.out" "$D/test_tp.out" 2>/dev/null
 grep -E 'worst|own path up to|LL up to|sampled on rank|TP=2 async' "$D/test_tp.out" 2>/dev/null | head -12
 grep -E 'fused kernel up to|exact|rank [0-9]:' "$D/test_tp_norm.out" 2>/dev/null | head -6
 grep -h 'all-reduce us per call\|all-reduce: peer memory' "$D/decode8b_tp2.err" 2>/dev/null | sed 's/^semflow: info: /  /'
-echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: PDL + early loads (default) / PDL / plain / all-reduce then rmsnorm"
+echo "fused all-reduce + RMSNorm, us per call (wall, 50 back to back): rows x cols: PDL + early loads / PDL / plain (default) / all-reduce then rmsnorm"
 awk '/^ARNORM/ { printf "  %4d x %5d: %6.1f / %6.1f / %6.1f / %6.1f\n", $2, $3, $4, $5, $6, $7 }' "$D/test_tp_norm.out" 2>/dev/null
 a1=$(jf "$D/decode8b_tp1.json" batch1_ms_per_step) a2=$(jf "$D/decode8b_tp2.json" batch1_ms_per_step)
 echo "8B batch-1 ms/token: TP=1 $a1, TP=2 $a2 ($(ratio "$a1" "$a2")x; host us/step TP=2 $(jf "$D/decode8b_tp2.json" batch1_host_us))"
 s1=$(jf "$D/decode8b_tp1.json" ms_per_step_median) s2=$(jf "$D/decode8b_tp2.json" ms_per_step_median)
-sn=$(jf "$D/decode8b_tp2_noar.json" ms_per_step_median) sp=$(jf "$D/decode8b_tp2_plain.json" ms_per_step_median)
-echo "8B decode step, 256 seqs x 192 keys, ms: TP=1 $s1, TP=2 $s2, TP=2 fused kernel plain (no PDL, no early loads) $sp, TP=2 without any all-reduce (wrong results) $sn"
-echo "8B TP=2 / TP=1 device step at 256 seqs: $(ratio "$s1" "$s2")x (goal <= 0.55x); plain kernel $(ratio "$s1" "$sp")x; without all-reduces $(ratio "$s1" "$sn")x"
+sn=$(jf "$D/decode8b_tp2_noar.json" ms_per_step_median) sp=$(jf "$D/decode8b_tp2_early.json" ms_per_step_median)
+echo "8B decode step, 256 seqs x 192 keys, ms: TP=1 $s1, TP=2 $s2, TP=2 fused kernel with PDL + early loads $sp, TP=2 without any all-reduce (wrong results) $sn"
+echo "8B TP=2 / TP=1 device step at 256 seqs: $(ratio "$s1" "$s2")x (goal <= 0.55x); PDL + early loads $(ratio "$s1" "$sp")x; without all-reduces $(ratio "$s1" "$sn")x"
 python3 -c 'import sys; a,b=map(float,sys.argv[1:3]); print("  the all-reduces cost %.3f ms per step = %.1f us per layer (32 layers, 2 per layer)" % (a-b, (a-b)*1e3/32))' "$s2" "$sn" 2>/dev/null
 t1=$(jf "$D/throughput_tp1.json" output_tokens_per_s) t2=$(jf "$D/throughput_tp2.json" output_tokens_per_s)
 tn=$(jf "$D/throughput_tp2_noar.json" output_tokens_per_s) ta=$(jf "$D/throughput_tp2_async.json" output_tokens_per_s)

@@ -6,7 +6,7 @@
  *    relative (a few bf16 steps: the order of the fp32 sum of squares differs);
  *  - a burst of calls of changing sizes without a host sync (stale flags or buffers show);
  *    all of it twice: the kernel launched with programmatic dependent launch and its local loads
- *    overlapping its waits (the defaults), then launched plainly, its loads in sequence;
+ *    overlapping its waits (opt-in), then launched plainly, its loads in sequence (the default);
  *  - the time per call at decode sizes of those and of PDL alone, against the all-reduce then
  *    the rmsnorm kernel (lines `ARNORM rows cols default_us pdl_us plain_us unfused_us` for
  *    bench/device/tp.sh).
