@@ -175,7 +175,7 @@ static __global__ void __launch_bounds__(WG_THREADS, 1)
     typedef wg_cfg<BN> C;
     extern __shared__ uint8_t wg_smem_raw[];
     __shared__ uint64_t full[C::STAGES], empty[C::STAGES];
-    uint8_t *sm = (uint8_t *)(((uintptr_t)wg_smem_raw + 1023) & ~(uintptr_t)1023);
+    uint8_t *sm = wg_smem_raw + ((1024 - (smem_u32(wg_smem_raw) & 1023)) & 1023); /* 1 KiB-aligned shared offset */
     const int cs = split * MC, rank = blockIdx.x % cs, ki = rank % split, mi = rank / split;
     const int tile = blockIdx.x / cs * MC + mi, tid = threadIdx.x, wg = tid / 128;
     const int kt = k / WG_BK, kb0 = ki * kt / split, nk = (ki + 1) * kt / split - kb0;
