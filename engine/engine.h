@@ -133,8 +133,9 @@ typedef struct sf_engine_config {
                                * first and deliver while the device runs it (docs/ENGINE.md) */
     int async_steps;          /* 1: async scheduling — queue the next step before the ids of the one
                                * in flight reach the host, its decode tokens taken from that step's
-                               * draw on the backend (also $SEMFLOW_ENGINE_ASYNC=1; single-GPU
-                               * backends with sample_take; docs/ENGINE.md); 0 (default): after */
+                               * draw on the backend (also $SEMFLOW_ENGINE_ASYNC=1; backends with
+                               * sample_take, every rank under TP; docs/ENGINE.md); 0 (default):
+                               * the next step is planned after the ids are taken */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 

@@ -126,7 +126,6 @@ static void deliver(sf_engine *e, sf_turn_clock *tc)
     tc->deliver += sf_now_s() - t0;
 }
 
-/* Draws still queued on the backend (async) are dropped: their ids are taken and ignored. */
 /* Async scheduling: wait for the oldest draw queued on the backend and take its ids (under TP
  * watching the peers). */
 static int take_draw(sf_engine *e, sf_error *err)
@@ -134,6 +133,7 @@ static int take_draw(sf_engine *e, sf_error *err)
     return e->tp ? sf_tp_take(e->tp, err) : sf_forward_take(e->fwd, err);
 }
 
+/* Draws still queued on the backend (async) are dropped: their ids are taken and ignored. */
 static void drop_queued(sf_engine *e)
 {
     sf_flight *fs[2] = { &e->fl, &e->fl2 };
