@@ -133,6 +133,18 @@ static int take_draw(sf_engine *e, sf_error *err)
     return e->tp ? sf_tp_take(e->tp, err) : sf_forward_take(e->fwd, err);
 }
 
+/* Wait for the draw just launched (under TP watching the peers; deferred: it stays queued). */
+static int wait_sample(sf_engine *e, sf_error *err)
+{
+    return e->tp ? sf_tp_wait_sample(e->tp, err) : sf_forward_wait_sample(e->fwd, err);
+}
+
+/* Wait for the ids of step f: its queued draw, or its draw (the host drew: nothing to wait for). */
+static int wait_ids(sf_engine *e, const sf_flight *f, sf_error *err)
+{
+    return f->queued ? take_draw(e, err) : f->on_dev ? wait_sample(e, err) : SF_OK;
+}
+
 /* Draws still queued on the backend (async) are dropped: their ids are taken and ignored. */
 static void drop_queued(sf_engine *e)
 {
@@ -327,7 +339,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     f->t_enq = t_enq;
     if (!ahead && e->t_ids > 0) tc->exposed += t_enq - e->t_ids;
     if (rc == SF_OK && on_dev && e->async) { /* the draw stays queued until sample_take */
-        rc = sf_forward_wait_sample(e->fwd, &err);
+        rc = wait_sample(e, &err);
         f->queued = rc == SF_OK;
     }
     if (rc != SF_OK) {
@@ -345,12 +357,7 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     sf_error err = { 0 };
     sf_flight *f = &e->fl;
     double t0 = sf_now_s();
-    int rc = SF_OK;
-    if (f->queued) {
-        rc = take_draw(e, &err);
-    } else if (f->on_dev) {
-        rc = e->tp ? sf_tp_wait_sample(e->tp, &err) : sf_forward_wait_sample(e->fwd, &err);
-    }
+    int rc = wait_ids(e, f, &err);
     double t1 = sf_now_s();
     tc->wait += t1 - t0;
     e->t_ids = f->t_done > 0 && f->t_done < t1 ? f->t_done : t1;
@@ -447,10 +454,7 @@ void sf_engine_settle(sf_engine *e)
     while (e->fl.active) { /* the oldest first; the ids are dropped with the requests */
         sf_error err = { 0 };
         const sf_flight *f = &e->fl;
-        int rc = f->queued ? take_draw(e, &err)
-                 : !f->on_dev ? SF_OK
-                 : e->tp      ? sf_tp_wait_sample(e->tp, &err)
-                              : sf_forward_wait_sample(e->fwd, &err);
+        int rc = wait_ids(e, f, &err);
         if (rc) SF_LOGW("engine: the step in flight at shutdown failed: %s", err.msg[0] ? err.msg : sf_status_str(rc));
         e->fl = e->fl2;
         e->fl2.active = 0;

@@ -233,7 +233,9 @@ static int op_cfg(int mode, int m, int k)
         for (const char *p = e; p && *p;) {
             const char *eq = strchr(p, '='), *end = strchr(p, ',');
             if (!end) end = p + strlen(p);
-            int op = -1, c = eq && eq < end ? atoi(eq + 1) : 0;
+            char *num_end = NULL;
+            int op = -1, c = eq && eq < end ? (int)strtol(eq + 1, &num_end, 10) : 0;
+            if (num_end != end) c = 0; /* "o=25x", "o=": not a configuration */
             for (int i = 0; i < OP_N && eq && eq < end; i++)
                 if ((size_t)(eq - p) == strlen(names[i]) && !strncmp(p, names[i], eq - p)) op = i;
             if (op < 0 || !cfg_valid(c))

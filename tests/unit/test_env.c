@@ -1,7 +1,7 @@
 /* test_env.c — the SEMFLOW_* environment switches (common/env.c): every accepted spelling, and
  * every malformed value refused with a warning that names the variable, the value and what it
  * takes, the default then in force; and the engine's own switches read through them
- * (SEMFLOW_ENGINE_OVERLAP, SEMFLOW_ENGINE_WARMUP, SEMFLOW_SCHED_RT_ALONE, SEMFLOW_LOG) on the CPU
+ * (SEMFLOW_ENGINE_OVERLAP, SEMFLOW_ENGINE_WARMUP, SEMFLOW_ENGINE_ASYNC, SEMFLOW_SCHED_RT_ALONE, SEMFLOW_LOG) on the CPU
  * backend with stories260K. */
 #include "common/sf.h"
 #include "engine/engine.h"
@@ -110,7 +110,7 @@ TEST(sched_rt_alone)
 
 /* An engine on the CPU with the environment as set; one request of 3 tokens through it.
  * *overlapped: the loop it ran; returns what the engine logged while starting. */
-static const char *engine_run(int *overlapped, int *tokens)
+static const char *engine_run(int *overlapped, int *tokens, int *async)
 {
     sf_error err = { 0 };
     sf_engine_config c;
@@ -121,7 +121,7 @@ static const char *engine_run(int *overlapped, int *tokens)
     c.max_num_seqs = 4;
     c.max_batched_tokens = 64;
     sf_engine *e = NULL;
-    *overlapped = -1;
+    *overlapped = *async = -1;
     *tokens = 0;
     capture_begin();
     int rc = sf_engine_new(&c, &e, &err);
@@ -141,6 +141,7 @@ static const char *engine_run(int *overlapped, int *tokens)
     sf_engine_stats st;
     wait_idle(e, &st);
     *overlapped = st.overlapped;
+    *async = st.async;
     *tokens = o.n_tokens;
     sf_engine_free(e);
     return log;
@@ -157,8 +158,8 @@ TEST(engine_overlap_and_warmup)
         else unsetenv("SEMFLOW_ENGINE_OVERLAP");
         if (cases[i].warm) setenv("SEMFLOW_ENGINE_WARMUP", cases[i].warm, 1);
         else unsetenv("SEMFLOW_ENGINE_WARMUP");
-        int ov, tok;
-        const char *log = engine_run(&ov, &tok);
+        int ov, tok, as;
+        const char *log = engine_run(&ov, &tok, &as);
         CHECK_MSG(ov == cases[i].overlapped && tok == 3, "case %zu: overlapped %d, %d tokens", i, ov, tok);
         CHECK_MSG(!strstr(log, "warm-up of") == !cases[i].warmed, "case %zu: %s", i, log);
         CHECK_MSG(!strstr(log, "warn:") == !cases[i].warns, "case %zu: %s", i, log);
@@ -169,6 +170,30 @@ TEST(engine_overlap_and_warmup)
     }
     unsetenv("SEMFLOW_ENGINE_OVERLAP");
     unsetenv("SEMFLOW_ENGINE_WARMUP");
+}
+
+/* SEMFLOW_ENGINE_ASYNC: on, the CPU backend's steps queue behind each other with the same
+ * tokens; a malformed value is named in a warning and the default (off) kept. */
+TEST(engine_async)
+{
+    static const struct { const char *v; int async, warns; } cases[] = {
+        { NULL, 0, 0 }, { "1", 1, 0 }, { "on", 1, 0 }, { "0", 0, 0 }, { "maybe", 0, 1 }, { "2", 0, 1 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        if (cases[i].v) setenv("SEMFLOW_ENGINE_ASYNC", cases[i].v, 1);
+        else unsetenv("SEMFLOW_ENGINE_ASYNC");
+        int ov, tok, as;
+        const char *log = engine_run(&ov, &tok, &as);
+        CHECK_MSG(as == cases[i].async && tok == 3, "case %zu (%s): async %d, %d tokens", i,
+                  cases[i].v ? cases[i].v : "unset", as, tok);
+        CHECK_MSG(!strstr(log, "warn:") == !cases[i].warns, "case %zu: %s", i, log);
+        if (cases[i].warns) {
+            char want[64];
+            snprintf(want, sizeof want, "SEMFLOW_ENGINE_ASYNC=%s", cases[i].v);
+            CHECK_MSG(strstr(log, want), "case %zu names the variable: %s", i, log);
+        }
+    }
+    unsetenv("SEMFLOW_ENGINE_ASYNC");
 }
 
 TEST(log_level)
@@ -192,6 +217,7 @@ int main(void)
     RUN(choice_values);
     RUN(sched_rt_alone);
     RUN(engine_overlap_and_warmup);
+    RUN(engine_async);
     RUN(log_level);
     return test_summary();
 }
