@@ -14,6 +14,7 @@
 #define SF_KERNELS_B1TRACE_CUH
 
 #include <stdint.h>
+#include <stdlib.h>
 
 /* One block of one launch (32 bytes). Record 0 of the buffer is the header: t0 counts the
  * records ever appended, grid is the ring's capacity (records after the header). */
@@ -33,6 +34,14 @@ static __constant__ sf_tr_rec *tr_buf; /* this file's copy (NULL: off) */
 
 #define SF_TR_SETTER(name) \
     extern "C" int name(void *buf) { return (int)cudaMemcpyToSymbol(tr_buf, &buf, sizeof buf); }
+
+/* Host: whether SEMFLOW_CUDA_TRACE asks for the timeline (kernels whose marks cost registers pick
+ * a marked variant by it; b1trace.cu opens the file). */
+static inline bool tr_wanted(void)
+{
+    const char *p = getenv("SEMFLOW_CUDA_TRACE");
+    return p && *p;
+}
 
 /* A block's marks so far; kept in shared memory (declare it __shared__ in the kernel) so that
  * tracing costs the kernel no registers. */

@@ -102,13 +102,19 @@ static __device__ __forceinline__ void fs_prologue(const uint4 *__restrict__ x, 
     __syncthreads();
 }
 
+/* Variants (template V; the default, 0, compiles to the kernel of the session-5 figures, which the
+ * runtime switch of the first batched version cost 17% (40 -> 57 registers, 8B layer chain 110.6
+ * -> 129.5 us, measured 2026-12-01): FS_BAT the batched prologue, FS_TR the timeline marks. */
+#define FS_BAT 1
+#define FS_TR 2
+
 /* MODE: FG_NORM (| FG_GLU | FG_ROPE) or FG_ADD; ST ring stages per warp. Dynamic shared memory:
  * x (k bf16, 16-byte rounded), then FS_WARPS rings of ST stages. */
-template <int MODE, int ST>
+template <int MODE, int ST, int V>
 __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                                float eps, const bf16 *__restrict__ w,
                                                                const bf16 *__restrict__ bias, int m, int k,
-                                                               bf16 *__restrict__ y, fg_rope rp, int batched)
+                                                               bf16 *__restrict__ y, fg_rope rp)
 {
     extern __shared__ __align__(16) unsigned char fs_smem[];
     __shared__ float red[32];
@@ -118,7 +124,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     bf16x8 *xs = (bf16x8 *)fs_smem;
     uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
     __shared__ sf_tr tr;
-    tr_begin(tr);
+    if (V & FS_TR) tr_begin(tr);
     sf_pdl_trigger();
 
     /* The issue cursor: unit iu, its stage it, the ring slot islot; rows ia, ib. */
@@ -145,15 +151,15 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
 #pragma unroll
     for (int t = 0; t < ST - 1; t++) issue(); /* weights only: before the wait */
     uint4 nwr[FS_NWR]; /* batched: this thread's first chunks of the norm weight, also before it */
-    if ((MODE & FG_NORM) && batched) {
+    if ((MODE & FG_NORM) && (V & FS_BAT)) {
 #pragma unroll
         for (int j = 0; j < FS_NWR; j++)
             if (threadIdx.x + j * FS_NT < k8) nwr[j] = __ldg((const uint4 *)nw + threadIdx.x + j * FS_NT);
     }
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
-    tr_waited(tr);
+    if (V & FS_TR) tr_waited(tr);
 
-    if (batched) {
+    if (V & FS_BAT) {
         fs_prologue<MODE>((const uint4 *)x, (const uint4 *)nw, nwr, eps, k, k8, (uint4 *)xs, red);
     } else {
         const bf16x8 *x8 = (const bf16x8 *)x;
@@ -165,16 +171,16 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         }
         __syncthreads();
     }
-    tr_ready(tr);
+    if (V & FS_TR) tr_ready(tr);
 
     int cslot = 0;
     for (int u = blockIdx.x * FS_WARPS + warp; u < units; u += nwarps) {
         float acc_a = 0.0f, acc_b = 0.0f;
         /* batched, residual add: the unit's two residual values are read now, not after its
          * dot product (nothing but this warp writes them once the wait is passed) */
-        const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
         float ya = 0.0f, yb = 0.0f;
-        if ((MODE & FG_ADD) && batched && lane == 0) {
+        if ((MODE & FG_ADD) && (V & FS_BAT) && lane == 0) {
+            const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
             ya = bf2f(y[r.ra]);
             yb = bf2f(y[r.rb]);
         }
@@ -187,7 +193,8 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         acc_a = warp_sum(acc_a);
         acc_b = warp_sum(acc_b);
         if (lane) continue;
-        if ((MODE & FG_ADD) && batched) { /* fg_epilogue's add, with the values read above */
+        const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
+        if ((MODE & FG_ADD) && (V & FS_BAT)) { /* fg_epilogue's add, with the values read above */
             if (bias) { acc_a += bf2f(bias[r.ra]); acc_b += bf2f(bias[r.rb]); }
             y[r.ra] = f2bf(ya + bf2f(f2bf(acc_a)));
             if (r.rb != r.ra) y[r.rb] = f2bf(yb + bf2f(f2bf(acc_b)));
@@ -196,7 +203,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         }
     }
     gr_wait<0>();
-    tr_end(tr, SF_TR_GEMV + MODE, m, k);
+    if (V & FS_TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
 }
 
 SF_TR_SETTER(sf_k_gemv_stream_trace)
@@ -277,23 +284,36 @@ static int plan(int mode, int units, int k, int want, int *grid)
     return st;
 }
 
-template <int MODE, int ST>
-static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
-                  int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
+template <int MODE, int ST, int V>
+static int launch_v(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
+                    int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
 {
     const size_t smem = ((size_t)k * 2 + 15) / 16 * 16 + (size_t)ST * FS_STAGE_BYTES;
     static size_t smem_set = 48 * 1024; /* per instance; the launch thread is the backend's only thread */
     if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
     }
-    /* SEMFLOW_CUDA_GEMV_BATCHED=1: the batched prologue (fs_prologue; off until measured) */
-    static const int batched = sf_env_bool("SEMFLOW_CUDA_GEMV_BATCHED", 0);
-    int rc = sf_launch_pdl(k_gemv_stream<MODE, ST>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
-                           (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp, batched);
+    int rc = sf_launch_pdl(k_gemv_stream<MODE, ST, V>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
+                           (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
     return rc ? rc : sf_launch_status();
+}
+
+template <int MODE, int ST>
+static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
+                  int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
+{
+    /* SEMFLOW_CUDA_GEMV_BATCHED=1: the batched prologue (fs_prologue; off until measured);
+     * SEMFLOW_CUDA_TRACE: the marked kernels (b1trace.cuh) */
+    static const int v = (sf_env_bool("SEMFLOW_CUDA_GEMV_BATCHED", 0) ? FS_BAT : 0) | (tr_wanted() ? FS_TR : 0);
+    switch (v) {
+    case 0: return launch_v<MODE, ST, 0>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case FS_BAT: return launch_v<MODE, ST, FS_BAT>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case FS_TR: return launch_v<MODE, ST, FS_TR>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    default: return launch_v<MODE, ST, FS_BAT | FS_TR>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    }
 }
 
 template <int MODE>
