@@ -2,18 +2,17 @@
 # bench/device/decode.sh — the batch-1 decode figures of docs/PERFORMANCE.md in one go (under 90 s):
 #   - correctness: the batch-1 GEMVs against a host reference (build/tests/device/test_gemv)
 #     and whole-model logits against the CPU backend (build/tests/device/test_model), with the
-#     default path, with the GEMVs' batched prologue (SEMFLOW_CUDA_GEMV_BATCHED=1) and with
-#     attention's early K/V loads (SEMFLOW_CUDA_ATTN_PRE=1) and its splits combined in a cluster
-#     (SEMFLOW_CUDA_ATTN_CLUSTER=1; test_decode_attn against its float64 reference too);
+#     default path and with attention's early K/V loads off (SEMFLOW_CUDA_ATTN_PRE=0;
+#     test_decode_attn against its float64 reference too);
 #   - batch-1 decode (bench decode, random bf16 weights) of Llama-3-8B at 512 and 4096 keys and
-#     Qwen2-7B at 512; the switches under test against the default in the same call: batched
-#     prologue, early K/V loads, per-op GEMV plans (SEMFLOW_CUDA_GEMV_PLAN);
+#     Qwen2-7B at 512; against the default in the same call: early K/V loads off, per-op GEMV
+#     plans (SEMFLOW_CUDA_GEMV_PLAN);
 #   - the timeline of a step's batch-1 kernels as the graph runs (SEMFLOW_CUDA_TRACE, read by
 #     bench/device/b1trace.py): per kernel of a layer, when its blocks start, pass the
 #     programmatic wait and end, relative to the end of the kernel before;
 #   - test_gemv --perf: a layer's four GEMVs chained in a graph at the shapes of Llama-3-8B, its
 #     TP=2 shard, Llama-3-70B's TP=2 shard and Qwen2-7B, each op alone with every kernel variant,
-#     in % of the copy bandwidth (default, batched prologue, per-op plans).
+#     in % of the copy bandwidth (default, per-op plans).
 # Each bench decode costs ~4-5 s (model set-up), so the list is short and ordered by value; a
 # step that would pass the budget is skipped and says so.
 # Each run's JSON goes to $OUT/decode/<name>.json, its stderr to <name>.err; tests to <name>.log;
@@ -67,51 +66,40 @@ B="$BIN bench"
 P="--backend cuda --load-format dummy --json"
 L8="$B decode --preset llama-3-8b --steps 32 $P"
 Q7="$B decode --preset qwen2-7b --steps 32 $P"
-PRE=SEMFLOW_CUDA_ATTN_PRE=1
-BAT=SEMFLOW_CUDA_GEMV_BATCHED=1
-CL=SEMFLOW_CUDA_ATTN_CLUSTER=1
+NOPRE=SEMFLOW_CUDA_ATTN_PRE=0
 AT=$BUILD_DIR/tests/device/test_decode_attn
 
 # correctness of the default path first (a kernel that hangs is cut by the step's limit), then
-# of the switches under test
+# with attention's early K/V loads off (the instance of longer steps)
 if [ -x "$GT" ] && [ -x "$MT" ]; then
     step gemv 12 "$GT"
     step model 10 "$MT"
-    step gemv-bat 12 $BAT "$GT"
-    step model-bat 10 $BAT "$MT"
-    step model-pre 10 $PRE "$MT"
-    step model-cl 10 $CL "$MT"
+    step model-nopre 10 $NOPRE "$MT"
 else
     echo "test_gemv/test_model: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
 fi
 if [ -x "$AT" ]; then
-    step attn-cl 10 $CL "$AT"
-    step attn-pre 10 $PRE "$AT"
+    step attn 10 "$AT"
+    step attn-nopre 10 $NOPRE "$AT"
 fi
 step l8-512 10 $L8 --ctx 512
+step l8-512-nopre 10 $NOPRE $L8 --ctx 512
 # the timeline of the batch-1 kernels as the graph runs (kernels/cuda/b1trace.cuh)
 step l8-512-trace 12 SEMFLOW_CUDA_TRACE="$D/trace-l8-512.txt" $L8 --ctx 512
-step l8-512-bat 10 $BAT $L8 --ctx 512
-step l8-512-pre 10 $PRE $L8 --ctx 512
-step l8-512-bat-pre 10 $BAT $PRE $L8 --ctx 512
-step l8-512-bat-trace 12 $BAT SEMFLOW_CUDA_TRACE="$D/trace-l8-512-bat.txt" $L8 --ctx 512
-step l8-512-cl 10 $CL $L8 --ctx 512
-step l8-512-bat-cl 10 $BAT $CL $L8 --ctx 512
 [ -x "$GT" ] && step perf 14 "$GT" --perf
-[ -x "$GT" ] && step perf-bat 14 $BAT "$GT" --perf
 step q7-512 10 $Q7 --ctx 512
-step q7-512-bat 10 $BAT $Q7 --ctx 512
+step q7-512-nopre 10 $NOPRE $Q7 --ctx 512
 step l8-4096 10 $L8 --ctx 4096
-step l8-4096-bat 10 $BAT $L8 --ctx 4096
+step l8-4096-nopre 10 $NOPRE $L8 --ctx 4096
 # per-op plans (blocks per SM x 10 + ring stages) that leave an SM room for attention's
 # blocks beside QKV's, and for two O blocks beside an attention block; the TP=2 shard shapes' per-op bests of session 5 in the chain
 step l8-512-q33 10 SEMFLOW_CUDA_GEMV_PLAN=qkv=33 $L8 --ctx 512
 step l8-512-o25 10 SEMFLOW_CUDA_GEMV_PLAN=o=25 $L8 --ctx 512
 [ -x "$GT" ] && step perf-tp2plan 14 SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33,down=25 "$GT" --perf
 cat "$D/runs.txt"
-for f in perf perf-bat perf-tp2plan; do [ -f "$D/$f.log" ] && echo "$f:" && grep 'chain\|copy bandwidth' "$D/$f.log"; done
+for f in perf perf-tp2plan; do [ -f "$D/$f.log" ] && echo "$f:" && grep 'chain\|copy bandwidth' "$D/$f.log"; done
 echo "profilers here: ncu $(command -v ncu || echo none), nsys $(command -v nsys || echo none)"
-for t in l8-512 l8-512-bat; do
+for t in l8-512; do
     if [ -f "$D/trace-$t.txt" ]; then
         echo "timeline $t:"
         python3 bench/device/b1trace.py "$D/trace-$t.txt" | tee "$D/trace-$t.sum"
@@ -123,9 +111,8 @@ done
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512", "l8-512-trace", "l8-512-bat", "l8-512-pre", "l8-512-bat-pre", "l8-512-bat-trace", "l8-512-cl",
-         "l8-512-bat-cl", "l8-512-q33", "l8-512-o25",
-         "q7-512", "q7-512-bat", "l8-4096", "l8-4096-bat"]
+names = ["l8-512", "l8-512-nopre", "l8-512-trace", "l8-512-q33", "l8-512-o25",
+         "q7-512", "q7-512-nopre", "l8-4096", "l8-4096-nopre"]
 print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:

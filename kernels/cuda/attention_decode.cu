@@ -30,20 +30,6 @@ extern "C" {
 }
 
 #define AD_WARPS 8
-#define AD_CL_MAX 8 /* splits combined in a cluster (the portable cluster size) */
-
-/* The block's cluster: barrier with release/acquire (shared-memory writes before it are seen by
- * the peers after it), and a peer's copy of a shared-memory address. */
-static __device__ __forceinline__ void cluster_sync(void)
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-static __device__ __forceinline__ const float *cluster_peer(const float *p, int rank)
-{
-    uint64_t out;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((uint64_t)p), "r"(rank));
-    return (const float *)out;
-}
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 #define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
 
@@ -109,9 +95,9 @@ static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int
  * against 128), which would halve the blocks per SM of every bf16 step, so it is a separate
  * instance that only steps with INT8 blocks launch. The bf16 instances for groups up to 4 are
  * held to 128 registers (two blocks per SM, and room beside one for the O projection's two
- * 64-register blocks); PRE (early K/V loads, ~175 registers) and CL (the cluster combine) are
- * the switches under measurement. */
-template <int HD, int MAXG, bool I8, bool PRE, bool CL>
+ * 64-register blocks). PRE (early K/V loads, ~175 registers, one block per SM) is the instance
+ * of one-token steps: Llama-3-8B batch 1 at 512 keys 4.138 against 4.177 ms (2026-12-01). */
+template <int HD, int MAXG, bool I8, bool PRE>
 __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 1) k_attn_decode(sf_k_attn a)
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
@@ -122,7 +108,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 
     __shared__ float ml_s[AD_WARPS][MAXG][2];
     __shared__ float wsm[MAXG][AD_MAX_SPLIT];
     __shared__ int last;
-    __shared__ float part_s[CL ? MAXG : 1][HD + 2]; /* CL: this split's o, m, l per head */
 
     __shared__ sf_tr tr;
     tr_begin(tr);
@@ -317,88 +302,22 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 
                 O = fmaf(o_s[w][g][d], e, O);
             }
         }
-        if (CL) {
-            part_s[g][d] = O;
-            if (d == 0) { part_s[g][HD] = M; part_s[g][HD + 1] = L; }
-        } else {
-            sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
-        }
+        sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
     }
     tr_ready(tr);
-    if (CL) {
-        /* the splits of (t, kh) are one cluster (blockIdx.z = the rank in it): each combines its
-         * share of the G x HD outputs from every split's shared memory, no global round trip */
-        cluster_sync();
-        const int per = (G * HD + ns - 1) / ns;
-        for (int idx = split * per + tid; idx < min(G * HD, (split + 1) * per); idx += AD_WARPS * 32) {
-            const int g = idx / HD, d = idx - g * HD;
-            float mp[AD_CL_MAX], lp[AD_CL_MAX], op[AD_CL_MAX], M = -INFINITY;
-#pragma unroll
-            for (int r = 0; r < AD_CL_MAX; r++)
-                if (r < ns) {
-                    const float *ps = cluster_peer(&part_s[g][0], r);
-                    mp[r] = ps[HD];
-                    lp[r] = ps[HD + 1];
-                    op[r] = ps[d];
-                    M = fmaxf(M, mp[r]);
-                }
-            float L = 0.0f, O = 0.0f;
-            if (M != -INFINITY) {
-#pragma unroll
-                for (int r = 0; r < AD_CL_MAX; r++)
-                    if (r < ns && mp[r] != -INFINITY) {
-                        const float e = exp2f(mp[r] - M);
-                        L = fmaf(lp[r], e, L);
-                        O = fmaf(op[r], e, O);
-                    }
-            }
-            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g) * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
-        }
-        cluster_sync(); /* no block leaves while a peer may still read its shared memory */
-    }
     /* the last block of this (token, kv head) to finish combines the splits */
-    else if (ns > 1) sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+    if (ns > 1) sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
     tr_end(tr, SF_TR_ATTN, ns, ctx);
 }
 
 SF_TR_SETTER(sf_k_attn_decode_trace)
 
-/* SEMFLOW_CUDA_ATTN_PRE=1: one-token steps issue their first run of K/V loads before the
- * programmatic wait (all but the newest key; off by default until measured; read once). */
+/* SEMFLOW_CUDA_ATTN_PRE=0: one-token steps wait for the QKV kernel before their first K/V loads
+ * (the instance of longer steps; for comparisons). Read once. */
 static bool pre_loads(void)
 {
-    static const int on = sf_env_bool("SEMFLOW_CUDA_ATTN_PRE", 0);
+    static const int on = sf_env_bool("SEMFLOW_CUDA_ATTN_PRE", 1);
     return on;
-}
-
-/* SEMFLOW_CUDA_ATTN_CLUSTER=1: splits of 2..AD_CL_MAX combine in a thread-block cluster
- * (distributed shared memory) instead of through the workspace and the last block (off until
- * measured; read once). */
-static bool cluster_combine(void)
-{
-    static const int on = sf_env_bool("SEMFLOW_CUDA_ATTN_CLUSTER", 0);
-    return on;
-}
-
-/* The cluster launch: the n_split blocks of a (token, kv head) as one cluster, with programmatic
- * dependent launch as sf_launch_pdl gives it. */
-template <typename K>
-static int launch_cluster(K kernel, dim3 grid, dim3 block, const sf_k_attn *a, cudaStream_t s)
-{
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute at[2];
-    cfg.gridDim = grid;
-    cfg.blockDim = block;
-    cfg.stream = s;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = grid.z;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = sf_pdl_enabled() ? 2 : 1;
-    return (int)cudaLaunchKernelEx(&cfg, kernel, *a);
 }
 
 template <int HD, int MAXG>
@@ -406,13 +325,9 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
 {
     const dim3 grid(a->T, a->Hkv, a->n_split), block(AD_WARPS * 32);
     int rc;
-    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false, false>, grid, block, 0, s, *a);
-    else if (cluster_combine() && a->n_split >= 2 && a->n_split <= AD_CL_MAX)
-        rc = pre_loads() ? launch_cluster(k_attn_decode<HD, MAXG, false, true, true>, grid, block, a, s)
-                         : launch_cluster(k_attn_decode<HD, MAXG, false, false, true>, grid, block, a, s);
-    else
-        rc = pre_loads() ? sf_launch_pdl(k_attn_decode<HD, MAXG, false, true, false>, grid, block, 0, s, *a)
-                         : sf_launch_pdl(k_attn_decode<HD, MAXG, false, false, false>, grid, block, 0, s, *a);
+    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a);
+    else if (a->T == 1 && pre_loads()) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, true>, grid, block, 0, s, *a);
+    else rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, false>, grid, block, 0, s, *a);
     return rc ? rc : sf_launch_status();
 }
 

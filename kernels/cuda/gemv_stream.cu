@@ -13,14 +13,9 @@
  * memory, read once per block. Measured per op on the H200 (docs/PERFORMANCE.md): down 36.9 ->
  * 30.4 us (91% of the copy bandwidth), O 13.0 -> 11.2, QKV best at 3 blocks per SM. Rounding and
  * the epilogues are gemv_fused.cu's (gemv_ring.cuh).
- *
- * The prologue after the wait (x into shared memory, with its norm) is on the critical path of
- * every launch: the ring holds only ST - 1 stages, so the weight stream stalls until it is done.
- * Written as plain loops it is a chain of dependent round trips to L2 (one per loop iteration:
- * x, then the norm weight; down's 28 KB of x takes seven). SEMFLOW_CUDA_GEMV_BATCHED=1 batches
- * it (fs_prologue: all of a thread's x loads in flight at once, the norm weight's in registers
- * from before the wait) and reads a unit's residual values before its dot product instead of
- * after it. */
+ * Tried and removed (docs/PERFORMANCE.md): a batched prologue (all of a thread's x loads in
+ * flight at once, the norm weight in registers from before the wait) took the kernel to 64
+ * registers and the 8B layer chain from 110.8 to 119.1 us. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,82 +30,12 @@ extern "C" {
 #define FS_WARPS 8
 #define FS_STAGE_BYTES (FS_WARPS * 2 * FG_RING_V * 32 * 16) /* one ring stage of a block */
 #define FS_MAX_X (64 * 1024)   /* largest x (bytes) held in shared memory */
-#define FS_NT (FS_WARPS * 32)
-#define FS_NWR 4 /* norm weight chunks per thread held in registers from before the wait (k <= 8192) */
 
-/* Sum of squares of 8 bf16. */
-static __device__ __forceinline__ float fs_sumsq8(const uint4 &v)
-{
-    const bf162 *h = (const bf162 *)&v;
-    float ss = 0.0f;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float2 f = __bfloat1622float2(h[q]);
-        ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-    }
-    return ss;
-}
-
-/* bf16(bf16(v * inv) * g) of 8 values (HF: round, then scale), as gr_row_scale. */
-static __device__ __forceinline__ uint4 fs_scale8(const uint4 &v, const uint4 &g, float inv)
-{
-    const bf162 *vh = (const bf162 *)&v, *gh = (const bf162 *)&g;
-    uint4 o;
-    bf162 *oh = (bf162 *)&o;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        const float2 f = __bfloat1622float2(vh[q]), gw = __bfloat1622float2(gh[q]);
-        const float n0 = bf2f(f2bf(f.x * inv)), n1 = bf2f(f2bf(f.y * inv));
-        oh[q] = __floats2bfloat162_rn(n0 * gw.x, n1 * gw.y);
-    }
-    return o;
-}
-
-/* The prologue after the wait, batched: x (k8 16-byte chunks; chunk i is thread i % FS_NT's) into
- * xs, PF loads in flight per thread at once, so a block waits one round trip per PF * FS_NT
- * chunks instead of one per loop iteration; with FG_NORM, its sum of squares, then the scale by
- * the norm weight (chunks j < FS_NWR of this thread in nwr, loaded before the wait; the rest
- * read here). Ends with the block synchronised. */
-template <int MODE>
-static __device__ __forceinline__ void fs_prologue(const uint4 *__restrict__ x, const uint4 *__restrict__ nw,
-                                                   const uint4 (&nwr)[FS_NWR], float eps, int k, int k8, uint4 *xs,
-                                                   float *red)
-{
-    constexpr int PF = (MODE & FG_NORM) ? 4 : 8;
-    float ss = 0.0f;
-    for (int i0 = threadIdx.x; i0 < k8; i0 += PF * FS_NT) {
-        uint4 v[PF];
-#pragma unroll
-        for (int j = 0; j < PF; j++)
-            if (i0 + j * FS_NT < k8) v[j] = __ldg(x + i0 + j * FS_NT);
-#pragma unroll
-        for (int j = 0; j < PF; j++)
-            if (i0 + j * FS_NT < k8) {
-                xs[i0 + j * FS_NT] = v[j];
-                if (MODE & FG_NORM) ss += fs_sumsq8(v[j]);
-            }
-    }
-    if (MODE & FG_NORM) {
-        const float inv = rsqrtf(block_sum(ss, red) / (float)k + eps);
-#pragma unroll
-        for (int j = 0; j < FS_NWR; j++) {
-            const int i = threadIdx.x + j * FS_NT;
-            if (i < k8) xs[i] = fs_scale8(xs[i], nwr[j], inv);
-        }
-        for (int i = threadIdx.x + FS_NWR * FS_NT; i < k8; i += FS_NT) xs[i] = fs_scale8(xs[i], __ldg(nw + i), inv);
-    }
-    __syncthreads();
-}
-
-/* Variants (template V; the default, 0, compiles to the kernel of the session-5 figures, which the
- * runtime switch of the first batched version cost 17% (40 -> 57 registers, 8B layer chain 110.6
- * -> 129.5 us, measured 2026-12-01): FS_BAT the batched prologue, FS_TR the timeline marks. */
-#define FS_BAT 1
-#define FS_TR 2
-
-/* MODE: FG_NORM (| FG_GLU | FG_ROPE) or FG_ADD; ST ring stages per warp. Dynamic shared memory:
+/* MODE: FG_NORM (| FG_GLU | FG_ROPE), FG_ADD or 0 (plain); ST ring stages per warp; TR: with the
+ * timeline marks (b1trace.cuh; a separate instance, so that the default kernel keeps its 40
+ * registers: a runtime switch in it had cost 17% of the 8B layer chain). Dynamic shared memory:
  * x (k bf16, 16-byte rounded), then FS_WARPS rings of ST stages. */
-template <int MODE, int ST, int V>
+template <int MODE, int ST, bool TR>
 __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                                float eps, const bf16 *__restrict__ w,
                                                                const bf16 *__restrict__ bias, int m, int k,
@@ -124,7 +49,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     bf16x8 *xs = (bf16x8 *)fs_smem;
     uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
     __shared__ sf_tr tr;
-    if (V & FS_TR) tr_begin(tr);
+    if (TR) tr_begin(tr);
     sf_pdl_trigger();
 
     /* The issue cursor: unit iu, its stage it, the ring slot islot; rows ia, ib. */
@@ -150,40 +75,22 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     };
 #pragma unroll
     for (int t = 0; t < ST - 1; t++) issue(); /* weights only: before the wait */
-    uint4 nwr[FS_NWR]; /* batched: this thread's first chunks of the norm weight, also before it */
-    if ((MODE & FG_NORM) && (V & FS_BAT)) {
-#pragma unroll
-        for (int j = 0; j < FS_NWR; j++)
-            if (threadIdx.x + j * FS_NT < k8) nwr[j] = __ldg((const uint4 *)nw + threadIdx.x + j * FS_NT);
-    }
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
-    if (V & FS_TR) tr_waited(tr);
+    if (TR) tr_waited(tr);
 
-    if (V & FS_BAT) {
-        fs_prologue<MODE>((const uint4 *)x, (const uint4 *)nw, nwr, eps, k, k8, (uint4 *)xs, red);
+    const bf16x8 *x8 = (const bf16x8 *)x;
+    if (MODE & FG_NORM) {
+        const float ss = block_sum(gr_row_sumsq(x8, xs, k8, FS_WARPS * 32), red);
+        gr_row_scale(xs, (const bf16x8 *)nw, rsqrtf(ss / (float)k + eps), k8, FS_WARPS * 32);
     } else {
-        const bf16x8 *x8 = (const bf16x8 *)x;
-        if (MODE & FG_NORM) {
-            const float ss = block_sum(gr_row_sumsq(x8, xs, k8, FS_WARPS * 32), red);
-            gr_row_scale(xs, (const bf16x8 *)nw, rsqrtf(ss / (float)k + eps), k8, FS_WARPS * 32);
-        } else {
-            for (int i = threadIdx.x; i < k8; i += FS_WARPS * 32) xs[i] = x8[i];
-        }
-        __syncthreads();
+        for (int i = threadIdx.x; i < k8; i += FS_WARPS * 32) xs[i] = x8[i];
     }
-    if (V & FS_TR) tr_ready(tr);
+    __syncthreads();
+    if (TR) tr_ready(tr);
 
     int cslot = 0;
     for (int u = blockIdx.x * FS_WARPS + warp; u < units; u += nwarps) {
         float acc_a = 0.0f, acc_b = 0.0f;
-        /* batched, residual add: the unit's two residual values are read now, not after its
-         * dot product (nothing but this warp writes them once the wait is passed) */
-        float ya = 0.0f, yb = 0.0f;
-        if ((MODE & FG_ADD) && (V & FS_BAT) && lane == 0) {
-            const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
-            ya = bf2f(y[r.ra]);
-            yb = bf2f(y[r.rb]);
-        }
         for (int t = 0; t < n_st; t++) {
             issue();              /* into the slot consumed last */
             gr_wait<ST - 1>();    /* this stage has landed */
@@ -192,18 +99,10 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         }
         acc_a = warp_sum(acc_a);
         acc_b = warp_sum(acc_b);
-        if (lane) continue;
-        const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
-        if ((MODE & FG_ADD) && (V & FS_BAT)) { /* fg_epilogue's add, with the values read above */
-            if (bias) { acc_a += bf2f(bias[r.ra]); acc_b += bf2f(bias[r.rb]); }
-            y[r.ra] = f2bf(ya + bf2f(f2bf(acc_a)));
-            if (r.rb != r.ra) y[r.rb] = f2bf(yb + bf2f(f2bf(acc_b)));
-        } else {
-            fg_epilogue<MODE>(r, u, acc_a, acc_b, bias, y, rp);
-        }
+        if (lane == 0) fg_epilogue<MODE>(fg_unit_rows<MODE>(u, m, rp), u, acc_a, acc_b, bias, y, rp);
     }
     gr_wait<0>();
-    if (V & FS_TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
+    if (TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
 }
 
 SF_TR_SETTER(sf_k_gemv_stream_trace)
@@ -284,19 +183,19 @@ static int plan(int mode, int units, int k, int want, int *grid)
     return st;
 }
 
-template <int MODE, int ST, int V>
+template <int MODE, int ST, bool TR>
 static int launch_v(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
                     int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
 {
     const size_t smem = ((size_t)k * 2 + 15) / 16 * 16 + (size_t)ST * FS_STAGE_BYTES;
     static size_t smem_set = 48 * 1024; /* per instance; the launch thread is the backend's only thread */
     if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, V>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, TR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              (int)smem);
         if (e != cudaSuccess) return (int)e;
         smem_set = smem;
     }
-    int rc = sf_launch_pdl(k_gemv_stream<MODE, ST, V>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
+    int rc = sf_launch_pdl(k_gemv_stream<MODE, ST, TR>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
                            (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
     return rc ? rc : sf_launch_status();
 }
@@ -305,15 +204,9 @@ template <int MODE, int ST>
 static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias, int m,
                   int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
 {
-    /* SEMFLOW_CUDA_GEMV_BATCHED=1: the batched prologue (fs_prologue; off until measured);
-     * SEMFLOW_CUDA_TRACE: the marked kernels (b1trace.cuh) */
-    static const int v = (sf_env_bool("SEMFLOW_CUDA_GEMV_BATCHED", 0) ? FS_BAT : 0) | (tr_wanted() ? FS_TR : 0);
-    switch (v) {
-    case 0: return launch_v<MODE, ST, 0>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
-    case FS_BAT: return launch_v<MODE, ST, FS_BAT>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
-    case FS_TR: return launch_v<MODE, ST, FS_TR>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
-    default: return launch_v<MODE, ST, FS_BAT | FS_TR>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
-    }
+    static const bool traced = tr_wanted(); /* SEMFLOW_CUDA_TRACE: the marked instances */
+    return traced ? launch_v<MODE, ST, true>(x, nw, eps, w, bias, m, k, y, rp, grid, s)
+                  : launch_v<MODE, ST, false>(x, nw, eps, w, bias, m, k, y, rp, grid, s);
 }
 
 template <int MODE>
