@@ -161,10 +161,7 @@ static int forward_new(sf_backend *b, const sf_model *m, const sf_shard *sh, sf_
     f->max_logits = max_logits;
     f->shard = sh;
     f->comm = comm;
-    {
-        const char *e = getenv("SEMFLOW_TP_FUSED");
-        f->tp_fused = !(e && !strcmp(e, "0"));
-    }
+    f->tp_fused = sf_env_bool("SEMFLOW_TP_FUSED", 1);
     f->layers = calloc((size_t)c->n_layers, sizeof *f->layers);
     f->inv_freq = calloc((size_t)c->head_dim / 2 + 1, sizeof(float));
     if (!f->layers || !f->inv_freq) { rc = sf_err(err, SF_ENOMEM, "forward: out of memory"); goto fail; }

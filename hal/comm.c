@@ -10,9 +10,9 @@
 
 int sf_comm_default_timeout_ms(void)
 {
-    const char *e = getenv("SEMFLOW_TP_TIMEOUT_MS");
-    long v = e ? strtol(e, NULL, 10) : 0;
-    return v > 0 && v < 86400000 ? (int)v : 60000;
+    /* milliseconds, a plain integer: "5s" or "abc" warn and keep 60 s (read by strtol, "5s" had
+     * been a 5 ms timeout that failed every collective of a real step) */
+    return (int)sf_env_long("SEMFLOW_TP_TIMEOUT_MS", 60000, 1, 86400000);
 }
 
 int sf_comm_open(const sf_comm_opts *o, sf_comm **out, sf_error *err)

@@ -101,8 +101,7 @@ int sf_ar_custom_open(int rank, int size, int device, size_t buf_bytes, int time
     a->buf_bytes = (buf_bytes + 15) & ~(size_t)15;
     a->ll_bytes = SF_MIN(a->buf_bytes, SF_AR_LL_BYTES);
     a->timeout_ns = (uint64_t)(timeout_ms > 0 ? timeout_ms : 60000) * 1000000ull;
-    const char *pdl = getenv("SEMFLOW_TP_LL_PDL");
-    a->ll_pdl = !(pdl && !strcmp(pdl, "0"));
+    a->ll_pdl = sf_env_bool("SEMFLOW_TP_LL_PDL", 1);
     memset(&me, 0, sizeof me);
     me.ok = make_region(a, &me);
     if ((rc = exchange(ctx, &me, sizeof me, all, err))) goto cleanup;

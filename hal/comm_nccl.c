@@ -574,15 +574,11 @@ static int crossover(sf_comm *c, int ll, sf_error *err)
 static int custom_setup(sf_comm *c, sf_error *err)
 {
     nccl_comm *x = NC(c);
-    const char *e = getenv("SEMFLOW_TP_ALLREDUCE"), *g = getenv("SEMFLOW_TP_NCCL_GRAPH");
-    c->base_in_graph = g && !strcmp(g, "1");
-    c->path = !e ? SF_COMM_PATH_AUTO
-              : !strcmp(e, "nccl") ? SF_COMM_PATH_NCCL
-              : !strcmp(e, "custom") ? SF_COMM_PATH_CUSTOM
-              : !strcmp(e, "oneshot") ? SF_COMM_PATH_ONESHOT
-              : !strcmp(e, "ll") ? SF_COMM_PATH_LL : SF_COMM_PATH_AUTO;
-    if (e && *e && c->path == SF_COMM_PATH_AUTO && strcmp(e, "auto") && c->rank == 0)
-        SF_LOGW("SEMFLOW_TP_ALLREDUCE=%s: not one of nccl, custom, oneshot, ll, auto; picking by measurement", e);
+    static const char *const paths[] = { "auto", "nccl", "custom", "oneshot", "ll" };
+    static const sf_comm_path path_of[] = { SF_COMM_PATH_AUTO, SF_COMM_PATH_NCCL, SF_COMM_PATH_CUSTOM,
+                                            SF_COMM_PATH_ONESHOT, SF_COMM_PATH_LL };
+    c->base_in_graph = sf_env_bool("SEMFLOW_TP_NCCL_GRAPH", 0);
+    c->path = path_of[sf_env_choice("SEMFLOW_TP_ALLREDUCE", 0, paths, (int)SF_ARRAY_LEN(paths))];
     if (c->path == SF_COMM_PATH_NCCL || c->size > SF_COMM_MAX_RANKS) return SF_OK;
     sf_error e2 = { 0 };
     int rc = sf_ar_custom_open(c->rank, c->size, x->device, AR_CUSTOM_BYTES, c->timeout_ms, exchange, c, &x->ar, &e2);
@@ -596,18 +592,15 @@ static int custom_setup(sf_comm *c, sf_error *err)
     /* the fused all-reduce + rmsnorm: on unless SEMFLOW_TP_ARNORM=0, from
      * $SEMFLOW_TP_ARNORM_MIN_ROWS rows (default 128: below, LL or one-shot then the rmsnorm kernel
      * measured as fast or faster, docs/TP.md) */
-    const char *an = getenv("SEMFLOW_TP_ARNORM"), *amr = getenv("SEMFLOW_TP_ARNORM_MIN_ROWS");
-    long min_rows = amr ? strtol(amr, NULL, 10) : 128;
-    c->norm_max_bytes = an && !strcmp(an, "0") ? 0 : c->custom_cap_bytes;
+    c->norm_max_bytes = sf_env_bool("SEMFLOW_TP_ARNORM", 1) ? c->custom_cap_bytes : 0;
     c->norm_max_cols = SF_AR_NORM_MAX_COLS;
-    c->norm_min_rows = min_rows >= 1 && min_rows <= 1 << 20 ? (int)min_rows : 128;
+    c->norm_min_rows = (int)sf_env_long("SEMFLOW_TP_ARNORM_MIN_ROWS", 128, 1, 1 << 20);
     /* off until a device call measures them against session 5's kernel (docs/PERFORMANCE.md) */
     c->norm_pdl = sf_env_bool("SEMFLOW_TP_ARNORM_PDL", 0);
     c->norm_early = sf_env_bool("SEMFLOW_TP_ARNORM_EARLY", 0);
     /* LL: on unless SEMFLOW_TP_LL=0 (the launcher passes its environment to every rank); it won
      * at every size up to 512 KiB on the H200 pair (docs/PERFORMANCE.md) */
-    const char *ll = getenv("SEMFLOW_TP_LL");
-    return crossover(c, !(ll && !strcmp(ll, "0")), err);
+    return crossover(c, sf_env_bool("SEMFLOW_TP_LL", 1), err);
 }
 
 static const struct sf_comm_ops nccl_ops = {

@@ -1,12 +1,13 @@
 /* test_env.c — the SEMFLOW_* environment switches (common/env.c): every accepted spelling, and
  * every malformed value refused with a warning that names the variable, the value and what it
  * takes, the default then in force; and the engine's own switches read through them
- * (SEMFLOW_ENGINE_OVERLAP, SEMFLOW_ENGINE_WARMUP, SEMFLOW_ENGINE_ASYNC, SEMFLOW_SCHED_RT_ALONE, SEMFLOW_LOG) on the CPU
- * backend with stories260K. */
+ * (SEMFLOW_ENGINE_OVERLAP, SEMFLOW_ENGINE_WARMUP, SEMFLOW_ENGINE_ASYNC, SEMFLOW_SCHED_RT_ALONE, SEMFLOW_LOG,
+ * SEMFLOW_TP_TIMEOUT_MS, SEMFLOW_TP_FUSED) on the CPU backend with stories260K. */
 #include "common/sf.h"
 #include "engine/engine.h"
 #include "engine/kvcache.h"
 #include "engine/scheduler.h"
+#include "hal/comm.h"
 #include "tests/lib/capture.h"
 #include "tests/lib/engine_collect.h"
 #include "tests/lib/engine_wait.h"
@@ -108,6 +109,28 @@ TEST(sched_rt_alone)
     unsetenv("SEMFLOW_SCHED_RT_ALONE");
 }
 
+/* SEMFLOW_TP_TIMEOUT_MS: milliseconds as a plain integer; a unit ("5s", once a 5 ms timeout that
+ * failed every collective of a real step) or junk warns and keeps 60 s. */
+TEST(tp_timeout)
+{
+    static const struct { const char *v; int want, warns; } cases[] = {
+        { NULL, 60000, 0 }, { "5000", 5000, 0 }, { "1", 1, 0 }, { "5s", 60000, 1 }, { "abc", 60000, 1 },
+        { "0", 60000, 1 }, { "-5", 60000, 1 }, { "90000000", 60000, 1 }, { "5000 ", 60000, 1 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        if (cases[i].v) setenv("SEMFLOW_TP_TIMEOUT_MS", cases[i].v, 1);
+        else unsetenv("SEMFLOW_TP_TIMEOUT_MS");
+        capture_begin();
+        int ms = sf_comm_default_timeout_ms();
+        const char *log = capture_end();
+        const char *v = cases[i].v ? cases[i].v : "(unset)";
+        CHECK_MSG(ms == cases[i].want, "SEMFLOW_TP_TIMEOUT_MS=%s: %d ms, want %d", v, ms, cases[i].want);
+        CHECK_MSG(!cases[i].warns == !(strstr(log, "SEMFLOW_TP_TIMEOUT_MS") && strstr(log, "[1, 86400000]")),
+                  "SEMFLOW_TP_TIMEOUT_MS=%s: log '%s'", v, log);
+    }
+    unsetenv("SEMFLOW_TP_TIMEOUT_MS");
+}
+
 /* An engine on the CPU with the environment as set; one request of 3 tokens through it.
  * *overlapped: the loop it ran; returns what the engine logged while starting. */
 static const char *engine_run(int *overlapped, int *tokens, int *async)
@@ -196,6 +219,24 @@ TEST(engine_async)
     unsetenv("SEMFLOW_ENGINE_ASYNC");
 }
 
+/* SEMFLOW_TP_FUSED (read where every forward pass is built, TP or not): on/off spellings taken
+ * silently, anything else warns by name; the engine runs either way. */
+TEST(tp_fused_switch)
+{
+    static const struct { const char *v; int warns; } cases[] = { { "off", 0 }, { "1", 0 }, { "maybe", 1 },
+                                                                  { "00", 1 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        int overlapped, tokens, async;
+        setenv("SEMFLOW_TP_FUSED", cases[i].v, 1);
+        const char *log = engine_run(&overlapped, &tokens, &async);
+        char want[64];
+        snprintf(want, sizeof want, "SEMFLOW_TP_FUSED=%s", cases[i].v);
+        CHECK_MSG(tokens == 3, "SEMFLOW_TP_FUSED=%s: %d tokens", cases[i].v, tokens);
+        CHECK_MSG(!cases[i].warns == !(strstr(log, want) && strstr(log, "0 or 1")), "%s: log '%s'", want, log);
+    }
+    unsetenv("SEMFLOW_TP_FUSED");
+}
+
 TEST(log_level)
 {
     int saved = sf_log_level;
@@ -218,6 +259,8 @@ int main(void)
     RUN(sched_rt_alone);
     RUN(engine_overlap_and_warmup);
     RUN(engine_async);
+    RUN(tp_timeout);
+    RUN(tp_fused_switch);
     RUN(log_level);
     return test_summary();
 }
