@@ -217,13 +217,10 @@ extern "C" int sf_k_attention(const sf_k_attn *a, cudaStream_t s)
     if (a->Hkv <= 0 || a->H % a->Hkv || a->H / a->Hkv > SF_K_ATTN_MAX_GROUP || a->hd > SF_K_ATTN_MAX_HD ||
         a->hd % 2 || a->n_split < 1 || (a->n_split > 1 && !a->ws))
         return (int)cudaErrorInvalidValue;
-    static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
+    static sf_k_smem smem_set;
     size_t smem = attn_smem(a->H / a->Hkv, a->hd);
-    if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        smem_set = smem;
-    }
+    int e = sf_k_smem_attr(&smem_set, k_attn, smem);
+    if (e) return e;
     dim3 grid(a->T, a->Hkv, a->n_split);
     k_attn<<<grid, NT, smem, s>>>(*a);
     int rc = sf_launch_status();

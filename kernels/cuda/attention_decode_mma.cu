@@ -115,17 +115,10 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
     using Lo = dm_layout<HD, I8, NW>;
     const size_t smem = (size_t)NS * Lo::STB;
     static_assert((size_t)NS * Lo::STB >= dm_scratch<HD, NW>::BYTES, "merge area");
-    static bool attr_set; /* the launch thread is the backend's only thread */
-    if (!attr_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        /* all of L1 as shared memory: the blocks per SM are what keeps the ring's bytes in flight */
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     (int)cudaSharedmemCarveoutMaxShared);
-        if (e != cudaSuccess) return (int)e;
-        attr_set = true;
-    }
+    static sf_k_smem attr_set;
+    /* all of L1 as shared memory: the blocks per SM are what keeps the ring's bytes in flight */
+    int e = sf_k_smem_attr(&attr_set, k_attn_dec_mma<HD, I8, NW, NS>, smem, true);
+    if (e) return e;
     int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NW, NS>, dim3(a->T, a->Hkv, a->n_split), dim3(Lo::NT), smem, s,
                            *a);
     return rc ? rc : sf_launch_status();

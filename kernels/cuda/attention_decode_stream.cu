@@ -229,38 +229,24 @@ static int ds_smem(void)
     return NS * ds_layout<HD, I8, 4>::STB;
 }
 
-/* Sets the kernel's attributes (once) and returns its resident blocks per SM, 0 on error. */
+/* Sets the kernel's attributes (once per device) and returns its resident blocks per SM (kept
+ * per device, +1: 0 is "not asked yet"), 0 on error. */
 template <int HD, bool I8, int NS>
 static int ds_per_sm(void)
 {
-    static int n = -1; /* the launch thread is the backend's only thread */
-    if (n < 0) {
-        const int smem = ds_smem<HD, I8, NS>();
-        int k = 0;
-        if (cudaFuncSetAttribute(k_attn_dec_stream<HD, I8, 4, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) ||
-            cudaFuncSetAttribute(k_attn_dec_stream<HD, I8, 4, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                 (int)cudaSharedmemCarveoutMaxShared) ||
-            cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, k_attn_dec_stream<HD, I8, 4, NS>, 128, smem)) {
-            cudaGetLastError();
-            return 0;
-        }
-        n = k;
+    static int n1[SF_K_MAX_DEVICES];
+    static sf_k_smem attr_set;
+    const int d = sf_k_dev();
+    if (d >= 0 && n1[d]) return n1[d] - 1;
+    const int smem = ds_smem<HD, I8, NS>();
+    int k = 0;
+    if (sf_k_smem_attr(&attr_set, k_attn_dec_stream<HD, I8, 4, NS>, (size_t)smem, true) ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&k, k_attn_dec_stream<HD, I8, 4, NS>, 128, smem)) {
+        cudaGetLastError();
+        return 0;
     }
-    return n;
-}
-
-static int ds_sms(void)
-{
-    static int sms = 0;
-    if (!sms) {
-        int dev = 0, v = 0;
-        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) || v <= 0) {
-            cudaGetLastError();
-            return 1;
-        }
-        sms = v;
-    }
-    return sms;
+    if (d >= 0) n1[d] = k + 1;
+    return k;
 }
 
 template <int HD, bool I8, int NS>
@@ -268,7 +254,7 @@ static int ds_launch(const sf_k_attn *a, int max_blocks, cudaStream_t s)
 {
     const int per_sm = ds_per_sm<HD, I8, NS>();
     if (per_sm <= 0) return (int)cudaErrorInvalidConfiguration;
-    int64_t grid = (int64_t)per_sm * ds_sms();
+    int64_t grid = (int64_t)per_sm * sf_k_sm_count(1);
     grid = SF_MIN(grid, (int64_t)a->T * a->Hkv * a->n_split / 2); /* the workspace's slots */
     if (max_blocks > 0) grid = SF_MIN(grid, (int64_t)max_blocks);
     if (grid < 1) grid = 1;

@@ -8,12 +8,16 @@
  *   P = exp(S - m) as bf16; O (shared fp32) *= alpha; O += P V (WMMA).
  * Keys past the tile's context are zero-filled so masked products never touch unwritten cache.
  * Shared memory (hd = 128): Q, K, V 17 KB each, S 17 KB, P 9 KB, O 33 KB: 113 KB, 2 blocks/SM.
- * Head sizes 64 and 128 take the register-resident variant below (k_attn_prefill_reg). */
+ * Head sizes 64 and 128 take the register-resident variant below (k_attn_prefill_reg).
+ * sf_k_attention_prefill picks the FlashAttention-2-style kernel (attention_prefill_fa2.cu) where
+ * it applies, these WMMA kernels elsewhere or with SEMFLOW_ATTN_PREFILL=wmma. */
 #include <mma.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "common.cuh"
+
+extern "C" {
+#include "../../common/sf.h"
+}
 
 using namespace nvcuda;
 
@@ -306,13 +310,10 @@ __global__ void __launch_bounds__(NW * 32) k_attn_prefill_reg(sf_k_attn a)
 template <int HDF>
 static int launch_reg(const sf_k_attn *a, cudaStream_t s)
 {
-    static size_t smem_set = 48 * 1024;
+    static sf_k_smem smem_set;
     size_t total = smem_layout(HDF * 16, false).total; /* no O region: S doubles as scratch */
-    if (total > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_attn_prefill_reg<HDF>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)total);
-        if (e != cudaSuccess) return (int)e;
-        smem_set = total;
-    }
+    int e = sf_k_smem_attr(&smem_set, k_attn_prefill_reg<HDF>, total);
+    if (e) return e;
     dim3 grid(a->n_tiles, a->H);
     k_attn_prefill_reg<HDF><<<grid, NW * 32, total, s>>>(*a);
     return sf_launch_status();
@@ -322,22 +323,26 @@ extern "C" int sf_k_attention_prefill_ok(int hd) { return hd % 16 == 0 && hd <= 
 
 extern "C" int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s)
 {
+    enum { P_FA2, P_FA2_64, P_FA2_128, P_WMMA };
+    static const char *const paths[] = { "fa2", "fa2-64", "fa2-128", "wmma" };
+    /* read once (a thread-safe static): not a scan of the environment per layer per step */
+    static const int path = sf_env_choice("SEMFLOW_ATTN_PREFILL", P_FA2, paths, 4);
+    if (a->n_tiles <= 0) return 0;
+    if (path != P_WMMA && sf_k_attention_prefill_fa2_ok(a))
+        return sf_k_attention_prefill_fa2(a, path == P_FA2_64 ? 64 : path == P_FA2_128 ? 128 : 0, s);
+    return sf_k_attention_prefill_wmma(a, s);
+}
+
+extern "C" int sf_k_attention_prefill_wmma(const sf_k_attn *a, cudaStream_t s)
+{
     if (a->n_tiles <= 0) return 0;
     if (!sf_k_attention_prefill_ok(a->hd) || a->Hkv <= 0 || a->H % a->Hkv || !a->tiles) return (int)cudaErrorInvalidValue;
-    const char *path = getenv("SEMFLOW_ATTN_PREFILL"); /* fa2 (default), fa2-64, fa2-128, wmma */
-    if (!(path && !strcmp(path, "wmma")) && sf_k_attention_prefill_fa2_ok(a)) {
-        int rows = path && !strcmp(path, "fa2-64") ? 64 : path && !strcmp(path, "fa2-128") ? 128 : 0;
-        return sf_k_attention_prefill_fa2(a, rows, s);
-    }
-    if (a->hd == 128 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<8>(a, s);
-    if (a->hd == 64 && !getenv("SEMFLOW_ATTN_SMEM_O")) return launch_reg<4>(a, s);
-    static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
+    if (a->hd == 128) return launch_reg<8>(a, s);
+    if (a->hd == 64) return launch_reg<4>(a, s);
+    static sf_k_smem smem_set;
     size_t smem = smem_layout(a->hd, true).total;
-    if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_attn_prefill, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        smem_set = smem;
-    }
+    int e = sf_k_smem_attr(&smem_set, k_attn_prefill, smem);
+    if (e) return e;
     dim3 grid(a->n_tiles, a->H);
     k_attn_prefill<<<grid, NW * 32, smem, s>>>(*a);
     return sf_launch_status();

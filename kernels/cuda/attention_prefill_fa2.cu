@@ -22,9 +22,11 @@
  *
  * INT8 KV blocks (kernels.h) are dequantised by plain loads and shared-memory stores in the same
  * tile loader; bf16 rows go through cp.async. Requires scale > 0 (the max runs on raw scores). */
-#include <string.h>
-
 #include "common.cuh"
+
+extern "C" {
+#include "../../common/sf.h"
+}
 
 #define FA_BQ 64
 #define FA_NT 128
@@ -310,13 +312,10 @@ __global__ void __launch_bounds__(FA_NT, 2) k_attn_prefill_fa2(sf_k_attn a)
 template <int HD, int MT, int BK>
 static int launch_fa2(const sf_k_attn *a, cudaStream_t s)
 {
-    static int smem_set; /* the launch thread is the backend's only thread */
+    static sf_k_smem smem_set;
     const int smem = (FA_BQ * MT + 4 * BK) * HD * 2;
-    if (!smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_attn_prefill_fa2<HD, MT, BK>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        if (e != cudaSuccess) return (int)e;
-        smem_set = 1;
-    }
+    int e = sf_k_smem_attr(&smem_set, k_attn_prefill_fa2<HD, MT, BK>, (size_t)smem);
+    if (e) return e;
     dim3 grid(a->H, (a->n_tiles + MT - 1) / MT);
     k_attn_prefill_fa2<HD, MT, BK><<<grid, FA_NT, smem, s>>>(*a);
     return sf_launch_status();
@@ -330,25 +329,28 @@ extern "C" int sf_k_attention_prefill_fa2_ok(const sf_k_attn *a)
 
 extern "C" int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cudaStream_t s)
 {
+    return sf_k_attention_prefill_fa2_keys(a, block_rows, 0, s);
+}
+
+extern "C" int sf_k_attention_prefill_fa2_keys(const sf_k_attn *a, int block_rows, int key_rows, cudaStream_t s)
+{
+    static const char *const keys[] = { "64", "32" };
+    static const int bk32 = sf_env_choice("SEMFLOW_ATTN_FA2_BK", 0, keys, 2) == 1; /* read once, thread-safe */
     if (a->n_tiles <= 0) return 0;
-    if (!sf_k_attention_prefill_fa2_ok(a) || (block_rows != 0 && block_rows != 64 && block_rows != 128))
+    if (!sf_k_attention_prefill_fa2_ok(a) || (block_rows != 0 && block_rows != 64 && block_rows != 128) ||
+        (key_rows != 0 && key_rows != 32 && key_rows != 64))
         return (int)cudaErrorInvalidValue;
     if (block_rows == 0) { /* 128 rows when the pairs still make >= 2 blocks per SM (2048 tokens of
                             * 32 heads: 201 against 270 us; 512 tokens: 44 against 35 us) */
-        static int sms; /* the launch thread is the backend's only thread */
-        if (!sms) {
-            int dev = 0;
-            if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0)
-                sms = 132;
-        }
+        const int sms = sf_k_sm_count(132);
         block_rows = (int64_t)(a->n_tiles + 1) / 2 * a->H >= 2 * (int64_t)sms ? 128 : 64;
     }
     const int mt2 = block_rows == 128;
     /* 128 rows of head size 128: 64-key tiles (255 registers; call 3: 165 against 185 us with 32-key
      * tiles at 2048 tokens), 32 with SEMFLOW_ATTN_FA2_BK=32 */
     if (a->hd == 128 && mt2) {
-        const char *bk = getenv("SEMFLOW_ATTN_FA2_BK");
-        return bk && !strcmp(bk, "32") ? launch_fa2<128, 2, 32>(a, s) : launch_fa2<128, 2, 64>(a, s);
+        const bool k32 = key_rows ? key_rows == 32 : bk32;
+        return k32 ? launch_fa2<128, 2, 32>(a, s) : launch_fa2<128, 2, 64>(a, s);
     }
     if (a->hd == 128) return launch_fa2<128, 1, 64>(a, s);
     return mt2 ? launch_fa2<64, 2, 64>(a, s) : launch_fa2<64, 1, 64>(a, s);

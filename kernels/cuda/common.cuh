@@ -253,6 +253,60 @@ static inline int sf_launch_status(void) { return (int)cudaGetLastError(); }
 
 #define SF_MIN(a, b) ((a) < (b) ? (a) : (b))
 
+/* ---- per-device caches ------------------------------------------------------------------------
+ * A kernel's attributes (max dynamic shared memory, carveout) and a device's figures (SM count)
+ * belong to a DEVICE, and one process may drive several (a launch thread per device), so what a
+ * launch site caches is kept per device: slot sf_k_dev(), the calling thread's current device
+ * (-1 past SF_K_MAX_DEVICES: nothing cached, the attribute set at every launch). Threads on
+ * different devices touch different slots. */
+#define SF_K_MAX_DEVICES 16
+
+static inline int sf_k_dev(void)
+{
+    int d = -1;
+    return cudaGetDevice(&d) == cudaSuccess && d >= 0 && d < SF_K_MAX_DEVICES ? d : -1;
+}
+
+/* A launch site's record of what it set, zero-initialised (a static). */
+struct sf_k_smem {
+    size_t bytes[SF_K_MAX_DEVICES];
+};
+
+/* Kernel fn's max dynamic shared memory raised to `bytes` on the current device (and, with
+ * carveout, all of L1 asked for as shared memory), once per device and size. 0 or a
+ * cudaError_t. */
+template <typename F>
+static inline int sf_k_smem_attr(sf_k_smem *have, F *fn, size_t bytes, bool carveout = false)
+{
+    if (!carveout && bytes <= 48 * 1024) return 0; /* the default limit */
+    const int d = sf_k_dev();
+    if (d >= 0 && have->bytes[d] >= bytes) return 0;
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+    if (e == cudaSuccess && carveout)
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, (int)cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess) return (int)e;
+    if (d >= 0) have->bytes[d] = bytes;
+    return 0;
+}
+
+/* The current device's SM count (cached per device), `dflt` when it cannot be read. */
+static inline int sf_k_sm_count(int dflt)
+{
+    static int sms[SF_K_MAX_DEVICES];
+    int dev = -1, v = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0) {
+        cudaGetLastError();
+        return dflt;
+    }
+    if (dev < SF_K_MAX_DEVICES && sms[dev] > 0) return sms[dev];
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || v <= 0) {
+        cudaGetLastError();
+        return dflt;
+    }
+    if (dev < SF_K_MAX_DEVICES) sms[dev] = v;
+    return v;
+}
+
 static inline unsigned sf_div_up(long a, long b) { return (unsigned)((a + b - 1) / b); }
 
 #endif

@@ -163,13 +163,9 @@ static int launch(const uint16_t *x, const uint16_t *nw, float eps, const uint16
     const int units = fg_units(MODE, m);
     const size_t ring = RING ? (size_t)WARPS * fg_ring_st(MODE) * ((MODE & FG_ONE) ? 1 : 2) * FG_RING_V * 32 * 16 : 0;
     const size_t smem = ((size_t)k * 2 * ((MODE & FG_NORM) != 0) + 15) / 16 * 16 + ring;
-    static size_t smem_set = 48 * 1024; /* the launch thread is the backend's only thread */
-    if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_fused<MODE, WARPS, FG_U, RING>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        smem_set = smem;
-    }
+    static sf_k_smem smem_set;
+    int e = sf_k_smem_attr(&smem_set, k_gemv_fused<MODE, WARPS, FG_U, RING>, smem);
+    if (e) return e;
     const int grid = (int)sf_div_up(units, WARPS);
     int rc = sf_launch_pdl(k_gemv_fused<MODE, WARPS, FG_U, RING>, dim3(grid), dim3(WARPS * 32), smem, s, (const bf16 *)x,
                            (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);

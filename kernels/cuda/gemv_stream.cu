@@ -188,13 +188,9 @@ static int launch_v(const uint16_t *x, const uint16_t *nw, float eps, const uint
                     int k, uint16_t *y, const fg_rope &rp, int grid, cudaStream_t s)
 {
     const size_t smem = ((size_t)k * 2 + 15) / 16 * 16 + (size_t)ST * FS_STAGE_BYTES;
-    static size_t smem_set = 48 * 1024; /* per instance; the launch thread is the backend's only thread */
-    if (smem > smem_set) {
-        cudaError_t e = cudaFuncSetAttribute(k_gemv_stream<MODE, ST, TR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                             (int)smem);
-        if (e != cudaSuccess) return (int)e;
-        smem_set = smem;
-    }
+    static sf_k_smem smem_set; /* per instance */
+    int e = sf_k_smem_attr(&smem_set, k_gemv_stream<MODE, ST, TR>, smem);
+    if (e) return e;
     int rc = sf_launch_pdl(k_gemv_stream<MODE, ST, TR>, dim3(grid), dim3(FS_WARPS * 32), smem, s, (const bf16 *)x,
                            (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y, rp);
     return rc ? rc : sf_launch_status();

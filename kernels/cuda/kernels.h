@@ -124,14 +124,20 @@ int sf_k_attention(const sf_k_attn *a, cudaStream_t s);
 /* The two paths (attention.cu, attention_prefill.cu). */
 int sf_k_attention_prefill(const sf_k_attn *a, cudaStream_t s);
 int sf_k_attention_prefill_ok(int head_dim);
+/* The WMMA prefill kernels alone (attention_prefill.cu): register-resident O for head sizes 64
+ * and 128, O in shared memory for the other head sizes _ok takes. */
+int sf_k_attention_prefill_wmma(const sf_k_attn *a, cudaStream_t s);
 /* The FlashAttention-2-style prefill kernel (attention_prefill_fa2.cu: mma.sync, cp.async from
  * the paged cache): head_dim 64 or 128, scale > 0, a tile list. block_rows: query rows per block,
  * 64 (16 per warp) or 128 (32 per warp: pairs of consecutive tiles of one sequence), 0: 128 when
  * the pairs make >= 2 blocks per SM, else 64. sf_k_attention_prefill takes it whenever _ok says
- * so, unless SEMFLOW_ATTN_PREFILL=wmma (read at each launch) selects the WMMA kernels;
- * SEMFLOW_ATTN_PREFILL=fa2-64 / fa2-128 fix the rows; SEMFLOW_ATTN_FA2_BK=32 takes 32-key tiles
- * (instead of 64) for 128 rows of head size 128. */
+ * so, unless SEMFLOW_ATTN_PREFILL=wmma selects the WMMA kernels; SEMFLOW_ATTN_PREFILL=fa2-64 /
+ * fa2-128 fix the rows; SEMFLOW_ATTN_FA2_BK=32 takes 32-key tiles (instead of 64) for 128 rows of
+ * head size 128. Both switches are read once per process (a malformed value warns and keeps the
+ * default). _keys: key_rows 32 or 64 fixes the key tile (128 rows of head size 128), 0 follows
+ * SEMFLOW_ATTN_FA2_BK. */
 int sf_k_attention_prefill_fa2(const sf_k_attn *a, int block_rows, cudaStream_t s);
+int sf_k_attention_prefill_fa2_keys(const sf_k_attn *a, int block_rows, int key_rows, cudaStream_t s);
 int sf_k_attention_prefill_fa2_ok(const sf_k_attn *a);
 #define SF_K_PREFILL_TILE 64
 

@@ -1,11 +1,15 @@
 /* test_env_switches.c — the CUDA backend's SEMFLOW_* switches on a GPU: each one set to a
  * malformed value must be refused with a warning naming it (common/env.c), the backend then
- * opening with its default; set to a value the switch takes, it must open without a word. Run
- * by bench/device/throughput.sh. */
+ * opening with its default; set to a value the switch takes, it must open without a word. And
+ * prefill attention's switches, read once at the first prefill. Run by bench/device/throughput.sh. */
 #include "common/sf.h"
 #include "hal/hal.h"
 #include "tests/lib/capture.h"
 #include "tests/test.h"
+
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/kernels.h"
 
 /* Opens and closes the CUDA backend with name=value set; returns what it logged, or NULL when
  * it did not open (the message is printed). */
@@ -60,6 +64,31 @@ TEST(accepted_values_are_silent)
     }
 }
 
+/* Prefill attention's switches are read once per process, at the first prefill call (not per
+ * launch): malformed values warn by name and keep the defaults. This process runs no prefill
+ * before this test; an empty tile list launches nothing. */
+TEST(prefill_switches_read_once)
+{
+    setenv("SEMFLOW_ATTN_PREFILL", "FA2-128", 1);
+    setenv("SEMFLOW_ATTN_FA2_BK", "48", 1);
+    sf_k_attn a;
+    memset(&a, 0, sizeof a);
+    capture_begin();
+    int r1 = sf_k_attention_prefill(&a, 0), r2 = sf_k_attention_prefill_fa2(&a, 0, 0);
+    const char *log = capture_end();
+    CHECK(r1 == 0 && r2 == 0);
+    CHECK_MSG(strstr(log, "SEMFLOW_ATTN_PREFILL=FA2-128") && strstr(log, "fa2, fa2-64, fa2-128, wmma") &&
+              strstr(log, "default, fa2"), "log: %.400s", log);
+    CHECK_MSG(strstr(log, "SEMFLOW_ATTN_FA2_BK=48") && strstr(log, "64, 32"), "log: %.400s", log);
+    setenv("SEMFLOW_ATTN_PREFILL", "wmma", 1); /* read already: no second look, no second word */
+    capture_begin();
+    sf_k_attention_prefill(&a, 0);
+    log = capture_end();
+    CHECK_MSG(!strstr(log, "SEMFLOW_ATTN_PREFILL"), "log: %.400s", log);
+    unsetenv("SEMFLOW_ATTN_PREFILL");
+    unsetenv("SEMFLOW_ATTN_FA2_BK");
+}
+
 int main(void)
 {
     sf_backend_opts o = { .name = "cuda" };
@@ -70,6 +99,7 @@ int main(void)
         return 77;
     }
     sf_backend_close(b);
+    RUN(prefill_switches_read_once);
     RUN(malformed_values_are_refused_by_name);
     RUN(accepted_values_are_silent);
     return test_summary();

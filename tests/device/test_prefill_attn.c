@@ -176,16 +176,9 @@ static int launch(int path, const sf_k_attn *a, cudaStream_t s)
 {
     if (path == PATH_FA2) return sf_k_attention_prefill_fa2(a, 64, s);
     if (path == PATH_FA2_128) return sf_k_attention_prefill_fa2(a, 128, s);
-    if (path == PATH_FA2_128_K32) {
-        setenv("SEMFLOW_ATTN_FA2_BK", "32", 1);
-        int rc = sf_k_attention_prefill_fa2(a, 128, s);
-        unsetenv("SEMFLOW_ATTN_FA2_BK");
-        return rc;
-    }
-    if (path == PATH_WMMA) setenv("SEMFLOW_ATTN_PREFILL", "wmma", 1);
-    int rc = path == PATH_WMMA ? sf_k_attention_prefill(a, s) : sf_k_attention(a, s); /* dispatch: the default */
-    unsetenv("SEMFLOW_ATTN_PREFILL");
-    return rc;
+    if (path == PATH_FA2_128_K32) return sf_k_attention_prefill_fa2_keys(a, 128, 32, s);
+    if (path == PATH_WMMA) return sf_k_attention_prefill_wmma(a, s);
+    return sf_k_attention(a, s); /* dispatch: the default */
 }
 
 /* The float64 reference of the checked rows: every stride-th token, the first and last token of
