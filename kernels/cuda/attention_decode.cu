@@ -336,15 +336,14 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
  * SEMFLOW_CUDA_DECODE_ATTN_CFG: the tensor-core kernels' warps x 10 + ring depth (kernels.h; 42
  * by default). Read once (the launch thread is the backend's only thread). */
 enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM };
+/* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
+ * kernels' warps x ring depth: 42, 43, 23, 24), read once per process (thread-safe statics); a
+ * malformed value warns and keeps auto / 42. */
 static int dec_mode(int *cfg)
 {
-    static int mode = -1, c = 42;
-    if (mode < 0) {
-        const char *e = getenv("SEMFLOW_CUDA_DECODE_ATTN"), *st = getenv("SEMFLOW_CUDA_DECODE_ATTN_CFG");
-        mode = !e ? DEC_AUTO : !strcmp(e, "lanes") ? DEC_LANES : !strcmp(e, "mma") ? DEC_MMA
-                                                   : !strcmp(e, "stream") ? DEC_STREAM : DEC_AUTO;
-        if (st) c = atoi(st);
-    }
+    static const char *const modes[] = { "auto", "lanes", "mma", "stream" }, *const cfgs[] = { "42", "43", "23", "24" };
+    static const int mode = sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN", DEC_AUTO, modes, 4);
+    static const int c = atoi(cfgs[sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN_CFG", 0, cfgs, 4)]);
     *cfg = c;
     return mode;
 }

@@ -1,7 +1,7 @@
 /* test_env_switches.c — the CUDA backend's SEMFLOW_* switches on a GPU: each one set to a
  * malformed value must be refused with a warning naming it (common/env.c), the backend then
  * opening with its default; set to a value the switch takes, it must open without a word. And
- * prefill attention's switches, read once at the first prefill. Run by bench/device/throughput.sh. */
+ * the attention kernels' switches, read once at the first call. Run by bench/device/throughput.sh. */
 #include "common/sf.h"
 #include "hal/hal.h"
 #include "tests/lib/capture.h"
@@ -64,22 +64,29 @@ TEST(accepted_values_are_silent)
     }
 }
 
-/* Prefill attention's switches are read once per process, at the first prefill call (not per
- * launch): malformed values warn by name and keep the defaults. This process runs no prefill
- * before this test; an empty tile list launches nothing. */
-TEST(prefill_switches_read_once)
+/* The attention kernels' switches are read once per process, at the first call (not per
+ * launch): malformed values warn by name and keep the defaults. This process runs no attention
+ * before this test; empty steps launch nothing. */
+TEST(attention_switches_read_once)
 {
     setenv("SEMFLOW_ATTN_PREFILL", "FA2-128", 1);
     setenv("SEMFLOW_ATTN_FA2_BK", "48", 1);
+    setenv("SEMFLOW_CUDA_DECODE_ATTN", "Stream", 1);
+    setenv("SEMFLOW_CUDA_DECODE_ATTN_CFG", "43x", 1);
     sf_k_attn a;
     memset(&a, 0, sizeof a);
     capture_begin();
     int r1 = sf_k_attention_prefill(&a, 0), r2 = sf_k_attention_prefill_fa2(&a, 0, 0);
+    int r3 = sf_k_attention_decode_split(0, 8, 128, 512, 16, 0, 132, 0); /* no tokens: no split */
     const char *log = capture_end();
-    CHECK(r1 == 0 && r2 == 0);
+    CHECK(r1 == 0 && r2 == 0 && r3 == 1);
     CHECK_MSG(strstr(log, "SEMFLOW_ATTN_PREFILL=FA2-128") && strstr(log, "fa2, fa2-64, fa2-128, wmma") &&
               strstr(log, "default, fa2"), "log: %.400s", log);
     CHECK_MSG(strstr(log, "SEMFLOW_ATTN_FA2_BK=48") && strstr(log, "64, 32"), "log: %.400s", log);
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_DECODE_ATTN=Stream") && strstr(log, "default, auto"), "log: %.400s", log);
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_DECODE_ATTN_CFG=43x") && strstr(log, "default, 42"), "log: %.400s", log);
+    unsetenv("SEMFLOW_CUDA_DECODE_ATTN");
+    unsetenv("SEMFLOW_CUDA_DECODE_ATTN_CFG");
     setenv("SEMFLOW_ATTN_PREFILL", "wmma", 1); /* read already: no second look, no second word */
     capture_begin();
     sf_k_attention_prefill(&a, 0);
@@ -99,7 +106,7 @@ int main(void)
         return 77;
     }
     sf_backend_close(b);
-    RUN(prefill_switches_read_once);
+    RUN(attention_switches_read_once);
     RUN(malformed_values_are_refused_by_name);
     RUN(accepted_values_are_silent);
     return test_summary();
