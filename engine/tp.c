@@ -297,9 +297,11 @@ static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_b
         d->pen = q;
         d->pen_cap = (size_t)h->n_pen;
     }
+    /* no penalty entries (or rows): nothing to copy, and d->pen may still be NULL (memcpy with a
+     * null pointer is undefined even for 0 bytes; UBSan stops the rank there) */
     const int32_t *p = payload + batch_ints(h) + (h->has_src ? h->T : 0);
-    memcpy(d->rows, p, (size_t)h->L * sizeof *d->rows);
-    memcpy(d->pen, p + rows_ints(h->L), (size_t)h->n_pen * sizeof *d->pen);
+    if (h->L) memcpy(d->rows, p, (size_t)h->L * sizeof *d->rows);
+    if (h->n_pen) memcpy(d->pen, p + rows_ints(h->L), (size_t)h->n_pen * sizeof *d->pen);
     if (d->queued == 2) { /* the oldest first: the backend keeps two */
         if ((rc = sf_forward_take(t->fwd, err))) return rc;
         d->queued--;
@@ -567,11 +569,37 @@ sf_forward *sf_tp_forward(sf_tp *t) { return t->fwd; }
 
 const sf_model *sf_tp_model(const sf_tp *t) { return &t->shard.m; }
 
+/* Leader: how the followers it started that are gone ended ("rank 1 exited with status 1",
+ * "rank 2 was killed by signal 11 (Segmentation fault)"), joined by "; " into buf; "" when none
+ * is gone. The status stays to be reaped (WNOWAIT): sf_tp_free waits for the followers. A rank
+ * that dies without an error of its own (a crash, a sanitizer's report) leaves only this and its
+ * stderr, which it shares with the leader. */
+static void exits_str(const sf_tp *t, char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < t->n_pids && used < n; i++) {
+        siginfo_t si;
+        memset(&si, 0, sizeof si);
+        if (waitid(P_PID, (id_t)t->pids[i], &si, WEXITED | WNOHANG | WNOWAIT) || si.si_pid != t->pids[i]) continue;
+        int w = si.si_code == CLD_EXITED
+                    ? snprintf(buf + used, n - used, "%srank %d exited with status %d", used ? "; " : "", i + 1,
+                               si.si_status)
+                    : snprintf(buf + used, n - used, "%srank %d was killed by signal %d (%s)", used ? "; " : "", i + 1,
+                               si.si_status, strsignal(si.si_status));
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+}
+
 static int dead(sf_tp *t, int rc, sf_error *err)
 {
     if (!t->dead) {
+        char ex[160];
         t->dead = 1;
-        snprintf(t->dead_msg, sizeof t->dead_msg, "tensor-parallel group of %d ranks failed: %s", t->o.size,
+        exits_str(t, ex, sizeof ex);
+        snprintf(t->dead_msg, sizeof t->dead_msg, "tensor-parallel group of %d ranks failed%s%s%s: %s", t->o.size,
+                 ex[0] ? " (" : "", ex, ex[0] ? "; why is on its stderr, which it shares with this process" : "",
                  err ? err->msg : sf_status_str(rc));
         t->comm->ops->abort(t->comm, t->dead_msg);
         SF_LOGE("%s", t->dead_msg);
@@ -624,7 +652,7 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
     PUT(b->logit_rows, h.L);
     if (h.has_src) PUT(b->src_row, h.T);
     if (h.draw) {
-        memcpy(p, smp->rows, (size_t)h.L * sizeof *smp->rows);
+        if (h.L) memcpy(p, smp->rows, (size_t)h.L * sizeof *smp->rows);
         p += rows_ints(h.L);
         if (h.n_pen) memcpy(p, smp->pen, (size_t)h.n_pen * sizeof *smp->pen);
     }

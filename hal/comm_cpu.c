@@ -166,7 +166,7 @@ static int wait_all(sf_comm *c, uint32_t target, int idle, const char *what, sf_
         for (int i = 0; i < c->size; i++)
             if (i != c->rank && peer_dead(x, i))
                 return fail(c, SF_ERROR, err, "rank %d: %s: rank %d (pid %d) has exited; the tensor-parallel group "
-                            "cannot continue (see that rank's log for why)", c->rank, what, i,
+                            "cannot continue (that rank's stderr says why)", c->rank, what, i,
                             (int)atomic_load(&h->r[i].pid));
         uint64_t waited = sf_now_ns() - t0;
         if (!idle && waited >= limit) {

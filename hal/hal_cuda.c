@@ -202,7 +202,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE ||
                r->kind == SF_OP_GEMV_PLAIN;
-    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC || r->kind == SF_OP_GEMM_GLU;
+    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
     int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
@@ -222,7 +222,7 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm", "gemv", "gemm_glu" };
+                                   "coll_norm", "gemv" };
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -1004,20 +1004,6 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
     if (!tmp_x || tmp_x->rows < n || tmp_x->cols < k || (glu && (!tmp_y || tmp_y->rows < n || tmp_y->cols < w->rows)))
         return op_fail(SF_EINVAL, "norm_matmul", "scratch buffers missing or too small for this batch");
     int rc = cuda_rmsnorm(b, (sf_buf *)x, NULL, norm, eps, n, tmp_x); /* add == NULL: x is only read */
-    if (!rc && glu && n > 8 && !w->bias) {
-        /* the gate/up GEMM with SiLU·mul in its epilogue (the own kernel, SEMFLOW_CUDA_GEMM_GLU=1),
-         * in the variant the tuner measured fastest for the plain GEMM: tuned here, outside any
-         * capture, so the decision below is the same at every later step of this size */
-        rc = kcheck(sf_k_gemm_prepare(c->gemm, NULL, n, (int)w->rows, (int)k, tmp_x->cols, tmp_y->cols, 0, c->s),
-                    "norm_matmul (tuning)");
-        if (!rc && sf_k_gemm_glu_ok(c->gemm, NULL, n, (int)out_cols, (int)k, tmp_x->cols, y->cols)) {
-            sf_op_rec r = { 0 };
-            r.kind = SF_OP_GEMM_GLU;
-            r.p[0] = tmp_x->d; r.p[1] = w->d; r.p[3] = y->d;
-            r.n[0] = tmp_x->cols; r.n[1] = n; r.n[2] = w->rows; r.n[3] = k; r.n[4] = y->cols;
-            return submit(c, &r, 1, "norm_matmul");
-        }
-    }
     if (!rc) rc = cuda_matmul(b, tmp_x, w, n, glu ? tmp_y : y);
     if (!rc && glu) rc = cuda_silu_mul(b, tmp_y, n, (int)out_cols, y);
     return rc;

@@ -58,11 +58,6 @@ extern "C" int sf_k_gemm_ctx_new(sf_k_gemm_ctx **out, int *n_mallocs)
     if (e != cudaSuccess) { cublasLtDestroy(g->lt); free(g); return (int)e; }
     for (int i = 0; i < PLAN_BUCKETS; i++) g->bucket[i] = -1;
     g->n_mallocs = n_mallocs;
-    { /* SEMFLOW_CUDA_GEMM_OWN: 0 off, 1 every variant of the own kernel a tuner candidate, 2 no multicast */
-        static const char *const own_modes[] = { "0", "1", "2" };
-        g->own_on = sf_env_choice("SEMFLOW_CUDA_GEMM_OWN", 0, own_modes, 3);
-    }
-    g->own_glu = g->own_on && sf_env_bool("SEMFLOW_CUDA_GEMM_GLU", 0);
     *out = g;
     return 0;
 }
@@ -153,10 +148,6 @@ static void plan_settle(sf_k_gemm_ctx *g, plan *p)
         return;
     }
     if (t->n_candidates == 0) return; /* tuning failed for this shape: the heuristic stays */
-    if (t->own && g->own_on && sf_gemm_wg_ok(g, t->own, p->n, p->m, p->k, p->ldx, p->ldy)) {
-        p->own = t->own; /* algo stays the heuristic's first: the fallback for unaligned pointers */
-        return;
-    }
     if (t->split > 1) {
         if (sf_gemm_split_ok(p->k, t->split) && !sf_gemm_split_make(g, p, t->split) && sf_gemm_split_check(g, p, &t->algo))
             p->salgo = t->algo;
@@ -235,8 +226,6 @@ static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *
 {
     const float one = 1.0f, beta = p->acc ? 1.0f : 0.0f;
     cublasStatus_t st;
-    if (p->own && ((uintptr_t)x | (uintptr_t)w) % 16 == 0 && ((uintptr_t)y | (uintptr_t)bias) % 8 == 0)
-        return sf_gemm_wg_run(g, p->own, x, p->ldx, w, bias, p->n, p->m, p->k, y, p->ldy, p->acc, s);
     if (p->split > 1) return sf_gemm_split_run(g, p, &p->salgo, x, w, bias, y, p->ldy, s);
     if (p->has_bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);

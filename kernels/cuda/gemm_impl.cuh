@@ -26,9 +26,6 @@ typedef struct plan {
     cublasLtMatmulDesc_t sop;
     cublasLtMatrixLayout_t sa, sb, sc;
     cublasLtMatmulAlgo_t salgo;
-    int own;     /* > 0: run by the own wgmma kernel (gemm_wgmma.cu), variant own (1..4: ranks along k;
-                  * 5..8: own - 4 ranks and x multicast to tile pairs); algo stays the fallback for
-                  * pointers it cannot take */
     int settled; /* 1: algo is final (tuned, from the cache, or the heuristic's first when there is
                   * nothing to tune); 0: its n bucket waits for the tuner (first use outside a capture) */
     uint64_t used; /* the context's use clock at the last lookup (for eviction) */
@@ -41,10 +38,6 @@ typedef struct tune_entry {
     int split; /* 0: algo is a plain cuBLASLt algorithm; > 1: algo is for the split batch */
     cublasLtMatmulAlgo_t algo;
     float us, heuristic_us, tune_ms; /* winner's and heuristic-first's time at nb; time spent tuning */
-    int own;      /* > 0: the own wgmma kernel's variant (plan.own) that beat algo (us is then its time) */
-    float own_us; /* the own kernel's best time at nb (0: not a candidate), winning or not */
-    int own_best; /* the variant of own_us (0: none); the GLU epilogue's variant (gemm_wgmma.cu) */
-    float lt_us;  /* the best cuBLASLt-family time at nb (algo / split), what runs with the own kernel off */
     int n_candidates, from_cache;
 } tune_entry;
 
@@ -73,12 +66,6 @@ struct sf_k_gemm_ctx {
     size_t lt_version;
     tune_entry *tunes;
     int n_tunes;
-    /* the own wgmma GEMM (gemm_wgmma.cu): 0 not set up yet, 1 usable, -1 not on this device;
-     * the driver's cuTensorMapEncodeTiled; own_on: it may be a tuner candidate
-     * (SEMFLOW_CUDA_GEMM_OWN, default on) */
-    int wg_state, own_on;
-    int own_glu; /* SEMFLOW_CUDA_GEMM_GLU=1: sf_k_gemm_glu_ok may say yes (gate/up + SiLU·mul fused) */
-    void *wg_encode;
 };
 
 /* Destroys one descriptor set (plain or split) and clears its handles. */
@@ -119,11 +106,5 @@ int sf_gemm_split_check(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlg
 int sf_gemm_split_ws(sf_k_gemm_ctx *g);
 int sf_gemm_split_run(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlgo_t *a, const uint16_t *x,
                       const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t ldy, cudaStream_t s);
-
-/* The own wgmma GEMM for n <= 256 (gemm_wgmma.cu): whether a shape qualifies for variant own
- * (plan.own; sets the context up on first use), and one run (y += for acc). */
-int sf_gemm_wg_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx, int64_t ldy);
-int sf_gemm_wg_run(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
-                   int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
 
 #endif

@@ -34,7 +34,10 @@ extern "C" {
 
 #define HEUR_REQ 32
 #define MAX_CAND 48
-#define CACHE_VERSION 3 /* 2: buckets up to 256 rows, optional "split"; 3: "own", "own_us", "lt_us" */
+/* 2: buckets up to 256 rows, optional "split". Version 3 (own-kernel fields "own", "own_us",
+ * "lt_us", from builds with the own GEMM kernel as a tuner candidate) is read as not ours: its
+ * shapes are tuned again and the file rewritten as version 2. */
+#define CACHE_VERSION 2
 #define MAX_SCRATCH ((size_t)3 << 30)
 #define SF_MAX(a, b) ((a) > (b) ? (a) : (b))
 
@@ -86,12 +89,10 @@ static void cache_save(sf_k_gemm_ctx *g)
         if (!t->n_candidates) continue; /* failed: try again in the next process */
         char hex[129];
         hex_algo(&t->algo, hex);
-        json_array_append_new(arr, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:i, s:i, s:f, s:f, s:i}", "m",
-                                             t->m, "k", t->k, "bias", t->has_bias, "acc", t->acc, "n", t->nb, "split",
-                                             t->split, "algo", hex, "us", (double)t->us, "heuristic_us",
-                                             (double)t->heuristic_us, "candidates", t->n_candidates, "own", t->own,
-                                             "own_us", (double)t->own_us, "lt_us", (double)t->lt_us, "own_best",
-                                             t->own_best));
+        json_array_append_new(arr, json_pack("{s:i, s:i, s:i, s:i, s:i, s:i, s:s, s:f, s:f, s:i}", "m", t->m, "k",
+                                             t->k, "bias", t->has_bias, "acc", t->acc, "n", t->nb, "split", t->split,
+                                             "algo", hex, "us", (double)t->us, "heuristic_us",
+                                             (double)t->heuristic_us, "candidates", t->n_candidates));
     }
     json_object_set_new(o, "entries", arr);
     char tmp[1100];
@@ -119,8 +120,14 @@ static void cache_load(sf_k_gemm_ctx *g)
     json_t *ver = json_object_get(o, "version"), *gpu = json_object_get(o, "gpu"), *drv = json_object_get(o, "driver"),
            *ltv = json_object_get(o, "cublaslt"), *arr = json_object_get(o, "entries");
     int bad = 0;
-    if (!json_is_integer(ver) || json_integer_value(ver) != CACHE_VERSION || !json_is_string(gpu) ||
-        !json_is_integer(drv) || !json_is_integer(ltv) || !json_is_array(arr)) {
+    if (json_is_integer(ver) && json_integer_value(ver) != CACHE_VERSION) {
+        SF_LOGW("gemm tuner: cache %s is format version %lld, this build reads version %d%s; ignored, shapes are "
+                "tuned again and the file is rewritten", g->cache_path, (long long)json_integer_value(ver),
+                CACHE_VERSION, json_integer_value(ver) == 3 ? " (version 3 came from builds with the own GEMM kernel)" : "");
+        goto out;
+    }
+    if (!json_is_integer(ver) || !json_is_string(gpu) || !json_is_integer(drv) || !json_is_integer(ltv) ||
+        !json_is_array(arr)) {
         SF_LOGW("gemm tuner: cache %s is not a version-%d tuning cache; ignored, shapes are tuned again",
                 g->cache_path, CACHE_VERSION);
         goto out;
@@ -135,15 +142,14 @@ static void cache_load(sf_k_gemm_ctx *g)
     }
     for (size_t i = 0; i < json_array_size(arr) && g->n_tunes < MAX_TUNES; i++) {
         json_t *e = json_array_get(arr, i);
-        json_int_t m = 0, k = 0, bias = 0, acc = 0, nb = 0, nc = 0, split = 0, own = 0, own_best = 0;
+        json_int_t m = 0, k = 0, bias = 0, acc = 0, nb = 0, nc = 0, split = 0;
         const char *hex = NULL;
-        double us = 0, hus = 0, own_us = 0, lt_us = 0;
+        double us = 0, hus = 0;
         tune_entry t;
         memset(&t, 0, sizeof t);
-        if (json_unpack(e, "{s:I, s:I, s:I, s:I, s:I, s?I, s:s, s:F, s:F, s:I, s?I, s?F, s?F, s?I}", "m", &m, "k", &k,
-                        "bias", &bias, "acc", &acc, "n", &nb, "split", &split, "algo", &hex, "us", &us, "heuristic_us",
-                        &hus, "candidates", &nc, "own", &own, "own_us", &own_us, "lt_us", &lt_us, "own_best", &own_best) ||
-            own < 0 || own > 8 || (own && !(own_us > 0)) || own_best < 0 || own_best > 8 ||
+        if (json_unpack(e, "{s:I, s:I, s:I, s:I, s:I, s?I, s:s, s:F, s:F, s:I}", "m", &m, "k", &k, "bias", &bias,
+                        "acc", &acc, "n", &nb, "split", &split, "algo", &hex, "us", &us, "heuristic_us", &hus,
+                        "candidates", &nc) ||
             m <= 0 || k <= 0 || m > (1 << 24) || k > (1 << 24) || (bias | acc) & ~1 || sf_k_gemm_bucket((int)nb) != nb ||
             nc <= 0 || !(us > 0) || unhex_algo(hex, &t.algo) ||
             (split != 0 && (split < 0 || split > 64 || !sf_gemm_split_ok((int)k, (int)split) ||
@@ -154,7 +160,6 @@ static void cache_load(sf_k_gemm_ctx *g)
         }
         t.m = (int)m; t.k = (int)k; t.has_bias = (int)bias; t.acc = (int)acc; t.nb = (int)nb; t.split = (int)split;
         t.us = (float)us; t.heuristic_us = (float)hus; t.n_candidates = (int)nc; t.from_cache = 1;
-        t.own = (int)own; t.own_us = (float)own_us; t.own_best = (int)own_best; t.lt_us = lt_us > 0 ? (float)lt_us : (float)us;
         g->tunes[g->n_tunes++] = t;
     }
     if (bad)
@@ -225,30 +230,28 @@ typedef struct scratch {
     cudaEvent_t e0, e1;
 } scratch;
 
-/* One call of a candidate: t is the tuning plan, or one of its split plans (t->split > 1); own > 0:
- * the own wgmma kernel with that many ranks (a unused). */
-static int run_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t *a, int own, const scratch *S, int copy,
+/* One call of a candidate: t is the tuning plan, or one of its split plans (t->split > 1). */
+static int run_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t *a, const scratch *S, int copy,
                     cudaStream_t s)
 {
-    const uint16_t *w = S->w + (size_t)copy * S->w_elems;
-    if (own) return sf_gemm_wg_run(g, own, S->x, t->k, w, S->bias, t->n, t->m, t->k, S->y, t->m, t->acc, s);
-    if (t->split > 1) return sf_gemm_split_run(g, t, a, S->x, w, S->bias, S->y, t->m, s);
+    if (t->split > 1)
+        return sf_gemm_split_run(g, t, a, S->x, S->w + (size_t)copy * S->w_elems, S->bias, S->y, t->m, s);
     const float one = 1.0f, beta = t->acc ? 1.0f : 0.0f;
-    cublasStatus_t st = cublasLtMatmul(g->lt, t->op, &one, w, t->a, S->x, t->b, &beta, S->y, t->c, S->y, t->c, a,
-                                       g->workspace, LT_WORKSPACE, s);
+    cublasStatus_t st = cublasLtMatmul(g->lt, t->op, &one, S->w + (size_t)copy * S->w_elems, t->a, S->x, t->b, &beta,
+                                       S->y, t->c, S->y, t->c, a, g->workspace, LT_WORKSPACE, s);
     return st == CUBLAS_STATUS_SUCCESS ? 0 : LT_ERR(st);
 }
 
 /* Runs a once into a poisoned (or, accumulating, zeroed) output and counts where it differs
  * from the reference; ref = 1 makes this run the reference (then only NaNs count). Returns
  * the count, UINT_MAX when cuBLASLt refused the algorithm, or sets *hard on a device error. */
-static unsigned check_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t *a, int own, const scratch *S,
-                           int ref, cudaStream_t s, int *hard)
+static unsigned check_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t *a, const scratch *S, int ref,
+                           cudaStream_t s, int *hard)
 {
     unsigned bad = 0;
     cudaError_t e;
     cudaMemsetAsync(S->y, t->acc ? 0 : 0xff, S->y_elems * 2, s);
-    if (run_algo(g, t, a, own, S, 0, s)) {
+    if (run_algo(g, t, a, S, 0, s)) {
         cudaGetLastError();
         return ~0u;
     }
@@ -266,14 +269,14 @@ static unsigned check_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmul
 
 /* Mean µs of one call over `reps` calls that rotate over the weight copies (starting past
  * copy 0, which the check just left in L2). */
-static float time_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t *a, int own, const scratch *S,
-                       int reps, cudaStream_t s, int *hard)
+static float time_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t *a, const scratch *S, int reps,
+                       cudaStream_t s, int *hard)
 {
     float ms = 0;
     cudaError_t e;
     cudaEventRecord(S->e0, s);
     for (int r = 0; r < reps; r++)
-        if (run_algo(g, t, a, own, S, (r + 1) % S->copies, s)) {
+        if (run_algo(g, t, a, S, (r + 1) % S->copies, s)) {
             cudaGetLastError();
             cudaStreamSynchronize(s);
             return INFINITY;
@@ -410,9 +413,7 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     plan ts[3]; /* the split variants' descriptors */
     memset(ts, 0, sizeof ts);
     const plan *cp[MAX_CAND]; /* each candidate's plan: &t or one of ts */
-    int ow[MAX_CAND];         /* each candidate's own-kernel ranks (0: a cuBLASLt algorithm) */
-    int n_plain = 0, n_own = 0;
-    memset(ow, 0, sizeof ow);
+    int n_plain = 0;
     cublasLtMatmulAlgo_t *c = (cublasLtMatmulAlgo_t *)calloc(MAX_CAND, sizeof *c);
     float *us = (float *)calloc(MAX_CAND, sizeof *us);
     if ((hard = (int)cudaStreamSynchronize(s))) goto done;
@@ -443,78 +444,58 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
                 cp[n_c++] = &ts[j];
             }
     }
-    /* the own wgmma kernel's variants where the shape qualifies (own_on 2: without multicast) */
-    for (int r = 1; r <= (g->own_on == 2 ? 4 : 8) && g->own_on && n_c < MAX_CAND; r++)
-        if (sf_gemm_wg_ok(g, r, nb, t.m, t.k, t.k, t.m)) {
-            ow[n_c] = r;
-            cp[n_c++] = &t;
-            n_own++;
-        }
     for (int i = 0; i < n_c; i++) us[i] = INFINITY; /* untimed (refused, wrong, over budget) */
     /* reference: the heuristic's first; its time sets the repetitions (about 1 ms of calls each,
      * 2 ms for the final comparison) */
-    if (check_algo(g, cp[0], &c[0], 0, &S, 1, s, &hard) != 0) {
+    if (check_algo(g, cp[0], &c[0], &S, 1, s, &hard) != 0) {
         if (!hard) SF_LOGW("gemm tuner: m=%d k=%d n=%d: the heuristic's first algorithm failed or left NaNs; not tuned", t.m, t.k, nb);
         goto done;
     }
-    us[0] = time_algo(g, cp[0], &c[0], 0, &S, 3, s, &hard);
+    us[0] = time_algo(g, cp[0], &c[0], &S, 3, s, &hard);
     if (hard || !(us[0] < INFINITY)) goto done;
     reps = (int)SF_MIN(SF_MAX(1000.0f / us[0], 2.0f), 10.0f);
-    us[0] = time_algo(g, cp[0], &c[0], 0, &S, reps, s, &hard);
+    us[0] = time_algo(g, cp[0], &c[0], &S, reps, s, &hard);
     n_ok = 1;
     for (int i = 1; i < n_c && !hard; i++) {
         if (g->spent_s + (sf_now_s() - t0) > g->budget_s) break;
-        unsigned bad = check_algo(g, cp[i], &c[i], ow[i], &S, 0, s, &hard);
+        unsigned bad = check_algo(g, cp[i], &c[i], &S, 0, s, &hard);
         if (bad) {
             if (bad != ~0u) SF_LOGD("gemm tuner: m=%d k=%d n=%d: candidate %d differs in %u outputs; dropped", t.m, t.k, nb, i, bad);
             continue;
         }
-        us[i] = time_algo(g, cp[i], &c[i], ow[i], &S, reps, s, &hard);
+        us[i] = time_algo(g, cp[i], &c[i], &S, reps, s, &hard);
         n_ok += us[i] < INFINITY;
     }
     if (hard) goto done;
     {
-        /* the best three cuBLASLt-family candidates, the best own-kernel one and the reference
-         * again, interleaved twice with twice the calls; each keeps the better of its two means */
-        int top[5] = { 0, -1, -1, -1, -1 }, nt = 1, jo = -1;
+        /* the best three and the reference again, interleaved twice with twice the calls; each
+         * keeps the better of its two means */
+        int top[4] = { 0, -1, -1, -1 }, nt = 1;
         for (int r = 0; r < 3; r++) {
             int b = -1;
             for (int i = 1; i < n_c; i++) {
                 int taken = 0;
                 for (int j = 1; j < nt; j++) taken |= top[j] == i;
-                if (!taken && !ow[i] && us[i] < INFINITY && (b < 0 || us[i] < us[b])) b = i;
+                if (!taken && us[i] < INFINITY && (b < 0 || us[i] < us[b])) b = i;
             }
             if (b >= 0) top[nt++] = b;
         }
-        for (int i = 1; i < n_c; i++)
-            if (ow[i] && us[i] < INFINITY && (jo < 0 || us[i] < us[top[jo]])) {
-                if (jo < 0) jo = nt++;
-                top[jo] = i;
-            }
-        float fin[5] = { INFINITY, INFINITY, INFINITY, INFINITY, INFINITY };
+        float fin[4] = { INFINITY, INFINITY, INFINITY, INFINITY };
         for (int round = 0; round < 2 && !hard; round++)
             for (int j = 0; j < nt && !hard; j++) {
-                float u = time_algo(g, cp[top[j]], &c[top[j]], ow[top[j]], &S, 2 * reps, s, &hard);
+                float u = time_algo(g, cp[top[j]], &c[top[j]], &S, 2 * reps, s, &hard);
                 if (u < fin[j]) fin[j] = u;
             }
         if (hard) goto done;
         int best = 0; /* the heuristic's first unless another is more than 3% faster (noise) */
         for (int j = 1; j < nt; j++)
-            if (j != jo && fin[j] < 0.97f * fin[0] && fin[j] < fin[best]) best = j;
+            if (fin[j] < 0.97f * fin[0] && fin[j] < fin[best]) best = j;
         winner = top[best];
         e.algo = c[winner];
         e.split = cp[winner]->split;
-        e.us = e.lt_us = fin[best];
+        e.us = fin[best];
         e.heuristic_us = fin[0];
         e.n_candidates = n_ok;
-        if (jo >= 0) {
-            e.own_us = fin[jo];
-            e.own_best = ow[top[jo]];
-            if (fin[jo] < fin[best]) { /* the own kernel is exact to one rounding: no noise margin */
-                e.own = ow[top[jo]];
-                e.us = fin[jo];
-            }
-        }
     }
 done:
     if (hard) SF_LOGE("gemm tuner: m=%d k=%d n=%d: device error: %s", p->m, p->k, nb, cudaGetErrorString((cudaError_t)hard));
@@ -528,15 +509,11 @@ done:
     g->spent_s += e.tune_ms * 1e-3;
     g->tunes[g->n_tunes++] = e; /* a failed shape too (n_candidates = 0): not tried again here */
     if (e.n_candidates) {
-        SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx; %s%s), cuBLASLt best "
-                "%.1f us, own kernel %.1f us; %d of %d candidates (%d split-K variants, %d split batches, %d own) in %.0f ms "
-                "(%.1f s of %.0f s budget spent)", e.m, e.k, nb, e.has_bias ? " +bias" : "", e.acc ? " accumulate" : "",
-                e.us, e.heuristic_us, e.heuristic_us / e.us, e.own ? "own kernel" : "cuBLASLt",
-                e.own ? "" : e.split > 1 ? ", split batch" : winner >= n_plain - n_split ? ", split-K variant" : "",
-                e.lt_us, e.own_us, n_ok, n_c, n_split, n_c - n_plain - n_own, n_own, e.tune_ms, g->spent_s, g->budget_s);
-        if (e.own)
-            SF_LOGI("gemm tuner: m=%d k=%d n<=%d: own kernel, %d cluster ranks along k%s", e.m, e.k, nb, (e.own - 1) % 4 + 1,
-                    e.own > 4 ? ", x multicast to tile pairs" : "");
+        SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx; candidate %d%s), %d of "
+                "%d candidates (%d split-K variants, %d split batches) in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb,
+                e.has_bias ? " +bias" : "", e.acc ? " accumulate" : "", e.us, e.heuristic_us, e.heuristic_us / e.us,
+                winner, e.split > 1 ? ", split batch" : winner >= n_plain - n_split ? ", split-K variant" : "", n_ok, n_c,
+                n_split, n_c - n_plain, e.tune_ms, g->spent_s, g->budget_s);
         if (e.split > 1) SF_LOGI("gemm tuner: m=%d k=%d n<=%d: k split into %d slices", e.m, e.k, nb, e.split);
         cache_save(g);
     }

@@ -162,29 +162,6 @@ int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k,
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);
 
-/* The own Hopper GEMM for decode batches (gemm_wgmma.cu): y (+)= x . W^T (+ bias) for n <= 256.
- * Variant own: 1..4 CTAs of a cluster share each 128-row tile along k, reduced in distributed
- * shared memory; 5..8: the same with own - 4 ranks, and pairs of tiles sharing x by multicast.
- * _ok: whether the device (compute capability 9.0) and shape qualify (m % 128 == 0, % 256 for
- * pairs; k % 64 == 0, ldx % 8 == 0, ldy % 4 == 0); the run also needs x and W 16-byte, y and bias
- * 8-byte aligned (cudaErrorInvalidValue otherwise). The tuner offers the variants as candidates
- * per shape and bucket with SEMFLOW_CUDA_GEMM_OWN=1 (all) or 2 (1..4 only); direct calls are
- * for tests and benchmarks. */
-int sf_k_gemm_own_ok(sf_k_gemm_ctx *g, int own, int n, int m, int k, int64_t ldx, int64_t ldy);
-int sf_k_gemm_own(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
-                  int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
-
-/* y[n, f] = silu(x . Wg^T) * (x . Wu^T) for W = [Wg; Wu] (2f x k, no bias) in one own-kernel
- * launch (the GLU epilogue; rounded as the GEMM then sf_k_silu_mul would). _ok: whether it applies
- * to this n: SEMFLOW_CUDA_GEMM_GLU=1 (with the own kernel on) and the tuner has timed an own
- * variant for the plain 2f x k GEMM in n's bucket (sf_k_gemm_prepare of that shape first); that
- * variant runs. _own_glu: a given variant, for tests. */
-int sf_k_gemm_glu_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int f, int k, int64_t ldx, int64_t ldy);
-int sf_k_gemm_glu(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, int n, int f, int k, uint16_t *y,
-                  int64_t ldy, cudaStream_t s);
-int sf_k_gemm_own_glu(sf_k_gemm_ctx *g, int own, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
-                      int n, int f, int k, uint16_t *y, int64_t ldy, cudaStream_t s);
-
 /* ---- measured cuBLASLt algorithm choice (gemm_tune.cu) ------------------------------------- */
 /* Turns the tuner on: from then on the first use of each (m, k, bias, accumulate, n bucket) with
  * n > 8, outside a graph capture, times cuBLASLt's candidates on scratch buffers of its own

@@ -37,7 +37,6 @@ static const struct { const char *name, *bad, *good; } switches[] = {
     { "SEMFLOW_CUDA_GRAPH_TOKENS", "512k", "256" },
     { "SEMFLOW_CUDA_PROFILE", "true!", "0" },
     { "SEMFLOW_CUDA_GEMV_PLAIN", "yes please", "1" },
-    { "SEMFLOW_CUDA_GEMM_OWN", "3", "2" },
 };
 
 TEST(malformed_values_are_refused_by_name)

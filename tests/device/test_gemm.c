@@ -14,9 +14,7 @@
  *                        the tuner's, against max(bytes / HBM, FLOPs / peak) from hal
  *   test_gemm --fresh    tune into a temporary cache instead of this GPU's cache
  *   test_gemm --pretune  only tune the Llama-3-8B shapes at every bucket (lm_head: up to 256
- *                        rows) into this GPU's cache, as a deployment would once per GPU
- *   test_gemm --own      only the own wgmma kernel's checks (every variant, called directly)
- * With SEMFLOW_CUDA_GEMM_OWN=2 the --perf table leaves out the own kernel's multicast variants. */
+ *                        rows) into this GPU's cache, as a deployment would once per GPU */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -47,8 +45,7 @@ static const shape PERF_SHAPES[] = {
     { "qkv/2", 3072, 4096, 0 }, { "o/2", 4096, 2048, 1 },   { "gu/2", 14336, 4096, 0 },    { "down/2", 4096, 7168, 1 },
 };
 
-static int perf, fresh, pretune, own_only;
-static int own_split; /* > 0: check_case calls the own wgmma kernel's variant own_split directly */
+static int perf, fresh, pretune;
 static cudaStream_t S;
 static sf_rng R;
 static sf_hw_info HW;
@@ -108,9 +105,8 @@ static int check_case(sf_k_gemm_ctx *g, const char *name, const weight *w, int a
     else cudaMemsetAsync(y_d, 0xff, ys * 2, S); /* NaN */
     cudaMemcpyAsync(x_h, x_d, xs * 2, cudaMemcpyDeviceToHost, S);
     cudaMemcpyAsync(y0_h, y_d, ys * 2, cudaMemcpyDeviceToHost, S);
-    rc = own_split ? sf_k_gemm_own(g, own_split, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, acc, S)
-         : acc     ? sf_k_gemm_lt_acc(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S)
-                   : sf_k_gemm(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S);
+    rc = acc ? sf_k_gemm_lt_acc(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S)
+             : sf_k_gemm(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S);
     if (rc) {
         printf("  %s n=%d: GEMM failed: %s\n", name, n, sf_k_gemm_error_str(rc));
         fails = 1;
@@ -158,10 +154,9 @@ static int check_case(sf_k_gemm_ctx *g, const char *name, const weight *w, int a
     free(xf);
     double rel = den > 0 ? sqrt(num / den) : 0;
     sf_k_gemm_tune_stat st;
-    int tuned = !own_split && sf_k_gemm_tune_info(g, n, m, k, w->bias_d != NULL, acc, &st);
+    int tuned = sf_k_gemm_tune_info(g, n, m, k, w->bias_d != NULL, acc, &st);
     printf("  %-8s m=%-5d k=%-5d n=%-4d%s%s: %dx%d checked, worst %.2f of tolerance, rel %.1e; %s", name, m, k, n,
-           acc ? " acc" : "", pad ? " padded" : "", nr, nc, worst, rel,
-           tuned ? "" : own_split ? "own kernel\n" : "not tuned\n");
+           acc ? " acc" : "", pad ? " padded" : "", nr, nc, worst, rel, tuned ? "" : "not tuned\n");
     if (tuned)
         printf("bucket %d: %.1f us vs heuristic %.1f us (%d candidates, %s)\n", st.nb, st.us, st.heuristic_us,
                st.n_candidates, st.from_cache ? "from cache" : "tuned now");
@@ -201,100 +196,6 @@ TEST(odd_shapes)
     weight_free(&w);
 }
 
-/* The GLU epilogue of variant own against the same variant's plain gate/up output (itself checked
- * against float64 above) with SiLU·mul on the host, rounded as silu_mul.cu rounds. */
-static int glu_case(int own, int f, int k, int n)
-{
-    weight w;
-    uint16_t *x = NULL, *yp = NULL, *yg = NULL, *hp = NULL, *hg = NULL;
-    int fails = 1;
-    size_t np = (size_t)n * 2 * f, ng = (size_t)n * f;
-    if (weight_new(&w, 2 * f, k, 0)) {
-        printf("  glu: cannot make a %dx%d weight\n", 2 * f, k);
-        return 1;
-    }
-    if (cudaMalloc((void **)&x, (size_t)n * k * 2) || cudaMalloc((void **)&yp, np * 2) || cudaMalloc((void **)&yg, ng * 2) ||
-        !(hp = malloc(np * 2)) || !(hg = malloc(ng * 2))) {
-        printf("  glu: out of memory\n");
-        goto out;
-    }
-    sf_k_fill_random(x, (int64_t)n * k, sf_rng_next(&R), 1.0f, S);
-    cudaMemsetAsync(yg, 0xff, ng * 2, S);
-    int rc = sf_k_gemm_own(G, own, x, k, w.d, NULL, n, 2 * f, k, yp, 2 * f, 0, S);
-    if (!rc) rc = sf_k_gemm_own_glu(G, own, x, k, w.d, NULL, n, f, k, yg, f, S);
-    if (rc || cudaMemcpyAsync(hp, yp, np * 2, cudaMemcpyDeviceToHost, S) ||
-        cudaMemcpyAsync(hg, yg, ng * 2, cudaMemcpyDeviceToHost, S) || cudaStreamSynchronize(S)) {
-        printf("  glu own/%d f=%d n=%d: %s\n", own, f, n, rc ? sf_k_gemm_error_str(rc) : cudaGetErrorString(cudaGetLastError()));
-        goto out;
-    }
-    long bad = 0;
-    double worst = 0;
-    for (int i = 0; i < n; i++)
-        for (int j = 0; j < f; j++) {
-            float g = bf(hp[(size_t)i * 2 * f + j]), u = bf(hp[(size_t)i * 2 * f + f + j]);
-            float ref = bf(sf_f32_to_bf16(g / (1.0f + expf(-g)))) * u, got = bf(hg[(size_t)i * f + j]);
-            double e = fabs(got - ref) / (0.01 + 0.01 * fabs(ref));
-            if (!(e <= 1.0)) bad++;
-            if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
-        }
-    printf("  glu own/%d f=%-5d k=%-5d n=%-4d: %d x %d checked against the plain GEMM + SiLU·mul, worst %.2f of tolerance\n",
-           own, f, k, n, n, f, worst);
-    fails = bad != 0;
-out:
-    cudaFree(x); cudaFree(yp); cudaFree(yg);
-    free(hp); free(hg);
-    weight_free(&w);
-    return fails;
-}
-
-/* The own wgmma kernel called directly, every variant (1..4 ranks along k; 5..8 the same with x
- * multicast to tile pairs): token counts off its 64-column steps, the accumulating flavour, a
- * bias, padded leading dimensions, k slices that do not divide evenly, the TP=2 shard shapes.
- * Skipped where the device has no sm_90a code path. */
-TEST(own_kernel)
-{
-    if (!sf_k_gemm_own_ok(G, 1, 256, 4096, 4096, 4096, 4096)) {
-        printf("  own kernel: not on this device (compute capability 9.0 only); skipped\n");
-        return;
-    }
-    static const struct { int m, k, bias, acc, n, pad, own; } C[] = {
-        { 4096, 4096, 0, 1, 256, 0, 4 },  { 4096, 4096, 0, 0, 256, 0, 1 }, { 4096, 4096, 0, 1, 128, 0, 2 },
-        { 6144, 4096, 1, 0, 200, 8, 3 },  { 6144, 4096, 1, 1, 100, 0, 2 }, { 4096, 14336, 0, 1, 192, 0, 4 },
-        { 28672, 4096, 0, 0, 256, 0, 1 }, { 3072, 4096, 0, 0, 37, 0, 3 },  { 4096, 7168, 0, 1, 250, 4, 4 },
-        { 4096, 2048, 0, 1, 1, 0, 2 },    { 1024, 192, 0, 0, 64, 0, 3 },
-        /* pairs sharing x by multicast */
-        { 4096, 4096, 0, 1, 256, 0, 8 },  { 4096, 4096, 0, 0, 256, 0, 5 }, { 6144, 4096, 1, 0, 200, 8, 7 },
-        { 4096, 14336, 0, 1, 192, 0, 6 }, { 3072, 4096, 0, 0, 37, 0, 7 },  { 28672, 4096, 0, 0, 130, 0, 5 },
-    };
-    for (size_t i = 0; i < SF_ARRAY_LEN(C); i++) {
-        weight w;
-        REQUIRE(weight_new(&w, C[i].m, C[i].k, C[i].bias) == 0, "cannot make a %dx%d weight", C[i].m, C[i].k);
-        own_split = C[i].own;
-        char name[32];
-        snprintf(name, sizeof name, "own/%d", C[i].own);
-        CHECK_MSG(check_case(G, name, &w, C[i].acc, C[i].n, C[i].pad) == 0, "own kernel m=%d k=%d n=%d variant %d",
-                  C[i].m, C[i].k, C[i].n, C[i].own);
-        own_split = 0;
-        weight_free(&w);
-    }
-    static const struct { int own, f, k, n; } GL[] = {
-        { 1, 14336, 4096, 256 }, { 5, 14336, 4096, 256 }, { 2, 14336, 4096, 100 }, { 7, 1024, 512, 37 },
-    };
-    for (size_t i = 0; i < SF_ARRAY_LEN(GL); i++)
-        CHECK_MSG(glu_case(GL[i].own, GL[i].f, GL[i].k, GL[i].n) == 0, "GLU epilogue, variant %d f=%d n=%d", GL[i].own,
-                  GL[i].f, GL[i].n);
-    /* what it refuses: more ranks than 64-slices of k, m off 128 (256 for pairs), odd strides,
-     * more than 256 rows, pairs at n <= 32, unknown variants */
-    CHECK(!sf_k_gemm_own_ok(G, 4, 64, 1024, 192, 192, 1024));
-    CHECK(!sf_k_gemm_own_ok(G, 1, 64, 1000, 4096, 4096, 1000));
-    CHECK(!sf_k_gemm_own_ok(G, 5, 64, 1152, 4096, 4096, 1152));
-    CHECK(!sf_k_gemm_own_ok(G, 1, 64, 1024, 4096, 4095, 1024));
-    CHECK(!sf_k_gemm_own_ok(G, 1, 257, 1024, 4096, 4096, 1024));
-    CHECK(!sf_k_gemm_own_ok(G, 5, 32, 1024, 4096, 4096, 1024));
-    CHECK(!sf_k_gemm_own_ok(G, 9, 64, 1024, 4096, 4096, 1024));
-    CHECK(!sf_k_gemm_own_ok(G, 0, 64, 1024, 4096, 4096, 1024));
-}
-
 static sf_k_gemm_ctx *ctx_with_cache(const char *path)
 {
     sf_k_gemm_ctx *g = NULL;
@@ -325,8 +226,8 @@ static void write_file(const char *path, const char *text)
     if (f) { fputs(text, f); fclose(f); }
 }
 
-/* Garbage, another GPU's cache, a rejected algorithm: each ignored, the shape tuned again and
- * still correct. */
+/* Garbage, another GPU's cache, an older or retired format, a rejected algorithm: each ignored,
+ * the shape tuned again and still correct. */
 TEST(cache_distrusted)
 {
     char path[512], text[2048], gpu[256];
@@ -341,15 +242,18 @@ TEST(cache_distrusted)
     REQUIRE(weight_new(&w, 1024, 2048, 0) == 0, "cannot make the weight");
     const char *bad_algo = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"
                            "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
-    /* 0: not JSON; 1: another GPU's; 2: an older format; 3: an algorithm cuBLASLt rejects */
-    for (int variant = 0; variant < 4; variant++) {
+    /* 0: not JSON; 1: another GPU's; 2: an older format; 3: an algorithm cuBLASLt rejects; 4: the
+     * retired version 3 (own-kernel fields) */
+    for (int variant = 0; variant < 5; variant++) {
         if (variant == 0) write_file(path, "{\"version\": 2, \"gpu\": tru");
         else {
             snprintf(text, sizeof text,
                      "{\"version\": %d, \"gpu\": \"%s\", \"driver\": %d, \"cublaslt\": %zu, \"entries\": [{\"m\": "
                      "1024, \"k\": 2048, \"bias\": 0, \"acc\": 0, \"n\": 64, \"algo\": \"%s\", \"us\": 1.0, "
-                     "\"heuristic_us\": 2.0, \"candidates\": 3}]}",
-                     variant == 2 ? 1 : 2, variant == 1 ? "Another GPU" : gpu, drv, cublasLtGetVersion(), bad_algo);
+                     "\"heuristic_us\": 2.0, \"candidates\": 3%s}]}",
+                     variant == 2 ? 1 : variant == 4 ? 3 : 2, variant == 1 ? "Another GPU" : gpu, drv,
+                     cublasLtGetVersion(), bad_algo,
+                     variant == 4 ? ", \"own\": 2, \"own_us\": 0.5, \"lt_us\": 1.0, \"own_best\": 2" : "");
             write_file(path, text);
         }
         sf_k_gemm_ctx *g = ctx_with_cache(path);
@@ -358,7 +262,7 @@ TEST(cache_distrusted)
         int had = sf_k_gemm_tune_info(g, 64, 1024, 2048, 0, 0, &st);
         CHECK_MSG(variant == 3 ? had == 1 : had == 0, "variant %d: entry %s", variant, had ? "loaded" : "missing");
         CHECK_MSG(check_case(g, "cache", &w, 0, 64, 0) == 0, "variant %d", variant);
-        if (variant < 3) {
+        if (variant != 3) {
             CHECK_MSG(sf_k_gemm_tune_info(g, 64, 1024, 2048, 0, 0, &st) == 1 && !st.from_cache && st.n_candidates > 0,
                       "variant %d: not tuned again", variant);
             sf_k_gemm_ctx *g2 = ctx_with_cache(path); /* the rewritten cache is good */
@@ -414,54 +318,14 @@ static double time_calls(sf_k_gemm_ctx *g, const uint16_t *w, size_t w_elems, in
     return rc ? NAN : 1e3 * ms / reps;
 }
 
-/* Mean µs of the own kernel's fastest variant (1..8) over reps calls rotating weights, as
- * time_calls; *best gets the variant (0 and NAN when none applies). Every variant's time goes to
- * an OWN line. */
-static double time_own(sf_k_gemm_ctx *g, const char *name, const uint16_t *w, size_t w_elems, int copies,
-                       const uint16_t *x, uint16_t *y, int n, int m, int k, int acc, int *best_v)
-{
-    double best = NAN;
-    *best_v = 0;
-    printf("OWN  %-8s %6d %6d %5d:", name, m, k, n);
-    const char *mode = getenv("SEMFLOW_CUDA_GEMM_OWN");
-    for (int v = 1; v <= 8; v++) {
-        if (!sf_k_gemm_own_ok(g, v, n, m, k, k, m) || (v > 4 && mode && !strcmp(mode, "2"))) {
-            printf("      -");
-            continue;
-        }
-        cudaEvent_t e0, e1;
-        float ms = 0;
-        int reps = 20, rc = 0;
-        cudaEventCreate(&e0);
-        cudaEventCreate(&e1);
-        for (int r = -2; r < reps && !rc; r++) {
-            if (r == 0) cudaEventRecord(e0, S);
-            rc = sf_k_gemm_own(g, v, x, k, w + (size_t)((r + 2) % copies) * w_elems, NULL, n, m, k, y, m, acc, S);
-        }
-        cudaEventRecord(e1, S);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        cudaEventDestroy(e0);
-        cudaEventDestroy(e1);
-        double us = 1e3 * ms / reps;
-        printf(" %6.1f", rc ? NAN : us);
-        if (!rc && (isnan(best) || us < best)) {
-            best = us;
-            *best_v = v;
-        }
-    }
-    printf("  (us per variant 1..8)\n");
-    return best;
-}
-
 static void perf_table(void)
 {
     sf_k_gemm_ctx *off = NULL;
     if (sf_k_gemm_ctx_new(&off, NULL)) return;
     printf("\nGEMM per call (weights rotated past L2), bound = max(bytes / %.0f GB/s, FLOPs / %.0f TFLOP/s):\n",
            HW.mem_bw_gbs, HW.gemm_tflops);
-    printf("PERF %-8s %6s %6s %5s %9s %9s %8s %9s %6s %6s %8s %5s %6s\n", "shape", "m", "k", "n", "heur_us", "tuned_us",
-           "TFLOP/s", "bound_us", "heur%", "tuned%", "own_us", "var", "own%");
+    printf("PERF %-8s %6s %6s %5s %9s %9s %8s %9s %6s %6s\n", "shape", "m", "k", "n", "heur_us", "tuned_us",
+           "TFLOP/s", "bound_us", "heur%", "tuned%");
     for (size_t s = 0; s < SF_ARRAY_LEN(PERF_SHAPES); s++) {
         const shape *sh = &PERF_SHAPES[s];
         size_t we = (size_t)sh->m * sh->k, wb = we * 2;
@@ -480,14 +344,11 @@ static void perf_table(void)
                 int n = NS[i];
                 double t0 = time_calls(off, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
                 double t1 = time_calls(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
-                int osplit = 0;
-                double t2 = n <= 256 ? time_own(G, sh->name, w, we, copies, x, y, n, sh->m, sh->k, sh->acc, &osplit) : NAN;
                 double bytes = wb + (double)n * sh->k * 2 + (double)n * sh->m * 2 * (sh->acc ? 2 : 1);
                 double flops = 2.0 * sh->m * (double)n * sh->k;
                 double bound = fmax(bytes / (HW.mem_bw_gbs * 1e3), flops / (HW.gemm_tflops * 1e6));
-                printf("PERF %-8s %6d %6d %5d %9.1f %9.1f %8.0f %9.1f %5.0f%% %5.0f%% %8.1f %5d %5.0f%%\n", sh->name,
-                       sh->m, sh->k, n, t0, t1, flops / (t1 * 1e6), bound, 100 * bound / t0, 100 * bound / t1, t2, osplit,
-                       100 * bound / t2);
+                printf("PERF %-8s %6d %6d %5d %9.1f %9.1f %8.0f %9.1f %5.0f%% %5.0f%%\n", sh->name, sh->m, sh->k, n, t0,
+                       t1, flops / (t1 * 1e6), bound, 100 * bound / t0, 100 * bound / t1);
             }
         }
         cudaFree(w); cudaFree(x); cudaFree(y);
@@ -500,11 +361,10 @@ int main(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--perf")) perf = 1;
-        else if (!strcmp(argv[i], "--own")) own_only = 1;
         else if (!strcmp(argv[i], "--fresh")) fresh = 1;
         else if (!strcmp(argv[i], "--pretune")) pretune = 1;
         else {
-            fprintf(stderr, "usage: test_gemm [--perf] [--fresh] [--pretune] [--own]\n");
+            fprintf(stderr, "usage: test_gemm [--perf] [--fresh] [--pretune]\n");
             return 2;
         }
     }
@@ -538,15 +398,8 @@ int main(int argc, char **argv)
         cudaStreamDestroy(S);
         return test_summary();
     }
-    if (own_only) {
-        RUN(own_kernel);
-        sf_k_gemm_ctx_free(G);
-        cudaStreamDestroy(S);
-        return test_summary();
-    }
     RUN(engine_shapes);
     RUN(odd_shapes);
-    RUN(own_kernel);
     RUN(cache_reused);
     RUN(cache_distrusted);
     if (perf) perf_table();
