@@ -131,11 +131,12 @@ typedef struct sf_engine_config {
     int serial_steps;         /* 1: deliver a step's tokens before launching the next (the serial loop;
                                * also $SEMFLOW_ENGINE_OVERLAP=0); 0 (default): launch the next step
                                * first and deliver while the device runs it (docs/ENGINE.md) */
-    int async_steps;          /* 1: async scheduling — queue the next step before the ids of the one
-                               * in flight reach the host, its decode tokens taken from that step's
-                               * draw on the backend (also $SEMFLOW_ENGINE_ASYNC=1; backends with
-                               * sample_take, every rank under TP; docs/ENGINE.md); 0 (default):
-                               * the next step is planned after the ids are taken */
+    int async_steps;          /* 1 (default): async scheduling — queue the next step before the ids
+                               * of the one in flight reach the host, its decode tokens taken from
+                               * that step's draw on the backend (backends with sample_take, every
+                               * rank under TP; where it cannot, the overlapped loop; docs/ENGINE.md);
+                               * 0: the next step is planned after the ids are taken.
+                               * $SEMFLOW_ENGINE_ASYNC=0/1 overrides it */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 

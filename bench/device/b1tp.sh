@@ -38,32 +38,19 @@ echo "b1tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --shor
 : >"$D/runs.txt"
 T0=$(date +%s)
 
-# run NAME SECONDS [VAR=VALUE...] CMD...: one bounded bench (its JSON on stdout), skipped when
-# the budget cannot give it SECONDS
-run() {
-    name=$1 lim=$2
-    shift 2
-    left=$((BUDGET - ($(date +%s) - T0)))
-    if [ "$left" -lt "$lim" ]; then
-        echo "$name: skipped ($left s left of $BUDGET, needs $lim)" >>"$D/runs.txt"
-        return
-    fi
-    t=$(date +%s)
-    timeout -k 3 "$lim" env "$@" >"$D/$name.json" 2>"$D/$name.err"
-    echo "$name: rc=$? $(($(date +%s) - t)) s: $*" >>"$D/runs.txt"
-}
+. bench/device/lib_step.sh # step NAME SECONDS [VAR=VALUE...] CMD...
 
 L8="$BIN bench decode --preset llama-3-8b --backend cuda --load-format dummy --steps 32 --ctx 512 --json"
 NOPRE=SEMFLOW_CUDA_ATTN_PRE=0
 PLAIN=SEMFLOW_CUDA_GEMV_PLAIN=1
-run tp1 10 $L8 --tensor-parallel-size 1
-run tp2 14 $L8 --tensor-parallel-size 2
+step tp1 10 $L8 --tensor-parallel-size 1
+step tp2 14 $L8 --tensor-parallel-size 2
 # rank 1's O and down (plain matmuls: it does not add the residual) on the persistent-warp GEMV
-run tp2-plain 14 $PLAIN $L8 --tensor-parallel-size 2
-run tp2-trace 15 $PLAIN SEMFLOW_CUDA_TRACE="$D/trace-tp2.txt" $L8 --tensor-parallel-size 2
-run tp2-nopre 14 $PLAIN $NOPRE $L8 --tensor-parallel-size 2
-run tp2-plan 14 $PLAIN SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33 $L8 --tensor-parallel-size 2
-run tp2-sp16 14 $PLAIN SEMFLOW_CUDA_DECODE_SPLIT=16 $L8 --tensor-parallel-size 2
+step tp2-plain 14 $PLAIN $L8 --tensor-parallel-size 2
+step tp2-trace 15 $PLAIN SEMFLOW_CUDA_TRACE="$D/trace-tp2.txt" $L8 --tensor-parallel-size 2
+step tp2-nopre 14 $PLAIN $NOPRE $L8 --tensor-parallel-size 2
+step tp2-plan 14 $PLAIN SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33 $L8 --tensor-parallel-size 2
+step tp2-sp16 14 $PLAIN SEMFLOW_CUDA_DECODE_SPLIT=16 $L8 --tensor-parallel-size 2
 cat "$D/runs.txt"
 for f in trace-tp2.txt trace-tp2.txt.gpu1; do
     if [ -f "$D/$f" ]; then

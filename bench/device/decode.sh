@@ -38,27 +38,7 @@ echo "decode: $(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,no
 : >"$D/runs.txt"
 T0=$(date +%s)
 
-# step NAME SECONDS [VAR=VALUE...] CMD...: one bounded command, output to NAME.log (tests) or
-# NAME.json / NAME.err (benches: the command ends in --json); skipped when the budget is spent
-step() {
-    name=$1 lim=$2
-    shift 2
-    left=$((BUDGET - ($(date +%s) - T0)))
-    if [ "$left" -lt "$lim" ] && [ "$left" -lt 6 ]; then
-        echo "$name: skipped (the script's $BUDGET s are spent)" >>"$D/runs.txt"
-        return
-    fi
-    [ "$lim" -gt "$left" ] && lim=$left
-    t=$(date +%s)
-    case "$*" in
-    *--json*) timeout -k 3 "$lim" env "$@" >"$D/$name.json" 2>"$D/$name.err" ;;
-    *) timeout -k 3 "$lim" env "$@" >"$D/$name.log" 2>&1 ;;
-    esac
-    rc=$?
-    echo "$name: rc=$rc $(($(date +%s) - t)) s: $*" >>"$D/runs.txt"
-    case "$*" in *--json*) ;; *) tail -1 "$D/$name.log" | sed "s/^/    /" >>"$D/runs.txt"
-                                grep '^FAIL' "$D/$name.log" >>"$D/runs.txt" ;; esac
-}
+. bench/device/lib_step.sh # step NAME SECONDS [VAR=VALUE...] CMD...
 
 GT=$BUILD_DIR/tests/device/test_gemv
 MT=$BUILD_DIR/tests/device/test_model

@@ -195,12 +195,13 @@ TEST(engine_overlap_and_warmup)
     unsetenv("SEMFLOW_ENGINE_WARMUP");
 }
 
-/* SEMFLOW_ENGINE_ASYNC: on, the CPU backend's steps queue behind each other with the same
- * tokens; a malformed value is named in a warning and the default (off) kept. */
+/* SEMFLOW_ENGINE_ASYNC: on (the default), the CPU backend's steps queue behind each other with
+ * the same tokens; 0 gives the overlapped loop; a malformed value is named in a warning and the
+ * default (on) kept. */
 TEST(engine_async)
 {
     static const struct { const char *v; int async, warns; } cases[] = {
-        { NULL, 0, 0 }, { "1", 1, 0 }, { "on", 1, 0 }, { "0", 0, 0 }, { "maybe", 0, 1 }, { "2", 0, 1 },
+        { NULL, 1, 0 }, { "1", 1, 0 }, { "on", 1, 0 }, { "0", 0, 0 }, { "off", 0, 0 }, { "maybe", 1, 1 }, { "2", 1, 1 },
     };
     for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
         if (cases[i].v) setenv("SEMFLOW_ENGINE_ASYNC", cases[i].v, 1);
