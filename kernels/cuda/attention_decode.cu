@@ -416,8 +416,9 @@ static int plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, i
      * tiles plus one (its start: block-table and first-tile latency; its end: the merge). Pick the
      * split with the least (waves x that), the smallest on ties: whole waves at every batch and
      * context, no split where the waves already come out even (256 x 192: 1; 128 x 1500: 3). */
-    static int slots_cache[2][2] = { { 0, 0 }, { 0, 0 } };
-    int *sc = &slots_cache[hd == 128][int8 != 0];
+    static int slots_cache[SF_K_MAX_DEVICES][2][2]; /* per device (common.cuh) */
+    const int dev = sf_k_dev();
+    int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0] : &own;
     if (!*sc) {
         const int n = sf_k_attention_decode_mma_per_sm(hd, int8, cfg);
         *sc = (n > 0 ? n : 1) * sms;
