@@ -1,9 +1,9 @@
 #!/bin/sh
 # bench/device/b1tp.sh — Llama-3-8B batch-1 decode at TP=2 against TP=1 in one call (under 60 s,
 # both GPUs; run after tp.sh): the default path, then the switches under test at TP=2 (rank 1's
-# plain O and down on the persistent-warp GEMV, attention's early K/V loads off, per-op GEMV plans
-# at the shard shapes, the attention split), and the timeline of both ranks' batch-1 kernels
-# (SEMFLOW_CUDA_TRACE, bench/device/b1trace.py).
+# plain O and down on the persistent-warp GEMV, per-op GEMV plans at the shard shapes, the
+# attention split), and the timeline of both ranks' batch-1 kernels (SEMFLOW_CUDA_TRACE,
+# bench/device/b1trace.py).
 # Each run's JSON goes to $OUT/b1tp/<name>.json, its stderr to <name>.err; runs.txt has every
 # command with its exit code and seconds; the table (ms/token, ratio to the roofline, TP=2/TP=1)
 # is printed last.
@@ -41,14 +41,12 @@ T0=$(date +%s)
 . bench/device/lib_step.sh # step NAME SECONDS [VAR=VALUE...] CMD...
 
 L8="$BIN bench decode --preset llama-3-8b --backend cuda --load-format dummy --steps 32 --ctx 512 --json"
-NOPRE=SEMFLOW_CUDA_ATTN_PRE=0
 PLAIN=SEMFLOW_CUDA_GEMV_PLAIN=1
 step tp1 10 $L8 --tensor-parallel-size 1
 step tp2 14 $L8 --tensor-parallel-size 2
 # rank 1's O and down (plain matmuls: it does not add the residual) on the persistent-warp GEMV
 step tp2-plain 14 $PLAIN $L8 --tensor-parallel-size 2
 step tp2-trace 15 $PLAIN SEMFLOW_CUDA_TRACE="$D/trace-tp2.txt" $L8 --tensor-parallel-size 2
-step tp2-nopre 14 $PLAIN $NOPRE $L8 --tensor-parallel-size 2
 step tp2-plan 14 $PLAIN SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33 $L8 --tensor-parallel-size 2
 step tp2-sp16 14 $PLAIN SEMFLOW_CUDA_DECODE_SPLIT=16 $L8 --tensor-parallel-size 2
 cat "$D/runs.txt"
@@ -70,7 +68,7 @@ def load(name):
         return None
 base = load("tp1")
 print("%-10s %10s %10s %8s %10s %8s" % ("run", "ms", "roofline", "ratio", "TP2/TP1", "host"))
-for name in ["tp1", "tp2", "tp2-plain", "tp2-trace", "tp2-nopre", "tp2-plan", "tp2-sp16"]:
+for name in ["tp1", "tp2", "tp2-plain", "tp2-trace", "tp2-plan", "tp2-sp16"]:
     j = load(name)
     if not j:
         try:

@@ -2,11 +2,10 @@
 # bench/device/decode.sh — the batch-1 decode figures of docs/PERFORMANCE.md in one go (under 90 s):
 #   - correctness: the batch-1 GEMVs against a host reference (build/tests/device/test_gemv)
 #     and whole-model logits against the CPU backend (build/tests/device/test_model), with the
-#     default path and with attention's early K/V loads off (SEMFLOW_CUDA_ATTN_PRE=0;
-#     test_decode_attn against its float64 reference too);
+#     default path (test_decode_attn: attention against its float64 reference too);
 #   - batch-1 decode (bench decode, random bf16 weights) of Llama-3-8B at 512 and 4096 keys and
-#     Qwen2-7B at 512; against the default in the same call: early K/V loads off, per-op GEMV
-#     plans (SEMFLOW_CUDA_GEMV_PLAN);
+#     Qwen2-7B at 512; against the default in the same call: per-op GEMV plans
+#     (SEMFLOW_CUDA_GEMV_PLAN);
 #   - the timeline of a step's batch-1 kernels as the graph runs (SEMFLOW_CUDA_TRACE, read by
 #     bench/device/b1trace.py): per kernel of a layer, when its blocks start, pass the
 #     programmatic wait and end, relative to the end of the kernel before;
@@ -46,31 +45,24 @@ B="$BIN bench"
 P="--backend cuda --load-format dummy --json"
 L8="$B decode --preset llama-3-8b --steps 32 $P"
 Q7="$B decode --preset qwen2-7b --steps 32 $P"
-NOPRE=SEMFLOW_CUDA_ATTN_PRE=0
 AT=$BUILD_DIR/tests/device/test_decode_attn
 
-# correctness of the default path first (a kernel that hangs is cut by the step's limit), then
-# with attention's early K/V loads off (the instance of longer steps)
+# correctness first (a kernel that hangs is cut by the step's limit)
 if [ -x "$GT" ] && [ -x "$MT" ]; then
     step gemv 12 "$GT"
     step model 10 "$MT"
-    step model-nopre 10 $NOPRE "$MT"
 else
     echo "test_gemv/test_model: missing under $BUILD_DIR/tests/device (device tests are built with CUDA)" >>"$D/runs.txt"
 fi
 if [ -x "$AT" ]; then
     step attn 10 "$AT"
-    step attn-nopre 10 $NOPRE "$AT"
 fi
 step l8-512 10 $L8 --ctx 512
-step l8-512-nopre 10 $NOPRE $L8 --ctx 512
 # the timeline of the batch-1 kernels as the graph runs (kernels/cuda/b1trace.cuh)
 step l8-512-trace 12 SEMFLOW_CUDA_TRACE="$D/trace-l8-512.txt" $L8 --ctx 512
 [ -x "$GT" ] && step perf 14 "$GT" --perf
 step q7-512 10 $Q7 --ctx 512
-step q7-512-nopre 10 $NOPRE $Q7 --ctx 512
 step l8-4096 10 $L8 --ctx 4096
-step l8-4096-nopre 10 $NOPRE $L8 --ctx 4096
 # per-op plans (blocks per SM x 10 + ring stages) that leave an SM room for attention's
 # blocks beside QKV's, and for two O blocks beside an attention block; the TP=2 shard shapes' per-op bests of session 5 in the chain
 step l8-512-q33 10 SEMFLOW_CUDA_GEMV_PLAN=qkv=33 $L8 --ctx 512
@@ -91,8 +83,7 @@ done
 python3 - "$D" <<'PY'
 import json, os, sys
 d = sys.argv[1]
-names = ["l8-512", "l8-512-nopre", "l8-512-trace", "l8-512-q33", "l8-512-o25",
-         "q7-512", "q7-512-nopre", "l8-4096", "l8-4096-nopre"]
+names = ["l8-512", "l8-512-trace", "l8-512-q33", "l8-512-o25", "q7-512", "l8-4096"]
 print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
 for name in names:
     try:

@@ -95,10 +95,11 @@ static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int
  * against 128), which would halve the blocks per SM of every bf16 step, so it is a separate
  * instance that only steps with INT8 blocks launch. The bf16 instances for groups up to 4 are
  * held to 128 registers (two blocks per SM, and room beside one for the O projection's two
- * 64-register blocks). PRE (early K/V loads, ~175 registers, one block per SM) is the instance
- * of one-token steps: Llama-3-8B batch 1 at 512 keys 4.138 against 4.177 ms (2026-12-01). */
-template <int HD, int MAXG, bool I8, bool PRE>
-__global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 1) k_attn_decode(sf_k_attn a)
+ * 64-register blocks). Tried and removed (docs/PERFORMANCE.md): the first run of K/V loads of
+ * one-token steps issued before the programmatic wait (~195 registers, one block per SM): 4.143
+ * against 4.126 ms at 512 keys, 4.574 against 4.402 at 4096. */
+template <int HD, int MAXG, bool I8>
+__global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_attn_decode(sf_k_attn a)
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
     constexpr int KPW = 32 / LPK;        /* keys per warp per load */
@@ -121,32 +122,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     int64_t off[U];
     kv_offsets<U, I8>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
-    /* PRE (one token, bf16 cache): the keys of the earlier steps need nothing of this step, so
-     * the first run's K and V loads are issued before the wait; only the newest key (the one
-     * the QKV kernel just appended, position ctx - 1) is loaded after it */
-    constexpr int PU = PRE ? U : 1;
-    uint4 pkr[PU], pvr[PU];
-    bool pre = PRE && a.T == 1;
-    if (pre) {
-#pragma unroll
-        for (int u = 0; u < PU; u++) {
-            pkr[u] = pvr[u] = make_uint4(0, 0, 0, 0);
-            if (off[u] >= 0 && k0 + warp * STEP + u * KPW + sub != ctx - 1) {
-                pkr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
-                pvr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
-            }
-        }
-    }
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
     tr_waited(tr);
-    if (pre) {
-#pragma unroll
-        for (int u = 0; u < PU; u++)
-            if (off[u] >= 0 && k0 + warp * STEP + u * KPW + sub == ctx - 1) {
-                pkr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
-                pvr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
-            }
-    }
 
     /* q of the group's heads, dims dl*8 .. dl*8+7, scaled so that scores are in base 2 */
     const float qs = a.scale * 1.4426950408889634f;
@@ -194,9 +171,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 
                 vr[u] = make_uint4(v8.x, v8.y, 0u, 0u);
                 ks[u] = __ldg(a.kv.k_scale + row);
                 vs[u] = __ldg(a.kv.v_scale + row);
-            } else if (PRE && pre) {
-                kr[u] = pkr[u % PU];
-                vr[u] = pvr[u % PU];
             } else if (valid[u]) {
                 kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
                 vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
@@ -205,7 +179,6 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 
                 vr[u] = kr[u];
             }
         }
-        pre = false;
         kv_offsets<U, I8>(off, kb + AD_WARPS * STEP, KPW, sub, k1, bt, a.kv, kh); /* next run's */
         float s[U][MAXG];
 #pragma unroll
@@ -312,22 +285,13 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 && !PRE ? 2 : 
 
 SF_TR_SETTER(sf_k_attn_decode_trace)
 
-/* SEMFLOW_CUDA_ATTN_PRE=0: one-token steps wait for the QKV kernel before their first K/V loads
- * (the instance of longer steps; for comparisons). Read once. */
-static bool pre_loads(void)
-{
-    static const int on = sf_env_bool("SEMFLOW_CUDA_ATTN_PRE", 1);
-    return on;
-}
-
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
     const dim3 grid(a->T, a->Hkv, a->n_split), block(AD_WARPS * 32);
     int rc;
-    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a);
-    else if (a->T == 1 && pre_loads()) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, true>, grid, block, 0, s, *a);
-    else rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, false>, grid, block, 0, s, *a);
+    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true>, grid, block, 0, s, *a);
+    else rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false>, grid, block, 0, s, *a);
     return rc ? rc : sf_launch_status();
 }
 
