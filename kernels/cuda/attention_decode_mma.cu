@@ -109,15 +109,23 @@ extern "C" int sf_k_attention_decode_mma_ok(const sf_k_attn *a)
            (a->kv.block_size & (a->kv.block_size - 1)) == 0;
 }
 
+/* One configuration's kernel attributes on the current device (once per device), shared by its
+ * launch and its occupancy query: all of L1 as shared memory, since the blocks per SM are what
+ * keeps the ring's bytes in flight. 0 or a cudaError_t. */
+template <int HD, bool I8, int NW, int NS>
+static int attrs(void)
+{
+    static sf_k_smem attr_set;
+    return sf_k_smem_attr(&attr_set, k_attn_dec_mma<HD, I8, NW, NS>, (size_t)NS * dm_layout<HD, I8, NW>::STB, true);
+}
+
 template <int HD, bool I8, int NW, int NS>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
     using Lo = dm_layout<HD, I8, NW>;
     const size_t smem = (size_t)NS * Lo::STB;
     static_assert((size_t)NS * Lo::STB >= dm_scratch<HD, NW>::BYTES, "merge area");
-    static sf_k_smem attr_set;
-    /* all of L1 as shared memory: the blocks per SM are what keeps the ring's bytes in flight */
-    int e = sf_k_smem_attr(&attr_set, k_attn_dec_mma<HD, I8, NW, NS>, smem, true);
+    int e = attrs<HD, I8, NW, NS>();
     if (e) return e;
     int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NW, NS>, dim3(a->T, a->Hkv, a->n_split), dim3(Lo::NT), smem, s,
                            *a);
@@ -132,10 +140,7 @@ static int per_sm(void)
     using Lo = dm_layout<HD, I8, NW>;
     const size_t smem = (size_t)NS * Lo::STB;
     int n = 0;
-    if (cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem) ||
-        cudaFuncSetAttribute(k_attn_dec_mma<HD, I8, NW, NS>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                             (int)cudaSharedmemCarveoutMaxShared) ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_dec_mma<HD, I8, NW, NS>, Lo::NT, smem)) {
+    if (attrs<HD, I8, NW, NS>() || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_dec_mma<HD, I8, NW, NS>, Lo::NT, smem)) {
         cudaGetLastError();
         return 0;
     }

@@ -210,23 +210,27 @@ static __device__ __forceinline__ void gr_stage_dot(const uint4 *slot, const bf1
     }
 }
 
-/* The device's shared memory per SM, per-block reservation and SMs (read once per file; the
- * backend's GPUs are of one kind). */
+/* The current device's shared memory per SM, per-block reservation and SMs (0s when they
+ * cannot be read); cached per device, as the kernels' attributes are (common.cuh). */
 static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)
 {
-    static int sm = 0, rs = 0, n = 0;
-    if (!n) {
-        int dev = 0;
-        if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) ||
-            cudaDeviceGetAttribute(&rs, cudaDevAttrReservedSharedMemoryPerBlock, dev) ||
-            cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev)) {
-            cudaGetLastError();
-            sm = rs = n = 0;
-        }
+    static int sm[SF_K_MAX_DEVICES], rs[SF_K_MAX_DEVICES];
+    const int d = sf_k_dev(); /* -1 past SF_K_MAX_DEVICES: read, not cached */
+    int s = 0, r = 0, dev = -1;
+    if (d >= 0 && sm[d]) {
+        s = sm[d];
+        r = rs[d];
+    } else if (cudaGetDevice(&dev) || cudaDeviceGetAttribute(&s, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) ||
+               cudaDeviceGetAttribute(&r, cudaDevAttrReservedSharedMemoryPerBlock, dev)) {
+        cudaGetLastError();
+        s = r = 0;
+    } else if (d >= 0) {
+        sm[d] = s;
+        rs[d] = r;
     }
-    *per_sm = sm;
-    *reserved = rs;
-    *sms = n;
+    *per_sm = s;
+    *reserved = r;
+    *sms = s ? sf_k_sm_count(0) : 0;
 }
 
 /* gemv_stream.cu: the fused GEMV of MODE (FG_NORM, | FG_GLU, | FG_ROPE, or FG_ADD) on
