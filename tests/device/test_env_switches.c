@@ -1,7 +1,8 @@
 /* test_env_switches.c — the CUDA backend's SEMFLOW_* switches on a GPU: each one set to a
  * malformed value must be refused with a warning naming it (common/env.c), the backend then
  * opening with its default; set to a value the switch takes, it must open without a word. And
- * the attention kernels' switches, read once at the first call. Run by bench/device/throughput.sh. */
+ * the attention kernels' and the GEMV's switches, read once at their first call. Run by
+ * bench/device/throughput.sh. */
 #include "common/sf.h"
 #include "hal/hal.h"
 #include "tests/lib/capture.h"
@@ -9,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "kernels/cuda/gemv_stream.h"
 #include "kernels/cuda/kernels.h"
 
 /* Opens and closes the CUDA backend with name=value set; returns what it logged, or NULL when
@@ -96,6 +98,35 @@ TEST(attention_switches_read_once)
     unsetenv("SEMFLOW_ATTN_FA2_BK");
 }
 
+/* The persistent-warp GEMV's forced configurations, read once at its first launch: a malformed
+ * SEMFLOW_CUDA_GEMV_CFG and a malformed entry of SEMFLOW_CUDA_GEMV_PLAN ("o=25x": trailing
+ * characters) warn by name; the well-formed entry beside it is taken without a word, and the
+ * GEMV still runs. */
+TEST(gemv_plan_refuses_junk)
+{
+    enum { M = 64, K = 64 };
+    uint16_t *x = NULL, *w = NULL, *y = NULL;
+    REQUIRE(cudaMalloc((void **)&x, K * 2) == cudaSuccess && cudaMalloc((void **)&w, M * K * 2) == cudaSuccess &&
+                cudaMalloc((void **)&y, M * 2) == cudaSuccess,
+            "cudaMalloc failed");
+    cudaMemset(x, 0, K * 2);
+    cudaMemset(w, 0, M * K * 2);
+    setenv("SEMFLOW_CUDA_GEMV_CFG", "99", 1);
+    setenv("SEMFLOW_CUDA_GEMV_PLAN", "qkv=33,o=25x", 1);
+    capture_begin();
+    int rc = sf_k_gemv_stream_plain(x, w, NULL, M, K, y, 0);
+    if (!rc) rc = (int)cudaDeviceSynchronize();
+    const char *log = capture_end();
+    CHECK_MSG(rc == 0, "the GEMV failed: %s", cudaGetErrorString((cudaError_t)rc));
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_GEMV_CFG=99"), "log: %.400s", log);
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_GEMV_PLAN: 'o=25x'") && !strstr(log, "'qkv=33'"), "log: %.400s", log);
+    unsetenv("SEMFLOW_CUDA_GEMV_CFG");
+    unsetenv("SEMFLOW_CUDA_GEMV_PLAN");
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(y);
+}
+
 int main(void)
 {
     sf_backend_opts o = { .name = "cuda" };
@@ -107,6 +138,7 @@ int main(void)
     }
     sf_backend_close(b);
     RUN(attention_switches_read_once);
+    RUN(gemv_plan_refuses_junk);
     RUN(malformed_values_are_refused_by_name);
     RUN(accepted_values_are_silent);
     return test_summary();
