@@ -2,7 +2,9 @@
  *
  * One block of 1024 threads per row; the step-by-step mirror of kernels/cpu/sample.c (read
  * that first: the boundaries (t, c), the radix selection, the Gumbel-max draw). Each pass
- * streams the row (bf16) from L2/HBM; the number of passes depends on the request:
+ * streams the row (bf16) from L2/HBM, 8 ids per thread and 16-byte load (every pass is an
+ * order-free reduction: integer sums, histograms, a total order on (value, id)), so the order in
+ * which a thread visits its ids changes no result; the number of passes depends on the request:
  *   greedy 1; temperature only 2; + top-k 6 (+4 when ties straddle the boundary);
  *   + top-p 6 (+4); + min-p 0.
  * Histograms are 256 bins in shared memory; masses are 2^-40 fixed point, so the integer
@@ -44,14 +46,45 @@ struct Shared {
 /* f(id, logit, in) for every token of the row, each once: penalized ones with their new value.
  * Every thread makes the same number of calls (in = 0 on the ragged end), so a warp arrives
  * whole at each call and f may use warp-wide intrinsics. */
+#define VW 8 /* ids per thread and 16-byte load */
+
+/* The 8 logits from id i on; those past the row's end read as 0 (visit passes them as out). */
+static __device__ __forceinline__ uint4 ld8(const Row &r, int i)
+{
+    if (i + VW <= r.vocab) return __ldg((const uint4 *)(r.l + i));
+    uint4 v = make_uint4(0, 0, 0, 0);
+    bf16 *h = (bf16 *)&v;
+    for (int j = 0; j < VW && i + j < r.vocab; j++) h[j] = r.l[i + j];
+    return v;
+}
+
 template <class F>
 static __device__ __forceinline__ void visit(const Row &r, F &f)
 {
-    for (int base = 0; base < r.vocab; base += NT) {
-        int i = base + threadIdx.x;
-        bool in = i < r.vocab;
-        if (in && r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) in = false;
-        f(i, in ? bf2f(r.l[i]) : 0.0f, in);
+    if (((uintptr_t)r.l & 15) == 0) {
+        /* 8 consecutive ids per thread from one 16-byte load, the next load in flight while
+         * these are visited: a 128256-token row is 16 dependent round trips, not 126 */
+        uint4 next = ld8(r, threadIdx.x * VW);
+        for (int base = 0; base < r.vocab; base += NT * VW) {
+            const int i = base + threadIdx.x * VW;
+            const uint4 cur = next;
+            if (base + NT * VW < r.vocab) next = ld8(r, i + NT * VW);
+            const bf16 *h = (const bf16 *)&cur;
+#pragma unroll
+            for (int j = 0; j < VW; j++) {
+                const int id = i + j;
+                bool in = id < r.vocab;
+                if (in && r.bits && ((r.bits[id >> 5] >> (id & 31)) & 1u)) in = false;
+                f(id, in ? bf2f(h[j]) : 0.0f, in);
+            }
+        }
+    } else { /* a row that is not 16-byte aligned (odd vocabulary sizes): one id per load */
+        for (int base = 0; base < r.vocab; base += NT) {
+            int i = base + threadIdx.x;
+            bool in = i < r.vocab;
+            if (in && r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) in = false;
+            f(i, in ? bf2f(r.l[i]) : 0.0f, in);
+        }
     }
     for (int base = 0; base < r.n_e; base += NT) {
         int j = base + threadIdx.x;
