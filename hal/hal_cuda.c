@@ -42,7 +42,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 #define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
 #define MAX_SPLIT 64
-#define SAMPLE_BYTES ((size_t)8 << 20) /* sampler arguments and ids, pinned + device */
+#define SAMPLE_BYTES ((size_t)8 << 20) /* sampler arguments and ids, pinned + device (+ the op's scratch) */
 
 _Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
                offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
@@ -1144,7 +1144,7 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     }
     size_t o_pen = align16((size_t)n * sizeof *rows), o_val = align16(o_pen + (size_t)n_pen * sizeof *pen),
            o_ids = align16(o_val + (size_t)n_pen * 4), total = o_ids + (size_t)n * 4;
-    if (vocab > SF_K_SAMPLE_MAX_VOCAB || total > SAMPLE_BYTES) {
+    if (vocab > SF_K_SAMPLE_MAX_VOCAB || total > SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH) {
         SF_LOGD("cuda backend: sample: %d rows, %d penalty entries, vocabulary %d exceed the device sampler; "
                 "sampling on the host", n, n_pen, vocab);
         return SF_EUNSUPPORTED;
@@ -1170,7 +1170,8 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     if (e != cudaSuccess) return kcheck(e, "sample");
     rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)c->samp_d,
                             (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
-                            (int32_t *)(c->samp_d + o_ids), c->s), "sample");
+                            (int32_t *)(c->samp_d + o_ids), c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, c->s),
+                "sample");
     if (rc) return rc;
     e = cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
     if (e == cudaSuccess && c->samp_defer) e = cudaEventRecord(d->done, c->s);
@@ -1408,6 +1409,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
     SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocDefault), err, rc);
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
+    /* the op's scratch at the end: its counters start (and stay) at zero */
+    SF_CUDA_GOTO(cudaMemset(c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, 0, SF_K_SAMPLE_SCRATCH), err, rc);
     {
         c->prof = sf_env_bool("SEMFLOW_CUDA_PROFILE", 0);
         if (c->prof) {

@@ -1,6 +1,7 @@
 /* sample.cu — one token per logit row on the GPU, so only ids cross PCIe.
  *
- * One block of 1024 threads per row; the step-by-step mirror of kernels/cpu/sample.c (read
+ * One block of 1024 threads per row (a few greedy or temperature-only rows: a row over several
+ * blocks, see split_row); the step-by-step mirror of kernels/cpu/sample.c (read
  * that first: the boundaries (t, c), the radix selection, the Gumbel-max draw). Each pass
  * streams the row (bf16) from L2/HBM, 8 ids per thread and 16-byte load (every pass is an
  * order-free reduction: integer sums, histograms, a total order on (value, id)), so the order in
@@ -43,49 +44,56 @@ struct Shared {
     u64 top[TOPK_CAP];  /* the gathered top-k set: key << 32 | ~id, sorted descending */
 };
 
-/* f(id, logit, in) for every token of the row, each once: penalized ones with their new value.
- * Every thread makes the same number of calls (in = 0 on the ragged end), so a warp arrives
- * whole at each call and f may use warp-wide intrinsics. */
 #define VW 8 /* ids per thread and 16-byte load */
 
-/* The 8 logits from id i on; those past the row's end read as 0 (visit passes them as out). */
-static __device__ __forceinline__ uint4 ld8(const Row &r, int i)
+/* The 8 logits from id i on; those from hi on read as 0 (visit passes them as out). */
+static __device__ __forceinline__ uint4 ld8(const Row &r, int i, int hi)
 {
-    if (i + VW <= r.vocab) return __ldg((const uint4 *)(r.l + i));
+    if (i + VW <= hi) return __ldg((const uint4 *)(r.l + i));
     uint4 v = make_uint4(0, 0, 0, 0);
     bf16 *h = (bf16 *)&v;
-    for (int j = 0; j < VW && i + j < r.vocab; j++) h[j] = r.l[i + j];
+    for (int j = 0; j < VW && i + j < hi; j++) h[j] = r.l[i + j];
     return v;
 }
 
+/* f over the row's ids [lo, hi) (penalized ones passed as out: visit adds them from the list). */
 template <class F>
-static __device__ __forceinline__ void visit(const Row &r, F &f)
+static __device__ __forceinline__ void visit_ids(const Row &r, int lo, int hi, F &f)
 {
-    if (((uintptr_t)r.l & 15) == 0) {
+    if (((uintptr_t)(r.l + lo) & 15) == 0) {
         /* 8 consecutive ids per thread from one 16-byte load, the next load in flight while
          * these are visited: a 128256-token row is 16 dependent round trips, not 126 */
-        uint4 next = ld8(r, threadIdx.x * VW);
-        for (int base = 0; base < r.vocab; base += NT * VW) {
+        uint4 next = ld8(r, lo + threadIdx.x * VW, hi);
+        for (int base = lo; base < hi; base += NT * VW) {
             const int i = base + threadIdx.x * VW;
             const uint4 cur = next;
-            if (base + NT * VW < r.vocab) next = ld8(r, i + NT * VW);
+            if (base + NT * VW < hi) next = ld8(r, i + NT * VW, hi);
             const bf16 *h = (const bf16 *)&cur;
 #pragma unroll
             for (int j = 0; j < VW; j++) {
                 const int id = i + j;
-                bool in = id < r.vocab;
+                bool in = id < hi;
                 if (in && r.bits && ((r.bits[id >> 5] >> (id & 31)) & 1u)) in = false;
                 f(id, in ? bf2f(h[j]) : 0.0f, in);
             }
         }
     } else { /* a row that is not 16-byte aligned (odd vocabulary sizes): one id per load */
-        for (int base = 0; base < r.vocab; base += NT) {
+        for (int base = lo; base < hi; base += NT) {
             int i = base + threadIdx.x;
-            bool in = i < r.vocab;
+            bool in = i < hi;
             if (in && r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) in = false;
             f(i, in ? bf2f(r.l[i]) : 0.0f, in);
         }
     }
+}
+
+/* f(id, logit, in) for every token of the row, each once: penalized ones with their new value.
+ * Every thread makes the same number of calls (in = 0 on the ragged end), so a warp arrives
+ * whole at each call and f may use warp-wide intrinsics. */
+template <class F>
+static __device__ __forceinline__ void visit(const Row &r, F &f)
+{
+    visit_ids(r, 0, r.vocab, f);
     for (int base = 0; base < r.n_e; base += NT) {
         int j = base + threadIdx.x;
         bool in = j < r.n_e;
@@ -386,12 +394,74 @@ static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32
     return gi;
 }
 
+/* ---- a row split over several blocks ------------------------------------------------------
+ * A greedy or temperature-only row without penalties is one pass of an argmax (of x, and of
+ * x + Gumbel noise), so its ids can be cut into parts, one block each, and the parts' bests
+ * combined: the total order of best_combine makes the result the whole row's, whatever the
+ * order. For few rows this puts the row on many SMs instead of one (the Gumbel noise costs two
+ * logarithms and a hash per token: ~56 us for a 128256-token row on one SM). The last part of
+ * a row to finish (a counter per row, left at zero again) combines and writes the id. */
+struct Part {
+    float fv, dv; /* the best x and the best x + noise of the part */
+    int fi, di;
+};
+
+static __device__ void split_row(const Row &r, bool greedy, const sf_k_sample_row &p, int P, unsigned *cnt,
+                                 Part *parts, int32_t *ids, Shared &sh)
+{
+    const int row = blockIdx.x, q = blockIdx.y;
+    const int chunk = ((r.vocab + P - 1) / P + VW - 1) / VW * VW; /* whole 16-byte loads per part */
+    const int lo = min(r.vocab, q * chunk), hi = min(r.vocab, lo + chunk);
+    Part me;
+    if (greedy) {
+        FirstPass f = { r.inv_t, -INFINITY, INT_MAX, 0 };
+        visit_ids(r, lo, hi, f);
+        block_best(f.v, f.i, sh);
+        me = { f.v, -INFINITY, f.i, INT_MAX };
+    } else {
+        PlainPass pp = { { r.inv_t, -INFINITY, INT_MAX, 0 },
+                         { r.inv_t, 0, -1, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX } };
+        visit_ids(r, lo, hi, pp);
+        block_best(pp.f.v, pp.f.i, sh);
+        block_best(pp.d.v, pp.d.i, sh);
+        me = { pp.f.v, pp.d.v, pp.f.i, pp.d.i };
+    }
+    if (threadIdx.x == 0) {
+        parts[(int64_t)row * P + q] = me;
+        __threadfence();
+        sh.sel = atomicAdd(&cnt[row], 1u) == (unsigned)P - 1; /* the last part of the row */
+    }
+    __syncthreads();
+    if (!sh.sel || threadIdx.x) return;
+    __threadfence();
+    float fv = -INFINITY, dv = -INFINITY;
+    int fi = INT_MAX, di = INT_MAX;
+    const volatile Part *pr = parts + (int64_t)row * P;
+    for (int k = 0; k < P; k++) {
+        best_combine(fv, fi, pr[k].fv, pr[k].fi);
+        best_combine(dv, di, pr[k].dv, pr[k].di);
+    }
+    const int first = fi == INT_MAX ? 0 : fi;
+    ids[row] = greedy || di == INT_MAX ? first : di;
+    cnt[row] = 0;
+}
+
 __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
-                                               const sf_k_sample_pen *pen, float *pen_val, int32_t *ids)
+                                               const sf_k_sample_pen *pen, float *pen_val, int32_t *ids, int P,
+                                               unsigned *cnt, Part *parts)
 {
     extern __shared__ uint32_t bits[];
     __shared__ Shared sh;
     const sf_k_sample_row p = rows[blockIdx.x];
+    if (P > 1) {
+        const bool g = p.temperature <= 0 || p.top_k == 1;
+        if (p.n_pen == 0 && (g || (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0))) {
+            Row r = { logits + blockIdx.x * ld, vocab, NULL, NULL, NULL, 0, g ? 1.0f : __fdiv_rn(1.0f, p.temperature), 0 };
+            split_row(r, g, p, P, cnt, parts, ids, sh);
+            return;
+        }
+        if (blockIdx.y) return; /* the other rows: the first part's block alone, as below */
+    }
     Row r;
     r.l = logits + blockIdx.x * ld;
     r.vocab = vocab;
@@ -488,11 +558,23 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
 }
 
 extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
-                           const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, cudaStream_t s)
+                           const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, void *scratch,
+                           cudaStream_t s)
 {
     if (n <= 0) return 0;
     if (vocab <= 0 || vocab > SF_K_SAMPLE_MAX_VOCAB) return (int)cudaErrorInvalidValue;
     size_t smem = n_pen > 0 ? (size_t)(vocab + 31) / 32 * 4 : 0;
-    k_sample<<<n, NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids);
+    /* parts per row: at least one sweep of the block's loads each (NT * VW ids), no more blocks
+     * than two per SM (1024 threads each) hold at once, within the scratch */
+    int P = 1;
+    if (scratch && n <= SF_K_SAMPLE_SPLIT_ROWS) {
+        const int sweeps = vocab / (NT * VW), slots = 2 * sf_k_sm_count(132) / n;
+        const int fit = (int)((SF_K_SAMPLE_SCRATCH - SF_K_SAMPLE_SPLIT_ROWS * sizeof(unsigned)) / sizeof(Part)) / n;
+        P = SF_MIN(SF_MIN(sweeps, slots), SF_MIN(fit, 32));
+        if (P < 2) P = 1;
+    }
+    unsigned *cnt = (unsigned *)scratch;
+    Part *parts = (Part *)((char *)scratch + SF_K_SAMPLE_SPLIT_ROWS * sizeof(unsigned));
+    k_sample<<<dim3(n, P), NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, P, cnt, parts);
     return sf_launch_status();
 }
