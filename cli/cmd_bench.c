@@ -607,7 +607,8 @@ static void usage(FILE *f)
                "  --input N             prompt tokens per request (default 128)\n"
                "  --output N            output tokens per request, EOS ignored (default 128)\n"
                "  --num-prompts N       requests, all submitted at once (default 256)\n"
-               "  --max-num-seqs N      running sequences at most (default 256; lowered to what the KV cache holds)\n"
+               "  --max-num-seqs N      running sequences at most (default 1024, vLLM's offline default on\n"
+               "                        70+ GiB GPUs; lowered to --num-prompts and to what the KV cache holds)\n"
                "  --max-batched-tokens N  token budget per step (default 16384, vLLM's offline default on\n"
                "                        70+ GiB GPUs; the prompt steps are fewer and fuller)\n"
                "  --gpu-memory-utilization F  share of device memory for weights + KV (default 0.9)\n"
@@ -645,7 +646,7 @@ int sf_cmd_bench(int argc, char **argv)
     if (argc > 1 && !strcmp(argv[1], "kv-quality")) /* its own options (cmd_bench_kv.c) */
         return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
     bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
-                     .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 256, .max_batched_tokens = 16384,
+                     .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 1024, .max_batched_tokens = 16384,
                      .gpu_util = 0.9, .temperature = 1.0 };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },

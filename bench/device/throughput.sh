@@ -3,13 +3,14 @@
 #   1. the CUDA sample op against the CPU reference (build/tests/device/test_sample), and the
 #      backend side of async scheduling (build/tests/device/test_async_draw: a step whose tokens
 #      come from the queued draw before it gives the ids of the same step fed from the host);
-#   2. the forward pass alone at the engine's decode shapes (`bench decode-batch`: 256 sequences
+#   2. the forward pass alone at the engine's decode shapes (`bench decode-batch`: 512 sequences
 #      x 192 keys for 128/128, 128 x 1500 for 1000/1000), the step the engine's is set beside (it
-#      reads one logit row and draws none: the engine's step also computes 128-256 rows and draws);
+#      reads one logit row and draws none: the engine's step also computes 128-512 rows and draws);
 #   3. `semflow bench throughput` on llama-3-8b (dummy weights): 128 in / 128 out with 512
-#      prompts, then 1000 in / 1000 out with 128 prompts, each with the defaults and then with
-#      async scheduling on (SEMFLOW_ENGINE_ASYNC=1: the next step queued before the ids of the one
-#      in flight reach the host) — each pair in the same call, back to back. Each run prints its
+#      prompts (all running at once: --max-num-seqs defaults to 1024), then 1000 in / 1000 out
+#      with 128 prompts, each with async scheduling off (SEMFLOW_ENGINE_ASYNC=0) and then on (the
+#      default since session 7: the next step queued before the ids of the one in flight reach
+#      the host) — each pair in the same call, back to back. Each run prints its
 #      bound (same prompts, same seats), its timeline (until every request's first token, every
 #      seat decoding, the ramp-down; steps with prompt tokens against decode-only steps) and the
 #      device's idle time between steps on its own clock (events: from a step's ids copied back
@@ -44,7 +45,7 @@ ref() { # NAME BATCH CTX
         --ctx "$3" --steps 8 --json >"$OUT/$1.json" 2>"$OUT/$1.err"
     echo "throughput: $1 rc=$? at $(el) s"
 }
-ref ref-256x192 256 192
+ref ref-512x192 512 192
 ref ref-128x1500 128 1500
 
 # 3. saturated throughput: NAME INPUT OUTPUT PROMPTS SECONDS REF ENV [FLAGS...]
@@ -58,9 +59,9 @@ run_tp() {
     echo "throughput: $name rc=$? at $(el) s"
     grep -E "warm-up|error|warn" "$OUT/$name.err" | tail -n 2
 }
-# the defaults, then async scheduling on, back to back (A against B inside the call)
-run_tp tp-128-128 128 128 512 20 ref-256x192 SEMFLOW_ENGINE_ASYNC=0
-run_tp tp-128-128-async 128 128 512 20 ref-256x192 SEMFLOW_ENGINE_ASYNC=1
+# async scheduling off, then on (the default), back to back (A against B inside the call)
+run_tp tp-128-128 128 128 512 20 ref-512x192 SEMFLOW_ENGINE_ASYNC=0
+run_tp tp-128-128-async 128 128 512 20 ref-512x192 SEMFLOW_ENGINE_ASYNC=1
 run_tp tp-1000-1000 1000 1000 128 30 ref-128x1500 SEMFLOW_ENGINE_ASYNC=0
 run_tp tp-1000-1000-async 1000 1000 128 30 ref-128x1500 SEMFLOW_ENGINE_ASYNC=1
 # batch 1 through the engine (one request, 512 tokens: ~4 ms steps, where the host's 20-40 us
@@ -83,7 +84,7 @@ def load(name):
         return json.load(open(os.path.join(out, name + ".json")))
     except (OSError, ValueError):
         return None
-for n in ("ref-256x192", "ref-128x1500"):
+for n in ("ref-512x192", "ref-128x1500"):
     d = load(n)
     print("%-22s %s" % (n, "%.3f ms/step (forward pass alone, graphs), host %.0f us" % (d["ms_per_step_median"],
           d.get("host_us_per_step", 0)) if d else "did not finish (see %s.err)" % n))
