@@ -24,7 +24,7 @@ typedef unsigned long long u64;
 
 struct Row {
     const bf16 *l;
-    int vocab;
+    int vocab, lo, hi;          /* the row's length; the ids a pass visits (a part of a split row) */
     const uint32_t *bits;       /* penalized ids (shared memory), NULL when the row has none */
     const sf_k_sample_pen *e;   /* the row's entries and their penalized values */
     const float *ev;
@@ -93,7 +93,7 @@ static __device__ __forceinline__ void visit_ids(const Row &r, int lo, int hi, F
 template <class F>
 static __device__ __forceinline__ void visit(const Row &r, F &f)
 {
-    visit_ids(r, 0, r.vocab, f);
+    visit_ids(r, r.lo, r.hi, f);
     for (int base = 0; base < r.n_e; base += NT) {
         int j = base + threadIdx.x;
         bool in = j < r.n_e;
@@ -344,6 +344,8 @@ static __device__ __forceinline__ bool shorter(uint32_t ta, int ca, uint32_t tb,
  * passes over the row. The same choices as the row-wide path (and the CPU reference): top-p
  * keeps the shortest prefix whose mass reaches top_p of the set's mass, min-p the tokens with a
  * key at least the threshold's. Returns the drawn id (every thread). */
+static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, Shared &sh);
+
 static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32_t t, int c, Shared &sh)
 {
     const int tid = threadIdx.x;
@@ -353,7 +355,14 @@ static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32
     GatherPass gp = { r.inv_t, t, c, &sh };
     visit(r, gp);
     __syncthreads();
-    int n = SF_MIN(sh.n, TOPK_CAP);
+    return finish_set(r, p, SF_MIN(sh.n, TOPK_CAP), sh);
+}
+
+/* The draw from the set in sh.top (key << 32 | ~id; unused slots 0), of which the first n in
+ * the order (key descending, id ascending) are kept before top-p and min-p. */
+static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, Shared &sh)
+{
+    const int tid = threadIdx.x;
     for (int size = 2; size <= TOPK_CAP; size <<= 1)
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
             __syncthreads();
@@ -395,76 +404,136 @@ static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32
 }
 
 /* ---- a row split over several blocks ------------------------------------------------------
- * A greedy or temperature-only row without penalties is one pass of an argmax (of x, and of
- * x + Gumbel noise), so its ids can be cut into parts, one block each, and the parts' bests
- * combined: the total order of best_combine makes the result the whole row's, whatever the
- * order. For few rows this puts the row on many SMs instead of one (the Gumbel noise costs two
- * logarithms and a hash per token: ~56 us for a 128256-token row on one SM). The last part of
- * a row to finish (a counter per row, left at zero again) combines and writes the id. */
-struct Part {
+ * For a few rows without penalties the row's ids are cut into parts, one block each, so a row
+ * runs on many SMs instead of one (the Gumbel noise alone costs two logarithms and a hash per
+ * token: ~56 us for a 128256-token row on one SM; top-k 50 + top-p ~7 passes). Greedy and
+ * temperature-only rows are one argmax pass (of x, and of x + noise): each part keeps its bests.
+ * A top-k row (k x parts <= TOPK_CAP) takes each part's own top k by the same selection as the
+ * whole row (the radix passes see only the part), whose union holds the row's top k. The last
+ * part of a row to finish (a counter per row, left at zero again) combines: the bests by the
+ * total order of best_combine, the top-k candidates sorted in shared memory and finished as
+ * small_top_k finishes a gathered set, so every result is the whole row's, whatever the order. */
+struct PartHead {
     float fv, dv; /* the best x and the best x + noise of the part */
     int fi, di;
+    int n_valid, count; /* valid tokens, top-k candidates written */
+    int pad[2];
 };
+#define SPLIT_MAX_PARTS 32
+#define SPLIT_ROW_BYTES (SPLIT_MAX_PARTS * sizeof(PartHead) + TOPK_CAP * sizeof(u64))
 
-static __device__ void split_row(const Row &r, bool greedy, const sf_k_sample_row &p, int P, unsigned *cnt,
-                                 Part *parts, int32_t *ids, Shared &sh)
+static __device__ void split_row(Row &r, int kind, const sf_k_sample_row &p, int P, unsigned *cnt, char *rows_ws,
+                                 int32_t *ids, Shared &sh)
 {
-    const int row = blockIdx.x, q = blockIdx.y;
+    const int row = blockIdx.x, q = blockIdx.y, tid = threadIdx.x, slot = TOPK_CAP / P;
     const int chunk = ((r.vocab + P - 1) / P + VW - 1) / VW * VW; /* whole 16-byte loads per part */
-    const int lo = min(r.vocab, q * chunk), hi = min(r.vocab, lo + chunk);
-    Part me;
-    if (greedy) {
+    PartHead *head = (PartHead *)(rows_ws + (size_t)row * SPLIT_ROW_BYTES);
+    u64 *cand = (u64 *)(head + SPLIT_MAX_PARTS);
+    r.lo = min(r.vocab, q * chunk);
+    r.hi = min(r.vocab, r.lo + chunk);
+    PartHead me = { -INFINITY, -INFINITY, INT_MAX, INT_MAX, 0, 0, { 0, 0 } };
+    if (kind == 2) { /* top-k: this part's own top k (all its valid tokens when it has no more) */
+        FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
+        visit(r, f1);
+        block_best(f1.v, f1.i, sh);
+        const int nv = (int)block_sum_u64((u64)f1.n, sh);
+        r.m = f1.v; /* TiePass's masses are not used here */
+        uint32_t t = 0;
+        int c = -1;
+        if (p.top_k < nv) {
+            u64 above;
+            t = radix_select<0>(r, (u64)p.top_k, 0, &above, sh);
+            TiePass tp = { r.inv_t, r.m, t, 0, 0, 0 };
+            visit(r, tp);
+            const int n_t = (int)block_sum_u64((u64)tp.n, sh);
+            c = cut_ties(r, t, (u64)p.top_k - above, n_t, sh);
+        }
+        if (tid == 0) sh.n = 0;
+        __syncthreads();
+        GatherPass gp = { r.inv_t, t, c, &sh };
+        visit(r, gp);
+        __syncthreads();
+        const int n = min(sh.n, slot);
+        for (int i = tid; i < n; i += NT) cand[q * slot + i] = sh.top[i];
+        me.fv = f1.v; me.fi = f1.i; me.n_valid = nv; me.count = n;
+    } else if (kind == 0) { /* greedy */
         FirstPass f = { r.inv_t, -INFINITY, INT_MAX, 0 };
-        visit_ids(r, lo, hi, f);
+        visit(r, f);
         block_best(f.v, f.i, sh);
-        me = { f.v, -INFINITY, f.i, INT_MAX };
-    } else {
+        me.fv = f.v; me.fi = f.i;
+    } else { /* temperature alone */
         PlainPass pp = { { r.inv_t, -INFINITY, INT_MAX, 0 },
                          { r.inv_t, 0, -1, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX } };
-        visit_ids(r, lo, hi, pp);
+        visit(r, pp);
         block_best(pp.f.v, pp.f.i, sh);
         block_best(pp.d.v, pp.d.i, sh);
-        me = { pp.f.v, pp.d.v, pp.f.i, pp.d.i };
+        me.fv = pp.f.v; me.fi = pp.f.i; me.dv = pp.d.v; me.di = pp.d.i;
     }
-    if (threadIdx.x == 0) {
-        parts[(int64_t)row * P + q] = me;
+    __threadfence(); /* this part's candidates and head before the count */
+    __syncthreads();
+    if (tid == 0) {
+        head[q] = me;
         __threadfence();
         sh.sel = atomicAdd(&cnt[row], 1u) == (unsigned)P - 1; /* the last part of the row */
     }
     __syncthreads();
-    if (!sh.sel || threadIdx.x) return;
+    if (!sh.sel) return;
     __threadfence();
+    /* the last part: every thread reads the heads (L2, past L1) */
     float fv = -INFINITY, dv = -INFINITY;
-    int fi = INT_MAX, di = INT_MAX;
-    const volatile Part *pr = parts + (int64_t)row * P;
+    int fi = INT_MAX, di = INT_MAX, nv = 0, total = 0;
     for (int k = 0; k < P; k++) {
-        best_combine(fv, fi, pr[k].fv, pr[k].fi);
-        best_combine(dv, di, pr[k].dv, pr[k].di);
+        const PartHead h = { __ldcg(&head[k].fv), __ldcg(&head[k].dv), __ldcg(&head[k].fi), __ldcg(&head[k].di),
+                             __ldcg(&head[k].n_valid), __ldcg(&head[k].count), { 0, 0 } };
+        best_combine(fv, fi, h.fv, h.fi);
+        best_combine(dv, di, h.dv, h.di);
+        nv += h.n_valid;
+        total += h.count;
     }
     const int first = fi == INT_MAX ? 0 : fi;
-    ids[row] = greedy || di == INT_MAX ? first : di;
-    cnt[row] = 0;
+    int id;
+    if (kind == 2 && nv > 0) {
+        sh.top[tid] = 0; /* sorts last (TOPK_CAP == NT slots) */
+        __syncthreads();
+        for (int k = 0, at = 0; k < P; k++) {
+            const int ck = __ldcg(&head[k].count);
+            for (int i = tid; i < ck; i += NT) sh.top[at + i] = __ldcg(&cand[k * slot + i]);
+            at += ck;
+        }
+        __syncthreads();
+        r.m = fv;
+        const int gi = finish_set(r, p, min(total, p.top_k), sh);
+        id = gi == INT_MAX ? first : gi;
+    } else {
+        id = kind == 1 && di != INT_MAX ? di : first;
+    }
+    if (tid == 0) {
+        ids[row] = id;
+        cnt[row] = 0;
+    }
 }
 
 __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
                                                const sf_k_sample_pen *pen, float *pen_val, int32_t *ids, int P,
-                                               unsigned *cnt, Part *parts)
+                                               unsigned *cnt, char *rows_ws)
 {
     extern __shared__ uint32_t bits[];
     __shared__ Shared sh;
     const sf_k_sample_row p = rows[blockIdx.x];
     if (P > 1) {
         const bool g = p.temperature <= 0 || p.top_k == 1;
-        if (p.n_pen == 0 && (g || (p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0))) {
-            Row r = { logits + blockIdx.x * ld, vocab, NULL, NULL, NULL, 0, g ? 1.0f : __fdiv_rn(1.0f, p.temperature), 0 };
-            split_row(r, g, p, P, cnt, parts, ids, sh);
+        const int kind = g ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1 : p.top_k > 0 && p.top_k * P <= TOPK_CAP ? 2 : -1;
+        if (p.n_pen == 0 && kind >= 0) {
+            Row r = { logits + blockIdx.x * ld, vocab, 0, vocab, NULL, NULL, NULL, 0, g ? 1.0f : __fdiv_rn(1.0f, p.temperature), 0 };
+            split_row(r, kind, p, P, cnt, rows_ws, ids, sh);
             return;
         }
         if (blockIdx.y) return; /* the other rows: the first part's block alone, as below */
     }
     Row r;
     r.l = logits + blockIdx.x * ld;
-    r.vocab = vocab;
+    r.vocab = r.hi = vocab;
+    r.lo = 0;
     r.e = pen + p.pen_off;
     r.ev = pen_val + p.pen_off;
     r.n_e = p.n_pen;
@@ -565,16 +634,15 @@ extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab,
     if (vocab <= 0 || vocab > SF_K_SAMPLE_MAX_VOCAB) return (int)cudaErrorInvalidValue;
     size_t smem = n_pen > 0 ? (size_t)(vocab + 31) / 32 * 4 : 0;
     /* parts per row: at least one sweep of the block's loads each (NT * VW ids), no more blocks
-     * than two per SM (1024 threads each) hold at once, within the scratch */
+     * than two per SM (1024 threads each) hold at once, the rows' parts within the scratch */
+    const size_t head_bytes = SF_K_SAMPLE_SPLIT_ROWS * sizeof(unsigned);
     int P = 1;
-    if (scratch && n <= SF_K_SAMPLE_SPLIT_ROWS) {
+    if (scratch && (size_t)n * SPLIT_ROW_BYTES <= SF_K_SAMPLE_SCRATCH - head_bytes) {
         const int sweeps = vocab / (NT * VW), slots = 2 * sf_k_sm_count(132) / n;
-        const int fit = (int)((SF_K_SAMPLE_SCRATCH - SF_K_SAMPLE_SPLIT_ROWS * sizeof(unsigned)) / sizeof(Part)) / n;
-        P = SF_MIN(SF_MIN(sweeps, slots), SF_MIN(fit, 32));
+        P = SF_MIN(SF_MIN(sweeps, slots), SPLIT_MAX_PARTS);
         if (P < 2) P = 1;
     }
-    unsigned *cnt = (unsigned *)scratch;
-    Part *parts = (Part *)((char *)scratch + SF_K_SAMPLE_SPLIT_ROWS * sizeof(unsigned));
-    k_sample<<<dim3(n, P), NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, P, cnt, parts);
+    k_sample<<<dim3(n, P), NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, P,
+                                          (unsigned *)scratch, (char *)scratch + head_bytes);
     return sf_launch_status();
 }

@@ -1,10 +1,11 @@
 /* test_sample.c — the CUDA sample op against the CPU reference (kernels/cpu/sample.c through
  * the CPU backend's op) on the same bf16 logits: fresh random rows every run (the seed is
- * printed), vocabularies 512 .. 152064 (odd sizes too), batches of 1 .. 96 rows, every sampling option and
- * penalties, rows with heavy ties. Greedy rows must agree exactly; drawn rows agree except
- * where expf/logf of the two machines differ in the last place right at a boundary (at most
- * 1 in 100 is allowed, and the count is printed). Also: the same call twice gives the same ids,
- * ids are always in range, a bad penalty id is refused, and --perf times the op by batch size.
+ * printed), vocabularies 512 .. 152064 (odd sizes too), batches of 1 .. 96 rows, every sampling
+ * option and penalties, rows with heavy ties, few-row calls (rows cut over several blocks).
+ * Greedy rows must agree exactly; drawn rows agree except where expf/logf of the two machines
+ * differ in the last place right at a boundary (at most 1 in 100 is allowed, and the count is
+ * printed). Also: the same call twice gives the same ids, ids are always in range, a bad
+ * penalty id is refused, and --perf times the op by batch size.
  *
  *   test_sample          the checks (GPU host only)
  *   test_sample --perf   also the timing table (no assertions) */
@@ -126,6 +127,8 @@ TEST(matches_cpu_reference)
         }
     one_case(32000, 16, 1, 1);
     one_case(600, 40, 0, 1);
+    /* a few rows without penalties: rows cut over several blocks (greedy, temperature, top-k) */
+    for (int it = 0; it < 16; it++) one_case(it % 2 ? 128256 : 32000, 1 + it % 8, 0, it % 3 == 0);
     printf("  %d rows, %d drawn at random: %d differ from the CPU reference\n", total_rows, total_drawn,
            mismatched_drawn);
     CHECK_MSG(mismatched_drawn * 100 <= total_drawn, "%d of %d drawn rows differ", mismatched_drawn, total_drawn);
