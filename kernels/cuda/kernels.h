@@ -283,8 +283,8 @@ typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen
 #define SF_K_SAMPLE_SCRATCH ((size_t)1 << 20)
 #define SF_K_SAMPLE_SPLIT_ROWS 1024
 /* ids[i] = the token drawn from row i of logits (bf16, ld) by rows[i], i < n: one block per
- * row, or, for a few rows without penalties (greedy, temperature alone, top-k), a row over
- * several blocks (scratch, NULL: never); the semantics of hal.h's sf_sample_row. pen_val: n_pen floats
+ * row, or, for a few rows (greedy, temperature alone, top-k), a row over several blocks
+ * (scratch, NULL: never); the semantics of hal.h's sf_sample_row. pen_val: n_pen floats
  * of scratch (the penalized logits). vocab <= SF_K_SAMPLE_MAX_VOCAB; penalty ids in [0,
  * vocab), distinct per row (the host checks both). Launches on s one after another (the
  * counters are shared). */

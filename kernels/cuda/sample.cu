@@ -1,7 +1,7 @@
 /* sample.cu — one token per logit row on the GPU, so only ids cross PCIe.
  *
- * One block of 1024 threads per row (a few greedy or temperature-only rows: a row over several
- * blocks, see split_row); the step-by-step mirror of kernels/cpu/sample.c (read
+ * One block of 1024 threads per row (a few greedy, temperature-only or top-k rows: a row over
+ * several blocks, see split_row); the step-by-step mirror of kernels/cpu/sample.c (read
  * that first: the boundaries (t, c), the radix selection, the Gumbel-max draw). Each pass
  * streams the row (bf16) from L2/HBM, 8 ids per thread and 16-byte load (every pass is an
  * order-free reduction: integer sums, histograms, a total order on (value, id)), so the order in
@@ -97,7 +97,9 @@ static __device__ __forceinline__ void visit(const Row &r, F &f)
     for (int base = 0; base < r.n_e; base += NT) {
         int j = base + threadIdx.x;
         bool in = j < r.n_e;
-        f(in ? r.e[j].id : 0, in ? r.ev[j] : 0.0f, in);
+        const int id = in ? r.e[j].id : 0;
+        in = in && id >= r.lo && id < r.hi; /* a part of a split row: its own ids */
+        f(id, in ? r.ev[j] : 0.0f, in);
     }
 }
 
@@ -404,7 +406,7 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
 }
 
 /* ---- a row split over several blocks ------------------------------------------------------
- * For a few rows without penalties the row's ids are cut into parts, one block each, so a row
+ * For a few rows the row's ids are cut into parts, one block each, so a row
  * runs on many SMs instead of one (the Gumbel noise alone costs two logarithms and a hash per
  * token: ~56 us for a 128256-token row on one SM; top-k 50 + top-p ~7 passes). Greedy and
  * temperature-only rows are one argmax pass (of x, and of x + noise): each part keeps its bests.
@@ -422,7 +424,7 @@ struct PartHead {
 #define SPLIT_MAX_PARTS 32
 #define SPLIT_ROW_BYTES (SPLIT_MAX_PARTS * sizeof(PartHead) + TOPK_CAP * sizeof(u64))
 
-static __device__ void split_row(Row &r, int kind, const sf_k_sample_row &p, int P, unsigned *cnt, char *rows_ws,
+static __device__ __noinline__ void split_row(Row &r, int kind, const sf_k_sample_row &p, int P, unsigned *cnt, char *rows_ws,
                                  int32_t *ids, Shared &sh)
 {
     const int row = blockIdx.x, q = blockIdx.y, tid = threadIdx.x, slot = TOPK_CAP / P;
@@ -520,16 +522,11 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     extern __shared__ uint32_t bits[];
     __shared__ Shared sh;
     const sf_k_sample_row p = rows[blockIdx.x];
-    if (P > 1) {
-        const bool g = p.temperature <= 0 || p.top_k == 1;
-        const int kind = g ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1 : p.top_k > 0 && p.top_k * P <= TOPK_CAP ? 2 : -1;
-        if (p.n_pen == 0 && kind >= 0) {
-            Row r = { logits + blockIdx.x * ld, vocab, 0, vocab, NULL, NULL, NULL, 0, g ? 1.0f : __fdiv_rn(1.0f, p.temperature), 0 };
-            split_row(r, kind, p, P, cnt, rows_ws, ids, sh);
-            return;
-        }
-        if (blockIdx.y) return; /* the other rows: the first part's block alone, as below */
-    }
+    const bool greedy = p.temperature <= 0 || p.top_k == 1;
+    /* a row split over the launch's P parts: greedy, temperature alone, or top-k (k x P <= TOPK_CAP) */
+    const int kind = P < 2 ? -1 : greedy ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1
+                   : p.top_k > 0 && p.top_k * P <= TOPK_CAP ? 2 : -1;
+    if (kind < 0 && blockIdx.y) return; /* the other rows: the first part's block alone */
     Row r;
     r.l = logits + blockIdx.x * ld;
     r.vocab = r.hi = vocab;
@@ -538,7 +535,9 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     r.ev = pen_val + p.pen_off;
     r.n_e = p.n_pen;
     r.bits = NULL;
-    if (p.n_pen > 0) { /* penalties on the raw logits, as on the CPU (no fused multiply-add) */
+    r.m = 0;
+    if (p.n_pen > 0) { /* penalties on the raw logits, as on the CPU (no fused multiply-add); the
+                        * parts of a split row all write the same values */
         for (int w = threadIdx.x; w < (vocab + 31) / 32; w += NT) bits[w] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < p.n_pen; j += NT) {
@@ -553,8 +552,11 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         __syncthreads();
         r.bits = bits;
     }
-    bool greedy = p.temperature <= 0 || p.top_k == 1;
     r.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, p.temperature);
+    if (kind >= 0) {
+        split_row(r, kind, p, P, cnt, rows_ws, ids, sh);
+        return;
+    }
     if (!greedy && p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0) { /* one pass: nothing is truncated */
         PlainPass pp = { { r.inv_t, -INFINITY, INT_MAX, 0 },
                          { r.inv_t, 0, -1, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX } };

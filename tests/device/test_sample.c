@@ -127,8 +127,8 @@ TEST(matches_cpu_reference)
         }
     one_case(32000, 16, 1, 1);
     one_case(600, 40, 0, 1);
-    /* a few rows without penalties: rows cut over several blocks (greedy, temperature, top-k) */
-    for (int it = 0; it < 16; it++) one_case(it % 2 ? 128256 : 32000, 1 + it % 8, 0, it % 3 == 0);
+    /* a few rows: rows cut over several blocks (greedy, temperature, top-k; penalties on half) */
+    for (int it = 0; it < 24; it++) one_case(it % 2 ? 128256 : 32000, 1 + it % 8, it % 4 >= 2, it % 3 == 0);
     printf("  %d rows, %d drawn at random: %d differ from the CPU reference\n", total_rows, total_drawn,
            mismatched_drawn);
     CHECK_MSG(mismatched_drawn * 100 <= total_drawn, "%d of %d drawn rows differ", mismatched_drawn, total_drawn);
