@@ -184,7 +184,8 @@ static void perf_table(void)
 {
     enum { V = 128256 };
     static const int batch[] = { 1, 8, 64, 256 };
-    static const char *kinds[] = { "greedy", "temperature", "top-k 50 + top-p 0.9", "top-p 0.95 + penalties" };
+    static const char *kinds[] = { "greedy", "temperature", "top-k 50 + top-p 0.9", "top-p 0.95 + penalties",
+                                   "llama.cpp's defaults" }; /* top-k 40, top-p 0.95, min-p 0.05, repeat 1.1 */
     printf("perf: sample op (upload rows, kernel, ids back), vocab %d, us per call (median of 20)\n", V);
     printf("  %-24s %8s %8s %8s %8s\n", "rows", "1", "8", "64", "256");
     float *l = malloc(sizeof(float) * 256 * V);
@@ -195,15 +196,15 @@ static void perf_table(void)
     sf_sample_row rows[256];
     sf_sample_pen pen[256 * 32];
     int32_t ids[256];
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         printf("  %-24s", kinds[k]);
         for (size_t b = 0; b < SF_ARRAY_LEN(batch); b++) {
             int n_pen = 0;
             for (int i = 0; i < batch[b]; i++) {
                 rows[i] = (sf_sample_row){ .temperature = k ? 0.8f : 0, .top_p = k >= 2 ? (k == 2 ? 0.9f : 0.95f) : 1,
-                                           .top_k = k == 2 ? 50 : 0, .repetition_penalty = k == 3 ? 1.1f : 1,
-                                           .seed = (uint64_t)i, .step = 3 };
-                if (k == 3) {
+                                           .top_k = k == 2 ? 50 : k == 4 ? 40 : 0, .min_p = k == 4 ? 0.05f : 0,
+                                           .repetition_penalty = k >= 3 ? 1.1f : 1, .seed = (uint64_t)i, .step = 3 };
+                if (k >= 3) {
                     rows[i].pen_off = n_pen;
                     rows[i].n_pen = 32;
                     for (int j = 0; j < 32; j++) pen[n_pen++] = (sf_sample_pen){ j * 1000 + i, 1, 1 };
