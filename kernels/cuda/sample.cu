@@ -424,7 +424,7 @@ struct PartHead {
 #define SPLIT_MAX_PARTS 32
 #define SPLIT_ROW_BYTES (SPLIT_MAX_PARTS * sizeof(PartHead) + TOPK_CAP * sizeof(u64))
 
-static __device__ __noinline__ void split_row(Row &r, int kind, const sf_k_sample_row &p, int P, unsigned *cnt, char *rows_ws,
+static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
                                  int32_t *ids, Shared &sh)
 {
     const int row = blockIdx.x, q = blockIdx.y, tid = threadIdx.x, slot = TOPK_CAP / P;
@@ -515,6 +515,9 @@ static __device__ __noinline__ void split_row(Row &r, int kind, const sf_k_sampl
     }
 }
 
+/* SPLIT: the instance for launches of P > 1 parts per row (the one-part instance carries none of
+ * split_row's registers) */
+template <bool SPLIT>
 __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
                                                const sf_k_sample_pen *pen, float *pen_val, int32_t *ids, int P,
                                                unsigned *cnt, char *rows_ws)
@@ -524,7 +527,7 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     const sf_k_sample_row p = rows[blockIdx.x];
     const bool greedy = p.temperature <= 0 || p.top_k == 1;
     /* a row split over the launch's P parts: greedy, temperature alone, or top-k (k x P <= TOPK_CAP) */
-    const int kind = P < 2 ? -1 : greedy ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1
+    const int kind = !SPLIT || P < 2 ? -1 : greedy ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1
                    : p.top_k > 0 && p.top_k * P <= TOPK_CAP ? 2 : -1;
     if (kind < 0 && blockIdx.y) return; /* the other rows: the first part's block alone */
     Row r;
@@ -553,7 +556,7 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         r.bits = bits;
     }
     r.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, p.temperature);
-    if (kind >= 0) {
+    if (SPLIT && kind >= 0) {
         split_row(r, kind, p, P, cnt, rows_ws, ids, sh);
         return;
     }
@@ -644,7 +647,10 @@ extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab,
         P = SF_MIN(SF_MIN(sweeps, slots), SPLIT_MAX_PARTS);
         if (P < 2) P = 1;
     }
-    k_sample<<<dim3(n, P), NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, P,
-                                          (unsigned *)scratch, (char *)scratch + head_bytes);
+    if (P > 1)
+        k_sample<true><<<dim3(n, P), NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, P,
+                                                    (unsigned *)scratch, (char *)scratch + head_bytes);
+    else
+        k_sample<false><<<n, NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, 1, NULL, NULL);
     return sf_launch_status();
 }
