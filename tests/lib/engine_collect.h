@@ -26,7 +26,10 @@ typedef struct collect {
     int n_top_seen, top_sorted, lp_ok;
     sf_engine *cancel_engine; /* cancel itself after cancel_after tokens */
     int cancel_after;
+    int order; /* 1 + how many requests of the binary finished before this one */
 } collect;
+
+static int collect_finished; /* requests finished so far (collect.order) */
 
 static void collect_init(collect *c)
 {
@@ -61,6 +64,7 @@ static void on_event(const sf_event *ev)
         c->completion_tokens = ev->completion_tokens;
         c->ttft = ev->ttft_s;
         c->e2e = ev->e2e_s;
+        c->order = __atomic_add_fetch(&collect_finished, 1, __ATOMIC_SEQ_CST);
         c->done = 1;
         pthread_cond_broadcast(&c->cv);
     }
