@@ -277,14 +277,14 @@ typedef struct sf_k_sample_row {
 typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen;
 /* Largest vocabulary the penalty bitmap (shared memory) takes. */
 #define SF_K_SAMPLE_MAX_VOCAB (36 * 1024 * 8) /* 36 KiB of bits: with the kernel's own 11 KiB, within 48 KiB */
-/* Device scratch of the op (scratch below): counters for up to SF_K_SAMPLE_SPLIT_ROWS rows, zero
- * when first given (the op leaves them at zero), then the parts of rows split over blocks
- * (9 KiB per row: calls of up to ~110 rows split). */
-#define SF_K_SAMPLE_SCRATCH ((size_t)1 << 20)
+/* Device scratch of the op (scratch below): counters for up to SF_K_SAMPLE_SPLIT_ROWS rows, then
+ * the parts of rows split over blocks (25 KiB per row: calls of up to ~80 rows split); zero when
+ * first given, the op leaves it so. */
+#define SF_K_SAMPLE_SCRATCH ((size_t)2 << 20)
 #define SF_K_SAMPLE_SPLIT_ROWS 1024
 /* ids[i] = the token drawn from row i of logits (bf16, ld) by rows[i], i < n: one block per
- * row, or, for a few rows (greedy, temperature alone, top-k), a row over several blocks
- * (scratch, NULL: never); the semantics of hal.h's sf_sample_row. pen_val: n_pen floats
+ * row, or, for a few rows (greedy, temperature alone, top-k, top-p, min-p), a row over several
+ * blocks (scratch, NULL: never); the semantics of hal.h's sf_sample_row. pen_val: n_pen floats
  * of scratch (the penalized logits). vocab <= SF_K_SAMPLE_MAX_VOCAB; penalty ids in [0,
  * vocab), distinct per row (the host checks both). Launches on s one after another (the
  * counters are shared). */

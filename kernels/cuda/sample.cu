@@ -283,9 +283,71 @@ struct PlainPass { /* temperature alone: FirstPass and DrawPass (every candidate
     __device__ void operator()(int id, float l, bool in) { f(id, l, in); d(id, l, in); }
 };
 
+/* ---- a row's parts working as one (split_row, top-p rows) ---------------------------------
+ * The parts of a row are resident together (a cooperative launch), so they can meet at a
+ * barrier of their own: every reduction of the one-block path becomes the part's block
+ * reduction, an atomic into the row's slot in global memory, the barrier, and a read of the
+ * slot; radix selection merges the parts' histograms the same way. Each reduction and each
+ * histogram takes a fresh slot (every part takes the same path, so the same one), and the last
+ * part of the row to finish zeroes what the row used. */
+struct RowCtx {
+    unsigned *bar;  /* arrivals, generation */
+    u64 *slot;      /* reductions, in order of use */
+    u64 *hist;      /* radix histograms, 256 bins each, in order of use */
+    int P, n_slot, n_hist;
+};
+#define ROW_SLOTS 32
+#define ROW_HISTS 8
+
+static __device__ void row_sync(RowCtx &rc)
+{
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        volatile unsigned *gen = rc.bar + 1;
+        const unsigned g = *gen;
+        __threadfence();
+        if (atomicAdd(rc.bar, 1u) == (unsigned)rc.P - 1) {
+            atomicExch(rc.bar, 0u);
+            __threadfence();
+            atomicAdd(rc.bar + 1, 1u);
+        } else {
+            while (*gen == g) __nanosleep(64);
+        }
+        __threadfence();
+    }
+    __syncthreads();
+}
+
+/* x summed (MAX: the largest) over the row's parts; every thread gets it. */
+template <bool MAX>
+static __device__ u64 row_reduce(u64 x, RowCtx &rc, Shared &sh)
+{
+    x = MAX ? block_max_u64(x, sh) : block_sum_u64(x, sh);
+    u64 *slot = rc.slot + rc.n_slot++;
+    if (threadIdx.x == 0 && x) MAX ? atomicMax((unsigned long long *)slot, x) : atomicAdd((unsigned long long *)slot, x);
+    row_sync(rc);
+    return __ldcg(slot);
+}
+
+/* (value descending, id ascending) as one integer: the key above the inverted id; 0 none. */
+static __device__ __forceinline__ u64 best_pack(float v, int i)
+{
+    return i == INT_MAX ? 0 : (u64)sf_sample_key(v) << 32 | (uint32_t)~(uint32_t)i;
+}
+
+/* The best (v, i) of the row's parts. */
+static __device__ void row_best(float &v, int &i, RowCtx &rc, Shared &sh)
+{
+    block_best(v, i, sh);
+    const u64 b = row_reduce<true>(best_pack(v, i), rc, sh);
+    v = b ? key_float((uint32_t)(b >> 32)) : -INFINITY;
+    i = b ? (int)~(uint32_t)b : INT_MAX;
+}
+
 /* The key of the prefix that reaches `want` (see radix_select in kernels/cpu/sample.c). */
 template <int MODE>
-static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 *above, Shared &sh)
+static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 *above, Shared &sh,
+                                     RowCtx *rc = nullptr)
 {
     uint32_t prefix = 0, mask = 0;
     u64 acc = 0;
@@ -295,6 +357,14 @@ static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 
         HistPass<MODE> f = { r.inv_t, r.m, prefix, mask, t, shift, sh.h };
         visit(r, f);
         __syncthreads();
+        if (rc) { /* the row's histogram: the parts' merged */
+            u64 *h = rc->hist + 256 * rc->n_hist++;
+            for (int b = threadIdx.x; b < 256; b += NT)
+                if (sh.h[b]) atomicAdd((unsigned long long *)&h[b], (unsigned long long)sh.h[b]);
+            row_sync(*rc);
+            for (int b = threadIdx.x; b < 256; b += NT) sh.h[b] = __ldcg(&h[b]);
+            __syncthreads();
+        }
         if (threadIdx.x < 32) { /* walk the bins from the top: 8 per lane, a warp scan across lanes */
             int lane = threadIdx.x, top = 255 - 8 * lane;
             u64 s = 0;
@@ -329,11 +399,11 @@ static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 
 }
 
 /* The boundary (t, c) keeping the r first (by id) of the n tokens on key t. */
-static __device__ int cut_ties(const Row &r, uint32_t t, u64 rr, int n, Shared &sh)
+static __device__ int cut_ties(const Row &r, uint32_t t, u64 rr, int n, Shared &sh, RowCtx *rc = nullptr)
 {
     if (rr >= (u64)n) return INT_MAX;
     u64 above;
-    return (int)~radix_select<2>(r, rr, t, &above, sh);
+    return (int)~radix_select<2>(r, rr, t, &above, sh, rc);
 }
 
 static __device__ __forceinline__ bool shorter(uint32_t ta, int ca, uint32_t tb, int cb)
@@ -422,7 +492,8 @@ struct PartHead {
     int pad[2];
 };
 #define SPLIT_MAX_PARTS 32
-#define SPLIT_ROW_BYTES (SPLIT_MAX_PARTS * sizeof(PartHead) + TOPK_CAP * sizeof(u64))
+#define SPLIT_HEADS_BYTES (SPLIT_MAX_PARTS * sizeof(PartHead) + TOPK_CAP * sizeof(u64)) /* heads, candidates */
+#define SPLIT_ROW_BYTES (SPLIT_HEADS_BYTES + 64 + (ROW_SLOTS + 256 * ROW_HISTS) * sizeof(u64)) /* + RowCtx's */
 
 static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
                                  int32_t *ids, Shared &sh)
@@ -515,6 +586,66 @@ static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample
     }
 }
 
+/* A top-p (or min-p) row without a top-k: its kept set can be most of the row, so the parts
+ * cannot gather it; they run the one-block path's passes together instead (RowCtx), each over
+ * its ids, every reduction and histogram the row's. */
+static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
+                                                int32_t *ids, Shared &sh)
+{
+    const int row = blockIdx.x, q = blockIdx.y;
+    const int chunk = ((r.vocab + P - 1) / P + VW - 1) / VW * VW;
+    char *ctx = rows_ws + (size_t)row * SPLIT_ROW_BYTES + SPLIT_HEADS_BYTES;
+    RowCtx rc = { (unsigned *)ctx, (u64 *)(ctx + 64), (u64 *)(ctx + 64) + ROW_SLOTS, P, 0, 0 };
+    r.lo = min(r.vocab, q * chunk);
+    r.hi = min(r.vocab, r.lo + chunk);
+    FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
+    visit(r, f1);
+    row_best(f1.v, f1.i, rc, sh);
+    const u64 n_valid = row_reduce<false>((u64)f1.n, rc, sh);
+    const int first = f1.i == INT_MAX ? 0 : f1.i;
+    int id = first;
+    if (n_valid > 0) {
+        r.m = f1.v;
+        uint32_t t = 0; /* kept: key > t, or key == t and id <= c */
+        int c = -1;
+        if (p.top_p < 1.0f) {
+            MassPass mp = { r.inv_t, r.m, 0 };
+            visit(r, mp);
+            const u64 zk = row_reduce<false>(mp.z, rc, sh);
+            u64 want = (u64)((double)p.top_p * (double)zk), above;
+            if (want < 1) want = 1;
+            const uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh, &rc);
+            TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
+            visit(r, tp);
+            const u64 n_t = row_reduce<false>((u64)tp.n, rc, sh), one = row_reduce<true>(tp.one, rc, sh);
+            u64 rr = one ? (want - above + one - 1) / one : n_t;
+            if (rr < 1) rr = 1;
+            if (rr > n_t) rr = n_t;
+            const int cp = cut_ties(r, tp_key, rr, (int)n_t, sh, &rc);
+            if (shorter(tp_key, cp, t, c)) { t = tp_key; c = cp; }
+        }
+        if (p.min_p > 0) {
+            uint32_t tm = sf_sample_key(r.m + logf(p.min_p));
+            if (shorter(tm, INT_MAX, t, c)) { t = tm; c = INT_MAX; }
+        }
+        DrawPass d = { r.inv_t, t, c, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX };
+        visit(r, d);
+        row_best(d.v, d.i, rc, sh);
+        id = d.i == INT_MAX ? first : d.i;
+    }
+    /* every part has read every slot: the last one leaves the row's slots and histograms at zero */
+    __syncthreads();
+    if (threadIdx.x == 0) sh.sel = atomicAdd(&cnt[row], 1u) == (unsigned)P - 1;
+    __syncthreads();
+    if (!sh.sel) return;
+    for (int i = threadIdx.x; i < rc.n_slot; i += NT) rc.slot[i] = 0;
+    for (int i = threadIdx.x; i < 256 * rc.n_hist; i += NT) rc.hist[i] = 0;
+    if (threadIdx.x == 0) {
+        ids[row] = id;
+        cnt[row] = 0;
+    }
+}
+
 /* SPLIT: the instance for launches of P > 1 parts per row (the one-part instance carries none of
  * split_row's registers) */
 template <bool SPLIT>
@@ -526,9 +657,10 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     __shared__ Shared sh;
     const sf_k_sample_row p = rows[blockIdx.x];
     const bool greedy = p.temperature <= 0 || p.top_k == 1;
-    /* a row split over the launch's P parts: greedy, temperature alone, or top-k (k x P <= TOPK_CAP) */
+    /* a row split over the launch's P parts: greedy, temperature alone, top-k (k x P <= TOPK_CAP),
+     * top-p or min-p without a top-k */
     const int kind = !SPLIT || P < 2 ? -1 : greedy ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1
-                   : p.top_k > 0 && p.top_k * P <= TOPK_CAP ? 2 : -1;
+                   : p.top_k <= 0 ? 3 : p.top_k * P <= TOPK_CAP ? 2 : -1;
     if (kind < 0 && blockIdx.y) return; /* the other rows: the first part's block alone */
     Row r;
     r.l = logits + blockIdx.x * ld;
@@ -556,6 +688,10 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         r.bits = bits;
     }
     r.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, p.temperature);
+    if (SPLIT && kind == 3) {
+        split_top_p(r, p, P, cnt, rows_ws, ids, sh);
+        return;
+    }
     if (SPLIT && kind >= 0) {
         split_row(r, kind, p, P, cnt, rows_ws, ids, sh);
         return;
@@ -639,18 +775,36 @@ extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab,
     if (vocab <= 0 || vocab > SF_K_SAMPLE_MAX_VOCAB) return (int)cudaErrorInvalidValue;
     size_t smem = n_pen > 0 ? (size_t)(vocab + 31) / 32 * 4 : 0;
     /* parts per row: at least one sweep of the block's loads each (NT * VW ids), no more blocks
-     * than two per SM (1024 threads each) hold at once, the rows' parts within the scratch */
+     * than the SMs hold at once (1024 threads each), the rows' parts within the scratch */
     const size_t head_bytes = SF_K_SAMPLE_SPLIT_ROWS * sizeof(unsigned);
     int P = 1;
     if (scratch && (size_t)n * SPLIT_ROW_BYTES <= SF_K_SAMPLE_SCRATCH - head_bytes) {
-        const int sweeps = vocab / (NT * VW), slots = 2 * sf_k_sm_count(132) / n;
+        /* the parts of a top-p row wait for each other: the launch is cooperative (all resident) */
+        int per_sm = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_sample<true>, NT, smem) != cudaSuccess) {
+            cudaGetLastError();
+            per_sm = 0;
+        }
+        const int sweeps = vocab / (NT * VW), slots = per_sm * sf_k_sm_count(0) / n;
         P = SF_MIN(SF_MIN(sweeps, slots), SPLIT_MAX_PARTS);
-        if (P < 2) P = 1;
     }
-    if (P > 1)
-        k_sample<true><<<dim3(n, P), NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, P,
-                                                    (unsigned *)scratch, (char *)scratch + head_bytes);
-    else
-        k_sample<false><<<n, NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, 1, NULL, NULL);
+    if (P > 1) {
+        cudaLaunchConfig_t cfg = {};
+        cudaLaunchAttribute at[1];
+        cfg.gridDim = dim3(n, P);
+        cfg.blockDim = dim3(NT);
+        cfg.dynamicSmemBytes = smem;
+        cfg.stream = s;
+        at[0].id = cudaLaunchAttributeCooperative;
+        at[0].val.cooperative = 1;
+        cfg.attrs = at;
+        cfg.numAttrs = 1;
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, k_sample<true>, (const bf16 *)logits, ld, vocab, rows, pen,
+                                                 pen_val, ids, P, (unsigned *)scratch, (char *)scratch + head_bytes);
+        if (e == cudaSuccess) return 0;
+        if (e != cudaErrorCooperativeLaunchTooLarge) return (int)e;
+        cudaGetLastError(); /* not all resident after all: one block per row */
+    }
+    k_sample<false><<<n, NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, 1, NULL, NULL);
     return sf_launch_status();
 }
