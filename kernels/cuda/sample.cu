@@ -318,14 +318,16 @@ static __device__ void row_sync(RowCtx &rc)
     __syncthreads();
 }
 
-/* x summed (MAX: the largest) over the row's parts; every thread gets it. */
+/* x summed (MAX: the largest) over the block, and with rc over the row's parts; every thread
+ * gets it. */
 template <bool MAX>
-static __device__ u64 row_reduce(u64 x, RowCtx &rc, Shared &sh)
+static __device__ u64 reduce_u64(u64 x, RowCtx *rc, Shared &sh)
 {
     x = MAX ? block_max_u64(x, sh) : block_sum_u64(x, sh);
-    u64 *slot = rc.slot + rc.n_slot++;
+    if (!rc) return x;
+    u64 *slot = rc->slot + rc->n_slot++;
     if (threadIdx.x == 0 && x) MAX ? atomicMax((unsigned long long *)slot, x) : atomicAdd((unsigned long long *)slot, x);
-    row_sync(rc);
+    row_sync(*rc);
     return __ldcg(slot);
 }
 
@@ -335,11 +337,12 @@ static __device__ __forceinline__ u64 best_pack(float v, int i)
     return i == INT_MAX ? 0 : (u64)sf_sample_key(v) << 32 | (uint32_t)~(uint32_t)i;
 }
 
-/* The best (v, i) of the row's parts. */
-static __device__ void row_best(float &v, int &i, RowCtx &rc, Shared &sh)
+/* The best (v, i) of the block, and with rc of the row's parts. */
+static __device__ void best_of(float &v, int &i, RowCtx *rc, Shared &sh)
 {
     block_best(v, i, sh);
-    const u64 b = row_reduce<true>(best_pack(v, i), rc, sh);
+    if (!rc) return;
+    const u64 b = reduce_u64<true>(best_pack(v, i), rc, sh);
     v = b ? key_float((uint32_t)(b >> 32)) : -INFINITY;
     i = b ? (int)~(uint32_t)b : INT_MAX;
 }
@@ -586,6 +589,40 @@ static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample
     }
 }
 
+/* The end of a drawn row: the top-p and min-p boundaries on top of (t, c) (zk: the kept set's
+ * mass when have_zk, else the row's is summed here), then the Gumbel-max draw over what is
+ * kept; first when nothing is. One block's, or with rc a split row's parts' together. */
+static __device__ int draw_truncated(const Row &r, const sf_k_sample_row &p, uint32_t t, int c, u64 zk, bool have_zk,
+                                     int first, Shared &sh, RowCtx *rc)
+{
+    if (p.top_p < 1.0f) {
+        if (!have_zk) {
+            MassPass mp = { r.inv_t, r.m, 0 };
+            visit(r, mp);
+            zk = reduce_u64<false>(mp.z, rc, sh);
+        }
+        u64 want = (u64)((double)p.top_p * (double)zk), above;
+        if (want < 1) want = 1;
+        const uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh, rc);
+        TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
+        visit(r, tp);
+        const u64 n_t = reduce_u64<false>((u64)tp.n, rc, sh), one = reduce_u64<true>(tp.one, rc, sh);
+        u64 rr = one ? (want - above + one - 1) / one : n_t;
+        if (rr < 1) rr = 1;
+        if (rr > n_t) rr = n_t;
+        const int cp = cut_ties(r, tp_key, rr, (int)n_t, sh, rc);
+        if (shorter(tp_key, cp, t, c)) { t = tp_key; c = cp; }
+    }
+    if (p.min_p > 0) {
+        uint32_t tm = sf_sample_key(r.m + logf(p.min_p));
+        if (shorter(tm, INT_MAX, t, c)) { t = tm; c = INT_MAX; }
+    }
+    DrawPass d = { r.inv_t, t, c, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX };
+    visit(r, d);
+    best_of(d.v, d.i, rc, sh);
+    return d.i == INT_MAX ? first : d.i;
+}
+
 /* A top-p (or min-p) row without a top-k: its kept set can be most of the row, so the parts
  * cannot gather it; they run the one-block path's passes together instead (RowCtx), each over
  * its ids, every reduction and histogram the row's. */
@@ -600,38 +637,13 @@ static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, 
     r.hi = min(r.vocab, r.lo + chunk);
     FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
     visit(r, f1);
-    row_best(f1.v, f1.i, rc, sh);
-    const u64 n_valid = row_reduce<false>((u64)f1.n, rc, sh);
+    best_of(f1.v, f1.i, &rc, sh);
+    const u64 n_valid = reduce_u64<false>((u64)f1.n, &rc, sh);
     const int first = f1.i == INT_MAX ? 0 : f1.i;
     int id = first;
     if (n_valid > 0) {
         r.m = f1.v;
-        uint32_t t = 0; /* kept: key > t, or key == t and id <= c */
-        int c = -1;
-        if (p.top_p < 1.0f) {
-            MassPass mp = { r.inv_t, r.m, 0 };
-            visit(r, mp);
-            const u64 zk = row_reduce<false>(mp.z, rc, sh);
-            u64 want = (u64)((double)p.top_p * (double)zk), above;
-            if (want < 1) want = 1;
-            const uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh, &rc);
-            TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
-            visit(r, tp);
-            const u64 n_t = row_reduce<false>((u64)tp.n, rc, sh), one = row_reduce<true>(tp.one, rc, sh);
-            u64 rr = one ? (want - above + one - 1) / one : n_t;
-            if (rr < 1) rr = 1;
-            if (rr > n_t) rr = n_t;
-            const int cp = cut_ties(r, tp_key, rr, (int)n_t, sh, &rc);
-            if (shorter(tp_key, cp, t, c)) { t = tp_key; c = cp; }
-        }
-        if (p.min_p > 0) {
-            uint32_t tm = sf_sample_key(r.m + logf(p.min_p));
-            if (shorter(tm, INT_MAX, t, c)) { t = tm; c = INT_MAX; }
-        }
-        DrawPass d = { r.inv_t, t, c, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX };
-        visit(r, d);
-        row_best(d.v, d.i, rc, sh);
-        id = d.i == INT_MAX ? first : d.i;
+        id = draw_truncated(r, p, 0, -1, 0, false, first, sh, &rc);
     }
     /* every part has read every slot: the last one leaves the row's slots and histograms at zero */
     __syncthreads();
@@ -739,32 +751,8 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
             return;
         }
     }
-    if (p.top_p < 1.0f) {
-        if (!have_zk) {
-            MassPass mp = { r.inv_t, r.m, 0 };
-            visit(r, mp);
-            zk = block_sum_u64(mp.z, sh);
-        }
-        u64 want = (u64)((double)p.top_p * (double)zk);
-        if (want < 1) want = 1;
-        uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh);
-        TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
-        visit(r, tp);
-        u64 n_t = block_sum_u64((u64)tp.n, sh), one = block_max_u64(tp.one, sh);
-        u64 rr = one ? (want - above + one - 1) / one : n_t;
-        if (rr < 1) rr = 1;
-        if (rr > n_t) rr = n_t;
-        int cp = cut_ties(r, tp_key, rr, (int)n_t, sh);
-        if (shorter(tp_key, cp, t, c)) { t = tp_key; c = cp; }
-    }
-    if (p.min_p > 0) {
-        uint32_t tm = sf_sample_key(r.m + logf(p.min_p));
-        if (shorter(tm, INT_MAX, t, c)) { t = tm; c = INT_MAX; }
-    }
-    DrawPass d = { r.inv_t, t, c, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX };
-    visit(r, d);
-    block_best(d.v, d.i, sh);
-    if (threadIdx.x == 0) ids[blockIdx.x] = d.i == INT_MAX ? first : d.i;
+    const int id = draw_truncated(r, p, t, c, zk, have_zk, first, sh, nullptr);
+    if (threadIdx.x == 0) ids[blockIdx.x] = id;
 }
 
 extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
