@@ -498,15 +498,21 @@ struct PartHead {
 #define SPLIT_HEADS_BYTES (SPLIT_MAX_PARTS * sizeof(PartHead) + TOPK_CAP * sizeof(u64)) /* heads, candidates */
 #define SPLIT_ROW_BYTES (SPLIT_HEADS_BYTES + 64 + (ROW_SLOTS + 256 * ROW_HISTS) * sizeof(u64)) /* + RowCtx's */
 
+/* The row narrowed to part blockIdx.y of P: whole 16-byte loads per part. */
+static __device__ __forceinline__ void take_part(Row &r, int P)
+{
+    const int chunk = ((r.vocab + P - 1) / P + VW - 1) / VW * VW;
+    r.lo = min(r.vocab, (int)blockIdx.y * chunk);
+    r.hi = min(r.vocab, r.lo + chunk);
+}
+
 static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
                                  int32_t *ids, Shared &sh)
 {
     const int row = blockIdx.x, q = blockIdx.y, tid = threadIdx.x, slot = TOPK_CAP / P;
-    const int chunk = ((r.vocab + P - 1) / P + VW - 1) / VW * VW; /* whole 16-byte loads per part */
     PartHead *head = (PartHead *)(rows_ws + (size_t)row * SPLIT_ROW_BYTES);
     u64 *cand = (u64 *)(head + SPLIT_MAX_PARTS);
-    r.lo = min(r.vocab, q * chunk);
-    r.hi = min(r.vocab, r.lo + chunk);
+    take_part(r, P);
     PartHead me = { -INFINITY, -INFINITY, INT_MAX, INT_MAX, 0, 0, { 0, 0 } };
     if (kind == 2) { /* top-k: this part's own top k (all its valid tokens when it has no more) */
         FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
@@ -629,12 +635,10 @@ static __device__ int draw_truncated(const Row &r, const sf_k_sample_row &p, uin
 static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
                                                 int32_t *ids, Shared &sh)
 {
-    const int row = blockIdx.x, q = blockIdx.y;
-    const int chunk = ((r.vocab + P - 1) / P + VW - 1) / VW * VW;
+    const int row = blockIdx.x;
     char *ctx = rows_ws + (size_t)row * SPLIT_ROW_BYTES + SPLIT_HEADS_BYTES;
     RowCtx rc = { (unsigned *)ctx, (u64 *)(ctx + 64), (u64 *)(ctx + 64) + ROW_SLOTS, P, 0, 0 };
-    r.lo = min(r.vocab, q * chunk);
-    r.hi = min(r.vocab, r.lo + chunk);
+    take_part(r, P);
     FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
     visit(r, f1);
     best_of(f1.v, f1.i, &rc, sh);
@@ -790,8 +794,7 @@ extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab,
         const cudaError_t e = cudaLaunchKernelEx(&cfg, k_sample<true>, (const bf16 *)logits, ld, vocab, rows, pen,
                                                  pen_val, ids, P, (unsigned *)scratch, (char *)scratch + head_bytes);
         if (e == cudaSuccess) return 0;
-        if (e != cudaErrorCooperativeLaunchTooLarge) return (int)e;
-        cudaGetLastError(); /* not all resident after all: one block per row */
+        cudaGetLastError(); /* refused (not all resident, or no cooperative launch here): one block per row */
     }
     k_sample<false><<<n, NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, 1, NULL, NULL);
     return sf_launch_status();
