@@ -13,7 +13,7 @@
 #      SEMFLOW_TP_ARNORM_EARLY=1, opt-in) instead of session 5's kernel (the default);
 #   3. tests/device/test_tp_norm: the fused all-reduce + residual + RMSNorm against the host
 #      reference (both launches), and its time per call;
-#   4. saturated throughput 128/128 (512 prompts) at TP=1 and TP=2;
+#   4. saturated throughput 128/128 (512 prompts, 256 running) at TP=1 and TP=2;
 #   5. tests/device/test_tp (quick set): the all-reduce paths against exact sums, TP=2 logits vs
 #      TP=1 (the step graphs replayed), TP=2 draws on rank 0's GPU;
 #   6. 128/128 at TP=2 with async scheduling (SEMFLOW_ENGINE_ASYNC=1: every rank draws, the next
@@ -86,7 +86,9 @@ echo "tp: $n GPUs, commit $(cat .devcommit 2>/dev/null || git rev-parse --short 
 nvidia-smi topo -m 2>/dev/null | head -4
 
 B256="--load-format dummy --preset llama-3-8b --backend cuda --batch 256 --ctx 192 --chunk 192 --steps 8 --json"
-THR="--load-format dummy --preset llama-3-8b --backend cuda --input 128 --output 128 --num-prompts 512 --json"
+# 256 running sequences, as the figures of record (sessions 3-5) ran; bench throughput's own default
+# is 1024 since session 8 (all 512 prompts at once)
+THR="--load-format dummy --preset llama-3-8b --backend cuda --input 128 --output 128 --num-prompts 512 --max-num-seqs 256 --json"
 # run_json NAME MIN MAX CMD...: run, then keep stdout as NAME.json
 run_json() { n=$1; run "$@"; r=$?; cp "$D/$n.out" "$D/$n.json" 2>/dev/null; return $r; }
 
