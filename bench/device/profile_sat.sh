@@ -2,7 +2,7 @@
 # bench/device/profile_sat.sh — where a saturated decode step goes at TP=1 and TP=2, op by op
 # (SEMFLOW_CUDA_PROFILE=1: every op timed alone with events, graphs off), beside the same steps with
 # graphs on; the batch-1 step at TP=1 and TP=2 the same way; and saturated 128/128 throughput with
-# more running sequences than vLLM's default 256 (--max-num-seqs 384 and 512), each with its bound.
+# more running sequences than 256 (--max-num-seqs 384 and 512), each with its bound.
 # Usage: OUT=DIR sh bench/device/profile_sat.sh (repo root, prebuilt build/); files in $OUT/profsat/.
 # Within ~200 s; each run has its own timeout. TP=2 runs are skipped with fewer than 2 GPUs.
 set -u

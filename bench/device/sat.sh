@@ -7,7 +7,7 @@
 #      max(bytes/HBM, FLOPs/peak);
 #   2. the 256x192 step op by op (SEMFLOW_CUDA_PROFILE=1: each op timed alone, graphs off);
 #   3. bench decode-batch 256x192 (graphs);
-#   4. bench throughput 128/128 with 512 prompts beside that step (--compare);
+#   4. bench throughput 128/128 with 512 prompts, 256 running, beside that step (--compare);
 #   5. test_decode_attn and test_smallops checks with what time is left.
 # Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/sat.sh; files in $OUT/sat/, a table
 # last. Exits 77 (skipped) without an NVIDIA GPU.
@@ -48,7 +48,7 @@ r() {
 }
 P="--load-format dummy --preset llama-3-8b --backend cuda"
 DB="bench decode-batch $P --batch 256 --ctx 192 --chunk 192 --steps 8 --json"
-TP="bench throughput $P --input 128 --output 128 --num-prompts 512 --json"
+TP="bench throughput $P --input 128 --output 128 --num-prompts 512 --max-num-seqs 256 --json" # 256 running: the step above
 
 r test_gemm 50 - "$TB/test_gemm" --perf
 r profile 30 SEMFLOW_CUDA_PROFILE=1 "$BIN" $DB
