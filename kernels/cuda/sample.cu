@@ -759,6 +759,32 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     if (threadIdx.x == 0) ids[blockIdx.x] = id;
 }
 
+/* Blocks of the split instance an SM holds with smem bytes of bitmap (0 when it cannot be read),
+ * asked once per device and size: a step calls the op with one of two sizes (no penalties, or
+ * the model's vocabulary's bitmap), so the occupancy query stays off the per-step path. */
+static int split_blocks_per_sm(size_t smem)
+{
+    static struct {
+        size_t smem[2];
+        int per_sm[2]; /* 0: not asked yet */
+    } cache[SF_K_MAX_DEVICES];
+    const int d = sf_k_dev();
+    if (d >= 0)
+        for (int i = 0; i < 2; i++)
+            if (cache[d].per_sm[i] && cache[d].smem[i] == smem) return cache[d].per_sm[i];
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_sample<true>, NT, smem) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    if (d >= 0 && per_sm > 0) {
+        const int i = cache[d].per_sm[0] && cache[d].smem[0] != smem; /* the second slot, else the first */
+        cache[d].smem[i] = smem;
+        cache[d].per_sm[i] = per_sm;
+    }
+    return per_sm;
+}
+
 extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
                            const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, void *scratch,
                            cudaStream_t s)
@@ -772,12 +798,7 @@ extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab,
     int P = 1;
     if (scratch && (size_t)n * SPLIT_ROW_BYTES <= SF_K_SAMPLE_SCRATCH - head_bytes) {
         /* the parts of a top-p row wait for each other: the launch is cooperative (all resident) */
-        int per_sm = 0;
-        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_sample<true>, NT, smem) != cudaSuccess) {
-            cudaGetLastError();
-            per_sm = 0;
-        }
-        const int sweeps = vocab / (NT * VW), slots = per_sm * sf_k_sm_count(0) / n;
+        const int sweeps = vocab / (NT * VW), slots = split_blocks_per_sm(smem) * sf_k_sm_count(0) / n;
         P = SF_MIN(SF_MIN(sweeps, slots), SPLIT_MAX_PARTS);
     }
     if (P > 1) {
