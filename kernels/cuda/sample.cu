@@ -1,7 +1,7 @@
 /* sample.cu — one token per logit row on the GPU, so only ids cross PCIe.
  *
- * One block of 1024 threads per row (a few greedy, temperature-only or top-k rows: a row over
- * several blocks, see split_row); the step-by-step mirror of kernels/cpu/sample.c (read
+ * One block of 1024 threads per row (a call of a few rows: each row over several blocks, see
+ * split_row and split_top_p); the step-by-step mirror of kernels/cpu/sample.c (read
  * that first: the boundaries (t, c), the radix selection, the Gumbel-max draw). Each pass
  * streams the row (bf16) from L2/HBM, 8 ids per thread and 16-byte load (every pass is an
  * order-free reduction: integer sums, histograms, a total order on (value, id)), so the order in
@@ -283,7 +283,7 @@ struct PlainPass { /* temperature alone: FirstPass and DrawPass (every candidate
     __device__ void operator()(int id, float l, bool in) { f(id, l, in); d(id, l, in); }
 };
 
-/* ---- a row's parts working as one (split_row, top-p rows) ---------------------------------
+/* ---- a row's parts working as one (split_top_p) -------------------------------------------
  * The parts of a row are resident together (a cooperative launch), so they can meet at a
  * barrier of their own: every reduction of the one-block path becomes the part's block
  * reduction, an atomic into the row's slot in global memory, the barrier, and a read of the
