@@ -479,9 +479,9 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
 }
 
 /* ---- a row split over several blocks ------------------------------------------------------
- * For a few rows the row's ids are cut into parts, one block each, so a row
- * runs on many SMs instead of one (the Gumbel noise alone costs two logarithms and a hash per
- * token: 55-59 us more than a greedy 128256-token row on one SM; top-k 50 + top-p ~7 passes). Greedy and
+ * For a few rows the row's ids are cut into parts, one block each, so a row runs on many SMs
+ * instead of one (the Gumbel noise's two logarithms and hash per token made a 128256-token row
+ * on one SM 55-59 us slower than a greedy one; top-k 50 + top-p is ~7 passes). Greedy and
  * temperature-only rows are one argmax pass (of x, and of x + noise): each part keeps its bests.
  * A top-k row (k x parts <= TOPK_CAP) takes each part's own top k by the same selection as the
  * whole row (the radix passes see only the part), whose union holds the row's top k. The last
