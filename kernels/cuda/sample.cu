@@ -6,8 +6,9 @@
  * streams the row (bf16) from L2/HBM, 8 ids per thread and 16-byte load (every pass is an
  * order-free reduction: integer sums, histograms, a total order on (value, id)), so the order in
  * which a thread visits its ids changes no result; the number of passes depends on the request:
- *   greedy 1; temperature only 2; + top-k 6 (+4 when ties straddle the boundary);
- *   + top-p 6 (+4); + min-p 0.
+ *   greedy 1; temperature only 1; + top-k 6 (+4 when ties straddle the boundary);
+ *   + top-p 4 (+4: the radix digits; the row's mass and the boundary's count come with them);
+ *   + min-p 0.
  * Histograms are 256 bins in shared memory; masses are 2^-40 fixed point, so the integer
  * atomics give the same sums in any order and the same seed gives the same token every run.
  * Penalized tokens are marked in a shared-memory bitmap (vocab bits) and visited from the
@@ -40,7 +41,7 @@ struct Shared {
     float redf[32];
     int redi[32];
     int sel, n, kp;
-    u64 acc;
+    u64 acc, want, on_key;
     u64 top[TOPK_CAP];  /* the gathered top-k set: key << 32 | ~id, sorted descending */
 };
 
@@ -192,15 +193,6 @@ struct FirstPass { /* argmax of x and the count of candidates */
     }
 };
 
-struct MassPass { /* total mass */
-    float inv_t, m; u64 z;
-    __device__ void operator()(int id, float l, bool in) {
-        if (!in) return;
-        float x = __fmul_rn(l, inv_t);
-        if (valid(x)) z += mass_of(x, m);
-    }
-};
-
 struct TiePass { /* about key t: tokens on it, the mass of one, the mass above it */
     float inv_t, m; uint32_t t; int n; u64 one, above;
     __device__ void operator()(int id, float l, bool in) {
@@ -229,6 +221,7 @@ struct HistPass {
             k = ~(uint32_t)id;
         }
         take = take && (k & mask) == prefix;
+        if (!__any_sync(FULL, take)) return; /* past the first digit most warps hold no token of the prefix */
         unsigned bin = take ? (k >> shift) & 255u : 0xffffffffu;
         unsigned grp = __match_any_sync(FULL, bin);
         u64 w;
@@ -347,10 +340,14 @@ static __device__ void best_of(float &v, int &i, RowCtx *rc, Shared &sh)
     i = b ? (int)~(uint32_t)b : INT_MAX;
 }
 
-/* The key of the prefix that reaches `want` (see radix_select in kernels/cpu/sample.c). */
+/* The key of the prefix that reaches `want` (see radix_select in kernels/cpu/sample.c); *above:
+ * the weight above that key. want 0 (masses only): frac of the first histogram's total, which is
+ * the row's mass, so no pass of its own sums it; *want_out then says the value taken. *on_key:
+ * the weight on the key itself (the last histogram's bin). */
 template <int MODE>
 static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 *above, Shared &sh,
-                                     RowCtx *rc = nullptr)
+                                     RowCtx *rc = nullptr, float frac = 0, u64 *want_out = nullptr,
+                                     u64 *on_key = nullptr)
 {
     uint32_t prefix = 0, mask = 0;
     u64 acc = 0;
@@ -378,6 +375,10 @@ static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 
                 u64 y = __shfl_up_sync(FULL, inc, o);
                 if (lane >= o) inc += y;
             }
+            if (!want) { /* the first digit's bins hold every token once: their sum is the total */
+                want = (u64)((double)frac * (double)__shfl_sync(FULL, inc, 31));
+                if (want < 1) want = 1;
+            }
             unsigned hit = __ballot_sync(FULL, acc + inc >= want);
             int L = hit ? __ffs(hit) - 1 : 31;
             if (lane == L) {
@@ -389,6 +390,8 @@ static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 
                 }
                 sh.sel = b;
                 sh.acc = a;
+                sh.want = want;
+                sh.on_key = sh.h[b];
             }
         }
         __syncthreads();
@@ -398,6 +401,9 @@ static __device__ uint32_t radix_select(const Row &r, u64 want, uint32_t t, u64 
         __syncthreads();
     }
     *above = acc;
+    if (want_out) *want_out = sh.want;
+    if (on_key) *on_key = sh.on_key;
+    __syncthreads(); /* sh.want and sh.on_key read before the next selection writes them */
     return prefix;
 }
 
@@ -602,17 +608,21 @@ static __device__ int draw_truncated(const Row &r, const sf_k_sample_row &p, uin
                                      int first, Shared &sh, RowCtx *rc)
 {
     if (p.top_p < 1.0f) {
-        if (!have_zk) {
-            MassPass mp = { r.inv_t, r.m, 0 };
-            visit(r, mp);
-            zk = reduce_u64<false>(mp.z, rc, sh);
+        /* the row's mass (without a top-k) comes with the first histogram; the tokens on the
+         * boundary key all have its mass, so the last histogram's bin counts them */
+        u64 want = 0, above, on_t;
+        if (have_zk) {
+            want = (u64)((double)p.top_p * (double)zk);
+            if (want < 1) want = 1;
         }
-        u64 want = (u64)((double)p.top_p * (double)zk), above;
-        if (want < 1) want = 1;
-        const uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh, rc);
-        TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
-        visit(r, tp);
-        const u64 n_t = reduce_u64<false>((u64)tp.n, rc, sh), one = reduce_u64<true>(tp.one, rc, sh);
+        const uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh, rc, p.top_p, &want, &on_t);
+        const u64 one = mass_of(key_float(tp_key), r.m);
+        u64 n_t = one ? on_t / one : 0;
+        if (!one) { /* a selected bin holds mass, so this is not reached; counted if it were */
+            TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
+            visit(r, tp);
+            n_t = reduce_u64<false>((u64)tp.n, rc, sh);
+        }
         u64 rr = one ? (want - above + one - 1) / one : n_t;
         if (rr < 1) rr = 1;
         if (rr > n_t) rr = n_t;
