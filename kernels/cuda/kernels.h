@@ -278,7 +278,7 @@ typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen
 /* Largest vocabulary the penalty bitmap (shared memory) takes. */
 #define SF_K_SAMPLE_MAX_VOCAB (36 * 1024 * 8) /* 36 KiB of bits: with the kernel's own 11 KiB, within 48 KiB */
 /* Device scratch of the op (scratch below): counters for up to SF_K_SAMPLE_SPLIT_ROWS rows, then
- * the parts of rows split over blocks (25 KiB per row: calls of up to ~80 rows split); zero when
+ * the parts of rows split over blocks (24 KiB per row: calls of up to ~84 rows split); zero when
  * first given, the op leaves it so. */
 #define SF_K_SAMPLE_SCRATCH ((size_t)2 << 20)
 #define SF_K_SAMPLE_SPLIT_ROWS 1024

@@ -311,15 +311,24 @@ static __device__ void row_sync(RowCtx &rc)
     __syncthreads();
 }
 
+/* The block's x (summed, or MAX: the largest) into the row's next slot; the slot holds the
+ * row's once every part has passed the next row_sync. */
+template <bool MAX>
+static __device__ u64 *row_put(u64 x, RowCtx &rc, Shared &sh)
+{
+    x = MAX ? block_max_u64(x, sh) : block_sum_u64(x, sh);
+    u64 *slot = rc.slot + rc.n_slot++;
+    if (threadIdx.x == 0 && x) MAX ? atomicMax((unsigned long long *)slot, x) : atomicAdd((unsigned long long *)slot, x);
+    return slot;
+}
+
 /* x summed (MAX: the largest) over the block, and with rc over the row's parts; every thread
  * gets it. */
 template <bool MAX>
 static __device__ u64 reduce_u64(u64 x, RowCtx *rc, Shared &sh)
 {
-    x = MAX ? block_max_u64(x, sh) : block_sum_u64(x, sh);
-    if (!rc) return x;
-    u64 *slot = rc->slot + rc->n_slot++;
-    if (threadIdx.x == 0 && x) MAX ? atomicMax((unsigned long long *)slot, x) : atomicAdd((unsigned long long *)slot, x);
+    if (!rc) return MAX ? block_max_u64(x, sh) : block_sum_u64(x, sh);
+    u64 *slot = row_put<MAX>(x, *rc, sh);
     row_sync(*rc);
     return __ldcg(slot);
 }
@@ -487,22 +496,16 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
 /* ---- a row split over several blocks ------------------------------------------------------
  * For a few rows the row's ids are cut into parts, one block each, so a row runs on many SMs
  * instead of one (the Gumbel noise's two logarithms and hash per token made a 128256-token row
- * on one SM 55-59 us slower than a greedy one; top-k 50 + top-p is ~7 passes). Greedy and
- * temperature-only rows are one argmax pass (of x, and of x + noise): each part keeps its bests.
- * A top-k row (k x parts <= TOPK_CAP) takes each part's own top k by the same selection as the
- * whole row (the radix passes see only the part), whose union holds the row's top k. The last
- * part of a row to finish (a counter per row, left at zero again) combines: the bests by the
- * total order of best_combine, the top-k candidates sorted in shared memory and finished as
- * small_top_k finishes a gathered set, so every result is the whole row's, whatever the order. */
-struct PartHead {
-    float fv, dv; /* the best x and the best x + noise of the part */
-    int fi, di;
-    int n_valid, count; /* valid tokens, top-k candidates written */
-    int pad[2];
-};
+ * on one SM 55-59 us slower than a greedy one; top-k 50 + top-p is ~7 passes). The parts of a
+ * row meet through its RowCtx (the launch is cooperative). Greedy and temperature-only rows are
+ * one argmax pass (of x, and of x + noise): the parts' bests meet in the row's slots. A top-k
+ * row (k x parts <= TOPK_CAP) takes each part's own top k by the same selection as the whole
+ * row (the radix passes see only the part), whose union holds the row's top k; part 0 sorts
+ * the union in shared memory and finishes it as small_top_k finishes a gathered set. Every
+ * result is the whole row's, whatever the order. */
 #define SPLIT_MAX_PARTS 32
-#define SPLIT_HEADS_BYTES (SPLIT_MAX_PARTS * sizeof(PartHead) + TOPK_CAP * sizeof(u64)) /* heads, candidates */
-#define SPLIT_ROW_BYTES (SPLIT_HEADS_BYTES + 64 + (ROW_SLOTS + 256 * ROW_HISTS) * sizeof(u64)) /* + RowCtx's */
+#define SPLIT_CAND_BYTES (TOPK_CAP * sizeof(u64)) /* the parts' top-k candidates */
+#define SPLIT_ROW_BYTES (SPLIT_CAND_BYTES + 64 + (ROW_SLOTS + 256 * ROW_HISTS) * sizeof(u64)) /* + RowCtx's */
 
 /* The row narrowed to part blockIdx.y of P: whole 16-byte loads per part. */
 static __device__ __forceinline__ void take_part(Row &r, int P)
@@ -512,14 +515,37 @@ static __device__ __forceinline__ void take_part(Row &r, int P)
     r.hi = min(r.vocab, r.lo + chunk);
 }
 
+/* The row's RowCtx in the scratch (after its candidates), and the part's own ids. */
+static __device__ RowCtx split_ctx(Row &r, int P, char *rows_ws)
+{
+    char *ctx = rows_ws + (size_t)blockIdx.x * SPLIT_ROW_BYTES + SPLIT_CAND_BYTES;
+    take_part(r, P);
+    return RowCtx{ (unsigned *)ctx, (u64 *)(ctx + 64), (u64 *)(ctx + 64) + ROW_SLOTS, P, 0, 0 };
+}
+
+/* Part 0 writes the id; the last part of the row to get here (every part has read every slot
+ * by then) leaves the row's slots, histograms and counter at zero for the next launch. */
+static __device__ void split_done(RowCtx &rc, unsigned *cnt, int32_t *ids, int id, Shared &sh)
+{
+    const int row = blockIdx.x;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (blockIdx.y == 0) ids[row] = id;
+        sh.sel = atomicAdd(&cnt[row], 1u) == (unsigned)rc.P - 1;
+    }
+    __syncthreads();
+    if (!sh.sel) return;
+    for (int i = threadIdx.x; i < rc.n_slot; i += NT) rc.slot[i] = 0;
+    for (int i = threadIdx.x; i < 256 * rc.n_hist; i += NT) rc.hist[i] = 0;
+    if (threadIdx.x == 0) cnt[row] = 0;
+}
+
 static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
                                  int32_t *ids, Shared &sh)
 {
-    const int row = blockIdx.x, q = blockIdx.y, tid = threadIdx.x, slot = TOPK_CAP / P;
-    PartHead *head = (PartHead *)(rows_ws + (size_t)row * SPLIT_ROW_BYTES);
-    u64 *cand = (u64 *)(head + SPLIT_MAX_PARTS);
-    take_part(r, P);
-    PartHead me = { -INFINITY, -INFINITY, INT_MAX, INT_MAX, 0, 0, { 0, 0 } };
+    const int tid = threadIdx.x, slot = TOPK_CAP / P;
+    RowCtx rc = split_ctx(r, P, rows_ws);
+    int id;
     if (kind == 2) { /* top-k: this part's own top k (all its valid tokens when it has no more) */
         FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
         visit(r, f1);
@@ -542,63 +568,40 @@ static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample
         visit(r, gp);
         __syncthreads();
         const int n = min(sh.n, slot);
-        for (int i = tid; i < n; i += NT) cand[q * slot + i] = sh.top[i];
-        me.fv = f1.v; me.fi = f1.i; me.n_valid = nv; me.count = n;
+        u64 *cand = (u64 *)(rows_ws + (size_t)blockIdx.x * SPLIT_ROW_BYTES) + blockIdx.y * slot;
+        for (int i = tid; i < slot; i += NT) cand[i] = i < n ? sh.top[i] : 0; /* 0 sorts last */
+        /* the row's best, valid count and candidate count, all behind one barrier */
+        u64 *best = row_put<true>(best_pack(f1.v, f1.i), rc, sh), *n_valid = row_put<false>((u64)nv, rc, sh),
+            *total = row_put<false>((u64)n, rc, sh);
+        row_sync(rc);
+        const u64 b = __ldcg(best);
+        const int first = b ? (int)~(uint32_t)b : 0;
+        id = first;
+        if (blockIdx.y == 0 && __ldcg(n_valid) > 0) {
+            const u64 *all = (const u64 *)(rows_ws + (size_t)blockIdx.x * SPLIT_ROW_BYTES);
+            sh.top[tid] = tid < rc.P * slot ? __ldcg(&all[tid]) : 0; /* TOPK_CAP == NT slots */
+            __syncthreads();
+            r.m = key_float((uint32_t)(b >> 32));
+            const int gi = finish_set(r, p, min((int)__ldcg(total), p.top_k), sh);
+            id = gi == INT_MAX ? first : gi;
+        }
     } else if (kind == 0) { /* greedy */
         FirstPass f = { r.inv_t, -INFINITY, INT_MAX, 0 };
         visit(r, f);
-        block_best(f.v, f.i, sh);
-        me.fv = f.v; me.fi = f.i;
+        best_of(f.v, f.i, &rc, sh);
+        id = f.i == INT_MAX ? 0 : f.i;
     } else { /* temperature alone */
         PlainPass pp = { { r.inv_t, -INFINITY, INT_MAX, 0 },
                          { r.inv_t, 0, -1, sf_sample_stream(p.seed, p.step), -INFINITY, INT_MAX } };
         visit(r, pp);
         block_best(pp.f.v, pp.f.i, sh);
         block_best(pp.d.v, pp.d.i, sh);
-        me.fv = pp.f.v; me.fi = pp.f.i; me.dv = pp.d.v; me.di = pp.d.i;
+        u64 *fb = row_put<true>(best_pack(pp.f.v, pp.f.i), rc, sh), *db = row_put<true>(best_pack(pp.d.v, pp.d.i), rc, sh);
+        row_sync(rc);
+        const u64 f = __ldcg(fb), d = __ldcg(db);
+        id = d ? (int)~(uint32_t)d : f ? (int)~(uint32_t)f : 0;
     }
-    __threadfence(); /* this part's candidates and head before the count */
-    __syncthreads();
-    if (tid == 0) {
-        head[q] = me;
-        __threadfence();
-        sh.sel = atomicAdd(&cnt[row], 1u) == (unsigned)P - 1; /* the last part of the row */
-    }
-    __syncthreads();
-    if (!sh.sel) return;
-    __threadfence();
-    /* the last part: every thread reads the heads (L2, past L1) */
-    float fv = -INFINITY, dv = -INFINITY;
-    int fi = INT_MAX, di = INT_MAX, nv = 0, total = 0;
-    for (int k = 0; k < P; k++) {
-        const PartHead h = { __ldcg(&head[k].fv), __ldcg(&head[k].dv), __ldcg(&head[k].fi), __ldcg(&head[k].di),
-                             __ldcg(&head[k].n_valid), __ldcg(&head[k].count), { 0, 0 } };
-        best_combine(fv, fi, h.fv, h.fi);
-        best_combine(dv, di, h.dv, h.di);
-        nv += h.n_valid;
-        total += h.count;
-    }
-    const int first = fi == INT_MAX ? 0 : fi;
-    int id;
-    if (kind == 2 && nv > 0) {
-        sh.top[tid] = 0; /* sorts last (TOPK_CAP == NT slots) */
-        __syncthreads();
-        for (int k = 0, at = 0; k < P; k++) {
-            const int ck = __ldcg(&head[k].count);
-            for (int i = tid; i < ck; i += NT) sh.top[at + i] = __ldcg(&cand[k * slot + i]);
-            at += ck;
-        }
-        __syncthreads();
-        r.m = fv;
-        const int gi = finish_set(r, p, min(total, p.top_k), sh);
-        id = gi == INT_MAX ? first : gi;
-    } else {
-        id = kind == 1 && di != INT_MAX ? di : first;
-    }
-    if (tid == 0) {
-        ids[row] = id;
-        cnt[row] = 0;
-    }
+    split_done(rc, cnt, ids, id, sh);
 }
 
 /* The end of a drawn row: the top-p and min-p boundaries on top of (t, c) (zk: the kept set's
@@ -645,10 +648,7 @@ static __device__ int draw_truncated(const Row &r, const sf_k_sample_row &p, uin
 static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
                                                 int32_t *ids, Shared &sh)
 {
-    const int row = blockIdx.x;
-    char *ctx = rows_ws + (size_t)row * SPLIT_ROW_BYTES + SPLIT_HEADS_BYTES;
-    RowCtx rc = { (unsigned *)ctx, (u64 *)(ctx + 64), (u64 *)(ctx + 64) + ROW_SLOTS, P, 0, 0 };
-    take_part(r, P);
+    RowCtx rc = split_ctx(r, P, rows_ws);
     FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
     visit(r, f1);
     best_of(f1.v, f1.i, &rc, sh);
@@ -659,17 +659,7 @@ static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, 
         r.m = f1.v;
         id = draw_truncated(r, p, 0, -1, 0, false, first, sh, &rc);
     }
-    /* every part has read every slot: the last one leaves the row's slots and histograms at zero */
-    __syncthreads();
-    if (threadIdx.x == 0) sh.sel = atomicAdd(&cnt[row], 1u) == (unsigned)P - 1;
-    __syncthreads();
-    if (!sh.sel) return;
-    for (int i = threadIdx.x; i < rc.n_slot; i += NT) rc.slot[i] = 0;
-    for (int i = threadIdx.x; i < 256 * rc.n_hist; i += NT) rc.hist[i] = 0;
-    if (threadIdx.x == 0) {
-        ids[row] = id;
-        cnt[row] = 0;
-    }
+    split_done(rc, cnt, ids, id, sh);
 }
 
 /* SPLIT: the instance for launches of P > 1 parts per row (the one-part instance carries none of
