@@ -127,8 +127,9 @@ typedef struct cuda_ctx {
     int gap_w, gap_r, gap_open; /* pairs [gap_r, gap_w) await reading; gap_open: pair gap_w has its first */
     double gap_us;
     long gap_n;
-    /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), summed by kind and shape,
-     * printed when the backend closes */
+    /* SEMFLOW_CUDA_PROFILE=1: each op timed on its own (graphs off), queued behind a 200 us hold
+     * of the stream so that its host call is not timed, summed by kind and shape, printed when
+     * the backend closes */
     int prof;
     cudaEvent_t prof_ev[2];
     struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
@@ -238,6 +239,9 @@ static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *o
 {
     if (!c->prof) return kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
     float ms = 0;
+    /* the stream held while the op is queued behind the start event, so that the event pair
+     * times the op's device work and not its host call (cuBLASLt's is 10-25 us) */
+    sf_k_hold(200000, c->s);
     cudaEventRecord(c->prof_ev[0], c->s);
     int rc = kcheck(sf_cuda_graph_submit(&c->graphs, c->gemm, c->s, r, capturable), op);
     cudaEventRecord(c->prof_ev[1], c->s);

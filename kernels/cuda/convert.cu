@@ -81,3 +81,20 @@ extern "C" int sf_k_fill_random(uint16_t *dst, int64_t n, uint64_t seed, float s
     k_fill_random<<<grid, 256, 0, s>>>((bf16 *)dst, n, seed, scale);
     return sf_launch_status();
 }
+
+/* One thread that holds the stream for ns nanoseconds (%globaltimer). */
+__global__ void k_hold(uint64_t ns)
+{
+    uint64_t t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+extern "C" int sf_k_hold(uint64_t ns, cudaStream_t s)
+{
+    k_hold<<<1, 1, 0, s>>>(ns);
+    return sf_launch_status();
+}

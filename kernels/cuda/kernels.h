@@ -27,6 +27,9 @@ int sf_k_bf16_to_f32(const uint16_t *src, int64_t ld_src, int64_t rows, int64_t 
                      cudaStream_t s);
 /* n bf16 values, uniform in [-scale, scale), a pure function of (seed, index). */
 int sf_k_fill_random(uint16_t *dst, int64_t n, uint64_t seed, float scale, cudaStream_t s);
+/* Keeps the stream busy for ns nanoseconds: work queued behind it meanwhile starts without the
+ * host's launch cost in front of it (the op profile times ops that way). */
+int sf_k_hold(uint64_t ns, cudaStream_t s);
 
 /* ---- embedding and row gather (embed.cu) -------------------------------------------- */
 /* x[t, :] = emb[tokens[t], :] for t < T; ids outside [0, vocab) give a zero row (the host
