@@ -288,6 +288,7 @@ struct RowCtx {
     u64 *slot;      /* reductions, in order of use */
     u64 *hist;      /* radix histograms, 256 bins each, in order of use */
     int P, n_slot, n_hist;
+    u64 *cand;      /* TOPK_CAP entries the parts gather into */
 };
 #define ROW_SLOTS 32
 #define ROW_HISTS 8
@@ -436,6 +437,22 @@ static __device__ __forceinline__ bool shorter(uint32_t ta, int ca, uint32_t tb,
  * key at least the threshold's. Returns the drawn id (every thread). */
 static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, Shared &sh);
 
+/* sh.top sorted descending (key << 32 | ~id: key descending, id ascending; 0 last). */
+static __device__ void sort_top(Shared &sh)
+{
+    const int tid = threadIdx.x;
+    for (int size = 2; size <= TOPK_CAP; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            int j = tid ^ stride;
+            if (j > tid) {
+                u64 a = sh.top[tid], b = sh.top[j];
+                if ((a < b) == ((tid & size) == 0)) { sh.top[tid] = b; sh.top[j] = a; }
+            }
+        }
+    __syncthreads();
+}
+
 static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32_t t, int c, Shared &sh)
 {
     const int tid = threadIdx.x;
@@ -453,16 +470,7 @@ static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32
 static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, Shared &sh)
 {
     const int tid = threadIdx.x;
-    for (int size = 2; size <= TOPK_CAP; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            __syncthreads();
-            int j = tid ^ stride;
-            if (j > tid) {
-                u64 a = sh.top[tid], b = sh.top[j];
-                if ((a < b) == ((tid & size) == 0)) { sh.top[tid] = b; sh.top[j] = a; }
-            }
-        }
-    __syncthreads();
+    sort_top(sh);
     u64 e = sh.top[tid];
     uint32_t k = (uint32_t)(e >> 32);
     int id = (int)~(uint32_t)e;
@@ -520,7 +528,7 @@ static __device__ RowCtx split_ctx(Row &r, int P, char *rows_ws)
 {
     char *ctx = rows_ws + (size_t)blockIdx.x * SPLIT_ROW_BYTES + SPLIT_CAND_BYTES;
     take_part(r, P);
-    return RowCtx{ (unsigned *)ctx, (u64 *)(ctx + 64), (u64 *)(ctx + 64) + ROW_SLOTS, P, 0, 0 };
+    return RowCtx{ (unsigned *)ctx, (u64 *)(ctx + 64), (u64 *)(ctx + 64) + ROW_SLOTS, P, 0, 0, (u64 *)(ctx - SPLIT_CAND_BYTES) };
 }
 
 /* Part 0 writes the id; the last part of the row to get here (every part has read every slot
@@ -604,6 +612,141 @@ static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample
     split_done(rc, cnt, ids, id, sh);
 }
 
+/* ---- the top-p boundary from bins of mass ------------------------------------------------
+ * The row's masses summed in PB_BINS bins of 1/PB_SCALE of m - x (a token 27.8 or more below
+ * the max has no mass in 2^-40 fixed point, so every token with mass has a bin), scanned from
+ * the top for the bin where the mass reaches want; that bin's tokens, gathered and sorted by
+ * (key descending, id ascending) with their masses summed in that order, give the boundary:
+ * the token at which the mass reaches want, the same (t, c) as the radix digits and tie cut
+ * (bins are ranges of x, and the key order is x's). Three passes fewer than the radix path
+ * where the boundary's bin holds at most TOPK_CAP tokens; otherwise (or if the bins' mass never
+ * reaches want) the caller takes the radix path. */
+#define PB_BINS 1024 /* sh.top's u64 slots: the bins first, then the gathered tokens */
+#define PB_SCALE 32.0f
+
+static __device__ __forceinline__ int mass_bin(float x, float m)
+{
+    return min(PB_BINS - 1, (int)__fmul_rn(__fsub_rn(m, x), PB_SCALE));
+}
+
+struct BinPass { /* mass by bin */
+    float inv_t, m; u64 *h;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
+        const float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        const u64 w = mass_of(x, m);
+        if (w) atomicAdd((unsigned long long *)&h[mass_bin(x, m)], (unsigned long long)w);
+    }
+};
+
+struct BinGatherPass { /* the tokens with mass in bin b into sh.top (at most TOPK_CAP) */
+    float inv_t, m; int b; Shared *sh;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
+        const float x = __fmul_rn(l, inv_t);
+        if (!valid(x) || mass_bin(x, m) != b || !mass_of(x, m)) return;
+        const int slot = atomicAdd(&sh->n, 1);
+        if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
+    }
+};
+
+/* The top-p boundary (*t, *c) of a row (with rc: of the row's parts together); want 0: top_p of
+ * the row's mass. False when the caller must take the radix path (rc's histograms then free). */
+static __device__ bool top_p_bins(const Row &r, float top_p, u64 want, uint32_t *t, int *c, Shared &sh, RowCtx *rc)
+{
+    const int tid = threadIdx.x;
+    u64 *h = sh.top;
+    for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
+    __syncthreads();
+    BinPass bp = { r.inv_t, r.m, h };
+    visit(r, bp);
+    __syncthreads();
+    u64 *rh = NULL;
+    if (rc) { /* the row's bins: the parts' merged */
+        rh = rc->hist + 256 * rc->n_hist;
+        rc->n_hist += PB_BINS / 256;
+        for (int b = tid; b < PB_BINS; b += NT)
+            if (h[b]) atomicAdd((unsigned long long *)&rh[b], (unsigned long long)h[b]);
+        row_sync(*rc);
+        for (int b = tid; b < PB_BINS; b += NT) h[b] = __ldcg(&rh[b]);
+        __syncthreads();
+    }
+    if (tid < 32) { /* from the top bin down: 32 bins a lane, a warp scan across lanes */
+        const int lane = tid, lo = 32 * lane;
+        u64 sum = 0;
+        for (int j = 0; j < 32; j++) sum += h[lo + j];
+        u64 inc = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 y = __shfl_up_sync(FULL, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (!want) {
+            want = (u64)((double)top_p * (double)__shfl_sync(FULL, inc, 31));
+            if (want < 1) want = 1;
+        }
+        const unsigned hit = __ballot_sync(FULL, inc >= want);
+        if (lane == 0) sh.sel = -1;
+        __syncwarp();
+        if (hit && lane == __ffs(hit) - 1) {
+            u64 a = inc - sum;
+            int b = lo;
+            for (; b < lo + 31 && a + h[b] < want; b++) a += h[b];
+            sh.sel = b;
+            sh.acc = a;
+            sh.want = want;
+        }
+    }
+    if (tid == 0) sh.n = 0;
+    __syncthreads();
+    const int b = sh.sel;
+    const u64 above = sh.acc;
+    want = sh.want;
+    __syncthreads(); /* the bins read: sh.top takes the tokens */
+    int n = 0;
+    if (b >= 0) {
+        BinGatherPass gp = { r.inv_t, r.m, b, &sh };
+        visit(r, gp);
+        __syncthreads();
+        n = sh.n;
+        if (rc) { /* the parts' tokens of the bin, together in the row's candidates */
+            u64 *cursor = rc->slot + rc->n_slot++;
+            if (tid == 0) sh.kp = n ? (int)atomicAdd((unsigned long long *)cursor, (unsigned long long)n) : 0;
+            __syncthreads();
+            for (int i = tid; i < n && sh.kp + i < TOPK_CAP; i += NT) rc->cand[sh.kp + i] = sh.top[i];
+            row_sync(*rc);
+            n = (int)min(__ldcg(cursor), (u64)(TOPK_CAP + 1));
+            sh.top[tid] = tid < n ? __ldcg(&rc->cand[tid]) : 0; /* TOPK_CAP == NT */
+            __syncthreads();
+        } else if (tid >= n) {
+            sh.top[tid] = 0;
+        }
+    }
+    bool found = false;
+    if (b >= 0 && n <= TOPK_CAP) {
+        sort_top(sh);
+        const u64 e = sh.top[tid];
+        const u64 w = tid < n ? mass_of(key_float((uint32_t)(e >> 32)), r.m) : 0, cum = block_scan_u64(w, sh);
+        if (tid == 0) sh.acc = 0;
+        __syncthreads();
+        if (tid < n && above + cum >= want && above + cum - w < want) sh.acc = e; /* one token */
+        __syncthreads();
+        found = sh.acc != 0;
+        *t = (uint32_t)(sh.acc >> 32);
+        *c = (int)~(uint32_t)sh.acc;
+        __syncthreads();
+    }
+    if (!found && rc) { /* every part has read the bins: zeroed for the radix path's use */
+        row_sync(*rc);
+        if (blockIdx.y == 0)
+            for (int i = tid; i < PB_BINS; i += NT) rh[i] = 0;
+        rc->n_hist = 0;
+        row_sync(*rc);
+    }
+    return found;
+}
+
 /* The end of a drawn row: the top-p and min-p boundaries on top of (t, c) (zk: the kept set's
  * mass when have_zk, else the row's is summed here), then the Gumbel-max draw over what is
  * kept; first when nothing is. One block's, or with rc a split row's parts' together. */
@@ -611,25 +754,30 @@ static __device__ int draw_truncated(const Row &r, const sf_k_sample_row &p, uin
                                      int first, Shared &sh, RowCtx *rc)
 {
     if (p.top_p < 1.0f) {
-        /* the row's mass (without a top-k) comes with the first histogram; the tokens on the
-         * boundary key all have its mass, so the last histogram's bin counts them */
         u64 want = 0, above, on_t;
         if (have_zk) {
             want = (u64)((double)p.top_p * (double)zk);
             if (want < 1) want = 1;
         }
-        const uint32_t tp_key = radix_select<1>(r, want, 0, &above, sh, rc, p.top_p, &want, &on_t);
-        const u64 one = mass_of(key_float(tp_key), r.m);
-        u64 n_t = one ? on_t / one : 0;
-        if (!one) { /* a selected bin holds mass, so this is not reached; counted if it were */
-            TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
-            visit(r, tp);
-            n_t = reduce_u64<false>((u64)tp.n, rc, sh);
+        uint32_t tp_key;
+        int cp;
+        if (!top_p_bins(r, p.top_p, want, &tp_key, &cp, sh, rc)) {
+            /* the radix path: the row's mass (without a top-k) comes with the first histogram;
+             * the tokens on the boundary key all have its mass, so the last histogram's bin
+             * counts them */
+            tp_key = radix_select<1>(r, want, 0, &above, sh, rc, p.top_p, &want, &on_t);
+            const u64 one = mass_of(key_float(tp_key), r.m);
+            u64 n_t = one ? on_t / one : 0;
+            if (!one) { /* a selected bin holds mass, so this is not reached; counted if it were */
+                TiePass tp = { r.inv_t, r.m, tp_key, 0, 0, 0 };
+                visit(r, tp);
+                n_t = reduce_u64<false>((u64)tp.n, rc, sh);
+            }
+            u64 rr = one ? (want - above + one - 1) / one : n_t;
+            if (rr < 1) rr = 1;
+            if (rr > n_t) rr = n_t;
+            cp = cut_ties(r, tp_key, rr, (int)n_t, sh, rc);
         }
-        u64 rr = one ? (want - above + one - 1) / one : n_t;
-        if (rr < 1) rr = 1;
-        if (rr > n_t) rr = n_t;
-        const int cp = cut_ties(r, tp_key, rr, (int)n_t, sh, rc);
         if (shorter(tp_key, cp, t, c)) { t = tp_key; c = cp; }
     }
     if (p.min_p > 0) {
