@@ -501,6 +501,205 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
     return gi;
 }
 
+/* ---- top-k and top-p boundaries from bins of m - x ----------------------------------------
+ * The row's masses summed in PB_BINS bins of 1/PB_SCALE of m - x (a token 27.8 or more below
+ * the max has no mass in 2^-40 fixed point, so every token with mass has a bin), scanned from
+ * the top for the bin where the mass reaches want; that bin's tokens, gathered and sorted by
+ * (key descending, id ascending) with their masses summed in that order, give the boundary:
+ * the token at which the mass reaches want, the same (t, c) as the radix digits and tie cut
+ * (bins are ranges of x, and the key order is x's). Three passes fewer than the radix path
+ * where the boundary's bin holds at most TOPK_CAP tokens; otherwise (or if the bins' mass never
+ * reaches want) the caller takes the radix path. A top-k set is found the same way with counts:
+ * the bins down to the one where the count reaches k hold the top k and the rest of that bin;
+ * gathered (at most TOPK_CAP) and sorted, their first k are the set. Bin atomics collide little
+ * (a bin is 1/32 of a logit), where the radix digits' first bins hold most of the row. */
+#define PB_BINS 1024 /* sh.top's u64 slots: the bins first, then the gathered tokens */
+#define PB_SCALE 32.0f
+
+static __device__ __forceinline__ int mass_bin(float x, float m)
+{
+    return min(PB_BINS - 1, (int)__fmul_rn(__fsub_rn(m, x), PB_SCALE));
+}
+
+struct BinPass { /* mass by bin */
+    float inv_t, m; u64 *h;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
+        const float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        const u64 w = mass_of(x, m);
+        if (w) atomicAdd((unsigned long long *)&h[mass_bin(x, m)], (unsigned long long)w);
+    }
+};
+
+struct CountBinPass { /* tokens by bin (those past the last bin are not counted) */
+    float inv_t, m; u64 *h;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
+        const float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        const int b = mass_bin(x, m);
+        if (b < PB_BINS - 1) atomicAdd((unsigned long long *)&h[b], 1ull);
+    }
+};
+
+struct BinsGatherPass { /* the counted tokens of bins 0..b into sh.top (at most TOPK_CAP) */
+    float inv_t, m; int b; Shared *sh;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
+        const float x = __fmul_rn(l, inv_t);
+        if (!valid(x)) return;
+        const int bx = mass_bin(x, m);
+        if (bx > b || bx == PB_BINS - 1) return;
+        const int slot = atomicAdd(&sh->n, 1);
+        if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
+    }
+};
+
+/* The first bin from the top at which the bins' running sum reaches want (0: frac of their
+ * total, at least 1) into sh.sel (-1: never), the sum before it into sh.acc, want into sh.want;
+ * sh.n zeroed. Every thread returns after them. */
+static __device__ void scan_bins(const u64 *h, u64 want, float frac, Shared &sh)
+{
+    if (threadIdx.x < 32) { /* 32 bins a lane, a warp scan across lanes */
+        const int lane = threadIdx.x, lo = 32 * lane;
+        u64 sum = 0;
+        for (int j = 0; j < 32; j++) sum += h[lo + j];
+        u64 inc = sum;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 y = __shfl_up_sync(FULL, inc, o);
+            if (lane >= o) inc += y;
+        }
+        if (!want) {
+            want = (u64)((double)frac * (double)__shfl_sync(FULL, inc, 31));
+            if (want < 1) want = 1;
+        }
+        const unsigned hit = __ballot_sync(FULL, inc >= want);
+        if (lane == 0) {
+            sh.sel = -1;
+            sh.n = 0;
+        }
+        __syncwarp();
+        if (hit && lane == __ffs(hit) - 1) {
+            u64 a = inc - sum;
+            int b = lo;
+            for (; b < lo + 31 && a + h[b] < want; b++) a += h[b];
+            sh.sel = b;
+            sh.acc = a;
+            sh.want = want;
+        }
+    }
+    __syncthreads();
+}
+
+/* A row's top k (k <= TOPK_CAP) in sh.top, sorted (key descending, id ascending), with the
+ * tokens of the rest of the boundary's bin after them and zeros last: the bins of m - x counted,
+ * the bins down to the one where the count reaches k gathered. False (nothing gathered) when
+ * those bins hold more than TOPK_CAP tokens, or the counted bins fewer than k: then the radix
+ * digits decide. */
+static __device__ bool top_k_bins(const Row &r, int k, Shared &sh)
+{
+    const int tid = threadIdx.x;
+    u64 *h = sh.top;
+    for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
+    __syncthreads();
+    CountBinPass cp = { r.inv_t, r.m, h };
+    visit(r, cp);
+    __syncthreads();
+    scan_bins(h, (u64)k, 0, sh);
+    const int b = sh.sel;
+    const u64 n = sh.acc + (b >= 0 ? h[b] : 0);
+    __syncthreads(); /* the bins read: sh.top takes the tokens */
+    if (b < 0 || n > TOPK_CAP) return false;
+    BinsGatherPass gp = { r.inv_t, r.m, b, &sh };
+    visit(r, gp);
+    __syncthreads();
+    if (tid >= sh.n) sh.top[tid] = 0;
+    sort_top(sh);
+    return true;
+}
+
+struct BinGatherPass { /* the tokens with mass in bin b into sh.top (at most TOPK_CAP) */
+    float inv_t, m; int b; Shared *sh;
+    __device__ void operator()(int id, float l, bool in) {
+        if (!in) return;
+        const float x = __fmul_rn(l, inv_t);
+        if (!valid(x) || mass_bin(x, m) != b || !mass_of(x, m)) return;
+        const int slot = atomicAdd(&sh->n, 1);
+        if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
+    }
+};
+
+/* The top-p boundary (*t, *c) of a row (with rc: of the row's parts together); want 0: top_p of
+ * the row's mass. False when the caller must take the radix path (rc's histograms then free). */
+static __device__ bool top_p_bins(const Row &r, float top_p, u64 want, uint32_t *t, int *c, Shared &sh, RowCtx *rc)
+{
+    const int tid = threadIdx.x;
+    u64 *h = sh.top;
+    for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
+    __syncthreads();
+    BinPass bp = { r.inv_t, r.m, h };
+    visit(r, bp);
+    __syncthreads();
+    u64 *rh = NULL;
+    if (rc) { /* the row's bins: the parts' merged */
+        rh = rc->hist + 256 * rc->n_hist;
+        rc->n_hist += PB_BINS / 256;
+        for (int b = tid; b < PB_BINS; b += NT)
+            if (h[b]) atomicAdd((unsigned long long *)&rh[b], (unsigned long long)h[b]);
+        row_sync(*rc);
+        for (int b = tid; b < PB_BINS; b += NT) h[b] = __ldcg(&rh[b]);
+        __syncthreads();
+    }
+    scan_bins(h, want, top_p, sh);
+    const int b = sh.sel;
+    const u64 above = sh.acc;
+    want = sh.want;
+    __syncthreads(); /* the bins read: sh.top takes the tokens */
+    int n = 0;
+    if (b >= 0) {
+        BinGatherPass gp = { r.inv_t, r.m, b, &sh };
+        visit(r, gp);
+        __syncthreads();
+        n = sh.n;
+        if (rc) { /* the parts' tokens of the bin, together in the row's candidates */
+            u64 *cursor = rc->slot + rc->n_slot++;
+            if (tid == 0) sh.kp = n ? (int)atomicAdd((unsigned long long *)cursor, (unsigned long long)n) : 0;
+            __syncthreads();
+            for (int i = tid; i < n && sh.kp + i < TOPK_CAP; i += NT) rc->cand[sh.kp + i] = sh.top[i];
+            row_sync(*rc);
+            n = (int)min(__ldcg(cursor), (u64)(TOPK_CAP + 1));
+            sh.top[tid] = tid < n ? __ldcg(&rc->cand[tid]) : 0; /* TOPK_CAP == NT */
+            __syncthreads();
+        } else if (tid >= n) {
+            sh.top[tid] = 0;
+        }
+    }
+    bool found = false;
+    if (b >= 0 && n <= TOPK_CAP) {
+        sort_top(sh);
+        const u64 e = sh.top[tid];
+        const u64 w = tid < n ? mass_of(key_float((uint32_t)(e >> 32)), r.m) : 0, cum = block_scan_u64(w, sh);
+        if (tid == 0) sh.acc = 0;
+        __syncthreads();
+        if (tid < n && above + cum >= want && above + cum - w < want) sh.acc = e; /* one token */
+        __syncthreads();
+        found = sh.acc != 0;
+        *t = (uint32_t)(sh.acc >> 32);
+        *c = (int)~(uint32_t)sh.acc;
+        __syncthreads();
+    }
+    if (!found && rc) { /* every part has read the bins: zeroed for the radix path's use */
+        row_sync(*rc);
+        if (blockIdx.y == 0)
+            for (int i = tid; i < PB_BINS; i += NT) rh[i] = 0;
+        rc->n_hist = 0;
+        row_sync(*rc);
+    }
+    return found;
+}
+
 /* ---- a row split over several blocks ------------------------------------------------------
  * For a few rows the row's ids are cut into parts, one block each, so a row runs on many SMs
  * instead of one (the Gumbel noise's two logarithms and hash per token made a 128256-token row
@@ -560,22 +759,27 @@ static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample
         block_best(f1.v, f1.i, sh);
         const int nv = (int)block_sum_u64((u64)f1.n, sh);
         r.m = f1.v; /* TiePass's masses are not used here */
-        uint32_t t = 0;
-        int c = -1;
-        if (p.top_k < nv) {
-            u64 above;
-            t = radix_select<0>(r, (u64)p.top_k, 0, &above, sh);
-            TiePass tp = { r.inv_t, r.m, t, 0, 0, 0 };
-            visit(r, tp);
-            const int n_t = (int)block_sum_u64((u64)tp.n, sh);
-            c = cut_ties(r, t, (u64)p.top_k - above, n_t, sh);
+        int n;
+        if (p.top_k < nv && top_k_bins(r, p.top_k, sh)) { /* the part's top k first in sh.top */
+            n = p.top_k;
+        } else {
+            uint32_t t = 0;
+            int c = -1;
+            if (p.top_k < nv) {
+                u64 above;
+                t = radix_select<0>(r, (u64)p.top_k, 0, &above, sh);
+                TiePass tp = { r.inv_t, r.m, t, 0, 0, 0 };
+                visit(r, tp);
+                const int n_t = (int)block_sum_u64((u64)tp.n, sh);
+                c = cut_ties(r, t, (u64)p.top_k - above, n_t, sh);
+            }
+            if (tid == 0) sh.n = 0;
+            __syncthreads();
+            GatherPass gp = { r.inv_t, t, c, &sh };
+            visit(r, gp);
+            __syncthreads();
+            n = min(sh.n, slot);
         }
-        if (tid == 0) sh.n = 0;
-        __syncthreads();
-        GatherPass gp = { r.inv_t, t, c, &sh };
-        visit(r, gp);
-        __syncthreads();
-        const int n = min(sh.n, slot);
         u64 *cand = (u64 *)(rows_ws + (size_t)blockIdx.x * SPLIT_ROW_BYTES) + blockIdx.y * slot;
         for (int i = tid; i < slot; i += NT) cand[i] = i < n ? sh.top[i] : 0; /* 0 sorts last */
         /* the row's best, valid count and candidate count, all behind one barrier */
@@ -610,141 +814,6 @@ static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample
         id = d ? (int)~(uint32_t)d : f ? (int)~(uint32_t)f : 0;
     }
     split_done(rc, cnt, ids, id, sh);
-}
-
-/* ---- the top-p boundary from bins of mass ------------------------------------------------
- * The row's masses summed in PB_BINS bins of 1/PB_SCALE of m - x (a token 27.8 or more below
- * the max has no mass in 2^-40 fixed point, so every token with mass has a bin), scanned from
- * the top for the bin where the mass reaches want; that bin's tokens, gathered and sorted by
- * (key descending, id ascending) with their masses summed in that order, give the boundary:
- * the token at which the mass reaches want, the same (t, c) as the radix digits and tie cut
- * (bins are ranges of x, and the key order is x's). Three passes fewer than the radix path
- * where the boundary's bin holds at most TOPK_CAP tokens; otherwise (or if the bins' mass never
- * reaches want) the caller takes the radix path. */
-#define PB_BINS 1024 /* sh.top's u64 slots: the bins first, then the gathered tokens */
-#define PB_SCALE 32.0f
-
-static __device__ __forceinline__ int mass_bin(float x, float m)
-{
-    return min(PB_BINS - 1, (int)__fmul_rn(__fsub_rn(m, x), PB_SCALE));
-}
-
-struct BinPass { /* mass by bin */
-    float inv_t, m; u64 *h;
-    __device__ void operator()(int id, float l, bool in) {
-        if (!in) return;
-        const float x = __fmul_rn(l, inv_t);
-        if (!valid(x)) return;
-        const u64 w = mass_of(x, m);
-        if (w) atomicAdd((unsigned long long *)&h[mass_bin(x, m)], (unsigned long long)w);
-    }
-};
-
-struct BinGatherPass { /* the tokens with mass in bin b into sh.top (at most TOPK_CAP) */
-    float inv_t, m; int b; Shared *sh;
-    __device__ void operator()(int id, float l, bool in) {
-        if (!in) return;
-        const float x = __fmul_rn(l, inv_t);
-        if (!valid(x) || mass_bin(x, m) != b || !mass_of(x, m)) return;
-        const int slot = atomicAdd(&sh->n, 1);
-        if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
-    }
-};
-
-/* The top-p boundary (*t, *c) of a row (with rc: of the row's parts together); want 0: top_p of
- * the row's mass. False when the caller must take the radix path (rc's histograms then free). */
-static __device__ bool top_p_bins(const Row &r, float top_p, u64 want, uint32_t *t, int *c, Shared &sh, RowCtx *rc)
-{
-    const int tid = threadIdx.x;
-    u64 *h = sh.top;
-    for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
-    __syncthreads();
-    BinPass bp = { r.inv_t, r.m, h };
-    visit(r, bp);
-    __syncthreads();
-    u64 *rh = NULL;
-    if (rc) { /* the row's bins: the parts' merged */
-        rh = rc->hist + 256 * rc->n_hist;
-        rc->n_hist += PB_BINS / 256;
-        for (int b = tid; b < PB_BINS; b += NT)
-            if (h[b]) atomicAdd((unsigned long long *)&rh[b], (unsigned long long)h[b]);
-        row_sync(*rc);
-        for (int b = tid; b < PB_BINS; b += NT) h[b] = __ldcg(&rh[b]);
-        __syncthreads();
-    }
-    if (tid < 32) { /* from the top bin down: 32 bins a lane, a warp scan across lanes */
-        const int lane = tid, lo = 32 * lane;
-        u64 sum = 0;
-        for (int j = 0; j < 32; j++) sum += h[lo + j];
-        u64 inc = sum;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const u64 y = __shfl_up_sync(FULL, inc, o);
-            if (lane >= o) inc += y;
-        }
-        if (!want) {
-            want = (u64)((double)top_p * (double)__shfl_sync(FULL, inc, 31));
-            if (want < 1) want = 1;
-        }
-        const unsigned hit = __ballot_sync(FULL, inc >= want);
-        if (lane == 0) sh.sel = -1;
-        __syncwarp();
-        if (hit && lane == __ffs(hit) - 1) {
-            u64 a = inc - sum;
-            int b = lo;
-            for (; b < lo + 31 && a + h[b] < want; b++) a += h[b];
-            sh.sel = b;
-            sh.acc = a;
-            sh.want = want;
-        }
-    }
-    if (tid == 0) sh.n = 0;
-    __syncthreads();
-    const int b = sh.sel;
-    const u64 above = sh.acc;
-    want = sh.want;
-    __syncthreads(); /* the bins read: sh.top takes the tokens */
-    int n = 0;
-    if (b >= 0) {
-        BinGatherPass gp = { r.inv_t, r.m, b, &sh };
-        visit(r, gp);
-        __syncthreads();
-        n = sh.n;
-        if (rc) { /* the parts' tokens of the bin, together in the row's candidates */
-            u64 *cursor = rc->slot + rc->n_slot++;
-            if (tid == 0) sh.kp = n ? (int)atomicAdd((unsigned long long *)cursor, (unsigned long long)n) : 0;
-            __syncthreads();
-            for (int i = tid; i < n && sh.kp + i < TOPK_CAP; i += NT) rc->cand[sh.kp + i] = sh.top[i];
-            row_sync(*rc);
-            n = (int)min(__ldcg(cursor), (u64)(TOPK_CAP + 1));
-            sh.top[tid] = tid < n ? __ldcg(&rc->cand[tid]) : 0; /* TOPK_CAP == NT */
-            __syncthreads();
-        } else if (tid >= n) {
-            sh.top[tid] = 0;
-        }
-    }
-    bool found = false;
-    if (b >= 0 && n <= TOPK_CAP) {
-        sort_top(sh);
-        const u64 e = sh.top[tid];
-        const u64 w = tid < n ? mass_of(key_float((uint32_t)(e >> 32)), r.m) : 0, cum = block_scan_u64(w, sh);
-        if (tid == 0) sh.acc = 0;
-        __syncthreads();
-        if (tid < n && above + cum >= want && above + cum - w < want) sh.acc = e; /* one token */
-        __syncthreads();
-        found = sh.acc != 0;
-        *t = (uint32_t)(sh.acc >> 32);
-        *c = (int)~(uint32_t)sh.acc;
-        __syncthreads();
-    }
-    if (!found && rc) { /* every part has read the bins: zeroed for the radix path's use */
-        row_sync(*rc);
-        if (blockIdx.y == 0)
-            for (int i = tid; i < PB_BINS; i += NT) rh[i] = 0;
-        rc->n_hist = 0;
-        row_sync(*rc);
-    }
-    return found;
 }
 
 /* The end of a drawn row: the top-p and min-p boundaries on top of (t, c) (zk: the kept set's
@@ -887,6 +956,11 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     u64 zk = 0, above;
     bool have_zk = false;
     if (p.top_k > 0 && p.top_k < n_valid) {
+        if (p.top_k <= TOPK_CAP && top_k_bins(r, p.top_k, sh)) { /* the set gathered by bins */
+            const int id = finish_set(r, p, p.top_k, sh);
+            if (threadIdx.x == 0) ids[blockIdx.x] = id == INT_MAX ? first : id;
+            return;
+        }
         uint32_t tk = radix_select<0>(r, (u64)p.top_k, 0, &above, sh);
         TiePass tp = { r.inv_t, r.m, tk, 0, 0, 0 };
         visit(r, tp);
