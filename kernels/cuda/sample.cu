@@ -6,10 +6,10 @@
  * streams the row (bf16) from L2/HBM, 8 ids per thread and 16-byte load (every pass is an
  * order-free reduction: integer sums, histograms, a total order on (value, id)), so the order in
  * which a thread visits its ids changes no result; the number of passes depends on the request:
- *   greedy 1; temperature only 1; + top-k 6 (+4 when ties straddle the boundary);
- *   + top-p 4 (+4: the radix digits; the row's mass and the boundary's count come with them);
- *   + min-p 0.
- * Histograms are 256 bins in shared memory; masses are 2^-40 fixed point, so the integer
+ *   greedy 1; temperature only 1; top-k (k <= TOPK_CAP) 3, top-p without it 4 (the max, bins
+ *   of m - x, a gather; the draw), + 4-8 where a bin is too crowded and the radix digits decide
+ *   (the reference's way); min-p 0.
+ * Bins and radix histograms are in shared memory; masses are 2^-40 fixed point, so the integer
  * atomics give the same sums in any order and the same seed gives the same token every run.
  * Penalized tokens are marked in a shared-memory bitmap (vocab bits) and visited from the
  * row's entry list with their penalized value instead of from the row. */
