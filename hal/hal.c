@@ -98,6 +98,7 @@ char *sf_hw_info_json(const sf_hw_info *hw)
     json_object_set_new(o, "mem_bw_gbs", json_real(hw->mem_bw_gbs));
     json_object_set_new(o, "mem_read_gbs", json_real(hw->mem_read_gbs));
     json_object_set_new(o, "gemm_tflops", json_real(hw->gemm_tflops));
+    json_object_set_new(o, "gemm_tflops_sustained", json_real(hw->gemm_tflops_sustained));
     if (!strcmp(hw->backend, "cuda")) {
         json_object_set_new(o, "smem_per_block", json_integer((json_int_t)hw->smem_per_block));
         json_object_set_new(o, "cc", json_sprintf("%d.%d", hw->cc_major, hw->cc_minor));
@@ -139,7 +140,7 @@ void sf_hw_info_print(FILE *f, const sf_hw_info *hw)
         fprintf(f, "memory       %s total, %s free\n", human_bytes(hw->mem_total, a, sizeof a),
                 human_bytes(hw->mem_free, b, sizeof b));
         fprintf(f, "HBM copy     %.1f GB/s (read + write)\n", hw->mem_bw_gbs);
-        fprintf(f, "GEMM         %.1f TFLOP/s (bf16)\n", hw->gemm_tflops);
+        fprintf(f, "GEMM         %.1f TFLOP/s (bf16), %.1f sustained\n", hw->gemm_tflops, hw->gemm_tflops_sustained);
         if (hw->pcie_gen) fprintf(f, "PCIe         Gen%d x%d\n", hw->pcie_gen, hw->pcie_width);
         fprintf(f, "chunk        H2D pinned  D2H pinned  H2D pageable  D2H pageable (GB/s)\n");
         for (int i = 0; i < SF_HAL_CHUNKS; i++)

@@ -59,6 +59,9 @@ typedef struct sf_hw_info {
     size_t mem_total, mem_free; /* bytes (host RAM for cpu, HBM for cuda) */
     double mem_bw_gbs;        /* measured: bytes read + written per second / 1e9 */
     double gemm_tflops;       /* measured bf16 (GPU) / fp32 (CPU) GEMM rate */
+    /* GPU: the same GEMM's rate after ~0.4 s of back-to-back calls, when the clocks have settled
+     * under the tensor cores' power (a saturated run's GEMMs run at it); CPU: gemm_tflops */
+    double gemm_tflops_sustained;
     /* PCIe (GPU only): measured copy bandwidth by chunk size 64 KiB << i */
     size_t chunk_bytes[SF_HAL_CHUNKS];
     double h2d_pinned_gbs[SF_HAL_CHUNKS], d2h_pinned_gbs[SF_HAL_CHUNKS];

@@ -17,7 +17,7 @@ try:
     cpu = hw["cpu"]
     ok = (rc == 0 and cpu["backend"] == "cpu" and cpu["n_cores"] >= 1 and cpu["l2_bytes"] > 0
           and cpu["mem_total"] > 0 and cpu["mem_read_gbs"] > 0 and cpu["mem_bw_gbs"] > 0
-          and cpu["gemm_tflops"] > 0 and "cuda" in hw)
+          and cpu["gemm_tflops"] > 0 and cpu["gemm_tflops_sustained"] == cpu["gemm_tflops"] and "cuda" in hw)
     check("hal_json", ok, f"rc {rc}: {out[:300]} {err[:300]}")
 except (ValueError, KeyError) as e:
     check("hal_json", False, f"{e}: {out[:300]} {err[:300]}")
