@@ -19,7 +19,8 @@ typedef struct bench_opts {
     int sample_host;     /* --sample host: copy the logits and choose on the host (default: the backend's sampler) */
     /* throughput */
     int input, output, num_prompts, max_num_seqs, max_batched_tokens;
-    double gpu_util, temperature;
+    double gpu_util, temperature, top_p; /* throughput: every request's sampling (top_p 1: off) */
+    int top_k;
     const char *compare; /* throughput: a `bench decode-batch --json` result to set the engine's step beside */
 } bench_opts;
 

@@ -231,6 +231,8 @@ int sf_bench_throughput(const bench_opts *o)
         sf_submit s = { .prompt = prompt, .n_prompt = I, .cb = on_event, .user = &reqs[i] };
         sf_sampling_default(&s.sampling);
         s.sampling.temperature = (float)o->temperature;
+        s.sampling.top_p = (float)o->top_p;
+        s.sampling.top_k = o->top_k;
         s.sampling.max_tokens = O;
         s.sampling.ignore_eos = 1;
         s.sampling.seed = (uint64_t)i;
@@ -295,6 +297,8 @@ int sf_bench_throughput(const bench_opts *o)
                               "backend", in.backend, "input", I, "output", O, "num_prompts", N, "max_num_seqs", max_seqs,
                               "kv_blocks", in.kv_blocks, "elapsed_s", elapsed, "output_tokens", (json_int_t)out_tok,
                               "output_tokens_per_s", out_tps, "total_tokens_per_s", tot_tps, "requests_per_s", N / elapsed);
+        json_object_set_new(j, "sampling", json_pack("{s:f, s:f, s:i}", "temperature", o->temperature, "top_p", o->top_p,
+                                                     "top_k", o->top_k));
         json_t *b = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I}", "output_tokens_per_s", bound_out,
                               "total_tokens_per_s", bound_tot, "ratio", bound_out > 0 ? out_tps / bound_out : 0.0,
                               "prefill_s", bd.prefill_s, "decode_s", bd.decode_s, "mem_gbs", bd.bw / 1e9,

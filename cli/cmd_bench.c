@@ -618,6 +618,8 @@ static void usage(FILE *f)
                "                        70+ GiB GPUs; the prompt steps are fewer and fuller)\n"
                "  --gpu-memory-utilization F  share of device memory for weights + KV (default 0.9)\n"
                "  --temperature F       sampling temperature (default 1; 0 is greedy)\n"
+               "  --top-p F             nucleus sampling for every request, (0, 1] (default 1: off)\n"
+               "  --top-k N             keep the N most likely tokens (default 0: off)\n"
                "  --compare FILE        a `bench decode-batch --json` result: its step (the forward pass alone) is\n"
                "                        reported beside the engine's decode step\n");
 }
@@ -652,7 +654,7 @@ int sf_cmd_bench(int argc, char **argv)
         return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
     bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
                      .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 1024, .max_batched_tokens = 16384,
-                     .gpu_util = 0.9, .temperature = 1.0 };
+                     .gpu_util = 0.9, .temperature = 1.0, .top_p = 1.0 };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },
         { "preset", required_argument, NULL, 'p' }, { "backend", required_argument, NULL, 'b' },
@@ -665,6 +667,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "output", required_argument, NULL, 'O' }, { "num-prompts", required_argument, NULL, 'N' },
         { "max-num-seqs", required_argument, NULL, 'M' }, { "max-batched-tokens", required_argument, NULL, 'X' },
         { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
+        { "top-p", required_argument, NULL, 'Q' }, { "top-k", required_argument, NULL, 'Y' },
         { "compare", required_argument, NULL, 'C' }, { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
@@ -715,6 +718,16 @@ int sf_cmd_bench(int argc, char **argv)
         case 'X': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
         case 'G': if (parse_double("--gpu-memory-utilization", optarg, 0.05, 1, &o.gpu_util)) return 2; break;
         case 'T': if (parse_double("--temperature", optarg, 0, 100, &o.temperature)) return 2; break;
+        case 'Q': {
+            char *end;
+            o.top_p = strtod(optarg, &end);
+            if (!*optarg || *end || !(o.top_p > 0 && o.top_p <= 1)) {
+                fprintf(stderr, "semflow bench: --top-p wants a number in (0, 1], got '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        }
+        case 'Y': if (parse_int("--top-k", optarg, 0, 1 << 20, &o.top_k)) return 2; break;
         case 'C': o.compare = optarg; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;

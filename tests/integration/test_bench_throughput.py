@@ -58,6 +58,12 @@ ok = (rc == 0 and r and r["output_tokens"] == 9 * 7 and r["max_num_seqs"] == 4
       and r["engine"]["sampling"] == "host" and r["engine"]["mean_decode_batch"] <= 4)
 check("throughput_queues_beyond_max_num_seqs_host_sampling", ok, f"rc {rc}: {r or err}")
 
+# truncated sampling for every request: each output token counted, the report says what was asked
+rc, r, err = throughput("--num-prompts", "4", "--top-p", "0.9", "--top-k", "40")
+check("throughput_top_p_top_k", rc == 0 and r and r["output_tokens"] == 4 * 7
+      and r["sampling"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 40}
+      and r["engine"]["sampling"] == "backend", f"rc {rc}: {r or err}")
+
 rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--threads", "1",
                    "--input", "8", "--output", "4", "--num-prompts", "2")
 check("throughput_text", rc == 0 and "output tokens/s" in out and "bound" in out and "host" in out,
@@ -82,6 +88,9 @@ for args, what in [
     (["--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization"),
     (["--temperature", "nan"], "--temperature"),
     (["--sample", "gpu"], "--sample"),
+    (["--top-p", "0"], "--top-p"),
+    (["--top-p", "1.01"], "--top-p"),
+    (["--top-k", "-1"], "--top-k"),
     (["--batch", "0"], "--batch"),
     (["--kv-dtype", "fp4"], "--kv-dtype"),
     (["--max-batched-tokens", "0"], "--max-batched-tokens"),
