@@ -100,8 +100,8 @@ typedef struct cuda_ctx {
     int64_t max_rows;
     int n_split; /* attention split of this step (from T, kv heads and max_ctx) */
     int attn_decode; /* 1: single-query attention through attention_decode.cu where it applies */
-    int gemv_plain;  /* 1: one-row plain matmuls of up to 32768 rows on the persistent-warp GEMV
-                      * (SEMFLOW_CUDA_GEMV_PLAIN; with the fused ops only) */
+    int gemv_plain;  /* 1 (default; SEMFLOW_CUDA_GEMV_PLAIN=0: the register GEMV): one-row plain
+                      * matmuls of up to 32768 rows on the persistent-warp GEMV (with the fused ops only) */
     uint64_t t_step0;    /* host clock at the step's batch_begin */
     uint64_t t_raw;      /* host clock at the step's last buf_raw (a collective queued outside the
                           * graph: its wait for the peers is not host work) */
@@ -1393,7 +1393,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
             b->ops = &cuda_ops_plain;
         }
         c->attn_decode = sf_env_bool("SEMFLOW_CUDA_ATTN_DECODE", 1);
-        c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 0);
+        c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 1);
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
     }
     b->ctx = c;

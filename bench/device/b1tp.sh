@@ -1,8 +1,8 @@
 #!/bin/sh
 # bench/device/b1tp.sh — Llama-3-8B batch-1 decode at TP=2 against TP=1 in one call (under 60 s,
 # both GPUs; run after tp.sh): the default path, then the switches under test at TP=2 (rank 1's
-# plain O and down on the persistent-warp GEMV, per-op GEMV plans at the shard shapes, the
-# attention split), and the timeline of both ranks' batch-1 kernels (SEMFLOW_CUDA_TRACE,
+# plain O and down through the register GEMV as before session 9, per-op GEMV plans at the shard
+# shapes, the attention split), and the timeline of both ranks' batch-1 kernels (SEMFLOW_CUDA_TRACE,
 # bench/device/b1trace.py).
 # Each run's JSON goes to $OUT/b1tp/<name>.json, its stderr to <name>.err; runs.txt has every
 # command with its exit code and seconds; the table (ms/token, ratio to the roofline, TP=2/TP=1)
@@ -41,14 +41,13 @@ T0=$(date +%s)
 . bench/device/lib_step.sh # step NAME SECONDS [VAR=VALUE...] CMD...
 
 L8="$BIN bench decode --preset llama-3-8b --backend cuda --load-format dummy --steps 32 --ctx 512 --json"
-PLAIN=SEMFLOW_CUDA_GEMV_PLAIN=1
+OLD=SEMFLOW_CUDA_GEMV_PLAIN=0 # rank 1's O and down through the register GEMV (the default before session 9)
 step tp1 10 $L8 --tensor-parallel-size 1
 step tp2 14 $L8 --tensor-parallel-size 2
-# rank 1's O and down (plain matmuls: it does not add the residual) on the persistent-warp GEMV
-step tp2-plain 14 $PLAIN $L8 --tensor-parallel-size 2
-step tp2-trace 15 $PLAIN SEMFLOW_CUDA_TRACE="$D/trace-tp2.txt" $L8 --tensor-parallel-size 2
-step tp2-plan 14 $PLAIN SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33 $L8 --tensor-parallel-size 2
-step tp2-sp16 14 $PLAIN SEMFLOW_CUDA_DECODE_SPLIT=16 $L8 --tensor-parallel-size 2
+step tp2-oldplain 14 $OLD $L8 --tensor-parallel-size 2
+step tp2-trace 15 SEMFLOW_CUDA_TRACE="$D/trace-tp2.txt" $L8 --tensor-parallel-size 2
+step tp2-plan 14 SEMFLOW_CUDA_GEMV_PLAN=qkv=26,o=33 $L8 --tensor-parallel-size 2
+step tp2-sp16 14 SEMFLOW_CUDA_DECODE_SPLIT=16 $L8 --tensor-parallel-size 2
 cat "$D/runs.txt"
 for f in trace-tp2.txt trace-tp2.txt.gpu1; do
     if [ -f "$D/$f" ]; then
