@@ -67,7 +67,7 @@ def load(name):
         return None
 base = load("tp1")
 print("%-10s %10s %10s %8s %10s %8s" % ("run", "ms", "roofline", "ratio", "TP2/TP1", "host"))
-for name in ["tp1", "tp2", "tp2-plain", "tp2-trace", "tp2-plan", "tp2-sp16"]:
+for name in ["tp1", "tp2", "tp2-oldplain", "tp2-trace", "tp2-plan", "tp2-sp16"]:
     j = load(name)
     if not j:
         try:

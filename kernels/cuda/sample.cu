@@ -31,6 +31,7 @@ struct Row {
     const float *ev;
     int n_e;
     float inv_t, m;
+    float bs; /* bins per unit of m - x (bin_scale) */
 };
 
 #define TOPK_CAP NT /* top-k sets up to this size are gathered into shared memory and sorted */
@@ -183,13 +184,17 @@ static __device__ __forceinline__ float key_float(uint32_t k)
 }
 
 /* ---- passes ---------------------------------------------------------------------------- */
-struct FirstPass { /* argmax of x and the count of candidates */
+struct FirstPass { /* argmax of x, the count of candidates and the smallest of them */
     float inv_t, v; int i, n;
+    float lo = INFINITY;
     __device__ void operator()(int id, float l, bool in) {
         if (!in) return;
         float x = __fmul_rn(l, inv_t);
         if (x == x) best_combine(v, i, x, id);
-        n += valid(x);
+        if (valid(x)) {
+            n++;
+            lo = fminf(lo, x);
+        }
     }
 };
 
@@ -502,8 +507,9 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
 }
 
 /* ---- top-k and top-p boundaries from bins of m - x ----------------------------------------
- * The row's masses summed in PB_BINS bins of 1/PB_SCALE of m - x (a token 27.8 or more below
- * the max has no mass in 2^-40 fixed point, so every token with mass has a bin), scanned from
+ * The row's masses summed in PB_BINS bins of m - x over the row's range of x, at most PB_RANGE
+ * (a token 27.8 or more below the max has no mass in 2^-40 fixed point, so every token with
+ * mass has a bin; a narrow row gets finer bins), scanned from
  * the top for the bin where the mass reaches want; that bin's tokens, gathered and sorted by
  * (key descending, id ascending) with their masses summed in that order, give the boundary:
  * the token at which the mass reaches want, the same (t, c) as the radix digits and tie cut
@@ -512,44 +518,64 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
  * reaches want) the caller takes the radix path. A top-k set is found the same way with counts:
  * the bins down to the one where the count reaches k hold the top k and the rest of that bin;
  * gathered (at most TOPK_CAP) and sorted, their first k are the set. Bin atomics collide little
- * (a bin is 1/32 of a logit), where the radix digits' first bins hold most of the row. */
+ * (a bin is at most 1/36 of a logit), where the radix digits' first bins hold most of the row. */
 #define PB_BINS 1024 /* sh.top's u64 slots: the bins first, then the gathered tokens */
-#define PB_SCALE 32.0f
+#define PB_RANGE 28.0f /* m - x beyond which no token has mass */
 
-static __device__ __forceinline__ int mass_bin(float x, float m)
+/* Bins per unit of m - x for a row whose candidates lie in [lo, m]: PB_BINS over that range,
+ * capped at PB_RANGE, so that a narrow row (random weights, a high temperature) gets bins as
+ * fine as its spread and its boundary bin stays small. */
+static __device__ __forceinline__ float bin_scale(float m, float lo)
 {
-    return min(PB_BINS - 1, (int)__fmul_rn(__fsub_rn(m, x), PB_SCALE));
+    const float d = fminf(__fsub_rn(m, lo), PB_RANGE);
+    return d > 0 ? __fdiv_rn((float)PB_BINS, d) : 1.0f;
+}
+
+static __device__ __forceinline__ int mass_bin(float x, float m, float bs)
+{
+    return min(PB_BINS - 1, (int)__fmul_rn(__fsub_rn(m, x), bs));
+}
+
+/* The smallest candidate as one integer for a max-reduction (0: none), and back. */
+static __device__ __forceinline__ u64 lo_pack(float lo)
+{
+    return lo == INFINITY ? 0 : (u64)(uint32_t)~sf_sample_key(lo);
+}
+
+static __device__ __forceinline__ float lo_unpack(u64 p, float m)
+{
+    return p ? key_float(~(uint32_t)p) : m;
 }
 
 struct BinPass { /* mass by bin */
-    float inv_t, m; u64 *h;
+    float inv_t, m, bs; u64 *h;
     __device__ void operator()(int id, float l, bool in) {
         if (!in) return;
         const float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
         const u64 w = mass_of(x, m);
-        if (w) atomicAdd((unsigned long long *)&h[mass_bin(x, m)], (unsigned long long)w);
+        if (w) atomicAdd((unsigned long long *)&h[mass_bin(x, m, bs)], (unsigned long long)w);
     }
 };
 
 struct CountBinPass { /* tokens by bin (those past the last bin are not counted) */
-    float inv_t, m; u64 *h;
+    float inv_t, m, bs; u64 *h;
     __device__ void operator()(int id, float l, bool in) {
         if (!in) return;
         const float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
-        const int b = mass_bin(x, m);
+        const int b = mass_bin(x, m, bs);
         if (b < PB_BINS - 1) atomicAdd((unsigned long long *)&h[b], 1ull);
     }
 };
 
 struct BinsGatherPass { /* the counted tokens of bins 0..b into sh.top (at most TOPK_CAP) */
-    float inv_t, m; int b; Shared *sh;
+    float inv_t, m, bs; int b; Shared *sh;
     __device__ void operator()(int id, float l, bool in) {
         if (!in) return;
         const float x = __fmul_rn(l, inv_t);
         if (!valid(x)) return;
-        const int bx = mass_bin(x, m);
+        const int bx = mass_bin(x, m, bs);
         if (bx > b || bx == PB_BINS - 1) return;
         const int slot = atomicAdd(&sh->n, 1);
         if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
@@ -604,7 +630,7 @@ static __device__ bool top_k_bins(const Row &r, int k, Shared &sh)
     u64 *h = sh.top;
     for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
     __syncthreads();
-    CountBinPass cp = { r.inv_t, r.m, h };
+    CountBinPass cp = { r.inv_t, r.m, r.bs, h };
     visit(r, cp);
     __syncthreads();
     scan_bins(h, (u64)k, 0, sh);
@@ -612,7 +638,7 @@ static __device__ bool top_k_bins(const Row &r, int k, Shared &sh)
     const u64 n = sh.acc + (b >= 0 ? h[b] : 0);
     __syncthreads(); /* the bins read: sh.top takes the tokens */
     if (b < 0 || n > TOPK_CAP) return false;
-    BinsGatherPass gp = { r.inv_t, r.m, b, &sh };
+    BinsGatherPass gp = { r.inv_t, r.m, r.bs, b, &sh };
     visit(r, gp);
     __syncthreads();
     if (tid >= sh.n) sh.top[tid] = 0;
@@ -621,11 +647,11 @@ static __device__ bool top_k_bins(const Row &r, int k, Shared &sh)
 }
 
 struct BinGatherPass { /* the tokens with mass in bin b into sh.top (at most TOPK_CAP) */
-    float inv_t, m; int b; Shared *sh;
+    float inv_t, m, bs; int b; Shared *sh;
     __device__ void operator()(int id, float l, bool in) {
         if (!in) return;
         const float x = __fmul_rn(l, inv_t);
-        if (!valid(x) || mass_bin(x, m) != b || !mass_of(x, m)) return;
+        if (!valid(x) || mass_bin(x, m, bs) != b || !mass_of(x, m)) return;
         const int slot = atomicAdd(&sh->n, 1);
         if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
     }
@@ -639,7 +665,7 @@ static __device__ bool top_p_bins(const Row &r, float top_p, u64 want, uint32_t 
     u64 *h = sh.top;
     for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
     __syncthreads();
-    BinPass bp = { r.inv_t, r.m, h };
+    BinPass bp = { r.inv_t, r.m, r.bs, h };
     visit(r, bp);
     __syncthreads();
     u64 *rh = NULL;
@@ -659,7 +685,7 @@ static __device__ bool top_p_bins(const Row &r, float top_p, u64 want, uint32_t 
     __syncthreads(); /* the bins read: sh.top takes the tokens */
     int n = 0;
     if (b >= 0) {
-        BinGatherPass gp = { r.inv_t, r.m, b, &sh };
+        BinGatherPass gp = { r.inv_t, r.m, r.bs, b, &sh };
         visit(r, gp);
         __syncthreads();
         n = sh.n;
@@ -759,6 +785,7 @@ static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample
         block_best(f1.v, f1.i, sh);
         const int nv = (int)block_sum_u64((u64)f1.n, sh);
         r.m = f1.v; /* TiePass's masses are not used here */
+        r.bs = bin_scale(r.m, lo_unpack(block_max_u64(lo_pack(f1.lo), sh), r.m)); /* the part's own range */
         int n;
         if (p.top_k < nv && top_k_bins(r, p.top_k, sh)) { /* the part's top k first in sh.top */
             n = p.top_k;
@@ -868,12 +895,17 @@ static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, 
     RowCtx rc = split_ctx(r, P, rows_ws);
     FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
     visit(r, f1);
-    best_of(f1.v, f1.i, &rc, sh);
-    const u64 n_valid = reduce_u64<false>((u64)f1.n, &rc, sh);
-    const int first = f1.i == INT_MAX ? 0 : f1.i;
+    block_best(f1.v, f1.i, sh);
+    /* the row's best, count and smallest candidate behind one barrier */
+    u64 *best = row_put<true>(best_pack(f1.v, f1.i), rc, sh), *nv = row_put<false>((u64)f1.n, rc, sh),
+        *lo = row_put<true>(lo_pack(f1.lo), rc, sh);
+    row_sync(rc);
+    const u64 b = __ldcg(best);
+    const int first = b ? (int)~(uint32_t)b : 0;
     int id = first;
-    if (n_valid > 0) {
-        r.m = f1.v;
+    if (__ldcg(nv) > 0) {
+        r.m = key_float((uint32_t)(b >> 32));
+        r.bs = bin_scale(r.m, lo_unpack(__ldcg(lo), r.m));
         id = draw_truncated(r, p, 0, -1, 0, false, first, sh, &rc);
     }
     split_done(rc, cnt, ids, id, sh);
@@ -904,6 +936,7 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     r.n_e = p.n_pen;
     r.bits = NULL;
     r.m = 0;
+    r.bs = 1;
     if (p.n_pen > 0) { /* penalties on the raw logits, as on the CPU (no fused multiply-add); the
                         * parts of a split row all write the same values */
         for (int w = threadIdx.x; w < (vocab + 31) / 32; w += NT) bits[w] = 0;
@@ -951,6 +984,7 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         return;
     }
     r.m = f1.v;
+    r.bs = bin_scale(r.m, lo_unpack(block_max_u64(lo_pack(f1.lo), sh), r.m));
     uint32_t t = 0; /* kept: key > t, or key == t and id <= c */
     int c = -1;
     u64 zk = 0, above;
