@@ -217,66 +217,64 @@ cleanup:
     return rc;
 }
 
-/* The burst rate (10 calls from idle) and the sustained one: the calls go on back to back for
- * ~0.4 s (the H200's SM clock falls from 1980 to ~1500 MHz after ~50 ms of them) and the last
- * 10 are timed again. */
+/* reps n^3 GEMMs on gb's stream; with tflops: timed with its events, their rate into it. */
+#define GEMM_N 8192
+typedef struct gemm_bench { sf_k_gemm_ctx *g; uint16_t *x, *w, *y; cudaStream_t s; cudaEvent_t e0, e1; } gemm_bench;
+
+static int gemm_calls(const gemm_bench *gb, int reps, double *tflops, sf_error *err)
+{
+    const int n = GEMM_N;
+    int rc = SF_OK;
+    float ms = 0;
+    if (tflops) SF_CUDA_GOTO(cudaEventRecord(gb->e0, gb->s), err, rc);
+    for (int i = 0; i < reps; i++) {
+        int krc = sf_k_gemm_lt(gb->g, gb->x, n, gb->w, NULL, n, n, n, gb->y, n, gb->s);
+        if (krc) return sf_err(err, SF_ERROR, "cuBLASLt bf16 GEMM %dx%dx%d: %s", n, n, n, sf_k_gemm_error_str(krc));
+    }
+    if (!tflops) {
+        SF_CUDA_GOTO(cudaStreamSynchronize(gb->s), err, rc);
+        return SF_OK;
+    }
+    SF_CUDA_GOTO(cudaEventRecord(gb->e1, gb->s), err, rc);
+    SF_CUDA_GOTO(cudaEventSynchronize(gb->e1), err, rc);
+    SF_CUDA_GOTO(cudaEventElapsedTime(&ms, gb->e0, gb->e1), err, rc);
+    *tflops = 2.0 * n * (double)n * n * reps / (ms * 1e-3) / 1e12;
+cleanup:
+    return rc;
+}
+
+/* The burst rate (10 calls after 3 warm-ups, ~18 ms) and the sustained one: the calls go on back
+ * to back for ~0.4 s (the H200's SM clock falls from 1980 to ~1500 MHz after ~50 ms of them) and
+ * 10 more are timed. */
 static int measure_gemm(cudaStream_t s, double *tflops, double *sustained, sf_error *err)
 {
-    const int n = 8192, reps = 10;
-    uint16_t *x = NULL, *w = NULL, *y = NULL;
-    sf_k_gemm_ctx *g = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
+    const int n = GEMM_N;
+    gemm_bench gb = { NULL, NULL, NULL, NULL, s, NULL, NULL };
     int rc = SF_OK, krc, nm = 0;
-    float ms = 0;
     size_t bytes = (size_t)n * n * 2;
-    SF_CUDA_GOTO(cudaMalloc((void **)&x, bytes), err, rc);
-    SF_CUDA_GOTO(cudaMalloc((void **)&w, bytes), err, rc);
-    SF_CUDA_GOTO(cudaMalloc((void **)&y, bytes), err, rc);
+    SF_CUDA_GOTO(cudaMalloc((void **)&gb.x, bytes), err, rc);
+    SF_CUDA_GOTO(cudaMalloc((void **)&gb.w, bytes), err, rc);
+    SF_CUDA_GOTO(cudaMalloc((void **)&gb.y, bytes), err, rc);
     /* random data: a product of zeros runs measurably faster than real data */
-    SF_CUDA_GOTO((cudaError_t)sf_k_fill_random(x, (int64_t)n * n, 11, 1.0f, s), err, rc);
-    SF_CUDA_GOTO((cudaError_t)sf_k_fill_random(w, (int64_t)n * n, 12, 1.0f, s), err, rc);
-    if ((krc = sf_k_gemm_ctx_new(&g, &nm))) {
+    SF_CUDA_GOTO((cudaError_t)sf_k_fill_random(gb.x, (int64_t)n * n, 11, 1.0f, s), err, rc);
+    SF_CUDA_GOTO((cudaError_t)sf_k_fill_random(gb.w, (int64_t)n * n, 12, 1.0f, s), err, rc);
+    if ((krc = sf_k_gemm_ctx_new(&gb.g, &nm))) {
         rc = sf_err(err, SF_ERROR, "cuBLASLt init: %s", sf_k_gemm_error_str(krc));
         goto cleanup;
     }
-    SF_CUDA_GOTO(cudaEventCreate(&e0), err, rc);
-    SF_CUDA_GOTO(cudaEventCreate(&e1), err, rc);
-    for (int i = 0; i < reps + 3; i++) {
-        if (i == 3) SF_CUDA_GOTO(cudaEventRecord(e0, s), err, rc);
-        if ((krc = sf_k_gemm_lt(g, x, n, w, NULL, n, n, n, y, n, s))) {
-            rc = sf_err(err, SF_ERROR, "cuBLASLt bf16 GEMM %dx%dx%d: %s", n, n, n, sf_k_gemm_error_str(krc));
-            goto cleanup;
-        }
-    }
-    SF_CUDA_GOTO(cudaEventRecord(e1, s), err, rc);
-    SF_CUDA_GOTO(cudaEventSynchronize(e1), err, rc);
-    SF_CUDA_GOTO(cudaEventElapsedTime(&ms, e0, e1), err, rc);
-    *tflops = 2.0 * n * (double)n * n * reps / (ms * 1e-3) / 1e12;
-    for (double t0 = sf_now_s(); sf_now_s() - t0 < 0.4;) {
-        for (int i = 0; i < reps; i++)
-            if ((krc = sf_k_gemm_lt(g, x, n, w, NULL, n, n, n, y, n, s))) {
-                rc = sf_err(err, SF_ERROR, "cuBLASLt bf16 GEMM %dx%dx%d: %s", n, n, n, sf_k_gemm_error_str(krc));
-                goto cleanup;
-            }
-        SF_CUDA_GOTO(cudaStreamSynchronize(s), err, rc);
-    }
-    SF_CUDA_GOTO(cudaEventRecord(e0, s), err, rc);
-    for (int i = 0; i < reps; i++)
-        if ((krc = sf_k_gemm_lt(g, x, n, w, NULL, n, n, n, y, n, s))) {
-            rc = sf_err(err, SF_ERROR, "cuBLASLt bf16 GEMM %dx%dx%d: %s", n, n, n, sf_k_gemm_error_str(krc));
-            goto cleanup;
-        }
-    SF_CUDA_GOTO(cudaEventRecord(e1, s), err, rc);
-    SF_CUDA_GOTO(cudaEventSynchronize(e1), err, rc);
-    SF_CUDA_GOTO(cudaEventElapsedTime(&ms, e0, e1), err, rc);
-    *sustained = 2.0 * n * (double)n * n * reps / (ms * 1e-3) / 1e12;
+    SF_CUDA_GOTO(cudaEventCreate(&gb.e0), err, rc);
+    SF_CUDA_GOTO(cudaEventCreate(&gb.e1), err, rc);
+    if ((rc = gemm_calls(&gb, 3, NULL, err)) || (rc = gemm_calls(&gb, 10, tflops, err))) goto cleanup;
+    for (double t0 = sf_now_s(); sf_now_s() - t0 < 0.4;)
+        if ((rc = gemm_calls(&gb, 10, NULL, err))) goto cleanup;
+    rc = gemm_calls(&gb, 10, sustained, err);
 cleanup:
-    if (e0) cudaEventDestroy(e0);
-    if (e1) cudaEventDestroy(e1);
-    sf_k_gemm_ctx_free(g);
-    cudaFree(x);
-    cudaFree(w);
-    cudaFree(y);
+    if (gb.e0) cudaEventDestroy(gb.e0);
+    if (gb.e1) cudaEventDestroy(gb.e1);
+    sf_k_gemm_ctx_free(gb.g);
+    cudaFree(gb.x);
+    cudaFree(gb.w);
+    cudaFree(gb.y);
     return rc;
 }
 

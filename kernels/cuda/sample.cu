@@ -582,6 +582,18 @@ struct BinsGatherPass { /* the counted tokens of bins 0..b into sh.top (at most 
     }
 };
 
+/* sh.top's PB_BINS slots zeroed, then filled by the pass f (BinPass or CountBinPass). */
+template <class F>
+static __device__ u64 *bins_of(const Row &r, F f, Shared &sh)
+{
+    for (int b = threadIdx.x; b < PB_BINS; b += NT) sh.top[b] = 0;
+    __syncthreads();
+    f.h = sh.top;
+    visit(r, f);
+    __syncthreads();
+    return sh.top;
+}
+
 /* The first bin from the top at which the bins' running sum reaches want (0: frac of their
  * total, at least 1) into sh.sel (-1: never), the sum before it into sh.acc, want into sh.want;
  * sh.n zeroed. Every thread returns after them. */
@@ -627,12 +639,7 @@ static __device__ void scan_bins(const u64 *h, u64 want, float frac, Shared &sh)
 static __device__ bool top_k_bins(const Row &r, int k, Shared &sh)
 {
     const int tid = threadIdx.x;
-    u64 *h = sh.top;
-    for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
-    __syncthreads();
-    CountBinPass cp = { r.inv_t, r.m, r.bs, h };
-    visit(r, cp);
-    __syncthreads();
+    const u64 *h = bins_of(r, CountBinPass{ r.inv_t, r.m, r.bs, nullptr }, sh);
     scan_bins(h, (u64)k, 0, sh);
     const int b = sh.sel;
     const u64 n = sh.acc + (b >= 0 ? h[b] : 0);
@@ -662,12 +669,7 @@ struct BinGatherPass { /* the tokens with mass in bin b into sh.top (at most TOP
 static __device__ bool top_p_bins(const Row &r, float top_p, u64 want, uint32_t *t, int *c, Shared &sh, RowCtx *rc)
 {
     const int tid = threadIdx.x;
-    u64 *h = sh.top;
-    for (int b = tid; b < PB_BINS; b += NT) h[b] = 0;
-    __syncthreads();
-    BinPass bp = { r.inv_t, r.m, r.bs, h };
-    visit(r, bp);
-    __syncthreads();
+    u64 *h = bins_of(r, BinPass{ r.inv_t, r.m, r.bs, nullptr }, sh);
     u64 *rh = NULL;
     if (rc) { /* the row's bins: the parts' merged */
         rh = rc->hist + 256 * rc->n_hist;
