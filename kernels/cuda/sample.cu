@@ -509,9 +509,9 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
 /* ---- top-k and top-p boundaries from bins of m - x ----------------------------------------
  * The row's masses summed in PB_BINS bins of m - x over the row's range of x, at most PB_RANGE
  * (a token 27.8 or more below the max has no mass in 2^-40 fixed point, so every token with
- * mass has a bin; a narrow row gets finer bins), scanned from
- * the top for the bin where the mass reaches want; that bin's tokens, gathered and sorted by
- * (key descending, id ascending) with their masses summed in that order, give the boundary:
+ * mass has a bin; a narrow row gets finer bins), scanned from the top for the bin where the
+ * mass reaches want; that bin's tokens, gathered and sorted by (key descending, id ascending)
+ * with their masses summed in that order, give the boundary:
  * the token at which the mass reaches want, the same (t, c) as the radix digits and tie cut
  * (bins are ranges of x, and the key order is x's). Three passes fewer than the radix path
  * where the boundary's bin holds at most TOPK_CAP tokens; otherwise (or if the bins' mass never
