@@ -66,6 +66,7 @@ static char *dashboard_stats(void *user)
     json_t *dec = json_object(); /* the scheduler policy's decisions, as in /metrics */
     for (int i = 0; dec && i < (int)SF_ARRAY_LEN(st.decisions); i++)
         json_object_set_new(dec, sf_decision_name(i), json_integer((json_int_t)st.decisions[i]));
+    if (o) json_object_set_new(o, "swaps_dropped", json_integer((json_int_t)st.swaps_dropped));
     if (o && dec) {
         json_object_set_new(o, "decisions", dec);
         json_object_set_new(o, "degraded", json_boolean(st.degraded));

@@ -146,6 +146,7 @@ static void update_stats(sf_engine *e)
     e->st.swaps_out = s->swaps_out;
     e->st.swaps_in = s->swaps_in;
     e->st.swap_fallbacks = s->swap_fallbacks;
+    e->st.swaps_dropped = s->swaps_dropped;
     e->st.swap_blocks_total = s->swap.n_blocks;
     e->st.swap_blocks_used = s->swap.n_blocks - s->swap.n_free;
     for (int i = 0; i < SF_DECISION_COUNT; i++) e->st.decisions[i] = s->decisions[i];

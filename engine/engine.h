@@ -173,6 +173,7 @@ typedef struct sf_engine_stats {
     /* preemption by swap: sequences swapped out / in, preemptions that fell back to recompute
      * because the swap space was full, and the swap space in KV blocks */
     uint64_t swaps_out, swaps_in, swap_fallbacks;
+    uint64_t swaps_dropped; /* swapped out and never back (ended while out, or the copy failed) */
     int swap_blocks_total, swap_blocks_used;
     /* the scheduler's policy: decisions by kind (SF_DECISION_*: relax, kv_int8, restore,
      * preempt_swap, preempt_recompute, reject), whether it is degraded now, the KV usage it

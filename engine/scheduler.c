@@ -251,6 +251,7 @@ void sf_sched_swap_out_failed(sf_sched *s, int i)
 {
     if (i < 0 || i >= s->plan.n_swap_out || !s->plan.swap_out[i].seq) return;
     sf_seq *q = s->plan.swap_out[i].seq;
+    if (q->n_swap) s->swaps_dropped++;
     release_swap(s, q);
     q->n_computed = 0;
 }
@@ -332,6 +333,7 @@ void sf_sched_remove(sf_sched *s, sf_seq *q)
         s->n_waiting[q->urgency]--;
     }
     release_blocks(s, q);
+    if (q->n_swap && !q->swap_in_op) s->swaps_dropped++; /* ended while swapped out */
     release_swap(s, q);
     q->state = SF_SEQ_DONE;
 }

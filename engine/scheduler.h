@@ -162,6 +162,8 @@ typedef struct sf_sched {
     sf_kv_pool swap;
     int cap_swap_out, cap_swap_in;
     uint64_t swaps_out, swaps_in, swap_fallbacks; /* fallbacks: preempted by recompute, swap full */
+    uint64_t swaps_dropped; /* swapped out, never back: the sequence ended while out (its last token
+                             * already in flight), or the copy out failed; out = in + dropped */
     /* policy (sched_policy.c) */
     double now;               /* time of the plan being built (sf_sched_plan_at) */
     double cm_p[3], cm_th[2]; /* step-time model ms = th0 + th1 x tokens: recursive least squares */

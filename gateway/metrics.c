@@ -162,6 +162,9 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
     counter(out, "semflow_engine_decode_tokens_total", "Tokens decoded by the engine.", st.tokens_decode);
     counter(out, "semflow_preemptions_total", "Sequences preempted for a higher class.", st.preemptions);
     counter(out, "semflow_swaps_out_total", "Preempted sequences whose KV went to host swap.", st.swaps_out);
+    counter(out, "semflow_swaps_dropped_total",
+            "Swapped-out sequences whose KV never came back (they ended while out, or the copy failed).",
+            st.swaps_dropped);
     counter(out, "semflow_engine_finished_total", "Sequences finished.", st.finished);
     counter(out, "semflow_engine_cancelled_total", "Sequences cancelled.", st.cancelled);
     fprintf(out, "# HELP semflow_sched_decisions_total Scheduler policy decisions: relax (a low-urgency request's "
