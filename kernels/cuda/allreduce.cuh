@@ -17,13 +17,6 @@ static __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p)
     return v;
 }
 
-static __device__ __forceinline__ uint64_t global_ns(void)
-{
-    uint64_t t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 static __device__ __forceinline__ void st_release_gpu(unsigned *p, unsigned v)
 {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "common.cuh"
+
 /* One block of one launch (32 bytes). Record 0 of the buffer is the header: t0 counts the
  * records ever appended, grid is the ring's capacity (records after the header). */
 struct sf_tr_rec {
@@ -50,24 +52,17 @@ struct sf_tr {
     uint32_t tw, tr;
 };
 
-static __device__ __forceinline__ unsigned long long tr_now(void)
-{
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    return t;
-}
-
 static __device__ __forceinline__ void tr_begin(sf_tr &s)
 {
-    if (tr_buf && threadIdx.x == 0) { s.t0 = tr_now(); s.tw = s.tr = 0; }
+    if (tr_buf && threadIdx.x == 0) { s.t0 = global_ns(); s.tw = s.tr = 0; }
 }
 static __device__ __forceinline__ void tr_waited(sf_tr &s)
 {
-    if (tr_buf && threadIdx.x == 0) s.tw = (uint32_t)(tr_now() - s.t0);
+    if (tr_buf && threadIdx.x == 0) s.tw = (uint32_t)(global_ns() - s.t0);
 }
 static __device__ __forceinline__ void tr_ready(sf_tr &s)
 {
-    if (tr_buf && threadIdx.x == 0) s.tr = (uint32_t)(tr_now() - s.t0);
+    if (tr_buf && threadIdx.x == 0) s.tr = (uint32_t)(global_ns() - s.t0);
 }
 /* Called by every thread of the block (it synchronises the block when tracing). */
 static __device__ __forceinline__ void tr_end(const sf_tr &s, int tag, int m, int k)
@@ -77,7 +72,7 @@ static __device__ __forceinline__ void tr_end(const sf_tr &s, int tag, int m, in
     if (threadIdx.x) return;
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    const unsigned long long now = tr_now();
+    const unsigned long long now = global_ns();
     const unsigned long long i = atomicAdd(&tr_buf[0].t0, 1ull);
     sf_tr_rec *r = &tr_buf[1 + i % tr_buf[0].grid];
     const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);

@@ -18,6 +18,14 @@ static __device__ __forceinline__ float sf_ld_bf16(const uint16_t *p) { return _
 static __device__ __forceinline__ float bf2f(bf16 v) { return __bfloat162float(v); }
 static __device__ __forceinline__ bf16 f2bf(float v) { return __float2bfloat16_rn(v); }
 
+/* %globaltimer: ns, the same clock on every SM. */
+static __device__ __forceinline__ uint64_t global_ns(void)
+{
+    uint64_t t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
 static __device__ __forceinline__ float warp_sum(float v)
 {
 #pragma unroll

@@ -85,12 +85,9 @@ extern "C" int sf_k_fill_random(uint16_t *dst, int64_t n, uint64_t seed, float s
 /* One thread that holds the stream for ns nanoseconds (%globaltimer). */
 __global__ void k_hold(uint64_t ns)
 {
-    uint64_t t0, t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-    do {
-        __nanosleep(1000);
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    } while (t - t0 < ns);
+    const uint64_t t0 = global_ns();
+    do __nanosleep(1000);
+    while (global_ns() - t0 < ns);
 }
 
 extern "C" int sf_k_hold(uint64_t ns, cudaStream_t s)
