@@ -254,14 +254,20 @@ static __device__ __forceinline__ bool kept(int id, float l, bool in, float inv_
     return *k > t || (*k == t && id <= c);
 }
 
+/* Token (key k, id) into sh.top's next slot, while there is one (sh.n counts them all). */
+static __device__ __forceinline__ void push_top(Shared &sh, uint32_t k, int id)
+{
+    const int slot = atomicAdd(&sh.n, 1);
+    if (slot < TOPK_CAP) sh.top[slot] = (u64)k << 32 | (uint32_t)~(uint32_t)id;
+}
+
 struct GatherPass { /* the kept tokens (at most TOPK_CAP) into sh.top */
     float inv_t; uint32_t t; int c; Shared *sh;
     __device__ void operator()(int id, float l, bool in) {
         float x;
         uint32_t k;
         if (!kept(id, l, in, inv_t, t, c, &x, &k)) return;
-        int slot = atomicAdd(&sh->n, 1);
-        if (slot < TOPK_CAP) sh->top[slot] = (u64)k << 32 | (uint32_t)~(uint32_t)id;
+        push_top(*sh, k, id);
     }
 };
 
@@ -577,8 +583,7 @@ struct BinsGatherPass { /* the counted tokens of bins 0..b into sh.top (at most 
         if (!valid(x)) return;
         const int bx = mass_bin(x, m, bs);
         if (bx > b || bx == PB_BINS - 1) return;
-        const int slot = atomicAdd(&sh->n, 1);
-        if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
+        push_top(*sh, sf_sample_key(x), id);
     }
 };
 
@@ -659,8 +664,7 @@ struct BinGatherPass { /* the tokens with mass in bin b into sh.top (at most TOP
         if (!in) return;
         const float x = __fmul_rn(l, inv_t);
         if (!valid(x) || mass_bin(x, m, bs) != b || !mass_of(x, m)) return;
-        const int slot = atomicAdd(&sh->n, 1);
-        if (slot < TOPK_CAP) sh->top[slot] = (u64)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)id;
+        push_top(*sh, sf_sample_key(x), id);
     }
 };
 
