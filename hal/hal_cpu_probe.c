@@ -296,13 +296,11 @@ int sf_hal_cpu_probe(sf_hw_info *hw, int force, sf_error *err)
 {
     memset(hw, 0, sizeof *hw);
     probe_static(hw);
-    if (!force && cache_load(hw) == 0) {
-        hw->gemm_tflops_sustained = hw->gemm_tflops;
-        return SF_OK;
+    if (force || cache_load(hw) != 0) {
+        int rc = measure(hw, err);
+        if (rc) return sf_err_wrap(err, "measuring the CPU");
+        cache_store(hw);
     }
-    int rc = measure(hw, err);
-    if (rc) return sf_err_wrap(err, "measuring the CPU");
     hw->gemm_tflops_sustained = hw->gemm_tflops; /* no clock that falls under a longer load is measured here */
-    cache_store(hw);
     return SF_OK;
 }
