@@ -132,8 +132,9 @@ typedef struct cuda_ctx {
      * the backend closes */
     int prof;
     cudaEvent_t prof_ev[2];
-    struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[64];
+    struct prof_row { int kind; int64_t m, k, n; double ms; long count; } prof_rows[1024];
     int n_prof;
+    long prof_dropped; /* ops of shapes past the table's end (counted, not shown) */
     sf_k_trace *trace; /* SEMFLOW_CUDA_TRACE=FILE: the batch-1 kernels' timeline (b1trace.h) */
 } cuda_ctx;
 
@@ -217,6 +218,8 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
     }
     if (c->n_prof < (int)SF_ARRAY_LEN(c->prof_rows))
         c->prof_rows[c->n_prof++] = (struct prof_row){ r->kind, m, k, n, ms, 1 };
+    else
+        c->prof_dropped++;
 }
 
 static void prof_print(cuda_ctx *c)
@@ -233,6 +236,9 @@ static void prof_print(cuda_ctx *c)
         fprintf(stderr, "  %-10s %7lld %7lld %5lld %9ld %9.1f %5.1f%%\n", names[p->kind], (long long)p->m,
                 (long long)p->k, (long long)p->n, p->count, 1e3 * p->ms / p->count, 100 * p->ms / total);
     }
+    if (c->prof_dropped)
+        fprintf(stderr, "  (%ld more ops of further shapes, past the table's %d rows, not timed above)\n", c->prof_dropped,
+                (int)SF_ARRAY_LEN(c->prof_rows));
 }
 
 static int submit(cuda_ctx *c, const sf_op_rec *r, int capturable, const char *op)
