@@ -64,6 +64,19 @@ static int32_t argmax_first(const float *l, int n)
     return best;
 }
 
+/* The draw keeps the argmax of x - log(-log1p(-u)) (Gumbel-max). A token cannot reach the best
+ * value v found so far when u > exp(x - v): reaching v needs -log1p(-u) <= exp(x - v), and
+ * -log1p(-u) >= u. The factor 1.001 (1e-3 in the value) is far more than the float rounding on
+ * either side, so a token passed over is one whose value would have been below v: the draw is
+ * the same token, without its two logarithms (a running best soon stands ~ln(n) above the row's
+ * max, so most tokens are passed over: ~1 ms of a 58 ms token of the 1B preset on two cores).
+ * The kernel does not skip: a warp takes the logarithms when any of its 32 tokens needs them
+ * (256 rows of 128256 on the H200: 160 us with the skip, 157 without). */
+static int below(float u, float x, float v)
+{
+    return u > expf(x - v) * 1.001f;
+}
+
 int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p, const sf_sample_pen *pen,
                           sf_cpu_sample_scratch *sc)
 {
@@ -134,7 +147,9 @@ int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p
     float best_g = -INFINITY;
     for (int i = 0; i < vocab; i++) {
         if (!key[i] || !kept(keep, key[i], i)) continue;
-        float g = x[i] - logf(-log1pf(-sf_sample_uniform(stream, (uint32_t)i)));
+        const float u = sf_sample_uniform(stream, (uint32_t)i);
+        if (best >= 0 && below(u, x[i], best_g)) continue;
+        float g = x[i] - logf(-log1pf(-u));
         if (best < 0 || g > best_g) { best = i; best_g = g; }
     }
     return best >= 0 ? best : argmax_first(x, vocab);

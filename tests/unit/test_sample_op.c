@@ -2,9 +2,11 @@
  * reference the CUDA kernel is tested against): greedy with penalties against a direct
  * argmax, distributions against the exact truncated softmax, ties cut by id, top-p over a
  * large vocabulary against a full sort, determinism per (seed, step), rows of a batch
- * independent, the engine's two paths (host sf_sample and the op) choosing alike, bad input. */
+ * independent, the engine's two paths (host sf_sample and the op) choosing alike, the draw's
+ * skipped tokens never the winner, bad input. */
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/sample_draw.h"
 #include "tests/test.h"
 
 static sf_backend *be;
@@ -159,6 +161,45 @@ TEST(top_p_large_vocab_matches_full_sort)
     CHECK_MSG(distinct > 50, "only %d distinct ids in 100 draws", distinct);
 }
 
+/* The draw skips the logarithms of tokens that cannot reach the running best (kernels/cpu/sample.c):
+ * the op must still give the argmax of x - log(-log1p(-u)) over every token, on narrow rows
+ * (random weights), wide ones (trained models), rows with many equal logits and at several
+ * temperatures. */
+TEST(draw_equals_the_full_gumbel_argmax)
+{
+    enum { V = 3000 };
+    static float l[V];
+    static const float spread[] = { 0.05f, 0.5f, 3.0f, 12.0f };
+    static const float temps[] = { 1.0f, 0.7f, 1.9f };
+    sf_rng g;
+    sf_rng_seed(&g, 7);
+    int differ = 0, runs = 0;
+    for (int si = 0; si < 4; si++)
+        for (int ti = 0; ti < 3; ti++)
+            for (int k = 0; k < 40; k++) {
+                for (int i = 0; i < V; i++) l[i] = sf_rng_normal(&g) * spread[si];
+                if (k % 4 == 3)
+                    for (int i = 0; i < V; i++) l[i] = (float)(int)(l[i] * 2) * 0.5f; /* many ties */
+                sf_sample_row r = row_default();
+                r.temperature = temps[ti];
+                r.seed = 1000 + (uint64_t)k;
+                r.step = (uint64_t)(k * 7 + si);
+                int32_t id = -1;
+                REQUIRE(op(l, 1, V, &r, NULL, 0, &id) == SF_OK, "op failed");
+                const uint64_t stream = sf_sample_stream(r.seed, r.step);
+                const float inv_t = 1.0f / r.temperature;
+                int best = -1;
+                float bv = -INFINITY;
+                for (int i = 0; i < V; i++) {
+                    float v = l[i] * inv_t - logf(-log1pf(-sf_sample_uniform(stream, (uint32_t)i)));
+                    if (best < 0 || v > bv) { best = i; bv = v; }
+                }
+                differ += id != best;
+                runs++;
+            }
+    CHECK_MSG(differ == 0, "%d of %d draws differ from the full argmax", differ, runs);
+}
+
 TEST(deterministic_and_rows_independent)
 {
     enum { V = 5000, R = 6 };
@@ -270,6 +311,7 @@ int main(void)
     RUN(distributions_match_the_truncated_softmax);
     RUN(ties_on_the_boundary_are_cut_by_id);
     RUN(top_p_large_vocab_matches_full_sort);
+    RUN(draw_equals_the_full_gumbel_argmax);
     RUN(deterministic_and_rows_independent);
     RUN(host_path_and_op_agree);
     RUN(rejects_bad_input);
