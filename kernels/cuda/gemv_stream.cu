@@ -158,10 +158,13 @@ static int op_cfg(int mode, int m, int k)
 
 /* Ring depth and blocks for a shape. Planned (want 0): the deepest ring (3..6 stages) with which
  * per_sm blocks fit an SM (3 for the plain norm mode, the QKV projection; 2 otherwise; fewer when
- * even 3 stages do not fit), as measured best per op in test_gemv --perf. Forced (want = blocks
- * per SM x 10 + stages): that, if it fits. Returns the stages, 0 when nothing fits. The grid is
- * the fewest blocks that give every warp the same number of units (plus or minus one) at the
- * resident capacity. */
+ * even 3 stages do not fit), as measured best per op in test_gemv --perf; at three blocks the QKV
+ * projection stops at 3 stages, which leaves an SM room for an attention block beside them (at 4
+ * stages Llama-3-8B's does not): batch 1 at 512 keys was 0.1-0.9% faster so in all of 11
+ * comparisons over five device calls, Qwen2-7B and 4096 keys within +-0.8% either way
+ * (docs/PERFORMANCE.md, session 10). Forced (want = blocks per SM x 10 + stages): that, if it
+ * fits. Returns the stages, 0 when nothing fits. The grid is the fewest blocks that give every
+ * warp the same number of units (plus or minus one) at the resident capacity. */
 static int plan(int mode, int units, int k, int want, int *grid)
 {
     int per_sm, reserved, sms;
@@ -172,8 +175,9 @@ static int plan(int mode, int units, int k, int want, int *grid)
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
-        for (int b = mode == FG_NORM || mode == (FG_NORM | FG_ROPE) ? 3 : 2; b >= 1 && !st; b--)
-            for (int s = 6; s >= 3 && !st; s--)
+        const bool qkv = mode == FG_NORM || mode == (FG_NORM | FG_ROPE);
+        for (int b = qkv ? 3 : 2; b >= 1 && !st; b--)
+            for (int s = qkv && b == 3 ? 3 : 6; s >= 3 && !st; s--)
                 if ((s * (long)FS_STAGE_BYTES + fixed) * b <= per_sm) { st = s; blocks_per_sm = b; }
     }
     if (!st) return 0;
