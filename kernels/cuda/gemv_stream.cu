@@ -162,9 +162,9 @@ static int op_cfg(int mode, int m, int k)
  * projection stops at 3 stages, which leaves an SM room for an attention block beside them (at 4
  * stages Llama-3-8B's does not): batch 1 at 512 keys was faster so in 13 of 14 comparisons over
  * six device calls (0.1-0.9%; the other 0.06% behind), Qwen2-7B and 4096 keys within +-0.8%
- * either way (docs/PERFORMANCE.md, session 10). Forced (want = blocks per SM x 10 + stages): that, if it
- * fits. Returns the stages, 0 when nothing fits. The grid is the fewest blocks that give every
- * warp the same number of units (plus or minus one) at the resident capacity. */
+ * either way (docs/PERFORMANCE.md, session 10). Forced (want = blocks per SM x 10 + stages):
+ * that, if it fits. Returns the stages, 0 when nothing fits. The grid is the fewest blocks that
+ * give every warp the same number of units (plus or minus one) at the resident capacity. */
 static int plan(int mode, int units, int k, int want, int *grid)
 {
     int per_sm, reserved, sms;
