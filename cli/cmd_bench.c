@@ -636,16 +636,23 @@ static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
     return 0;
 }
 
-static int parse_double(const char *flag, const char *v, double lo, double hi, double *out)
+/* A number in [lo, hi], or in (lo, hi] when open_lo. */
+static int parse_range(const char *flag, const char *v, double lo, int open_lo, double hi, double *out)
 {
     char *end;
     double x = strtod(v, &end);
-    if (*v == 0 || *end || !(x >= lo && x <= hi)) {
-        fprintf(stderr, "semflow bench: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, v);
+    if (*v == 0 || *end || !((open_lo ? x > lo : x >= lo) && x <= hi)) {
+        fprintf(stderr, "semflow bench: %s wants a number in %c%g, %g], got '%s'\n", flag, open_lo ? '(' : '[', lo, hi,
+                v);
         return -1;
     }
     *out = x;
     return 0;
+}
+
+static int parse_double(const char *flag, const char *v, double lo, double hi, double *out)
+{
+    return parse_range(flag, v, lo, 0, hi, out);
 }
 
 int sf_cmd_bench(int argc, char **argv)
@@ -718,15 +725,7 @@ int sf_cmd_bench(int argc, char **argv)
         case 'X': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
         case 'G': if (parse_double("--gpu-memory-utilization", optarg, 0.05, 1, &o.gpu_util)) return 2; break;
         case 'T': if (parse_double("--temperature", optarg, 0, 100, &o.temperature)) return 2; break;
-        case 'Q': {
-            char *end;
-            o.top_p = strtod(optarg, &end);
-            if (!*optarg || *end || !(o.top_p > 0 && o.top_p <= 1)) {
-                fprintf(stderr, "semflow bench: --top-p wants a number in (0, 1], got '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        }
+        case 'Q': if (parse_range("--top-p", optarg, 0, 1, 1, &o.top_p)) return 2; break;
         case 'Y': if (parse_int("--top-k", optarg, 0, 1 << 20, &o.top_k)) return 2; break;
         case 'C': o.compare = optarg; break;
         case 'h': usage(stdout); return 0;
