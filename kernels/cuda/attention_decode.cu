@@ -10,8 +10,13 @@
  * (8 dims each, one 16-byte load of K and of V), so a warp covers 32*8/HD keys per load and
  * AD_U such loads are in flight. Every lane group keeps its own online softmax (running max,
  * sum and 8 output dims per head of the group), in base 2 with q pre-scaled by log2(e)/sqrt(hd);
- * groups merge by shuffles, warps through shared memory, splits through the workspace: the last
- * block of each (token, kv head) to finish combines the splits (no second launch).
+ * groups merge by shuffles, warps through shared memory. Splits: bf16 steps of 2..16 splits run
+ * each (token, kv head) as one thread-block cluster (CL), whose blocks combine their pieces from
+ * each other's shared memory; otherwise through the workspace: the last block of each (token,
+ * kv head) to finish combines the splits (no second launch). At batch 1 the cluster takes the
+ * workspace's store, fence, count and the last block's loads (each an L2 round trip while the O
+ * projection's weight stream fills the memory system) off the critical path: Llama-3-8B at 512
+ * keys 4.05 against 4.11 ms a token (docs/PERFORMANCE.md, session 11).
  *
  * Launched as a programmatic dependent (common.cuh): the block reads the step's metadata and
  * looks up its first keys' cache offsets before it waits for the QKV kernel, and lets the next
@@ -30,6 +35,20 @@ extern "C" {
 }
 
 #define AD_WARPS 8
+#define AD_CL_MAX 16 /* splits combined in a thread-block cluster (a non-portable size past 8) */
+
+/* The block's cluster: a barrier with release/acquire (shared-memory writes before it are seen
+ * by the peers after it), and a peer's address of a shared-memory variable. */
+static __device__ __forceinline__ void cluster_sync(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ const float *cluster_peer(const float *p, int rank)
+{
+    uint64_t out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((uint64_t)p), "r"(rank));
+    return (const float *)out;
+}
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 #define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
 
@@ -95,10 +114,11 @@ static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int
  * against 128), which would halve the blocks per SM of every bf16 step, so it is a separate
  * instance that only steps with INT8 blocks launch. The bf16 instances for groups up to 4 are
  * held to 128 registers (two blocks per SM, and room beside one for the O projection's two
- * 64-register blocks). Tried and removed (docs/PERFORMANCE.md): the first run of K/V loads of
+ * 64-register blocks). CL: the splits are a cluster (above), with the first keys in dynamic
+ * shared memory. Tried and removed (docs/PERFORMANCE.md): the first run of K/V loads of
  * one-token steps issued before the programmatic wait (~195 registers, one block per SM): 4.143
  * against 4.126 ms at 512 keys, 4.574 against 4.402 at 4096. */
-template <int HD, int MAXG, bool I8>
+template <int HD, int MAXG, bool I8, bool CL>
 __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_attn_decode(sf_k_attn a)
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
@@ -109,6 +129,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     __shared__ float ml_s[AD_WARPS][MAXG][2];
     __shared__ float wsm[MAXG][AD_MAX_SPLIT];
     __shared__ int last;
+    __shared__ float part_s[CL ? MAXG : 1][HD + 2]; /* CL: this split's o, m, l per head */
+    extern __shared__ uint4 kv_pre[]; /* CL: [AD_WARPS][U][K, V][32 lanes] */
 
     __shared__ sf_tr tr;
     tr_begin(tr);
@@ -122,6 +144,20 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     const int32_t *bt = a.block_table + (int64_t)seq * a.max_blocks;
     int64_t off[U];
     kv_offsets<U, I8>(off, k0 + warp * STEP, KPW, sub, k1, bt, a.kv, kh);
+    /* CL, one-token steps: the first run's keys of earlier steps need nothing of this step, so
+     * they are copied into shared memory before the wait (no registers held across it, unlike
+     * the register version tried in session 7); the newest key (position ctx - 1, which the QKV
+     * kernel appends) is read after it */
+    const bool pre = CL && a.T == 1;
+    if (pre) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (off[u] >= 0 && k0 + warp * STEP + u * KPW + sub != ctx - 1) {
+                sf_cp_async16(&kv_pre[((warp * U + u) * 2) * 32 + lane], a.kv.k + (off[u] >> 1) + dl * 8, 16);
+                sf_cp_async16(&kv_pre[((warp * U + u) * 2 + 1) * 32 + lane], a.kv.v + (off[u] >> 1) + dl * 8, 16);
+            }
+        sf_cp_async_commit();
+    }
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
     tr_waited(tr);
 
@@ -154,6 +190,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     }
 
     for (int kb = k0 + warp * STEP; kb < k1; kb += AD_WARPS * STEP) {
+        const bool from_pre = pre && kb == k0 + warp * STEP; /* this lane's own copies: no barrier */
+        if (from_pre) asm volatile("cp.async.wait_all;\n" ::: "memory");
         uint4 kr[U], vr[U];
         bool valid[U], i8[U];
         float ks[U], vs[U]; /* INT8 rows' scales (1 for bf16) */
@@ -171,6 +209,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
                 vr[u] = make_uint4(v8.x, v8.y, 0u, 0u);
                 ks[u] = __ldg(a.kv.k_scale + row);
                 vs[u] = __ldg(a.kv.v_scale + row);
+            } else if (CL && from_pre && valid[u] && kb + u * KPW + sub != ctx - 1) {
+                kr[u] = kv_pre[((warp * U + u) * 2) * 32 + lane];
+                vr[u] = kv_pre[((warp * U + u) * 2 + 1) * 32 + lane];
             } else if (valid[u]) {
                 kr[u] = ld_kv(a.kv.k + (off[u] >> 1) + dl * 8);
                 vr[u] = ld_kv(a.kv.v + (off[u] >> 1) + dl * 8);
@@ -275,23 +316,118 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
                 O = fmaf(o_s[w][g][d], e, O);
             }
         }
-        sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
+        if (CL) {
+            part_s[g][d] = O;
+            if (d == 0) { part_s[g][HD] = M; part_s[g][HD + 1] = L; }
+        } else {
+            sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
+        }
     }
     tr_ready(tr);
-    /* the last block of this (token, kv head) to finish combines the splits */
-    if (ns > 1) sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+    if (CL) {
+        /* the splits of (t, kh) are one cluster (blockIdx.z is the rank in it): each block
+         * combines its share of the G x HD outputs from every split's shared memory, so no
+         * workspace store, fence, count or load goes through L2 */
+        cluster_sync();
+        const int per = (G * HD + ns - 1) / ns, i1 = min(G * HD, (split + 1) * per);
+        for (int idx = split * per + tid; idx < i1; idx += AD_WARPS * 32) {
+            const int g = idx / HD, d = idx - g * HD;
+            float M = -INFINITY;
+            for (int r = 0; r < ns; r++) M = fmaxf(M, cluster_peer(&part_s[g][HD], r)[0]);
+            float L = 0.0f, O = 0.0f;
+            if (M != -INFINITY)
+                for (int r = 0; r < ns; r++) {
+                    const float *ps = cluster_peer(&part_s[g][0], r), mr = ps[HD];
+                    if (mr == -INFINITY) continue;
+                    const float e = exp2f(mr - M);
+                    L = fmaf(ps[HD + 1], e, L);
+                    O = fmaf(ps[d], e, O);
+                }
+            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g) * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+        }
+        cluster_sync(); /* no block leaves while a peer may still read its shared memory */
+    } else if (ns > 1) {
+        /* the last block of this (token, kv head) to finish combines the splits */
+        sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+    }
     tr_end(tr, SF_TR_ATTN, ns, ctx);
 }
 
 SF_TR_SETTER(sf_k_attn_decode_trace)
 
+/* SEMFLOW_CUDA_ATTN_CLUSTER=0 turns the cluster combine off (comparisons; read once);
+ * sf_k_attention_decode_cluster overrides it (tests run both). */
+static int cluster_mode = -1;
+extern "C" void sf_k_attention_decode_cluster(int on) { cluster_mode = on; }
+static bool cluster_on(void)
+{
+    static const int env = sf_env_bool("SEMFLOW_CUDA_ATTN_CLUSTER", 1);
+    return cluster_mode < 0 ? env : cluster_mode;
+}
+
+/* The launch of `grid` whose grid.z blocks of each (token, kv head) are one cluster; at holds its
+ * attributes, pdl adds programmatic dependent launch as sf_launch_pdl gives it. */
+static cudaLaunchConfig_t cluster_config(cudaLaunchAttribute (&at)[2], dim3 grid, size_t smem, cudaStream_t s, bool pdl)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(AD_WARPS * 32);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = grid.z;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 2 : 1;
+    return cfg;
+}
+
+/* Whether n splits of a bf16 step run as one cluster: 2..AD_CL_MAX, and a cluster of that size
+ * fits the device beside nothing else (cudaOccupancyMaxActiveClusters; sizes past 8 need the
+ * non-portable attribute, which the H100/H200 allow up to 16). Cached per kernel instance and
+ * size; host only. */
+template <typename K>
+static bool cluster_fits(K kernel, int n, size_t smem, int *cache)
+{
+    if (n < 2 || n > AD_CL_MAX) return false;
+    if (!cache[n]) {
+        cudaLaunchAttribute at[2];
+        const cudaLaunchConfig_t cfg = cluster_config(at, dim3(1, 1, n), smem, 0, false);
+        int clusters = 0;
+        static sf_k_smem ss;
+        bool ok = !sf_k_smem_attr(&ss, kernel, smem, true); /* static + dynamic past 48 KB */
+        if (ok && n > 8) ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+        ok = ok && cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+        if (!ok) cudaGetLastError();
+        cache[n] = ok ? 1 : -1;
+    }
+    return cache[n] > 0;
+}
+
+/* bf16 steps of 2..16 splits combine them in a cluster, and their first keys are copied into
+ * shared memory before the wait (measured on the H200, docs/PERFORMANCE.md session 11); INT8
+ * steps and other splits combine through the workspace. */
 template <int HD, int MAXG>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
+    static int fits[SF_K_MAX_DEVICES][AD_CL_MAX + 1]; /* per device (common.cuh) */
     const dim3 grid(a->T, a->Hkv, a->n_split), block(AD_WARPS * 32);
+    const int dev = sf_k_dev();
+    int own[AD_CL_MAX + 1] = { 0 }, *fc = dev >= 0 ? fits[dev] : own;
     int rc;
-    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true>, grid, block, 0, s, *a);
-    else rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false>, grid, block, 0, s, *a);
+    constexpr int U = MAXG <= 4 ? 4 : 2; /* the kernel's loads in flight per lane */
+    const size_t pre = (size_t)AD_WARPS * U * 2 * 32 * 16;
+    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a);
+    else if (cluster_on() && cluster_fits(k_attn_decode<HD, MAXG, false, true>, a->n_split, pre, fc)) {
+        cudaLaunchAttribute at[2];
+        const cudaLaunchConfig_t cfg = cluster_config(at, grid, pre, s, sf_pdl_enabled());
+        rc = (int)cudaLaunchKernelEx(&cfg, k_attn_decode<HD, MAXG, false, true>, *a);
+    } else {
+        rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, false>, grid, block, 0, s, *a);
+    }
     return rc ? rc : sf_launch_status();
 }
 

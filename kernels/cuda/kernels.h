@@ -241,6 +241,10 @@ int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, in
 #define SF_K_ATTN_DECODE_MAX_GROUP 8
 int sf_k_attention_decode_ok(const sf_k_attn *a);
 int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
+/* Its bf16 steps of 2..16 splits combine them in a thread-block cluster (distributed shared
+ * memory) rather than through a->ws: on = 1 always where the device fits the cluster, 0 never,
+ * -1 as SEMFLOW_CUDA_ATTN_CLUSTER says (default on). Tests run both. */
+void sf_k_attention_decode_cluster(int on);
 /* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of 16-key-per-warp
  * tiles, bf16 and INT8 blocks (block size a power of 2, >= 16). cfg = warps per block x 10 + ring
  * depth: 42 (the default; 0 means it), 43, 23, 24. sf_k_attention_decode chooses it by shape

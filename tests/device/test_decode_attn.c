@@ -224,22 +224,28 @@ static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_
     return a;
 }
 
-/* The kernels under test: the lanes kernel, the mma kernel in a configuration (kernels.h), the
- * stream kernel in a configuration on at most max_blocks blocks (0: as many as are resident). */
+/* The kernels under test: the lanes kernel (its splits combined in a cluster, or through the
+ * workspace), the mma kernel in a configuration (kernels.h), the stream kernel in a configuration
+ * on at most max_blocks blocks (0: as many as are resident). */
 typedef struct dpath {
     const char *name;
-    int kind; /* 0 lanes, 1 mma, 2 stream */
+    int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine */
     int cfg, max_blocks;
 } dpath;
 static const dpath PATHS[] = {
-    { "lanes", 0, 0, 0 },        { "mma42", 1, 42, 0 },       { "mma43", 1, 43, 0 },  { "mma23", 1, 23, 0 },
+    { "lanes", 0, 0, 0 },        { "lanes/ws", 3, 0, 0 },     { "mma42", 1, 42, 0 },       { "mma43", 1, 43, 0 },  { "mma23", 1, 23, 0 },
     { "mma24", 1, 24, 0 },       { "stream42", 2, 42, 0 },    { "stream43", 2, 43, 0 },
     { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 },
 };
 
 static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
 {
-    if (p->kind == 0) return sf_k_attention_decode(a, s);
+    if (p->kind == 0 || p->kind == 3) { /* the lanes kernel: splits combined in a cluster / the workspace */
+        sf_k_attention_decode_cluster(p->kind == 0);
+        const int rc = sf_k_attention_decode(a, s);
+        sf_k_attention_decode_cluster(-1);
+        return rc;
+    }
     if (p->kind == 1) return sf_k_attention_decode_mma(a, p->cfg, s);
     return sf_k_attention_decode_stream(a, p->cfg, p->max_blocks, s);
 }
@@ -274,7 +280,7 @@ static void check_case(const dcase *c)
     dhost x = { 0 };
     ddev d = { 0 };
     make_case(c, &x);
-    const int splits[] = { 1, 3, 16 };
+    const int splits[] = { 1, 3, 9, 16 }; /* 9: a cluster past the portable size of 8 */
     int ok_up = upload(c, &x, &d, 16) == 0;
     CHECK_MSG(ok_up, "device allocation for T=%d failed", c->T);
     if (ok_up) {
@@ -292,7 +298,7 @@ static void check_case(const dcase *c)
             int pass = 1;
             for (size_t k = 0; k < SF_ARRAY_LEN(PATHS); k++) {
                 const dpath *p = &PATHS[k];
-                if ((p->kind == 0 && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
+                if (((p->kind == 0 || p->kind == 3) && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
                 const double e = run_path(c, &x, &d, p, ns);
                 pass &= e <= 1e-2; /* NaN compares false */
                 if (len < (int)sizeof line) len += snprintf(line + len, sizeof line - len, " %s %.2e", p->name, e);
