@@ -16,7 +16,7 @@
  * kv head) to finish combines the splits (no second launch). At batch 1 the cluster takes the
  * workspace's store, fence, count and the last block's loads (each an L2 round trip while the O
  * projection's weight stream fills the memory system) off the critical path: Llama-3-8B at 512
- * keys 4.05 against 4.11 ms a token (docs/PERFORMANCE.md, session 11).
+ * keys 4.07-4.10 against 4.16-4.18 ms a token in one device call (docs/PERFORMANCE.md, session 11).
  *
  * Launched as a programmatic dependent (common.cuh): the block reads the step's metadata and
  * looks up its first keys' cache offsets before it waits for the QKV kernel, and lets the next
