@@ -233,8 +233,8 @@ typedef struct dpath {
     int cfg, max_blocks;
 } dpath;
 static const dpath PATHS[] = {
-    { "lanes", 0, 0, 0 },        { "lanes/ws", 3, 0, 0 },     { "mma42", 1, 42, 0 },       { "mma43", 1, 43, 0 },  { "mma23", 1, 23, 0 },
-    { "mma24", 1, 24, 0 },       { "stream42", 2, 42, 0 },    { "stream43", 2, 43, 0 },
+    { "lanes", 0, 0, 0 },          { "lanes/ws", 3, 0, 0 },       { "mma42", 1, 42, 0 },    { "mma43", 1, 43, 0 },
+    { "mma23", 1, 23, 0 },         { "mma24", 1, 24, 0 },         { "stream42", 2, 42, 0 }, { "stream43", 2, 43, 0 },
     { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 },
 };
 
