@@ -650,11 +650,6 @@ static int parse_range(const char *flag, const char *v, double lo, int open_lo, 
     return 0;
 }
 
-static int parse_double(const char *flag, const char *v, double lo, double hi, double *out)
-{
-    return parse_range(flag, v, lo, 0, hi, out);
-}
-
 int sf_cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "kv-quality")) /* its own options (cmd_bench_kv.c) */
@@ -723,8 +718,8 @@ int sf_cmd_bench(int argc, char **argv)
         case 'N': if (parse_int("--num-prompts", optarg, 1, 1 << 20, &o.num_prompts)) return 2; break;
         case 'M': if (parse_int("--max-num-seqs", optarg, 1, 65536, &o.max_num_seqs)) return 2; break;
         case 'X': if (parse_int("--max-batched-tokens", optarg, 1, 1 << 20, &o.max_batched_tokens)) return 2; break;
-        case 'G': if (parse_double("--gpu-memory-utilization", optarg, 0.05, 1, &o.gpu_util)) return 2; break;
-        case 'T': if (parse_double("--temperature", optarg, 0, 100, &o.temperature)) return 2; break;
+        case 'G': if (parse_range("--gpu-memory-utilization", optarg, 0.05, 0, 1, &o.gpu_util)) return 2; break;
+        case 'T': if (parse_range("--temperature", optarg, 0, 0, 100, &o.temperature)) return 2; break;
         case 'Q': if (parse_range("--top-p", optarg, 0, 1, 1, &o.top_p)) return 2; break;
         case 'Y': if (parse_int("--top-k", optarg, 0, 1 << 20, &o.top_k)) return 2; break;
         case 'C': o.compare = optarg; break;
