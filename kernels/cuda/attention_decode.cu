@@ -398,7 +398,7 @@ static bool cluster_fits(K kernel, int n, size_t smem, int *cache)
         const cudaLaunchConfig_t cfg = cluster_config(at, dim3(1, 1, n), smem, 0, false);
         int clusters = 0;
         static sf_k_smem ss;
-        bool ok = !sf_k_smem_attr(&ss, kernel, smem, true); /* static + dynamic past 48 KB */
+        bool ok = !sf_k_smem_attr(&ss, kernel, smem, true); /* all of L1 as shared, as measured */
         if (ok && n > 8) ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
         ok = ok && cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
         if (!ok) cudaGetLastError();

@@ -281,15 +281,13 @@ struct sf_k_smem {
 };
 
 /* Kernel fn's max dynamic shared memory raised to `bytes` on the current device (and, with
- * carveout, all of L1 asked for as shared memory), once per device and size. 0 or a
- * cudaError_t. Without carveout nothing is set up to 48 KiB of dynamic memory, which is the
- * default limit only for a kernel without static shared memory (the limit is 48 KiB less the
- * static part): a kernel whose static and dynamic memory together pass 48 KiB passes carveout
- * (attention_decode.cu's cluster instance). */
+ * carveout, all of L1 asked for as shared memory), once per device and size (have: the launch
+ * site's record, one per kernel instance). 0 or a cudaError_t. Set at every size: the default
+ * limit is 48 KiB less the kernel's static shared memory, so no size is safe without it. */
 template <typename F>
 static inline int sf_k_smem_attr(sf_k_smem *have, F *fn, size_t bytes, bool carveout = false)
 {
-    if (!carveout && bytes <= 48 * 1024) return 0;
+    if (!bytes && !carveout) return 0;
     const int d = sf_k_dev();
     if (d >= 0 && have->bytes[d] >= bytes) return 0;
     cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
