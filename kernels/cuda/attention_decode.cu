@@ -348,7 +348,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
         cluster_sync(); /* no block leaves while a peer may still read its shared memory */
     } else if (ns > 1) {
         /* the last block of this (token, kv head) to finish combines the splits */
-        sf_attn_split_finish<HD>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+        sf_attn_split_finish<HD, 16>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
     }
     tr_end(tr, SF_TR_ATTN, ns, ctx);
 }

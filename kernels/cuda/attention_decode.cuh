@@ -30,12 +30,18 @@ static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, i
  * (a.counters[t * Hkv + kh] counts them, and is reset for the next launch: graph replays reuse it)
  * combines the pieces into a.out. piece(g, p) is where piece p (0..np-1, np <= SF_AD_MAX_SPLIT)
  * of head g of the group is. Called by every thread of the block (nwarps warps); wsm:
- * [G][SF_AD_MAX_SPLIT] floats and `last` one int of shared memory. */
-template <int HD, class Piece>
+ * [G][SF_AD_MAX_SPLIT] floats and `last` one int of shared memory.
+ *
+ * Every load here is an L2 round trip while the next kernel streams its weights, so they are
+ * issued together: a piece's m and l at once, then CH pieces of each of a thread's two outputs.
+ * Four pieces at a time took the combine of 33 splits (Llama-3-8B at 4096 keys, batch 1) ~11 us
+ * after the last piece was stored (docs/PERFORMANCE.md, session 12); the batch kernels, whose
+ * steps split into few pieces, keep CH small (registers: blocks per SM). */
+template <int HD, int CH, class Piece>
 static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, int G, int np, int nwarps, float *wsm,
                                              int *last, const Piece &piece)
 {
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = nwarps * 32;
     __threadfence();
     __syncthreads();
     if (tid == 0) *last = atomicAdd(&a.counters[t * a.Hkv + kh], 1u) == (unsigned)np - 1;
@@ -44,46 +50,55 @@ static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, 
     __threadfence();
     for (int g = warp; g < G; g += nwarps) {
         const float *p0 = lane < np ? piece(g, lane) : NULL, *p1 = lane + 32 < np ? piece(g, lane + 32) : NULL;
-        const float m0 = p0 ? __ldcg(p0 + HD) : -INFINITY;
-        const float m1 = p1 ? __ldcg(p1 + HD) : -INFINITY;
+        const float m0 = p0 ? __ldcg(p0 + HD) : -INFINITY, l0 = p0 ? __ldcg(p0 + HD + 1) : 0.0f;
+        const float m1 = p1 ? __ldcg(p1 + HD) : -INFINITY, l1 = p1 ? __ldcg(p1 + HD + 1) : 0.0f;
         const float M = warp_max(fmaxf(m0, m1));
         float e0 = 0.0f, e1 = 0.0f;
         if (M != -INFINITY) {
             if (m0 != -INFINITY) e0 = exp2f(m0 - M);
             if (m1 != -INFINITY) e1 = exp2f(m1 - M);
         }
-        float L = (p0 ? e0 * __ldcg(p0 + HD + 1) : 0.0f) + (p1 ? e1 * __ldcg(p1 + HD + 1) : 0.0f);
-        L = warp_sum(L);
+        const float L = warp_sum(e0 * l0 + e1 * l1);
         const float inv = L > 0.0f ? 1.0f / L : 0.0f;
         wsm[g * SF_AD_MAX_SPLIT + lane] = e0 * inv;
         wsm[g * SF_AD_MAX_SPLIT + lane + 32] = e1 * inv;
     }
     __syncthreads();
-    for (int idx = tid; idx < G * HD; idx += nwarps * 32) {
-        const int g = idx / HD, d = idx - g * HD;
-        const float *e = wsm + g * SF_AD_MAX_SPLIT;
-        float o0 = 0.0f, o1 = 0.0f, o2 = 0.0f, o3 = 0.0f;
-        int i = 0;
-        for (; i + 3 < np; i += 4) {
-            o0 = fmaf(__ldcg(piece(g, i) + d), e[i], o0);
-            o1 = fmaf(__ldcg(piece(g, i + 1) + d), e[i + 1], o1);
-            o2 = fmaf(__ldcg(piece(g, i + 2) + d), e[i + 2], o2);
-            o3 = fmaf(__ldcg(piece(g, i + 3) + d), e[i + 3], o3);
+    for (int i0 = tid; i0 < G * HD; i0 += 2 * nt) {
+        const int i1 = i0 + nt, g0 = i0 / HD, d0 = i0 - g0 * HD;
+        const bool two = i1 < G * HD;
+        const int g1 = two ? i1 / HD : g0, d1 = two ? i1 - g1 * HD : d0;
+        const float *e0 = wsm + g0 * SF_AD_MAX_SPLIT, *e1 = wsm + g1 * SF_AD_MAX_SPLIT;
+        float o0 = 0.0f, o1 = 0.0f;
+        for (int c = 0; c < np; c += CH) {
+            float x0[CH], x1[CH];
+#pragma unroll
+            for (int j = 0; j < CH; j++) {
+                x0[j] = c + j < np ? __ldcg(piece(g0, c + j) + d0) : 0.0f;
+                x1[j] = two && c + j < np ? __ldcg(piece(g1, c + j) + d1) : 0.0f;
+            }
+#pragma unroll
+            for (int j = 0; j < CH; j++)
+                if (c + j < np) {
+                    o0 = fmaf(x0[j], e0[c + j], o0);
+                    o1 = fmaf(x1[j], e1[c + j], o1);
+                }
         }
-        for (; i < np; i++) o0 = fmaf(__ldcg(piece(g, i) + d), e[i], o0);
-        ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g) * HD + d] = f2bf((o0 + o1) + (o2 + o3));
+        bf16 *out = (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)kh * G * HD;
+        out[i0] = f2bf(o0);
+        if (two) out[i1] = f2bf(o1);
     }
     if (tid == 0) a.counters[t * a.Hkv + kh] = 0;
 }
 
 /* sf_attn_pieces_finish over the n_split pieces of a split launch (a block per (t, kv head,
  * split)), in the layout sf_attn_split_store writes. */
-template <int HD>
+template <int HD, int CH>
 static __device__ void sf_attn_split_finish(const sf_k_attn &a, int t, int kh, int G, int nwarps, float *wsm,
                                             int *last)
 {
     const int ns = a.n_split;
-    sf_attn_pieces_finish<HD>(a, t, kh, G, ns, nwarps, wsm, last, [&](int g, int p) {
+    sf_attn_pieces_finish<HD, CH>(a, t, kh, G, ns, nwarps, wsm, last, [&](int g, int p) {
         return (const float *)a.ws + (((int64_t)t * a.H + kh * G + g) * ns + p) * (HD + 2);
     });
 }
