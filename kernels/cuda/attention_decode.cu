@@ -11,12 +11,15 @@
  * AD_U such loads are in flight. Every lane group keeps its own online softmax (running max,
  * sum and 8 output dims per head of the group), in base 2 with q pre-scaled by log2(e)/sqrt(hd);
  * groups merge by shuffles, warps through shared memory. Splits: bf16 steps of 2..16 splits run
- * each (token, kv head) as one thread-block cluster (CL), whose blocks combine their pieces from
- * each other's shared memory; otherwise through the workspace: the last block of each (token,
- * kv head) to finish combines the splits (no second launch). At batch 1 the cluster takes the
- * workspace's store, fence, count and the last block's loads (each an L2 round trip while the O
- * projection's weight stream fills the memory system) off the critical path: Llama-3-8B at 512
- * keys 4.07-4.10 against 4.16-4.18 ms a token in one device call (docs/PERFORMANCE.md, session 11).
+ * each (token, kv head) as one thread-block cluster (CL): every block writes the pieces of its
+ * result into the shared memory of the peer that combines them, and after one cluster barrier
+ * each combines its share of the outputs from its own memory (session 12; reading the peers'
+ * memory instead took a second barrier, so that none left while read: 0.4% slower at 512 keys);
+ * otherwise through the workspace: the last block of each (token, kv head) to finish combines
+ * the splits (no second launch). At batch 1 the cluster takes the workspace's store, fence,
+ * count and the last block's loads (each an L2 round trip while the O projection's weight
+ * stream fills the memory system) off the critical path: Llama-3-8B at 512 keys 4.07-4.10
+ * against 4.16-4.18 ms a token in one device call (docs/PERFORMANCE.md, session 11).
  *
  * Launched as a programmatic dependent (common.cuh): the block reads the step's metadata and
  * looks up its first keys' cache offsets before it waits for the QKV kernel, and lets the next
@@ -37,17 +40,17 @@ extern "C" {
 #define AD_WARPS 8
 #define AD_CL_MAX 16 /* splits combined in a thread-block cluster (a non-portable size past 8) */
 
-/* The block's cluster: a barrier with release/acquire (shared-memory writes before it are seen
- * by the peers after it), and a peer's address of a shared-memory variable. */
+/* The block's cluster: a barrier with release/acquire (writes to a peer's shared memory before it
+ * are seen by that peer after it), and a peer's address of a shared-memory variable. */
 static __device__ __forceinline__ void cluster_sync(void)
 {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-static __device__ __forceinline__ const float *cluster_peer(const float *p, int rank)
+static __device__ __forceinline__ float *cluster_peer(float *p, int rank)
 {
     uint64_t out;
     asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((uint64_t)p), "r"(rank));
-    return (const float *)out;
+    return (float *)out;
 }
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 #define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
@@ -129,7 +132,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     __shared__ float ml_s[AD_WARPS][MAXG][2];
     __shared__ float wsm[MAXG][AD_MAX_SPLIT];
     __shared__ int last;
-    __shared__ float part_s[CL ? MAXG : 1][HD + 2]; /* CL: this split's o, m, l per head */
+    /* CL: what the peers send this block: the o of its share of the outputs from each split (ns
+     * x per <= MAXG * HD + AD_CL_MAX floats), and each split's m, l per head */
+    __shared__ float recv_o[CL ? MAXG * HD + AD_CL_MAX : 1], recv_ml[CL ? AD_CL_MAX : 1][MAXG][2];
     extern __shared__ uint4 kv_pre[]; /* CL: [AD_WARPS][U][K, V][32 lanes] */
 
     __shared__ sf_tr tr;
@@ -317,35 +322,40 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
             }
         }
         if (CL) {
-            part_s[g][d] = O;
-            if (d == 0) { part_s[g][HD] = M; part_s[g][HD + 1] = L; }
+            /* output idx is combined by block idx / per: its o goes there, and m, l to every
+             * block whose share holds one of head g's outputs */
+            const int per = (G * HD + ns - 1) / ns, j = idx / per;
+            *cluster_peer(&recv_o[split * per + idx - j * per], j) = O;
+            if (d == 0)
+                for (int jj = g * HD / per; jj <= ((g + 1) * HD - 1) / per && jj < ns; jj++) {
+                    *cluster_peer(&recv_ml[split][g][0], jj) = M;
+                    *cluster_peer(&recv_ml[split][g][1], jj) = L;
+                }
         } else {
             sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
         }
     }
     tr_ready(tr);
     if (CL) {
-        /* the splits of (t, kh) are one cluster (blockIdx.z is the rank in it): each block
-         * combines its share of the G x HD outputs from every split's shared memory, so no
-         * workspace store, fence, count or load goes through L2 */
+        /* everything this block combines is in its own shared memory after one barrier; nothing
+         * reads a peer's memory after it, so every block may leave as soon as it is done */
         cluster_sync();
         const int per = (G * HD + ns - 1) / ns, i1 = min(G * HD, (split + 1) * per);
         for (int idx = split * per + tid; idx < i1; idx += AD_WARPS * 32) {
-            const int g = idx / HD, d = idx - g * HD;
+            const int g = idx / HD, i = idx - split * per;
             float M = -INFINITY;
-            for (int r = 0; r < ns; r++) M = fmaxf(M, cluster_peer(&part_s[g][HD], r)[0]);
+            for (int r = 0; r < ns; r++) M = fmaxf(M, recv_ml[r][g][0]);
             float L = 0.0f, O = 0.0f;
             if (M != -INFINITY)
                 for (int r = 0; r < ns; r++) {
-                    const float *ps = cluster_peer(&part_s[g][0], r), mr = ps[HD];
+                    const float mr = recv_ml[r][g][0];
                     if (mr == -INFINITY) continue;
                     const float e = exp2f(mr - M);
-                    L = fmaf(ps[HD + 1], e, L);
-                    O = fmaf(ps[d], e, O);
+                    L = fmaf(recv_ml[r][g][1], e, L);
+                    O = fmaf(recv_o[r * per + i], e, O);
                 }
-            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g) * HD + d] = f2bf(L > 0.0f ? O / L : 0.0f);
+            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)kh * G * HD + idx] = f2bf(L > 0.0f ? O / L : 0.0f);
         }
-        cluster_sync(); /* no block leaves while a peer may still read its shared memory */
     } else if (ns > 1) {
         /* the last block of this (token, kv head) to finish combines the splits */
         sf_attn_split_finish<HD, 16>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
