@@ -33,9 +33,10 @@ static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, i
  * [G][SF_AD_MAX_SPLIT] floats and `last` one int of shared memory.
  *
  * Every load here is an L2 round trip while the next kernel streams its weights, so they are
- * issued together: a piece's m and l at once, then CH pieces of each of a thread's two outputs.
- * Four pieces at a time took the combine of 33 splits (Llama-3-8B at 4096 keys, batch 1) ~11 us
- * after the last piece was stored (docs/PERFORMANCE.md, session 12); the batch kernels, whose
+ * issued together: a piece's m and l at once, then CH pieces of each of a thread's two outputs
+ * (four pieces at a time before: Llama-3-8B batch 1 at 4096 keys, 33 splits, is 0.6-1.2% faster
+ * a token; most of the ~11 us from the last piece to the combine's end there is the wait behind
+ * the O projection's ring prefetch, docs/PERFORMANCE.md session 12). The batch kernels, whose
  * steps split into few pieces, keep CH small (registers: blocks per SM). */
 template <int HD, int CH, class Piece>
 static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, int G, int np, int nwarps, float *wsm,
