@@ -399,15 +399,15 @@ static cudaLaunchConfig_t cluster_config(cudaLaunchAttribute (&at)[2], dim3 grid
  * fits the device beside nothing else (cudaOccupancyMaxActiveClusters; sizes past 8 need the
  * non-portable attribute, which the H100/H200 allow up to 16). Cached per kernel instance and
  * size; host only. */
-template <typename K>
-static bool cluster_fits(K kernel, int n, size_t smem, int *cache)
+template <void (*kernel)(sf_k_attn)>
+static bool cluster_fits(int n, size_t smem, int *cache)
 {
     if (n < 2 || n > AD_CL_MAX) return false;
     if (!cache[n]) {
         cudaLaunchAttribute at[2];
         const cudaLaunchConfig_t cfg = cluster_config(at, dim3(1, 1, n), smem, 0, false);
         int clusters = 0;
-        static sf_k_smem ss;
+        static sf_k_smem ss; /* per kernel instance (the template argument) */
         bool ok = !sf_k_smem_attr(&ss, kernel, smem, true); /* all of L1 as shared, as measured */
         if (ok && n > 8) ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
         ok = ok && cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
@@ -431,7 +431,7 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
     constexpr int U = MAXG <= 4 ? 4 : 2; /* the kernel's loads in flight per lane */
     const size_t pre = (size_t)AD_WARPS * U * 2 * 32 * 16;
     if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a);
-    else if (cluster_on() && cluster_fits(k_attn_decode<HD, MAXG, false, true>, a->n_split, pre, fc)) {
+    else if (cluster_on() && cluster_fits<k_attn_decode<HD, MAXG, false, true>>(a->n_split, pre, fc)) {
         cudaLaunchAttribute at[2];
         const cudaLaunchConfig_t cfg = cluster_config(at, grid, pre, s, sf_pdl_enabled());
         rc = (int)cudaLaunchKernelEx(&cfg, k_attn_decode<HD, MAXG, false, true>, *a);
