@@ -53,6 +53,10 @@ static __device__ __forceinline__ float *cluster_peer(float *p, int rank)
     return (float *)out;
 }
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
+/* Loads of K (and of V) in flight per lane; the cluster instance's dynamic shared memory holds
+ * one such run of every lane (the first keys, copied before the wait). */
+template <int MAXG> constexpr int ad_loads() { return MAXG <= 4 ? 4 : 2; }
+template <int MAXG> constexpr size_t ad_pre_bytes() { return (size_t)AD_WARPS * ad_loads<MAXG>() * 2 * 32 * sizeof(uint4); }
 #define SF_AD_MMA_MIN_TOKENS 4 /* steps of this many tokens or more run the batch kernel */
 
 extern "C" int sf_k_attention_decode_ok(const sf_k_attn *a)
@@ -126,14 +130,14 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
     constexpr int KPW = 32 / LPK;        /* keys per warp per load */
-    constexpr int U = MAXG <= 4 ? 4 : 2; /* loads of K (and of V) in flight per lane */
+    constexpr int U = ad_loads<MAXG>();
     constexpr int STEP = KPW * U;        /* keys per warp per iteration */
     __shared__ float o_s[AD_WARPS][MAXG][HD];
     __shared__ float ml_s[AD_WARPS][MAXG][2];
     __shared__ float wsm[MAXG][AD_MAX_SPLIT];
     __shared__ int last;
     /* CL: what the peers send this block: the o of its share of the outputs from each split (ns
-     * x per <= MAXG * HD + AD_CL_MAX floats), and each split's m, l per head */
+     * x share <= MAXG * HD + AD_CL_MAX floats), and each split's m, l per head */
     __shared__ float recv_o[CL ? MAXG * HD + AD_CL_MAX : 1], recv_ml[CL ? AD_CL_MAX : 1][MAXG][2];
     extern __shared__ uint4 kv_pre[]; /* CL: [AD_WARPS][U][K, V][32 lanes] */
 
@@ -322,12 +326,12 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
             }
         }
         if (CL) {
-            /* output idx is combined by block idx / per: its o goes there, and m, l to every
+            /* output idx is combined by block idx / share: its o goes there, and m, l to every
              * block whose share holds one of head g's outputs */
-            const int per = (G * HD + ns - 1) / ns, j = idx / per;
-            *cluster_peer(&recv_o[split * per + idx - j * per], j) = O;
+            const int share = (G * HD + ns - 1) / ns, j = idx / share;
+            *cluster_peer(&recv_o[split * share + idx - j * share], j) = O;
             if (d == 0)
-                for (int jj = g * HD / per; jj <= ((g + 1) * HD - 1) / per && jj < ns; jj++) {
+                for (int jj = g * HD / share; jj <= ((g + 1) * HD - 1) / share && jj < ns; jj++) {
                     *cluster_peer(&recv_ml[split][g][0], jj) = M;
                     *cluster_peer(&recv_ml[split][g][1], jj) = L;
                 }
@@ -340,9 +344,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
         /* everything this block combines is in its own shared memory after one barrier; nothing
          * reads a peer's memory after it, so every block may leave as soon as it is done */
         cluster_sync();
-        const int per = (G * HD + ns - 1) / ns, i1 = min(G * HD, (split + 1) * per);
-        for (int idx = split * per + tid; idx < i1; idx += AD_WARPS * 32) {
-            const int g = idx / HD, i = idx - split * per;
+        const int share = (G * HD + ns - 1) / ns, i1 = min(G * HD, (split + 1) * share);
+        for (int idx = split * share + tid; idx < i1; idx += AD_WARPS * 32) {
+            const int g = idx / HD, i = idx - split * share;
             float M = -INFINITY;
             for (int r = 0; r < ns; r++) M = fmaxf(M, recv_ml[r][g][0]);
             float L = 0.0f, O = 0.0f;
@@ -352,7 +356,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
                     if (mr == -INFINITY) continue;
                     const float e = exp2f(mr - M);
                     L = fmaf(recv_ml[r][g][1], e, L);
-                    O = fmaf(recv_o[r * per + i], e, O);
+                    O = fmaf(recv_o[r * share + i], e, O);
                 }
             ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)kh * G * HD + idx] = f2bf(L > 0.0f ? O / L : 0.0f);
         }
@@ -428,8 +432,7 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
     const int dev = sf_k_dev();
     int own[AD_CL_MAX + 1] = { 0 }, *fc = dev >= 0 ? fits[dev] : own;
     int rc;
-    constexpr int U = MAXG <= 4 ? 4 : 2; /* the kernel's loads in flight per lane */
-    const size_t pre = (size_t)AD_WARPS * U * 2 * 32 * 16;
+    constexpr size_t pre = ad_pre_bytes<MAXG>();
     if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a);
     else if (cluster_on() && cluster_fits<k_attn_decode<HD, MAXG, false, true>>(a->n_split, pre, fc)) {
         cudaLaunchAttribute at[2];
