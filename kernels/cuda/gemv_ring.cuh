@@ -61,19 +61,23 @@ static __device__ __forceinline__ float gr_row_sumsq(const bf16x8 *x, bf16x8 *xs
     return ss;
 }
 
-/* xs[i] = bf16(bf16(xs[i] * inv) * nw[i]) (HF: round, then scale), this thread's share. */
+/* bf16(bf16(v * inv) * g) (HF: round, then scale) of 8 values. */
+static __device__ __forceinline__ bf16x8 gr_scale8(bf16x8 v, bf16x8 g, float inv)
+{
+    bf16x8 o;
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float2 f = __bfloat1622float2(v.h[h]), gw = __bfloat1622float2(g.h[h]);
+        float n0 = bf2f(f2bf(f.x * inv)), n1 = bf2f(f2bf(f.y * inv));
+        o.h[h] = __floats2bfloat162_rn(n0 * gw.x, n1 * gw.y);
+    }
+    return o;
+}
+
+/* xs[i] = gr_scale8(xs[i], nw[i], inv), this thread's share. */
 static __device__ __forceinline__ void gr_row_scale(bf16x8 *xs, const bf16x8 *nw, float inv, int k8, int nt)
 {
-    for (int i = threadIdx.x; i < k8; i += nt) {
-        bf16x8 v = xs[i], g = nw[i], o;
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            float2 f = __bfloat1622float2(v.h[h]), gw = __bfloat1622float2(g.h[h]);
-            float n0 = bf2f(f2bf(f.x * inv)), n1 = bf2f(f2bf(f.y * inv));
-            o.h[h] = __floats2bfloat162_rn(n0 * gw.x, n1 * gw.y);
-        }
-        xs[i] = o;
-    }
+    for (int i = threadIdx.x; i < k8; i += nt) xs[i] = gr_scale8(xs[i], nw[i], inv);
 }
 
 /* The QKV epilogue of one rotation pair: rows ra, rb of head hh (q heads < H, then Hkv k heads,

@@ -13,9 +13,14 @@
  * memory, read once per block. Measured per op on the H200 (docs/PERFORMANCE.md): down 36.9 ->
  * 30.4 us (91% of the copy bandwidth), O 13.0 -> 11.2, QKV best at 3 blocks per SM. Rounding and
  * the epilogues are gemv_fused.cu's (gemv_ring.cuh).
- * Tried and removed (docs/PERFORMANCE.md): a batched prologue (all of a thread's x loads in
- * flight at once, the norm weight in registers from before the wait) took the kernel to 64
- * registers and the 8B layer chain from 110.8 to 119.1 us. */
+ * The prologue after the wait is one round of memory latency: x comes in by cp.async, all of a
+ * thread's vectors at once, and the norm weight was copied before the wait into the ring slot
+ * the loop fills first (loads waited on one by one had taken a round trip per 256 vectors of x,
+ * then one more for the norm weight, while the ring's stages sat landed: session 13, the 8B
+ * layer chain 110.9 -> 107.8 us, Llama-3-8B batch 1 -1.8%, docs/PERFORMANCE.md).
+ * Tried and removed (docs/PERFORMANCE.md): a batched prologue in registers (all of a thread's
+ * x loads in flight at once, the norm weight in registers from before the wait) took the kernel
+ * to 64 registers and the 8B layer chain from 110.8 to 119.1 us. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -75,17 +80,43 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     };
 #pragma unroll
     for (int t = 0; t < ST - 1; t++) issue(); /* weights only: before the wait */
+    /* The norm weight (a weight too) into the ring slot the loop fills first, which is free
+     * until then: slot ST - 1 of every warp's ring holds RING_SLOT 16-byte vectors, so k up to
+     * FS_WARPS * RING_SLOT * 8 fits; thread i copies, and later reads, the vectors i + n * 256. */
+    constexpr int RING_SLOT = 2 * FG_RING_V * 32, NT = FS_WARPS * 32;
+    uint4 *nw_slot = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (ST - 1) * RING_SLOT;
+    auto nw_at = [&](int i) { return (bf16x8 *)(nw_slot + (i / RING_SLOT) * (ST * RING_SLOT) + i % RING_SLOT); };
+    const bool nw_pre = (MODE & FG_NORM) && k8 <= FS_WARPS * RING_SLOT;
+    if (nw_pre) {
+        for (int i = threadIdx.x; i < k8; i += NT) sf_cp_async16(nw_at(i), (const uint4 *)nw + i, 16);
+        gr_commit();
+    }
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
     if (TR) tr_waited(tr);
 
+    /* x into shared memory in one round of copies (a load per vector, each waited on in turn,
+     * took one L2 round trip per 256 vectors); each thread then works on the vectors it copied */
     const bf16x8 *x8 = (const bf16x8 *)x;
+    for (int i = threadIdx.x; i < k8; i += NT) sf_cp_async16(&xs[i], x8 + i, 16);
+    gr_commit();
+    gr_wait<0>(); /* x, the norm weight, and the ring's first stages */
     if (MODE & FG_NORM) {
-        const float ss = block_sum(gr_row_sumsq(x8, xs, k8, FS_WARPS * 32), red);
-        gr_row_scale(xs, (const bf16x8 *)nw, rsqrtf(ss / (float)k + eps), k8, FS_WARPS * 32);
-    } else {
-        for (int i = threadIdx.x; i < k8; i += FS_WARPS * 32) xs[i] = x8[i];
+        float ss = 0.0f;
+        for (int i = threadIdx.x; i < k8; i += NT) {
+            const bf16x8 v = xs[i];
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                const float2 f = __bfloat1622float2(v.h[h]);
+                ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+            }
+        }
+        const float inv = rsqrtf(block_sum(ss, red) / (float)k + eps);
+        if (nw_pre)
+            for (int i = threadIdx.x; i < k8; i += NT) xs[i] = gr_scale8(xs[i], *nw_at(i), inv);
+        else
+            gr_row_scale(xs, (const bf16x8 *)nw, inv, k8, NT);
     }
-    __syncthreads();
+    __syncthreads(); /* xs complete, and the norm weight read before the loop refills its slot */
     if (TR) tr_ready(tr);
 
     int cslot = 0;
