@@ -36,6 +36,46 @@ extern "C" {
 #define FS_STAGE_BYTES (FS_WARPS * 2 * FG_RING_V * 32 * 16) /* one ring stage of a block */
 #define FS_MAX_X (64 * 1024)   /* largest x (bytes) held in shared memory */
 
+/* 4 bytes global -> shared without registers (cp.async's L1 form: sizes under 16). */
+static __device__ __forceinline__ void fs_cp4(void *dst, const void *src)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src)
+                 : "memory");
+}
+
+/* What the epilogues read, copied into shared memory in the prologue so that a warp's last
+ * unit ends with its stores rather than with a round trip for their inputs: the token's
+ * position and slot and the RoPE frequencies (step metadata and constants: before the wait),
+ * and, in the add mode, the residual pair of every warp's first unit (after it). */
+#define FS_MAX_FREQ 128 /* rot / 2 for head sizes up to 256 */
+struct fs_pre {
+    int pos, slot;
+    float inv_freq[FS_MAX_FREQ];
+    uint32_t res[FS_WARPS];
+};
+
+/* fg_epilogue, with the RoPE inputs from pre (rope_pre) and, for res >= 0, the residual pair
+ * from pre.res[res]. */
+template <int MODE>
+static __device__ __forceinline__ void fs_epilogue(const fg_unit &r, int u, float a, float b,
+                                                   const bf16 *__restrict__ bias, bf16 *__restrict__ y,
+                                                   const fg_rope &rp, const fs_pre &pre, bool rope_pre, int res)
+{
+    if ((MODE & FG_ROPE) && rope_pre) {
+        if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
+        const int sl = pre.slot; /* full-precision blocks only, as fg_epilogue */
+        const bool i8 = rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base;
+        gr_rope_store(a, b, r.rotate, r.ri, r.hh, r.ra, r.rb, pre.pos, pre.inv_freq, i8 ? -1 : sl, rp.H, rp.Hkv, rp.hd,
+                      rp.kv.block_size, rp.kv.k, rp.kv.v, y);
+    } else if ((MODE & FG_ADD) && res >= 0) { /* rows ra, ra + 1 */
+        if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
+        const bf162 yr = *(const bf162 *)&pre.res[res];
+        *(bf162 *)(y + r.ra) = __floats2bfloat162_rn(__low2float(yr) + bf2f(f2bf(a)), __high2float(yr) + bf2f(f2bf(b)));
+    } else {
+        fg_epilogue<MODE>(r, u, a, b, bias, y, rp);
+    }
+}
+
 /* MODE: FG_NORM (| FG_GLU | FG_ROPE), FG_ADD or 0 (plain); ST ring stages per warp; TR: with the
  * timeline marks (b1trace.cuh; a separate instance, so that the default kernel keeps its 40
  * registers: a runtime switch in it had cost 17% of the 8B layer chain). Dynamic shared memory:
@@ -46,7 +86,9 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
                                                                const bf16 *__restrict__ bias, int m, int k,
                                                                bf16 *__restrict__ y, fg_rope rp)
 {
-    extern __shared__ __align__(16) unsigned char fs_smem[];
+    /* 128-byte aligned: the ring's cp.async stores run slower into a base that is not (static
+     * shared memory, pre and the tracer's record, comes first) */
+    extern __shared__ __align__(128) unsigned char fs_smem[];
     __shared__ float red[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = k / 8;
     const int units = fg_units(MODE, m), nwarps = gridDim.x * FS_WARPS;
@@ -54,6 +96,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     bf16x8 *xs = (bf16x8 *)fs_smem;
     uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
     __shared__ sf_tr tr;
+    __shared__ fs_pre pre;
     if (TR) tr_begin(tr);
     sf_pdl_trigger();
 
@@ -87,12 +130,19 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     uint4 *nw_slot = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (ST - 1) * RING_SLOT;
     auto nw_at = [&](int i) { return (bf16x8 *)(nw_slot + (i / RING_SLOT) * (ST * RING_SLOT) + i % RING_SLOT); };
     const bool nw_pre = (MODE & FG_NORM) && k8 <= FS_WARPS * RING_SLOT;
-    if (nw_pre) {
-        for (int i = threadIdx.x; i < k8; i += NT) sf_cp_async16(nw_at(i), (const uint4 *)nw + i, 16);
-        gr_commit();
+    if (nw_pre) for (int i = threadIdx.x; i < k8; i += NT) sf_cp_async16(nw_at(i), (const uint4 *)nw + i, 16);
+    const bool rope_pre = (MODE & FG_ROPE) && rp.rot / 2 <= FS_MAX_FREQ;
+    if (rope_pre) {
+        if (threadIdx.x < rp.rot / 2) fs_cp4(&pre.inv_freq[threadIdx.x], rp.inv_freq + threadIdx.x);
+        if (threadIdx.x == NT - 1) { fs_cp4(&pre.pos, rp.pos); fs_cp4(&pre.slot, rp.slot); }
     }
-    sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
+    gr_commit();
+    sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
     if (TR) tr_waited(tr);
+    const int u0 = blockIdx.x * FS_WARPS + warp; /* the warp's first unit */
+    /* add mode: the residual pair (rows 2 u0, 2 u0 + 1, 4-byte aligned) of the first unit */
+    const bool res_pre = (MODE & FG_ADD) && u0 < units && 2 * u0 + 1 < m && (uintptr_t)y % 4 == 0;
+    if (res_pre && lane == 0) fs_cp4(&pre.res[warp], y + 2 * u0);
 
     /* x into shared memory in one round of copies (a load per vector, each waited on in turn,
      * took one L2 round trip per 256 vectors); each thread then works on the vectors it copied */
@@ -130,7 +180,8 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         }
         acc_a = warp_sum(acc_a);
         acc_b = warp_sum(acc_b);
-        if (lane == 0) fg_epilogue<MODE>(fg_unit_rows<MODE>(u, m, rp), u, acc_a, acc_b, bias, y, rp);
+        if (lane == 0) fs_epilogue<MODE>(fg_unit_rows<MODE>(u, m, rp), u, acc_a, acc_b, bias, y, rp, pre,
+                                         rope_pre, res_pre && u == u0 ? warp : -1);
     }
     gr_wait<0>();
     if (TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
@@ -201,7 +252,7 @@ static int plan(int mode, int units, int k, int want, int *grid)
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
     if (!sms || (size_t)k * 2 > FS_MAX_X) return 0;
-    const long x_bytes = ((long)k * 2 + 15) / 16 * 16, fixed = x_bytes + reserved + 32 * 4 /* red */;
+    const long x_bytes = ((long)k * 2 + 15) / 16 * 16, fixed = x_bytes + reserved + 32 * 4 /* red */ + sizeof(fs_pre) + 128 /* alignment */;
     int st = 0, blocks_per_sm = 0;
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
