@@ -9,3 +9,13 @@ endif
 ifeq ($(HAVE_CUDA),1)
 LDFLAGS += -Wl,--undefined=sf_backend_cuda_new -Wl,--undefined=sf_hal_cuda_available
 endif
+
+# bench/device/readbw.cu: the read-only HBM bandwidth beside hal's copy figure (a program of its
+# own, built with every CUDA build so that CI compiles it; run on the device)
+ifeq ($(HAVE_CUDA),1)
+all: $(BUILD)/bench/readbw
+$(BUILD)/bench/readbw: bench/device/readbw.cu
+	@mkdir -p $(@D)
+	@echo "  NVCC    $<"
+	$(Q)$(NVCC) -O3 -std=c++17 $(CUDA_ARCH) -o $@ $<
+endif
