@@ -252,7 +252,8 @@ static int plan(int mode, int units, int k, int want, int *grid)
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
     if (!sms || (size_t)k * 2 > FS_MAX_X) return 0;
-    const long x_bytes = ((long)k * 2 + 15) / 16 * 16, fixed = x_bytes + reserved + 32 * 4 /* red */ + sizeof(fs_pre) + 128 /* alignment */;
+    const long x_bytes = ((long)k * 2 + 15) / 16 * 16;
+    const long fixed = x_bytes + reserved + 32 * 4 /* red */ + sizeof(fs_pre) + 128 /* the ring's alignment */;
     int st = 0, blocks_per_sm = 0;
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
