@@ -44,6 +44,17 @@ static __device__ __forceinline__ float gr_dot8(const uint4 &w, const bf16x8 &x,
     return acc;
 }
 
+/* ss + the sum of squares of 8 values. */
+static __device__ __forceinline__ float gr_sumsq8(const bf16x8 &v, float ss)
+{
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        float2 f = __bfloat1622float2(v.h[h]);
+        ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+    }
+    return ss;
+}
+
 /* Sum of squares of the k8 8-wide vectors of x (this thread's share: i = threadIdx.x, step
  * nt), copying them to xs. */
 static __device__ __forceinline__ float gr_row_sumsq(const bf16x8 *x, bf16x8 *xs, int k8, int nt)
@@ -52,11 +63,7 @@ static __device__ __forceinline__ float gr_row_sumsq(const bf16x8 *x, bf16x8 *xs
     for (int i = threadIdx.x; i < k8; i += nt) {
         bf16x8 v = x[i];
         xs[i] = v;
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            float2 f = __bfloat1622float2(v.h[h]);
-            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-        }
+        ss = gr_sumsq8(v, ss);
     }
     return ss;
 }
@@ -154,6 +161,19 @@ static __device__ __forceinline__ fg_unit fg_unit_rows(int u, int m, const fg_ro
     return r;
 }
 
+/* The QKV epilogue of unit r (bias added) for the token at *pos, slot: gr_rope_store, with the
+ * cache written for full-precision blocks only (the caller sends INT8 steps through rope_kv.cu). */
+static __device__ __forceinline__ void fg_rope_out(const fg_unit &r, float a, float b, const int *pos, int slot,
+                                                   const float *inv_freq, const fg_rope &rp, bf16 *y)
+{
+    const bool i8 = rp.kv.i8_base && slot / rp.kv.block_size >= rp.kv.i8_base;
+    gr_rope_store(a, b, r.rotate, r.ri, r.hh, r.ra, r.rb, *pos, inv_freq, i8 ? -1 : slot, rp.H, rp.Hkv, rp.hd,
+                  rp.kv.block_size, rp.kv.k, rp.kv.v, y);
+}
+
+/* The residual add of a GEMV output v (rounded to bf16 first, as the unfused GEMV-then-add). */
+static __device__ __forceinline__ float fg_add_res(float res, float v) { return res + bf2f(f2bf(v)); }
+
 /* One lane writes unit r's outputs from its two sums a, b (b unused with one row per warp):
  * bias, then glu (y[u] = bf16(silu(bf16 g)) * bf16 u), rope (gr_rope_store), add (y += bf16)
  * or a plain store. Rounding as the unfused kernels round. */
@@ -168,14 +188,11 @@ static __device__ __forceinline__ void fg_epilogue(const fg_unit &r, int u, floa
         float sg = bf2f(f2bf(g / (1.0f + __expf(-g)))); /* HF rounds act(gate) to bf16 first */
         y[u] = f2bf(sg * up);
     } else if (MODE & FG_ROPE) {
-        /* full-precision blocks only (the caller sends INT8 steps through rope_kv.cu) */
         const int sl = rp.slot[0];
-        const bool i8 = rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base;
-        gr_rope_store(a, b, r.rotate, r.ri, r.hh, r.ra, r.rb, rp.pos[0], rp.inv_freq, i8 ? -1 : sl, rp.H, rp.Hkv,
-                      rp.hd, rp.kv.block_size, rp.kv.k, rp.kv.v, y);
+        fg_rope_out(r, a, b, rp.pos, sl, rp.inv_freq, rp, y);
     } else if (MODE & FG_ADD) {
-        y[r.ra] = f2bf(bf2f(y[r.ra]) + bf2f(f2bf(a)));
-        if (r.rb != r.ra) y[r.rb] = f2bf(bf2f(y[r.rb]) + bf2f(f2bf(b)));
+        y[r.ra] = f2bf(fg_add_res(bf2f(y[r.ra]), a));
+        if (r.rb != r.ra) y[r.rb] = f2bf(fg_add_res(bf2f(y[r.rb]), b));
     } else {
         y[r.ra] = f2bf(a);
         if (r.rb != r.ra) y[r.rb] = f2bf(b);

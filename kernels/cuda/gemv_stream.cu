@@ -63,14 +63,11 @@ static __device__ __forceinline__ void fs_epilogue(const fg_unit &r, int u, floa
 {
     if ((MODE & FG_ROPE) && rope_pre) {
         if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
-        const int sl = pre.slot; /* full-precision blocks only, as fg_epilogue */
-        const bool i8 = rp.kv.i8_base && sl / rp.kv.block_size >= rp.kv.i8_base;
-        gr_rope_store(a, b, r.rotate, r.ri, r.hh, r.ra, r.rb, pre.pos, pre.inv_freq, i8 ? -1 : sl, rp.H, rp.Hkv, rp.hd,
-                      rp.kv.block_size, rp.kv.k, rp.kv.v, y);
+        fg_rope_out(r, a, b, &pre.pos, pre.slot, pre.inv_freq, rp, y);
     } else if ((MODE & FG_ADD) && res >= 0) { /* rows ra, ra + 1 */
         if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
         const bf162 yr = *(const bf162 *)&pre.res[res];
-        *(bf162 *)(y + r.ra) = __floats2bfloat162_rn(__low2float(yr) + bf2f(f2bf(a)), __high2float(yr) + bf2f(f2bf(b)));
+        *(bf162 *)(y + r.ra) = __floats2bfloat162_rn(fg_add_res(__low2float(yr), a), fg_add_res(__high2float(yr), b));
     } else {
         fg_epilogue<MODE>(r, u, a, b, bias, y, rp);
     }
@@ -154,11 +151,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         float ss = 0.0f;
         for (int i = threadIdx.x; i < k8; i += NT) {
             const bf16x8 v = xs[i];
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                const float2 f = __bfloat1622float2(v.h[h]);
-                ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
-            }
+            ss = gr_sumsq8(v, ss);
         }
         const float inv = rsqrtf(block_sum(ss, red) / (float)k + eps);
         if (nw_pre)
