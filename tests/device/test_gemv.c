@@ -11,7 +11,8 @@
  *                        as the backend launches them) over 8 layers of weights (past L2), at
  *                        the shapes of Llama-3-8B, its TP=2 shard, Llama-3-70B's TP=2 shard and
  *                        Qwen2-7B: the chain and each op alone, with every kernel variant, in %
- *                        of the device's copy bandwidth measured first */
+ *                        of the device's copy bandwidth measured first; and the one-row lm_head
+ *                        of Llama-3-8B and Qwen2-7B on each GEMV that can take it */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -311,10 +312,10 @@ static double copy_gbs(void)
 }
 
 /* One layer's GEMV shapes: d model dim, qkv rows, o_k the O projection's k (its rows are d),
- * ff the FFN rows per gate/up half (down's k). */
+ * ff the FFN rows per gate/up half (down's k); vocab the lm_head's rows (0: none). */
 typedef struct perf_shape {
     const char *name;
-    int d, qkv, o_k, ff;
+    int d, qkv, o_k, ff, vocab;
 } perf_shape;
 
 /* Launches op (0 QKV, 1 O, 2 gate/up, 3 down) of layer weights w with variant v: 0 the
@@ -393,17 +394,56 @@ cleanup:
     cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(att); cudaFree(act);
 }
 
+/* The lm_head's one-row GEMV (vocab x d), as the backend may run it: gemv.cu's register GEMV
+ * (what sf_k_gemm picks for one row against cuBLASLt), the persistent-warp kernel planned
+ * (sf_k_gemv_stream_plain) and forced to blocks per SM x 10 + stages; REPS launches in a graph. */
+static void perf_lm_head(const perf_shape *p, double bw)
+{
+    enum { REPS = 20 };
+    const int64_t n = (int64_t)p->vocab * p->d;
+    const double mb = (double)n * 2 / 1e6;
+    uint16_t *w = dev_rand(n, 0.05f, NULL), *x = dev_rand(p->d, 1.0f, NULL), *y = dev_rand(p->vocab, 1.0f, NULL);
+    static const int vars[] = { 0, 1, 24, 25, 26, 16 };
+    if (!w || !x || !y) { printf("perf: %s: lm_head: cudaMalloc failed\n", p->name); goto cleanup; }
+    printf("perf: %-12s %-18s %6d x %5d:", p->name, "lm_head (plain)", p->vocab, p->d);
+    for (size_t vi = 0; vi < SF_ARRAY_LEN(vars); vi++) {
+        const int v = vars[vi];
+        cudaGraph_t g = NULL;
+        int rc = 0;
+        if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf(" capture failed\n"); goto cleanup; }
+        for (int r = 0; r < REPS; r++)
+            rc |= v == 0 ? sf_k_gemv(x, p->d, w, NULL, 1, p->vocab, p->d, y, p->vocab, S)
+                  : v == 1 ? sf_k_gemv_stream_plain(x, w, NULL, p->vocab, p->d, y, S)
+                           : sf_k_gemv_stream_tune(3, v, x, NULL, w, p->vocab, p->d, y, S);
+        cudaStreamEndCapture(S, &g);
+        double t = rc ? NAN : graph_us(g, REPS, 3);
+        if (rc && g) cudaGraphDestroy(g);
+        if (rc) cudaGetLastError();
+        const double gbs = mb / t * 1e3;
+        char lab[16];
+        snprintf(lab, sizeof lab, v == 0 ? "gemv" : v == 1 ? "stream" : "s%d", v);
+        if (isnan(t)) printf(" %s -", lab);
+        else printf(" %s %.1f us %.1f%%", lab, t, 100 * gbs / bw);
+    }
+    printf("\n");
+cleanup:
+    cudaFree(w); cudaFree(x); cudaFree(y);
+}
+
 static void perf_all(void)
 {
     static const perf_shape shapes[] = {
-        { "8B", 4096, 6144, 4096, 14336 },          /* Llama-3-8B, TP=1 */
-        { "8B/TP2", 4096, 3072, 2048, 7168 },       /* its TP=2 shard */
-        { "70B/TP2", 8192, 5120, 4096, 14336 },     /* Llama-3-70B's TP=2 shard */
-        { "Qwen2-7B", 3584, 4608, 3584, 18944 },
+        { "8B", 4096, 6144, 4096, 14336, 128256 },  /* Llama-3-8B, TP=1 */
+        { "8B/TP2", 4096, 3072, 2048, 7168, 0 },    /* its TP=2 shard */
+        { "70B/TP2", 8192, 5120, 4096, 14336, 0 },  /* Llama-3-70B's TP=2 shard */
+        { "Qwen2-7B", 3584, 4608, 3584, 18944, 152064 },
     };
     const double bw = copy_gbs();
     printf("perf: copy bandwidth %.0f GB/s (1 GiB device to device, read + write)\n", bw);
-    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_layers(&shapes[i], bw, 1);
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        perf_layers(&shapes[i], bw, 1);
+        if (shapes[i].vocab) perf_lm_head(&shapes[i], bw);
+    }
 }
 
 int main(int argc, char **argv)
