@@ -561,6 +561,37 @@ extern "C" int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, i
     return plan(T, Hkv, hd, max_ctx, block_size, int8, sms, 0, kernel);
 }
 
+/* What one block of a one-token bf16 step (the cluster instance, as at 512 keys) takes of an SM:
+ * registers (allocated per warp in units of 8 per thread) and shared memory (static, its dynamic
+ * pre-copy and the per-block reservation). For a kernel launched before it that wants room for
+ * such a block beside its own (gemv_stream.cu's QKV plan). Cached per device; 0 if unknown. */
+template <int HD, int MAXG>
+static int ad_block_res(int *regs, int *smem)
+{
+    static int rg[SF_K_MAX_DEVICES], sm[SF_K_MAX_DEVICES];
+    const int d = sf_k_dev();
+    if (d >= 0 && rg[d]) { *regs = rg[d]; *smem = sm[d]; return 0; }
+    cudaFuncAttributes at;
+    int dev = -1, r = 0;
+    if (cudaFuncGetAttributes(&at, k_attn_decode<HD, MAXG, false, true>) || cudaGetDevice(&dev) ||
+        cudaDeviceGetAttribute(&r, cudaDevAttrReservedSharedMemoryPerBlock, dev)) {
+        cudaGetLastError();
+        return -1;
+    }
+    *regs = (at.numRegs + 7) / 8 * 8 * AD_WARPS * 32;
+    *smem = (int)(at.sharedSizeBytes + ad_pre_bytes<MAXG>()) + r;
+    if (d >= 0) { rg[d] = *regs; sm[d] = *smem; }
+    return 0;
+}
+
+extern "C" int sf_k_attention_decode_block(int hd, int group, int *regs, int *smem)
+{
+    *regs = *smem = 0;
+    if ((hd != 64 && hd != 128) || group < 1 || group > 8) return -1;
+    if (hd == 128) return group <= 4 ? ad_block_res<128, 4>(regs, smem) : ad_block_res<128, 8>(regs, smem);
+    return group <= 4 ? ad_block_res<64, 4>(regs, smem) : ad_block_res<64, 8>(regs, smem);
+}
+
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
 {
     if (a->T <= 0) return 0;

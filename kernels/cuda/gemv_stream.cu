@@ -231,16 +231,59 @@ static int op_cfg(int mode, int m, int k)
     return cfg[op];
 }
 
+template <int MODE>
+static int stream_regs(int st) /* registers per thread of the untraced instance; 0 if unknown */
+{
+    cudaFuncAttributes a;
+    const cudaError_t e = st == 3   ? cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 3, false>)
+                          : st == 4 ? cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 4, false>)
+                          : st == 5 ? cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 5, false>)
+                                    : cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 6, false>);
+    if (e) cudaGetLastError();
+    return e ? 0 : a.numRegs;
+}
+
+/* The deepest ring (3..6 stages) at three blocks per SM of the QKV projection (norm + RoPE) that
+ * leaves room on the SM for one block of the step's attention (sf_k_attention_decode_block: its
+ * registers and shared memory), which then starts beside the projection's last blocks rather
+ * than after them. When even 3 stages leave no room (Qwen2-7B's groups of 7 take the 8-head
+ * attention instance, ~220 registers x 256 threads), the deepest that fits: that attention waits
+ * for the SM whatever the ring. Without the attention's shape (the norm mode alone), 3. Cached
+ * per device and (head size, group). */
+static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
+{
+    static int cache[SF_K_MAX_DEVICES][2][9];
+    const int g = rp.Hkv > 0 ? rp.H / rp.Hkv : 0, d = sf_k_dev(), h = rp.hd == 128;
+    int a_regs = 0, a_smem = 0, regfile = 0, dev = -1;
+    if (!(mode & FG_ROPE) || g < 1 || g > 8 || (rp.hd != 64 && rp.hd != 128)) return 3;
+    if (d >= 0 && cache[d][h][g]) return cache[d][h][g];
+    int top = 3;
+    if (!sf_k_attention_decode_block(rp.hd, g, &a_regs, &a_smem) && !cudaGetDevice(&dev) &&
+        !cudaDeviceGetAttribute(&regfile, cudaDevAttrMaxRegistersPerMultiprocessor, dev)) {
+        top = 0;
+        for (int st = 6; st >= 3 && !top; st--) {
+            const long regs = (long)3 * FS_WARPS * 32 * ((stream_regs<FG_NORM | FG_ROPE>(st) + 7) / 8 * 8);
+            if ((st * (long)FS_STAGE_BYTES + fixed) * 3 + a_smem <= per_sm && regs + a_regs <= regfile) top = st;
+        }
+        if (!top) top = 6; /* no room at any depth */
+    } else {
+        cudaGetLastError();
+    }
+    if (d >= 0) cache[d][h][g] = top;
+    return top;
+}
+
 /* Ring depth and blocks for a shape. Planned (want 0): the deepest ring (3..6 stages) with which
  * per_sm blocks fit an SM (3 for the plain norm mode, the QKV projection; 2 otherwise; fewer when
  * even 3 stages do not fit), as measured best per op in test_gemv --perf; at three blocks the QKV
- * projection stops at 3 stages, which leaves an SM room for an attention block beside them (at 4
- * stages Llama-3-8B's does not): batch 1 at 512 keys was faster so in 13 of 14 comparisons over
- * six device calls (0.1-0.9%; the other 0.06% behind), Qwen2-7B and 4096 keys within +-0.8%
- * either way (docs/PERFORMANCE.md, session 10). Forced (want = blocks per SM x 10 + stages):
- * that, if it fits. Returns the stages, 0 when nothing fits. The grid is the fewest blocks that
- * give every warp the same number of units (plus or minus one) at the resident capacity. */
-static int plan(int mode, int units, int k, int want, int *grid)
+ * projection's ring stops where an attention block still fits beside it (qkv_top_stages: 3 stages
+ * for Llama-3-8B, whose batch 1 at 512 keys was faster so than at 4 in 13 of 14 comparisons over
+ * six device calls, 0.1-0.9%, docs/PERFORMANCE.md session 10; 4 for Qwen2-7B, whose attention
+ * block fits beside none: 3.77-3.78 against 3.84-3.88 ms at 512 keys, 4.17 against 4.27-4.31 at
+ * 4096, session 14). Forced (want = blocks per SM x 10 + stages): that, if it fits. Returns the
+ * stages, 0 when nothing fits. The grid is the fewest blocks that give every warp the same number
+ * of units (plus or minus one) at the resident capacity. */
+static int plan(int mode, int units, int k, int want, const fg_rope &rp, int *grid)
 {
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
@@ -252,8 +295,9 @@ static int plan(int mode, int units, int k, int want, int *grid)
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
         const bool qkv = mode == FG_NORM || mode == (FG_NORM | FG_ROPE);
+        const int top = qkv ? qkv_top_stages(mode, rp, fixed, per_sm) : 6;
         for (int b = qkv ? 3 : 2; b >= 1 && !st; b--)
-            for (int s = qkv && b == 3 ? 3 : 6; s >= 3 && !st; s--)
+            for (int s = qkv && b == 3 ? top : 6; s >= 3 && !st; s--)
                 if ((s * (long)FS_STAGE_BYTES + fixed) * b <= per_sm) { st = s; blocks_per_sm = b; }
     }
     if (!st) return 0;
@@ -302,7 +346,7 @@ static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, flo
                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
     int grid = 0;
-    const int st = plan(mode, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(mode, m, k), &grid);
+    const int st = plan(mode, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(mode, m, k), rp, &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
     switch (mode) {
     case 0: return launch_st<0>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);

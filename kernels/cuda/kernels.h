@@ -241,6 +241,9 @@ int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, in
 #define SF_K_ATTN_DECODE_MAX_GROUP 8
 int sf_k_attention_decode_ok(const sf_k_attn *a);
 int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
+/* What one block of a one-token step of head size hd and GQA group takes of an SM: registers
+ * and shared memory (bytes, the per-block reservation included); 0 on success. */
+int sf_k_attention_decode_block(int hd, int group, int *regs, int *smem);
 /* Its bf16 steps of 2..16 splits combine them in a thread-block cluster (distributed shared
  * memory) rather than through a->ws: on = 1 always where the device fits the cluster, 0 never,
  * -1 as SEMFLOW_CUDA_ATTN_CLUSTER says (default on). Tests run both. */
