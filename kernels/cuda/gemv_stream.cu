@@ -4,7 +4,8 @@
  * gemv_fused.cu gives every unit of two rows its own warp, so a layer's big GEMV runs in several
  * waves of blocks, each warp filling its ring from empty, and reads x through L1 in the add
  * mode (down: 28 KB of x per warp, 2048 warps). Here the grid is what fits at once (2 or 3
- * blocks of FS_WARPS warps per SM), each warp takes the units u = warp, warp + warps, ... and
+ * blocks of FS_WARPS warps per SM), each warp takes the units u = w, w + warps, ... (w = its
+ * warp index x grid + block: the units go round the blocks first, see plan()) and
  * streams their rows through one ring that runs on from unit to unit: the stages of the next
  * unit are in flight while the warp finishes the current one, so the weight stream of a warp
  * never drains until its last unit. The ring is as deep as shared memory allows (ST stages of
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     sf_pdl_trigger();
 
     /* The issue cursor: unit iu, its stage it, the ring slot islot; rows ia, ib. */
-    int iu = blockIdx.x * FS_WARPS + warp, it = 0, islot = 0;
+    int iu = warp * gridDim.x + blockIdx.x, it = 0, islot = 0;
     const uint4 *ia = NULL, *ib = NULL;
     auto rows_of = [&](int u) {
         const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     gr_commit();
     sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
     if (TR) tr_waited(tr);
-    const int u0 = blockIdx.x * FS_WARPS + warp; /* the warp's first unit */
+    const int u0 = warp * gridDim.x + blockIdx.x; /* the warp's first unit */
     /* add mode: the residual pair (rows 2 u0, 2 u0 + 1, 4-byte aligned) of the first unit */
     const bool res_pre = (MODE & FG_ADD) && u0 < units && 2 * u0 + 1 < m && (uintptr_t)y % 4 == 0;
     if (res_pre && lane == 0) fs_cp4(&pre.res[warp], y + 2 * u0);
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     if (TR) tr_ready(tr);
 
     int cslot = 0;
-    for (int u = blockIdx.x * FS_WARPS + warp; u < units; u += nwarps) {
+    for (int u = warp * gridDim.x + blockIdx.x; u < units; u += nwarps) {
         float acc_a = 0.0f, acc_b = 0.0f;
         for (int t = 0; t < n_st; t++) {
             issue();              /* into the slot consumed last */
@@ -281,8 +282,16 @@ static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
  * six device calls, 0.1-0.9%, docs/PERFORMANCE.md session 10; 4 for Qwen2-7B, whose attention
  * block fits beside none: 3.77-3.78 against 3.84-3.88 ms at 512 keys, 4.17 against 4.27-4.31 at
  * 4096, session 14). Forced (want = blocks per SM x 10 + stages): that, if it fits. Returns the
- * stages, 0 when nothing fits. The grid is the fewest blocks that give every warp the same number
- * of units (plus or minus one) at the resident capacity. */
+ * stages, 0 when nothing fits.
+ * The grid is the resident capacity (blocks per SM x SMs, fewer only when there are fewer units),
+ * and the kernel deals the units round the blocks first, so every block, and so every SM, gets
+ * the same number of units plus or minus one: the SM with the most bytes sets the kernel's time.
+ * The grid was the fewest blocks that give every warp the same number of units, filled warp by
+ * warp: Qwen2-7B's down projection (1792 units of 76 KB, one a warp) then ran 224 blocks, two
+ * on 92 SMs and one on 40, and took 35.4 us (90% of the copy rate), as long as the busiest SMs
+ * (16 units, 1.21 MB) take at 34 GB/s, one SM's share of the ~4.6 TB/s a read-only stream gets
+ * (bench/device/readbw.cu); dealt round the blocks (13-14 units an SM) 32.5 us (98%), the layer
+ * chain 119.4 -> 111.8 us (session 14, docs/PERFORMANCE.md). */
 static int plan(int mode, int units, int k, int want, const fg_rope &rp, int *grid)
 {
     int per_sm, reserved, sms;
@@ -301,9 +310,7 @@ static int plan(int mode, int units, int k, int want, const fg_rope &rp, int *gr
                 if ((s * (long)FS_STAGE_BYTES + fixed) * b <= per_sm) { st = s; blocks_per_sm = b; }
     }
     if (!st) return 0;
-    const long cap = (long)blocks_per_sm * sms * FS_WARPS, per_warp = (units + cap - 1) / cap;
-    const long warps = (units + per_warp - 1) / per_warp;
-    *grid = (int)((warps + FS_WARPS - 1) / FS_WARPS);
+    *grid = (int)SF_MIN((long)blocks_per_sm * sms, (long)units);
     return st;
 }
 
