@@ -442,6 +442,38 @@ TEST(decode_attention_refuses_bad_shapes)
     CHECK(!sf_k_attention_decode_stream_ok(&a));
 }
 
+/* What a one-token step's attention block takes of an SM (the QKV GEMV's plan leaves room for
+ * one): registers of whole warps, shared memory within an SM's, the same instance for groups of
+ * 1..4 and of 5..8; other head sizes and groups refused with zeros. */
+TEST(decode_attention_block_resources)
+{
+    int regfile = 0, smem_sm = 0, dev = 0;
+    CHECK(cudaGetDevice(&dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&regfile, cudaDevAttrMaxRegistersPerMultiprocessor, dev) == cudaSuccess);
+    CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess);
+    static const int shapes[][2] = { { 128, 1 }, { 128, 4 }, { 128, 7 }, { 128, 8 }, { 64, 2 }, { 64, 8 } };
+    int r4 = 0, s4 = 0, r8 = 0, s8 = 0;
+    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+        int regs = -1, smem = -1;
+        const int rc = sf_k_attention_decode_block(shapes[i][0], shapes[i][1], &regs, &smem);
+        CHECK_MSG(rc == 0 && regs > 0 && regs % (8 * 32) == 0 && regs <= regfile && smem > 0 && smem <= smem_sm,
+                  "hd %d group %d: rc %d, %d registers (SM %d), %d bytes (SM %d)", shapes[i][0], shapes[i][1], rc,
+                  regs, regfile, smem, smem_sm);
+        printf("  hd %3d group %d: %6d registers, %6d bytes of shared memory a block\n", shapes[i][0], shapes[i][1],
+               regs, smem);
+        if (shapes[i][0] == 128 && shapes[i][1] == 1) { r4 = regs; s4 = smem; }
+        if (shapes[i][0] == 128 && shapes[i][1] == 4) CHECK(regs == r4 && smem == s4);
+        if (shapes[i][0] == 128 && shapes[i][1] == 7) { r8 = regs; s8 = smem; }
+        if (shapes[i][0] == 128 && shapes[i][1] == 8) CHECK(regs == r8 && smem == s8);
+    }
+    CHECK(r8 > r4 && s8 > s4); /* the 8-head instance holds more per lane */
+    static const int bad[][2] = { { 96, 4 }, { 128, 0 }, { 128, 9 }, { 256, 4 } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(bad); i++) {
+        int regs = -1, smem = -1;
+        CHECK(sf_k_attention_decode_block(bad[i][0], bad[i][1], &regs, &smem) != 0 && regs == 0 && smem == 0);
+    }
+}
+
 /* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
 /* The split the backend would pick for this kernel (kind 0 lanes, 1 mma, 2 stream). */
 static int split_for(int T, int Hkv, int ctx, int i8, int kind)
@@ -568,6 +600,7 @@ int main(int argc, char **argv)
         perf_all();
     } else {
         RUN(decode_attention_refuses_bad_shapes);
+        RUN(decode_attention_block_resources);
         RUN(decode_attention_vs_reference);
         RUN(decode_attention_stream_replays);
         RUN(decode_attention_stream_rows);
