@@ -20,11 +20,20 @@ N = 3
 
 
 def children(pid):
+    """Children of every thread of pid: the server forks its followers on the model loader's
+    thread, and until that thread has exited they are listed under it, not the main thread."""
+    kids = []
     try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            return [int(x) for x in f.read().split()]
+        tids = os.listdir("/proc/%d/task" % pid)
     except OSError:
-        return []
+        return kids
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
+                kids += [int(x) for x in f.read().split()]
+        except OSError:
+            pass
+    return sorted(set(kids))
 
 
 def stream(port, out, i, started):
