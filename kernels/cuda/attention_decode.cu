@@ -562,7 +562,7 @@ extern "C" int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, i
 }
 
 /* What one block of a one-token bf16 step (the cluster instance, as at 512 keys) takes of an SM:
- * registers (allocated per warp in units of 8 per thread) and shared memory (static, its dynamic
+ * registers (sf_k_block_regs) and shared memory (static, its dynamic
  * pre-copy and the per-block reservation). For a kernel launched before it that wants room for
  * such a block beside its own (gemv_stream.cu's QKV plan). Cached per device; 0 if unknown. */
 template <int HD, int MAXG>
@@ -578,7 +578,7 @@ static int ad_block_res(int *regs, int *smem)
         cudaGetLastError();
         return -1;
     }
-    *regs = (at.numRegs + 7) / 8 * 8 * AD_WARPS * 32;
+    *regs = sf_k_block_regs(at, AD_WARPS * 32);
     *smem = (int)(at.sharedSizeBytes + ad_pre_bytes<MAXG>()) + r;
     if (d >= 0) { rg[d] = *regs; sm[d] = *smem; }
     return 0;

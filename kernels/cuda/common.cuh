@@ -316,6 +316,13 @@ static inline int sf_k_sm_count(int dflt)
     return v;
 }
 
+/* Registers a block of `threads` threads of a kernel (attributes a) takes of its SM's file: they
+ * are allocated per warp, in steps of 8 per thread. */
+static inline int sf_k_block_regs(const cudaFuncAttributes &a, int threads)
+{
+    return (a.numRegs + 7) / 8 * 8 * threads;
+}
+
 static inline unsigned sf_div_up(long a, long b) { return (unsigned)((a + b - 1) / b); }
 
 #endif

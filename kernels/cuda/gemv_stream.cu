@@ -232,16 +232,17 @@ static int op_cfg(int mode, int m, int k)
     return cfg[op];
 }
 
-template <int MODE>
-static int stream_regs(int st) /* registers per thread of the untraced instance; 0 if unknown */
+/* Registers a block of the untraced QKV (norm + RoPE) instance of st stages takes; 0 if unknown. */
+static int qkv_block_regs(int st)
 {
+    constexpr int M = FG_NORM | FG_ROPE;
     cudaFuncAttributes a;
-    const cudaError_t e = st == 3   ? cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 3, false>)
-                          : st == 4 ? cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 4, false>)
-                          : st == 5 ? cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 5, false>)
-                                    : cudaFuncGetAttributes(&a, k_gemv_stream<MODE, 6, false>);
+    const cudaError_t e = st == 3   ? cudaFuncGetAttributes(&a, k_gemv_stream<M, 3, false>)
+                          : st == 4 ? cudaFuncGetAttributes(&a, k_gemv_stream<M, 4, false>)
+                          : st == 5 ? cudaFuncGetAttributes(&a, k_gemv_stream<M, 5, false>)
+                                    : cudaFuncGetAttributes(&a, k_gemv_stream<M, 6, false>);
     if (e) cudaGetLastError();
-    return e ? 0 : a.numRegs;
+    return e ? 0 : sf_k_block_regs(a, FS_WARPS * 32);
 }
 
 /* The deepest ring (3..6 stages) at three blocks per SM of the QKV projection (norm + RoPE) that
@@ -263,8 +264,8 @@ static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
         !cudaDeviceGetAttribute(&regfile, cudaDevAttrMaxRegistersPerMultiprocessor, dev)) {
         top = 0;
         for (int st = 6; st >= 3 && !top; st--) {
-            const long regs = (long)3 * FS_WARPS * 32 * ((stream_regs<FG_NORM | FG_ROPE>(st) + 7) / 8 * 8);
-            if ((st * (long)FS_STAGE_BYTES + fixed) * 3 + a_smem <= per_sm && regs + a_regs <= regfile) top = st;
+            const int regs = qkv_block_regs(st);
+            if ((st * (long)FS_STAGE_BYTES + fixed) * 3 + a_smem <= per_sm && 3 * regs + a_regs <= regfile) top = st;
         }
         if (!top) top = 6; /* no room at any depth */
     } else {
