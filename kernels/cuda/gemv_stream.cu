@@ -53,7 +53,21 @@ struct fs_pre {
     int pos, slot;
     float inv_freq[FS_MAX_FREQ];
     uint32_t res[FS_WARPS];
+    uint32_t bias[FS_WARPS][2]; /* FG_BIAS: the 4-byte words holding the first unit's bias pair */
 };
+
+/* FG_BIAS (this file's instances only): norm + RoPE with a bias (4-byte aligned), whose pair for
+ * each warp's first unit is copied in the prologue with the weights, so that the first unit's
+ * epilogue does not wait an L2 round trip for it after the dot product (Qwen2-7B's QKV
+ * projection, traced: its last block ends 0.5 us sooner, 10.30 -> 9.76 us after the kernel
+ * before it). An instance of its own: the copy takes the kernel to 46 registers at 3, 5 and 6
+ * stages, and the bias-free instance stays at 40, where one of Llama-3-8B's attention blocks
+ * still fits beside three of its blocks (qkv_top_stages). */
+enum { FG_BIAS = 32 };
+static __device__ __forceinline__ float fs_half(uint32_t w, int odd)
+{
+    return __uint_as_float((odd ? w & 0xffff0000u : w << 16));
+}
 
 /* fg_epilogue, with the RoPE inputs from pre (rope_pre) and, for res >= 0, the residual pair
  * from pre.res[res]. */
@@ -63,7 +77,8 @@ static __device__ __forceinline__ void fs_epilogue(const fg_unit &r, int u, floa
                                                    const fg_rope &rp, const fs_pre &pre, bool rope_pre, int res)
 {
     if ((MODE & FG_ROPE) && rope_pre) {
-        if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
+        if ((MODE & FG_BIAS) && res >= 0) { a += fs_half(pre.bias[res][0], r.ra & 1); b += fs_half(pre.bias[res][1], r.rb & 1); }
+        else if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
         fg_rope_out(r, a, b, &pre.pos, pre.slot, pre.inv_freq, rp, y);
     } else if ((MODE & FG_ADD) && res >= 0) { /* rows ra, ra + 1 */
         if (bias) { a += bf2f(bias[r.ra]); b += bf2f(bias[r.rb]); }
@@ -134,6 +149,11 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         if (threadIdx.x < rp.rot / 2) fs_cp4(&pre.inv_freq[threadIdx.x], rp.inv_freq + threadIdx.x);
         if (threadIdx.x == NT - 1) { fs_cp4(&pre.pos, rp.pos); fs_cp4(&pre.slot, rp.slot); }
     }
+    if ((MODE & FG_BIAS) && lane == 0 && blockIdx.x + warp * gridDim.x < units) {
+        const fg_unit r = fg_unit_rows<MODE>(warp * gridDim.x + blockIdx.x, m, rp);
+        fs_cp4(&pre.bias[warp][0], bias + (r.ra & ~1));
+        fs_cp4(&pre.bias[warp][1], bias + (r.rb & ~1));
+    }
     gr_commit();
     sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
     if (TR) tr_waited(tr);
@@ -175,7 +195,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         acc_a = warp_sum(acc_a);
         acc_b = warp_sum(acc_b);
         if (lane == 0) fs_epilogue<MODE>(fg_unit_rows<MODE>(u, m, rp), u, acc_a, acc_b, bias, y, rp, pre,
-                                         rope_pre, res_pre && u == u0 ? warp : -1);
+                                         rope_pre, (res_pre || (MODE & FG_BIAS)) && u == u0 ? warp : -1);
     }
     gr_wait<0>();
     if (TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
@@ -232,46 +252,55 @@ static int op_cfg(int mode, int m, int k)
     return cfg[op];
 }
 
-/* Registers a block of the untraced QKV (norm + RoPE) instance of st stages takes; 0 if unknown. */
-static int qkv_block_regs(int st)
+/* Registers a block of the untraced QKV (norm + RoPE, with FG_BIAS when bias) instance of st
+ * stages takes; 0 if unknown. */
+template <int M> static cudaError_t qkv_attr(cudaFuncAttributes *a, int st)
 {
-    constexpr int M = FG_NORM | FG_ROPE;
+    return st == 3   ? cudaFuncGetAttributes(a, k_gemv_stream<M, 3, false>)
+           : st == 4 ? cudaFuncGetAttributes(a, k_gemv_stream<M, 4, false>)
+           : st == 5 ? cudaFuncGetAttributes(a, k_gemv_stream<M, 5, false>)
+                     : cudaFuncGetAttributes(a, k_gemv_stream<M, 6, false>);
+}
+static int qkv_block_regs(int st, bool bias)
+{
     cudaFuncAttributes a;
-    const cudaError_t e = st == 3   ? cudaFuncGetAttributes(&a, k_gemv_stream<M, 3, false>)
-                          : st == 4 ? cudaFuncGetAttributes(&a, k_gemv_stream<M, 4, false>)
-                          : st == 5 ? cudaFuncGetAttributes(&a, k_gemv_stream<M, 5, false>)
-                                    : cudaFuncGetAttributes(&a, k_gemv_stream<M, 6, false>);
+    const cudaError_t e = bias ? qkv_attr<FG_NORM | FG_ROPE | FG_BIAS>(&a, st) : qkv_attr<FG_NORM | FG_ROPE>(&a, st);
     if (e) cudaGetLastError();
     return e ? 0 : sf_k_block_regs(a, FS_WARPS * 32);
 }
 
-/* The deepest ring (3..6 stages) at three blocks per SM of the QKV projection (norm + RoPE) that
- * leaves room on the SM for one block of the step's attention (sf_k_attention_decode_block: its
- * registers and shared memory), which then starts beside the projection's last blocks rather
- * than after them. When even 3 stages leave no room (Qwen2-7B's groups of 7 take the 8-head
- * attention instance, ~220 registers x 256 threads), the deepest that fits: that attention waits
- * for the SM whatever the ring. Without the attention's shape (the norm mode alone), 3. Cached
- * per device and (head size, group). */
+/* The deepest ring (3..6 stages) at three blocks per SM of the QKV projection (norm + RoPE, its
+ * bias instance where mode has FG_BIAS) that leaves room on the SM for one block of the step's
+ * attention (sf_k_attention_decode_block: its registers and shared memory), which then starts
+ * beside the projection's last blocks rather than after them. When even 3 stages leave no room,
+ * the deepest that fits: that attention waits for the SM whatever the ring. Qwen2-7B is such a
+ * case: its bias instance takes 46-48 registers at 3 stages, 3 x 12288 beside the attention
+ * block's 32768 is past the 65536 of the file, and at 4 stages (40 registers) the shared memory
+ * is short, so it runs 4 stages as it did when its attention was the 8-head instance
+ * (~220 registers, beside nothing). Measured so: Qwen2-7B with the bias-free instance at 3
+ * stages beside the attention 3.677-3.721 ms at 512 keys, the bias instance at 4 stages
+ * 3.650-3.705 (docs/PERFORMANCE.md, session 15). Without the attention's shape (the norm mode
+ * alone), 3. Cached per device, bias and (head size, group). */
 static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
 {
-    static int cache[SF_K_MAX_DEVICES][2][9];
-    const int g = rp.Hkv > 0 ? rp.H / rp.Hkv : 0, d = sf_k_dev(), h = rp.hd == 128;
+    static int cache[SF_K_MAX_DEVICES][2][2][9];
+    const int g = rp.Hkv > 0 ? rp.H / rp.Hkv : 0, d = sf_k_dev(), h = rp.hd == 128, bi = (mode & FG_BIAS) != 0;
     int a_regs = 0, a_smem = 0, regfile = 0, dev = -1;
     if (!(mode & FG_ROPE) || g < 1 || g > 8 || (rp.hd != 64 && rp.hd != 128)) return 3;
-    if (d >= 0 && cache[d][h][g]) return cache[d][h][g];
+    if (d >= 0 && cache[d][bi][h][g]) return cache[d][bi][h][g];
     int top = 3;
     if (!sf_k_attention_decode_block(rp.hd, g, &a_regs, &a_smem) && !cudaGetDevice(&dev) &&
         !cudaDeviceGetAttribute(&regfile, cudaDevAttrMaxRegistersPerMultiprocessor, dev)) {
         top = 0;
         for (int st = 6; st >= 3 && !top; st--) {
-            const int regs = qkv_block_regs(st);
+            const int regs = qkv_block_regs(st, bi);
             if ((st * (long)FS_STAGE_BYTES + fixed) * 3 + a_smem <= per_sm && 3 * regs + a_regs <= regfile) top = st;
         }
         if (!top) top = 6; /* no room at any depth */
     } else {
         cudaGetLastError();
     }
-    if (d >= 0) cache[d][h][g] = top;
+    if (d >= 0) cache[d][bi][h][g] = top;
     return top;
 }
 
@@ -304,7 +333,7 @@ static int plan(int mode, int units, int k, int want, const fg_rope &rp, int *gr
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
-        const bool qkv = mode == FG_NORM || mode == (FG_NORM | FG_ROPE);
+        const bool qkv = mode == FG_NORM || (mode & ~FG_BIAS) == (FG_NORM | FG_ROPE);
         const int top = qkv ? qkv_top_stages(mode, rp, fixed, per_sm) : 6;
         for (int b = qkv ? 3 : 2; b >= 1 && !st; b--)
             for (int s = qkv && b == 3 ? top : 6; s >= 3 && !st; s--)
@@ -354,6 +383,7 @@ static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, flo
                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
     int grid = 0;
+    if (mode == (FG_NORM | FG_ROPE) && bias && (uintptr_t)bias % 4 == 0) mode |= FG_BIAS;
     const int st = plan(mode, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(mode, m, k), rp, &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
     switch (mode) {
@@ -361,6 +391,8 @@ static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, flo
     case FG_NORM: return launch_st<FG_NORM>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_GLU: return launch_st<FG_NORM | FG_GLU>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_ROPE: return launch_st<FG_NORM | FG_ROPE>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case FG_NORM | FG_ROPE | FG_BIAS:
+        return launch_st<FG_NORM | FG_ROPE | FG_BIAS>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_ADD: return launch_st<FG_ADD>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     default: return -1;
     }
