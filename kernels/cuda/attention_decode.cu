@@ -21,6 +21,16 @@
  * stream fills the memory system) off the critical path: Llama-3-8B at 512 keys 4.07-4.10
  * against 4.16-4.18 ms a token in one device call (docs/PERFORMANCE.md, session 11).
  *
+ * Groups of 5..8 heads (Qwen2-7B's 7) run as two blocks of the 4-head instance per (token, kv
+ * head, split), each with its part of the group's heads (PARTS; the second reads the same keys,
+ * from L2 mostly), rather than one block of the 8-head instance: that one holds ~220 registers
+ * a lane, runs one block an SM and half the keys per round, and its blocks took 8.45 us from
+ * the wait to their piece against 4.10 for Llama-3-8B's 4-head blocks; split, the attention's
+ * last piece is stored 8.6-9.2 us after the QKV kernel ends rather than 10.4. Qwen2-7B, with the
+ * QKV bias instance that came with it (gemv_stream.cu): 3.650-3.705 against 3.699-3.730 ms a
+ * token at 512 keys, 4.047-4.052 against 4.107-4.124 at 4096 (docs/PERFORMANCE.md, session 15).
+ * The combine through the workspace counts the blocks of both parts.
+ *
  * Launched as a programmatic dependent (common.cuh): the block reads the step's metadata and
  * looks up its first keys' cache offsets before it waits for the QKV kernel, and lets the next
  * kernel (the O projection) start streaming its weights at once. In the key loop the offsets of
@@ -125,7 +135,7 @@ static __device__ __forceinline__ void kv_offsets(int64_t (&off)[U], int kb, int
  * shared memory. Tried and removed (docs/PERFORMANCE.md): the first run of K/V loads of
  * one-token steps issued before the programmatic wait (~195 registers, one block per SM): 4.143
  * against 4.126 ms at 512 keys, 4.574 against 4.402 at 4096. */
-template <int HD, int MAXG, bool I8, bool CL>
+template <int HD, int MAXG, bool I8, bool CL, int PARTS>
 __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_attn_decode(sf_k_attn a)
 {
     constexpr int LPK = HD / 8;          /* lanes per key */
@@ -134,7 +144,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     constexpr int STEP = KPW * U;        /* keys per warp per iteration */
     __shared__ float o_s[AD_WARPS][MAXG][HD];
     __shared__ float ml_s[AD_WARPS][MAXG][2];
-    __shared__ float wsm[MAXG][AD_MAX_SPLIT];
+    __shared__ float wsm[MAXG * PARTS][AD_MAX_SPLIT]; /* the whole group's */
     __shared__ int last;
     /* CL: what the peers send this block: the o of its share of the outputs from each split (ns
      * x share <= MAXG * HD + AD_CL_MAX floats), and each split's m, l per head */
@@ -144,7 +154,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     __shared__ sf_tr tr;
     tr_begin(tr);
     sf_pdl_trigger();
-    const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
+    const int t = blockIdx.x, kh = blockIdx.y / PARTS, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, sub = lane / LPK, dl = lane % LPK;
     const int G = a.H / a.Hkv, ns = a.n_split;
     const int ctx = a.pos[t] + 1, seq = a.tok_seq[t];
@@ -173,10 +183,11 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     /* q of the group's heads, dims dl*8 .. dl*8+7, scaled so that scores are in base 2 */
     const float qs = a.scale * 1.4426950408889634f;
     float q[MAXG][8];
-    const bf16 *qp = (const bf16 *)a.q + (int64_t)t * a.ld_q + (int64_t)kh * G * HD + dl * 8;
+    const int g0 = blockIdx.y % PARTS * MAXG, Gb = PARTS == 1 ? G : min(MAXG, G - g0);
+    const bf16 *qp = (const bf16 *)a.q + (int64_t)t * a.ld_q + (int64_t)kh * G * HD + g0 * HD + dl * 8;
 #pragma unroll
     for (int g = 0; g < MAXG; g++) {
-        if (g < G) {
+        if (g < Gb) {
             bf16x8 v = *(const bf16x8 *)(qp + g * HD);
 #pragma unroll
             for (int h = 0; h < 4; h++) {
@@ -311,8 +322,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     __syncthreads();
 
     /* merge the warps; write the output (one split) or this split's partial */
-    for (int idx = tid; idx < G * HD; idx += AD_WARPS * 32) {
-        const int g = idx / HD, d = idx - g * HD, h = kh * G + g;
+    for (int idx = tid; idx < Gb * HD; idx += AD_WARPS * 32) {
+        const int g = idx / HD, d = idx - g * HD, h = kh * G + g0 + g;
         float M = -INFINITY;
 #pragma unroll
         for (int w = 0; w < AD_WARPS; w++) M = fmaxf(M, ml_s[w][g][0]);
@@ -328,7 +339,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
         if (CL) {
             /* output idx is combined by block idx / share: its o goes there, and m, l to every
              * block whose share holds one of head g's outputs */
-            const int share = (G * HD + ns - 1) / ns, j = idx / share;
+            const int share = (Gb * HD + ns - 1) / ns, j = idx / share;
             *cluster_peer(&recv_o[split * share + idx - j * share], j) = O;
             if (d == 0)
                 for (int jj = g * HD / share; jj <= ((g + 1) * HD - 1) / share && jj < ns; jj++) {
@@ -344,7 +355,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
         /* everything this block combines is in its own shared memory after one barrier; nothing
          * reads a peer's memory after it, so every block may leave as soon as it is done */
         cluster_sync();
-        const int share = (G * HD + ns - 1) / ns, i1 = min(G * HD, (split + 1) * share);
+        const int share = (Gb * HD + ns - 1) / ns, i1 = min(Gb * HD, (split + 1) * share);
         for (int idx = split * share + tid; idx < i1; idx += AD_WARPS * 32) {
             const int g = idx / HD, i = idx - split * share;
             float M = -INFINITY;
@@ -358,16 +369,27 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
                     L = fmaf(recv_ml[r][g][1], e, L);
                     O = fmaf(recv_o[r * share + i], e, O);
                 }
-            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)kh * G * HD + idx] = f2bf(L > 0.0f ? O / L : 0.0f);
+            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g0) * HD + idx] = f2bf(L > 0.0f ? O / L : 0.0f);
         }
     } else if (ns > 1) {
         /* the last block of this (token, kv head) to finish combines the splits */
-        sf_attn_split_finish<HD, 16>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last);
+        sf_attn_split_finish<HD, 16>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last, PARTS);
     }
     tr_end(tr, SF_TR_ATTN, ns, ctx);
 }
 
 SF_TR_SETTER(sf_k_attn_decode_trace)
+
+/* SEMFLOW_CUDA_ATTN_HEAD_SPLIT=0: groups of 5..8 heads take the 8-head instance, one block per
+ * (token, kv head, split), rather than two blocks of the 4-head instance (comparisons; read once);
+ * sf_k_attention_decode_head_split overrides it (tests run both). */
+static int head_split_mode = -1;
+extern "C" void sf_k_attention_decode_head_split(int on) { head_split_mode = on; }
+static bool head_split(void)
+{
+    static const int env = sf_env_bool("SEMFLOW_CUDA_ATTN_HEAD_SPLIT", 1);
+    return head_split_mode < 0 ? env : head_split_mode;
+}
 
 /* SEMFLOW_CUDA_ATTN_CLUSTER=0 turns the cluster combine off (comparisons; read once);
  * sf_k_attention_decode_cluster overrides it (tests run both). */
@@ -424,22 +446,22 @@ static bool cluster_fits(int n, size_t smem, int *cache)
 /* bf16 steps of 2..16 splits combine them in a cluster, and their first keys are copied into
  * shared memory before the wait (measured on the H200, docs/PERFORMANCE.md session 11); INT8
  * steps and other splits combine through the workspace. */
-template <int HD, int MAXG>
+template <int HD, int MAXG, int PARTS>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
     static int fits[SF_K_MAX_DEVICES][AD_CL_MAX + 1]; /* per device (common.cuh) */
-    const dim3 grid(a->T, a->Hkv, a->n_split), block(AD_WARPS * 32);
+    const dim3 grid(a->T, a->Hkv * PARTS, a->n_split), block(AD_WARPS * 32);
     const int dev = sf_k_dev();
     int own[AD_CL_MAX + 1] = { 0 }, *fc = dev >= 0 ? fits[dev] : own;
     int rc;
     constexpr size_t pre = ad_pre_bytes<MAXG>();
-    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false>, grid, block, 0, s, *a);
-    else if (cluster_on() && cluster_fits<k_attn_decode<HD, MAXG, false, true>>(a->n_split, pre, fc)) {
+    if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false, PARTS>, grid, block, 0, s, *a);
+    else if (cluster_on() && cluster_fits<k_attn_decode<HD, MAXG, false, true, PARTS>>(a->n_split, pre, fc)) {
         cudaLaunchAttribute at[2];
         const cudaLaunchConfig_t cfg = cluster_config(at, grid, pre, s, sf_pdl_enabled());
-        rc = (int)cudaLaunchKernelEx(&cfg, k_attn_decode<HD, MAXG, false, true>, *a);
+        rc = (int)cudaLaunchKernelEx(&cfg, k_attn_decode<HD, MAXG, false, true, PARTS>, *a);
     } else {
-        rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, false>, grid, block, 0, s, *a);
+        rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, false, PARTS>, grid, block, 0, s, *a);
     }
     return rc ? rc : sf_launch_status();
 }
@@ -565,7 +587,7 @@ extern "C" int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, i
  * registers (sf_k_block_regs) and shared memory (static, its dynamic
  * pre-copy and the per-block reservation). For a kernel launched before it that wants room for
  * such a block beside its own (gemv_stream.cu's QKV plan). Cached per device; 0 if unknown. */
-template <int HD, int MAXG>
+template <int HD, int MAXG, int PARTS>
 static int ad_block_res(int *regs, int *smem)
 {
     static int rg[SF_K_MAX_DEVICES], sm[SF_K_MAX_DEVICES];
@@ -573,7 +595,7 @@ static int ad_block_res(int *regs, int *smem)
     if (d >= 0 && rg[d]) { *regs = rg[d]; *smem = sm[d]; return 0; }
     cudaFuncAttributes at;
     int dev = -1, r = 0;
-    if (cudaFuncGetAttributes(&at, k_attn_decode<HD, MAXG, false, true>) || cudaGetDevice(&dev) ||
+    if (cudaFuncGetAttributes(&at, k_attn_decode<HD, MAXG, false, true, PARTS>) || cudaGetDevice(&dev) ||
         cudaDeviceGetAttribute(&r, cudaDevAttrReservedSharedMemoryPerBlock, dev)) {
         cudaGetLastError();
         return -1;
@@ -588,8 +610,11 @@ extern "C" int sf_k_attention_decode_block(int hd, int group, int *regs, int *sm
 {
     *regs = *smem = 0;
     if ((hd != 64 && hd != 128) || group < 1 || group > 8) return -1;
-    if (hd == 128) return group <= 4 ? ad_block_res<128, 4>(regs, smem) : ad_block_res<128, 8>(regs, smem);
-    return group <= 4 ? ad_block_res<64, 4>(regs, smem) : ad_block_res<64, 8>(regs, smem);
+    if (hd == 128)
+        return group <= 4 ? ad_block_res<128, 4, 1>(regs, smem)
+               : head_split() ? ad_block_res<128, 4, 2>(regs, smem) : ad_block_res<128, 8, 1>(regs, smem);
+    return group <= 4 ? ad_block_res<64, 4, 1>(regs, smem)
+           : head_split() ? ad_block_res<64, 4, 2>(regs, smem) : ad_block_res<64, 8, 1>(regs, smem);
 }
 
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
@@ -601,6 +626,6 @@ extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
     if (k == DEC_MMA) return sf_k_attention_decode_mma(a, cfg, s);
     if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
     const int G = a->H / a->Hkv;
-    if (a->hd == 128) return G <= 4 ? launch<128, 4>(a, s) : launch<128, 8>(a, s);
-    return G <= 4 ? launch<64, 4>(a, s) : launch<64, 8>(a, s);
+    if (a->hd == 128) return G <= 4 ? launch<128, 4, 1>(a, s) : head_split() ? launch<128, 4, 2>(a, s) : launch<128, 8, 1>(a, s);
+    return G <= 4 ? launch<64, 4, 1>(a, s) : head_split() ? launch<64, 4, 2>(a, s) : launch<64, 8, 1>(a, s);
 }

@@ -27,7 +27,8 @@ static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, i
 
 /* After a block of (token t, kv head kh) has written its piece of the keys (o unnormalised, m in
  * base 2, l: hd + 2 floats per query head) to the workspace, the last of the np blocks to finish
- * (a.counters[t * Hkv + kh] counts them, and is reset for the next launch: graph replays reuse it)
+ * (a.counters[t * Hkv + kh] counts the `arrivals` blocks that write pieces of it, np, or more where
+ * several blocks write pieces of different heads, and is reset for the next launch: graph replays reuse it)
  * combines the pieces into a.out. piece(g, p) is where piece p (0..np-1, np <= SF_AD_MAX_SPLIT)
  * of head g of the group is. Called by every thread of the block (nwarps warps); wsm:
  * [G][SF_AD_MAX_SPLIT] floats and `last` one int of shared memory.
@@ -39,13 +40,13 @@ static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, i
  * the O projection's ring prefetch, docs/PERFORMANCE.md session 12). The batch kernels, whose
  * steps split into few pieces, keep CH small (registers: blocks per SM). */
 template <int HD, int CH, class Piece>
-static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, int G, int np, int nwarps, float *wsm,
-                                             int *last, const Piece &piece)
+static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, int G, int np, int arrivals, int nwarps,
+                                             float *wsm, int *last, const Piece &piece)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = nwarps * 32;
     __threadfence();
     __syncthreads();
-    if (tid == 0) *last = atomicAdd(&a.counters[t * a.Hkv + kh], 1u) == (unsigned)np - 1;
+    if (tid == 0) *last = atomicAdd(&a.counters[t * a.Hkv + kh], 1u) == (unsigned)arrivals - 1;
     __syncthreads();
     if (!*last) return;
     __threadfence();
@@ -96,10 +97,10 @@ static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, 
  * split)), in the layout sf_attn_split_store writes. */
 template <int HD, int CH>
 static __device__ void sf_attn_split_finish(const sf_k_attn &a, int t, int kh, int G, int nwarps, float *wsm,
-                                            int *last)
+                                            int *last, int parts = 1)
 {
     const int ns = a.n_split;
-    sf_attn_pieces_finish<HD, CH>(a, t, kh, G, ns, nwarps, wsm, last, [&](int g, int p) {
+    sf_attn_pieces_finish<HD, CH>(a, t, kh, G, ns, ns * parts, nwarps, wsm, last, [&](int g, int p) {
         return (const float *)a.ws + (((int64_t)t * a.H + kh * G + g) * ns + p) * (HD + 2);
     });
 }

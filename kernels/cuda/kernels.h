@@ -244,6 +244,10 @@ int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s);
 /* What one block of a one-token step of head size hd and GQA group takes of an SM: registers
  * and shared memory (bytes, the per-block reservation included); 0 on success. */
 int sf_k_attention_decode_block(int hd, int group, int *regs, int *smem);
+/* Groups of 5..8 heads run as two blocks of the 4-head instance per (token, kv head, split),
+ * each with its part of the group's heads, rather than one block of the 8-head instance: on = 1,
+ * 0, or -1 as SEMFLOW_CUDA_ATTN_HEAD_SPLIT says (default on). Tests run both. */
+void sf_k_attention_decode_head_split(int on);
 /* Its bf16 steps of 2..16 splits combine them in a thread-block cluster (distributed shared
  * memory) rather than through a->ws: on = 1 always where the device fits the cluster, 0 never,
  * -1 as SEMFLOW_CUDA_ATTN_CLUSTER says (default on). Tests run both. */

@@ -229,21 +229,24 @@ static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_
  * on at most max_blocks blocks (0: as many as are resident). */
 typedef struct dpath {
     const char *name;
-    int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine */
+    int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine; 4, 5: 0 and 3 with
+               * groups of 5..8 on the 8-head instance rather than two blocks of the 4-head one */
     int cfg, max_blocks;
 } dpath;
 static const dpath PATHS[] = {
     { "lanes", 0, 0, 0 },          { "lanes/ws", 3, 0, 0 },       { "mma42", 1, 42, 0 },    { "mma43", 1, 43, 0 },
     { "mma23", 1, 23, 0 },         { "mma24", 1, 24, 0 },         { "stream42", 2, 42, 0 }, { "stream43", 2, 43, 0 },
-    { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 },
+    { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 }, { "lanes/8h", 4, 0, 0 },    { "lanes/ws/8h", 5, 0, 0 },
 };
 
 static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
 {
-    if (p->kind == 0 || p->kind == 3) { /* the lanes kernel: splits combined in a cluster / the workspace */
-        sf_k_attention_decode_cluster(p->kind == 0);
+    if (p->kind == 0 || p->kind >= 3) { /* the lanes kernel: splits combined in a cluster / the workspace */
+        sf_k_attention_decode_cluster(p->kind == 0 || p->kind == 4);
+        sf_k_attention_decode_head_split(p->kind < 4);
         const int rc = sf_k_attention_decode(a, s);
         sf_k_attention_decode_cluster(-1);
+        sf_k_attention_decode_head_split(-1);
         return rc;
     }
     if (p->kind == 1) return sf_k_attention_decode_mma(a, p->cfg, s);
@@ -298,7 +301,8 @@ static void check_case(const dcase *c)
             int pass = 1;
             for (size_t k = 0; k < SF_ARRAY_LEN(PATHS); k++) {
                 const dpath *p = &PATHS[k];
-                if (((p->kind == 0 || p->kind == 3) && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
+                if (((p->kind == 0 || p->kind >= 3) && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
+                if (p->kind >= 4 && c->H / c->Hkv <= 4) continue; /* the same launch as kind 0 / 3 */
                 const double e = run_path(c, &x, &d, p, ns);
                 pass &= e <= 1e-2; /* NaN compares false */
                 if (len < (int)sizeof line) len += snprintf(line + len, sizeof line - len, " %s %.2e", p->name, e);
@@ -444,7 +448,9 @@ TEST(decode_attention_refuses_bad_shapes)
 
 /* What a one-token step's attention block takes of an SM (the QKV GEMV's plan leaves room for
  * one): registers of whole warps, shared memory within an SM's, the same instance for groups of
- * 1..4 and of 5..8; other head sizes and groups refused with zeros. */
+ * 1..4 and of 5..8; groups of 5..8 split into two blocks of the 4-head instance take what a
+ * 4-head block takes, on the 8-head instance more; other head sizes and groups refused with
+ * zeros. */
 TEST(decode_attention_block_resources)
 {
     int regfile = 0, smem_sm = 0, dev = 0;
@@ -452,21 +458,26 @@ TEST(decode_attention_block_resources)
     CHECK(cudaDeviceGetAttribute(&regfile, cudaDevAttrMaxRegistersPerMultiprocessor, dev) == cudaSuccess);
     CHECK(cudaDeviceGetAttribute(&smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess);
     static const int shapes[][2] = { { 128, 1 }, { 128, 4 }, { 128, 7 }, { 128, 8 }, { 64, 2 }, { 64, 8 } };
-    int r4 = 0, s4 = 0, r8 = 0, s8 = 0;
-    for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
-        int regs = -1, smem = -1;
-        const int rc = sf_k_attention_decode_block(shapes[i][0], shapes[i][1], &regs, &smem);
-        CHECK_MSG(rc == 0 && regs > 0 && regs % (8 * 32) == 0 && regs <= regfile && smem > 0 && smem <= smem_sm,
-                  "hd %d group %d: rc %d, %d registers (SM %d), %d bytes (SM %d)", shapes[i][0], shapes[i][1], rc,
-                  regs, regfile, smem, smem_sm);
-        printf("  hd %3d group %d: %6d registers, %6d bytes of shared memory a block\n", shapes[i][0], shapes[i][1],
-               regs, smem);
-        if (shapes[i][0] == 128 && shapes[i][1] == 1) { r4 = regs; s4 = smem; }
-        if (shapes[i][0] == 128 && shapes[i][1] == 4) CHECK(regs == r4 && smem == s4);
-        if (shapes[i][0] == 128 && shapes[i][1] == 7) { r8 = regs; s8 = smem; }
-        if (shapes[i][0] == 128 && shapes[i][1] == 8) CHECK(regs == r8 && smem == s8);
+    for (int split = 1; split >= 0; split--) {
+        sf_k_attention_decode_head_split(split);
+        int r4 = 0, s4 = 0, r8 = 0, s8 = 0;
+        for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
+            int regs = -1, smem = -1;
+            const int rc = sf_k_attention_decode_block(shapes[i][0], shapes[i][1], &regs, &smem);
+            CHECK_MSG(rc == 0 && regs > 0 && regs % (8 * 32) == 0 && regs <= regfile && smem > 0 && smem <= smem_sm,
+                      "hd %d group %d: rc %d, %d registers (SM %d), %d bytes (SM %d)", shapes[i][0], shapes[i][1],
+                      rc, regs, regfile, smem, smem_sm);
+            printf("  head split %d, hd %3d group %d: %6d registers, %6d bytes of shared memory a block\n", split,
+                   shapes[i][0], shapes[i][1], regs, smem);
+            if (shapes[i][0] == 128 && shapes[i][1] == 1) { r4 = regs; s4 = smem; }
+            if (shapes[i][0] == 128 && shapes[i][1] == 4) CHECK(regs == r4 && smem == s4);
+            if (shapes[i][0] == 128 && shapes[i][1] == 7) { r8 = regs; s8 = smem; }
+            if (shapes[i][0] == 128 && shapes[i][1] == 8) CHECK(regs == r8 && smem == s8);
+        }
+        if (split) CHECK_MSG(r8 == r4, "split group of 7: %d registers against %d for 4", r8, r4);
+        else CHECK(r8 > r4 && s8 > s4); /* the 8-head instance holds more per lane */
     }
-    CHECK(r8 > r4 && s8 > s4); /* the 8-head instance holds more per lane */
+    sf_k_attention_decode_head_split(-1);
     static const int bad[][2] = { { 96, 4 }, { 128, 0 }, { 128, 9 }, { 256, 4 } };
     for (size_t i = 0; i < SF_ARRAY_LEN(bad); i++) {
         int regs = -1, smem = -1;
