@@ -56,6 +56,18 @@ static __device__ __forceinline__ void cluster_sync(void)
 {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+/* The same barrier split in two: arrive (no ordering) as the block starts, wait before its first
+ * write to a peer's shared memory, which is only safe once every block of the cluster has started
+ * (compute-sanitizer racecheck: "a block that might not have entered yet"). By the time a block
+ * has done its keys the others have long arrived, so the wait is not a stall. */
+static __device__ __forceinline__ void cluster_arrive_relaxed(void)
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void cluster_wait(void)
+{
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
 static __device__ __forceinline__ float *cluster_peer(float *p, int rank)
 {
     uint64_t out;
@@ -154,6 +166,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     __shared__ sf_tr tr;
     tr_begin(tr);
     sf_pdl_trigger();
+    if (CL) cluster_arrive_relaxed(); /* waited for before the first write to a peer */
     const int t = blockIdx.x, kh = blockIdx.y / PARTS, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5, sub = lane / LPK, dl = lane % LPK;
     const int G = a.H / a.Hkv, ns = a.n_split;
@@ -321,7 +334,9 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     }
     __syncthreads();
 
-    /* merge the warps; write the output (one split) or this split's partial */
+    /* merge the warps; write the output (one split) or this split's partial (CL: into the peers'
+     * shared memory, once every block of the cluster has started) */
+    if (CL) cluster_wait();
     for (int idx = tid; idx < Gb * HD; idx += AD_WARPS * 32) {
         const int g = idx / HD, d = idx - g * HD, h = kh * G + g0 + g;
         float M = -INFINITY;
