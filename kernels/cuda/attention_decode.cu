@@ -22,8 +22,8 @@
  * against 4.16-4.18 ms a token in one device call (docs/PERFORMANCE.md, session 11).
  *
  * Groups of 5..8 heads (Qwen2-7B's 7) run as two blocks of the 4-head instance per (token, kv
- * head, split), each with its part of the group's heads (PARTS; the second reads the same keys,
- * from L2 mostly), rather than one block of the 8-head instance: that one holds ~220 registers
+ * head, split), each with its part of the group's heads (PARTS; both read all of the split's
+ * keys), rather than one block of the 8-head instance: that one holds ~220 registers
  * a lane, runs one block an SM and half the keys per round, and its blocks took 8.45 us from
  * the wait to their piece against 4.10 for Llama-3-8B's 4-head blocks; split, the attention's
  * last piece is stored 8.6-9.2 us after the QKV kernel ends rather than 10.4. Qwen2-7B, with the

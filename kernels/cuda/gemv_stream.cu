@@ -274,8 +274,8 @@ static int qkv_block_regs(int st, bool bias)
  * attention (sf_k_attention_decode_block: its registers and shared memory), which then starts
  * beside the projection's last blocks rather than after them. When even 3 stages leave no room,
  * the deepest that fits: that attention waits for the SM whatever the ring. Qwen2-7B is such a
- * case: its bias instance takes 46-48 registers at 3 stages, 3 x 12288 beside the attention
- * block's 32768 is past the 65536 of the file, and at 4 stages (40 registers) the shared memory
+ * case: its bias instance takes 46 registers at 3 stages (48 allotted), 3 x 12288 beside the
+ * attention block's 32768 is past the 65536 of the file, and at 4 stages (40 registers) the shared memory
  * is short, so it runs 4 stages as it did when its attention was the 8-head instance
  * (~220 registers, beside nothing). Measured so: Qwen2-7B with the bias-free instance at 3
  * stages beside the attention 3.677-3.721 ms at 512 keys, the bias instance at 4 stages
