@@ -23,6 +23,10 @@ for s in $steps; do
             t0=$(date +%s)
             timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD"/tests/device/test_ops --quick >"$OUT/san-$tool.log" 2>&1; rc=$?
             note "compute-sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.log" | tail -1) $(grep -E '^[0-9]+ passed' "$OUT/san-$tool.log") ($(( $(date +%s) - t0 )) s)"
+            # decode attention's own launches (the cluster combine, groups split in two)
+            t0=$(date +%s)
+            timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD"/tests/device/test_decode_attn --quick >"$OUT/san-$tool-dattn.log" 2>&1; rc=$?
+            note "compute-sanitizer $tool (decode attention): rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool-dattn.log" | tail -1) $(grep -E '^[0-9]+ passed' "$OUT/san-$tool-dattn.log") ($(( $(date +%s) - t0 )) s)"
         done ;;
     perf)
         "$BUILD"/tests/device/test_ops --perf >"$OUT/perf.log" 2>&1

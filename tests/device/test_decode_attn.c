@@ -7,6 +7,8 @@
  * ||out - ref|| / ||ref|| <= 1e-2 per case with NaN never passing.
  *
  *   test_decode_attn           the checks (GPU host only)
+ *   test_decode_attn --quick   the checks on six short cases, one per kind of launch (groups of
+ *                              4, 7 and 8 heads, head 64, INT8, a batch), for compute-sanitizer
  *   test_decode_attn --perf    instead, time both kernels on the batch and batch-1 shapes of
  *                              Llama-3-8B (32/8 heads of 128, block 16), bf16 and INT8, and print
  *                              each as a share of hal's measured HBM bandwidth (no assertions) */
@@ -27,7 +29,7 @@
 static sf_rng R;
 /* the mma kernel's configurations (kernels.h: warps x 10 + ring depth) */
 static const int CFGS[] = { 42, 43, 23, 24 };
-static int perf;
+static int perf, quick;
 static double hbm_gbs = 0;
 static int sms = 132;
 
@@ -336,7 +338,15 @@ TEST(decode_attention_vs_reference)
         { 33, 8, 2, 64, 16, 1, 300, 50, 1.0f },
         { 5, 8, 8, 64, 16, 1, 200, 100, 1.0f },
     };
-    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) check_case(&cases[i]);
+    const dcase short_cases[] = { /* --quick: every launch kind, few keys */
+        { 1, 32, 8, 128, 16, 17, 17, 0, 1.0f },  { 1, 32, 8, 128, 16, 300, 600, 0, 1.0f },
+        { 3, 28, 4, 128, 16, 100, 600, 0, 3.0f }, { 2, 64, 8, 128, 16, 1, 600, 50, 1.0f },
+        { 9, 8, 2, 64, 16, 1, 300, 0, 1.0f },     { 16, 32, 8, 128, 16, 1, 200, 30, 2.0f },
+    };
+    if (quick)
+        for (size_t i = 0; i < SF_ARRAY_LEN(short_cases); i++) check_case(&short_cases[i]);
+    else
+        for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) check_case(&cases[i]);
 }
 
 /* The stream kernel over one batch three times in a row: its counters come back to zero after
@@ -588,6 +598,7 @@ int main(int argc, char **argv)
 #ifdef SF_HAVE_CUDA
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--perf")) perf = 1;
+        else if (!strcmp(argv[i], "--quick")) quick = 1;
     /* sf_k_attention_decode is the lanes kernel here; the mma kernel is called directly */
     setenv("SEMFLOW_CUDA_DECODE_ATTN", "lanes", 1);
     int n = 0;
