@@ -19,14 +19,14 @@ for s in $steps; do
         note "ops: rc=$rc $(tail -1 "$OUT/ops.log") ($(( $(date +%s) - t0 )) s)"
         grep -E '^(FAIL|  )' "$OUT/ops.log" | head -40 ;;
     sanitize)
+        # test_decode_attn: decode attention's own launches (the cluster combine, split groups)
         for tool in memcheck racecheck; do
-            t0=$(date +%s)
-            timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD"/tests/device/test_ops --quick >"$OUT/san-$tool.log" 2>&1; rc=$?
-            note "compute-sanitizer $tool: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.log" | tail -1) $(grep -E '^[0-9]+ passed' "$OUT/san-$tool.log") ($(( $(date +%s) - t0 )) s)"
-            # decode attention's own launches (the cluster combine, groups split in two)
-            t0=$(date +%s)
-            timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD"/tests/device/test_decode_attn --quick >"$OUT/san-$tool-dattn.log" 2>&1; rc=$?
-            note "compute-sanitizer $tool (decode attention): rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool-dattn.log" | tail -1) $(grep -E '^[0-9]+ passed' "$OUT/san-$tool-dattn.log") ($(( $(date +%s) - t0 )) s)"
+            for t in test_ops test_decode_attn; do
+                t0=$(date +%s)
+                log="$OUT/san-$tool-$t.log"
+                timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD"/tests/device/$t --quick >"$log" 2>&1; rc=$?
+                note "compute-sanitizer $tool $t: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tail -1) $(grep -E '^[0-9]+ passed' "$log") ($(( $(date +%s) - t0 )) s)"
+            done
         done ;;
     perf)
         "$BUILD"/tests/device/test_ops --perf >"$OUT/perf.log" 2>&1

@@ -231,21 +231,21 @@ static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_
  * on at most max_blocks blocks (0: as many as are resident). */
 typedef struct dpath {
     const char *name;
-    int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine; 4, 5: 0 and 3 with
-               * groups of 5..8 on the 8-head instance rather than two blocks of the 4-head one */
+    int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine */
     int cfg, max_blocks;
+    int h8; /* lanes: groups of 5..8 on the 8-head instance rather than two 4-head blocks */
 } dpath;
 static const dpath PATHS[] = {
     { "lanes", 0, 0, 0 },          { "lanes/ws", 3, 0, 0 },       { "mma42", 1, 42, 0 },    { "mma43", 1, 43, 0 },
     { "mma23", 1, 23, 0 },         { "mma24", 1, 24, 0 },         { "stream42", 2, 42, 0 }, { "stream43", 2, 43, 0 },
-    { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 }, { "lanes/8h", 4, 0, 0 },    { "lanes/ws/8h", 5, 0, 0 },
+    { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 }, { "lanes/8h", 0, 0, 0, 1 }, { "lanes/ws/8h", 3, 0, 0, 1 },
 };
 
 static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
 {
-    if (p->kind == 0 || p->kind >= 3) { /* the lanes kernel: splits combined in a cluster / the workspace */
-        sf_k_attention_decode_cluster(p->kind == 0 || p->kind == 4);
-        sf_k_attention_decode_head_split(p->kind < 4);
+    if (p->kind == 0 || p->kind == 3) { /* the lanes kernel: splits combined in a cluster / the workspace */
+        sf_k_attention_decode_cluster(p->kind == 0);
+        sf_k_attention_decode_head_split(!p->h8);
         const int rc = sf_k_attention_decode(a, s);
         sf_k_attention_decode_cluster(-1);
         sf_k_attention_decode_head_split(-1);
@@ -303,8 +303,8 @@ static void check_case(const dcase *c)
             int pass = 1;
             for (size_t k = 0; k < SF_ARRAY_LEN(PATHS); k++) {
                 const dpath *p = &PATHS[k];
-                if (((p->kind == 0 || p->kind >= 3) && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
-                if (p->kind >= 4 && c->H / c->Hkv <= 4) continue; /* the same launch as kind 0 / 3 */
+                if (((p->kind == 0 || p->kind == 3) && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
+                if (p->h8 && c->H / c->Hkv <= 4) continue; /* the same launch as without h8 */
                 const double e = run_path(c, &x, &d, p, ns);
                 pass &= e <= 1e-2; /* NaN compares false */
                 if (len < (int)sizeof line) len += snprintf(line + len, sizeof line - len, " %s %.2e", p->name, e);

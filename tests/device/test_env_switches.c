@@ -75,13 +75,16 @@ TEST(attention_switches_read_once)
     setenv("SEMFLOW_ATTN_FA2_BK", "48", 1);
     setenv("SEMFLOW_CUDA_DECODE_ATTN", "Stream", 1);
     setenv("SEMFLOW_CUDA_DECODE_ATTN_CFG", "43x", 1);
+    setenv("SEMFLOW_CUDA_ATTN_HEAD_SPLIT", "both", 1);
     sf_k_attn a;
     memset(&a, 0, sizeof a);
     capture_begin();
     int r1 = sf_k_attention_prefill(&a, 0), r2 = sf_k_attention_prefill_fa2(&a, 0, 0);
     int r3 = sf_k_attention_decode_split(0, 8, 128, 512, 16, 0, 132, 0); /* no tokens: no split */
+    int regs = 0, smem = 0, r4 = sf_k_attention_decode_block(128, 7, &regs, &smem); /* reads the head split */
     const char *log = capture_end();
-    CHECK(r1 == 0 && r2 == 0 && r3 == 1);
+    CHECK(r1 == 0 && r2 == 0 && r3 == 1 && r4 == 0);
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_ATTN_HEAD_SPLIT=both") && strstr(log, "default, 1"), "log: %.400s", log);
     CHECK_MSG(strstr(log, "SEMFLOW_ATTN_PREFILL=FA2-128") && strstr(log, "fa2, fa2-64, fa2-128, wmma") &&
               strstr(log, "default, fa2"), "log: %.400s", log);
     CHECK_MSG(strstr(log, "SEMFLOW_ATTN_FA2_BK=48") && strstr(log, "64, 32"), "log: %.400s", log);
@@ -89,6 +92,7 @@ TEST(attention_switches_read_once)
     CHECK_MSG(strstr(log, "SEMFLOW_CUDA_DECODE_ATTN_CFG=43x") && strstr(log, "default, 42"), "log: %.400s", log);
     unsetenv("SEMFLOW_CUDA_DECODE_ATTN");
     unsetenv("SEMFLOW_CUDA_DECODE_ATTN_CFG");
+    unsetenv("SEMFLOW_CUDA_ATTN_HEAD_SPLIT");
     setenv("SEMFLOW_ATTN_PREFILL", "wmma", 1); /* read already: no second look, no second word */
     capture_begin();
     sf_k_attention_prefill(&a, 0);
