@@ -621,15 +621,24 @@ static int ad_block_res(int *regs, int *smem)
     return 0;
 }
 
+/* The instance a group of G heads runs on: the 4-head one, two blocks of it (groups of 5..8
+ * with the head split), or the 8-head one. The launch and what the QKV plan leaves room for
+ * (sf_k_attention_decode_block) both ask here, so they cannot disagree. */
+enum { AD_G4, AD_G4X2, AD_G8 };
+static int ad_instance(int G)
+{
+    return G <= 4 ? AD_G4 : head_split() ? AD_G4X2 : AD_G8;
+}
+
 extern "C" int sf_k_attention_decode_block(int hd, int group, int *regs, int *smem)
 {
     *regs = *smem = 0;
     if ((hd != 64 && hd != 128) || group < 1 || group > 8) return -1;
-    if (hd == 128)
-        return group <= 4 ? ad_block_res<128, 4, 1>(regs, smem)
-               : head_split() ? ad_block_res<128, 4, 2>(regs, smem) : ad_block_res<128, 8, 1>(regs, smem);
-    return group <= 4 ? ad_block_res<64, 4, 1>(regs, smem)
-           : head_split() ? ad_block_res<64, 4, 2>(regs, smem) : ad_block_res<64, 8, 1>(regs, smem);
+    switch (ad_instance(group)) {
+    case AD_G4: return hd == 128 ? ad_block_res<128, 4, 1>(regs, smem) : ad_block_res<64, 4, 1>(regs, smem);
+    case AD_G4X2: return hd == 128 ? ad_block_res<128, 4, 2>(regs, smem) : ad_block_res<64, 4, 2>(regs, smem);
+    default: return hd == 128 ? ad_block_res<128, 8, 1>(regs, smem) : ad_block_res<64, 8, 1>(regs, smem);
+    }
 }
 
 extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
@@ -640,7 +649,9 @@ extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
     if (k == DEC_STREAM) return sf_k_attention_decode_stream(a, cfg, 0, s);
     if (k == DEC_MMA) return sf_k_attention_decode_mma(a, cfg, s);
     if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
-    const int G = a->H / a->Hkv;
-    if (a->hd == 128) return G <= 4 ? launch<128, 4, 1>(a, s) : head_split() ? launch<128, 4, 2>(a, s) : launch<128, 8, 1>(a, s);
-    return G <= 4 ? launch<64, 4, 1>(a, s) : head_split() ? launch<64, 4, 2>(a, s) : launch<64, 8, 1>(a, s);
+    switch (ad_instance(a->H / a->Hkv)) {
+    case AD_G4: return a->hd == 128 ? launch<128, 4, 1>(a, s) : launch<64, 4, 1>(a, s);
+    case AD_G4X2: return a->hd == 128 ? launch<128, 4, 2>(a, s) : launch<64, 4, 2>(a, s);
+    default: return a->hd == 128 ? launch<128, 8, 1>(a, s) : launch<64, 8, 1>(a, s);
+    }
 }

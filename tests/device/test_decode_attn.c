@@ -362,7 +362,8 @@ TEST(decode_attention_vs_reference)
 }
 
 /* The stream kernel over one batch three times in a row: its counters come back to zero after
- * every launch (graph replays rely on it) and a second and third run give the same result. */
+ * every launch (graph replays rely on it; run_path checks them) and a second and third run give
+ * the same result. */
 TEST(decode_attention_stream_replays)
 {
     const dcase c = { 96, 32, 8, 128, 16, 1, 700, 0, 1.0f };
@@ -375,12 +376,7 @@ TEST(decode_attention_stream_replays)
         const dpath p = { "stream42/50blk", 2, 42, 50 };
         for (int r = 0; r < 3; r++) {
             double e = run_path(&c, &x, &d, &p, 4);
-            CHECK_MSG(e <= 1e-2, "run %d: relative error %.3g", r, e);
-            unsigned cnt[96 * 8];
-            cudaMemcpy(cnt, d.ws + d.ws_floats, sizeof cnt, cudaMemcpyDeviceToHost);
-            unsigned nz = 0;
-            for (size_t i = 0; i < SF_ARRAY_LEN(cnt); i++) nz += cnt[i] != 0;
-            CHECK_MSG(nz == 0, "run %d: %u counters left non-zero", r, nz);
+            CHECK_MSG(e <= 1e-2, "run %d: relative error %.3g (NaN: the output, or counters left non-zero)", r, e);
         }
     }
     free_dev(&d);
