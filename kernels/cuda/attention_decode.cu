@@ -29,7 +29,9 @@
  * last piece is stored 8.6-9.2 us after the QKV kernel ends rather than 10.4. Qwen2-7B, with the
  * QKV bias instance that came with it (gemv_stream.cu): 3.650-3.705 against 3.699-3.730 ms a
  * token at 512 keys, 4.047-4.052 against 4.107-4.124 at 4096 (docs/PERFORMANCE.md, session 15).
- * The combine through the workspace counts the blocks of both parts.
+ * Through the workspace each part counts its own blocks and the last of them combines its own
+ * heads (the last block of both had combined all 7: 4.05-4.09 against 3.93-3.97 ms at 4096 keys,
+ * attention_decode.cuh's sf_attn_split_finish, session 17).
  *
  * Launched as a programmatic dependent (common.cuh): the block reads the step's metadata and
  * looks up its first keys' cache offsets before it waits for the QKV kernel, and lets the next
@@ -387,8 +389,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
             ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g0) * HD + idx] = f2bf(L > 0.0f ? O / L : 0.0f);
         }
     } else if (ns > 1) {
-        /* the last block of this (token, kv head) to finish combines the splits */
-        sf_attn_split_finish<HD, 16>(a, t, kh, G, AD_WARPS, &wsm[0][0], &last, PARTS);
+        /* the last block of this (token, kv head, part) to finish combines the splits */
+        sf_attn_split_finish<HD, 16>(a, t, kh, G, g0, Gb, AD_WARPS, &wsm[0][0], &last, blockIdx.y % PARTS, PARTS);
     }
     tr_end(tr, SF_TR_ATTN, ns, ctx);
 }

@@ -25,13 +25,12 @@ static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, i
     }
 }
 
-/* After a block of (token t, kv head kh) has written its piece of the keys (o unnormalised, m in
- * base 2, l: hd + 2 floats per query head) to the workspace, the last of the np blocks to finish
- * (a.counters[t * Hkv + kh] counts the `arrivals` blocks that write pieces of it, np, or more where
- * several blocks write pieces of different heads, and is reset for the next launch: graph replays reuse it)
- * combines the pieces into a.out. piece(g, p) is where piece p (0..np-1, np <= SF_AD_MAX_SPLIT)
- * of head g of the group is. Called by every thread of the block (nwarps warps); wsm:
- * [G][SF_AD_MAX_SPLIT] floats and `last` one int of shared memory.
+/* After a block has written its piece of the keys for G query heads (o unnormalised, m in base
+ * 2, l: hd + 2 floats per head) to the workspace, the last of the np blocks to finish (*cnt
+ * counts the `arrivals` blocks that write pieces of them, and is reset for the next launch: graph
+ * replays reuse it) combines the pieces into out (G x HD outputs). piece(g, p) is where piece p
+ * (0..np-1, np <= SF_AD_MAX_SPLIT) of head g is. Called by every thread of the block (nwarps
+ * warps); wsm: [G][SF_AD_MAX_SPLIT] floats and `last` one int of shared memory.
  *
  * Every load here is an L2 round trip while the next kernel streams its weights, so they are
  * issued together: a piece's m and l at once, then CH pieces of each of a thread's two outputs
@@ -40,13 +39,13 @@ static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, i
  * the O projection's ring prefetch, docs/PERFORMANCE.md session 12). The batch kernels, whose
  * steps split into few pieces, keep CH small (registers: blocks per SM). */
 template <int HD, int CH, class Piece>
-static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, int G, int np, int arrivals, int nwarps,
+static __device__ void sf_attn_pieces_finish(unsigned *cnt, bf16 *out, int G, int np, int arrivals, int nwarps,
                                              float *wsm, int *last, const Piece &piece)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = nwarps * 32;
     __threadfence();
     __syncthreads();
-    if (tid == 0) *last = atomicAdd(&a.counters[t * a.Hkv + kh], 1u) == (unsigned)arrivals - 1;
+    if (tid == 0) *last = atomicAdd(cnt, 1u) == (unsigned)arrivals - 1;
     __syncthreads();
     if (!*last) return;
     __threadfence();
@@ -86,23 +85,30 @@ static __device__ void sf_attn_pieces_finish(const sf_k_attn &a, int t, int kh, 
                     o1 = fmaf(x1[j], e1[c + j], o1);
                 }
         }
-        bf16 *out = (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)kh * G * HD;
         out[i0] = f2bf(o0);
         if (two) out[i1] = f2bf(o1);
     }
-    if (tid == 0) a.counters[t * a.Hkv + kh] = 0;
+    if (tid == 0) *cnt = 0;
 }
 
 /* sf_attn_pieces_finish over the n_split pieces of a split launch (a block per (t, kv head,
- * split)), in the layout sf_attn_split_store writes. */
+ * split), or per (t, kv head, part, split) where a group's heads are cut into parts: g0 .. g0 +
+ * Gb - 1 are the block's heads of its group of G), in the layout sf_attn_split_store writes. Each part
+ * has its own counter ((t * Hkv + kh) * parts + part, so a.counters holds T * Hkv * 2) and the last
+ * of its n_split blocks combines its heads alone: Qwen2-7B's groups of 7 as parts of 4 and 3 heads
+ * (attention_decode.cu) had one block combine all 7 (two rounds of a thread's two outputs), and
+ * its attention ended 3.3 us later (22.4 against 19.1 us after QKV at 4096 keys, traced; 4.05
+ * against 3.93-3.97 ms a token, docs/PERFORMANCE.md session 17). */
 template <int HD, int CH>
-static __device__ void sf_attn_split_finish(const sf_k_attn &a, int t, int kh, int G, int nwarps, float *wsm,
-                                            int *last, int parts = 1)
+static __device__ void sf_attn_split_finish(const sf_k_attn &a, int t, int kh, int G, int g0, int Gb, int nwarps,
+                                            float *wsm, int *last, int part = 0, int parts = 1)
 {
     const int ns = a.n_split;
-    sf_attn_pieces_finish<HD, CH>(a, t, kh, G, ns, ns * parts, nwarps, wsm, last, [&](int g, int p) {
-        return (const float *)a.ws + (((int64_t)t * a.H + kh * G + g) * ns + p) * (HD + 2);
-    });
+    bf16 *out = (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)(kh * G + g0) * HD;
+    sf_attn_pieces_finish<HD, CH>(&a.counters[(t * a.Hkv + kh) * parts + part], out, Gb, ns, ns, nwarps, wsm, last,
+                                  [&](int g, int p) {
+                                      return (const float *)a.ws + (((int64_t)t * a.H + kh * G + g0 + g) * ns + p) * (HD + 2);
+                                  });
 }
 
 #endif

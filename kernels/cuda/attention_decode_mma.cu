@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     if (ns == 1) return;
 
     /* the last block of this (token, kv head) to finish combines the splits */
-    sf_attn_split_finish<HD, 4>(a, t, kh, G, NW, wsm, &last);
+    sf_attn_split_finish<HD, 4>(a, t, kh, G, 0, G, NW, wsm, &last);
 }
 
 /* ---- host side ----------------------------------------------------------------------------- */

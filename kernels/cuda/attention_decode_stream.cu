@@ -167,7 +167,8 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_stream(sf_k_attn a)
      * first tile */
     auto finish = [&](int row, int kh, int f0, int nt, float *wsm) {
         const int cf = f0 / per, np = (f0 + nt - 1) / per - cf + 1;
-        sf_attn_pieces_finish<HD, 4>(a, row, kh, G, np, np, NW, wsm, &last, [&](int hg, int p) {
+        sf_attn_pieces_finish<HD, 4>(&a.counters[row * a.Hkv + kh], (bf16 *)a.out + (int64_t)row * a.ld_out + (int64_t)kh * G * HD,
+                                     G, np, np, NW, wsm, &last, [&](int hg, int p) {
             const int slot_p = p == 0 && f0 != cf * per ? 1 : 0;
             return (const float *)a.ws + (((int64_t)(cf + p) * 2 + slot_p) * G + hg) * (HD + 2);
         });

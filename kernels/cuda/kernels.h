@@ -106,7 +106,8 @@ typedef struct sf_k_attn {
     sf_k_kv kv;
     float *ws;               /* split workspace: T * H * n_split * (hd + 2) floats */
     int n_split;             /* 1: no split; else keys split into n_split ranges + a combine */
-    unsigned *counters;      /* split: [T * Hkv] zeros; the last block of each (t, kv head)
+    unsigned *counters;      /* split: [T * Hkv * 2] zeros; the last block of each (t, kv head),
+                              * or of each of its two parts where the lanes kernel cuts a group,
                               * combines and resets its counter (NULL: a second kernel combines) */
     const int32_t *tiles;    /* prefill: [n_tiles][2] = first token, rows (<= 64 consecutive
                               * tokens of one sequence, consecutive positions) */
