@@ -936,7 +936,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
     int sms = c->hw.n_cores > 0 ? c->hw.n_cores : 1, n_split = c->n_split, capturable = 1;
     if (n_split > 1 || c->n_dec) {
         size_t need = SF_MAX((size_t)c->T * H * n_split * (hd + 2), (size_t)c->n_dec * H * c->dec_split * (hd + 2));
-        if (need > c->attn_ws_floats || (size_t)c->T * Hkv * 2 > c->attn_cnt) {
+        if (need > c->attn_ws_floats || (size_t)c->T * Hkv * SF_K_ATTN_CNT_PER_KVH > c->attn_cnt) {
             /* sized once for the worst split case this model can hit (work < sms), at warm-up */
             size_t cap = (size_t)SF_MIN(c->max_rows, sms) * H * MAX_SPLIT * (hd + 2);
             sf_error err;
@@ -944,7 +944,7 @@ static int cuda_attention(sf_backend *b, const sf_buf *qkv, int layer, int H, in
             if (rc) return rc;
             capturable = 0;
             cap = SF_MAX(cap, need);
-            size_t n_cnt = (size_t)SF_MAX(c->max_rows, c->T) * Hkv * 2; /* x2: a group's two parts (kernels.h) */
+            size_t n_cnt = (size_t)SF_MAX(c->max_rows, c->T) * Hkv * SF_K_ATTN_CNT_PER_KVH;
             dfree(c, c->attn_ws, c->attn_ws_floats * 4 + c->attn_cnt * 4);
             c->attn_ws = NULL;
             c->attn_ws_floats = c->attn_cnt = 0;

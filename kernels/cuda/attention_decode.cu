@@ -158,6 +158,7 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     constexpr int STEP = KPW * U;        /* keys per warp per iteration */
     __shared__ float o_s[AD_WARPS][MAXG][HD];
     __shared__ float ml_s[AD_WARPS][MAXG][2];
+    static_assert(PARTS <= SF_K_ATTN_CNT_PER_KVH, "a counter per part (kernels.h)");
     __shared__ float wsm[MAXG * PARTS][AD_MAX_SPLIT]; /* the whole group's */
     __shared__ int last;
     /* CL: what the peers send this block: the o of its share of the outputs from each split (ns

@@ -94,7 +94,7 @@ static __device__ void sf_attn_pieces_finish(unsigned *cnt, bf16 *out, int G, in
 /* sf_attn_pieces_finish over the n_split pieces of a split launch (a block per (t, kv head,
  * split), or per (t, kv head, part, split) where a group's G heads are cut into parts: g0 ..
  * g0 + Gb - 1 are the block's), in the layout sf_attn_split_store writes. Each part has its own
- * counter ((t * Hkv + kh) * parts + part, so a.counters holds T * Hkv * 2) and the last of its
+ * counter ((t * Hkv + kh) * parts + part, parts <= SF_K_ATTN_CNT_PER_KVH) and the last of its
  * n_split blocks combines its heads alone: with Qwen2-7B's groups of 7 as parts of 4 and 3 heads
  * (attention_decode.cu) one block had combined all 7 (two rounds of a thread's two outputs), and
  * its attention ended 3.3 us later (22.4 against 19.1 us after QKV at 4096 keys, traced; 4.05

@@ -106,9 +106,9 @@ typedef struct sf_k_attn {
     sf_k_kv kv;
     float *ws;               /* split workspace: T * H * n_split * (hd + 2) floats */
     int n_split;             /* 1: no split; else keys split into n_split ranges + a combine */
-    unsigned *counters;      /* split: [T * Hkv * 2] zeros; the last block of each (t, kv head),
-                              * or of each of its two parts where the lanes kernel cuts a group,
-                              * combines and resets its counter (NULL: a second kernel combines) */
+    unsigned *counters;      /* split: [T * Hkv * SF_K_ATTN_CNT_PER_KVH] zeros; the last block of
+                              * each (t, kv head), or of each part where the lanes kernel cuts a
+                              * group, combines and resets its counter (NULL: a second kernel combines) */
     const int32_t *tiles;    /* prefill: [n_tiles][2] = first token, rows (<= 64 consecutive
                               * tokens of one sequence, consecutive positions) */
     int n_tiles;             /* > 0: the tensor-core prefill kernel (when head_dim % 16 == 0) */
@@ -121,6 +121,8 @@ typedef struct sf_k_attn {
 } sf_k_attn;
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
+/* Split counters per (token, kv head): one per part of a cut group (sf_k_attn.counters). */
+#define SF_K_ATTN_CNT_PER_KVH 2
 #define SF_K_ATTN_MAX_HD 256
 /* Dispatcher: the tensor-core prefill kernel when a->n_tiles > 0 and the head size allows it,
  * else the CUDA-core kernel (GQA-grouped, split-K for decode). */

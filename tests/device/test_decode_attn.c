@@ -190,7 +190,7 @@ static int upload(const dcase *c, const dhost *x, ddev *d, int max_split)
     if (cudaMalloc((void **)&d->k, cache) || cudaMalloc((void **)&d->v, cache) || cudaMalloc((void **)&d->ks, sc) ||
         cudaMalloc((void **)&d->vs, sc) || cudaMalloc((void **)&d->q, (size_t)T * H * c->hd * 2) ||
         cudaMalloc((void **)&d->o, (size_t)T * H * c->hd * 2) || cudaMalloc((void **)&d->meta, nmeta * 4) ||
-        cudaMalloc((void **)&d->ws, d->ws_floats * 4 + (size_t)T * c->Hkv * 8))
+        cudaMalloc((void **)&d->ws, d->ws_floats * 4 + (size_t)T * c->Hkv * SF_K_ATTN_CNT_PER_KVH * 4))
         return -1;
     int32_t *meta = malloc(nmeta * 4);
     for (int t = 0; t < T; t++) {
@@ -202,7 +202,7 @@ static int upload(const dcase *c, const dhost *x, ddev *d, int max_split)
              cudaMemcpy(d->ks, x->ks, sc, cudaMemcpyHostToDevice) || cudaMemcpy(d->vs, x->vs, sc, cudaMemcpyHostToDevice) ||
              cudaMemcpy(d->q, x->q, (size_t)T * H * c->hd * 2, cudaMemcpyHostToDevice) ||
              cudaMemcpy(d->meta, meta, nmeta * 4, cudaMemcpyHostToDevice) ||
-             cudaMemset(d->ws + d->ws_floats, 0, (size_t)T * c->Hkv * 8); /* the counters (kernels.h) */
+             cudaMemset(d->ws + d->ws_floats, 0, (size_t)T * c->Hkv * SF_K_ATTN_CNT_PER_KVH * 4);
     free(meta);
     return rc ? -1 : 0;
 }
@@ -269,7 +269,7 @@ static double run_path(const dcase *c, const dhost *x, const ddev *d, const dpat
         return INFINITY;
     }
     /* the combine leaves its counters at zero for the next launch (graph replays reuse them) */
-    const size_t nc = (size_t)c->T * c->Hkv * 2;
+    const size_t nc = (size_t)c->T * c->Hkv * SF_K_ATTN_CNT_PER_KVH;
     unsigned *cnt = malloc(nc * 4), nz = 0;
     cudaMemcpy(cnt, d->ws + d->ws_floats, nc * 4, cudaMemcpyDeviceToHost);
     for (size_t i = 0; i < nc; i++) nz += cnt[i] != 0;
@@ -526,7 +526,7 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
     if (cudaMalloc((void **)&k, full * blk_bytes) || cudaMalloc((void **)&v, full * blk_bytes) ||
         cudaMalloc((void **)&q, (size_t)T * H * hd * 2) || cudaMalloc((void **)&o, (size_t)T * H * hd * 2) ||
         cudaMalloc((void **)&sc, (size_t)2 * 2 * full * Hkv * bs * 4) || cudaMalloc((void **)&meta, nmeta * 4) ||
-        cudaMalloc((void **)&ws, ws_floats * 4 + (size_t)T * Hkv * 8)) {
+        cudaMalloc((void **)&ws, ws_floats * 4 + (size_t)T * Hkv * SF_K_ATTN_CNT_PER_KVH * 4)) {
         printf("perf: T=%d ctx=%d: out of device memory, skipped\n", T, ctx);
         goto cleanup;
     }
@@ -534,7 +534,7 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
     sf_k_fill_random(v, (int64_t)(full * blk_bytes / 2), 22, 1.0f, s);
     sf_k_fill_random(q, (int64_t)T * H * hd, 23, 1.0f, s);
     cudaMemsetAsync(sc, 0x3C, (size_t)2 * 2 * full * Hkv * bs * 4, s); /* 0.0115 */
-    cudaMemsetAsync(ws + ws_floats, 0, (size_t)T * Hkv * 8, s);
+    cudaMemsetAsync(ws + ws_floats, 0, (size_t)T * Hkv * SF_K_ATTN_CNT_PER_KVH * 4, s);
     host = malloc(nmeta * 4);
     for (int t = 0; t < T; t++) { host[t] = ctx - 1; host[T + t] = t; }
     for (int64_t i = 0; i < n_blocks; i++) {
