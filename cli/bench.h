@@ -17,6 +17,7 @@ typedef struct bench_opts {
     int batch;           /* decode-batch: sequences decoded together */
     sf_dtype dtype;
     int sample_host;     /* --sample host: copy the logits and choose on the host (default: the backend's sampler) */
+    int serial_loop;     /* decode --loop serial: launch a step once the id before it is in (default async) */
     /* throughput */
     int input, output, num_prompts, max_num_seqs, max_batched_tokens;
     double gpu_util, temperature, top_p; /* throughput: every request's sampling (top_p 1: off) */

@@ -5,7 +5,8 @@
  *            read per second as a share of the memory bandwidth hal measured (read
  *            bandwidth on the CPU: decode streams every weight once per token and writes
  *            almost nothing). The next token is drawn by the backend's sampler unless
- *            --sample host.
+ *            --sample host, and the next step is queued before its id reaches the host, as
+ *            the engine's async loop does (--loop serial: launched once the id is in).
  *   throughput  the one mode over the engine (scheduler, continuous batching, sampler):
  *            cli/bench_throughput.c.
  *
@@ -151,6 +152,38 @@ static int bench_feed(bench_env *e, const int32_t *tokens, int n, int32_t *next,
     return rc;
 }
 
+/* A one-token step queued with its greedy draw on the backend (e->sample_dev), returning before
+ * the id reaches the host when draws are deferred (sf_forward_defer); the id lands in *id at the
+ * matching take (bench_take). from_draw: the token is the id the last draw gave, taken on the
+ * backend (sf_batch.src_row) — the engine's async loop (engine/step.c) — and tok only a stand-in. */
+static int bench_launch(bench_env *e, int32_t tok, int from_draw, int32_t *id, sf_error *err)
+{
+    int32_t pos[1] = { e->len }, slot[1], ss[2] = { 0, 1 }, ctx[1] = { e->len + 1 }, row[1] = { 0 }, src[1] = { 0 };
+    int bs = e->kc.block_size;
+    if (e->len + 1 > e->max_blocks * bs) return sf_err(err, SF_EINVAL, "bench: context of %d tokens exceeded", e->max_blocks * bs);
+    slot[0] = e->blocks[e->len / bs] * bs + e->len % bs;
+    sf_batch b = { .n_tokens = 1, .n_seqs = 1, .tokens = &tok, .pos = pos, .slot = slot, .seq_start = ss, .seq_ctx = ctx,
+                   .block_table = e->blocks, .max_blocks = e->max_blocks, .logit_rows = row, .n_logits = 1,
+                   .src_row = from_draw ? src : NULL };
+    sf_sample_row greedy = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
+    sf_forward_sample smp = { .rows = &greedy, .ids = id };
+    int rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, err) : sf_forward_launch_sample(e->f, &b, &smp, err);
+    if (rc == SF_OK) rc = e->tp ? sf_tp_wait_sample(e->tp, err) : sf_forward_wait_sample(e->f, err);
+    if (rc == SF_OK) e->len++;
+    return rc;
+}
+
+/* Waits for the oldest queued draw and writes its id. */
+static int bench_take(bench_env *e, sf_error *err)
+{
+    return e->tp ? sf_tp_take(e->tp, err) : sf_forward_take(e->f, err);
+}
+
+static int bench_defer(bench_env *e, int on, sf_error *err)
+{
+    return e->tp ? sf_tp_defer(e->tp, on, err) : sf_forward_defer(e->f, on, err);
+}
+
 static size_t view_bytes(const sf_view *v)
 {
     return v->data ? sf_dtype_bytes(v->dtype, v->rows * v->cols) : 0;
@@ -195,7 +228,7 @@ static int bench_decode(const bench_opts *o)
     const sf_model_config *c = &e.m->cfg;
     int rc = 1;
     double *ms = calloc((size_t)o->steps + 1, sizeof(double)), *host_us = calloc((size_t)o->steps + 1, sizeof(double));
-    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(o->ctx + 1));
+    int32_t *prompt = malloc(sizeof(int32_t) * (size_t)(o->ctx + 1)), *ids = NULL;
     sf_backend_stats st = { 0 };
     int have_host = 0;
     if (!ms || !host_us || !prompt) { fprintf(stderr, "semflow bench decode: out of memory\n"); goto out; }
@@ -208,14 +241,55 @@ static int bench_decode(const bench_opts *o)
     double prefill_s = sf_now_s() - t0;
     int32_t tok = o->ctx ? argmax(e.logits, c->vocab_size) : (c->bos_id >= 0 ? c->bos_id : 0);
     e.sample_dev = !o->sample_host && sf_forward_can_sample(e.tp ? sf_tp_forward(e.tp) : e.f);
-    /* one untimed step first: page faults of the weights and lazy allocations land there */
-    for (int s = 0; s <= o->steps; s++) {
-        double ts = sf_now_s();
-        if (bench_feed(&e, &tok, 1, &tok, &err)) goto fail;
-        ms[s] = (sf_now_s() - ts) * 1e3;
-        /* CUDA: host time from batch_begin until the step's work was enqueued */
-        if (sf_backend_cuda_stats(e.b, &st) == SF_OK) { host_us[s] = st.last_step_host_us; have_host = 1; }
+    /* The engine's loop (async scheduling, engine/step.c) unless --loop serial or the host
+     * samples: step s+1 is queued, its token taken on the backend from step s's draw, before
+     * s's id reaches the host, so the host's work per step overlaps the device's and a step's
+     * time is the interval between two ids reaching the host. Serial: each step is launched
+     * once the id before it is in, and timed from its launch to its id (the host's work and the
+     * id's round trip count in the step). */
+    int async = e.sample_dev && !o->serial_loop;
+    if (async) {
+        int drc = bench_defer(&e, 1, &err);
+        if (drc == SF_EUNSUPPORTED) async = 0;
+        else if (drc) goto fail;
     }
+    ids = calloc((size_t)o->steps + 1, sizeof *ids);
+    if (!ids) { sf_err(&err, SF_ENOMEM, "out of memory"); goto fail; }
+    sf_backend_stats st0 = { 0 };
+    int have_st0 = 0;
+    /* one untimed step first: page faults of the weights and lazy allocations land there */
+    if (async) {
+        double tp = sf_now_s();
+        if (bench_launch(&e, tok, 0, &ids[0], &err)) goto fail_async;
+        for (int s = 0; s <= o->steps; s++) {
+            if (s < o->steps) {
+                if (bench_launch(&e, tok, 1, &ids[s + 1], &err)) goto fail_async;
+                if (sf_backend_cuda_stats(e.b, &st) == SF_OK) { host_us[s + 1] = st.last_step_host_us; have_host = 1; }
+            }
+            if (bench_take(&e, &err)) goto fail_async;
+            double t = sf_now_s();
+            ms[s] = (t - tp) * 1e3;
+            tp = t;
+            if (s == 0 && sf_backend_cuda_stats(e.b, &st0) == SF_OK) have_st0 = 1;
+        }
+        if (bench_defer(&e, 0, &err)) goto fail;
+    } else {
+        for (int s = 0; s <= o->steps; s++) {
+            double ts = sf_now_s();
+            if (bench_feed(&e, &tok, 1, &tok, &err)) goto fail;
+            ids[s] = tok;
+            ms[s] = (sf_now_s() - ts) * 1e3;
+            /* CUDA: host time from batch_begin until the step's work was enqueued */
+            if (sf_backend_cuda_stats(e.b, &st) == SF_OK) { host_us[s] = st.last_step_host_us; have_host = 1; }
+            if (s == 0 && have_host) { st0 = st; have_st0 = 1; }
+        }
+    }
+    /* the device's idle time between a draw and the next step's first work (CUDA events) */
+    double dev_idle_us = -1;
+    if (have_st0 && sf_backend_cuda_stats(e.b, &st) == SF_OK && st.idle_after_draw_n > st0.idle_after_draw_n)
+        dev_idle_us = (st.idle_after_draw_us - st0.idle_after_draw_us) / (double)(st.idle_after_draw_n - st0.idle_after_draw_n);
+    uint64_t digest = 1469598103934665603ull; /* FNV-1a over the drawn ids: the loops must agree */
+    for (int s = 0; s <= o->steps; s++) digest = (digest ^ (uint32_t)ids[s]) * 1099511628211ull;
     double host_med = 0;
     if (have_host) {
         qsort(host_us + 1, (size_t)o->steps, sizeof(double), cmp_double);
@@ -246,6 +320,11 @@ static int bench_decode(const bench_opts *o)
                               "prefill_tokens_per_s", o->ctx ? o->ctx / prefill_s : 0.0, "loadavg_1min", load[0]);
         json_object_set_new(j, "tensor_parallel", json_integer(o->tp > 1 ? o->tp : 1));
         json_object_set_new(j, "sampling", json_string(e.sample_dev ? "backend" : "host"));
+        json_object_set_new(j, "loop", json_string(async ? "async" : "serial"));
+        char dg[17];
+        snprintf(dg, sizeof dg, "%016llx", (unsigned long long)digest);
+        json_object_set_new(j, "ids_digest", json_string(dg));
+        if (dev_idle_us >= 0) json_object_set_new(j, "device_idle_us_per_step", json_real(dev_idle_us));
         /* the KV side: what a step reads of the cache, and the roofline with it */
         json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
         json_object_set_new(j, "kv_bytes_per_step", json_real(kv_bytes));
@@ -268,6 +347,9 @@ static int bench_decode(const bench_opts *o)
                                                : "on the host (greedy; the row of logits is copied back)");
         printf("context  %d tokens, then %d decode steps%s\n", o->ctx, o->steps,
                o->tp > 1 ? " (tensor parallel: weight bytes and bandwidth are per rank)" : "");
+        printf("loop     %s\n", async ? "async, as the engine runs (the next step queued before the id of the one before it "
+                                         "comes; a step is the interval between two ids)"
+                                       : "serial (each step launched once the id before it came, timed launch to id)");
         printf("latency  %.1f ms/token median (mean %.1f, best %.1f) = %.2f tokens/s\n", med, mean, best, 1e3 / med);
         printf("weights  %.2f GB/s = %.0f%% of the %.1f GB/s %s hal measured (with KV reads %.2f GB/s)\n", gbs,
                100 * gbs / ceil_gbs, ceil_gbs, read_bw ? "read bandwidth" : "copy bandwidth", gbs_kv);
@@ -278,7 +360,7 @@ static int bench_decode(const bench_opts *o)
         if (hw->l3_bytes && wbytes < 2 * hw->l3_bytes)
             printf("note     the weights (%.1f MiB) fit in the caches: this is not a memory-bandwidth figure\n",
                    wbytes / 1048576.0);
-        if (load[0] >= 0)
+        if (load[0] > hw->n_cores)
             printf("load     1-minute load average %.1f on %d cores: above the core count, other processes shared them\n",
                    load[0], hw->n_cores);
         if (have_host)
@@ -286,15 +368,22 @@ static int bench_decode(const bench_opts *o)
                    "the step; CUDA graphs: %ld captured, %ld replays, %ld fallbacks\n",
                    wbytes / (ceil_gbs * 1e9) * 1e3, 100 * wbytes / (ceil_gbs * 1e9) * 1e3 / med, host_med,
                    100 * host_med / (med * 1e3), st.graphs_captured, st.graph_replays, st.graph_fallbacks);
+        if (dev_idle_us >= 0) printf("device   idle %.1f us a step between a draw and the next step's first work\n", dev_idle_us);
     }
     rc = 0;
     goto out;
+fail_async:
+    for (int i = 0; i < 2; i++) { /* the draws still queued; their errors are the one above's */
+        sf_error e2 = { 0 };
+        bench_take(&e, &e2);
+    }
 fail:
     fprintf(stderr, "semflow bench decode: %s\n", err.msg);
 out:
     free(ms);
     free(host_us);
     free(prompt);
+    free(ids);
     bench_close(&e);
     return rc;
 }
@@ -607,6 +696,8 @@ static void usage(FILE *f)
                "  --hidden N            allreduce: message row width (default: the model's hidden size)\n"
                "  --batch N             decode-batch: sequences decoded together (default 64)\n"
                "  --sample host|backend decode, throughput: where tokens are chosen (default backend when it can)\n"
+               "  --loop async|serial   decode: queue each step before the id of the one before it comes, as the\n"
+               "                        engine does (default), or launch it once that id is in (host work counts)\n"
                "  --json                machine-readable result\n"
                "\nthroughput options:\n"
                "  --input N             prompt tokens per request (default 128)\n"
@@ -670,7 +761,8 @@ int sf_cmd_bench(int argc, char **argv)
         { "max-num-seqs", required_argument, NULL, 'M' }, { "max-batched-tokens", required_argument, NULL, 'X' },
         { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
         { "top-p", required_argument, NULL, 'Q' }, { "top-k", required_argument, NULL, 'Y' },
-        { "compare", required_argument, NULL, 'C' }, { "help", no_argument, NULL, 'h' }, { 0 }
+        { "compare", required_argument, NULL, 'C' }, { "loop", required_argument, NULL, 'L' },
+        { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
     optind = 1;
@@ -723,6 +815,13 @@ int sf_cmd_bench(int argc, char **argv)
         case 'Q': if (parse_range("--top-p", optarg, 0, 1, 1, &o.top_p)) return 2; break;
         case 'Y': if (parse_int("--top-k", optarg, 0, 1 << 20, &o.top_k)) return 2; break;
         case 'C': o.compare = optarg; break;
+        case 'L':
+            if (strcmp(optarg, "async") && strcmp(optarg, "serial")) {
+                fprintf(stderr, "semflow bench: --loop takes async or serial, got '%s'\n", optarg);
+                return 2;
+            }
+            o.serial_loop = !strcmp(optarg, "serial");
+            break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }

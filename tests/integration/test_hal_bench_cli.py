@@ -35,6 +35,20 @@ try:
 except (ValueError, KeyError) as e:
     check("bench_decode_json", False, f"{e}: {out[:300]} {err[-300:]}")
 
+# The async loop (the default: each step's token taken on the backend from the draw before it)
+# draws the same greedy ids as the serial loop and as the host sampler.
+digests = {}
+for args in (["--loop", "async"], ["--loop", "serial"], ["--sample", "host"]):
+    rc, out, err = run("bench", "decode", "--model", STORIES, "--backend", "cpu", "--ctx", "8", "--steps", "24", "--json", *args)
+    try:
+        r = json.loads(out)
+        digests[" ".join(args)] = (rc, r["loop"], r["ids_digest"])
+    except (ValueError, KeyError) as e:
+        digests[" ".join(args)] = (rc, str(e), err[-200:])
+vals = list(digests.values())
+check("bench_decode_loops_same_ids", [v[1] for v in vals] == ["async", "serial", "serial"] and all(v[0] == 0 for v in vals)
+      and len({v[2] for v in vals}) == 1, str(digests))
+
 rc, out, err = run("bench", "decode", "--model", STORIES, "--backend", "cpu", "--ctx", "0", "--steps", "2")
 check("bench_decode_text", rc == 0 and "ms/token" in out and "read bandwidth" in out, out[:400] + err[-300:])
 
@@ -48,6 +62,7 @@ bad = [
     (["bench", "decode", "--model", STORIES, "--steps", "abc"], "--steps"),
     (["bench", "decode", "--model", STORIES, "--dtype", "int4", "--load-format", "dummy"], "--dtype"),
     (["bench", "decode", "--model", STORIES, "--load-format", "magic"], "--load-format"),
+    (["bench", "decode", "--model", STORIES, "--loop", "sometimes"], "--loop"),
     (["hal", "--frobnicate"], "usage"),
     (["hal", "extra"], "unexpected"),
 ]

@@ -71,10 +71,15 @@ j = json.load(open(sys.argv[1]))
 print(0 if j["tensor_parallel"] == 2 and j["batch"] == 4 and j["tokens_per_s"] > 0 else 1)' "$tmp/db.json" 2>/dev/null || echo 1)
 check bench_decode_batch_tp2 $ok "rc=$rc $(cat "$tmp/db.err") $(head -c 300 "$tmp/db.json")"
 
-timeout 120 "$BIN" bench decode --model demo --backend cpu --threads 1 --tensor-parallel-size 2 --ctx 8 --steps 2 --json \
+# the async loop (rank 0 draws; every rank takes the next token from it) and the serial one
+# draw the same ids
+timeout 120 "$BIN" bench decode --model demo --backend cpu --threads 1 --tensor-parallel-size 2 --ctx 8 --steps 6 --json \
     >"$tmp/dec.json" 2>"$tmp/dec.err"; rc=$?
+timeout 120 "$BIN" bench decode --model demo --backend cpu --threads 1 --tensor-parallel-size 2 --ctx 8 --steps 6 --json \
+    --loop serial >"$tmp/decs.json" 2>>"$tmp/dec.err"; rc2=$?
 ok=$(python3 -c '
 import json, sys
-j = json.load(open(sys.argv[1]))
-print(0 if j["tensor_parallel"] == 2 and j["ms_per_token_median"] > 0 else 1)' "$tmp/dec.json" 2>/dev/null || echo 1)
-check bench_decode_tp2 $ok "rc=$rc $(cat "$tmp/dec.err") $(head -c 300 "$tmp/dec.json")"
+j, k = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+print(0 if j["tensor_parallel"] == 2 and j["ms_per_token_median"] > 0 and j["loop"] == "async" and k["loop"] == "serial"
+      and j["ids_digest"] == k["ids_digest"] else 1)' "$tmp/dec.json" "$tmp/decs.json" 2>/dev/null || echo 1)
+check bench_decode_tp2 $ok "rc=$rc/$rc2 $(cat "$tmp/dec.err") $(head -c 300 "$tmp/dec.json") $(grep digest "$tmp/decs.json")"
