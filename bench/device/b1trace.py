@@ -64,10 +64,17 @@ def main():
         else:
             i += 1
     rows = {kd: [] for kd in seq}
-    layer_us = []
+    layer_us, edge_us, edge_qkv_us, step_us, step_layers = [], [], [], [], []
+    first = 0  # index of the current step's first layer
     for j in range(1, len(layers)):
         prev = layers[j - 1][4]
         if layers[j][0]["start"] - prev["end"] > 20000:  # a new step (lm_head and sampling between)
+            edge_us.append((layers[j][0]["start"] - prev["end"]) / 1e3)
+            edge_qkv_us.append((layers[j][0]["end"] - layers[j][0]["start"]) / 1e3)
+            if first > 0:  # a whole step: from its first QKV block to the next step's
+                step_us.append((layers[j][0]["start"] - layers[first][0]["start"]) / 1e3)
+                step_layers.append(j - first)
+            first = j
             continue
         layer_us.append((layers[j][4]["end"] - prev["end"]) / 1e3)
         p = prev
@@ -107,6 +114,13 @@ def main():
             "%.0f%%" % (100 * ideal / end) if kd != "attn" and end > 0 else "-"))
     print("layer: %.2f us (median; min %.2f, max %.2f); its GEMVs' bytes at %.0f GB/s: %.2f us (%.1f%%)" % (
         med(layer_us), min(layer_us), max(layer_us), bw, total_ideal, 100 * total_ideal / med(layer_us)))
+    if edge_us:
+        print("step edge: %.2f us (median of %d) from a step's last layer's end to the next step's first QKV block: the"
+              " lm_head, the draw, the copies, the embedding; that first QKV then takes %.2f us (start to end)" % (
+                  med(edge_us), len(edge_us), med(edge_qkv_us)))
+    if step_us:
+        print("step: %.1f us (median of %d, %d layers) = %d x the layer median + %.1f us" % (
+            med(step_us), len(step_us), med(step_layers), med(step_layers), med(step_us) - med(step_layers) * med(layer_us)))
     print("columns: early = blocks started before the previous kernel ended; start/last = first/last block start;")
     print("  wait0/wait1 = first/last block past the wait; ready = last prologue done (attention: last partial")
     print("  stored); end0/end = first/last block end = this kernel's share of the layer time")
