@@ -349,9 +349,15 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     layer = -1;
     if (bt->n_logits > 0) {
         /* fused: h already holds every residual add; rn: x already holds output_norm(h) */
-        if (!rn) STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
-        STEP("get_rows", o->get_rows(b, f->x, f->sel));
-        STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
+        if (fused && !rn && T == 1 && bt->n_logits == 1) {
+            /* one row, the only one: the output norm in the lm_head GEMV's prologue, as the
+             * layers' norms are (two kernels fewer a batch-1 step) */
+            STEP("output_norm+lm_head", o->norm_matmul(b, f->h, f->out_norm, c->rms_eps, f->lm, 1, 0, f->x, NULL, f->logits));
+        } else {
+            if (!rn) STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
+            STEP("get_rows", o->get_rows(b, f->x, f->sel));
+            STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
+        }
         if (f->shard && f->shard->size > 1) {
             if (!smp) return gather_logits(f, bt->n_logits, logits, err);
             /* the sampling rank gets whole rows; the followers take part in the same gather.

@@ -220,16 +220,20 @@ static int forced_cfg(void)
     return cfg;
 }
 
-/* SEMFLOW_CUDA_GEMV_PLAN="qkv=33,o=25,gu=26,down=25" forces a configuration per op (comparisons
- * in one device call; any subset, SEMFLOW_CUDA_GEMV_CFG still wins): qkv is the norm (+ RoPE)
- * GEMV, gu the norm + glu one, o and down the residual-add and plain ones with k <= m and k > m.
- * Read once. */
-enum { OP_QKV, OP_O, OP_GU, OP_DOWN, OP_N };
+/* SEMFLOW_CUDA_GEMV_PLAN="qkv=33,o=25,gu=26,down=25,head=26" forces a configuration per op
+ * (comparisons in one device call; any subset, SEMFLOW_CUDA_GEMV_CFG still wins): qkv is the
+ * norm (+ RoPE) GEMV, gu the norm + glu one, o and down the residual-add and plain ones with
+ * k <= m and k > m, head the norm GEMV of more than HEAD_ROWS rows (the lm_head of a batch-1
+ * step, the output norm in its prologue). Read once. */
+enum { OP_QKV, OP_O, OP_GU, OP_DOWN, OP_HEAD, OP_N };
+/* A norm GEMV of more rows than this is an lm_head, not a QKV projection (Llama-3-405B's QKV is
+ * 18432 rows, the smallest vocabularies 32000): no attention block runs beside it. */
+#define HEAD_ROWS 32768
 static int op_cfg(int mode, int m, int k)
 {
     static int cfg[OP_N] = { -1 };
     if (cfg[0] < 0) {
-        static const char *names[OP_N] = { "qkv", "o", "gu", "down" };
+        static const char *names[OP_N] = { "qkv", "o", "gu", "down", "head" };
         memset(cfg, 0, sizeof cfg);
         const char *e = getenv("SEMFLOW_CUDA_GEMV_PLAN");
         for (const char *p = e; p && *p;) {
@@ -248,7 +252,7 @@ static int op_cfg(int mode, int m, int k)
             p = *end ? end + 1 : end;
         }
     }
-    const int op = mode & FG_GLU ? OP_GU : mode & FG_ADD || !mode ? (k <= m ? OP_O : OP_DOWN) : OP_QKV;
+    const int op = mode & FG_GLU ? OP_GU : mode & FG_ADD || !mode ? (k <= m ? OP_O : OP_DOWN) : mode == FG_NORM && m > HEAD_ROWS ? OP_HEAD : OP_QKV;
     return cfg[op];
 }
 
@@ -305,8 +309,10 @@ static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
 }
 
 /* Ring depth and blocks for a shape. Planned (want 0): the deepest ring (3..6 stages) with which
- * per_sm blocks fit an SM (3 for the plain norm mode, the QKV projection; 2 otherwise; fewer when
- * even 3 stages do not fit), as measured best per op in test_gemv --perf; at three blocks the QKV
+ * per_sm blocks fit an SM (3 for the plain norm mode, the QKV projection, but 2 for an lm_head
+ * past HEAD_ROWS: Llama-3-8B batch 1 at 512 keys 3.8515-3.8531 ms against 3.8546 at 3 x 3 and
+ * 3.8556 at 2 x 5, session 18; 2 otherwise; fewer when even 3 stages do not fit), as measured
+ * best per op in test_gemv --perf; at three blocks the QKV
  * projection's ring stops where an attention block still fits beside it (qkv_top_stages: 3 stages
  * for Llama-3-8B, whose batch 1 at 512 keys was faster so than at 4 in 13 of 14 comparisons over
  * six device calls, 0.1-0.9%, docs/PERFORMANCE.md session 10; 4 for Qwen2-7B, whose attention
@@ -333,7 +339,7 @@ static int plan(int mode, int units, int k, int want, const fg_rope &rp, int *gr
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
-        const bool qkv = mode == FG_NORM || (mode & ~FG_BIAS) == (FG_NORM | FG_ROPE);
+        const bool qkv = (mode == FG_NORM && units <= HEAD_ROWS / 2) || (mode & ~FG_BIAS) == (FG_NORM | FG_ROPE);
         const int top = qkv ? qkv_top_stages(mode, rp, fixed, per_sm) : 6;
         for (int b = qkv ? 3 : 2; b >= 1 && !st; b--)
             for (int s = qkv && b == 3 ? top : 6; s >= 3 && !st; s--)

@@ -172,6 +172,7 @@ TEST(fused_llama3_8b)
     check_fused(2, 4096, 4096, 0);  /* O + residual */
     check_fused(1, 28672, 4096, 0); /* gate/up + SiLU */
     check_fused(2, 4096, 14336, 0); /* down + residual */
+    check_fused(0, 128256, 4096, 0); /* the lm_head of a batch-1 step, the output norm in its prologue */
 }
 
 TEST(fused_qwen2_7b)
