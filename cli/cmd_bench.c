@@ -715,6 +715,17 @@ static void usage(FILE *f)
                "                        reported beside the engine's decode step\n");
 }
 
+/* A flag that takes one of two words: *is_a = 1 for a, 0 for b. */
+static int parse_pair(const char *flag, const char *v, const char *a, const char *b, int *is_a)
+{
+    if (strcmp(v, a) && strcmp(v, b)) {
+        fprintf(stderr, "semflow bench: %s takes %s or %s, got '%s'\n", flag, a, b, v);
+        return -1;
+    }
+    *is_a = !strcmp(v, a);
+    return 0;
+}
+
 static int parse_int(const char *flag, const char *v, int lo, int hi, int *out)
 {
     char *end;
@@ -769,13 +780,7 @@ int sf_cmd_bench(int argc, char **argv)
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
         case 'm': o.model = optarg; break;
-        case 'l':
-            if (strcmp(optarg, "dummy") && strcmp(optarg, "auto")) {
-                fprintf(stderr, "semflow bench: --load-format takes dummy or auto, got '%s'\n", optarg);
-                return 2;
-            }
-            o.dummy = !strcmp(optarg, "dummy");
-            break;
+        case 'l': if (parse_pair("--load-format", optarg, "dummy", "auto", &o.dummy)) return 2; break;
         case 'p': o.preset = optarg; break;
         case 'b': o.backend = optarg; break;
         case 't': if (parse_int("--threads", optarg, 1, 1024, &o.threads)) return 2; break;
@@ -798,13 +803,7 @@ int sf_cmd_bench(int argc, char **argv)
         case 'H': if (parse_int("--hidden", optarg, 1, 1 << 20, &o.hidden)) return 2; break;
         case 'B': if (parse_int("--batch", optarg, 1, 4096, &o.batch)) return 2; break;
         case 'P': if (parse_int("--tensor-parallel-size", optarg, 1, 64, &o.tp)) return 2; break;
-        case 'S':
-            if (strcmp(optarg, "host") && strcmp(optarg, "backend")) {
-                fprintf(stderr, "semflow bench: --sample takes host or backend, got '%s'\n", optarg);
-                return 2;
-            }
-            o.sample_host = !strcmp(optarg, "host");
-            break;
+        case 'S': if (parse_pair("--sample", optarg, "host", "backend", &o.sample_host)) return 2; break;
         case 'I': if (parse_int("--input", optarg, 1, 1 << 20, &o.input)) return 2; break;
         case 'O': if (parse_int("--output", optarg, 1, 1 << 20, &o.output)) return 2; break;
         case 'N': if (parse_int("--num-prompts", optarg, 1, 1 << 20, &o.num_prompts)) return 2; break;
@@ -815,13 +814,7 @@ int sf_cmd_bench(int argc, char **argv)
         case 'Q': if (parse_range("--top-p", optarg, 0, 1, 1, &o.top_p)) return 2; break;
         case 'Y': if (parse_int("--top-k", optarg, 0, 1 << 20, &o.top_k)) return 2; break;
         case 'C': o.compare = optarg; break;
-        case 'L':
-            if (strcmp(optarg, "async") && strcmp(optarg, "serial")) {
-                fprintf(stderr, "semflow bench: --loop takes async or serial, got '%s'\n", optarg);
-                return 2;
-            }
-            o.serial_loop = !strcmp(optarg, "serial");
-            break;
+        case 'L': if (parse_pair("--loop", optarg, "serial", "async", &o.serial_loop)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
