@@ -259,7 +259,7 @@ static int bench_decode(const bench_opts *o)
     int have_st0 = 0;
     /* one untimed step first: page faults of the weights and lazy allocations land there */
     if (async) {
-        double tp = sf_now_s();
+        double t_prev = sf_now_s();
         if (bench_launch(&e, tok, 0, &ids[0], &err)) goto fail_async;
         for (int s = 0; s <= o->steps; s++) {
             if (s < o->steps) {
@@ -268,8 +268,8 @@ static int bench_decode(const bench_opts *o)
             }
             if (bench_take(&e, &err)) goto fail_async;
             double t = sf_now_s();
-            ms[s] = (t - tp) * 1e3;
-            tp = t;
+            ms[s] = (t - t_prev) * 1e3;
+            t_prev = t;
             if (s == 0 && sf_backend_cuda_stats(e.b, &st0) == SF_OK) have_st0 = 1;
         }
         if (bench_defer(&e, 0, &err)) goto fail;
