@@ -252,7 +252,10 @@ static int op_cfg(int mode, int m, int k)
             p = *end ? end + 1 : end;
         }
     }
-    const int op = mode & FG_GLU ? OP_GU : mode & FG_ADD || !mode ? (k <= m ? OP_O : OP_DOWN) : mode == FG_NORM && m > HEAD_ROWS ? OP_HEAD : OP_QKV;
+    const int op = mode & FG_GLU                ? OP_GU
+                   : mode & FG_ADD || !mode          ? (k <= m ? OP_O : OP_DOWN)
+                   : mode == FG_NORM && m > HEAD_ROWS ? OP_HEAD
+                                                     : OP_QKV;
     return cfg[op];
 }
 
@@ -312,12 +315,11 @@ static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
  * per_sm blocks fit an SM (3 for the plain norm mode, the QKV projection, but 2 for an lm_head
  * past HEAD_ROWS: Llama-3-8B batch 1 at 512 keys 3.8515-3.8531 ms against 3.8546 at 3 x 3 and
  * 3.8556 at 2 x 5, session 18; 2 otherwise; fewer when even 3 stages do not fit), as measured
- * best per op in test_gemv --perf; at three blocks the QKV
- * projection's ring stops where an attention block still fits beside it (qkv_top_stages: 3 stages
- * for Llama-3-8B, whose batch 1 at 512 keys was faster so than at 4 in 13 of 14 comparisons over
- * six device calls, 0.1-0.9%, docs/PERFORMANCE.md session 10; 4 for Qwen2-7B, whose attention
- * block fits beside none: 3.77-3.78 against 3.84-3.88 ms at 512 keys, 4.17 against 4.27-4.31 at
- * 4096, session 14). Forced (want = blocks per SM x 10 + stages): that, if it fits. Returns the
+ * best per op in test_gemv --perf; at three blocks the QKV projection's ring stops where an
+ * attention block still fits beside it (qkv_top_stages: 3 stages for Llama-3-8B, whose batch 1
+ * at 512 keys was faster so than at 4 in 13 of 14 comparisons over six device calls, 0.1-0.9%,
+ * docs/PERFORMANCE.md session 10; 4 for Qwen2-7B, whose attention block fits beside none:
+ * 3.77-3.78 against 3.84-3.88 ms at 512 keys, 4.17 against 4.27-4.31 at 4096, session 14). Forced (want = blocks per SM x 10 + stages): that, if it fits. Returns the
  * stages, 0 when nothing fits.
  * The grid is the resident capacity (blocks per SM x SMs, fewer only when there are fewer units),
  * and the kernel deals the units round the blocks first, so every block, and so every SM, gets
