@@ -229,7 +229,16 @@ enum { OP_QKV, OP_O, OP_GU, OP_DOWN, OP_HEAD, OP_N };
 /* A norm GEMV of more rows than this is an lm_head, not a QKV projection (Llama-3-405B's QKV is
  * 18432 rows, the smallest vocabularies 32000): no attention block runs beside it. */
 #define HEAD_ROWS 32768
-static int op_cfg(int mode, int m, int k)
+/* Which op a launch is: the class SEMFLOW_CUDA_GEMV_PLAN names and plan() sizes. */
+static int op_class(int mode, int m, int k)
+{
+    return mode & FG_GLU                       ? OP_GU
+           : mode & FG_ADD || !mode            ? (k <= m ? OP_O : OP_DOWN)
+           : mode == FG_NORM && m > HEAD_ROWS ? OP_HEAD
+                                              : OP_QKV;
+}
+
+static int op_cfg(int op)
 {
     static int cfg[OP_N] = { -1 };
     if (cfg[0] < 0) {
@@ -252,10 +261,6 @@ static int op_cfg(int mode, int m, int k)
             p = *end ? end + 1 : end;
         }
     }
-    const int op = mode & FG_GLU                ? OP_GU
-                   : mode & FG_ADD || !mode          ? (k <= m ? OP_O : OP_DOWN)
-                   : mode == FG_NORM && m > HEAD_ROWS ? OP_HEAD
-                                                     : OP_QKV;
     return cfg[op];
 }
 
@@ -319,8 +324,9 @@ static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
  * attention block still fits beside it (qkv_top_stages: 3 stages for Llama-3-8B, whose batch 1
  * at 512 keys was faster so than at 4 in 13 of 14 comparisons over six device calls, 0.1-0.9%,
  * docs/PERFORMANCE.md session 10; 4 for Qwen2-7B, whose attention block fits beside none:
- * 3.77-3.78 against 3.84-3.88 ms at 512 keys, 4.17 against 4.27-4.31 at 4096, session 14). Forced (want = blocks per SM x 10 + stages): that, if it fits. Returns the
- * stages, 0 when nothing fits.
+ * 3.77-3.78 against 3.84-3.88 ms at 512 keys, 4.17 against 4.27-4.31 at 4096, session 14).
+ * Forced (want = blocks per SM x 10 + stages): that, if it fits. Returns the stages, 0 when
+ * nothing fits.
  * The grid is the resident capacity (blocks per SM x SMs, fewer only when there are fewer units),
  * and the kernel deals the units round the blocks first, so every block, and so every SM, gets
  * the same number of units plus or minus one: the SM with the most bytes sets the kernel's time.
@@ -330,7 +336,7 @@ static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
  * (16 units, 1.21 MB) take at 34 GB/s, one SM's share of the ~4.6 TB/s a read-only stream gets
  * (bench/device/readbw.cu); dealt round the blocks (13-14 units an SM) 32.5 us (98%), the layer
  * chain 119.4 -> 111.8 us (session 14, docs/PERFORMANCE.md). */
-static int plan(int mode, int units, int k, int want, const fg_rope &rp, int *grid)
+static int plan(int mode, int op, int units, int k, int want, const fg_rope &rp, int *grid)
 {
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
@@ -341,7 +347,7 @@ static int plan(int mode, int units, int k, int want, const fg_rope &rp, int *gr
     if (want) {
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
-        const bool qkv = (mode == FG_NORM && units <= HEAD_ROWS / 2) || (mode & ~FG_BIAS) == (FG_NORM | FG_ROPE);
+        const bool qkv = op == OP_QKV;
         const int top = qkv ? qkv_top_stages(mode, rp, fixed, per_sm) : 6;
         for (int b = qkv ? 3 : 2; b >= 1 && !st; b--)
             for (int s = qkv && b == 3 ? top : 6; s >= 3 && !st; s--)
@@ -392,7 +398,8 @@ static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, flo
 {
     int grid = 0;
     if (mode == (FG_NORM | FG_ROPE) && bias && (uintptr_t)bias % 4 == 0) mode |= FG_BIAS;
-    const int st = plan(mode, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(mode, m, k), rp, &grid);
+    const int op = op_class(mode, m, k);
+    const int st = plan(mode, op, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(op), rp, &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
     switch (mode) {
     case 0: return launch_st<0>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
