@@ -119,33 +119,52 @@ static int32_t argmax(const float *l, int n)
     return best;
 }
 
-/* Appends n tokens to the sequence in one step. next == NULL: the logits of the last one in
- * e->logits; else its greedy successor in *next, drawn by the backend's sampler when
- * e->sample_dev (only the id crosses), else chosen from the logits on the host. */
-static int bench_feed(bench_env *e, const int32_t *tokens, int n, int32_t *next, sf_error *err)
+/* A step appending n tokens to the sequence: its batch, over the caller's pos and slot [n]. */
+typedef struct bench_step {
+    int32_t ss[2], ctx[1], row[1];
+    sf_batch b;
+} bench_step;
+
+static int bench_batch(bench_env *e, const int32_t *tokens, int n, int32_t *pos, int32_t *slot, bench_step *st,
+                       sf_error *err)
 {
-    int32_t pos[n], slot[n], ss[2] = { 0, n }, ctx[1], row[1] = { n - 1 };
     int bs = e->kc.block_size;
     if (e->len + n > e->max_blocks * bs) return sf_err(err, SF_EINVAL, "bench: context of %d tokens exceeded", e->max_blocks * bs);
     for (int i = 0; i < n; i++) {
         pos[i] = e->len + i;
         slot[i] = e->blocks[pos[i] / bs] * bs + pos[i] % bs;
     }
-    ctx[0] = e->len + n;
-    sf_batch b = { .n_tokens = n, .n_seqs = 1, .tokens = tokens, .pos = pos, .slot = slot, .seq_start = ss,
-                   .seq_ctx = ctx, .block_table = e->blocks, .max_blocks = e->max_blocks, .logit_rows = row, .n_logits = 1 };
-    int rc;
+    st->ss[0] = 0;
+    st->ss[1] = n;
+    st->ctx[0] = e->len + n;
+    st->row[0] = n - 1;
+    st->b = (sf_batch){ .n_tokens = n, .n_seqs = 1, .tokens = tokens, .pos = pos, .slot = slot, .seq_start = st->ss,
+                        .seq_ctx = st->ctx, .block_table = e->blocks, .max_blocks = e->max_blocks,
+                        .logit_rows = st->row, .n_logits = 1 };
+    return SF_OK;
+}
+
+static const sf_sample_row bench_greedy = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
+
+/* Appends n tokens to the sequence in one step. next == NULL: the logits of the last one in
+ * e->logits; else its greedy successor in *next, drawn by the backend's sampler when
+ * e->sample_dev (only the id crosses), else chosen from the logits on the host. */
+static int bench_feed(bench_env *e, const int32_t *tokens, int n, int32_t *next, sf_error *err)
+{
+    int32_t pos[n], slot[n];
+    bench_step st;
+    int rc = bench_batch(e, tokens, n, pos, slot, &st, err);
+    if (rc) return rc;
     if (next && e->sample_dev) {
-        sf_sample_row greedy = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
-        sf_forward_sample smp = { .rows = &greedy, .ids = next };
+        sf_forward_sample smp = { .rows = &bench_greedy, .ids = next };
         /* under TP rank 0 draws on its GPU from the gathered rows: only the id crosses PCIe */
-        rc = e->tp ? sf_tp_step_sample(e->tp, &b, &smp, err) : sf_forward_step_sample(e->f, &b, &smp, err);
+        rc = e->tp ? sf_tp_step_sample(e->tp, &st.b, &smp, err) : sf_forward_step_sample(e->f, &st.b, &smp, err);
         if (rc == SF_EUNSUPPORTED) { /* the sampler declined: the step ran, its logits are there */
             rc = sf_forward_read_logits(e->tp ? sf_tp_forward(e->tp) : e->f, 1, e->logits, err);
             if (rc == SF_OK) *next = argmax(e->logits, e->m->cfg.vocab_size);
         }
     } else {
-        rc = e->tp ? sf_tp_step(e->tp, &b, e->logits, err) : sf_forward_step(e->f, &b, e->logits, err);
+        rc = e->tp ? sf_tp_step(e->tp, &st.b, e->logits, err) : sf_forward_step(e->f, &st.b, e->logits, err);
         if (rc == SF_OK && next) *next = argmax(e->logits, e->m->cfg.vocab_size);
     }
     if (rc == SF_OK) e->len += n;
@@ -158,16 +177,13 @@ static int bench_feed(bench_env *e, const int32_t *tokens, int n, int32_t *next,
  * backend (sf_batch.src_row) — the engine's async loop (engine/step.c) — and tok only a stand-in. */
 static int bench_launch(bench_env *e, int32_t tok, int from_draw, int32_t *id, sf_error *err)
 {
-    int32_t pos[1] = { e->len }, slot[1], ss[2] = { 0, 1 }, ctx[1] = { e->len + 1 }, row[1] = { 0 }, src[1] = { 0 };
-    int bs = e->kc.block_size;
-    if (e->len + 1 > e->max_blocks * bs) return sf_err(err, SF_EINVAL, "bench: context of %d tokens exceeded", e->max_blocks * bs);
-    slot[0] = e->blocks[e->len / bs] * bs + e->len % bs;
-    sf_batch b = { .n_tokens = 1, .n_seqs = 1, .tokens = &tok, .pos = pos, .slot = slot, .seq_start = ss, .seq_ctx = ctx,
-                   .block_table = e->blocks, .max_blocks = e->max_blocks, .logit_rows = row, .n_logits = 1,
-                   .src_row = from_draw ? src : NULL };
-    sf_sample_row greedy = { .temperature = 0, .top_p = 1, .repetition_penalty = 1 };
-    sf_forward_sample smp = { .rows = &greedy, .ids = id };
-    int rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, err) : sf_forward_launch_sample(e->f, &b, &smp, err);
+    int32_t pos[1], slot[1], src[1] = { 0 };
+    bench_step st;
+    int rc = bench_batch(e, &tok, 1, pos, slot, &st, err);
+    if (rc) return rc;
+    st.b.src_row = from_draw ? src : NULL;
+    sf_forward_sample smp = { .rows = &bench_greedy, .ids = id };
+    rc = e->tp ? sf_tp_launch_sample(e->tp, &st.b, &smp, err) : sf_forward_launch_sample(e->f, &st.b, &smp, err);
     if (rc == SF_OK) rc = e->tp ? sf_tp_wait_sample(e->tp, err) : sf_forward_wait_sample(e->f, err);
     if (rc == SF_OK) e->len++;
     return rc;
