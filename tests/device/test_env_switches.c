@@ -104,8 +104,8 @@ TEST(attention_switches_read_once)
 
 /* The persistent-warp GEMV's forced configurations, read once at its first launch: a malformed
  * SEMFLOW_CUDA_GEMV_CFG and a malformed entry of SEMFLOW_CUDA_GEMV_PLAN ("o=25x": trailing
- * characters) warn by name; the well-formed entry beside it is taken without a word, and the
- * GEMV still runs. */
+ * characters; "lm=26": no such op) warn by name; the well-formed entries beside them are taken
+ * without a word, and the GEMV still runs. */
 TEST(gemv_plan_refuses_junk)
 {
     enum { M = 64, K = 64 };
@@ -116,7 +116,7 @@ TEST(gemv_plan_refuses_junk)
     cudaMemset(x, 0, K * 2);
     cudaMemset(w, 0, M * K * 2);
     setenv("SEMFLOW_CUDA_GEMV_CFG", "99", 1);
-    setenv("SEMFLOW_CUDA_GEMV_PLAN", "qkv=33,o=25x", 1);
+    setenv("SEMFLOW_CUDA_GEMV_PLAN", "qkv=33,head=26,lm=26,o=25x", 1);
     capture_begin();
     int rc = sf_k_gemv_stream_plain(x, w, NULL, M, K, y, 0);
     if (!rc) rc = (int)cudaDeviceSynchronize();
@@ -124,6 +124,8 @@ TEST(gemv_plan_refuses_junk)
     CHECK_MSG(rc == 0, "the GEMV failed: %s", cudaGetErrorString((cudaError_t)rc));
     CHECK_MSG(strstr(log, "SEMFLOW_CUDA_GEMV_CFG=99"), "log: %.400s", log);
     CHECK_MSG(strstr(log, "SEMFLOW_CUDA_GEMV_PLAN: 'o=25x'") && !strstr(log, "'qkv=33'"), "log: %.400s", log);
+    /* the lm_head's class is named head; an op of no class is refused by name */
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_GEMV_PLAN: 'lm=26'") && !strstr(log, "'head=26'"), "log: %.400s", log);
     unsetenv("SEMFLOW_CUDA_GEMV_CFG");
     unsetenv("SEMFLOW_CUDA_GEMV_PLAN");
     cudaFree(x);
