@@ -118,7 +118,20 @@ typedef struct cuda_ctx {
     int samp_defer;     /* sample_defer: draws stay queued until sample_take */
     char *samp_h2;      /* deferred: the pinned memory of every other draw (the one before may
                          * still be on its way to the device) */
+    /* samp_h's and samp_h2's device addresses (NULL: copies instead): the draw reads its rows
+     * from there when it has no penalties and writes its ids there, where two copies in the
+     * stream cost ~10 us a step (SEMFLOW_CUDA_DRAW_MAPPED=0: the copies) */
+    char *samp_hd, *samp_h2d;
     int samp_flip;
+    /* The last draw's ids are in the token slots at meta_d's start too (draw_in_tokens of them):
+     * a next step whose tokens are those rows, in order, copies its metadata past them and no
+     * tokens (a copy in the stream each, ~5 us a step). With as many tokens as the draw had
+     * rows that copy runs on s_meta (NULL: on s) once the forward pass before it, which reads
+     * the metadata, is done (fwd_done, recorded by the draw after it: fwd_ready), beside the
+     * draw rather than after it (SEMFLOW_CUDA_META_SIDE=0: on s). */
+    int draw_in_tokens, fwd_ready;
+    cudaStream_t s_meta;
+    cudaEvent_t fwd_done;
     const int32_t *last_ids_d; /* the last draw's ids on the device (sf_batch.src_row), n_last */
     int n_last;
     /* the device's idle gap after each draw (sf_backend_stats.idle_after_draw_*): event pairs
@@ -293,6 +306,8 @@ static void cuda_destroy(sf_backend *b)
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 2 && c->gap_ev[0][0]; j++) cudaEventDestroy(c->gap_ev[i][j]);
         cudaFree(c->samp_d);
+        if (c->fwd_done) cudaEventDestroy(c->fwd_done);
+        if (c->s_meta) cudaStreamDestroy(c->s_meta);
         if (c->s) cudaStreamDestroy(c->s);
         free(c);
     }
@@ -748,10 +763,21 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     size_t used = 0;
     if ((rc = plan_meta(c, bt, c->meta_h, c->meta_d, META_INTS, &used))) return rc;
     if (c->gap_open) gap_mark(c, 1); /* the device's first work of the step comes next */
-    cudaError_t e = cudaMemcpyAsync(c->meta_d, c->meta_h, used * 4, cudaMemcpyHostToDevice, c->s);
-    if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, c->s);
+    int drawn = bt->src_row && c->draw_in_tokens >= T;
+    for (int t = 0; t < T && drawn; t++) drawn = bt->src_row[t] == t;
+    const size_t skip = drawn ? (size_t)T : 0; /* the token slots the draw filled */
+    /* beside the draw only when it wrote no more ids than the step has tokens: past them the
+     * copy writes the positions */
+    const int side = drawn && c->draw_in_tokens == T && c->s_meta && c->fwd_ready;
+    cudaStream_t ms = side ? c->s_meta : c->s;
+    cudaError_t e = side ? cudaStreamWaitEvent(ms, c->fwd_done, 0) : cudaSuccess;
+    c->draw_in_tokens = c->fwd_ready = 0;
+    if (e == cudaSuccess && used > skip)
+        e = cudaMemcpyAsync(c->meta_d + skip, c->meta_h + skip, (used - skip) * 4, cudaMemcpyHostToDevice, ms);
+    if (e == cudaSuccess) e = cudaEventRecord(c->meta_done, ms);
+    if (e == cudaSuccess && side) e = cudaStreamWaitEvent(c->s, c->meta_done, 0);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
-    if (bt->src_row && (rc = tokens_from_draw(c, bt))) return rc;
+    if (bt->src_row && !drawn && (rc = tokens_from_draw(c, bt))) return rc;
     /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
     int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split + ((int64_t)c->dec_kernel << 16),
                                   2 * (int64_t)c->n_tiles + c->step_i8 + ((int64_t)c->n_dec << 32) };
@@ -1161,6 +1187,7 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     }
     int rc = step_end(c);
     if (rc) return rc;
+    c->fwd_ready = c->s_meta && cudaEventRecord(c->fwd_done, c->s) == cudaSuccess;
     if (!c->samp_defer) c->n_draws = 0; /* a draw never waited for is dropped */
     if (c->n_draws == 2) return op_fail(SF_EINVAL, "sample", "two draws are queued already: sample_take one first");
     char *h = c->samp_defer && c->samp_flip ? c->samp_h2 : c->samp_h;
@@ -1176,14 +1203,21 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     if (n == 0) return SF_OK;
     memcpy(h, rows, (size_t)n * sizeof *rows);
     if (n_pen) memcpy(h + o_pen, pen, (size_t)n_pen * sizeof *pen);
-    cudaError_t e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
+    /* mapped: the rows read where the host wrote them (penalty entries, read in every pass, are
+     * copied) and the ids written straight back */
+    char *hd = h == c->samp_h ? c->samp_hd : c->samp_h2d;
+    cudaError_t e = cudaSuccess;
+    if (!hd || n_pen) e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
     if (e != cudaSuccess) return kcheck(e, "sample");
-    rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)c->samp_d,
+    const char *rows_at = hd && !n_pen ? hd : c->samp_d;
+    rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)rows_at,
                             (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
-                            (int32_t *)(c->samp_d + o_ids), c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, c->s),
+                            (int32_t *)(c->samp_d + o_ids), hd ? (int32_t *)(hd + o_ids) : NULL, c->meta_d,
+                            c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, c->s),
                 "sample");
     if (rc) return rc;
-    e = cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
+    c->draw_in_tokens = n;
+    if (!hd) e = cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
     if (e == cudaSuccess && c->samp_defer) e = cudaEventRecord(d->done, c->s);
     if (e == cudaSuccess) gap_mark(c, 0);
     step_enqueued(c, 1);
@@ -1222,13 +1256,27 @@ static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, co
     return rc ? rc : cuda_sample_wait(b);
 }
 
+/* The device address of pinned host memory, NULL where the device cannot map it. */
+static char *host_mapped(char *h)
+{
+    void *d = NULL;
+    if (cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
+        cudaGetLastError();
+        SF_LOGD("cuda backend: pinned memory not mapped into the device: the draw copies its rows and ids");
+        return NULL;
+    }
+    return (char *)d;
+}
+
 /* Async scheduling (hal.h): the second pinned half and the draws' events, made on first use. */
 static int cuda_sample_defer(sf_backend *b, int on)
 {
     cuda_ctx *c = CTX(b);
     if (c->n_draws) return op_fail(SF_EINVAL, "sample_defer", "draws are queued: take them first");
     if (on && !c->samp_h2) {
-        cudaError_t e = cudaHostAlloc((void **)&c->samp_h2, SAMPLE_BYTES, cudaHostAllocDefault);
+        cudaError_t e = cudaHostAlloc((void **)&c->samp_h2, SAMPLE_BYTES, cudaHostAllocMapped);
+        if (e == cudaSuccess && c->samp_hd) c->samp_h2d = host_mapped(c->samp_h2);
+        if (e == cudaSuccess && c->samp_hd && !c->samp_h2d) c->samp_hd = NULL; /* both or neither */
         for (int i = 0; i < 2 && e == cudaSuccess; i++)
             if (!c->draw[i].done) e = cudaEventCreateWithFlags(&c->draw[i].done, cudaEventDisableTiming);
         if (e != cudaSuccess) return kcheck(e, "sample_defer");
@@ -1416,8 +1464,13 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     SF_CUDA_GOTO(cudaHostAlloc((void **)&c->meta_h, META_INTS * 4, cudaHostAllocDefault), err, rc);
     if ((rc = dmalloc(c, (void **)&c->meta_d, META_INTS * 4, "batch metadata", err))) goto cleanup;
     SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming), err, rc);
+    if (sf_env_bool("SEMFLOW_CUDA_META_SIDE", 1)) {
+        SF_CUDA_GOTO(cudaStreamCreateWithFlags(&c->s_meta, cudaStreamNonBlocking), err, rc);
+        SF_CUDA_GOTO(cudaEventCreateWithFlags(&c->fwd_done, cudaEventDisableTiming), err, rc);
+    }
     if ((rc = dmalloc(c, (void **)&c->inv_freq_d, sizeof c->inv_freq_h, "RoPE frequencies", err))) goto cleanup;
-    SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocDefault), err, rc);
+    SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocMapped), err, rc);
+    if (sf_env_bool("SEMFLOW_CUDA_DRAW_MAPPED", 1)) c->samp_hd = host_mapped(c->samp_h);
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     /* the op's scratch at the end: its counters start (and stay) at zero */
     SF_CUDA_GOTO(cudaMemset(c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, 0, SF_K_SAMPLE_SCRATCH), err, rc);

@@ -6,14 +6,21 @@ over the layers of the newest whole steps; µs). Usage: b1trace.py FILE [HBM_GB_
 import statistics
 import sys
 
-GEMV, ATTN = 16, 64
+GEMV, ATTN, SAMPLE, EMBED = 16, 64, 80, 81
 FG_NORM, FG_GLU, FG_ADD, FG_ROPE = 1, 2, 4, 8
+HEAD_ROWS = 32768  # a norm GEMV of more rows is an lm_head (gemv_stream.cu)
 
 
 def kind(tag, m, k):
     if tag == ATTN:
         return "attn"
+    if tag == SAMPLE:
+        return "draw"
+    if tag == EMBED:
+        return "embed"
     mode = tag - GEMV
+    if mode == FG_NORM and m > HEAD_ROWS:
+        return "lm_head"
     if mode & FG_ROPE or mode == FG_NORM:
         return "qkv"
     if mode & FG_GLU:
@@ -65,11 +72,16 @@ def main():
             i += 1
     rows = {kd: [] for kd in seq}
     layer_us, edge_us, edge_qkv_us, step_us, step_layers = [], [], [], [], []
+    edge_parts = {}  # what runs between a step's last layer and the next step's first QKV
     first = 0  # index of the current step's first layer
     for j in range(1, len(layers)):
         prev = layers[j - 1][4]
         if layers[j][0]["start"] - prev["end"] > 20000:  # a new step (lm_head and sampling between)
             edge_us.append((layers[j][0]["start"] - prev["end"]) / 1e3)
+            for x in inst:
+                if x["kind"] in ("lm_head", "draw", "embed") and prev["end"] - 50000 < x["start"] < layers[j][0]["start"]:
+                    for f in ("start", "wait1", "end"):
+                        edge_parts.setdefault((x["kind"], f), []).append((x[f] - prev["end"]) / 1e3)
             edge_qkv_us.append((layers[j][0]["end"] - layers[j][0]["start"]) / 1e3)
             if first > 0:  # a whole step: from its first QKV block to the next step's
                 step_us.append((layers[j][0]["start"] - layers[first][0]["start"]) / 1e3)
@@ -118,6 +130,12 @@ def main():
         print("step edge: %.2f us (median of %d) from a step's last layer's end to the next step's first QKV block: the"
               " lm_head, the draw, the copies, the embedding; that first QKV then takes %.2f us (start to end)" % (
                   med(edge_us), len(edge_us), med(edge_qkv_us)))
+    if edge_parts:
+        print("  in it (us after the last layer's end; medians): " + ", ".join(
+            "%s %.2f..%.2f (past its wait %.2f)" % (kd, med(edge_parts[(kd, "start")]), med(edge_parts[(kd, "end")]),
+                                                   med(edge_parts[(kd, "wait1")]))
+            for kd in ("lm_head", "draw", "embed") if (kd, "start") in edge_parts) +
+            "; the next QKV's first block at %.2f" % med(edge_us))
     if step_us:
         print("step: %.1f us (median of %d, %d layers) = %d x the layer median + %.1f us" % (
             med(step_us), len(step_us), med(step_layers), med(step_layers), med(step_us) - med(step_layers) * med(layer_us)))

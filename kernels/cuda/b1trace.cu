@@ -14,6 +14,8 @@ extern "C" {
 /* the traced files' setters (SF_TR_SETTER) */
 extern "C" int sf_k_gemv_stream_trace(void *buf);
 extern "C" int sf_k_attn_decode_trace(void *buf);
+extern "C" int sf_k_sample_trace(void *buf);
+extern "C" int sf_k_embed_trace(void *buf);
 
 struct sf_k_trace {
     sf_tr_rec *d;
@@ -25,6 +27,8 @@ static int set_all(void *buf)
 {
     int rc = sf_k_gemv_stream_trace(buf);
     if (!rc) rc = sf_k_attn_decode_trace(buf);
+    if (!rc) rc = sf_k_sample_trace(buf);
+    if (!rc) rc = sf_k_embed_trace(buf);
     return rc;
 }
 

@@ -31,6 +31,8 @@ struct sf_tr_rec {
 /* Tags: the persistent-warp GEMVs are SF_TR_GEMV + their mode bits (gemv_ring.cuh FG_*). */
 #define SF_TR_GEMV 16
 #define SF_TR_ATTN 64
+#define SF_TR_SAMPLE 80 /* the draw (sample.cu): m = vocabulary, k = parts per row */
+#define SF_TR_EMBED 81  /* the embedding gather (embed.cu): m = row width, k = rows */
 
 static __constant__ sf_tr_rec *tr_buf; /* this file's copy (NULL: off) */
 

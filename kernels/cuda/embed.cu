@@ -2,6 +2,7 @@
  * Grid (output row, chunk of EM_THREADS x EM_UNROLL 16-byte vectors): each thread issues its
  * EM_UNROLL loads before its stores, so a 4096-wide row is one block with every load in flight
  * at once. Rows that do not allow 16-byte copies take the element-wise kernel. */
+#include "b1trace.cuh"
 #include "common.cuh"
 
 #define EM_THREADS 128
@@ -26,6 +27,11 @@ __global__ void __launch_bounds__(EM_THREADS) k_gather_rows_vec(const bf16 *__re
                                                                 int64_t n_src, const int32_t *__restrict__ idx,
                                                                 int64_t dv, bf16 *__restrict__ dst, int64_t ld_dst)
 {
+    __shared__ sf_tr tr;
+    tr_begin(tr);
+    /* the kernel after it (a batch-1 step's QKV projection) may start and stream its weights:
+     * it reads the row only after its programmatic wait (1.7-2.6 us a step, traced) */
+    sf_pdl_trigger();
     const int64_t r = idx[blockIdx.x];
     bf16x8 *o = (bf16x8 *)(dst + blockIdx.x * ld_dst);
     const int64_t c0 = (int64_t)blockIdx.y * EM_THREADS * EM_UNROLL + threadIdx.x;
@@ -43,7 +49,10 @@ __global__ void __launch_bounds__(EM_THREADS) k_gather_rows_vec(const bf16 *__re
         int64_t c = c0 + u * EM_THREADS;
         if (c < dv) o[c] = v[u];
     }
+    tr_end(tr, SF_TR_EMBED, (int)(dv * 8), gridDim.x);
 }
+
+SF_TR_SETTER(sf_k_embed_trace)
 
 static int gather(const bf16 *src, int64_t ld_src, int64_t n_src, const int32_t *idx, int n, int64_t d, bf16 *dst,
                   int64_t ld_dst, cudaStream_t s)

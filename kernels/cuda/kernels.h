@@ -303,11 +303,13 @@ typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen
  * row, or, for a few rows (greedy, temperature alone, top-k, top-p, min-p), a row over several
  * blocks (scratch, NULL: never); the semantics of hal.h's sf_sample_row. pen_val: n_pen floats
  * of scratch (the penalized logits). vocab <= SF_K_SAMPLE_MAX_VOCAB; penalty ids in [0,
- * vocab), distinct per row (the host checks both). Launches on s one after another (the
- * counters are shared). */
+ * vocab), distinct per row (the host checks both). The ids are also written, where given (NULL:
+ * not), into pinned host memory (ids_host, its device address; there once the launch is seen to
+ * end) and into ids_next (the next step's token slots); rows may be pinned host memory too (each
+ * block reads its row once). Launches on s one after another (the counters are shared). */
 int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
-                const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, void *scratch,
-                cudaStream_t s);
+                const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, int32_t *ids_host,
+                int32_t *ids_next, void *scratch, cudaStream_t s);
 
 #ifdef __cplusplus
 }

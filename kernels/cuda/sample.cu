@@ -16,6 +16,7 @@
 #include <climits>
 
 #include "../sample_draw.h"
+#include "b1trace.cuh"
 #include "common.cuh"
 
 #define NT 1024
@@ -762,14 +763,31 @@ static __device__ RowCtx split_ctx(Row &r, int P, char *rows_ws)
     return RowCtx{ (unsigned *)ctx, (u64 *)(ctx + 64), (u64 *)(ctx + 64) + ROW_SLOTS, P, 0, 0, (u64 *)(ctx - SPLIT_CAND_BYTES) };
 }
 
+/* Where a row's id goes: the device's ids (a later step may take its token from there); when
+ * given, the host's pinned ids (h, mapped), whose writes reach the host before the launch is
+ * seen to end, and the next step's token slots (next: a decode step whose rows follow the
+ * draw's row for row finds its tokens there). The copies they replace cost ~5 us each a step. */
+struct IdsOut {
+    int32_t *d, *h, *next;
+};
+static __device__ __forceinline__ void put_id(const IdsOut &o, int row, int id)
+{
+    o.d[row] = id;
+    if (o.next) o.next[row] = id;
+    if (o.h) {
+        o.h[row] = id;
+        __threadfence_system();
+    }
+}
+
 /* Part 0 writes the id; the last part of the row to get here (every part has read every slot
  * by then) leaves the row's slots, histograms and counter at zero for the next launch. */
-static __device__ void split_done(RowCtx &rc, unsigned *cnt, int32_t *ids, int id, Shared &sh)
+static __device__ void split_done(RowCtx &rc, unsigned *cnt, IdsOut ids, int id, Shared &sh)
 {
     const int row = blockIdx.x;
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (blockIdx.y == 0) ids[row] = id;
+        if (blockIdx.y == 0) put_id(ids, row, id);
         sh.sel = atomicAdd(&cnt[row], 1u) == (unsigned)rc.P - 1;
     }
     __syncthreads();
@@ -780,7 +798,7 @@ static __device__ void split_done(RowCtx &rc, unsigned *cnt, int32_t *ids, int i
 }
 
 static __device__ __noinline__ void split_row(Row r, int kind, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
-                                 int32_t *ids, Shared &sh)
+                                 IdsOut ids, Shared &sh)
 {
     const int tid = threadIdx.x, slot = TOPK_CAP / P;
     RowCtx rc = split_ctx(r, P, rows_ws);
@@ -896,7 +914,7 @@ static __device__ int draw_truncated(const Row &r, const sf_k_sample_row &p, uin
  * cannot gather it; they run the one-block path's passes together instead (RowCtx), each over
  * its ids, every reduction and histogram the row's. */
 static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, int P, unsigned *cnt, char *rows_ws,
-                                                int32_t *ids, Shared &sh)
+                                                IdsOut ids, Shared &sh)
 {
     RowCtx rc = split_ctx(r, P, rows_ws);
     FirstPass f1 = { r.inv_t, -INFINITY, INT_MAX, 0 };
@@ -920,12 +938,11 @@ static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, 
 /* SPLIT: the instance for launches of P > 1 parts per row (the one-part instance carries none of
  * split_row's registers) */
 template <bool SPLIT>
-__global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
-                                               const sf_k_sample_pen *pen, float *pen_val, int32_t *ids, int P,
-                                               unsigned *cnt, char *rows_ws)
+static __device__ __forceinline__ void sample_rows(const bf16 *logits, int64_t ld, int vocab,
+                                                   const sf_k_sample_row *rows, const sf_k_sample_pen *pen,
+                                                   float *pen_val, IdsOut ids, int P,
+                                                   unsigned *cnt, char *rows_ws, uint32_t *bits, Shared &sh)
 {
-    extern __shared__ uint32_t bits[];
-    __shared__ Shared sh;
     const sf_k_sample_row p = rows[blockIdx.x];
     const bool greedy = p.temperature <= 0 || p.top_k == 1;
     /* a row split over the launch's P parts: greedy, temperature alone, top-k (k x P <= TOPK_CAP),
@@ -976,7 +993,7 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         block_best(pp.d.v, pp.d.i, sh);
         if (threadIdx.x == 0) {
             int first = pp.f.i == INT_MAX ? 0 : pp.f.i;
-            ids[blockIdx.x] = pp.d.i == INT_MAX ? first : pp.d.i;
+            put_id(ids, blockIdx.x, pp.d.i == INT_MAX ? first : pp.d.i);
         }
         return;
     }
@@ -986,7 +1003,7 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     int n_valid = (int)block_sum_u64((u64)f1.n, sh);
     int first = f1.i == INT_MAX ? 0 : f1.i;
     if (greedy || n_valid == 0) {
-        if (threadIdx.x == 0) ids[blockIdx.x] = first;
+        if (threadIdx.x == 0) put_id(ids, blockIdx.x, first);
         return;
     }
     r.m = f1.v;
@@ -998,7 +1015,7 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
     if (p.top_k > 0 && p.top_k < n_valid) {
         if (p.top_k <= TOPK_CAP && top_k_bins(r, p.top_k, sh)) { /* the set gathered by bins */
             const int id = finish_set(r, p, p.top_k, sh);
-            if (threadIdx.x == 0) ids[blockIdx.x] = id == INT_MAX ? first : id;
+            if (threadIdx.x == 0) put_id(ids, blockIdx.x, id == INT_MAX ? first : id);
             return;
         }
         uint32_t tk = radix_select<0>(r, (u64)p.top_k, 0, &above, sh);
@@ -1013,13 +1030,28 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
         have_zk = true;
         if (p.top_k <= TOPK_CAP) {
             int id = small_top_k(r, p, t, c, sh);
-            if (threadIdx.x == 0) ids[blockIdx.x] = id == INT_MAX ? first : id;
+            if (threadIdx.x == 0) put_id(ids, blockIdx.x, id == INT_MAX ? first : id);
             return;
         }
     }
     const int id = draw_truncated(r, p, t, c, zk, have_zk, first, sh, nullptr);
-    if (threadIdx.x == 0) ids[blockIdx.x] = id;
+    if (threadIdx.x == 0) put_id(ids, blockIdx.x, id);
 }
+
+template <bool SPLIT>
+__global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
+                                               const sf_k_sample_pen *pen, float *pen_val, IdsOut ids, int P,
+                                               unsigned *cnt, char *rows_ws)
+{
+    extern __shared__ uint32_t bits[];
+    __shared__ Shared sh;
+    __shared__ sf_tr tr;
+    tr_begin(tr);
+    sample_rows<SPLIT>(logits, ld, vocab, rows, pen, pen_val, ids, P, cnt, rows_ws, bits, sh);
+    tr_end(tr, SF_TR_SAMPLE, vocab, P);
+}
+
+SF_TR_SETTER(sf_k_sample_trace)
 
 /* Blocks of the split instance an SM holds with smem bytes of bitmap (0 when it cannot be read),
  * asked once per device and size: a step calls the op with one of two sizes (no penalties, or
@@ -1048,10 +1080,11 @@ static int split_blocks_per_sm(size_t smem)
 }
 
 extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
-                           const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, void *scratch,
-                           cudaStream_t s)
+                           const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids_d, int32_t *ids_host,
+                           int32_t *ids_next, void *scratch, cudaStream_t s)
 {
     if (n <= 0) return 0;
+    const IdsOut ids = { ids_d, ids_host, ids_next };
     if (vocab <= 0 || vocab > SF_K_SAMPLE_MAX_VOCAB) return (int)cudaErrorInvalidValue;
     size_t smem = n_pen > 0 ? (size_t)(vocab + 31) / 32 * 4 : 0;
     /* parts per row: at least one sweep of the block's loads each (NT * VW ids), no more blocks
@@ -1075,7 +1108,8 @@ extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab,
         cfg.attrs = at;
         cfg.numAttrs = 1;
         const cudaError_t e = cudaLaunchKernelEx(&cfg, k_sample<true>, (const bf16 *)logits, ld, vocab, rows, pen,
-                                                 pen_val, ids, P, (unsigned *)scratch, (char *)scratch + head_bytes);
+                                                 pen_val, ids, P, (unsigned *)scratch,
+                                                 (char *)scratch + head_bytes);
         if (e == cudaSuccess) return 0;
         cudaGetLastError(); /* refused (not all resident, or no cooperative launch here): one block per row */
     }

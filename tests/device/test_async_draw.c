@@ -41,15 +41,15 @@ static void runner_close(runner *r)
     sf_backend_close(r->b);
 }
 
-/* The batch of one token for each of the S sequences at position pos, sequence order[i] in row
- * i (sequence s owns KV block 2 s + 1). */
+/* The batch of one token for each of the first n of the S sequences at position pos, sequence
+ * order[i] in row i (sequence s owns KV block 2 s + 1). */
 typedef struct step_meta {
     int32_t tok[S], pos[S], slot[S], start[S + 1], ctx[S], table[S * 2], rows[S], src[S];
 } step_meta;
 
-static sf_batch make_batch(step_meta *m, const int *order, int pos, const int32_t *tok, const int32_t *src)
+static sf_batch make_batch_n(step_meta *m, int n, const int *order, int pos, const int32_t *tok, const int32_t *src)
 {
-    for (int i = 0; i < S; i++) {
+    for (int i = 0; i < n; i++) {
         int s = order[i];
         m->tok[i] = tok ? tok[i] : 0;
         m->pos[i] = pos;
@@ -61,10 +61,15 @@ static sf_batch make_batch(step_meta *m, const int *order, int pos, const int32_
         m->rows[i] = i;
         m->src[i] = src ? src[i] : -1;
     }
-    m->start[S] = S;
-    return (sf_batch){ .n_tokens = S, .n_seqs = S, .tokens = m->tok, .pos = m->pos, .slot = m->slot,
+    m->start[n] = n;
+    return (sf_batch){ .n_tokens = n, .n_seqs = n, .tokens = m->tok, .pos = m->pos, .slot = m->slot,
                        .seq_start = m->start, .seq_ctx = m->ctx, .block_table = m->table, .max_blocks = 2,
-                       .logit_rows = m->rows, .n_logits = S, .src_row = src ? m->src : NULL };
+                       .logit_rows = m->rows, .n_logits = n, .src_row = src ? m->src : NULL };
+}
+
+static sf_batch make_batch(step_meta *m, const int *order, int pos, const int32_t *tok, const int32_t *src)
+{
+    return make_batch_n(m, S, order, pos, tok, src);
 }
 
 /* Greedy rows and seeded draws at temperature 0.8, draw `step`. */
@@ -140,6 +145,50 @@ TEST(step_from_queued_draw_equals_host_tokens)
     runner_close(&r);
 }
 
+/* Decode steps whose tokens are the draw's rows in order (the common case): the draw also wrote
+ * its ids into the token slots, and the step copies its metadata past them, beside the draw
+ * when it has as many tokens as the draw had rows, after it when fewer (two sequences leave).
+ * Four steps queued two deep, against the same steps fed their tokens from the host. */
+TEST(steps_in_row_order_from_the_draw)
+{
+    sf_error err = { 0 };
+    runner r;
+    REQUIRE(runner_open(&r, &err) == SF_OK, "%s", err.msg);
+    const struct sf_backend_ops *o = r.b->ops;
+    enum { N = 4 };
+    static const int n_of[N] = { S, S, S - 2, S - 2 };
+    int32_t first[S], ids[N][S], ref[N][S], tok[S], src[S];
+    sf_sample_row rows[N][S];
+    step_meta m[N];
+    for (int i = 0; i < S; i++) first[i] = 3 + 29 * i % (M->cfg.vocab_size - 3), src[i] = i;
+    for (int k = 0; k < N; k++) {
+        sample_rows(rows[k], k);
+        for (int i = 0; i < S; i++) ids[k][i] = ref[k][i] = -7;
+    }
+    REQUIRE(o->sample_defer(r.b, 1) == SF_OK, "sample_defer on");
+    for (int k = 0; k < N; k++) {
+        sf_batch b = make_batch_n(&m[k], n_of[k], ORDER_A, k, k ? NULL : first, k ? src : NULL);
+        sf_forward_sample sk = { .rows = rows[k], .ids = ids[k] };
+        REQUIRE(sf_forward_launch_sample(r.f, &b, &sk, &err) == SF_OK, "step %d: %s", k, err.msg);
+        REQUIRE(sf_forward_wait_sample(r.f, &err) == SF_OK, "deferred wait of step %d: %s", k, err.msg);
+        if (k) REQUIRE(o->sample_take(r.b) == SF_OK, "take step %d", k - 1);
+    }
+    REQUIRE(o->sample_take(r.b) == SF_OK, "take step %d", N - 1);
+    REQUIRE(o->sample_defer(r.b, 0) == SF_OK, "sample_defer off");
+    for (int k = 0; k < N; k++) {
+        for (int i = 0; i < n_of[k]; i++) tok[i] = k ? ref[k - 1][i] : first[i];
+        sf_batch b = make_batch_n(&m[k], n_of[k], ORDER_A, k, tok, NULL);
+        sf_forward_sample sk = { .rows = rows[k], .ids = ref[k] };
+        REQUIRE(sf_forward_step_sample(r.f, &b, &sk, &err) == SF_OK, "reference step %d: %s", k, err.msg);
+    }
+    int same = 0, total = 0;
+    for (int k = 0; k < N; k++)
+        for (int i = 0; i < n_of[k]; i++) same += ids[k][i] == ref[k][i], total++;
+    printf("      %d/%d ids equal (step 3: %d %d %d %d)\n", same, total, ids[3][0], ids[3][1], ids[3][2], ids[3][3]);
+    CHECK_MSG(same == total, "%d/%d ids equal", same, total);
+    runner_close(&r);
+}
+
 TEST(token_from_a_row_the_draw_did_not_have)
 {
     sf_error err = { 0 };
@@ -172,6 +221,7 @@ int main(void)
         return 1;
     }
     RUN(step_from_queued_draw_equals_host_tokens);
+    RUN(steps_in_row_order_from_the_draw);
     RUN(token_from_a_row_the_draw_did_not_have);
     sf_model_free(M);
     return test_summary();
