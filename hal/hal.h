@@ -364,8 +364,8 @@ typedef struct sf_backend_stats {
     /* the same step on the sf_now_s clock: its batch_begin, and when its work was all enqueued
      * (0 until a step has run) */
     double last_step_begin_s, last_step_enqueued_s;
-    /* the device's own clock (events): its idle time between a draw's ids copied back and the
-     * next step's first work, summed over the steps that followed a draw, and how many */
+    /* the device's own clock (events): its idle time between a draw (its ids written back) and
+     * the next step's first work, summed over the steps that followed a draw, and how many */
     double idle_after_draw_us;
     long idle_after_draw_n;
 } sf_backend_stats;

@@ -674,9 +674,9 @@ static void cuda_host_free(sf_backend *b, void *p)
  * been checked (batch_begin). */
 static int plan_meta(cuda_ctx *c, const sf_batch *bt, int32_t *h, int32_t *d, size_t cap, size_t *used);
 
-/* The device's idle gap after a draw: its first event after the ids' copy back (end 0), its
- * second before the next step's metadata copy (end 1); read when both have run. The events are
- * made at the first draw; a full ring skips measuring until a pair is read. */
+/* The device's idle gap after a draw: its first event after the draw and its ids' way back
+ * (end 0), its second before the next step's metadata copy (end 1); read when both have run.
+ * The events are made at the first draw; a full ring skips measuring until a pair is read. */
 static void gap_mark(cuda_ctx *c, int end)
 {
     if (!c->gap_ev[0][0]) {
