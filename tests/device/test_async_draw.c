@@ -1,9 +1,10 @@
 /* test_async_draw.c — the backend side of async scheduling (hal.h sample_defer / sample_take,
  * sf_batch.src_row) on the CUDA backend with stories260K: a step whose tokens are taken on the
  * device from the draw before it, queued before that draw's ids reach the host, gives the same
- * ids as the same step fed those ids from the host; the ids of the two queued draws come back
- * in order, each to its own array; a third draw queued before one is taken, and a token taken
- * from a row the last draw did not have, are refused. Exits 77 without a GPU. */
+ * ids as the same step fed those ids from the host (rows reordered, and four steps in row order,
+ * whose tokens the draw writes into their slots itself); the ids of the two queued draws come
+ * back in order, each to its own array; a third draw queued before one is taken, and a token
+ * taken from a row the last draw did not have, are refused. Exits 77 without a GPU. */
 #include <stdlib.h>
 #include <string.h>
 
