@@ -1187,7 +1187,8 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     }
     int rc = step_end(c);
     if (rc) return rc;
-    c->fwd_ready = c->s_meta && cudaEventRecord(c->fwd_done, c->s) == cudaSuccess;
+    if (c->s_meta && (rc = kcheck(cudaEventRecord(c->fwd_done, c->s), "sample"))) return rc;
+    c->fwd_ready = c->s_meta != NULL;
     if (!c->samp_defer) c->n_draws = 0; /* a draw never waited for is dropped */
     if (c->n_draws == 2) return op_fail(SF_EINVAL, "sample", "two draws are queued already: sample_take one first");
     char *h = c->samp_defer && c->samp_flip ? c->samp_h2 : c->samp_h;

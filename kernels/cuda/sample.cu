@@ -766,7 +766,8 @@ static __device__ RowCtx split_ctx(Row &r, int P, char *rows_ws)
 /* Where a row's id goes: the device's ids (a later step may take its token from there); when
  * given, the host's pinned ids (h, mapped), whose writes reach the host before the launch is
  * seen to end, and the next step's token slots (next: a decode step whose rows follow the
- * draw's row for row finds its tokens there). The copies they replace cost ~5 us each a step. */
+ * draw's row for row finds its tokens there). The copies they replace stood in the stream around
+ * the draw (traced on the H200: 1.5 us before it, 9 between it and the next step's metadata). */
 struct IdsOut {
     int32_t *d, *h, *next;
 };
