@@ -17,18 +17,6 @@ static __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p)
     return v;
 }
 
-static __device__ __forceinline__ void st_release_gpu(unsigned *p, unsigned v)
-{
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-static __device__ __forceinline__ unsigned ld_acquire_gpu(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
 /* LL lines: 16-byte (or 8-byte) stores and loads whose 8-byte halves each arrive whole */
 static __device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v)
 {

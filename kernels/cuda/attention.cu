@@ -192,12 +192,10 @@ __global__ void __launch_bounds__(NT) k_attn(sf_k_attn a)
         if (!a.counters) return;
         /* the last block of this (token, kv head) to finish combines the partials */
         __shared__ int last;
-        __threadfence();
-        __syncthreads();
-        if (tid == 0) last = atomicAdd(&a.counters[t * Hkv + kh], 1u) == (unsigned)a.n_split - 1;
+        __syncthreads(); /* then one acq_rel count publishes the block's partials (common.cuh) */
+        if (tid == 0) last = sf_atom_add_acq_rel_gpu(&a.counters[t * Hkv + kh], 1u) == (unsigned)a.n_split - 1;
         __syncthreads();
         if (!last) return;
-        __threadfence();
         combine_group(a, t, kh, G, tid, NT, (float *)smem);
         if (tid == 0) a.counters[t * Hkv + kh] = 0; /* ready for the next launch (graph replays too) */
     }

@@ -43,12 +43,12 @@ static __device__ void sf_attn_pieces_finish(unsigned *cnt, bf16 *out, int G, in
                                              float *wsm, int *last, const Piece &piece)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = nwarps * 32;
-    __threadfence();
+    /* the block's pieces published and, for the last block, every other block's acquired by one
+     * acq_rel count (common.cuh); no fence.sc before or after it */
     __syncthreads();
-    if (tid == 0) *last = atomicAdd(cnt, 1u) == (unsigned)arrivals - 1;
+    if (tid == 0) *last = sf_atom_add_acq_rel_gpu(cnt, 1u) == (unsigned)arrivals - 1;
     __syncthreads();
     if (!*last) return;
-    __threadfence();
     for (int g = warp; g < G; g += nwarps) {
         const float *p0 = lane < np ? piece(g, lane) : NULL, *p1 = lane + 32 < np ? piece(g, lane + 32) : NULL;
         const float m0 = p0 ? __ldcg(p0 + HD) : -INFINITY, l0 = p0 ? __ldcg(p0 + HD + 1) : 0.0f;

@@ -198,6 +198,37 @@ static __device__ __forceinline__ void sf_pdl_wait(void)
 #endif
 }
 
+/* Device-scope synchronisation between blocks, as CUTLASS's barrier does it: a block's writes,
+ * then __syncthreads, then one thread's release (or acq_rel) operation publishes every write of
+ * the block (release is cumulative over the barrier); one thread's acquire, then __syncthreads,
+ * makes them visible to the whole block. No fence.sc (`__threadfence`, membar.gl) on the way. */
+static __device__ __forceinline__ unsigned sf_atom_add_acq_rel_gpu(unsigned *p, unsigned v)
+{
+    unsigned old;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+static __device__ __forceinline__ void sf_red_add_release_gpu(unsigned *p, unsigned v)
+{
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ void sf_st_relaxed_gpu(unsigned *p, unsigned v)
+{
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+static __device__ __forceinline__ unsigned sf_ld_acquire_gpu(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+static __device__ __forceinline__ unsigned sf_ld_relaxed_gpu(const unsigned *p)
+{
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
 /* 1 unless SEMFLOW_CUDA_PDL=0 (read once). */
 static inline int sf_pdl_enabled(void)
 {

@@ -309,17 +309,16 @@ static __device__ void row_sync(RowCtx &rc)
 {
     __syncthreads();
     if (threadIdx.x == 0) {
-        volatile unsigned *gen = rc.bar + 1;
-        const unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(rc.bar, 1u) == (unsigned)rc.P - 1) {
-            atomicExch(rc.bar, 0u);
-            __threadfence();
-            atomicAdd(rc.bar + 1, 1u);
+        /* release / acquire by one thread over the block's barrier (common.cuh): the arrival
+         * publishes the block's slot and histogram atomics, the last arrival acquires every
+         * part's and releases the next generation, the others acquire it */
+        const unsigned g = sf_ld_relaxed_gpu(rc.bar + 1);
+        if (sf_atom_add_acq_rel_gpu(rc.bar, 1u) == (unsigned)rc.P - 1) {
+            sf_st_relaxed_gpu(rc.bar, 0u);
+            sf_red_add_release_gpu(rc.bar + 1, 1u);
         } else {
-            while (*gen == g) __nanosleep(64);
+            while (sf_ld_acquire_gpu(rc.bar + 1) == g) __nanosleep(64);
         }
-        __threadfence();
     }
     __syncthreads();
 }
