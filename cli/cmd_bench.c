@@ -84,7 +84,7 @@ static int bench_open_seqs(const bench_opts *o, int max_tokens, int kv_tokens, i
     e->max_blocks = (kv_tokens + bs - 1) / bs;
     e->kc = (sf_kv_config){ .n_layers = c->n_layers, .n_blocks = e->max_blocks, .block_size = bs,
                             .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : c->n_kv_heads, .head_dim = c->head_dim,
-                            .dtype = SF_DT_BF16, .int8 = o->kv_i8 };
+                            .dtype = SF_DT_BF16, .int8 = o->kv_i8, .group = c->n_heads / c->n_kv_heads };
     if (o->kv_i8 && e->tp) {
         rc = sf_err(err, SF_EUNSUPPORTED, "--kv-dtype int8 is not available with tensor parallelism");
         goto fail;

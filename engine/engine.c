@@ -364,6 +364,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     sf_kv_config kc = { .n_layers = mc->n_layers, .n_blocks = 0, .block_size = c->kv_block_size,
                         .n_kv_heads = e->tp ? sf_tp_kv_heads(e->tp) : mc->n_kv_heads, .head_dim = mc->head_dim,
                         .dtype = strcmp(e->be->ops->name, "cpu") ? SF_DT_BF16 : SF_DT_F32,
+                        .group = mc->n_heads / mc->n_kv_heads,
                         /* INT8 blocks for sequences set to kv_i8 (the degrade path); tensor-parallel
                          * followers set up their caches without them, so it stays off there */
                         .int8 = !e->tp };

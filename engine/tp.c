@@ -39,7 +39,7 @@ typedef struct tp_hdr {
     uint32_t magic;
     int32_t cmd;
     int32_t T, S, max_blocks, L;
-    int32_t kv_layers, kv_blocks, kv_block_size, kv_heads, kv_head_dim, kv_dtype;
+    int32_t kv_layers, kv_blocks, kv_block_size, kv_heads, kv_head_dim, kv_dtype, kv_group;
     uint32_t payload; /* int32 values that follow */
     int64_t bench_n;  /* TP_BENCH_ALLREDUCE: elements and iterations */
     int32_t bench_iters;
@@ -355,7 +355,8 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
         }
         if (h.cmd == TP_KV_INIT) {
             sf_kv_config kc = { .n_layers = h.kv_layers, .n_blocks = h.kv_blocks, .block_size = h.kv_block_size,
-                                .n_kv_heads = h.kv_heads, .head_dim = h.kv_head_dim, .dtype = (sf_dtype)h.kv_dtype };
+                                .n_kv_heads = h.kv_heads, .head_dim = h.kv_head_dim, .dtype = (sf_dtype)h.kv_dtype,
+                                .group = h.kv_group };
             int lrc = t.b->ops->kv_init(t.b, &kc, err);
             /* every rank reports through a barrier-like all-reduce-free step: a failing rank aborts */
             if (lrc) {
@@ -618,7 +619,7 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
     tp_hdr h = { .cmd = TP_KV_INIT, .kv_layers = kc->n_layers, .kv_blocks = kc->n_blocks,
                  .kv_block_size = kc->block_size, .kv_heads = kc->n_kv_heads, .kv_head_dim = kc->head_dim,
-                 .kv_dtype = kc->dtype };
+                 .kv_dtype = kc->dtype, .kv_group = kc->group };
     int rc = send_hdr(t, &h, err);
     if (!rc && (rc = t->b->ops->kv_init(t->b, kc, err))) return dead(t, rc, err);
     if (!rc) rc = t->comm->ops->barrier(t->comm, err);

@@ -121,6 +121,8 @@ typedef struct sf_kv_config {
     sf_dtype dtype;          /* backend's choice for F32/BF16; I8 for the degrade path */
     int int8;                /* 1: INT8 blocks may be used beside full ones (scales are allocated;
                               * kv_block_bytes then includes a full block's share of them) */
+    int group;               /* query heads per kv head (0: not given); backends may choose their
+                              * attention kernels by it */
 } sf_kv_config;
 
 /* Opaque backend-owned objects. */

@@ -850,7 +850,7 @@ static int plan_meta(cuda_ctx *c, const sf_batch *bt, int32_t *h, int32_t *d, si
     if (c->attn_decode && (c->kvc.head_dim == 64 || c->kvc.head_dim == 128)) {
         /* the decode dispatcher's own choice for the kernel it will run (attention_decode.cu) */
         if (!n_tiles)
-            c->n_split = sf_k_attention_decode_plan(T, c->kvc.n_kv_heads, c->kvc.head_dim, max_ctx,
+            c->n_split = sf_k_attention_decode_plan(T, c->kvc.n_kv_heads, c->kvc.group, c->kvc.head_dim, max_ctx,
                                                     c->kvc.block_size, c->step_i8, sms, &c->dec_kernel);
     } else if (work < sms && max_ctx > 64 && !n_tiles) { /* one 64-key tile per block, up to 4 blocks per SM */
         c->n_split = SF_MIN((max_ctx + 63) / 64, (4 * sms + work - 1) / work);

@@ -491,7 +491,16 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
  * applies), "stream" (attention_decode_stream.cu where it applies), else auto;
  * SEMFLOW_CUDA_DECODE_ATTN_CFG: the tensor-core kernels' warps x 10 + ring depth (kernels.h; 42
  * by default). Read once (the launch thread is the backend's only thread). */
-enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM };
+enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
+/* One-token bf16 steps from this many keys, in groups of up to 4 query heads, take the
+ * tensor-core kernel in its B1_CFG configuration (4 warps, a 3-stage ring) rather than the
+ * lanes kernel; the planned kernel DEC_MMA_B1 says so to the launch. Measured on the H200 in the
+ * step (session 20, docs/PERFORMANCE.md): Llama-3-8B 1024 / 2048 / 4096 / 7900 keys 0.8 / 0.7 /
+ * 1.4 / 7.9% faster a token; Qwen2-7B's groups of 7 (the lanes kernel's two 4-head blocks) 1.1 /
+ * 1.7% slower at 2048 / 4096, so they keep the lanes kernel. */
+#define SF_AD_B1_MMA_MIN_CTX 1024
+#define SF_AD_B1_MMA_MAX_GROUP 4
+#define B1_CFG 43
 /* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
  * kernels' warps x ring depth: 42, 43, 23, 24), read once per process (thread-safe statics); a
  * malformed value warns and keeps auto / 42. */
@@ -516,6 +525,11 @@ static int pick(const sf_k_attn *a, int *cfg)
     if (a->rows) return DEC_STREAM; /* a subset of the tokens: only that kernel takes it */
     if (a->kernel) { /* batch_begin's plan */
         if (a->kernel == DEC_STREAM && sf_k_attention_decode_stream_ok(a)) return DEC_STREAM;
+        if (a->kernel == DEC_MMA_B1) {
+            if (!sf_k_attention_decode_mma_ok(a)) return DEC_LANES;
+            *cfg = B1_CFG;
+            return DEC_MMA;
+        }
         return a->kernel != DEC_LANES && sf_k_attention_decode_mma_ok(a) ? DEC_MMA : DEC_LANES;
     }
     if (mode == DEC_LANES || !sf_k_attention_decode_mma_ok(a)) return DEC_LANES;
@@ -534,7 +548,8 @@ static int mma_tile_keys(int cfg) { return cfg / 10 == 2 ? 32 : 64; }
  * 4 x 4096; but 60.7 against 56.4 at 256 x 192 and 109.7 against 106.1 at 512 x 192, where items
  * of 3 tiles make its per-item and per-piece work weigh), single sequences the lanes kernel. */
 #define SF_AD_STREAM_MIN_CTX 1024
-static int plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel, int *chosen)
+static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, int int8, int sms, int kernel,
+                int *chosen)
 {
     int cfg, mode = dec_mode(&cfg);
     const int work = T * (Hkv > 0 ? Hkv : 1);
@@ -543,8 +558,13 @@ static int plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, i
     if (T <= 0 || sms <= 0) return 1;
     const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;
     if (shape && mode == DEC_AUTO && T >= SF_AD_MMA_MIN_TOKENS) mode = max_ctx >= SF_AD_STREAM_MIN_CTX ? DEC_STREAM : DEC_MMA;
-    const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || T >= SF_AD_MMA_MIN_TOKENS);
-    if (mma) *chosen = DEC_MMA;
+    if (shape && mode == DEC_AUTO && T == 1 && !int8 && max_ctx >= SF_AD_B1_MMA_MIN_CTX && group >= 1 &&
+        group <= SF_AD_B1_MMA_MAX_GROUP) {
+        mode = DEC_MMA_B1;
+        cfg = B1_CFG;
+    }
+    const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || mode == DEC_MMA_B1 || T >= SF_AD_MMA_MIN_TOKENS);
+    if (mma) *chosen = mode == DEC_MMA_B1 ? DEC_MMA_B1 : DEC_MMA;
     if (shape && mode == DEC_STREAM && (kernel == DEC_STREAM || T >= SF_AD_MMA_MIN_TOKENS)) {
         *chosen = DEC_STREAM;
         /* stream kernel: enough workspace slots (two per block) for a block per resident slot;
@@ -572,9 +592,9 @@ static int plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, i
      * tiles plus one (its start: block-table and first-tile latency; its end: the merge). Pick the
      * split with the least (waves x that), the smallest on ties: whole waves at every batch and
      * context, no split where the waves already come out even (256 x 192: 1; 128 x 1500: 3). */
-    static int slots_cache[SF_K_MAX_DEVICES][2][2]; /* per device (common.cuh) */
+    static int slots_cache[SF_K_MAX_DEVICES][2][2][2]; /* per device (common.cuh), and B1_CFG or not */
     const int dev = sf_k_dev();
-    int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0] : &own;
+    int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0][cfg == B1_CFG] : &own;
     if (!*sc) {
         const int n = sf_k_attention_decode_mma_per_sm(hd, int8, cfg);
         *sc = (n > 0 ? n : 1) * sms;
@@ -595,13 +615,13 @@ extern "C" int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, 
                                            int kernel)
 {
     int chosen;
-    return plan(T, Hkv, hd, max_ctx, block_size, int8, sms, kernel, &chosen);
+    return plan(T, Hkv, 0, hd, max_ctx, block_size, int8, sms, kernel, &chosen);
 }
 
-extern "C" int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms,
-                                          int *kernel)
+extern "C" int sf_k_attention_decode_plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, int int8,
+                                          int sms, int *kernel)
 {
-    return plan(T, Hkv, hd, max_ctx, block_size, int8, sms, 0, kernel);
+    return plan(T, Hkv, group, hd, max_ctx, block_size, int8, sms, 0, kernel);
 }
 
 /* What one block of a one-token bf16 step (the cluster instance, as at 512 keys) takes of an SM:

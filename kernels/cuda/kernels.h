@@ -116,8 +116,9 @@ typedef struct sf_k_attn {
                               * pos, tok_seq and counter); NULL: token i. Lets the single-token
                               * sequences of a step with prefill tiles take the decode kernel */
     int kernel;              /* decode: the kernel planned with the split (sf_k_attention_decode_plan:
-                              * 1 lanes, 2 mma, 3 stream); 0: sf_k_attention_decode decides by T
-                              * and SEMFLOW_CUDA_DECODE_ATTN alone */
+                              * 1 lanes, 2 mma, 3 stream, 4 mma in its one-token configuration);
+                              * 0: sf_k_attention_decode decides by T and SEMFLOW_CUDA_DECODE_ATTN
+                              * alone */
 } sf_k_attn;
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
@@ -278,9 +279,11 @@ int sf_k_attention_decode_stream_per_sm(int hd, int int8, int cfg);
  * INT8 blocks. 1..64. Host only; cheap after its first call. */
 int sf_k_attention_decode_split(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int kernel);
 /* The same for the kernel the dispatcher would choose by itself (SEMFLOW_CUDA_DECODE_ATTN, else
- * auto: by tokens and max_ctx), which it returns in *kernel (1 lanes, 2 mma, 3 stream) for
+ * auto: by tokens, max_ctx and the GQA group, 0 if unknown), which it returns in *kernel (1
+ * lanes, 2 mma, 3 stream, 4 mma for one token) for
  * sf_k_attn.kernel: batch_begin plans once per step, the launches (and graph replays) follow. */
-int sf_k_attention_decode_plan(int T, int Hkv, int hd, int max_ctx, int block_size, int int8, int sms, int *kernel);
+int sf_k_attention_decode_plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, int int8, int sms,
+                               int *kernel);
 
 /* ---- sampling (sample.cu) --------------------------------------------------------------- */
 /* The layouts of hal.h's sf_sample_row / sf_sample_pen (hal_cuda.c asserts they agree). */

@@ -31,7 +31,7 @@ static int runner_open(runner *r, sf_error *err)
     if (rc) return rc;
     const sf_model_config *c = &M->cfg;
     sf_kv_config kc = { .n_layers = c->n_layers, .n_blocks = 2 * S, .block_size = BS, .n_kv_heads = c->n_kv_heads,
-                        .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
+                        .head_dim = c->head_dim, .dtype = SF_DT_BF16, .group = c->n_heads / c->n_kv_heads };
     if ((rc = r->b->ops->kv_init(r->b, &kc, err))) return rc;
     return sf_forward_new(r->b, M, 64, 64, &r->f, err);
 }

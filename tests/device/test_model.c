@@ -34,7 +34,8 @@ static int runner_open(runner *r, const char *backend, const sf_model *m, int ma
     int bs = 16;
     r->max_blocks = (max_ctx + bs - 1) / bs;
     r->kc = (sf_kv_config){ .n_layers = c->n_layers, .n_blocks = r->max_blocks + 5, .block_size = bs,
-                            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .dtype = SF_DT_BF16 };
+                            .n_kv_heads = c->n_kv_heads, .head_dim = c->head_dim, .dtype = SF_DT_BF16,
+                            .group = c->n_heads / c->n_kv_heads };
     r->blocks = malloc(sizeof(int32_t) * r->max_blocks);
     for (int i = 0; i < r->max_blocks; i++) r->blocks[i] = (i * 7 + 3) % (r->max_blocks + 5); /* scattered */
     if ((rc = r->b->ops->kv_init(r->b, &r->kc, err))) return rc;
