@@ -492,14 +492,14 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
  * SEMFLOW_CUDA_DECODE_ATTN_CFG: the tensor-core kernels' warps x 10 + ring depth (kernels.h; 42
  * by default). Read once (the launch thread is the backend's only thread). */
 enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
-/* One-token bf16 steps from this many keys, in groups of up to 4 query heads, take the
- * tensor-core kernel in its B1_CFG configuration (4 warps, a 3-stage ring) rather than the
- * lanes kernel; the planned kernel DEC_MMA_B1 says so to the launch. Measured on the H200 in the
- * step (session 20, docs/PERFORMANCE.md): Llama-3-8B 1024 / 2048 / 4096 / 7900 keys 0.8 / 0.7 /
- * 1.4 / 7.9% faster a token; Qwen2-7B's groups of 7 (the lanes kernel's two 4-head blocks) 1.1 /
- * 1.7% slower at 2048 / 4096, so they keep the lanes kernel. */
+/* One-token bf16 steps from this many keys, in groups of 4 query heads (Llama-3's, Mistral's),
+ * take the tensor-core kernel in its B1_CFG configuration (4 warps, a 3-stage ring) rather than
+ * the lanes kernel; the planned kernel DEC_MMA_B1 says so to the launch. Measured on the H200 in
+ * the step (session 20, docs/PERFORMANCE.md): Llama-3-8B 1024 / 2048 / 4096 / 7900 keys 0.8 /
+ * 0.7 / 1.4 / 7.9% faster a token; Qwen2-7B's groups of 7 (the lanes kernel's two 4-head blocks)
+ * 1.1 / 1.7% slower at 2048 / 4096. Other groups keep the lanes kernel until measured. */
 #define SF_AD_B1_MMA_MIN_CTX 1024
-#define SF_AD_B1_MMA_MAX_GROUP 4
+#define SF_AD_B1_MMA_GROUP 4
 #define B1_CFG 43
 /* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
  * kernels' warps x ring depth: 42, 43, 23, 24), read once per process (thread-safe statics); a
@@ -558,8 +558,7 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     if (T <= 0 || sms <= 0) return 1;
     const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;
     if (shape && mode == DEC_AUTO && T >= SF_AD_MMA_MIN_TOKENS) mode = max_ctx >= SF_AD_STREAM_MIN_CTX ? DEC_STREAM : DEC_MMA;
-    if (shape && mode == DEC_AUTO && T == 1 && !int8 && max_ctx >= SF_AD_B1_MMA_MIN_CTX && group >= 1 &&
-        group <= SF_AD_B1_MMA_MAX_GROUP) {
+    if (shape && mode == DEC_AUTO && T == 1 && !int8 && max_ctx >= SF_AD_B1_MMA_MIN_CTX && group == SF_AD_B1_MMA_GROUP) {
         mode = DEC_MMA_B1;
         cfg = B1_CFG;
     }

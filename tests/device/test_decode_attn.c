@@ -232,7 +232,8 @@ static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_
  * on at most max_blocks blocks (0: as many as are resident). */
 typedef struct dpath {
     const char *name;
-    int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine */
+    int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine, 4 the dispatcher
+                 on a plan of the one-token tensor-core kernel (sf_k_attn.kernel 4) */
     int cfg, max_blocks;
     int h8; /* lanes: groups of 5..8 on the 8-head instance rather than two 4-head blocks */
 } dpath;
@@ -240,6 +241,7 @@ static const dpath PATHS[] = {
     { "lanes", 0, 0, 0 },          { "lanes/ws", 3, 0, 0 },       { "mma42", 1, 42, 0 },    { "mma43", 1, 43, 0 },
     { "mma23", 1, 23, 0 },         { "mma24", 1, 24, 0 },         { "stream42", 2, 42, 0 }, { "stream43", 2, 43, 0 },
     { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 }, { "lanes/8h", 0, 0, 0, 1 }, { "lanes/ws/8h", 3, 0, 0, 1 },
+    { "plan-b1", 4, 0, 0 },
 };
 
 static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
@@ -251,6 +253,11 @@ static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
         sf_k_attention_decode_cluster(-1);
         sf_k_attention_decode_head_split(-1);
         return rc;
+    }
+    if (p->kind == 4) { /* what batch_begin's one-token plan makes the dispatcher launch */
+        sf_k_attn b = *a;
+        b.kernel = 4;
+        return sf_k_attention_decode(&b, s);
     }
     if (p->kind == 1) return sf_k_attention_decode_mma(a, p->cfg, s);
     return sf_k_attention_decode_stream(a, p->cfg, p->max_blocks, s);
@@ -471,6 +478,26 @@ TEST(decode_attention_refuses_bad_shapes)
  * 1..4 and of 5..8; groups of 5..8 split into two blocks of the 4-head instance take what a
  * 4-head block takes, on the 8-head instance more; other head sizes and groups refused with
  * zeros. */
+/* The planner's kernel for one-token steps: the tensor-core kernel (4) from 1024 keys for bf16
+ * steps of GQA groups of 4 (the measured case), the lanes kernel (1) otherwise; batches keep
+ * theirs. */
+TEST(decode_attention_one_token_plan)
+{
+    static const struct { int T, group, ctx, i8, want; } cases[] = {
+        { 1, 4, 4096, 0, 4 }, { 1, 4, 1024, 0, 4 }, { 1, 4, 8000, 0, 4 }, { 1, 1, 8000, 0, 1 }, { 1, 4, 1000, 0, 1 }, { 1, 4, 512, 0, 1 },
+        { 1, 7, 4096, 0, 1 }, { 1, 8, 4096, 0, 1 }, { 1, 0, 4096, 0, 1 }, { 1, 4, 4096, 1, 1 }, { 2, 4, 4096, 0, 1 },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
+        int kernel = -1;
+        const int ns = sf_k_attention_decode_plan(cases[i].T, 8, cases[i].group, 128, cases[i].ctx, 16, cases[i].i8, sms,
+                                                  &kernel);
+        CHECK_MSG(kernel == cases[i].want && ns >= 1 && ns <= 64, "T %d group %d ctx %d int8 %d: kernel %d (want %d), split %d",
+                  cases[i].T, cases[i].group, cases[i].ctx, cases[i].i8, kernel, cases[i].want, ns);
+    }
+    int kernel = -1;
+    CHECK(sf_k_attention_decode_plan(64, 8, 4, 128, 4096, 16, 0, sms, &kernel) >= 1 && kernel == 3); /* a batch: stream */
+}
+
 TEST(decode_attention_block_resources)
 {
     int regfile = 0, smem_sm = 0, dev = 0;
