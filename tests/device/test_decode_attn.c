@@ -478,26 +478,6 @@ TEST(decode_attention_refuses_bad_shapes)
  * 1..4 and of 5..8; groups of 5..8 split into two blocks of the 4-head instance take what a
  * 4-head block takes, on the 8-head instance more; other head sizes and groups refused with
  * zeros. */
-/* The planner's kernel for one-token steps: the tensor-core kernel (4) from 1024 keys for bf16
- * steps of GQA groups of 4 (the measured case), the lanes kernel (1) otherwise; batches keep
- * theirs. */
-TEST(decode_attention_one_token_plan)
-{
-    static const struct { int T, group, ctx, i8, want; } cases[] = {
-        { 1, 4, 4096, 0, 4 }, { 1, 4, 1024, 0, 4 }, { 1, 4, 8000, 0, 4 }, { 1, 1, 8000, 0, 1 }, { 1, 4, 1000, 0, 1 }, { 1, 4, 512, 0, 1 },
-        { 1, 7, 4096, 0, 1 }, { 1, 8, 4096, 0, 1 }, { 1, 0, 4096, 0, 1 }, { 1, 4, 4096, 1, 1 }, { 2, 4, 4096, 0, 1 },
-    };
-    for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
-        int kernel = -1;
-        const int ns = sf_k_attention_decode_plan(cases[i].T, 8, cases[i].group, 128, cases[i].ctx, 16, cases[i].i8, sms,
-                                                  &kernel);
-        CHECK_MSG(kernel == cases[i].want && ns >= 1 && ns <= 64, "T %d group %d ctx %d int8 %d: kernel %d (want %d), split %d",
-                  cases[i].T, cases[i].group, cases[i].ctx, cases[i].i8, kernel, cases[i].want, ns);
-    }
-    int kernel = -1;
-    CHECK(sf_k_attention_decode_plan(64, 8, 4, 128, 4096, 16, 0, sms, &kernel) >= 1 && kernel == 3); /* a batch: stream */
-}
-
 TEST(decode_attention_block_resources)
 {
     int regfile = 0, smem_sm = 0, dev = 0;
