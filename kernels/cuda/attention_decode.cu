@@ -516,9 +516,11 @@ static int dec_mode(int *cfg)
 /* The kernel that takes this step: forced by the mode, else auto. 4 or more tokens take a
  * tensor-core kernel (test_decode_attn --perf on the H200, docs/PERFORMANCE.md: 87% of HBM
  * against 49% at 256 x 192 keys, 89% against 63% at 128 x 1500, 29.4 against 48.5 us at 4 x
- * 4096); single sequences keep the lanes kernel (15.4 against 18.9 us at 4096 keys; at 512 keys
- * the mma kernel was faster, 7.6 against 8.6). The stream kernel only where the split gave it
- * its workspace (n_split >= 2), and always for a subset of the step's tokens (a->rows). */
+ * 4096); single sequences keep the lanes kernel (15.4 against 18.9 us at 4096 keys timed alone;
+ * at 512 keys the mma kernel was faster, 7.6 against 8.6) unless batch_begin planned the
+ * one-token tensor-core kernel (DEC_MMA_B1: faster inside the step, where the timing alone had
+ * said otherwise). The stream kernel only where the split gave it its workspace (n_split >= 2),
+ * and always for a subset of the step's tokens (a->rows). */
 static int pick(const sf_k_attn *a, int *cfg)
 {
     const int mode = dec_mode(cfg);
@@ -546,7 +548,8 @@ static int mma_tile_keys(int cfg) { return cfg / 10 == 2 ? 32 : 64; }
  * per-item mma kernel below (test_decode_attn --perf on the H200, docs/PERFORMANCE.md: stream
  * 191.7 against 212.7 us at 128 x 1500, 253.6 against 259.5 at 64 x 4096, 27.9 against 29.5 at
  * 4 x 4096; but 60.7 against 56.4 at 256 x 192 and 109.7 against 106.1 at 512 x 192, where items
- * of 3 tiles make its per-item and per-piece work weigh), single sequences the lanes kernel. */
+ * of 3 tiles make its per-item and per-piece work weigh), single sequences the lanes kernel but
+ * for the one-token rule above (DEC_MMA_B1). */
 #define SF_AD_STREAM_MIN_CTX 1024
 static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, int int8, int sms, int kernel,
                 int *chosen)
@@ -558,7 +561,8 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     if (T <= 0 || sms <= 0) return 1;
     const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;
     if (shape && mode == DEC_AUTO && T >= SF_AD_MMA_MIN_TOKENS) mode = max_ctx >= SF_AD_STREAM_MIN_CTX ? DEC_STREAM : DEC_MMA;
-    if (shape && mode == DEC_AUTO && T == 1 && !int8 && max_ctx >= SF_AD_B1_MMA_MIN_CTX && group == SF_AD_B1_MMA_GROUP) {
+    if (shape && mode == DEC_AUTO && T == 1 && !int8 && max_ctx >= SF_AD_B1_MMA_MIN_CTX &&
+        group == SF_AD_B1_MMA_GROUP) {
         mode = DEC_MMA_B1;
         cfg = B1_CFG;
     }
