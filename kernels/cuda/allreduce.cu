@@ -37,10 +37,10 @@ static __device__ int exchange_flags(char *const *region, int rank, int size, si
     const int p = threadIdx.x;
     if (p < size && p != rank) {
         if (fence) __threadfence_system();
-        st_release_sys((unsigned *)(region[p] + off) + rank, flag);
+        sf_st_release_sys((unsigned *)(region[p] + off) + rank, flag);
         const unsigned *in = (const unsigned *)(region[rank] + off) + p;
         uint64_t t0 = 0;
-        for (unsigned spins = 0; (int)(ld_acquire_sys(in) - flag) < 0; spins++) {
+        for (unsigned spins = 0; (int)(sf_ld_acquire_sys(in) - flag) < 0; spins++) {
             if ((spins & 1023) == 0) {
                 uint64_t t = global_ns();
                 if (!t0) t0 = t;

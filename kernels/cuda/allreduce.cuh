@@ -1,21 +1,10 @@
-/* allreduce.cuh — device pieces shared by the peer-memory kernels (allreduce.cu):
- * system-scope flags, the global timer, LL stores and loads, bf16 sums. Device code only. */
+/* allreduce.cuh — device pieces shared by the peer-memory kernels (allreduce.cu): the global
+ * timer, LL stores and loads, bf16 sums (their system-scope flags are common.cuh's
+ * sf_st_release_sys and sf_ld_acquire_sys). Device code only. */
 #ifndef SF_KERNELS_ALLREDUCE_CUH
 #define SF_KERNELS_ALLREDUCE_CUH
 
 #include "common.cuh"
-
-static __device__ __forceinline__ void st_release_sys(unsigned *p, unsigned v)
-{
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-static __device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 
 /* LL lines: 16-byte (or 8-byte) stores and loads whose 8-byte halves each arrive whole */
 static __device__ __forceinline__ void st_volatile_v4(uint4 *p, uint4 v)

@@ -198,36 +198,48 @@ static __device__ __forceinline__ void sf_pdl_wait(void)
 #endif
 }
 
-/* Device-scope synchronisation between blocks, as CUTLASS's barrier does it: a block's writes,
- * then __syncthreads, then one thread's release (or acq_rel) operation publishes every write of
- * the block (release is cumulative over the barrier); one thread's acquire, then __syncthreads,
- * makes them visible to the whole block. No fence.sc (`__threadfence`, membar.gl) on the way. */
-static __device__ __forceinline__ unsigned sf_atom_add_acq_rel_gpu(unsigned *p, unsigned v)
-{
-    unsigned old;
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-static __device__ __forceinline__ void sf_red_add_release_gpu(unsigned *p, unsigned v)
-{
-    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-static __device__ __forceinline__ void sf_st_relaxed_gpu(unsigned *p, unsigned v)
-{
-    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-static __device__ __forceinline__ unsigned sf_ld_acquire_gpu(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-static __device__ __forceinline__ unsigned sf_ld_relaxed_gpu(const unsigned *p)
-{
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
+/* Synchronisation between blocks (scope gpu) and between devices and the host (scope sys), as
+ * CUTLASS's barrier does it: a block's writes, then __syncthreads, then one thread's release (or
+ * acq_rel) operation publishes every write of the block (release is cumulative over the
+ * barrier); one thread's acquire, then __syncthreads, makes them visible to the whole block. No
+ * fence.sc (`__threadfence`, membar.gl) on the way. sf_ld_acquire_gpu, sf_st_release_sys, ... */
+#define SF_SCOPED_SYNC(scope)                                                                                   \
+    static __device__ __forceinline__ unsigned sf_atom_add_acq_rel_##scope(unsigned *p, unsigned v)           \
+    {                                                                                                           \
+        unsigned old;                                                                                           \
+        asm volatile("atom.add.acq_rel." #scope ".global.u32 %0, [%1], %2;"                                   \
+                     : "=r"(old)                                                                                \
+                     : "l"(p), "r"(v)                                                                           \
+                     : "memory");                                                                               \
+        return old;                                                                                             \
+    }                                                                                                           \
+    static __device__ __forceinline__ void sf_red_add_release_##scope(unsigned *p, unsigned v)                \
+    {                                                                                                           \
+        asm volatile("red.release." #scope ".global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");           \
+    }                                                                                                           \
+    static __device__ __forceinline__ void sf_st_release_##scope(unsigned *p, unsigned v)                     \
+    {                                                                                                           \
+        asm volatile("st.release." #scope ".global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");                \
+    }                                                                                                           \
+    static __device__ __forceinline__ void sf_st_relaxed_##scope(unsigned *p, unsigned v)                     \
+    {                                                                                                           \
+        asm volatile("st.relaxed." #scope ".global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");                \
+    }                                                                                                           \
+    static __device__ __forceinline__ unsigned sf_ld_acquire_##scope(const unsigned *p)                       \
+    {                                                                                                           \
+        unsigned v;                                                                                             \
+        asm volatile("ld.acquire." #scope ".global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");              \
+        return v;                                                                                               \
+    }                                                                                                           \
+    static __device__ __forceinline__ unsigned sf_ld_relaxed_##scope(const unsigned *p)                       \
+    {                                                                                                           \
+        unsigned v;                                                                                             \
+        asm volatile("ld.relaxed." #scope ".global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");              \
+        return v;                                                                                               \
+    }
+SF_SCOPED_SYNC(gpu)
+SF_SCOPED_SYNC(sys)
+#undef SF_SCOPED_SYNC
 
 /* 1 unless SEMFLOW_CUDA_PDL=0 (read once). */
 static inline int sf_pdl_enabled(void)
