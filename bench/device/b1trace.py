@@ -7,6 +7,7 @@ import statistics
 import sys
 
 GEMV, ATTN, SAMPLE, EMBED = 16, 64, 80, 81
+COMBINE = 65  # an attention block that combined the split (b1trace.cuh tr_combine)
 FG_NORM, FG_GLU, FG_ADD, FG_ROPE = 1, 2, 4, 8
 HEAD_ROWS = 32768  # a norm GEMV of more rows is an lm_head (gemv_stream.cu)
 
@@ -33,7 +34,7 @@ def kind(tag, m, k):
 def main():
     path = sys.argv[1]
     bw = float(sys.argv[2]) if len(sys.argv) > 2 else 4250.0
-    groups = {}
+    groups, combines = {}, []
     with open(path) as f:
         for line in f:
             if line.startswith("#"):
@@ -42,6 +43,9 @@ def main():
             if len(v) != 10:
                 continue
             tag, m, k, grid, blk, sm, t0, dw, dr, de = v
+            if tag == COMBINE:  # count back, m and l in, outputs stored (ns after t0)
+                combines.append((t0 + dw, t0 + dr, t0 + de, t0))
+                continue
             groups.setdefault((tag, m, k, grid), []).append((t0, dw, dr, de, sm))
     inst = []
     for (tag, m, k, grid), recs in groups.items():
@@ -57,6 +61,7 @@ def main():
                 "ready1": max(x[0] + x[2] for x in r),
                 "end0": min(x[0] + x[3] for x in r), "end": max(x[0] + x[3] for x in r),
                 "t0s": [x[0] for x in r],
+                "readys": [x[0] + x[2] for x in r],
             })
     inst.sort(key=lambda x: x["start"])
     if not inst:
@@ -72,6 +77,7 @@ def main():
             i += 1
     rows = {kd: [] for kd in seq}
     layer_us, edge_us, edge_qkv_us, step_us, step_layers = [], [], [], [], []
+    comb = {}  # the attention split combine's chain, per layer
     edge_parts = {}  # what runs between a step's last layer and the next step's first QKV
     first = 0  # index of the current step's first layer
     for j in range(1, len(layers)):
@@ -89,6 +95,19 @@ def main():
             first = j
             continue
         layer_us.append((layers[j][4]["end"] - prev["end"]) / 1e3)
+        at = layers[j][1]
+        cs = [c for c in combines if at["start"] <= c[3] <= at["end"]]
+        if cs:  # the split combine: ns after the last piece stored
+            last = at["ready1"]
+            comb.setdefault("count0", []).append((min(c[0] for c in cs) - last) / 1e3)
+            comb.setdefault("count1", []).append((max(c[0] for c in cs) - last) / 1e3)
+            comb.setdefault("ml", []).append(statistics.median(c[1] - c[0] for c in cs) / 1e3)
+            comb.setdefault("pieces", []).append(statistics.median(c[2] - c[1] for c in cs) / 1e3)
+            comb.setdefault("stored1", []).append((max(c[2] for c in cs) - last) / 1e3)
+            comb.setdefault("end", []).append((at["end"] - last) / 1e3)
+            rs = sorted(at["readys"])
+            comb.setdefault("piece_p50", []).append((rs[len(rs) // 2] - last) / 1e3)
+            comb.setdefault("n", []).append(len(cs))
         p = prev
         for x in layers[j]:
             e = p["end"]
@@ -139,6 +158,12 @@ def main():
     if step_us:
         print("step: %.1f us (median of %d, %d layers) = %d x the layer median + %.1f us" % (
             med(step_us), len(step_us), med(step_layers), med(step_layers), med(step_us) - med(step_layers) * med(layer_us)))
+    if comb:
+        print("attention's split combine (us after the last piece stored; medians over layers; %d combining blocks):"
+              " median piece %.2f, count back first %.2f / last %.2f, then m and l %.2f, then the outputs %.2f;"
+              " last outputs stored %.2f, kernel's last block ends %.2f" % (
+                  med(comb["n"]), med(comb["piece_p50"]), med(comb["count0"]), med(comb["count1"]), med(comb["ml"]),
+                  med(comb["pieces"]), med(comb["stored1"]), med(comb["end"])))
     print("columns: early = blocks started before the previous kernel ended; start/last = first/last block start;")
     print("  wait0/wait1 = first/last block past the wait; ready = last prologue done (attention: last partial")
     print("  stored); end0/end = first/last block end = this kernel's share of the layer time")

@@ -394,7 +394,10 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
          * pieces of batch 1 at 4096 keys in one round of loads (16 at a time took three: 33
          * against 16, Qwen2-7B 3.883-3.893 against 3.890-3.937 ms, ahead in 5 of 5 pairs;
          * Llama-3-8B 3 of 5, within the noise; no spills; docs/PERFORMANCE.md session 17) */
-        sf_attn_split_finish<HD, 33>(a, t, kh, G, g0, Gb, AD_WARPS, &wsm[0][0], &last, blockIdx.y % PARTS, PARTS);
+        __shared__ uint64_t mk[3];
+        sf_attn_split_finish<HD, 33>(a, t, kh, G, g0, Gb, AD_WARPS, &wsm[0][0], &last, blockIdx.y % PARTS, PARTS,
+                                     tr_buf ? mk : nullptr);
+        if (tr_buf && last && tid == 0) tr_combine(tr, mk, ns, ctx);
     }
     tr_end(tr, SF_TR_ATTN, ns, ctx);
 }
@@ -500,15 +503,16 @@ enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
  * 1.1 / 1.7% slower at 2048 / 4096. Other groups keep the lanes kernel until measured. */
 #define SF_AD_B1_MMA_MIN_CTX 1024
 #define SF_AD_B1_MMA_GROUP 4
-#define B1_CFG 43
+#define B1_CFG SF_K_DEC_MMA_B1_CFG
 /* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
- * kernels' warps x ring depth: 42, 43, 23, 24), read once per process (thread-safe statics); a
- * malformed value warns and keeps auto / 42. */
+ * kernels' warps x ring depth: 42, 43, 23, 24; the one-token instances 143, 144, 145), read once
+ * per process (thread-safe statics); a malformed value warns and keeps auto / 42. */
 static int dec_mode(int *cfg)
 {
-    static const char *const modes[] = { "auto", "lanes", "mma", "stream" }, *const cfgs[] = { "42", "43", "23", "24" };
+    static const char *const modes[] = { "auto", "lanes", "mma", "stream" },
+                             *const cfgs[] = { "42", "43", "23", "24", "143", "144", "145" };
     static const int mode = sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN", DEC_AUTO, modes, 4);
-    static const int c = atoi(cfgs[sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN_CFG", 0, cfgs, 4)]);
+    static const int c = atoi(cfgs[sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN_CFG", 0, cfgs, 7)]);
     *cfg = c;
     return mode;
 }
@@ -578,9 +582,9 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
         return ns < 2 ? 2 : (int)SF_MIN(ns, (int64_t)AD_MAX_SPLIT);
     }
     if (max_ctx <= 64) return 1;
-    /* SEMFLOW_CUDA_DECODE_SPLIT=n: the lanes kernel's key split, forced (comparisons) */
+    /* SEMFLOW_CUDA_DECODE_SPLIT=n: the lanes and mma kernels' key split, forced (comparisons) */
     static const int forced_split = (int)sf_env_long("SEMFLOW_CUDA_DECODE_SPLIT", 0, 0, AD_MAX_SPLIT);
-    if (!mma && forced_split) return SF_MIN(forced_split, (max_ctx + 63) / 64);
+    if (forced_split) return SF_MIN(forced_split, (max_ctx + 63) / 64);
     if (!mma) {
         /* lanes kernel: at least 64 keys per block; a block per SM, or more blocks while each keeps
          * >= 128 keys (test_ops --perf on the H200, one token: 512 keys of 8 kv heads 8.4 us at 8
@@ -593,11 +597,18 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     }
     /* mma kernel: the blocks resident at once (measured) are `slots`; a block's time is about its
      * tiles plus one (its start: block-table and first-tile latency; its end: the merge). Pick the
-     * split with the least (waves x that), the smallest on ties: whole waves at every batch and
-     * context, no split where the waves already come out even (256 x 192: 1; 128 x 1500: 3). */
-    static int slots_cache[SF_K_MAX_DEVICES][2][2][2]; /* per device (common.cuh), and B1_CFG or not */
-    const int dev = sf_k_dev();
-    int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0][cfg == B1_CFG] : &own;
+     * split with the least (waves x that), the smallest on ties, among the splits below the first
+     * that would leave a split empty (its tiles rounded up): whole waves at every batch and
+     * context, no split where the waves already come out even (256 x 192: 1; 128 x 1500: 3).
+     * For one-token steps that bound is what sets the split (4 at 1024 keys, 11 at 4097, 14 at
+     * 7900: blocks of 4-9 tiles), and it is the measured best: Llama-3-8B at 4097-4144 keys,
+     * 11 / 16 / 22 splits 4.111 / 4.104 / 4.106 ms a token, 33 (two tiles a block, 264 blocks,
+     * the least waves x tiles) 4.207, 8 4.201 (session 21, docs/PERFORMANCE.md): blocks that fit
+     * beside the QKV projection's (88-176 here) beat short ones that do not. */
+    static int slots_cache[SF_K_MAX_DEVICES][2][2][7]; /* per device (common.cuh) and configuration */
+    const int dev = sf_k_dev(), ci = cfg == 43 ? 1 : cfg == 23 ? 2 : cfg == 24 ? 3 : cfg == B1_CFG ? 4 : cfg == 144 ? 5
+                                   : cfg == 145 ? 6 : 0;
+    int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0][ci] : &own;
     if (!*sc) {
         const int n = sf_k_attention_decode_mma_per_sm(hd, int8, cfg);
         *sc = (n > 0 ? n : 1) * sms;

@@ -33,14 +33,20 @@ static __device__ __forceinline__ void sf_attn_split_store(const sf_k_attn &a, i
  * warps); wsm: [G][SF_AD_MAX_SPLIT] floats and `last` one int of shared memory.
  *
  * Every load here is an L2 round trip while the next kernel streams its weights, so they are
- * issued together: a piece's m and l at once, then CH pieces of each of a thread's two outputs
- * (four pieces at a time before: Llama-3-8B batch 1 at 4096 keys, 33 splits, is 0.6-1.2% faster
- * a token; most of the ~11 us from the last piece to the combine's end there is the wait behind
- * the O projection's ring prefetch, docs/PERFORMANCE.md session 12). The batch kernels, whose
- * steps split into few pieces, keep CH small (registers: blocks per SM). */
-template <int HD, int CH, class Piece>
+ * issued together: a piece's m and l at once (one 8-byte load), then CH pieces of each of a
+ * thread's NP pairs of outputs (8-byte loads). A round of these loads costs ~1-1.5 us at batch 1
+ * whatever it holds, so every output of the block should come in one: the lanes kernel's 256
+ * threads cover 4 heads x 128 dims with one pair each and CH = 33 (four pieces at a time before:
+ * Llama-3-8B batch 1 at 4096 keys, 33 splits, 0.6-1.2% faster a token, session 12), the mma
+ * kernel's one-token instance (128 threads) with NP = 2 and CH = 16 (it had taken two rounds of
+ * a thread's two outputs: 3.1 us of outputs after the count and m and l, now 1.15; Llama-3-8B and
+ * Qwen2-7B at 4096 keys 1.5% / 1.4% faster a token with the 8-byte loads, docs/PERFORMANCE.md
+ * session 21). The batch kernels, whose steps split into few pieces, keep CH small and NP = 1
+ * (registers: blocks per SM). mk (timeline, b1trace.cuh): NULL, or 3 words of shared memory for
+ * the times the count came back, m and l were in, and the outputs were stored. */
+template <int HD, int CH, int NP = 1, class Piece>
 static __device__ void sf_attn_pieces_finish(unsigned *cnt, bf16 *out, int G, int np, int arrivals, int nwarps,
-                                             float *wsm, int *last, const Piece &piece)
+                                             float *wsm, int *last, const Piece &piece, uint64_t *mk = nullptr)
 {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nt = nwarps * 32;
     /* the block's pieces published and, for the last block, every other block's acquired by one
@@ -49,10 +55,12 @@ static __device__ void sf_attn_pieces_finish(unsigned *cnt, bf16 *out, int G, in
     if (tid == 0) *last = sf_atom_add_acq_rel_gpu(cnt, 1u) == (unsigned)arrivals - 1;
     __syncthreads();
     if (!*last) return;
+    if (mk && tid == 0) mk[0] = global_ns(); /* timeline (b1trace.cuh): the count is back */
     for (int g = warp; g < G; g += nwarps) {
         const float *p0 = lane < np ? piece(g, lane) : NULL, *p1 = lane + 32 < np ? piece(g, lane + 32) : NULL;
-        const float m0 = p0 ? __ldcg(p0 + HD) : -INFINITY, l0 = p0 ? __ldcg(p0 + HD + 1) : 0.0f;
-        const float m1 = p1 ? __ldcg(p1 + HD) : -INFINITY, l1 = p1 ? __ldcg(p1 + HD + 1) : 0.0f;
+        const float2 ml0 = p0 ? __ldcg((const float2 *)(p0 + HD)) : make_float2(-INFINITY, 0.0f);
+        const float2 ml1 = p1 ? __ldcg((const float2 *)(p1 + HD)) : make_float2(-INFINITY, 0.0f);
+        const float m0 = ml0.x, l0 = ml0.y, m1 = ml1.x, l1 = ml1.y;
         const float M = warp_max(fmaxf(m0, m1));
         float e0 = 0.0f, e1 = 0.0f;
         if (M != -INFINITY) {
@@ -65,28 +73,43 @@ static __device__ void sf_attn_pieces_finish(unsigned *cnt, bf16 *out, int G, in
         wsm[g * SF_AD_MAX_SPLIT + lane + 32] = e1 * inv;
     }
     __syncthreads();
-    for (int i0 = tid; i0 < G * HD; i0 += 2 * nt) {
-        const int i1 = i0 + nt, g0 = i0 / HD, d0 = i0 - g0 * HD;
-        const bool two = i1 < G * HD;
-        const int g1 = two ? i1 / HD : g0, d1 = two ? i1 - g1 * HD : d0;
-        const float *e0 = wsm + g0 * SF_AD_MAX_SPLIT, *e1 = wsm + g1 * SF_AD_MAX_SPLIT;
-        float o0 = 0.0f, o1 = 0.0f;
-        for (int c = 0; c < np; c += CH) {
-            float x0[CH], x1[CH];
+    if (mk && tid == 0) mk[1] = global_ns(); /* the pieces' m and l are in */
+    /* the outputs in pairs of neighbouring dims (8-byte loads: a piece is HD + 2 floats, so pairs
+     * stay aligned), NP pairs a thread: every load of a thread's outputs in one round when np <= CH */
+    const int P = G * HD / 2;
+    for (int q0 = tid; q0 < P; q0 += NP * nt) {
+        const float *ew[NP]; /* the pieces' weights for the pair's head */
 #pragma unroll
-            for (int j = 0; j < CH; j++) {
-                x0[j] = c + j < np ? __ldcg(piece(g0, c + j) + d0) : 0.0f;
-                x1[j] = two && c + j < np ? __ldcg(piece(g1, c + j) + d1) : 0.0f;
-            }
+        for (int r = 0; r < NP; r++) ew[r] = wsm + (2 * min(q0 + r * nt, P - 1) / HD) * SF_AD_MAX_SPLIT;
+        float2 o[NP];
+#pragma unroll
+        for (int r = 0; r < NP; r++) o[r] = make_float2(0.0f, 0.0f);
+        for (int c = 0; c < np; c += CH) {
+            float2 x[NP][CH];
 #pragma unroll
             for (int j = 0; j < CH; j++)
-                if (c + j < np) {
-                    o0 = fmaf(x0[j], e0[c + j], o0);
-                    o1 = fmaf(x1[j], e1[c + j], o1);
+#pragma unroll
+                for (int r = 0; r < NP; r++) {
+                    const int q = q0 + r * nt, g = 2 * q / HD;
+                    x[r][j] = q < P && c + j < np ? __ldcg((const float2 *)(piece(g, c + j) + (2 * q - g * HD)))
+                                                  : make_float2(0.0f, 0.0f);
                 }
+#pragma unroll
+            for (int j = 0; j < CH; j++)
+                if (c + j < np)
+#pragma unroll
+                    for (int r = 0; r < NP; r++) {
+                        o[r].x = fmaf(x[r][j].x, ew[r][c + j], o[r].x);
+                        o[r].y = fmaf(x[r][j].y, ew[r][c + j], o[r].y);
+                    }
         }
-        out[i0] = f2bf(o0);
-        if (two) out[i1] = f2bf(o1);
+#pragma unroll
+        for (int r = 0; r < NP; r++)
+            if (q0 + r * nt < P) ((__nv_bfloat162 *)out)[q0 + r * nt] = __floats2bfloat162_rn(o[r].x, o[r].y);
+    }
+    if (mk) {
+        __syncthreads();
+        if (tid == 0) mk[2] = global_ns(); /* every output stored */
     }
     if (tid == 0) *cnt = 0;
 }
@@ -99,16 +122,18 @@ static __device__ void sf_attn_pieces_finish(unsigned *cnt, bf16 *out, int G, in
  * (attention_decode.cu) one block had combined all 7 (two rounds of a thread's two outputs), and
  * its attention ended 3.3 us later (22.4 against 19.1 us after QKV at 4096 keys, traced; 4.05
  * against 3.93-3.97 ms a token, docs/PERFORMANCE.md session 17). */
-template <int HD, int CH>
+template <int HD, int CH, int NP = 1>
 static __device__ void sf_attn_split_finish(const sf_k_attn &a, int t, int kh, int G, int g0, int Gb, int nwarps,
-                                            float *wsm, int *last, int part = 0, int parts = 1)
+                                            float *wsm, int *last, int part = 0, int parts = 1,
+                                            uint64_t *mk = nullptr)
 {
     const int ns = a.n_split;
     bf16 *out = (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)(kh * G + g0) * HD;
-    sf_attn_pieces_finish<HD, CH>(&a.counters[(t * a.Hkv + kh) * parts + part], out, Gb, ns, ns, nwarps, wsm, last,
+    sf_attn_pieces_finish<HD, CH, NP>(&a.counters[(t * a.Hkv + kh) * parts + part], out, Gb, ns, ns, nwarps, wsm, last,
                                   [&](int g, int p) {
                                       return (const float *)a.ws + (((int64_t)t * a.H + kh * G + g0 + g) * ns + p) * (HD + 2);
-                                  });
+                                  },
+                                  mk);
 }
 
 #endif

@@ -29,15 +29,27 @@
  * (token, kv head) combines them. Launched as a programmatic dependent (common.cuh): the
  * metadata and the first tiles' block-table entries are read before the wait. */
 #include "attention_decode_mma.cuh"
+#include "b1trace.cuh"
 
 
-template <int HD, bool I8, int NW, int NS>
+/* The split combine (sf_attn_pieces_finish): pieces per round of loads and pairs of outputs per
+ * thread. The batch configurations, whose steps split into few pieces and whose registers set
+ * the blocks per SM, take 4 pieces of one pair at a time; the one-token configuration
+ * (SF_K_DEC_MMA_B1_CFG, B1), 16 pieces of two pairs: its 4 heads x 128 outputs from up to 16
+ * pieces in one round of loads (two rounds before: 3.1 us of the ~5 from the last piece to the
+ * combine's end at 4096 keys, traced). */
+#define DM_CH 4
+#define DM_CH_B1 16
+
+template <int HD, bool I8, int NW, int NS, bool B1>
 __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 {
     using Lo = dm_layout<HD, I8, NW>;
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int last;
+    __shared__ sf_tr tr;
 
+    tr_begin(tr);
     sf_pdl_trigger();
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
@@ -54,6 +66,7 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 #pragma unroll
     for (int st = 0; st < NS; st++) dm_ids<HD, I8, NW>(ids[st], bt, lbs, k0 + st * Lo::TK, k1, j0);
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
+    tr_waited(tr);
 
 #pragma unroll
     for (int st = 0; st < NS - 1; st++) {
@@ -92,11 +105,19 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     dm_merge_warps<HD, NW>(smem, G, m, l, o, &wsm, [&](int hg, int d, float O, float M, float L) {
         sf_attn_split_store<HD>(a, t, kh * G + hg, split, d, O, M, L);
     });
-    if (ns == 1) return;
+    tr_ready(tr);
 
     /* the last block of this (token, kv head) to finish combines the splits */
-    sf_attn_split_finish<HD, 4>(a, t, kh, G, 0, G, NW, wsm, &last);
+    __shared__ uint64_t mk[3];
+    if (ns > 1) {
+        sf_attn_split_finish<HD, B1 ? DM_CH_B1 : DM_CH, B1 ? 2 : 1>(a, t, kh, G, 0, G, NW, wsm, &last, 0, 1,
+                                                               tr_buf ? mk : nullptr);
+        if (tr_buf && last && tid == 0) tr_combine(tr, mk, ns, ctx);
+    }
+    tr_end(tr, SF_TR_ATTN, ns, ctx);
 }
+
+SF_TR_SETTER(sf_k_attn_decode_mma_trace)
 
 /* ---- host side ----------------------------------------------------------------------------- */
 extern "C" int sf_k_attention_decode_mma_ok(const sf_k_attn *a)
@@ -112,35 +133,36 @@ extern "C" int sf_k_attention_decode_mma_ok(const sf_k_attn *a)
 /* One configuration's kernel attributes on the current device (once per device), shared by its
  * launch and its occupancy query: all of L1 as shared memory, since the blocks per SM are what
  * keeps the ring's bytes in flight. 0 or a cudaError_t. */
-template <int HD, bool I8, int NW, int NS>
+template <int HD, bool I8, int NW, int NS, bool B1>
 static int attrs(void)
 {
     static sf_k_smem attr_set;
-    return sf_k_smem_attr(&attr_set, k_attn_dec_mma<HD, I8, NW, NS>, (size_t)NS * dm_layout<HD, I8, NW>::STB, true);
+    return sf_k_smem_attr(&attr_set, k_attn_dec_mma<HD, I8, NW, NS, B1>, (size_t)NS * dm_layout<HD, I8, NW>::STB, true);
 }
 
-template <int HD, bool I8, int NW, int NS>
+template <int HD, bool I8, int NW, int NS, bool B1>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
     using Lo = dm_layout<HD, I8, NW>;
     const size_t smem = (size_t)NS * Lo::STB;
     static_assert((size_t)NS * Lo::STB >= dm_scratch<HD, NW>::BYTES, "merge area");
-    int e = attrs<HD, I8, NW, NS>();
+    int e = attrs<HD, I8, NW, NS, B1>();
     if (e) return e;
-    int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NW, NS>, dim3(a->T, a->Hkv, a->n_split), dim3(Lo::NT), smem, s,
+    int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NW, NS, B1>, dim3(a->T, a->Hkv, a->n_split), dim3(Lo::NT), smem, s,
                            *a);
     return rc ? rc : sf_launch_status();
 }
 
 /* Blocks of one configuration resident per SM (the occupancy calculator, after the attributes
  * launch() sets), 0 on error. */
-template <int HD, bool I8, int NW, int NS>
+template <int HD, bool I8, int NW, int NS, bool B1>
 static int per_sm(void)
 {
     using Lo = dm_layout<HD, I8, NW>;
     const size_t smem = (size_t)NS * Lo::STB;
     int n = 0;
-    if (attrs<HD, I8, NW, NS>() || cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_dec_mma<HD, I8, NW, NS>, Lo::NT, smem)) {
+    if (attrs<HD, I8, NW, NS, B1>() ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, k_attn_dec_mma<HD, I8, NW, NS, B1>, Lo::NT, smem)) {
         cudaGetLastError();
         return 0;
     }
@@ -149,26 +171,33 @@ static int per_sm(void)
 
 extern "C" int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg)
 {
-    if (hd == 64) return int8 ? per_sm<64, true, 4, 2>() : per_sm<64, false, 4, 2>();
+    if (hd == 64) return int8 ? per_sm<64, true, 4, 2, false>() : per_sm<64, false, 4, 2, false>();
     if (hd != 128) return 0;
     switch (cfg) {
-    case 43: return int8 ? per_sm<128, true, 4, 3>() : per_sm<128, false, 4, 3>();
-    case 23: return int8 ? per_sm<128, true, 2, 3>() : per_sm<128, false, 2, 3>();
-    case 24: return int8 ? per_sm<128, true, 2, 4>() : per_sm<128, false, 2, 4>();
-    default: return int8 ? per_sm<128, true, 4, 2>() : per_sm<128, false, 4, 2>();
+    case SF_K_DEC_MMA_B1_CFG: return int8 ? per_sm<128, true, 4, 3, true>() : per_sm<128, false, 4, 3, true>();
+    case 144: return int8 ? per_sm<128, true, 4, 4, true>() : per_sm<128, false, 4, 4, true>();
+    case 145: return int8 ? per_sm<128, true, 4, 5, true>() : per_sm<128, false, 4, 5, true>();
+    case 43: return int8 ? per_sm<128, true, 4, 3, false>() : per_sm<128, false, 4, 3, false>();
+    case 23: return int8 ? per_sm<128, true, 2, 3, false>() : per_sm<128, false, 2, 3, false>();
+    case 24: return int8 ? per_sm<128, true, 2, 4, false>() : per_sm<128, false, 2, 4, false>();
+    default: return int8 ? per_sm<128, true, 4, 2, false>() : per_sm<128, false, 4, 2, false>();
     }
 }
 
-/* cfg: warps per block x 10 + ring depth (kernels.h); head size 64 has the default only */
+/* cfg: warps per block x 10 + ring depth (kernels.h), or SF_K_DEC_MMA_B1_CFG; head size 64 has
+ * the default only */
 template <int HD, bool I8>
 static int launch_cfg(const sf_k_attn *a, int cfg, cudaStream_t s)
 {
-    if (HD == 64) return launch<HD, I8, 4, 2>(a, s);
+    if (HD == 64) return launch<HD, I8, 4, 2, false>(a, s);
     switch (cfg) {
-    case 43: return launch<HD, I8, 4, 3>(a, s);
-    case 23: return launch<HD, I8, 2, 3>(a, s);
-    case 24: return launch<HD, I8, 2, 4>(a, s);
-    default: return launch<HD, I8, 4, 2>(a, s);
+    case SF_K_DEC_MMA_B1_CFG: return launch<HD, I8, 4, 3, true>(a, s);
+    case 144: return launch<HD, I8, 4, 4, true>(a, s);
+    case 145: return launch<HD, I8, 4, 5, true>(a, s);
+    case 43: return launch<HD, I8, 4, 3, false>(a, s);
+    case 23: return launch<HD, I8, 2, 3, false>(a, s);
+    case 24: return launch<HD, I8, 2, 4, false>(a, s);
+    default: return launch<HD, I8, 4, 2, false>(a, s);
     }
 }
 

@@ -66,26 +66,38 @@ static __device__ __forceinline__ void tr_ready(sf_tr &s)
 {
     if (tr_buf && threadIdx.x == 0) s.tr = (uint32_t)(global_ns() - s.t0);
 }
-/* Called by every thread of the block (it synchronises the block when tracing). */
-static __device__ __forceinline__ void tr_end(const sf_tr &s, int tag, int m, int k)
+/* One record of this block (thread 0; tracing on). */
+static __device__ void tr_put(int tag, int m, int k, unsigned long long t0, uint32_t dw, uint32_t dr, uint32_t de)
 {
-    if (!tr_buf) return;
-    __syncthreads();
-    if (threadIdx.x) return;
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    const unsigned long long now = global_ns();
     const unsigned long long i = atomicAdd(&tr_buf[0].t0, 1ull);
     sf_tr_rec *r = &tr_buf[1 + i % tr_buf[0].grid];
     const unsigned b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
     r->id = (unsigned)tag << 24 | (sm & 0xff) << 16 | (b & 0xffff);
     r->m = (uint16_t)min(m, 65535);
     r->k = (uint16_t)min(k, 65535);
-    r->t0 = s.t0;
-    r->d_wait = s.tw;
-    r->d_ready = s.tr;
-    r->d_end = (uint32_t)(now - s.t0);
+    r->t0 = t0;
+    r->d_wait = dw;
+    r->d_ready = dr;
+    r->d_end = de;
     r->grid = gridDim.x * gridDim.y * gridDim.z;
+}
+/* Called by every thread of the block (it synchronises the block when tracing). */
+static __device__ __forceinline__ void tr_end(const sf_tr &s, int tag, int m, int k)
+{
+    if (!tr_buf) return;
+    __syncthreads();
+    if (threadIdx.x) return;
+    tr_put(tag, m, k, s.t0, s.tw, s.tr, (uint32_t)(global_ns() - s.t0));
+}
+/* The split combine of an attention block that combined (sf_attn_pieces_finish's marks: the
+ * count back, m and l in, the outputs stored), as a record of tag SF_TR_ATTN_COMBINE whose
+ * times are ns after the block's start. Thread 0; tracing on. */
+#define SF_TR_ATTN_COMBINE 65
+static __device__ __forceinline__ void tr_combine(const sf_tr &s, const uint64_t *mk, int m, int k)
+{
+    tr_put(SF_TR_ATTN_COMBINE, m, k, s.t0, (uint32_t)(mk[0] - s.t0), (uint32_t)(mk[1] - s.t0), (uint32_t)(mk[2] - s.t0));
 }
 
 #endif

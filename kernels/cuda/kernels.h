@@ -258,8 +258,11 @@ void sf_k_attention_decode_head_split(int on);
 void sf_k_attention_decode_cluster(int on);
 /* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of 16-key-per-warp
  * tiles, bf16 and INT8 blocks (block size a power of 2, >= 16). cfg = warps per block x 10 + ring
- * depth: 42 (the default; 0 means it), 43, 23, 24. sf_k_attention_decode chooses it by shape
+ * depth: 42 (the default; 0 means it), 43, 23, 24; or 100 + 4 warps x 10 + depth 3..5 (143, 144,
+ * 145): the one-token instances, whose split combine loads every output's pieces in one round;
+ * SF_K_DEC_MMA_B1_CFG is the one one-token steps take. sf_k_attention_decode chooses it by shape
  * (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
+#define SF_K_DEC_MMA_B1_CFG 143
 int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
 int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
 /* Blocks of that kernel (head size, INT8 instance, cfg) resident per SM on the current device. */

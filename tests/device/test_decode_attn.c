@@ -29,7 +29,7 @@
 
 static sf_rng R;
 /* the mma kernel's configurations (kernels.h: warps x 10 + ring depth) */
-static const int CFGS[] = { 42, 43, 23, 24 };
+static const int CFGS[] = { 42, 43, 23, 24, 143, 144, 145 };
 static int perf, quick;
 static double hbm_gbs = 0;
 static int sms = 132;
@@ -241,7 +241,7 @@ static const dpath PATHS[] = {
     { "lanes", 0, 0, 0 },          { "lanes/ws", 3, 0, 0 },       { "mma42", 1, 42, 0 },    { "mma43", 1, 43, 0 },
     { "mma23", 1, 23, 0 },         { "mma24", 1, 24, 0 },         { "stream42", 2, 42, 0 }, { "stream43", 2, 43, 0 },
     { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 }, { "lanes/8h", 0, 0, 0, 1 }, { "lanes/ws/8h", 3, 0, 0, 1 },
-    { "plan-b1", 4, 0, 0 },
+    { "plan-b1", 4, 0, 0 },        { "mma143", 1, 143, 0 },       { "mma144", 1, 144, 0 },  { "mma145", 1, 145, 0 },
 };
 
 static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
