@@ -496,11 +496,15 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
  * by default). Read once (the launch thread is the backend's only thread). */
 enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
 /* One-token bf16 steps from this many keys, in groups of 4 query heads (Llama-3's, Mistral's),
- * take the tensor-core kernel in its B1_CFG configuration (4 warps, a 3-stage ring) rather than
- * the lanes kernel; the planned kernel DEC_MMA_B1 says so to the launch. Measured on the H200 in
- * the step (session 20, docs/PERFORMANCE.md): Llama-3-8B 1024 / 2048 / 4096 / 7900 keys 0.8 /
- * 0.7 / 1.4 / 7.9% faster a token; Qwen2-7B's groups of 7 (the lanes kernel's two 4-head blocks)
- * 1.1 / 1.7% slower at 2048 / 4096. Other groups keep the lanes kernel until measured. */
+ * take the tensor-core kernel in its B1_CFG configuration (4 warps, a 4-stage ring, one block an
+ * SM; its split combine in one round of loads) rather than the lanes kernel; the planned kernel
+ * DEC_MMA_B1 says so to the launch. Measured on the H200 in the step (session 20,
+ * docs/PERFORMANCE.md): with a 3-stage ring, Llama-3-8B 1024 / 2048 / 4096 / 7900 keys 0.8 /
+ * 0.7 / 1.4 / 7.9% faster a token than the lanes kernel; Qwen2-7B's groups of 7 (the lanes
+ * kernel's two 4-head blocks) 1.1 / 1.7% slower at 2048 / 4096. Other groups keep the lanes
+ * kernel until measured. The 4-stage ring (144) against the 3-stage one (143), both with the
+ * one-round combine (session 21): 1024 / 2048 / 4096 / 7900 keys 0.4 / 0.6 / 0.5 / 0.6% faster
+ * (5 stages, 145, 0.1% behind 4 in one run). */
 #define SF_AD_B1_MMA_MIN_CTX 1024
 #define SF_AD_B1_MMA_GROUP 4
 #define B1_CFG SF_K_DEC_MMA_B1_CFG
@@ -606,7 +610,7 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
      * the least waves x tiles) 4.207, 8 4.201 (session 21, docs/PERFORMANCE.md): blocks that fit
      * beside the QKV projection's (88-176 here) beat short ones that do not. */
     static int slots_cache[SF_K_MAX_DEVICES][2][2][7]; /* per device (common.cuh) and configuration */
-    const int dev = sf_k_dev(), ci = cfg == 43 ? 1 : cfg == 23 ? 2 : cfg == 24 ? 3 : cfg == B1_CFG ? 4 : cfg == 144 ? 5
+    const int dev = sf_k_dev(), ci = cfg == 43 ? 1 : cfg == 23 ? 2 : cfg == 24 ? 3 : cfg == 143 ? 4 : cfg == 144 ? 5
                                    : cfg == 145 ? 6 : 0;
     int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0][ci] : &own;
     if (!*sc) {

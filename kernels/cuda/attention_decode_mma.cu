@@ -35,7 +35,7 @@
 /* The split combine (sf_attn_pieces_finish): pieces per round of loads and pairs of outputs per
  * thread. The batch configurations, whose steps split into few pieces and whose registers set
  * the blocks per SM, take 4 pieces of one pair at a time; the one-token configuration
- * (SF_K_DEC_MMA_B1_CFG, B1), 16 pieces of two pairs: its 4 heads x 128 outputs from up to 16
+ * (B1: configurations 143-145, SF_K_DEC_MMA_B1_CFG the default), 16 pieces of two pairs: its 4 heads x 128 outputs from up to 16
  * pieces in one round of loads (two rounds before: 3.1 us of the ~5 from the last piece to the
  * combine's end at 4096 keys, traced). */
 #define DM_CH 4
@@ -174,7 +174,7 @@ extern "C" int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg)
     if (hd == 64) return int8 ? per_sm<64, true, 4, 2, false>() : per_sm<64, false, 4, 2, false>();
     if (hd != 128) return 0;
     switch (cfg) {
-    case SF_K_DEC_MMA_B1_CFG: return int8 ? per_sm<128, true, 4, 3, true>() : per_sm<128, false, 4, 3, true>();
+    case 143: return int8 ? per_sm<128, true, 4, 3, true>() : per_sm<128, false, 4, 3, true>();
     case 144: return int8 ? per_sm<128, true, 4, 4, true>() : per_sm<128, false, 4, 4, true>();
     case 145: return int8 ? per_sm<128, true, 4, 5, true>() : per_sm<128, false, 4, 5, true>();
     case 43: return int8 ? per_sm<128, true, 4, 3, false>() : per_sm<128, false, 4, 3, false>();
@@ -184,14 +184,14 @@ extern "C" int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg)
     }
 }
 
-/* cfg: warps per block x 10 + ring depth (kernels.h), or SF_K_DEC_MMA_B1_CFG; head size 64 has
+/* cfg: warps per block x 10 + ring depth, or 100 + that for the one-token instances (kernels.h); head size 64 has
  * the default only */
 template <int HD, bool I8>
 static int launch_cfg(const sf_k_attn *a, int cfg, cudaStream_t s)
 {
     if (HD == 64) return launch<HD, I8, 4, 2, false>(a, s);
     switch (cfg) {
-    case SF_K_DEC_MMA_B1_CFG: return launch<HD, I8, 4, 3, true>(a, s);
+    case 143: return launch<HD, I8, 4, 3, true>(a, s);
     case 144: return launch<HD, I8, 4, 4, true>(a, s);
     case 145: return launch<HD, I8, 4, 5, true>(a, s);
     case 43: return launch<HD, I8, 4, 3, false>(a, s);

@@ -262,7 +262,7 @@ void sf_k_attention_decode_cluster(int on);
  * 145): the one-token instances, whose split combine loads every output's pieces in one round;
  * SF_K_DEC_MMA_B1_CFG is the one one-token steps take. sf_k_attention_decode chooses it by shape
  * (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
-#define SF_K_DEC_MMA_B1_CFG 143
+#define SF_K_DEC_MMA_B1_CFG 144
 int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
 int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
 /* Blocks of that kernel (head size, INT8 instance, cfg) resident per SM on the current device. */
