@@ -34,10 +34,10 @@
 
 /* The split combine (sf_attn_pieces_finish): pieces per round of loads and pairs of outputs per
  * thread. The batch configurations, whose steps split into few pieces and whose registers set
- * the blocks per SM, take 4 pieces of one pair at a time; the one-token configuration
- * (B1: configurations 143-145, SF_K_DEC_MMA_B1_CFG the default), 16 pieces of two pairs: its 4 heads x 128 outputs from up to 16
- * pieces in one round of loads (two rounds before: 3.1 us of the ~5 from the last piece to the
- * combine's end at 4096 keys, traced). */
+ * the blocks per SM, take 4 pieces of one pair at a time; the one-token instances (B1:
+ * configurations 143-145, SF_K_DEC_MMA_B1_CFG the one planned), 16 pieces of two pairs: their 4
+ * heads x 128 outputs from up to 16 pieces in one round of loads (two rounds before: 3.1 us of
+ * the ~5 from the last piece to the combine's end at 4096 keys, traced). */
 #define DM_CH 4
 #define DM_CH_B1 16
 
