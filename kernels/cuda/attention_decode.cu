@@ -511,12 +511,20 @@ enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
 /* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
  * kernels' warps x ring depth: 42, 43, 23, 24; the one-token instances 143, 144, 145), read once
  * per process (thread-safe statics); a malformed value warns and keeps auto / 42. */
+static const char *const dec_cfgs[] = { "42", "43", "23", "24", "143", "144", "145" };
+/* A configuration's index in dec_cfgs (0, the default, for any other). */
+static int dec_cfg_index(int cfg)
+{
+    for (int i = 0; i < (int)SF_ARRAY_LEN(dec_cfgs); i++)
+        if (atoi(dec_cfgs[i]) == cfg) return i;
+    return 0;
+}
 static int dec_mode(int *cfg)
 {
-    static const char *const modes[] = { "auto", "lanes", "mma", "stream" },
-                             *const cfgs[] = { "42", "43", "23", "24", "143", "144", "145" };
+    static const char *const modes[] = { "auto", "lanes", "mma", "stream" };
     static const int mode = sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN", DEC_AUTO, modes, 4);
-    static const int c = atoi(cfgs[sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN_CFG", 0, cfgs, 7)]);
+    static const int c =
+        atoi(dec_cfgs[sf_env_choice("SEMFLOW_CUDA_DECODE_ATTN_CFG", 0, dec_cfgs, (int)SF_ARRAY_LEN(dec_cfgs))]);
     *cfg = c;
     return mode;
 }
@@ -609,10 +617,9 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
      * 11 / 16 / 22 splits 4.111 / 4.104 / 4.106 ms a token, 33 (two tiles a block, 264 blocks,
      * the least waves x tiles) 4.207, 8 4.201 (session 21, docs/PERFORMANCE.md): blocks that fit
      * beside the QKV projection's (88-176 here) beat short ones that do not. */
-    static int slots_cache[SF_K_MAX_DEVICES][2][2][7]; /* per device (common.cuh) and configuration */
-    const int dev = sf_k_dev(), ci = cfg == 43 ? 1 : cfg == 23 ? 2 : cfg == 24 ? 3 : cfg == 143 ? 4 : cfg == 144 ? 5
-                                   : cfg == 145 ? 6 : 0;
-    int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0][ci] : &own;
+    static int slots_cache[SF_K_MAX_DEVICES][2][2][SF_ARRAY_LEN(dec_cfgs)]; /* per device (common.cuh), cfg */
+    const int dev = sf_k_dev();
+    int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0][dec_cfg_index(cfg)] : &own;
     if (!*sc) {
         const int n = sf_k_attention_decode_mma_per_sm(hd, int8, cfg);
         *sc = (n > 0 ? n : 1) * sms;

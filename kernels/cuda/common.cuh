@@ -203,6 +203,18 @@ static __device__ __forceinline__ void sf_pdl_wait(void)
  * acq_rel) operation publishes every write of the block (release is cumulative over the
  * barrier); one thread's acquire, then __syncthreads, makes them visible to the whole block. No
  * fence.sc (`__threadfence`, membar.gl) on the way. sf_ld_acquire_gpu, sf_st_release_sys, ... */
+#define SF_SCOPED_ST(sem, scope)                                                                                \
+    static __device__ __forceinline__ void sf_st_##sem##_##scope(unsigned *p, unsigned v)                     \
+    {                                                                                                           \
+        asm volatile("st." #sem "." #scope ".global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");               \
+    }
+#define SF_SCOPED_LD(sem, scope)                                                                                \
+    static __device__ __forceinline__ unsigned sf_ld_##sem##_##scope(const unsigned *p)                       \
+    {                                                                                                           \
+        unsigned v;                                                                                             \
+        asm volatile("ld." #sem "." #scope ".global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");             \
+        return v;                                                                                               \
+    }
 #define SF_SCOPED_SYNC(scope)                                                                                   \
     static __device__ __forceinline__ unsigned sf_atom_add_acq_rel_##scope(unsigned *p, unsigned v)           \
     {                                                                                                           \
@@ -217,29 +229,15 @@ static __device__ __forceinline__ void sf_pdl_wait(void)
     {                                                                                                           \
         asm volatile("red.release." #scope ".global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");           \
     }                                                                                                           \
-    static __device__ __forceinline__ void sf_st_release_##scope(unsigned *p, unsigned v)                     \
-    {                                                                                                           \
-        asm volatile("st.release." #scope ".global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");                \
-    }                                                                                                           \
-    static __device__ __forceinline__ void sf_st_relaxed_##scope(unsigned *p, unsigned v)                     \
-    {                                                                                                           \
-        asm volatile("st.relaxed." #scope ".global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");                \
-    }                                                                                                           \
-    static __device__ __forceinline__ unsigned sf_ld_acquire_##scope(const unsigned *p)                       \
-    {                                                                                                           \
-        unsigned v;                                                                                             \
-        asm volatile("ld.acquire." #scope ".global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");              \
-        return v;                                                                                               \
-    }                                                                                                           \
-    static __device__ __forceinline__ unsigned sf_ld_relaxed_##scope(const unsigned *p)                       \
-    {                                                                                                           \
-        unsigned v;                                                                                             \
-        asm volatile("ld.relaxed." #scope ".global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");              \
-        return v;                                                                                               \
-    }
+    SF_SCOPED_ST(release, scope)                                                                                \
+    SF_SCOPED_ST(relaxed, scope)                                                                                \
+    SF_SCOPED_LD(acquire, scope)                                                                                \
+    SF_SCOPED_LD(relaxed, scope)
 SF_SCOPED_SYNC(gpu)
 SF_SCOPED_SYNC(sys)
 #undef SF_SCOPED_SYNC
+#undef SF_SCOPED_LD
+#undef SF_SCOPED_ST
 
 /* 1 unless SEMFLOW_CUDA_PDL=0 (read once). */
 static inline int sf_pdl_enabled(void)

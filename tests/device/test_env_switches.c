@@ -160,6 +160,10 @@ TEST(decode_attention_one_token_plan)
     }
     int kernel = -1;
     CHECK(sf_k_attention_decode_plan(64, 8, 4, 128, 4096, 16, 0, sms, &kernel) >= 1 && kernel == 3); /* a batch: stream */
+    /* the one-token split is the planner's bound below empty splits, 11 at 4097 keys: measured
+     * best (docs/PERFORMANCE.md session 21; 33 splits, the least waves x tiles, 2.5% slower) */
+    const int ns = sf_k_attention_decode_plan(1, 8, 4, 128, 4097, 16, 0, sms, &kernel);
+    CHECK_MSG(ns == 11 && kernel == 4, "split %d kernel %d", ns, kernel);
 }
 
 int main(void)
