@@ -35,13 +35,24 @@ def main():
     path = sys.argv[1]
     bw = float(sys.argv[2]) if len(sys.argv) > 2 else 4250.0
     groups, combines = {}, []
-    with open(path) as f:
-        for line in f:
-            if line.startswith("#"):
+    try:
+        f = open(path)
+    except OSError as e:
+        print("b1trace: cannot read %s: %s (SEMFLOW_CUDA_TRACE=FILE writes it when the backend closes)"
+              % (path, e.strerror))
+        return 1
+    with f:
+        for n, line in enumerate(f, 1):
+            if line.startswith("#") or not line.strip():
                 continue
-            v = [int(x) for x in line.split()]
+            try:
+                v = [int(x) for x in line.split()]
+            except ValueError:
+                v = []
             if len(v) != 10:
-                continue
+                print("b1trace: %s line %d is not a record (10 integers: tag m k grid block sm t0 d_wait d_ready"
+                      " d_end, as SEMFLOW_CUDA_TRACE writes them): %r" % (path, n, line.strip()[:80]))
+                return 1
             tag, m, k, grid, blk, sm, t0, dw, dr, de = v
             if tag == COMBINE:  # count back, m and l in, outputs stored (ns after t0)
                 combines.append((t0 + dw, t0 + dr, t0 + de, t0))

@@ -86,6 +86,19 @@ def main():
         os.unlink(path)
     check("no_combine_records", p.returncode == 0 and "layer: 104.90 us" in p.stdout and
           "split combine" not in p.stdout, p.stdout + p.stderr)
+    # a file that is not a timeline: one clear line naming the bad line, exit 1
+    with tempfile.NamedTemporaryFile("w", suffix=".tr", delete=False) as f:
+        f.write("# header\n%d %d %d %d %d %d %d %d %d %d\n" % recs[0] + "25 6144 4096 x 0 0 1 2 3 4\n")
+        path = f.name
+    try:
+        p = subprocess.run([sys.executable, TOOL, path], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(path)
+    check("malformed_line", p.returncode == 1 and "line 3 is not a record" in p.stdout and not p.stderr,
+          "rc %d out %r err %r" % (p.returncode, p.stdout, p.stderr))
+    p = subprocess.run([sys.executable, TOOL, "/nonexistent/trace.tr"], capture_output=True, text=True, timeout=60)
+    check("missing_file", p.returncode == 1 and "cannot read /nonexistent/trace.tr" in p.stdout and not p.stderr,
+          "rc %d out %r err %r" % (p.returncode, p.stdout, p.stderr))
     return 1 if results.failures else 0
 
 
