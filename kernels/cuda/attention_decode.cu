@@ -496,17 +496,24 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
  * by default). Read once (the launch thread is the backend's only thread). */
 enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
 /* One-token bf16 steps from this many keys, in groups of 4 query heads (Llama-3's, Mistral's),
- * take the tensor-core kernel in its B1_CFG configuration (4 warps, a 4-stage ring, one block an
- * SM; its split combine in one round of loads) rather than the lanes kernel; the planned kernel
- * DEC_MMA_B1 says so to the launch. Measured on the H200 in the step (session 20,
- * docs/PERFORMANCE.md): with a 3-stage ring, Llama-3-8B 1024 / 2048 / 4096 / 7900 keys 0.8 /
- * 0.7 / 1.4 / 7.9% faster a token than the lanes kernel; Qwen2-7B's groups of 7 (the lanes
- * kernel's two 4-head blocks) 1.1 / 1.7% slower at 2048 / 4096. Other groups keep the lanes
- * kernel until measured. The 4-stage ring (144) against the 3-stage one (143), both with the
- * one-round combine (session 21): 1024 / 2048 / 4096 / 7900 keys 0.4 / 0.6 / 0.5 / 0.6% faster
- * (5 stages, 145, 0.1% behind 4 in one run). */
-#define SF_AD_B1_MMA_MIN_CTX 1024
+ * or of 5 to 8 from SF_AD_B1_MMA_MIN_CTX_WIDE (Qwen2's 7), take the tensor-core kernel in its
+ * B1_CFG configuration (4 warps, a 4-stage ring, one block an SM; its combine's outputs in one
+ * round of loads) rather than the lanes kernel; the planned kernel DEC_MMA_B1 says so to the
+ * launch, and the split is one wave of blocks (plan()). Measured on the H200 in the step
+ * (docs/PERFORMANCE.md): session 20, with a 3-stage ring and the planner's split then,
+ * Llama-3-8B 1024 / 2048 / 4096 / 7900 keys 0.8 / 0.7 / 1.4 / 7.9% faster a token than the lanes
+ * kernel; session 21, the 4-stage ring (144) against the 3-stage one (143), 0.4 / 0.6 / 0.5 /
+ * 0.6% faster. Session 22, the ring's first tiles loaded before the programmatic wait and one
+ * wave of blocks, against session 21's kernel and split: Llama-3-8B 1024 / 2048 / 4096 / 7900
+ * keys 1.8 / 2.9 / 2.0 / 1.4% faster, 512 keys 0.3-0.4% faster than the lanes kernel's cluster
+ * instance; Qwen2-7B (group 7) 2048 / 4096 keys 0.6 / 1.5% faster than the lanes kernel's two
+ * 4-head blocks, but 0.4% slower at 1024 and even at 512. Smaller groups keep the lanes kernel
+ * until measured. */
+#define SF_AD_B1_MMA_MIN_CTX 512
+#define SF_AD_B1_MMA_MIN_CTX_WIDE 2048
 #define SF_AD_B1_MMA_GROUP 4
+#define SF_AD_B1_MMA_MAX_GROUP 8
+#define SF_AD_B1_MAX_SPLIT 32
 #define B1_CFG SF_K_DEC_MMA_B1_CFG
 /* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
  * kernels' warps x ring depth: 42, 43, 23, 24; the one-token instances 143, 144, 145), read once
@@ -577,8 +584,8 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     if (T <= 0 || sms <= 0) return 1;
     const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;
     if (shape && mode == DEC_AUTO && T >= SF_AD_MMA_MIN_TOKENS) mode = max_ctx >= SF_AD_STREAM_MIN_CTX ? DEC_STREAM : DEC_MMA;
-    if (shape && mode == DEC_AUTO && T == 1 && !int8 && max_ctx >= SF_AD_B1_MMA_MIN_CTX &&
-        group == SF_AD_B1_MMA_GROUP) {
+    if (shape && mode == DEC_AUTO && T == 1 && !int8 && group >= SF_AD_B1_MMA_GROUP && group <= SF_AD_B1_MMA_MAX_GROUP &&
+        max_ctx >= (group == SF_AD_B1_MMA_GROUP ? SF_AD_B1_MMA_MIN_CTX : SF_AD_B1_MMA_MIN_CTX_WIDE)) {
         mode = DEC_MMA_B1;
         cfg = B1_CFG;
     }
@@ -612,11 +619,7 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
      * split with the least (waves x that), the smallest on ties, among the splits below the first
      * that would leave a split empty (its tiles rounded up): whole waves at every batch and
      * context, no split where the waves already come out even (256 x 192: 1; 128 x 1500: 3).
-     * For one-token steps that bound is what sets the split (4 at 1024 keys, 11 at 4097, 14 at
-     * 7900: blocks of 4-9 tiles), and it is the measured best: Llama-3-8B at 4097-4144 keys,
-     * 11 / 16 / 22 splits 4.111 / 4.104 / 4.106 ms a token, 33 (two tiles a block, 264 blocks,
-     * the least waves x tiles) 4.207, 8 4.201 (session 21, docs/PERFORMANCE.md): blocks that fit
-     * beside the QKV projection's (88-176 here) beat short ones that do not. */
+     * One-token steps on the B1 configuration take the rule below instead. */
     static int slots_cache[SF_K_MAX_DEVICES][2][2][SF_ARRAY_LEN(dec_cfgs)]; /* per device (common.cuh), cfg */
     const int dev = sf_k_dev();
     int own = 0, *sc = dev >= 0 ? &slots_cache[dev][hd == 128][int8 != 0][dec_cfg_index(cfg)] : &own;
@@ -625,6 +628,17 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
         *sc = (n > 0 ? n : 1) * sms;
     }
     const int slots = *sc, tk = hd == 64 ? 64 : mma_tile_keys(cfg);
+    if (mode == DEC_MMA_B1) {
+        /* one-token steps: one wave of blocks, as many as fit (16 splits for 8 kv heads on 132
+         * SMs, at most 32), each block's first tiles loaded before the programmatic wait while
+         * the QKV projection ends. Splits past the last key are empty blocks that combine
+         * nothing; the same tiles in fewer splits measured slower (Llama-3-8B at 4097 keys: 16
+         * splits of 5 tiles, 3 of them empty, 3.952 / 3.998 ms a token on two cards, 13 splits
+         * 3.983 / 4.019; Qwen2-7B, 4 kv heads: 32 splits 3.736, 22 3.749; session 22,
+         * docs/PERFORMANCE.md) */
+        const int ns = SF_MIN(SF_MIN(slots / work, SF_AD_B1_MAX_SPLIT), (max_ctx + tk - 1) / tk);
+        return ns < 1 ? 1 : ns;
+    }
     int best = 1;
     double best_cost = 1e300;
     for (int ns = 1; ns <= AD_MAX_SPLIT; ns++) {

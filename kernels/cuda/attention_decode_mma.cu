@@ -27,7 +27,8 @@
  * and offset are a shift and a mask).
  * Splits (n_split > 1) write partials in attention.cu's workspace layout; the last block of each
  * (token, kv head) combines them. Launched as a programmatic dependent (common.cuh): the
- * metadata and the first tiles' block-table entries are read before the wait. */
+ * metadata and the first tiles' block-table entries are read before the wait, and in one-token
+ * steps the first tiles' keys themselves where they precede the step's own. */
 #include "attention_decode_mma.cuh"
 #include "b1trace.cuh"
 
@@ -65,14 +66,27 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     int ids[NS][Lo::NR];
 #pragma unroll
     for (int st = 0; st < NS; st++) dm_ids<HD, I8, NW>(ids[st], bt, lbs, k0 + st * Lo::TK, k1, j0);
+    /* One-token steps (B1): a ring tile whose keys all precede the newest (position ctx - 1,
+     * which the QKV kernel appends) holds keys of earlier steps, which no kernel of this step
+     * writes, so its loads are issued before the wait; the blocks start beside the QKV
+     * projection's last ones and would otherwise idle until it ends. The tiles from the newest
+     * key's on are issued after the wait, in the same order (one commit group per tile). */
+    const int npre = B1 && a.T == 1 ? max(0, min(min(NS - 1, ntile), (ctx - 1 - k0) / Lo::TK)) : 0;
+#pragma unroll
+    for (int st = 0; st < NS - 1; st++)
+        if (st < npre) {
+            dm_issue<HD, I8, NW>(smem + st * Lo::STB, a, kh, k0 + st * Lo::TK, k1, ids[st], ck, j0);
+            sf_cp_async_commit();
+        }
     sf_pdl_wait(); /* q and the newest keys come from the kernel before */
     tr_waited(tr);
 
 #pragma unroll
-    for (int st = 0; st < NS - 1; st++) {
-        if (st < ntile) dm_issue<HD, I8, NW>(smem + st * Lo::STB, a, kh, k0 + st * Lo::TK, k1, ids[st], ck, j0);
-        sf_cp_async_commit();
-    }
+    for (int st = 0; st < NS - 1; st++)
+        if (st >= npre) {
+            if (st < ntile) dm_issue<HD, I8, NW>(smem + st * Lo::STB, a, kh, k0 + st * Lo::TK, k1, ids[st], ck, j0);
+            sf_cp_async_commit();
+        }
     int blk[Lo::NR];
 #pragma unroll
     for (int r = 0; r < Lo::NR; r++) blk[r] = ids[NS - 1][r];

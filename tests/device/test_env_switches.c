@@ -135,11 +135,11 @@ TEST(gemv_plan_refuses_junk)
     cudaFree(y);
 }
 
-/* The planner's kernel for one-token steps: the tensor-core kernel (4) from 1024 keys for bf16
- * steps of GQA groups of 4 (the measured case), the lanes kernel (1) otherwise; batches keep
- * theirs. Here because this process leaves SEMFLOW_CUDA_DECODE_ATTN at auto (test_decode_attn
- * forces the lanes kernel); after attention_switches_read_once, whose malformed values kept the
- * defaults. */
+/* The planner's kernel for one-token steps: the tensor-core kernel (4) for bf16 steps of GQA
+ * groups of 4 from 512 keys and of 5 to 8 from 2048 (the measured cases: 4 and 7), the lanes
+ * kernel (1) otherwise; batches keep theirs. Here because this process leaves
+ * SEMFLOW_CUDA_DECODE_ATTN at auto (test_decode_attn forces the lanes kernel); after
+ * attention_switches_read_once, whose malformed values kept the defaults. */
 TEST(decode_attention_one_token_plan)
 {
     int sms = 0, dev = 0;
@@ -147,7 +147,8 @@ TEST(decode_attention_one_token_plan)
           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
     static const struct { int T, group, ctx, i8, want; } cases[] = {
         { 1, 4, 4096, 0, 4 }, { 1, 4, 1024, 0, 4 }, { 1, 4, 8000, 0, 4 }, { 1, 1, 8000, 0, 1 },
-        { 1, 4, 1000, 0, 1 }, { 1, 4, 512, 0, 1 },   { 1, 7, 4096, 0, 1 }, { 1, 8, 4096, 0, 1 },
+        { 1, 4, 1000, 0, 4 }, { 1, 4, 512, 0, 4 },   { 1, 4, 511, 0, 1 },  { 1, 7, 4096, 0, 4 }, { 1, 8, 4096, 0, 4 },
+        { 1, 7, 2048, 0, 4 }, { 1, 7, 1024, 0, 1 },  { 1, 2, 4096, 0, 1 }, { 1, 9, 4096, 0, 1 },
         { 1, 0, 4096, 0, 1 }, { 1, 4, 4096, 1, 1 },  { 2, 4, 4096, 0, 1 },
     };
     for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
@@ -160,10 +161,17 @@ TEST(decode_attention_one_token_plan)
     }
     int kernel = -1;
     CHECK(sf_k_attention_decode_plan(64, 8, 4, 128, 4096, 16, 0, sms, &kernel) >= 1 && kernel == 3); /* a batch: stream */
-    /* the one-token split is the planner's bound below empty splits, 11 at 4097 keys: measured
-     * best (docs/PERFORMANCE.md session 21; 33 splits, the least waves x tiles, 2.5% slower) */
-    const int ns = sf_k_attention_decode_plan(1, 8, 4, 128, 4097, 16, 0, sms, &kernel);
-    CHECK_MSG(ns == 11 && kernel == 4, "split %d kernel %d", ns, kernel);
+    /* the one-token split is one wave of the B1 configuration's blocks, at most 32: 16 for 8 kv
+     * heads on the H200's 132 SMs (one block an SM), 32 for 4 (docs/PERFORMANCE.md session 22) */
+    const int per_sm = sf_k_attention_decode_mma_per_sm(128, 0, SF_K_DEC_MMA_B1_CFG);
+    CHECK_MSG(per_sm >= 1, "blocks per SM %d", per_sm);
+    int ns = sf_k_attention_decode_plan(1, 8, 4, 128, 4097, 16, 0, sms, &kernel);
+    CHECK_MSG(ns == SF_MIN(per_sm * sms / 8, 32) && kernel == 4, "split %d kernel %d (%d a SM)", ns, kernel, per_sm);
+    ns = sf_k_attention_decode_plan(1, 4, 7, 128, 4097, 16, 0, sms, &kernel);
+    CHECK_MSG(ns == SF_MIN(per_sm * sms / 4, 32) && kernel == 4, "4 kv heads: split %d kernel %d", ns, kernel);
+    /* never more splits than 64-key tiles */
+    ns = sf_k_attention_decode_plan(1, 8, 4, 128, 1025, 16, 0, sms, &kernel);
+    CHECK_MSG(ns >= 1 && ns <= 17 && kernel == 4, "1025 keys: split %d kernel %d", ns, kernel);
 }
 
 int main(void)
