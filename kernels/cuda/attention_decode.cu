@@ -505,7 +505,7 @@ enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
  * kernel; session 21, the 4-stage ring (144) against the 3-stage one (143), 0.4 / 0.6 / 0.5 /
  * 0.6% faster. Session 22, the ring's first tiles loaded before the programmatic wait and one
  * wave of blocks, against session 21's kernel and split: Llama-3-8B 1024 / 2048 / 4096 / 7900
- * keys 1.8 / 2.9 / 2.0 / 1.4% faster, 512 keys 0.3-0.4% faster than the lanes kernel's cluster
+ * keys 1.8 / 2.9 / 2.0 / 1.4% faster, 512 keys 0.2-0.4% faster than the lanes kernel's cluster
  * instance; Qwen2-7B (group 7) 2048 / 4096 keys 0.6 / 1.5% faster than the lanes kernel's two
  * 4-head blocks, but 0.4% slower at 1024 and even at 512. Smaller groups keep the lanes kernel
  * until measured. */
