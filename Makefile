@@ -62,8 +62,11 @@ LIB_SRCS := $(filter-out %.bpf.c,$(LIB_SRCS))
 # cli/*.c are linked into the binary directly (their commands are weak references in semflow.c)
 CLI_OBJS := $(patsubst %.c,$(BUILD)/obj/%.o,$(wildcard cli/*.c))
 LIB_OBJS := $(LIB_SRCS:%.c=$(BUILD)/obj/%.o)
+# nvcc objects take no sanitizer flags, so the sanitizer build links the plain build's (the
+# kernels compiled once a CI run, not twice)
+CU_BUILD := $(if $(filter 1,$(SAN)),build,$(BUILD))
 ifeq ($(HAVE_CUDA),1)
-LIB_OBJS += $(CU_SRCS:%.cu=$(BUILD)/obj/%.cu.o)
+LIB_OBJS += $(CU_SRCS:%.cu=$(CU_BUILD)/obj/%.cu.o)
 endif
 BPF_OBJS := $(BPF_SRCS:bpf/%.bpf.c=$(BUILD)/bpf/%.bpf.o)
 BPF_SKELS := $(BPF_SRCS:bpf/%.bpf.c=$(BUILD)/bpf/%.skel.h)
@@ -96,7 +99,7 @@ $(BUILD)/obj/%.o: %.c | $(BPF_SKELS)
 	@echo "  CC      $<"
 	$(Q)$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
-$(BUILD)/obj/%.cu.o: %.cu
+$(CU_BUILD)/obj/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	@echo "  NVCC    $<"
 	$(Q)$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
@@ -122,7 +125,7 @@ $(BUILD)/tests/device/%: tests/device/%.c tests/test.h $(BUILD)/libsemflow.a
 	@mkdir -p $(@D)
 	$(Q)$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/libsemflow.a $(ALL_LIBS)
 
--include $(shell find $(BUILD)/obj -name '*.d' 2>/dev/null)
+-include $(shell find $(addsuffix /obj,$(sort $(BUILD) $(CU_BUILD))) -name '*.d' 2>/dev/null)
 -include $(wildcard mk/*.mk)
 
 # ---- entry points -------------------------------------------------------------------------

@@ -4,7 +4,8 @@
 #   integration tests: tests/integration/*.sh and *.py, against the built binary
 #   --device:          build/tests/device/*    (GPU host only)
 # Each test prints PASS:/FAIL: lines; a test that crashes or exits non-zero without a FAIL
-# line counts as one failure. Set TESTS=pattern to run a subset.
+# line counts as one failure; after its output, "-- name: N s" says how long it took. Set
+# TESTS=pattern to run a subset.
 BUILD=${BUILD:-build}
 export SEMFLOW_BIN="$PWD/$BUILD/semflow" SF_BUILD="$PWD/$BUILD"
 export SEMFLOW_DEMO_DIR="${SEMFLOW_DEMO_DIR:-$PWD/$BUILD/demo-model}"
@@ -14,9 +15,11 @@ run_one() {
     name=$1; shift
     case "$name" in *${TESTS:-}*) ;; *) return ;; esac
     echo "== $name"
+    t0=$(date +%s)
     timeout "${TEST_TIMEOUT:-900}" "$@" >"$log" 2>&1
     rc=$?
     cat "$log"
+    echo "-- $name: $(($(date +%s) - t0)) s"
     p=$(grep -c '^PASS: ' "$log"); f=$(grep -c '^FAIL: ' "$log")
     if [ "$rc" != 0 ] && [ "$f" = 0 ]; then
         echo "FAIL: $name: exited with status $rc"; f=1
