@@ -44,22 +44,29 @@ def layer(recs, b):
     return a_end
 
 
+def run_tool(text, *args):
+    """b1trace.py over a file holding text."""
+    with tempfile.NamedTemporaryFile("w", suffix=".tr", delete=False) as f:
+        f.write(text)
+        path = f.name
+    try:
+        return subprocess.run([sys.executable, TOOL, path, *args], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(path)
+
+
+def lines_of(recs):
+    return "".join("%d %d %d %d %d %d %d %d %d %d\n" % r for r in recs)
+
+
 def main():
     recs, t = [], 1_000_000
     for _ in range(3):
         for _ in range(4):
             t = layer(recs, t)
         t += 250_000  # the step's edge: lm_head, draw, embedding
-    with tempfile.NamedTemporaryFile("w", suffix=".tr", delete=False) as f:
-        f.write("# tag m k grid block sm t0 d_wait d_ready d_end (ns); %d records appended, %d kept\n"
-                % (len(recs), len(recs)))
-        for r in recs:
-            f.write("%d %d %d %d %d %d %d %d %d %d\n" % r)
-        path = f.name
-    try:
-        p = subprocess.run([sys.executable, TOOL, path, "4250"], capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(path)
+    p = run_tool("# tag m k grid block sm t0 d_wait d_ready d_end (ns); %d records appended, %d kept\n"
+                 % (len(recs), len(recs)) + lines_of(recs), "4250")
     out = p.stdout
     check("runs", p.returncode == 0 and "b1trace:" in out, "rc %d out %r err %r" % (p.returncode, out, p.stderr))
     lines = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.split()}
@@ -75,25 +82,11 @@ def main():
     check("combine_breakdown", want[0] and all(w in line for w in want[1:]), "line %r" % line)
     check("step_edge", "step edge: " in out and "(median of 2)" in out, out)
     # a timeline without combine records (the cluster combine at 512 keys) prints no breakdown
-    with tempfile.NamedTemporaryFile("w", suffix=".tr", delete=False) as f:
-        for r in recs:
-            if r[0] != COMBINE:
-                f.write("%d %d %d %d %d %d %d %d %d %d\n" % r)
-        path = f.name
-    try:
-        p = subprocess.run([sys.executable, TOOL, path], capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(path)
+    p = run_tool(lines_of(r for r in recs if r[0] != COMBINE))
     check("no_combine_records", p.returncode == 0 and "layer: 104.90 us" in p.stdout and
           "split combine" not in p.stdout, p.stdout + p.stderr)
     # a file that is not a timeline: one clear line naming the bad line, exit 1
-    with tempfile.NamedTemporaryFile("w", suffix=".tr", delete=False) as f:
-        f.write("# header\n%d %d %d %d %d %d %d %d %d %d\n" % recs[0] + "25 6144 4096 x 0 0 1 2 3 4\n")
-        path = f.name
-    try:
-        p = subprocess.run([sys.executable, TOOL, path], capture_output=True, text=True, timeout=60)
-    finally:
-        os.unlink(path)
+    p = run_tool("# header\n" + lines_of(recs[:1]) + "25 6144 4096 x 0 0 1 2 3 4\n")
     check("malformed_line", p.returncode == 1 and "line 3 is not a record" in p.stdout and not p.stderr,
           "rc %d out %r err %r" % (p.returncode, p.stdout, p.stderr))
     p = subprocess.run([sys.executable, TOOL, "/nonexistent/trace.tr"], capture_output=True, text=True, timeout=60)
