@@ -1064,6 +1064,7 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         rec.p[5] = c->pos_d; rec.p[6] = c->slot_d; rec.p[7] = c->inv_freq_d;
         rec.n[0] = w->rows; rec.n[1] = k; rec.n[2] = H; rec.n[3] = Hkv; rec.n[4] = r->head_dim; rec.n[5] = r->rot_dim;
         rec.n[6] = r->interleaved;
+        rec.n[7] = c->dec_kernel; /* the step's attention, which starts beside the projection's tail */
         rec.f = eps;
         rec.kv = layer_kv(c, layer);
         return submit(c, &rec, 1, "norm_qkv_rope");

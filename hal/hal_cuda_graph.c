@@ -67,7 +67,7 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
     case SF_OP_GEMV_ROPE:
         return sf_k_gemv_norm_rope(r->p[0], r->p[1], r->f, r->p[2], r->p[3], (int)n[1], (int)n[2], (int)n[3],
                                    (int)n[4], (int)n[5], (int)n[6], r->p[5], r->p[6], r->p[7], r->kv,
-                                   (uint16_t *)r->p[4], s);
+                                   (int)n[7], (uint16_t *)r->p[4], s);
     case SF_OP_GEMV_PLAIN:
         return sf_k_gemv_stream_plain(r->p[0], r->p[2], r->p[3], (int)n[0], (int)n[1], (uint16_t *)r->p[4], s);
     default:

@@ -495,6 +495,7 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
  * SEMFLOW_CUDA_DECODE_ATTN_CFG: the tensor-core kernels' warps x 10 + ring depth (kernels.h; 42
  * by default). Read once (the launch thread is the backend's only thread). */
 enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
+static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1, "kernels.h names this kernel for the QKV projection");
 /* One-token bf16 steps from this many keys, in groups of 4 query heads (Llama-3's, Mistral's),
  * or of 5 to 8 from SF_AD_B1_MMA_MIN_CTX_WIDE (Qwen2's 7), take the tensor-core kernel in its
  * B1_CFG configuration (4 warps, a 4-stage ring, one block an SM; its combine's outputs in one

@@ -13,6 +13,7 @@ extern "C" {
 
 /* the traced files' setters (SF_TR_SETTER) */
 extern "C" int sf_k_gemv_stream_trace(void *buf);
+extern "C" int sf_k_gemv_fused_trace(void *buf);
 extern "C" int sf_k_attn_decode_trace(void *buf);
 extern "C" int sf_k_attn_decode_mma_trace(void *buf);
 extern "C" int sf_k_sample_trace(void *buf);
@@ -27,6 +28,7 @@ struct sf_k_trace {
 static int set_all(void *buf)
 {
     int rc = sf_k_gemv_stream_trace(buf);
+    if (!rc) rc = sf_k_gemv_fused_trace(buf);
     if (!rc) rc = sf_k_attn_decode_trace(buf);
     if (!rc) rc = sf_k_attn_decode_mma_trace(buf);
     if (!rc) rc = sf_k_sample_trace(buf);

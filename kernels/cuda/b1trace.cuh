@@ -28,7 +28,8 @@ struct sf_tr_rec {
     uint32_t grid;        /* blocks of the launch */
 };
 
-/* Tags: the persistent-warp GEMVs are SF_TR_GEMV + their mode bits (gemv_ring.cuh FG_*). */
+/* Tags: the fused GEMVs (gemv_stream.cu's persistent warps; gemv_fused.cu's per-warp kernel in its
+ * norm modes) are SF_TR_GEMV + their mode bits (gemv_ring.cuh FG_*). */
 #define SF_TR_GEMV 16
 #define SF_TR_ATTN 64
 #define SF_TR_SAMPLE 80 /* the draw (sample.cu): m = vocabulary, k = parts per row */
@@ -89,6 +90,17 @@ static __device__ __forceinline__ void tr_end(const sf_tr &s, int tag, int m, in
     if (!tr_buf) return;
     __syncthreads();
     if (threadIdx.x) return;
+    tr_put(tag, m, k, s.t0, s.tw, s.tr, (uint32_t)(global_ns() - s.t0));
+}
+/* For kernels whose warps end on their own (no barrier at the end): lane 0 of each of the block's
+ * `warps` warps calls this when its warp is done, and the last to come appends the block's
+ * record. *done: a shared counter thread 0 zeroed before a barrier all warps pass first. */
+static __device__ __forceinline__ void tr_warp_end(const sf_tr &s, unsigned *done, int warps, int tag, int m, int k)
+{
+    if (!tr_buf) return;
+    __threadfence_block(); /* this warp's marks (thread 0's, for warp 0) before its count */
+    if (atomicAdd(done, 1u) != (unsigned)warps - 1) return;
+    __threadfence_block();
     tr_put(tag, m, k, s.t0, s.tw, s.tr, (uint32_t)(global_ns() - s.t0));
 }
 /* The split combine of an attention block that combined (sf_attn_pieces_finish's marks: the

@@ -28,6 +28,7 @@
  * Rounding follows the unfused path exactly: the normalised x is bf16(bf16(x * inv) * nw), GEMV
  * outputs are rounded to bf16 before SiLU (which is rounded again, as HF does) and before the
  * residual add. Only the order of the fp32 sums differs. */
+#include "b1trace.cuh"
 #include "gemv_ring.cuh"
 
 extern "C" {
@@ -44,14 +45,27 @@ extern "C" {
  * reads back only the slots it filled, so cp.async.wait_group is the only synchronisation. The
  * loads then stay in flight across loop iterations instead of draining at each (FG_U unused). */
 static constexpr int fg_ring_st(int mode) { return (mode & FG_ONE) ? 6 : 4; }
+/* MODE | FG_TRACE: with the timeline marks (b1trace.cuh), norm modes only (their prologue's
+ * barrier orders the block's marks); an instance of its own, as in gemv_stream.cu, and a mode bit
+ * rather than a template parameter so that the unmarked instances stay as they were. The warps
+ * end on their own, so the last warp of the block to finish writes the record (tr_warp_end). */
+enum { FG_TRACE = 64 };
 template <int MODE, int WARPS, int FG_U, bool RING = false>
 __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restrict__ x, const bf16 *__restrict__ nw,
                                                            float eps, const bf16 *__restrict__ w,
                                                            const bf16 *__restrict__ bias, int m, int k,
                                                            bf16 *__restrict__ y, fg_rope rp)
 {
+    constexpr bool TR = (MODE & FG_TRACE) != 0;
+    static_assert(!TR || (MODE & FG_NORM), "the marks need the norm prologue's barrier");
     extern __shared__ __align__(16) unsigned char fg_smem[];
     __shared__ float red[32];
+    __shared__ sf_tr tr;
+    __shared__ unsigned tr_done;
+    if (TR) {
+        tr_begin(tr);
+        if (threadIdx.x == 0) tr_done = 0;
+    }
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, k8 = k / 8;
     /* units: glu -> f = m / 2 outputs, one (gate, up) pair each; one row: m; else ceil(m / 2) row pairs */
     constexpr bool TWO = !(MODE & FG_ONE);
@@ -86,6 +100,7 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         else { va[i] = make_uint4(0, 0, 0, 0); vb[i] = va[i]; }
     }
     sf_pdl_wait(); /* x, y, the cache and pos/slot may be written by the kernels before */
+    if (TR) tr_waited(tr);
 
     const bf16x8 *xv;
     if (MODE & FG_NORM) {
@@ -94,12 +109,14 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
         const float ss = block_sum(gr_row_sumsq(x8, xs, k8, WARPS * 32), red);
         gr_row_scale(xs, n8, rsqrtf(ss / (float)k + eps), k8, WARPS * 32);
         __syncthreads();
+        if (TR) tr_ready(tr);
         xv = xs;
     } else {
         xv = (const bf16x8 *)x;
     }
     if (!active) {
         if (RING) gr_wait<0>();
+        if (TR && lane == 0) tr_warp_end(tr, &tr_done, WARPS, SF_TR_GEMV + (MODE & ~FG_TRACE), m, k);
         return;
     }
 
@@ -135,7 +152,10 @@ __global__ void __launch_bounds__(WARPS * 32) k_gemv_fused(const bf16 *__restric
     if (TWO) acc_b = warp_sum(acc_b);
     if (lane) return;
     fg_epilogue<MODE>(r, u, acc_a, acc_b, bias, y, rp);
+    if (TR) tr_warp_end(tr, &tr_done, WARPS, SF_TR_GEMV + (MODE & ~FG_TRACE), m, k);
 }
+
+SF_TR_SETTER(sf_k_gemv_fused_trace)
 
 extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
 {
@@ -143,7 +163,8 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
 }
 
 /* SEMFLOW_CUDA_GEMV_RING: 3 (default) -> every fused GEMV on persistent warps (gemv_stream.cu)
- * where x fits shared memory, else as 2; 2 -> every fused GEMV through the cp.async ring, a warp
+ * where x fits shared memory (but for the QKV projection beside the one-token tensor-core
+ * attention: sf_k_gemv_norm_rope), else as 2; 2 -> every fused GEMV through the cp.async ring, a warp
  * per unit, two rows per warp for O and down; 1 -> the ring, one row per warp for O and
  * down; 0 -> registers everywhere, one row per warp for O and down (the choice before the ring).
  * Ops are not mixed: a ring kernel (dynamic shared memory) next to a register kernel (none)
@@ -206,7 +227,7 @@ extern "C" int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_
 extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                                    const uint16_t *bias, int k, int H, int Hkv, int hd, int rot_dim, int interleaved,
                                    const int32_t *pos, const int32_t *slot, const float *inv_freq, sf_k_kv kv,
-                                   uint16_t *qkv, cudaStream_t s)
+                                   int attn_kernel, uint16_t *qkv, cudaStream_t s)
 {
     if (!sf_k_gemv_fused_ok(x, w, k) || k > SF_K_GEMV_NORM_MAX_K || !nw || (uintptr_t)nw % 16 || !qkv || H < 1 ||
         Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 2 || rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv ||
@@ -217,12 +238,24 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
      * quantises them, and the kernel never writes into one. */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
     const int m = (H + 2 * Hkv) * hd;
+    /* Beside the one-token tensor-core attention (SF_K_ATTN_DEC_B1) the per-warp ring kernel
+     * (4 stages a warp) rather than the persistent warps: their ring stops at 3 stages so that a
+     * lanes-kernel block fits beside their last blocks (gemv_stream.cu qkv_top_stages), which
+     * the 128 KiB tensor-core block never does. Measured against the persistent warps (the
+     * binaries before and after this choice, session 23, five device calls): Llama-3-8B
+     * 0.4-0.7% faster a step at 4096 keys, 0.5% at 512 and 2048, Qwen2-7B 0.8% at 4096 keys,
+     * 0.1% at 2048; persistent warps at 1 block x 3-5 or 2 blocks x 4-6 stages slower
+     * (docs/PERFORMANCE.md, sessions 22-23). A forced plan (SEMFLOW_CUDA_GEMV_PLAN) wins. */
+    const bool persistent = ring_mode() == 3 && (attn_kernel != SF_K_ATTN_DEC_B1 ||
+                                                 sf_gemv_stream_forced(FG_NORM | FG_ROPE, m, k));
     int rc;
-    if (ring_mode() == 3 && (rc = sf_gemv_stream(FG_NORM | FG_ROPE, x, nw, eps, w, bias, m, k, qkv, rp, s)) >= 0)
+    if (persistent && (rc = sf_gemv_stream(FG_NORM | FG_ROPE, x, nw, eps, w, bias, m, k, qkv, rp, s)) >= 0)
         return rc;
-    if (ring_mode() != 0)
-        return launch<FG_NORM | FG_ROPE, 8, 4, true>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
-    return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, rp, s);
+    static const bool traced = tr_wanted(); /* SEMFLOW_CUDA_TRACE: the marked instance */
+    if (ring_mode() != 0 && traced)
+        return launch<FG_NORM | FG_ROPE | FG_TRACE, 8, 4, true>(x, nw, eps, w, bias, m, k, qkv, rp, s);
+    if (ring_mode() != 0) return launch<FG_NORM | FG_ROPE, 8, 4, true>(x, nw, eps, w, bias, m, k, qkv, rp, s);
+    return launch<FG_NORM | FG_ROPE, 8>(x, nw, eps, w, bias, m, k, qkv, rp, s);
 }
 
 /* Benchmarks only: the same kernels with other block sizes and load depths. */

@@ -259,5 +259,7 @@ static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)
  * shared memory (the caller then takes gemv_fused.cu's kernels). */
 int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                    const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s);
+/* Whether SEMFLOW_CUDA_GEMV_CFG or SEMFLOW_CUDA_GEMV_PLAN forces that launch's configuration. */
+bool sf_gemv_stream_forced(int mode, int m, int k);
 
 #endif

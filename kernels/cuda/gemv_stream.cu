@@ -292,7 +292,9 @@ static int qkv_block_regs(int st, bool bias)
  * (~220 registers, beside nothing). Measured so: Qwen2-7B with the bias-free instance at 3
  * stages beside the attention 3.677-3.721 ms at 512 keys, the bias instance at 4 stages
  * 3.650-3.705 (docs/PERFORMANCE.md, session 15). Without the attention's shape (the norm mode
- * alone), 3. Cached per device, bias and (head size, group). */
+ * alone), 3. Cached per device, bias and (head size, group). The tensor-core one-token attention's
+ * 128 KiB block fits beside no such ring; its steps take gemv_fused.cu's per-warp ring kernel
+ * for the projection instead (sf_k_gemv_norm_rope). */
 static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
 {
     static int cache[SF_K_MAX_DEVICES][2][2][9];
@@ -417,6 +419,11 @@ int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, c
                    const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
 {
     return stream(mode, 0, x, nw, eps, w, bias, m, k, y, rp, s);
+}
+
+bool sf_gemv_stream_forced(int mode, int m, int k)
+{
+    return forced_cfg() || op_cfg(op_class(mode, m, k));
 }
 
 extern "C" int sf_k_gemv_stream_plain(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k,

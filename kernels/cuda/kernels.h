@@ -116,10 +116,12 @@ typedef struct sf_k_attn {
                               * pos, tok_seq and counter); NULL: token i. Lets the single-token
                               * sequences of a step with prefill tiles take the decode kernel */
     int kernel;              /* decode: the kernel planned with the split (sf_k_attention_decode_plan:
-                              * 1 lanes, 2 mma, 3 stream, 4 mma in its one-token configuration);
+                              * 1 lanes, 2 mma, 3 stream, 4 (SF_K_ATTN_DEC_B1) mma in its one-token
+                              * configuration);
                               * 0: sf_k_attention_decode decides by T and SEMFLOW_CUDA_DECODE_ATTN
                               * alone */
 } sf_k_attn;
+#define SF_K_ATTN_DEC_B1 4 /* sf_k_attn.kernel: the tensor-core kernel's one-token configuration */
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
 /* Split counters per (token, kv head): one per part of a cut group (sf_k_attn.counters). */
@@ -218,10 +220,13 @@ int sf_k_gemv_add(const uint16_t *x, const uint16_t *w, const uint16_t *bias, in
                   cudaStream_t s);
 /* qkv[(H + 2 Hkv) * hd] = bf16(rmsnorm(x) * nw) . Wqkv^T (+ bias), then what sf_k_rope_kv does
  * for one token at pos[0] / slot[0] (device pointers): q and k heads rotated, k and v heads
- * written to the cache (bf16 blocks only: kv.i8_base must be 0). */
+ * written to the cache (bf16 blocks only: kv.i8_base must be 0). attn_kernel: the step's planned
+ * decode attention (sf_k_attn.kernel; 0 unknown), whose blocks start beside this projection's
+ * last ones, so it picks the projection's kernel. */
 int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias,
                         int k, int H, int Hkv, int hd, int rot_dim, int interleaved, const int32_t *pos,
-                        const int32_t *slot, const float *inv_freq, sf_k_kv kv, uint16_t *qkv, cudaStream_t s);
+                        const int32_t *slot, const float *inv_freq, sf_k_kv kv, int attn_kernel, uint16_t *qkv,
+                        cudaStream_t s);
 
 /* Benchmarks only: kind 0 norm, 1 norm + glu, 2 add, with `warps` per block (4, 8, 16) and
  * `unroll` 16-byte loads per row in flight per lane (4, 8; 100 + n: one row per warp, n loads;

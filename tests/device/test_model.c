@@ -158,6 +158,10 @@ TEST(tiny_random_llama2_hf_bf16) { compare_model(test_data("tiny-random-llama-2"
 TEST(demo_model) { compare_model("demo", 0, 3e-2, 37); }
 TEST(dummy_1b) { compare_model("preset:1b", 1, 3e-2, 37); }
 TEST(dummy_1b_split_keys) { compare_model("preset:1b", 1, 3e-2, 150); }
+/* From 512 keys a one-token step of the 1B's groups of 4 takes the tensor-core attention
+ * (attention_decode.cu DEC_MMA_B1) and its QKV projection the per-warp ring kernel beside it
+ * (gemv_fused.cu sf_k_gemv_norm_rope). */
+TEST(dummy_1b_one_token_mma) { compare_model("preset:1b", 1, 3e-2, 515); }
 
 static int dump(const char *model, const char *ids, const char *out, const char *backend)
 {
@@ -202,5 +206,6 @@ int main(int argc, char **argv)
     RUN(demo_model);
     RUN(dummy_1b);
     RUN(dummy_1b_split_keys);
+    RUN(dummy_1b_one_token_mma);
     return test_summary();
 }
