@@ -513,9 +513,12 @@ TEST(decode_attention_block_resources)
 }
 
 /* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
-/* The split the backend would pick for this kernel (kind 0 lanes, 1 mma, 2 stream). */
-static int split_for(int T, int Hkv, int ctx, int i8, int kind)
+/* The split the backend would pick for this kernel (kind 0 lanes, 1 mma, 2 stream; 4, the
+ * one-token plan: what batch_begin's plan gives, with the group, as the engine's steps get it). */
+static int split_for(int T, int H, int Hkv, int ctx, int i8, int kind)
 {
+    int kernel = 0;
+    if (kind == 4) return sf_k_attention_decode_plan(T, Hkv, H / Hkv, 128, ctx, 16, i8, sms, &kernel);
     return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, i8, sms, kind + 1);
 }
 
@@ -564,7 +567,7 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
     for (size_t pi = 0; pi < SF_ARRAY_LEN(PATHS); pi++) {
         const dpath *p = &PATHS[pi];
         if (p->max_blocks) continue; /* the test's small grids */
-        int ns = split_for(T, Hkv, ctx, i8, p->kind);
+        int ns = split_for(T, H, Hkv, ctx, i8, p->kind);
         sf_k_attn a = { .q = q, .ld_q = H * hd, .out = o, .ld_out = H * hd, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
                         .scale = 0.088f, .pos = meta, .tok_seq = meta + T, .block_table = meta + 2 * T,
                         .max_blocks = nb, .kv = { k, v, bs, Hkv, hd, i8 ? sc : NULL, i8 ? sc + 2 * full * Hkv * bs : NULL,
@@ -603,7 +606,8 @@ static void perf_all(void)
     printf("perf: decode attention, Llama-3-8B heads (32/8 x 128), block 16; %% of hal's HBM %.0f GB/s "
            "(bytes: K+V (+scales) + q + o)\n", hbm_gbs);
     const int shapes[][2] = { { 256, 192 }, { 512, 192 }, { 128, 1500 }, { 64, 4096 },
-                              { 16, 1024 }, { 4, 4096 },  { 1, 512 },    { 1, 4096 } };
+                              { 16, 1024 }, { 4, 4096 },  { 1, 512 },    { 1, 4096 },
+                              { 1, 4120 } }; /* 4120: a batch-1 bench's steps at --ctx 4096 */
     for (int i8 = 0; i8 <= 1; i8++)
         for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_shape(shapes[i][0], shapes[i][1], i8, s);
     cudaStreamDestroy(s);
