@@ -163,8 +163,8 @@ extern "C" int sf_k_gemv_fused_ok(const void *x, const void *w, int k)
 }
 
 /* SEMFLOW_CUDA_GEMV_RING: 3 (default) -> every fused GEMV on persistent warps (gemv_stream.cu)
- * where x fits shared memory (but for the QKV projection beside the one-token tensor-core
- * attention: sf_k_gemv_norm_rope), else as 2; 2 -> every fused GEMV through the cp.async ring, a warp
+ * where x fits shared memory and the planner makes a plan (not for the QKV projection beside
+ * the one-token tensor-core attention), else as 2; 2 -> every fused GEMV through the cp.async ring, a warp
  * per unit, two rows per warp for O and down; 1 -> the ring, one row per warp for O and
  * down; 0 -> registers everywhere, one row per warp for O and down (the choice before the ring).
  * Ops are not mixed: a ring kernel (dynamic shared memory) next to a register kernel (none)
@@ -238,18 +238,11 @@ extern "C" int sf_k_gemv_norm_rope(const uint16_t *x, const uint16_t *nw, float 
      * quantises them, and the kernel never writes into one. */
     fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
     const int m = (H + 2 * Hkv) * hd;
-    /* Beside the one-token tensor-core attention (SF_K_ATTN_DEC_B1) the per-warp ring kernel
-     * (4 stages a warp) rather than the persistent warps: their ring stops at 3 stages so that a
-     * lanes-kernel block fits beside their last blocks (gemv_stream.cu qkv_top_stages), which
-     * the 128 KiB tensor-core block never does. Measured against the persistent warps (the
-     * binaries before and after this choice, session 23, five device calls): Llama-3-8B
-     * 0.4-0.7% faster a step at 4096 keys, 0.5% at 512 and 2048, Qwen2-7B 0.8% at 4096 keys,
-     * 0.1% at 2048; persistent warps at 1 block x 3-5 or 2 blocks x 4-6 stages slower
-     * (docs/PERFORMANCE.md, sessions 22-23). A forced plan (SEMFLOW_CUDA_GEMV_PLAN) wins. */
-    const bool persistent = ring_mode() == 3 && (attn_kernel != SF_K_ATTN_DEC_B1 ||
-                                                 sf_gemv_stream_forced(FG_NORM | FG_ROPE, m, k));
+    /* the persistent warps unless their planner declines (beside the one-token tensor-core
+     * attention: gemv_stream.cu plan()), then the per-warp ring kernel */
     int rc;
-    if (persistent && (rc = sf_gemv_stream(FG_NORM | FG_ROPE, x, nw, eps, w, bias, m, k, qkv, rp, s)) >= 0)
+    if (ring_mode() == 3 &&
+        (rc = sf_gemv_stream(FG_NORM | FG_ROPE, x, nw, eps, w, bias, m, k, qkv, rp, s, attn_kernel)) >= 0)
         return rc;
     static const bool traced = tr_wanted(); /* SEMFLOW_CUDA_TRACE: the marked instance */
     if (ring_mode() != 0 && traced)

@@ -256,10 +256,11 @@ static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)
 
 /* gemv_stream.cu: the fused GEMV of MODE (FG_NORM, | FG_GLU, | FG_ROPE, or FG_ADD) on
  * persistent warps. Returns a cudaError_t, or -1 when the shape does not fit the kernel's
- * shared memory (the caller then takes gemv_fused.cu's kernels). */
+ * shared memory, or no plan suits the step's attention (attn_kernel, sf_k_attn.kernel: the QKV
+ * projection beside the one-token tensor-core kernel), unless a plan is forced; the caller then
+ * takes gemv_fused.cu's kernels. */
 int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
-                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s);
-/* Whether SEMFLOW_CUDA_GEMV_CFG or SEMFLOW_CUDA_GEMV_PLAN forces that launch's configuration. */
-bool sf_gemv_stream_forced(int mode, int m, int k);
+                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s,
+                   int attn_kernel = 0);
 
 #endif

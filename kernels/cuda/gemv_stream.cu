@@ -292,9 +292,8 @@ static int qkv_block_regs(int st, bool bias)
  * (~220 registers, beside nothing). Measured so: Qwen2-7B with the bias-free instance at 3
  * stages beside the attention 3.677-3.721 ms at 512 keys, the bias instance at 4 stages
  * 3.650-3.705 (docs/PERFORMANCE.md, session 15). Without the attention's shape (the norm mode
- * alone), 3. Cached per device, bias and (head size, group). The tensor-core one-token attention's
- * 128 KiB block fits beside no such ring; its steps take gemv_fused.cu's per-warp ring kernel
- * for the projection instead (sf_k_gemv_norm_rope). */
+ * alone), 3. Cached per device, bias and (head size, group). Beside the tensor-core one-token
+ * attention, whose block fits beside no such ring, plan() makes none. */
 static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
 {
     static int cache[SF_K_MAX_DEVICES][2][2][9];
@@ -338,7 +337,7 @@ static int qkv_top_stages(int mode, const fg_rope &rp, long fixed, int per_sm)
  * (16 units, 1.21 MB) take at 34 GB/s, one SM's share of the ~4.6 TB/s a read-only stream gets
  * (bench/device/readbw.cu); dealt round the blocks (13-14 units an SM) 32.5 us (98%), the layer
  * chain 119.4 -> 111.8 us (session 14, docs/PERFORMANCE.md). */
-static int plan(int mode, int op, int units, int k, int want, const fg_rope &rp, int *grid)
+static int plan(int mode, int op, int units, int k, int want, const fg_rope &rp, int attn, int *grid)
 {
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
@@ -350,6 +349,13 @@ static int plan(int mode, int op, int units, int k, int want, const fg_rope &rp,
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
         const bool qkv = op == OP_QKV;
+        /* Beside the one-token tensor-core attention no plan: that block (128 KiB) fits beside no
+         * ring of the QKV projection's three blocks, and gemv_fused.cu's per-warp ring kernel
+         * (4 stages a warp) then takes the projection. Measured against these persistent warps
+         * (session 23, five device calls): Llama-3-8B 0.4-0.7% faster a step at 4096 keys, 0.5%
+         * at 512 and 2048, Qwen2-7B 0.8% at 4096 keys, 0.1% at 2048; persistent warps at 1 block
+         * x 3-5 or 2 blocks x 4-6 stages slower (docs/PERFORMANCE.md, sessions 22-23). */
+        if (qkv && attn == SF_K_ATTN_DEC_B1) return 0;
         const int top = qkv ? qkv_top_stages(mode, rp, fixed, per_sm) : 6;
         for (int b = qkv ? 3 : 2; b >= 1 && !st; b--)
             for (int s = qkv && b == 3 ? top : 6; s >= 3 && !st; s--)
@@ -396,12 +402,13 @@ static int launch_st(int st, const uint16_t *x, const uint16_t *nw, float eps, c
 
 /* want 0: planned (or SEMFLOW_CUDA_GEMV_CFG); else blocks per SM x 10 + stages (benchmarks). */
 static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
-                  const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
+                  const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s, int attn = 0)
 {
     int grid = 0;
     if (mode == (FG_NORM | FG_ROPE) && bias && (uintptr_t)bias % 4 == 0) mode |= FG_BIAS;
     const int op = op_class(mode, m, k);
-    const int st = plan(mode, op, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(op), rp, &grid);
+    const int st = plan(mode, op, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(op), rp, attn,
+                        &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
     switch (mode) {
     case 0: return launch_st<0>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
@@ -416,14 +423,9 @@ static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, flo
 }
 
 int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
-                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s)
+                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s, int attn_kernel)
 {
-    return stream(mode, 0, x, nw, eps, w, bias, m, k, y, rp, s);
-}
-
-bool sf_gemv_stream_forced(int mode, int m, int k)
-{
-    return forced_cfg() || op_cfg(op_class(mode, m, k));
+    return stream(mode, 0, x, nw, eps, w, bias, m, k, y, rp, s, attn_kernel);
 }
 
 extern "C" int sf_k_gemv_stream_plain(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k,
