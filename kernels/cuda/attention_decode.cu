@@ -581,6 +581,7 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     int cfg, mode = dec_mode(&cfg);
     const int work = T * (Hkv > 0 ? Hkv : 1);
     if (kernel) mode = kernel;
+    if (mode == DEC_MMA_B1) cfg = B1_CFG; /* asked for by name (sf_k_attention_decode_split) */
     *chosen = DEC_LANES;
     if (T <= 0 || sms <= 0) return 1;
     const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;

@@ -12,7 +12,12 @@
  *                              4, 7 and 8 heads, head 64, INT8, a batch), for compute-sanitizer
  *   test_decode_attn --perf    instead, time both kernels on the batch and batch-1 shapes of
  *                              Llama-3-8B (32/8 heads of 128, block 16), bf16 and INT8, and print
- *                              each as a share of hal's measured HBM bandwidth (no assertions) */
+ *                              each as a share of hal's measured HBM bandwidth (no assertions);
+ *                              every launch reads its own copy of the cache where one copy would
+ *                              stay in L2, so the keys come from HBM as in a step
+ *   test_decode_attn --perf TxCTX [PATH]
+ *                              one shape (bf16) and one path only (e.g. 1x4120 plan-b1): for a
+ *                              profiler's kernel filter */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -31,6 +36,8 @@ static sf_rng R;
 /* the mma kernel's configurations (kernels.h: warps x 10 + ring depth) */
 static const int CFGS[] = { 42, 43, 23, 24, 143, 144, 145 };
 static int perf, quick;
+static int perf_T, perf_ctx;        /* --perf TxCTX: that shape only */
+static const char *perf_path;       /* --perf TxCTX PATH: that path only */
 static double hbm_gbs = 0;
 static int sms = 132;
 
@@ -513,13 +520,13 @@ TEST(decode_attention_block_resources)
 }
 
 /* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
-/* The split the backend would pick for this kernel (kind 0 lanes, 1 mma, 2 stream; 4, the
- * one-token plan: what batch_begin's plan gives, with the group, as the engine's steps get it). */
-static int split_for(int T, int H, int Hkv, int ctx, int i8, int kind)
+/* The split the backend would pick for this path's kernel (kind 0 and 3 lanes, 1 mma, 2 stream;
+ * 4, the one-token tensor-core configuration: the split batch_begin's plan gives the engine's
+ * steps when it plans that kernel; main() forces the lanes kernel on the dispatcher's own plan). */
+static int split_for(int T, int Hkv, int ctx, int i8, int kind)
 {
-    int kernel = 0;
-    if (kind == 4) return sf_k_attention_decode_plan(T, Hkv, H / Hkv, 128, ctx, 16, i8, sms, &kernel);
-    return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, i8, sms, kind + 1);
+    static const int kernel[] = { 1, 2, 3, 1, SF_K_ATTN_DEC_B1 };
+    return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, i8, sms, kernel[kind]);
 }
 
 static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
@@ -532,27 +539,39 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
     int32_t *meta = NULL, *host = NULL;
     const size_t ws_floats = (size_t)T * H * 64 * (hd + 2);
     const size_t nmeta = 2 * (size_t)T + (size_t)T * nb;
-    /* INT8: every block is an INT8 unit; the cache holds n_blocks / 2 full blocks (+1) */
+    /* INT8: every block is an INT8 unit; a copy of the cache holds n_blocks / 2 full blocks (+1) */
     const int64_t full = i8 ? n_blocks / 2 + 1 : n_blocks;
-    if (cudaMalloc((void **)&k, full * blk_bytes) || cudaMalloc((void **)&v, full * blk_bytes) ||
+    /* Copies of the cache, each launch reading the next (its own block table), so that the keys
+     * come from HBM as in a step, where a layer's weights pass between two reads of its cache:
+     * one copy of a batch-1 cache fits in L2 and would be read from there after the first launch. */
+    int l2 = 0, dev = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+    const double copy_bytes = (double)full * blk_bytes * 2;
+    const int C = (int)SF_MIN(256.0, SF_MAX(1.0, ceil(4.0 * l2 / copy_bytes)));
+    const int64_t F = full * C; /* blocks of memory; INT8 units start at id F */
+    if (cudaMalloc((void **)&k, F * blk_bytes) || cudaMalloc((void **)&v, F * blk_bytes) ||
         cudaMalloc((void **)&q, (size_t)T * H * hd * 2) || cudaMalloc((void **)&o, (size_t)T * H * hd * 2) ||
-        cudaMalloc((void **)&sc, (size_t)2 * 2 * full * Hkv * bs * 4) || cudaMalloc((void **)&meta, nmeta * 4) ||
+        cudaMalloc((void **)&sc, (size_t)2 * 2 * F * Hkv * bs * 4) || cudaMalloc((void **)&meta, C * nmeta * 4) ||
         cudaMalloc((void **)&ws, ws_floats * 4 + (size_t)T * Hkv * SF_K_ATTN_CNT_PER_KVH * 4)) {
         printf("perf: T=%d ctx=%d: out of device memory, skipped\n", T, ctx);
         goto cleanup;
     }
-    sf_k_fill_random(k, (int64_t)(full * blk_bytes / 2), 21, 1.0f, s);
-    sf_k_fill_random(v, (int64_t)(full * blk_bytes / 2), 22, 1.0f, s);
+    sf_k_fill_random(k, (int64_t)(F * blk_bytes / 2), 21, 1.0f, s);
+    sf_k_fill_random(v, (int64_t)(F * blk_bytes / 2), 22, 1.0f, s);
     sf_k_fill_random(q, (int64_t)T * H * hd, 23, 1.0f, s);
-    cudaMemsetAsync(sc, 0x3C, (size_t)2 * 2 * full * Hkv * bs * 4, s); /* 0.0115 */
+    cudaMemsetAsync(sc, 0x3C, (size_t)2 * 2 * F * Hkv * bs * 4, s); /* 0.0115 */
     cudaMemsetAsync(ws + ws_floats, 0, (size_t)T * Hkv * SF_K_ATTN_CNT_PER_KVH * 4, s);
-    host = malloc(nmeta * 4);
-    for (int t = 0; t < T; t++) { host[t] = ctx - 1; host[T + t] = t; }
-    for (int64_t i = 0; i < n_blocks; i++) {
-        int64_t id = (i * 7919) % n_blocks; /* shuffled */
-        host[2 * T + i] = i8 ? (int32_t)(full + id) : (int32_t)id;
+    host = malloc(C * nmeta * 4);
+    for (int c = 0; c < C; c++) {
+        int32_t *h = host + c * nmeta;
+        for (int t = 0; t < T; t++) { h[t] = ctx - 1; h[T + t] = t; }
+        for (int64_t i = 0; i < n_blocks; i++) {
+            int64_t id = c * n_blocks + (i * 7919) % n_blocks; /* shuffled, in copy c */
+            h[2 * T + i] = i8 ? (int32_t)(F + id) : (int32_t)id;
+        }
     }
-    cudaMemcpy(meta, host, nmeta * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(meta, host, C * nmeta * 4, cudaMemcpyHostToDevice);
     double bytes = (double)T * ctx * Hkv * hd * 2 * (i8 ? 1 : 2) + (i8 ? (double)T * ctx * Hkv * 8 : 0) +
                    (double)T * H * hd * 2 * 2;
     if (T == 256 && ctx == 192) { /* once per kind: what each configuration fits per SM */
@@ -563,15 +582,17 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
                sf_k_attention_decode_stream_per_sm(hd, i8, 43));
         printf("\n");
     }
-    printf("perf: T=%3d ctx=%4d %-4s %7.1f MB |", T, ctx, i8 ? "int8" : "bf16", bytes / 1e6);
+    printf("perf: T=%3d ctx=%4d %-4s %7.1f MB x%3d |", T, ctx, i8 ? "int8" : "bf16", bytes / 1e6, C);
     for (size_t pi = 0; pi < SF_ARRAY_LEN(PATHS); pi++) {
         const dpath *p = &PATHS[pi];
         if (p->max_blocks) continue; /* the test's small grids */
-        int ns = split_for(T, H, Hkv, ctx, i8, p->kind);
+        if (perf_path && strcmp(perf_path, p->name)) continue;
+        /* the one-token configurations at the one-token plan's split */
+        int ns = split_for(T, Hkv, ctx, i8, p->kind == 1 && p->cfg > 100 ? 4 : p->kind);
         sf_k_attn a = { .q = q, .ld_q = H * hd, .out = o, .ld_out = H * hd, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
                         .scale = 0.088f, .pos = meta, .tok_seq = meta + T, .block_table = meta + 2 * T,
-                        .max_blocks = nb, .kv = { k, v, bs, Hkv, hd, i8 ? sc : NULL, i8 ? sc + 2 * full * Hkv * bs : NULL,
-                                                  i8 ? (int)full : 0 },
+                        .max_blocks = nb, .kv = { k, v, bs, Hkv, hd, i8 ? sc : NULL, i8 ? sc + 2 * F * Hkv * bs : NULL,
+                                                  i8 ? (int)F : 0 },
                         .ws = ws, .n_split = ns, .counters = (unsigned *)(ws + ws_floats) };
         cudaEvent_t e0, e1;
         cudaEventCreate(&e0);
@@ -580,6 +601,8 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         int rc = 0;
         for (int r = 0; r < reps + 3; r++) {
             if (r == 3) cudaEventRecord(e0, s);
+            const int32_t *m = meta + (size_t)(r % C) * nmeta;
+            a.pos = m; a.tok_seq = m + T; a.block_table = m + 2 * T;
             rc |= launch_path(p, &a, s);
         }
         cudaEventRecord(e1, s);
@@ -608,8 +631,10 @@ static void perf_all(void)
     const int shapes[][2] = { { 256, 192 }, { 512, 192 }, { 128, 1500 }, { 64, 4096 },
                               { 16, 1024 }, { 4, 4096 },  { 1, 512 },    { 1, 4096 },
                               { 1, 4120 } }; /* 4120: a batch-1 bench's steps at --ctx 4096 */
-    for (int i8 = 0; i8 <= 1; i8++)
-        for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_shape(shapes[i][0], shapes[i][1], i8, s);
+    if (perf_T > 0) perf_shape(perf_T, perf_ctx, 0, s);
+    else
+        for (int i8 = 0; i8 <= 1; i8++)
+            for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) perf_shape(shapes[i][0], shapes[i][1], i8, s);
     cudaStreamDestroy(s);
 }
 #endif
@@ -618,8 +643,25 @@ int main(int argc, char **argv)
 {
 #ifdef SF_HAVE_CUDA
     for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--perf")) perf = 1;
-        else if (!strcmp(argv[i], "--quick")) quick = 1;
+        if (!strcmp(argv[i], "--perf")) {
+            perf = 1;
+            if (i + 1 < argc && sscanf(argv[i + 1], "%dx%d", &perf_T, &perf_ctx) == 2) {
+                if (perf_T < 1 || perf_T > 512 || perf_ctx < 1 || perf_ctx > 65536) {
+                    fprintf(stderr, "--perf %s: T 1..512, CTX 1..65536\n", argv[i + 1]);
+                    return 2;
+                }
+                i++;
+                if (i + 1 < argc && argv[i + 1][0] != '-') {
+                    perf_path = argv[++i];
+                    size_t k = 0;
+                    while (k < SF_ARRAY_LEN(PATHS) && strcmp(PATHS[k].name, perf_path)) k++;
+                    if (k == SF_ARRAY_LEN(PATHS)) {
+                        fprintf(stderr, "--perf: no path '%s' (the names --perf prints)\n", perf_path);
+                        return 2;
+                    }
+                }
+            }
+        } else if (!strcmp(argv[i], "--quick")) quick = 1;
     /* sf_k_attention_decode is the lanes kernel here; the mma kernel is called directly */
     setenv("SEMFLOW_CUDA_DECODE_ATTN", "lanes", 1);
     int n = 0;
