@@ -61,22 +61,35 @@ struct dm_layout {
     static constexpr int STB = 2 * KB + SCB;          /* bytes per stage */
 };
 
-/* Issues the cp.async loads of the tile starting at key `base` into stage `st`. blk: the
- * block-table entries of this thread's rows (row j0 + r * RP). Keys at or past k1 are zero-filled. */
+/* Issues the cp.async loads of the tile starting at key `base` (a multiple of 16) into stage
+ * `st`. blk: the block-table entries of this thread's rows (row j0 + r * RP). Keys at or past k1
+ * are zero-filled. The rows of one 16-key group share their cache block (dm_ids loads the group's
+ * entry once) and, RP being a multiple of 8, their swizzle, so a group's addresses are one wide
+ * multiply and a few adds, and a bf16 pass is a compare and its two copies at constant offsets
+ * (they had taken ~17 instructions a copy, a third of the one-token kernel's instructions: ncu at
+ * 1 x 4120 keys, session 24). */
 template <int HD, bool I8, int NW>
 static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_attn &a, int kh, int base, int k1,
                                                 const int (&blk)[dm_layout<HD, I8, NW>::NR], int ck, int j0)
 {
     using Lo = dm_layout<HD, I8, NW>;
+    constexpr int GP = Lo::RP >= 16 ? 1 : 16 / Lo::RP; /* passes per 16-key group */
+    static_assert(Lo::RP * GP == 16 || Lo::RP % 16 == 0, "a pass's rows within one 16-key group");
     const int bs = a.kv.block_size, Hkv = a.Hkv;
     float *ks = (float *)(st + 2 * Lo::KB), *vs = ks + Lo::TK;
     int *kind = (int *)(vs + Lo::TK);
+    const int lim = k1 - base - j0; /* row j0 + r * RP holds a key iff r * RP < lim */
+    const int bstride = Hkv * bs * HD, rowoff = (kh * bs + j0) * HD + ck * 8; /* elements */
+    const ptrdiff_t vdelta = a.kv.v - a.kv.k;
+    const uint16_t *grp = a.kv.k;
 #pragma unroll
     for (int r = 0; r < Lo::NR; r++) {
         const int j = j0 + r * Lo::RP, p = base + j;
         unsigned char *dk = st + j * Lo::ROWB, *dv = dk + Lo::KB;
-        const bool valid = p < k1;
+        const bool valid = r * Lo::RP < lim;
         const int id = blk[r];
+        /* the group's first key is base + 16 (r / GP), this row (r % GP) * RP past j0 in it */
+        if (r % GP == 0) grp = a.kv.k + (int64_t)id * bstride + rowoff + ((base + 16 * (r / GP)) & (bs - 1)) * HD;
         if (I8 && valid && id >= a.kv.i8_base) {
             const int64_t row = ((int64_t)(id - a.kv.i8_base) * Hkv + kh) * bs + (p & (bs - 1));
             if (ck < HD / 16) {
@@ -89,9 +102,12 @@ static __device__ __forceinline__ void dm_issue(unsigned char *st, const sf_k_at
                 if ((j & 15) == 0) kind[j >> 4] = 1;
             }
         } else {
-            const int64_t off = valid ? (((int64_t)id * Hkv + kh) * bs + (p & (bs - 1))) * HD : 0;
-            sf_cp_async16(dk + sw_bf(j, ck) * 16, a.kv.k + off + ck * 8, valid ? 16 : 0);
-            sf_cp_async16(dv + sw_bf(j, ck) * 16, a.kv.v + off + ck * 8, valid ? 16 : 0);
+            /* j & 7 == j0 & 7 where RP is a multiple of 8: the swizzle is the thread's own */
+            const int sw = (Lo::RP % 8 == 0 ? sw_bf(j0, ck) : sw_bf(j, ck)) * 16;
+            /* masked rows of INT8-capable instances: their group's entry may be an INT8 unit */
+            const uint16_t *src = I8 && !valid ? a.kv.k : grp + (r % GP) * Lo::RP * HD;
+            sf_cp_async16((r * Lo::RP) * Lo::ROWB + (st + j0 * Lo::ROWB + sw), src, valid ? 16 : 0);
+            sf_cp_async16((r * Lo::RP) * Lo::ROWB + Lo::KB + (st + j0 * Lo::ROWB + sw), src + vdelta, valid ? 16 : 0);
             if (I8 && ck == 0) {
                 if (!valid) ks[j] = vs[j] = 0.0f; /* the weights of masked keys stay 0 */
                 if ((j & 15) == 0) kind[j >> 4] = 0;
