@@ -3,7 +3,8 @@
 #   1. build/tests/device/test_decode_attn: --perf times the decode-attention kernels (the
 #      CUDA-core "lanes" kernel, the tensor-core "mma" kernel in each configuration, the
 #      persistent "stream" kernel) on 256x192, 512x192, 128x1500, 64x4096, 16x1024, 4x4096, 1x512,
-#      1x4096 (bf16 and INT8) as a share of hal's measured HBM bandwidth; then (another process)
+#      1x4096, 1x4120 (bf16 and INT8; a cache under 4x L2 read from rotating copies of it)
+#      as a share of hal's measured HBM bandwidth; then (another process)
 #      the checks against a float64 reference over batches 1..256, ragged contexts 1..8192, GQA
 #      32/8, 28/4, 64/8 and head 64, bf16 / INT8 / mixed blocks, with and without key splits,
 #      the stream kernel also on 1 and 7 blocks and replayed;

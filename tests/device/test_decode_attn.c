@@ -13,8 +13,8 @@
  *   test_decode_attn --perf    instead, time both kernels on the batch and batch-1 shapes of
  *                              Llama-3-8B (32/8 heads of 128, block 16), bf16 and INT8, and print
  *                              each as a share of hal's measured HBM bandwidth (no assertions);
- *                              every launch reads its own copy of the cache where one copy would
- *                              stay in L2, so the keys come from HBM as in a step
+ *                              a cache under four times L2 is read from rotating copies of it,
+ *                              so the keys come from HBM as in a step
  *   test_decode_attn --perf TxCTX [PATH]
  *                              one shape (bf16) and one path only (e.g. 1x4120 plan-b1): for a
  *                              profiler's kernel filter */
