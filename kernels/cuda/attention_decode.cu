@@ -581,16 +581,14 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     int cfg, mode = dec_mode(&cfg);
     const int work = T * (Hkv > 0 ? Hkv : 1);
     if (kernel) mode = kernel;
-    if (mode == DEC_MMA_B1) cfg = B1_CFG; /* asked for by name (sf_k_attention_decode_split) */
     *chosen = DEC_LANES;
     if (T <= 0 || sms <= 0) return 1;
     const bool shape = (hd == 64 || hd == 128) && block_size >= 16 && (block_size & (block_size - 1)) == 0;
     if (shape && mode == DEC_AUTO && T >= SF_AD_MMA_MIN_TOKENS) mode = max_ctx >= SF_AD_STREAM_MIN_CTX ? DEC_STREAM : DEC_MMA;
     if (shape && mode == DEC_AUTO && T == 1 && !int8 && group >= SF_AD_B1_MMA_GROUP && group <= SF_AD_B1_MMA_MAX_GROUP &&
-        max_ctx >= (group == SF_AD_B1_MMA_GROUP ? SF_AD_B1_MMA_MIN_CTX : SF_AD_B1_MMA_MIN_CTX_WIDE)) {
+        max_ctx >= (group == SF_AD_B1_MMA_GROUP ? SF_AD_B1_MMA_MIN_CTX : SF_AD_B1_MMA_MIN_CTX_WIDE))
         mode = DEC_MMA_B1;
-        cfg = B1_CFG;
-    }
+    if (mode == DEC_MMA_B1) cfg = B1_CFG; /* planned here, or asked for by name (sf_k_attention_decode_split) */
     const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || mode == DEC_MMA_B1 || T >= SF_AD_MMA_MIN_TOKENS);
     if (mma) *chosen = mode == DEC_MMA_B1 ? DEC_MMA_B1 : DEC_MMA;
     if (shape && mode == DEC_STREAM && (kernel == DEC_STREAM || T >= SF_AD_MMA_MIN_TOKENS)) {
