@@ -50,32 +50,7 @@ extern "C" {
 }
 
 #define AD_WARPS 8
-#define AD_CL_MAX 16 /* splits combined in a thread-block cluster (a non-portable size past 8) */
 
-/* The block's cluster: a barrier with release/acquire (writes to a peer's shared memory before it
- * are seen by that peer after it), and a peer's address of a shared-memory variable. */
-static __device__ __forceinline__ void cluster_sync(void)
-{
-    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-/* The same barrier split in two: arrive (no ordering) as the block starts, wait before its first
- * write to a peer's shared memory, which is only safe once every block of the cluster has started
- * (compute-sanitizer racecheck: "a block that might not have entered yet"). By the time a block
- * has done its keys the others have long arrived, so the wait is not a stall. */
-static __device__ __forceinline__ void cluster_arrive_relaxed(void)
-{
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
-}
-static __device__ __forceinline__ void cluster_wait(void)
-{
-    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
-}
-static __device__ __forceinline__ float *cluster_peer(float *p, int rank)
-{
-    uint64_t out;
-    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((uint64_t)p), "r"(rank));
-    return (float *)out;
-}
 #define AD_MAX_SPLIT SF_AD_MAX_SPLIT
 /* Loads of K (and of V) in flight per lane; the cluster instance's dynamic shared memory holds
  * one such run of every lane (the first keys, copied before the wait). */
@@ -161,9 +136,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     static_assert(PARTS <= SF_K_ATTN_CNT_PER_KVH, "a counter per part (kernels.h)");
     __shared__ float wsm[MAXG * PARTS][AD_MAX_SPLIT]; /* the whole group's */
     __shared__ int last;
-    /* CL: what the peers send this block: the o of its share of the outputs from each split (ns
-     * x share <= MAXG * HD + AD_CL_MAX floats), and each split's m, l per head */
-    __shared__ float recv_o[CL ? MAXG * HD + AD_CL_MAX : 1], recv_ml[CL ? AD_CL_MAX : 1][MAXG][2];
+    /* CL: what the peers send this block (attention_decode.cuh, sf_cl_recv_floats at the most) */
+    __shared__ __align__(16) float recv[CL ? 2 * SF_AD_CL_MAX * MAXG + MAXG * HD + SF_AD_CL_MAX : 1];
     extern __shared__ uint4 kv_pre[]; /* CL: [AD_WARPS][U][K, V][32 lanes] */
 
     __shared__ sf_tr tr;
@@ -354,41 +328,15 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
                 O = fmaf(o_s[w][g][d], e, O);
             }
         }
-        if (CL) {
-            /* output idx is combined by block idx / share: its o goes there, and m, l to every
-             * block whose share holds one of head g's outputs */
-            const int share = (Gb * HD + ns - 1) / ns, j = idx / share;
-            *cluster_peer(&recv_o[split * share + idx - j * share], j) = O;
-            if (d == 0)
-                for (int jj = g * HD / share; jj <= ((g + 1) * HD - 1) / share && jj < ns; jj++) {
-                    *cluster_peer(&recv_ml[split][g][0], jj) = M;
-                    *cluster_peer(&recv_ml[split][g][1], jj) = L;
-                }
-        } else {
-            sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
-        }
+        if (CL) sf_cl_push<HD>(recv, Gb, ns, split, g, d, O, M, L);
+        else sf_attn_split_store<HD>(a, t, h, split, d, O, M, L);
     }
     tr_ready(tr);
     if (CL) {
         /* everything this block combines is in its own shared memory after one barrier; nothing
          * reads a peer's memory after it, so every block may leave as soon as it is done */
         cluster_sync();
-        const int share = (Gb * HD + ns - 1) / ns, i1 = min(Gb * HD, (split + 1) * share);
-        for (int idx = split * share + tid; idx < i1; idx += AD_WARPS * 32) {
-            const int g = idx / HD, i = idx - split * share;
-            float M = -INFINITY;
-            for (int r = 0; r < ns; r++) M = fmaxf(M, recv_ml[r][g][0]);
-            float L = 0.0f, O = 0.0f;
-            if (M != -INFINITY)
-                for (int r = 0; r < ns; r++) {
-                    const float mr = recv_ml[r][g][0];
-                    if (mr == -INFINITY) continue;
-                    const float e = exp2f(mr - M);
-                    L = fmaf(recv_ml[r][g][1], e, L);
-                    O = fmaf(recv_o[r * share + i], e, O);
-                }
-            ((bf16 *)a.out)[(int64_t)t * a.ld_out + (int64_t)(kh * G + g0) * HD + idx] = f2bf(L > 0.0f ? O / L : 0.0f);
-        }
+        sf_cl_combine<HD>(recv, Gb, ns, split, AD_WARPS * 32, (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)(kh * G + g0) * HD);
     } else if (ns > 1) {
         /* the last block of this (token, kv head, part) to finish combines the splits, the 33
          * pieces of batch 1 at 4096 keys in one round of loads (16 at a time took three: 33
@@ -425,64 +373,22 @@ static bool cluster_on(void)
     return cluster_mode < 0 ? env : cluster_mode;
 }
 
-/* The launch of `grid` whose grid.z blocks of each (token, kv head) are one cluster; at holds its
- * attributes, pdl adds programmatic dependent launch as sf_launch_pdl gives it. */
-static cudaLaunchConfig_t cluster_config(cudaLaunchAttribute (&at)[2], dim3 grid, size_t smem, cudaStream_t s, bool pdl)
-{
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(AD_WARPS * 32);
-    cfg.dynamicSmemBytes = smem;
-    cfg.stream = s;
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = 1;
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = grid.z;
-    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    at[1].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = pdl ? 2 : 1;
-    return cfg;
-}
-
-/* Whether n splits of a bf16 step run as one cluster: 2..AD_CL_MAX, and a cluster of that size
- * fits the device beside nothing else (cudaOccupancyMaxActiveClusters; sizes past 8 need the
- * non-portable attribute, which the H100/H200 allow up to 16). Cached per kernel instance and
- * size; host only. */
-template <void (*kernel)(sf_k_attn)>
-static bool cluster_fits(int n, size_t smem, int *cache)
-{
-    if (n < 2 || n > AD_CL_MAX) return false;
-    if (!cache[n]) {
-        cudaLaunchAttribute at[2];
-        const cudaLaunchConfig_t cfg = cluster_config(at, dim3(1, 1, n), smem, 0, false);
-        int clusters = 0;
-        static sf_k_smem ss; /* per kernel instance (the template argument) */
-        bool ok = !sf_k_smem_attr(&ss, kernel, smem, true); /* all of L1 as shared, as measured */
-        if (ok && n > 8) ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
-        ok = ok && cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
-        if (!ok) cudaGetLastError();
-        cache[n] = ok ? 1 : -1;
-    }
-    return cache[n] > 0;
-}
-
 /* bf16 steps of 2..16 splits combine them in a cluster, and their first keys are copied into
  * shared memory before the wait (measured on the H200, docs/PERFORMANCE.md session 11); INT8
  * steps and other splits combine through the workspace. */
 template <int HD, int MAXG, int PARTS>
 static int launch(const sf_k_attn *a, cudaStream_t s)
 {
-    static int fits[SF_K_MAX_DEVICES][AD_CL_MAX + 1]; /* per device (common.cuh) */
+    static int fits[SF_K_MAX_DEVICES][SF_AD_CL_MAX + 1]; /* per device (common.cuh) */
     const dim3 grid(a->T, a->Hkv * PARTS, a->n_split), block(AD_WARPS * 32);
     const int dev = sf_k_dev();
-    int own[AD_CL_MAX + 1] = { 0 }, *fc = dev >= 0 ? fits[dev] : own;
+    int own[SF_AD_CL_MAX + 1] = { 0 }, *fc = dev >= 0 ? fits[dev] : own;
     int rc;
     constexpr size_t pre = ad_pre_bytes<MAXG>();
     if (a->kv.i8_base) rc = sf_launch_pdl(k_attn_decode<HD, MAXG, true, false, PARTS>, grid, block, 0, s, *a);
-    else if (cluster_on() && cluster_fits<k_attn_decode<HD, MAXG, false, true, PARTS>>(a->n_split, pre, fc)) {
+    else if (cluster_on() && sf_cl_fits<k_attn_decode<HD, MAXG, false, true, PARTS>>(a->n_split, AD_WARPS * 32, pre, fc)) {
         cudaLaunchAttribute at[2];
-        const cudaLaunchConfig_t cfg = cluster_config(at, grid, pre, s, sf_pdl_enabled());
+        const cudaLaunchConfig_t cfg = sf_cl_config(at, grid, AD_WARPS * 32, pre, s, sf_pdl_enabled());
         rc = (int)cudaLaunchKernelEx(&cfg, k_attn_decode<HD, MAXG, false, true, PARTS>, *a);
     } else {
         rc = sf_launch_pdl(k_attn_decode<HD, MAXG, false, false, PARTS>, grid, block, 0, s, *a);
@@ -712,7 +618,13 @@ extern "C" int sf_k_attention_decode(const sf_k_attn *a, cudaStream_t s)
     int cfg;
     const int k = pick(a, &cfg);
     if (k == DEC_STREAM) return sf_k_attention_decode_stream(a, cfg, 0, s);
-    if (k == DEC_MMA) return sf_k_attention_decode_mma(a, cfg, s);
+    if (k == DEC_MMA) {
+        /* one-token plans: the splits combined in a cluster where all of the step's clusters
+         * fit at once (kernels.h; on the H200 up to 8 splits of 8 kv heads, attention_decode_mma.cu) */
+        int rc;
+        if (a->kernel == DEC_MMA_B1 && cluster_on() && (rc = sf_k_attention_decode_mma_cluster(a, cfg, s)) >= 0) return rc;
+        return sf_k_attention_decode_mma(a, cfg, s);
+    }
     if (!sf_k_attention_decode_ok(a)) return (int)cudaErrorInvalidValue;
     switch (ad_instance(a->H / a->Hkv)) {
     case AD_G4: return a->hd == 128 ? launch<128, 4, 1>(a, s) : launch<64, 4, 1>(a, s);

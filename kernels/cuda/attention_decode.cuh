@@ -1,12 +1,137 @@
 /* attention_decode.cuh — what the decode-attention kernels (attention_decode.cu, the lanes kernel;
  * attention_decode_mma.cu and attention_decode_stream.cu, the batch kernels) share: the end of a
- * key split (a block's piece of the keys, and the combine of the pieces). Device code only. */
+ * key split (a block's piece of the keys, and the combine of the pieces, through the workspace or
+ * a thread-block cluster's shared memory) and the cluster launch's host side. */
 #ifndef SF_KERNELS_ATTENTION_DECODE_CUH
 #define SF_KERNELS_ATTENTION_DECODE_CUH
 
 #include "common.cuh"
 
 #define SF_AD_MAX_SPLIT 64
+#define SF_AD_CL_MAX 16 /* splits combined in a thread-block cluster (a non-portable size past 8) */
+
+/* The block's cluster: a barrier with release/acquire (writes to a peer's shared memory before it
+ * are seen by that peer after it), and a peer's address of a shared-memory variable. */
+static __device__ __forceinline__ void cluster_sync(void)
+{
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/* The same barrier split in two: arrive (no ordering) as the block starts, wait before its first
+ * write to a peer's shared memory, which is only safe once every block of the cluster has started
+ * (compute-sanitizer racecheck: "a block that might not have entered yet"). By the time a block
+ * has done its keys the others have long arrived, so the wait is not a stall. */
+static __device__ __forceinline__ void cluster_arrive_relaxed(void)
+{
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ void cluster_wait(void)
+{
+    asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
+}
+static __device__ __forceinline__ float *cluster_peer(float *p, int rank)
+{
+    uint64_t out;
+    asm volatile("mapa.u64 %0, %1, %2;" : "=l"(out) : "l"((uint64_t)p), "r"(rank));
+    return (float *)out;
+}
+
+/* The cluster combine, pushed (session 12, docs/PERFORMANCE.md): the ns splits of a (token, kv
+ * head, part) are one cluster, split i its block of rank i, and the Gb x HD outputs are cut into
+ * ns shares of sf_cl_share; split i combines share i. What its peers send it, in its shared
+ * memory (sf_cl_recv_floats floats): each split's m and l per head ([ns][Gb] float2), then each
+ * split's o for the share ([ns][share]). */
+static __device__ __host__ __forceinline__ int sf_cl_share(int Gb, int HD, int ns) { return (Gb * HD + ns - 1) / ns; }
+static __device__ __host__ __forceinline__ int sf_cl_recv_floats(int Gb, int HD, int ns)
+{
+    return 2 * ns * Gb + ns * sf_cl_share(Gb, HD, ns);
+}
+
+/* A block's (O unnormalised, M in base 2, L) for head g < Gb of its part and dimension d, sent to
+ * the peer that combines output g * HD + d; M and L also to every peer whose share holds one of
+ * head g's outputs (by the thread of d = 0). recv: the sf_cl_recv_floats area (the same address in
+ * every block). Only after cluster_wait() (every peer has started). */
+template <int HD>
+static __device__ __forceinline__ void sf_cl_push(float *recv, int Gb, int ns, int split, int g, int d, float O, float M,
+                                                  float L)
+{
+    const int share = sf_cl_share(Gb, HD, ns), idx = g * HD + d, j = idx / share;
+    float *ro = recv + 2 * ns * Gb;
+    *cluster_peer(&ro[split * share + idx - j * share], j) = O;
+    if (d == 0)
+        for (int jj = g * HD / share; jj <= ((g + 1) * HD - 1) / share && jj < ns; jj++)
+            *(float2 *)cluster_peer(&recv[2 * (split * Gb + g)], jj) = make_float2(M, L);
+}
+
+/* After cluster_sync(): this block's share of the outputs (out: the part's Gb x HD), combined from
+ * its own shared memory (nothing reads a peer's after the barrier, so every block may leave when
+ * done). nt threads. */
+template <int HD>
+static __device__ __forceinline__ void sf_cl_combine(const float *recv, int Gb, int ns, int split, int nt, bf16 *out)
+{
+    const int share = sf_cl_share(Gb, HD, ns), i1 = min(Gb * HD, (split + 1) * share);
+    const float2 *ml = (const float2 *)recv;
+    const float *ro = recv + 2 * ns * Gb;
+    for (int idx = split * share + (int)threadIdx.x; idx < i1; idx += nt) {
+        const int g = idx / HD, i = idx - split * share;
+        float M = -INFINITY;
+        for (int r = 0; r < ns; r++) M = fmaxf(M, ml[r * Gb + g].x);
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY)
+            for (int r = 0; r < ns; r++) {
+                const float2 x = ml[r * Gb + g];
+                if (x.x == -INFINITY) continue;
+                const float e = exp2f(x.x - M);
+                L = fmaf(x.y, e, L);
+                O = fmaf(ro[r * share + i], e, O);
+            }
+        out[idx] = f2bf(L > 0.0f ? O / L : 0.0f);
+    }
+}
+
+/* Host: the launch of `grid` (blocks of `threads`) whose grid.z blocks of each (token, kv head)
+ * are one cluster; at holds its attributes, pdl adds programmatic dependent launch as
+ * sf_launch_pdl gives it. */
+static inline cudaLaunchConfig_t sf_cl_config(cudaLaunchAttribute (&at)[2], dim3 grid, int threads, size_t smem,
+                                              cudaStream_t s, bool pdl)
+{
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = s;
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = 1;
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = grid.z;
+    at[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[1].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl ? 2 : 1;
+    return cfg;
+}
+
+/* Host: how many clusters of n blocks (2..SF_AD_CL_MAX) of `kernel` with `smem` bytes of dynamic
+ * shared memory the device holds at once beside nothing else (cudaOccupancyMaxActiveClusters;
+ * sizes past 8 need the non-portable attribute, which the H100/H200 allow up to 16); 0 where
+ * none. cache[n]: the answer per size (0: not asked yet), which the caller keeps per device and
+ * kernel instance, as the shared-memory attribute record is here (per template argument). */
+template <void (*kernel)(sf_k_attn)>
+static int sf_cl_fits(int n, int threads, size_t smem, int *cache)
+{
+    if (n < 2 || n > SF_AD_CL_MAX) return 0;
+    if (!cache[n]) {
+        cudaLaunchAttribute at[2];
+        const cudaLaunchConfig_t cfg = sf_cl_config(at, dim3(1, 1, n), threads, smem, 0, false);
+        int clusters = 0;
+        static sf_k_smem ss; /* per kernel instance */
+        bool ok = !sf_k_smem_attr(&ss, kernel, smem, true); /* all of L1 as shared, as measured */
+        if (ok && n > 8) ok = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess;
+        ok = ok && cudaOccupancyMaxActiveClusters(&clusters, kernel, &cfg) == cudaSuccess && clusters > 0;
+        if (!ok) cudaGetLastError();
+        cache[n] = ok ? clusters : -1;
+    }
+    return cache[n] > 0 ? cache[n] : 0;
+}
 
 /* A block's result for query head h, dimension d of token t: the output itself when there is one
  * split, else its partial (o unnormalised, m in base 2, l) in the workspace for

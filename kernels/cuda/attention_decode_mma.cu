@@ -26,7 +26,9 @@
  * Block sizes are powers of 2 from 16 up (a warp's 16 keys are then of one kind, and a key's block
  * and offset are a shift and a mask).
  * Splits (n_split > 1) write partials in attention.cu's workspace layout; the last block of each
- * (token, kv head) combines them. Launched as a programmatic dependent (common.cuh): the
+ * (token, kv head) combines them; or, in one-token steps whose clusters all fit at once (CL
+ * below), the splits of a (token, kv head) are a thread-block cluster and combine in its shared
+ * memory. Launched as a programmatic dependent (common.cuh): the
  * metadata and the first tiles' block-table entries are read before the wait, and in one-token
  * steps the first tiles' keys themselves where they precede the step's own. */
 #include "attention_decode_mma.cuh"
@@ -42,16 +44,22 @@
 #define DM_CH 4
 #define DM_CH_B1 16
 
-template <int HD, bool I8, int NW, int NS, bool B1>
+/* CL (bf16 one-token instances): the n_split blocks of a (token, kv head) are one thread-block
+ * cluster and combine their pieces in its shared memory (attention_decode.cuh, sf_cl_push), in
+ * an area after the ring (DM_CL_RECV bytes), rather than through the workspace. */
+#define DM_CL_RECV ((2 * SF_AD_CL_MAX * 8 + 8 * 128 + SF_AD_CL_MAX) * 4) /* sf_cl_recv_floats at the most */
+template <int HD, bool I8, int NW, int NS, bool B1, bool CL = false>
 __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 {
     using Lo = dm_layout<HD, I8, NW>;
+    static_assert(!CL || (B1 && !I8 && HD <= 128), "the cluster combine: bf16 one-token instances");
     extern __shared__ __align__(128) unsigned char smem[];
     __shared__ int last;
     __shared__ sf_tr tr;
 
     tr_begin(tr);
     sf_pdl_trigger();
+    if (CL) cluster_arrive_relaxed(); /* waited for before the first write to a peer */
     const int t = blockIdx.x, kh = blockIdx.y, split = blockIdx.z, tid = threadIdx.x;
     const int lane = tid & 31, w = tid >> 5, g = lane >> 2, c = lane & 3;
     const int G = a.H / a.Hkv, ns = a.n_split, lbs = __ffs(a.kv.block_size) - 1; /* a power of 2 */
@@ -114,16 +122,31 @@ __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
     sf_cp_async_wait<0>();
     __syncthreads(); /* the ring is free: it holds the warps' partial results now */
 
-    /* merge the warps; write the output (one split) or this split's partial */
-    float *wsm;
+    /* merge the warps; write the output (one split) or this split's partial (CL: into the peers'
+     * shared memory, once every block of the cluster has started) */
+    float *wsm, *recv = (float *)(smem + NS * Lo::STB);
+    if (CL) cluster_wait();
     dm_merge_warps<HD, NW>(smem, G, m, l, o, &wsm, [&](int hg, int d, float O, float M, float L) {
-        sf_attn_split_store<HD>(a, t, kh * G + hg, split, d, O, M, L);
+        if (CL) sf_cl_push<HD>(recv, G, ns, split, hg, d, O, M, L);
+        else sf_attn_split_store<HD>(a, t, kh * G + hg, split, d, O, M, L);
     });
     tr_ready(tr);
 
-    /* the last block of this (token, kv head) to finish combines the splits */
+    /* the last block of this (token, kv head) to finish combines the splits (CL: every block its
+     * share, after one cluster barrier) */
     __shared__ uint64_t mk[3];
-    if (ns > 1) {
+    if (CL) {
+        cluster_sync();
+        if (tr_buf && tid == 0) mk[0] = mk[1] = global_ns();
+        sf_cl_combine<HD>(recv, G, ns, split, Lo::NT, (bf16 *)a.out + (int64_t)t * a.ld_out + (int64_t)kh * G * HD);
+        if (tr_buf) {
+            __syncthreads();
+            if (tid == 0) {
+                mk[2] = global_ns();
+                tr_combine(tr, mk, ns, ctx);
+            }
+        }
+    } else if (ns > 1) {
         sf_attn_split_finish<HD, B1 ? DM_CH_B1 : DM_CH, B1 ? 2 : 1>(a, t, kh, G, 0, G, NW, wsm, &last, 0, 1,
                                                                tr_buf ? mk : nullptr);
         if (tr_buf && last && tid == 0) tr_combine(tr, mk, ns, ctx);
@@ -165,6 +188,42 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
     int rc = sf_launch_pdl(k_attn_dec_mma<HD, I8, NW, NS, B1>, dim3(a->T, a->Hkv, a->n_split), dim3(Lo::NT), smem, s,
                            *a);
     return rc ? rc : sf_launch_status();
+}
+
+/* The one-token instance with the cluster combine (kernels.h): -1 where it does not apply. The
+ * dynamic shared memory is the ring and the largest receive area, one size for every group and
+ * split (one attribute record). Measured on the H200 (docs/PERFORMANCE.md, session 25): with
+ * 132 KiB blocks (one an SM) it holds 15 clusters of 8 but only 7 of 9..16 (one of its GPCs has
+ * fewer SMs than that), so Llama-3-8B's 8 kv heads take it up to 8 splits (512 keys: 0.8% faster
+ * a token, the combine's store, count and loads gone) and not at 16 (1024 keys and more). The
+ * 3-stage ring (101 KiB: 14 clusters of 16) at 4096 keys combined 2.0 us after the last piece
+ * rather than 6.0, but its clusters started only after the QKV projection's last blocks (no
+ * room for 16 blocks in a GPC beside them) and put two blocks on an SM, so the last piece came
+ * 3.8 us later: 0.8% slower a token. */
+template <int HD, int NW, int NS>
+static int launch_cl(const sf_k_attn *a, cudaStream_t s)
+{
+    constexpr size_t smem = (size_t)NS * dm_layout<HD, false, NW>::STB + DM_CL_RECV;
+    static int fits[SF_K_MAX_DEVICES][SF_AD_CL_MAX + 1]; /* per device (common.cuh) */
+    const int dev = sf_k_dev();
+    int own[SF_AD_CL_MAX + 1] = { 0 }, *fc = dev >= 0 ? fits[dev] : own;
+    /* every cluster of the step resident at once, else the workspace: a second wave of clusters
+     * waits for whole free GPCs */
+    const int n = sf_cl_fits<k_attn_dec_mma<HD, false, NW, NS, true, true>>(a->n_split, 32 * NW, smem, fc);
+    if (n < a->T * a->Hkv) return -1;
+    cudaLaunchAttribute at[2];
+    const cudaLaunchConfig_t cfg = sf_cl_config(at, dim3(a->T, a->Hkv, a->n_split), 32 * NW, smem, s, sf_pdl_enabled());
+    const int rc = (int)cudaLaunchKernelEx(&cfg, k_attn_dec_mma<HD, false, NW, NS, true, true>, *a);
+    return rc ? rc : sf_launch_status();
+}
+
+extern "C" int sf_k_attention_decode_mma_cluster(const sf_k_attn *a, int cfg, cudaStream_t s)
+{
+    if (a->T <= 0 || a->hd != 128 || a->kv.i8_base || cfg != SF_K_DEC_MMA_B1_CFG || a->n_split < 2 ||
+        a->n_split > SF_AD_CL_MAX || !sf_k_attention_decode_mma_ok(a))
+        return -1;
+    static_assert(SF_K_DEC_MMA_B1_CFG == 144, "the instance below");
+    return launch_cl<128, 4, 4>(a, s);
 }
 
 /* Blocks of one configuration resident per SM (the occupancy calculator, after the attributes

@@ -258,8 +258,9 @@ int sf_k_attention_decode_block(int hd, int group, int *regs, int *smem);
  * 0, or -1 as SEMFLOW_CUDA_ATTN_HEAD_SPLIT says (default on). Tests run both. */
 void sf_k_attention_decode_head_split(int on);
 /* Its bf16 steps of 2..16 splits combine them in a thread-block cluster (distributed shared
- * memory) rather than through a->ws: on = 1 always where the device fits the cluster, 0 never,
- * -1 as SEMFLOW_CUDA_ATTN_CLUSTER says (default on). Tests run both. */
+ * memory) rather than through a->ws, and so do one-token plans of the tensor-core kernel
+ * (sf_k_attention_decode_mma_cluster): on = 1 always where the device fits the clusters, 0
+ * never, -1 as SEMFLOW_CUDA_ATTN_CLUSTER says (default on). Tests run both. */
 void sf_k_attention_decode_cluster(int on);
 /* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of 16-key-per-warp
  * tiles, bf16 and INT8 blocks (block size a power of 2, >= 16). cfg = warps per block x 10 + ring
@@ -270,6 +271,12 @@ void sf_k_attention_decode_cluster(int on);
 #define SF_K_DEC_MMA_B1_CFG 144
 int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
 int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
+/* Its one-token instance SF_K_DEC_MMA_B1_CFG (head size 128, bf16 blocks) with the 2..16 splits
+ * of each (token, kv head) combined in a thread-block cluster's shared memory rather than through
+ * a->ws, where the device holds all T x Hkv clusters at once: 0 or a cudaError_t, or -1 where it
+ * does not apply (the caller then takes sf_k_attention_decode_mma). sf_k_attention_decode takes
+ * it for one-token plans while sf_k_attention_decode_cluster allows. */
+int sf_k_attention_decode_mma_cluster(const sf_k_attn *a, int cfg, cudaStream_t s);
 /* Blocks of that kernel (head size, INT8 instance, cfg) resident per SM on the current device. */
 int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg);
 /* The persistent batch path (attention_decode_stream.cu): the same tiles as one stream of 64-key

@@ -240,7 +240,9 @@ static sf_k_attn make_attn(const dcase *c, const dhost *x, const ddev *d, int n_
 typedef struct dpath {
     const char *name;
     int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine, 4 the dispatcher
-                 on a plan of the one-token tensor-core kernel (sf_k_attn.kernel 4) */
+                 on a plan of the one-token tensor-core kernel (sf_k_attn.kernel 4; its splits
+                 in a cluster where it fits), 5 the same through the workspace, 6 that kernel's
+                 cluster instance called directly (n/a where it does not apply) */
     int cfg, max_blocks;
     int h8; /* lanes: groups of 5..8 on the 8-head instance rather than two 4-head blocks */
 } dpath;
@@ -249,7 +251,10 @@ static const dpath PATHS[] = {
     { "mma23", 1, 23, 0 },         { "mma24", 1, 24, 0 },         { "stream42", 2, 42, 0 }, { "stream43", 2, 43, 0 },
     { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 }, { "lanes/8h", 0, 0, 0, 1 }, { "lanes/ws/8h", 3, 0, 0, 1 },
     { "plan-b1", 4, 0, 0 },        { "mma143", 1, 143, 0 },       { "mma144", 1, 144, 0 },  { "mma145", 1, 145, 0 },
+    { "plan-b1/ws", 5, 0, 0 },     { "mma144/cl", 6, 144, 0 },
 };
+static int cl_runs; /* launches of the cluster instance (kind 6) that applied */
+#define NOT_APPLICABLE (-2) /* launch_path: kind 6 where the cluster instance does not apply */
 
 static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
 {
@@ -261,23 +266,32 @@ static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
         sf_k_attention_decode_head_split(-1);
         return rc;
     }
-    if (p->kind == 4) { /* what batch_begin's one-token plan makes the dispatcher launch */
+    if (p->kind == 4 || p->kind == 5) { /* what batch_begin's one-token plan makes the dispatcher launch */
         sf_k_attn b = *a;
         b.kernel = 4;
-        return sf_k_attention_decode(&b, s);
+        sf_k_attention_decode_cluster(p->kind == 4);
+        const int rc = sf_k_attention_decode(&b, s);
+        sf_k_attention_decode_cluster(-1);
+        return rc;
+    }
+    if (p->kind == 6) {
+        const int rc = sf_k_attention_decode_mma_cluster(a, p->cfg, s);
+        cl_runs += rc == 0;
+        return rc < 0 ? NOT_APPLICABLE : rc;
     }
     if (p->kind == 1) return sf_k_attention_decode_mma(a, p->cfg, s);
     return sf_k_attention_decode_stream(a, p->cfg, p->max_blocks, s);
 }
 
 /* Returns the relative error of one kernel on one case (NaN or INFINITY when the output has a
- * NaN or the launch failed). */
+ * NaN or the launch failed; -1 where the path does not apply). */
 static double run_path(const dcase *c, const dhost *x, const ddev *d, const dpath *p, int n_split)
 {
     const int64_t n = (int64_t)c->T * c->H * c->hd;
     cudaMemset(d->o, 0xFF, n * 2); /* NaN */
     sf_k_attn a = make_attn(c, x, d, n_split);
     int rc = launch_path(p, &a, 0);
+    if (rc == NOT_APPLICABLE) return -1.0;
     if (rc || cudaDeviceSynchronize()) {
         printf("  launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
         return INFINITY;
@@ -332,6 +346,10 @@ static void check_case(const dcase *c)
                 if (((p->kind == 0 || p->kind == 3) && !lanes_ok) || (p->kind == 2 && !stream_ok)) continue;
                 if (p->h8 && c->H / c->Hkv <= 4) continue; /* the same launch as without h8 */
                 const double e = run_path(c, &x, &d, p, ns);
+                if (e == -1.0) {
+                    if (len < (int)sizeof line) len += snprintf(line + len, sizeof line - len, " %s n/a", p->name);
+                    continue;
+                }
                 pass &= e <= 1e-2; /* NaN compares false */
                 if (len < (int)sizeof line) len += snprintf(line + len, sizeof line - len, " %s %.2e", p->name, e);
             }
@@ -371,10 +389,17 @@ TEST(decode_attention_vs_reference)
         { 3, 28, 4, 128, 16, 100, 600, 0, 3.0f }, { 2, 64, 8, 128, 16, 1, 600, 50, 1.0f },
         { 9, 8, 2, 64, 16, 1, 300, 0, 1.0f },     { 16, 32, 8, 128, 16, 1, 200, 30, 2.0f },
     };
+    cl_runs = 0;
     if (quick)
         for (size_t i = 0; i < SF_ARRAY_LEN(short_cases); i++) check_case(&short_cases[i]);
     else
         for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) check_case(&cases[i]);
+    /* clusters (sm_90 on) of up to 16 blocks: the first case's 8 clusters fit an H100/H200 */
+    int dev = 0, major = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    CHECK_MSG(major < 9 || cl_runs > 0, "the one-token cluster instance never applied (compute capability %d)", major);
+    printf("  the one-token cluster instance ran %d times\n", cl_runs);
 }
 
 /* The stream kernel over one batch three times in a row: its counters come back to zero after
@@ -525,7 +550,7 @@ TEST(decode_attention_block_resources)
  * steps when it plans that kernel; main() forces the lanes kernel on the dispatcher's own plan). */
 static int split_for(int T, int Hkv, int ctx, int i8, int kind)
 {
-    static const int kernel[] = { 1, 2, 3, 1, SF_K_ATTN_DEC_B1 };
+    static const int kernel[] = { 1, 2, 3, 1, SF_K_ATTN_DEC_B1, SF_K_ATTN_DEC_B1, SF_K_ATTN_DEC_B1 };
     return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, i8, sms, kernel[kind]);
 }
 
@@ -603,7 +628,9 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
             if (r == 3) cudaEventRecord(e0, s);
             const int32_t *m = meta + (size_t)(r % C) * nmeta;
             a.pos = m; a.tok_seq = m + T; a.block_table = m + 2 * T;
-            rc |= launch_path(p, &a, s);
+            const int r1 = launch_path(p, &a, s);
+            if (r1 == NOT_APPLICABLE) { rc = r1; break; }
+            rc |= r1;
         }
         cudaEventRecord(e1, s);
         cudaEventSynchronize(e1);
@@ -611,6 +638,10 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         cudaEventElapsedTime(&ms, e0, e1);
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
+        if (rc == NOT_APPLICABLE) {
+            printf(" %s(split %2d) n/a |", p->name, ns);
+            continue;
+        }
         double us = rc ? NAN : ms * 1000.0 / reps;
         printf(" %s(split %2d) %7.1f us %5.1f%% |", p->name, ns, us,
                100.0 * bytes / (us * 1e3) / hbm_gbs);
