@@ -3,7 +3,9 @@
  * "lanes" kernel, the tensor-core "mma" kernel in each configuration), batches of 1..256
  * sequences with ragged contexts of 1..8192 keys, GQA 32/8, 28/4, 64/8 (head 128) and 8/2
  * (head 64), bf16 blocks, INT8 blocks and sequences mixing both, shuffled block tables, with and
- * without key splits (up to 33, past the cluster). Outputs are poisoned (NaN) before each run;
+ * without key splits (up to 33, past the cluster), their pieces combined through the workspace or
+ * in a thread-block cluster (the lanes kernel's and the one-token tensor-core instance's, where
+ * the device holds the clusters). Outputs are poisoned (NaN) before each run;
  * the check is ||out - ref|| / ||ref|| <= 1e-2 per case with NaN never passing, and every split
  * counter back at zero after the launch.
  *
