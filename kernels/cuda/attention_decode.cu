@@ -363,7 +363,8 @@ static bool head_split(void)
     return head_split_mode < 0 ? env : head_split_mode;
 }
 
-/* SEMFLOW_CUDA_ATTN_CLUSTER=0 turns the cluster combine off (comparisons; read once);
+/* SEMFLOW_CUDA_ATTN_CLUSTER=0 turns the cluster combines off (this kernel's and the one-token
+ * tensor-core plan's; comparisons; read once);
  * sf_k_attention_decode_cluster overrides it (tests run both). */
 static int cluster_mode = -1;
 extern "C" void sf_k_attention_decode_cluster(int on) { cluster_mode = on; }
