@@ -136,8 +136,8 @@ __global__ void __launch_bounds__(AD_WARPS * 32, MAXG <= 4 && !I8 ? 2 : 1) k_att
     static_assert(PARTS <= SF_K_ATTN_CNT_PER_KVH, "a counter per part (kernels.h)");
     __shared__ float wsm[MAXG * PARTS][AD_MAX_SPLIT]; /* the whole group's */
     __shared__ int last;
-    /* CL: what the peers send this block (attention_decode.cuh, sf_cl_recv_floats at the most) */
-    __shared__ __align__(16) float recv[CL ? 2 * SF_AD_CL_MAX * MAXG + MAXG * HD + SF_AD_CL_MAX : 1];
+    /* CL: what the peers send this block (attention_decode.cuh) */
+    __shared__ __align__(16) float recv[CL ? sf_cl_recv_max(MAXG, HD) : 1];
     extern __shared__ uint4 kv_pre[]; /* CL: [AD_WARPS][U][K, V][32 lanes] */
 
     __shared__ sf_tr tr;

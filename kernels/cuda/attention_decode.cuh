@@ -38,18 +38,17 @@ static __device__ __forceinline__ float *cluster_peer(float *p, int rank)
 /* The cluster combine, pushed (session 12, docs/PERFORMANCE.md): the ns splits of a (token, kv
  * head, part) are one cluster, split i its block of rank i, and the Gb x HD outputs are cut into
  * ns shares of sf_cl_share; split i combines share i. What its peers send it, in its shared
- * memory (sf_cl_recv_floats floats): each split's m and l per head ([ns][Gb] float2), then each
+ * memory (sf_cl_recv_max floats at the most): each split's m and l per head ([ns][Gb] float2), then each
  * split's o for the share ([ns][share]). */
 static __device__ __host__ __forceinline__ int sf_cl_share(int Gb, int HD, int ns) { return (Gb * HD + ns - 1) / ns; }
-static __device__ __host__ __forceinline__ int sf_cl_recv_floats(int Gb, int HD, int ns)
-{
-    return 2 * ns * Gb + ns * sf_cl_share(Gb, HD, ns);
-}
+/* The receive area's floats for any part of up to MAXG heads and any split up to SF_AD_CL_MAX:
+ * ns x share <= Gb x HD + ns - 1. */
+static constexpr int sf_cl_recv_max(int MAXG, int HD) { return 2 * SF_AD_CL_MAX * MAXG + MAXG * HD + SF_AD_CL_MAX; }
 
 /* A block's (O unnormalised, M in base 2, L) for head g < Gb of its part and dimension d, sent to
  * the peer that combines output g * HD + d; M and L also to every peer whose share holds one of
- * head g's outputs (by the thread of d = 0). recv: the sf_cl_recv_floats area (the same address in
- * every block). Only after cluster_wait() (every peer has started). */
+ * head g's outputs (by the thread of d = 0). recv: the receive area (the same address in every
+ * block). Only after cluster_wait() (every peer has started). */
 template <int HD>
 static __device__ __forceinline__ void sf_cl_push(float *recv, int Gb, int ns, int split, int g, int d, float O, float M,
                                                   float L)

@@ -46,8 +46,9 @@
 
 /* CL (bf16 one-token instances): the n_split blocks of a (token, kv head) are one thread-block
  * cluster and combine their pieces in its shared memory (attention_decode.cuh, sf_cl_push), in
- * an area after the ring (DM_CL_RECV bytes), rather than through the workspace. */
-#define DM_CL_RECV ((2 * SF_AD_CL_MAX * 8 + 8 * 128 + SF_AD_CL_MAX) * 4) /* sf_cl_recv_floats at the most */
+ * an area after the ring (DM_CL_RECV bytes: any group up to 8 heads), rather than through the
+ * workspace. */
+#define DM_CL_RECV ((size_t)sf_cl_recv_max(8, 128) * 4)
 template <int HD, bool I8, int NW, int NS, bool B1, bool CL = false>
 __global__ void __launch_bounds__(32 * NW) k_attn_dec_mma(sf_k_attn a)
 {
