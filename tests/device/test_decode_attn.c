@@ -637,7 +637,8 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         cudaEventRecord(e1, s);
         cudaEventSynchronize(e1);
         float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
+        /* n/a: nothing was timed (e0 never recorded, whose error the next launch would read) */
+        if (rc != NOT_APPLICABLE) cudaEventElapsedTime(&ms, e0, e1);
         cudaEventDestroy(e0);
         cudaEventDestroy(e1);
         if (rc == NOT_APPLICABLE) {
