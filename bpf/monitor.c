@@ -579,7 +579,7 @@ int sf_monitor_open(const sf_monitor_opts *o, sf_monitor **out, sf_error *err)
     }
     m->nvml = sf_nvml_open();
     m->t0 = m->t_prev = m->t_discover = m->t_ldconfig = sf_now_s();
-    if (pthread_create(&m->thr, NULL, monitor_thread, m)) {
+    if (sf_thread_create(&m->thr, monitor_thread, m)) {
         rc = sf_err(err, SF_ERROR, "monitor: starting the snapshot thread failed");
         goto fail;
     }
@@ -614,7 +614,7 @@ static void destroy_links(struct bpf_link **links, int n)
         int lo = t * per, hi = SF_MIN(n, lo + per);
         if (lo >= hi) break;
         jobs[t] = (detach_job){ links + lo, hi - lo };
-        started[t] = pthread_create(&thr[t], NULL, detach_thread, &jobs[t]) == 0;
+        started[t] = sf_thread_create(&thr[t], detach_thread, &jobs[t]) == 0;
         if (!started[t]) detach_thread(&jobs[t]); /* no thread: do it here */
     }
     for (int t = 0; t < DETACH_THREADS; t++)

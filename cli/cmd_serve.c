@@ -342,6 +342,9 @@ int sf_cmd_serve(int argc, char **argv)
     sf_error err = { 0 };
     serve_ctx x;
     memset(&x, 0, sizeof x);
+    /* before the monitor, libbpf or libcuda start a thread: one that left SIGTERM unblocked
+     * would take it whenever the gateway's thread is not inside sigtimedwait, and die of it */
+    sf_block_stop_signals();
     if (bpf) {
         sf_monitor_opts mo;
         sf_monitor_opts_default(&mo);

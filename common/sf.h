@@ -6,6 +6,7 @@
 #ifndef SF_H
 #define SF_H
 
+#include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,6 +45,14 @@ void sf_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 #define SF_LOGW(...) sf_log(SF_LOG_WARN, __VA_ARGS__)
 #define SF_LOGI(...) sf_log(SF_LOG_INFO, __VA_ARGS__)
 #define SF_LOGD(...) do { if (sf_log_level >= SF_LOG_DEBUG) sf_log(SF_LOG_DEBUG, __VA_ARGS__); } while (0)
+
+/* Threads. semflow's own threads (engine, CPU pool, monitor) start with every signal blocked, so
+ * a process-directed signal such as SIGTERM never lands on one of them and takes its default
+ * action (the whole process gone, no drain); it goes to the thread that waits for it.
+ * sf_block_stop_signals blocks SIGTERM and SIGINT in the calling thread and so in every thread
+ * it starts afterwards, libraries' own included (libcuda's, libbpf's); call it before any. */
+int sf_thread_create(pthread_t *t, void *(*fn)(void *), void *arg);
+void sf_block_stop_signals(void);
 
 /* Monotonic clock. */
 double sf_now_s(void);

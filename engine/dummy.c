@@ -277,7 +277,7 @@ int sf_model_fill_dummy_shard(sf_model *m, sf_dtype dt, uint64_t seed, int progr
     int want = (int)SF_MIN(SF_MAX(ncpu, 1), (long)SF_ARRAY_LEN(th));
     if (need < (64u << 20)) want = 1;
     for (int i = 1; i < want; i++)
-        if (pthread_create(&th[n_th], NULL, dummy_worker, &ctx) == 0) n_th++;
+        if (sf_thread_create(&th[n_th], dummy_worker, &ctx) == 0) n_th++;
     sf_progress pg;
     sf_progress_begin(&pg, "dummy weights", need, progress);
     for (;;) {

@@ -457,7 +457,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         }
         fprintf(e->trace, "t_s\tstep_ms\tdecode\tprefill\trunning\twait_high\twait_normal\twait_low\tkv_used\tpreemptions\tcap\tcap_low\tpredicted_ms\tdegraded\tkv_demand\trunning_i8\trt_tokens\tswap_blocks\tswap_ms\tstep\n");
     }
-    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+    if (sf_thread_create(&e->thread, engine_main, e) != 0) {
         rc = sf_err(err, SF_ERROR, "engine: cannot start the engine thread");
         goto fail;
     }

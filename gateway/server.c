@@ -193,7 +193,7 @@ static int worker_init(sf_gateway *gw, gw_worker *w, sf_error *err)
     }
     w->bound = evhttp_accept_socket_with_handle(w->http, w->fd);
     if (!w->bound) return sf_err(err, SF_EIO, "evhttp_accept_socket() failed for worker %d", w->idx);
-    if (pthread_create(&w->thread, NULL, worker_main, w)) return sf_err(err, SF_ERROR, "pthread_create() failed");
+    if (sf_thread_create(&w->thread, worker_main, w)) return sf_err(err, SF_ERROR, "pthread_create() failed");
     w->started = 1;
     return SF_OK;
 }
@@ -228,13 +228,10 @@ int sf_gateway_new(const sf_gateway_config *c, sf_gateway **out, sf_error *err)
     rc = c->tenants_path ? sf_tenants_load(c->tenants_path, &gw->tenants, err) : sf_tenants_open(&gw->tenants, err);
     if (rc) goto fail;
     if ((rc = open_listeners(gw, err))) goto fail;
-    /* workers (and the engine thread started later from this thread) inherit this mask;
-     * sf_gateway_run takes the signals with sigtimedwait */
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    /* sf_gateway_run takes SIGTERM and SIGINT with sigtimedwait; threads a library starts from
+     * this one later inherit the mask (the caller blocks them earlier if anything starts threads
+     * before this: cmd_serve's eBPF monitor and CUDA) */
+    sf_block_stop_signals();
     signal(SIGPIPE, SIG_IGN);
     for (int i = 0; i < gw->n_workers; i++) {
         gw->workers[i].idx = i;
@@ -322,7 +319,7 @@ int sf_gateway_run(sf_gateway *gw, sf_error *err)
     pthread_t lt;
     SF_LOGI("listening on http://%s:%d (%d workers); loading %s", gw->host, gw->port, gw->n_workers,
             gw->cfg.engine.model ? gw->cfg.engine.model : "?");
-    if (pthread_create(&lt, NULL, load_main, &l)) return sf_err(err, SF_ERROR, "pthread_create() failed");
+    if (sf_thread_create(&lt, load_main, &l)) return sf_err(err, SF_ERROR, "pthread_create() failed");
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);

@@ -82,7 +82,7 @@ int sf_cpu_pool_new(int n_threads, sf_cpu_pool **out, sf_error *err)
         if (!wa) { sf_cpu_pool_free(p); return sf_err(err, SF_ENOMEM, "cpu thread pool: out of memory"); }
         wa->p = p;
         wa->ith = i;
-        int rc = pthread_create(&p->th[i], NULL, worker_main, wa);
+        int rc = sf_thread_create(&p->th[i], worker_main, wa);
         if (rc) {
             free(wa);
             sf_cpu_pool_free(p);

@@ -2,7 +2,8 @@
 """`semflow serve` under load, against the real binary on the demo model (CPU backend):
 64 concurrent streaming clients, a higher class overtaking a queue of lower ones, overload
 answered with 429 before any work (nothing lost), tenants (401, rate and concurrency limits,
-urgency cap), and SIGTERM draining an in-flight stream."""
+urgency cap), SIGTERM draining an in-flight stream, and a SIGTERM that comes while the gateway's
+thread is busy with another signal (every other thread blocks it, so none dies of it)."""
 import http.client
 import json
 import os
@@ -261,11 +262,42 @@ def test_drain():
     check("sigterm_exits_0", rc == 0, s.logtext())
 
 
+def blocks_sigterm(pid, tid):
+    with open("/proc/%d/task/%d/status" % (pid, tid)) as f:
+        for line in f:
+            if line.startswith("SigBlk:"):
+                return int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1 == 1
+    return False
+
+
+def test_signal_race():
+    """SIGINT then SIGTERM at once: the first wakes the gateway's thread (out of sigtimedwait),
+    so the kernel hands the second to any other thread that does not block it. Every thread but
+    the gateway's blocks SIGTERM (the eBPF monitor's and the engine's included), so the second
+    waits and the server drains and exits 0 instead of dying of its default action."""
+    s = Server("--workers", "2", "--max-model-len", "256")
+    pid = s.proc.pid
+    others = [int(t) for t in os.listdir("/proc/%d/task" % pid) if int(t) != pid]
+    unblocked = [t for t in others if not blocks_sigterm(pid, t)]
+    check("signals_only_gateway_thread_takes_sigterm", others and not unblocked,
+          "%d threads, SIGTERM unblocked in %s" % (len(others), unblocked))
+    os.kill(pid, signal.SIGINT)
+    os.kill(pid, signal.SIGTERM)
+    try:
+        rc = s.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        rc = s.proc.wait()
+    s._cleanup()
+    check("signals_sigint_then_sigterm_drains_exit_0", rc == 0 and "drained in" in s.logtext(), (rc, s.logtext()))
+
+
 def main():
     if not os.path.exists(BIN):
         print("FAIL: test_server_load: %s not built" % BIN)
         return 1
-    for t in (test_64_streams, test_priority, test_overload, test_tenants, test_drain):
+    for t in (test_64_streams, test_priority, test_overload, test_tenants, test_drain,
+              test_signal_race):
         try:
             t()
         except Exception as e:  # noqa: BLE001 - one failing scenario must not hide the others
