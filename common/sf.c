@@ -88,9 +88,14 @@ double sf_now_s(void) { return (double)sf_now_ns() * 1e-9; }
 
 int sf_thread_create(pthread_t *t, void *(*fn)(void *), void *arg)
 {
-    sigset_t all, old;
-    sigfillset(&all);
-    pthread_sigmask(SIG_SETMASK, &all, &old); /* the new thread inherits it */
+    /* the signals sent to the process; never the synchronous ones (SIGSEGV, SIGBUS, SIGFPE...):
+     * the kernel resets a blocked one to its default action when it fires, and a crash would
+     * end with no report from the sanitizers' handlers */
+    static const int async[] = { SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGALRM, SIGPIPE };
+    sigset_t set, old;
+    sigemptyset(&set);
+    for (size_t i = 0; i < sizeof async / sizeof async[0]; i++) sigaddset(&set, async[i]);
+    pthread_sigmask(SIG_BLOCK, &set, &old); /* the new thread inherits it */
     int rc = pthread_create(t, NULL, fn, arg);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     return rc;

@@ -46,7 +46,8 @@ void sf_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 #define SF_LOGI(...) sf_log(SF_LOG_INFO, __VA_ARGS__)
 #define SF_LOGD(...) do { if (sf_log_level >= SF_LOG_DEBUG) sf_log(SF_LOG_DEBUG, __VA_ARGS__); } while (0)
 
-/* Threads. semflow's own threads (engine, CPU pool, monitor) start with every signal blocked, so
+/* Threads. semflow's own threads (engine, CPU pool, monitor) start with the signals sent to the
+ * process blocked (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE), so
  * a process-directed signal such as SIGTERM never lands on one of them and takes its default
  * action (the whole process gone, no drain); it goes to the thread that waits for it.
  * sf_block_stop_signals blocks SIGTERM and SIGINT in the calling thread and so in every thread

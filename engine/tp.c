@@ -546,7 +546,11 @@ int sf_tp_start(const sf_tp_rank_opts *o_in, const char *exe, const sf_model *m,
         if (pid == 0) {
             /* No PR_SET_PDEATHSIG: it fires when the forking *thread* exits (a loader thread
              * would take the followers with it). A follower notices a dead leader at its next
-             * wait instead (comm liveness checks). */
+             * wait instead (comm liveness checks). The rank starts with no signal blocked:
+             * the forking thread blocks SIGTERM and friends (sf_thread_create). */
+            sigset_t none;
+            sigemptyset(&none);
+            sigprocmask(SIG_SETMASK, &none, NULL);
             execv(exe, argv);
             fprintf(stderr, "semflow rank %d: exec %s: %s\n", r, exe, strerror(errno));
             _exit(127);

@@ -16,7 +16,7 @@ log=$(mktemp)
 "$BIN" top --listen 127.0.0.1:0 --no-discover --lib "$LIB" 2>"$log" &
 top=$!
 port=
-for i in $(seq 50); do
+for i in $(seq 300); do  # 30 s: BPF load and uprobe attach on a loaded host
     port=$(sed -n 's/.*dashboard on http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$log")
     [ -n "$port" ] && break
     kill -0 $top 2>/dev/null || break

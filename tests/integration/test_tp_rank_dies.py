@@ -13,27 +13,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sftest import DATA, ServerProcess, check, results  # noqa: E402
+from sftest import DATA, ServerProcess, check, rank_pids, results  # noqa: E402
 
 MODEL = os.path.join(DATA, "stories260K", "stories260K.gguf")
 N = 3
-
-
-def children(pid):
-    """Children of every thread of pid: the server forks its followers on the model loader's
-    thread, and until that thread has exited they are listed under it, not the main thread."""
-    kids = []
-    try:
-        tids = os.listdir("/proc/%d/task" % pid)
-    except OSError:
-        return kids
-    for tid in tids:
-        try:
-            with open("/proc/%d/task/%s/children" % (pid, tid)) as f:
-                kids += [int(x) for x in f.read().split()]
-        except OSError:
-            pass
-    return sorted(set(kids))
 
 
 def stream(port, out, i, started):
@@ -74,7 +57,7 @@ def main():
                         env=env, prefix="semflow-tp-dies-")
     out = [None] * N
     try:
-        followers = children(srv.proc.pid)
+        followers = rank_pids(srv.proc.pid)
         check("tp_follower_found", len(followers) == 1, "children of the server: %r" % followers)
         starts = [threading.Event() for _ in range(N)]
         ts = [threading.Thread(target=stream, args=(srv.port, out, i, starts[i])) for i in range(N)]

@@ -14,28 +14,10 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sftest import ServerProcess, check, results  # noqa: E402
+from sftest import ServerProcess, check, rank_pids, results, sigterm_blocked  # noqa: E402
 
 # tests/device/test_tp.sh runs this file with SEMFLOW_TP_BACKEND=cuda (NCCL between GPUs)
 BACKEND = os.environ.get("SEMFLOW_TP_BACKEND", "cpu")
-
-
-def rank_pids(parent):
-    """Follower processes (`semflow rank`) whose parent is `parent`."""
-    out = []
-    for p in os.listdir("/proc"):
-        if not p.isdigit():
-            continue
-        try:
-            with open("/proc/%s/stat" % p) as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open("/proc/%s/cmdline" % p, "rb") as f:
-                argv = f.read().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == parent and len(argv) > 1 and argv[1] == b"rank":
-            out.append(int(p))
-    return out
 
 
 class Server(ServerProcess):
@@ -130,6 +112,9 @@ def main():
     s = Server(2)
     followers = rank_pids(s.proc.pid)
     check("tp_serve_starts_one_follower", len(followers) == 1, "followers: %r" % followers)
+    # forked from a thread that blocks SIGTERM; the rank itself must still take it
+    check("tp_follower_takes_sigterm", followers and all(sigterm_blocked(f) is False for f in followers),
+          [sigterm_blocked(f) for f in followers])
     got = [s.complete(p) for p in prompts]
     answered = all(g[0] == 200 and r[0] == 200 and text_of(g[1]) and text_of(r[1]) for g, r in zip(got, ref))
     same = answered and all(text_of(g[1]) == text_of(r[1]) for g, r in zip(got, ref))

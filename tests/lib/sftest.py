@@ -37,6 +37,39 @@ def run(*args, timeout=120):
     return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
 
 
+def sigterm_blocked(pid, tid=None):
+    """Whether thread tid of process pid (its main thread if None) blocks SIGTERM; None if the
+    thread is gone."""
+    path = "/proc/%d/status" % pid if tid is None else "/proc/%d/task/%d/status" % (pid, tid)
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("SigBlk:"):
+                    return int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1 == 1
+    except OSError:
+        return None
+    return None
+
+
+def rank_pids(parent):
+    """Follower processes (`semflow rank`) whose parent is `parent` (by their ppid: the thread
+    that forked them may have exited since)."""
+    out = []
+    for p in os.listdir("/proc"):
+        if not p.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % p) as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open("/proc/%s/cmdline" % p, "rb") as f:
+                argv = f.read().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == parent and len(argv) > 1 and argv[1] == b"rank":
+            out.append(int(p))
+    return out
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))

@@ -321,7 +321,7 @@ static void check_failure(int sig)
     sf_backend *b = NULL;
     sf_tp *tp = NULL;
     pid_t pids[8];
-    int rc = start(d, 1, 4, 1500, &m, &b, &tp, pids, &err);
+    int rc = start(d, 1, 4, 3000, &m, &b, &tp, pids, &err); /* 4 ranks on a loaded 2-core host start slowly */
     CHECK_MSG(rc == SF_OK, "start: %s", err.msg);
     if (!rc) {
         sf_kv_config kc = kv_of(&m->cfg, sf_tp_kv_heads(tp));
