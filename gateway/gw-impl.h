@@ -26,6 +26,7 @@ typedef struct gw_worker {
     int started;
     int inited;               /* worker_init ran: worker_fini is owed */
     int inflight;             /* generation requests in flight (this worker's thread only) */
+    atomic_int flush_rounds;  /* drain: loop rounds run since the last request ended (flush_cb) */
 } gw_worker;
 
 struct sf_gateway {

@@ -251,6 +251,16 @@ static void exit_loop_cb(evutil_socket_t fd, short what, void *arg)
     event_base_loopexit(w->base, NULL);
 }
 
+/* A round of the worker's loop: the timer is processed after the loop has polled its sockets,
+ * and the writes it found ready ran before this (same priority, queued first). */
+static const struct timeval flush_tv = { 0, 1 };
+
+static void flush_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gw_worker *w = arg;
+    if (atomic_fetch_add(&w->flush_rounds, 1) + 1 < 2) event_base_once(w->base, -1, EV_TIMEOUT, flush_cb, w, &flush_tv);
+}
+
 static void close_listener_cb(evutil_socket_t fd, short what, void *arg)
 {
     gw_worker *w = arg;
@@ -355,8 +365,20 @@ int sf_gateway_run(sf_gateway *gw, sf_error *err)
         struct timespec ts = { 0, 10 * 1000 * 1000 };
         nanosleep(&ts, NULL);
     }
-    struct timespec ts = { 0, 50 * 1000 * 1000 }; /* writes already queued in evhttp */
-    nanosleep(&ts, NULL);
+    /* the last replies may still sit in their connections' output buffers: every worker runs two
+     * more rounds of its loop (each writes what its sockets take) before sf_gateway_free ends it;
+     * a worker that waits its turn for a CPU is waited for (a client that reads nothing is not) */
+    for (int i = 0; i < gw->n_workers; i++) {
+        atomic_store(&gw->workers[i].flush_rounds, 0);
+        event_base_once(gw->workers[i].base, -1, EV_TIMEOUT, flush_cb, &gw->workers[i], &flush_tv);
+    }
+    for (double t1 = sf_now_s(); sf_now_s() - t1 < 5;) {
+        int n = 0;
+        for (int i = 0; i < gw->n_workers; i++) n += atomic_load(&gw->workers[i].flush_rounds) >= 2;
+        if (n == gw->n_workers) break;
+        struct timespec ts = { 0, 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
     SF_LOGI("drained in %.2f s", sf_now_s() - t0);
     if (!joined && l.rc) {
         *err = l.err;
