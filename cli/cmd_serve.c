@@ -217,7 +217,8 @@ static void usage(FILE *f)
             "  --queue-limit N           waiting requests per urgency lane before 429 (default 256)\n"
             "  --max-body BYTES          largest request body (default 4194304)\n"
             "  --timeout S               per-connection read/write timeout (default 30)\n"
-            "  --drain-timeout S         on SIGTERM, how long in-flight requests may finish (default 30)\n"
+            "  --drain-timeout S         on SIGTERM, how long in-flight requests may finish (default 30;\n"
+            "                            a second SIGTERM or SIGINT cancels them at once)\n"
             "  --bpf auto|off            eBPF monitor (/metrics, /dashboard) and connection steering (default auto)\n"
             "  --dma-tuner on|off        per-class chunks for KV swap copies, low-class swap-ins held back while\n"
             "                            other processes contend for the PCIe link (default on; see docs/OBSERVABILITY.md)\n");

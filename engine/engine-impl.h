@@ -112,6 +112,7 @@ struct sf_engine {
     int tp_failed;              /* the tensor-parallel group failed: submit answers SF_ENODEV */
     char tp_failed_msg[512];
     atomic_int cancel_all;      /* drain timed out: cancel everything (read by the engine thread) */
+    atomic_int drain_cut;       /* sf_engine_drain_cut: the drain's timeout is past */
     atomic_uint cancels;        /* sf_engine_cancel calls so far: the engine thread walks its
                                  * sequences for cancelled ones only when this moved */
     unsigned cancels_seen;      /* engine thread: the count at its last walk */

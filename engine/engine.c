@@ -585,7 +585,7 @@ void sf_engine_drain(sf_engine *e, double timeout_s)
     double deadline = sf_now_s() + (timeout_s > 0 ? timeout_s : 0);
     while (!e->stop && (e->busy || e->in_head || e->st.running || e->st.waiting[0] || e->st.waiting[1] ||
                         e->st.waiting[2])) {
-        double left = deadline - sf_now_s();
+        double left = atomic_load(&e->drain_cut) ? 0 : deadline - sf_now_s();
         if (left <= 0) {
             atomic_store(&e->cancel_all, 1); /* the engine thread cancels the rest at its next step */
             pthread_cond_signal(&e->wake);
@@ -600,6 +600,15 @@ void sf_engine_drain(sf_engine *e, double timeout_s)
         pthread_cond_timedwait(&e->idle, &e->mu, &ts);
     }
     atomic_store(&e->cancel_all, 0);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void sf_engine_drain_cut(sf_engine *e)
+{
+    if (!e) return;
+    atomic_store(&e->drain_cut, 1);
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_broadcast(&e->idle); /* the drain's wait looks again */
     pthread_mutex_unlock(&e->mu);
 }
 

@@ -163,6 +163,9 @@ void sf_engine_cancel(sf_engine *e, sf_request *r);
  * nothing is queued or running, or after timeout_s, when it cancels the rest (each gets DONE with
  * SF_FINISH_CANCELLED) and waits for that. */
 void sf_engine_drain(sf_engine *e, double timeout_s);
+/* Any thread. A drain in progress (or the next one) takes its timeout as past: what still runs is
+ * cancelled now (a second SIGTERM). */
+void sf_engine_drain_cut(sf_engine *e);
 
 typedef struct sf_engine_stats {
     int running, waiting[SF_URGENCY_COUNT];

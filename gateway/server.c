@@ -323,6 +323,29 @@ static void *load_main(void *arg)
     return NULL;
 }
 
+static const char *sig_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stop"; }
+
+typedef struct drainer {
+    sf_gateway *gw;
+    atomic_int done;
+} drainer;
+
+/* The engine's drain, then the workers' last events and responses (the engine is idle). */
+static void *drain_main(void *arg)
+{
+    drainer *d = arg;
+    sf_gateway *gw = d->gw;
+    sf_engine *e = atomic_load(&gw->engine);
+    double t0 = sf_now_s();
+    if (e) sf_engine_drain(e, gw->cfg.drain_timeout_s);
+    while (__atomic_load_n(&gw->metrics.active, __ATOMIC_RELAXED) > 0 && sf_now_s() - t0 < gw->cfg.drain_timeout_s + 5) {
+        struct timespec ts = { 0, 10 * 1000 * 1000 };
+        nanosleep(&ts, NULL);
+    }
+    atomic_store(&d->done, 1);
+    return NULL;
+}
+
 int sf_gateway_run(sf_gateway *gw, sf_error *err)
 {
     loader l = { .gw = gw };
@@ -351,19 +374,31 @@ int sf_gateway_run(sf_gateway *gw, sf_error *err)
             }
         }
     }
-    SF_LOGI("%s: no longer accepting; draining in-flight requests (at most %.0f s)",
-            sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stop", gw->cfg.drain_timeout_s);
+    SF_LOGI("%s: no longer accepting; draining in-flight requests (at most %.0f s; a second SIGTERM or "
+            "SIGINT cancels them now)", sig_name(sig), gw->cfg.drain_timeout_s);
     atomic_store(&gw->draining, 1);
     for (int i = 0; i < gw->n_workers; i++)
         event_base_once(gw->workers[i].base, -1, EV_TIMEOUT, close_listener_cb, &gw->workers[i], NULL);
-    if (!joined) pthread_join(lt, NULL); /* a load in progress finishes first */
-    sf_engine *e = atomic_load(&gw->engine);
+    while (!joined && !atomic_load(&l.done)) /* a load in progress finishes first */
+        if ((sig = sigtimedwait(&set, NULL, &(struct timespec){ 0, 50 * 1000 * 1000 })) > 0) {
+            SF_LOGW("%s again while the model loads: exiting now", sig_name(sig));
+            _exit(1); /* the loader cannot be stopped; the kernel closes its files and BPF links */
+        }
+    if (!joined) pthread_join(lt, NULL);
+    /* the drain on its own thread, so that this one still takes a second signal */
+    drainer d = { .gw = gw };
+    pthread_t dt;
     double t0 = sf_now_s();
-    if (e) sf_engine_drain(e, gw->cfg.drain_timeout_s);
-    /* the engine is idle; let the workers flush the last events and responses */
-    while (__atomic_load_n(&gw->metrics.active, __ATOMIC_RELAXED) > 0 && sf_now_s() - t0 < gw->cfg.drain_timeout_s + 5) {
-        struct timespec ts = { 0, 10 * 1000 * 1000 };
-        nanosleep(&ts, NULL);
+    if (sf_thread_create(&dt, drain_main, &d)) {
+        drain_main(&d);
+    } else {
+        for (int cut = 0; !atomic_load(&d.done);)
+            if ((sig = sigtimedwait(&set, NULL, &(struct timespec){ 0, 50 * 1000 * 1000 })) > 0 && !cut) {
+                cut = 1;
+                SF_LOGI("%s again: cancelling the in-flight requests", sig_name(sig));
+                sf_engine_drain_cut(atomic_load(&gw->engine));
+            }
+        pthread_join(dt, NULL);
     }
     /* the last replies may still sit in their connections' output buffers: every worker runs two
      * more rounds of its loop (each writes what its sockets take) before sf_gateway_free ends it;

@@ -2,8 +2,9 @@
 """`semflow serve` under load, against the real binary on the demo model (CPU backend):
 64 concurrent streaming clients, a higher class overtaking a queue of lower ones, overload
 answered with 429 before any work (nothing lost), tenants (401, rate and concurrency limits,
-urgency cap), SIGTERM draining an in-flight stream, and a SIGTERM that comes while the gateway's
-thread is busy with another signal (every other thread blocks it, so none dies of it)."""
+urgency cap), SIGTERM draining an in-flight stream, a SIGTERM that comes while the gateway's thread is
+busy with another signal (every other thread blocks it, so none dies of it), and a second SIGTERM
+cutting the drain short."""
 import http.client
 import json
 import os
@@ -279,7 +280,8 @@ def test_signal_race():
     """SIGINT then SIGTERM at once: the first wakes the gateway's thread (out of sigtimedwait),
     so the kernel hands the second to any other thread that does not block it. Every thread but
     the gateway's blocks SIGTERM (the eBPF monitor's and the engine's included), so the second
-    waits and the server drains and exits 0 instead of dying of its default action."""
+    waits for the gateway's thread (which takes it as the drain's second signal) and the server
+    drains and exits 0 instead of dying of the default action."""
     s = Server("--workers", "2", "--max-model-len", "256")
     pid = s.proc.pid
     others = [int(t) for t in os.listdir("/proc/%d/task" % pid) if int(t) != pid]
@@ -297,12 +299,65 @@ def test_signal_race():
     check("signals_sigint_then_sigterm_drains_exit_0", rc == 0 and "drained in" in s.logtext(), (rc, s.logtext()))
 
 
+def test_second_signal():
+    """A second SIGTERM during the drain cancels what still runs: four 2000-token streams on one
+    seat (~4x as long as one) end at once, the queued ones with finish_reason "abort" and their
+    usage, and the server exits 0 (the drain timeout is 300 s)."""
+    s = Server("--workers", "2", "--max-model-len", "2048", "--max-num-seqs", "1", "--drain-timeout", "300")
+    started = threading.Event()
+    outs = [{} for _ in range(4)]
+
+    def reader(out):
+        c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=300)
+        c.request("POST", "/v1/completions", body=json.dumps({"prompt": "Hi", "max_tokens": 2000, "ignore_eos": True,
+                                                               "stream": True, "stream_options": {"include_usage": True}}))
+        r = c.getresponse()
+        for line in r:
+            line = line.decode().strip()
+            if line == "data: [DONE]":
+                out["done"] = True
+            elif line.startswith("data: "):
+                started.set()
+                j = json.loads(line[6:])
+                for ch in j.get("choices", []):
+                    if ch.get("finish_reason"):
+                        out["finish"] = ch["finish_reason"]
+                if j.get("usage"):
+                    out["tokens"] = j["usage"]["completion_tokens"]
+        c.close()
+
+    ts = [threading.Thread(target=reader, args=(o,)) for o in outs]
+    for t in ts:
+        t.start()
+    started.wait(120)
+    s.proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + 30
+    while time.time() < deadline and "draining in-flight" not in s.logtext():
+        time.sleep(0.05)
+    t0 = time.time()
+    s.proc.send_signal(signal.SIGTERM)
+    try:
+        rc = s.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        s.proc.kill()
+        rc = s.proc.wait()
+    took = time.time() - t0
+    for t in ts:
+        t.join(60)
+    s._cleanup()
+    aborted = [o for o in outs if o.get("finish") == "abort"]
+    check("signals_second_sigterm_cancels_streams", all(o.get("done") for o in outs) and aborted and
+          sum(o.get("tokens", 0) for o in outs) < 8000, (outs, took))
+    check("signals_second_sigterm_exit_0", rc == 0 and "again: cancelling" in s.logtext() and took < 30,
+          (rc, took, s.logtext()))
+
+
 def main():
     if not os.path.exists(BIN):
         print("FAIL: test_server_load: %s not built" % BIN)
         return 1
     for t in (test_64_streams, test_priority, test_overload, test_tenants, test_drain,
-              test_signal_race):
+              test_signal_race, test_second_signal):
         try:
             t()
         except Exception as e:  # noqa: BLE001 - one failing scenario must not hide the others
