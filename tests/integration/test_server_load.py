@@ -352,12 +352,45 @@ def test_second_signal():
           (rc, took, s.logtext()))
 
 
+def test_second_signal_while_loading():
+    """A load that never ends (config.json a FIFO no one writes: open() blocks, as a hung network
+    file system would): the first SIGTERM waits for the load, the second exits 1 at once."""
+    d = tempfile.mkdtemp()
+    os.mkfifo(os.path.join(d, "config.json"))
+    log = tempfile.TemporaryFile()
+    p = subprocess.Popen([BIN, "serve", "--model", d, "--host", "127.0.0.1", "--port", "0"], stdout=log, stderr=log)
+
+    def text():
+        log.seek(0)
+        return log.read().decode(errors="replace")
+
+    def wait_for(what):
+        deadline = time.time() + 30
+        while time.time() < deadline and what not in text() and p.poll() is None:
+            time.sleep(0.05)
+
+    wait_for("loading ")
+    p.send_signal(signal.SIGTERM)
+    wait_for("no longer accepting")
+    first_waits = p.poll() is None
+    p.send_signal(signal.SIGTERM)
+    try:
+        rc = p.wait(30)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = p.wait()
+    os.unlink(os.path.join(d, "config.json"))
+    os.rmdir(d)
+    check("signals_second_sigterm_while_loading_exits_1", first_waits and rc == 1 and
+          "again while the model loads" in text(), (first_waits, rc, text()))
+
+
 def main():
     if not os.path.exists(BIN):
         print("FAIL: test_server_load: %s not built" % BIN)
         return 1
     for t in (test_64_streams, test_priority, test_overload, test_tenants, test_drain,
-              test_signal_race, test_second_signal):
+              test_signal_race, test_second_signal, test_second_signal_while_loading):
         try:
             t()
         except Exception as e:  # noqa: BLE001 - one failing scenario must not hide the others
