@@ -71,7 +71,8 @@ static void dispatch(struct evhttp_request *req, void *arg)
     enum evhttp_cmd_type m = evhttp_request_get_command(req);
     if (!allow) {
         gw_error(req, 404, "invalid_request_error", "not_found", NULL,
-                 "no route for %s %.200s; see GET /v1/models, POST /v1/chat/completions, POST /v1/completions",
+                 "no route for %s %.200s; see GET /v1/models, POST /v1/chat/completions, POST /v1/completions, "
+                 "POST /tokenize, POST /detokenize, GET /health, GET /metrics",
                  method_name(m), path);
         sf_metrics_request(&gw->metrics, "-", "-", 404);
         return;
