@@ -2,8 +2,8 @@
 #include "sf.h"
 
 #include <errno.h>
-#include <signal.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
