@@ -1,4 +1,4 @@
-/* sf.c — errors, logging, clocks, file reading, PRNG, half-precision conversions. */
+/* sf.c — errors, logging, clocks, threads and signals, file reading, PRNG, half-precision conversions. */
 #include "sf.h"
 
 #include <errno.h>
