@@ -132,6 +132,21 @@ fail:
     return -1;
 }
 
+/* The workers' listeners share the port with SO_REUSEPORT, which would as well let them join the
+ * group of another process of the same user listening there (a second semflow on the same port:
+ * each would get part of the connections, silently). A socket without it binds only where no one
+ * listens (SO_REUSEADDR still passes connections in TIME_WAIT). */
+static int port_taken(const struct addrinfo *ai)
+{
+    int one = 1, taken = 0;
+    int fd = socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC, ai->ai_protocol);
+    if (fd < 0) return 0; /* open_listener reports it */
+    if (!setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) && bind(fd, ai->ai_addr, ai->ai_addrlen))
+        taken = errno == EADDRINUSE;
+    close(fd);
+    return taken;
+}
+
 static int open_listeners(sf_gateway *gw, sf_error *err)
 {
     struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE }, *ai = NULL;
@@ -139,6 +154,11 @@ static int open_listeners(sf_gateway *gw, sf_error *err)
     snprintf(port, sizeof port, "%d", gw->cfg.port);
     int rc = getaddrinfo(gw->host, port, &hints, &ai);
     if (rc) return sf_err(err, SF_EINVAL, "cannot resolve --host %s: %s", gw->host, gai_strerror(rc));
+    if (gw->cfg.port && port_taken(ai)) {
+        freeaddrinfo(ai);
+        return sf_err(err, SF_EIO, "listening on %s:%d: another process listens there (a second semflow?); choose "
+                                   "another port with --port", gw->host, gw->cfg.port);
+    }
     for (int i = 0; i < gw->n_workers; i++) {
         if (i == 1 && gw->cfg.port == 0) {
             /* port 0: the first bind picked a port; the rest of the group joins it */

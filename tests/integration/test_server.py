@@ -9,6 +9,7 @@ client that disconnects mid-stream (its KV blocks must be freed)."""
 import http.client
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -319,6 +320,34 @@ def test_disconnect_frees_kv(s):
           s.metric("semflow_client_disconnects_total") >= 1, "KV used during %s, after %s" % (used_during, used))
 
 
+def test_port_taken(s):
+    """A second server on a port the first listens on is refused (SO_REUSEPORT would have let it
+    share the connections, silently); after the first stops, one starts there at once, its
+    closed connections in TIME_WAIT notwithstanding."""
+    p = subprocess.run([BIN, "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(s.port)],
+                       capture_output=True, text=True, timeout=60)
+    check("second_server_same_port_refused", p.returncode == 1 and "another process listens there" in p.stderr,
+          (p.returncode, p.stderr[-300:]))
+
+
+def test_port_reuse_after_stop(port):
+    s = subprocess.Popen([BIN, "serve", "--model", "demo", "--host", "127.0.0.1", "--port", str(port)],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    ok = False
+    deadline = time.time() + 60
+    while time.time() < deadline and s.poll() is None and not ok:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/health")
+            ok = c.getresponse().status == 200
+            c.close()
+        except OSError:
+            time.sleep(0.05)
+    s.send_signal(signal.SIGTERM)
+    rc = s.wait(60)
+    check("restart_on_same_port", ok and rc == 0, (ok, rc, s.stderr.read()[-300:]))
+
+
 def main():
     if not os.path.exists(BIN):
         print("FAIL: test_server: %s not built" % BIN)
@@ -330,10 +359,12 @@ def main():
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)
+        test_port_taken(s)
         check("server_still_serving", s.alive(), s.logtext())
     finally:
         rc = s.stop()
         check("sigterm_exit_0", rc == 0, "exit %s: %s" % (rc, s.logtext()))
+    test_port_reuse_after_stop(s.port)
     return 1 if results.failures else 0
 
 
