@@ -27,6 +27,7 @@ typedef struct gw_worker {
     int inited;               /* worker_init ran: worker_fini is owed */
     int inflight;             /* generation requests in flight (this worker's thread only) */
     atomic_int flush_rounds;  /* drain: loop rounds run since the last request ended (flush_cb) */
+    double accept_warned;     /* when accept()'s last failure was logged (this worker's thread) */
 } gw_worker;
 
 struct sf_gateway {

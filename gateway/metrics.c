@@ -143,6 +143,9 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
             (unsigned long long)__atomic_load_n(&m->rejected_queue_full, __ATOMIC_RELAXED));
     counter(out, "semflow_client_disconnects_total", "Requests cancelled because the client went away.",
             __atomic_load_n(&m->client_disconnects, __ATOMIC_RELAXED));
+    counter(out, "semflow_accept_errors_total",
+            "accept() failures (out of file descriptors or memory); each pauses the worker's accepting for 0.1 s.",
+            __atomic_load_n(&m->accept_errors, __ATOMIC_RELAXED));
     gauge(out, "semflow_gateway_active_requests", "Requests in flight in the gateway.",
           __atomic_load_n(&m->active, __ATOMIC_RELAXED));
     if (!engine) return;

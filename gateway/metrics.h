@@ -39,6 +39,7 @@ typedef struct sf_metrics {
     uint64_t prompt_tokens, completion_tokens;
     uint64_t rejected_tenant_rate, rejected_tenant_conc, rejected_queue_full;
     uint64_t client_disconnects;
+    uint64_t accept_errors;   /* accept() failures (out of file descriptors, ...) */
     int active;               /* requests in flight in the gateway */
 } sf_metrics;
 

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <event2/listener.h>
 #include <event2/thread.h>
 
 #include "intent.h"
@@ -183,11 +184,43 @@ static int open_listeners(sf_gateway *gw, sf_error *err)
     return SF_OK;
 }
 
+static __thread gw_worker *this_worker; /* the worker whose loop runs on this thread */
+
 static void *worker_main(void *arg)
 {
     gw_worker *w = arg;
+    this_worker = w;
     event_base_loop(w->base, EVLOOP_NO_EXIT_ON_EMPTY);
     return NULL;
+}
+
+/* Out of file descriptors (EMFILE, ENFILE) or memory, accept() fails and the connection stays in
+ * the backlog, so the listener would be readable again at once: libevent would retry (and warn)
+ * in a loop that takes the worker's CPU. As nginx does, stop accepting for a while instead, and
+ * say so once per episode; the connections waiting in the backlog are accepted after it. */
+#define ACCEPT_PAUSE_US 100000
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    gw_worker *w = arg;
+    if (w->bound) evconnlistener_enable(evhttp_bound_socket_get_listener(w->bound)); /* gone: draining */
+}
+
+static void accept_error_cb(struct evconnlistener *l, void *arg)
+{
+    const int e = EVUTIL_SOCKET_ERROR();
+    gw_worker *w = this_worker;
+    const double now = sf_now_s();
+    sf_metrics_add(&w->gw->metrics, &w->gw->metrics.accept_errors, 1);
+    if (now - w->accept_warned > 10) {
+        w->accept_warned = now;
+        SF_LOGW("worker %d: accept(): %s; not accepting for %d ms at a time until it passes%s", w->idx,
+                evutil_socket_error_to_string(e), ACCEPT_PAUSE_US / 1000,
+                e == EMFILE || e == ENFILE ? " (raise the open-files limit: ulimit -n)" : "");
+    }
+    evconnlistener_disable(l);
+    static const struct timeval pause = { 0, ACCEPT_PAUSE_US };
+    event_base_once(w->base, -1, EV_TIMEOUT, accept_resume_cb, w, &pause);
 }
 
 static int worker_init(sf_gateway *gw, gw_worker *w, sf_error *err)
@@ -214,6 +247,7 @@ static int worker_init(sf_gateway *gw, gw_worker *w, sf_error *err)
     }
     w->bound = evhttp_accept_socket_with_handle(w->http, w->fd);
     if (!w->bound) return sf_err(err, SF_EIO, "evhttp_accept_socket() failed for worker %d", w->idx);
+    evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(w->bound), accept_error_cb);
     if (sf_thread_create(&w->thread, worker_main, w)) return sf_err(err, SF_ERROR, "pthread_create() failed");
     w->started = 1;
     return SF_OK;
