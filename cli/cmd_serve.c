@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include <jansson.h>
 
@@ -346,6 +347,16 @@ int sf_cmd_serve(int argc, char **argv)
     /* before the monitor, libbpf or libcuda start a thread: one that left SIGTERM unblocked
      * would take it whenever the gateway's thread is not inside sigtimedwait, and die of it */
     sf_block_stop_signals();
+    /* a connection is a descriptor: the soft limit up to the hard one (often 1024 of 524288),
+     * as nginx's worker_rlimit_nofile and vLLM do */
+    struct rlimit nofile;
+    if (!getrlimit(RLIMIT_NOFILE, &nofile) && nofile.rlim_cur < nofile.rlim_max) {
+        rlim_t was = nofile.rlim_cur;
+        nofile.rlim_cur = nofile.rlim_max;
+        if (!setrlimit(RLIMIT_NOFILE, &nofile))
+            SF_LOGD("open-files limit raised from %llu to %llu", (unsigned long long)was,
+                    (unsigned long long)nofile.rlim_max);
+    }
     if (bpf) {
         sf_monitor_opts mo;
         sf_monitor_opts_default(&mo);

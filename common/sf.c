@@ -64,6 +64,12 @@ static void log_init_once(void)
     sf_log_level = sf_env_choice("SEMFLOW_LOG", sf_log_level, names, 4);
 }
 
+int sf_log_on(int level)
+{
+    log_init_once();
+    return level <= sf_log_level;
+}
+
 void sf_log(int level, const char *fmt, ...)
 {
     log_init_once();

@@ -44,7 +44,9 @@ void sf_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 #define SF_LOGE(...) sf_log(SF_LOG_ERROR, __VA_ARGS__)
 #define SF_LOGW(...) sf_log(SF_LOG_WARN, __VA_ARGS__)
 #define SF_LOGI(...) sf_log(SF_LOG_INFO, __VA_ARGS__)
-#define SF_LOGD(...) do { if (sf_log_level >= SF_LOG_DEBUG) sf_log(SF_LOG_DEBUG, __VA_ARGS__); } while (0)
+/* whether a message of this level is written (SEMFLOW_LOG read on the first call) */
+int sf_log_on(int level);
+#define SF_LOGD(...) do { if (sf_log_on(SF_LOG_DEBUG)) sf_log(SF_LOG_DEBUG, __VA_ARGS__); } while (0)
 
 /* Threads. semflow's own threads (engine, CPU pool, monitor) start with the signals sent to the
  * process blocked (SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1/2, SIGALRM, SIGPIPE), so

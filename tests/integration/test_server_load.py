@@ -446,12 +446,29 @@ def test_out_of_fds():
         check("out_of_fds_exit_0", rc == 0, rc)
 
 
+def test_nofile_raised():
+    """serve raises its open-files soft limit to the hard one (a connection is a descriptor), and
+    says so at debug level (its first message: SEMFLOW_LOG is read before it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    soft = min(256, hard)
+    s = ServerProcess(["--model", "demo", "--bpf", "off"], env=dict(os.environ, SEMFLOW_LOG="debug"),
+                      preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard)))
+    try:
+        with open("/proc/%d/limits" % s.proc.pid) as f:
+            line = [x for x in f if x.startswith("Max open files")][0].split()
+        said = soft == hard or "open-files limit raised from %d to %d" % (soft, hard) in s.logtext()
+        check("nofile_soft_raised_to_hard", int(line[3]) == hard and said, (line, s.logtext()[-300:]))
+    finally:
+        check("nofile_server_exit_0", s.stop() == 0, s.logtext())
+
+
 def main():
     if not os.path.exists(BIN):
         print("FAIL: test_server_load: %s not built" % BIN)
         return 1
     for t in (test_64_streams, test_priority, test_overload, test_tenants, test_drain,
-              test_signal_race, test_second_signal, test_second_signal_while_loading, test_out_of_fds):
+              test_signal_race, test_second_signal, test_second_signal_while_loading, test_out_of_fds,
+              test_nofile_raised):
         try:
             t()
         except Exception as e:  # noqa: BLE001 - one failing scenario must not hide the others

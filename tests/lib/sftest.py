@@ -83,13 +83,13 @@ class ServerProcess:
     (saw_503 records whether it answered 503 while loading). Its log goes to a temp file that
     _cleanup() reads one last time and removes."""
 
-    def __init__(self, args, env=None, prefix="semflow-serve-"):
+    def __init__(self, args, env=None, prefix="semflow-serve-", preexec_fn=None):
         self.port = free_port()
         self.final_log = None
         self.saw_503 = False
         self.log = tempfile.NamedTemporaryFile(prefix=prefix, suffix=".log", delete=False)
         cmd = [BIN, "serve"] + list(args) + ["--host", "127.0.0.1", "--port", str(self.port)]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, env=env, preexec_fn=preexec_fn)
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
