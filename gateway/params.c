@@ -180,10 +180,12 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
 
 static int reject_unsupported(json_t *o, sf_gw_err *e)
 {
-    static const char *keys[] = { "tools", "tool_choice", "functions", "function_call", "suffix" };
+    /* logit_bias changes what is drawn: refused rather than ignored (an empty {} asks nothing) */
+    static const char *keys[] = { "tools", "tool_choice", "functions", "function_call", "suffix", "logit_bias" };
     for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
         json_t *v = json_object_get(o, keys[i]);
-        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0))
+        if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
+            !(json_is_object(v) && json_object_size(v) == 0))
             return BAD(keys[i], "'%s' is not supported by this server", keys[i]);
     }
     long long best_of = 1;

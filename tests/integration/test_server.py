@@ -219,6 +219,7 @@ def test_bad_inputs(s, model):
          {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None, 400),
         ("tools_unsupported", "POST", "/v1/chat/completions",
          {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, None, 400),
+        ("logit_bias_unsupported", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 10}}, None, 400),
         ("intent_header_empty_param", "POST", "/v1/completions", {"prompt": "a"}, {"X-Semantic-Intent": "chat;;"}, 400),
         ("intent_header_bad_urgency", "POST", "/v1/completions", {"prompt": "a"},
          {"X-Semantic-Intent": "chat; urgency=asap"}, 400),
