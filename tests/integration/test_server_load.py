@@ -18,7 +18,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from sftest import BIN, ServerProcess, check, free_port, results, sigterm_blocked  # noqa: E402
+from sftest import BIN, ServerProcess, check, free_port, results, sigterm_blocked, wait_or_kill  # noqa: E402
 
 
 class Server(ServerProcess):
@@ -292,11 +292,7 @@ def test_signal_race():
           "%d threads, SIGTERM unblocked in %s" % (len(others), unblocked))
     os.kill(pid, signal.SIGINT)
     os.kill(pid, signal.SIGTERM)
-    try:
-        rc = s.proc.wait(60)
-    except subprocess.TimeoutExpired:
-        s.proc.kill()
-        rc = s.proc.wait()
+    rc = wait_or_kill(s.proc, 60)
     s._cleanup()
     check("signals_sigint_then_sigterm_drains_exit_0", rc == 0 and "drained in" in s.logtext(), (rc, s.logtext()))
 
@@ -338,11 +334,7 @@ def test_second_signal():
         time.sleep(0.05)
     t0 = time.time()
     s.proc.send_signal(signal.SIGTERM)
-    try:
-        rc = s.proc.wait(60)
-    except subprocess.TimeoutExpired:
-        s.proc.kill()
-        rc = s.proc.wait()
+    rc = wait_or_kill(s.proc, 60)
     took = time.time() - t0
     for t in ts:
         t.join(60)
@@ -376,11 +368,7 @@ def test_second_signal_while_loading():
     wait_for("no longer accepting")
     first_waits = p.poll() is None
     p.send_signal(signal.SIGTERM)
-    try:
-        rc = p.wait(30)
-    except subprocess.TimeoutExpired:
-        p.kill()
-        rc = p.wait()
+    rc = wait_or_kill(p, 30)
     os.unlink(os.path.join(d, "config.json"))
     os.rmdir(d)
     check("signals_second_sigterm_while_loading_exits_1", first_waits and rc == 1 and
@@ -438,11 +426,7 @@ def test_out_of_fds():
         check("out_of_fds_serves_after", st == 200, st)
     finally:
         p.send_signal(signal.SIGTERM)
-        try:
-            rc = p.wait(60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            rc = p.wait()
+        rc = wait_or_kill(p, 60)
         check("out_of_fds_exit_0", rc == 0, rc)
 
 

@@ -70,6 +70,16 @@ def rank_pids(parent):
     return out
 
 
+def wait_or_kill(proc, timeout):
+    """proc's exit status within timeout seconds, else SIGKILL and -9."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return -9
+
+
 def free_port():
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -124,12 +134,7 @@ class ServerProcess:
         """SIGTERM, then SIGKILL after timeout seconds; the log is read one last time. Returns the
         exit status (-9 when it had to be killed)."""
         self.proc.send_signal(signal.SIGTERM)
-        try:
-            rc = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            rc = -9
+        rc = wait_or_kill(self.proc, timeout)
         self._cleanup()
         return rc
 
