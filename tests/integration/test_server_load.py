@@ -386,13 +386,18 @@ def test_out_of_fds():
                          stdout=log, stderr=log,
                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64)))
     try:
-        deadline = time.time() + 60
-        while time.time() < deadline:
+        deadline = time.time() + 120
+        while time.time() < deadline:  # loaded (a load needs descriptors too: not while they run short)
             try:
-                socket.create_connection(("127.0.0.1", port), timeout=2).close()
-                break
+                c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+                c.request("GET", "/health")
+                ready = c.getresponse().status == 200
+                c.close()
+                if ready:
+                    break
             except OSError:
-                time.sleep(0.05)
+                pass
+            time.sleep(0.05)
         socks = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(100)]
         time.sleep(0.5)
 
