@@ -93,8 +93,8 @@ class ServerProcess:
     (saw_503 records whether it answered 503 while loading). Its log goes to a temp file that
     _cleanup() reads one last time and removes."""
 
-    def __init__(self, args, env=None, prefix="semflow-serve-", preexec_fn=None):
-        self.port = free_port()
+    def __init__(self, args, env=None, prefix="semflow-serve-", preexec_fn=None, port=None):
+        self.port = port or free_port()
         self.final_log = None
         self.saw_503 = False
         self.log = tempfile.NamedTemporaryFile(prefix=prefix, suffix=".log", delete=False)
