@@ -346,7 +346,7 @@ int sf_cmd_serve(int argc, char **argv)
     memset(&x, 0, sizeof x);
     /* before the monitor, libbpf or libcuda start a thread: one that left SIGTERM unblocked
      * would take it whenever the gateway's thread is not inside sigtimedwait, and die of it */
-    sf_block_stop_signals();
+    sf_block_stop_signals(NULL);
     /* a connection is a descriptor: the soft limit up to the hard one (often 1024 of 524288),
      * as nginx's worker_rlimit_nofile and vLLM do */
     struct rlimit nofile;

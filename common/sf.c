@@ -107,13 +107,13 @@ int sf_thread_create(pthread_t *t, void *(*fn)(void *), void *arg)
     return rc;
 }
 
-void sf_block_stop_signals(void)
+void sf_block_stop_signals(sigset_t *set)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    sigset_t own, *s = set ? set : &own;
+    sigemptyset(s);
+    sigaddset(s, SIGTERM);
+    sigaddset(s, SIGINT);
+    pthread_sigmask(SIG_BLOCK, s, NULL);
 }
 
 int sf_read_file(const char *path, char **out, size_t *len, sf_error *err)

@@ -7,6 +7,7 @@
 #define SF_H
 
 #include <pthread.h>
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -53,9 +54,10 @@ int sf_log_on(int level);
  * a process-directed signal such as SIGTERM never lands on one of them and takes its default
  * action (the whole process gone, no drain); it goes to the thread that waits for it.
  * sf_block_stop_signals blocks SIGTERM and SIGINT in the calling thread and so in every thread
- * it starts afterwards, libraries' own included (libcuda's, libbpf's); call it before any. */
+ * it starts afterwards, libraries' own included (libcuda's, libbpf's); call it before any. The
+ * set, for sigtimedwait, in *set where not NULL. */
 int sf_thread_create(pthread_t *t, void *(*fn)(void *), void *arg);
-void sf_block_stop_signals(void);
+void sf_block_stop_signals(sigset_t *set);
 
 /* Monotonic clock. */
 double sf_now_s(void);

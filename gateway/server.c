@@ -286,7 +286,7 @@ int sf_gateway_new(const sf_gateway_config *c, sf_gateway **out, sf_error *err)
     /* sf_gateway_run takes SIGTERM and SIGINT with sigtimedwait; threads a library starts from
      * this one later inherit the mask (the caller blocks them earlier if anything starts threads
      * before this: cmd_serve's eBPF monitor and CUDA) */
-    sf_block_stop_signals();
+    sf_block_stop_signals(NULL);
     signal(SIGPIPE, SIG_IGN);
     for (int i = 0; i < gw->n_workers; i++) {
         gw->workers[i].idx = i;
@@ -380,6 +380,16 @@ static void *load_main(void *arg)
 
 static const char *sig_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "stop"; }
 
+/* A signal of set (returned), or 0 once *done is set (looked at every 50 ms). */
+static int wait_signal(const sigset_t *set, atomic_int *done)
+{
+    while (!atomic_load(done)) {
+        int s = sigtimedwait(set, NULL, &(struct timespec){ 0, 50 * 1000 * 1000 });
+        if (s > 0) return s;
+    }
+    return 0;
+}
+
 typedef struct drainer {
     sf_gateway *gw;
     atomic_int done;
@@ -409,9 +419,7 @@ int sf_gateway_run(sf_gateway *gw, sf_error *err)
             gw->cfg.engine.model ? gw->cfg.engine.model : "?");
     if (sf_thread_create(&lt, load_main, &l)) return sf_err(err, SF_ERROR, "pthread_create() failed");
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGINT);
+    sf_block_stop_signals(&set); /* blocked since sf_gateway_new: the set to wait for */
     int sig = 0, joined = 0;
     while (!atomic_load(&gw->stop)) {
         struct timespec ts = { 0, 100 * 1000 * 1000 };
@@ -434,12 +442,13 @@ int sf_gateway_run(sf_gateway *gw, sf_error *err)
     atomic_store(&gw->draining, 1);
     for (int i = 0; i < gw->n_workers; i++)
         event_base_once(gw->workers[i].base, -1, EV_TIMEOUT, close_listener_cb, &gw->workers[i], NULL);
-    while (!joined && !atomic_load(&l.done)) /* a load in progress finishes first */
-        if ((sig = sigtimedwait(&set, NULL, &(struct timespec){ 0, 50 * 1000 * 1000 })) > 0) {
+    if (!joined) { /* a load in progress finishes first */
+        if ((sig = wait_signal(&set, &l.done))) {
             SF_LOGW("%s again while the model loads: exiting now", sig_name(sig));
             _exit(1); /* the loader cannot be stopped; the kernel closes its files and BPF links */
         }
-    if (!joined) pthread_join(lt, NULL);
+        pthread_join(lt, NULL);
+    }
     /* the drain on its own thread, so that this one still takes a second signal */
     drainer d = { .gw = gw };
     pthread_t dt;
@@ -447,9 +456,8 @@ int sf_gateway_run(sf_gateway *gw, sf_error *err)
     if (sf_thread_create(&dt, drain_main, &d)) {
         drain_main(&d);
     } else {
-        for (int cut = 0; !atomic_load(&d.done);)
-            if ((sig = sigtimedwait(&set, NULL, &(struct timespec){ 0, 50 * 1000 * 1000 })) > 0 && !cut) {
-                cut = 1;
+        for (int cut = 0; (sig = wait_signal(&set, &d.done));)
+            if (!cut++) {
                 SF_LOGI("%s again: cancelling the in-flight requests", sig_name(sig));
                 sf_engine_drain_cut(atomic_load(&gw->engine));
             }
