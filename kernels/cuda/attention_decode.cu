@@ -401,8 +401,9 @@ static int launch(const sf_k_attn *a, cudaStream_t s)
  * applies), "stream" (attention_decode_stream.cu where it applies), else auto;
  * SEMFLOW_CUDA_DECODE_ATTN_CFG: the tensor-core kernels' warps x 10 + ring depth (kernels.h; 42
  * by default). Read once (the launch thread is the backend's only thread). */
-enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1 };
-static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1, "kernels.h names this kernel for the QKV projection");
+enum { DEC_AUTO, DEC_LANES, DEC_MMA, DEC_STREAM, DEC_MMA_B1, DEC_MMA_B1_8W };
+static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1 && DEC_MMA_B1_8W == SF_K_ATTN_DEC_B1_8W,
+              "kernels.h names these kernels for the QKV projection");
 /* One-token bf16 steps from this many keys, in groups of 4 query heads (Llama-3's, Mistral's),
  * or of 5 to 8 from SF_AD_B1_MMA_MIN_CTX_WIDE (Qwen2's 7), take the tensor-core kernel in its
  * B1_CFG configuration (4 warps, a 4-stage ring, one block an SM; its combine's outputs in one
@@ -416,17 +417,35 @@ static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1, "kernels.h names this kernel for t
  * keys 1.8 / 2.9 / 2.0 / 1.4% faster, 512 keys 0.2-0.4% faster than the lanes kernel's cluster
  * instance; Qwen2-7B (group 7) 2048 / 4096 keys 0.6 / 1.5% faster than the lanes kernel's two
  * 4-head blocks, but 0.4% slower at 1024 and even at 512. Smaller groups keep the lanes kernel
- * until measured. */
+ * until measured.
+ * From SF_AD_B1_8W_MIN_CTX keys (head size 128) the plan is DEC_MMA_B1_8W, configuration B1_8W_CFG:
+ * 8-warp blocks, tiles of 128 keys, a 3-stage ring (192 KiB, one block an SM), in the same one
+ * wave of splits through the workspace; at 4096 keys each split's two tiles are then both loaded
+ * before the programmatic wait (144 loads three of its four 64-key tiles). Measured in the step
+ * on an H200 (session 27, hal 4248 GB/s, docs/PERFORMANCE.md): Llama-3-8B 4096 keys 3.929-3.931
+ * ms a token against 144's 3.950-3.956 (0.6% faster), Qwen2-7B 4096 keys 3.694-3.696 against
+ * 3.739-3.741 (1.2%); at 512 / 1024 / 2048 keys (4 / 8 / 16 splits of one tile) -0.3 / +0.2 /
+ * -0.1%, so those keep 144. In 8 splits whose clusters all fit it was 1.6% slower. */
+#define SF_AD_B1_8W_MIN_CTX 4096
 #define SF_AD_B1_MMA_MIN_CTX 512
 #define SF_AD_B1_MMA_MIN_CTX_WIDE 2048
 #define SF_AD_B1_MMA_GROUP 4
 #define SF_AD_B1_MMA_MAX_GROUP 8
 #define SF_AD_B1_MAX_SPLIT 32
 #define B1_CFG SF_K_DEC_MMA_B1_CFG
+#define B1_8W_CFG SF_K_DEC_MMA_B1_8W_CFG
 /* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
- * kernels' warps x ring depth: 42, 43, 23, 24; the one-token instances 143, 144, 145), read once
+ * kernels' warps x ring depth: 42, 43, 23, 24; the one-token instances 143, 144, 145, 183), read once
  * per process (thread-safe statics); a malformed value warns and keeps auto / 42. */
-static const char *const dec_cfgs[] = { "42", "43", "23", "24", "143", "144", "145" };
+static const char *const dec_cfgs[] = { "42", "43", "23", "24", "143", "144", "145", "183" };
+/* SEMFLOW_CUDA_DECODE_B1_CFG: the one-token plans' configuration, forced (comparisons): auto (by
+ * the context, plan()), 144 or 183; read once per process, a malformed value warns and keeps auto */
+static int b1_cfg_forced(void)
+{
+    static const char *const c[] = { "auto", "144", "183" };
+    static const int v = atoi(c[sf_env_choice("SEMFLOW_CUDA_DECODE_B1_CFG", 0, c, (int)SF_ARRAY_LEN(c))]);
+    return v;
+}
 /* A configuration's index in dec_cfgs (0, the default, for any other). */
 static int dec_cfg_index(int cfg)
 {
@@ -463,6 +482,11 @@ static int pick(const sf_k_attn *a, int *cfg)
             *cfg = B1_CFG;
             return DEC_MMA;
         }
+        if (a->kernel == DEC_MMA_B1_8W) {
+            if (!sf_k_attention_decode_mma_ok(a)) return DEC_LANES;
+            *cfg = B1_8W_CFG;
+            return DEC_MMA;
+        }
         return a->kernel != DEC_LANES && sf_k_attention_decode_mma_ok(a) ? DEC_MMA : DEC_LANES;
     }
     if (mode == DEC_LANES || !sf_k_attention_decode_mma_ok(a)) return DEC_LANES;
@@ -472,7 +496,7 @@ static int pick(const sf_k_attn *a, int *cfg)
 }
 
 /* Tiles of keys per block of the mma configuration (16 keys per warp). */
-static int mma_tile_keys(int cfg) { return cfg / 10 == 2 ? 32 : 64; }
+static int mma_tile_keys(int cfg) { return 16 * (cfg % 100 / 10); }
 
 /* The kernel for a decode step (kernel: forced, else the mode, else auto) and its key split.
  * Auto: batches (4+ tokens) take the stream kernel from SF_AD_STREAM_MIN_CTX keys and the
@@ -495,9 +519,14 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     if (shape && mode == DEC_AUTO && T == 1 && !int8 && group >= SF_AD_B1_MMA_GROUP && group <= SF_AD_B1_MMA_MAX_GROUP &&
         max_ctx >= (group == SF_AD_B1_MMA_GROUP ? SF_AD_B1_MMA_MIN_CTX : SF_AD_B1_MMA_MIN_CTX_WIDE))
         mode = DEC_MMA_B1;
-    if (mode == DEC_MMA_B1) cfg = B1_CFG; /* planned here, or asked for by name (sf_k_attention_decode_split) */
-    const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || mode == DEC_MMA_B1 || T >= SF_AD_MMA_MIN_TOKENS);
-    if (mma) *chosen = mode == DEC_MMA_B1 ? DEC_MMA_B1 : DEC_MMA;
+    if (mode == DEC_MMA_B1 && !kernel) { /* planned here: its configuration by the context */
+        const int f = b1_cfg_forced();
+        if (hd == 128 && (f ? f == B1_8W_CFG : max_ctx >= SF_AD_B1_8W_MIN_CTX)) mode = DEC_MMA_B1_8W;
+    }
+    const bool b1 = mode == DEC_MMA_B1 || mode == DEC_MMA_B1_8W;
+    if (b1) cfg = mode == DEC_MMA_B1 ? B1_CFG : B1_8W_CFG; /* planned, or asked for by name (sf_k_attention_decode_split) */
+    const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || b1 || T >= SF_AD_MMA_MIN_TOKENS);
+    if (mma) *chosen = b1 ? mode : DEC_MMA;
     if (shape && mode == DEC_STREAM && (kernel == DEC_STREAM || T >= SF_AD_MMA_MIN_TOKENS)) {
         *chosen = DEC_STREAM;
         /* stream kernel: enough workspace slots (two per block) for a block per resident slot;
@@ -535,7 +564,7 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
         *sc = (n > 0 ? n : 1) * sms;
     }
     const int slots = *sc, tk = hd == 64 ? 64 : mma_tile_keys(cfg);
-    if (mode == DEC_MMA_B1) {
+    if (b1) {
         /* one-token steps: one wave of blocks, as many as fit (16 splits for 8 kv heads on 132
          * SMs, at most 32), each block's first tiles loaded before the programmatic wait while
          * the QKV projection ends. Splits past the last key are empty blocks that combine

@@ -251,6 +251,8 @@ extern "C" int sf_k_attention_decode_mma_per_sm(int hd, int int8, int cfg)
     case 143: return int8 ? per_sm<128, true, 4, 3, true>() : per_sm<128, false, 4, 3, true>();
     case 144: return int8 ? per_sm<128, true, 4, 4, true>() : per_sm<128, false, 4, 4, true>();
     case 145: return int8 ? per_sm<128, true, 4, 5, true>() : per_sm<128, false, 4, 5, true>();
+    /* the 8-warp one-token blocks (tiles of 128 keys), bf16 only: INT8 caches keep 144 */
+    case 183: return int8 ? per_sm<128, true, 4, 4, true>() : per_sm<128, false, 8, 3, true>();
     case 43: return int8 ? per_sm<128, true, 4, 3, false>() : per_sm<128, false, 4, 3, false>();
     case 23: return int8 ? per_sm<128, true, 2, 3, false>() : per_sm<128, false, 2, 3, false>();
     case 24: return int8 ? per_sm<128, true, 2, 4, false>() : per_sm<128, false, 2, 4, false>();
@@ -268,6 +270,7 @@ static int launch_cfg(const sf_k_attn *a, int cfg, cudaStream_t s)
     case 143: return launch<HD, I8, 4, 3, true>(a, s);
     case 144: return launch<HD, I8, 4, 4, true>(a, s);
     case 145: return launch<HD, I8, 4, 5, true>(a, s);
+    case 183: return I8 ? launch<HD, I8, 4, 4, true>(a, s) : launch<HD, false, 8, 3, true>(a, s);
     case 43: return launch<HD, I8, 4, 3, false>(a, s);
     case 23: return launch<HD, I8, 2, 3, false>(a, s);
     case 24: return launch<HD, I8, 2, 4, false>(a, s);

@@ -349,13 +349,13 @@ static int plan(int mode, int op, int units, int k, int want, const fg_rope &rp,
         if ((want % 10 * (long)FS_STAGE_BYTES + fixed) * (want / 10) <= per_sm) { st = want % 10; blocks_per_sm = want / 10; }
     } else {
         const bool qkv = op == OP_QKV;
-        /* Beside the one-token tensor-core attention no plan: that block (128 KiB) fits beside no
-         * ring of the QKV projection's three blocks, and gemv_fused.cu's per-warp ring kernel
+        /* Beside the one-token tensor-core attention no plan: that block (128 KiB; the 8-warp
+         * one 192) fits beside no ring of the QKV projection's three blocks, and gemv_fused.cu's per-warp ring kernel
          * (4 stages a warp) then takes the projection. Measured against these persistent warps
          * (session 23, five device calls): Llama-3-8B 0.4-0.7% faster a step at 4096 keys, 0.5%
          * at 512 and 2048, Qwen2-7B 0.8% at 4096 keys, 0.1% at 2048; persistent warps at 1 block
          * x 3-5 or 2 blocks x 4-6 stages slower (docs/PERFORMANCE.md, sessions 22-23). */
-        if (qkv && attn == SF_K_ATTN_DEC_B1) return 0;
+        if (qkv && (attn == SF_K_ATTN_DEC_B1 || attn == SF_K_ATTN_DEC_B1_8W)) return 0;
         const int top = qkv ? qkv_top_stages(mode, rp, fixed, per_sm) : 6;
         for (int b = qkv ? 3 : 2; b >= 1 && !st; b--)
             for (int s = qkv && b == 3 ? top : 6; s >= 3 && !st; s--)

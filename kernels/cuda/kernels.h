@@ -117,11 +117,12 @@ typedef struct sf_k_attn {
                               * sequences of a step with prefill tiles take the decode kernel */
     int kernel;              /* decode: the kernel planned with the split (sf_k_attention_decode_plan:
                               * 1 lanes, 2 mma, 3 stream, 4 (SF_K_ATTN_DEC_B1) mma in its one-token
-                              * configuration);
+                              * configuration, 5 (SF_K_ATTN_DEC_B1_8W) in its 8-warp one);
                               * 0: sf_k_attention_decode decides by T and SEMFLOW_CUDA_DECODE_ATTN
                               * alone */
 } sf_k_attn;
 #define SF_K_ATTN_DEC_B1 4 /* sf_k_attn.kernel: the tensor-core kernel's one-token configuration */
+#define SF_K_ATTN_DEC_B1_8W 5 /* sf_k_attn.kernel: its 8-warp one-token configuration (long contexts) */
 /* Largest group H/Hkv and head_dim the attention kernel takes. */
 #define SF_K_ATTN_MAX_GROUP 16
 /* Split counters per (token, kv head): one per part of a cut group (sf_k_attn.counters). */
@@ -265,10 +266,12 @@ void sf_k_attention_decode_cluster(int on);
 /* The batch path (attention_decode_mma.cu): tensor cores, a cp.async ring of 16-key-per-warp
  * tiles, bf16 and INT8 blocks (block size a power of 2, >= 16). cfg = warps per block x 10 + ring
  * depth: 42 (the default; 0 means it), 43, 23, 24; or 100 + 4 warps x 10 + depth 3..5 (143, 144,
- * 145): the one-token instances, whose split combine loads every output's pieces in one round;
- * SF_K_DEC_MMA_B1_CFG is the one one-token steps take. sf_k_attention_decode chooses it by shape
- * (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
+ * 145) and 183 (8 warps, 3 stages; bf16, INT8 takes 144): the one-token instances, whose split
+ * combine loads every output's pieces in one round; one-token steps take SF_K_DEC_MMA_B1_CFG, or
+ * SF_K_DEC_MMA_B1_8W_CFG at long contexts (attention_decode.cu's plan). sf_k_attention_decode
+ * chooses it by shape (and SEMFLOW_CUDA_DECODE_ATTN=lanes|mma|auto); callable directly for tests. */
 #define SF_K_DEC_MMA_B1_CFG 144
+#define SF_K_DEC_MMA_B1_8W_CFG 183
 int sf_k_attention_decode_mma_ok(const sf_k_attn *a);
 int sf_k_attention_decode_mma(const sf_k_attn *a, int cfg, cudaStream_t s);
 /* Its one-token instance SF_K_DEC_MMA_B1_CFG (head size 128, bf16 blocks) with the 2..16 splits

@@ -36,7 +36,7 @@
 
 static sf_rng R;
 /* the mma kernel's configurations (kernels.h: warps x 10 + ring depth) */
-static const int CFGS[] = { 42, 43, 23, 24, 143, 144, 145 };
+static const int CFGS[] = { 42, 43, 23, 24, 143, 144, 145, 183 };
 static int perf, quick;
 static int perf_T, perf_ctx;        /* --perf TxCTX: that shape only */
 static const char *perf_path;       /* --perf TxCTX PATH: that path only */
@@ -244,7 +244,8 @@ typedef struct dpath {
     int kind; /* 0 lanes, 1 mma, 2 stream, 3 lanes without the cluster combine, 4 the dispatcher
                  on a plan of the one-token tensor-core kernel (sf_k_attn.kernel 4; its splits
                  in a cluster where it fits), 5 the same through the workspace, 6 that kernel's
-                 cluster instance called directly (n/a where it does not apply) */
+                 cluster instance called directly (n/a where it does not apply), 7 the dispatcher
+                 on a plan of its 8-warp one-token configuration (kernel 5) */
     int cfg, max_blocks;
     int h8; /* lanes: groups of 5..8 on the 8-head instance rather than two 4-head blocks */
 } dpath;
@@ -253,7 +254,7 @@ static const dpath PATHS[] = {
     { "mma23", 1, 23, 0 },         { "mma24", 1, 24, 0 },         { "stream42", 2, 42, 0 }, { "stream43", 2, 43, 0 },
     { "stream42/1blk", 2, 42, 1 }, { "stream42/7blk", 2, 42, 7 }, { "lanes/8h", 0, 0, 0, 1 }, { "lanes/ws/8h", 3, 0, 0, 1 },
     { "plan-b1", 4, 0, 0 },        { "mma143", 1, 143, 0 },       { "mma144", 1, 144, 0 },  { "mma145", 1, 145, 0 },
-    { "plan-b1/ws", 5, 0, 0 },     { "mma144/cl", 6, 144, 0 },
+    { "plan-b1/ws", 5, 0, 0 },     { "mma144/cl", 6, 144, 0 },    { "mma183", 1, 183, 0 },  { "plan-b1/8w", 7, 0, 0 },
 };
 static int cl_runs; /* launches of the cluster instance (kind 6) that applied */
 #define NOT_APPLICABLE (-2) /* launch_path: kind 6 where the cluster instance does not apply */
@@ -268,9 +269,9 @@ static int launch_path(const dpath *p, const sf_k_attn *a, cudaStream_t s)
         sf_k_attention_decode_head_split(-1);
         return rc;
     }
-    if (p->kind == 4 || p->kind == 5) { /* what batch_begin's one-token plan makes the dispatcher launch */
+    if (p->kind == 4 || p->kind == 5 || p->kind == 7) { /* what batch_begin's one-token plans make the dispatcher launch */
         sf_k_attn b = *a;
-        b.kernel = 4;
+        b.kernel = p->kind == 7 ? SF_K_ATTN_DEC_B1_8W : SF_K_ATTN_DEC_B1;
         sf_k_attention_decode_cluster(p->kind == 4);
         const int rc = sf_k_attention_decode(&b, s);
         sf_k_attention_decode_cluster(-1);
@@ -339,7 +340,7 @@ static void check_case(const dcase *c)
             CHECK_MSG(mma_ok, "mma kernel refuses H=%d Hkv=%d hd=%d bs=%d split=%d", c->H, c->Hkv, c->hd, c->bs, ns);
             /* the stream kernel needs the workspace (two slots per block, n_split >= 2) */
             CHECK_MSG(stream_ok == (ns >= 2), "stream kernel %s split %d", stream_ok ? "takes" : "refuses", ns);
-            char line[512];
+            char line[768];
             int len = snprintf(line, sizeof line, "T=%3d H=%2d/%d hd=%3d bs=%2d ctx %4d..%4d int8 %3d%% split %2d:",
                                c->T, c->H, c->Hkv, c->hd, c->bs, c->ctx_min, c->ctx_max, c->i8_pct, ns);
             int pass = 1;
@@ -548,11 +549,11 @@ TEST(decode_attention_block_resources)
 
 /* ---- --perf: Llama-3-8B decode attention at batch and batch-1 shapes ------------------------ */
 /* The split the backend would pick for this path's kernel (kind 0 and 3 lanes, 1 mma, 2 stream;
- * 4, the one-token tensor-core configuration: the split batch_begin's plan gives the engine's
+ * 4 and 7, the one-token tensor-core configurations: the split batch_begin's plan gives the engine's
  * steps when it plans that kernel; main() forces the lanes kernel on the dispatcher's own plan). */
 static int split_for(int T, int Hkv, int ctx, int i8, int kind)
 {
-    static const int kernel[] = { 1, 2, 3, 1, SF_K_ATTN_DEC_B1, SF_K_ATTN_DEC_B1, SF_K_ATTN_DEC_B1 };
+    static const int kernel[] = { 1, 2, 3, 1, SF_K_ATTN_DEC_B1, SF_K_ATTN_DEC_B1, SF_K_ATTN_DEC_B1, SF_K_ATTN_DEC_B1_8W };
     return sf_k_attention_decode_split(T, Hkv, 128, ctx, 16, i8, sms, kernel[kind]);
 }
 
@@ -615,7 +616,7 @@ static void perf_shape(int T, int ctx, int i8, cudaStream_t s)
         if (p->max_blocks) continue; /* the test's small grids */
         if (perf_path && strcmp(perf_path, p->name)) continue;
         /* the one-token configurations at the one-token plan's split */
-        int ns = split_for(T, Hkv, ctx, i8, p->kind == 1 && p->cfg > 100 ? 4 : p->kind);
+        int ns = split_for(T, Hkv, ctx, i8, p->kind != 1 || p->cfg < 100 ? p->kind : p->cfg == SF_K_DEC_MMA_B1_8W_CFG ? 7 : 4);
         sf_k_attn a = { .q = q, .ld_q = H * hd, .out = o, .ld_out = H * hd, .T = T, .H = H, .Hkv = Hkv, .hd = hd,
                         .scale = 0.088f, .pos = meta, .tok_seq = meta + T, .block_table = meta + 2 * T,
                         .max_blocks = nb, .kv = { k, v, bs, Hkv, hd, i8 ? sc : NULL, i8 ? sc + 2 * F * Hkv * bs : NULL,

@@ -136,8 +136,8 @@ TEST(gemv_plan_refuses_junk)
 }
 
 /* The planner's kernel for one-token steps: the tensor-core kernel (4) for bf16 steps of GQA
- * groups of 4 from 512 keys and of 5 to 8 from 2048 (the measured cases: 4 and 7), the lanes
- * kernel (1) otherwise; batches keep theirs. Here because this process leaves
+ * groups of 4 from 512 keys and of 5 to 8 from 2048 (the measured cases: 4 and 7), in its 8-warp
+ * configuration (5) from 4096 keys at head size 128, the lanes kernel (1) otherwise; batches keep theirs. Here because this process leaves
  * SEMFLOW_CUDA_DECODE_ATTN at auto (test_decode_attn forces the lanes kernel); after
  * attention_switches_read_once, whose malformed values kept the defaults. */
 TEST(decode_attention_one_token_plan)
@@ -146,8 +146,8 @@ TEST(decode_attention_one_token_plan)
     CHECK(cudaGetDevice(&dev) == cudaSuccess &&
           cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
     static const struct { int T, group, ctx, i8, want; } cases[] = {
-        { 1, 4, 4096, 0, 4 }, { 1, 4, 1024, 0, 4 }, { 1, 4, 8000, 0, 4 }, { 1, 1, 8000, 0, 1 },
-        { 1, 4, 1000, 0, 4 }, { 1, 4, 512, 0, 4 },   { 1, 4, 511, 0, 1 },  { 1, 7, 4096, 0, 4 }, { 1, 8, 4096, 0, 4 },
+        { 1, 4, 4096, 0, 5 }, { 1, 4, 1024, 0, 4 }, { 1, 4, 8000, 0, 5 }, { 1, 1, 8000, 0, 1 }, { 1, 4, 4095, 0, 4 },
+        { 1, 4, 1000, 0, 4 }, { 1, 4, 512, 0, 4 },   { 1, 4, 511, 0, 1 },  { 1, 7, 4096, 0, 5 }, { 1, 8, 4096, 0, 5 },
         { 1, 7, 2048, 0, 4 }, { 1, 7, 1024, 0, 1 },  { 1, 2, 4096, 0, 1 }, { 1, 9, 4096, 0, 1 },
         { 1, 0, 4096, 0, 1 }, { 1, 4, 4096, 1, 1 },  { 2, 4, 4096, 0, 1 },
     };
@@ -161,17 +161,27 @@ TEST(decode_attention_one_token_plan)
     }
     int kernel = -1;
     CHECK(sf_k_attention_decode_plan(64, 8, 4, 128, 4096, 16, 0, sms, &kernel) >= 1 && kernel == 3); /* a batch: stream */
-    /* the one-token split is one wave of the B1 configuration's blocks, at most 32: 16 for 8 kv
-     * heads on the H200's 132 SMs (one block an SM), 32 for 4 (docs/PERFORMANCE.md session 22) */
+    /* head size 64 keeps the 4-warp configuration at any length */
+    CHECK(sf_k_attention_decode_plan(1, 4, 8, 64, 8000, 16, 0, sms, &kernel) >= 1 && kernel == SF_K_ATTN_DEC_B1);
+    /* the one-token split is one wave of the planned configuration's blocks, at most 32: 16 for 8
+     * kv heads on the H200's 132 SMs (one block an SM), 32 for 4 (docs/PERFORMANCE.md session 22) */
     const int per_sm = sf_k_attention_decode_mma_per_sm(128, 0, SF_K_DEC_MMA_B1_CFG);
-    CHECK_MSG(per_sm >= 1, "blocks per SM %d", per_sm);
+    const int per_sm8 = sf_k_attention_decode_mma_per_sm(128, 0, SF_K_DEC_MMA_B1_8W_CFG);
+    CHECK_MSG(per_sm >= 1 && per_sm8 >= 1, "blocks per SM %d, 8 warps %d", per_sm, per_sm8);
     int ns = sf_k_attention_decode_plan(1, 8, 4, 128, 4097, 16, 0, sms, &kernel);
-    CHECK_MSG(ns == SF_MIN(per_sm * sms / 8, 32) && kernel == 4, "split %d kernel %d (%d a SM)", ns, kernel, per_sm);
+    CHECK_MSG(ns == SF_MIN(per_sm8 * sms / 8, 32) && kernel == SF_K_ATTN_DEC_B1_8W, "split %d kernel %d (%d a SM)", ns,
+              kernel, per_sm8);
     ns = sf_k_attention_decode_plan(1, 4, 7, 128, 4097, 16, 0, sms, &kernel);
-    CHECK_MSG(ns == SF_MIN(per_sm * sms / 4, 32) && kernel == 4, "4 kv heads: split %d kernel %d", ns, kernel);
-    /* never more splits than 64-key tiles */
+    CHECK_MSG(ns == SF_MIN(per_sm8 * sms / 4, 32) && kernel == SF_K_ATTN_DEC_B1_8W, "4 kv heads: split %d kernel %d", ns,
+              kernel);
+    ns = sf_k_attention_decode_plan(1, 8, 4, 128, 3000, 16, 0, sms, &kernel);
+    CHECK_MSG(ns == SF_MIN(per_sm * sms / 8, 32) && kernel == SF_K_ATTN_DEC_B1, "3000 keys: split %d kernel %d", ns,
+              kernel);
+    /* never more splits than tiles: 64 keys (4 warps), 128 (8 warps) */
     ns = sf_k_attention_decode_plan(1, 8, 4, 128, 1025, 16, 0, sms, &kernel);
-    CHECK_MSG(ns >= 1 && ns <= 17 && kernel == 4, "1025 keys: split %d kernel %d", ns, kernel);
+    CHECK_MSG(ns >= 1 && ns <= 17 && kernel == SF_K_ATTN_DEC_B1, "1025 keys: split %d kernel %d", ns, kernel);
+    ns = sf_k_attention_decode_split(1, 8, 128, 1025, 16, 0, sms, SF_K_ATTN_DEC_B1_8W);
+    CHECK_MSG(ns >= 1 && ns <= 9, "1025 keys in 8-warp blocks: split %d", ns);
 }
 
 int main(void)
