@@ -28,6 +28,9 @@ typedef struct sf_intent {
 
 /* ---- sampling ---------------------------------------------------------------------- */
 #define SF_MAX_STOP 8
+#define SF_MAX_LOGIT_BIAS 1024
+/* OpenAI's logit_bias: bias (in [-100, 100]) added to token id's logit before the penalties */
+typedef struct sf_logit_bias { int32_t id; float bias; } sf_logit_bias;
 typedef struct sf_sampling {
     float temperature;        /* 0: greedy */
     float top_p;              /* 1: off */
@@ -44,6 +47,9 @@ typedef struct sf_sampling {
     int n_stop_ids;
     int32_t stop_ids[SF_MAX_STOP];
     int logprobs;             /* number of top logprobs per token (0: none; < 0: only the chosen token's) */
+    int n_bias;               /* logit_bias entries, distinct ids (owned by the caller until submit
+                               * returns; the engine copies) */
+    const sf_logit_bias *bias;
 } sf_sampling;
 void sf_sampling_default(sf_sampling *s);
 

@@ -57,6 +57,16 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
     r->t_submit = sf_now_s();
     r->sp = s->sampling;
     for (int i = 0; i < SF_MAX_STOP; i++) r->sp.stop[i] = NULL;
+    r->sp.bias = NULL; /* the sampler refuses a count out of range (a list it would not find) */
+    if (r->sp.n_bias > 0 && r->sp.n_bias <= SF_MAX_LOGIT_BIAS && s->sampling.bias) {
+        sf_logit_bias *b = malloc((size_t)r->sp.n_bias * sizeof *b);
+        if (!b) {
+            rc = sf_err(err, SF_ENOMEM, "submit: out of memory");
+            goto fail;
+        }
+        memcpy(b, s->sampling.bias, (size_t)r->sp.n_bias * sizeof *b);
+        r->sp.bias = b;
+    }
     for (int i = 0; i < s->sampling.n_stop; i++) {
         if (!(r->sp.stop[i] = strdup(s->sampling.stop[i]))) {
             rc = sf_err(err, SF_ENOMEM, "submit: out of memory");
@@ -100,6 +110,7 @@ void sf_request_free(sf_request *r)
 {
     if (!r) return;
     for (int i = 0; i < SF_MAX_STOP; i++) free(r->sp.stop[i]);
+    free((void *)r->sp.bias);
     sf_sampler_seq_free(&r->ss);
     sf_seq_free(&r->seq);
     if (r->tok) sf_detok_free(&r->detok);

@@ -1,7 +1,7 @@
 /* sampler.c — one row of logits to one token.
  *
- * Order, as Hugging Face and vLLM apply it: penalties (repetition: HF, over prompt and output;
- * presence/frequency: OpenAI, over output) on the raw logits; the reported logprobs come from
+ * Order, as vLLM and llama.cpp apply it: logit_bias (OpenAI) added to the raw logits, then
+ * penalties (repetition: HF, over prompt and output; presence/frequency: OpenAI, over output); the reported logprobs come from
  * these penalized logits; then temperature; then top-k, top-p, min-p; then a draw.
  * temperature 0 is greedy (argmax of the penalized logits). The truncations and the draw are
  * the backend sample op's reference (kernels/cpu/sample.c: radix selection, no sort; a
@@ -81,9 +81,10 @@ static double vsumexp(const float *l, int n, float scale, float m, float *e)
     return total;
 }
 
-/* Appends a distinct id to the penalty list. */
+/* Appends an id to the penalty list unless it is there. */
 static int touch(sf_sampler_seq *s, int32_t id)
 {
+    if (s->flags[id] & SF_SS_TOUCHED) return 0;
     if (s->n_touched == s->cap_touched) {
         int cap = s->cap_touched ? 2 * s->cap_touched : 64;
         int32_t *t = realloc(s->touched, (size_t)cap * sizeof *t);
@@ -92,6 +93,7 @@ static int touch(sf_sampler_seq *s, int32_t id)
         s->cap_touched = cap;
     }
     s->touched[s->n_touched++] = id;
+    s->flags[id] |= SF_SS_TOUCHED;
     return 0;
 }
 
@@ -113,25 +115,34 @@ int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab, cons
         return sf_err(err, SF_EINVAL, "repetition_penalty %g is outside (0, 10] (1 turns it off)", p->repetition_penalty);
     if (p->logprobs > SF_MAX_LOGPROBS)
         return sf_err(err, SF_EINVAL, "logprobs %d is more than %d", p->logprobs, SF_MAX_LOGPROBS);
+    if (p->n_bias < 0 || p->n_bias > SF_MAX_LOGIT_BIAS || (p->n_bias && !p->bias))
+        return sf_err(err, SF_EINVAL, "%d logit_bias entries: at most %d are allowed", p->n_bias, SF_MAX_LOGIT_BIAS);
+    for (int i = 0; i < p->n_bias; i++) {
+        const sf_logit_bias *b = &p->bias[i];
+        if (b->id < 0 || b->id >= vocab)
+            return sf_err(err, SF_EINVAL, "logit_bias token id %d is outside the vocabulary [0, %d)", b->id, vocab);
+        if (!(b->bias >= -100 && b->bias <= 100))
+            return sf_err(err, SF_EINVAL, "logit_bias of token %d is %g: outside [-100, 100]", b->id, b->bias);
+        for (int j = 0; j < i; j++) /* at most ~0.5M compares */
+            if (p->bias[j].id == b->id) return sf_err(err, SF_EINVAL, "logit_bias names token %d twice", b->id);
+    }
     s->seed = p->has_seed ? p->seed : sf_now_ns() ^ ((uint64_t)(uintptr_t)s << 17);
     sf_rng_seed(&s->rng, s->seed);
     int rep = p->repetition_penalty != 1.0f;
-    if (rep || p->presence_penalty != 0 || p->frequency_penalty != 0) {
-        if (!(s->counts = calloc((size_t)vocab, sizeof *s->counts))) goto oom;
-        s->cap_touched = 64;
-        if (!(s->touched = malloc((size_t)s->cap_touched * sizeof *s->touched))) goto oom;
-    }
-    if (rep) {
-        if (!(s->in_prompt = calloc((size_t)vocab, 1))) goto oom;
-        for (int i = 0; i < n_prompt; i++) {
-            if (prompt[i] < 0 || prompt[i] >= vocab) {
-                sf_sampler_seq_free(s);
-                return sf_err(err, SF_EINVAL, "sampler: prompt token %d at %d is outside the vocabulary [0, %d)",
-                              prompt[i], i, vocab);
-            }
-            if (!s->in_prompt[prompt[i]] && touch(s, prompt[i])) goto oom;
-            s->in_prompt[prompt[i]] = 1;
+    if (!rep && p->presence_penalty == 0 && p->frequency_penalty == 0) return SF_OK; /* the bias alone: its list */
+    if (!(s->counts = calloc((size_t)vocab, sizeof *s->counts)) || !(s->flags = calloc((size_t)vocab, 1))) goto oom;
+    s->cap_touched = 64;
+    if (!(s->touched = malloc((size_t)s->cap_touched * sizeof *s->touched))) goto oom;
+    for (int i = 0; i < p->n_bias; i++) /* first, in order (distinct): entry i carries bias i */
+        if (touch(s, p->bias[i].id)) goto oom;
+    for (int i = 0; rep && i < n_prompt; i++) {
+        if (prompt[i] < 0 || prompt[i] >= vocab) {
+            sf_sampler_seq_free(s);
+            return sf_err(err, SF_EINVAL, "sampler: prompt token %d at %d is outside the vocabulary [0, %d)", prompt[i],
+                          i, vocab);
         }
+        if (touch(s, prompt[i])) goto oom;
+        s->flags[prompt[i]] |= SF_SS_IN_PROMPT;
     }
     return SF_OK;
 oom:
@@ -143,10 +154,10 @@ void sf_sampler_seq_free(sf_sampler_seq *s)
 {
     if (!s) return;
     free(s->counts);
-    free(s->in_prompt);
+    free(s->flags);
     free(s->touched);
     s->counts = NULL;
-    s->in_prompt = NULL;
+    s->flags = NULL;
     s->touched = NULL;
     s->n_touched = s->cap_touched = 0;
 }
@@ -155,7 +166,7 @@ void sf_sampler_accept(sf_sampler_seq *s, int32_t id)
 {
     s->step++;
     if (!s->counts || id < 0) return;
-    if (!s->counts[id] && !(s->in_prompt && s->in_prompt[id]) && touch(s, id))
+    if (touch(s, id))
         SF_LOGW("sampler: out of memory for the penalty list; token %d keeps no penalty on the device path", id);
     s->counts[id]++;
 }
@@ -169,30 +180,38 @@ int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row 
                             .repetition_penalty = p->repetition_penalty, .presence_penalty = p->presence_penalty,
                             .frequency_penalty = p->frequency_penalty, .seed = s->seed, .step = s->step,
                             .pen_off = *n_pen, .n_pen = 0 };
-    if (!s->counts || !s->n_touched) return SF_OK;
-    if (*n_pen + s->n_touched > *cap_pen) {
-        int cap = SF_MAX(2 * *cap_pen, *n_pen + s->n_touched);
+    const int n = s->counts ? s->n_touched : p->n_bias;
+    if (!n) return SF_OK;
+    if (*n_pen + n > *cap_pen) {
+        int cap = SF_MAX(2 * *cap_pen, *n_pen + n);
         sf_sample_pen *t = realloc(*pen, (size_t)cap * sizeof *t);
         if (!t) return SF_ENOMEM;
         *pen = t;
         *cap_pen = cap;
     }
-    for (int i = 0; i < s->n_touched; i++) {
-        int32_t id = s->touched[i];
-        (*pen)[*n_pen + i] = (sf_sample_pen){ id, s->counts[id], s->in_prompt ? s->in_prompt[id] : 0 };
+    sf_sample_pen *e = *pen + *n_pen;
+    for (int i = 0; i < n; i++) {
+        const float bias = i < p->n_bias ? p->bias[i].bias : 0.0f;
+        if (!s->counts) {
+            e[i] = (sf_sample_pen){ p->bias[i].id, 0, 0, bias };
+            continue;
+        }
+        const int32_t id = s->touched[i];
+        e[i] = (sf_sample_pen){ id, s->counts[id], (s->flags[id] & SF_SS_IN_PROMPT) != 0, bias };
     }
-    *n_pen += s->n_touched;
-    row->n_pen = s->n_touched;
+    *n_pen += n;
+    row->n_pen = n;
     return SF_OK;
 }
 
 static void apply_penalties(const sf_sampling *p, const sf_sampler_seq *s, float *l, int vocab)
 {
+    for (int i = 0; i < p->n_bias; i++) l[p->bias[i].id] += p->bias[i].bias;
     if (!s->counts) return;
     float rp = p->repetition_penalty, pp = p->presence_penalty, fp = p->frequency_penalty;
     for (int i = 0; i < vocab; i++) {
         int c = s->counts[i];
-        if (rp != 1.0f && (c > 0 || (s->in_prompt && s->in_prompt[i])))
+        if (rp != 1.0f && (c > 0 || (s->flags[i] & SF_SS_IN_PROMPT)))
             l[i] = l[i] > 0 ? l[i] / rp : l[i] * rp;
         if (c > 0) l[i] -= fp * (float)c + pp;
     }

@@ -14,21 +14,23 @@
 #include "../hal/hal.h"
 #include "engine.h"
 
+enum { SF_SS_IN_PROMPT = 1, SF_SS_TOUCHED = 2 };
 /* Per-sequence state kept by the engine. */
 typedef struct sf_sampler_seq {
     sf_rng rng;
     int32_t *counts;     /* [vocab] occurrences of each id in the generated output (penalties) */
-    uint8_t *in_prompt;  /* [vocab] 1 if the id occurs in the prompt (repetition penalty) */
+    uint8_t *flags;      /* [vocab] SF_SS_IN_PROMPT (repetition penalty), SF_SS_TOUCHED; with counts */
     uint64_t seed;       /* the request's seed, or one drawn from the clock */
     uint64_t step;       /* tokens accepted so far: the counter of the next draw */
-    int32_t *touched;    /* distinct ids with counts > 0 or in_prompt (penalties only) */
+    int32_t *touched;    /* distinct ids: the logit_bias ones first (in its order), then those with
+                          * counts > 0 or in the prompt (penalties only) */
     int n_touched, cap_touched;
 } sf_sampler_seq;
 
 int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab,
                         const int32_t *prompt, int n_prompt, sf_error *err);
 void sf_sampler_seq_free(sf_sampler_seq *s);
-/* Record a generated id (for penalties). */
+/* Record a generated id (for penalties). p->bias must stay as it was at init. */
 void sf_sampler_accept(sf_sampler_seq *s, int32_t id);
 
 /* Choose a token. logits [vocab] is modified in place (scratch). Writes the chosen id, its
@@ -38,7 +40,7 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
                   float *logprob, sf_logprob *top, int *n_top);
 
 /* The backend sample op's view of this sequence: its parameters and draw counter in *row,
- * its penalty entries appended to *pen (grown with realloc; *n_pen entries used of *cap_pen).
+ * its penalty and logit_bias entries appended to *pen (grown with realloc; *n_pen entries used of *cap_pen).
  * SF_ENOMEM leaves *pen valid. */
 int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
                    int *n_pen, int *cap_pen);

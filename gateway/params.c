@@ -1,8 +1,10 @@
 /* params.c — OpenAI request bodies -> sf_gw_params, with OpenAI-shaped rejections. */
 #include "params.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,6 +76,35 @@ static int parse_stop(json_t *o, sf_sampling *s, sf_gw_err *e)
         if (strlen(json_string_value(x)) != len) return BAD("stop", "'stop[%zu]' contains a NUL character", i);
         s->stop[s->n_stop++] = (char *)json_string_value(x);
     }
+    return 0;
+}
+
+/* logit_bias: {"token id": bias in [-100, 100], ...} (OpenAI); the engine checks the ids against
+ * the model's vocabulary and that no id comes twice ("5" and "05") */
+static int parse_logit_bias(json_t *o, sf_gw_params *p, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, "logit_bias"), *x;
+    const char *k;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v)) return BAD("logit_bias", "'logit_bias' must be an object of token ids to biases");
+    size_t n = json_object_size(v);
+    if (n == 0) return 0;
+    if (n > SF_MAX_LOGIT_BIAS)
+        return BAD("logit_bias", "'logit_bias' holds %zu entries; at most %d are allowed", n, SF_MAX_LOGIT_BIAS);
+    if (!(p->bias = malloc(n * sizeof *p->bias))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    int i = 0;
+    json_object_foreach(v, k, x) {
+        char *end = NULL;
+        errno = 0;
+        long id = *k >= '0' && *k <= '9' ? strtol(k, &end, 10) : -1;
+        if (id < 0 || *end || errno || id > INT32_MAX)
+            return BAD("logit_bias", "'logit_bias' key '%.32s' is not a token id (a decimal integer, as \"50256\")", k);
+        if (!json_is_number(x) || !(json_number_value(x) >= -100 && json_number_value(x) <= 100))
+            return BAD("logit_bias", "'logit_bias[\"%ld\"]' must be a number from -100 to 100", id);
+        p->bias[i++] = (sf_logit_bias){ (int32_t)id, (float)json_number_value(x) };
+    }
+    p->sampling.n_bias = i;
+    p->sampling.bias = p->bias;
     return 0;
 }
 
@@ -180,8 +211,7 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
 
 static int reject_unsupported(json_t *o, sf_gw_err *e)
 {
-    /* logit_bias changes what is drawn: refused rather than ignored (an empty {} asks nothing) */
-    static const char *keys[] = { "tools", "tool_choice", "functions", "function_call", "suffix", "logit_bias" };
+    static const char *keys[] = { "tools", "tool_choice", "functions", "function_call", "suffix" };
     for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
         json_t *v = json_object_get(o, keys[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -270,6 +300,7 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     }
     if ((rc = get_bool(o, "ignore_eos", &s->ignore_eos, e))) goto fail;
     if ((rc = parse_stop(o, s, e))) goto fail;
+    if ((rc = parse_logit_bias(o, p, e))) goto fail;
     x = 1;
     if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
     p->n = (int)x;
@@ -323,6 +354,7 @@ void sf_gw_params_free(sf_gw_params *p)
     free(p->msg_text);
     free(p->msgs);
     free(p->prompt_ids);
+    free(p->bias);
     json_decref(p->root);
     memset(p, 0, sizeof *p);
 }

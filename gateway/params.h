@@ -45,7 +45,8 @@ typedef struct sf_gw_params {
     char **msg_text;          /* joined content parts, malloc'd per message (or NULL) */
     int n_msgs;
     int add_generation_prompt;
-    sf_sampling sampling;     /* stop strings point into root */
+    sf_sampling sampling;     /* stop strings point into root, logit_bias entries into bias */
+    sf_logit_bias *bias;      /* malloc'd */
     int max_tokens_given;
     int stream, include_usage;
     int n;

@@ -163,9 +163,9 @@ typedef int (*sf_coll_norm_fn)(void *arg, const sf_coll_norm *a, void *stream);
 /* What the sample op needs of one logit row. The op draws one token id per row so that only
  * ids cross to the host. Semantics (identical on every backend; kernels/cpu/sample.c is the
  * reference the CUDA kernel is tested against):
- *   1. l = the row (fp32; bf16 widened); penalties of the row's entries, on the raw logits:
- *      repetition (count > 0 or in_prompt): l = l > 0 ? l / rep : l * rep; then, count > 0:
- *      l -= frequency * count + presence.
+ *   1. l = the row (fp32; bf16 widened); for each of the row's entries: l += bias (logit_bias),
+ *      then the penalties: repetition (count > 0 or in_prompt): l = l > 0 ? l / rep : l * rep;
+ *      then, count > 0: l -= frequency * count + presence.
  *   2. temperature <= 0 or top_k == 1: the smallest id of the largest l (greedy).
  *   3. x = l * (1 / temperature); tokens with l = -inf or NaN are never drawn. In the order
  *      (x descending, id ascending) the kept set is the shortest of: the first top_k (0: all);
@@ -175,8 +175,8 @@ typedef int (*sf_coll_norm_fn)(void *arg, const sf_coll_norm *a, void *stream);
  *   4. The token is the kept argmax of x - log(E), E = -log1p(-u), u uniform from a hash of
  *      (seed, step, id): the Gumbel-max trick, so the draw is a pure function of (seed, step,
  *      logits) and needs no sort and no sequential RNG state.
- * Entries (id, count, in_prompt) of one row have distinct ids; count is the id's occurrences
- * in the output so far. */
+ * Entries (id, count, in_prompt, bias) of one row have distinct ids; count is the id's
+ * occurrences in the output so far. */
 typedef struct sf_sample_row {
     float temperature, top_p, min_p;
     int top_k;
@@ -187,6 +187,7 @@ typedef struct sf_sample_row {
 
 typedef struct sf_sample_pen {
     int32_t id, count, in_prompt;
+    float bias;
 } sf_sample_pen;
 
 struct sf_backend_ops {

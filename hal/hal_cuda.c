@@ -47,7 +47,9 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 _Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
                offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
                offsetof(sf_k_sample_row, n_pen) == offsetof(sf_sample_row, n_pen) &&
-               sizeof(sf_k_sample_pen) == sizeof(sf_sample_pen), "kernels.h and hal.h disagree on the sampler rows");
+               sizeof(sf_k_sample_pen) == sizeof(sf_sample_pen) &&
+               offsetof(sf_k_sample_pen, bias) == offsetof(sf_sample_pen, bias),
+               "kernels.h and hal.h disagree on the sampler rows");
 
 struct sf_buf {
     uint16_t *d;

@@ -86,7 +86,7 @@ int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p
     memcpy(x, logits, (size_t)vocab * sizeof *x);
     const sf_sample_pen *e = p->n_pen > 0 ? pen + p->pen_off : NULL;
     for (int j = 0; j < p->n_pen; j++) {
-        float v = x[e[j].id];
+        float v = x[e[j].id] + e[j].bias;
         if (p->repetition_penalty != 1.0f && (e[j].count > 0 || e[j].in_prompt))
             v = v > 0 ? v / p->repetition_penalty : v * p->repetition_penalty;
         if (e[j].count > 0) v -= p->frequency_penalty * (float)e[j].count + p->presence_penalty;

@@ -312,7 +312,7 @@ typedef struct sf_k_sample_row {
     uint64_t seed, step;
     int pen_off, n_pen;
 } sf_k_sample_row;
-typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; } sf_k_sample_pen;
+typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; float bias; } sf_k_sample_pen;
 /* Largest vocabulary the penalty bitmap (shared memory) takes. */
 #define SF_K_SAMPLE_MAX_VOCAB (36 * 1024 * 8) /* 36 KiB of bits: with the kernel's own 11 KiB, within 48 KiB */
 /* Device scratch of the op (scratch below): counters for up to SF_K_SAMPLE_SPLIT_ROWS rows, then

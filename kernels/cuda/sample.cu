@@ -960,13 +960,13 @@ static __device__ __forceinline__ void sample_rows(const bf16 *logits, int64_t l
     r.bits = NULL;
     r.m = 0;
     r.bs = 1;
-    if (p.n_pen > 0) { /* penalties on the raw logits, as on the CPU (no fused multiply-add); the
+    if (p.n_pen > 0) { /* logit_bias and penalties on the raw logits, as on the CPU (no fused multiply-add); the
                         * parts of a split row all write the same values */
         for (int w = threadIdx.x; w < (vocab + 31) / 32; w += NT) bits[w] = 0;
         __syncthreads();
         for (int j = threadIdx.x; j < p.n_pen; j += NT) {
             sf_k_sample_pen e = r.e[j];
-            float v = bf2f(r.l[e.id]);
+            float v = __fadd_rn(bf2f(r.l[e.id]), e.bias);
             if (p.repetition_penalty != 1.0f && (e.count > 0 || e.in_prompt))
                 v = v > 0 ? __fdiv_rn(v, p.repetition_penalty) : __fmul_rn(v, p.repetition_penalty);
             if (e.count > 0) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.frequency_penalty, (float)e.count), p.presence_penalty));

@@ -75,21 +75,27 @@ static void one_case(int V, int n, int with_pen, int tied)
         l[i] = tied ? (float)(int)(sf_rng_uniform(&R) * 6) : bfr(sf_rng_normal(&R) * scale);
     for (int i = 0; i < n; i++) {
         rows[i] = random_row(i + (int)(sf_rng_next(&R) % 9), V);
-        if (with_pen && i % 2 == 0) { /* distinct ids, a few repeated outputs, some from the prompt */
-            rows[i].repetition_penalty = 1.0f + sf_rng_uniform(&R);
-            rows[i].presence_penalty = sf_rng_uniform(&R);
-            rows[i].frequency_penalty = sf_rng_uniform(&R) - 0.2f;
+        if (with_pen && i % 4 != 3) { /* distinct ids, a few repeated outputs, some from the prompt;
+                                        * logit_bias on some (row 1 of 4: with no penalty) */
+            const int pens = i % 4 != 1, biased = i % 4 != 0;
+            if (pens) {
+                rows[i].repetition_penalty = 1.0f + sf_rng_uniform(&R);
+                rows[i].presence_penalty = sf_rng_uniform(&R);
+                rows[i].frequency_penalty = sf_rng_uniform(&R) - 0.2f;
+            }
             rows[i].pen_off = n_pen;
             int k = 1 + (int)(sf_rng_next(&R) % SF_MIN(64, V / 4));
-            for (int j = 0; j < k; j++) pen[n_pen + j] = (sf_sample_pen){ (int32_t)((j * 7919 + i) % V),
-                                                                          (int32_t)(sf_rng_next(&R) % 4),
-                                                                          (int32_t)(sf_rng_next(&R) % 2) };
-            /* the top of the row among them, so the penalty decides */
+            for (int j = 0; j < k; j++) {
+                const int32_t count = pens ? (int32_t)(sf_rng_next(&R) % 4) : 0, in_prompt = pens && sf_rng_next(&R) % 2;
+                const float bias = biased && sf_rng_next(&R) % 3 ? bfr(sf_rng_uniform(&R) * 20 - 10) : 0;
+                pen[n_pen + j] = (sf_sample_pen){ (int32_t)((j * 7919 + i) % V), count, in_prompt, bias };
+            }
+            /* the top of the row among them, so the penalty (or a bias of -100) decides */
             int top = 0;
             for (int t = 1; t < V; t++) if (l[(size_t)i * V + t] > l[(size_t)i * V + top]) top = t;
             int dup = 0;
             for (int j = 0; j < k; j++) dup |= pen[n_pen + j].id == top;
-            if (!dup) pen[n_pen + k++] = (sf_sample_pen){ top, 1, 1 };
+            if (!dup) pen[n_pen + k++] = (sf_sample_pen){ top, pens, pens, biased ? -100.0f : 0.0f };
             rows[i].n_pen = k;
             n_pen += k;
         }

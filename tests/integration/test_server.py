@@ -158,6 +158,30 @@ def test_api(s):
     check("completions_logprobs", st == 200 and len(lp.get("tokens", [])) == len(lp.get("token_logprobs", [])) ==
           r["usage"]["completion_tokens"], lp)
 
+    # logit_bias: +100 on one id makes greedy decoding draw only it; -100 on the greedy path's
+    # first token moves the first token elsewhere; on the host path (logprobs) as on the backend's
+    _, _, t = s.json("/tokenize", {"prompt": " the"})
+    tid = t["tokens"][-1]
+    _, _, d = s.json("/detokenize", {"tokens": [tid] * 4})
+    for lp in (None, 0):
+        body = {"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0, "ignore_eos": True,
+                "logit_bias": {str(tid): 100}}
+        if lp is not None: body["logprobs"] = lp
+        st, _, r = s.json("/v1/completions", body)
+        got = r["choices"][0]["text"] if st == 200 else r
+        check("logit_bias_forces_token" + ("_host" if lp is not None else ""), st == 200 and got == d["prompt"],
+              "%r, want %r" % (got, d["prompt"]))
+    base = {"prompt": "Once upon a time", "max_tokens": 1, "temperature": 0, "logprobs": 0}
+    _, _, r0 = s.json("/v1/completions", base)
+    first = r0["choices"][0]["logprobs"]["tokens"][0]
+    _, _, t = s.json("/tokenize", {"prompt": first, "add_special_tokens": False})
+    fid = t["tokens"][0] if len(t["tokens"]) == 1 else None
+    st, _, r = s.json("/v1/completions", dict(base, logit_bias={str(fid): -100})) if fid is not None else (0, 0, {})
+    check("logit_bias_bans_token", st == 200 and r["choices"][0]["logprobs"]["tokens"][0] != first,
+          (first, fid, r))
+    st, _, r = s.json("/v1/completions", dict(base, logit_bias={}))
+    check("logit_bias_empty_is_none", st == 200 and r["choices"][0]["logprobs"]["tokens"][0] == first, r)
+
     st, _, t = s.json("/tokenize", {"prompt": "Hello world"})
     st2, _, d = s.json("/detokenize", {"tokens": t.get("tokens", [])})
     check("tokenize_roundtrip", st == 200 and st2 == 200 and t["count"] == len(t["tokens"]) and
@@ -218,7 +242,16 @@ def test_bad_inputs(s, model):
          {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None, 400),
         ("tools_unsupported", "POST", "/v1/chat/completions",
          {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, None, 400),
-        ("logit_bias_unsupported", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 10}}, None, 400),
+        ("logit_bias_not_object", "POST", "/v1/completions", {"prompt": "a", "logit_bias": [[5, 10]]}, None, 400),
+        ("logit_bias_key_not_id", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"hello": 10}}, None, 400),
+        ("logit_bias_key_negative", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"-5": 10}}, None, 400),
+        ("logit_bias_out_of_range", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 101}}, None, 400),
+        ("logit_bias_not_number", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": "10"}}, None, 400),
+        ("logit_bias_id_past_vocab", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"99999999": 1}}, None, 400),
+        ("logit_bias_same_id_twice", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 1, "05": 2}}, None,
+         400),
+        ("logit_bias_too_many", "POST", "/v1/completions",
+         {"prompt": "a", "logit_bias": {str(i): 1 for i in range(1025)}}, None, 400),
         ("intent_header_empty_param", "POST", "/v1/completions", {"prompt": "a"}, {"X-Semantic-Intent": "chat;;"}, 400),
         ("intent_header_bad_urgency", "POST", "/v1/completions", {"prompt": "a"},
          {"X-Semantic-Intent": "chat; urgency=asap"}, 400),

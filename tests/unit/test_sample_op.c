@@ -240,7 +240,8 @@ TEST(deterministic_and_rows_independent)
     CHECK_MSG(differ > 0, "another step draws another token now and then");
 }
 
-/* The engine's host path (sf_sample on copied logits) and the op choose the same token. */
+/* The engine's host path (sf_sample on copied logits) and the op choose the same token: with
+ * penalties and logit_bias (one of its ids in the prompt), then with logit_bias alone. */
 TEST(host_path_and_op_agree)
 {
     enum { V = 4000 };
@@ -258,11 +259,21 @@ TEST(host_path_and_op_agree)
     p.has_seed = 1;
     p.seed = 1234;
     int32_t prompt[3] = { 5, 6, 5 };
+    int top = 0;
+    for (int i = 1; i < V; i++) top = l[i] > l[top] ? i : top;
+    const sf_logit_bias bias[4] = { { 6, 2.5f }, { top, -100 }, { 3999, 8 }, { 17, -1.25f } };
+    p.n_bias = 4;
+    p.bias = bias;
     sf_sampler_seq s;
     sf_error err = { 0 };
-    REQUIRE(sf_sampler_seq_init(&s, &p, V, prompt, 3, &err) == SF_OK, "%s", err.msg);
     sf_sample_pen *pen = NULL;
-    int cap = 0, same = 0;
+    int cap = 0, same = 0, n_top = 0;
+    for (int pass = 0; pass < 2; pass++) {
+    if (pass) { /* logit_bias alone */
+        p.repetition_penalty = 1, p.frequency_penalty = 0;
+        sf_sampler_seq_free(&s);
+    }
+    REQUIRE(sf_sampler_seq_init(&s, &p, V, prompt, 3, &err) == SF_OK, "%s", err.msg);
     for (int k = 0; k < 40; k++) {
         sf_sample_row row;
         int n_pen = 0;
@@ -272,9 +283,12 @@ TEST(host_path_and_op_agree)
         memcpy(tmp, l, sizeof l);
         int32_t host = sf_sample(&p, &s, tmp, V, NULL, NULL, NULL);
         same += host == dev;
+        n_top += host == top;
         sf_sampler_accept(&s, host);
     }
-    CHECK_MSG(same == 40, "%d of 40 draws agree", same);
+    }
+    CHECK_MSG(same == 80, "%d of 80 draws agree", same);
+    CHECK_MSG(n_top == 0, "the id biased by -100 drawn %d times", n_top);
     free(pen);
     sf_sampler_seq_free(&s);
 }

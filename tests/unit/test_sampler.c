@@ -215,6 +215,73 @@ TEST(penalties)
     sf_sampler_seq_free(&s);
 }
 
+/* logit_bias: added to the raw logits before the penalties, on the host path and in the op's
+ * entries (the bias ids first, each once, beside the penalized ones) */
+TEST(logit_bias)
+{
+    const int V = 8;
+    sf_sampling p = defaults();
+    p.temperature = 0;
+    const sf_logit_bias b[2] = { { 2, -100 }, { 5, 3.5f } };
+    p.n_bias = 2;
+    p.bias = b;
+    sf_sampler_seq s;
+    sf_error err = { 0 };
+    REQUIRE(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_OK, "%s", err.msg);
+    CHECK(!s.counts); /* no penalties: no per-vocabulary state */
+    float l[8] = { 1, 2, 3, 0, -1, 0.5f, -2, 0 };
+    int32_t id = sf_sample(&p, &s, l, V, NULL, NULL, NULL);
+    CHECK_MSG(id == 5 && l[5] == 4.0f && l[2] == -97.0f, "id %d, l[5] %g, l[2] %g", id, l[5], l[2]);
+    sf_sample_row row;
+    sf_sample_pen *pen = NULL;
+    int n_pen = 3, cap = 0; /* appended after 3 entries of other rows */
+    REQUIRE(sf_sampler_row(&p, &s, &row, &pen, &n_pen, &cap) == SF_OK, "row");
+    CHECK(row.pen_off == 3 && row.n_pen == 2 && n_pen == 5);
+    CHECK(pen[3].id == 2 && pen[3].bias == -100 && pen[3].count == 0 && !pen[3].in_prompt);
+    CHECK(pen[4].id == 5 && pen[4].bias == 3.5f);
+    sf_sampler_seq_free(&s);
+
+    /* with penalties: prompt id 5 (biased) and id 1, output 5 and 3; bias 5 first, then penalty */
+    p.repetition_penalty = 2.0f;
+    p.presence_penalty = 0.5f;
+    int32_t prompt[3] = { 5, 1, 5 };
+    REQUIRE(sf_sampler_seq_init(&s, &p, V, prompt, 3, &err) == SF_OK, "%s", err.msg);
+    sf_sampler_accept(&s, 5);
+    sf_sampler_accept(&s, 3);
+    n_pen = 0;
+    REQUIRE(sf_sampler_row(&p, &s, &row, &pen, &n_pen, &cap) == SF_OK, "row");
+    CHECK_MSG(n_pen == 4, "%d entries: 2, 5, 1, 3 each once", n_pen);
+    static const int32_t want_id[4] = { 2, 5, 1, 3 }, want_count[4] = { 0, 1, 0, 1 }, want_prompt[4] = { 0, 1, 1, 0 };
+    static const float want_bias[4] = { -100, 3.5f, 0, 0 };
+    for (int i = 0; i < 4 && i < n_pen; i++)
+        CHECK_MSG(pen[i].id == want_id[i] && pen[i].count == want_count[i] && pen[i].in_prompt == want_prompt[i] &&
+                      pen[i].bias == want_bias[i],
+                  "entry %d: id %d count %d in_prompt %d bias %g", i, pen[i].id, pen[i].count, pen[i].in_prompt,
+                  pen[i].bias);
+    float l2[8] = { 1, 2, 3, 0, -1, 0.5f, -2, 0 };
+    sf_sample(&p, &s, l2, V, NULL, NULL, NULL);
+    /* 5: (0.5 + 3.5) / 2 - 0.5 = 1.5; 2 (neither drawn nor in the prompt): 3 - 100; 1: 2 / 2 = 1;
+     * 3: 0 * 2 - 0.5 */
+    CHECK_MSG(l2[5] == 1.5f && l2[2] == -97.0f && l2[1] == 1.0f && l2[3] == -0.5f, "%g %g %g %g", l2[5], l2[2],
+              l2[1], l2[3]);
+    free(pen);
+    sf_sampler_seq_free(&s);
+
+    /* refused: an id twice, outside the vocabulary, a bias outside [-100, 100], too many, no list */
+    const sf_logit_bias twice[2] = { { 4, 1 }, { 4, 2 } }, past[1] = { { 8, 1 } }, big[1] = { { 1, 100.5f } };
+    p = defaults();
+    p.n_bias = 2, p.bias = twice;
+    CHECK(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_EINVAL && strstr(err.msg, "twice"));
+    p.n_bias = 1, p.bias = past;
+    CHECK(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_EINVAL && strstr(err.msg, "vocabulary"));
+    p.bias = big;
+    CHECK(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_EINVAL && strstr(err.msg, "[-100, 100]"));
+    p.n_bias = SF_MAX_LOGIT_BIAS + 1;
+    CHECK(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_EINVAL && strstr(err.msg, "at most"));
+    p.n_bias = 1, p.bias = NULL;
+    CHECK(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_EINVAL);
+}
+
 TEST(rejects_bad_parameters)
 {
     sf_sampler_seq s;
@@ -262,6 +329,7 @@ int main(void)
     RUN(top_p_large_vocab_matches_full_sort);
     RUN(seed_reproducible);
     RUN(penalties);
+    RUN(logit_bias);
     RUN(rejects_bad_parameters);
     return test_summary();
 }
