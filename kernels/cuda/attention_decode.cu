@@ -418,14 +418,16 @@ static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1 && DEC_MMA_B1_8W == SF_K_ATTN_DEC_B
  * instance; Qwen2-7B (group 7) 2048 / 4096 keys 0.6 / 1.5% faster than the lanes kernel's two
  * 4-head blocks, but 0.4% slower at 1024 and even at 512. Smaller groups keep the lanes kernel
  * until measured.
- * From SF_AD_B1_8W_MIN_CTX keys (head size 128) the plan is DEC_MMA_B1_8W, configuration B1_8W_CFG:
- * 8-warp blocks, tiles of 128 keys, a 3-stage ring (192 KiB, one block an SM), in the same one
- * wave of splits through the workspace; at 4096 keys each split's two tiles are then both loaded
- * before the programmatic wait (144 loads three of its four 64-key tiles). Measured in the step
- * on an H200 (session 27, hal 4248 GB/s, docs/PERFORMANCE.md): Llama-3-8B 4096 keys 3.929-3.931
- * ms a token against 144's 3.950-3.956 (0.6% faster), Qwen2-7B 4096 keys 3.694-3.696 against
- * 3.739-3.741 (1.2%); at 512 / 1024 / 2048 keys (4 / 8 / 16 splits of one tile) -0.3 / +0.2 /
- * -0.1%, so those keep 144. In 8 splits whose clusters all fit it was 1.6% slower. */
+ * Groups of 4 from SF_AD_B1_8W_MIN_CTX keys, and the wider groups at every length they take the
+ * tensor-core kernel, are planned DEC_MMA_B1_8W (head size 128), configuration B1_8W_CFG: 8-warp
+ * blocks, tiles of 128 keys, a 3-stage ring (192 KiB, one block an SM), in the same one wave of
+ * splits through the workspace; at 4096 keys a Llama-3-8B split's two tiles are then both loaded
+ * before the programmatic wait (144 loads three of its four 64-key tiles), and a group of 7 has
+ * twice the warps for its wider products. Measured in the step on H200s (session 27, hal 4248 and
+ * 4250 GB/s, docs/PERFORMANCE.md), against 144: Llama-3-8B 4096 / 6000 / 8000 keys 0.5-0.6 / 0.9
+ * / 0.8% faster a token, but at 512 / 1024 / 2048 / 3072 keys (4 to 16 splits of one tile, 24 of
+ * 1-2) -0.3 / +0.2 / -0.1 / -0.2%, so those keep 144; Qwen2-7B 2048 / 3072 / 4096 / 6000 / 8000
+ * keys 1.3 / 1.9 / 1.2 / 2.1 / 1.5% faster. In 8 splits whose clusters all fit it was 1.6% slower. */
 #define SF_AD_B1_8W_MIN_CTX 4096
 #define SF_AD_B1_MMA_MIN_CTX 512
 #define SF_AD_B1_MMA_MIN_CTX_WIDE 2048
@@ -521,7 +523,8 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
         mode = DEC_MMA_B1;
     if (mode == DEC_MMA_B1 && !kernel) { /* planned here: its configuration by the context */
         const int f = b1_cfg_forced();
-        if (hd == 128 && (f ? f == B1_8W_CFG : max_ctx >= SF_AD_B1_8W_MIN_CTX)) mode = DEC_MMA_B1_8W;
+        if (hd == 128 && (f ? f == B1_8W_CFG : group > SF_AD_B1_MMA_GROUP || max_ctx >= SF_AD_B1_8W_MIN_CTX))
+            mode = DEC_MMA_B1_8W;
     }
     const bool b1 = mode == DEC_MMA_B1 || mode == DEC_MMA_B1_8W;
     if (b1) cfg = mode == DEC_MMA_B1 ? B1_CFG : B1_8W_CFG; /* planned, or asked for by name (sf_k_attention_decode_split) */

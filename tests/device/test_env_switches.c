@@ -137,7 +137,8 @@ TEST(gemv_plan_refuses_junk)
 
 /* The planner's kernel for one-token steps: the tensor-core kernel (4) for bf16 steps of GQA
  * groups of 4 from 512 keys and of 5 to 8 from 2048 (the measured cases: 4 and 7), in its 8-warp
- * configuration (5) from 4096 keys at head size 128, the lanes kernel (1) otherwise; batches keep theirs. Here because this process leaves
+ * configuration (5) at head size 128 for groups of 4 from 4096 keys and for the wider groups, the
+ * lanes kernel (1) otherwise; batches keep theirs. Here because this process leaves
  * SEMFLOW_CUDA_DECODE_ATTN at auto (test_decode_attn forces the lanes kernel); after
  * attention_switches_read_once, whose malformed values kept the defaults. */
 TEST(decode_attention_one_token_plan)
@@ -148,7 +149,7 @@ TEST(decode_attention_one_token_plan)
     static const struct { int T, group, ctx, i8, want; } cases[] = {
         { 1, 4, 4096, 0, 5 }, { 1, 4, 1024, 0, 4 }, { 1, 4, 8000, 0, 5 }, { 1, 1, 8000, 0, 1 }, { 1, 4, 4095, 0, 4 },
         { 1, 4, 1000, 0, 4 }, { 1, 4, 512, 0, 4 },   { 1, 4, 511, 0, 1 },  { 1, 7, 4096, 0, 5 }, { 1, 8, 4096, 0, 5 },
-        { 1, 7, 2048, 0, 4 }, { 1, 7, 1024, 0, 1 },  { 1, 2, 4096, 0, 1 }, { 1, 9, 4096, 0, 1 },
+        { 1, 7, 2048, 0, 5 }, { 1, 7, 1024, 0, 1 },  { 1, 2, 4096, 0, 1 }, { 1, 9, 4096, 0, 1 },
         { 1, 0, 4096, 0, 1 }, { 1, 4, 4096, 1, 1 },  { 2, 4, 4096, 0, 1 },
     };
     for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
