@@ -434,6 +434,10 @@ static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1 && DEC_MMA_B1_8W == SF_K_ATTN_DEC_B
 #define SF_AD_B1_MMA_GROUP 4
 #define SF_AD_B1_MMA_MAX_GROUP 8
 #define SF_AD_B1_MAX_SPLIT 32
+/* At most this many splits of the 8-warp configuration: Qwen2-7B's 4 kv heads (33 slots a head
+ * on 132 SMs) in 24 splits rather than 32 were 0.7 / 0.1 / 0.5 / 0.1 / 0.1% faster a token at
+ * 2048 / 3072 / 4096 / 6000 / 8000 keys (session 27; 20 splits slower from 6000 keys) */
+#define SF_AD_B1_8W_MAX_SPLIT 24
 #define B1_CFG SF_K_DEC_MMA_B1_CFG
 #define B1_8W_CFG SF_K_DEC_MMA_B1_8W_CFG
 /* SEMFLOW_CUDA_DECODE_ATTN (auto, lanes, mma, stream: the DEC_* order) and _CFG (the batch
@@ -575,7 +579,8 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
          * splits of 5 tiles, 3 of them empty, 3.952 / 3.998 ms a token on two cards, 13 splits
          * 3.983 / 4.019; Qwen2-7B, 4 kv heads: 32 splits 3.736, 22 3.749; session 22,
          * docs/PERFORMANCE.md) */
-        const int ns = SF_MIN(SF_MIN(slots / work, SF_AD_B1_MAX_SPLIT), (max_ctx + tk - 1) / tk);
+        const int cap = mode == DEC_MMA_B1_8W ? SF_AD_B1_8W_MAX_SPLIT : SF_AD_B1_MAX_SPLIT;
+        const int ns = SF_MIN(SF_MIN(slots / work, cap), (max_ctx + tk - 1) / tk);
         return ns < 1 ? 1 : ns;
     }
     int best = 1;
