@@ -421,9 +421,9 @@ static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1 && DEC_MMA_B1_8W == SF_K_ATTN_DEC_B
  * Groups of 4 from SF_AD_B1_8W_MIN_CTX keys, and the wider groups at every length they take the
  * tensor-core kernel, are planned DEC_MMA_B1_8W (head size 128), configuration B1_8W_CFG: 8-warp
  * blocks, tiles of 128 keys, a 3-stage ring (192 KiB, one block an SM), in the same one wave of
- * splits through the workspace; at 4096 keys a Llama-3-8B split's two tiles are then both loaded
- * before the programmatic wait (144 loads three of its four 64-key tiles), and a group of 7 has
- * twice the warps for its wider products. Measured in the step on H200s (session 27, hal 4248 and
+ * splits through the workspace (at most SF_AD_B1_8W_MAX_SPLIT); each block has two 128-key tiles
+ * (256 keys) in flight from before the programmatic wait where 144 had three 64-key ones (192),
+ * and a group of 7 has twice the warps for its wider products. Measured in the step on H200s (session 27, hal 4248 and
  * 4250 GB/s, docs/PERFORMANCE.md), against 144: Llama-3-8B 4096 / 6000 / 8000 keys 0.5-0.6 / 0.9
  * / 0.8% faster a token, but at 512 / 1024 / 2048 / 3072 keys (4 to 16 splits of one tile, 24 of
  * 1-2) -0.3 / +0.2 / -0.1 / -0.2%, so those keep 144; Qwen2-7B 2048 / 3072 / 4096 / 6000 / 8000
