@@ -40,8 +40,8 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
                   float *logprob, sf_logprob *top, int *n_top);
 
 /* The backend sample op's view of this sequence: its parameters and draw counter in *row,
- * its penalty and logit_bias entries appended to *pen (grown with realloc; *n_pen entries used of *cap_pen).
- * SF_ENOMEM leaves *pen valid. */
+ * its penalty and logit_bias entries appended to *pen (grown with realloc; *n_pen entries used
+ * of *cap_pen). SF_ENOMEM leaves *pen valid. */
 int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
                    int *n_pen, int *cap_pen);
 

@@ -91,7 +91,8 @@ static int parse_logit_bias(json_t *o, sf_gw_params *p, sf_gw_err *e)
     if (n == 0) return 0;
     if (n > SF_MAX_LOGIT_BIAS)
         return BAD("logit_bias", "'logit_bias' holds %zu entries; at most %d are allowed", n, SF_MAX_LOGIT_BIAS);
-    if (!(p->bias = malloc(n * sizeof *p->bias))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (!(p->bias = malloc(n * sizeof *p->bias)))
+        return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     int i = 0;
     json_object_foreach(v, k, x) {
         char *end = NULL;

@@ -531,7 +531,7 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
             mode = DEC_MMA_B1_8W;
     }
     const bool b1 = mode == DEC_MMA_B1 || mode == DEC_MMA_B1_8W;
-    if (b1) cfg = mode == DEC_MMA_B1 ? B1_CFG : B1_8W_CFG; /* planned, or asked for by name (sf_k_attention_decode_split) */
+    if (b1) cfg = mode == DEC_MMA_B1 ? B1_CFG : B1_8W_CFG; /* planned, or named (sf_k_attention_decode_split) */
     const bool mma = shape && mode != DEC_LANES && (mode == DEC_MMA || b1 || T >= SF_AD_MMA_MIN_TOKENS);
     if (mma) *chosen = b1 ? mode : DEC_MMA;
     if (shape && mode == DEC_STREAM && (kernel == DEC_STREAM || T >= SF_AD_MMA_MIN_TOKENS)) {
