@@ -573,7 +573,7 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     const int slots = *sc, tk = hd == 64 ? 64 : mma_tile_keys(cfg);
     if (b1) {
         /* one-token steps: one wave of blocks, as many as fit (16 splits for 8 kv heads on 132
-         * SMs, at most 32), each block's first tiles loaded before the programmatic wait while
+         * SMs, at most 32; 24 for the 8-warp configuration), each block's first tiles loaded before the programmatic wait while
          * the QKV projection ends. Splits past the last key are empty blocks that combine
          * nothing; the same tiles in fewer splits measured slower (Llama-3-8B at 4097 keys: 16
          * splits of 5 tiles, 3 of them empty, 3.952 / 3.998 ms a token on two cards, 13 splits
