@@ -36,8 +36,9 @@ class Server(ServerProcess):
         c.close()
         return r.status, data
 
-    def complete(self, prompt, n=16, temperature=0, seed=None):
-        body = {"model": "demo", "prompt": prompt, "max_tokens": n, "temperature": temperature, "ignore_eos": True}
+    def complete(self, prompt, n=16, temperature=0, seed=None, extra=None):
+        body = dict({"model": "demo", "prompt": prompt, "max_tokens": n, "temperature": temperature, "ignore_eos": True},
+                    **(extra or {}))
         if seed is not None:
             body["seed"] = seed
         st, data = self.request("POST", "/v1/completions", body)
@@ -78,7 +79,8 @@ def complete_all(server, asks):
     out = [None] * len(asks)
 
     def run(i):
-        out[i] = server.complete(asks[i][0], temperature=asks[i][1], seed=asks[i][2])
+        out[i] = server.complete(*asks[i][:1], temperature=asks[i][1], seed=asks[i][2],
+                                 extra=asks[i][3] if len(asks[i]) > 3 else None)
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(asks))]
     for t in threads:
         t.start()
@@ -91,6 +93,9 @@ def main():
     prompts = ["Once upon a time", "The quick brown fox", "tensor parallel"]
     # async scheduling: seeded draws too, so that a follower's draw unlike rank 0's shows
     asks = [(p, 0, None) for p in prompts] + [(p, 0.9, 7 + i) for i, p in enumerate(prompts)]
+    # the draw's entry lists on every rank: logit_bias with penalties, and alone
+    asks += [(prompts[0], 0.9, 11, {"logit_bias": {"5": 4, "17": -100}, "frequency_penalty": 0.5}),
+             (prompts[1], 0, None, {"logit_bias": {"42": 3.5}})]
     one = Server(1)
     ref = [one.complete(p) for p in prompts]
     ref_async = complete_all(one, asks)
