@@ -350,8 +350,8 @@ static int plan(int mode, int op, int units, int k, int want, const fg_rope &rp,
     } else {
         const bool qkv = op == OP_QKV;
         /* Beside the one-token tensor-core attention no plan: that block (128 KiB; the 8-warp
-         * one 192) fits beside no ring of the QKV projection's three blocks, and gemv_fused.cu's per-warp ring kernel
-         * (4 stages a warp) then takes the projection. Measured against these persistent warps
+         * one 192) fits beside no ring of the QKV projection's three blocks, and gemv_fused.cu's
+         * per-warp ring kernel (4 stages a warp) then takes the projection. Measured against these persistent warps
          * (session 23, five device calls): Llama-3-8B 0.4-0.7% faster a step at 4096 keys, 0.5%
          * at 512 and 2048, Qwen2-7B 0.8% at 4096 keys, 0.1% at 2048; persistent warps at 1 block
          * x 3-5 or 2 blocks x 4-6 stages slower (docs/PERFORMANCE.md, sessions 22-23). */
