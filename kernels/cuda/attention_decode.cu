@@ -425,9 +425,10 @@ static_assert(DEC_MMA_B1 == SF_K_ATTN_DEC_B1 && DEC_MMA_B1_8W == SF_K_ATTN_DEC_B
  * (256 keys) in flight from before the programmatic wait where 144 had three 64-key ones (192),
  * and a group of 7 has twice the warps for its wider products. Measured in the step on H200s
  * (session 27, hal 4248-4251 GB/s, docs/PERFORMANCE.md), against 144: Llama-3-8B 4096 / 6000 /
- * 8000 keys 0.5-0.6 / 0.9 / 0.8% faster a token, but at 512 / 1024 / 2048 / 3072 keys (4 to 16 splits of one tile, 24 of
- * 1-2) -0.3 / +0.2 / -0.1 / -0.2%, so those keep 144; Qwen2-7B 2048 / 3072 / 4096 / 6000 / 8000
- * keys 1.3 / 1.9 / 1.2 / 2.1 / 1.5% faster. In 8 splits whose clusters all fit it was 1.6% slower. */
+ * 8000 keys 0.5-0.6 / 0.9 / 0.8% faster a token, but at 512 / 1024 / 2048 / 3072 keys (4 to 16
+ * splits of one tile, 24 of 1-2) -0.3 / +0.2 / -0.1 / -0.2%, so those keep 144; Qwen2-7B 2048 /
+ * 3072 / 4096 / 6000 / 8000 keys 1.3 / 1.9 / 1.2 / 2.1 / 1.5% faster. In 8 splits whose clusters
+ * all fit it was 1.6% slower. */
 #define SF_AD_B1_8W_MIN_CTX 4096
 #define SF_AD_B1_MMA_MIN_CTX 512
 #define SF_AD_B1_MMA_MIN_CTX_WIDE 2048
@@ -572,12 +573,12 @@ static int plan(int T, int Hkv, int group, int hd, int max_ctx, int block_size, 
     }
     const int slots = *sc, tk = hd == 64 ? 64 : mma_tile_keys(cfg);
     if (b1) {
-        /* one-token steps: one wave of blocks, as many as fit (16 splits for 8 kv heads on 132
-         * SMs, at most 32; 24 for the 8-warp configuration), each block's first tiles loaded
-         * before the programmatic wait while the QKV projection ends. Splits past the last key are empty blocks that combine
-         * nothing; the same tiles in fewer splits measured slower (Llama-3-8B at 4097 keys: 16
-         * splits of 5 tiles, 3 of them empty, 3.952 / 3.998 ms a token on two cards, 13 splits
-         * 3.983 / 4.019; Qwen2-7B, 4 kv heads: 32 splits 3.736, 22 3.749; session 22,
+        /* one-token steps: one wave of blocks, as many as fit (16 splits for 8 kv heads on 132 SMs, at
+         * most 32; 24 for the 8-warp configuration), each block's first tiles loaded before the
+         * programmatic wait while the QKV projection ends. Splits past the last key are empty blocks
+         * that combine nothing; the same tiles in fewer splits measured slower (Llama-3-8B at 4097
+         * keys: 16 splits of 5 tiles, 3 of them empty, 3.952 / 3.998 ms a token on two cards, 13
+         * splits 3.983 / 4.019; Qwen2-7B, 4 kv heads: 32 splits 3.736, 22 3.749; session 22,
          * docs/PERFORMANCE.md) */
         const int cap = mode == DEC_MMA_B1_8W ? SF_AD_B1_8W_MAX_SPLIT : SF_AD_B1_MAX_SPLIT;
         const int ns = SF_MIN(SF_MIN(slots / work, cap), (max_ctx + tk - 1) / tk);
