@@ -237,9 +237,9 @@ int sf_request_take(sf_request *r, int32_t id)
     } else if (sf_seq_append(&r->seq, id) != SF_OK) {
         return SF_REQ_END_ERROR;
     }
-    int stop = !r->sp.ignore_eos && r->tok && sf_tok_is_eog(r->tok, id);
-    for (int i = 0; i < r->sp.n_stop_ids; i++) stop |= id == r->sp.stop_ids[i];
-    if (stop) return SF_REQ_END_STOP;
+    if (!r->sp.ignore_eos && r->tok && sf_tok_is_eog(r->tok, id)) return SF_REQ_END_STOP;
+    for (int i = 0; i < r->sp.n_stop_ids; i++)
+        if (id == r->sp.stop_ids[i]) return SF_REQ_END_STOP_ID;
     if (r->n_out >= r->max_out || r->seq.n_tokens >= r->seq.max_len) return SF_REQ_END_LENGTH;
     return SF_REQ_CONTINUE;
 }
@@ -256,7 +256,7 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
         sf_request_finish(r, SF_FINISH_ERROR, SF_ENOMEM, "out of memory while appending a generated token");
         return SF_REQ_FINISHED;
     }
-    if (end == SF_REQ_END_STOP) { /* the stop token itself is not shown */
+    if (end == SF_REQ_END_STOP) { /* the end-of-sequence token itself is not shown */
         deliver_done(r, SF_FINISH_STOP, 1);
         return SF_REQ_FINISHED;
     }
@@ -285,8 +285,8 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
         deliver_done(r, SF_FINISH_STOP, 0);
         return SF_REQ_FINISHED;
     }
-    if (end == SF_REQ_END_LENGTH) {
-        deliver_done(r, SF_FINISH_LENGTH, 1);
+    if (end == SF_REQ_END_LENGTH || end == SF_REQ_END_STOP_ID) {
+        deliver_done(r, end == SF_REQ_END_LENGTH ? SF_FINISH_LENGTH : SF_FINISH_STOP, 1);
         return SF_REQ_FINISHED;
     }
     return SF_REQ_CONTINUE;

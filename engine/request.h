@@ -49,12 +49,13 @@ enum { SF_REQ_CONTINUE = 0, SF_REQ_FINISHED = 1 };
 /* Engine thread: the model produced `id` for r (logprob and top as the sampler gave them),
  * handled in two halves so that the next step can be planned before the text work. take
  * records `id` (sampler state, the sequence's tokens) and says whether the token ends r
- * whatever its text: SF_REQ_CONTINUE, or SF_REQ_END_* (EOS or stop id, max_tokens or context
- * end, out of memory) — r must then not be planned again. deliver then does the rest for that
+ * whatever its text: SF_REQ_CONTINUE, or SF_REQ_END_* (EOS, a stop id, max_tokens or context
+ * end, out of memory) — r must then not be planned again. EOS is not shown; a stop id is (its
+ * text, empty for a special token, as vLLM's stop_token_ids). deliver then does the rest for that
  * id with take's answer (`end`): SF_EV_TOKEN with the text that is safe to show, stop strings,
  * SF_EV_DONE; it returns SF_REQ_FINISHED when r is done (a stop string may end r although take
  * did not; the caller then removes r from the scheduler and frees it). */
-enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4 };
+enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4, SF_REQ_END_STOP_ID = 5 };
 int sf_request_take(sf_request *r, int32_t id);
 /* Async scheduling: whether r may be planned before its next id is known, with a stand-in for
  * it: the id cannot decide r's length (max_tokens, context) nor its draw's penalties, and r's

@@ -79,6 +79,25 @@ static int parse_stop(json_t *o, sf_sampling *s, sf_gw_err *e)
     return 0;
 }
 
+/* stop_token_ids (vLLM): token ids that end the output, shown unless special; the engine checks
+ * them against the model's vocabulary */
+static int parse_stop_token_ids(json_t *o, sf_sampling *s, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, "stop_token_ids"), *x;
+    size_t i;
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_array(v)) return BAD("stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    if (json_array_size(v) > SF_MAX_STOP)
+        return BAD("stop_token_ids", "'stop_token_ids' holds %zu ids; at most %d are allowed", json_array_size(v),
+                   SF_MAX_STOP);
+    json_array_foreach(v, i, x) {
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
+            return BAD("stop_token_ids", "'stop_token_ids[%zu]' must be a token id (an integer >= 0)", i);
+        s->stop_ids[s->n_stop_ids++] = (int32_t)json_integer_value(x);
+    }
+    return 0;
+}
+
 /* logit_bias: {"token id": bias in [-100, 100], ...} (OpenAI); the engine checks the ids against
  * the model's vocabulary and that no id comes twice ("5" and "05") */
 static int parse_logit_bias(json_t *o, sf_gw_params *p, sf_gw_err *e)
@@ -302,6 +321,7 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     if ((rc = get_bool(o, "ignore_eos", &s->ignore_eos, e))) goto fail;
     if ((rc = parse_stop(o, s, e))) goto fail;
     if ((rc = parse_logit_bias(o, p, e))) goto fail;
+    if ((rc = parse_stop_token_ids(o, s, e))) goto fail;
     x = 1;
     if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
     p->n = (int)x;

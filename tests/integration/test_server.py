@@ -182,6 +182,22 @@ def test_api(s):
     st, _, r = s.json("/v1/completions", dict(base, logit_bias={}))
     check("logit_bias_empty_is_none", st == 200 and r["choices"][0]["logprobs"]["tokens"][0] == first, r)
 
+    # stop_token_ids: the output ends with the first occurrence of the token, shown (it is not
+    # special), finish_reason stop; a special one (EOS) ends it unseen
+    base = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "logprobs": 0}
+    _, _, r0 = s.json("/v1/completions", base)
+    toks = r0["choices"][0]["logprobs"]["tokens"]
+    _, _, t = s.json("/tokenize", {"prompt": toks[2], "add_special_tokens": False})
+    sid = t["tokens"][0] if len(t["tokens"]) == 1 else None
+    want = "".join(toks[:toks.index(toks[2]) + 1])
+    st, _, r = s.json("/v1/completions", dict(base, stop_token_ids=[sid])) if sid is not None else (0, 0, {})
+    got = (r["choices"][0]["text"], r["choices"][0]["finish_reason"], r["usage"]["completion_tokens"]) if st == 200 else r
+    check("stop_token_ids_ends_shown", got == (want, "stop", toks.index(toks[2]) + 1), "%r, want %r" % (got, want))
+    st, _, r = s.json("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0,
+                                          "logit_bias": {str(sid): 100}, "stop_token_ids": [sid]})
+    check("stop_token_ids_first_token", st == 200 and r["choices"][0]["text"] == toks[2] and
+          r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 1, r)
+
     st, _, t = s.json("/tokenize", {"prompt": "Hello world"})
     st2, _, d = s.json("/detokenize", {"tokens": t.get("tokens", [])})
     check("tokenize_roundtrip", st == 200 and st2 == 200 and t["count"] == len(t["tokens"]) and
@@ -249,6 +265,12 @@ def test_bad_inputs(s, model):
         ("logit_bias_not_number", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": "10"}}, None, 400),
         ("logit_bias_id_past_vocab", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"99999999": 1}}, None, 400),
         ("logit_bias_same_id_twice", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 1, "05": 2}}, None,
+         400),
+        ("stop_token_ids_not_array", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": 5}, None, 400),
+        ("stop_token_ids_negative", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": [-1]}, None, 400),
+        ("stop_token_ids_too_many", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": list(range(9))}, None,
+         400),
+        ("stop_token_ids_past_vocab", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": [99999999]}, None,
          400),
         ("logit_bias_too_many", "POST", "/v1/completions",
          {"prompt": "a", "logit_bias": {str(i): 1 for i in range(1025)}}, None, 400),

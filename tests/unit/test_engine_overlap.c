@@ -48,6 +48,10 @@ static sf_sampling sampling_of(int i, int plain)
     return sp;
 }
 
+/* the id of "." after a word, set by run_all (-1: none); requests i with i % 5 == 3 stop on it */
+static int32_t stop_id = -1;
+static int is_stop_id_req(int i) { return i % 5 == 3 && stop_id >= 0; }
+
 /* Runs the N_REQ requests through one engine in one of the loops. */
 static int run_all(int mode, int kv_blocks, int plain, collect *res, sf_engine_stats *st, sf_error *err)
 {
@@ -65,7 +69,8 @@ static int run_all(int mode, int kv_blocks, int plain, collect *res, sf_engine_s
     sf_engine *e = NULL;
     int rc = sf_engine_new(&c, &e, err);
     if (rc) return rc;
-    int32_t stop_id = -1, *dot = NULL;
+    int32_t *dot = NULL;
+    stop_id = -1;
     size_t n_dot = 0;
     /* the id of "." after a word (alone it would take a word-start marker) */
     if (sf_tok_encode(sf_engine_tokenizer(e), "a.", 2, 0, &dot, &n_dot, err) == SF_OK && n_dot > 1) stop_id = dot[n_dot - 1];
@@ -84,7 +89,7 @@ static int run_all(int mode, int kv_blocks, int plain, collect *res, sf_engine_s
         s.prompt = ids;
         s.n_prompt = (int)n;
         s.sampling = sampling_of(i, plain);
-        if (i % 5 == 3 && stop_id >= 0) { /* a stop id: the token itself ends the request at its take */
+        if (is_stop_id_req(i)) { /* a stop id: the token itself ends the request at its take (shown) */
             s.sampling.stop_ids[0] = stop_id;
             s.sampling.n_stop_ids = 1;
         }
@@ -133,7 +138,9 @@ static void loop_equals_serial(int mode, int kv_blocks, int plain)
             printf("      request %d: serial %d tokens (finish %d) \"%s\", %s %d tokens (finish %d) \"%s\"\n", i,
                    a->n_tokens, a->finish, a->text, mode_name[mode], b->n_tokens, b->finish, b->text);
         same += eq;
-        stops += a->finish == SF_FINISH_STOP && a->completion_tokens > a->n_tokens; /* EOS or a stop id */
+        /* EOS (not shown) or the stop id (the last token shown) */
+        stops += a->finish == SF_FINISH_STOP && (a->completion_tokens > a->n_tokens ||
+                                                 (is_stop_id_req(i) && a->n_tokens && a->tokens[a->n_tokens - 1] == stop_id));
         eos += a->finish == SF_FINISH_STOP;
         lengths += a->finish == SF_FINISH_LENGTH;
         cancels += a->finish == SF_FINISH_CANCELLED;
