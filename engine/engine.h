@@ -41,6 +41,7 @@ typedef struct sf_sampling {
     uint64_t seed;
     int has_seed;             /* 0: seed drawn from the clock */
     int max_tokens;           /* output tokens; <= 0: up to the context */
+    int min_tokens;           /* output tokens before EOS or a stop id may be drawn (vLLM); 0: none */
     int ignore_eos;
     int n_stop;
     char *stop[SF_MAX_STOP];  /* stop strings (owned by the caller until submit returns; engine copies) */

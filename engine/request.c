@@ -37,6 +37,8 @@ static int check_submit(const sf_submit *s, int vocab, int max_model_len, sf_err
         if (n > SF_MAX_STOP_LEN)
             return sf_err(err, SF_EINVAL, "stop string %d is %zu bytes long: at most %d", i, n, SF_MAX_STOP_LEN);
     }
+    if (p->min_tokens < 0 || (p->max_tokens > 0 && p->min_tokens > p->max_tokens))
+        return sf_err(err, SF_EINVAL, "min_tokens %d must be from 0 to max_tokens (%d)", p->min_tokens, p->max_tokens);
     if (p->n_stop_ids < 0 || p->n_stop_ids > SF_MAX_STOP)
         return sf_err(err, SF_EINVAL, "%d stop token ids: at most %d are allowed", p->n_stop_ids, SF_MAX_STOP);
     for (int i = 0; i < p->n_stop_ids; i++)
@@ -74,6 +76,15 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
         }
     }
     if ((rc = sf_sampler_seq_init(&r->ss, &r->sp, vocab, s->prompt, s->n_prompt, err)) != SF_OK) goto fail;
+    if (r->sp.min_tokens > 0) { /* what ends the output is not drawn before min_tokens */
+        int32_t ban[SF_SS_MAX_BAN];
+        int n = 0;
+        for (int i = 0; i < r->sp.n_stop_ids && n < SF_SS_MAX_BAN; i++) ban[n++] = r->sp.stop_ids[i];
+        const int tv = tok ? SF_MIN(sf_tok_vocab_size(tok), vocab) : 0;
+        for (int32_t id = 0; !r->sp.ignore_eos && id < tv && n < SF_SS_MAX_BAN; id++)
+            if (sf_tok_is_eog(tok, id)) ban[n++] = id;
+        sf_sampler_set_ban(&r->ss, ban, n, vocab);
+    }
     if ((rc = sf_seq_init(&r->seq, s->prompt, s->n_prompt, err)) != SF_OK) goto fail;
     r->seq.owner = r;
     r->seq.urgency = s->intent.urgency;
@@ -247,7 +258,7 @@ int sf_request_take(sf_request *r, int32_t id)
 int sf_request_may_place(const sf_request *r)
 {
     return !r->placed && r->n_out + 1 < r->max_out && r->seq.n_tokens + 1 < r->seq.max_len && !r->ss.counts &&
-           !sf_sampler_needs_logits(&r->sp);
+           r->n_out >= r->sp.min_tokens && !sf_sampler_needs_logits(&r->sp);
 }
 
 int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top)

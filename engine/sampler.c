@@ -173,6 +173,22 @@ void sf_sampler_accept(sf_sampler_seq *s, int32_t id)
 
 int sf_sampler_needs_logits(const sf_sampling *p) { return p->logprobs != 0; }
 
+void sf_sampler_set_ban(sf_sampler_seq *s, const int32_t *ids, int n, int vocab)
+{
+    s->n_ban = 0;
+    for (int i = 0; i < n && s->n_ban < SF_SS_MAX_BAN; i++) {
+        int dup = 0;
+        for (int j = 0; j < s->n_ban; j++) dup |= s->ban[j] == ids[i];
+        if (!dup && ids[i] >= 0 && ids[i] < vocab) s->ban[s->n_ban++] = ids[i];
+    }
+}
+
+/* Whether the next draw keeps the ban list out (fewer than min_tokens accepted). */
+static int banning(const sf_sampling *p, const sf_sampler_seq *s)
+{
+    return s->n_ban > 0 && s->step < (uint64_t)(p->min_tokens > 0 ? p->min_tokens : 0);
+}
+
 int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
                    int *n_pen, int *cap_pen)
 {
@@ -180,10 +196,10 @@ int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row 
                             .repetition_penalty = p->repetition_penalty, .presence_penalty = p->presence_penalty,
                             .frequency_penalty = p->frequency_penalty, .seed = s->seed, .step = s->step,
                             .pen_off = *n_pen, .n_pen = 0 };
-    const int n = s->counts ? s->n_touched : p->n_bias;
-    if (!n) return SF_OK;
-    if (*n_pen + n > *cap_pen) {
-        int cap = SF_MAX(2 * *cap_pen, *n_pen + n);
+    const int n = s->counts ? s->n_touched : p->n_bias, ban = banning(p, s) ? s->n_ban : 0;
+    if (!n && !ban) return SF_OK;
+    if (*n_pen + n + ban > *cap_pen) {
+        int cap = SF_MAX(2 * *cap_pen, *n_pen + n + ban);
         sf_sample_pen *t = realloc(*pen, (size_t)cap * sizeof *t);
         if (!t) return SF_ENOMEM;
         *pen = t;
@@ -199,14 +215,23 @@ int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row 
         const int32_t id = s->touched[i];
         e[i] = (sf_sample_pen){ id, s->counts[id], (s->flags[id] & SF_SS_IN_PROMPT) != 0, bias };
     }
-    *n_pen += n;
-    row->n_pen = n;
+    int m = n;
+    for (int b = 0; b < ban; b++) { /* -inf: an entry of the id if it has one, else its own */
+        int j = 0;
+        while (j < n && e[j].id != s->ban[b]) j++;
+        if (j == n) e[j = m++] = (sf_sample_pen){ s->ban[b], 0, 0, 0.0f };
+        e[j].bias = -INFINITY;
+    }
+    *n_pen += m;
+    row->n_pen = m;
     return SF_OK;
 }
 
 static void apply_penalties(const sf_sampling *p, const sf_sampler_seq *s, float *l, int vocab)
 {
     for (int i = 0; i < p->n_bias; i++) l[p->bias[i].id] += p->bias[i].bias;
+    if (banning(p, s))
+        for (int i = 0; i < s->n_ban; i++) l[s->ban[i]] = -INFINITY;
     if (!s->counts) return;
     float rp = p->repetition_penalty, pp = p->presence_penalty, fp = p->frequency_penalty;
     for (int i = 0; i < vocab; i++) {

@@ -15,6 +15,7 @@
 #include "engine.h"
 
 enum { SF_SS_IN_PROMPT = 1, SF_SS_TOUCHED = 2 };
+#define SF_SS_MAX_BAN 24 /* ids kept from the draw before min_tokens: the stop ids and the EOS ids */
 /* Per-sequence state kept by the engine. */
 typedef struct sf_sampler_seq {
     sf_rng rng;
@@ -25,11 +26,17 @@ typedef struct sf_sampler_seq {
     int32_t *touched;    /* distinct ids: the logit_bias ones first (in its order), then those with
                           * counts > 0 or in the prompt (penalties only) */
     int n_touched, cap_touched;
+    int32_t ban[SF_SS_MAX_BAN]; /* distinct ids never drawn while step < the request's min_tokens */
+    int n_ban;
 } sf_sampler_seq;
 
 int sf_sampler_seq_init(sf_sampler_seq *s, const sf_sampling *p, int vocab,
                         const int32_t *prompt, int n_prompt, sf_error *err);
 void sf_sampler_seq_free(sf_sampler_seq *s);
+/* The ids (in the vocabulary) that are not drawn while fewer than p->min_tokens tokens were
+ * accepted: their logits are -inf then (on the host path and in the op's entries). Duplicates
+ * and ids outside [0, vocab) are dropped; at most SF_SS_MAX_BAN are kept. */
+void sf_sampler_set_ban(sf_sampler_seq *s, const int32_t *ids, int n, int vocab);
 /* Record a generated id (for penalties). p->bias must stay as it was at init. */
 void sf_sampler_accept(sf_sampler_seq *s, int32_t id);
 

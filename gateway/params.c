@@ -318,6 +318,13 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
         s->max_tokens = (int)mt;
         p->max_tokens_given = 1;
     }
+    x = 0;
+    if ((rc = get_int(o, "min_tokens", 0, SF_GW_MAX_TOKENS_LIMIT, &x, e))) goto fail;
+    if (mt > 0 && x > mt) {
+        rc = BAD("min_tokens", "'min_tokens' (%lld) is more than 'max_tokens' (%lld)", x, mt);
+        goto fail;
+    }
+    s->min_tokens = (int)x;
     if ((rc = get_bool(o, "ignore_eos", &s->ignore_eos, e))) goto fail;
     if ((rc = parse_stop(o, s, e))) goto fail;
     if ((rc = parse_logit_bias(o, p, e))) goto fail;

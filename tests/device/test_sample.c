@@ -87,7 +87,9 @@ static void one_case(int V, int n, int with_pen, int tied)
             int k = 1 + (int)(sf_rng_next(&R) % SF_MIN(64, V / 4));
             for (int j = 0; j < k; j++) {
                 const int32_t count = pens ? (int32_t)(sf_rng_next(&R) % 4) : 0, in_prompt = pens && sf_rng_next(&R) % 2;
-                const float bias = biased && sf_rng_next(&R) % 3 ? bfr(sf_rng_uniform(&R) * 20 - 10) : 0;
+                /* -inf: min_tokens keeps the row's stop ids out so */
+                const float bias = !biased || !(sf_rng_next(&R) % 3) ? 0
+                                   : sf_rng_next(&R) % 8 ? bfr(sf_rng_uniform(&R) * 20 - 10) : -INFINITY;
                 pen[n_pen + j] = (sf_sample_pen){ (int32_t)((j * 7919 + i) % V), count, in_prompt, bias };
             }
             /* the top of the row among them, so the penalty (or a bias of -100) decides */

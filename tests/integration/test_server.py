@@ -198,6 +198,18 @@ def test_api(s):
     check("stop_token_ids_first_token", st == 200 and r["choices"][0]["text"] == toks[2] and
           r["choices"][0]["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 1, r)
 
+    # min_tokens: the stop id, forced by logit_bias, is kept out of the first 3 tokens and ends the
+    # output at the 4th; on the backend's sample op and on the host path (logprobs)
+    for lp in (None, 0):
+        body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "min_tokens": 3,
+                "logit_bias": {str(sid): 100}, "stop_token_ids": [sid]}
+        if lp is not None: body["logprobs"] = lp
+        st, _, r = s.json("/v1/completions", body)
+        c = r["choices"][0] if st == 200 else {}
+        check("min_tokens_holds_stop_id" + ("_host" if lp is not None else ""),
+              st == 200 and c["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 4 and
+              c["text"].endswith(toks[2]) and (lp is None or toks[2] not in c["logprobs"]["tokens"][:3]), r)
+
     st, _, t = s.json("/tokenize", {"prompt": "Hello world"})
     st2, _, d = s.json("/detokenize", {"tokens": t.get("tokens", [])})
     check("tokenize_roundtrip", st == 200 and st2 == 200 and t["count"] == len(t["tokens"]) and
@@ -266,6 +278,9 @@ def test_bad_inputs(s, model):
         ("logit_bias_id_past_vocab", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"99999999": 1}}, None, 400),
         ("logit_bias_same_id_twice", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 1, "05": 2}}, None,
          400),
+        ("min_tokens_over_max_tokens", "POST", "/v1/completions", {"prompt": "a", "max_tokens": 4, "min_tokens": 5},
+         None, 400),
+        ("min_tokens_negative", "POST", "/v1/completions", {"prompt": "a", "min_tokens": -1}, None, 400),
         ("stop_token_ids_not_array", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": 5}, None, 400),
         ("stop_token_ids_negative", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": [-1]}, None, 400),
         ("stop_token_ids_too_many", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": list(range(9))}, None,

@@ -241,7 +241,8 @@ TEST(deterministic_and_rows_independent)
 }
 
 /* The engine's host path (sf_sample on copied logits) and the op choose the same token: with
- * penalties and logit_bias (one of its ids in the prompt), then with logit_bias alone. */
+ * penalties, logit_bias (one of its ids in the prompt) and a min_tokens ban, then with logit_bias
+ * alone. */
 TEST(host_path_and_op_agree)
 {
     enum { V = 4000 };
@@ -274,6 +275,10 @@ TEST(host_path_and_op_agree)
         sf_sampler_seq_free(&s);
     }
     REQUIRE(sf_sampler_seq_init(&s, &p, V, prompt, 3, &err) == SF_OK, "%s", err.msg);
+    /* min_tokens: two ids (one of them biased) kept out of the first 10 draws */
+    const int32_t ban[2] = { 6, 123 };
+    p.min_tokens = 10;
+    sf_sampler_set_ban(&s, ban, 2, V);
     for (int k = 0; k < 40; k++) {
         sf_sample_row row;
         int n_pen = 0;

@@ -282,6 +282,44 @@ TEST(logit_bias)
     CHECK(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_EINVAL);
 }
 
+/* min_tokens: the ban list is -inf (an entry of its own, or the id's entry) until that many
+ * tokens were accepted, on the host path and in the op's entries */
+TEST(min_tokens_ban)
+{
+    const int V = 8;
+    sf_sampling p = defaults();
+    p.temperature = 0;
+    p.min_tokens = 2;
+    const sf_logit_bias b[1] = { { 3, 50 } };
+    p.n_bias = 1;
+    p.bias = b;
+    sf_sampler_seq s;
+    sf_error err = { 0 };
+    REQUIRE(sf_sampler_seq_init(&s, &p, V, NULL, 0, &err) == SF_OK, "%s", err.msg);
+    const int32_t ban[5] = { 3, 6, 3, 7, 8 }; /* 3 also biased; a duplicate and an id past V dropped */
+    sf_sampler_set_ban(&s, ban, 5, V);
+    CHECK(s.n_ban == 3);
+    sf_sample_row row;
+    sf_sample_pen *pen = NULL;
+    int n_pen = 0, cap = 0;
+    REQUIRE(sf_sampler_row(&p, &s, &row, &pen, &n_pen, &cap) == SF_OK, "row");
+    CHECK_MSG(row.n_pen == 3 && pen[0].id == 3 && isinf(pen[0].bias) && pen[0].bias < 0 && pen[1].id == 6 &&
+                  isinf(pen[1].bias) && pen[2].id == 7,
+              "%d entries: %d %g, %d %g", row.n_pen, pen[0].id, pen[0].bias, pen[1].id, pen[1].bias);
+    float l[8] = { 0, 1, 2, 3, 0, 0, 9, 0 };
+    int32_t id = sf_sample(&p, &s, l, V, NULL, NULL, NULL);
+    CHECK_MSG(id == 2, "banned 3 (biased) and 6: greedy picks 2, got %d", id);
+    sf_sampler_accept(&s, id);
+    sf_sampler_accept(&s, id); /* two accepted: the ban ends */
+    n_pen = 0;
+    REQUIRE(sf_sampler_row(&p, &s, &row, &pen, &n_pen, &cap) == SF_OK, "row");
+    CHECK(row.n_pen == 1 && pen[0].id == 3 && pen[0].bias == 50);
+    float l2[8] = { 0, 1, 2, 3, 0, 0, 9, 0 };
+    CHECK(sf_sample(&p, &s, l2, V, NULL, NULL, NULL) == 3);
+    free(pen);
+    sf_sampler_seq_free(&s);
+}
+
 TEST(rejects_bad_parameters)
 {
     sf_sampler_seq s;
@@ -330,6 +368,7 @@ int main(void)
     RUN(seed_reproducible);
     RUN(penalties);
     RUN(logit_bias);
+    RUN(min_tokens_ban);
     RUN(rejects_bad_parameters);
     return test_summary();
 }
