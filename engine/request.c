@@ -196,7 +196,7 @@ static void deliver_done(sf_request *r, int reason, int flush)
     if (flush && r->tok) {
         sf_detok_finish(&r->detok, &r->text, &r->text_len);
         size_t at;
-        if (find_stop(r, &at)) {
+        if (r->n_out >= r->sp.min_tokens && find_stop(r, &at)) {
             n = at;
             reason = SF_FINISH_STOP;
         } else {
@@ -273,7 +273,7 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
     }
     if (r->tok) sf_detok_push(&r->detok, id, &r->text, &r->text_len);
     size_t at = 0;
-    int hit = find_stop(r, &at);
+    int hit = r->n_out >= r->sp.min_tokens && find_stop(r, &at); /* none before min_tokens, as vLLM */
     size_t n = hit ? at : r->text_len - held_suffix(r);
 
     char small[512], *heap = NULL;

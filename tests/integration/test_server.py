@@ -210,6 +210,15 @@ def test_api(s):
               st == 200 and c["finish_reason"] == "stop" and r["usage"]["completion_tokens"] == 4 and
               c["text"].endswith(toks[2]) and (lp is None or toks[2] not in c["logprobs"]["tokens"][:3]), r)
 
+    # nor does a stop string end it before min_tokens (vLLM): the second token's text as the stop
+    body = {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0, "ignore_eos": True, "stop": [toks[1]]}
+    st, _, r = s.json("/v1/completions", body)
+    cut = r["choices"][0]["text"] if st == 200 else r
+    st, _, r = s.json("/v1/completions", dict(body, min_tokens=5))
+    c = r["choices"][0] if st == 200 else {}
+    check("min_tokens_holds_stop_string", st == 200 and cut == toks[0] and c["text"].startswith("".join(toks[:5])) and
+          r["usage"]["completion_tokens"] >= 5, (toks, cut, r))
+
     st, _, t = s.json("/tokenize", {"prompt": "Hello world"})
     st2, _, d = s.json("/detokenize", {"tokens": t.get("tokens", [])})
     check("tokenize_roundtrip", st == 200 and st2 == 200 and t["count"] == len(t["tokens"]) and
