@@ -43,6 +43,9 @@ typedef struct sf_sampling {
     int max_tokens;           /* output tokens; <= 0: up to the context */
     int min_tokens;           /* output tokens before EOS or a stop id may be drawn (vLLM); 0: none */
     int ignore_eos;
+    int include_stop_str;     /* a stop string that ends the output is part of it (vLLM's
+                               * include_stop_str_in_output); 0: cut before it */
+    int keep_special;         /* special tokens' text is shown (vLLM's skip_special_tokens false) */
     int n_stop;
     char *stop[SF_MAX_STOP];  /* stop strings (owned by the caller until submit returns; engine copies) */
     int n_stop_ids;

@@ -101,7 +101,7 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
          * continuation (" time", not "time" with the stream-start space stripped). */
         char *scratch = NULL;
         size_t scratch_len = 0;
-        sf_detok_init(&r->detok, tok, 1);
+        sf_detok_init(&r->detok, tok, !r->sp.keep_special);
         for (int i = 0; i < s->n_prompt; i++) sf_detok_push(&r->detok, s->prompt[i], &scratch, &scratch_len);
         free(scratch);
     }
@@ -131,18 +131,23 @@ void sf_request_free(sf_request *r)
 
 /* ---- stop strings ----------------------------------------------------------------------- */
 
-/* Earliest occurrence of any stop string in the pending text; 1 and its offset if found. */
+/* Earliest occurrence of any stop string in the pending text (none before min_tokens, as in
+ * vLLM); 1 and the length of the text the output keeps if found: up to the stop string, or
+ * through it with include_stop_str. */
 static int find_stop(const sf_request *r, size_t *at)
 {
     int hit = 0;
-    if (!r->text_len) return 0;
+    size_t len = 0;
+    if (!r->text_len || r->n_out < r->sp.min_tokens) return 0;
     for (int i = 0; i < r->sp.n_stop; i++) {
         const char *m = memmem(r->text, r->text_len, r->sp.stop[i], strlen(r->sp.stop[i]));
         if (m && (!hit || (size_t)(m - r->text) < *at)) {
             *at = (size_t)(m - r->text);
+            len = strlen(r->sp.stop[i]);
             hit = 1;
         }
     }
+    if (hit && r->sp.include_stop_str) *at += len;
     return hit;
 }
 
@@ -196,7 +201,7 @@ static void deliver_done(sf_request *r, int reason, int flush)
     if (flush && r->tok) {
         sf_detok_finish(&r->detok, &r->text, &r->text_len);
         size_t at;
-        if (r->n_out >= r->sp.min_tokens && find_stop(r, &at)) {
+        if (find_stop(r, &at)) {
             n = at;
             reason = SF_FINISH_STOP;
         } else {
@@ -273,7 +278,7 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
     }
     if (r->tok) sf_detok_push(&r->detok, id, &r->text, &r->text_len);
     size_t at = 0;
-    int hit = r->n_out >= r->sp.min_tokens && find_stop(r, &at); /* none before min_tokens, as vLLM */
+    int hit = find_stop(r, &at);
     size_t n = hit ? at : r->text_len - held_suffix(r);
 
     char small[512], *heap = NULL;
@@ -291,7 +296,7 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
     r->cb(&ev);
     free(heap);
 
-    if (hit) { /* the stop string and anything after it are dropped */
+    if (hit) { /* anything after the stop string is dropped, and the stop string too unless included */
         r->text_len = 0;
         deliver_done(r, SF_FINISH_STOP, 0);
         return SF_REQ_FINISHED;

@@ -326,6 +326,10 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     }
     s->min_tokens = (int)x;
     if ((rc = get_bool(o, "ignore_eos", &s->ignore_eos, e))) goto fail;
+    if ((rc = get_bool(o, "include_stop_str_in_output", &s->include_stop_str, e))) goto fail;
+    int skip_special = 1;
+    if ((rc = get_bool(o, "skip_special_tokens", &skip_special, e))) goto fail;
+    s->keep_special = !skip_special;
     if ((rc = parse_stop(o, s, e))) goto fail;
     if ((rc = parse_logit_bias(o, p, e))) goto fail;
     if ((rc = parse_stop_token_ids(o, s, e))) goto fail;

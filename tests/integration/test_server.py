@@ -219,6 +219,20 @@ def test_api(s):
     check("min_tokens_holds_stop_string", st == 200 and cut == toks[0] and c["text"].startswith("".join(toks[:5])) and
           r["usage"]["completion_tokens"] >= 5, (toks, cut, r))
 
+    st, _, r = s.json("/v1/completions", dict(body, include_stop_str_in_output=True))
+    check("include_stop_str_in_output", st == 200 and r["choices"][0]["text"] == toks[0] + toks[1] and
+          r["choices"][0]["finish_reason"] == "stop", (toks, r))
+    # skip_special_tokens: a special token (BOS, forced) is empty text by default, its piece when false
+    _, _, t = s.json("/tokenize", {"prompt": "a"})
+    _, _, t2 = s.json("/tokenize", {"prompt": "a", "add_special_tokens": False})
+    bos = t["tokens"][0] if len(t["tokens"]) == len(t2["tokens"]) + 1 else None
+    body = {"prompt": "Once upon a time", "max_tokens": 2, "temperature": 0, "ignore_eos": True,
+            "logit_bias": {str(bos): 100}}
+    st, _, r = s.json("/v1/completions", body) if bos is not None else (0, 0, {})
+    st2, _, r2 = s.json("/v1/completions", dict(body, skip_special_tokens=False)) if bos is not None else (0, 0, {})
+    check("skip_special_tokens", st == 200 and st2 == 200 and r["choices"][0]["text"] == "" and
+          len(r2["choices"][0]["text"]) > 0 and r2["usage"]["completion_tokens"] == 2, (bos, r, r2))
+
     st, _, t = s.json("/tokenize", {"prompt": "Hello world"})
     st2, _, d = s.json("/detokenize", {"tokens": t.get("tokens", [])})
     check("tokenize_roundtrip", st == 200 and st2 == 200 and t["count"] == len(t["tokens"]) and
@@ -288,6 +302,10 @@ def test_bad_inputs(s, model):
         ("logit_bias_same_id_twice", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"5": 1, "05": 2}}, None,
          400),
         ("min_tokens_over_max_tokens", "POST", "/v1/completions", {"prompt": "a", "max_tokens": 4, "min_tokens": 5},
+         None, 400),
+        ("skip_special_tokens_not_bool", "POST", "/v1/completions", {"prompt": "a", "skip_special_tokens": "no"}, None,
+         400),
+        ("include_stop_str_not_bool", "POST", "/v1/completions", {"prompt": "a", "include_stop_str_in_output": 1},
          None, 400),
         ("min_tokens_negative", "POST", "/v1/completions", {"prompt": "a", "min_tokens": -1}, None, 400),
         ("stop_token_ids_not_array", "POST", "/v1/completions", {"prompt": "a", "stop_token_ids": 5}, None, 400),
