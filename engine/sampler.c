@@ -2,8 +2,9 @@
  *
  * Order, as vLLM and llama.cpp apply it: logit_bias (OpenAI) added to the raw logits, then
  * penalties (repetition: HF, over prompt and output; presence/frequency: OpenAI, over output);
- * the reported logprobs come from these penalized logits; then temperature; then top-k, top-p, min-p; then a draw.
- * temperature 0 is greedy (argmax of the penalized logits). The truncations and the draw are
+ * the reported logprobs come from these penalized logits; then temperature; then top-k, top-p,
+ * min-p; then a draw. Before a request's min_tokens its EOS and stop ids are -inf. Temperature 0
+ * is greedy (argmax of the penalized logits). The truncations and the draw are
  * the backend sample op's reference (kernels/cpu/sample.c: radix selection, no sort; a
  * Gumbel-max draw keyed by (seed, step, id)), so the host path here and the op on any backend
  * choose the same way. */
