@@ -25,9 +25,6 @@ typedef struct bench_opts {
     const char *compare; /* throughput: a `bench decode-batch --json` result to set the engine's step beside */
 } bench_opts;
 
-/* Weight bytes one decode step reads: every layer, the final norm and the lm_head (the
- * embedding table is touched at one row only, unless it doubles as the lm_head). */
-size_t sf_bench_decode_weight_bytes(const sf_model *m);
 /* FLOPs of one prefill step of T tokens from position 0 (GEMMs, causal attention, one lm_head row). */
 double sf_bench_prefill_flops(const sf_model_config *c, int T);
 

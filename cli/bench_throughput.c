@@ -123,7 +123,7 @@ static bound physical_bound(const sf_engine_info *in, int N, int I, int O, int B
     r.bw = (hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs) * 1e9;
     r.peak = tflops * 1e12;
     tp = tp > 1 ? tp : 1;
-    r.weight_bytes = (double)sf_bench_decode_weight_bytes(in->model) / tp;
+    r.weight_bytes = (double)sf_model_weight_bytes(in->model, in->backend, 1) / tp;
     if (r.bw <= 0 || r.peak <= 0) return r;
     double d = c->hidden, hd = c->head_dim, H = c->n_heads, Hkv = c->n_kv_heads, f = c->intermediate;
     double gemm_tok = 2.0 * (c->n_layers * (d * (H + 2 * Hkv) * hd + H * hd * d + 3 * d * f) + d * c->vocab_size);

@@ -200,23 +200,6 @@ static int bench_defer(bench_env *e, int on, sf_error *err)
     return e->tp ? sf_tp_defer(e->tp, on, err) : sf_forward_defer(e->f, on, err);
 }
 
-static size_t view_bytes(const sf_view *v)
-{
-    return v->data ? sf_dtype_bytes(v->dtype, v->rows * v->cols) : 0;
-}
-
-size_t sf_bench_decode_weight_bytes(const sf_model *m)
-{
-    size_t s = view_bytes(&m->out_norm) + view_bytes(m->lm_head.data ? &m->lm_head : &m->tok_embd);
-    for (int l = 0; l < m->cfg.n_layers; l++) {
-        const sf_layer_w *w = &m->layers[l];
-        const sf_view *vs[] = { &w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
-                                &w->ffn_norm, &w->wgate, &w->wup, &w->wdown };
-        for (size_t i = 0; i < SF_ARRAY_LEN(vs); i++) s += view_bytes(vs[i]);
-    }
-    return s;
-}
-
 /* KV bytes one token's K and V take, read once per decode step that attends to it: bf16 (f32 on
  * the CPU) values, or INT8 values with one fp32 scale per kv head. */
 static double kv_token_bytes(const bench_env *e, const bench_opts *o)
@@ -321,7 +304,7 @@ static int bench_decode(const bench_opts *o)
     double ceil_gbs = read_bw ? hw->mem_read_gbs : hw->mem_bw_gbs;
     double load[1] = { 0 };
     if (getloadavg(load, 1) != 1) load[0] = -1;
-    size_t wbytes = sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m); /* per rank (GPU) under TP */
+    size_t wbytes = sf_model_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m, e.b->ops->name, 1); /* per rank (GPU) under TP */
     double kv_per_tok = kv_token_bytes(&e, o);
     double kv_bytes = kv_per_tok * (o->ctx + o->steps / 2.0); /* mean context over the timed steps */
     double gbs = wbytes / (med * 1e-3) / 1e9, gbs_kv = (wbytes + kv_bytes) / (med * 1e-3) / 1e9;
@@ -645,7 +628,7 @@ static int bench_decode_batch(const bench_opts *o)
          * context over the timed steps) once */
         const sf_hw_info *hw = e.b->ops->hw(e.b);
         double ceil_gbs = hw->mem_read_gbs > 0 ? hw->mem_read_gbs : hw->mem_bw_gbs;
-        double wbytes = (double)sf_bench_decode_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m), kvt = kv_token_bytes(&e, o);
+        double wbytes = (double)sf_model_weight_bytes(e.tp ? sf_tp_model(e.tp) : e.m, e.b->ops->name, 1), kvt = kv_token_bytes(&e, o);
         double kv1 = kvt * (o->ctx + o->steps / 2.0), kvb = kvt * (B * (o->ctx + o->steps / 2.0) + o->steps + 1);
         json_object_set_new(j, "kv_dtype", json_string(o->kv_i8 ? "int8" : strcmp(e.b->ops->name, "cpu") ? "bf16" : "f32"));
         json_object_set_new(j, "weight_bytes", json_real(wbytes));

@@ -73,7 +73,7 @@ static int size_kv_pool(sf_engine *e, sf_kv_config *kc, sf_error *err)
     if (c->num_kv_blocks > 0) return c->num_kv_blocks;
 
     double util = c->gpu_memory_utilization;
-    size_t weights = e->model->weight_bytes;
+    size_t weights = sf_model_weight_bytes(e->model, e->be->ops->name, 0); /* as the backend holds them */
     size_t act = activation_bytes(&e->model->cfg, c->max_batched_tokens, c->max_num_seqs);
     double budget;
     int is_cpu = !strcmp(hw->backend, "cpu");

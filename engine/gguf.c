@@ -231,7 +231,19 @@ int sf_gguf_open(const char *path, sf_gguf **out, sf_error *err)
         case SF_GGML_F32: t->dtype = SF_DT_F32; t->supported = 1; break;
         case SF_GGML_F16: t->dtype = SF_DT_F16; t->supported = 1; break;
         case SF_GGML_BF16: t->dtype = SF_DT_BF16; t->supported = 1; break;
-        case SF_GGML_Q8_0: t->dtype = SF_DT_Q8_0; t->supported = ne[0] % 32 == 0; break;
+        default: {
+            static const struct { int ggml; sf_dtype dt; } q[] = {
+                { SF_GGML_Q8_0, SF_DT_Q8_0 }, { SF_GGML_Q4_0, SF_DT_Q4_0 }, { SF_GGML_Q4_1, SF_DT_Q4_1 },
+                { SF_GGML_Q5_0, SF_DT_Q5_0 }, { SF_GGML_Q5_1, SF_DT_Q5_1 }, { SF_GGML_Q2_K, SF_DT_Q2_K },
+                { SF_GGML_Q3_K, SF_DT_Q3_K }, { SF_GGML_Q4_K, SF_DT_Q4_K }, { SF_GGML_Q5_K, SF_DT_Q5_K },
+                { SF_GGML_Q6_K, SF_DT_Q6_K },
+            };
+            for (size_t k = 0; k < SF_ARRAY_LEN(q); k++)
+                if (q[k].ggml == (int)type) {
+                    t->dtype = q[k].dt;
+                    t->supported = ne[0] % (uint64_t)blck == 0;
+                }
+        }
         }
     }
     size_t pos = (size_t)(c.p - c.base);
@@ -317,15 +329,4 @@ const char *sf_gguf_get_str(const sf_gguf *g, const char *key)
 {
     const sf_gguf_kv *kv = sf_gguf_find(g, key);
     return kv && kv->type == SF_GGUF_STRING ? kv->str : NULL;
-}
-
-void sf_gguf_dequant_q8_0(const void *src, float *dst, int64_t n)
-{
-    const uint8_t *b = src;
-    for (int64_t i = 0; i < n / 32; i++, b += 34) {
-        uint16_t d16;
-        memcpy(&d16, b, 2);
-        float d = sf_f16_to_f32(d16);
-        for (int k = 0; k < 32; k++) dst[i * 32 + k] = d * (float)(int8_t)b[2 + k];
-    }
 }

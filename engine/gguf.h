@@ -19,7 +19,11 @@ enum {
 };
 
 /* ggml tensor types this reader maps to sf_dtype */
-enum { SF_GGML_F32 = 0, SF_GGML_F16 = 1, SF_GGML_Q8_0 = 8, SF_GGML_BF16 = 30 };
+enum {
+    SF_GGML_F32 = 0, SF_GGML_F16 = 1, SF_GGML_Q4_0 = 2, SF_GGML_Q4_1 = 3, SF_GGML_Q5_0 = 6, SF_GGML_Q5_1 = 7,
+    SF_GGML_Q8_0 = 8, SF_GGML_Q2_K = 10, SF_GGML_Q3_K = 11, SF_GGML_Q4_K = 12, SF_GGML_Q5_K = 13, SF_GGML_Q6_K = 14,
+    SF_GGML_BF16 = 30
+};
 
 typedef struct sf_gguf_kv {
     char *key;
@@ -71,8 +75,5 @@ int sf_gguf_get_int(const sf_gguf *g, const char *key, int64_t *out, sf_error *e
 int sf_gguf_get_float(const sf_gguf *g, const char *key, double *out, sf_error *err);
 const char *sf_gguf_get_str(const sf_gguf *g, const char *key); /* NULL if absent / not a string */
 const char *sf_gguf_type_name(int ggml_type);
-
-/* Q8_0 → f32: n a multiple of 32. */
-void sf_gguf_dequant_q8_0(const void *src, float *dst, int64_t n);
 
 #endif

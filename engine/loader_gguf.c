@@ -157,10 +157,16 @@ static int bind(const sf_gguf *g, sf_model *m, sf_view *v, const char *name, int
         return sf_err(err, SF_EFORMAT, "%s: tensor '%s' has ne [%lld, %lld, %lld, %lld], expected [%lld, %lld] "
                       "(in, out) from the metadata", g->path, name, (long long)t->ne[0], (long long)t->ne[1],
                       (long long)t->ne[2], (long long)t->ne[3], (long long)cols, (long long)want_ne1);
-    if (!t->supported || !t->data || (!rows && t->dtype == SF_DT_Q8_0))
-        return sf_err(err, SF_EUNSUPPORTED, "%s: tensor '%s' has type %s (%d); semflow loads F32, F16, BF16 and "
-                      "Q8_0 GGUF weights (F32/F16/BF16 for norms): re-quantize the model to Q8_0 or F16",
-                      g->path, name, sf_gguf_type_name(t->ggml_type), t->ggml_type);
+    if (!t->supported || !t->data || (!rows && sf_dtype_block(t->dtype) > 1)) {
+        char why[96] = "";
+        if (t->supported && !rows) snprintf(why, sizeof why, " for a vector");
+        else if (sf_dtype_block(t->dtype) > 1)
+            snprintf(why, sizeof why, " with rows of %lld, not whole %d-blocks", (long long)t->ne[0], sf_dtype_block(t->dtype));
+        return sf_err(err, SF_EUNSUPPORTED, "%s: tensor '%s' has type %s (%d)%s; semflow loads F32, F16, BF16, Q8_0, "
+                      "Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K..Q6_K GGUF weights in whole blocks (F32/F16/BF16 for norms "
+                      "and biases), not the IQ formats: re-quantize the model to one of those (Q4_K_M, Q8_0, F16)",
+                      g->path, name, sf_gguf_type_name(t->ggml_type), t->ggml_type, why);
+    }
     v->data = t->data;
     v->dtype = t->dtype;
     v->rows = want_ne1;

@@ -26,14 +26,36 @@ size_t sf_ld_elem_size(sf_dtype t)
 size_t sf_ld_tensor_bytes(sf_dtype t, int64_t rows, int64_t cols)
 {
     if (rows < 0 || cols < 0 || (cols && (uint64_t)rows > (UINT64_MAX >> 8) / (uint64_t)cols)) return 0;
-    if (t == SF_DT_Q8_0) return cols % 32 ? 0 : (size_t)(rows * (cols / 32) * 34);
+    int blk = sf_dtype_block(t);
+    if (blk > 1) return cols % blk ? 0 : sf_dtype_bytes(t, rows * cols);
     return (size_t)(rows * cols) * sf_ld_elem_size(t);
 }
 
 const char *sf_ld_dtype_name(sf_dtype t)
 {
-    static const char *names[] = { "F32", "F16", "BF16", "Q8_0", "I32", "I8" };
+    static const char *names[] = { "F32", "F16", "BF16", "Q8_0", "I32", "I8", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
+                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K" };
+    _Static_assert(SF_ARRAY_LEN(names) == SF_DT_COUNT, "a name for every dtype");
     return (unsigned)t < SF_ARRAY_LEN(names) ? names[t] : "?";
+}
+
+static size_t held_bytes(const sf_view *v, const char *backend)
+{
+    return v->data ? sf_dtype_bytes(sf_weight_dtype(backend, v->dtype), v->rows * v->cols) : 0;
+}
+
+size_t sf_model_weight_bytes(const sf_model *m, const char *backend, int decode)
+{
+    int untied = m->lm_head.data && m->lm_head.data != m->tok_embd.data;
+    size_t s = held_bytes(&m->out_norm, backend) + held_bytes(untied ? &m->lm_head : &m->tok_embd, backend);
+    if (!decode && untied) s += held_bytes(&m->tok_embd, backend);
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const sf_layer_w *w = &m->layers[l];
+        const sf_view *vs[] = { &w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
+                                &w->ffn_norm, &w->wgate, &w->wup, &w->wdown };
+        for (size_t i = 0; i < SF_ARRAY_LEN(vs); i++) s += held_bytes(vs[i], backend);
+    }
+    return s;
 }
 
 sf_model *sf_model_alloc(sf_error *err)
@@ -143,7 +165,7 @@ static int check_view(const sf_view *v, const char *what, int layer, int64_t row
         return sf_err(err, SF_EFORMAT, "model weight %s has shape [%lld, %lld], expected [%lld, %lld]",
                       name, (long long)v->rows, (long long)v->cols, (long long)rows, (long long)cols);
     if (v->dtype != SF_DT_F32 && v->dtype != SF_DT_F16 && v->dtype != SF_DT_BF16 &&
-        !(v->dtype == SF_DT_Q8_0 && !norm && cols % 32 == 0))
+        !(sf_dtype_block(v->dtype) > 1 && !norm && cols % sf_dtype_block(v->dtype) == 0))
         return sf_err(err, SF_EUNSUPPORTED, "model weight %s has dtype %s, which is not supported there",
                       name, sf_ld_dtype_name(v->dtype));
     return SF_OK;

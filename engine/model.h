@@ -92,6 +92,10 @@ int sf_model_load_gguf(const char *file, const sf_load_opts *o, sf_model **out, 
 int sf_config_parse_json(const char *json_text, sf_model_config *cfg, sf_error *err);
 /* Check that every view has the shape the config requires; clear message naming the tensor. */
 int sf_model_validate(const sf_model *m, sf_error *err);
+/* Bytes of the weights as `backend` ("cpu", "cuda") holds them (sf_weight_dtype): all of them
+ * (decode 0), or those one decode step reads (decode 1: every layer, the final norm and the
+ * lm_head; the embedding table is touched at one row only, unless it doubles as the lm_head). */
+size_t sf_model_weight_bytes(const sf_model *m, const char *backend, int decode);
 
 /* Demo model: the seed `--model demo` and `semflow gen-model` use unless told otherwise. */
 #define SF_DEMO_SEED 20240611ull

@@ -36,10 +36,11 @@ static sf_view rows_of(const sf_view *v, int64_t r0, int64_t n)
 /* columns [c0, c0 + n) of v: a strided view */
 static int cols_of(const sf_view *v, int64_t c0, int64_t n, const char *name, int layer, sf_view *o, sf_error *err)
 {
-    if (v->dtype == SF_DT_Q8_0 && (c0 % 32 || n % 32))
-        return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: %s of layer %d is Q8_0 and would be split at column "
-                      "%lld, inside a 32-block; choose a tensor-parallel size that splits it in whole blocks",
-                      name, layer, (long long)c0);
+    int blk = sf_dtype_block(v->dtype);
+    if (c0 % blk || n % blk)
+        return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: %s of layer %d is %s and would be split at column "
+                      "%lld, inside a %d-block; choose a tensor-parallel size that splits it in whole blocks",
+                      name, layer, sf_dtype_name(v->dtype), (long long)c0, blk);
     *o = *v;
     o->data = (const char *)v->data + sf_dtype_bytes(v->dtype, c0);
     o->cols = n;
@@ -101,13 +102,12 @@ int sf_shard_make(const sf_model *full, int rank, int size, sf_shard *s, sf_erro
         Hkv = 1;
         s->kv_head0 = rank / (size / c->n_kv_heads);
     }
-    int align = 1; /* Q8_0 down projections split in whole 32-blocks */
-    for (int l = 0; l < c->n_layers; l++)
-        if (full->layers[l].wdown.dtype == SF_DT_Q8_0) align = 32;
+    int align = 1; /* block-format down projections split in whole blocks (32 or 256) */
+    for (int l = 0; l < c->n_layers; l++) align = SF_MAX(align, sf_dtype_block(full->layers[l].wdown.dtype));
     if (c->intermediate % align) {
         sf_shard_free(s);
-        return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: FFN width %d is not a multiple of 32, which Q8_0 "
-                      "down projections need to split", c->intermediate);
+        return sf_err(err, SF_EUNSUPPORTED, "tensor parallelism: FFN width %d is not a multiple of %d, which the "
+                      "down projections' blocks need to split", c->intermediate, align);
     }
     split(c->intermediate, rank, size, align, &s->ffn_lo, &s->ffn_hi);
     if (s->ffn_hi <= s->ffn_lo) {
@@ -150,9 +150,10 @@ int sf_shard_make(const sf_model *full, int rank, int size, sf_shard *s, sf_erro
     int real = s->vocab_hi - s->vocab_lo, pad = s->vocab_pad - real;
     s->m.lm_head = rows_of(lm, s->vocab_lo, real);
     if (pad > 0) {
-        if (lm->dtype == SF_DT_Q8_0 && lm->cols % 32) {
+        if (lm->cols % sf_dtype_block(lm->dtype)) {
             sf_shard_free(s);
-            return sf_err(err, SF_EFORMAT, "tensor parallelism: Q8_0 lm_head with %lld columns", (long long)lm->cols);
+            return sf_err(err, SF_EFORMAT, "tensor parallelism: %s lm_head with %lld columns", sf_dtype_name(lm->dtype),
+                          (long long)lm->cols);
         }
         void *z = calloc(1, sf_dtype_bytes(lm->dtype, (int64_t)pad * lm->cols) + 1);
         if (!z) {

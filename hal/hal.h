@@ -25,12 +25,32 @@ typedef enum sf_dtype {
     SF_DT_Q8_0, /* GGUF Q8_0: blocks of 32: fp16 scale + 32 int8; rows are whole blocks */
     SF_DT_I32,
     SF_DT_I8,   /* KV cache in 8 bits with per-block scales (degrade path) */
+    /* GGUF's other block formats (hal/quant.c): weights only, read once at load and kept as
+     * f16 (CPU) or bf16 (CUDA); rows are whole blocks of 32 (Q4_0..Q5_1) or 256 (K-quants) */
+    SF_DT_Q4_0,
+    SF_DT_Q4_1,
+    SF_DT_Q5_0,
+    SF_DT_Q5_1,
+    SF_DT_Q2_K,
+    SF_DT_Q3_K,
+    SF_DT_Q4_K,
+    SF_DT_Q5_K,
+    SF_DT_Q6_K,
     SF_DT_COUNT
 } sf_dtype;
 
 const char *sf_dtype_name(sf_dtype t);
-/* Bytes for n elements of t (n a multiple of 32 for Q8_0). */
+/* Bytes for n elements of t (n a multiple of sf_dtype_block(t)). */
 size_t sf_dtype_bytes(sf_dtype t, int64_t n);
+/* Elements per block: 1 for plain types, 32 or 256 for the GGUF block formats. */
+int sf_dtype_block(sf_dtype t);
+/* n elements (whole blocks) of a GGUF block format (Q8_0 and the SF_DT_Q*_* types above)
+ * into fp32, the values ggml's own dequantization gives. */
+void sf_dequant_row(sf_dtype t, const void *src, int64_t n, float *dst);
+/* The dtype backend ("cpu", "cuda") keeps a weight of dtype t in: CUDA converts every weight
+ * to bf16 at upload; the CPU reads f32, f16, bf16 and Q8_0 in place and the other block
+ * formats as f16 copies. */
+sf_dtype sf_weight_dtype(const char *backend, sf_dtype t);
 
 /* A host view of a weight: row-major rows x cols (1-D tensors have rows = 1). The data is
  * not owned: it usually points into a memory-mapped model file. stride: elements between the

@@ -25,7 +25,7 @@ struct sf_weight {
     sf_view part[4];
     float *bias[4];     /* fp32 copies (small), NULL when absent */
     float *vec;         /* fp32 copy of a 1-row weight (norm scales) */
-    void *slice[4];     /* contiguous copies of strided parts (tensor-parallel column slices) */
+    void *slice[4];     /* own copies: strided parts (tensor-parallel column slices), f16 of block formats */
     int64_t m, k;
 };
 
@@ -83,9 +83,41 @@ static int ensure_scratch(cpu_ctx *c, int64_t per_thread)
 }
 
 /* ---- memory ---------------------------------------------------------------------------- */
-static int dtype_ok(sf_dtype t)
+/* what the kernels read in place; the other GGUF block formats become f16 copies */
+static int dtype_native(sf_dtype t) { return sf_weight_dtype("cpu", t) == t; }
+
+static int dtype_ok(sf_dtype t) { return dtype_native(t) || sf_dtype_block(t) > 1; }
+
+/* rows x cols of a block-format view (row pitch `stride` elements) as f16, rows dealt to the pool */
+typedef struct f16_job { const sf_view *v; uint16_t *out; int failed; } f16_job;
+
+static void f16_rows(void *arg, int ith, int nth)
 {
-    return t == SF_DT_F32 || t == SF_DT_F16 || t == SF_DT_BF16 || t == SF_DT_Q8_0;
+    f16_job *j = arg;
+    const sf_view *v = j->v;
+    float *row = malloc((size_t)v->cols * sizeof(float));
+    if (!row) {
+        j->failed = 1;
+        return;
+    }
+    size_t pitch = sf_dtype_bytes(v->dtype, v->stride ? v->stride : v->cols);
+    for (int64_t r = v->rows * ith / nth; r < v->rows * (ith + 1) / nth; r++) {
+        sf_dequant_row(v->dtype, (const char *)v->data + (size_t)r * pitch, v->cols, row);
+        uint16_t *o = j->out + (size_t)r * (size_t)v->cols;
+        for (int64_t i = 0; i < v->cols; i++) o[i] = sf_f32_to_f16(row[i]);
+    }
+    free(row);
+}
+
+static uint16_t *to_f16_copy(cpu_ctx *c, const sf_view *v)
+{
+    f16_job j = { v, malloc((size_t)v->rows * (size_t)v->cols * 2), 0 };
+    if (j.out) run(c, f16_rows, &j, v->rows * v->cols);
+    if (j.failed) {
+        free(j.out);
+        return NULL;
+    }
+    return j.out;
 }
 
 static void cpu_weight_free(sf_backend *b, sf_weight *w)
@@ -123,13 +155,14 @@ static int cpu_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **ou
         }
         if (!dtype_ok(v->dtype)) {
             cpu_weight_free(b, w);
-            return sf_err(err, SF_EUNSUPPORTED, "cpu weight: part %d has dtype %s; the CPU backend reads f32, f16, bf16 and q8_0",
-                          p, sf_dtype_name(v->dtype));
+            return sf_err(err, SF_EUNSUPPORTED, "cpu weight: part %d has dtype %s; the CPU backend reads f32, f16, bf16 "
+                          "and the GGUF block formats", p, sf_dtype_name(v->dtype));
         }
-        if (v->dtype == SF_DT_Q8_0 && v->cols % 32) {
+        int blk = sf_dtype_block(v->dtype);
+        if (v->cols % blk || (v->stride && v->stride % blk)) {
             cpu_weight_free(b, w);
-            return sf_err(err, SF_EFORMAT, "cpu weight: q8_0 part %d has %lld columns, not a multiple of 32",
-                          p, (long long)v->cols);
+            return sf_err(err, SF_EFORMAT, "cpu weight: %s part %d has %lld columns (row stride %lld), not whole "
+                          "%d-blocks", sf_dtype_name(v->dtype), p, (long long)v->cols, (long long)v->stride, blk);
         }
         if (v->cols != w->k) {
             cpu_weight_free(b, w);
@@ -138,9 +171,21 @@ static int cpu_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **ou
         }
         w->part[p] = *v;
         w->m += v->rows;
-        if (v->stride && v->stride != v->cols) { /* a column slice: the kernels read rows back to back */
+        if (!dtype_native(v->dtype)) { /* read once into f16, strided or not */
+            if (v->stride && v->stride < v->cols) {
+                cpu_weight_free(b, w);
+                return sf_err(err, SF_EINVAL, "cpu weight: part %d has row stride %lld for %lld columns",
+                              p, (long long)v->stride, (long long)v->cols);
+            }
+            if (!(w->slice[p] = to_f16_copy(CTX(b), v))) {
+                cpu_weight_free(b, w);
+                return sf_err(err, SF_ENOMEM, "cpu weight: out of memory for a %lld x %lld f16 copy of %s",
+                              (long long)v->rows, (long long)v->cols, sf_dtype_name(v->dtype));
+            }
+            w->part[p] = (sf_view){ w->slice[p], SF_DT_F16, v->rows, v->cols, 0 };
+        } else if (v->stride && v->stride != v->cols) { /* a column slice: the kernels read rows back to back */
             size_t rb = sf_dtype_bytes(v->dtype, v->cols), sb = sf_dtype_bytes(v->dtype, v->stride);
-            if (v->stride < v->cols || (v->dtype == SF_DT_Q8_0 && v->stride % 32)) {
+            if (v->stride < v->cols) {
                 cpu_weight_free(b, w);
                 return sf_err(err, SF_EINVAL, "cpu weight: part %d has row stride %lld for %lld columns of %s",
                               p, (long long)v->stride, (long long)v->cols, sf_dtype_name(v->dtype));
@@ -157,7 +202,7 @@ static int cpu_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **ou
         }
         const sf_view *bv = &d->bias[p];
         if (bv->data) {
-            if (bv->rows * bv->cols != v->rows || !dtype_ok(bv->dtype) || bv->dtype == SF_DT_Q8_0) {
+            if (bv->rows * bv->cols != v->rows || sf_dtype_block(bv->dtype) > 1 || !dtype_ok(bv->dtype)) {
                 cpu_weight_free(b, w);
                 return sf_err(err, SF_EINVAL, "cpu weight: bias of part %d has %lld elements of %s, expected %lld f32/f16/bf16",
                               p, (long long)(bv->rows * bv->cols), sf_dtype_name(bv->dtype), (long long)v->rows);

@@ -12,8 +12,10 @@
  *
  * Threading: one thread drives the backend (the engine thread); all work goes to one
  * non-blocking stream, and only read_f32, sync and kv_copy_* wait for it. */
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "hal_cuda_impl.h"
 #ifdef SF_HAVE_CUDA
@@ -319,53 +321,102 @@ static void cuda_destroy(sf_backend *b)
 static const sf_hw_info *cuda_hw(sf_backend *b) { return &CTX(b)->hw; }
 
 /* ---- weights ---------------------------------------------------------------------------- */
-static const char *dtype_name(sf_dtype t)
+/* What the device converts (sf_k_to_bf16): the float types and Q8_0. The other GGUF block
+ * formats are dequantized on the host while they are staged (host_dequant). */
+static int device_converts(sf_dtype t) { return t == SF_DT_F32 || t == SF_DT_F16 || t == SF_DT_BF16 || t == SF_DT_Q8_0; }
+
+/* Rows [r0, r0 + nr) of a block-format view (source pitch sb bytes) into bf16 rows at out. */
+typedef struct dq_job {
+    const sf_view *v;
+    int64_t r0, nr;
+    size_t sb;
+    uint16_t *out;
+    int rc;
+} dq_job;
+
+static void *dq_run(void *arg)
 {
-    static const char *names[] = { "F32", "F16", "BF16", "Q8_0", "I32", "I8" };
-    return t >= 0 && t < SF_DT_COUNT ? names[t] : "unknown";
+    dq_job *j = arg;
+    const sf_view *v = j->v;
+    float *row = malloc((size_t)v->cols * sizeof(float));
+    if (!row) {
+        j->rc = SF_ENOMEM;
+        return NULL;
+    }
+    for (int64_t r = 0; r < j->nr; r++) {
+        sf_dequant_row(v->dtype, (const char *)v->data + (size_t)(j->r0 + r) * j->sb, v->cols, row);
+        uint16_t *o = j->out + (size_t)r * (size_t)v->cols;
+        for (int64_t i = 0; i < v->cols; i++) o[i] = sf_f32_to_bf16(row[i]);
+    }
+    free(row);
+    return NULL;
 }
 
-static size_t row_bytes(sf_dtype t, int64_t cols)
+/* The same over up to 16 host threads (a K-quant dequantizes at ~0.3-0.5 G elements/s a core,
+ * docs/MODELS.md): rows split evenly, the first share on the calling thread. */
+static int host_dequant(const sf_view *v, int64_t r0, int64_t nr, size_t sb, uint16_t *out)
 {
-    switch (t) {
-    case SF_DT_F32: return (size_t)cols * 4;
-    case SF_DT_F16:
-    case SF_DT_BF16: return (size_t)cols * 2;
-    case SF_DT_Q8_0: return (size_t)(cols / 32) * 34;
-    default: return 0;
+    enum { MAX_T = 16 };
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int n = (int)SF_MAX(1, SF_MIN(SF_MIN(cores, MAX_T), nr));
+    dq_job jobs[MAX_T];
+    pthread_t th[MAX_T];
+    int started[MAX_T] = { 0 }, rc = SF_OK;
+    for (int i = 0; i < n; i++) {
+        int64_t a = nr * i / n, b = nr * (i + 1) / n;
+        jobs[i] = (dq_job){ v, r0 + a, b - a, sb, out + (size_t)a * (size_t)v->cols, SF_OK };
+        if (i > 0) started[i] = !sf_thread_create(&th[i], dq_run, &jobs[i]);
     }
+    dq_run(&jobs[0]);
+    for (int i = 1; i < n; i++) {
+        if (started[i]) pthread_join(th[i], NULL);
+        else dq_run(&jobs[i]); /* no thread: do its share here */
+    }
+    for (int i = 0; i < n; i++)
+        if (jobs[i].rc) rc = jobs[i].rc;
+    return rc;
 }
 
 /* Converts rows x cols of a host view into dst (bf16, ld cols) through the double-buffered
- * staging: copy a chunk of whole rows into pinned memory, send it, convert it on the device. */
+ * staging: copy a chunk of whole rows into pinned memory, send it, convert it on the device
+ * (float types, Q8_0), or dequantize it into the stage on the host and send bf16 (the other
+ * block formats: a one-time cost at load, docs/MODELS.md). */
 static int upload_view(cuda_ctx *c, const sf_view *v, uint16_t *dst, int *slot, const char *what, sf_error *err)
 {
-    int rc = SF_OK;
-    size_t rb = row_bytes(v->dtype, v->cols);
-    if (!rb || (v->dtype == SF_DT_Q8_0 && v->cols % 32))
+    int rc = SF_OK, blk = sf_dtype_block(v->dtype), dev = device_converts(v->dtype);
+    size_t rb = sf_dtype_bytes(v->dtype, v->cols);
+    if ((!dev && blk == 1) || v->cols % blk || !rb)
         return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: weight %s has dtype %s with %lld columns, which cannot be "
-                      "uploaded (F32, F16, BF16 and Q8_0 with whole 32-blocks are supported)",
-                      what, dtype_name(v->dtype), (long long)v->cols);
+                      "uploaded (F32, F16, BF16 and the GGUF block formats in whole blocks are supported)",
+                      what, sf_dtype_name(v->dtype), (long long)v->cols);
     if (!v->data) return sf_err(err, SF_EINVAL, "CUDA backend: weight %s has no data", what);
-    size_t sb = v->stride ? row_bytes(v->dtype, v->stride) : rb; /* source row pitch */
-    if (sb < rb)
+    size_t sb = v->stride ? sf_dtype_bytes(v->dtype, v->stride) : rb; /* source row pitch */
+    if (sb < rb || (v->stride && v->stride % blk))
         return sf_err(err, SF_EINVAL, "CUDA backend: weight %s has row stride %lld for %lld columns", what,
                       (long long)v->stride, (long long)v->cols);
-    if (rb > STAGE_BYTES)
+    size_t stage_row = dev ? rb : (size_t)v->cols * 2; /* bytes a row takes in the stage */
+    if (stage_row > STAGE_BYTES)
         return sf_err(err, SF_EUNSUPPORTED, "CUDA backend: weight %s has rows of %zu bytes, more than the %zu-byte "
-                      "upload stage", what, rb, STAGE_BYTES);
-    int64_t rows_per = (int64_t)(STAGE_BYTES / rb);
+                      "upload stage", what, stage_row, STAGE_BYTES);
+    int64_t rows_per = (int64_t)(STAGE_BYTES / stage_row);
     for (int64_t r0 = 0; r0 < v->rows; r0 += rows_per) {
         int64_t nr = SF_MIN(rows_per, v->rows - r0);
         int i = (*slot)++ & 1;
         SF_CUDA_GOTO(cudaEventSynchronize(c->stage_done[i]), err, rc); /* this half is free again */
-        if (sb == rb) memcpy(c->pin[i], (const char *)v->data + (size_t)r0 * rb, (size_t)nr * rb);
-        else /* a column slice (tensor parallelism): gather its rows into the stage */
-            for (int64_t r = 0; r < nr; r++)
-                memcpy((char *)c->pin[i] + (size_t)r * rb, (const char *)v->data + (size_t)(r0 + r) * sb, rb);
-        SF_CUDA_GOTO(cudaMemcpyAsync(c->stage[i], c->pin[i], (size_t)nr * rb, cudaMemcpyHostToDevice, c->s), err, rc);
-        SF_CUDA_GOTO((cudaError_t)sf_k_to_bf16(c->stage[i], v->dtype, nr, v->cols, dst + r0 * v->cols, v->cols, c->s),
-                     err, rc);
+        if (!dev) {
+            if ((rc = host_dequant(v, r0, nr, sb, c->pin[i])))
+                return sf_err(err, rc, "CUDA backend: out of host memory dequantizing weight %s", what);
+            SF_CUDA_GOTO(cudaMemcpyAsync(dst + r0 * v->cols, c->pin[i], (size_t)nr * stage_row, cudaMemcpyHostToDevice,
+                                         c->s), err, rc);
+        } else {
+            if (sb == rb) memcpy(c->pin[i], (const char *)v->data + (size_t)r0 * rb, (size_t)nr * rb);
+            else /* a column slice (tensor parallelism): gather its rows into the stage */
+                for (int64_t r = 0; r < nr; r++)
+                    memcpy((char *)c->pin[i] + (size_t)r * rb, (const char *)v->data + (size_t)(r0 + r) * sb, rb);
+            SF_CUDA_GOTO(cudaMemcpyAsync(c->stage[i], c->pin[i], (size_t)nr * rb, cudaMemcpyHostToDevice, c->s), err, rc);
+            SF_CUDA_GOTO((cudaError_t)sf_k_to_bf16(c->stage[i], v->dtype, nr, v->cols, dst + r0 * v->cols, v->cols, c->s),
+                         err, rc);
+        }
         SF_CUDA_GOTO(cudaEventRecord(c->stage_done[i], c->s), err, rc);
     }
 cleanup:

@@ -16,6 +16,7 @@
 
 #include "../../hal/hal.h"
 #include "../lib/kv8_case.h"
+#include "../lib/quant_ref.h"
 #include "../test.h"
 
 #ifdef SF_HAVE_CUDA
@@ -305,6 +306,53 @@ TEST(matmul)
         if (quick && (double)n * m * k > 4e6) continue;
         check_matmul(n, m, k, 0);
         check_matmul(n, m, k, 1);
+    }
+}
+
+/* GGUF's other block formats (dequantized on the host while staged) and Q8_0 (converted on
+ * the device): fused two-part weights whose parts are column slices, as tensor parallelism
+ * cuts them; the reference takes each element from tests/lib/quant_ref.h, bf16-rounded. */
+TEST(matmul_block_formats)
+{
+    for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++) {
+        sf_dtype t = qr_types[ti];
+        const int K = 512, stride = 2 * K, n = 5, rows[2] = { 96, 160 }, m = 256, blk = sf_dtype_block(t);
+        size_t bb = sf_dtype_bytes(t, blk);
+        sf_weight_desc d = { .n_parts = 2 };
+        uint8_t *mem[2];
+        float *deq = malloc(sizeof(float) * m * K), *x = rand_vals((int64_t)n * K, 1.0f), *got = malloc(4 * (size_t)n * m);
+        double *ref = malloc(sizeof(double) * n * m);
+        for (int p = 0, r0 = 0; p < 2; r0 += rows[p], p++) {
+            mem[p] = malloc(sf_dtype_bytes(t, (int64_t)rows[p] * stride));
+            for (int64_t b = 0; b < (int64_t)rows[p] * stride / blk; b++) qr_random_block(t, mem[p] + b * bb, &R);
+            const uint8_t *c0 = mem[p] + sf_dtype_bytes(t, K);
+            d.part[p] = (sf_view){ c0, t, rows[p], K, stride };
+            for (int r = 0; r < rows[p]; r++)
+                for (int i = 0; i < K; i++)
+                    deq[(size_t)(r0 + r) * K + i] =
+                        bfr((float)qr_value(t, c0 + sf_dtype_bytes(t, (int64_t)r * stride + i / blk * blk), i % blk));
+        }
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < m; j++) {
+                double s = 0;
+                for (int c = 0; c < K; c++) s += (double)x[(size_t)i * K + c] * deq[(size_t)j * K + c];
+                ref[(size_t)i * m + j] = s;
+            }
+        sf_weight *w = NULL;
+        sf_error err = { 0 };
+        sf_buf *bx = new_buf(n, K), *by = new_buf(n, m);
+        int rc = OPS->weight_new(B, &d, &w, &err);
+        CHECK_MSG(rc == 0, "%s: weight_new: %s", sf_dtype_name(t), err.msg);
+        if (rc == 0 && bx && by && !fill_buf(bx, x, n, K) && !poison(by, n, m)) {
+            CHECK(OPS->matmul(B, bx, w, n, by) == 0);
+            CHECK(OPS->read_f32(B, by, n, got) == 0);
+            double e = rel_err(got, ref, (int64_t)n * m);
+            CHECK_MSG(e < 1e-2, "%s: rel err %.3g", sf_dtype_name(t), e);
+            printf("  %-5s rel err %.2e\n", sf_dtype_name(t), e);
+        }
+        OPS->buf_free(B, bx); OPS->buf_free(B, by);
+        if (w) OPS->weight_free(B, w);
+        free(mem[0]); free(mem[1]); free(deq); free(x); free(got); free(ref);
     }
 }
 
@@ -930,7 +978,7 @@ TEST(bad_inputs)
     CHECK(OPS->weight_new(B, &d, &w, &err) == SF_EINVAL && strstr(err.msg, "columns"));
     d.n_parts = 1;
     d.part[0] = (sf_view){ v, SF_DT_Q8_0, 1, 20 };
-    CHECK(OPS->weight_new(B, &d, &w, &err) == SF_EUNSUPPORTED && strstr(err.msg, "Q8_0"));
+    CHECK(OPS->weight_new(B, &d, &w, &err) == SF_EUNSUPPORTED && strstr(err.msg, "q8_0"));
     sf_kv_config kc = { .n_layers = 1, .n_blocks = 4, .block_size = 16, .n_kv_heads = 1, .head_dim = 7 };
     CHECK(OPS->kv_init(B, &kc, &err) == SF_EINVAL && strstr(err.msg, "head_dim"));
     sf_buf *b = NULL;
@@ -1155,6 +1203,7 @@ int main(int argc, char **argv)
     RUN(embed_get_rows);
     RUN(rmsnorm);
     RUN(matmul);
+    RUN(matmul_block_formats);
     RUN(matmul_many_token_counts);
     RUN(silu_mul);
     RUN(norm_matmul);

@@ -7,6 +7,7 @@
 
 #include "common/sf.h"
 #include "hal/hal.h"
+#include "tests/lib/quant_ref.h"
 #include "tests/test.h"
 
 #define TOL 1e-5
@@ -149,6 +150,69 @@ TEST(matmul_shapes_dtypes)
             CHECK(check_matmul(types[ti], cases[c].n, k, cases[c].np, cases[c].rows, cases[c].bias, &worst[ti]));
         }
     printf("  worst rel err: f32 %.2e bf16 %.2e f16 %.2e q8_0 %.2e\n", worst[0], worst[1], worst[2], worst[3]);
+}
+
+/* GGUF's other block formats: fused two-part weights whose parts are column slices (a row
+ * stride of two blocks' worth, as tensor parallelism cuts them), read once into f16; the
+ * reference takes each element from tests/lib/quant_ref.h, rounded as the backend keeps it. */
+TEST(matmul_block_formats)
+{
+    for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++) {
+        sf_dtype t = qr_types[ti];
+        const int K = 256, stride = 2 * K, n = 3, rows[2] = { 3, 5 }, m = 8;
+        size_t bb = sf_dtype_bytes(t, sf_dtype_block(t));
+        int blk = sf_dtype_block(t);
+        sf_weight_desc d = { .n_parts = 2 };
+        uint8_t *mem[2];
+        double *wref = malloc(sizeof(double) * m * K), *ref = malloc(sizeof(double) * n * m);
+        for (int p = 0, r0 = 0; p < 2; r0 += rows[p], p++) {
+            mem[p] = malloc(sf_dtype_bytes(t, (int64_t)rows[p] * stride));
+            for (int64_t b = 0; b < (int64_t)rows[p] * stride / blk; b++) qr_random_block(t, mem[p] + b * bb, &R);
+            const uint8_t *c0 = mem[p] + sf_dtype_bytes(t, K); /* the second half of each row */
+            d.part[p] = (sf_view){ c0, t, rows[p], K, stride };
+            for (int r = 0; r < rows[p]; r++)
+                for (int i = 0; i < K; i++) {
+                    const uint8_t *b = c0 + sf_dtype_bytes(t, (int64_t)r * stride + i / blk * blk);
+                    float v = (float)qr_value(t, b, i % blk);
+                    wref[(r0 + r) * K + i] = sf_weight_dtype("cpu", t) == SF_DT_F16 ? sf_f16_to_f32(sf_f32_to_f16(v)) : v;
+                }
+        }
+        sf_weight *w = NULL;
+        sf_error err = { 0 };
+        int rc = B->ops->weight_new(B, &d, &w, &err);
+        CHECK_MSG(rc == SF_OK, "%s: %s", sf_dtype_name(t), err.msg);
+        if (rc == SF_OK) {
+            float *x = malloc(sizeof(float) * n * K), *y = malloc(sizeof(float) * n * m);
+            fill_rand(x, (int64_t)n * K, 1.0f);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < m; j++) {
+                    double s = 0;
+                    for (int l = 0; l < K; l++) s += (double)x[i * K + l] * wref[j * K + l];
+                    ref[i * m + j] = s;
+                }
+            sf_buf *bx = buf(n, K), *by = buf(n, m);
+            B->ops->write_f32(B, bx, n, x);
+            poison(by, n, m);
+            rc = B->ops->matmul(B, bx, w, n, by);
+            B->ops->read_f32(B, by, n, y);
+            double e = rel_err(y, ref, (int64_t)n * m);
+            CHECK_MSG(rc == SF_OK && e < TOL, "%s: rc %d, rel err %g", sf_dtype_name(t), rc, e);
+            B->ops->buf_free(B, bx);
+            B->ops->buf_free(B, by);
+            B->ops->weight_free(B, w);
+            free(x);
+            free(y);
+        }
+        /* rows that are not whole blocks, and a stride that cuts one, are refused */
+        sf_weight_desc bad = { .n_parts = 1, .part = { { mem[0], t, 1, blk / 2 + 8 } } };
+        CHECK(B->ops->weight_new(B, &bad, &w, &err) == SF_EFORMAT && strstr(err.msg, "blocks"));
+        bad.part[0] = (sf_view){ mem[0], t, 1, blk, blk + blk / 2 };
+        CHECK(B->ops->weight_new(B, &bad, &w, &err) == SF_EFORMAT);
+        free(mem[0]);
+        free(mem[1]);
+        free(wref);
+        free(ref);
+    }
 }
 
 TEST(matmul_rejects_bad_shapes)
@@ -489,6 +553,7 @@ int main(int argc, char **argv)
     int scalar = getenv("SEMFLOW_NO_AVX2") != NULL;
     if (scalar) printf("-- scalar path (SEMFLOW_NO_AVX2=1)\n");
     RUN(matmul_shapes_dtypes);
+    RUN(matmul_block_formats);
     RUN(matmul_rejects_bad_shapes);
     RUN(rmsnorm_fused_add);
     RUN(silu_mul);

@@ -12,6 +12,7 @@
 #include "engine/forward.h"
 #include "engine/kvcache.h"
 #include "engine/tokenizer.h"
+#include "tests/lib/quant_ref.h"
 #include "tests/test.h"
 
 static sf_rng R;
@@ -25,9 +26,23 @@ typedef struct hand_model {
     double *ref_w[64]; /* dequantized copies, same order as mem */
 } hand_model;
 
+/* SF_DT_COUNT as a hand model's dtype: its matrices take GGUF's block formats in turn (random
+ * blocks, tests/lib/quant_ref.h), its vectors f32 */
+#define BLOCK_FORMATS SF_DT_COUNT
+static int next_format;
+
 static sf_view rand_view(hand_model *h, sf_dtype t, int64_t rows, int64_t cols, float scale, float offset)
 {
     int64_t n = rows * cols;
+    if (t == BLOCK_FORMATS && rows > 1) {
+        t = qr_types[next_format++ % SF_ARRAY_LEN(qr_types)];
+        uint8_t *p = malloc(sf_dtype_bytes(t, n));
+        size_t bb = sf_dtype_bytes(t, sf_dtype_block(t));
+        for (int64_t i = 0; i < n / sf_dtype_block(t); i++) qr_random_block(t, p + (size_t)i * bb, &R);
+        h->mem[h->n_mem++] = p;
+        return (sf_view){ p, t, rows, cols };
+    }
+    if (t == BLOCK_FORMATS) t = SF_DT_F32;
     void *p = malloc(sf_dtype_bytes(t, n));
     for (int64_t i = 0; i < n; i++) {
         float v = offset + sf_rng_normal(&R) * scale;
@@ -38,8 +53,15 @@ static sf_view rand_view(hand_model *h, sf_dtype t, int64_t rows, int64_t cols, 
     return (sf_view){ p, t, rows, cols };
 }
 
+/* element i; a block format's value as the CPU backend holds it (Q8_0 in place, others f16) */
 static double vget(const sf_view *v, int64_t i)
 {
+    int blk = sf_dtype_block(v->dtype);
+    if (blk > 1) {
+        const uint8_t *b = (const uint8_t *)v->data + sf_dtype_bytes(v->dtype, i / blk * blk);
+        float x = (float)qr_value(v->dtype, b, (int)(i % blk));
+        return sf_weight_dtype("cpu", v->dtype) == SF_DT_F16 ? sf_f16_to_f32(sf_f32_to_f16(x)) : x;
+    }
     return v->dtype == SF_DT_F32 ? ((const float *)v->data)[i] : sf_bf16_to_f32(((const uint16_t *)v->data)[i]);
 }
 
@@ -75,6 +97,7 @@ static void hand_model_init(hand_model *h, sf_dtype t, int vocab, int d, int int
         w->wup = rand_view(h, t, inter, d, ws, 0);
         w->wdown = rand_view(h, t, d, inter, 1.0f / sqrtf((float)inter), 0);
     }
+    if (t == BLOCK_FORMATS) c->dtype = h->layers[0].wq.dtype;
 }
 
 static void hand_model_free(hand_model *h)
@@ -268,6 +291,8 @@ static const struct hm_case {
     { "qwen2 bias bf16 tied", SF_DT_BF16, 150, 64, 96, 2, 4, 1, 16, 1, 1, 0 },
     { "gguf-style interleaved rope, MHA", SF_DT_F32, 61, 32, 40, 3, 4, 4, 8, 0, 0, 1 },
     { "GQA 8, odd ffn", SF_DT_BF16, 33, 128, 77, 1, 8, 1, 16, 0, 0, 0 },
+    { "GGUF block formats, mixed in q/k/v", BLOCK_FORMATS, 50, 256, 512, 2, 4, 2, 64, 0, 0, 1 },
+    { "block formats, tied, qwen2 bias", BLOCK_FORMATS, 40, 256, 256, 1, 4, 1, 64, 1, 1, 0 },
 };
 
 TEST(forward_matches_reference)

@@ -1,0 +1,94 @@
+/* quant_ref.h — the tests' reference for GGUF's block formats (hal/quant.c): the value of one
+ * element of one block, computed from its index alone (which bytes and bits hold it, which
+ * scale applies), not by walking the block as hal/quant.c does; and random blocks whose scale
+ * fields hold sane fp16 values so that the weights come out O(0.05). Header-only. */
+#ifndef SF_TESTS_QUANT_REF_H
+#define SF_TESTS_QUANT_REF_H
+
+#include <math.h>
+#include <string.h>
+
+#include "../../hal/hal.h"
+
+static const sf_dtype qr_types[] = { SF_DT_Q8_0, SF_DT_Q4_0, SF_DT_Q4_1, SF_DT_Q5_0, SF_DT_Q5_1,
+                                     SF_DT_Q2_K, SF_DT_Q3_K, SF_DT_Q4_K, SF_DT_Q5_K, SF_DT_Q6_K };
+
+static double qr_f16(const uint8_t *p) { return sf_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+static int qr_bit(const uint8_t *p, int i) { return p[i / 8] >> (i % 8) & 1; }
+
+/* the 6-bit scale (what 0) or min (what 1) of sub-block j of Q4_K/Q5_K from their 12 bytes */
+static int qr_k4(const uint8_t *s, int j, int what)
+{
+    if (j < 4) return s[j + 4 * what] & 63;
+    int lo = what ? s[j + 4] >> 4 : s[j + 4] & 15;
+    int hi = s[j - 4 + 4 * what] >> 6;
+    return lo | hi << 4;
+}
+
+/* element e of block b of type t */
+static double qr_value(sf_dtype t, const uint8_t *b, int e)
+{
+    switch (t) {
+    case SF_DT_Q8_0: return qr_f16(b) * (int8_t)b[2 + e];
+    case SF_DT_Q4_0: return qr_f16(b) * (((b[2 + e % 16] >> (e / 16 * 4)) & 15) - 8);
+    case SF_DT_Q4_1: return qr_f16(b) * ((b[4 + e % 16] >> (e / 16 * 4)) & 15) + qr_f16(b + 2);
+    case SF_DT_Q5_0: return qr_f16(b) * ((((b[6 + e % 16] >> (e / 16 * 4)) & 15) | qr_bit(b + 2, e) << 4) - 16);
+    case SF_DT_Q5_1:
+        return qr_f16(b) * (((b[8 + e % 16] >> (e / 16 * 4)) & 15) | qr_bit(b + 4, e) << 4) + qr_f16(b + 2);
+    case SF_DT_Q2_K: { /* 128-halves; in each, bit pair j = r / 32 of bytes 32*half + r % 32 */
+        int half = e / 128, r = e % 128, j = r / 32, l = r % 32, sc = b[half * 8 + 2 * j + l / 16];
+        int q = (b[16 + 32 * half + l] >> (2 * j)) & 3;
+        return qr_f16(b + 80) * (sc & 15) * q - qr_f16(b + 82) * (sc >> 4);
+    }
+    case SF_DT_Q3_K: {
+        int half = e / 128, r = e % 128, j = r / 32, l = r % 32, i = half * 8 + 2 * j + l / 16;
+        int lo = i < 8 ? b[96 + i] & 15 : b[96 + i - 8] >> 4, hi = (b[104 + i % 4] >> (2 * (i / 4))) & 3;
+        int q = ((b[32 + 32 * half + l] >> (2 * j)) & 3) - (qr_bit(b + l, half * 4 + j) ? 0 : 4);
+        return qr_f16(b + 108) * ((lo | hi << 4) - 32) * q;
+    }
+    case SF_DT_Q4_K:
+    case SF_DT_Q5_K: { /* 64-groups: low nibbles of 32 bytes, then their high nibbles */
+        int five = t == SF_DT_Q5_K, g = e / 64, n = e % 64 / 32, l = e % 32, sub = 2 * g + n;
+        int q = (b[(five ? 48 : 16) + 32 * g + l] >> (4 * n)) & 15;
+        if (five) q |= qr_bit(b + 16 + l, sub) << 4;
+        return qr_f16(b) * qr_k4(b + 4, sub, 0) * q - qr_f16(b + 2) * qr_k4(b + 4, sub, 1);
+    }
+    case SF_DT_Q6_K: { /* 128-halves of 4 rows of 32: low/high nibble of ql[l] or ql[32 + l] */
+        int half = e / 128, k = e % 128 / 32, l = e % 32;
+        int lo = (b[64 * half + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 15;
+        int hi = (b[128 + 32 * half + l] >> (2 * k)) & 3;
+        return qr_f16(b + 208) * (int8_t)b[192 + 8 * half + 2 * k + l / 16] * ((lo | hi << 4) - 32);
+    }
+    default: return NAN;
+    }
+}
+
+static void qr_put_f16(uint8_t *p, float v)
+{
+    uint16_t h = sf_f32_to_f16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* random quants and sub-scales; d (and m / dmin) about what keeps |w| near 0.05 */
+static void qr_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
+{
+    size_t n = sf_dtype_bytes(t, sf_dtype_block(t));
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)sf_rng_next(r);
+    float u = 0.5f + sf_rng_uniform(r), v = 0.5f + sf_rng_uniform(r);
+    switch (t) {
+    case SF_DT_Q8_0: qr_put_f16(b, 4e-4f * u); break;
+    case SF_DT_Q4_0: qr_put_f16(b, 6e-3f * u); break;
+    case SF_DT_Q4_1: qr_put_f16(b, 4e-3f * u); qr_put_f16(b + 2, -0.03f * v); break;
+    case SF_DT_Q5_0: qr_put_f16(b, 3e-3f * u); break;
+    case SF_DT_Q5_1: qr_put_f16(b, 2e-3f * u); qr_put_f16(b + 2, -0.03f * v); break;
+    case SF_DT_Q2_K: qr_put_f16(b + 80, 1e-3f * u); qr_put_f16(b + 82, 2e-3f * v); break;
+    case SF_DT_Q3_K: qr_put_f16(b + 108, 4e-4f * u); break;
+    case SF_DT_Q4_K: qr_put_f16(b, 5e-5f * u); qr_put_f16(b + 2, 4e-4f * v); break;
+    case SF_DT_Q5_K: qr_put_f16(b, 2.5e-5f * u); qr_put_f16(b + 2, 4e-4f * v); break;
+    case SF_DT_Q6_K: qr_put_f16(b + 208, 1.2e-5f * u); break;
+    default: break;
+    }
+}
+
+#endif
