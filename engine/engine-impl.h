@@ -101,6 +101,11 @@ struct sf_engine {
     double t_ids;               /* when the device ran out of work in the step taken this turn: its
                                  * ids arrived, or its launch returned after the step (0: none) */
 
+    /* JSON mode's token texts: built by the first submit that asks for JSON (under jv_mu), read
+     * by the engine thread for requests submitted after that */
+    pthread_mutex_t jv_mu;
+    sf_json_vocab *jv;
+
     pthread_t thread;
     int thread_started;
     pthread_mutex_t mu;         /* guards everything below */

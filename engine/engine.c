@@ -303,6 +303,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     sf_engine_config *c = &e->cfg;
     e->serial = c->serial_steps || !sf_env_bool("SEMFLOW_ENGINE_OVERLAP", 1);
     pthread_mutex_init(&e->mu, NULL);
+    pthread_mutex_init(&e->jv_mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->idle, NULL);
 
@@ -499,6 +500,8 @@ void sf_engine_free(sf_engine *e)
     pthread_cond_destroy(&e->idle);
     pthread_cond_destroy(&e->wake);
     pthread_mutex_destroy(&e->mu);
+    pthread_mutex_destroy(&e->jv_mu);
+    sf_json_vocab_free(e->jv);
     free(e);
 }
 
@@ -521,6 +524,15 @@ int sf_engine_submit(sf_engine *e, const sf_submit *s, sf_request **out, double 
     if (retry_after_s) *retry_after_s = 0;
     if (!e || !s) return sf_err(err, SF_EINVAL, "submit: no engine or no request");
     if ((rc = sf_request_new(s, e->model->tok, e->vocab, e->max_model_len, &r, err)) != SF_OK) return rc;
+    if (r->sp.json) { /* the vocabulary's texts, once (tens of ms for 100k tokens) */
+        pthread_mutex_lock(&e->jv_mu);
+        if (!e->jv) rc = sf_json_vocab_new(e->model->tok, e->vocab, &e->jv, err);
+        pthread_mutex_unlock(&e->jv_mu);
+        if (rc != SF_OK) {
+            sf_request_free(r);
+            return rc;
+        }
+    }
     int u = r->seq.urgency;
     pthread_mutex_lock(&e->mu);
     if (e->draining || e->stop) {

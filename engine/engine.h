@@ -54,6 +54,8 @@ typedef struct sf_sampling {
     int n_bias;               /* logit_bias entries, distinct ids (owned by the caller until submit
                                * returns; the engine copies) */
     const sf_logit_bias *bias;
+    int json;                 /* JSON mode (response_format json_object): the output is one JSON
+                               * object (engine/json_mask.h); drawn on the host */
 } sf_sampling;
 void sf_sampling_default(sf_sampling *s);
 

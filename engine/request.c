@@ -75,6 +75,19 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
             goto fail;
         }
     }
+    if (r->sp.json) { /* the mask's only way out is an end-of-sequence token, drawn when the object is done */
+        if (!tok || sf_tok_eos(tok) < 0) {
+            rc = sf_err(err, SF_EINVAL, "a json_object response_format needs the model's tokenizer and its "
+                        "end-of-sequence token");
+            goto fail;
+        }
+        if (r->sp.ignore_eos || r->sp.min_tokens > 0) {
+            rc = sf_err(err, SF_EINVAL, "a json_object response_format cannot be combined with %s",
+                        r->sp.ignore_eos ? "ignore_eos" : "min_tokens");
+            goto fail;
+        }
+        sf_json_init(&r->json);
+    }
     if ((rc = sf_sampler_seq_init(&r->ss, &r->sp, vocab, s->prompt, s->n_prompt, err)) != SF_OK) goto fail;
     if (r->sp.min_tokens > 0) { /* what ends the output is not drawn before min_tokens */
         int32_t ban[SF_SS_MAX_BAN];

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 
 #include "engine.h"
+#include "json_mask.h"
 #include "sampler.h"
 #include "scheduler.h"
 #include "tokenizer.h"
@@ -32,6 +33,7 @@ struct sf_request {
     atomic_int cancel;
     struct sf_request *next_in; /* engine inbox link */
     int taken_slot;             /* engine thread: 1 + its entry among the tokens taken and not yet delivered; 0: none */
+    sf_json json;               /* JSON mode (sp.json): where the output stands in its object */
     int placed;                 /* engine thread, async scheduling: 1 + its logit row in the step in flight whose
                                  * id is still to come, when a stand-in for that id ends seq.tokens (the next step
                                  * was planned with it); 0: none */

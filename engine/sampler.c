@@ -172,7 +172,7 @@ void sf_sampler_accept(sf_sampler_seq *s, int32_t id)
     s->counts[id]++;
 }
 
-int sf_sampler_needs_logits(const sf_sampling *p) { return p->logprobs != 0; }
+int sf_sampler_needs_logits(const sf_sampling *p) { return p->logprobs != 0 || p->json; }
 
 void sf_sampler_set_ban(sf_sampler_seq *s, const int32_t *ids, int n, int vocab)
 {

@@ -53,7 +53,7 @@ int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row 
                    int *n_pen, int *cap_pen);
 
 /* 1 when choosing this request's tokens needs the whole row of logits on the host
- * (logprobs), so the backend's sampler cannot serve it. */
+ * (logprobs, JSON mode's mask), so the backend's sampler cannot serve it. */
 int sf_sampler_needs_logits(const sf_sampling *p);
 
 #endif

@@ -381,9 +381,10 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
         t->r = r;
         t->logprob = 0;
         t->n_top = 0;
-        t->id = f->on_dev ? ids[j]
-                          : sf_sample(&r->sp, &r->ss, e->logits + (size_t)j * e->vocab, e->vocab, &t->logprob, t->top,
-                                      &t->n_top);
+        float *row = e->logits + (size_t)j * e->vocab;
+        if (!f->on_dev && r->sp.json) sf_json_mask(&r->json, e->jv, row); /* JSON mode: what cannot continue */
+        t->id = f->on_dev ? ids[j] : sf_sample(&r->sp, &r->ss, row, e->vocab, &t->logprob, t->top, &t->n_top);
+        if (r->sp.json) sf_json_accept(&r->json, e->jv, t->id);
         t->end = sf_request_take(r, t->id);
         t->removed = t->end != SF_REQ_CONTINUE;
         t->stuck = 0;

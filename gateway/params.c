@@ -243,12 +243,27 @@ static int reject_unsupported(json_t *o, sf_gw_err *e)
     int echo = 0;
     if (get_bool(o, "echo", &echo, e)) return SF_EINVAL;
     if (echo) return BAD("echo", "'echo' is not supported by this server");
+    return 0;
+}
+
+/* response_format: text, or json_object (JSON mode); json_schema is refused rather than
+ * weakened to json_object */
+static int parse_response_format(json_t *o, sf_sampling *s, sf_gw_err *e)
+{
     json_t *rf = json_object_get(o, "response_format");
-    if (rf && !json_is_null(rf)) {
-        json_t *t = json_object_get(rf, "type");
-        if (!json_is_object(rf) || !json_is_string(t) || strcmp(json_string_value(t), "text"))
-            return BAD("response_format", "only {\"type\": \"text\"} is supported for 'response_format'");
-    }
+    if (!rf || json_is_null(rf)) return 0;
+    json_t *t = json_object_get(rf, "type");
+    const char *ty = json_is_string(t) ? json_string_value(t) : NULL;
+    if (!json_is_object(rf) || !ty || (strcmp(ty, "text") && strcmp(ty, "json_object")))
+        return BAD("response_format", "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}%s",
+                   ty && !strcmp(ty, "json_schema") ? " (json_schema is not supported)" : "");
+    s->json = !strcmp(ty, "json_object");
+    if (s->json && s->ignore_eos)
+        return BAD("ignore_eos", "'ignore_eos' cannot be used with a json_object 'response_format' (the output "
+                                  "ends when its object does)");
+    if (s->json && s->min_tokens > 0)
+        return BAD("min_tokens", "'min_tokens' cannot be used with a json_object 'response_format' (the output "
+                                 "ends when its object does)");
     return 0;
 }
 
@@ -333,6 +348,7 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     if ((rc = parse_stop(o, s, e))) goto fail;
     if ((rc = parse_logit_bias(o, p, e))) goto fail;
     if ((rc = parse_stop_token_ids(o, s, e))) goto fail;
+    if ((rc = parse_response_format(o, s, e))) goto fail;
     x = 1;
     if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
     p->n = (int)x;

@@ -9,6 +9,7 @@ client that disconnects mid-stream (its KV blocks must be freed)."""
 import http.client
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -248,6 +249,56 @@ def test_api(s):
     return model
 
 
+def test_json_mode(s):
+    """response_format json_object: every output that ends (finish_reason stop) is one JSON object,
+    in both routes, streamed or not; the end-of-sequence token comes only when the object is done
+    (forced here: '}' all but forced by logit_bias closes it at once); what cannot be kept is a 400."""
+    chat = {"messages": [{"role": "user", "content": "Describe a cat as JSON."}],
+            "response_format": {"type": "json_object"}, "max_tokens": 400}
+    stops, bad = 0, []
+    for seed in range(1, 9):
+        st, _, r = s.json("/v1/chat/completions", dict(chat, seed=seed))
+        c = r["choices"][0] if st == 200 else {}
+        if c.get("finish_reason") == "stop":
+            stops += 1
+            try:
+                if not isinstance(json.loads(c["message"]["content"]), dict):
+                    bad.append((seed, c["message"]["content"][:80]))
+            except ValueError as e:
+                bad.append((seed, str(e), c["message"]["content"][:80]))
+        elif st != 200 or c.get("finish_reason") != "length" or not c["message"]["content"].lstrip().startswith("{"):
+            bad.append((seed, st, r))
+    check("json_mode_chat_outputs_are_objects", stops >= 1 and not bad, "%d ended: %r" % (stops, bad))
+
+    _, _, t = s.json("/tokenize", {"prompt": "}", "add_special_tokens": False})
+    close = t["tokens"][0] if len(t["tokens"]) == 1 else None
+    body = {"prompt": "JSON:", "max_tokens": 300, "temperature": 0, "logit_bias": {str(close): 100},
+            "response_format": {"type": "json_object"}}
+    st, _, r = s.json("/v1/completions", body)
+    c = r["choices"][0] if st == 200 else {}
+    check("json_mode_ends_with_object", close is not None and c.get("finish_reason") == "stop" and
+          json.loads(c["text"]) == {}, (close, r))
+    # whitespace between tokens is bounded, so even this greedy random model, which would pad for
+    # ever, reaches the object: no run of whitespace longer than SF_JSON_MAX_WS (48)
+    runs = re.findall(r"[ \t\r\n]+", c.get("text", ""))
+    check("json_mode_whitespace_bounded", runs and max(len(x) for x in runs) <= 48, runs)
+    st, events, done = s.stream("/v1/completions", dict(body, stream=True))
+    text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+    check("json_mode_streamed", st == 200 and done and text == c.get("text") and
+          events[-1]["choices"][0]["finish_reason"] == "stop", (text, events[-1:]))
+    st, _, r = s.json("/v1/chat/completions", dict(chat, seed=3, max_tokens=30, logprobs=True, n=2))
+    lps = [x["logprob"] for ch in r.get("choices", []) for x in ch["logprobs"]["content"]] if st == 200 else []
+    check("json_mode_logprobs_finite", st == 200 and len(lps) > 0 and all(v > -1e30 for v in lps), r)
+
+    for extra, param in (({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
+                         ({"response_format": {"type": "yaml"}}, "response_format"),
+                         ({"response_format": {"type": "json_object"}, "ignore_eos": True}, "ignore_eos"),
+                         ({"response_format": {"type": "json_object"}, "min_tokens": 2}, "min_tokens")):
+        st, _, r = s.json("/v1/chat/completions", dict(chat, **extra))
+        check("json_mode_refused_" + param + ("_" + extra["response_format"]["type"] if param == "response_format" else ""),
+              st == 400 and r["error"]["param"] == param, r)
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -444,6 +495,7 @@ def main():
     try:
         check("health_ready", s.alive())
         model = test_api(s)
+        test_json_mode(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)
