@@ -54,8 +54,11 @@ typedef struct sf_sampling {
     int n_bias;               /* logit_bias entries, distinct ids (owned by the caller until submit
                                * returns; the engine copies) */
     const sf_logit_bias *bias;
-    int json;                 /* JSON mode (response_format json_object): the output is one JSON
-                               * object (engine/json_mask.h); drawn on the host */
+    int json;                 /* JSON output (response_format): the output is one JSON object
+                               * (engine/json_mask.h); drawn on the host */
+    const char *schema;       /* with json: the JSON Schema it follows (text, schema_len bytes;
+                               * owned by the caller until submit returns), NULL: any object */
+    size_t schema_len;
 } sf_sampling;
 void sf_sampling_default(sf_sampling *s);
 

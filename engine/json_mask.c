@@ -1,10 +1,244 @@
-/* json_mask.c — JSON mode: the byte recognizer and the per-draw token mask (json_mask.h). */
+/* json_mask.c — JSON output: the schema compiler, the byte recognizer and the per-draw token
+ * mask (json_mask.h). */
 #include "json_mask.h"
 
+#include <jansson.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- schemas --------------------------------------------------------------------------------- */
+enum { K_OBJ = 1, K_ARR = 2, K_STR = 4, K_NUM = 8, K_INT = 16, K_BOOL = 32, K_NULL = 64, K_ANY = 127 };
+
+typedef struct jnode {
+    uint8_t kinds;          /* K_* a value may be (enums: by their texts instead) */
+    uint8_t any_obj;        /* an object without properties: any members */
+    int items;              /* array items' node; -1: any value */
+    int prop0, n_props;     /* into props[] */
+    uint64_t required;      /* bit i: property prop0 + i is required */
+    int enum0, n_enum;      /* into enums[] */
+    int min_items, max_items; /* -1: no bound */
+} jnode;
+
+typedef struct jtext { char *s; int len; int node; } jtext;
+
+struct sf_jschema {
+    jnode *nodes;
+    int n_nodes, cap_nodes;
+    jtext *props, *enums;
+    int n_props, cap_props, n_enums, cap_enums;
+};
+
+void sf_jschema_free(sf_jschema *s)
+{
+    if (!s) return;
+    for (int i = 0; i < s->n_props; i++) free(s->props[i].s);
+    for (int i = 0; i < s->n_enums; i++) free(s->enums[i].s);
+    free(s->props);
+    free(s->enums);
+    free(s->nodes);
+    free(s);
+}
+
+static int grow(void **p, int *cap, int need, size_t elem)
+{
+    if (need <= *cap) return 1;
+    int c = *cap ? *cap * 2 : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
+static int add_text(jtext **arr, int *n, int *cap, const char *s, size_t len, int node)
+{
+    if (!grow((void **)arr, cap, *n + 1, sizeof **arr)) return -1;
+    char *c = malloc(len + 1);
+    if (!c) return -1;
+    memcpy(c, s, len);
+    c[len] = 0;
+    (*arr)[*n] = (jtext){ c, (int)len, node };
+    return (*n)++;
+}
+
+static int kind_of(const char *t)
+{
+    static const struct { const char *n; int k; } k[] = { { "object", K_OBJ }, { "array", K_ARR }, { "string", K_STR },
+                                                         { "number", K_NUM }, { "integer", K_INT }, { "boolean", K_BOOL },
+                                                         { "null", K_NULL } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(k); i++)
+        if (!strcmp(t, k[i].n)) return k[i].k;
+    return 0;
+}
+
+static int bound(json_t *v, const char *what, const char *path, int *out, sf_error *err)
+{
+    if (!v) return SF_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 65535)
+        return sf_err(err, SF_EINVAL, "schema: '%s' at %s must be an integer in 0..65535", what, path);
+    *out = (int)json_integer_value(v);
+    return SF_OK;
+}
+
+/* compile schema s into a node; *idx is its index, or -1 for "any value" */
+static int compile(sf_jschema *sc, json_t *s, const char *path, int depth, int *idx, sf_error *err)
+{
+    static const char *const known[] = { "type", "properties", "required", "additionalProperties", "items", "enum",
+                                         "const", "minItems", "maxItems", "title", "description", "default",
+                                         "examples", "$schema", "$comment" };
+    *idx = -1;
+    if (json_is_true(s)) return SF_OK;
+    if (!json_is_object(s)) return sf_err(err, SF_EINVAL, "schema: %s must be an object", path);
+    const char *k;
+    json_t *v;
+    json_object_foreach(s, k, v) {
+        size_t i = 0;
+        while (i < SF_ARRAY_LEN(known) && strcmp(k, known[i])) i++;
+        if (i == SF_ARRAY_LEN(known))
+            return sf_err(err, SF_EINVAL, "schema: '%.64s' at %s is not supported (supported: type, properties, "
+                          "required, additionalProperties false, items, enum, const, minItems, maxItems)", k, path);
+    }
+    json_t *type = json_object_get(s, "type"), *props = json_object_get(s, "properties"),
+           *items = json_object_get(s, "items"), *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"),
+           *ap = json_object_get(s, "additionalProperties"), *req = json_object_get(s, "required");
+    int kinds = 0;
+    if (json_is_string(type)) {
+        if (!(kinds = kind_of(json_string_value(type))))
+            return sf_err(err, SF_EINVAL, "schema: type '%.32s' at %s is not a JSON type", json_string_value(type), path);
+    } else if (json_is_array(type) && json_array_size(type) > 0) {
+        size_t i;
+        json_array_foreach(type, i, v) {
+            int kk = json_is_string(v) ? kind_of(json_string_value(v)) : 0;
+            if (!kk) return sf_err(err, SF_EINVAL, "schema: type[%zu] at %s is not a JSON type", i, path);
+            kinds |= kk;
+        }
+    } else if (type) {
+        return sf_err(err, SF_EINVAL, "schema: 'type' at %s must be a type name or a list of them", path);
+    }
+    if (!type && !en && !cn) kinds = props ? K_OBJ : items ? K_ARR : 0;
+    if (!kinds && !en && !cn) return SF_OK; /* annotations only: any value */
+    if (depth >= SF_JSON_MAX_FRAMES)
+        return sf_err(err, SF_EINVAL, "schema: %s is nested deeper than %d levels", path, SF_JSON_MAX_FRAMES);
+    if (!grow((void **)&sc->nodes, &sc->cap_nodes, sc->n_nodes + 1, sizeof *sc->nodes))
+        return sf_err(err, SF_ENOMEM, "schema: out of memory");
+    int me = sc->n_nodes++;
+    sc->nodes[me] = (jnode){ .kinds = (uint8_t)kinds, .items = -1, .min_items = -1, .max_items = -1 };
+    *idx = me;
+    if (en || cn) { /* values written exactly as the schema writes them */
+        json_t *vals = en ? en : json_array();
+        if (!en) json_array_append(vals, cn);
+        int rc = SF_OK;
+        if (!json_is_array(vals) || json_array_size(vals) == 0 || json_array_size(vals) > SF_JSON_MAX_PROPS)
+            rc = sf_err(err, SF_EINVAL, "schema: 'enum' at %s must list 1 to %d values", path, SF_JSON_MAX_PROPS);
+        sc->nodes[me].enum0 = sc->n_enums;
+        size_t i;
+        json_array_foreach(vals, i, v) {
+            if (rc) break;
+            if (!json_is_string(v) && !json_is_boolean(v) && !json_is_null(v)) {
+                rc = sf_err(err, SF_EINVAL, "schema: enum values at %s must be strings, booleans or null", path);
+                break;
+            }
+            char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+            if (t && strlen(t) > 255) {
+                free(t);
+                rc = sf_err(err, SF_EINVAL, "schema: an enum value at %s is longer than 255 bytes", path);
+                break;
+            }
+            if (!t || add_text(&sc->enums, &sc->n_enums, &sc->cap_enums, t, strlen(t), me) < 0)
+                rc = sf_err(err, SF_ENOMEM, "schema: out of memory");
+            free(t);
+        }
+        if (!en) json_decref(vals);
+        sc->nodes[me].n_enum = sc->n_enums - sc->nodes[me].enum0;
+        return rc;
+    }
+    if (kinds & K_OBJ) {
+        if (ap && !json_is_false(ap))
+            return sf_err(err, SF_EINVAL, "schema: 'additionalProperties' at %s must be false or absent (only the "
+                          "listed properties are written)", path);
+        if (props && !json_is_object(props)) return sf_err(err, SF_EINVAL, "schema: 'properties' at %s must be an object", path);
+        if (!props || json_object_size(props) == 0) {
+            sc->nodes[me].any_obj = 1;
+            if (req && json_array_size(req))
+                return sf_err(err, SF_EINVAL, "schema: 'required' at %s names properties it does not list", path);
+        } else {
+            if (json_object_size(props) > SF_JSON_MAX_PROPS)
+                return sf_err(err, SF_EINVAL, "schema: %s has more than %d properties", path, SF_JSON_MAX_PROPS);
+            /* the properties' names first, contiguous; their schemas after */
+            int p0 = sc->n_props, n = 0;
+            json_object_foreach(props, k, v) {
+                if (strlen(k) > 255)
+                    return sf_err(err, SF_EINVAL, "schema: a property name at %s is longer than 255 bytes", path);
+                for (const char *c = k; *c; c++)
+                    if ((unsigned char)*c < 0x20 || (unsigned char)*c > 0x7E || *c == '"' || *c == '\\')
+                        return sf_err(err, SF_EINVAL, "schema: property name '%.64s' at %s: only printable ASCII "
+                                      "without '\"' and '\\' is supported", k, path);
+                if (add_text(&sc->props, &sc->n_props, &sc->cap_props, k, strlen(k), -1) < 0)
+                    return sf_err(err, SF_ENOMEM, "schema: out of memory");
+                n++;
+            }
+            sc->nodes[me].prop0 = p0;
+            sc->nodes[me].n_props = n;
+            int i = 0;
+            json_object_foreach(props, k, v) {
+                char sub[256];
+                snprintf(sub, sizeof sub, "%s.properties.%.64s", path, k);
+                int child, rc = compile(sc, v, sub, depth + 1, &child, err);
+                if (rc) return rc;
+                sc->props[p0 + i++].node = child;
+            }
+            if (req && !json_is_array(req)) return sf_err(err, SF_EINVAL, "schema: 'required' at %s must be a list", path);
+            size_t ri;
+            json_array_foreach(req, ri, v) {
+                int j = 0;
+                while (j < n && (!json_is_string(v) || strcmp(sc->props[p0 + j].s, json_string_value(v)))) j++;
+                if (j == n) return sf_err(err, SF_EINVAL, "schema: required[%zu] at %s is not one of its properties", ri, path);
+                sc->nodes[me].required |= 1ull << j;
+            }
+        }
+    }
+    if (kinds & K_ARR) {
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s.items", path);
+        int child = -1, rc;
+        if (items && (rc = compile(sc, items, sub, depth + 1, &child, err))) return rc;
+        sc->nodes[me].items = child;
+        if ((rc = bound(json_object_get(s, "minItems"), "minItems", path, &sc->nodes[me].min_items, err)) ||
+            (rc = bound(json_object_get(s, "maxItems"), "maxItems", path, &sc->nodes[me].max_items, err)))
+            return rc;
+        if (sc->nodes[me].max_items >= 0 && sc->nodes[me].min_items > sc->nodes[me].max_items)
+            return sf_err(err, SF_EINVAL, "schema: minItems is more than maxItems at %s", path);
+    }
+    return SF_OK;
+}
+
+int sf_jschema_compile(const char *text, size_t len, sf_jschema **out, sf_error *err)
+{
+    *out = NULL;
+    json_error_t je;
+    json_t *root = json_loadb(text, len, 0, &je);
+    if (!root) return sf_err(err, SF_EINVAL, "schema: not JSON: %s", je.text);
+    sf_jschema *sc = calloc(1, sizeof *sc);
+    if (!sc) {
+        json_decref(root);
+        return sf_err(err, SF_ENOMEM, "schema: out of memory");
+    }
+    int node = -1, rc = compile(sc, root, "$", 0, &node, err);
+    json_decref(root);
+    if (!rc && (node < 0 || sc->nodes[node].kinds != K_OBJ || sc->nodes[node].n_enum))
+        rc = sf_err(err, SF_EINVAL, "schema: the root must be {\"type\": \"object\", ...}");
+    if (rc) {
+        sf_jschema_free(sc);
+        return rc;
+    }
+    *out = sc; /* the root is node 0 */
+    return SF_OK;
+}
+
+/* ---- the recognizer ------------------------------------------------------------------------ */
 enum {
     J_TOP,       /* before the object: whitespace, then '{' */
     J_VALUE,     /* a value (after ':', or after ',' in an array) */
@@ -20,6 +254,8 @@ enum {
     J_LOW_U,     /* then its 'u' */
     J_NUM,       /* in a number (sub: N_*) */
     J_LIT,       /* in true, false or null */
+    J_SKEY,      /* in a key of a schema's object: one of its property names */
+    J_ENUM,      /* in an enum's value: one of its texts */
     J_DONE,      /* the object is complete */
 };
 /* number parts: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)? */
@@ -27,7 +263,16 @@ enum { N_MINUS = 1, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 
 static const char *const lits[3] = { "true", "false", "null" };
 
-void sf_json_init(sf_json *j) { memset(j, 0, sizeof *j); }
+void sf_json_init(sf_json *j, const sf_jschema *sc)
+{
+    memset(j, 0, offsetof(sf_json, f));
+    j->sc = sc;
+}
+
+void sf_json_copy(sf_json *dst, const sf_json *src)
+{
+    memcpy(dst, src, offsetof(sf_json, f) + (size_t)src->nf * sizeof src->f[0]);
+}
 
 int sf_json_done(const sf_json *j) { return j->mode == J_DONE; }
 
@@ -35,40 +280,117 @@ static int is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'
 static int is_digit(int c) { return c >= '0' && c <= '9'; }
 static int top_is_object(const sf_json *j) { return j->stack[(j->depth - 1) / 8] >> ((j->depth - 1) % 8) & 1; }
 
-static int push(sf_json *j, int object)
+/* the schema frame of the innermost container, NULL when it is free-form */
+static sf_json_frame *frame(sf_json *j)
+{
+    return j->nf && j->f[j->nf - 1].depth == j->depth ? &j->f[j->nf - 1] : NULL;
+}
+
+static const jnode *node_of(const sf_json *j, const sf_json_frame *f) { return &j->sc->nodes[f->node]; }
+
+/* the node the value about to start must match; -1: any value */
+static int expected(sf_json *j)
+{
+    if (!j->depth) return j->sc ? 0 : -1;
+    sf_json_frame *f = frame(j);
+    if (!f) return -1;
+    const jnode *n = node_of(j, f);
+    return top_is_object(j) ? j->sc->props[n->prop0 + f->cur].node : n->items;
+}
+
+static int push(sf_json *j, int object, int node)
 {
     if (j->depth >= SF_JSON_MAX_DEPTH) return 0;
     uint8_t bit = (uint8_t)(1u << (j->depth % 8));
     j->stack[j->depth / 8] = (uint8_t)(object ? j->stack[j->depth / 8] | bit : j->stack[j->depth / 8] & ~bit);
     j->depth++;
     j->mode = object ? J_OBJ_FIRST : J_ARR_FIRST;
+    if (node >= 0) { /* a constrained container: its frame */
+        if (j->nf >= SF_JSON_MAX_FRAMES) return 0;
+        j->f[j->nf++] = (sf_json_frame){ .node = (uint16_t)node, .depth = j->depth };
+    }
     return 1;
 }
 
 static void pop(sf_json *j)
 {
+    if (frame(j)) j->nf--;
     j->depth--;
     j->mode = j->depth ? J_AFTER : J_DONE;
 }
 
+/* an object's properties a key may name now: from the next one up to the first required */
+static uint64_t key_candidates(const jnode *n, int next)
+{
+    uint64_t c = 0;
+    for (int i = next; i < n->n_props; i++) {
+        c |= 1ull << i;
+        if (n->required >> i & 1) break;
+    }
+    return c;
+}
+
+static int required_left(const jnode *n, int next) { return next < 64 && (n->required >> next) != 0; }
+
 static int start_value(sf_json *j, int c)
 {
+    int node = expected(j);
+    const jnode *n = node >= 0 ? &j->sc->nodes[node] : NULL;
+    int kinds = n ? n->kinds : K_ANY;
+    if (n && n->n_enum) { /* an enum: its texts, byte by byte */
+        uint64_t cand = 0;
+        for (int i = 0; i < n->n_enum; i++)
+            if ((unsigned char)j->sc->enums[n->enum0 + i].s[0] == c) cand |= 1ull << i;
+        if (!cand) return 0;
+        j->mode = J_ENUM;
+        j->ecand = cand;
+        j->enode = (uint16_t)node;
+        j->pos = 1;
+        return 1;
+    }
     switch (c) {
-    case '{': return push(j, 1);
-    case '[': return push(j, 0);
-    case '"': j->mode = J_STR; j->key = 0; return 1;
-    case '-': j->mode = J_NUM; j->sub = N_MINUS; return 1;
+    case '{':
+        return (kinds & K_OBJ) && push(j, 1, n && !n->any_obj ? node : -1);
+    case '[':
+        return (kinds & K_ARR) && push(j, 0, n && (n->items >= 0 || n->min_items > 0 || n->max_items >= 0) ? node : -1);
+    case '"':
+        if (!(kinds & K_STR)) return 0;
+        j->mode = J_STR;
+        j->key = 0;
+        return 1;
+    case '-':
+        if (!(kinds & (K_NUM | K_INT))) return 0;
+        j->mode = J_NUM;
+        j->sub = N_MINUS;
+        j->intonly = !(kinds & K_NUM);
+        return 1;
     case 't': case 'f': case 'n':
+        if (!(kinds & (c == 'n' ? K_NULL : K_BOOL))) return 0;
         j->mode = J_LIT;
         j->lit = c == 't' ? 0 : c == 'f' ? 1 : 2;
         j->pos = 1;
         return 1;
     default:
-        if (!is_digit(c)) return 0;
+        if (!is_digit(c) || !(kinds & (K_NUM | K_INT))) return 0;
         j->mode = J_NUM;
         j->sub = c == '0' ? N_ZERO : N_INT;
+        j->intonly = !(kinds & K_NUM);
         return 1;
     }
+}
+
+/* a value starts in an array: counted against maxItems */
+static int array_value(sf_json *j, int c)
+{
+    sf_json_frame *f = frame(j);
+    if (f) {
+        const jnode *n = node_of(j, f);
+        if (n->max_items >= 0 && f->count >= n->max_items) return 0;
+        if (!start_value(j, c)) return 0;
+        f->count++; /* after start_value: a pushed frame does not move f */
+        return 1;
+    }
+    return start_value(j, c);
 }
 
 /* a number's next byte: 1 taken, 0 not a number byte here (the number may end before it) */
@@ -86,6 +408,7 @@ static int num_byte(sf_json *j, int c)
     case N_EXP: return d;
     }
     /* N_ZERO, N_INT */
+    if (j->intonly) return 0;
     if (c == '.') { j->sub = N_DOT; return 1; }
     if (c == 'e' || c == 'E') { j->sub = N_E; return 1; }
     return 0;
@@ -134,6 +457,43 @@ static int str_byte(sf_json *j, int c)
     return 1;
 }
 
+/* a key of a constrained object: narrow its candidates byte by byte; '"' ends it on a name */
+static int skey_byte(sf_json *j, int c)
+{
+    sf_json_frame *f = frame(j);
+    const jnode *n = node_of(j, f);
+    const jtext *p = j->sc->props + n->prop0;
+    if (c == '"') {
+        for (int i = 0; i < n->n_props; i++)
+            if (f->cand >> i & 1 && p[i].len == f->kpos) {
+                f->cur = (uint16_t)i;
+                f->next = (uint16_t)(i + 1);
+                j->mode = J_COLON;
+                return 1;
+            }
+        return 0;
+    }
+    for (int i = 0; i < n->n_props; i++)
+        if (f->cand >> i & 1 && (f->kpos >= p[i].len || (unsigned char)p[i].s[f->kpos] != c)) f->cand &= ~(1ull << i);
+    f->kpos++;
+    return f->cand != 0;
+}
+
+static int enum_byte(sf_json *j, int c)
+{
+    const jnode *n = &j->sc->nodes[j->enode];
+    const jtext *e = j->sc->enums + n->enum0;
+    int whole = 0;
+    for (int i = 0; i < n->n_enum; i++) {
+        if (!(j->ecand >> i & 1)) continue;
+        if (j->pos >= e[i].len || (unsigned char)e[i].s[j->pos] != c) j->ecand &= ~(1ull << i);
+        else if (j->pos + 1 == e[i].len) whole = 1; /* texts are strings and literals: none is a prefix of another */
+    }
+    j->pos++;
+    if (whole) j->mode = J_AFTER;
+    return j->ecand != 0;
+}
+
 /* whitespace between tokens of the grammar: at most SF_JSON_MAX_WS bytes in a row */
 static int take_ws(sf_json *j) { return ++j->ws <= SF_JSON_MAX_WS; }
 
@@ -143,45 +503,62 @@ static int feed_byte(sf_json *j, int c)
     switch (j->mode) {
     case J_TOP:
         if (is_ws(c)) return take_ws(j);
-        return c == '{' && push(j, 1);
+        return c == '{' && start_value(j, c);
     case J_DONE: return is_ws(c) && take_ws(j);
     case J_ARR_FIRST:
+        if (is_ws(c)) return take_ws(j);
         if (c == ']') {
+            sf_json_frame *f = frame(j);
+            if (f && node_of(j, f)->min_items > 0) return 0;
             pop(j);
             return 1;
         }
-        /* fall through */
+        return array_value(j, c);
     case J_VALUE:
         if (is_ws(c)) return take_ws(j);
-        return start_value(j, c);
+        return top_is_object(j) ? start_value(j, c) : array_value(j, c);
     case J_OBJ_FIRST:
         if (c == '}') {
+            sf_json_frame *f = frame(j);
+            if (f && required_left(node_of(j, f), f->next)) return 0;
             pop(j);
             return 1;
         }
         /* fall through */
-    case J_KEY:
+    case J_KEY: {
         if (is_ws(c)) return take_ws(j);
         if (c != '"') return 0;
+        sf_json_frame *f = frame(j);
+        if (f) {
+            f->cand = key_candidates(node_of(j, f), f->next);
+            f->kpos = 0;
+            j->mode = J_SKEY;
+            return f->cand != 0;
+        }
         j->mode = J_STR;
         j->key = 1;
         return 1;
+    }
     case J_COLON:
         if (is_ws(c)) return take_ws(j);
         if (c != ':') return 0;
         j->mode = J_VALUE;
         return 1;
-    case J_AFTER:
+    case J_AFTER: {
         if (is_ws(c)) return take_ws(j);
+        int obj = top_is_object(j);
+        sf_json_frame *f = frame(j);
         if (c == ',') {
-            j->mode = top_is_object(j) ? J_KEY : J_VALUE;
+            if (f && obj && f->next >= node_of(j, f)->n_props) return 0; /* no property left */
+            if (f && !obj && node_of(j, f)->max_items >= 0 && f->count >= node_of(j, f)->max_items) return 0;
+            j->mode = obj ? J_KEY : J_VALUE;
             return 1;
         }
-        if (c == (top_is_object(j) ? '}' : ']')) {
-            pop(j);
-            return 1;
-        }
-        return 0;
+        if (c != (obj ? '}' : ']')) return 0;
+        if (f && (obj ? required_left(node_of(j, f), f->next) : f->count < node_of(j, f)->min_items)) return 0;
+        pop(j);
+        return 1;
+    }
     case J_STR: return str_byte(j, c);
     case J_ESC:
         if (c == 'u') {
@@ -224,6 +601,8 @@ static int feed_byte(sf_json *j, int c)
         if (c != lits[j->lit][j->pos]) return 0;
         if (!lits[j->lit][++j->pos]) j->mode = J_AFTER;
         return 1;
+    case J_SKEY: return skey_byte(j, c);
+    case J_ENUM: return enum_byte(j, c);
     }
     return 0;
 }
@@ -333,7 +712,8 @@ int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need;
     uint8_t first[256]; /* which bytes may come next: a token is tried only if its first may */
     for (int c = 0; c < 256; c++) {
-        sf_json t = *j;
+        sf_json t;
+        sf_json_copy(&t, j);
         first[c] = (uint8_t)feed_byte(&t, c);
     }
     for (int id = 0; id < v->n; id++) {
@@ -344,7 +724,8 @@ int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
         else if (done || !n || !first[(unsigned char)v->text[a]]) ok = 0;
         else if (n == 1) ok = 1;
         else {
-            sf_json c = *j;
+            sf_json c;
+            sf_json_copy(&c, j);
             ok = sf_json_feed(&c, v->text + v->off[id], v->off[id + 1] - v->off[id]);
         }
         if (ok) kept++;
@@ -357,8 +738,9 @@ int sf_json_accept(sf_json *j, const sf_json_vocab *v, int32_t id)
 {
     if (id < 0 || id >= v->n) return 0;
     if (v->eog[id]) return 1;
-    sf_json c = *j;
+    sf_json c;
+    sf_json_copy(&c, j);
     if (v->off[id] == v->off[id + 1] || !sf_json_feed(&c, v->text + v->off[id], v->off[id + 1] - v->off[id])) return 0;
-    *j = c;
+    sf_json_copy(j, &c);
     return 1;
 }

@@ -77,17 +77,19 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
     }
     if (r->sp.json) { /* the mask's only way out is an end-of-sequence token, drawn when the object is done */
         if (!tok || sf_tok_eos(tok) < 0) {
-            rc = sf_err(err, SF_EINVAL, "a json_object response_format needs the model's tokenizer and its "
+            rc = sf_err(err, SF_EINVAL, "a JSON response_format needs the model's tokenizer and its "
                         "end-of-sequence token");
             goto fail;
         }
         if (r->sp.ignore_eos || r->sp.min_tokens > 0) {
-            rc = sf_err(err, SF_EINVAL, "a json_object response_format cannot be combined with %s",
+            rc = sf_err(err, SF_EINVAL, "a JSON response_format cannot be combined with %s",
                         r->sp.ignore_eos ? "ignore_eos" : "min_tokens");
             goto fail;
         }
-        sf_json_init(&r->json);
+        if (r->sp.schema && (rc = sf_jschema_compile(r->sp.schema, r->sp.schema_len, &r->schema, err)) != SF_OK) goto fail;
+        sf_json_init(&r->json, r->schema);
     }
+    r->sp.schema = NULL; /* the caller's */
     if ((rc = sf_sampler_seq_init(&r->ss, &r->sp, vocab, s->prompt, s->n_prompt, err)) != SF_OK) goto fail;
     if (r->sp.min_tokens > 0) { /* what ends the output is not drawn before min_tokens */
         int32_t ban[SF_SS_MAX_BAN];
@@ -135,6 +137,7 @@ void sf_request_free(sf_request *r)
     if (!r) return;
     for (int i = 0; i < SF_MAX_STOP; i++) free(r->sp.stop[i]);
     free((void *)r->sp.bias);
+    sf_jschema_free(r->schema);
     sf_sampler_seq_free(&r->ss);
     sf_seq_free(&r->seq);
     if (r->tok) sf_detok_free(&r->detok);

@@ -33,7 +33,8 @@ struct sf_request {
     atomic_int cancel;
     struct sf_request *next_in; /* engine inbox link */
     int taken_slot;             /* engine thread: 1 + its entry among the tokens taken and not yet delivered; 0: none */
-    sf_json json;               /* JSON mode (sp.json): where the output stands in its object */
+    sf_json json;               /* JSON output (sp.json): where the output stands in its object */
+    sf_jschema *schema;         /* its schema, NULL: any object */
     int placed;                 /* engine thread, async scheduling: 1 + its logit row in the step in flight whose
                                  * id is still to come, when a stand-in for that id ends seq.tokens (the next step
                                  * was planned with it); 0: none */

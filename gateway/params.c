@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/json_mask.h"
 #include "intent.h"
 
 int sf_gw_fail(sf_gw_err *e, int status, const char *type, const char *code, const char *param,
@@ -246,24 +247,39 @@ static int reject_unsupported(json_t *o, sf_gw_err *e)
     return 0;
 }
 
-/* response_format: text, or json_object (JSON mode); json_schema is refused rather than
- * weakened to json_object */
-static int parse_response_format(json_t *o, sf_sampling *s, sf_gw_err *e)
+/* response_format: text, json_object (any object) or json_schema (the subset engine/json_mask.h
+ * lists; a schema using more is refused, not weakened) */
+static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
 {
+    sf_sampling *s = &p->sampling;
     json_t *rf = json_object_get(o, "response_format");
     if (!rf || json_is_null(rf)) return 0;
     json_t *t = json_object_get(rf, "type");
     const char *ty = json_is_string(t) ? json_string_value(t) : NULL;
-    if (!json_is_object(rf) || !ty || (strcmp(ty, "text") && strcmp(ty, "json_object")))
-        return BAD("response_format", "'response_format' must be {\"type\": \"text\"} or {\"type\": \"json_object\"}%s",
-                   ty && !strcmp(ty, "json_schema") ? " (json_schema is not supported)" : "");
-    s->json = !strcmp(ty, "json_object");
+    if (!json_is_object(rf) || !ty || (strcmp(ty, "text") && strcmp(ty, "json_object") && strcmp(ty, "json_schema")))
+        return BAD("response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                                      "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}");
+    s->json = strcmp(ty, "text") != 0;
+    if (!strcmp(ty, "json_schema")) {
+        json_t *js = json_object_get(rf, "json_schema"), *sc = json_object_get(js, "schema");
+        if (!json_is_object(sc))
+            return BAD("response_format", "'response_format.json_schema.schema' must be an object (a JSON Schema)");
+        if (!(p->schema = json_dumps(sc, JSON_COMPACT)))
+            return BAD("response_format", "out of memory reading 'response_format.json_schema.schema'");
+        sf_jschema *c = NULL;
+        sf_error ce = { 0 };
+        if (sf_jschema_compile(p->schema, strlen(p->schema), &c, &ce))
+            return BAD("response_format", "'response_format.json_schema': %s", ce.msg);
+        sf_jschema_free(c);
+        s->schema = p->schema;
+        s->schema_len = strlen(p->schema);
+    }
     if (s->json && s->ignore_eos)
-        return BAD("ignore_eos", "'ignore_eos' cannot be used with a json_object 'response_format' (the output "
-                                  "ends when its object does)");
+        return BAD("ignore_eos", "'ignore_eos' cannot be used with a JSON 'response_format' (the output ends "
+                                  "when its object does)");
     if (s->json && s->min_tokens > 0)
-        return BAD("min_tokens", "'min_tokens' cannot be used with a json_object 'response_format' (the output "
-                                 "ends when its object does)");
+        return BAD("min_tokens", "'min_tokens' cannot be used with a JSON 'response_format' (the output ends "
+                                 "when its object does)");
     return 0;
 }
 
@@ -348,7 +364,7 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     if ((rc = parse_stop(o, s, e))) goto fail;
     if ((rc = parse_logit_bias(o, p, e))) goto fail;
     if ((rc = parse_stop_token_ids(o, s, e))) goto fail;
-    if ((rc = parse_response_format(o, s, e))) goto fail;
+    if ((rc = parse_response_format(o, p, e))) goto fail;
     x = 1;
     if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
     p->n = (int)x;
@@ -403,6 +419,7 @@ void sf_gw_params_free(sf_gw_params *p)
     free(p->msgs);
     free(p->prompt_ids);
     free(p->bias);
+    free(p->schema);
     json_decref(p->root);
     memset(p, 0, sizeof *p);
 }

@@ -47,6 +47,7 @@ typedef struct sf_gw_params {
     int add_generation_prompt;
     sf_sampling sampling;     /* stop strings point into root, logit_bias entries into bias */
     sf_logit_bias *bias;      /* malloc'd */
+    char *schema;             /* malloc'd: response_format's json_schema.schema as text (sampling.schema) */
     int max_tokens_given;
     int stream, include_usage;
     int n;

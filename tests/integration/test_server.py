@@ -252,7 +252,8 @@ def test_api(s):
 def test_json_mode(s):
     """response_format json_object: every output that ends (finish_reason stop) is one JSON object,
     in both routes, streamed or not; the end-of-sequence token comes only when the object is done
-    (forced here: '}' all but forced by logit_bias closes it at once); what cannot be kept is a 400."""
+    (forced here: '}' all but forced by logit_bias closes it at once); json_schema: such outputs
+    are instances of the schema; what cannot be kept is a 400."""
     chat = {"messages": [{"role": "user", "content": "Describe a cat as JSON."}],
             "response_format": {"type": "json_object"}, "max_tokens": 400}
     stops, bad = 0, []
@@ -289,6 +290,47 @@ def test_json_mode(s):
     st, _, r = s.json("/v1/chat/completions", dict(chat, seed=3, max_tokens=30, logprobs=True, n=2))
     lps = [x["logprob"] for ch in r.get("choices", []) for x in ch["logprobs"]["content"]] if st == 200 else []
     check("json_mode_logprobs_finite", st == 200 and len(lps) > 0 and all(v > -1e30 for v in lps), r)
+
+    # json_schema: the outputs that end are instances (the properties in order, all required here)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "pet": {"enum": ["cat", "dog", None]},
+                                               "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3}},
+              "required": ["name", "age", "pet", "tags"], "additionalProperties": False}
+    rf = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema, "strict": True}}
+    stops, bad = 0, []
+    for seed in range(1, 9):
+        st, _, r = s.json("/v1/chat/completions", dict(chat, seed=seed, response_format=rf, max_tokens=300))
+        c = r["choices"][0] if st == 200 else {}
+        if c.get("finish_reason") != "stop":
+            if c.get("finish_reason") != "length":
+                bad.append((seed, st, r))
+            continue
+        stops += 1
+        try:
+            v = json.loads(c["message"]["content"])
+            ok = (list(v) == ["name", "age", "pet", "tags"] and isinstance(v["name"], str) and
+                  type(v["age"]) is int and v["pet"] in ("cat", "dog", None) and isinstance(v["tags"], list) and
+                  len(v["tags"]) <= 3 and all(type(x) is bool for x in v["tags"]))
+        except ValueError:
+            ok = False
+        if not ok:
+            bad.append((seed, c["message"]["content"][:200]))
+    check("json_schema_outputs_are_instances", stops >= 1 and not bad, "%d ended: %r" % (stops, bad))
+    st, events, done = s.stream("/v1/completions", {"prompt": "A person:", "max_tokens": 300, "seed": 5, "stream": True,
+                                                    "response_format": rf})
+    text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+    fin = events[-1]["choices"][0]["finish_reason"] if events else None
+    try:
+        streamed_ok = fin == "length" or list(json.loads(text)) == ["name", "age", "pet", "tags"]
+    except ValueError:
+        streamed_ok = False
+    check("json_schema_completions_streamed", st == 200 and done and streamed_ok, (fin, text[:200]))
+    for sch, says in (({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}, "'pattern'"),
+                      ({"type": "array"}, "root"), ({"type": "object", "additionalProperties": True}, "additionalProperties")):
+        st, _, r = s.json("/v1/chat/completions",
+                          dict(chat, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": sch}}))
+        check("json_schema_refused_" + says.strip("'"), st == 400 and r["error"]["param"] == "response_format" and
+              says in r["error"]["message"], r)
 
     for extra, param in (({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format"),
                          ({"response_format": {"type": "yaml"}}, "response_format"),

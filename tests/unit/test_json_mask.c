@@ -15,7 +15,7 @@
 static int whole(const char *s, size_t n)
 {
     sf_json j;
-    sf_json_init(&j);
+    sf_json_init(&j, NULL);
     return sf_json_feed(&j, s, n) && sf_json_done(&j);
 }
 
@@ -43,7 +43,7 @@ TEST(documents)
         CHECK_MSG(whole(s, n), "valid document refused: %s", s);
         for (size_t k = 0; k <= n; k++) { /* split in two feeds at k; every prefix feedable */
             sf_json j;
-            sf_json_init(&j);
+            sf_json_init(&j, NULL);
             int a = sf_json_feed(&j, s, k);
             int b = a && sf_json_feed(&j, s + k, n - k) && sf_json_done(&j);
             CHECK_MSG(a && b, "valid document refused when split at %zu: %s", k, s);
@@ -59,15 +59,15 @@ TEST(documents)
     n += 4;
     for (int d = 1; d < SF_JSON_MAX_DEPTH; d++) deep[n++] = '[';
     sf_json j;
-    sf_json_init(&j);
+    sf_json_init(&j, NULL);
     CHECK(sf_json_feed(&j, deep, n) && j.depth == SF_JSON_MAX_DEPTH && !sf_json_feed(&j, "[", 1));
     /* whitespace runs stop at SF_JSON_MAX_WS bytes, inside strings they do not count */
     char pad[SF_JSON_MAX_WS + 1];
     memset(pad, ' ', sizeof pad);
     pad[0] = '\n';
-    sf_json_init(&j);
+    sf_json_init(&j, NULL);
     CHECK(sf_json_feed(&j, "{", 1) && sf_json_feed(&j, pad, SF_JSON_MAX_WS) && !sf_json_feed(&j, " ", 1));
-    sf_json_init(&j);
+    sf_json_init(&j, NULL);
     CHECK(sf_json_feed(&j, pad, SF_JSON_MAX_WS) && sf_json_feed(&j, "{\"", 2) && sf_json_feed(&j, pad + 1, sizeof pad - 1) &&
           sf_json_feed(&j, "\":", 2) && sf_json_feed(&j, pad, SF_JSON_MAX_WS) && sf_json_feed(&j, "1}", 2) && sf_json_done(&j));
 }
@@ -180,6 +180,281 @@ TEST(random_against_jansson)
     CHECK(valid_seen > 100);
 }
 
+/* ---- schemas ----------------------------------------------------------------------------------- */
+static const char *const person =
+    "{\"type\": \"object\", \"title\": \"p\", \"properties\": {"
+    "\"name\": {\"type\": \"string\", \"description\": \"full name\"},"
+    "\"age\": {\"type\": \"integer\"},"
+    "\"score\": {\"type\": [\"number\", \"null\"]},"
+    "\"tags\": {\"type\": \"array\", \"items\": {\"enum\": [\"a\", \"bb\", \"b\", true, null]}, \"minItems\": 1, \"maxItems\": 3},"
+    "\"addr\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"zip\": {\"const\": \"x\\u00e9\"}},"
+    "           \"required\": [\"zip\"], \"additionalProperties\": false},"
+    "\"extra\": {\"type\": \"object\"},"
+    "\"any\": {}"
+    "}, \"required\": [\"name\", \"age\", \"tags\"], \"additionalProperties\": false}";
+
+static int with_schema(const sf_jschema *sc, const char *s)
+{
+    sf_json j;
+    sf_json_init(&j, sc);
+    return sf_json_feed(&j, s, strlen(s)) && sf_json_done(&j);
+}
+
+TEST(schema_compile)
+{
+    sf_jschema *sc = NULL;
+    sf_error err = { 0 };
+    CHECK_MSG(sf_jschema_compile(person, strlen(person), &sc, &err) == SF_OK, "%s", err.msg);
+    sf_jschema_free(sc);
+    static const struct { const char *schema, *says; } bad[] = {
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}", "'pattern' at $.properties.a" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"anyOf\": []}}}", "'anyOf'" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"$ref\": \"#/x\"}}}", "'$ref'" },
+        { "{\"type\": \"object\", \"additionalProperties\": true}", "additionalProperties" },
+        { "{\"type\": \"array\"}", "root" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"enum\": [1, 2]}}}", "strings, booleans or null" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {}}, \"required\": [\"b\"]}", "required[0]" },
+        { "{\"type\": \"object\", \"properties\": {\"a\\\"b\": {}}}", "property name" },
+        { "{\"type\": \"objekt\"}", "not a JSON type" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"array\", \"minItems\": 3, \"maxItems\": 2}}}", "minItems" },
+        { "[1]", "$ must be an object" },
+        { "{\"type\": ", "not JSON" },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(bad); i++) {
+        sc = NULL;
+        int rc = sf_jschema_compile(bad[i].schema, strlen(bad[i].schema), &sc, &err);
+        CHECK_MSG(rc == SF_EINVAL && !sc && strstr(err.msg, bad[i].says), "%s: rc %d: %s", bad[i].schema, rc, err.msg);
+    }
+}
+
+TEST(schema_documents)
+{
+    sf_jschema *sc = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_jschema_compile(person, strlen(person), &sc, &err) == SF_OK, "%s", err.msg);
+    static const char *const good[] = {
+        "{\"name\": \"Ann\", \"age\": 31, \"tags\": [\"a\"]}",
+        "{\"name\":\"\",\"age\":-0,\"score\":null,\"tags\":[\"bb\",true,null]}",
+        "{\"name\": \"x\", \"age\": 7, \"score\": 2.5e3, \"tags\": [\"b\", \"a\"], \"addr\": {\"zip\": \"x\xc3\xa9\"}}",
+        "{\"name\": \"x\", \"age\": 7, \"tags\": [null], \"addr\": {\"city\": \"P\", \"zip\": \"x\xc3\xa9\"}, \"extra\": {\"k\": [1, {}]}, \"any\": [true]}",
+        "{\"name\": \"x\", \"age\": 7, \"tags\": [\"a\"], \"any\": \"s\"}",
+    };
+    static const char *const bad[] = {
+        "{}",                                                           /* required missing */
+        "{\"name\": \"Ann\", \"age\": 31}",                             /* tags required */
+        "{\"age\": 31, \"name\": \"Ann\", \"tags\": [\"a\"]}",          /* out of order */
+        "{\"name\": \"Ann\", \"age\": 31, \"tags\": [\"a\"], \"zz\": 1}", /* not a property */
+        "{\"name\": \"Ann\", \"name\": \"B\", \"age\": 31, \"tags\": [\"a\"]}",
+        "{\"name\": 5, \"age\": 31, \"tags\": [\"a\"]}",                /* wrong type */
+        "{\"name\": \"A\", \"age\": 31.5, \"tags\": [\"a\"]}",          /* not an integer */
+        "{\"name\": \"A\", \"age\": 3e1, \"tags\": [\"a\"]}",
+        "{\"name\": \"A\", \"age\": 3, \"tags\": []}",                  /* minItems */
+        "{\"name\": \"A\", \"age\": 3, \"tags\": [\"a\", \"a\", \"a\", \"a\"]}", /* maxItems */
+        "{\"name\": \"A\", \"age\": 3, \"tags\": [\"c\"]}",             /* not in the enum */
+        "{\"name\": \"A\", \"age\": 3, \"tags\": [\"a\\u0062\"]}",      /* written otherwise than the schema does */
+        "{\"name\": \"A\", \"age\": 3, \"tags\": [false]}",
+        "{\"name\": \"A\", \"age\": 3, \"tags\": [\"a\"], \"addr\": {\"city\": \"P\"}}", /* zip required */
+        "{\"name\": \"A\", \"age\": 3, \"tags\": [\"a\"], \"score\": \"1\"}",
+        "{\"name\": \"A\", \"age\": 3, \"tags\": [\"a\"], \"extra\": []}",
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(good); i++) {
+        const char *s = good[i];
+        size_t n = strlen(s);
+        CHECK_MSG(with_schema(sc, s), "valid document refused: %s", s);
+        for (size_t k = 0; k <= n; k++) {
+            sf_json j;
+            sf_json_init(&j, sc);
+            int a = sf_json_feed(&j, s, k), b = a && sf_json_feed(&j, s + k, n - k) && sf_json_done(&j);
+            CHECK_MSG(a && b, "valid document refused when split at %zu: %s", k, s);
+        }
+    }
+    for (size_t i = 0; i < SF_ARRAY_LEN(bad); i++) CHECK_MSG(!with_schema(sc, bad[i]), "invalid document accepted: %s", bad[i]);
+    /* a key narrows to the properties that can come: after "name", only "age" (required next) */
+    sf_json j;
+    sf_json_init(&j, sc);
+    CHECK(sf_json_feed(&j, "{\"name\": \"A\", \"", 15) && !sf_json_feed(&j, "s", 1));
+    sf_json_init(&j, sc);
+    CHECK(sf_json_feed(&j, "{\"name\": \"A\", \"age\": 1, \"tags\": [\"a\"], \"", 40) && sf_json_feed(&j, "extra\": {", 9));
+    sf_jschema_free(sc);
+}
+
+/* The subset's meaning, written from the schema's JSON for the random test: jansson parses the
+ * instance (duplicate keys refused), properties must come in the listed order. */
+static int ref_valid(json_t *v, json_t *s)
+{
+    if (json_is_true(s) || (json_is_object(s) && !json_object_get(s, "type") && !json_object_get(s, "enum") &&
+                            !json_object_get(s, "const") && !json_object_get(s, "properties")))
+        return 1;
+    json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (en || cn) {
+        json_t *vals = en ? en : NULL;
+        if (cn) return json_equal(v, cn);
+        size_t i;
+        json_t *x;
+        json_array_foreach(vals, i, x) if (json_equal(v, x)) return 1;
+        return 0;
+    }
+    json_t *type = json_object_get(s, "type");
+    int ok = 0;
+    const char *names[8];
+    int nn = 0;
+    if (json_is_string(type)) names[nn++] = json_string_value(type);
+    else {
+        size_t i;
+        json_t *x;
+        json_array_foreach(type, i, x) if (nn < 8) names[nn++] = json_string_value(x);
+    }
+    for (int i = 0; i < nn && !ok; i++) {
+        const char *t = names[i];
+        if (!strcmp(t, "string")) ok = json_is_string(v);
+        else if (!strcmp(t, "integer")) ok = json_is_integer(v);
+        else if (!strcmp(t, "number")) ok = json_is_number(v);
+        else if (!strcmp(t, "boolean")) ok = json_is_boolean(v);
+        else if (!strcmp(t, "null")) ok = json_is_null(v);
+        else if (!strcmp(t, "array") && json_is_array(v)) {
+            json_t *items = json_object_get(s, "items"), *mi = json_object_get(s, "minItems"), *ma = json_object_get(s, "maxItems");
+            ok = (!mi || (json_int_t)json_array_size(v) >= json_integer_value(mi)) &&
+                 (!ma || (json_int_t)json_array_size(v) <= json_integer_value(ma));
+            size_t k;
+            json_t *x;
+            json_array_foreach(v, k, x) if (ok && items) ok = ref_valid(x, items);
+        } else if (!strcmp(t, "object") && json_is_object(v)) {
+            json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+            if (!props) { ok = 1; continue; }
+            ok = 1;
+            const char *k;
+            json_t *x;
+            void *it = json_object_iter(props);
+            json_object_foreach(v, k, x) { /* in the listed order: walk the properties forward */
+                while (it && strcmp(json_object_iter_key(it), k)) it = json_object_iter_next(props, it);
+                if (!it) { ok = 0; break; }
+                if (!ref_valid(x, json_object_iter_value(it))) { ok = 0; break; }
+                it = json_object_iter_next(props, it);
+            }
+            size_t ri;
+            json_array_foreach(req, ri, x) if (ok && !json_object_get(v, json_string_value(x))) ok = 0;
+        }
+    }
+    return ok;
+}
+
+/* a random instance of schema s (valid unless the dice say otherwise) */
+static void gen_instance(sbuf *b, json_t *s, int depth)
+{
+    json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (en || cn) {
+        json_t *x = cn ? cn : json_array_get(en, (size_t)rnd((int)json_array_size(en)));
+        char *t = json_dumps(x, JSON_ENCODE_ANY | JSON_COMPACT);
+        put(b, t);
+        free(t);
+        return;
+    }
+    json_t *type = json_object_get(s, "type");
+    const char *t = json_is_string(type) ? json_string_value(type)
+                    : json_is_array(type) ? json_string_value(json_array_get(type, (size_t)rnd((int)json_array_size(type))))
+                                          : NULL;
+    if (!t) { gen_value(b, depth + 2); return; }
+    if (!strcmp(t, "string")) gen_string(b);
+    else if (!strcmp(t, "integer")) put(b, rnd(2) ? "42" : "-7");
+    else if (!strcmp(t, "number")) put(b, rnd(2) ? "3.5" : "1e3");
+    else if (!strcmp(t, "boolean")) put(b, rnd(2) ? "true" : "false");
+    else if (!strcmp(t, "null")) put(b, "null");
+    else if (!strcmp(t, "array")) {
+        json_t *items = json_object_get(s, "items");
+        int n = 1 + rnd(3);
+        put(b, "[");
+        for (int i = 0; i < n; i++) {
+            if (i) put(b, ", ");
+            if (items) gen_instance(b, items, depth + 1);
+            else gen_value(b, depth + 2);
+        }
+        put(b, "]");
+    } else {
+        json_t *props = json_object_get(s, "properties"), *req = json_object_get(s, "required");
+        if (!props) { gen_object(b, depth + 2); return; }
+        put(b, "{");
+        ws(b);
+        int first = 1;
+        const char *k;
+        json_t *x;
+        json_object_foreach(props, k, x) {
+            int required = 0;
+            size_t ri;
+            json_t *r;
+            json_array_foreach(req, ri, r) if (!strcmp(json_string_value(r), k)) required = 1;
+            if (!required && rnd(2)) continue;
+            if (!first) { put(b, ","); ws(b); }
+            first = 0;
+            put(b, "\"");
+            put(b, k);
+            put(b, "\":");
+            ws(b);
+            gen_instance(b, x, depth + 1);
+        }
+        ws(b);
+        put(b, "}");
+    }
+}
+
+TEST(schema_random_against_reference)
+{
+    json_t *schema = json_loads(person, 0, NULL);
+    sf_jschema *sc = NULL;
+    sf_error err = { 0 };
+    REQUIRE(schema && sf_jschema_compile(person, strlen(person), &sc, &err) == SF_OK, "%s", err.msg);
+    /* the free-form parts ("extra", "any") make duplicate keys possible that jansson refuses: not here */
+    json_object_del(json_object_get(schema, "properties"), "extra");
+    json_object_del(json_object_get(schema, "properties"), "any");
+    char *text = json_dumps(schema, JSON_COMPACT);
+    sf_jschema_free(sc);
+    REQUIRE(sf_jschema_compile(text, strlen(text), &sc, &err) == SF_OK, "%s", err.msg);
+    sf_rng_seed(&R, 5);
+    static const char alphabet[] = "{}[]:,\"\\-.eE0179 tnabcx\xc3\xa9";
+    int agree = 0, valid = 0, gen_ok = 0, n_gen = 0;
+    for (int it = 0; it < 6000; it++) {
+        sbuf b = { .n = 0 };
+        gen_instance(&b, schema, 0);
+        if (it % 3 == 0) {
+            json_t *v = json_loadb(b.b, b.n, JSON_REJECT_DUPLICATES, NULL);
+            int want = v && ref_valid(v, schema), got = 0;
+            json_decref(v);
+            sf_json j;
+            sf_json_init(&j, sc);
+            got = sf_json_feed(&j, b.b, b.n) && sf_json_done(&j);
+            n_gen++;
+            gen_ok += got;
+            CHECK_MSG(got == want && want, "generated: ours %d reference %d: %.*s", got, want, (int)b.n, b.b);
+            continue;
+        }
+        for (int m = 1 + rnd(2); m > 0 && b.n > 0; m--) {
+            size_t at = (size_t)rnd((int)b.n);
+            int op = rnd(3);
+            char c = alphabet[rnd((int)sizeof alphabet - 1)];
+            if (op == 0) b.b[at] = c;
+            else if (op == 1 && b.n + 1 < sizeof b.b) { memmove(b.b + at + 1, b.b + at, b.n - at); b.b[at] = c; b.n++; }
+            else { memmove(b.b + at, b.b + at + 1, b.n - at - 1); b.n--; }
+        }
+        json_error_t je;
+        json_t *v = json_loadb(b.b, b.n, JSON_REJECT_DUPLICATES, &je);
+        int want = v && json_is_object(v) && ref_valid(v, schema);
+        json_decref(v);
+        sf_json j;
+        sf_json_init(&j, sc);
+        int got = sf_json_feed(&j, b.b, b.n) && sf_json_done(&j);
+        /* (enum values are wanted byte for byte as the schema writes them, where the reference
+         * compares values: a mutation would have to write a \u escape of 4 hex digits to tell) */
+        valid += want;
+        agree += got == want;
+        CHECK_MSG(got == want, "ours %d, reference %d: %.*s", got, want, (int)b.n, b.b);
+    }
+    printf("  %d of %d generated instances accepted; %d mutated texts agree with the reference (%d valid)\n", gen_ok,
+           n_gen, agree, valid);
+    CHECK(valid > 100);
+    free(text);
+    json_decref(schema);
+    sf_jschema_free(sc);
+}
+
 /* ---- the mask over real vocabularies ------------------------------------------------------- */
 static int32_t tok_of(const sf_tokenizer *t, const char *text)
 {
@@ -203,7 +478,7 @@ static void check_vocab(const char *dir)
     double t1 = (double)clock() / CLOCKS_PER_SEC;
     float *l = malloc(sizeof(float) * V);
     sf_json j;
-    sf_json_init(&j);
+    sf_json_init(&j, NULL);
     /* at the start only text made of whitespace and a '{' may come: "{" is one of them */
     for (int i = 0; i < V; i++) l[i] = 0;
     int kept = sf_json_mask(&j, v, l);
@@ -255,6 +530,9 @@ int main(void)
 {
     RUN(documents);
     RUN(random_against_jansson);
+    RUN(schema_compile);
+    RUN(schema_documents);
+    RUN(schema_random_against_reference);
     RUN(mask_real_vocabularies);
     return test_summary();
 }
