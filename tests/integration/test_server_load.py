@@ -313,6 +313,10 @@ def test_second_signal():
     for t in ts:
         t.start()
     started.wait(120)
+    deadline = time.time() + 60  # all four admitted (one running, three queued) before the drain
+    while time.time() < deadline and ((s.metric("semflow_running_sequences") or 0) +
+                                      (s.metric('semflow_queue_depth{lane="normal"}') or 0)) < 4:
+        time.sleep(0.05)
     s.proc.send_signal(signal.SIGTERM)
     deadline = time.time() + 30
     while time.time() < deadline and "draining in-flight" not in s.logtext():
