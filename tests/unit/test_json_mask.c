@@ -80,6 +80,19 @@ typedef struct sbuf { char b[8192]; size_t n; } sbuf;
 static void put(sbuf *s, const char *p) { size_t l = strlen(p); if (s->n + l < sizeof s->b) { memcpy(s->b + s->n, p, l); s->n += l; } }
 static void ws(sbuf *s) { static const char *w[] = { "", "", " ", "\n", "\t", "\r\n  " }; put(s, w[rnd(6)]); }
 
+/* one or two bytes replaced, inserted or deleted, the new ones from alphabet */
+static void mutate(sbuf *s, const char *alphabet, size_t n_alpha)
+{
+    for (int m = 1 + rnd(2); m > 0 && s->n > 0; m--) {
+        size_t at = (size_t)rnd((int)s->n);
+        int op = rnd(3);
+        char c = alphabet[rnd((int)n_alpha)];
+        if (op == 0) s->b[at] = c;
+        else if (op == 1 && s->n + 1 < sizeof s->b) { memmove(s->b + at + 1, s->b + at, s->n - at); s->b[at] = c; s->n++; }
+        else { memmove(s->b + at, s->b + at + 1, s->n - at - 1); s->n--; }
+    }
+}
+
 static void gen_string(sbuf *s)
 {
     static const char *parts[] = { "a", "key", "x y", "\\\"", "\\\\", "\\/", "\\n", "\\t", "\\u00e9", "\\u20AC",
@@ -160,14 +173,7 @@ TEST(random_against_jansson)
                       jansson_ok(s.b, s.n), (int)s.n, s.b);
             continue;
         }
-        for (int m = 1 + rnd(2); m > 0 && s.n > 0; m--) { /* mutate: replace, insert or delete a byte */
-            size_t at = (size_t)rnd((int)s.n);
-            int op = rnd(3);
-            char c = alphabet[rnd((int)sizeof alphabet - 1)];
-            if (op == 0) s.b[at] = c;
-            else if (op == 1 && s.n + 1 < sizeof s.b) { memmove(s.b + at + 1, s.b + at, s.n - at); s.b[at] = c; s.n++; }
-            else { memmove(s.b + at, s.b + at + 1, s.n - at - 1); s.n--; }
-        }
+        mutate(&s, alphabet, sizeof alphabet - 1);
         int want = jansson_ok(s.b, s.n);
         if (want < 0) { skipped++; continue; }
         int got = whole(s.b, s.n);
@@ -426,14 +432,7 @@ TEST(schema_random_against_reference)
             CHECK_MSG(got == want && want, "generated: ours %d reference %d: %.*s", got, want, (int)b.n, b.b);
             continue;
         }
-        for (int m = 1 + rnd(2); m > 0 && b.n > 0; m--) {
-            size_t at = (size_t)rnd((int)b.n);
-            int op = rnd(3);
-            char c = alphabet[rnd((int)sizeof alphabet - 1)];
-            if (op == 0) b.b[at] = c;
-            else if (op == 1 && b.n + 1 < sizeof b.b) { memmove(b.b + at + 1, b.b + at, b.n - at); b.b[at] = c; b.n++; }
-            else { memmove(b.b + at, b.b + at + 1, b.n - at - 1); b.n--; }
-        }
+        mutate(&b, alphabet, sizeof alphabet - 1);
         json_error_t je;
         json_t *v = json_loadb(b.b, b.n, JSON_REJECT_DUPLICATES, &je);
         int want = v && json_is_object(v) && ref_valid(v, schema);
