@@ -60,8 +60,8 @@ static const struct { int id; const char *name; int blck, size; } ggml_types[] =
     { 6, "Q5_0", 32, 22 }, { 7, "Q5_1", 32, 24 }, { 8, "Q8_0", 32, 34 }, { 9, "Q8_1", 32, 36 },
     { 10, "Q2_K", 256, 84 }, { 11, "Q3_K", 256, 110 }, { 12, "Q4_K", 256, 144 }, { 13, "Q5_K", 256, 176 },
     { 14, "Q6_K", 256, 210 }, { 15, "Q8_K", 256, 292 }, { 16, "IQ2_XXS", 0, 0 }, { 17, "IQ2_XS", 0, 0 },
-    { 18, "IQ3_XXS", 0, 0 }, { 19, "IQ1_S", 0, 0 }, { 20, "IQ4_NL", 0, 0 }, { 21, "IQ3_S", 0, 0 },
-    { 22, "IQ2_S", 0, 0 }, { 23, "IQ4_XS", 0, 0 }, { 24, "I8", 1, 1 }, { 25, "I16", 1, 2 },
+    { 18, "IQ3_XXS", 0, 0 }, { 19, "IQ1_S", 0, 0 }, { 20, "IQ4_NL", 32, 18 }, { 21, "IQ3_S", 0, 0 },
+    { 22, "IQ2_S", 0, 0 }, { 23, "IQ4_XS", 256, 136 }, { 24, "I8", 1, 1 }, { 25, "I16", 1, 2 },
     { 26, "I32", 1, 4 }, { 27, "I64", 1, 8 }, { 28, "F64", 1, 8 }, { 29, "IQ1_M", 0, 0 },
     { 30, "BF16", 1, 2 }, { 34, "TQ1_0", 0, 0 }, { 35, "TQ2_0", 0, 0 }, { 39, "MXFP4", 0, 0 },
 };
@@ -236,7 +236,7 @@ int sf_gguf_open(const char *path, sf_gguf **out, sf_error *err)
                 { SF_GGML_Q8_0, SF_DT_Q8_0 }, { SF_GGML_Q4_0, SF_DT_Q4_0 }, { SF_GGML_Q4_1, SF_DT_Q4_1 },
                 { SF_GGML_Q5_0, SF_DT_Q5_0 }, { SF_GGML_Q5_1, SF_DT_Q5_1 }, { SF_GGML_Q2_K, SF_DT_Q2_K },
                 { SF_GGML_Q3_K, SF_DT_Q3_K }, { SF_GGML_Q4_K, SF_DT_Q4_K }, { SF_GGML_Q5_K, SF_DT_Q5_K },
-                { SF_GGML_Q6_K, SF_DT_Q6_K },
+                { SF_GGML_Q6_K, SF_DT_Q6_K }, { SF_GGML_IQ4_NL, SF_DT_IQ4_NL }, { SF_GGML_IQ4_XS, SF_DT_IQ4_XS },
             };
             for (size_t k = 0; k < SF_ARRAY_LEN(q); k++)
                 if (q[k].ggml == (int)type) {

@@ -22,7 +22,7 @@ enum {
 enum {
     SF_GGML_F32 = 0, SF_GGML_F16 = 1, SF_GGML_Q4_0 = 2, SF_GGML_Q4_1 = 3, SF_GGML_Q5_0 = 6, SF_GGML_Q5_1 = 7,
     SF_GGML_Q8_0 = 8, SF_GGML_Q2_K = 10, SF_GGML_Q3_K = 11, SF_GGML_Q4_K = 12, SF_GGML_Q5_K = 13, SF_GGML_Q6_K = 14,
-    SF_GGML_BF16 = 30
+    SF_GGML_IQ4_NL = 20, SF_GGML_IQ4_XS = 23, SF_GGML_BF16 = 30
 };
 
 typedef struct sf_gguf_kv {

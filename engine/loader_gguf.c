@@ -163,8 +163,9 @@ static int bind(const sf_gguf *g, sf_model *m, sf_view *v, const char *name, int
         else if (sf_dtype_block(t->dtype) > 1)
             snprintf(why, sizeof why, " with rows of %lld, not whole %d-blocks", (long long)t->ne[0], sf_dtype_block(t->dtype));
         return sf_err(err, SF_EUNSUPPORTED, "%s: tensor '%s' has type %s (%d)%s; semflow loads F32, F16, BF16, Q8_0, "
-                      "Q4_0, Q4_1, Q5_0, Q5_1 and Q2_K..Q6_K GGUF weights in whole blocks (F32/F16/BF16 for norms "
-                      "and biases), not the IQ formats: re-quantize the model to one of those (Q4_K_M, Q8_0, F16)",
+                      "Q4_0, Q4_1, Q5_0, Q5_1, Q2_K..Q6_K, IQ4_NL and IQ4_XS GGUF weights in whole blocks "
+                      "(F32/F16/BF16 for norms and biases), not the other IQ formats: re-quantize the model to one "
+                      "of those (Q4_K_M, IQ4_XS, Q8_0, F16)",
                       g->path, name, sf_gguf_type_name(t->ggml_type), t->ggml_type, why);
     }
     v->data = t->data;

@@ -34,7 +34,7 @@ size_t sf_ld_tensor_bytes(sf_dtype t, int64_t rows, int64_t cols)
 const char *sf_ld_dtype_name(sf_dtype t)
 {
     static const char *names[] = { "F32", "F16", "BF16", "Q8_0", "I32", "I8", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K" };
+                                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS" };
     _Static_assert(SF_ARRAY_LEN(names) == SF_DT_COUNT, "a name for every dtype");
     return (unsigned)t < SF_ARRAY_LEN(names) ? names[t] : "?";
 }

@@ -23,6 +23,8 @@ const char *sf_dtype_name(sf_dtype t)
     case SF_DT_Q4_K: return "q4_k";
     case SF_DT_Q5_K: return "q5_k";
     case SF_DT_Q6_K: return "q6_k";
+    case SF_DT_IQ4_NL: return "iq4_nl";
+    case SF_DT_IQ4_XS: return "iq4_xs";
     default: return "unknown";
     }
 }
@@ -31,7 +33,7 @@ const char *sf_dtype_name(sf_dtype t)
 static const struct { sf_dtype t; int elems, bytes; } blocks[] = {
     { SF_DT_Q8_0, 32, 34 }, { SF_DT_Q4_0, 32, 18 }, { SF_DT_Q4_1, 32, 20 }, { SF_DT_Q5_0, 32, 22 },
     { SF_DT_Q5_1, 32, 24 }, { SF_DT_Q2_K, 256, 84 }, { SF_DT_Q3_K, 256, 110 }, { SF_DT_Q4_K, 256, 144 },
-    { SF_DT_Q5_K, 256, 176 }, { SF_DT_Q6_K, 256, 210 },
+    { SF_DT_Q5_K, 256, 176 }, { SF_DT_Q6_K, 256, 210 }, { SF_DT_IQ4_NL, 32, 18 }, { SF_DT_IQ4_XS, 256, 136 },
 };
 
 int sf_dtype_block(sf_dtype t)

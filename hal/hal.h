@@ -26,7 +26,8 @@ typedef enum sf_dtype {
     SF_DT_I32,
     SF_DT_I8,   /* KV cache in 8 bits with per-block scales (degrade path) */
     /* GGUF's other block formats (hal/quant.c): weights only, read once at load and kept as
-     * f16 (CPU) or bf16 (CUDA); rows are whole blocks of 32 (Q4_0..Q5_1) or 256 (K-quants) */
+     * f16 (CPU) or bf16 (CUDA); rows are whole blocks of 32 (Q4_0..Q5_1, IQ4_NL) or 256
+     * (K-quants, IQ4_XS) */
     SF_DT_Q4_0,
     SF_DT_Q4_1,
     SF_DT_Q5_0,
@@ -36,6 +37,8 @@ typedef enum sf_dtype {
     SF_DT_Q4_K,
     SF_DT_Q5_K,
     SF_DT_Q6_K,
+    SF_DT_IQ4_NL,
+    SF_DT_IQ4_XS,
     SF_DT_COUNT
 } sf_dtype;
 

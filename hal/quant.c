@@ -1,5 +1,6 @@
 /* quant.c — GGUF's block formats into fp32, for the weights of GGUF files that are neither
- * float nor Q8_0 (Q8_0 has its own kernels; it is here too, for completeness).
+ * float nor Q8_0 (Q8_0 has its own kernels; it is here too, for completeness). The IQ formats
+ * other than IQ4_NL and IQ4_XS (lattice codebooks of hundreds of entries) are not read.
  *
  * Every format stores a block of 32 or 256 weights as small integers q with scales: the
  * "_0" formats give w = d * q (q centred), "_1" w = d * q + m, and the K-quants (super-blocks
@@ -17,6 +18,10 @@
  *   Q4_K (256, 144 B): d @0, dmin @2, 8 6-bit scales and mins in 12 bytes @4, nibbles @16
  *   Q5_K (256, 176 B): as Q4_K, with 32 bytes of fifth bits @16 and the nibbles @48
  *   Q6_K (256, 210 B): low nibbles @0, 2-bit high parts @128, 16 int8 scales @192, d @208; q less 32
+ *   IQ4_NL (32, 18 B): as Q4_0, but a nibble indexes a fixed non-linear table (iq4nl) instead of
+ *        counting from -8
+ *   IQ4_XS (256, 136 B): d @0, the high 2 bits of 8 6-bit sub-block scales (u16) @2, their low
+ *        nibbles @4, then 8 sub-blocks of IQ4_NL nibbles @8; a sub-block's scale is d (s - 32)
  * The order of weights inside a block follows ggml: in the 2-bit formats each byte serves
  * four weights 32 apart (bit pairs 0-1, 2-3, 4-5, 6-7), in the 4-bit ones two weights 32 apart
  * (low, high nibble) — 16 apart in Q4_0..Q5_1. */
@@ -130,6 +135,27 @@ static void q45_k(const uint8_t *b, float *y, int five)
         }
 }
 
+/* IQ4_NL's and IQ4_XS's 16 levels (ggml's kvalues_iq4nl) */
+static const int8_t iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
+static void iq4_nibbles(const uint8_t *qs, float d, float *y)
+{
+    for (int i = 0; i < 16; i++) {
+        y[i] = d * (float)iq4nl[qs[i] & 15];
+        y[i + 16] = d * (float)iq4nl[qs[i] >> 4];
+    }
+}
+
+static void iq4_xs(const uint8_t *b, float *y)
+{
+    float d = f16at(b);
+    unsigned hi = (unsigned)(b[2] | b[3] << 8);
+    for (int s = 0; s < 8; s++) {
+        int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (int)((hi >> (2 * s)) & 3) << 4;
+        iq4_nibbles(b + 8 + 16 * s, d * (float)(ls - 32), y + 32 * s);
+    }
+}
+
 static void q6_k(const uint8_t *b, float *y)
 {
     const uint8_t *ql = b, *qh = b + 128;
@@ -161,6 +187,8 @@ void sf_dequant_row(sf_dtype t, const void *src, int64_t n, float *dst)
         case SF_DT_Q4_K: q45_k(b, dst, 0); break;
         case SF_DT_Q5_K: q45_k(b, dst, 1); break;
         case SF_DT_Q6_K: q6_k(b, dst); break;
+        case SF_DT_IQ4_NL: iq4_nibbles(b + 2, f16at(b), dst); break;
+        case SF_DT_IQ4_XS: iq4_xs(b, dst); break;
         default: return;
         }
     }

@@ -10,8 +10,9 @@
 
 #include "../../hal/hal.h"
 
-static const sf_dtype qr_types[] = { SF_DT_Q8_0, SF_DT_Q4_0, SF_DT_Q4_1, SF_DT_Q5_0, SF_DT_Q5_1,
-                                     SF_DT_Q2_K, SF_DT_Q3_K, SF_DT_Q4_K, SF_DT_Q5_K, SF_DT_Q6_K };
+static const sf_dtype qr_types[] = { SF_DT_Q8_0, SF_DT_Q4_0, SF_DT_Q4_1, SF_DT_Q5_0, SF_DT_Q5_1, SF_DT_Q2_K,
+                                     SF_DT_Q3_K, SF_DT_Q4_K, SF_DT_Q5_K, SF_DT_Q6_K, SF_DT_IQ4_NL, SF_DT_IQ4_XS };
+static const int8_t qr_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
 
 static double qr_f16(const uint8_t *p) { return sf_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 static int qr_bit(const uint8_t *p, int i) { return p[i / 8] >> (i % 8) & 1; }
@@ -59,6 +60,12 @@ static double qr_value(sf_dtype t, const uint8_t *b, int e)
         int hi = (b[128 + 32 * half + l] >> (2 * k)) & 3;
         return qr_f16(b + 208) * (int8_t)b[192 + 8 * half + 2 * k + l / 16] * ((lo | hi << 4) - 32);
     }
+    case SF_DT_IQ4_NL: return qr_f16(b) * qr_iq4nl[(b[2 + e % 16] >> (e / 16 * 4)) & 15];
+    case SF_DT_IQ4_XS: { /* sub-block s = e / 32: its 6-bit scale, then IQ4_NL nibbles */
+        int s = e / 32, l = e % 32;
+        int ls = ((b[4 + s / 2] >> (s % 2 * 4)) & 15) | ((b[2 + s / 4] >> (s % 4 * 2)) & 3) << 4;
+        return qr_f16(b) * (ls - 32) * qr_iq4nl[(b[8 + 16 * s + l % 16] >> (l / 16 * 4)) & 15];
+    }
     default: return NAN;
     }
 }
@@ -87,6 +94,8 @@ static void qr_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
     case SF_DT_Q4_K: qr_put_f16(b, 5e-5f * u); qr_put_f16(b + 2, 4e-4f * v); break;
     case SF_DT_Q5_K: qr_put_f16(b, 2.5e-5f * u); qr_put_f16(b + 2, 4e-4f * v); break;
     case SF_DT_Q6_K: qr_put_f16(b + 208, 1.2e-5f * u); break;
+    case SF_DT_IQ4_NL: qr_put_f16(b, 4e-4f * u); break;
+    case SF_DT_IQ4_XS: qr_put_f16(b, 1.2e-5f * u); break;
     default: break;
     }
 }

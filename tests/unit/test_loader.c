@@ -660,7 +660,8 @@ static int ggml_type_of(sf_dtype t)
         { SF_DT_F32, SF_GGML_F32 }, { SF_DT_Q8_0, SF_GGML_Q8_0 }, { SF_DT_Q4_0, SF_GGML_Q4_0 },
         { SF_DT_Q4_1, SF_GGML_Q4_1 }, { SF_DT_Q5_0, SF_GGML_Q5_0 }, { SF_DT_Q5_1, SF_GGML_Q5_1 },
         { SF_DT_Q2_K, SF_GGML_Q2_K }, { SF_DT_Q3_K, SF_GGML_Q3_K }, { SF_DT_Q4_K, SF_GGML_Q4_K },
-        { SF_DT_Q5_K, SF_GGML_Q5_K }, { SF_DT_Q6_K, SF_GGML_Q6_K },
+        { SF_DT_Q5_K, SF_GGML_Q5_K }, { SF_DT_Q6_K, SF_GGML_Q6_K }, { SF_DT_IQ4_NL, SF_GGML_IQ4_NL },
+        { SF_DT_IQ4_XS, SF_GGML_IQ4_XS },
     };
     for (size_t i = 0; i < SF_ARRAY_LEN(m); i++)
         if (m[i].t == t) return m[i].g;
@@ -774,7 +775,7 @@ TEST(gguf_block_formats)
         free(y);
     }
 
-    for (int first = 0; first < 10; first += 5) {
+    for (int first = 0; first < 12; first += 5) { /* three rotations of 9 matrices: every format */
         const char *p = tmp_path("blocks.gguf");
         bmat mats[B_NT];
         gguf_blocks(p, first, SF_DT_F32, mats);
@@ -801,7 +802,7 @@ TEST(gguf_block_formats)
     gguf_synth(p, (gopts){ .version = 3, .q_type = SF_GGML_Q4_K }); /* rows of 32 */
     expect_fail(p, SF_EUNSUPPORTED, "Q4_K (12) with rows of 32, not whole 256-blocks", NULL);
     gguf_synth(p, (gopts){ .version = 3, .q_type = 16 });
-    expect_fail(p, SF_EUNSUPPORTED, "IQ2_XXS (16)", "not the IQ formats");
+    expect_fail(p, SF_EUNSUPPORTED, "IQ2_XXS (16)", "not the other IQ formats");
 }
 
 TEST(gguf_bad_inputs)
