@@ -6,6 +6,7 @@
  * The rendered prompt already holds the BOS text where the format wants one, so encode it with
  * add_special = 0 (as apply_chat_template(tokenize=True) does). Pure functions; any thread. */
 #include <ctype.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -50,24 +51,124 @@ static int put_trimmed(tok_buf *b, const char *s)
     return tok_buf_put(b, s + st, n - st);
 }
 
-static int render_llama3(tok_buf *b, const char *bos, const sf_chat_msg *m, int n, int gen)
+/* JSON as the templates' `tojson` writes it (json.dumps: ", " and ": ", key order kept, UTF-8) */
+static int put_json(tok_buf *b, json_t *v, size_t flags)
+{
+    char *s = json_dumps(v, flags | JSON_ENCODE_ANY);
+    int rc = s ? put(b, s) : SF_ENOMEM;
+    free(s);
+    return rc;
+}
+
+/* A tool call's arguments: OpenAI sends a JSON string; the templates want the object (as vLLM
+ * parses it before rendering), or the string itself when it is not JSON. */
+static int put_arguments(tok_buf *b, json_t *call)
+{
+    json_t *a = json_object_get(json_object_get(call, "function"), "arguments");
+    json_t *v = json_is_string(a) ? json_loads(json_string_value(a), JSON_DECODE_ANY, NULL) : NULL;
+    int rc = put_json(b, v ? v : a ? a : json_object(), 0);
+    json_decref(v);
+    return rc;
+}
+
+static const char *call_name(json_t *call)
+{
+    const char *s = json_string_value(json_object_get(json_object_get(call, "function"), "name"));
+    return s ? s : "";
+}
+
+/* Llama 3 (3.0 template); with tools or tool turns, Llama 3.1's: a system turn with the
+ * environment and dates, the tools in the first user message, calls as {"name", "parameters"},
+ * results as ipython turns (their text as a JSON string, as the template's tojson writes it). */
+static int render_llama3(tok_buf *b, const char *bos, const sf_chat_msg *m, int n, int gen, json_t *tools,
+                         sf_error *err)
 {
     int rc = n > 0 ? put(b, bos) : SF_OK; /* the template prepends bos_token to the first message */
-    for (int i = 0; i < n && !rc; i++)
-        rc = put(b, "<|start_header_id|>") || put(b, m[i].role) || put(b, "<|end_header_id|>\n\n") ||
-             put_trimmed(b, m[i].content) || put(b, "<|eot_id|>");
+    int i = 0;
+    if (tools) {
+        const char *sys = "";
+        if (n > 0 && !strcmp(m[0].role, "system")) sys = m[i++].content;
+        if (i >= n || strcmp(m[i].role, "user"))
+            return sf_err(err, SF_EINVAL, "chat format llama3: tools go in the first user message, and there is none");
+        rc = rc || put(b, "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge Date: "
+                          "December 2023\nToday Date: 26 Jul 2024\n\n") || put_trimmed(b, sys) || put(b, "<|eot_id|>") ||
+             put(b, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a "
+                    "JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond "
+                    "in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}."
+                    "Do not use variables.\n\n");
+        size_t k;
+        json_t *tool;
+        json_array_foreach(tools, k, tool) rc = rc || put_json(b, tool, JSON_INDENT(4)) || put(b, "\n\n");
+        rc = rc || put_trimmed(b, m[i++].content) || put(b, "<|eot_id|>");
+    }
+    for (; i < n && !rc; i++) {
+        if (m[i].tool_calls) { /* one call a turn, as the template allows */
+            json_t *calls = json_loads(m[i].tool_calls, 0, NULL), *c = json_array_get(calls, 0);
+            if (json_array_size(calls) != 1) {
+                json_decref(calls);
+                return sf_err(err, SF_EINVAL, "chat format llama3: message %d has %zu tool calls; Llama 3.1 takes one "
+                              "call a turn", i, json_array_size(calls));
+            }
+            rc = put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"") || put(b, call_name(c)) ||
+                 put(b, "\", \"parameters\": ") || put_arguments(b, c) || put(b, "}<|eot_id|>");
+            json_decref(calls);
+        } else if (!strcmp(m[i].role, "tool")) {
+            json_t *s = json_string(m[i].content);
+            rc = put(b, "<|start_header_id|>ipython<|end_header_id|>\n\n") || put_json(b, s, 0) || put(b, "<|eot_id|>");
+            json_decref(s);
+        } else {
+            rc = put(b, "<|start_header_id|>") || put(b, m[i].role) || put(b, "<|end_header_id|>\n\n") ||
+                 put_trimmed(b, m[i].content) || put(b, "<|eot_id|>");
+        }
+    }
     if (!rc && gen) rc = put(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return rc;
 }
 
-static int render_chatml(tok_buf *b, const sf_tokenizer *t, const sf_chat_msg *m, int n, int gen)
+/* ChatML; tools, calls and results as Qwen2.5's template writes them. */
+static int render_chatml(tok_buf *b, const sf_tokenizer *t, const sf_chat_msg *m, int n, int gen, json_t *tools)
 {
-    int rc = SF_OK;
-    /* Qwen2's template adds this system turn when the conversation has none */
-    if (t && t->chat_template && strstr(t->chat_template, "You are a helpful assistant.") && n > 0 && strcmp(m[0].role, "system"))
-        rc = put(b, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
-    for (int i = 0; i < n && !rc; i++)
-        rc = put(b, "<|im_start|>") || put(b, m[i].role) || put(b, "\n") || put(b, m[i].content) || put(b, "<|im_end|>\n");
+    static const char qwen25[] = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    const char *tpl = t ? t->chat_template : NULL;
+    /* the system turn Qwen's templates add when the conversation has none (Qwen2.5's, Qwen2's) */
+    const char *dflt = tpl && strstr(tpl, qwen25) ? qwen25 : tpl && strstr(tpl, "You are a helpful assistant.")
+                                                                  ? "You are a helpful assistant." : NULL;
+    int rc = SF_OK, i = 0;
+    if (tools) {
+        rc = put(b, "<|im_start|>system\n");
+        if (n > 0 && !strcmp(m[0].role, "system")) rc = rc || put(b, m[i++].content);
+        else if (dflt) rc = rc || put(b, dflt);
+        rc = rc || put(b, "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                          "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+        size_t k;
+        json_t *tool;
+        json_array_foreach(tools, k, tool) rc = rc || put(b, "\n") || put_json(b, tool, 0);
+        rc = rc || put(b, "\n</tools>\n\nFor each function call, return a json object with function name and "
+                          "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "
+                          "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n");
+    } else if (dflt && n > 0 && strcmp(m[0].role, "system")) {
+        rc = put(b, "<|im_start|>system\n") || put(b, dflt) || put(b, "<|im_end|>\n");
+    }
+    for (; i < n && !rc; i++) {
+        if (m[i].tool_calls) {
+            json_t *calls = json_loads(m[i].tool_calls, 0, NULL), *c;
+            size_t k;
+            rc = put(b, "<|im_start|>assistant");
+            if (*m[i].content) rc = rc || put(b, "\n") || put(b, m[i].content);
+            json_array_foreach(calls, k, c) rc = rc || put(b, "\n<tool_call>\n{\"name\": \"") || put(b, call_name(c)) ||
+                                                 put(b, "\", \"arguments\": ") || put_arguments(b, c) ||
+                                                 put(b, "}\n</tool_call>");
+            rc = rc || put(b, "<|im_end|>\n");
+            json_decref(calls);
+        } else if (!strcmp(m[i].role, "tool")) { /* a run of results is one user turn */
+            if (i == 0 || strcmp(m[i - 1].role, "tool")) rc = put(b, "<|im_start|>user");
+            rc = rc || put(b, "\n<tool_response>\n") || put(b, m[i].content) || put(b, "\n</tool_response>");
+            if (!rc && (i == n - 1 || strcmp(m[i + 1].role, "tool"))) rc = put(b, "<|im_end|>\n");
+        } else {
+            rc = put(b, "<|im_start|>") || put(b, m[i].role) || put(b, "\n") || put(b, m[i].content) ||
+                 put(b, "<|im_end|>\n");
+        }
+    }
     if (!rc && gen) rc = put(b, "<|im_start|>assistant\n");
     return rc;
 }
@@ -123,6 +224,12 @@ static int render_zephyr(tok_buf *b, const char *eos, const sf_chat_msg *m, int 
 int sf_chat_render(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, int n, int add_generation_prompt,
                    char **out, sf_error *err)
 {
+    return sf_chat_render_tools(t, format, msgs, n, add_generation_prompt, NULL, out, err);
+}
+
+int sf_chat_render_tools(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, int n, int add_generation_prompt,
+                         const char *tools_json, char **out, sf_error *err)
+{
     tok_buf b = { 0 };
     int rc = SF_OK;
     *out = NULL;
@@ -131,13 +238,29 @@ int sf_chat_render(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, i
         if (!msgs[i].role || !msgs[i].content || !*msgs[i].role)
             return sf_err(err, SF_EINVAL, "chat message %d has no %s", i, msgs[i].content ? "role" : "content");
     if (format == SF_CHAT_AUTO) format = sf_tok_chat_format(t);
+    json_t *tools = NULL;
+    int tool_turns = 0;
+    for (int i = 0; i < n; i++) tool_turns |= msgs[i].tool_calls || !strcmp(msgs[i].role, "tool");
+    if (tools_json && !(tools = json_loads(tools_json, 0, NULL)))
+        return sf_err(err, SF_EINVAL, "the tools are not a JSON array");
+    if ((tools || tool_turns) && format != SF_CHAT_LLAMA3 && format != SF_CHAT_CHATML) {
+        json_decref(tools);
+        return sf_err(err, SF_EUNSUPPORTED, "this model's chat format (%s) has no convention for tools and tool "
+                      "calls here (llama3 and chatml do)", format == SF_CHAT_INST ? "[INST]" : format == SF_CHAT_ZEPHYR
+                                                                                     ? "zephyr" : "raw");
+    }
     const char *bos = t && t->bos_str ? t->bos_str : NULL, *eos = t && t->eos_str ? t->eos_str : NULL;
     switch (format) {
     case SF_CHAT_LLAMA3:
-        rc = render_llama3(&b, bos ? bos : "<|begin_of_text|>", msgs, n, add_generation_prompt);
+        rc = render_llama3(&b, bos ? bos : "<|begin_of_text|>", msgs, n, add_generation_prompt, tools, err);
+        if (rc == SF_EINVAL) {
+            json_decref(tools);
+            free(b.p);
+            return rc;
+        }
         break;
     case SF_CHAT_CHATML:
-        rc = render_chatml(&b, t, msgs, n, add_generation_prompt);
+        rc = render_chatml(&b, t, msgs, n, add_generation_prompt, tools);
         break;
     case SF_CHAT_INST:
         if ((rc = render_inst(&b, bos ? bos : "<s>", eos ? eos : "</s>", msgs, n, err))) {
@@ -154,6 +277,7 @@ int sf_chat_render(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, i
     default:
         return sf_err(err, SF_EINVAL, "unknown chat format %d (use llama3, chatml, inst, zephyr or raw)", format);
     }
+    json_decref(tools);
     if (!rc) rc = tok_buf_put(&b, "", 0);
     if (rc) {
         free(b.p);

@@ -77,6 +77,7 @@ void sf_detok_free(sf_detok *d);
 typedef struct sf_chat_msg {
     const char *role;         /* system | user | assistant | tool */
     const char *content;
+    const char *tool_calls;   /* assistant: JSON text of OpenAI's tool_calls array, NULL: none */
 } sf_chat_msg;
 enum { SF_CHAT_AUTO = 0, SF_CHAT_LLAMA3, SF_CHAT_CHATML, SF_CHAT_INST, SF_CHAT_ZEPHYR, SF_CHAT_RAW };
 /* Name -> SF_CHAT_* ("llama3", "chatml", "inst", "zephyr", "raw"); -1 unknown. */
@@ -86,5 +87,11 @@ int sf_tok_chat_format(const sf_tokenizer *t);
 /* Render messages to a prompt string (malloc'd). format SF_CHAT_AUTO: from the template. */
 int sf_chat_render(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, int n,
                    int add_generation_prompt, char **out, sf_error *err);
+/* The same with tools offered: tools is the JSON text of OpenAI's tools array (each
+ * {"type": "function", "function": {...}}), NULL: none. Tools, assistant tool calls and tool
+ * results render as Qwen2.5's template does them (chatml) or Llama 3.1's (llama3, the tools in
+ * the first user message); the other formats have no such convention (SF_EUNSUPPORTED). */
+int sf_chat_render_tools(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, int n,
+                         int add_generation_prompt, const char *tools, char **out, sf_error *err);
 
 #endif

@@ -71,6 +71,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
         goto reject;
     }
     if (gw_tokenize_prompt(engine, &p, &ids, &n_ids, &e)) goto reject;
+    if (sf_gw_force_call(&p, sf_tok_chat_format(sf_engine_tokenizer(engine)) == SF_CHAT_LLAMA3, &e)) goto reject;
     if (n_ids >= gw->max_model_len) {
         sf_gw_fail(&e, 400, "invalid_request_error", "context_length_exceeded", kind == SF_GW_CHAT ? "messages" : "prompt",
                    "the prompt is %d tokens; this model's context is %d tokens, which must also hold the output",
@@ -112,6 +113,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->include_usage = p.include_usage;
     r->n = p.n;
     r->logprobs = p.logprobs;
+    r->tools = p.tool_choice != SF_GW_TOOLS_NONE;
     r->top_logprobs = p.top_logprobs;
     r->tenant = tenant;
     r->intent = intent;

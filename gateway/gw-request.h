@@ -42,6 +42,8 @@ typedef struct gw_choice {
     char *text;                /* whole responses: the text so far */
     size_t len, cap;
     json_t *lp;                /* whole responses with logprobs: accumulated */
+    json_t *calls;             /* tools: the calls read from the reply (NULL: a plain reply) */
+    char *said;                /* tools: the reply's text before its calls (malloc'd, or NULL) */
     char *error;
 } gw_choice;
 
@@ -52,6 +54,7 @@ typedef struct gw_req {
     struct evhttp_request *http; /* NULL once answered or the connection closed */
     struct evhttp_connection *conn;
     int kind, stream, include_usage, n, logprobs, top_logprobs;
+    int tools;                 /* replies are read for tool calls: streams hold the text to the end */
     char id[48];
     long created;
     sf_tenant *tenant;

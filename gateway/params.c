@@ -1,6 +1,7 @@
 /* params.c — OpenAI request bodies -> sf_gw_params, with OpenAI-shaped rejections. */
 #include "params.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -211,7 +212,8 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
     if (n > 100000) return BAD("messages", "'messages' holds too many messages");
     p->msgs = calloc(n, sizeof *p->msgs);
     p->msg_text = calloc(n, sizeof *p->msg_text);
-    if (!p->msgs || !p->msg_text) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->msg_calls = calloc(n, sizeof *p->msg_calls);
+    if (!p->msgs || !p->msg_text || !p->msg_calls) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     p->n_msgs = (int)n;
     for (size_t i = 0; i < n; i++) {
         json_t *m = json_array_get(v, i);
@@ -226,13 +228,28 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
         p->msgs[i].role = r == 4 ? "system" : json_string_value(role);
         int rc = parse_content(json_object_get(m, "content"), i, p, e);
         if (rc) return rc;
+        json_t *calls = json_object_get(m, "tool_calls");
+        if (calls && !json_is_null(calls) && !(json_is_array(calls) && json_array_size(calls) == 0)) {
+            if (r != 2 || !json_is_array(calls))
+                return BAD("messages", "'messages[%zu].tool_calls' must be an array, in an assistant message", i);
+            size_t k;
+            json_t *c;
+            json_array_foreach(calls, k, c) {
+                json_t *f = json_object_get(c, "function");
+                if (!json_is_string(json_object_get(f, "name")) || !json_is_string(json_object_get(f, "arguments")))
+                    return BAD("messages", "'messages[%zu].tool_calls[%zu]' must be {\"type\": \"function\", "
+                                           "\"function\": {\"name\": ..., \"arguments\": \"...\"}}", i, k);
+            }
+            if (!(p->msg_calls[i] = json_dumps(calls, 0))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+            p->msgs[i].tool_calls = p->msg_calls[i];
+        }
     }
     return 0;
 }
 
 static int reject_unsupported(json_t *o, sf_gw_err *e)
 {
-    static const char *keys[] = { "tools", "tool_choice", "functions", "function_call", "suffix" };
+    static const char *keys[] = { "functions", "function_call", "suffix" };
     for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
         json_t *v = json_object_get(o, keys[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -280,6 +297,60 @@ static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
     if (s->json && s->min_tokens > 0)
         return BAD("min_tokens", "'min_tokens' cannot be used with a JSON 'response_format' (the output ends "
                                  "when its object does)");
+    return 0;
+}
+
+/* tools: [{"type": "function", "function": {"name", "description"?, "parameters"?}}, ...] and
+ * tool_choice ("none", "auto", "required" or {"type": "function", "function": {"name"}}) */
+static int parse_tools(json_t *o, sf_gw_params *p, sf_gw_err *e)
+{
+    json_t *tools = json_object_get(o, "tools"), *choice = json_object_get(o, "tool_choice");
+    int have = tools && !json_is_null(tools) && !(json_is_array(tools) && json_array_size(tools) == 0);
+    if (choice && !json_is_null(choice) && !have) {
+        if (json_is_string(choice) && !strcmp(json_string_value(choice), "none")) return 0;
+        return BAD("tool_choice", "'tool_choice' needs 'tools'");
+    }
+    if (!have) return 0;
+    if (p->kind != SF_GW_CHAT) return BAD("tools", "'tools' are for /v1/chat/completions");
+    if (!json_is_array(tools) || json_array_size(tools) > SF_GW_MAX_TOOLS)
+        return BAD("tools", "'tools' must be an array of at most %d functions", SF_GW_MAX_TOOLS);
+    size_t i;
+    json_t *t;
+    json_array_foreach(tools, i, t) {
+        json_t *f = json_object_get(t, "function"), *name = json_object_get(f, "name"), *par = json_object_get(f, "parameters");
+        json_t *ty = json_object_get(t, "type");
+        if (!json_is_object(t) || !json_is_string(ty) || strcmp(json_string_value(ty), "function") || !json_is_object(f))
+            return BAD("tools", "'tools[%zu]' must be {\"type\": \"function\", \"function\": {...}}", i);
+        const char *nm = json_string_value(name);
+        size_t nl = nm ? strlen(nm) : 0;
+        int ok = nl > 0 && nl <= 64;
+        for (size_t k = 0; ok && k < nl; k++)
+            ok = isalnum((unsigned char)nm[k]) || nm[k] == '_' || nm[k] == '-' || nm[k] == '.';
+        if (!ok) return BAD("tools", "'tools[%zu].function.name' must be 1 to 64 of a-z, A-Z, 0-9, '_', '-', '.'", i);
+        if (par && !json_is_null(par) && !json_is_object(par))
+            return BAD("tools", "'tools[%zu].function.parameters' must be an object (a JSON Schema)", i);
+    }
+    if (!(p->tools = json_dumps(tools, 0))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->tool_choice = SF_GW_TOOLS_AUTO;
+    if (!choice || json_is_null(choice)) return 0;
+    const char *cs = json_string_value(choice);
+    if (cs && !strcmp(cs, "none")) p->tool_choice = SF_GW_TOOLS_NONE;
+    else if (cs && !strcmp(cs, "auto")) p->tool_choice = SF_GW_TOOLS_AUTO;
+    else if (cs && !strcmp(cs, "required")) p->tool_choice = SF_GW_TOOLS_REQUIRED;
+    else {
+        const char *nm = json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+        json_array_foreach(tools, i, t) if (nm && !strcmp(nm, json_string_value(json_object_get(json_object_get(t, "function"), "name")))) break;
+        if (!nm || i == json_array_size(tools))
+            return BAD("tool_choice", "'tool_choice' must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                                      "\"function\": {\"name\": ...}} naming one of the tools");
+        p->tool_choice = SF_GW_TOOLS_NAMED;
+        p->tool_name = nm;
+    }
+    if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && p->sampling.json)
+        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with a JSON 'response_format'");
+    if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && (p->sampling.ignore_eos || p->sampling.min_tokens > 0))
+        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with 'ignore_eos' or "
+                                  "'min_tokens' (the output ends when its call does)");
     return 0;
 }
 
@@ -365,6 +436,7 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     if ((rc = parse_logit_bias(o, p, e))) goto fail;
     if ((rc = parse_stop_token_ids(o, s, e))) goto fail;
     if ((rc = parse_response_format(o, p, e))) goto fail;
+    if ((rc = parse_tools(o, p, e))) goto fail;
     x = 1;
     if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
     p->n = (int)x;
@@ -416,6 +488,9 @@ void sf_gw_params_free(sf_gw_params *p)
     if (!p) return;
     for (int i = 0; p->msg_text && i < p->n_msgs; i++) free(p->msg_text[i]);
     free(p->msg_text);
+    for (int i = 0; p->msg_calls && i < p->n_msgs; i++) free(p->msg_calls[i]);
+    free(p->msg_calls);
+    free(p->tools);
     free(p->msgs);
     free(p->prompt_ids);
     free(p->bias);

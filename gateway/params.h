@@ -28,6 +28,9 @@ int sf_gw_fail(sf_gw_err *e, int status, const char *type, const char *code, con
                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 
 enum { SF_GW_COMPLETIONS = 0, SF_GW_CHAT = 1 };
+/* tool_choice: no tools or "none" (no calls parsed), "auto", "required", a named function */
+enum { SF_GW_TOOLS_NONE = 0, SF_GW_TOOLS_AUTO, SF_GW_TOOLS_REQUIRED, SF_GW_TOOLS_NAMED };
+#define SF_GW_MAX_TOOLS 128
 #define SF_GW_MAX_N 16
 #define SF_GW_MAX_TOKENS_LIMIT 1000000
 
@@ -48,6 +51,12 @@ typedef struct sf_gw_params {
     sf_sampling sampling;     /* stop strings point into root, logit_bias entries into bias */
     sf_logit_bias *bias;      /* malloc'd */
     char *schema;             /* malloc'd: response_format's json_schema.schema as text (sampling.schema) */
+    /* chat tools: the tools array as JSON text (malloc'd), what tool_choice asks, and for a named
+     * choice the tool; messages' tool_calls as JSON text in msg_calls (malloc'd per message) */
+    char *tools;
+    int tool_choice;          /* SF_GW_TOOLS_* */
+    const char *tool_name;
+    char **msg_calls;
     int max_tokens_given;
     int stream, include_usage;
     int n;
@@ -62,5 +71,15 @@ typedef struct sf_gw_params {
  * leaves nothing to free; on success free with sf_gw_params_free. */
 int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, sf_gw_err *e);
 void sf_gw_params_free(sf_gw_params *p);
+
+/* A tool_choice of "required" or a named function: the output is constrained to a call, as a
+ * JSON Schema set in p->sampling (the called tool's parameters where engine/json_mask.h's subset
+ * holds them, else any object; "parameters" for llama3's calls, "arguments" otherwise). */
+int sf_gw_force_call(sf_gw_params *p, int llama3, sf_gw_err *e);
+/* The tool calls in a reply: <tool_call>{"name", "arguments"}</tool_call> blocks (Qwen, Hermes;
+ * text before them goes to *content, malloc'd) or a reply that is one {"name", "parameters" |
+ * "arguments"} object (Llama 3.1, forced calls). A JSON array of OpenAI tool_calls (ids
+ * "call_<id>_<k>"), or NULL when the reply is not calls. */
+json_t *sf_gw_parse_tool_calls(const char *text, size_t len, const char *id, char **content);
 
 #endif

@@ -78,6 +78,8 @@ void gw_req_free(gw_req *r)
         free(r->ch[i].text);
         free(r->ch[i].error);
         json_decref(r->ch[i].lp);
+        json_decref(r->ch[i].calls);
+        free(r->ch[i].said);
     }
     if (r->wake) event_free(r->wake);
     if (r->hup) event_free(r->hup);
@@ -255,12 +257,50 @@ static void stream_token(gw_req *r, gw_choice *c, const gw_ev *e)
     sse_send(r, chunk);
 }
 
+/* A choice's finish_reason: "tool_calls" when its reply was read as calls */
+static const char *choice_finish(const gw_choice *c) { return c->calls ? "tool_calls" : finish_name(c->finish); }
+
+/* tools: read the finished reply for calls (a reply that stopped, not one cut short) */
+static void read_calls(gw_req *r, gw_choice *c)
+{
+    if (!r->tools || c->finish != SF_FINISH_STOP || c->error) return;
+    char id[64];
+    snprintf(id, sizeof id, "%s_%d", r->id, c->idx);
+    c->calls = sf_gw_parse_tool_calls(c->text ? c->text : "", c->len, id, &c->said);
+}
+
+/* tools, streamed: the held reply in one delta, as content or as tool_calls (each with its index) */
+static void stream_held(gw_req *r, gw_choice *c)
+{
+    read_calls(r, c);
+    json_t *delta;
+    if (c->calls) {
+        size_t k;
+        json_t *call;
+        json_array_foreach(c->calls, k, call) json_object_set_new(call, "index", json_integer((json_int_t)k));
+        delta = json_pack("{s:O}", "tool_calls", c->calls);
+        if (c->said) json_object_set_new(delta, "content", json_string(c->said));
+    } else if (c->len) {
+        delta = json_pack("{s:o}", "content", gw_json_text(c->text, c->len));
+    } else {
+        return;
+    }
+    json_t *chunk = chunk_base(r);
+    json_object_set_new(chunk, "choices", json_pack("[{s:i, s:o, s:o, s:n}]", "index", c->idx, "delta", delta,
+                                                    "logprobs", c->lp ? json_incref(c->lp) : json_null(),
+                                                    "finish_reason"));
+    sse_send(r, chunk);
+    if (c->calls) /* the whole response's form has no index in its calls */
+        for (size_t k = 0; k < json_array_size(c->calls); k++) json_object_del(json_array_get(c->calls, k), "index");
+}
+
 static void stream_finish_choice(gw_req *r, gw_choice *c)
 {
     json_t *choice;
+    if (r->tools) stream_held(r, c);
     if (r->kind == SF_GW_CHAT)
         choice = json_pack("{s:i, s:{}, s:n, s:s}", "index", c->idx, "delta", "logprobs", "finish_reason",
-                           finish_name(c->finish));
+                           choice_finish(c));
     else
         choice = json_pack("{s:i, s:s, s:n, s:s}", "index", c->idx, "text", "", "logprobs", "finish_reason",
                            finish_name(c->finish));
@@ -316,12 +356,15 @@ static void finish_response(gw_req *r)
     json_t *choices = json_array();
     for (int i = 0; i < r->n; i++) {
         gw_choice *c = &r->ch[i];
-        json_t *text = gw_json_text(c->text ? c->text : "", c->len);
+        read_calls(r, c);
+        json_t *text = c->calls ? (c->said ? json_string(c->said) : json_null()) : gw_json_text(c->text ? c->text : "", c->len);
         json_t *lp = c->lp ? json_incref(c->lp) : json_null();
-        if (r->kind == SF_GW_CHAT)
-            json_array_append_new(choices, json_pack("{s:i, s:{s:s, s:o}, s:o, s:s}", "index", i, "message", "role",
-                                                     "assistant", "content", text, "logprobs", lp, "finish_reason",
-                                                     finish_name(c->finish)));
+        if (r->kind == SF_GW_CHAT) {
+            json_t *msg = json_pack("{s:s, s:o}", "role", "assistant", "content", text);
+            if (c->calls) json_object_set(msg, "tool_calls", c->calls);
+            json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s}", "index", i, "message", msg, "logprobs", lp,
+                                                     "finish_reason", choice_finish(c)));
+        }
         else
             json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", text, "logprobs", lp,
                                                      "finish_reason", finish_name(c->finish)));
@@ -361,9 +404,9 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
             }
             if (c->last_t > 0) sf_hist_observe(&m->itl, e->t - c->last_t);
             c->last_t = e->t;
-            if (r->stream) {
+            if (r->stream && !r->tools) {
                 stream_token(r, c, e);
-            } else {
+            } else { /* whole responses, and tool replies held to their end */
                 if (r->logprobs) {
                     if (r->kind == SF_GW_CHAT) {
                         if (!c->lp) c->lp = json_pack("{s:[]}", "content");

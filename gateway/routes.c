@@ -87,8 +87,9 @@ int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int32_t **ids, 
     int rc;
     if (p->kind == SF_GW_CHAT) {
         char *text = NULL;
-        rc = sf_chat_render(t, SF_CHAT_AUTO, p->msgs, p->n_msgs, p->add_generation_prompt, &text, &err);
-        if (rc) return sf_gw_fail(e, 400, "invalid_request_error", NULL, "messages", "chat template: %s", err.msg);
+        rc = sf_chat_render_tools(t, SF_CHAT_AUTO, p->msgs, p->n_msgs, p->add_generation_prompt, p->tools, &text, &err);
+        if (rc) return sf_gw_fail(e, 400, "invalid_request_error", NULL, rc == SF_EUNSUPPORTED ? "tools" : "messages",
+                                  "chat template: %s", err.msg);
         rc = sf_tok_encode(t, text, strlen(text), !starts_with_bos(t, text), ids, &nn, &err);
         free(text);
     } else {

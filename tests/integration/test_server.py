@@ -341,6 +341,61 @@ def test_json_mode(s):
               st == 400 and r["error"]["param"] == param, r)
 
 
+def test_tools(s):
+    """Chat tools: a forced call (a named function, or "required") comes back as tool_calls with
+    finish_reason "tool_calls", whole or streamed; '}' all but forced by logit_bias keeps the
+    random demo model's arguments short. History with calls and results renders; what cannot be
+    kept is a 400."""
+    _, _, t = s.json("/tokenize", {"prompt": "}", "add_special_tokens": False})
+    close = t["tokens"][0]
+    tools = [{"type": "function", "function": {"name": "get_time", "description": "Current time",
+                                                "parameters": {"type": "object", "properties": {}}}},
+             {"type": "function", "function": {"name": "add", "parameters": {
+                 "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}}}}]
+    base = {"messages": [{"role": "user", "content": "What time is it?"}], "tools": tools, "temperature": 0,
+            "max_tokens": 300, "logit_bias": {str(close): 100}}
+    named = dict(base, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    st, _, r = s.json("/v1/chat/completions", named)
+    c = r["choices"][0] if st == 200 else {}
+    calls = c.get("message", {}).get("tool_calls") or []
+    check("tools_named_call", st == 200 and c["finish_reason"] == "tool_calls" and c["message"]["content"] is None and
+          len(calls) == 1 and calls[0]["type"] == "function" and calls[0]["id"].startswith("call_") and
+          calls[0]["function"]["name"] == "get_time" and json.loads(calls[0]["function"]["arguments"]) == {}, r)
+    st, events, done = s.stream("/v1/chat/completions", dict(named, stream=True))
+    deltas = [e["choices"][0]["delta"] for e in events if e.get("choices")]
+    tc = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    check("tools_named_call_streamed", st == 200 and done and len(tc) == 1 and tc[0][0]["index"] == 0 and
+          tc[0][0]["function"]["name"] == "get_time" and events[-1]["choices"][0]["finish_reason"] == "tool_calls" and
+          not any(d.get("content") for d in deltas), events)
+    st, _, r = s.json("/v1/chat/completions", dict(base, tool_choice="required"))
+    c = r["choices"][0] if st == 200 else {}
+    calls = c.get("message", {}).get("tool_calls") or []
+    check("tools_required_call", st == 200 and c["finish_reason"] == "tool_calls" and len(calls) == 1 and
+          calls[0]["function"]["name"] in ("get_time", "add") and
+          isinstance(json.loads(calls[0]["function"]["arguments"]), dict), r)
+    st, _, r = s.json("/v1/chat/completions", dict(base, tool_choice="auto", max_tokens=20, logit_bias={}))
+    check("tools_auto_plain_reply", st == 200 and r["choices"][0]["finish_reason"] in ("stop", "length") and
+          isinstance(r["choices"][0]["message"]["content"], str), r)
+    history = [{"role": "user", "content": "What time is it?"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "12:00"}]
+    st, _, r = s.json("/v1/chat/completions", {"messages": history, "tools": tools, "max_tokens": 4})
+    check("tools_history_renders", st == 200 and r["choices"][0]["message"]["content"] is not None, r)
+    for body, param in (
+            (dict(base, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
+            ({"messages": base["messages"], "tool_choice": "required"}, "tool_choice"),
+            (dict(base, tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools"),
+            (dict(base, tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
+            (dict(base, messages=[{"role": "assistant", "content": "hi"}]), "messages"),
+            (dict(base, messages=[{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "1"}]}]),
+             "messages")):
+        st, _, r = s.json("/v1/chat/completions", body)
+        check("tools_refused_" + param, st == 400 and r["error"]["param"] == param, (body, r))
+    st, _, r = s.json("/v1/completions", {"prompt": "x", "tools": tools})
+    check("tools_refused_on_completions", st == 400 and r["error"]["param"] == "tools", r)
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -384,7 +439,7 @@ def test_bad_inputs(s, model):
         ("message_no_role", "POST", "/v1/chat/completions", {"messages": [{"content": "x"}]}, None, 400),
         ("top_logprobs_without_logprobs", "POST", "/v1/chat/completions",
          {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, None, 400),
-        ("tools_unsupported", "POST", "/v1/chat/completions",
+        ("tool_without_function", "POST", "/v1/chat/completions",
          {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, None, 400),
         ("logit_bias_not_object", "POST", "/v1/completions", {"prompt": "a", "logit_bias": [[5, 10]]}, None, 400),
         ("logit_bias_key_not_id", "POST", "/v1/completions", {"prompt": "a", "logit_bias": {"hello": 10}}, None, 400),
@@ -538,6 +593,7 @@ def main():
         check("health_ready", s.alive())
         model = test_api(s)
         test_json_mode(s)
+        test_tools(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)

@@ -154,6 +154,76 @@ TEST(chatml_qwen2_default_system)
     sf_tok_free(t);
 }
 
+/* Tools, a call and two results, rendered as Qwen2.5's and Llama 3.1's templates render them
+ * (worked out from those templates by hand; the chatml text matches what vLLM shows Qwen2.5 is
+ * given). */
+static const char tools_json[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}}]";
+static const sf_chat_msg tool_conv[] = {
+    { "system", "Be brief.", NULL },
+    { "user", "Weather in Paris?", NULL },
+    { "assistant", "", "[{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", "
+                       "\"arguments\": \"{\\\"city\\\":\\\"Paris\\\"}\"}}]" },
+    { "tool", "{\"temp\": 21}", NULL },
+    { "tool", "sunny", NULL },
+    { "user", "Thanks", NULL },
+};
+
+static char *render_tools(int fmt, const sf_chat_msg *m, int n, const char *tools, int *rc)
+{
+    char *s = NULL;
+    sf_error err = { 0 };
+    *rc = sf_chat_render_tools(NULL, fmt, m, n, 1, tools, &s, &err);
+    if (*rc) printf("# render: %s\n", err.msg);
+    return s;
+}
+
+TEST(tools)
+{
+    int rc;
+    CHECK_STR(render_tools(SF_CHAT_CHATML, tool_conv, 6, tools_json, &rc),
+              "<|im_start|>system\nBe brief.\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+              "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+              "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": \"Weather now\", "
+              "\"parameters\": {\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}, \"required\": "
+              "[\"city\"]}}}\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+              "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+              "<args-json-object>}\n</tool_call><|im_end|>\n"
+              "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+              "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+              "</tool_call><|im_end|>\n"
+              "<|im_start|>user\n<tool_response>\n{\"temp\": 21}\n</tool_response>\n<tool_response>\nsunny\n"
+              "</tool_response><|im_end|>\n"
+              "<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n");
+    CHECK_STR(render_tools(SF_CHAT_LLAMA3, tool_conv, 6, tools_json, &rc),
+              "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\nCutting Knowledge "
+              "Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a JSON for "
+              "a function call with its proper arguments that best answers the given prompt.\n\nRespond in the format "
+              "{\"name\": function name, \"parameters\": dictionary of argument name and its value}.Do not use "
+              "variables.\n\n"
+              "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        "
+              "\"description\": \"Weather now\",\n        \"parameters\": {\n            \"type\": \"object\",\n"
+              "            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n"
+              "                }\n            },\n            \"required\": [\n                \"city\"\n            ]\n"
+              "        }\n    }\n}\n\nWeather in Paris?<|eot_id|>"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", \"parameters\": "
+              "{\"city\": \"Paris\"}}<|eot_id|>"
+              "<|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"temp\\\": 21}\"<|eot_id|>"
+              "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny\"<|eot_id|>"
+              "<|start_header_id|>user<|end_header_id|>\n\nThanks<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    /* a call with text before it keeps the text (chatml); formats without a convention refuse */
+    sf_chat_msg said[] = { { "user", "Hi", NULL }, { "assistant", "Let me look.", tool_conv[2].tool_calls } };
+    CHECK_STR(render_tools(SF_CHAT_CHATML, said, 2, NULL, &rc),
+              "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nLet me look.\n<tool_call>\n{\"name\": "
+              "\"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call><|im_end|>\n<|im_start|>assistant\n");
+    char *s = render_tools(SF_CHAT_ZEPHYR, tool_conv, 6, tools_json, &rc);
+    CHECK(!s && rc == SF_EUNSUPPORTED);
+    s = render_tools(SF_CHAT_LLAMA3, tool_conv + 2, 1, tools_json, &rc); /* no first user message */
+    CHECK(!s && rc == SF_EINVAL);
+}
+
 int main(void)
 {
     RUN(zephyr_matches_tinyllama_template);
@@ -163,5 +233,6 @@ int main(void)
     RUN(inst);
     RUN(detect_and_names);
     RUN(bad_messages);
+    RUN(tools);
     return test_summary();
 }
