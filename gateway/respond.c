@@ -364,10 +364,10 @@ static void finish_response(gw_req *r)
             if (c->calls) json_object_set(msg, "tool_calls", c->calls);
             json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s}", "index", i, "message", msg, "logprobs", lp,
                                                      "finish_reason", choice_finish(c)));
-        }
-        else
+        } else {
             json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", text, "logprobs", lp,
                                                      "finish_reason", finish_name(c->finish)));
+        }
     }
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", r->id, "object",
                              r->kind == SF_GW_CHAT ? "chat.completion" : "text_completion", "created",
