@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "engine/json_mask.h"
 #include "engine/tokenizer.h"
 
 static void usage(FILE *f)
@@ -27,6 +28,9 @@ static void usage(FILE *f)
             "  --seed S            same seed, same text (default: from the clock)\n"
             "  --stop S            stop before this text (repeatable, up to %d)\n"
             "  --ignore-eos        keep going after the end-of-sequence token\n"
+            "  --json              the output is one JSON object (JSON mode)\n"
+            "  --json-schema S     ... one that the JSON Schema S describes (a file, or the schema itself\n"
+            "                      when S starts with '{'; the subset in docs/API.md)\n"
             "  --backend B         auto | cpu | cuda (default auto)\n"
             "  --threads N         CPU backend threads (default: all cores)\n"
             "  --max-model-len N   context length cap (default: the model's)\n"
@@ -117,7 +121,8 @@ int sf_cmd_generate(int argc, char **argv)
     int chat = 0, add_special = 1, rc = 1;
     sf_engine *e = NULL;
     int32_t *ids = NULL;
-    char *rendered = NULL;
+    char *rendered = NULL, *schema = NULL;
+    const char *schema_arg = NULL;
     size_t n_ids = 0;
     sf_error err = { 0 };
     gen_state g = { .mu = PTHREAD_MUTEX_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER };
@@ -135,10 +140,12 @@ int sf_cmd_generate(int argc, char **argv)
             usage(stdout);
             return 0;
         }
-        int is_flag_only = !strcmp(a, "--chat") || !strcmp(a, "--no-special") || !strcmp(a, "--ignore-eos");
+        int is_flag_only = !strcmp(a, "--chat") || !strcmp(a, "--no-special") || !strcmp(a, "--ignore-eos") ||
+                           !strcmp(a, "--json");
         if (is_flag_only) {
             if (!strcmp(a, "--chat")) chat = 1;
             else if (!strcmp(a, "--no-special")) add_special = 0;
+            else if (!strcmp(a, "--json")) sp.json = 1;
             else sp.ignore_eos = 1;
             continue;
         }
@@ -148,7 +155,8 @@ int sf_cmd_generate(int argc, char **argv)
         }
         static const char *const with_value[] = { "--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
                                                   "--top-k", "--min-p", "--seed", "--stop", "--backend", "--threads",
-                                                  "--max-model-len", "--load-format", "--tensor-parallel-size" };
+                                                  "--max-model-len", "--load-format", "--tensor-parallel-size",
+                                                  "--json-schema" };
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -214,6 +222,8 @@ int sf_cmd_generate(int argc, char **argv)
         } else if (!strcmp(a, "--max-model-len")) {
             if (parse_long(a, v, 2, 1 << 24, &l)) return 2;
             cfg.max_model_len = (int)l;
+        } else if (!strcmp(a, "--json-schema")) {
+            schema_arg = v;
         } else if (!strcmp(a, "--load-format")) {
             if (!strcmp(v, "dummy")) cfg.load_dummy = 1;
             else if (strcmp(v, "auto")) {
@@ -229,6 +239,24 @@ int sf_cmd_generate(int argc, char **argv)
         fprintf(stderr, "semflow generate: %s is required\n", !model ? "--model" : "--prompt");
         usage(stderr);
         return 2;
+    }
+    if (schema_arg) { /* the schema itself, or a file holding it; checked before the model loads */
+        size_t n = 0;
+        sf_jschema *c = NULL;
+        if (schema_arg[0] == '{' ? !(schema = strdup(schema_arg)) && sf_err(&err, SF_ENOMEM, "out of memory")
+                                 : sf_read_file(schema_arg, &schema, &n, &err) != SF_OK) {
+            fprintf(stderr, "semflow generate: --json-schema: %s\n", err.msg);
+            return 2;
+        }
+        if (sf_jschema_compile(schema, strlen(schema), &c, &err) != SF_OK) {
+            fprintf(stderr, "semflow generate: --json-schema: %s\n", err.msg);
+            free(schema);
+            return 2;
+        }
+        sf_jschema_free(c);
+        sp.json = 1;
+        sp.schema = schema;
+        sp.schema_len = strlen(schema);
     }
     cfg.model = model;
     cfg.progress = isatty(2);
@@ -329,5 +357,6 @@ out:
     sf_engine_free(e);
     free(ids);
     free(rendered);
+    free(schema);
     return rc;
 }

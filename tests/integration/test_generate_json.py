@@ -1,0 +1,46 @@
+#!/usr/bin/env python3
+"""semflow generate --json / --json-schema from the outside, on the demo model (random weights):
+a schema with one boolean leaves the model no way but to write {"ok": true|false} and end, so the
+output parses to that; --json ends (or is cut) as one object; a bad schema is exit 2 with why."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from sftest import BIN, check, results  # noqa: E402
+
+
+def generate(*args):
+    p = subprocess.run([BIN, "generate", "--model", "demo", "--prompt", "A record:", *args], capture_output=True,
+                       timeout=300)
+    return p.returncode, p.stdout.decode("utf-8", "replace"), p.stderr.decode("utf-8", "replace")
+
+
+def main():
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+    rc, out, err = generate("--json-schema", json.dumps(schema), "--max-tokens", "400", "--seed", "1")
+    try:
+        v = json.loads(out)
+    except ValueError:
+        v = None
+    check("generate_json_schema_instance", rc == 0 and isinstance(v, dict) and list(v) == ["ok"] and
+          isinstance(v["ok"], bool) and "finish: stop" in err, (rc, out[-300:], err[-300:]))
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(schema, f)
+    rc2, out2, _ = generate("--json-schema", f.name, "--max-tokens", "400", "--seed", "1")
+    os.unlink(f.name)
+    check("generate_json_schema_from_file", rc2 == 0 and out2 == out, (rc2, out2[-200:]))
+    rc, out, err = generate("--json", "--max-tokens", "60", "--seed", "2")
+    check("generate_json_starts_object", rc == 0 and out.lstrip().startswith("{"), (rc, out[:200], err[-200:]))
+    for bad, says in (('{"type": "array"}', "root"), ('{"type": "object", "properties": {"a": {"format": "x"}}}',
+                                                     "'format'"), ("/nonexistent/schema.json", "No such file")):
+        rc, out, err = generate("--json-schema", bad)
+        check("generate_json_schema_refused_" + says.strip("'").split()[0].lower(), rc == 2 and says in err, (rc, err))
+    return 1 if results.failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
