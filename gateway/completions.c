@@ -113,7 +113,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->include_usage = p.include_usage;
     r->n = p.n;
     r->logprobs = p.logprobs;
-    r->tools = p.tool_choice != SF_GW_TOOLS_NONE;
+    r->tools = p.tool_choice;
     r->top_logprobs = p.top_logprobs;
     r->tenant = tenant;
     r->intent = intent;

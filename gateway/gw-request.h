@@ -44,6 +44,8 @@ typedef struct gw_choice {
     json_t *lp;                /* whole responses with logprobs: accumulated */
     json_t *calls;             /* tools: the calls read from the reply (NULL: a plain reply) */
     char *said;                /* tools: the reply's text before its calls (malloc'd, or NULL) */
+    int held;                  /* tools, streamed: 0 the reply's start is held until it shows what it is,
+                                * 1 held to the end (it starts as a call), 2 streamed (it does not) */
     char *error;
 } gw_choice;
 
@@ -54,7 +56,7 @@ typedef struct gw_req {
     struct evhttp_request *http; /* NULL once answered or the connection closed */
     struct evhttp_connection *conn;
     int kind, stream, include_usage, n, logprobs, top_logprobs;
-    int tools;                 /* replies are read for tool calls: streams hold the text to the end */
+    int tools;                 /* replies are read for tool calls (SF_GW_TOOLS_*, NONE: not read) */
     char id[48];
     long created;
     sf_tenant *tenant;

@@ -257,6 +257,19 @@ static void stream_token(gw_req *r, gw_choice *c, const gw_ev *e)
     sse_send(r, chunk);
 }
 
+static void append_text(gw_choice *c, const char *s, size_t n)
+{
+    if (c->len + n + 1 > c->cap) {
+        size_t cap = (c->len + n + 1) * 2;
+        char *t = realloc(c->text, cap);
+        if (!t) return;
+        c->text = t, c->cap = cap;
+    }
+    memcpy(c->text + c->len, s, n);
+    c->len += n;
+    c->text[c->len] = 0;
+}
+
 /* A choice's finish_reason: "tool_calls" when its reply was read as calls */
 static const char *choice_finish(const gw_choice *c) { return c->calls ? "tool_calls" : finish_name(c->finish); }
 
@@ -294,10 +307,43 @@ static void stream_held(gw_req *r, gw_choice *c)
         for (size_t k = 0; k < json_array_size(c->calls); k++) json_object_del(json_array_get(c->calls, k), "index");
 }
 
+/* tools, streamed: a reply is held while it may be a call: a forced one always, an "auto" one
+ * while what it wrote so far (less leading whitespace) is "{" or on the way to "<tool_call>";
+ * once it is plainly text, what was held goes out and the rest streams. */
+static void stream_or_hold(gw_req *r, gw_choice *c, const gw_ev *e)
+{
+    static const char mark[] = "<tool_call>";
+    if (c->held == 2) {
+        stream_token(r, c, e);
+        return;
+    }
+    if (r->logprobs) {
+        if (!c->lp) c->lp = json_pack("{s:[]}", "content");
+        json_array_append_new(json_object_get(c->lp, "content"), chat_lp(r, e));
+    }
+    append_text(c, e->text ? e->text : "", e->text_len);
+    if (c->held == 1) return;
+    const char *s = c->text ? c->text : "";
+    size_t n = c->len;
+    while (n && strchr(" \t\r\n", *s)) s++, n--;
+    if (r->tools >= SF_GW_TOOLS_REQUIRED || (n && (*s == '{' || !strncmp(s, mark, SF_MIN(n, sizeof mark - 1))))) {
+        if (n >= sizeof mark - 1 || *s == '{' || r->tools >= SF_GW_TOOLS_REQUIRED) c->held = 1;
+        return; /* a call, or still on the way to the mark */
+    }
+    if (!n) return;
+    c->held = 2; /* text: out with what was held, in one delta */
+    json_t *chunk = chunk_base(r);
+    json_object_set_new(chunk, "choices", json_pack("[{s:i, s:{s:o}, s:o, s:n}]", "index", c->idx, "delta", "content",
+                                                    gw_json_text(c->text, c->len), "logprobs",
+                                                    c->lp ? c->lp : json_null(), "finish_reason"));
+    c->lp = NULL;
+    sse_send(r, chunk);
+}
+
 static void stream_finish_choice(gw_req *r, gw_choice *c)
 {
     json_t *choice;
-    if (r->tools) stream_held(r, c);
+    if (r->tools && c->held != 2) stream_held(r, c);
     if (r->kind == SF_GW_CHAT)
         choice = json_pack("{s:i, s:{}, s:n, s:s}", "index", c->idx, "delta", "logprobs", "finish_reason",
                            choice_finish(c));
@@ -313,18 +359,6 @@ static void stream_finish_choice(gw_req *r, gw_choice *c)
     }
 }
 
-static void append_text(gw_choice *c, const char *s, size_t n)
-{
-    if (c->len + n + 1 > c->cap) {
-        size_t cap = (c->len + n + 1) * 2;
-        char *t = realloc(c->text, cap);
-        if (!t) return;
-        c->text = t, c->cap = cap;
-    }
-    memcpy(c->text + c->len, s, n);
-    c->len += n;
-    c->text[c->len] = 0;
-}
 
 static void finish_response(gw_req *r)
 {
@@ -404,9 +438,11 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
             }
             if (c->last_t > 0) sf_hist_observe(&m->itl, e->t - c->last_t);
             c->last_t = e->t;
-            if (r->stream && !r->tools) {
+            if (r->stream && r->tools) {
+                stream_or_hold(r, c, e);
+            } else if (r->stream) {
                 stream_token(r, c, e);
-            } else { /* whole responses, and tool replies held to their end */
+            } else {
                 if (r->logprobs) {
                     if (r->kind == SF_GW_CHAT) {
                         if (!c->lp) c->lp = json_pack("{s:[]}", "content");

@@ -373,9 +373,26 @@ def test_tools(s):
     check("tools_required_call", st == 200 and c["finish_reason"] == "tool_calls" and len(calls) == 1 and
           calls[0]["function"]["name"] in ("get_time", "add") and
           isinstance(json.loads(calls[0]["function"]["arguments"]), dict), r)
-    st, _, r = s.json("/v1/chat/completions", dict(base, tool_choice="auto", max_tokens=20, logit_bias={}))
+    auto = dict(base, tool_choice="auto", max_tokens=20, logit_bias={})
+    st, _, r = s.json("/v1/chat/completions", auto)
     check("tools_auto_plain_reply", st == 200 and r["choices"][0]["finish_reason"] in ("stop", "length") and
           isinstance(r["choices"][0]["message"]["content"], str), r)
+    # streamed, a reply that is plainly text streams (token by token once it shows it is text);
+    # one that starts like a call ('{' forced by logit_bias) is held and sent whole at its end
+    want = r["choices"][0]["message"]["content"] if st == 200 else None
+    st, events, done = s.stream("/v1/chat/completions", dict(auto, stream=True))
+    parts = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+    parts = [x for x in parts if x]
+    check("tools_auto_text_streams", st == 200 and done and "".join(parts) == want and len(parts) > 1, (want, parts))
+    _, _, t = s.json("/tokenize", {"prompt": "{", "add_special_tokens": False})
+    brace = {str(t["tokens"][0]): 100}
+    st, _, r = s.json("/v1/chat/completions", dict(auto, logit_bias=brace))
+    want = r["choices"][0]["message"]["content"] if st == 200 else None
+    st, events, done = s.stream("/v1/chat/completions", dict(auto, logit_bias=brace, stream=True))
+    parts = [e["choices"][0]["delta"].get("content") for e in events if e.get("choices")]
+    parts = [x for x in parts if x]
+    check("tools_auto_call_like_held", st == 200 and done and want and want.lstrip().startswith("{") and
+          parts == [want], (want, parts))
     history = [{"role": "user", "content": "What time is it?"},
                {"role": "assistant", "content": None, "tool_calls": [
                    {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
