@@ -264,32 +264,51 @@ static int reject_unsupported(json_t *o, sf_gw_err *e)
     return 0;
 }
 
-/* response_format: text, json_object (any object) or json_schema (the subset engine/json_mask.h
- * lists; a schema using more is refused, not weakened) */
+/* the schema sc (given as `param`) compiled once to check it, kept as text for the engine */
+static int take_schema(json_t *sc, const char *param, sf_gw_params *p, sf_gw_err *e)
+{
+    if (!(p->schema = json_dumps(sc, JSON_COMPACT))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    sf_jschema *c = NULL;
+    sf_error ce = { 0 };
+    if (sf_jschema_compile(p->schema, strlen(p->schema), &c, &ce)) return BAD(param, "'%s': %s", param, ce.msg);
+    sf_jschema_free(c);
+    p->sampling.json = 1;
+    p->sampling.schema = p->schema;
+    p->sampling.schema_len = strlen(p->schema);
+    return 0;
+}
+
+/* response_format: text, json_object (any object; with llama.cpp's "schema" beside it, that
+ * schema) or json_schema (the subset engine/json_mask.h lists; a schema using more is refused,
+ * not weakened); vLLM's guided_json (a schema, or its JSON text) is json_schema by another name */
 static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
 {
     sf_sampling *s = &p->sampling;
-    json_t *rf = json_object_get(o, "response_format");
-    if (!rf || json_is_null(rf)) return 0;
-    json_t *t = json_object_get(rf, "type");
-    const char *ty = json_is_string(t) ? json_string_value(t) : NULL;
-    if (!json_is_object(rf) || !ty || (strcmp(ty, "text") && strcmp(ty, "json_object") && strcmp(ty, "json_schema")))
-        return BAD("response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
-                                      "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}");
-    s->json = strcmp(ty, "text") != 0;
-    if (!strcmp(ty, "json_schema")) {
-        json_t *js = json_object_get(rf, "json_schema"), *sc = json_object_get(js, "schema");
-        if (!json_is_object(sc))
+    json_t *rf = json_object_get(o, "response_format"), *gj = json_object_get(o, "guided_json");
+    if (gj && !json_is_null(gj)) {
+        if (rf && !json_is_null(rf)) return BAD("guided_json", "give 'guided_json' or 'response_format', not both");
+        json_t *sc = json_is_string(gj) ? json_loads(json_string_value(gj), 0, NULL) : json_incref(gj);
+        int rc = json_is_object(sc) ? take_schema(sc, "guided_json", p, e)
+                                    : BAD("guided_json", "'guided_json' must be a JSON Schema (an object, or its text)");
+        json_decref(sc);
+        if (rc) return rc;
+    }
+    if (rf && !json_is_null(rf)) {
+        json_t *t = json_object_get(rf, "type");
+        const char *ty = json_is_string(t) ? json_string_value(t) : NULL;
+        if (!json_is_object(rf) || !ty || (strcmp(ty, "text") && strcmp(ty, "json_object") && strcmp(ty, "json_schema")))
+            return BAD("response_format", "'response_format' must be {\"type\": \"text\"}, {\"type\": \"json_object\"} "
+                                          "or {\"type\": \"json_schema\", \"json_schema\": {\"schema\": {...}}}");
+        s->json = strcmp(ty, "text") != 0;
+        json_t *sc = !strcmp(ty, "json_schema") ? json_object_get(json_object_get(rf, "json_schema"), "schema")
+                                                : json_object_get(rf, "schema");
+        if (!strcmp(ty, "json_schema") && !json_is_object(sc))
             return BAD("response_format", "'response_format.json_schema.schema' must be an object (a JSON Schema)");
-        if (!(p->schema = json_dumps(sc, JSON_COMPACT)))
-            return BAD("response_format", "out of memory reading 'response_format.json_schema.schema'");
-        sf_jschema *c = NULL;
-        sf_error ce = { 0 };
-        if (sf_jschema_compile(p->schema, strlen(p->schema), &c, &ce))
-            return BAD("response_format", "'response_format.json_schema': %s", ce.msg);
-        sf_jschema_free(c);
-        s->schema = p->schema;
-        s->schema_len = strlen(p->schema);
+        if (s->json && sc && !json_is_null(sc)) {
+            if (!json_is_object(sc)) return BAD("response_format", "'response_format.schema' must be an object (a JSON Schema)");
+            int rc = take_schema(sc, "response_format", p, e);
+            if (rc) return rc;
+        }
     }
     if (s->json && s->ignore_eos)
         return BAD("ignore_eos", "'ignore_eos' cannot be used with a JSON 'response_format' (the output ends "

@@ -325,6 +325,23 @@ def test_json_mode(s):
     except ValueError:
         streamed_ok = False
     check("json_schema_completions_streamed", st == 200 and done and streamed_ok, (fin, text[:200]))
+    # the same schema by vLLM's guided_json (object or text) and llama.cpp's json_object + schema: a
+    # one-boolean schema leaves the random model no way but {"ok": true|false}
+    ok = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    plain = {k: v for k, v in chat.items() if k != "response_format"}
+    for name, extra in (("guided_json", {"guided_json": ok}), ("guided_json_text", {"guided_json": json.dumps(ok)}),
+                        ("json_object_schema", {"response_format": {"type": "json_object", "schema": ok}})):
+        st, _, r = s.json("/v1/chat/completions", dict(plain, max_tokens=300, temperature=0, **extra))
+        c = r["choices"][0] if st == 200 else {}
+        try:
+            v = json.loads(c["message"]["content"]) if c.get("finish_reason") == "stop" else None
+        except ValueError:
+            v = None
+        check("json_schema_by_" + name, isinstance(v, dict) and list(v) == ["ok"] and isinstance(v["ok"], bool), r)
+    for label, extra in (("with_response_format", {"guided_json": ok, "response_format": {"type": "json_object"}}),
+                         ("not_json", {"guided_json": "not json"}), ("root_string", {"guided_json": {"type": "string"}})):
+        st, _, r = s.json("/v1/chat/completions", dict(plain, **extra))
+        check("guided_json_refused_" + label, st == 400 and r["error"]["param"] == "guided_json", r)
     for sch, says in (({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}, "'pattern'"),
                       ({"type": "array"}, "root"), ({"type": "object", "additionalProperties": True}, "additionalProperties")):
         st, _, r = s.json("/v1/chat/completions",
