@@ -96,6 +96,10 @@ def main():
     # the draw's entry lists on every rank: logit_bias with penalties, and alone
     asks += [(prompts[0], 0.9, 11, {"logit_bias": {"5": 4, "17": -100}, "frequency_penalty": 0.5}),
              (prompts[1], 0, None, {"logit_bias": {"42": 3.5}})]
+    # JSON output: rank 0 masks the gathered rows on the host before the draw
+    asks += [(prompts[2], 0, None, {"ignore_eos": False, "response_format": {"type": "json_object"}}),
+             (prompts[0], 0.9, 5, {"ignore_eos": False, "guided_json": {
+                 "type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}}}})]
     one = Server(1)
     ref = [one.complete(p) for p in prompts]
     ref_async = complete_all(one, asks)
