@@ -14,11 +14,11 @@ static const sf_dtype qr_types[] = { SF_DT_Q8_0, SF_DT_Q4_0, SF_DT_Q4_1, SF_DT_Q
                                      SF_DT_Q3_K, SF_DT_Q4_K, SF_DT_Q5_K, SF_DT_Q6_K, SF_DT_IQ4_NL, SF_DT_IQ4_XS };
 static const int8_t qr_iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
 
-static double qr_f16(const uint8_t *p) { return sf_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
-static int qr_bit(const uint8_t *p, int i) { return p[i / 8] >> (i % 8) & 1; }
+static inline double qr_f16(const uint8_t *p) { return sf_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
+static inline int qr_bit(const uint8_t *p, int i) { return p[i / 8] >> (i % 8) & 1; }
 
 /* the 6-bit scale (what 0) or min (what 1) of sub-block j of Q4_K/Q5_K from their 12 bytes */
-static int qr_k4(const uint8_t *s, int j, int what)
+static inline int qr_k4(const uint8_t *s, int j, int what)
 {
     if (j < 4) return s[j + 4 * what] & 63;
     int lo = what ? s[j + 4] >> 4 : s[j + 4] & 15;
@@ -27,7 +27,7 @@ static int qr_k4(const uint8_t *s, int j, int what)
 }
 
 /* element e of block b of type t */
-static double qr_value(sf_dtype t, const uint8_t *b, int e)
+static inline double qr_value(sf_dtype t, const uint8_t *b, int e)
 {
     switch (t) {
     case SF_DT_Q8_0: return qr_f16(b) * (int8_t)b[2 + e];
@@ -70,7 +70,7 @@ static double qr_value(sf_dtype t, const uint8_t *b, int e)
     }
 }
 
-static void qr_put_f16(uint8_t *p, float v)
+static inline void qr_put_f16(uint8_t *p, float v)
 {
     uint16_t h = sf_f32_to_f16(v);
     p[0] = (uint8_t)h;
@@ -78,7 +78,7 @@ static void qr_put_f16(uint8_t *p, float v)
 }
 
 /* random quants and sub-scales; d (and m / dmin) about what keeps |w| near 0.05 */
-static void qr_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
+static inline void qr_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
 {
     size_t n = sf_dtype_bytes(t, sf_dtype_block(t));
     for (size_t i = 0; i < n; i++) b[i] = (uint8_t)sf_rng_next(r);

@@ -1,0 +1,124 @@
+/* host_bench.c — host work outside the forward pass, per core: GGUF block formats dequantized
+ * into bf16 (what the CUDA backend's upload does to every weight that is neither float nor
+ * Q8_0, and the CPU backend into f16), and JSON output's token mask for one draw over a real
+ * vocabulary, in the states that cost least and most. `make bench-host`, then
+ * build/bench/host_bench [TOKENIZER_DIR ...] (default: the testdata's TinyLlama and GPT-2). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/json_mask.h"
+#include "engine/tokenizer.h"
+#include "hal/hal.h"
+#include "tests/lib/quant_ref.h"
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static void dequant(void)
+{
+    const int64_t N = 1 << 24, ROW = 4096; /* 16 M weights in rows of 4096 */
+    float *row = malloc(sizeof(float) * ROW);
+    uint16_t *out = malloc(2 * (size_t)N);
+    sf_rng r;
+    sf_rng_seed(&r, 1);
+    printf("GGUF block formats into bf16, one core, %lld weights (best of 7):\n", (long long)N);
+    for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++) {
+        sf_dtype t = qr_types[ti];
+        int blk = sf_dtype_block(t);
+        size_t bb = sf_dtype_bytes(t, blk);
+        uint8_t *src = malloc(sf_dtype_bytes(t, N));
+        for (int64_t b = 0; b < N / blk; b++) qr_random_block(t, src + b * bb, &r);
+        double best = 1e30;
+        for (int it = 0; it < 7; it++) {
+            double t0 = now();
+            for (int64_t k = 0; k < N / ROW; k++) {
+                sf_dequant_row(t, src + sf_dtype_bytes(t, k * ROW), ROW, row);
+                for (int64_t i = 0; i < ROW; i++) out[k * ROW + i] = sf_f32_to_bf16(row[i]);
+            }
+            double dt = now() - t0;
+            if (dt < best) best = dt;
+        }
+        printf("  %-7s %6.0f M weights/s  (%.2f GB/s read + %.2f GB/s bf16 written)\n", sf_dtype_name(t), N / best / 1e6,
+               (double)sf_dtype_bytes(t, N) / best / 1e9, 2.0 * N / best / 1e9);
+        free(src);
+    }
+    free(row);
+    free(out);
+}
+
+static double mask_ms(const sf_json *j, const sf_json_vocab *v, float *l, int V)
+{
+    double best = 1e30;
+    for (int it = 0; it < 20; it++) {
+        for (int i = 0; i < V; i++) l[i] = 0;
+        double t0 = now();
+        sf_json_mask(j, v, l);
+        double dt = now() - t0;
+        if (dt < best) best = dt;
+    }
+    return best * 1e3;
+}
+
+static void mask(const char *dir)
+{
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    if (sf_tok_load_dir(dir, &t, &err) != SF_OK) {
+        fprintf(stderr, "%s: %s\n", dir, err.msg);
+        return;
+    }
+    int V = sf_tok_vocab_size(t);
+    sf_json_vocab *v = NULL;
+    double t0 = now();
+    if (sf_json_vocab_new(t, V, &v, &err) != SF_OK) {
+        fprintf(stderr, "%s: %s\n", dir, err.msg);
+        sf_tok_free(t);
+        return;
+    }
+    double build = now() - t0;
+    float *l = malloc(sizeof(float) * (size_t)V);
+    static const char *const states[][2] = {
+        { "start", "" }, { "in a string", "{\"a\": \"x" }, { "after a number", "{\"a\": 1" },
+        { "after a key", "{\"a\"" }, { "after a value", "{\"a\": true" },
+    };
+    const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"age\": {\"type\": "
+                         "\"integer\"}, \"pet\": {\"enum\": [\"cat\", \"dog\"]}}, \"required\": [\"name\", \"age\", \"pet\"]}";
+    sf_jschema *sc = NULL;
+    sf_jschema_compile(schema, strlen(schema), &sc, NULL);
+    printf("JSON mask, one draw, %s (%d tokens; texts built in %.0f ms; best of 20):\n", dir, V, build * 1e3);
+    for (size_t i = 0; i < SF_ARRAY_LEN(states); i++) {
+        sf_json j;
+        sf_json_init(&j, NULL);
+        sf_json_feed(&j, states[i][1], strlen(states[i][1]));
+        printf("  json_object %-15s %6.3f ms\n", states[i][0], mask_ms(&j, v, l, V));
+    }
+    static const char *const sstates[][2] = { { "at a key", "{\"name\": \"A\", \"" }, { "at an enum", "{\"name\": \"A\", \"age\": 3, \"pet\": " } };
+    for (size_t i = 0; i < SF_ARRAY_LEN(sstates); i++) {
+        sf_json j;
+        sf_json_init(&j, sc);
+        sf_json_feed(&j, sstates[i][1], strlen(sstates[i][1]));
+        printf("  schema      %-15s %6.3f ms\n", sstates[i][0], mask_ms(&j, v, l, V));
+    }
+    sf_jschema_free(sc);
+    free(l);
+    sf_json_vocab_free(v);
+    sf_tok_free(t);
+}
+
+int main(int argc, char **argv)
+{
+    dequant();
+    if (argc > 1)
+        for (int i = 1; i < argc; i++) mask(argv[i]);
+    else {
+        mask("../shared/testdata/tinyllama-1.1b-chat-v1.0");
+        mask("../shared/testdata/gpt2-tokenizer");
+    }
+    return 0;
+}
