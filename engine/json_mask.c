@@ -621,7 +621,16 @@ struct sf_json_vocab {
     char *text;
     uint8_t *eog;    /* [n] ends generation */
     uint8_t *plain;  /* [n] printable ASCII but '"' and '\\': fits anywhere inside a string as it stands */
+    /* the ids with a text, in byte order of their texts, and each one's common prefix with the
+     * one before: the mask walks them as a trie, feeding each shared prefix once */
+    int32_t *order;
+    uint16_t *lcp;
+    uint8_t *oplain; /* plain[order[i]], in walk order */
+    int n_order;
 };
+
+/* the longest common prefix a mask's walk keeps states for; longer tokens are fed alone */
+#define WALK_MAX 48
 
 void sf_json_vocab_free(sf_json_vocab *v)
 {
@@ -630,7 +639,41 @@ void sf_json_vocab_free(sf_json_vocab *v)
     free(v->text);
     free(v->eog);
     free(v->plain);
+    free(v->order);
+    free(v->lcp);
+    free(v->oplain);
     free(v);
+}
+
+static int by_text(const void *a, const void *b, void *arg)
+{
+    const sf_json_vocab *v = arg;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    uint32_t nx = v->off[x + 1] - v->off[x], ny = v->off[y + 1] - v->off[y];
+    int c = memcmp(v->text + v->off[x], v->text + v->off[y], nx < ny ? nx : ny);
+    return c ? c : nx < ny ? -1 : nx > ny ? 1 : x - y;
+}
+
+static int sort_texts(sf_json_vocab *v)
+{
+    v->order = malloc(sizeof *v->order * (size_t)(v->n ? v->n : 1));
+    v->lcp = malloc(sizeof *v->lcp * (size_t)(v->n ? v->n : 1));
+    v->oplain = malloc((size_t)(v->n ? v->n : 1));
+    if (!v->order || !v->lcp || !v->oplain) return SF_ENOMEM;
+    for (int32_t id = 0; id < v->n; id++)
+        if (!v->eog[id] && v->off[id + 1] > v->off[id]) v->order[v->n_order++] = id;
+    qsort_r(v->order, (size_t)v->n_order, sizeof *v->order, by_text, v);
+    for (int i = 0; i < v->n_order; i++) {
+        size_t l = 0;
+        if (i) {
+            size_t na, nb;
+            const char *a = sf_json_vocab_text(v, v->order[i - 1], &na), *b = sf_json_vocab_text(v, v->order[i], &nb);
+            while (l < na && l < nb && a[l] == b[l]) l++;
+        }
+        v->lcp[i] = (uint16_t)(l < 65535 ? l : 65535);
+        v->oplain[i] = v->plain[v->order[i]];
+    }
+    return SF_OK;
 }
 
 /* A token whose text alone is one printable ASCII byte: decoded before each token, it makes the
@@ -703,34 +746,72 @@ int sf_json_vocab_new(const sf_tokenizer *t, int n_logits, sf_json_vocab **out, 
         free(s);
     }
     v->off[n_logits] = (uint32_t)len;
+    if (sort_texts(v)) {
+        sf_json_vocab_free(v);
+        return sf_err(err, SF_ENOMEM, "JSON mode: out of memory for the vocabulary's texts");
+    }
     *out = v;
     return SF_OK;
 }
 
+const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
+{
+    if (id < 0 || id >= v->n) return *n = 0, "";
+    *n = v->off[id + 1] - v->off[id];
+    return v->text + v->off[id];
+}
+
+/* The texts in byte order are a trie laid flat: st[d] holds the state after the first d bytes of
+ * the current text, valid up to depth `have`; a text shares its first lcp bytes with the one
+ * before, so only the rest is fed, and once a prefix fails (at depth `bad`) every text that
+ * shares it fails without a byte fed. Plain texts inside a string fit as they stand. */
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need;
-    uint8_t first[256]; /* which bytes may come next: a token is tried only if its first may */
-    for (int c = 0; c < 256; c++) {
-        sf_json t;
-        sf_json_copy(&t, j);
-        first[c] = (uint8_t)feed_byte(&t, c);
+    uint8_t *ok = calloc((size_t)v->n, 1);
+    if (!ok) return -1; /* out of memory: the row stays as it is */
+    if (!done) {
+        static __thread sf_json st[WALK_MAX + 1];
+        sf_json_copy(&st[0], j);
+        int have = 0, bad = INT32_MAX, minl = 0;
+        for (int i = 0; i < v->n_order; i++) {
+            minl = i ? SF_MIN(minl, v->lcp[i]) : 0;
+            int32_t id = v->order[i];
+            if (in_str && v->oplain[i]) {
+                ok[id] = 1;
+                continue;
+            }
+            size_t n;
+            const char *t = sf_json_vocab_text(v, id, &n);
+            int l = minl;
+            minl = INT32_MAX; /* the next text's prefix shared with this one */
+            if (bad <= l) continue; /* a failed prefix of this text */
+            bad = INT32_MAX;
+            if (n > WALK_MAX) { /* too long for the stack: alone */
+                sf_json c;
+                sf_json_copy(&c, j);
+                ok[id] = (uint8_t)sf_json_feed(&c, t, n);
+                have = 0;
+                continue;
+            }
+            int d = SF_MIN(have, l);
+            for (; d < (int)n; d++) {
+                sf_json_copy(&st[d + 1], &st[d]);
+                if (!feed_byte(&st[d + 1], (unsigned char)t[d])) {
+                    bad = d + 1;
+                    break;
+                }
+            }
+            have = d;
+            ok[id] = bad == INT32_MAX;
+        }
     }
     for (int id = 0; id < v->n; id++) {
-        int ok;
-        uint32_t a = v->off[id], n = v->off[id + 1] - a;
-        if (v->eog[id]) ok = done;
-        else if (in_str && v->plain[id]) ok = 1; /* most of a vocabulary, inside a string */
-        else if (done || !n || !first[(unsigned char)v->text[a]]) ok = 0;
-        else if (n == 1) ok = 1;
-        else {
-            sf_json c;
-            sf_json_copy(&c, j);
-            ok = sf_json_feed(&c, v->text + v->off[id], v->off[id + 1] - v->off[id]);
-        }
-        if (ok) kept++;
+        int k = v->eog[id] ? done : ok[id];
+        if (k) kept++;
         else logits[id] = -INFINITY;
     }
+    free(ok);
     return kept;
 }
 

@@ -519,10 +519,61 @@ static void check_vocab(const char *dir)
     sf_tok_free(t);
 }
 
+/* The mask's trie walk against feeding every token alone, from states all over documents: the
+ * prefixes of random objects, and of instances of the schema tests' person schema. */
+static void mask_equals_token_by_token(const char *dir)
+{
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_tok_load_dir(test_data(dir), &t, &err) == SF_OK, "%s: %s", dir, err.msg);
+    int V = sf_tok_vocab_size(t);
+    sf_json_vocab *v = NULL;
+    sf_jschema *sc = NULL;
+    REQUIRE(sf_json_vocab_new(t, V, &v, &err) == SF_OK && sf_jschema_compile(person, strlen(person), &sc, &err) == SF_OK,
+            "%s", err.msg);
+    json_t *schema = json_loads(person, 0, NULL);
+    float *l = malloc(sizeof(float) * (size_t)V);
+    sf_rng_seed(&R, 21);
+    int states = 0, bad = 0;
+    for (int doc = 0; doc < 24; doc++) {
+        sbuf b = { .n = 0 };
+        const sf_jschema *use = doc % 2 ? sc : NULL;
+        if (use) gen_instance(&b, schema, 0);
+        else gen_object(&b, 0);
+        for (size_t cut = 0; cut <= b.n; cut += 1 + (size_t)rnd(5)) {
+            sf_json j;
+            sf_json_init(&j, use);
+            if (!sf_json_feed(&j, b.b, cut)) break; /* a generated instance may leave the schema (free parts) */
+            for (int i = 0; i < V; i++) l[i] = 0;
+            sf_json_mask(&j, v, l);
+            for (int id = 0; id < V; id++) {
+                size_t n;
+                const char *s = sf_json_vocab_text(v, id, &n);
+                sf_json c;
+                sf_json_copy(&c, &j);
+                int want = sf_tok_is_eog(t, id) ? sf_json_done(&j) : !sf_json_done(&j) && n && sf_json_feed(&c, s, n);
+                if (want != !isinf(l[id]) && bad++ < 5)
+                    printf("  %s: after %.*s: token %d (%.*s) kept %d, alone %d\n", dir, (int)cut, b.b, id, (int)n, s,
+                           !isinf(l[id]), want);
+            }
+            states++;
+        }
+    }
+    CHECK_MSG(!bad && states > 200, "%s: %d disagreements over %d states", dir, bad, states);
+    printf("  %s: the mask equals token-by-token feeding in %d states\n", dir, states);
+    json_decref(schema);
+    free(l);
+    sf_jschema_free(sc);
+    sf_json_vocab_free(v);
+    sf_tok_free(t);
+}
+
 TEST(mask_real_vocabularies)
 {
     check_vocab("tinyllama-1.1b-chat-v1.0");
     check_vocab("gpt2-tokenizer");
+    mask_equals_token_by_token("tinyllama-1.1b-chat-v1.0");
+    mask_equals_token_by_token("gpt2-tokenizer");
 }
 
 int main(void)
