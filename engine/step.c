@@ -231,6 +231,18 @@ static void src_rows(sf_engine *e, const sf_plan *p, sf_batch *b)
     b->src_row = any ? e->src_row : NULL;
 }
 
+/* Tensor parallelism: a step whose rows are drawn on the host (a request wants logprobs or JSON
+ * output) cannot take tokens from the draw in flight: the followers take such tokens only in
+ * steps they draw for too (tp.c). */
+static int tp_host_drawn(const sf_engine *e, const sf_plan *p)
+{
+    if (!e->tp) return 0;
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].seq && p->items[i].logits && sf_sampler_needs_logits(&((sf_request *)p->items[i].seq->owner)->sp))
+            return 1;
+    return 0;
+}
+
 /* Plan the next step and launch it. Returns the tokens launched (0: none); *progress is set when
  * stuck requests were finished. ahead (async): the step in flight's ids have not come; the new
  * step is planned assuming its sequences continue, or its ids are taken first when the plan
@@ -241,9 +253,10 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     double t0 = sf_now_s();
     if (ahead) plan_ahead(e);
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
-    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in)) {
-        /* swaps move blocks the step in flight may still write, and a stuck sequence's last
-         * token is still to come: take the step's ids first (the stand-ins become ids) */
+    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p))) {
+        /* swaps move blocks the step in flight may still write, a stuck sequence's last token
+         * is still to come, and under tensor parallelism a step drawn on the host cannot take
+         * tokens from a draw: take the step's ids first (the stand-ins become ids) */
         double tw = sf_now_s();
         tc->plan += tw - t0;
         *took = step_take(e, tc);
