@@ -5,14 +5,15 @@
 FUZZ_CC ?= clang
 FUZZ_TIME ?= 60
 FUZZ_TARGETS := params intent tenants
-FUZZ_LIB_SRCS := gateway/params.c gateway/intent.c gateway/tenants.c common/sf.c
+FUZZ_LIB_SRCS := gateway/params.c gateway/intent.c gateway/tenants.c common/sf.c common/env.c engine/json_mask.c \
+                 engine/tokenizer.c engine/chat.c $(wildcard engine/tok_*.c)
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 
 $(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_LIB_SRCS) $(wildcard gateway/*.h)
 	@mkdir -p $(@D)
 	@echo "  FUZZ    $@"
 	$(Q)$(FUZZ_CC) -std=gnu11 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer,address,undefined \
-		-fno-sanitize-recover=undefined -I. -D_GNU_SOURCE -o $@ $< $(FUZZ_LIB_SRCS) -ljansson -lm -lpthread
+		-fno-sanitize-recover=undefined -I. -D_GNU_SOURCE -o $@ $< $(FUZZ_LIB_SRCS) -ljansson -lpcre2-8 -lm -lpthread
 
 fuzz: $(FUZZ_BINS)
 	@for t in $(FUZZ_TARGETS); do \

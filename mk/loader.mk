@@ -1,7 +1,8 @@
 # Model-loader fuzz targets, run by `make fuzz` (mk/fuzz.mk) after the gateway's: hostile
 # .gguf files and safetensors files through the whole load. Seeds: tests/fuzz/make_loader_seeds.py.
-LOADER_FUZZ_SRCS := common/sf.c engine/model.c engine/config.c engine/safetensors.c engine/gguf.c \
-                    engine/loader_hf.c engine/loader_gguf.c engine/demo.c engine/dummy.c engine/progress.c \
+LOADER_FUZZ_SRCS := common/sf.c common/env.c hal/dtype.c engine/model.c engine/config.c engine/safetensors.c \
+                    engine/gguf.c engine/loader_hf.c engine/loader_gguf.c engine/demo.c engine/dummy.c \
+                    engine/progress.c engine/shard.c \
                     $(wildcard engine/tok*.c engine/chat*.c)
 LOADER_FUZZ := gguf safetensors
 FUZZ_TARGETS += $(LOADER_FUZZ)
