@@ -122,8 +122,8 @@ static int set_throughput(sf_intent *in, const char *v, size_t n, sf_error *err)
     double tps;
     int rc = parse_quantity("min-throughput", v, n, units, scale, &tps, err);
     if (rc) return rc;
-    if (!(tps > 0 && tps <= 1e6))
-        return sf_err(err, SF_EINVAL, "intent: min-throughput must be above 0 and at most 1e6 tokens/s");
+    if (!(tps >= 1e-3 && tps <= 1e6))
+        return sf_err(err, SF_EINVAL, "intent: min-throughput must be at least 0.001 and at most 1000000 tokens/s");
     in->min_tps = tps;
     return SF_OK;
 }
@@ -249,8 +249,8 @@ int sf_intent_from_json(const json_t *v, sf_intent *out, sf_error *err)
         } else if (!strcmp(key, "min_tps")) {
             if (have_t++) return sf_err(err, SF_EINVAL, "intent: min throughput given twice");
             double d = json_number_value(val);
-            if (!json_is_number(val) || !(d > 0 && d <= 1e6))
-                return sf_err(err, SF_EINVAL, "intent.min_tps must be a number above 0 and at most 1e6");
+            if (!json_is_number(val) || !(d >= 1e-3 && d <= 1e6))
+                return sf_err(err, SF_EINVAL, "intent.min_tps must be a number from 0.001 to 1000000");
             in.min_tps = d;
         } else {
             char q[256];
@@ -271,5 +271,12 @@ void sf_intent_format(const sf_intent *in, char *buf, size_t n)
     if (o < 0 || (size_t)o >= n) return;
     if (in->max_latency_ms > 0) o += snprintf(buf + o, n - (size_t)o, "; max-latency=%dms", in->max_latency_ms);
     if (o < 0 || (size_t)o >= n) return;
-    if (in->min_tps > 0) snprintf(buf + o, n - (size_t)o, "; min-throughput=%gtokens/s", in->min_tps);
+    if (in->min_tps > 0) { /* a plain decimal, as the parser reads it back (%g would write 1e+06) */
+        char num[48];
+        snprintf(num, sizeof num, "%.15f", in->min_tps);
+        char *e = num + strlen(num);
+        while (e > num && e[-1] == '0') *--e = 0;
+        if (e > num && e[-1] == '.') *--e = 0;
+        snprintf(buf + o, n - (size_t)o, "; min-throughput=%stokens/s", num);
+    }
 }

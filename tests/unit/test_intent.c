@@ -64,7 +64,9 @@ TEST(errors_are_precise)
         { "chat; max-latency=1e3ms", "needs a unit" },
         { "chat; min-throughput=50", "needs a unit" },
         { "chat; min-throughput=50tok/s", "needs a unit" },
-        { "chat; min-throughput=0tokens/s", "above 0" },
+        { "chat; min-throughput=0tokens/s", "at least 0.001" },
+        { "chat; min-throughput=0.0005tokens/s", "at least 0.001" },
+        { "chat; min-throughput=1000001tokens/s", "at most 1000000" },
         { "chat;", "empty parameter" },
         { "chat;; urgency=low", "empty parameter" },
         { "chat; urgency", "not key=value" },
@@ -141,6 +143,16 @@ TEST(format_roundtrip)
     sf_intent_format(&a, buf, sizeof buf);
     REQUIRE(parse(buf, &b, &err) == 0, "%s: %s", buf, err.msg);
     CHECK(!memcmp(&a, &b, sizeof a));
+    /* the ends of the range, and a fraction, come back as written (%g wrote 1e+06, which the
+     * parser refuses: found by make fuzz) */
+    static const char *const tps[] = { "1000000", "0.001", "12.5", "333.333" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(tps); i++) {
+        char in[96];
+        snprintf(in, sizeof in, "c; min-throughput=%stokens/s", tps[i]);
+        REQUIRE(parse(in, &a, &err) == 0, "%s: %s", in, err.msg);
+        sf_intent_format(&a, buf, sizeof buf);
+        CHECK_MSG(parse(buf, &b, &err) == 0 && b.min_tps == a.min_tps && strstr(buf, tps[i]), "%s -> %s", in, buf);
+    }
 }
 
 int main(void)
