@@ -50,6 +50,10 @@ int sf_dtype_block(sf_dtype t);
 /* n elements (whole blocks) of a GGUF block format (Q8_0 and the SF_DT_Q*_* types above)
  * into fp32, the values ggml's own dequantization gives. */
 void sf_dequant_row(sf_dtype t, const void *src, int64_t n, float *dst);
+/* rows x cols of a block format (rows `pitch` bytes apart) into out (rows x cols, packed) as
+ * SF_DT_F16 or SF_DT_BF16; SF_ENOMEM when its row buffer cannot be had. */
+int sf_dequant_rows(sf_dtype t, const void *src, size_t pitch, int64_t rows, int64_t cols, sf_dtype out_t,
+                    uint16_t *out);
 /* The dtype backend ("cpu", "cuda") keeps a weight of dtype t in: CUDA converts every weight
  * to bf16 at upload; the CPU reads f32, f16, bf16 and Q8_0 in place and the other block
  * formats as f16 copies. */

@@ -89,24 +89,17 @@ static int dtype_native(sf_dtype t) { return sf_weight_dtype("cpu", t) == t; }
 static int dtype_ok(sf_dtype t) { return dtype_native(t) || sf_dtype_block(t) > 1; }
 
 /* rows x cols of a block-format view (row pitch `stride` elements) as f16, rows dealt to the pool */
-typedef struct f16_job { const sf_view *v; uint16_t *out; int failed; } f16_job;
+typedef struct f16_job { const sf_view *v; uint16_t *out; _Atomic int failed; } f16_job;
 
 static void f16_rows(void *arg, int ith, int nth)
 {
     f16_job *j = arg;
     const sf_view *v = j->v;
-    float *row = malloc((size_t)v->cols * sizeof(float));
-    if (!row) {
-        j->failed = 1;
-        return;
-    }
+    int64_t r0 = v->rows * ith / nth, r1 = v->rows * (ith + 1) / nth;
     size_t pitch = sf_dtype_bytes(v->dtype, v->stride ? v->stride : v->cols);
-    for (int64_t r = v->rows * ith / nth; r < v->rows * (ith + 1) / nth; r++) {
-        sf_dequant_row(v->dtype, (const char *)v->data + (size_t)r * pitch, v->cols, row);
-        uint16_t *o = j->out + (size_t)r * (size_t)v->cols;
-        for (int64_t i = 0; i < v->cols; i++) o[i] = sf_f32_to_f16(row[i]);
-    }
-    free(row);
+    if (sf_dequant_rows(v->dtype, (const char *)v->data + (size_t)r0 * pitch, pitch, r1 - r0, v->cols, SF_DT_F16,
+                        j->out + (size_t)r0 * (size_t)v->cols))
+        j->failed = 1;
 }
 
 static uint16_t *to_f16_copy(cpu_ctx *c, const sf_view *v)

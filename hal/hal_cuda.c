@@ -337,18 +337,8 @@ typedef struct dq_job {
 static void *dq_run(void *arg)
 {
     dq_job *j = arg;
-    const sf_view *v = j->v;
-    float *row = malloc((size_t)v->cols * sizeof(float));
-    if (!row) {
-        j->rc = SF_ENOMEM;
-        return NULL;
-    }
-    for (int64_t r = 0; r < j->nr; r++) {
-        sf_dequant_row(v->dtype, (const char *)v->data + (size_t)(j->r0 + r) * j->sb, v->cols, row);
-        uint16_t *o = j->out + (size_t)r * (size_t)v->cols;
-        for (int64_t i = 0; i < v->cols; i++) o[i] = sf_f32_to_bf16(row[i]);
-    }
-    free(row);
+    j->rc = sf_dequant_rows(j->v->dtype, (const char *)j->v->data + (size_t)j->r0 * j->sb, j->sb, j->nr, j->v->cols,
+                            SF_DT_BF16, j->out);
     return NULL;
 }
 

@@ -27,6 +27,7 @@
  * (low, high nibble) — 16 apart in Q4_0..Q5_1. */
 #include "hal.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static float f16at(const uint8_t *p) { return sf_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
@@ -192,4 +193,20 @@ void sf_dequant_row(sf_dtype t, const void *src, int64_t n, float *dst)
         default: return;
         }
     }
+}
+
+int sf_dequant_rows(sf_dtype t, const void *src, size_t pitch, int64_t rows, int64_t cols, sf_dtype out_t,
+                    uint16_t *out)
+{
+    float *row = malloc((size_t)cols * sizeof(float));
+    if (!row) return SF_ENOMEM;
+    for (int64_t r = 0; r < rows; r++, out += cols) {
+        sf_dequant_row(t, (const char *)src + (size_t)r * pitch, cols, row);
+        if (out_t == SF_DT_BF16)
+            for (int64_t i = 0; i < cols; i++) out[i] = sf_f32_to_bf16(row[i]);
+        else
+            for (int64_t i = 0; i < cols; i++) out[i] = sf_f32_to_f16(row[i]);
+    }
+    free(row);
+    return SF_OK;
 }
