@@ -627,6 +627,8 @@ struct sf_json_vocab {
     uint16_t *lcp;
     uint8_t *oplain; /* plain[order[i]], in walk order */
     int n_order;
+    int32_t *rest;   /* the other ids: end-of-generation ones and those without a text */
+    int n_rest;
 };
 
 /* the longest common prefix a mask's walk keeps states for; longer tokens are fed alone */
@@ -642,6 +644,7 @@ void sf_json_vocab_free(sf_json_vocab *v)
     free(v->order);
     free(v->lcp);
     free(v->oplain);
+    free(v->rest);
     free(v);
 }
 
@@ -659,9 +662,11 @@ static int sort_texts(sf_json_vocab *v)
     v->order = malloc(sizeof *v->order * (size_t)(v->n ? v->n : 1));
     v->lcp = malloc(sizeof *v->lcp * (size_t)(v->n ? v->n : 1));
     v->oplain = malloc((size_t)(v->n ? v->n : 1));
-    if (!v->order || !v->lcp || !v->oplain) return SF_ENOMEM;
+    v->rest = malloc(sizeof *v->rest * (size_t)(v->n ? v->n : 1));
+    if (!v->order || !v->lcp || !v->oplain || !v->rest) return SF_ENOMEM;
     for (int32_t id = 0; id < v->n; id++)
         if (!v->eog[id] && v->off[id + 1] > v->off[id]) v->order[v->n_order++] = id;
+        else v->rest[v->n_rest++] = id;
     qsort_r(v->order, (size_t)v->n_order, sizeof *v->order, by_text, v);
     for (int i = 0; i < v->n_order; i++) {
         size_t l = 0;
@@ -768,33 +773,41 @@ const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need;
-    uint8_t *ok = calloc((size_t)v->n, 1);
-    if (!ok) return -1; /* out of memory: the row stays as it is */
-    if (!done) {
-        static __thread sf_json st[WALK_MAX + 1];
-        sf_json_copy(&st[0], j);
-        int have = 0, bad = INT32_MAX, minl = 0;
-        for (int i = 0; i < v->n_order; i++) {
-            minl = i ? SF_MIN(minl, v->lcp[i]) : 0;
-            int32_t id = v->order[i];
-            if (in_str && v->oplain[i]) {
-                ok[id] = 1;
-                continue;
-            }
-            size_t n;
-            const char *t = sf_json_vocab_text(v, id, &n);
-            int l = minl;
-            minl = INT32_MAX; /* the next text's prefix shared with this one */
-            if (bad <= l) continue; /* a failed prefix of this text */
+    for (int i = 0; i < v->n_rest; i++) { /* end-of-generation ids fit once the object is done */
+        int32_t id = v->rest[i];
+        if (done && v->eog[id]) kept++;
+        else logits[id] = -INFINITY;
+    }
+    if (done) {
+        for (int i = 0; i < v->n_order; i++) logits[v->order[i]] = -INFINITY;
+        return kept;
+    }
+    static __thread sf_json st[WALK_MAX + 1];
+    sf_json_copy(&st[0], j);
+    int have = 0, bad = INT32_MAX, minl = 0;
+    for (int i = 0; i < v->n_order; i++) {
+        minl = i ? SF_MIN(minl, v->lcp[i]) : 0;
+        int32_t id = v->order[i];
+        int ok = 1;
+        if (in_str && v->oplain[i]) { /* fits as it stands */
+            kept++;
+            continue;
+        }
+        size_t n;
+        const char *t = sf_json_vocab_text(v, id, &n);
+        int l = minl;
+        minl = INT32_MAX; /* the next text's prefix shared with this one */
+        if (bad <= l) { /* a failed prefix of this text */
+            ok = 0;
+        } else if (n > WALK_MAX) { /* too long for the stack: alone */
+            sf_json c;
+            sf_json_copy(&c, j);
+            ok = sf_json_feed(&c, t, n);
+            have = 0;
             bad = INT32_MAX;
-            if (n > WALK_MAX) { /* too long for the stack: alone */
-                sf_json c;
-                sf_json_copy(&c, j);
-                ok[id] = (uint8_t)sf_json_feed(&c, t, n);
-                have = 0;
-                continue;
-            }
+        } else {
             int d = SF_MIN(have, l);
+            bad = INT32_MAX;
             for (; d < (int)n; d++) {
                 sf_json_copy(&st[d + 1], &st[d]);
                 if (!feed_byte(&st[d + 1], (unsigned char)t[d])) {
@@ -803,15 +816,11 @@ int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
                 }
             }
             have = d;
-            ok[id] = bad == INT32_MAX;
+            ok = bad == INT32_MAX;
         }
-    }
-    for (int id = 0; id < v->n; id++) {
-        int k = v->eog[id] ? done : ok[id];
-        if (k) kept++;
+        if (ok) kept++;
         else logits[id] = -INFINITY;
     }
-    free(ok);
     return kept;
 }
 

@@ -82,8 +82,7 @@ int sf_json_vocab_new(const sf_tokenizer *t, int n_logits, sf_json_vocab **out, 
 void sf_json_vocab_free(sf_json_vocab *v);
 /* The text token id reads as mid-output (n bytes; empty for end-of-generation and special ones). */
 const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n);
-/* Set to -inf the logits of the tokens that cannot come next; returns how many remain (-1: out
- * of memory, the row untouched). */
+/* Set to -inf the logits of the tokens that cannot come next; returns how many remain. */
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits);
 /* Advance j past token id (an end-of-generation token leaves it as it is); 0 when the token
  * does not fit (j unchanged). */
