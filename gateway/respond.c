@@ -270,6 +270,21 @@ static void append_text(gw_choice *c, const char *s, size_t n)
     c->text[c->len] = 0;
 }
 
+/* A token kept for a reply sent later (whole responses, held tool replies): its text and logprobs */
+static void keep_token(gw_req *r, gw_choice *c, const gw_ev *e)
+{
+    if (r->logprobs) {
+        if (r->kind == SF_GW_CHAT) {
+            if (!c->lp) c->lp = json_pack("{s:[]}", "content");
+            json_array_append_new(json_object_get(c->lp, "content"), chat_lp(r, e));
+        } else {
+            if (!c->lp) c->lp = cmpl_lp_new();
+            cmpl_lp_add(r, c->lp, e, (int)c->len);
+        }
+    }
+    append_text(c, e->text ? e->text : "", e->text_len);
+}
+
 /* A choice's finish_reason: "tool_calls" when its reply was read as calls */
 static const char *choice_finish(const gw_choice *c) { return c->calls ? "tool_calls" : finish_name(c->finish); }
 
@@ -317,11 +332,7 @@ static void stream_or_hold(gw_req *r, gw_choice *c, const gw_ev *e)
         stream_token(r, c, e);
         return;
     }
-    if (r->logprobs) {
-        if (!c->lp) c->lp = json_pack("{s:[]}", "content");
-        json_array_append_new(json_object_get(c->lp, "content"), chat_lp(r, e));
-    }
-    append_text(c, e->text ? e->text : "", e->text_len);
+    keep_token(r, c, e);
     if (c->held == 1) return;
     const char *s = c->text ? c->text : "";
     size_t n = c->len;
@@ -443,16 +454,7 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
             } else if (r->stream) {
                 stream_token(r, c, e);
             } else {
-                if (r->logprobs) {
-                    if (r->kind == SF_GW_CHAT) {
-                        if (!c->lp) c->lp = json_pack("{s:[]}", "content");
-                        json_array_append_new(json_object_get(c->lp, "content"), chat_lp(r, e));
-                    } else {
-                        if (!c->lp) c->lp = cmpl_lp_new();
-                        cmpl_lp_add(r, c->lp, e, (int)c->len);
-                    }
-                }
-                append_text(c, e->text ? e->text : "", e->text_len);
+                keep_token(r, c, e);
             }
         } else {
             c->done = 1;
