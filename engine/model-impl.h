@@ -8,12 +8,8 @@
 
 #include "model.h"
 
-/* Element size in bytes of a dense dtype (F32/F16/BF16), or 0. Q8_0 is handled by
- * sf_ld_tensor_bytes. */
+/* Element size in bytes of a dense dtype (F32/F16/BF16), or 0 (block formats: sf_dtype_bytes). */
 size_t sf_ld_elem_size(sf_dtype t);
-/* Bytes of a rows x cols tensor of dtype t; 0 when cols does not fit the dtype's blocks
- * (Q8_0 needs cols % 32 == 0) or the size overflows. */
-size_t sf_ld_tensor_bytes(sf_dtype t, int64_t rows, int64_t cols);
 const char *sf_ld_dtype_name(sf_dtype t);
 
 /* A fresh, zeroed model; NULL on out of memory (err set). */

@@ -23,14 +23,6 @@ size_t sf_ld_elem_size(sf_dtype t)
     }
 }
 
-size_t sf_ld_tensor_bytes(sf_dtype t, int64_t rows, int64_t cols)
-{
-    if (rows < 0 || cols < 0 || (cols && (uint64_t)rows > (UINT64_MAX >> 8) / (uint64_t)cols)) return 0;
-    int blk = sf_dtype_block(t);
-    if (blk > 1) return cols % blk ? 0 : sf_dtype_bytes(t, rows * cols);
-    return (size_t)(rows * cols) * sf_ld_elem_size(t);
-}
-
 const char *sf_ld_dtype_name(sf_dtype t)
 {
     static const char *names[] = { "F32", "F16", "BF16", "Q8_0", "I32", "I8", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
