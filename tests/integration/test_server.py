@@ -420,6 +420,8 @@ def test_tools(s):
             (dict(base, tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice"),
             ({"messages": base["messages"], "tool_choice": "required"}, "tool_choice"),
             (dict(base, tools=[{"type": "function", "function": {"name": "bad name"}}]), "tools"),
+            (dict(base, tools=[{"type": "function", "function": {"name": "f", "parameters": "x"}}]), "tools"),
+            (dict(base, tools=[{"type": "retrieval"}]), "tools"),
             (dict(base, tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
             (dict(base, messages=[{"role": "assistant", "content": "hi"}]), "messages"),
             (dict(base, messages=[{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "1"}]}]),
