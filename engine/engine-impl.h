@@ -85,6 +85,7 @@ struct sf_engine {
     sf_sample_row *rows;        /* [max_num_seqs] */
     int32_t *ids;               /* [2 * max_num_seqs]: the drawn ids of each flight slot */
     sf_seq **row_seq;           /* [2 * max_num_seqs]: the sequence of each logit row of each flight slot */
+    int32_t *row_score;         /* [2 * max_num_seqs]: the prompt position a logit row scores, -1: a draw's row */
     int32_t *src_row;           /* [max_batched_tokens]: async scheduling, sf_batch.src_row */
     sf_request **victims;       /* [2 * max_num_seqs]: the requests of a failed step (step.c step_failed) */
     sf_sample_pen *pen;

@@ -412,11 +412,12 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
     e->ids = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->ids);
     e->row_seq = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->row_seq);
+    e->row_score = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->row_score);
     e->src_row = malloc((size_t)c->max_batched_tokens * sizeof *e->src_row);
     e->victims = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->victims);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
-    if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->src_row || !e->victims || !e->taken ||
+    if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->row_score || !e->src_row || !e->victims || !e->taken ||
         !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
         goto fail;
@@ -485,6 +486,7 @@ void sf_engine_free(sf_engine *e)
     free(e->rows);
     free(e->ids);
     free(e->row_seq);
+    free(e->row_score);
     free(e->src_row);
     free(e->victims);
     free(e->taken);

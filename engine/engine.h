@@ -59,11 +59,17 @@ typedef struct sf_sampling {
     const char *schema;       /* with json: the JSON Schema it follows (text, schema_len bytes;
                                * owned by the caller until submit returns), NULL: any object */
     size_t schema_len;
+    int prompt_logprobs;      /* the prompt's own log-probabilities (vLLM's prompt_logprobs, OpenAI's echo
+                               * with logprobs): 0 none; < 0 each prompt token's alone; n > 0 with the top n
+                               * (<= SF_MAX_LOGPROBS) of each position. Scored from the raw logits, with
+                               * no bias or penalty; delivered in one SF_EV_PROMPT before the first token */
+    int prompt_only;          /* no output: the request ends after its prompt (OpenAI's echo with
+                               * max_tokens 0), finish reason length, no SF_EV_TOKEN */
 } sf_sampling;
 void sf_sampling_default(sf_sampling *s);
 
 /* ---- events ------------------------------------------------------------------------ */
-enum { SF_EV_TOKEN = 1, SF_EV_DONE = 2, SF_EV_ERROR = 3 };
+enum { SF_EV_TOKEN = 1, SF_EV_DONE = 2, SF_EV_ERROR = 3, SF_EV_PROMPT = 4 };
 enum { SF_FINISH_STOP = 0, SF_FINISH_LENGTH = 1, SF_FINISH_CANCELLED = 2, SF_FINISH_ERROR = 3 };
 #define SF_MAX_LOGPROBS 20
 
@@ -84,6 +90,14 @@ typedef struct sf_event {
     float logprob;            /* of the chosen token */
     int n_top;
     const sf_logprob *top;    /* [n_top] */
+    /* SF_EV_PROMPT (sampling.prompt_logprobs): position i of the prompt, its token
+     * prompt_ids[i], its log-probability given the tokens before it prompt_lp[i] (NAN at 0),
+     * its rank among the vocabulary (1: the most likely; 0 at 0) and the prompt_k most likely
+     * tokens there, prompt_top[i * prompt_k ...] (empty at 0); arrays of n_prompt_lp */
+    int n_prompt_lp, prompt_k;
+    const int32_t *prompt_ids, *prompt_rank;
+    const float *prompt_lp;
+    const sf_logprob *prompt_top;
     /* SF_EV_DONE */
     int finish_reason;        /* SF_FINISH_* */
     int prompt_tokens, completion_tokens;

@@ -39,6 +39,8 @@ static int check_submit(const sf_submit *s, int vocab, int max_model_len, sf_err
     }
     if (p->min_tokens < 0 || (p->max_tokens > 0 && p->min_tokens > p->max_tokens))
         return sf_err(err, SF_EINVAL, "min_tokens %d must be from 0 to max_tokens (%d)", p->min_tokens, p->max_tokens);
+    if (p->prompt_logprobs > SF_MAX_LOGPROBS)
+        return sf_err(err, SF_EINVAL, "prompt_logprobs %d is more than %d", p->prompt_logprobs, SF_MAX_LOGPROBS);
     if (p->n_stop_ids < 0 || p->n_stop_ids > SF_MAX_STOP)
         return sf_err(err, SF_EINVAL, "%d stop token ids: at most %d are allowed", p->n_stop_ids, SF_MAX_STOP);
     for (int i = 0; i < p->n_stop_ids; i++)
@@ -102,12 +104,25 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
     }
     if ((rc = sf_seq_init(&r->seq, s->prompt, s->n_prompt, err)) != SF_OK) goto fail;
     r->seq.owner = r;
+    if (r->sp.prompt_logprobs && s->n_prompt > 1) { /* positions 0 .. n - 2 score the tokens after them */
+        r->plk = SF_MAX(r->sp.prompt_logprobs, 0);
+        r->plp = malloc((size_t)s->n_prompt * sizeof *r->plp);
+        r->prank = calloc((size_t)s->n_prompt, sizeof *r->prank);
+        r->ptop = r->plk ? calloc((size_t)s->n_prompt * (size_t)r->plk, sizeof *r->ptop) : NULL;
+        if (!r->plp || !r->prank || (r->plk && !r->ptop)) {
+            rc = sf_err(err, SF_ENOMEM, "submit: out of memory for the prompt's %d logprobs", s->n_prompt);
+            goto fail;
+        }
+        for (int i = 0; i < s->n_prompt; i++) r->plp[i] = NAN;
+        r->seq.score_from = 0;
+        r->seq.score_to = s->n_prompt - 1;
+    }
     r->seq.urgency = s->intent.urgency;
     r->seq.deadline = s->intent.max_latency_ms > 0 ? r->t_submit + s->intent.max_latency_ms * 1e-3 : INFINITY;
     r->seq.max_latency_ms = s->intent.max_latency_ms;
     r->seq.min_tps = s->intent.min_tps;
     r->seq.t_submit = r->t_submit;
-    long max_out = r->sp.max_tokens > 0 ? r->sp.max_tokens : max_model_len;
+    long max_out = r->sp.prompt_only ? 1 : r->sp.max_tokens > 0 ? r->sp.max_tokens : max_model_len;
     r->seq.max_len = (int)SF_MIN((long)max_model_len, (long)s->n_prompt + max_out);
     r->max_out = r->seq.max_len - s->n_prompt;
     r->tok = tok;
@@ -140,6 +155,9 @@ void sf_request_free(sf_request *r)
     sf_jschema_free(r->schema);
     sf_sampler_seq_free(&r->ss);
     sf_seq_free(&r->seq);
+    free(r->plp);
+    free(r->prank);
+    free(r->ptop);
     if (r->tok) sf_detok_free(&r->detok);
     free(r->text);
     free(r);
@@ -259,8 +277,40 @@ void sf_request_finish(sf_request *r, int reason, int status, const char *messag
     deliver_done(r, reason, reason != SF_FINISH_CANCELLED);
 }
 
+void sf_request_score(sf_request *r, int pos, const float *row, int vocab)
+{
+    if (!r->plp || pos < 0 || pos + 1 >= r->seq.n_prompt) return;
+    const int i = pos + 1;
+    int n = sf_sampler_score(row, vocab, r->seq.tokens[i], r->plk, &r->plp[i], &r->prank[i],
+                             r->ptop ? r->ptop + (size_t)i * r->plk : NULL);
+    for (int k = n; k < r->plk; k++) r->ptop[(size_t)i * r->plk + k] = (sf_logprob){ -1, -INFINITY };
+}
+
+/* SF_EV_PROMPT, once, before anything else the request delivers after its prompt */
+static void deliver_prompt(sf_request *r)
+{
+    if (!r->sp.prompt_logprobs || r->prompt_sent) return;
+    r->prompt_sent = 1;
+    float none = NAN;
+    int32_t zero = 0;
+    sf_event ev = { 0 };
+    ev.type = SF_EV_PROMPT;
+    ev.req = r;
+    ev.user = r->user;
+    ev.token = -1;
+    ev.text = "";
+    ev.n_prompt_lp = r->seq.n_prompt;
+    ev.prompt_k = r->plk;
+    ev.prompt_ids = r->seq.tokens;
+    ev.prompt_lp = r->plp ? r->plp : &none;   /* a one-token prompt: position 0 alone */
+    ev.prompt_rank = r->prank ? r->prank : &zero;
+    ev.prompt_top = r->ptop;
+    r->cb(&ev);
+}
+
 int sf_request_take(sf_request *r, int32_t id)
 {
+    if (r->sp.prompt_only) return SF_REQ_END_PROMPT;
     if (r->n_out++ == 0) r->t_first = sf_now_s();
     sf_sampler_accept(&r->ss, id);
     if (r->placed) { /* the stand-in the next step was planned with becomes the id */
@@ -278,7 +328,7 @@ int sf_request_take(sf_request *r, int32_t id)
 
 int sf_request_may_place(const sf_request *r)
 {
-    return !r->placed && r->n_out + 1 < r->max_out && r->seq.n_tokens + 1 < r->seq.max_len && !r->ss.counts &&
+    return !r->placed && !r->sp.prompt_only && r->n_out + 1 < r->max_out && r->seq.n_tokens + 1 < r->seq.max_len && !r->ss.counts &&
            r->n_out >= r->sp.min_tokens && !sf_sampler_needs_logits(&r->sp);
 }
 
@@ -286,6 +336,11 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
 {
     if (end == SF_REQ_END_ERROR) {
         sf_request_finish(r, SF_FINISH_ERROR, SF_ENOMEM, "out of memory while appending a generated token");
+        return SF_REQ_FINISHED;
+    }
+    deliver_prompt(r);
+    if (end == SF_REQ_END_PROMPT) { /* prompt_only: nothing is generated */
+        deliver_done(r, SF_FINISH_LENGTH, 0);
         return SF_REQ_FINISHED;
     }
     if (end == SF_REQ_END_STOP) { /* the end-of-sequence token itself is not shown */

@@ -35,6 +35,13 @@ struct sf_request {
     int taken_slot;             /* engine thread: 1 + its entry among the tokens taken and not yet delivered; 0: none */
     sf_json json;               /* JSON output (sp.json): where the output stands in its object */
     sf_jschema *schema;         /* its schema, NULL: any object */
+    /* prompt scoring (sp.prompt_logprobs): position i's log-probability, rank and top plk
+     * (arrays of seq.n_prompt; i = 0 has none), filled as the steps that compute them are taken */
+    float *plp;
+    int32_t *prank;
+    sf_logprob *ptop;
+    int plk;
+    int prompt_sent;            /* SF_EV_PROMPT delivered */
     int placed;                 /* engine thread, async scheduling: 1 + its logit row in the step in flight whose
                                  * id is still to come, when a stand-in for that id ends seq.tokens (the next step
                                  * was planned with it); 0: none */
@@ -58,8 +65,12 @@ enum { SF_REQ_CONTINUE = 0, SF_REQ_FINISHED = 1 };
  * id with take's answer (`end`): SF_EV_TOKEN with the text that is safe to show, stop strings,
  * SF_EV_DONE; it returns SF_REQ_FINISHED when r is done (a stop string may end r although take
  * did not; the caller then removes r from the scheduler and frees it). */
-enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4, SF_REQ_END_STOP_ID = 5 };
+enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4, SF_REQ_END_STOP_ID = 5,
+       SF_REQ_END_PROMPT = 6 /* sp.prompt_only: the prompt is done, the id is dropped */ };
 int sf_request_take(sf_request *r, int32_t id);
+/* Engine thread: the logits of prompt position pos (< seq.n_prompt - 1) came: score the token
+ * after it (sp.prompt_logprobs). row: [vocab], raw. */
+void sf_request_score(sf_request *r, int pos, const float *row, int vocab);
 /* Async scheduling: whether r may be planned before its next id is known, with a stand-in for
  * it: the id cannot decide r's length (max_tokens, context) nor its draw's penalties, and r's
  * rows are drawn on the backend. */

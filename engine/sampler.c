@@ -302,3 +302,18 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
     }
     return id;
 }
+
+int sf_sampler_score(const float *l, int vocab, int32_t id, int k, float *logprob, int32_t *rank, sf_logprob *top)
+{
+    float m = vmax(l, vocab);
+    float lse = m + (float)log(vsumexp(l, vocab, 1.0f, m, NULL));
+    const float x = l[id];
+    int32_t above = 0;
+    for (int i = 0; i < vocab; i++) above += l[i] > x;
+    *logprob = x - lse;
+    *rank = above + 1;
+    cand best[SF_MAX_LOGPROBS];
+    int n = k > 0 ? top_n(l, vocab, SF_MIN(k, SF_MAX_LOGPROBS), best) : 0;
+    for (int i = 0; i < n; i++) { top[i].id = best[i].id; top[i].logprob = best[i].v - lse; }
+    return n;
+}

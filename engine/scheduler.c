@@ -127,6 +127,7 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
     if (c->swap_blocks > 0 && sf_kv_pool_init(&s->swap, c->swap_blocks, 1, err) != SF_OK)
         return sf_err_wrap(err, "scheduler: swap space of %d blocks", c->swap_blocks);
     s->cfg = *c;
+    if (s->cfg.max_logits < c->max_num_seqs) s->cfg.max_logits = c->max_num_seqs;
     s->pool = pool;
     s->deg_since = s->deg_dip_since = -1;
     s->low_prefill_at = -INFINITY;
@@ -149,7 +150,7 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
     s->b_slot = malloc((size_t)T * sizeof(int32_t));
     s->b_seq_start = malloc((size_t)(S + 1) * sizeof(int32_t));
     s->b_seq_ctx = malloc((size_t)S * sizeof(int32_t));
-    s->b_logit_rows = malloc((size_t)S * sizeof(int32_t));
+    s->b_logit_rows = malloc((size_t)s->cfg.max_logits * sizeof(int32_t));
     s->b_table = malloc((size_t)s->cap_table * sizeof(int32_t));
     s->cap_snap = S;
     s->snap = malloc((size_t)S * sizeof *s->snap);
@@ -304,6 +305,7 @@ static void withdraw(sf_sched *s, sf_seq *q)
     if (it->n == 1 && it->logits) s->plan.n_decode -= 1;
     else s->plan.n_prefill -= it->n;
     s->budget_left += it->n;
+    s->rows_used -= it->logits + it->n_score;
     it->seq = NULL;
     it->n = 0;
     q->plan_idx = -1;
@@ -387,6 +389,9 @@ static int add_item(sf_sched *s, sf_seq *q, int n)
     it->start = q->n_computed;
     it->n = n;
     it->logits = q->n_computed + n == q->n_tokens;
+    it->score_at = SF_MAX(q->score_from, it->start);
+    it->n_score = SF_MAX(0, SF_MIN(it->start + n, q->score_to) - it->score_at);
+    s->rows_used += it->logits + it->n_score;
     q->plan_idx = s->plan.n_items++;
     s->plan.n_tokens += n;
     if (n == 1 && it->logits) s->plan.n_decode++;
@@ -399,6 +404,21 @@ static int add_item(sf_sched *s, sf_seq *q, int n)
 }
 
 /* ---- planning --------------------------------------------------------------------------- */
+
+/* The most of n next tokens of q (a prefill chunk) whose logit rows fit in the step: its scored
+ * positions and, when it ends at q's last token, the next-token row. A chunk cut short stops
+ * before the first position that does not fit (and before the end); 0: none fits. Decodes are
+ * planned first and are at most max_num_seqs <= max_logits rows, so they always fit. */
+static int rows_cap(const sf_sched *s, const sf_seq *q, int n)
+{
+    const int c = q->n_computed, room = s->cfg.max_logits - s->rows_used;
+    const int a = SF_MAX(q->score_from, c), b = q->score_to;
+    const int scored = SF_MAX(0, SF_MIN(c + n, b) - a), ends = c + n == q->n_tokens;
+    if (scored + ends <= room) return n;
+    int m = SF_MIN(n, q->n_tokens - c - 1);
+    if (a < b) m = SF_MIN(m, a - c + SF_MAX(room, 0));
+    return SF_MAX(m, 0);
+}
 
 /* The sequence to preempt so that asker can go on: from the tail of the running list (lowest
  * urgency, latest arrival), skipping those the policy protects (throughput floors that decode).
@@ -470,6 +490,7 @@ static int admit_head(sf_sched *s, sf_seq *q)
     }
     int n = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
     if (q->urgency < SF_URGENCY_HIGH) n = SF_MIN(n, s->low_budget_left);
+    if (n > 0 && (n = rows_cap(s, q, n)) <= 0) return 0; /* the step's logit rows are taken */
     if (n <= 0) {
         /* held back for step time (realtime prompts take the steps): refused all the same, so
          * its need is demand too (sched_policy.c) */
@@ -532,6 +553,7 @@ const sf_plan *sf_sched_plan_at(sf_sched *s, double now)
     p->n_swap_in = p->n_swap_out = 0;
     p->n_items = p->n_tokens = p->n_decode = p->n_prefill = p->n_stuck = 0;
     s->budget_left = s->cfg.max_batched_tokens;
+    s->rows_used = 0;
 
     /* snapshot of the running list in priority order (preemption changes the list); running
      * sequences never outnumber the seats, the array's size */
@@ -556,6 +578,7 @@ const sf_plan *sf_sched_plan_at(sf_sched *s, double now)
         int need = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
         int low = q->urgency < SF_URGENCY_HIGH && s->low_budget_left != INT_MAX;
         if (low) need = SF_MIN(need, s->low_budget_left);
+        need = rows_cap(s, q, need);
         if (need < 1) continue;
         if (plan_running(s, q, need) && low) s->low_budget_left -= need;
     }
@@ -600,6 +623,7 @@ void sf_sched_batch(sf_sched *s, sf_batch *b)
         if (!q) continue;
         s->b_seq_start[S] = T;
         for (int t = it->start; t < it->start + it->n; t++, T++) {
+            if (t >= it->score_at && t < it->score_at + it->n_score) s->b_logit_rows[L++] = T;
             s->b_tokens[T] = q->tokens[t];
             s->b_pos[T] = t;
             s->b_slot[T] = q->blocks[t / bs] * bs + t % bs;
@@ -633,6 +657,7 @@ void sf_sched_commit(sf_sched *s)
         sf_seq *q = p->items[i].seq;
         if (!q) continue;
         q->n_computed = p->items[i].start + p->items[i].n;
+        if (p->items[i].n_score) q->score_from = p->items[i].score_at + p->items[i].n_score;
         q->plan_idx = -1; /* the step is done: removing q now must not touch the plan */
     }
     s->tokens_prefill += (uint64_t)p->n_prefill;
@@ -645,6 +670,7 @@ void sf_sched_discard(sf_sched *s)
     for (int i = 0; i < p->n_items; i++)
         if (p->items[i].seq) p->items[i].seq->plan_idx = -1;
     p->n_items = p->n_tokens = p->n_decode = p->n_prefill = 0;
+    s->rows_used = 0;
 }
 
 void sf_sched_foreach(sf_sched *s, void (*fn)(sf_seq *q, void *arg), void *arg)

@@ -39,6 +39,10 @@ typedef struct sf_seq {
     int32_t *tokens;
     int n_tokens, cap_tokens;
     int n_prompt;             /* original prompt length (for usage) */
+    /* prompt scoring (the engine's prompt_logprobs): the logits of positions [score_from,
+     * score_to) are wanted too, each a logit row of the step that computes it (0, 0: none);
+     * score_from moves on as steps are committed, so a recompute does not score twice */
+    int score_from, score_to;
     /* owned by the scheduler */
     int n_computed;           /* tokens whose K/V is in the cache */
     int32_t *blocks;          /* KV block ids, in position order */
@@ -77,6 +81,8 @@ int sf_seq_append(sf_seq *q, int32_t id);
 typedef struct sf_sched_config {
     int max_num_seqs;         /* running sequences at most */
     int max_batched_tokens;   /* tokens per step at most; >= max_num_seqs */
+    int max_logits;           /* logit rows per step at most (the next-token rows and the scored
+                               * positions); >= max_num_seqs; 0: max_num_seqs */
     int max_model_len;        /* context length cap */
     float kv_high_reserve;    /* share of the pool only SF_URGENCY_HIGH may take, [0, 1) */
     int swap_blocks;          /* swap space in KV blocks (host memory); 0: preemption by recompute only */
@@ -121,11 +127,14 @@ typedef struct sf_swap_op {
 } sf_swap_op;
 
 /* One planned piece of work: tokens [start, start + n) of seq. logits: this piece ends at the
- * sequence's last known token, so the step yields its next-token distribution. */
+ * sequence's last known token, so the step yields its next-token distribution. Positions
+ * [score_at, score_at + n_score) of it are scored (seq.score_from/score_to): their logit rows
+ * come first, in position order, then the next-token row. */
 typedef struct sf_plan_item {
     sf_seq *seq;
     int start, n;
     int logits;
+    int score_at, n_score;
 } sf_plan_item;
 
 typedef struct sf_plan {
@@ -151,6 +160,7 @@ typedef struct sf_sched {
     sf_plan plan;
     int cap_items, cap_stuck;
     int budget_left;          /* tokens left in the step being planned */
+    int rows_used;            /* logit rows of the step being planned */
     /* the batch of the current plan (sf_sched_batch) */
     int32_t *b_tokens, *b_pos, *b_slot, *b_seq_start, *b_seq_ctx, *b_table, *b_logit_rows;
     int cap_table;

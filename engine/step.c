@@ -208,7 +208,7 @@ static void plan_ahead(sf_engine *e)
     for (int j = 0; j < f->k; j++) {
         sf_request *r = rows[j] ? rows[j]->owner : NULL;
         /* a stand-in that cannot be appended: the sequence waits for its id instead */
-        if (r && rows[j]->state == SF_SEQ_RUNNING && sf_request_may_place(r) && sf_seq_append(&r->seq, 0) == SF_OK)
+        if (r && e->row_score[(size_t)f->slot * e->cfg.max_num_seqs + j] < 0 && rows[j]->state == SF_SEQ_RUNNING && sf_request_may_place(r) && sf_seq_append(&r->seq, 0) == SF_OK)
             r->placed = j + 1;
     }
 }
@@ -232,14 +232,16 @@ static void src_rows(sf_engine *e, const sf_plan *p, sf_batch *b)
 }
 
 /* Tensor parallelism: a step whose rows are drawn on the host (a request wants logprobs or JSON
- * output) cannot take tokens from the draw in flight: the followers take such tokens only in
- * steps they draw for too (tp.c). */
+ * output, or a prompt scored) cannot take tokens from the draw in flight: the followers take
+ * such tokens only in steps they draw for too (tp.c). */
 static int tp_host_drawn(const sf_engine *e, const sf_plan *p)
 {
     if (!e->tp) return 0;
-    for (int i = 0; i < p->n_items; i++)
-        if (p->items[i].seq && p->items[i].logits && sf_sampler_needs_logits(&((sf_request *)p->items[i].seq->owner)->sp))
+    for (int i = 0; i < p->n_items; i++) {
+        const sf_plan_item *it = &p->items[i];
+        if (it->seq && (it->n_score || (it->logits && sf_sampler_needs_logits(&((sf_request *)it->seq->owner)->sp))))
             return 1;
+    }
     return 0;
 }
 
@@ -300,12 +302,20 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     if (ahead) src_rows(e, p, &b);
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
-    int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_num_seqs;
+    int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_num_seqs, *score = e->row_score + (size_t)f->slot * e->cfg.max_num_seqs;
     int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     for (int i = 0; i < p->n_items; i++) {
-        if (!p->items[i].seq || !p->items[i].logits) continue;
-        sf_request *r = p->items[i].seq->owner;
-        rows[k] = p->items[i].seq; /* k <= running <= max_num_seqs */
+        const sf_plan_item *it = &p->items[i];
+        if (!it->seq) continue;
+        for (int j = 0; j < it->n_score; j++) { /* scored prompt positions: their rows come first */
+            rows[k] = it->seq;
+            score[k++] = it->score_at + j; /* k <= the scheduler's max_logits = max_num_seqs */
+            on_dev = 0;
+        }
+        if (!it->logits) continue;
+        sf_request *r = it->seq->owner;
+        score[k] = -1;
+        rows[k] = it->seq;
         if (on_dev && (sf_sampler_needs_logits(&r->sp) ||
                        sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
             on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
@@ -384,12 +394,17 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     else e->rows_host += (uint64_t)f->k;
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
     const int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_num_seqs;
+    const int32_t *score = e->row_score + (size_t)f->slot * e->cfg.max_num_seqs;
     for (int j = 0; j < f->k; j++) {
         sf_seq *q = rows[j];
         /* freed while the step ran: cancelled, ended by a stop string, or (async) ended by the
          * step before it, whose ids were taken after this step was planned */
         if (!q) continue;
         sf_request *r = q->owner;
+        if (score[j] >= 0) { /* a prompt position's row (drawn on the host) */
+            sf_request_score(r, score[j], e->logits + (size_t)j * e->vocab, e->vocab);
+            continue;
+        }
         sf_taken *t = &e->taken[e->n_taken];
         t->r = r;
         t->logprob = 0;
@@ -403,7 +418,7 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
         t->stuck = 0;
         if (t->removed) sf_sched_remove(&e->sched, q); /* not planned again */
         r->taken_slot = ++e->n_taken;
-        e->n_tokens_out++;
+        e->n_tokens_out += t->end != SF_REQ_END_PROMPT;
     }
     sf_sched_observe(&e->sched, f->n_tokens, f->n_decode, (t1 - f->t_ready) * 1e3);
     if (e->trace) trace_step(e, f);

@@ -27,6 +27,13 @@ typedef struct collect {
     sf_engine *cancel_engine; /* cancel itself after cancel_after tokens */
     int cancel_after;
     int order; /* 1 + how many requests of the binary finished before this one */
+    float lp[MAXTOK];                 /* each token's logprob */
+    sf_logprob top[MAXTOK][5];        /* and its first 5 alternatives */
+    /* SF_EV_PROMPT: how many came (1 is right), before which token, and what it said */
+    int n_prompt_ev, prompt_ev_at, n_plp, plk;
+    int32_t pids[MAXTOK], prank[MAXTOK];
+    float plp[MAXTOK];
+    sf_logprob ptop[MAXTOK][5];
 } collect;
 
 static int collect_finished; /* requests finished so far (collect.order) */
@@ -48,8 +55,23 @@ static void on_event(const sf_event *ev)
         c->text_len += ev->text_len;
         c->text[c->text_len] = 0;
     }
-    if (ev->type == SF_EV_TOKEN) {
-        if (c->n_tokens < MAXTOK) c->tokens[c->n_tokens++] = ev->token;
+    if (ev->type == SF_EV_PROMPT) {
+        c->n_prompt_ev++;
+        c->prompt_ev_at = c->n_tokens;
+        c->n_plp = ev->n_prompt_lp < MAXTOK ? ev->n_prompt_lp : MAXTOK;
+        c->plk = ev->prompt_k;
+        for (int i = 0; i < c->n_plp; i++) {
+            c->pids[i] = ev->prompt_ids[i];
+            c->plp[i] = ev->prompt_lp[i];
+            c->prank[i] = ev->prompt_rank[i];
+            for (int k = 0; k < ev->prompt_k && k < 5; k++) c->ptop[i][k] = ev->prompt_top[(size_t)i * ev->prompt_k + k];
+        }
+    } else if (ev->type == SF_EV_TOKEN) {
+        if (c->n_tokens < MAXTOK) {
+            c->lp[c->n_tokens] = ev->logprob;
+            for (int k = 0; k < ev->n_top && k < 5; k++) c->top[c->n_tokens][k] = ev->top[k];
+            c->tokens[c->n_tokens++] = ev->token;
+        }
         if (!(ev->logprob <= 0.0f)) c->lp_ok = 0;
         if (ev->n_top) {
             c->n_top_seen = ev->n_top;

@@ -1,8 +1,8 @@
 /* test_engine.c — the engine end to end on the CPU backend with real models: stories260K (a
  * trained Llama-2 model in GGUF, so its text can be checked) and the demo model.
  * Greedy output equals a plain forward loop; seeds; stop strings; max_tokens; 32 concurrent
- * requests give the same tokens as each alone (also under preemption); cancel frees KV;
- * admission errors. */
+ * requests give the same tokens as each alone (also under preemption); a prompt's scored
+ * logprobs equal the generated ones; cancel frees KV; admission errors. */
 #include <pthread.h>
 
 #include "engine/engine.h"
@@ -13,6 +13,8 @@
 #include "tests/test.h"
 #include "tests/lib/engine_collect.h"
 #include "tests/lib/engine_wait.h"
+
+static double swap_gib = 1.0; /* the engine's default; 0: preemption by recompute */
 
 static sf_engine *open_engine(const char *model, int max_seqs, int budget, int max_len, int kv_blocks, sf_error *err)
 {
@@ -25,6 +27,7 @@ static sf_engine *open_engine(const char *model, int max_seqs, int budget, int m
     c.max_batched_tokens = budget;
     c.max_model_len = max_len;
     c.num_kv_blocks = kv_blocks;
+    c.swap_space_gib = swap_gib;
     sf_engine *e = NULL;
     if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
     return e;
@@ -32,18 +35,24 @@ static sf_engine *open_engine(const char *model, int max_seqs, int budget, int m
 
 static const char *stories(void) { return test_data("stories260K/stories260K.gguf"); }
 
-static int submit(sf_engine *e, const int32_t *prompt, int n, const sf_sampling *sp, collect *c, sf_error *err)
+static int submit_u(sf_engine *e, const int32_t *prompt, int n, const sf_sampling *sp, int urgency, collect *c,
+                    sf_error *err)
 {
     sf_submit s;
     memset(&s, 0, sizeof s);
     s.prompt = prompt;
     s.n_prompt = n;
     s.sampling = *sp;
-    s.intent.urgency = SF_URGENCY_NORMAL;
+    s.intent.urgency = urgency;
     s.cb = on_event;
     s.user = c;
     double retry;
     return sf_engine_submit(e, &s, NULL, &retry, err);
+}
+
+static int submit(sf_engine *e, const int32_t *prompt, int n, const sf_sampling *sp, collect *c, sf_error *err)
+{
+    return submit_u(e, prompt, n, sp, SF_URGENCY_NORMAL, c, err);
 }
 
 static sf_sampling greedy(int max_tokens)
@@ -295,6 +304,127 @@ static void concurrent_equals_alone(int kv_blocks, int expect_preemption)
 TEST(concurrent_equals_alone) { concurrent_equals_alone(0, 0); }
 TEST(concurrent_equals_alone_preempted) { concurrent_equals_alone(12, 1); }
 
+/* A prompt's scored logprobs (prompt_logprobs) equal the logprobs the same tokens had when the
+ * engine generated them: each position's log-probability, its rank and its top 5. The engine
+ * runs 4 seats, so at most 4 logit rows a step and the prompt is scored over many steps;
+ * several scored and generating requests run side by side. With `preempt` there is one seat
+ * (one logit row a step), the scored requests are low urgency and the generating ones high: a
+ * high one takes the seat from a scored one mid-prompt, which later goes on from where it was
+ * scored (swapped out and in, or recomputed: preempt 2). */
+static void prompt_logprobs_match(int preempt)
+{
+    sf_error err = { 0 };
+    sf_engine *e = open_engine(stories(), preempt ? 1 : 4, 64, 0, 0, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    static const char *texts[] = { "Lily and Ben went", "The sun", "Once upon a time, a cat", "Tom saw" };
+    enum { N = 4, G = 24 };
+    static collect gen[N], scored[N], both[N];
+    static int32_t prompts[N][MAXTOK];
+    int np[N];
+    for (int i = 0; i < N; i++) { /* ~250 tokens: a few dozen steps of 4 rows each */
+        char text[2048] = "";
+        for (int k = 0; k < 12; k++) strcat(text, k % 2 ? "The dog ran to the park and played with a red ball. " : "Lily was happy. ");
+        strcat(text, texts[i]);
+        np[i] = encode(e, text, prompts[i], MAXTOK - G);
+        REQUIRE(np[i] > 1, "encode");
+        collect_init(&gen[i]);
+        sf_sampling sp = greedy(G);
+        sp.ignore_eos = 1;
+        sp.logprobs = 5;
+        REQUIRE(submit(e, prompts[i], np[i], &sp, &gen[i], &err) == SF_OK, "submit: %s", err.msg);
+    }
+    for (int i = 0; i < N; i++) collect_wait(&gen[i]);
+    sf_engine_stats st0, st;
+    sf_engine_get_stats(e, &st0);
+    for (int i = 0; i < N; i++) { /* prompt + its greedy output: scored only, and scored then generating */
+        REQUIRE(gen[i].n_tokens == G, "generated %d", gen[i].n_tokens);
+        memcpy(prompts[i] + np[i], gen[i].tokens, G * sizeof(int32_t));
+        collect_init(&scored[i]);
+        collect_init(&both[i]);
+        sf_sampling sp = greedy(0);
+        sp.prompt_logprobs = 5;
+        sp.prompt_only = 1;
+        REQUIRE(submit_u(e, prompts[i], np[i] + G, &sp, preempt ? SF_URGENCY_LOW : SF_URGENCY_NORMAL, &scored[i], &err) ==
+                    SF_OK, "submit: %s", err.msg);
+    }
+    for (int t = 0; preempt && t < 20000; t++) { /* a low one is mid-prompt */
+        sf_engine_get_stats(e, &st);
+        if (st.running > 0) break;
+        usleep(100);
+    }
+    for (int i = 0; i < N; i++) {
+        sf_sampling sp = greedy(G);
+        sp.ignore_eos = 1;
+        sp.prompt_logprobs = -1;
+        REQUIRE(submit_u(e, prompts[i], np[i], &sp, preempt ? SF_URGENCY_HIGH : SF_URGENCY_NORMAL, &both[i], &err) == SF_OK,
+                "submit: %s", err.msg);
+    }
+    for (int i = 0; i < N; i++) {
+        collect *c = &scored[i];
+        collect_wait(c);
+        CHECK_MSG(c->n_prompt_ev == 1 && c->n_tokens == 0 && c->finish == SF_FINISH_LENGTH && c->completion_tokens == 0 &&
+                      c->prompt_tokens == np[i] + G && c->text_len == 0,
+                  "prompt only: %d prompt events, %d tokens, finish %d, usage %d + %d", c->n_prompt_ev, c->n_tokens,
+                  c->finish, c->prompt_tokens, c->completion_tokens);
+        CHECK(c->n_plp == np[i] + G && c->plk == 5 && isnan(c->plp[0]) && c->prank[0] == 0);
+        int good = 0, ranked = 0;
+        float worst = 0;
+        for (int j = 0; j < G; j++) {
+            const int at = np[i] + j;
+            float d = fabsf(c->plp[at] - gen[i].lp[j]);
+            worst = SF_MAX(worst, d);
+            int same_top = 1;
+            for (int k = 0; k < 5; k++)
+                same_top &= c->ptop[at][k].id == gen[i].top[j][k].id &&
+                            fabsf(c->ptop[at][k].logprob - gen[i].top[j][k].logprob) < 1e-3f;
+            good += c->pids[at] == gen[i].tokens[j] && d < 1e-3f && same_top;
+            ranked += c->prank[at] == 1; /* greedy: each was the most likely */
+        }
+        CHECK_MSG(good == G && ranked == G, "request %d: %d of %d positions agree with generation (worst %.2e), %d ranked 1",
+                  i, good, G, (double)worst, ranked);
+        int in_prompt = 1;
+        for (int j = 1; j < np[i]; j++)
+            in_prompt &= c->plp[j] <= 0 && c->prank[j] >= 1 && c->ptop[j][0].logprob >= c->plp[j] &&
+                         c->ptop[j][0].logprob >= c->ptop[j][4].logprob;
+        CHECK_MSG(in_prompt, "request %d: the prompt's own positions are not log-probabilities with ranks", i);
+
+        c = &both[i];
+        collect_wait(c);
+        CHECK_MSG(c->n_prompt_ev == 1 && c->prompt_ev_at == 0 && c->plk == 0 && c->n_plp == np[i],
+                  "scored then generating: %d prompt events, after %d tokens, k %d, %d positions", c->n_prompt_ev,
+                  c->prompt_ev_at, c->plk, c->n_plp);
+        CHECK_MSG(c->n_tokens == G && !memcmp(c->tokens, gen[i].tokens, G * sizeof(int32_t)),
+                  "request %d: scoring its prompt changed its output", i);
+        int same = 1;
+        for (int j = 1; j < np[i]; j++) same &= fabsf(c->plp[j] - scored[i].plp[j]) < 1e-3f && c->prank[j] == scored[i].prank[j];
+        CHECK_MSG(same, "request %d: the prompt's scores differ between the two requests", i);
+    }
+    wait_idle(e, &st);
+    CHECK_MSG(!preempt || st.preemptions > st0.preemptions, "no preemption");
+    CHECK_MSG(st.kv_blocks_used == 0, "%d KV blocks still used", st.kv_blocks_used);
+
+    /* a one-token prompt has position 0 alone; more than 20 is refused */
+    collect one;
+    collect_init(&one);
+    sf_sampling sp = greedy(2);
+    sp.prompt_logprobs = 3;
+    REQUIRE(submit(e, prompts[0], 1, &sp, &one, &err) == SF_OK, "submit: %s", err.msg);
+    collect_wait(&one);
+    CHECK(one.n_prompt_ev == 1 && one.n_plp == 1 && isnan(one.plp[0]) && one.n_tokens == 2);
+    sp.prompt_logprobs = 21;
+    CHECK(submit(e, prompts[0], 4, &sp, &one, &err) == SF_EINVAL && strstr(err.msg, "prompt_logprobs"));
+    sf_engine_free(e);
+}
+
+TEST(prompt_logprobs_match_generation) { prompt_logprobs_match(0); }
+TEST(prompt_logprobs_preempted)
+{
+    prompt_logprobs_match(1);
+    swap_gib = 0;
+    prompt_logprobs_match(2);
+    swap_gib = 1.0;
+}
+
 TEST(cancel_frees_kv)
 {
     sf_error err = { 0 };
@@ -536,6 +666,8 @@ int main(void)
     RUN(stop_strings_and_max_tokens);
     RUN(concurrent_equals_alone);
     RUN(concurrent_equals_alone_preempted);
+    RUN(prompt_logprobs_match_generation);
+    RUN(prompt_logprobs_preempted);
     RUN(cancel_frees_kv);
     RUN(submit_cancel_storm);
     RUN(admission_errors);

@@ -14,6 +14,7 @@ typedef struct fake {
     int want, got;
     int finished, stuck;
     int id;
+    int scored;         /* positions scored (logit rows of score_at .. + n_score) */
 } fake;
 
 static fake *fake_new(int id, int urgency, int n_prompt, int want)
@@ -84,7 +85,7 @@ static void count_blocks(sf_seq *q, void *arg)
 static void check_plan(world *w, const sf_plan *p)
 {
     sf_sched *s = &w->s;
-    int live = 0, tokens = 0;
+    int live = 0, tokens = 0, rows = 0;
     if (p->n_tokens > s->cfg.max_batched_tokens) note_bad(w, "token budget exceeded");
     for (int i = 0; i < p->n_items; i++) {
         const sf_plan_item *it = &p->items[i];
@@ -98,7 +99,12 @@ static void check_plan(world *w, const sf_plan *p)
         if (it->start + it->n > it->seq->n_tokens) note_bad(w, "item beyond known tokens");
         if (sf_kv_blocks_for(&w->pool, it->start + it->n) > it->seq->n_blocks) note_bad(w, "blocks missing");
         if (it->logits != (it->start + it->n == it->seq->n_tokens)) note_bad(w, "logits flag wrong");
+        /* scored positions: every one of the item's in [score_from, score_to), in order */
+        const int a = SF_MAX(it->start, it->seq->score_from), z = SF_MIN(it->start + it->n, it->seq->score_to);
+        if (it->n_score != SF_MAX(0, z - a) || (it->n_score && it->score_at != a)) note_bad(w, "scored positions wrong");
+        rows += it->logits + it->n_score;
     }
+    if (rows > s->cfg.max_logits) note_bad(w, "more logit rows than max_logits");
     if (tokens != p->n_tokens) note_bad(w, "n_tokens does not add up");
     if (p->n_decode + p->n_prefill != p->n_tokens) note_bad(w, "decode + prefill != tokens");
     if (live > s->cfg.max_num_seqs || s->n_running > s->cfg.max_num_seqs) note_bad(w, "seat limit exceeded");
@@ -117,6 +123,16 @@ static void check_plan(world *w, const sf_plan *p)
     sf_batch b;
     sf_sched_batch(s, &b);
     if (b.n_tokens != p->n_tokens || b.n_seqs != live) note_bad(w, "batch size mismatch");
+    /* logit rows: each item's scored positions, then its last token when it has logits */
+    if (b.n_logits != rows) note_bad(w, "logit rows do not add up");
+    for (int i = 0, T = 0, L = 0; i < p->n_items && b.n_logits == rows; i++) {
+        const sf_plan_item *it = &p->items[i];
+        if (!it->seq) continue;
+        for (int j = 0; j < it->n_score; j++)
+            if (b.logit_rows[L++] != T + it->score_at - it->start + j) note_bad(w, "scored row misplaced");
+        if (it->logits && b.logit_rows[L++] != T + it->n - 1) note_bad(w, "next-token row misplaced");
+        T += it->n;
+    }
     /* the block table: each row the sequence's blocks then zeros, the stride the widest
      * sequence's blocks rounded up to the quantum */
     int widest = 1, q = SF_MAX(s->cfg.table_quantum, 1);
@@ -149,6 +165,7 @@ static const sf_plan *step(world *w)
     sf_sched_commit(&w->s);
     for (int i = 0; i < p->n_items; i++) {
         sf_seq *q = p->items[i].seq;
+        if (q) ((fake *)q->owner)->scored += p->items[i].n_score;
         if (!q || !p->items[i].logits) continue;
         fake *f = q->owner;
         sf_seq_append(q, 7 + f->got);
@@ -349,6 +366,36 @@ TEST(bad_config_rejected)
 /* A few thousand random steps: arrivals of every class, random prompt and output lengths,
  * cancellations, a pool small enough to force preemption, block tables with a rounded stride. Invariants are checked every step;
  * at the end every request has finished (or was cancelled) and every block is back. */
+/* Prompts scored beside decodes: at most max_logits (here the 4 seats) rows a step, the
+ * decodes first; each prompt position scored once; the scored prompts get through. */
+TEST(scored_prompts_fit_the_logit_rows)
+{
+    world w;
+    int wrc = world_init(&w, 1000, 16, 4, 64, 4096, 0.0f);
+    REQUIRE(wrc == 0, "init");
+    fake *f[4];
+    for (int i = 0; i < 4; i++) {
+        f[i] = fake_new(i, SF_URGENCY_NORMAL, i < 2 ? 5 : 100, i < 2 ? 60 : 2);
+        if (i >= 2) f[i]->q.score_to = 99;
+        sf_sched_add(&w.s, &f[i]->q);
+    }
+    int steps = 0, max_rows = 0;
+    while ((!f[2]->finished || !f[3]->finished) && steps++ < 500) {
+        const sf_plan *p = step(&w);
+        int rows = 0;
+        for (int i = 0; i < p->n_items; i++) if (p->items[i].seq) rows += p->items[i].logits + p->items[i].n_score;
+        max_rows = SF_MAX(max_rows, rows);
+    }
+    CHECK_MSG(f[2]->finished && f[3]->finished && f[2]->scored == 99 && f[3]->scored == 99,
+              "after %d steps: finished %d %d, scored %d %d", steps, f[2]->finished, f[3]->finished, f[2]->scored,
+              f[3]->scored);
+    CHECK_MSG(max_rows == 4, "at most %d logit rows a step (4 allowed)", max_rows);
+    CHECK_MSG(f[0]->got >= 40 && f[1]->got >= 40, "the decodes went on beside: %d %d tokens", f[0]->got, f[1]->got);
+    CHECK_MSG(!w.bad, "%s", w.why);
+    for (int i = 0; i < 4; i++) fake_free(f[i]);
+    world_free(&w);
+}
+
 TEST(random_workload)
 {
     world w;
@@ -369,6 +416,7 @@ TEST(random_workload)
             int want = 1 + (int)(sf_rng_next(&rng) % 40);
             fake *f = fake_new(n_all, urg, np, want);
             if (sf_rng_uniform(&rng) < 0.3f) f->q.deadline = (double)steps + sf_rng_uniform(&rng) * 50.0;
+            if (sf_rng_uniform(&rng) < 0.2f) f->q.score_to = np - 1; /* its prompt scored */
             sf_sched_add(&w.s, &f->q);
             all[n_all++] = f;
         }
@@ -386,11 +434,14 @@ TEST(random_workload)
     }
     CHECK_MSG(!w.bad, "%d violations, first: %s", w.bad, w.why);
     CHECK_MSG(w.s.n_running + sf_sched_waiting_total(&w.s) == 0, "work left after %d steps", steps);
-    int done = 0, stuck = 0;
+    int done = 0, stuck = 0, scored_ok = 1;
     for (int i = 0; i < n_all; i++) {
         done += all[i]->finished;
         stuck += all[i]->stuck;
+        /* a prompt that was computed whole (it drew a token) was scored once, whatever preempted it */
+        if (all[i]->got && all[i]->scored != all[i]->q.score_to) scored_ok = 0;
     }
+    CHECK_MSG(scored_ok, "a scored prompt's positions were scored more or less than once");
     CHECK_MSG(done + stuck == n_all, "%d of %d finished", done + stuck, n_all);
     CHECK_MSG(w.pool.n_free == w.pool.n_blocks, "leak: %d of %d blocks free", w.pool.n_free, w.pool.n_blocks);
     CHECK_MSG(w.s.preemptions > 0, "workload should force preemption");
@@ -411,6 +462,7 @@ int main(void)
     RUN(preempt_lowest_class_and_resume);
     RUN(too_long_for_pool_is_stuck);
     RUN(bad_config_rejected);
+    RUN(scored_prompts_fit_the_logit_rows);
     RUN(random_workload);
     return test_summary();
 }
