@@ -115,6 +115,10 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->logprobs = p.logprobs;
     r->tools = p.tool_choice;
     r->top_logprobs = p.top_logprobs;
+    r->echo = p.echo;
+    r->scored = p.sampling.prompt_logprobs != 0;
+    r->prompt_logprobs = p.prompt_logprobs;
+    r->tokens_as_ids = p.tokens_as_ids;
     r->tenant = tenant;
     r->intent = intent;
     r->t0 = t0;
@@ -126,12 +130,24 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->wake = event_new(w->base, -1, 0, gw_req_on_wake, r);
     sf_metrics_active(&gw->metrics, 1);
     gw_worker_load(w, 1);
-    if (!r->wake) {
+    int echo_ok = 1;
+    if (r->echo) { /* the prompt as given; token ids decoded (special tokens kept, as they were sent) */
+        char *dec = NULL;
+        if (p.prompt) {
+            r->echo_text = malloc(p.prompt_len + 1);
+            if (r->echo_text) memcpy(r->echo_text, p.prompt, p.prompt_len), r->echo_len = p.prompt_len;
+        } else if (sf_tok_decode(sf_engine_tokenizer(engine), ids, (size_t)n_ids, 0, &dec, NULL) == SF_OK) {
+            r->echo_text = dec, r->echo_len = strlen(dec);
+        }
+        echo_ok = r->echo_text != NULL;
+    }
+    if (!r->wake || !echo_ok) {
         r->answered = 1;
         gw_req_free(r);
-        sf_gw_fail(&e, 500, "server_error", NULL, NULL, "event_new failed");
+        sf_gw_fail(&e, 500, "server_error", NULL, NULL, echo_ok ? "event_new failed" : "out of memory for the echo");
         goto reject;
     }
+    if (!r->stream) gw_req_echo_whole(r);
 
     sf_submit s;
     memset(&s, 0, sizeof s);

@@ -13,8 +13,17 @@
 
 #include "gw-impl.h"
 
+/* SF_EV_PROMPT copied out of the engine: n prompt positions, k alternatives each */
+typedef struct gw_plp {
+    int n, k;
+    int32_t *ids, *rank;
+    float *lp;
+    sf_logprob *top;           /* [n * k] */
+} gw_plp;
+
 typedef struct gw_ev {
     int choice, type;
+    gw_plp *plp;               /* SF_EV_PROMPT */
     int32_t token;
     char *text;
     size_t text_len;
@@ -46,6 +55,7 @@ typedef struct gw_choice {
     char *said;                /* tools: the reply's text before its calls (malloc'd, or NULL) */
     int held;                  /* tools, streamed: 0 the reply's start is held until it shows what it is,
                                 * 1 held to the end (it starts as a call), 2 streamed (it does not) */
+    json_t *plp;               /* whole responses: vLLM's prompt_logprobs (NULL: not asked for) */
     char *error;
 } gw_choice;
 
@@ -56,6 +66,12 @@ typedef struct gw_req {
     struct evhttp_request *http; /* NULL once answered or the connection closed */
     struct evhttp_connection *conn;
     int kind, stream, include_usage, n, logprobs, top_logprobs;
+    int echo;                  /* completions: the prompt text (echo_text) precedes each choice's output */
+    char *echo_text;
+    size_t echo_len;
+    int scored;                /* the engine scores the prompt: an SF_EV_PROMPT comes before the tokens */
+    int prompt_logprobs;       /* vLLM's prompt_logprobs asked for: its alternatives (-1: not asked) */
+    int tokens_as_ids;         /* logprobs name tokens "token_id:<id>" (vLLM's return_tokens_as_token_ids) */
     int tools;                 /* replies are read for tool calls (SF_GW_TOOLS_*, NONE: not read) */
     char id[48];
     long created;
@@ -88,9 +104,11 @@ void gw_req_on_event(const sf_event *ev);
 void gw_req_on_wake(evutil_socket_t fd, short what, void *arg);         /* req->wake */
 void gw_req_on_close(struct evhttp_connection *conn, void *arg);        /* connection close callback */
 void gw_req_on_hup(evutil_socket_t fd, short what, void *arg);          /* EV_CLOSED on the client socket */
-void gw_req_start_stream(gw_req *r);     /* 200 + SSE headers (+ the chat role chunks) */
+void gw_req_start_stream(gw_req *r);     /* 200 + SSE headers (+ the chat role chunks, an echo not waiting for scores) */
+void gw_req_echo_whole(gw_req *r);       /* whole responses with echo: each choice's text starts with the prompt */
 void gw_req_cancel_running(gw_req *r);   /* cancel choices the engine has not finished */
 void gw_req_free(gw_req *r);
+void gw_plp_free(gw_plp *p);
 void gw_req_maybe_free(gw_req *r);       /* frees when nothing runs and the HTTP side is done */
 
 #endif

@@ -258,9 +258,6 @@ static int reject_unsupported(json_t *o, sf_gw_err *e)
     }
     long long best_of = 1;
     if (get_int(o, "best_of", 1, 1, &best_of, e)) return BAD("best_of", "'best_of' other than 1 is not supported");
-    int echo = 0;
-    if (get_bool(o, "echo", &echo, e)) return SF_EINVAL;
-    if (echo) return BAD("echo", "'echo' is not supported by this server");
     return 0;
 }
 
@@ -431,17 +428,29 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
         s->seed = (uint64_t)json_integer_value(seed);
         s->has_seed = 1;
     }
+    if ((rc = get_bool(o, "echo", &p->echo, e))) goto fail;
+    if (p->echo && kind == SF_GW_CHAT) {
+        rc = BAD("echo", "'echo' is for completions; chat completions do not echo their messages");
+        goto fail;
+    }
     long long mt = -1, mct = -1;
-    if ((rc = get_int(o, "max_tokens", 1, SF_GW_MAX_TOKENS_LIMIT, &mt, e))) goto fail;
-    if ((rc = get_int(o, "max_completion_tokens", 1, SF_GW_MAX_TOKENS_LIMIT, &mct, e))) goto fail;
-    if (mct > 0) mt = mct;
-    if (mt > 0) {
+    if ((rc = get_int(o, "max_tokens", 0, SF_GW_MAX_TOKENS_LIMIT, &mt, e))) goto fail;
+    if ((rc = get_int(o, "max_completion_tokens", 0, SF_GW_MAX_TOKENS_LIMIT, &mct, e))) goto fail;
+    if (mct >= 0) mt = mct;
+    if (mt == 0 && !p->echo) {
+        rc = BAD(mct == 0 ? "max_completion_tokens" : "max_tokens",
+                 "'%s' must be at least 1 (0 only with 'echo': true, which returns the prompt alone)",
+                 mct == 0 ? "max_completion_tokens" : "max_tokens");
+        goto fail;
+    }
+    if (mt >= 0) {
         s->max_tokens = (int)mt;
+        s->prompt_only = mt == 0;
         p->max_tokens_given = 1;
     }
     x = 0;
     if ((rc = get_int(o, "min_tokens", 0, SF_GW_MAX_TOKENS_LIMIT, &x, e))) goto fail;
-    if (mt > 0 && x > mt) {
+    if (mt >= 0 && x > mt) {
         rc = BAD("min_tokens", "'min_tokens' (%lld) is more than 'max_tokens' (%lld)", x, mt);
         goto fail;
     }
@@ -482,6 +491,14 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
         if (x >= 0) p->logprobs = 1, p->top_logprobs = (int)x;
     }
     if (p->logprobs) s->logprobs = p->top_logprobs > 0 ? p->top_logprobs : -1;
+    /* the prompt's own logprobs: OpenAI's echo with logprobs, vLLM's prompt_logprobs (0: each
+     * prompt token's alone); the engine scores the most either asks for */
+    if ((rc = get_bool(o, "return_tokens_as_token_ids", &p->tokens_as_ids, e))) goto fail;
+    x = -1;
+    if ((rc = get_int(o, "prompt_logprobs", 0, SF_MAX_LOGPROBS, &x, e))) goto fail;
+    p->prompt_logprobs = (int)x;
+    int want = SF_MAX(p->echo && p->logprobs ? p->top_logprobs : -1, p->prompt_logprobs);
+    if (want >= 0) s->prompt_logprobs = want > 0 ? want : -1;
     json_t *user = json_object_get(o, "user");
     if (user && !json_is_null(user)) {
         if (!json_is_string(user) || json_string_length(user) > 256) {

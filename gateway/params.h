@@ -62,6 +62,10 @@ typedef struct sf_gw_params {
     int n;
     int logprobs;             /* chat: logprobs true; completions: logprobs given */
     int top_logprobs;         /* alternatives per token (0..20) */
+    int echo;                 /* completions: the prompt comes back before the output (with logprobs:
+                               * its tokens' logprobs too; with max_tokens 0: the prompt alone) */
+    int prompt_logprobs;      /* vLLM's prompt_logprobs: -1 not given, else alternatives per prompt token */
+    int tokens_as_ids;        /* vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:<id>" */
     int has_intent;
     sf_intent intent;
     const char *user;

@@ -23,6 +23,16 @@ static const char *finish_name(int f)
 
 /* ---- engine thread ------------------------------------------------------------------ */
 
+void gw_plp_free(gw_plp *p)
+{
+    if (!p) return;
+    free(p->ids);
+    free(p->rank);
+    free(p->lp);
+    free(p->top);
+    free(p);
+}
+
 void gw_req_on_event(const sf_event *ev)
 {
     gw_choice *c = ev->user;
@@ -32,7 +42,27 @@ void gw_req_on_event(const sf_event *ev)
     e.choice = c->idx;
     e.type = ev->type;
     e.t = sf_now_s();
-    if (ev->type == SF_EV_TOKEN) {
+    if (ev->type == SF_EV_PROMPT) {
+        const int n = ev->n_prompt_lp, k = ev->prompt_k;
+        gw_plp *pl = calloc(1, sizeof *pl);
+        if (pl) {
+            pl->n = n, pl->k = k;
+            pl->ids = malloc((size_t)n * sizeof *pl->ids);
+            pl->rank = malloc((size_t)n * sizeof *pl->rank);
+            pl->lp = malloc((size_t)n * sizeof *pl->lp);
+            pl->top = k ? malloc((size_t)n * (size_t)k * sizeof *pl->top) : NULL;
+            if (!pl->ids || !pl->rank || !pl->lp || (k && !pl->top)) {
+                gw_plp_free(pl);
+                pl = NULL;
+            } else {
+                memcpy(pl->ids, ev->prompt_ids, (size_t)n * sizeof *pl->ids);
+                memcpy(pl->rank, ev->prompt_rank, (size_t)n * sizeof *pl->rank);
+                memcpy(pl->lp, ev->prompt_lp, (size_t)n * sizeof *pl->lp);
+                if (k) memcpy(pl->top, ev->prompt_top, (size_t)n * (size_t)k * sizeof *pl->top);
+            }
+        }
+        e.plp = pl; /* out of memory: the echo goes without its logprobs */
+    } else if (ev->type == SF_EV_TOKEN) {
         e.token = ev->token;
         e.logprob = ev->logprob;
         e.n_top = ev->n_top > SF_MAX_LOGPROBS ? SF_MAX_LOGPROBS : ev->n_top;
@@ -52,15 +82,16 @@ void gw_req_on_event(const sf_event *ev)
     if (r->qn == r->qcap) {
         int cap = r->qcap ? r->qcap * 2 : 16;
         gw_ev *q = realloc(r->q, sizeof *q * (size_t)cap);
-        if (!q && e.type == SF_EV_TOKEN) { /* drop a token rather than the final event */
+        if (!q && e.type != SF_EV_DONE && e.type != SF_EV_ERROR) { /* drop a token rather than the final event */
             pthread_mutex_unlock(&r->mu);
             free(e.text);
+            gw_plp_free(e.plp);
             return;
         }
         if (q) r->q = q, r->qcap = cap;
     }
     if (r->qn < r->qcap) r->q[r->qn++] = e;
-    if (e.type != SF_EV_TOKEN) c->engine_done = 1;
+    if (e.type == SF_EV_DONE || e.type == SF_EV_ERROR) c->engine_done = 1;
     if (!r->wake_pending) {
         r->wake_pending = 1;
         event_active(r->wake, EV_READ, 1); /* under mu: the worker cannot free r meanwhile */
@@ -72,12 +103,14 @@ void gw_req_on_event(const sf_event *ev)
 
 void gw_req_free(gw_req *r)
 {
-    for (int i = 0; i < r->qn; i++) free(r->q[i].text), free(r->q[i].message);
+    for (int i = 0; i < r->qn; i++) free(r->q[i].text), free(r->q[i].message), gw_plp_free(r->q[i].plp);
+    free(r->echo_text);
     free(r->q);
     for (int i = 0; i < r->n; i++) {
         free(r->ch[i].text);
         free(r->ch[i].error);
         json_decref(r->ch[i].lp);
+        json_decref(r->ch[i].plp);
         json_decref(r->ch[i].calls);
         free(r->ch[i].said);
     }
@@ -143,7 +176,7 @@ static char *token_str(const gw_req *r, int32_t id)
 {
     char *s = NULL;
     const sf_tokenizer *t = sf_engine_tokenizer(r->engine);
-    if (!t || sf_tok_decode(t, &id, 1, 0, &s, NULL)) {
+    if (r->tokens_as_ids || !t || sf_tok_decode(t, &id, 1, 0, &s, NULL)) {
         s = malloc(24);
         if (s) snprintf(s, 24, "token_id:%d", id);
     }
@@ -196,6 +229,73 @@ static void cmpl_lp_add(gw_req *r, json_t *lp, const gw_ev *e, int offset)
 static json_t *cmpl_lp_new(void)
 {
     return json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs", "top_logprobs", "text_offset");
+}
+
+/* vLLM's prompt_logprobs: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...], the
+ * prompt's token at each position and its most likely alternatives (rank 1 first) */
+static void plp_entry(const gw_req *r, json_t *o, int32_t id, float lp, int rank)
+{
+    char key[16], *s = token_str(r, id);
+    snprintf(key, sizeof key, "%d", id);
+    json_object_set_new(o, key, json_pack("{s:f, s:i, s:o}", "logprob", (double)lp, "rank", rank, "decoded_token",
+                                          gw_json_text(s ? s : "", s ? strlen(s) : 0)));
+    free(s);
+}
+
+static json_t *vllm_plp(const gw_req *r, const gw_plp *pl)
+{
+    json_t *a = json_array();
+    json_array_append_new(a, json_null());
+    const int k = SF_MIN(r->prompt_logprobs, pl->k);
+    for (int i = 1; i < pl->n; i++) {
+        json_t *o = json_object();
+        plp_entry(r, o, pl->ids[i], pl->lp[i], pl->rank[i]);
+        for (int j = 0; j < k; j++) {
+            const sf_logprob *t = &pl->top[(size_t)i * pl->k + j];
+            if (t->id >= 0 && t->id != pl->ids[i]) plp_entry(r, o, t->id, t->logprob, j + 1);
+        }
+        json_array_append_new(a, o);
+    }
+    return a;
+}
+
+/* Completions echo with logprobs: the prompt's tokens as the first entries of the logprobs object,
+ * the first with no logprob (nothing precedes it). A token's offset is the length of the text
+ * the tokens before it decode to (special tokens skipped), so it indexes the echoed prompt as
+ * the output's offsets index what follows it. */
+static json_t *echo_lp(gw_req *r, const gw_plp *pl)
+{
+    json_t *lp = cmpl_lp_new();
+    const int k = SF_MIN(r->top_logprobs, pl->k);
+    const sf_tokenizer *t = sf_engine_tokenizer(r->engine);
+    sf_detok d;
+    char *dec = NULL;
+    size_t off = 0;
+    if (t) sf_detok_init(&d, t, 1);
+    for (int i = 0; i < pl->n; i++) {
+        char *ts = token_str(r, pl->ids[i]);
+        size_t n = ts ? strlen(ts) : 0;
+        json_array_append_new(json_object_get(lp, "tokens"), gw_json_text(ts ? ts : "", n));
+        json_array_append_new(json_object_get(lp, "token_logprobs"), i ? json_real(pl->lp[i]) : json_null());
+        json_t *top = i ? json_object() : json_null();
+        for (int j = 0; i && j < k; j++) {
+            const sf_logprob *t = &pl->top[(size_t)i * pl->k + j];
+            if (t->id < 0) break;
+            char *s = token_str(r, t->id);
+            json_t *key = gw_json_text(s ? s : "", s ? strlen(s) : 0);
+            json_object_set_new(top, json_string_value(key), json_real(t->logprob));
+            json_decref(key);
+            free(s);
+        }
+        json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+        json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)SF_MIN(off, r->echo_len)));
+        if (t) sf_detok_push(&d, pl->ids[i], &dec, &off);
+        else off += n;
+        free(ts);
+    }
+    if (t) sf_detok_free(&d);
+    free(dec);
+    return lp;
 }
 
 static json_t *chunk_base(const gw_req *r)
@@ -255,6 +355,51 @@ static void stream_token(gw_req *r, gw_choice *c, const gw_ev *e)
     json_t *chunk = chunk_base(r);
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     sse_send(r, chunk);
+}
+
+static void append_text(gw_choice *c, const char *s, size_t n);
+
+/* A completions stream's echo: the prompt's text (and, scored, its logprobs and vLLM's
+ * prompt_logprobs) before the output. A chat stream gets prompt_logprobs in a chunk of its own. */
+static void stream_echo(gw_req *r, gw_choice *c, json_t *elp, json_t *plp)
+{
+    json_t *chunk = chunk_base(r), *choice;
+    if (r->kind == SF_GW_CHAT) {
+        choice = json_pack("{s:i, s:{}, s:n, s:n}", "index", c->idx, "delta", "logprobs", "finish_reason");
+        if (plp) json_object_set_new(chunk, "prompt_logprobs", plp);
+    } else {
+        choice = json_pack("{s:i, s:o, s:o, s:n}", "index", c->idx, "text",
+                           gw_json_text(r->echo ? r->echo_text : "", r->echo ? r->echo_len : 0), "logprobs",
+                           elp ? elp : json_null(), "finish_reason");
+        elp = NULL;
+        if (plp) json_object_set_new(choice, "prompt_logprobs", plp);
+    }
+    json_decref(elp);
+    json_object_set_new(chunk, "choices", json_pack("[o]", choice));
+    sse_send(r, chunk);
+    if (r->echo) c->len = r->echo_len; /* the output's offsets follow the prompt's text */
+}
+
+/* SF_EV_PROMPT: the prompt's scores, before any token of the choice */
+static void on_prompt(gw_req *r, gw_choice *c, const gw_ev *e)
+{
+    json_t *plp = r->prompt_logprobs >= 0 && e->plp ? vllm_plp(r, e->plp) : NULL;
+    json_t *elp = r->echo && r->logprobs && e->plp ? echo_lp(r, e->plp) : NULL;
+    if (r->stream) {
+        stream_echo(r, c, elp, plp);
+        return;
+    }
+    json_decref(c->plp);
+    c->plp = plp;
+    if (elp) { /* the prompt's entries first: no token was kept before */
+        json_decref(c->lp);
+        c->lp = elp;
+    }
+}
+
+void gw_req_echo_whole(gw_req *r)
+{
+    for (int i = 0; r->echo && i < r->n; i++) append_text(&r->ch[i], r->echo_text, r->echo_len);
 }
 
 static void append_text(gw_choice *c, const char *s, size_t n)
@@ -410,13 +555,17 @@ static void finish_response(gw_req *r)
             json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s}", "index", i, "message", msg, "logprobs", lp,
                                                      "finish_reason", choice_finish(c)));
         } else {
-            json_array_append_new(choices, json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", text, "logprobs", lp,
-                                                     "finish_reason", finish_name(c->finish)));
+            json_t *ch = json_pack("{s:i, s:o, s:o, s:s}", "index", i, "text", text, "logprobs", lp, "finish_reason",
+                                   finish_name(c->finish));
+            if (r->prompt_logprobs >= 0) json_object_set(ch, "prompt_logprobs", c->plp ? c->plp : json_null());
+            json_array_append_new(choices, ch);
         }
     }
     json_t *body = json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", r->id, "object",
                              r->kind == SF_GW_CHAT ? "chat.completion" : "text_completion", "created",
                              (json_int_t)r->created, "model", r->gw->model_name, "choices", choices, "usage", usage(r));
+    if (r->kind == SF_GW_CHAT && r->prompt_logprobs >= 0) /* vLLM: the request's, beside its choices */
+        json_object_set(body, "prompt_logprobs", r->ch[0].plp ? r->ch[0].plp : json_null());
     r->status = 200;
     detach_http(r);
     gw_send_json(http, 200, body);
@@ -456,6 +605,8 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
             } else {
                 keep_token(r, c, e);
             }
+        } else if (e->type == SF_EV_PROMPT) {
+            on_prompt(r, c, e);
         } else {
             c->done = 1;
             c->finish = e->finish;
@@ -469,6 +620,7 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
         }
         free(e->text);
         free(e->message);
+        gw_plp_free(e->plp);
     }
     free(q);
     if (tokens) {
@@ -495,7 +647,10 @@ void gw_req_start_stream(gw_req *r)
     evhttp_add_header(h, "Content-Type", "text/event-stream");
     evhttp_add_header(h, "Cache-Control", "no-cache");
     evhttp_send_reply_start(r->http, 200, "OK");
-    if (r->kind != SF_GW_CHAT) return;
+    if (r->kind != SF_GW_CHAT) {
+        for (int i = 0; r->echo && !r->scored && i < r->n; i++) stream_echo(r, &r->ch[i], NULL, NULL);
+        return;
+    }
     for (int i = 0; i < r->n; i++) {
         json_t *chunk = chunk_base(r);
         json_object_set_new(chunk, "choices", json_pack("[{s:i, s:{s:s, s:s}, s:n, s:n}]", "index", i, "delta", "role",

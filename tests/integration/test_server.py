@@ -3,7 +3,7 @@
 the demo model (CPU backend) on a free loopback port.
 
 Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
-generate`, seeds, stop strings, n, logprobs, tokenize routes, metrics, more than 30 bad inputs
+generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, tokenize routes, metrics, more than 30 bad inputs
 (each must get the right status and leave the server serving), half-open connections, and a
 client that disconnects mid-stream (its KV blocks must be freed)."""
 import http.client
@@ -432,6 +432,75 @@ def test_tools(s):
     check("tools_refused_on_completions", st == 400 and r["error"]["param"] == "tools", r)
 
 
+def test_prompt_logprobs(s):
+    """echo (with logprobs, and max_tokens 0 for the prompt alone) and vLLM's prompt_logprobs: a
+    prompt's scores equal the logprobs its tokens had when the model generated them."""
+    ids = s.json("/tokenize", {"prompt": "Once upon a time", "add_special_tokens": True})[2].get("tokens", [])
+    tid = lambda t: int(t.split(":", 1)[1])
+    st, _, a = s.json("/v1/completions", {"prompt": ids, "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+                                          "logprobs": 3, "return_tokens_as_token_ids": True})
+    lp = a["choices"][0]["logprobs"] if st == 200 else {}
+    gen = [tid(t) for t in lp.get("tokens", [])]
+    check("tokens_as_token_ids", st == 200 and len(gen) == 6 and all(t.startswith("token_id:") for t in lp["tokens"]), a)
+    full = ids + gen
+    text = s.json("/detokenize", {"tokens": full})[2].get("prompt")
+    body = {"prompt": full, "echo": True, "max_tokens": 0, "logprobs": 3, "prompt_logprobs": 3,
+            "return_tokens_as_token_ids": True}
+    st, _, b = s.json("/v1/completions", body)
+    c = b["choices"][0] if st == 200 else {}
+    blp = c.get("logprobs") or {}
+    n = len(ids)
+    near = lambda x, y: x is not None and abs(x - y) < 2e-3
+    check("echo_prompt_only", st == 200 and c["text"] == text and c["finish_reason"] == "length" and
+          b["usage"]["completion_tokens"] == 0 and b["usage"]["prompt_tokens"] == len(full), b)
+    check("echo_logprobs_are_the_prompt", blp.get("tokens") == ["token_id:%d" % t for t in full] and
+          blp["token_logprobs"][0] is None and blp["top_logprobs"][0] is None and
+          blp["text_offset"] == sorted(blp["text_offset"]) and len(blp["text_offset"]) == len(full), blp)
+    check("echo_logprobs_equal_generation", len(blp.get("token_logprobs", [])) == len(full) and
+          all(near(blp["token_logprobs"][n + i], lp["token_logprobs"][i]) and
+              set(blp["top_logprobs"][n + i]) == set(lp["top_logprobs"][i]) for i in range(6)),
+          (blp.get("token_logprobs", [])[n:], lp.get("token_logprobs")))
+    pl = c.get("prompt_logprobs") or []
+    check("prompt_logprobs_vllm_shape", len(pl) == len(full) and pl[0] is None and
+          all(str(full[i]) in pl[i] and pl[i][str(full[i])]["rank"] >= 1 and
+              near(pl[i][str(full[i])]["logprob"], blp["token_logprobs"][i]) and 1 <= len(pl[i]) <= 4
+              for i in range(1, len(full))) and
+          all(pl[n + i][str(gen[i])]["rank"] == 1 for i in range(6)), pl[:3])
+    # streamed: the echo (text and logprobs) first, then the end
+    st, ev, done = s.stream("/v1/completions", dict(body, stream=True))
+    texts = "".join(e["choices"][0]["text"] for e in ev if e.get("choices"))
+    first = ev[0]["choices"][0] if ev else {}
+    check("echo_stream", st == 200 and done and texts == text and first.get("logprobs", {}).get("tokens") == blp.get("tokens")
+          and first.get("prompt_logprobs") == pl and ev[-1]["choices"][0]["finish_reason"] == "length", ev[:2])
+    # echo with output: the prompt's text, then the output's, whole and streamed alike; n = 2
+    body = {"prompt": "Once upon a time", "echo": True, "max_tokens": 4, "temperature": 0, "ignore_eos": True, "n": 2}
+    st, _, w = s.json("/v1/completions", body)
+    st2, ev, done = s.stream("/v1/completions", dict(body, stream=True))
+    streamed = ["".join(e["choices"][0]["text"] for e in ev if e.get("choices") and e["choices"][0]["index"] == i)
+                for i in range(2)]
+    check("echo_then_output", st == 200 and st2 == 200 and done and
+          all(ch["text"].startswith("Once upon a time") and len(ch["text"]) > len("Once upon a time") and
+              ch["text"] == streamed[ch["index"]] for ch in w["choices"]) and w["usage"]["completion_tokens"] == 8,
+          (w, streamed))
+    # echo, logprobs and output: the prompt's entries, then the output's with offsets past the prompt
+    st, _, r = s.json("/v1/completions", dict(body, n=1, logprobs=1))
+    elp = r["choices"][0]["logprobs"] if st == 200 else {}
+    check("echo_logprobs_then_output", st == 200 and len(elp["tokens"]) == r["usage"]["prompt_tokens"] + 4 and
+          elp["token_logprobs"][0] is None and all(x is not None for x in elp["token_logprobs"][1:]) and
+          elp["text_offset"][-4] == len("Once upon a time") and
+          all(r["choices"][0]["text"].startswith(tok, off)
+              for tok, off in zip(elp["tokens"][1:-4], elp["text_offset"][1:-4])), elp)
+    # chat: vLLM's prompt_logprobs beside the choices, one entry per prompt token
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "prompt_logprobs": 0}
+    st, _, r = s.json("/v1/chat/completions", chat)
+    pl = r.get("prompt_logprobs") or []
+    check("chat_prompt_logprobs", st == 200 and len(pl) == r["usage"]["prompt_tokens"] and pl[0] is None and
+          all(len(x) == 1 and list(x.values())[0]["logprob"] <= 0 for x in pl[1:]), r)
+    st, ev, done = s.stream("/v1/chat/completions", dict(chat, stream=True))
+    got = [e["prompt_logprobs"] for e in ev if "prompt_logprobs" in e]
+    check("chat_prompt_logprobs_stream", st == 200 and done and got == [pl], got)
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -469,6 +538,13 @@ def test_bad_inputs(s, model):
         ("stream_options_without_stream", "POST", "/v1/completions",
          {"prompt": "a", "stream_options": {"include_usage": True}}, None, 400),
         ("completions_logprobs_range", "POST", "/v1/completions", {"prompt": "a", "logprobs": 50}, None, 400),
+        ("prompt_logprobs_range", "POST", "/v1/completions", {"prompt": "a", "prompt_logprobs": 21}, None, 400),
+        ("prompt_logprobs_wrong_type", "POST", "/v1/completions", {"prompt": "a", "prompt_logprobs": True}, None, 400),
+        ("echo_in_chat", "POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "echo": True},
+         None, 400),
+        ("echo_wrong_type", "POST", "/v1/completions", {"prompt": "a", "echo": "yes"}, None, 400),
+        ("echo_prompt_only_min_tokens", "POST", "/v1/completions",
+         {"prompt": "a", "echo": True, "max_tokens": 0, "min_tokens": 1}, None, 400),
         ("messages_missing", "POST", "/v1/chat/completions", {"max_tokens": 3}, None, 400),
         ("messages_not_array", "POST", "/v1/chat/completions", {"messages": "hi"}, None, 400),
         ("message_bad_role", "POST", "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, None, 400),
@@ -630,6 +706,7 @@ def main():
         model = test_api(s)
         test_json_mode(s)
         test_tools(s)
+        test_prompt_logprobs(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)
