@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Whole-model logits of semflow's CUDA backend against Hugging Face transformers (float32 on
 the GPU, from the same bf16 weights) for: the tiny-random-llama-2 folder, the demo model, and a
-1B-shaped Llama with random weights written here with transformers (bf16 safetensors).
+1B-shaped Llama with random weights written here with transformers (bf16 safetensors); and the
+demo model's prompt scores as `semflow serve` gives them (echo with logprobs) against
+transformers' log-softmax.
 
 Every position of a prompt is compared: ||semflow - hf|| / ||hf|| per row (worst row reported)
 and the argmax of each row. Needs a GPU host with torch + transformers (the device machine).
@@ -67,6 +69,37 @@ def compare(name, path, ids, tol):
     report(name, ok, f"worst row rel err {worst:.3g} (tolerance {tol}), argmax {agree}/{len(ids)}")
 
 
+def served_prompt_logprobs(name, path, ids):
+    """The served model's prompt scores (echo, logprobs, max_tokens 0) on the CUDA backend against
+    transformers' log-softmax at each position; --max-num-seqs 4, so the prompt is scored 4 rows a
+    step over many steps."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+    import http.client
+    import json
+    os.environ.setdefault("SEMFLOW_BIN", SEMFLOW)
+    from sftest import ServerProcess
+    try:
+        import torch
+        ref = torch.log_softmax(torch.tensor(hf_logits(path, ids)), dim=-1).numpy()
+        s = ServerProcess(["--model", path, "--backend", "cuda", "--max-num-seqs", "4", "--max-model-len", "512"])
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+            c.request("POST", "/v1/completions", body=json.dumps({"prompt": ids, "echo": True, "max_tokens": 0,
+                                                                   "logprobs": 1}))
+            r = c.getresponse()
+            body = json.loads(r.read())
+        finally:
+            s.stop()
+        got = body["choices"][0]["logprobs"]["token_logprobs"]
+    except Exception as e:
+        report(name, False, f"{type(e).__name__}: {e}")
+        return
+    want = [None] + [float(ref[i - 1, ids[i]]) for i in range(1, len(ids))]
+    d = [abs(g - w) for g, w in zip(got[1:], want[1:])] if len(got) == len(ids) and got[0] is None else [1e9]
+    print(f"  {name}: {len(ids)} positions: worst |logprob - transformers'| {max(d):.3g}, mean {np.mean(d):.3g}")
+    report(name, max(d) < 0.1 and np.mean(d) < 0.02, f"worst {max(d):.3g}, mean {np.mean(d):.3g}")
+
+
 def main():
     import torch
     if not torch.cuda.is_available():
@@ -83,6 +116,7 @@ def main():
     import json
     vocab = json.load(open(os.path.join(demo, "config.json")))["vocab_size"]
     compare("demo_model_vs_transformers", demo, rng.integers(0, vocab, 48).tolist(), 3e-2)
+    served_prompt_logprobs("demo_model_prompt_logprobs_vs_transformers", demo, rng.integers(0, vocab, 48).tolist())
 
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -92,7 +126,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
         compare("random_1b_shape_vs_transformers", d, rng.integers(3, 32000, 64).tolist(), 3e-2)
-    print(f"{3 - failed} passed, {failed} failed")
+    print(f"{4 - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 

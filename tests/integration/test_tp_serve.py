@@ -100,6 +100,10 @@ def main():
     asks += [(prompts[2], 0, None, {"ignore_eos": False, "response_format": {"type": "json_object"}}),
              (prompts[0], 0.9, 5, {"ignore_eos": False, "guided_json": {
                  "type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer"}}}})]
+    # the prompt scored (echo with logprobs, prompt_logprobs): its rows gathered and scored on rank 0
+    scored = len(asks)
+    asks += [(prompts[1], 0, None, {"echo": True, "logprobs": 2, "prompt_logprobs": 2}),
+             (prompts[2], 0.9, 3, {"echo": True, "logprobs": 1, "max_tokens": 0})]
     one = Server(1)
     ref = [one.complete(p) for p in prompts]
     ref_async = complete_all(one, asks)
@@ -117,6 +121,11 @@ def main():
     else:
         check("tp2_async_answers", answered, "TP=2 async %r" % got_async)
     check("tp2_async_stops", rc == 0, "rc %d log %s" % (rc, log[-800:]))
+    lps = lambda g: g[1]["choices"][0]["logprobs"]["token_logprobs"] if g[0] == 200 else []
+    close = all(len(lps(g)) == len(lps(r)) > 3 and all(
+        (a is None and b is None) or (a is not None and b is not None and abs(a - b) < 0.02) for a, b in zip(lps(g), lps(r)))
+        for g, r in zip(got_async[scored:], ref_async[scored:]))
+    check("tp2_prompt_logprobs_equal_tp1", close, "TP=1 %r, TP=2 %r" % (ref_async[scored:], got_async[scored:]))
 
     s = Server(2)
     followers = rank_pids(s.proc.pid)
