@@ -8,6 +8,7 @@
 #define SF_CMD(name) int name(int argc, char **argv) __attribute__((weak))
 SF_CMD(sf_cmd_serve);
 SF_CMD(sf_cmd_generate);
+SF_CMD(sf_cmd_perplexity);
 SF_CMD(sf_cmd_tokenize);
 SF_CMD(sf_cmd_detokenize);
 SF_CMD(sf_cmd_bench);

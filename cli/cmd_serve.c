@@ -203,6 +203,8 @@ static void usage(FILE *f)
             "  --load-format dummy       random weights from config.json\n"
             "  --max-num-seqs N          running sequences at most (default 64)\n"
             "  --max-batched-tokens N    token budget per engine step (default 2048)\n"
+            "  --max-logit-rows N        logit rows per step: next-token rows and prompt positions scored\n"
+            "                            for echo / prompt_logprobs (default: --max-num-seqs)\n"
             "  --max-model-len N         context cap (default: the model's)\n"
             "  --num-kv-blocks N         KV blocks (default: sized from memory)\n"
             "  --kv-block-size N         tokens per KV block (default 16)\n"
@@ -241,13 +243,14 @@ int sf_cmd_serve(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
            O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
-           O_DRAIN, O_BPF, O_TP, O_SWAP, O_TUNER, O_TRACE, O_SHAPE, O_DEG_HI, O_DEG_LO, O_DEG_HOLD, O_RELAX, O_HELP };
+           O_DRAIN, O_BPF, O_TP, O_SWAP, O_TUNER, O_TRACE, O_SHAPE, O_DEG_HI, O_DEG_LO, O_DEG_HOLD, O_RELAX, O_LOGITS, O_HELP };
     static const struct option opts[] = {
         { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
         { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
         { "backend", 1, 0, O_BACKEND }, { "threads", 1, 0, O_THREADS }, { "device", 1, 0, O_DEVICE },
         { "load-format", 1, 0, O_LOADFMT }, { "max-num-seqs", 1, 0, O_SEQS },
         { "max-batched-tokens", 1, 0, O_BATCHED }, { "max-model-len", 1, 0, O_MAXLEN },
+        { "max-logit-rows", 1, 0, O_LOGITS },
         { "num-kv-blocks", 1, 0, O_BLOCKS }, { "kv-block-size", 1, 0, O_BLOCKSZ },
         { "kv-high-reserve", 1, 0, O_RESERVE }, { "gpu-memory-utilization", 1, 0, O_GPUMEM },
         { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
@@ -285,6 +288,7 @@ int sf_cmd_serve(int argc, char **argv)
             break;
         case O_TP: bad = num("--tensor-parallel-size", optarg, 1, 64, &d); c.engine.tensor_parallel = (int)d; break;
         case O_SEQS: bad = num("--max-num-seqs", optarg, 1, 65536, &d); c.engine.max_num_seqs = (int)d; break;
+        case O_LOGITS: bad = num("--max-logit-rows", optarg, 1, 65536, &d); c.engine.max_logits = (int)d; break;
         case O_BATCHED: bad = num("--max-batched-tokens", optarg, 1, 1 << 24, &d); c.engine.max_batched_tokens = (int)d; break;
         case O_MAXLEN: bad = num("--max-model-len", optarg, 1, 1 << 24, &d); c.engine.max_model_len = (int)d; break;
         case O_BLOCKS: bad = num("--num-kv-blocks", optarg, 1, 1 << 26, &d); c.engine.num_kv_blocks = (int)d; break;

@@ -11,6 +11,7 @@ static const struct {
 } cmds[] = {
     { "serve", sf_cmd_serve, "OpenAI-compatible HTTP server" },
     { "generate", sf_cmd_generate, "generate text from a prompt (streams to stdout)" },
+    { "perplexity", sf_cmd_perplexity, "a text's perplexity under the model (llama.cpp's method)" },
     { "tokenize", sf_cmd_tokenize, "print the token ids of a text as a JSON array" },
     { "detokenize", sf_cmd_detokenize, "print the text of token ids" },
     { "bench", sf_cmd_bench, "offline benchmarks (decode, prefill, throughput)" },

@@ -74,7 +74,7 @@ static int size_kv_pool(sf_engine *e, sf_kv_config *kc, sf_error *err)
 
     double util = c->gpu_memory_utilization;
     size_t weights = sf_model_weight_bytes(e->model, e->be->ops->name, 0); /* as the backend holds them */
-    size_t act = activation_bytes(&e->model->cfg, c->max_batched_tokens, c->max_num_seqs);
+    size_t act = activation_bytes(&e->model->cfg, c->max_batched_tokens, c->max_logits);
     double budget;
     int is_cpu = !strcmp(hw->backend, "cpu");
     if (is_cpu) {
@@ -315,6 +315,12 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                     c->max_num_seqs, c->max_batched_tokens, c->kv_block_size, c->max_model_len, c->num_kv_blocks);
         goto fail;
     }
+    if (c->max_logits < 0 || c->max_logits > (1 << 20)) {
+        rc = sf_err(err, SF_EINVAL, "engine: max_logits %d must be from 0 (max_num_seqs) to %d", c->max_logits, 1 << 20);
+        goto fail;
+    }
+    if (c->max_logits < c->max_num_seqs) c->max_logits = c->max_num_seqs; /* every seat's next-token row */
+    if (c->max_logits > c->max_batched_tokens) c->max_logits = SF_MAX(c->max_batched_tokens, c->max_num_seqs);
     if (!(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1)) {
         rc = sf_err(err, SF_EINVAL, "engine: gpu_memory_utilization %g must be in (0, 1]",
                     (double)c->gpu_memory_utilization);
@@ -356,10 +362,10 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         sf_tp_rank_opts to = { .rank = 0, .size = c->tensor_parallel, .model = c->model ? c->model : "demo",
                                .load_dummy = c->load_dummy, .backend = e->be->ops->name, .n_threads = c->n_threads,
                                .device = c->device, .max_tokens = c->max_batched_tokens,
-                               .max_logits = c->max_num_seqs, .shm_fd = -1 };
+                               .max_logits = c->max_logits, .shm_fd = -1 };
         if ((rc = sf_tp_start(&to, NULL, e->model, e->be, &e->tp, err)) != SF_OK) goto fail;
         e->fwd = sf_tp_forward(e->tp);
-    } else if ((rc = sf_forward_new(e->be, e->model, c->max_batched_tokens, c->max_num_seqs, &e->fwd, err)) != SF_OK)
+    } else if ((rc = sf_forward_new(e->be, e->model, c->max_batched_tokens, c->max_logits, &e->fwd, err)) != SF_OK)
         goto fail;
 
     sf_kv_config kc = { .n_layers = mc->n_layers, .n_blocks = 0, .block_size = c->kv_block_size,
@@ -400,6 +406,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                                           c->swap_space_gib, &so, err)) != SF_OK)
         goto fail;
     sf_sched_config sc = { .max_num_seqs = c->max_num_seqs, .max_batched_tokens = c->max_batched_tokens,
+                           .max_logits = c->max_logits,
                            .max_model_len = e->max_model_len, .kv_high_reserve = c->kv_high_reserve,
                            .swap_blocks = e->swap.n_slots, .swap_in_ok = e->swap.n_slots ? swap_in_ok : NULL,
                            .swap_in_ok_arg = e, .shape = c->step_shaping, .shape_frac = 0.25f,
@@ -408,18 +415,18 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                            .kv_i8_ok = kc.int8, .table_quantum = TABLE_STRIDE_QUANTUM };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
-    e->logits = malloc((size_t)c->max_num_seqs * (size_t)e->vocab * sizeof *e->logits);
-    e->rows = malloc((size_t)c->max_num_seqs * sizeof *e->rows);
-    e->ids = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->ids);
-    e->row_seq = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->row_seq);
-    e->row_score = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->row_score);
+    e->logits = malloc((size_t)c->max_logits * (size_t)e->vocab * sizeof *e->logits);
+    e->rows = malloc((size_t)c->max_logits * sizeof *e->rows);
+    e->ids = malloc(2 * (size_t)c->max_logits * sizeof *e->ids);
+    e->row_seq = malloc(2 * (size_t)c->max_logits * sizeof *e->row_seq);
+    e->row_score = malloc(2 * (size_t)c->max_logits * sizeof *e->row_score);
     e->src_row = malloc((size_t)c->max_batched_tokens * sizeof *e->src_row);
     e->victims = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->victims);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
     if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->row_score || !e->src_row || !e->victims || !e->taken ||
         !e->step_hist) {
-        rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_num_seqs, e->vocab);
+        rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_logits, e->vocab);
         goto fail;
     }
     {

@@ -63,6 +63,8 @@ typedef struct sf_sampling {
                                * with logprobs): 0 none; < 0 each prompt token's alone; n > 0 with the top n
                                * (<= SF_MAX_LOGPROBS) of each position. Scored from the raw logits, with
                                * no bias or penalty; delivered in one SF_EV_PROMPT before the first token */
+    int prompt_score_from;    /* prompt_logprobs: positions before this one are not scored (NAN, rank 0, no
+                               * top): a perplexity window scores its second half alone; 0: all */
     int prompt_only;          /* no output: the request ends after its prompt (OpenAI's echo with
                                * max_tokens 0), finish reason length, no SF_EV_TOKEN */
 } sf_sampling;
@@ -128,6 +130,8 @@ typedef struct sf_engine_config {
     int device;               /* CUDA device */
     int max_num_seqs;         /* running sequences at most (default 64) */
     int max_batched_tokens;   /* token budget per step (default 2048) */
+    int max_logits;           /* logit rows per step: next-token rows and scored prompt positions
+                               * (prompt_logprobs); 0: max_num_seqs, else at least that */
     int max_model_len;        /* context cap; 0: the model's */
     int kv_block_size;        /* tokens per KV block (default 16) */
     int num_kv_blocks;        /* 0: sized from memory */

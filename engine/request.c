@@ -39,6 +39,8 @@ static int check_submit(const sf_submit *s, int vocab, int max_model_len, sf_err
     }
     if (p->min_tokens < 0 || (p->max_tokens > 0 && p->min_tokens > p->max_tokens))
         return sf_err(err, SF_EINVAL, "min_tokens %d must be from 0 to max_tokens (%d)", p->min_tokens, p->max_tokens);
+    if (p->prompt_score_from < 0)
+        return sf_err(err, SF_EINVAL, "prompt_score_from %d is negative", p->prompt_score_from);
     if (p->prompt_logprobs > SF_MAX_LOGPROBS)
         return sf_err(err, SF_EINVAL, "prompt_logprobs %d is more than %d", p->prompt_logprobs, SF_MAX_LOGPROBS);
     if (p->n_stop_ids < 0 || p->n_stop_ids > SF_MAX_STOP)
@@ -114,7 +116,7 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
             goto fail;
         }
         for (int i = 0; i < s->n_prompt; i++) r->plp[i] = NAN;
-        r->seq.score_from = 0;
+        r->seq.score_from = SF_MIN(SF_MAX(r->sp.prompt_score_from - 1, 0), s->n_prompt - 1);
         r->seq.score_to = s->n_prompt - 1;
     }
     r->seq.urgency = s->intent.urgency;

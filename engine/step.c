@@ -44,7 +44,7 @@ void sf_engine_forget(sf_engine *e, sf_request *r)
     const sf_flight *fs[2] = { &e->fl, &e->fl2 };
     for (int f = 0; f < 2; f++) {
         if (!fs[f]->active) continue;
-        sf_seq **rows = e->row_seq + (size_t)fs[f]->slot * e->cfg.max_num_seqs;
+        sf_seq **rows = e->row_seq + (size_t)fs[f]->slot * e->cfg.max_logits;
         for (int j = 0; j < fs[f]->k; j++)
             if (rows[j] == &r->seq) rows[j] = NULL;
     }
@@ -177,7 +177,7 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
     const sf_flight *fs[2] = { &e->fl, &e->fl2 };
     for (int f = 0; f < 2; f++) {
         if (!fs[f]->active) continue;
-        sf_seq **rows = e->row_seq + (size_t)fs[f]->slot * e->cfg.max_num_seqs;
+        sf_seq **rows = e->row_seq + (size_t)fs[f]->slot * e->cfg.max_logits;
         for (int j = 0; j < fs[f]->k; j++) {
             int seen = !rows[j] || rows[j]->state == SF_SEQ_DONE;
             for (int v = 0; v < nv && !seen; v++) seen = e->victims[v] == rows[j]->owner;
@@ -204,11 +204,11 @@ static void plan_ahead(sf_engine *e)
     sf_flight *f = &e->fl;
     sf_sched_commit(&e->sched);
     f->committed = 1;
-    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
     for (int j = 0; j < f->k; j++) {
         sf_request *r = rows[j] ? rows[j]->owner : NULL;
         /* a stand-in that cannot be appended: the sequence waits for its id instead */
-        if (r && e->row_score[(size_t)f->slot * e->cfg.max_num_seqs + j] < 0 && rows[j]->state == SF_SEQ_RUNNING && sf_request_may_place(r) && sf_seq_append(&r->seq, 0) == SF_OK)
+        if (r && e->row_score[(size_t)f->slot * e->cfg.max_logits + j] < 0 && rows[j]->state == SF_SEQ_RUNNING && sf_request_may_place(r) && sf_seq_append(&r->seq, 0) == SF_OK)
             r->placed = j + 1;
     }
 }
@@ -301,15 +301,15 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     sf_sched_batch(&e->sched, &b); /* its table stride rounded to TABLE_STRIDE_QUANTUM blocks */
     if (ahead) src_rows(e, p, &b);
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
-    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
-    int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_num_seqs, *score = e->row_score + (size_t)f->slot * e->cfg.max_num_seqs;
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
+    int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits, *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
     int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     for (int i = 0; i < p->n_items; i++) {
         const sf_plan_item *it = &p->items[i];
         if (!it->seq) continue;
         for (int j = 0; j < it->n_score; j++) { /* scored prompt positions: their rows come first */
             rows[k] = it->seq;
-            score[k++] = it->score_at + j; /* k <= the scheduler's max_logits = max_num_seqs */
+            score[k++] = it->score_at + j; /* k <= the scheduler's max_logits */
             on_dev = 0;
         }
         if (!it->logits) continue;
@@ -392,9 +392,9 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     if (!f->committed) sf_sched_commit(&e->sched);
     if (f->on_dev) e->rows_dev += (uint64_t)f->k;
     else e->rows_host += (uint64_t)f->k;
-    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_num_seqs;
-    const int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_num_seqs;
-    const int32_t *score = e->row_score + (size_t)f->slot * e->cfg.max_num_seqs;
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
+    const int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits;
+    const int32_t *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
     for (int j = 0; j < f->k; j++) {
         sf_seq *q = rows[j];
         /* freed while the step ran: cancelled, ended by a stop string, or (async) ended by the
