@@ -1,7 +1,8 @@
 /* host_bench.c — host work outside the forward pass, per core: GGUF block formats dequantized
  * into bf16 (what the CUDA backend's upload does to every weight that is neither float nor
- * Q8_0, and the CPU backend into f16), and JSON output's token mask for one draw over a real
- * vocabulary, in the states that cost least and most. `make bench-host`, then
+ * Q8_0, and the CPU backend into f16), a scored prompt position (prompt_logprobs: log-softmax,
+ * rank, top n of one row of logits) at 32k and 128k vocabularies, and JSON output's token
+ * mask for one draw over a real vocabulary, in the states that cost least and most. `make bench-host`, then
  * build/bench/host_bench [TOKENIZER_DIR ...] (default: the testdata's TinyLlama and GPT-2). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,6 +10,7 @@
 #include <time.h>
 
 #include "engine/json_mask.h"
+#include "engine/sampler.h"
 #include "engine/tokenizer.h"
 #include "hal/hal.h"
 #include "tests/lib/quant_ref.h"
@@ -45,6 +47,38 @@ static void dequant(void)
         free(src);
     }
     free(out);
+}
+
+/* One scored prompt position (engine/sampler.h sf_sampler_score): what the engine does on the
+ * host for each logit row of a scored prompt. */
+static void score(void)
+{
+    static const int vocabs[] = { 32000, 128256 };
+    printf("a scored prompt position (log-softmax, rank, top n of one row), one core (best of 9 x 64 rows):\n");
+    for (size_t vi = 0; vi < SF_ARRAY_LEN(vocabs); vi++) {
+        const int V = vocabs[vi], R = 64;
+        float *l = malloc(sizeof(float) * (size_t)V * R);
+        sf_rng r;
+        sf_rng_seed(&r, 3);
+        for (size_t i = 0; i < (size_t)V * R; i++) l[i] = 8.0f * (sf_rng_uniform(&r) - 0.5f);
+        for (int k = 0; k <= 20; k += 20) {
+            double best = 1e30;
+            for (int it = 0; it < 9; it++) {
+                double t0 = now();
+                for (int row = 0; row < R; row++) {
+                    float lp;
+                    int32_t rank;
+                    sf_logprob top[SF_MAX_LOGPROBS];
+                    sf_sampler_score(l + (size_t)row * V, V, (row * 7919) % V, k, &lp, &rank, top);
+                }
+                double dt = (now() - t0) / R;
+                if (dt < best) best = dt;
+            }
+            printf("  vocab %6d, top %2d: %6.1f us a row (%.2f GB/s of logits read)\n", V, k, best * 1e6,
+                   4.0 * V / best / 1e9);
+        }
+        free(l);
+    }
 }
 
 static double mask_ms(const sf_json *j, const sf_json_vocab *v, float *l, int V)
@@ -109,6 +143,7 @@ static void mask(const char *dir)
 int main(int argc, char **argv)
 {
     dequant();
+    score();
     if (argc > 1)
         for (int i = 1; i < argc; i++) mask(argv[i]);
     else {

@@ -29,6 +29,7 @@ static void usage(FILE *f)
                "  --max-logit-rows N   positions scored per engine step (default 512)\n"
                "  --backend B          auto | cpu | cuda (default auto)\n"
                "  --threads N          CPU backend threads (default: all cores)\n"
+               "  --load-format F      auto | dummy (random weights from config.json: a measurement)\n"
                "  --json               print the result as one JSON object\n");
 }
 
@@ -129,6 +130,12 @@ int sf_cmd_perplexity(int argc, char **argv)
                 return 2;
             }
             cfg.backend = v;
+        } else if (!strcmp(a, "--load-format")) {
+            if (!strcmp(v, "dummy")) cfg.load_dummy = 1;
+            else if (strcmp(v, "auto")) {
+                fprintf(stderr, "semflow perplexity: --load-format '%s': use auto or dummy\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--threads")) {
             if (parse_long(a, v, 1, 4096, &l)) return 2;
             cfg.n_threads = (int)l;

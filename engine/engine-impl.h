@@ -42,6 +42,7 @@ typedef struct sf_flight {
     int committed;               /* its plan was committed (the next one was planned after it) */
     int slot;                    /* its half of e->ids and e->row_seq */
     int k;                       /* logit rows */
+    int n_scored;                /* the last of them, scored on the backend at the take */
     int n_tokens, n_decode, n_prefill;
     int decode;                  /* every sequence brought one token */
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
@@ -85,7 +86,13 @@ struct sf_engine {
     sf_sample_row *rows;        /* [max_num_seqs] */
     int32_t *ids;               /* [2 * max_num_seqs]: the drawn ids of each flight slot */
     sf_seq **row_seq;           /* [2 * max_num_seqs]: the sequence of each logit row of each flight slot */
-    int32_t *row_score;         /* [2 * max_num_seqs]: the prompt position a logit row scores, -1: a draw's row */
+    int32_t *row_score;         /* [2 * max_logits]: the prompt position a logit row scores, -1: a draw's row */
+    /* prompt scoring on the backend (dev_score): a step's scored rows' targets and results
+     * ([max_logits], tops [max_logits * SF_MAX_LOGPROBS], score_k of them a row) */
+    int dev_score;
+    int32_t *sc_target, *sc_rank, *sc_tid;
+    float *sc_lp, *sc_tlp;
+    int score_k;
     int32_t *src_row;           /* [max_batched_tokens]: async scheduling, sf_batch.src_row */
     sf_request **victims;       /* [2 * max_num_seqs]: the requests of a failed step (step.c step_failed) */
     sf_sample_pen *pen;

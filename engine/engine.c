@@ -420,11 +420,19 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->ids = malloc(2 * (size_t)c->max_logits * sizeof *e->ids);
     e->row_seq = malloc(2 * (size_t)c->max_logits * sizeof *e->row_seq);
     e->row_score = malloc(2 * (size_t)c->max_logits * sizeof *e->row_score);
+    e->sc_target = malloc((size_t)c->max_logits * sizeof *e->sc_target);
+    e->sc_rank = malloc((size_t)c->max_logits * sizeof *e->sc_rank);
+    e->sc_lp = malloc((size_t)c->max_logits * sizeof *e->sc_lp);
+    e->sc_tid = malloc((size_t)c->max_logits * SF_MAX_LOGPROBS * sizeof *e->sc_tid);
+    e->sc_tlp = malloc((size_t)c->max_logits * SF_MAX_LOGPROBS * sizeof *e->sc_tlp);
+    /* the backend scores prompt positions unless $SEMFLOW_ENGINE_HOST_SCORE=1 (a comparison) */
+    e->dev_score = sf_forward_can_score(e->fwd) && !sf_env_bool("SEMFLOW_ENGINE_HOST_SCORE", 0);
     e->src_row = malloc((size_t)c->max_batched_tokens * sizeof *e->src_row);
     e->victims = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->victims);
     e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
-    if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->row_score || !e->src_row || !e->victims || !e->taken ||
+    if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->row_score || !e->sc_target || !e->sc_rank ||
+        !e->sc_lp || !e->sc_tid || !e->sc_tlp || !e->src_row || !e->victims || !e->taken ||
         !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_logits, e->vocab);
         goto fail;
@@ -494,6 +502,11 @@ void sf_engine_free(sf_engine *e)
     free(e->ids);
     free(e->row_seq);
     free(e->row_score);
+    free(e->sc_target);
+    free(e->sc_rank);
+    free(e->sc_lp);
+    free(e->sc_tid);
+    free(e->sc_tlp);
     free(e->src_row);
     free(e->victims);
     free(e->taken);

@@ -338,6 +338,10 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     if (T < 1 || T > f->max_tokens || bt->n_logits < 0 || bt->n_logits > f->max_logits)
         return sf_err(err, SF_EINVAL, "forward step: %d tokens and %d logit rows (this forward pass takes up to %d and %d)",
                       T, bt->n_logits, f->max_tokens, f->max_logits);
+    if (bt->n_scored < 0 || bt->n_scored > bt->n_logits || (bt->n_scored && !sf_forward_can_score(f)))
+        return sf_err(err, SF_EINVAL, "forward step: %d of %d logit rows to score, on a pass that %s", bt->n_scored,
+                      bt->n_logits, sf_forward_can_score(f) ? "has fewer" : "cannot score");
+    const int L = bt->n_logits - bt->n_scored; /* rows drawn or read */
 #define STEP(name, call) do { op = name; if ((rc = (call)) != SF_OK) goto fail; } while (0)
     STEP("batch_begin", o->batch_begin(b, bt));
     STEP("embed", o->embed(b, f->emb, f->h));
@@ -359,13 +363,13 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             STEP("lm_head", o->matmul(b, f->sel, f->lm, bt->n_logits, f->logits));
         }
         if (f->shard && f->shard->size > 1) {
-            if (!smp) return gather_logits(f, bt->n_logits, logits, err);
+            if (!smp) return gather_logits(f, L, logits, err);
             /* the sampling rank gets whole rows; the followers take part in the same gather.
              * Launching with a backend that draws asynchronously, the gather is only queued:
              * sf_forward_wait_sample waits for it (watching the peers) with the draw. */
             int nowait = f->launching && o->sample_start;
             f->comm->gather_nowait = nowait;
-            rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, bt->n_logits,
+            rc = sf_comm_gather_rows_buf(f->comm, b, f->logits, f->gathered, f->rows_full, L,
                                          f->shard->vocab_pad, f->shard->rank, err);
             f->comm->gather_nowait = 0;
             if (rc) return sf_err_wrap(err, "forward step: gathering the logit rows");
@@ -375,10 +379,10 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             op = "sample";
             const sf_buf *lg = f->rows_full ? f->rows_full : f->logits;
             if (f->launching && o->sample_start) {
-                rc = o->sample_start(b, lg, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+                rc = o->sample_start(b, lg, L, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
                 f->draw_pending = rc == SF_OK;
             } else {
-                rc = o->sample(b, lg, bt->n_logits, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+                rc = o->sample(b, lg, L, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
             }
             if (rc != SF_OK && f->gather_pending) { /* nothing to wait for later: wait for the gather now */
                 f->gather_pending = 0;
@@ -386,9 +390,9 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
                 if (wrc) return wrc;
             }
             if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
-                                                     "%d rows; sample on the host", o->name, bt->n_logits);
+                                                     "%d rows; sample on the host", o->name, L);
             if (rc) goto fail;
-        } else if (logits) STEP("read logits", o->read_f32(b, f->logits, bt->n_logits, logits));
+        } else if (logits) STEP("read logits", o->read_f32(b, f->logits, L, logits));
         else STEP("sync", o->sync(b));
     } else {
         STEP("sync", o->sync(b));
@@ -413,6 +417,21 @@ int sf_forward_step(sf_forward *f, const sf_batch *bt, float *logits, sf_error *
 int sf_forward_can_sample(const sf_forward *f)
 {
     return f->b->ops->sample != NULL && (!(f->shard && f->shard->size > 1) || f->rows_full);
+}
+
+int sf_forward_can_score(const sf_forward *f)
+{
+    return f->b->ops->score != NULL && !(f->shard && f->shard->size > 1);
+}
+
+int sf_forward_score(sf_forward *f, int row0, int n, const int32_t *targets, int k, float *lp, int32_t *rank,
+                     int32_t *top_id, float *top_lp, sf_error *err)
+{
+    if (!sf_forward_can_score(f)) return sf_err(err, SF_EUNSUPPORTED, "forward: the %s backend cannot score rows", OPS(f)->name);
+    if (row0 < 0 || n < 0 || row0 + n > f->max_logits)
+        return sf_err(err, SF_EINVAL, "forward: rows [%d, +%d) to score; the step keeps up to %d", row0, n, f->max_logits);
+    int rc = OPS(f)->score(f->b, f->logits, row0, n, f->m->cfg.vocab_size, targets, k, lp, rank, top_id, top_lp);
+    return rc ? sf_err(err, rc, "forward: scoring %d logit rows failed on the %s backend", n, OPS(f)->name) : SF_OK;
 }
 
 int sf_forward_step_sample(sf_forward *f, const sf_batch *bt, const sf_forward_sample *s, sf_error *err)

@@ -66,6 +66,15 @@ int sf_forward_launch_waited(const sf_forward *f);
 /* The first n logit rows of the last step, to host memory [n * vocab] fp32. Under tensor
  * parallelism: of the last sf_forward_step_sample (its gathered rows). */
 int sf_forward_read_logits(sf_forward *f, int n, float *logits, sf_error *err);
+
+/* Whether the backend scores logit rows itself (its score op, and the vocabulary not split
+ * over ranks): a step's scored rows (sf_batch.n_scored) then never reach the host. */
+int sf_forward_can_score(const sf_forward *f);
+/* After a step (and its draw, if any, waited for): rows [row0, row0 + n) of its logits scored
+ * at targets (hal.h's score op): log-probability, rank, and the k most likely ids with theirs
+ * (top_id / top_lp [n * k]). */
+int sf_forward_score(sf_forward *f, int row0, int n, const int32_t *targets, int k, float *lp, int32_t *rank,
+                     int32_t *top_id, float *top_lp, sf_error *err);
 /* Async scheduling. sf_forward_defer(f, 1) turns on the backend's sample_defer (hal.h): from
  * then on sf_forward_wait_sample returns at once and leaves the draw queued (under TP its
  * logits' gather too), and sf_forward_take waits for the oldest queued draw — under TP watching

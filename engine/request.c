@@ -288,6 +288,18 @@ void sf_request_score(sf_request *r, int pos, const float *row, int vocab)
     for (int k = n; k < r->plk; k++) r->ptop[(size_t)i * r->plk + k] = (sf_logprob){ -1, -INFINITY };
 }
 
+void sf_request_score_put(sf_request *r, int pos, float lp, int32_t rank, const int32_t *top_id, const float *top_lp,
+                          int k)
+{
+    if (!r->plp || pos < 0 || pos + 1 >= r->seq.n_prompt) return;
+    const int i = pos + 1;
+    r->plp[i] = lp;
+    r->prank[i] = rank;
+    for (int j = 0; j < r->plk; j++)
+        r->ptop[(size_t)i * r->plk + j] = j < k && top_id[j] >= 0 ? (sf_logprob){ top_id[j], top_lp[j] }
+                                                                  : (sf_logprob){ -1, -INFINITY };
+}
+
 /* SF_EV_PROMPT, once, before anything else the request delivers after its prompt */
 static void deliver_prompt(sf_request *r)
 {

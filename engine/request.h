@@ -71,6 +71,10 @@ int sf_request_take(sf_request *r, int32_t id);
 /* Engine thread: the logits of prompt position pos (< seq.n_prompt - 1) came: score the token
  * after it (sp.prompt_logprobs). row: [vocab], raw. */
 void sf_request_score(sf_request *r, int pos, const float *row, int vocab);
+/* The same, scored elsewhere (the backend's score op): the token's log-probability, its rank
+ * and k top entries (ids, log-probabilities; an id < 0 ends them), of which r keeps its own. */
+void sf_request_score_put(sf_request *r, int pos, float lp, int32_t rank, const int32_t *top_id, const float *top_lp,
+                          int k);
 /* Async scheduling: whether r may be planned before its next id is known, with a stand-in for
  * it: the id cannot decide r's length (max_tokens, context) nor its draw's penalties, and r's
  * rows are drawn on the backend. */

@@ -10,77 +10,12 @@
  * choose the same way. */
 #include "sampler.h"
 
-#include <immintrin.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cpu/cpu.h"
 
-typedef struct cand { float v; int32_t id; } cand; /* logit, id */
-
-/* ---- vector helpers: max and exp over a whole vocabulary ------------------------------ */
-__attribute__((target("avx2,fma")))
-static float max_avx2(const float *l, int n)
-{
-    __m256 m = _mm256_set1_ps(-INFINITY);
-    int i = 0;
-    for (; i + 8 <= n; i += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(l + i));
-    float t[8], r = -INFINITY;
-    _mm256_storeu_ps(t, m);
-    for (int j = 0; j < 8; j++) r = t[j] > r ? t[j] : r;
-    for (; i < n; i++) r = l[i] > r ? l[i] : r;
-    return r;
-}
-
-/* sum of exp(scale * l[i] - m); stores the terms in e when e != NULL */
-__attribute__((target("avx2,fma")))
-static double sumexp_avx2(const float *l, int n, float scale, float m, float *e)
-{
-    __m256 acc = _mm256_setzero_ps(), sc = _mm256_set1_ps(scale), mm = _mm256_set1_ps(m);
-    double total = 0;
-    int i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m256 v = sf_cpu_exp256(_mm256_fmsub_ps(_mm256_loadu_ps(l + i), sc, mm));
-        if (e) _mm256_storeu_ps(e + i, v);
-        acc = _mm256_add_ps(acc, v);
-        if ((i & 1023) == 1016) { /* fold into double now and then: 128k terms stay exact enough */
-            float t[8];
-            _mm256_storeu_ps(t, acc);
-            for (int j = 0; j < 8; j++) total += t[j];
-            acc = _mm256_setzero_ps();
-        }
-    }
-    float t[8];
-    _mm256_storeu_ps(t, acc);
-    for (int j = 0; j < 8; j++) total += t[j];
-    for (; i < n; i++) {
-        float v = expf(l[i] * scale - m);
-        if (e) e[i] = v;
-        total += v;
-    }
-    return total;
-}
-
-static float vmax(const float *l, int n)
-{
-    if (sf_cpu_has_avx2()) return max_avx2(l, n);
-    float r = -INFINITY;
-    for (int i = 0; i < n; i++) r = l[i] > r ? l[i] : r;
-    return r;
-}
-
-static double vsumexp(const float *l, int n, float scale, float m, float *e)
-{
-    if (sf_cpu_has_avx2()) return sumexp_avx2(l, n, scale, m, e);
-    double total = 0;
-    for (int i = 0; i < n; i++) {
-        float v = expf(l[i] * scale - m);
-        if (e) e[i] = v;
-        total += v;
-    }
-    return total;
-}
 
 /* Appends an id to the penalty list unless it is there. */
 static int touch(sf_sampler_seq *s, int32_t id)
@@ -243,20 +178,6 @@ static void apply_penalties(const sf_sampling *p, const sf_sampler_seq *s, float
     }
 }
 
-/* Top n (value, id) pairs of l by insertion into a small sorted array. */
-static int top_n(const float *l, int vocab, int n, cand *out)
-{
-    int have = 0;
-    for (int i = 0; i < vocab; i++) {
-        if (have == n && !(l[i] > out[n - 1].v)) continue;
-        int j = have < n ? have++ : n - 1;
-        while (j > 0 && out[j - 1].v < l[i]) { out[j] = out[j - 1]; j--; }
-        out[j].v = l[i];
-        out[j].id = i;
-    }
-    return have;
-}
-
 static int32_t argmax(const float *l, int vocab)
 {
     int32_t best = 0;
@@ -290,14 +211,15 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
         id = argmax(logits, vocab);
     }
     /* log-softmax of the penalized logits */
-    float m = vmax(logits, vocab);
-    float lse = m + (float)log(vsumexp(logits, vocab, 1.0f, m, NULL));
+    float m = sf_cpu_max(logits, vocab);
+    float lse = m + (float)log(sf_cpu_sumexp(logits, vocab, 1.0f, m, NULL));
     if (logprob) *logprob = logits[id] - lse;
     if (n_top) *n_top = 0;
     if (p->logprobs > 0 && top && n_top) {
-        cand best[SF_MAX_LOGPROBS];
-        int n = top_n(logits, vocab, SF_MIN(p->logprobs, SF_MAX_LOGPROBS), best);
-        for (int i = 0; i < n; i++) { top[i].id = best[i].id; top[i].logprob = best[i].v - lse; }
+        int32_t id_[SF_MAX_LOGPROBS];
+        float v[SF_MAX_LOGPROBS];
+        int n = sf_cpu_top_n(logits, vocab, SF_MIN(p->logprobs, SF_MAX_LOGPROBS), id_, v);
+        for (int i = 0; i < n; i++) { top[i].id = id_[i]; top[i].logprob = v[i] - lse; }
         *n_top = n;
     }
     return id;
@@ -305,15 +227,10 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
 
 int sf_sampler_score(const float *l, int vocab, int32_t id, int k, float *logprob, int32_t *rank, sf_logprob *top)
 {
-    float m = vmax(l, vocab);
-    float lse = m + (float)log(vsumexp(l, vocab, 1.0f, m, NULL));
-    const float x = l[id];
-    int32_t above = 0;
-    for (int i = 0; i < vocab; i++) above += l[i] > x;
-    *logprob = x - lse;
-    *rank = above + 1;
-    cand best[SF_MAX_LOGPROBS];
-    int n = k > 0 ? top_n(l, vocab, SF_MIN(k, SF_MAX_LOGPROBS), best) : 0;
-    for (int i = 0; i < n; i++) { top[i].id = best[i].id; top[i].logprob = best[i].v - lse; }
+    int32_t id_[SF_MAX_LOGPROBS];
+    float v[SF_MAX_LOGPROBS];
+    k = SF_MIN(SF_MAX(k, 0), SF_MAX_LOGPROBS);
+    int n = sf_cpu_score_row(l, vocab, id, k, logprob, rank, id_, v);
+    for (int i = 0; i < n; i++) top[i] = (sf_logprob){ id_[i], v[i] };
     return n;
 }

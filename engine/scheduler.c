@@ -623,7 +623,6 @@ void sf_sched_batch(sf_sched *s, sf_batch *b)
         if (!q) continue;
         s->b_seq_start[S] = T;
         for (int t = it->start; t < it->start + it->n; t++, T++) {
-            if (t >= it->score_at && t < it->score_at + it->n_score) s->b_logit_rows[L++] = T;
             s->b_tokens[T] = q->tokens[t];
             s->b_pos[T] = t;
             s->b_slot[T] = q->blocks[t / bs] * bs + t % bs;
@@ -636,6 +635,15 @@ void sf_sched_batch(sf_sched *s, sf_batch *b)
         S++;
     }
     s->b_seq_start[S] = T;
+    /* the scored positions after every next-token row: those are drawn or read as one block of
+     * rows, these scored as another (sf_batch.n_scored, set by the caller where the backend
+     * scores) */
+    for (int i = 0, k = 0; i < p->n_items; i++) {
+        const sf_plan_item *it = &p->items[i];
+        if (!it->seq) continue;
+        for (int j = 0; j < it->n_score; j++) s->b_logit_rows[L++] = s->b_seq_start[k] + it->score_at - it->start + j;
+        k++;
+    }
     memset(b, 0, sizeof *b);
     b->n_tokens = T;
     b->n_seqs = S;

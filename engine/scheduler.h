@@ -128,8 +128,9 @@ typedef struct sf_swap_op {
 
 /* One planned piece of work: tokens [start, start + n) of seq. logits: this piece ends at the
  * sequence's last known token, so the step yields its next-token distribution. Positions
- * [score_at, score_at + n_score) of it are scored (seq.score_from/score_to): their logit rows
- * come first, in position order, then the next-token row. */
+ * [score_at, score_at + n_score) of it are scored (seq.score_from/score_to): sf_sched_batch
+ * puts every item's next-token row first, in item order, then every item's scored positions,
+ * in item and position order. */
 typedef struct sf_plan_item {
     sf_seq *seq;
     int start, n;

@@ -194,7 +194,8 @@ static int step_take(sf_engine *e, sf_turn_clock *tc);
 /* Async scheduling: may the next step be planned before the ids of the step in flight come? */
 static int may_plan_ahead(const sf_engine *e)
 {
-    return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed;
+    /* not behind a step whose rows the backend scores: its logits are read at its take */
+    return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed && !e->fl.n_scored;
 }
 
 /* Async scheduling: commit the plan of the step in flight and give each sequence it draws for
@@ -304,15 +305,9 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
     int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits, *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
     int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
-    for (int i = 0; i < p->n_items; i++) {
+    for (int i = 0; i < p->n_items; i++) { /* the next-token rows, in item order (sf_sched_batch) */
         const sf_plan_item *it = &p->items[i];
-        if (!it->seq) continue;
-        for (int j = 0; j < it->n_score; j++) { /* scored prompt positions: their rows come first */
-            rows[k] = it->seq;
-            score[k++] = it->score_at + j; /* k <= the scheduler's max_logits */
-            on_dev = 0;
-        }
-        if (!it->logits) continue;
+        if (!it->seq || !it->logits) continue;
         sf_request *r = it->seq->owner;
         score[k] = -1;
         rows[k] = it->seq;
@@ -323,6 +318,19 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
             e->rows[k].step++; /* its stand-in's draw comes first */
         k++;
     }
+    const int k_draw = k;
+    for (int i = 0; i < p->n_items; i++) { /* then the scored prompt positions */
+        const sf_plan_item *it = &p->items[i];
+        for (int j = 0; it->seq && j < it->n_score; j++) {
+            rows[k] = it->seq;
+            score[k++] = it->score_at + j; /* k <= the scheduler's max_logits */
+        }
+    }
+    /* scored on the backend where it can (only their results cross PCIe); else read with the
+     * drawn rows and scored here, which takes the whole step to the host */
+    f->n_scored = k > k_draw && e->dev_score ? k - k_draw : 0;
+    b.n_scored = f->n_scored;
+    if (k > k_draw && !f->n_scored) on_dev = 0;
     f->k = k;
     f->n_tokens = b.n_tokens;
     f->n_decode = p->n_decode;
@@ -338,7 +346,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
-            rc = sf_forward_read_logits(e->fwd, k, e->logits, &err);
+            rc = sf_forward_read_logits(e->fwd, k_draw, e->logits, &err);
         }
     } else rc = sf_forward_step(e->fwd, &b, e->logits, &err);
     double t3 = sf_now_s(), t_enq = t3;
@@ -374,6 +382,24 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     return b.n_tokens;
 }
 
+/* The rows of step f that the backend scores (its last n_scored): each its prompt token's
+ * log-probability, rank and the top alternatives the requests among them ask for (e->score_k,
+ * the most any asks), into e->sc_*. A row whose request is gone scores token 0. */
+static int score_rows(sf_engine *e, const sf_flight *f, sf_error *err)
+{
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
+    const int32_t *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
+    const int j0 = f->k - f->n_scored;
+    int kk = 0;
+    for (int s = 0; s < f->n_scored; s++) {
+        const sf_seq *q = rows[j0 + s];
+        e->sc_target[s] = q ? q->tokens[score[j0 + s] + 1] : 0;
+        if (q) kk = SF_MAX(kk, ((const sf_request *)q->owner)->plk);
+    }
+    e->score_k = kk;
+    return sf_forward_score(e->fwd, j0, f->n_scored, e->sc_target, kk, e->sc_lp, e->sc_rank, e->sc_tid, e->sc_tlp, err);
+}
+
 /* Wait for the ids of the oldest step in flight and take them. Returns 1 when a step was taken. */
 static int step_take(sf_engine *e, sf_turn_clock *tc)
 {
@@ -384,6 +410,7 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     double t1 = sf_now_s();
     tc->wait += t1 - t0;
     e->t_ids = f->t_done > 0 && f->t_done < t1 ? f->t_done : t1;
+    if (rc == SF_OK && f->n_scored) rc = score_rows(e, f, &err);
     if (rc != SF_OK) {
         f->queued = 0;
         step_failed(e, rc, &err, f->n_tokens, tc);
@@ -401,8 +428,13 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
          * step before it, whose ids were taken after this step was planned */
         if (!q) continue;
         sf_request *r = q->owner;
-        if (score[j] >= 0) { /* a prompt position's row (drawn on the host) */
-            sf_request_score(r, score[j], e->logits + (size_t)j * e->vocab, e->vocab);
+        if (score[j] >= 0) { /* a prompt position's row: scored on the backend, or here */
+            const int s = j - (f->k - f->n_scored), kk = e->score_k;
+            if (f->n_scored)
+                sf_request_score_put(r, score[j], e->sc_lp[s], e->sc_rank[s], e->sc_tid + (size_t)s * kk,
+                                     e->sc_tlp + (size_t)s * kk, kk);
+            else
+                sf_request_score(r, score[j], e->logits + (size_t)j * e->vocab, e->vocab);
             continue;
         }
         sf_taken *t = &e->taken[e->n_taken];

@@ -116,6 +116,8 @@ typedef struct sf_batch {
     int max_blocks;            /* row stride of block_table */
     const int32_t *logit_rows; /* [L] batch token indices whose logits are wanted */
     int n_logits;              /* L */
+    int n_scored;              /* the last n_scored of the L rows are for the score op (prompt
+                                * logprobs: sf_forward_score), not drawn or read to the host */
     /* Async scheduling: NULL, or [T]: token t with src_row[t] >= 0 is the id that the last draw
      * (sample / sample_start) gave its row src_row[t], taken on the backend, so the host need
      * not have it yet; tokens[t] is then only a stand-in (a valid id). Only for backends with
@@ -345,6 +347,15 @@ struct sf_backend_ops {
      * queued. */
     int (*sample_defer)(sf_backend *b, int on);
     int (*sample_take)(sf_backend *b);
+
+    /* Prompt scoring: for rows [row0, row0 + n) of logits (columns [0, vocab)), the log-softmax
+     * at targets[i]: lp[i], rank[i] (1 + the ids with a larger logit) and, with k > 0, the k most
+     * likely ids (value descending, the lower id first among equals) in top_id / top_lp [n * k]
+     * (past the vocabulary: -1, -inf); k <= 20. Host arrays; returns with the results there. Not
+     * between sample_start and sample_wait. May be NULL: the caller reads the rows and scores
+     * them on the host (kernels/cpu/score.c, which is this op's reference). */
+    int (*score)(sf_backend *b, const sf_buf *logits, int row0, int n, int vocab, const int32_t *targets, int k,
+                 float *lp, int32_t *rank, int32_t *top_id, float *top_lp);
 };
 
 struct sf_backend {

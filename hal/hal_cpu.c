@@ -643,6 +643,21 @@ static int cpu_sync(sf_backend *b) { return SF_OK; }
 
 /* Async scheduling: the draw is synchronous here (sample writes the ids), so nothing is ever
  * queued; batches may still take their tokens from the last draw (src_row). */
+static int cpu_score(sf_backend *b, const sf_buf *logits, int row0, int n, int vocab, const int32_t *targets, int k,
+                     float *lp, int32_t *rank, int32_t *top_id, float *top_lp)
+{
+    cpu_ctx *c = CTX(b);
+    if (row0 < 0 || n < 0 || row0 + n > logits->rows || vocab < 1 || vocab > logits->cols || k < 0 || k > 20)
+        return BAD("score: rows [%d, +%d) of %d tokens, top %d, from a buffer of %lld x %lld", row0, n, vocab, k,
+                   (long long)logits->rows, (long long)logits->cols);
+    for (int i = 0; i < n; i++)
+        if (targets[i] < 0 || targets[i] >= vocab) return BAD("score: row %d's token %d is outside [0, %d)", i, targets[i], vocab);
+    sf_cpu_score a = { .logits = logits->data + (size_t)row0 * logits->cols, .ld = logits->cols, .n = n, .vocab = vocab,
+                       .k = k, .targets = targets, .lp = lp, .rank = rank, .top_id = top_id, .top_lp = top_lp };
+    run(c, sf_cpu_score_task, &a, (int64_t)n * vocab * 4);
+    return SF_OK;
+}
+
 static int cpu_sample_defer(sf_backend *b, int on) { return SF_OK; }
 static int cpu_sample_take(sf_backend *b) { return SF_OK; }
 
@@ -698,6 +713,7 @@ static const struct sf_backend_ops cpu_ops = {
     .write_f32 = cpu_write_f32,
     .buf_raw = cpu_buf_raw,
     .sample = cpu_sample,
+    .score = cpu_score,
     .sample_defer = cpu_sample_defer,
     .sample_take = cpu_sample_take,
 };

@@ -45,6 +45,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
 #define MAX_SPLIT 64
 #define SAMPLE_BYTES ((size_t)8 << 20) /* sampler arguments and ids, pinned + device (+ the op's scratch) */
+#define SCORE_BYTES ((size_t)1 << 20)  /* the score op's targets and results, pinned + device (rows in pieces) */
 
 _Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
                offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
@@ -114,6 +115,7 @@ typedef struct cuda_ctx {
     sf_cuda_graphs graphs;
     /* sampler: rows, penalty entries, their scratch and the ids; pinned and device */
     char *samp_h, *samp_d;
+    char *score_h, *score_d; /* the score op's targets and results (SCORE_BYTES each) */
     int samp_pending; /* the last sample_start's draw awaits sample_wait */
     /* draws queued by sample_start, oldest first (two with sample_defer, else one): where their
      * ids go, how many, where they land in pinned memory, and (deferred) when they are there */
@@ -310,6 +312,8 @@ static void cuda_destroy(sf_backend *b)
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 2 && c->gap_ev[0][0]; j++) cudaEventDestroy(c->gap_ev[i][j]);
         cudaFree(c->samp_d);
+        if (c->score_h) cudaFreeHost(c->score_h);
+        cudaFree(c->score_d);
         if (c->fwd_done) cudaEventDestroy(c->fwd_done);
         if (c->s_meta) cudaStreamDestroy(c->s_meta);
         if (c->s) cudaStreamDestroy(c->s);
@@ -1269,6 +1273,47 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     return kcheck(e, "sample");
 }
 
+/* Scores rows [row0, row0 + n) of logits (hal.h): the targets go over and the results come back
+ * through SCORE_BYTES of pinned memory, as many rows at a time as fit. */
+static int cuda_score(sf_backend *b, const sf_buf *logits, int row0, int n, int vocab, const int32_t *targets, int k,
+                      float *lp, int32_t *rank, int32_t *top_id, float *top_lp)
+{
+    cuda_ctx *c = CTX(b);
+    if (row0 < 0 || n < 0 || (int64_t)row0 + n > logits->rows || vocab < 1 || vocab > logits->cols || k < 0 || k > 20)
+        return op_fail(SF_EINVAL, "score", "rows, tokens or top entries outside the logits buffer or 0..20");
+    for (int i = 0; i < n; i++)
+        if (targets[i] < 0 || targets[i] >= vocab) return op_fail(SF_EINVAL, "score", "a token id is outside the vocabulary");
+    if (c->samp_pending) return op_fail(SF_EINVAL, "score", "called between sample_start and sample_wait");
+    int rc = step_end(c);
+    if (rc) return rc;
+    const int chunk = (int)((SCORE_BYTES - 64) / (12 + 8 * (size_t)k));
+    for (int r0 = 0; r0 < n; r0 += chunk) {
+        const int m = SF_MIN(chunk, n - r0);
+        const size_t o_lp = align16((size_t)m * 4), o_rank = align16(o_lp + (size_t)m * 4),
+                     o_tid = align16(o_rank + (size_t)m * 4), o_tlp = align16(o_tid + (size_t)m * k * 4),
+                     end = o_tlp + (size_t)m * k * 4;
+        char *h = c->score_h, *d = c->score_d;
+        memcpy(h, targets + r0, (size_t)m * 4);
+        cudaError_t e = cudaMemcpyAsync(d, h, (size_t)m * 4, cudaMemcpyHostToDevice, c->s);
+        if (e != cudaSuccess) return kcheck(e, "score");
+        rc = kcheck(sf_k_score(logits->d + ((int64_t)row0 + r0) * logits->cols, logits->cols, m, vocab, (const int32_t *)d,
+                               k, (float *)(d + o_lp), (int32_t *)(d + o_rank), (int32_t *)(d + o_tid),
+                               (float *)(d + o_tlp), c->s),
+                    "score");
+        if (rc) return rc;
+        e = cudaMemcpyAsync(h + o_lp, d + o_lp, end - o_lp, cudaMemcpyDeviceToHost, c->s);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->s);
+        if (e != cudaSuccess) return kcheck(e, "score");
+        memcpy(lp + r0, h + o_lp, (size_t)m * 4);
+        memcpy(rank + r0, h + o_rank, (size_t)m * 4);
+        if (k) {
+            memcpy(top_id + (size_t)r0 * k, h + o_tid, (size_t)m * k * 4);
+            memcpy(top_lp + (size_t)r0 * k, h + o_tlp, (size_t)m * k * 4);
+        }
+    }
+    return SF_OK;
+}
+
 /* Takes the oldest queued draw's ids: after its event (deferred: later steps may be queued
  * behind it), else after everything queued. */
 static int draw_take(cuda_ctx *c)
@@ -1431,6 +1476,7 @@ static const struct sf_backend_ops cuda_ops = {
     .matmul_add = cuda_matmul_add,
     .norm_qkv_rope = cuda_norm_qkv_rope,
     .sample = cuda_sample,
+    .score = cuda_score,
     .sample_start = cuda_sample_start,
     .sample_wait = cuda_sample_wait,
     .write_f32 = cuda_write_f32,
@@ -1517,6 +1563,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     SF_CUDA_GOTO(cudaHostAlloc((void **)&c->samp_h, SAMPLE_BYTES, cudaHostAllocMapped), err, rc);
     if (sf_env_bool("SEMFLOW_CUDA_DRAW_MAPPED", 1)) c->samp_hd = host_mapped(c->samp_h);
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
+    SF_CUDA_GOTO(cudaHostAlloc((void **)&c->score_h, SCORE_BYTES, cudaHostAllocDefault), err, rc);
+    if ((rc = dmalloc(c, (void **)&c->score_d, SCORE_BYTES, "the score op's rows", err))) goto cleanup;
     /* the op's scratch at the end: its counters start (and stay) at zero */
     SF_CUDA_GOTO(cudaMemset(c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, 0, SF_K_SAMPLE_SCRATCH), err, rc);
     {

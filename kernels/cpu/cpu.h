@@ -188,4 +188,23 @@ typedef struct sf_cpu_sample {
 } sf_cpu_sample;
 void sf_cpu_sample_task(void *arg, int ith, int nth);
 
+/* ---- score: a row's log-softmax at one token (prompt logprobs; the backend's score op) -- */
+float sf_cpu_max(const float *l, int n);
+/* sum of exp(scale * l[i] - m); stores the terms in e when e != NULL */
+double sf_cpu_sumexp(const float *l, int n, float scale, float m, float *e);
+/* The n largest of l (value descending, the lower id first among equals): ids and values;
+ * returns how many (min(n, vocab)). */
+int sf_cpu_top_n(const float *l, int vocab, int n, int32_t *id, float *v);
+/* id's log-probability under the log-softmax of l, its rank (1 + the ids with a larger logit)
+ * and the k most likely ids with theirs (entries past the vocabulary: id -1, -inf); returns
+ * how many top entries are real. */
+int sf_cpu_score_row(const float *l, int vocab, int32_t id, int k, float *logprob, int32_t *rank, int32_t *top_id,
+                     float *top_lp);
+/* Rows [0, n) of a batch over the pool (rows split by thread). */
+typedef struct sf_cpu_score {
+    const float *logits; int64_t ld; int n, vocab, k;
+    const int32_t *targets; float *lp; int32_t *rank; int32_t *top_id; float *top_lp;
+} sf_cpu_score;
+void sf_cpu_score_task(void *arg, int ith, int nth);
+
 #endif

@@ -332,6 +332,11 @@ int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k
                 const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, int32_t *ids_host,
                 int32_t *ids_next, void *scratch, cudaStream_t s);
 
+/* Prompt scoring (score.cu): for rows [0, n) of logits (bf16, ld elements apart), the
+ * log-softmax at targets[i] (device), its rank, and the k most likely ids (hal.h's score op). */
+int sf_k_score(const uint16_t *logits, int64_t ld, int n, int vocab, const int32_t *targets, int k, float *lp,
+               int32_t *rank, int32_t *top_id, float *top_lp, cudaStream_t s);
+
 #ifdef __cplusplus
 }
 #endif

@@ -5,7 +5,8 @@
  * Greedy rows must agree exactly; drawn rows agree except where expf/logf of the two machines
  * differ in the last place right at a boundary (at most 1 in 100 is allowed, and the count is
  * printed). Also: the same call twice gives the same ids, ids are always in range, a bad
- * penalty id is refused, and --perf times the op by batch size.
+ * penalty id is refused, and --perf times the op by batch size. And the score op (prompt
+ * logprobs) against the CPU backend's.
  *
  *   test_sample          the checks (GPU host only)
  *   test_sample --perf   also the timing table (no assertions) */
@@ -188,6 +189,71 @@ TEST(bad_inputs)
     G->ops->buf_free(G, bg);
 }
 
+/* The score op (prompt logprobs) against the CPU backend's on the same bf16 rows: ranks and top
+ * ids exactly (ties broken by id in both), log-probabilities within 1e-4; rows past the first
+ * chunk of the op's pinned memory (6000+ at k = 20); a bad target refused. Also times it. */
+TEST(score_matches_cpu_reference)
+{
+    static const int vocabs[] = { 1000, 32000, 128256 }, ns[] = { 6500, 257, 512 }, ks[] = { 20, 5, 0 };
+    int cases = 0, bad = 0;
+    double worst = 0;
+    for (size_t vi = 0; vi < SF_ARRAY_LEN(vocabs); vi++) {
+        const int V = vocabs[vi], n = ns[vi], k = ks[vi], row0 = 2;
+        float *l = malloc(sizeof(float) * (size_t)(n + row0) * V);
+        for (int64_t i = 0; i < (int64_t)(n + row0) * V; i++) /* every fourth row in 8 values: heavy ties */
+            l[i] = (i / V) % 4 == 3 ? (float)(sf_rng_next(&R) % 8) : bfr(sf_rng_normal(&R) * 3);
+        int32_t *tg = malloc(sizeof(int32_t) * n), *rk[2], *tid[2];
+        float *lp[2], *tlp[2];
+        for (int i = 0; i < n; i++) tg[i] = (int32_t)(sf_rng_next(&R) % (uint64_t)V);
+        sf_backend *be[2] = { G, C };
+        sf_buf *bf[2] = { NULL, NULL };
+        sf_error err = { 0 };
+        int rc = 0;
+        for (int b = 0; b < 2; b++) {
+            rk[b] = malloc(sizeof(int32_t) * n);
+            lp[b] = malloc(sizeof(float) * n);
+            tid[b] = malloc(sizeof(int32_t) * ((size_t)n * k + 1));
+            tlp[b] = malloc(sizeof(float) * ((size_t)n * k + 1));
+            for (int i = 0; i < n; i++) lp[b][i] = NAN, rk[b][i] = -7; /* poisoned */
+            if (!rc) rc = be[b]->ops->buf_new(be[b], n + row0, V, &bf[b], &err);
+            if (!rc) rc = be[b]->ops->write_f32(be[b], bf[b], n + row0, l);
+            double t0 = sf_now_s();
+            if (!rc) rc = be[b]->ops->score(be[b], bf[b], row0, n, V, tg, k, lp[b], rk[b], tid[b], tlp[b]);
+            printf("  score: %d rows of %d, top %d: %s op %.2f ms\n", n, V, k, b ? "CPU" : "GPU", (sf_now_s() - t0) * 1e3);
+        }
+        CHECK_MSG(rc == 0, "score op: %s", err.msg);
+        for (int i = 0; i < n && !rc; i++) {
+            double d = fabs((double)lp[0][i] - lp[1][i]);
+            int same = rk[0][i] == rk[1][i] && d < 1e-4;
+            for (int j = 0; j < k; j++)
+                same &= tid[0][(size_t)i * k + j] == tid[1][(size_t)i * k + j] &&
+                        fabs((double)tlp[0][(size_t)i * k + j] - tlp[1][(size_t)i * k + j]) < 1e-4;
+            worst = d > worst ? d : worst;
+            bad += !same;
+            cases++;
+        }
+        for (int b = 0; b < 2; b++) {
+            if (bf[b]) be[b]->ops->buf_free(be[b], bf[b]);
+            free(rk[b]), free(lp[b]), free(tid[b]), free(tlp[b]);
+        }
+        free(l);
+        free(tg);
+    }
+    printf("  score: %d rows, %d differ from the CPU op, worst |logprob difference| %.2e\n", cases, bad, worst);
+    CHECK_MSG(cases > 6000 && bad == 0, "%d of %d rows differ", bad, cases);
+    float l[16] = { 0 }, lp1;
+    int32_t t = 16, r1;
+    sf_buf *bg = NULL;
+    sf_error err = { 0 };
+    REQUIRE(G->ops->buf_new(G, 1, 16, &bg, &err) == SF_OK, "%s", err.msg);
+    G->ops->write_f32(G, bg, 1, l);
+    CHECK(G->ops->score(G, bg, 0, 1, 16, &t, 0, &lp1, &r1, NULL, NULL) == SF_EINVAL);
+    t = 3;
+    CHECK(G->ops->score(G, bg, 0, 1, 16, &t, 0, &lp1, &r1, NULL, NULL) == SF_OK && r1 == 1 &&
+          fabsf(lp1 + logf(16)) < 1e-5f);
+    G->ops->buf_free(G, bg);
+}
+
 static void perf_table(void)
 {
     enum { V = 128256 };
@@ -252,6 +318,7 @@ int main(int argc, char **argv)
     RUN(matches_cpu_reference);
     RUN(distribution);
     RUN(bad_inputs);
+    RUN(score_matches_cpu_reference);
     if (perf) perf_table();
     G->ops->destroy(G);
     C->ops->destroy(C);

@@ -335,7 +335,7 @@ static void prompt_logprobs_match(int preempt)
     }
     for (int i = 0; i < N; i++) collect_wait(&gen[i]);
     sf_engine_stats st0, st;
-    sf_engine_get_stats(e, &st0);
+    wait_idle(e, &st0); /* the generating requests are gone: a running sequence below is a scored one */
     for (int i = 0; i < N; i++) { /* prompt + its greedy output: scored only, and scored then generating */
         REQUIRE(gen[i].n_tokens == G, "generated %d", gen[i].n_tokens);
         memcpy(prompts[i] + np[i], gen[i].tokens, G * sizeof(int32_t));
@@ -416,7 +416,13 @@ static void prompt_logprobs_match(int preempt)
     sf_engine_free(e);
 }
 
-TEST(prompt_logprobs_match_generation) { prompt_logprobs_match(0); }
+TEST(prompt_logprobs_match_generation)
+{
+    prompt_logprobs_match(0); /* scored by the backend's op */
+    setenv("SEMFLOW_ENGINE_HOST_SCORE", "1", 1);
+    prompt_logprobs_match(0); /* the rows read and scored by the engine */
+    unsetenv("SEMFLOW_ENGINE_HOST_SCORE");
+}
 TEST(prompt_logprobs_preempted)
 {
     prompt_logprobs_match(1);

@@ -123,16 +123,17 @@ static void check_plan(world *w, const sf_plan *p)
     sf_batch b;
     sf_sched_batch(s, &b);
     if (b.n_tokens != p->n_tokens || b.n_seqs != live) note_bad(w, "batch size mismatch");
-    /* logit rows: each item's scored positions, then its last token when it has logits */
+    /* logit rows: every item's last token when it has logits, then every item's scored positions */
     if (b.n_logits != rows) note_bad(w, "logit rows do not add up");
-    for (int i = 0, T = 0, L = 0; i < p->n_items && b.n_logits == rows; i++) {
-        const sf_plan_item *it = &p->items[i];
-        if (!it->seq) continue;
-        for (int j = 0; j < it->n_score; j++)
-            if (b.logit_rows[L++] != T + it->score_at - it->start + j) note_bad(w, "scored row misplaced");
-        if (it->logits && b.logit_rows[L++] != T + it->n - 1) note_bad(w, "next-token row misplaced");
-        T += it->n;
-    }
+    for (int pass = 0, L = 0; pass < 2 && b.n_logits == rows; pass++)
+        for (int i = 0, T = 0; i < p->n_items; i++) {
+            const sf_plan_item *it = &p->items[i];
+            if (!it->seq) continue;
+            if (pass == 0 && it->logits && b.logit_rows[L++] != T + it->n - 1) note_bad(w, "next-token row misplaced");
+            for (int j = 0; pass == 1 && j < it->n_score; j++)
+                if (b.logit_rows[L++] != T + it->score_at - it->start + j) note_bad(w, "scored row misplaced");
+            T += it->n;
+        }
     /* the block table: each row the sequence's blocks then zeros, the stride the widest
      * sequence's blocks rounded up to the quantum */
     int widest = 1, q = SF_MAX(s->cfg.table_quantum, 1);
