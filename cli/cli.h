@@ -20,4 +20,8 @@ SF_CMD(sf_cmd_rank);
 SF_CMD(sf_cmd_bench_kv_quality); /* `semflow bench kv-quality` (cmd_bench_kv.c) */
 #undef SF_CMD
 
+/* A flag's integer value, the whole string, within [lo, hi]; else a message naming the command
+ * and the flag on stderr and -1 (cli/args.c). */
+int sf_cli_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);
+
 #endif

@@ -41,18 +41,9 @@ static void usage(FILE *f)
             SF_MAX_STOP);
 }
 
-/* Strict number parsing: the whole string, within [lo, hi]. */
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "semflow generate: %s '%s' is not an integer in [%ld, %ld]\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return sf_cli_long("generate", flag, s, lo, hi, out);
 }
 
 static int parse_float(const char *flag, const char *s, double lo, double hi, double *out)

@@ -5,7 +5,6 @@
  * token has at least ctx / 2 tokens before it. The windows go to the engine at once, so they run
  * in batches like any other requests. Prints the running estimate after each window and the
  * result with its standard error. */
-#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -35,15 +34,7 @@ static void usage(FILE *f)
 
 static int parse_long(const char *flag, const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) {
-        fprintf(stderr, "semflow perplexity: %s '%s' is not an integer in [%ld, %ld]\n", flag, s, lo, hi);
-        return -1;
-    }
-    *out = v;
-    return 0;
+    return sf_cli_long("perplexity", flag, s, lo, hi, out);
 }
 
 /* One window's scores, written by the engine thread. */

@@ -364,9 +364,6 @@ TEST(bad_config_rejected)
     sf_kv_pool_free(&pool);
 }
 
-/* A few thousand random steps: arrivals of every class, random prompt and output lengths,
- * cancellations, a pool small enough to force preemption, block tables with a rounded stride. Invariants are checked every step;
- * at the end every request has finished (or was cancelled) and every block is back. */
 /* Prompts scored beside decodes: at most max_logits (here the 4 seats) rows a step, the
  * decodes first; each prompt position scored once; the scored prompts get through. */
 TEST(scored_prompts_fit_the_logit_rows)
@@ -397,6 +394,10 @@ TEST(scored_prompts_fit_the_logit_rows)
     world_free(&w);
 }
 
+/* A few thousand random steps: arrivals of every class, random prompt and output lengths,
+ * cancellations, a pool small enough to force preemption, block tables with a rounded stride,
+ * a fifth of the prompts scored. Invariants are checked every step;
+ * at the end every request has finished (or was cancelled) and every block is back. */
 TEST(random_workload)
 {
     world w;
