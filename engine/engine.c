@@ -96,7 +96,7 @@ static int size_kv_pool(sf_engine *e, sf_kv_config *kc, sf_error *err)
     if (n < 2)
         return sf_err(err, SF_ENOMEM,
                       "no memory left for the KV cache: %s has %.1f GiB free, the weights take %.2f GiB and "
-                      "activations %.2f GiB; lower --max-batched-tokens / --max-num-seqs, raise "
+                      "activations %.2f GiB; lower --max-batched-tokens / --max-num-seqs / --max-logit-rows, raise "
                       "--gpu-memory-utilization, or set --num-kv-blocks",
                       hw->backend, (double)hw->mem_free / (1 << 30), (double)weights / (1 << 30),
                       (double)act / (1 << 30));

@@ -630,7 +630,7 @@ static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, con
         c->last_ids = t;
         c->cap_last = n;
     }
-    memcpy(c->last_ids, ids, (size_t)n * sizeof *ids);
+    if (n) memcpy(c->last_ids, ids, (size_t)n * sizeof *ids); /* a step may draw no row (all scored) */
     c->n_last = n;
     return SF_OK;
 oom:
