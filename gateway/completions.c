@@ -18,13 +18,20 @@ static void fail(gw_worker *w, struct evhttp_request *req, const sf_gw_err *e, d
     sf_metrics_request(&w->gw->metrics, tenant, cls, e->status);
 }
 
+static void free_ids(int32_t **ids, int *n, int np)
+{
+    for (int i = 0; ids && i < np; i++) free(ids[i]);
+    free(ids);
+    free(n);
+}
+
 void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_engine *engine)
 {
     sf_gateway *gw = w->gw;
     sf_gw_params p;
     sf_gw_err e = { 0 };
-    int32_t *ids = NULL;
-    int n_ids = 0;
+    int32_t **ids = NULL; /* each prompt's ids */
+    int *n_ids = NULL, np = 0, total_ids = 0;
     double t0 = sf_now_s(), retry = 1;
     const char *why = NULL;
     sf_intent intent;
@@ -70,22 +77,34 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
                    "the model '%.100s' does not exist; this server serves '%s'", p.model, gw->model_name);
         goto reject;
     }
-    if (gw_tokenize_prompt(engine, &p, &ids, &n_ids, &e)) goto reject;
-    if (sf_gw_force_call(&p, sf_tok_chat_format(sf_engine_tokenizer(engine)) == SF_CHAT_LLAMA3, &e)) goto reject;
-    if (n_ids >= gw->max_model_len) {
-        sf_gw_fail(&e, 400, "invalid_request_error", "context_length_exceeded", kind == SF_GW_CHAT ? "messages" : "prompt",
-                   "the prompt is %d tokens; this model's context is %d tokens, which must also hold the output",
-                   n_ids, gw->max_model_len);
+    np = kind == SF_GW_CHAT ? 1 : p.n_prompts;
+    ids = calloc((size_t)np, sizeof *ids);
+    n_ids = calloc((size_t)np, sizeof *n_ids);
+    if (!ids || !n_ids) {
+        sf_gw_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto reject;
     }
-    if (!p.max_tokens_given) {
-        p.sampling.max_tokens = gw->max_model_len - n_ids;
-        if (kind == SF_GW_COMPLETIONS && p.sampling.max_tokens > 16) p.sampling.max_tokens = 16; /* OpenAI's default */
-    } else if (n_ids + p.sampling.max_tokens > gw->max_model_len) {
-        sf_gw_fail(&e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
-                   "this model's context is %d tokens; the prompt is %d and max_tokens asks for %d more; lower "
-                   "max_tokens to at most %d", gw->max_model_len, n_ids, p.sampling.max_tokens, gw->max_model_len - n_ids);
-        goto reject;
+    for (int w = 0; w < np; w++) {
+        if (gw_tokenize_prompt(engine, &p, w, &ids[w], &n_ids[w], &e)) goto reject;
+        total_ids += n_ids[w];
+    }
+    if (sf_gw_force_call(&p, sf_tok_chat_format(sf_engine_tokenizer(engine)) == SF_CHAT_LLAMA3, &e)) goto reject;
+    for (int w = 0; w < np; w++) {
+        char which[32] = "";
+        if (np > 1) snprintf(which, sizeof which, " (prompt %d)", w);
+        if (n_ids[w] >= gw->max_model_len) {
+            sf_gw_fail(&e, 400, "invalid_request_error", "context_length_exceeded", kind == SF_GW_CHAT ? "messages" : "prompt",
+                       "the prompt%s is %d tokens; this model's context is %d tokens, which must also hold the output",
+                       which, n_ids[w], gw->max_model_len);
+            goto reject;
+        }
+        if (p.max_tokens_given && n_ids[w] + p.sampling.max_tokens > gw->max_model_len) {
+            sf_gw_fail(&e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
+                       "this model's context is %d tokens; the prompt%s is %d and max_tokens asks for %d more; lower "
+                       "max_tokens to at most %d", gw->max_model_len, which, n_ids[w], p.sampling.max_tokens,
+                       gw->max_model_len - n_ids[w]);
+            goto reject;
+        }
     }
     if (sf_tenant_admit(tenant, t0, &retry, &why)) {
         sf_metrics_add(&gw->metrics, !strcmp(why, "rate") ? &gw->metrics.rejected_tenant_rate
@@ -97,7 +116,8 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
         goto reject;
     }
 
-    gw_req *r = calloc(1, sizeof *r + sizeof(gw_choice) * (size_t)p.n);
+    const int nc = np * p.n; /* choice prompt * n + j, as OpenAI indexes a batch's choices */
+    gw_req *r = calloc(1, sizeof *r + sizeof(gw_choice) * (size_t)nc);
     if (!r) {
         sf_tenant_release(tenant);
         sf_gw_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
@@ -111,7 +131,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->kind = kind;
     r->stream = p.stream;
     r->include_usage = p.include_usage;
-    r->n = p.n;
+    r->n = nc;
     r->logprobs = p.logprobs;
     r->tools = p.tool_choice;
     r->top_logprobs = p.top_logprobs;
@@ -122,7 +142,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->tenant = tenant;
     r->intent = intent;
     r->t0 = t0;
-    r->prompt_tokens = n_ids;
+    r->prompt_tokens = total_ids; /* each prompt once, whatever n (OpenAI's usage) */
     r->created = (long)time(NULL);
     snprintf(r->id, sizeof r->id, "%s-%lx%06lx", kind == SF_GW_CHAT ? "chatcmpl" : "cmpl", (unsigned long)r->created,
              (unsigned long)atomic_fetch_add(&gw->next_id, 1) & 0xffffff);
@@ -131,15 +151,16 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     sf_metrics_active(&gw->metrics, 1);
     gw_worker_load(w, 1);
     int echo_ok = 1;
-    if (r->echo) { /* the prompt as given; token ids decoded (special tokens kept, as they were sent) */
+    for (int i = 0; r->echo && i < nc; i++) { /* the prompt as given; token ids decoded (special tokens kept) */
+        const sf_gw_prompt *pr = &p.prompts[i / p.n];
+        gw_choice *c = &r->ch[i];
         char *dec = NULL;
-        if (p.prompt) {
-            r->echo_text = malloc(p.prompt_len + 1);
-            if (r->echo_text) memcpy(r->echo_text, p.prompt, p.prompt_len), r->echo_len = p.prompt_len;
-        } else if (sf_tok_decode(sf_engine_tokenizer(engine), ids, (size_t)n_ids, 0, &dec, NULL) == SF_OK) {
-            r->echo_text = dec, r->echo_len = strlen(dec);
+        if (pr->text) {
+            if ((c->echo = malloc(pr->len + 1))) memcpy(c->echo, pr->text, pr->len), c->echo_len = pr->len;
+        } else if (sf_tok_decode(sf_engine_tokenizer(engine), ids[i / p.n], (size_t)n_ids[i / p.n], 0, &dec, NULL) == SF_OK) {
+            c->echo = dec, c->echo_len = strlen(dec);
         }
-        echo_ok = r->echo_text != NULL;
+        echo_ok &= c->echo != NULL;
     }
     if (!r->wake || !echo_ok) {
         r->answered = 1;
@@ -151,18 +172,23 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
 
     sf_submit s;
     memset(&s, 0, sizeof s);
-    s.prompt = ids;
-    s.n_prompt = n_ids;
     s.sampling = p.sampling;
     s.intent = intent;
     snprintf(s.tenant, sizeof s.tenant, "%s", tenant->name);
     s.cb = gw_req_on_event;
     int rc = SF_OK;
     sf_error serr = { 0 };
-    for (int i = 0; i < p.n; i++) {
+    for (int i = 0; i < nc; i++) {
+        const int w = i / p.n, j = i % p.n;
         r->ch[i].req = r;
         r->ch[i].idx = i;
-        if (p.n > 1 && p.sampling.has_seed) s.sampling.seed = p.sampling.seed + (uint64_t)i;
+        s.prompt = ids[w];
+        s.n_prompt = n_ids[w];
+        if (!p.max_tokens_given) { /* the rest of the context; for completions OpenAI's 16 at most */
+            s.sampling.max_tokens = gw->max_model_len - n_ids[w];
+            if (kind == SF_GW_COMPLETIONS && s.sampling.max_tokens > 16) s.sampling.max_tokens = 16;
+        }
+        if (p.n > 1 && p.sampling.has_seed) s.sampling.seed = p.sampling.seed + (uint64_t)j;
         s.user = &r->ch[i];
         sf_request *sr = NULL;
         rc = sf_engine_submit(engine, &s, &sr, &retry, &serr);
@@ -172,9 +198,10 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
         pthread_mutex_unlock(&r->mu);
         r->engine_refs++;
     }
-    free(ids);
+    free_ids(ids, n_ids, np);
     ids = NULL;
-    sf_metrics_add(&gw->metrics, &gw->metrics.prompt_tokens, (uint64_t)n_ids * (uint64_t)(rc ? 0 : p.n));
+    n_ids = NULL;
+    sf_metrics_add(&gw->metrics, &gw->metrics.prompt_tokens, (uint64_t)total_ids * (uint64_t)(rc ? 0 : p.n));
     if (rc) {
         /* nothing was sent yet: answer now and let already-submitted choices (n > 1) wind down */
         if (rc == SF_AGAIN) {
@@ -213,7 +240,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     return;
 
 reject:
-    free(ids);
+    free_ids(ids, n_ids, np);
     fail(w, req, &e, retry, tenant->name, intent.cls);
     sf_gw_params_free(&p);
 }

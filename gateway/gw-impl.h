@@ -67,7 +67,8 @@ void gw_route_models(sf_gateway *gw, struct evhttp_request *req);
 void gw_route_tokenize(sf_gateway *gw, struct evhttp_request *req, sf_engine *e);
 void gw_route_detokenize(sf_gateway *gw, struct evhttp_request *req, sf_engine *e);
 /* Shared by routes: tokenize a chat or a completion prompt. Fills e on failure. */
-int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int32_t **ids, int *n, sf_gw_err *e);
+/* The prompt's ids: chat's messages rendered and encoded, or completions prompt `which`. */
+int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int which, int32_t **ids, int *n, sf_gw_err *e);
 
 /* server.c: a worker's in-flight count changed by delta (worker thread) */
 void gw_worker_load(gw_worker *w, int delta);

@@ -56,6 +56,8 @@ typedef struct gw_choice {
     int held;                  /* tools, streamed: 0 the reply's start is held until it shows what it is,
                                 * 1 held to the end (it starts as a call), 2 streamed (it does not) */
     json_t *plp;               /* whole responses: vLLM's prompt_logprobs (NULL: not asked for) */
+    char *echo;                /* echo: its prompt's text (malloc'd) */
+    size_t echo_len;
     char *error;
 } gw_choice;
 
@@ -66,9 +68,7 @@ typedef struct gw_req {
     struct evhttp_request *http; /* NULL once answered or the connection closed */
     struct evhttp_connection *conn;
     int kind, stream, include_usage, n, logprobs, top_logprobs;
-    int echo;                  /* completions: the prompt text (echo_text) precedes each choice's output */
-    char *echo_text;
-    size_t echo_len;
+    int echo;                  /* completions: each choice's output follows its prompt's text (gw_choice.echo) */
     int scored;                /* the engine scores the prompt: an SF_EV_PROMPT comes before the tokens */
     int prompt_logprobs;       /* vLLM's prompt_logprobs asked for: its alternatives (-1: not asked) */
     int tokens_as_ids;         /* logprobs name tokens "token_id:<id>" (vLLM's return_tokens_as_token_ids) */

@@ -130,35 +130,50 @@ static int parse_logit_bias(json_t *o, sf_gw_params *p, sf_gw_err *e)
     return 0;
 }
 
-static int parse_prompt(json_t *o, sf_gw_params *p, sf_gw_err *e)
+/* One prompt: a string or an array of token ids (`where` names it in messages). */
+static int parse_one_prompt(json_t *v, const char *where, sf_gw_prompt *out, sf_gw_err *e)
 {
-    json_t *v = json_object_get(o, "prompt");
-    if (!v || json_is_null(v)) return BAD("prompt", "'prompt' is required (a string or an array of token ids)");
-    if (json_is_array(v) && json_array_size(v) == 1 &&
-        (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0))))
-        v = json_array_get(v, 0); /* ["text"] or [[1,2,3]]: one prompt in a batch of one */
     if (json_is_string(v)) {
-        p->prompt = json_string_value(v);
-        p->prompt_len = json_string_length(v);
+        out->text = json_string_value(v);
+        out->len = json_string_length(v);
         return 0;
     }
     if (!json_is_array(v))
-        return BAD("prompt", "'prompt' must be a string, an array of token ids, or an array with one of those");
+        return BAD("prompt", "'%s' must be a string or an array of token ids", where);
     size_t n = json_array_size(v);
-    if (n == 0) return BAD("prompt", "'prompt' is empty");
-    if (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0)))
-        return BAD("prompt", "'prompt' holds %zu prompts; send one prompt per request (use 'n' for several "
-                             "completions of one prompt)", n);
-    if (n > 10000000) return BAD("prompt", "'prompt' holds too many token ids");
-    p->prompt_ids = malloc(n * sizeof *p->prompt_ids);
-    if (!p->prompt_ids) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (n == 0) return BAD("prompt", "'%s' is empty", where);
+    if (n > 10000000) return BAD("prompt", "'%s' holds too many token ids", where);
+    if (!(out->ids = malloc(n * sizeof *out->ids))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
     for (size_t i = 0; i < n; i++) {
         json_t *x = json_array_get(v, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT32_MAX)
-            return BAD("prompt", "'prompt[%zu]' must be a non-negative token id", i);
-        p->prompt_ids[i] = (int32_t)json_integer_value(x);
+            return BAD("prompt", "'%s[%zu]' must be a non-negative token id", where, i);
+        out->ids[i] = (int32_t)json_integer_value(x);
     }
-    p->n_prompt_ids = (int)n;
+    out->n_ids = (int)n;
+    return 0;
+}
+
+/* prompt: "text", [ids], or a batch of them (["a", "b"], [[1, 2], [3]]), OpenAI's forms */
+static int parse_prompt(json_t *o, sf_gw_params *p, sf_gw_err *e)
+{
+    json_t *v = json_object_get(o, "prompt");
+    if (!v || json_is_null(v)) return BAD("prompt", "'prompt' is required (a string, an array of token ids, or an array of those)");
+    size_t n = 1;
+    int batch = json_is_array(v) && json_array_size(v) > 0 &&
+                (json_is_string(json_array_get(v, 0)) || json_is_array(json_array_get(v, 0)));
+    if (batch) n = json_array_size(v);
+    if (n > SF_GW_MAX_PROMPTS)
+        return BAD("prompt", "'prompt' holds %zu prompts; at most %d in one request", n, SF_GW_MAX_PROMPTS);
+    if (!(p->prompts = calloc(n, sizeof *p->prompts))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+    p->n_prompts = (int)n;
+    for (size_t i = 0; i < n; i++) {
+        char where[32];
+        if (batch) snprintf(where, sizeof where, "prompt[%zu]", i);
+        else snprintf(where, sizeof where, "prompt");
+        int rc = parse_one_prompt(batch ? json_array_get(v, i) : v, where, &p->prompts[i], e);
+        if (rc) return rc;
+    }
     return 0;
 }
 
@@ -468,6 +483,11 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     x = 1;
     if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
     p->n = (int)x;
+    if (p->n_prompts * p->n > SF_GW_MAX_CHOICES) {
+        rc = BAD("n", "%d prompts x n = %d choices; at most %d in one request", p->n_prompts, p->n_prompts * p->n,
+                 SF_GW_MAX_CHOICES);
+        goto fail;
+    }
     if ((rc = get_bool(o, "stream", &p->stream, e))) goto fail;
     json_t *so = json_object_get(o, "stream_options");
     if (so && !json_is_null(so)) {
@@ -528,7 +548,8 @@ void sf_gw_params_free(sf_gw_params *p)
     free(p->msg_calls);
     free(p->tools);
     free(p->msgs);
-    free(p->prompt_ids);
+    for (int i = 0; p->prompts && i < p->n_prompts; i++) free(p->prompts[i].ids);
+    free(p->prompts);
     free(p->bias);
     free(p->schema);
     json_decref(p->root);

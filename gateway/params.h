@@ -32,17 +32,26 @@ enum { SF_GW_COMPLETIONS = 0, SF_GW_CHAT = 1 };
 enum { SF_GW_TOOLS_NONE = 0, SF_GW_TOOLS_AUTO, SF_GW_TOOLS_REQUIRED, SF_GW_TOOLS_NAMED };
 #define SF_GW_MAX_TOOLS 128
 #define SF_GW_MAX_N 16
+#define SF_GW_MAX_PROMPTS 256      /* completions: prompts in one request (OpenAI's batch form) */
+#define SF_GW_MAX_CHOICES 1024     /* prompts x n */
 #define SF_GW_MAX_TOKENS_LIMIT 1000000
+
+/* One completions prompt: text (into the parsed body) or token ids (malloc'd). */
+typedef struct sf_gw_prompt {
+    const char *text;
+    size_t len;
+    int32_t *ids;
+    int n_ids;
+} sf_gw_prompt;
 
 typedef struct sf_gw_params {
     int kind;                 /* SF_GW_* */
     json_t *root;             /* the parsed body; strings below point into it */
     const char *model;        /* NULL: not given */
-    /* completions: exactly one of prompt / prompt_ids */
-    const char *prompt;
-    size_t prompt_len;
-    int32_t *prompt_ids;      /* malloc'd */
-    int n_prompt_ids;
+    /* completions: the prompts (a string, token ids, or an array of either: each gets n choices,
+     * indexed prompt * n + choice as OpenAI indexes them); malloc'd */
+    sf_gw_prompt *prompts;
+    int n_prompts;
     /* chat */
     sf_chat_msg *msgs;        /* malloc'd array; strings point into root or into msg_text */
     char **msg_text;          /* joined content parts, malloc'd per message (or NULL) */

@@ -104,13 +104,13 @@ void gw_req_on_event(const sf_event *ev)
 void gw_req_free(gw_req *r)
 {
     for (int i = 0; i < r->qn; i++) free(r->q[i].text), free(r->q[i].message), gw_plp_free(r->q[i].plp);
-    free(r->echo_text);
     free(r->q);
     for (int i = 0; i < r->n; i++) {
         free(r->ch[i].text);
         free(r->ch[i].error);
         json_decref(r->ch[i].lp);
         json_decref(r->ch[i].plp);
+        free(r->ch[i].echo);
         json_decref(r->ch[i].calls);
         free(r->ch[i].said);
     }
@@ -263,7 +263,7 @@ static json_t *vllm_plp(const gw_req *r, const gw_plp *pl)
  * the first with no logprob (nothing precedes it). A token's offset is the length of the text
  * the tokens before it decode to (special tokens skipped), so it indexes the echoed prompt as
  * the output's offsets index what follows it. */
-static json_t *echo_lp(gw_req *r, const gw_plp *pl)
+static json_t *echo_lp(gw_req *r, const gw_choice *c, const gw_plp *pl)
 {
     json_t *lp = cmpl_lp_new();
     const int k = SF_MIN(r->top_logprobs, pl->k);
@@ -288,7 +288,7 @@ static json_t *echo_lp(gw_req *r, const gw_plp *pl)
             free(s);
         }
         json_array_append_new(json_object_get(lp, "top_logprobs"), top);
-        json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)SF_MIN(off, r->echo_len)));
+        json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)SF_MIN(off, c->echo_len)));
         if (t) sf_detok_push(&d, pl->ids[i], &dec, &off);
         else off += n;
         free(ts);
@@ -369,7 +369,7 @@ static void stream_echo(gw_req *r, gw_choice *c, json_t *elp, json_t *plp)
         if (plp) json_object_set_new(chunk, "prompt_logprobs", plp);
     } else {
         choice = json_pack("{s:i, s:o, s:o, s:n}", "index", c->idx, "text",
-                           gw_json_text(r->echo ? r->echo_text : "", r->echo ? r->echo_len : 0), "logprobs",
+                           gw_json_text(r->echo ? c->echo : "", r->echo ? c->echo_len : 0), "logprobs",
                            elp ? elp : json_null(), "finish_reason");
         elp = NULL;
         if (plp) json_object_set_new(choice, "prompt_logprobs", plp);
@@ -377,14 +377,14 @@ static void stream_echo(gw_req *r, gw_choice *c, json_t *elp, json_t *plp)
     json_decref(elp);
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     sse_send(r, chunk);
-    if (r->echo) c->len = r->echo_len; /* the output's offsets follow the prompt's text */
+    if (r->echo) c->len = c->echo_len; /* the output's offsets follow the prompt's text */
 }
 
 /* SF_EV_PROMPT: the prompt's scores, before any token of the choice */
 static void on_prompt(gw_req *r, gw_choice *c, const gw_ev *e)
 {
     json_t *plp = r->prompt_logprobs >= 0 && e->plp ? vllm_plp(r, e->plp) : NULL;
-    json_t *elp = r->echo && r->logprobs && e->plp ? echo_lp(r, e->plp) : NULL;
+    json_t *elp = r->echo && r->logprobs && e->plp ? echo_lp(r, c, e->plp) : NULL;
     if (r->stream) {
         stream_echo(r, c, elp, plp);
         return;
@@ -399,7 +399,7 @@ static void on_prompt(gw_req *r, gw_choice *c, const gw_ev *e)
 
 void gw_req_echo_whole(gw_req *r)
 {
-    for (int i = 0; r->echo && i < r->n; i++) append_text(&r->ch[i], r->echo_text, r->echo_len);
+    for (int i = 0; r->echo && i < r->n; i++) append_text(&r->ch[i], r->ch[i].echo, r->ch[i].echo_len);
 }
 
 static void append_text(gw_choice *c, const char *s, size_t n)
@@ -611,7 +611,6 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
             c->done = 1;
             c->finish = e->finish;
             if (e->completion_tokens > c->completion_tokens) c->completion_tokens = e->completion_tokens;
-            if (e->prompt_tokens > 0) r->prompt_tokens = e->prompt_tokens;
             if (e->type == SF_EV_ERROR) c->error = e->message, e->message = NULL;
             r->engine_refs--;
             sf_hist_observe(&m->e2e, e->t - r->t0);

@@ -64,22 +64,27 @@ static int starts_with_bos(const sf_tokenizer *t, const char *text)
     return piece && *piece && !strncmp(text, piece, strlen(piece));
 }
 
-int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int32_t **ids, int *n, sf_gw_err *e)
+int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int which, int32_t **ids, int *n, sf_gw_err *e)
 {
     const sf_tokenizer *t = sf_engine_tokenizer(engine);
+    const sf_gw_prompt *pr = p->kind == SF_GW_CHAT ? NULL : &p->prompts[which];
     sf_error err = { 0 };
     size_t nn = 0;
     *ids = NULL;
-    if (p->prompt_ids) {
+    if (pr && pr->ids) {
         int vocab = sf_tok_vocab_size(t);
-        for (int i = 0; i < p->n_prompt_ids; i++)
-            if (p->prompt_ids[i] >= vocab)
-                return sf_gw_fail(e, 400, "invalid_request_error", NULL, "prompt",
-                                  "'prompt[%d]' is token id %d; the vocabulary has %d tokens", i, p->prompt_ids[i], vocab);
-        *ids = malloc(sizeof **ids * (size_t)(p->n_prompt_ids ? p->n_prompt_ids : 1));
+        for (int i = 0; i < pr->n_ids; i++)
+            if (pr->ids[i] >= vocab)
+                return p->n_prompts > 1
+                           ? sf_gw_fail(e, 400, "invalid_request_error", NULL, "prompt",
+                                        "'prompt[%d][%d]' is token id %d; the vocabulary has %d tokens", which, i,
+                                        pr->ids[i], vocab)
+                           : sf_gw_fail(e, 400, "invalid_request_error", NULL, "prompt",
+                                        "'prompt[%d]' is token id %d; the vocabulary has %d tokens", i, pr->ids[i], vocab);
+        *ids = malloc(sizeof **ids * (size_t)(pr->n_ids ? pr->n_ids : 1));
         if (!*ids) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        memcpy(*ids, p->prompt_ids, sizeof **ids * (size_t)p->n_prompt_ids);
-        *n = p->n_prompt_ids;
+        memcpy(*ids, pr->ids, sizeof **ids * (size_t)pr->n_ids);
+        *n = pr->n_ids;
         return SF_OK;
     }
     if (!t) return sf_gw_fail(e, 400, "invalid_request_error", NULL, "prompt",
@@ -93,7 +98,7 @@ int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int32_t **ids, 
         rc = sf_tok_encode(t, text, strlen(text), !starts_with_bos(t, text), ids, &nn, &err);
         free(text);
     } else {
-        rc = sf_tok_encode(t, p->prompt, p->prompt_len, 1, ids, &nn, &err);
+        rc = sf_tok_encode(t, pr->text, pr->len, 1, ids, &nn, &err);
     }
     if (rc) return sf_gw_fail(e, 400, "invalid_request_error", NULL, p->kind == SF_GW_CHAT ? "messages" : "prompt",
                               "tokenizing the prompt: %s", err.msg);
@@ -157,7 +162,10 @@ void gw_route_tokenize(sf_gateway *gw, struct evhttp_request *req, sf_engine *en
         gw_send_error(req, &e, 0);
         goto done;
     }
-    int rc = gw_tokenize_prompt(engine, &p, &ids, &n, &e);
+    int rc = kind == SF_GW_COMPLETIONS && p.n_prompts > 1
+                 ? sf_gw_fail(&e, 400, "invalid_request_error", NULL, "prompt", "/tokenize takes one prompt; this has %d",
+                              p.n_prompts)
+                 : gw_tokenize_prompt(engine, &p, 0, &ids, &n, &e);
     sf_gw_params_free(&p);
     if (rc) {
         gw_send_error(req, &e, 0);

@@ -501,6 +501,37 @@ def test_prompt_logprobs(s):
     check("chat_prompt_logprobs_stream", st == 200 and done and got == [pl], got)
 
 
+def test_prompt_batch(s):
+    """OpenAI's batch form: several prompts in one completions request, n choices each, indexed
+    prompt * n + choice; each choice equals the same prompt sent alone; usage counts each prompt
+    once; streamed equals whole; evaluation harnesses' shape (token-id prompts, echo, logprobs,
+    max_tokens 0)."""
+    a, b = "Once upon a time", "The quick brown fox"
+    na = s.json("/tokenize", {"prompt": a})[2].get("count")
+    nb = s.json("/tokenize", {"prompt": b})[2].get("count")
+    base = {"max_tokens": 3, "temperature": 0, "ignore_eos": True}
+    alone = [s.json("/v1/completions", dict(base, prompt=x))[2]["choices"][0]["text"] for x in (a, b)]
+    st, _, r = s.json("/v1/completions", dict(base, prompt=[a, b], n=2))
+    ch = sorted(r.get("choices", []), key=lambda c: c["index"]) if st == 200 else []
+    check("prompt_batch_choices", st == 200 and [c["index"] for c in ch] == [0, 1, 2, 3] and
+          [c["text"] for c in ch] == [alone[0], alone[0], alone[1], alone[1]], (r, alone))
+    check("prompt_batch_usage", st == 200 and r["usage"]["prompt_tokens"] == na + nb and
+          r["usage"]["completion_tokens"] == 12, r.get("usage"))
+    st, ev, done = s.stream("/v1/completions", dict(base, prompt=[a, b], n=2, stream=True))
+    streamed = ["".join(e["choices"][0]["text"] for e in ev if e.get("choices") and e["choices"][0]["index"] == i)
+                for i in range(4)]
+    check("prompt_batch_stream", st == 200 and done and streamed == [c["text"] for c in ch], (streamed, ch))
+    ids = [s.json("/tokenize", {"prompt": x})[2]["tokens"] for x in (a, b)]
+    st, _, r = s.json("/v1/completions", {"prompt": ids, "echo": True, "max_tokens": 0, "logprobs": 1, "temperature": 0,
+                                          "seed": 1234, "return_tokens_as_token_ids": True})
+    ch = sorted(r.get("choices", []), key=lambda c: c["index"]) if st == 200 else []
+    check("prompt_batch_scored", st == 200 and len(ch) == 2 and
+          all(c["logprobs"]["tokens"] == ["token_id:%d" % t for t in ids[i]] and c["logprobs"]["token_logprobs"][0] is None
+              and all(x is not None and x <= 0 for x in c["logprobs"]["token_logprobs"][1:]) and
+              c["finish_reason"] == "length" for i, c in enumerate(ch)) and
+          r["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1]) and r["usage"]["completion_tokens"] == 0, r)
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -514,7 +545,11 @@ def test_bad_inputs(s, model):
         ("body_not_object", "POST", "/v1/completions", b"[1, 2]", None, 400),
         ("prompt_missing", "POST", "/v1/completions", {"max_tokens": 3}, None, 400),
         ("prompt_wrong_type", "POST", "/v1/completions", {"prompt": {"a": 1}}, None, 400),
-        ("prompt_many", "POST", "/v1/completions", {"prompt": ["a", "b"]}, None, 400),
+        ("prompts_too_many", "POST", "/v1/completions", {"prompt": ["a"] * 300}, None, 400),
+        ("prompts_times_n_too_many", "POST", "/v1/completions", {"prompt": ["a"] * 100, "n": 16}, None, 400),
+        ("prompts_bad_token_id", "POST", "/v1/completions", {"prompt": [[1, 2], [3, 99999999]]}, None, 400),
+        ("prompts_empty_ids", "POST", "/v1/completions", {"prompt": [[1, 2], []]}, None, 400),
+        ("tokenize_two_prompts", "POST", "/tokenize", {"prompt": ["a", "b"]}, None, 400),
         ("prompt_bad_token_id", "POST", "/v1/completions", {"prompt": [1, 99999999]}, None, 400),
         ("max_tokens_string", "POST", "/v1/completions", {"prompt": "a", "max_tokens": "5"}, None, 400),
         ("max_tokens_negative", "POST", "/v1/completions", {"prompt": "a", "max_tokens": -1}, None, 400),
@@ -707,6 +742,7 @@ def main():
         test_json_mode(s)
         test_tools(s)
         test_prompt_logprobs(s)
+        test_prompt_batch(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)
