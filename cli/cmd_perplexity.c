@@ -261,6 +261,7 @@ int sf_cmd_perplexity(int argc, char **argv)
         printf("\nsemflow: %s on %s | %ld windows of %d tokens, %ld scored | perplexity %.4f +/- %.4f | %.2f s "
                "(%.0f tokens/s)\n",
                info.model_name, info.backend, n, wl, scored, exp(mean), se, secs, (double)n * wl / (secs > 0 ? secs : 1e-9));
+        printf("Final estimate: PPL = %.4f +/- %.5f\n", exp(mean), se); /* llama.cpp's last line, for its scripts */
     }
     rc = 0;
 out:

@@ -43,6 +43,7 @@ typedef struct sf_flight {
     int slot;                    /* its half of e->ids and e->row_seq */
     int k;                       /* logit rows */
     int n_scored;                /* the last of them, scored on the backend at the take */
+    int k_draw;                  /* the first of them, the next-token rows (the rest: scored positions) */
     int n_tokens, n_decode, n_prefill;
     int decode;                  /* every sequence brought one token */
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
@@ -141,7 +142,7 @@ struct sf_engine {
     FILE *trace;                /* --sched-trace (engine thread only) */
     double t_start;
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
-    uint64_t decode_steps, decode_tokens, rows_dev, rows_host;
+    uint64_t decode_steps, decode_tokens, rows_dev, rows_host, rows_scored, rows_scored_dev;
     sf_turn_clock dclk;         /* summed over decode turns */
     uint32_t *step_hist;        /* [2 * SF_STEP_HIST] decode turn durations, then their idle gaps */
 };

@@ -194,6 +194,8 @@ static void update_stats(sf_engine *e)
     }
     e->st.rows_sampled_backend = e->rows_dev;
     e->st.rows_sampled_host = e->rows_host;
+    e->st.prompt_tokens_scored = e->rows_scored;
+    e->st.prompt_tokens_scored_backend = e->rows_scored_dev;
     e->win_tokens += e->n_tokens_out - e->st_tokens_seen;
     e->win_finished += e->n_finished - e->st.finished;
     e->st_tokens_seen = e->n_tokens_out;

@@ -229,9 +229,11 @@ typedef struct sf_engine_stats {
      * decode_*: the same over steps in which every sequence brought one token; decode_enqueue_s
      * is the part of decode_host_s the backend spent enqueuing the step's work (launches, or the
      * check of a CUDA graph replay), which may overlap the device's work on earlier kernels.
-     * Rows sampled on the backend (only ids came back) and on the host (logits copied). */
+     * Rows sampled on the backend (only ids came back) and on the host (logits copied); prompt
+     * positions scored (prompt logprobs), and of them on the backend (only results came back). */
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
     uint64_t decode_steps, decode_step_tokens, rows_sampled_backend, rows_sampled_host;
+    uint64_t prompt_tokens_scored, prompt_tokens_scored_backend;
     /* CUDA backend: decode-step graphs captured and replayed, and steps that ran op by op */
     long graphs_captured, graph_replays, graph_fallbacks;
     /* KV demand the degrade policy watches (docs/SCHEDULER.md): units admitted work holds or

@@ -329,6 +329,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     /* scored on the backend where it can (only their results cross PCIe); else read with the
      * drawn rows and scored here, which takes the whole step to the host */
     f->n_scored = k > k_draw && e->dev_score ? k - k_draw : 0;
+    f->k_draw = k_draw;
     b.n_scored = f->n_scored;
     if (k > k_draw && !f->n_scored) on_dev = 0;
     f->k = k;
@@ -417,8 +418,10 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
         return 0;
     }
     if (!f->committed) sf_sched_commit(&e->sched);
-    if (f->on_dev) e->rows_dev += (uint64_t)f->k;
-    else e->rows_host += (uint64_t)f->k;
+    if (f->on_dev) e->rows_dev += (uint64_t)f->k_draw;
+    else e->rows_host += (uint64_t)f->k_draw;
+    e->rows_scored += (uint64_t)(f->k - f->k_draw);
+    e->rows_scored_dev += (uint64_t)f->n_scored;
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
     const int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits;
     const int32_t *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;

@@ -169,6 +169,11 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
             "Swapped-out sequences whose KV never came back (they ended while out, or the copy failed).",
             st.swaps_dropped);
     counter(out, "semflow_engine_finished_total", "Sequences finished.", st.finished);
+    counter(out, "semflow_engine_prompt_tokens_scored_total",
+            "Prompt positions scored for their logprobs (echo with logprobs, prompt_logprobs, perplexity).",
+            st.prompt_tokens_scored);
+    counter(out, "semflow_engine_prompt_tokens_scored_backend_total",
+            "Of those, scored by the backend (only the results crossed to the host).", st.prompt_tokens_scored_backend);
     counter(out, "semflow_engine_cancelled_total", "Sequences cancelled.", st.cancelled);
     fprintf(out, "# HELP semflow_sched_decisions_total Scheduler policy decisions: relax (a low-urgency request's "
                  "targets relaxed under KV pressure), kv_int8 (a new low-urgency sequence given INT8 KV), restore "

@@ -62,7 +62,9 @@ def main():
     human = subprocess.run([BIN, "perplexity", "--model", model, "--file", files["story"], "--ctx", "64", "--threads", "1"],
                            capture_output=True, text=True, timeout=300)
     check("perplexity_text_output", human.returncode == 0 and "[1]" in human.stdout and
-          ("perplexity %.4f" % story["perplexity"]) in human.stdout, human.stdout[-300:])
+          ("perplexity %.4f" % story["perplexity"]) in human.stdout and
+          human.stdout.strip().splitlines()[-1].startswith("Final estimate: PPL = %.4f +/- " % story["perplexity"]),
+          human.stdout[-300:])
 
     bad_utf8 = os.path.join(d, "bad.txt")
     with open(bad_utf8, "wb") as f:

@@ -446,7 +446,11 @@ def test_prompt_logprobs(s):
     text = s.json("/detokenize", {"tokens": full})[2].get("prompt")
     body = {"prompt": full, "echo": True, "max_tokens": 0, "logprobs": 3, "prompt_logprobs": 3,
             "return_tokens_as_token_ids": True}
+    m0 = [s.metric("semflow_engine_prompt_tokens_scored%s_total" % k) for k in ("", "_backend")]
     st, _, b = s.json("/v1/completions", body)
+    m1 = [s.metric("semflow_engine_prompt_tokens_scored%s_total" % k) for k in ("", "_backend")]
+    check("prompt_scored_metrics", None not in m0 + m1 and m1[0] - m0[0] == len(full) - 1 and
+          m1[1] - m0[1] == len(full) - 1, (m0, m1, len(full)))
     c = b["choices"][0] if st == 200 else {}
     blp = c.get("logprobs") or {}
     n = len(ids)
