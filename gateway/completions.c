@@ -84,25 +84,25 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
         sf_gw_fail(&e, 500, "server_error", NULL, NULL, "out of memory");
         goto reject;
     }
-    for (int w = 0; w < np; w++) {
-        if (gw_tokenize_prompt(engine, &p, w, &ids[w], &n_ids[w], &e)) goto reject;
-        total_ids += n_ids[w];
+    for (int k = 0; k < np; k++) {
+        if (gw_tokenize_prompt(engine, &p, k, &ids[k], &n_ids[k], &e)) goto reject;
+        total_ids += n_ids[k];
     }
     if (sf_gw_force_call(&p, sf_tok_chat_format(sf_engine_tokenizer(engine)) == SF_CHAT_LLAMA3, &e)) goto reject;
-    for (int w = 0; w < np; w++) {
+    for (int k = 0; k < np; k++) {
         char which[32] = "";
-        if (np > 1) snprintf(which, sizeof which, " (prompt %d)", w);
-        if (n_ids[w] >= gw->max_model_len) {
+        if (np > 1) snprintf(which, sizeof which, " (prompt %d)", k);
+        if (n_ids[k] >= gw->max_model_len) {
             sf_gw_fail(&e, 400, "invalid_request_error", "context_length_exceeded", kind == SF_GW_CHAT ? "messages" : "prompt",
                        "the prompt%s is %d tokens; this model's context is %d tokens, which must also hold the output",
-                       which, n_ids[w], gw->max_model_len);
+                       which, n_ids[k], gw->max_model_len);
             goto reject;
         }
-        if (p.max_tokens_given && n_ids[w] + p.sampling.max_tokens > gw->max_model_len) {
+        if (p.max_tokens_given && n_ids[k] + p.sampling.max_tokens > gw->max_model_len) {
             sf_gw_fail(&e, 400, "invalid_request_error", "context_length_exceeded", "max_tokens",
                        "this model's context is %d tokens; the prompt%s is %d and max_tokens asks for %d more; lower "
-                       "max_tokens to at most %d", gw->max_model_len, which, n_ids[w], p.sampling.max_tokens,
-                       gw->max_model_len - n_ids[w]);
+                       "max_tokens to at most %d", gw->max_model_len, which, n_ids[k], p.sampling.max_tokens,
+                       gw->max_model_len - n_ids[k]);
             goto reject;
         }
     }
@@ -179,13 +179,13 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     int rc = SF_OK;
     sf_error serr = { 0 };
     for (int i = 0; i < nc; i++) {
-        const int w = i / p.n, j = i % p.n;
+        const int pi = i / p.n, j = i % p.n; /* prompt, its choice */
         r->ch[i].req = r;
         r->ch[i].idx = i;
-        s.prompt = ids[w];
-        s.n_prompt = n_ids[w];
+        s.prompt = ids[pi];
+        s.n_prompt = n_ids[pi];
         if (!p.max_tokens_given) { /* the rest of the context; for completions OpenAI's 16 at most */
-            s.sampling.max_tokens = gw->max_model_len - n_ids[w];
+            s.sampling.max_tokens = gw->max_model_len - n_ids[pi];
             if (kind == SF_GW_COMPLETIONS && s.sampling.max_tokens > 16) s.sampling.max_tokens = 16;
         }
         if (p.n > 1 && p.sampling.has_seed) s.sampling.seed = p.sampling.seed + (uint64_t)j;
