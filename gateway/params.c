@@ -507,7 +507,7 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
         if ((rc = get_bool(o, "add_generation_prompt", &p->add_generation_prompt, e))) goto fail;
     } else {
         x = -1;
-        if ((rc = get_int(o, "logprobs", 0, 5, &x, e))) goto fail;
+        if ((rc = get_int(o, "logprobs", 0, SF_MAX_LOGPROBS, &x, e))) goto fail;
         if (x >= 0) p->logprobs = 1, p->top_logprobs = (int)x;
     }
     if (p->logprobs) s->logprobs = p->top_logprobs > 0 ? p->top_logprobs : -1;

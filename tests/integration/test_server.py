@@ -489,6 +489,10 @@ def test_prompt_logprobs(s):
     # echo, logprobs and output: the prompt's entries, then the output's with offsets past the prompt
     st, _, r = s.json("/v1/completions", dict(body, n=1, logprobs=1))
     elp = r["choices"][0]["logprobs"] if st == 200 else {}
+    st20, _, r20 = s.json("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "logprobs": 20, "temperature": 0,
+                                              "return_tokens_as_token_ids": True})  # ids: no two tops share a key
+    check("completions_logprobs_20", st20 == 200 and all(len(t) == 20 for t in r20["choices"][0]["logprobs"]["top_logprobs"]),
+          r20)
     check("echo_logprobs_then_output", st == 200 and len(elp["tokens"]) == r["usage"]["prompt_tokens"] + 4 and
           elp["token_logprobs"][0] is None and all(x is not None for x in elp["token_logprobs"][1:]) and
           elp["text_offset"][-4] == len("Once upon a time") and
