@@ -24,4 +24,10 @@ SF_CMD(sf_cmd_bench_kv_quality); /* `semflow bench kv-quality` (cmd_bench_kv.c) 
  * and the flag on stderr and -1 (cli/args.c). */
 int sf_cli_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);
 
+/* The engine flags the offline commands share (--backend, --threads, --load-format) into c:
+ * 1 when `flag` was one of them and v was good, -1 (a message on stderr) when v was not, 0 when
+ * `flag` is another. */
+struct sf_engine_config;
+int sf_cli_engine_flag(const char *cmd, const char *flag, const char *v, struct sf_engine_config *c);
+
 #endif

@@ -161,6 +161,9 @@ int sf_cmd_generate(int argc, char **argv)
         const char *v = argv[++i];
         long l;
         double d;
+        int ef = sf_cli_engine_flag("generate", a, v, &cfg);
+        if (ef < 0) return 2;
+        if (ef) continue;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--prompt")) prompt = v;
         else if (!strcmp(a, "--max-tokens")) {
@@ -198,15 +201,6 @@ int sf_cmd_generate(int argc, char **argv)
                 return 2;
             }
             sp.stop[sp.n_stop++] = (char *)v;
-        } else if (!strcmp(a, "--backend")) {
-            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda")) {
-                fprintf(stderr, "semflow generate: --backend '%s': use auto, cpu or cuda\n", v);
-                return 2;
-            }
-            cfg.backend = v;
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_long(a, v, 1, 4096, &l)) return 2;
-            cfg.n_threads = (int)l;
         } else if (!strcmp(a, "--tensor-parallel-size")) {
             if (parse_long(a, v, 1, 64, &l)) return 2;
             cfg.tensor_parallel = (int)l;
@@ -215,12 +209,6 @@ int sf_cmd_generate(int argc, char **argv)
             cfg.max_model_len = (int)l;
         } else if (!strcmp(a, "--json-schema")) {
             schema_arg = v;
-        } else if (!strcmp(a, "--load-format")) {
-            if (!strcmp(v, "dummy")) cfg.load_dummy = 1;
-            else if (strcmp(v, "auto")) {
-                fprintf(stderr, "semflow generate: --load-format '%s': use auto or dummy\n", v);
-                return 2;
-            }
         } else {
             fprintf(stderr, "semflow generate: unknown option '%s' (see semflow generate --help)\n", a);
             return 2;

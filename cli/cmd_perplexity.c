@@ -103,6 +103,9 @@ int sf_cmd_perplexity(int argc, char **argv)
         }
         const char *v = argv[++i];
         long l;
+        int ef = sf_cli_engine_flag("perplexity", a, v, &cfg);
+        if (ef < 0) return 2;
+        if (ef) continue;
         if (!strcmp(a, "--model")) model = v;
         else if (!strcmp(a, "--file")) file = v;
         else if (!strcmp(a, "--ctx")) {
@@ -115,21 +118,6 @@ int sf_cmd_perplexity(int argc, char **argv)
         } else if (!strcmp(a, "--max-logit-rows")) {
             if (parse_long(a, v, 1, 65536, &l)) return 2;
             cfg.max_logits = (int)l;
-        } else if (!strcmp(a, "--backend")) {
-            if (strcmp(v, "auto") && strcmp(v, "cpu") && strcmp(v, "cuda")) {
-                fprintf(stderr, "semflow perplexity: --backend '%s': use auto, cpu or cuda\n", v);
-                return 2;
-            }
-            cfg.backend = v;
-        } else if (!strcmp(a, "--load-format")) {
-            if (!strcmp(v, "dummy")) cfg.load_dummy = 1;
-            else if (strcmp(v, "auto")) {
-                fprintf(stderr, "semflow perplexity: --load-format '%s': use auto or dummy\n", v);
-                return 2;
-            }
-        } else if (!strcmp(a, "--threads")) {
-            if (parse_long(a, v, 1, 4096, &l)) return 2;
-            cfg.n_threads = (int)l;
         } else {
             fprintf(stderr, "semflow perplexity: unknown option '%s' (see semflow perplexity --help)\n", a);
             return 2;
