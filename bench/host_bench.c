@@ -10,7 +10,8 @@
 #include <time.h>
 
 #include "engine/json_mask.h"
-#include "engine/sampler.h"
+#include "engine/engine.h"
+#include "kernels/cpu/cpu.h"
 #include "engine/tokenizer.h"
 #include "hal/hal.h"
 #include "tests/lib/quant_ref.h"
@@ -49,7 +50,7 @@ static void dequant(void)
     free(out);
 }
 
-/* One scored prompt position (engine/sampler.h sf_sampler_score): what the engine does on the
+/* One scored prompt position (kernels/cpu/score.c sf_cpu_score_row): what the engine does on the
  * host for each logit row of a scored prompt. */
 static void score(void)
 {
@@ -68,8 +69,9 @@ static void score(void)
                 for (int row = 0; row < R; row++) {
                     float lp;
                     int32_t rank;
-                    sf_logprob top[SF_MAX_LOGPROBS];
-                    sf_sampler_score(l + (size_t)row * V, V, (row * 7919) % V, k, &lp, &rank, top);
+                    int32_t top_id[SF_MAX_LOGPROBS];
+                    float top_lp[SF_MAX_LOGPROBS];
+                    sf_cpu_score_row(l + (size_t)row * V, V, (row * 7919) % V, k, &lp, &rank, top_id, top_lp);
                 }
                 double dt = (now() - t0) / R;
                 if (dt < best) best = dt;

@@ -2,6 +2,8 @@
  * thread) sampled token → detokenized text → stop checks → events. See request.h. */
 #include "request.h"
 
+#include "kernels/cpu/cpu.h"
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -282,10 +284,10 @@ void sf_request_finish(sf_request *r, int reason, int status, const char *messag
 void sf_request_score(sf_request *r, int pos, const float *row, int vocab)
 {
     if (!r->plp || pos < 0 || pos + 1 >= r->seq.n_prompt) return;
-    const int i = pos + 1;
-    int n = sf_sampler_score(row, vocab, r->seq.tokens[i], r->plk, &r->plp[i], &r->prank[i],
-                             r->ptop ? r->ptop + (size_t)i * r->plk : NULL);
-    for (int k = n; k < r->plk; k++) r->ptop[(size_t)i * r->plk + k] = (sf_logprob){ -1, -INFINITY };
+    float lp, top_lp[SF_MAX_LOGPROBS];
+    int32_t rank, top_id[SF_MAX_LOGPROBS];
+    sf_cpu_score_row(row, vocab, r->seq.tokens[pos + 1], r->plk, &lp, &rank, top_id, top_lp); /* the score op's reference */
+    sf_request_score_put(r, pos, lp, rank, top_id, top_lp, r->plk);
 }
 
 void sf_request_score_put(sf_request *r, int pos, float lp, int32_t rank, const int32_t *top_id, const float *top_lp,

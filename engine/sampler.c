@@ -224,13 +224,3 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
     }
     return id;
 }
-
-int sf_sampler_score(const float *l, int vocab, int32_t id, int k, float *logprob, int32_t *rank, sf_logprob *top)
-{
-    int32_t id_[SF_MAX_LOGPROBS];
-    float v[SF_MAX_LOGPROBS];
-    k = SF_MIN(SF_MAX(k, 0), SF_MAX_LOGPROBS);
-    int n = sf_cpu_score_row(l, vocab, id, k, logprob, rank, id_, v);
-    for (int i = 0; i < n; i++) top[i] = (sf_logprob){ id_[i], v[i] };
-    return n;
-}

@@ -52,11 +52,6 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
 int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
                    int *n_pen, int *cap_pen);
 
-/* Scores token id under the raw logits l [vocab] (log-softmax, no bias or penalty): its
- * log-probability, its rank (1 + the ids more likely) and the k most likely ids with theirs
- * (top[k], k <= SF_MAX_LOGPROBS). Returns how many top entries were written. */
-int sf_sampler_score(const float *l, int vocab, int32_t id, int k, float *logprob, int32_t *rank, sf_logprob *top);
-
 /* 1 when choosing this request's tokens needs the whole row of logits on the host
  * (logprobs, JSON mode's mask), so the backend's sampler cannot serve it. */
 int sf_sampler_needs_logits(const sf_sampling *p);

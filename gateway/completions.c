@@ -154,9 +154,12 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     for (int i = 0; r->echo && i < nc; i++) { /* the prompt as given; token ids decoded (special tokens kept) */
         const sf_gw_prompt *pr = &p.prompts[i / p.n];
         gw_choice *c = &r->ch[i];
+        const gw_choice *first = &r->ch[i - i % p.n]; /* its prompt's first choice: decoded once */
         char *dec = NULL;
-        if (pr->text) {
-            if ((c->echo = malloc(pr->len + 1))) memcpy(c->echo, pr->text, pr->len), c->echo_len = pr->len;
+        const char *text = pr->text ? pr->text : first != c ? first->echo : NULL;
+        size_t len = pr->text ? pr->len : first != c ? first->echo_len : 0;
+        if (text) {
+            if ((c->echo = malloc(len + 1))) memcpy(c->echo, text, len), c->echo_len = len;
         } else if (sf_tok_decode(sf_engine_tokenizer(engine), ids[i / p.n], (size_t)n_ids[i / p.n], 0, &dec, NULL) == SF_OK) {
             c->echo = dec, c->echo_len = strlen(dec);
         }

@@ -538,6 +538,11 @@ def test_prompt_batch(s):
               and all(x is not None and x <= 0 for x in c["logprobs"]["token_logprobs"][1:]) and
               c["finish_reason"] == "length" for i, c in enumerate(ch)) and
           r["usage"]["prompt_tokens"] == len(ids[0]) + len(ids[1]) and r["usage"]["completion_tokens"] == 0, r)
+    st, _, r = s.json("/v1/completions", {"prompt": ids, "echo": True, "max_tokens": 0, "n": 2})
+    want = [s.json("/detokenize", {"tokens": x})[2].get("prompt") for x in ids]
+    check("prompt_batch_echo_ids_n2", st == 200 and
+          [c["text"] for c in sorted(r["choices"], key=lambda c: c["index"])] == [want[0], want[0], want[1], want[1]],
+          (r, want))
 
 
 def test_bad_inputs(s, model):
