@@ -73,10 +73,15 @@ def main():
                              ("too_short", ["--file", files["story"], "--ctx", "4096"], "lower --ctx"),
                              ("invalid_utf8", ["--file", bad_utf8, "--ctx", "8"], "tokenizing"),
                              ("ctx_out_of_range", ["--file", files["story"], "--ctx", "2"], "--ctx"),
-                             ("no_file", [], "--file is required")):
+                             ("no_file", [], "--file is required"),
+                             ("logit_rows_zero", ["--file", files["story"], "--max-logit-rows", "0"], "--max-logit-rows"),
+                             ("backend_unknown", ["--file", files["story"], "--backend", "gpu"], "use auto, cpu or cuda")):
         r = subprocess.run([BIN, "perplexity", "--model", model, "--threads", "1"] + args, capture_output=True,
                            text=True, timeout=120)
         check("perplexity_" + name, r.returncode == 2 and want in r.stderr, (r.returncode, r.stderr[-300:]))
+    r = subprocess.run([BIN, "serve", "--model", "demo", "--max-logit-rows", "0"], capture_output=True, text=True,
+                       timeout=60)
+    check("serve_max_logit_rows_zero", r.returncode == 2 and "--max-logit-rows" in r.stderr, (r.returncode, r.stderr[-300:]))
     return 1 if results.failures else 0
 
 
