@@ -98,6 +98,14 @@ static inline uint16_t sf_f32_to_bf16(float f) {
 float sf_f16_to_f32(uint16_t h);
 uint16_t sf_f32_to_f16(float f);
 
+/* FNV-1a over s and its terminating NUL, continuing from h: chained calls keep their strings'
+ * boundaries ("ab", "c" and "a", "bc" differ). Not for anything an attacker must not steer. */
+static inline uint64_t sf_hash_str(uint64_t h, const char *s) {
+    h ^= 0xcbf29ce484222325ull;
+    do h = (h ^ (unsigned char)*s) * 0x100000001b3ull; while (*s++);
+    return h;
+}
+
 #define SF_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
 #define SF_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define SF_MAX(a, b) ((a) > (b) ? (a) : (b))

@@ -6,6 +6,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 int sf_kv_pool_init(sf_kv_pool *p, int n_blocks, int block_size, sf_error *err)
 {
@@ -29,8 +31,9 @@ int sf_kv_pool_init(sf_kv_pool *p, int n_blocks, int block_size, sf_error *err)
     /* low ids on top of the stack: a fresh pool hands out 0, 1, 2, ... */
     for (int i = 0; i < n_blocks; i++) p->free_list[i] = n_blocks - 1 - i;
     for (size_t u = 0; u < units; u++) p->half_pos[u] = -1;
-    p->n_free = n_blocks;
+    p->n_free = p->n_stack = n_blocks;
     p->n_free_units = (int)units;
+    p->pc_head = p->pc_tail = -1;
     return SF_OK;
 }
 
@@ -42,7 +45,179 @@ void sf_kv_pool_free(sf_kv_pool *p)
     free(p->half_pos);
     free(p->refcnt);
     free(p->pair_state);
+    free(p->pc_table);
+    free(p->pc_key);
+    free(p->pc_parent);
+    free(p->pc_toks);
+    free(p->pc_reg);
+    free(p->pc_prev);
+    free(p->pc_next);
     memset(p, 0, sizeof *p);
+}
+
+/* ---- prefix cache ----------------------------------------------------------------------- */
+
+int sf_kv_prefix_enable(sf_kv_pool *p, sf_error *err)
+{
+    if (p->pc_on) return SF_OK;
+    size_t n = (size_t)p->n_blocks, cap = 16;
+    while (cap < 2 * n) cap *= 2;
+    p->pc_table = malloc(cap * sizeof *p->pc_table);
+    p->pc_key = malloc(n * sizeof *p->pc_key);
+    p->pc_parent = malloc(n * sizeof *p->pc_parent);
+    p->pc_toks = malloc(n * (size_t)p->block_size * sizeof *p->pc_toks);
+    p->pc_reg = calloc(n, 1);
+    p->pc_prev = malloc(n * sizeof *p->pc_prev);
+    p->pc_next = malloc(n * sizeof *p->pc_next);
+    if (!p->pc_table || !p->pc_key || !p->pc_parent || !p->pc_toks || !p->pc_reg || !p->pc_prev || !p->pc_next)
+        return sf_err(err, SF_ENOMEM, "kv pool: out of memory for the prefix cache's index of %d blocks", p->n_blocks);
+    for (size_t i = 0; i < cap; i++) p->pc_table[i] = -1;
+    p->pc_mask = (uint32_t)(cap - 1);
+    /* a seed per pool: keys cannot be aimed at each other from outside (a lookup still
+     * compares the tokens and parent key, so a collision only costs a miss) */
+    uint64_t seed = 0;
+    if (getentropy(&seed, sizeof seed) != 0) seed = (uint64_t)time(NULL) * 0x9e3779b97f4a7c15ull ^ (uint64_t)getpid();
+    p->pc_seed = seed;
+    p->pc_head = p->pc_tail = -1;
+    p->pc_on = 1;
+    return SF_OK;
+}
+
+static inline uint64_t mix64(uint64_t x)
+{
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+uint64_t sf_kv_prefix_key(const sf_kv_pool *p, uint64_t parent, const int32_t *toks)
+{
+    uint64_t h = mix64(parent ^ p->pc_seed);
+    for (int i = 0; i < p->block_size; i++) h = mix64(h ^ (uint32_t)toks[i]) + (uint64_t)i;
+    return h;
+}
+
+int32_t sf_kv_prefix_find(const sf_kv_pool *p, uint64_t key, uint64_t parent, const int32_t *toks)
+{
+    if (!p->pc_on) return -1;
+    size_t bs = (size_t)p->block_size;
+    for (uint32_t i = (uint32_t)key & p->pc_mask;; i = (i + 1) & p->pc_mask) {
+        int32_t b = p->pc_table[i];
+        if (b < 0) return -1;
+        if (p->pc_key[b] == key && p->pc_parent[b] == parent && !memcmp(p->pc_toks + b * bs, toks, bs * sizeof *toks))
+            return b;
+    }
+}
+
+static void lru_unlink(sf_kv_pool *p, int32_t b)
+{
+    int32_t a = p->pc_prev[b], c = p->pc_next[b];
+    if (a >= 0) p->pc_next[a] = c;
+    else p->pc_head = c;
+    if (c >= 0) p->pc_prev[c] = a;
+    else p->pc_tail = a;
+    p->n_evictable--;
+}
+
+static void lru_push(sf_kv_pool *p, int32_t b)
+{
+    p->pc_prev[b] = p->pc_tail;
+    p->pc_next[b] = -1;
+    if (p->pc_tail >= 0) p->pc_next[p->pc_tail] = b;
+    else p->pc_head = b;
+    p->pc_tail = b;
+    p->n_evictable++;
+}
+
+/* Take b out of the index (linear probing: the entries after it in its run move back). */
+static void unregister(sf_kv_pool *p, int32_t b)
+{
+    uint32_t m = p->pc_mask, i = (uint32_t)p->pc_key[b] & m;
+    while (p->pc_table[i] != b) i = (i + 1) & m;
+    for (uint32_t j = (i + 1) & m;; j = (j + 1) & m) {
+        int32_t c = p->pc_table[j];
+        if (c < 0) break;
+        uint32_t home = (uint32_t)p->pc_key[c] & m;
+        /* c may fill the hole at i when its home is not in (i, j] */
+        if (((j - home) & m) >= ((j - i) & m)) {
+            p->pc_table[i] = c;
+            i = j;
+        }
+    }
+    p->pc_table[i] = -1;
+    p->pc_reg[b] = 0;
+    p->n_registered--;
+}
+
+void sf_kv_prefix_register(sf_kv_pool *p, int32_t b, uint64_t key, uint64_t parent, const int32_t *toks)
+{
+    if (!p->pc_on || b < 0 || b >= p->n_blocks || p->pc_reg[b] || p->pair_state[b] != SF_KV_PAIR_FULL) return;
+    uint32_t i = (uint32_t)key & p->pc_mask;
+    for (; p->pc_table[i] >= 0; i = (i + 1) & p->pc_mask)
+        if (p->pc_key[p->pc_table[i]] == key) return; /* that key is served by another block */
+    size_t bs = (size_t)p->block_size;
+    p->pc_table[i] = b;
+    p->pc_key[b] = key;
+    p->pc_parent[b] = parent;
+    memcpy(p->pc_toks + b * bs, toks, bs * sizeof *toks);
+    p->pc_reg[b] = 1;
+    p->n_registered++;
+}
+
+int sf_kv_prefix_take(sf_kv_pool *p, int32_t b)
+{
+    if (p->refcnt[2 * b] > 0) {
+        p->refcnt[2 * b]++;
+        return 0;
+    }
+    lru_unlink(p, b);
+    p->pair_state[b] = SF_KV_PAIR_FULL;
+    p->refcnt[2 * b] = 1;
+    p->n_free--;
+    p->n_free_units -= 2;
+    return 1;
+}
+
+void sf_kv_prefix_reset(sf_kv_pool *p)
+{
+    if (!p->pc_on) return;
+    while (p->pc_head >= 0) {
+        int32_t b = p->pc_head;
+        lru_unlink(p, b);
+        p->free_list[p->n_stack++] = b;
+    }
+    for (int32_t b = 0; b < p->n_blocks; b++)
+        if (p->pc_reg[b]) p->pc_reg[b] = 0;
+    for (uint32_t i = 0; i <= p->pc_mask; i++) p->pc_table[i] = -1;
+    p->n_registered = 0;
+}
+
+/* A whole free pair, counted out of n_free: a plain one first, else the least recently freed
+ * registered one, which is forgotten. */
+static int32_t take_pair(sf_kv_pool *p)
+{
+    int32_t b;
+    if (p->n_stack) {
+        b = p->free_list[--p->n_stack];
+    } else {
+        b = p->pc_head;
+        lru_unlink(p, b);
+        unregister(p, b);
+        p->pc_evictions++;
+    }
+    p->n_free--;
+    return b;
+}
+
+/* Pair b has no holder left. */
+static void put_pair(sf_kv_pool *p, int32_t b)
+{
+    p->pair_state[b] = SF_KV_PAIR_FREE;
+    if (p->pc_on && p->pc_reg[b]) lru_push(p, b);
+    else p->free_list[p->n_stack++] = b;
+    p->n_free++;
 }
 
 int sf_kv_can_alloc(const sf_kv_pool *p, int i8, int n)
@@ -75,7 +250,7 @@ static int32_t take_unit(sf_kv_pool *p)
         u = p->half_list[p->n_half - 1];
         half_remove(p, u);
     } else {
-        int32_t b = p->free_list[--p->n_free];
+        int32_t b = take_pair(p);
         p->pair_state[b] = SF_KV_PAIR_SPLIT;
         u = 2 * b;
         half_push(p, u + 1);
@@ -93,7 +268,7 @@ int sf_kv_alloc_as(sf_kv_pool *p, int i8, int n, int32_t *out)
         if (i8) {
             out[i] = p->n_blocks + take_unit(p);
         } else {
-            int32_t b = p->free_list[--p->n_free];
+            int32_t b = take_pair(p);
             p->pair_state[b] = SF_KV_PAIR_FULL;
             p->refcnt[2 * b] = 1;
             p->n_free_units -= 2;
@@ -128,8 +303,7 @@ void sf_kv_release(sf_kv_pool *p, const int32_t *blocks, int n)
         if (--p->refcnt[u] > 0) continue;
         int32_t b = (int32_t)(u / 2);
         if (id < p->n_blocks) {
-            p->pair_state[b] = SF_KV_PAIR_FREE;
-            p->free_list[p->n_free++] = b;
+            put_pair(p, b);
             p->n_free_units += 2;
             continue;
         }
@@ -137,8 +311,7 @@ void sf_kv_release(sf_kv_pool *p, const int32_t *blocks, int n)
         int64_t other = u ^ 1;
         if (p->half_pos[other] >= 0) { /* both halves free: a whole pair again */
             half_remove(p, (int32_t)other);
-            p->pair_state[b] = SF_KV_PAIR_FREE;
-            p->free_list[p->n_free++] = b;
+            put_pair(p, b);
         } else {
             half_push(p, (int32_t)u);
         }

@@ -17,7 +17,17 @@
  * again is a whole free pair at once, so lone free halves only exist next to a held INT8 block.
  *
  * Blocks have a reference count so a prefix can be shared (prefix reuse); a block goes back
- * to the free lists when its count drops to zero. */
+ * to the free lists when its count drops to zero.
+ *
+ * Prefix cache (sf_kv_prefix_enable): a full-precision block whose tokens all have their K/V
+ * can be registered under a key chained over the blocks before it (sf_kv_prefix_key: the
+ * parent's key and the block's tokens, under a per-pool random seed), with the parent key and
+ * tokens kept beside it so that a lookup (sf_kv_prefix_find) matches exactly, never on the key
+ * alone. A registered block whose count drops to zero keeps its K/V: it is free (n_free counts
+ * it, so usage and admission see it as room) but evictable, on a least-recently-freed list
+ * taken only when no plain free pair is left; taking it from there unregisters it. A lookup
+ * hit is taken with sf_kv_prefix_take, off that list or shared with its holders. INT8 blocks
+ * are never registered. */
 #ifndef SF_KVCACHE_H
 #define SF_KVCACHE_H
 
@@ -36,6 +46,20 @@ typedef struct sf_kv_pool {
     int32_t *half_pos;         /* [2 * n_blocks] index of a unit in half_list, -1 when not there */
     int32_t *refcnt;           /* [2 * n_blocks] per unit; a full block counts on its first unit */
     uint8_t *pair_state;       /* [n_blocks] SF_KV_PAIR_* */
+    int n_stack;               /* plain free pairs on free_list (n_free - n_evictable) */
+    /* prefix cache (sf_kv_prefix_enable; pc_on 0: off, none of these allocated) */
+    int pc_on;
+    uint64_t pc_seed;
+    int32_t *pc_table;         /* open addressing by key: block ids, -1 empty */
+    uint32_t pc_mask;          /* table size - 1 (a power of two >= 2 x n_blocks) */
+    uint64_t *pc_key, *pc_parent; /* [n_blocks] of registered blocks */
+    int32_t *pc_toks;          /* [n_blocks x block_size] their tokens */
+    uint8_t *pc_reg;           /* [n_blocks] registered */
+    int32_t *pc_prev, *pc_next; /* [n_blocks] evictable list links, -1 at the ends */
+    int32_t pc_head, pc_tail;  /* least recently freed first */
+    int n_evictable;           /* registered blocks with no holder (counted in n_free) */
+    int n_registered;
+    uint64_t pc_evictions;     /* registered blocks taken for other K/V */
 } sf_kv_pool;
 
 enum { SF_KV_PAIR_FREE = 0, SF_KV_PAIR_FULL, SF_KV_PAIR_SPLIT };
@@ -57,6 +81,23 @@ void sf_kv_release(sf_kv_pool *p, const int32_t *blocks, int n);
 void sf_kv_retain(sf_kv_pool *p, const int32_t *blocks, int n);
 /* Holders of a block (0 when it is free or the id names nothing). */
 int sf_kv_refs(const sf_kv_pool *p, int32_t id);
+
+/* Turn the prefix cache on (allocates its index; SF_ENOMEM). A fresh pool only. */
+int sf_kv_prefix_enable(sf_kv_pool *p, sf_error *err);
+/* The key of a block of block_size tokens after the block keyed parent (the first block's
+ * parent: the sequence's salt). */
+uint64_t sf_kv_prefix_key(const sf_kv_pool *p, uint64_t parent, const int32_t *toks);
+/* The registered block with this key, parent key and tokens, or -1. */
+int32_t sf_kv_prefix_find(const sf_kv_pool *p, uint64_t key, uint64_t parent, const int32_t *toks);
+/* Hold block b, found by sf_kv_prefix_find: off the evictable list (returns 1: it was free)
+ * or one more holder (returns 0). */
+int sf_kv_prefix_take(sf_kv_pool *p, int32_t b);
+/* Register held full-precision block b (its tokens' K/V all written) under key; nothing when
+ * the key is taken already (another block holds the same tokens) or b is registered. */
+void sf_kv_prefix_register(sf_kv_pool *p, int32_t b, uint64_t key, uint64_t parent, const int32_t *toks);
+/* Forget every registered block (their K/V may be wrong: a step that wrote them failed); the
+ * evictable ones become plain free pairs. */
+void sf_kv_prefix_reset(sf_kv_pool *p);
 
 static inline int sf_kv_blocks_for(const sf_kv_pool *p, int tokens) {
     return (tokens + p->block_size - 1) / p->block_size;

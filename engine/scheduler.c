@@ -124,6 +124,7 @@ int sf_sched_init(sf_sched *s, const sf_sched_config *c, sf_kv_pool *pool, sf_er
                       "scheduler: degrade thresholds: enter above %g, leave below %g, hold %g s, relax to %d ms; "
                       "need 0 <= leave <= enter <= 1, hold >= 0 and relax >= 0",
                       (double)c->degrade_high, (double)c->degrade_low, c->degrade_hold_s, c->relax_ms);
+    if (c->prefix_cache && sf_kv_prefix_enable(pool, err) != SF_OK) return sf_err_wrap(err, "scheduler");
     if (c->swap_blocks > 0 && sf_kv_pool_init(&s->swap, c->swap_blocks, 1, err) != SF_OK)
         return sf_err_wrap(err, "scheduler: swap space of %d blocks", c->swap_blocks);
     s->cfg = *c;
@@ -188,9 +189,9 @@ static void release_blocks(sf_sched *s, sf_seq *q)
 {
     if (q->n_blocks) {
         sf_kv_release(s->pool, q->blocks, q->n_blocks);
-        if (q->urgency < SF_URGENCY_HIGH) s->held_low_units -= q->n_blocks * sf_kv_units(q->kv_i8_held);
+        if (q->urgency < SF_URGENCY_HIGH) s->held_low_units -= (q->n_blocks - q->n_uncounted) * sf_kv_units(q->kv_i8_held);
     }
-    q->n_blocks = 0;
+    q->n_blocks = q->n_uncounted = q->n_hashed = 0;
 }
 
 /* Give back q's swap slots and call off its pending swap copies. */
@@ -293,6 +294,65 @@ static int grow_blocks(sf_sched *s, sf_seq *q, int tokens)
     q->n_blocks += need;
     if (low) s->held_low_units += units;
     return SF_OK;
+}
+
+/* ---- prefix cache ----------------------------------------------------------------------- */
+
+/* q, admitted with nothing computed or held, takes the cached blocks of its leading tokens:
+ * whole blocks, before its last token (whose row it needs) and before any position it scores. */
+static void prefix_lookup(sf_sched *s, sf_seq *q)
+{
+    if (!s->cfg.prefix_cache || q->n_blocks || q->n_swap || q->n_computed || next_kind(s, q)) return;
+    const int bs = s->pool->block_size;
+    int limit = q->n_tokens - 1;
+    if (q->score_from < q->score_to) limit = SF_MIN(limit, q->score_from);
+    int nb = limit / bs, j = 0, low = q->urgency < SF_URGENCY_HIGH;
+    s->prefix_queries += (uint64_t)q->n_tokens;
+    if (nb > q->cap_blocks) {
+        int32_t *b = realloc(q->blocks, (size_t)nb * sizeof *b);
+        if (!b) nb = 0;
+        else {
+            q->blocks = b;
+            q->cap_blocks = nb;
+        }
+    }
+    uint64_t parent = q->cache_salt;
+    for (; j < nb; j++) {
+        const int32_t *t = q->tokens + (size_t)j * bs;
+        uint64_t key = sf_kv_prefix_key(s->pool, parent, t);
+        int32_t b = sf_kv_prefix_find(s->pool, key, parent, t);
+        if (b < 0) break;
+        /* one that nobody holds becomes q's: within the share open to q's class */
+        if (low && !sf_kv_refs(s->pool, b) && s->held_low_units + sf_kv_units(0) > usable_units(s, SF_URGENCY_LOW)) break;
+        if (sf_kv_prefix_take(s->pool, b)) {
+            if (low) s->held_low_units += sf_kv_units(0);
+        } else {
+            q->n_uncounted++;
+        }
+        q->blocks[j] = b;
+        parent = key;
+    }
+    q->n_blocks = q->n_hashed = j;
+    q->hash_last = parent;
+    q->kv_i8_held = 0;
+    q->n_computed = j * bs;
+    s->prefix_hits += (uint64_t)q->n_computed;
+    if (!q->looked_up) q->n_cached = q->n_computed;
+    q->looked_up = 1;
+}
+
+/* q's step was committed: its blocks now full of computed K/V go into the cache. */
+static void prefix_register(sf_sched *s, sf_seq *q)
+{
+    const int bs = s->pool->block_size;
+    int full = SF_MIN(q->n_computed / bs, q->n_blocks);
+    for (int j = q->n_hashed; j < full; j++) {
+        const int32_t *t = q->tokens + (size_t)j * bs;
+        uint64_t parent = j ? q->hash_last : q->cache_salt, key = sf_kv_prefix_key(s->pool, parent, t);
+        sf_kv_prefix_register(s->pool, q->blocks[j], key, parent, t);
+        q->hash_last = key;
+        q->n_hashed = j + 1;
+    }
 }
 
 /* ---- queue changes ---------------------------------------------------------------------- */
@@ -468,6 +528,15 @@ static int plan_running(sf_sched *s, sf_seq *q, int n)
     }
 }
 
+/* q stays waiting after all: it gives back the blocks it took (cached ones found, or new ones
+ * for a swap-in); without swapped K/V it has nothing computed again. Returns 0. */
+static int unadmit(sf_sched *s, sf_seq *q)
+{
+    release_blocks(s, q);
+    if (!q->n_swap) q->n_computed = 0;
+    return 0;
+}
+
 /* Admit the head of the waiting queue. Returns 1 if admitted, 0 to stop admitting. */
 static int admit_head(sf_sched *s, sf_seq *q)
 {
@@ -488,10 +557,12 @@ static int admit_head(sf_sched *s, sf_seq *q)
         if (!victim) return 0;
         preempt(s, victim);
     }
+    prefix_lookup(s, q); /* undone (unadmit) when q is not admitted after all */
     int n = SF_MIN(q->n_tokens - q->n_computed, s->budget_left);
     if (q->urgency < SF_URGENCY_HIGH) n = SF_MIN(n, s->low_budget_left);
-    if (n > 0 && (n = rows_cap(s, q, n)) <= 0) return 0; /* the step's logit rows are taken */
+    if (n > 0 && (n = rows_cap(s, q, n)) <= 0) return unadmit(s, q); /* the step's logit rows are taken */
     if (n <= 0) {
+        unadmit(s, q);
         /* held back for step time (realtime prompts take the steps): refused all the same, so
          * its need is demand too (sched_policy.c) */
         if (low && s->low_budget_left <= 0 && !s->blocked_units)
@@ -504,7 +575,7 @@ static int admit_head(sf_sched *s, sf_seq *q)
         if (rc == SF_OK) break;
         sf_seq *victim = s->n_running ? pick_victim(s, q, 1) : NULL;
         if (rc == SF_ENOMEM || !victim) {
-            release_blocks(s, q);
+            unadmit(s, q);
             if (rc == SF_AGAIN && !s->blocked_units) /* no room: its need is KV demand (sched_policy.c) */
                 s->blocked_units = sf_policy_full_units(s, q, next_kind(s, q));
             return 0;
@@ -666,6 +737,7 @@ void sf_sched_commit(sf_sched *s)
         if (!q) continue;
         q->n_computed = p->items[i].start + p->items[i].n;
         if (p->items[i].n_score) q->score_from = p->items[i].score_at + p->items[i].n_score;
+        if (s->cfg.prefix_cache && !q->kv_i8_held) prefix_register(s, q);
         q->plan_idx = -1; /* the step is done: removing q now must not touch the plan */
     }
     s->tokens_prefill += (uint64_t)p->n_prefill;

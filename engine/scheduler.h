@@ -70,6 +70,14 @@ typedef struct sf_seq {
     int kv_i8;                /* its KV blocks are INT8 (chosen at admission): half the memory, when
                                * the pool has them (kvcache.h). Read when the sequence next takes
                                * blocks with none held or swapped (kv_i8_held is what it holds). */
+    /* prefix cache (sf_sched_config.prefix_cache) */
+    uint64_t cache_salt;      /* set by the caller: the first block's parent key; sequences share
+                               * cached blocks only under the same salt (the engine: per tenant) */
+    int n_cached;             /* prompt tokens found cached when first admitted (usage) */
+    int looked_up;            /* n_cached is set */
+    int n_hashed;             /* leading blocks registered or found (hash_last: the last one's key) */
+    uint64_t hash_last;
+    int n_uncounted;          /* blocks it shares that it took from another holder: not in held_low_units */
 } sf_seq;
 
 /* Initialise with a copy of the prompt. */
@@ -110,6 +118,11 @@ typedef struct sf_sched_config {
     /* sf_sched_batch rounds the block table's row stride up to a multiple of this many blocks
      * (0 or 1: the widest sequence's blocks). The entries past a sequence's blocks are 0. */
     int table_quantum;
+    /* Prefix cache (0: off): a sequence's full blocks are registered in the pool as their K/V is
+     * committed, and a sequence admitted with nothing computed takes the registered blocks that
+     * match its leading tokens instead of computing them (kvcache.h). Positions it scores
+     * (score_from) and its last token are always computed. Full-precision blocks only. */
+    int prefix_cache;
 } sf_sched_config;
 
 /* Every decision the policy takes, counted (/metrics: semflow_sched_decisions_total). */
@@ -202,6 +215,7 @@ typedef struct sf_sched {
                                * ~2 ms of it in every such step, for comparison on a device) */
     int n_running_i8;         /* running sequences holding INT8 blocks (at the start of the plan) */
     uint64_t gate_seats, gate_kv, gate_floor; /* admissions below high held back, by reason */
+    uint64_t prefix_queries, prefix_hits; /* prompt tokens looked up in the prefix cache, and found */
 } sf_sched;
 
 /* pool: an initialised KV pool the scheduler allocates from (not owned). SF_EINVAL with a clear

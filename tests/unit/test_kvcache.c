@@ -248,6 +248,101 @@ TEST(backend_copy_int8)
     sf_backend_close(b);
 }
 
+/* The prefix cache's index: registered blocks are found by key, parent and tokens (never by
+ * the key alone), stay free-but-kept when released, are taken last and least recently freed
+ * first (forgotten then), are shared when found while held, and are forgotten by a reset. INT8
+ * blocks take a kept pair only when no plain pair is left. */
+TEST(prefix_index)
+{
+    sf_kv_pool p;
+    sf_error err = { 0 };
+    int rc = sf_kv_pool_init(&p, 4, 4, &err);
+    REQUIRE(rc == SF_OK && sf_kv_prefix_enable(&p, &err) == SF_OK, "%s", err.msg);
+    sf_kv_pool_enable_i8(&p);
+    int32_t toks[3][4] = { { 1, 2, 3, 4 }, { 5, 6, 7, 8 }, { 9, 10, 11, 12 } }, other[4] = { 1, 2, 3, 5 };
+    uint64_t k0 = sf_kv_prefix_key(&p, 7, toks[0]), k1 = sf_kv_prefix_key(&p, k0, toks[1]);
+    uint64_t k2 = sf_kv_prefix_key(&p, k1, toks[2]);
+    CHECK(k0 != sf_kv_prefix_key(&p, 8, toks[0]) && k0 != sf_kv_prefix_key(&p, 7, other) && k0 != k1);
+    int32_t b[4];
+    REQUIRE(sf_kv_alloc(&p, 3, b) == SF_OK, "alloc");
+    CHECK(sf_kv_prefix_find(&p, k0, 7, toks[0]) == -1);
+    sf_kv_prefix_register(&p, b[0], k0, 7, toks[0]);
+    sf_kv_prefix_register(&p, b[1], k1, k0, toks[1]);
+    sf_kv_prefix_register(&p, b[2], k1, k0, toks[1]); /* the same key again: kept by b[1] */
+    CHECK_MSG(p.n_registered == 2, "registered %d", p.n_registered);
+    CHECK(sf_kv_prefix_find(&p, k0, 7, toks[0]) == b[0] && sf_kv_prefix_find(&p, k1, k0, toks[1]) == b[1]);
+    CHECK_MSG(sf_kv_prefix_find(&p, k0, 7, other) == -1 && sf_kv_prefix_find(&p, k0, 8, toks[0]) == -1,
+              "a lookup compares the tokens and the parent, not the key alone");
+    /* found while held: shared */
+    CHECK(sf_kv_prefix_take(&p, b[0]) == 0 && sf_kv_refs(&p, b[0]) == 2);
+    sf_kv_release(&p, b, 1);
+    /* released: free but kept, then forgotten least recently freed first */
+    sf_kv_release(&p, &b[1], 1);
+    sf_kv_release(&p, &b[0], 1);
+    sf_kv_release(&p, &b[2], 1);
+    CHECK_MSG(p.n_free == 4 && p.n_evictable == 2 && p.n_stack == 2, "free %d, kept %d, plain %d", p.n_free,
+              p.n_evictable, p.n_stack);
+    CHECK(sf_kv_prefix_find(&p, k0, 7, toks[0]) == b[0] && sf_kv_refs(&p, b[0]) == 0);
+    int32_t c[2];
+    REQUIRE(sf_kv_alloc(&p, 2, c) == SF_OK, "alloc 2");
+    CHECK_MSG(c[0] != b[0] && c[0] != b[1] && c[1] != b[0] && c[1] != b[1], "plain pairs go first");
+    CHECK(p.n_registered == 2 && p.n_free == 2);
+    /* an INT8 block takes a whole pair: the least recently freed kept one, b[1] */
+    int32_t u;
+    REQUIRE(sf_kv_alloc_as(&p, 1, 1, &u) == SF_OK, "alloc int8");
+    CHECK_MSG((u - p.n_blocks) / 2 == b[1] && p.pc_evictions == 1, "evicted pair %d (want %d)", (u - p.n_blocks) / 2,
+              b[1]);
+    CHECK(sf_kv_prefix_find(&p, k1, k0, toks[1]) == -1 && sf_kv_prefix_find(&p, k0, 7, toks[0]) == b[0]);
+    /* found while kept: taken off the kept list */
+    CHECK(sf_kv_prefix_take(&p, b[0]) == 1 && sf_kv_refs(&p, b[0]) == 1 && p.n_free == 0 && p.n_evictable == 0);
+    CHECK_MSG(sf_kv_alloc(&p, 1, c) == SF_AGAIN, "the pool is full");
+    /* an INT8 block's pair is never registered */
+    sf_kv_prefix_register(&p, u, k2, k1, toks[2]);
+    CHECK(p.n_registered == 1);
+    /* reset: what is kept becomes plain free, what is held stays held, unregistered */
+    sf_kv_release(&p, &b[0], 1);
+    CHECK(p.n_evictable == 1);
+    sf_kv_prefix_reset(&p);
+    CHECK(p.n_evictable == 0 && p.n_registered == 0 && p.n_free == 1 && sf_kv_prefix_find(&p, k0, 7, toks[0]) == -1);
+    sf_kv_release(&p, c, 2);
+    sf_kv_release(&p, &u, 1);
+    CHECK(p.n_free == 4 && p.n_stack == 4);
+    sf_kv_pool_free(&p);
+}
+
+/* Many keys through a small table: deletions (by eviction) keep every other key findable. */
+TEST(prefix_index_churn)
+{
+    sf_kv_pool p;
+    int rc = sf_kv_pool_init(&p, 64, 2, NULL);
+    REQUIRE(rc == SF_OK && sf_kv_prefix_enable(&p, NULL) == SF_OK, "init");
+    sf_rng rng;
+    sf_rng_seed(&rng, 5);
+    int32_t tok[64][2];
+    uint64_t key[64];
+    int bad = 0;
+    for (int round = 0; round < 200 && !bad; round++) {
+        int32_t b[64];
+        int n = 1 + (int)(sf_rng_next(&rng) % 64);
+        REQUIRE(sf_kv_alloc(&p, n, b) == SF_OK, "alloc %d", n);
+        for (int i = 0; i < n; i++) {
+            tok[b[i]][0] = (int32_t)(sf_rng_next(&rng) % 50);
+            tok[b[i]][1] = round;
+            key[b[i]] = sf_kv_prefix_key(&p, 0, tok[b[i]]);
+            sf_kv_prefix_register(&p, b[i], key[b[i]], 0, tok[b[i]]);
+        }
+        sf_kv_release(&p, b, n);
+        for (int x = 0; x < 64; x++)
+            if (p.pc_reg[x] && sf_kv_prefix_find(&p, key[x], 0, tok[x]) != x) bad++;
+        int reg = 0;
+        for (int x = 0; x < 64; x++) reg += p.pc_reg[x];
+        if (reg != p.n_registered || p.n_evictable != p.n_registered || p.n_free != 64) bad++;
+    }
+    CHECK_MSG(!bad, "%d registered blocks lost from the index", bad);
+    CHECK(p.pc_evictions > 0);
+    sf_kv_pool_free(&p);
+}
+
 int main(void)
 {
     RUN(alloc_all_then_again);
@@ -258,5 +353,7 @@ int main(void)
     RUN(fragmentation_pairs_halves);
     RUN(random_mixed_no_leak);
     RUN(backend_copy_int8);
+    RUN(prefix_index);
+    RUN(prefix_index_churn);
     return test_summary();
 }

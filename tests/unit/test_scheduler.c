@@ -43,9 +43,14 @@ typedef struct world {
     sf_sched s;
     int bad;            /* invariant violations seen */
     char why[256];
+    uint64_t *kv;       /* per slot, what "K/V" the last step wrote there */
+    uint64_t *swap_kv;  /* per swap slot (blocks of one slot each: block_size values) */
+    int *holders;       /* [n_blocks] scratch: holders counted over the sequences */
 } world;
 
 static int table_quantum; /* the block table's stride quantum of the worlds made next */
+static int prefix_cache;  /* the prefix cache of the worlds made next */
+static int swap_blocks;   /* and their swap space */
 
 static int world_init(world *w, int n_blocks, int bs, int max_seqs, int budget, int max_len, float reserve)
 {
@@ -53,7 +58,11 @@ static int world_init(world *w, int n_blocks, int bs, int max_seqs, int budget, 
     sf_error err = { 0 };
     if (sf_kv_pool_init(&w->pool, n_blocks, bs, &err) != SF_OK) return -1;
     sf_sched_config c = { .max_num_seqs = max_seqs, .max_batched_tokens = budget, .max_model_len = max_len,
-                          .kv_high_reserve = reserve, .table_quantum = table_quantum };
+                          .kv_high_reserve = reserve, .table_quantum = table_quantum, .prefix_cache = prefix_cache,
+                          .swap_blocks = swap_blocks };
+    w->swap_kv = calloc((size_t)SF_MAX(swap_blocks, 1) * (size_t)bs, sizeof *w->swap_kv);
+    w->kv = calloc((size_t)n_blocks * (size_t)bs, sizeof *w->kv);
+    w->holders = calloc((size_t)n_blocks, sizeof *w->holders);
     if (sf_sched_init(&w->s, &c, &w->pool, &err) != SF_OK) {
         printf("sched init: %s\n", err.msg);
         return -1;
@@ -63,6 +72,9 @@ static int world_init(world *w, int n_blocks, int bs, int max_seqs, int budget, 
 
 static void world_free(world *w)
 {
+    free(w->kv);
+    free(w->swap_kv);
+    free(w->holders);
     sf_sched_free(&w->s);
     sf_kv_pool_free(&w->pool);
 }
@@ -73,12 +85,28 @@ static void note_bad(world *w, const char *what)
     w->bad++;
 }
 
+typedef struct counts {
+    world *w;
+    int distinct;       /* blocks held, each once */
+    int low_counted;    /* blocks low/normal urgency holds and counts (held_low_units / 2) */
+    int waiting_holders;
+} counts;
+
 static void count_blocks(sf_seq *q, void *arg)
 {
-    int *sum = arg;
-    sum[0] += q->n_blocks;
-    if (q->urgency < SF_URGENCY_HIGH) sum[1] += q->n_blocks;
-    if (q->state == SF_SEQ_WAITING && q->n_blocks) sum[2]++;
+    counts *c = arg;
+    for (int j = 0; j < q->n_blocks; j++) c->distinct += c->w->holders[q->blocks[j]]++ == 0;
+    if (q->urgency < SF_URGENCY_HIGH) c->low_counted += q->n_blocks - q->n_uncounted;
+    if (q->state == SF_SEQ_WAITING && q->n_blocks) c->waiting_holders++;
+}
+
+/* What a step writes at position t of a sequence: a stand-in for its K/V, which depends on the
+ * salt and every token up to t. */
+static uint64_t kv_at(const sf_seq *q, int t)
+{
+    uint64_t h = q->cache_salt * 0x9e3779b97f4a7c15ull + 1;
+    for (int i = 0; i <= t; i++) h = (h ^ (uint32_t)q->tokens[i]) * 0x100000001b3ull;
+    return h;
 }
 
 /* Invariants after planning. */
@@ -108,12 +136,36 @@ static void check_plan(world *w, const sf_plan *p)
     if (tokens != p->n_tokens) note_bad(w, "n_tokens does not add up");
     if (p->n_decode + p->n_prefill != p->n_tokens) note_bad(w, "decode + prefill != tokens");
     if (live > s->cfg.max_num_seqs || s->n_running > s->cfg.max_num_seqs) note_bad(w, "seat limit exceeded");
-    int sum[3] = { 0, 0, 0 };
-    sf_sched_foreach(s, count_blocks, sum);
-    if (sum[0] + w->pool.n_free != w->pool.n_blocks) note_bad(w, "blocks leaked or double-counted");
-    if (2 * sum[1] != s->held_low_units) note_bad(w, "held_low_units out of sync");
-    if (2 * sum[1] > 2 * w->pool.n_blocks - s->reserve_units) note_bad(w, "reserve taken by low/normal urgency");
-    if (sum[2]) note_bad(w, "waiting sequence holds blocks");
+    counts c = { .w = w };
+    memset(w->holders, 0, (size_t)w->pool.n_blocks * sizeof *w->holders);
+    sf_sched_foreach(s, count_blocks, &c);
+    if (c.distinct + w->pool.n_free != w->pool.n_blocks) note_bad(w, "blocks leaked or double-counted");
+    for (int b = 0; b < w->pool.n_blocks; b++)
+        if (w->holders[b] != sf_kv_refs(&w->pool, b)) { note_bad(w, "a block's count is not its holders"); break; }
+    if (2 * c.low_counted != s->held_low_units) note_bad(w, "held_low_units out of sync");
+    if (s->held_low_units > 2 * w->pool.n_blocks - s->reserve_units) note_bad(w, "reserve taken by low/normal urgency");
+    if (c.waiting_holders) note_bad(w, "waiting sequence holds blocks");
+    if (w->pool.n_evictable + w->pool.n_stack != w->pool.n_free) note_bad(w, "free pairs not plain + evictable");
+    /* the cache: every computed position holds what its own tokens wrote (a block found cached
+     * held the same prefix, and nobody wrote into a block while another shares it); the blocks a
+     * step writes are its item's alone and not registered */
+    for (int i = 0; i < p->n_items; i++) {
+        const sf_plan_item *it = &p->items[i];
+        const sf_seq *q = it->seq;
+        if (!q) continue;
+        const int bs = w->pool.block_size;
+        for (int t = 0; t < it->start; t++)
+            if (w->kv[(size_t)q->blocks[t / bs] * bs + t % bs] != kv_at(q, t)) {
+                note_bad(w, "a computed position does not hold its sequence's K/V");
+                t = it->start;
+                i = p->n_items;
+            }
+        for (int j = it->start / bs; j < sf_kv_blocks_for(&w->pool, it->start + it->n) && i < p->n_items; j++)
+            if (sf_kv_refs(&w->pool, q->blocks[j]) != 1 || (w->pool.pc_on && w->pool.pc_reg[q->blocks[j]])) {
+                note_bad(w, "a step writes into a shared or registered block");
+                break;
+            }
+    }
     for (sf_seq *q = s->running.next; q != &s->running; q = q->next)
         if (q->plan_idx >= 0 && (q->plan_idx >= p->n_items || p->items[q->plan_idx].seq != q)) note_bad(w, "stale plan_idx");
     for (sf_seq *q = s->waiting.next; q != &s->waiting; q = q->next)
@@ -156,12 +208,27 @@ static void check_plan(world *w, const sf_plan *p)
     }
 }
 
-/* One step: plan, check, commit, then "sample" for every item with logits. Finished fakes are
- * removed from the scheduler. Returns the plan. */
+/* One step: plan, check, "write" the planned positions' K/V, commit, then "sample" for every
+ * item with logits. Finished fakes are removed from the scheduler. Returns the plan. */
 static const sf_plan *step(world *w)
 {
     const sf_plan *p = sf_sched_plan(&w->s);
+    const size_t bsz = (size_t)w->pool.block_size;
+    /* the copies before the step, as the engine runs them: every swap-out, then every swap-in */
+    for (int i = 0; i < p->n_swap_out; i++)
+        for (int j = 0; p->swap_out[i].seq && j < p->swap_out[i].n; j++)
+            memcpy(w->swap_kv + p->swap_out[i].slots[j] * bsz, w->kv + p->swap_out[i].blocks[j] * bsz, bsz * sizeof *w->kv);
+    for (int i = 0; i < p->n_swap_in; i++)
+        for (int j = 0; p->swap_in[i].seq && j < p->swap_in[i].n; j++)
+            memcpy(w->kv + p->swap_in[i].blocks[j] * bsz, w->swap_kv + p->swap_in[i].slots[j] * bsz, bsz * sizeof *w->kv);
     check_plan(w, p);
+    for (int i = 0; i < p->n_items; i++) {
+        const sf_plan_item *it = &p->items[i];
+        if (!it->seq) continue;
+        const int bs = w->pool.block_size;
+        for (int t = it->start; t < it->start + it->n; t++)
+            w->kv[(size_t)it->seq->blocks[t / bs] * bs + t % bs] = kv_at(it->seq, t);
+    }
     for (int i = 0; i < p->n_stuck; i++) ((fake *)p->stuck[i]->owner)->stuck = 1;
     sf_sched_commit(&w->s);
     for (int i = 0; i < p->n_items; i++) {
@@ -397,13 +464,18 @@ TEST(scored_prompts_fit_the_logit_rows)
 /* A few thousand random steps: arrivals of every class, random prompt and output lengths,
  * cancellations, a pool small enough to force preemption, block tables with a rounded stride,
  * a fifth of the prompts scored. Invariants are checked every step;
- * at the end every request has finished (or was cancelled) and every block is back. */
-TEST(random_workload)
+ * at the end every request has finished (or was cancelled) and every block is back. With the
+ * prefix cache (and swap space), prompts are one of a few shared beginnings, of two salts, then
+ * their own tokens, and every step checks that each computed position holds its own
+ * sequence's K/V (check_plan). */
+static void random_workload_run(int cached, int swap)
 {
     world w;
     table_quantum = 16; /* as the engine sets it: 512 / 8 + 1 blocks -> a stride of up to 80 */
+    prefix_cache = cached;
+    swap_blocks = swap;
     int wrc = world_init(&w, 96, 8, 12, 96, 512, 0.15f);
-    table_quantum = 0;
+    table_quantum = prefix_cache = swap_blocks = 0;
     REQUIRE(wrc == 0, "init");
     sf_rng rng;
     sf_rng_seed(&rng, 42);
@@ -417,6 +489,11 @@ TEST(random_workload)
             int np = 1 + (int)(sf_rng_next(&rng) % 200);
             int want = 1 + (int)(sf_rng_next(&rng) % 40);
             fake *f = fake_new(n_all, urg, np, want);
+            if (cached) { /* one of 4 beginnings of up to 120 tokens, the rest its own */
+                int len = (int)(sf_rng_next(&rng) % 121), shared = SF_MIN(np, len), which = (int)(sf_rng_next(&rng) % 4);
+                for (int i = 0; i < shared; i++) f->q.tokens[i] = 2000 + which * 200 + i;
+                f->q.cache_salt = sf_rng_next(&rng) % 2;
+            }
             if (sf_rng_uniform(&rng) < 0.3f) f->q.deadline = (double)steps + sf_rng_uniform(&rng) * 50.0;
             if (sf_rng_uniform(&rng) < 0.2f) f->q.score_to = np - 1; /* its prompt scored */
             sf_sched_add(&w.s, &f->q);
@@ -447,13 +524,27 @@ TEST(random_workload)
     CHECK_MSG(done + stuck == n_all, "%d of %d finished", done + stuck, n_all);
     CHECK_MSG(w.pool.n_free == w.pool.n_blocks, "leak: %d of %d blocks free", w.pool.n_free, w.pool.n_blocks);
     CHECK_MSG(w.s.preemptions > 0, "workload should force preemption");
-    printf("  random workload: %d requests, %d cancelled, %d steps, %llu preemptions, %llu prefill + %llu decode tokens\n",
-           n_all, cancelled, steps, (unsigned long long)w.s.preemptions, (unsigned long long)w.s.tokens_prefill,
-           (unsigned long long)w.s.tokens_decode);
+    if (cached) {
+        CHECK_MSG(w.s.prefix_hits > w.s.prefix_queries / 20, "the shared beginnings were found: %llu of %llu tokens",
+                  (unsigned long long)w.s.prefix_hits, (unsigned long long)w.s.prefix_queries);
+        CHECK_MSG(w.pool.pc_evictions > 0, "a pool this small evicts cached blocks");
+    }
+    if (swap) CHECK_MSG(w.s.swaps_out > 0 && w.s.swaps_in > 0, "swaps %llu out, %llu in", (unsigned long long)w.s.swaps_out,
+                        (unsigned long long)w.s.swaps_in);
+    printf("  random workload%s%s: %d requests, %d cancelled, %d steps, %llu preemptions (%llu by swap), %llu prefill + "
+           "%llu decode tokens; prefix cache %llu of %llu prompt tokens, %llu evictions\n",
+           cached ? ", prefix cache" : "", swap ? ", swap" : "", n_all, cancelled, steps,
+           (unsigned long long)w.s.preemptions, (unsigned long long)w.s.swaps_out, (unsigned long long)w.s.tokens_prefill,
+           (unsigned long long)w.s.tokens_decode, (unsigned long long)w.s.prefix_hits,
+           (unsigned long long)w.s.prefix_queries, (unsigned long long)w.pool.pc_evictions);
     for (int i = 0; i < n_all; i++) fake_free(all[i]);
     free(all);
     world_free(&w);
 }
+
+TEST(random_workload) { random_workload_run(0, 0); }
+TEST(random_workload_prefix_cache) { random_workload_run(1, 0); }
+TEST(random_workload_prefix_cache_swap) { random_workload_run(1, 24); }
 
 int main(void)
 {
@@ -466,5 +557,7 @@ int main(void)
     RUN(bad_config_rejected);
     RUN(scored_prompts_fit_the_logit_rows);
     RUN(random_workload);
+    RUN(random_workload_prefix_cache);
+    RUN(random_workload_prefix_cache_swap);
     return test_summary();
 }
