@@ -127,6 +127,7 @@ struct sf_engine {
     char tp_failed_msg[512];
     atomic_int cancel_all;      /* drain timed out: cancel everything (read by the engine thread) */
     atomic_int drain_cut;       /* sf_engine_drain_cut: the drain's timeout is past */
+    atomic_int reset_prefix;    /* sf_engine_reset_prefix_cache: forget the cached blocks before the next plan */
     atomic_uint cancels;        /* sf_engine_cancel calls so far: the engine thread walks its
                                  * sequences for cancelled ones only when this moved */
     unsigned cancels_seen;      /* engine thread: the count at its last walk */

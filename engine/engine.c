@@ -50,6 +50,7 @@ void sf_engine_config_default(sf_engine_config *c)
     c->relax_latency_ms = 2000;
     c->dma_tuner = 1;
     c->async_steps = 1; /* H200, 2026-12-01: +0.6-1.0% output tokens/s at 128/128, 1000/1000 and batch 1 */
+    c->prefix_caching = 1;
     for (int i = 0; i < SF_URGENCY_COUNT; i++) c->queue_limit[i] = 256;
 }
 
@@ -130,6 +131,14 @@ static int swap_in_ok(void *arg, int urgency)
     return sf_swap_in_ok(&e->swap, urgency, higher);
 }
 
+void sf_engine_reset_prefix_cache(sf_engine *e)
+{
+    atomic_store(&e->reset_prefix, 1);
+    pthread_mutex_lock(&e->mu);
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
 /* Under e->mu: refresh the stats snapshot from the scheduler. */
 static void update_stats(sf_engine *e)
 {
@@ -149,6 +158,12 @@ static void update_stats(sf_engine *e)
     e->st.swaps_dropped = s->swaps_dropped;
     e->st.swap_blocks_total = s->swap.n_blocks;
     e->st.swap_blocks_used = s->swap.n_blocks - s->swap.n_free;
+    e->st.prefix_queries = s->prefix_queries;
+    e->st.prefix_hits = s->prefix_hits;
+    e->st.prefix_evictions = e->pool.pc_evictions;
+    e->st.prefix_blocks = e->pool.n_registered;
+    e->st.prefix_evictable = e->pool.n_evictable;
+    e->st.prefix_caching = s->cfg.prefix_cache;
     for (int i = 0; i < SF_DECISION_COUNT; i++) e->st.decisions[i] = s->decisions[i];
     e->st.degraded = s->degraded;
     e->st.kv_usage = sf_sched_kv_usage(s);
@@ -222,6 +237,7 @@ static void *engine_main(void *arg)
     for (;;) {
         while (!e->stop && !engine_has_work(e)) {
             e->busy = 0;
+            if (atomic_exchange(&e->reset_prefix, 0)) sf_kv_prefix_reset(&e->pool); /* the engine thread's pool */
             update_stats(e);
             pthread_cond_broadcast(&e->idle);
             if (!e->sched.degraded) {
@@ -257,6 +273,7 @@ static void *engine_main(void *arg)
             e->cancels_seen = nc;
             sf_sched_foreach(&e->sched, cancel_if_asked, e);
         }
+        if (atomic_exchange(&e->reset_prefix, 0)) sf_kv_prefix_reset(&e->pool);
         int ran = sf_engine_turn(e);
 
         pthread_mutex_lock(&e->mu);
@@ -414,7 +431,8 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
                            .swap_in_ok_arg = e, .shape = c->step_shaping, .shape_frac = 0.25f,
                            .min_chunk = 32, .degrade_high = c->kv_degrade_high, .degrade_low = c->kv_degrade_low,
                            .degrade_hold_s = c->kv_degrade_hold_s, .relax_ms = c->relax_latency_ms,
-                           .kv_i8_ok = kc.int8, .table_quantum = TABLE_STRIDE_QUANTUM };
+                           .kv_i8_ok = kc.int8, .table_quantum = TABLE_STRIDE_QUANTUM,
+                           .prefix_cache = c->prefix_caching };
     if ((rc = sf_sched_init(&e->sched, &sc, &e->pool, err)) != SF_OK) goto fail;
     e->sched_ready = 1;
     e->logits = malloc((size_t)c->max_logits * (size_t)e->vocab * sizeof *e->logits);

@@ -103,6 +103,7 @@ typedef struct sf_event {
     /* SF_EV_DONE */
     int finish_reason;        /* SF_FINISH_* */
     int prompt_tokens, completion_tokens;
+    int cached_tokens;        /* prompt tokens whose K/V came from the prefix cache */
     double ttft_s, e2e_s;     /* from submit */
     /* SF_EV_ERROR */
     int status;               /* SF_E* */
@@ -117,6 +118,8 @@ typedef struct sf_submit {
     sf_sampling sampling;
     sf_intent intent;
     char tenant[64];
+    const char *cache_salt;   /* NULL or a string: requests share cached prefix blocks only under the
+                               * same tenant and salt (vLLM's cache_salt) */
     sf_event_cb cb;
     void *user;
 } sf_submit;
@@ -170,6 +173,8 @@ typedef struct sf_engine_config {
                                * rank under TP; where it cannot, the overlapped loop; docs/ENGINE.md);
                                * 0: the next step is planned after the ids are taken.
                                * $SEMFLOW_ENGINE_ASYNC=0/1 overrides it */
+    int prefix_caching;       /* 1 (default): prompts reuse the K/V of earlier prompts' identical leading
+                               * blocks (same tenant and salt; docs/SCHEDULER.md); 0: off */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -234,6 +239,11 @@ typedef struct sf_engine_stats {
     double step_s, host_s, decode_step_s, decode_host_s, decode_enqueue_s;
     uint64_t decode_steps, decode_step_tokens, rows_sampled_backend, rows_sampled_host;
     uint64_t prompt_tokens_scored, prompt_tokens_scored_backend;
+    /* prefix cache: prompt tokens looked up and found (each admission with nothing computed),
+     * blocks registered (held or evictable), of them evictable (free, K/V kept), and registered
+     * blocks taken for other K/V; prefix_caching: on */
+    uint64_t prefix_queries, prefix_hits, prefix_evictions;
+    int prefix_blocks, prefix_evictable, prefix_caching;
     /* CUDA backend: decode-step graphs captured and replayed, and steps that ran op by op */
     long graphs_captured, graph_replays, graph_fallbacks;
     /* KV demand the degrade policy watches (docs/SCHEDULER.md): units admitted work holds or
@@ -263,6 +273,9 @@ typedef struct sf_engine_stats {
 } sf_engine_stats;
 /* Name of decision i for /metrics ("relax", "kv_int8", ...); "?" outside the range. */
 const char *sf_decision_name(int i);
+/* Any thread. Forget the prefix cache's blocks (vLLM's /reset_prefix_cache): done by the engine
+ * thread before its next plan; what runs keeps its blocks. */
+void sf_engine_reset_prefix_cache(sf_engine *e);
 /* Any thread. A snapshot taken after every engine step (and when the engine goes idle). */
 void sf_engine_get_stats(sf_engine *e, sf_engine_stats *st);
 

@@ -143,6 +143,7 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
     r->user = s->user;
     memcpy(r->tenant, s->tenant, sizeof r->tenant);
     r->tenant[sizeof r->tenant - 1] = 0;
+    r->seq.cache_salt = sf_hash_str(sf_hash_str(0x5345464c4f57ull, r->tenant), s->cache_salt ? s->cache_salt : "");
     atomic_init(&r->cancel, 0);
     *out = r;
     return SF_OK;
@@ -258,6 +259,7 @@ static void deliver_done(sf_request *r, int reason, int flush)
     ev.finish_reason = reason;
     ev.prompt_tokens = r->seq.n_prompt;
     ev.completion_tokens = r->n_out;
+    ev.cached_tokens = r->seq.n_cached;
     ev.e2e_s = now - r->t_submit;
     ev.ttft_s = r->n_out ? r->t_first - r->t_submit : ev.e2e_s;
     r->cb(&ev);

@@ -187,6 +187,7 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
     sf_sched_discard(&e->sched);
     e->fl.active = e->fl2.active = 0;
     for (int i = 0; i < nv; i++) sf_engine_finish_free(e, e->victims[i], SF_FINISH_ERROR, rc, err->msg);
+    sf_kv_prefix_reset(&e->pool); /* blocks registered at the failed step's commit may not hold their K/V */
 }
 
 static int step_take(sf_engine *e, sf_turn_clock *tc);

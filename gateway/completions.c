@@ -132,6 +132,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->stream = p.stream;
     r->include_usage = p.include_usage;
     r->n = nc;
+    r->per_prompt = p.n;
     r->logprobs = p.logprobs;
     r->tools = p.tool_choice;
     r->top_logprobs = p.top_logprobs;
@@ -178,6 +179,7 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     s.sampling = p.sampling;
     s.intent = intent;
     snprintf(s.tenant, sizeof s.tenant, "%s", tenant->name);
+    s.cache_salt = p.cache_salt;
     s.cb = gw_req_on_event;
     int rc = SF_OK;
     sf_error serr = { 0 };

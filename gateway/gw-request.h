@@ -30,7 +30,7 @@ typedef struct gw_ev {
     float logprob;
     int n_top;
     sf_logprob top[SF_MAX_LOGPROBS];
-    int finish, prompt_tokens, completion_tokens;
+    int finish, prompt_tokens, completion_tokens, cached_tokens;
     double e2e_s;              /* engine: submit to this DONE */
     char *message;
     double t;                  /* sf_now_s() when the engine delivered it */
@@ -47,6 +47,7 @@ typedef struct gw_choice {
     int done;                  /* the worker processed the last event */
     int finish;
     int completion_tokens;
+    int cached_tokens;         /* its prompt's tokens found in the prefix cache */
     double last_t;
     char *text;                /* whole responses: the text so far */
     size_t len, cap;
@@ -68,6 +69,7 @@ typedef struct gw_req {
     struct evhttp_request *http; /* NULL once answered or the connection closed */
     struct evhttp_connection *conn;
     int kind, stream, include_usage, n, logprobs, top_logprobs;
+    int per_prompt;            /* choices of each prompt (the request's n): ch[i] is prompt i / per_prompt's */
     int echo;                  /* completions: each choice's output follows its prompt's text (gw_choice.echo) */
     int scored;                /* the engine scores the prompt: an SF_EV_PROMPT comes before the tokens */
     int prompt_logprobs;       /* vLLM's prompt_logprobs asked for: its alternatives (-1: not asked) */

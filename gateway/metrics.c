@@ -175,6 +175,17 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
     counter(out, "semflow_engine_prompt_tokens_scored_backend_total",
             "Of those, scored by the backend (only the results crossed to the host).", st.prompt_tokens_scored_backend);
     counter(out, "semflow_engine_cancelled_total", "Sequences cancelled.", st.cancelled);
+    counter(out, "semflow_prefix_cache_queries_total",
+            "Prompt tokens of sequences admitted with nothing computed, looked up in the prefix cache.",
+            st.prefix_queries);
+    counter(out, "semflow_prefix_cache_hits_total", "Of those, found cached (their K/V not computed again).",
+            st.prefix_hits);
+    counter(out, "semflow_prefix_cache_evictions_total", "Cached KV blocks taken for other K/V.", st.prefix_evictions);
+    gauge(out, "semflow_prefix_cache_blocks", "KV blocks in the prefix cache (held by sequences or free).",
+          st.prefix_blocks);
+    gauge(out, "semflow_prefix_cache_blocks_free",
+          "Of those, held by no sequence: free (counted in semflow_kv_blocks_free), kept until taken.",
+          st.prefix_evictable);
     fprintf(out, "# HELP semflow_sched_decisions_total Scheduler policy decisions: relax (a low-urgency request's "
                  "targets relaxed under KV pressure), kv_int8 (a new low-urgency sequence given INT8 KV), restore "
                  "(KV pressure over), preempt_swap, preempt_recompute, reject (429 before any work).\n"

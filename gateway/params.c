@@ -519,6 +519,15 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     p->prompt_logprobs = (int)x;
     int want = SF_MAX(p->echo && p->logprobs ? p->top_logprobs : -1, p->prompt_logprobs);
     if (want >= 0) s->prompt_logprobs = want > 0 ? want : -1;
+    json_t *salt = json_object_get(o, "cache_salt"); /* vLLM's: prefix-cache sharing only under the same salt */
+    if (salt && !json_is_null(salt)) {
+        if (!json_is_string(salt) || json_string_length(salt) < 1 || json_string_length(salt) > 256 ||
+            strlen(json_string_value(salt)) != json_string_length(salt)) {
+            rc = BAD("cache_salt", "'cache_salt' must be a non-empty string of at most 256 bytes");
+            goto fail;
+        }
+        p->cache_salt = json_string_value(salt);
+    }
     json_t *user = json_object_get(o, "user");
     if (user && !json_is_null(user)) {
         if (!json_is_string(user) || json_string_length(user) > 256) {

@@ -78,6 +78,7 @@ typedef struct sf_gw_params {
     int has_intent;
     sf_intent intent;
     const char *user;
+    const char *cache_salt;   /* vLLM's cache_salt: NULL or 1-256 bytes (points into the body's JSON) */
 } sf_gw_params;
 
 /* Parses body (len bytes, any content) into p. On failure fills e (status 400 or 404) and

@@ -75,6 +75,7 @@ void gw_req_on_event(const sf_event *ev)
         e.finish = ev->type == SF_EV_DONE ? ev->finish_reason : SF_FINISH_ERROR;
         e.prompt_tokens = ev->prompt_tokens;
         e.completion_tokens = ev->completion_tokens;
+        e.cached_tokens = ev->cached_tokens;
         e.e2e_s = ev->e2e_s;
         if (ev->type == SF_EV_ERROR) e.message = strdup(ev->message ? ev->message : sf_status_str(ev->status));
     }
@@ -328,9 +329,11 @@ static void sse_send(gw_req *r, json_t *obj)
 static json_t *usage(const gw_req *r)
 {
     int out = 0;
+    int cached = 0; /* each prompt once, as its first choice found it */
     for (int i = 0; i < r->n; i++) out += r->ch[i].completion_tokens;
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", r->prompt_tokens, "completion_tokens", out, "total_tokens",
-                     r->prompt_tokens + out);
+    for (int i = 0; i < r->n; i += SF_MAX(r->per_prompt, 1)) cached += r->ch[i].cached_tokens;
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", r->prompt_tokens, "completion_tokens", out,
+                     "total_tokens", r->prompt_tokens + out, "prompt_tokens_details", "cached_tokens", cached);
 }
 
 static void stream_token(gw_req *r, gw_choice *c, const gw_ev *e)
@@ -611,6 +614,7 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
             c->done = 1;
             c->finish = e->finish;
             if (e->completion_tokens > c->completion_tokens) c->completion_tokens = e->completion_tokens;
+            c->cached_tokens = e->cached_tokens;
             if (e->type == SF_EV_ERROR) c->error = e->message, e->message = NULL;
             r->engine_refs--;
             sf_hist_observe(&m->e2e, e->t - r->t0);

@@ -21,7 +21,7 @@ typedef struct collect {
     int n_tokens;
     char text[8192];
     size_t text_len;
-    int finish, status, prompt_tokens, completion_tokens;
+    int finish, status, prompt_tokens, completion_tokens, cached_tokens;
     double ttft, e2e;
     int n_top_seen, top_sorted, lp_ok;
     sf_engine *cancel_engine; /* cancel itself after cancel_after tokens */
@@ -84,6 +84,7 @@ static void on_event(const sf_event *ev)
         c->status = ev->type == SF_EV_ERROR ? ev->status : SF_OK;
         c->prompt_tokens = ev->prompt_tokens;
         c->completion_tokens = ev->completion_tokens;
+        c->cached_tokens = ev->cached_tokens;
         c->ttft = ev->ttft_s;
         c->e2e = ev->e2e_s;
         c->order = __atomic_add_fetch(&collect_finished, 1, __ATOMIC_SEQ_CST);

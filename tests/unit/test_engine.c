@@ -2,7 +2,9 @@
  * trained Llama-2 model in GGUF, so its text can be checked) and the demo model.
  * Greedy output equals a plain forward loop; seeds; stop strings; max_tokens; 32 concurrent
  * requests give the same tokens as each alone (also under preemption); a prompt's scored
- * logprobs equal the generated ones; cancel frees KV; admission errors. */
+ * logprobs equal the generated ones; prompts that share a beginning give with the prefix cache
+ * what they give computed whole (also under preemption), each tenant and salt its own cache;
+ * cancel frees KV; admission errors. */
 #include <pthread.h>
 
 #include "engine/engine.h"
@@ -15,6 +17,7 @@
 #include "tests/lib/engine_wait.h"
 
 static double swap_gib = 1.0; /* the engine's default; 0: preemption by recompute */
+static int prefix_caching = 1; /* the engine's default */
 
 static sf_engine *open_engine(const char *model, int max_seqs, int budget, int max_len, int kv_blocks, sf_error *err)
 {
@@ -28,6 +31,7 @@ static sf_engine *open_engine(const char *model, int max_seqs, int budget, int m
     c.max_model_len = max_len;
     c.num_kv_blocks = kv_blocks;
     c.swap_space_gib = swap_gib;
+    c.prefix_caching = prefix_caching;
     sf_engine *e = NULL;
     if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
     return e;
@@ -431,6 +435,120 @@ TEST(prompt_logprobs_preempted)
     swap_gib = 1.0;
 }
 
+/* Prompts sharing a beginning of ~100 tokens: with the prefix cache they give the tokens and
+ * logprobs they give computed whole (an engine without it), all at once after one ran alone,
+ * with a roomy pool or one small enough to preempt. The cached tokens each reports are at least
+ * the whole blocks it shares with the first; another tenant or another cache_salt finds none,
+ * and after a reset of the cache nobody does. */
+static void prefix_cache_equals_computed(int kv_blocks)
+{
+    static const char *shared = "Once upon a time, there was a little girl named Lily. She loved to play outside in "
+                                "the park with her friends. One day, she saw a big red ball near the old tree. She "
+                                "wanted to play with it, but it was too high. Lily asked her mom for help, and her mom "
+                                "smiled and said";
+    static const char *ends[] = { " yes.", " no.", " that the ball was", " it", " a", " \"Let us go home.\"",
+                                  " she would try", " the tree was big", " nothing", " yes.", " hello", " one more" };
+    enum { N = 12, OUT = 24 };
+    static collect ref[N], got[N];
+    int32_t prompts[N][256];
+    int np[N];
+    sf_error err = { 0 };
+    prefix_caching = 0;
+    sf_engine *e0 = open_engine(stories(), 8, 64, 0, 0, &err);
+    prefix_caching = 1;
+    REQUIRE(e0, "engine: %s", err.msg);
+    for (int i = 0; i < N; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s", shared, ends[i]);
+        np[i] = encode(e0, text, prompts[i], 256);
+        collect_init(&ref[i]);
+        sf_sampling sp = greedy(OUT);
+        sp.ignore_eos = 1;
+        sp.logprobs = 1;
+        CHECK(submit(e0, prompts[i], np[i], &sp, &ref[i], &err) == SF_OK);
+        collect_wait(&ref[i]);
+        CHECK(ref[i].cached_tokens == 0);
+    }
+    sf_engine_free(e0);
+
+    sf_engine *e = open_engine(stories(), 8, 64, 0, kv_blocks, &err);
+    REQUIRE(e, "engine: %s", err.msg);
+    for (int i = 0; i < N; i++) {
+        collect_init(&got[i]);
+        sf_sampling sp = greedy(OUT);
+        sp.ignore_eos = 1;
+        sp.logprobs = 1;
+        CHECK(submit(e, prompts[i], np[i], &sp, &got[i], &err) == SF_OK);
+        if (i == 0) collect_wait(&got[0]); /* the first alone: its blocks are cached for the rest */
+    }
+    int same = 0, cached_ok = 1;
+    float worst = 0;
+    for (int i = 0; i < N; i++) {
+        collect_wait(&got[i]);
+        same += got[i].n_tokens == ref[i].n_tokens &&
+                !memcmp(got[i].tokens, ref[i].tokens, (size_t)ref[i].n_tokens * sizeof(int32_t));
+        for (int t = 0; t < got[i].n_tokens && t < ref[i].n_tokens; t++)
+            worst = SF_MAX(worst, fabsf(got[i].lp[t] - ref[i].lp[t]));
+        int common = 0;
+        while (common < np[i] && common < np[0] && prompts[i][common] == prompts[0][common]) common++;
+        int want = i ? SF_MIN(common, np[i] - 1) / 16 * 16 : 0;
+        if (got[i].cached_tokens < want || got[i].cached_tokens > np[i] - 1 || got[i].cached_tokens % 16) {
+            cached_ok = 0;
+            printf("  request %d: %d cached tokens of %d (shares %d with the first)\n", i, got[i].cached_tokens, np[i],
+                   common);
+        }
+    }
+    CHECK_MSG(same == N, "%d of %d requests give the tokens they give computed whole", same, N);
+    CHECK_MSG(worst < 1e-4f, "logprobs differ by up to %g", (double)worst);
+    CHECK_MSG(cached_ok, "cached tokens as reported");
+    sf_engine_stats st;
+    wait_idle(e, &st);
+    CHECK_MSG(st.prefix_caching && st.prefix_hits >= (uint64_t)(N - 1) * 64 && st.prefix_queries >= st.prefix_hits,
+              "prefix cache: %llu of %llu prompt tokens found", (unsigned long long)st.prefix_hits,
+              (unsigned long long)st.prefix_queries);
+    CHECK_MSG(!kv_blocks || st.preemptions > 0, "no preemption with %d KV blocks", kv_blocks);
+    CHECK_MSG(st.kv_blocks_used == 0 && st.prefix_blocks > 0 && st.prefix_evictable == st.prefix_blocks,
+              "idle: %d KV blocks used, %d cached, %d of them free", st.kv_blocks_used, st.prefix_blocks,
+              st.prefix_evictable);
+    printf("  %s pool: %llu of %llu prompt tokens found cached, %llu preemptions, %llu evictions\n",
+           kv_blocks ? "small" : "roomy", (unsigned long long)st.prefix_hits, (unsigned long long)st.prefix_queries,
+           (unsigned long long)st.preemptions, (unsigned long long)st.prefix_evictions);
+
+    /* tenants and salts: their own caches */
+    const char *tenant[] = { "other", "", "other", "" }, *salt[] = { NULL, "x", NULL, NULL };
+    int want_hit[] = { 0, 0, 1, 1 };
+    for (int k = 0; k < 4; k++) {
+        collect c;
+        collect_init(&c);
+        sf_submit s;
+        memset(&s, 0, sizeof s);
+        s.prompt = prompts[0];
+        s.n_prompt = np[0];
+        s.sampling = greedy(2);
+        snprintf(s.tenant, sizeof s.tenant, "%s", tenant[k]);
+        s.cache_salt = salt[k];
+        s.cb = on_event;
+        s.user = &c;
+        double retry;
+        CHECK(sf_engine_submit(e, &s, NULL, &retry, &err) == SF_OK);
+        collect_wait(&c);
+        CHECK_MSG(want_hit[k] ? c.cached_tokens == (np[0] - 1) / 16 * 16 : c.cached_tokens == 0,
+                  "tenant '%s' salt %s: %d cached tokens", tenant[k], salt[k] ? salt[k] : "none", c.cached_tokens);
+    }
+    /* a reset forgets them all */
+    sf_engine_reset_prefix_cache(e);
+    collect c;
+    collect_init(&c);
+    sf_sampling sp = greedy(2);
+    CHECK(submit(e, prompts[1], np[1], &sp, &c, &err) == SF_OK);
+    collect_wait(&c);
+    CHECK_MSG(c.cached_tokens == 0, "after a reset: %d cached tokens", c.cached_tokens);
+    sf_engine_free(e);
+}
+
+TEST(prefix_cache_equals_computed) { prefix_cache_equals_computed(0); }
+TEST(prefix_cache_equals_computed_preempted) { prefix_cache_equals_computed(24); }
+
 TEST(cancel_frees_kv)
 {
     sf_error err = { 0 };
@@ -674,6 +792,8 @@ int main(void)
     RUN(concurrent_equals_alone_preempted);
     RUN(prompt_logprobs_match_generation);
     RUN(prompt_logprobs_preempted);
+    RUN(prefix_cache_equals_computed);
+    RUN(prefix_cache_equals_computed_preempted);
     RUN(cancel_frees_kv);
     RUN(submit_cancel_storm);
     RUN(admission_errors);
