@@ -23,6 +23,8 @@ typedef struct bench_opts {
     double gpu_util, temperature, top_p; /* throughput: every request's sampling (top_p 1: off) */
     int top_k;
     const char *compare; /* throughput: a `bench decode-batch --json` result to set the engine's step beside */
+    int prefix_len;      /* throughput: the first prefix_len prompt tokens the same in every request */
+    int no_prefix_cache; /* throughput: --no-prefix-caching (the engine's prefix cache off) */
 } bench_opts;
 
 /* FLOPs of one prefill step of T tokens from position 0 (GEMMs, causal attention, one lm_head row). */

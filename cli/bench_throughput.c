@@ -105,6 +105,7 @@ static int open_engine(const bench_opts *o, const char *path, int max_seqs, sf_e
     c.gpu_memory_utilization = (float)o->gpu_util;
     c.host_sampling = o->sample_host;
     c.progress = !o->json;
+    c.prefix_caching = !o->no_prefix_cache;
     for (int i = 0; i < SF_URGENCY_COUNT; i++) c.queue_limit[i] = o->num_prompts + 1;
     return sf_engine_new(&c, out, err);
 }
@@ -170,7 +171,7 @@ int sf_bench_throughput(const bench_opts *o)
     int32_t *prompt = NULL;
     run_req *reqs = NULL;
     json_t *cmp = NULL; /* --compare */
-    int rc = 1, N = o->num_prompts, I = o->input, O = o->output;
+    int rc = 1, N = o->num_prompts, I = o->input, O = o->output, P = o->prefix_len;
     char path[1100];
     run_state st;
     memset(&st, 0, sizeof st);
@@ -179,6 +180,10 @@ int sf_bench_throughput(const bench_opts *o)
     if (o->preset) snprintf(path, sizeof path, "preset:%s", o->preset);
     else snprintf(path, sizeof path, "%s", o->model);
 
+    if (P > I) {
+        sf_err(&err, SF_EINVAL, "--prefix-len %d is longer than --input %d", P, I);
+        goto fail;
+    }
     int max_seqs = SF_MIN(o->max_num_seqs, N);
     if (o->compare && !(cmp = load_compare(o->compare, &err))) goto fail;
     if (open_engine(o, path, max_seqs, &e, &err)) goto fail;
@@ -225,8 +230,8 @@ int sf_bench_throughput(const bench_opts *o)
     const int on_gpu = !strcmp(in.backend, "cuda") && o->tp <= 1;
     const double free0 = on_gpu ? device_free_bytes() : -1;
     double t0 = sf_now_s();
-    for (int i = 0; i < N; i++) {
-        for (int k = 0; k < I; k++) prompt[k] = (int32_t)(sf_rng_next(&rng) % (uint64_t)in.vocab_size);
+    for (int i = 0; i < N; i++) { /* the first P tokens drawn once, the same in every prompt */
+        for (int k = i ? P : 0; k < I; k++) prompt[k] = (int32_t)(sf_rng_next(&rng) % (uint64_t)in.vocab_size);
         reqs[i].st = &st;
         sf_submit s = { .prompt = prompt, .n_prompt = I, .cb = on_event, .user = &reqs[i] };
         sf_sampling_default(&s.sampling);
@@ -266,6 +271,11 @@ int sf_bench_throughput(const bench_opts *o)
     bound bd = physical_bound(&in, N, I, O, max_seqs, o->tp, in.hw->gemm_tflops);
     /* the same at the GEMM rate the GPU sustains past its first ~50 ms (hal): a second figure */
     bound bs = physical_bound(&in, N, I, O, max_seqs, o->tp, in.hw->gemm_tflops_sustained);
+    /* prompt tokens found in the prefix cache are not computed: the bound's prefill counts the
+     * others (in proportion: at these lengths the GEMMs are nearly all of a prompt's FLOPs) */
+    const double computed = es.prefix_hits < (uint64_t)N * I ? 1.0 - (double)es.prefix_hits / ((double)N * I) : 0.0;
+    bd.prefill_s *= computed;
+    bs.prefill_s *= computed;
     double out_tps = out_tok / elapsed, tot_tps = ((double)N * I + out_tok) / elapsed;
     double bound_s = bd.prefill_s + bd.decode_s, bound_out = bound_s > 0 ? (double)N * O / bound_s : 0;
     double bound_tot = bound_s > 0 ? (double)N * (I + O) / bound_s : 0;
@@ -299,6 +309,9 @@ int sf_bench_throughput(const bench_opts *o)
                               "output_tokens_per_s", out_tps, "total_tokens_per_s", tot_tps, "requests_per_s", N / elapsed);
         json_object_set_new(j, "sampling", json_pack("{s:f, s:f, s:i}", "temperature", o->temperature, "top_p", o->top_p,
                                                      "top_k", o->top_k));
+        json_object_set_new(j, "prefix_cache", json_pack("{s:b, s:i, s:I, s:I}", "on", es.prefix_caching, "prefix_len", P,
+                                                         "hit_tokens", (json_int_t)es.prefix_hits, "query_tokens",
+                                                         (json_int_t)es.prefix_queries));
         json_t *b = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:f, s:I}", "output_tokens_per_s", bound_out,
                               "total_tokens_per_s", bound_tot, "ratio", bound_out > 0 ? out_tps / bound_out : 0.0,
                               "prefill_s", bd.prefill_s, "decode_s", bd.decode_s, "mem_gbs", bd.bw / 1e9,
@@ -372,6 +385,10 @@ int sf_bench_throughput(const bench_opts *o)
                max_seqs, in.kv_blocks, in.kv_block_size);
         printf("measured %.2f s: %.1f output tokens/s, %.1f total tokens/s, %.2f requests/s\n", elapsed, out_tps, tot_tps,
                N / elapsed);
+        if (P || es.prefix_hits)
+            printf("prefix   %d tokens the same in every prompt; prefix cache %s: %llu of %llu prompt tokens found cached "
+                   "(the bound's prefill counts the %.1f%% computed)\n", P, es.prefix_caching ? "on" : "off",
+                   (unsigned long long)es.prefix_hits, (unsigned long long)es.prefix_queries, 100 * computed);
         if (o->tp > 1)
             printf("tp       %d ranks: each holds 1/%d of the weights (%.2f GB) and KV for %d tokens (%zu bytes per token "
                    "per GPU); the bound below is one GPU's share of the work\n", o->tp, o->tp, bd.weight_bytes / 1e9,

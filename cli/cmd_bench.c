@@ -710,6 +710,8 @@ static void usage(FILE *f)
                "  --temperature F       sampling temperature (default 1; 0 is greedy)\n"
                "  --top-p F             nucleus sampling for every request, (0, 1] (default 1: off)\n"
                "  --top-k N             keep the N most likely tokens (default 0: off)\n"
+               "  --prefix-len N        the first N of the --input tokens the same in every prompt (default 0)\n"
+               "  --no-prefix-caching   the engine's prefix cache off (on by default)\n"
                "  --compare FILE        a `bench decode-batch --json` result: its step (the forward pass alone) is\n"
                "                        reported beside the engine's decode step\n");
 }
@@ -772,6 +774,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "gpu-memory-utilization", required_argument, NULL, 'G' }, { "temperature", required_argument, NULL, 'T' },
         { "top-p", required_argument, NULL, 'Q' }, { "top-k", required_argument, NULL, 'Y' },
         { "compare", required_argument, NULL, 'C' }, { "loop", required_argument, NULL, 'L' },
+        { "prefix-len", required_argument, NULL, 'R' }, { "no-prefix-caching", no_argument, NULL, 'Z' },
         { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
@@ -813,6 +816,8 @@ int sf_cmd_bench(int argc, char **argv)
         case 'Q': if (parse_range("--top-p", optarg, 0, 1, 1, &o.top_p)) return 2; break;
         case 'Y': if (parse_int("--top-k", optarg, 0, 1 << 20, &o.top_k)) return 2; break;
         case 'C': o.compare = optarg; break;
+        case 'R': if (parse_int("--prefix-len", optarg, 0, 1 << 20, &o.prefix_len)) return 2; break;
+        case 'Z': o.no_prefix_cache = 1; break;
         case 'L': if (parse_pair("--loop", optarg, "serial", "async", &o.serial_loop)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
