@@ -3,7 +3,8 @@
 the demo model (CPU backend) on a free loopback port.
 
 Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
-generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, tokenize routes, metrics, more than 30 bad inputs
+generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, tokenize
+routes, metrics, more than 30 bad inputs
 (each must get the right status and leave the server serving), half-open connections, and a
 client that disconnects mid-stream (its KV blocks must be freed)."""
 import http.client
@@ -545,6 +546,45 @@ def test_prompt_batch(s):
           (r, want))
 
 
+def test_prefix_cache(s):
+    """A prompt sent again finds its whole blocks cached (usage.prompt_tokens_details.cached_tokens)
+    and gives the same greedy text; another cache_salt finds nothing; the counters in /metrics."""
+    text = " ".join("word%d" % i for i in range(120))  # ~250 tokens, not sent by any other test
+    body = {"prompt": text, "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    h0 = s.metric("semflow_prefix_cache_hits_total") or 0
+    st, _, a = s.json("/v1/completions", body)
+    n = a["usage"]["prompt_tokens"] if st == 200 else 0
+    check("prefix_first_nothing_cached", st == 200 and a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, a)
+    st, _, b = s.json("/v1/completions", body)
+    cached = b["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
+    check("prefix_again_whole_blocks_cached", n > 32 and cached == (n - 1) // 16 * 16, (n, cached))
+    check("prefix_again_same_text", st == 200 and b["choices"][0]["text"] == a["choices"][0]["text"], (a, b))
+    h1 = s.metric("semflow_prefix_cache_hits_total") or 0
+    check("prefix_metrics_hits", h1 - h0 >= cached and s.metric("semflow_prefix_cache_blocks") > 0, (h0, h1))
+    # a salt of its own: nothing shared with the unsalted requests, then its own blocks
+    got = []
+    for _ in range(2):
+        st, _, r = s.json("/v1/completions", dict(body, cache_salt="tenant-a-secret"))
+        got.append(r["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1)
+    check("prefix_salt_isolates", got == [0, cached], got)
+    # chat, streamed with usage: the same field in the last chunk
+    msgs = [{"role": "system", "content": text}, {"role": "user", "content": "Hi"}]
+    cb = {"messages": msgs, "max_tokens": 4, "temperature": 0, "stream": True, "stream_options": {"include_usage": True}}
+    s.json("/v1/chat/completions", dict(cb, stream=False, stream_options=None))
+    st, ev, done = s.stream("/v1/chat/completions", cb)
+    u = ev[-1].get("usage") if ev else None
+    check("prefix_chat_stream_usage", st == 200 and done and u and u["prompt_tokens_details"]["cached_tokens"] >= 240,
+          u)
+    # a batch of prompts: each prompt's cached tokens once
+    st, _, r = s.json("/v1/completions", dict(body, prompt=[text, text + " more"], n=2))
+    c2 = r["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
+    check("prefix_batch_usage_per_prompt", c2 >= 2 * cached, (c2, cached))
+    for bad in ("", 5, "x" * 257, ["a"]):
+        st, _, r = s.json("/v1/completions", dict(body, cache_salt=bad))
+        check("prefix_bad_salt_400_%s" % type(bad).__name__ + ("_empty" if bad == "" else ""),
+              st == 400 and r["error"]["param"] == "cache_salt", (st, r))
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -756,6 +796,7 @@ def main():
         test_tools(s)
         test_prompt_logprobs(s)
         test_prompt_batch(s)
+        test_prefix_cache(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)

@@ -2,7 +2,7 @@
 """`semflow serve` under load, against the real binary on the demo model (CPU backend):
 64 concurrent streaming clients, a higher class overtaking a queue of lower ones, overload
 answered with 429 before any work (nothing lost), tenants (401, rate and concurrency limits,
-urgency cap), SIGTERM draining an in-flight stream, a SIGTERM that comes while the gateway's thread is
+urgency cap, their own prefix caches), SIGTERM draining an in-flight stream, a SIGTERM that comes while the gateway's thread is
 busy with another signal (every other thread blocks it, so none dies of it), and a second SIGTERM
 cutting the drain short."""
 import http.client
@@ -209,6 +209,13 @@ def test_tenants():
         check("tenants_bad_key_401", st == 401, st)
         st, _, _ = s.request("POST", "/v1/completions", body, {"Authorization": "Bearer sk-gold-000001"})
         check("tenants_good_key_200", st == 200, st)
+        # the prefix cache is each tenant's own: gold finds its prompt again, single does not
+        long_body = {"prompt": " ".join("t%d" % i for i in range(80)), "max_tokens": 2}
+        cached = []
+        for key in ("sk-gold-000001", "sk-gold-000001", "sk-single-00001"):
+            st, _, data = s.request("POST", "/v1/completions", long_body, {"Authorization": "Bearer " + key})
+            cached.append(json.loads(data)["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1)
+        check("tenants_prefix_cache_own", cached[0] == 0 and cached[1] >= 64 and cached[2] == 0, cached)
         th = {"Authorization": "Bearer sk-thrifty-0001", "X-Semantic-Intent": "realtime-chat; urgency=high"}
         st, h, _ = s.request("POST", "/v1/completions", body, th)
         check("tenants_urgency_capped", st == 200 and "urgency=low" in h.get("x-semantic-intent-applied", ""), h)
