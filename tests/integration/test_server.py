@@ -575,6 +575,16 @@ def test_prefix_cache(s):
     u = ev[-1].get("usage") if ev else None
     check("prefix_chat_stream_usage", st == 200 and done and u and u["prompt_tokens_details"]["cached_tokens"] >= 240,
           u)
+    # a chat's next turn finds the turns before it
+    turn = [{"role": "system", "content": " ".join("rule%d" % i for i in range(60))},
+            {"role": "user", "content": "Tell me a story about a cat."}]
+    st, _, t1 = s.json("/v1/chat/completions", {"messages": turn, "max_tokens": 12, "temperature": 0})
+    n1 = t1["usage"]["prompt_tokens"] if st == 200 else 0
+    turn += [{"role": "assistant", "content": t1["choices"][0]["message"]["content"] if st == 200 else ""},
+             {"role": "user", "content": "And then?"}]
+    st, _, t2 = s.json("/v1/chat/completions", {"messages": turn, "max_tokens": 4, "temperature": 0})
+    c2 = t2["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
+    check("prefix_chat_next_turn", n1 > 100 and c2 >= n1 // 16 * 16 - 16, (n1, c2))
     # a batch of prompts: each prompt's cached tokens once
     st, _, r = s.json("/v1/completions", dict(body, prompt=[text, text + " more"], n=2))
     c2 = r["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
