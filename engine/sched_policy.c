@@ -249,8 +249,9 @@ static void refresh(sf_sched *s)
     double need = 0, hi_units = 0;
     int low_res = 0, hi_seats = 0, i8 = 0;
     for (sf_seq *q = s->running.next; q != &s->running; q = q->next) {
-        int k = seq_kind(s, q), full = sf_policy_full_units(s, q, k);
-        int n = SF_MAX(full, q->n_blocks * sf_kv_units(k));
+        /* blocks it shares from another holder's (prefix cache) are that one's memory, counted there */
+        int k = seq_kind(s, q), own = q->n_uncounted * sf_kv_units(k), full = sf_policy_full_units(s, q, k) - own;
+        int n = SF_MAX(full, q->n_blocks * sf_kv_units(k) - own);
         i8 += q->n_blocks > 0 && q->kv_i8_held;
         if (q->urgency >= SF_URGENCY_HIGH) {
             hi_units += n, hi_seats++;

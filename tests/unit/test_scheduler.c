@@ -461,6 +461,40 @@ TEST(scored_prompts_fit_the_logit_rows)
     world_free(&w);
 }
 
+/* Eight sequences sharing a 640-token beginning found in the prefix cache: the pool holds it
+ * once, and the KV demand the degrade policy watches counts it once, not eight times. */
+TEST(prefix_shared_counts_once)
+{
+    world w;
+    prefix_cache = 1;
+    int wrc = world_init(&w, 200, 16, 8, 2048, 2048, 0.1f);
+    prefix_cache = 0;
+    REQUIRE(wrc == 0, "init");
+    fake *f[8];
+    for (int i = 0; i < 8; i++) {
+        f[i] = fake_new(100 + i, SF_URGENCY_NORMAL, 656, i ? 3 : 20); /* the first still runs when the rest do */
+        for (int t = 0; t < 640; t++) f[i]->q.tokens[t] = 5000 + t;
+        f[i]->q.max_len = 656 + f[i]->want;
+    }
+    sf_sched_add(&w.s, &f[0]->q);
+    while (f[0]->q.n_computed < 656) step(&w);
+    for (int i = 1; i < 8; i++) sf_sched_add(&w.s, &f[i]->q);
+    step(&w);
+    int found = 1;
+    for (int i = 1; i < 8; i++) found &= f[i]->q.n_cached == 640 && f[i]->q.n_uncounted == 40;
+    CHECK_MSG(found, "each later sequence found the 40 shared blocks held by the first");
+    /* held: 40 shared + 1 block of each one's own 16 tokens (+ the first's decode block) */
+    CHECK_MSG(w.pool.n_free >= 200 - 40 - 8 - 1, "%d of 200 blocks free", w.pool.n_free);
+    step(&w); /* a plan with all eight running: the policy's figures are refreshed at its start */
+    CHECK(w.s.n_running == 8);
+    double d = sf_sched_kv_demand(&w.s);
+    CHECK_MSG(d < 0.5, "KV demand %.2f (the shared blocks counted once: 0.28 + the high class's headroom; eight times: ~1.7)", d);
+    CHECK_MSG(!w.bad, "%s", w.why);
+    while (!f[0]->finished || !f[7]->finished) step(&w);
+    for (int i = 0; i < 8; i++) fake_free(f[i]);
+    world_free(&w);
+}
+
 /* A few thousand random steps: arrivals of every class, random prompt and output lengths,
  * cancellations, a pool small enough to force preemption, block tables with a rounded stride,
  * a fifth of the prompts scored. Invariants are checked every step;
@@ -556,6 +590,7 @@ int main(void)
     RUN(too_long_for_pool_is_stuck);
     RUN(bad_config_rejected);
     RUN(scored_prompts_fit_the_logit_rows);
+    RUN(prefix_shared_counts_once);
     RUN(random_workload);
     RUN(random_workload_prefix_cache);
     RUN(random_workload_prefix_cache_swap);
