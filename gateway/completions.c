@@ -86,6 +86,13 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     }
     for (int k = 0; k < np; k++) {
         if (gw_tokenize_prompt(engine, &p, k, &ids[k], &n_ids[k], &e)) goto reject;
+        /* vLLM's truncate_prompt_tokens: the prompt's last tokens (its beginning, BOS too, dropped) */
+        int keep = p.truncate > 0 ? p.truncate : p.truncate < 0 ? gw->max_model_len - 1 : 0;
+        if (keep > 0 && n_ids[k] > keep) {
+            memmove(ids[k], ids[k] + (n_ids[k] - keep), (size_t)keep * sizeof *ids[k]);
+            n_ids[k] = keep;
+            if (kind == SF_GW_COMPLETIONS) p.prompts[k].text = NULL; /* an echo decodes what was kept */
+        }
         total_ids += n_ids[k];
     }
     if (sf_gw_force_call(&p, sf_tok_chat_format(sf_engine_tokenizer(engine)) == SF_CHAT_LLAMA3, &e)) goto reject;

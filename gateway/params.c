@@ -483,6 +483,13 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
     x = 1;
     if ((rc = get_int(o, "n", 1, SF_GW_MAX_N, &x, e))) goto fail;
     p->n = (int)x;
+    x = 0;
+    if ((rc = get_int(o, "truncate_prompt_tokens", -1, SF_GW_MAX_TOKENS_LIMIT, &x, e))) goto fail;
+    if (x == 0 && json_is_integer(json_object_get(o, "truncate_prompt_tokens"))) {
+        rc = BAD("truncate_prompt_tokens", "'truncate_prompt_tokens' must be at least 1, or -1 for the context's length");
+        goto fail;
+    }
+    p->truncate = (int)x;
     if (p->n_prompts * p->n > SF_GW_MAX_CHOICES) {
         rc = BAD("n", "%d prompts x n = %d choices; at most %d in one request", p->n_prompts, p->n_prompts * p->n,
                  SF_GW_MAX_CHOICES);

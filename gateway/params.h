@@ -69,6 +69,8 @@ typedef struct sf_gw_params {
     int max_tokens_given;
     int stream, include_usage;
     int n;
+    int truncate;             /* vLLM's truncate_prompt_tokens: keep each prompt's last `truncate` tokens
+                               * (0: off; -1: as many as the context holds with one token out) */
     int logprobs;             /* chat: logprobs true; completions: logprobs given */
     int top_logprobs;         /* alternatives per token (0..20) */
     int echo;                 /* completions: the prompt comes back before the output (with logprobs:

@@ -3,7 +3,7 @@
 the demo model (CPU backend) on a free loopback port.
 
 Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
-generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, tokenize
+generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, tokenize
 routes, metrics, more than 30 bad inputs
 (each must get the right status and leave the server serving), half-open connections, and a
 client that disconnects mid-stream (its KV blocks must be freed)."""
@@ -595,6 +595,29 @@ def test_prefix_cache(s):
               st == 400 and r["error"]["param"] == "cache_salt", (st, r))
 
 
+def test_truncate(s):
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens; -1: as many as the context holds."""
+    text = " ".join("item%d" % i for i in range(100))
+    st, _, whole = s.json("/tokenize", {"prompt": text})
+    toks = whole.get("tokens", [])
+    st, _, r = s.json("/v1/completions", {"prompt": text, "max_tokens": 0, "echo": True, "truncate_prompt_tokens": 40})
+    st2, _, d = s.json("/detokenize", {"tokens": toks[-40:]})
+    check("truncate_keeps_last_tokens", st == 200 and r["usage"]["prompt_tokens"] == 40 and
+          r["choices"][0]["text"] == d.get("prompt"), (st, r.get("usage"), r.get("choices", [{}])[0].get("text", "")[:80]))
+    st, _, r = s.json("/v1/completions", {"prompt": text, "max_tokens": 2, "truncate_prompt_tokens": 10 ** 5})
+    check("truncate_longer_than_prompt_keeps_all", st == 200 and r["usage"]["prompt_tokens"] == len(toks), r.get("usage"))
+    big = " ".join("w%d" % i for i in range(1500))  # over the test server's 2048-token context
+    st, _, r = s.json("/v1/completions", {"prompt": big, "truncate_prompt_tokens": -1})
+    check("truncate_minus_one_fits_the_context", st == 200 and r["usage"]["prompt_tokens"] == 2047 and
+          r["usage"]["completion_tokens"] == 1, (st, r.get("usage"), r.get("error")))
+    st, _, r = s.json("/v1/chat/completions", {"messages": [{"role": "user", "content": big}], "max_tokens": 3,
+                                               "truncate_prompt_tokens": 100})
+    check("truncate_chat", st == 200 and r["usage"]["prompt_tokens"] == 100, (st, r.get("usage")))
+    for bad in (0, -2, "5", 1.5):
+        st, _, r = s.json("/v1/completions", {"prompt": "hi", "truncate_prompt_tokens": bad})
+        check("truncate_bad_%r_400" % (bad,), st == 400 and r["error"]["param"] == "truncate_prompt_tokens", (st, r))
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -807,6 +830,7 @@ def main():
         test_prompt_logprobs(s)
         test_prompt_batch(s)
         test_prefix_cache(s)
+        test_truncate(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)
