@@ -18,6 +18,8 @@ static void usage(FILE *f)
             "  --scenario FILE        classes mixing intents, API keys, prompt and output lengths (JSON)\n"
             "  --prompt-tokens D      without a scenario: prompt words, N | uniform:MIN:MAX | normal:MEAN:STD (32)\n"
             "  --output-tokens D      without a scenario: output tokens, same forms (32)\n"
+            "  --prefix-tokens N      without a scenario: words every prompt begins with, the same for all (the\n"
+            "                         system message with --chat): what the server's prefix cache finds (0)\n"
             "  --intent S             without a scenario: X-Semantic-Intent to send\n"
             "  --api-key K            without a scenario: bearer key\n"
             "  --chat                 without a scenario: use /v1/chat/completions\n"
@@ -32,14 +34,14 @@ static void usage(FILE *f)
 int sf_cmd_loadgen(int argc, char **argv)
 {
     enum { O_URL = 256, O_CONC, O_RATE, O_NUM, O_DUR, O_SCEN, O_PT, O_OT, O_INTENT, O_KEY, O_CHAT, O_MODEL, O_SLO,
-           O_NOEOS, O_TIMEOUT, O_SEED, O_JSON, O_HELP };
+           O_NOEOS, O_TIMEOUT, O_SEED, O_JSON, O_PREFIX, O_HELP };
     static const struct option opts[] = {
         { "url", 1, 0, O_URL }, { "concurrency", 1, 0, O_CONC }, { "rate", 1, 0, O_RATE },
         { "num-requests", 1, 0, O_NUM }, { "duration", 1, 0, O_DUR }, { "scenario", 1, 0, O_SCEN },
         { "prompt-tokens", 1, 0, O_PT }, { "output-tokens", 1, 0, O_OT }, { "intent", 1, 0, O_INTENT },
         { "api-key", 1, 0, O_KEY }, { "chat", 0, 0, O_CHAT }, { "model", 1, 0, O_MODEL }, { "slo", 1, 0, O_SLO },
         { "no-ignore-eos", 0, 0, O_NOEOS }, { "timeout", 1, 0, O_TIMEOUT }, { "seed", 1, 0, O_SEED },
-        { "json", 1, 0, O_JSON }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
+        { "json", 1, 0, O_JSON }, { "prefix-tokens", 1, 0, O_PREFIX }, { "help", 0, 0, O_HELP }, { 0, 0, 0, 0 },
     };
     sf_lg_config c;
     sf_lg_config_default(&c);
@@ -59,6 +61,10 @@ int sf_cmd_loadgen(int argc, char **argv)
         case O_SCEN: scenario = optarg; break;
         case O_PT: rc = sf_lg_parse_dist(optarg, &c.classes[0].prompt, &err); break;
         case O_OT: rc = sf_lg_parse_dist(optarg, &c.classes[0].output, &err); break;
+        case O_PREFIX:
+            c.classes[0].prefix_words = (int)strtol(optarg, &end, 10);
+            rc = *end || c.classes[0].prefix_words < 0 || c.classes[0].prefix_words > 100000;
+            break;
         case O_INTENT: snprintf(c.classes[0].intent, sizeof c.classes[0].intent, "%s", optarg); break;
         case O_KEY: snprintf(c.classes[0].api_key, sizeof c.classes[0].api_key, "%s", optarg); break;
         case O_CHAT: c.classes[0].chat = 1; break;

@@ -77,6 +77,8 @@ static void on_line(lg_req *q, const char *line, size_t n)
     if (json_is_object(usage)) {
         s->output_tokens = (int)json_integer_value(json_object_get(usage, "completion_tokens"));
         s->prompt_tokens = (int)json_integer_value(json_object_get(usage, "prompt_tokens"));
+        s->cached_tokens = (int)json_integer_value(json_object_get(json_object_get(usage, "prompt_tokens_details"),
+                                                                   "cached_tokens"));
     }
     json_t *ch = json_array_get(json_object_get(o, "choices"), 0);
     json_t *fr = json_object_get(ch, "finish_reason");
@@ -177,13 +179,24 @@ static void issue(lg_run *r)
         return;
     }
     q->run = r, q->idx = idx, q->cap_itl = out;
-    char *prompt = malloc((size_t)pw * 8 + 1);
+    /* the class's shared beginning: the same words for every request (its own rng, seeded by the
+     * class), then the request's own */
+    const int pre = k->prefix_words;
+    char *prompt = malloc((size_t)(pw + pre) * 8 + 2);
     size_t o = 0;
+    sf_rng prng;
+    sf_rng_seed(&prng, c->seed * 1000003u + (uint64_t)s->cls + 1);
+    for (int i = 0; i < pre; i++) o += (size_t)sprintf(prompt + o, "%s%s", i ? " " : "", words[sf_rng_next(&prng) % SF_ARRAY_LEN(words)]);
+    const size_t split = o; /* the beginning ends here; for chat it is the system message */
+    if (pre && !k->chat) prompt[o++] = ' ';
     for (int i = 0; i < pw; i++) o += (size_t)sprintf(prompt + o, "%s%s", i ? " " : "", words[sf_rng_next(&r->rng) % SF_ARRAY_LEN(words)]);
     prompt[o] = 0;
     json_t *body = json_pack("{s:i, s:b, s:{s:b}, s:b, s:f}", "max_tokens", out, "stream", 1, "stream_options",
                              "include_usage", 1, "ignore_eos", c->ignore_eos, "temperature", 0.0);
-    if (k->chat) json_object_set_new(body, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", prompt));
+    if (k->chat && pre)
+        json_object_set_new(body, "messages", json_pack("[{s:s, s:s%}, {s:s, s:s}]", "role", "system", "content", prompt,
+                                                        split, "role", "user", "content", prompt + split));
+    else if (k->chat) json_object_set_new(body, "messages", json_pack("[{s:s, s:s}]", "role", "user", "content", prompt));
     else json_object_set_new(body, "prompt", json_string(prompt));
     if (c->model[0]) json_object_set_new(body, "model", json_string(c->model));
     free(prompt);

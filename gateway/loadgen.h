@@ -25,6 +25,8 @@ typedef struct sf_lg_class {
     char api_key[256];        /* "" for none */
     int chat;                 /* 1: /v1/chat/completions, 0: /v1/completions */
     sf_lg_dist prompt, output;/* prompt words, output tokens */
+    int prefix_words;         /* words every prompt of the class begins with (drawn once per class;
+                               * for chat, a system message), before its own drawn words */
 } sf_lg_class;
 
 #define SF_LG_MAX_CLASSES 16
@@ -54,7 +56,7 @@ int sf_lg_parse_slo(sf_lg_config *c, const char *s, sf_error *err);
  *   apply where the command line left them unset; with rate and duration the request cap becomes
  *   2 x rate x duration + 10 unless --num-requests changed it), "classes": [{"name", "weight", "intent", "api_key", "endpoint": "completions"|"chat",
  *   "prompt_tokens": N | {"dist": "uniform", "min", "max"} | {"dist": "normal", "mean", "std", "min", "max"},
- *   "output_tokens": same}]} */
+ *   "output_tokens": same, "prefix_tokens": N (words every prompt of the class begins with)}]} */
 int sf_lg_load_scenario(sf_lg_config *c, const char *path, sf_error *err);
 int sf_lg_parse_dist(const char *text, sf_lg_dist *d, sf_error *err); /* "32" | "uniform:16:64" | "normal:32:8" */
 
@@ -64,6 +66,7 @@ typedef struct sf_lg_sample {
     int ok;                   /* 200 and the stream ended with [DONE] */
     double t_start, ttft, e2el, tpot;
     int prompt_tokens, output_tokens;
+    int cached_tokens;        /* usage.prompt_tokens_details.cached_tokens: found in the prefix cache */
     double *itl;              /* [n_itl] */
     int n_itl;
 } sf_lg_sample;

@@ -192,6 +192,13 @@ int sf_lg_load_scenario(sf_lg_config *c, const char *path, sf_error *err)
         if (in) snprintf(k->intent, sizeof k->intent, "%s", json_string_value(in));
         if (key) snprintf(k->api_key, sizeof k->api_key, "%s", json_string_value(key));
         k->chat = ep && !strcmp(json_string_value(ep), "chat");
+        json_t *pre = json_object_get(o, "prefix_tokens");
+        if (pre && (!json_is_integer(pre) || json_integer_value(pre) < 0 || json_integer_value(pre) > 100000)) {
+            rc = sf_err(err, SF_EFORMAT, "scenario %s: classes[%zu].prefix_tokens must be an integer from 0 to 100000",
+                        path, i);
+            goto done;
+        }
+        k->prefix_words = pre ? (int)json_integer_value(pre) : 0;
         if ((rc = dist_from_json(json_object_get(o, "prompt_tokens"), "prompt_tokens", (int)i, &k->prompt, err)) ||
             (rc = dist_from_json(json_object_get(o, "output_tokens"), "output_tokens", (int)i, &k->output, err))) {
             sf_err_wrap(err, "scenario %s", path);

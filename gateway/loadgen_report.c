@@ -42,7 +42,7 @@ static stat4 summarize(double *v, int n)
 typedef struct cls_stats {
     const char *name;
     int total, completed, rejected, failed, good;
-    long out_tokens, in_tokens;
+    long out_tokens, in_tokens, cached_tokens;
     stat4 ttft, tpot, itl, e2el;
 } cls_stats;
 
@@ -70,6 +70,7 @@ static cls_stats compute(const sf_lg_config *c, const sf_lg_result *r, int cls)
             st.completed++;
             st.out_tokens += s->output_tokens;
             st.in_tokens += s->prompt_tokens;
+            st.cached_tokens += s->cached_tokens;
             ttft[a++] = s->ttft;
             e2el[k++] = s->e2el;
             if (s->output_tokens > 1) tpot[b++] = s->tpot;
@@ -103,6 +104,9 @@ void sf_lg_report_table(const sf_lg_config *c, const sf_lg_result *r, FILE *f)
             all.rejected, all.failed, r->elapsed_s);
     fprintf(f, "throughput: %.2f req/s, %.1f output tokens/s, %.1f input tokens/s\n", all.completed / r->elapsed_s,
             all.out_tokens / r->elapsed_s, all.in_tokens / r->elapsed_s);
+    if (all.cached_tokens)
+        fprintf(f, "prefix cache: %ld of %ld prompt tokens found cached (%.1f%%)\n", all.cached_tokens, all.in_tokens,
+                all.in_tokens ? 100.0 * all.cached_tokens / all.in_tokens : 0.0);
     if (c->slo_ttft_s || c->slo_tpot_s || c->slo_e2el_s)
         fprintf(f, "goodput: %.2f req/s (%d of %d completed met ttft<=%gms tpot<=%gms e2el<=%gms; 0 = no limit)\n",
                 all.good / r->elapsed_s, all.good, all.completed, c->slo_ttft_s * 1e3, c->slo_tpot_s * 1e3,
@@ -129,11 +133,14 @@ static json_t *stat_json(stat4 s)
 
 static json_t *cls_json(const cls_stats *s, double elapsed)
 {
-    return json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:I, s:o, s:o, s:o, s:o}", "class", s->name, "issued",
+    json_t *o = json_pack("{s:s, s:i, s:i, s:i, s:i, s:f, s:f, s:f, s:I, s:o, s:o, s:o, s:o}", "class", s->name, "issued",
                      s->total, "completed", s->completed, "rejected_429", s->rejected, "failed", s->failed,
                      "request_throughput", s->completed / elapsed, "output_throughput", s->out_tokens / elapsed,
                      "goodput", s->good / elapsed, "output_tokens", (json_int_t)s->out_tokens, "ttft", stat_json(s->ttft),
                      "tpot", stat_json(s->tpot), "itl", stat_json(s->itl), "e2el", stat_json(s->e2el));
+    json_object_set_new(o, "input_tokens", json_integer((json_int_t)s->in_tokens));
+    json_object_set_new(o, "cached_tokens", json_integer((json_int_t)s->cached_tokens));
+    return o;
 }
 
 int sf_lg_report_json(const sf_lg_config *c, const sf_lg_result *r, const char *path, sf_error *err)

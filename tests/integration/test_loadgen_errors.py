@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """semflow loadgen against a scripted SSE server: a 200 stream that carries an error event and
 finish_reason "error" (what semflow sends when the engine fails a request) counts as failed,
-not completed; a stream whose tokens carry no text has its TTFT at the end, never 0."""
+not completed; a stream whose tokens carry no text has its TTFT at the end, never 0;
+--prefix-tokens begins every prompt with the same words (a system message with --chat) and the
+report sums the usage's cached tokens."""
 import http.server
 import json
 import os
@@ -14,6 +16,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from sftest import BIN, check, results  # noqa: E402
 
 MODE = {"kind": "error"}
+BODIES = []
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -23,7 +26,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         pass
 
     def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        BODIES.append(json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0)))))
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -39,13 +42,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
             for _ in range(3):
                 ev({"choices": [{"index": 0, "text": "", "finish_reason": None}]})
             ev({"choices": [{"index": 0, "text": "", "finish_reason": "length"}],
-                "usage": {"prompt_tokens": 4, "completion_tokens": 3}})
+                "usage": {"prompt_tokens": 40, "completion_tokens": 3, "prompt_tokens_details": {"cached_tokens": 32}}})
         self.wfile.write(b"data: [DONE]\n\n")
 
 
-def loadgen(port, out):
+def loadgen(port, out, *extra):
     p = subprocess.run([BIN, "loadgen", "--url", "http://127.0.0.1:%d" % port, "--concurrency", "1",
-                        "--num-requests", "3", "--timeout", "20", "--json", out], capture_output=True, timeout=60)
+                        "--num-requests", "3", "--timeout", "20", "--json", out] + list(extra), capture_output=True,
+                       timeout=60)
     with open(out) as f:
         return p.returncode, json.load(f)["all"]
 
@@ -67,6 +71,18 @@ def main():
                   a["completed"] == 3 and a["ttft"]["median_ms"] > 0 and
                   abs(a["ttft"]["median_ms"] - a["e2el"]["median_ms"]) < 1e-6,
                   "completed %d ttft %s e2el %s" % (a["completed"], a["ttft"]["median_ms"], a["e2el"]["median_ms"]))
+            check("loadgen_cached_tokens_summed", a["cached_tokens"] == 96 and a["input_tokens"] == 120, a)
+            del BODIES[:]
+            loadgen(port, os.path.join(d, "pre.json"), "--prefix-tokens", "30", "--prompt-tokens", "5")
+            prompts = [b["prompt"].split() for b in BODIES]
+            check("loadgen_prefix_shared", len(prompts) == 3 and all(len(w) == 35 for w in prompts) and
+                  prompts[0][:30] == prompts[1][:30] == prompts[2][:30] and prompts[0][30:] != prompts[1][30:], prompts)
+            del BODIES[:]
+            loadgen(port, os.path.join(d, "chat.json"), "--prefix-tokens", "30", "--prompt-tokens", "5", "--chat")
+            ms = [b["messages"] for b in BODIES]
+            check("loadgen_prefix_chat_system", len(ms) == 3 and all(m[0]["role"] == "system" and
+                  len(m[0]["content"].split()) == 30 and m[0]["content"] == ms[0][0]["content"] and
+                  len(m[1]["content"].split()) == 5 for m in ms), ms)
         finally:
             srv.shutdown()
     print("%d passed, %d failed" % (results.passed, results.failures))
