@@ -42,31 +42,9 @@ if [ ! -x "$BIN" ]; then
 fi
 echo "overload: $(nvidia-smi -L | head -1) (CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-unset}), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
 
-# A Hugging Face folder with the Llama-3-8B shape: dummy weights need only config.json, and the
-# server needs a tokenizer for text prompts.
 M=$D/model
-mkdir -p "$M"
-TD=${SF_TESTDATA:-../shared/testdata}
-if [ -f "$TD/tinyllama-1.1b-chat-v1.0/tokenizer.json" ]; then
-    cp "$TD/tinyllama-1.1b-chat-v1.0/tokenizer.json" "$TD/tinyllama-1.1b-chat-v1.0/tokenizer_config.json" "$M/" 2>/dev/null
-    BOS=1 EOS=2
-else
-    echo "overload: no TinyLlama tokenizer under $TD; using the demo model's (more tokens per word)"
-    timeout 60 "$BIN" gen-model --out "$D/demo" >/dev/null 2>&1 || { echo "overload: gen-model failed"; exit 1; }
-    cp "$D/demo/tokenizer.json" "$D/demo/tokenizer_config.json" "$M/" 2>/dev/null
-    BOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("bos_token_id", 1))' "$D/demo/config.json")
-    EOS=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1])).get("eos_token_id", 2))' "$D/demo/config.json")
-fi
-# The vocabulary is the tokenizer's (32000 for TinyLlama's) instead of Llama-3's 128256, so every
-# token a random model samples has text and loadgen can time it: the LM head then reads 0.26 GB
-# a step instead of 1.05 GB (about 5% of the 15 GB a decode step reads).
-VOCAB=$(python3 -c 'import json,sys; t=json.load(open(sys.argv[1])); ids=list(t["model"]["vocab"].values()) + [a["id"] for a in t.get("added_tokens", [])]; print(max(ids) + 1)' "$M/tokenizer.json")
-cat >"$M/config.json" <<EOF
-{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
- "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": $VOCAB,
- "max_position_embeddings": 8192, "rms_norm_eps": 1e-05, "rope_theta": 500000.0, "hidden_act": "silu",
- "tie_word_embeddings": false, "torch_dtype": "bfloat16", "bos_token_id": $BOS, "eos_token_id": $EOS}
-EOF
+. bench/device/lib_model.sh
+model_8b "$M" || exit 1
 
 T0=$(date +%s)
 # The swap path's batched KV block copy: correct on this device, and its time against per-block copies.
