@@ -2,15 +2,15 @@
 # bench/device/prefix_serve.sh — the prefix cache as a client sees it (docs/PERFORMANCE.md
 # "Prefix cache"): `semflow serve` with Llama-3-8B's shape (dummy weights, lib_model.sh), chat
 # requests that share a system prompt of PREFIX words (~1.3 tokens a word with TinyLlama's
-# tokenizer) and each add USER words of their own, OUTPUT tokens out, Poisson arrivals at RATE
+# tokenizer) and each add USER_WORDS words of their own, OUTPUT tokens out, Poisson arrivals at RATE
 # requests/s (N of them), once with the prefix cache and once with --no-enable-prefix-caching.
 # Prints TTFT (median, P90), TPOT and the cached share for each.
 # Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/prefix_serve.sh (~2 min)
-# Env: PREFIX (1500), USER (40), OUTPUT (64), RATE (8), N (120). Exit 77 without a GPU.
+# Env: PREFIX (1500), USER_WORDS (40), OUTPUT (64), RATE (8), N (120). Exit 77 without a GPU.
 set -u
 BIN=${SF_BIN:-build/semflow}
 D=${OUT:-./out}/prefix_serve
-PREFIX=${PREFIX:-1500} USER_W=${USER:-40} OUTPUT=${OUTPUT:-64} RATE=${RATE:-8} N=${N:-120}
+PREFIX=${PREFIX:-1500} USER_W=${USER_WORDS:-40} OUTPUT=${OUTPUT:-64} RATE=${RATE:-8} N=${N:-120}
 mkdir -p "$D"
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "prefix_serve: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
