@@ -24,6 +24,7 @@ typedef struct jnode {
 typedef struct jtext { char *s; int len; int node; } jtext;
 
 struct sf_jschema {
+    int choice;             /* node 0's enums are raw strings the whole output is one of */
     jnode *nodes;
     int n_nodes, cap_nodes;
     jtext *props, *enums;
@@ -238,6 +239,43 @@ int sf_jschema_compile(const char *text, size_t len, sf_jschema **out, sf_error 
     return SF_OK;
 }
 
+int sf_jschema_choice(const char *text, size_t len, sf_jschema **out, sf_error *err)
+{
+    *out = NULL;
+    json_t *root = json_loadb(text, len, 0, NULL), *v;
+    size_t n = json_array_size(root), i;
+    int rc = SF_OK;
+    if (!json_is_array(root) || n == 0 || n > SF_JSON_MAX_PROPS) {
+        json_decref(root);
+        return sf_err(err, SF_EINVAL, "choice: a list of 1 to %d strings", SF_JSON_MAX_PROPS);
+    }
+    sf_jschema *sc = calloc(1, sizeof *sc);
+    if (!sc || !grow((void **)&sc->nodes, &sc->cap_nodes, 1, sizeof *sc->nodes)) rc = sf_err(err, SF_ENOMEM, "choice: out of memory");
+    json_array_foreach(root, i, v) {
+        if (rc) break;
+        size_t l = json_string_length(v);
+        if (!json_is_string(v) || l == 0 || l > 255 || strlen(json_string_value(v)) != l) {
+            rc = sf_err(err, SF_EINVAL, "choice %zu: a string of 1 to 255 bytes without NUL", i);
+            break;
+        }
+        for (int k = 0; k < sc->n_enums && !rc; k++)
+            if (sc->enums[k].len == (int)l && !memcmp(sc->enums[k].s, json_string_value(v), l))
+                rc = sf_err(err, SF_EINVAL, "choice %zu: the same as choice %d", i, k);
+        if (!rc && add_text(&sc->enums, &sc->n_enums, &sc->cap_enums, json_string_value(v), l, 0) < 0)
+            rc = sf_err(err, SF_ENOMEM, "choice: out of memory");
+    }
+    json_decref(root);
+    if (rc) {
+        sf_jschema_free(sc);
+        return rc;
+    }
+    sc->choice = 1;
+    sc->nodes[0] = (jnode){ .items = -1, .enum0 = 0, .n_enum = sc->n_enums, .min_items = -1, .max_items = -1 };
+    sc->n_nodes = 1;
+    *out = sc;
+    return SF_OK;
+}
+
 /* ---- the recognizer ------------------------------------------------------------------------ */
 enum {
     J_TOP,       /* before the object: whitespace, then '{' */
@@ -257,6 +295,7 @@ enum {
     J_SKEY,      /* in a key of a schema's object: one of its property names */
     J_ENUM,      /* in an enum's value: one of its texts */
     J_DONE,      /* the object is complete */
+    J_CHOICE,    /* a choice's output: ecand the strings it can still be, pos the bytes written */
 };
 /* number parts: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)? */
 enum { N_MINUS = 1, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
@@ -267,6 +306,10 @@ void sf_json_init(sf_json *j, const sf_jschema *sc)
 {
     memset(j, 0, offsetof(sf_json, f));
     j->sc = sc;
+    if (sc && sc->choice) {
+        j->mode = J_CHOICE;
+        j->ecand = sc->n_enums == 64 ? ~0ull : (1ull << sc->n_enums) - 1;
+    }
 }
 
 void sf_json_copy(sf_json *dst, const sf_json *src)
@@ -274,7 +317,25 @@ void sf_json_copy(sf_json *dst, const sf_json *src)
     memcpy(dst, src, offsetof(sf_json, f) + (size_t)src->nf * sizeof src->f[0]);
 }
 
-int sf_json_done(const sf_json *j) { return j->mode == J_DONE; }
+/* A choice's strings it can still be: which of them it equals now (done), and whether one is
+ * longer (it may go on). */
+static void choice_state(const sf_json *j, int *done, int *more)
+{
+    *done = *more = 0;
+    for (int i = 0; i < j->sc->n_enums; i++)
+        if (j->ecand >> i & 1) {
+            if (j->sc->enums[i].len == j->pos) *done = 1;
+            else *more = 1;
+        }
+}
+
+int sf_json_done(const sf_json *j)
+{
+    if (j->mode != J_CHOICE) return j->mode == J_DONE;
+    int done, more;
+    choice_state(j, &done, &more);
+    return done;
+}
 
 static int is_ws(int c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 static int is_digit(int c) { return c >= '0' && c <= '9'; }
@@ -603,6 +664,13 @@ static int feed_byte(sf_json *j, int c)
         return 1;
     case J_SKEY: return skey_byte(j, c);
     case J_ENUM: return enum_byte(j, c);
+    case J_CHOICE: {
+        const jtext *e = j->sc->enums;
+        for (int i = 0; i < j->sc->n_enums; i++)
+            if (j->ecand >> i & 1 && (j->pos >= e[i].len || (unsigned char)e[i].s[j->pos] != c)) j->ecand &= ~(1ull << i);
+        j->pos++;
+        return j->ecand != 0;
+    }
     }
     return 0;
 }
@@ -772,13 +840,14 @@ const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
  * shares it fails without a byte fed. Plain texts inside a string fit as they stand. */
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
-    int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need;
+    int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need, more = 0;
+    if (j->mode == J_CHOICE) choice_state(j, &done, &more); /* done, yet a longer one may go on */
     for (int i = 0; i < v->n_rest; i++) { /* end-of-generation ids fit once the object is done */
         int32_t id = v->rest[i];
         if (done && v->eog[id]) kept++;
         else logits[id] = -INFINITY;
     }
-    if (done) {
+    if (done && !more) {
         for (int i = 0; i < v->n_order; i++) logits[v->order[i]] = -INFINITY;
         return kept;
     }

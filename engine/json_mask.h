@@ -14,7 +14,11 @@
  * `properties` taking any members, `items`, `minItems`/`maxItems`, `enum`/`const` of strings,
  * booleans and null (written as the schema writes them), and the annotations `title`,
  * `description`, `default`, `examples`, `$schema`, `$comment`. The root is an object. Any other
- * keyword is refused by name rather than ignored. */
+ * keyword is refused by name rather than ignored.
+ *
+ * A choice (vLLM's guided_choice, sf_jschema_choice) is the same machinery without JSON: the
+ * output is exactly one of up to SF_JSON_MAX_PROPS strings, byte for byte; it is done as soon
+ * as it equals one, and may go on while it is also the beginning of a longer one. */
 #ifndef SF_JSON_MASK_H
 #define SF_JSON_MASK_H
 
@@ -35,6 +39,9 @@
 typedef struct sf_jschema sf_jschema;
 /* Compile a schema (JSON text). SF_EINVAL names what is not supported and where. */
 int sf_jschema_compile(const char *text, size_t len, sf_jschema **out, sf_error *err);
+/* A choice from its list as JSON text (an array of 1 to SF_JSON_MAX_PROPS distinct strings of 1
+ * to 255 bytes); SF_EINVAL says what is wrong with it. sf_json_init with it starts a choice. */
+int sf_jschema_choice(const char *text, size_t len, sf_jschema **out, sf_error *err);
 void sf_jschema_free(sf_jschema *s);
 
 /* A schema-constrained container being written: which node, at which nesting, and how far. */
@@ -70,7 +77,7 @@ void sf_json_init(sf_json *j, const sf_jschema *sc);
 /* Feed n bytes: 1 when all of them continue the object (j advanced), 0 when one cannot (j is
  * then undefined: feed a copy). */
 int sf_json_feed(sf_json *j, const char *p, size_t n);
-/* 1 once the object is complete (only whitespace may follow). */
+/* 1 once the object is complete (only whitespace may follow); a choice: once it equals one. */
 int sf_json_done(const sf_json *j);
 /* Copy src's state into dst (the frames in use only). */
 void sf_json_copy(sf_json *dst, const sf_json *src);

@@ -81,18 +81,23 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
             goto fail;
         }
     }
+    if (r->sp.choice && (!r->sp.json || !r->sp.schema)) {
+        rc = sf_err(err, SF_EINVAL, "a choice needs json and its list as schema");
+        goto fail;
+    }
     if (r->sp.json) { /* the mask's only way out is an end-of-sequence token, drawn when the object is done */
+        const char *what = r->sp.choice ? "guided_choice" : "a JSON response_format";
         if (!tok || sf_tok_eos(tok) < 0) {
-            rc = sf_err(err, SF_EINVAL, "a JSON response_format needs the model's tokenizer and its "
-                        "end-of-sequence token");
+            rc = sf_err(err, SF_EINVAL, "%s needs the model's tokenizer and its end-of-sequence token", what);
             goto fail;
         }
         if (r->sp.ignore_eos || r->sp.min_tokens > 0) {
-            rc = sf_err(err, SF_EINVAL, "a JSON response_format cannot be combined with %s",
-                        r->sp.ignore_eos ? "ignore_eos" : "min_tokens");
+            rc = sf_err(err, SF_EINVAL, "%s cannot be combined with %s", what, r->sp.ignore_eos ? "ignore_eos" : "min_tokens");
             goto fail;
         }
-        if (r->sp.schema && (rc = sf_jschema_compile(r->sp.schema, r->sp.schema_len, &r->schema, err)) != SF_OK) goto fail;
+        if (r->sp.schema && (rc = r->sp.choice ? sf_jschema_choice(r->sp.schema, r->sp.schema_len, &r->schema, err)
+                                               : sf_jschema_compile(r->sp.schema, r->sp.schema_len, &r->schema, err)) != SF_OK)
+            goto fail;
         sf_json_init(&r->json, r->schema);
     }
     r->sp.schema = NULL; /* the caller's */

@@ -264,7 +264,8 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
 
 static int reject_unsupported(json_t *o, sf_gw_err *e)
 {
-    static const char *keys[] = { "functions", "function_call", "suffix" };
+    /* vLLM's constraints this server does not have: refused, never dropped (the output would not hold to them) */
+    static const char *keys[] = { "functions", "function_call", "suffix", "guided_regex", "guided_grammar" };
     for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
         json_t *v = json_object_get(o, keys[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -292,16 +293,45 @@ static int take_schema(json_t *sc, const char *param, sf_gw_params *p, sf_gw_err
 
 /* response_format: text, json_object (any object; with llama.cpp's "schema" beside it, that
  * schema) or json_schema (the subset engine/json_mask.h lists; a schema using more is refused,
- * not weakened); vLLM's guided_json (a schema, or its JSON text) is json_schema by another name */
+ * not weakened); vLLM's guided_json (a schema, or its JSON text) is json_schema by another name,
+ * and its guided_choice (a list of strings the output is exactly one of) a choice; vLLM's newer
+ * structured_outputs {"json": ...} or {"choice": [...]} are the same two */
 static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
 {
     sf_sampling *s = &p->sampling;
     json_t *rf = json_object_get(o, "response_format"), *gj = json_object_get(o, "guided_json");
+    json_t *gc = json_object_get(o, "guided_choice"), *so = json_object_get(o, "structured_outputs");
+    const char *gj_name = "guided_json", *gc_name = "guided_choice";
+    if (so && !json_is_null(so)) {
+        const char *k;
+        json_t *v;
+        if (!json_is_object(so)) return BAD("structured_outputs", "'structured_outputs' must be an object");
+        json_object_foreach(so, k, v) if (!json_is_null(v) && strcmp(k, "json") && strcmp(k, "choice"))
+            return BAD("structured_outputs", "'structured_outputs.%.32s' is not supported (supported: json, choice)", k);
+        if ((gj && !json_is_null(gj)) || (gc && !json_is_null(gc)))
+            return BAD("structured_outputs", "give 'structured_outputs' or 'guided_json' / 'guided_choice', not both");
+        gj = json_object_get(so, "json"), gc = json_object_get(so, "choice");
+        gj_name = "structured_outputs.json", gc_name = "structured_outputs.choice";
+    }
+    int n_ways = (gj && !json_is_null(gj)) + (gc && !json_is_null(gc)) + (rf && !json_is_null(rf));
+    if (n_ways > 1)
+        return BAD(gc && !json_is_null(gc) ? gc_name : gj_name, "give one of '%s', '%s' and 'response_format'", gj_name,
+                   gc_name);
+    if (gc && !json_is_null(gc)) {
+        if (!(p->schema = json_dumps(gc, JSON_COMPACT | JSON_ENCODE_ANY)))
+            return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        sf_jschema *c = NULL;
+        sf_error ce = { 0 };
+        if (sf_jschema_choice(p->schema, strlen(p->schema), &c, &ce)) return BAD(gc_name, "'%s': %s", gc_name, ce.msg);
+        sf_jschema_free(c);
+        s->json = s->choice = 1;
+        s->schema = p->schema;
+        s->schema_len = strlen(p->schema);
+    }
     if (gj && !json_is_null(gj)) {
-        if (rf && !json_is_null(rf)) return BAD("guided_json", "give 'guided_json' or 'response_format', not both");
         json_t *sc = json_is_string(gj) ? json_loads(json_string_value(gj), 0, NULL) : json_incref(gj);
-        int rc = json_is_object(sc) ? take_schema(sc, "guided_json", p, e)
-                                    : BAD("guided_json", "'guided_json' must be a JSON Schema (an object, or its text)");
+        int rc = json_is_object(sc) ? take_schema(sc, gj_name, p, e)
+                                    : BAD(gj_name, "'%s' must be a JSON Schema (an object, or its text)", gj_name);
         json_decref(sc);
         if (rc) return rc;
     }
@@ -322,12 +352,13 @@ static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
             if (rc) return rc;
         }
     }
+    const char *what = s->choice ? "'guided_choice'" : "a JSON 'response_format'";
     if (s->json && s->ignore_eos)
-        return BAD("ignore_eos", "'ignore_eos' cannot be used with a JSON 'response_format' (the output ends "
-                                  "when its object does)");
+        return BAD("ignore_eos", "'ignore_eos' cannot be used with %s (the output ends when its %s does)", what,
+                   s->choice ? "choice" : "object");
     if (s->json && s->min_tokens > 0)
-        return BAD("min_tokens", "'min_tokens' cannot be used with a JSON 'response_format' (the output ends "
-                                 "when its object does)");
+        return BAD("min_tokens", "'min_tokens' cannot be used with %s (the output ends when its %s does)", what,
+                   s->choice ? "choice" : "object");
     return 0;
 }
 
@@ -378,7 +409,8 @@ static int parse_tools(json_t *o, sf_gw_params *p, sf_gw_err *e)
         p->tool_name = nm;
     }
     if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && p->sampling.json)
-        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with a JSON 'response_format'");
+        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with %s",
+                   p->sampling.choice ? "'guided_choice'" : "a JSON 'response_format'");
     if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && (p->sampling.ignore_eos || p->sampling.min_tokens > 0))
         return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with 'ignore_eos' or "
                                   "'min_tokens' (the output ends when its call does)");

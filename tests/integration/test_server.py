@@ -3,7 +3,7 @@
 the demo model (CPU backend) on a free loopback port.
 
 Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
-generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, tokenize
+generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, guided_choice, tokenize
 routes, metrics, more than 30 bad inputs
 (each must get the right status and leave the server serving), half-open connections, and a
 client that disconnects mid-stream (its KV blocks must be freed)."""
@@ -618,6 +618,43 @@ def test_truncate(s):
         check("truncate_bad_%r_400" % (bad,), st == 400 and r["error"]["param"] == "truncate_prompt_tokens", (st, r))
 
 
+def test_guided_choice(s):
+    """vLLM's guided_choice (and structured_outputs.choice): every output that ends is one of the
+    strings, on both routes and with n; the refusals."""
+    opts = ["positive", "negative", "neutral", "yes, definitely"]
+    outs, ok = [], True
+    for route, extra in (("/v1/completions", {"prompt": "The review was"}),
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Sentiment?"}]})):
+        st, _, r = s.json(route, dict(extra, guided_choice=opts, n=4, temperature=1.0, seed=3, max_tokens=40))
+        for c in r.get("choices", []):
+            text = c["text"] if "text" in c else c["message"]["content"]
+            outs.append(text)
+            ok &= st == 200 and c["finish_reason"] == "stop" and text in opts
+        ok &= st == 200 and len(r.get("choices", [])) == 4
+    check("guided_choice_outputs_are_choices", ok, outs)
+    st, _, r = s.json("/v1/completions", {"prompt": "x", "structured_outputs": {"choice": ["A", "B"]}, "max_tokens": 9,
+                                          "temperature": 0})
+    check("structured_outputs_choice", st == 200 and r["choices"][0]["text"] in ("A", "B"), r)
+    st, ev, done = s.stream("/v1/completions", {"prompt": "x", "guided_choice": ["alpha beta", "gamma"], "stream": True,
+                                                "max_tokens": 20, "seed": 1})
+    text = "".join(e["choices"][0].get("text", "") for e in ev if e.get("choices"))
+    check("guided_choice_streamed", st == 200 and done and text in ("alpha beta", "gamma"), (st, text))
+    bad = [({"guided_choice": []}, "guided_choice"), ({"guided_choice": ["a", "a"]}, "guided_choice"),
+           ({"guided_choice": "a"}, "guided_choice"), ({"guided_choice": ["a", 1]}, "guided_choice"),
+           ({"guided_choice": ["a"], "guided_json": {"type": "object"}}, "guided_choice"),
+           ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos"),
+           ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
+           ({"guided_regex": "a+"}, "guided_regex"), ({"guided_grammar": "root ::= 'a'"}, "guided_grammar")]
+    for i, (body, param) in enumerate(bad):
+        st, _, r = s.json("/v1/completions", dict(body, prompt="x", max_tokens=4))
+        check("guided_refused_%d_%s" % (i, "_".join(sorted(body))), st == 400 and r["error"]["param"] == param,
+              (body, st, r))
+    st, _, r = s.json("/v1/chat/completions", {"messages": [{"role": "user", "content": "w"}], "guided_choice": ["a"],
+                                               "tools": [{"type": "function", "function": {"name": "f"}}],
+                                               "tool_choice": "required"})
+    check("guided_choice_with_forced_call_400", st == 400 and r["error"]["param"] == "tool_choice", r)
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -831,6 +868,7 @@ def main():
         test_prompt_batch(s)
         test_prefix_cache(s)
         test_truncate(s)
+        test_guided_choice(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)

@@ -3,7 +3,9 @@
  *    the valid ones (each must stay feedable: the mask never corners the model);
  *  - random objects from a generator (nesting, escapes, surrogate pairs, UTF-8, every number
  *    form), then mutated byte by byte: the recognizer's verdict against jansson's parser;
- *  - the mask over real vocabularies (TinyLlama's SentencePiece, GPT-2's byte-level BPE). */
+ *  - the mask over real vocabularies (TinyLlama's SentencePiece, GPT-2's byte-level BPE);
+ *  - choices (guided_choice): the list's checks, the recognizer, and random draws through the
+ *    mask over both vocabularies that must each end on one of the strings. */
 #include <jansson.h>
 #include <math.h>
 #include <time.h>
@@ -576,6 +578,115 @@ TEST(mask_real_vocabularies)
     mask_equals_token_by_token("gpt2-tokenizer");
 }
 
+/* ---- choices ------------------------------------------------------------------------------ */
+static sf_jschema *choice(const char *list)
+{
+    sf_jschema *sc = NULL;
+    return sf_jschema_choice(list, strlen(list), &sc, NULL) == SF_OK ? sc : NULL;
+}
+
+static int choice_whole(const sf_jschema *sc, const char *s)
+{
+    sf_json j;
+    sf_json_init(&j, sc);
+    return sf_json_feed(&j, s, strlen(s)) && sf_json_done(&j);
+}
+
+TEST(choice_recognizer)
+{
+    static const char *const bad[] = { "[]", "{}", "[1]", "[\"\"]", "[\"a\", \"a\"]", "\"a\"", "[\"a\", null]", "not json" };
+    for (size_t i = 0; i < SF_ARRAY_LEN(bad); i++) {
+        sf_jschema *sc = choice(bad[i]);
+        CHECK_MSG(!sc, "refused: %s", bad[i]);
+        sf_jschema_free(sc);
+    }
+    char big[70 * 8] = "[", *w = big + 1; /* 65 strings: one too many */
+    for (int i = 0; i < 65; i++) w += sprintf(w, "%s\"c%d\"", i ? "," : "", i);
+    strcpy(w, "]");
+    sf_jschema *sc = choice(big);
+    CHECK_MSG(!sc, "65 choices refused");
+    sf_jschema_free(sc);
+    char longc[300] = "[\"";
+    memset(longc + 2, 'x', 256);
+    strcpy(longc + 258, "\"]");
+    CHECK_MSG(!(sc = choice(longc)), "a choice of 256 bytes refused");
+    sf_jschema_free(sc);
+    sc = choice("[\"yes\", \"no\", \"yes sir\", \"caf\u00e9\"]");
+    REQUIRE(sc, "compile");
+    CHECK(choice_whole(sc, "yes") && choice_whole(sc, "no") && choice_whole(sc, "yes sir") && choice_whole(sc, "caf\xc3\xa9"));
+    CHECK(!choice_whole(sc, "ye") && !choice_whole(sc, "yes s") && !choice_whole(sc, "yes sir!") && !choice_whole(sc, " no") &&
+          !choice_whole(sc, "") && !choice_whole(sc, "No") && !choice_whole(sc, "{}"));
+    sf_jschema_free(sc);
+}
+
+/* Random draws through the mask (uniform over what it keeps) until an end token: the text of
+ * the tokens drawn is one of the strings every time, and every string comes out. */
+static void choice_draws(const char *dir)
+{
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_tok_load_dir(test_data(dir), &t, &err) == SF_OK, "%s: %s", dir, err.msg);
+    int V = sf_tok_vocab_size(t);
+    sf_json_vocab *v = NULL;
+    REQUIRE(sf_json_vocab_new(t, V, &v, &err) == SF_OK, "%s: %s", dir, err.msg);
+    static const char *const opts[] = { "yes", "no", "yes, definitely", "positive", "negative", "{\"a\": 1}",
+                                        "caf\xc3\xa9 cr\xc3\xa8me", "42" };
+    sf_jschema *sc = choice("[\"yes\", \"no\", \"yes, definitely\", \"positive\", \"negative\", \"{\\\"a\\\": 1}\", "
+                            "\"caf\u00e9 cr\u00e8me\", \"42\"]");
+    REQUIRE(sc, "compile");
+    float *l = malloc(sizeof(float) * V);
+    int32_t *keep = malloc(sizeof(int32_t) * V);
+    int seen[8] = { 0 }, bad = 0;
+    sf_rng_seed(&R, 9);
+    for (int run = 0; run < 400; run++) {
+        sf_json j;
+        sf_json_init(&j, sc);
+        char out[512];
+        size_t n = 0;
+        for (int step = 0; step < 300; step++) {
+            for (int i = 0; i < V; i++) l[i] = 0;
+            sf_json_mask(&j, v, l);
+            int k = 0;
+            for (int i = 0; i < V; i++)
+                if (l[i] == 0) keep[k++] = i;
+            if (!k) { bad++; break; }
+            /* end tokens one time in four when they are kept, so longer strings come out too */
+            int32_t id = keep[sf_rng_next(&R) % (uint64_t)k];
+            if (sf_json_done(&j) && sf_rng_next(&R) % 4 == 0) id = sf_tok_eos(t);
+            if (!sf_json_accept(&j, v, id)) { bad++; break; }
+            if (sf_tok_is_eog(t, id)) break;
+            size_t tl;
+            const char *tx = sf_json_vocab_text(v, id, &tl);
+            if (n + tl >= sizeof out) { bad++; break; }
+            memcpy(out + n, tx, tl);
+            n += tl;
+        }
+        int which = -1;
+        for (int c = 0; c < 8; c++)
+            if (strlen(opts[c]) == n && !memcmp(opts[c], out, n)) which = c;
+        if (which < 0) {
+            if (bad++ < 3) printf("  %s: drew '%.*s'\n", dir, (int)n, out);
+        } else {
+            seen[which]++;
+        }
+    }
+    int all = 1;
+    for (int c = 0; c < 8; c++) all &= seen[c] > 0;
+    CHECK_MSG(!bad, "%s: %d of 400 draws ended outside the choices", dir, bad);
+    CHECK_MSG(all, "%s: every choice drawn (yes %d, no %d, 'yes, definitely' %d, ...)", dir, seen[0], seen[1], seen[2]);
+    free(l);
+    free(keep);
+    sf_jschema_free(sc);
+    sf_json_vocab_free(v);
+    sf_tok_free(t);
+}
+
+TEST(choice_draws_real_vocabularies)
+{
+    choice_draws("tinyllama-1.1b-chat-v1.0");
+    choice_draws("gpt2-tokenizer");
+}
+
 int main(void)
 {
     RUN(documents);
@@ -584,5 +695,7 @@ int main(void)
     RUN(schema_documents);
     RUN(schema_random_against_reference);
     RUN(mask_real_vocabularies);
+    RUN(choice_recognizer);
+    RUN(choice_draws_real_vocabularies);
     return test_summary();
 }
