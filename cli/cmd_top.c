@@ -235,6 +235,12 @@ static int draw_server(int y, int rows, int cols, const char *url, server_rates 
     printw("   running %.0f   in flight %.0f   %.1f tok/s", prom_sum(v, n, "semflow_running_sequences"),
            prom_sum(v, n, "semflow_gateway_active_requests"), prom_sum(v, n, "semflow_tokens_per_second"));
     y++;
+    /* KV pool and prefix cache: blocks held, blocks kept for later prompts, the share of prompt tokens found */
+    double kq = prom_sum(v, n, "semflow_prefix_cache_queries_total"), kh = prom_sum(v, n, "semflow_prefix_cache_hits_total");
+    mvprintw(y++, 0, "  KV blocks: %.0f of %.0f held; prefix cache: %.0f blocks (%.0f of them free), %.1f%% of %.0f prompt "
+             "tokens found", prom_sum(v, n, "semflow_kv_blocks_used"), prom_sum(v, n, "semflow_kv_blocks_total"),
+             prom_sum(v, n, "semflow_prefix_cache_blocks"), prom_sum(v, n, "semflow_prefix_cache_blocks_free"),
+             kq > 0 ? 100 * kh / kq : 0.0, kq);
     /* latency quantiles of every *_seconds histogram, per label set (e.g. per class) */
     for (int i = 0; i < n && y < rows - 2; i++) {
         size_t nl = strlen(v[i].name);

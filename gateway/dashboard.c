@@ -92,6 +92,9 @@ static char *event_json(sf_dashboard *d)
         json_object_set_new(e, "waiting", w);
         json_object_set_new(e, "kv_blocks_used", json_integer(st.kv_blocks_used));
         json_object_set_new(e, "kv_blocks_total", json_integer(st.kv_blocks_total));
+        json_object_set_new(e, "prefix_cache_blocks", json_integer(st.prefix_blocks));
+        json_object_set_new(e, "prefix_cache_hit_tokens", json_integer((json_int_t)st.prefix_hits));
+        json_object_set_new(e, "prefix_cache_query_tokens", json_integer((json_int_t)st.prefix_queries));
         json_object_set_new(e, "tokens_per_s", json_real(st.tokens_per_s));
         json_object_set_new(e, "steps", json_integer((json_int_t)st.steps));
         json_object_set_new(e, "preemptions", json_integer((json_int_t)st.preemptions));
