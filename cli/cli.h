@@ -24,10 +24,16 @@ SF_CMD(sf_cmd_bench_kv_quality); /* `semflow bench kv-quality` (cmd_bench_kv.c) 
  * and the flag on stderr and -1 (cli/args.c). */
 int sf_cli_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out);
 
-/* The engine flags the offline commands share (--backend, --threads, --load-format) into c:
+/* vLLM's --speculative-config for the n-gram method, as JSON: {"method": "ngram",
+ * "num_speculative_tokens": K, "prompt_lookup_max": N, "prompt_lookup_min": M,
+ * "disable_by_batch_size": B} into c's spec_* (the engine checks the ranges); -1 with a message. */
+struct sf_engine_config;
+int sf_cli_spec_config(const char *cmd, const char *text, struct sf_engine_config *c);
+
+/* The engine flags the offline commands share (--backend, --threads, --load-format,
+ * --speculative-config) into c:
  * 1 when `flag` was one of them and v was good, -1 (a message on stderr) when v was not, 0 when
  * `flag` is another. */
-struct sf_engine_config;
 int sf_cli_engine_flag(const char *cmd, const char *flag, const char *v, struct sf_engine_config *c);
 
 #endif

@@ -37,7 +37,9 @@ static void usage(FILE *f)
             "  --chat              wrap the prompt in the model's chat template\n"
             "  --no-special        do not add BOS / special tokens to the prompt\n"
             "  --load-format F     auto | dummy (random weights from config.json)\n"
-            "  --tensor-parallel-size N  split the model over N rank processes / GPUs (default 1)\n",
+            "  --tensor-parallel-size N  split the model over N rank processes / GPUs (default 1)\n"
+            "  --speculative-config J  n-gram speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"
+            "                      \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2}\n",
             SF_MAX_STOP);
 }
 
@@ -147,7 +149,7 @@ int sf_cmd_generate(int argc, char **argv)
         static const char *const with_value[] = { "--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
                                                   "--top-k", "--min-p", "--seed", "--stop", "--backend", "--threads",
                                                   "--max-model-len", "--load-format", "--tensor-parallel-size",
-                                                  "--json-schema" };
+                                                  "--json-schema", "--speculative-config" };
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -331,6 +333,15 @@ int sf_cmd_generate(int argc, char **argv)
             info.model_name, info.backend, t_load, d->prompt_tokens, d->ttft_s * 1e3,
             d->ttft_s > 0 ? d->prompt_tokens / d->ttft_s : 0.0, d->completion_tokens, d->e2e_s,
             decoded && decode_s > 0 ? decoded / decode_s : 0.0, finish_name(d->finish_reason));
+    if (cfg.spec_tokens > 0) {
+        sf_engine_stats st;
+        sf_engine_get_stats(e, &st);
+        fprintf(stderr, "semflow: speculative (n-gram) | %llu steps with drafts | %llu of %llu draft tokens accepted "
+                "(%.1f%%) | %.2f tokens a step\n", (unsigned long long)st.spec_steps,
+                (unsigned long long)st.spec_accepted_tokens, (unsigned long long)st.spec_draft_tokens,
+                st.spec_draft_tokens ? 100.0 * st.spec_accepted_tokens / st.spec_draft_tokens : 0.0,
+                st.steps ? (double)d->completion_tokens / (double)st.steps : 0.0);
+    }
     rc = d->finish_reason == SF_FINISH_CANCELLED ? 130 : 0;
 out:
     sf_engine_free(e);

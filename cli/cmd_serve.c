@@ -211,6 +211,9 @@ static void usage(FILE *f)
             "  --kv-high-reserve F       share of KV blocks only high urgency may take (default 0.1)\n"
             "  --gpu-memory-utilization F (default 0.9)\n"
             "  --swap-space GiB          host memory for preemption by swap (default 1; 0: recompute only)\n"
+            "  --speculative-config J    n-gram speculative decoding (vLLM's JSON): {\"method\": \"ngram\",\n"
+            "                            \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 2,\n"
+            "                            \"disable_by_batch_size\": 8}; off by default (docs/ENGINE.md)\n"
             "  --enable-prefix-caching / --no-enable-prefix-caching\n"
             "                            reuse the K/V of identical leading prompt blocks, per tenant (default on)\n"
             "  --step-shaping on|off     plan each step for the tightest max-latency / min-throughput present (default on)\n"
@@ -245,7 +248,7 @@ int sf_cmd_serve(int argc, char **argv)
 {
     enum { O_MODEL = 256, O_HOST, O_PORT, O_WORKERS, O_TENANTS, O_NAME, O_BACKEND, O_THREADS, O_DEVICE, O_LOADFMT,
            O_SEQS, O_BATCHED, O_MAXLEN, O_BLOCKS, O_BLOCKSZ, O_RESERVE, O_GPUMEM, O_QLIMIT, O_BODY, O_TIMEOUT,
-           O_DRAIN, O_BPF, O_TP, O_SWAP, O_TUNER, O_TRACE, O_SHAPE, O_DEG_HI, O_DEG_LO, O_DEG_HOLD, O_RELAX, O_LOGITS, O_PREFIX, O_NO_PREFIX, O_HELP };
+           O_DRAIN, O_BPF, O_TP, O_SWAP, O_TUNER, O_TRACE, O_SHAPE, O_DEG_HI, O_DEG_LO, O_DEG_HOLD, O_RELAX, O_LOGITS, O_PREFIX, O_NO_PREFIX, O_SPEC, O_HELP };
     static const struct option opts[] = {
         { "model", 1, 0, O_MODEL }, { "host", 1, 0, O_HOST }, { "port", 1, 0, O_PORT },
         { "workers", 1, 0, O_WORKERS }, { "tenants", 1, 0, O_TENANTS }, { "served-model-name", 1, 0, O_NAME },
@@ -254,6 +257,7 @@ int sf_cmd_serve(int argc, char **argv)
         { "max-batched-tokens", 1, 0, O_BATCHED }, { "max-model-len", 1, 0, O_MAXLEN },
         { "max-logit-rows", 1, 0, O_LOGITS },
         { "enable-prefix-caching", 0, 0, O_PREFIX }, { "no-enable-prefix-caching", 0, 0, O_NO_PREFIX },
+        { "speculative-config", 1, 0, O_SPEC },
         { "num-kv-blocks", 1, 0, O_BLOCKS }, { "kv-block-size", 1, 0, O_BLOCKSZ },
         { "kv-high-reserve", 1, 0, O_RESERVE }, { "gpu-memory-utilization", 1, 0, O_GPUMEM },
         { "queue-limit", 1, 0, O_QLIMIT }, { "max-body", 1, 0, O_BODY }, { "timeout", 1, 0, O_TIMEOUT },
@@ -294,6 +298,7 @@ int sf_cmd_serve(int argc, char **argv)
         case O_LOGITS: bad = num("--max-logit-rows", optarg, 1, 65536, &d); c.engine.max_logits = (int)d; break;
         case O_PREFIX: c.engine.prefix_caching = 1; break;
         case O_NO_PREFIX: c.engine.prefix_caching = 0; break;
+        case O_SPEC: bad = sf_cli_spec_config("serve", optarg, &c.engine); break;
         case O_BATCHED: bad = num("--max-batched-tokens", optarg, 1, 1 << 24, &d); c.engine.max_batched_tokens = (int)d; break;
         case O_MAXLEN: bad = num("--max-model-len", optarg, 1, 1 << 24, &d); c.engine.max_model_len = (int)d; break;
         case O_BLOCKS: bad = num("--num-kv-blocks", optarg, 1, 1 << 26, &d); c.engine.num_kv_blocks = (int)d; break;

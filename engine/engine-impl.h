@@ -46,6 +46,7 @@ typedef struct sf_flight {
     int k_draw;                  /* the first of them, the next-token rows (the rest: scored positions) */
     int n_tokens, n_decode, n_prefill;
     int decode;                  /* every sequence brought one token */
+    int n_spec;                  /* sequences with draft tokens (speculative decoding): taken, never planned behind */
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
     double swap_ms;
     double t_plan;               /* sf_now_s when it was planned */
@@ -105,7 +106,12 @@ struct sf_engine {
     sf_flight fl;               /* the oldest step in flight: its ids are taken next */
     sf_flight fl2;              /* async: the step queued behind fl (launched before fl's ids came) */
     int next_slot;              /* the slot of the next step launched */
-    sf_taken *taken;            /* [max_num_seqs] tokens taken, not yet delivered */
+    sf_taken *taken;            /* [max_logits] tokens taken, not yet delivered */
+    /* speculative decoding (sf_engine_config.spec_tokens; step.c): sequences given draft tokens
+     * in the step being launched, and what drafting did */
+    sf_seq **spec_seqs;         /* [max_num_seqs] */
+    int n_spec;
+    uint64_t spec_steps, spec_drafted, spec_accepted;
     int n_taken;
     double t_ids;               /* when the device ran out of work in the step taken this turn: its
                                  * ids arrived, or its launch returned after the step (0: none) */

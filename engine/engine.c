@@ -51,6 +51,9 @@ void sf_engine_config_default(sf_engine_config *c)
     c->dma_tuner = 1;
     c->async_steps = 1; /* H200, 2026-12-01: +0.6-1.0% output tokens/s at 128/128, 1000/1000 and batch 1 */
     c->prefix_caching = 1;
+    c->spec_ngram_min = 2;
+    c->spec_ngram_max = 4;
+    c->spec_max_batch = 8;
     for (int i = 0; i < SF_URGENCY_COUNT; i++) c->queue_limit[i] = 256;
 }
 
@@ -164,6 +167,9 @@ static void update_stats(sf_engine *e)
     e->st.prefix_blocks = e->pool.n_registered;
     e->st.prefix_evictable = e->pool.n_evictable;
     e->st.prefix_caching = s->cfg.prefix_cache;
+    e->st.spec_steps = e->spec_steps;
+    e->st.spec_draft_tokens = e->spec_drafted;
+    e->st.spec_accepted_tokens = e->spec_accepted;
     for (int i = 0; i < SF_DECISION_COUNT; i++) e->st.decisions[i] = s->decisions[i];
     e->st.degraded = s->degraded;
     e->st.kv_usage = sf_sched_kv_usage(s);
@@ -338,7 +344,17 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         rc = sf_err(err, SF_EINVAL, "engine: max_logits %d must be from 0 (max_num_seqs) to %d", c->max_logits, 1 << 20);
         goto fail;
     }
+    if (c->spec_tokens < 0 || c->spec_tokens > SF_SPEC_MAX_TOKENS ||
+        (c->spec_tokens && !(c->spec_ngram_min >= 1 && c->spec_ngram_min <= c->spec_ngram_max &&
+                             c->spec_ngram_max <= 16 && c->spec_max_batch >= 1))) {
+        rc = sf_err(err, SF_EINVAL, "engine: speculative decoding: %d tokens (0 to %d), n-grams of %d to %d tokens "
+                    "(1 <= min <= max <= 16), at most %d sequences (>= 1)", c->spec_tokens, SF_SPEC_MAX_TOKENS,
+                    c->spec_ngram_min, c->spec_ngram_max, c->spec_max_batch);
+        goto fail;
+    }
     if (c->max_logits < c->max_num_seqs) c->max_logits = c->max_num_seqs; /* every seat's next-token row */
+    if (c->spec_tokens) /* a drafted sequence's rows: one per draft and the next-token row */
+        c->max_logits = SF_MAX(c->max_logits, SF_MIN(c->max_num_seqs, c->spec_max_batch) * (c->spec_tokens + 1));
     if (c->max_logits > c->max_batched_tokens) c->max_logits = SF_MAX(c->max_batched_tokens, c->max_num_seqs);
     if (!(c->gpu_memory_utilization > 0 && c->gpu_memory_utilization <= 1)) {
         rc = sf_err(err, SF_EINVAL, "engine: gpu_memory_utilization %g must be in (0, 1]",
@@ -449,10 +465,11 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->dev_score = sf_forward_can_score(e->fwd) && !sf_env_bool("SEMFLOW_ENGINE_HOST_SCORE", 0);
     e->src_row = malloc((size_t)c->max_batched_tokens * sizeof *e->src_row);
     e->victims = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->victims);
-    e->taken = malloc((size_t)c->max_num_seqs * sizeof *e->taken);
+    e->taken = malloc((size_t)c->max_logits * sizeof *e->taken); /* a row yields at most one token */
+    e->spec_seqs = malloc((size_t)c->max_num_seqs * sizeof *e->spec_seqs);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
     if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->row_score || !e->sc_target || !e->sc_rank ||
-        !e->sc_lp || !e->sc_tid || !e->sc_tlp || !e->src_row || !e->victims || !e->taken ||
+        !e->sc_lp || !e->sc_tid || !e->sc_tlp || !e->src_row || !e->victims || !e->taken || !e->spec_seqs ||
         !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_logits, e->vocab);
         goto fail;
@@ -530,6 +547,7 @@ void sf_engine_free(sf_engine *e)
     free(e->src_row);
     free(e->victims);
     free(e->taken);
+    free(e->spec_seqs);
     free(e->step_hist);
     free(e->pen);
     if (e->sched_ready) sf_sched_free(&e->sched);

@@ -177,6 +177,14 @@ typedef struct sf_engine_config {
                                * $SEMFLOW_ENGINE_ASYNC=0/1 overrides it */
     int prefix_caching;       /* 1 (default): prompts reuse the K/V of earlier prompts' identical leading
                                * blocks (same tenant and salt; docs/SCHEDULER.md); 0: off */
+    /* Speculative decoding by n-gram lookup (vLLM's "ngram" method, prompt lookup decoding): up to
+     * spec_tokens draft tokens a step for a decoding sequence whose last spec_ngram_max ..
+     * spec_ngram_min tokens occurred before in its context (the tokens that followed them
+     * then), verified in one step by the same draws that would have chosen them one by one, so
+     * the output is the one without drafts; while at most spec_max_batch sequences run.
+     * spec_tokens 0 (default): off. Defaults 2, 4, 8. docs/ENGINE.md */
+    int spec_tokens, spec_ngram_min, spec_ngram_max, spec_max_batch;
+#define SF_SPEC_MAX_TOKENS 16
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -246,6 +254,8 @@ typedef struct sf_engine_stats {
      * blocks taken for other K/V; prefix_caching: on */
     uint64_t prefix_queries, prefix_hits, prefix_evictions;
     int prefix_blocks, prefix_evictable, prefix_caching;
+    /* speculative decoding: steps that carried drafts, draft tokens, and those accepted */
+    uint64_t spec_steps, spec_draft_tokens, spec_accepted_tokens;
     /* CUDA backend: decode-step graphs captured and replayed, and steps that ran op by op */
     long graphs_captured, graph_replays, graph_fallbacks;
     /* KV demand the degrade policy watches (docs/SCHEDULER.md): units admitted work holds or

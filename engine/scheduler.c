@@ -345,7 +345,7 @@ static void prefix_lookup(sf_sched *s, sf_seq *q)
 static void prefix_register(sf_sched *s, sf_seq *q)
 {
     const int bs = s->pool->block_size;
-    int full = SF_MIN(q->n_computed / bs, q->n_blocks);
+    int full = SF_MIN((q->n_computed - q->n_draft) / bs, q->n_blocks); /* drafts: not known right yet */
     for (int j = q->n_hashed; j < full; j++) {
         const int32_t *t = q->tokens + (size_t)j * bs;
         uint64_t parent = j ? q->hash_last : q->cache_salt, key = sf_kv_prefix_key(s->pool, parent, t);
@@ -742,6 +742,12 @@ void sf_sched_commit(sf_sched *s)
     }
     s->tokens_prefill += (uint64_t)p->n_prefill;
     s->tokens_decode += (uint64_t)p->n_decode;
+}
+
+void sf_sched_rewind(sf_sched *s, sf_seq *q, int n)
+{
+    (void)s;
+    if (n >= 0 && n < q->n_computed) q->n_computed = n;
 }
 
 void sf_sched_discard(sf_sched *s)

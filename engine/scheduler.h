@@ -78,6 +78,10 @@ typedef struct sf_seq {
     int n_hashed;             /* leading blocks registered or found (hash_last: the last one's key) */
     uint64_t hash_last;
     int n_uncounted;          /* blocks it shares that it took from another holder: not in held_low_units */
+    int n_draft;              /* its last n_draft tokens are drafts (speculative decoding): the caller
+                               * set them with score_from/score_to over the positions before them, and
+                               * calls sf_sched_rewind once it knows how many were right; they are
+                               * never registered in the prefix cache */
 } sf_seq;
 
 /* Initialise with a copy of the prompt. */
@@ -255,6 +259,9 @@ double sf_sched_kv_demand(const sf_sched *s);
 void sf_sched_batch(sf_sched *s, sf_batch *b);
 /* The step ran: advance n_computed of every planned sequence. */
 void sf_sched_commit(sf_sched *s);
+/* After a committed step, q's K/V holds only its first n tokens (drafts that were wrong, its
+ * tokens cut back to n + 1 by the caller): n_computed goes back to n (n <= n_computed). */
+void sf_sched_rewind(sf_sched *s, sf_seq *q, int n);
 /* The step did not run: nothing advances; the blocks stay with their sequences. */
 void sf_sched_discard(sf_sched *s);
 

@@ -104,24 +104,29 @@ static void trace_step(sf_engine *e, const sf_flight *f)
             f->swap_ms, (unsigned long long)s->steps);
 }
 
-/* Text and events of the tokens taken (sf_request_deliver); requests that end are freed. */
+/* Text and events of one token taken (sf_request_deliver); 1 when it ended its request, which
+ * is then freed. */
+static int deliver_one(sf_engine *e, const sf_taken *t)
+{
+    sf_request *r = t->r;
+    r->taken_slot = 0;
+    int fin = sf_request_deliver(r, t->id, t->end, t->logprob, t->top, t->n_top);
+    if (fin != SF_REQ_FINISHED && t->stuck) { /* the KV pool cannot hold it even alone */
+        sf_request_finish(r, SF_FINISH_LENGTH, SF_OK, NULL);
+        fin = SF_REQ_FINISHED;
+    }
+    if (fin != SF_REQ_FINISHED) return 0;
+    if (!t->removed) sf_sched_remove(&e->sched, &r->seq); /* withdrawn from the step in flight, if in it */
+    e->n_finished++;
+    free_request(e, r);
+    return 1;
+}
+
+/* The tokens taken, delivered; requests that end are freed. */
 static void deliver(sf_engine *e, sf_turn_clock *tc)
 {
     double t0 = sf_now_s();
-    for (int i = 0; i < e->n_taken; i++) {
-        sf_taken *t = &e->taken[i];
-        sf_request *r = t->r;
-        r->taken_slot = 0;
-        int fin = sf_request_deliver(r, t->id, t->end, t->logprob, t->top, t->n_top);
-        if (fin != SF_REQ_FINISHED && t->stuck) { /* the KV pool cannot hold it even alone */
-            sf_request_finish(r, SF_FINISH_LENGTH, SF_OK, NULL);
-            fin = SF_REQ_FINISHED;
-        }
-        if (fin != SF_REQ_FINISHED) continue;
-        if (!t->removed) sf_sched_remove(&e->sched, &r->seq); /* withdrawn from the step in flight, if in it */
-        e->n_finished++;
-        free_request(e, r);
-    }
+    for (int i = 0; i < e->n_taken; i++) deliver_one(e, &e->taken[i]);
     e->n_taken = 0;
     tc->deliver += sf_now_s() - t0;
 }
@@ -192,11 +197,101 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
 
 static int step_take(sf_engine *e, sf_turn_clock *tc);
 
+/* ---- speculative decoding by n-gram lookup (sf_engine_config.spec_tokens) -------------------- */
+
+/* Tokens back from the end an n-gram is looked for in (the rest of a long context is not read). */
+#define SPEC_WINDOW 16384
+
+/* Drafting is on and the batch small enough for it: steps are then planned once the ids of the
+ * one before are in (no async plan ahead), so drafts follow the last real token. */
+static int spec_on(const sf_engine *e)
+{
+    return e->cfg.spec_tokens > 0 && !e->tp && e->sched.n_running > 0 && e->sched.n_running <= e->cfg.spec_max_batch;
+}
+
+/* Up to max tokens that followed the latest earlier occurrence of q's last n tokens, for n from
+ * spec_ngram_max down to spec_ngram_min; 0 when none occurred. */
+static int ngram_draft(const sf_engine *e, const sf_seq *q, int max, int32_t *out)
+{
+    const int32_t *t = q->tokens;
+    const int L = q->n_tokens;
+    for (int n = SF_MIN(e->cfg.spec_ngram_max, L - 1); n >= e->cfg.spec_ngram_min; n--) {
+        const int32_t *pat = t + L - n;
+        for (int i = L - n - 1; i >= SF_MAX(0, L - n - SPEC_WINDOW); i--) {
+            if (t[i] != pat[0] || memcmp(t + i, pat, (size_t)n * sizeof *t)) continue;
+            int d = SF_MIN(max, L - (i + n));
+            memcpy(out, t + i + n, (size_t)d * sizeof *out);
+            return d;
+        }
+    }
+    return 0;
+}
+
+static void spec_drop(sf_seq *q)
+{
+    q->n_tokens -= q->n_draft;
+    q->n_draft = 0;
+    q->score_from = q->score_to = 0;
+}
+
+/* Before a plan: every decoding sequence with a draft gets it appended to its tokens (n_draft)
+ * and the positions before the drafts' end marked for logit rows (score_from / score_to), so
+ * its item computes them all; drafts never take KV blocks another sequence would wait for. */
+static void spec_propose(sf_engine *e)
+{
+    e->n_spec = 0;
+    if (!spec_on(e)) return;
+    sf_sched *s = &e->sched;
+    int free_blocks = e->pool.n_free - s->n_running;
+    for (sf_seq *q = s->running.next; q != &s->running; q = q->next) {
+        sf_request *r = q->owner;
+        if (q->n_tokens - q->n_computed != 1 || q->n_draft || q->score_from < q->score_to || r->placed ||
+            r->sp.prompt_only)
+            continue;
+        /* the step yields up to d + 1 tokens: within max_tokens, the sequence's length and the context */
+        int room = SF_MIN(e->cfg.spec_tokens, r->max_out - r->n_out - 1);
+        room = SF_MIN(room, SF_MIN(q->max_len, e->max_model_len) - q->n_tokens - 1);
+        int32_t d[SF_SPEC_MAX_TOKENS];
+        int n = room > 0 ? ngram_draft(e, q, room, d) : 0;
+        int need = n ? sf_kv_blocks_for(&e->pool, q->n_tokens + n) - q->n_blocks : 0;
+        if (!n || need > free_blocks) continue;
+        int k = 0;
+        while (k < n && sf_seq_append(q, d[k]) == SF_OK) k++;
+        if (k < n) { /* out of memory: no draft */
+            q->n_tokens -= k;
+            continue;
+        }
+        q->n_draft = n;
+        q->score_from = q->n_computed;
+        q->score_to = q->n_computed + n;
+        free_blocks -= SF_MAX(need, 0);
+        e->spec_seqs[e->n_spec++] = q;
+    }
+}
+
+/* After the plan: drafts of sequences it left out (preempted, or no room in the step) go. */
+static int spec_planned(sf_engine *e)
+{
+    int k = 0;
+    for (int i = 0; i < e->n_spec; i++) {
+        sf_seq *q = e->spec_seqs[i];
+        if (q->plan_idx < 0 || q->state != SF_SEQ_RUNNING) spec_drop(q);
+        else {
+            e->spec_drafted += (uint64_t)q->n_draft;
+            e->spec_seqs[k++] = q;
+        }
+    }
+    e->n_spec = k;
+    if (k) e->spec_steps++;
+    return k;
+}
+
 /* Async scheduling: may the next step be planned before the ids of the step in flight come? */
 static int may_plan_ahead(const sf_engine *e)
 {
     /* not behind a step whose rows the backend scores: its logits are read at its take */
-    return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed && !e->fl.n_scored;
+    return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed && !e->fl.n_scored &&
+           !e->fl.n_spec && !spec_on(e);
 }
 
 /* Async scheduling: commit the plan of the step in flight and give each sequence it draws for
@@ -255,8 +350,11 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
 {
     sf_error err = { 0 };
     double t0 = sf_now_s();
+    e->n_spec = 0;
     if (ahead) plan_ahead(e);
+    else spec_propose(e); /* drafts for the plan to compute */
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
+    const int n_spec = spec_planned(e);
     if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p))) {
         /* swaps move blocks the step in flight may still write, a stuck sequence's last token
          * is still to come, and under tensor parallelism a step drawn on the host cannot take
@@ -281,6 +379,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         }
     }
     memset(f, 0, sizeof *f);
+    f->n_spec = n_spec;
     f->t_plan = f->t_ready = t0;
     f->slot = e->next_slot; /* at most two steps in flight, launched in turn */
     e->next_slot ^= 1;
@@ -310,7 +409,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         const sf_plan_item *it = &p->items[i];
         if (!it->seq || !it->logits) continue;
         sf_request *r = it->seq->owner;
-        score[k] = -1;
+        score[k] = it->seq->n_draft ? it->start + it->n - 1 : -1; /* a drafted sequence's rows: by position */
         rows[k] = it->seq;
         if (on_dev && (sf_sampler_needs_logits(&r->sp) ||
                        sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
@@ -329,10 +428,10 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     }
     /* scored on the backend where it can (only their results cross PCIe); else read with the
      * drawn rows and scored here, which takes the whole step to the host */
-    f->n_scored = k > k_draw && e->dev_score ? k - k_draw : 0;
+    f->n_scored = k > k_draw && e->dev_score && !n_spec ? k - k_draw : 0;
     f->k_draw = k_draw;
     b.n_scored = f->n_scored;
-    if (k > k_draw && !f->n_scored) on_dev = 0;
+    if ((k > k_draw && !f->n_scored) || n_spec) on_dev = 0; /* drafts are checked against host draws */
     f->k = k;
     f->n_tokens = b.n_tokens;
     f->n_decode = p->n_decode;
@@ -402,6 +501,65 @@ static int score_rows(sf_engine *e, const sf_flight *f, sf_error *err)
     return sf_forward_score(e->fwd, j0, f->n_scored, e->sc_target, kk, e->sc_lp, e->sc_rank, e->sc_tid, e->sc_tlp, err);
 }
 
+/* Row j of step f, q's: its id (drawn on the backend, or here with JSON mode's mask) taken by
+ * q's request into e->taken; a sequence it ends is taken out of the scheduler. */
+static const sf_taken *take_row(sf_engine *e, const sf_flight *f, int j, sf_seq *q)
+{
+    const int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits;
+    sf_request *r = q->owner;
+    sf_taken *t = &e->taken[e->n_taken];
+    t->r = r;
+    t->logprob = 0;
+    t->n_top = 0;
+    float *row = e->logits + (size_t)j * e->vocab;
+    if (!f->on_dev && r->sp.json) sf_json_mask(&r->json, e->jv, row); /* JSON mode: what cannot continue */
+    t->id = f->on_dev ? ids[j] : sf_sample(&r->sp, &r->ss, row, e->vocab, &t->logprob, t->top, &t->n_top);
+    if (r->sp.json) sf_json_accept(&r->json, e->jv, t->id);
+    t->end = sf_request_take(r, t->id);
+    t->removed = t->end != SF_REQ_CONTINUE;
+    t->stuck = 0;
+    if (t->removed) sf_sched_remove(&e->sched, q); /* not planned again */
+    r->taken_slot = ++e->n_taken;
+    e->n_tokens_out += t->end != SF_REQ_END_PROMPT;
+    return t;
+}
+
+/* A drafted sequence of step f: its rows, by position from its last real token, are drawn in
+ * order as decoding would draw them one step each (the sampler's counter, penalties, JSON state
+ * and stop checks advancing with every token taken), each token delivered at once, so a stop
+ * string ends the request where it would have without drafts; a draft equal to its draw is
+ * kept and the next row checks the one after it; the first draw that differs (or the row after
+ * the last draft) is the step's last token. Its K/V then holds the tokens before that one. */
+static void spec_verify(sf_engine *e, const sf_flight *f, sf_seq *q)
+{
+    sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
+    const int32_t *pos = e->row_score + (size_t)f->slot * e->cfg.max_logits;
+    int js[SF_SPEC_MAX_TOKENS + 1], n = 0;
+    for (int j = 0; j < f->k && n <= SF_SPEC_MAX_TOKENS; j++) {
+        if (rows[j] != q) continue;
+        int i = n++; /* insertion by position */
+        while (i > 0 && pos[js[i - 1]] > pos[j]) js[i] = js[i - 1], i--;
+        js[i] = j;
+    }
+    const int d = q->n_draft, c = q->n_tokens - 1 - d; /* c: the last real token's position */
+    int32_t draft[SF_SPEC_MAX_TOKENS];
+    memcpy(draft, q->tokens + c + 1, (size_t)d * sizeof *draft);
+    q->n_tokens = c + 1; /* the ids taken append themselves */
+    q->n_draft = 0;
+    q->score_from = q->score_to = 0;
+    int taken = 0;
+    for (int i = 0; i < n && pos[js[i]] == c + i; i++) {
+        const sf_taken *t = take_row(e, f, js[i], q);
+        const int hit = i < d && t->id == draft[i], removed = t->removed;
+        e->n_taken--; /* delivered here, not with the step's other tokens */
+        if (deliver_one(e, t)) return; /* ended (and freed) by this token */
+        taken++;
+        e->spec_accepted += (uint64_t)hit;
+        if (removed || !hit) break;
+    }
+    sf_sched_rewind(&e->sched, q, c + taken);
+}
+
 /* Wait for the ids of the oldest step in flight and take them. Returns 1 when a step was taken. */
 static int step_take(sf_engine *e, sf_turn_clock *tc)
 {
@@ -424,13 +582,12 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     e->rows_scored += (uint64_t)(f->k - f->k_draw);
     e->rows_scored_dev += (uint64_t)f->n_scored;
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
-    const int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits;
     const int32_t *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
     for (int j = 0; j < f->k; j++) {
         sf_seq *q = rows[j];
         /* freed while the step ran: cancelled, ended by a stop string, or (async) ended by the
-         * step before it, whose ids were taken after this step was planned */
-        if (!q) continue;
+         * step before it, whose ids were taken after this step was planned; drafted: below */
+        if (!q || q->n_draft) continue;
         sf_request *r = q->owner;
         if (score[j] >= 0) { /* a prompt position's row: scored on the backend, or here */
             const int s = j - (f->k - f->n_scored), kk = e->score_k;
@@ -441,21 +598,10 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
                 sf_request_score(r, score[j], e->logits + (size_t)j * e->vocab, e->vocab);
             continue;
         }
-        sf_taken *t = &e->taken[e->n_taken];
-        t->r = r;
-        t->logprob = 0;
-        t->n_top = 0;
-        float *row = e->logits + (size_t)j * e->vocab;
-        if (!f->on_dev && r->sp.json) sf_json_mask(&r->json, e->jv, row); /* JSON mode: what cannot continue */
-        t->id = f->on_dev ? ids[j] : sf_sample(&r->sp, &r->ss, row, e->vocab, &t->logprob, t->top, &t->n_top);
-        if (r->sp.json) sf_json_accept(&r->json, e->jv, t->id);
-        t->end = sf_request_take(r, t->id);
-        t->removed = t->end != SF_REQ_CONTINUE;
-        t->stuck = 0;
-        if (t->removed) sf_sched_remove(&e->sched, q); /* not planned again */
-        r->taken_slot = ++e->n_taken;
-        e->n_tokens_out += t->end != SF_REQ_END_PROMPT;
+        take_row(e, f, j, q);
     }
+    for (int j = 0; f->n_spec && j < f->k; j++) /* each drafted sequence once: spec_verify clears n_draft */
+        if (rows[j] && rows[j]->n_draft) spec_verify(e, f, rows[j]);
     sf_sched_observe(&e->sched, f->n_tokens, f->n_decode, (t1 - f->t_ready) * 1e3);
     if (e->trace) trace_step(e, f);
     /* the step queued behind it becomes the oldest; it could start once these ids were in */

@@ -181,6 +181,11 @@ void sf_metrics_render(sf_metrics *m, sf_engine *engine, FILE *out)
     counter(out, "semflow_prefix_cache_hits_total", "Of those, found cached (their K/V not computed again).",
             st.prefix_hits);
     counter(out, "semflow_prefix_cache_evictions_total", "Cached KV blocks taken for other K/V.", st.prefix_evictions);
+    counter(out, "semflow_spec_decode_steps_total", "Engine steps that carried n-gram draft tokens (speculative decoding).",
+            st.spec_steps);
+    counter(out, "semflow_spec_decode_num_draft_tokens_total", "Draft tokens computed.", st.spec_draft_tokens);
+    counter(out, "semflow_spec_decode_num_accepted_tokens_total", "Draft tokens the draws confirmed (each one a step saved).",
+            st.spec_accepted_tokens);
     gauge(out, "semflow_prefix_cache_blocks", "KV blocks in the prefix cache (held by sequences or free).",
           st.prefix_blocks);
     gauge(out, "semflow_prefix_cache_blocks_free",

@@ -3,7 +3,7 @@
 the demo model (CPU backend) on a free loopback port.
 
 Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
-generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, guided_choice, tokenize
+generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, guided_choice, speculative decoding, tokenize
 routes, metrics, more than 30 bad inputs
 (each must get the right status and leave the server serving), half-open connections, and a
 client that disconnects mid-stream (its KV blocks must be freed)."""
@@ -854,6 +854,29 @@ def test_port_reuse_after_stop(port):
     check("restart_on_same_port", s.stop() == 0, s.logtext())
 
 
+def test_speculative():
+    """A server with n-gram speculative decoding gives the greedy text `semflow generate` gives
+    without it, and counts its drafts in /metrics; a bad --speculative-config stops it at start."""
+    s = Server("--workers", "1", "--max-model-len", "2048", "--speculative-config",
+               '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}')
+    try:
+        prompt = "one two three four one two three four one two three four one two"
+        st, _, r = s.json("/v1/completions", {"prompt": prompt, "max_tokens": 48, "temperature": 0})
+        rc, cli = generate_cli(prompt, 48)
+        check("spec_server_equals_generate", st == 200 and rc == 0 and r["choices"][0]["text"] == cli.rstrip("\n"),
+              (r.get("choices", [{}])[0].get("text"), cli))
+        drafts = s.metric("semflow_spec_decode_num_draft_tokens_total") or 0
+        acc = s.metric("semflow_spec_decode_num_accepted_tokens_total")
+        check("spec_metrics", drafts > 0 and acc is not None and acc <= drafts, (drafts, acc))
+    finally:
+        check("spec_server_exit_0", s.stop() == 0, s.logtext())
+    for bad in ('{"method": "eagle", "num_speculative_tokens": 2}', '{"method": "ngram"}', "nope",
+                '{"method": "ngram", "num_speculative_tokens": 99}', '{"method": "ngram", "num_speculative_tokens": 2, "x": 1}'):
+        p = subprocess.run([BIN, "serve", "--model", "demo", "--port", "0", "--speculative-config", bad],
+                           capture_output=True, timeout=120)
+        check("spec_bad_config_refused_%d" % len(bad), p.returncode != 0 and b"speculative" in p.stderr, p.stderr[-300:])
+
+
 def main():
     if not os.path.exists(BIN):
         print("FAIL: test_server: %s not built" % BIN)
@@ -878,6 +901,7 @@ def main():
         rc = s.stop()
         check("sigterm_exit_0", rc == 0, "exit %s: %s" % (rc, s.logtext()))
     test_port_reuse_after_stop(s.port)
+    test_speculative()
     return 1 if results.failures else 0
 
 
