@@ -1,0 +1,40 @@
+#!/bin/sh
+# bench/device/spec.sh — n-gram speculative decoding at batch 1 on the GPU (docs/PERFORMANCE.md
+# "Speculative decoding"): `semflow generate` with Llama-3-8B's shape (dummy weights,
+# lib_model.sh), greedy, OUTPUT tokens, without drafts and with num_speculative_tokens K, on two
+# prompts: one that repeats a passage (what n-gram drafts are for: code edits, quoting a
+# document) and one that does not. With random weights the output itself soon repeats, which is
+# what the acceptance then measures: the figures show what a kept draft token costs and saves on
+# this GPU, not how often a trained model's drafts are right.
+# Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/spec.sh (~3 min)
+# Env: OUTPUT (256), KS ("4 8"). Exit 77 without a GPU.
+set -u
+BIN=${SF_BIN:-build/semflow}
+D=${OUT:-./out}/spec
+OUTPUT=${OUTPUT:-256} KS=${KS:-4 8}
+mkdir -p "$D"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "spec: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
+    exit 77
+fi
+echo "spec: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+. bench/device/lib_model.sh
+model_8b "$D/model" || exit 1
+passage="The quick brown fox jumps over the lazy dog while the river runs past the old stone garden and the music of the small window plays a green story."
+rep="Copy the passage exactly. $passage $passage $passage"
+fresh="Write a short story about a lighthouse keeper who finds a map in a bottle."
+run() { # name prompt [speculative config]
+    name=$1 prompt=$2
+    shift 2
+    timeout 120 "$BIN" generate --model "$D/model" --load-format dummy --backend cuda --prompt "$prompt" \
+        --max-tokens "$OUTPUT" --temperature 0 "$@" >"$D/$name.txt" 2>"$D/$name.err"
+    echo "$name: $(grep -o 'decode [0-9.]* tokens/s' "$D/$name.err") $(grep -o '[0-9]* of [0-9]* draft tokens accepted ([0-9.]*%) | [0-9.]* tokens a step' "$D/$name.err")"
+}
+for p in rep fresh; do
+    eval prompt=\$$p
+    run "$p-plain" "$prompt"
+    for k in $KS; do
+        run "$p-spec$k" "$prompt" --speculative-config "{\"method\": \"ngram\", \"num_speculative_tokens\": $k}"
+        cmp -s "$D/$p-plain.txt" "$D/$p-spec$k.txt" && echo "  $p-spec$k: the same text as plain" || echo "  $p-spec$k: the text differs from plain (GPU rounding of one-pass drafts)"
+    done
+done
