@@ -111,6 +111,8 @@ struct sf_engine {
      * in the step being launched, and what drafting did */
     sf_seq **spec_seqs;         /* [max_num_seqs] */
     int n_spec;
+    int spec_quiet;             /* steps still planned ahead (async) before drafts are looked for again */
+    int spec_misses;            /* looks in a row that found no draft */
     uint64_t spec_steps, spec_drafted, spec_accepted;
     int n_taken;
     double t_ids;               /* when the device ran out of work in the step taken this turn: its

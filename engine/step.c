@@ -202,12 +202,17 @@ static int step_take(sf_engine *e, sf_turn_clock *tc);
 /* Tokens back from the end an n-gram is looked for in (the rest of a long context is not read). */
 #define SPEC_WINDOW 16384
 
-/* Drafting is on and the batch small enough for it: steps are then planned once the ids of the
- * one before are in (no async plan ahead), so drafts follow the last real token. */
+/* Drafting is on and the batch small enough for it: a step that looks for drafts is planned
+ * once the ids of the one before are in (not ahead), so drafts follow the last real token. */
 static int spec_on(const sf_engine *e)
 {
     return e->cfg.spec_tokens > 0 && !e->tp && e->sched.n_running > 0 && e->sched.n_running <= e->cfg.spec_max_batch;
 }
+
+/* After looks that found no draft, steps are planned ahead as without drafting before the next
+ * look: 0, 1, 3, then 7 of them (looks in a row that failed: 1, 2, 3, more), so text without
+ * repeats keeps most of what async scheduling saves and text with them loses few drafts. */
+static int spec_quiet_after(int misses) { return misses >= 4 ? 7 : (1 << (misses - 1)) - 1; }
 
 /* Up to max tokens that followed the latest earlier occurrence of q's last n tokens, for n from
  * spec_ngram_max down to spec_ngram_min; 0 when none occurred. */
@@ -269,8 +274,9 @@ static void spec_propose(sf_engine *e)
     }
 }
 
-/* After the plan: drafts of sequences it left out (preempted, or no room in the step) go. */
-static int spec_planned(sf_engine *e)
+/* After the plan: drafts of sequences it left out (preempted, or no room in the step) go.
+ * looked: spec_propose ran for it (the plan was not made ahead). */
+static int spec_planned(sf_engine *e, int looked)
 {
     int k = 0;
     for (int i = 0; i < e->n_spec; i++) {
@@ -283,6 +289,10 @@ static int spec_planned(sf_engine *e)
     }
     e->n_spec = k;
     if (k) e->spec_steps++;
+    if (looked && spec_on(e)) { /* the next look now, or after some steps ahead */
+        e->spec_misses = k ? 0 : e->spec_misses + 1;
+        e->spec_quiet = k ? 0 : spec_quiet_after(e->spec_misses);
+    }
     return k;
 }
 
@@ -291,7 +301,7 @@ static int may_plan_ahead(const sf_engine *e)
 {
     /* not behind a step whose rows the backend scores: its logits are read at its take */
     return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed && !e->fl.n_scored &&
-           !e->fl.n_spec && !spec_on(e);
+           !e->fl.n_spec && !(spec_on(e) && !e->spec_quiet);
 }
 
 /* Async scheduling: commit the plan of the step in flight and give each sequence it draws for
@@ -351,10 +361,13 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     sf_error err = { 0 };
     double t0 = sf_now_s();
     e->n_spec = 0;
-    if (ahead) plan_ahead(e);
+    if (ahead) {
+        plan_ahead(e);
+        if (e->spec_quiet > 0) e->spec_quiet--;
+    }
     else spec_propose(e); /* drafts for the plan to compute */
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
-    const int n_spec = spec_planned(e);
+    const int n_spec = spec_planned(e, !ahead);
     if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p))) {
         /* swaps move blocks the step in flight may still write, a stuck sequence's last token
          * is still to come, and under tensor parallelism a step drawn on the host cannot take

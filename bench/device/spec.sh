@@ -5,7 +5,9 @@
 # prompts: one that repeats a passage (what n-gram drafts are for: code edits, quoting a
 # document) and one that does not. With random weights the output itself soon repeats, which is
 # what the acceptance then measures: the figures show what a kept draft token costs and saves on
-# this GPU, not how often a trained model's drafts are right.
+# this GPU, not how often a trained model's drafts are right. Then what a drafted step costs:
+# `bench decode` with its 520-token prompt fed in chunks of 1 + K tokens on top of the context
+# before them (what a step with K drafts computes), against its timed one-token decode steps.
 # Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/spec.sh (~3 min)
 # Env: OUTPUT (256), KS ("4 8"). Exit 77 without a GPU.
 set -u
@@ -37,4 +39,10 @@ for p in rep fresh; do
         run "$p-spec$k" "$prompt" --speculative-config "{\"method\": \"ngram\", \"num_speculative_tokens\": $k}"
         cmp -s "$D/$p-plain.txt" "$D/$p-spec$k.txt" && echo "  $p-spec$k: the same text as plain" || echo "  $p-spec$k: the text differs from plain (GPU rounding of one-pass drafts)"
     done
+done
+for k in 1 4 8; do
+    c=$((k + 1))
+    timeout 120 "$BIN" bench decode --load-format dummy --preset llama-3-8b --backend cuda --ctx 520 --chunk $c \
+        --steps 32 >"$D/chunk$c.txt" 2>"$D/chunk$c.err"
+    echo "chunks of $c: $(grep -E '^prefill|ms/token' "$D/chunk$c.txt" | tr '\n' ' ')"
 done
