@@ -271,42 +271,24 @@ extern "C" int sf_k_gemm_prepare(sf_k_gemm_ctx *g, const uint16_t *bias, int n, 
     return rc ? rc : p->lt_rc ? 0 : maybe_tune(g, p, s);
 }
 
-/* One untimed run of a path, then `reps` timed calls, each after the L2 cache was overwritten
- * (a memset of twice its size) as a step's other GEMMs overwrite it: timed back to back, a
- * weight that fits in L2 (QKV's 50 MB, O's 33 MB on an H200) came from L2 and made cuBLASLt's
- * low-parallelism algorithms look 3-4x faster than inside a step. Without the scratch (no L2
- * size, or no memory) the calls run back to back as before. Returns the timed calls' total ms. */
+/* Median-free but warm: one untimed run of each path, then `reps` timed back to back. */
 static float time_path(sf_k_gemm_ctx *g, plan *p, int gemv, const uint16_t *x, const uint16_t *w,
                        const uint16_t *bias, uint16_t *y, cudaStream_t s, int *rc)
 {
     const int reps = 5;
     cudaEvent_t e0 = NULL, e1 = NULL;
-    float total = 0;
-    void *flush = NULL;
-    size_t fb = 2 * g->l2_bytes;
-    if (fb && cudaMalloc(&flush, fb) != cudaSuccess) {
-        cudaGetLastError();
-        flush = NULL;
-    }
+    float ms = 1e30f;
     if (cudaEventCreate(&e0) != cudaSuccess || cudaEventCreate(&e1) != cudaSuccess) { *rc = (int)cudaGetLastError(); goto out; }
     for (int i = 0; i <= reps && !*rc; i++) {
-        if (i && flush) cudaMemsetAsync(flush, i, fb, s);
-        if (i) cudaEventRecord(e0, s);
+        if (i == 1) cudaEventRecord(e0, s);
         *rc = gemv ? sf_k_gemv(x, p->ldx, w, bias, p->n, p->m, p->k, y, p->ldy, s) : run_lt(g, p, x, w, bias, y, s);
-        if (!i) continue;
-        cudaEventRecord(e1, s);
-        float ms = 0;
-        if (*rc || cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
-            total = 1e30f;
-            break;
-        }
-        total += ms;
     }
+    cudaEventRecord(e1, s);
+    if (!*rc && cudaEventSynchronize(e1) == cudaSuccess) cudaEventElapsedTime(&ms, e0, e1);
 out:
     if (e0) cudaEventDestroy(e0);
     if (e1) cudaEventDestroy(e1);
-    if (flush) cudaFree(flush);
-    return *rc ? 1e30f : total;
+    return ms;
 }
 
 extern "C" int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
@@ -329,7 +311,7 @@ extern "C" int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const
         if (rc) return rc;
         p->choice = t_gemv <= t_lt ? 1 : 2;
         if (getenv("SF_GEMM_VERBOSE"))
-            fprintf(stderr, "gemm n=%d m=%d k=%d: gemv %.1f us, cublasLt %.1f us (each after L2 was overwritten) -> %s\n", n, m, k,
+            fprintf(stderr, "gemm n=%d m=%d k=%d: gemv %.1f us, cublasLt %.1f us -> %s\n", n, m, k,
                     t_gemv * 200.0f, t_lt * 200.0f, p->choice == 1 ? "gemv" : "cublasLt");
     }
     return p->choice == 1 ? sf_k_gemv(x, ldx, w, bias, n, m, k, y, ldy, s) : run_lt(g, p, x, w, bias, y, s);
