@@ -127,6 +127,7 @@ typedef struct sf_submit {
 } sf_submit;
 
 /* ---- engine ------------------------------------------------------------------------ */
+#define SF_SPEC_MAX_TOKENS 16 /* draft tokens a step at most (speculative decoding) */
 typedef struct sf_engine_config {
     const char *model;        /* folder, .gguf or "demo" */
     const char *backend;      /* "auto" | "cpu" | "cuda" */
@@ -183,8 +184,7 @@ typedef struct sf_engine_config {
      * then), verified in one step by the same draws that would have chosen them one by one, so
      * the output is the one without drafts; while at most spec_max_batch sequences run.
      * spec_tokens 0 (default): off. Defaults 2, 4, 8. docs/ENGINE.md */
-    int spec_tokens, spec_ngram_min, spec_ngram_max, spec_max_batch;
-#define SF_SPEC_MAX_TOKENS 16
+    int spec_tokens, spec_ngram_min, spec_ngram_max, spec_max_batch; /* spec_tokens <= SF_SPEC_MAX_TOKENS */
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 

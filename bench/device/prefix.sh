@@ -10,11 +10,8 @@ set -u
 BIN=${SF_BIN:-build/semflow}
 D=${OUT:-./out}/prefix
 mkdir -p "$D"
-if ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "prefix: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
-    exit 77
-fi
-echo "prefix: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+. bench/device/lib_gpu.sh
+need_gpu prefix
 "$BIN" hal --json >"$D/hal.json" 2>/dev/null
 B="$BIN bench throughput --load-format dummy --preset llama-3-8b --backend cuda --json"
 summary() { # output tokens/s, bound ratio, prefix hits of a result

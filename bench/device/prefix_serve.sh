@@ -12,11 +12,8 @@ BIN=${SF_BIN:-build/semflow}
 D=${OUT:-./out}/prefix_serve
 PREFIX=${PREFIX:-1500} USER_W=${USER_WORDS:-40} OUTPUT=${OUTPUT:-64} RATE=${RATE:-8} N=${N:-120}
 mkdir -p "$D"
-if ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "prefix_serve: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
-    exit 77
-fi
-echo "prefix_serve: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+. bench/device/lib_gpu.sh
+need_gpu prefix_serve
 . bench/device/lib_model.sh
 model_8b "$D/model" || exit 1
 port=18500

@@ -12,10 +12,8 @@ BIN=${SF_BIN:-build/semflow}
 D=${OUT:-./out}/score
 DATA=${SF_TESTDATA:-../shared/testdata}
 mkdir -p "$D"
-if ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "score: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
-    exit 77
-fi
+. bench/device/lib_gpu.sh
+need_gpu score
 M=$DATA/tinyllama-1.1b-chat-v1.0
 TEXT=$D/text.txt
 : >"$TEXT"
@@ -24,7 +22,6 @@ while [ $i -lt 60 ]; do # a short story, 60 times: ~52 KB, ~14k tokens
     printf '%s\n' "Once upon a time, there was a little girl named Lily. She loved to play outside in the park. One day, she saw a big red ball. She wanted to play with it, but it was too high. Lily asked her mom to help her. Her mom said, \"Let's go to the park and play with the ball.\" Lily was so happy. They played with the ball all day long. When it was time to go home, Lily said, \"Thank you, mom. I love you.\" Her mom smiled and gave her a big hug. Once upon a time, there was a little boy named Tom. He had a dog named Max. Max was a good dog. He liked to run and jump. One day, Tom and Max went to the park. They saw a big tree. Tom wanted to climb the tree, but he was scared. Max barked and wagged his tail. Tom felt brave and climbed the tree. He was very happy. The sun was shining and the birds were singing. Tom and Max played all day. At night, they went home and slept. The end." >>"$TEXT"
     i=$((i + 1))
 done
-echo "score: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
 "$BIN" hal --json >"$D/hal.json" 2>/dev/null
 timeout 60 build/tests/device/test_sample >"$D/test_sample.log" 2>&1
 grep -E 'score|^(PASS|FAIL)' "$D/test_sample.log"

@@ -15,11 +15,8 @@ BIN=${SF_BIN:-build/semflow}
 D=${OUT:-./out}/spec
 OUTPUT=${OUTPUT:-256} KS=${KS:-4 8}
 mkdir -p "$D"
-if ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "spec: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
-    exit 77
-fi
-echo "spec: $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+. bench/device/lib_gpu.sh
+need_gpu spec
 . bench/device/lib_model.sh
 model_8b "$D/model" || exit 1
 passage="The quick brown fox jumps over the lazy dog while the river runs past the old stone garden and the music of the small window plays a green story."
