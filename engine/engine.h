@@ -122,6 +122,9 @@ typedef struct sf_submit {
     char tenant[64];
     const char *cache_salt;   /* NULL or a string: requests share cached prefix blocks only under the
                                * same tenant and salt (vLLM's cache_salt) */
+    uint64_t group;           /* 0, or an id the requests of one prompt share (an API request's n
+                               * choices): with the prefix cache the later ones wait while one of them
+                               * computes the prompt, then find it cached instead of computing it too */
     sf_event_cb cb;
     void *user;
 } sf_submit;

@@ -148,6 +148,7 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
     r->user = s->user;
     memcpy(r->tenant, s->tenant, sizeof r->tenant);
     r->tenant[sizeof r->tenant - 1] = 0;
+    r->seq.group = s->group;
     r->seq.cache_salt = sf_hash_str(sf_hash_str(0x5345464c4f57ull, r->tenant), s->cache_salt ? s->cache_salt : "");
     atomic_init(&r->cancel, 0);
     *out = r;

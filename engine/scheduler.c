@@ -537,7 +537,20 @@ static int unadmit(sf_sched *s, sf_seq *q)
     return 0;
 }
 
-/* Admit the head of the waiting queue. Returns 1 if admitted, 0 to stop admitting. */
+/* q (nothing computed, a group, its prompt not scored) has a running sequence of its group that
+ * has not computed the prompt's whole blocks yet (those a lookup can find): q waits for it
+ * rather than computing the same prompt too. */
+static int sibling_computes(const sf_sched *s, const sf_seq *q)
+{
+    if (!s->cfg.prefix_cache || !q->group || q->n_computed || q->n_swap || q->score_from < q->score_to) return 0;
+    const int bs = s->pool->block_size;
+    for (const sf_seq *p = s->running.next; p != &s->running; p = p->next)
+        if (p->group == q->group && p->n_computed < (p->n_prompt - 1) / bs * bs) return 1;
+    return 0;
+}
+
+/* Admit a sequence of the waiting queue: the head, or one a waiting sibling let pass
+ * (sibling_computes). Returns 1 if admitted, 0 to stop admitting. */
 static int admit_head(sf_sched *s, sf_seq *q)
 {
     if (q->preempted_at == s->steps + 1) return 0; /* preempted in this very step: wait for the next */
@@ -657,8 +670,13 @@ const sf_plan *sf_sched_plan_at(sf_sched *s, double now)
     /* 3. admission from the waiting queue, head first */
     s->blocked_units = 0;
     s->swap_in_low_step = 0;
-    while (s->budget_left > 0 && s->waiting.next != &s->waiting) {
-        if (!admit_head(s, s->waiting.next)) break;
+    while (s->budget_left > 0) {
+        /* the first waiting sequence but those whose prompt a sibling is computing (they come in
+         * after it, from the cache); from the head again after each admission, as preemption
+         * may have queued victims in front */
+        sf_seq *q = s->waiting.next;
+        while (q != &s->waiting && sibling_computes(s, q)) q = q->next;
+        if (q == &s->waiting || !admit_head(s, q)) break;
     }
     s->steps++;
     return p;

@@ -78,6 +78,10 @@ typedef struct sf_seq {
     int n_hashed;             /* leading blocks registered or found (hash_last: the last one's key) */
     uint64_t hash_last;
     int n_uncounted;          /* blocks it shares that it took from another holder: not in held_low_units */
+    uint64_t group;           /* set by the caller (0: none): sequences of one group have the same prompt
+                               * (an API request's choices); with the prefix cache a later one waits,
+                               * skipped by admission, while one of its group computes that prompt,
+                               * then finds it cached */
     int n_draft;              /* its last n_draft tokens are drafts (speculative decoding): the caller
                                * set them with score_from/score_to over the positions before them, and
                                * calls sf_sched_rewind once it knows how many were right; they are

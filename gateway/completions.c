@@ -152,8 +152,9 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
     r->t0 = t0;
     r->prompt_tokens = total_ids; /* each prompt once, whatever n (OpenAI's usage) */
     r->created = (long)time(NULL);
+    const uint64_t serial = atomic_fetch_add(&gw->next_id, 1); /* the server's count of requests */
     snprintf(r->id, sizeof r->id, "%s-%lx%06lx", kind == SF_GW_CHAT ? "chatcmpl" : "cmpl", (unsigned long)r->created,
-             (unsigned long)atomic_fetch_add(&gw->next_id, 1) & 0xffffff);
+             (unsigned long)serial & 0xffffff);
     pthread_mutex_init(&r->mu, NULL);
     r->wake = event_new(w->base, -1, 0, gw_req_on_wake, r);
     sf_metrics_active(&gw->metrics, 1);
@@ -201,6 +202,8 @@ void gw_route_generate(gw_worker *w, struct evhttp_request *req, int kind, sf_en
             if (kind == SF_GW_COMPLETIONS && s.sampling.max_tokens > 16) s.sampling.max_tokens = 16;
         }
         if (p.n > 1 && p.sampling.has_seed) s.sampling.seed = p.sampling.seed + (uint64_t)j;
+        /* a prompt's choices: one computes it, the others find it in the prefix cache */
+        s.group = p.n > 1 ? (serial << 16 | (uint64_t)pi) + 1 : 0; /* prompts < 2^16 */
         s.user = &r->ch[i];
         sf_request *sr = NULL;
         rc = sf_engine_submit(engine, &s, &sr, &retry, &serr);

@@ -585,6 +585,14 @@ def test_prefix_cache(s):
     st, _, t2 = s.json("/v1/chat/completions", {"messages": turn, "max_tokens": 4, "temperature": 0})
     c2 = t2["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1
     check("prefix_chat_next_turn", n1 > 100 and c2 >= n1 // 16 * 16 - 16, (n1, c2))
+    # n choices: the first computes the prompt, the others find it cached
+    fresh = " ".join("choice%d" % i for i in range(100))
+    h0 = s.metric("semflow_prefix_cache_hits_total") or 0
+    st, _, r = s.json("/v1/completions", {"prompt": fresh, "n": 4, "max_tokens": 4, "temperature": 1.0, "seed": 5})
+    n4 = r["usage"]["prompt_tokens"] if st == 200 else 0
+    h1 = s.metric("semflow_prefix_cache_hits_total") or 0
+    check("prefix_n_choices_share", st == 200 and len(r["choices"]) == 4 and h1 - h0 >= 3 * ((n4 - 1) // 16 * 16),
+          (st, n4, h1 - h0))
     # a batch of prompts: each prompt's cached tokens once
     st, _, r = s.json("/v1/completions", dict(body, prompt=[text, text + " more"], n=2))
     c2 = r["usage"]["prompt_tokens_details"]["cached_tokens"] if st == 200 else -1

@@ -638,6 +638,51 @@ TEST(spec_equals_plain_one_at_a_time) { spec_equals_plain(0, 0); }
 TEST(spec_equals_plain_together) { spec_equals_plain(0, 1); }
 TEST(spec_equals_plain_preempted) { spec_equals_plain(24, 1); }
 
+/* An API request's n choices: four requests of one group and prompt, submitted at once, give
+ * what they give without a group, and the three after the first find its prompt cached. */
+TEST(group_choices_share_the_prompt)
+{
+    static const char *text = "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+                              "park with her friends. One day, she saw a big red ball near the old tree and she ran";
+    static collect ref[4], got[4];
+    sf_error err = { 0 };
+    int32_t prompt[256];
+    int np = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        sf_engine *e = open_engine(stories(), 8, 256, 0, 0, &err);
+        REQUIRE(e, "engine: %s", err.msg);
+        if (!pass) np = encode(e, text, prompt, 256);
+        collect *out = pass ? got : ref;
+        for (int i = 0; i < 4; i++) {
+            collect_init(&out[i]);
+            sf_submit s;
+            memset(&s, 0, sizeof s);
+            s.prompt = prompt;
+            s.n_prompt = np;
+            s.sampling = greedy(24);
+            s.sampling.temperature = 0.9f;
+            s.sampling.seed = 100 + (uint64_t)i;
+            s.sampling.has_seed = 1;
+            s.group = pass ? 77 : 0;
+            s.cb = on_event;
+            s.user = &out[i];
+            double retry;
+            CHECK(sf_engine_submit(e, &s, NULL, &retry, &err) == SF_OK);
+        }
+        for (int i = 0; i < 4; i++) collect_wait(&out[i]);
+        sf_engine_free(e);
+    }
+    int same = 0, cached = 0;
+    for (int i = 0; i < 4; i++) {
+        same += got[i].n_tokens == ref[i].n_tokens &&
+                !memcmp(got[i].tokens, ref[i].tokens, (size_t)ref[i].n_tokens * sizeof(int32_t));
+        cached += i && got[i].cached_tokens == (np - 1) / 16 * 16;
+    }
+    CHECK_MSG(np > 40 && same == 4, "%d of 4 choices the same with a group (prompt %d tokens)", same, np);
+    CHECK_MSG(cached == 3, "the 3 choices after the first found its %d whole tokens cached: %d, %d, %d", (np - 1) / 16 * 16,
+              got[1].cached_tokens, got[2].cached_tokens, got[3].cached_tokens);
+}
+
 TEST(cancel_frees_kv)
 {
     sf_error err = { 0 };
@@ -883,6 +928,7 @@ int main(void)
     RUN(prompt_logprobs_preempted);
     RUN(prefix_cache_equals_computed);
     RUN(prefix_cache_equals_computed_preempted);
+    RUN(group_choices_share_the_prompt);
     RUN(spec_equals_plain_one_at_a_time);
     RUN(spec_equals_plain_together);
     RUN(spec_equals_plain_preempted);

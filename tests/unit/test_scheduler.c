@@ -461,6 +461,37 @@ TEST(scored_prompts_fit_the_logit_rows)
     world_free(&w);
 }
 
+/* Three sequences of one group (the same 100-token prompt) and one of none behind them: the first
+ * plan admits the first of the group and the one behind (the siblings let it pass), the siblings
+ * come in once the first has computed the prompt, and find its 96 whole tokens cached. */
+TEST(group_waits_for_its_prompt)
+{
+    world w;
+    prefix_cache = 1;
+    int wrc = world_init(&w, 200, 16, 8, 256, 2048, 0.0f);
+    prefix_cache = 0;
+    REQUIRE(wrc == 0, "init");
+    fake *f[4];
+    for (int i = 0; i < 4; i++) {
+        f[i] = fake_new(i < 3 ? 7 : 8, SF_URGENCY_NORMAL, 100, 4);
+        f[i]->q.group = i < 3 ? 42 : 0;
+        sf_sched_add(&w.s, &f[i]->q);
+    }
+    step(&w);
+    CHECK_MSG(f[0]->q.state == SF_SEQ_RUNNING && f[3]->q.state == SF_SEQ_RUNNING && f[1]->q.state == SF_SEQ_WAITING &&
+                  f[2]->q.state == SF_SEQ_WAITING, "first plan: the group's first and the other one run, states %d %d %d %d",
+              f[0]->q.state, f[1]->q.state, f[2]->q.state, f[3]->q.state);
+    int steps = 0;
+    while ((f[1]->q.state == SF_SEQ_WAITING || f[2]->q.state == SF_SEQ_WAITING) && steps++ < 20) step(&w);
+    CHECK_MSG(f[0]->q.n_computed >= 100, "the siblings came in after the prompt was computed (%d)", f[0]->q.n_computed);
+    CHECK_MSG(f[1]->q.n_cached == 96 && f[2]->q.n_cached == 96, "they found it cached: %d, %d tokens", f[1]->q.n_cached,
+              f[2]->q.n_cached);
+    while (!f[0]->finished || !f[1]->finished || !f[2]->finished || !f[3]->finished) step(&w);
+    CHECK_MSG(!w.bad, "%s", w.why);
+    for (int i = 0; i < 4; i++) fake_free(f[i]);
+    world_free(&w);
+}
+
 /* Eight sequences sharing a 640-token beginning found in the prefix cache: the pool holds it
  * once, and the KV demand the degrade policy watches counts it once, not eight times. */
 TEST(prefix_shared_counts_once)
@@ -528,6 +559,17 @@ static void random_workload_run(int cached, int swap)
                 for (int i = 0; i < shared; i++) f->q.tokens[i] = 2000 + which * 200 + i;
                 f->q.cache_salt = sf_rng_next(&rng) % 2;
             }
+            fake *prev = n_all ? all[n_all - 1] : NULL;
+            if (cached && prev && prev->q.n_prompt <= np && prev->q.state == SF_SEQ_WAITING && sf_rng_uniform(&rng) < 0.3f) {
+                /* another choice of the request before: its prompt, its group */
+                memcpy(f->q.tokens, prev->q.tokens, (size_t)prev->q.n_prompt * sizeof *f->q.tokens);
+                f->q.n_tokens = f->q.n_prompt = np = prev->q.n_prompt;
+                f->q.max_len = prev->q.n_prompt;
+                f->q.cache_salt = prev->q.cache_salt;
+                f->q.urgency = prev->q.urgency;
+                if (!prev->q.group) prev->q.group = 1000 + (uint64_t)prev->id;
+                f->q.group = prev->q.group;
+            }
             if (sf_rng_uniform(&rng) < 0.3f) f->q.deadline = (double)steps + sf_rng_uniform(&rng) * 50.0;
             if (sf_rng_uniform(&rng) < 0.2f) f->q.score_to = np - 1; /* its prompt scored */
             sf_sched_add(&w.s, &f->q);
@@ -591,6 +633,7 @@ int main(void)
     RUN(bad_config_rejected);
     RUN(scored_prompts_fit_the_logit_rows);
     RUN(prefix_shared_counts_once);
+    RUN(group_waits_for_its_prompt);
     RUN(random_workload);
     RUN(random_workload_prefix_cache);
     RUN(random_workload_prefix_cache_swap);
