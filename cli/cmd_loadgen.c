@@ -50,7 +50,8 @@ int sf_cmd_loadgen(int argc, char **argv)
     int o, rc = 0;
     optind = 1;
     opterr = 0;
-    while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    int li = -1;
+    while ((li = -1, o = getopt_long(argc, argv, "", opts, &li)) != -1) {
         char *end = NULL;
         switch (o) {
         case O_URL: rc = sf_lg_parse_url(&c, optarg, &err); break;
@@ -82,7 +83,7 @@ int sf_cmd_loadgen(int argc, char **argv)
         }
         if (rc) {
             if (err.msg[0]) fprintf(stderr, "semflow loadgen: %s\n", err.msg);
-            else fprintf(stderr, "semflow loadgen: bad value '%s' for %s\n", optarg, argv[optind - 1]);
+            else fprintf(stderr, "semflow loadgen: bad value '%s' for --%s\n", optarg, li >= 0 ? opts[li].name : "?");
             return 2;
         }
     }

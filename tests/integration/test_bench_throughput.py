@@ -99,6 +99,11 @@ for args, what in [
     rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", *args)
     check("bad_flag " + " ".join(args), rc == 2 and what in err, f"rc {rc}: {err[-300:]}")
 
+rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--input", "10", "--prefix-len", "11")
+check("prefix_len_over_input", rc != 0 and "--prefix-len 11 is longer than --input 10" in err, f"rc {rc}: {err[-300:]}")
+rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--prefix-len", "-1")
+check("bad_flag --prefix-len -1", rc == 2 and "--prefix-len" in err, f"rc {rc}: {err[-300:]}")
+
 rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--input", "4000", "--output", "4000")
 check("context_too_long", rc == 1 and "--input" in err and "context" in err, f"rc {rc}: {err[-300:]}")
 

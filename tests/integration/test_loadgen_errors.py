@@ -3,7 +3,8 @@
 finish_reason "error" (what semflow sends when the engine fails a request) counts as failed,
 not completed; a stream whose tokens carry no text has its TTFT at the end, never 0;
 --prefix-tokens begins every prompt with the same words (a system message with --chat) and the
-report sums the usage's cached tokens."""
+report sums the usage's cached tokens; bad flags and a scenario's bad prefix_tokens exit 2 naming
+what is wrong, before any request."""
 import http.server
 import json
 import os
@@ -54,12 +55,31 @@ def loadgen(port, out, *extra):
         return p.returncode, json.load(f)["all"]
 
 
+def bad_inputs(d):
+    for args, what in [(["--prefix-tokens", "abc"], "--prefix-tokens"), (["--prefix-tokens", "-3"], "--prefix-tokens"),
+                       (["--prefix-tokens", "100001"], "--prefix-tokens"), (["--concurrency", "0"], "--concurrency"),
+                       (["--prompt-tokens", "uniform:9"], "")]:
+        p = subprocess.run([BIN, "loadgen", "--url", "http://127.0.0.1:1"] + args, capture_output=True, text=True,
+                           timeout=30)
+        check("loadgen_bad_flag_%s" % "_".join(a.strip("-") for a in args), p.returncode == 2 and what in p.stderr and
+              not BODIES, (p.returncode, p.stderr[-200:]))
+    for i, val in enumerate(['"x"', "-1", "1.5", "200000"]):
+        path = os.path.join(d, "bad%d.json" % i)
+        with open(path, "w") as f:
+            f.write('{"classes": [{"name": "a", "prefix_tokens": %s}]}' % val)
+        p = subprocess.run([BIN, "loadgen", "--url", "http://127.0.0.1:1", "--scenario", path], capture_output=True,
+                           text=True, timeout=30)
+        check("loadgen_bad_scenario_prefix_tokens_%d" % i, p.returncode == 2 and "prefix_tokens" in p.stderr,
+              (val, p.returncode, p.stderr[-200:]))
+
+
 def main():
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     port = srv.server_address[1]
     with tempfile.TemporaryDirectory() as d:
         try:
+            bad_inputs(d)
             MODE["kind"] = "error"
             rc, a = loadgen(port, os.path.join(d, "err.json"))
             check("loadgen_error_stream_counts_failed", a["failed"] == 3 and a["completed"] == 0,
