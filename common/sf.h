@@ -98,6 +98,15 @@ static inline uint16_t sf_f32_to_bf16(float f) {
 float sf_f16_to_f32(uint16_t h);
 uint16_t sf_f32_to_f16(float f);
 
+/* splitmix64's step as a function: a bijection on 64 bits with full avalanche (the rng's seeding,
+ * the prefix cache's keys). kernels/sample_draw.h has the same for device code. */
+static inline uint64_t sf_mix64(uint64_t z) {
+    z += 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
 /* FNV-1a over s and its terminating NUL, continuing from h: chained calls keep their strings'
  * boundaries ("ab", "c" and "a", "bc" differ). Not for anything an attacker must not steer. */
 static inline uint64_t sf_hash_str(uint64_t h, const char *s) {

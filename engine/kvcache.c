@@ -83,19 +83,10 @@ int sf_kv_prefix_enable(sf_kv_pool *p, sf_error *err)
     return SF_OK;
 }
 
-static inline uint64_t mix64(uint64_t x)
-{
-    x ^= x >> 30;
-    x *= 0xbf58476d1ce4e5b9ull;
-    x ^= x >> 27;
-    x *= 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
-
 uint64_t sf_kv_prefix_key(const sf_kv_pool *p, uint64_t parent, const int32_t *toks)
 {
-    uint64_t h = mix64(parent ^ p->pc_seed);
-    for (int i = 0; i < p->block_size; i++) h = mix64(h ^ (uint32_t)toks[i]) + (uint64_t)i;
+    uint64_t h = sf_mix64(parent ^ p->pc_seed);
+    for (int i = 0; i < p->block_size; i++) h = sf_mix64(h ^ (uint32_t)toks[i]) + (uint64_t)i;
     return h;
 }
 
@@ -188,9 +179,8 @@ void sf_kv_prefix_reset(sf_kv_pool *p)
         lru_unlink(p, b);
         p->free_list[p->n_stack++] = b;
     }
-    for (int32_t b = 0; b < p->n_blocks; b++)
-        if (p->pc_reg[b]) p->pc_reg[b] = 0;
-    for (uint32_t i = 0; i <= p->pc_mask; i++) p->pc_table[i] = -1;
+    memset(p->pc_reg, 0, (size_t)p->n_blocks);
+    memset(p->pc_table, 0xff, ((size_t)p->pc_mask + 1) * sizeof *p->pc_table); /* -1 */
     p->n_registered = 0;
 }
 
