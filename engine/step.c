@@ -244,8 +244,7 @@ static void spec_drop(sf_seq *q)
  * its item computes them all; drafts never take KV blocks another sequence would wait for. */
 static void spec_propose(sf_engine *e)
 {
-    e->n_spec = 0;
-    if (!spec_on(e)) return;
+    if (!spec_on(e)) return; /* e->n_spec is 0: step_launch cleared it */
     sf_sched *s = &e->sched;
     int free_blocks = e->pool.n_free - s->n_running;
     for (sf_seq *q = s->running.next; q != &s->running; q = q->next) {

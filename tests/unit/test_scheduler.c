@@ -70,6 +70,15 @@ static int world_init(world *w, int n_blocks, int bs, int max_seqs, int budget, 
     return 0;
 }
 
+/* A world with the prefix cache: blocks of 16 tokens, 8 seats, contexts of up to 2048. */
+static int cached_world_init(world *w, int n_blocks, int budget, float reserve)
+{
+    prefix_cache = 1;
+    int rc = world_init(w, n_blocks, 16, 8, budget, 2048, reserve);
+    prefix_cache = 0;
+    return rc;
+}
+
 static void world_free(world *w)
 {
     free(w->kv);
@@ -467,10 +476,7 @@ TEST(scored_prompts_fit_the_logit_rows)
 TEST(group_waits_for_its_prompt)
 {
     world w;
-    prefix_cache = 1;
-    int wrc = world_init(&w, 200, 16, 8, 256, 2048, 0.0f);
-    prefix_cache = 0;
-    REQUIRE(wrc == 0, "init");
+    REQUIRE(cached_world_init(&w, 200, 256, 0.0f) == 0, "init");
     fake *f[4];
     for (int i = 0; i < 4; i++) {
         f[i] = fake_new(i < 3 ? 7 : 8, SF_URGENCY_NORMAL, 100, 4);
@@ -497,10 +503,7 @@ TEST(group_waits_for_its_prompt)
 TEST(prefix_shared_counts_once)
 {
     world w;
-    prefix_cache = 1;
-    int wrc = world_init(&w, 200, 16, 8, 2048, 2048, 0.1f);
-    prefix_cache = 0;
-    REQUIRE(wrc == 0, "init");
+    REQUIRE(cached_world_init(&w, 200, 2048, 0.1f) == 0, "init");
     fake *f[8];
     for (int i = 0; i < 8; i++) {
         f[i] = fake_new(100 + i, SF_URGENCY_NORMAL, 656, i ? 3 : 20); /* the first still runs when the rest do */
