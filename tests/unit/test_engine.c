@@ -821,6 +821,18 @@ TEST(admission_errors)
     p[3] = 4;
     sp.top_p = 1.5f;
     CHECK(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "top_p"));
+    /* a choice: its list must be given with json, and be a list of distinct strings */
+    sp = greedy(4);
+    sp.choice = 1;
+    CHECK(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "choice"));
+    sp.json = 1;
+    sp.schema = "[\"a\", \"a\"]";
+    sp.schema_len = strlen(sp.schema);
+    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "the same as"), "%s", err.msg);
+    sp.schema = "[\"yes\", \"no\"]";
+    sp.schema_len = strlen(sp.schema);
+    sp.ignore_eos = 1;
+    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "guided_choice"), "%s", err.msg);
     sp = greedy(1);
     CHECK(submit(e, p, 63, &sp, &c, &err) == SF_OK); /* 63 fits: one token of room */
     collect_wait(&c);
