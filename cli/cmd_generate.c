@@ -31,6 +31,8 @@ static void usage(FILE *f)
             "  --json              the output is one JSON object (JSON mode)\n"
             "  --json-schema S     ... one that the JSON Schema S describes (a file, or the schema itself\n"
             "                      when S starts with '{'; the subset in docs/API.md)\n"
+            "  --regex P           the whole output matches the regular expression P (Python's syntax,\n"
+            "                      less back-references and lookarounds: docs/API.md)\n"
             "  --backend B         auto | cpu | cuda (default auto)\n"
             "  --threads N         CPU backend threads (default: all cores)\n"
             "  --max-model-len N   context length cap (default: the model's)\n"
@@ -115,7 +117,7 @@ int sf_cmd_generate(int argc, char **argv)
     sf_engine *e = NULL;
     int32_t *ids = NULL;
     char *rendered = NULL, *schema = NULL;
-    const char *schema_arg = NULL;
+    const char *schema_arg = NULL, *regex_arg = NULL;
     size_t n_ids = 0;
     sf_error err = { 0 };
     gen_state g = { .mu = PTHREAD_MUTEX_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER };
@@ -149,7 +151,7 @@ int sf_cmd_generate(int argc, char **argv)
         static const char *const with_value[] = { "--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
                                                   "--top-k", "--min-p", "--seed", "--stop", "--backend", "--threads",
                                                   "--max-model-len", "--load-format", "--tensor-parallel-size",
-                                                  "--json-schema", "--speculative-config" };
+                                                  "--json-schema", "--regex", "--speculative-config" };
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -211,6 +213,8 @@ int sf_cmd_generate(int argc, char **argv)
             cfg.max_model_len = (int)l;
         } else if (!strcmp(a, "--json-schema")) {
             schema_arg = v;
+        } else if (!strcmp(a, "--regex")) {
+            regex_arg = v;
         } else {
             fprintf(stderr, "semflow generate: unknown option '%s' (see semflow generate --help)\n", a);
             return 2;
@@ -220,6 +224,21 @@ int sf_cmd_generate(int argc, char **argv)
         fprintf(stderr, "semflow generate: %s is required\n", !model ? "--model" : "--prompt");
         usage(stderr);
         return 2;
+    }
+    if ((schema_arg || sp.json) && regex_arg) {
+        fprintf(stderr, "semflow generate: give --regex or --json / --json-schema, not both\n");
+        return 2;
+    }
+    if (regex_arg) { /* checked before the model loads */
+        sf_jschema *c = NULL;
+        if (sf_jschema_regex(regex_arg, strlen(regex_arg), &c, &err) != SF_OK) {
+            fprintf(stderr, "semflow generate: --regex: %s\n", err.msg);
+            return 2;
+        }
+        sf_jschema_free(c);
+        sp.json = sp.regex = 1;
+        sp.schema = regex_arg;
+        sp.schema_len = strlen(regex_arg);
     }
     if (schema_arg) { /* the schema itself, or a file holding it; checked before the model loads */
         size_t n = 0;

@@ -61,6 +61,8 @@ typedef struct sf_sampling {
     size_t schema_len;
     int choice;               /* with json: schema is instead a JSON array of strings and the output is
                                * exactly one of them (vLLM's guided_choice; engine/json_mask.h) */
+    int regex;                /* with json: schema is instead a regular expression (engine/regex.h) the
+                               * whole output matches (vLLM's guided_regex) */
     int prompt_logprobs;      /* the prompt's own log-probabilities (vLLM's prompt_logprobs, OpenAI's echo
                                * with logprobs): 0 none; < 0 each prompt token's alone; n > 0 with the top n
                                * (<= SF_MAX_LOGPROBS) of each position. Scored from the raw logits, with

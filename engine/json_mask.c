@@ -25,6 +25,7 @@ typedef struct jtext { char *s; int len; int node; } jtext;
 
 struct sf_jschema {
     int choice;             /* node 0's enums are raw strings the whole output is one of */
+    sf_regex *re;           /* else, when set: a pattern the whole output matches */
     jnode *nodes;
     int n_nodes, cap_nodes;
     jtext *props, *enums;
@@ -34,6 +35,7 @@ struct sf_jschema {
 void sf_jschema_free(sf_jschema *s)
 {
     if (!s) return;
+    sf_regex_free(s->re);
     for (int i = 0; i < s->n_props; i++) free(s->props[i].s);
     for (int i = 0; i < s->n_enums; i++) free(s->enums[i].s);
     free(s->props);
@@ -276,6 +278,20 @@ int sf_jschema_choice(const char *text, size_t len, sf_jschema **out, sf_error *
     return SF_OK;
 }
 
+int sf_jschema_regex(const char *pattern, size_t len, sf_jschema **out, sf_error *err)
+{
+    *out = NULL;
+    sf_jschema *sc = calloc(1, sizeof *sc);
+    if (!sc) return sf_err(err, SF_ENOMEM, "regex: out of memory");
+    int rc = sf_regex_compile(pattern, len, &sc->re, err);
+    if (rc) {
+        free(sc);
+        return rc;
+    }
+    *out = sc;
+    return SF_OK;
+}
+
 /* ---- the recognizer ------------------------------------------------------------------------ */
 enum {
     J_TOP,       /* before the object: whitespace, then '{' */
@@ -296,6 +312,7 @@ enum {
     J_ENUM,      /* in an enum's value: one of its texts */
     J_DONE,      /* the object is complete */
     J_CHOICE,    /* a choice's output: ecand the strings it can still be, pos the bytes written */
+    J_REGEX,     /* a pattern's output: rs the automaton's state */
 };
 /* number parts: -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)? */
 enum { N_MINUS = 1, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
@@ -309,6 +326,8 @@ void sf_json_init(sf_json *j, const sf_jschema *sc)
     if (sc && sc->choice) {
         j->mode = J_CHOICE;
         j->ecand = sc->n_enums == 64 ? ~0ull : (1ull << sc->n_enums) - 1;
+    } else if (sc && sc->re) {
+        j->mode = J_REGEX;
     }
 }
 
@@ -331,6 +350,7 @@ static void choice_state(const sf_json *j, int *done, int *more)
 
 int sf_json_done(const sf_json *j)
 {
+    if (j->mode == J_REGEX) return sf_regex_accepts(j->sc->re, j->rs);
     if (j->mode != J_CHOICE) return j->mode == J_DONE;
     int done, more;
     choice_state(j, &done, &more);
@@ -671,6 +691,7 @@ static int feed_byte(sf_json *j, int c)
         j->pos++;
         return j->ecand != 0;
     }
+    case J_REGEX: return (j->rs = sf_regex_next(j->sc->re, j->rs, (unsigned char)c)) >= 0;
     }
     return 0;
 }
@@ -842,6 +863,7 @@ int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need, more = 0;
     if (j->mode == J_CHOICE) choice_state(j, &done, &more); /* done, yet a longer one may go on */
+    if (j->mode == J_REGEX) more = sf_regex_more(j->sc->re, j->rs);
     for (int i = 0; i < v->n_rest; i++) { /* end-of-generation ids fit once the object is done */
         int32_t id = v->rest[i];
         if (done && v->eog[id]) kept++;

@@ -18,7 +18,9 @@
  *
  * A choice (vLLM's guided_choice, sf_jschema_choice) is the same machinery without JSON: the
  * output is exactly one of up to SF_JSON_MAX_PROPS strings, byte for byte; it is done as soon
- * as it equals one, and may go on while it is also the beginning of a longer one. */
+ * as it equals one, and may go on while it is also the beginning of a longer one. A pattern
+ * (vLLM's guided_regex, sf_jschema_regex) likewise: the output is a whole match of it
+ * (engine/regex.h), done once it matches, going on while a longer text can. */
 #ifndef SF_JSON_MASK_H
 #define SF_JSON_MASK_H
 
@@ -26,6 +28,7 @@
 #include <stdint.h>
 
 #include "../common/sf.h"
+#include "regex.h"
 #include "tokenizer.h"
 
 #define SF_JSON_MAX_DEPTH 128 /* nesting of objects and arrays (deeper is not drawn) */
@@ -42,6 +45,9 @@ int sf_jschema_compile(const char *text, size_t len, sf_jschema **out, sf_error 
 /* A choice from its list as JSON text (an array of 1 to SF_JSON_MAX_PROPS distinct strings of 1
  * to 255 bytes); SF_EINVAL says what is wrong with it. sf_json_init with it starts a choice. */
 int sf_jschema_choice(const char *text, size_t len, sf_jschema **out, sf_error *err);
+/* A pattern (its text, len bytes) the whole output matches; SF_EINVAL says what is wrong with it
+ * or not supported. sf_json_init with it starts a pattern's output. */
+int sf_jschema_regex(const char *pattern, size_t len, sf_jschema **out, sf_error *err);
 void sf_jschema_free(sf_jschema *s);
 
 /* A schema-constrained container being written: which node, at which nesting, and how far. */
@@ -68,6 +74,7 @@ typedef struct sf_json {
     uint16_t cp;              /* \u digits' value */
     uint16_t depth;
     uint16_t enode;           /* the enum's node */
+    int32_t rs;               /* a pattern's output: its automaton's state */
     uint8_t stack[SF_JSON_MAX_DEPTH / 8]; /* bit per level: 1 object, 0 array */
     sf_json_frame f[SF_JSON_MAX_FRAMES];  /* last: copies take only the frames in use */
 } sf_json;

@@ -81,12 +81,12 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
             goto fail;
         }
     }
-    if (r->sp.choice && (!r->sp.json || !r->sp.schema)) {
-        rc = sf_err(err, SF_EINVAL, "a choice needs json and its list as schema");
+    if ((r->sp.choice || r->sp.regex) && (!r->sp.json || !r->sp.schema || (r->sp.choice && r->sp.regex))) {
+        rc = sf_err(err, SF_EINVAL, "a choice or a pattern needs json and its list or pattern as schema, not both");
         goto fail;
     }
     if (r->sp.json) { /* the mask's only way out is an end-of-sequence token, drawn when the object is done */
-        const char *what = r->sp.choice ? "guided_choice" : "a JSON response_format";
+        const char *what = r->sp.choice ? "guided_choice" : r->sp.regex ? "guided_regex" : "a JSON response_format";
         if (!tok || sf_tok_eos(tok) < 0) {
             rc = sf_err(err, SF_EINVAL, "%s needs the model's tokenizer and its end-of-sequence token", what);
             goto fail;
@@ -95,8 +95,9 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
             rc = sf_err(err, SF_EINVAL, "%s cannot be combined with %s", what, r->sp.ignore_eos ? "ignore_eos" : "min_tokens");
             goto fail;
         }
-        if (r->sp.schema && (rc = r->sp.choice ? sf_jschema_choice(r->sp.schema, r->sp.schema_len, &r->schema, err)
-                                               : sf_jschema_compile(r->sp.schema, r->sp.schema_len, &r->schema, err)) != SF_OK)
+        if (r->sp.schema && (rc = r->sp.choice  ? sf_jschema_choice(r->sp.schema, r->sp.schema_len, &r->schema, err)
+                                  : r->sp.regex ? sf_jschema_regex(r->sp.schema, r->sp.schema_len, &r->schema, err)
+                                                : sf_jschema_compile(r->sp.schema, r->sp.schema_len, &r->schema, err)) != SF_OK)
             goto fail;
         sf_json_init(&r->json, r->schema);
     }
@@ -360,6 +361,13 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
 {
     if (end == SF_REQ_END_ERROR) {
         sf_request_finish(r, SF_FINISH_ERROR, SF_ENOMEM, "out of memory while appending a generated token");
+        return SF_REQ_FINISHED;
+    }
+    if (end == SF_REQ_END_NO_FIT) {
+        sf_request_finish(r, SF_FINISH_ERROR, SF_EUNSUPPORTED,
+                          r->sp.regex    ? "no token of the model's vocabulary continues the output as 'guided_regex' asks"
+                          : r->sp.choice ? "no token of the model's vocabulary continues the output as 'guided_choice' asks"
+                                         : "no token of the model's vocabulary continues the JSON output");
         return SF_REQ_FINISHED;
     }
     deliver_prompt(r);

@@ -66,7 +66,9 @@ enum { SF_REQ_CONTINUE = 0, SF_REQ_FINISHED = 1 };
  * SF_EV_DONE; it returns SF_REQ_FINISHED when r is done (a stop string may end r although take
  * did not; the caller then removes r from the scheduler and frees it). */
 enum { SF_REQ_END_STOP = 2, SF_REQ_END_LENGTH = 3, SF_REQ_END_ERROR = 4, SF_REQ_END_STOP_ID = 5,
-       SF_REQ_END_PROMPT = 6 /* sp.prompt_only: the prompt is done, the id is dropped */ };
+       SF_REQ_END_PROMPT = 6, /* sp.prompt_only: the prompt is done, the id is dropped */
+       SF_REQ_END_NO_FIT = 7  /* sp.json: no token of the vocabulary continues the form (a pattern or a
+                               * choice needing a character no token has); an error, the id dropped */ };
 int sf_request_take(sf_request *r, int32_t id);
 /* Engine thread: the logits of prompt position pos (< seq.n_prompt - 1) came: score the token
  * after it (sp.prompt_logprobs). row: [vocab], raw. */

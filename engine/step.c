@@ -524,15 +524,16 @@ static const sf_taken *take_row(sf_engine *e, const sf_flight *f, int j, sf_seq 
     t->logprob = 0;
     t->n_top = 0;
     float *row = e->logits + (size_t)j * e->vocab;
-    if (!f->on_dev && r->sp.json) sf_json_mask(&r->json, e->jv, row); /* JSON mode: what cannot continue */
-    t->id = f->on_dev ? ids[j] : sf_sample(&r->sp, &r->ss, row, e->vocab, &t->logprob, t->top, &t->n_top);
-    if (r->sp.json) sf_json_accept(&r->json, e->jv, t->id);
-    t->end = sf_request_take(r, t->id);
+    /* JSON mode: what cannot continue goes; when nothing is left the request ends in an error */
+    int fits = f->on_dev || !r->sp.json || sf_json_mask(&r->json, e->jv, row) > 0;
+    t->id = !fits ? sf_tok_eos(r->tok) : f->on_dev ? ids[j] : sf_sample(&r->sp, &r->ss, row, e->vocab, &t->logprob, t->top, &t->n_top);
+    if (fits && r->sp.json) sf_json_accept(&r->json, e->jv, t->id);
+    t->end = fits ? sf_request_take(r, t->id) : SF_REQ_END_NO_FIT;
     t->removed = t->end != SF_REQ_CONTINUE;
     t->stuck = 0;
     if (t->removed) sf_sched_remove(&e->sched, q); /* not planned again */
     r->taken_slot = ++e->n_taken;
-    e->n_tokens_out += t->end != SF_REQ_END_PROMPT;
+    e->n_tokens_out += t->end != SF_REQ_END_PROMPT && t->end != SF_REQ_END_NO_FIT;
     return t;
 }
 

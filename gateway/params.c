@@ -265,7 +265,7 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
 static int reject_unsupported(json_t *o, sf_gw_err *e)
 {
     /* vLLM's constraints this server does not have: refused, never dropped (the output would not hold to them) */
-    static const char *keys[] = { "functions", "function_call", "suffix", "guided_regex", "guided_grammar" };
+    static const char *keys[] = { "functions", "function_call", "suffix", "guided_grammar" };
     for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
         json_t *v = json_object_get(o, keys[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -291,33 +291,43 @@ static int take_schema(json_t *sc, const char *param, sf_gw_params *p, sf_gw_err
     return 0;
 }
 
+/* what holds the output to a form, as the request named it, and what it ends with */
+static const char *form_name(const sf_sampling *s)
+{
+    return s->choice ? "'guided_choice'" : s->regex ? "'guided_regex'" : "a JSON 'response_format'";
+}
+static const char *form_end(const sf_sampling *s) { return s->choice ? "choice" : s->regex ? "match" : "object"; }
+
 /* response_format: text, json_object (any object; with llama.cpp's "schema" beside it, that
  * schema) or json_schema (the subset engine/json_mask.h lists; a schema using more is refused,
  * not weakened); vLLM's guided_json (a schema, or its JSON text) is json_schema by another name,
- * and its guided_choice (a list of strings the output is exactly one of) a choice; vLLM's newer
- * structured_outputs {"json": ...} or {"choice": [...]} are the same two */
+ * its guided_choice (a list of strings the output is exactly one of) a choice and its
+ * guided_regex (a pattern the whole output matches, engine/regex.h) a pattern; vLLM's newer
+ * structured_outputs {"json": ...}, {"choice": [...]} or {"regex": "..."} are the same three */
 static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
 {
     sf_sampling *s = &p->sampling;
     json_t *rf = json_object_get(o, "response_format"), *gj = json_object_get(o, "guided_json");
-    json_t *gc = json_object_get(o, "guided_choice"), *so = json_object_get(o, "structured_outputs");
-    const char *gj_name = "guided_json", *gc_name = "guided_choice";
+    json_t *gc = json_object_get(o, "guided_choice"), *gr = json_object_get(o, "guided_regex");
+    json_t *so = json_object_get(o, "structured_outputs");
+    const char *gj_name = "guided_json", *gc_name = "guided_choice", *gr_name = "guided_regex";
     if (so && !json_is_null(so)) {
         const char *k;
         json_t *v;
         if (!json_is_object(so)) return BAD("structured_outputs", "'structured_outputs' must be an object");
-        json_object_foreach(so, k, v) if (!json_is_null(v) && strcmp(k, "json") && strcmp(k, "choice"))
-            return BAD("structured_outputs", "'structured_outputs.%.32s' is not supported (supported: json, choice)", k);
-        if ((gj && !json_is_null(gj)) || (gc && !json_is_null(gc)))
-            return BAD("structured_outputs", "give 'structured_outputs' or 'guided_json' / 'guided_choice', not both");
-        gj = json_object_get(so, "json"), gc = json_object_get(so, "choice");
-        gj_name = "structured_outputs.json", gc_name = "structured_outputs.choice";
+        json_object_foreach(so, k, v) if (!json_is_null(v) && strcmp(k, "json") && strcmp(k, "choice") && strcmp(k, "regex"))
+            return BAD("structured_outputs", "'structured_outputs.%.32s' is not supported (supported: json, choice, regex)", k);
+        if ((gj && !json_is_null(gj)) || (gc && !json_is_null(gc)) || (gr && !json_is_null(gr)))
+            return BAD("structured_outputs", "give 'structured_outputs' or 'guided_json' / 'guided_choice' / "
+                                             "'guided_regex', not both");
+        gj = json_object_get(so, "json"), gc = json_object_get(so, "choice"), gr = json_object_get(so, "regex");
+        gj_name = "structured_outputs.json", gc_name = "structured_outputs.choice", gr_name = "structured_outputs.regex";
     }
-    int n_ways = (gj && !json_is_null(gj)) + (gc && !json_is_null(gc)) + (rf && !json_is_null(rf));
-    if (n_ways > 1)
-        return BAD(gc && !json_is_null(gc) ? gc_name : gj_name, "give one of '%s', '%s' and 'response_format'", gj_name,
-                   gc_name);
-    if (gc && !json_is_null(gc)) {
+    int has_gj = gj && !json_is_null(gj), has_gc = gc && !json_is_null(gc), has_gr = gr && !json_is_null(gr);
+    if (has_gj + has_gc + has_gr + (rf && !json_is_null(rf)) > 1)
+        return BAD(has_gr ? gr_name : has_gc ? gc_name : gj_name, "give one of '%s', '%s', '%s' and 'response_format'",
+                   gj_name, gc_name, gr_name);
+    if (has_gc) {
         if (!(p->schema = json_dumps(gc, JSON_COMPACT | JSON_ENCODE_ANY)))
             return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
         sf_jschema *c = NULL;
@@ -328,7 +338,19 @@ static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
         s->schema = p->schema;
         s->schema_len = strlen(p->schema);
     }
-    if (gj && !json_is_null(gj)) {
+    if (has_gr) {
+        if (!json_is_string(gr) || strlen(json_string_value(gr)) != json_string_length(gr))
+            return BAD(gr_name, "'%s' must be a string (a regular expression) without NUL", gr_name);
+        if (!(p->schema = strdup(json_string_value(gr)))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        sf_jschema *c = NULL;
+        sf_error ce = { 0 };
+        if (sf_jschema_regex(p->schema, strlen(p->schema), &c, &ce)) return BAD(gr_name, "'%s': %s", gr_name, ce.msg);
+        sf_jschema_free(c);
+        s->json = s->regex = 1;
+        s->schema = p->schema;
+        s->schema_len = strlen(p->schema);
+    }
+    if (has_gj) {
         json_t *sc = json_is_string(gj) ? json_loads(json_string_value(gj), 0, NULL) : json_incref(gj);
         int rc = json_is_object(sc) ? take_schema(sc, gj_name, p, e)
                                     : BAD(gj_name, "'%s' must be a JSON Schema (an object, or its text)", gj_name);
@@ -352,13 +374,12 @@ static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
             if (rc) return rc;
         }
     }
-    const char *what = s->choice ? "'guided_choice'" : "a JSON 'response_format'";
     if (s->json && s->ignore_eos)
-        return BAD("ignore_eos", "'ignore_eos' cannot be used with %s (the output ends when its %s does)", what,
-                   s->choice ? "choice" : "object");
+        return BAD("ignore_eos", "'ignore_eos' cannot be used with %s (the output ends when its %s does)", form_name(s),
+                   form_end(s));
     if (s->json && s->min_tokens > 0)
-        return BAD("min_tokens", "'min_tokens' cannot be used with %s (the output ends when its %s does)", what,
-                   s->choice ? "choice" : "object");
+        return BAD("min_tokens", "'min_tokens' cannot be used with %s (the output ends when its %s does)", form_name(s),
+                   form_end(s));
     return 0;
 }
 
@@ -409,8 +430,7 @@ static int parse_tools(json_t *o, sf_gw_params *p, sf_gw_err *e)
         p->tool_name = nm;
     }
     if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && p->sampling.json)
-        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with %s",
-                   p->sampling.choice ? "'guided_choice'" : "a JSON 'response_format'");
+        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with %s", form_name(&p->sampling));
     if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && (p->sampling.ignore_eos || p->sampling.min_tokens > 0))
         return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with 'ignore_eos' or "
                                   "'min_tokens' (the output ends when its call does)");

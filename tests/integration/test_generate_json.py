@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""semflow generate --json / --json-schema from the outside, on the demo model (random weights):
-a schema with one boolean leaves the model no way but to write {"ok": true|false} and end, so the
-output parses to that; --json ends (or is cut) as one object; a bad schema is exit 2 with why."""
+"""semflow generate --json / --json-schema / --regex from the outside, on the demo model (random
+weights): a schema with one boolean leaves the model no way but to write {"ok": true|false} and
+end, so the output parses to that; --json ends (or is cut) as one object; a bounded pattern ends
+as a whole match of it; a pattern no token can continue is an error that says so; a bad schema or
+pattern is exit 2 with why."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -39,6 +42,17 @@ def main():
                                                      "'format'"), ("/nonexistent/schema.json", "No such file")):
         rc, out, err = generate("--json-schema", bad)
         check("generate_json_schema_refused_" + says.strip("'").split()[0].lower(), rc == 2 and says in err, (rc, err))
+    for i, pat in enumerate((r"\d{3}-\d{4}", r"(red|green|blue) [a-z]{2,5}!", r"[A-Z][a-z]{1,7}( [a-z]{1,7}){1,3}\.")):
+        rc, out, err = generate("--regex", pat, "--max-tokens", "80", "--seed", str(i), "--temperature", "1")
+        check("generate_regex_match_%d" % i, rc == 0 and re.fullmatch(pat, out.rstrip("\n")) is not None and
+              "finish: stop" in err, (pat, rc, out[-200:], err[-200:]))
+    rc, out, err = generate("--regex", "\\u00ff\\u00fe", "--max-tokens", "5")
+    check("generate_regex_no_token_fits", rc == 1 and "no token of the model's vocabulary" in err, (rc, err[-300:]))
+    for bad, says in (("(a", "without its ')'"), ("a(?<=b)", "lookaround"), ("a{5,2}", "minimum")):
+        rc, out, err = generate("--regex", bad)
+        check("generate_regex_refused_" + says.strip("'").split()[0].lower(), rc == 2 and says in err, (rc, err))
+    rc, out, err = generate("--regex", "a", "--json")
+    check("generate_regex_and_json_refused", rc == 2 and "not both" in err, (rc, err))
     return 1 if results.failures else 0
 
 

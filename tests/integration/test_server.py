@@ -3,7 +3,7 @@
 the demo model (CPU backend) on a free loopback port.
 
 Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
-generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, guided_choice, speculative decoding, tokenize
+generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, guided_choice, guided_regex, speculative decoding, tokenize
 routes, metrics, more than 30 bad inputs
 (each must get the right status and leave the server serving), half-open connections, and a
 client that disconnects mid-stream (its KV blocks must be freed)."""
@@ -651,8 +651,8 @@ def test_guided_choice(s):
            ({"guided_choice": "a"}, "guided_choice"), ({"guided_choice": ["a", 1]}, "guided_choice"),
            ({"guided_choice": ["a"], "guided_json": {"type": "object"}}, "guided_choice"),
            ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos"),
-           ({"structured_outputs": {"regex": "a+"}}, "structured_outputs"),
-           ({"guided_regex": "a+"}, "guided_regex"), ({"guided_grammar": "root ::= 'a'"}, "guided_grammar")]
+           ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs"),
+           ({"guided_grammar": "root ::= 'a'"}, "guided_grammar")]
     for i, (body, param) in enumerate(bad):
         st, _, r = s.json("/v1/completions", dict(body, prompt="x", max_tokens=4))
         check("guided_refused_%d_%s" % (i, "_".join(sorted(body))), st == 400 and r["error"]["param"] == param,
@@ -661,6 +661,60 @@ def test_guided_choice(s):
                                                "tools": [{"type": "function", "function": {"name": "f"}}],
                                                "tool_choice": "required"})
     check("guided_choice_with_forced_call_400", st == 400 and r["error"]["param"] == "tool_choice", r)
+
+
+def test_guided_regex(s):
+    """vLLM's guided_regex (and structured_outputs.regex): every output that ends with "stop" is a
+    whole match of the pattern (Python's re.fullmatch), on both routes, with n, streamed and with
+    logprobs; a pattern no token can continue ends in an error that says so; the refusals."""
+    pats = [r"\d{3}-\d{4}", r"(yes|no), because [a-z ]{1,12}\.", r"[a-z]{1,6}@[a-z]{1,6}\.(com|org)",
+            r"(?P<h>[01]\d|2[0-3]):[0-5]\d"]
+    outs, ok = [], True
+    for pat in pats:
+        for route, extra in (("/v1/completions", {"prompt": "The answer is"}),
+                             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Answer?"}]})):
+            st, _, r = s.json(route, dict(extra, guided_regex=pat, n=3, temperature=1.0, seed=5, max_tokens=60))
+            for c in r.get("choices", []):
+                text = c["text"] if "text" in c else c["message"]["content"]
+                outs.append((pat, text))
+                ok &= st == 200 and c["finish_reason"] == "stop" and re.fullmatch(pat, text) is not None
+            ok &= st == 200 and len(r.get("choices", [])) == 3
+    check("guided_regex_outputs_match", ok, outs)
+    body = {"prompt": "x", "structured_outputs": {"regex": r"[A-C]{2}"}, "max_tokens": 9, "temperature": 0,
+            "logprobs": 2}
+    st, _, r = s.json("/v1/completions", body)
+    c = r.get("choices", [{}])[0]
+    check("structured_outputs_regex", st == 200 and re.fullmatch(r"[A-C]{2}", c.get("text", "")) is not None and
+          "".join(c["logprobs"]["tokens"]) == c["text"], r)
+    pat = r"(alpha|beta) [0-9]{2,4}"
+    body = {"prompt": "x", "guided_regex": pat, "max_tokens": 30, "seed": 9, "temperature": 1.0}
+    st1, _, whole = s.json("/v1/completions", body)
+    st, ev, done = s.stream("/v1/completions", dict(body, stream=True))
+    text = "".join(e["choices"][0].get("text", "") for e in ev if e.get("choices"))
+    check("guided_regex_streamed", st == 200 and done and re.fullmatch(pat, text) is not None and
+          text == whole["choices"][0]["text"], (st, text, whole))
+    # a character no token of the vocabulary has: an error, not an output that does not match
+    st, _, r = s.json("/v1/completions", {"prompt": "x", "guided_regex": "\u00ff\u00fe", "max_tokens": 5})
+    check("guided_regex_no_token_fits", st >= 400 and "guided_regex" in r["error"]["message"], (st, r))
+    bad = [({"guided_regex": "(a"}, "guided_regex", "without its ')'"),
+           ({"guided_regex": "a(?=b)"}, "guided_regex", "lookaround"),
+           ({"guided_regex": r"(a)\1"}, "guided_regex", "back-references"),
+           ({"guided_regex": 5}, "guided_regex", "string"),
+           ({"guided_regex": "(a|b)*a(a|b){14}"}, "guided_regex", "automaton states"),
+           ({"structured_outputs": {"regex": "[z-a]"}}, "structured_outputs.regex", "before its start"),
+           ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_regex", "give one of"),
+           ({"guided_regex": "a", "structured_outputs": {"regex": "a"}}, "structured_outputs", "not both"),
+           ({"guided_regex": "a+", "ignore_eos": True}, "ignore_eos", "guided_regex"),
+           ({"guided_regex": "a+", "min_tokens": 2}, "min_tokens", "guided_regex")]
+    for i, (body, param, words) in enumerate(bad):
+        st, _, r = s.json("/v1/completions", dict(body, prompt="x", max_tokens=4))
+        check("guided_regex_refused_%d" % i, st == 400 and r["error"]["param"] == param and
+              words in r["error"]["message"], (body, st, r))
+    st, _, r = s.json("/v1/chat/completions", {"messages": [{"role": "user", "content": "w"}], "guided_regex": "a",
+                                               "tools": [{"type": "function", "function": {"name": "f"}}],
+                                               "tool_choice": "required"})
+    check("guided_regex_with_forced_call_400", st == 400 and r["error"]["param"] == "tool_choice" and
+          "guided_regex" in r["error"]["message"], r)
 
 
 def test_bad_inputs(s, model):
@@ -900,6 +954,7 @@ def main():
         test_prefix_cache(s)
         test_truncate(s)
         test_guided_choice(s)
+        test_guided_regex(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)

@@ -833,6 +833,21 @@ TEST(admission_errors)
     sp.schema_len = strlen(sp.schema);
     sp.ignore_eos = 1;
     CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "guided_choice"), "%s", err.msg);
+    /* a pattern likewise: given with json, alone (not with a choice), and one that compiles */
+    sp = greedy(4);
+    sp.regex = 1;
+    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "pattern"), "%s", err.msg);
+    sp.json = 1;
+    sp.schema = "a(?=b)";
+    sp.schema_len = strlen(sp.schema);
+    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "lookaround"), "%s", err.msg);
+    sp.schema = "[ab]+";
+    sp.schema_len = strlen(sp.schema);
+    sp.choice = 1;
+    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "not both"), "%s", err.msg);
+    sp.choice = 0;
+    sp.min_tokens = 2;
+    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "guided_regex"), "%s", err.msg);
     sp = greedy(1);
     CHECK(submit(e, p, 63, &sp, &c, &err) == SF_OK); /* 63 fits: one token of room */
     collect_wait(&c);

@@ -5,9 +5,13 @@
  *    form), then mutated byte by byte: the recognizer's verdict against jansson's parser;
  *  - the mask over real vocabularies (TinyLlama's SentencePiece, GPT-2's byte-level BPE);
  *  - choices (guided_choice): the list's checks, the recognizer, and random draws through the
- *    mask over both vocabularies that must each end on one of the strings. */
+ *    mask over both vocabularies that must each end on one of the strings;
+ *  - patterns (guided_regex): random draws through the mask over both vocabularies, each output
+ *    a whole match by PCRE2's verdict, the mask equal to feeding each token alone. */
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
 #include <math.h>
+#include <pcre2.h>
 #include <time.h>
 
 #include "engine/json_mask.h"
@@ -687,6 +691,99 @@ TEST(choice_draws_real_vocabularies)
     choice_draws("gpt2-tokenizer");
 }
 
+/* ---- patterns ----------------------------------------------------------------------------- */
+/* Random draws through the mask for patterns (uniform over what it keeps, the end one time in
+ * four when it is kept): every output is a whole match by PCRE2's verdict, and at every eighth
+ * state the mask equals feeding each token alone. */
+static void regex_draws(const char *dir)
+{
+    static const char *const pats[] = {
+        "\\d{4}-\\d{2}-\\d{2}", "(yes|no), because [a-z ]{1,12}\\.", "[a-z]{1,6}@[a-z]{1,6}\\.(com|org)",
+        "[^\\n]{0,20}", "-?\\d+(\\.\\d+)?", "caf[\u00e9e] (cr\u00e8me|noir)!?", "\\{\"k\": \\[(\\d,){0,3}\\d\\]\\}",
+    };
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_tok_load_dir(test_data(dir), &t, &err) == SF_OK, "%s: %s", dir, err.msg);
+    int V = sf_tok_vocab_size(t);
+    sf_json_vocab *v = NULL;
+    REQUIRE(sf_json_vocab_new(t, V, &v, &err) == SF_OK, "%s: %s", dir, err.msg);
+    float *l = malloc(sizeof(float) * V);
+    int32_t *keep = malloc(sizeof(int32_t) * V);
+    int bad = 0, outs = 0, states = 0, masks = 0;
+    double mask_s = 0;
+    sf_rng_seed(&R, 17);
+    for (size_t pi = 0; pi < SF_ARRAY_LEN(pats); pi++) {
+        sf_jschema *sc = NULL;
+        REQUIRE(sf_jschema_regex(pats[pi], strlen(pats[pi]), &sc, &err) == SF_OK, "%s: %s", pats[pi], err.msg);
+        char anchored[256];
+        snprintf(anchored, sizeof anchored, "(?:%s)\\z", pats[pi]);
+        int e;
+        PCRE2_SIZE off;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)anchored, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_ANCHORED, &e, &off, NULL);
+        REQUIRE(re, "PCRE2 compiles %s", anchored);
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+        for (int run = 0; run < 40; run++) {
+            sf_json j;
+            sf_json_init(&j, sc);
+            char out[512];
+            size_t n = 0;
+            int ended = 0;
+            for (int step = 0; step < 200 && !ended; step++) {
+                for (int i = 0; i < V; i++) l[i] = 0;
+                double t0 = sf_now_s();
+                sf_json_mask(&j, v, l);
+                mask_s += sf_now_s() - t0, masks++;
+                int k = 0;
+                for (int i = 0; i < V; i++)
+                    if (l[i] == 0) keep[k++] = i;
+                if (!k) { bad++; break; }
+                if (step % 8 == 0) { /* the mask against each token alone */
+                    for (int id = 0; id < V; id++) {
+                        size_t tl;
+                        const char *tx = sf_json_vocab_text(v, id, &tl);
+                        sf_json c;
+                        sf_json_copy(&c, &j);
+                        int want = sf_tok_is_eog(t, id) ? sf_json_done(&j) : tl && sf_json_feed(&c, tx, tl);
+                        if (want != (l[id] == 0) && bad++ < 5)
+                            printf("  %s /%s/ after '%.*s': token %d '%.*s' kept %d, alone %d\n", dir, pats[pi], (int)n,
+                                   out, id, (int)tl, tx, l[id] == 0, want);
+                    }
+                    states++;
+                }
+                int32_t id = keep[sf_rng_next(&R) % (uint64_t)k];
+                if (sf_json_done(&j) && sf_rng_next(&R) % 4 == 0) id = sf_tok_eos(t);
+                if (!sf_json_accept(&j, v, id)) { bad++; break; }
+                if (sf_tok_is_eog(t, id)) { ended = 1; break; }
+                size_t tl;
+                const char *tx = sf_json_vocab_text(v, id, &tl);
+                if (n + tl >= sizeof out) { bad++; break; }
+                memcpy(out + n, tx, tl);
+                n += tl;
+            }
+            if (!ended) continue; /* an unbounded pattern may run to the step limit */
+            outs++;
+            if (pcre2_match(re, (PCRE2_SPTR)out, n, 0, 0, md, NULL) < 0 && bad++ < 8)
+                printf("  %s: /%s/ drew '%.*s', no match\n", dir, pats[pi], (int)n, out);
+        }
+        pcre2_match_data_free(md);
+        pcre2_code_free(re);
+        sf_jschema_free(sc);
+    }
+    CHECK_MSG(!bad && outs > 200 && states > 100, "%s: %d bad, %d outputs, %d states", dir, bad, outs, states);
+    printf("  %s: %d outputs all match; the mask equals token-by-token feeding in %d states; %.3f ms a mask\n", dir,
+           outs, states, mask_s * 1e3 / masks);
+    free(l);
+    free(keep);
+    sf_json_vocab_free(v);
+    sf_tok_free(t);
+}
+
+TEST(regex_draws_real_vocabularies)
+{
+    regex_draws("tinyllama-1.1b-chat-v1.0");
+    regex_draws("gpt2-tokenizer");
+}
+
 int main(void)
 {
     RUN(documents);
@@ -697,5 +794,6 @@ int main(void)
     RUN(mask_real_vocabularies);
     RUN(choice_recognizer);
     RUN(choice_draws_real_vocabularies);
+    RUN(regex_draws_real_vocabularies);
     return test_summary();
 }
