@@ -283,7 +283,7 @@ int sf_jschema_regex(const char *pattern, size_t len, sf_jschema **out, sf_error
     *out = NULL;
     sf_jschema *sc = calloc(1, sizeof *sc);
     if (!sc) return sf_err(err, SF_ENOMEM, "regex: out of memory");
-    int rc = sf_regex_compile(pattern, len, &sc->re, err);
+    int rc = sf_regex_compile(pattern, len, 0, &sc->re, err);
     if (rc) {
         free(sc);
         return rc;

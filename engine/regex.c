@@ -28,6 +28,7 @@ typedef struct parser {
     uint64_t (*sets)[4];      /* leaf i's bytes */
     int n_leaves, cap_leaves;
     int depth;
+    int search;               /* SF_REGEX_SEARCH */
     sf_error *err;
     int rc;
 } parser;
@@ -393,7 +394,8 @@ static int32_t escape(parser *ps, cset *c, int in_class)
         if (in_class && e == 'b') return '\b';
         return fail(ps, at, "word boundaries ('\\%c') are not supported", e);
     case 'A': case 'Z': case 'z': case 'G':
-        return fail(ps, at, "'\\%c' is supported only at the pattern's %s", e, e == 'A' ? "beginning" : "end");
+        return fail(ps, at, "'\\%c' is supported only at the %s of the pattern or of one of its top-level alternatives",
+                    e, e == 'A' ? "beginning" : "end");
     case 'g': return fail(ps, at, "back-references are not supported");
     default:
         if (e >= '1' && e <= '9') return fail(ps, at, "back-references are not supported");
@@ -585,14 +587,11 @@ static int parse_atom(parser *ps)
         if (!cs_add(&cs, '\n', '\n') || !cs_negate(&cs)) return free(cs.r), oom(ps);
         return from_cset(ps, &cs, at);
     case '*': case '+': case '?': return fail(ps, at, "'%c' with nothing to repeat", c);
-    case '^': return fail(ps, at, "'^' is supported only at the pattern's beginning");
-    case '$':
-        if (ps->i + 1 == ps->n && ps->depth == 0) return ps->i++, node(ps, R_EMPTY, 0, 0);
-        return fail(ps, at, "'$' is supported only at the pattern's end");
+    case '^': case '$':
+        return fail(ps, at, "'%c' is supported only at the %s of the pattern or of one of its top-level alternatives",
+                    c, c == '^' ? "beginning" : "end");
     case '\\': {
         ps->i++;
-        int e = peek(ps);
-        if ((e == 'Z' || e == 'z') && ps->i + 1 == ps->n && ps->depth == 0) return ps->i++, node(ps, R_EMPTY, 0, 0);
         int32_t v = escape(ps, &cs, 0);
         if (v == -1) return free(cs.r), -1;
         if (v >= 0 && !cs_add(&cs, (uint32_t)v, (uint32_t)v)) return free(cs.r), oom(ps);
@@ -607,11 +606,37 @@ static int parse_atom(parser *ps)
     }
 }
 
+/* '$' or \Z (\z) at i, ending a top-level alternative: consumed, 1 */
+static int end_anchor(parser *ps)
+{
+    size_t k = ps->i;
+    if (ps->depth || k >= ps->n) return 0;
+    if (ps->p[k] == '$') k++;
+    else if (ps->p[k] == '\\' && k + 1 < ps->n && (ps->p[k + 1] == 'Z' || ps->p[k + 1] == 'z')) k += 2;
+    else return 0;
+    if (k < ps->n && ps->p[k] != '|') return 0;
+    ps->i = k;
+    return 1;
+}
+
+/* any text: [\s\S]* */
+static int any_text(parser *ps)
+{
+    cset c = { 0 };
+    if (!cs_add(&c, 0, 0x10FFFF)) return oom(ps);
+    return wrap(ps, R_STAR, from_cset(ps, &c, ps->i));
+}
+
 static int parse_cat(parser *ps)
 {
     ivec v = { 0 };
-    int x = 0;
+    int x = 0, start = 0, end = 0;
+    if (!ps->depth && peek(ps) == '^') start = 1, ps->i++; /* a top-level alternative's beginning */
+    else if (!ps->depth && peek(ps) == '\\' && ps->i + 1 < ps->n && ps->p[ps->i + 1] == 'A') start = 1, ps->i += 2;
+    const int top = ps->search && !ps->depth; /* a search's top-level alternative: any text around it */
+    if (top && !start && ((x = any_text(ps)) < 0 || !push(&v, x))) x = x < 0 ? -1 : oom(ps);
     while (x >= 0 && ps->i < ps->n && ps->p[ps->i] != '|' && ps->p[ps->i] != ')') {
+        if ((end = end_anchor(ps))) break;
         x = parse_atom(ps);
         if (x >= 0 && is_quant(ps)) {
             size_t at = ps->i, end;
@@ -626,6 +651,7 @@ static int parse_cat(parser *ps)
         }
         if (x >= 0 && !push(&v, x)) x = oom(ps);
     }
+    if (x >= 0 && top && !end && ((x = any_text(ps)) < 0 || !push(&v, x))) x = x < 0 ? -1 : oom(ps);
     if (x >= 0) x = group_of(ps, R_CAT, &v);
     free(v.v);
     return x;
@@ -828,12 +854,11 @@ void sf_regex_free(sf_regex *re)
     free(re);
 }
 
-int sf_regex_compile(const char *pat, size_t len, sf_regex **out, sf_error *err)
+int sf_regex_compile(const char *pat, size_t len, int flags, sf_regex **out, sf_error *err)
 {
     *out = NULL;
     if (len > SF_REGEX_MAX_LEN) return sf_err(err, SF_EINVAL, "regex: a pattern of over %d bytes", SF_REGEX_MAX_LEN);
-    parser ps = { .p = (const unsigned char *)pat, .n = len, .err = err };
-    if (len && (ps.p[0] == '^' || (len >= 2 && ps.p[0] == '\\' && ps.p[1] == 'A'))) ps.i = ps.p[0] == '^' ? 1 : 2;
+    parser ps = { .p = (const unsigned char *)pat, .n = len, .err = err, .search = !!(flags & SF_REGEX_SEARCH) };
     int root = parse_alt(&ps);
     if (root >= 0 && ps.i < ps.n) root = fail(&ps, ps.i, "a ')' without its '('");
     glu g = { 0 };

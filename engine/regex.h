@@ -6,10 +6,14 @@
  * literals (UTF-8), `.` (any character but a newline), classes `[a-z]`, `[^...]`, the escapes
  * \d \w \s \D \W \S (ASCII, as with re.ASCII), \n \t \r \f \v \a \0 \xHH \uHHHH \UHHHHHHHH and
  * any punctuation escaped; groups `(...)`, `(?:...)`, `(?P<name>...)`; `|`; the quantifiers
- * `*` `+` `?` `{n}` `{n,}` `{,m}` `{n,m}` (each also lazy, which matches the same texts); `^`
- * at the very beginning and `$` / `\Z` at the very end (the match is whole anyway). Refused by
- * name: back-references, lookarounds, \b \B, inline flags, possessive quantifiers, anchors
- * elsewhere. `{` that does not begin a quantifier is a literal, as in Python.
+ * `*` `+` `?` `{n}` `{n,}` `{,m}` `{n,m}` (each also lazy, which matches the same texts); `^` /
+ * `\A` at the beginning and `$` / `\Z` at the end of the pattern or of one of its top-level
+ * alternatives. Refused by name: back-references, lookarounds, \b \B, inline flags, possessive
+ * quantifiers, anchors elsewhere. `{` that does not begin a quantifier is a literal, as in Python.
+ *
+ * SF_REGEX_SEARCH reads the pattern as JSON Schema's `pattern` does (ECMA-262's search): a text
+ * matches when some part of it does, so a top-level alternative not anchored with `^` may have
+ * any text before it and one not anchored with `$` any text after it.
  *
  * Compiled once (Glushkov's construction over bytes, then the subset construction over classes
  * of bytes that no part of the pattern tells apart): feeding a byte is one table lookup, so a
@@ -28,8 +32,10 @@
 #define SF_REGEX_MAX_NEST 100    /* groups within groups */
 
 typedef struct sf_regex sf_regex;
-/* Compile; SF_EINVAL says what is wrong or not supported, and at which byte of the pattern. */
-int sf_regex_compile(const char *pat, size_t len, sf_regex **out, sf_error *err);
+enum { SF_REGEX_SEARCH = 1 };
+/* Compile (flags: 0, a whole match; SF_REGEX_SEARCH); SF_EINVAL says what is wrong or not
+ * supported, and at which byte of the pattern. */
+int sf_regex_compile(const char *pat, size_t len, int flags, sf_regex **out, sf_error *err);
 void sf_regex_free(sf_regex *re);
 
 /* States: 0 before any byte, -1 dead (nothing that begins this way matches). */

@@ -1,4 +1,5 @@
-/* fuzz_regex.c — libFuzzer target: any bytes as a guided_regex pattern (engine/regex.c). A
+/* fuzz_regex.c — libFuzzer target: any bytes as a guided_regex pattern (engine/regex.c; the
+ * first byte's low bit: read as a search, as JSON Schema's `pattern` is). A
  * refused one has a message that says where; a compiled one is walked over its own bytes and
  * over every byte from each state it reaches: states stay in range, and a live state with no
  * way on matches (the token mask never corners the model). */
@@ -12,7 +13,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     sf_regex *re = NULL;
     sf_error err = { 0 };
-    if (sf_regex_compile((const char *)data, size, &re, &err)) {
+    if (!size) return 0;
+    int flags = data[0] & 1 ? SF_REGEX_SEARCH : 0;
+    data++, size--;
+    if (sf_regex_compile((const char *)data, size, flags, &re, &err)) {
         if (!err.msg[0] || (err.code == SF_EINVAL && !strstr(err.msg, "regex: "))) abort();
         return 0;
     }

@@ -4,6 +4,7 @@
  *    ranges, negation, \d \w \s, groups, alternation, every quantifier form), each with random
  *    texts and texts walked through the automaton: whole-text verdicts equal PCRE2's, and a
  *    text is alive in the automaton exactly when PCRE2 finds it a partial or whole match;
+ *  - the same patterns read as searches (JSON Schema's `pattern`) against PCRE2 unanchored;
  *  - Python's rules PCRE2 does not share ({,m}, '{' as a literal), and the refusals by name;
  *  - the caps: positions, states, repeat counts, nesting. */
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -23,7 +24,8 @@ static int ref_new(ref *r, const char *pat)
     snprintf(buf, sizeof buf, "(?:%s)\\z", pat);
     int e;
     PCRE2_SIZE off;
-    r->whole = pcre2_compile((PCRE2_SPTR)buf, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_ANCHORED, &e, &off, NULL);
+    r->whole = pcre2_compile((PCRE2_SPTR)buf, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_ANCHORED | PCRE2_DOLLAR_ENDONLY, &e,
+                             &off, NULL);
     r->part = r->whole;
     r->md = r->whole ? pcre2_match_data_create_from_pattern(r->whole, NULL) : NULL;
     return r->whole != NULL;
@@ -58,7 +60,7 @@ static sf_regex *compile(const char *pat)
 {
     sf_regex *re = NULL;
     sf_error err = { 0 };
-    if (sf_regex_compile(pat, strlen(pat), &re, &err) != SF_OK) {
+    if (sf_regex_compile(pat, strlen(pat), 0, &re, &err) != SF_OK) {
         printf("  compile '%s': %s\n", pat, err.msg);
         return NULL;
     }
@@ -78,6 +80,7 @@ static const struct { const char *pat, *yes[4], *no[4]; } cases[] = {
     { "\\w+@\\w+\\.com", { "a_1@b.com" }, { "a@b.org", "@b.com" } },
     { "(true|false)", { "true", "false" }, { "tru", "truefalse" } },
     { "^ab*$", { "a", "abbb" }, { "b" } },
+    { "^a|b$|\\Ac\\Z", { "a", "b", "c" }, { "ab", "" } },
     { "a{0}b", { "b" }, { "ab" } },
     { "\\x41\\u00e9\\U0001F600", { "A\xc3\xa9\xf0\x9f\x98\x80" }, { "A" } },
     { "[]a]+", { "]", "a]a" }, { "" } },
@@ -145,7 +148,7 @@ TEST(refusals)
     for (size_t i = 0; i < SF_ARRAY_LEN(c); i++) {
         sf_regex *re = NULL;
         sf_error err = { 0 };
-        int rc = sf_regex_compile(c[i].pat, strlen(c[i].pat), &re, &err);
+        int rc = sf_regex_compile(c[i].pat, strlen(c[i].pat), 0, &re, &err);
         CHECK_MSG(rc == SF_EINVAL && !re && strstr(err.msg, c[i].msg) && strstr(err.msg, "at byte"),
                   "'%s': rc %d, '%s' (want '%s')", c[i].pat, rc, err.msg, c[i].msg);
         sf_regex_free(re);
@@ -155,16 +158,16 @@ TEST(refusals)
     big[sizeof big - 1] = 0;
     sf_regex *re = NULL;
     sf_error err = { 0 };
-    CHECK(sf_regex_compile(big, strlen(big), &re, &err) == SF_EINVAL && strstr(err.msg, "over"));
+    CHECK(sf_regex_compile(big, strlen(big), 0, &re, &err) == SF_EINVAL && strstr(err.msg, "over"));
     char deep[2 * SF_REGEX_MAX_NEST + 8];
     int n = 0;
     for (int k = 0; k <= SF_REGEX_MAX_NEST; k++) deep[n++] = '(';
     deep[n++] = 'a';
     for (int k = 0; k <= SF_REGEX_MAX_NEST; k++) deep[n++] = ')';
     deep[n] = 0;
-    CHECK(sf_regex_compile(deep, strlen(deep), &re, &err) == SF_EINVAL && strstr(err.msg, "nested"));
+    CHECK(sf_regex_compile(deep, strlen(deep), 0, &re, &err) == SF_EINVAL && strstr(err.msg, "nested"));
     deep[0] = 'x'; /* one level less, and one ')' too many */
-    CHECK(sf_regex_compile(deep, strlen(deep), &re, &err) == SF_EINVAL && strstr(err.msg, "without its '('"));
+    CHECK(sf_regex_compile(deep, strlen(deep), 0, &re, &err) == SF_EINVAL && strstr(err.msg, "without its '('"));
 }
 
 /* ---- random patterns ----------------------------------------------------------------------- */
@@ -206,6 +209,11 @@ static void gen(char *o, size_t cap, int depth)
         snprintf(o + l, cap - l, "|");
         gen(o + l + 1, cap - l - 1, 1);
     }
+    if (depth == 0 && rnd(4) == 0) { /* anchors: no-ops for a whole match, not for a search */
+        memmove(o + 1, o, strlen(o) + 1);
+        o[0] = '^';
+    }
+    if (depth == 0 && rnd(4) == 0) strncat(o, "$", cap - strlen(o) - 1);
 }
 
 TEST(random_against_pcre2)
@@ -216,7 +224,7 @@ TEST(random_against_pcre2)
         gen(pat, sizeof pat, 0);
         sf_regex *re = NULL;
         sf_error err = { 0 };
-        if (sf_regex_compile(pat, strlen(pat), &re, &err) != SF_OK) {
+        if (sf_regex_compile(pat, strlen(pat), 0, &re, &err) != SF_OK) {
             CHECK_MSG(strstr(err.msg, "automaton states") != NULL, "'%s': %s", pat, err.msg);
             continue;
         }
@@ -260,6 +268,42 @@ TEST(random_against_pcre2)
     CHECK(patterns > 1000 && matched > 2000 && alive_checked > texts / 3);
 }
 
+/* JSON Schema's pattern: a search (ECMA-262), against PCRE2 unanchored with `$` at the end only */
+TEST(search_against_pcre2)
+{
+    int patterns = 0, texts = 0, matched = 0;
+    for (int t = 0; t < 800; t++) {
+        char pat[4096] = "";
+        gen(pat, sizeof pat, 0);
+        sf_regex *re = NULL;
+        sf_error err = { 0 };
+        if (sf_regex_compile(pat, strlen(pat), SF_REGEX_SEARCH, &re, &err) != SF_OK) {
+            CHECK_MSG(strstr(err.msg, "automaton states") != NULL, "'%s': %s", pat, err.msg);
+            continue;
+        }
+        int e;
+        PCRE2_SIZE off;
+        pcre2_code *rc = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &e, &off, NULL);
+        REQUIRE(rc, "PCRE2 compiles '%s'", pat);
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(rc, NULL);
+        patterns++;
+        for (int k = 0; k < 30; k++) {
+            char s[256] = "";
+            size_t n = 0;
+            for (int c = rnd(10); c > 0; c--) n += (size_t)snprintf(s + n, sizeof s - n, "%s", alpha[rnd(N_ALPHA)]);
+            int mine = sf_regex_match(re, s, n), theirs = pcre2_match(rc, (PCRE2_SPTR)s, n, 0, 0, md, NULL) >= 0;
+            CHECK_MSG(mine == theirs, "search '%s' in '%s': %d, PCRE2 %d", pat, s, mine, theirs);
+            texts++, matched += mine;
+        }
+        pcre2_match_data_free(md);
+        pcre2_code_free(rc);
+        sf_regex_free(re);
+        if (test_cur_failed_) break;
+    }
+    printf("  %d patterns, %d texts (%d contain a match)\n", patterns, texts, matched);
+    CHECK(patterns > 500 && matched > texts / 8 && matched < texts);
+}
+
 /* sizes users write: a date-time, an email-ish, a bounded any-text, a UUID */
 TEST(sizes)
 {
@@ -287,6 +331,7 @@ int main(void)
     RUN(python_rules);
     RUN(refusals);
     RUN(random_against_pcre2);
+    RUN(search_against_pcre2);
     RUN(sizes);
     return test_summary();
 }
