@@ -19,6 +19,7 @@ typedef struct jnode {
     uint64_t required;      /* bit i: property prop0 + i is required */
     int enum0, n_enum;      /* into enums[] */
     int min_items, max_items; /* -1: no bound */
+    sf_regex *re;           /* strings: the `pattern` their text holds, read as a search */
 } jnode;
 
 typedef struct jtext { char *s; int len; int node; } jtext;
@@ -36,6 +37,7 @@ void sf_jschema_free(sf_jschema *s)
 {
     if (!s) return;
     sf_regex_free(s->re);
+    for (int i = 0; i < s->n_nodes; i++) sf_regex_free(s->nodes[i].re);
     for (int i = 0; i < s->n_props; i++) free(s->props[i].s);
     for (int i = 0; i < s->n_enums; i++) free(s->enums[i].s);
     free(s->props);
@@ -90,8 +92,8 @@ static int bound(json_t *v, const char *what, const char *path, int *out, sf_err
 static int compile(sf_jschema *sc, json_t *s, const char *path, int depth, int *idx, sf_error *err)
 {
     static const char *const known[] = { "type", "properties", "required", "additionalProperties", "items", "enum",
-                                         "const", "minItems", "maxItems", "title", "description", "default",
-                                         "examples", "$schema", "$comment" };
+                                         "const", "minItems", "maxItems", "pattern", "title", "description",
+                                         "default", "examples", "$schema", "$comment" };
     *idx = -1;
     if (json_is_true(s)) return SF_OK;
     if (!json_is_object(s)) return sf_err(err, SF_EINVAL, "schema: %s must be an object", path);
@@ -102,11 +104,12 @@ static int compile(sf_jschema *sc, json_t *s, const char *path, int depth, int *
         while (i < SF_ARRAY_LEN(known) && strcmp(k, known[i])) i++;
         if (i == SF_ARRAY_LEN(known))
             return sf_err(err, SF_EINVAL, "schema: '%.64s' at %s is not supported (supported: type, properties, "
-                          "required, additionalProperties false, items, enum, const, minItems, maxItems)", k, path);
+                          "required, additionalProperties false, items, enum, const, minItems, maxItems, pattern)", k, path);
     }
     json_t *type = json_object_get(s, "type"), *props = json_object_get(s, "properties"),
            *items = json_object_get(s, "items"), *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const"),
-           *ap = json_object_get(s, "additionalProperties"), *req = json_object_get(s, "required");
+           *ap = json_object_get(s, "additionalProperties"), *req = json_object_get(s, "required"),
+           *pat = json_object_get(s, "pattern");
     int kinds = 0;
     if (json_is_string(type)) {
         if (!(kinds = kind_of(json_string_value(type))))
@@ -121,7 +124,11 @@ static int compile(sf_jschema *sc, json_t *s, const char *path, int depth, int *
     } else if (type) {
         return sf_err(err, SF_EINVAL, "schema: 'type' at %s must be a type name or a list of them", path);
     }
-    if (!type && !en && !cn) kinds = props ? K_OBJ : items ? K_ARR : 0;
+    if (pat && !json_is_string(pat)) return sf_err(err, SF_EINVAL, "schema: 'pattern' at %s must be a string", path);
+    if (pat && (en || cn)) return sf_err(err, SF_EINVAL, "schema: 'pattern' at %s with 'enum' or 'const' is not supported", path);
+    /* a pattern without a type: strings only (any other value would also do; strings that match
+     * are what it is there for) */
+    if (!type && !en && !cn) kinds = props ? K_OBJ : items ? K_ARR : pat ? K_STR : 0;
     if (!kinds && !en && !cn) return SF_OK; /* annotations only: any value */
     if (depth >= SF_JSON_MAX_FRAMES)
         return sf_err(err, SF_EINVAL, "schema: %s is nested deeper than %d levels", path, SF_JSON_MAX_FRAMES);
@@ -157,6 +164,10 @@ static int compile(sf_jschema *sc, json_t *s, const char *path, int depth, int *
         if (!en) json_decref(vals);
         sc->nodes[me].n_enum = sc->n_enums - sc->nodes[me].enum0;
         return rc;
+    }
+    if (pat && (kinds & K_STR)) {
+        int rc = sf_regex_compile(json_string_value(pat), json_string_length(pat), SF_REGEX_SEARCH, &sc->nodes[me].re, err);
+        if (rc) return sf_err_wrap(err, "schema: 'pattern' at %s", path), rc;
     }
     if (kinds & K_OBJ) {
         if (ap && !json_is_false(ap))
@@ -438,6 +449,10 @@ static int start_value(sf_json *j, int c)
         if (!(kinds & K_STR)) return 0;
         j->mode = J_STR;
         j->key = 0;
+        if ((j->pat = n && n->re)) {
+            j->pnode = (uint16_t)node;
+            j->rs = 0;
+        }
         return 1;
     case '-':
         if (!(kinds & (K_NUM | K_INT))) return 0;
@@ -500,6 +515,12 @@ static int hexval(int c)
     return is_digit(c) ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
 }
 
+/* a byte of a pattern-held string's text (escapes decoded) through its pattern */
+static int pat_byte(sf_json *j, int c)
+{
+    return !j->pat || (j->rs = sf_regex_next(j->sc->nodes[j->pnode].re, j->rs, (unsigned char)c)) >= 0;
+}
+
 static int str_byte(sf_json *j, int c)
 {
     if (j->need) { /* inside a UTF-8 sequence */
@@ -507,18 +528,26 @@ static int str_byte(sf_json *j, int c)
         j->need--;
         j->lo = 0x80;
         j->hi = 0xBF;
-        return 1;
+        return pat_byte(j, c);
     }
     if (c == '"') {
+        if (j->pat && !sf_regex_accepts(j->sc->nodes[j->pnode].re, j->rs)) return 0;
+        j->pat = 0;
         j->mode = j->key ? J_COLON : J_AFTER;
         return 1;
     }
-    if (c == '\\') {
+    if (c == '\\') { /* in a held string, only when an escape's character can go on */
+        if (j->pat) {
+            const sf_regex *re = j->sc->nodes[j->pnode].re;
+            int any = 0;
+            for (const char *e = "\"\\/\b\f\n\r\t"; *e && !any; e++) any = sf_regex_next(re, j->rs, (unsigned char)*e) >= 0;
+            if (!any) return 0;
+        }
         j->mode = J_ESC;
         return 1;
     }
     if (c < 0x20) return 0;
-    if (c < 0x80) return 1;
+    if (c < 0x80) return pat_byte(j, c);
     /* a lead byte: how many follow, and the range of the first (no overlongs, surrogates or
      * code points past U+10FFFF) */
     j->lo = 0x80;
@@ -535,7 +564,7 @@ static int str_byte(sf_json *j, int c)
     } else {
         return 0;
     }
-    return 1;
+    return pat_byte(j, c);
 }
 
 /* a key of a constrained object: narrow its candidates byte by byte; '"' ends it on a name */
@@ -642,6 +671,7 @@ static int feed_byte(sf_json *j, int c)
     }
     case J_STR: return str_byte(j, c);
     case J_ESC:
+        if (c == 'u' && j->pat) return 0; /* a pattern-held string writes its characters as themselves */
         if (c == 'u') {
             j->mode = J_HEX;
             j->hex = 0;
@@ -651,7 +681,7 @@ static int feed_byte(sf_json *j, int c)
         }
         if (!c || !strchr("\"\\/bfnrt", c)) return 0;
         j->mode = J_STR;
-        return 1;
+        return pat_byte(j, c == 'b' ? '\b' : c == 'f' ? '\f' : c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c);
     case J_HEX: {
         int h = hexval(c);
         if (h < 0) return 0;
@@ -861,7 +891,7 @@ const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
  * shares it fails without a byte fed. Plain texts inside a string fit as they stand. */
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
-    int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need, more = 0;
+    int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need && !j->pat, more = 0;
     if (j->mode == J_CHOICE) choice_state(j, &done, &more); /* done, yet a longer one may go on */
     if (j->mode == J_REGEX) more = sf_regex_more(j->sc->re, j->rs);
     for (int i = 0; i < v->n_rest; i++) { /* end-of-generation ids fit once the object is done */

@@ -13,8 +13,11 @@
  * properties, in the order listed, the required ones present), an object without
  * `properties` taking any members, `items`, `minItems`/`maxItems`, `enum`/`const` of strings,
  * booleans and null (written as the schema writes them), and the annotations `title`,
- * `description`, `default`, `examples`, `$schema`, `$comment`. The root is an object. Any other
- * keyword is refused by name rather than ignored.
+ * `description`, `default`, `examples`, `$schema`, `$comment`, and strings' `pattern` (read as
+ * ECMA-262 reads it, a search: engine/regex.h's SF_REGEX_SEARCH, on the string's text with its
+ * escapes decoded; such a string writes its characters as themselves, never as \u escapes, whose
+ * four digits could lead where the pattern cannot go on). The root is an object. Any other keyword is refused by name rather than
+ * ignored.
  *
  * A choice (vLLM's guided_choice, sf_jschema_choice) is the same machinery without JSON: the
  * output is exactly one of up to SF_JSON_MAX_PROPS strings, byte for byte; it is done as soon
@@ -74,7 +77,9 @@ typedef struct sf_json {
     uint16_t cp;              /* \u digits' value */
     uint16_t depth;
     uint16_t enode;           /* the enum's node */
-    int32_t rs;               /* a pattern's output: its automaton's state */
+    int32_t rs;               /* a pattern's output, or a pattern-held string: its automaton's state */
+    uint8_t pat;              /* in a string its node's `pattern` holds (pnode) */
+    uint16_t pnode;
     uint8_t stack[SF_JSON_MAX_DEPTH / 8]; /* bit per level: 1 object, 0 array */
     sf_json_frame f[SF_JSON_MAX_FRAMES];  /* last: copies take only the frames in use */
 } sf_json;

@@ -343,7 +343,7 @@ def test_json_mode(s):
                          ("not_json", {"guided_json": "not json"}), ("root_string", {"guided_json": {"type": "string"}})):
         st, _, r = s.json("/v1/chat/completions", dict(plain, **extra))
         check("guided_json_refused_" + label, st == 400 and r["error"]["param"] == "guided_json", r)
-    for sch, says in (({"type": "object", "properties": {"a": {"type": "string", "pattern": "x"}}}, "'pattern'"),
+    for sch, says in (({"type": "object", "properties": {"a": {"type": "string", "format": "email"}}}, "'format'"),
                       ({"type": "array"}, "root"), ({"type": "object", "additionalProperties": True}, "additionalProperties")):
         st, _, r = s.json("/v1/chat/completions",
                           dict(chat, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": sch}}))
@@ -693,6 +693,30 @@ def test_guided_regex(s):
     text = "".join(e["choices"][0].get("text", "") for e in ev if e.get("choices"))
     check("guided_regex_streamed", st == 200 and done and re.fullmatch(pat, text) is not None and
           text == whole["choices"][0]["text"], (st, text, whole))
+    # JSON Schema's pattern on a string: a search (ECMA-262), on both routes
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{3}$"},
+                                               "ok": {"type": "boolean"}}, "required": ["code", "ok"],
+              "additionalProperties": False}
+    outs, ok = [], True
+    for route, extra in (("/v1/completions", {"prompt": "A record:"}),
+                         ("/v1/chat/completions", {"messages": [{"role": "user", "content": "A record?"}]})):
+        st, _, r = s.json(route, dict(extra, n=3, temperature=1.0, seed=2, max_tokens=200,
+                                      response_format={"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}))
+        for c in r.get("choices", []):
+            text = c["text"] if "text" in c else c["message"]["content"]
+            outs.append(text)
+            try:
+                v = json.loads(text)
+            except ValueError:
+                v = None
+            ok &= st == 200 and c["finish_reason"] == "stop" and isinstance(v, dict) and \
+                re.fullmatch(r"[A-Z]{2}-\d{3}", v.get("code", "")) is not None and isinstance(v.get("ok"), bool)
+        ok &= st == 200 and len(r.get("choices", [])) == 3
+    check("json_schema_pattern_outputs_match", ok, outs)
+    st, _, r = s.json("/v1/completions", {"prompt": "x", "guided_json": {
+        "type": "object", "properties": {"a": {"type": "string", "pattern": "(?<=x)a"}}}})
+    check("json_schema_pattern_refused", st == 400 and "'pattern' at $.properties.a" in r["error"]["message"] and
+          "lookaround" in r["error"]["message"], r)
     # a character no token of the vocabulary has: an error, not an output that does not match
     st, _, r = s.json("/v1/completions", {"prompt": "x", "guided_regex": "\u00ff\u00fe", "max_tokens": 5})
     check("guided_regex_no_token_fits", st >= 400 and "guided_regex" in r["error"]["message"], (st, r))

@@ -219,7 +219,10 @@ TEST(schema_compile)
     CHECK_MSG(sf_jschema_compile(person, strlen(person), &sc, &err) == SF_OK, "%s", err.msg);
     sf_jschema_free(sc);
     static const struct { const char *schema, *says; } bad[] = {
-        { "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"x\"}}}", "'pattern' at $.properties.a" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"minLength\": 1}}}", "'minLength' at $.properties.a" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": 1}}}", "'pattern' at $.properties.a must be a string" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"pattern\": \"x\", \"enum\": [\"x\"]}}}", "with 'enum'" },
+        { "{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"pattern\": \"a(?=b)\"}}}", "'pattern' at $.properties.a: regex: lookaround" },
         { "{\"type\": \"object\", \"properties\": {\"a\": {\"anyOf\": []}}}", "'anyOf'" },
         { "{\"type\": \"object\", \"properties\": {\"a\": {\"$ref\": \"#/x\"}}}", "'$ref'" },
         { "{\"type\": \"object\", \"additionalProperties\": true}", "additionalProperties" },
@@ -691,6 +694,190 @@ TEST(choice_draws_real_vocabularies)
     choice_draws("gpt2-tokenizer");
 }
 
+/* ---- strings' pattern ----------------------------------------------------------------------- */
+static const char *const pschema =
+    "{\"type\": \"object\", \"properties\": {"
+    "\"code\": {\"type\": \"string\", \"pattern\": \"^[A-Z]{2}-\\\\d{3}$\"},"
+    "\"note\": {\"pattern\": \"caf\\u00e9|\\\\n|\\ud83d\\ude00\"},"
+    "\"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\", \"pattern\": \"^#\\\\w+\"}, \"maxItems\": 3},"
+    "\"any\": {\"type\": [\"string\", \"integer\"], \"pattern\": \"x\"}}, \"required\": [\"code\"]}";
+
+TEST(schema_pattern_documents)
+{
+    sf_jschema *sc = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_jschema_compile(pschema, strlen(pschema), &sc, &err) == SF_OK, "%s", err.msg);
+    static const char *const yes[] = {
+        "{\"code\": \"AB-123\"}", "{\"code\": \"XY-000\", \"note\": \"un caf\xc3\xa9 noir\"}",
+        "{\"code\": \"XY-000\", \"note\": \"line\\nbreak\"}", "{\"code\": \"XY-000\", \"note\": \"\xf0\x9f\x98\x80\"}",
+        "{\"code\": \"AB-123\", \"tags\": [\"#a\", \"#b_2 and more\"]}", "{\"code\": \"AB-123\", \"any\": 42}",
+        "{\"code\": \"AB-123\", \"any\": \"axb\"}", "{\"code\": \"AB-123\", \"tags\": [\"#a\\\"b\\\\\"]}",
+    };
+    static const char *const no[] = {
+        "{\"code\": \"AB-12\"}", "{\"code\": \"xAB-123\"}", "{\"code\": \"AB-1234\"}", "{\"code\": \"AB-123\\n\"}",
+        "{\"code\": \"AB-123\", \"note\": \"cafe\"}", "{\"code\": \"AB-123\", \"note\": \"\\\\n\"}",
+        "{\"code\": \"AB-123\", \"tags\": [\"a#b\"]}", "{\"code\": \"AB-123\", \"any\": \"y\"}",
+        "{\"code\": \"AB-123\", \"note\": \"\\ud83d\\ude01\"}",
+        /* held strings write characters as themselves, not as \u escapes */
+        "{\"code\": \"XY-000\", \"note\": \"un caf\\u00e9 noir\"}", "{\"code\": \"A\\u0042-123\"}",
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(yes); i++) CHECK_MSG(with_schema(sc, yes[i]), "accepts %s", yes[i]);
+    for (size_t i = 0; i < SF_ARRAY_LEN(no); i++) CHECK_MSG(!with_schema(sc, no[i]), "refuses %s", no[i]);
+    /* a string stops being fed where its pattern cannot hold: "AB-1" then a letter */
+    sf_json j;
+    sf_json_init(&j, sc);
+    CHECK(sf_json_feed(&j, "{\"code\": \"AB-1", 14) && !sf_json_feed(&j, "x", 1));
+    sf_jschema_free(sc);
+}
+
+/* Random strings (escapes, UTF-8, surrogate pairs) and their mutations as the value of a
+ * property held to each of several patterns: ours against jansson's decoding searched by PCRE2. */
+TEST(schema_pattern_random_against_pcre2)
+{
+    static const char *const pats[] = { "a", "^[a-z ]*$", "\\\\d{2,}", "^\\\\w+@\\\\w+$", "\\u00e9|\\\\\\\\", "^$", "[^x]x$" };
+    sf_rng_seed(&R, 31);
+    int texts = 0, valid = 0, bad = 0;
+    for (size_t pi = 0; pi < SF_ARRAY_LEN(pats); pi++) {
+        char schema[512];
+        snprintf(schema, sizeof schema, "{\"type\": \"object\", \"properties\": {\"s\": {\"type\": \"string\", \"pattern\": \"%s\"}}}",
+                 pats[pi]);
+        sf_jschema *sc = NULL;
+        sf_error err = { 0 };
+        json_t *js = json_loads(schema, 0, NULL);
+        REQUIRE(js && sf_jschema_compile(schema, strlen(schema), &sc, &err) == SF_OK, "%s: %s", schema, err.msg);
+        const char *pat = json_string_value(json_object_get(json_object_get(json_object_get(js, "properties"), "s"), "pattern"));
+        int e;
+        PCRE2_SIZE off;
+        pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &e, &off, NULL);
+        REQUIRE(re, "PCRE2 compiles %s", pat);
+        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+        static const char alphabet[] = "ax0179 @_\\\"u\xc3\xa9nd";
+        for (int it = 0; it < 1500; it++) {
+            sbuf b = { .n = 0 };
+            put(&b, "{\"s\": ");
+            if (it % 4 == 0) {
+                static const char *const fixed[] = { "\"ab\"", "\"12\"", "\"a@b\"", "\"\"", "\"\\u00e9\"", "\"\\\\\"", "\"yx\"",
+                                                     "\"ab cd\"", "\"x\"" };
+                put(&b, fixed[rnd((int)SF_ARRAY_LEN(fixed))]);
+            } else {
+                gen_string(&b);
+            }
+            put(&b, "}");
+            if (it % 2) mutate(&b, alphabet, sizeof alphabet - 1);
+            json_t *v = json_loadb(b.b, b.n, JSON_REJECT_DUPLICATES, NULL);
+            json_t *sv = json_object_get(v, "s");
+            int u_escape = 0; /* held strings write characters as themselves, not as \u escapes */
+            for (size_t q = 0; q + 1 < b.n; q++)
+                if (b.b[q] == '\\') u_escape |= b.b[++q] == 'u';
+            int want = json_is_object(v) && json_object_size(v) == 1 && json_is_string(sv) && !u_escape &&
+                       pcre2_match(re, (PCRE2_SPTR)json_string_value(sv), json_string_length(sv), 0, 0, md, NULL) >= 0;
+            json_decref(v);
+            sf_json j;
+            sf_json_init(&j, sc);
+            int got = sf_json_feed(&j, b.b, b.n) && sf_json_done(&j);
+            texts++, valid += want;
+            if (got != want && bad++ < 5) printf("  /%s/: ours %d, reference %d: %.*s\n", pat, got, want, (int)b.n, b.b);
+        }
+        pcre2_match_data_free(md);
+        pcre2_code_free(re);
+        json_decref(js);
+        sf_jschema_free(sc);
+    }
+    CHECK_MSG(!bad && valid > texts / 20 && valid < texts, "%d disagree; %d of %d valid", bad, valid, texts);
+    printf("  %d texts agree with jansson + PCRE2 (%d valid)\n", texts, valid);
+}
+
+/* Draws through the mask under a schema with patterns: each output that ends parses, its code
+ * matches ^[A-Z]{2}-\d{3}$ by PCRE2's verdict, and the mask equals feeding each token alone at
+ * states inside the held strings. */
+static void pattern_schema_draws(const char *dir)
+{
+    static const char *const sch = "{\"type\": \"object\", \"properties\": {\"code\": {\"type\": \"string\", \"pattern\": "
+                                   "\"^[A-Z]{2}-\\\\d{3}$\"}, \"ok\": {\"type\": \"boolean\"}}, \"required\": [\"code\", \"ok\"]}";
+    sf_tokenizer *t = NULL;
+    sf_error err = { 0 };
+    REQUIRE(sf_tok_load_dir(test_data(dir), &t, &err) == SF_OK, "%s: %s", dir, err.msg);
+    int V = sf_tok_vocab_size(t);
+    sf_json_vocab *v = NULL;
+    sf_jschema *sc = NULL;
+    REQUIRE(sf_json_vocab_new(t, V, &v, &err) == SF_OK && sf_jschema_compile(sch, strlen(sch), &sc, &err) == SF_OK, "%s", err.msg);
+    int e;
+    PCRE2_SIZE off;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR) "^[A-Z]{2}-\\d{3}$", PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &e, &off, NULL);
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    float *l = malloc(sizeof(float) * V);
+    int32_t *keep = malloc(sizeof(int32_t) * V);
+    int bad = 0, outs = 0, states = 0;
+    sf_rng_seed(&R, 23);
+    for (int run = 0; run < 60; run++) {
+        sf_json j;
+        sf_json_init(&j, sc);
+        char out[1024];
+        size_t n = 0;
+        int ended = 0;
+        for (int step = 0; step < 300 && !ended; step++) {
+            for (int i = 0; i < V; i++) l[i] = 0;
+            sf_json_mask(&j, v, l);
+            int k = 0;
+            for (int i = 0; i < V; i++)
+                if (l[i] == 0) keep[k++] = i;
+            if (!k) {
+                if (bad++ < 5) {
+                    printf("  %s: nothing fits after", dir);
+                    for (size_t q = 0; q < n; q++) printf(" %02x", (unsigned char)out[q]);
+                    printf(" (mode %d ws %d)\n", j.mode, j.ws);
+                }
+                break;
+            }
+            if (j.pat && step % 2 == 0) {
+                for (int id = 0; id < V; id++) {
+                    size_t tl;
+                    const char *tx = sf_json_vocab_text(v, id, &tl);
+                    sf_json c;
+                    sf_json_copy(&c, &j);
+                    int want = sf_tok_is_eog(t, id) ? sf_json_done(&j) : tl && sf_json_feed(&c, tx, tl);
+                    if (want != (l[id] == 0) && bad++ < 5)
+                        printf("  %s after '%.*s': token %d '%.*s' kept %d, alone %d\n", dir, (int)n, out, id, (int)tl, tx,
+                               l[id] == 0, want);
+                }
+                states++;
+            }
+            int32_t id = keep[sf_rng_next(&R) % (uint64_t)k];
+            if (sf_json_done(&j)) id = sf_tok_eos(t);
+            if (!sf_json_accept(&j, v, id)) { bad++; break; }
+            if (sf_tok_is_eog(t, id)) { ended = 1; break; }
+            size_t tl;
+            const char *tx = sf_json_vocab_text(v, id, &tl);
+            if (n + tl >= sizeof out) break; /* whitespace runs and the like: not ended */
+            memcpy(out + n, tx, tl);
+            n += tl;
+        }
+        if (!ended) continue;
+        outs++;
+        json_t *doc = json_loadb(out, n, 0, NULL), *code = json_object_get(doc, "code");
+        int ok = json_is_string(code) && json_is_boolean(json_object_get(doc, "ok")) &&
+                 pcre2_match(re, (PCRE2_SPTR)json_string_value(code), json_string_length(code), 0, 0, md, NULL) >= 0;
+        if (!ok && bad++ < 8) printf("  %s: drew '%.*s'\n", dir, (int)n, out);
+        json_decref(doc);
+    }
+    CHECK_MSG(!bad && outs > 30 && states > 30, "%s: %d bad, %d outputs, %d states", dir, bad, outs, states);
+    printf("  %s: %d outputs parse with a code that matches; the mask equals token-by-token feeding in %d states\n", dir,
+           outs, states);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    free(l);
+    free(keep);
+    sf_jschema_free(sc);
+    sf_json_vocab_free(v);
+    sf_tok_free(t);
+}
+
+TEST(schema_pattern_draws_real_vocabularies)
+{
+    pattern_schema_draws("tinyllama-1.1b-chat-v1.0");
+    pattern_schema_draws("gpt2-tokenizer");
+}
+
 /* ---- patterns ----------------------------------------------------------------------------- */
 /* Random draws through the mask for patterns (uniform over what it keeps, the end one time in
  * four when it is kept): every output is a whole match by PCRE2's verdict, and at every eighth
@@ -791,9 +978,12 @@ int main(void)
     RUN(schema_compile);
     RUN(schema_documents);
     RUN(schema_random_against_reference);
+    RUN(schema_pattern_documents);
+    RUN(schema_pattern_random_against_pcre2);
     RUN(mask_real_vocabularies);
     RUN(choice_recognizer);
     RUN(choice_draws_real_vocabularies);
     RUN(regex_draws_real_vocabularies);
+    RUN(schema_pattern_draws_real_vocabularies);
     return test_summary();
 }
