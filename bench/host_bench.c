@@ -2,7 +2,8 @@
  * into bf16 (what the CUDA backend's upload does to every weight that is neither float nor
  * Q8_0, and the CPU backend into f16), a scored prompt position (prompt_logprobs: log-softmax,
  * rank, top n of one row of logits) at 32k and 128k vocabularies, and JSON output's token
- * mask for one draw over a real vocabulary, in the states that cost least and most. `make bench-host`, then
+ * mask for one draw over a real vocabulary, in the states that cost least and most, and under
+ * patterns (guided_regex, a schema's pattern). `make bench-host`, then
  * build/bench/host_bench [TOKENIZER_DIR ...] (default: the testdata's TinyLlama and GPT-2). */
 #include <stdio.h>
 #include <stdlib.h>
@@ -136,6 +137,36 @@ static void mask(const char *dir)
         sf_json_feed(&j, sstates[i][1], strlen(sstates[i][1]));
         printf("  schema      %-15s %6.3f ms\n", sstates[i][0], mask_ms(&j, v, l, V));
     }
+    /* patterns (guided_regex): a bounded any-text run, and a string held to a schema's pattern */
+    static const char *const rx[][3] = {
+        { "regex .{0,100}", ".{0,100}", "Once upon a time" },
+        { "regex email", "[a-z0-9._]{1,32}@[a-z0-9-]{1,32}\\.(com|org|net)", "jane.doe@exam" },
+        { "regex date", "\\d{4}-\\d{2}-\\d{2}", "2026-1" },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(rx); i++) {
+        sf_jschema *rs = NULL;
+        double c0 = now();
+        if (sf_jschema_regex(rx[i][1], strlen(rx[i][1]), &rs, &err) != SF_OK) {
+            fprintf(stderr, "%s: %s\n", rx[i][1], err.msg);
+            continue;
+        }
+        double compile = now() - c0;
+        sf_json j;
+        sf_json_init(&j, rs);
+        sf_json_feed(&j, rx[i][2], strlen(rx[i][2]));
+        printf("  %-27s %6.3f ms (compiled in %.2f ms)\n", rx[i][0], mask_ms(&j, v, l, V), compile * 1e3);
+        sf_jschema_free(rs);
+    }
+    const char *ps = "{\"type\": \"object\", \"properties\": {\"code\": {\"type\": \"string\", \"pattern\": "
+                     "\"^[A-Z]{2}-\\\\d{3}$\"}}}";
+    sf_jschema *pc = NULL;
+    if (sf_jschema_compile(ps, strlen(ps), &pc, &err) == SF_OK) {
+        sf_json j;
+        sf_json_init(&j, pc);
+        sf_json_feed(&j, "{\"code\": \"AB", 11);
+        printf("  schema      %-15s %6.3f ms\n", "in a pattern", mask_ms(&j, v, l, V));
+    }
+    sf_jschema_free(pc);
     sf_jschema_free(sc);
     free(l);
     sf_json_vocab_free(v);

@@ -889,6 +889,42 @@ const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
  * the current text, valid up to depth `have`; a text shares its first lcp bytes with the one
  * before, so only the rest is fed, and once a prefix fails (at depth `bad`) every text that
  * shares it fails without a byte fed. Plain texts inside a string fit as they stand. */
+/* sf_json_mask's walk for a pattern's output, whose state is an int: the same trie, with a
+ * table lookup a byte instead of a copy of the recognizer and its switch (2.2-2.3x faster where
+ * nearly every token fits, as under `.{0,100}`) */
+static int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, float *logits)
+{
+    int st[WALK_MAX + 1], have = 0, bad = INT32_MAX, kept = 0;
+    st[0] = s0;
+    for (int i = 0; i < v->n_order; i++) {
+        size_t n;
+        const unsigned char *t = (const unsigned char *)sf_json_vocab_text(v, v->order[i], &n);
+        int l = i ? v->lcp[i] : 0, ok;
+        if (bad <= l) { /* a failed prefix of this text */
+            ok = 0;
+        } else if (n > WALK_MAX) { /* too long for the stack: alone */
+            int s = s0;
+            for (size_t k = 0; k < n && s >= 0; k++) s = sf_regex_next(re, s, t[k]);
+            ok = s >= 0;
+            have = 0;
+            bad = INT32_MAX;
+        } else {
+            int d = SF_MIN(have, l);
+            bad = INT32_MAX;
+            for (; d < (int)n; d++)
+                if ((st[d + 1] = sf_regex_next(re, st[d], t[d])) < 0) {
+                    bad = d + 1;
+                    break;
+                }
+            have = d;
+            ok = bad == INT32_MAX;
+        }
+        if (ok) kept++;
+        else logits[v->order[i]] = -INFINITY;
+    }
+    return kept;
+}
+
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need && !j->pat, more = 0;
@@ -903,6 +939,7 @@ int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
         for (int i = 0; i < v->n_order; i++) logits[v->order[i]] = -INFINITY;
         return kept;
     }
+    if (j->mode == J_REGEX) return kept + regex_walk(j->sc->re, j->rs, v, logits);
     static __thread sf_json st[WALK_MAX + 1];
     sf_json_copy(&st[0], j);
     int have = 0, bad = INT32_MAX, minl = 0;
