@@ -81,6 +81,8 @@ static int oom(parser *ps)
 
 static int node(parser *ps, int op, int k0, int nk)
 {
+    if (ps->n_nodes >= SF_REGEX_MAX_NODES)
+        return fail(ps, ps->i, "the pattern is over %d parts once its repeats are written out", SF_REGEX_MAX_NODES);
     if (!grow((void **)&ps->nodes, &ps->cap_nodes, ps->n_nodes + 1, sizeof *ps->nodes)) return oom(ps);
     ps->nodes[ps->n_nodes] = (rnode){ .op = (uint8_t)op, .k0 = k0, .nk = nk };
     return ps->n_nodes++;
@@ -678,8 +680,8 @@ static int parse_alt(parser *ps)
 /* ---- positions (Glushkov) ------------------------------------------------------------------ */
 typedef struct glu {
     int W;             /* words of a position set: positions 0 (the start) .. n_leaves */
-    uint64_t *first, *last, *follow; /* [n_nodes * W], [n_nodes * W], [(n_leaves + 1) * W] */
-    uint8_t *null;
+    uint64_t *follow;  /* [(n_leaves + 1) * W] */
+    int oom;
 } glu;
 
 static void or_into(uint64_t *d, const uint64_t *s, int W) { for (int w = 0; w < W; w++) d[w] |= s[w]; }
@@ -691,54 +693,49 @@ static void follow_all(glu *g, const uint64_t *from, const uint64_t *to)
         for (uint64_t b = from[w]; b; b &= b - 1) or_into(g->follow + (size_t)(w * 64 + __builtin_ctzll(b)) * (size_t)g->W, to, g->W);
 }
 
-static void positions(const parser *ps, glu *g, int x)
+/* The first and last positions of the subtree at x into F and L (zeroed by the caller), its
+ * followers into g->follow; returns whether it matches the empty text. The kids' sets live
+ * only while their parent reads them: memory goes with the nesting, not the tree's size. */
+static int positions(const parser *ps, glu *g, int x, uint64_t *F, uint64_t *L)
 {
     const rnode *r = &ps->nodes[x];
-    uint64_t *F = g->first + (size_t)x * (size_t)g->W, *L = g->last + (size_t)x * (size_t)g->W;
+    const size_t bytes = sizeof *F * (size_t)g->W;
     switch (r->op) {
-    case R_EMPTY: g->null[x] = 1; return;
+    case R_EMPTY: return 1;
     case R_LEAF: {
         int p = r->k0 + 1;
         F[p >> 6] |= 1ull << (p & 63);
         L[p >> 6] |= 1ull << (p & 63);
-        return;
+        return 0;
     }
-    case R_STAR: case R_OPT: {
-        int k = r->k0;
-        positions(ps, g, k);
-        memcpy(F, g->first + (size_t)k * (size_t)g->W, sizeof *F * (size_t)g->W);
-        memcpy(L, g->last + (size_t)k * (size_t)g->W, sizeof *L * (size_t)g->W);
-        g->null[x] = 1;
+    case R_STAR: case R_OPT:
+        positions(ps, g, r->k0, F, L);
         if (r->op == R_STAR) follow_all(g, L, F);
-        return;
+        return 1;
     }
-    case R_ALT:
-        for (int i = 0; i < r->nk; i++) {
-            int k = ps->kids[r->k0 + i];
-            positions(ps, g, k);
-            or_into(F, g->first + (size_t)k * (size_t)g->W, g->W);
-            or_into(L, g->last + (size_t)k * (size_t)g->W, g->W);
-            g->null[x] |= g->null[k];
-        }
-        return;
-    case R_CAT: {
-        /* L collects the positions the next kid's first ones may follow: the last ones of the
-         * kid before, and of those before it while the kids between can be empty */
-        int all_null = 1;
-        for (int i = 0; i < r->nk; i++) {
-            int k = ps->kids[r->k0 + i];
-            positions(ps, g, k);
-            const uint64_t *kf = g->first + (size_t)k * (size_t)g->W, *kl = g->last + (size_t)k * (size_t)g->W;
-            follow_all(g, L, kf);
-            if (all_null) or_into(F, kf, g->W);
-            if (!g->null[k]) memset(L, 0, sizeof *L * (size_t)g->W);
+    uint64_t *kf = malloc(2 * bytes), *kl = kf + g->W;
+    if (!kf) return g->oom = 1, 0;
+    int null = r->op == R_CAT;
+    for (int i = 0; i < r->nk; i++) {
+        int k = ps->kids[r->k0 + i];
+        memset(kf, 0, 2 * bytes);
+        int kn = positions(ps, g, k, kf, kl);
+        if (r->op == R_ALT) {
+            or_into(F, kf, g->W);
             or_into(L, kl, g->W);
-            all_null &= g->null[k];
+            null |= kn;
+            continue;
         }
-        g->null[x] = (uint8_t)all_null;
-        return;
+        /* R_CAT: L collects the positions the next kid's first ones may follow: the last ones of
+         * the kid before, and of those before it while the kids between can be empty */
+        follow_all(g, L, kf);
+        if (null) or_into(F, kf, g->W);
+        if (!kn) memset(L, 0, bytes);
+        or_into(L, kl, g->W);
+        null &= kn;
     }
-    }
+    free(kf);
+    return null;
 }
 
 /* ---- the automaton ------------------------------------------------------------------------- */
@@ -771,7 +768,7 @@ static int intern(dfa_build *d, const uint64_t *s)
     return d->n++;
 }
 
-static int build_dfa(parser *ps, glu *g, int root, sf_regex *re)
+static int build_dfa(parser *ps, glu *g, const uint64_t *root_last, int root_null, sf_regex *re)
 {
     const int W = g->W;
     /* classes of bytes: two bytes share one when every leaf takes both or neither */
@@ -802,8 +799,8 @@ static int build_dfa(parser *ps, glu *g, int root, sf_regex *re)
     for (int b = 0; b < 256; b++)
         for (int p = 0; p < ps->n_leaves; p++)
             if (ps->sets[p][b >> 6] >> (b & 63) & 1) pos_of[(size_t)re->cls[b] * (size_t)W + (size_t)(p + 1) / 64] |= 1ull << ((p + 1) & 63);
-    memcpy(acc, g->last + (size_t)root * (size_t)W, sizeof *acc * (size_t)W);
-    if (g->null[root]) acc[0] |= 1;
+    memcpy(acc, root_last, sizeof *acc * (size_t)W);
+    if (root_null) acc[0] |= 1;
     memset(t, 0, sizeof *t * (size_t)W);
     t[0] = 1;
     if (intern(&d, t) != 0) goto done;
@@ -863,26 +860,25 @@ int sf_regex_compile(const char *pat, size_t len, int flags, sf_regex **out, sf_
     if (root >= 0 && ps.i < ps.n) root = fail(&ps, ps.i, "a ')' without its '('");
     glu g = { 0 };
     sf_regex *re = NULL;
+    uint64_t *first = NULL;
     if (root >= 0) {
         g.W = (ps.n_leaves + 1 + 63) / 64;
-        g.first = calloc((size_t)ps.n_nodes * (size_t)g.W, sizeof *g.first);
-        g.last = calloc((size_t)ps.n_nodes * (size_t)g.W, sizeof *g.last);
+        first = calloc(2 * (size_t)g.W, sizeof *first);
         g.follow = calloc((size_t)(ps.n_leaves + 1) * (size_t)g.W, sizeof *g.follow);
-        g.null = calloc((size_t)ps.n_nodes, 1);
         re = calloc(1, sizeof *re);
-        if (!g.first || !g.last || !g.follow || !g.null || !re) {
+        if (!first || !g.follow || !re) {
             oom(&ps);
         } else {
-            positions(&ps, &g, root);
-            or_into(g.follow, g.first + (size_t)root * (size_t)g.W, g.W); /* the start, position 0, before them */
-            build_dfa(&ps, &g, root, re);
+            uint64_t *last = first + g.W;
+            int null = positions(&ps, &g, root, first, last);
+            or_into(g.follow, first, g.W); /* the start, position 0, before them */
+            if (g.oom) oom(&ps);
+            else build_dfa(&ps, &g, last, null, re);
         }
     }
     int rc = ps.rc;
-    free(g.first);
-    free(g.last);
+    free(first);
     free(g.follow);
-    free(g.null);
     free(ps.nodes);
     free(ps.kids);
     free(ps.sets);

@@ -27,6 +27,7 @@
 
 #define SF_REGEX_MAX_LEN 16384   /* pattern bytes */
 #define SF_REGEX_MAX_POS 4096    /* bytes of the pattern once repeats are written out */
+#define SF_REGEX_MAX_NODES 65536 /* its parts (groups, repeats, empty ones too) once written out */
 #define SF_REGEX_MAX_STATES 8192 /* states of its automaton */
 #define SF_REGEX_MAX_REPEAT 1000 /* n and m of {n,m} */
 #define SF_REGEX_MAX_NEST 100    /* groups within groups */
