@@ -10,6 +10,7 @@
 
 #include "cli/cli.h"
 #include "engine/engine.h"
+#include "engine/gbnf.h"
 #include "engine/json_mask.h"
 #include "engine/tokenizer.h"
 
@@ -33,6 +34,8 @@ static void usage(FILE *f)
             "                      when S starts with '{'; the subset in docs/API.md)\n"
             "  --regex P           the whole output matches the regular expression P (Python's syntax,\n"
             "                      less back-references and lookarounds: docs/API.md)\n"
+            "  --grammar G         ... the GBNF grammar G (llama.cpp's format, without recursion)\n"
+            "  --grammar-file F    ... the GBNF grammar in file F\n"
             "  --backend B         auto | cpu | cuda (default auto)\n"
             "  --threads N         CPU backend threads (default: all cores)\n"
             "  --max-model-len N   context length cap (default: the model's)\n"
@@ -117,7 +120,9 @@ int sf_cmd_generate(int argc, char **argv)
     sf_engine *e = NULL;
     int32_t *ids = NULL;
     char *rendered = NULL, *schema = NULL;
-    const char *schema_arg = NULL, *regex_arg = NULL;
+    const char *schema_arg = NULL, *regex_arg = NULL, *grammar_arg = NULL;
+    int grammar_file = 0;
+    char *grammar_rx = NULL;
     size_t n_ids = 0;
     sf_error err = { 0 };
     gen_state g = { .mu = PTHREAD_MUTEX_INITIALIZER, .done_cv = PTHREAD_COND_INITIALIZER };
@@ -151,7 +156,8 @@ int sf_cmd_generate(int argc, char **argv)
         static const char *const with_value[] = { "--model", "--prompt", "--max-tokens", "--temperature", "--top-p",
                                                   "--top-k", "--min-p", "--seed", "--stop", "--backend", "--threads",
                                                   "--max-model-len", "--load-format", "--tensor-parallel-size",
-                                                  "--json-schema", "--regex", "--speculative-config" };
+                                                  "--json-schema", "--regex", "--grammar", "--grammar-file",
+                                                  "--speculative-config" };
         int known = 0;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= !strcmp(a, with_value[k]);
         if (!known) {
@@ -215,6 +221,9 @@ int sf_cmd_generate(int argc, char **argv)
             schema_arg = v;
         } else if (!strcmp(a, "--regex")) {
             regex_arg = v;
+        } else if (!strcmp(a, "--grammar") || !strcmp(a, "--grammar-file")) {
+            grammar_arg = v;
+            grammar_file = !strcmp(a, "--grammar-file");
         } else {
             fprintf(stderr, "semflow generate: unknown option '%s' (see semflow generate --help)\n", a);
             return 2;
@@ -225,14 +234,31 @@ int sf_cmd_generate(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if ((schema_arg || sp.json) && regex_arg) {
-        fprintf(stderr, "semflow generate: give --regex or --json / --json-schema, not both\n");
+    if (!!(schema_arg || sp.json) + !!regex_arg + !!grammar_arg > 1) {
+        fprintf(stderr, "semflow generate: give one of --json / --json-schema, --regex and --grammar, not both\n");
         return 2;
+    }
+    if (grammar_arg) { /* written out as a pattern, checked before the model loads */
+        char *text = NULL;
+        size_t n = strlen(grammar_arg);
+        if (grammar_file && sf_read_file(grammar_arg, &text, &n, &err) != SF_OK) {
+            fprintf(stderr, "semflow generate: --grammar-file: %s\n", err.msg);
+            return 2;
+        }
+        int rc = sf_gbnf_to_regex(text ? text : grammar_arg, n, &grammar_rx, &err);
+        free(text);
+        if (rc != SF_OK) {
+            fprintf(stderr, "semflow generate: %s: %s\n", grammar_file ? "--grammar-file" : "--grammar", err.msg);
+            return 2;
+        }
+        regex_arg = grammar_rx;
     }
     if (regex_arg) { /* checked before the model loads */
         sf_jschema *c = NULL;
         if (sf_jschema_regex(regex_arg, strlen(regex_arg), &c, &err) != SF_OK) {
-            fprintf(stderr, "semflow generate: --regex: %s\n", err.msg);
+            fprintf(stderr, "semflow generate: %s: %s%s\n", grammar_arg ? "--grammar" : "--regex", err.msg,
+                    grammar_arg ? " (the grammar written out as one pattern)" : "");
+            free(grammar_rx);
             return 2;
         }
         sf_jschema_free(c);
@@ -367,5 +393,6 @@ out:
     free(ids);
     free(rendered);
     free(schema);
+    free(grammar_rx);
     return rc;
 }

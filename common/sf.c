@@ -51,6 +51,7 @@ const char *sf_status_str(int code)
     case SF_ENODEV: return "no device";
     case SF_ECANCELED: return "cancelled";
     case SF_EPERM: return "permission denied";
+    case SF_ENOFIT: return "no token continues the output's form";
     }
     return "unknown status";
 }

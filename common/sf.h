@@ -25,6 +25,8 @@ enum {
     SF_ENODEV = -9,     /* no GPU / backend not available */
     SF_ECANCELED = -10, /* request cancelled */
     SF_EPERM = -11,     /* no rights (BPF, ...) */
+    SF_ENOFIT = -12,    /* no token of the model's vocabulary continues the form a request's
+                         * output is held to (a pattern, grammar, choice or JSON) */
 };
 
 typedef struct sf_error {

@@ -86,7 +86,7 @@ int sf_request_new(const sf_submit *s, const sf_tokenizer *tok, int vocab, int m
         goto fail;
     }
     if (r->sp.json) { /* the mask's only way out is an end-of-sequence token, drawn when the object is done */
-        const char *what = r->sp.choice ? "guided_choice" : r->sp.regex ? "guided_regex" : "a JSON response_format";
+        const char *what = r->sp.choice ? "guided_choice" : r->sp.regex ? "guided_regex / guided_grammar" : "a JSON response_format";
         if (!tok || sf_tok_eos(tok) < 0) {
             rc = sf_err(err, SF_EINVAL, "%s needs the model's tokenizer and its end-of-sequence token", what);
             goto fail;
@@ -364,8 +364,8 @@ int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const 
         return SF_REQ_FINISHED;
     }
     if (end == SF_REQ_END_NO_FIT) {
-        sf_request_finish(r, SF_FINISH_ERROR, SF_EUNSUPPORTED,
-                          r->sp.regex    ? "no token of the model's vocabulary continues the output as 'guided_regex' asks"
+        sf_request_finish(r, SF_FINISH_ERROR, SF_ENOFIT,
+                          r->sp.regex    ? "no token of the model's vocabulary continues the output as its pattern or grammar asks"
                           : r->sp.choice ? "no token of the model's vocabulary continues the output as 'guided_choice' asks"
                                          : "no token of the model's vocabulary continues the JSON output");
         return SF_REQ_FINISHED;

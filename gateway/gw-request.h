@@ -33,6 +33,7 @@ typedef struct gw_ev {
     int finish, prompt_tokens, completion_tokens, cached_tokens;
     double e2e_s;              /* engine: submit to this DONE */
     char *message;
+    int status;                /* SF_EV_ERROR: the engine's SF_E* */
     double t;                  /* sf_now_s() when the engine delivered it */
 } gw_ev;
 
@@ -60,6 +61,7 @@ typedef struct gw_choice {
     char *echo;                /* echo: its prompt's text (malloc'd) */
     size_t echo_len;
     char *error;
+    int error_status;          /* its SF_E*: SF_ENOFIT is the request's (no token continues its form) */
 } gw_choice;
 
 typedef struct gw_req {

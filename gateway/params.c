@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../engine/gbnf.h"
 #include "../engine/json_mask.h"
 #include "intent.h"
 
@@ -265,7 +266,7 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
 static int reject_unsupported(json_t *o, sf_gw_err *e)
 {
     /* vLLM's constraints this server does not have: refused, never dropped (the output would not hold to them) */
-    static const char *keys[] = { "functions", "function_call", "suffix", "guided_grammar" };
+    static const char *keys[] = { "functions", "function_call", "suffix" };
     for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
         json_t *v = json_object_get(o, keys[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&
@@ -292,41 +293,70 @@ static int take_schema(json_t *sc, const char *param, sf_gw_params *p, sf_gw_err
 }
 
 /* what holds the output to a form, as the request named it, and what it ends with */
-static const char *form_name(const sf_sampling *s)
+static const char *form_name(const sf_gw_params *p)
 {
-    return s->choice ? "'guided_choice'" : s->regex ? "'guided_regex'" : "a JSON 'response_format'";
+    static __thread char b[64];
+    if (!p->form) return "a JSON 'response_format'";
+    snprintf(b, sizeof b, "'%s'", p->form);
+    return b;
 }
 static const char *form_end(const sf_sampling *s) { return s->choice ? "choice" : s->regex ? "match" : "object"; }
+
+/* a pattern (guided_regex) or a grammar written out as one (guided_grammar) held as the output's form */
+static int take_pattern(char *rx, const char *name, const char *what, sf_gw_params *p, sf_gw_err *e)
+{
+    p->schema = rx;
+    sf_jschema *c = NULL;
+    sf_error ce = { 0 };
+    if (sf_jschema_regex(p->schema, strlen(p->schema), &c, &ce)) return BAD(name, "'%s': %s%s", name, ce.msg, what);
+    sf_jschema_free(c);
+    p->sampling.json = p->sampling.regex = 1;
+    p->sampling.schema = p->schema;
+    p->sampling.schema_len = strlen(p->schema);
+    p->form = name;
+    return 0;
+}
 
 /* response_format: text, json_object (any object; with llama.cpp's "schema" beside it, that
  * schema) or json_schema (the subset engine/json_mask.h lists; a schema using more is refused,
  * not weakened); vLLM's guided_json (a schema, or its JSON text) is json_schema by another name,
- * its guided_choice (a list of strings the output is exactly one of) a choice and its
- * guided_regex (a pattern the whole output matches, engine/regex.h) a pattern; vLLM's newer
- * structured_outputs {"json": ...}, {"choice": [...]} or {"regex": "..."} are the same three */
+ * its guided_choice (a list of strings the output is exactly one of) a choice, its guided_regex
+ * (a pattern the whole output matches, engine/regex.h) a pattern and its guided_grammar (a GBNF
+ * grammar without recursion, engine/gbnf.h; llama.cpp's `grammar`) that grammar written out as a
+ * pattern; vLLM's newer structured_outputs {"json"|"choice"|"regex"|"grammar": ...} are the same */
 static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
 {
     sf_sampling *s = &p->sampling;
     json_t *rf = json_object_get(o, "response_format"), *gj = json_object_get(o, "guided_json");
     json_t *gc = json_object_get(o, "guided_choice"), *gr = json_object_get(o, "guided_regex");
-    json_t *so = json_object_get(o, "structured_outputs");
-    const char *gj_name = "guided_json", *gc_name = "guided_choice", *gr_name = "guided_regex";
+    json_t *gg = json_object_get(o, "guided_grammar"), *so = json_object_get(o, "structured_outputs");
+    const char *gj_name = "guided_json", *gc_name = "guided_choice", *gr_name = "guided_regex", *gg_name = "guided_grammar";
+    json_t *lg = json_object_get(o, "grammar"); /* llama.cpp's server; "" there means none */
+    if (lg && !json_is_null(lg) && !(json_is_string(lg) && !json_string_length(lg))) {
+        if (gg && !json_is_null(gg)) return BAD("grammar", "give 'grammar' or 'guided_grammar', not both");
+        gg = lg, gg_name = "grammar";
+    }
     if (so && !json_is_null(so)) {
         const char *k;
         json_t *v;
         if (!json_is_object(so)) return BAD("structured_outputs", "'structured_outputs' must be an object");
-        json_object_foreach(so, k, v) if (!json_is_null(v) && strcmp(k, "json") && strcmp(k, "choice") && strcmp(k, "regex"))
-            return BAD("structured_outputs", "'structured_outputs.%.32s' is not supported (supported: json, choice, regex)", k);
-        if ((gj && !json_is_null(gj)) || (gc && !json_is_null(gc)) || (gr && !json_is_null(gr)))
+        json_object_foreach(so, k, v) if (!json_is_null(v) && strcmp(k, "json") && strcmp(k, "choice") && strcmp(k, "regex") &&
+                                          strcmp(k, "grammar"))
+            return BAD("structured_outputs", "'structured_outputs.%.32s' is not supported (supported: json, choice, regex, "
+                                             "grammar)", k);
+        if ((gj && !json_is_null(gj)) || (gc && !json_is_null(gc)) || (gr && !json_is_null(gr)) || (gg && !json_is_null(gg)))
             return BAD("structured_outputs", "give 'structured_outputs' or 'guided_json' / 'guided_choice' / "
-                                             "'guided_regex', not both");
+                                             "'guided_regex' / 'guided_grammar', not both");
         gj = json_object_get(so, "json"), gc = json_object_get(so, "choice"), gr = json_object_get(so, "regex");
+        gg = json_object_get(so, "grammar");
         gj_name = "structured_outputs.json", gc_name = "structured_outputs.choice", gr_name = "structured_outputs.regex";
+        gg_name = "structured_outputs.grammar";
     }
     int has_gj = gj && !json_is_null(gj), has_gc = gc && !json_is_null(gc), has_gr = gr && !json_is_null(gr);
-    if (has_gj + has_gc + has_gr + (rf && !json_is_null(rf)) > 1)
-        return BAD(has_gr ? gr_name : has_gc ? gc_name : gj_name, "give one of '%s', '%s', '%s' and 'response_format'",
-                   gj_name, gc_name, gr_name);
+    int has_gg = gg && !json_is_null(gg);
+    if (has_gj + has_gc + has_gr + has_gg + (rf && !json_is_null(rf)) > 1)
+        return BAD(has_gg ? gg_name : has_gr ? gr_name : has_gc ? gc_name : gj_name,
+                   "give one of '%s', '%s', '%s', '%s' and 'response_format'", gj_name, gc_name, gr_name, gg_name);
     if (has_gc) {
         if (!(p->schema = json_dumps(gc, JSON_COMPACT | JSON_ENCODE_ANY)))
             return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
@@ -337,18 +367,24 @@ static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
         s->json = s->choice = 1;
         s->schema = p->schema;
         s->schema_len = strlen(p->schema);
+        p->form = gc_name;
     }
     if (has_gr) {
         if (!json_is_string(gr) || strlen(json_string_value(gr)) != json_string_length(gr))
             return BAD(gr_name, "'%s' must be a string (a regular expression) without NUL", gr_name);
-        if (!(p->schema = strdup(json_string_value(gr)))) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
-        sf_jschema *c = NULL;
-        sf_error ce = { 0 };
-        if (sf_jschema_regex(p->schema, strlen(p->schema), &c, &ce)) return BAD(gr_name, "'%s': %s", gr_name, ce.msg);
-        sf_jschema_free(c);
-        s->json = s->regex = 1;
-        s->schema = p->schema;
-        s->schema_len = strlen(p->schema);
+        char *rx = strdup(json_string_value(gr));
+        if (!rx) return sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory");
+        if (take_pattern(rx, gr_name, "", p, e)) return -1;
+    }
+    if (has_gg) {
+        if (!json_is_string(gg) || strlen(json_string_value(gg)) != json_string_length(gg))
+            return BAD(gg_name, "'%s' must be a string (a GBNF grammar) without NUL", gg_name);
+        char *rx = NULL;
+        sf_error ge = { 0 };
+        if (sf_gbnf_to_regex(json_string_value(gg), json_string_length(gg), &rx, &ge))
+            return ge.code == SF_ENOMEM ? sf_gw_fail(e, 500, "server_error", NULL, NULL, "out of memory")
+                                        : BAD(gg_name, "'%s': %s", gg_name, ge.msg);
+        if (take_pattern(rx, gg_name, " (the grammar written out as one pattern)", p, e)) return -1;
     }
     if (has_gj) {
         json_t *sc = json_is_string(gj) ? json_loads(json_string_value(gj), 0, NULL) : json_incref(gj);
@@ -375,10 +411,10 @@ static int parse_response_format(json_t *o, sf_gw_params *p, sf_gw_err *e)
         }
     }
     if (s->json && s->ignore_eos)
-        return BAD("ignore_eos", "'ignore_eos' cannot be used with %s (the output ends when its %s does)", form_name(s),
+        return BAD("ignore_eos", "'ignore_eos' cannot be used with %s (the output ends when its %s does)", form_name(p),
                    form_end(s));
     if (s->json && s->min_tokens > 0)
-        return BAD("min_tokens", "'min_tokens' cannot be used with %s (the output ends when its %s does)", form_name(s),
+        return BAD("min_tokens", "'min_tokens' cannot be used with %s (the output ends when its %s does)", form_name(p),
                    form_end(s));
     return 0;
 }
@@ -430,7 +466,7 @@ static int parse_tools(json_t *o, sf_gw_params *p, sf_gw_err *e)
         p->tool_name = nm;
     }
     if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && p->sampling.json)
-        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with %s", form_name(&p->sampling));
+        return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with %s", form_name(p));
     if (p->tool_choice >= SF_GW_TOOLS_REQUIRED && (p->sampling.ignore_eos || p->sampling.min_tokens > 0))
         return BAD("tool_choice", "a 'tool_choice' that forces a call cannot be combined with 'ignore_eos' or "
                                   "'min_tokens' (the output ends when its call does)");

@@ -60,6 +60,8 @@ typedef struct sf_gw_params {
     sf_sampling sampling;     /* stop strings point into root, logit_bias entries into bias */
     sf_logit_bias *bias;      /* malloc'd */
     char *schema;             /* malloc'd: response_format's json_schema.schema as text (sampling.schema) */
+    const char *form;         /* the parameter that holds the output to a form, as the request named it
+                               * ("guided_choice", "grammar", ...); NULL: none or JSON */
     /* chat tools: the tools array as JSON text (malloc'd), what tool_choice asks, and for a named
      * choice the tool; messages' tool_calls as JSON text in msg_calls (malloc'd per message) */
     char *tools;

@@ -77,7 +77,7 @@ void gw_req_on_event(const sf_event *ev)
         e.completion_tokens = ev->completion_tokens;
         e.cached_tokens = ev->cached_tokens;
         e.e2e_s = ev->e2e_s;
-        if (ev->type == SF_EV_ERROR) e.message = strdup(ev->message ? ev->message : sf_status_str(ev->status));
+        if (ev->type == SF_EV_ERROR) e.message = strdup(ev->message ? ev->message : sf_status_str(ev->status)), e.status = ev->status;
     }
     pthread_mutex_lock(&r->mu);
     if (r->qn == r->qcap) {
@@ -513,8 +513,9 @@ static void stream_finish_choice(gw_req *r, gw_choice *c)
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     sse_send(r, chunk);
     if (c->error) {
-        sse_send(r, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", c->error, "type", "server_error",
-                              "param", "code", "engine_error"));
+        int req = c->error_status == SF_ENOFIT;
+        sse_send(r, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", c->error, "type",
+                              req ? "invalid_request_error" : "server_error", "param", "code", req ? "no_token_fits" : "engine_error"));
     }
 }
 
@@ -540,10 +541,12 @@ static void finish_response(gw_req *r)
         evhttp_send_reply_end(http);
         return;
     }
-    if (n_err == r->n) {
-        r->status = 500;
+    if (n_err == r->n) { /* a form no token of the model continues is the request's error, not the server's */
+        int req = r->ch[0].error_status == SF_ENOFIT;
+        r->status = req ? 400 : 500;
         detach_http(r);
-        gw_error(http, 500, "server_error", "engine_error", NULL, "%s", r->ch[0].error);
+        gw_error(http, r->status, req ? "invalid_request_error" : "server_error", req ? "no_token_fits" : "engine_error", NULL,
+                 "%s", r->ch[0].error);
         return;
     }
     json_t *choices = json_array();
@@ -615,7 +618,7 @@ void gw_req_on_wake(evutil_socket_t fd, short what, void *arg)
             c->finish = e->finish;
             if (e->completion_tokens > c->completion_tokens) c->completion_tokens = e->completion_tokens;
             c->cached_tokens = e->cached_tokens;
-            if (e->type == SF_EV_ERROR) c->error = e->message, e->message = NULL;
+            if (e->type == SF_EV_ERROR) c->error = e->message, e->message = NULL, c->error_status = e->status;
             r->engine_refs--;
             sf_hist_observe(&m->e2e, e->t - r->t0);
             if (e->e2e_s > r->engine_s) r->engine_s = e->e2e_s;

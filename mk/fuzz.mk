@@ -1,11 +1,11 @@
 # make fuzz — libFuzzer targets (clang) for hostile input to the gateway's parsers:
-# request body -> parameters, the X-Semantic-Intent parser, the tenants file, guided_regex patterns. Each runs for
+# request body -> parameters, the X-Semantic-Intent parser, the tenants file, guided_regex patterns, GBNF grammars. Each runs for
 # FUZZ_TIME seconds (default 60) from the seeds in tests/fuzz/seeds/<target>; findings are
 # written to $(BUILD)/fuzz/ and fail the run.
 FUZZ_CC ?= clang
 FUZZ_TIME ?= 60
-FUZZ_TARGETS := params intent tenants regex
-FUZZ_LIB_SRCS := gateway/params.c gateway/intent.c gateway/tenants.c common/sf.c common/env.c engine/json_mask.c engine/regex.c \
+FUZZ_TARGETS := params intent tenants regex gbnf
+FUZZ_LIB_SRCS := gateway/params.c gateway/intent.c gateway/tenants.c common/sf.c common/env.c engine/json_mask.c engine/regex.c engine/gbnf.c \
                  engine/tokenizer.c engine/chat.c $(wildcard engine/tok_*.c)
 FUZZ_BINS := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""semflow generate --json / --json-schema / --regex from the outside, on the demo model (random
+"""semflow generate --json / --json-schema / --regex / --grammar from the outside, on the demo model (random
 weights): a schema with one boolean leaves the model no way but to write {"ok": true|false} and
 end, so the output parses to that; --json ends (or is cut) as one object; a bounded pattern ends
 as a whole match of it; a pattern no token can continue is an error that says so; a bad schema or
@@ -53,6 +53,20 @@ def main():
         check("generate_regex_refused_" + says.strip("'").split()[0].lower(), rc == 2 and says in err, (rc, err))
     rc, out, err = generate("--regex", "a", "--json")
     check("generate_regex_and_json_refused", rc == 2 and "not both" in err, (rc, err))
+    g = 'root ::= ("yes" | "no") ", " word (" " word){0,3} "."\nword ::= [a-z]{2,6}\n'
+    rc, out, err = generate("--grammar", g, "--max-tokens", "80", "--seed", "5", "--temperature", "1")
+    check("generate_grammar_in_language", rc == 0 and "finish: stop" in err and
+          re.fullmatch(r"(yes|no), [a-z]{2,6}( [a-z]{2,6}){0,3}\.", out.rstrip("\n")) is not None, (rc, out, err[-200:]))
+    with tempfile.NamedTemporaryFile("w", suffix=".gbnf", delete=False) as f:
+        f.write(g)
+    rc2, out2, _ = generate("--grammar-file", f.name, "--max-tokens", "80", "--seed", "5", "--temperature", "1")
+    os.unlink(f.name)
+    check("generate_grammar_file_same", rc2 == 0 and out2 == out, (rc2, out2))
+    for bad, says in (("root ::= a\na ::= \"x\" a?", "refers back to itself"), ("root ::= \"a", "line 1, column 10")):
+        rc, out, err = generate("--grammar", bad)
+        check("generate_grammar_refused_" + says.split()[0], rc == 2 and says in err, (rc, err))
+    rc, out, err = generate("--grammar-file", "/nonexistent.gbnf")
+    check("generate_grammar_file_missing", rc == 2 and "No such file" in err, (rc, err))
     return 1 if results.failures else 0
 
 

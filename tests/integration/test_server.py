@@ -3,7 +3,7 @@
 the demo model (CPU backend) on a free loopback port.
 
 Covers streaming and whole responses of both endpoints, greedy output equal to `semflow
-generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, guided_choice, guided_regex, speculative decoding, tokenize
+generate`, seeds, stop strings, n, logprobs, echo and prompt logprobs, the prefix cache's usage and salt, prompt truncation, guided_choice, guided_regex, GBNF grammars, speculative decoding, tokenize
 routes, metrics, more than 30 bad inputs
 (each must get the right status and leave the server serving), half-open connections, and a
 client that disconnects mid-stream (its KV blocks must be freed)."""
@@ -651,8 +651,7 @@ def test_guided_choice(s):
            ({"guided_choice": "a"}, "guided_choice"), ({"guided_choice": ["a", 1]}, "guided_choice"),
            ({"guided_choice": ["a"], "guided_json": {"type": "object"}}, "guided_choice"),
            ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos"),
-           ({"structured_outputs": {"grammar": "root ::= 'a'"}}, "structured_outputs"),
-           ({"guided_grammar": "root ::= 'a'"}, "guided_grammar")]
+           ({"structured_outputs": {"lark": "start: 'a'"}}, "structured_outputs")]
     for i, (body, param) in enumerate(bad):
         st, _, r = s.json("/v1/completions", dict(body, prompt="x", max_tokens=4))
         check("guided_refused_%d_%s" % (i, "_".join(sorted(body))), st == 400 and r["error"]["param"] == param,
@@ -719,7 +718,13 @@ def test_guided_regex(s):
           "lookaround" in r["error"]["message"], r)
     # a character no token of the vocabulary has: an error, not an output that does not match
     st, _, r = s.json("/v1/completions", {"prompt": "x", "guided_regex": "\u00ff\u00fe", "max_tokens": 5})
-    check("guided_regex_no_token_fits", st >= 400 and "guided_regex" in r["error"]["message"], (st, r))
+    check("guided_regex_no_token_fits", st == 400 and r["error"]["code"] == "no_token_fits" and
+          "pattern or grammar" in r["error"]["message"], (st, r))
+    st, ev, done = s.stream("/v1/completions", {"prompt": "x", "guided_regex": "\\u00ff\\u00fe", "max_tokens": 5,
+                                                "stream": True})
+    errs = [e["error"] for e in ev if "error" in e]
+    check("guided_regex_no_token_fits_streamed", st == 200 and done and len(errs) == 1 and
+          errs[0]["type"] == "invalid_request_error" and errs[0]["code"] == "no_token_fits", (st, ev))
     bad = [({"guided_regex": "(a"}, "guided_regex", "without its ')'"),
            ({"guided_regex": "a(?=b)"}, "guided_regex", "lookaround"),
            ({"guided_regex": r"(a)\1"}, "guided_regex", "back-references"),
@@ -739,6 +744,50 @@ def test_guided_regex(s):
                                                "tool_choice": "required"})
     check("guided_regex_with_forced_call_400", st == 400 and r["error"]["param"] == "tool_choice" and
           "guided_regex" in r["error"]["message"], r)
+
+
+def test_guided_grammar(s):
+    """A GBNF grammar (llama.cpp's `grammar`, vLLM's guided_grammar and structured_outputs.grammar):
+    every output that ends with "stop" is in its language (checked with the regular expression
+    written here by hand for it), on both routes, with n and streamed; the refusals."""
+    g = ('# an answer with its confidence\n'
+         'root ::= answer ", " conf "%"\n'
+         'answer ::= ("yes" | "no" | "maybe") (" (" [a-z]{2,8} ")")?\n'
+         'conf ::= [1-9]? [0-9] | "100"\n')
+    rx = r"(yes|no|maybe)( \([a-z]{2,8}\))?, ([1-9]?[0-9]|100)%"
+    outs, ok = [], True
+    for key in ("grammar", "guided_grammar"):
+        for route, extra in (("/v1/completions", {"prompt": "Is it?"}),
+                             ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Is it?"}]})):
+            st, _, r = s.json(route, dict(extra, n=3, temperature=1.0, seed=7, max_tokens=40, **{key: g}))
+            for c in r.get("choices", []):
+                text = c["text"] if "text" in c else c["message"]["content"]
+                outs.append(text)
+                ok &= st == 200 and c["finish_reason"] == "stop" and re.fullmatch(rx, text) is not None
+            ok &= st == 200 and len(r.get("choices", [])) == 3
+    check("grammar_outputs_in_language", ok, outs)
+    body = {"prompt": "x", "structured_outputs": {"grammar": g}, "max_tokens": 40, "seed": 3, "temperature": 1.0}
+    st, _, whole = s.json("/v1/completions", body)
+    st2, ev, done = s.stream("/v1/completions", dict(body, stream=True))
+    text = "".join(e["choices"][0].get("text", "") for e in ev if e.get("choices"))
+    check("structured_outputs_grammar_streamed", st == 200 and st2 == 200 and done and re.fullmatch(rx, text) is not None and
+          text == whole["choices"][0]["text"], (st, st2, text, whole))
+    st, _, r = s.json("/v1/completions", {"prompt": "x", "grammar": "", "max_tokens": 2})
+    check("grammar_empty_is_none", st == 200, r)  # llama.cpp's server sends "" for no grammar
+    bad = [({"grammar": "root ::= \"(\" root \")\" | \"x\""}, "grammar", "refers back to itself"),
+           ({"guided_grammar": "root ::= a"}, "guided_grammar", "rule 'a' is not defined"),
+           ({"grammar": "answer ::= \"a\""}, "grammar", "no rule 'root'"),
+           ({"grammar": "root ::= \"a"}, "grammar", "line 1, column 10"),
+           ({"grammar": 5}, "grammar", "a GBNF grammar"),
+           ({"grammar": "root ::= \"a\"", "guided_grammar": "root ::= \"a\""}, "grammar", "not both"),
+           ({"grammar": "root ::= \"a\"", "guided_regex": "a"}, "grammar", "give one of"),
+           ({"structured_outputs": {"grammar": "root ::= [z-a]"}}, "structured_outputs.grammar", "before its start"),
+           ({"grammar": "root ::= (\"a\" | \"b\")* \"a\" (\"a\" | \"b\"){14}"}, "grammar", "written out as one pattern"),
+           ({"grammar": "root ::= \"a\"", "min_tokens": 3}, "min_tokens", "'grammar'")]
+    for i, (body, param, words) in enumerate(bad):
+        st, _, r = s.json("/v1/completions", dict(body, prompt="x", max_tokens=4))
+        check("grammar_refused_%d" % i, st == 400 and r["error"]["param"] == param and words in r["error"]["message"],
+              (body, st, r))
 
 
 def test_bad_inputs(s, model):
@@ -979,6 +1028,7 @@ def main():
         test_truncate(s)
         test_guided_choice(s)
         test_guided_regex(s)
+        test_guided_grammar(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)
