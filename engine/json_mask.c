@@ -885,10 +885,6 @@ const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
     return v->text + v->off[id];
 }
 
-/* The texts in byte order are a trie laid flat: st[d] holds the state after the first d bytes of
- * the current text, valid up to depth `have`; a text shares its first lcp bytes with the one
- * before, so only the rest is fed, and once a prefix fails (at depth `bad`) every text that
- * shares it fails without a byte fed. Plain texts inside a string fit as they stand. */
 /* sf_json_mask's walk for a pattern's output, whose state is an int: the same trie, with a
  * table lookup a byte instead of a copy of the recognizer and its switch (2.2-2.3x faster where
  * nearly every token fits, as under `.{0,100}`) */
@@ -925,6 +921,10 @@ static int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, float 
     return kept;
 }
 
+/* The texts in byte order are a trie laid flat: st[d] holds the state after the first d bytes of
+ * the current text, valid up to depth `have`; a text shares its first lcp bytes with the one
+ * before, so only the rest is fed, and once a prefix fails (at depth `bad`) every text that
+ * shares it fails without a byte fed. Plain texts inside a string fit as they stand. */
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need && !j->pat, more = 0;
