@@ -102,6 +102,12 @@ uint16_t sf_f32_to_f16(float f);
 
 /* splitmix64's step as a function: a bijection on 64 bits with full avalanche (the rng's seeding,
  * the prefix cache's keys). kernels/sample_draw.h has the same for device code. */
+/* a hexadecimal digit's value, -1 for any other character */
+static inline int sf_hexval(int c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
 static inline uint64_t sf_mix64(uint64_t z) {
     z += 0x9e3779b97f4a7c15ull;
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;

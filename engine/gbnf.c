@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "regex.h"
+#include "tok_impl.h"
 
 typedef struct grule {
     const char *name;
@@ -86,9 +87,10 @@ static void skip_space(gparse *g, int newlines)
     }
 }
 
-static int is_word(int c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_'; }
-
-static int hexdig(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
+static int is_word(int c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+}
 
 /* one character of a literal or class: an escape or a UTF-8 character; -1 on error */
 static int32_t parse_char(gparse *g)
@@ -101,7 +103,7 @@ static int32_t parse_char(gparse *g)
         if (digits) {
             uint32_t v = 0;
             for (int k = 0; k < digits; k++, g->i++) {
-                int h = g->i < g->n ? hexdig(g->p[g->i]) : -1;
+                int h = g->i < g->n ? sf_hexval(g->p[g->i]) : -1;
                 if (h < 0) return fail(g, at, "'\\%c' needs %d hexadecimal digits", e, digits);
                 v = v << 4 | (uint32_t)h;
             }
@@ -116,16 +118,9 @@ static int32_t parse_char(gparse *g)
         default: return fail(g, at, "unknown escape '\\%c'", e);
         }
     }
-    uint32_t c = g->p[g->i];
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || g->i + (size_t)len > g->n) return fail(g, at, "the grammar is not valid UTF-8");
-    if (len > 1) c &= 0x3Fu >> (len - 1);
-    for (int k = 1; k < len; k++) {
-        if ((g->p[g->i + (size_t)k] & 0xC0) != 0x80) return fail(g, at, "the grammar is not valid UTF-8");
-        c = c << 6 | (g->p[g->i + (size_t)k] & 0x3F);
-    }
-    static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
-    if (c < least[len] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF)) return fail(g, at, "the grammar is not valid UTF-8");
+    int len = tok_utf8_len(g->p + g->i, g->n - g->i);
+    if (!len) return fail(g, at, "the grammar is not valid UTF-8");
+    uint32_t c = tok_utf8_cp((const char *)g->p + g->i, g->n - g->i, &len);
     g->i += (size_t)len;
     return (int32_t)c;
 }
@@ -141,12 +136,8 @@ static int put_char(gparse *g, uint32_t c)
         b[0] = '\\', b[1] = (char)c;
         return plain ? out(g, b + 1, 1) : out(g, b, 2);
     }
-    int n = c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
     unsigned char u[4];
-    if (n == 2) u[0] = (unsigned char)(0xC0 | c >> 6), u[1] = (unsigned char)(0x80 | (c & 63));
-    else if (n == 3) u[0] = (unsigned char)(0xE0 | c >> 12), u[1] = (unsigned char)(0x80 | (c >> 6 & 63)), u[2] = (unsigned char)(0x80 | (c & 63));
-    else u[0] = (unsigned char)(0xF0 | c >> 18), u[1] = (unsigned char)(0x80 | (c >> 12 & 63)), u[2] = (unsigned char)(0x80 | (c >> 6 & 63)), u[3] = (unsigned char)(0x80 | (c & 63));
-    return out(g, (const char *)u, (size_t)n);
+    return out(g, (const char *)u, (size_t)tok_utf8_enc(c, u));
 }
 
 static grule *find(gparse *g, const unsigned char *name, size_t len)

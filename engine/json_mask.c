@@ -510,11 +510,6 @@ static int num_byte(sf_json *j, int c)
     return 0;
 }
 
-static int hexval(int c)
-{
-    return is_digit(c) ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
-}
-
 /* a byte of a pattern-held string's text (escapes decoded) through its pattern */
 static int pat_byte(sf_json *j, int c)
 {
@@ -683,7 +678,7 @@ static int feed_byte(sf_json *j, int c)
         j->mode = J_STR;
         return pat_byte(j, c == 'b' ? '\b' : c == 'f' ? '\f' : c == 'n' ? '\n' : c == 'r' ? '\r' : c == 't' ? '\t' : c);
     case J_HEX: {
-        int h = hexval(c);
+        int h = sf_hexval(c);
         if (h < 0) return 0;
         j->cp = (uint16_t)(j->cp << 4 | h);
         if (++j->hex < 4) return 1;

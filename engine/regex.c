@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tok_impl.h"
+
 enum { R_EMPTY, R_LEAF, R_CAT, R_ALT, R_STAR, R_OPT };
 
 typedef struct rnode {
@@ -200,22 +202,6 @@ static int cs_negate(cset *c)
     return ok;
 }
 
-static int utf8_enc(uint32_t c, unsigned char *b)
-{
-    if (c < 0x80) return b[0] = (unsigned char)c, 1;
-    if (c < 0x800) return b[0] = (unsigned char)(0xC0 | c >> 6), b[1] = (unsigned char)(0x80 | (c & 63)), 2;
-    if (c < 0x10000) {
-        b[0] = (unsigned char)(0xE0 | c >> 12);
-        b[1] = (unsigned char)(0x80 | (c >> 6 & 63));
-        b[2] = (unsigned char)(0x80 | (c & 63));
-        return 3;
-    }
-    b[0] = (unsigned char)(0xF0 | c >> 18);
-    b[1] = (unsigned char)(0x80 | (c >> 12 & 63));
-    b[2] = (unsigned char)(0x80 | (c >> 6 & 63));
-    b[3] = (unsigned char)(0x80 | (c & 63));
-    return 4;
-}
 
 /* a character's bytes as a row of ranges, one per byte */
 typedef struct useq { uint8_t lo[4], hi[4], n; } useq;
@@ -239,8 +225,8 @@ static int utf8_seqs(uint32_t lo, uint32_t hi, uvec *out)
     }
     if (!grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v)) return 0;
     useq *q = &out->v[out->n++];
-    q->n = (uint8_t)utf8_enc(lo, q->lo);
-    utf8_enc(hi, q->hi);
+    q->n = (uint8_t)tok_utf8_enc(lo, q->lo);
+    tok_utf8_enc(hi, q->hi);
     return 1;
 }
 
@@ -323,24 +309,12 @@ static int peek(const parser *ps) { return ps->i < ps->n ? ps->p[ps->i] : -1; }
 /* one UTF-8 character of the pattern; -1 when it is not one */
 static int32_t take_char(parser *ps)
 {
-    const unsigned char *s = ps->p + ps->i;
-    size_t left = ps->n - ps->i;
-    uint32_t c = s[0];
-    int len = c < 0x80 ? 1 : (c & 0xE0) == 0xC0 ? 2 : (c & 0xF0) == 0xE0 ? 3 : (c & 0xF8) == 0xF0 ? 4 : 0;
-    if (!len || (size_t)len > left) return fail(ps, ps->i, "the pattern is not valid UTF-8");
-    if (len > 1) c &= 0x3F >> (len - 1);
-    for (int k = 1; k < len; k++) {
-        if ((s[k] & 0xC0) != 0x80) return fail(ps, ps->i, "the pattern is not valid UTF-8");
-        c = c << 6 | (s[k] & 0x3F);
-    }
-    static const uint32_t least[5] = { 0, 0, 0x80, 0x800, 0x10000 };
-    if (c < least[len] || c > 0x10FFFF || (c >= 0xD800 && c <= 0xDFFF))
-        return fail(ps, ps->i, "the pattern is not valid UTF-8");
+    int len = tok_utf8_len(ps->p + ps->i, ps->n - ps->i);
+    if (!len) return fail(ps, ps->i, "the pattern is not valid UTF-8");
+    uint32_t c = tok_utf8_cp((const char *)ps->p + ps->i, ps->n - ps->i, &len);
     ps->i += (size_t)len;
     return (int32_t)c;
 }
-
-static int hexdig(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; }
 
 /* \d \w \s and their negations into c; 0 when e is none of them */
 static int class_escape(cset *c, int e, int *ok)
@@ -384,7 +358,7 @@ static int32_t escape(parser *ps, cset *c, int in_class)
         int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
         uint32_t v = 0;
         for (int k = 0; k < digits; k++) {
-            int h = ps->i < ps->n ? hexdig(ps->p[ps->i]) : -1;
+            int h = ps->i < ps->n ? sf_hexval(ps->p[ps->i]) : -1;
             if (h < 0) return fail(ps, at, "'\\%c' needs %d hexadecimal digits", e, digits);
             v = v << 4 | (uint32_t)h;
             ps->i++;

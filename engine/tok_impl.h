@@ -69,6 +69,8 @@ int tok_utf8_lossy(tok_buf *out, const char *s, size_t n);
 /* Decodes one code point at s (valid UTF-8 assumed); *adv = its byte length. */
 uint32_t tok_utf8_cp(const char *s, size_t n, int *adv);
 int tok_utf8_put(tok_buf *b, uint32_t cp);
+/* cp's UTF-8 into c (room for 4); returns its length */
+int tok_utf8_enc(uint32_t cp, unsigned char *c);
 
 /* tok_nfc.c: appends the NFC form of valid UTF-8 s[0..n) to out. */
 int tok_nfc(tok_buf *out, const char *s, size_t n);

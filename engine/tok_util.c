@@ -233,19 +233,24 @@ uint32_t tok_utf8_cp(const char *s, size_t n, int *adv)
     return (uint32_t)(u[0] & 0x07) << 18 | (uint32_t)(u[1] & 0x3f) << 12 | (uint32_t)(u[2] & 0x3f) << 6 | (u[3] & 0x3f);
 }
 
+int tok_utf8_enc(uint32_t cp, unsigned char *c)
+{
+    if (cp < 0x80) { c[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) { c[0] = (unsigned char)(0xc0 | cp >> 6); c[1] = (unsigned char)(0x80 | (cp & 0x3f)); return 2; }
+    if (cp < 0x10000) {
+        c[0] = (unsigned char)(0xe0 | cp >> 12); c[1] = (unsigned char)(0x80 | (cp >> 6 & 0x3f));
+        c[2] = (unsigned char)(0x80 | (cp & 0x3f));
+        return 3;
+    }
+    c[0] = (unsigned char)(0xf0 | cp >> 18); c[1] = (unsigned char)(0x80 | (cp >> 12 & 0x3f));
+    c[2] = (unsigned char)(0x80 | (cp >> 6 & 0x3f)); c[3] = (unsigned char)(0x80 | (cp & 0x3f));
+    return 4;
+}
+
 int tok_utf8_put(tok_buf *b, uint32_t cp)
 {
-    char c[4];
-    size_t n;
-    if (cp < 0x80) { c[0] = (char)cp; n = 1; }
-    else if (cp < 0x800) { c[0] = (char)(0xc0 | cp >> 6); c[1] = (char)(0x80 | (cp & 0x3f)); n = 2; }
-    else if (cp < 0x10000) {
-        c[0] = (char)(0xe0 | cp >> 12); c[1] = (char)(0x80 | (cp >> 6 & 0x3f)); c[2] = (char)(0x80 | (cp & 0x3f)); n = 3;
-    } else {
-        c[0] = (char)(0xf0 | cp >> 18); c[1] = (char)(0x80 | (cp >> 12 & 0x3f));
-        c[2] = (char)(0x80 | (cp >> 6 & 0x3f)); c[3] = (char)(0x80 | (cp & 0x3f)); n = 4;
-    }
-    return tok_buf_put(b, c, n);
+    unsigned char c[4];
+    return tok_buf_put(b, (const char *)c, (size_t)tok_utf8_enc(cp, c));
 }
 
 /* GPT-2's bytes_to_unicode(): printable Latin-1 bytes map to themselves, the other 68 bytes to
