@@ -117,6 +117,18 @@ void sf_block_stop_signals(sigset_t *set)
     pthread_sigmask(SIG_BLOCK, s, NULL);
 }
 
+int sf_grow(void **p, int *cap, int need, size_t elem)
+{
+    if (need <= *cap) return 1;
+    int c = *cap ? *cap * 2 : 16;
+    while (c < need) c *= 2;
+    void *q = realloc(*p, (size_t)c * elem);
+    if (!q) return 0;
+    *p = q;
+    *cap = c;
+    return 1;
+}
+
 int sf_read_file(const char *path, char **out, size_t *len, sf_error *err)
 {
     FILE *f = NULL;

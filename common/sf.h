@@ -65,6 +65,10 @@ void sf_block_stop_signals(sigset_t *set);
 double sf_now_s(void);
 uint64_t sf_now_ns(void);
 
+/* An array *p of *cap elements of elem bytes made room for need (doubling, from 16): 1, or 0
+ * when out of memory (*p and *cap unchanged). */
+int sf_grow(void **p, int *cap, int need, size_t elem);
+
 /* Whole-file read (NUL-terminated, *len excludes the NUL). Caller frees. */
 int sf_read_file(const char *path, char **out, size_t *len, sf_error *err);
 

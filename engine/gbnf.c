@@ -306,7 +306,7 @@ int sf_gbnf_to_regex(const char *text, size_t len, char **out_rx, sf_error *err)
             fail(&g, at, "rule '%.*s' is defined twice", (int)SF_MIN(nl, 64), text + at);
             break;
         }
-        if (!(g.n_rules < g.cap_rules || (g.rules = realloc(g.rules, sizeof *g.rules * (size_t)(g.cap_rules = g.cap_rules ? g.cap_rules * 2 : 16))))) {
+        if (!sf_grow((void **)&g.rules, &g.cap_rules, g.n_rules + 1, sizeof *g.rules)) {
             g.rc = sf_err(err, SF_ENOMEM, "grammar: out of memory");
             break;
         }

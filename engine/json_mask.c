@@ -46,21 +46,9 @@ void sf_jschema_free(sf_jschema *s)
     free(s);
 }
 
-static int grow(void **p, int *cap, int need, size_t elem)
-{
-    if (need <= *cap) return 1;
-    int c = *cap ? *cap * 2 : 16;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * elem);
-    if (!q) return 0;
-    *p = q;
-    *cap = c;
-    return 1;
-}
-
 static int add_text(jtext **arr, int *n, int *cap, const char *s, size_t len, int node)
 {
-    if (!grow((void **)arr, cap, *n + 1, sizeof **arr)) return -1;
+    if (!sf_grow((void **)arr, cap, *n + 1, sizeof **arr)) return -1;
     char *c = malloc(len + 1);
     if (!c) return -1;
     memcpy(c, s, len);
@@ -132,7 +120,7 @@ static int compile(sf_jschema *sc, json_t *s, const char *path, int depth, int *
     if (!kinds && !en && !cn) return SF_OK; /* annotations only: any value */
     if (depth >= SF_JSON_MAX_FRAMES)
         return sf_err(err, SF_EINVAL, "schema: %s is nested deeper than %d levels", path, SF_JSON_MAX_FRAMES);
-    if (!grow((void **)&sc->nodes, &sc->cap_nodes, sc->n_nodes + 1, sizeof *sc->nodes))
+    if (!sf_grow((void **)&sc->nodes, &sc->cap_nodes, sc->n_nodes + 1, sizeof *sc->nodes))
         return sf_err(err, SF_ENOMEM, "schema: out of memory");
     int me = sc->n_nodes++;
     sc->nodes[me] = (jnode){ .kinds = (uint8_t)kinds, .items = -1, .min_items = -1, .max_items = -1 };
@@ -263,7 +251,7 @@ int sf_jschema_choice(const char *text, size_t len, sf_jschema **out, sf_error *
         return sf_err(err, SF_EINVAL, "choice: a list of 1 to %d strings", SF_JSON_MAX_PROPS);
     }
     sf_jschema *sc = calloc(1, sizeof *sc);
-    if (!sc || !grow((void **)&sc->nodes, &sc->cap_nodes, 1, sizeof *sc->nodes)) rc = sf_err(err, SF_ENOMEM, "choice: out of memory");
+    if (!sc || !sf_grow((void **)&sc->nodes, &sc->cap_nodes, 1, sizeof *sc->nodes)) rc = sf_err(err, SF_ENOMEM, "choice: out of memory");
     json_array_foreach(root, i, v) {
         if (rc) break;
         size_t l = json_string_length(v);

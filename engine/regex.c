@@ -42,21 +42,9 @@ struct sf_regex {
     uint8_t *acc, *more;      /* [n_states] */
 };
 
-static int grow(void **p, int *cap, int need, size_t elem)
-{
-    if (need <= *cap) return 1;
-    int c = *cap ? *cap * 2 : 16;
-    while (c < need) c *= 2;
-    void *q = realloc(*p, (size_t)c * elem);
-    if (!q) return 0;
-    *p = q;
-    *cap = c;
-    return 1;
-}
-
 static int push(ivec *v, int x)
 {
-    if (!grow((void **)&v->v, &v->cap, v->n + 1, sizeof *v->v)) return 0;
+    if (!sf_grow((void **)&v->v, &v->cap, v->n + 1, sizeof *v->v)) return 0;
     v->v[v->n++] = x;
     return 1;
 }
@@ -85,7 +73,7 @@ static int node(parser *ps, int op, int k0, int nk)
 {
     if (ps->n_nodes >= SF_REGEX_MAX_NODES)
         return fail(ps, ps->i, "the pattern is over %d parts once its repeats are written out", SF_REGEX_MAX_NODES);
-    if (!grow((void **)&ps->nodes, &ps->cap_nodes, ps->n_nodes + 1, sizeof *ps->nodes)) return oom(ps);
+    if (!sf_grow((void **)&ps->nodes, &ps->cap_nodes, ps->n_nodes + 1, sizeof *ps->nodes)) return oom(ps);
     ps->nodes[ps->n_nodes] = (rnode){ .op = (uint8_t)op, .k0 = k0, .nk = nk };
     return ps->n_nodes++;
 }
@@ -94,7 +82,7 @@ static int leaf(parser *ps, const uint64_t set[4])
 {
     if (ps->n_leaves >= SF_REGEX_MAX_POS)
         return fail(ps, ps->i, "the pattern is over %d bytes long once its repeats are written out", SF_REGEX_MAX_POS);
-    if (!grow((void **)&ps->sets, &ps->cap_leaves, ps->n_leaves + 1, sizeof *ps->sets)) return oom(ps);
+    if (!sf_grow((void **)&ps->sets, &ps->cap_leaves, ps->n_leaves + 1, sizeof *ps->sets)) return oom(ps);
     memcpy(ps->sets[ps->n_leaves], set, sizeof ps->sets[0]);
     return node(ps, R_LEAF, ps->n_leaves++, 0);
 }
@@ -111,7 +99,7 @@ static int group_of(parser *ps, int op, const ivec *v)
 {
     if (v->n == 0) return node(ps, R_EMPTY, 0, 0);
     if (v->n == 1) return v->v[0];
-    if (!grow((void **)&ps->kids, &ps->cap_kids, ps->n_kids + v->n, sizeof *ps->kids)) return oom(ps);
+    if (!sf_grow((void **)&ps->kids, &ps->cap_kids, ps->n_kids + v->n, sizeof *ps->kids)) return oom(ps);
     memcpy(ps->kids + ps->n_kids, v->v, sizeof *v->v * (size_t)v->n);
     ps->n_kids += v->n;
     return node(ps, op, ps->n_kids - v->n, v->n);
@@ -156,7 +144,7 @@ typedef struct cset { uint32_t (*r)[2]; int n, cap; } cset;
 
 static int cs_add(cset *c, uint32_t lo, uint32_t hi)
 {
-    if (!grow((void **)&c->r, &c->cap, c->n + 1, sizeof *c->r)) return 0;
+    if (!sf_grow((void **)&c->r, &c->cap, c->n + 1, sizeof *c->r)) return 0;
     c->r[c->n][0] = lo;
     c->r[c->n][1] = hi;
     c->n++;
@@ -223,7 +211,7 @@ static int utf8_seqs(uint32_t lo, uint32_t hi, uvec *out)
             if ((hi & m) != m) return utf8_seqs(lo, (hi & ~m) - 1, out) && utf8_seqs(hi & ~m, hi, out);
         }
     }
-    if (!grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v)) return 0;
+    if (!sf_grow((void **)&out->v, &out->cap, out->n + 1, sizeof *out->v)) return 0;
     useq *q = &out->v[out->n++];
     q->n = (uint8_t)tok_utf8_enc(lo, q->lo);
     tok_utf8_enc(hi, q->hi);
@@ -736,7 +724,7 @@ static int intern(dfa_build *d, const uint64_t *s)
     for (; d->slot[i] >= 0; i = (i + 1) & mask)
         if (!memcmp(d->sets + (size_t)d->slot[i] * (size_t)d->W, s, sizeof *s * (size_t)d->W)) return d->slot[i];
     if (d->n >= SF_REGEX_MAX_STATES) return -2;
-    if (!grow((void **)&d->sets, &d->cap, d->n + 1, sizeof *d->sets * (size_t)d->W)) return -1;
+    if (!sf_grow((void **)&d->sets, &d->cap, d->n + 1, sizeof *d->sets * (size_t)d->W)) return -1;
     memcpy(d->sets + (size_t)d->n * (size_t)d->W, s, sizeof *s * (size_t)d->W);
     d->slot[i] = d->n;
     return d->n++;
@@ -779,8 +767,8 @@ static int build_dfa(parser *ps, glu *g, const uint64_t *root_last, int root_nul
     t[0] = 1;
     if (intern(&d, t) != 0) goto done;
     for (int s = 0; s < d.n; s++) {
-        if (!grow((void **)&re->next, &cap_next, (d.n + 1) * n_cls, sizeof *re->next) ||
-            !grow((void **)&re->acc, &cap_acc, d.n + 1, 1) || !grow((void **)&re->more, &cap_more, d.n + 1, 1)) goto done;
+        if (!sf_grow((void **)&re->next, &cap_next, (d.n + 1) * n_cls, sizeof *re->next) ||
+            !sf_grow((void **)&re->acc, &cap_acc, d.n + 1, 1) || !sf_grow((void **)&re->more, &cap_more, d.n + 1, 1)) goto done;
         const uint64_t *S = d.sets + (size_t)s * (size_t)W;
         memset(u, 0, sizeof *u * (size_t)W);
         int a = 0, more = 0;

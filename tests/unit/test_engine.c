@@ -821,33 +821,24 @@ TEST(admission_errors)
     p[3] = 4;
     sp.top_p = 1.5f;
     CHECK(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "top_p"));
-    /* a choice: its list must be given with json, and be a list of distinct strings */
-    sp = greedy(4);
-    sp.choice = 1;
-    CHECK(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "choice"));
-    sp.json = 1;
-    sp.schema = "[\"a\", \"a\"]";
-    sp.schema_len = strlen(sp.schema);
-    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "the same as"), "%s", err.msg);
-    sp.schema = "[\"yes\", \"no\"]";
-    sp.schema_len = strlen(sp.schema);
-    sp.ignore_eos = 1;
-    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "guided_choice"), "%s", err.msg);
-    /* a pattern likewise: given with json, alone (not with a choice), and one that compiles */
-    sp = greedy(4);
-    sp.regex = 1;
-    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "pattern"), "%s", err.msg);
-    sp.json = 1;
-    sp.schema = "a(?=b)";
-    sp.schema_len = strlen(sp.schema);
-    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "lookaround"), "%s", err.msg);
-    sp.schema = "[ab]+";
-    sp.schema_len = strlen(sp.schema);
-    sp.choice = 1;
-    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "not both"), "%s", err.msg);
-    sp.choice = 0;
-    sp.min_tokens = 2;
-    CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, "guided_regex"), "%s", err.msg);
+    /* a choice or a pattern: given with json and its list or pattern (not both), a list of distinct
+     * strings or a pattern that compiles, without ignore_eos or min_tokens */
+    static const struct { int choice, regex, json; const char *schema; int ignore_eos, min_tokens; const char *says; } forms[] = {
+        { 1, 0, 0, NULL, 0, 0, "choice" },
+        { 1, 0, 1, "[\"a\", \"a\"]", 0, 0, "the same as" },
+        { 1, 0, 1, "[\"yes\", \"no\"]", 1, 0, "guided_choice" },
+        { 0, 1, 0, NULL, 0, 0, "pattern" },
+        { 0, 1, 1, "a(?=b)", 0, 0, "lookaround" },
+        { 1, 1, 1, "[ab]+", 0, 0, "not both" },
+        { 0, 1, 1, "[ab]+", 0, 2, "guided_regex" },
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(forms); i++) {
+        sp = greedy(4);
+        sp.choice = forms[i].choice, sp.regex = forms[i].regex, sp.json = forms[i].json;
+        sp.schema = forms[i].schema, sp.schema_len = forms[i].schema ? strlen(forms[i].schema) : 0;
+        sp.ignore_eos = forms[i].ignore_eos, sp.min_tokens = forms[i].min_tokens;
+        CHECK_MSG(submit(e, p, 5, &sp, &c, &err) == SF_EINVAL && strstr(err.msg, forms[i].says), "form %zu: %s", i, err.msg);
+    }
     sp = greedy(1);
     CHECK(submit(e, p, 63, &sp, &c, &err) == SF_OK); /* 63 fits: one token of room */
     collect_wait(&c);

@@ -8,14 +8,13 @@
  *    mask over both vocabularies that must each end on one of the strings;
  *  - patterns (guided_regex): random draws through the mask over both vocabularies, each output
  *    a whole match by PCRE2's verdict, the mask equal to feeding each token alone. */
-#define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
 #include <math.h>
-#include <pcre2.h>
 #include <time.h>
 
 #include "engine/json_mask.h"
 #include "engine/tokenizer.h"
+#include "tests/lib/pcre_ref.h"
 #include "tests/test.h"
 
 static int whole(const char *s, size_t n)
@@ -585,6 +584,92 @@ TEST(mask_real_vocabularies)
     mask_equals_token_by_token("gpt2-tokenizer");
 }
 
+/* ---- draws through the mask ---------------------------------------------------------------- */
+typedef struct drawer {
+    const sf_tokenizer *t;
+    const sf_json_vocab *v;
+    int V;
+    float *l;
+    int32_t *keep;
+    int every;       /* every this many states, the mask against feeding each token alone (0: never) */
+    int held_only;   /* ... only inside a pattern-held string */
+    int bad, states, masks;
+    double mask_s;
+    const char *dir;
+} drawer;
+
+/* One output drawn through the mask from j's state, uniform over what it keeps (an end token,
+ * once kept, one time in four): 1 when it ended within `steps` and `cap` bytes, its text in
+ * out[0..*n); what went wrong is counted in d->bad. */
+static int draw_one(drawer *d, sf_json *j, int steps, char *out, size_t cap, size_t *n)
+{
+    *n = 0;
+    for (int step = 0; step < steps; step++) {
+        for (int i = 0; i < d->V; i++) d->l[i] = 0;
+        double t0 = sf_now_s();
+        sf_json_mask(j, d->v, d->l);
+        d->mask_s += sf_now_s() - t0, d->masks++;
+        int k = 0;
+        for (int i = 0; i < d->V; i++)
+            if (d->l[i] == 0) d->keep[k++] = i;
+        if (!k) {
+            if (d->bad++ < 5) printf("  %s: nothing fits after '%.*s'\n", d->dir, (int)*n, out);
+            return 0;
+        }
+        if (d->every && step % d->every == 0 && (!d->held_only || j->pat)) {
+            for (int id = 0; id < d->V; id++) {
+                size_t tl;
+                const char *tx = sf_json_vocab_text(d->v, id, &tl);
+                sf_json c;
+                sf_json_copy(&c, j);
+                int want = sf_tok_is_eog(d->t, id) ? sf_json_done(j) : tl && sf_json_feed(&c, tx, tl);
+                if (want != (d->l[id] == 0) && d->bad++ < 5)
+                    printf("  %s after '%.*s': token %d '%.*s' kept %d, alone %d\n", d->dir, (int)*n, out, id, (int)tl, tx,
+                           d->l[id] == 0, want);
+            }
+            d->states++;
+        }
+        int32_t id = d->keep[sf_rng_next(&R) % (uint64_t)k];
+        if (sf_json_done(j) && sf_rng_next(&R) % 4 == 0) id = sf_tok_eos(d->t);
+        if (!sf_json_accept(j, d->v, id)) {
+            d->bad++;
+            return 0;
+        }
+        if (sf_tok_is_eog(d->t, id)) return 1;
+        size_t tl;
+        const char *tx = sf_json_vocab_text(d->v, id, &tl);
+        if (*n + tl >= cap) return 0; /* whitespace runs and the like: not ended */
+        memcpy(out + *n, tx, tl);
+        *n += tl;
+    }
+    return 0;
+}
+
+static int drawer_new(drawer *d, const char *dir, int every, int held_only)
+{
+    sf_tokenizer *t = NULL;
+    sf_json_vocab *v = NULL;
+    sf_error err = { 0 };
+    *d = (drawer){ .every = every, .held_only = held_only, .dir = dir };
+    if (sf_tok_load_dir(test_data(dir), &t, &err) != SF_OK || sf_json_vocab_new(t, sf_tok_vocab_size(t), &v, &err) != SF_OK) {
+        printf("  %s: %s\n", dir, err.msg);
+        sf_tok_free(t);
+        return 0;
+    }
+    d->t = t, d->v = v, d->V = sf_tok_vocab_size(t);
+    d->l = malloc(sizeof(float) * (size_t)d->V);
+    d->keep = malloc(sizeof(int32_t) * (size_t)d->V);
+    return 1;
+}
+
+static void drawer_free(drawer *d)
+{
+    free(d->l);
+    free(d->keep);
+    sf_json_vocab_free((sf_json_vocab *)d->v);
+    sf_tok_free((sf_tokenizer *)d->t);
+}
+
 /* ---- choices ------------------------------------------------------------------------------ */
 static sf_jschema *choice(const char *list)
 {
@@ -630,62 +715,34 @@ TEST(choice_recognizer)
  * the tokens drawn is one of the strings every time, and every string comes out. */
 static void choice_draws(const char *dir)
 {
-    sf_tokenizer *t = NULL;
-    sf_error err = { 0 };
-    REQUIRE(sf_tok_load_dir(test_data(dir), &t, &err) == SF_OK, "%s: %s", dir, err.msg);
-    int V = sf_tok_vocab_size(t);
-    sf_json_vocab *v = NULL;
-    REQUIRE(sf_json_vocab_new(t, V, &v, &err) == SF_OK, "%s: %s", dir, err.msg);
     static const char *const opts[] = { "yes", "no", "yes, definitely", "positive", "negative", "{\"a\": 1}",
                                         "caf\xc3\xa9 cr\xc3\xa8me", "42" };
     sf_jschema *sc = choice("[\"yes\", \"no\", \"yes, definitely\", \"positive\", \"negative\", \"{\\\"a\\\": 1}\", "
                             "\"caf\u00e9 cr\u00e8me\", \"42\"]");
-    REQUIRE(sc, "compile");
-    float *l = malloc(sizeof(float) * V);
-    int32_t *keep = malloc(sizeof(int32_t) * V);
-    int seen[8] = { 0 }, bad = 0;
+    drawer d;
+    REQUIRE(sc && drawer_new(&d, dir, 0, 0), "%s", dir);
+    int seen[8] = { 0 };
     sf_rng_seed(&R, 9);
     for (int run = 0; run < 400; run++) {
         sf_json j;
         sf_json_init(&j, sc);
         char out[512];
-        size_t n = 0;
-        for (int step = 0; step < 300; step++) {
-            for (int i = 0; i < V; i++) l[i] = 0;
-            sf_json_mask(&j, v, l);
-            int k = 0;
-            for (int i = 0; i < V; i++)
-                if (l[i] == 0) keep[k++] = i;
-            if (!k) { bad++; break; }
-            /* end tokens one time in four when they are kept, so longer strings come out too */
-            int32_t id = keep[sf_rng_next(&R) % (uint64_t)k];
-            if (sf_json_done(&j) && sf_rng_next(&R) % 4 == 0) id = sf_tok_eos(t);
-            if (!sf_json_accept(&j, v, id)) { bad++; break; }
-            if (sf_tok_is_eog(t, id)) break;
-            size_t tl;
-            const char *tx = sf_json_vocab_text(v, id, &tl);
-            if (n + tl >= sizeof out) { bad++; break; }
-            memcpy(out + n, tx, tl);
-            n += tl;
-        }
-        int which = -1;
+        size_t n;
+        int ended = draw_one(&d, &j, 300, out, sizeof out, &n), which = -1;
         for (int c = 0; c < 8; c++)
             if (strlen(opts[c]) == n && !memcmp(opts[c], out, n)) which = c;
-        if (which < 0) {
-            if (bad++ < 3) printf("  %s: drew '%.*s'\n", dir, (int)n, out);
+        if (!ended || which < 0) {
+            if (d.bad++ < 3) printf("  %s: drew '%.*s'\n", dir, (int)n, out);
         } else {
             seen[which]++;
         }
     }
     int all = 1;
     for (int c = 0; c < 8; c++) all &= seen[c] > 0;
-    CHECK_MSG(!bad, "%s: %d of 400 draws ended outside the choices", dir, bad);
+    CHECK_MSG(!d.bad, "%s: %d of 400 draws ended outside the choices", dir, d.bad);
     CHECK_MSG(all, "%s: every choice drawn (yes %d, no %d, 'yes, definitely' %d, ...)", dir, seen[0], seen[1], seen[2]);
-    free(l);
-    free(keep);
     sf_jschema_free(sc);
-    sf_json_vocab_free(v);
-    sf_tok_free(t);
+    drawer_free(&d);
 }
 
 TEST(choice_draws_real_vocabularies)
@@ -746,11 +803,8 @@ TEST(schema_pattern_random_against_pcre2)
         json_t *js = json_loads(schema, 0, NULL);
         REQUIRE(js && sf_jschema_compile(schema, strlen(schema), &sc, &err) == SF_OK, "%s: %s", schema, err.msg);
         const char *pat = json_string_value(json_object_get(json_object_get(json_object_get(js, "properties"), "s"), "pattern"));
-        int e;
-        PCRE2_SIZE off;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &e, &off, NULL);
-        REQUIRE(re, "PCRE2 compiles %s", pat);
-        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+        pcre_ref re;
+        REQUIRE(pcre_ref_new(&re, pat, PCRE2_DOLLAR_ENDONLY), "PCRE2 compiles %s", pat);
         static const char alphabet[] = "ax0179 @_\\\"u\xc3\xa9nd";
         for (int it = 0; it < 1500; it++) {
             sbuf b = { .n = 0 };
@@ -770,7 +824,7 @@ TEST(schema_pattern_random_against_pcre2)
             for (size_t q = 0; q + 1 < b.n; q++)
                 if (b.b[q] == '\\') u_escape |= b.b[++q] == 'u';
             int want = json_is_object(v) && json_object_size(v) == 1 && json_is_string(sv) && !u_escape &&
-                       pcre2_match(re, (PCRE2_SPTR)json_string_value(sv), json_string_length(sv), 0, 0, md, NULL) >= 0;
+                       pcre_ref_match(&re, json_string_value(sv), json_string_length(sv));
             json_decref(v);
             sf_json j;
             sf_json_init(&j, sc);
@@ -778,8 +832,7 @@ TEST(schema_pattern_random_against_pcre2)
             texts++, valid += want;
             if (got != want && bad++ < 5) printf("  /%s/: ours %d, reference %d: %.*s\n", pat, got, want, (int)b.n, b.b);
         }
-        pcre2_match_data_free(md);
-        pcre2_code_free(re);
+        pcre_ref_free(&re);
         json_decref(js);
         sf_jschema_free(sc);
     }
@@ -787,89 +840,40 @@ TEST(schema_pattern_random_against_pcre2)
     printf("  %d texts agree with jansson + PCRE2 (%d valid)\n", texts, valid);
 }
 
-/* Draws through the mask under a schema with patterns: each output that ends parses, its code
- * matches ^[A-Z]{2}-\d{3}$ by PCRE2's verdict, and the mask equals feeding each token alone at
- * states inside the held strings. */
+/* Draws under a schema with patterns: each output that ends parses, its code matches
+ * ^[A-Z]{2}-\d{3}$ by PCRE2's verdict, and the mask equals feeding each token alone at states
+ * inside the held strings. */
 static void pattern_schema_draws(const char *dir)
 {
     static const char *const sch = "{\"type\": \"object\", \"properties\": {\"code\": {\"type\": \"string\", \"pattern\": "
                                    "\"^[A-Z]{2}-\\\\d{3}$\"}, \"ok\": {\"type\": \"boolean\"}}, \"required\": [\"code\", \"ok\"]}";
-    sf_tokenizer *t = NULL;
-    sf_error err = { 0 };
-    REQUIRE(sf_tok_load_dir(test_data(dir), &t, &err) == SF_OK, "%s: %s", dir, err.msg);
-    int V = sf_tok_vocab_size(t);
-    sf_json_vocab *v = NULL;
+    drawer d;
     sf_jschema *sc = NULL;
-    REQUIRE(sf_json_vocab_new(t, V, &v, &err) == SF_OK && sf_jschema_compile(sch, strlen(sch), &sc, &err) == SF_OK, "%s", err.msg);
-    int e;
-    PCRE2_SIZE off;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR) "^[A-Z]{2}-\\d{3}$", PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &e, &off, NULL);
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
-    float *l = malloc(sizeof(float) * V);
-    int32_t *keep = malloc(sizeof(int32_t) * V);
-    int bad = 0, outs = 0, states = 0;
+    pcre_ref re;
+    REQUIRE(drawer_new(&d, dir, 2, 1), "%s", dir);
+    REQUIRE(sf_jschema_compile(sch, strlen(sch), &sc, NULL) == SF_OK && pcre_ref_new(&re, "^[A-Z]{2}-\\d{3}$", PCRE2_DOLLAR_ENDONLY),
+            "compile");
+    int outs = 0;
     sf_rng_seed(&R, 23);
     for (int run = 0; run < 60; run++) {
         sf_json j;
         sf_json_init(&j, sc);
         char out[1024];
-        size_t n = 0;
-        int ended = 0;
-        for (int step = 0; step < 300 && !ended; step++) {
-            for (int i = 0; i < V; i++) l[i] = 0;
-            sf_json_mask(&j, v, l);
-            int k = 0;
-            for (int i = 0; i < V; i++)
-                if (l[i] == 0) keep[k++] = i;
-            if (!k) {
-                if (bad++ < 5) {
-                    printf("  %s: nothing fits after", dir);
-                    for (size_t q = 0; q < n; q++) printf(" %02x", (unsigned char)out[q]);
-                    printf(" (mode %d ws %d)\n", j.mode, j.ws);
-                }
-                break;
-            }
-            if (j.pat && step % 2 == 0) {
-                for (int id = 0; id < V; id++) {
-                    size_t tl;
-                    const char *tx = sf_json_vocab_text(v, id, &tl);
-                    sf_json c;
-                    sf_json_copy(&c, &j);
-                    int want = sf_tok_is_eog(t, id) ? sf_json_done(&j) : tl && sf_json_feed(&c, tx, tl);
-                    if (want != (l[id] == 0) && bad++ < 5)
-                        printf("  %s after '%.*s': token %d '%.*s' kept %d, alone %d\n", dir, (int)n, out, id, (int)tl, tx,
-                               l[id] == 0, want);
-                }
-                states++;
-            }
-            int32_t id = keep[sf_rng_next(&R) % (uint64_t)k];
-            if (sf_json_done(&j)) id = sf_tok_eos(t);
-            if (!sf_json_accept(&j, v, id)) { bad++; break; }
-            if (sf_tok_is_eog(t, id)) { ended = 1; break; }
-            size_t tl;
-            const char *tx = sf_json_vocab_text(v, id, &tl);
-            if (n + tl >= sizeof out) break; /* whitespace runs and the like: not ended */
-            memcpy(out + n, tx, tl);
-            n += tl;
-        }
-        if (!ended) continue;
+        size_t n;
+        if (!draw_one(&d, &j, 300, out, sizeof out, &n)) continue;
         outs++;
         json_t *doc = json_loadb(out, n, 0, NULL), *code = json_object_get(doc, "code");
-        int ok = json_is_string(code) && json_is_boolean(json_object_get(doc, "ok")) &&
-                 pcre2_match(re, (PCRE2_SPTR)json_string_value(code), json_string_length(code), 0, 0, md, NULL) >= 0;
-        if (!ok && bad++ < 8) printf("  %s: drew '%.*s'\n", dir, (int)n, out);
+        if (!(json_is_string(code) && json_is_boolean(json_object_get(doc, "ok")) &&
+              pcre_ref_match(&re, json_string_value(code), json_string_length(code))) && d.bad++ < 8)
+            printf("  %s: drew '%.*s'\n", dir, (int)n, out);
         json_decref(doc);
     }
-    CHECK_MSG(!bad && outs > 30 && states > 30, "%s: %d bad, %d outputs, %d states", dir, bad, outs, states);
+    CHECK_MSG(!d.bad && outs > 30 && d.states > 30, "%s: %d bad, %d outputs, %d states", dir, d.bad, outs, d.states);
     printf("  %s: %d outputs parse with a code that matches; the mask equals token-by-token feeding in %d states\n", dir,
-           outs, states);
-    pcre2_match_data_free(md);
-    pcre2_code_free(re);
-    free(l);
-    free(keep);
+           outs, d.states);
+    pcre_ref_free(&re);
     sf_jschema_free(sc);
-    sf_json_vocab_free(v);
-    sf_tok_free(t);
+    drawer_free(&d);
 }
 
 TEST(schema_pattern_draws_real_vocabularies)
@@ -879,90 +883,42 @@ TEST(schema_pattern_draws_real_vocabularies)
 }
 
 /* ---- patterns ----------------------------------------------------------------------------- */
-/* Random draws through the mask for patterns (uniform over what it keeps, the end one time in
- * four when it is kept): every output is a whole match by PCRE2's verdict, and at every eighth
- * state the mask equals feeding each token alone. */
+/* Random draws through the mask for patterns: every output is a whole match by PCRE2's
+ * verdict, and at every eighth state the mask equals feeding each token alone. */
 static void regex_draws(const char *dir)
 {
     static const char *const pats[] = {
         "\\d{4}-\\d{2}-\\d{2}", "(yes|no), because [a-z ]{1,12}\\.", "[a-z]{1,6}@[a-z]{1,6}\\.(com|org)",
         "[^\\n]{0,20}", "-?\\d+(\\.\\d+)?", "caf[\u00e9e] (cr\u00e8me|noir)!?", "\\{\"k\": \\[(\\d,){0,3}\\d\\]\\}",
     };
-    sf_tokenizer *t = NULL;
-    sf_error err = { 0 };
-    REQUIRE(sf_tok_load_dir(test_data(dir), &t, &err) == SF_OK, "%s: %s", dir, err.msg);
-    int V = sf_tok_vocab_size(t);
-    sf_json_vocab *v = NULL;
-    REQUIRE(sf_json_vocab_new(t, V, &v, &err) == SF_OK, "%s: %s", dir, err.msg);
-    float *l = malloc(sizeof(float) * V);
-    int32_t *keep = malloc(sizeof(int32_t) * V);
-    int bad = 0, outs = 0, states = 0, masks = 0;
-    double mask_s = 0;
+    drawer d;
+    REQUIRE(drawer_new(&d, dir, 8, 0), "%s", dir);
+    int outs = 0;
     sf_rng_seed(&R, 17);
     for (size_t pi = 0; pi < SF_ARRAY_LEN(pats); pi++) {
         sf_jschema *sc = NULL;
+        sf_error err = { 0 };
         REQUIRE(sf_jschema_regex(pats[pi], strlen(pats[pi]), &sc, &err) == SF_OK, "%s: %s", pats[pi], err.msg);
         char anchored[256];
         snprintf(anchored, sizeof anchored, "(?:%s)\\z", pats[pi]);
-        int e;
-        PCRE2_SIZE off;
-        pcre2_code *re = pcre2_compile((PCRE2_SPTR)anchored, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_ANCHORED, &e, &off, NULL);
-        REQUIRE(re, "PCRE2 compiles %s", anchored);
-        pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+        pcre_ref re;
+        REQUIRE(pcre_ref_new(&re, anchored, PCRE2_ANCHORED), "PCRE2 compiles %s", anchored);
         for (int run = 0; run < 40; run++) {
             sf_json j;
             sf_json_init(&j, sc);
             char out[512];
-            size_t n = 0;
-            int ended = 0;
-            for (int step = 0; step < 200 && !ended; step++) {
-                for (int i = 0; i < V; i++) l[i] = 0;
-                double t0 = sf_now_s();
-                sf_json_mask(&j, v, l);
-                mask_s += sf_now_s() - t0, masks++;
-                int k = 0;
-                for (int i = 0; i < V; i++)
-                    if (l[i] == 0) keep[k++] = i;
-                if (!k) { bad++; break; }
-                if (step % 8 == 0) { /* the mask against each token alone */
-                    for (int id = 0; id < V; id++) {
-                        size_t tl;
-                        const char *tx = sf_json_vocab_text(v, id, &tl);
-                        sf_json c;
-                        sf_json_copy(&c, &j);
-                        int want = sf_tok_is_eog(t, id) ? sf_json_done(&j) : tl && sf_json_feed(&c, tx, tl);
-                        if (want != (l[id] == 0) && bad++ < 5)
-                            printf("  %s /%s/ after '%.*s': token %d '%.*s' kept %d, alone %d\n", dir, pats[pi], (int)n,
-                                   out, id, (int)tl, tx, l[id] == 0, want);
-                    }
-                    states++;
-                }
-                int32_t id = keep[sf_rng_next(&R) % (uint64_t)k];
-                if (sf_json_done(&j) && sf_rng_next(&R) % 4 == 0) id = sf_tok_eos(t);
-                if (!sf_json_accept(&j, v, id)) { bad++; break; }
-                if (sf_tok_is_eog(t, id)) { ended = 1; break; }
-                size_t tl;
-                const char *tx = sf_json_vocab_text(v, id, &tl);
-                if (n + tl >= sizeof out) { bad++; break; }
-                memcpy(out + n, tx, tl);
-                n += tl;
-            }
-            if (!ended) continue; /* an unbounded pattern may run to the step limit */
+            size_t n;
+            if (!draw_one(&d, &j, 200, out, sizeof out, &n)) continue; /* an unbounded pattern may run to the step limit */
             outs++;
-            if (pcre2_match(re, (PCRE2_SPTR)out, n, 0, 0, md, NULL) < 0 && bad++ < 8)
-                printf("  %s: /%s/ drew '%.*s', no match\n", dir, pats[pi], (int)n, out);
+            if (!pcre_ref_match(&re, out, n) && d.bad++ < 8) printf("  %s: /%s/ drew '%.*s', no match\n", dir, pats[pi], (int)n, out);
         }
-        pcre2_match_data_free(md);
-        pcre2_code_free(re);
+        pcre_ref_free(&re);
         sf_jschema_free(sc);
     }
-    CHECK_MSG(!bad && outs > 200 && states > 100, "%s: %d bad, %d outputs, %d states", dir, bad, outs, states);
+    CHECK_MSG(!d.bad && outs > 200 && d.states > 100, "%s: %d bad, %d outputs, %d states", dir, d.bad, outs, d.states);
     printf("  %s: %d outputs all match; the mask equals token-by-token feeding in %d states; %.3f ms a mask\n", dir,
-           outs, states, mask_s * 1e3 / masks);
-    free(l);
-    free(keep);
-    sf_json_vocab_free(v);
-    sf_tok_free(t);
+           outs, d.states, d.mask_s * 1e3 / d.masks);
+    drawer_free(&d);
 }
 
 TEST(regex_draws_real_vocabularies)

@@ -7,45 +7,22 @@
  *  - the same patterns read as searches (JSON Schema's `pattern`) against PCRE2 unanchored;
  *  - Python's rules PCRE2 does not share ({,m}, '{' as a literal), and the refusals by name;
  *  - the caps: positions, states, repeat counts, nesting. */
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
-
 #include "engine/regex.h"
+#include "tests/lib/pcre_ref.h"
 #include "tests/test.h"
 
-typedef struct ref {
-    pcre2_code *whole, *part; /* (?:P)\z anchored; the same for partial matching */
-    pcre2_match_data *md;
-} ref;
-
-static int ref_new(ref *r, const char *pat)
+/* P as a whole match: (?:P)\z anchored, `$` at the end only (as Python's fullmatch reads it) */
+static int ref_new(pcre_ref *r, const char *pat)
 {
     char buf[8192];
     snprintf(buf, sizeof buf, "(?:%s)\\z", pat);
-    int e;
-    PCRE2_SIZE off;
-    r->whole = pcre2_compile((PCRE2_SPTR)buf, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_ANCHORED | PCRE2_DOLLAR_ENDONLY, &e,
-                             &off, NULL);
-    r->part = r->whole;
-    r->md = r->whole ? pcre2_match_data_create_from_pattern(r->whole, NULL) : NULL;
-    return r->whole != NULL;
-}
-
-static void ref_free(ref *r)
-{
-    pcre2_match_data_free(r->md);
-    pcre2_code_free(r->whole);
-}
-
-static int ref_match(ref *r, const char *s, size_t n)
-{
-    return pcre2_match(r->whole, (PCRE2_SPTR)s, n, 0, 0, r->md, NULL) >= 0;
+    return pcre_ref_new(r, buf, PCRE2_ANCHORED | PCRE2_DOLLAR_ENDONLY);
 }
 
 /* some continuation of s matches */
-static int ref_alive(ref *r, const char *s, size_t n)
+static int ref_alive(pcre_ref *r, const char *s, size_t n)
 {
-    int rc = pcre2_match(r->part, (PCRE2_SPTR)s, n, 0, PCRE2_PARTIAL_HARD, r->md, NULL);
+    int rc = pcre_ref_run(r, s, n, PCRE2_PARTIAL_HARD);
     return rc >= 0 || rc == PCRE2_ERROR_PARTIAL;
 }
 
@@ -94,21 +71,21 @@ TEST(patterns)
     for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) {
         sf_regex *re = compile(cases[i].pat);
         REQUIRE(re, "pattern %zu '%s'", i, cases[i].pat);
-        ref r;
+        pcre_ref r;
         int pcre = ref_new(&r, cases[i].pat); /* PCRE2 writes \u as \x{...}: those are Python's alone */
         CHECK_MSG(pcre || strstr(cases[i].pat, "\\u"), "PCRE2 compiles '%s'", cases[i].pat);
         for (int k = 0; k < 4; k++) {
             const char *y = cases[i].yes[k], *n = cases[i].no[k];
             if (y) {
                 CHECK_MSG(sf_regex_match(re, y, strlen(y)), "'%s' should match '%s'", cases[i].pat, y);
-                CHECK_MSG(!pcre || ref_match(&r, y, strlen(y)), "PCRE2: '%s' should match '%s'", cases[i].pat, y);
+                CHECK_MSG(!pcre || pcre_ref_match(&r, y, strlen(y)), "PCRE2: '%s' should match '%s'", cases[i].pat, y);
             }
             if (n) {
                 CHECK_MSG(!sf_regex_match(re, n, strlen(n)), "'%s' should not match '%s'", cases[i].pat, n);
-                CHECK_MSG(!pcre || !ref_match(&r, n, strlen(n)), "PCRE2: '%s' should not match '%s'", cases[i].pat, n);
+                CHECK_MSG(!pcre || !pcre_ref_match(&r, n, strlen(n)), "PCRE2: '%s' should not match '%s'", cases[i].pat, n);
             }
         }
-        if (pcre) ref_free(&r);
+        if (pcre) pcre_ref_free(&r);
         sf_regex_free(re);
     }
 }
@@ -228,7 +205,7 @@ TEST(random_against_pcre2)
             CHECK_MSG(strstr(err.msg, "automaton states") != NULL, "'%s': %s", pat, err.msg);
             continue;
         }
-        ref r;
+        pcre_ref r;
         REQUIRE(ref_new(&r, pat), "PCRE2 compiles '%s'", pat);
         patterns++;
         for (int k = 0; k < 40; k++) {
@@ -250,7 +227,7 @@ TEST(random_against_pcre2)
                 }
                 n += (size_t)snprintf(s + n, sizeof s - n, "%s", a);
             }
-            int mine = sf_regex_match(re, s, n), theirs = ref_match(&r, s, n);
+            int mine = sf_regex_match(re, s, n), theirs = pcre_ref_match(&r, s, n);
             CHECK_MSG(mine == theirs, "'%s' on '%s': %d, PCRE2 %d", pat, s, mine, theirs);
             /* PCRE2 reports no partial match of an empty text */
             int alive = state_of(re, s, n) >= 0, ralive = n ? ref_alive(&r, s, n) : alive;
@@ -260,7 +237,7 @@ TEST(random_against_pcre2)
             if (st2 >= 0 && !sf_regex_more(re, st2)) CHECK_MSG(sf_regex_accepts(re, st2), "'%s' on '%s': a dead end", pat, s);
             texts++, matched += mine, alive_checked += alive;
         }
-        ref_free(&r);
+        pcre_ref_free(&r);
         sf_regex_free(re);
         if (test_cur_failed_) break;
     }
@@ -281,22 +258,18 @@ TEST(search_against_pcre2)
             CHECK_MSG(strstr(err.msg, "automaton states") != NULL, "'%s': %s", pat, err.msg);
             continue;
         }
-        int e;
-        PCRE2_SIZE off;
-        pcre2_code *rc = pcre2_compile((PCRE2_SPTR)pat, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_DOLLAR_ENDONLY, &e, &off, NULL);
-        REQUIRE(rc, "PCRE2 compiles '%s'", pat);
-        pcre2_match_data *md = pcre2_match_data_create_from_pattern(rc, NULL);
+        pcre_ref rc;
+        REQUIRE(pcre_ref_new(&rc, pat, PCRE2_DOLLAR_ENDONLY), "PCRE2 compiles '%s'", pat);
         patterns++;
         for (int k = 0; k < 30; k++) {
             char s[256] = "";
             size_t n = 0;
             for (int c = rnd(10); c > 0; c--) n += (size_t)snprintf(s + n, sizeof s - n, "%s", alpha[rnd(N_ALPHA)]);
-            int mine = sf_regex_match(re, s, n), theirs = pcre2_match(rc, (PCRE2_SPTR)s, n, 0, 0, md, NULL) >= 0;
+            int mine = sf_regex_match(re, s, n), theirs = pcre_ref_match(&rc, s, n);
             CHECK_MSG(mine == theirs, "search '%s' in '%s': %d, PCRE2 %d", pat, s, mine, theirs);
             texts++, matched += mine;
         }
-        pcre2_match_data_free(md);
-        pcre2_code_free(rc);
+        pcre_ref_free(&rc);
         sf_regex_free(re);
         if (test_cur_failed_) break;
     }
