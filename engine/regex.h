@@ -17,7 +17,9 @@
  *
  * Compiled once (Glushkov's construction over bytes, then the subset construction over classes
  * of bytes that no part of the pattern tells apart): feeding a byte is one table lookup, so a
- * state is an int and the token mask's trie walk costs what it costs for a choice. */
+ * state is an int and the token mask's trie walk costs what it costs for a choice. A compiled
+ * pattern holds a table of states x byte classes (4 bytes each): kilobytes for the patterns
+ * people write, 8 MiB at the caps (8192 states x 256 classes). */
 #ifndef SF_REGEX_H
 #define SF_REGEX_H
 
