@@ -221,6 +221,31 @@ static int render_zephyr(tok_buf *b, const char *eos, const sf_chat_msg *m, int 
     return rc;
 }
 
+/* the last occurrence of needle[0..n) in hay, or NULL */
+static char *last_of(char *hay, const char *needle, size_t n)
+{
+    char *found = NULL, *end = hay + strlen(hay);
+    for (char *p = hay; n && (p = memmem(p, (size_t)(end - p), needle, n)); p++) found = p;
+    return found;
+}
+
+int sf_chat_continue_final(char *rendered, const char *final_content, sf_error *err)
+{
+    const char *c = final_content;
+    size_t n = strlen(c);
+    char *at = last_of(rendered, c, n);
+    if (!at) { /* the template trimmed it (Llama 3's does) */
+        while (n && isspace((unsigned char)c[n - 1])) n--;
+        while (n && isspace((unsigned char)*c)) c++, n--;
+        at = last_of(rendered, c, n);
+    }
+    if (!n) return sf_err(err, SF_EINVAL, "continue_final_message: the final message is empty");
+    if (!at) return sf_err(err, SF_EINVAL, "continue_final_message: the final message does not appear in the chat as "
+                           "this model's template renders it");
+    at[n] = 0;
+    return SF_OK;
+}
+
 int sf_chat_render(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, int n, int add_generation_prompt,
                    char **out, sf_error *err)
 {

@@ -93,5 +93,10 @@ int sf_chat_render(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, i
  * the first user message); the other formats have no such convention (SF_EUNSUPPORTED). */
 int sf_chat_render_tools(const sf_tokenizer *t, int format, const sf_chat_msg *msgs, int n,
                          int add_generation_prompt, const char *tools, char **out, sf_error *err);
+/* vLLM's (and transformers') continue_final_message: a chat rendered without a generation
+ * prompt is cut right after the last occurrence of its final message's content (of the content
+ * trimmed, for templates that trim it), so the model goes on writing that message rather than
+ * starting a turn of its own. SF_EINVAL when the content is empty or does not appear. */
+int sf_chat_continue_final(char *rendered, const char *final_content, sf_error *err);
 
 #endif

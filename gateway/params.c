@@ -600,6 +600,12 @@ int sf_gw_params_parse(int kind, const char *body, size_t len, sf_gw_params *p, 
         if (x > 0 && !p->logprobs) { rc = BAD("top_logprobs", "'top_logprobs' needs 'logprobs': true"); goto fail; }
         p->top_logprobs = (int)x;
         if ((rc = get_bool(o, "add_generation_prompt", &p->add_generation_prompt, e))) goto fail;
+        if ((rc = get_bool(o, "continue_final_message", &p->continue_final, e))) goto fail;
+        if (p->continue_final && p->add_generation_prompt) {
+            rc = BAD("continue_final_message", "'continue_final_message' needs 'add_generation_prompt': false (the final "
+                                               "message goes on; no new turn is started)");
+            goto fail;
+        }
     } else {
         x = -1;
         if ((rc = get_int(o, "logprobs", 0, SF_MAX_LOGPROBS, &x, e))) goto fail;

@@ -57,6 +57,7 @@ typedef struct sf_gw_params {
     char **msg_text;          /* joined content parts, malloc'd per message (or NULL) */
     int n_msgs;
     int add_generation_prompt;
+    int continue_final;       /* chat: vLLM's continue_final_message (the last message left open) */
     sf_sampling sampling;     /* stop strings point into root, logit_bias entries into bias */
     sf_logit_bias *bias;      /* malloc'd */
     char *schema;             /* malloc'd: response_format's json_schema.schema as text (sampling.schema) */

@@ -95,6 +95,10 @@ int gw_tokenize_prompt(sf_engine *engine, const sf_gw_params *p, int which, int3
         rc = sf_chat_render_tools(t, SF_CHAT_AUTO, p->msgs, p->n_msgs, p->add_generation_prompt, p->tools, &text, &err);
         if (rc) return sf_gw_fail(e, 400, "invalid_request_error", NULL, rc == SF_EUNSUPPORTED ? "tools" : "messages",
                                   "chat template: %s", err.msg);
+        if (p->continue_final && (rc = sf_chat_continue_final(text, p->msgs[p->n_msgs - 1].content, &err))) {
+            free(text);
+            return sf_gw_fail(e, 400, "invalid_request_error", NULL, "continue_final_message", "%s", err.msg);
+        }
         rc = sf_tok_encode(t, text, strlen(text), !starts_with_bos(t, text), ids, &nn, &err);
         free(text);
     } else {

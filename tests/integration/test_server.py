@@ -790,6 +790,30 @@ def test_guided_grammar(s):
               (body, st, r))
 
 
+def test_continue_final(s):
+    """vLLM's continue_final_message: the chat's last (assistant) message is left open and the
+    model goes on writing it; /tokenize renders the same prompt, and a completion from those
+    tokens gives the chat's greedy text; the refusals."""
+    msgs = [{"role": "user", "content": "Tell a story."}, {"role": "assistant", "content": "Once upon a"}]
+    cont = {"messages": msgs, "continue_final_message": True, "add_generation_prompt": False}
+    st, _, tok = s.json("/tokenize", cont)
+    st2, _, text = s.json("/detokenize", {"tokens": tok.get("tokens", [])})
+    check("continue_final_prompt_ends_open", st == 200 and st2 == 200 and text.get("prompt", "").endswith("Once upon a"),
+          (st, st2, text))
+    st, _, r = s.json("/v1/chat/completions", dict(cont, temperature=0, max_tokens=12))
+    st2, _, r2 = s.json("/v1/completions", {"prompt": tok.get("tokens", []), "temperature": 0, "max_tokens": 12})
+    chat = r.get("choices", [{}])[0].get("message", {}).get("content")
+    check("continue_final_equals_completion", st == 200 and st2 == 200 and chat == r2["choices"][0]["text"] and
+          r["usage"]["prompt_tokens"] == tok["count"], (chat, r2.get("choices"), r.get("usage"), tok.get("count")))
+    for i, (body, words) in enumerate(((dict(cont, add_generation_prompt=True), "add_generation_prompt"),
+                                       ({"messages": msgs, "continue_final_message": True}, "add_generation_prompt"),
+                                       (dict(cont, messages=[msgs[0], {"role": "assistant", "content": ""}]), "empty"),
+                                       (dict(cont, continue_final_message="yes"), "true or false"))):
+        st, _, r = s.json("/v1/chat/completions", dict(body, max_tokens=2))
+        check("continue_final_refused_%d" % i, st == 400 and r["error"]["param"] == "continue_final_message" and
+              words in r["error"]["message"], (body, st, r))
+
+
 def test_bad_inputs(s, model):
     big = "hello " * 3000
     cases = [
@@ -1029,6 +1053,7 @@ def main():
         test_guided_choice(s)
         test_guided_regex(s)
         test_guided_grammar(s)
+        test_continue_final(s)
         test_bad_inputs(s, model)
         test_half_open(s)
         test_disconnect_frees_kv(s)

@@ -224,6 +224,41 @@ TEST(tools)
     CHECK(!s && rc == SF_EINVAL);
 }
 
+/* continue_final_message: the rendered chat ends where the final message's content does, in
+ * every format (Llama 3 trims the content: the trimmed one is found); refusals */
+TEST(continue_final)
+{
+    static const sf_chat_msg m[] = { { "user", "Tell a story." }, { "assistant", "Once upon a " } };
+    static const struct { int fmt; const char *want; } c[] = {
+        { SF_CHAT_CHATML, "<|im_start|>user\nTell a story.<|im_end|>\n<|im_start|>assistant\nOnce upon a " },
+        { SF_CHAT_LLAMA3, "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nTell a story.<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\nOnce upon a" },
+        { SF_CHAT_ZEPHYR, "<|user|>\nTell a story.</s>\n<|assistant|>\nOnce upon a " },
+        { SF_CHAT_INST, "<s>[INST] Tell a story. [/INST] Once upon a " }, /* the space before </s>: as transformers cuts */
+    };
+    for (size_t i = 0; i < SF_ARRAY_LEN(c); i++) {
+        char *s = render(NULL, c[i].fmt, m, 2, 0);
+        sf_error err = { 0 };
+        REQUIRE(s, "format %d renders", c[i].fmt);
+        CHECK_MSG(sf_chat_continue_final(s, m[1].content, &err) == SF_OK, "%s", err.msg);
+        CHECK_STR(s, c[i].want);
+    }
+    /* the content twice: cut after the last one */
+    static const sf_chat_msg twice[] = { { "user", "ok" }, { "assistant", "ok" } };
+    char *s = render(NULL, SF_CHAT_CHATML, twice, 2, 0);
+    sf_error err = { 0 };
+    REQUIRE(s && sf_chat_continue_final(s, "ok", &err) == SF_OK, "%s", err.msg);
+    CHECK_STR(s, "<|im_start|>user\nok<|im_end|>\n<|im_start|>assistant\nok");
+    /* a message the format does not render (zephyr drops other roles), and an empty one */
+    static const sf_chat_msg odd[] = { { "user", "hi" }, { "developer", "result 42" } };
+    s = render(NULL, SF_CHAT_ZEPHYR, odd, 2, 0);
+    CHECK(s && sf_chat_continue_final(s, "result 42", &err) == SF_EINVAL && strstr(err.msg, "does not appear"));
+    free(s);
+    s = render(NULL, SF_CHAT_CHATML, odd, 1, 0);
+    CHECK(s && sf_chat_continue_final(s, "  ", &err) == SF_EINVAL && strstr(err.msg, "empty"));
+    free(s);
+}
+
 int main(void)
 {
     RUN(zephyr_matches_tinyllama_template);
@@ -234,5 +269,6 @@ int main(void)
     RUN(detect_and_names);
     RUN(bad_messages);
     RUN(tools);
+    RUN(continue_final);
     return test_summary();
 }
