@@ -266,7 +266,8 @@ static int parse_messages(json_t *o, sf_gw_params *p, sf_gw_err *e)
 static int reject_unsupported(json_t *o, sf_gw_err *e)
 {
     /* vLLM's constraints this server does not have: refused, never dropped (the output would not hold to them) */
-    static const char *keys[] = { "functions", "function_call", "suffix" };
+    static const char *keys[] = { "functions", "function_call", "suffix", "allowed_token_ids", "bad_words",
+                                  "logits_processors" };
     for (size_t i = 0; i < SF_ARRAY_LEN(keys); i++) {
         json_t *v = json_object_get(o, keys[i]);
         if (v && !json_is_null(v) && !(json_is_array(v) && json_array_size(v) == 0) &&

@@ -651,7 +651,9 @@ def test_guided_choice(s):
            ({"guided_choice": "a"}, "guided_choice"), ({"guided_choice": ["a", 1]}, "guided_choice"),
            ({"guided_choice": ["a"], "guided_json": {"type": "object"}}, "guided_choice"),
            ({"guided_choice": ["a"], "ignore_eos": True}, "ignore_eos"),
-           ({"structured_outputs": {"lark": "start: 'a'"}}, "structured_outputs")]
+           ({"structured_outputs": {"lark": "start: 'a'"}}, "structured_outputs"),
+           ({"allowed_token_ids": [5, 6]}, "allowed_token_ids"), ({"bad_words": ["x"]}, "bad_words"),
+           ({"logits_processors": ["m.f"]}, "logits_processors")]
     for i, (body, param) in enumerate(bad):
         st, _, r = s.json("/v1/completions", dict(body, prompt="x", max_tokens=4))
         check("guided_refused_%d_%s" % (i, "_".join(sorted(body))), st == 400 and r["error"]["param"] == param,
