@@ -499,6 +499,16 @@ static void stream_or_hold(gw_req *r, gw_choice *c, const gw_ev *e)
     sse_send(r, chunk);
 }
 
+/* a choice's engine error as the API reports it: a form no token of the model continues is the
+ * request's error (400), any other the server's (500); returns the status */
+static int error_kind(const gw_choice *c, const char **type, const char **code)
+{
+    int req = c->error_status == SF_ENOFIT;
+    *type = req ? "invalid_request_error" : "server_error";
+    *code = req ? "no_token_fits" : "engine_error";
+    return req ? 400 : 500;
+}
+
 static void stream_finish_choice(gw_req *r, gw_choice *c)
 {
     json_t *choice;
@@ -513,9 +523,9 @@ static void stream_finish_choice(gw_req *r, gw_choice *c)
     json_object_set_new(chunk, "choices", json_pack("[o]", choice));
     sse_send(r, chunk);
     if (c->error) {
-        int req = c->error_status == SF_ENOFIT;
-        sse_send(r, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", c->error, "type",
-                              req ? "invalid_request_error" : "server_error", "param", "code", req ? "no_token_fits" : "engine_error"));
+        const char *type, *code;
+        error_kind(c, &type, &code);
+        sse_send(r, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", c->error, "type", type, "param", "code", code));
     }
 }
 
@@ -541,12 +551,11 @@ static void finish_response(gw_req *r)
         evhttp_send_reply_end(http);
         return;
     }
-    if (n_err == r->n) { /* a form no token of the model continues is the request's error, not the server's */
-        int req = r->ch[0].error_status == SF_ENOFIT;
-        r->status = req ? 400 : 500;
+    if (n_err == r->n) {
+        const char *type, *code;
+        r->status = error_kind(&r->ch[0], &type, &code);
         detach_http(r);
-        gw_error(http, r->status, req ? "invalid_request_error" : "server_error", req ? "no_token_fits" : "engine_error", NULL,
-                 "%s", r->ch[0].error);
+        gw_error(http, r->status, type, code, NULL, "%s", r->ch[0].error);
         return;
     }
     json_t *choices = json_array();
