@@ -320,6 +320,17 @@ static int layer_run(sf_forward *f, int T, int layer, int fused, int rn, const c
     return SF_OK;
 }
 
+/* Whether a step of up to 8 rows wants the logits of every row, in order (a decode step, a
+ * drafted one): then no rows are gathered, and the backend's fused norm + GEMV of a few rows
+ * takes the lm_head. */
+static int logits_all_rows(const sf_batch *bt)
+{
+    if (bt->n_logits != bt->n_tokens || bt->n_tokens > 8) return 0;
+    for (int i = 0; i < bt->n_logits; i++)
+        if (bt->logit_rows[i] != i) return 0;
+    return 1;
+}
+
 /* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */
 static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forward_sample *smp, sf_error *err)
 {
@@ -353,10 +364,10 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     layer = -1;
     if (bt->n_logits > 0) {
         /* fused: h already holds every residual add; rn: x already holds output_norm(h) */
-        if (fused && !rn && T == 1 && bt->n_logits == 1) {
-            /* one row, the only one: the output norm in the lm_head GEMV's prologue, as the
-             * layers' norms are (two kernels fewer a batch-1 step) */
-            STEP("output_norm+lm_head", o->norm_matmul(b, f->h, f->out_norm, c->rms_eps, f->lm, 1, 0, f->x, NULL, f->logits));
+        if (fused && !rn && logits_all_rows(bt)) {
+            /* a decode step's rows, every one drawn, in order: the output norm in the lm_head
+             * GEMV's prologue, as the layers' norms are (two kernels fewer a step) */
+            STEP("output_norm+lm_head", o->norm_matmul(b, f->h, f->out_norm, c->rms_eps, f->lm, T, 0, f->x, NULL, f->logits));
         } else {
             if (!rn) STEP("output_norm", o->rmsnorm(b, f->h, fused ? NULL : f->mo, f->out_norm, c->rms_eps, T, f->x));
             STEP("get_rows", o->get_rows(b, f->x, f->sel));

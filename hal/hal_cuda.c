@@ -229,7 +229,7 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
      * or 2 for the SiLU-gated one) */
     int64_t n = gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
                     ? r->n[1] : r->kind == SF_OP_COLL_NORM ? r->n[0] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
-                    : gemv ? 1 + (r->kind == SF_OP_GEMV_NORM && r->n[2])
+                    : gemv ? (r->n[8] > 1 ? r->n[8] : 1) * (1 + (r->kind == SF_OP_GEMV_NORM && r->n[2]))
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
     for (int i = 0; i < c->n_prof; i++) {
         struct prof_row *p = &c->prof_rows[i];
@@ -1067,7 +1067,13 @@ static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *
     return submit(CTX(b), &r, 1, "silu_mul");
 }
 
-/* ---- fused ops (batch 1 through gemv_fused.cu; other batches run the plain ops) ---------- */
+/* ---- fused ops (batch 1 through gemv_fused.cu, 2-6 rows through gemv_rows.cu; other batches
+ * run the plain ops) ------------------------------------------------------------------------ */
+/* Steps of up to this many rows take gemv_rows.cu where their shapes fit it. Not 8: Llama-3-8B's
+ * decode at batch 8 was slower so (5.07 against 4.95 ms a step, H200, docs/PERFORMANCE.md): x's 8
+ * rows (64 KiB) leave its QKV ring too little shared memory (62% of the copy bandwidth) and the
+ * down projection's x (229 KiB) does not fit, so half the layer ran the plain ops anyway. */
+#define ROWS_MAX 6
 static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
                             int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y)
 {
@@ -1081,6 +1087,16 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         r.kind = SF_OP_GEMV_NORM;
         r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = k; r.n[2] = glu;
+        r.f = eps;
+        return submit(c, &r, 1, "norm_matmul");
+    }
+    if (n > 1 && n <= ROWS_MAX && sf_k_gemv_rows_ok(glu ? SF_K_ROWS_GLU : SF_K_ROWS_NORM, n, x->d, x->cols, w->d, (int)w->rows, (int)k,
+                                   y->cols) && (uintptr_t)norm->d % 16 == 0) {
+        /* 2-8 rows: the same fusion on tensor cores (gemv_rows.cu) */
+        sf_op_rec r = { 0 };
+        r.kind = SF_OP_GEMV_NORM;
+        r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
+        r.n[0] = w->rows; r.n[1] = k; r.n[2] = glu; r.n[8] = n; r.n[9] = x->cols; r.n[10] = y->cols;
         r.f = eps;
         return submit(c, &r, 1, "norm_matmul");
     }
@@ -1116,6 +1132,18 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         rec.kv = layer_kv(c, layer);
         return submit(c, &rec, 1, "norm_qkv_rope");
     }
+    if (c->T > 1 && c->T <= ROWS_MAX && !c->step_i8 && (uintptr_t)norm->d % 16 == 0 &&
+        sf_k_gemv_rows_ok(SF_K_ROWS_ROPE, c->T, x->d, x->cols, w->d, (int)w->rows, (int)k, qkv->cols)) {
+        sf_op_rec rec = { 0 };
+        rec.kind = SF_OP_GEMV_ROPE;
+        rec.p[0] = x->d; rec.p[1] = norm->d; rec.p[2] = w->d; rec.p[3] = w->bias; rec.p[4] = qkv->d;
+        rec.p[5] = c->pos_d; rec.p[6] = c->slot_d; rec.p[7] = c->inv_freq_d;
+        rec.n[0] = w->rows; rec.n[1] = k; rec.n[2] = H; rec.n[3] = Hkv; rec.n[4] = r->head_dim; rec.n[5] = r->rot_dim;
+        rec.n[6] = r->interleaved; rec.n[8] = c->T; rec.n[9] = x->cols; rec.n[10] = qkv->cols;
+        rec.f = eps;
+        rec.kv = layer_kv(c, layer);
+        return submit(c, &rec, 1, "norm_qkv_rope");
+    }
     if ((rc = cuda_norm_matmul(b, x, norm, eps, w, c->T, 0, tmp_x, NULL, qkv))) return rc;
     return cuda_rope_kv(b, qkv, layer, H, Hkv, r);
 }
@@ -1130,6 +1158,12 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         r.kind = SF_OP_GEMV_ADD;
         r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = w->cols;
+        return submit(c, &r, 1, "matmul_add");
+    }
+    if (n > 1 && n <= ROWS_MAX && sf_k_gemv_rows_ok(SF_K_ROWS_ADD, n, x->d, x->cols, w->d, (int)w->rows, (int)w->cols, y->cols)) {
+        r.kind = SF_OP_GEMV_ADD;
+        r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
+        r.n[0] = w->rows; r.n[1] = w->cols; r.n[8] = n; r.n[9] = x->cols; r.n[10] = y->cols;
         return submit(c, &r, 1, "matmul_add");
     }
     if (n > 8 && sf_k_gemm_lt_ok(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols)) {

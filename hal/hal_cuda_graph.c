@@ -53,9 +53,15 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
         return r->coll_norm(r->coll_arg, &a, s) ? SF_K_COLL_FAILED : 0;
     }
     case SF_OP_GEMV_NORM:
+        if (n[8] > 1) /* 2-8 rows (gemv_rows.cu): rows n[8], x and y strides n[9], n[10] */
+            return sf_k_gemv_rows_norm(r->p[0], n[9], r->p[1], r->f, r->p[2], r->p[3], (int)n[8], (int)n[0], (int)n[1],
+                                       (int)n[2], (uint16_t *)r->p[4], n[10], s);
         return sf_k_gemv_norm(r->p[0], r->p[1], r->f, r->p[2], r->p[3], (int)n[0], (int)n[1], (int)n[2],
                               (uint16_t *)r->p[4], s);
     case SF_OP_GEMV_ADD:
+        if (n[8] > 1)
+            return sf_k_gemv_rows_add(r->p[0], n[9], r->p[2], r->p[3], (int)n[8], (int)n[0], (int)n[1], (uint16_t *)r->p[4],
+                                      n[10], s);
         return sf_k_gemv_add(r->p[0], r->p[2], r->p[3], (int)n[0], (int)n[1], (uint16_t *)r->p[4], s);
     case SF_OP_ADD:
         return sf_k_add((uint16_t *)r->p[0], n[0], r->p[1], n[1], (int)n[2], (int)n[3], s);
@@ -65,6 +71,10 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
         return sf_k_gemm_lt_acc(g, r->p[0], n[0], r->p[1], r->p[2], (int)n[1], (int)n[2], (int)n[3], (uint16_t *)r->p[3],
                                 n[4], s);
     case SF_OP_GEMV_ROPE:
+        if (n[8] > 1)
+            return sf_k_gemv_rows_rope(r->p[0], n[9], r->p[1], r->f, r->p[2], r->p[3], (int)n[8], (int)n[1], (int)n[2],
+                                       (int)n[3], (int)n[4], (int)n[5], (int)n[6], r->p[5], r->p[6], r->p[7], r->kv,
+                                       (uint16_t *)r->p[4], n[10], s);
         return sf_k_gemv_norm_rope(r->p[0], r->p[1], r->f, r->p[2], r->p[3], (int)n[1], (int)n[2], (int)n[3],
                                    (int)n[4], (int)n[5], (int)n[6], r->p[5], r->p[6], r->p[7], r->kv,
                                    (int)n[7], (uint16_t *)r->p[4], s);

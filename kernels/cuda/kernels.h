@@ -239,6 +239,30 @@ int sf_k_gemv_fused_tune(int kind, int warps, int unroll, const uint16_t *x, con
 int sf_k_gemv_stream_tune(int kind, int cfg, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m, int k,
                           uint16_t *y, cudaStream_t s);
 
+/* ---- the same fused GEMVs for 2-8 rows, on tensor cores (gemv_rows.cu) ---------------------- */
+/* n rows of x (ldx elements apart, 16-byte aligned) against W[m, k] (16-byte aligned, k % 32 ==
+ * 0), each output row ldy elements apart: what the batch-1 ops above compute, row by row (RoPE
+ * with pos[i], slot[i] for row i). x and y must not overlap. sf_k_gemv_rows_ok says whether a
+ * shape takes the kernel (x fits its shared memory: n * k up to ~100k; SEMFLOW_CUDA_GEMV_ROWS=0
+ * turns it off); kind one of these. */
+#define SF_K_GEMV_ROWS_MAX 8
+enum { SF_K_ROWS_NORM = 1, SF_K_ROWS_GLU, SF_K_ROWS_ADD, SF_K_ROWS_ROPE, SF_K_ROWS_PLAIN };
+int sf_k_gemv_rows_ok(int kind, int n, const void *x, int64_t ldx, const void *w, int m, int k, int64_t ldy);
+int sf_k_gemv_rows_norm(const uint16_t *x, int64_t ldx, const uint16_t *nw, float eps, const uint16_t *w,
+                        const uint16_t *bias, int n, int m, int k, int glu, uint16_t *y, int64_t ldy, cudaStream_t s);
+int sf_k_gemv_rows_add(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, int n, int m, int k,
+                       uint16_t *y, int64_t ldy, cudaStream_t s);
+int sf_k_gemv_rows_plain(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, int n, int m, int k,
+                         uint16_t *y, int64_t ldy, cudaStream_t s);
+int sf_k_gemv_rows_rope(const uint16_t *x, int64_t ldx, const uint16_t *nw, float eps, const uint16_t *w,
+                        const uint16_t *bias, int n, int k, int H, int Hkv, int hd, int rot_dim, int interleaved,
+                        const int32_t *pos, const int32_t *slot, const float *inv_freq, sf_k_kv kv, uint16_t *qkv,
+                        int64_t ldq, cudaStream_t s);
+/* Benchmarks only: kind (not RoPE) with cfg = 100 for 8 loads a lane per ring stage (else 4) +
+ * blocks per SM (1, 2) x 10 + stages (3, 4, 6, 8); x rows k apart, y rows m (glu: m / 2) apart. */
+int sf_k_gemv_rows_tune(int kind, int cfg, int n, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m,
+                        int k, uint16_t *y, cudaStream_t s);
+
 /* ---- residual add (add.cu) ------------------------------------------------------------------ */
 /* y[i, :d] = bf16(y[i, :d] + a[i, :d]) for i < n. */
 int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda, int n, int d, cudaStream_t s);

@@ -7,6 +7,8 @@
  * (SEMFLOW_CUDA_GEMV_RING), so bench/device/decode.sh runs this binary once per setting.
  *
  *   test_gemv            the checks (GPU host only)
+ *   test_gemv --perf-rows  time the fused GEMVs of 2, 4 and 8 rows (gemv_rows.cu) at Llama-3-8B's
+ *                        shapes, planned and at forced configurations, beside gemv.cu
  *   test_gemv --perf     instead time a decode layer's four fused GEMVs in one CUDA graph (PDL
  *                        as the backend launches them) over 8 layers of weights (past L2), at
  *                        the shapes of Llama-3-8B, its TP=2 shard, Llama-3-70B's TP=2 shard and
@@ -166,6 +168,137 @@ static void check_plain(int m, int k)
     cudaFree(x); cudaFree(w); cudaFree(y);
 }
 
+/* The same ops for n = 2..8 rows (gemv_rows.cu): kind as above (0 norm, 1 glu, 2 add, 3 plain),
+ * x rows ldx = k + pad apart and output rows `out + pad` apart, every row of x checked (on 256
+ * sampled output rows past 8192); the padding columns of y stay poisoned (add: untouched). A
+ * shape the kernel does not take must be refused by sf_k_gemv_rows_ok and the launch alike. */
+static void check_rows_cfg(int kind, int n, int m, int k, int with_bias, int pad, int cfg);
+static void check_rows(int kind, int n, int m, int k, int with_bias, int pad)
+{
+    check_rows_cfg(kind, n, m, k, with_bias, pad, 0);
+}
+
+/* cfg: a forced configuration (sf_k_gemv_rows_tune: no bias, no padding), 0 as the backend runs */
+static void check_rows_cfg(int kind, int n, int m, int k, int with_bias, int pad, int cfg)
+{
+    const int add = kind == 2, out = kind == 1 ? m / 2 : m, ldx = k + pad, ldy = out + pad;
+    static const int kinds[] = { SF_K_ROWS_NORM, SF_K_ROWS_GLU, SF_K_ROWS_ADD, SF_K_ROWS_PLAIN };
+    uint16_t *hx, *hnw, *hw, *hb = NULL, *hy0;
+    uint16_t *x = dev_rand((int64_t)n * ldx, 1.0f, &hx), *nw = dev_rand(k, 1.0f, &hnw),
+             *w = dev_rand((int64_t)m * k, 0.05f, &hw), *b = with_bias ? dev_rand(m, 0.5f, &hb) : NULL,
+             *y = dev_rand((int64_t)n * ldy, 1.0f, &hy0);
+    REQUIRE(x && nw && w && y && (!with_bias || b), "cudaMalloc/fill of %d x %d failed", m, k);
+    int ok = sf_k_gemv_rows_ok(kinds[kind], n, x, ldx, w, m, k, ldy);
+    if (!add) poison(y, (int64_t)n * ldy);
+    int rc = cfg ? sf_k_gemv_rows_tune(kinds[kind], cfg, n, x, nw, w, m, k, y, S)
+             : kind == 2 ? sf_k_gemv_rows_add(x, ldx, w, b, n, m, k, y, ldy, S)
+             : kind == 3 ? sf_k_gemv_rows_plain(x, ldx, w, b, n, m, k, y, ldy, S)
+                         : sf_k_gemv_rows_norm(x, ldx, nw, 1e-5f, w, b, n, m, k, kind, y, ldy, S);
+    cudaError_t e = cudaStreamSynchronize(S);
+    static const char *names[] = { "norm", "glu", "add", "plain" };
+    if (cfg && rc == cudaErrorInvalidValue) goto done; /* the configuration does not fit the shape */
+    if (cfg) ok = 1;
+    if (!ok) { /* refused: by both, and nothing written */
+        CHECK_MSG(rc == cudaErrorInvalidValue && !e, "rows %s n=%d m=%d k=%d: refused by rows_ok, launch gave %d",
+                  names[kind], n, m, k, rc);
+        goto done;
+    }
+    CHECK_MSG(!rc && !e, "rows %s n=%d m=%d k=%d: launch %d, sync %s", names[kind], n, m, k, rc, cudaGetErrorString(e));
+    {
+        uint16_t *hy = malloc((size_t)n * ldy * 2);
+        double *xn = malloc(sizeof(double) * k);
+        cudaMemcpy(hy, y, (size_t)n * ldy * 2, cudaMemcpyDeviceToHost);
+        const int n_check = out <= 8192 ? out : 256;
+        errsum es = { 0 };
+        int pad_bad = 0;
+        for (int j = 0; j < n; j++) {
+            const uint16_t *xj = hx + (int64_t)j * ldx, *y0 = hy0 + (int64_t)j * ldy, *yj = hy + (int64_t)j * ldy;
+            if (add || kind == 3) for (int i = 0; i < k; i++) xn[i] = bf(xj[i]);
+            else host_norm(xj, hnw, k, xn);
+            for (int i = 0; i < n_check; i++) {
+                int r = row_at(i, n_check, out);
+                double ref;
+                if (kind == 1) {
+                    double gt = sf_bf16_to_f32(sf_f32_to_bf16((float)(dot(hw + (int64_t)r * k, xn, k) + (hb ? bf(hb[r]) : 0))));
+                    double u = sf_bf16_to_f32(sf_f32_to_bf16(
+                        (float)(dot(hw + (int64_t)(r + m / 2) * k, xn, k) + (hb ? bf(hb[r + m / 2]) : 0))));
+                    ref = sf_bf16_to_f32(sf_f32_to_bf16((float)(gt / (1 + exp(-gt))))) * u;
+                } else {
+                    ref = dot(hw + (int64_t)r * k, xn, k) + (hb ? bf(hb[r]) : 0);
+                    if (add) ref = bf(y0[r]) + sf_bf16_to_f32(sf_f32_to_bf16((float)ref));
+                }
+                err_add(&es, bf(yj[r]), ref);
+            }
+            for (int i = out; i < ldy; i++) pad_bad += add ? yj[i] != y0[i] : !isnan(bf(yj[i]));
+        }
+        double rel = err_rel(&es);
+        CHECK_MSG(rel <= 1e-2, "rows %s%s n=%d m=%d k=%d pad=%d: relative error %.3g", names[kind],
+                  with_bias ? "+bias" : "", n, m, k, pad, rel);
+        CHECK_MSG(!pad_bad, "rows %s n=%d m=%d k=%d: %d padding columns written", names[kind], n, m, k, pad_bad);
+        free(hy); free(xn);
+    }
+done:
+    free(hx); free(hnw); free(hw); free(hb); free(hy0);
+    cudaFree(x); cudaFree(nw); cudaFree(w); cudaFree(b); cudaFree(y);
+}
+
+/* Every row count on a decode layer's shapes (Llama-3-8B; Qwen2-7B with its biases), the lm_head
+ * of a decode step, and small and odd ones: k shorter than a ring stage, k not a whole stage,
+ * strided rows, and shapes the kernel refuses (x past its shared memory, k % 32, units of 8). */
+TEST(rows_llama3_8b)
+{
+    for (int n = 2; n <= 8; n++) {
+        check_rows(0, n, 6144, 4096, 0, 0);
+        check_rows(2, n, 4096, 4096, 0, 0);
+        check_rows(1, n, 28672, 4096, 0, 0);
+        check_rows(2, n, 4096, 14336, 0, 0); /* refused past 6 rows */
+    }
+    check_rows(0, 4, 128256, 4096, 0, 0);
+    check_rows(0, 8, 128256, 4096, 0, 0);
+}
+
+TEST(rows_qwen2_7b)
+{
+    for (int n = 2; n <= 8; n += 3) {
+        check_rows(0, n, 4608, 3584, 1, 0);
+        check_rows(2, n, 3584, 3584, 0, 0);
+        check_rows(1, n, 37888, 3584, 0, 0);
+        check_rows(2, n, 3584, 18944, 1, 0);
+    }
+}
+
+/* Every configuration of the kernel (ring kinds, blocks per SM, depths, 8 warps a block or as
+ * many as the units), whatever the planner picks: shapes with units for every warp, for few
+ * warps, several per warp, and k shorter than a stage. */
+TEST(rows_configs)
+{
+    static const int r[] = { 1, 2, 3, 4 }, bd[] = { 13, 14, 16, 18, 23, 24, 26, 28 };
+    for (size_t i = 0; i < SF_ARRAY_LEN(r); i++)
+        for (size_t j = 0; j < SF_ARRAY_LEN(bd); j++)
+            for (int w8 = 0; w8 <= 1000; w8 += 1000) {
+                const int cfg = w8 + r[i] * 100 + bd[j];
+                check_rows_cfg(0, 3, 1536, 4096, 0, 0, cfg);
+                check_rows_cfg(2, 5, 512, 14336, 0, 0, cfg);
+                check_rows_cfg(1, 8, 2 * 1024, 1024, 0, 0, cfg);
+                check_rows_cfg(3, 4, 16384, 256, 0, 0, cfg); /* several units a warp */
+                check_rows_cfg(3, 2, 64, 96, 0, 0, cfg);
+            }
+}
+
+TEST(rows_odd_shapes)
+{
+    for (int n = 1; n <= 8; n++) {
+        check_rows(0, n, 8, 32, 1, 0);     /* one unit, k of two vectors a lane */
+        check_rows(2, n, 40, 96, 0, 8);    /* a stage not whole; strided rows */
+        check_rows(1, n, 16, 64, 1, 16);
+        check_rows(3, n, 6144, 4096, 1, 0);
+        check_rows(3, n, 24, 800, 0, 0);
+    }
+    check_rows(0, 3, 12, 64, 0, 0);  /* 6 pair units: not units of 8 rows */
+    check_rows(2, 3, 16, 40, 0, 0);  /* k % 32 */
+    check_rows(2, 8, 64, 20000, 0, 0); /* x past shared memory */
+}
+
 TEST(fused_llama3_8b)
 {
     check_fused(0, 6144, 4096, 0);  /* QKV (norm prologue) */
@@ -256,6 +389,12 @@ TEST(bad_inputs)
     CHECK(sf_k_gemv_stream_tune(2, 44, x, NULL, w, 4, 16, y, S) != 0); /* nor blocks per SM */
     CHECK(sf_k_gemv_stream_tune(4, 24, x, NULL, w, 4, 16, y, S) != 0); /* no such kind */
     CHECK(sf_k_gemv_stream_plain(x, w, NULL, 0, 16, y, S) != 0);      /* no rows */
+    CHECK(sf_k_gemv_rows_add(x, 32, w, NULL, 9, 8, 32, y, 8, S) != 0);   /* n > 8 */
+    CHECK(sf_k_gemv_rows_add(x, 32, w, NULL, 0, 8, 32, y, 8, S) != 0);   /* no rows */
+    CHECK(sf_k_gemv_rows_add(x, 36, w, NULL, 2, 8, 32, y, 8, S) != 0);   /* ldx % 8 */
+    CHECK(sf_k_gemv_rows_add(x, 32, w, NULL, 2, 8, 32, y, 4, S) != 0);   /* ldy < m */
+    CHECK(sf_k_gemv_rows_norm(x, 32, NULL, 1e-5f, w, NULL, 2, 8, 32, 0, y, 8, S) != 0); /* no norm weight */
+    CHECK(sf_k_gemv_rows_norm(x, 32, x, 1e-5f, w, NULL, 2, 6, 32, 1, y, 8, S) != 0);   /* glu: 3 pairs */
     CHECK(cudaStreamSynchronize(S) == cudaSuccess);
     cudaFree(x); cudaFree(w); cudaFree(y);
 }
@@ -431,6 +570,68 @@ cleanup:
     cudaFree(w); cudaFree(x); cudaFree(y);
 }
 
+/* --perf-rows: each of a decode layer's fused GEMVs for n = 2, 4, 8 rows (gemv_rows.cu) alone, L
+ * layers of weights back to back in a graph (past L2): planned and at forced configurations
+ * (100 for 8 loads a lane per stage + blocks per SM x 10 + stages), beside gemv.cu's skinny
+ * GEMV of the same rows (no norm, no epilogue: what the general path's GEMM may run); us per
+ * launch and % of the copy bandwidth bw. */
+static void perf_rows(const perf_shape *p, double bw)
+{
+    enum { L = 8, REPS = 20 };
+    uint16_t *wt[4][L], *nw = NULL, *h = NULL, *q = NULL, *att = NULL, *act = NULL, *gu = NULL;
+    const int m[4] = { p->qkv, p->d, 2 * p->ff, p->d }, k[4] = { p->d, p->o_k, p->d, p->ff };
+    const int kind[4] = { SF_K_ROWS_NORM, SF_K_ROWS_ADD, SF_K_ROWS_GLU, SF_K_ROWS_ADD };
+    static const int vars[] = { 0, -1, 1316, 1116, 218, 316, 318, 326, 414, 416, 418, 424 };
+    static const char *names[] = { "QKV (norm)", "O (add)", "gate/up (norm+glu)", "down (add)" };
+    memset(wt, 0, sizeof wt);
+    for (int l = 0; l < L; l++)
+        for (int o = 0; o < 4; o++)
+            if (!(wt[o][l] = dev_rand((int64_t)m[o] * k[o], 0.05f, NULL))) {
+                printf("perf: %s: cudaMalloc of layer %d failed\n", p->name, l);
+                goto cleanup;
+            }
+    nw = dev_rand(p->d, 1.0f, NULL); h = dev_rand(8LL * p->d, 1.0f, NULL); q = dev_rand(8LL * p->qkv, 1.0f, NULL);
+    att = dev_rand(8LL * p->o_k, 1.0f, NULL); act = dev_rand(8LL * p->ff, 1.0f, NULL);
+    gu = dev_rand(16LL * p->ff, 1.0f, NULL);
+    if (!nw || !h || !q || !att || !act || !gu) { printf("perf: %s: cudaMalloc failed\n", p->name); goto cleanup; }
+    for (int n = 2; n <= 8; n *= 2)
+        for (int op = 0; op < 4; op++) {
+            const double mb = (double)m[op] * k[op] * 2 / 1e6;
+            const uint16_t *x = op == 1 ? att : op == 3 ? act : h;
+            uint16_t *y = op == 0 ? q : op == 2 ? act : h;
+            printf("perf: %-8s n=%d %-18s %5d x %5d:", p->name, n, names[op], m[op], k[op]);
+            for (size_t vi = 0; vi < SF_ARRAY_LEN(vars); vi++) {
+                const int v = vars[vi];
+                cudaGraph_t g = NULL;
+                int rc = 0;
+                if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf(" capture failed\n"); goto cleanup; }
+                for (int l = 0; l < L; l++) {
+                    const uint16_t *w = wt[op][l];
+                    if (v == 0)
+                        rc |= kind[op] == SF_K_ROWS_ADD
+                                  ? sf_k_gemv_rows_add(x, k[op], w, NULL, n, m[op], k[op], y, m[op], S)
+                                  : sf_k_gemv_rows_norm(x, k[op], nw, 1e-5f, w, NULL, n, m[op], k[op], op == 2, y,
+                                                        op == 2 ? m[op] / 2 : m[op], S);
+                    else if (v < 0) rc |= sf_k_gemv(x, k[op], w, NULL, n, m[op], k[op], op == 2 ? gu : y, m[op], S);
+                    else rc |= sf_k_gemv_rows_tune(kind[op], v, n, x, nw, w, m[op], k[op], y, S);
+                }
+                cudaStreamEndCapture(S, &g);
+                double t = rc ? NAN : graph_us(g, L, REPS);
+                if (rc && g) cudaGraphDestroy(g);
+                if (rc) cudaGetLastError();
+                char lab[16];
+                snprintf(lab, sizeof lab, v == 0 ? "plan" : v < 0 ? "gemv.cu" : "c%d", v);
+                if (isnan(t)) printf(" %s -", lab);
+                else printf(" %s %.1f %.0f%%", lab, t, 100 * mb / t * 1e3 / bw);
+            }
+            printf("\n");
+        }
+cleanup:
+    for (int l = 0; l < L; l++)
+        for (int o = 0; o < 4; o++) cudaFree(wt[o][l]);
+    cudaFree(nw); cudaFree(h); cudaFree(q); cudaFree(att); cudaFree(act); cudaFree(gu);
+}
+
 static void perf_all(void)
 {
     static const perf_shape shapes[] = {
@@ -449,7 +650,7 @@ static void perf_all(void)
 
 int main(int argc, char **argv)
 {
-    int perf = argc > 1 && !strcmp(argv[1], "--perf");
+    int perf = argc > 1 && !strcmp(argv[1], "--perf"), perf_r = argc > 1 && !strcmp(argv[1], "--perf-rows");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         printf("test_gemv: no CUDA device (cudaGetDeviceCount found none): run it on the GPU host\n");
@@ -457,12 +658,24 @@ int main(int argc, char **argv)
     }
     if (cudaStreamCreate(&S)) { printf("FAIL: stream: cudaStreamCreate failed\n"); return 1; }
     seed = (uint64_t)sf_now_ns();
-    if (!perf) printf("seed %llu\n", (unsigned long long)seed);
+    if (!perf && !perf_r) printf("seed %llu\n", (unsigned long long)seed);
+    if (perf_r) {
+        static const perf_shape p8b = { "8B", 4096, 6144, 4096, 14336, 0 };
+        const double bw = copy_gbs();
+        printf("perf: copy bandwidth %.0f GB/s; us per launch and %% of it (plan: as the backend runs them)\n", bw);
+        perf_rows(&p8b, bw);
+        cudaStreamDestroy(S);
+        return 0;
+    }
     if (perf) {
         perf_all();
         cudaStreamDestroy(S);
         return 0;
     }
+    RUN(rows_llama3_8b);
+    RUN(rows_qwen2_7b);
+    RUN(rows_odd_shapes);
+    RUN(rows_configs);
     RUN(fused_llama3_8b);
     RUN(fused_qwen2_7b);
     RUN(fused_odd_shapes);

@@ -460,7 +460,10 @@ TEST(norm_matmul)
     /* n, m, k, glu: batch 1 takes the fused kernel (k % 8 == 0), the rest the plain ops */
     int shapes[][4] = { { 1, 6144, 4096, 0 }, { 1, 28672, 4096, 1 }, { 1, 4608, 3584, 0 }, { 1, 100, 72, 0 },
                         { 1, 2 * 37, 200, 1 }, { 1, 33, 36, 0 }, { 1, 2 * 20, 12, 1 }, { 3, 512, 256, 0 },
-                        { 2, 2 * 256, 128, 1 }, { 12, 2 * 96, 64, 1 }, { 1, 3, 16384, 0 } };
+                        { 2, 2 * 256, 128, 1 }, { 12, 2 * 96, 64, 1 }, { 1, 3, 16384, 0 },
+                        /* 2-8 rows: gemv_rows.cu where the shape fits it */
+                        { 4, 6144, 4096, 0 }, { 8, 28672, 4096, 1 }, { 5, 4608, 3584, 0 }, { 7, 2 * 64, 96, 1 },
+                        { 8, 128256, 4096, 0 }, { 3, 36, 64, 0 } };
     for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
         int n = shapes[i][0], m = shapes[i][1], k = shapes[i][2], glu = shapes[i][3];
         if (quick && (double)n * m * k > 4e6) continue;
@@ -497,7 +500,8 @@ TEST(matmul_add)
 {
     if (!OPS->matmul_add) { printf("  the backend has no matmul_add\n"); return; }
     int shapes[][3] = { { 1, 4096, 4096 }, { 1, 4096, 14336 }, { 1, 3584, 18944 }, { 1, 37, 24 }, { 1, 1, 8 },
-                        { 1, 64, 36 }, { 4, 256, 512 }, { 12, 128, 64 } };
+                        { 1, 64, 36 }, { 4, 256, 512 }, { 12, 128, 64 }, { 2, 4096, 4096 }, { 6, 4096, 14336 },
+                        { 7, 4096, 14336 }, { 8, 3584, 3584 }, { 3, 40, 96 } };
     for (size_t i = 0; i < SF_ARRAY_LEN(shapes); i++) {
         int n = shapes[i][0], m = shapes[i][1], k = shapes[i][2];
         if (quick && (double)n * m * k > 4e6) continue;
@@ -688,7 +692,8 @@ TEST(rope_kv_attention_mixed)
 }
 
 /* norm_qkv_rope against the plain sequence it replaces (norm_matmul, rope_kv; checked against
- * host references above), each on its own cache layer, over decode steps and one 3-token step:
+ * host references above), each on its own cache layer, over decode steps and steps of 2, 3 and 8
+ * tokens (those through gemv_rows.cu):
  * the rotated qkv and the attention over each layer's cache must agree. */
 /* nqr_int8_pool: the KV pool also holds INT8 blocks (as a server's does, for the degrade path)
  * while this sequence's blocks stay full precision: the fused path must still run. */
@@ -699,8 +704,8 @@ static void check_norm_qkv_rope(int H, int Hkv, int hd, int rot, int interleaved
     const int W = (H + 2 * Hkv) * hd, bs = 16, steps = 24, max_blocks = 4;
     float *wv = rand_vals((int64_t)W * d, 0.05f), *bv = bias ? rand_vals(W, 0.5f) : NULL, *nv = rand_vals(d, 1.0f);
     sf_weight *w = upload_parts(wv, bv, 1, W, d), *nw = upload_f32(nv, 1, d);
-    sf_buf *x = new_buf(4, d), *xn = new_buf(4, d), *q1 = new_buf(4, W), *q2 = new_buf(4, W), *a1 = new_buf(4, H * hd),
-           *a2 = new_buf(4, H * hd);
+    sf_buf *x = new_buf(8, d), *xn = new_buf(8, d), *q1 = new_buf(8, W), *q2 = new_buf(8, W), *a1 = new_buf(8, H * hd),
+           *a2 = new_buf(8, H * hd);
     sf_kv_config kc = { .n_layers = 2, .n_blocks = 8, .block_size = bs, .n_kv_heads = Hkv, .head_dim = hd,
                         .dtype = SF_DT_BF16, .int8 = nqr_int8_pool };
     sf_error err = { 0 };
@@ -711,12 +716,12 @@ static void check_norm_qkv_rope(int H, int Hkv, int hd, int rot, int interleaved
     sf_rope rope = { .head_dim = hd, .rot_dim = rot, .interleaved = interleaved, .inv_freq = inv_freq,
                      .attn_scale = 1.0f / sqrtf((float)hd) };
     int32_t blocks[4] = { 6, 2, 7, 0 };
-    float *g1 = malloc((size_t)4 * W * 4), *g2 = malloc((size_t)4 * W * 4), *o1 = malloc((size_t)4 * H * hd * 4),
-          *o2 = malloc((size_t)4 * H * hd * 4);
-    double worst_q = 0, worst_o = 0, *ref = malloc((size_t)4 * W * 8);
+    float *g1 = malloc((size_t)8 * W * 4), *g2 = malloc((size_t)8 * W * 4), *o1 = malloc((size_t)8 * H * hd * 4),
+          *o2 = malloc((size_t)8 * H * hd * 4);
+    double worst_q = 0, worst_o = 0, *ref = malloc((size_t)8 * W * 8);
     int len = 0;
     for (int st = 0; st < steps; st++) {
-        int T = st == 5 ? 3 : 1;
+        int T = st == 5 ? 3 : st == 9 ? 8 : st == 13 ? 2 : 1; /* steps of several rows: gemv_rows.cu */
         float *xv = rand_vals((int64_t)T * d, 2.0f);
         REQUIRE(!fill_buf(x, xv, T, d) && !poison(q1, T, W) && !poison(q2, T, W) && !poison(a1, T, H * hd) &&
                 !poison(a2, T, H * hd), "fill");

@@ -1,0 +1,379 @@
+/* gemv_rows.cu — the fused GEMVs of a decode layer (gemv_fused.cu's modes: norm, norm + glu,
+ * norm + RoPE + K/V append, residual add) for 2-8 rows of x: decode at batch 2-8, the drafted
+ * steps of speculative decoding, small prefill chunks. Such a step reads the same weights as a
+ * batch-1 step and should take about as long; on the general path (separate norm, GEMM, RoPE,
+ * add and SiLU kernels, the GEMM on cuBLASLt or gemv.cu) it took 4.75-4.98 ms against 3.9
+ * (docs/PERFORMANCE.md, "Speculative decoding").
+ *
+ * Why tensor cores: with CUDA cores every weight element costs n FMAs plus n conversions of x
+ * from bf16; at 8 rows and the H200's ~8 weight elements per SM per clock that is past the SM's
+ * 128 lanes. One mma.m16n8k16 takes 8 weight rows (B, n = 8) against x (A: rows 0-7 are the x
+ * rows, clamped to n - 1; rows 8-15 are zero registers) over 16 columns: the tensor core is idle
+ * most of the time and costs one instruction per 256 bytes of weights.
+ *
+ * The unit is 8 weight rows over all of k: pair units 4u .. 4u + 3 of fg_unit_rows (so a GLU
+ * unit holds 4 gate rows and their 4 up rows, a RoPE unit 4 rotation pairs), B row j = the pair
+ * unit 4u + j / 2's row a (j even) or b (j odd). Lane (g = lane / 4, t = lane % 4) streams weight
+ * row g's 16-byte vectors c = 4 i + t through a per-warp cp.async ring (as gemv_stream.cu: the
+ * ring runs on from unit to unit, stages issued before the programmatic-launch wait) and reads x
+ * row g's vector c from shared memory. The fragment's k order is permuted, identically for A and
+ * B (a dot product does not care): lane t's 8 columns are one 16-byte vector, pairs 0-1 feed the
+ * first mma's k {2t, 2t+1, 2t+8, 2t+9}, pairs 2-3 the second's. The accumulator's (row g,
+ * columns 2t, 2t + 1) are then x row g against pair unit 4u + t's rows a and b: the lane runs
+ * gemv_ring.cuh's epilogue for that pair and that row, the same one the batch-1 kernels run.
+ *
+ * x (n rows, normalised in place for the norm modes: warp w normalises row w) is held in shared
+ * memory, rows 64 bytes past a 128-byte multiple apart, so that a quarter warp's 8 16-byte reads
+ * (two rows, four vectors each) touch 32 banks once. That caps n * k: the down projection of
+ * Llama-3-8B (k = 14336) takes up to 6 rows; larger shapes run the general path (the caller asks
+ * sf_k_gemv_rows_ok). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemv_ring.cuh"
+
+extern "C" {
+#include "../../common/sf.h"
+}
+
+#define GW_WARPS 8 /* at most; a launch has as many as the SM has units for (plan) */
+#define GW_PAIRS 4 /* pair units (fg_units) per 8-row unit */
+/* A warp's ring stage of V 16-byte loads per lane: 8 rows x 32 V columns (V = 8: 4 KiB) */
+#define GW_STAGE_BYTES(V) ((V) * 32 * 16)
+
+/* Row stride of x in shared memory, in 16-byte vectors: 64 bytes past a multiple of 128. */
+static __host__ __device__ __forceinline__ int gw_x_stride(int k) { return ((k * 2 + 127) / 128 * 128 + 64) / 16; }
+
+/* The epilogue of pair unit pu for x row `row`: gemv_ring.cuh's, on that row's outputs and, for
+ * RoPE, that row's position and cache slot. */
+template <int MODE>
+static __device__ __forceinline__ void gw_epilogue(int pu, float a, float b, int row, int m,
+                                                   const bf16 *__restrict__ bias, bf16 *__restrict__ y, int ldy,
+                                                   fg_rope rp)
+{
+    const fg_unit r = fg_unit_rows<MODE>(pu, m, rp);
+    if (MODE & FG_ROPE) {
+        rp.pos += row;
+        rp.slot += row;
+    }
+    fg_epilogue<MODE>(r, pu, a, b, bias, y + (int64_t)row * ldy, rp);
+}
+
+/* MODE: FG_NORM (| FG_GLU | FG_ROPE), FG_ADD or 0; ST ring stages per warp of GW_V 16-byte loads
+ * per lane. Dynamic shared memory: x (n rows of gw_x_stride(k) vectors), then GW_WARPS rings of
+ * ST stages. LINES: the ring's copies by whole 128-byte lines (a copy instruction takes 4V
+ * consecutive vectors of 32 / (4V) rows, not 64 bytes of each of 8 rows), stored row by row with
+ * odd rows' halves of 64 bytes swapped, so that a quarter warp's reads (rows g, g + 1) still
+ * touch every bank once; lanes then read what others copied (a warp barrier after the wait, and
+ * before a slot is refilled). */
+template <int MODE, int ST, int GW_V, bool LINES>
+__global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restrict__ x, int ldx, int n,
+                                                             const bf16 *__restrict__ nw, float eps,
+                                                             const bf16 *__restrict__ w,
+                                                             const bf16 *__restrict__ bias, int m, int k,
+                                                             bf16 *__restrict__ y, int ldy, fg_rope rp)
+{
+    extern __shared__ __align__(128) unsigned char gw_smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int k8 = k / 8, xst = gw_x_stride(k);
+    const int W = blockDim.x >> 5, units = fg_units(MODE, m) / GW_PAIRS, nwarps = gridDim.x * W;
+    const int n_st = (k8 + 4 * GW_V - 1) / (4 * GW_V); /* ring stages per unit */
+    uint4 *xs = (uint4 *)gw_smem, *rings = xs + (size_t)n * xst;
+    uint4 *ringw = rings + (size_t)warp * ST * GW_V * 32; /* this warp's ring */
+    sf_pdl_trigger();
+
+    /* The issue cursor: unit iu, its stage it, the ring slot islot; wr: this lane's weight row
+     * (B row g of the unit), from its vector t. Units go round the blocks first (as
+     * gemv_stream.cu deals them), so every SM gets the same number plus or minus one. */
+    int iu = warp * gridDim.x + blockIdx.x, it = 0, islot = 0;
+    const uint4 *wr = NULL;
+    /* LINES: the weight row of each copy instruction's vectors (V >= 8: one row an instruction,
+     * the same for every lane; V = 4: two, the lane's half) */
+    constexpr int NRW = !LINES ? 1 : GW_V >= 8 ? 8 : GW_V;
+    int rw[NRW];
+    auto b_row = [&](int u, int j) { /* B row j of unit u: its weight row */
+        const fg_unit r = fg_unit_rows<MODE>(u * GW_PAIRS + (j >> 1), m, rp);
+        return (j & 1) ? r.rb : r.ra;
+    };
+    auto row_of = [&](int u) {
+        if constexpr (LINES) {
+#pragma unroll
+            for (int i = 0; i < NRW; i++) rw[i] = b_row(u, GW_V >= 8 ? i : (i * 32 + lane) / (4 * GW_V));
+        } else {
+            wr = (const uint4 *)(w + (int64_t)b_row(u, g) * k) + t;
+        }
+    };
+    if (iu < units) row_of(iu);
+    auto issue = [&]() { /* the cursor's stage into its slot, then one group (empty past the end) */
+        if (iu < units) {
+#pragma unroll
+            for (int v = 0; v < GW_V; v++) {
+                if constexpr (LINES) {
+                    const int q = v * 32 + lane, j = q / (4 * GW_V), c = q % (4 * GW_V);
+                    if (it * 4 * GW_V + c < k8)
+                        gr_cp16(ringw + islot * GW_V * 32 + j * 4 * GW_V + (c ^ ((j & 1) << 2)),
+                                (const uint4 *)(w + (int64_t)rw[GW_V >= 8 ? j : v] * k) + it * 4 * GW_V + c);
+                } else {
+                    const int c = (it * GW_V + v) * 4;
+                    if (c < k8) gr_cp16(ringw + (islot * GW_V + v) * 32 + lane, wr + c);
+                }
+            }
+            if (++it == n_st) {
+                it = 0;
+                iu += nwarps;
+                if (iu < units) row_of(iu);
+            }
+        }
+        gr_commit();
+        if (++islot == ST) islot = 0;
+    };
+#pragma unroll
+    for (int s = 0; s < ST - 1; s++) issue(); /* weights only: before the wait */
+    /* The norm weight into ring slot ST - 1 of every warp (free until the loop's first issue),
+     * as gemv_stream.cu does: k up to W * SLOT * 8. */
+    constexpr int SLOT = GW_V * 32;
+    const int NT = W * 32;
+    auto nw_at = [&](int i) { return (bf16x8 *)(rings + (i / SLOT) * (ST * SLOT) + (ST - 1) * SLOT + i % SLOT); };
+    (void)wr;
+    const bool nw_pre = (MODE & FG_NORM) && k8 <= W * SLOT;
+    if (nw_pre)
+        for (int i = threadIdx.x; i < k8; i += NT) sf_cp_async16(nw_at(i), (const uint4 *)nw + i, 16);
+    gr_commit();
+    sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
+
+    /* x into shared memory in one round of copies */
+    for (int i = threadIdx.x; i < n * k8; i += NT) {
+        const int r = i / k8, c = i - r * k8;
+        sf_cp_async16(xs + (size_t)r * xst + c, (const uint4 *)(x + (int64_t)r * ldx) + c, 16);
+    }
+    gr_commit();
+    gr_wait<0>(); /* x, the norm weight, and the ring's first stages */
+    __syncthreads();
+    if (MODE & FG_NORM) {
+        for (int row = warp; row < n; row += W) { /* bf16(bf16(x * inv) * nw), as the other kernels */
+            bf16x8 *xr = (bf16x8 *)(xs + (size_t)row * xst);
+            float ss = 0.0f;
+            for (int c = lane; c < k8; c += 32) ss = gr_sumsq8(xr[c], ss);
+            const float inv = rsqrtf(warp_sum(ss) / (float)k + eps);
+            for (int c = lane; c < k8; c += 32)
+                xr[c] = gr_scale8(xr[c], nw_pre ? *nw_at(c) : ((const bf16x8 *)nw)[c], inv);
+        }
+        __syncthreads(); /* x complete, and the norm weight read before the loop refills its slot */
+    }
+
+    const uint4 *xr = xs + (size_t)min(g, n - 1) * xst + t;
+    int cslot = 0;
+    for (int u = warp * gridDim.x + blockIdx.x; u < units; u += nwarps) {
+        float d0[4] = { 0.0f, 0.0f, 0.0f, 0.0f }, d1[4] = { 0.0f, 0.0f, 0.0f, 0.0f };
+        for (int s = 0; s < n_st; s++) {
+            if (LINES) __syncwarp(); /* the slot consumed last is read by every lane */
+            issue();                 /* into the slot consumed last */
+            gr_wait<ST - 1>();       /* this stage has landed (each lane reads only what it copied) */
+            if (LINES) __syncwarp(); /* ... or what the warp copied */
+            const uint4 *sl = ringw + cslot * GW_V * 32;
+#pragma unroll
+            for (int v = 0; v < GW_V; v++) {
+                const int c = (s * GW_V + v) * 4;
+                if (c < k8) {
+                    const uint4 wv = LINES ? sl[g * 4 * GW_V + (v ^ (g & 1)) * 4 + t] : sl[v * 32 + lane], xv = xr[c];
+                    const unsigned a0[4] = { xv.x, 0u, xv.y, 0u }, a1[4] = { xv.z, 0u, xv.w, 0u };
+                    sf_mma_bf16(d0, a0, wv.x, wv.y);
+                    sf_mma_bf16(d1, a1, wv.z, wv.w);
+                }
+            }
+            if (++cslot == ST) cslot = 0;
+        }
+        if (g < n) gw_epilogue<MODE>(u * GW_PAIRS + t, d0[0] + d1[0], d0[1] + d1[1], g, m, bias, y, ldy, rp);
+    }
+    gr_wait<0>();
+}
+
+/* SEMFLOW_CUDA_GEMV_ROWS: 1 (default) the kernel where it fits, 0 never (the general path);
+ * SEMFLOW_CUDA_GEMV_ROWS_CFG: a configuration (cfg_valid) for every launch that fits it
+ * (benchmarks); 0 planned. Read once. */
+static bool rows_on(void)
+{
+    static const bool on = sf_env_bool("SEMFLOW_CUDA_GEMV_ROWS", 1);
+    return on;
+}
+/* A configuration: [1000: 8 warps a block, else as many as the SM has units] + ring x 100 (1: 4
+ * loads a lane per stage, each lane its own; 2: 4 loads, LINES; 3: 8, LINES; 4: 16, LINES) +
+ * blocks per SM (1, 2) x 10 + stages (3, 4, 6, 8). */
+static bool cfg_valid(int c)
+{
+    const int r = c % 1000 / 100, b = c % 100 / 10, d = c % 10;
+    return c < 2000 && r >= 1 && r <= 4 && b >= 1 && b <= 2 && (d == 3 || d == 4 || d == 6 || d == 8);
+}
+static int cfg_v(int c) { return c % 1000 / 100 <= 2 ? 4 : c % 1000 / 100 == 3 ? 8 : 16; }
+static int forced_cfg(void)
+{
+    static const int cfg = [] {
+        const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_ROWS_CFG", 0, 0, 1999);
+        if (c && !cfg_valid(c))
+            SF_LOGW("SEMFLOW_CUDA_GEMV_ROWS_CFG=%d: takes [1000 for 8 warps a block] + ring (1..4) x 100 + blocks "
+                    "per SM (1..2) x 10 + ring stages (3, 4, 6, 8), e.g. 316; using the planned configuration",
+                    c);
+        return cfg_valid(c) ? c : 0;
+    }();
+    return cfg;
+}
+
+/* Configuration (as cfg_valid), grid and warps a block for n rows of k columns and `units` 8-row
+ * units. A block has as many warps as its share of the units (up to 8): idle warps' rings would
+ * take shared memory from the deeper rings of the others. Planned (want 0): copies by whole
+ * lines, 8 loads a lane per stage (4 KiB a warp), 1 or 2 blocks per SM and 3, 4 or 6 stages,
+ * what fits the SM's shared memory with the most weight bytes in flight per SM (warps x (ST - 1)
+ * stages; ties: fewer blocks, the shallower ring); when none fits, 4 loads a lane, each lane its
+ * own, the same way. Measured so per op on the H200 (test_gemv --perf-rows, docs/PERFORMANCE.md,
+ * Llama-3-8B, 2 and 4 rows): this ring at 6 stages took the O projection in 10.3 us (76% of the
+ * copy bandwidth), QKV 15.6-15.8 (74-76%), gate/up 57.8-58.3 (94-95%), down 31.1-32.7 (84-88%);
+ * 8 stages were no faster (O 11.2: deeper is not better), 16 loads a lane were slower everywhere
+ * (O 14.4-15.4), and so were 4 loads copied by lines (O 14.5, down 43.8) and 4 a lane each lane its
+ * own (O 10.8, gate/up 74.6); 8 warps a block with idle warps (O 10.2) only where their rings fit.
+ * Else want, if it fits. Returns 0 when nothing fits. */
+static int plan(int n, int k, int units, int want, int *grid, int *warps)
+{
+    int per_sm, reserved, sms;
+    gr_smem_limits(&per_sm, &reserved, &sms);
+    if (!sms) return 0;
+    const long fixed = (long)n * gw_x_stride(k) * 16 + reserved + 128 /* the ring's alignment */;
+    static const int depths[] = { 3, 4, 6, 8 };
+    int cfg = 0;
+    long best = 0;
+    for (int r = 3; r >= 1 && !cfg; r -= 2) /* planned: 3, then 1 */
+        for (int b = 1; b <= 2; b++)
+            for (int d : depths) {
+                const int c = (want >= 1000 ? 1000 : 0) + (want ? want % 1000 / 100 : r) * 100 + b * 10 + d;
+                const int wb = want >= 1000 ? GW_WARPS : (int)SF_MIN((long)GW_WARPS, (units + (long)b * sms - 1) / ((long)b * sms));
+                const long ring = (long)wb * d * GW_STAGE_BYTES(cfg_v(c));
+                if ((fixed + ring) * b > per_sm || (want ? want != c : r == 3 && d > 6)) continue;
+                const long score = (long)b * wb * (d - 1) * cfg_v(c);
+                if (score > best) { best = score; cfg = c; *warps = wb; }
+            }
+    if (cfg) *grid = (int)SF_MIN((long)(cfg % 100 / 10) * sms, (long)units);
+    return cfg;
+}
+
+static bool shape_ok(int mode, int n, const void *x, int64_t ldx, const void *w, int m, int k, int64_t ldy)
+{
+    return rows_on() && n >= 1 && n <= SF_K_GEMV_ROWS_MAX && k > 0 && k % 32 == 0 && m > 0 &&
+           fg_units(mode, m) % GW_PAIRS == 0 && (uintptr_t)x % 16 == 0 && (uintptr_t)w % 16 == 0 && ldx % 8 == 0 &&
+           ldx >= k && ldy >= ((mode & FG_GLU) ? m / 2 : m) && ldx <= INT32_MAX && ldy <= INT32_MAX;
+}
+
+template <int MODE, int ST, int V, bool LINES>
+static int launch(const uint16_t *x, int64_t ldx, int n, const uint16_t *nw, float eps, const uint16_t *w,
+                  const uint16_t *bias, int m, int k, uint16_t *y, int64_t ldy, const fg_rope &rp, int grid, int warps,
+                  cudaStream_t s)
+{
+    const size_t smem = (size_t)n * gw_x_stride(k) * 16 + (size_t)warps * ST * GW_STAGE_BYTES(V);
+    static sf_k_smem smem_set; /* per instance */
+    int e = sf_k_smem_attr(&smem_set, k_gemv_rows<MODE, ST, V, LINES>, smem);
+    if (e) return e;
+    int rc = sf_launch_pdl(k_gemv_rows<MODE, ST, V, LINES>, dim3(grid), dim3(warps * 32), smem, s, (const bf16 *)x,
+                           (int)ldx, n, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y,
+                           (int)ldy, rp);
+    return rc ? rc : sf_launch_status();
+}
+
+template <int MODE>
+static int launch_st(int cfg, const uint16_t *x, int64_t ldx, int n, const uint16_t *nw, float eps, const uint16_t *w,
+                     const uint16_t *bias, int m, int k, uint16_t *y, int64_t ldy, const fg_rope &rp, int grid,
+                     int warps, cudaStream_t s)
+{
+    switch (cfg % 1000 / 100 * 10 + cfg % 10) {
+#define GW_CASE(C, ST, V, LINES) \
+    case C: return launch<MODE, ST, V, LINES>(x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
+        GW_CASE(13, 3, 4, false) GW_CASE(14, 4, 4, false) GW_CASE(16, 6, 4, false) GW_CASE(18, 8, 4, false)
+        GW_CASE(23, 3, 4, true) GW_CASE(24, 4, 4, true) GW_CASE(26, 6, 4, true) GW_CASE(28, 8, 4, true)
+        GW_CASE(33, 3, 8, true) GW_CASE(34, 4, 8, true) GW_CASE(36, 6, 8, true) GW_CASE(38, 8, 8, true)
+        GW_CASE(43, 3, 16, true) GW_CASE(44, 4, 16, true) GW_CASE(46, 6, 16, true) GW_CASE(48, 8, 16, true)
+#undef GW_CASE
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+/* want: a configuration (cfg_valid), 0 planned (or SEMFLOW_CUDA_GEMV_ROWS_CFG) */
+static int rows(int mode, const uint16_t *x, int64_t ldx, int n, const uint16_t *nw, float eps, const uint16_t *w,
+                const uint16_t *bias, int m, int k, uint16_t *y, int64_t ldy, const fg_rope &rp, cudaStream_t s,
+                int want = 0)
+{
+    int grid = 0, warps = 0;
+    if (!y || !shape_ok(mode, n, x, ldx, w, m, k, ldy) || ((mode & FG_NORM) && (!nw || (uintptr_t)nw % 16)))
+        return (int)cudaErrorInvalidValue;
+    const int st = plan(n, k, fg_units(mode, m) / GW_PAIRS, want ? want : forced_cfg(), &grid, &warps);
+    if (!st) return (int)cudaErrorInvalidValue;
+    switch (mode) {
+    case 0: return launch_st<0>(st, x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
+    case FG_NORM: return launch_st<FG_NORM>(st, x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
+    case FG_NORM | FG_GLU: return launch_st<FG_NORM | FG_GLU>(st, x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
+    case FG_NORM | FG_ROPE: return launch_st<FG_NORM | FG_ROPE>(st, x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
+    case FG_ADD: return launch_st<FG_ADD>(st, x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+static int kind_mode(int kind)
+{
+    return kind == SF_K_ROWS_NORM   ? FG_NORM
+           : kind == SF_K_ROWS_GLU  ? FG_NORM | FG_GLU
+           : kind == SF_K_ROWS_ADD  ? FG_ADD
+           : kind == SF_K_ROWS_ROPE ? FG_NORM | FG_ROPE
+                                    : 0;
+}
+
+extern "C" int sf_k_gemv_rows_ok(int kind, int n, const void *x, int64_t ldx, const void *w, int m, int k, int64_t ldy)
+{
+    int grid = 0, warps = 0;
+    const int mode = kind_mode(kind);
+    return kind >= SF_K_ROWS_NORM && kind <= SF_K_ROWS_PLAIN && shape_ok(mode, n, x, ldx, w, m, k, ldy) &&
+           plan(n, k, fg_units(mode, m) / GW_PAIRS, forced_cfg(), &grid, &warps) > 0;
+}
+
+/* Benchmarks: kind as sf_k_gemv_rows_ok (not RoPE), cfg as SEMFLOW_CUDA_GEMV_ROWS_CFG. */
+extern "C" int sf_k_gemv_rows_tune(int kind, int cfg, int n, const uint16_t *x, const uint16_t *nw, const uint16_t *w,
+                                   int m, int k, uint16_t *y, cudaStream_t s)
+{
+    fg_rope rp = {};
+    const int mode = kind_mode(kind);
+    if (!cfg_valid(cfg) || kind == SF_K_ROWS_ROPE || kind < SF_K_ROWS_NORM || kind > SF_K_ROWS_PLAIN)
+        return (int)cudaErrorInvalidValue;
+    return rows(mode, x, k, n, nw, 1e-5f, w, NULL, m, k, y, (mode & FG_GLU) ? m / 2 : m, rp, s, cfg);
+}
+
+extern "C" int sf_k_gemv_rows_norm(const uint16_t *x, int64_t ldx, const uint16_t *nw, float eps, const uint16_t *w,
+                                   const uint16_t *bias, int n, int m, int k, int glu, uint16_t *y, int64_t ldy,
+                                   cudaStream_t s)
+{
+    fg_rope rp = {};
+    if (glu && m % 2) return (int)cudaErrorInvalidValue;
+    return rows(glu ? FG_NORM | FG_GLU : FG_NORM, x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, s);
+}
+
+extern "C" int sf_k_gemv_rows_add(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, int n, int m,
+                                  int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    fg_rope rp = {};
+    return rows(FG_ADD, x, ldx, n, NULL, 0.0f, w, bias, m, k, y, ldy, rp, s);
+}
+
+extern "C" int sf_k_gemv_rows_plain(const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, int n,
+                                    int m, int k, uint16_t *y, int64_t ldy, cudaStream_t s)
+{
+    fg_rope rp = {};
+    return rows(0, x, ldx, n, NULL, 0.0f, w, bias, m, k, y, ldy, rp, s);
+}
+
+extern "C" int sf_k_gemv_rows_rope(const uint16_t *x, int64_t ldx, const uint16_t *nw, float eps, const uint16_t *w,
+                                   const uint16_t *bias, int n, int k, int H, int Hkv, int hd, int rot_dim,
+                                   int interleaved, const int32_t *pos, const int32_t *slot, const float *inv_freq,
+                                   sf_k_kv kv, uint16_t *qkv, int64_t ldq, cudaStream_t s)
+{
+    if (H < 1 || Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 2 || rot_dim % 2 || rot_dim > hd || kv.n_kv_heads != Hkv ||
+        kv.head_dim != hd || kv.block_size < 1 || !pos || !slot || !inv_freq)
+        return (int)cudaErrorInvalidValue;
+    /* as sf_k_gemv_norm_rope: the cache is written for full-precision blocks only (the backend
+     * sends steps that touch INT8 blocks through rope_kv.cu) */
+    fg_rope rp = { pos, slot, inv_freq, H, Hkv, hd, rot_dim, interleaved, kv };
+    return rows(FG_NORM | FG_ROPE, x, ldx, n, nw, eps, w, bias, (H + 2 * Hkv) * hd, k, qkv, ldq, rp, s);
+}
