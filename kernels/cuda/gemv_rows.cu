@@ -13,20 +13,22 @@
  *
  * The unit is 8 weight rows over all of k: pair units 4u .. 4u + 3 of fg_unit_rows (so a GLU
  * unit holds 4 gate rows and their 4 up rows, a RoPE unit 4 rotation pairs), B row j = the pair
- * unit 4u + j / 2's row a (j even) or b (j odd). Lane (g = lane / 4, t = lane % 4) streams weight
- * row g's 16-byte vectors c = 4 i + t through a per-warp cp.async ring (as gemv_stream.cu: the
- * ring runs on from unit to unit, stages issued before the programmatic-launch wait) and reads x
- * row g's vector c from shared memory. The fragment's k order is permuted, identically for A and
- * B (a dot product does not care): lane t's 8 columns are one 16-byte vector, pairs 0-1 feed the
- * first mma's k {2t, 2t+1, 2t+8, 2t+9}, pairs 2-3 the second's. The accumulator's (row g,
+ * unit 4u + j / 2's row a (j even) or b (j odd). Each warp streams its units' rows through a
+ * cp.async ring (as gemv_stream.cu: the ring runs on from unit to unit, stages issued before the
+ * programmatic-launch wait); lane (g = lane / 4, t = lane % 4) reads weight row g's 16-byte
+ * vectors c = 4 i + t from the ring and x row g's vector c from shared memory (how the ring is
+ * copied, and so its layout, is the configuration's: LINES below). The fragment's k order is
+ * permuted, identically for A and B (a dot product does not care): lane t's 8 columns are one
+ * 16-byte vector, pairs 0-1 feed the first mma's k {2t, 2t+1, 2t+8, 2t+9}, pairs 2-3 the
+ * second's. The accumulator's (row g,
  * columns 2t, 2t + 1) are then x row g against pair unit 4u + t's rows a and b: the lane runs
  * gemv_ring.cuh's epilogue for that pair and that row, the same one the batch-1 kernels run.
  *
- * x (n rows, normalised in place for the norm modes: warp w normalises row w) is held in shared
- * memory, rows 64 bytes past a 128-byte multiple apart, so that a quarter warp's 8 16-byte reads
- * (two rows, four vectors each) touch 32 banks once. That caps n * k: the down projection of
+ * x (n rows, normalised in place for the norm modes, a warp a row) is held in shared memory,
+ * rows 64 bytes past a 128-byte multiple apart, so that a quarter warp's 8 16-byte reads (two
+ * rows, four vectors each) touch 32 banks once. That caps n * k: the down projection of
  * Llama-3-8B (k = 14336) takes up to 6 rows; larger shapes run the general path (the caller asks
- * sf_k_gemv_rows_ok). */
+ * sf_k_gemv_rows_ok). What it reaches and what was tried: plan() below, docs/PERFORMANCE.md. */
 #include <stdlib.h>
 #include <string.h>
 
