@@ -1090,9 +1090,9 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         r.f = eps;
         return submit(c, &r, 1, "norm_matmul");
     }
-    if (n > 1 && n <= ROWS_MAX && sf_k_gemv_rows_ok(glu ? SF_K_ROWS_GLU : SF_K_ROWS_NORM, n, x->d, x->cols, w->d, (int)w->rows, (int)k,
-                                   y->cols) && (uintptr_t)norm->d % 16 == 0) {
-        /* 2-8 rows: the same fusion on tensor cores (gemv_rows.cu) */
+    if (n > 1 && n <= ROWS_MAX && (uintptr_t)norm->d % 16 == 0 &&
+        sf_k_gemv_rows_ok(glu ? SF_K_ROWS_GLU : SF_K_ROWS_NORM, n, x->d, x->cols, w->d, (int)w->rows, (int)k, y->cols)) {
+        /* 2-6 rows: the same fusion on tensor cores (gemv_rows.cu) */
         sf_op_rec r = { 0 };
         r.kind = SF_OP_GEMV_NORM;
         r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
@@ -1160,7 +1160,8 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         r.n[0] = w->rows; r.n[1] = w->cols;
         return submit(c, &r, 1, "matmul_add");
     }
-    if (n > 1 && n <= ROWS_MAX && sf_k_gemv_rows_ok(SF_K_ROWS_ADD, n, x->d, x->cols, w->d, (int)w->rows, (int)w->cols, y->cols)) {
+    if (n > 1 && n <= ROWS_MAX &&
+        sf_k_gemv_rows_ok(SF_K_ROWS_ADD, n, x->d, x->cols, w->d, (int)w->rows, (int)w->cols, y->cols)) {
         r.kind = SF_OP_GEMV_ADD;
         r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = w->cols; r.n[8] = n; r.n[9] = x->cols; r.n[10] = y->cols;

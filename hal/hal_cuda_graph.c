@@ -53,7 +53,7 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
         return r->coll_norm(r->coll_arg, &a, s) ? SF_K_COLL_FAILED : 0;
     }
     case SF_OP_GEMV_NORM:
-        if (n[8] > 1) /* 2-8 rows (gemv_rows.cu): rows n[8], x and y strides n[9], n[10] */
+        if (n[8] > 1) /* 2-6 rows (gemv_rows.cu): rows n[8], x and y strides n[9], n[10] */
             return sf_k_gemv_rows_norm(r->p[0], n[9], r->p[1], r->f, r->p[2], r->p[3], (int)n[8], (int)n[0], (int)n[1],
                                        (int)n[2], (uint16_t *)r->p[4], n[10], s);
         return sf_k_gemv_norm(r->p[0], r->p[1], r->f, r->p[2], r->p[3], (int)n[0], (int)n[1], (int)n[2],
