@@ -231,6 +231,27 @@ static __device__ __forceinline__ void gr_stage_dot(const uint4 *slot, const bf1
     }
 }
 
+/* One issue of a persistent warp's ring (gemv_stream.cu, gemv_rows.cu): the cursor's stage (it
+ * of unit iu) copied by copy(it, islot) into its slot, the cursor moved on (after a unit's n_st
+ * stages to the warp's next unit, iu + nwarps, whose rows rows_of(iu) looks up while there is
+ * one), then one group closed, empty once the warp's units are done, so that the waits keep
+ * counting ST - 1 groups ahead. */
+template <int ST, typename C, typename R>
+static __device__ __forceinline__ void gr_issue(int &iu, int &it, int &islot, int n_st, int nwarps, int units, C &&copy,
+                                                R &&rows_of)
+{
+    if (iu < units) {
+        copy(it, islot);
+        if (++it == n_st) {
+            it = 0;
+            iu += nwarps;
+            if (iu < units) rows_of(iu);
+        }
+    }
+    gr_commit();
+    if (++islot == ST) islot = 0;
+}
+
 /* The current device's shared memory per SM, per-block reservation and SMs (0s when they
  * cannot be read); cached per device, as the kernels' attributes are (common.cuh). */
 static inline void gr_smem_limits(int *per_sm, int *reserved, int *sms)

@@ -63,9 +63,10 @@ static __device__ __forceinline__ void gw_epilogue(int pu, float a, float b, int
 
 /* MODE: FG_NORM (| FG_GLU | FG_ROPE), FG_ADD or 0; ST ring stages per warp of GW_V 16-byte loads
  * per lane. Dynamic shared memory: x (n rows of gw_x_stride(k) vectors), then GW_WARPS rings of
- * ST stages. LINES: the ring's copies by whole 128-byte lines (a copy instruction takes 4V
- * consecutive vectors of 32 / (4V) rows, not 64 bytes of each of 8 rows), stored row by row with
- * odd rows' halves of 64 bytes swapped, so that a quarter warp's reads (rows g, g + 1) still
+ * ST stages (at most GW_WARPS warps; the launch's blockDim says how many). LINES (8 loads a
+ * lane): the ring's copies by whole 128-byte lines (copy instruction v takes row v's 32
+ * consecutive vectors, not 64 bytes of each of 8 rows), stored row by row with odd rows' halves
+ * of 64 bytes swapped, so that a quarter warp's reads (rows g, g + 1) still
  * touch every bank once; lanes then read what others copied (a warp barrier after the wait, and
  * before a slot is refilled). */
 template <int MODE, int ST, int GW_V, bool LINES>
@@ -89,10 +90,9 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
      * gemv_stream.cu deals them), so every SM gets the same number plus or minus one. */
     int iu = warp * gridDim.x + blockIdx.x, it = 0, islot = 0;
     const uint4 *wr = NULL;
-    /* LINES: the weight row of each copy instruction's vectors (V >= 8: one row an instruction,
-     * the same for every lane; V = 4: two, the lane's half) */
-    constexpr int NRW = !LINES ? 1 : GW_V >= 8 ? 8 : GW_V;
-    int rw[NRW];
+    /* LINES: the unit's 8 weight rows (copy instruction v takes row v: 32 vectors, 512 bytes) */
+    static_assert(!LINES || GW_V == 8, "copies by whole lines take 8 loads a lane per stage");
+    int rw[LINES ? 8 : 1];
     auto b_row = [&](int u, int j) { /* B row j of unit u: its weight row */
         const fg_unit r = fg_unit_rows<MODE>(u * GW_PAIRS + (j >> 1), m, rp);
         return (j & 1) ? r.rb : r.ra;
@@ -100,35 +100,26 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
     auto row_of = [&](int u) {
         if constexpr (LINES) {
 #pragma unroll
-            for (int i = 0; i < NRW; i++) rw[i] = b_row(u, GW_V >= 8 ? i : (i * 32 + lane) / (4 * GW_V));
+            for (int i = 0; i < 8; i++) rw[i] = b_row(u, i);
         } else {
             wr = (const uint4 *)(w + (int64_t)b_row(u, g) * k) + t;
         }
     };
     if (iu < units) row_of(iu);
-    auto issue = [&]() { /* the cursor's stage into its slot, then one group (empty past the end) */
-        if (iu < units) {
+    auto copy = [&](int st, int sl) { /* stage st of the cursor's unit into ring slot sl */
 #pragma unroll
-            for (int v = 0; v < GW_V; v++) {
-                if constexpr (LINES) {
-                    const int q = v * 32 + lane, j = q / (4 * GW_V), c = q % (4 * GW_V);
-                    if (it * 4 * GW_V + c < k8)
-                        gr_cp16(ringw + islot * GW_V * 32 + j * 4 * GW_V + (c ^ ((j & 1) << 2)),
-                                (const uint4 *)(w + (int64_t)rw[GW_V >= 8 ? j : v] * k) + it * 4 * GW_V + c);
-                } else {
-                    const int c = (it * GW_V + v) * 4;
-                    if (c < k8) gr_cp16(ringw + (islot * GW_V + v) * 32 + lane, wr + c);
-                }
-            }
-            if (++it == n_st) {
-                it = 0;
-                iu += nwarps;
-                if (iu < units) row_of(iu);
+        for (int v = 0; v < GW_V; v++) {
+            if constexpr (LINES) { /* row v's vectors lane, stored with odd rows' 64-byte halves swapped */
+                if (st * 4 * GW_V + lane < k8)
+                    gr_cp16(ringw + (sl * GW_V + v) * 32 + (lane ^ ((v & 1) << 2)),
+                            (const uint4 *)(w + (int64_t)rw[v] * k) + st * 4 * GW_V + lane);
+            } else {
+                const int c = (st * GW_V + v) * 4;
+                if (c < k8) gr_cp16(ringw + (sl * GW_V + v) * 32 + lane, wr + c);
             }
         }
-        gr_commit();
-        if (++islot == ST) islot = 0;
     };
+    auto issue = [&]() { gr_issue<ST>(iu, it, islot, n_st, nwarps, units, copy, row_of); };
 #pragma unroll
     for (int s = 0; s < ST - 1; s++) issue(); /* weights only: before the wait */
     /* The norm weight into ring slot ST - 1 of every warp (free until the loop's first issue),
@@ -199,21 +190,22 @@ static bool rows_on(void)
     return on;
 }
 /* A configuration: [1000: 8 warps a block, else as many as the SM has units] + ring x 100 (1: 4
- * loads a lane per stage, each lane its own; 2: 4 loads, LINES; 3: 8, LINES; 4: 16, LINES) +
- * blocks per SM (1, 2) x 10 + stages (3, 4, 6, 8). */
+ * loads a lane per stage, each lane its own; 3: 8 loads, LINES; the numbers of session 32's
+ * measurements, where 2 and 4 were LINES at 4 and 16 loads, slower everywhere, removed) + blocks
+ * per SM (1, 2) x 10 + stages (3, 4, 6, 8). */
 static bool cfg_valid(int c)
 {
     const int r = c % 1000 / 100, b = c % 100 / 10, d = c % 10;
-    return c < 2000 && r >= 1 && r <= 4 && b >= 1 && b <= 2 && (d == 3 || d == 4 || d == 6 || d == 8);
+    return c < 2000 && (r == 1 || r == 3) && b >= 1 && b <= 2 && (d == 3 || d == 4 || d == 6 || d == 8);
 }
-static int cfg_v(int c) { return c % 1000 / 100 <= 2 ? 4 : c % 1000 / 100 == 3 ? 8 : 16; }
+static int cfg_v(int c) { return c % 1000 / 100 == 3 ? 8 : 4; }
 static int forced_cfg(void)
 {
     static const int cfg = [] {
         const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_ROWS_CFG", 0, 0, 1999);
         if (c && !cfg_valid(c))
-            SF_LOGW("SEMFLOW_CUDA_GEMV_ROWS_CFG=%d: takes [1000 for 8 warps a block] + ring (1..4) x 100 + blocks "
-                    "per SM (1..2) x 10 + ring stages (3, 4, 6, 8), e.g. 316; using the planned configuration",
+            SF_LOGW("SEMFLOW_CUDA_GEMV_ROWS_CFG=%d: takes [1000 for 8 warps a block] + ring (1 or 3) x 100 + "
+                    "blocks per SM (1..2) x 10 + ring stages (3, 4, 6, 8), e.g. 316; using the planned configuration",
                     c);
         return cfg_valid(c) ? c : 0;
     }();
@@ -287,9 +279,7 @@ static int launch_st(int cfg, const uint16_t *x, int64_t ldx, int n, const uint1
 #define GW_CASE(C, ST, V, LINES) \
     case C: return launch<MODE, ST, V, LINES>(x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
         GW_CASE(13, 3, 4, false) GW_CASE(14, 4, 4, false) GW_CASE(16, 6, 4, false) GW_CASE(18, 8, 4, false)
-        GW_CASE(23, 3, 4, true) GW_CASE(24, 4, 4, true) GW_CASE(26, 6, 4, true) GW_CASE(28, 8, 4, true)
         GW_CASE(33, 3, 8, true) GW_CASE(34, 4, 8, true) GW_CASE(36, 6, 8, true) GW_CASE(38, 8, 8, true)
-        GW_CASE(43, 3, 16, true) GW_CASE(44, 4, 16, true) GW_CASE(46, 6, 16, true) GW_CASE(48, 8, 16, true)
 #undef GW_CASE
     default: return (int)cudaErrorInvalidValue;
     }

@@ -123,16 +123,9 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     };
     if (iu < units) rows_of(iu);
     auto issue = [&]() { /* the cursor's stage into its slot, then one group (empty past the end) */
-        if (iu < units) {
-            gr_stage_copy<2>(ring + (size_t)islot * 2 * FG_RING_V * 32, ia, ib, it, k8, lane);
-            if (++it == n_st) {
-                it = 0;
-                iu += nwarps;
-                if (iu < units) rows_of(iu);
-            }
-        }
-        gr_commit();
-        if (++islot == ST) islot = 0;
+        gr_issue<ST>(iu, it, islot, n_st, nwarps, units, [&](int st, int sl) {
+            gr_stage_copy<2>(ring + (size_t)sl * 2 * FG_RING_V * 32, ia, ib, st, k8, lane);
+        }, rows_of);
     };
 #pragma unroll
     for (int t = 0; t < ST - 1; t++) issue(); /* weights only: before the wait */

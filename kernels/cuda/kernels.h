@@ -258,8 +258,9 @@ int sf_k_gemv_rows_rope(const uint16_t *x, int64_t ldx, const uint16_t *nw, floa
                         const uint16_t *bias, int n, int k, int H, int Hkv, int hd, int rot_dim, int interleaved,
                         const int32_t *pos, const int32_t *slot, const float *inv_freq, sf_k_kv kv, uint16_t *qkv,
                         int64_t ldq, cudaStream_t s);
-/* Benchmarks only: kind (not RoPE) with cfg = 100 for 8 loads a lane per ring stage (else 4) +
- * blocks per SM (1, 2) x 10 + stages (3, 4, 6, 8); x rows k apart, y rows m (glu: m / 2) apart. */
+/* Benchmarks only: kind (not RoPE) with cfg a configuration as SEMFLOW_CUDA_GEMV_ROWS_CFG takes
+ * ([1000: 8 warps a block] + ring 1 or 3 x 100 + blocks per SM (1, 2) x 10 + stages (3, 4, 6,
+ * 8)); x rows k apart, y rows m (glu: m / 2) apart. */
 int sf_k_gemv_rows_tune(int kind, int cfg, int n, const uint16_t *x, const uint16_t *nw, const uint16_t *w, int m,
                         int k, uint16_t *y, cudaStream_t s);
 
