@@ -8,6 +8,10 @@
 
 #include "common.cuh"
 
+extern "C" {
+#include "../../common/sf.h"
+}
+
 /* 16 bytes global -> shared, L2 only. The "memory" clobbers keep shared-memory reads of a slot
  * on their side of the copy that refills it and of the wait that lands it. */
 static __device__ __forceinline__ void gr_cp16(void *smem, const void *g)
@@ -250,6 +254,15 @@ static __device__ __forceinline__ void gr_issue(int &iu, int &it, int &islot, in
     }
     gr_commit();
     if (++islot == ST) islot = 0;
+}
+
+/* A configuration forced from the environment (benchmarks; read by the caller once): name's
+ * value when valid() takes it, else 0 (planned), with a warning naming it and what it takes. */
+static inline int gr_env_cfg(const char *name, long hi, bool (*valid)(int), const char *takes)
+{
+    const int c = (int)sf_env_long(name, 0, 0, hi);
+    if (c && !valid(c)) SF_LOGW("%s=%d: takes %s; using the planned configuration", name, c, takes);
+    return c && valid(c) ? c : 0;
 }
 
 /* The current device's shared memory per SM, per-block reservation and SMs (0s when they

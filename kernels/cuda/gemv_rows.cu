@@ -201,14 +201,9 @@ static bool cfg_valid(int c)
 static int cfg_v(int c) { return c % 1000 / 100 == 3 ? 8 : 4; }
 static int forced_cfg(void)
 {
-    static const int cfg = [] {
-        const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_ROWS_CFG", 0, 0, 1999);
-        if (c && !cfg_valid(c))
-            SF_LOGW("SEMFLOW_CUDA_GEMV_ROWS_CFG=%d: takes [1000 for 8 warps a block] + ring (1 or 3) x 100 + "
-                    "blocks per SM (1..2) x 10 + ring stages (3, 4, 6, 8), e.g. 316; using the planned configuration",
-                    c);
-        return cfg_valid(c) ? c : 0;
-    }();
+    static const int cfg = gr_env_cfg("SEMFLOW_CUDA_GEMV_ROWS_CFG", 1999, cfg_valid,
+                                      "[1000 for 8 warps a block] + ring (1 or 3) x 100 + blocks per SM (1..2) x 10 "
+                                      "+ ring stages (3, 4, 6, 8), e.g. 316");
     return cfg;
 }
 

@@ -202,14 +202,8 @@ static bool cfg_valid(int cfg) { return cfg / 10 >= 1 && cfg / 10 <= 3 && cfg % 
 /* SEMFLOW_CUDA_GEMV_CFG forces one for every launch (benchmarks); 0: planned. */
 static int forced_cfg(void)
 {
-    static const int cfg = [] {
-        const int c = (int)sf_env_long("SEMFLOW_CUDA_GEMV_CFG", 0, 0, 36);
-        if (c && !cfg_valid(c))
-            SF_LOGW("SEMFLOW_CUDA_GEMV_CFG=%d: takes blocks per SM (1..3) x 10 + ring stages (3..6), e.g. 25; "
-                    "using the planned configuration",
-                    c);
-        return cfg_valid(c) ? c : 0;
-    }();
+    static const int cfg =
+        gr_env_cfg("SEMFLOW_CUDA_GEMV_CFG", 36, cfg_valid, "blocks per SM (1..3) x 10 + ring stages (3..6), e.g. 25");
     return cfg;
 }
 
