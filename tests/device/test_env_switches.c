@@ -135,6 +135,35 @@ TEST(gemv_plan_refuses_junk)
     cudaFree(y);
 }
 
+/* The 2-6 row GEMV's switches, read once at its first launch: a malformed SEMFLOW_CUDA_GEMV_ROWS
+ * and SEMFLOW_CUDA_GEMV_ROWS_CFG warn by name, and the kernel still runs with its defaults (on,
+ * planned). */
+TEST(gemv_rows_switches_refuse_junk)
+{
+    enum { N = 2, M = 64, K = 64 };
+    uint16_t *x = NULL, *w = NULL, *y = NULL;
+    REQUIRE(cudaMalloc((void **)&x, N * K * 2) == cudaSuccess && cudaMalloc((void **)&w, M * K * 2) == cudaSuccess &&
+                cudaMalloc((void **)&y, N * M * 2) == cudaSuccess,
+            "cudaMalloc failed");
+    cudaMemset(x, 0, N * K * 2);
+    cudaMemset(w, 0, M * K * 2);
+    setenv("SEMFLOW_CUDA_GEMV_ROWS", "maybe", 1);
+    setenv("SEMFLOW_CUDA_GEMV_ROWS_CFG", "99", 1);
+    capture_begin();
+    const int ok = sf_k_gemv_rows_ok(SF_K_ROWS_PLAIN, N, x, K, w, M, K, M);
+    int rc = sf_k_gemv_rows_plain(x, K, w, NULL, N, M, K, y, M, 0);
+    if (!rc) rc = (int)cudaDeviceSynchronize();
+    const char *log = capture_end();
+    CHECK_MSG(ok && rc == 0, "the kernel did not run (ok %d): %s", ok, cudaGetErrorString((cudaError_t)rc));
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_GEMV_ROWS=maybe"), "log: %.400s", log);
+    CHECK_MSG(strstr(log, "SEMFLOW_CUDA_GEMV_ROWS_CFG=99"), "log: %.400s", log);
+    unsetenv("SEMFLOW_CUDA_GEMV_ROWS");
+    unsetenv("SEMFLOW_CUDA_GEMV_ROWS_CFG");
+    cudaFree(x);
+    cudaFree(w);
+    cudaFree(y);
+}
+
 /* The planner's kernel for one-token steps: the tensor-core kernel (4) for bf16 steps of GQA
  * groups of 4 from 512 keys and of 5 to 8 from 2048 (the measured cases: 4 and 7), in its 8-warp
  * configuration (5) at head size 128 for groups of 4 from 4096 keys and for the wider groups, the
@@ -199,6 +228,7 @@ int main(void)
     RUN(attention_switches_read_once);
     RUN(decode_attention_one_token_plan);
     RUN(gemv_plan_refuses_junk);
+    RUN(gemv_rows_switches_refuse_junk);
     RUN(malformed_values_are_refused_by_name);
     RUN(accepted_values_are_silent);
     return test_summary();
