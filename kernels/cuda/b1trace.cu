@@ -18,6 +18,7 @@ extern "C" int sf_k_attn_decode_trace(void *buf);
 extern "C" int sf_k_attn_decode_mma_trace(void *buf);
 extern "C" int sf_k_sample_trace(void *buf);
 extern "C" int sf_k_embed_trace(void *buf);
+extern "C" int sf_k_gemv_rows_trace(void *buf);
 
 struct sf_k_trace {
     sf_tr_rec *d;
@@ -33,6 +34,7 @@ static int set_all(void *buf)
     if (!rc) rc = sf_k_attn_decode_mma_trace(buf);
     if (!rc) rc = sf_k_sample_trace(buf);
     if (!rc) rc = sf_k_embed_trace(buf);
+    if (!rc) rc = sf_k_gemv_rows_trace(buf);
     return rc;
 }
 

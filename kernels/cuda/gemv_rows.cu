@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "b1trace.cuh"
 #include "gemv_ring.cuh"
 
 extern "C" {
@@ -82,6 +83,9 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
     const int W = blockDim.x >> 5, units = fg_units(MODE, m) / GW_PAIRS, nwarps = gridDim.x * W;
     const int n_st = (k8 + 4 * GW_V - 1) / (4 * GW_V); /* ring stages per unit */
     uint4 *xs = (uint4 *)gw_smem, *rings = xs + (size_t)n * xst;
+    /* the timeline marks (SEMFLOW_CUDA_TRACE; tag SF_TR_GEMV + MODE), after the rings */
+    sf_tr &tr = *(sf_tr *)(rings + (size_t)W * ST * GW_V * 32);
+    tr_begin(tr);
     uint4 *ringw = rings + (size_t)warp * ST * GW_V * 32; /* this warp's ring */
     sf_pdl_trigger();
 
@@ -133,6 +137,7 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
         for (int i = threadIdx.x; i < k8; i += NT) sf_cp_async16(nw_at(i), (const uint4 *)nw + i, 16);
     gr_commit();
     sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
+    tr_waited(tr);
 
     /* x into shared memory in one round of copies */
     for (int i = threadIdx.x; i < n * k8; i += NT) {
@@ -153,6 +158,7 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
         }
         __syncthreads(); /* x complete, and the norm weight read before the loop refills its slot */
     }
+    tr_ready(tr);
 
     const uint4 *xr = xs + (size_t)min(g, n - 1) * xst + t;
     int cslot = 0;
@@ -179,7 +185,10 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
         if (g < n) gw_epilogue<MODE>(u * GW_PAIRS + t, d0[0] + d1[0], d0[1] + d1[1], g, m, bias, y, ldy, rp);
     }
     gr_wait<0>();
+    tr_end(tr, SF_TR_GEMV + MODE, m, k);
 }
+
+SF_TR_SETTER(sf_k_gemv_rows_trace)
 
 /* SEMFLOW_CUDA_GEMV_ROWS: 1 (default) the kernel where it fits, 0 never (the general path);
  * SEMFLOW_CUDA_GEMV_ROWS_CFG: a configuration (cfg_valid) for every launch that fits it
@@ -225,7 +234,7 @@ static int plan(int n, int k, int units, int want, int *grid, int *warps)
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
     if (!sms) return 0;
-    const long fixed = (long)n * gw_x_stride(k) * 16 + reserved + 128 /* the ring's alignment */;
+    const long fixed = (long)n * gw_x_stride(k) * 16 + reserved + (long)sizeof(sf_tr);
     static const int depths[] = { 3, 4, 6, 8 };
     int cfg = 0;
     long best = 0;
@@ -255,7 +264,9 @@ static int launch(const uint16_t *x, int64_t ldx, int n, const uint16_t *nw, flo
                   const uint16_t *bias, int m, int k, uint16_t *y, int64_t ldy, const fg_rope &rp, int grid, int warps,
                   cudaStream_t s)
 {
-    const size_t smem = (size_t)n * gw_x_stride(k) * 16 + (size_t)warps * ST * GW_STAGE_BYTES(V);
+    /* x, the rings, the timeline marks (in dynamic shared memory: a static variable before it
+     * would be one more thing its 128-byte alignment rests on) */
+    const size_t smem = (size_t)n * gw_x_stride(k) * 16 + (size_t)warps * ST * GW_STAGE_BYTES(V) + sizeof(sf_tr);
     static sf_k_smem smem_set; /* per instance */
     int e = sf_k_smem_attr(&smem_set, k_gemv_rows<MODE, ST, V, LINES>, smem);
     if (e) return e;

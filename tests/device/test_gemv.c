@@ -585,7 +585,7 @@ static void perf_rows(const perf_shape *p, double bw)
     uint16_t *wt[4][L], *nw = NULL, *h = NULL, *q = NULL, *att = NULL, *act = NULL, *gu = NULL;
     const int m[4] = { p->qkv, p->d, 2 * p->ff, p->d }, k[4] = { p->d, p->o_k, p->d, p->ff };
     const int kind[4] = { SF_K_ROWS_NORM, SF_K_ROWS_ADD, SF_K_ROWS_GLU, SF_K_ROWS_ADD };
-    static const int vars[] = { 0, -1, 1316, 1116, 316, 318, 326, 116 };
+    static const int vars[] = { 0, -1, 316, 314, 313, 326, 324, 323, 116 };
     static const char *names[] = { "QKV (norm)", "O (add)", "gate/up (norm+glu)", "down (add)" };
     memset(wt, 0, sizeof wt);
     for (int l = 0; l < L; l++)
@@ -598,6 +598,40 @@ static void perf_rows(const perf_shape *p, double bw)
     att = dev_rand(8LL * p->o_k, 1.0f, NULL); act = dev_rand(8LL * p->ff, 1.0f, NULL);
     gu = dev_rand(16LL * p->ff, 1.0f, NULL);
     if (!nw || !h || !q || !att || !act || !gu) { printf("perf: %s: cudaMalloc failed\n", p->name); goto cleanup; }
+    /* the layer chain (QKV, O, gate/up, down; L layers in one graph), every op at one
+     * configuration: what the op boundaries cost, with rings that leave room for the next op's
+     * blocks (3 and 4 stages) or not; an op a configuration does not fit runs the plan */
+    for (int n = 2; n <= 4; n *= 2) {
+        static const int cv[] = { 0, 316, 314, 313, 326, 324, 323 };
+        const double mb = ((double)m[0] * k[0] + (double)m[1] * k[1] + (double)m[2] * k[2] + (double)m[3] * k[3]) * 2 / 1e6;
+        printf("perf: %-8s n=%d layer chain (%.1f MB):", p->name, n, mb);
+        for (size_t vi = 0; vi < SF_ARRAY_LEN(cv); vi++) {
+            cudaGraph_t g = NULL;
+            int rc = 0;
+            if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf(" capture failed\n"); goto cleanup; }
+            for (int l = 0; l < L; l++)
+                for (int op = 0; op < 4; op++) {
+                    const uint16_t *x = op == 1 ? att : op == 3 ? act : h;
+                    uint16_t *y = op == 0 ? q : op == 2 ? act : h;
+                    /* an op the configuration does not fit (nothing launched) takes the plan */
+                    if (cv[vi] && !sf_k_gemv_rows_tune(kind[op], cv[vi], n, x, nw, wt[op][l], m[op], k[op], y, S))
+                        continue;
+                    rc |= kind[op] == SF_K_ROWS_ADD
+                             ? sf_k_gemv_rows_add(x, k[op], wt[op][l], NULL, n, m[op], k[op], y, m[op], S)
+                             : sf_k_gemv_rows_norm(x, k[op], nw, 1e-5f, wt[op][l], NULL, n, m[op], k[op], op == 2, y,
+                                                   op == 2 ? m[op] / 2 : m[op], S);
+                }
+            cudaStreamEndCapture(S, &g);
+            double t = rc ? NAN : graph_us(g, L, REPS);
+            if (rc && g) cudaGraphDestroy(g);
+            if (rc) cudaGetLastError();
+            char lab[16];
+            snprintf(lab, sizeof lab, cv[vi] ? "c%d" : "plan", cv[vi]);
+            if (isnan(t)) printf(" %s -", lab);
+            else printf(" %s %.1f %.0f%%", lab, t, 100 * mb / t * 1e3 / bw);
+        }
+        printf("\n");
+    }
     for (int n = 2; n <= 8; n *= 2)
         for (int op = 0; op < 4; op++) {
             const double mb = (double)m[op] * k[op] * 2 / 1e6;
