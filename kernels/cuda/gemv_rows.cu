@@ -46,6 +46,11 @@ extern "C" {
 
 /* Row stride of x in shared memory, in 16-byte vectors: 64 bytes past a multiple of 128. */
 static __host__ __device__ __forceinline__ int gw_x_stride(int k) { return ((k * 2 + 127) / 128 * 128 + 64) / 16; }
+/* Shared memory before the rings (x's n rows), in 16-byte vectors: a multiple of 128 bytes, so
+ * that the rings' lines are 128-byte lines (an odd n's rows end 64 bytes past one: the ring's
+ * copies then straddled lines and its fragment reads conflicted; Llama-3-8B's gate/up at 3 rows
+ * took 76 us against 62 at 4, session 33's profile). */
+static __host__ __device__ __forceinline__ size_t gw_x_vecs(int n, int k) { return ((size_t)n * gw_x_stride(k) + 7) / 8 * 8; }
 
 /* The epilogue of pair unit pu for x row `row`: gemv_ring.cuh's, on that row's outputs and, for
  * RoPE, that row's position and cache slot. */
@@ -63,7 +68,7 @@ static __device__ __forceinline__ void gw_epilogue(int pu, float a, float b, int
 }
 
 /* MODE: FG_NORM (| FG_GLU | FG_ROPE), FG_ADD or 0; ST ring stages per warp of GW_V 16-byte loads
- * per lane. Dynamic shared memory: x (n rows of gw_x_stride(k) vectors), then GW_WARPS rings of
+ * per lane. Dynamic shared memory: x (n rows of gw_x_stride(k) vectors; gw_x_vecs), then GW_WARPS rings of
  * ST stages (at most GW_WARPS warps; the launch's blockDim says how many). LINES (8 loads a
  * lane): the ring's copies by whole 128-byte lines (copy instruction v takes row v's 32
  * consecutive vectors, not 64 bytes of each of 8 rows), stored row by row with odd rows' halves
@@ -82,7 +87,7 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
     const int k8 = k / 8, xst = gw_x_stride(k);
     const int W = blockDim.x >> 5, units = fg_units(MODE, m) / GW_PAIRS, nwarps = gridDim.x * W;
     const int n_st = (k8 + 4 * GW_V - 1) / (4 * GW_V); /* ring stages per unit */
-    uint4 *xs = (uint4 *)gw_smem, *rings = xs + (size_t)n * xst;
+    uint4 *xs = (uint4 *)gw_smem, *rings = xs + gw_x_vecs(n, k);
     /* the timeline marks (SEMFLOW_CUDA_TRACE; tag SF_TR_GEMV + MODE), after the rings */
     sf_tr &tr = *(sf_tr *)(rings + (size_t)W * ST * GW_V * 32);
     tr_begin(tr);
@@ -234,7 +239,7 @@ static int plan(int n, int k, int units, int want, int *grid, int *warps)
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
     if (!sms) return 0;
-    const long fixed = (long)n * gw_x_stride(k) * 16 + reserved + (long)sizeof(sf_tr);
+    const long fixed = (long)gw_x_vecs(n, k) * 16 + reserved + (long)sizeof(sf_tr);
     static const int depths[] = { 3, 4, 6, 8 };
     int cfg = 0;
     long best = 0;
@@ -266,7 +271,7 @@ static int launch(const uint16_t *x, int64_t ldx, int n, const uint16_t *nw, flo
 {
     /* x, the rings, the timeline marks (in dynamic shared memory: a static variable before it
      * would be one more thing its 128-byte alignment rests on) */
-    const size_t smem = (size_t)n * gw_x_stride(k) * 16 + (size_t)warps * ST * GW_STAGE_BYTES(V) + sizeof(sf_tr);
+    const size_t smem = gw_x_vecs(n, k) * 16 + (size_t)warps * ST * GW_STAGE_BYTES(V) + sizeof(sf_tr);
     static sf_k_smem smem_set; /* per instance */
     int e = sf_k_smem_attr(&smem_set, k_gemv_rows<MODE, ST, V, LINES>, smem);
     if (e) return e;
