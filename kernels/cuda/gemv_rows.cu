@@ -75,7 +75,7 @@ static __device__ __forceinline__ void gw_epilogue(int pu, float a, float b, int
  * of 64 bytes swapped, so that a quarter warp's reads (rows g, g + 1) still
  * touch every bank once; lanes then read what others copied (a warp barrier after the wait, and
  * before a slot is refilled). */
-template <int MODE, int ST, int GW_V, bool LINES>
+template <int MODE, int ST, int GW_V, bool LINES, bool TR>
 __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restrict__ x, int ldx, int n,
                                                              const bf16 *__restrict__ nw, float eps,
                                                              const bf16 *__restrict__ w,
@@ -88,9 +88,9 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
     const int W = blockDim.x >> 5, units = fg_units(MODE, m) / GW_PAIRS, nwarps = gridDim.x * W;
     const int n_st = (k8 + 4 * GW_V - 1) / (4 * GW_V); /* ring stages per unit */
     uint4 *xs = (uint4 *)gw_smem, *rings = xs + gw_x_vecs(n, k);
-    /* the timeline marks (SEMFLOW_CUDA_TRACE; tag SF_TR_GEMV + MODE), after the rings */
+    /* TR: the timeline marks (SEMFLOW_CUDA_TRACE; tag SF_TR_GEMV + MODE), after the rings */
     sf_tr &tr = *(sf_tr *)(rings + (size_t)W * ST * GW_V * 32);
-    tr_begin(tr);
+    if (TR) tr_begin(tr);
     uint4 *ringw = rings + (size_t)warp * ST * GW_V * 32; /* this warp's ring */
     sf_pdl_trigger();
 
@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
         for (int i = threadIdx.x; i < k8; i += NT) sf_cp_async16(nw_at(i), (const uint4 *)nw + i, 16);
     gr_commit();
     sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
-    tr_waited(tr);
+    if (TR) tr_waited(tr);
 
     /* x into shared memory in one round of copies */
     for (int i = threadIdx.x; i < n * k8; i += NT) {
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
         }
         __syncthreads(); /* x complete, and the norm weight read before the loop refills its slot */
     }
-    tr_ready(tr);
+    if (TR) tr_ready(tr);
 
     const uint4 *xr = xs + (size_t)min(g, n - 1) * xst + t;
     int cslot = 0;
@@ -190,7 +190,7 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
         if (g < n) gw_epilogue<MODE>(u * GW_PAIRS + t, d0[0] + d1[0], d0[1] + d1[1], g, m, bias, y, ldy, rp);
     }
     gr_wait<0>();
-    tr_end(tr, SF_TR_GEMV + MODE, m, k);
+    if (TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
 }
 
 SF_TR_SETTER(sf_k_gemv_rows_trace)
@@ -239,7 +239,7 @@ static int plan(int n, int k, int units, int want, int *grid, int *warps)
     int per_sm, reserved, sms;
     gr_smem_limits(&per_sm, &reserved, &sms);
     if (!sms) return 0;
-    const long fixed = (long)gw_x_vecs(n, k) * 16 + reserved + (long)sizeof(sf_tr);
+    const long fixed = (long)gw_x_vecs(n, k) * 16 + reserved + 128 /* the timeline marks, and slack */;
     static const int depths[] = { 3, 4, 6, 8 };
     int cfg = 0;
     long best = 0;
@@ -264,21 +264,33 @@ static bool shape_ok(int mode, int n, const void *x, int64_t ldx, const void *w,
            ldx >= k && ldy >= ((mode & FG_GLU) ? m / 2 : m) && ldx <= INT32_MAX && ldy <= INT32_MAX;
 }
 
+template <int MODE, int ST, int V, bool LINES, bool TR>
+static int launch_tr(const uint16_t *x, int64_t ldx, int n, const uint16_t *nw, float eps, const uint16_t *w,
+                  const uint16_t *bias, int m, int k, uint16_t *y, int64_t ldy, const fg_rope &rp, int grid, int warps,
+                  cudaStream_t s)
+{
+    /* x, the rings, the timeline marks (TR; in dynamic shared memory, so that nothing static
+     * comes before the rings' 128-byte alignment) */
+    const size_t smem = gw_x_vecs(n, k) * 16 + (size_t)warps * ST * GW_STAGE_BYTES(V) + (TR ? sizeof(sf_tr) : 0);
+    static sf_k_smem smem_set; /* per instance */
+    int e = sf_k_smem_attr(&smem_set, k_gemv_rows<MODE, ST, V, LINES, TR>, smem);
+    if (e) return e;
+    int rc = sf_launch_pdl(k_gemv_rows<MODE, ST, V, LINES, TR>, dim3(grid), dim3(warps * 32), smem, s, (const bf16 *)x,
+                           (int)ldx, n, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y,
+                           (int)ldy, rp);
+    return rc ? rc : sf_launch_status();
+}
+
+/* The marked instance when SEMFLOW_CUDA_TRACE asks for the timeline (the marks are not free: a
+ * Llama-3-8B step of 2 or 4 rows 1.5% slower with them in every launch) */
 template <int MODE, int ST, int V, bool LINES>
 static int launch(const uint16_t *x, int64_t ldx, int n, const uint16_t *nw, float eps, const uint16_t *w,
                   const uint16_t *bias, int m, int k, uint16_t *y, int64_t ldy, const fg_rope &rp, int grid, int warps,
                   cudaStream_t s)
 {
-    /* x, the rings, the timeline marks (in dynamic shared memory: a static variable before it
-     * would be one more thing its 128-byte alignment rests on) */
-    const size_t smem = gw_x_vecs(n, k) * 16 + (size_t)warps * ST * GW_STAGE_BYTES(V) + sizeof(sf_tr);
-    static sf_k_smem smem_set; /* per instance */
-    int e = sf_k_smem_attr(&smem_set, k_gemv_rows<MODE, ST, V, LINES>, smem);
-    if (e) return e;
-    int rc = sf_launch_pdl(k_gemv_rows<MODE, ST, V, LINES>, dim3(grid), dim3(warps * 32), smem, s, (const bf16 *)x,
-                           (int)ldx, n, (const bf16 *)nw, eps, (const bf16 *)w, (const bf16 *)bias, m, k, (bf16 *)y,
-                           (int)ldy, rp);
-    return rc ? rc : sf_launch_status();
+    static const bool traced = tr_wanted();
+    return traced ? launch_tr<MODE, ST, V, LINES, true>(x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s)
+                  : launch_tr<MODE, ST, V, LINES, false>(x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
 }
 
 template <int MODE>
