@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""b1trace.py — reads a batch-1 kernel timeline (SEMFLOW_CUDA_TRACE=FILE, kernels/cuda/b1trace.cuh)
+"""b1trace.py — reads a decode step's kernel timeline (SEMFLOW_CUDA_TRACE=FILE, kernels/cuda/b1trace.cuh)
 and prints, per kernel of a decoder layer, when its blocks started, got past the programmatic
 wait, finished their prologue and ended, relative to the end of the kernel before it (medians
 over the layers of the newest whole steps; µs). Usage: b1trace.py FILE [HBM_GB_S]"""
@@ -57,6 +57,8 @@ def main():
             if tag == COMBINE:  # count back, m and l in, outputs stored (ns after t0)
                 combines.append((t0 + dw, t0 + dr, t0 + de, t0))
                 continue
+            if tag == ATTN:  # a block's keys are its token's: one launch of a step of several rows has many
+                m = k = 0
             groups.setdefault((tag, m, k, grid), []).append((t0, dw, dr, de, sm))
     inst = []
     for (tag, m, k, grid), recs in groups.items():
@@ -71,7 +73,7 @@ def main():
                 "wait0": min(x[0] + x[1] for x in r), "wait1": max(x[0] + x[1] for x in r),
                 "ready1": max(x[0] + x[2] for x in r),
                 "end0": min(x[0] + x[3] for x in r), "end": max(x[0] + x[3] for x in r),
-                "t0s": [x[0] for x in r],
+                "t0s": [x[0] for x in r], "sms": len(set(x[4] for x in r)),
                 "readys": [x[0] + x[2] for x in r],
             })
     inst.sort(key=lambda x: x["start"])
@@ -128,7 +130,7 @@ def main():
                 "last_start": (x["last_start"] - e) / 1e3,
                 "wait0": (x["wait0"] - e) / 1e3, "wait1": (x["wait1"] - e) / 1e3,
                 "ready1": (x["ready1"] - e) / 1e3, "end0": (x["end0"] - e) / 1e3,
-                "end": (x["end"] - e) / 1e3, "m": x["m"], "k": x["k"], "grid": x["grid"],
+                "end": (x["end"] - e) / 1e3, "m": x["m"], "k": x["k"], "grid": x["grid"], "sms": x["sms"],
             })
             p = x
     if not layer_us:
@@ -139,7 +141,7 @@ def main():
     med = lambda v: statistics.median(v) if v else float("nan")
     print("b1trace: %d layers (medians; us after the previous kernel's last block ended; timer step >= %d ns)"
           % (len(layer_us), min(steps) if steps else 0))
-    print("%-8s %6s %5s %7s %6s %7s %7s %7s %7s %7s %7s %7s" % ("kernel", "grid", "early", "start", "last",
+    print("%-8s %6s %4s %5s %7s %6s %7s %7s %7s %7s %7s %7s %7s" % ("kernel", "grid", "sms", "early", "start", "last",
           "wait0", "wait1", "ready", "end0", "end", "ideal", "bytes%"))
     total_ideal = 0.0
     for kd in seq:
@@ -149,8 +151,8 @@ def main():
         ideal = r[0]["m"] * r[0]["k"] * 2 / (bw * 1e3) if kd != "attn" else 0.0
         total_ideal += ideal
         end = med([x["end"] for x in r])
-        print("%-8s %6d %5d %7.2f %6.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %6s" % (
-            kd, r[0]["grid"], med([x["before"] for x in r]), med([x["start"] for x in r]),
+        print("%-8s %6d %4d %5d %7.2f %6.2f %7.2f %7.2f %7.2f %7.2f %7.2f %7.2f %6s" % (
+            kd, r[0]["grid"], med([x["sms"] for x in r]), med([x["before"] for x in r]), med([x["start"] for x in r]),
             med([x["last_start"] for x in r]), med([x["wait0"] for x in r]), med([x["wait1"] for x in r]),
             med([x["ready1"] for x in r]), med([x["end0"] for x in r]), end, ideal,
             "%.0f%%" % (100 * ideal / end) if kd != "attn" and end > 0 else "-"))
@@ -175,7 +177,8 @@ def main():
               " last outputs stored %.2f, kernel's last block ends %.2f" % (
                   med(comb["n"]), med(comb["piece_p50"]), med(comb["count0"]), med(comb["count1"]), med(comb["ml"]),
                   med(comb["pieces"]), med(comb["stored1"]), med(comb["end"])))
-    print("columns: early = blocks started before the previous kernel ended; start/last = first/last block start;")
+    print("columns: sms = SMs the launch's blocks ran on (fewer than the grid: some held two or more);")
+    print("  early = blocks started before the previous kernel ended; start/last = first/last block start;")
     print("  wait0/wait1 = first/last block past the wait; ready = last prologue done (attention: last partial")
     print("  stored); end0/end = first/last block end = this kernel's share of the layer time")
     return 0
