@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/device/b1trace.py, the reader of the batch-1 kernel timeline (SEMFLOW_CUDA_TRACE), on a
+"""bench/device/b1trace.py, the reader of the decode kernel timeline (SEMFLOW_CUDA_TRACE), on a
 timeline written in b1trace.cu's format whose answers are known: three steps of four decoder
 layers, every kernel's blocks at set times, and the split combine's second records (tag 65).
 The device writes such files only on a GPU; the arithmetic that reads them runs anywhere."""
@@ -73,7 +73,7 @@ def main():
     # a layer: 10.0 QKV + 5.9 attention + 6.0 O + 57.0 gate/up + 26.0 down, after the down before
     check("layer_time", "layer: 104.90 us" in out, out)
     attn = lines.get("attn", [])
-    check("attention_row", attn[1:2] == ["8"] and attn[7:8] == ["2.70"] and attn[9:10] == ["5.90"],
+    check("attention_row", attn[1:3] == ["8", "8"] and attn[8:9] == ["2.70"] and attn[10:11] == ["5.90"],
           "attn row %r" % attn)
     want = ("8 combining blocks" not in out and "2 combining blocks" in out, "median piece -0.30",
             "count back first 0.50 / last 0.80", "then m and l 0.70", "then the outputs 1.15",
@@ -81,6 +81,16 @@ def main():
     line = next((ln for ln in out.splitlines() if ln.startswith("attention's split combine")), "")
     check("combine_breakdown", want[0] and all(w in line for w in want[1:]), "line %r" % line)
     check("step_edge", "step edge: " in out and "(median of 2)" in out, out)
+    # a step of several rows: an attention launch's blocks carry their own token's keys (4096 and
+    # 4097 here), and the O projection's four blocks ran two on one SM (the sms column says 3)
+    batch = [(r[0], r[1], r[2] + (r[4] % 2) if r[0] in (ATTN, COMBINE) else r[2]) + r[3:5] +
+             ((r[4] // 2 if r[4] < 2 else r[4] - 1,) if r[0] == ADD and r[2] == 4096 else r[5:6]) + r[6:]
+             for r in recs]
+    p = run_tool(lines_of(batch), "4250")
+    rows = {ln.split()[0]: ln.split() for ln in p.stdout.splitlines() if ln.split()}
+    check("several_rows", p.returncode == 0 and "layer: 104.90 us" in p.stdout and rows.get("attn", [])[1:3] ==
+          ["8", "8"] and rows.get("O", [])[1:3] == ["4", "3"] and rows.get("qkv", [])[1:3] == ["4", "4"],
+          p.stdout + p.stderr)
     # a timeline without combine records (the cluster combine at 512 keys) prints no breakdown
     p = run_tool(lines_of(r for r in recs if r[0] != COMBINE))
     check("no_combine_records", p.returncode == 0 and "layer: 104.90 us" in p.stdout and
