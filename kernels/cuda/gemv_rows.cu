@@ -233,6 +233,10 @@ static int forced_cfg(void)
  * 8 stages were no faster (O 11.2: deeper is not better), 16 loads a lane were slower everywhere
  * (O 14.4-15.4), and so were 4 loads copied by lines (O 14.5, down 43.8) and 4 a lane each lane its
  * own (O 10.8, gate/up 74.6); 8 warps a block with idle warps (O 10.2) only where their rings fit.
+ * A grid of one block an SM whose blocks would fit two (O at 2 rows: 112.5 KiB) is not spread
+ * evenly in a step: started as attention's blocks leave, some SMs take two and some none
+ * (traced: 99 SMs); padding its blocks to one an SM gained nothing in the step (gate/up, which
+ * had started early on the SMs left idle, then starts later; session 33, docs/PERFORMANCE.md).
  * Else want, if it fits. Returns 0 when nothing fits. */
 static int plan(int n, int k, int units, int want, int *grid, int *warps)
 {
