@@ -8,7 +8,8 @@
  *
  *   test_gemv            the checks (GPU host only)
  *   test_gemv --perf-rows  time the fused GEMVs of 2, 4 and 8 rows (gemv_rows.cu) at Llama-3-8B's
- *                        shapes, planned and at forced configurations, beside gemv.cu
+ *                        shapes, planned and at forced configurations, beside gemv.cu, and the
+ *                        layer chain of 2 and 4 rows at several rings
  *   test_gemv --perf     instead time a decode layer's four fused GEMVs in one CUDA graph (PDL
  *                        as the backend launches them) over 8 layers of weights (past L2), at
  *                        the shapes of Llama-3-8B, its TP=2 shard, Llama-3-70B's TP=2 shard and
