@@ -575,6 +575,32 @@ cleanup:
     cudaFree(w); cudaFree(x); cudaFree(y);
 }
 
+/* --perf-rows' launch of op (0 QKV, 1 O, 2 gate/up, 3 down; m, k its shape) over n rows: cfg 0
+ * as the backend plans it, else that configuration (nonzero, nothing launched, when it does not
+ * fit). */
+static int rows_op(int op, int cfg, int n, const int *m, const int *k, const uint16_t *x, const uint16_t *nw,
+                   const uint16_t *w, uint16_t *y)
+{
+    static const int kind[4] = { SF_K_ROWS_NORM, SF_K_ROWS_ADD, SF_K_ROWS_GLU, SF_K_ROWS_ADD };
+    if (cfg) return sf_k_gemv_rows_tune(kind[op], cfg, n, x, nw, w, m[op], k[op], y, S);
+    return kind[op] == SF_K_ROWS_ADD ? sf_k_gemv_rows_add(x, k[op], w, NULL, n, m[op], k[op], y, m[op], S)
+                                     : sf_k_gemv_rows_norm(x, k[op], nw, 1e-5f, w, NULL, n, m[op], k[op], op == 2, y,
+                                                           op == 2 ? m[op] / 2 : m[op], S);
+}
+
+/* Ends the capture begun for a --perf-rows variant (rc: its launches' errors), times the graph
+ * (L kernels or layers in it) and prints "label us %" against mb megabytes at bw GB/s. */
+static void rows_print(const char *lab, int rc, int L, int reps, double mb, double bw)
+{
+    cudaGraph_t g = NULL;
+    cudaStreamEndCapture(S, &g);
+    const double t = rc ? NAN : graph_us(g, L, reps);
+    if (rc && g) cudaGraphDestroy(g);
+    if (rc) cudaGetLastError();
+    if (isnan(t)) printf(" %s -", lab);
+    else printf(" %s %.1f %.0f%%", lab, t, 100 * mb / t * 1e3 / bw);
+}
+
 /* --perf-rows: each of a decode layer's fused GEMVs for n = 2, 4, 8 rows (gemv_rows.cu) alone, L
  * layers of weights back to back in a graph (past L2): planned and at forced configurations
  * (as SEMFLOW_CUDA_GEMV_ROWS_CFG: gemv_rows.cu's cfg_valid), beside gemv.cu's skinny
@@ -585,7 +611,6 @@ static void perf_rows(const perf_shape *p, double bw)
     enum { L = 8, REPS = 20 };
     uint16_t *wt[4][L], *nw = NULL, *h = NULL, *q = NULL, *att = NULL, *act = NULL, *gu = NULL;
     const int m[4] = { p->qkv, p->d, 2 * p->ff, p->d }, k[4] = { p->d, p->o_k, p->d, p->ff };
-    const int kind[4] = { SF_K_ROWS_NORM, SF_K_ROWS_ADD, SF_K_ROWS_GLU, SF_K_ROWS_ADD };
     static const int vars[] = { 0, -1, 316, 314, 313, 326, 324, 323, 116 };
     static const char *names[] = { "QKV (norm)", "O (add)", "gate/up (norm+glu)", "down (add)" };
     memset(wt, 0, sizeof wt);
@@ -602,66 +627,39 @@ static void perf_rows(const perf_shape *p, double bw)
     /* the layer chain (QKV, O, gate/up, down; L layers in one graph), every op at one
      * configuration: what the op boundaries cost, with rings that leave room for the next op's
      * blocks (3 and 4 stages) or not; an op a configuration does not fit runs the plan */
+    const uint16_t *xs[4] = { h, att, h, act }; /* each op's x and y, as a layer chains them */
+    uint16_t *ys[4] = { q, h, act, h };
     for (int n = 2; n <= 4; n *= 2) {
         static const int cv[] = { 0, 316, 314, 313, 326, 324, 323 };
         const double mb = ((double)m[0] * k[0] + (double)m[1] * k[1] + (double)m[2] * k[2] + (double)m[3] * k[3]) * 2 / 1e6;
         printf("perf: %-8s n=%d layer chain (%.1f MB):", p->name, n, mb);
         for (size_t vi = 0; vi < SF_ARRAY_LEN(cv); vi++) {
-            cudaGraph_t g = NULL;
             int rc = 0;
             if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf(" capture failed\n"); goto cleanup; }
             for (int l = 0; l < L; l++)
-                for (int op = 0; op < 4; op++) {
-                    const uint16_t *x = op == 1 ? att : op == 3 ? act : h;
-                    uint16_t *y = op == 0 ? q : op == 2 ? act : h;
-                    /* an op the configuration does not fit (nothing launched) takes the plan */
-                    if (cv[vi] && !sf_k_gemv_rows_tune(kind[op], cv[vi], n, x, nw, wt[op][l], m[op], k[op], y, S))
-                        continue;
-                    rc |= kind[op] == SF_K_ROWS_ADD
-                             ? sf_k_gemv_rows_add(x, k[op], wt[op][l], NULL, n, m[op], k[op], y, m[op], S)
-                             : sf_k_gemv_rows_norm(x, k[op], nw, 1e-5f, wt[op][l], NULL, n, m[op], k[op], op == 2, y,
-                                                   op == 2 ? m[op] / 2 : m[op], S);
-                }
-            cudaStreamEndCapture(S, &g);
-            double t = rc ? NAN : graph_us(g, L, REPS);
-            if (rc && g) cudaGraphDestroy(g);
-            if (rc) cudaGetLastError();
+                for (int op = 0; op < 4; op++) /* an op the configuration does not fit takes the plan */
+                    if (!cv[vi] || rows_op(op, cv[vi], n, m, k, xs[op], nw, wt[op][l], ys[op]))
+                        rc |= rows_op(op, 0, n, m, k, xs[op], nw, wt[op][l], ys[op]);
             char lab[16];
             snprintf(lab, sizeof lab, cv[vi] ? "c%d" : "plan", cv[vi]);
-            if (isnan(t)) printf(" %s -", lab);
-            else printf(" %s %.1f %.0f%%", lab, t, 100 * mb / t * 1e3 / bw);
+            rows_print(lab, rc, L, REPS, mb, bw);
         }
         printf("\n");
     }
     for (int n = 2; n <= 8; n *= 2)
         for (int op = 0; op < 4; op++) {
             const double mb = (double)m[op] * k[op] * 2 / 1e6;
-            const uint16_t *x = op == 1 ? att : op == 3 ? act : h;
-            uint16_t *y = op == 0 ? q : op == 2 ? act : h;
             printf("perf: %-8s n=%d %-18s %5d x %5d:", p->name, n, names[op], m[op], k[op]);
             for (size_t vi = 0; vi < SF_ARRAY_LEN(vars); vi++) {
                 const int v = vars[vi];
-                cudaGraph_t g = NULL;
                 int rc = 0;
                 if (cudaStreamBeginCapture(S, cudaStreamCaptureModeRelaxed)) { printf(" capture failed\n"); goto cleanup; }
-                for (int l = 0; l < L; l++) {
-                    const uint16_t *w = wt[op][l];
-                    if (v == 0)
-                        rc |= kind[op] == SF_K_ROWS_ADD
-                                  ? sf_k_gemv_rows_add(x, k[op], w, NULL, n, m[op], k[op], y, m[op], S)
-                                  : sf_k_gemv_rows_norm(x, k[op], nw, 1e-5f, w, NULL, n, m[op], k[op], op == 2, y,
-                                                        op == 2 ? m[op] / 2 : m[op], S);
-                    else if (v < 0) rc |= sf_k_gemv(x, k[op], w, NULL, n, m[op], k[op], op == 2 ? gu : y, m[op], S);
-                    else rc |= sf_k_gemv_rows_tune(kind[op], v, n, x, nw, w, m[op], k[op], y, S);
-                }
-                cudaStreamEndCapture(S, &g);
-                double t = rc ? NAN : graph_us(g, L, REPS);
-                if (rc && g) cudaGraphDestroy(g);
-                if (rc) cudaGetLastError();
+                for (int l = 0; l < L; l++)
+                    rc |= v < 0 ? sf_k_gemv(xs[op], k[op], wt[op][l], NULL, n, m[op], k[op], op == 2 ? gu : ys[op], m[op], S)
+                                : rows_op(op, v, n, m, k, xs[op], nw, wt[op][l], ys[op]);
                 char lab[16];
                 snprintf(lab, sizeof lab, v == 0 ? "plan" : v < 0 ? "gemv.cu" : "c%d", v);
-                if (isnan(t)) printf(" %s -", lab);
-                else printf(" %s %.1f %.0f%%", lab, t, 100 * mb / t * 1e3 / bw);
+                rows_print(lab, rc, L, REPS, mb, bw);
             }
             printf("\n");
         }
