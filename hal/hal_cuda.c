@@ -1069,10 +1069,12 @@ static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *
 
 /* ---- fused ops (batch 1 through gemv_fused.cu, 2-6 rows through gemv_rows.cu; other batches
  * run the plain ops) ------------------------------------------------------------------------ */
-/* Steps of up to this many rows take gemv_rows.cu where their shapes fit it. Not 8: Llama-3-8B's
- * decode at batch 8 was slower so (5.07 against 4.95 ms a step, H200, docs/PERFORMANCE.md): x's 8
- * rows (64 KiB) leave its QKV ring too little shared memory (62% of the copy bandwidth) and the
- * down projection's x (229 KiB) does not fit, so half the layer ran the plain ops anyway. */
+/* Steps of up to this many rows take gemv_rows.cu where their shapes fit it. Not 7 or 8 (H200,
+ * docs/PERFORMANCE.md): Llama-3-8B's decode at batch 8 was slower so in session 32 (5.07 against
+ * 4.95 ms a step) and no faster in session 34 with the 5-stage rings (batch 7 4.97 both ways,
+ * batch 8 4.86 against 4.89): x's 7-8 rows (56-64 KiB) leave QKV's ring at 63-64% of the copy
+ * bandwidth, and the down projection's x (201-229 KiB) leaves it 3 stages of 4 loads (65% at 7
+ * rows) or does not fit (8 rows: the plain ops). */
 #define ROWS_MAX 6
 static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
                             int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y)

@@ -206,33 +206,62 @@ static bool rows_on(void)
 /* A configuration: [1000: 8 warps a block, else as many as the SM has units] + ring x 100 (1: 4
  * loads a lane per stage, each lane its own; 3: 8 loads, LINES; the numbers of session 32's
  * measurements, where 2 and 4 were LINES at 4 and 16 loads, slower everywhere, removed) + blocks
- * per SM (1, 2) x 10 + stages (3, 4, 6, 8). */
+ * per SM (1, 2) x 10 + stages (3, 4, 5, 6, 8). */
 static bool cfg_valid(int c)
 {
     const int r = c % 1000 / 100, b = c % 100 / 10, d = c % 10;
-    return c < 2000 && (r == 1 || r == 3) && b >= 1 && b <= 2 && (d == 3 || d == 4 || d == 6 || d == 8);
+    return c < 2000 && (r == 1 || r == 3) && b >= 1 && b <= 2 && d >= 3 && d <= 8 && d != 7;
 }
 static int cfg_v(int c) { return c % 1000 / 100 == 3 ? 8 : 4; }
 static int forced_cfg(void)
 {
     static const int cfg = gr_env_cfg("SEMFLOW_CUDA_GEMV_ROWS_CFG", 1999, cfg_valid,
                                       "[1000 for 8 warps a block] + ring (1 or 3) x 100 + blocks per SM (1..2) x 10 "
-                                      "+ ring stages (3, 4, 6, 8), e.g. 316");
+                                      "+ ring stages (3, 4, 5, 6, 8), e.g. 316");
+    return cfg;
+}
+
+/* The configuration of the most weight bytes in flight an SM (blocks x warps x (ST - 1) stages x
+ * the stage's loads; ties: the earlier) among rings r0 .. r1 (3: LINES, 1: 4 loads a lane), 1 or
+ * 2 blocks an SM and `depths`, where x (fixed bytes a block) and the rings fit the SM's shared
+ * memory. Warps a block: as many as the SM's share of the units (up to 8; 8 for want >= 1000):
+ * fewer, each with more units and a deeper ring, were slower (Llama-3-8B's down projection at 6
+ * rows, 3 warps of 8 stages of 4 loads: 55.1 us against 39.7 with 4 warps of 6; session 34).
+ * want: only that configuration. 0 when none fits. */
+static int plan_pick(int r0, int r1, long fixed, int per_sm, int sms, int units, int want, int *warps)
+{
+    static const int depths[] = { 3, 4, 5, 6, 8 };
+    int cfg = 0;
+    long best = 0;
+    *warps = 0;
+    for (int r = r0; r >= r1; r -= 2)
+        for (int b = 1; b <= 2; b++)
+            for (int d : depths) {
+                const int c = (want >= 1000 ? 1000 : 0) + (want ? want % 1000 / 100 : r) * 100 + b * 10 + d;
+                if (want ? want != c : r == 3 && d > 6) continue;
+                const int wb = want >= 1000 ? GW_WARPS : (int)SF_MIN((long)GW_WARPS, (units + (long)b * sms - 1) / ((long)b * sms));
+                if ((fixed + (long)wb * d * GW_STAGE_BYTES(cfg_v(c))) * b > per_sm) continue;
+                const long score = (long)b * wb * (d - 1) * cfg_v(c);
+                if (score > best) { best = score; cfg = c; *warps = wb; }
+            }
     return cfg;
 }
 
 /* Configuration (as cfg_valid), grid and warps a block for n rows of k columns and `units` 8-row
  * units. A block has as many warps as its share of the units (up to 8): idle warps' rings would
  * take shared memory from the deeper rings of the others. Planned (want 0): copies by whole
- * lines, 8 loads a lane per stage (4 KiB a warp), 1 or 2 blocks per SM and 3, 4 or 6 stages,
- * what fits the SM's shared memory with the most weight bytes in flight per SM (warps x (ST - 1)
- * stages; ties: fewer blocks, the shallower ring); when none fits, 4 loads a lane, each lane its
- * own, the same way. Measured so per op on the H200 (test_gemv --perf-rows, docs/PERFORMANCE.md,
- * Llama-3-8B, 2 and 4 rows): this ring at 6 stages took the O projection in 10.3 us (76% of the
- * copy bandwidth), QKV 15.6-15.8 (74-76%), gate/up 57.8-58.3 (94-95%), down 31.1-32.7 (84-88%);
- * 8 stages were no faster (O 11.2: deeper is not better), 16 loads a lane were slower everywhere
- * (O 14.4-15.4), and so were 4 loads copied by lines (O 14.5, down 43.8) and 4 a lane each lane its
- * own (O 10.8, gate/up 74.6); 8 warps a block with idle warps (O 10.2) only where their rings fit.
+ * lines, 8 loads a lane per stage (4 KiB a warp), 1 or 2 blocks per SM and 3-6 stages, what
+ * fits the SM's shared memory with the most weight bytes in flight per SM (plan_pick). Measured
+ * so per op on the H200 (test_gemv --perf-rows, docs/PERFORMANCE.md, Llama-3-8B, 2 and 4 rows):
+ * this ring at 6 stages took the O projection in 10.3 us (76% of the copy bandwidth), QKV
+ * 15.6-15.8 (74-76%), gate/up 57.8-58.3 (94-95%), down 31.1-32.7 (84-88%); 8 stages were no
+ * faster (O 11.2: deeper is not better), 16 loads a lane were slower everywhere (O 14.4-15.4),
+ * and so were 4 loads copied by lines (O 14.5, down 43.8) and 4 a lane each lane its own (O 10.8,
+ * gate/up 74.6); 8 warps a block with idle warps (O 10.2) only where their rings fit. Where x
+ * leaves these rings 3 stages or none (the down projection's 28 KiB of x a row: 6 rows and
+ * more), rings of 4 loads a lane are scored beside them: at 6 rows 3 stages of lines took down
+ * 47.4-47.8 us, 6 stages of 4 loads 39.4-39.7 (session 34). At 5-8 rows a 5-stage ring of lines
+ * fits gate/up where 6 do not (4 stages: 65.5 us against 58.6 at 4 rows with 6).
  * A grid of one block an SM whose blocks would fit two (O at 2 rows: 112.5 KiB) is not spread
  * evenly in a step: started as attention's blocks leave, some SMs take two and some none
  * (traced: 99 SMs); padding its blocks to one an SM gained nothing in the step (gate/up, which
@@ -244,19 +273,10 @@ static int plan(int n, int k, int units, int want, int *grid, int *warps)
     gr_smem_limits(&per_sm, &reserved, &sms);
     if (!sms) return 0;
     const long fixed = (long)gw_x_vecs(n, k) * 16 + reserved + 128 /* the timeline marks, and slack */;
-    static const int depths[] = { 3, 4, 6, 8 };
-    int cfg = 0;
-    long best = 0;
-    for (int r = 3; r >= 1 && !cfg; r -= 2) /* planned: 3, then 1 */
-        for (int b = 1; b <= 2; b++)
-            for (int d : depths) {
-                const int c = (want >= 1000 ? 1000 : 0) + (want ? want % 1000 / 100 : r) * 100 + b * 10 + d;
-                const int wb = want >= 1000 ? GW_WARPS : (int)SF_MIN((long)GW_WARPS, (units + (long)b * sms - 1) / ((long)b * sms));
-                const long ring = (long)wb * d * GW_STAGE_BYTES(cfg_v(c));
-                if ((fixed + ring) * b > per_sm || (want ? want != c : r == 3 && d > 6)) continue;
-                const long score = (long)b * wb * (d - 1) * cfg_v(c);
-                if (score > best) { best = score; cfg = c; *warps = wb; }
-            }
+    int cfg;
+    if (want) cfg = plan_pick(want % 1000 / 100, want % 1000 / 100, fixed, per_sm, sms, units, want, warps);
+    else if ((cfg = plan_pick(3, 3, fixed, per_sm, sms, units, 0, warps)) == 0 || cfg % 10 <= 3)
+        cfg = plan_pick(3, 1, fixed, per_sm, sms, units, 0, warps);
     if (cfg) *grid = (int)SF_MIN((long)(cfg % 100 / 10) * sms, (long)units);
     return cfg;
 }
@@ -307,7 +327,8 @@ static int launch_st(int cfg, const uint16_t *x, int64_t ldx, int n, const uint1
 #define GW_CASE(C, ST, V, LINES) \
     case C: return launch<MODE, ST, V, LINES>(x, ldx, n, nw, eps, w, bias, m, k, y, ldy, rp, grid, warps, s);
         GW_CASE(13, 3, 4, false) GW_CASE(14, 4, 4, false) GW_CASE(16, 6, 4, false) GW_CASE(18, 8, 4, false)
-        GW_CASE(33, 3, 8, true) GW_CASE(34, 4, 8, true) GW_CASE(36, 6, 8, true) GW_CASE(38, 8, 8, true)
+        GW_CASE(15, 5, 4, false) GW_CASE(33, 3, 8, true) GW_CASE(34, 4, 8, true) GW_CASE(35, 5, 8, true)
+        GW_CASE(36, 6, 8, true) GW_CASE(38, 8, 8, true)
 #undef GW_CASE
     default: return (int)cudaErrorInvalidValue;
     }

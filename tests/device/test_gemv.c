@@ -7,8 +7,8 @@
  * (SEMFLOW_CUDA_GEMV_RING), so bench/device/decode.sh runs this binary once per setting.
  *
  *   test_gemv            the checks (GPU host only)
- *   test_gemv --perf-rows  time the fused GEMVs of 2, 4 and 8 rows (gemv_rows.cu) at Llama-3-8B's
- *                        shapes, planned and at forced configurations, beside gemv.cu, and the
+ *   test_gemv --perf-rows [N ...]  time the fused GEMVs of N rows (default 2, 4 and 8;
+ *                        gemv_rows.cu) at Llama-3-8B's shapes, planned and at forced configurations, beside gemv.cu, and the
  *                        layer chain of 2 and 4 rows at several rings
  *   test_gemv --perf     instead time a decode layer's four fused GEMVs in one CUDA graph (PDL
  *                        as the backend launches them) over 8 layers of weights (past L2), at
@@ -277,7 +277,7 @@ TEST(rows_qwen2_7b)
  * warps, several per warp, and k shorter than a stage. */
 TEST(rows_configs)
 {
-    static const int r[] = { 1, 3 }, bd[] = { 13, 14, 16, 18, 23, 24, 26, 28 };
+    static const int r[] = { 1, 3 }, bd[] = { 13, 14, 15, 16, 18, 23, 24, 25, 26, 28 };
     for (size_t i = 0; i < SF_ARRAY_LEN(r); i++)
         for (size_t j = 0; j < SF_ARRAY_LEN(bd); j++)
             for (int w8 = 0; w8 <= 1000; w8 += 1000) {
@@ -601,12 +601,12 @@ static void rows_print(const char *lab, int rc, int L, int reps, double mb, doub
     else printf(" %s %.1f %.0f%%", lab, t, 100 * mb / t * 1e3 / bw);
 }
 
-/* --perf-rows: each of a decode layer's fused GEMVs for n = 2, 4, 8 rows (gemv_rows.cu) alone, L
+/* --perf-rows: each of a decode layer's fused GEMVs for the nn row counts ns (gemv_rows.cu) alone, L
  * layers of weights back to back in a graph (past L2): planned and at forced configurations
  * (as SEMFLOW_CUDA_GEMV_ROWS_CFG: gemv_rows.cu's cfg_valid), beside gemv.cu's skinny
  * GEMV of the same rows (no norm, no epilogue: what the general path's GEMM may run); us per
  * launch and % of the copy bandwidth bw. */
-static void perf_rows(const perf_shape *p, double bw)
+static void perf_rows(const perf_shape *p, double bw, const int *ns, int nn)
 {
     enum { L = 8, REPS = 20 };
     uint16_t *wt[4][L], *nw = NULL, *h = NULL, *q = NULL, *att = NULL, *act = NULL, *gu = NULL;
@@ -646,8 +646,8 @@ static void perf_rows(const perf_shape *p, double bw)
         }
         printf("\n");
     }
-    for (int n = 2; n <= 8; n *= 2)
-        for (int op = 0; op < 4; op++) {
+    for (int ni = 0; ni < nn; ni++)
+        for (int op = 0, n = ns[ni]; op < 4; op++) {
             const double mb = (double)m[op] * k[op] * 2 / 1e6;
             printf("perf: %-8s n=%d %-18s %5d x %5d:", p->name, n, names[op], m[op], k[op]);
             for (size_t vi = 0; vi < SF_ARRAY_LEN(vars); vi++) {
@@ -700,7 +700,17 @@ int main(int argc, char **argv)
         static const perf_shape p8b = { "8B", 4096, 6144, 4096, 14336, 0 };
         const double bw = copy_gbs();
         printf("perf: copy bandwidth %.0f GB/s; us per launch and %% of it (plan: as the backend runs them)\n", bw);
-        perf_rows(&p8b, bw);
+        int ns[8] = { 2, 4, 8 }, nn = 3; /* --perf-rows [N ...]: the row counts of the per-op rows */
+        if (argc > 2) nn = 0;
+        for (int i = 2; i < argc && nn < 8; i++) {
+            const int v = atoi(argv[i]);
+            if (v < 1 || v > SF_K_GEMV_ROWS_MAX) {
+                printf("test_gemv: --perf-rows takes row counts of 1 to %d, not '%s'\n", SF_K_GEMV_ROWS_MAX, argv[i]);
+                return 2;
+            }
+            ns[nn++] = v;
+        }
+        perf_rows(&p8b, bw, ns, nn);
         cudaStreamDestroy(S);
         return 0;
     }
