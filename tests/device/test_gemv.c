@@ -7,9 +7,10 @@
  * (SEMFLOW_CUDA_GEMV_RING), so bench/device/decode.sh runs this binary once per setting.
  *
  *   test_gemv            the checks (GPU host only)
- *   test_gemv --perf-rows [N ...]  time the fused GEMVs of N rows (default 2, 4 and 8;
- *                        gemv_rows.cu) at Llama-3-8B's shapes, planned and at forced configurations, beside gemv.cu, and the
- *                        layer chain of 2 and 4 rows at several rings
+ *   test_gemv --perf-rows [N ...]
+ *                        time the fused GEMVs of N rows each (gemv_rows.cu; default 2, 4 and 8)
+ *                        at Llama-3-8B's shapes, planned and at forced configurations, beside
+ *                        gemv.cu, and the layer chain of 2 and 4 rows at several rings
  *   test_gemv --perf     instead time a decode layer's four fused GEMVs in one CUDA graph (PDL
  *                        as the backend launches them) over 8 layers of weights (past L2), at
  *                        the shapes of Llama-3-8B, its TP=2 shard, Llama-3-70B's TP=2 shard and
@@ -702,13 +703,15 @@ int main(int argc, char **argv)
         printf("perf: copy bandwidth %.0f GB/s; us per launch and %% of it (plan: as the backend runs them)\n", bw);
         int ns[8] = { 2, 4, 8 }, nn = 3; /* --perf-rows [N ...]: the row counts of the per-op rows */
         if (argc > 2) nn = 0;
-        for (int i = 2; i < argc && nn < 8; i++) {
-            const int v = atoi(argv[i]);
-            if (v < 1 || v > SF_K_GEMV_ROWS_MAX) {
-                printf("test_gemv: --perf-rows takes row counts of 1 to %d, not '%s'\n", SF_K_GEMV_ROWS_MAX, argv[i]);
+        for (int i = 2; i < argc; i++) {
+            char *end = NULL;
+            const long v = strtol(argv[i], &end, 10);
+            if (end == argv[i] || *end || v < 1 || v > SF_K_GEMV_ROWS_MAX || nn == (int)SF_ARRAY_LEN(ns)) {
+                printf("test_gemv: --perf-rows takes up to %d row counts of 1 to %d, not '%s'\n",
+                       (int)SF_ARRAY_LEN(ns), SF_K_GEMV_ROWS_MAX, argv[i]);
                 return 2;
             }
-            ns[nn++] = v;
+            ns[nn++] = (int)v;
         }
         perf_rows(&p8b, bw, ns, nn);
         cudaStreamDestroy(S);
