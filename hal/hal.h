@@ -205,14 +205,27 @@ typedef int (*sf_coll_norm_fn)(void *arg, const sf_coll_norm *a, void *stream);
  *      (seed, step, id): the Gumbel-max trick, so the draw is a pure function of (seed, step,
  *      logits) and needs no sort and no sequential RNG state.
  * Entries (id, count, in_prompt, bias) of one row have distinct ids; count is the id's
- * occurrences in the output so far. */
+ * occurrences in the output so far. allow (NULL: every token) holds the row's allowed ids, bit
+ * id % 32 of word id / 32 ((vocab + 31) / 32 words of host memory, at least one id of [0, vocab)
+ * set): the others read as -inf in step 1 (a request held to a pattern, grammar or schema;
+ * engine/step.c). */
 typedef struct sf_sample_row {
     float temperature, top_p, min_p;
     int top_k;
     float repetition_penalty, presence_penalty, frequency_penalty;
     uint64_t seed, step;     /* the draw of `step` in the stream of `seed` */
     int pen_off, n_pen;      /* the row's penalty entries: pen[pen_off .. pen_off + n_pen) */
+    const uint32_t *allow;   /* the allowed ids, or NULL */
 } sf_sample_row;
+
+/* Whether a row's allow mask (vocab bits, or NULL) lets at least one id of [0, vocab) through. */
+static inline int sf_sample_allow_ok(const uint32_t *allow, int vocab)
+{
+    if (!allow) return 1;
+    for (int w = 0; w < vocab / 32; w++)
+        if (allow[w]) return 1;
+    return vocab % 32 && (allow[vocab / 32] & ((1u << (vocab % 32)) - 1));
+}
 
 typedef struct sf_sample_pen {
     int32_t id, count, in_prompt;
@@ -321,10 +334,11 @@ struct sf_backend_ops {
                          int layer, int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *tmp_x, sf_buf *qkv);
 
     /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
-     * pen holds n_pen penalty entries (host memory, as are rows and ids). Ends the step: it
-     * waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what the backend can do
-     * (the caller reads the logits and samples on the host instead); SF_EINVAL on bad ids in
-     * pen. May be NULL: the backend has no sampler. */
+     * pen holds n_pen penalty entries (host memory, as are rows, their allow masks and ids).
+     * Ends the step: it waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what
+     * the backend can do (the caller reads the logits and samples on the host instead);
+     * SF_EINVAL on bad ids in pen or an allow mask with no id of the vocabulary. May be NULL:
+     * the backend has no sampler. */
     int (*sample)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
                   const sf_sample_pen *pen, int n_pen, int32_t *ids);
     /* The sample op in two halves, so that the host can work while the device runs the step:

@@ -608,6 +608,8 @@ static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, con
             if (pen[r->pen_off + j].id < 0 || pen[r->pen_off + j].id >= vocab)
                 return BAD("sample: row %d penalizes token %d, outside the vocabulary [0, %d)", i,
                            pen[r->pen_off + j].id, vocab);
+        if (!sf_sample_allow_ok(r->allow, vocab))
+            return BAD("sample: row %d allows no token of the vocabulary [0, %d)", i, vocab);
     }
     if (vocab > c->sample_vocab) {
         sample_scratch_free(c);

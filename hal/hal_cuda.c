@@ -50,6 +50,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 _Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
                offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
                offsetof(sf_k_sample_row, n_pen) == offsetof(sf_sample_row, n_pen) &&
+               offsetof(sf_k_sample_row, allow) == offsetof(sf_sample_row, allow) &&
                sizeof(sf_k_sample_pen) == sizeof(sf_sample_pen) &&
                offsetof(sf_k_sample_pen, bias) == offsetof(sf_sample_pen, bias),
                "kernels.h and hal.h disagree on the sampler rows");
@@ -1252,6 +1253,7 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
                              const sf_sample_pen *pen, int n_pen, int32_t *ids)
 {
     cuda_ctx *c = CTX(b);
+    int n_mask = 0; /* rows with an allow mask */
     c->samp_pending = 0;
     if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols || n_pen < 0)
         return op_fail(SF_EINVAL, "sample", "more rows or tokens than the logits buffer has");
@@ -1262,12 +1264,18 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
         for (int j = 0; j < r->n_pen; j++)
             if (pen[r->pen_off + j].id < 0 || pen[r->pen_off + j].id >= vocab)
                 return op_fail(SF_EINVAL, "sample", "a penalized token id is outside the vocabulary");
+        if (!sf_sample_allow_ok(r->allow, vocab))
+            return op_fail(SF_EINVAL, "sample", "a row's allow mask lets no token of the vocabulary through");
+        n_mask += r->allow != NULL;
     }
-    size_t o_pen = align16((size_t)n * sizeof *rows), o_val = align16(o_pen + (size_t)n_pen * sizeof *pen),
-           o_ids = align16(o_val + (size_t)n_pen * 4), total = o_ids + (size_t)n * 4;
+    /* rows, penalty entries, allow masks (sent), the penalized values (device), the ids (back) */
+    const size_t mask_bytes = (size_t)(vocab + 31) / 32 * 4;
+    size_t o_pen = align16((size_t)n * sizeof *rows), o_mask = align16(o_pen + (size_t)n_pen * sizeof *pen),
+           o_val = align16(o_mask + (size_t)n_mask * mask_bytes), o_ids = align16(o_val + (size_t)n_pen * 4),
+           total = o_ids + (size_t)n * 4;
     if (vocab > SF_K_SAMPLE_MAX_VOCAB || total > SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH) {
-        SF_LOGD("cuda backend: sample: %d rows, %d penalty entries, vocabulary %d exceed the device sampler; "
-                "sampling on the host", n, n_pen, vocab);
+        SF_LOGD("cuda backend: sample: %d rows, %d penalty entries, %d allow masks, vocabulary %d exceed the device "
+                "sampler; sampling on the host", n, n_pen, n_mask, vocab);
         return SF_EUNSUPPORTED;
     }
     int rc = step_end(c);
@@ -1289,13 +1297,18 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     if (n == 0) return SF_OK;
     memcpy(h, rows, (size_t)n * sizeof *rows);
     if (n_pen) memcpy(h + o_pen, pen, (size_t)n_pen * sizeof *pen);
-    /* mapped: the rows read where the host wrote them (penalty entries, read in every pass, are
-     * copied) and the ids written straight back */
+    for (int i = 0, m = 0; i < n && n_mask; i++) /* each mask after the entries; its row points at the copy */
+        if (rows[i].allow) {
+            memcpy(h + o_mask + m * mask_bytes, rows[i].allow, mask_bytes);
+            ((sf_sample_row *)h)[i].allow = (const uint32_t *)(c->samp_d + o_mask + m++ * mask_bytes);
+        }
+    /* mapped: the rows read where the host wrote them (penalty entries and masks, read in every
+     * pass, are copied) and the ids written straight back */
     char *hd = h == c->samp_h ? c->samp_hd : c->samp_h2d;
     cudaError_t e = cudaSuccess;
-    if (!hd || n_pen) e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
+    if (!hd || n_pen || n_mask) e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
     if (e != cudaSuccess) return kcheck(e, "sample");
-    const char *rows_at = hd && !n_pen ? hd : c->samp_d;
+    const char *rows_at = hd && !n_pen && !n_mask ? hd : c->samp_d;
     rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)rows_at,
                             (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
                             (int32_t *)(c->samp_d + o_ids), hd ? (int32_t *)(hd + o_ids) : NULL, c->meta_d,

@@ -92,6 +92,9 @@ int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p
         if (e[j].count > 0) v -= p->frequency_penalty * (float)e[j].count + p->presence_penalty;
         x[e[j].id] = v;
     }
+    if (p->allow)
+        for (int i = 0; i < vocab; i++)
+            if (!((p->allow[i >> 5] >> (i & 31)) & 1u)) x[i] = -INFINITY;
     if (p->temperature <= 0 || p->top_k == 1) return argmax_first(x, vocab);
 
     float inv_t = 1.0f / p->temperature, m = -INFINITY;

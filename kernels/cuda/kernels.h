@@ -336,6 +336,7 @@ typedef struct sf_k_sample_row {
     float repetition_penalty, presence_penalty, frequency_penalty;
     uint64_t seed, step;
     int pen_off, n_pen;
+    const uint32_t *allow; /* device memory here (the backend's copy), or NULL */
 } sf_k_sample_row;
 typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; float bias; } sf_k_sample_pen;
 /* Largest vocabulary the penalty bitmap (shared memory) takes. */

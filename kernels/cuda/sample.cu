@@ -12,7 +12,9 @@
  * Bins and radix histograms are in shared memory; masses are 2^-40 fixed point, so the integer
  * atomics give the same sums in any order and the same seed gives the same token every run.
  * Penalized tokens are marked in a shared-memory bitmap (vocab bits) and visited from the
- * row's entry list with their penalized value instead of from the row. */
+ * row's entry list with their penalized value instead of from the row. A row's allow mask
+ * (global memory, vocab bits; a request held to a form) keeps the ids it does not allow out of
+ * every pass, as the reference's -inf does. */
 #include <climits>
 
 #include "../sample_draw.h"
@@ -28,6 +30,7 @@ struct Row {
     const bf16 *l;
     int vocab, lo, hi;          /* the row's length; the ids a pass visits (a part of a split row) */
     const uint32_t *bits;       /* penalized ids (shared memory), NULL when the row has none */
+    const uint32_t *allow;      /* allowed ids (global memory), NULL: all; the others are never visited */
     const sf_k_sample_pen *e;   /* the row's entries and their penalized values */
     const float *ev;
     int n_e;
@@ -59,7 +62,13 @@ static __device__ __forceinline__ uint4 ld8(const Row &r, int i, int hi)
     return v;
 }
 
-/* f over the row's ids [lo, hi) (penalized ones passed as out: visit adds them from the list). */
+static __device__ __forceinline__ bool allowed(const Row &r, int id)
+{
+    return !r.allow || ((__ldg(&r.allow[id >> 5]) >> (id & 31)) & 1u);
+}
+
+/* f over the row's ids [lo, hi) (penalized ones passed as out: visit adds them from the list;
+ * ids the row's mask does not allow as out, and not visited at all). */
 template <class F>
 static __device__ __forceinline__ void visit_ids(const Row &r, int lo, int hi, F &f)
 {
@@ -72,10 +81,12 @@ static __device__ __forceinline__ void visit_ids(const Row &r, int lo, int hi, F
             const uint4 cur = next;
             if (base + NT * VW < hi) next = ld8(r, i + NT * VW, hi);
             const bf16 *h = (const bf16 *)&cur;
+            /* i is a multiple of 8 (parts start on 16-byte loads): its 8 ids share a mask word */
+            const uint32_t aw = r.allow && i < hi ? __ldg(&r.allow[i >> 5]) : FULL;
 #pragma unroll
             for (int j = 0; j < VW; j++) {
                 const int id = i + j;
-                bool in = id < hi;
+                bool in = id < hi && ((aw >> (id & 31)) & 1u);
                 if (in && r.bits && ((r.bits[id >> 5] >> (id & 31)) & 1u)) in = false;
                 f(id, in ? bf2f(h[j]) : 0.0f, in);
             }
@@ -83,7 +94,7 @@ static __device__ __forceinline__ void visit_ids(const Row &r, int lo, int hi, F
     } else { /* a row that is not 16-byte aligned (odd vocabulary sizes): one id per load */
         for (int base = lo; base < hi; base += NT) {
             int i = base + threadIdx.x;
-            bool in = i < hi;
+            bool in = i < hi && allowed(r, i);
             if (in && r.bits && ((r.bits[i >> 5] >> (i & 31)) & 1u)) in = false;
             f(i, in ? bf2f(r.l[i]) : 0.0f, in);
         }
@@ -101,7 +112,7 @@ static __device__ __forceinline__ void visit(const Row &r, F &f)
         int j = base + threadIdx.x;
         bool in = j < r.n_e;
         const int id = in ? r.e[j].id : 0;
-        in = in && id >= r.lo && id < r.hi; /* a part of a split row: its own ids */
+        in = in && id >= r.lo && id < r.hi && allowed(r, id); /* a part of a split row: its own ids */
         f(id, in ? r.ev[j] : 0.0f, in);
     }
 }
@@ -958,6 +969,7 @@ static __device__ __forceinline__ void sample_rows(const bf16 *logits, int64_t l
     r.ev = pen_val + p.pen_off;
     r.n_e = p.n_pen;
     r.bits = NULL;
+    r.allow = p.allow;
     r.m = 0;
     r.bs = 1;
     if (p.n_pen > 0) { /* logit_bias and penalties on the raw logits, as on the CPU (no fused multiply-add); the

@@ -1,7 +1,8 @@
 /* test_sample.c — the CUDA sample op against the CPU reference (kernels/cpu/sample.c through
  * the CPU backend's op) on the same bf16 logits: fresh random rows every run (the seed is
  * printed), vocabularies 512 .. 152064 (odd sizes too), batches of 1 .. 96 rows, every sampling
- * option and penalties, rows with heavy ties, few-row calls (rows cut over several blocks).
+ * option and penalties, rows with heavy ties, few-row calls (rows cut over several blocks), rows
+ * with allow masks (never an id outside them).
  * Greedy rows must agree exactly; drawn rows agree except where expf/logf of the two machines
  * differ in the last place right at a boundary (at most 1 in 100 is allowed, and the count is
  * printed). Also: the same call twice gives the same ids, ids are always in range, a bad
@@ -64,8 +65,14 @@ static sf_sample_row random_row(int kind, int V)
 
 static int total_rows, total_drawn, mismatched_drawn;
 
-static void one_case(int V, int n, int with_pen, int tied)
+static int total_masked;
+
+/* n rows of V random logits (tied: in 6 values) with random configurations, penalties on most
+ * rows (with_pen), allow masks on two rows in three (masked: one id, 1%, 30% or 90% of them). */
+static void one_case_m(int V, int n, int with_pen, int tied, int masked)
 {
+    const int words = (V + 31) / 32;
+    uint32_t *masks = masked ? calloc((size_t)n * words, 4) : NULL;
     float *l = malloc(sizeof(float) * (size_t)n * V);
     sf_sample_row *rows = malloc(sizeof *rows * (size_t)n);
     int32_t *g = malloc(4 * (size_t)n), *c = malloc(4 * (size_t)n), *g2 = malloc(4 * (size_t)n);
@@ -102,17 +109,32 @@ static void one_case(int V, int n, int with_pen, int tied)
             rows[i].n_pen = k;
             n_pen += k;
         }
+        if (masks && i % 3 != 2) {
+            static const float dens[] = { 0, 0.01f, 0.3f, 0.9f };
+            uint32_t *m = masks + (size_t)i * words;
+            const float d = dens[(i / 3 + (int)(sf_rng_next(&R) % 4)) % 4];
+            for (int t = 0; t < V; t++)
+                if (sf_rng_uniform(&R) < d) m[t >> 5] |= 1u << (t & 31);
+            const int one = (int)(sf_rng_next(&R) % (uint64_t)V); /* at least one */
+            m[one >> 5] |= 1u << (one & 31);
+            rows[i].allow = m;
+        }
     }
     int rc = both(l, n, V, rows, pen, n_pen, g, c);
     CHECK_MSG(rc == SF_OK, "vocab %d, %d rows: status %d", V, n, rc);
     if (rc == SF_OK) {
-        int greedy_bad = 0, drawn_bad = 0, drawn = 0, range_bad = 0;
+        int greedy_bad = 0, drawn_bad = 0, drawn = 0, range_bad = 0, mask_bad = 0;
         for (int i = 0; i < n; i++) {
             range_bad += g[i] < 0 || g[i] >= V;
+            if (rows[i].allow && g[i] >= 0 && g[i] < V) {
+                mask_bad += !((rows[i].allow[g[i] >> 5] >> (g[i] & 31)) & 1u);
+                total_masked++;
+            }
             if (rows[i].temperature <= 0 || rows[i].top_k == 1) greedy_bad += g[i] != c[i];
             else { drawn++; drawn_bad += g[i] != c[i]; }
         }
         CHECK_MSG(range_bad == 0, "vocab %d, %d rows: %d ids out of range", V, n, range_bad);
+        CHECK_MSG(mask_bad == 0, "vocab %d, %d rows: %d ids outside their row's allow mask", V, n, mask_bad);
         CHECK_MSG(greedy_bad == 0, "vocab %d, %d rows%s%s: %d greedy rows differ from the CPU", V, n,
                   with_pen ? ", penalties" : "", tied ? ", ties" : "", greedy_bad);
         total_rows += n;
@@ -122,8 +144,10 @@ static void one_case(int V, int n, int with_pen, int tied)
         rc = both(l, n, V, rows, pen, n_pen, g2, c);
         CHECK_MSG(rc == SF_OK && !memcmp(g, g2, 4 * (size_t)n), "vocab %d, %d rows: a second run differs", V, n);
     }
-    free(l); free(rows); free(g); free(c); free(g2); free(pen);
+    free(l); free(rows); free(g); free(c); free(g2); free(pen); free(masks);
 }
+
+static void one_case(int V, int n, int with_pen, int tied) { one_case_m(V, n, with_pen, tied, 0); }
 
 TEST(matches_cpu_reference)
 {
@@ -138,8 +162,11 @@ TEST(matches_cpu_reference)
     one_case(600, 40, 0, 1);
     /* a few rows: rows cut over several blocks (greedy, temperature, top-k; penalties on half) */
     for (int it = 0; it < 24; it++) one_case(it % 2 ? 128256 : 32000, 1 + it % 8, it % 4 >= 2, it % 3 == 0);
-    printf("  %d rows, %d drawn at random: %d differ from the CPU reference\n", total_rows, total_drawn,
-           mismatched_drawn);
+    /* rows with allow masks (requests held to a form), whole and cut over blocks, odd vocabularies */
+    static const int mv[] = { 1001, 32000, 32001, 128256 };
+    for (int it = 0; it < 16; it++) one_case_m(mv[it % 4], it < 8 ? 1 + it : 24 + it, it % 2, it == 5, 1);
+    printf("  %d rows (%d with allow masks), %d drawn at random: %d differ from the CPU reference\n", total_rows,
+           total_masked, total_drawn, mismatched_drawn);
     CHECK_MSG(mismatched_drawn * 100 <= total_drawn, "%d of %d drawn rows differ", mismatched_drawn, total_drawn);
 }
 
@@ -186,6 +213,11 @@ TEST(bad_inputs)
     CHECK(G->ops->sample(G, bg, 1, 17, &r, NULL, 0, &id) == SF_EINVAL);
     r.n_pen = 0;
     CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id) == SF_OK && id >= 0 && id < 16);
+    uint32_t allow = 0xffff0000u; /* ids 16.. only: none of the vocabulary's */
+    r.allow = &allow;
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id) == SF_EINVAL);
+    allow = 1u << 9;
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id) == SF_OK && id == 9);
     G->ops->buf_free(G, bg);
 }
 

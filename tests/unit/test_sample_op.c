@@ -2,8 +2,8 @@
  * reference the CUDA kernel is tested against): greedy with penalties against a direct
  * argmax, distributions against the exact truncated softmax, ties cut by id, top-p over a
  * large vocabulary against a full sort, determinism per (seed, step), rows of a batch
- * independent, the engine's two paths (host sf_sample and the op) choosing alike, the draw's
- * skipped tokens never the winner, bad input. */
+ * independent, the engine's two paths (host sf_sample and the op) choosing alike, allow masks
+ * drawing as -inf logits do, the draw's skipped tokens never the winner, bad input. */
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/sample_draw.h"
@@ -298,6 +298,62 @@ TEST(host_path_and_op_agree)
     sf_sampler_seq_free(&s);
 }
 
+/* A row's allow mask: the op draws as the host path does with the disallowed logits at -inf
+ * (greedy, temperature alone, top-k, top-p, min-p, with and without penalty entries, masks of
+ * one id to most of them), never a disallowed id, and rows without a mask beside it unchanged. */
+TEST(allow_mask_draws_as_minus_inf)
+{
+    enum { V = 3001, W = (V + 31) / 32 }; /* a vocabulary that ends inside a word */
+    static float l[2 * V], ref[V];
+    static uint32_t allow[W];
+    sf_rng g;
+    sf_rng_seed(&g, 21);
+    for (int i = 0; i < 2 * V; i++) l[i] = sf_rng_normal(&g) * 2.0f;
+    sf_cpu_sample_scratch sc = { malloc(V * sizeof(float)), malloc(V * sizeof(uint32_t)), malloc(V * sizeof(uint64_t)) };
+    REQUIRE(sc.x && sc.key && sc.mass, "out of memory");
+    static const float keep[] = { 0.0005f, 0.01f, 0.3f, 0.9f };
+    const sf_sample_pen pen[2] = { { 5, 2, 1, 1.5f }, { 2999, 0, 0, -3.0f } };
+    int n = 0, bad = 0, differ = 0, plain_differ = 0;
+    for (int m = 0; m < 4; m++) {
+        memset(allow, 0, sizeof allow);
+        for (int i = 0; i < V; i++)
+            if (sf_rng_uniform(&g) < keep[m]) allow[i >> 5] |= 1u << (i & 31);
+        allow[3000 >> 5] |= 1u << (3000 & 31); /* the last id, always one */
+        for (int kind = 0; kind < 5; kind++)
+            for (int with_pen = 0; with_pen < 2; with_pen++)
+                for (int step = 0; step < 8; step++) {
+                    sf_sample_row r[2] = { row_default(), row_default() };
+                    r[0].temperature = kind == 0 ? 0 : 0.8f;
+                    r[0].top_k = kind == 2 ? 20 : 0;
+                    r[0].top_p = kind == 3 ? 0.7f : 1;
+                    r[0].min_p = kind == 4 ? 0.05f : 0;
+                    r[0].step = r[1].step = (uint64_t)step;
+                    r[0].n_pen = with_pen ? 2 : 0;
+                    r[0].repetition_penalty = 1.2f;
+                    r[0].allow = allow;
+                    r[1].temperature = 0.8f; /* a row without a mask in the same call */
+                    int32_t ids[2] = { -1, -1 };
+                    REQUIRE(op(l, 2, V, r, pen, 2, ids) == SF_OK, "op failed");
+                    for (int i = 0; i < V; i++) ref[i] = (allow[i >> 5] >> (i & 31)) & 1u ? l[i] : -INFINITY;
+                    sf_sample_row rr = r[0];
+                    rr.allow = NULL;
+                    const int32_t want = sf_cpu_sample_row(ref, V, &rr, pen, &sc);
+                    sf_sample_row r1 = r[1];
+                    const int32_t want1 = sf_cpu_sample_row(l + V, V, &r1, pen, &sc);
+                    n++;
+                    bad += ids[0] < 0 || ids[0] >= V || !((allow[ids[0] >> 5] >> (ids[0] & 31)) & 1u);
+                    differ += ids[0] != want;
+                    plain_differ += ids[1] != want1;
+                }
+    }
+    CHECK_MSG(!bad, "%d of %d draws outside their mask", bad, n);
+    CHECK_MSG(!differ, "%d of %d draws differ from the host path's -inf", differ, n);
+    CHECK_MSG(!plain_differ, "%d of %d unmasked rows beside them differ", plain_differ, n);
+    free(sc.x);
+    free(sc.key);
+    free(sc.mass);
+}
+
 TEST(rejects_bad_input)
 {
     float l[8] = { 0 };
@@ -315,6 +371,11 @@ TEST(rejects_bad_input)
     REQUIRE(be->ops->buf_new(be, 1, 8, &buf, &err) == SF_OK, "%s", err.msg);
     CHECK(be->ops->sample(be, buf, 1, 9, &r, NULL, 0, &id) == SF_EINVAL); /* more tokens than columns */
     CHECK(be->ops->sample(be, buf, 2, 8, &r, NULL, 0, &id) == SF_EINVAL); /* more rows than the buffer */
+    uint32_t none = 0xffffff00u; /* ids 8.. only: none of the vocabulary's 8 */
+    r.allow = &none;
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id) == SF_EINVAL);
+    none = 0x80u; /* id 7 alone */
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id) == SF_OK && id == 7);
     be->ops->buf_free(be, buf);
 }
 
@@ -333,6 +394,7 @@ int main(void)
     RUN(draw_equals_the_full_gumbel_argmax);
     RUN(deterministic_and_rows_independent);
     RUN(host_path_and_op_agree);
+    RUN(allow_mask_draws_as_minus_inf);
     RUN(rejects_bad_input);
     sf_backend_close(be);
     return test_summary();
