@@ -47,6 +47,8 @@ typedef struct sf_flight {
     int n_tokens, n_decode, n_prefill;
     int decode;                  /* every sequence brought one token */
     int n_spec;                  /* sequences with draft tokens (speculative decoding): taken, never planned behind */
+    int n_forms;                 /* rows held to a form drawn on the backend: never planned behind (their masks
+                                  * follow from the ids) */
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
     double swap_ms;
     double t_plan;               /* sf_now_s when it was planned */
@@ -99,6 +101,14 @@ struct sf_engine {
     sf_request **victims;       /* [2 * max_num_seqs]: the requests of a failed step (step.c step_failed) */
     sf_sample_pen *pen;
     int cap_pen;
+    /* requests held to a form drawn on the backend (step.c form_mask): their rows' allow masks
+     * (vocab bits each, mask_cap of them), the row each mask is for, a float row to compute a
+     * mask on, and for each logit row of a flight slot whether no token fitted its form */
+    uint32_t *masks;
+    int mask_cap;
+    int *mask_row;              /* [max_logits] */
+    float *mask_x;              /* [vocab], allocated at the first mask */
+    uint8_t *row_nofit;         /* [2 * max_logits] */
     /* the step pipeline (step.c) */
     int serial;                 /* 1: deliver before planning the next step (SEMFLOW_ENGINE_OVERLAP=0) */
     int async;                  /* 1: async scheduling (the backend's draws deferred: sample_defer) */

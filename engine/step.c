@@ -300,7 +300,7 @@ static int may_plan_ahead(const sf_engine *e)
 {
     /* not behind a step whose rows the backend scores: its logits are read at its take */
     return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed && !e->fl.n_scored &&
-           !e->fl.n_spec && !(spec_on(e) && !e->spec_quiet);
+           !e->fl.n_spec && !e->fl.n_forms && !(spec_on(e) && !e->spec_quiet);
 }
 
 /* Async scheduling: commit the plan of the step in flight and give each sequence it draws for
@@ -351,6 +351,37 @@ static int tp_host_drawn(const sf_engine *e, const sf_plan *p)
     return 0;
 }
 
+/* Whether a row of plan p draws for a request held to a form: its mask follows from the ids
+ * before it, so such a step is not planned behind a draw still in flight. */
+static int plan_has_forms(const sf_plan *p)
+{
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].seq && p->items[i].logits && ((const sf_request *)p->items[i].seq->owner)->sp.json) return 1;
+    return 0;
+}
+
+/* Logit row k of the step being launched draws for r, held to a form, on the backend: the mask
+ * of the tokens that can come next (sf_json_mask on a row of zeros) becomes its allow mask
+ * (engine->masks[*n_masks], its row noted in mask_row), or, when none can, the row draws
+ * unmasked and is taken as ending the request (nofit). 0: out of memory. */
+static int form_mask(sf_engine *e, sf_request *r, int k, int *n_masks, uint8_t *nofit)
+{
+    const int words = (e->vocab + 31) / 32;
+    if (!e->mask_x && !(e->mask_x = malloc((size_t)e->vocab * sizeof *e->mask_x))) return 0;
+    memset(e->mask_x, 0, (size_t)e->vocab * sizeof *e->mask_x);
+    if (sf_json_mask(&r->json, e->jv, e->mask_x) <= 0) {
+        nofit[k] = 1;
+        return 1;
+    }
+    if (!sf_grow((void **)&e->masks, &e->mask_cap, *n_masks + 1, (size_t)words * sizeof *e->masks)) return 0;
+    uint32_t *m = e->masks + (size_t)*n_masks * words;
+    memset(m, 0, (size_t)words * sizeof *m);
+    for (int i = 0; i < e->vocab; i++)
+        if (e->mask_x[i] != -INFINITY) m[i >> 5] |= 1u << (i & 31);
+    e->mask_row[(*n_masks)++] = k;
+    return 1;
+}
+
 /* Plan the next step and launch it. Returns the tokens launched (0: none); *progress is set when
  * stuck requests were finished. ahead (async): the step in flight's ids have not come; the new
  * step is planned assuming its sequences continue, or its ids are taken first when the plan
@@ -367,10 +398,11 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     else spec_propose(e); /* drafts for the plan to compute */
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
     const int n_spec = spec_planned(e, !ahead);
-    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p))) {
+    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p) || plan_has_forms(p))) {
         /* swaps move blocks the step in flight may still write, a stuck sequence's last token
-         * is still to come, and under tensor parallelism a step drawn on the host cannot take
-         * tokens from a draw: take the step's ids first (the stand-ins become ids) */
+         * is still to come, under tensor parallelism a step drawn on the host cannot take
+         * tokens from a draw, and a form's mask needs the ids before it: take the step's ids
+         * first (the stand-ins become ids) */
         double tw = sf_now_s();
         tc->plan += tw - t0;
         *took = step_take(e, tc);
@@ -416,21 +448,28 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
     int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits, *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
-    int k = 0, n_pen = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
+    int k = 0, n_pen = 0, n_masks = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
+    uint8_t *nofit = e->row_nofit + (size_t)f->slot * e->cfg.max_logits;
     for (int i = 0; i < p->n_items; i++) { /* the next-token rows, in item order (sf_sched_batch) */
         const sf_plan_item *it = &p->items[i];
         if (!it->seq || !it->logits) continue;
         sf_request *r = it->seq->owner;
         score[k] = it->seq->n_draft ? it->start + it->n - 1 : -1; /* a drafted sequence's rows: by position */
         rows[k] = it->seq;
-        if (on_dev && (sf_sampler_needs_logits(&r->sp) ||
-                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
+        nofit[k] = 0;
+        /* a request held to a form draws on the backend with its mask (not under tensor
+         * parallelism: tp.c's followers take such rows' tokens from the host) */
+        if (on_dev && (r->sp.logprobs || (r->sp.json && e->tp) ||
+                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK ||
+                       (r->sp.json && !form_mask(e, r, k, &n_masks, nofit))))
             on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
         else if (on_dev && r->placed)
             e->rows[k].step++; /* its stand-in's draw comes first */
         k++;
     }
     const int k_draw = k;
+    for (int m = 0; on_dev && m < n_masks; m++) /* now that the masks have stopped moving */
+        e->rows[e->mask_row[m]].allow = e->masks + (size_t)m * ((e->vocab + 31) / 32);
     for (int i = 0; i < p->n_items; i++) { /* then the scored prompt positions */
         const sf_plan_item *it = &p->items[i];
         for (int j = 0; it->seq && j < it->n_score; j++) {
@@ -445,6 +484,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     b.n_scored = f->n_scored;
     if ((k > k_draw && !f->n_scored) || n_spec) on_dev = 0; /* drafts are checked against host draws */
     f->k = k;
+    f->n_forms = on_dev ? n_masks : 0;
     f->n_tokens = b.n_tokens;
     f->n_decode = p->n_decode;
     f->n_prefill = p->n_prefill;
@@ -524,8 +564,10 @@ static const sf_taken *take_row(sf_engine *e, const sf_flight *f, int j, sf_seq 
     t->logprob = 0;
     t->n_top = 0;
     float *row = e->logits + (size_t)j * e->vocab;
-    /* JSON mode: what cannot continue goes; when nothing is left the request ends in an error */
-    int fits = f->on_dev || !r->sp.json || sf_json_mask(&r->json, e->jv, row) > 0;
+    /* a form: what cannot continue goes (on the backend: its mask); when nothing is left the
+     * request ends in an error */
+    int fits = f->on_dev ? !e->row_nofit[(size_t)f->slot * e->cfg.max_logits + j]
+                         : !r->sp.json || sf_json_mask(&r->json, e->jv, row) > 0;
     t->id = !fits ? sf_tok_eos(r->tok) : f->on_dev ? ids[j] : sf_sample(&r->sp, &r->ss, row, e->vocab, &t->logprob, t->top, &t->n_top);
     if (fits && r->sp.json) sf_json_accept(&r->json, e->jv, t->id);
     t->end = fits ? sf_request_take(r, t->id) : SF_REQ_END_NO_FIT;

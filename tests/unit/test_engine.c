@@ -6,7 +6,8 @@
  * what they give computed whole (also under preemption), each tenant and salt its own cache;
  * speculative decoding (n-gram drafts) gives exactly the tokens and logprobs of decoding without
  * it, for greedy and seeded draws, with penalties, stop strings, JSON mode, many requests at once
- * and under preemption; cancel frees KV; admission errors. */
+ * and under preemption; requests held to forms drawn on the backend with masks as on the host;
+ * cancel frees KV; admission errors. */
 #include <pthread.h>
 
 #include "engine/engine.h"
@@ -21,6 +22,7 @@
 static double swap_gib = 1.0; /* the engine's default; 0: preemption by recompute */
 static int prefix_caching = 1; /* the engine's default */
 static int spec_tokens = 0;    /* speculative decoding: off by default */
+static int host_sampling = 0;  /* every row drawn on the host (sf_engine_config.host_sampling) */
 
 static sf_engine *open_engine(const char *model, int max_seqs, int budget, int max_len, int kv_blocks, sf_error *err)
 {
@@ -36,6 +38,7 @@ static sf_engine *open_engine(const char *model, int max_seqs, int budget, int m
     c.swap_space_gib = swap_gib;
     c.prefix_caching = prefix_caching;
     c.spec_tokens = spec_tokens;
+    c.host_sampling = host_sampling;
     sf_engine *e = NULL;
     if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
     return e;
@@ -634,6 +637,69 @@ static void spec_equals_plain(int kv_blocks, int together)
     CHECK_MSG(same == N, "%d of %d requests give with drafts what they give without", same, N);
 }
 
+/* Requests held to a form (JSON mode, a pattern, a schema with a pattern, a choice; greedy and
+ * seeded draws, one with a penalty) beside plain ones, all at once: drawn on the backend with
+ * their allow masks they give what they give drawn on the host with their logits masked (the
+ * engine's other path), and no row of theirs goes to the host. */
+TEST(forms_on_the_backend_equal_the_host)
+{
+    static const struct { int choice, regex, json; const char *schema; float t; } forms[] = {
+        { 0, 0, 1, NULL, 0 },
+        { 0, 0, 1, NULL, 0.9f },
+        { 0, 1, 1, "[A-Z][a-z]+( [a-z]+){1,4}\\.", 0 },
+        { 0, 1, 1, "(yes|no), [a-z ]{3,30}\\.", 1.0f },
+        { 0, 0, 1, "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\", \"pattern\": "
+                   "\"^[a-z]{2,8}$\"}}, \"required\": [\"name\"]}", 0.7f },
+        { 1, 0, 1, "[\"the cat\", \"the dog\", \"a bird\"]", 1.0f },
+        { 0, 0, 0, NULL, 0 },
+        { 0, 0, 0, NULL, 0.8f },
+    };
+    enum { N = SF_ARRAY_LEN(forms) };
+    static collect out[2][N];
+    sf_error err = { 0 };
+    int32_t prompt[64];
+    int np = 0;
+    uint64_t host_rows[2] = { 0, 0 }, dev_rows[2] = { 0, 0 };
+    for (int pass = 0; pass < 2; pass++) {
+        host_sampling = pass;
+        sf_engine *e = open_engine(stories(), 8, 256, 0, 0, &err);
+        host_sampling = 0;
+        REQUIRE(e, "engine: %s", err.msg);
+        if (!pass) np = encode(e, "Once upon a time, there was a little cat. The cat said", prompt, 64);
+        for (int i = 0; i < (int)N; i++) {
+            sf_sampling sp = greedy(40);
+            sp.choice = forms[i].choice, sp.regex = forms[i].regex, sp.json = forms[i].json;
+            sp.schema = forms[i].schema, sp.schema_len = forms[i].schema ? strlen(forms[i].schema) : 0;
+            if (forms[i].t > 0) sp.temperature = forms[i].t, sp.seed = 11 + (uint64_t)i, sp.has_seed = 1;
+            if (i == 1) sp.frequency_penalty = 0.4f;
+            collect_init(&out[pass][i]);
+            CHECK_MSG(submit(e, prompt, np, &sp, &out[pass][i], &err) == SF_OK, "submit %d: %s", i, err.msg);
+        }
+        for (int i = 0; i < (int)N; i++) collect_wait(&out[pass][i]);
+        sf_engine_stats st;
+        wait_idle(e, &st);
+        host_rows[pass] = st.rows_sampled_host;
+        dev_rows[pass] = st.rows_sampled_backend;
+        sf_engine_free(e);
+    }
+    int same = 0;
+    for (int i = 0; i < (int)N; i++) {
+        const collect *a = &out[0][i], *b = &out[1][i];
+        const int ok = a->n_tokens == b->n_tokens && a->finish == b->finish && a->n_tokens > 0 &&
+                       !memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t));
+        if (!ok)
+            printf("  request %d: %d tokens (finish %d) on the backend, %d (finish %d) on the host: %.80s | %.80s\n", i,
+                   a->n_tokens, a->finish, b->n_tokens, b->finish, a->text, b->text);
+        same += ok;
+    }
+    CHECK_MSG(same == (int)N, "%d of %d requests the same on both paths", same, (int)N);
+    CHECK_MSG(host_rows[0] == 0 && dev_rows[0] > 0, "backend pass: %llu rows on the host, %llu on the backend",
+              (unsigned long long)host_rows[0], (unsigned long long)dev_rows[0]);
+    CHECK_MSG(dev_rows[1] == 0 && host_rows[1] > 0, "host pass: %llu rows on the backend",
+              (unsigned long long)dev_rows[1]);
+    printf("  %llu rows drawn on the backend, with the forms' masks\n", (unsigned long long)dev_rows[0]);
+}
+
 TEST(spec_equals_plain_one_at_a_time) { spec_equals_plain(0, 0); }
 TEST(spec_equals_plain_together) { spec_equals_plain(0, 1); }
 TEST(spec_equals_plain_preempted) { spec_equals_plain(24, 1); }
@@ -947,6 +1013,7 @@ int main(void)
     RUN(prefix_cache_equals_computed);
     RUN(prefix_cache_equals_computed_preempted);
     RUN(group_choices_share_the_prompt);
+    RUN(forms_on_the_backend_equal_the_host);
     RUN(spec_equals_plain_one_at_a_time);
     RUN(spec_equals_plain_together);
     RUN(spec_equals_plain_preempted);
