@@ -47,8 +47,8 @@ typedef struct sf_flight {
     int n_tokens, n_decode, n_prefill;
     int decode;                  /* every sequence brought one token */
     int n_spec;                  /* sequences with draft tokens (speculative decoding): taken, never planned behind */
-    int n_forms;                 /* rows held to a form drawn on the backend: never planned behind (their masks
-                                  * follow from the ids) */
+    int n_forms;                 /* rows held to a form: no step is planned behind it (their masks follow from
+                                  * its ids) */
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
     double swap_ms;
     double t_plan;               /* sf_now_s when it was planned */

@@ -448,7 +448,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
     int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits, *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
-    int k = 0, n_pen = 0, n_masks = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
+    int k = 0, n_pen = 0, n_masks = 0, n_forms = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     uint8_t *nofit = e->row_nofit + (size_t)f->slot * e->cfg.max_logits;
     for (int i = 0; i < p->n_items; i++) { /* the next-token rows, in item order (sf_sched_batch) */
         const sf_plan_item *it = &p->items[i];
@@ -465,6 +465,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
             on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
         else if (on_dev && r->placed)
             e->rows[k].step++; /* its stand-in's draw comes first */
+        n_forms += r->sp.json != 0;
         k++;
     }
     const int k_draw = k;
@@ -484,7 +485,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     b.n_scored = f->n_scored;
     if ((k > k_draw && !f->n_scored) || n_spec) on_dev = 0; /* drafts are checked against host draws */
     f->k = k;
-    f->n_forms = on_dev ? n_masks : 0;
+    f->n_forms = n_forms;
     f->n_tokens = b.n_tokens;
     f->n_decode = p->n_decode;
     f->n_prefill = p->n_prefill;
