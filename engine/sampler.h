@@ -52,8 +52,11 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
 int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
                    int *n_pen, int *cap_pen);
 
-/* 1 when choosing this request's tokens needs the whole row of logits on the host
- * (logprobs, JSON mode's mask), so the backend's sampler cannot serve it. */
+/* 1 when choosing this request's tokens needs the host between one draw and the next: its
+ * logprobs read the row there, a form's mask (JSON, a schema, a pattern, a grammar, a choice)
+ * follows from the ids so far. Such a request gets no stand-in ahead of its id, and under
+ * tensor parallelism its rows are drawn on the host; without it, a form's rows draw on the
+ * backend with their mask (engine/step.c). */
 int sf_sampler_needs_logits(const sf_sampling *p);
 
 #endif
