@@ -712,6 +712,9 @@ static void usage(FILE *f)
                "  --top-k N             keep the N most likely tokens (default 0: off)\n"
                "  --prefix-len N        the first N of the --input tokens the same in every prompt (default 0)\n"
                "  --no-prefix-caching   the engine's prefix cache off (on by default)\n"
+               "  --structured-output-ratio F  this share of the requests (spread evenly) held to JSON output\n"
+               "                        (response_format json_object; needs --model with a tokenizer): they end\n"
+               "                        when their object does, so they count their own tokens (default 0)\n"
                "  --compare FILE        a `bench decode-batch --json` result: its step (the forward pass alone) is\n"
                "                        reported beside the engine's decode step\n");
 }
@@ -775,6 +778,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "top-p", required_argument, NULL, 'Q' }, { "top-k", required_argument, NULL, 'Y' },
         { "compare", required_argument, NULL, 'C' }, { "loop", required_argument, NULL, 'L' },
         { "prefix-len", required_argument, NULL, 'R' }, { "no-prefix-caching", no_argument, NULL, 'Z' },
+        { "structured-output-ratio", required_argument, NULL, 'W' },
         { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
@@ -818,6 +822,7 @@ int sf_cmd_bench(int argc, char **argv)
         case 'C': o.compare = optarg; break;
         case 'R': if (parse_int("--prefix-len", optarg, 0, 1 << 20, &o.prefix_len)) return 2; break;
         case 'Z': o.no_prefix_cache = 1; break;
+        case 'W': if (parse_range("--structured-output-ratio", optarg, 0, 0, 1, &o.structured)) return 2; break;
         case 'L': if (parse_pair("--loop", optarg, "serial", "async", &o.serial_loop)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
