@@ -107,7 +107,7 @@ struct sf_engine {
     uint32_t *masks;
     int mask_cap;
     int *mask_row;              /* [max_logits] */
-    float *mask_x;              /* [vocab], allocated at the first mask */
+    float *mask_x;              /* [vocab], zeros between masks; allocated at the first */
     uint8_t *row_nofit;         /* [2 * max_logits] */
     /* the step pipeline (step.c) */
     int serial;                 /* 1: deliver before planning the next step (SEMFLOW_ENGINE_OVERLAP=0) */

@@ -361,23 +361,32 @@ static int plan_has_forms(const sf_plan *p)
 }
 
 /* Logit row k of the step being launched draws for r, held to a form, on the backend: the mask
- * of the tokens that can come next (sf_json_mask on a row of zeros) becomes its allow mask
- * (engine->masks[*n_masks], its row noted in mask_row), or, when none can, the row draws
- * unmasked and is taken as ending the request (nofit). 0: out of memory. */
+ * of the tokens that can come next (sf_json_mask on a row of zeros, engine->mask_x, left zero
+ * again) becomes its allow mask (engine->masks[*n_masks], its row noted in mask_row), or, when
+ * none can, the row draws unmasked and is taken as ending the request (nofit). 0: out of
+ * memory. */
 static int form_mask(sf_engine *e, sf_request *r, int k, int *n_masks, uint8_t *nofit)
 {
     const int words = (e->vocab + 31) / 32;
-    if (!e->mask_x && !(e->mask_x = malloc((size_t)e->vocab * sizeof *e->mask_x))) return 0;
-    memset(e->mask_x, 0, (size_t)e->vocab * sizeof *e->mask_x);
-    if (sf_json_mask(&r->json, e->jv, e->mask_x) <= 0) {
+    float *x = e->mask_x;
+    if (!x && !(x = e->mask_x = calloc((size_t)e->vocab, sizeof *x))) return 0;
+    const int fits = sf_json_mask(&r->json, e->jv, x);
+    uint32_t *m = NULL;
+    if (fits > 0 && sf_grow((void **)&e->masks, &e->mask_cap, *n_masks + 1, (size_t)words * sizeof *e->masks))
+        m = e->masks + (size_t)*n_masks * words;
+    for (int w = 0; w < words; w++) { /* one pass: the bits out, the row back to zeros */
+        uint32_t bits = 0;
+        for (int b = 0, i = w * 32; b < 32 && i < e->vocab; b++, i++) {
+            bits |= (uint32_t)(x[i] != -INFINITY) << b;
+            x[i] = 0.0f;
+        }
+        if (m) m[w] = bits;
+    }
+    if (fits <= 0) {
         nofit[k] = 1;
         return 1;
     }
-    if (!sf_grow((void **)&e->masks, &e->mask_cap, *n_masks + 1, (size_t)words * sizeof *e->masks)) return 0;
-    uint32_t *m = e->masks + (size_t)*n_masks * words;
-    memset(m, 0, (size_t)words * sizeof *m);
-    for (int i = 0; i < e->vocab; i++)
-        if (e->mask_x[i] != -INFINITY) m[i >> 5] |= 1u << (i & 31);
+    if (!m) return 0;
     e->mask_row[(*n_masks)++] = k;
     return 1;
 }
