@@ -846,6 +846,11 @@ int sf_cmd_bench(int argc, char **argv)
         fprintf(stderr, "semflow bench: --preset has no weight files; add --load-format dummy\n");
         return 2;
     }
+    if (o.preset && o.structured > 0) {
+        fprintf(stderr, "semflow bench: --structured-output-ratio needs a tokenizer, which a --preset has not: give "
+                        "--model PATH (a folder with tokenizer.json) --load-format dummy\n");
+        return 2;
+    }
     for (size_t i = 0; i < SF_ARRAY_LEN(bench_modes); i++)
         if (!strcmp(o.mode, bench_modes[i].name)) return bench_modes[i].fn(&o);
     fprintf(stderr, "semflow bench: unknown mode '%s'\n", o.mode);

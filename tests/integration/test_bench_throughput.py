@@ -110,6 +110,12 @@ for args, what in [
     rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", *args)
     check("bad_flag " + " ".join(args), rc == 2 and what in err, f"rc {rc}: {err[-300:]}")
 
+# JSON output needs the tokenizer's texts, which a preset has not: refused before its weights are made
+rc, out, err = run("bench", "throughput", "--load-format", "dummy", "--preset", "llama-3-70b", "--backend", "cpu",
+                   "--structured-output-ratio", "0.1")
+check("structured_output_needs_a_tokenizer", rc == 2 and "--structured-output-ratio needs a tokenizer" in err,
+      f"rc {rc}: {err[-300:]}")
+
 rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--input", "10", "--prefix-len", "11")
 check("prefix_len_over_input", rc != 0 and "--prefix-len 11 is longer than --input 10" in err, f"rc {rc}: {err[-300:]}")
 rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--prefix-len", "-1")
