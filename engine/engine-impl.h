@@ -109,6 +109,8 @@ struct sf_engine {
     int *mask_row;              /* [max_logits] */
     float *mask_x;              /* [vocab], zeros between masks; allocated at the first */
     uint8_t *row_nofit;         /* [2 * max_logits] */
+    sf_sample_lp *lp;           /* [2 * max_logits]: a flight slot's rows' log-probabilities drawn on the
+                                 * backend (requests with logprobs) */
     /* the step pipeline (step.c) */
     int serial;                 /* 1: deliver before planning the next step (SEMFLOW_ENGINE_OVERLAP=0) */
     int async;                  /* 1: async scheduling (the backend's draws deferred: sample_defer) */

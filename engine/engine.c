@@ -458,6 +458,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->row_score = malloc(2 * (size_t)c->max_logits * sizeof *e->row_score);
     e->mask_row = malloc((size_t)c->max_logits * sizeof *e->mask_row);
     e->row_nofit = calloc(2 * (size_t)c->max_logits, sizeof *e->row_nofit);
+    e->lp = malloc(2 * (size_t)c->max_logits * sizeof *e->lp);
     e->sc_target = malloc((size_t)c->max_logits * sizeof *e->sc_target);
     e->sc_rank = malloc((size_t)c->max_logits * sizeof *e->sc_rank);
     e->sc_lp = malloc((size_t)c->max_logits * sizeof *e->sc_lp);
@@ -471,7 +472,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     e->spec_seqs = malloc((size_t)c->max_num_seqs * sizeof *e->spec_seqs);
     e->step_hist = calloc(2 * SF_STEP_HIST, sizeof *e->step_hist);
     if (!e->logits || !e->rows || !e->ids || !e->row_seq || !e->row_score || !e->mask_row || !e->row_nofit ||
-        !e->sc_target || !e->sc_rank ||
+        !e->lp || !e->sc_target || !e->sc_rank ||
         !e->sc_lp || !e->sc_tid || !e->sc_tlp || !e->src_row || !e->victims || !e->taken || !e->spec_seqs ||
         !e->step_hist) {
         rc = sf_err(err, SF_ENOMEM, "engine: out of memory for %d x %d logits", c->max_logits, e->vocab);
@@ -544,6 +545,7 @@ void sf_engine_free(sf_engine *e)
     free(e->row_score);
     free(e->mask_row);
     free(e->row_nofit);
+    free(e->lp);
     free(e->masks);
     free(e->mask_x);
     free(e->sc_target);

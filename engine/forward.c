@@ -390,10 +390,10 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             op = "sample";
             const sf_buf *lg = f->rows_full ? f->rows_full : f->logits;
             if (f->launching && o->sample_start) {
-                rc = o->sample_start(b, lg, L, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+                rc = o->sample_start(b, lg, L, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids, smp->lp);
                 f->draw_pending = rc == SF_OK;
             } else {
-                rc = o->sample(b, lg, L, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids);
+                rc = o->sample(b, lg, L, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids, smp->lp);
             }
             if (rc != SF_OK && f->gather_pending) { /* nothing to wait for later: wait for the gather now */
                 f->gather_pending = 0;

@@ -42,6 +42,7 @@ typedef struct sf_forward_sample {
     const sf_sample_pen *pen;    /* penalty entries the rows point into */
     int n_pen;
     int32_t *ids;                /* out: [batch->n_logits] the drawn tokens */
+    sf_sample_lp *lp;            /* out: [batch->n_logits] where rows ask for logprobs; NULL when none does */
 } sf_forward_sample;
 /* 1 when sf_forward_step_sample can run: the backend has a sample op and, with a vocabulary split
  * over ranks, the communicator can lay the gathered slices out as whole rows (every rank takes

@@ -109,6 +109,14 @@ void sf_sampler_accept(sf_sampler_seq *s, int32_t id)
 
 int sf_sampler_needs_logits(const sf_sampling *p) { return p->logprobs != 0 || p->json; }
 
+void sf_sampler_lp_out(const sf_sample_lp *lp, const sf_sampling *p, float *logprob, sf_logprob *top, int *n_top)
+{
+    if (logprob) *logprob = lp->lp;
+    if (!n_top) return;
+    *n_top = p->logprobs > 0 && top ? SF_MIN(lp->n_top, SF_MIN(p->logprobs, SF_MAX_LOGPROBS)) : 0;
+    for (int i = 0; i < *n_top; i++) top[i] = (sf_logprob){ lp->top_id[i], lp->top_lp[i] };
+}
+
 void sf_sampler_set_ban(sf_sampler_seq *s, const int32_t *ids, int n, int vocab)
 {
     s->n_ban = 0;
@@ -131,7 +139,10 @@ int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row 
     *row = (sf_sample_row){ .temperature = p->temperature, .top_p = p->top_p, .min_p = p->min_p, .top_k = p->top_k,
                             .repetition_penalty = p->repetition_penalty, .presence_penalty = p->presence_penalty,
                             .frequency_penalty = p->frequency_penalty, .seed = s->seed, .step = s->step,
-                            .pen_off = *n_pen, .n_pen = 0 };
+                            .pen_off = *n_pen, .n_pen = 0,
+                            .logprobs = p->logprobs < 0   ? 1
+                                        : p->logprobs > 0 ? 1 + SF_MIN(p->logprobs, SF_SAMPLE_TOP_MAX)
+                                                          : 0 };
     const int n = s->counts ? s->n_touched : p->n_bias, ban = banning(p, s) ? s->n_ban : 0;
     if (!n && !ban) return SF_OK;
     if (*n_pen + n + ban > *cap_pen) {
@@ -194,7 +205,7 @@ static int32_t draw(const sf_sampling *p, const sf_sampler_seq *s, const float *
     sf_cpu_sample_scratch sc = { malloc((size_t)vocab * sizeof(float)), malloc((size_t)vocab * sizeof(uint32_t)),
                                  malloc((size_t)vocab * sizeof(uint64_t)) };
     int32_t id = -1;
-    if (sc.x && sc.key && sc.mass) id = sf_cpu_sample_row(l, vocab, &row, NULL, &sc);
+    if (sc.x && sc.key && sc.mass) id = sf_cpu_sample_row(l, vocab, &row, NULL, &sc, NULL);
     free(sc.x);
     free(sc.key);
     free(sc.mass);
@@ -210,17 +221,9 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
         SF_LOGW("sampler: out of memory for a row of %d; falling back to greedy", vocab);
         id = argmax(logits, vocab);
     }
-    /* log-softmax of the penalized logits */
-    float m = sf_cpu_max(logits, vocab);
-    float lse = m + (float)log(sf_cpu_sumexp(logits, vocab, 1.0f, m, NULL));
-    if (logprob) *logprob = logits[id] - lse;
-    if (n_top) *n_top = 0;
-    if (p->logprobs > 0 && top && n_top) {
-        int32_t id_[SF_MAX_LOGPROBS];
-        float v[SF_MAX_LOGPROBS];
-        int n = sf_cpu_top_n(logits, vocab, SF_MIN(p->logprobs, SF_MAX_LOGPROBS), id_, v);
-        for (int i = 0; i < n; i++) { top[i].id = id_[i]; top[i].logprob = v[i] - lse; }
-        *n_top = n;
-    }
+    /* log-softmax of the penalized logits: what the backend's op gives (sf_sample_lp) */
+    sf_sample_lp lp;
+    sf_cpu_sample_lp(logits, vocab, id, top && n_top ? p->logprobs : 0, &lp);
+    sf_sampler_lp_out(&lp, p, logprob, top, n_top);
     return id;
 }

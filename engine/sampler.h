@@ -41,8 +41,9 @@ void sf_sampler_set_ban(sf_sampler_seq *s, const int32_t *ids, int n, int vocab)
 void sf_sampler_accept(sf_sampler_seq *s, int32_t id);
 
 /* Choose a token. logits [vocab] is modified in place (scratch). Writes the chosen id, its
- * log-probability under the model's distribution (after penalties, before temperature and
- * truncation, as OpenAI reports it), and the top n_top alternatives when p->logprobs > 0. */
+ * log-probability under the model's distribution (after penalties and a form's mask, before
+ * temperature and truncation, as OpenAI reports it), and the top n_top alternatives (ids whose
+ * logit is not -inf) when p->logprobs > 0. */
 int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vocab,
                   float *logprob, sf_logprob *top, int *n_top);
 
@@ -52,11 +53,15 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
 int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
                    int *n_pen, int *cap_pen);
 
-/* 1 when choosing this request's tokens needs the host between one draw and the next: its
- * logprobs read the row there, a form's mask (JSON, a schema, a pattern, a grammar, a choice)
- * follows from the ids so far. Such a request gets no stand-in ahead of its id, and under
- * tensor parallelism its rows are drawn on the host; without it, a form's rows draw on the
- * backend with their mask (engine/step.c). */
+/* 1 when this request's rows are drawn on the host under tensor parallelism (tp.c's followers
+ * take those tokens from the host): it wants logprobs, or it is held to a form (JSON, a schema,
+ * a pattern, a grammar, a choice). Without TP both draw on the backend's sampler (engine/
+ * step.c): logprobs come back with the ids (sf_sample_row.logprobs), a form's mask goes with
+ * its row (sf_sample_row.allow). */
 int sf_sampler_needs_logits(const sf_sampling *p);
+
+/* A row's sf_sample_lp (the backend's, or sf_sample's) as the request reports it: the drawn
+ * id's log-probability, and its top alternatives when p->logprobs > 0 (n_top NULL: none). */
+void sf_sampler_lp_out(const sf_sample_lp *lp, const sf_sampling *p, float *logprob, sf_logprob *top, int *n_top);
 
 #endif

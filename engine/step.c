@@ -457,7 +457,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
     int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits, *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
-    int k = 0, n_pen = 0, n_masks = 0, n_forms = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
+    int k = 0, n_pen = 0, n_masks = 0, n_forms = 0, n_lp = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     uint8_t *nofit = e->row_nofit + (size_t)f->slot * e->cfg.max_logits;
     for (int i = 0; i < p->n_items; i++) { /* the next-token rows, in item order (sf_sched_batch) */
         const sf_plan_item *it = &p->items[i];
@@ -466,15 +466,17 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         score[k] = it->seq->n_draft ? it->start + it->n - 1 : -1; /* a drafted sequence's rows: by position */
         rows[k] = it->seq;
         nofit[k] = 0;
-        /* a request held to a form draws on the backend with its mask (not under tensor
-         * parallelism: tp.c's followers take such rows' tokens from the host) */
-        if (on_dev && (r->sp.logprobs || (r->sp.json && e->tp) ||
+        /* a request held to a form draws on the backend with its mask, one with logprobs gets
+         * them with its id (neither under tensor parallelism: tp.c's followers take such rows'
+         * tokens from the host) */
+        if (on_dev && ((e->tp && sf_sampler_needs_logits(&r->sp)) ||
                        sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK ||
                        (r->sp.json && !form_mask(e, r, k, &n_masks, nofit))))
-            on_dev = 0; /* one request wants logprobs (or memory is short): the whole batch on the host */
+            on_dev = 0; /* the whole batch on the host */
         else if (on_dev && r->placed)
             e->rows[k].step++; /* its stand-in's draw comes first */
         n_forms += r->sp.json != 0;
+        n_lp += r->sp.logprobs != 0;
         k++;
     }
     const int k_draw = k;
@@ -505,7 +507,8 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     int rc;
     if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
     else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
-        sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = ids };
+        sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = ids,
+                                  .lp = n_lp ? e->lp + (size_t)f->slot * e->cfg.max_logits : NULL };
         rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
@@ -579,6 +582,8 @@ static const sf_taken *take_row(sf_engine *e, const sf_flight *f, int j, sf_seq 
     int fits = f->on_dev ? !e->row_nofit[(size_t)f->slot * e->cfg.max_logits + j]
                          : !r->sp.json || sf_json_mask(&r->json, e->jv, row) > 0;
     t->id = !fits ? sf_tok_eos(r->tok) : f->on_dev ? ids[j] : sf_sample(&r->sp, &r->ss, row, e->vocab, &t->logprob, t->top, &t->n_top);
+    if (fits && f->on_dev && r->sp.logprobs)
+        sf_sampler_lp_out(&e->lp[(size_t)f->slot * e->cfg.max_logits + j], &r->sp, &t->logprob, t->top, &t->n_top);
     if (fits && r->sp.json) sf_json_accept(&r->json, e->jv, t->id);
     t->end = fits ? sf_request_take(r, t->id) : SF_REQ_END_NO_FIT;
     t->removed = t->end != SF_REQ_CONTINUE;

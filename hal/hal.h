@@ -208,7 +208,7 @@ typedef int (*sf_coll_norm_fn)(void *arg, const sf_coll_norm *a, void *stream);
  * occurrences in the output so far. allow (NULL: every token) holds the row's allowed ids, bit
  * id % 32 of word id / 32 ((vocab + 31) / 32 words of host memory, at least one id of [0, vocab)
  * set): the others read as -inf in step 1 (a request held to a pattern, grammar or schema;
- * engine/step.c). */
+ * engine/step.c). logprobs > 0 asks for the row's log-probabilities too (sf_sample_lp). */
 typedef struct sf_sample_row {
     float temperature, top_p, min_p;
     int top_k;
@@ -216,6 +216,8 @@ typedef struct sf_sample_row {
     uint64_t seed, step;     /* the draw of `step` in the stream of `seed` */
     int pen_off, n_pen;      /* the row's penalty entries: pen[pen_off .. pen_off + n_pen) */
     const uint32_t *allow;   /* the allowed ids, or NULL */
+    int logprobs;            /* 0: none; 1 + n: the drawn id's log-probability and the n most likely
+                              * ids (n <= SF_SAMPLE_TOP_MAX) into the op's lp[i] */
 } sf_sample_row;
 
 /* Whether a row's allow mask (vocab bits, or NULL) lets at least one id of [0, vocab) through. */
@@ -231,6 +233,17 @@ typedef struct sf_sample_pen {
     int32_t id, count, in_prompt;
     float bias;
 } sf_sample_pen;
+
+/* A row's log-probabilities (sf_sample_row.logprobs), as OpenAI reports them: of l after step 1
+ * (logit_bias, penalties, the allow mask), before temperature and truncation: l - logsumexp(l)
+ * over the ids whose l is not -inf. A row with no such id: lp -inf, no top entries. */
+#define SF_SAMPLE_TOP_MAX 20
+typedef struct sf_sample_lp {
+    float lp;                          /* the drawn id's */
+    int32_t n_top;                     /* min(logprobs - 1, the ids whose l is not -inf) */
+    int32_t top_id[SF_SAMPLE_TOP_MAX]; /* the most likely ids: l descending, the lower id first */
+    float top_lp[SF_SAMPLE_TOP_MAX];
+} sf_sample_lp;
 
 struct sf_backend_ops {
     const char *name;
@@ -334,26 +347,29 @@ struct sf_backend_ops {
                          int layer, int n_heads, int n_kv_heads, const sf_rope *rope, sf_buf *tmp_x, sf_buf *qkv);
 
     /* ids[i] = a token drawn from row i of logits (columns [0, vocab)) by rows[i], for i < n;
-     * pen holds n_pen penalty entries (host memory, as are rows, their allow masks and ids).
-     * Ends the step: it waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed what
-     * the backend can do (the caller reads the logits and samples on the host instead);
-     * SF_EINVAL on bad ids in pen or an allow mask with no id of the vocabulary. May be NULL:
-     * the backend has no sampler. */
+     * pen holds n_pen penalty entries (host memory, as are rows, their allow masks, ids and lp).
+     * lp[i]: row i's log-probabilities where rows[i].logprobs > 0 (lp may be NULL when no row
+     * asks). Ends the step: it waits for the ids. SF_EUNSUPPORTED when this call's sizes exceed
+     * what the backend can do (the caller reads the logits and samples on the host instead);
+     * SF_EINVAL on bad ids in pen, an allow mask with no id of the vocabulary, or logprobs
+     * outside 0..1 + SF_SAMPLE_TOP_MAX (or asked for with lp NULL). May be NULL: the backend
+     * has no sampler. */
     int (*sample)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
-                  const sf_sample_pen *pen, int n_pen, int32_t *ids);
+                  const sf_sample_pen *pen, int n_pen, int32_t *ids, sf_sample_lp *lp);
     /* The sample op in two halves, so that the host can work while the device runs the step:
      * sample_start takes sample's arguments, makes its checks and answers as it does (SF_OK,
      * SF_EUNSUPPORTED, SF_EINVAL) but returns once the draw and the copy of the ids are queued;
-     * sample_wait waits for them and writes the ids to the `ids` given to sample_start (which
-     * must stay valid until then). After a successful sample_start the next call into the
-     * backend must be sample_wait. Both NULL: only sample exists. */
+     * sample_wait waits for them and writes the ids (and lp) to the `ids` (and `lp`) given to
+     * sample_start (which must stay valid until then). After a successful sample_start the next
+     * call into the backend must be sample_wait. Both NULL: only sample exists. */
     int (*sample_start)(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
-                        const sf_sample_pen *pen, int n_pen, int32_t *ids);
+                        const sf_sample_pen *pen, int n_pen, int32_t *ids, sf_sample_lp *lp);
     int (*sample_wait)(sf_backend *b);
 
     /* Async scheduling (optional; both or neither). sample_defer(b, 1): from then on sample_wait
      * returns at once and leaves its draw queued, and the ids of a queued draw reach the `ids`
-     * given to sample_start only at sample_take, which waits for the oldest queued draw alone.
+     * (and lp) given to sample_start only at sample_take, which waits for the oldest queued draw
+     * alone.
      * So the next step — its tokens taken from the last draw on the backend (sf_batch.src_row)
      * — can be queued before the ids of the step before it reach the host. Two draws may be
      * queued at once (SF_EINVAL for a third). sample_take with none queued: SF_OK (the backend

@@ -594,7 +594,7 @@ static void sample_scratch_free(cpu_ctx *c)
 
 /* The reference sampler (kernels/cpu/sample.c) over rows of the logits, one row per thread. */
 static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
-                      const sf_sample_pen *pen, int n_pen, int32_t *ids)
+                      const sf_sample_pen *pen, int n_pen, int32_t *ids, sf_sample_lp *lp)
 {
     cpu_ctx *c = CTX(b);
     if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols)
@@ -610,6 +610,9 @@ static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, con
                            pen[r->pen_off + j].id, vocab);
         if (!sf_sample_allow_ok(r->allow, vocab))
             return BAD("sample: row %d allows no token of the vocabulary [0, %d)", i, vocab);
+        if (r->logprobs < 0 || r->logprobs > 1 + SF_SAMPLE_TOP_MAX || (r->logprobs && !lp))
+            return BAD("sample: row %d asks for logprobs %d (0..%d, with somewhere to put them)", i, r->logprobs,
+                       1 + SF_SAMPLE_TOP_MAX);
     }
     if (vocab > c->sample_vocab) {
         sample_scratch_free(c);
@@ -624,7 +627,7 @@ static int cpu_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, con
         c->sample_vocab = vocab;
     }
     sf_cpu_sample a = { .logits = logits->data, .ld = logits->cols, .n = n, .vocab = vocab, .rows = rows, .pen = pen,
-                        .ids = ids, .scratch = c->sample };
+                        .ids = ids, .lp = lp, .scratch = c->sample };
     run(c, sf_cpu_sample_task, &a, (int64_t)n * vocab * 4);
     if (n > c->cap_last) {
         int32_t *t = realloc(c->last_ids, (size_t)n * sizeof *t);

@@ -51,6 +51,9 @@ _Static_assert(sizeof(sf_k_sample_row) == sizeof(sf_sample_row) &&
                offsetof(sf_k_sample_row, seed) == offsetof(sf_sample_row, seed) &&
                offsetof(sf_k_sample_row, n_pen) == offsetof(sf_sample_row, n_pen) &&
                offsetof(sf_k_sample_row, allow) == offsetof(sf_sample_row, allow) &&
+               offsetof(sf_k_sample_row, logprobs) == offsetof(sf_sample_row, logprobs) &&
+               sizeof(sf_k_sample_lp) == sizeof(sf_sample_lp) && SF_K_SAMPLE_TOP_MAX == SF_SAMPLE_TOP_MAX &&
+               offsetof(sf_k_sample_lp, top_lp) == offsetof(sf_sample_lp, top_lp) &&
                sizeof(sf_k_sample_pen) == sizeof(sf_sample_pen) &&
                offsetof(sf_k_sample_pen, bias) == offsetof(sf_sample_pen, bias),
                "kernels.h and hal.h disagree on the sampler rows");
@@ -120,7 +123,14 @@ typedef struct cuda_ctx {
     int samp_pending; /* the last sample_start's draw awaits sample_wait */
     /* draws queued by sample_start, oldest first (two with sample_defer, else one): where their
      * ids go, how many, where they land in pinned memory, and (deferred) when they are there */
-    struct cuda_draw { int32_t *out; int n; const int32_t *h_ids; cudaEvent_t done; } draw[2];
+    struct cuda_draw {
+        int32_t *out;
+        int n;
+        const int32_t *h_ids;
+        sf_sample_lp *lp_out;      /* the caller's, NULL: the draw has no log-probabilities */
+        const sf_sample_lp *h_lp;
+        cudaEvent_t done;
+    } draw[2];
     int n_draws, draw_head;
     int samp_defer;     /* sample_defer: draws stay queued until sample_take */
     char *samp_h2;      /* deferred: the pinned memory of every other draw (the one before may
@@ -1250,10 +1260,10 @@ static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 /* Sends the rows and penalty entries (one copy), queues the draw and the copy of the n ids back
  * (sample_start); cuda_sample_wait (or, deferred, cuda_sample_take) waits for them. */
 static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
-                             const sf_sample_pen *pen, int n_pen, int32_t *ids)
+                             const sf_sample_pen *pen, int n_pen, int32_t *ids, sf_sample_lp *lp)
 {
     cuda_ctx *c = CTX(b);
-    int n_mask = 0; /* rows with an allow mask */
+    int n_mask = 0, n_lp = 0; /* rows with an allow mask, rows asking for logprobs */
     c->samp_pending = 0;
     if (n < 0 || n > logits->rows || vocab < 1 || vocab > logits->cols || n_pen < 0)
         return op_fail(SF_EINVAL, "sample", "more rows or tokens than the logits buffer has");
@@ -1266,13 +1276,17 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
                 return op_fail(SF_EINVAL, "sample", "a penalized token id is outside the vocabulary");
         if (!sf_sample_allow_ok(r->allow, vocab))
             return op_fail(SF_EINVAL, "sample", "a row's allow mask lets no token of the vocabulary through");
+        if (r->logprobs < 0 || r->logprobs > 1 + SF_SAMPLE_TOP_MAX || (r->logprobs && !lp))
+            return op_fail(SF_EINVAL, "sample", "a row's logprobs is outside 0..21, or it has nowhere to go");
         n_mask += r->allow != NULL;
+        n_lp += r->logprobs > 0;
     }
-    /* rows, penalty entries, allow masks (sent), the penalized values (device), the ids (back) */
+    /* rows, penalty entries, allow masks (sent), the penalized values (device), the ids and the
+     * log-probabilities (back) */
     const size_t mask_bytes = (size_t)(vocab + 31) / 32 * 4;
     size_t o_pen = align16((size_t)n * sizeof *rows), o_mask = align16(o_pen + (size_t)n_pen * sizeof *pen),
            o_val = align16(o_mask + (size_t)n_mask * mask_bytes), o_ids = align16(o_val + (size_t)n_pen * 4),
-           total = o_ids + (size_t)n * 4;
+           o_lp = align16(o_ids + (size_t)n * 4), total = n_lp ? o_lp + (size_t)n * sizeof *lp : o_ids + (size_t)n * 4;
     if (vocab > SF_K_SAMPLE_MAX_VOCAB || total > SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH) {
         SF_LOGD("cuda backend: sample: %d rows, %d penalty entries, %d allow masks, vocabulary %d exceed the device "
                 "sampler; sampling on the host", n, n_pen, n_mask, vocab);
@@ -1289,6 +1303,8 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     d->out = ids;
     d->n = n;
     d->h_ids = (const int32_t *)(h + o_ids);
+    d->lp_out = n_lp ? lp : NULL;
+    d->h_lp = (const sf_sample_lp *)(h + o_lp);
     c->n_draws++;
     c->samp_pending = 1;
     c->samp_flip ^= c->samp_defer;
@@ -1316,7 +1332,16 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
                 "sample");
     if (rc) return rc;
     c->draw_in_tokens = n;
-    if (!hd) e = cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
+    if (n_lp) { /* after the draw: its ids and penalized values */
+        rc = kcheck(sf_k_sample_logprobs(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)rows_at,
+                                         (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen,
+                                         (float *)(c->samp_d + o_val), (const int32_t *)(c->samp_d + o_ids),
+                                         (sf_k_sample_lp *)(c->samp_d + o_lp), c->s),
+                    "sample");
+        if (rc) return rc;
+        e = cudaMemcpyAsync(h + o_lp, c->samp_d + o_lp, (size_t)n * sizeof *lp, cudaMemcpyDeviceToHost, c->s);
+    }
+    if (!hd && e == cudaSuccess) e = cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, (size_t)n * 4, cudaMemcpyDeviceToHost, c->s);
     if (e == cudaSuccess && c->samp_defer) e = cudaEventRecord(d->done, c->s);
     if (e == cudaSuccess) gap_mark(c, 0);
     step_enqueued(c, 1);
@@ -1375,6 +1400,7 @@ static int draw_take(cuda_ctx *c)
     int rc = kcheck(c->samp_defer ? cudaEventSynchronize(d->done) : cudaStreamSynchronize(c->s), "sample");
     if (rc) return rc;
     memcpy(d->out, d->h_ids, (size_t)d->n * 4);
+    if (d->lp_out) memcpy(d->lp_out, d->h_lp, (size_t)d->n * sizeof *d->lp_out);
     gap_read(c);
     return SF_OK;
 }
@@ -1388,11 +1414,11 @@ static int cuda_sample_wait(sf_backend *b)
 }
 
 static int cuda_sample(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
-                       const sf_sample_pen *pen, int n_pen, int32_t *ids)
+                       const sf_sample_pen *pen, int n_pen, int32_t *ids, sf_sample_lp *lp)
 {
     cuda_ctx *c = CTX(b);
     if (c->samp_defer) return op_fail(SF_EINVAL, "sample", "draws are deferred (sample_defer): use sample_start");
-    int rc = cuda_sample_start(b, logits, n, vocab, rows, pen, n_pen, ids);
+    int rc = cuda_sample_start(b, logits, n, vocab, rows, pen, n_pen, ids, lp);
     return rc ? rc : cuda_sample_wait(b);
 }
 

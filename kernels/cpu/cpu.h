@@ -177,13 +177,18 @@ void sf_cpu_get_rows(const float *x, int cols, const int32_t *rows, int n, float
 /* Scratch of one row: x [vocab] floats, key [vocab] and mass [vocab]. */
 typedef struct sf_cpu_sample_scratch { float *x; uint32_t *key; uint64_t *mass; } sf_cpu_sample_scratch;
 /* Draws one id from logits[0, vocab) by p and its n_pen penalty entries pen (ids in range,
- * distinct), exactly as hal.h's sf_sample_row describes. logits is not modified. */
+ * distinct), exactly as hal.h's sf_sample_row describes; with p->logprobs > 0 and lp, the row's
+ * log-probabilities (sf_sample_lp) into *lp. logits is not modified. */
 int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p, const sf_sample_pen *pen,
-                          sf_cpu_sample_scratch *sc);
+                          sf_cpu_sample_scratch *sc, sf_sample_lp *lp);
+/* sf_sample_lp of a row x already through step 1 (the host sampler's penalized, masked row):
+ * id's log-probability and the n (<= SF_SAMPLE_TOP_MAX) most likely ids. */
+void sf_cpu_sample_lp(const float *x, int vocab, int32_t id, int n, sf_sample_lp *lp);
 /* Rows [lo, hi) of a batch, for sf_cpu_pool_run. */
 typedef struct sf_cpu_sample {
     const float *logits; int64_t ld; int n, vocab;
     const sf_sample_row *rows; const sf_sample_pen *pen; int32_t *ids;
+    sf_sample_lp *lp; /* NULL, or [n] (rows with logprobs > 0 written) */
     sf_cpu_sample_scratch *scratch; /* one per thread */
 } sf_cpu_sample;
 void sf_cpu_sample_task(void *arg, int ith, int nth);

@@ -77,24 +77,66 @@ static int below(float u, float x, float v)
     return u > expf(x - v) * 1.001f;
 }
 
+/* Step 1 of an entry's id: its logit_bias, then its penalties. */
+static float penalize(const sf_sample_row *p, const sf_sample_pen *e, float l)
+{
+    float v = l + e->bias;
+    if (p->repetition_penalty != 1.0f && (e->count > 0 || e->in_prompt))
+        v = v > 0 ? v / p->repetition_penalty : v * p->repetition_penalty;
+    if (e->count > 0) v -= p->frequency_penalty * (float)e->count + p->presence_penalty;
+    return v;
+}
+
+static int allowed(const sf_sample_row *p, int32_t id) { return !p->allow || ((p->allow[id >> 5] >> (id & 31)) & 1u); }
+
+/* The log-sum-exp of x's ids that are not -inf (-inf when none is), and x's n most likely of
+ * them into lp's top entries. */
+static float lse_top(const float *x, int vocab, int n, sf_sample_lp *lp)
+{
+    const float m = sf_cpu_max(x, vocab);
+    lp->n_top = 0;
+    if (!(m > -INFINITY)) return -INFINITY;
+    const float lse = m + (float)log(sf_cpu_sumexp(x, vocab, 1.0f, m, NULL));
+    int k = n > 0 ? sf_cpu_top_n(x, vocab, SF_MIN(n, SF_SAMPLE_TOP_MAX), lp->top_id, lp->top_lp) : 0;
+    while (k > 0 && !(lp->top_lp[k - 1] > -INFINITY)) k--; /* -inf sorts last */
+    for (int i = 0; i < k; i++) lp->top_lp[i] -= lse;
+    lp->n_top = k;
+    return lse;
+}
+
+void sf_cpu_sample_lp(const float *x, int vocab, int32_t id, int n, sf_sample_lp *lp)
+{
+    const float lse = lse_top(x, vocab, n, lp);
+    lp->lp = lse > -INFINITY ? x[id] - lse : -INFINITY;
+}
+
+static int32_t draw_row(float *x, int vocab, const sf_sample_row *p, sf_cpu_sample_scratch *sc);
+
 int32_t sf_cpu_sample_row(const float *logits, int vocab, const sf_sample_row *p, const sf_sample_pen *pen,
-                          sf_cpu_sample_scratch *sc)
+                          sf_cpu_sample_scratch *sc, sf_sample_lp *lp)
 {
     float *x = sc->x;
-    uint32_t *key = sc->key;
-    uint64_t *mass = sc->mass;
     memcpy(x, logits, (size_t)vocab * sizeof *x);
     const sf_sample_pen *e = p->n_pen > 0 ? pen + p->pen_off : NULL;
-    for (int j = 0; j < p->n_pen; j++) {
-        float v = x[e[j].id] + e[j].bias;
-        if (p->repetition_penalty != 1.0f && (e[j].count > 0 || e[j].in_prompt))
-            v = v > 0 ? v / p->repetition_penalty : v * p->repetition_penalty;
-        if (e[j].count > 0) v -= p->frequency_penalty * (float)e[j].count + p->presence_penalty;
-        x[e[j].id] = v;
-    }
+    for (int j = 0; j < p->n_pen; j++) x[e[j].id] = penalize(p, &e[j], x[e[j].id]);
     if (p->allow)
         for (int i = 0; i < vocab; i++)
-            if (!((p->allow[i >> 5] >> (i & 31)) & 1u)) x[i] = -INFINITY;
+            if (!allowed(p, i)) x[i] = -INFINITY;
+    if (!lp || p->logprobs <= 0) return draw_row(x, vocab, p, sc);
+    const float lse = lse_top(x, vocab, p->logprobs - 1, lp);
+    const int32_t id = draw_row(x, vocab, p, sc); /* x is the draw's scratch from here */
+    float v = logits[id];
+    for (int j = 0; j < p->n_pen; j++)
+        if (e[j].id == id) v = penalize(p, &e[j], v);
+    lp->lp = lse > -INFINITY && allowed(p, id) ? v - lse : -INFINITY;
+    return id;
+}
+
+/* The draw (steps 2-4) from x, the row after step 1 (x is scaled in place). */
+static int32_t draw_row(float *x, int vocab, const sf_sample_row *p, sf_cpu_sample_scratch *sc)
+{
+    uint32_t *key = sc->key;
+    uint64_t *mass = sc->mass;
     if (p->temperature <= 0 || p->top_k == 1) return argmax_first(x, vocab);
 
     float inv_t = 1.0f / p->temperature, m = -INFINITY;
@@ -164,5 +206,6 @@ void sf_cpu_sample_task(void *arg, int ith, int nth)
     int64_t lo, hi;
     sf_cpu_split(a->n, ith, nth, &lo, &hi);
     for (int64_t r = lo; r < hi; r++)
-        a->ids[r] = sf_cpu_sample_row(a->logits + r * a->ld, a->vocab, &a->rows[r], a->pen, &a->scratch[ith]);
+        a->ids[r] = sf_cpu_sample_row(a->logits + r * a->ld, a->vocab, &a->rows[r], a->pen, &a->scratch[ith],
+                                      a->lp ? &a->lp[r] : NULL);
 }

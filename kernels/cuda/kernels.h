@@ -337,8 +337,11 @@ typedef struct sf_k_sample_row {
     uint64_t seed, step;
     int pen_off, n_pen;
     const uint32_t *allow; /* device memory here (the backend's copy), or NULL */
+    int logprobs;
 } sf_k_sample_row;
 typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; float bias; } sf_k_sample_pen;
+#define SF_K_SAMPLE_TOP_MAX 20
+typedef struct sf_k_sample_lp { float lp; int32_t n_top; int32_t top_id[SF_K_SAMPLE_TOP_MAX]; float top_lp[SF_K_SAMPLE_TOP_MAX]; } sf_k_sample_lp;
 /* Largest vocabulary the penalty bitmap (shared memory) takes. */
 #define SF_K_SAMPLE_MAX_VOCAB (36 * 1024 * 8) /* 36 KiB of bits: with the kernel's own 11 KiB, within 48 KiB */
 /* Device scratch of the op (scratch below): counters for up to SF_K_SAMPLE_SPLIT_ROWS rows, then
@@ -357,6 +360,12 @@ typedef struct sf_k_sample_pen { int32_t id, count, in_prompt; float bias; } sf_
 int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
                 const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, int32_t *ids_host,
                 int32_t *ids_next, void *scratch, cudaStream_t s);
+/* After sf_k_sample on the same arguments (its penalized values in pen_val, its ids in ids,
+ * both device memory): out[i] = row i's log-probabilities (hal.h's sf_sample_lp) for the rows
+ * with logprobs > 0 (the others' untouched); one block a row. */
+int sf_k_sample_logprobs(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
+                         const sf_k_sample_pen *pen, int n_pen, float *pen_val, const int32_t *ids,
+                         sf_k_sample_lp *out, cudaStream_t s);
 
 /* Prompt scoring (score.cu): for rows [0, n) of logits (bf16, ld elements apart), the
  * log-softmax at targets[i] (device), its rank, and the k most likely ids (hal.h's score op). */

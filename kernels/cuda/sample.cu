@@ -475,7 +475,9 @@ static __device__ void sort_top(Shared &sh)
     __syncthreads();
 }
 
-static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32_t t, int c, Shared &sh)
+/* The tokens the boundary (t, c) keeps into sh.top (unsorted; the rest of its TOPK_CAP slots
+ * 0); returns how many (at most TOPK_CAP). */
+static __device__ int gather_kept(const Row &r, uint32_t t, int c, Shared &sh)
 {
     const int tid = threadIdx.x;
     if (tid == 0) sh.n = 0;
@@ -484,7 +486,12 @@ static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32
     GatherPass gp = { r.inv_t, t, c, &sh };
     visit(r, gp);
     __syncthreads();
-    return finish_set(r, p, SF_MIN(sh.n, TOPK_CAP), sh);
+    return SF_MIN(sh.n, TOPK_CAP);
+}
+
+static __device__ int small_top_k(const Row &r, const sf_k_sample_row &p, uint32_t t, int c, Shared &sh)
+{
+    return finish_set(r, p, gather_kept(r, t, c, sh), sh);
 }
 
 /* The draw from the set in sh.top (key << 32 | ~id; unused slots 0), of which the first n in
@@ -946,6 +953,47 @@ static __device__ __noinline__ void split_top_p(Row r, const sf_k_sample_row p, 
     split_done(rc, cnt, ids, id, sh);
 }
 
+/* Row blockIdx.x of logits as p gives it to the passes (inv_t 1), its penalized ids marked in
+ * bits (shared memory, vocab bits) when it has entries; vals: their values (logit_bias and
+ * penalties on the raw logits, as on the CPU: no fused multiply-add) written to pen_val first
+ * (the draw), else read from there (written by the draw before). The parts of a split row all
+ * write the same values. */
+static __device__ Row row_of(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row &p,
+                             const sf_k_sample_pen *pen, float *pen_val, uint32_t *bits, bool vals)
+{
+    Row r;
+    r.l = logits + blockIdx.x * ld;
+    r.vocab = r.hi = vocab;
+    r.lo = 0;
+    r.e = pen + p.pen_off;
+    r.ev = pen_val + p.pen_off;
+    r.n_e = p.n_pen;
+    r.bits = NULL;
+    r.allow = p.allow;
+    r.inv_t = 1.0f;
+    r.m = 0;
+    r.bs = 1;
+    if (p.n_pen > 0) {
+        for (int w = threadIdx.x; w < (vocab + 31) / 32; w += NT) bits[w] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < p.n_pen; j += NT) {
+            const sf_k_sample_pen e = r.e[j];
+            if (vals) {
+                float v = __fadd_rn(bf2f(r.l[e.id]), e.bias);
+                if (p.repetition_penalty != 1.0f && (e.count > 0 || e.in_prompt))
+                    v = v > 0 ? __fdiv_rn(v, p.repetition_penalty) : __fmul_rn(v, p.repetition_penalty);
+                if (e.count > 0)
+                    v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.frequency_penalty, (float)e.count), p.presence_penalty));
+                pen_val[p.pen_off + j] = v;
+            }
+            atomicOr(&bits[e.id >> 5], 1u << (e.id & 31));
+        }
+        __syncthreads();
+        r.bits = bits;
+    }
+    return r;
+}
+
 /* SPLIT: the instance for launches of P > 1 parts per row (the one-part instance carries none of
  * split_row's registers) */
 template <bool SPLIT>
@@ -961,33 +1009,7 @@ static __device__ __forceinline__ void sample_rows(const bf16 *logits, int64_t l
     const int kind = !SPLIT || P < 2 ? -1 : greedy ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1
                    : p.top_k <= 0 ? 3 : p.top_k * P <= TOPK_CAP ? 2 : -1;
     if (kind < 0 && blockIdx.y) return; /* the other rows: the first part's block alone */
-    Row r;
-    r.l = logits + blockIdx.x * ld;
-    r.vocab = r.hi = vocab;
-    r.lo = 0;
-    r.e = pen + p.pen_off;
-    r.ev = pen_val + p.pen_off;
-    r.n_e = p.n_pen;
-    r.bits = NULL;
-    r.allow = p.allow;
-    r.m = 0;
-    r.bs = 1;
-    if (p.n_pen > 0) { /* logit_bias and penalties on the raw logits, as on the CPU (no fused multiply-add); the
-                        * parts of a split row all write the same values */
-        for (int w = threadIdx.x; w < (vocab + 31) / 32; w += NT) bits[w] = 0;
-        __syncthreads();
-        for (int j = threadIdx.x; j < p.n_pen; j += NT) {
-            sf_k_sample_pen e = r.e[j];
-            float v = __fadd_rn(bf2f(r.l[e.id]), e.bias);
-            if (p.repetition_penalty != 1.0f && (e.count > 0 || e.in_prompt))
-                v = v > 0 ? __fdiv_rn(v, p.repetition_penalty) : __fmul_rn(v, p.repetition_penalty);
-            if (e.count > 0) v = __fsub_rn(v, __fadd_rn(__fmul_rn(p.frequency_penalty, (float)e.count), p.presence_penalty));
-            pen_val[p.pen_off + j] = v;
-            atomicOr(&bits[e.id >> 5], 1u << (e.id & 31));
-        }
-        __syncthreads();
-        r.bits = bits;
-    }
+    Row r = row_of(logits, ld, vocab, p, pen, pen_val, bits, true);
     r.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, p.temperature);
     if (SPLIT && kind == 3) {
         split_top_p(r, p, P, cnt, rows_ws, ids, sh);
@@ -1064,6 +1086,89 @@ __global__ void __launch_bounds__(NT) k_sample(const bf16 *logits, int64_t ld, i
 }
 
 SF_TR_SETTER(sf_k_sample_trace)
+
+/* ---- log-probabilities (sf_sample_row.logprobs; kernels/cpu/sample.c lse_top) ------------------
+ * After the draw, one block per row that asks, over the row's values after step 1 (inv_t 1):
+ * the max and the count of candidates, the sum of exp(l - max) (floats, as the reference) with
+ * the drawn id's value, and for n > 0 the top n found as a top-k set is (bins of m - l, else
+ * the radix digits and the tie cut), gathered and sorted: (value descending, id ascending). */
+struct SumPass {
+    float m, s;
+    __device__ void operator()(int id, float l, bool in) {
+        if (in && valid(l)) s += expf(l - m);
+    }
+};
+
+__global__ void __launch_bounds__(NT) k_sample_lp(const bf16 *logits, int64_t ld, int vocab, const sf_k_sample_row *rows,
+                                                  const sf_k_sample_pen *pen, float *pen_val, const int32_t *ids,
+                                                  sf_k_sample_lp *out)
+{
+    extern __shared__ uint32_t bits[];
+    __shared__ Shared sh;
+    __shared__ float xid;
+    const sf_k_sample_row p = rows[blockIdx.x];
+    if (p.logprobs <= 0) return;
+    const int tid = threadIdx.x, id = ids[blockIdx.x], n = min(p.logprobs - 1, SF_K_SAMPLE_TOP_MAX);
+    Row r = row_of(logits, ld, vocab, p, pen, pen_val, bits, false);
+    sf_k_sample_lp *o = out + blockIdx.x;
+    FirstPass f1 = { 1.0f, -INFINITY, INT_MAX, 0 };
+    visit(r, f1);
+    block_best(f1.v, f1.i, sh);
+    const int nv = (int)block_sum_u64((u64)f1.n, sh);
+    if (nv == 0) {
+        if (tid == 0) { o->lp = -INFINITY; o->n_top = 0; }
+        return;
+    }
+    r.m = f1.v;
+    r.bs = bin_scale(r.m, lo_unpack(block_max_u64(lo_pack(f1.lo), sh), r.m));
+    /* the drawn id's value: its entry's, its logit, or -inf where the mask leaves it out */
+    const bool ok = allowed(r, id);
+    if (tid == 0) xid = ok ? bf2f(r.l[id]) : -INFINITY;
+    __syncthreads();
+    for (int j = tid; j < r.n_e; j += NT)
+        if (ok && r.e[j].id == id) xid = r.ev[j]; /* ids are distinct: one thread at most */
+    SumPass sp = { r.m, 0.0f };
+    visit(r, sp);
+    const float lse = r.m + logf(block_sum(sp.s, sh.redf)); /* block_sum's barriers order xid too */
+    int got = 0;
+    if (n > 0) {
+        if (n >= nv) {
+            got = gather_kept(r, 0, -1, sh); /* every candidate */
+            sort_top(sh);
+        } else if (top_k_bins(r, n, sh)) {
+            got = n;
+        } else {
+            u64 above;
+            const uint32_t t = radix_select<0>(r, (u64)n, 0, &above, sh);
+            TiePass tp = { 1.0f, r.m, t, 0, 0, 0 };
+            visit(r, tp);
+            const int n_t = (int)block_sum_u64((u64)tp.n, sh);
+            gather_kept(r, t, cut_ties(r, t, (u64)n - above, n_t, sh), sh);
+            sort_top(sh);
+            got = n;
+        }
+    }
+    if (tid < got) {
+        const u64 e = sh.top[tid];
+        o->top_id[tid] = (int)~(uint32_t)e;
+        o->top_lp[tid] = key_float((uint32_t)(e >> 32)) - lse;
+    }
+    if (tid == 0) {
+        o->lp = xid - lse;
+        o->n_top = got;
+    }
+}
+
+extern "C" int sf_k_sample_logprobs(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
+                                     const sf_k_sample_pen *pen, int n_pen, float *pen_val, const int32_t *ids,
+                                     sf_k_sample_lp *out, cudaStream_t s)
+{
+    if (n <= 0) return 0;
+    if (vocab <= 0 || vocab > SF_K_SAMPLE_MAX_VOCAB) return (int)cudaErrorInvalidValue;
+    const size_t smem = n_pen > 0 ? (size_t)(vocab + 31) / 32 * 4 : 0;
+    k_sample_lp<<<n, NT, smem, s>>>((const bf16 *)logits, ld, vocab, rows, pen, pen_val, ids, out);
+    return sf_launch_status();
+}
 
 /* Blocks of the split instance an SM holds with smem bytes of bitmap (0 when it cannot be read),
  * asked once per device and size: a step calls the op with one of two sizes (no penalties, or

@@ -2,8 +2,8 @@
 """Whole-model logits of semflow's CUDA backend against Hugging Face transformers (float32 on
 the GPU, from the same bf16 weights) for: the tiny-random-llama-2 folder, the demo model, and a
 1B-shaped Llama with random weights written here with transformers (bf16 safetensors); and the
-demo model's prompt scores as `semflow serve` gives them (echo with logprobs) against
-transformers' log-softmax.
+demo model's prompt scores (echo with logprobs) and generated tokens' logprobs as `semflow serve`
+gives them against transformers' log-softmax.
 
 Every position of a prompt is compared: ||semflow - hf|| / ||hf|| per row (worst row reported)
 and the argmax of each row. Needs a GPU host with torch + transformers (the device machine).
@@ -100,6 +100,57 @@ def served_prompt_logprobs(name, path, ids):
     report(name, max(d) < 0.1 and np.mean(d) < 0.02, f"worst {max(d):.3g}, mean {np.mean(d):.3g}")
 
 
+def served_generated_logprobs(name, path, ids):
+    """Generated tokens' logprobs as `semflow serve` gives them on the CUDA backend (drawn by the
+    GPU's sampler, their log-probabilities and top 5 computed there) against transformers'
+    log-softmax over the prompt and the generated tokens: a greedy and a seeded request with
+    logprobs sent at once beside two plain ones, so the steps mix rows with and without them."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+    import http.client
+    import json
+    import threading
+    os.environ.setdefault("SEMFLOW_BIN", SEMFLOW)
+    from sftest import ServerProcess
+    reqs = [{"temperature": 0, "logprobs": 5}, {"temperature": 0.8, "seed": 3, "logprobs": 5},
+            {"temperature": 0.8, "seed": 4}, {"temperature": 0}]
+    bodies = [None] * len(reqs)
+    try:
+        import torch
+        s = ServerProcess(["--model", path, "--backend", "cuda", "--max-num-seqs", "8", "--max-model-len", "512"])
+        try:
+            def one(i):
+                c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
+                c.request("POST", "/v1/completions", body=json.dumps(dict(reqs[i], prompt=ids, max_tokens=24, ignore_eos=True,
+                                                                          return_tokens_as_token_ids=True)))
+                bodies[i] = json.loads(c.getresponse().read())
+            ts = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+        finally:
+            s.stop()
+        worst, dsum, n, top_worst = 0.0, 0.0, 0, 0.0
+        for i, b in enumerate(bodies[:2]):
+            lp = b["choices"][0]["logprobs"]
+            gen = [int(t.split(":")[1]) for t in lp["tokens"]]
+            ref = torch.log_softmax(torch.tensor(hf_logits(path, ids + gen)), dim=-1).numpy()
+            for j, g in enumerate(gen):
+                row = ref[len(ids) - 1 + j]
+                d = abs(lp["token_logprobs"][j] - float(row[g]))
+                worst, dsum, n = max(worst, d), dsum + d, n + 1
+                got_top = sorted(lp["top_logprobs"][j].values(), reverse=True)
+                want_top = np.sort(row)[::-1][:5]
+                top_worst = max(top_worst, max(abs(a - w) for a, w in zip(got_top, want_top)) if len(got_top) == 5 else 1e9)
+    except Exception as e:
+        report(name, False, f"{type(e).__name__}: {e}")
+        return
+    print(f"  {name}: {n} generated tokens: worst |logprob - transformers'| {worst:.3g}, mean {dsum / max(n, 1):.3g}; "
+          f"top 5: worst {top_worst:.3g}")
+    report(name, n == 48 and worst < 0.1 and dsum / n < 0.02 and top_worst < 0.1,
+           f"{n} tokens, worst {worst:.3g}, mean {dsum / max(n, 1):.3g}, top 5 worst {top_worst:.3g}")
+
+
 def main():
     import torch
     if not torch.cuda.is_available():
@@ -117,6 +168,7 @@ def main():
     vocab = json.load(open(os.path.join(demo, "config.json")))["vocab_size"]
     compare("demo_model_vs_transformers", demo, rng.integers(0, vocab, 48).tolist(), 3e-2)
     served_prompt_logprobs("demo_model_prompt_logprobs_vs_transformers", demo, rng.integers(0, vocab, 48).tolist())
+    served_generated_logprobs("demo_model_generated_logprobs_vs_transformers", demo, rng.integers(0, vocab, 16).tolist())
 
     from transformers import LlamaConfig, LlamaForCausalLM
     torch.manual_seed(0)
@@ -126,7 +178,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         LlamaForCausalLM(cfg).to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
         compare("random_1b_shape_vs_transformers", d, rng.integers(3, 32000, 64).tolist(), 3e-2)
-    print(f"{4 - failed} passed, {failed} failed")
+    print(f"{5 - failed} passed, {failed} failed")
     return 1 if failed else 0
 
 

@@ -2,7 +2,8 @@
  * the CPU backend's op) on the same bf16 logits: fresh random rows every run (the seed is
  * printed), vocabularies 512 .. 152064 (odd sizes too), batches of 1 .. 96 rows, every sampling
  * option and penalties, rows with heavy ties, few-row calls (rows cut over several blocks), rows
- * with allow masks (never an id outside them).
+ * with allow masks (never an id outside them), rows asking for logprobs (the drawn id's and the
+ * top 1 .. 20, within 1e-4 of the CPU's, the top ids exact).
  * Greedy rows must agree exactly; drawn rows agree except where expf/logf of the two machines
  * differ in the last place right at a boundary (at most 1 in 100 is allowed, and the count is
  * printed). Also: the same call twice gives the same ids, ids are always in range, a bad
@@ -26,8 +27,8 @@ static int perf;
 static float bfr(float x) { return sf_bf16_to_f32(sf_f32_to_bf16(x)); }
 
 /* Both backends' op on the same rows; 0 or the first failing status. */
-static int both(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
-                int32_t *gpu, int32_t *cpu)
+static int both_lp(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
+                   int32_t *gpu, int32_t *cpu, sf_sample_lp *glp, sf_sample_lp *clp)
 {
     sf_buf *bg = NULL, *bc = NULL;
     sf_error err = { 0 };
@@ -36,12 +37,18 @@ static int both(const float *l, int n, int V, const sf_sample_row *rows, const s
     if (!rc) rc = G->ops->write_f32(G, bg, n, l);
     if (!rc) rc = C->ops->write_f32(C, bc, n, l);
     for (int i = 0; i < n; i++) gpu[i] = cpu[i] = -7; /* poisoned */
-    if (!rc) rc = G->ops->sample(G, bg, n, V, rows, pen, n_pen, gpu);
-    if (!rc) rc = C->ops->sample(C, bc, n, V, rows, pen, n_pen, cpu);
+    if (!rc) rc = G->ops->sample(G, bg, n, V, rows, pen, n_pen, gpu, glp);
+    if (!rc) rc = C->ops->sample(C, bc, n, V, rows, pen, n_pen, cpu, clp);
     if (rc && err.msg[0]) printf("  %s\n", err.msg);
     if (bg) G->ops->buf_free(G, bg);
     if (bc) C->ops->buf_free(C, bc);
     return rc;
+}
+
+static int both(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
+                int32_t *gpu, int32_t *cpu)
+{
+    return both_lp(l, n, V, rows, pen, n_pen, gpu, cpu, NULL, NULL);
 }
 
 /* A random row configuration; kind cycles through the options. */
@@ -65,7 +72,8 @@ static sf_sample_row random_row(int kind, int V)
 
 static int total_rows, total_drawn, mismatched_drawn;
 
-static int total_masked;
+static int total_masked, total_lp, lp_checked;
+static double lp_worst;
 
 /* n rows of V random logits (tied: in 6 values) with random configurations, penalties on most
  * rows (with_pen), allow masks on two rows in three (masked: one id, 1%, 30% or 90% of them). */
@@ -76,6 +84,7 @@ static void one_case_m(int V, int n, int with_pen, int tied, int masked)
     float *l = malloc(sizeof(float) * (size_t)n * V);
     sf_sample_row *rows = malloc(sizeof *rows * (size_t)n);
     int32_t *g = malloc(4 * (size_t)n), *c = malloc(4 * (size_t)n), *g2 = malloc(4 * (size_t)n);
+    sf_sample_lp *glp = malloc(sizeof *glp * (size_t)n), *clp = malloc(sizeof *clp * (size_t)n);
     int cap = with_pen ? n * 64 : 1, n_pen = 0;
     sf_sample_pen *pen = malloc(sizeof *pen * (size_t)cap);
     float scale = 1 + 3 * sf_rng_uniform(&R);
@@ -83,6 +92,8 @@ static void one_case_m(int V, int n, int with_pen, int tied, int masked)
         l[i] = tied ? (float)(int)(sf_rng_uniform(&R) * 6) : bfr(sf_rng_normal(&R) * scale);
     for (int i = 0; i < n; i++) {
         rows[i] = random_row(i + (int)(sf_rng_next(&R) % 9), V);
+        static const int lps[] = { 0, 1, 2, 6, 21 }; /* none, the id's alone, top 1, 5, 20 */
+        rows[i].logprobs = lps[sf_rng_next(&R) % 5];
         if (with_pen && i % 4 != 3) { /* distinct ids, a few repeated outputs, some from the prompt;
                                         * logit_bias on some (row 1 of 4: with no penalty) */
             const int pens = i % 4 != 1, biased = i % 4 != 0;
@@ -120,11 +131,33 @@ static void one_case_m(int V, int n, int with_pen, int tied, int masked)
             rows[i].allow = m;
         }
     }
-    int rc = both(l, n, V, rows, pen, n_pen, g, c);
+    int rc = both_lp(l, n, V, rows, pen, n_pen, g, c, glp, clp);
     CHECK_MSG(rc == SF_OK, "vocab %d, %d rows: status %d", V, n, rc);
     if (rc == SF_OK) {
-        int greedy_bad = 0, drawn_bad = 0, drawn = 0, range_bad = 0, mask_bad = 0;
+        int greedy_bad = 0, drawn_bad = 0, drawn = 0, range_bad = 0, mask_bad = 0, lp_bad = 0;
         for (int i = 0; i < n; i++) {
+            if (rows[i].logprobs) { /* the top entries whatever was drawn; the id's own where both drew it */
+                const sf_sample_lp *a = &glp[i], *b = &clp[i];
+                int bad = a->n_top != b->n_top;
+                for (int k = 0; k < a->n_top && !bad; k++) {
+                    const double d = fabs((double)a->top_lp[k] - b->top_lp[k]);
+                    lp_worst = d > lp_worst ? d : lp_worst;
+                    bad |= a->top_id[k] != b->top_id[k] || !(d < 1e-4);
+                }
+                if (g[i] == c[i]) {
+                    const double d = a->lp == b->lp ? 0 : fabs((double)a->lp - b->lp);
+                    lp_worst = d > lp_worst ? d : lp_worst;
+                    bad |= !(d < 1e-4);
+                    lp_checked++;
+                }
+                if (bad && lp_bad < 3)
+                    printf("  vocab %d row %d (logprobs %d, ids %d / %d): lp %.6f / %.6f, %d / %d top, first %d %.6f / %d %.6f\n",
+                           V, i, rows[i].logprobs, g[i], c[i], a->lp, b->lp, a->n_top, b->n_top,
+                           a->n_top ? a->top_id[0] : -1, a->n_top ? a->top_lp[0] : 0, b->n_top ? b->top_id[0] : -1,
+                           b->n_top ? b->top_lp[0] : 0);
+                lp_bad += bad;
+                total_lp++;
+            }
             range_bad += g[i] < 0 || g[i] >= V;
             if (rows[i].allow && g[i] >= 0 && g[i] < V) {
                 mask_bad += !((rows[i].allow[g[i] >> 5] >> (g[i] & 31)) & 1u);
@@ -134,6 +167,7 @@ static void one_case_m(int V, int n, int with_pen, int tied, int masked)
             else { drawn++; drawn_bad += g[i] != c[i]; }
         }
         CHECK_MSG(range_bad == 0, "vocab %d, %d rows: %d ids out of range", V, n, range_bad);
+        CHECK_MSG(lp_bad == 0, "vocab %d, %d rows: %d rows' log-probabilities differ from the CPU's", V, n, lp_bad);
         CHECK_MSG(mask_bad == 0, "vocab %d, %d rows: %d ids outside their row's allow mask", V, n, mask_bad);
         CHECK_MSG(greedy_bad == 0, "vocab %d, %d rows%s%s: %d greedy rows differ from the CPU", V, n,
                   with_pen ? ", penalties" : "", tied ? ", ties" : "", greedy_bad);
@@ -144,7 +178,7 @@ static void one_case_m(int V, int n, int with_pen, int tied, int masked)
         rc = both(l, n, V, rows, pen, n_pen, g2, c);
         CHECK_MSG(rc == SF_OK && !memcmp(g, g2, 4 * (size_t)n), "vocab %d, %d rows: a second run differs", V, n);
     }
-    free(l); free(rows); free(g); free(c); free(g2); free(pen); free(masks);
+    free(l); free(rows); free(g); free(c); free(g2); free(pen); free(masks); free(glp); free(clp);
 }
 
 static void one_case(int V, int n, int with_pen, int tied) { one_case_m(V, n, with_pen, tied, 0); }
@@ -167,6 +201,7 @@ TEST(matches_cpu_reference)
     for (int it = 0; it < 16; it++) one_case_m(mv[it % 4], it < 8 ? 1 + it : 24 + it, it % 2, it == 5, 1);
     printf("  %d rows (%d with allow masks), %d drawn at random: %d differ from the CPU reference\n", total_rows,
            total_masked, total_drawn, mismatched_drawn);
+    printf("  %d rows with logprobs (%d drawn ids' compared): worst |GPU - CPU| %.2g\n", total_lp, lp_checked, lp_worst);
     CHECK_MSG(mismatched_drawn * 100 <= total_drawn, "%d of %d drawn rows differ", mismatched_drawn, total_drawn);
 }
 
@@ -186,7 +221,7 @@ TEST(distribution)
         rows[i] = (sf_sample_row){ .temperature = 1, .top_p = 1, .repetition_penalty = 1, .seed = 9, .step = (uint64_t)i };
     }
     REQUIRE(G->ops->write_f32(G, bg, 4000, rep) == SF_OK, "write");
-    REQUIRE(G->ops->sample(G, bg, 4000, V, rows, NULL, 0, ids) == SF_OK, "sample");
+    REQUIRE(G->ops->sample(G, bg, 4000, V, rows, NULL, 0, ids, NULL) == SF_OK, "sample");
     double z = 0, f[V] = { 0 };
     for (int i = 0; i < V - 1; i++) z += exp(l[i]);
     for (int i = 0; i < 4000; i++) f[ids[i]] += 1.0 / 4000;
@@ -209,15 +244,15 @@ TEST(bad_inputs)
     G->ops->write_f32(G, bg, 1, l);
     sf_sample_row r = { .temperature = 1, .top_p = 1, .repetition_penalty = 1, .n_pen = 1 };
     sf_sample_pen pen[1] = { { 16, 1, 0 } };
-    CHECK(G->ops->sample(G, bg, 1, 16, &r, pen, 1, &id) == SF_EINVAL);
-    CHECK(G->ops->sample(G, bg, 1, 17, &r, NULL, 0, &id) == SF_EINVAL);
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, pen, 1, &id, NULL) == SF_EINVAL);
+    CHECK(G->ops->sample(G, bg, 1, 17, &r, NULL, 0, &id, NULL) == SF_EINVAL);
     r.n_pen = 0;
-    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id) == SF_OK && id >= 0 && id < 16);
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id, NULL) == SF_OK && id >= 0 && id < 16);
     uint32_t allow = 0xffff0000u; /* ids 16.. only: none of the vocabulary's */
     r.allow = &allow;
-    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id) == SF_EINVAL);
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id, NULL) == SF_EINVAL);
     allow = 1u << 9;
-    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id) == SF_OK && id == 9);
+    CHECK(G->ops->sample(G, bg, 1, 16, &r, NULL, 0, &id, NULL) == SF_OK && id == 9);
     G->ops->buf_free(G, bg);
 }
 
@@ -290,8 +325,15 @@ static void perf_table(void)
 {
     enum { V = 128256 };
     static const int batch[] = { 1, 8, 64, 256 };
+    /* llama.cpp's defaults: top-k 40, top-p 0.95, min-p 0.05, repeat 1.1; the last three kinds are
+     * the temperature row's with an allow mask of half the vocabulary (a form), with logprobs
+     * (the drawn id's and the top 5), with the top 20 */
     static const char *kinds[] = { "greedy", "temperature", "top-k 50 + top-p 0.9", "top-p 0.95 + penalties",
-                                   "llama.cpp's defaults" }; /* top-k 40, top-p 0.95, min-p 0.05, repeat 1.1 */
+                                   "llama.cpp's defaults", "temperature + mask", "temperature + logprobs 5",
+                                   "temperature + logprobs 20" };
+    enum { KINDS = SF_ARRAY_LEN(kinds) };
+    static uint32_t half[(V + 31) / 32];
+    for (int w = 0; w < (V + 31) / 32; w++) half[w] = 0x55555555u;
     printf("perf: sample op (upload rows, kernel, ids back), vocab %d, us per call (median of 20)\n", V);
     printf("  %-24s %8s %8s %8s %8s\n", "rows", "1", "8", "64", "256");
     float *l = malloc(sizeof(float) * 256 * V);
@@ -302,15 +344,19 @@ static void perf_table(void)
     sf_sample_row rows[256];
     sf_sample_pen pen[256 * 32];
     int32_t ids[256];
-    for (int k = 0; k < 5; k++) {
+    static sf_sample_lp lp[256];
+    for (int k = 0; k < KINDS; k++) {
         printf("  %-24s", kinds[k]);
         for (size_t b = 0; b < SF_ARRAY_LEN(batch); b++) {
             int n_pen = 0;
             for (int i = 0; i < batch[b]; i++) {
-                rows[i] = (sf_sample_row){ .temperature = k ? 0.8f : 0, .top_p = k >= 2 ? (k == 2 ? 0.9f : 0.95f) : 1,
+                const int plain = k == 1 || k >= 5;
+                rows[i] = (sf_sample_row){ .temperature = k ? 0.8f : 0, .top_p = k >= 2 && !plain ? (k == 2 ? 0.9f : 0.95f) : 1,
                                            .top_k = k == 2 ? 50 : k == 4 ? 40 : 0, .min_p = k == 4 ? 0.05f : 0,
-                                           .repetition_penalty = k >= 3 ? 1.1f : 1, .seed = (uint64_t)i, .step = 3 };
-                if (k >= 3) {
+                                           .repetition_penalty = k == 3 || k == 4 ? 1.1f : 1, .seed = (uint64_t)i,
+                                           .step = 3, .allow = k == 5 ? half : NULL,
+                                           .logprobs = k == 6 ? 6 : k == 7 ? 21 : 0 };
+                if (k == 3 || k == 4) {
                     rows[i].pen_off = n_pen;
                     rows[i].n_pen = 32;
                     for (int j = 0; j < 32; j++) pen[n_pen++] = (sf_sample_pen){ j * 1000 + i, 1, 1 };
@@ -319,7 +365,7 @@ static void perf_table(void)
             double t[20];
             for (int it = 0; it < 20; it++) {
                 double t0 = sf_now_s();
-                G->ops->sample(G, bg, batch[b], V, rows, pen, n_pen, ids);
+                G->ops->sample(G, bg, batch[b], V, rows, pen, n_pen, ids, lp);
                 t[it] = (sf_now_s() - t0) * 1e6;
             }
             for (int i = 0; i < 20; i++) for (int j = i + 1; j < 20; j++) if (t[j] < t[i]) { double x = t[i]; t[i] = t[j]; t[j] = x; }

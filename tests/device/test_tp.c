@@ -237,7 +237,7 @@ static int run_sampled(int size, int32_t *ids, int *ref_diff, int *rows, sf_erro
                                              malloc(c->vocab_size * sizeof(uint32_t)),
                                              malloc(c->vocab_size * sizeof(uint64_t)) };
                 int32_t want = sc.x && sc.key && sc.mass
-                                   ? sf_cpu_sample_row(lg + (size_t)r * c->vocab_size, c->vocab_size, &sr[r], NULL, &sc)
+                                   ? sf_cpu_sample_row(lg + (size_t)r * c->vocab_size, c->vocab_size, &sr[r], NULL, &sc, NULL)
                                    : -1;
                 free(sc.x);
                 free(sc.key);

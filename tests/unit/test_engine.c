@@ -700,6 +700,76 @@ TEST(forms_on_the_backend_equal_the_host)
     printf("  %llu rows drawn on the backend, with the forms' masks\n", (unsigned long long)dev_rows[0]);
 }
 
+/* Requests with logprobs draw on the backend's sampler and get their log-probabilities back
+ * with the ids: the same tokens, log-probabilities and top alternatives as on the host path
+ * (every row copied and drawn here), for the drawn id's alone and the top 1, 5 and 20, greedy
+ * and seeded, with a penalty, a logit_bias, JSON output and a pattern (their masks), beside
+ * requests without logprobs; every row on the backend in the first pass. */
+TEST(logprobs_on_the_backend_equal_the_host)
+{
+    static const struct { int lp, json, regex; const char *pattern; float t, fpen; } reqs[] = {
+        { 5, 0, 0, NULL, 0, 0 },      { -1, 0, 0, NULL, 0.9f, 0 },  { 20, 0, 0, NULL, 1.0f, 0.5f },
+        { 1, 1, 0, NULL, 0.8f, 0 },   { 3, 1, 1, "[A-Z][a-z]+( [a-z]+){1,4}\\.", 0, 0 },
+        { 0, 0, 0, NULL, 0.8f, 0 },   { 0, 0, 0, NULL, 0, 0 },      { 2, 0, 0, NULL, 0.7f, 0 },
+    };
+    enum { N = SF_ARRAY_LEN(reqs) };
+    static collect out[2][N];
+    sf_error err = { 0 };
+    int32_t prompt[64];
+    int np = 0;
+    uint64_t host_rows[2] = { 0, 0 }, dev_rows[2] = { 0, 0 };
+    for (int pass = 0; pass < 2; pass++) {
+        host_sampling = pass;
+        sf_engine *e = open_engine(stories(), 8, 256, 0, 0, &err);
+        host_sampling = 0;
+        REQUIRE(e, "engine: %s", err.msg);
+        if (!pass) np = encode(e, "Once upon a time, there was a little cat. The cat said", prompt, 64);
+        for (int i = 0; i < (int)N; i++) {
+            sf_sampling sp = greedy(32);
+            sp.logprobs = reqs[i].lp;
+            sp.json = reqs[i].json, sp.regex = reqs[i].regex;
+            sp.schema = reqs[i].pattern, sp.schema_len = reqs[i].pattern ? strlen(reqs[i].pattern) : 0;
+            if (reqs[i].t > 0) sp.temperature = reqs[i].t, sp.seed = 40 + (uint64_t)i, sp.has_seed = 1;
+            sp.frequency_penalty = reqs[i].fpen;
+            static const sf_logit_bias bias[1] = { { 13, 1.5f } };
+            if (i == 7) sp.bias = bias, sp.n_bias = 1;
+            collect_init(&out[pass][i]);
+            CHECK_MSG(submit(e, prompt, np, &sp, &out[pass][i], &err) == SF_OK, "submit %d: %s", i, err.msg);
+        }
+        for (int i = 0; i < (int)N; i++) collect_wait(&out[pass][i]);
+        sf_engine_stats st;
+        wait_idle(e, &st);
+        host_rows[pass] = st.rows_sampled_host;
+        dev_rows[pass] = st.rows_sampled_backend;
+        sf_engine_free(e);
+    }
+    int same = 0, tops = 0;
+    double worst = 0;
+    for (int i = 0; i < (int)N; i++) {
+        const collect *a = &out[0][i], *b = &out[1][i];
+        int ok = a->n_tokens == b->n_tokens && a->finish == b->finish && a->n_tokens > 0 &&
+                 !memcmp(a->tokens, b->tokens, (size_t)a->n_tokens * sizeof(int32_t)) && a->n_top_seen == b->n_top_seen &&
+                 a->n_top_seen == (reqs[i].lp > 0 ? reqs[i].lp : 0);
+        for (int j = 0; ok && j < a->n_tokens && reqs[i].lp; j++) {
+            const double d = fabs((double)a->lp[j] - b->lp[j]);
+            worst = d > worst ? d : worst;
+            ok = d < 1e-5;
+            for (int k = 0; k < SF_MIN(reqs[i].lp, 5) && ok; k++, tops++)
+                ok = a->top[j][k].id == b->top[j][k].id && fabsf(a->top[j][k].logprob - b->top[j][k].logprob) < 1e-5f;
+        }
+        if (!ok)
+            printf("  request %d: %d tokens (finish %d, top %d) on the backend, %d (finish %d, top %d) on the host: %.60s | %.60s\n",
+                   i, a->n_tokens, a->finish, a->n_top_seen, b->n_tokens, b->finish, b->n_top_seen, a->text, b->text);
+        same += ok;
+    }
+    CHECK_MSG(same == (int)N, "%d of %d requests the same on both paths", same, (int)N);
+    CHECK_MSG(host_rows[0] == 0 && dev_rows[0] > 0, "backend pass: %llu rows on the host, %llu on the backend",
+              (unsigned long long)host_rows[0], (unsigned long long)dev_rows[0]);
+    CHECK_MSG(dev_rows[1] == 0 && host_rows[1] > 0, "host pass: %llu rows on the backend", (unsigned long long)dev_rows[1]);
+    printf("  %llu rows drawn on the backend; %d top entries compared, worst |logprob difference| %.2g\n",
+           (unsigned long long)dev_rows[0], tops, worst);
+}
+
 TEST(spec_equals_plain_one_at_a_time) { spec_equals_plain(0, 0); }
 TEST(spec_equals_plain_together) { spec_equals_plain(0, 1); }
 TEST(spec_equals_plain_preempted) { spec_equals_plain(24, 1); }
@@ -1014,6 +1084,7 @@ int main(void)
     RUN(prefix_cache_equals_computed_preempted);
     RUN(group_choices_share_the_prompt);
     RUN(forms_on_the_backend_equal_the_host);
+    RUN(logprobs_on_the_backend_equal_the_host);
     RUN(spec_equals_plain_one_at_a_time);
     RUN(spec_equals_plain_together);
     RUN(spec_equals_plain_preempted);

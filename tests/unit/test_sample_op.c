@@ -3,7 +3,8 @@
  * argmax, distributions against the exact truncated softmax, ties cut by id, top-p over a
  * large vocabulary against a full sort, determinism per (seed, step), rows of a batch
  * independent, the engine's two paths (host sf_sample and the op) choosing alike, allow masks
- * drawing as -inf logits do, the draw's skipped tokens never the winner, bad input. */
+ * drawing as -inf logits do, the draw's skipped tokens never the winner, the log-probabilities
+ * it gives against a full sort, bad input. */
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/sample_draw.h"
@@ -17,16 +18,22 @@ static sf_sample_row row_default(void)
 }
 
 /* ids of n rows of logits [n * V] through the op. */
-static int op(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
-              int32_t *ids)
+static int op_lp(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
+                 int32_t *ids, sf_sample_lp *lp)
 {
     sf_buf *buf = NULL;
     sf_error err = { 0 };
     if (be->ops->buf_new(be, n, V, &buf, &err)) return -100;
     be->ops->write_f32(be, buf, n, l);
-    int rc = be->ops->sample(be, buf, n, V, rows, pen, n_pen, ids);
+    int rc = be->ops->sample(be, buf, n, V, rows, pen, n_pen, ids, lp);
     be->ops->buf_free(be, buf);
     return rc;
+}
+
+static int op(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
+              int32_t *ids)
+{
+    return op_lp(l, n, V, rows, pen, n_pen, ids, NULL);
 }
 
 /* Frequencies of N draws (steps 0..N-1) from one row. */
@@ -337,9 +344,9 @@ TEST(allow_mask_draws_as_minus_inf)
                     for (int i = 0; i < V; i++) ref[i] = (allow[i >> 5] >> (i & 31)) & 1u ? l[i] : -INFINITY;
                     sf_sample_row rr = r[0];
                     rr.allow = NULL;
-                    const int32_t want = sf_cpu_sample_row(ref, V, &rr, pen, &sc);
+                    const int32_t want = sf_cpu_sample_row(ref, V, &rr, pen, &sc, NULL);
                     sf_sample_row r1 = r[1];
-                    const int32_t want1 = sf_cpu_sample_row(l + V, V, &r1, pen, &sc);
+                    const int32_t want1 = sf_cpu_sample_row(l + V, V, &r1, pen, &sc, NULL);
                     n++;
                     bad += ids[0] < 0 || ids[0] >= V || !((allow[ids[0] >> 5] >> (ids[0] & 31)) & 1u);
                     differ += ids[0] != want;
@@ -352,6 +359,111 @@ TEST(allow_mask_draws_as_minus_inf)
     free(sc.x);
     free(sc.key);
     free(sc.mass);
+}
+
+/* The row's values after step 1 (bias, penalties, mask), by hand. */
+static void step1_by_hand(const float *l, int V, const sf_sample_row *r, const sf_sample_pen *pen, double *x)
+{
+    for (int i = 0; i < V; i++) x[i] = r->allow && !((r->allow[i >> 5] >> (i & 31)) & 1u) ? -INFINITY : l[i];
+    for (int j = 0; j < r->n_pen; j++) {
+        const sf_sample_pen *e = &pen[r->pen_off + j];
+        if (x[e->id] == -INFINITY) continue;
+        float v = l[e->id] + e->bias;
+        if (r->repetition_penalty != 1.0f && (e->count > 0 || e->in_prompt))
+            v = v > 0 ? v / r->repetition_penalty : v * r->repetition_penalty;
+        if (e->count > 0) v -= r->frequency_penalty * (float)e->count + r->presence_penalty;
+        x[e->id] = v;
+    }
+}
+
+/* Log-probabilities from the op (sf_sample_row.logprobs): the drawn id's and the top n against a
+ * log-softmax and a full sort in doubles over the row after step 1, with penalties, a bias to
+ * -inf, ties on the boundary (the lower id first), masks leaving fewer ids than asked for, every
+ * kind of draw; rows without logprobs beside them untouched; and the host sampler (sf_sample,
+ * the engine's path for steps drawn on the host) giving the same figures. */
+TEST(logprobs_match_a_full_sort)
+{
+    enum { V = 3001, W = (V + 31) / 32 };
+    static float l[2 * V], tmp[V];
+    static double x[V];
+    static uint32_t allow[W];
+    static int32_t order[V];
+    sf_rng g;
+    sf_rng_seed(&g, 33);
+    const sf_sample_pen pen[3] = { { 5, 2, 1, 1.5f }, { 2999, 0, 0, -INFINITY }, { 40, 1, 0, 0.0f } };
+    int n = 0, bad_lp = 0, bad_top = 0, bad_n = 0, touched = 0, host_bad = 0;
+    double worst = 0;
+    for (int c = 0; c < 48; c++) {
+        const int tied = c % 4 == 1, masked = c % 3 == 2, kind = c % 5, want = (int[]){ 0, 1, 5, 20 }[c / 4 % 4];
+        for (int i = 0; i < 2 * V; i++) l[i] = tied ? (float)(int)(sf_rng_uniform(&g) * 4) : sf_rng_normal(&g) * 2.0f;
+        memset(allow, 0, sizeof allow);
+        for (int i = 0; masked && i < V; i++)
+            if (sf_rng_uniform(&g) < (c % 2 ? 0.001f : 0.2f)) allow[i >> 5] |= 1u << (i & 31);
+        allow[17 >> 5] |= 1u << 17;
+        sf_sample_row r[2] = { row_default(), row_default() };
+        r[0].temperature = kind == 0 ? 0 : 0.8f;
+        r[0].top_k = kind == 2 ? 20 : 0;
+        r[0].top_p = kind == 3 ? 0.7f : 1;
+        r[0].min_p = kind == 4 ? 0.05f : 0;
+        r[0].step = (uint64_t)c;
+        r[0].n_pen = c % 2 ? 3 : 0;
+        r[0].repetition_penalty = 1.2f;
+        r[0].frequency_penalty = 0.5f;
+        r[0].allow = masked ? allow : NULL;
+        r[0].logprobs = 1 + want;
+        sf_sample_lp lp[2];
+        memset(lp, 0x5a, sizeof lp);
+        int32_t ids[2] = { -1, -1 };
+        REQUIRE(op_lp(l, 2, V, r, pen, 3, ids, lp) == SF_OK, "op failed");
+        n++;
+        sf_sample_lp poison;
+        memset(&poison, 0x5a, sizeof poison);
+        touched += memcmp(&lp[1], &poison, sizeof poison) != 0;
+        step1_by_hand(l, V, &r[0], pen, x);
+        double m = -INFINITY, s = 0;
+        int nv = 0;
+        for (int i = 0; i < V; i++) m = x[i] > m ? x[i] : m;
+        for (int i = 0; i < V; i++) {
+            if (x[i] == -INFINITY) continue;
+            s += exp(x[i] - m);
+            order[nv++] = i;
+        }
+        const double lse = m + log(s);
+        for (int a = 1; a < nv; a++) { /* insertion sort: value descending, id ascending (stable) */
+            const int32_t t = order[a];
+            int b = a;
+            while (b > 0 && x[order[b - 1]] < x[t]) order[b] = order[b - 1], b--;
+            order[b] = t;
+        }
+        const double d = fabs(lp[0].lp - (x[ids[0]] - lse));
+        worst = d > worst ? d : worst;
+        bad_lp += !(d < 1e-5);
+        bad_n += lp[0].n_top != (want < nv ? want : nv);
+        for (int k = 0; k < lp[0].n_top && k < want; k++)
+            bad_top += lp[0].top_id[k] != order[k] || !(fabs(lp[0].top_lp[k] - (x[order[k]] - lse)) < 1e-5);
+        /* the host sampler on the same row */
+        sf_sampling p;
+        memset(&p, 0, sizeof p);
+        p.temperature = r[0].temperature, p.top_k = r[0].top_k, p.top_p = r[0].top_p, p.min_p = r[0].min_p;
+        p.logprobs = want ? want : -1;
+        sf_sampler_seq ss;
+        memset(&ss, 0, sizeof ss);
+        ss.step = r[0].step, ss.seed = r[0].seed;
+        for (int i = 0; i < V; i++) tmp[i] = (float)x[i];
+        float hlp = 0;
+        sf_logprob top[SF_MAX_LOGPROBS];
+        int ntop = -1;
+        const int32_t hid = sf_sample(&p, &ss, tmp, V, &hlp, top, &ntop);
+        int hb = hid != ids[0] || hlp != lp[0].lp || ntop != (want ? lp[0].n_top : 0);
+        for (int k = 0; k < ntop && !hb; k++) hb |= top[k].id != lp[0].top_id[k] || top[k].logprob != lp[0].top_lp[k];
+        host_bad += hb;
+    }
+    printf("  %d rows: worst |logprob - the double-precision one| %.2g\n", n, worst);
+    CHECK_MSG(!bad_lp, "%d of %d drawn ids' log-probabilities off", bad_lp, n);
+    CHECK_MSG(!bad_n, "%d of %d rows with the wrong number of top entries", bad_n, n);
+    CHECK_MSG(!bad_top, "%d top entries differ from the full sort", bad_top);
+    CHECK_MSG(!touched, "%d rows without logprobs had theirs written", touched);
+    CHECK_MSG(!host_bad, "%d of %d rows differ on the host sampler's path", host_bad, n);
 }
 
 TEST(rejects_bad_input)
@@ -369,13 +481,23 @@ TEST(rejects_bad_input)
     sf_buf *buf = NULL;
     sf_error err = { 0 };
     REQUIRE(be->ops->buf_new(be, 1, 8, &buf, &err) == SF_OK, "%s", err.msg);
-    CHECK(be->ops->sample(be, buf, 1, 9, &r, NULL, 0, &id) == SF_EINVAL); /* more tokens than columns */
-    CHECK(be->ops->sample(be, buf, 2, 8, &r, NULL, 0, &id) == SF_EINVAL); /* more rows than the buffer */
+    CHECK(be->ops->sample(be, buf, 1, 9, &r, NULL, 0, &id, NULL) == SF_EINVAL); /* more tokens than columns */
+    CHECK(be->ops->sample(be, buf, 2, 8, &r, NULL, 0, &id, NULL) == SF_EINVAL); /* more rows than the buffer */
     uint32_t none = 0xffffff00u; /* ids 8.. only: none of the vocabulary's 8 */
     r.allow = &none;
-    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id) == SF_EINVAL);
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, NULL) == SF_EINVAL);
     none = 0x80u; /* id 7 alone */
-    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id) == SF_OK && id == 7);
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, NULL) == SF_OK && id == 7);
+    sf_sample_lp lp;
+    r.logprobs = 1; /* logprobs asked for with nowhere to put them */
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, NULL) == SF_EINVAL);
+    r.logprobs = 2 + SF_SAMPLE_TOP_MAX; /* more top entries than the op gives */
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, &lp) == SF_EINVAL);
+    r.logprobs = -1;
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, &lp) == SF_EINVAL);
+    r.logprobs = 1 + SF_SAMPLE_TOP_MAX; /* the one id the mask allows: log-probability 0, alone at the top */
+    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, &lp) == SF_OK && id == 7 && lp.lp == 0.0f && lp.n_top == 1 &&
+          lp.top_id[0] == 7 && lp.top_lp[0] == 0.0f);
     be->ops->buf_free(be, buf);
 }
 
@@ -395,6 +517,7 @@ int main(void)
     RUN(deterministic_and_rows_independent);
     RUN(host_path_and_op_agree);
     RUN(allow_mask_draws_as_minus_inf);
+    RUN(logprobs_match_a_full_sort);
     RUN(rejects_bad_input);
     sf_backend_close(be);
     return test_summary();
