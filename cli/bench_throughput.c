@@ -4,7 +4,8 @@
  * and --output output tokens each (EOS ignored), all submitted at once; output and total
  * tokens per second from the first submit to the last finish. --structured-output-ratio holds a
  * share of them to JSON output (each then ends with its object, up to --output tokens): what a
- * form's mask costs a saturated step.
+ * form's mask costs a saturated step; --logprobs N has every request ask for its tokens'
+ * log-probabilities and top N alternatives: what they cost it.
  *
  * Beside the figure it prints the physical bound of the same work on the measured hardware
  * (docs/PERFORMANCE.md derives it): prefill at the GEMM rate hal measured, then every decode
@@ -246,6 +247,7 @@ int sf_bench_throughput(const bench_opts *o)
         s.sampling.json = (int)((i + 1) * o->structured) > (int)(i * o->structured);
         n_json += s.sampling.json;
         s.sampling.ignore_eos = !s.sampling.json; /* a form ends with its object */
+        s.sampling.logprobs = o->logprobs > 1 ? o->logprobs - 1 : -o->logprobs; /* --logprobs 0: the token's alone */
         s.sampling.seed = (uint64_t)i;
         s.sampling.has_seed = 1;
         s.intent.urgency = SF_URGENCY_NORMAL;
@@ -317,9 +319,10 @@ int sf_bench_throughput(const bench_opts *o)
                               "backend", in.backend, "input", I, "output", O, "num_prompts", N, "max_num_seqs", max_seqs,
                               "kv_blocks", in.kv_blocks, "elapsed_s", elapsed, "output_tokens", (json_int_t)out_tok,
                               "output_tokens_per_s", out_tps, "total_tokens_per_s", tot_tps, "requests_per_s", N / elapsed);
-        json_object_set_new(j, "sampling", json_pack("{s:f, s:f, s:i, s:f}", "temperature", o->temperature, "top_p",
+        json_object_set_new(j, "sampling", json_pack("{s:f, s:f, s:i, s:f, s:o}", "temperature", o->temperature, "top_p",
                                                      o->top_p, "top_k", o->top_k, "structured_output_ratio",
-                                                     o->structured));
+                                                     o->structured, "logprobs",
+                                                     o->logprobs ? json_integer(o->logprobs - 1) : json_null()));
         json_object_set_new(j, "json_requests", json_integer(n_json));
         json_object_set_new(j, "prefix_cache", json_pack("{s:b, s:i, s:I, s:I}", "on", es.prefix_caching, "prefix_len", P,
                                                          "hit_tokens", (json_int_t)es.prefix_hits, "query_tokens",

@@ -715,6 +715,8 @@ static void usage(FILE *f)
                "  --structured-output-ratio F  this share of the requests (spread evenly) held to JSON output\n"
                "                        (response_format json_object; needs --model with a tokenizer): they end\n"
                "                        when their object does, so they count their own tokens (default 0)\n"
+               "  --logprobs N          every request asks for its tokens' log-probabilities and the top N\n"
+               "                        alternatives, 0..20 (vLLM's; default: none)\n"
                "  --compare FILE        a `bench decode-batch --json` result: its step (the forward pass alone) is\n"
                "                        reported beside the engine's decode step\n");
 }
@@ -778,7 +780,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "top-p", required_argument, NULL, 'Q' }, { "top-k", required_argument, NULL, 'Y' },
         { "compare", required_argument, NULL, 'C' }, { "loop", required_argument, NULL, 'L' },
         { "prefix-len", required_argument, NULL, 'R' }, { "no-prefix-caching", no_argument, NULL, 'Z' },
-        { "structured-output-ratio", required_argument, NULL, 'W' },
+        { "structured-output-ratio", required_argument, NULL, 'W' }, { "logprobs", required_argument, NULL, 'V' },
         { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
@@ -823,6 +825,10 @@ int sf_cmd_bench(int argc, char **argv)
         case 'R': if (parse_int("--prefix-len", optarg, 0, 1 << 20, &o.prefix_len)) return 2; break;
         case 'Z': o.no_prefix_cache = 1; break;
         case 'W': if (parse_range("--structured-output-ratio", optarg, 0, 0, 1, &o.structured)) return 2; break;
+        case 'V':
+            if (parse_int("--logprobs", optarg, 0, 20, &o.logprobs)) return 2; /* SF_MAX_LOGPROBS */
+            o.logprobs++;
+            break;
         case 'L': if (parse_pair("--loop", optarg, "serial", "async", &o.serial_loop)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
