@@ -45,12 +45,6 @@ static int both_lp(const float *l, int n, int V, const sf_sample_row *rows, cons
     return rc;
 }
 
-static int both(const float *l, int n, int V, const sf_sample_row *rows, const sf_sample_pen *pen, int n_pen,
-                int32_t *gpu, int32_t *cpu)
-{
-    return both_lp(l, n, V, rows, pen, n_pen, gpu, cpu, NULL, NULL);
-}
-
 /* A random row configuration; kind cycles through the options. */
 static sf_sample_row random_row(int kind, int V)
 {
@@ -175,7 +169,7 @@ static void one_case_m(int V, int n, int with_pen, int tied, int masked)
         total_drawn += drawn;
         mismatched_drawn += drawn_bad;
         /* the same call again: the same ids */
-        rc = both(l, n, V, rows, pen, n_pen, g2, c);
+        rc = both_lp(l, n, V, rows, pen, n_pen, g2, c, glp, clp);
         CHECK_MSG(rc == SF_OK && !memcmp(g, g2, 4 * (size_t)n), "vocab %d, %d rows: a second run differs", V, n);
     }
     free(l); free(rows); free(g); free(c); free(g2); free(pen); free(masks); free(glp); free(clp);

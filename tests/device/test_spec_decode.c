@@ -35,6 +35,10 @@ static sf_engine *open_engine(int spec, sf_error *err)
     c.max_num_seqs = 1;
     c.gpu_memory_utilization = 0.3f;
     c.spec_tokens = spec;
+    /* the exact run draws every row on the host: a drafted step's rows are drawn there, and a
+     * step without drafts would otherwise draw on the GPU, whose log-sum-exp rounds apart from
+     * the host's (float against double sums, ~1e-6) */
+    c.host_sampling = exact;
     sf_engine *e = NULL;
     return sf_engine_new(&c, &e, err) == SF_OK ? e : NULL;
 }
