@@ -387,6 +387,12 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             f->gather_pending = nowait;
         }
         if (smp) {
+            if (smp->prepare) {
+                if (o->flush) STEP("flush", o->flush(b));
+                if ((rc = smp->prepare(smp->prepare_arg)) == SF_EUNSUPPORTED)
+                    return sf_err(err, rc, "forward step: the draw's rows are for the host");
+                if (rc) return sf_err(err, rc, "forward step: preparing the draw (%s)", sf_status_str(rc));
+            }
             op = "sample";
             const sf_buf *lg = f->rows_full ? f->rows_full : f->logits;
             if (f->launching && o->sample_start) {

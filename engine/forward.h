@@ -43,6 +43,12 @@ typedef struct sf_forward_sample {
     int n_pen;
     int32_t *ids;                /* out: [batch->n_logits] the drawn tokens */
     sf_sample_lp *lp;            /* out: [batch->n_logits] where rows ask for logprobs; NULL when none does */
+    /* Called once the step's logits are queued (the backend flushed, so the device computes
+     * them meanwhile) and before the draw is queued: host work the draw needs and the forward
+     * pass does not (a form's allow mask), done while the device runs. SF_EUNSUPPORTED: draw on
+     * the host (sf_forward_read_logits); another status fails the step. NULL: none. */
+    int (*prepare)(void *arg);
+    void *prepare_arg;
 } sf_forward_sample;
 /* 1 when sf_forward_step_sample can run: the backend has a sample op and, with a vocabulary split
  * over ranks, the communicator can lay the gathered slices out as whole rows (every rank takes

@@ -391,6 +391,30 @@ static int form_mask(sf_engine *e, sf_request *r, int k, int *n_masks, uint8_t *
     return 1;
 }
 
+/* The forms' masks of a step being launched (sf_forward_sample.prepare), computed while the
+ * device runs its forward pass: each row k < k_draw that draws for a request held to a form
+ * gets its allow mask (form_mask). Out of memory: SF_EUNSUPPORTED, the step's rows drawn here. */
+typedef struct masks_job {
+    sf_engine *e;
+    sf_seq **rows;
+    int k_draw;
+    uint8_t *nofit;
+} masks_job;
+
+static int form_masks(void *arg)
+{
+    const masks_job *j = arg;
+    sf_engine *e = j->e;
+    int n_masks = 0;
+    for (int k = 0; k < j->k_draw; k++) {
+        sf_request *r = j->rows[k]->owner;
+        if (r->sp.json && !form_mask(e, r, k, &n_masks, j->nofit)) return SF_EUNSUPPORTED;
+    }
+    for (int m = 0; m < n_masks; m++) /* now that the masks have stopped moving */
+        e->rows[e->mask_row[m]].allow = e->masks + (size_t)m * ((e->vocab + 31) / 32);
+    return SF_OK;
+}
+
 /* Plan the next step and launch it. Returns the tokens launched (0: none); *progress is set when
  * stuck requests were finished. ahead (async): the step in flight's ids have not come; the new
  * step is planned assuming its sequences continue, or its ids are taken first when the plan
@@ -457,7 +481,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     /* The sequences that yield logits, in logit-row order; they pick the sampling path. */
     sf_seq **rows = e->row_seq + (size_t)f->slot * e->cfg.max_logits;
     int32_t *ids = e->ids + (size_t)f->slot * e->cfg.max_logits, *score = e->row_score + (size_t)f->slot * e->cfg.max_logits;
-    int k = 0, n_pen = 0, n_masks = 0, n_forms = 0, n_lp = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
+    int k = 0, n_pen = 0, n_forms = 0, n_lp = 0, on_dev = !e->cfg.host_sampling && sf_forward_can_sample(e->fwd);
     uint8_t *nofit = e->row_nofit + (size_t)f->slot * e->cfg.max_logits;
     for (int i = 0; i < p->n_items; i++) { /* the next-token rows, in item order (sf_sched_batch) */
         const sf_plan_item *it = &p->items[i];
@@ -470,8 +494,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
          * them with its id (neither under tensor parallelism: tp.c's followers take such rows'
          * tokens from the host) */
         if (on_dev && ((e->tp && sf_sampler_needs_logits(&r->sp)) ||
-                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK ||
-                       (r->sp.json && !form_mask(e, r, k, &n_masks, nofit))))
+                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
             on_dev = 0; /* the whole batch on the host */
         else if (on_dev && r->placed)
             e->rows[k].step++; /* its stand-in's draw comes first */
@@ -480,8 +503,6 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         k++;
     }
     const int k_draw = k;
-    for (int m = 0; on_dev && m < n_masks; m++) /* now that the masks have stopped moving */
-        e->rows[e->mask_row[m]].allow = e->masks + (size_t)m * ((e->vocab + 31) / 32);
     for (int i = 0; i < p->n_items; i++) { /* then the scored prompt positions */
         const sf_plan_item *it = &p->items[i];
         for (int j = 0; it->seq && j < it->n_score; j++) {
@@ -507,8 +528,10 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     int rc;
     if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
     else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
+        masks_job mj = { e, rows, k_draw, nofit };
         sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = ids,
-                                  .lp = n_lp ? e->lp + (size_t)f->slot * e->cfg.max_logits : NULL };
+                                  .lp = n_lp ? e->lp + (size_t)f->slot * e->cfg.max_logits : NULL,
+                                  .prepare = n_forms ? form_masks : NULL, .prepare_arg = &mj };
         rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;

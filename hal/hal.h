@@ -280,6 +280,9 @@ struct sf_backend_ops {
     /* Copy n rows of logits to host fp32 memory (row-major, cols of buf). */
     int (*read_f32)(sf_backend *b, const sf_buf *buf, int n, float *host);
     int (*sync)(sf_backend *b);
+    /* Starts the step's work queued so far (a graph being recorded is launched) and returns
+     * without waiting, so that host work done next overlaps it. May be NULL: ops run as called. */
+    int (*flush)(sf_backend *b);
 
     /* KV block copies for preemption by swap and prefix reuse (may be NULL). */
     int (*kv_copy_out)(sf_backend *b, const int32_t *blocks, int n, void *host);

@@ -1458,6 +1458,8 @@ static int cuda_sample_take(sf_backend *b)
     return c->n_draws ? draw_take(c) : SF_OK;
 }
 
+static int cuda_flush(sf_backend *b) { return step_end(CTX(b)); }
+
 static int cuda_sync(sf_backend *b)
 {
     cuda_ctx *c = CTX(b);
@@ -1539,6 +1541,7 @@ static const struct sf_backend_ops cuda_ops = {
     .get_rows = cuda_get_rows,
     .read_f32 = cuda_read_f32,
     .sync = cuda_sync,
+    .flush = cuda_flush,
     .kv_copy_out = cuda_kv_copy_out,
     .kv_copy_in = cuda_kv_copy_in,
     .kv_copy_blocks = cuda_kv_copy_blocks,

@@ -8,11 +8,12 @@
 # beside; then every request asking for the top N logprobs (--logprobs N), drawn and scored on
 # the GPU or on the host.
 # Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/forms.sh (~4 min)
-# Env: RATIOS ("0 0.01 0.1"), LOGPROBS ("5 20"; empty: none), PROMPTS (256). Exit 77 without a GPU.
+# Env: RATIOS ("0 0.01 0.1"), LOGPROBS ("5 20"; empty: none), SAMPLING ("backend host"), PROMPTS
+# (256). Exit 77 without a GPU.
 set -u
 BIN=${SF_BIN:-build/semflow}
 D=${OUT:-./out}/forms
-RATIOS=${RATIOS:-0 0.01 0.1} LOGPROBS=${LOGPROBS-5 20} PROMPTS=${PROMPTS:-256}
+RATIOS=${RATIOS:-0 0.01 0.1} LOGPROBS=${LOGPROBS-5 20} SAMPLING=${SAMPLING:-backend host} PROMPTS=${PROMPTS:-256}
 mkdir -p "$D"
 . bench/device/lib_gpu.sh
 need_gpu forms
@@ -37,11 +38,11 @@ run() { # NAME SAMPLING FLAG VALUE: one run and its table line
 }
 printf '%-16s %-8s %14s %14s %10s %s\n' requests sampling "out tokens/s" "decode step ms" "json reqs" "rows (backend / host)"
 for r in $RATIOS; do
-    for s in backend host; do
+    for s in $SAMPLING; do
         [ "$r" = 0 ] && [ "$s" = host ] && continue
         run "r$r" "$s" --structured-output-ratio "$r"
     done
 done
 for n in $LOGPROBS; do
-    for s in backend host; do run "lp$n" "$s" --logprobs "$n"; done
+    for s in $SAMPLING; do run "lp$n" "$s" --logprobs "$n"; done
 done
