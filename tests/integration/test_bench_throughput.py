@@ -62,7 +62,8 @@ check("throughput_queues_beyond_max_num_seqs_host_sampling", ok, f"rc {rc}: {r o
 # truncated sampling for every request: each output token counted, the report says what was asked
 rc, r, err = throughput("--num-prompts", "4", "--top-p", "0.9", "--top-k", "40")
 check("throughput_top_p_top_k", rc == 0 and r and r["output_tokens"] == 4 * 7
-      and r["sampling"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 40, "structured_output_ratio": 0.0}
+      and r["sampling"] == {"temperature": 1.0, "top_p": 0.9, "top_k": 40, "structured_output_ratio": 0.0,
+                            "logprobs": None}
       and r["engine"]["sampling"] == "backend", f"rc {rc}: {r or err}")
 
 # half the requests held to JSON output: they end with their object (up to --output tokens), the
@@ -71,6 +72,13 @@ rc, r, err = throughput("--num-prompts", "6", "--structured-output-ratio", "0.5"
 e = r["engine"] if r else {}
 check("throughput_structured_output", rc == 0 and r and r["json_requests"] == 3
       and 3 * 7 < r["output_tokens"] <= 6 * 7 and r["sampling"]["structured_output_ratio"] == 0.5
+      and e.get("sampling") == "backend" and e.get("rows_sampled_host") == 0, f"rc {rc}: {r or err}")
+
+# every request with its tokens' logprobs and the top 5: the rows still drawn by the backend's
+# sampler, which gives the log-probabilities with the ids
+rc, r, err = throughput("--num-prompts", "4", "--logprobs", "5")
+e = r["engine"] if r else {}
+check("throughput_logprobs", rc == 0 and r and r["output_tokens"] == 4 * 7 and r["sampling"]["logprobs"] == 5
       and e.get("sampling") == "backend" and e.get("rows_sampled_host") == 0, f"rc {rc}: {r or err}")
 
 rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", "--threads", "1",
@@ -106,6 +114,8 @@ for args, what in [
     (["--max-num-seqs", "12x"], "--max-num-seqs"),
     (["--structured-output-ratio", "1.5"], "--structured-output-ratio"),
     (["--structured-output-ratio", "half"], "--structured-output-ratio"),
+    (["--logprobs", "21"], "--logprobs"),
+    (["--logprobs", "-1"], "--logprobs"),
 ]:
     rc, out, err = run("bench", "throughput", "--model", "demo", "--backend", "cpu", *args)
     check("bad_flag " + " ".join(args), rc == 2 and what in err, f"rc {rc}: {err[-300:]}")
