@@ -108,26 +108,22 @@ def served_generated_logprobs(name, path, ids):
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
     import http.client
     import json
-    import threading
+    from concurrent.futures import ThreadPoolExecutor
     os.environ.setdefault("SEMFLOW_BIN", SEMFLOW)
     from sftest import ServerProcess
     reqs = [{"temperature": 0, "logprobs": 5}, {"temperature": 0.8, "seed": 3, "logprobs": 5},
             {"temperature": 0.8, "seed": 4}, {"temperature": 0}]
-    bodies = [None] * len(reqs)
     try:
         import torch
         s = ServerProcess(["--model", path, "--backend", "cuda", "--max-num-seqs", "8", "--max-model-len", "512"])
         try:
-            def one(i):
+            def one(req):
                 c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=120)
-                c.request("POST", "/v1/completions", body=json.dumps(dict(reqs[i], prompt=ids, max_tokens=24, ignore_eos=True,
+                c.request("POST", "/v1/completions", body=json.dumps(dict(req, prompt=ids, max_tokens=24, ignore_eos=True,
                                                                           return_tokens_as_token_ids=True)))
-                bodies[i] = json.loads(c.getresponse().read())
-            ts = [threading.Thread(target=one, args=(i,)) for i in range(len(reqs))]
-            for t in ts:
-                t.start()
-            for t in ts:
-                t.join()
+                return json.loads(c.getresponse().read())
+            with ThreadPoolExecutor(len(reqs)) as ex:  # sent at once
+                bodies = list(ex.map(one, reqs))
         finally:
             s.stop()
         worst, dsum, n, top_worst = 0.0, 0.0, 0, 0.0
