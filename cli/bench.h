@@ -26,7 +26,7 @@ typedef struct bench_opts {
     int prefix_len;      /* throughput: the first prefix_len prompt tokens the same in every request */
     int no_prefix_cache; /* throughput: --no-prefix-caching (the engine's prefix cache off) */
     double structured;   /* throughput: --structured-output-ratio, the share of requests held to JSON output */
-    int logprobs;        /* throughput: --logprobs N as 1 + N (0: off), every request's top N log-probabilities */
+    int logprobs;        /* throughput: --logprobs N, every request's top N log-probabilities (-1: off) */
 } bench_opts;
 
 /* FLOPs of one prefill step of T tokens from position 0 (GEMMs, causal attention, one lm_head row). */

@@ -247,7 +247,7 @@ int sf_bench_throughput(const bench_opts *o)
         s.sampling.json = (int)((i + 1) * o->structured) > (int)(i * o->structured);
         n_json += s.sampling.json;
         s.sampling.ignore_eos = !s.sampling.json; /* a form ends with its object */
-        s.sampling.logprobs = o->logprobs > 1 ? o->logprobs - 1 : -o->logprobs; /* --logprobs 0: the token's alone */
+        if (o->logprobs >= 0) s.sampling.logprobs = o->logprobs ? o->logprobs : -1; /* 0: the token's alone */
         s.sampling.seed = (uint64_t)i;
         s.sampling.has_seed = 1;
         s.intent.urgency = SF_URGENCY_NORMAL;
@@ -322,7 +322,7 @@ int sf_bench_throughput(const bench_opts *o)
         json_object_set_new(j, "sampling", json_pack("{s:f, s:f, s:i, s:f, s:o}", "temperature", o->temperature, "top_p",
                                                      o->top_p, "top_k", o->top_k, "structured_output_ratio",
                                                      o->structured, "logprobs",
-                                                     o->logprobs ? json_integer(o->logprobs - 1) : json_null()));
+                                                     o->logprobs >= 0 ? json_integer(o->logprobs) : json_null()));
         json_object_set_new(j, "json_requests", json_integer(n_json));
         json_object_set_new(j, "prefix_cache", json_pack("{s:b, s:i, s:I, s:I}", "on", es.prefix_caching, "prefix_len", P,
                                                          "hit_tokens", (json_int_t)es.prefix_hits, "query_tokens",

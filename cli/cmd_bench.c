@@ -764,7 +764,7 @@ int sf_cmd_bench(int argc, char **argv)
         return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
     bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
                      .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 1024, .max_batched_tokens = 16384,
-                     .gpu_util = 0.9, .temperature = 1.0, .top_p = 1.0 };
+                     .gpu_util = 0.9, .temperature = 1.0, .top_p = 1.0, .logprobs = -1 };
     static const struct option opts[] = {
         { "model", required_argument, NULL, 'm' }, { "load-format", required_argument, NULL, 'l' },
         { "preset", required_argument, NULL, 'p' }, { "backend", required_argument, NULL, 'b' },
@@ -825,10 +825,7 @@ int sf_cmd_bench(int argc, char **argv)
         case 'R': if (parse_int("--prefix-len", optarg, 0, 1 << 20, &o.prefix_len)) return 2; break;
         case 'Z': o.no_prefix_cache = 1; break;
         case 'W': if (parse_range("--structured-output-ratio", optarg, 0, 0, 1, &o.structured)) return 2; break;
-        case 'V':
-            if (parse_int("--logprobs", optarg, 0, 20, &o.logprobs)) return 2; /* SF_MAX_LOGPROBS */
-            o.logprobs++;
-            break;
+        case 'V': if (parse_int("--logprobs", optarg, 0, 20, &o.logprobs)) return 2; break; /* SF_MAX_LOGPROBS */
         case 'L': if (parse_pair("--loop", optarg, "serial", "async", &o.serial_loop)) return 2; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
