@@ -8,6 +8,7 @@
 #include "engine/sampler.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/sample_draw.h"
+#include "tests/lib/sample_lp_case.h"
 #include "tests/test.h"
 
 static sf_backend *be;
@@ -488,16 +489,7 @@ TEST(rejects_bad_input)
     CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, NULL) == SF_EINVAL);
     none = 0x80u; /* id 7 alone */
     CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, NULL) == SF_OK && id == 7);
-    sf_sample_lp lp;
-    r.logprobs = 1; /* logprobs asked for with nowhere to put them */
-    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, NULL) == SF_EINVAL);
-    r.logprobs = 2 + SF_SAMPLE_TOP_MAX; /* more top entries than the op gives */
-    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, &lp) == SF_EINVAL);
-    r.logprobs = -1;
-    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, &lp) == SF_EINVAL);
-    r.logprobs = 1 + SF_SAMPLE_TOP_MAX; /* the one id the mask allows: log-probability 0, alone at the top */
-    CHECK(be->ops->sample(be, buf, 1, 8, &r, NULL, 0, &id, &lp) == SF_OK && id == 7 && lp.lp == 0.0f && lp.n_top == 1 &&
-          lp.top_id[0] == 7 && lp.top_lp[0] == 0.0f);
+    sample_lp_case(be, buf, 8, r, 7);
     be->ops->buf_free(be, buf);
 }
 
