@@ -346,6 +346,8 @@ int sf_bench_throughput(const bench_opts *o)
         json_object_set_new(s, "overlapped", json_boolean(es.overlapped));
         json_object_set_new(s, "async", json_boolean(es.async));
         json_object_set_new(s, "async_steps", json_integer((json_int_t)es.async_steps));
+        json_object_set_new(s, "async_form_steps", json_integer((json_int_t)es.async_form_steps));
+        json_object_set_new(s, "mask_threads", json_integer(es.mask_threads));
         if (es.dev_idle_n) { /* the device's own clock: idle from a step's ids to the next step's work */
             json_object_set_new(s, "device_idle_us_per_step", json_real(es.dev_idle_s * 1e6 / (double)es.dev_idle_n));
             json_object_set_new(s, "device_idle_s", json_real(es.dev_idle_s));

@@ -47,8 +47,8 @@ typedef struct sf_flight {
     int n_tokens, n_decode, n_prefill;
     int decode;                  /* every sequence brought one token */
     int n_spec;                  /* sequences with draft tokens (speculative decoding): taken, never planned behind */
-    int n_forms;                 /* rows held to a form: no step is planned behind it (their masks follow from
-                                  * its ids) */
+    int taken;                   /* its rows were taken, early: by the launch of the step behind it, whose
+                                  * forms' masks follow from its ids (step.c, form_masks) */
     int rt, sw;                  /* for the trace: high-urgency tokens, swapped blocks */
     double swap_ms;
     double t_plan;               /* sf_now_s when it was planned */
@@ -101,13 +101,17 @@ struct sf_engine {
     sf_request **victims;       /* [2 * max_num_seqs]: the requests of a failed step (step.c step_failed) */
     sf_sample_pen *pen;
     int cap_pen;
-    /* requests held to a form drawn on the backend (step.c form_mask): their rows' allow masks
-     * (vocab bits each, mask_cap of them), the row each mask is for, a float row to compute a
-     * mask on, and for each logit row of a flight slot whether no token fitted its form */
+    /* requests held to a form drawn on the backend (step.c form_masks): their rows' allow masks
+     * (vocab bits each, mask_cap of them), the row each mask is for, a float row per mask thread
+     * to compute a mask on, the threads (mask_threads, the engine thread one of them; the pool
+     * started at the first step with two such rows), and for each logit row of a flight slot
+     * whether no token fitted its form */
     uint32_t *masks;
     int mask_cap;
     int *mask_row;              /* [max_logits] */
-    float *mask_x;              /* [vocab], zeros between masks; allocated at the first */
+    float *mask_x;              /* [mask_threads x vocab], zeros between masks; allocated at the first */
+    int mask_threads;
+    struct sf_cpu_pool *mask_pool;
     uint8_t *row_nofit;         /* [2 * max_logits] */
     sf_sample_lp *lp;           /* [2 * max_logits]: a flight slot's rows' log-probabilities drawn on the
                                  * backend (requests with logprobs) */
@@ -115,6 +119,7 @@ struct sf_engine {
     int serial;                 /* 1: deliver before planning the next step (SEMFLOW_ENGINE_OVERLAP=0) */
     int async;                  /* 1: async scheduling (the backend's draws deferred: sample_defer) */
     uint64_t n_async;           /* steps queued behind the step before them (async) */
+    uint64_t n_async_forms;     /* of them, with rows held to a form (masks made once the ids before came) */
     sf_flight fl;               /* the oldest step in flight: its ids are taken next */
     sf_flight fl2;              /* async: the step queued behind fl (launched before fl's ids came) */
     int next_slot;              /* the slot of the next step launched */
@@ -129,6 +134,7 @@ struct sf_engine {
     int n_taken;
     double t_ids;               /* when the device ran out of work in the step taken this turn: its
                                  * ids arrived, or its launch returned after the step (0: none) */
+    double t_took;              /* when the wait for those ids returned */
 
     /* JSON mode's token texts: built by the first submit that asks for JSON (under jv_mu), read
      * by the engine thread for requests submitted after that */

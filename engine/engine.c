@@ -15,7 +15,9 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "kernels/cpu/cpu.h"
 #include "tokenizer.h"
 
 #define CPU_KV_CAP_BYTES (4ull << 30) /* the CPU backend's KV pool at most (host RAM is shared) */
@@ -205,6 +207,8 @@ static void update_stats(sf_engine *e)
     e->st.overlapped = !e->serial;
     e->st.async = e->async;
     e->st.async_steps = e->n_async;
+    e->st.async_form_steps = e->n_async_forms;
+    e->st.mask_threads = e->mask_pool ? e->mask_threads : 1;
     sf_backend_stats bs;
     if (sf_backend_cuda_stats(e->be, &bs) == SF_OK) {
         e->st.graphs_captured = bs.graphs_captured;
@@ -467,6 +471,11 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     /* the backend scores prompt positions unless $SEMFLOW_ENGINE_HOST_SCORE=1 (a comparison) */
     e->dev_score = sf_forward_can_score(e->fwd) && !sf_env_bool("SEMFLOW_ENGINE_HOST_SCORE", 0);
     e->src_row = malloc((size_t)c->max_batched_tokens * sizeof *e->src_row);
+    {
+        /* the forms' mask threads: half the online cores, at most 8, unless asked */
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN), def = c->mask_threads > 0 ? c->mask_threads : SF_MIN(8, ncpu / 2);
+        e->mask_threads = (int)sf_env_long("SEMFLOW_MASK_THREADS", SF_MAX(1, def), 1, 64);
+    }
     e->victims = malloc(2 * (size_t)c->max_num_seqs * sizeof *e->victims);
     e->taken = malloc((size_t)c->max_logits * sizeof *e->taken); /* a row yields at most one token */
     e->spec_seqs = malloc((size_t)c->max_num_seqs * sizeof *e->spec_seqs);
@@ -548,6 +557,7 @@ void sf_engine_free(sf_engine *e)
     free(e->lp);
     free(e->masks);
     free(e->mask_x);
+    sf_cpu_pool_free(e->mask_pool);
     free(e->sc_target);
     free(e->sc_rank);
     free(e->sc_lp);

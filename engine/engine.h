@@ -191,6 +191,11 @@ typedef struct sf_engine_config {
      * the output is the one without drafts; while at most spec_max_batch sequences run.
      * spec_tokens 0 (default): off. Defaults 2, 4, 8. docs/ENGINE.md */
     int spec_tokens, spec_ngram_min, spec_ngram_max, spec_max_batch; /* spec_tokens <= SF_SPEC_MAX_TOKENS */
+    /* Threads that make the allow masks of a step's rows held to a form (JSON, schemas, patterns,
+     * choices), while the device runs the step's forward pass: 0 (default) half the online cores,
+     * at most 8 ($SEMFLOW_MASK_THREADS overrides it); 1: the engine thread alone. Started at the
+     * first step with two or more such rows. */
+    int mask_threads;
 } sf_engine_config;
 void sf_engine_config_default(sf_engine_config *c);
 
@@ -284,6 +289,9 @@ typedef struct sf_engine_stats {
     int overlapped;
     int async;                /* 1: async scheduling ran (sf_engine_config.async_steps) */
     uint64_t async_steps;     /* steps queued before the ids of the step before them reached the host */
+    uint64_t async_form_steps; /* of them, steps with rows held to a form: the forward pass queued ahead,
+                                * the draw once the ids before it came and the masks were made */
+    int mask_threads;         /* threads making the forms' masks (1 until a step with two such rows) */
     /* CUDA: the device's idle time between a step's ids copied back and the next step's first
      * work, on the device's clock (sf_backend_stats), summed over dev_idle_n steps */
     double dev_idle_s;

@@ -354,7 +354,7 @@ int sf_request_take(sf_request *r, int32_t id)
 int sf_request_may_place(const sf_request *r)
 {
     return !r->placed && !r->sp.prompt_only && r->n_out + 1 < r->max_out && r->seq.n_tokens + 1 < r->seq.max_len && !r->ss.counts &&
-           r->n_out >= r->sp.min_tokens && !r->sp.json;
+           r->n_out >= r->sp.min_tokens;
 }
 
 int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top)

@@ -78,8 +78,8 @@ void sf_request_score(sf_request *r, int pos, const float *row, int vocab);
 void sf_request_score_put(sf_request *r, int pos, float lp, int32_t rank, const int32_t *top_id, const float *top_lp,
                           int k);
 /* Async scheduling: whether r may be planned before its next id is known, with a stand-in for
- * it: the id cannot decide r's length (max_tokens, context), its draw's penalties nor a form's
- * mask. */
+ * it: the id cannot decide r's length (max_tokens, context) nor its draw's penalties (a form's
+ * mask is computed once the id is in: step.c, form_masks). */
 int sf_request_may_place(const sf_request *r);
 int sf_request_deliver(sf_request *r, int32_t id, int end, float logprob, const sf_logprob *top, int n_top);
 

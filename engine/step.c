@@ -24,19 +24,26 @@
  * N's plan is committed first; each sequence that N draws for gets a stand-in token (its
  * request's `placed`) so the scheduler plans its decode, and N+1's batch takes that token from
  * N's draw on the backend (sf_batch.src_row). Sequences whose next id cannot be stood in for
- * (it decides their length, it feeds their penalties, they want logprobs) are left out of N+1
- * and planned again once taken. When N's ids come, the stand-ins become the ids; a sequence that
- * they end is removed (its row of N+1 is dropped, as above). A plan that swaps, or finds a
- * sequence stuck, waits for N's ids before it runs (swaps move blocks N may still write).
+ * (it decides their length, or it feeds their penalties) are left out of N+1 and planned again
+ * once taken. When N's ids come, the stand-ins become the ids; a sequence that they end is
+ * removed (its row of N+1 is dropped, as above). A plan that swaps, or finds a sequence stuck,
+ * waits for N's ids before it runs (swaps move blocks N may still write). When N+1 has rows held
+ * to a form, whose masks follow from N's ids, its forward pass is queued ahead and its launch
+ * then takes N's ids and makes the masks before it queues N+1's draw (form_masks):
+ *
+ *     plan N+1, queue its forward pass ─ wait for N's ids ─ take ─ masks ─ queue N+1's draw ─ deliver N
+ *     └──────── the device runs N, then N+1's forward pass, then its draw ─────────────────────────────┘
  *
  * Swaps, preemption and stuck sequences are otherwise planned with no step in flight: a step is
  * launched only after the ids of the one before it were taken. */
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine-impl.h"
+#include "kernels/cpu/cpu.h"
 #include "sampler.h"
 
 void sf_engine_forget(sf_engine *e, sf_request *r)
@@ -195,6 +202,7 @@ static void step_failed(sf_engine *e, int rc, const sf_error *err, int n_tokens,
     sf_kv_prefix_reset(&e->pool); /* blocks registered at the failed step's commit may not hold their K/V */
 }
 
+static int take_rows(sf_engine *e, sf_turn_clock *tc);
 static int step_take(sf_engine *e, sf_turn_clock *tc);
 
 /* ---- speculative decoding by n-gram lookup (sf_engine_config.spec_tokens) -------------------- */
@@ -300,7 +308,7 @@ static int may_plan_ahead(const sf_engine *e)
 {
     /* not behind a step whose rows the backend scores: its logits are read at its take */
     return e->async && e->fl.active && e->fl.on_dev && !e->fl2.active && !e->fl.committed && !e->fl.n_scored &&
-           !e->fl.n_spec && !e->fl.n_forms && !(spec_on(e) && !e->spec_quiet);
+           !e->fl.n_spec && !(spec_on(e) && !e->spec_quiet);
 }
 
 /* Async scheduling: commit the plan of the step in flight and give each sequence it draws for
@@ -351,67 +359,93 @@ static int tp_host_drawn(const sf_engine *e, const sf_plan *p)
     return 0;
 }
 
-/* Whether a row of plan p draws for a request held to a form: its mask follows from the ids
- * before it, so such a step is not planned behind a draw still in flight. */
-static int plan_has_forms(const sf_plan *p)
-{
-    for (int i = 0; i < p->n_items; i++)
-        if (p->items[i].seq && p->items[i].logits && ((const sf_request *)p->items[i].seq->owner)->sp.json) return 1;
-    return 0;
-}
-
-/* Logit row k of the step being launched draws for r, held to a form, on the backend: the mask
- * of the tokens that can come next (sf_json_mask on a row of zeros, engine->mask_x, left zero
- * again) becomes its allow mask (engine->masks[*n_masks], its row noted in mask_row), or, when
- * none can, the row draws unmasked and is taken as ending the request (nofit). 0: out of
- * memory. */
-static int form_mask(sf_engine *e, sf_request *r, int k, int *n_masks, uint8_t *nofit)
-{
-    const int words = (e->vocab + 31) / 32;
-    float *x = e->mask_x;
-    if (!x && !(x = e->mask_x = calloc((size_t)e->vocab, sizeof *x))) return 0;
-    const int fits = sf_json_mask(&r->json, e->jv, x);
-    uint32_t *m = NULL;
-    if (fits > 0 && sf_grow((void **)&e->masks, &e->mask_cap, *n_masks + 1, (size_t)words * sizeof *e->masks))
-        m = e->masks + (size_t)*n_masks * words;
-    for (int w = 0; w < words; w++) { /* one pass: the bits out, the row back to zeros */
-        uint32_t bits = 0;
-        for (int b = 0, i = w * 32; b < 32 && i < e->vocab; b++, i++) {
-            bits |= (uint32_t)(x[i] != -INFINITY) << b;
-            x[i] = 0.0f;
-        }
-        if (m) m[w] = bits;
-    }
-    if (fits <= 0) {
-        nofit[k] = 1;
-        return 1;
-    }
-    if (!m) return 0;
-    e->mask_row[(*n_masks)++] = k;
-    return 1;
-}
-
 /* The forms' masks of a step being launched (sf_forward_sample.prepare), computed while the
  * device runs its forward pass: each row k < k_draw that draws for a request held to a form
- * gets its allow mask (form_mask). Out of memory: SF_EUNSUPPORTED, the step's rows drawn here. */
+ * gets its allow mask, the tokens that can come next (sf_json_mask on a row of zeros, left zero
+ * again), or, when none can, draws unmasked and is taken as ending the request (nofit). The
+ * rows are shared out over the mask threads (e->mask_pool, the engine thread one of them).
+ * Out of memory: SF_EUNSUPPORTED, the step's rows drawn here.
+ * A step launched ahead (async) first takes the ids of the step in flight (take_rows): a form's
+ * mask follows from the id before it, which the stand-in this step was planned with stood for;
+ * the device runs this step's forward pass meanwhile, and only the draw waits. A take that
+ * fails (every request in either step was failed) gives SF_ECANCELED. */
 typedef struct masks_job {
     sf_engine *e;
+    sf_turn_clock *tc;
     sf_seq **rows;
     int k_draw;
     uint8_t *nofit;
+    int take_first;             /* ahead: take the step in flight's ids first */
+    int take_failed;
+    double s;                   /* seconds it took (the backend's enqueue time less them) */
+    int n;                      /* rows with a form: e->mask_row[0, n) */
+    _Atomic int next;           /* the next of them a thread takes */
 } masks_job;
+
+/* One mask thread's share: the rows it takes in turn, each mask at its row's index. */
+static void masks_share(void *arg, int ith, int nth)
+{
+    (void)nth;
+    masks_job *j = arg;
+    sf_engine *e = j->e;
+    const int words = (e->vocab + 31) / 32;
+    float *x = e->mask_x + (size_t)ith * e->vocab;
+    for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;) {
+        const int k = e->mask_row[i];
+        const sf_request *r = j->rows[k]->owner;
+        const int fits = sf_json_mask(&r->json, e->jv, x);
+        uint32_t *m = e->masks + (size_t)i * words;
+        for (int w = 0; w < words; w++) { /* one pass: the bits out, the row back to zeros */
+            uint32_t bits = 0;
+            for (int b = 0, v = w * 32; b < 32 && v < e->vocab; b++, v++) {
+                bits |= (uint32_t)(x[v] != -INFINITY) << b;
+                x[v] = 0.0f;
+            }
+            m[w] = bits;
+        }
+        j->nofit[k] = fits <= 0;
+    }
+}
 
 static int form_masks(void *arg)
 {
-    const masks_job *j = arg;
+    masks_job *j = arg;
     sf_engine *e = j->e;
-    int n_masks = 0;
-    for (int k = 0; k < j->k_draw; k++) {
-        sf_request *r = j->rows[k]->owner;
-        if (r->sp.json && !form_mask(e, r, k, &n_masks, j->nofit)) return SF_EUNSUPPORTED;
+    const double t0 = sf_now_s();
+    const int words = (e->vocab + 31) / 32;
+    if (j->take_first) {
+        if (!take_rows(e, j->tc)) {
+            j->take_failed = 1;
+            return SF_ECANCELED;
+        }
+        e->n_async_forms++;
     }
-    for (int m = 0; m < n_masks; m++) /* now that the masks have stopped moving */
-        e->rows[e->mask_row[m]].allow = e->masks + (size_t)m * ((e->vocab + 31) / 32);
+    j->n = 0;
+    for (int k = 0; k < j->k_draw; k++) {
+        const sf_request *r = j->rows[k] ? j->rows[k]->owner : NULL; /* NULL: failed or freed since the plan */
+        if (r && r->sp.json) e->mask_row[j->n++] = k;
+    }
+    if (j->n > 1 && e->mask_threads > 1 && !e->mask_pool) { /* the first step with two: start the threads */
+        sf_error err = { 0 };
+        float *x = calloc((size_t)e->mask_threads * e->vocab, sizeof *x);
+        if (!x || sf_cpu_pool_new(e->mask_threads, &e->mask_pool, &err) != SF_OK) {
+            SF_LOGW("engine: the forms' mask threads: %s; making masks on the engine thread",
+                    x ? err.msg : "out of memory");
+            free(x);
+            e->mask_threads = 1;
+        } else {
+            free(e->mask_x);
+            e->mask_x = x;
+        }
+    }
+    if (!e->mask_x && !(e->mask_x = calloc((size_t)(e->mask_pool ? e->mask_threads : 1) * e->vocab, sizeof *e->mask_x)))
+        return SF_EUNSUPPORTED;
+    if (!sf_grow((void **)&e->masks, &e->mask_cap, j->n, (size_t)words * sizeof *e->masks)) return SF_EUNSUPPORTED;
+    atomic_store_explicit(&j->next, 0, memory_order_relaxed);
+    sf_cpu_pool_run(j->n > 1 ? e->mask_pool : NULL, masks_share, j);
+    for (int i = 0; i < j->n; i++)
+        if (!j->nofit[e->mask_row[i]]) e->rows[e->mask_row[i]].allow = e->masks + (size_t)i * words;
+    j->s = sf_now_s() - t0;
     return SF_OK;
 }
 
@@ -431,11 +465,10 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     else spec_propose(e); /* drafts for the plan to compute */
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
     const int n_spec = spec_planned(e, !ahead);
-    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p) || plan_has_forms(p))) {
+    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p))) {
         /* swaps move blocks the step in flight may still write, a stuck sequence's last token
-         * is still to come, under tensor parallelism a step drawn on the host cannot take
-         * tokens from a draw, and a form's mask needs the ids before it: take the step's ids
-         * first (the stand-ins become ids) */
+         * is still to come, and under tensor parallelism a step drawn on the host cannot take
+         * tokens from a draw: take the step's ids first (the stand-ins become ids) */
         double tw = sf_now_s();
         tc->plan += tw - t0;
         *took = step_take(e, tc);
@@ -517,7 +550,6 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     b.n_scored = f->n_scored;
     if ((k > k_draw && !f->n_scored) || n_spec) on_dev = 0; /* drafts are checked against host draws */
     f->k = k;
-    f->n_forms = n_forms;
     f->n_tokens = b.n_tokens;
     f->n_decode = p->n_decode;
     f->n_prefill = p->n_prefill;
@@ -525,14 +557,18 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     f->active = 1; /* its rows are known now: a request freed from here on is forgotten in them */
     double t2 = sf_now_s();
     tc->batch += t2 - t1;
+    const double w0 = tc->wait + tc->take; /* a take inside the launch (form_masks) is not launch time */
+    double prep_s = 0;
     int rc;
     if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
     else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
-        masks_job mj = { e, rows, k_draw, nofit };
+        masks_job mj = { .e = e, .tc = tc, .rows = rows, .k_draw = k_draw, .nofit = nofit, .take_first = ahead };
         sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = ids,
                                   .lp = n_lp ? e->lp + (size_t)f->slot * e->cfg.max_logits : NULL,
                                   .prepare = n_forms ? form_masks : NULL, .prepare_arg = &mj };
         rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
+        if (mj.take_failed) return 0; /* the step in flight failed: this one's requests went with it */
+        prep_s = mj.s;
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
             rc = sf_forward_read_logits(e->fwd, k_draw, e->logits, &err);
@@ -544,7 +580,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         /* the device's work was all queued at t_enq; after it the launch waited (TP: the
          * logits' gather; host sampling: the copy of the logits) */
         t_enq = bs.last_step_enqueued_s;
-        tc->enqueue += bs.last_step_host_us * 1e-6;
+        tc->enqueue += SF_MAX(0.0, bs.last_step_host_us * 1e-6 - prep_s); /* the masks are not the backend's */
         /* a launch that waited for its step (host sampling, or a gather that waits) leaves the
          * device with at most the draw from t3: its idle gap starts there, not at the ids, and
          * the launch's time after t_enq was a wait; otherwise that time queued the gather and
@@ -554,7 +590,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
             tc->wait += t3 - t_enq;
         }
     }
-    tc->launch += t3 - t2;
+    tc->launch += t3 - t2 - (tc->wait + tc->take - w0);
     if (e->tp) tc->send += sf_tp_last_send_s(e->tp);
     f->t_enq = t_enq;
     if (!ahead && e->t_ids > 0) tc->exposed += t_enq - e->t_ids;
@@ -653,19 +689,22 @@ static void spec_verify(sf_engine *e, const sf_flight *f, sf_seq *q)
     sf_sched_rewind(&e->sched, q, c + taken);
 }
 
-/* Wait for the ids of the oldest step in flight and take them. Returns 1 when a step was taken. */
-static int step_take(sf_engine *e, sf_turn_clock *tc)
+/* Wait for the ids of the oldest step in flight and take its rows. Returns 1 when they were
+ * taken; 0: the step failed (every request in it, or in the step queued or planned behind it,
+ * was failed). */
+static int take_rows(sf_engine *e, sf_turn_clock *tc)
 {
     sf_error err = { 0 };
     sf_flight *f = &e->fl;
     double t0 = sf_now_s();
     int rc = wait_ids(e, f, &err);
+    f->queued = 0; /* its draw taken, or failed */
     double t1 = sf_now_s();
     tc->wait += t1 - t0;
     e->t_ids = f->t_done > 0 && f->t_done < t1 ? f->t_done : t1;
+    e->t_took = t1;
     if (rc == SF_OK && f->n_scored) rc = score_rows(e, f, &err);
     if (rc != SF_OK) {
-        f->queued = 0;
         step_failed(e, rc, &err, f->n_tokens, tc);
         return 0;
     }
@@ -697,11 +736,23 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
         if (rows[j] && rows[j]->n_draft) spec_verify(e, f, rows[j]);
     sf_sched_observe(&e->sched, f->n_tokens, f->n_decode, (t1 - f->t_ready) * 1e3);
     if (e->trace) trace_step(e, f);
-    /* the step queued behind it becomes the oldest; it could start once these ids were in */
+    f->taken = 1;
+    tc->take += sf_now_s() - t1;
+    return 1;
+}
+
+/* Take the oldest step in flight (its rows, unless the launch behind it took them already) and
+ * make the step queued behind it the oldest. Returns 1 when a step was taken. */
+static int step_take(sf_engine *e, sf_turn_clock *tc)
+{
+    if (!e->fl.taken && !take_rows(e, tc)) return 0;
+    const double t1 = sf_now_s();
+    /* the step queued behind it becomes the oldest; it could start once these ids were in (its
+     * draw, when it waited for them in its launch, counts from them to its queueing as exposed) */
     e->fl = e->fl2;
     e->fl2.active = 0;
     if (e->fl.active) {
-        e->fl.t_ready = SF_MAX(e->fl.t_ready, t1);
+        e->fl.t_ready = SF_MAX(e->fl.t_ready, e->t_took);
         tc->exposed += SF_MAX(0.0, e->fl.t_enq - e->t_ids);
     }
     tc->take += sf_now_s() - t1;

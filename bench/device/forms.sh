@@ -32,11 +32,13 @@ run() { # NAME SAMPLING FLAG VALUE: one run and its table line
         echo "forms: $3 $4, sampling on the $2: exit $rc ($(tail -1 "$f.err"))"
         return
     fi
-    printf '%-16s %-8s %14s %14s %10s %s / %s\n' "$3 $4" "$2" "$(field "$f" output_tokens_per_s)" \
+    printf '%-16s %-8s %14s %14s %10s %9s / %-9s %5s / %-5s %s\n' "$3 $4" "$2" "$(field "$f" output_tokens_per_s)" \
         "$(field "$f" decode_step_ms)" "$(field "$f" json_requests)" "$(field "$f" rows_sampled_backend)" \
-        "$(field "$f" rows_sampled_host)"
+        "$(field "$f" rows_sampled_host)" "$(field "$f" async_form_steps)" "$(field "$f" async_steps)" \
+        "$(field "$f" mask_threads)"
 }
-printf '%-16s %-8s %14s %14s %10s %s\n' requests sampling "out tokens/s" "decode step ms" "json reqs" "rows (backend / host)"
+printf '%-16s %-8s %14s %14s %10s %s  %s  %s\n' requests sampling "out tokens/s" "decode step ms" "json reqs" \
+    "rows (backend / host)" "ahead (forms / all)" "mask threads"
 for r in $RATIOS; do
     for s in $SAMPLING; do
         [ "$r" = 0 ] && [ "$s" = host ] && continue

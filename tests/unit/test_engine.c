@@ -39,6 +39,7 @@ static sf_engine *open_engine(const char *model, int max_seqs, int budget, int m
     c.prefix_caching = prefix_caching;
     c.spec_tokens = spec_tokens;
     c.host_sampling = host_sampling;
+    c.mask_threads = 3; /* forms' masks shared out over threads, as on a GPU host */
     sf_engine *e = NULL;
     if (sf_engine_new(&c, &e, err) != SF_OK) return NULL;
     return e;
@@ -640,7 +641,7 @@ static void spec_equals_plain(int kv_blocks, int together)
 /* n requests (sp[i]) on one prompt, twice: drawn by the backend's sampler (out[0 .. n)) and on
  * the host path, every row copied and drawn there (out[n .. 2n)). Checks that each pass drew
  * where it should; returns the rows the first drew on the backend. */
-static uint64_t both_paths(const sf_sampling *sp, int n, collect *out)
+static uint64_t both_paths(const sf_sampling *sp, int n, collect *out, sf_engine_stats *dev_st)
 {
     sf_error err = { 0 };
     int32_t prompt[64];
@@ -664,6 +665,7 @@ static uint64_t both_paths(const sf_sampling *sp, int n, collect *out)
         wait_idle(e, &st);
         host_rows[pass] = st.rows_sampled_host;
         dev_rows[pass] = st.rows_sampled_backend;
+        if (!pass) *dev_st = st;
         sf_engine_free(e);
     }
     CHECK_MSG(host_rows[0] == 0 && dev_rows[0] > 0, "backend pass: %llu rows on the host, %llu on the backend",
@@ -699,7 +701,8 @@ TEST(forms_on_the_backend_equal_the_host)
         if (forms[i].t > 0) sp[i].temperature = forms[i].t, sp[i].seed = 11 + (uint64_t)i, sp[i].has_seed = 1;
         if (i == 1) sp[i].frequency_penalty = 0.4f;
     }
-    const uint64_t dev_rows = both_paths(sp, N, out);
+    sf_engine_stats st;
+    const uint64_t dev_rows = both_paths(sp, N, out, &st);
     int same = 0;
     for (int i = 0; i < (int)N; i++) {
         const collect *a = &out[i], *b = &out[N + i];
@@ -711,7 +714,13 @@ TEST(forms_on_the_backend_equal_the_host)
         same += ok;
     }
     CHECK_MSG(same == (int)N, "%d of %d requests the same on both paths", same, (int)N);
-    printf("  %llu rows drawn on the backend, with the forms' masks\n", (unsigned long long)dev_rows);
+    /* async scheduling planned the forms' steps ahead: forward pass queued, masks after the ids */
+    CHECK_MSG(st.async && st.async_form_steps > 0, "async %d, %llu of %llu steps ahead with forms' rows", st.async,
+              (unsigned long long)st.async_form_steps, (unsigned long long)st.async_steps);
+    CHECK_MSG(st.mask_threads == 3, "the masks made on %d threads, 3 asked", st.mask_threads);
+    printf("  %llu rows drawn on the backend, with the forms' masks (%d threads); %llu of %llu steps queued ahead had "
+           "forms' rows\n", (unsigned long long)dev_rows, st.mask_threads, (unsigned long long)st.async_form_steps,
+           (unsigned long long)st.async_steps);
 }
 
 /* Requests with logprobs draw on the backend's sampler and get their log-probabilities back
@@ -739,7 +748,8 @@ TEST(logprobs_on_the_backend_equal_the_host)
         sp[i].frequency_penalty = reqs[i].fpen;
         if (i == 7) sp[i].bias = bias, sp[i].n_bias = 1;
     }
-    const uint64_t dev_rows = both_paths(sp, N, out);
+    sf_engine_stats st;
+    const uint64_t dev_rows = both_paths(sp, N, out, &st);
     int same = 0, tops = 0;
     double worst = 0;
     for (int i = 0; i < (int)N; i++) {

@@ -5,7 +5,9 @@
  * max_tokens, more of them than seats, submitted at once, must get exactly the same tokens,
  * text and finish reasons in every loop — with a roomy KV pool and with one so small that
  * sequences are preempted; the serial run warms up first (one decode step per batch size, as
- * on CUDA), which must change nothing. Requests that cancel themselves mid-run (a client that
+ * on CUDA), which must change nothing. Some requests are held to a form (JSON mode, a pattern):
+ * async scheduling queues their steps' forward passes ahead and makes their masks once the ids
+ * before them are in. Requests that cancel themselves mid-run (a client that
  * disconnects) end cancelled in every loop with a prefix of the same tokens. And the loop's
  * clocks add up: the phases of a decode turn fit in its wall time. */
 #include <pthread.h>
@@ -42,6 +44,12 @@ static sf_sampling sampling_of(int i, int plain)
     if (i % 8 == 5) sp.repetition_penalty = 1.2f;
     if (i % 9 == 6 && !plain) sp.logprobs = 2; /* its steps are sampled on the host */
     if (i % 2 == 0) sp.ignore_eos = 1;
+    if (i % 8 == 7) sp.json = 1, sp.ignore_eos = 0; /* a form: JSON mode (7 also cancels itself) */
+    if (i % 12 == 10) { /* a form: a pattern */
+        static const char pat[] = "[A-Z][a-z]+( [a-z]+){1,6}\\.";
+        sp.json = sp.regex = 1, sp.ignore_eos = 0;
+        sp.schema = pat, sp.schema_len = sizeof pat - 1;
+    }
     if (i % 4 == 1) sp.stop[sp.n_stop++] = s_dot;
     if (i % 5 == 2) sp.stop[sp.n_stop++] = s_the;
     if (i % 6 == 3) sp.stop[sp.n_stop++] = s_lily, sp.stop[sp.n_stop++] = s_zz;
@@ -66,6 +74,7 @@ static int run_all(int mode, int kv_blocks, int plain, collect *res, sf_engine_s
     c.num_kv_blocks = kv_blocks;
     c.serial_steps = mode == SERIAL;
     c.async_steps = mode == ASYNC;
+    c.mask_threads = mode == SERIAL ? 1 : 3; /* the forms' masks on the engine thread, or shared out */
     sf_engine *e = NULL;
     int rc = sf_engine_new(&c, &e, err);
     if (rc) return rc;
@@ -130,7 +139,7 @@ static void loop_equals_serial(int mode, int kv_blocks, int plain)
     REQUIRE(rc == SF_OK, "serial run: %s", err.msg);
     REQUIRE(run_all(mode, kv_blocks, plain, oth, &st_o, &err) == SF_OK, "%s run: %s", mode_name[mode], err.msg);
     CHECK(!st_s.overlapped && st_o.overlapped && !st_s.async && st_o.async == (mode == ASYNC));
-    int same = 0, stops = 0, eos = 0, lengths = 0, cancels = 0;
+    int same = 0, stops = 0, eos = 0, lengths = 0, cancels = 0, forms = 0;
     for (int i = 0; i < N_REQ; i++) {
         const collect *a = &ser[i], *b = &oth[i];
         int eq = same_result(i, a, b);
@@ -144,14 +153,18 @@ static void loop_equals_serial(int mode, int kv_blocks, int plain)
         eos += a->finish == SF_FINISH_STOP;
         lengths += a->finish == SF_FINISH_LENGTH;
         cancels += a->finish == SF_FINISH_CANCELLED;
+        forms += sampling_of(i, plain).json && a->n_tokens > 1;
     }
     CHECK_MSG(same == N_REQ, "%d of %d requests got the same tokens in both loops", same, N_REQ);
     /* the mix exercised what it is meant to: stops (strings, EOS or a stop id), lengths and cancels */
-    printf("      mix: %d stopped (%d of them by EOS or a stop id), %d at max_tokens, %d cancelled; preemptions %llu / %llu; "
-           "steps queued ahead %llu\n", eos, stops, lengths, cancels, (unsigned long long)st_s.preemptions,
-           (unsigned long long)st_o.preemptions, (unsigned long long)st_o.async_steps);
-    CHECK_MSG(stops > 0 && lengths > 0 && cancels > 0, "%d stopped, %d at max_tokens (%d by EOS), %d cancelled", eos,
-              lengths, stops, cancels);
+    printf("      mix: %d stopped (%d of them by EOS or a stop id), %d at max_tokens, %d cancelled, %d held to forms; "
+           "preemptions %llu / %llu; steps queued ahead %llu (%llu with forms' rows)\n", eos, stops, lengths, cancels,
+           forms, (unsigned long long)st_s.preemptions, (unsigned long long)st_o.preemptions,
+           (unsigned long long)st_o.async_steps, (unsigned long long)st_o.async_form_steps);
+    CHECK_MSG(stops > 0 && lengths > 0 && cancels > 0 && forms > 0,
+              "%d stopped, %d at max_tokens (%d by EOS), %d cancelled, %d held to forms", eos, lengths, stops, cancels, forms);
+    CHECK_MSG(mode != ASYNC || st_o.async_form_steps > 0, "no step with forms' rows queued ahead (of %llu)",
+              (unsigned long long)st_o.async_steps);
     CHECK_MSG(!kv_blocks || (st_s.preemptions > 0 && st_o.preemptions > 0), "no preemption with %d KV blocks: %llu / %llu",
               kv_blocks, (unsigned long long)st_s.preemptions, (unsigned long long)st_o.preemptions);
     /* async scheduling ran: most decode steps (every one, bar the first of each batch, when no
