@@ -171,8 +171,8 @@ typedef struct sf_engine_config {
     double (*pcie_contention)(void *arg, int device);
     void *pcie_contention_arg;
     int host_sampling;        /* 1: always copy the logits and sample on the host (comparisons);
-                               * 0: sample on the backend when it can (logprobs and forms included;
-                               * under tensor parallelism a step with either is drawn on the host) */
+                               * 0: sample on the backend when it can (logprobs and forms included,
+                               * under tensor parallelism too) */
     int serial_steps;         /* 1: deliver a step's tokens before launching the next (the serial loop;
                                * also $SEMFLOW_ENGINE_OVERLAP=0); 0 (default): launch the next step
                                * first and deliver while the device runs it (docs/ENGINE.md) */

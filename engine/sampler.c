@@ -107,8 +107,6 @@ void sf_sampler_accept(sf_sampler_seq *s, int32_t id)
     s->counts[id]++;
 }
 
-int sf_sampler_needs_logits(const sf_sampling *p) { return p->logprobs != 0 || p->json; }
-
 void sf_sampler_lp_out(const sf_sample_lp *lp, const sf_sampling *p, float *logprob, sf_logprob *top, int *n_top)
 {
     if (logprob) *logprob = lp->lp;

@@ -53,13 +53,6 @@ int32_t sf_sample(const sf_sampling *p, sf_sampler_seq *s, float *logits, int vo
 int sf_sampler_row(const sf_sampling *p, const sf_sampler_seq *s, sf_sample_row *row, sf_sample_pen **pen,
                    int *n_pen, int *cap_pen);
 
-/* 1 when this request's rows are drawn on the host under tensor parallelism (tp.c's followers
- * take those tokens from the host): it wants logprobs, or it is held to a form (JSON, a schema,
- * a pattern, a grammar, a choice). Without TP both draw on the backend's sampler (engine/
- * step.c): logprobs come back with the ids (sf_sample_row.logprobs), a form's mask goes with
- * its row (sf_sample_row.allow). */
-int sf_sampler_needs_logits(const sf_sampling *p);
-
 /* A row's sf_sample_lp (the backend's, or sf_sample's) as the request reports it: the drawn
  * id's log-probability, and its top alternatives when p->logprobs > 0 (n_top NULL: none). */
 void sf_sampler_lp_out(const sf_sample_lp *lp, const sf_sampling *p, float *logprob, sf_logprob *top, int *n_top);

@@ -345,16 +345,16 @@ static void src_rows(sf_engine *e, const sf_plan *p, sf_batch *b)
     b->src_row = any ? e->src_row : NULL;
 }
 
-/* Tensor parallelism: a step whose rows are drawn on the host (a request wants logprobs or JSON
- * output, or a prompt scored) cannot take tokens from the draw in flight: the followers take
- * such tokens only in steps they draw for too (tp.c). */
-static int tp_host_drawn(const sf_engine *e, const sf_plan *p)
+/* Tensor parallelism: a step that scores prompt positions (read and scored on the host, a step
+ * the followers do not draw, and such a step cannot take tokens from the draw in flight: tp.c)
+ * or draws for a form (its masks go to the followers with the step's plan, so they are made
+ * before it is sent, from the ids before them) is planned once the ids in flight are taken. */
+static int tp_takes_first(const sf_engine *e, const sf_plan *p)
 {
     if (!e->tp) return 0;
     for (int i = 0; i < p->n_items; i++) {
         const sf_plan_item *it = &p->items[i];
-        if (it->seq && (it->n_score || (it->logits && sf_sampler_needs_logits(&((sf_request *)it->seq->owner)->sp))))
-            return 1;
+        if (it->seq && (it->n_score || (it->logits && ((const sf_request *)it->seq->owner)->sp.json))) return 1;
     }
     return 0;
 }
@@ -465,10 +465,11 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     else spec_propose(e); /* drafts for the plan to compute */
     const sf_plan *p = sf_sched_plan_at(&e->sched, t0);
     const int n_spec = spec_planned(e, !ahead);
-    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_host_drawn(e, p))) {
+    if (ahead && (p->n_stuck || p->n_swap_out || p->n_swap_in || tp_takes_first(e, p))) {
         /* swaps move blocks the step in flight may still write, a stuck sequence's last token
-         * is still to come, and under tensor parallelism a step drawn on the host cannot take
-         * tokens from a draw: take the step's ids first (the stand-ins become ids) */
+         * is still to come, and under tensor parallelism a step the followers do not draw cannot
+         * take tokens from a draw, nor can a form's masks be sent before the ids they follow:
+         * take the step's ids first (the stand-ins become ids) */
         double tw = sf_now_s();
         tc->plan += tw - t0;
         *took = step_take(e, tc);
@@ -524,10 +525,8 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         rows[k] = it->seq;
         nofit[k] = 0;
         /* a request held to a form draws on the backend with its mask, one with logprobs gets
-         * them with its id (neither under tensor parallelism: tp.c's followers take such rows'
-         * tokens from the host) */
-        if (on_dev && ((e->tp && sf_sampler_needs_logits(&r->sp)) ||
-                       sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK))
+         * them with its id (under tensor parallelism too: tp.c sends the masks with the plan) */
+        if (on_dev && sf_sampler_row(&r->sp, &r->ss, &e->rows[k], &e->pen, &n_pen, &e->cap_pen) != SF_OK)
             on_dev = 0; /* the whole batch on the host */
         else if (on_dev && r->placed)
             e->rows[k].step++; /* its stand-in's draw comes first */
@@ -555,6 +554,10 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     f->n_prefill = p->n_prefill;
     f->decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
     f->active = 1; /* its rows are known now: a request freed from here on is forgotten in them */
+    masks_job mj = { .e = e, .tc = tc, .rows = rows, .k_draw = k_draw, .nofit = nofit, .take_first = ahead };
+    /* under tensor parallelism the masks go out with the step's plan: made before it (the ids
+     * they follow were taken: tp_takes_first); out of memory: the step drawn here */
+    if (on_dev && e->tp && n_forms && form_masks(&mj) != SF_OK) on_dev = 0;
     double t2 = sf_now_s();
     tc->batch += t2 - t1;
     const double w0 = tc->wait + tc->take; /* a take inside the launch (form_masks) is not launch time */
@@ -562,13 +565,12 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     int rc;
     if (e->tp && !on_dev) rc = sf_tp_step(e->tp, &b, e->logits, &err);
     else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
-        masks_job mj = { .e = e, .tc = tc, .rows = rows, .k_draw = k_draw, .nofit = nofit, .take_first = ahead };
         sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = ids,
                                   .lp = n_lp ? e->lp + (size_t)f->slot * e->cfg.max_logits : NULL,
-                                  .prepare = n_forms ? form_masks : NULL, .prepare_arg = &mj };
+                                  .prepare = n_forms && !e->tp ? form_masks : NULL, .prepare_arg = &mj };
         rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
         if (mj.take_failed) return 0; /* the step in flight failed: this one's requests went with it */
-        prep_s = mj.s;
+        prep_s = e->tp ? 0 : mj.s;
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
             rc = sf_forward_read_logits(e->fwd, k_draw, e->logits, &err);

@@ -5,7 +5,9 @@
  * the batch's int32 arrays back to back — tokens[T], pos[T], slot[T], seq_start[S+1],
  * seq_ctx[S], block_table[S*max_blocks], logit_rows[L] — then, with has_src, src_row[T], and
  * with draw, the sampler rows (sf_sample_row[L]) and penalty entries (sf_sample_pen[n_pen]) as
- * raw bytes. The follower waits for the header without a timeout (the server may be idle) but
+ * raw bytes, then the forms' allow masks: the row of each (int32[n_masks]) and the masks
+ * (uint32[n_masks x mask_words], vocab bits each; the rows' own pointers mean nothing on
+ * another rank, and rows asking for logprobs draw there without them). The follower waits for the header without a timeout (the server may be idle) but
  * notices a dead leader.
  *
  * Async scheduling (sf_tp_defer): rank 0 queues step N+1 before the ids of step N reach its
@@ -47,6 +49,8 @@ typedef struct tp_hdr {
     int32_t draw;       /* TP_STEP: every rank draws (async scheduling; n_pen penalty entries) */
     int32_t n_pen;
     int32_t has_src;    /* TP_STEP: the batch has src_row */
+    int32_t n_masks;    /* TP_STEP with draw: rows with a form's allow mask */
+    int32_t mask_words; /* their length, (vocab + 31) / 32 */
 } tp_hdr;
 
 struct sf_tp {
@@ -103,9 +107,12 @@ static size_t batch_ints(const tp_hdr *h)
     return (size_t)3 * h->T + (size_t)(h->S + 1) + h->S + (size_t)h->S * h->max_blocks + h->L;
 }
 
+static size_t masks_ints(const tp_hdr *h) { return (size_t)h->n_masks * (1 + (size_t)h->mask_words); }
+
 static size_t payload_ints(const tp_hdr *h)
 {
-    return batch_ints(h) + (h->has_src ? (size_t)h->T : 0) + (h->draw ? rows_ints(h->L) + pen_ints(h->n_pen) : 0);
+    return batch_ints(h) + (h->has_src ? (size_t)h->T : 0) +
+           (h->draw ? rows_ints(h->L) + pen_ints(h->n_pen) + masks_ints(h) : 0);
 }
 
 /* Points the batch's arrays into the payload. */
@@ -259,7 +266,8 @@ typedef struct fol_draws {
     int32_t *ring[2];
     sf_sample_row *rows;
     sf_sample_pen *pen;
-    size_t rows_cap, pen_cap;
+    uint32_t *masks;
+    size_t rows_cap, pen_cap, masks_cap;
 } fol_draws;
 
 static void fol_draws_free(fol_draws *d)
@@ -268,6 +276,7 @@ static void fol_draws_free(fol_draws *d)
     free(d->ring[1]);
     free(d->rows);
     free(d->pen);
+    free(d->masks);
 }
 
 /* The step as rank 0 runs it, drawing as rank 0 does (see the top): at most two draws queued. */
@@ -297,11 +306,31 @@ static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_b
         d->pen = q;
         d->pen_cap = (size_t)h->n_pen;
     }
+    const size_t n_mask_words = (size_t)h->n_masks * (size_t)h->mask_words;
+    if (n_mask_words > d->masks_cap) {
+        uint32_t *q = realloc(d->masks, n_mask_words * sizeof *q);
+        if (!q) return sf_err(err, SF_ENOMEM, "rank %d: out of memory for the forms' masks", o->rank);
+        d->masks = q;
+        d->masks_cap = n_mask_words;
+    }
     /* no penalty entries (or rows): nothing to copy, and d->pen may still be NULL (memcpy with a
      * null pointer is undefined even for 0 bytes; UBSan stops the rank there) */
     const int32_t *p = payload + batch_ints(h) + (h->has_src ? h->T : 0);
     if (h->L) memcpy(d->rows, p, (size_t)h->L * sizeof *d->rows);
     if (h->n_pen) memcpy(d->pen, p + rows_ints(h->L), (size_t)h->n_pen * sizeof *d->pen);
+    /* the rows' mask pointers are rank 0's: each row gets this rank's copy, or none; logprobs
+     * are rank 0's to report (the draw does not depend on them) */
+    for (int i = 0; i < h->L; i++) {
+        d->rows[i].allow = NULL;
+        d->rows[i].logprobs = 0;
+    }
+    const int32_t *mrow = p + rows_ints(h->L) + pen_ints(h->n_pen);
+    if (n_mask_words) memcpy(d->masks, mrow + h->n_masks, n_mask_words * sizeof *d->masks);
+    for (int m = 0; m < h->n_masks; m++) {
+        if (mrow[m] < 0 || mrow[m] >= h->L)
+            return sf_err(err, SF_EFORMAT, "rank %d: a form's mask for row %d of %d", o->rank, mrow[m], h->L);
+        d->rows[mrow[m]].allow = d->masks + (size_t)m * h->mask_words;
+    }
     if (d->queued == 2) { /* the oldest first: the backend keeps two */
         if ((rc = sf_forward_take(t->fwd, err))) return rc;
         d->queued--;
@@ -366,7 +395,8 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             if ((rc = t.comm->ops->barrier(t.comm, err))) goto out;
             continue;
         }
-        if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || h.n_pen < 0 ||
+        if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || h.n_pen < 0 || h.n_masks < 0 ||
+            h.n_masks > h.L || (h.n_masks && h.mask_words != (t.shard.m.cfg.vocab_size + 31) / 32) ||
             (h.has_src && !h.draw) || payload_ints(&h) != h.payload) {
             rc = sf_err(err, SF_EFORMAT, "rank %d: malformed step plan (command %d, %d tokens, %d sequences)", o->rank,
                         h.cmd, h.T, h.S);
@@ -638,6 +668,8 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
     tp_hdr h = { .cmd = TP_STEP, .T = b->n_tokens, .S = b->n_seqs, .max_blocks = b->max_blocks, .L = b->n_logits,
                  .draw = smp && launch && t->deferred, .has_src = b->src_row != NULL };
     h.n_pen = h.draw ? smp->n_pen : 0;
+    h.mask_words = (t->shard.m.cfg.vocab_size + 31) / 32;
+    for (int i = 0; h.draw && i < h.L; i++) h.n_masks += smp->rows[i].allow != NULL;
     if (h.has_src && !h.draw)
         return sf_err(err, SF_EINVAL, "tensor parallelism: a step takes tokens from a draw (src_row) that the "
                       "followers did not make (async scheduling needs sf_tp_defer and sf_tp_launch_sample)");
@@ -660,6 +692,14 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
         if (h.L) memcpy(p, smp->rows, (size_t)h.L * sizeof *smp->rows);
         p += rows_ints(h.L);
         if (h.n_pen) memcpy(p, smp->pen, (size_t)h.n_pen * sizeof *smp->pen);
+        p += pen_ints(h.n_pen);
+        uint32_t *m = (uint32_t *)(p + h.n_masks);
+        for (int i = 0; i < h.L; i++) {
+            if (!smp->rows[i].allow) continue;
+            *p++ = i;
+            memcpy(m, smp->rows[i].allow, (size_t)h.mask_words * sizeof *m);
+            m += h.mask_words;
+        }
     }
 #undef PUT
     int rc;

@@ -1,7 +1,9 @@
 #!/bin/sh
 # Tensor parallelism from the outside: `semflow generate --tensor-parallel-size N` starts its
 # own `semflow rank` followers and greedy text equals TP=1 (demo model, stories260K GGUF), and
-# seeded top-k/top-p text too (sampled from the gathered rows on rank 0's backend);
+# seeded top-k/top-p text too (sampled from the gathered rows on rank 0's backend), and so is
+# seeded text held to JSON or to a pattern (the forms' masks sent to every rank with the plan);
+# a saturated bench at TP=2 draws requests with forms and logprobs on the backend;
 # a size that does not split the heads is refused with a message naming them; no rank
 # process outlives its leader; the hidden rank command refuses being run by hand; `bench
 # allreduce` and `bench decode` run over rank processes.
@@ -38,6 +40,42 @@ sgen 2 "$tmp/s.2"; r2=$?
 ok=1
 [ $r1 = 0 ] && [ $r2 = 0 ] && [ -s "$tmp/s.1" ] && cmp -s "$tmp/s.1" "$tmp/s.2" && ok=0
 check tp2_sampled_equals_tp1_demo $ok "rc $r1/$r2; TP=1: $(head -c 200 "$tmp/s.1"); TP=2: $(head -c 200 "$tmp/s.2") $(tail -2 "$tmp/s.2.err")"
+
+# held to a form: each rank draws with the masks rank 0 made, and the text is TP=1's
+fgen() { # model tp out form-flag...
+    m=$1 n=$2 o=$3
+    shift 3
+    timeout 120 "$BIN" generate --model "$m" --prompt "Once upon a time" --max-tokens 40 --temperature 0.8 --seed 3 \
+        --backend cpu --threads 1 --tensor-parallel-size "$n" "$@" >"$o" 2>"$o.err"
+}
+for form in json regex; do
+    if [ $form = json ]; then set -- demo --json; else set -- "$DATA/stories260K/stories260K.gguf" --regex '[A-Z][a-z]+( [a-z]+){2,8}\.'; fi
+    m=$1
+    shift
+    fgen "$m" 1 "$tmp/f$form.1" "$@"; r1=$?
+    fgen "$m" 2 "$tmp/f$form.2" "$@"; r2=$?
+    ok=1
+    [ $r1 = 0 ] && [ $r2 = 0 ] && [ -s "$tmp/f$form.1" ] && cmp -s "$tmp/f$form.1" "$tmp/f$form.2" && ok=0
+    check "tp2_${form}_equals_tp1" $ok "rc $r1/$r2; TP=1: $(head -c 200 "$tmp/f$form.1"); TP=2: $(head -c 200 "$tmp/f$form.2") $(tail -2 "$tmp/f$form.2.err")"
+done
+
+# many requests, half held to JSON and all asking for logprobs: every row drawn on rank 0's
+# backend (none copied to the host), the followers drawing the same
+timeout 300 "$BIN" bench throughput --model "$DATA/stories260K/stories260K.gguf" --backend cpu --threads 1 \
+    --tensor-parallel-size 2 --input 16 --output 24 --num-prompts 8 --structured-output-ratio 0.5 --logprobs 2 --json \
+    >"$tmp/tpf.json" 2>"$tmp/tpf.err"; rc=$?
+ok=$(python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+def find(o, k):
+    if isinstance(o, dict):
+        if k in o: return o[k]
+        for v in o.values():
+            r = find(v, k)
+            if r is not None: return r
+print(0 if find(j, "json_requests") == 4 and find(j, "rows_sampled_host") == 0 and find(j, "rows_sampled_backend") > 0 else 1)' \
+    "$tmp/tpf.json" 2>/dev/null || echo 1)
+check bench_tp2_forms_logprobs_on_the_backend $ok "rc=$rc $(tail -3 "$tmp/tpf.err") $(head -c 600 "$tmp/tpf.json")"
 
 gen demo 3 "$tmp/bad"; rc=$?
 ok=1
