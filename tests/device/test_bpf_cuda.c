@@ -98,7 +98,7 @@ static int cmp_d(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
-TEST(rate_matches_nvml_within_10_percent)
+TEST(rate_matches_nvml_less_link_overhead)
 {
     REQUIRE(mon, "monitor is off: %s", mon_err.msg);
     pthread_t t;
@@ -127,7 +127,12 @@ TEST(rate_matches_nvml_within_10_percent)
     qsort(nvml, (size_t)n, sizeof *nvml, cmp_d);
     double a = ours[n / 2], b = nvml[n / 2];
     printf("      pinned H2D stream: monitor %.2f GB/s, NVML RX %.2f GB/s (medians of %d)\n", a / 1e9, b / 1e9, n);
-    CHECK_MSG(b > 0 && a > 0.9 * b && a < 1.1 * b, "monitor %.2f GB/s vs NVML %.2f GB/s", a / 1e9, b / 1e9);
+    /* NVML counts what crosses the link (TLP headers, framing, flow control: ~8-12% over the
+     * payload at 256-byte TLPs), the monitor the payload the copies asked for: below NVML's,
+     * never above it by more than the sampling jitter. Measured 9.2%, 9.6% and 10.2% apart on
+     * H200s (docs/PERFORMANCE.md, "eBPF monitoring and DMA"). */
+    CHECK_MSG(b > 0 && a > 0.85 * b && a < 1.02 * b, "monitor %.2f GB/s vs NVML %.2f GB/s (%.1f%% apart)", a / 1e9,
+              b / 1e9, b > 0 ? 100.0 * (b - a) / b : 0.0);
 }
 
 int main(void)
@@ -141,7 +146,7 @@ int main(void)
     o.n_gpus = 1;
     if (sf_monitor_open(&o, &mon, &mon_err) != SF_OK) mon = NULL; /* libcuda is mapped now: discovery finds it */
     RUN(libcuda_copies_are_counted_exactly);
-    RUN(rate_matches_nvml_within_10_percent);
+    RUN(rate_matches_nvml_less_link_overhead);
     sf_monitor_close(mon);
     return test_summary();
 }
