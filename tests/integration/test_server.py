@@ -447,9 +447,15 @@ def test_prompt_logprobs(s):
     text = s.json("/detokenize", {"tokens": full})[2].get("prompt")
     body = {"prompt": full, "echo": True, "max_tokens": 0, "logprobs": 3, "prompt_logprobs": 3,
             "return_tokens_as_token_ids": True}
-    m0 = [s.metric("semflow_engine_prompt_tokens_scored%s_total" % k) for k in ("", "_backend")]
+    names = ["semflow_engine_prompt_tokens_scored%s_total" % k for k in ("", "_backend")]
+    m0 = [s.metric(n) for n in names]
     st, _, b = s.json("/v1/completions", body)
-    m1 = [s.metric("semflow_engine_prompt_tokens_scored%s_total" % k) for k in ("", "_backend")]
+    # the engine publishes its counters at the end of the turn that delivered the response: poll
+    for _ in range(100):
+        m1 = [s.metric(n) for n in names]
+        if None in m0 + m1 or m1[0] - m0[0] >= len(full) - 1:
+            break
+        time.sleep(0.05)
     check("prompt_scored_metrics", None not in m0 + m1 and m1[0] - m0[0] == len(full) - 1 and
           m1[1] - m0[1] == len(full) - 1, (m0, m1, len(full)))
     c = b["choices"][0] if st == 200 else {}
