@@ -11,6 +11,7 @@
 #include "kernels/cpu/cpu.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -55,6 +56,9 @@ typedef struct cpu_ctx {
     /* the ids of the last draw, for batches that take tokens from it (sf_batch.src_row) */
     int32_t *last_ids;
     int n_last, cap_last;
+    /* $SEMFLOW_CPU_FAIL_TAKE=N: the Nth sample_take fails, as a device lost mid-step would (tests
+     * of the engine's failure paths: the step in flight, the one queued behind it); 0: never */
+    long fail_take, n_take;
 } cpu_ctx;
 
 #define CTX(b) ((cpu_ctx *)(b)->ctx)
@@ -664,7 +668,13 @@ static int cpu_score(sf_backend *b, const sf_buf *logits, int row0, int n, int v
 }
 
 static int cpu_sample_defer(sf_backend *b, int on) { return SF_OK; }
-static int cpu_sample_take(sf_backend *b) { return SF_OK; }
+static int cpu_sample_take(sf_backend *b)
+{
+    cpu_ctx *c = CTX(b);
+    if (!c->fail_take || ++c->n_take != c->fail_take) return SF_OK;
+    SF_LOGE("cpu backend: sample_take: failure %ld injected ($SEMFLOW_CPU_FAIL_TAKE)", c->n_take);
+    return SF_ERROR;
+}
 
 static int cpu_buf_raw(sf_backend *b, sf_buf *buf, void **data, sf_dtype *dt, void **stream)
 {
@@ -739,6 +749,7 @@ int sf_backend_cpu_new(const sf_backend_opts *o, sf_backend **out, sf_error *err
     if (rc) goto fail;
     c->n_threads = o && o->n_threads > 0 ? o->n_threads : c->hw.n_cores;
     c->hw.n_threads = c->n_threads;
+    c->fail_take = sf_env_long("SEMFLOW_CPU_FAIL_TAKE", 0, 0, LONG_MAX);
     rc = sf_cpu_pool_new(c->n_threads, &c->pool, err);
     if (rc) goto fail;
     SF_LOGD("cpu backend: %d threads, %s, avx2 %s", c->n_threads, c->hw.name, sf_cpu_has_avx2() ? "yes" : "no");

@@ -6,6 +6,7 @@
 #define SF_TESTS_ENGINE_COLLECT_H
 
 #include <pthread.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "../../engine/engine.h"
@@ -22,6 +23,7 @@ typedef struct collect {
     char text[8192];
     size_t text_len;
     int finish, status, prompt_tokens, completion_tokens, cached_tokens;
+    char message[256]; /* SF_EV_ERROR's */
     double ttft, e2e;
     int n_top_seen, top_sorted, lp_ok;
     sf_engine *cancel_engine; /* cancel itself after cancel_after tokens */
@@ -82,6 +84,7 @@ static void on_event(const sf_event *ev)
     } else {
         c->finish = ev->type == SF_EV_DONE ? ev->finish_reason : -1;
         c->status = ev->type == SF_EV_ERROR ? ev->status : SF_OK;
+        if (ev->type == SF_EV_ERROR) snprintf(c->message, sizeof c->message, "%s", ev->message ? ev->message : "");
         c->prompt_tokens = ev->prompt_tokens;
         c->completion_tokens = ev->completion_tokens;
         c->cached_tokens = ev->cached_tokens;

@@ -847,6 +847,58 @@ TEST(cancel_frees_kv)
     sf_engine_free(e);
 }
 
+/* A step that fails while another is queued behind it (the backend's sample_take fails at its
+ * Nth call, $SEMFLOW_CPU_FAIL_TAKE, as a device lost mid-step would). With requests held to a
+ * form, async scheduling takes the ids in flight inside the launch of the step behind them
+ * (step.c form_masks), so the failure comes from there; without, from the take after that
+ * launch. Either way every request of both steps ends with an error that says the step failed,
+ * none is left running, the KV pool is whole, and the engine serves the next request. */
+static void failed_take(int forms)
+{
+    sf_error err = { 0 };
+    setenv("SEMFLOW_CPU_FAIL_TAKE", "6", 1);
+    sf_engine *e = open_engine(stories(), 8, 256, 0, 0, &err);
+    unsetenv("SEMFLOW_CPU_FAIL_TAKE");
+    REQUIRE(e, "engine: %s", err.msg);
+    int32_t prompt[64];
+    const int np = encode(e, "Once upon a time, there was a little cat. The cat said", prompt, 64);
+    enum { N = 4 };
+    static collect c[N + 1];
+    for (int i = 0; i < N; i++) {
+        sf_sampling sp = greedy(40);
+        sp.json = forms && i < 2; /* two held to JSON */
+        sp.ignore_eos = !sp.json;
+        collect_init(&c[i]);
+        CHECK_MSG(submit(e, prompt, np, &sp, &c[i], &err) == SF_OK, "submit %d: %s", i, err.msg);
+    }
+    int failed = 0;
+    for (int i = 0; i < N; i++) {
+        collect_wait(&c[i]);
+        const int ok = c[i].finish == -1 && c[i].status != SF_OK && strstr(c[i].message, "failed");
+        if (!ok) printf("  request %d: finish %d, status %d, %d tokens: %s\n", i, c[i].finish, c[i].status, c[i].n_tokens,
+                        c[i].message);
+        failed += ok;
+    }
+    CHECK_MSG(failed == N, "%d of %d requests ended with the step's error", failed, N);
+    sf_engine_stats st;
+    wait_idle(e, &st);
+    CHECK_MSG(st.kv_blocks_used == 0 && st.running == 0, "%d KV blocks used, %d running", st.kv_blocks_used, st.running);
+    CHECK_MSG(st.async_steps > 0 && (st.async_form_steps > 0) == forms, "%llu steps queued ahead, %llu with forms' rows",
+              (unsigned long long)st.async_steps, (unsigned long long)st.async_form_steps);
+    sf_sampling sp = greedy(12); /* then the next request, held to JSON, is served */
+    sp.json = 1;
+    collect_init(&c[N]);
+    CHECK_MSG(submit(e, prompt, np, &sp, &c[N], &err) == SF_OK, "submit after the failure: %s", err.msg);
+    collect_wait(&c[N]);
+    CHECK_MSG(c[N].finish != -1 && c[N].n_tokens > 0, "after the failure: finish %d, %d tokens: %s", c[N].finish,
+              c[N].n_tokens, c[N].message);
+    printf("  %d requests failed with: %.120s\n", failed, c[0].message);
+    sf_engine_free(e);
+}
+
+TEST(failed_take_fails_both_steps_and_serving_goes_on) { failed_take(0); }
+TEST(failed_take_in_a_forms_launch_fails_both_steps) { failed_take(1); }
+
 /* Several threads submit and cancel at once: every request gets exactly one DONE, cancelled ones
  * with SF_FINISH_CANCELLED, and the KV pool is whole at the end. */
 typedef struct storm_arg {
@@ -1093,6 +1145,8 @@ int main(void)
     RUN(spec_equals_plain_together);
     RUN(spec_equals_plain_preempted);
     RUN(cancel_frees_kv);
+    RUN(failed_take_fails_both_steps_and_serving_goes_on);
+    RUN(failed_take_in_a_forms_launch_fails_both_steps);
     RUN(submit_cancel_storm);
     RUN(admission_errors);
     RUN(demo_model_and_bad_config);
