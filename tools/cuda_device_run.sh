@@ -19,9 +19,10 @@ for s in $steps; do
         note "ops: rc=$rc $(tail -1 "$OUT/ops.log") ($(( $(date +%s) - t0 )) s)"
         grep -E '^(FAIL|  )' "$OUT/ops.log" | head -40 ;;
     sanitize)
-        # test_decode_attn: decode attention's own launches (the cluster combine, split groups)
+        # test_decode_attn: decode attention's own launches (the cluster combine, split groups);
+        # test_sample: the draw (bins, radix digits, masks), its logprobs and the score op
         for tool in memcheck racecheck; do
-            for t in test_ops test_decode_attn; do
+            for t in test_ops test_decode_attn test_sample; do
                 t0=$(date +%s)
                 log="$OUT/san-$tool-$t.log"
                 timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD"/tests/device/$t --quick >"$log" 2>&1; rc=$?

@@ -510,11 +510,11 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
         u64 zk = block_sum_u64(mass, sh), cum = block_scan_u64(mass, sh);
         u64 want = (u64)((double)p.top_p * (double)zk);
         if (want < 1) want = 1;
-        if (tid == 0) sh.kp = n;
-        __syncthreads();
-        if (tid < n && cum >= want && cum - mass < want) sh.kp = tid + 1;
-        __syncthreads();
-        kept = SF_MIN(kept, sh.kp);
+        /* the token at which the mass reaches want ends the set: the tokens before it are those
+         * whose running mass is still below want (a count, so no thread writes a shared word
+         * another may write: compute-sanitizer's racecheck reported the single writer that
+         * was here, sh.kp, written by two threads of a block) */
+        kept = SF_MIN(kept, 1 + (int)block_sum_u64(tid < n && cum < want, sh));
     }
     if (p.min_p > 0) {
         uint32_t thr = sf_sample_key(r.m + logf(p.min_p));
