@@ -554,7 +554,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     f->n_prefill = p->n_prefill;
     f->decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
     f->active = 1; /* its rows are known now: a request freed from here on is forgotten in them */
-    masks_job mj = { .e = e, .tc = tc, .rows = rows, .k_draw = k_draw, .nofit = nofit, .take_first = ahead };
+    masks_job mj = { .e = e, .tc = tc, .rows = rows, .k_draw = k_draw, .nofit = nofit, .take_first = ahead && !e->tp };
     /* under tensor parallelism the masks go out with the step's plan: made before it (the ids
      * they follow were taken: tp_takes_first); out of memory: the step drawn here */
     if (on_dev && e->tp && n_forms && form_masks(&mj) != SF_OK) on_dev = 0;

@@ -852,34 +852,65 @@ TEST(cancel_frees_kv)
  * form, async scheduling takes the ids in flight inside the launch of the step behind them
  * (step.c form_masks), so the failure comes from there; without, from the take after that
  * launch. Either way every request of both steps ends with an error that says the step failed,
- * none is left running, the KV pool is whole, and the engine serves the next request. */
+ * none is left running, the KV pool is whole, and the engine serves the next request. Request
+ * 0's first token submits the others from the engine thread (a callback may submit), so all
+ * four run when the take fails, however slowly this thread would have submitted them. */
+enum { FT_N = 4 };
+static struct {
+    sf_engine *e;
+    sf_submit s[FT_N];
+    collect c[FT_N + 1];
+    int rc[FT_N];
+} ft;
+
+static void ft_event(const sf_event *ev)
+{
+    on_event(ev);
+    if (ev->type == SF_EV_TOKEN && ev->user == &ft.c[0] && ft.c[0].n_tokens == 1)
+        for (int i = 1; i < FT_N; i++) {
+            sf_error err = { 0 };
+            double retry;
+            ft.rc[i] = sf_engine_submit(ft.e, &ft.s[i], NULL, &retry, &err);
+        }
+}
+
 static void failed_take(int forms)
 {
     sf_error err = { 0 };
-    setenv("SEMFLOW_CPU_FAIL_TAKE", "6", 1);
-    sf_engine *e = open_engine(stories(), 8, 256, 0, 0, &err);
+    setenv("SEMFLOW_CPU_FAIL_TAKE", "30", 1); /* every request runs by then, none has ended */
+    sf_engine *e = ft.e = open_engine(stories(), 8, 256, 0, 0, &err);
     unsetenv("SEMFLOW_CPU_FAIL_TAKE");
     REQUIRE(e, "engine: %s", err.msg);
-    int32_t prompt[64];
+    static int32_t prompt[64];
     const int np = encode(e, "Once upon a time, there was a little cat. The cat said", prompt, 64);
-    enum { N = 4 };
-    static collect c[N + 1];
-    for (int i = 0; i < N; i++) {
-        sf_sampling sp = greedy(40);
-        sp.json = forms && i < 2; /* two held to JSON */
+    static const char pat[] = "[a-z ]{200,300}\\."; /* cannot end within 30 tokens of stories260K */
+    for (int i = 0; i < FT_N; i++) {
+        sf_sampling sp = greedy(80);
+        if (forms && i < 2) { /* two held to a pattern */
+            sp.json = sp.regex = 1;
+            sp.schema = pat, sp.schema_len = sizeof pat - 1;
+        }
         sp.ignore_eos = !sp.json;
-        collect_init(&c[i]);
-        CHECK_MSG(submit(e, prompt, np, &sp, &c[i], &err) == SF_OK, "submit %d: %s", i, err.msg);
+        memset(&ft.s[i], 0, sizeof ft.s[i]);
+        ft.s[i] = (sf_submit){ .prompt = prompt, .n_prompt = np, .sampling = sp, .cb = ft_event, .user = &ft.c[i] };
+        ft.s[i].intent.urgency = SF_URGENCY_NORMAL;
+        ft.rc[i] = SF_OK;
+        collect_init(&ft.c[i]);
     }
+    double retry;
+    CHECK_MSG(sf_engine_submit(e, &ft.s[0], NULL, &retry, &err) == SF_OK, "submit: %s", err.msg);
+    collect_wait(&ft.c[0]);
     int failed = 0;
-    for (int i = 0; i < N; i++) {
-        collect_wait(&c[i]);
-        const int ok = c[i].finish == -1 && c[i].status != SF_OK && strstr(c[i].message, "failed");
-        if (!ok) printf("  request %d: finish %d, status %d, %d tokens: %s\n", i, c[i].finish, c[i].status, c[i].n_tokens,
-                        c[i].message);
+    for (int i = 0; i < FT_N; i++) {
+        CHECK_MSG(ft.rc[i] == SF_OK, "request %d: submit status %d", i, ft.rc[i]);
+        if (ft.rc[i] != SF_OK) continue;
+        const collect *c = &ft.c[i];
+        collect_wait(&ft.c[i]);
+        const int ok = c->finish == -1 && c->status != SF_OK && strstr(c->message, "failed");
+        if (!ok) printf("  request %d: finish %d, status %d, %d tokens: %s\n", i, c->finish, c->status, c->n_tokens, c->message);
         failed += ok;
     }
-    CHECK_MSG(failed == N, "%d of %d requests ended with the step's error", failed, N);
+    CHECK_MSG(failed == FT_N, "%d of %d requests ended with the step's error", failed, FT_N);
     sf_engine_stats st;
     wait_idle(e, &st);
     CHECK_MSG(st.kv_blocks_used == 0 && st.running == 0, "%d KV blocks used, %d running", st.kv_blocks_used, st.running);
@@ -887,12 +918,12 @@ static void failed_take(int forms)
               (unsigned long long)st.async_steps, (unsigned long long)st.async_form_steps);
     sf_sampling sp = greedy(12); /* then the next request, held to JSON, is served */
     sp.json = 1;
-    collect_init(&c[N]);
-    CHECK_MSG(submit(e, prompt, np, &sp, &c[N], &err) == SF_OK, "submit after the failure: %s", err.msg);
-    collect_wait(&c[N]);
-    CHECK_MSG(c[N].finish != -1 && c[N].n_tokens > 0, "after the failure: finish %d, %d tokens: %s", c[N].finish,
-              c[N].n_tokens, c[N].message);
-    printf("  %d requests failed with: %.120s\n", failed, c[0].message);
+    collect_init(&ft.c[FT_N]);
+    CHECK_MSG(submit(e, prompt, np, &sp, &ft.c[FT_N], &err) == SF_OK, "submit after the failure: %s", err.msg);
+    collect_wait(&ft.c[FT_N]);
+    CHECK_MSG(ft.c[FT_N].finish != -1 && ft.c[FT_N].n_tokens > 0, "after the failure: finish %d, %d tokens: %s",
+              ft.c[FT_N].finish, ft.c[FT_N].n_tokens, ft.c[FT_N].message);
+    printf("  %d requests failed with: %.120s\n", failed, ft.c[0].message);
     sf_engine_free(e);
 }
 
