@@ -7,8 +7,8 @@
  * with draw, the sampler rows (sf_sample_row[L]) and penalty entries (sf_sample_pen[n_pen]) as
  * raw bytes, then the forms' allow masks: the row of each (int32[n_masks]) and the masks
  * (uint32[n_masks x mask_words], vocab bits each; the rows' own pointers mean nothing on
- * another rank, and rows asking for logprobs draw there without them). The follower waits for the header without a timeout (the server may be idle) but
- * notices a dead leader.
+ * another rank, and rows asking for logprobs draw there without them). The follower waits for
+ * the header without a timeout (the server may be idle) but notices a dead leader.
  *
  * Async scheduling (sf_tp_defer): rank 0 queues step N+1 before the ids of step N reach its
  * host, N+1's tokens taken from N's draw on the device (sf_batch.src_row). Every rank then
