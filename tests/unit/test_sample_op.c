@@ -482,6 +482,7 @@ TEST(rejects_bad_input)
     sf_buf *buf = NULL;
     sf_error err = { 0 };
     REQUIRE(be->ops->buf_new(be, 1, 8, &buf, &err) == SF_OK, "%s", err.msg);
+    REQUIRE(be->ops->write_f32(be, buf, 1, l) == SF_OK, "write"); /* a new buffer's contents are undefined */
     CHECK(be->ops->sample(be, buf, 1, 9, &r, NULL, 0, &id, NULL) == SF_EINVAL); /* more tokens than columns */
     CHECK(be->ops->sample(be, buf, 2, 8, &r, NULL, 0, &id, NULL) == SF_EINVAL); /* more rows than the buffer */
     uint32_t none = 0xffffff00u; /* ids 8.. only: none of the vocabulary's 8 */
