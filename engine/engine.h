@@ -55,7 +55,8 @@ typedef struct sf_sampling {
                                * returns; the engine copies) */
     const sf_logit_bias *bias;
     int json;                 /* JSON output (response_format): the output is one JSON object
-                               * (engine/json_mask.h); drawn on the host */
+                               * (engine/json_mask.h); drawn by the backend's sampler with an allow
+                               * mask made on the host (step.c form_masks) */
     const char *schema;       /* with json: the JSON Schema it follows (text, schema_len bytes;
                                * owned by the caller until submit returns), NULL: any object */
     size_t schema_len;
