@@ -425,21 +425,14 @@ static int form_masks(void *arg)
         const sf_request *r = j->rows[k] ? j->rows[k]->owner : NULL; /* NULL: failed or freed since the plan */
         if (r && r->sp.json) e->mask_row[j->n++] = k;
     }
-    if (j->n > 1 && e->mask_threads > 1 && !e->mask_pool) { /* the first step with two: start the threads */
-        sf_error err = { 0 };
-        float *x = calloc((size_t)e->mask_threads * e->vocab, sizeof *x);
-        if (!x || sf_cpu_pool_new(e->mask_threads, &e->mask_pool, &err) != SF_OK) {
-            SF_LOGW("engine: the forms' mask threads: %s; making masks on the engine thread",
-                    x ? err.msg : "out of memory");
-            free(x);
-            e->mask_threads = 1;
-        } else {
-            free(e->mask_x);
-            e->mask_x = x;
-        }
-    }
-    if (!e->mask_x && !(e->mask_x = calloc((size_t)(e->mask_pool ? e->mask_threads : 1) * e->vocab, sizeof *e->mask_x)))
+    /* a row of zeros per mask thread, then the threads themselves at the first step with two */
+    if (!e->mask_x && !(e->mask_x = calloc((size_t)e->mask_threads * e->vocab, sizeof *e->mask_x)))
         return SF_EUNSUPPORTED;
+    sf_error err = { 0 };
+    if (j->n > 1 && e->mask_threads > 1 && !e->mask_pool && sf_cpu_pool_new(e->mask_threads, &e->mask_pool, &err)) {
+        SF_LOGW("engine: the forms' mask threads: %s; making masks on the engine thread", err.msg);
+        e->mask_threads = 1;
+    }
     if (!sf_grow((void **)&e->masks, &e->mask_cap, j->n, (size_t)words * sizeof *e->masks)) return SF_EUNSUPPORTED;
     atomic_store_explicit(&j->next, 0, memory_order_relaxed);
     sf_cpu_pool_run(j->n > 1 ? e->mask_pool : NULL, masks_share, j);
