@@ -364,6 +364,7 @@ int sf_bench_throughput(const bench_opts *o)
                                    es.decode_batch_s * k, "launch", es.decode_launch_s * k, "tp_plan_send",
                                    es.decode_send_s * k, "enqueue", es.decode_enqueue_s * k, "deliver",
                                    es.decode_deliver_s * k, "device_idle_gap", es.decode_exposed_s * k);
+            json_object_set_new(ph, "masks_beside_forward", json_real(es.decode_masks_s * k));
             json_object_set_new(s, "phases_ms", ph);
         }
         json_object_set_new(s, "graphs_captured", json_integer(es.graphs_captured));
@@ -431,10 +432,11 @@ int sf_bench_throughput(const bench_opts *o)
         if (es.decode_steps) {
             double k = 1e3 / (double)es.decode_steps;
             printf("phases   ms per decode step: wait for the device %.3f, take %.3f, plan %.3f, batch %.3f, launch %.3f "
-                   "(TP plan send %.3f, enqueue %.3f), deliver %.3f; device idle gap %.3f (median %.3f, p90 %.3f)\n",
+                   "(TP plan send %.3f, enqueue %.3f), deliver %.3f; device idle gap %.3f (median %.3f, p90 %.3f)"
+                   "; forms' masks beside the forward pass %.3f\n",
                    es.decode_wait_s * k, es.decode_take_s * k, es.decode_plan_s * k, es.decode_batch_s * k,
                    es.decode_launch_s * k, es.decode_send_s * k, es.decode_enqueue_s * k, es.decode_deliver_s * k,
-                   es.decode_exposed_s * k, es.decode_gap_p50_ms, es.decode_gap_p90_ms);
+                   es.decode_exposed_s * k, es.decode_gap_p50_ms, es.decode_gap_p90_ms, es.decode_masks_s * k);
         }
         if (es.dev_idle_n)
             printf("device   idle %.1f us per step on its own clock, from a step's ids to the next step's work (%ld steps, "

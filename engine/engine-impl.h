@@ -55,6 +55,8 @@ typedef struct sf_flight {
     double t_ready;              /* when the device could start it: t_plan, or (queued behind the
                                   * step before it) when that step's ids came */
     double t_enq;                /* when its work was all queued */
+    double mask_s;               /* its forms' masks made after the ids of the step before it, while its
+                                  * forward pass, queued before them, ran (step.c, form_masks) */
     double t_done;               /* its launch returned only once the step was done (0: not so) */
 } sf_flight;
 
@@ -63,7 +65,9 @@ typedef struct sf_turn_clock {
     double wait;                 /* blocked waiting for the device: the ids, or (TP) the gather inside the launch */
     double take, plan, batch, launch, send, deliver;
     double enqueue;              /* the backend's host time queuing the launched step (CUDA) */
-    double exposed;              /* from the taken ids to the next step's work all queued: the device's idle gap */
+    double exposed;              /* from the taken ids to the next step's work all queued: the device's idle gap,
+                                  * less the masks made while that step's forward pass ran */
+    double masks;                /* those masks' time (the gap only where they outlast the forward pass) */
 } sf_turn_clock;
 
 /* Block tables go to the backend with their row stride rounded up to a multiple of this many

@@ -202,6 +202,7 @@ static void update_stats(sf_engine *e)
     e->st.decode_send_s = e->dclk.send;
     e->st.decode_deliver_s = e->dclk.deliver;
     e->st.decode_exposed_s = e->dclk.exposed;
+    e->st.decode_masks_s = e->dclk.masks;
     sf_engine_step_percentiles(e, 0, &e->st.decode_step_p50_ms, &e->st.decode_step_p90_ms);
     sf_engine_step_percentiles(e, 1, &e->st.decode_gap_p50_ms, &e->st.decode_gap_p90_ms);
     e->st.overlapped = !e->serial;

@@ -282,9 +282,12 @@ typedef struct sf_engine_stats {
      * launching the next step (of which sending the TP step plan), delivering text and events.
      * decode_exposed_s: the host time on the device's critical path — from the moment a step's
      * ids arrived to the moment the next step's work was all queued, when the device has
-     * nothing to run. overlapped: 1 when tokens are delivered while the next step runs. */
+     * nothing to run, less decode_masks_s. decode_masks_s: forms' masks made after those ids
+     * while the next step's forward pass, queued before them, runs (async steps with a form's
+     * rows; the device idles only where they outlast it: dev_idle_s). overlapped: 1 when tokens
+     * are delivered while the next step runs. */
     double decode_wait_s, decode_take_s, decode_plan_s, decode_batch_s, decode_launch_s, decode_send_s,
-        decode_deliver_s, decode_exposed_s;
+        decode_deliver_s, decode_exposed_s, decode_masks_s;
     double decode_step_p50_ms, decode_step_p90_ms; /* of those turns' wall times */
     double decode_gap_p50_ms, decode_gap_p90_ms;   /* of their device idle gaps */
     int overlapped;

@@ -378,6 +378,7 @@ typedef struct masks_job {
     int take_first;             /* ahead: take the step in flight's ids first */
     int take_failed;
     double s;                   /* seconds it took (the backend's enqueue time less them) */
+    double after_ids;           /* of them, the masks after take_first's take: the forward pass runs */
     int n;                      /* rows with a form: e->mask_row[0, n) */
     _Atomic int next;           /* the next of them a thread takes */
 } masks_job;
@@ -420,6 +421,7 @@ static int form_masks(void *arg)
         }
         e->n_async_forms++;
     }
+    const double t_masks = sf_now_s();
     j->n = 0;
     for (int k = 0; k < j->k_draw; k++) {
         const sf_request *r = j->rows[k] ? j->rows[k]->owner : NULL; /* NULL: failed or freed since the plan */
@@ -438,7 +440,9 @@ static int form_masks(void *arg)
     sf_cpu_pool_run(j->n > 1 ? e->mask_pool : NULL, masks_share, j);
     for (int i = 0; i < j->n; i++)
         if (!j->nofit[e->mask_row[i]]) e->rows[e->mask_row[i]].allow = e->masks + (size_t)i * words;
-    j->s = sf_now_s() - t0;
+    const double t_end = sf_now_s();
+    j->s = t_end - t0;
+    j->after_ids = j->take_first ? t_end - t_masks : 0;
     return SF_OK;
 }
 
@@ -570,6 +574,7 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         }
     } else rc = sf_forward_step(e->fwd, &b, e->logits, &err);
     double t3 = sf_now_s(), t_enq = t3;
+    int device_ran = 0; /* a device ran the queued forward pass while the host went on (CUDA) */
     sf_backend_stats bs;
     if (sf_backend_cuda_stats(e->be, &bs) == SF_OK && bs.last_step_begin_s >= t2 && bs.last_step_enqueued_s <= t3) {
         /* the device's work was all queued at t_enq; after it the launch waited (TP: the
@@ -583,11 +588,12 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
         if (!on_dev || sf_forward_launch_waited(e->fwd)) {
             f->t_done = t3;
             tc->wait += t3 - t_enq;
-        }
+        } else device_ran = 1;
     }
     tc->launch += t3 - t2 - (tc->wait + tc->take - w0);
     if (e->tp) tc->send += sf_tp_last_send_s(e->tp);
     f->t_enq = t_enq;
+    f->mask_s = device_ran ? mj.after_ids : 0;
     if (!ahead && e->t_ids > 0) tc->exposed += t_enq - e->t_ids;
     if (rc == SF_OK && on_dev && e->async) { /* the draw stays queued until sample_take */
         rc = wait_sample(e, &err);
@@ -748,7 +754,11 @@ static int step_take(sf_engine *e, sf_turn_clock *tc)
     e->fl2.active = 0;
     if (e->fl.active) {
         e->fl.t_ready = SF_MAX(e->fl.t_ready, e->t_took);
-        tc->exposed += SF_MAX(0.0, e->fl.t_enq - e->t_ids);
+        /* its forms' masks, made after these ids, overlapped its forward pass (queued before
+         * them): not the host's gap; they are counted apart (the device's own clock,
+         * dev_idle_s, shows where they outlast the forward pass) */
+        tc->exposed += SF_MAX(0.0, e->fl.t_enq - e->t_ids - e->fl.mask_s);
+        tc->masks += e->fl.mask_s;
     }
     tc->take += sf_now_s() - t1;
     return 1;
@@ -792,6 +802,7 @@ int sf_engine_turn(sf_engine *e)
             d->wait += tc.wait, d->take += tc.take, d->plan += tc.plan, d->batch += tc.batch;
             d->launch += tc.launch, d->send += tc.send, d->deliver += tc.deliver, d->enqueue += tc.enqueue;
             d->exposed += launched ? tc.exposed : 0;
+            d->masks += launched ? tc.masks : 0;
             if (e->step_hist) e->step_hist[hist_bucket(turn * 1e3)]++;
             if (e->step_hist && launched) e->step_hist[SF_STEP_HIST + hist_bucket(tc.exposed * 1e3)]++;
         }

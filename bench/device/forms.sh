@@ -32,13 +32,16 @@ run() { # NAME SAMPLING FLAG VALUE: one run and its table line
         echo "forms: $3 $4, sampling on the $2: exit $rc ($(tail -1 "$f.err"))"
         return
     fi
-    printf '%-16s %-8s %14s %14s %10s %9s / %-9s %5s / %-5s %s\n' "$3 $4" "$2" "$(field "$f" output_tokens_per_s)" \
-        "$(field "$f" decode_step_ms)" "$(field "$f" json_requests)" "$(field "$f" rows_sampled_backend)" \
-        "$(field "$f" rows_sampled_host)" "$(field "$f" async_form_steps)" "$(field "$f" async_steps)" \
-        "$(field "$f" mask_threads)"
+    printf '%-16s %-8s %14s %14s %10s %9s / %-9s %5s / %-5s %12s %10s %10s %10s\n' "$3 $4" "$2" \
+        "$(field "$f" output_tokens_per_s)" "$(field "$f" decode_step_ms)" "$(field "$f" json_requests)" \
+        "$(field "$f" rows_sampled_backend)" "$(field "$f" rows_sampled_host)" "$(field "$f" async_form_steps)" \
+        "$(field "$f" async_steps)" "$(field "$f" mask_threads)" "$(field "$f" host_share_decode)" \
+        "$(field "$f" masks_beside_forward)" "$(field "$f" device_idle_us_per_step)"
 }
-printf '%-16s %-8s %14s %14s %10s %s  %s  %s\n' requests sampling "out tokens/s" "decode step ms" "json reqs" \
-    "rows (backend / host)" "ahead (forms / all)" "mask threads"
+# host share: the host's gap on its clock over the decode step (forms' masks made beside the
+# forward pass left out: the next column, ms a step); device idle: on the device's own clock
+printf '%-16s %-8s %14s %14s %10s %s  %s  %s %10s %10s %10s\n' requests sampling "out tokens/s" "decode step ms" \
+    "json reqs" "rows (backend / host)" "ahead (forms / all)" "mask threads" "host share" "masks ms" "idle us"
 for r in $RATIOS; do
     for s in $SAMPLING; do
         [ "$r" = 0 ] && [ "$s" = host ] && continue

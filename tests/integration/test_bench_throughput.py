@@ -73,6 +73,10 @@ e = r["engine"] if r else {}
 check("throughput_structured_output", rc == 0 and r and r["json_requests"] == 3
       and 3 * 7 < r["output_tokens"] <= 6 * 7 and r["sampling"]["structured_output_ratio"] == 0.5
       and e.get("sampling") == "backend" and e.get("rows_sampled_host") == 0, f"rc {rc}: {r or err}")
+# the CPU backend runs a step's forward pass inside its launch, before the masks: none of their
+# time is beside a forward pass, all of it is in the host's gap (on a GPU: tests/device)
+check("throughput_structured_output_masks_in_the_gap", e.get("phases_ms", {}).get("masks_beside_forward") == 0,
+      f"{e.get('phases_ms')}")
 
 # every request with its tokens' logprobs and the top 5: the rows still drawn by the backend's
 # sampler, which gives the log-probabilities with the ids
