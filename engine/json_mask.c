@@ -722,7 +722,8 @@ struct sf_json_vocab {
     uint32_t *off;   /* [n + 1] text of id i: text[off[i], off[i + 1]); empty: never drawn */
     char *text;
     uint8_t *eog;    /* [n] ends generation */
-    uint8_t *plain;  /* [n] printable ASCII but '"' and '\\': fits anywhere inside a string as it stands */
+    uint8_t *plain;  /* [n] whole characters a string takes as they stand (no '"', '\\' or control
+                      * byte; UTF-8 complete and well-formed): fits anywhere inside a free string */
     /* the ids with a text, in byte order of their texts, and each one's common prefix with the
      * one before: the mask walks them as a trie, feeding each shared prefix once */
     int32_t *order;
@@ -781,6 +782,19 @@ static int sort_texts(sf_json_vocab *v)
         v->oplain[i] = v->plain[v->order[i]];
     }
     return SF_OK;
+}
+
+/* 1 when a string's byte rules (str_byte, outside any pattern) take all n bytes from a character
+ * boundary and end on one, without leaving the string: such a text fits wherever a free string
+ * is at a boundary, and leaves it there, so the mask need not feed it. */
+static int in_string_whole(const char *p, size_t n)
+{
+    sf_json j;
+    memset(&j, 0, offsetof(sf_json, f));
+    j.mode = J_STR;
+    for (size_t k = 0; k < n; k++)
+        if (!str_byte(&j, (unsigned char)p[k]) || j.mode != J_STR) return 0;
+    return !j.need;
 }
 
 /* A token whose text alone is one printable ASCII byte: decoded before each token, it makes the
@@ -845,10 +859,7 @@ int sf_json_vocab_new(const sf_tokenizer *t, int n_logits, sf_json_vocab **out, 
             v->text = g;
         }
         memcpy(v->text + len, s + 1, n);
-        v->plain[id] = n > 0;
-        for (size_t k = 0; k < n; k++)
-            if ((unsigned char)s[1 + k] < 0x20 || (unsigned char)s[1 + k] > 0x7E || s[1 + k] == '"' || s[1 + k] == '\\')
-                v->plain[id] = 0;
+        v->plain[id] = n > 0 && in_string_whole(s + 1, n);
         len += n;
         free(s);
     }
