@@ -113,7 +113,6 @@ struct sf_engine {
     uint32_t *masks;
     int mask_cap;
     int *mask_row;              /* [max_logits] */
-    float *mask_x;              /* [mask_threads x vocab], zeros between masks; allocated at the first */
     int mask_threads;
     struct sf_cpu_pool *mask_pool;
     uint8_t *row_nofit;         /* [2 * max_logits] */

@@ -557,7 +557,6 @@ void sf_engine_free(sf_engine *e)
     free(e->row_nofit);
     free(e->lp);
     free(e->masks);
-    free(e->mask_x);
     sf_cpu_pool_free(e->mask_pool);
     free(e->sc_target);
     free(e->sc_rank);

@@ -730,6 +730,13 @@ struct sf_json_vocab {
     uint16_t *lcp;
     uint8_t *oplain; /* plain[order[i]], in walk order */
     int n_order;
+    /* inside a free string only the other texts are fed: their walk indices (np), each one's
+     * prefix shared with the one before it in np (the least lcp between them), and the plain
+     * ones as bits */
+    int32_t *np;
+    uint16_t *np_l;
+    int n_np, n_plain;
+    uint32_t *plain_bits;
     int32_t *rest;   /* the other ids: end-of-generation ones and those without a text */
     int n_rest;
 };
@@ -747,6 +754,9 @@ void sf_json_vocab_free(sf_json_vocab *v)
     free(v->order);
     free(v->lcp);
     free(v->oplain);
+    free(v->np);
+    free(v->np_l);
+    free(v->plain_bits);
     free(v->rest);
     free(v);
 }
@@ -780,6 +790,22 @@ static int sort_texts(sf_json_vocab *v)
         }
         v->lcp[i] = (uint16_t)(l < 65535 ? l : 65535);
         v->oplain[i] = v->plain[v->order[i]];
+    }
+    v->np = malloc(sizeof *v->np * (size_t)(v->n ? v->n : 1));
+    v->np_l = malloc(sizeof *v->np_l * (size_t)(v->n ? v->n : 1));
+    v->plain_bits = calloc((size_t)(v->n + 31) / 32 + 1, sizeof *v->plain_bits);
+    if (!v->np || !v->np_l || !v->plain_bits) return SF_ENOMEM;
+    uint16_t minl = 0;
+    for (int i = 0; i < v->n_order; i++) {
+        minl = i ? SF_MIN(minl, v->lcp[i]) : 0;
+        if (v->oplain[i]) {
+            v->plain_bits[v->order[i] >> 5] |= 1u << (v->order[i] & 31);
+            v->n_plain++;
+            continue;
+        }
+        v->np[v->n_np] = i;
+        v->np_l[v->n_np++] = minl;
+        minl = UINT16_MAX;
     }
     return SF_OK;
 }
@@ -879,10 +905,23 @@ const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
     return v->text + v->off[id];
 }
 
+/* Where a mask goes: -inf on a logits row for each token that cannot come next, or a bit set for
+ * each that can (bits zeroed first) */
+typedef struct mask_out {
+    float *logits;
+    uint32_t *bits;
+} mask_out;
+
+static inline void mask_put(const mask_out *o, int32_t id, int ok)
+{
+    if (o->bits) o->bits[id >> 5] |= (uint32_t)ok << (id & 31);
+    else if (!ok) o->logits[id] = -INFINITY;
+}
+
 /* sf_json_mask's walk for a pattern's output, whose state is an int: the same trie, with a
  * table lookup a byte instead of a copy of the recognizer and its switch (2.2-2.3x faster where
  * nearly every token fits, as under `.{0,100}`) */
-static int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, float *logits)
+static int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, const mask_out *o)
 {
     int st[WALK_MAX + 1], have = 0, bad = INT32_MAX, kept = 0;
     st[0] = s0;
@@ -909,71 +948,102 @@ static int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, float 
             have = d;
             ok = bad == INT32_MAX;
         }
-        if (ok) kept++;
-        else logits[v->order[i]] = -INFINITY;
+        kept += ok;
+        mask_put(o, v->order[i], ok);
     }
     return kept;
 }
 
 /* The texts in byte order are a trie laid flat: st[d] holds the state after the first d bytes of
- * the current text, valid up to depth `have`; a text shares its first lcp bytes with the one
+ * the current text, valid up to depth `have`; a text shares its first l bytes with the one fed
  * before, so only the rest is fed, and once a prefix fails (at depth `bad`) every text that
- * shares it fails without a byte fed. Plain texts inside a string fit as they stand. */
-int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
+ * shares it fails without a byte fed. */
+typedef struct trie_walk {
+    const sf_json *j;
+    sf_json *st;
+    int have, bad;
+} trie_walk;
+
+static inline int walk_text(trie_walk *w, const char *t, size_t n, int l)
+{
+    if (w->bad <= l) return 0; /* a failed prefix of this text */
+    if (n > WALK_MAX) {        /* too long for the stack: alone */
+        sf_json c;
+        sf_json_copy(&c, w->j);
+        w->have = 0;
+        w->bad = INT32_MAX;
+        return sf_json_feed(&c, t, n);
+    }
+    int d = SF_MIN(w->have, l);
+    w->bad = INT32_MAX;
+    for (; d < (int)n; d++) {
+        sf_json_copy(&w->st[d + 1], &w->st[d]);
+        if (!feed_byte(&w->st[d + 1], (unsigned char)t[d])) {
+            w->bad = d + 1;
+            break;
+        }
+    }
+    w->have = d;
+    return w->bad == INT32_MAX;
+}
+
+/* Inside a free string at a character boundary the plain texts fit as they stand: only the
+ * others are walked (np, with their shared prefixes np_l). */
+static int json_mask(const sf_json *j, const sf_json_vocab *v, const mask_out *o)
 {
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need && !j->pat, more = 0;
     if (j->mode == J_CHOICE) choice_state(j, &done, &more); /* done, yet a longer one may go on */
     if (j->mode == J_REGEX) more = sf_regex_more(j->sc->re, j->rs);
     for (int i = 0; i < v->n_rest; i++) { /* end-of-generation ids fit once the object is done */
         int32_t id = v->rest[i];
-        if (done && v->eog[id]) kept++;
-        else logits[id] = -INFINITY;
+        const int ok = done && v->eog[id];
+        kept += ok;
+        mask_put(o, id, ok);
     }
     if (done && !more) {
-        for (int i = 0; i < v->n_order; i++) logits[v->order[i]] = -INFINITY;
+        if (!o->bits)
+            for (int i = 0; i < v->n_order; i++) o->logits[v->order[i]] = -INFINITY;
         return kept;
     }
-    if (j->mode == J_REGEX) return kept + regex_walk(j->sc->re, j->rs, v, logits);
+    if (j->mode == J_REGEX) return kept + regex_walk(j->sc->re, j->rs, v, o);
     static __thread sf_json st[WALK_MAX + 1];
     sf_json_copy(&st[0], j);
-    int have = 0, bad = INT32_MAX, minl = 0;
+    trie_walk w = { .j = j, .st = st, .have = 0, .bad = INT32_MAX };
+    size_t n;
+    if (in_str) {
+        kept += v->n_plain;
+        if (o->bits)
+            for (int k = 0; k < (v->n + 31) / 32; k++) o->bits[k] |= v->plain_bits[k];
+        for (int k = 0; k < v->n_np; k++) {
+            const int32_t id = v->order[v->np[k]];
+            const char *t = sf_json_vocab_text(v, id, &n);
+            const int ok = walk_text(&w, t, n, v->np_l[k]);
+            kept += ok;
+            mask_put(o, id, ok);
+        }
+        return kept;
+    }
     for (int i = 0; i < v->n_order; i++) {
-        minl = i ? SF_MIN(minl, v->lcp[i]) : 0;
-        int32_t id = v->order[i];
-        int ok = 1;
-        if (in_str && v->oplain[i]) { /* fits as it stands */
-            kept++;
-            continue;
-        }
-        size_t n;
+        const int32_t id = v->order[i];
         const char *t = sf_json_vocab_text(v, id, &n);
-        int l = minl;
-        minl = INT32_MAX; /* the next text's prefix shared with this one */
-        if (bad <= l) { /* a failed prefix of this text */
-            ok = 0;
-        } else if (n > WALK_MAX) { /* too long for the stack: alone */
-            sf_json c;
-            sf_json_copy(&c, j);
-            ok = sf_json_feed(&c, t, n);
-            have = 0;
-            bad = INT32_MAX;
-        } else {
-            int d = SF_MIN(have, l);
-            bad = INT32_MAX;
-            for (; d < (int)n; d++) {
-                sf_json_copy(&st[d + 1], &st[d]);
-                if (!feed_byte(&st[d + 1], (unsigned char)t[d])) {
-                    bad = d + 1;
-                    break;
-                }
-            }
-            have = d;
-            ok = bad == INT32_MAX;
-        }
-        if (ok) kept++;
-        else logits[id] = -INFINITY;
+        const int ok = walk_text(&w, t, n, i ? v->lcp[i] : 0);
+        kept += ok;
+        mask_put(o, id, ok);
     }
     return kept;
+}
+
+int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
+{
+    const mask_out o = { .logits = logits };
+    return json_mask(j, v, &o);
+}
+
+int sf_json_mask_bits(const sf_json *j, const sf_json_vocab *v, uint32_t *allow)
+{
+    memset(allow, 0, (size_t)(v->n + 31) / 32 * sizeof *allow);
+    const mask_out o = { .bits = allow };
+    return json_mask(j, v, &o);
 }
 
 int sf_json_accept(sf_json *j, const sf_json_vocab *v, int32_t id)

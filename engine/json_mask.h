@@ -103,6 +103,9 @@ void sf_json_vocab_free(sf_json_vocab *v);
 const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n);
 /* Set to -inf the logits of the tokens that cannot come next; returns how many remain. */
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits);
+/* The same as bits: allow[id / 32] bit id % 32 set for each token that can come next, clear for
+ * the others ((n_logits + 31) / 32 words, all written); returns how many are set. */
+int sf_json_mask_bits(const sf_json *j, const sf_json_vocab *v, uint32_t *allow);
 /* Advance j past token id (an end-of-generation token leaves it as it is); 0 when the token
  * does not fit (j unchanged). */
 int sf_json_accept(sf_json *j, const sf_json_vocab *v, int32_t id);

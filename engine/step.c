@@ -361,9 +361,9 @@ static int tp_takes_first(const sf_engine *e, const sf_plan *p)
 
 /* The forms' masks of a step being launched (sf_forward_sample.prepare), computed while the
  * device runs its forward pass: each row k < k_draw that draws for a request held to a form
- * gets its allow mask, the tokens that can come next (sf_json_mask on a row of zeros, left zero
- * again), or, when none can, draws unmasked and is taken as ending the request (nofit). The
- * rows are shared out over the mask threads (e->mask_pool, the engine thread one of them).
+ * gets its allow mask, the tokens that can come next (sf_json_mask_bits), or, when none can,
+ * draws unmasked and is taken as ending the request (nofit). The rows are shared out over the
+ * mask threads (e->mask_pool, the engine thread one of them).
  * Out of memory: SF_EUNSUPPORTED, the step's rows drawn here.
  * A step launched ahead (async) first takes the ids of the step in flight (take_rows): a form's
  * mask follows from the id before it, which the stand-in this step was planned with stood for;
@@ -386,25 +386,14 @@ typedef struct masks_job {
 /* One mask thread's share: the rows it takes in turn, each mask at its row's index. */
 static void masks_share(void *arg, int ith, int nth)
 {
-    (void)nth;
+    (void)ith, (void)nth;
     masks_job *j = arg;
     sf_engine *e = j->e;
     const int words = (e->vocab + 31) / 32;
-    float *x = e->mask_x + (size_t)ith * e->vocab;
     for (int i; (i = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed)) < j->n;) {
         const int k = e->mask_row[i];
         const sf_request *r = j->rows[k]->owner;
-        const int fits = sf_json_mask(&r->json, e->jv, x);
-        uint32_t *m = e->masks + (size_t)i * words;
-        for (int w = 0; w < words; w++) { /* one pass: the bits out, the row back to zeros */
-            uint32_t bits = 0;
-            for (int b = 0, v = w * 32; b < 32 && v < e->vocab; b++, v++) {
-                bits |= (uint32_t)(x[v] != -INFINITY) << b;
-                x[v] = 0.0f;
-            }
-            m[w] = bits;
-        }
-        j->nofit[k] = fits <= 0;
+        j->nofit[k] = sf_json_mask_bits(&r->json, e->jv, e->masks + (size_t)i * words) <= 0;
     }
 }
 
@@ -427,9 +416,7 @@ static int form_masks(void *arg)
         const sf_request *r = j->rows[k] ? j->rows[k]->owner : NULL; /* NULL: failed or freed since the plan */
         if (r && r->sp.json) e->mask_row[j->n++] = k;
     }
-    /* a row of zeros per mask thread, then the threads themselves at the first step with two */
-    if (!e->mask_x && !(e->mask_x = calloc((size_t)e->mask_threads * e->vocab, sizeof *e->mask_x)))
-        return SF_EUNSUPPORTED;
+    /* the threads at the first step with two */
     sf_error err = { 0 };
     if (j->n > 1 && e->mask_threads > 1 && !e->mask_pool && sf_cpu_pool_new(e->mask_threads, &e->mask_pool, &err)) {
         SF_LOGW("engine: the forms' mask threads: %s; making masks on the engine thread", err.msg);

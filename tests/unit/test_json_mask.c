@@ -473,6 +473,20 @@ static int32_t tok_of(const sf_tokenizer *t, const char *text)
     return id;
 }
 
+/* sf_json_mask_bits against sf_json_mask's row l (kept of V): the same tokens, every word written
+ * over garbage, none past them; 1 when they agree */
+static int bits_agree(const sf_json *j, const sf_json_vocab *v, const float *l, int V, int kept)
+{
+    const int words = (V + 31) / 32;
+    uint32_t *b = malloc(sizeof *b * (size_t)(words + 1));
+    memset(b, 0xA5, sizeof *b * (size_t)(words + 1));
+    int ok = sf_json_mask_bits(j, v, b) == kept && b[words] == 0xA5A5A5A5u;
+    for (int id = 0; id < words * 32; id++)
+        ok &= (int)(b[id >> 5] >> (id & 31) & 1) == (id < V && !isinf(l[id]));
+    free(b);
+    return ok;
+}
+
 static void check_vocab(const char *dir)
 {
     sf_tokenizer *t = NULL;
@@ -509,6 +523,13 @@ static void check_vocab(const char *dir)
     int in_str = sf_json_mask(&js, v, l);
     double t5 = (double)clock() / CLOCKS_PER_SEC;
     CHECK_MSG(in_str > V / 2, "%s: %d of %d tokens fit inside a string", dir, in_str, V);
+    uint32_t *bits = malloc(sizeof *bits * (size_t)(V + 31) / 32);
+    double t6 = (double)clock() / CLOCKS_PER_SEC;
+    int in_str_bits = sf_json_mask_bits(&js, v, bits);
+    double t7 = (double)clock() / CLOCKS_PER_SEC;
+    CHECK_MSG(in_str_bits == in_str && bits_agree(&js, v, l, V, in_str), "%s: in a string, bits %d, row %d", dir,
+              in_str_bits, in_str);
+    free(bits);
     /* accept advances exactly as the text does; a token that does not fit leaves j alone */
     CHECK(sf_json_accept(&j, v, close) && sf_json_done(&j));
     sf_json before = j;
@@ -520,8 +541,8 @@ static void check_vocab(const char *dir)
     for (int i = 0; i < V - 3; i++) n_eog += sf_tok_is_eog(t, i);
     CHECK_MSG(kept == n_eog && l[eos] == 0, "%s: complete: %d kept, %d end tokens", dir, kept, n_eog);
     CHECK(sf_json_accept(&j, v, eos) && sf_json_done(&j));
-    printf("  %s: %d ids, texts built in %.0f ms; mask %.2f ms after a number, %.2f ms in a string (%d fit)\n",
-           dir, V, (t1 - t0) * 1e3, (t3 - t2) * 1e3, (t5 - t4) * 1e3, in_str);
+    printf("  %s: %d ids, texts built in %.0f ms; mask %.2f ms after a number, %.2f ms in a string (%d fit), "
+           "%.2f ms there as bits\n", dir, V, (t1 - t0) * 1e3, (t3 - t2) * 1e3, (t5 - t4) * 1e3, in_str, (t7 - t6) * 1e3);
     free(l);
     sf_json_vocab_free(v);
     sf_tok_free(t);
@@ -553,7 +574,9 @@ static void mask_equals_token_by_token(const char *dir)
             sf_json_init(&j, use);
             if (!sf_json_feed(&j, b.b, cut)) break; /* a generated instance may leave the schema (free parts) */
             for (int i = 0; i < V; i++) l[i] = 0;
-            sf_json_mask(&j, v, l);
+            const int kept = sf_json_mask(&j, v, l);
+            if (!bits_agree(&j, v, l, V, kept) && bad++ < 5)
+                printf("  %s: after %.*s: the mask's bits differ from its row\n", dir, (int)cut, b.b);
             for (int id = 0; id < V; id++) {
                 size_t n;
                 const char *s = sf_json_vocab_text(v, id, &n);
@@ -607,8 +630,10 @@ static int draw_one(drawer *d, sf_json *j, int steps, char *out, size_t cap, siz
     for (int step = 0; step < steps; step++) {
         for (int i = 0; i < d->V; i++) d->l[i] = 0;
         double t0 = sf_now_s();
-        sf_json_mask(j, d->v, d->l);
+        const int kept = sf_json_mask(j, d->v, d->l);
         d->mask_s += sf_now_s() - t0, d->masks++;
+        if (!bits_agree(j, d->v, d->l, d->V, kept) && d->bad++ < 5)
+            printf("  %s: the mask's bits differ from its row after '%.*s'\n", d->dir, (int)*n, out);
         int k = 0;
         for (int i = 0; i < d->V; i++)
             if (d->l[i] == 0) d->keep[k++] = i;
