@@ -906,22 +906,20 @@ const char *sf_json_vocab_text(const sf_json_vocab *v, int32_t id, size_t *n)
 }
 
 /* Where a mask goes: -inf on a logits row for each token that cannot come next, or a bit set for
- * each that can (bits zeroed first) */
-typedef struct mask_out {
-    float *logits;
-    uint32_t *bits;
-} mask_out;
+ * each that can (bits zeroed first). The walks below are inlined into sf_json_mask and
+ * sf_json_mask_bits, each with one of the two a constant NULL, so neither pays for the other. */
+#define MASK_WALK static inline __attribute__((always_inline))
 
-static inline void mask_put(const mask_out *o, int32_t id, int ok)
+MASK_WALK void mask_put(float *logits, uint32_t *bits, int32_t id, int ok)
 {
-    if (o->bits) o->bits[id >> 5] |= (uint32_t)ok << (id & 31);
-    else if (!ok) o->logits[id] = -INFINITY;
+    if (bits) bits[id >> 5] |= (uint32_t)ok << (id & 31);
+    else if (!ok) logits[id] = -INFINITY;
 }
 
 /* sf_json_mask's walk for a pattern's output, whose state is an int: the same trie, with a
  * table lookup a byte instead of a copy of the recognizer and its switch (2.2-2.3x faster where
  * nearly every token fits, as under `.{0,100}`) */
-static int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, const mask_out *o)
+MASK_WALK int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, float *logits, uint32_t *bits)
 {
     int st[WALK_MAX + 1], have = 0, bad = INT32_MAX, kept = 0;
     st[0] = s0;
@@ -949,7 +947,7 @@ static int regex_walk(const sf_regex *re, int s0, const sf_json_vocab *v, const 
             ok = bad == INT32_MAX;
         }
         kept += ok;
-        mask_put(o, v->order[i], ok);
+        mask_put(logits, bits, v->order[i], ok);
     }
     return kept;
 }
@@ -989,7 +987,7 @@ static inline int walk_text(trie_walk *w, const char *t, size_t n, int l)
 
 /* Inside a free string at a character boundary the plain texts fit as they stand: only the
  * others are walked (np, with their shared prefixes np_l). */
-static int json_mask(const sf_json *j, const sf_json_vocab *v, const mask_out *o)
+MASK_WALK int json_mask(const sf_json *j, const sf_json_vocab *v, float *logits, uint32_t *bits)
 {
     int done = sf_json_done(j), kept = 0, in_str = j->mode == J_STR && !j->need && !j->pat, more = 0;
     if (j->mode == J_CHOICE) choice_state(j, &done, &more); /* done, yet a longer one may go on */
@@ -998,28 +996,28 @@ static int json_mask(const sf_json *j, const sf_json_vocab *v, const mask_out *o
         int32_t id = v->rest[i];
         const int ok = done && v->eog[id];
         kept += ok;
-        mask_put(o, id, ok);
+        mask_put(logits, bits, id, ok);
     }
     if (done && !more) {
-        if (!o->bits)
-            for (int i = 0; i < v->n_order; i++) o->logits[v->order[i]] = -INFINITY;
+        if (!bits)
+            for (int i = 0; i < v->n_order; i++) logits[v->order[i]] = -INFINITY;
         return kept;
     }
-    if (j->mode == J_REGEX) return kept + regex_walk(j->sc->re, j->rs, v, o);
+    if (j->mode == J_REGEX) return kept + regex_walk(j->sc->re, j->rs, v, logits, bits);
     static __thread sf_json st[WALK_MAX + 1];
     sf_json_copy(&st[0], j);
     trie_walk w = { .j = j, .st = st, .have = 0, .bad = INT32_MAX };
     size_t n;
     if (in_str) {
         kept += v->n_plain;
-        if (o->bits)
-            for (int k = 0; k < (v->n + 31) / 32; k++) o->bits[k] |= v->plain_bits[k];
+        if (bits)
+            for (int k = 0; k < (v->n + 31) / 32; k++) bits[k] |= v->plain_bits[k];
         for (int k = 0; k < v->n_np; k++) {
             const int32_t id = v->order[v->np[k]];
             const char *t = sf_json_vocab_text(v, id, &n);
             const int ok = walk_text(&w, t, n, v->np_l[k]);
             kept += ok;
-            mask_put(o, id, ok);
+            mask_put(logits, bits, id, ok);
         }
         return kept;
     }
@@ -1028,22 +1026,20 @@ static int json_mask(const sf_json *j, const sf_json_vocab *v, const mask_out *o
         const char *t = sf_json_vocab_text(v, id, &n);
         const int ok = walk_text(&w, t, n, i ? v->lcp[i] : 0);
         kept += ok;
-        mask_put(o, id, ok);
+        mask_put(logits, bits, id, ok);
     }
     return kept;
 }
 
 int sf_json_mask(const sf_json *j, const sf_json_vocab *v, float *logits)
 {
-    const mask_out o = { .logits = logits };
-    return json_mask(j, v, &o);
+    return json_mask(j, v, logits, NULL);
 }
 
 int sf_json_mask_bits(const sf_json *j, const sf_json_vocab *v, uint32_t *allow)
 {
     memset(allow, 0, (size_t)(v->n + 31) / 32 * sizeof *allow);
-    const mask_out o = { .bits = allow };
-    return json_mask(j, v, &o);
+    return json_mask(j, v, NULL, allow);
 }
 
 int sf_json_accept(sf_json *j, const sf_json_vocab *v, int32_t id)
