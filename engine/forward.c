@@ -389,8 +389,17 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
         if (smp) {
             if (smp->prepare) {
                 if (o->flush) STEP("flush", o->flush(b));
-                if ((rc = smp->prepare(smp->prepare_arg)) == SF_EUNSUPPORTED)
-                    return sf_err(err, rc, "forward step: the draw's rows are for the host");
+                rc = smp->prepare(smp->prepare_arg);
+                if (rc && f->gather_pending) { /* no draw to wait with: wait for the gather now */
+                    f->gather_pending = 0;
+                    sf_error werr = { 0 };
+                    int wrc = sf_comm_wait(f->comm, b, f->logits, "the step and its logits gather", &werr);
+                    if (wrc) {
+                        if (err) *err = werr;
+                        return wrc;
+                    }
+                }
+                if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the draw's rows are for the host");
                 if (rc) return sf_err(err, rc, "forward step: preparing the draw (%s)", sf_status_str(rc));
             }
             op = "sample";

@@ -347,15 +347,13 @@ static void src_rows(sf_engine *e, const sf_plan *p, sf_batch *b)
 
 /* Tensor parallelism: a step that scores prompt positions (read and scored on the host, a step
  * the followers do not draw, and such a step cannot take tokens from the draw in flight: tp.c)
- * or draws for a form (its masks go to the followers with the step's plan, so they are made
- * before it is sent, from the ids before them) is planned once the ids in flight are taken. */
+ * is planned once the ids in flight are taken. A step with forms' rows is planned ahead as
+ * without TP: its masks follow its plan to the followers (tp.c, masks_later). */
 static int tp_takes_first(const sf_engine *e, const sf_plan *p)
 {
     if (!e->tp) return 0;
-    for (int i = 0; i < p->n_items; i++) {
-        const sf_plan_item *it = &p->items[i];
-        if (it->seq && (it->n_score || (it->logits && ((const sf_request *)it->seq->owner)->sp.json))) return 1;
-    }
+    for (int i = 0; i < p->n_items; i++)
+        if (p->items[i].seq && p->items[i].n_score) return 1;
     return 0;
 }
 
@@ -538,10 +536,8 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     f->n_prefill = p->n_prefill;
     f->decode = p->n_decode == b.n_tokens && b.n_tokens == b.n_seqs;
     f->active = 1; /* its rows are known now: a request freed from here on is forgotten in them */
-    masks_job mj = { .e = e, .tc = tc, .rows = rows, .k_draw = k_draw, .nofit = nofit, .take_first = ahead && !e->tp };
-    /* under tensor parallelism the masks go out with the step's plan: made before it (the ids
-     * they follow were taken: tp_takes_first); out of memory: the step drawn here */
-    if (on_dev && e->tp && n_forms && form_masks(&mj) != SF_OK) on_dev = 0;
+    /* under tensor parallelism the masks follow the step's plan to the other ranks (tp.c) */
+    masks_job mj = { .e = e, .tc = tc, .rows = rows, .k_draw = k_draw, .nofit = nofit, .take_first = ahead };
     double t2 = sf_now_s();
     tc->batch += t2 - t1;
     const double w0 = tc->wait + tc->take; /* a take inside the launch (form_masks) is not launch time */
@@ -551,10 +547,10 @@ static int step_launch(sf_engine *e, sf_turn_clock *tc, int *progress, int ahead
     else if (on_dev) { /* under TP: rank 0 samples the gathered rows on its device */
         sf_forward_sample smp = { .rows = e->rows, .pen = e->pen, .n_pen = n_pen, .ids = ids,
                                   .lp = n_lp ? e->lp + (size_t)f->slot * e->cfg.max_logits : NULL,
-                                  .prepare = n_forms && !e->tp ? form_masks : NULL, .prepare_arg = &mj };
+                                  .prepare = n_forms ? form_masks : NULL, .prepare_arg = &mj };
         rc = e->tp ? sf_tp_launch_sample(e->tp, &b, &smp, &err) : sf_forward_launch_sample(e->fwd, &b, &smp, &err);
         if (mj.take_failed) return 0; /* the step in flight failed: this one's requests went with it */
-        prep_s = e->tp ? 0 : mj.s;
+        prep_s = mj.s;
         if (rc == SF_EUNSUPPORTED) { /* the backend declined these sizes: the step ran, sample here */
             on_dev = 0;
             rc = sf_forward_read_logits(e->fwd, k_draw, e->logits, &err);

@@ -7,15 +7,20 @@
  * with draw, the sampler rows (sf_sample_row[L]) and penalty entries (sf_sample_pen[n_pen]) as
  * raw bytes, then the forms' allow masks: the row of each (int32[n_masks]) and the masks
  * (uint32[n_masks x mask_words], vocab bits each; the rows' own pointers mean nothing on
- * another rank, and rows asking for logprobs draw there without them). The follower waits for
- * the header without a timeout (the server may be idle) but notices a dead leader.
+ * another rank, and rows asking for logprobs draw there without them). With masks_later the
+ * masks are not in the plan but follow it in two more broadcasts, once every rank has queued
+ * the step's forward pass: an int32 count (-1: this step is not drawn on the ranks' samplers),
+ * then the rows and masks laid out as above. The follower waits for the header without a
+ * timeout (the server may be idle) but notices a dead leader.
  *
  * Async scheduling (sf_tp_defer): rank 0 queues step N+1 before the ids of step N reach its
  * host, N+1's tokens taken from N's draw on the device (sf_batch.src_row). Every rank then
  * draws: the followers run the same sampler with the same rows on the same gathered logits
  * (the draw is a function of seed, step and logits), so each has N's ids on its own device for
  * N+1's tokens, and no ids cross between the ranks. A follower keeps at most two draws queued
- * and takes the oldest (watching the peers) before it queues a third. */
+ * and takes the oldest (watching the peers) before it queues a third. A step planned ahead with
+ * a form's rows sends its masks after the plan (masks_later): rank 0 makes them from the ids of
+ * the step before, which it takes while every rank runs the step's forward pass. */
 #include "tp.h"
 
 #include <errno.h>
@@ -51,6 +56,7 @@ typedef struct tp_hdr {
     int32_t has_src;    /* TP_STEP: the batch has src_row */
     int32_t n_masks;    /* TP_STEP with draw: rows with a form's allow mask */
     int32_t mask_words; /* their length, (vocab + 31) / 32 */
+    int32_t masks_later; /* TP_STEP with draw: the masks follow the forward pass (see the top) */
 } tp_hdr;
 
 struct sf_tp {
@@ -66,6 +72,8 @@ struct sf_tp {
     int dead;
     char dead_msg[512];
     double last_send_s; /* leader: time the last step plan took to send */
+    int32_t *mpay;      /* the masks sent after a plan (masks_later) */
+    size_t mpay_cap;
     int deferred;       /* sf_tp_defer: async scheduling, every rank draws */
 };
 
@@ -108,6 +116,40 @@ static size_t batch_ints(const tp_hdr *h)
 }
 
 static size_t masks_ints(const tp_hdr *h) { return (size_t)h->n_masks * (1 + (size_t)h->mask_words); }
+
+/* The rows' masks laid out at p: the row of each, then the masks (n_masks of L rows) */
+static void pack_masks(int32_t *p, const sf_sample_row *rows, int L, int words)
+{
+    int n = 0;
+    for (int i = 0; i < L; i++) n += rows[i].allow != NULL;
+    uint32_t *m = (uint32_t *)(p + n);
+    for (int i = 0; i < L; i++) {
+        if (!rows[i].allow) continue;
+        *p++ = i;
+        memcpy(m, rows[i].allow, (size_t)words * sizeof *m);
+        m += words;
+    }
+}
+
+/* Follower: n masks laid out at p (pack_masks) copied to *masks and pointed to by their rows */
+static int unpack_masks(const sf_tp_rank_opts *o, const int32_t *p, int n, int words, sf_sample_row *rows, int L,
+                        uint32_t **masks, size_t *cap, sf_error *err)
+{
+    const size_t n_words = (size_t)n * (size_t)words;
+    if (n_words > *cap) {
+        uint32_t *q = realloc(*masks, n_words * sizeof *q);
+        if (!q) return sf_err(err, SF_ENOMEM, "rank %d: out of memory for the forms' masks", o->rank);
+        *masks = q;
+        *cap = n_words;
+    }
+    if (n_words) memcpy(*masks, p + n, n_words * sizeof **masks);
+    for (int m = 0; m < n; m++) {
+        if (p[m] < 0 || p[m] >= L)
+            return sf_err(err, SF_EFORMAT, "rank %d: a form's mask for row %d of %d", o->rank, p[m], L);
+        rows[p[m]].allow = *masks + (size_t)m * words;
+    }
+    return SF_OK;
+}
 
 static size_t payload_ints(const tp_hdr *h)
 {
@@ -268,6 +310,8 @@ typedef struct fol_draws {
     sf_sample_pen *pen;
     uint32_t *masks;
     size_t rows_cap, pen_cap, masks_cap;
+    int32_t *mrecv;             /* masks sent after the plan, as received */
+    size_t mrecv_cap;
 } fol_draws;
 
 static void fol_draws_free(fol_draws *d)
@@ -277,6 +321,35 @@ static void fol_draws_free(fol_draws *d)
     free(d->rows);
     free(d->pen);
     free(d->masks);
+    free(d->mrecv);
+}
+
+/* Follower, a step planned ahead with forms' rows (masks_later): the masks rank 0 sends once it
+ * has the ids they follow; called between the forward pass and the draw
+ * (sf_forward_sample.prepare). A count of -1: not drawn on the samplers (SF_EUNSUPPORTED, as
+ * when rank 0's sampler declines). */
+typedef struct fol_masks {
+    sf_tp *t;
+    const tp_hdr *h;
+    fol_draws *d;
+    sf_error *err;
+} fol_masks;
+
+static int follower_masks(void *arg)
+{
+    fol_masks *q = arg;
+    sf_tp *t = q->t;
+    const sf_tp_rank_opts *o = &t->o;
+    int32_t n = 0;
+    int rc = t->comm->ops->broadcast(t->comm, &n, sizeof n, 0, 0, q->err);
+    if (rc) return rc;
+    if (n == -1) return SF_EUNSUPPORTED;
+    if (n < 0 || n > q->h->L) return sf_err(q->err, SF_EFORMAT, "rank %d: %d forms' masks for %d rows", o->rank, n, q->h->L);
+    const size_t ints = (size_t)n * (1 + (size_t)q->h->mask_words);
+    if (grow(&q->d->mrecv, &q->d->mrecv_cap, ints ? ints : 1))
+        return sf_err(q->err, SF_ENOMEM, "rank %d: out of memory for the forms' masks", o->rank);
+    if (ints && (rc = t->comm->ops->broadcast(t->comm, q->d->mrecv, ints * sizeof(int32_t), 0, 0, q->err))) return rc;
+    return unpack_masks(o, q->d->mrecv, n, q->h->mask_words, q->d->rows, q->h->L, &q->d->masks, &q->d->masks_cap, q->err);
 }
 
 /* The step as rank 0 runs it, drawing as rank 0 does (see the top): at most two draws queued. */
@@ -306,13 +379,6 @@ static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_b
         d->pen = q;
         d->pen_cap = (size_t)h->n_pen;
     }
-    const size_t n_mask_words = (size_t)h->n_masks * (size_t)h->mask_words;
-    if (n_mask_words > d->masks_cap) {
-        uint32_t *q = realloc(d->masks, n_mask_words * sizeof *q);
-        if (!q) return sf_err(err, SF_ENOMEM, "rank %d: out of memory for the forms' masks", o->rank);
-        d->masks = q;
-        d->masks_cap = n_mask_words;
-    }
     /* no penalty entries (or rows): nothing to copy, and d->pen may still be NULL (memcpy with a
      * null pointer is undefined even for 0 bytes; UBSan stops the rank there) */
     const int32_t *p = payload + batch_ints(h) + (h->has_src ? h->T : 0);
@@ -325,17 +391,14 @@ static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_b
         d->rows[i].logprobs = 0;
     }
     const int32_t *mrow = p + rows_ints(h->L) + pen_ints(h->n_pen);
-    if (n_mask_words) memcpy(d->masks, mrow + h->n_masks, n_mask_words * sizeof *d->masks);
-    for (int m = 0; m < h->n_masks; m++) {
-        if (mrow[m] < 0 || mrow[m] >= h->L)
-            return sf_err(err, SF_EFORMAT, "rank %d: a form's mask for row %d of %d", o->rank, mrow[m], h->L);
-        d->rows[mrow[m]].allow = d->masks + (size_t)m * h->mask_words;
-    }
+    if ((rc = unpack_masks(o, mrow, h->n_masks, h->mask_words, d->rows, h->L, &d->masks, &d->masks_cap, err))) return rc;
     if (d->queued == 2) { /* the oldest first: the backend keeps two */
         if ((rc = sf_forward_take(t->fwd, err))) return rc;
         d->queued--;
     }
-    sf_forward_sample smp = { .rows = d->rows, .pen = d->pen, .n_pen = h->n_pen, .ids = d->ring[d->k] };
+    fol_masks fm = { .t = t, .h = h, .d = d, .err = err };
+    sf_forward_sample smp = { .rows = d->rows, .pen = d->pen, .n_pen = h->n_pen, .ids = d->ring[d->k],
+                              .prepare = h->masks_later ? follower_masks : NULL, .prepare_arg = &fm };
     rc = sf_forward_launch_sample(t->fwd, b, &smp, err);
     if (rc == SF_EUNSUPPORTED) return SF_OK; /* rank 0's sampler declined the same sizes: no draw here either */
     if (!rc) rc = sf_forward_wait_sample(t->fwd, err);
@@ -396,8 +459,8 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             continue;
         }
         if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || h.n_pen < 0 || h.n_masks < 0 ||
-            h.n_masks > h.L || (h.n_masks && h.mask_words != (t.shard.m.cfg.vocab_size + 31) / 32) ||
-            (h.has_src && !h.draw) || payload_ints(&h) != h.payload) {
+            h.n_masks > h.L || ((h.n_masks || h.masks_later) && h.mask_words != (t.shard.m.cfg.vocab_size + 31) / 32) ||
+            (h.has_src && !h.draw) || (h.masks_later && (!h.draw || h.n_masks)) || payload_ints(&h) != h.payload) {
             rc = sf_err(err, SF_EFORMAT, "rank %d: malformed step plan (command %d, %d tokens, %d sequences)", o->rank,
                         h.cmd, h.T, h.S);
             goto out;
@@ -660,8 +723,38 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
     return rc ? dead(t, rc, err) : SF_OK;
 }
 
+/* Rank 0, a step whose masks follow its forward pass (masks_later): the caller's prepare makes
+ * them (from the ids of the step before), then they go to every rank (see the top); when it
+ * fails, a count of -1 tells the followers not to draw. */
+typedef struct lead_masks {
+    sf_tp *t;
+    const sf_forward_sample *smp;
+    int L;
+    sf_error *err;
+} lead_masks;
+
+static int leader_masks(void *arg)
+{
+    lead_masks *q = arg;
+    sf_tp *t = q->t;
+    const int words = (t->shard.m.cfg.vocab_size + 31) / 32;
+    int rc = q->smp->prepare(q->smp->prepare_arg);
+    int32_t n = 0;
+    for (int i = 0; !rc && i < q->L; i++) n += q->smp->rows[i].allow != NULL;
+    if (rc) n = -1;
+    const size_t ints = n > 0 ? (size_t)n * (1 + (size_t)words) : 0;
+    int brc = grow(&t->mpay, &t->mpay_cap, ints ? ints : 1);
+    if (brc) n = -1; /* the followers skip the draw; so does this rank */
+    else if (ints) pack_masks(t->mpay, q->smp->rows, q->L, words);
+    if ((brc = t->comm->ops->broadcast(t->comm, &n, sizeof n, 0, 0, q->err)) ||
+        (n > 0 && (brc = t->comm->ops->broadcast(t->comm, t->mpay, ints * sizeof(int32_t), 0, 0, q->err))))
+        return brc;
+    return rc ? rc : n < 0 ? SF_EUNSUPPORTED : SF_OK;
+}
+
 /* The step plan to every rank, then this rank's step: logits to host memory, or sampled on
- * rank 0's device (smp; launch: queued, sf_tp_wait_sample waits for the ids). */
+ * rank 0's device (smp; launch: queued, sf_tp_wait_sample waits for the ids). A draw whose
+ * masks are made in smp->prepare sends them after the plan (masks_later). */
 static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sample *smp, int launch, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
@@ -669,7 +762,8 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
                  .draw = smp && launch && t->deferred, .has_src = b->src_row != NULL };
     h.n_pen = h.draw ? smp->n_pen : 0;
     h.mask_words = (t->shard.m.cfg.vocab_size + 31) / 32;
-    for (int i = 0; h.draw && i < h.L; i++) h.n_masks += smp->rows[i].allow != NULL;
+    h.masks_later = h.draw && smp->prepare;
+    for (int i = 0; h.draw && !h.masks_later && i < h.L; i++) h.n_masks += smp->rows[i].allow != NULL;
     if (h.has_src && !h.draw)
         return sf_err(err, SF_EINVAL, "tensor parallelism: a step takes tokens from a draw (src_row) that the "
                       "followers did not make (async scheduling needs sf_tp_defer and sf_tp_launch_sample)");
@@ -693,13 +787,7 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
         p += rows_ints(h.L);
         if (h.n_pen) memcpy(p, smp->pen, (size_t)h.n_pen * sizeof *smp->pen);
         p += pen_ints(h.n_pen);
-        uint32_t *m = (uint32_t *)(p + h.n_masks);
-        for (int i = 0; i < h.L; i++) {
-            if (!smp->rows[i].allow) continue;
-            *p++ = i;
-            memcpy(m, smp->rows[i].allow, (size_t)h.mask_words * sizeof *m);
-            m += h.mask_words;
-        }
+        if (h.n_masks) pack_masks(p, smp->rows, h.L, h.mask_words);
     }
 #undef PUT
     int rc;
@@ -708,6 +796,14 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
         (rc = t->comm->ops->broadcast(t->comm, t->payload, n * sizeof(int32_t), 0, 0, err)))
         return dead(t, rc, err);
     t->last_send_s = sf_now_s() - t0;
+    lead_masks lm = { .t = t, .smp = smp, .L = h.L, .err = err };
+    sf_forward_sample later;
+    if (h.masks_later) {
+        later = *smp;
+        later.prepare = leader_masks;
+        later.prepare_arg = &lm;
+        smp = &later;
+    }
     rc = !smp ? sf_forward_step(t->fwd, b, logits, err)
          : launch ? sf_forward_launch_sample(t->fwd, b, smp, err) : sf_forward_step_sample(t->fwd, b, smp, err);
     /* a sampler that declined these sizes is no failure of the group: the step ran on every
@@ -814,5 +910,6 @@ void sf_tp_free(sf_tp *t)
     sf_shard_free(&t->shard);
     sf_comm_free(t->comm);
     free(t->payload);
+    free(t->mpay);
     free(t);
 }

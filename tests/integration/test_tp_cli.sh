@@ -2,7 +2,7 @@
 # Tensor parallelism from the outside: `semflow generate --tensor-parallel-size N` starts its
 # own `semflow rank` followers and greedy text equals TP=1 (demo model, stories260K GGUF), and
 # seeded top-k/top-p text too (sampled from the gathered rows on rank 0's backend), and so is
-# seeded text held to JSON or to a pattern (the forms' masks sent to every rank with the plan);
+# seeded text held to JSON or to a pattern (the forms' masks sent to every rank after the plan);
 # a saturated bench at TP=2 draws requests with forms and logprobs on the backend;
 # a size that does not split the heads is refused with a message naming them; no rank
 # process outlives its leader; the hidden rank command refuses being run by hand; `bench
@@ -60,7 +60,8 @@ for form in json regex; do
 done
 
 # many requests, half held to JSON and all asking for logprobs: every row drawn on rank 0's
-# backend (none copied to the host), the followers drawing the same
+# backend (none copied to the host), the followers drawing the same; the steps with forms' rows
+# planned ahead of the ids before them, their masks sent to the followers after the plan
 timeout 300 "$BIN" bench throughput --model "$DATA/stories260K/stories260K.gguf" --backend cpu --threads 1 \
     --tensor-parallel-size 2 --input 16 --output 24 --num-prompts 8 --structured-output-ratio 0.5 --logprobs 2 --json \
     >"$tmp/tpf.json" 2>"$tmp/tpf.err"; rc=$?
@@ -73,7 +74,8 @@ def find(o, k):
         for v in o.values():
             r = find(v, k)
             if r is not None: return r
-print(0 if find(j, "json_requests") == 4 and find(j, "rows_sampled_host") == 0 and find(j, "rows_sampled_backend") > 0 else 1)' \
+print(0 if find(j, "json_requests") == 4 and find(j, "rows_sampled_host") == 0 and find(j, "rows_sampled_backend") > 0
+      and find(j, "async_form_steps") > 0 else 1)' \
     "$tmp/tpf.json" 2>/dev/null || echo 1)
 check bench_tp2_forms_logprobs_on_the_backend $ok "rc=$rc $(tail -3 "$tmp/tpf.err") $(head -c 600 "$tmp/tpf.json")"
 
