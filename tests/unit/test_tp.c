@@ -372,6 +372,121 @@ TEST(tp_all_reduce_check)
     }
 }
 
+/* A draw's forms' masks made after its plan is sent (masks_later, as the engine does for a step
+ * planned ahead): each step's rows held by a mask to the one token make_steps feeds next, taken
+ * on every rank's device (src_row), so the last step's logits equal TP=1's only if every rank
+ * drew with rank 0's masks. Then a prepare that fails: no rank draws (SF_EUNSUPPORTED back),
+ * the step's gathered rows are still read, and the group goes on. */
+typedef struct masks_later {
+    sf_sample_row *rows;
+    const step *next; /* the step after the one being drawn, or NULL */
+    uint32_t *bits;   /* [2][words] */
+    int words, fail;
+} masks_later;
+
+static int masks_later_prepare(void *arg)
+{
+    masks_later *q = arg;
+    if (q->fail) return SF_EUNSUPPORTED;
+    memset(q->bits, 0, sizeof *q->bits * 2 * (size_t)q->words);
+    const step *n = q->next;
+    int32_t want[2] = { n ? n->tokens[0] : -1, -1 };
+    if (n && n->S == 2 && n->T - n->seq_start[1] == 1) want[1] = n->tokens[n->T - 1]; /* B's decode token */
+    for (int r = 0; r < 2; r++) {
+        if (want[r] < 0) continue;
+        q->bits[r * q->words + want[r] / 32] |= 1u << (want[r] % 32);
+        q->rows[r].allow = q->bits + r * q->words;
+    }
+    return SF_OK;
+}
+
+TEST(tp_masks_after_the_plan)
+{
+    sf_model_config cfg;
+    float *ref = reference("demo", 0, &cfg);
+    REQUIRE(ref, "no TP=1 reference");
+    const int V = cfg.vocab_size, words = (V + 31) / 32;
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_tp *tp = NULL;
+    pid_t pids[8];
+    int rc = start("demo", 0, 2, 20000, &m, &b, &tp, pids, &err);
+    REQUIRE(rc == SF_OK, "start: %s", err.msg);
+    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(tp));
+    rc = sf_tp_kv_init(tp, &kc, &err);
+    if (!rc) rc = sf_tp_defer(tp, 1, &err);
+    CHECK_MSG(rc == SF_OK, "kv_init / defer: %s", err.msg);
+    step s[NSTEPS];
+    make_steps(s, V);
+    uint32_t *bits = calloc((size_t)2 * words, sizeof *bits);
+    float *got = calloc((size_t)2 * V, sizeof(float));
+    int32_t ids[NSTEPS][2];
+    int queued = 0;
+    for (int k = 0; k < NSTEPS && !rc; k++) {
+        step *p = &s[k];
+        int32_t src[16];
+        for (int i = 0; i < p->T; i++) src[i] = -1;
+        if (k >= 1) src[0] = 0;        /* A's decode token: row 0 of the draw before */
+        if (k >= 4) src[p->T - 1] = 1; /* B's: row 1 */
+        sf_batch bt = batch_of(p);
+        bt.src_row = src;
+        sf_sample_row sr[2];
+        for (int r = 0; r < 2; r++)
+            sr[r] = (sf_sample_row){ .temperature = 0.9f, .top_p = 1, .repetition_penalty = 1, .seed = 5, .step = (uint64_t)k };
+        masks_later q = { .rows = sr, .next = k + 1 < NSTEPS ? &s[k + 1] : NULL, .bits = bits, .words = words };
+        sf_forward_sample smp = { .rows = sr, .ids = ids[k], .prepare = masks_later_prepare, .prepare_arg = &q };
+        if ((rc = sf_tp_launch_sample(tp, &bt, &smp, &err)) || (rc = sf_tp_wait_sample(tp, &err))) break;
+        if (++queued == 2) { /* the draw before this step's: taken after this step was queued */
+            if ((rc = sf_tp_take(tp, &err))) break;
+            queued--;
+        }
+    }
+    while (!rc && queued-- > 0) rc = sf_tp_take(tp, &err);
+    CHECK_MSG(rc == SF_OK, "steps with masks after the plan: %s", err.msg);
+    int held = 0, all = 0;
+    for (int k = 0; !rc && k + 1 < NSTEPS; k++) {
+        const step *n = &s[k + 1];
+        all += 1 + (n->S == 2 && n->T - n->seq_start[1] == 1);
+        held += ids[k][0] == n->tokens[0];
+        held += n->S == 2 && n->T - n->seq_start[1] == 1 && ids[k][1] == n->tokens[n->T - 1];
+    }
+    CHECK_MSG(!rc && held == all, "%d of %d draws held to their masks", held, all);
+    /* the last step's gathered rows: every rank fed the masked draws' tokens */
+    const float *r = ref + (size_t)(NSTEPS - 1) * 2 * V;
+    double worst = 0, scale = 0;
+    const int L = s[NSTEPS - 1].L;
+    rc = rc ? rc : sf_forward_read_logits(sf_tp_forward(tp), L, got, &err);
+    for (int i = 0; !rc && i < L * V; i++) {
+        worst = fmax(worst, fabs((double)got[i] - r[i]));
+        scale = fmax(scale, fabs((double)r[i]));
+    }
+    CHECK_MSG(!rc && scale > 0 && worst <= 1e-4 * fmax(1.0, scale), "last step's logits %.3g from TP=1's (%s)", worst,
+              err.msg);
+    /* the same step again (its tokens given), its masks failing: nobody draws, the rows are
+     * still gathered, and the group goes on */
+    if (!rc) {
+        sf_batch bt = batch_of(&s[NSTEPS - 1]);
+        sf_sample_row sr[2] = { { .temperature = 0, .top_p = 1, .repetition_penalty = 1 },
+                                { .temperature = 0, .top_p = 1, .repetition_penalty = 1 } };
+        masks_later q = { .rows = sr, .bits = bits, .words = words, .fail = 1 };
+        int32_t none[2];
+        sf_forward_sample smp = { .rows = sr, .ids = none, .prepare = masks_later_prepare, .prepare_arg = &q };
+        rc = sf_tp_launch_sample(tp, &bt, &smp, &err);
+        CHECK_MSG(rc == SF_EUNSUPPORTED, "a failed prepare: %s (%s)", sf_status_str(rc), err.msg);
+        rc = sf_forward_read_logits(sf_tp_forward(tp), L, got, &err);
+        worst = 0;
+        for (int i = 0; !rc && i < L * V; i++) worst = fmax(worst, fabs((double)got[i] - r[i]));
+        CHECK_MSG(!rc && worst <= 1e-4 * fmax(1.0, scale), "after a failed prepare: %.3g (%s)", worst, err.msg);
+        CHECK_MSG(sf_tp_step(tp, &bt, got, &err) == SF_OK, "the step after: %s", err.msg);
+    }
+    printf("      %d draws held to masks sent after their plans; last logits %.2e from TP=1\n", held, worst);
+    free(bits);
+    free(got);
+    free(ref);
+    stop(m, b, tp);
+}
+
 TEST(tp_rank_killed) { check_failure(SIGKILL); }
 TEST(tp_rank_hung) { check_failure(SIGSTOP); }
 
@@ -385,6 +500,7 @@ int main(void)
     RUN(tp_synthetic_gqa_replicated_bias_tied);
     RUN(dummy_fill_of_a_shard);
     RUN(tp_all_reduce_check);
+    RUN(tp_masks_after_the_plan);
     RUN(tp_rank_killed);
     RUN(tp_rank_hung);
     return test_summary();
