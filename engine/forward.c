@@ -387,24 +387,16 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
             f->gather_pending = nowait;
         }
         if (smp) {
+            int prc = SF_OK; /* the draw's preparation (forms' masks), after the step is launched */
             if (smp->prepare) {
                 if (o->flush) STEP("flush", o->flush(b));
-                rc = smp->prepare(smp->prepare_arg);
-                if (rc && f->gather_pending) { /* no draw to wait with: wait for the gather now */
-                    f->gather_pending = 0;
-                    sf_error werr = { 0 };
-                    int wrc = sf_comm_wait(f->comm, b, f->logits, "the step and its logits gather", &werr);
-                    if (wrc) {
-                        if (err) *err = werr;
-                        return wrc;
-                    }
-                }
-                if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the draw's rows are for the host");
-                if (rc) return sf_err(err, rc, "forward step: preparing the draw (%s)", sf_status_str(rc));
+                prc = smp->prepare(smp->prepare_arg);
             }
             op = "sample";
             const sf_buf *lg = f->rows_full ? f->rows_full : f->logits;
-            if (f->launching && o->sample_start) {
+            if (prc) {
+                rc = prc;
+            } else if (f->launching && o->sample_start) {
                 rc = o->sample_start(b, lg, L, c->vocab_size, smp->rows, smp->pen, smp->n_pen, smp->ids, smp->lp);
                 f->draw_pending = rc == SF_OK;
             } else {
@@ -415,6 +407,8 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
                 int wrc = sf_comm_wait(f->comm, b, f->logits, "the step and its logits gather", err);
                 if (wrc) return wrc;
             }
+            if (prc == SF_EUNSUPPORTED) return sf_err(err, prc, "forward step: the draw's rows are for the host");
+            if (prc) return sf_err(err, prc, "forward step: preparing the draw (%s)", sf_status_str(prc));
             if (rc == SF_EUNSUPPORTED) return sf_err(err, rc, "forward step: the %s backend's sampler declined "
                                                      "%d rows; sample on the host", o->name, L);
             if (rc) goto fail;

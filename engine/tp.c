@@ -117,12 +117,17 @@ static size_t batch_ints(const tp_hdr *h)
 
 static size_t masks_ints(const tp_hdr *h) { return (size_t)h->n_masks * (1 + (size_t)h->mask_words); }
 
-/* The rows' masks laid out at p: the row of each, then the masks (n_masks of L rows) */
-static void pack_masks(int32_t *p, const sf_sample_row *rows, int L, int words)
+static int count_masks(const sf_sample_row *rows, int L)
 {
     int n = 0;
     for (int i = 0; i < L; i++) n += rows[i].allow != NULL;
-    uint32_t *m = (uint32_t *)(p + n);
+    return n;
+}
+
+/* The rows' masks laid out at p: the row of each, then the masks (count_masks of L rows) */
+static void pack_masks(int32_t *p, const sf_sample_row *rows, int L, int words)
+{
+    uint32_t *m = (uint32_t *)(p + count_masks(rows, L));
     for (int i = 0; i < L; i++) {
         if (!rows[i].allow) continue;
         *p++ = i;
@@ -131,22 +136,16 @@ static void pack_masks(int32_t *p, const sf_sample_row *rows, int L, int words)
     }
 }
 
-/* Follower: n masks laid out at p (pack_masks) copied to *masks and pointed to by their rows */
+/* Follower: n masks laid out at p (pack_masks) pointed to by their rows where they lie (the
+ * buffer is kept until the next plan; the sampler copies the masks when the draw is queued) */
 static int unpack_masks(const sf_tp_rank_opts *o, const int32_t *p, int n, int words, sf_sample_row *rows, int L,
-                        uint32_t **masks, size_t *cap, sf_error *err)
+                        sf_error *err)
 {
-    const size_t n_words = (size_t)n * (size_t)words;
-    if (n_words > *cap) {
-        uint32_t *q = realloc(*masks, n_words * sizeof *q);
-        if (!q) return sf_err(err, SF_ENOMEM, "rank %d: out of memory for the forms' masks", o->rank);
-        *masks = q;
-        *cap = n_words;
-    }
-    if (n_words) memcpy(*masks, p + n, n_words * sizeof **masks);
+    const uint32_t *masks = (const uint32_t *)(p + n);
     for (int m = 0; m < n; m++) {
         if (p[m] < 0 || p[m] >= L)
             return sf_err(err, SF_EFORMAT, "rank %d: a form's mask for row %d of %d", o->rank, p[m], L);
-        rows[p[m]].allow = *masks + (size_t)m * words;
+        rows[p[m]].allow = masks + (size_t)m * words;
     }
     return SF_OK;
 }
@@ -308,8 +307,7 @@ typedef struct fol_draws {
     int32_t *ring[2];
     sf_sample_row *rows;
     sf_sample_pen *pen;
-    uint32_t *masks;
-    size_t rows_cap, pen_cap, masks_cap;
+    size_t rows_cap, pen_cap;
     int32_t *mrecv;             /* masks sent after the plan, as received */
     size_t mrecv_cap;
 } fol_draws;
@@ -320,7 +318,6 @@ static void fol_draws_free(fol_draws *d)
     free(d->ring[1]);
     free(d->rows);
     free(d->pen);
-    free(d->masks);
     free(d->mrecv);
 }
 
@@ -349,7 +346,7 @@ static int follower_masks(void *arg)
     if (grow(&q->d->mrecv, &q->d->mrecv_cap, ints ? ints : 1))
         return sf_err(q->err, SF_ENOMEM, "rank %d: out of memory for the forms' masks", o->rank);
     if (ints && (rc = t->comm->ops->broadcast(t->comm, q->d->mrecv, ints * sizeof(int32_t), 0, 0, q->err))) return rc;
-    return unpack_masks(o, q->d->mrecv, n, q->h->mask_words, q->d->rows, q->h->L, &q->d->masks, &q->d->masks_cap, q->err);
+    return unpack_masks(o, q->d->mrecv, n, q->h->mask_words, q->d->rows, q->h->L, q->err);
 }
 
 /* The step as rank 0 runs it, drawing as rank 0 does (see the top): at most two draws queued. */
@@ -391,7 +388,7 @@ static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_b
         d->rows[i].logprobs = 0;
     }
     const int32_t *mrow = p + rows_ints(h->L) + pen_ints(h->n_pen);
-    if ((rc = unpack_masks(o, mrow, h->n_masks, h->mask_words, d->rows, h->L, &d->masks, &d->masks_cap, err))) return rc;
+    if ((rc = unpack_masks(o, mrow, h->n_masks, h->mask_words, d->rows, h->L, err))) return rc;
     if (d->queued == 2) { /* the oldest first: the backend keeps two */
         if ((rc = sf_forward_take(t->fwd, err))) return rc;
         d->queued--;
@@ -739,9 +736,7 @@ static int leader_masks(void *arg)
     sf_tp *t = q->t;
     const int words = (t->shard.m.cfg.vocab_size + 31) / 32;
     int rc = q->smp->prepare(q->smp->prepare_arg);
-    int32_t n = 0;
-    for (int i = 0; !rc && i < q->L; i++) n += q->smp->rows[i].allow != NULL;
-    if (rc) n = -1;
+    int32_t n = rc ? -1 : count_masks(q->smp->rows, q->L);
     const size_t ints = n > 0 ? (size_t)n * (1 + (size_t)words) : 0;
     int brc = grow(&t->mpay, &t->mpay_cap, ints ? ints : 1);
     if (brc) n = -1; /* the followers skip the draw; so does this rank */
@@ -763,7 +758,7 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
     h.n_pen = h.draw ? smp->n_pen : 0;
     h.mask_words = (t->shard.m.cfg.vocab_size + 31) / 32;
     h.masks_later = h.draw && smp->prepare;
-    for (int i = 0; h.draw && !h.masks_later && i < h.L; i++) h.n_masks += smp->rows[i].allow != NULL;
+    h.n_masks = h.draw && !h.masks_later ? count_masks(smp->rows, h.L) : 0;
     if (h.has_src && !h.draw)
         return sf_err(err, SF_EINVAL, "tensor parallelism: a step takes tokens from a draw (src_row) that the "
                       "followers did not make (async scheduling needs sf_tp_defer and sf_tp_launch_sample)");
