@@ -82,15 +82,28 @@ int sf_gemm_split_check(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlg
 
 int sf_gemm_split_ws(sf_k_gemm_ctx *g)
 {
-    if (g->split_ws) return 0;
-    cudaError_t e = cudaMalloc((void **)&g->split_ws, SPLIT_WS_BYTES);
-    if (g->n_mallocs) (*g->n_mallocs)++;
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        g->split_ws = NULL;
-        return (int)e;
+    cudaError_t e = cudaSuccess;
+    if (!g->split_ws) {
+        e = cudaMalloc((void **)&g->split_ws, SPLIT_WS_BYTES);
+        if (g->n_mallocs) (*g->n_mallocs)++;
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            g->split_ws = NULL;
+            return (int)e;
+        }
+        g->split_bytes = SPLIT_WS_BYTES;
     }
-    g->split_bytes = SPLIT_WS_BYTES;
+    if (!g->skinny_cnt) { /* the own kernel's arrival counters (gemm_skinny.cu), zeroed once */
+        e = cudaMalloc((void **)&g->skinny_cnt, SK_COUNTERS * sizeof(unsigned));
+        if (g->n_mallocs) (*g->n_mallocs)++;
+        if (e == cudaSuccess) e = cudaMemset(g->skinny_cnt, 0, SK_COUNTERS * sizeof(unsigned));
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            cudaFree(g->skinny_cnt);
+            g->skinny_cnt = NULL;
+            return (int)e;
+        }
+    }
     return 0;
 }
 
