@@ -142,6 +142,12 @@ fail:
 static void plan_settle(sf_k_gemm_ctx *g, plan *p)
 {
     p->settled = 1;
+    p->own = 0;
+    if (g->own_force && p->n > 8 && p->n <= SK_NMAX && g->split_ws && g->skinny_cnt &&
+        sf_gemm_skinny_ok(p->n, p->m, p->k, p->ldx, NULL, NULL)) {
+        p->own = 1;
+        return;
+    }
     int nb = sf_k_gemm_bucket(p->n);
     if (p->lt_rc || !g->tune_on || !nb) return;
     tune_entry *t = sf_gemm_tune_find(g, p->m, p->k, p->has_bias, p->acc, nb);
@@ -325,7 +331,12 @@ extern "C" int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const
     return p->choice == 1 ? sf_k_gemv(x, ldx, w, bias, n, m, k, y, ldy, s) : run_lt(g, p, x, w, bias, y, s);
 }
 
-extern "C" void sf_k_gemm_own_enable(sf_k_gemm_ctx *g, int on) { g->own_off = !on; }
+extern "C" int sf_k_gemm_own_enable(sf_k_gemm_ctx *g, int on, int force)
+{
+    g->own_off = !on;
+    g->own_force = on && force;
+    return g->own_force ? sf_gemm_split_ws(g) : 0;
+}
 
 extern "C" int sf_k_gemm_own(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
                              int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s)

@@ -53,6 +53,7 @@ struct sf_k_gemm_ctx {
     int *n_mallocs;      /* the owner's allocation counter (may be NULL) */
     float *split_ws;     /* fp32 partials of split GEMMs (gemm_split.cu, gemm_skinny.cu), split_bytes long */
     int own_off;          /* 1: the own 9-32 row kernel is not a tuner candidate nor used */
+    int own_force;        /* 1: the own kernel wherever it takes the shape, whatever the tuner says */
     unsigned *skinny_cnt; /* SK_COUNTERS arrival counters of gemm_skinny.cu, zero between launches */
     size_t split_bytes;
     plan plans[MAX_PLANS];
