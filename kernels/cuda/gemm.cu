@@ -75,7 +75,7 @@ extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
     for (int i = 0; i < g->n_plans; i++) sf_gemm_plan_release(&g->plans[i]);
     sf_gemm_tune_free(g);
     cudaFree(g->split_ws);
-    cudaFree(g->skinny_cnt);
+    cudaFree(g->skinny_sum); /* with the counters after it */
     cudaFree(g->workspace);
     cublasLtDestroy(g->lt);
     free(g);

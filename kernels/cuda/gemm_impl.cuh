@@ -55,6 +55,7 @@ struct sf_k_gemm_ctx {
     int own_off;          /* 1: the own 9-32 row kernel is not a tuner candidate nor used */
     int own_force;        /* 1: the own kernel wherever it takes the shape, whatever the tuner says */
     unsigned *skinny_cnt; /* SK_COUNTERS arrival counters of gemm_skinny.cu, zero between launches */
+    float *skinny_sum;    /* its fp32 sums (SK_SUM_BYTES), zero between launches */
     size_t split_bytes;
     plan plans[MAX_PLANS];
     int n_plans;
@@ -113,12 +114,13 @@ int sf_gemm_split_run(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlgo_
                       const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t ldy, cudaStream_t s);
 
 /* The own kernel for 9-32 rows (gemm_skinny.cu): whether it takes the shape and pointers; its k
- * split for a shape (0: none fits); one run (the split workspace and counters made). */
+ * split for a shape (0: none fits); one run (its sums and counters made: sf_gemm_split_ws). */
 #define SPLIT_OWN (-1)
 #define SK_NMAX 32
 #define SK_COUNTERS 8192
+#define SK_SUM_BYTES ((size_t)24 << 20) /* m x 32 floats up to m = 196608 */
 int sf_gemm_skinny_ok(int n, int m, int k, int64_t ldx, const void *x, const void *w);
-int sf_gemm_skinny_plan(int n, int m, int k, int slots, size_t ws_bytes, int *KR);
+int sf_gemm_skinny_plan(int n, int m, int k, int slots, int *KR);
 int sf_gemm_skinny_run(sf_k_gemm_ctx *g, int n, int m, int k, const uint16_t *x, int64_t ldx, const uint16_t *w,
                        const uint16_t *bias, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
 

@@ -93,16 +93,19 @@ int sf_gemm_split_ws(sf_k_gemm_ctx *g)
         }
         g->split_bytes = SPLIT_WS_BYTES;
     }
-    if (!g->skinny_cnt) { /* the own kernel's arrival counters (gemm_skinny.cu), zeroed once */
-        e = cudaMalloc((void **)&g->skinny_cnt, SK_COUNTERS * sizeof(unsigned));
+    if (!g->skinny_cnt) { /* the own kernel's sums and arrival counters (gemm_skinny.cu), zeroed once */
+        void *p = NULL;
+        const size_t cb = SK_COUNTERS * sizeof(unsigned);
+        e = cudaMalloc(&p, SK_SUM_BYTES + cb);
         if (g->n_mallocs) (*g->n_mallocs)++;
-        if (e == cudaSuccess) e = cudaMemset(g->skinny_cnt, 0, SK_COUNTERS * sizeof(unsigned));
+        if (e == cudaSuccess) e = cudaMemset(p, 0, SK_SUM_BYTES + cb);
         if (e != cudaSuccess) {
             cudaGetLastError();
-            cudaFree(g->skinny_cnt);
-            g->skinny_cnt = NULL;
+            cudaFree(p);
             return (int)e;
         }
+        g->skinny_sum = (float *)p;
+        g->skinny_cnt = (unsigned *)((char *)p + SK_SUM_BYTES);
     }
     return 0;
 }
