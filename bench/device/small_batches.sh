@@ -30,9 +30,11 @@ for c in $CTXS; do
             printf '%-6s %-6s %-4s' "$b" "$c" "$r"
             for m in $MODES; do
                 own=1 force=0
-                case $m in force) force=1 ;; off) own=0 ;; esac
+                pdl=1
+                case $m in force) force=1 ;; force-nopdl) force=1 pdl=0 ;; off) own=0 ;; esac
                 mkdir -p "$D/cache_$m"
                 XDG_CACHE_HOME="$D/cache_$m" SEMFLOW_CUDA_GEMM_OWN=$own SEMFLOW_CUDA_GEMM_OWN_FORCE=$force \
+                    SEMFLOW_CUDA_SKINNY_PDL=$pdl \
                     timeout 120 "$BIN" bench decode-batch --load-format dummy --preset llama-3-8b --backend cuda \
                     --steps 16 --ctx "$c" --chunk "$c" --batch "$b" --json >"$D/${b}_${c}_${m}_$r.json" \
                     2>"$D/${b}_${c}_${m}_$r.err"

@@ -222,6 +222,15 @@ static int launch(const sk_args &a, cudaStream_t s)
     static sf_k_smem have;
     int rc = sf_k_smem_attr(&have, k_gemm_skinny<NG>, smem);
     if (rc) return rc;
+    static int pdl = -1;
+    if (pdl < 0) {
+        const char *e = getenv("SEMFLOW_CUDA_SKINNY_PDL");
+        pdl = !(e && e[0] == '0');
+    }
+    if (!pdl) {
+        k_gemm_skinny<NG><<<dim3(sf_div_up(a.m, SK_ROWS), a.S), dim3(SK_WARPS * 32), smem, s>>>(a);
+        return sf_launch_status();
+    }
     return sf_launch_pdl(k_gemm_skinny<NG>, dim3(sf_div_up(a.m, SK_ROWS), a.S), dim3(SK_WARPS * 32), smem, s, a);
 }
 
