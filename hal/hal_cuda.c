@@ -1565,9 +1565,7 @@ static const struct sf_backend_ops cuda_ops = {
 
 /* A cuBLASLt context (its workspace counted) with the GEMM tuner on, as configured:
  * SEMFLOW_CUDA_GEMM_TUNE=0: cuBLASLt's heuristic choice only (for comparison);
- * SEMFLOW_CUDA_GEMM_TUNE_S: the tuning budget in seconds (default 20);
- * SEMFLOW_CUDA_GEMM_OWN=0: the own kernel for 9-32 rows is not a candidate (for comparison);
- * SEMFLOW_CUDA_GEMM_OWN_FORCE=1: that kernel wherever it applies, whatever the tuner measured. */
+ * SEMFLOW_CUDA_GEMM_TUNE_S: the tuning budget in seconds (default 20). */
 static int gemm_make(cuda_ctx *c, sf_k_gemm_ctx **out, sf_error *err)
 {
     sf_k_gemm_ctx *g = NULL;
@@ -1577,12 +1575,6 @@ static int gemm_make(cuda_ctx *c, sf_k_gemm_ctx **out, sf_error *err)
     c->dev_bytes += 32u << 20;
     char bus[64] = "", path[1024] = "";
     double budget = (double)sf_env_long("SEMFLOW_CUDA_GEMM_TUNE_S", 20, 1, 3600);
-    if ((krc = sf_k_gemm_own_enable(g, sf_env_bool("SEMFLOW_CUDA_GEMM_OWN", 1),
-                                    sf_env_bool("SEMFLOW_CUDA_GEMM_OWN_FORCE", 0)))) {
-        sf_k_gemm_ctx_free(g);
-        c->dev_bytes -= 32u << 20;
-        return sf_err(err, SF_ERROR, "CUDA backend: GEMM workspace: %s", sf_k_gemm_error_str(krc));
-    }
     if (sf_env_bool("SEMFLOW_CUDA_GEMM_TUNE", 1)) {
         if (cudaDeviceGetPCIBusId(bus, sizeof bus, c->dev) != cudaSuccess ||
             sf_hal_cuda_cache_path(bus, "gemm-cuda", path, sizeof path) != 0) {

@@ -1,6 +1,5 @@
-/* gemm.cu — GEMMs through cuBLASLt and the per-shape dispatcher between cuBLASLt, the GEMV
- * kernel (gemv.cu, n <= 8) and the own kernel for 9-32 rows (gemm_skinny.cu, where the tuner
- * measured it faster).
+/* gemm.cu — GEMMs through cuBLASLt and the per-shape dispatcher between cuBLASLt and the
+ * skinny GEMV kernel (gemv.cu).
  *
  * Row-major y[n, m] = x[n, k] . W[m, k]^T is, in cuBLAS's column-major terms,
  * Y (m x n, ld ldy) = op_T(W as k x m, ld k) . X (k x n, ld ldx): one cuBLASLt matmul with
@@ -75,7 +74,6 @@ extern "C" void sf_k_gemm_ctx_free(sf_k_gemm_ctx *g)
     for (int i = 0; i < g->n_plans; i++) sf_gemm_plan_release(&g->plans[i]);
     sf_gemm_tune_free(g);
     cudaFree(g->split_ws);
-    cudaFree(g->skinny_sum); /* with the counters after it */
     cudaFree(g->workspace);
     cublasLtDestroy(g->lt);
     free(g);
@@ -142,12 +140,6 @@ fail:
 static void plan_settle(sf_k_gemm_ctx *g, plan *p)
 {
     p->settled = 1;
-    p->own = 0;
-    if (g->own_force && p->n > 8 && p->n <= SK_NMAX && g->split_ws && g->skinny_cnt &&
-        sf_gemm_skinny_ok(p->n, p->m, p->k, p->ldx, NULL, NULL)) {
-        p->own = 1;
-        return;
-    }
     int nb = sf_k_gemm_bucket(p->n);
     if (p->lt_rc || !g->tune_on || !nb) return;
     tune_entry *t = sf_gemm_tune_find(g, p->m, p->k, p->has_bias, p->acc, nb);
@@ -156,10 +148,6 @@ static void plan_settle(sf_k_gemm_ctx *g, plan *p)
         return;
     }
     if (t->n_candidates == 0) return; /* tuning failed for this shape: the heuristic stays */
-    if (t->split == SPLIT_OWN) { /* the own kernel where it takes p's shape, else the heuristic's first */
-        p->own = !g->own_off && p->n <= SK_NMAX && g->split_ws && g->skinny_cnt && sf_gemm_skinny_ok(p->n, p->m, p->k, p->ldx, NULL, NULL);
-        return;
-    }
     if (t->split > 1) {
         if (sf_gemm_split_ok(p->k, t->split) && !sf_gemm_split_make(g, p, t->split) && sf_gemm_split_check(g, p, &t->algo))
             p->salgo = t->algo;
@@ -239,8 +227,6 @@ static int run_lt(sf_k_gemm_ctx *g, plan *p, const uint16_t *x, const uint16_t *
     const float one = 1.0f, beta = p->acc ? 1.0f : 0.0f;
     cublasStatus_t st;
     if (p->split > 1) return sf_gemm_split_run(g, p, &p->salgo, x, w, bias, y, p->ldy, s);
-    if (p->own && sf_gemm_skinny_ok(p->n, p->m, p->k, p->ldx, x, w)) /* else cuBLASLt (a misaligned x) */
-        return sf_gemm_skinny_run(g, p->n, p->m, p->k, x, p->ldx, w, bias, y, p->ldy, p->acc, s);
     if (p->has_bias) {
         st = cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
         if (st != CUBLAS_STATUS_SUCCESS) return LT_ERR(st);
@@ -331,26 +317,11 @@ extern "C" int sf_k_gemm(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const
     return p->choice == 1 ? sf_k_gemv(x, ldx, w, bias, n, m, k, y, ldy, s) : run_lt(g, p, x, w, bias, y, s);
 }
 
-extern "C" int sf_k_gemm_own_enable(sf_k_gemm_ctx *g, int on, int force)
-{
-    g->own_off = !on;
-    g->own_force = on && force;
-    return g->own_force ? sf_gemm_split_ws(g) : 0;
-}
-
-extern "C" int sf_k_gemm_own(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias,
-                             int n, int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s)
-{
-    if (n <= 0) return 0;
-    int rc = sf_gemm_split_ws(g);
-    return rc ? rc : sf_gemm_skinny_run(g, n, m, k, x, ldx, w, bias, y, ldy, acc, s);
-}
-
 extern "C" int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k)
 {
     for (int i = 0; i < g->n_plans; i++)
         if (g->plans[i].n == n && g->plans[i].m == m && g->plans[i].k == k && !g->plans[i].acc)
-            return g->plans[i].lt_rc ? 1 : g->plans[i].own ? 3 : n > 8 ? 2 : g->plans[i].choice;
+            return g->plans[i].lt_rc ? 1 : n > 8 ? 2 : g->plans[i].choice;
     return 0;
 }
 

@@ -26,7 +26,6 @@ typedef struct plan {
     cublasLtMatmulDesc_t sop;
     cublasLtMatrixLayout_t sa, sb, sc;
     cublasLtMatmulAlgo_t salgo;
-    int own;     /* 1: run by the own kernel for 9-32 rows (gemm_skinny.cu), the tuner's pick */
     int settled; /* 1: algo is final (tuned, from the cache, or the heuristic's first when there is
                   * nothing to tune); 0: its n bucket waits for the tuner (first use outside a capture) */
     uint64_t used; /* the context's use clock at the last lookup (for eviction) */
@@ -36,8 +35,7 @@ typedef struct plan {
 /* The tuner's winner for one (m, k, bias, acc, n bucket); timed at n = nb. */
 typedef struct tune_entry {
     int m, k, has_bias, acc, nb;
-    int split; /* 0: algo is a plain cuBLASLt algorithm; > 1: algo is for the split batch;
-                * SPLIT_OWN: the own kernel for 9-32 rows (algo: the heuristic's first, unused) */
+    int split; /* 0: algo is a plain cuBLASLt algorithm; > 1: algo is for the split batch */
     cublasLtMatmulAlgo_t algo;
     float us, heuristic_us, tune_ms; /* winner's and heuristic-first's time at nb; time spent tuning */
     int n_candidates, from_cache;
@@ -51,11 +49,7 @@ struct sf_k_gemm_ctx {
     cublasLtHandle_t lt;
     void *workspace;
     int *n_mallocs;      /* the owner's allocation counter (may be NULL) */
-    float *split_ws;     /* fp32 partials of split GEMMs (gemm_split.cu, gemm_skinny.cu), split_bytes long */
-    int own_off;          /* 1: the own 9-32 row kernel is not a tuner candidate nor used */
-    int own_force;        /* 1: the own kernel wherever it takes the shape, whatever the tuner says */
-    unsigned *skinny_cnt; /* SK_COUNTERS arrival counters of gemm_skinny.cu, zero between launches */
-    float *skinny_sum;    /* its fp32 sums (SK_SUM_BYTES), zero between launches */
+    float *split_ws;     /* fp32 partials of split GEMMs (gemm_split.cu), split_bytes long */
     size_t split_bytes;
     plan plans[MAX_PLANS];
     int n_plans;
@@ -112,16 +106,5 @@ int sf_gemm_split_check(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlg
 int sf_gemm_split_ws(sf_k_gemm_ctx *g);
 int sf_gemm_split_run(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlgo_t *a, const uint16_t *x,
                       const uint16_t *w, const uint16_t *bias, uint16_t *y, int64_t ldy, cudaStream_t s);
-
-/* The own kernel for 9-32 rows (gemm_skinny.cu): whether it takes the shape and pointers; its k
- * split for a shape (0: none fits); one run (its sums and counters made: sf_gemm_split_ws). */
-#define SPLIT_OWN (-1)
-#define SK_NMAX 32
-#define SK_COUNTERS 8192
-#define SK_SUM_BYTES ((size_t)24 << 20) /* m x 32 floats up to m = 196608 */
-int sf_gemm_skinny_ok(int n, int m, int k, int64_t ldx, const void *x, const void *w);
-int sf_gemm_skinny_plan(int n, int m, int k, int slots, int *KR);
-int sf_gemm_skinny_run(sf_k_gemm_ctx *g, int n, int m, int k, const uint16_t *x, int64_t ldx, const uint16_t *w,
-                       const uint16_t *bias, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
 
 #endif

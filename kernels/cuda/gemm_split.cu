@@ -82,31 +82,15 @@ int sf_gemm_split_check(sf_k_gemm_ctx *g, const plan *p, const cublasLtMatmulAlg
 
 int sf_gemm_split_ws(sf_k_gemm_ctx *g)
 {
-    cudaError_t e = cudaSuccess;
-    if (!g->split_ws) {
-        e = cudaMalloc((void **)&g->split_ws, SPLIT_WS_BYTES);
-        if (g->n_mallocs) (*g->n_mallocs)++;
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            g->split_ws = NULL;
-            return (int)e;
-        }
-        g->split_bytes = SPLIT_WS_BYTES;
+    if (g->split_ws) return 0;
+    cudaError_t e = cudaMalloc((void **)&g->split_ws, SPLIT_WS_BYTES);
+    if (g->n_mallocs) (*g->n_mallocs)++;
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        g->split_ws = NULL;
+        return (int)e;
     }
-    if (!g->skinny_cnt) { /* the own kernel's sums and arrival counters (gemm_skinny.cu), zeroed once */
-        void *p = NULL;
-        const size_t cb = SK_COUNTERS * sizeof(unsigned);
-        e = cudaMalloc(&p, SK_SUM_BYTES + cb);
-        if (g->n_mallocs) (*g->n_mallocs)++;
-        if (e == cudaSuccess) e = cudaMemset(p, 0, SK_SUM_BYTES + cb);
-        if (e != cudaSuccess) {
-            cudaGetLastError();
-            cudaFree(p);
-            return (int)e;
-        }
-        g->skinny_sum = (float *)p;
-        g->skinny_cnt = (unsigned *)((char *)p + SK_SUM_BYTES);
-    }
+    g->split_bytes = SPLIT_WS_BYTES;
     return 0;
 }
 

@@ -34,11 +34,10 @@ extern "C" {
 
 #define HEUR_REQ 32
 #define MAX_CAND 48
-/* 4: buckets up to 256 rows, optional "split" (-1: the own kernel for 9-32 rows). Version 2
- * (made before that kernel was a candidate) and version 3 (own-kernel fields "own", "own_us",
- * "lt_us", from builds with a retired wgmma kernel as a candidate) are read as not ours: their
- * shapes are tuned again and the file rewritten as version 4. */
-#define CACHE_VERSION 4
+/* 2: buckets up to 256 rows, optional "split". Version 3 (own-kernel fields "own", "own_us",
+ * "lt_us", from builds with the own GEMM kernel as a tuner candidate) is read as not ours: its
+ * shapes are tuned again and the file rewritten as version 2. */
+#define CACHE_VERSION 2
 #define MAX_SCRATCH ((size_t)3 << 30)
 #define SF_MAX(a, b) ((a) > (b) ? (a) : (b))
 
@@ -124,9 +123,7 @@ static void cache_load(sf_k_gemm_ctx *g)
     if (json_is_integer(ver) && json_integer_value(ver) != CACHE_VERSION) {
         SF_LOGW("gemm tuner: cache %s is format version %lld, this build reads version %d%s; ignored, shapes are "
                 "tuned again and the file is rewritten", g->cache_path, (long long)json_integer_value(ver),
-                CACHE_VERSION, json_integer_value(ver) == 3   ? " (version 3 came from builds with a retired GEMM kernel)"
-                               : json_integer_value(ver) == 2 ? " (version 2 came from builds without the 9-32 row kernel)"
-                                                              : "");
+                CACHE_VERSION, json_integer_value(ver) == 3 ? " (version 3 came from builds with the own GEMM kernel)" : "");
         goto out;
     }
     if (!json_is_integer(ver) || !json_is_string(gpu) || !json_is_integer(drv) || !json_is_integer(ltv) ||
@@ -155,11 +152,8 @@ static void cache_load(sf_k_gemm_ctx *g)
                         "candidates", &nc) ||
             m <= 0 || k <= 0 || m > (1 << 24) || k > (1 << 24) || (bias | acc) & ~1 || sf_k_gemm_bucket((int)nb) != nb ||
             nc <= 0 || !(us > 0) || unhex_algo(hex, &t.algo) ||
-            (split == SPLIT_OWN && (nb > SK_NMAX || !sf_gemm_skinny_ok((int)nb, (int)m, (int)k, k, NULL, NULL) ||
-                                    sf_gemm_split_ws(g))) ||
-            (split != 0 && split != SPLIT_OWN &&
-             (split < 0 || split > 64 || !sf_gemm_split_ok((int)k, (int)split) ||
-              (size_t)split * nb * m * 4 > SPLIT_WS_BYTES || sf_gemm_split_ws(g))) ||
+            (split != 0 && (split < 0 || split > 64 || !sf_gemm_split_ok((int)k, (int)split) ||
+                            (size_t)split * nb * m * 4 > SPLIT_WS_BYTES || sf_gemm_split_ws(g))) ||
             sf_gemm_tune_find(g, (int)m, (int)k, (int)bias, (int)acc, (int)nb)) {
             bad++;
             continue;
@@ -242,9 +236,6 @@ static int run_algo(sf_k_gemm_ctx *g, const plan *t, const cublasLtMatmulAlgo_t 
 {
     if (t->split > 1)
         return sf_gemm_split_run(g, t, a, S->x, S->w + (size_t)copy * S->w_elems, S->bias, S->y, t->m, s);
-    if (t->split == SPLIT_OWN)
-        return sf_gemm_skinny_run(g, t->n, t->m, t->k, S->x, t->k, S->w + (size_t)copy * S->w_elems, S->bias, S->y, t->m,
-                                  t->acc, s);
     const float one = 1.0f, beta = t->acc ? 1.0f : 0.0f;
     cublasStatus_t st = cublasLtMatmul(g->lt, t->op, &one, S->w + (size_t)copy * S->w_elems, t->a, S->x, t->b, &beta,
                                        S->y, t->c, S->y, t->c, a, g->workspace, LT_WORKSPACE, s);
@@ -420,10 +411,9 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     scratch S;
     memset(&S, 0, sizeof S);
     plan ts[3]; /* the split variants' descriptors */
-    plan town;  /* the own kernel's candidate (no descriptors) */
     memset(ts, 0, sizeof ts);
     const plan *cp[MAX_CAND]; /* each candidate's plan: &t or one of ts */
-    int n_plain = 0, n_own = 0;
+    int n_plain = 0;
     cublasLtMatmulAlgo_t *c = (cublasLtMatmulAlgo_t *)calloc(MAX_CAND, sizeof *c);
     float *us = (float *)calloc(MAX_CAND, sizeof *us);
     if ((hard = (int)cudaStreamSynchronize(s))) goto done;
@@ -453,15 +443,6 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
                 c[n_c] = sa[i];
                 cp[n_c++] = &ts[j];
             }
-    }
-    /* the own kernel for 9-32 rows (gemm_skinny.cu) */
-    town = t;
-    town.split = SPLIT_OWN;
-    town.op = NULL; town.a = town.b = town.c = NULL; /* t's descriptors stay t's (released once) */
-    if (!g->own_off && nb <= SK_NMAX && n_c < MAX_CAND && sf_gemm_skinny_ok(nb, t.m, t.k, t.k, S.x, S.w) && !sf_gemm_split_ws(g)) {
-        c[n_c] = t.algo;
-        cp[n_c++] = &town;
-        n_own = 1;
     }
     for (int i = 0; i < n_c; i++) us[i] = INFINITY; /* untimed (refused, wrong, over budget) */
     /* reference: the heuristic's first; its time sets the repetitions (about 1 ms of calls each,
@@ -531,9 +512,8 @@ done:
         SF_LOGI("gemm tuner: m=%d k=%d n<=%d%s%s: %.1f us (heuristic's first %.1f us, %.2fx; candidate %d%s), %d of "
                 "%d candidates (%d split-K variants, %d split batches) in %.0f ms (%.1f s of %.0f s budget spent)", e.m, e.k, nb,
                 e.has_bias ? " +bias" : "", e.acc ? " accumulate" : "", e.us, e.heuristic_us, e.heuristic_us / e.us,
-                winner, e.split > 1 ? ", split batch" : e.split == SPLIT_OWN ? ", own kernel"
-                        : winner >= n_plain - n_split ? ", split-K variant" : "", n_ok, n_c,
-                n_split, n_c - n_plain - n_own, e.tune_ms, g->spent_s, g->budget_s);
+                winner, e.split > 1 ? ", split batch" : winner >= n_plain - n_split ? ", split-K variant" : "", n_ok, n_c,
+                n_split, n_c - n_plain, e.tune_ms, g->spent_s, g->budget_s);
         if (e.split > 1) SF_LOGI("gemm tuner: m=%d k=%d n<=%d: k split into %d slices", e.m, e.k, nb, e.split);
         cache_save(g);
     }

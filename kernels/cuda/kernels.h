@@ -174,18 +174,7 @@ int sf_k_gemm_lt_ok(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k,
 /* 1 when sf_k_gemm on this shape will neither synchronise nor allocate (its plan and, for
  * n <= 8, its path are already chosen): safe inside a CUDA graph capture. */
 int sf_k_gemm_ready(sf_k_gemm_ctx *g, const uint16_t *bias, int n, int m, int k, int64_t ldx, int64_t ldy);
-/* The own kernel for 9-32 rows of x (gemm_skinny.cu) directly, whatever the tuner chose (tests,
- * benchmarks): y = x . W^T (+ bias) (+ y when acc), one rounding. Needs n <= 32, m % 16 == 0,
- * k % 64 == 0, ldx % 8 == 0, x and W 16-byte aligned (else cudaErrorInvalidValue); makes the
- * context's split workspace at its first use (not inside a capture). */
-/* on = 0 takes the own kernel out of the tuner's candidates and out of use (default on); force
- * = 1 runs it wherever it takes the shape (9-32 rows), whatever the tuner measured (benchmarks;
- * makes the split workspace now). Returns 0 or a cudaError_t. */
-int sf_k_gemm_own_enable(sf_k_gemm_ctx *g, int on, int force);
-int sf_k_gemm_own(sf_k_gemm_ctx *g, const uint16_t *x, int64_t ldx, const uint16_t *w, const uint16_t *bias, int n,
-                  int m, int k, uint16_t *y, int64_t ldy, int acc, cudaStream_t s);
-/* Which path the dispatcher chose for a shape: 0 unknown yet, 1 GEMV, 2 cuBLASLt, 3 the own
- * kernel for 9-32 rows. */
+/* Which path the dispatcher chose for a shape: 0 unknown yet, 1 GEMV, 2 cuBLASLt. */
 int sf_k_gemm_choice(sf_k_gemm_ctx *g, int n, int m, int k);
 const char *sf_k_gemm_error_str(int code);
 

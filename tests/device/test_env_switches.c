@@ -38,7 +38,6 @@ static const struct { const char *name, *bad, *good; } switches[] = {
     { "SEMFLOW_CUDA_ATTN_DECODE", "yes please", "on" },
     { "SEMFLOW_CUDA_MIXED_DECODE", "2", "0" },
     { "SEMFLOW_CUDA_GEMM_TUNE", "auto", "1" },
-    { "SEMFLOW_CUDA_GEMM_OWN", "perhaps", "0" },
     { "SEMFLOW_CUDA_GEMM_TUNE_S", "abc", "5" },
     { "SEMFLOW_CUDA_GRAPHS", "sometimes", "1" },
     { "SEMFLOW_CUDA_GRAPH_TOKENS", "512k", "256" },

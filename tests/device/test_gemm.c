@@ -10,8 +10,9 @@
  * made for another GPU or by an older format, or holding an algorithm cuBLASLt rejects.
  *
  *   test_gemm            the checks (GPU host only; exit 77 without a GPU)
- *   test_gemm --perf     also the table: µs per call with the heuristic's first choice and with
- *                        the tuner's, against max(bytes / HBM, FLOPs / peak) from hal
+ *   test_gemm --perf     also the tables: µs per call with the heuristic's first choice and with
+ *                        the tuner's, against max(bytes / HBM, FLOPs / peak) from hal, at prefill
+ *                        and saturated sizes (PERF) and at 8-32 rows (SMALL, bytes / HBM)
  *   test_gemm --fresh    tune into a temporary cache instead of this GPU's cache
  *   test_gemm --pretune  only tune the Llama-3-8B shapes at every bucket (lm_head: up to 256
  *                        rows) into this GPU's cache, as a deployment would once per GPU */
@@ -85,9 +86,9 @@ static void weight_free(weight *w)
     free(w->h); free(w->bias_h);
 }
 
-/* One case through the dispatcher of g (own: through the own kernel for 9-32 rows directly);
- * returns 0 when it matches the reference. Prints the tuner's decision for the case. */
-static int check_path(sf_k_gemm_ctx *g, const char *name, const weight *w, int acc, int n, int pad, int own)
+/* One case through the dispatcher of g; returns 0 when it matches the reference. Prints the
+ * tuner's decision for the case. */
+static int check_case(sf_k_gemm_ctx *g, const char *name, const weight *w, int acc, int n, int pad)
 {
     const int m = w->m, k = w->k;
     const int64_t ldx = k + pad, ldy = m + pad;
@@ -105,9 +106,8 @@ static int check_path(sf_k_gemm_ctx *g, const char *name, const weight *w, int a
     else cudaMemsetAsync(y_d, 0xff, ys * 2, S); /* NaN */
     cudaMemcpyAsync(x_h, x_d, xs * 2, cudaMemcpyDeviceToHost, S);
     cudaMemcpyAsync(y0_h, y_d, ys * 2, cudaMemcpyDeviceToHost, S);
-    rc = own ? sf_k_gemm_own(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, acc, S)
-         : acc ? sf_k_gemm_lt_acc(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S)
-               : sf_k_gemm(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S);
+    rc = acc ? sf_k_gemm_lt_acc(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S)
+             : sf_k_gemm(g, x_d, ldx, w->d, w->bias_d, n, m, k, y_d, ldy, S);
     if (rc) {
         printf("  %s n=%d: GEMM failed: %s\n", name, n, sf_k_gemm_error_str(rc));
         fails = 1;
@@ -157,9 +157,8 @@ static int check_path(sf_k_gemm_ctx *g, const char *name, const weight *w, int a
     sf_k_gemm_tune_stat st;
     int tuned = sf_k_gemm_tune_info(g, n, m, k, w->bias_d != NULL, acc, &st);
     printf("  %-8s m=%-5d k=%-5d n=%-4d%s%s: %dx%d checked, worst %.2f of tolerance, rel %.1e; %s", name, m, k, n,
-           acc ? " acc" : "", pad ? " padded" : "", nr, nc, worst, rel,
-           own ? "own kernel\n" : tuned ? "" : "not tuned\n");
-    if (tuned && !own)
+           acc ? " acc" : "", pad ? " padded" : "", nr, nc, worst, rel, tuned ? "" : "not tuned\n");
+    if (tuned)
         printf("bucket %d: %.1f us vs heuristic %.1f us (%d candidates, %s)\n", st.nb, st.us, st.heuristic_us,
                st.n_candidates, st.from_cache ? "from cache" : "tuned now");
     if (nan || pad_bad || !(worst <= 1.0) || !(rel <= 1e-2)) {
@@ -170,11 +169,6 @@ out:
     cudaFree(x_d); cudaFree(y_d);
     free(x_h); free(y0_h); free(y_h);
     return fails;
-}
-
-static int check_case(sf_k_gemm_ctx *g, const char *name, const weight *w, int acc, int n, int pad)
-{
-    return check_path(g, name, w, acc, n, pad, 0);
 }
 
 /* ---- tests -------------------------------------------------------------------------------- */
@@ -200,39 +194,6 @@ TEST(odd_shapes)
     CHECK(check_case(G, "qkv+bias", &w, 1, 100, 0) == 0);
     CHECK(check_case(G, "qkv+bias", &w, 0, 16, 0) == 0);
     CHECK(check_case(G, "qkv+bias", &w, 0, 5, 0) == 0); /* GEMV / cuBLASLt choice, untuned */
-    weight_free(&w);
-}
-
-/* The own kernel for 9-32 rows at the engine's shapes, every row-group count (1-4 groups of 8,
- * partial groups), with a bias, accumulating, padded leading dimensions; then the dispatcher at
- * those sizes, which takes it where the tuner measured it faster than cuBLASLt. */
-TEST(own_small_batches)
-{
-    static const int ns[] = { 9, 13, 16, 24, 32, 1, 8 };
-    for (size_t s = 0; s < SF_ARRAY_LEN(SHAPES); s++) {
-        weight w;
-        REQUIRE(weight_new(&w, SHAPES[s].m, SHAPES[s].k, 0) == 0, "cannot make the %s weight", SHAPES[s].name);
-        for (size_t i = 0; i < SF_ARRAY_LEN(ns); i++)
-            CHECK_MSG(check_path(G, SHAPES[s].name, &w, SHAPES[s].acc, ns[i], i & 1 ? 8 : 0, 1) == 0, "%s n=%d",
-                      SHAPES[s].name, ns[i]);
-        for (int n = 16; n <= 32; n += 16) {
-            CHECK_MSG(check_case(G, SHAPES[s].name, &w, SHAPES[s].acc, n, 0) == 0, "%s n=%d", SHAPES[s].name, n);
-            printf("  %s n=%d: dispatcher takes %s\n", SHAPES[s].name, n,
-                   sf_k_gemm_choice(G, n, SHAPES[s].m, SHAPES[s].k) == 3 ? "the own kernel" : "cuBLASLt");
-        }
-        weight_free(&w);
-    }
-    weight w;
-    REQUIRE(weight_new(&w, 4608, 3584, 1) == 0, "cannot make the weight"); /* Qwen2-7B's QKV, with its bias */
-    CHECK(check_path(G, "qkv+bias", &w, 0, 20, 0, 1) == 0);
-    CHECK(check_path(G, "qkv+bias", &w, 1, 11, 8, 1) == 0);
-    CHECK(check_case(G, "qkv+bias", &w, 0, 24, 0) == 0);
-    /* shapes it refuses: rows past 32, k not a multiple of 64 */
-    CHECK(sf_k_gemm_own(G, w.d, 3584, w.d, NULL, 33, 4608, 3584, w.d, 4608, 0, S) != 0);
-    weight_free(&w);
-    REQUIRE(weight_new(&w, 1024, 1000, 0) == 0, "cannot make the weight");
-    CHECK(sf_k_gemm_own(G, w.d, 1000, w.d, NULL, 16, 1024, 1000, w.d, 1024, 0, S) != 0);
-    CHECK(check_case(G, "k1000", &w, 0, 16, 0) == 0); /* the dispatcher keeps cuBLASLt there */
     weight_free(&w);
 }
 
@@ -283,15 +244,15 @@ TEST(cache_distrusted)
     const char *bad_algo = "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff"
                            "ffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff";
     /* 0: not JSON; 1: another GPU's; 2: an older format; 3: an algorithm cuBLASLt rejects; 4: the
-     * retired version 3 (own-kernel fields); 5: version 2 (made before the 9-32 row kernel) */
-    for (int variant = 0; variant < 6; variant++) {
+     * retired version 3 (own-kernel fields) */
+    for (int variant = 0; variant < 5; variant++) {
         if (variant == 0) write_file(path, "{\"version\": 2, \"gpu\": tru");
         else {
             snprintf(text, sizeof text,
                      "{\"version\": %d, \"gpu\": \"%s\", \"driver\": %d, \"cublaslt\": %zu, \"entries\": [{\"m\": "
                      "1024, \"k\": 2048, \"bias\": 0, \"acc\": 0, \"n\": 64, \"algo\": \"%s\", \"us\": 1.0, "
                      "\"heuristic_us\": 2.0, \"candidates\": 3%s}]}",
-                     variant == 2 ? 1 : variant == 4 ? 3 : variant == 5 ? 2 : 4, variant == 1 ? "Another GPU" : gpu, drv,
+                     variant == 2 ? 1 : variant == 4 ? 3 : 2, variant == 1 ? "Another GPU" : gpu, drv,
                      cublasLtGetVersion(), bad_algo,
                      variant == 4 ? ", \"own\": 2, \"own_us\": 0.5, \"lt_us\": 1.0, \"own_best\": 2" : "");
             write_file(path, text);
@@ -338,7 +299,7 @@ TEST(pretune)
 /* ---- perf --------------------------------------------------------------------------------- */
 /* Mean µs of one call over reps calls rotating over `copies` weights (each streamed from HBM). */
 static double time_calls(sf_k_gemm_ctx *g, const uint16_t *w, size_t w_elems, int copies, const uint16_t *x,
-                         uint16_t *y, int n, int m, int k, int acc, int own)
+                         uint16_t *y, int n, int m, int k, int acc)
 {
     cudaEvent_t e0, e1;
     float ms = 0;
@@ -348,9 +309,7 @@ static double time_calls(sf_k_gemm_ctx *g, const uint16_t *w, size_t w_elems, in
     for (int r = -2; r < reps && !rc; r++) { /* two untimed calls: the first may tune */
         if (r == 0) cudaEventRecord(e0, S);
         const uint16_t *wc = w + (size_t)((r + 2) % copies) * w_elems;
-        rc = own   ? sf_k_gemm_own(g, x, k, wc, NULL, n, m, k, y, m, acc, S)
-             : acc ? sf_k_gemm_lt_acc(g, x, k, wc, NULL, n, m, k, y, m, S)
-                   : sf_k_gemm(g, x, k, wc, NULL, n, m, k, y, m, S);
+        rc = acc ? sf_k_gemm_lt_acc(g, x, k, wc, NULL, n, m, k, y, m, S) : sf_k_gemm(g, x, k, wc, NULL, n, m, k, y, m, S);
     }
     cudaEventRecord(e1, S);
     cudaEventSynchronize(e1);
@@ -384,8 +343,8 @@ static void perf_table(void)
             cudaMemsetAsync(y, 0, (size_t)nmax * sh->m * 2, S);
             for (size_t i = 0; i < SF_ARRAY_LEN(NS); i++) {
                 int n = NS[i];
-                double t0 = time_calls(off, w, we, copies, x, y, n, sh->m, sh->k, sh->acc, 0);
-                double t1 = time_calls(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc, 0);
+                double t0 = time_calls(off, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
+                double t1 = time_calls(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
                 double bytes = wb + (double)n * sh->k * 2 + (double)n * sh->m * 2 * (sh->acc ? 2 : 1);
                 double flops = 2.0 * sh->m * (double)n * sh->k;
                 double bound = fmax(bytes / (HW.mem_bw_gbs * 1e3), flops / (HW.gemm_tflops * 1e6));
@@ -395,11 +354,11 @@ static void perf_table(void)
         }
         cudaFree(w); cudaFree(x); cudaFree(y);
     }
-    /* steps of 8-32 sequences: cuBLASLt (heuristic's first, the tuner's pick) and the own kernel */
+    /* steps of 8-32 sequences (buckets 16-32 are tuned; 8 takes the GEMV / cuBLASLt choice) */
     static const int small[] = { 8, 12, 16, 24, 32 };
     printf("\nGEMM per call at 8-32 rows (weights rotated past L2), bound = bytes / %.0f GB/s:\n", HW.mem_bw_gbs);
-    printf("SMALL %-8s %6s %6s %4s %8s %8s %6s %8s %8s %6s %6s %6s\n", "shape", "m", "k", "n", "heur_us", "tuned_us",
-           "pick", "own_us", "bound_us", "heur%", "tuned%", "own%");
+    printf("SMALL %-8s %6s %6s %4s %8s %8s %8s %6s %6s\n", "shape", "m", "k", "n", "heur_us", "tuned_us", "bound_us",
+           "heur%", "tuned%");
     for (size_t s = 0; s < SF_ARRAY_LEN(PERF_SHAPES); s++) {
         const shape *sh = &PERF_SHAPES[s];
         size_t we = (size_t)sh->m * sh->k, wb = we * 2;
@@ -415,15 +374,12 @@ static void perf_table(void)
             cudaMemsetAsync(y, 0, (size_t)32 * sh->m * 2, S);
             for (size_t i = 0; i < SF_ARRAY_LEN(small); i++) {
                 int n = small[i];
-                double t0 = time_calls(off, w, we, copies, x, y, n, sh->m, sh->k, sh->acc, 0);
-                double t1 = time_calls(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc, 0);
-                double t2 = time_calls(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc, 1);
-                int pick = sf_k_gemm_choice(G, n, sh->m, sh->k);
-                double bytes = wb + (double)n * sh->k * 2 + (double)n * sh->m * 2 * (sh->acc ? 2 : 1);
-                double bound = bytes / (HW.mem_bw_gbs * 1e3);
-                printf("SMALL %-8s %6d %6d %4d %8.1f %8.1f %6s %8.1f %8.1f %5.0f%% %5.0f%% %5.0f%%\n", sh->name, sh->m,
-                       sh->k, n, t0, t1, pick == 3 ? "own" : pick == 1 ? "gemv" : "lt", t2, bound, 100 * bound / t0,
-                       100 * bound / t1, 100 * bound / t2);
+                double t0 = time_calls(off, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
+                double t1 = time_calls(G, w, we, copies, x, y, n, sh->m, sh->k, sh->acc);
+                double bound = (wb + (double)n * sh->k * 2 + (double)n * sh->m * 2 * (sh->acc ? 2 : 1)) /
+                               (HW.mem_bw_gbs * 1e3);
+                printf("SMALL %-8s %6d %6d %4d %8.1f %8.1f %8.1f %5.0f%% %5.0f%%\n", sh->name, sh->m, sh->k, n, t0, t1,
+                       bound, 100 * bound / t0, 100 * bound / t1);
             }
         }
         cudaFree(w); cudaFree(x); cudaFree(y);
@@ -475,7 +431,6 @@ int main(int argc, char **argv)
     }
     RUN(engine_shapes);
     RUN(odd_shapes);
-    RUN(own_small_batches);
     RUN(cache_reused);
     RUN(cache_distrusted);
     if (perf) perf_table();
