@@ -3,6 +3,8 @@
 # benchmarks, and (when given) model checks and `semflow bench`. Logs go to $OUT (or ./out);
 # a short table is printed last. Run from a folder holding build/ and the sources:
 #   sh tools/cuda_device_run.sh [ops] [sanitize] [perf] [model] [bench]
+# SANITIZE_TESTS: the binaries the sanitize step runs with --quick under memcheck and racecheck
+# (default: test_ops test_decode_attn test_sample test_gemv).
 OUT=${OUT:-./out}
 mkdir -p "$OUT"
 BUILD=${BUILD:-build}
@@ -20,9 +22,10 @@ for s in $steps; do
         grep -E '^(FAIL|  )' "$OUT/ops.log" | head -40 ;;
     sanitize)
         # test_decode_attn: decode attention's own launches (the cluster combine, split groups);
-        # test_sample: the draw (bins, radix digits, masks), its logprobs and the score op
+        # test_sample: the draw (bins, radix digits, masks), its logprobs and the score op;
+        # test_gemv: the rows kernel (2-6 rows), the one-row fused and persistent-warp kernels
         for tool in memcheck racecheck; do
-            for t in test_ops test_decode_attn test_sample; do
+            for t in ${SANITIZE_TESTS:-test_ops test_decode_attn test_sample test_gemv}; do
                 t0=$(date +%s)
                 log="$OUT/san-$tool-$t.log"
                 timeout 240 compute-sanitizer --tool $tool --error-exitcode 3 "$BUILD"/tests/device/$t --quick >"$log" 2>&1; rc=$?

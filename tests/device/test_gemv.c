@@ -7,6 +7,7 @@
  * (SEMFLOW_CUDA_GEMV_RING), so bench/device/decode.sh runs this binary once per setting.
  *
  *   test_gemv            the checks (GPU host only)
+ *   test_gemv --quick    every kernel and kind of launch on small shapes (for compute-sanitizer)
  *   test_gemv --perf-rows [N ...]
  *                        time the fused GEMVs of N rows each (gemv_rows.cu; default 2, 4 and 8)
  *                        at Llama-3-8B's shapes, planned and at forced configurations, beside
@@ -381,6 +382,44 @@ TEST(gemv_tp_70b)
     check_plain(8192, 14336);
 }
 
+/* --quick (compute-sanitizer): every kernel and kind of launch once or a few times on small
+ * shapes: the rows kernel at every row count and kind and at a spread of forced configurations,
+ * the one-row fused and persistent-warp kernels at every ring depth, the plain GEMV. */
+TEST(quick_all)
+{
+    for (int n = 2; n <= 6; n++) {
+        check_rows(0, n, 256, 512, 1, 0);
+        check_rows(2, n, 128, 1024, 0, 8);
+        check_rows(1, n, 512, 512, 0, 0);
+        check_rows(3, n, 256, 256, 1, 0);
+    }
+    check_rows(0, 3, 12, 64, 0, 0);    /* refused: not units of 8 rows */
+    check_rows(2, 8, 64, 20000, 0, 0); /* refused: x past shared memory */
+    static const int bd[] = { 13, 18, 26, 28 };
+    for (int r = 1; r <= 3; r += 2)
+        for (size_t j = 0; j < SF_ARRAY_LEN(bd); j++)
+            for (int w8 = 0; w8 <= 1000; w8 += 1000) {
+                const int cfg = w8 + r * 100 + bd[j];
+                check_rows_cfg(0, 3, 384, 1024, 0, 0, cfg);
+                check_rows_cfg(2, 5, 128, 2048, 0, 0, cfg);
+                check_rows_cfg(3, 4, 2048, 256, 0, 0, cfg); /* several units a warp */
+                check_rows_cfg(3, 2, 64, 96, 0, 0, cfg);
+            }
+    check_fused(0, 7, 64, 1);
+    check_fused(2, 33, 2048, 1);
+    check_fused(1, 512, 512, 0);
+    check_fused(2, 3, 24, 0);
+    static const int st[] = { 23, 24, 25, 26, 13, 16, 33, 34 };
+    for (size_t i = 0; i < SF_ARRAY_LEN(st); i++) {
+        check_fused_st(0, 384, 512, 0, st[i]);
+        check_fused_st(1, 1024, 512, 0, st[i]);
+        check_fused_st(2, 256, 1024, 0, st[i]);
+        check_fused_st(2, 6, 24, 0, st[i]);
+        check_fused_st(3, 256, 512, 1, st[i]);
+    }
+    check_plain(256, 512);
+}
+
 TEST(bad_inputs)
 {
     uint16_t *x = NULL, *w = NULL, *y = NULL;
@@ -689,6 +728,7 @@ static void perf_all(void)
 int main(int argc, char **argv)
 {
     int perf = argc > 1 && !strcmp(argv[1], "--perf"), perf_r = argc > 1 && !strcmp(argv[1], "--perf-rows");
+    const int quick = argc > 1 && !strcmp(argv[1], "--quick");
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
         printf("test_gemv: no CUDA device (cudaGetDeviceCount found none): run it on the GPU host\n");
@@ -721,6 +761,12 @@ int main(int argc, char **argv)
         perf_all();
         cudaStreamDestroy(S);
         return 0;
+    }
+    if (quick) {
+        RUN(quick_all);
+        RUN(bad_inputs);
+        cudaStreamDestroy(S);
+        return test_summary();
     }
     RUN(rows_llama3_8b);
     RUN(rows_qwen2_7b);
