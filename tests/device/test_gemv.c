@@ -415,8 +415,9 @@ TEST(quick_all)
         check_fused_st(1, 1024, 512, 0, st[i]);
         check_fused_st(2, 256, 1024, 0, st[i]);
         check_fused_st(2, 6, 24, 0, st[i]);
-        check_fused_st(3, 256, 512, 1, st[i]);
+        check_fused_st(3, 256, 512, 0, st[i]); /* forced configurations take no bias */
     }
+    check_fused(3, 256, 512, 1);
     check_plain(256, 512);
 }
 
