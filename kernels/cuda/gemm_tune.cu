@@ -410,7 +410,7 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     t.n = nb; t.m = p->m; t.k = p->k; t.has_bias = p->has_bias; t.acc = p->acc; t.ldx = p->k; t.ldy = p->m;
     scratch S;
     memset(&S, 0, sizeof S);
-    plan ts[4]; /* the split variants' descriptors */
+    plan ts[3]; /* the split variants' descriptors */
     memset(ts, 0, sizeof ts);
     const plan *cp[MAX_CAND]; /* each candidate's plan: &t or one of ts */
     int n_plain = 0;
@@ -428,11 +428,9 @@ int sf_gemm_tune_run(sf_k_gemm_ctx *g, const plan *p, cudaStream_t s)
     n_c = candidates(g, &t, c, &n_split);
     for (int i = 0; i < n_c; i++) cp[i] = &t;
     n_plain = n_c;
-    /* split along k into 2, 4, 8 slices where the slices stay aligned and the partials fit; 16
-     * too for up to 64 rows (a 4096 x 4096 weight at 16 rows has 32 output tiles of 128 rows) */
-    for (int j = 0; j < 4 && n_c < MAX_CAND; j++) {
-        static const int parts[4] = { 2, 4, 8, 16 };
-        if (parts[j] == 16 && nb > 64) continue;
+    /* split along k into 2, 4, 8 slices where the slices stay aligned and the partials fit */
+    for (int j = 0; j < 3 && n_c < MAX_CAND; j++) {
+        static const int parts[3] = { 2, 4, 8 };
         ts[j].n = nb; ts[j].m = t.m; ts[j].k = t.k; ts[j].has_bias = t.has_bias; ts[j].acc = t.acc;
         ts[j].ldx = t.k; ts[j].ldy = t.m;
         if (!sf_gemm_split_ok(t.k, parts[j]) || (size_t)parts[j] * nb * t.m * 4 > SPLIT_WS_BYTES ||
@@ -503,7 +501,7 @@ done:
     if (hard) SF_LOGE("gemm tuner: m=%d k=%d n=%d: device error: %s", p->m, p->k, nb, cudaGetErrorString((cudaError_t)hard));
     scratch_free(&S);
     sf_gemm_plan_release(&t);
-    for (int j = 0; j < 4; j++) sf_gemm_plan_release(&ts[j]);
+    for (int j = 0; j < 3; j++) sf_gemm_plan_release(&ts[j]);
     free(c);
     free(us);
     cudaGetLastError();
