@@ -728,7 +728,6 @@ struct sf_json_vocab {
      * one before: the mask walks them as a trie, feeding each shared prefix once */
     int32_t *order;
     uint16_t *lcp;
-    uint8_t *oplain; /* plain[order[i]], in walk order */
     int n_order;
     /* inside a free string only the other texts are fed: their walk indices (np), each one's
      * prefix shared with the one before it in np (the least lcp between them), and the plain
@@ -753,7 +752,6 @@ void sf_json_vocab_free(sf_json_vocab *v)
     free(v->plain);
     free(v->order);
     free(v->lcp);
-    free(v->oplain);
     free(v->np);
     free(v->np_l);
     free(v->plain_bits);
@@ -774,9 +772,8 @@ static int sort_texts(sf_json_vocab *v)
 {
     v->order = malloc(sizeof *v->order * (size_t)(v->n ? v->n : 1));
     v->lcp = malloc(sizeof *v->lcp * (size_t)(v->n ? v->n : 1));
-    v->oplain = malloc((size_t)(v->n ? v->n : 1));
     v->rest = malloc(sizeof *v->rest * (size_t)(v->n ? v->n : 1));
-    if (!v->order || !v->lcp || !v->oplain || !v->rest) return SF_ENOMEM;
+    if (!v->order || !v->lcp || !v->rest) return SF_ENOMEM;
     for (int32_t id = 0; id < v->n; id++)
         if (!v->eog[id] && v->off[id + 1] > v->off[id]) v->order[v->n_order++] = id;
         else v->rest[v->n_rest++] = id;
@@ -789,7 +786,6 @@ static int sort_texts(sf_json_vocab *v)
             while (l < na && l < nb && a[l] == b[l]) l++;
         }
         v->lcp[i] = (uint16_t)(l < 65535 ? l : 65535);
-        v->oplain[i] = v->plain[v->order[i]];
     }
     v->np = malloc(sizeof *v->np * (size_t)(v->n ? v->n : 1));
     v->np_l = malloc(sizeof *v->np_l * (size_t)(v->n ? v->n : 1));
@@ -798,7 +794,7 @@ static int sort_texts(sf_json_vocab *v)
     uint16_t minl = 0;
     for (int i = 0; i < v->n_order; i++) {
         minl = i ? SF_MIN(minl, v->lcp[i]) : 0;
-        if (v->oplain[i]) {
+        if (v->plain[v->order[i]]) {
             v->plain_bits[v->order[i] >> 5] |= 1u << (v->order[i] & 31);
             v->n_plain++;
             continue;

@@ -5,13 +5,12 @@
  * the batch's int32 arrays back to back — tokens[T], pos[T], slot[T], seq_start[S+1],
  * seq_ctx[S], block_table[S*max_blocks], logit_rows[L] — then, with has_src, src_row[T], and
  * with draw, the sampler rows (sf_sample_row[L]) and penalty entries (sf_sample_pen[n_pen]) as
- * raw bytes, then the forms' allow masks: the row of each (int32[n_masks]) and the masks
- * (uint32[n_masks x mask_words], vocab bits each; the rows' own pointers mean nothing on
- * another rank, and rows asking for logprobs draw there without them). With masks_later the
- * masks are not in the plan but follow it in two more broadcasts, once every rank has queued
- * the step's forward pass: an int32 count (-1: this step is not drawn on the ranks' samplers),
- * then the rows and masks laid out as above. The follower waits for the header without a
- * timeout (the server may be idle) but notices a dead leader.
+ * raw bytes. A drawn step with forms' allow masks (masks_later) sends them after the plan, in two
+ * more broadcasts once every rank has queued the step's forward pass: an int32 count n (-1: this
+ * step is not drawn on the ranks' samplers), then the row of each (int32[n]) and the masks
+ * (uint32[n x mask_words], vocab bits each; the rows' own pointers mean nothing on another rank,
+ * and rows asking for logprobs draw there without them). The follower waits for the header
+ * without a timeout (the server may be idle) but notices a dead leader.
  *
  * Async scheduling (sf_tp_defer): rank 0 queues step N+1 before the ids of step N reach its
  * host, N+1's tokens taken from N's draw on the device (sf_batch.src_row). Every rank then
@@ -54,9 +53,8 @@ typedef struct tp_hdr {
     int32_t draw;       /* TP_STEP: every rank draws (async scheduling; n_pen penalty entries) */
     int32_t n_pen;
     int32_t has_src;    /* TP_STEP: the batch has src_row */
-    int32_t n_masks;    /* TP_STEP with draw: rows with a form's allow mask */
-    int32_t mask_words; /* their length, (vocab + 31) / 32 */
-    int32_t masks_later; /* TP_STEP with draw: the masks follow the forward pass (see the top) */
+    int32_t masks_later; /* TP_STEP with draw: forms' masks follow the forward pass (see the top) */
+    int32_t mask_words;  /* their length, (vocab + 31) / 32 */
 } tp_hdr;
 
 struct sf_tp {
@@ -115,8 +113,6 @@ static size_t batch_ints(const tp_hdr *h)
     return (size_t)3 * h->T + (size_t)(h->S + 1) + h->S + (size_t)h->S * h->max_blocks + h->L;
 }
 
-static size_t masks_ints(const tp_hdr *h) { return (size_t)h->n_masks * (1 + (size_t)h->mask_words); }
-
 static int count_masks(const sf_sample_row *rows, int L)
 {
     int n = 0;
@@ -153,7 +149,7 @@ static int unpack_masks(const sf_tp_rank_opts *o, const int32_t *p, int n, int w
 static size_t payload_ints(const tp_hdr *h)
 {
     return batch_ints(h) + (h->has_src ? (size_t)h->T : 0) +
-           (h->draw ? rows_ints(h->L) + pen_ints(h->n_pen) + masks_ints(h) : 0);
+           (h->draw ? rows_ints(h->L) + pen_ints(h->n_pen) : 0);
 }
 
 /* Points the batch's arrays into the payload. */
@@ -387,8 +383,6 @@ static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_b
         d->rows[i].allow = NULL;
         d->rows[i].logprobs = 0;
     }
-    const int32_t *mrow = p + rows_ints(h->L) + pen_ints(h->n_pen);
-    if ((rc = unpack_masks(o, mrow, h->n_masks, h->mask_words, d->rows, h->L, err))) return rc;
     if (d->queued == 2) { /* the oldest first: the backend keeps two */
         if ((rc = sf_forward_take(t->fwd, err))) return rc;
         d->queued--;
@@ -455,9 +449,9 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             if ((rc = t.comm->ops->barrier(t.comm, err))) goto out;
             continue;
         }
-        if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || h.n_pen < 0 || h.n_masks < 0 ||
-            h.n_masks > h.L || ((h.n_masks || h.masks_later) && h.mask_words != (t.shard.m.cfg.vocab_size + 31) / 32) ||
-            (h.has_src && !h.draw) || (h.masks_later && (!h.draw || h.n_masks)) || payload_ints(&h) != h.payload) {
+        if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || h.n_pen < 0 ||
+            (h.masks_later && (!h.draw || h.mask_words != (t.shard.m.cfg.vocab_size + 31) / 32)) ||
+            (h.has_src && !h.draw) || payload_ints(&h) != h.payload) {
             rc = sf_err(err, SF_EFORMAT, "rank %d: malformed step plan (command %d, %d tokens, %d sequences)", o->rank,
                         h.cmd, h.T, h.S);
             goto out;
@@ -720,9 +714,9 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
     return rc ? dead(t, rc, err) : SF_OK;
 }
 
-/* Rank 0, a step whose masks follow its forward pass (masks_later): the caller's prepare makes
- * them (from the ids of the step before), then they go to every rank (see the top); when it
- * fails, a count of -1 tells the followers not to draw. */
+/* Rank 0, a drawn step with forms' masks (masks_later): the caller's prepare, when it has one,
+ * makes them (from the ids of the step before), then they go to every rank (see the top); when
+ * it fails, a count of -1 tells the followers not to draw. */
 typedef struct lead_masks {
     sf_tp *t;
     const sf_forward_sample *smp;
@@ -735,7 +729,7 @@ static int leader_masks(void *arg)
     lead_masks *q = arg;
     sf_tp *t = q->t;
     const int words = (t->shard.m.cfg.vocab_size + 31) / 32;
-    int rc = q->smp->prepare(q->smp->prepare_arg);
+    int rc = q->smp->prepare ? q->smp->prepare(q->smp->prepare_arg) : SF_OK;
     int32_t n = rc ? -1 : count_masks(q->smp->rows, q->L);
     const size_t ints = n > 0 ? (size_t)n * (1 + (size_t)words) : 0;
     int brc = grow(&t->mpay, &t->mpay_cap, ints ? ints : 1);
@@ -748,8 +742,9 @@ static int leader_masks(void *arg)
 }
 
 /* The step plan to every rank, then this rank's step: logits to host memory, or sampled on
- * rank 0's device (smp; launch: queued, sf_tp_wait_sample waits for the ids). A draw whose
- * masks are made in smp->prepare sends them after the plan (masks_later). */
+ * rank 0's device (smp; launch: queued, sf_tp_wait_sample waits for the ids). A draw with
+ * forms' masks, given in its rows or made in smp->prepare, sends them after the plan
+ * (masks_later). */
 static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sample *smp, int launch, sf_error *err)
 {
     if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
@@ -757,8 +752,7 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
                  .draw = smp && launch && t->deferred, .has_src = b->src_row != NULL };
     h.n_pen = h.draw ? smp->n_pen : 0;
     h.mask_words = (t->shard.m.cfg.vocab_size + 31) / 32;
-    h.masks_later = h.draw && smp->prepare;
-    h.n_masks = h.draw && !h.masks_later ? count_masks(smp->rows, h.L) : 0;
+    h.masks_later = h.draw && (smp->prepare || count_masks(smp->rows, h.L));
     if (h.has_src && !h.draw)
         return sf_err(err, SF_EINVAL, "tensor parallelism: a step takes tokens from a draw (src_row) that the "
                       "followers did not make (async scheduling needs sf_tp_defer and sf_tp_launch_sample)");
@@ -782,7 +776,6 @@ static int step(sf_tp *t, const sf_batch *b, float *logits, const sf_forward_sam
         p += rows_ints(h.L);
         if (h.n_pen) memcpy(p, smp->pen, (size_t)h.n_pen * sizeof *smp->pen);
         p += pen_ints(h.n_pen);
-        if (h.n_masks) pack_masks(p, smp->rows, h.L, h.mask_words);
     }
 #undef PUT
     int rc;
