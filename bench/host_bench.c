@@ -182,29 +182,6 @@ static void mask(const char *dir)
     }
     sf_jschema_free(pc);
     sf_jschema_free(sc);
-    /* what the bits saved: the engine made a row, then packed it into bits and zeroed it again
-     * (its path before 120a616), here at this vocabulary and at Llama 3's */
-    for (int n = V, k = 0; k < 2; n = 128256, k++) {
-        float *x = calloc((size_t)n, sizeof *x);
-        uint32_t *m = malloc(sizeof *m * (size_t)(n + 31) / 32);
-        double best = 1e30;
-        for (int it = 0; it < 20 && x && m; it++) {
-            for (int i = 0; i < n; i += 3) x[i] = -INFINITY;
-            double t0 = now();
-            for (int w = 0; w < (n + 31) / 32; w++) {
-                uint32_t bits = 0;
-                for (int bi = 0, i = w * 32; bi < 32 && i < n; bi++, i++) {
-                    bits |= (uint32_t)(x[i] != -INFINITY) << bi;
-                    x[i] = 0.0f;
-                }
-                m[w] = bits;
-            }
-            best = SF_MIN(best, now() - t0);
-        }
-        printf("  a row of %d packed into bits (before 120a616) %6.3f ms\n", n, best * 1e3);
-        free(x);
-        free(m);
-    }
     free(l);
     sf_json_vocab_free(v);
     sf_tok_free(t);
