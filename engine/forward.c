@@ -331,6 +331,18 @@ static int logits_all_rows(const sf_batch *bt)
     return 1;
 }
 
+/* sf_batch.draw_greedy for a step: the vocabulary when its one row, whose logits the fused
+ * output norm + lm_head makes, goes to the backend's draw greedily with nothing else. */
+static int draw_greedy(const sf_forward *f, const sf_batch *bt, const sf_forward_sample *smp, int fused, int rn)
+{
+    if (!smp || smp->prepare || smp->n_pen || bt->n_logits != 1 || bt->n_scored || !fused || rn ||
+        (f->shard && f->shard->size > 1) || !logits_all_rows(bt))
+        return 0;
+    const sf_sample_row *r = &smp->rows[0];
+    int greedy = r->temperature <= 0 || r->top_k == 1;
+    return greedy && !r->n_pen && !r->allow && !r->logprobs ? f->m->cfg.vocab_size : 0;
+}
+
 /* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */
 static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forward_sample *smp, sf_error *err)
 {
@@ -354,7 +366,9 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
                       bt->n_logits, sf_forward_can_score(f) ? "has fewer" : "cannot score");
     const int L = bt->n_logits - bt->n_scored; /* rows drawn or read */
 #define STEP(name, call) do { op = name; if ((rc = (call)) != SF_OK) goto fail; } while (0)
-    STEP("batch_begin", o->batch_begin(b, bt));
+    sf_batch bg = *bt;
+    bg.draw_greedy = draw_greedy(f, bt, smp, fused, rn);
+    STEP("batch_begin", o->batch_begin(b, &bg));
     STEP("embed", o->embed(b, f->emb, f->h));
     for (layer = 0; layer < c->n_layers; layer++)
         if ((rc = layer_run(f, T, layer, fused, rn, &op, err))) {

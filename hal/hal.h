@@ -123,6 +123,12 @@ typedef struct sf_batch {
      * not have it yet; tokens[t] is then only a stand-in (a valid id). Only for backends with
      * sample_take; SF_EINVAL for a row the last draw did not have. */
     const int32_t *src_row;
+    /* A hint, 0 or the vocabulary: the step's one logit row will be drawn by sample /
+     * sample_start right after it greedily (temperature 0 or top_k 1) with nothing else (no
+     * penalty entries, allow mask or logprobs) over [0, draw_greedy), and its lm_head is the
+     * step's norm_matmul with glu 0. A backend may take the argmax with that lm_head and skip the
+     * draw's pass over the row (CUDA, batch 1); the logits are written all the same. */
+    int draw_greedy;
 } sf_batch;
 
 /* RoPE parameters; inv_freq is precomputed by the engine (scaling applied), head_dim/2 floats. */
@@ -442,6 +448,7 @@ typedef struct sf_backend_stats {
      * the next step's first work, summed over the steps that followed a draw, and how many */
     double idle_after_draw_us;
     long idle_after_draw_n;
+    long greedy_head_draws; /* draws whose id the step's lm_head found (sf_batch.draw_greedy) */
 } sf_backend_stats;
 int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s);
 

@@ -140,6 +140,15 @@ typedef struct cuda_ctx {
      * stream cost ~10 us a step (SEMFLOW_CUDA_DRAW_MAPPED=0: the copies) */
     char *samp_hd, *samp_h2d;
     int samp_flip;
+    /* A batch-1 step whose row is drawn greedily with nothing else (sf_batch.draw_greedy) takes
+     * the argmax with its lm_head into best_d (gemv_stream.cu FG_BEST) and writes the id as the
+     * draw would with one more launch in the step's graph (sf_k_sample_best_put), so sample_start
+     * queues no draw: greedy_arm, at batch_begin, 1 + which pinned ids the put writes (the graph
+     * key holds it); greedy_put, once the lm_head recorded it. SEMFLOW_CUDA_GREEDY_HEAD=0: the
+     * draw as for any row (comparisons). */
+    unsigned long long *best_d;
+    int greedy_head, greedy_arm, greedy_put, greedy_vocab;
+    long greedy_draws;
     /* The last draw's ids are in the token slots at meta_d's start too (draw_in_tokens of them):
      * a next step whose tokens are those rows, in order, copies its metadata past them and no
      * tokens (a copy in the stream each, ~5 us a step). With as many tokens as the draw had
@@ -323,6 +332,7 @@ static void cuda_destroy(sf_backend *b)
         for (int i = 0; i < 4; i++)
             for (int j = 0; j < 2 && c->gap_ev[0][0]; j++) cudaEventDestroy(c->gap_ev[i][j]);
         cudaFree(c->samp_d);
+        cudaFree(c->best_d);
         if (c->score_h) cudaFreeHost(c->score_h);
         cudaFree(c->score_d);
         if (c->fwd_done) cudaEventDestroy(c->fwd_done);
@@ -836,8 +846,13 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     if (e == cudaSuccess && side) e = cudaStreamWaitEvent(c->s, c->meta_done, 0);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
     if (bt->src_row && !drawn && (rc = tokens_from_draw(c, bt))) return rc;
+    /* which pinned ids sample_start will take (it flips them per draw when deferred) */
+    c->greedy_arm = c->greedy_head && bt->draw_greedy > 0 && T == 1 && L == 1 && !bt->n_scored
+                        ? 1 + (c->samp_defer && c->samp_flip) : 0;
+    c->greedy_put = 0;
+    c->greedy_vocab = bt->draw_greedy;
     /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
-    int64_t key[SF_GRAPH_KEY] = { T, S, L, bt->max_blocks, c->n_split + ((int64_t)c->dec_kernel << 16),
+    int64_t key[SF_GRAPH_KEY] = { T, S, L + ((int64_t)c->greedy_arm << 32), bt->max_blocks, c->n_split + ((int64_t)c->dec_kernel << 16),
                                   2 * (int64_t)c->n_tiles + c->step_i8 + ((int64_t)c->n_dec << 32) };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
@@ -1087,6 +1102,8 @@ static int cuda_silu_mul(sf_backend *b, const sf_buf *gu, int n, int f, sf_buf *
  * bandwidth, and the down projection's x (201-229 KiB) leaves it 3 stages of 4 loads (65% at 7
  * rows) or does not fit (8 rows: the plain ops). */
 #define ROWS_MAX 6
+static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
+
 static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *norm, float eps, const sf_weight *w, int n,
                             int glu, sf_buf *tmp_x, sf_buf *tmp_y, sf_buf *y)
 {
@@ -1101,7 +1118,20 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = k; r.n[2] = glu;
         r.f = eps;
-        return submit(c, &r, 1, "norm_matmul");
+        const int best = c->greedy_arm && !c->greedy_put && !glu && w->rows >= c->greedy_vocab &&
+                         sf_k_gemv_norm_best_ok(x->d, norm->d, w->d, (int)w->rows, (int)k);
+        if (best) { r.p[5] = c->best_d; r.n[3] = c->greedy_vocab; }
+        int rc = submit(c, &r, 1, "norm_matmul");
+        if (rc || !best) return rc;
+        /* the id, where sample_start's draw of one row without penalties or masks puts it */
+        const size_t o_ids = align16(sizeof(sf_sample_row));
+        char *hd = c->greedy_arm == 2 ? c->samp_h2d : c->samp_hd;
+        sf_op_rec p = { 0 };
+        p.kind = SF_OP_BEST_PUT;
+        p.p[0] = c->best_d; p.p[1] = c->samp_d + o_ids; p.p[2] = hd ? hd + o_ids : NULL; p.p[3] = c->meta_d;
+        if ((rc = submit(c, &p, 1, "norm_matmul (the greedy id)"))) return rc;
+        c->greedy_put = 1;
+        return SF_OK;
     }
     if (n > 1 && n <= ROWS_MAX && (uintptr_t)norm->d % 16 == 0 &&
         sf_k_gemv_rows_ok(glu ? SF_K_ROWS_GLU : SF_K_ROWS_NORM, n, x->d, x->cols, w->d, (int)w->rows, (int)k, y->cols)) {
@@ -1255,7 +1285,6 @@ static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
     return SF_OK;
 }
 
-static size_t align16(size_t x) { return (x + 15) & ~(size_t)15; }
 
 /* Sends the rows and penalty entries (one copy), queues the draw and the copy of the n ids back
  * (sample_start); cuda_sample_wait (or, deferred, cuda_sample_take) waits for them. */
@@ -1311,6 +1340,22 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     c->last_ids_d = (const int32_t *)(c->samp_d + o_ids);
     c->n_last = n;
     if (n == 0) return SF_OK;
+    char *hd = h == c->samp_h ? c->samp_hd : c->samp_h2d;
+    /* the step's graph wrote this greedy row's id with its lm_head (greedy_put), here */
+    const int put = c->greedy_put && n == 1 && !n_pen && !n_mask && !n_lp && vocab == c->greedy_vocab &&
+                    (rows[0].temperature <= 0 || rows[0].top_k == 1) && o_ids == align16(sizeof *rows) &&
+                    (c->greedy_arm == 2) == (h == c->samp_h2);
+    c->greedy_put = 0;
+    if (put) {
+        c->greedy_draws++;
+        c->draw_in_tokens = n;
+        cudaError_t e = hd ? cudaSuccess
+                           : cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, 4, cudaMemcpyDeviceToHost, c->s);
+        if (e == cudaSuccess && c->samp_defer) e = cudaEventRecord(d->done, c->s);
+        if (e == cudaSuccess) gap_mark(c, 0);
+        step_enqueued(c, 1);
+        return kcheck(e, "sample");
+    }
     memcpy(h, rows, (size_t)n * sizeof *rows);
     if (n_pen) memcpy(h + o_pen, pen, (size_t)n_pen * sizeof *pen);
     for (int i = 0, m = 0; i < n && n_mask; i++) /* each mask after the entries; its row points at the copy */
@@ -1320,7 +1365,6 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
         }
     /* mapped: the rows read where the host wrote them (penalty entries and masks, read in every
      * pass, are copied) and the ids written straight back */
-    char *hd = h == c->samp_h ? c->samp_hd : c->samp_h2d;
     cudaError_t e = cudaSuccess;
     if (!hd || n_pen || n_mask) e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
     if (e != cudaSuccess) return kcheck(e, "sample");
@@ -1619,6 +1663,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         c->attn_decode = sf_env_bool("SEMFLOW_CUDA_ATTN_DECODE", 1);
         c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 1);
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
+        c->greedy_head = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GREEDY_HEAD", 1);
     }
     b->ctx = c;
     c->dev = dev;
@@ -1644,6 +1689,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     SF_CUDA_GOTO(cudaHostAlloc((void **)&c->score_h, SCORE_BYTES, cudaHostAllocDefault), err, rc);
     if ((rc = dmalloc(c, (void **)&c->score_d, SCORE_BYTES, "the score op's rows", err))) goto cleanup;
+    if ((rc = dmalloc(c, (void **)&c->best_d, 16, "the greedy lm_head's argmax", err))) goto cleanup;
+    SF_CUDA_GOTO(cudaMemset(c->best_d, 0, 16), err, rc);
     /* the op's scratch at the end: its counters start (and stay) at zero */
     SF_CUDA_GOTO(cudaMemset(c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, 0, SF_K_SAMPLE_SCRATCH), err, rc);
     {
@@ -1689,6 +1736,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
     }
     s->idle_after_draw_us = c->gap_us;
     s->idle_after_draw_n = c->gap_n;
+    s->greedy_head_draws = c->greedy_draws;
     return SF_OK;
 }
 

@@ -25,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../sample_draw.h"
 #include "b1trace.cuh"
 #include "gemv_ring.cuh"
 #include "gemv_stream.h"
@@ -64,6 +65,22 @@ struct fs_pre {
  * stages, and the bias-free instance stays at 40, where one of Llama-3-8B's attention blocks
  * still fits beside three of its blocks (qkv_top_stages). */
 enum { FG_BIAS = 32 };
+/* FG_BEST (with FG_NORM alone: the lm_head of a step whose one row is drawn greedily): the
+ * kernel also keeps the largest of its rounded outputs y[i], i < rp.best_n, NaN left out, as
+ * sample.cu's greedy pass chooses (ties: the smaller id), packed sf_sample_key(y) << 32 | ~i in
+ * lane 0 of each warp and added to *rp.best by one atomicMax a warp at its end
+ * (sf_k_gemv_norm_best). The draw's own pass over the row (10-12 us after the lm_head at batch 1,
+ * traced in session 19) then becomes sf_k_sample_best_put's read of one word. */
+enum { FG_BEST = 64 };
+static __device__ __forceinline__ unsigned long long fs_best1(unsigned long long best, float v, int i, int n)
+{
+    const float y = bf2f(f2bf(v)); /* the value the epilogue stores */
+    if (i < n && y == y) {
+        const unsigned long long p = (unsigned long long)sf_sample_key(y) << 32 | (uint32_t)~(uint32_t)i;
+        if (p > best) best = p;
+    }
+    return best;
+}
 static __device__ __forceinline__ float fs_half(uint32_t w, int odd)
 {
     return __uint_as_float((odd ? w & 0xffff0000u : w << 16));
@@ -110,6 +127,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
     __shared__ sf_tr tr;
     __shared__ fs_pre pre;
+    unsigned long long best = 0; /* FG_BEST: lane 0's largest packed output */
     if (TR) tr_begin(tr);
     sf_pdl_trigger();
 
@@ -187,11 +205,20 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         }
         acc_a = warp_sum(acc_a);
         acc_b = warp_sum(acc_b);
-        if (lane == 0) fs_epilogue<MODE>(fg_unit_rows<MODE>(u, m, rp), u, acc_a, acc_b, bias, y, rp, pre,
-                                         rope_pre, (res_pre || (MODE & FG_BIAS)) && u == u0 ? warp : -1);
+        if (lane == 0) {
+            const fg_unit r = fg_unit_rows<MODE>(u, m, rp);
+            fs_epilogue<MODE>(r, u, acc_a, acc_b, bias, y, rp, pre, rope_pre,
+                              (res_pre || (MODE & FG_BIAS)) && u == u0 ? warp : -1);
+            if (MODE & FG_BEST) {
+                const float ba = bias ? bf2f(bias[r.ra]) : 0.0f, bb = bias ? bf2f(bias[r.rb]) : 0.0f;
+                best = fs_best1(best, acc_a + ba, r.ra, rp.best_n);
+                if (r.rb != r.ra) best = fs_best1(best, acc_b + bb, r.rb, rp.best_n);
+            }
+        }
     }
+    if ((MODE & FG_BEST) && lane == 0 && best) atomicMax(rp.best, best);
     gr_wait<0>();
-    if (TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
+    if (TR) tr_end(tr, SF_TR_GEMV + (MODE & ~FG_BEST), m, k);
 }
 
 SF_TR_SETTER(sf_k_gemv_stream_trace)
@@ -219,6 +246,7 @@ enum { OP_QKV, OP_O, OP_GU, OP_DOWN, OP_HEAD, OP_N };
 /* Which op a launch is: the class SEMFLOW_CUDA_GEMV_PLAN names and plan() sizes. */
 static int op_class(int mode, int m, int k)
 {
+    mode &= ~FG_BEST;
     return mode & FG_GLU                       ? OP_GU
            : mode & FG_ADD || !mode            ? (k <= m ? OP_O : OP_DOWN)
            : mode == FG_NORM && m > HEAD_ROWS ? OP_HEAD
@@ -388,18 +416,24 @@ static int launch_st(int st, const uint16_t *x, const uint16_t *nw, float eps, c
 }
 
 /* want 0: planned (or SEMFLOW_CUDA_GEMV_CFG); else blocks per SM x 10 + stages (benchmarks). */
+/* plan() for a launch of mode (want 0: SEMFLOW_CUDA_GEMV_CFG, else _PLAN, else planned). */
+static int stream_plan(int mode, int want, int m, int k, const fg_rope &rp, int attn, int *grid)
+{
+    const int op = op_class(mode, m, k);
+    return plan(mode, op, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(op), rp, attn, grid);
+}
+
 static int stream(int mode, int want, const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                   const uint16_t *bias, int m, int k, uint16_t *y, const fg_rope &rp, cudaStream_t s, int attn = 0)
 {
     int grid = 0;
     if (mode == (FG_NORM | FG_ROPE) && bias && (uintptr_t)bias % 4 == 0) mode |= FG_BIAS;
-    const int op = op_class(mode, m, k);
-    const int st = plan(mode, op, fg_units(mode, m), k, want ? want : forced_cfg() ? forced_cfg() : op_cfg(op), rp, attn,
-                        &grid);
+    const int st = stream_plan(mode, want, m, k, rp, attn, &grid);
     if (!st || fg_units(mode, m) < 1) return -1;
     switch (mode) {
     case 0: return launch_st<0>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM: return launch_st<FG_NORM>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
+    case FG_NORM | FG_BEST: return launch_st<FG_NORM | FG_BEST>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_GLU: return launch_st<FG_NORM | FG_GLU>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_ROPE: return launch_st<FG_NORM | FG_ROPE>(st, x, nw, eps, w, bias, m, k, y, rp, grid, s);
     case FG_NORM | FG_ROPE | FG_BIAS:
@@ -415,17 +449,44 @@ int sf_gemv_stream(int mode, const uint16_t *x, const uint16_t *nw, float eps, c
     return stream(mode, 0, x, nw, eps, w, bias, m, k, y, rp, s, attn_kernel);
 }
 
+/* SEMFLOW_CUDA_GEMV_RING, as gemv_fused.cu reads it: 3 (the default) is this file's kernels */
+static long ring_env(void)
+{
+    static const long ring = sf_env_long("SEMFLOW_CUDA_GEMV_RING", 3, 0, 3);
+    return ring;
+}
+
 extern "C" int sf_k_gemv_stream_plain(const uint16_t *x, const uint16_t *w, const uint16_t *bias, int m, int k,
                                       uint16_t *y, cudaStream_t s)
 {
     fg_rope rp = {};
     if (!y || m < 1) return (int)cudaErrorInvalidValue;
-    static const long ring = sf_env_long("SEMFLOW_CUDA_GEMV_RING", 3, 0, 3); /* as gemv_fused.cu reads it */
-    if (sf_k_gemv_fused_ok(x, w, k) && ring == 3) {
+    if (sf_k_gemv_fused_ok(x, w, k) && ring_env() == 3) {
         const int rc = stream(0, 0, x, NULL, 0.0f, w, bias, m, k, y, rp, s);
         if (rc >= 0) return rc;
     }
     return sf_k_gemv(x, k, w, bias, 1, m, k, y, m, s);
+}
+
+extern "C" int sf_k_gemv_norm_best_ok(const void *x, const void *nw, const void *w, int m, int k)
+{
+    fg_rope rp = {};
+    int grid = 0;
+    return ring_env() == 3 && sf_k_gemv_fused_ok(x, w, k) && k <= SF_K_GEMV_NORM_MAX_K && nw &&
+           (uintptr_t)nw % 16 == 0 && m >= 1 && stream_plan(FG_NORM | FG_BEST, 0, m, k, rp, 0, &grid) > 0;
+}
+
+extern "C" int sf_k_gemv_norm_best(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
+                                   const uint16_t *bias, int m, int k, uint16_t *y, unsigned long long *best,
+                                   int best_n, cudaStream_t s)
+{
+    if (!best || best_n < 0 || best_n > m || !y) return (int)cudaErrorInvalidValue;
+    if (!sf_k_gemv_norm_best_ok(x, nw, w, m, k)) return (int)cudaErrorNotSupported;
+    fg_rope rp = {};
+    rp.best = best;
+    rp.best_n = best_n;
+    const int rc = stream(FG_NORM | FG_BEST, 0, x, nw, eps, w, bias, m, k, y, rp, s);
+    return rc < 0 ? (int)cudaErrorNotSupported : rc;
 }
 
 /* Benchmarks: kind 0 norm, 1 norm + glu, 2 add, 3 plain (gemv_stream.h), with cfg = blocks per

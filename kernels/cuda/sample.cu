@@ -1196,6 +1196,24 @@ static int split_blocks_per_sm(size_t smem)
     return per_sm;
 }
 
+/* sf_k_sample_best_put (kernels.h): one thread, after the lm_head that filled *best. */
+__global__ void k_sample_best_put(u64 *best, IdsOut ids)
+{
+    sf_pdl_wait();
+    const u64 b = *(volatile u64 *)best;
+    put_id(ids, 0, b ? (int)~(uint32_t)b : 0);
+    *best = 0;
+}
+
+extern "C" int sf_k_sample_best_put(unsigned long long *best, int32_t *ids, int32_t *ids_host, int32_t *ids_next,
+                                    cudaStream_t s)
+{
+    if (!best || !ids) return (int)cudaErrorInvalidValue;
+    const IdsOut o = { ids, ids_host, ids_next };
+    const int rc = sf_launch_pdl(k_sample_best_put, dim3(1), dim3(1), 0, s, (u64 *)best, o);
+    return rc ? rc : sf_launch_status();
+}
+
 extern "C" int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
                            const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids_d, int32_t *ids_host,
                            int32_t *ids_next, void *scratch, cudaStream_t s)
