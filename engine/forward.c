@@ -331,16 +331,17 @@ static int logits_all_rows(const sf_batch *bt)
     return 1;
 }
 
-/* sf_batch.draw_greedy for a step: the vocabulary when its one row, whose logits the fused
- * output norm + lm_head makes, goes to the backend's draw greedily with nothing else. */
-static int draw_greedy(const sf_forward *f, const sf_batch *bt, const sf_forward_sample *smp, int fused, int rn)
+/* sf_batch.draw_row for a step: its one row, whose logits the fused output norm + lm_head make,
+ * when the backend's draw takes it greedily or at a temperature alone with nothing else. */
+static const sf_sample_row *draw_row(const sf_forward *f, const sf_batch *bt, const sf_forward_sample *smp, int fused,
+                                     int rn)
 {
     if (!smp || smp->prepare || smp->n_pen || bt->n_logits != 1 || bt->n_scored || !fused || rn ||
         (f->shard && f->shard->size > 1) || !logits_all_rows(bt))
-        return 0;
+        return NULL;
     const sf_sample_row *r = &smp->rows[0];
-    int greedy = r->temperature <= 0 || r->top_k == 1;
-    return greedy && !r->n_pen && !r->allow && !r->logprobs ? f->m->cfg.vocab_size : 0;
+    const int greedy = r->temperature <= 0 || r->top_k == 1, plain = r->top_k <= 0 && r->top_p >= 1 && r->min_p <= 0;
+    return (greedy || plain) && !r->n_pen && !r->allow && !r->logprobs ? r : NULL;
 }
 
 /* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */
@@ -367,7 +368,7 @@ static int step(sf_forward *f, const sf_batch *bt, float *logits, const sf_forwa
     const int L = bt->n_logits - bt->n_scored; /* rows drawn or read */
 #define STEP(name, call) do { op = name; if ((rc = (call)) != SF_OK) goto fail; } while (0)
     sf_batch bg = *bt;
-    bg.draw_greedy = draw_greedy(f, bt, smp, fused, rn);
+    bg.draw_row = draw_row(f, bt, smp, fused, rn);
     STEP("batch_begin", o->batch_begin(b, &bg));
     STEP("embed", o->embed(b, f->emb, f->h));
     for (layer = 0; layer < c->n_layers; layer++)

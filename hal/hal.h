@@ -123,12 +123,13 @@ typedef struct sf_batch {
      * not have it yet; tokens[t] is then only a stand-in (a valid id). Only for backends with
      * sample_take; SF_EINVAL for a row the last draw did not have. */
     const int32_t *src_row;
-    /* A hint, 0 or the vocabulary: the step's one logit row will be drawn by sample /
-     * sample_start right after it greedily (temperature 0 or top_k 1) with nothing else (no
-     * penalty entries, allow mask or logprobs) over [0, draw_greedy), and its lm_head is the
-     * step's norm_matmul with glu 0. A backend may take the argmax with that lm_head and skip the
-     * draw's pass over the row (CUDA, batch 1); the logits are written all the same. */
-    int draw_greedy;
+    /* A hint, NULL or the row (host memory) by which the step's one logit row will be drawn in
+     * sample / sample_start right after it: greedy (temperature 0 or top_k 1) or at a temperature
+     * alone (no top-k, top-p or min-p), without penalty entries, an allow mask or logprobs; the
+     * step's lm_head is its norm_matmul with glu 0 (rows: the vocabulary). A backend may draw
+     * with that lm_head and skip the draw's pass over the row (CUDA, batch 1); the logits are
+     * written all the same. */
+    const struct sf_sample_row *draw_row;
 } sf_batch;
 
 /* RoPE parameters; inv_freq is precomputed by the engine (scaling applied), head_dim/2 floats. */
@@ -448,7 +449,7 @@ typedef struct sf_backend_stats {
      * the next step's first work, summed over the steps that followed a draw, and how many */
     double idle_after_draw_us;
     long idle_after_draw_n;
-    long greedy_head_draws; /* draws whose id the step's lm_head found (sf_batch.draw_greedy) */
+    long head_draws; /* draws done with the step's lm_head (sf_batch.draw_row) */
 } sf_backend_stats;
 int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s);
 

@@ -140,15 +140,17 @@ typedef struct cuda_ctx {
      * stream cost ~10 us a step (SEMFLOW_CUDA_DRAW_MAPPED=0: the copies) */
     char *samp_hd, *samp_h2d;
     int samp_flip;
-    /* A batch-1 step whose row is drawn greedily with nothing else (sf_batch.draw_greedy) takes
-     * the argmax with its lm_head into best_d (gemv_stream.cu FG_BEST) and writes the id as the
-     * draw would with one more launch in the step's graph (sf_k_sample_best_put), so sample_start
-     * queues no draw: greedy_arm, at batch_begin, 1 + which pinned ids the put writes (the graph
-     * key holds it); greedy_put, once the lm_head recorded it. SEMFLOW_CUDA_GREEDY_HEAD=0: the
-     * draw as for any row (comparisons). */
+    /* A batch-1 step whose row is drawn greedily or at a temperature alone with nothing else
+     * (sf_batch.draw_row) draws it with its lm_head into best_d (gemv_stream.cu FG_BEST) and
+     * writes the id as the draw would with one more launch in the step's graph
+     * (sf_k_sample_best_put), so sample_start queues no draw. head_arm, set at batch_begin
+     * (the graph key holds it): 0, or 1 + which pinned half the row and the id use (the draw
+     * flips them when deferred) + 2 for a drawn row, which batch_begin writes into that half
+     * for the lm_head to read (mapped); head_put, once the lm_head recorded it, with its rows
+     * in head_vocab. SEMFLOW_CUDA_HEAD_DRAW=0: the draw as for any row (comparisons). */
     unsigned long long *best_d;
-    int greedy_head, greedy_arm, greedy_put, greedy_vocab;
-    long greedy_draws;
+    int head_draw, head_arm, head_put, head_vocab;
+    long head_draws;
     /* The last draw's ids are in the token slots at meta_d's start too (draw_in_tokens of them):
      * a next step whose tokens are those rows, in order, copies its metadata past them and no
      * tokens (a copy in the stream each, ~5 us a step). With as many tokens as the draw had
@@ -846,13 +848,19 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     if (e == cudaSuccess && side) e = cudaStreamWaitEvent(c->s, c->meta_done, 0);
     if (e != cudaSuccess) return kcheck(e, "batch_begin");
     if (bt->src_row && !drawn && (rc = tokens_from_draw(c, bt))) return rc;
-    /* which pinned ids sample_start will take (it flips them per draw when deferred) */
-    c->greedy_arm = c->greedy_head && bt->draw_greedy > 0 && T == 1 && L == 1 && !bt->n_scored
-                        ? 1 + (c->samp_defer && c->samp_flip) : 0;
-    c->greedy_put = 0;
-    c->greedy_vocab = bt->draw_greedy;
+    /* the half sample_start will take (it flips them per draw when deferred), free unless two
+     * draws are queued (then sample_start refuses this one) */
+    const sf_sample_row *dr = bt->draw_row;
+    const int half = c->samp_defer && c->samp_flip, hot = dr && !(dr->temperature <= 0 || dr->top_k == 1);
+    c->head_arm = c->head_put = 0;
+    if (c->head_draw && dr && T == 1 && L == 1 && !bt->n_scored && (!c->samp_defer || c->n_draws < 2) &&
+        (!hot || (half ? c->samp_h2d : c->samp_hd))) {
+        if (hot) memcpy(half ? c->samp_h2 : c->samp_h, dr, sizeof *dr);
+        c->head_arm = 1 + half + 2 * hot;
+    }
     /* INT8 blocks change which kernels the step records (step_i8), so they are part of the key */
-    int64_t key[SF_GRAPH_KEY] = { T, S, L + ((int64_t)c->greedy_arm << 32), bt->max_blocks, c->n_split + ((int64_t)c->dec_kernel << 16),
+    int64_t key[SF_GRAPH_KEY] = { T, S, L + ((int64_t)c->head_arm << 32), bt->max_blocks,
+                                  c->n_split + ((int64_t)c->dec_kernel << 16),
                                   2 * (int64_t)c->n_tiles + c->step_i8 + ((int64_t)c->n_dec << 32) };
     sf_cuda_graph_begin(&c->graphs, c->s, key);
     return SF_OK;
@@ -1118,19 +1126,24 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
         r.n[0] = w->rows; r.n[1] = k; r.n[2] = glu;
         r.f = eps;
-        const int best = c->greedy_arm && !c->greedy_put && !glu && w->rows >= c->greedy_vocab &&
+        const int best = c->head_arm && !c->head_put && !glu &&
                          sf_k_gemv_norm_best_ok(x->d, norm->d, w->d, (int)w->rows, (int)k);
-        if (best) { r.p[5] = c->best_d; r.n[3] = c->greedy_vocab; }
+        char *hd = (c->head_arm - 1) & 1 ? c->samp_h2d : c->samp_hd; /* the half's device address */
+        if (best) {
+            r.p[5] = c->best_d;
+            r.p[6] = c->head_arm > 2 ? hd : NULL; /* a drawn row: where batch_begin wrote it */
+            r.n[3] = w->rows;
+        }
         int rc = submit(c, &r, 1, "norm_matmul");
         if (rc || !best) return rc;
         /* the id, where sample_start's draw of one row without penalties or masks puts it */
         const size_t o_ids = align16(sizeof(sf_sample_row));
-        char *hd = c->greedy_arm == 2 ? c->samp_h2d : c->samp_hd;
         sf_op_rec p = { 0 };
         p.kind = SF_OP_BEST_PUT;
         p.p[0] = c->best_d; p.p[1] = c->samp_d + o_ids; p.p[2] = hd ? hd + o_ids : NULL; p.p[3] = c->meta_d;
-        if ((rc = submit(c, &p, 1, "norm_matmul (the greedy id)"))) return rc;
-        c->greedy_put = 1;
+        if ((rc = submit(c, &p, 1, "norm_matmul (the drawn id)"))) return rc;
+        c->head_put = 1;
+        c->head_vocab = (int)w->rows;
         return SF_OK;
     }
     if (n > 1 && n <= ROWS_MAX && (uintptr_t)norm->d % 16 == 0 &&
@@ -1341,13 +1354,13 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     c->n_last = n;
     if (n == 0) return SF_OK;
     char *hd = h == c->samp_h ? c->samp_hd : c->samp_h2d;
-    /* the step's graph wrote this greedy row's id with its lm_head (greedy_put), here */
-    const int put = c->greedy_put && n == 1 && !n_pen && !n_mask && !n_lp && vocab == c->greedy_vocab &&
-                    (rows[0].temperature <= 0 || rows[0].top_k == 1) && o_ids == align16(sizeof *rows) &&
-                    (c->greedy_arm == 2) == (h == c->samp_h2);
-    c->greedy_put = 0;
+    /* the step's graph drew this row with its lm_head (head_put) and wrote its id here */
+    const int put = c->head_put && n == 1 && !n_pen && !n_mask && !n_lp && vocab == c->head_vocab &&
+                    o_ids == align16(sizeof *rows) && ((c->head_arm - 1) & 1) == (h == c->samp_h2) &&
+                    (c->head_arm > 2 ? !memcmp(h, rows, sizeof *rows) : rows[0].temperature <= 0 || rows[0].top_k == 1);
+    c->head_put = 0;
     if (put) {
-        c->greedy_draws++;
+        c->head_draws++;
         c->draw_in_tokens = n;
         cudaError_t e = hd ? cudaSuccess
                            : cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, 4, cudaMemcpyDeviceToHost, c->s);
@@ -1663,7 +1676,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         c->attn_decode = sf_env_bool("SEMFLOW_CUDA_ATTN_DECODE", 1);
         c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 1);
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
-        c->greedy_head = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GREEDY_HEAD", 1);
+        c->head_draw = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_HEAD_DRAW", 1);
     }
     b->ctx = c;
     c->dev = dev;
@@ -1689,7 +1702,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     SF_CUDA_GOTO(cudaHostAlloc((void **)&c->score_h, SCORE_BYTES, cudaHostAllocDefault), err, rc);
     if ((rc = dmalloc(c, (void **)&c->score_d, SCORE_BYTES, "the score op's rows", err))) goto cleanup;
-    if ((rc = dmalloc(c, (void **)&c->best_d, 16, "the greedy lm_head's argmax", err))) goto cleanup;
+    if ((rc = dmalloc(c, (void **)&c->best_d, 16, "the lm_head draw's words", err))) goto cleanup;
     SF_CUDA_GOTO(cudaMemset(c->best_d, 0, 16), err, rc);
     /* the op's scratch at the end: its counters start (and stay) at zero */
     SF_CUDA_GOTO(cudaMemset(c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, 0, SF_K_SAMPLE_SCRATCH), err, rc);
@@ -1736,7 +1749,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
     }
     s->idle_after_draw_us = c->gap_us;
     s->idle_after_draw_n = c->gap_n;
-    s->greedy_head_draws = c->greedy_draws;
+    s->head_draws = c->head_draws;
     return SF_OK;
 }
 

@@ -53,9 +53,10 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
         return r->coll_norm(r->coll_arg, &a, s) ? SF_K_COLL_FAILED : 0;
     }
     case SF_OP_GEMV_NORM:
-        if (r->p[5]) /* the lm_head of a greedy step: its argmax too (p[5], ids below n[3]) */
+        if (r->p[5]) /* the lm_head that draws its row: best words p[5], ids below n[3], the row p[6] */
             return sf_k_gemv_norm_best(r->p[0], r->p[1], r->f, r->p[2], r->p[3], (int)n[0], (int)n[1],
-                                       (uint16_t *)r->p[4], (unsigned long long *)r->p[5], (int)n[3], s);
+                                       (uint16_t *)r->p[4], (unsigned long long *)r->p[5], (int)n[3],
+                                       (const sf_k_sample_row *)r->p[6], s);
         if (n[8] > 1) /* 2-6 rows (gemv_rows.cu): rows n[8], x and y strides n[9], n[10] */
             return sf_k_gemv_rows_norm(r->p[0], n[9], r->p[1], r->f, r->p[2], r->p[3], (int)n[8], (int)n[0], (int)n[1],
                                        (int)n[2], (uint16_t *)r->p[4], n[10], s);

@@ -16,7 +16,7 @@ def kind(tag, m, k):
     if tag == ATTN:
         return "attn"
     if tag == SAMPLE:
-        return "draw"
+        return "put" if k == 0 else "draw"  # put: the id the greedy lm_head found (sample.cu)
     if tag == EMBED:
         return "embed"
     mode = tag - GEMV
@@ -98,7 +98,7 @@ def main():
         if layers[j][0]["start"] - prev["end"] > 20000:  # a new step (lm_head and sampling between)
             edge_us.append((layers[j][0]["start"] - prev["end"]) / 1e3)
             for x in inst:
-                if x["kind"] in ("lm_head", "draw", "embed") and prev["end"] - 50000 < x["start"] < layers[j][0]["start"]:
+                if x["kind"] in ("lm_head", "draw", "put", "embed") and prev["end"] - 50000 < x["start"] < layers[j][0]["start"]:
                     for f in ("start", "wait1", "end"):
                         edge_parts.setdefault((x["kind"], f), []).append((x[f] - prev["end"]) / 1e3)
             edge_qkv_us.append((layers[j][0]["end"] - layers[j][0]["start"]) / 1e3)
@@ -166,7 +166,7 @@ def main():
         print("  in it (us after the last layer's end; medians): " + ", ".join(
             "%s %.2f..%.2f (past its wait %.2f)" % (kd, med(edge_parts[(kd, "start")]), med(edge_parts[(kd, "end")]),
                                                    med(edge_parts[(kd, "wait1")]))
-            for kd in ("lm_head", "draw", "embed") if (kd, "start") in edge_parts) +
+            for kd in ("lm_head", "draw", "put", "embed") if (kd, "start") in edge_parts) +
             "; the next QKV's first block at %.2f" % med(edge_us))
     if step_us:
         print("step: %.1f us (median of %d, %d layers) = %d x the layer median + %.1f us" % (

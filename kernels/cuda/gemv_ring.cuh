@@ -126,8 +126,8 @@ static __device__ __forceinline__ void gr_rope_store(float a, float b, bool rota
 enum { FG_NORM = 1, FG_GLU = 2, FG_ADD = 4, FG_ROPE = 8, FG_ONE = 16 /* one row per warp (not glu, rope) */ };
 #define FG_RING_V 2 /* 16-byte loads per row per lane in one ring stage */
 
-/* RoPE + KV append of the one token (rope mode only); best, best_n: gemv_stream.cu's FG_BEST
- * instance (the lm_head of a greedy step) only. */
+/* RoPE + KV append of the one token (rope mode only); best, best_n, draw: gemv_stream.cu's
+ * FG_BEST instance (the lm_head that draws its row) only. */
 struct fg_rope {
     const int32_t *pos, *slot;
     const float *inv_freq;
@@ -135,6 +135,7 @@ struct fg_rope {
     sf_k_kv kv;
     unsigned long long *best;
     int best_n;
+    const sf_k_sample_row *draw;
 };
 
 /* Output units of an m-row weight: glu -> m / 2 (a gate row and its up row), rope -> m / 2

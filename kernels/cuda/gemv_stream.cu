@@ -45,6 +45,13 @@ static __device__ __forceinline__ void fs_cp4(void *dst, const void *src)
                  : "memory");
 }
 
+/* The draw of the FG_BEST instance's row (below): 1 / temperature, and the Gumbel-max stream
+ * when it is not greedy. */
+struct fs_draw {
+    float inv_t;
+    bool draw;
+    unsigned long long stream;
+};
 /* What the epilogues read, copied into shared memory in the prologue so that a warp's last
  * unit ends with its stores rather than with a round trip for their inputs: the token's
  * position and slot and the RoPE frequencies (step metadata and constants: before the wait),
@@ -55,6 +62,7 @@ struct fs_pre {
     float inv_freq[FS_MAX_FREQ];
     uint32_t res[FS_WARPS];
     uint32_t bias[FS_WARPS][2]; /* FG_BIAS: the 4-byte words holding the first unit's bias pair */
+    fs_draw draw;               /* FG_BEST: the row's draw */
 };
 
 /* FG_BIAS (this file's instances only): norm + RoPE with a bias (4-byte aligned), whose pair for
@@ -65,22 +73,32 @@ struct fs_pre {
  * stages, and the bias-free instance stays at 40, where one of Llama-3-8B's attention blocks
  * still fits beside three of its blocks (qkv_top_stages). */
 enum { FG_BIAS = 32 };
-/* FG_BEST (with FG_NORM alone: the lm_head of a step whose one row is drawn greedily): the
- * kernel also keeps the largest of its rounded outputs y[i], i < rp.best_n, NaN left out, as
- * sample.cu's greedy pass chooses (ties: the smaller id), packed sf_sample_key(y) << 32 | ~i in
- * lane 0 of each warp and added to *rp.best by one atomicMax a warp at its end
- * (sf_k_gemv_norm_best). The draw's own pass over the row (10-12 us after the lm_head at batch 1,
- * traced in session 19) then becomes sf_k_sample_best_put's read of one word. */
+/* FG_BEST (with FG_NORM alone: the lm_head of a batch-1 step whose row is drawn greedily or at a
+ * temperature alone): the kernel also does sample.cu's one pass over that row as its outputs are
+ * made. Lane 0 of each warp keeps, packed sf_sample_key(v) << 32 | ~i so that ties go to the
+ * smaller i, the largest x = y[i] * inv_t that is not NaN (the greedy id, and a drawn row's
+ * fallback) and, with rp.draw, the largest Gumbel-max value x - log(-log1p(-u)) over the x that
+ * are neither NaN nor -inf, i < rp.best_n, y the value the epilogue stores; one atomicMax a warp
+ * into rp.best[0] and [1] at its end (sf_k_gemv_norm_best). The draw's own pass over the row
+ * (10-12 us after the lm_head at batch 1, traced in session 19) becomes sf_k_sample_best_put's
+ * read of two words. */
 enum { FG_BEST = 64 };
-static __device__ __forceinline__ unsigned long long fs_best1(unsigned long long best, float v, int i, int n)
-{
-    const float y = bf2f(f2bf(v)); /* the value the epilogue stores */
-    if (i < n && y == y) {
-        const unsigned long long p = (unsigned long long)sf_sample_key(y) << 32 | (uint32_t)~(uint32_t)i;
-        if (p > best) best = p;
+struct fs_best {
+    unsigned long long first = 0, drawn = 0;
+    __device__ __forceinline__ void add(const fs_draw &d, float v, int i, int n)
+    {
+        if (i >= n) return;
+        const float x = __fmul_rn(bf2f(f2bf(v)), d.inv_t);
+        if (x != x) return;
+        const unsigned long long p = (unsigned long long)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)i;
+        if (p > first) first = p;
+        if (d.draw && x != -INFINITY) {
+            const float g = x - logf(-log1pf(-sf_sample_uniform(d.stream, (uint32_t)i)));
+            const unsigned long long q = (unsigned long long)sf_sample_key(g) << 32 | (uint32_t)~(uint32_t)i;
+            if (q > drawn) drawn = q;
+        }
     }
-    return best;
-}
+};
 static __device__ __forceinline__ float fs_half(uint32_t w, int odd)
 {
     return __uint_as_float((odd ? w & 0xffff0000u : w << 16));
@@ -127,7 +145,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
     uint4 *ring = (uint4 *)(fs_smem + ((size_t)k * 2 + 15) / 16 * 16) + (size_t)warp * ST * 2 * FG_RING_V * 32 + lane;
     __shared__ sf_tr tr;
     __shared__ fs_pre pre;
-    unsigned long long best = 0; /* FG_BEST: lane 0's largest packed output */
+    fs_best best; /* FG_BEST: lane 0's */
     if (TR) tr_begin(tr);
     sf_pdl_trigger();
 
@@ -166,6 +184,18 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         fs_cp4(&pre.bias[warp][1], bias + (r.rb & ~1));
     }
     gr_commit();
+    if ((MODE & FG_BEST) && threadIdx.x == 0) { /* the row, written by the host before the step */
+        fs_draw d = { 1.0f, false, 0 };
+        if (rp.draw) {
+            const sf_k_sample_row p = *rp.draw;
+            d.draw = p.temperature > 0 && p.top_k != 1;
+            if (d.draw) {
+                d.inv_t = __fdiv_rn(1.0f, p.temperature);
+                d.stream = sf_sample_stream(p.seed, p.step);
+            }
+        }
+        pre.draw = d;
+    }
     sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
     if (TR) tr_waited(tr);
     const int u0 = warp * gridDim.x + blockIdx.x; /* the warp's first unit */
@@ -211,12 +241,15 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
                               (res_pre || (MODE & FG_BIAS)) && u == u0 ? warp : -1);
             if (MODE & FG_BEST) {
                 const float ba = bias ? bf2f(bias[r.ra]) : 0.0f, bb = bias ? bf2f(bias[r.rb]) : 0.0f;
-                best = fs_best1(best, acc_a + ba, r.ra, rp.best_n);
-                if (r.rb != r.ra) best = fs_best1(best, acc_b + bb, r.rb, rp.best_n);
+                best.add(pre.draw, acc_a + ba, r.ra, rp.best_n);
+                if (r.rb != r.ra) best.add(pre.draw, acc_b + bb, r.rb, rp.best_n);
             }
         }
     }
-    if ((MODE & FG_BEST) && lane == 0 && best) atomicMax(rp.best, best);
+    if ((MODE & FG_BEST) && lane == 0) {
+        if (best.first) atomicMax(rp.best, best.first);
+        if (best.drawn) atomicMax(rp.best + 1, best.drawn);
+    }
     gr_wait<0>();
     if (TR) tr_end(tr, SF_TR_GEMV + (MODE & ~FG_BEST), m, k);
 }
@@ -478,13 +511,14 @@ extern "C" int sf_k_gemv_norm_best_ok(const void *x, const void *nw, const void 
 
 extern "C" int sf_k_gemv_norm_best(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w,
                                    const uint16_t *bias, int m, int k, uint16_t *y, unsigned long long *best,
-                                   int best_n, cudaStream_t s)
+                                   int best_n, const sf_k_sample_row *draw, cudaStream_t s)
 {
     if (!best || best_n < 0 || best_n > m || !y) return (int)cudaErrorInvalidValue;
     if (!sf_k_gemv_norm_best_ok(x, nw, w, m, k)) return (int)cudaErrorNotSupported;
     fg_rope rp = {};
     rp.best = best;
     rp.best_n = best_n;
+    rp.draw = draw;
     const int rc = stream(FG_NORM | FG_BEST, 0, x, nw, eps, w, bias, m, k, y, rp, s);
     return rc < 0 ? (int)cudaErrorNotSupported : rc;
 }

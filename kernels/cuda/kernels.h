@@ -360,15 +360,21 @@ typedef struct sf_k_sample_lp { float lp; int32_t n_top; int32_t top_id[SF_K_SAM
 int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k_sample_row *rows,
                 const sf_k_sample_pen *pen, int n_pen, float *pen_val, int32_t *ids, int32_t *ids_host,
                 int32_t *ids_next, void *scratch, cudaStream_t s);
-/* A greedy row drawn with its lm_head (the graph's last two launches of a batch-1 step whose one
- * row is greedy with nothing else): sf_k_gemv_norm_best is sf_k_gemv_norm (glu 0) that also
- * leaves in *best (0 before) the largest of its bf16 outputs y[i], i < best_n, NaN left out,
- * packed sf_sample_key(y) << 32 | ~i, so ties go to the smaller i: sf_k_sample's greedy choice.
- * sf_k_sample_best_put (a programmatic dependent) then writes that id (0 when *best is 0: no
- * candidate, as the greedy pass answers) where sf_k_sample writes a row's id (ids, ids_host,
- * ids_next: row 0; the last two may be NULL) and sets *best back to 0. */
+/* A row drawn with its lm_head (the graph's last two launches of a batch-1 step whose one row is
+ * greedy, or at a temperature alone, with nothing else): sf_k_gemv_norm_best is sf_k_gemv_norm
+ * (glu 0) that also does sf_k_sample's pass over the outputs it makes, y[i] for i < best_n:
+ * best[0] gets the largest y[i] * inv_t that is not NaN, best[1] (only when draw, a row in host
+ * memory mapped for the device or device memory, written before the step, is not greedy) the
+ * largest Gumbel-max value over those that are not -inf either, each packed sf_sample_key(v) << 32
+ * | ~i, so ties go to the smaller i (both 0 before). sf_k_sample_best_put (a programmatic
+ * dependent) then writes the id (best[1]'s, else best[0]'s, else 0: sf_k_sample's choice) where
+ * sf_k_sample writes a row's id (ids, ids_host, ids_next: row 0; the last two may be NULL) and
+ * sets both words back to 0. */
 int sf_k_gemv_norm_best(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias,
-                        int m, int k, uint16_t *y, unsigned long long *best, int best_n, cudaStream_t s);
+                        int m, int k, uint16_t *y, unsigned long long *best, int best_n, const sf_k_sample_row *draw,
+                        cudaStream_t s);
+int sf_k_sample_best_put(unsigned long long *best, int32_t *ids, int32_t *ids_host, int32_t *ids_next,
+                         cudaStream_t s);
 /* Whether sf_k_gemv_norm_best takes a shape (the persistent-warp GEMV, SEMFLOW_CUDA_GEMV_RING=3,
  * the default, plans it); else it answers cudaErrorNotSupported and launches nothing. */
 int sf_k_gemv_norm_best_ok(const void *x, const void *nw, const void *w, int m, int k);

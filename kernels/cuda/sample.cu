@@ -1199,10 +1199,14 @@ static int split_blocks_per_sm(size_t smem)
 /* sf_k_sample_best_put (kernels.h): one thread, after the lm_head that filled *best. */
 __global__ void k_sample_best_put(u64 *best, IdsOut ids)
 {
+    __shared__ sf_tr tr;
+    tr_begin(tr);
     sf_pdl_wait();
-    const u64 b = *(volatile u64 *)best;
-    put_id(ids, 0, b ? (int)~(uint32_t)b : 0);
-    *best = 0;
+    tr_waited(tr);
+    const u64 f = ((volatile u64 *)best)[0], d = ((volatile u64 *)best)[1];
+    put_id(ids, 0, d ? (int)~(uint32_t)d : f ? (int)~(uint32_t)f : 0);
+    best[0] = best[1] = 0;
+    tr_end(tr, SF_TR_SAMPLE, 1, 0); /* k 0: this put, not a draw (b1trace.py) */
 }
 
 extern "C" int sf_k_sample_best_put(unsigned long long *best, int32_t *ids, int32_t *ids_host, int32_t *ids_next,

@@ -190,12 +190,12 @@ TEST(steps_in_row_order_from_the_draw)
     runner_close(&r);
 }
 
-/* One sequence, one greedy row a step (sf_batch.draw_greedy): the lm_head finds the id and the
- * step's graph writes it (greedy_head_draws counts them), run directly, captured and replayed,
- * deferred (both pinned halves) and not; each id is the greedy rule over the step's logits (the
- * largest value, the smaller id on ties). Steps between them draw otherwise (temperature, a
- * greedy row asking for logprobs) through the sampler; SEMFLOW_CUDA_GREEDY_HEAD=0 takes every
- * row there, with the same ids. */
+/* One sequence, one row a step drawn greedily or at a temperature alone (sf_batch.draw_row): the
+ * lm_head draws it and the step's graph writes the id (head_draws counts them), run directly,
+ * captured and replayed, deferred (both pinned halves) and not; each greedy id is the host's
+ * rule over the step's logits (the largest value, the smaller id on ties). Two steps draw
+ * through the sampler (top-p; a greedy row asking for logprobs); SEMFLOW_CUDA_HEAD_DRAW=0 takes
+ * every row there, with the same ids, drawn ones included. */
 static int host_greedy(const float *l, int n)
 {
     int best = -1;
@@ -207,10 +207,10 @@ static int host_greedy(const float *l, int n)
 static void greedy_run(int head, int32_t *out, int *n_out, long *heads)
 {
     sf_error err = { 0 };
-    if (!head) setenv("SEMFLOW_CUDA_GREEDY_HEAD", "0", 1);
+    if (!head) setenv("SEMFLOW_CUDA_HEAD_DRAW", "0", 1);
     runner r;
     int rc = runner_open(&r, &err);
-    unsetenv("SEMFLOW_CUDA_GREEDY_HEAD");
+    unsetenv("SEMFLOW_CUDA_HEAD_DRAW");
     REQUIRE(rc == SF_OK, "%s", err.msg);
     const struct sf_backend_ops *o = r.b->ops;
     const int V = M->cfg.vocab_size;
@@ -221,10 +221,11 @@ static void greedy_run(int head, int32_t *out, int *n_out, long *heads)
     sf_backend_cuda_stats(r.b, &st0);
     int32_t tok = 11, same = 0, n = 0, fused = 0;
     for (int k = 0; k < N; k++) {
-        const int kind = k == 9 ? 1 : k == 13 ? 2 : 0; /* 0 greedy, 1 temperature, 2 greedy with logprobs */
+        /* 0 greedy, 1 temperature alone, 2 greedy with logprobs, 3 top-p */
+        const int kind = k == 13 ? 2 : k == 9 ? 3 : k % 4 == 1 ? 1 : 0;
         const int defer = k >= 16; /* steps 16.. deferred, one at a time: the two pinned halves in turn */
-        sf_sample_row row = { .temperature = kind == 1 ? 0.8f : 0, .top_p = 1, .repetition_penalty = 1,
-                              .seed = 5, .step = (uint64_t)k, .logprobs = kind == 2 ? 2 : 0 };
+        sf_sample_row row = { .temperature = kind & 1 ? 0.8f : 0, .top_p = kind == 3 ? 0.9f : 1,
+                              .repetition_penalty = 1, .seed = 5, .step = (uint64_t)k, .logprobs = kind == 2 ? 2 : 0 };
         sf_sample_lp lp;
         int32_t id = -7;
         step_meta m;
@@ -242,14 +243,14 @@ static void greedy_run(int head, int32_t *out, int *n_out, long *heads)
         }
         REQUIRE(sf_forward_read_logits(r.f, 1, logits, &err) == SF_OK, "step %d: reading the logits: %s", k, err.msg);
         const int ref = host_greedy(logits, V);
-        if (kind != 1) same += id == ref, n++;
+        if (!(kind & 1)) same += id == ref, n++;
         out[k] = id;
         tok = id;
     }
     REQUIRE(o->sample_defer(r.b, 0) == SF_OK, "sample_defer off");
     sf_backend_cuda_stats(r.b, &st1);
-    fused = (int)(st1.greedy_head_draws - st0.greedy_head_draws);
-    printf("      GREEDY_HEAD=%d: %d/%d greedy ids the host's rule over the logits; %d found with the lm_head; "
+    fused = (int)(st1.head_draws - st0.head_draws);
+    printf("      HEAD_DRAW=%d: %d/%d greedy ids the host's rule over the logits; %d drawn with the lm_head; "
            "graphs %ld captured, %ld replays\n", head, same, n, fused, st1.graphs_captured, st1.graph_replays);
     CHECK_MSG(same == n, "%d/%d greedy ids equal the host's argmax", same, n);
     *n_out = N;
@@ -258,7 +259,7 @@ static void greedy_run(int head, int32_t *out, int *n_out, long *heads)
     runner_close(&r);
 }
 
-TEST(greedy_row_drawn_with_the_lm_head)
+TEST(row_drawn_with_the_lm_head)
 {
     int32_t a[32], b[32];
     int na = 0, nb = 0;
@@ -267,7 +268,7 @@ TEST(greedy_row_drawn_with_the_lm_head)
     greedy_run(0, b, &nb, &hb);
     CHECK_MSG(ha == na - 2 && hb == 0, "lm_head draws: %ld of %d steps (want %d), %ld with the switch off", ha, na,
               na - 2, hb);
-    CHECK_MSG(na == nb && !memcmp(a, b, (size_t)na * sizeof *a), "the ids differ with SEMFLOW_CUDA_GREEDY_HEAD=0");
+    CHECK_MSG(na == nb && !memcmp(a, b, (size_t)na * sizeof *a), "the ids differ with SEMFLOW_CUDA_HEAD_DRAW=0");
 }
 
 TEST(token_from_a_row_the_draw_did_not_have)
@@ -304,7 +305,7 @@ int main(void)
     RUN(step_from_queued_draw_equals_host_tokens);
     RUN(steps_in_row_order_from_the_draw);
     RUN(token_from_a_row_the_draw_did_not_have);
-    RUN(greedy_row_drawn_with_the_lm_head);
+    RUN(row_drawn_with_the_lm_head);
     sf_model_free(M);
     return test_summary();
 }

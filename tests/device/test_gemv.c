@@ -382,22 +382,28 @@ TEST(gemv_tp_70b)
     check_plain(8192, 14336);
 }
 
-/* The lm_head of a greedy step (sf_k_gemv_norm_best, then sf_k_sample_best_put): its logits are
- * sf_k_gemv_norm's bit for bit, and the id put is the greedy draw's over them (the largest bf16
- * value below best_n, NaN left out, the smaller id on ties; 0 when none), in the device ids, the
- * mapped host ids and the next step's token slot, the word left at zero. Rows [0, nan) are NaN,
- * and three rows (nan + 3, m / 2, m - 1) are the same row, made the largest: a tie. */
-static void check_best(int m, int k, int nan, int best_n)
+/* The lm_head that draws its row (sf_k_gemv_norm_best, then sf_k_sample_best_put): its logits
+ * are sf_k_gemv_norm's bit for bit, and the id put is sf_k_sample's over them with the same row
+ * (greedy: also the host's rule, the largest value below best_n, NaN left out, the smaller id on
+ * ties; 0 when none), in the device ids, the mapped host ids and the next step's token slot, both
+ * words left at zero. Rows [0, nan) are NaN, and three rows (nan + 3, m / 2, m - 1) are the same
+ * row, made the largest: a tie. temp > 0: the row is drawn at that temperature (seed, step). */
+static void check_best(int m, int k, int nan, int best_n, float temp, uint64_t step)
 {
     uint16_t *hx = NULL, *hnw = NULL, *hw = NULL, *y1 = NULL, *y2 = NULL;
     uint16_t *x = dev_rand(k, 1.0f, &hx), *nw = dev_rand(k, 1.0f, &hnw), *w = dev_rand((int64_t)m * k, 0.05f, &hw);
-    unsigned long long *best = NULL, word = 1;
-    int32_t *ids = NULL, *hids = NULL, *hids_d = NULL, got[2] = { -1, -1 };
+    unsigned long long *best = NULL, word[2] = { 1, 1 };
+    int32_t *ids = NULL, *hids = NULL, *hids_d = NULL, got[3] = { -1, -1, -1 };
+    sf_k_sample_row *row = NULL;
+    void *scratch = NULL;
+    float *pen_val = NULL;
     double *xn = malloc((size_t)k * sizeof *xn);
     uint16_t *out = malloc((size_t)m * 2 * 2);
     REQUIRE(x && nw && w && xn && out && !cudaMalloc((void **)&y1, (size_t)m * 2) &&
-                !cudaMalloc((void **)&y2, (size_t)m * 2) && !cudaMalloc((void **)&best, 8) &&
-                !cudaMalloc((void **)&ids, 8) && !cudaHostAlloc((void **)&hids, 4, cudaHostAllocMapped) &&
+                !cudaMalloc((void **)&y2, (size_t)m * 2) && !cudaMalloc((void **)&best, 16) &&
+                !cudaMalloc((void **)&ids, 12) && !cudaMalloc((void **)&row, sizeof *row) &&
+                !cudaMalloc(&scratch, SF_K_SAMPLE_SCRATCH) && !cudaMalloc((void **)&pen_val, 16) &&
+                !cudaHostAlloc((void **)&hids, 4, cudaHostAllocMapped) &&
                 !cudaHostGetDevicePointer((void **)&hids_d, hids, 0),
             "allocations failed");
     host_norm(hx, hnw, k, xn);
@@ -406,49 +412,62 @@ static void check_best(int m, int k, int nan, int best_n)
         for (int j = 0; j < k; j++) hw[(int64_t)tie[t] * k + j] = sf_f32_to_bf16(xn[j] < 0 ? -0.2f : 0.2f);
     for (int r = 0; r < nan; r++)
         for (int j = 0; j < k; j++) hw[(int64_t)r * k + j] = 0x7fc0;
-    REQUIRE(!cudaMemcpy(w, hw, (size_t)m * k * 2, cudaMemcpyHostToDevice), "upload failed");
+    const sf_k_sample_row hrow = { .temperature = temp, .top_p = 1, .repetition_penalty = 1, .seed = 1234 + step,
+                                   .step = step };
+    REQUIRE(!cudaMemcpy(w, hw, (size_t)m * k * 2, cudaMemcpyHostToDevice) &&
+                !cudaMemcpy(row, &hrow, sizeof hrow, cudaMemcpyHostToDevice) && !cudaMemset(scratch, 0, SF_K_SAMPLE_SCRATCH),
+            "upload failed");
     CHECK_MSG(sf_k_gemv_norm_best_ok(x, nw, w, m, k), "m %d k %d: the kernel declines the shape", m, k);
     poison(y1, m);
     poison(y2, m);
     *hids = -1;
-    cudaMemsetAsync(best, 0, 8, S);
-    cudaMemsetAsync(ids, 0xff, 8, S);
+    cudaMemsetAsync(best, 0, 16, S);
+    cudaMemsetAsync(ids, 0xff, 12, S);
     int rc = sf_k_gemv_norm(x, nw, 1e-5f, w, NULL, m, k, 0, y1, S);
-    if (!rc) rc = sf_k_gemv_norm_best(x, nw, 1e-5f, w, NULL, m, k, y2, best, best_n, S);
+    if (!rc) rc = sf_k_gemv_norm_best(x, nw, 1e-5f, w, NULL, m, k, y2, best, best_n, temp > 0 ? row : NULL, S);
     if (!rc) rc = sf_k_sample_best_put(best, ids, hids_d, ids + 1, S);
+    if (!rc && best_n > 0) rc = sf_k_sample(y2, m, 1, best_n, row, NULL, 0, pen_val, ids + 2, NULL, NULL, scratch, S);
     if (!rc) rc = (int)cudaStreamSynchronize(S);
     CHECK_MSG(!rc, "m %d k %d: launch failed: %s", m, k, cudaGetErrorString((cudaError_t)rc));
     if (!rc) {
         cudaMemcpy(out, y1, (size_t)m * 2, cudaMemcpyDeviceToHost);
         cudaMemcpy(out + m, y2, (size_t)m * 2, cudaMemcpyDeviceToHost);
-        cudaMemcpy(got, ids, 8, cudaMemcpyDeviceToHost);
-        cudaMemcpy(&word, best, 8, cudaMemcpyDeviceToHost);
+        cudaMemcpy(got, ids, 12, cudaMemcpyDeviceToHost);
+        cudaMemcpy(word, best, 16, cudaMemcpyDeviceToHost);
         int ref = -1;
         for (int i = 0; i < best_n; i++) {
             const float v = sf_bf16_to_f32(out[m + i]);
             if (v == v && (ref < 0 || v > sf_bf16_to_f32(out[m + ref]))) ref = i;
         }
         if (ref < 0) ref = 0;
-        const int want = best_n > tie[0] ? tie[0] : ref; /* the tie, whose first row is below best_n */
-        printf("      m %5d k %4d nan %d best_n %5d: id %d (host %d; device %d, next %d)\n", m, k, nan, best_n, *hids,
-               ref, got[0], got[1]);
+        const int draw = best_n > 0 ? got[2] : 0; /* sf_k_sample's id (none over no row) */
+        const int want = temp > 0 ? draw : best_n > tie[0] ? tie[0] : ref; /* greedy: the tie's first row */
+        printf("      m %5d k %4d nan %d best_n %5d t %.1f: id %d (device %d, next %d; sf_k_sample %d, host argmax %d)\n",
+               m, k, nan, best_n, temp, *hids, got[0], got[1], draw, ref);
         CHECK_MSG(!memcmp(out, out + m, (size_t)m * 2), "m %d: the logits differ from sf_k_gemv_norm's", m);
-        CHECK_MSG(ref == want && got[0] == ref && got[1] == ref && *hids == ref && word == 0,
-                  "m %d best_n %d: ids %d %d %d, host rule %d, want %d, word %llx", m, best_n, got[0], got[1], *hids,
-                  ref, want, word);
+        CHECK_MSG(got[0] == want && got[1] == want && *hids == want && draw == want && (temp > 0 || ref == want) &&
+                      !word[0] && !word[1],
+                  "m %d best_n %d t %.1f: ids %d %d %d, sf_k_sample %d, host rule %d, want %d, words %llx %llx", m,
+                  best_n, temp, got[0], got[1], *hids, draw, ref, want, word[0], word[1]);
     }
     cudaFree(x); cudaFree(nw); cudaFree(w); cudaFree(y1); cudaFree(y2); cudaFree(best); cudaFree(ids);
+    cudaFree(row); cudaFree(scratch); cudaFree(pen_val);
     cudaFreeHost(hids);
     free(hx); free(hnw); free(hw); free(xn); free(out);
 }
 
-TEST(greedy_head)
+TEST(head_draw)
 {
-    check_best(40000, 4096, 1, 40000); /* the lm_head's plan (past HEAD_ROWS) */
-    check_best(40000, 4096, 1, 30000); /* the last tied row past best_n */
-    check_best(513, 64, 2, 513);       /* odd: the last unit has one row */
-    check_best(512, 64, 3, 3);         /* nothing but NaN below best_n: id 0 */
-    check_best(512, 64, 0, 0);         /* no row: id 0 */
+    check_best(40000, 4096, 1, 40000, 0, 0); /* the lm_head's plan (past HEAD_ROWS) */
+    check_best(40000, 4096, 1, 30000, 0, 0); /* the last tied row past best_n */
+    check_best(513, 64, 2, 513, 0, 0);       /* odd: the last unit has one row */
+    check_best(512, 64, 3, 3, 0, 0);         /* nothing but NaN below best_n: id 0 */
+    check_best(512, 64, 0, 0, 0, 0);         /* no row: id 0 */
+    for (int s = 0; s < 4; s++) {            /* drawn: sf_k_sample's Gumbel-max, bit for bit */
+        check_best(40000, 4096, 1, 40000, s % 2 ? 100.0f : 1.0f, (uint64_t)s); /* 100: the others win */
+        check_best(513, 64, 2, 500, 30.0f, (uint64_t)s); /* hot: the tie rarely wins */
+    }
+    check_best(512, 64, 3, 3, 0.7f, 9); /* nothing drawable: the fallback's 0 */
 }
 
 /* --quick (compute-sanitizer): every kernel and kind of launch once or a few times on small
@@ -488,7 +507,8 @@ TEST(quick_all)
     }
     check_fused(3, 256, 512, 1);
     check_plain(256, 512);
-    check_best(513, 64, 2, 513);
+    check_best(513, 64, 2, 513, 0, 0);
+    check_best(513, 64, 2, 500, 30.0f, 3);
 }
 
 TEST(bad_inputs)
@@ -498,8 +518,8 @@ TEST(bad_inputs)
             "cudaMalloc failed");
     CHECK(sf_k_gemv_add(x, w, NULL, 4, 12, y, S) != 0);           /* k % 8 */
     unsigned long long *best = (unsigned long long *)(y + 1024);
-    CHECK(sf_k_gemv_norm_best(x, w, 1e-5f, w, NULL, 4, 12, y, best, 4, S) == (int)cudaErrorNotSupported); /* k % 8 */
-    CHECK(sf_k_gemv_norm_best(x, w, 1e-5f, w, NULL, 4, 16, y, best, 5, S) == (int)cudaErrorInvalidValue); /* best_n > m */
+    CHECK(sf_k_gemv_norm_best(x, w, 1e-5f, w, NULL, 4, 12, y, best, 4, NULL, S) == (int)cudaErrorNotSupported); /* k % 8 */
+    CHECK(sf_k_gemv_norm_best(x, w, 1e-5f, w, NULL, 4, 16, y, best, 5, NULL, S) == (int)cudaErrorInvalidValue); /* best_n > m */
     CHECK(sf_k_sample_best_put(NULL, (int32_t *)y, NULL, NULL, S) == (int)cudaErrorInvalidValue);
     CHECK(sf_k_gemv_add(x + 1, w, NULL, 4, 16, y, S) != 0);       /* misaligned x */
     CHECK(sf_k_gemv_norm(x, x, 1e-5f, w, NULL, 3, 16, 1, y, S) != 0); /* glu needs even m */
@@ -854,7 +874,7 @@ int main(int argc, char **argv)
     RUN(stream_plain);
     RUN(gemv_tp_8b);
     RUN(gemv_tp_70b);
-    RUN(greedy_head);
+    RUN(head_draw);
     RUN(bad_inputs);
     printf("worst relative error against the float64 reference: one-row fused GEMVs %.3g, 2-8 rows %.3g\n",
            worst_fused, worst_rows);
