@@ -62,7 +62,9 @@ struct fs_pre {
     float inv_freq[FS_MAX_FREQ];
     uint32_t res[FS_WARPS];
     uint32_t bias[FS_WARPS][2]; /* FG_BIAS: the 4-byte words holding the first unit's bias pair */
-    fs_draw draw;               /* FG_BEST: the row's draw */
+    fs_draw draw;               /* FG_BEST: the row's draw, the block's two words, warps done */
+    unsigned long long best[2];
+    unsigned done;
 };
 
 /* FG_BIAS (this file's instances only): norm + RoPE with a bias (4-byte aligned), whose pair for
@@ -195,6 +197,8 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
             }
         }
         pre.draw = d;
+        pre.best[0] = pre.best[1] = 0;
+        pre.done = 0;
     }
     sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
     if (TR) tr_waited(tr);
@@ -246,9 +250,18 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
             }
         }
     }
-    if ((MODE & FG_BEST) && lane == 0) {
-        if (best.first) atomicMax(rp.best, best.first);
-        if (best.drawn) atomicMax(rp.best + 1, best.drawn);
+    if ((MODE & FG_BEST) && lane == 0) { /* the block's words, then the last warp's atomics */
+        if (best.first) atomicMax(&pre.best[0], best.first);
+        if (best.drawn) atomicMax(&pre.best[1], best.drawn);
+        __threadfence_block();
+        if (atomicAdd(&pre.done, 1u) == FS_WARPS - 1) {
+            __threadfence_block();
+            const unsigned long long f = ((volatile unsigned long long *)pre.best)[0],
+                                     d = ((volatile unsigned long long *)pre.best)[1];
+            unsigned long long *slot = rp.best + (blockIdx.x % SF_K_HEAD_BEST_SLOTS) * 16;
+            if (f) atomicMax(slot, f);
+            if (d) atomicMax(slot + 1, d);
+        }
     }
     gr_wait<0>();
     if (TR) tr_end(tr, SF_TR_GEMV + (MODE & ~FG_BEST), m, k);
