@@ -22,6 +22,7 @@
  * Tried and removed (docs/PERFORMANCE.md): a batched prologue in registers (all of a thread's
  * x loads in flight at once, the norm weight in registers from before the wait) took the kernel
  * to 64 registers and the 8B layer chain from 110.8 to 119.1 us. */
+#include <climits>
 #include <stdlib.h>
 #include <string.h>
 
@@ -86,19 +87,35 @@ enum { FG_BIAS = 32 };
  * read of two words. */
 enum { FG_BEST = 64 };
 struct fs_best {
-    unsigned long long first = 0, drawn = 0;
-    __device__ __forceinline__ void add(const fs_draw &d, float v, int i, int n)
+    float v = -INFINITY; /* the largest x and its id (sample.cu best_combine's order) */
+    int i = INT_MAX;
+    unsigned long long drawn = 0;
+    /* the unit whose outputs are still to be added (rows ra, rb; a, b with their bias) */
+    float pa, pb;
+    int ra = -1, rb;
+    __device__ __forceinline__ void add(const fs_draw &d, float val, int id, int n)
     {
-        if (i >= n) return;
-        const float x = __fmul_rn(bf2f(f2bf(v)), d.inv_t);
+        if (id >= n) return;
+        const float x = __fmul_rn(bf2f(f2bf(val)), d.inv_t);
         if (x != x) return;
-        const unsigned long long p = (unsigned long long)sf_sample_key(x) << 32 | (uint32_t)~(uint32_t)i;
-        if (p > first) first = p;
+        if (x > v || (x == v && id < i)) { v = x; i = id; }
         if (d.draw && x != -INFINITY) {
-            const float g = x - logf(-log1pf(-sf_sample_uniform(d.stream, (uint32_t)i)));
-            const unsigned long long q = (unsigned long long)sf_sample_key(g) << 32 | (uint32_t)~(uint32_t)i;
+            const float g = x - logf(-log1pf(-sf_sample_uniform(d.stream, (uint32_t)id)));
+            const unsigned long long q = (unsigned long long)sf_sample_key(g) << 32 | (uint32_t)~(uint32_t)id;
             if (q > drawn) drawn = q;
         }
+    }
+    /* the pending unit, if any: called where the warp would wait for memory anyway */
+    __device__ __forceinline__ void flush(const fs_draw &d, int n)
+    {
+        if (ra < 0) return;
+        add(d, pa, ra, n);
+        if (rb != ra) add(d, pb, rb, n);
+        ra = -1;
+    }
+    __device__ __forceinline__ unsigned long long first() const
+    {
+        return i == INT_MAX ? 0 : (unsigned long long)sf_sample_key(v) << 32 | (uint32_t)~(uint32_t)i;
     }
 };
 static __device__ __forceinline__ float fs_half(uint32_t w, int odd)
@@ -233,6 +250,9 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         float acc_a = 0.0f, acc_b = 0.0f;
         for (int t = 0; t < n_st; t++) {
             issue();              /* into the slot consumed last */
+            /* FG_BEST: the unit before, once this one's next stage is on its way (in its
+             * epilogue, lane 0's work delayed the next issue: the lm_head 2.5 us longer) */
+            if ((MODE & FG_BEST) && t == 0 && lane == 0) best.flush(pre.draw, rp.best_n);
             gr_wait<ST - 1>();    /* this stage has landed */
             gr_stage_dot<2>(ring + (size_t)cslot * 2 * FG_RING_V * 32, xs, t, k8, lane, acc_a, acc_b);
             if (++cslot == ST) cslot = 0;
@@ -244,14 +264,17 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
             fs_epilogue<MODE>(r, u, acc_a, acc_b, bias, y, rp, pre, rope_pre,
                               (res_pre || (MODE & FG_BIAS)) && u == u0 ? warp : -1);
             if (MODE & FG_BEST) {
-                const float ba = bias ? bf2f(bias[r.ra]) : 0.0f, bb = bias ? bf2f(bias[r.rb]) : 0.0f;
-                best.add(pre.draw, acc_a + ba, r.ra, rp.best_n);
-                if (r.rb != r.ra) best.add(pre.draw, acc_b + bb, r.rb, rp.best_n);
+                best.pa = acc_a + (bias ? bf2f(bias[r.ra]) : 0.0f);
+                best.pb = acc_b + (bias ? bf2f(bias[r.rb]) : 0.0f);
+                best.ra = r.ra;
+                best.rb = r.rb;
             }
         }
     }
     if ((MODE & FG_BEST) && lane == 0) { /* the block's words, then the last warp's atomics */
-        if (best.first) atomicMax(&pre.best[0], best.first);
+        best.flush(pre.draw, rp.best_n);
+        const unsigned long long first = best.first();
+        if (first) atomicMax(&pre.best[0], first);
         if (best.drawn) atomicMax(&pre.best[1], best.drawn);
         __threadfence_block();
         if (atomicAdd(&pre.done, 1u) == FS_WARPS - 1) {
