@@ -1702,8 +1702,8 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
     if ((rc = dmalloc(c, (void **)&c->samp_d, SAMPLE_BYTES, "the sampler's arguments", err))) goto cleanup;
     SF_CUDA_GOTO(cudaHostAlloc((void **)&c->score_h, SCORE_BYTES, cudaHostAllocDefault), err, rc);
     if ((rc = dmalloc(c, (void **)&c->score_d, SCORE_BYTES, "the score op's rows", err))) goto cleanup;
-    if ((rc = dmalloc(c, (void **)&c->best_d, SF_K_HEAD_BEST_BYTES, "the lm_head draw's words", err))) goto cleanup;
-    SF_CUDA_GOTO(cudaMemset(c->best_d, 0, SF_K_HEAD_BEST_BYTES), err, rc);
+    if ((rc = dmalloc(c, (void **)&c->best_d, 16, "the lm_head draw's words", err))) goto cleanup;
+    SF_CUDA_GOTO(cudaMemset(c->best_d, 0, 16), err, rc);
     /* the op's scratch at the end: its counters start (and stay) at zero */
     SF_CUDA_GOTO(cudaMemset(c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, 0, SF_K_SAMPLE_SCRATCH), err, rc);
     {

@@ -63,9 +63,7 @@ struct fs_pre {
     float inv_freq[FS_MAX_FREQ];
     uint32_t res[FS_WARPS];
     uint32_t bias[FS_WARPS][2]; /* FG_BIAS: the 4-byte words holding the first unit's bias pair */
-    fs_draw draw;               /* FG_BEST: the row's draw, the block's two words, warps done */
-    unsigned long long best[2];
-    unsigned done;
+    fs_draw draw;               /* FG_BEST: the row's draw */
 };
 
 /* FG_BIAS (this file's instances only): norm + RoPE with a bias (4-byte aligned), whose pair for
@@ -214,8 +212,6 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
             }
         }
         pre.draw = d;
-        pre.best[0] = pre.best[1] = 0;
-        pre.done = 0;
     }
     sf_pdl_wait(); /* x, y and the cache may be written by the kernels before */
     if (TR) tr_waited(tr);
@@ -271,20 +267,11 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
             }
         }
     }
-    if ((MODE & FG_BEST) && lane == 0) { /* the block's words, then the last warp's atomics */
+    if ((MODE & FG_BEST) && lane == 0) { /* the warp's two bests, an atomic each */
         best.flush(pre.draw, rp.best_n);
         const unsigned long long first = best.first();
-        if (first) atomicMax(&pre.best[0], first);
-        if (best.drawn) atomicMax(&pre.best[1], best.drawn);
-        __threadfence_block();
-        if (atomicAdd(&pre.done, 1u) == FS_WARPS - 1) {
-            __threadfence_block();
-            const unsigned long long f = ((volatile unsigned long long *)pre.best)[0],
-                                     d = ((volatile unsigned long long *)pre.best)[1];
-            unsigned long long *slot = rp.best + (blockIdx.x % SF_K_HEAD_BEST_SLOTS) * 16;
-            if (f) atomicMax(slot, f);
-            if (d) atomicMax(slot + 1, d);
-        }
+        if (first) atomicMax(rp.best, first);
+        if (best.drawn) atomicMax(rp.best + 1, best.drawn);
     }
     gr_wait<0>();
     if (TR) tr_end(tr, SF_TR_GEMV + (MODE & ~FG_BEST), m, k);

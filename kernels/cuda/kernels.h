@@ -369,11 +369,7 @@ int sf_k_sample(const uint16_t *logits, int64_t ld, int n, int vocab, const sf_k
  * | ~i, so ties go to the smaller i (both 0 before). sf_k_sample_best_put (a programmatic
  * dependent) then writes the id (best[1]'s, else best[0]'s, else 0: sf_k_sample's choice) where
  * sf_k_sample writes a row's id (ids, ids_host, ids_next: row 0; the last two may be NULL) and
- * sets the words back to 0. The two words are kept in SF_K_HEAD_BEST_SLOTS places (best holds
- * SF_K_HEAD_BEST_BYTES, zero before), a block's in place blockIdx % slots, so that the atomics
- * of the kernel's last blocks do not queue on one address. */
-#define SF_K_HEAD_BEST_SLOTS 32 /* best: this many pairs of words, 128 bytes apart (4 KiB) */
-#define SF_K_HEAD_BEST_BYTES (SF_K_HEAD_BEST_SLOTS * 128)
+ * sets both words back to 0. */
 int sf_k_gemv_norm_best(const uint16_t *x, const uint16_t *nw, float eps, const uint16_t *w, const uint16_t *bias,
                         int m, int k, uint16_t *y, unsigned long long *best, int best_n, const sf_k_sample_row *draw,
                         cudaStream_t s);

@@ -1196,23 +1196,16 @@ static int split_blocks_per_sm(size_t smem)
     return per_sm;
 }
 
-/* sf_k_sample_best_put (kernels.h): one warp, a lane a slot of the words the lm_head filled. */
-__global__ void __launch_bounds__(32) k_sample_best_put(u64 *best, IdsOut ids)
+/* sf_k_sample_best_put (kernels.h): one thread, after the lm_head that filled best[0..1]. */
+__global__ void k_sample_best_put(u64 *best, IdsOut ids)
 {
-    static_assert(SF_K_HEAD_BEST_SLOTS == 32, "a lane a slot");
     __shared__ sf_tr tr;
     tr_begin(tr);
     sf_pdl_wait();
     tr_waited(tr);
-    u64 *slot = best + threadIdx.x * 16;
-    u64 f = ((volatile u64 *)slot)[0], d = ((volatile u64 *)slot)[1];
-    slot[0] = slot[1] = 0;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        f = max(f, (u64)__shfl_xor_sync(FULL, f, o));
-        d = max(d, (u64)__shfl_xor_sync(FULL, d, o));
-    }
-    if (threadIdx.x == 0) put_id(ids, 0, d ? (int)~(uint32_t)d : f ? (int)~(uint32_t)f : 0);
+    const u64 f = ((volatile u64 *)best)[0], d = ((volatile u64 *)best)[1];
+    put_id(ids, 0, d ? (int)~(uint32_t)d : f ? (int)~(uint32_t)f : 0);
+    best[0] = best[1] = 0;
     tr_end(tr, SF_TR_SAMPLE, 1, 0); /* k 0: this put, not a draw (b1trace.py) */
 }
 
@@ -1221,7 +1214,7 @@ extern "C" int sf_k_sample_best_put(unsigned long long *best, int32_t *ids, int3
 {
     if (!best || !ids) return (int)cudaErrorInvalidValue;
     const IdsOut o = { ids, ids_host, ids_next };
-    const int rc = sf_launch_pdl(k_sample_best_put, dim3(1), dim3(32), 0, s, (u64 *)best, o);
+    const int rc = sf_launch_pdl(k_sample_best_put, dim3(1), dim3(1), 0, s, (u64 *)best, o);
     return rc ? rc : sf_launch_status();
 }
 

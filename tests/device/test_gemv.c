@@ -392,7 +392,7 @@ static void check_best(int m, int k, int nan, int best_n, float temp, uint64_t s
 {
     uint16_t *hx = NULL, *hnw = NULL, *hw = NULL, *y1 = NULL, *y2 = NULL;
     uint16_t *x = dev_rand(k, 1.0f, &hx), *nw = dev_rand(k, 1.0f, &hnw), *w = dev_rand((int64_t)m * k, 0.05f, &hw);
-    unsigned long long *best = NULL, word[SF_K_HEAD_BEST_BYTES / 8];
+    unsigned long long *best = NULL, word[2];
     int32_t *ids = NULL, *hids = NULL, *hids_d = NULL, got[3] = { -1, -1, -1 };
     sf_k_sample_row *row = NULL;
     void *scratch = NULL;
@@ -400,7 +400,7 @@ static void check_best(int m, int k, int nan, int best_n, float temp, uint64_t s
     double *xn = malloc((size_t)k * sizeof *xn);
     uint16_t *out = malloc((size_t)m * 2 * 2);
     REQUIRE(x && nw && w && xn && out && !cudaMalloc((void **)&y1, (size_t)m * 2) &&
-                !cudaMalloc((void **)&y2, (size_t)m * 2) && !cudaMalloc((void **)&best, SF_K_HEAD_BEST_BYTES) &&
+                !cudaMalloc((void **)&y2, (size_t)m * 2) && !cudaMalloc((void **)&best, 16) &&
                 !cudaMalloc((void **)&ids, 12) && !cudaMalloc((void **)&row, sizeof *row) &&
                 !cudaMalloc(&scratch, SF_K_SAMPLE_SCRATCH) && !cudaMalloc((void **)&pen_val, 16) &&
                 !cudaHostAlloc((void **)&hids, 4, cudaHostAllocMapped) &&
@@ -421,7 +421,7 @@ static void check_best(int m, int k, int nan, int best_n, float temp, uint64_t s
     poison(y1, m);
     poison(y2, m);
     *hids = -1;
-    cudaMemsetAsync(best, 0, SF_K_HEAD_BEST_BYTES, S);
+    cudaMemsetAsync(best, 0, 16, S);
     cudaMemsetAsync(ids, 0xff, 12, S);
     int rc = sf_k_gemv_norm(x, nw, 1e-5f, w, NULL, m, k, 0, y1, S);
     if (!rc) rc = sf_k_gemv_norm_best(x, nw, 1e-5f, w, NULL, m, k, y2, best, best_n, temp > 0 ? row : NULL, S);
