@@ -246,8 +246,8 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         float acc_a = 0.0f, acc_b = 0.0f;
         for (int t = 0; t < n_st; t++) {
             issue();              /* into the slot consumed last */
-            /* FG_BEST: the unit before, once this one's next stage is on its way (in its
-             * epilogue, lane 0's work delayed the next issue: the lm_head 2.5 us longer) */
+            /* FG_BEST: the unit before, once this one's next stage is on its way (in the
+             * epilogue, lane 0's work would hold back the warp's next issue) */
             if ((MODE & FG_BEST) && t == 0 && lane == 0) best.flush(pre.draw, rp.best_n);
             gr_wait<ST - 1>();    /* this stage has landed */
             gr_stage_dot<2>(ring + (size_t)cslot * 2 * FG_RING_V * 32, xs, t, k8, lane, acc_a, acc_b);
