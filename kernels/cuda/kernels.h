@@ -378,8 +378,6 @@ int sf_k_sample_best_put(unsigned long long *best, int32_t *ids, int32_t *ids_ho
 /* Whether sf_k_gemv_norm_best takes a shape (the persistent-warp GEMV, SEMFLOW_CUDA_GEMV_RING=3,
  * the default, plans it); else it answers cudaErrorNotSupported and launches nothing. */
 int sf_k_gemv_norm_best_ok(const void *x, const void *nw, const void *w, int m, int k);
-int sf_k_sample_best_put(unsigned long long *best, int32_t *ids, int32_t *ids_host, int32_t *ids_next,
-                         cudaStream_t s);
 /* After sf_k_sample on the same arguments (its penalized values in pen_val, its ids in ids,
  * both device memory): out[i] = row i's log-probabilities (hal.h's sf_sample_lp) for the rows
  * with logprobs > 0 (the others' untouched); one block a row. */
