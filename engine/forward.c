@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "../hal/comm.h"
+#include "../kernels/sample_draw.h"
 #include "shard.h"
 
 typedef struct fw_layer {
@@ -340,8 +341,8 @@ static const sf_sample_row *draw_row(const sf_forward *f, const sf_batch *bt, co
         (f->shard && f->shard->size > 1) || !logits_all_rows(bt))
         return NULL;
     const sf_sample_row *r = &smp->rows[0];
-    const int greedy = r->temperature <= 0 || r->top_k == 1, plain = r->top_k <= 0 && r->top_p >= 1 && r->min_p <= 0;
-    return (greedy || plain) && !r->n_pen && !r->allow && !r->logprobs ? r : NULL;
+    const int plain = r->top_k <= 0 && r->top_p >= 1 && r->min_p <= 0;
+    return (sf_sample_greedy(r->temperature, r->top_k) || plain) && !r->n_pen && !r->allow && !r->logprobs ? r : NULL;
 }
 
 /* One step; its logits go to host memory (logits), or through the backend's sampler (smp). */

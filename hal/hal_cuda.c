@@ -40,6 +40,7 @@ int sf_backend_cuda_stats(sf_backend *b, sf_backend_stats *s)
 #else
 
 #include "../kernels/cuda/kernels.h"
+#include "../kernels/sample_draw.h"
 
 #define STAGE_BYTES ((size_t)32 << 20) /* per half of the double-buffered weight upload */
 #define META_INTS ((size_t)1 << 20)    /* batch metadata capacity (ints), pinned + device */
@@ -852,7 +853,7 @@ static int cuda_batch_begin(sf_backend *b, const sf_batch *bt)
     /* the half sample_start will take (it flips them per draw when deferred), free unless two
      * draws are queued (then sample_start refuses this one) */
     const sf_sample_row *dr = bt->draw_row;
-    const int half = c->samp_defer && c->samp_flip, hot = dr && !(dr->temperature <= 0 || dr->top_k == 1);
+    const int half = c->samp_defer && c->samp_flip, hot = dr && !sf_sample_greedy(dr->temperature, dr->top_k);
     c->head_arm = c->head_put = 0;
     if (c->head_draw && dr && T == 1 && L == 1 && !bt->n_scored && (!c->samp_defer || c->n_draws < 2) &&
         (!hot || (half ? c->samp_h2d : c->samp_hd))) {
@@ -1358,7 +1359,7 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     /* the step's graph drew this row with its lm_head (head_put) and wrote its id here */
     const int put = c->head_put && n == 1 && !n_pen && !n_mask && !n_lp && vocab == c->head_vocab &&
                     o_ids == align16(sizeof *rows) && ((c->head_arm - 1) & 1) == (h == c->samp_h2) &&
-                    (c->head_arm > 2 ? !memcmp(h, rows, sizeof *rows) : rows[0].temperature <= 0 || rows[0].top_k == 1);
+                    (c->head_arm > 2 ? !memcmp(h, rows, sizeof *rows) : sf_sample_greedy(rows[0].temperature, rows[0].top_k));
     c->head_put = 0;
     if (put) {
         c->head_draws++;

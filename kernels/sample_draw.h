@@ -1,10 +1,12 @@
 /* sample_draw.h — the pieces of the sampler that the CPU reference (kernels/cpu/sample.c) and
- * the CUDA kernel (kernels/cuda/sample.cu) must compute bit for bit alike: the ordered key of
- * a logit, the fixed-point mass, and the counter-based uniform behind the Gumbel-max draw.
+ * the CUDA kernels (kernels/cuda/sample.cu, and the lm_head that draws in gemv_stream.cu) must
+ * compute bit for bit alike: which rows are greedy, the ordered key of a logit and a best packed
+ * with its id, the fixed-point mass, and the counter-based uniform and Gumbel value of the draw.
  * Plain C, usable from C and CUDA (host and device). */
 #ifndef SF_KERNELS_SAMPLE_DRAW_H
 #define SF_KERNELS_SAMPLE_DRAW_H
 
+#include <math.h>
 #include <stdint.h>
 
 #ifdef __CUDACC__
@@ -46,6 +48,25 @@ SF_HD uint32_t sf_sample_key(float x)
     union { float f; uint32_t u; } v;
     v.f = x;
     return (v.u & 0x80000000u) ? ~v.u : (v.u | 0x80000000u);
+}
+
+/* A best (v, id) as one word that compares as (value ascending, id descending): the larger
+ * packed word is the larger value, on ties the smaller id; 0 is below every pair. */
+SF_HD uint64_t sf_sample_pack(float v, int id)
+{
+    return (uint64_t)sf_sample_key(v) << 32 | (uint32_t)~(uint32_t)id;
+}
+
+/* A row of hal.h's sf_sample_row is drawn greedily (the smallest id of the largest logit). */
+SF_HD int sf_sample_greedy(float temperature, int top_k)
+{
+    return temperature <= 0 || top_k == 1;
+}
+
+/* The Gumbel-max value of x (a logit over the temperature) for the token's uniform u. */
+SF_HD float sf_sample_gumbel(float x, float u)
+{
+    return x - logf(-log1pf(-u));
 }
 
 #endif

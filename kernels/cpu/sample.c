@@ -137,7 +137,7 @@ static int32_t draw_row(float *x, int vocab, const sf_sample_row *p, sf_cpu_samp
 {
     uint32_t *key = sc->key;
     uint64_t *mass = sc->mass;
-    if (p->temperature <= 0 || p->top_k == 1) return argmax_first(x, vocab);
+    if (sf_sample_greedy(p->temperature, p->top_k)) return argmax_first(x, vocab);
 
     float inv_t = 1.0f / p->temperature, m = -INFINITY;
     int n_valid = 0;
@@ -194,7 +194,7 @@ static int32_t draw_row(float *x, int vocab, const sf_sample_row *p, sf_cpu_samp
         if (!key[i] || !kept(keep, key[i], i)) continue;
         const float u = sf_sample_uniform(stream, (uint32_t)i);
         if (best >= 0 && below(u, x[i], best_g)) continue;
-        float g = x[i] - logf(-log1pf(-u));
+        float g = sf_sample_gumbel(x[i], u);
         if (best < 0 || g > best_g) { best = i; best_g = g; }
     }
     return best >= 0 ? best : argmax_first(x, vocab);

@@ -98,8 +98,7 @@ struct fs_best {
         if (x != x) return;
         if (x > v || (x == v && id < i)) { v = x; i = id; }
         if (d.draw && x != -INFINITY) {
-            const float g = x - logf(-log1pf(-sf_sample_uniform(d.stream, (uint32_t)id)));
-            const unsigned long long q = (unsigned long long)sf_sample_key(g) << 32 | (uint32_t)~(uint32_t)id;
+            const unsigned long long q = sf_sample_pack(sf_sample_gumbel(x, sf_sample_uniform(d.stream, (uint32_t)id)), id);
             if (q > drawn) drawn = q;
         }
     }
@@ -113,7 +112,7 @@ struct fs_best {
     }
     __device__ __forceinline__ unsigned long long first() const
     {
-        return i == INT_MAX ? 0 : (unsigned long long)sf_sample_key(v) << 32 | (uint32_t)~(uint32_t)i;
+        return i == INT_MAX ? 0 : sf_sample_pack(v, i);
     }
 };
 static __device__ __forceinline__ float fs_half(uint32_t w, int odd)
@@ -205,7 +204,7 @@ __global__ void __launch_bounds__(FS_WARPS * 32) k_gemv_stream(const bf16 *__res
         fs_draw d = { 1.0f, false, 0 };
         if (rp.draw) {
             const sf_k_sample_row p = *rp.draw;
-            d.draw = p.temperature > 0 && p.top_k != 1;
+            d.draw = !sf_sample_greedy(p.temperature, p.top_k);
             if (d.draw) {
                 d.inv_t = __fdiv_rn(1.0f, p.temperature);
                 d.stream = sf_sample_stream(p.seed, p.step);

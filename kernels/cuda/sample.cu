@@ -289,7 +289,7 @@ struct DrawPass { /* Gumbel-max over the kept tokens */
         float x;
         uint32_t k;
         if (!kept(id, l, in, inv_t, t, c, &x, &k)) return;
-        float g = x - logf(-log1pf(-sf_sample_uniform(stream, (uint32_t)id)));
+        float g = sf_sample_gumbel(x, sf_sample_uniform(stream, (uint32_t)id));
         best_combine(v, i, g, id);
     }
 };
@@ -359,7 +359,7 @@ static __device__ u64 reduce_u64(u64 x, RowCtx *rc, Shared &sh)
 /* (value descending, id ascending) as one integer: the key above the inverted id; 0 none. */
 static __device__ __forceinline__ u64 best_pack(float v, int i)
 {
-    return i == INT_MAX ? 0 : (u64)sf_sample_key(v) << 32 | (uint32_t)~(uint32_t)i;
+    return i == INT_MAX ? 0 : sf_sample_pack(v, i);
 }
 
 /* The best (v, i) of the block, and with rc of the row's parts. */
@@ -523,7 +523,7 @@ static __device__ int finish_set(const Row &r, const sf_k_sample_row &p, int n, 
     float g = -INFINITY;
     int gi = INT_MAX;
     if (tid < kept) {
-        g = x - logf(-log1pf(-sf_sample_uniform(sf_sample_stream(p.seed, p.step), (uint32_t)id)));
+        g = sf_sample_gumbel(x, sf_sample_uniform(sf_sample_stream(p.seed, p.step), (uint32_t)id));
         gi = id;
     }
     block_best(g, gi, sh);
@@ -1003,7 +1003,7 @@ static __device__ __forceinline__ void sample_rows(const bf16 *logits, int64_t l
                                                    unsigned *cnt, char *rows_ws, uint32_t *bits, Shared &sh)
 {
     const sf_k_sample_row p = rows[blockIdx.x];
-    const bool greedy = p.temperature <= 0 || p.top_k == 1;
+    const bool greedy = sf_sample_greedy(p.temperature, p.top_k);
     /* a row split over the launch's P parts: greedy, temperature alone, top-k (k x P <= TOPK_CAP),
      * top-p or min-p without a top-k */
     const int kind = !SPLIT || P < 2 ? -1 : greedy ? 0 : p.top_k <= 0 && p.top_p >= 1.0f && p.min_p <= 0 ? 1

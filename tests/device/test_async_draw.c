@@ -204,7 +204,7 @@ static int host_greedy(const float *l, int n)
     return best < 0 ? 0 : best;
 }
 
-static void greedy_run(int head, int32_t *out, int *n_out, long *heads)
+static void head_run(int head, int32_t *out, int *n_out, long *heads)
 {
     sf_error err = { 0 };
     if (!head) setenv("SEMFLOW_CUDA_HEAD_DRAW", "0", 1);
@@ -264,8 +264,8 @@ TEST(row_drawn_with_the_lm_head)
     int32_t a[32], b[32];
     int na = 0, nb = 0;
     long ha = -1, hb = -1;
-    greedy_run(1, a, &na, &ha);
-    greedy_run(0, b, &nb, &hb);
+    head_run(1, a, &na, &ha);
+    head_run(0, b, &nb, &hb);
     CHECK_MSG(ha == na - 2 && hb == 0, "lm_head draws: %ld of %d steps (want %d), %ld with the switch off", ha, na,
               na - 2, hb);
     CHECK_MSG(na == nb && !memcmp(a, b, (size_t)na * sizeof *a), "the ids differ with SEMFLOW_CUDA_HEAD_DRAW=0");
