@@ -1359,37 +1359,32 @@ static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int voc
     /* the step's graph drew this row with its lm_head (head_put) and wrote its id here */
     const int put = c->head_put && n == 1 && !n_pen && !n_mask && !n_lp && vocab == c->head_vocab &&
                     o_ids == align16(sizeof *rows) && ((c->head_arm - 1) & 1) == (h == c->samp_h2) &&
-                    (c->head_arm > 2 ? !memcmp(h, rows, sizeof *rows) : sf_sample_greedy(rows[0].temperature, rows[0].top_k));
+                    (c->head_arm > 2 ? !memcmp(h, rows, sizeof *rows)
+                                     : sf_sample_greedy(rows[0].temperature, rows[0].top_k));
     c->head_put = 0;
-    if (put) {
-        c->head_draws++;
-        c->draw_in_tokens = n;
-        cudaError_t e = hd ? cudaSuccess
-                           : cudaMemcpyAsync(h + o_ids, c->samp_d + o_ids, 4, cudaMemcpyDeviceToHost, c->s);
-        if (e == cudaSuccess && c->samp_defer) e = cudaEventRecord(d->done, c->s);
-        if (e == cudaSuccess) gap_mark(c, 0);
-        step_enqueued(c, 1);
-        return kcheck(e, "sample");
-    }
-    memcpy(h, rows, (size_t)n * sizeof *rows);
-    if (n_pen) memcpy(h + o_pen, pen, (size_t)n_pen * sizeof *pen);
-    for (int i = 0, m = 0; i < n && n_mask; i++) /* each mask after the entries; its row points at the copy */
-        if (rows[i].allow) {
-            memcpy(h + o_mask + m * mask_bytes, rows[i].allow, mask_bytes);
-            ((sf_sample_row *)h)[i].allow = (const uint32_t *)(c->samp_d + o_mask + m++ * mask_bytes);
-        }
     /* mapped: the rows read where the host wrote them (penalty entries and masks, read in every
      * pass, are copied) and the ids written straight back */
-    cudaError_t e = cudaSuccess;
-    if (!hd || n_pen || n_mask) e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
-    if (e != cudaSuccess) return kcheck(e, "sample");
     const char *rows_at = hd && !n_pen && !n_mask ? hd : c->samp_d;
-    rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)rows_at,
-                            (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
-                            (int32_t *)(c->samp_d + o_ids), hd ? (int32_t *)(hd + o_ids) : NULL, c->meta_d,
-                            c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, c->s),
-                "sample");
-    if (rc) return rc;
+    cudaError_t e = cudaSuccess;
+    if (put) {
+        c->head_draws++;
+    } else {
+        memcpy(h, rows, (size_t)n * sizeof *rows);
+        if (n_pen) memcpy(h + o_pen, pen, (size_t)n_pen * sizeof *pen);
+        for (int i = 0, m = 0; i < n && n_mask; i++) /* each mask after the entries; its row points at the copy */
+            if (rows[i].allow) {
+                memcpy(h + o_mask + m * mask_bytes, rows[i].allow, mask_bytes);
+                ((sf_sample_row *)h)[i].allow = (const uint32_t *)(c->samp_d + o_mask + m++ * mask_bytes);
+            }
+        if (!hd || n_pen || n_mask) e = cudaMemcpyAsync(c->samp_d, h, o_val, cudaMemcpyHostToDevice, c->s);
+        if (e != cudaSuccess) return kcheck(e, "sample");
+        rc = kcheck(sf_k_sample(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)rows_at,
+                                (const sf_k_sample_pen *)(c->samp_d + o_pen), n_pen, (float *)(c->samp_d + o_val),
+                                (int32_t *)(c->samp_d + o_ids), hd ? (int32_t *)(hd + o_ids) : NULL, c->meta_d,
+                                c->samp_d + SAMPLE_BYTES - SF_K_SAMPLE_SCRATCH, c->s),
+                    "sample");
+        if (rc) return rc;
+    }
     c->draw_in_tokens = n;
     if (n_lp) { /* after the draw: its ids and penalized values */
         rc = kcheck(sf_k_sample_logprobs(logits->d, logits->cols, n, vocab, (const sf_k_sample_row *)rows_at,
