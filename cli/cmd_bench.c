@@ -220,7 +220,7 @@ static int bench_decode(const bench_opts *o)
     bench_env e;
     sf_error err = { 0 };
     int chunk = SF_MIN(o->chunk, o->ctx > 0 ? o->ctx : 1);
-    if (bench_open(o, chunk, o->ctx + o->steps + 1, &e, &err)) {
+    if (bench_open(o, chunk, o->ctx + o->steps + 2, &e, &err)) {
         fprintf(stderr, "semflow bench decode: %s\n", err.msg);
         return 1;
     }
@@ -252,7 +252,7 @@ static int bench_decode(const bench_opts *o)
         if (drc == SF_EUNSUPPORTED) async = 0;
         else if (drc) goto fail;
     }
-    ids = calloc((size_t)o->steps + 1, sizeof *ids);
+    ids = calloc((size_t)o->steps + 2, sizeof *ids);
     if (!ids) { sf_err(&err, SF_ENOMEM, "out of memory"); goto fail; }
     sf_backend_stats st0 = { 0 };
     int have_st0 = 0;
@@ -260,10 +260,14 @@ static int bench_decode(const bench_opts *o)
     if (async) {
         double t_prev = sf_now_s();
         if (bench_launch(&e, tok, 0, &ids[0], &err)) goto fail_async;
+        /* every interval holds one launch: the step after the last timed one is queued as well
+         * and taken untimed (a backend that runs a step within its launch, as the CPU's does,
+         * would otherwise time the last take alone: ~0 ms) */
         for (int s = 0; s <= o->steps; s++) {
-            if (s < o->steps) {
-                if (bench_launch(&e, tok, 1, &ids[s + 1], &err)) goto fail_async;
-                if (sf_backend_cuda_stats(e.b, &st) == SF_OK) { host_us[s + 1] = st.last_step_host_us; have_host = 1; }
+            if (bench_launch(&e, tok, 1, &ids[s + 1], &err)) goto fail_async;
+            if (s < o->steps && sf_backend_cuda_stats(e.b, &st) == SF_OK) {
+                host_us[s + 1] = st.last_step_host_us;
+                have_host = 1;
             }
             if (bench_take(&e, &err)) goto fail_async;
             double t = sf_now_s();
@@ -271,6 +275,7 @@ static int bench_decode(const bench_opts *o)
             t_prev = t;
             if (s == 0 && sf_backend_cuda_stats(e.b, &st0) == SF_OK) have_st0 = 1;
         }
+        if (bench_take(&e, &err)) goto fail_async;
         if (bench_defer(&e, 0, &err)) goto fail;
     } else {
         for (int s = 0; s <= o->steps; s++) {
