@@ -125,6 +125,12 @@ static double link_contention(void *arg)
     return e->cfg.pcie_contention(e->cfg.pcie_contention_arg, e->cfg.device);
 }
 
+/* The swap space's peers under tensor parallelism (swap.h sf_swap_opts.peers). */
+static int tp_kv_copy(void *arg, const int32_t *blocks, const int32_t *slots, int n, int d2h, sf_error *err)
+{
+    return sf_tp_kv_copy(arg, blocks, slots, n, d2h, err);
+}
+
 /* The scheduler's gate for swap-ins: is a class above `urgency` running (the running list is in
  * urgency order) or waiting? */
 static int swap_in_ok(void *arg, int urgency)
@@ -438,12 +444,14 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
     if ((rc = sf_kv_pool_init(&e->pool, n_blocks, c->kv_block_size, err)) != SF_OK) goto fail;
     if (kc.int8) sf_kv_pool_enable_i8(&e->pool);
     e->pool_ready = 1;
-    /* Swap space: tensor-parallel ranks hold a share of each block each, which rank 0's copies
-     * would not cover, so swap stays off there. */
+    /* Swap space: under tensor parallelism each rank holds its share of every block, in a swap
+     * space of its own with rank 0's slots (sized from rank 0's share), and copies it when rank 0
+     * does (swap.h). */
     sf_swap_opts so = { .untuned = !c->dma_tuner, .contention = c->pcie_contention ? link_contention : NULL,
-                        .contention_arg = e };
-    if (!e->tp && (rc = sf_swap_init_opts(&e->swap, e->be, e->be->ops->kv_block_bytes(e->be, &kc),
-                                          c->swap_space_gib, &so, err)) != SF_OK)
+                        .contention_arg = e, .peers = e->tp ? tp_kv_copy : NULL, .peers_arg = e->tp };
+    if ((rc = sf_swap_init_opts(&e->swap, e->be, e->be->ops->kv_block_bytes(e->be, &kc), c->swap_space_gib, &so,
+                                err)) != SF_OK ||
+        (e->tp && e->swap.n_slots && (rc = sf_tp_swap_init(e->tp, e->swap.n_slots, err)) != SF_OK))
         goto fail;
     sf_sched_config sc = { .max_num_seqs = c->max_num_seqs, .max_batched_tokens = c->max_batched_tokens,
                            .max_logits = c->max_logits,

@@ -14,15 +14,11 @@ int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_
     return sf_swap_init_opts(w, be, block_bytes, gib, NULL, err);
 }
 
-int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, const sf_swap_opts *so,
-                      sf_error *err)
+int sf_swap_init_slots(sf_swap *w, sf_backend *be, size_t block_bytes, int n_slots, sf_error *err)
 {
     memset(w, 0, sizeof *w);
-    if (!(gib >= 0)) return sf_err(err, SF_EINVAL, "swap space %g GiB: it must be 0 (off) or more", gib);
-    if (gib == 0 || !be->ops->kv_copy_out || !be->ops->kv_copy_in || block_bytes == 0) return SF_OK;
-    double n = gib * (double)(1u << 30) / (double)block_bytes;
-    if (n < 1) return SF_OK;
-    w->n_slots = n > (double)(1 << 24) ? 1 << 24 : (int)n;
+    if (n_slots < 1 || block_bytes == 0) return SF_OK;
+    w->n_slots = n_slots;
     w->be = be;
     w->block_bytes = block_bytes;
     w->bytes = (size_t)w->n_slots * block_bytes;
@@ -40,11 +36,26 @@ int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib
         return sf_err_wrap(err, "swap space (lower --swap-space; 0 turns it off)");
     }
     w->mem = mem;
+    return SF_OK;
+}
+
+int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, const sf_swap_opts *so,
+                      sf_error *err)
+{
+    memset(w, 0, sizeof *w);
+    if (!(gib >= 0)) return sf_err(err, SF_EINVAL, "swap space %g GiB: it must be 0 (off) or more", gib);
+    if (gib == 0 || !be->ops->kv_copy_out || !be->ops->kv_copy_in || block_bytes == 0) return SF_OK;
+    double n = gib * (double)(1u << 30) / (double)block_bytes;
+    if (n < 1) return SF_OK;
+    int rc = sf_swap_init_slots(w, be, block_bytes, n > (double)(1 << 24) ? 1 << 24 : (int)n, err);
+    if (rc != SF_OK) return rc;
     sf_dma_opts o = { .copy = no_byte_copy, .hw = be->ops->hw(be), .defer = 1 };
     if (so) {
         o.untuned = so->untuned;
         o.contention = so->contention;
         o.contention_arg = so->contention_arg;
+        w->peers = so->peers;
+        w->peers_arg = so->peers_arg;
     }
     rc = sf_dma_new(&o, &w->dma, err);
     if (rc != SF_OK) sf_swap_free(w);
@@ -79,34 +90,43 @@ typedef struct run_arg {
     int dir;
 } run_arg;
 
-/* Copy op blocks [first, first + count): one kv_copy_blocks call when the backend has it, else
- * one kv_copy_out/in call per run of consecutive slots. */
+int sf_swap_copy_blocks(sf_backend *be, unsigned char *mem, size_t block_bytes, const int32_t *blocks,
+                        const int32_t *slots, int n, int d2h, int *batched_off, sf_error *err)
+{
+    if (be->ops->kv_copy_blocks && !*batched_off) { /* one call for the piece, blocks wherever their slots are */
+        int rc = be->ops->kv_copy_blocks(be, blocks, slots, n, mem, block_bytes, d2h);
+        if (rc == SF_OK) return SF_OK;
+        /* nothing is lost by trying the per-block copies: the same bytes go to the same places */
+        SF_LOGW("swap: the %s backend's batched KV copy failed (%s of %d blocks); using per-block copies from now on",
+                be->ops->name, d2h ? "out" : "in", n);
+        *batched_off = 1;
+    }
+    for (int i = 0; i < n;) {
+        int k = 1;
+        while (i + k < n && slots[i + k] == slots[i] + k) k++;
+        unsigned char *host = mem + (size_t)slots[i] * block_bytes;
+        int rc = d2h ? be->ops->kv_copy_out(be, blocks + i, k, host) : be->ops->kv_copy_in(be, blocks + i, k, host);
+        if (rc != SF_OK)
+            return sf_err(err, rc, "swap: %s of %d KV blocks from block %d failed on the %s backend",
+                          d2h ? "copy out" : "copy in", k, blocks[i], be->ops->name);
+        i += k;
+    }
+    return SF_OK;
+}
+
+/* Copy op blocks [first, first + count): the other ranks' shares first (they queue their copies
+ * behind the steps already sent to them), then this rank's. */
 static int copy_units(void *arg, int first, int count, sf_error *err)
 {
     run_arg *a = arg;
     const sf_swap_op *op = a->op;
-    sf_backend *be = a->w->be;
-    if (be->ops->kv_copy_blocks && !a->w->batched_off) { /* one call for the piece, blocks wherever their slots are */
-        int rc = be->ops->kv_copy_blocks(be, op->blocks + first, op->slots + first, count, a->w->mem,
-                                         a->w->block_bytes, a->dir == SF_DMA_D2H);
-        if (rc == SF_OK) return SF_OK;
-        /* nothing is lost by trying the per-block copies: the same bytes go to the same places */
-        SF_LOGW("swap: the %s backend's batched KV copy failed (%s of %d blocks); using per-block copies from now on",
-                be->ops->name, a->dir == SF_DMA_D2H ? "out" : "in", count);
-        a->w->batched_off = 1;
+    const int d2h = a->dir == SF_DMA_D2H;
+    if (a->w->peers) {
+        int rc = a->w->peers(a->w->peers_arg, op->blocks + first, op->slots + first, count, d2h, err);
+        if (rc != SF_OK) return rc;
     }
-    for (int i = first; i < first + count;) {
-        int k = 1;
-        while (i + k < first + count && op->slots[i + k] == op->slots[i] + k) k++;
-        unsigned char *host = a->w->mem + (size_t)op->slots[i] * a->w->block_bytes;
-        int rc = a->dir == SF_DMA_D2H ? be->ops->kv_copy_out(be, op->blocks + i, k, host)
-                                      : be->ops->kv_copy_in(be, op->blocks + i, k, host);
-        if (rc != SF_OK)
-            return sf_err(err, rc, "swap: %s of %d KV blocks from block %d failed on the %s backend",
-                          a->dir == SF_DMA_D2H ? "copy out" : "copy in", k, op->blocks[i], be->ops->name);
-        i += k;
-    }
-    return SF_OK;
+    return sf_swap_copy_blocks(a->w->be, a->w->mem, a->w->block_bytes, op->blocks + first, op->slots + first, count,
+                               d2h, &a->w->batched_off, err);
 }
 
 int sf_swap_run(sf_swap *w, const sf_swap_op *op, int dir, sf_error *err)

@@ -19,6 +19,11 @@
  *   - otherwise until the bytes earlier low-class copies booked against the link share left to
  *     them have drained (dma.h, defer mode), so other tenants keep most of the link.
  * With the tuner off every copy is one piece and nothing is held back.
+ *
+ * Tensor parallelism: each rank holds its share of every block (its kv heads), so each keeps a
+ * swap space of its own with the same slots; every piece rank 0 copies is first sent to the
+ * other ranks (sf_swap_opts.peers, engine/tp.c's sf_tp_kv_copy), which copy their shares between
+ * the same blocks and slots in the order of their step plans.
  * Engine thread only. */
 #ifndef SF_SWAP_H
 #define SF_SWAP_H
@@ -32,6 +37,10 @@
 
 #define SF_SWAP_MAX_HOLD_S 1.0
 
+/* The other ranks' share of a piece: blocks[i] <-> slot slots[i], n of them, d2h: out. */
+typedef int (*sf_swap_peers_fn)(void *arg, const int32_t *blocks, const int32_t *slots, int n, int d2h,
+                                sf_error *err);
+
 typedef struct sf_swap {
     sf_backend *be;           /* not owned */
     sf_dma *dma;              /* owned */
@@ -41,12 +50,16 @@ typedef struct sf_swap {
     double held_since;        /* a low-class swap-in has been held back since (0: none held) */
     int pinned;               /* mem is the backend's (pinned); 0: plain memory (the fallback) */
     int batched_off;          /* the backend's kv_copy_blocks failed once: per-block copies only */
+    sf_swap_peers_fn peers;   /* tensor parallelism: the other ranks copy each piece too */
+    void *peers_arg;
 } sf_swap;
 
 typedef struct sf_swap_opts {
     int untuned;                      /* 1: DMA tuner off (one piece per copy, never held back) */
     sf_dma_contention_fn contention;  /* the link's contention index; NULL: never paced */
     void *contention_arg;
+    sf_swap_peers_fn peers;           /* NULL: one rank */
+    void *peers_arg;
 } sf_swap_opts;
 
 /* Swap space of `gib` GiB for blocks of block_bytes. n_slots is 0 (swap off, nothing allocated)
@@ -55,9 +68,18 @@ typedef struct sf_swap_opts {
 int sf_swap_init(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, sf_error *err);
 int sf_swap_init_opts(sf_swap *w, sf_backend *be, size_t block_bytes, double gib, const sf_swap_opts *o,
                       sf_error *err);
+/* Swap space of exactly n_slots slots and no DMA scheduler: a tensor-parallel follower's,
+ * whose copies come from rank 0's plan (engine/tp.c). Copy with sf_swap_copy_blocks. */
+int sf_swap_init_slots(sf_swap *w, sf_backend *be, size_t block_bytes, int n_slots, sf_error *err);
 void sf_swap_free(sf_swap *w);
 /* Run one planned copy: device blocks -> slots (SF_DMA_D2H, swap-out) or back (SF_DMA_H2D). */
 int sf_swap_run(sf_swap *w, const sf_swap_op *op, int dir, sf_error *err);
+/* Copies n KV blocks of be to or from (d2h) their slots in mem (block_bytes a slot): one
+ * kv_copy_blocks call when the backend has it and *batched_off is 0 (set when it fails: the
+ * per-block copies then, the same bytes to the same places), else kv_copy_out/in per run of
+ * consecutive slots. The slots are the caller's to check. */
+int sf_swap_copy_blocks(sf_backend *be, unsigned char *mem, size_t block_bytes, const int32_t *blocks,
+                        const int32_t *slots, int n, int d2h, int *batched_off, sf_error *err);
 /* May a sequence of this urgency be swapped in now (the DMA tuner's gate, see above)?
  * higher_busy: sequences of a higher class are running or waiting. */
 int sf_swap_in_ok(sf_swap *w, int urgency, int higher_busy);

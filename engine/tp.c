@@ -12,6 +12,11 @@
  * and rows asking for logprobs draw there without them). The follower waits for the header
  * without a timeout (the server may be idle) but notices a dead leader.
  *
+ * Swap (engine/swap.h): TP_SWAP_INIT gives every follower a swap space of rank 0's slot count
+ * for its own share of a block; TP_KV_COPY (int32 blocks[n], then slots[n]) has it copy those
+ * blocks out to or in from those slots, in its order among the step plans, before rank 0 copies
+ * its own share.
+ *
  * Async scheduling (sf_tp_defer): rank 0 queues step N+1 before the ids of step N reach its
  * host, N+1's tokens taken from N's draw on the device (sf_batch.src_row). Every rank then
  * draws: the followers run the same sampler with the same rows on the same gathered logits
@@ -34,12 +39,14 @@
 #include <unistd.h>
 
 #include "shard.h"
+#include "swap.h"
 
 #define TP_MAGIC 0x53465431u /* "SFT1" */
 #define TP_SLOT_BYTES ((size_t)4 << 20)
 #define TP_LOAD_TIMEOUT_MS 900000 /* ranks load their shards in parallel; a 70B dummy takes a while */
 
-enum { TP_STEP = 1, TP_KV_INIT = 2, TP_STOP = 3, TP_BENCH_ALLREDUCE = 4, TP_CHECK_ALLREDUCE = 5 };
+enum { TP_STEP = 1, TP_KV_INIT = 2, TP_STOP = 3, TP_BENCH_ALLREDUCE = 4, TP_CHECK_ALLREDUCE = 5, TP_SWAP_INIT = 6,
+       TP_KV_COPY = 7 };
 
 typedef struct tp_hdr {
     uint32_t magic;
@@ -55,6 +62,9 @@ typedef struct tp_hdr {
     int32_t has_src;    /* TP_STEP: the batch has src_row */
     int32_t masks_later; /* TP_STEP with draw: forms' masks follow the forward pass (see the top) */
     int32_t mask_words;  /* their length, (vocab + 31) / 32 */
+    int32_t swap_slots;  /* TP_SWAP_INIT: the swap space's slots (rank 0's count) */
+    int32_t copy_n;      /* TP_KV_COPY: blocks, then as many slots, as payload; copy_d2h: out */
+    int32_t copy_d2h;
 } tp_hdr;
 
 struct sf_tp {
@@ -399,12 +409,33 @@ static int follower_draw(sf_tp *t, const tp_hdr *h, int32_t *payload, const sf_b
     return SF_OK;
 }
 
+/* Follower, TP_KV_COPY: its share of the blocks to or from its own slots (the same ids as rank
+ * 0's), behind the steps it has queued. */
+static int follower_kv_copy(sf_tp *t, const tp_hdr *h, sf_swap *sw, sf_error *err)
+{
+    const int n = h->copy_n;
+    if (n < 1 || h->payload != 2 * (uint32_t)n || !sw->n_slots)
+        return sf_err(err, SF_EFORMAT, "rank %d: a KV copy of %d blocks (%u values) %s", t->o.rank, n, h->payload,
+                      sw->n_slots ? "malformed" : "without a swap space");
+    int rc = grow(&t->payload, &t->payload_cap, h->payload);
+    if (rc) return sf_err(err, rc, "rank %d: out of memory for a KV copy of %d blocks", t->o.rank, n);
+    if ((rc = t->comm->ops->broadcast(t->comm, t->payload, h->payload * sizeof(int32_t), 0, 0, err))) return rc;
+    const int32_t *blocks = t->payload, *slots = t->payload + n;
+    for (int i = 0; i < n; i++)
+        if (slots[i] < 0 || slots[i] >= sw->n_slots)
+            return sf_err(err, SF_EFORMAT, "rank %d: swap slot %d out of range [0, %d)", t->o.rank, slots[i], sw->n_slots);
+    rc = sf_swap_copy_blocks(t->b, sw->mem, sw->block_bytes, blocks, slots, n, h->copy_d2h, &sw->batched_off, err);
+    return rc ? sf_err_wrap(err, "rank %d", t->o.rank) : SF_OK;
+}
+
 int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
 {
     sf_model *m = NULL;
     sf_tp t;
     tp_clock clk = { 0 };
     fol_draws dr = { 0 };
+    sf_kv_config kc = { 0 }; /* this rank's KV cache (TP_KV_INIT) */
+    sf_swap sw = { 0 };      /* and its swap space (TP_SWAP_INIT) */
     memset(&t, 0, sizeof t);
     t.o = *o;
     int rc;
@@ -437,9 +468,9 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
             continue;
         }
         if (h.cmd == TP_KV_INIT) {
-            sf_kv_config kc = { .n_layers = h.kv_layers, .n_blocks = h.kv_blocks, .block_size = h.kv_block_size,
-                                .n_kv_heads = h.kv_heads, .head_dim = h.kv_head_dim, .dtype = (sf_dtype)h.kv_dtype,
-                                .group = h.kv_group };
+            kc = (sf_kv_config){ .n_layers = h.kv_layers, .n_blocks = h.kv_blocks, .block_size = h.kv_block_size,
+                                 .n_kv_heads = h.kv_heads, .head_dim = h.kv_head_dim, .dtype = (sf_dtype)h.kv_dtype,
+                                 .group = h.kv_group };
             int lrc = t.b->ops->kv_init(t.b, &kc, err);
             /* every rank reports through a barrier-like all-reduce-free step: a failing rank aborts */
             if (lrc) {
@@ -447,6 +478,19 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
                 goto out;
             }
             if ((rc = t.comm->ops->barrier(t.comm, err))) goto out;
+            continue;
+        }
+        if (h.cmd == TP_SWAP_INIT) {
+            sf_swap_free(&sw);
+            if (!kc.n_blocks || h.swap_slots < 1 || !t.b->ops->kv_copy_out || !t.b->ops->kv_copy_in)
+                rc = sf_err(err, SF_EFORMAT, "rank %d: a swap space of %d slots before the KV cache, or on a backend "
+                            "that cannot copy KV blocks", o->rank, h.swap_slots);
+            else rc = sf_swap_init_slots(&sw, t.b, t.b->ops->kv_block_bytes(t.b, &kc), h.swap_slots, err);
+            if (rc || (rc = t.comm->ops->barrier(t.comm, err))) goto out;
+            continue;
+        }
+        if (h.cmd == TP_KV_COPY) {
+            if ((rc = follower_kv_copy(&t, &h, &sw, err))) goto out;
             continue;
         }
         if (h.cmd != TP_STEP || h.T < 1 || h.S < 1 || h.L < 0 || h.max_blocks < 0 || h.n_pen < 0 ||
@@ -479,6 +523,7 @@ out:
         if (!rc && (rc = sf_forward_take(t.fwd, &e2)) && err) *err = e2;
     }
     fol_draws_free(&dr);
+    sf_swap_free(&sw);
     tp_clock_log(o, &clk); /* also when the group failed: where the time went until then */
     /* graphs holding NCCL calls first: NCCL's destroy and abort wait for them to go */
     if (t.b && t.b->ops->graphs_release) t.b->ops->graphs_release(t.b);
@@ -711,6 +756,30 @@ int sf_tp_kv_init(sf_tp *t, const sf_kv_config *kc, sf_error *err)
     int rc = send_hdr(t, &h, err);
     if (!rc && (rc = t->b->ops->kv_init(t->b, kc, err))) return dead(t, rc, err);
     if (!rc) rc = t->comm->ops->barrier(t->comm, err);
+    return rc ? dead(t, rc, err) : SF_OK;
+}
+
+int sf_tp_swap_init(sf_tp *t, int n_slots, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    if (n_slots < 1) return sf_err(err, SF_EINVAL, "tensor parallelism: a swap space of %d slots", n_slots);
+    tp_hdr h = { .cmd = TP_SWAP_INIT, .swap_slots = n_slots };
+    int rc = send_hdr(t, &h, err);
+    if (!rc) rc = t->comm->ops->barrier(t->comm, err);
+    return rc ? dead(t, sf_err_wrap(err, "the followers' swap space"), err) : SF_OK;
+}
+
+int sf_tp_kv_copy(sf_tp *t, const int32_t *blocks, const int32_t *slots, int n, int d2h, sf_error *err)
+{
+    if (t->dead) return sf_err(err, SF_ENODEV, "%s", t->dead_msg);
+    if (n < 1) return SF_OK;
+    int rc = grow(&t->payload, &t->payload_cap, 2 * (size_t)n);
+    if (rc) return sf_err(err, rc, "tensor parallelism: out of memory for a KV copy of %d blocks", n);
+    memcpy(t->payload, blocks, (size_t)n * sizeof *blocks);
+    memcpy(t->payload + n, slots, (size_t)n * sizeof *slots);
+    tp_hdr h = { .cmd = TP_KV_COPY, .copy_n = n, .copy_d2h = d2h, .payload = 2 * (uint32_t)n };
+    if (!(rc = send_hdr(t, &h, err)))
+        rc = t->comm->ops->broadcast(t->comm, t->payload, h.payload * sizeof(int32_t), 0, 0, err);
     return rc ? dead(t, rc, err) : SF_OK;
 }
 

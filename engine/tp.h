@@ -60,6 +60,12 @@ const sf_model *sf_tp_model(const sf_tp *tp);
 sf_forward *sf_tp_forward(sf_tp *tp);
 /* Every rank initialises its KV cache with kc (n_kv_heads = sf_tp_kv_heads). */
 int sf_tp_kv_init(sf_tp *tp, const sf_kv_config *kc, sf_error *err);
+/* Swap (engine/swap.h), after sf_tp_kv_init: every follower takes a swap space of n_slots slots
+ * for its share of a block (SF_ENODEV, the group failed, when one cannot). sf_tp_kv_copy sends
+ * the followers a copy of their shares of blocks[i] to (d2h) or from slot slots[i], which they
+ * run behind the steps already sent; rank 0's own share is the caller's to copy. */
+int sf_tp_swap_init(sf_tp *tp, int n_slots, sf_error *err);
+int sf_tp_kv_copy(sf_tp *tp, const int32_t *blocks, const int32_t *slots, int n, int d2h, sf_error *err);
 /* One step on every rank; logits as sf_forward_step. SF_ENODEV once the group failed. */
 int sf_tp_step(sf_tp *tp, const sf_batch *b, float *logits, sf_error *err);
 /* The same step, sampled on rank 0's device (sf_forward_step_sample on the gathered rows): only

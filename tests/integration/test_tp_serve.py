@@ -21,11 +21,11 @@ BACKEND = os.environ.get("SEMFLOW_TP_BACKEND", "cpu")
 
 
 class Server(ServerProcess):
-    def __init__(self, tp, **extra_env):
+    def __init__(self, tp, args=(), **extra_env):
         env = dict(os.environ, SEMFLOW_TP_TIMEOUT_MS="5000", **extra_env)
         super().__init__(["--model", "demo", "--backend", BACKEND, "--threads", "1", "--workers", "1", "--bpf", "off",
                           "--max-num-seqs", "4", "--max-batched-tokens", "256", "--max-model-len", "256",
-                          "--tensor-parallel-size", str(tp)], env=env, prefix="semflow-tp-")
+                          "--tensor-parallel-size", str(tp)] + list(args), env=env, prefix="semflow-tp-")
 
     def request(self, method, path, body=None, timeout=60):
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
@@ -126,6 +126,30 @@ def main():
         (a is None and b is None) or (a is not None and b is not None and abs(a - b) < 0.02) for a, b in zip(lps(g), lps(r)))
         for g, r in zip(got_async[scored:], ref_async[scored:]))
     check("tp2_prompt_logprobs_equal_tp1", close, "TP=1 %r, TP=2 %r" % (ref_async[scored:], got_async[scored:]))
+
+    # preemption by swap at TP=2: four running sequences of up to 3 blocks on a pool of 6, so
+    # that growing ones are preempted; every rank moves its share of their K/V through its own
+    # swap space (engine/swap.h), and the text is TP=1's on a pool that never preempts
+    long_asks = [(p, 0, None, {"max_tokens": 40}) for p in prompts] + \
+                [(p, 0.9, 21 + i, {"max_tokens": 40}) for i, p in enumerate(prompts)]
+    one = Server(1)
+    ref_long = complete_all(one, long_asks)
+    one.stop()
+    s = Server(2, ["--num-kv-blocks", "6"])
+    got_long = complete_all(s, long_asks)
+    st, metrics = s.request("GET", "/metrics")
+    rc, log = s.stop()
+    metric = lambda name: sum(float(ln.split()[-1]) for ln in metrics.decode().splitlines() if ln.startswith(name))
+    answered = all(g[0] == 200 and text_of(g[1]) for g in got_long)
+    same = answered and all(text_of(g[1]) == text_of(r[1]) for g, r in zip(got_long, ref_long))
+    swaps = metric("semflow_swaps_out_total")
+    check("tp2_swap_preempts", st == 200 and swaps > 0 and "swap" not in problems(log),
+          "swaps out %r, log %s" % (swaps, problems(log)))
+    if BACKEND == "cpu":
+        check("tp2_swap_text_equals_tp1", same, "TP=1 %r, TP=2 on 6 blocks %r" % (ref_long, got_long))
+    else:
+        check("tp2_swap_answers", answered, "TP=2 on 6 blocks %r" % got_long)
+    print("      TP=2 on 6 KV blocks: %d swapped out, %d preemptions" % (swaps, metric("semflow_preemptions_total")))
 
     s = Server(2)
     followers = rank_pids(s.proc.pid)

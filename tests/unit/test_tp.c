@@ -13,6 +13,7 @@
 #include "engine/forward.h"
 #include "engine/shard.h"
 #include "engine/tp.h"
+#include "engine/swap.h"
 #include "tests/test.h"
 
 #define BS 16
@@ -185,6 +186,81 @@ static void check_tp(const char *what, const char *path, int dummy, int size)
               what, size, worst, scale);
     printf("      %s TP=%d: max |logit - TP1| = %.2e of %.2f\n", what, size, worst, scale);
     free(got);
+    free(ref);
+    stop(m, b, tp);
+}
+
+/* Preemption by swap under TP (engine/swap.h): sequence A's block goes out to a swap slot and
+ * comes back into another block on every rank (the followers by sf_tp_kv_copy, rank 0 by the
+ * same copy on its backend), and A's next steps, read from there, give TP=1's logits: a rank
+ * that had not moved its share would attend over an empty block. A copy from a slot past the
+ * followers' swap space fails the group, naming the rank. */
+TEST(tp_swap_moves_a_sequence)
+{
+    const char *path = test_data("tiny-random-llama-2");
+    sf_model_config cfg;
+    float *ref = reference(path, 0, &cfg);
+    REQUIRE(ref, "no TP=1 reference");
+    sf_error err = { 0 };
+    sf_model *m = NULL;
+    sf_backend *b = NULL;
+    sf_tp *tp = NULL;
+    pid_t pids[8];
+    int rc = start(path, 0, 2, 20000, &m, &b, &tp, pids, &err);
+    CHECK_MSG(rc == SF_OK, "TP=2: %s", err.msg);
+    if (rc) {
+        free(ref);
+        stop(m, b, tp);
+        return;
+    }
+    const int V = cfg.vocab_size;
+    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(tp));
+    REQUIRE(sf_tp_kv_init(tp, &kc, &err) == SF_OK, "kv_init: %s", err.msg);
+    REQUIRE(sf_tp_swap_init(tp, 2, &err) == SF_OK, "swap_init: %s", err.msg);
+    const size_t bb = b->ops->kv_block_bytes(b, &kc);
+    unsigned char *mem = calloc(2, bb);
+    REQUIRE(mem, "out of memory");
+    step s[NSTEPS];
+    make_steps(s, V);
+    float *got = calloc((size_t)2 * V, sizeof(float));
+    double worst = 0, scale = 0;
+    int batched_off = 0;
+    for (int k = 0; k < NSTEPS && got; k++) {
+        if (k == 3) { /* A: block 0 -> slot 1 -> block 2, on every rank */
+            const int32_t out_b[1] = { 0 }, in_b[1] = { 2 }, slot[1] = { 1 };
+            rc = sf_tp_kv_copy(tp, out_b, slot, 1, 1, &err);
+            if (!rc) rc = sf_swap_copy_blocks(b, mem, bb, out_b, slot, 1, 1, &batched_off, &err);
+            if (!rc) rc = sf_tp_kv_copy(tp, in_b, slot, 1, 0, &err);
+            if (!rc) rc = sf_swap_copy_blocks(b, mem, bb, in_b, slot, 1, 0, &batched_off, &err);
+            REQUIRE(rc == SF_OK, "the swap copies: %s", err.msg);
+        }
+        if (k >= 3) { /* A reads and writes block 2 from here on */
+            s[k].bt[0] = 2;
+            for (int t = 0; t < s[k].seq_start[1]; t++) s[k].slot[t] = 2 * BS + s[k].pos[t];
+        }
+        sf_batch bt = batch_of(&s[k]);
+        rc = sf_tp_step(tp, &bt, got, &err);
+        CHECK_MSG(rc == SF_OK, "step %d: %s", k, err.msg);
+        if (rc) break;
+        const float *r = ref + (size_t)k * 2 * V;
+        for (int i = 0; i < s[k].L * V; i++) {
+            worst = fmax(worst, fabs((double)got[i] - r[i]));
+            scale = fmax(scale, fabs((double)r[i]));
+        }
+    }
+    CHECK_MSG(scale > 0 && worst <= 1e-4 * fmax(1.0, scale), "logits after the swap differ from TP=1 by %.3g (largest %.3g)",
+              worst, scale);
+    printf("      TP=2, A moved through a swap slot: max |logit - TP1| = %.2e of %.2f\n", worst, scale);
+    /* slot 2 is past the followers' two: the group fails and says which rank */
+    const int32_t blk[1] = { 1 }, bad[1] = { 2 };
+    rc = sf_tp_kv_copy(tp, blk, bad, 1, 1, &err);
+    if (rc == SF_OK) { /* the failure shows at the next exchange */
+        sf_batch bt = batch_of(&s[NSTEPS - 1]);
+        rc = sf_tp_step(tp, &bt, got, &err);
+    }
+    CHECK_MSG(rc == SF_ENODEV && strstr(err.msg, "rank 1"), "a copy past the swap space: %d %s", rc, err.msg);
+    free(got);
+    free(mem);
     free(ref);
     stop(m, b, tp);
 }
@@ -501,6 +577,7 @@ int main(void)
     RUN(dummy_fill_of_a_shard);
     RUN(tp_all_reduce_check);
     RUN(tp_masks_after_the_plan);
+    RUN(tp_swap_moves_a_sequence);
     RUN(tp_rank_killed);
     RUN(tp_rank_hung);
     return test_summary();
