@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """`semflow serve --tensor-parallel-size 2` from outside: the server starts its own follower
-rank, answers greedy completions with the same text as a TP=1 server, and when the follower
+rank, answers greedy completions with the same text as a TP=1 server (also when a small KV pool
+preempts sequences by swap), and when the follower
 is killed it fails the request in flight with an error naming the rank and answers 503 after
 that (no hang); on SIGTERM no rank process is left behind, and a follower whose leader was
 killed exits by itself."""

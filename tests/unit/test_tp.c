@@ -4,8 +4,9 @@
  * and synthetic configs (dummy weights) whose head counts divide 8 — with kv heads split, and
  * replicated (fewer kv heads than ranks), Qwen2 biases, a tied head and a vocabulary that
  * does not divide by the rank count; dummy weights filled per rank give the same logits. Then:
- * a rank's dummy fill covers exactly its slices; a follower killed mid-run, and one that hangs,
- * end the leader's step with an error naming the rank, within the timeout, not a hang. */
+ * a rank's dummy fill covers exactly its slices; a sequence's block moved through a swap slot on
+ * every rank gives TP = 1's logits; a follower killed mid-run, and one that hangs, end the
+ * leader's step with an error naming the rank, within the timeout, not a hang. */
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
