@@ -136,21 +136,24 @@ def main():
     one = Server(1)
     ref_long = complete_all(one, long_asks)
     one.stop()
-    s = Server(2, ["--num-kv-blocks", "6"])
-    got_long = complete_all(s, long_asks)
-    st, metrics = s.request("GET", "/metrics")
-    rc, log = s.stop()
-    metric = lambda name: sum(float(ln.split()[-1]) for ln in metrics.decode().splitlines() if ln.startswith(name))
-    answered = all(g[0] == 200 and text_of(g[1]) for g in got_long)
-    same = answered and all(text_of(g[1]) == text_of(r[1]) for g, r in zip(got_long, ref_long))
-    swaps = metric("semflow_swaps_out_total")
-    check("tp2_swap_preempts", st == 200 and swaps > 0 and "swap" not in problems(log),
-          "swaps out %r, log %s" % (swaps, problems(log)))
-    if BACKEND == "cpu":
-        check("tp2_swap_text_equals_tp1", same, "TP=1 %r, TP=2 on 6 blocks %r" % (ref_long, got_long))
-    else:
-        check("tp2_swap_answers", answered, "TP=2 on 6 blocks %r" % got_long)
-    print("      TP=2 on 6 KV blocks: %d swapped out, %d preemptions" % (swaps, metric("semflow_preemptions_total")))
+    for loop in ("1", "0"):  # async scheduling (the default), and the serial loop
+        s = Server(2, ["--num-kv-blocks", "6"], SEMFLOW_ENGINE_ASYNC=loop)
+        got_long = complete_all(s, long_asks)
+        st, metrics = s.request("GET", "/metrics")
+        rc, log = s.stop()
+        metric = lambda name: sum(float(ln.split()[-1]) for ln in metrics.decode().splitlines() if ln.startswith(name))
+        answered = all(g[0] == 200 and text_of(g[1]) for g in got_long)
+        same = answered and all(text_of(g[1]) == text_of(r[1]) for g, r in zip(got_long, ref_long))
+        swaps = metric("semflow_swaps_out_total")
+        tag = "" if loop == "1" else "_serial"
+        check("tp2_swap_preempts" + tag, st == 200 and swaps > 0 and "swap" not in problems(log),
+              "swaps out %r, log %s" % (swaps, problems(log)))
+        if BACKEND == "cpu":
+            check("tp2_swap_text_equals_tp1" + tag, same, "TP=1 %r, TP=2 on 6 blocks %r" % (ref_long, got_long))
+        else:
+            check("tp2_swap_answers" + tag, answered, "TP=2 on 6 blocks %r" % got_long)
+        print("      TP=2 on 6 KV blocks%s: %d swapped out, %d preemptions" %
+              (tag.replace("_", ", "), swaps, metric("semflow_preemptions_total")))
 
     s = Server(2)
     followers = rank_pids(s.proc.pid)
