@@ -147,6 +147,20 @@ static void stop(sf_model *m, sf_backend *b, sf_tp *tp)
     sf_model_free(m);
 }
 
+/* Step p at TP, its logits (p->L rows) against ref_k, TP=1's for the same step: the largest
+ * difference into *worst, the largest |ref| into *scale. */
+static int step_vs_ref(sf_tp *tp, const step *p, const float *ref_k, int V, float *got, double *worst, double *scale,
+                       sf_error *err)
+{
+    sf_batch bt = batch_of(p);
+    int rc = sf_tp_step(tp, &bt, got, err);
+    for (int i = 0; !rc && i < p->L * V; i++) {
+        *worst = fmax(*worst, fabs((double)got[i] - ref_k[i]));
+        *scale = fmax(*scale, fabs((double)ref_k[i]));
+    }
+    return rc;
+}
+
 /* max |tp - ref| over all steps' logits, relative to the largest |ref| */
 static void check_tp(const char *what, const char *path, int dummy, int size)
 {
@@ -173,15 +187,9 @@ static void check_tp(const char *what, const char *path, int dummy, int size)
     float *got = calloc((size_t)2 * V, sizeof(float));
     double worst = 0, scale = 0;
     for (int k = 0; k < NSTEPS && got; k++) {
-        sf_batch bt = batch_of(&s[k]);
-        rc = sf_tp_step(tp, &bt, got, &err);
+        rc = step_vs_ref(tp, &s[k], ref + (size_t)k * 2 * V, V, got, &worst, &scale, &err);
         CHECK_MSG(rc == SF_OK, "%s TP=%d step %d: %s", what, size, k, err.msg);
         if (rc) break;
-        const float *r = ref + (size_t)k * 2 * V;
-        for (int i = 0; i < s[k].L * V; i++) {
-            worst = fmax(worst, fabs((double)got[i] - r[i]));
-            scale = fmax(scale, fabs((double)r[i]));
-        }
     }
     CHECK_MSG(scale > 0 && worst <= 1e-4 * fmax(1.0, scale), "%s TP=%d: logits differ from TP=1 by %.3g (largest %.3g)",
               what, size, worst, scale);
@@ -239,15 +247,9 @@ TEST(tp_swap_moves_a_sequence)
             s[k].bt[0] = 2;
             for (int t = 0; t < s[k].seq_start[1]; t++) s[k].slot[t] = 2 * BS + s[k].pos[t];
         }
-        sf_batch bt = batch_of(&s[k]);
-        rc = sf_tp_step(tp, &bt, got, &err);
+        rc = step_vs_ref(tp, &s[k], ref + (size_t)k * 2 * V, V, got, &worst, &scale, &err);
         CHECK_MSG(rc == SF_OK, "step %d: %s", k, err.msg);
         if (rc) break;
-        const float *r = ref + (size_t)k * 2 * V;
-        for (int i = 0; i < s[k].L * V; i++) {
-            worst = fmax(worst, fabs((double)got[i] - r[i]));
-            scale = fmax(scale, fabs((double)r[i]));
-        }
     }
     CHECK_MSG(scale > 0 && worst <= 1e-4 * fmax(1.0, scale), "logits after the swap differ from TP=1 by %.3g (largest %.3g)",
               worst, scale);
