@@ -96,6 +96,10 @@ int sf_swap_copy_blocks(sf_backend *be, unsigned char *mem, size_t block_bytes, 
     if (be->ops->kv_copy_blocks && !*batched_off) { /* one call for the piece, blocks wherever their slots are */
         int rc = be->ops->kv_copy_blocks(be, blocks, slots, n, mem, block_bytes, d2h);
         if (rc == SF_OK) return SF_OK;
+        if (rc == SF_EINVAL) /* the arguments, not the batched copy: per-block copies would fail alike */
+            return sf_err(err, rc, "swap: the %s backend refused to copy %d KV blocks %s (from block %d): a block id "
+                          "out of range or a bad slot (its log line says which)", be->ops->name, n, d2h ? "out" : "in",
+                          blocks[0]);
         /* nothing is lost by trying the per-block copies: the same bytes go to the same places */
         SF_LOGW("swap: the %s backend's batched KV copy failed (%s of %d blocks); using per-block copies from now on",
                 be->ops->name, d2h ? "out" : "in", n);

@@ -75,9 +75,10 @@ void sf_swap_free(sf_swap *w);
 /* Run one planned copy: device blocks -> slots (SF_DMA_D2H, swap-out) or back (SF_DMA_H2D). */
 int sf_swap_run(sf_swap *w, const sf_swap_op *op, int dir, sf_error *err);
 /* Copies n KV blocks of be to or from (d2h) their slots in mem (block_bytes a slot): one
- * kv_copy_blocks call when the backend has it and *batched_off is 0 (set when it fails: the
- * per-block copies then, the same bytes to the same places), else kv_copy_out/in per run of
- * consecutive slots. The slots are the caller's to check. */
+ * kv_copy_blocks call when the backend has it and *batched_off is 0 (set when it fails on the
+ * device: the per-block copies then, the same bytes to the same places; arguments it refuses,
+ * SF_EINVAL, are an error here), else kv_copy_out/in per run of consecutive slots. The slots
+ * are the caller's to check against its swap space. */
 int sf_swap_copy_blocks(sf_backend *be, unsigned char *mem, size_t block_bytes, const int32_t *blocks,
                         const int32_t *slots, int n, int d2h, int *batched_off, sf_error *err);
 /* May a sequence of this urgency be swapped in now (the DMA tuner's gate, see above)?

@@ -55,7 +55,7 @@ static int failing_copy_blocks(sf_backend *b, const int32_t *blocks, const int32
                                size_t stride, int out)
 {
     batched_calls++;
-    return SF_EINVAL;
+    return SF_ERROR; /* what a backend returns when the device fails the copy (SF_EINVAL: refused arguments) */
 }
 static int counting_calls;
 static int (*real_copy_blocks)(sf_backend *, const int32_t *, const int32_t *, int, void *, size_t, int);
@@ -107,6 +107,31 @@ TEST(swap_uses_batched_copy_and_falls_back)
     cpu->ops->destroy(cpu);
 }
 
+/* A block id outside the pool is refused by the batched copy (SF_EINVAL): the swap reports it as
+ * an error naming the backend, and keeps using batched copies (the per-block ones would refuse it
+ * too). */
+TEST(refused_block_is_an_error_not_a_fallback)
+{
+    sf_backend *cpu = open_cpu();
+    REQUIRE(cpu, "cpu backend");
+    sf_kv_config kc = { .n_layers = 2, .n_blocks = 16, .block_size = 4, .n_kv_heads = 2, .head_dim = 8 };
+    sf_error err = { 0 };
+    REQUIRE(cpu->ops->kv_init(cpu, &kc, &err) == 0, "kv_init: %s", err.msg);
+    size_t bb = cpu->ops->kv_block_bytes(cpu, &kc);
+    sf_swap w;
+    sf_swap_opts so = { .untuned = 1 };
+    REQUIRE(sf_swap_init_opts(&w, cpu, bb, 8.0 * bb / (1u << 30), &so, &err) == SF_OK, "swap: %s", err.msg);
+    int32_t blocks[2] = { 3, 16 }, slots[2] = { 0, 1 };
+    sf_swap_op out = { .seq = NULL, .urgency = 0, .n = 2, .blocks = blocks, .slots = slots };
+    int rc = sf_swap_run(&w, &out, SF_DMA_D2H, &err);
+    CHECK_MSG(rc == SF_EINVAL && strstr(err.msg, "refused") && strstr(err.msg, "cpu"), "%d %s", rc, err.msg);
+    CHECK_MSG(!w.batched_off, "a refused copy switched batched copies off");
+    blocks[1] = 4;
+    CHECK_MSG(sf_swap_run(&w, &out, SF_DMA_D2H, &err) == SF_OK, "the same copy with good blocks: %s", err.msg);
+    sf_swap_free(&w);
+    cpu->ops->destroy(cpu);
+}
+
 int main(void)
 {
     sf_rng_seed(&R, 42);
@@ -114,5 +139,6 @@ int main(void)
     RUN(batched_copy_int8_blocks);
     RUN(batched_copy_before_kv_init_refused);
     RUN(swap_uses_batched_copy_and_falls_back);
+    RUN(refused_block_is_an_error_not_a_fallback);
     return test_summary();
 }
