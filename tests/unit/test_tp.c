@@ -105,10 +105,19 @@ done:
     return out;
 }
 
+/* A TP group of the tests: rank 0's model, backend and leader, the followers' pids. */
+typedef struct tp_group {
+    sf_model *m;
+    sf_backend *b;
+    sf_tp *tp;
+    pid_t pids[8];
+} tp_group;
+
 /* Starts the group: followers forked (they run sf_tp_follower_run), leader returned. */
-static int start(const char *path, int dummy, int size, int timeout_ms, sf_model **m, sf_backend **b, sf_tp **tp,
-                 pid_t *pids, sf_error *err)
+static int start(const char *path, int dummy, int size, int timeout_ms, tp_group *g, sf_error *err)
 {
+    memset(g, 0, sizeof *g);
+    pid_t *pids = g->pids;
     sf_tp_rank_opts o = { .rank = 0, .size = size, .model = path, .load_dummy = dummy, .backend = "cpu",
                           .n_threads = 1, .max_tokens = 16, .max_logits = 2, .shm_fd = -1, .timeout_ms = timeout_ms };
     int rc = sf_tp_group_create(&o, err);
@@ -129,8 +138,8 @@ static int start(const char *path, int dummy, int size, int timeout_ms, sf_model
     /* dummy weights: each rank fills only its share; the logits must still equal TP=1's */
     sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16, .shard_rank = 0, .shard_size = size };
     sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
-    if (!(rc = sf_model_load(path, &lo, m, err)) && !(rc = sf_backend_open(&bo, b, err)))
-        rc = sf_tp_leader_new(&o, *m, *b, pids, tp, err);
+    if (!(rc = sf_model_load(path, &lo, &g->m, err)) && !(rc = sf_backend_open(&bo, &g->b, err)))
+        rc = sf_tp_leader_new(&o, g->m, g->b, pids, &g->tp, err);
     close(o.shm_fd);
     if (rc) /* the leader did not take the followers: stop them here */
         for (int r = 1; r < size; r++) {
@@ -140,11 +149,11 @@ static int start(const char *path, int dummy, int size, int timeout_ms, sf_model
     return rc;
 }
 
-static void stop(sf_model *m, sf_backend *b, sf_tp *tp)
+static void stop(tp_group *g)
 {
-    sf_tp_free(tp);
-    if (b) sf_backend_close(b);
-    sf_model_free(m);
+    sf_tp_free(g->tp);
+    if (g->b) sf_backend_close(g->b);
+    sf_model_free(g->m);
 }
 
 /* Step p at TP, its logits (p->L rows) against ref_k, TP=1's for the same step: the largest
@@ -168,26 +177,23 @@ static void check_tp(const char *what, const char *path, int dummy, int size)
     float *ref = reference(path, dummy, &cfg);
     REQUIRE(ref, "%s: no TP=1 reference", what);
     sf_error err = { 0 };
-    sf_model *m = NULL;
-    sf_backend *b = NULL;
-    sf_tp *tp = NULL;
-    pid_t pids[8];
-    int rc = start(path, dummy, size, 20000, &m, &b, &tp, pids, &err);
+    tp_group g;
+    int rc = start(path, dummy, size, 20000, &g, &err);
     CHECK_MSG(rc == SF_OK, "%s TP=%d: %s", what, size, err.msg);
     if (rc) {
         free(ref);
-        stop(m, b, tp);
+        stop(&g);
         return;
     }
     int V = cfg.vocab_size;
-    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(tp));
-    CHECK_MSG(sf_tp_kv_init(tp, &kc, &err) == SF_OK, "%s TP=%d kv_init: %s", what, size, err.msg);
+    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(g.tp));
+    CHECK_MSG(sf_tp_kv_init(g.tp, &kc, &err) == SF_OK, "%s TP=%d kv_init: %s", what, size, err.msg);
     step s[NSTEPS];
     make_steps(s, V);
     float *got = calloc((size_t)2 * V, sizeof(float));
     double worst = 0, scale = 0;
     for (int k = 0; k < NSTEPS && got; k++) {
-        rc = step_vs_ref(tp, &s[k], ref + (size_t)k * 2 * V, V, got, &worst, &scale, &err);
+        rc = step_vs_ref(g.tp, &s[k], ref + (size_t)k * 2 * V, V, got, &worst, &scale, &err);
         CHECK_MSG(rc == SF_OK, "%s TP=%d step %d: %s", what, size, k, err.msg);
         if (rc) break;
     }
@@ -196,14 +202,13 @@ static void check_tp(const char *what, const char *path, int dummy, int size)
     printf("      %s TP=%d: max |logit - TP1| = %.2e of %.2f\n", what, size, worst, scale);
     free(got);
     free(ref);
-    stop(m, b, tp);
+    stop(&g);
 }
 
 /* Preemption by swap under TP (engine/swap.h): sequence A's block goes out to a swap slot and
  * comes back into another block on every rank (the followers by sf_tp_kv_copy, rank 0 by the
  * same copy on its backend), and A's next steps, read from there, give TP=1's logits: a rank
- * that had not moved its share would attend over an empty block. A copy from a slot past the
- * followers' swap space fails the group, naming the rank. */
+ * that had not moved its share would attend over an empty block. */
 TEST(tp_swap_moves_a_sequence)
 {
     const char *path = test_data("tiny-random-llama-2");
@@ -211,22 +216,19 @@ TEST(tp_swap_moves_a_sequence)
     float *ref = reference(path, 0, &cfg);
     REQUIRE(ref, "no TP=1 reference");
     sf_error err = { 0 };
-    sf_model *m = NULL;
-    sf_backend *b = NULL;
-    sf_tp *tp = NULL;
-    pid_t pids[8];
-    int rc = start(path, 0, 2, 20000, &m, &b, &tp, pids, &err);
+    tp_group g;
+    int rc = start(path, 0, 2, 20000, &g, &err);
     CHECK_MSG(rc == SF_OK, "TP=2: %s", err.msg);
     if (rc) {
         free(ref);
-        stop(m, b, tp);
+        stop(&g);
         return;
     }
     const int V = cfg.vocab_size;
-    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(tp));
-    REQUIRE(sf_tp_kv_init(tp, &kc, &err) == SF_OK, "kv_init: %s", err.msg);
-    REQUIRE(sf_tp_swap_init(tp, 2, &err) == SF_OK, "swap_init: %s", err.msg);
-    const size_t bb = b->ops->kv_block_bytes(b, &kc);
+    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(g.tp));
+    REQUIRE(sf_tp_kv_init(g.tp, &kc, &err) == SF_OK, "kv_init: %s", err.msg);
+    REQUIRE(sf_tp_swap_init(g.tp, 2, &err) == SF_OK, "swap_init: %s", err.msg);
+    const size_t bb = g.b->ops->kv_block_bytes(g.b, &kc);
     unsigned char *mem = calloc(2, bb);
     REQUIRE(mem, "out of memory");
     step s[NSTEPS];
@@ -237,35 +239,60 @@ TEST(tp_swap_moves_a_sequence)
     for (int k = 0; k < NSTEPS && got; k++) {
         if (k == 3) { /* A: block 0 -> slot 1 -> block 2, on every rank */
             const int32_t out_b[1] = { 0 }, in_b[1] = { 2 }, slot[1] = { 1 };
-            rc = sf_tp_kv_copy(tp, out_b, slot, 1, 1, &err);
-            if (!rc) rc = sf_swap_copy_blocks(b, mem, bb, out_b, slot, 1, 1, &batched_off, &err);
-            if (!rc) rc = sf_tp_kv_copy(tp, in_b, slot, 1, 0, &err);
-            if (!rc) rc = sf_swap_copy_blocks(b, mem, bb, in_b, slot, 1, 0, &batched_off, &err);
+            rc = sf_tp_kv_copy(g.tp, out_b, slot, 1, 1, &err);
+            if (!rc) rc = sf_swap_copy_blocks(g.b, mem, bb, out_b, slot, 1, 1, &batched_off, &err);
+            if (!rc) rc = sf_tp_kv_copy(g.tp, in_b, slot, 1, 0, &err);
+            if (!rc) rc = sf_swap_copy_blocks(g.b, mem, bb, in_b, slot, 1, 0, &batched_off, &err);
             REQUIRE(rc == SF_OK, "the swap copies: %s", err.msg);
         }
         if (k >= 3) { /* A reads and writes block 2 from here on */
             s[k].bt[0] = 2;
             for (int t = 0; t < s[k].seq_start[1]; t++) s[k].slot[t] = 2 * BS + s[k].pos[t];
         }
-        rc = step_vs_ref(tp, &s[k], ref + (size_t)k * 2 * V, V, got, &worst, &scale, &err);
+        rc = step_vs_ref(g.tp, &s[k], ref + (size_t)k * 2 * V, V, got, &worst, &scale, &err);
         CHECK_MSG(rc == SF_OK, "step %d: %s", k, err.msg);
         if (rc) break;
     }
     CHECK_MSG(scale > 0 && worst <= 1e-4 * fmax(1.0, scale), "logits after the swap differ from TP=1 by %.3g (largest %.3g)",
               worst, scale);
     printf("      TP=2, A moved through a swap slot: max |logit - TP1| = %.2e of %.2f\n", worst, scale);
-    /* slot 2 is past the followers' two: the group fails and says which rank */
-    const int32_t blk[1] = { 1 }, bad[1] = { 2 };
-    rc = sf_tp_kv_copy(tp, blk, bad, 1, 1, &err);
-    if (rc == SF_OK) { /* the failure shows at the next exchange */
-        sf_batch bt = batch_of(&s[NSTEPS - 1]);
-        rc = sf_tp_step(tp, &bt, got, &err);
-    }
-    CHECK_MSG(rc == SF_ENODEV && strstr(err.msg, "rank 1"), "a copy past the swap space: %d %s", rc, err.msg);
     free(got);
     free(mem);
     free(ref);
-    stop(m, b, tp);
+    stop(&g);
+}
+
+/* A copy a follower cannot run, sent to a fresh TP=2 group with 4 KV blocks and 2 swap slots:
+ * the group fails at the next exchange, and the error names the follower and says why. */
+static void bad_copy_fails(int32_t block, int32_t slot, const char *why)
+{
+    sf_error err = { 0 };
+    tp_group g;
+    int rc = start(test_data("tiny-random-llama-2"), 0, 2, 20000, &g, &err);
+    CHECK_MSG(rc == SF_OK, "TP=2: %s", err.msg);
+    sf_kv_config kc = { 0 };
+    if (!rc) kc = kv_of(&g.m->cfg, sf_tp_kv_heads(g.tp));
+    if (!rc) rc = sf_tp_kv_init(g.tp, &kc, &err);
+    if (!rc) rc = sf_tp_swap_init(g.tp, 2, &err);
+    REQUIRE(rc == SF_OK, "setup: %s", err.msg);
+    step s[NSTEPS];
+    make_steps(s, g.m->cfg.vocab_size);
+    float *got = calloc((size_t)2 * g.m->cfg.vocab_size, sizeof(float));
+    rc = sf_tp_kv_copy(g.tp, &block, &slot, 1, 1, &err);
+    if (rc == SF_OK && got) { /* the failure shows at the next exchange */
+        sf_batch bt = batch_of(&s[0]);
+        rc = sf_tp_step(g.tp, &bt, got, &err);
+    }
+    CHECK_MSG(rc == SF_ENODEV && strstr(err.msg, "rank 1") && strstr(err.msg, why),
+              "block %d to slot %d: %d %s", block, slot, rc, err.msg);
+    free(got);
+    stop(&g);
+}
+
+TEST(tp_bad_swap_copies_fail_the_group)
+{
+    bad_copy_fails(1, 2, "swap slot 2 out of range");  /* past the followers' two slots */
+    bad_copy_fails(9, 0, "out of range");               /* past the 4 KV blocks */
 }
 
 /* A synthetic config folder loaded with dummy weights (the same seed on every rank). */
@@ -396,34 +423,31 @@ static void check_failure(int sig)
     const char *d = synthetic(sig == SIGKILL ? "kill" : "stop", "llama", 1000, 64, 96, 8, 8, 0);
     REQUIRE(d, "cannot write a config");
     sf_error err = { 0 };
-    sf_model *m = NULL;
-    sf_backend *b = NULL;
-    sf_tp *tp = NULL;
-    pid_t pids[8];
-    int rc = start(d, 1, 4, 3000, &m, &b, &tp, pids, &err); /* 4 ranks on a loaded 2-core host start slowly */
+    tp_group g;
+    int rc = start(d, 1, 4, 3000, &g, &err); /* 4 ranks on a loaded 2-core host start slowly */
     CHECK_MSG(rc == SF_OK, "start: %s", err.msg);
     if (!rc) {
-        sf_kv_config kc = kv_of(&m->cfg, sf_tp_kv_heads(tp));
+        sf_kv_config kc = kv_of(&g.m->cfg, sf_tp_kv_heads(g.tp));
         step s[NSTEPS];
-        make_steps(s, m->cfg.vocab_size);
-        float *got = calloc((size_t)2 * m->cfg.vocab_size, sizeof(float));
+        make_steps(s, g.m->cfg.vocab_size);
+        float *got = calloc((size_t)2 * g.m->cfg.vocab_size, sizeof(float));
         sf_batch bt = batch_of(&s[0]);
-        CHECK_MSG(sf_tp_kv_init(tp, &kc, &err) == SF_OK && sf_tp_step(tp, &bt, got, &err) == SF_OK, "%s", err.msg);
-        kill(pids[1], sig); /* rank 2 */
+        CHECK_MSG(sf_tp_kv_init(g.tp, &kc, &err) == SF_OK && sf_tp_step(g.tp, &bt, got, &err) == SF_OK, "%s", err.msg);
+        kill(g.pids[1], sig); /* rank 2 */
         double t0 = sf_now_s();
         bt = batch_of(&s[1]);
-        rc = sf_tp_step(tp, &bt, got, &err);
+        rc = sf_tp_step(g.tp, &bt, got, &err);
         double took = sf_now_s() - t0;
         CHECK_MSG(rc == SF_ENODEV, "step after the rank %s: %s", sig == SIGKILL ? "died" : "hung", sf_status_str(rc));
         CHECK_MSG(strstr(err.msg, "rank 2"), "the error names the rank: %s", err.msg);
         CHECK_MSG(took < 10.0, "noticed after %.1f s", took);
         printf("      %s after %.2f s: %s\n", sig == SIGKILL ? "killed" : "stopped", took, err.msg);
         bt = batch_of(&s[2]);
-        CHECK(sf_tp_step(tp, &bt, got, &err) == SF_ENODEV);
-        if (sig == SIGSTOP) kill(pids[1], SIGKILL);
+        CHECK(sf_tp_step(g.tp, &bt, got, &err) == SF_ENODEV);
+        if (sig == SIGSTOP) kill(g.pids[1], SIGKILL);
         free(got);
     }
-    stop(m, b, tp); /* reaps every follower: the others exit on the group's failure */
+    stop(&g); /* reaps every follower: the others exit on the group's failure */
     rm_synthetic(d);
 }
 
@@ -433,21 +457,18 @@ TEST(tp_all_reduce_check)
 {
     for (int size = 2; size <= 8; size *= 2) {
         sf_error err = { 0 };
-        sf_model *m = NULL;
-        sf_backend *b = NULL;
-        sf_tp *tp = NULL;
-        pid_t pids[8];
-        int rc = start("demo", 0, size, 0, &m, &b, &tp, pids, &err);
+        tp_group g;
+        int rc = start("demo", 0, size, 0, &g, &err);
         CHECK_MSG(rc == SF_OK, "TP=%d start: %s", size, err.msg);
         if (rc) continue;
         double worst = -1;
-        rc = sf_tp_check_all_reduce(tp, 70000, 24, SF_COMM_PATH_AUTO, &worst, &err);
+        rc = sf_tp_check_all_reduce(g.tp, 70000, 24, SF_COMM_PATH_AUTO, &worst, &err);
         CHECK_MSG(rc == SF_OK && worst == 0, "TP=%d: %s (worst %g)", size, err.msg, worst);
         /* the CPU communicator has no own path: forcing it falls back to shared memory */
-        rc = sf_tp_check_all_reduce(tp, 5000, 4, SF_COMM_PATH_CUSTOM, &worst, &err);
+        rc = sf_tp_check_all_reduce(g.tp, 5000, 4, SF_COMM_PATH_CUSTOM, &worst, &err);
         CHECK_MSG(rc == SF_OK && worst == 0, "TP=%d custom forced: %s", size, err.msg);
-        CHECK(sf_tp_check_all_reduce(tp, 0, 4, SF_COMM_PATH_AUTO, &worst, &err) == SF_EINVAL);
-        stop(m, b, tp);
+        CHECK(sf_tp_check_all_reduce(g.tp, 0, 4, SF_COMM_PATH_AUTO, &worst, &err) == SF_EINVAL);
+        stop(&g);
     }
 }
 
@@ -486,15 +507,12 @@ TEST(tp_masks_after_the_plan)
     REQUIRE(ref, "no TP=1 reference");
     const int V = cfg.vocab_size, words = (V + 31) / 32;
     sf_error err = { 0 };
-    sf_model *m = NULL;
-    sf_backend *b = NULL;
-    sf_tp *tp = NULL;
-    pid_t pids[8];
-    int rc = start("demo", 0, 2, 20000, &m, &b, &tp, pids, &err);
+    tp_group g;
+    int rc = start("demo", 0, 2, 20000, &g, &err);
     REQUIRE(rc == SF_OK, "start: %s", err.msg);
-    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(tp));
-    rc = sf_tp_kv_init(tp, &kc, &err);
-    if (!rc) rc = sf_tp_defer(tp, 1, &err);
+    sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(g.tp));
+    rc = sf_tp_kv_init(g.tp, &kc, &err);
+    if (!rc) rc = sf_tp_defer(g.tp, 1, &err);
     CHECK_MSG(rc == SF_OK, "kv_init / defer: %s", err.msg);
     step s[NSTEPS];
     make_steps(s, V);
@@ -515,13 +533,13 @@ TEST(tp_masks_after_the_plan)
             sr[r] = (sf_sample_row){ .temperature = 0.9f, .top_p = 1, .repetition_penalty = 1, .seed = 5, .step = (uint64_t)k };
         masks_later q = { .rows = sr, .next = k + 1 < NSTEPS ? &s[k + 1] : NULL, .bits = bits, .words = words };
         sf_forward_sample smp = { .rows = sr, .ids = ids[k], .prepare = masks_later_prepare, .prepare_arg = &q };
-        if ((rc = sf_tp_launch_sample(tp, &bt, &smp, &err)) || (rc = sf_tp_wait_sample(tp, &err))) break;
+        if ((rc = sf_tp_launch_sample(g.tp, &bt, &smp, &err)) || (rc = sf_tp_wait_sample(g.tp, &err))) break;
         if (++queued == 2) { /* the draw before this step's: taken after this step was queued */
-            if ((rc = sf_tp_take(tp, &err))) break;
+            if ((rc = sf_tp_take(g.tp, &err))) break;
             queued--;
         }
     }
-    while (!rc && queued-- > 0) rc = sf_tp_take(tp, &err);
+    while (!rc && queued-- > 0) rc = sf_tp_take(g.tp, &err);
     CHECK_MSG(rc == SF_OK, "steps with masks after the plan: %s", err.msg);
     int held = 0, all = 0;
     for (int k = 0; !rc && k + 1 < NSTEPS; k++) {
@@ -535,7 +553,7 @@ TEST(tp_masks_after_the_plan)
     const float *r = ref + (size_t)(NSTEPS - 1) * 2 * V;
     double worst = 0, scale = 0;
     const int L = s[NSTEPS - 1].L;
-    rc = rc ? rc : sf_forward_read_logits(sf_tp_forward(tp), L, got, &err);
+    rc = rc ? rc : sf_forward_read_logits(sf_tp_forward(g.tp), L, got, &err);
     for (int i = 0; !rc && i < L * V; i++) {
         worst = fmax(worst, fabs((double)got[i] - r[i]));
         scale = fmax(scale, fabs((double)r[i]));
@@ -551,19 +569,19 @@ TEST(tp_masks_after_the_plan)
         masks_later q = { .rows = sr, .bits = bits, .words = words, .fail = 1 };
         int32_t none[2];
         sf_forward_sample smp = { .rows = sr, .ids = none, .prepare = masks_later_prepare, .prepare_arg = &q };
-        rc = sf_tp_launch_sample(tp, &bt, &smp, &err);
+        rc = sf_tp_launch_sample(g.tp, &bt, &smp, &err);
         CHECK_MSG(rc == SF_EUNSUPPORTED, "a failed prepare: %s (%s)", sf_status_str(rc), err.msg);
-        rc = sf_forward_read_logits(sf_tp_forward(tp), L, got, &err);
+        rc = sf_forward_read_logits(sf_tp_forward(g.tp), L, got, &err);
         worst = 0;
         for (int i = 0; !rc && i < L * V; i++) worst = fmax(worst, fabs((double)got[i] - r[i]));
         CHECK_MSG(!rc && worst <= 1e-4 * fmax(1.0, scale), "after a failed prepare: %.3g (%s)", worst, err.msg);
-        CHECK_MSG(sf_tp_step(tp, &bt, got, &err) == SF_OK, "the step after: %s", err.msg);
+        CHECK_MSG(sf_tp_step(g.tp, &bt, got, &err) == SF_OK, "the step after: %s", err.msg);
     }
     printf("      %d draws held to masks sent after their plans; last logits %.2e from TP=1\n", held, worst);
     free(bits);
     free(got);
     free(ref);
-    stop(m, b, tp);
+    stop(&g);
 }
 
 TEST(tp_rank_killed) { check_failure(SIGKILL); }
@@ -581,6 +599,7 @@ int main(void)
     RUN(tp_all_reduce_check);
     RUN(tp_masks_after_the_plan);
     RUN(tp_swap_moves_a_sequence);
+    RUN(tp_bad_swap_copies_fail_the_group);
     RUN(tp_rank_killed);
     RUN(tp_rank_hung);
     return test_summary();
