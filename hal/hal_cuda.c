@@ -1300,7 +1300,6 @@ static int cuda_write_f32(sf_backend *b, sf_buf *buf, int n, const float *host)
     return SF_OK;
 }
 
-
 /* Sends the rows and penalty entries (one copy), queues the draw and the copy of the n ids back
  * (sample_start); cuda_sample_wait (or, deferred, cuda_sample_take) waits for them. */
 static int cuda_sample_start(sf_backend *b, const sf_buf *logits, int n, int vocab, const sf_sample_row *rows,
