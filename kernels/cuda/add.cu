@@ -40,9 +40,7 @@ extern "C" int sf_k_add(uint16_t *y, int64_t ldy, const uint16_t *a, int64_t lda
     if (total <= 0) return 0;
     if (d % 8 == 0 && ldy % 8 == 0 && lda % 8 == 0 && (uintptr_t)y % 16 == 0 && (uintptr_t)a % 16 == 0) {
         int64_t items = total / 8;
-        /* 64-thread blocks for small calls, so that they reach more SMs: below two 256-thread
-         * blocks an SM */
-        int threads = items >= (int64_t)sf_k_sm_count(132) * 256 * 2 ? 256 : 64;
+        int threads = sf_k_vec_threads(items);
         k_add_vec<<<(unsigned)sf_div_up(items, threads), threads, 0, s>>>((bf16 *)y, ldy, (const bf16 *)a, lda, d / 8,
                                                                            items);
         return sf_launch_status();

@@ -357,6 +357,13 @@ static inline int sf_k_sm_count(int dflt)
     return v;
 }
 
+/* Threads a block for an elementwise kernel of `items` vectors (add, silu_mul): 256, or 64 for
+ * calls below two 256-thread blocks an SM (decode), so that they reach more SMs. */
+static inline int sf_k_vec_threads(int64_t items)
+{
+    return items >= (int64_t)sf_k_sm_count(132) * 256 * 2 ? 256 : 64;
+}
+
 /* Registers a block of `threads` threads of a kernel (attributes a) takes of its SM's file: they
  * are allocated per warp, in steps of 8 per thread. */
 static inline int sf_k_block_regs(const cudaFuncAttributes &a, int threads)

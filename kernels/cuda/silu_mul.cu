@@ -60,9 +60,7 @@ extern "C" int sf_k_silu_mul(const uint16_t *gu, int64_t ld_gu, int n, int f, ui
     if (total == 0) return 0;
     if (f % 8 == 0 && ld_gu % 8 == 0 && ldo % 8 == 0 && (uintptr_t)gu % 16 == 0 && (uintptr_t)out % 16 == 0) {
         int64_t items = total / 8;
-        /* small calls (decode) in 64-thread blocks so that they reach more SMs: below two
-         * 256-thread blocks an SM */
-        int threads = items >= (int64_t)sf_k_sm_count(132) * 256 * 2 ? 256 : 64;
+        int threads = sf_k_vec_threads(items);
         int rc = sf_launch_pdl(k_silu_mul_vec, dim3(sf_div_up(items, threads)), dim3(threads), 0, s, (const bf16 *)gu,
                                ld_gu, f / 8, items, (bf16 *)out, ldo);
         return rc ? rc : sf_launch_status();
