@@ -66,17 +66,30 @@ static int counting_copy_blocks(sf_backend *b, const int32_t *blocks, const int3
     return real_copy_blocks(b, blocks, slots, n, host, stride, out);
 }
 
+/* A CPU backend with a KV cache of 16 blocks of 2 layers; *bb: a block's bytes. */
+static sf_backend *open_cpu_kv(size_t *bb)
+{
+    sf_backend *cpu = open_cpu();
+    sf_kv_config kc = { .n_layers = 2, .n_blocks = 16, .block_size = 4, .n_kv_heads = 2, .head_dim = 8 };
+    sf_error err = { 0 };
+    if (cpu && cpu->ops->kv_init(cpu, &kc, &err)) {
+        printf("      kv_init: %s\n", err.msg);
+        cpu->ops->destroy(cpu);
+        return NULL;
+    }
+    if (cpu) *bb = cpu->ops->kv_block_bytes(cpu, &kc);
+    return cpu;
+}
+
 /* The swap space moves a sequence's blocks out and back in through kv_copy_blocks, one call per
  * DMA piece; when the backend's batched copy fails it logs, switches to per-block copies, and the
  * bytes still arrive. */
 TEST(swap_uses_batched_copy_and_falls_back)
 {
-    sf_backend *cpu = open_cpu();
-    REQUIRE(cpu, "cpu backend");
-    sf_kv_config kc = { .n_layers = 2, .n_blocks = 16, .block_size = 4, .n_kv_heads = 2, .head_dim = 8 };
+    size_t bb = 0;
+    sf_backend *cpu = open_cpu_kv(&bb);
+    REQUIRE(cpu, "cpu backend with a KV cache");
     sf_error err = { 0 };
-    REQUIRE(cpu->ops->kv_init(cpu, &kc, &err) == 0, "kv_init: %s", err.msg);
-    size_t bb = cpu->ops->kv_block_bytes(cpu, &kc);
     for (int mode = 0; mode < 2; mode++) {
         static struct sf_backend_ops ops;
         ops = *cpu->ops;
@@ -112,12 +125,10 @@ TEST(swap_uses_batched_copy_and_falls_back)
  * too). */
 TEST(refused_block_is_an_error_not_a_fallback)
 {
-    sf_backend *cpu = open_cpu();
-    REQUIRE(cpu, "cpu backend");
-    sf_kv_config kc = { .n_layers = 2, .n_blocks = 16, .block_size = 4, .n_kv_heads = 2, .head_dim = 8 };
+    size_t bb = 0;
+    sf_backend *cpu = open_cpu_kv(&bb);
+    REQUIRE(cpu, "cpu backend with a KV cache");
     sf_error err = { 0 };
-    REQUIRE(cpu->ops->kv_init(cpu, &kc, &err) == 0, "kv_init: %s", err.msg);
-    size_t bb = cpu->ops->kv_block_bytes(cpu, &kc);
     sf_swap w;
     sf_swap_opts so = { .untuned = 1 };
     REQUIRE(sf_swap_init_opts(&w, cpu, bb, 8.0 * bb / (1u << 30), &so, &err) == SF_OK, "swap: %s", err.msg);
