@@ -15,7 +15,7 @@ typedef struct bench_opts {
     int hidden;          /* allreduce: row width of the messages (0: the model's hidden size) */
     int kv_i8;           /* --kv-dtype int8: the sequence's KV in INT8 blocks */
     int batch;           /* decode-batch: sequences decoded together */
-    sf_dtype dtype;
+    const char *dtype;   /* --dtype: dummy weights' format (sf_load_opts.dummy_format) */
     int sample_host;     /* --sample host: copy the logits and choose on the host (default: the backend's sampler) */
     int serial_loop;     /* decode --loop serial: launch a step once the id before it is in (default async) */
     /* throughput */

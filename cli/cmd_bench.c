@@ -58,7 +58,7 @@ static int bench_open_seqs(const bench_opts *o, int max_tokens, int kv_tokens, i
                            sf_error *err)
 {
     memset(e, 0, sizeof *e);
-    sf_load_opts lo = { .dummy = o->dummy, .dummy_dtype = o->dtype, .seed = 1, .progress = 1,
+    sf_load_opts lo = { .dummy = o->dummy, .dummy_format = o->dtype, .seed = 1, .progress = 1,
                         .shard_rank = 0, .shard_size = o->tp }; /* dummy: fill rank 0's share only */
     char path[1100];
     if (o->preset) snprintf(path, sizeof path, "preset:%s", o->preset);
@@ -73,7 +73,7 @@ static int bench_open_seqs(const bench_opts *o, int max_tokens, int kv_tokens, i
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->threads };
     if ((rc = sf_backend_open(&bo, &e->b, err))) goto fail;
     if (o->tp > 1) {
-        sf_tp_rank_opts to = { .size = o->tp, .model = path, .load_dummy = o->dummy, .dummy_f16 = o->dtype == SF_DT_F16,
+        sf_tp_rank_opts to = { .size = o->tp, .model = path, .load_dummy = o->dummy, .dummy_format = o->dtype,
                                .seed = 1, .backend = e->b->ops->name, .n_threads = o->threads,
                                .max_tokens = max_tokens, .max_logits = 1, .shm_fd = -1 };
         if ((rc = sf_tp_start(&to, NULL, e->m, e->b, &e->tp, err))) goto fail;
@@ -689,7 +689,8 @@ static void usage(FILE *f)
                "  --model PATH          Hugging Face folder, .gguf file or demo\n"
                "  --load-format dummy   random weights from the config alone (no weight files needed)\n"
                "  --preset NAME         a built-in shape for dummy weights (e.g. 1b, llama-3-8b, qwen2-7b)\n"
-               "  --dtype bf16|f16      dtype of dummy weights (default bf16)\n"
+               "  --dtype NAME          format of dummy weights: bf16 (default), f16, or GGUF's q8_0, q4_k,\n"
+               "                        q6_k, q4_k_m (llama.cpp's mix) for the matrices\n"
                "  --backend NAME        auto | cpu | cuda (default auto)\n"
                "  --threads N           CPU threads (default: all cores)\n"
                "  --ctx N               prompt tokens before the timed steps (default 128)\n"
@@ -767,7 +768,7 @@ int sf_cmd_bench(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "kv-quality")) /* its own options (cmd_bench_kv.c) */
         return sf_cmd_bench_kv_quality ? sf_cmd_bench_kv_quality(argc - 1, argv + 1) : 2;
-    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = SF_DT_BF16, .batch = 64,
+    bench_opts o = { .backend = "auto", .ctx = 128, .steps = 16, .chunk = 256, .dtype = "bf16", .batch = 64,
                      .input = 128, .output = 128, .num_prompts = 256, .max_num_seqs = 1024, .max_batched_tokens = 16384,
                      .gpu_util = 0.9, .temperature = 1.0, .top_p = 1.0, .logprobs = -1 };
     static const struct option opts[] = {
@@ -801,9 +802,11 @@ int sf_cmd_bench(int argc, char **argv)
         case 's': if (parse_int("--steps", optarg, 1, 100000, &o.steps)) return 2; break;
         case 'k': if (parse_int("--chunk", optarg, 1, 65536, &o.chunk)) return 2; break;
         case 'd':
-            if (!strcmp(optarg, "bf16")) o.dtype = SF_DT_BF16;
-            else if (!strcmp(optarg, "f16")) o.dtype = SF_DT_F16;
-            else { fprintf(stderr, "semflow bench: --dtype takes bf16 or f16, got '%s'\n", optarg); return 2; }
+            if (sf_dummy_format_check(optarg, &(sf_error){ 0 })) {
+                fprintf(stderr, "semflow bench: --dtype takes bf16, f16, q8_0, q4_k, q6_k or q4_k_m, got '%s'\n", optarg);
+                return 2;
+            }
+            o.dtype = optarg;
             break;
         case 'j': o.json = 1; break;
         case 'K':

@@ -380,7 +380,7 @@ int sf_engine_new(const sf_engine_config *cin, sf_engine **out, sf_error *err)
         }
     }
 
-    sf_load_opts lo = { .dummy = c->load_dummy, .dummy_dtype = SF_DT_BF16, .seed = 0, .progress = c->progress,
+    sf_load_opts lo = { .dummy = c->load_dummy, .seed = 0, .progress = c->progress,
                         .shard_rank = 0, .shard_size = c->tensor_parallel }; /* dummy: fill rank 0's share */
     if ((rc = sf_model_load(c->model ? c->model : "demo", &lo, &e->model, err)) != SF_OK) goto fail;
     const sf_model_config *mc = &e->model->cfg;

@@ -30,10 +30,11 @@ int sf_map_file(const char *path, void **addr, size_t *len, sf_error *err);
 int sf_model_load_dummy(const char *path, const sf_model_config *preset, const sf_load_opts *o, sf_model **out,
                         sf_error *err);
 /* Fill every weight of m (config already set, layers allocated) with random values: matrices
- * ~U with std 0.02, norms 1.0. Uses several threads. */
-int sf_model_fill_dummy(sf_model *m, sf_dtype dt, uint64_t seed, int progress, sf_error *err);
+ * with std about 0.02, norms 1.0, stored as `format` (sf_dummy_format_check). Uses several
+ * threads. */
+int sf_model_fill_dummy(sf_model *m, const char *format, uint64_t seed, int progress, sf_error *err);
 /* The same, filling only what tensor-parallel rank `rank` of `size` reads (size <= 1: all). */
-int sf_model_fill_dummy_shard(sf_model *m, sf_dtype dt, uint64_t seed, int progress, int rank, int size,
+int sf_model_fill_dummy_shard(sf_model *m, const char *format, uint64_t seed, int progress, int rank, int size,
                               sf_error *err);
 
 /* generation_config.json text: adds its eos ids to cfg (config.c). */

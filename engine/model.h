@@ -69,7 +69,8 @@ typedef struct sf_model {
 
 typedef struct sf_load_opts {
     int dummy;                /* --load-format dummy: random weights from config.json alone */
-    sf_dtype dummy_dtype;     /* dtype for dummy weights: SF_DT_F16, else BF16 (the default) */
+    const char *dummy_format; /* dummy weights: NULL or "bf16" (the default), "f16", or GGUF block
+                                 formats for the matrices: "q8_0", "q4_k", "q6_k", "q4_k_m" */
     uint64_t seed;            /* dummy weight seed */
     int progress;             /* show a progress bar on a TTY */
     /* Dummy weights of a tensor-parallel rank: every tensor is mapped, but only the bytes
@@ -77,6 +78,10 @@ typedef struct sf_load_opts {
      * full fill there — so N ranks on one host do not each hold the whole model. 0/1: all. */
     int shard_rank, shard_size;
 } sf_load_opts;
+
+/* SF_OK when `name` is a format dummy weights take (sf_load_opts.dummy_format), else SF_EINVAL
+ * with the list. */
+int sf_dummy_format_check(const char *name, sf_error *err);
 
 /* path: a Hugging Face folder, a .gguf file, or "demo".
  * Extension: "preset:NAME" loads dummy (random) weights of a built-in shape without any file:

@@ -440,7 +440,7 @@ int sf_tp_follower_run(const sf_tp_rank_opts *o, sf_error *err)
     t.o = *o;
     int rc;
     if (o->rank < 1 || o->rank >= o->size) return sf_err(err, SF_EINVAL, "rank %d of %d is not a follower", o->rank, o->size);
-    sf_load_opts lo = { .dummy = o->load_dummy, .dummy_dtype = o->dummy_f16 ? SF_DT_F16 : SF_DT_BF16,
+    sf_load_opts lo = { .dummy = o->load_dummy, .dummy_format = o->dummy_format,
                         .seed = o->seed, .shard_rank = o->rank, .shard_size = o->size };
     sf_backend_opts bo = { .name = o->backend, .n_threads = o->n_threads, .device = o->device };
     if ((rc = join(&t, err)) || (rc = sf_model_load(o->model, &lo, &m, err)) ||
@@ -604,7 +604,7 @@ int sf_tp_follower_argv(const sf_tp_rank_opts *o, int rank, const char *exe, cha
     ARG("--seed"); ARG("%llu", (unsigned long long)o->seed);
     ARG("--timeout-ms"); ARG("%d", o->timeout_ms);
     if (o->load_dummy) ARG("--load-dummy");
-    if (o->dummy_f16) ARG("--dummy-f16");
+    if (o->dummy_format) { ARG("--dummy-format"); ARG("%s", o->dummy_format); }
     if (o->shm_fd >= 0) { ARG("--shm-fd"); ARG("%d", o->shm_fd); }
     if (o->bootstrap) { ARG("--bootstrap"); ARG("%s", o->bootstrap); }
 #undef ARG
@@ -620,7 +620,6 @@ int sf_tp_parse_rank_args(int argc, char **argv, sf_tp_rank_opts *o, sf_error *e
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--load-dummy")) { o->load_dummy = 1; continue; }
-        if (!strcmp(a, "--dummy-f16")) { o->dummy_f16 = 1; continue; }
         if (i + 1 >= argc) return sf_err(err, SF_EINVAL, "semflow rank: %s needs a value", a);
         const char *v = argv[++i];
         char *end = NULL;
@@ -629,6 +628,7 @@ int sf_tp_parse_rank_args(int argc, char **argv, sf_tp_rank_opts *o, sf_error *e
         if (!strcmp(a, "--model")) o->model = v;
         else if (!strcmp(a, "--backend")) o->backend = v;
         else if (!strcmp(a, "--bootstrap")) o->bootstrap = v;
+        else if (!strcmp(a, "--dummy-format")) o->dummy_format = v;
         else if (!num) return sf_err(err, SF_EINVAL, "semflow rank: unknown option %s or '%s' is not a number", a, v);
         else if (!strcmp(a, "--rank")) o->rank = (int)n;
         else if (!strcmp(a, "--size")) o->size = (int)n;

@@ -26,7 +26,7 @@ typedef struct sf_tp_rank_opts {
     int rank, size;
     const char *model;        /* path as given to sf_model_load */
     int load_dummy;
-    int dummy_f16;            /* dummy weights in f16 (else bf16) */
+    const char *dummy_format; /* dummy weights' format (sf_load_opts.dummy_format; NULL: bf16) */
     uint64_t seed;
     const char *backend;      /* "cpu" | "cuda" (resolved, not "auto") */
     int n_threads;

@@ -210,3 +210,29 @@ int sf_dequant_rows(sf_dtype t, const void *src, size_t pitch, int64_t rows, int
     free(row);
     return SF_OK;
 }
+
+static void put_f16(uint8_t *p, float v)
+{
+    uint16_t h = sf_f32_to_f16(v);
+    p[0] = (uint8_t)h;
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* Random bytes, then scales that give std ~0.02: Q8_0 d * q (E q^2 ~ 5460); Q6_K d * sc * (q - 32)
+ * (E sc^2 ~ 5460, E (q - 32)^2 ~ 340); Q4_K d * sc * q - dmin * m with dmin = 7.5 d, so that a
+ * sub-block's mean is 7.5 d (sc - m), and E w^2 ~ (258 d)^2. */
+void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
+{
+    size_t n = sf_dtype_bytes(t, sf_dtype_block(t));
+    for (size_t i = 0; i < n; i += 8) {
+        uint64_t v = sf_rng_next(r);
+        memcpy(b + i, &v, SF_MIN((size_t)8, n - i));
+    }
+    float u = 0.75f + 0.5f * sf_rng_uniform(r);
+    switch (t) {
+    case SF_DT_Q8_0: put_f16(b, 2.7e-4f * u); break;
+    case SF_DT_Q6_K: put_f16(b + 208, 1.47e-5f * u); break;
+    case SF_DT_Q4_K: put_f16(b, 7.7e-5f * u); put_f16(b + 2, 7.5f * 7.7e-5f * u); break;
+    default: break;
+    }
+}

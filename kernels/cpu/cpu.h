@@ -1,7 +1,7 @@
 /* cpu.h — the CPU kernels behind the CPU backend (hal/hal_cpu.c), one op per file.
  *
  * Activations are fp32, row-major. Weights are read in place in their stored dtype
- * (F32, F16, BF16, Q8_0) with fp32 accumulation. Each kernel is a plain function over one
+ * (F32, F16, BF16, Q8_0, Q4_K, Q6_K) with fp32 accumulation. Each kernel is a plain function over one
  * thread's share of the work: `ith` of `nth` threads; sf_cpu_pool_run() calls it on every
  * thread of a pool and returns when all have finished. Kernels allocate nothing and never
  * fail: the backend validates shapes before calling them.
@@ -68,6 +68,18 @@ static inline __m256 sf_cpu_exp256(__m256 x)
 void sf_cpu_row_to_f32(sf_dtype t, const void *src, int64_t k, float *dst);
 /* Address of row r of a row-major matrix of dtype t with `cols` columns. */
 const void *sf_cpu_row_ptr(sf_dtype t, const void *data, int64_t cols, int64_t r);
+
+/* ---- Q4_K and Q6_K in place (kquant.c) ------------------------------------------------ */
+/* x (k a multiple of 256) as the one-token kernels read it: int8 in groups of 32 with their
+ * scales, and x's sums over 16 and 32 elements: sf_cpu_kq_prep_floats(k) floats. */
+int64_t sf_cpu_kq_prep_floats(int64_t k);
+void sf_cpu_kq_prep_x(const float *x, int64_t k, float *xp);
+/* out[r] = W_r . x for 4 rows of Q4_K / Q6_K blocks, x as sf_cpu_kq_prep_x left it (AVX2);
+ * x's rounding to int8 makes the result about 0.5% off the fp32 dot product. */
+void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out);
+void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out);
+/* one Q4_K or Q6_K row into fp32 (AVX2) */
+void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y);
 
 /* ---- matmul: y[n, m] = x[n, k] · W[m, k]^T (+ bias) -------------------------------- */
 /* A weight is 1..4 parts stacked along rows; part p covers output columns

@@ -153,6 +153,8 @@ static dot4_fn dot4_for(sf_dtype t)
     case SF_DT_BF16: return dot4_bf16;
     case SF_DT_F16: return dot4_f16;
     case SF_DT_Q8_0: return dot4_q8_0;
+    case SF_DT_Q4_K: return sf_cpu_dot4_q4_K;
+    case SF_DT_Q6_K: return sf_cpu_dot4_q6_K;
     default: return NULL;
     }
 }
@@ -183,6 +185,11 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     int nt = t1 - t0;
     int direct = avx2 && (v->dtype == SF_DT_F32 || nt == 1);
     dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
+    const float *xq = NULL; /* the token's x as the Q4_K/Q6_K kernels read it */
+    if (direct && (v->dtype == SF_DT_Q4_K || v->dtype == SF_DT_Q6_K)) {
+        sf_cpu_kq_prep_x(mm->x + (int64_t)t0 * mm->ldx, k, scratch);
+        xq = scratch;
+    }
     for (int64_t r = lo; r < hi; r += 4) {
         int nr = (int)SF_MIN(4, hi - r);
         const void *w[4];
@@ -207,7 +214,7 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
             }
         for (; t < t1; t++) {
             float out[4];
-            dot(w, mm->x + (int64_t)t * mm->ldx, k, out);
+            dot(w, xq ? xq : mm->x + (int64_t)t * mm->ldx, k, out);
             float *y = mm->y + (int64_t)t * mm->ldy + col0 + r;
             for (int j = 0; j < nr; j++) y[j] = out[j] + (bias ? bias[r + j] : 0.0f);
         }

@@ -56,8 +56,11 @@ static void row_to_f32_avx2(sf_dtype t, const void *src, int64_t k, float *dst)
         }
         return;
     }
+    case SF_DT_Q4_K:
+    case SF_DT_Q6_K: sf_cpu_kq_row_to_f32(t, src, k, dst); return;
     default:
-        memcpy(dst, src, (size_t)k * sizeof(float));
+        if (sf_dtype_block(t) > 1) sf_dequant_row(t, src, k, dst);
+        else memcpy(dst, src, (size_t)k * sizeof(float));
         return;
     }
 }
@@ -80,7 +83,8 @@ static void row_to_f32_scalar(sf_dtype t, const void *src, int64_t k, float *dst
         return;
     }
     default:
-        memcpy(dst, src, (size_t)k * sizeof(float));
+        if (sf_dtype_block(t) > 1) sf_dequant_row(t, src, k, dst);
+        else memcpy(dst, src, (size_t)k * sizeof(float));
         return;
     }
 }

@@ -93,7 +93,7 @@ static int argmax(const float *l, int n)
  * cluster per kv head, attention_decode.cu). */
 static void compare_model(const char *path, int dummy, double tol, int T)
 {
-    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16, .seed = 3 };
+    sf_load_opts lo = { .dummy = dummy, .seed = 3 };
     sf_model *m = NULL;
     sf_error err = { 0 };
     runner cpu = { 0 }, gpu = { 0 };

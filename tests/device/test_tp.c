@@ -97,7 +97,7 @@ static int setup_open(setup *u, const char *path, int dummy, int size, sf_error 
 {
     memset(u, 0, sizeof *u);
     int rc;
-    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    sf_load_opts lo = { .dummy = dummy };
     sf_backend_opts bo = { .name = "cuda", .device = 0 };
     if ((rc = sf_model_load(path, &lo, &u->m, err)) || (rc = sf_backend_open(&bo, &u->b, err))) goto fail;
     const sf_model_config *c = &u->m->cfg;
@@ -149,7 +149,7 @@ static void check_model(const char *what, const char *path, int dummy, int n_gpu
 {
     sf_error err = { 0 };
     sf_model *m = NULL;
-    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    sf_load_opts lo = { .dummy = dummy };
     int rc = sf_model_load(path, &lo, &m, &err); /* not inside REQUIRE: it evaluates twice */
     REQUIRE(rc == SF_OK, "%s: %s", what, err.msg);
     sf_model_config c = m->cfg;

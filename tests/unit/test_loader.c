@@ -1078,7 +1078,7 @@ TEST(dummy_weights)
     }
     CHECK(ones == 64 && in_range == 96 * 64 && nonzero > 96 * 60);
     sf_model_free(m);
-    o.dummy_dtype = SF_DT_F16;
+    o.dummy_format = "f16";
     rc_ = sf_model_load(d, &o, &m, &e);
     REQUIRE(rc_ == SF_OK, "%s", e.msg);
     CHECK(m->tok_embd.dtype == SF_DT_F16 && sf_f16_to_f32(((const uint16_t *)m->out_norm.data)[3]) == 1.0f);
@@ -1086,6 +1086,82 @@ TEST(dummy_weights)
     expect_fail("preset:nope", SF_ENOTFOUND, "llama-3-8b", NULL);
     o.dummy = 1;
     CHECK(sf_model_load(test_data("stories260K/stories260K.gguf"), &o, &m, &e) == SF_EINVAL);
+}
+
+/* the standard deviation of a block-format matrix's dequantized values (all finite, else -1) */
+static double dequant_std(const sf_view *v)
+{
+    int64_t n = v->rows * v->cols;
+    float *y = malloc(sizeof(float) * n);
+    sf_dequant_row(v->dtype, v->data, n, y);
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(y[i])) { free(y); return -1; }
+        s += y[i];
+        s2 += (double)y[i] * y[i];
+    }
+    free(y);
+    return sqrt(s2 / n - (s / n) * (s / n));
+}
+
+/* Dummy weights in GGUF's block formats: the matrices in the format (Q4_K_M: Q6_K for the head
+ * and, in llama.cpp's layers, attn_v and ffn_down), norms and biases f32, values of std ~0.02. */
+TEST(dummy_weights_block_formats)
+{
+    const char *d = mkdir_tmp("dummyq");
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    const char *cfg = "{\"model_type\": \"qwen2\", \"vocab_size\": 300, \"hidden_size\": 256, \"intermediate_size\": 512,"
+                      "\"num_hidden_layers\": 8, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
+                      "\"tie_word_embeddings\": false}";
+    write_file(p, cfg, strlen(cfg));
+    static const struct { const char *name; sf_dtype t; } fmts[] = {
+        { "q8_0", SF_DT_Q8_0 }, { "q4_k", SF_DT_Q4_K }, { "q6_k", SF_DT_Q6_K }, { "q4_k_m", SF_DT_Q4_K },
+    };
+    sf_error e = { 0 };
+    for (size_t f = 0; f < SF_ARRAY_LEN(fmts); f++) {
+        sf_model *m = NULL;
+        sf_load_opts o = { .dummy = 1, .seed = 5, .dummy_format = fmts[f].name };
+        rc_ = sf_model_load(d, &o, &m, &e);
+        REQUIRE(rc_ == SF_OK, "%s: %s", fmts[f].name, e.msg);
+        int km = !strcmp(fmts[f].name, "q4_k_m"), wrong = 0;
+        double lo = 1, hi = 0;
+        for (int i = 0; i < 8; i++) {
+            const sf_layer_w *l = &m->layers[i];
+            int more = km && (i == 0 || i == 3 || i == 6 || i == 7); /* llama.cpp's use_more_bits at 8 layers */
+            sf_dtype big = more ? SF_DT_Q6_K : fmts[f].t;
+            wrong += l->wq.dtype != fmts[f].t || l->wv.dtype != big || l->wdown.dtype != big || l->wup.dtype != fmts[f].t;
+            wrong += l->attn_norm.dtype != SF_DT_F32 || ((const float *)l->ffn_norm.data)[7] != 1.0f;
+            wrong += l->bq.dtype != SF_DT_F32 || !isfinite(((const float *)l->bq.data)[3]);
+            const sf_view *vs[] = { &l->wq, &l->wv, &l->wdown, &l->wgate };
+            for (size_t k = 0; k < SF_ARRAY_LEN(vs); k++) {
+                double sd = dequant_std(vs[k]);
+                lo = fmin(lo, sd);
+                hi = fmax(hi, sd);
+            }
+        }
+        CHECK_MSG(!wrong, "%s: %d tensors of the wrong dtype or value", fmts[f].name, wrong);
+        CHECK_MSG(m->lm_head.dtype == (km ? SF_DT_Q6_K : fmts[f].t) && m->tok_embd.dtype == fmts[f].t, "%s: head %s, embedding %s",
+                  fmts[f].name, sf_dtype_name(m->lm_head.dtype), sf_dtype_name(m->tok_embd.dtype));
+        CHECK_MSG(lo > 0.014 && hi < 0.028, "%s: weights' std %.4f .. %.4f, expected ~0.02", fmts[f].name, lo, hi);
+        CHECK(sf_model_validate(m, &e) == SF_OK);
+        sf_model_free(m);
+    }
+    /* a format the rows cannot hold, and a name that is none */
+    const char *cfg64 = "{\"model_type\": \"llama\", \"vocab_size\": 300, \"hidden_size\": 64, \"intermediate_size\": 512,"
+                        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2}";
+    write_file(p, cfg64, strlen(cfg64));
+    sf_model *m = NULL;
+    sf_load_opts o = { .dummy = 1, .dummy_format = "q4_k" };
+    CHECK(sf_model_load(d, &o, &m, &e) == SF_EINVAL && strstr(e.msg, "64 columns") && strstr(e.msg, "256-blocks"));
+    o.dummy_format = "q8_0"; /* 64 columns are two Q8_0 blocks */
+    rc_ = sf_model_load(d, &o, &m, &e);
+    CHECK_MSG(rc_ == SF_OK, "%s", e.msg);
+    sf_model_free(m);
+    m = NULL;
+    o.dummy_format = "q5_x";
+    CHECK(sf_model_load(d, &o, &m, &e) == SF_EINVAL && strstr(e.msg, "q4_k_m") && strstr(e.msg, "q5_x"));
+    CHECK(sf_dummy_format_check("bf16", &e) == SF_OK && sf_dummy_format_check("Q4_K", &e) == SF_EINVAL);
 }
 
 int main(void)
@@ -1107,6 +1183,7 @@ int main(void)
     RUN(demo_model);
     RUN(demo_path);
     RUN(dummy_weights);
+    RUN(dummy_weights_block_formats);
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmp_root);

@@ -80,7 +80,7 @@ static float *reference(const char *path, int dummy, sf_model_config *cfg)
     sf_backend *b = NULL;
     sf_forward *f = NULL;
     float *out = NULL;
-    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16 };
+    sf_load_opts lo = { .dummy = dummy };
     sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
     if (sf_model_load(path, &lo, &m, &err) || sf_backend_open(&bo, &b, &err) || sf_forward_new(b, m, 16, 2, &f, &err))
         goto done;
@@ -136,7 +136,7 @@ static int start(const char *path, int dummy, int size, int timeout_ms, tp_group
         pids[r - 1] = pid;
     }
     /* dummy weights: each rank fills only its share; the logits must still equal TP=1's */
-    sf_load_opts lo = { .dummy = dummy, .dummy_dtype = SF_DT_BF16, .shard_rank = 0, .shard_size = size };
+    sf_load_opts lo = { .dummy = dummy, .shard_rank = 0, .shard_size = size };
     sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
     if (!(rc = sf_model_load(path, &lo, &g->m, err)) && !(rc = sf_backend_open(&bo, &g->b, err)))
         rc = sf_tp_leader_new(&o, g->m, g->b, pids, &g->tp, err);
@@ -387,7 +387,7 @@ TEST(dummy_fill_of_a_shard)
     REQUIRE(d, "cannot write a config");
     sf_error err = { 0 };
     sf_model *full = NULL, *part = NULL;
-    sf_load_opts lf = { .dummy = 1, .dummy_dtype = SF_DT_BF16 }, lp = lf;
+    sf_load_opts lf = { .dummy = 1 }, lp = lf;
     lp.shard_rank = 1;
     lp.shard_size = 2;
     int rc = sf_model_load(d, &lf, &full, &err);

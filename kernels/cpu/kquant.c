@@ -1,0 +1,251 @@
+/* kquant.c — GGUF's Q4_K and Q6_K weights read in place (llama.cpp's Q4_K_M files are these two):
+ * the one-token dot products of the matmul, and rows into fp32 for the many-token path.
+ *
+ * Layouts (hal/quant.c has them all): a super-block of 256 weights is 32-element groups.
+ *   Q4_K (144 B): d, dmin f16; 8 6-bit scales and mins in 12 bytes; then 4 x 32 bytes whose low
+ *        nibbles are group 2g and high nibbles group 2g + 1: w = d sc_j q - dmin m_j.
+ *   Q6_K (210 B): ql[128] low nibbles, qh[64] 2-bit high parts, 16 int8 scales (one per 16
+ *        weights), d f16: w = d sc (q - 32), q 6 bits.
+ *
+ * One token: x is quantized once per matmul call to int8 in groups of 32 (dx_j = max |x| / 127,
+ * as llama.cpp's Q8 activations, but with a scale per 32 rather than per 256), and the quants
+ * meet it in integer multiply-adds (maddubs: unsigned quant x signed x, 32 products in one
+ * instruction); each group's sum is scaled by d sc_j dx_j in fp32. The offsets (Q4_K's mins,
+ * Q6_K's 32) multiply the rounded x's sums over 16 or 32 elements, which prep also keeps (the
+ * exact sums would leave the rounding of x times the quants' mean: twice the error). Each
+ * output differs from the dequantized weights' fp32 dot product by x's rounding, about 0.3%
+ * relative: as in llama.cpp; the weights' own quantization error is ten times that. A float
+ * kernel (quants to fp32, FMA against x) was 3.9 weights/cycle a core out of cache, under the
+ * memory's speed; these are not bound by their instructions.
+ *
+ * Many tokens (prefill): rows into fp32 (sf_cpu_kq_row_to_f32) and the fp32 kernel, exact. */
+#include "cpu.h"
+
+/* Software prefetch distance of each row's stream, in bytes: without it the kernels read
+ * 7.3 GB/s a core from memory against 15 from the last-level cache (a Zen 4 VM, 2048-column
+ * rows; 1024 bytes ahead: 7.8, 4096: 14.9 for Q4_K, 8192: 14.0 for Q6_K). */
+#define PF_Q4K 4096
+#define PF_Q6K 8192
+
+/* Q4_K's 12 scale bytes as 8 scales (sm[0..7]) and 8 mins (sm[8..15]): ggml's unpacking. */
+static inline void q4k_scales(const uint8_t *s, uint8_t sm[16])
+{
+    uint32_t u[4];
+    memcpy(u, s, 12);
+    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
+    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+    uint32_t mins_lo = u[1] & m1;
+    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+    u[2] = mins_lo;
+    u[0] &= m1;
+    memcpy(sm, u, 16);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static inline float f16le(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+/* the prepared x: k int8 (k / 4 floats' room), then dx per 32, sums per 32, sums per 16 */
+#define PX_X8(xp) ((const int8_t *)(xp))
+#define PX_DX(xp, k) ((xp) + (k) / 4)
+#define PX_S32(xp, k) ((xp) + (k) / 4 + (k) / 32)
+#define PX_S16(xp, k) ((xp) + (k) / 4 + (k) / 16)
+
+int64_t sf_cpu_kq_prep_floats(int64_t k) { return k / 4 + k / 32 + k / 32 + k / 16; }
+
+__attribute__((target("avx2,fma,f16c")))
+static inline float hsum8(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_kq_prep_x(const float *x, int64_t k, float *xp)
+{
+    int8_t *x8 = (int8_t *)xp;
+    float *dx = PX_DX(xp, k), *s32 = PX_S32(xp, k), *s16 = PX_S16(xp, k);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t j = 0; j < k / 32; j++) {
+        const float *g = x + 32 * j;
+        __m256 v[4] = { _mm256_loadu_ps(g), _mm256_loadu_ps(g + 8), _mm256_loadu_ps(g + 16), _mm256_loadu_ps(g + 24) };
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                 _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+        dx[j] = amax / 127.0f;
+        __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+        __m256i q[4];
+        for (int i = 0; i < 4; i++) q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], inv));
+        /* 32 int32 -> 32 int8 in order: the packs interleave 128-bit lanes, one permute undoes it */
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(x8 + 32 * j), p);
+        /* the sums of x as rounded, so that an offset cancels exactly against the quants' products */
+        __m256 r = _mm256_set1_ps(dx[j]);
+        s16[2 * j] = hsum8(_mm256_mul_ps(r, _mm256_cvtepi32_ps(_mm256_add_epi32(q[0], q[1]))));
+        s16[2 * j + 1] = hsum8(_mm256_mul_ps(r, _mm256_cvtepi32_ps(_mm256_add_epi32(q[2], q[3]))));
+        s32[j] = s16[2 * j] + s16[2 * j + 1];
+    }
+}
+
+/* the 8 int32 sums of 4 products each of 32 unsigned quants q with 32 int8 of x */
+__attribute__((target("avx2,fma,f16c")))
+static inline __m256 qdot32(__m256i q, const int8_t *x8)
+{
+    __m256i p = _mm256_maddubs_epi16(q, _mm256_loadu_si256((const __m256i *)x8));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out)
+{
+    const int8_t *x8 = PX_X8(xp);
+    const float *dx = PX_DX(xp, k), *s32 = PX_S32(xp, k);
+    const __m256i m4 = _mm256_set1_epi8(0xF);
+    __m256 acc[4][2], accm[4];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = accm[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < k / 256; sb++) {
+        const int8_t *xs = x8 + 256 * sb;
+        __m256 dxv = _mm256_loadu_ps(dx + 8 * sb), sums = _mm256_loadu_ps(s32 + 8 * sb);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = (const uint8_t *)w[r] + 144 * sb;
+            for (int l = 0; l < 144; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
+            uint8_t sm[16];
+            q4k_scales(b + 4, sm);
+            float sc[8];
+            __m256 d = _mm256_set1_ps(f16le(b));
+            _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(d, dxv),
+                                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)))));
+            __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
+            accm[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16le(b + 2)), mins), sums, accm[r]);
+            __m256 a0 = acc[r][0], a1 = acc[r][1];
+            for (int g = 0; g < 4; g++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * g));
+                __m256 lo = qdot32(_mm256_and_si256(v, m4), xs + 64 * g);
+                __m256 hi = qdot32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xs + 64 * g + 32);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g]), lo, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g + 1]), hi, a1);
+            }
+            acc[r][0] = a0;
+            acc[r][1] = a1;
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
+}
+
+/* Q6_K: group kk (0..3) of a 128-half takes ql[32 (kk & 1) + l]'s nibble kk >> 1 and bits
+ * 2kk..2kk+1 of qh[l]; its first 16 elements have scale 2kk of the half, the next 16 2kk + 1,
+ * which after the multiply-adds are int32 lanes 0-3 and 4-7. q is kept unsigned (0..63) and the
+ * 32 comes off as 32 d sc_i times x's sum over the 16 elements of scale i. */
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out)
+{
+    const int8_t *x8 = PX_X8(xp);
+    const float *dx = PX_DX(xp, k), *s16 = PX_S16(xp, k);
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    __m256i idx[4];
+    for (int kk = 0; kk < 4; kk++) idx[kk] = _mm256_setr_epi32(2 * kk, 2 * kk, 2 * kk, 2 * kk, 2 * kk + 1, 2 * kk + 1, 2 * kk + 1, 2 * kk + 1);
+    __m256 acc[4][2], accm[4];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = accm[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < k / 256; sb++) {
+        __m256 sum0 = _mm256_loadu_ps(s16 + 16 * sb), sum1 = _mm256_loadu_ps(s16 + 16 * sb + 8);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = (const uint8_t *)w[r] + 210 * sb;
+            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)b + PF_Q6K + l, _MM_HINT_T0);
+            __m256 d = _mm256_set1_ps(f16le(b + 208));
+            __m256 sc[2] = { _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192))))),
+                             _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 200))))) };
+            accm[r] = _mm256_fmadd_ps(sc[0], sum0, _mm256_fmadd_ps(sc[1], sum1, accm[r]));
+            __m256 a0 = acc[r][0], a1 = acc[r][1];
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+                __m256i q[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+                };
+                const int8_t *xs = x8 + 256 * sb + 128 * h;
+                const float *dxs = dx + 8 * sb + 4 * h;
+                for (int kk = 0; kk < 4; kk++) {
+                    __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(sc[h], idx[kk]), _mm256_broadcast_ss(&dxs[kk]));
+                    __m256 p = qdot32(q[kk], xs + 32 * kk);
+                    if (kk & 1) a1 = _mm256_fmadd_ps(s, p, a1);
+                    else a0 = _mm256_fmadd_ps(s, p, a0);
+                }
+            }
+            acc[r][0] = a0;
+            acc[r][1] = a1;
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        out[r] = hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(32.0f), accm[r], _mm256_add_ps(acc[r][0], acc[r][1])));
+}
+
+/* ---- rows into fp32, in the natural order (the many-token path) ------------------------- */
+/* 32 u8 quants into y as q * scale - sub */
+__attribute__((target("avx2,fma,f16c")))
+static inline void store32(float *y, __m256i q, float scale, float sub)
+{
+    __m128i a = _mm256_castsi256_si128(q), c = _mm256_extracti128_si256(q, 1);
+    __m128i parts[4] = { a, _mm_srli_si128(a, 8), c, _mm_srli_si128(c, 8) };
+    __m256 s = _mm256_set1_ps(scale), m = _mm256_set1_ps(sub);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(y + 8 * i, _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])), s, m));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
+{
+    const uint8_t *b = src;
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    if (t == SF_DT_Q4_K)
+        for (int64_t sb = 0; sb < k / 256; sb++, b += 144, y += 256) {
+            uint8_t sm[16];
+            q4k_scales(b + 4, sm);
+            float d = f16le(b), dmin = f16le(b + 2);
+            for (int g = 0; g < 4; g++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * g));
+                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                store32(y + 64 * g, lo, d * sm[2 * g], dmin * sm[8 + 2 * g]);
+                store32(y + 64 * g + 32, hi, d * sm[2 * g + 1], dmin * sm[8 + 2 * g + 1]);
+            }
+        }
+    else /* SF_DT_Q6_K */
+        for (int64_t sb = 0; sb < k / 256; sb++, b += 210, y += 256) {
+            const int8_t *sc = (const int8_t *)(b + 192);
+            float d = f16le(b + 208);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)qh), c32 = _mm256_set1_epi8(32);
+                __m256i q[4] = {
+                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
+                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
+                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
+                };
+                for (int kk = 0; kk < 4; kk++) {
+                    __m256i s = _mm256_sub_epi8(q[kk], c32);
+                    float *o = y + 128 * h + 32 * kk;
+                    /* 16 elements per scale: two halves of the 32 */
+                    float s0 = d * sc[8 * h + 2 * kk], s1 = d * sc[8 * h + 2 * kk + 1];
+                    __m128i a = _mm256_castsi256_si128(s), c = _mm256_extracti128_si256(s, 1);
+                    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), _mm256_set1_ps(s0)));
+                    _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), _mm256_set1_ps(s0)));
+                    _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), _mm256_set1_ps(s1)));
+                    _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))), _mm256_set1_ps(s1)));
+                }
+            }
+        }
+}
