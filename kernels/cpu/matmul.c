@@ -6,14 +6,13 @@
  * Cache blocking: tokens are taken in blocks whose x rows fill at most half of the per-core
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
  * the block. For n > 1 and non-fp32 weights the four rows are dequantized once per block
- * into the thread's scratch and the fp32 kernel runs over the block.
+ * into the thread's scratch and the fp32 kernel runs over the block. One token of a block
+ * format (Q8_0, Q4_K, Q6_K) meets x rounded to int8 in integer kernels instead (qdot.c).
  * Accumulation is fp32 in 8-lane partial sums (AVX2+FMA), reduced at the end of a row. */
 #include "cpu.h"
 
 #include <immintrin.h>
 #include <string.h>
-
-typedef struct { uint16_t d; int8_t qs[32]; } q8_block;
 
 int64_t sf_cpu_matmul_scratch(int64_t k) { return 4 * k + 16; }
 
@@ -84,34 +83,6 @@ static void dot4_f16(const void *const *w, const float *x, int64_t k, float *out
     }
 }
 
-#define Q8_CVT(b, g) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)((b)->qs + 8 * (g)))))
-#define Q8_ROW(r)                                                                                \
-    do {                                                                                         \
-        const q8_block *bb = &b##r[j];                                                           \
-        __m256 p = _mm256_mul_ps(Q8_CVT(bb, 0), x0);                                             \
-        p = _mm256_fmadd_ps(Q8_CVT(bb, 1), x1, p);                                               \
-        p = _mm256_fmadd_ps(Q8_CVT(bb, 2), x2, p);                                               \
-        p = _mm256_fmadd_ps(Q8_CVT(bb, 3), x3, p);                                               \
-        a##r = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(bb->d)), p, a##r);                       \
-    } while (0)
-
-__attribute__((target("avx2,fma,f16c")))
-static void dot4_q8_0(const void *const *w, const float *x, int64_t k, float *out)
-{
-    const q8_block *b0 = w[0], *b1 = w[1], *b2 = w[2], *b3 = w[3];
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t j = 0; j < k / 32; j++) {
-        const float *xj = x + 32 * j;
-        __m256 x0 = _mm256_loadu_ps(xj), x1 = _mm256_loadu_ps(xj + 8), x2 = _mm256_loadu_ps(xj + 16),
-               x3 = _mm256_loadu_ps(xj + 24);
-        Q8_ROW(0);
-        Q8_ROW(1);
-        Q8_ROW(2);
-        Q8_ROW(3);
-    }
-    out[0] = hsum256(a0); out[1] = hsum256(a1); out[2] = hsum256(a2); out[3] = hsum256(a3);
-}
-
 /* 4 fp32 weight rows x 3 tokens: twelve independent FMA chains, 7 loads per 12 FMAs — the
  * prefill kernel (rows already fp32, from the weights or dequantized into scratch). */
 __attribute__((target("avx2,fma,f16c")))
@@ -152,7 +123,7 @@ static dot4_fn dot4_for(sf_dtype t)
     case SF_DT_F32: return dot4_f32;
     case SF_DT_BF16: return dot4_bf16;
     case SF_DT_F16: return dot4_f16;
-    case SF_DT_Q8_0: return dot4_q8_0;
+    case SF_DT_Q8_0: return sf_cpu_dot4_q8_0;
     case SF_DT_Q4_K: return sf_cpu_dot4_q4_K;
     case SF_DT_Q6_K: return sf_cpu_dot4_q6_K;
     default: return NULL;
@@ -185,8 +156,8 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     int nt = t1 - t0;
     int direct = avx2 && (v->dtype == SF_DT_F32 || nt == 1);
     dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
-    const float *xq = NULL; /* the token's x as the Q4_K/Q6_K kernels read it */
-    if (direct && (v->dtype == SF_DT_Q4_K || v->dtype == SF_DT_Q6_K)) {
+    const float *xq = NULL; /* the token's x as the block formats' kernels read it (qdot.c) */
+    if (direct && (v->dtype == SF_DT_Q8_0 || v->dtype == SF_DT_Q4_K || v->dtype == SF_DT_Q6_K)) {
         sf_cpu_kq_prep_x(mm->x + (int64_t)t0 * mm->ldx, k, scratch);
         xq = scratch;
     }

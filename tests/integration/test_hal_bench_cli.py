@@ -4,7 +4,9 @@ output, and exit status 2 with a clear message for every bad flag. Timing values
 checked to be positive: benchmarks are never asserted on in tests."""
 import json
 import os
+import shutil
 import sys
+import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
 from sftest import DATA, check, results, run  # noqa: E402
@@ -50,6 +52,29 @@ for args in (["--loop", "async"], ["--loop", "serial"], ["--sample", "host"]):
 vals = list(digests.values())
 check("bench_decode_loops_same_ids", [v[1] for v in vals] == ["async", "serial", "serial"] and all(v[0] == 0 for v in vals)
       and len({v[2] for v in vals}) == 1, str(digests))
+
+# Dummy weights in GGUF's block formats, read in place by the CPU backend: a Q4_K_M model reads
+# about a third of the bf16 one's bytes a token, and both loops draw the same greedy ids.
+qdir = tempfile.mkdtemp(prefix="sf-q4km-")
+with open(os.path.join(qdir, "config.json"), "w") as f:
+    json.dump({"model_type": "llama", "vocab_size": 512, "hidden_size": 256, "intermediate_size": 512,
+               "num_hidden_layers": 8, "num_attention_heads": 4, "num_key_value_heads": 2}, f)
+qb = {}
+for fmt, loop in (("bf16", "async"), ("q4_k_m", "async"), ("q4_k_m", "serial")):
+    rc, out, err = run("bench", "decode", "--model", qdir, "--load-format", "dummy", "--dtype", fmt, "--backend", "cpu",
+                       "--ctx", "8", "--steps", "6", "--loop", loop, "--json")
+    try:
+        r = json.loads(out)
+        qb[(fmt, loop)] = (rc, r["dtype"], r["weight_bytes_per_token"], r["ids_digest"])
+    except (ValueError, KeyError) as e:
+        qb[(fmt, loop)] = (rc, str(e), 0, err[-300:])
+try:
+    share = qb[("q4_k_m", "async")][2] / qb[("bf16", "async")][2]
+except (ZeroDivisionError, KeyError):
+    share = 0
+check("bench_decode_dummy_q4_k_m", all(v[0] == 0 for v in qb.values()) and qb[("q4_k_m", "async")][1] == "q4_k"
+      and 0.25 < share < 0.4 and qb[("q4_k_m", "async")][3] == qb[("q4_k_m", "serial")][3], f"{qb} share {share:.3f}")
+shutil.rmtree(qdir, ignore_errors=True)
 
 rc, out, err = run("bench", "decode", "--model", STORIES, "--backend", "cpu", "--ctx", "0", "--steps", "2")
 check("bench_decode_text", rc == 0 and "ms/token" in out and "read bandwidth" in out, out[:400] + err[-300:])

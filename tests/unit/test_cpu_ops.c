@@ -77,6 +77,24 @@ static void *quantize(sf_dtype t, const float *src, int64_t rows, int64_t cols, 
 }
 
 /* ---- matmul ------------------------------------------------------------------------------ */
+/* One token of a block format read in place (Q8_0, Q4_K, Q6_K) meets x rounded to int8 in
+ * groups of 32 (kernels/cpu/qdot.c) on the AVX2 path: the kernel is exact against x so
+ * rounded, which is what this gives (n elements, a multiple of 32). */
+static int x_rounded(sf_dtype t, int n_tokens)
+{
+    return n_tokens == 1 && (t == SF_DT_Q8_0 || t == SF_DT_Q4_K || t == SF_DT_Q6_K) && !getenv("SEMFLOW_NO_AVX2");
+}
+
+static void round_x_int8(float *x, int64_t n)
+{
+    for (int64_t g = 0; g < n / 32; g++) {
+        float amax = 0, *v = x + 32 * g;
+        for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
+        float inv = amax > 0 ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
+        for (int l = 0; l < 32; l++) v[l] = nearbyintf(v[l] * inv) * dx;
+    }
+}
+
 static int check_matmul(sf_dtype t, int n, int k, int n_parts, const int *rows, int with_bias, double *worst)
 {
     int64_t m = 0;
@@ -104,13 +122,15 @@ static int check_matmul(sf_dtype t, int n, int k, int n_parts, const int *rows, 
     sf_error err = { 0 };
     int ok = 0;
     if (B->ops->weight_new(B, &d, &w, &err) != SF_OK) { printf("  weight_new: %s\n", err.msg); goto out; }
-    float *x = malloc(sizeof(float) * n * k), *y = malloc(sizeof(float) * n * m);
+    float *x = malloc(sizeof(float) * n * k), *y = malloc(sizeof(float) * n * m), *xr = malloc(sizeof(float) * n * k);
     double *ref = malloc(sizeof(double) * n * m);
     fill_rand(x, (int64_t)n * k, 1.0f);
+    memcpy(xr, x, sizeof(float) * n * k);
+    if (x_rounded(t, n)) round_x_int8(xr, (int64_t)n * k);
     for (int i = 0; i < n; i++)
         for (int64_t j = 0; j < m; j++) {
             double s = bref[j];
-            for (int l = 0; l < k; l++) s += (double)x[(int64_t)i * k + l] * wref[j * k + l];
+            for (int l = 0; l < k; l++) s += (double)xr[(int64_t)i * k + l] * wref[j * k + l];
             ref[(int64_t)i * m + j] = s;
         }
     sf_buf *bx = buf(n, k), *by = buf(n, m);
@@ -126,7 +146,7 @@ static int check_matmul(sf_dtype t, int n, int k, int n_parts, const int *rows, 
     B->ops->buf_free(B, bx);
     B->ops->buf_free(B, by);
     B->ops->weight_free(B, w);
-    free(x); free(y); free(ref);
+    free(x); free(y); free(xr); free(ref);
 out:
     for (int p = 0; p < 4; p++) { free(wdata[p]); free(bdata[p]); }
     free(wref); free(bref);
@@ -154,7 +174,8 @@ TEST(matmul_shapes_dtypes)
 
 /* GGUF's other block formats: fused two-part weights whose parts are column slices (a row
  * stride of two rows' worth, as tensor parallelism cuts them). Q4_K and Q6_K are read in place
- * (one token: integer kernels against x in int8; several: rows into fp32), the rest once into f16; the
+ * (one token: integer kernels against x in int8; several: rows into fp32), as Q8_0 is, the rest
+ * once into f16; the
  * reference takes each element from tests/lib/quant_ref.h, rounded as the backend keeps it. */
 static void check_block_format(sf_dtype t, int n, int K, const int rows[2], double *worst_x8)
 {
@@ -180,20 +201,13 @@ static void check_block_format(sf_dtype t, int n, int K, const int rows[2], doub
     sf_error err = { 0 };
     int rc = B->ops->weight_new(B, &d, &w, &err);
     CHECK_MSG(rc == SF_OK, "%s: %s", sf_dtype_name(t), err.msg);
-    /* one token of Q4_K / Q6_K meets x rounded to int8 in groups of 32 (kernels/cpu/kquant.c):
-     * exact against x so rounded, ~0.3% off against x itself */
-    int x8 = n == 1 && (t == SF_DT_Q4_K || t == SF_DT_Q6_K) && !getenv("SEMFLOW_NO_AVX2");
+    int x8 = x_rounded(t, n);
     if (rc == SF_OK) {
         float *x = malloc(sizeof(float) * n * K), *y = malloc(sizeof(float) * n * m), *xr = malloc(sizeof(float) * n * K);
         double *ref_x = malloc(sizeof(double) * n * m);
         fill_rand(x, (int64_t)n * K, 1.0f);
         memcpy(xr, x, sizeof(float) * n * K);
-        for (int64_t g = 0; x8 && g < (int64_t)n * K / 32; g++) {
-            float amax = 0, *v = xr + 32 * g;
-            for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
-            float inv = amax > 0 ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
-            for (int l = 0; l < 32; l++) v[l] = nearbyintf(v[l] * inv) * dx;
-        }
+        if (x8) round_x_int8(xr, (int64_t)n * K);
         for (int i = 0; i < n; i++)
             for (int j = 0; j < m; j++) {
                 double s = 0, sr = 0;
@@ -241,7 +255,7 @@ TEST(matmul_block_formats)
     for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++)
         for (size_t c = 0; c < SF_ARRAY_LEN(cases); c++)
             check_block_format(qr_types[ti], cases[c].n, cases[c].k, cases[c].rows, &worst_x8);
-    if (!getenv("SEMFLOW_NO_AVX2")) printf("  one token of q4_k / q6_k against x before its int8 rounding: worst rel err %.2e\n", worst_x8);
+    if (!getenv("SEMFLOW_NO_AVX2")) printf("  one token of q8_0 / q4_k / q6_k against x before its int8 rounding: worst rel err %.2e\n", worst_x8);
 }
 
 TEST(matmul_rejects_bad_shapes)

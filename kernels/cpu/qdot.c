@@ -1,29 +1,34 @@
-/* kquant.c — GGUF's Q4_K and Q6_K weights read in place (llama.cpp's Q4_K_M files are these two):
- * the one-token dot products of the matmul, and rows into fp32 for the many-token path.
+/* qdot.c — GGUF block formats read in place: Q8_0, and Q4_K and Q6_K (llama.cpp's Q4_K_M files
+ * are these two): the one-token dot products of the matmul, and K-quant rows into fp32 for the
+ * many-token path.
  *
- * Layouts (hal/quant.c has them all): a super-block of 256 weights is 32-element groups.
- *   Q4_K (144 B): d, dmin f16; 8 6-bit scales and mins in 12 bytes; then 4 x 32 bytes whose low
- *        nibbles are group 2g and high nibbles group 2g + 1: w = d sc_j q - dmin m_j.
- *   Q6_K (210 B): ql[128] low nibbles, qh[64] 2-bit high parts, 16 int8 scales (one per 16
- *        weights), d f16: w = d sc (q - 32), q 6 bits.
+ * Layouts (hal/quant.c has them all):
+ *   Q8_0 (32, 34 B): d f16, 32 int8: w = d q.
+ *   Q4_K (256, 144 B): d, dmin f16; 8 6-bit scales and mins in 12 bytes; then 4 x 32 bytes
+ *        whose low nibbles are 32-group 2g and high nibbles group 2g + 1: w = d sc_j q - dmin m_j.
+ *   Q6_K (256, 210 B): ql[128] low nibbles, qh[64] 2-bit high parts, 16 int8 scales (one per
+ *        16 weights), d f16: w = d sc (q - 32), q 6 bits.
  *
  * One token: x is quantized once per matmul call to int8 in groups of 32 (dx_j = max |x| / 127,
  * as llama.cpp's Q8 activations, but with a scale per 32 rather than per 256), and the quants
  * meet it in integer multiply-adds (maddubs: unsigned quant x signed x, 32 products in one
- * instruction); each group's sum is scaled by d sc_j dx_j in fp32. The offsets (Q4_K's mins,
- * Q6_K's 32) multiply the rounded x's sums over 16 or 32 elements, which prep also keeps (the
- * exact sums would leave the rounding of x times the quants' mean: twice the error). Each
- * output differs from the dequantized weights' fp32 dot product by x's rounding, about 0.3%
- * relative: as in llama.cpp; the weights' own quantization error is ten times that. A float
- * kernel (quants to fp32, FMA against x) was 3.9 weights/cycle a core out of cache, under the
- * memory's speed; these are not bound by their instructions.
+ * instruction; Q8_0's signed quants lend their sign to x); each group's sum is scaled by its
+ * weight scale times dx_j in fp32. The offsets (Q4_K's mins, Q6_K's 32) multiply the rounded
+ * x's sums over 16 or 32 elements, which prep also keeps (the exact sums would leave the
+ * rounding of x times the quants' mean: twice the error). Each output is then exact against x
+ * so rounded, and 0.3-1% off the dot product with x itself (test_cpu_ops), 0.2-0.7% in a
+ * model's logits (test_forward's random two-layer models): as in llama.cpp, and a tenth of a
+ * 4-bit format's own quantization error. Float kernels (quants to fp32, FMA against x) did 3.9 weights/cycle a
+ * core out of cache (Q4_K), under the memory's speed.
  *
- * Many tokens (prefill): rows into fp32 (sf_cpu_kq_row_to_f32) and the fp32 kernel, exact. */
+ * Many tokens (prefill): rows into fp32 (sf_cpu_kq_row_to_f32, sf_cpu_row_to_f32) and the fp32
+ * kernel, exact. */
 #include "cpu.h"
 
 /* Software prefetch distance of each row's stream, in bytes: without it the kernels read
  * 7.3 GB/s a core from memory against 15 from the last-level cache (a Zen 4 VM, 2048-column
  * rows; 1024 bytes ahead: 7.8, 4096: 14.9 for Q4_K, 8192: 14.0 for Q6_K). */
+#define PF_Q8 4096
 #define PF_Q4K 4096
 #define PF_Q6K 8192
 
@@ -138,6 +143,28 @@ void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *o
         }
     }
     for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *out)
+{
+    const int8_t *x8 = PX_X8(xp);
+    const float *dx = PX_DX(xp, k);
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t j = 0; j < k / 32; j++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x8 + 32 * j));
+        __m256 dxj = _mm256_broadcast_ss(&dx[j]);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = (const uint8_t *)w[r] + 34 * j;
+            if (!(j & 1)) _mm_prefetch((const char *)b + PF_Q8, _MM_HINT_T0);
+            __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
+            /* |q| x (x with q's sign): maddubs wants its first operand unsigned */
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
+            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+            acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16le(b)), dxj), s, acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
 }
 
 /* Q6_K: group kk (0..3) of a 128-half takes ql[32 (kk & 1) + l]'s nibble kk >> 1 and bits
