@@ -4,7 +4,7 @@
  * threads, so filling is bound by page faults and memory bandwidth, not by the random number
  * generator. The format (sf_load_opts.dummy_format) is bf16 or f16 for every tensor, or one
  * of GGUF's block formats for the matrices (norms and biases f32, as GGUF files keep them):
- * q8_0, q4_k, q6_k, or q4_k_m, llama.cpp's mix of the last two. */
+ * q8_0, q4_k, q5_k, q6_k, or llama.cpp's mixes q4_k_m and q5_k_m (with q6_k). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -159,13 +159,14 @@ static size_t host_ram(void)
 typedef struct dummy_fmt {
     const char *name;
     sf_dtype mat, vec;        /* matrices; norms and biases */
-    int k_m;                  /* Q4_K_M: Q6_K for the head and some layers' attn_v / ffn_down */
+    int k_m;                  /* Q4_K_M, Q5_K_M: Q6_K for the head and some layers' attn_v / ffn_down */
 } dummy_fmt;
 
 static const dummy_fmt formats[] = {
     { "bf16", SF_DT_BF16, SF_DT_BF16, 0 }, { "f16", SF_DT_F16, SF_DT_F16, 0 },
     { "q8_0", SF_DT_Q8_0, SF_DT_F32, 0 },  { "q4_k", SF_DT_Q4_K, SF_DT_F32, 0 },
     { "q6_k", SF_DT_Q6_K, SF_DT_F32, 0 },  { "q4_k_m", SF_DT_Q4_K, SF_DT_F32, 1 },
+    { "q5_k", SF_DT_Q5_K, SF_DT_F32, 0 },  { "q5_k_m", SF_DT_Q5_K, SF_DT_F32, 1 },
 };
 
 static const dummy_fmt *format_find(const char *name)
@@ -179,7 +180,8 @@ static const dummy_fmt *format_find(const char *name)
 int sf_dummy_format_check(const char *name, sf_error *err)
 {
     return format_find(name) ? SF_OK
-                             : sf_err(err, SF_EINVAL, "dummy weights come as bf16, f16, q8_0, q4_k, q6_k or q4_k_m, not '%s'",
+                             : sf_err(err, SF_EINVAL, "dummy weights come as bf16, f16, q8_0, q4_k, q5_k, q6_k, q4_k_m or "
+                                      "q5_k_m, not '%s'",
                                       name);
 }
 

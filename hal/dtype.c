@@ -59,5 +59,5 @@ sf_dtype sf_weight_dtype(const char *backend, sf_dtype t)
 {
     if (strcmp(backend, "cpu")) return SF_DT_BF16;
     return t == SF_DT_F32 || t == SF_DT_F16 || t == SF_DT_BF16 || t == SF_DT_Q8_0 || t == SF_DT_Q4_K ||
-                   t == SF_DT_Q6_K ? t : SF_DT_F16;
+                   t == SF_DT_Q5_K || t == SF_DT_Q6_K ? t : SF_DT_F16;
 }

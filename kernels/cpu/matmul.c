@@ -7,7 +7,7 @@
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
  * the block. For n > 1 and non-fp32 weights the four rows are dequantized once per block
  * into the thread's scratch and the fp32 kernel runs over the block. One token of a block
- * format (Q8_0, Q4_K, Q6_K) meets x rounded to int8 in integer kernels instead (qdot.c).
+ * format (Q8_0, Q4_K, Q5_K, Q6_K) meets x rounded to int8 in integer kernels instead (qdot.c).
  * Accumulation is fp32 in 8-lane partial sums (AVX2+FMA), reduced at the end of a row. */
 #include "cpu.h"
 
@@ -125,6 +125,7 @@ static dot4_fn dot4_for(sf_dtype t)
     case SF_DT_F16: return dot4_f16;
     case SF_DT_Q8_0: return sf_cpu_dot4_q8_0;
     case SF_DT_Q4_K: return sf_cpu_dot4_q4_K;
+    case SF_DT_Q5_K: return sf_cpu_dot4_q5_K;
     case SF_DT_Q6_K: return sf_cpu_dot4_q6_K;
     default: return NULL;
     }
@@ -157,7 +158,7 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     int direct = avx2 && (v->dtype == SF_DT_F32 || nt == 1);
     dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
     const float *xq = NULL; /* the token's x as the block formats' kernels read it (qdot.c) */
-    if (direct && (v->dtype == SF_DT_Q8_0 || v->dtype == SF_DT_Q4_K || v->dtype == SF_DT_Q6_K)) {
+    if (direct && v->dtype != SF_DT_F32 && sf_dtype_block(v->dtype) > 1) {
         sf_cpu_kq_prep_x(mm->x + (int64_t)t0 * mm->ldx, k, scratch);
         xq = scratch;
     }

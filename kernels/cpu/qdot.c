@@ -1,11 +1,13 @@
-/* qdot.c — GGUF block formats read in place: Q8_0, and Q4_K and Q6_K (llama.cpp's Q4_K_M files
- * are these two): the one-token dot products of the matmul, and K-quant rows into fp32 for the
- * many-token path.
+/* qdot.c — GGUF block formats read in place: Q8_0, Q4_K, Q5_K and Q6_K (llama.cpp's Q4_K_M and
+ * Q5_K_M files are these): the one-token dot products of the matmul, and K-quant rows into fp32
+ * for the many-token path.
  *
  * Layouts (hal/quant.c has them all):
  *   Q8_0 (32, 34 B): d f16, 32 int8: w = d q.
  *   Q4_K (256, 144 B): d, dmin f16; 8 6-bit scales and mins in 12 bytes; then 4 x 32 bytes
  *        whose low nibbles are 32-group 2g and high nibbles group 2g + 1: w = d sc_j q - dmin m_j.
+ *   Q5_K (256, 176 B): as Q4_K, with 32 bytes of fifth bits @16 (bit j of byte l: element l of
+ *        group j) and the nibbles @48.
  *   Q6_K (256, 210 B): ql[128] low nibbles, qh[64] 2-bit high parts, 16 int8 scales (one per
  *        16 weights), d f16: w = d sc (q - 32), q 6 bits.
  *
@@ -108,20 +110,22 @@ static inline __m256 qdot32(__m256i q, const int8_t *x8)
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
+/* Q4_K and Q5_K (five: a fifth bit of each quant from the 32 bytes of qh, bit j for group j) */
 __attribute__((target("avx2,fma,f16c")))
-void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out)
+static inline void dot4_q45_K(const void *const *w, const float *xp, int64_t k, float *out, int five)
 {
     const int8_t *x8 = PX_X8(xp);
     const float *dx = PX_DX(xp, k), *s32 = PX_S32(xp, k);
-    const __m256i m4 = _mm256_set1_epi8(0xF);
+    const __m256i m4 = _mm256_set1_epi8(0xF), m10 = _mm256_set1_epi8(0x10);
+    const size_t bb = five ? 176 : 144, qs0 = five ? 48 : 16;
     __m256 acc[4][2], accm[4];
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = accm[r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < k / 256; sb++) {
         const int8_t *xs = x8 + 256 * sb;
         __m256 dxv = _mm256_loadu_ps(dx + 8 * sb), sums = _mm256_loadu_ps(s32 + 8 * sb);
         for (int r = 0; r < 4; r++) {
-            const uint8_t *b = (const uint8_t *)w[r] + 144 * sb;
-            for (int l = 0; l < 144; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
+            const uint8_t *b = (const uint8_t *)w[r] + bb * sb;
+            for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
             uint8_t sm[16];
             q4k_scales(b + 4, sm);
             float sc[8];
@@ -130,11 +134,17 @@ void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *o
                                                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)))));
             __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
             accm[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16le(b + 2)), mins), sums, accm[r]);
+            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
             __m256 a0 = acc[r][0], a1 = acc[r][1];
             for (int g = 0; g < 4; g++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * g));
-                __m256 lo = qdot32(_mm256_and_si256(v, m4), xs + 64 * g);
-                __m256 hi = qdot32(_mm256_and_si256(_mm256_srli_epi16(v, 4), m4), xs + 64 * g + 32);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * g));
+                __m256i ql = _mm256_and_si256(v, m4), qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (five) { /* bit 2g to bit 4 of each byte, then bit 2g + 1 */
+                    ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
+                    qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
+                    hb = _mm256_srli_epi16(hb, 2);
+                }
+                __m256 lo = qdot32(ql, xs + 64 * g), hi = qdot32(qh, xs + 64 * g + 32);
                 a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g]), lo, a0);
                 a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g + 1]), hi, a1);
             }
@@ -144,6 +154,12 @@ void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *o
     }
     for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
 }
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q45_K(w, xp, k, out, 0); }
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q5_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q45_K(w, xp, k, out, 1); }
 
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *out)
@@ -235,19 +251,27 @@ void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
 {
     const uint8_t *b = src;
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
-    if (t == SF_DT_Q4_K)
-        for (int64_t sb = 0; sb < k / 256; sb++, b += 144, y += 256) {
+    if (t == SF_DT_Q4_K || t == SF_DT_Q5_K) {
+        int five = t == SF_DT_Q5_K;
+        const __m256i m10 = _mm256_set1_epi8(0x10);
+        for (int64_t sb = 0; sb < k / 256; sb++, b += five ? 176 : 144, y += 256) {
             uint8_t sm[16];
             q4k_scales(b + 4, sm);
             float d = f16le(b), dmin = f16le(b + 2);
+            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
             for (int g = 0; g < 4; g++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(b + 16 + 32 * g));
+                __m256i v = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * g));
                 __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
+                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
+                    hb = _mm256_srli_epi16(hb, 2);
+                }
                 store32(y + 64 * g, lo, d * sm[2 * g], dmin * sm[8 + 2 * g]);
                 store32(y + 64 * g + 32, hi, d * sm[2 * g + 1], dmin * sm[8 + 2 * g + 1]);
             }
         }
-    else /* SF_DT_Q6_K */
+    } else /* SF_DT_Q6_K */
         for (int64_t sb = 0; sb < k / 256; sb++, b += 210, y += 256) {
             const int8_t *sc = (const int8_t *)(b + 192);
             float d = f16le(b + 208);

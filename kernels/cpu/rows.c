@@ -57,6 +57,7 @@ static void row_to_f32_avx2(sf_dtype t, const void *src, int64_t k, float *dst)
         return;
     }
     case SF_DT_Q4_K:
+    case SF_DT_Q5_K:
     case SF_DT_Q6_K: sf_cpu_kq_row_to_f32(t, src, k, dst); return;
     default:
         if (sf_dtype_block(t) > 1) sf_dequant_row(t, src, k, dst);

@@ -77,12 +77,12 @@ static void *quantize(sf_dtype t, const float *src, int64_t rows, int64_t cols, 
 }
 
 /* ---- matmul ------------------------------------------------------------------------------ */
-/* One token of a block format read in place (Q8_0, Q4_K, Q6_K) meets x rounded to int8 in
+/* One token of a block format read in place (Q8_0, Q4_K, Q5_K, Q6_K) meets x rounded to int8 in
  * groups of 32 (kernels/cpu/qdot.c) on the AVX2 path: the kernel is exact against x so
  * rounded, which is what this gives (n elements, a multiple of 32). */
 static int x_rounded(sf_dtype t, int n_tokens)
 {
-    return n_tokens == 1 && (t == SF_DT_Q8_0 || t == SF_DT_Q4_K || t == SF_DT_Q6_K) && !getenv("SEMFLOW_NO_AVX2");
+    return n_tokens == 1 && sf_dtype_block(t) > 1 && sf_weight_dtype("cpu", t) == t && !getenv("SEMFLOW_NO_AVX2");
 }
 
 static void round_x_int8(float *x, int64_t n)
@@ -255,7 +255,7 @@ TEST(matmul_block_formats)
     for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++)
         for (size_t c = 0; c < SF_ARRAY_LEN(cases); c++)
             check_block_format(qr_types[ti], cases[c].n, cases[c].k, cases[c].rows, &worst_x8);
-    if (!getenv("SEMFLOW_NO_AVX2")) printf("  one token of q8_0 / q4_k / q6_k against x before its int8 rounding: worst rel err %.2e\n", worst_x8);
+    if (!getenv("SEMFLOW_NO_AVX2")) printf("  one token of q8_0 / q4_k / q5_k / q6_k against x before its int8 rounding: worst rel err %.2e\n", worst_x8);
 }
 
 TEST(matmul_rejects_bad_shapes)

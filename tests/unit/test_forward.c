@@ -316,7 +316,7 @@ TEST(forward_matches_reference)
             rc = runner_step(&r, 1, &seq, &cnt, &tp, 1, out, &err);
             double e = rel_err_fd(out, ref, T * c->vocab);
             CHECK_MSG(rc == SF_OK && e < 1e-5, "%s: rc %d (%s), rel err %g", c->name, rc, err.msg, e);
-            /* the same tokens one at a time as sequence 1: the decode path, where Q8_0, Q4_K and Q6_K
+            /* the same tokens one at a time as sequence 1: the decode path, where the block formats
              * matrices meet x rounded to int8 (kernels/cpu/qdot.c): 0.2-0.7% here */
             int s1 = 1, one = 1;
             for (int i = 0; i < T && rc == SF_OK; i++) {

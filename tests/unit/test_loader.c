@@ -1104,7 +1104,7 @@ static double dequant_std(const sf_view *v)
     return sqrt(s2 / n - (s / n) * (s / n));
 }
 
-/* Dummy weights in GGUF's block formats: the matrices in the format (Q4_K_M: Q6_K for the head
+/* Dummy weights in GGUF's block formats: the matrices in the format (Q4_K_M, Q5_K_M: Q6_K for the head
  * and, in llama.cpp's layers, attn_v and ffn_down), norms and biases f32, values of std ~0.02. */
 TEST(dummy_weights_block_formats)
 {
@@ -1116,7 +1116,8 @@ TEST(dummy_weights_block_formats)
                       "\"tie_word_embeddings\": false}";
     write_file(p, cfg, strlen(cfg));
     static const struct { const char *name; sf_dtype t; } fmts[] = {
-        { "q8_0", SF_DT_Q8_0 }, { "q4_k", SF_DT_Q4_K }, { "q6_k", SF_DT_Q6_K }, { "q4_k_m", SF_DT_Q4_K },
+        { "q8_0", SF_DT_Q8_0 }, { "q4_k", SF_DT_Q4_K },   { "q5_k", SF_DT_Q5_K },
+        { "q6_k", SF_DT_Q6_K }, { "q4_k_m", SF_DT_Q4_K }, { "q5_k_m", SF_DT_Q5_K },
     };
     sf_error e = { 0 };
     for (size_t f = 0; f < SF_ARRAY_LEN(fmts); f++) {
@@ -1124,7 +1125,7 @@ TEST(dummy_weights_block_formats)
         sf_load_opts o = { .dummy = 1, .seed = 5, .dummy_format = fmts[f].name };
         rc_ = sf_model_load(d, &o, &m, &e);
         REQUIRE(rc_ == SF_OK, "%s: %s", fmts[f].name, e.msg);
-        int km = !strcmp(fmts[f].name, "q4_k_m"), wrong = 0;
+        int km = strstr(fmts[f].name, "_k_m") != NULL, wrong = 0;
         double lo = 1, hi = 0;
         for (int i = 0; i < 8; i++) {
             const sf_layer_w *l = &m->layers[i];
