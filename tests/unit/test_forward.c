@@ -317,7 +317,7 @@ TEST(forward_matches_reference)
             double e = rel_err_fd(out, ref, T * c->vocab);
             CHECK_MSG(rc == SF_OK && e < 1e-5, "%s: rc %d (%s), rel err %g", c->name, rc, err.msg, e);
             /* the same tokens one at a time as sequence 1: the decode path, where the block formats
-             * matrices meet x rounded to int8 (kernels/cpu/qdot.c): 0.2-0.7% here */
+             * read in place meet x rounded to int8 (kernels/cpu/qdot.c): 0.2-0.7% here */
             int s1 = 1, one = 1;
             for (int i = 0; i < T && rc == SF_OK; i++) {
                 const int32_t *p1 = &tok[i];
