@@ -50,6 +50,8 @@ typedef struct cpu_ctx {
     /* per-thread scratch */
     float *scratch;
     int64_t scratch_floats;  /* per thread */
+    float *xq;               /* one token's x as the block formats' kernels read it (qdot.c) */
+    int64_t xq_floats;
     /* sampler scratch, one per thread, for rows of up to sample_vocab tokens */
     sf_cpu_sample_scratch *sample;
     int sample_vocab;
@@ -496,7 +498,25 @@ static int cpu_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n,
     sf_cpu_matmul a = { .n_parts = w->n_parts, .m = w->m, .k = w->k, .x = x->data, .y = y->data, .n = n,
                         .ldx = (int)x->cols, .ldy = (int)y->cols, .l2_bytes = c->hw.l2_bytes,
                         .scratch = c->scratch, .scratch_floats = c->scratch_floats };
-    for (int p = 0; p < w->n_parts; p++) { a.part[p] = w->part[p]; a.bias[p] = w->bias[p]; }
+    int blocks = 0;
+    for (int p = 0; p < w->n_parts; p++) {
+        a.part[p] = w->part[p];
+        a.bias[p] = w->bias[p];
+        blocks |= sf_dtype_block(w->part[p].dtype) > 1;
+    }
+    /* one token against block formats: x in int8 once here, not in every thread's chunk */
+    if (n == 1 && blocks && sf_cpu_has_avx2()) {
+        int64_t need = sf_cpu_kq_prep_floats(w->k);
+        if (need > c->xq_floats) {
+            float *q = aligned_alloc(64, ((size_t)need * sizeof(float) + 63) & ~(size_t)63);
+            if (!q) return (SF_LOGE("matmul: out of memory"), SF_ENOMEM);
+            free(c->xq);
+            c->xq = q;
+            c->xq_floats = need;
+        }
+        sf_cpu_kq_prep_x(x->data, w->k, c->xq);
+        a.xq = c->xq;
+    }
     run(c, sf_cpu_matmul_task, &a, (int64_t)n * w->m * w->k);
     return SF_OK;
 }
@@ -694,6 +714,7 @@ static void cpu_destroy(sf_backend *b)
         sf_cpu_pool_free(c->pool);
         kv_release(c);
         free(c->scratch);
+        free(c->xq);
         sample_scratch_free(c);
         free(c->tokens); free(c->last_ids); free(c->pos); free(c->slot); free(c->seq_start); free(c->seq_ctx);
         free(c->block_table); free(c->logit_rows);

@@ -92,6 +92,7 @@ typedef struct sf_cpu_matmul {
     const float *bias[4];
     int64_t m, k;            /* total rows (output features), columns (input features) */
     const float *x;          /* [n, ldx] */
+    const float *xq;         /* n == 1: x as sf_cpu_kq_prep_x left it, or NULL (each chunk makes it) */
     float *y;                /* [n, ldy] */
     int n, ldx, ldy;
     size_t l2_bytes;         /* cache budget for blocking (per core) */

@@ -158,9 +158,12 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     int direct = avx2 && (v->dtype == SF_DT_F32 || nt == 1);
     dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
     const float *xq = NULL; /* the token's x as the block formats' kernels read it (qdot.c) */
-    if (direct && v->dtype != SF_DT_F32 && sf_dtype_block(v->dtype) > 1) {
-        sf_cpu_kq_prep_x(mm->x + (int64_t)t0 * mm->ldx, k, scratch);
-        xq = scratch;
+    if (direct && sf_dtype_block(v->dtype) > 1) {
+        xq = mm->xq;
+        if (!xq) {
+            sf_cpu_kq_prep_x(mm->x + (int64_t)t0 * mm->ldx, k, scratch);
+            xq = scratch;
+        }
     }
     for (int64_t r = lo; r < hi; r += 4) {
         int nr = (int)SF_MIN(4, hi - r);
