@@ -73,14 +73,15 @@ static sf_kv_config kv_of(const sf_model_config *c, int kv_heads)
 }
 
 /* TP=1 logits of every step: [NSTEPS][2][vocab] */
-static float *reference(const char *path, int dummy, sf_model_config *cfg)
+/* dummy: NULL to load the files, or dummy weights of that format (sf_load_opts.dummy_format) */
+static float *reference(const char *path, const char *dummy, sf_model_config *cfg)
 {
     sf_error err = { 0 };
     sf_model *m = NULL;
     sf_backend *b = NULL;
     sf_forward *f = NULL;
     float *out = NULL;
-    sf_load_opts lo = { .dummy = dummy };
+    sf_load_opts lo = { .dummy = dummy != NULL, .dummy_format = dummy };
     sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
     if (sf_model_load(path, &lo, &m, &err) || sf_backend_open(&bo, &b, &err) || sf_forward_new(b, m, 16, 2, &f, &err))
         goto done;
@@ -114,11 +115,12 @@ typedef struct tp_group {
 } tp_group;
 
 /* Starts the group: followers forked (they run sf_tp_follower_run), leader returned. */
-static int start(const char *path, int dummy, int size, int timeout_ms, tp_group *g, sf_error *err)
+static int start(const char *path, const char *dummy, int size, int timeout_ms, tp_group *g, sf_error *err)
 {
     memset(g, 0, sizeof *g);
     pid_t *pids = g->pids;
-    sf_tp_rank_opts o = { .rank = 0, .size = size, .model = path, .load_dummy = dummy, .backend = "cpu",
+    sf_tp_rank_opts o = { .rank = 0, .size = size, .model = path, .load_dummy = dummy != NULL,
+                          .dummy_format = dummy, .backend = "cpu",
                           .n_threads = 1, .max_tokens = 16, .max_logits = 2, .shm_fd = -1, .timeout_ms = timeout_ms };
     int rc = sf_tp_group_create(&o, err);
     if (rc) return rc;
@@ -136,7 +138,7 @@ static int start(const char *path, int dummy, int size, int timeout_ms, tp_group
         pids[r - 1] = pid;
     }
     /* dummy weights: each rank fills only its share; the logits must still equal TP=1's */
-    sf_load_opts lo = { .dummy = dummy, .shard_rank = 0, .shard_size = size };
+    sf_load_opts lo = { .dummy = dummy != NULL, .dummy_format = dummy, .shard_rank = 0, .shard_size = size };
     sf_backend_opts bo = { .name = "cpu", .n_threads = 1 };
     if (!(rc = sf_model_load(path, &lo, &g->m, err)) && !(rc = sf_backend_open(&bo, &g->b, err)))
         rc = sf_tp_leader_new(&o, g->m, g->b, pids, &g->tp, err);
@@ -171,7 +173,7 @@ static int step_vs_ref(sf_tp *tp, const step *p, const float *ref_k, int V, floa
 }
 
 /* max |tp - ref| over all steps' logits, relative to the largest |ref| */
-static void check_tp(const char *what, const char *path, int dummy, int size)
+static void check_tp(const char *what, const char *path, const char *dummy, int size)
 {
     sf_model_config cfg;
     float *ref = reference(path, dummy, &cfg);
@@ -213,11 +215,11 @@ TEST(tp_swap_moves_a_sequence)
 {
     const char *path = test_data("tiny-random-llama-2");
     sf_model_config cfg;
-    float *ref = reference(path, 0, &cfg);
+    float *ref = reference(path, NULL, &cfg);
     REQUIRE(ref, "no TP=1 reference");
     sf_error err = { 0 };
     tp_group g;
-    int rc = start(path, 0, 2, 20000, &g, &err);
+    int rc = start(path, NULL, 2, 20000, &g, &err);
     CHECK_MSG(rc == SF_OK, "TP=2: %s", err.msg);
     if (rc) {
         free(ref);
@@ -268,7 +270,7 @@ static void bad_copy_fails(int32_t block, int32_t slot, const char *why)
 {
     sf_error err = { 0 };
     tp_group g;
-    int rc = start(test_data("tiny-random-llama-2"), 0, 2, 20000, &g, &err);
+    int rc = start(test_data("tiny-random-llama-2"), NULL, 2, 20000, &g, &err);
     CHECK_MSG(rc == SF_OK, "TP=2: %s", err.msg);
     sf_kv_config kc = { 0 };
     if (!rc) kc = kv_of(&g.m->cfg, sf_tp_kv_heads(g.tp));
@@ -351,22 +353,22 @@ TEST(tp_demo)
     sf_model_config c = m->cfg;
     sf_model_free(m);
     for (int n = 2; n <= 8; n *= 2)
-        if (sf_shard_check(&c, n, NULL) == SF_OK) check_tp("demo", "demo", 0, n);
+        if (sf_shard_check(&c, n, NULL) == SF_OK) check_tp("demo", "demo", NULL, n);
         else printf("      demo: %d heads / %d kv heads do not split %d ways\n", c.n_heads, c.n_kv_heads, n);
 }
 
 TEST(tp_tiny_random_llama2)
 {
     const char *p = test_data("tiny-random-llama-2");
-    check_tp("tiny-random-llama-2", p, 0, 2);
-    check_tp("tiny-random-llama-2", p, 0, 4); /* 4 heads: TP=8 cannot split them */
+    check_tp("tiny-random-llama-2", p, NULL, 2);
+    check_tp("tiny-random-llama-2", p, NULL, 4); /* 4 heads: TP=8 cannot split them */
 }
 
 TEST(tp_synthetic_kv_split)
 {
     const char *d = synthetic("kvsplit", "llama", 1000, 64, 96, 8, 8, 0);
     REQUIRE(d, "cannot write a config");
-    for (int n = 2; n <= 8; n *= 2) check_tp("synthetic 8q/8kv", d, 1, n);
+    for (int n = 2; n <= 8; n *= 2) check_tp("synthetic 8q/8kv", d, "bf16", n);
     rm_synthetic(d);
 }
 
@@ -375,7 +377,17 @@ TEST(tp_synthetic_gqa_replicated_bias_tied)
     /* qwen2: q/k/v biases; 2 kv heads on 4 and 8 ranks are replicated; 1001 = 8*125+1: padded vocab */
     const char *d = synthetic("gqa", "qwen2", 1001, 64, 100, 8, 2, 1);
     REQUIRE(d, "cannot write a config");
-    for (int n = 2; n <= 8; n *= 2) check_tp("synthetic 8q/2kv qwen2 tied", d, 1, n);
+    for (int n = 2; n <= 8; n *= 2) check_tp("synthetic 8q/2kv qwen2 tied", d, "bf16", n);
+    rm_synthetic(d);
+}
+
+/* GGUF's block formats read in place at TP: every rank's slices of Q4_K / Q6_K rows are whole
+ * super-blocks, and a token's x meets the same int8 rounding in the ranks' halves as whole. */
+TEST(tp_synthetic_q4_k_m)
+{
+    const char *d = synthetic("q4km", "llama", 1000, 512, 1024, 8, 2, 0);
+    REQUIRE(d, "cannot write a config");
+    check_tp("synthetic q4_k_m", d, "q4_k_m", 2);
     rm_synthetic(d);
 }
 
@@ -424,7 +436,7 @@ static void check_failure(int sig)
     REQUIRE(d, "cannot write a config");
     sf_error err = { 0 };
     tp_group g;
-    int rc = start(d, 1, 4, 3000, &g, &err); /* 4 ranks on a loaded 2-core host start slowly */
+    int rc = start(d, "bf16", 4, 3000, &g, &err); /* 4 ranks on a loaded 2-core host start slowly */
     CHECK_MSG(rc == SF_OK, "start: %s", err.msg);
     if (!rc) {
         sf_kv_config kc = kv_of(&g.m->cfg, sf_tp_kv_heads(g.tp));
@@ -458,7 +470,7 @@ TEST(tp_all_reduce_check)
     for (int size = 2; size <= 8; size *= 2) {
         sf_error err = { 0 };
         tp_group g;
-        int rc = start("demo", 0, size, 0, &g, &err);
+        int rc = start("demo", NULL, size, 0, &g, &err);
         CHECK_MSG(rc == SF_OK, "TP=%d start: %s", size, err.msg);
         if (rc) continue;
         double worst = -1;
@@ -503,12 +515,12 @@ static int masks_later_prepare(void *arg)
 TEST(tp_masks_after_the_plan)
 {
     sf_model_config cfg;
-    float *ref = reference("demo", 0, &cfg);
+    float *ref = reference("demo", NULL, &cfg);
     REQUIRE(ref, "no TP=1 reference");
     const int V = cfg.vocab_size, words = (V + 31) / 32;
     sf_error err = { 0 };
     tp_group g;
-    int rc = start("demo", 0, 2, 20000, &g, &err);
+    int rc = start("demo", NULL, 2, 20000, &g, &err);
     REQUIRE(rc == SF_OK, "start: %s", err.msg);
     sf_kv_config kc = kv_of(&cfg, sf_tp_kv_heads(g.tp));
     rc = sf_tp_kv_init(g.tp, &kc, &err);
@@ -595,6 +607,7 @@ int main(void)
     RUN(tp_tiny_random_llama2);
     RUN(tp_synthetic_kv_split);
     RUN(tp_synthetic_gqa_replicated_bias_tied);
+    RUN(tp_synthetic_q4_k_m);
     RUN(dummy_fill_of_a_shard);
     RUN(tp_all_reduce_check);
     RUN(tp_masks_after_the_plan);
