@@ -1,7 +1,8 @@
 /* cpu.h — the CPU kernels behind the CPU backend (hal/hal_cpu.c), one op per file.
  *
  * Activations are fp32, row-major. Weights are read in place in their stored dtype
- * (F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K) with fp32 accumulation. Each kernel is a plain function over one
+ * (F32, F16, BF16 and GGUF's Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) with fp32
+ * accumulation. Each kernel is a plain function over one
  * thread's share of the work: `ith` of `nth` threads; sf_cpu_pool_run() calls it on every
  * thread of a pool and returns when all have finished. Kernels allocate nothing and never
  * fail: the backend validates shapes before calling them.
@@ -69,18 +70,21 @@ void sf_cpu_row_to_f32(sf_dtype t, const void *src, int64_t k, float *dst);
 /* Address of row r of a row-major matrix of dtype t with `cols` columns. */
 const void *sf_cpu_row_ptr(sf_dtype t, const void *data, int64_t cols, int64_t r);
 
-/* ---- Q8_0, Q4_K, Q5_K and Q6_K in place (qdot.c) --------------------------------------------- */
+/* ---- GGUF block formats in place (qdot.c) --------------------------------------------- */
 /* x (k a multiple of 32) as the one-token kernels read it: int8 in groups of 32 with their
  * scales, and the sums over 16 and 32 elements: sf_cpu_kq_prep_floats(k) floats. */
 int64_t sf_cpu_kq_prep_floats(int64_t k);
 void sf_cpu_kq_prep_x(const float *x, int64_t k, float *xp);
-/* out[r] = W_r . x for 4 rows of Q8_0 / Q4_K / Q5_K / Q6_K blocks, x as sf_cpu_kq_prep_x left it
+/* out[r] = W_r . x for 4 rows of a block format, x as sf_cpu_kq_prep_x left it
  * (AVX2): exact against x rounded to int8, 0.3-1% off the fp32 dot product with x. */
 void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q5_K(const void *const *w, const float *xp, int64_t k, float *out);
+void sf_cpu_dot4_q4_0(const void *const *w, const float *xp, int64_t k, float *out);
+void sf_cpu_dot4_iq4_nl(const void *const *w, const float *xp, int64_t k, float *out);
+void sf_cpu_dot4_iq4_xs(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out);
-/* one Q4_K, Q5_K or Q6_K row into fp32 (AVX2; Q8_0's is in rows.c) */
+/* one row of a block format in place but Q8_0 into fp32 (AVX2; Q8_0's is in rows.c) */
 void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y);
 
 /* ---- matmul: y[n, m] = x[n, k] · W[m, k]^T (+ bias) -------------------------------- */

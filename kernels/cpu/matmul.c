@@ -7,7 +7,7 @@
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
  * the block. For n > 1 and non-fp32 weights the four rows are dequantized once per block
  * into the thread's scratch and the fp32 kernel runs over the block. One token of a block
- * format (Q8_0, Q4_K, Q5_K, Q6_K) meets x rounded to int8 in integer kernels instead (qdot.c).
+ * format read in place meets x rounded to int8 in integer kernels instead (qdot.c).
  * Accumulation is fp32 in 8-lane partial sums (AVX2+FMA), reduced at the end of a row. */
 #include "cpu.h"
 
@@ -126,6 +126,9 @@ static dot4_fn dot4_for(sf_dtype t)
     case SF_DT_Q8_0: return sf_cpu_dot4_q8_0;
     case SF_DT_Q4_K: return sf_cpu_dot4_q4_K;
     case SF_DT_Q5_K: return sf_cpu_dot4_q5_K;
+    case SF_DT_Q4_0: return sf_cpu_dot4_q4_0;
+    case SF_DT_IQ4_NL: return sf_cpu_dot4_iq4_nl;
+    case SF_DT_IQ4_XS: return sf_cpu_dot4_iq4_xs;
     case SF_DT_Q6_K: return sf_cpu_dot4_q6_K;
     default: return NULL;
     }

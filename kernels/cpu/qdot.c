@@ -1,9 +1,13 @@
-/* qdot.c — GGUF block formats read in place: Q8_0, Q4_K, Q5_K and Q6_K (llama.cpp's Q4_K_M and
- * Q5_K_M files are these): the one-token dot products of the matmul, and K-quant rows into fp32
- * for the many-token path.
+/* qdot.c — GGUF block formats read in place: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
+ * (llama.cpp's Q4_K_M and Q5_K_M files are K-quants): the one-token dot products of the matmul,
+ * and rows into fp32 for the many-token path.
  *
  * Layouts (hal/quant.c has them all):
  *   Q8_0 (32, 34 B): d f16, 32 int8: w = d q.
+ *   Q4_0, IQ4_NL (32, 18 B): d f16, 16 bytes of nibbles (elements 0-15 low, 16-31 high):
+ *        w = d (q - 8), or d kvalues[q] (a fixed table of 16 levels).
+ *   IQ4_XS (256, 136 B): d f16, 8 6-bit group scales ls in 6 bytes, 8 groups of IQ4_NL nibbles:
+ *        w = d (ls - 32) kvalues[q].
  *   Q4_K (256, 144 B): d, dmin f16; 8 6-bit scales and mins in 12 bytes; then 4 x 32 bytes
  *        whose low nibbles are 32-group 2g and high nibbles group 2g + 1: w = d sc_j q - dmin m_j.
  *   Q5_K (256, 176 B): as Q4_K, with 32 bytes of fifth bits @16 (bit j of byte l: element l of
@@ -183,6 +187,71 @@ void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *o
     for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
 }
 
+/* The 4-bit formats of 32-blocks: Q4_0 (d (q - 8)), IQ4_NL (d kvalues[q]) and IQ4_XS (256-blocks
+ * of 8 such groups, each with a 6-bit scale ls: d (ls - 32) kvalues[q]). A group's 16 bytes
+ * hold elements 0-15 in their low nibbles and 16-31 in the high ones; the values, signed
+ * bytes, meet x as Q8_0's do. */
+static const int8_t iq4nl_values[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+
+/* group j of a row of t: its 32 values as signed bytes, and its scale */
+__attribute__((target("avx2,fma,f16c")))
+static inline __m256i q4_group(sf_dtype t, const uint8_t *row, int64_t j, float *scale)
+{
+    const uint8_t *nib;
+    if (t == SF_DT_IQ4_XS) {
+        const uint8_t *b = row + 136 * (j / 8);
+        int s = (int)(j % 8);
+        int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (((b[2] | b[3] << 8) >> (2 * s)) & 3) << 4;
+        *scale = f16le(b) * (float)(ls - 32);
+        nib = b + 8 + 16 * s;
+    } else {
+        const uint8_t *b = row + 18 * j;
+        *scale = f16le(b);
+        nib = b + 2;
+    }
+    __m128i v = _mm_loadu_si128((const __m128i *)nib);
+    __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0xF));
+    if (t == SF_DT_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values)), q);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static inline void dot4_q4_32(const void *const *w, const float *xp, int64_t k, float *out, sf_dtype t)
+{
+    const int8_t *x8 = PX_X8(xp);
+    const float *dx = PX_DX(xp, k);
+    const size_t gb = t == SF_DT_IQ4_XS ? 17 : 18; /* bytes a group, for the prefetch */
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t j = 0; j < k / 32; j++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x8 + 32 * j));
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *row = w[r];
+            if (!(j & 3)) _mm_prefetch((const char *)row + gb * j + PF_Q4K, _MM_HINT_T0);
+            float sc;
+            __m256i v = q4_group(t, row, j, &sc);
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(sc * dx[j]), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))),
+                                     acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q4_0(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q4_32(w, xp, k, out, SF_DT_Q4_0); }
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_iq4_nl(const void *const *w, const float *xp, int64_t k, float *out)
+{
+    dot4_q4_32(w, xp, k, out, SF_DT_IQ4_NL);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_iq4_xs(const void *const *w, const float *xp, int64_t k, float *out)
+{
+    dot4_q4_32(w, xp, k, out, SF_DT_IQ4_XS);
+}
+
 /* Q6_K: group kk (0..3) of a 128-half takes ql[32 (kk & 1) + l]'s nibble kk >> 1 and bits
  * 2kk..2kk+1 of qh[l]; its first 16 elements have scale 2kk of the half, the next 16 2kk + 1,
  * which after the multiply-adds are int32 lanes 0-3 and 4-7. q is kept unsigned (0..63) and the
@@ -250,6 +319,17 @@ __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
 {
     const uint8_t *b = src;
+    if (t == SF_DT_Q4_0 || t == SF_DT_IQ4_NL || t == SF_DT_IQ4_XS) {
+        for (int64_t j = 0; j < k / 32; j++, y += 32) {
+            float sc;
+            __m256i v = q4_group(t, b, j, &sc);
+            __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
+            __m128i parts[4] = { a, _mm_srli_si128(a, 8), c, _mm_srli_si128(c, 8) };
+            for (int i = 0; i < 4; i++)
+                _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i])), _mm256_set1_ps(sc)));
+        }
+        return;
+    }
     const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
     if (t == SF_DT_Q4_K || t == SF_DT_Q5_K) {
         int five = t == SF_DT_Q5_K;

@@ -56,9 +56,12 @@ static void row_to_f32_avx2(sf_dtype t, const void *src, int64_t k, float *dst)
         }
         return;
     }
+    case SF_DT_Q4_0:
     case SF_DT_Q4_K:
     case SF_DT_Q5_K:
-    case SF_DT_Q6_K: sf_cpu_kq_row_to_f32(t, src, k, dst); return;
+    case SF_DT_Q6_K:
+    case SF_DT_IQ4_NL:
+    case SF_DT_IQ4_XS: sf_cpu_kq_row_to_f32(t, src, k, dst); return;
     default:
         if (sf_dtype_block(t) > 1) sf_dequant_row(t, src, k, dst);
         else memcpy(dst, src, (size_t)k * sizeof(float));

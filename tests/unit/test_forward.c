@@ -317,14 +317,14 @@ TEST(forward_matches_reference)
             double e = rel_err_fd(out, ref, T * c->vocab);
             CHECK_MSG(rc == SF_OK && e < 1e-5, "%s: rc %d (%s), rel err %g", c->name, rc, err.msg, e);
             /* the same tokens one at a time as sequence 1: the decode path, where the block formats
-             * read in place meet x rounded to int8 (kernels/cpu/qdot.c): 0.2-0.7% here */
+             * read in place meet x rounded to int8 (kernels/cpu/qdot.c): 0.4-1% here */
             int s1 = 1, one = 1;
             for (int i = 0; i < T && rc == SF_OK; i++) {
                 const int32_t *p1 = &tok[i];
                 rc = runner_step(&r, 1, &s1, &one, &p1, 0, out + (size_t)i * c->vocab, &err);
             }
             double e1 = rel_err_fd(out, ref, T * c->vocab);
-            double tol1 = c->t == BLOCK_FORMATS && !getenv("SEMFLOW_NO_AVX2") ? 2e-2 : 1e-5;
+            double tol1 = c->t == BLOCK_FORMATS && !getenv("SEMFLOW_NO_AVX2") ? 3e-2 : 1e-5;
             CHECK_MSG(rc == SF_OK && e1 < tol1, "%s, one token a step: rc %d (%s), rel err %g", c->name, rc, err.msg, e1);
             printf("  %-34s rel err %.2e, one token a step %.2e\n", c->name, e, e1);
             free(ref);
