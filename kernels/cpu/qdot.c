@@ -22,7 +22,7 @@
  * weight scale times dx_j in fp32. The offsets (Q4_K's mins, Q6_K's 32) multiply the rounded
  * x's sums over 16 or 32 elements, which prep also keeps (the exact sums would leave the
  * rounding of x times the quants' mean: twice the error). Each output is then exact against x
- * so rounded, and 0.3-1% off the dot product with x itself (test_cpu_ops), 0.2-0.7% in a
+ * so rounded, and 0.3-1% off the dot product with x itself (test_cpu_ops), 0.2-1% in a
  * model's logits (test_forward's random two-layer models): as in llama.cpp, and a tenth of a
  * 4-bit format's own quantization error. Float kernels (quants to fp32, FMA against x) did 3.9 weights/cycle a
  * core out of cache (Q4_K), under the memory's speed.
