@@ -24,8 +24,8 @@
  * rounding of x times the quants' mean: twice the error). Each output is then exact against x
  * so rounded, and 0.3-1% off the dot product with x itself (test_cpu_ops), 0.2-1% in a
  * model's logits (test_forward's random two-layer models): as in llama.cpp, and a tenth of a
- * 4-bit format's own quantization error. Float kernels (quants to fp32, FMA against x) did 3.9 weights/cycle a
- * core out of cache (Q4_K), under the memory's speed.
+ * 4-bit format's own quantization error. A float kernel (quants to fp32, FMA against x) did
+ * 3.9 weights a cycle a core out of cache (Q4_K), under the memory's speed.
  *
  * Many tokens (prefill): rows into fp32 (sf_cpu_kq_row_to_f32, sf_cpu_row_to_f32) and the fp32
  * kernel, exact. */
