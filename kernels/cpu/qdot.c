@@ -114,6 +114,21 @@ static inline __m256 qdot32(__m256i q, const int8_t *x8)
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
 }
 
+/* Q6_K's quants (0..63) of 128-half h of block b, its four 32-groups in order: group kk takes
+ * ql[32 (kk & 1) + l]'s nibble kk >> 1 and bits 2kk..2kk+1 of qh[l] (moved to bits 4-5) */
+__attribute__((target("avx2,fma,f16c")))
+static inline void q6k_quants(const uint8_t *b, int h, __m256i q[4])
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
+    __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
+}
+
 /* Q4_K and Q5_K (five: a fifth bit of each quant from the 32 bytes of qh, bit j for group j) */
 __attribute__((target("avx2,fma,f16c")))
 static inline void dot4_q45_K(const void *const *w, const float *xp, int64_t k, float *out, int five)
@@ -261,7 +276,6 @@ void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *o
 {
     const int8_t *x8 = PX_X8(xp);
     const float *dx = PX_DX(xp, k), *s16 = PX_S16(xp, k);
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
     __m256i idx[4];
     for (int kk = 0; kk < 4; kk++) idx[kk] = _mm256_setr_epi32(2 * kk, 2 * kk, 2 * kk, 2 * kk, 2 * kk + 1, 2 * kk + 1, 2 * kk + 1, 2 * kk + 1);
     __m256 acc[4][2], accm[4];
@@ -277,16 +291,8 @@ void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *o
             accm[r] = _mm256_fmadd_ps(sc[0], sum0, _mm256_fmadd_ps(sc[1], sum1, accm[r]));
             __m256 a0 = acc[r][0], a1 = acc[r][1];
             for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-                __m256i q[4] = {
-                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
-                };
+                __m256i q[4];
+                q6k_quants(b, h, q);
                 const int8_t *xs = x8 + 256 * sb + 128 * h;
                 const float *dxs = dx + 8 * sb + 4 * h;
                 for (int kk = 0; kk < 4; kk++) {
@@ -330,7 +336,7 @@ void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
         }
         return;
     }
-    const __m256i m4 = _mm256_set1_epi8(0xF), m30 = _mm256_set1_epi8(0x30);
+    const __m256i m4 = _mm256_set1_epi8(0xF);
     if (t == SF_DT_Q4_K || t == SF_DT_Q5_K) {
         int five = t == SF_DT_Q5_K;
         const __m256i m10 = _mm256_set1_epi8(0x10);
@@ -356,18 +362,10 @@ void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
             const int8_t *sc = (const int8_t *)(b + 192);
             float d = f16le(b + 208);
             for (int h = 0; h < 2; h++) {
-                const uint8_t *ql = b + 64 * h, *qh = b + 128 + 32 * h;
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)ql), l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)qh), c32 = _mm256_set1_epi8(32);
-                __m256i q[4] = {
-                    _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 4), m30)),
-                    _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_and_si256(_mm256_slli_epi16(hb, 2), m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4), _mm256_and_si256(hb, m30)),
-                    _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30)),
-                };
+                __m256i q[4];
+                q6k_quants(b, h, q);
                 for (int kk = 0; kk < 4; kk++) {
-                    __m256i s = _mm256_sub_epi8(q[kk], c32);
+                    __m256i s = _mm256_sub_epi8(q[kk], _mm256_set1_epi8(32));
                     float *o = y + 128 * h + 32 * kk;
                     /* 16 elements per scale: two halves of the 32 */
                     float s0 = d * sc[8 * h + 2 * kk], s1 = d * sc[8 * h + 2 * kk + 1];

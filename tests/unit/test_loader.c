@@ -63,6 +63,16 @@ static const char *mkdir_tmp(const char *rel)
     return p;
 }
 
+/* a folder under the test's tmp dir holding config.json with this text */
+static const char *config_dir(const char *rel, const char *json)
+{
+    const char *d = mkdir_tmp(rel);
+    char p[600];
+    snprintf(p, sizeof p, "%s/config.json", d);
+    write_file(p, json, strlen(json));
+    return d;
+}
+
 #define TINY "tiny-random-llama-2"
 
 /* The tiny checkpoint's safetensors split into header (parsed) and data blob. */
@@ -285,14 +295,9 @@ TEST(hf_bad_inputs)
     (void)c;
     expect_fail(tmp_path("no-such-folder"), SF_ENOTFOUND, "no-such-folder", "not found");
     expect_fail(mkdir_tmp("empty"), SF_ENOTFOUND, "config.json", NULL);
-    const char *d = mkdir_tmp("notjson");
-    snprintf(p, sizeof p, "%s/config.json", d);
-    write_file(p, "{\"model_type\": llama", 20);
+    const char *d = config_dir("notjson", "{\"model_type\": llama");
     expect_fail(d, SF_EFORMAT, "not valid JSON", NULL);
-    d = mkdir_tmp("gpt2");
-    snprintf(p, sizeof p, "%s/config.json", d);
-    const char *gpt2 = "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 50257}";
-    write_file(p, gpt2, strlen(gpt2));
+    d = config_dir("gpt2", "{\"model_type\": \"gpt2\", \"architectures\": [\"GPT2LMHeadModel\"], \"vocab_size\": 50257}");
     expect_fail(d, SF_EUNSUPPORTED, "gpt2", "llama, qwen2, mistral");
     d = mkdir_tmp("noweights");
     snprintf(p, sizeof p, "%s/config.json", d);
@@ -1053,13 +1058,9 @@ TEST(demo_path)
 
 TEST(dummy_weights)
 {
-    const char *d = mkdir_tmp("dummy");
-    char p[600];
-    snprintf(p, sizeof p, "%s/config.json", d);
-    const char *cfg = "{\"model_type\": \"qwen2\", \"vocab_size\": 500, \"hidden_size\": 64, \"intermediate_size\": 96,"
-                      "\"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
-                      "\"tie_word_embeddings\": true}";
-    write_file(p, cfg, strlen(cfg));
+    const char *d = config_dir("dummy", "{\"model_type\": \"qwen2\", \"vocab_size\": 500, \"hidden_size\": 64, "
+                                        "\"intermediate_size\": 96, \"num_hidden_layers\": 3, \"num_attention_heads\": 4, "
+                                        "\"num_key_value_heads\": 2, \"tie_word_embeddings\": true}");
     sf_model *m = NULL;
     sf_error e = { 0 };
     sf_load_opts o = { .dummy = 1, .seed = 3 };
@@ -1108,13 +1109,9 @@ static double dequant_std(const sf_view *v)
  * and, in llama.cpp's layers, attn_v and ffn_down), norms and biases f32, values of std ~0.02. */
 TEST(dummy_weights_block_formats)
 {
-    const char *d = mkdir_tmp("dummyq");
-    char p[600];
-    snprintf(p, sizeof p, "%s/config.json", d);
-    const char *cfg = "{\"model_type\": \"qwen2\", \"vocab_size\": 300, \"hidden_size\": 256, \"intermediate_size\": 512,"
-                      "\"num_hidden_layers\": 8, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
-                      "\"tie_word_embeddings\": false}";
-    write_file(p, cfg, strlen(cfg));
+    const char *d = config_dir("dummyq", "{\"model_type\": \"qwen2\", \"vocab_size\": 300, \"hidden_size\": 256, "
+                                         "\"intermediate_size\": 512, \"num_hidden_layers\": 8, \"num_attention_heads\": 4, "
+                                         "\"num_key_value_heads\": 2, \"tie_word_embeddings\": false}");
     static const struct { const char *name; sf_dtype t; } fmts[] = {
         { "q8_0", SF_DT_Q8_0 }, { "q4_k", SF_DT_Q4_K },   { "q5_k", SF_DT_Q5_K },
         { "q6_k", SF_DT_Q6_K }, { "q4_k_m", SF_DT_Q4_K }, { "q5_k_m", SF_DT_Q5_K },
@@ -1150,9 +1147,9 @@ TEST(dummy_weights_block_formats)
         sf_model_free(m);
     }
     /* a format the rows cannot hold, and a name that is none */
-    const char *cfg64 = "{\"model_type\": \"llama\", \"vocab_size\": 300, \"hidden_size\": 64, \"intermediate_size\": 512,"
-                        "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"num_key_value_heads\": 2}";
-    write_file(p, cfg64, strlen(cfg64));
+    d = config_dir("dummyq64", "{\"model_type\": \"llama\", \"vocab_size\": 300, \"hidden_size\": 64, "
+                               "\"intermediate_size\": 512, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
+                               "\"num_key_value_heads\": 2}");
     sf_model *m = NULL;
     sf_load_opts o = { .dummy = 1, .dummy_format = "q4_k" };
     CHECK(sf_model_load(d, &o, &m, &e) == SF_EINVAL && strstr(e.msg, "64 columns") && strstr(e.msg, "256-blocks"));
