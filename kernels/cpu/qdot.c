@@ -131,7 +131,7 @@ static inline void q6k_quants(const uint8_t *b, int h, __m256i q[4])
 
 /* Q4_K and Q5_K (five: a fifth bit of each quant from the 32 bytes of qh, bit j for group j) */
 __attribute__((target("avx2,fma,f16c")))
-static inline void dot4_q45_K(const void *const *w, const float *xp, int64_t k, float *out, int five)
+static inline __attribute__((always_inline)) void dot4_q45_K(const void *const *w, const float *xp, int64_t k, float *out, int five)
 {
     const int8_t *x8 = PX_X8(xp);
     const float *dx = PX_DX(xp, k), *s32 = PX_S32(xp, k);
@@ -210,7 +210,7 @@ static const int8_t iq4nl_values[16] = { -127, -104, -83, -65, -49, -35, -22, -1
 
 /* group j of a row of t: its 32 values as signed bytes, and its scale */
 __attribute__((target("avx2,fma,f16c")))
-static inline __m256i q4_group(sf_dtype t, const uint8_t *row, int64_t j, float *scale)
+static inline __attribute__((always_inline)) __m256i q4_group(sf_dtype t, const uint8_t *row, int64_t j, float *scale)
 {
     const uint8_t *nib;
     if (t == SF_DT_IQ4_XS) {
@@ -231,7 +231,7 @@ static inline __m256i q4_group(sf_dtype t, const uint8_t *row, int64_t j, float 
 }
 
 __attribute__((target("avx2,fma,f16c")))
-static inline void dot4_q4_32(const void *const *w, const float *xp, int64_t k, float *out, sf_dtype t)
+static inline __attribute__((always_inline)) void dot4_q4_32(const void *const *w, const float *xp, int64_t k, float *out, sf_dtype t)
 {
     const int8_t *x8 = PX_X8(xp);
     const float *dx = PX_DX(xp, k);
