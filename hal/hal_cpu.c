@@ -504,9 +504,9 @@ static int cpu_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n,
         a.bias[p] = w->bias[p];
         blocks |= sf_dtype_block(w->part[p].dtype) > 1;
     }
-    /* one token against block formats: x in int8 once here, not in every thread's chunk */
-    if (n == 1 && blocks && sf_cpu_has_avx2()) {
-        int64_t need = sf_cpu_kq_prep_floats(w->k);
+    /* a few tokens against block formats: x in int8 once here, not in every thread's chunk */
+    if (n <= SF_CPU_DIRECT_TOKENS && blocks && sf_cpu_has_avx2()) {
+        int64_t pf = sf_cpu_kq_prep_floats(w->k), need = pf * n;
         if (need > c->xq_floats) {
             float *q = aligned_alloc(64, ((size_t)need * sizeof(float) + 63) & ~(size_t)63);
             if (!q) return (SF_LOGE("matmul: out of memory"), SF_ENOMEM);
@@ -514,7 +514,7 @@ static int cpu_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n,
             c->xq = q;
             c->xq_floats = need;
         }
-        sf_cpu_kq_prep_x(x->data, w->k, c->xq);
+        for (int t = 0; t < n; t++) sf_cpu_kq_prep_x(x->data + (int64_t)t * x->cols, w->k, c->xq + t * pf);
         a.xq = c->xq;
     }
     run(c, sf_cpu_matmul_task, &a, (int64_t)n * w->m * w->k);

@@ -96,7 +96,9 @@ typedef struct sf_cpu_matmul {
     const float *bias[4];
     int64_t m, k;            /* total rows (output features), columns (input features) */
     const float *x;          /* [n, ldx] */
-    const float *xq;         /* n == 1: x as sf_cpu_kq_prep_x left it, or NULL (each chunk makes it) */
+    const float *xq;         /* n <= SF_CPU_DIRECT_TOKENS: each token's x as sf_cpu_kq_prep_x left it,
+                                sf_cpu_kq_prep_floats(k) apart; NULL: block formats take the
+                                many-token path (rows into fp32) */
     float *y;                /* [n, ldy] */
     int n, ldx, ldy;
     size_t l2_bytes;         /* cache budget for blocking (per core) */
@@ -105,6 +107,9 @@ typedef struct sf_cpu_matmul {
     int64_t next_chunk;      /* work counter shared by the threads: 0 before each run */
 } sf_cpu_matmul;
 int64_t sf_cpu_matmul_scratch(int64_t k);
+/* Steps of up to this many tokens read the weights in their stored dtype, a token at a time;
+ * more tokens dequantize rows into fp32 scratch first. */
+#define SF_CPU_DIRECT_TOKENS 8
 void sf_cpu_matmul_task(void *arg, int ith, int nth);
 
 /* ---- rmsnorm (fused residual add) ---------------------------------------------------- */

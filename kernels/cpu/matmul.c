@@ -5,9 +5,10 @@
  * a time (four independent weight streams against one x row).
  * Cache blocking: tokens are taken in blocks whose x rows fill at most half of the per-core
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
- * the block. For n > 1 and non-fp32 weights the four rows are dequantized once per block
- * into the thread's scratch and the fp32 kernel runs over the block. One token of a block
- * format read in place meets x rounded to int8 in integer kernels instead (qdot.c).
+ * the block. Up to SF_CPU_DIRECT_TOKENS tokens meet the weights in their stored dtype, a
+ * token at a time (the four rows stay in L1 after the first; a block format meets x rounded
+ * to int8 in integer kernels, qdot.c); for more, the four rows are dequantized once per
+ * block into the thread's scratch and the fp32 kernel runs over the block.
  * Accumulation is fp32 in 8-lane partial sums (AVX2+FMA), reduced at the end of a row. */
 #include "cpu.h"
 
@@ -157,17 +158,13 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     const sf_view *v = &mm->part[p];
     const float *bias = mm->bias[p];
     int64_t k = mm->k;
-    int nt = t1 - t0;
-    int direct = avx2 && (v->dtype == SF_DT_F32 || nt == 1);
+    /* a block format's kernels read x as the caller prepared it (mm->xq; qdot.c) */
+    const float *xq = sf_dtype_block(v->dtype) > 1 ? mm->xq : NULL;
+    int64_t pf = sf_cpu_kq_prep_floats(k);
+    int direct = avx2 && (v->dtype == SF_DT_F32 ||
+                          (mm->n <= SF_CPU_DIRECT_TOKENS && (xq || sf_dtype_block(v->dtype) == 1)));
     dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
-    const float *xq = NULL; /* the token's x as the block formats' kernels read it (qdot.c) */
-    if (direct && sf_dtype_block(v->dtype) > 1) {
-        xq = mm->xq;
-        if (!xq) {
-            sf_cpu_kq_prep_x(mm->x + (int64_t)t0 * mm->ldx, k, scratch);
-            xq = scratch;
-        }
-    }
+    if (!direct) xq = NULL;
     for (int64_t r = lo; r < hi; r += 4) {
         int nr = (int)SF_MIN(4, hi - r);
         const void *w[4];
@@ -192,7 +189,7 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
             }
         for (; t < t1; t++) {
             float out[4];
-            dot(w, xq ? xq : mm->x + (int64_t)t * mm->ldx, k, out);
+            dot(w, xq ? xq + t * pf : mm->x + (int64_t)t * mm->ldx, k, out);
             float *y = mm->y + (int64_t)t * mm->ldy + col0 + r;
             for (int j = 0; j < nr; j++) y[j] = out[j] + (bias ? bias[r + j] : 0.0f);
         }

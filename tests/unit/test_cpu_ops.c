@@ -7,6 +7,7 @@
 
 #include "common/sf.h"
 #include "hal/hal.h"
+#include "kernels/cpu/cpu.h"
 #include "tests/lib/quant_ref.h"
 #include "tests/test.h"
 
@@ -77,12 +78,13 @@ static void *quantize(sf_dtype t, const float *src, int64_t rows, int64_t cols, 
 }
 
 /* ---- matmul ------------------------------------------------------------------------------ */
-/* One token of a block format read in place (Q8_0, Q4_K, Q5_K, Q6_K) meets x rounded to int8 in
- * groups of 32 (kernels/cpu/qdot.c) on the AVX2 path: the kernel is exact against x so
+/* A step of up to SF_CPU_DIRECT_TOKENS tokens against a block format read in place meets x
+ * rounded to int8 in groups of 32 (kernels/cpu/qdot.c) on the AVX2 path: the kernel is exact against x so
  * rounded, which is what this gives (n elements, a multiple of 32). */
 static int x_rounded(sf_dtype t, int n_tokens)
 {
-    return n_tokens == 1 && sf_dtype_block(t) > 1 && sf_weight_dtype("cpu", t) == t && !getenv("SEMFLOW_NO_AVX2");
+    return n_tokens <= SF_CPU_DIRECT_TOKENS && sf_dtype_block(t) > 1 && sf_weight_dtype("cpu", t) == t &&
+           !getenv("SEMFLOW_NO_AVX2");
 }
 
 static void round_x_int8(float *x, int64_t n)
@@ -173,10 +175,10 @@ TEST(matmul_shapes_dtypes)
 }
 
 /* GGUF's other block formats: fused two-part weights whose parts are column slices (a row
- * stride of two rows' worth, as tensor parallelism cuts them). Q4_K and Q6_K are read in place
- * (one token: integer kernels against x in int8; several: rows into fp32), as Q8_0 is, the rest
- * once into f16; the
- * reference takes each element from tests/lib/quant_ref.h, rounded as the backend keeps it. */
+ * stride of two rows' worth, as tensor parallelism cuts them). Those the CPU reads in place
+ * (sf_weight_dtype) meet x in int8 in integer kernels for up to SF_CPU_DIRECT_TOKENS tokens and
+ * are dequantized row by row into fp32 for more; the rest are read once into f16. The reference
+ * takes each element from tests/lib/quant_ref.h, rounded as the backend keeps it. */
 static void check_block_format(sf_dtype t, int n, int K, const int rows[2], double *worst_x8)
 {
     const int stride = 2 * K, m = rows[0] + rows[1];
@@ -250,12 +252,15 @@ TEST(matmul_block_formats)
 {
     static const struct { int n, k, rows[2]; } cases[] = {
         { 3, 256, { 3, 5 } }, { 1, 256, { 3, 5 } }, { 1, 1024, { 7, 2 } }, { 2, 512, { 4, 9 } }, { 5, 768, { 1, 6 } },
+        { 8, 256, { 5, 3 } }, /* the most tokens a token at a time, then the rows into fp32: */
+        { 9, 512, { 4, 9 } }, { 12, 256, { 3, 5 } },
     };
     double worst_x8 = 0;
     for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++)
         for (size_t c = 0; c < SF_ARRAY_LEN(cases); c++)
             check_block_format(qr_types[ti], cases[c].n, cases[c].k, cases[c].rows, &worst_x8);
-    if (!getenv("SEMFLOW_NO_AVX2")) printf("  one token of q8_0 / q4_k / q5_k / q6_k against x before its int8 rounding: worst rel err %.2e\n", worst_x8);
+    if (!getenv("SEMFLOW_NO_AVX2")) printf("  a few tokens of a block format read in place, against x before its int8 rounding: worst rel err %.2e\n",
+                                           worst_x8);
 }
 
 TEST(matmul_rejects_bad_shapes)
