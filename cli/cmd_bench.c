@@ -690,8 +690,8 @@ static void usage(FILE *f)
                "  --load-format dummy   random weights from the config alone (no weight files needed)\n"
                "  --preset NAME         a built-in shape for dummy weights (e.g. 1b, llama-3-8b, qwen2-7b)\n"
                "  --dtype NAME          format of dummy weights: bf16 (default), f16, or GGUF's q8_0, q4_0,\n"
-               "                        q4_k, q5_k, q6_k, iq4_nl, iq4_xs, q4_k_m, q5_k_m (llama.cpp's\n"
-               "                        mixes) for the matrices\n"
+               "                        q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, q4_k_m, q5_k_m\n"
+               "                        (llama.cpp's mixes) for the matrices\n"
                "  --backend NAME        auto | cpu | cuda (default auto)\n"
                "  --threads N           CPU threads (default: all cores)\n"
                "  --ctx N               prompt tokens before the timed steps (default 128)\n"
@@ -804,8 +804,8 @@ int sf_cmd_bench(int argc, char **argv)
         case 'k': if (parse_int("--chunk", optarg, 1, 65536, &o.chunk)) return 2; break;
         case 'd':
             if (sf_dummy_format_check(optarg, &(sf_error){ 0 })) {
-                fprintf(stderr, "semflow bench: --dtype takes bf16, f16, q8_0, q4_0, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, "
-                                "q4_k_m or q5_k_m, got '%s'\n", optarg);
+                fprintf(stderr, "semflow bench: --dtype takes bf16, f16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
+                                "iq4_nl, iq4_xs, q4_k_m or q5_k_m, got '%s'\n", optarg);
                 return 2;
             }
             o.dtype = optarg;

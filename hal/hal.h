@@ -25,8 +25,8 @@ typedef enum sf_dtype {
     SF_DT_Q8_0, /* GGUF Q8_0: blocks of 32: fp16 scale + 32 int8; rows are whole blocks */
     SF_DT_I32,
     SF_DT_I8,   /* KV cache in 8 bits with per-block scales (degrade path) */
-    /* GGUF's other block formats (hal/quant.c): weights only; the CPU reads Q4_0, Q4_K, Q5_K,
-     * Q6_K, IQ4_NL and IQ4_XS in place and keeps the rest as f16, CUDA converts them to bf16 at load; rows are whole
+    /* GGUF's other block formats (hal/quant.c): weights only; the CPU reads Q4_0, the K-quants,
+     * IQ4_NL and IQ4_XS in place and keeps the rest as f16, CUDA converts them to bf16 at load; rows are whole
      * blocks of 32 (Q4_0..Q5_1, IQ4_NL) or 256 (K-quants, IQ4_XS) */
     SF_DT_Q4_0,
     SF_DT_Q4_1,
@@ -54,12 +54,12 @@ void sf_dequant_row(sf_dtype t, const void *src, int64_t n, float *dst);
  * SF_DT_F16 or SF_DT_BF16; SF_ENOMEM when its row buffer cannot be had. */
 int sf_dequant_rows(sf_dtype t, const void *src, size_t pitch, int64_t rows, int64_t cols, sf_dtype out_t,
                     uint16_t *out);
-/* One block of t (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS) of random quants and scales, the weights' standard
+/* One block of t (Q8_0, Q4_0, Q2_K..Q6_K, IQ4_NL or IQ4_XS) of random quants and scales, the weights' standard
  * deviation about 0.02 (dummy weights); other types are left alone. */
 void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r);
 /* The dtype backend ("cpu", "cuda") keeps a weight of dtype t in: CUDA converts every weight
- * to bf16 at upload; the CPU reads f32, f16, bf16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL and
- * IQ4_XS in place and the other block formats as f16 copies. */
+ * to bf16 at upload; the CPU reads f32, f16, bf16, Q8_0, Q4_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS
+ * in place and Q4_1, Q5_0 and Q5_1 as f16 copies. */
 sf_dtype sf_weight_dtype(const char *backend, sf_dtype t);
 
 /* A host view of a weight: row-major rows x cols (1-D tensors have rows = 1). The data is

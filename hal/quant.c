@@ -222,7 +222,8 @@ static void put_f16(uint8_t *p, float v)
  * (E sc^2 ~ 5460, E (q - 32)^2 ~ 340); Q4_K d * sc * q - dmin * m with dmin = 7.5 d, so that a
  * sub-block's mean is 7.5 d (sc - m), and E w^2 ~ (258 d)^2; Q5_K as Q4_K with q < 32, dmin = 15.5 d,
  * E w^2 ~ (527 d)^2; Q4_0 d (q - 8) (E (q - 8)^2 = 21.5); IQ4_NL d kvalues[q] (their rms 67.4); IQ4_XS
- * d (ls - 32) kvalues[q] (E (ls - 32)^2 ~ 340). */
+ * d (ls - 32) kvalues[q] (E (ls - 32)^2 ~ 340); Q2_K d sc q - dmin m with dmin = 1.5 d, E w^2 ~ (13.9 d)^2;
+ * Q3_K d (sc - 32) q, E q^2 = 5.5. */
 void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
 {
     size_t n = sf_dtype_bytes(t, sf_dtype_block(t));
@@ -237,6 +238,8 @@ void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
     case SF_DT_Q4_K: put_f16(b, 7.7e-5f * u); put_f16(b + 2, 7.5f * 7.7e-5f * u); break;
     case SF_DT_Q5_K: put_f16(b, 3.8e-5f * u); put_f16(b + 2, 15.5f * 3.8e-5f * u); break;
     case SF_DT_Q4_0: put_f16(b, 4.3e-3f * u); break;
+    case SF_DT_Q2_K: put_f16(b + 80, 1.44e-3f * u); put_f16(b + 82, 1.5f * 1.44e-3f * u); break;
+    case SF_DT_Q3_K: put_f16(b + 108, 4.6e-4f * u); break;
     case SF_DT_IQ4_NL: put_f16(b, 3.0e-4f * u); break;
     case SF_DT_IQ4_XS: put_f16(b, 1.6e-5f * u); break;
     default: break;

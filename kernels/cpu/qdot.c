@@ -1,5 +1,5 @@
-/* qdot.c — GGUF block formats read in place: Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS
- * (llama.cpp's Q4_K_M and Q5_K_M files are K-quants): the one-token dot products of the matmul,
+/* qdot.c — GGUF block formats read in place: Q8_0, Q4_0, IQ4_NL, IQ4_XS and the K-quants Q2_K..Q6_K
+ * (llama.cpp's Q2_K, Q3_K_*, Q4_K_*, Q5_K_* and Q6_K files): the one-token dot products of the matmul,
  * and rows into fp32 for the many-token path.
  *
  * Layouts (hal/quant.c has them all):
@@ -8,6 +8,10 @@
  *        w = d (q - 8), or d kvalues[q] (a fixed table of 16 levels).
  *   IQ4_XS (256, 136 B): d f16, 8 6-bit group scales ls in 6 bytes, 8 groups of IQ4_NL nibbles:
  *        w = d (ls - 32) kvalues[q].
+ *   Q2_K (256, 84 B): 16 bytes of 4-bit scale | 4-bit min (per 16), 64 bytes of 2-bit q, d, dmin:
+ *        w = d sc_i q - dmin m_i.
+ *   Q3_K (256, 110 B): 32 bytes of third bits, 64 bytes of 2-bit q, 16 6-bit scales in 12 bytes,
+ *        d: w = d (sc_i - 32) q, q = low2 - (third bit clear ? 4 : 0).
  *   Q4_K (256, 144 B): d, dmin f16; 8 6-bit scales and mins in 12 bytes; then 4 x 32 bytes
  *        whose low nibbles are 32-group 2g and high nibbles group 2g + 1: w = d sc_j q - dmin m_j.
  *   Q5_K (256, 176 B): as Q4_K, with 32 bytes of fifth bits @16 (bit j of byte l: element l of
@@ -19,7 +23,7 @@
  * as llama.cpp's Q8 activations, but with a scale per 32 rather than per 256), and the quants
  * meet it in integer multiply-adds (maddubs: unsigned quant x signed x, 32 products in one
  * instruction; Q8_0's signed quants lend their sign to x); each group's sum is scaled by its
- * weight scale times dx_j in fp32. The offsets (Q4_K's mins, Q6_K's 32) multiply the rounded
+ * weight scale times dx_j in fp32. The offsets (Q2_K's and Q4_K's mins, Q3_K's 4, Q6_K's 32) multiply the rounded
  * x's sums over 16 or 32 elements, which prep also keeps (the exact sums would leave the
  * rounding of x times the quants' mean: twice the error). Each output is then exact against x
  * so rounded, and 0.3-1% off the dot product with x itself (test_cpu_ops), 0.2-1% in a
@@ -267,6 +271,96 @@ void sf_cpu_dot4_iq4_xs(const void *const *w, const float *xp, int64_t k, float 
     dot4_q4_32(w, xp, k, out, SF_DT_IQ4_XS);
 }
 
+/* Q2_K and Q3_K: a 128-half's 32 bytes of 2-bit quants hold its four 32-groups, group j in bit
+ * pair j; every 16 elements have their own scale (Q2_K: 4 bits, with a 4-bit min; Q3_K: 6 bits,
+ * less 32). Q3_K's third bit (set: q = low2, clear: q = low2 - 4) is bit 4h + j of hmask[l];
+ * kept unsigned as q + 4 = low2 | bit << 2, the 4 comes off as 4 d sc_i times x's sums over 16. */
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) void q23k_scales(const uint8_t *b, int three, __m256 sc[2], __m256 off[2])
+{
+    if (three) {
+        /* scale i: low 4 bits in byte i % 8 (nibble i / 8), high 2 in byte 8 + i % 4 (pair i / 4):
+         * ggml's unpacking, four at a time */
+        uint32_t a[3], u[4];
+        const uint32_t m2 = 0x0f0f0f0f, m3 = 0x03030303;
+        memcpy(a, b + 96, 12);
+        u[0] = (a[0] & m2) | ((a[2] & m3) << 4);
+        u[1] = (a[1] & m2) | (((a[2] >> 2) & m3) << 4);
+        u[2] = ((a[0] >> 4) & m2) | (((a[2] >> 4) & m3) << 4);
+        u[3] = ((a[1] >> 4) & m2) | (((a[2] >> 6) & m3) << 4);
+        __m128i s = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)u), _mm_set1_epi8(32));
+        __m256 d = _mm256_set1_ps(f16le(b + 108));
+        for (int h = 0; h < 2; h++) {
+            sc[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(s, 8) : s)));
+            off[h] = _mm256_mul_ps(_mm256_set1_ps(4.0f), sc[h]);
+        }
+    } else {
+        __m128i raw = _mm_loadu_si128((const __m128i *)b), m = _mm_set1_epi8(0xF);
+        __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
+        __m256 d = _mm256_set1_ps(f16le(b + 80)), dmin = _mm256_set1_ps(f16le(b + 82));
+        for (int h = 0; h < 2; h++) {
+            sc[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8 * h))));
+            off[h] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8 * h))));
+        }
+    }
+}
+
+/* the quants of group j of half h, unsigned (Q3_K: plus 4) */
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) __m256i q23k_quants(__m256i qs, __m256i hm, int three, int h, int j)
+{
+    __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), _mm256_set1_epi8(3));
+    if (three) q = _mm256_or_si256(q, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hm, 4 * h + j), 2), _mm256_set1_epi8(4)));
+    return q;
+}
+
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) void dot4_q23_K(const void *const *w, const float *xp, int64_t k, float *out,
+                                                             int three)
+{
+    const int8_t *x8 = PX_X8(xp);
+    const float *dx = PX_DX(xp, k), *s16 = PX_S16(xp, k);
+    const size_t bb = three ? 110 : 84, qs0 = three ? 32 : 16;
+    __m256i idx[4];
+    for (int j = 0; j < 4; j++) idx[j] = _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
+    __m256 acc[4][2], accm[4];
+    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = accm[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < k / 256; sb++) {
+        __m256 sum0 = _mm256_loadu_ps(s16 + 16 * sb), sum1 = _mm256_loadu_ps(s16 + 16 * sb + 8);
+        for (int r = 0; r < 4; r++) {
+            const uint8_t *b = (const uint8_t *)w[r] + bb * sb;
+            for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
+            __m256 sc[2], off[2];
+            q23k_scales(b, three, sc, off);
+            accm[r] = _mm256_fmadd_ps(off[0], sum0, _mm256_fmadd_ps(off[1], sum1, accm[r]));
+            __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+            __m256 a0 = acc[r][0], a1 = acc[r][1];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                __m256i qs = _mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * h));
+                const int8_t *xs = x8 + 256 * sb + 128 * h;
+                const float *dxs = dx + 8 * sb + 4 * h;
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(sc[h], idx[j]), _mm256_broadcast_ss(&dxs[j]));
+                    __m256 p = qdot32(q23k_quants(qs, hm, three, h, j), xs + 32 * j);
+                    if (j & 1) a1 = _mm256_fmadd_ps(s, p, a1);
+                    else a0 = _mm256_fmadd_ps(s, p, a0);
+                }
+            }
+            acc[r][0] = a0;
+            acc[r][1] = a1;
+        }
+    }
+    for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q2_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q23_K(w, xp, k, out, 0); }
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q3_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q23_K(w, xp, k, out, 1); }
+
 /* Q6_K: group kk (0..3) of a 128-half takes ql[32 (kk & 1) + l]'s nibble kk >> 1 and bits
  * 2kk..2kk+1 of qh[l]; its first 16 elements have scale 2kk of the half, the next 16 2kk + 1,
  * which after the multiply-adds are int32 lanes 0-3 and 4-7. q is kept unsigned (0..63) and the
@@ -325,6 +419,33 @@ __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
 {
     const uint8_t *b = src;
+    if (t == SF_DT_Q2_K || t == SF_DT_Q3_K) {
+        int three = t == SF_DT_Q3_K;
+        for (int64_t sb = 0; sb < k / 256; sb++, b += three ? 110 : 84, y += 256) {
+            __m256 sc[2], off[2];
+            q23k_scales(b, three, sc, off);
+            float fs[16], fo[16];
+            _mm256_storeu_ps(fs, sc[0]);
+            _mm256_storeu_ps(fs + 8, sc[1]);
+            _mm256_storeu_ps(fo, off[0]);
+            _mm256_storeu_ps(fo + 8, off[1]);
+            __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (three ? 32 : 16) + 32 * h));
+                for (int j = 0; j < 4; j++) {
+                    __m256i q = q23k_quants(qs, hm, three, h, j);
+                    __m128i a = _mm256_castsi256_si128(q), c = _mm256_extracti128_si256(q, 1);
+                    __m128i parts[4] = { a, _mm_srli_si128(a, 8), c, _mm_srli_si128(c, 8) };
+                    int i = 8 * h + 2 * j; /* the scales of elements 0-15, 16-31 */
+                    float *o = y + 128 * h + 32 * j;
+                    for (int u = 0; u < 4; u++)
+                        _mm256_storeu_ps(o + 8 * u, _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[u])),
+                                                                    _mm256_set1_ps(fs[i + u / 2]), _mm256_set1_ps(fo[i + u / 2])));
+                }
+            }
+        }
+        return;
+    }
     if (t == SF_DT_Q4_0 || t == SF_DT_IQ4_NL || t == SF_DT_IQ4_XS) {
         for (int64_t j = 0; j < k / 32; j++, y += 32) {
             float sc;
