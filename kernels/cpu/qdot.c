@@ -299,8 +299,9 @@ static inline __attribute__((always_inline)) void q23k_scales(const uint8_t *b, 
         __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
         __m256 d = _mm256_set1_ps(f16le(b + 80)), dmin = _mm256_set1_ps(f16le(b + 82));
         for (int h = 0; h < 2; h++) {
-            sc[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8 * h))));
-            off[h] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8 * h))));
+            /* (a byte shift takes an immediate: the unoptimized builds do not unroll this loop) */
+            sc[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(lo, 8) : lo)));
+            off[h] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(hi, 8) : hi)));
         }
     }
 }
