@@ -36,7 +36,7 @@ static void dequant(void)
         int blk = sf_dtype_block(t);
         size_t bb = sf_dtype_bytes(t, blk);
         uint8_t *src = malloc(sf_dtype_bytes(t, N));
-        for (int64_t b = 0; b < N / blk; b++) qr_random_block(t, src + b * bb, &r);
+        for (int64_t b = 0; b < N / blk; b++) sf_quant_random_block(t, src + b * bb, &r);
         double best = 1e30;
         for (int it = 0; it < 7; it++) {
             double t0 = now(); /* what the CUDA upload runs on each of its threads */

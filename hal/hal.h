@@ -54,8 +54,8 @@ void sf_dequant_row(sf_dtype t, const void *src, int64_t n, float *dst);
  * SF_DT_F16 or SF_DT_BF16; SF_ENOMEM when its row buffer cannot be had. */
 int sf_dequant_rows(sf_dtype t, const void *src, size_t pitch, int64_t rows, int64_t cols, sf_dtype out_t,
                     uint16_t *out);
-/* One block of t (Q8_0, Q4_0, Q2_K..Q6_K, IQ4_NL or IQ4_XS) of random quants and scales, the weights' standard
- * deviation about 0.02 (dummy weights); other types are left alone. */
+/* One block of a GGUF block format of random quants and scales, the weights' standard deviation
+ * about 0.02 (dummy weights, the tests' random blocks); other types are left alone. */
 void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r);
 /* The dtype backend ("cpu", "cuda") keeps a weight of dtype t in: CUDA converts every weight
  * to bf16 at upload; the CPU reads f32, f16, bf16, Q8_0, Q4_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS

@@ -18,7 +18,7 @@
  *   Q4_K (256, 144 B): d @0, dmin @2, 8 6-bit scales and mins in 12 bytes @4, nibbles @16
  *   Q5_K (256, 176 B): as Q4_K, with 32 bytes of fifth bits @16 and the nibbles @48
  *   Q6_K (256, 210 B): low nibbles @0, 2-bit high parts @128, 16 int8 scales @192, d @208; q less 32
- *   IQ4_NL (32, 18 B): as Q4_0, but a nibble indexes a fixed non-linear table (iq4nl) instead of
+ *   IQ4_NL (32, 18 B): as Q4_0, but a nibble indexes a fixed non-linear table (sf_iq4nl_values) instead of
  *        counting from -8
  *   IQ4_XS (256, 136 B): d @0, the high 2 bits of 8 6-bit sub-block scales (u16) @2, their low
  *        nibbles @4, then 8 sub-blocks of IQ4_NL nibbles @8; a sub-block's scale is d (s - 32)
@@ -26,26 +26,13 @@
  * four weights 32 apart (bit pairs 0-1, 2-3, 4-5, 6-7), in the 4-bit ones two weights 32 apart
  * (low, high nibble) — 16 apart in Q4_0..Q5_1. */
 #include "hal.h"
+#include "quant.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 static float f16at(const uint8_t *p) { return sf_f16_to_f32((uint16_t)(p[0] | p[1] << 8)); }
 static uint32_t u32at(const uint8_t *p) { return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
-
-/* Q4_K/Q5_K: the 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes:
- * sub-blocks 0-3 in the low 6 bits of bytes j and j+4, 4-7 in byte j+4's nibbles with their
- * top two bits in the top bits of bytes j-4 and j. */
-static void k4_scale_min(const uint8_t *s, int j, int *sc, int *mn)
-{
-    if (j < 4) {
-        *sc = s[j] & 63;
-        *mn = s[j + 4] & 63;
-    } else {
-        *sc = (s[j + 4] & 15) | (s[j - 4] >> 6) << 4;
-        *mn = (s[j + 4] >> 4) | (s[j] >> 6) << 4;
-    }
-}
 
 static void q4_0(const uint8_t *b, float *y)
 {
@@ -102,9 +89,8 @@ static void q3_k(const uint8_t *b, float *y)
 {
     const uint8_t *hm = b, *qs = b + 32, *ps = b + 96;
     float d = f16at(b + 108);
-    int scale[16];
-    for (int i = 0; i < 16; i++) /* low 4 bits: bytes 0-7 (nibble i / 8); high 2: bytes 8-11 */
-        scale[i] = (((ps[i % 8] >> (4 * (i / 8))) & 15) | ((ps[8 + i % 4] >> (2 * (i / 4))) & 3) << 4) - 32;
+    int8_t scale[16];
+    sf_q3k_scales(ps, scale);
     for (int half = 0; half < 2; half++, qs += 32)
         for (int j = 0; j < 4; j++) {
             int hbit = half * 4 + j;
@@ -122,12 +108,12 @@ static void q3_k(const uint8_t *b, float *y)
 static void q45_k(const uint8_t *b, float *y, int five)
 {
     float d = f16at(b), dmin = f16at(b + 2);
-    const uint8_t *s = b + 4, *qh = five ? b + 16 : NULL, *qs = b + (five ? 48 : 16);
+    const uint8_t *qh = five ? b + 16 : NULL, *qs = b + (five ? 48 : 16);
+    uint8_t sm[16];
+    sf_q4k_scales(b + 4, sm);
     for (int g = 0; g < 4; g++, qs += 32)
         for (int n = 0; n < 2; n++) { /* low nibbles, then high: sub-block 2g + n */
-            int sc, mn;
-            k4_scale_min(s, 2 * g + n, &sc, &mn);
-            float dl = d * (float)sc, ml = dmin * (float)mn;
+            float dl = d * (float)sm[2 * g + n], ml = dmin * (float)sm[8 + 2 * g + n];
             for (int l = 0; l < 32; l++) {
                 int q = (qs[l] >> (4 * n)) & 15;
                 if (qh) q |= ((qh[l] >> (2 * g + n)) & 1) << 4;
@@ -136,25 +122,20 @@ static void q45_k(const uint8_t *b, float *y, int five)
         }
 }
 
-/* IQ4_NL's and IQ4_XS's 16 levels (ggml's kvalues_iq4nl) */
-static const int8_t iq4nl[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
+const int8_t sf_iq4nl_values[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
 
 static void iq4_nibbles(const uint8_t *qs, float d, float *y)
 {
     for (int i = 0; i < 16; i++) {
-        y[i] = d * (float)iq4nl[qs[i] & 15];
-        y[i + 16] = d * (float)iq4nl[qs[i] >> 4];
+        y[i] = d * (float)sf_iq4nl_values[qs[i] & 15];
+        y[i + 16] = d * (float)sf_iq4nl_values[qs[i] >> 4];
     }
 }
 
 static void iq4_xs(const uint8_t *b, float *y)
 {
     float d = f16at(b);
-    unsigned hi = (unsigned)(b[2] | b[3] << 8);
-    for (int s = 0; s < 8; s++) {
-        int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (int)((hi >> (2 * s)) & 3) << 4;
-        iq4_nibbles(b + 8 + 16 * s, d * (float)(ls - 32), y + 32 * s);
-    }
+    for (int s = 0; s < 8; s++) iq4_nibbles(b + 8 + 16 * s, d * (float)sf_iq4xs_scale(b, s), y + 32 * s);
 }
 
 static void q6_k(const uint8_t *b, float *y)
@@ -218,12 +199,14 @@ static void put_f16(uint8_t *p, float v)
     p[1] = (uint8_t)(h >> 8);
 }
 
-/* Random bytes, then scales that give std ~0.02: Q8_0 d * q (E q^2 ~ 5460); Q6_K d * sc * (q - 32)
- * (E sc^2 ~ 5460, E (q - 32)^2 ~ 340); Q4_K d * sc * q - dmin * m with dmin = 7.5 d, so that a
- * sub-block's mean is 7.5 d (sc - m), and E w^2 ~ (258 d)^2; Q5_K as Q4_K with q < 32, dmin = 15.5 d,
- * E w^2 ~ (527 d)^2; Q4_0 d (q - 8) (E (q - 8)^2 = 21.5); IQ4_NL d kvalues[q] (their rms 67.4); IQ4_XS
- * d (ls - 32) kvalues[q] (E (ls - 32)^2 ~ 340); Q2_K d sc q - dmin m with dmin = 1.5 d, E w^2 ~ (13.9 d)^2;
- * Q3_K d (sc - 32) q, E q^2 = 5.5. */
+/* Random bytes, then the scales set so that the weights' standard deviation is about 0.02 (u
+ * spreads them +-25% a block). Per format, the mean square of what d multiplies:
+ *   Q8_0 d q: E q^2 ~ 5460;  Q4_0 d (q - 8): 21.5;  Q5_0 d (q - 16): 85.5;  Q4_1 / Q5_1 d q + m
+ *   with m = -7.5 d / -15.5 d (the quants' mean): 21.3 / 85.3;  IQ4_NL d kvalues[q]: 4550;
+ *   IQ4_XS d (ls - 32) kvalues[q]: 340 x 4550;  Q2_K d sc q - dmin m with dmin = 1.5 d: 193;
+ *   Q3_K d (sc - 32) q: 340 x 5.5;  Q4_K / Q5_K d sc q - dmin m with dmin = 7.5 d / 15.5 d (a
+ *   sub-block's mean 7.5 d (sc - m) / 15.5 d (sc - m)): 258^2 / 527^2;  Q6_K d sc (q - 32):
+ *   5460 x 340. */
 void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
 {
     size_t n = sf_dtype_bytes(t, sf_dtype_block(t));
@@ -234,12 +217,15 @@ void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
     float u = 0.75f + 0.5f * sf_rng_uniform(r);
     switch (t) {
     case SF_DT_Q8_0: put_f16(b, 2.7e-4f * u); break;
-    case SF_DT_Q6_K: put_f16(b + 208, 1.47e-5f * u); break;
-    case SF_DT_Q4_K: put_f16(b, 7.7e-5f * u); put_f16(b + 2, 7.5f * 7.7e-5f * u); break;
-    case SF_DT_Q5_K: put_f16(b, 3.8e-5f * u); put_f16(b + 2, 15.5f * 3.8e-5f * u); break;
     case SF_DT_Q4_0: put_f16(b, 4.3e-3f * u); break;
+    case SF_DT_Q4_1: put_f16(b, 4.3e-3f * u); put_f16(b + 2, -7.5f * 4.3e-3f * u); break;
+    case SF_DT_Q5_0: put_f16(b, 2.16e-3f * u); break;
+    case SF_DT_Q5_1: put_f16(b, 2.16e-3f * u); put_f16(b + 2, -15.5f * 2.16e-3f * u); break;
     case SF_DT_Q2_K: put_f16(b + 80, 1.44e-3f * u); put_f16(b + 82, 1.5f * 1.44e-3f * u); break;
     case SF_DT_Q3_K: put_f16(b + 108, 4.6e-4f * u); break;
+    case SF_DT_Q4_K: put_f16(b, 7.7e-5f * u); put_f16(b + 2, 7.5f * 7.7e-5f * u); break;
+    case SF_DT_Q5_K: put_f16(b, 3.8e-5f * u); put_f16(b + 2, 15.5f * 3.8e-5f * u); break;
+    case SF_DT_Q6_K: put_f16(b + 208, 1.47e-5f * u); break;
     case SF_DT_IQ4_NL: put_f16(b, 3.0e-4f * u); break;
     case SF_DT_IQ4_XS: put_f16(b, 1.6e-5f * u); break;
     default: break;

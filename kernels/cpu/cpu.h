@@ -43,6 +43,15 @@ static inline void sf_cpu_split(int64_t n, int ith, int nth, int64_t *lo, int64_
 /* ---- CPU features -------------------------------------------------------------------- */
 int sf_cpu_has_avx2(void);   /* AVX2 + FMA + F16C; SEMFLOW_NO_AVX2=1 forces the scalar path */
 
+/* the sum of v's 8 lanes (call only from functions compiled for avx2,fma) */
+__attribute__((target("avx2,fma")))
+static inline float sf_cpu_hsum8(__m256 v)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
 /* exp(x) for 8 floats, Cephes' polynomial (about 1 ulp); -inf and x < -88 give 0.
  * Call only from functions compiled for avx2,fma, after sf_cpu_has_avx2(). */
 __attribute__((target("avx2,fma")))

@@ -19,16 +19,6 @@ int64_t sf_cpu_matmul_scratch(int64_t k) { return 4 * k + 16; }
 
 /* ---- AVX2 dot products of 4 weight rows with one x row ------------------------------ */
 __attribute__((target("avx2,fma,f16c")))
-static inline float hsum256(__m256 v)
-{
-    __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-    lo = _mm_add_ps(lo, hi);
-    lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
-    lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
-    return _mm_cvtss_f32(lo);
-}
-
-__attribute__((target("avx2,fma,f16c")))
 static inline __m256 load8_bf16(const uint16_t *p)
 {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -52,7 +42,7 @@ static inline __m256 load8_f16(const uint16_t *p)
         a2 = _mm256_fmadd_ps(LOAD(w2 + i), xv, a2);                                          \
         a3 = _mm256_fmadd_ps(LOAD(w3 + i), xv, a3);                                          \
     }                                                                                        \
-    out[0] = hsum256(a0); out[1] = hsum256(a1); out[2] = hsum256(a2); out[3] = hsum256(a3);
+    out[0] = sf_cpu_hsum8(a0); out[1] = sf_cpu_hsum8(a1); out[2] = sf_cpu_hsum8(a2); out[3] = sf_cpu_hsum8(a3);
 
 __attribute__((target("avx2,fma,f16c")))
 static void dot4_f32(const void *const *w, const float *x, int64_t k, float *out)
@@ -105,10 +95,10 @@ static void dot4x3_f32(const void *const *w, const float *x0, const float *x1, c
         v = _mm256_loadu_ps(w3 + i);
         a30 = _mm256_fmadd_ps(v, y0, a30); a31 = _mm256_fmadd_ps(v, y1, a31); a32 = _mm256_fmadd_ps(v, y2, a32);
     }
-    out[0][0] = hsum256(a00); out[1][0] = hsum256(a01); out[2][0] = hsum256(a02);
-    out[0][1] = hsum256(a10); out[1][1] = hsum256(a11); out[2][1] = hsum256(a12);
-    out[0][2] = hsum256(a20); out[1][2] = hsum256(a21); out[2][2] = hsum256(a22);
-    out[0][3] = hsum256(a30); out[1][3] = hsum256(a31); out[2][3] = hsum256(a32);
+    out[0][0] = sf_cpu_hsum8(a00); out[1][0] = sf_cpu_hsum8(a01); out[2][0] = sf_cpu_hsum8(a02);
+    out[0][1] = sf_cpu_hsum8(a10); out[1][1] = sf_cpu_hsum8(a11); out[2][1] = sf_cpu_hsum8(a12);
+    out[0][2] = sf_cpu_hsum8(a20); out[1][2] = sf_cpu_hsum8(a21); out[2][2] = sf_cpu_hsum8(a22);
+    out[0][3] = sf_cpu_hsum8(a30); out[1][3] = sf_cpu_hsum8(a31); out[2][3] = sf_cpu_hsum8(a32);
     for (; i < k; i++)
         for (int r = 0; r < 4; r++) {
             float wv = ((const float *)w[r])[i];

@@ -34,6 +34,7 @@
  * Many tokens (prefill): rows into fp32 (sf_cpu_kq_row_to_f32, sf_cpu_row_to_f32) and the fp32
  * kernel, exact. */
 #include "cpu.h"
+#include "../../hal/quant.h"
 
 /* Software prefetch distance of each row's stream, in bytes: without it the kernels read
  * 7.3 GB/s a core from memory against 15 from the last-level cache (a Zen 4 VM, 2048-column
@@ -41,20 +42,6 @@
 #define PF_Q8 4096
 #define PF_Q4K 4096
 #define PF_Q6K 8192
-
-/* Q4_K's 12 scale bytes as 8 scales (sm[0..7]) and 8 mins (sm[8..15]): ggml's unpacking. */
-static inline void q4k_scales(const uint8_t *s, uint8_t sm[16])
-{
-    uint32_t u[4];
-    memcpy(u, s, 12);
-    const uint32_t m1 = 0x3f3f3f3f, m2 = 0x0f0f0f0f, m3 = 0x03030303;
-    u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
-    uint32_t mins_lo = u[1] & m1;
-    u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
-    u[2] = mins_lo;
-    u[0] &= m1;
-    memcpy(sm, u, 16);
-}
 
 __attribute__((target("avx2,fma,f16c")))
 static inline float f16le(const uint8_t *p)
@@ -71,14 +58,6 @@ static inline float f16le(const uint8_t *p)
 #define PX_S16(xp, k) ((xp) + (k) / 4 + (k) / 16)
 
 int64_t sf_cpu_kq_prep_floats(int64_t k) { return k / 4 + k / 32 + k / 32 + k / 16; }
-
-__attribute__((target("avx2,fma,f16c")))
-static inline float hsum8(__m256 v)
-{
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
-}
 
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_kq_prep_x(const float *x, int64_t k, float *xp)
@@ -104,8 +83,8 @@ void sf_cpu_kq_prep_x(const float *x, int64_t k, float *xp)
         _mm256_storeu_si256((__m256i *)(x8 + 32 * j), p);
         /* the sums of x as rounded, so that an offset cancels exactly against the quants' products */
         __m256 r = _mm256_set1_ps(dx[j]);
-        s16[2 * j] = hsum8(_mm256_mul_ps(r, _mm256_cvtepi32_ps(_mm256_add_epi32(q[0], q[1]))));
-        s16[2 * j + 1] = hsum8(_mm256_mul_ps(r, _mm256_cvtepi32_ps(_mm256_add_epi32(q[2], q[3]))));
+        s16[2 * j] = sf_cpu_hsum8(_mm256_mul_ps(r, _mm256_cvtepi32_ps(_mm256_add_epi32(q[0], q[1]))));
+        s16[2 * j + 1] = sf_cpu_hsum8(_mm256_mul_ps(r, _mm256_cvtepi32_ps(_mm256_add_epi32(q[2], q[3]))));
         s32[j] = s16[2 * j] + s16[2 * j + 1];
     }
 }
@@ -150,7 +129,7 @@ static inline __attribute__((always_inline)) void dot4_q45_K(const void *const *
             const uint8_t *b = (const uint8_t *)w[r] + bb * sb;
             for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
             uint8_t sm[16];
-            q4k_scales(b + 4, sm);
+            sf_q4k_scales(b + 4, sm);
             float sc[8];
             __m256 d = _mm256_set1_ps(f16le(b));
             _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(d, dxv),
@@ -175,7 +154,7 @@ static inline __attribute__((always_inline)) void dot4_q45_K(const void *const *
             acc[r][1] = a1;
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
+    for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
 }
 
 __attribute__((target("avx2,fma,f16c")))
@@ -203,15 +182,13 @@ void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *o
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16le(b)), dxj), s, acc[r]);
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
+    for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(acc[r]);
 }
 
 /* The 4-bit formats of 32-blocks: Q4_0 (d (q - 8)), IQ4_NL (d kvalues[q]) and IQ4_XS (256-blocks
  * of 8 such groups, each with a 6-bit scale ls: d (ls - 32) kvalues[q]). A group's 16 bytes
  * hold elements 0-15 in their low nibbles and 16-31 in the high ones; the values, signed
  * bytes, meet x as Q8_0's do. */
-static const int8_t iq4nl_values[16] = { -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113 };
-
 /* group j of a row of t: its 32 values as signed bytes, and its scale */
 __attribute__((target("avx2,fma,f16c")))
 static inline __attribute__((always_inline)) __m256i q4_group(sf_dtype t, const uint8_t *row, int64_t j, float *scale)
@@ -220,8 +197,7 @@ static inline __attribute__((always_inline)) __m256i q4_group(sf_dtype t, const 
     if (t == SF_DT_IQ4_XS) {
         const uint8_t *b = row + 136 * (j / 8);
         int s = (int)(j % 8);
-        int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 15) | (((b[2] | b[3] << 8) >> (2 * s)) & 3) << 4;
-        *scale = f16le(b) * (float)(ls - 32);
+        *scale = f16le(b) * (float)sf_iq4xs_scale(b, s);
         nib = b + 8 + 16 * s;
     } else {
         const uint8_t *b = row + 18 * j;
@@ -231,7 +207,7 @@ static inline __attribute__((always_inline)) __m256i q4_group(sf_dtype t, const 
     __m128i v = _mm_loadu_si128((const __m128i *)nib);
     __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0xF));
     if (t == SF_DT_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)iq4nl_values)), q);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sf_iq4nl_values)), q);
 }
 
 __attribute__((target("avx2,fma,f16c")))
@@ -253,7 +229,7 @@ static inline __attribute__((always_inline)) void dot4_q4_32(const void *const *
                                      acc[r]);
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum8(acc[r]);
+    for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(acc[r]);
 }
 
 __attribute__((target("avx2,fma,f16c")))
@@ -271,30 +247,18 @@ void sf_cpu_dot4_iq4_xs(const void *const *w, const float *xp, int64_t k, float 
     dot4_q4_32(w, xp, k, out, SF_DT_IQ4_XS);
 }
 
-/* Q2_K and Q3_K: a 128-half's 32 bytes of 2-bit quants hold its four 32-groups, group j in bit
- * pair j; every 16 elements have their own scale (Q2_K: 4 bits, with a 4-bit min; Q3_K: 6 bits,
- * less 32). Q3_K's third bit (set: q = low2, clear: q = low2 - 4) is bit 4h + j of hmask[l];
- * kept unsigned as q + 4 = low2 | bit << 2, the 4 comes off as 4 d sc_i times x's sums over 16. */
+/* Q2_K, Q3_K and Q6_K: every 16 elements have a scale of their own, and a 128-half's quants
+ * come as four 32-groups (k16_quants), kept unsigned; the offset of each 16 (Q2_K's min, Q3_K's
+ * 4, Q6_K's 32, times the scale) multiplies x's sum over them.
+ *   Q2_K / Q3_K: group j is bit pair j of the half's 32 bytes; Q3_K's third bit (set: q = low2,
+ *   clear: q = low2 - 4) is bit 4h + j of hmask[l], so q + 4 = low2 | bit << 2.
+ *   Q6_K: group kk takes ql[32 (kk & 1) + l]'s nibble kk >> 1 and bits 2kk..2kk+1 of qh[l].
+ * After the multiply-adds a group's first 16 elements are int32 lanes 0-3 and the next 16 lanes
+ * 4-7, so its scales are the half's scale vector permuted (idx[j]). */
 __attribute__((target("avx2,fma,f16c")))
-static inline __attribute__((always_inline)) void q23k_scales(const uint8_t *b, int three, __m256 sc[2], __m256 off[2])
+static inline __attribute__((always_inline)) void k16_scales(sf_dtype t, const uint8_t *b, __m256 sc[2], __m256 off[2])
 {
-    if (three) {
-        /* scale i: low 4 bits in byte i % 8 (nibble i / 8), high 2 in byte 8 + i % 4 (pair i / 4):
-         * ggml's unpacking, four at a time */
-        uint32_t a[3], u[4];
-        const uint32_t m2 = 0x0f0f0f0f, m3 = 0x03030303;
-        memcpy(a, b + 96, 12);
-        u[0] = (a[0] & m2) | ((a[2] & m3) << 4);
-        u[1] = (a[1] & m2) | (((a[2] >> 2) & m3) << 4);
-        u[2] = ((a[0] >> 4) & m2) | (((a[2] >> 4) & m3) << 4);
-        u[3] = ((a[1] >> 4) & m2) | (((a[2] >> 6) & m3) << 4);
-        __m128i s = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)u), _mm_set1_epi8(32));
-        __m256 d = _mm256_set1_ps(f16le(b + 108));
-        for (int h = 0; h < 2; h++) {
-            sc[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(s, 8) : s)));
-            off[h] = _mm256_mul_ps(_mm256_set1_ps(4.0f), sc[h]);
-        }
-    } else {
+    if (t == SF_DT_Q2_K) { /* 4-bit scale | 4-bit min */
         __m128i raw = _mm_loadu_si128((const __m128i *)b), m = _mm_set1_epi8(0xF);
         __m128i lo = _mm_and_si128(raw, m), hi = _mm_and_si128(_mm_srli_epi16(raw, 4), m);
         __m256 d = _mm256_set1_ps(f16le(b + 80)), dmin = _mm256_set1_ps(f16le(b + 82));
@@ -303,25 +267,48 @@ static inline __attribute__((always_inline)) void q23k_scales(const uint8_t *b, 
             sc[h] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(lo, 8) : lo)));
             off[h] = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(hi, 8) : hi)));
         }
+        return;
+    }
+    int8_t s3[16];
+    const int8_t *s = (const int8_t *)(b + 192);
+    float d = f16le(b + 208), o = 32.0f;
+    if (t == SF_DT_Q3_K) {
+        sf_q3k_scales(b + 96, s3);
+        s = s3, d = f16le(b + 108), o = 4.0f;
+    }
+    for (int h = 0; h < 2; h++) {
+        sc[h] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8 * h)))));
+        off[h] = _mm256_mul_ps(_mm256_set1_ps(o), sc[h]);
     }
 }
 
-/* the quants of group j of half h, unsigned (Q3_K: plus 4) */
 __attribute__((target("avx2,fma,f16c")))
-static inline __attribute__((always_inline)) __m256i q23k_quants(__m256i qs, __m256i hm, int three, int h, int j)
+static inline __attribute__((always_inline)) void k16_quants(sf_dtype t, const uint8_t *b, int h, __m256i q[4])
 {
-    __m256i q = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), _mm256_set1_epi8(3));
-    if (three) q = _mm256_or_si256(q, _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hm, 4 * h + j), 2), _mm256_set1_epi8(4)));
-    return q;
+    if (t == SF_DT_Q6_K) {
+        q6k_quants(b, h, q);
+        return;
+    }
+    int three = t == SF_DT_Q3_K;
+    __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (three ? 32 : 16) + 32 * h));
+    __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) {
+        q[j] = _mm256_and_si256(_mm256_srli_epi16(qs, 2 * j), _mm256_set1_epi8(3));
+        if (three)
+            q[j] = _mm256_or_si256(q[j], _mm256_and_si256(_mm256_slli_epi16(_mm256_srli_epi16(hm, 4 * h + j), 2), _mm256_set1_epi8(4)));
+    }
 }
 
+static inline size_t k16_bytes(sf_dtype t) { return t == SF_DT_Q2_K ? 84 : t == SF_DT_Q3_K ? 110 : 210; }
+
 __attribute__((target("avx2,fma,f16c")))
-static inline __attribute__((always_inline)) void dot4_q23_K(const void *const *w, const float *xp, int64_t k, float *out,
-                                                             int three)
+static inline __attribute__((always_inline)) void dot4_k16(const void *const *w, const float *xp, int64_t k, float *out,
+                                                           sf_dtype t)
 {
     const int8_t *x8 = PX_X8(xp);
     const float *dx = PX_DX(xp, k), *s16 = PX_S16(xp, k);
-    const size_t bb = three ? 110 : 84, qs0 = three ? 32 : 16;
+    const size_t bb = k16_bytes(t), pf = t == SF_DT_Q6_K ? PF_Q6K : PF_Q4K;
     __m256i idx[4];
     for (int j = 0; j < 4; j++) idx[j] = _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
     __m256 acc[4][2], accm[4];
@@ -330,21 +317,21 @@ static inline __attribute__((always_inline)) void dot4_q23_K(const void *const *
         __m256 sum0 = _mm256_loadu_ps(s16 + 16 * sb), sum1 = _mm256_loadu_ps(s16 + 16 * sb + 8);
         for (int r = 0; r < 4; r++) {
             const uint8_t *b = (const uint8_t *)w[r] + bb * sb;
-            for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
+            for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + pf + l, _MM_HINT_T0);
             __m256 sc[2], off[2];
-            q23k_scales(b, three, sc, off);
+            k16_scales(t, b, sc, off);
             accm[r] = _mm256_fmadd_ps(off[0], sum0, _mm256_fmadd_ps(off[1], sum1, accm[r]));
-            __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
             __m256 a0 = acc[r][0], a1 = acc[r][1];
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
-                __m256i qs = _mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * h));
+                __m256i q[4];
+                k16_quants(t, b, h, q);
                 const int8_t *xs = x8 + 256 * sb + 128 * h;
                 const float *dxs = dx + 8 * sb + 4 * h;
 #pragma GCC unroll 4
                 for (int j = 0; j < 4; j++) {
                     __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(sc[h], idx[j]), _mm256_broadcast_ss(&dxs[j]));
-                    __m256 p = qdot32(q23k_quants(qs, hm, three, h, j), xs + 32 * j);
+                    __m256 p = qdot32(q[j], xs + 32 * j);
                     if (j & 1) a1 = _mm256_fmadd_ps(s, p, a1);
                     else a0 = _mm256_fmadd_ps(s, p, a0);
                 }
@@ -353,95 +340,49 @@ static inline __attribute__((always_inline)) void dot4_q23_K(const void *const *
             acc[r][1] = a1;
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
+    for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(_mm256_sub_ps(_mm256_add_ps(acc[r][0], acc[r][1]), accm[r]));
 }
 
 __attribute__((target("avx2,fma,f16c")))
-void sf_cpu_dot4_q2_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q23_K(w, xp, k, out, 0); }
+void sf_cpu_dot4_q2_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_k16(w, xp, k, out, SF_DT_Q2_K); }
 
 __attribute__((target("avx2,fma,f16c")))
-void sf_cpu_dot4_q3_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q23_K(w, xp, k, out, 1); }
+void sf_cpu_dot4_q3_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_k16(w, xp, k, out, SF_DT_Q3_K); }
 
-/* Q6_K: group kk (0..3) of a 128-half takes ql[32 (kk & 1) + l]'s nibble kk >> 1 and bits
- * 2kk..2kk+1 of qh[l]; its first 16 elements have scale 2kk of the half, the next 16 2kk + 1,
- * which after the multiply-adds are int32 lanes 0-3 and 4-7. q is kept unsigned (0..63) and the
- * 32 comes off as 32 d sc_i times x's sum over the 16 elements of scale i. */
 __attribute__((target("avx2,fma,f16c")))
-void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out)
-{
-    const int8_t *x8 = PX_X8(xp);
-    const float *dx = PX_DX(xp, k), *s16 = PX_S16(xp, k);
-    __m256i idx[4];
-    for (int kk = 0; kk < 4; kk++) idx[kk] = _mm256_setr_epi32(2 * kk, 2 * kk, 2 * kk, 2 * kk, 2 * kk + 1, 2 * kk + 1, 2 * kk + 1, 2 * kk + 1);
-    __m256 acc[4][2], accm[4];
-    for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = accm[r] = _mm256_setzero_ps();
-    for (int64_t sb = 0; sb < k / 256; sb++) {
-        __m256 sum0 = _mm256_loadu_ps(s16 + 16 * sb), sum1 = _mm256_loadu_ps(s16 + 16 * sb + 8);
-        for (int r = 0; r < 4; r++) {
-            const uint8_t *b = (const uint8_t *)w[r] + 210 * sb;
-            for (int l = 0; l < 210; l += 64) _mm_prefetch((const char *)b + PF_Q6K + l, _MM_HINT_T0);
-            __m256 d = _mm256_set1_ps(f16le(b + 208));
-            __m256 sc[2] = { _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 192))))),
-                             _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 200))))) };
-            accm[r] = _mm256_fmadd_ps(sc[0], sum0, _mm256_fmadd_ps(sc[1], sum1, accm[r]));
-            __m256 a0 = acc[r][0], a1 = acc[r][1];
-            for (int h = 0; h < 2; h++) {
-                __m256i q[4];
-                q6k_quants(b, h, q);
-                const int8_t *xs = x8 + 256 * sb + 128 * h;
-                const float *dxs = dx + 8 * sb + 4 * h;
-                for (int kk = 0; kk < 4; kk++) {
-                    __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(sc[h], idx[kk]), _mm256_broadcast_ss(&dxs[kk]));
-                    __m256 p = qdot32(q[kk], xs + 32 * kk);
-                    if (kk & 1) a1 = _mm256_fmadd_ps(s, p, a1);
-                    else a0 = _mm256_fmadd_ps(s, p, a0);
-                }
-            }
-            acc[r][0] = a0;
-            acc[r][1] = a1;
-        }
-    }
-    for (int r = 0; r < 4; r++)
-        out[r] = hsum8(_mm256_fnmadd_ps(_mm256_set1_ps(32.0f), accm[r], _mm256_add_ps(acc[r][0], acc[r][1])));
-}
+void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_k16(w, xp, k, out, SF_DT_Q6_K); }
 
 /* ---- rows into fp32, in the natural order (the many-token path) ------------------------- */
-/* 32 u8 quants into y as q * scale - sub */
+/* 32 unsigned quants into y as q * s0 - m0 (elements 0-15) and q * s1 - m1 (16-31) */
 __attribute__((target("avx2,fma,f16c")))
-static inline void store32(float *y, __m256i q, float scale, float sub)
+static inline void store32(float *y, __m256i q, float s0, float m0, float s1, float m1)
 {
     __m128i a = _mm256_castsi256_si128(q), c = _mm256_extracti128_si256(q, 1);
     __m128i parts[4] = { a, _mm_srli_si128(a, 8), c, _mm_srli_si128(c, 8) };
-    __m256 s = _mm256_set1_ps(scale), m = _mm256_set1_ps(sub);
-    for (int i = 0; i < 4; i++) _mm256_storeu_ps(y + 8 * i, _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])), s, m));
+    for (int i = 0; i < 4; i++)
+        _mm256_storeu_ps(y + 8 * i, _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[i])),
+                                                     _mm256_set1_ps(i < 2 ? s0 : s1), _mm256_set1_ps(i < 2 ? m0 : m1)));
 }
 
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
 {
     const uint8_t *b = src;
-    if (t == SF_DT_Q2_K || t == SF_DT_Q3_K) {
-        int three = t == SF_DT_Q3_K;
-        for (int64_t sb = 0; sb < k / 256; sb++, b += three ? 110 : 84, y += 256) {
+    if (t == SF_DT_Q2_K || t == SF_DT_Q3_K || t == SF_DT_Q6_K) {
+        for (int64_t sb = 0; sb < k / 256; sb++, b += k16_bytes(t), y += 256) {
             __m256 sc[2], off[2];
-            q23k_scales(b, three, sc, off);
+            k16_scales(t, b, sc, off);
             float fs[16], fo[16];
-            _mm256_storeu_ps(fs, sc[0]);
-            _mm256_storeu_ps(fs + 8, sc[1]);
-            _mm256_storeu_ps(fo, off[0]);
-            _mm256_storeu_ps(fo + 8, off[1]);
-            __m256i hm = three ? _mm256_loadu_si256((const __m256i *)b) : _mm256_setzero_si256();
             for (int h = 0; h < 2; h++) {
-                __m256i qs = _mm256_loadu_si256((const __m256i *)(b + (three ? 32 : 16) + 32 * h));
+                _mm256_storeu_ps(fs + 8 * h, sc[h]);
+                _mm256_storeu_ps(fo + 8 * h, off[h]);
+            }
+            for (int h = 0; h < 2; h++) {
+                __m256i q[4];
+                k16_quants(t, b, h, q);
                 for (int j = 0; j < 4; j++) {
-                    __m256i q = q23k_quants(qs, hm, three, h, j);
-                    __m128i a = _mm256_castsi256_si128(q), c = _mm256_extracti128_si256(q, 1);
-                    __m128i parts[4] = { a, _mm_srli_si128(a, 8), c, _mm_srli_si128(c, 8) };
-                    int i = 8 * h + 2 * j; /* the scales of elements 0-15, 16-31 */
-                    float *o = y + 128 * h + 32 * j;
-                    for (int u = 0; u < 4; u++)
-                        _mm256_storeu_ps(o + 8 * u, _mm256_fmsub_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[u])),
-                                                                    _mm256_set1_ps(fs[i + u / 2]), _mm256_set1_ps(fo[i + u / 2])));
+                    int i = 8 * h + 2 * j; /* the scales of its elements 0-15, 16-31 */
+                    store32(y + 128 * h + 32 * j, q[j], fs[i], fo[i], fs[i + 1], fo[i + 1]);
                 }
             }
         }
@@ -458,45 +399,25 @@ void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
         }
         return;
     }
-    const __m256i m4 = _mm256_set1_epi8(0xF);
-    if (t == SF_DT_Q4_K || t == SF_DT_Q5_K) {
-        int five = t == SF_DT_Q5_K;
-        const __m256i m10 = _mm256_set1_epi8(0x10);
-        for (int64_t sb = 0; sb < k / 256; sb++, b += five ? 176 : 144, y += 256) {
-            uint8_t sm[16];
-            q4k_scales(b + 4, sm);
-            float d = f16le(b), dmin = f16le(b + 2);
-            __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-            for (int g = 0; g < 4; g++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * g));
-                __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if (five) {
-                    lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
-                    hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
-                    hb = _mm256_srli_epi16(hb, 2);
-                }
-                store32(y + 64 * g, lo, d * sm[2 * g], dmin * sm[8 + 2 * g]);
-                store32(y + 64 * g + 32, hi, d * sm[2 * g + 1], dmin * sm[8 + 2 * g + 1]);
+    /* SF_DT_Q4_K, SF_DT_Q5_K */
+    const __m256i m4 = _mm256_set1_epi8(0xF), m10 = _mm256_set1_epi8(0x10);
+    int five = t == SF_DT_Q5_K;
+    for (int64_t sb = 0; sb < k / 256; sb++, b += five ? 176 : 144, y += 256) {
+        uint8_t sm[16];
+        sf_q4k_scales(b + 4, sm);
+        float d = f16le(b), dmin = f16le(b + 2);
+        __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b + (five ? 48 : 16) + 32 * g));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
+                hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
+                hb = _mm256_srli_epi16(hb, 2);
             }
+            float s0 = d * sm[2 * g], m0 = dmin * sm[8 + 2 * g], s1 = d * sm[2 * g + 1], m1 = dmin * sm[8 + 2 * g + 1];
+            store32(y + 64 * g, lo, s0, m0, s0, m0);
+            store32(y + 64 * g + 32, hi, s1, m1, s1, m1);
         }
-    } else /* SF_DT_Q6_K */
-        for (int64_t sb = 0; sb < k / 256; sb++, b += 210, y += 256) {
-            const int8_t *sc = (const int8_t *)(b + 192);
-            float d = f16le(b + 208);
-            for (int h = 0; h < 2; h++) {
-                __m256i q[4];
-                q6k_quants(b, h, q);
-                for (int kk = 0; kk < 4; kk++) {
-                    __m256i s = _mm256_sub_epi8(q[kk], _mm256_set1_epi8(32));
-                    float *o = y + 128 * h + 32 * kk;
-                    /* 16 elements per scale: two halves of the 32 */
-                    float s0 = d * sc[8 * h + 2 * kk], s1 = d * sc[8 * h + 2 * kk + 1];
-                    __m128i a = _mm256_castsi256_si128(s), c = _mm256_extracti128_si256(s, 1);
-                    _mm256_storeu_ps(o, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(a)), _mm256_set1_ps(s0)));
-                    _mm256_storeu_ps(o + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(a, 8))), _mm256_set1_ps(s0)));
-                    _mm256_storeu_ps(o + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(c)), _mm256_set1_ps(s1)));
-                    _mm256_storeu_ps(o + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(c, 8))), _mm256_set1_ps(s1)));
-                }
-            }
-        }
+    }
 }

@@ -1,7 +1,7 @@
 /* quant_ref.h — the tests' reference for GGUF's block formats (hal/quant.c): the value of one
  * element of one block, computed from its index alone (which bytes and bits hold it, which
- * scale applies), not by walking the block as hal/quant.c does; and random blocks whose scale
- * fields hold sane fp16 values so that the weights come out O(0.05). Header-only. */
+ * scale applies), not by walking the block as hal/quant.c does. (Random blocks come from the
+ * library's sf_quant_random_block.) Header-only. */
 #ifndef SF_TESTS_QUANT_REF_H
 #define SF_TESTS_QUANT_REF_H
 
@@ -67,36 +67,6 @@ static inline double qr_value(sf_dtype t, const uint8_t *b, int e)
         return qr_f16(b) * (ls - 32) * qr_iq4nl[(b[8 + 16 * s + l % 16] >> (l / 16 * 4)) & 15];
     }
     default: return NAN;
-    }
-}
-
-static inline void qr_put_f16(uint8_t *p, float v)
-{
-    uint16_t h = sf_f32_to_f16(v);
-    p[0] = (uint8_t)h;
-    p[1] = (uint8_t)(h >> 8);
-}
-
-/* random quants and sub-scales; d (and m / dmin) about what keeps |w| near 0.05 */
-static inline void qr_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
-{
-    size_t n = sf_dtype_bytes(t, sf_dtype_block(t));
-    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)sf_rng_next(r);
-    float u = 0.5f + sf_rng_uniform(r), v = 0.5f + sf_rng_uniform(r);
-    switch (t) {
-    case SF_DT_Q8_0: qr_put_f16(b, 4e-4f * u); break;
-    case SF_DT_Q4_0: qr_put_f16(b, 6e-3f * u); break;
-    case SF_DT_Q4_1: qr_put_f16(b, 4e-3f * u); qr_put_f16(b + 2, -0.03f * v); break;
-    case SF_DT_Q5_0: qr_put_f16(b, 3e-3f * u); break;
-    case SF_DT_Q5_1: qr_put_f16(b, 2e-3f * u); qr_put_f16(b + 2, -0.03f * v); break;
-    case SF_DT_Q2_K: qr_put_f16(b + 80, 1e-3f * u); qr_put_f16(b + 82, 2e-3f * v); break;
-    case SF_DT_Q3_K: qr_put_f16(b + 108, 4e-4f * u); break;
-    case SF_DT_Q4_K: qr_put_f16(b, 5e-5f * u); qr_put_f16(b + 2, 4e-4f * v); break;
-    case SF_DT_Q5_K: qr_put_f16(b, 2.5e-5f * u); qr_put_f16(b + 2, 4e-4f * v); break;
-    case SF_DT_Q6_K: qr_put_f16(b + 208, 1.2e-5f * u); break;
-    case SF_DT_IQ4_NL: qr_put_f16(b, 4e-4f * u); break;
-    case SF_DT_IQ4_XS: qr_put_f16(b, 1.2e-5f * u); break;
-    default: break;
     }
 }
 

@@ -189,7 +189,7 @@ static void check_block_format(sf_dtype t, int n, int K, const int rows[2], doub
     double *wref = malloc(sizeof(double) * m * K), *ref = malloc(sizeof(double) * n * m);
     for (int p = 0, r0 = 0; p < 2; r0 += rows[p], p++) {
         mem[p] = malloc(sf_dtype_bytes(t, (int64_t)rows[p] * stride));
-        for (int64_t b = 0; b < (int64_t)rows[p] * stride / blk; b++) qr_random_block(t, mem[p] + b * bb, &R);
+        for (int64_t b = 0; b < (int64_t)rows[p] * stride / blk; b++) sf_quant_random_block(t, mem[p] + b * bb, &R);
         const uint8_t *c0 = mem[p] + sf_dtype_bytes(t, K); /* the second half of each row */
         d.part[p] = (sf_view){ c0, t, rows[p], K, stride };
         for (int r = 0; r < rows[p]; r++)

@@ -38,7 +38,7 @@ static sf_view rand_view(hand_model *h, sf_dtype t, int64_t rows, int64_t cols, 
         t = qr_types[next_format++ % SF_ARRAY_LEN(qr_types)];
         uint8_t *p = malloc(sf_dtype_bytes(t, n));
         size_t bb = sf_dtype_bytes(t, sf_dtype_block(t));
-        for (int64_t i = 0; i < n / sf_dtype_block(t); i++) qr_random_block(t, p + (size_t)i * bb, &R);
+        for (int64_t i = 0; i < n / sf_dtype_block(t); i++) sf_quant_random_block(t, p + (size_t)i * bb, &R);
         h->mem[h->n_mem++] = p;
         return (sf_view){ p, t, rows, cols };
     }

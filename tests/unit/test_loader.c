@@ -694,7 +694,7 @@ static void gguf_blocks(const char *path, int first, sf_dtype norm_type, bmat ma
         t[i].data = malloc(t[i].bytes);
         if (blk > 1) {
             size_t bb = sf_dtype_bytes(t[i].t, blk);
-            for (int64_t b = 0; b < n / blk; b++) qr_random_block(t[i].t, t[i].data + b * bb, &r);
+            for (int64_t b = 0; b < n / blk; b++) sf_quant_random_block(t[i].t, t[i].data + b * bb, &r);
         } else {
             for (int64_t j = 0; j < n; j++) ((float *)t[i].data)[j] = 1.0f + 0.01f * (float)(j % 7);
         }
@@ -766,7 +766,7 @@ TEST(gguf_block_formats)
         size_t bb = sf_dtype_bytes(t, blk);
         uint8_t *b = malloc(8 * bb);
         float *y = malloc(sizeof(float) * 8 * (size_t)blk);
-        for (int k = 0; k < 8; k++) qr_random_block(t, b + k * bb, &r);
+        for (int k = 0; k < 8; k++) sf_quant_random_block(t, b + k * bb, &r);
         sf_dequant_row(t, b, 8 * blk, y);
         double worst = 0;
         for (int e = 0; e < 8 * blk; e++) {
