@@ -81,9 +81,8 @@ typedef struct dummy_ctx {
     atomic_size_t done;
 } dummy_ctx;
 
-static void dummy_run_job(dummy_ctx *c, const dummy_job *j)
+static void dummy_run_job(const dummy_job *j)
 {
-    (void)c;
     const dummy_src *s = j->src;
     for (int64_t r = 0; r < j->rows; r++) {
         uint8_t *dst = j->dst + (size_t)r * j->pitch;
@@ -144,7 +143,7 @@ static void *dummy_worker(void *arg)
     for (;;) {
         int i = atomic_fetch_add(&c->next, 1);
         if (i >= c->n_jobs) break;
-        dummy_run_job(c, &c->jobs[i]);
+        dummy_run_job(&c->jobs[i]);
         atomic_fetch_add(&c->done, c->jobs[i].len);
     }
     return NULL;
@@ -362,7 +361,7 @@ int sf_model_fill_dummy_shard(sf_model *m, const char *format, uint64_t seed, in
     for (;;) {
         int i = atomic_fetch_add(&ctx.next, 1);
         if (i >= ctx.n_jobs) break;
-        dummy_run_job(&ctx, &ctx.jobs[i]);
+        dummy_run_job(&ctx.jobs[i]);
         size_t d = atomic_fetch_add(&ctx.done, ctx.jobs[i].len) + ctx.jobs[i].len;
         if (d > pg.done) sf_progress_add(&pg, d - pg.done);
     }

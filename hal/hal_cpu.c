@@ -50,7 +50,7 @@ typedef struct cpu_ctx {
     /* per-thread scratch */
     float *scratch;
     int64_t scratch_floats;  /* per thread */
-    float *xq;               /* one token's x as the block formats' kernels read it (qdot.c) */
+    float *xq;               /* a short step's x as the block formats' kernels read it (qdot.c) */
     int64_t xq_floats;
     /* sampler scratch, one per thread, for rows of up to sample_vocab tokens */
     sf_cpu_sample_scratch *sample;
