@@ -270,11 +270,13 @@ static inline __attribute__((always_inline)) void k16_scales(sf_dtype t, const u
         return;
     }
     int8_t s3[16];
-    const int8_t *s = (const int8_t *)(b + 192);
-    float d = f16le(b + 208), o = 32.0f;
-    if (t == SF_DT_Q3_K) {
+    const int8_t *s = s3;
+    float d, o;
+    if (t == SF_DT_Q3_K) { /* (each field read from its own format's place: a Q3_K block is 110 bytes) */
         sf_q3k_scales(b + 96, s3);
-        s = s3, d = f16le(b + 108), o = 4.0f;
+        d = f16le(b + 108), o = 4.0f;
+    } else {
+        s = (const int8_t *)(b + 192), d = f16le(b + 208), o = 32.0f;
     }
     for (int h = 0; h < 2; h++) {
         sc[h] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8 * h)))));
