@@ -690,8 +690,8 @@ static void usage(FILE *f)
                "  --load-format dummy   random weights from the config alone (no weight files needed)\n"
                "  --preset NAME         a built-in shape for dummy weights (e.g. 1b, llama-3-8b, qwen2-7b)\n"
                "  --dtype NAME          format of dummy weights: bf16 (default), f16, or GGUF's q8_0, q4_0,\n"
-               "                        q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, q4_k_m, q5_k_m\n"
-               "                        (llama.cpp's mixes) for the matrices\n"
+               "                        q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs,\n"
+               "                        q4_k_m, q5_k_m (llama.cpp's mixes) for the matrices\n"
                "  --backend NAME        auto | cpu | cuda (default auto)\n"
                "  --threads N           CPU threads (default: all cores)\n"
                "  --ctx N               prompt tokens before the timed steps (default 128)\n"
@@ -791,6 +791,7 @@ int sf_cmd_bench(int argc, char **argv)
         { "help", no_argument, NULL, 'h' }, { 0 }
     };
     int c;
+    sf_error de = { 0 };
     optind = 1;
     while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
         switch (c) {
@@ -803,9 +804,8 @@ int sf_cmd_bench(int argc, char **argv)
         case 's': if (parse_int("--steps", optarg, 1, 100000, &o.steps)) return 2; break;
         case 'k': if (parse_int("--chunk", optarg, 1, 65536, &o.chunk)) return 2; break;
         case 'd':
-            if (sf_dummy_format_check(optarg, &(sf_error){ 0 })) {
-                fprintf(stderr, "semflow bench: --dtype takes bf16, f16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, "
-                                "iq4_nl, iq4_xs, q4_k_m or q5_k_m, got '%s'\n", optarg);
+            if (sf_dummy_format_check(optarg, &de)) {
+                fprintf(stderr, "semflow bench: --dtype: %s\n", de.msg);
                 return 2;
             }
             o.dtype = optarg;

@@ -4,8 +4,8 @@
  * threads, so filling is bound by page faults and memory bandwidth, not by the random number
  * generator. The format (sf_load_opts.dummy_format) is bf16 or f16 for every tensor, or one
  * of GGUF's block formats for the matrices (norms and biases f32, as GGUF files keep them):
- * q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, or llama.cpp's mixes q4_k_m and
- * q5_k_m (with q6_k). */
+ * q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, or llama.cpp's
+ * mixes q4_k_m and q5_k_m (with q6_k). */
 #include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -169,7 +169,8 @@ static const dummy_fmt formats[] = {
     { "q5_k", SF_DT_Q5_K, SF_DT_F32, 0 },  { "q5_k_m", SF_DT_Q5_K, SF_DT_F32, 1 },
     { "q4_0", SF_DT_Q4_0, SF_DT_F32, 0 },  { "iq4_nl", SF_DT_IQ4_NL, SF_DT_F32, 0 },
     { "iq4_xs", SF_DT_IQ4_XS, SF_DT_F32, 0 }, { "q2_k", SF_DT_Q2_K, SF_DT_F32, 0 },
-    { "q3_k", SF_DT_Q3_K, SF_DT_F32, 0 },
+    { "q3_k", SF_DT_Q3_K, SF_DT_F32, 0 }, { "q4_1", SF_DT_Q4_1, SF_DT_F32, 0 },
+    { "q5_0", SF_DT_Q5_0, SF_DT_F32, 0 },  { "q5_1", SF_DT_Q5_1, SF_DT_F32, 0 },
 };
 
 static const dummy_fmt *format_find(const char *name)
@@ -182,10 +183,11 @@ static const dummy_fmt *format_find(const char *name)
 
 int sf_dummy_format_check(const char *name, sf_error *err)
 {
-    return format_find(name) ? SF_OK
-                             : sf_err(err, SF_EINVAL, "dummy weights come as bf16, f16, q8_0, q4_0, q2_k, q3_k, q4_k, "
-                                      "q5_k, q6_k, iq4_nl, iq4_xs, q4_k_m or q5_k_m, not '%s'",
-                                      name);
+    if (format_find(name)) return SF_OK;
+    char names[256] = "";
+    for (size_t i = 0; i < SF_ARRAY_LEN(formats); i++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", i ? ", " : "", formats[i].name);
+    return sf_err(err, SF_EINVAL, "dummy weights come as one of %s; not '%s'", names, name);
 }
 
 /* llama.cpp's use_more_bits: the layers whose attn_v and ffn_down Q4_K_M keeps in Q6_K */

@@ -57,10 +57,5 @@ size_t sf_dtype_bytes(sf_dtype t, int64_t n)
 
 sf_dtype sf_weight_dtype(const char *backend, sf_dtype t)
 {
-    if (strcmp(backend, "cpu")) return SF_DT_BF16;
-    switch (t) {
-    case SF_DT_F32: case SF_DT_F16: case SF_DT_BF16: case SF_DT_Q8_0: case SF_DT_Q4_0: case SF_DT_Q2_K:
-    case SF_DT_Q3_K: case SF_DT_Q4_K: case SF_DT_Q5_K: case SF_DT_Q6_K: case SF_DT_IQ4_NL: case SF_DT_IQ4_XS: return t;
-    default: return SF_DT_F16; /* Q4_1, Q5_0, Q5_1: read once into f16 */
-    }
+    return strcmp(backend, "cpu") ? SF_DT_BF16 : t;
 }

@@ -58,8 +58,7 @@ int sf_dequant_rows(sf_dtype t, const void *src, size_t pitch, int64_t rows, int
  * about 0.02 (dummy weights, the tests' random blocks); other types are left alone. */
 void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r);
 /* The dtype backend ("cpu", "cuda") keeps a weight of dtype t in: CUDA converts every weight
- * to bf16 at upload; the CPU reads f32, f16, bf16, Q8_0, Q4_0, Q2_K..Q6_K, IQ4_NL and IQ4_XS
- * in place and Q4_1, Q5_0 and Q5_1 as f16 copies. */
+ * to bf16 at upload; the CPU reads f32, f16, bf16 and every GGUF block format in place. */
 sf_dtype sf_weight_dtype(const char *backend, sf_dtype t);
 
 /* A host view of a weight: row-major rows x cols (1-D tensors have rows = 1). The data is

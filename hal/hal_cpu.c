@@ -26,7 +26,7 @@ struct sf_weight {
     sf_view part[4];
     float *bias[4];     /* fp32 copies (small), NULL when absent */
     float *vec;         /* fp32 copy of a 1-row weight (norm scales) */
-    void *slice[4];     /* own copies: strided parts (tensor-parallel column slices), f16 of block formats */
+    void *slice[4];     /* own copies: strided parts (tensor-parallel column slices) */
     int64_t m, k;
 };
 
@@ -89,34 +89,10 @@ static int ensure_scratch(cpu_ctx *c, int64_t per_thread)
 }
 
 /* ---- memory ---------------------------------------------------------------------------- */
-/* what the kernels read in place; the other GGUF block formats become f16 copies */
-static int dtype_native(sf_dtype t) { return sf_weight_dtype("cpu", t) == t; }
-
-static int dtype_ok(sf_dtype t) { return dtype_native(t) || sf_dtype_block(t) > 1; }
-
-/* rows x cols of a block-format view (row pitch `stride` elements) as f16, rows dealt to the pool */
-typedef struct f16_job { const sf_view *v; uint16_t *out; _Atomic int failed; } f16_job;
-
-static void f16_rows(void *arg, int ith, int nth)
+/* what the kernels read in place: the float types and every GGUF block format */
+static int dtype_ok(sf_dtype t)
 {
-    f16_job *j = arg;
-    const sf_view *v = j->v;
-    int64_t r0 = v->rows * ith / nth, r1 = v->rows * (ith + 1) / nth;
-    size_t pitch = sf_dtype_bytes(v->dtype, v->stride ? v->stride : v->cols);
-    if (sf_dequant_rows(v->dtype, (const char *)v->data + (size_t)r0 * pitch, pitch, r1 - r0, v->cols, SF_DT_F16,
-                        j->out + (size_t)r0 * (size_t)v->cols))
-        j->failed = 1;
-}
-
-static uint16_t *to_f16_copy(cpu_ctx *c, const sf_view *v)
-{
-    f16_job j = { v, malloc((size_t)v->rows * (size_t)v->cols * 2), 0 };
-    if (j.out) run(c, f16_rows, &j, v->rows * v->cols);
-    if (j.failed) {
-        free(j.out);
-        return NULL;
-    }
-    return j.out;
+    return t == SF_DT_F32 || t == SF_DT_F16 || t == SF_DT_BF16 || sf_dtype_block(t) > 1;
 }
 
 static void cpu_weight_free(sf_backend *b, sf_weight *w)
@@ -170,19 +146,7 @@ static int cpu_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **ou
         }
         w->part[p] = *v;
         w->m += v->rows;
-        if (!dtype_native(v->dtype)) { /* read once into f16, strided or not */
-            if (v->stride && v->stride < v->cols) {
-                cpu_weight_free(b, w);
-                return sf_err(err, SF_EINVAL, "cpu weight: part %d has row stride %lld for %lld columns",
-                              p, (long long)v->stride, (long long)v->cols);
-            }
-            if (!(w->slice[p] = to_f16_copy(CTX(b), v))) {
-                cpu_weight_free(b, w);
-                return sf_err(err, SF_ENOMEM, "cpu weight: out of memory for a %lld x %lld f16 copy of %s",
-                              (long long)v->rows, (long long)v->cols, sf_dtype_name(v->dtype));
-            }
-            w->part[p] = (sf_view){ w->slice[p], SF_DT_F16, v->rows, v->cols, 0 };
-        } else if (v->stride && v->stride != v->cols) { /* a column slice: the kernels read rows back to back */
+        if (v->stride && v->stride != v->cols) { /* a column slice: the kernels read rows back to back */
             size_t rb = sf_dtype_bytes(v->dtype, v->cols), sb = sf_dtype_bytes(v->dtype, v->stride);
             if (v->stride < v->cols) {
                 cpu_weight_free(b, w);

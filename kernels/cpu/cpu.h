@@ -1,7 +1,7 @@
 /* cpu.h — the CPU kernels behind the CPU backend (hal/hal_cpu.c), one op per file.
  *
  * Activations are fp32, row-major. Weights are read in place in their stored dtype
- * (F32, F16, BF16 and GGUF's Q8_0, Q4_0, Q2_K..Q6_K, IQ4_NL, IQ4_XS) with fp32
+ * (F32, F16, BF16 and every GGUF block format: Q8_0, Q4_0..Q5_1, Q2_K..Q6_K, IQ4_NL, IQ4_XS) with fp32
  * accumulation. Each kernel is a plain function over one
  * thread's share of the work: `ith` of `nth` threads; sf_cpu_pool_run() calls it on every
  * thread of a pool and returns when all have finished. Kernels allocate nothing and never
@@ -91,6 +91,9 @@ void sf_cpu_dot4_q5_K(const void *const *w, const float *xp, int64_t k, float *o
 void sf_cpu_dot4_q2_K(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q3_K(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q4_0(const void *const *w, const float *xp, int64_t k, float *out);
+void sf_cpu_dot4_q4_1(const void *const *w, const float *xp, int64_t k, float *out);
+void sf_cpu_dot4_q5_0(const void *const *w, const float *xp, int64_t k, float *out);
+void sf_cpu_dot4_q5_1(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_iq4_nl(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_iq4_xs(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out);

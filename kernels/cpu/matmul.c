@@ -120,6 +120,9 @@ static dot4_fn dot4_for(sf_dtype t)
     case SF_DT_Q2_K: return sf_cpu_dot4_q2_K;
     case SF_DT_Q3_K: return sf_cpu_dot4_q3_K;
     case SF_DT_Q4_0: return sf_cpu_dot4_q4_0;
+    case SF_DT_Q4_1: return sf_cpu_dot4_q4_1;
+    case SF_DT_Q5_0: return sf_cpu_dot4_q5_0;
+    case SF_DT_Q5_1: return sf_cpu_dot4_q5_1;
     case SF_DT_IQ4_NL: return sf_cpu_dot4_iq4_nl;
     case SF_DT_IQ4_XS: return sf_cpu_dot4_iq4_xs;
     case SF_DT_Q6_K: return sf_cpu_dot4_q6_K;

@@ -1,11 +1,14 @@
-/* qdot.c — GGUF block formats read in place: Q8_0, Q4_0, IQ4_NL, IQ4_XS and the K-quants Q2_K..Q6_K
- * (llama.cpp's Q2_K, Q3_K_*, Q4_K_*, Q5_K_* and Q6_K files): the one-token dot products of the matmul,
- * and rows into fp32 for the many-token path.
+/* qdot.c — GGUF block formats read in place: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS and the
+ * K-quants Q2_K..Q6_K (llama.cpp's Q2_K, Q3_K_*, Q4_K_*, Q5_K_* and Q6_K files): the one-token dot
+ * products of the matmul, and rows into fp32 for the many-token path.
  *
  * Layouts (hal/quant.c has them all):
  *   Q8_0 (32, 34 B): d f16, 32 int8: w = d q.
  *   Q4_0, IQ4_NL (32, 18 B): d f16, 16 bytes of nibbles (elements 0-15 low, 16-31 high):
  *        w = d (q - 8), or d kvalues[q] (a fixed table of 16 levels).
+ *   Q4_1 (32, 20 B): d, m f16, 16 bytes of nibbles: w = d q + m.
+ *   Q5_0 (32, 22 B): d f16, 32 fifth bits (bit l: element l), 16 bytes of nibbles: w = d (q - 16).
+ *   Q5_1 (32, 24 B): d, m f16, 32 fifth bits, 16 bytes of nibbles: w = d q + m.
  *   IQ4_XS (256, 136 B): d f16, 8 6-bit group scales ls in 6 bytes, 8 groups of IQ4_NL nibbles:
  *        w = d (ls - 32) kvalues[q].
  *   Q2_K (256, 84 B): 16 bytes of 4-bit scale | 4-bit min (per 16), 64 bytes of 2-bit q, d, dmin:
@@ -185,55 +188,100 @@ void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *o
     for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(acc[r]);
 }
 
-/* The 4-bit formats of 32-blocks: Q4_0 (d (q - 8)), IQ4_NL (d kvalues[q]) and IQ4_XS (256-blocks
- * of 8 such groups, each with a 6-bit scale ls: d (ls - 32) kvalues[q]). A group's 16 bytes
- * hold elements 0-15 in their low nibbles and 16-31 in the high ones; the values, signed
- * bytes, meet x as Q8_0's do. */
-/* group j of a row of t: its 32 values as signed bytes, and its scale */
+/* The formats of 32-groups of nibbles: Q4_0 (d (q - 8)), Q4_1 (d q + m), Q5_0 and Q5_1 (a fifth
+ * bit each: d (q - 16), d q + m), IQ4_NL (d kvalues[q]) and IQ4_XS (256-blocks of 8 such groups,
+ * each with a 6-bit scale ls: d (ls - 32) kvalues[q]). A group's 16 bytes hold elements 0-15 in
+ * their low nibbles and 16-31 in the high ones; the values, bytes, meet x as Q8_0's do, and
+ * Q4_1's and Q5_1's m multiplies x's sum over the group. */
+static inline size_t q32_bytes(sf_dtype t)
+{
+    switch (t) {
+    case SF_DT_Q4_1: return 20;
+    case SF_DT_Q5_0: return 22;
+    case SF_DT_Q5_1: return 24;
+    default: return 18;
+    }
+}
+
+/* 32 bits (little-endian) as 32 bytes, 0x10 where the bit is set */
 __attribute__((target("avx2,fma,f16c")))
-static inline __attribute__((always_inline)) __m256i q4_group(sf_dtype t, const uint8_t *row, int64_t j, float *scale)
+static inline __m256i bits_to_0x10(const uint8_t *p)
+{
+    uint32_t h;
+    memcpy(&h, p, 4);
+    /* byte l gets source byte l / 8, then keeps only its bit l % 8 */
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)h), _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                                                                  0x0101010101010101, 0));
+    __m256i bit = _mm256_set1_epi64x(0x8040201008040201);
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+/* group j of a row of t: its 32 values as bytes, its scale and its offset m (0 but for Q4_1, Q5_1) */
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) __m256i q4_group(sf_dtype t, const uint8_t *row, int64_t j, float *scale,
+                                                              float *m)
 {
     const uint8_t *nib;
+    *m = 0;
     if (t == SF_DT_IQ4_XS) {
         const uint8_t *b = row + 136 * (j / 8);
         int s = (int)(j % 8);
         *scale = f16le(b) * (float)sf_iq4xs_scale(b, s);
         nib = b + 8 + 16 * s;
     } else {
-        const uint8_t *b = row + 18 * j;
+        const uint8_t *b = row + q32_bytes(t) * j;
         *scale = f16le(b);
-        nib = b + 2;
+        if (t == SF_DT_Q4_1 || t == SF_DT_Q5_1) *m = f16le(b + 2);
+        nib = b + (t == SF_DT_Q4_1 ? 4 : t == SF_DT_Q5_0 ? 6 : t == SF_DT_Q5_1 ? 8 : 2);
     }
     __m128i v = _mm_loadu_si128((const __m128i *)nib);
     __m256i q = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(v, 4), v), _mm256_set1_epi8(0xF));
-    if (t == SF_DT_Q4_0) return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
-    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sf_iq4nl_values)), q);
+    switch (t) {
+    case SF_DT_Q4_0: return _mm256_sub_epi8(q, _mm256_set1_epi8(8));
+    case SF_DT_Q4_1: return q;
+    case SF_DT_Q5_0: return _mm256_sub_epi8(_mm256_or_si256(q, bits_to_0x10(nib - 4)), _mm256_set1_epi8(16));
+    case SF_DT_Q5_1: return _mm256_or_si256(q, bits_to_0x10(nib - 4));
+    default: return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sf_iq4nl_values)), q);
+    }
 }
 
 __attribute__((target("avx2,fma,f16c")))
 static inline __attribute__((always_inline)) void dot4_q4_32(const void *const *w, const float *xp, int64_t k, float *out, sf_dtype t)
 {
     const int8_t *x8 = PX_X8(xp);
-    const float *dx = PX_DX(xp, k);
-    const size_t gb = t == SF_DT_IQ4_XS ? 17 : 18; /* bytes a group, for the prefetch */
+    const float *dx = PX_DX(xp, k), *s32 = PX_S32(xp, k);
+    const size_t gb = t == SF_DT_IQ4_XS ? 17 : q32_bytes(t); /* bytes a group, for the prefetch */
+    const int with_m = t == SF_DT_Q4_1 || t == SF_DT_Q5_1;
     __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    float off[4] = { 0, 0, 0, 0 };
     for (int64_t j = 0; j < k / 32; j++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x8 + 32 * j));
         for (int r = 0; r < 4; r++) {
             const uint8_t *row = w[r];
             if (!(j & 3)) _mm_prefetch((const char *)row + gb * j + PF_Q4K, _MM_HINT_T0);
-            float sc;
-            __m256i v = q4_group(t, row, j, &sc);
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v));
+            float sc, m;
+            __m256i v = q4_group(t, row, j, &sc, &m);
+            /* Q4_1's and Q5_1's quants are unsigned already: no sign to move onto x */
+            __m256i p = with_m ? _mm256_maddubs_epi16(v, xv) : _mm256_maddubs_epi16(_mm256_sign_epi8(v, v), _mm256_sign_epi8(xv, v));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(sc * dx[j]), _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1))),
                                      acc[r]);
+            if (with_m) off[r] += m * s32[j];
         }
     }
-    for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(acc[r]);
+    for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(acc[r]) + off[r];
 }
 
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_q4_0(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q4_32(w, xp, k, out, SF_DT_Q4_0); }
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q4_1(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q4_32(w, xp, k, out, SF_DT_Q4_1); }
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q5_0(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q4_32(w, xp, k, out, SF_DT_Q5_0); }
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dot4_q5_1(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q4_32(w, xp, k, out, SF_DT_Q5_1); }
 
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_iq4_nl(const void *const *w, const float *xp, int64_t k, float *out)
@@ -390,14 +438,15 @@ void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y)
         }
         return;
     }
-    if (t == SF_DT_Q4_0 || t == SF_DT_IQ4_NL || t == SF_DT_IQ4_XS) {
+    if (t != SF_DT_Q4_K && t != SF_DT_Q5_K) { /* the formats of 32-groups */
         for (int64_t j = 0; j < k / 32; j++, y += 32) {
-            float sc;
-            __m256i v = q4_group(t, b, j, &sc);
+            float sc, m;
+            __m256i v = q4_group(t, b, j, &sc, &m);
             __m128i a = _mm256_castsi256_si128(v), c = _mm256_extracti128_si256(v, 1);
             __m128i parts[4] = { a, _mm_srli_si128(a, 8), c, _mm_srli_si128(c, 8) };
             for (int i = 0; i < 4; i++)
-                _mm256_storeu_ps(y + 8 * i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i])), _mm256_set1_ps(sc)));
+                _mm256_storeu_ps(y + 8 * i, _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(parts[i])), _mm256_set1_ps(sc),
+                                                            _mm256_set1_ps(m)));
         }
         return;
     }

@@ -57,6 +57,9 @@ static void row_to_f32_avx2(sf_dtype t, const void *src, int64_t k, float *dst)
         return;
     }
     case SF_DT_Q4_0:
+    case SF_DT_Q4_1:
+    case SF_DT_Q5_0:
+    case SF_DT_Q5_1:
     case SF_DT_Q2_K:
     case SF_DT_Q3_K:
     case SF_DT_Q4_K:

@@ -174,11 +174,10 @@ TEST(matmul_shapes_dtypes)
     printf("  worst rel err: f32 %.2e bf16 %.2e f16 %.2e q8_0 %.2e\n", worst[0], worst[1], worst[2], worst[3]);
 }
 
-/* GGUF's other block formats: fused two-part weights whose parts are column slices (a row
- * stride of two rows' worth, as tensor parallelism cuts them). Those the CPU reads in place
- * (sf_weight_dtype) meet x in int8 in integer kernels for up to SF_CPU_DIRECT_TOKENS tokens and
- * are dequantized row by row into fp32 for more; the rest are read once into f16. The reference
- * takes each element from tests/lib/quant_ref.h, rounded as the backend keeps it. */
+/* GGUF's block formats: fused two-part weights whose parts are column slices (a row stride of
+ * two rows' worth, as tensor parallelism cuts them). The CPU reads them in place: they meet x in
+ * int8 in integer kernels for up to SF_CPU_DIRECT_TOKENS tokens and are dequantized row by row
+ * into fp32 for more. The reference takes each element from tests/lib/quant_ref.h. */
 static void check_block_format(sf_dtype t, int n, int K, const int rows[2], double *worst_x8)
 {
     const int stride = 2 * K, m = rows[0] + rows[1];
@@ -195,8 +194,7 @@ static void check_block_format(sf_dtype t, int n, int K, const int rows[2], doub
         for (int r = 0; r < rows[p]; r++)
             for (int i = 0; i < K; i++) {
                 const uint8_t *b = c0 + sf_dtype_bytes(t, (int64_t)r * stride + i / blk * blk);
-                float v = (float)qr_value(t, b, i % blk);
-                wref[(int64_t)(r0 + r) * K + i] = sf_weight_dtype("cpu", t) == SF_DT_F16 ? sf_f16_to_f32(sf_f32_to_f16(v)) : v;
+                wref[(int64_t)(r0 + r) * K + i] = qr_value(t, b, i % blk);
             }
     }
     sf_weight *w = NULL;

@@ -53,14 +53,13 @@ static sf_view rand_view(hand_model *h, sf_dtype t, int64_t rows, int64_t cols, 
     return (sf_view){ p, t, rows, cols };
 }
 
-/* element i; a block format's value as the CPU backend holds it (Q8_0 in place, others f16) */
+/* element i (the CPU backend reads every block format in place) */
 static double vget(const sf_view *v, int64_t i)
 {
     int blk = sf_dtype_block(v->dtype);
     if (blk > 1) {
         const uint8_t *b = (const uint8_t *)v->data + sf_dtype_bytes(v->dtype, i / blk * blk);
-        float x = (float)qr_value(v->dtype, b, (int)(i % blk));
-        return sf_weight_dtype("cpu", v->dtype) == SF_DT_F16 ? sf_f16_to_f32(sf_f32_to_f16(x)) : x;
+        return qr_value(v->dtype, b, (int)(i % blk));
     }
     return v->dtype == SF_DT_F32 ? ((const float *)v->data)[i] : sf_bf16_to_f32(((const uint16_t *)v->data)[i]);
 }

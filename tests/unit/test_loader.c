@@ -1116,7 +1116,8 @@ TEST(dummy_weights_block_formats)
         { "q8_0", SF_DT_Q8_0 }, { "q4_k", SF_DT_Q4_K },   { "q5_k", SF_DT_Q5_K },
         { "q6_k", SF_DT_Q6_K }, { "q4_k_m", SF_DT_Q4_K }, { "q5_k_m", SF_DT_Q5_K },
         { "q4_0", SF_DT_Q4_0 }, { "iq4_nl", SF_DT_IQ4_NL }, { "iq4_xs", SF_DT_IQ4_XS },
-        { "q2_k", SF_DT_Q2_K }, { "q3_k", SF_DT_Q3_K },
+        { "q2_k", SF_DT_Q2_K }, { "q3_k", SF_DT_Q3_K }, { "q4_1", SF_DT_Q4_1 },
+        { "q5_0", SF_DT_Q5_0 }, { "q5_1", SF_DT_Q5_1 },
     };
     sf_error e = { 0 };
     for (size_t f = 0; f < SF_ARRAY_LEN(fmts); f++) {
