@@ -36,6 +36,18 @@ static size_t held_bytes(const sf_view *v, const char *backend)
     return v->data ? sf_dtype_bytes(sf_weight_dtype(backend, v->dtype), v->rows * v->cols) : 0;
 }
 
+/* the parts of a weight the backend fuses (QKV, gate/up): CUDA keeps their block formats only
+ * if it keeps every part's, else the whole weight is bf16 */
+static size_t fused_bytes(const sf_view *const *v, int n, const char *backend)
+{
+    int conv = 0;
+    for (int i = 0; i < n; i++) conv |= v[i]->data && sf_weight_dtype(backend, v[i]->dtype) != v[i]->dtype;
+    size_t s = 0;
+    for (int i = 0; i < n; i++)
+        s += conv ? (v[i]->data ? sf_dtype_bytes(SF_DT_BF16, v[i]->rows * v[i]->cols) : 0) : held_bytes(v[i], backend);
+    return s;
+}
+
 size_t sf_model_weight_bytes(const sf_model *m, const char *backend, int decode)
 {
     int untied = m->lm_head.data && m->lm_head.data != m->tok_embd.data;
@@ -43,9 +55,10 @@ size_t sf_model_weight_bytes(const sf_model *m, const char *backend, int decode)
     if (!decode && untied) s += held_bytes(&m->tok_embd, backend);
     for (int l = 0; l < m->cfg.n_layers; l++) {
         const sf_layer_w *w = &m->layers[l];
-        const sf_view *vs[] = { &w->attn_norm, &w->wq, &w->wk, &w->wv, &w->wo, &w->bq, &w->bk, &w->bv,
-                                &w->ffn_norm, &w->wgate, &w->wup, &w->wdown };
+        const sf_view *vs[] = { &w->attn_norm, &w->wo, &w->bq, &w->bk, &w->bv, &w->ffn_norm, &w->wdown };
         for (size_t i = 0; i < SF_ARRAY_LEN(vs); i++) s += held_bytes(vs[i], backend);
+        const sf_view *qkv[] = { &w->wq, &w->wk, &w->wv }, *gu[] = { &w->wgate, &w->wup };
+        s += fused_bytes(qkv, 3, backend) + fused_bytes(gu, 2, backend);
     }
     return s;
 }

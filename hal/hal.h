@@ -57,8 +57,26 @@ int sf_dequant_rows(sf_dtype t, const void *src, size_t pitch, int64_t rows, int
 /* One block of a GGUF block format of random quants and scales, the weights' standard deviation
  * about 0.02 (dummy weights, the tests' random blocks); other types are left alone. */
 void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r);
-/* The dtype backend ("cpu", "cuda") keeps a weight of dtype t in: CUDA converts every weight
- * to bf16 at upload; the CPU reads f32, f16, bf16 and every GGUF block format in place. */
+/* The CUDA backend keeps Q8_0, Q4_K, Q5_K and Q6_K weights in their own bytes (sf_qdev_ok),
+ * each row repacked so that a 32-group's quants are one aligned load (kernels/cuda/qgemv.cu
+ * reads them). A row of k elements (whole blocks) becomes planes, back to back, G = k / 32
+ * groups, S = k / 256 super-blocks, the row padded to 16 bytes (sf_qdev_row_bytes):
+ *   Q8_0: qs[G][32] int8 | d[G] f16
+ *   Q4_K: meta[S][16] (d, dmin f16 and the 12 scale bytes, as in the block) | qs[G][16]
+ *   Q5_K: meta[S][16] | qs[G][16] | qh[G] u32
+ *   Q6_K: qs[G][16] | qh[G][2] u32 | sc[S][16] int8 | d[S] f16
+ * qs: byte i holds element i of the group in its low nibble and element 16 + i in its high one.
+ * Q5_K's qh: bit j of byte b is the fifth bit of element 4j + b, bit 4 + j that of 16 + 4j + b.
+ * Q6_K's qh: word h, bits 2j..2j+1 of byte b, the top two bits of element 16h + 4j + b. The
+ * values are the file's: nothing is rounded. */
+int sf_qdev_ok(sf_dtype t);
+size_t sf_qdev_row_bytes(sf_dtype t, int64_t k); /* 0: not a device format, or k not whole blocks */
+void sf_qdev_pack_row(sf_dtype t, const void *src, int64_t k, void *dst);
+/* The dtype backend ("cpu", "cuda") keeps a weight matrix of dtype t in: the CPU reads f32,
+ * f16, bf16 and every GGUF block format in place; CUDA keeps Q8_0, Q4_K, Q5_K and Q6_K (unless
+ * SEMFLOW_CUDA_QUANT=0) and converts the rest to bf16 at upload; a fused CUDA weight (QKV,
+ * gate/up) keeps its parts' formats only if it keeps every part's (sf_model_weight_bytes
+ * counts it so). */
 sf_dtype sf_weight_dtype(const char *backend, sf_dtype t);
 
 /* A host view of a weight: row-major rows x cols (1-D tensors have rows = 1). The data is

@@ -67,6 +67,12 @@ struct sf_buf {
 struct sf_weight {
     uint16_t *d, *bias;
     int64_t rows, cols;
+    /* Q8_0, Q4_K, Q5_K, Q6_K kept in their own bytes (d NULL): each part (a fused weight's parts
+     * may differ, as Q4_K_M's Q6_K attn_v beside Q4_K q and k) rows of `pitch` bytes in hal.h's
+     * sf_qdev layout, read by qgemv.cu; longer steps' GEMMs take `chunk` rows at a time
+     * dequantized into the context's qscratch */
+    int n_q;
+    struct qpart { uint8_t *q; sf_dtype t; int64_t pitch, rows, r0, chunk; } qp[4];
 };
 
 typedef struct cuda_ctx {
@@ -178,6 +184,11 @@ typedef struct cuda_ctx {
     int n_prof;
     long prof_dropped; /* ops of shapes past the table's end (counted, not shown) */
     sf_k_trace *trace; /* SEMFLOW_CUDA_TRACE=FILE: the batch-1 kernels' timeline (b1trace.h) */
+    /* block-format weights in place (SEMFLOW_CUDA_QUANT, default on; off: bf16 copies), and the
+     * bf16 rows of one chunk of such a weight for a GEMM of more than SF_K_QGEMV_MAX_N rows */
+    int quant;
+    uint16_t *qscratch;
+    size_t qscratch_bytes;
 } cuda_ctx;
 
 static cuda_ctx *CTX(sf_backend *b) { return (cuda_ctx *)b->ctx; }
@@ -268,8 +279,8 @@ static void prof_print(cuda_ctx *c)
 {
     static const char *names[] = { "", "embed", "rmsnorm", "gemm", "rope_kv", "attention", "silu_mul", "get_rows",
                                    "collective", "norm_gemv", "gemv_add", "add", "attn_dec", "gemv_rope", "gemm_acc",
-                                   "coll_norm", "gemv", "head_put" };
-    _Static_assert(SF_ARRAY_LEN(names) == SF_OP_BEST_PUT + 1, "a name for every op kind");
+                                   "coll_norm", "gemv", "head_put", "qgemv", "qdequant" };
+    _Static_assert(SF_ARRAY_LEN(names) == SF_OP_QDEQ + 1, "a name for every op kind");
     double total = 0;
     for (int i = 0; i < c->n_prof; i++) total += c->prof_rows[i].ms;
     fprintf(stderr, "cuda profile (each op timed alone with events; %.1f ms in all):\n", total);
@@ -328,6 +339,7 @@ static void cuda_destroy(sf_backend *b)
         cudaFree(c->kv);
         cudaFree(c->kv_scale);
         cudaFree(c->inv_freq_d);
+        cudaFree(c->qscratch);
         cudaFree(c->attn_ws);
         if (c->samp_h) cudaFreeHost(c->samp_h);
         if (c->samp_h2) cudaFreeHost(c->samp_h2);
@@ -442,6 +454,51 @@ cleanup:
     return rc;
 }
 
+/* Rows of a block-format view into the device layout (sf_qdev_pack_row) at dst, pitch bytes a
+ * row, through the same double-buffered stage. */
+static int upload_qdev(cuda_ctx *c, const sf_view *v, uint8_t *dst, int64_t pitch, int *slot, sf_error *err)
+{
+    int rc = SF_OK;
+    size_t sb = sf_dtype_bytes(v->dtype, v->stride ? v->stride : v->cols);
+    int64_t rows_per = (int64_t)(STAGE_BYTES / (size_t)pitch);
+    for (int64_t r0 = 0; r0 < v->rows; r0 += rows_per) {
+        int64_t nr = SF_MIN(rows_per, v->rows - r0);
+        int i = (*slot)++ & 1;
+        SF_CUDA_GOTO(cudaEventSynchronize(c->stage_done[i]), err, rc);
+        for (int64_t r = 0; r < nr; r++)
+            sf_qdev_pack_row(v->dtype, (const char *)v->data + (size_t)(r0 + r) * sb, v->cols,
+                             (char *)c->pin[i] + (size_t)r * (size_t)pitch);
+        SF_CUDA_GOTO(cudaMemcpyAsync(dst + r0 * pitch, c->pin[i], (size_t)nr * (size_t)pitch, cudaMemcpyHostToDevice,
+                                     c->s), err, rc);
+        SF_CUDA_GOTO(cudaEventRecord(c->stage_done[i], c->s), err, rc);
+    }
+cleanup:
+    return rc;
+}
+
+/* Rows of a quantized weight a GEMM takes at a time: ~64 MiB of bf16, whole 64-row tiles */
+#define QCHUNK_BYTES ((size_t)64 << 20)
+
+/* Whether a weight stays in its block formats on the device: every part in a format qgemv.cu
+ * reads (not necessarily the same one), a matrix (not a norm's vector), rows that fit the
+ * stage, x 16-byte aligned for the GEMV. */
+static int keeps_blocks(const cuda_ctx *c, const sf_weight_desc *d, int64_t rows)
+{
+    if (!c->quant || rows < 2 || d->part[0].cols % 8) return 0;
+    for (int i = 0; i < d->n_parts; i++) {
+        sf_dtype t = d->part[i].dtype;
+        size_t rb = sf_qdev_row_bytes(t, d->part[i].cols);
+        if (!sf_qdev_ok(t) || !rb || rb > STAGE_BYTES) return 0;
+    }
+    return 1;
+}
+
+static void free_qparts(cuda_ctx *c, sf_weight *w)
+{
+    for (int i = 0; i < w->n_q; i++) dfree(c, w->qp[i].q, (size_t)w->qp[i].rows * (size_t)w->qp[i].pitch);
+    w->n_q = 0;
+}
+
 static int cuda_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **out, sf_error *err)
 {
     cuda_ctx *c = CTX(b);
@@ -463,7 +520,25 @@ static int cuda_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **o
     w->rows = rows;
     w->cols = cols;
     SF_CUDA_GOTO(cudaSetDevice(c->dev), err, rc);
-    if ((rc = dmalloc(c, (void **)&w->d, (size_t)rows * cols * 2, "a weight", err))) goto cleanup;
+    if (keeps_blocks(c, d, rows)) {
+        const int64_t chunk = SF_MAX(64, (int64_t)(QCHUNK_BYTES / ((size_t)cols * 2)) / 64 * 64);
+        for (int64_t i = 0, r0 = 0; i < d->n_parts; r0 += d->part[i].rows, i++) {
+            struct qpart *q = &w->qp[w->n_q];
+            *q = (struct qpart){ NULL, d->part[i].dtype, (int64_t)sf_qdev_row_bytes(d->part[i].dtype, cols), d->part[i].rows,
+                                 r0, SF_MIN(d->part[i].rows, chunk) };
+            if ((rc = dmalloc(c, (void **)&q->q, (size_t)q->rows * (size_t)q->pitch, "a weight", err))) goto cleanup;
+            w->n_q++;
+            size_t need = (size_t)q->chunk * (size_t)cols * 2;
+            if (need > c->qscratch_bytes) { /* at load, never in a step */
+                dfree(c, c->qscratch, c->qscratch_bytes);
+                c->qscratch = NULL;
+                c->qscratch_bytes = 0;
+                if ((rc = dmalloc(c, (void **)&c->qscratch, need, "the rows of a quantized weight's GEMM", err)))
+                    goto cleanup;
+                c->qscratch_bytes = need;
+            }
+        }
+    } else if ((rc = dmalloc(c, (void **)&w->d, (size_t)rows * cols * 2, "a weight", err))) goto cleanup;
     if (has_bias) {
         if ((rc = dmalloc(c, (void **)&w->bias, (size_t)rows * 2, "a bias", err))) goto cleanup;
         SF_CUDA_GOTO(cudaMemsetAsync(w->bias, 0, (size_t)rows * 2, c->s), err, rc);
@@ -472,7 +547,14 @@ static int cuda_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **o
     for (int i = 0; i < d->n_parts; i++) {
         char what[48];
         snprintf(what, sizeof what, "part %d", i);
-        if ((rc = upload_view(c, &d->part[i], w->d + r0 * cols, &slot, what, err))) goto cleanup;
+        if (w->n_q) {
+            if (d->part[i].stride && d->part[i].stride < d->part[i].cols) {
+                rc = sf_err(err, SF_EINVAL, "CUDA backend: weight %s has row stride %lld for %lld columns", what,
+                            (long long)d->part[i].stride, (long long)d->part[i].cols);
+                goto cleanup;
+            }
+            if ((rc = upload_qdev(c, &d->part[i], w->qp[i].q, w->qp[i].pitch, &slot, err))) goto cleanup;
+        } else if ((rc = upload_view(c, &d->part[i], w->d + r0 * cols, &slot, what, err))) goto cleanup;
         const sf_view *bv = &d->bias[i];
         if (bv->data) {
             if (bv->rows * bv->cols != d->part[i].rows) {
@@ -494,6 +576,7 @@ cleanup:
     cudaStreamSynchronize(c->s);
     if (w) {
         dfree(c, w->d, (size_t)rows * cols * 2);
+        free_qparts(c, w);
         dfree(c, w->bias, (size_t)rows * 2);
         free(w);
     }
@@ -507,6 +590,7 @@ static void cuda_weight_free(sf_backend *b, sf_weight *w)
     step_end(c);
     cudaStreamSynchronize(c->s);
     dfree(c, w->d, (size_t)w->rows * w->cols * 2);
+    free_qparts(c, w);
     dfree(c, w->bias, (size_t)w->rows * 2);
     free(w);
 }
@@ -956,6 +1040,13 @@ static int cuda_embed(sf_backend *b, const sf_weight *emb, sf_buf *x)
             return SF_EINVAL;
         }
     sf_op_rec r = { 0 };
+    if (emb->n_q == 1) { /* the rows of a table kept in its block format */
+        r.kind = SF_OP_QDEQ;
+        r.p[0] = emb->qp[0].q; r.p[1] = c->tokens_d; r.p[2] = x->d;
+        r.n[0] = emb->qp[0].t; r.n[1] = emb->qp[0].pitch; r.n[2] = emb->cols; r.n[4] = c->T; r.n[5] = x->cols;
+        return submit(c, &r, 1, "embed");
+    }
+    if (emb->n_q) return op_fail(SF_EINVAL, "embed", "an embedding table of several parts");
     r.kind = SF_OP_EMBED;
     r.p[0] = emb->d; r.p[1] = c->tokens_d; r.p[2] = x->d;
     r.n[0] = emb->rows; r.n[1] = emb->cols; r.n[2] = c->T; r.n[3] = x->cols;
@@ -977,11 +1068,50 @@ static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_we
     return submit(c, &r, 1, "rmsnorm");
 }
 
+/* y (+)= x W^T over a weight kept in its block format: up to SF_K_QGEMV_MAX_N rows in qgemv.cu,
+ * more through cuBLASLt, w->chunk rows of W dequantized into qscratch at a time (add: callers
+ * add through a scratch buffer) */
+static int qmatmul(cuda_ctx *c, const sf_buf *x, const sf_weight *w, int n, sf_buf *y, int add, const char *op)
+{
+    if (n > SF_K_QGEMV_MAX_N && add) return op_fail(SF_EINVAL, op, "a quantized weight adds into y only up to 8 rows");
+    for (int i = 0; i < w->n_q; i++) { /* each part into its columns of y */
+        const struct qpart *q = &w->qp[i];
+        const uint16_t *bias = w->bias ? w->bias + q->r0 : NULL;
+        sf_op_rec r = { 0 };
+        int rc;
+        if (n <= SF_K_QGEMV_MAX_N) {
+            r.kind = SF_OP_QGEMV;
+            r.p[0] = x->d; r.p[1] = q->q; r.p[2] = bias; r.p[3] = y->d + q->r0;
+            r.n[0] = q->t; r.n[1] = q->pitch; r.n[2] = q->rows; r.n[3] = w->cols; r.n[4] = x->cols; r.n[5] = n;
+            r.n[6] = y->cols; r.n[7] = add;
+            if ((rc = submit(c, &r, 1, op))) return rc;
+            continue;
+        }
+        for (int64_t r0 = 0; r0 < q->rows; r0 += q->chunk) {
+            int cr = (int)SF_MIN(q->chunk, q->rows - r0);
+            const uint16_t *b = bias ? bias + r0 : NULL;
+            sf_op_rec d = { 0 };
+            d.kind = SF_OP_QDEQ;
+            d.p[0] = q->q; d.p[2] = c->qscratch;
+            d.n[0] = q->t; d.n[1] = q->pitch; d.n[2] = w->cols; d.n[3] = r0; d.n[4] = cr; d.n[5] = w->cols;
+            if ((rc = submit(c, &d, 1, op))) return rc;
+            if ((rc = kcheck(sf_k_gemm_prepare(c->gemm, b, n, cr, (int)w->cols, x->cols, y->cols, 0, c->s), op))) return rc;
+            memset(&r, 0, sizeof r);
+            r.kind = SF_OP_GEMM;
+            r.p[0] = x->d; r.p[1] = c->qscratch; r.p[2] = b; r.p[3] = y->d + q->r0 + r0;
+            r.n[0] = x->cols; r.n[1] = n; r.n[2] = cr; r.n[3] = w->cols; r.n[4] = y->cols;
+            if ((rc = submit(c, &r, sf_k_gemm_ready(c->gemm, b, n, cr, (int)w->cols, x->cols, y->cols), op))) return rc;
+        }
+    }
+    return SF_OK;
+}
+
 static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n, sf_buf *y)
 {
     cuda_ctx *c = CTX(b);
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows)
         return op_fail(SF_EINVAL, "matmul", "buffer shapes do not match the weight");
+    if (w->n_q) return qmatmul(c, x, w, n, y, 0, "matmul");
     sf_op_rec r = { 0 };
     if (n == 1 && c->gemv_plain && w->rows <= 32768 && x->d != y->d && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
         /* one row (the O and down projections of the TP ranks that do not add the residual):
@@ -1122,7 +1252,7 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
     if (norm->rows * norm->cols != k || x->cols < k || n > x->rows || n > y->rows || y->cols < out_cols ||
         (glu && w->rows % 2))
         return op_fail(SF_EINVAL, "norm_matmul", "buffer shapes do not match the norm and weight (glu: even rows)");
-    if (n == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
+    if (!w->n_q && n == 1 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
         sf_op_rec r = { 0 };
         r.kind = SF_OP_GEMV_NORM;
         r.p[0] = x->d; r.p[1] = norm->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
@@ -1148,7 +1278,7 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         c->head_vocab = (int)w->rows;
         return SF_OK;
     }
-    if (n > 1 && n <= ROWS_MAX && (uintptr_t)norm->d % 16 == 0 &&
+    if (!w->n_q && n > 1 && n <= ROWS_MAX && (uintptr_t)norm->d % 16 == 0 &&
         sf_k_gemv_rows_ok(glu ? SF_K_ROWS_GLU : SF_K_ROWS_NORM, n, x->d, x->cols, w->d, (int)w->rows, (int)k, y->cols)) {
         /* 2-6 rows: the same fusion on tensor cores (gemv_rows.cu) */
         sf_op_rec r = { 0 };
@@ -1178,7 +1308,7 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         norm->rows * norm->cols != k || x->cols < k || x->rows < c->T)
         return op_fail(SF_EINVAL, "norm_qkv_rope", "layer, heads or shapes do not match the weight and the KV cache");
     if ((rc = ensure_rope(c, r))) return rc;
-    if (c->T == 1 && !c->step_i8 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
+    if (!w->n_q && c->T == 1 && !c->step_i8 && k <= SF_K_GEMV_NORM_MAX_K && sf_k_gemv_fused_ok(x->d, w->d, (int)k)) {
         sf_op_rec rec = { 0 };
         rec.kind = SF_OP_GEMV_ROPE;
         rec.p[0] = x->d; rec.p[1] = norm->d; rec.p[2] = w->d; rec.p[3] = w->bias; rec.p[4] = qkv->d;
@@ -1190,7 +1320,7 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         rec.kv = layer_kv(c, layer);
         return submit(c, &rec, 1, "norm_qkv_rope");
     }
-    if (c->T > 1 && c->T <= ROWS_MAX && !c->step_i8 && (uintptr_t)norm->d % 16 == 0 &&
+    if (!w->n_q && c->T > 1 && c->T <= ROWS_MAX && !c->step_i8 && (uintptr_t)norm->d % 16 == 0 &&
         sf_k_gemv_rows_ok(SF_K_ROWS_ROPE, c->T, x->d, x->cols, w->d, (int)w->rows, (int)k, qkv->cols)) {
         sf_op_rec rec = { 0 };
         rec.kind = SF_OP_GEMV_ROPE;
@@ -1212,6 +1342,8 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows || x == y)
         return op_fail(SF_EINVAL, "matmul_add", "buffer shapes do not match the weight (or x is y)");
     sf_op_rec r = { 0 };
+    if (w->n_q && n <= SF_K_QGEMV_MAX_N) return qmatmul(c, x, w, n, y, 1, "matmul_add");
+    if (w->n_q) goto through_tmp;
     if (n == 1 && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
         r.kind = SF_OP_GEMV_ADD;
         r.p[0] = x->d; r.p[2] = w->d; r.p[3] = w->bias; r.p[4] = y->d;
@@ -1236,6 +1368,7 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
         return submit(c, &r, sf_k_gemm_acc_ready(c->gemm, w->bias, n, (int)w->rows, (int)w->cols, x->cols, y->cols),
                       "matmul_add");
     }
+through_tmp:
     if (!tmp || tmp->rows < n || tmp->cols < w->rows)
         return op_fail(SF_EINVAL, "matmul_add", "scratch buffer missing or too small for this batch");
     int rc = cuda_matmul(b, x, w, n, tmp);
@@ -1673,6 +1806,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         c->gemv_plain = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_GEMV_PLAIN", 1);
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
         c->head_draw = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_HEAD_DRAW", 1);
+        c->quant = sf_env_bool("SEMFLOW_CUDA_QUANT", 1);
     }
     b->ctx = c;
     c->dev = dev;

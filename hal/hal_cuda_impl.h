@@ -29,7 +29,7 @@
  * are zeroed before they are filled, so they compare with memcmp. */
 enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF_OP_SILU, SF_OP_ROWS, SF_OP_COLL,
        SF_OP_GEMV_NORM, SF_OP_GEMV_ADD, SF_OP_ADD, SF_OP_ATTN_DEC, SF_OP_GEMV_ROPE, SF_OP_GEMM_ACC,
-       SF_OP_COLL_NORM, SF_OP_GEMV_PLAIN, SF_OP_BEST_PUT };
+       SF_OP_COLL_NORM, SF_OP_GEMV_PLAIN, SF_OP_BEST_PUT, SF_OP_QGEMV, SF_OP_QDEQ };
 typedef struct sf_op_rec {
     int kind;
     const void *p[8];

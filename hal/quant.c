@@ -231,3 +231,74 @@ void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
     default: break;
     }
 }
+
+/* ---- the CUDA backend's layout (kernels/cuda/qgemv.cu) ------------------------------------ */
+int sf_qdev_ok(sf_dtype t) { return t == SF_DT_Q8_0 || t == SF_DT_Q4_K || t == SF_DT_Q5_K || t == SF_DT_Q6_K; }
+
+size_t sf_qdev_row_bytes(sf_dtype t, int64_t k)
+{
+    return sf_qdev_ok(t) && k % sf_dtype_block(t) == 0 ? (sf_dtype_bytes(t, k) + 15) / 16 * 16 : 0;
+}
+
+/* the unsigned quants of a K-quant super-block in element order (Q6_K's before their -32) */
+static void k_quants(sf_dtype t, const uint8_t *b, uint8_t q[256])
+{
+    if (t == SF_DT_Q6_K) {
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++)
+                for (int l = 0; l < 32; l++)
+                    q[128 * h + 32 * k + l] = (uint8_t)(((b[64 * h + l + 32 * (k & 1)] >> (4 * (k >> 1))) & 15) |
+                                                        ((b[128 + 32 * h + l] >> (2 * k)) & 3) << 4);
+        return;
+    }
+    const int five = t == SF_DT_Q5_K;
+    const uint8_t *qs = b + (five ? 48 : 16);
+    for (int g = 0; g < 4; g++)
+        for (int n = 0; n < 2; n++)
+            for (int l = 0; l < 32; l++)
+                q[64 * g + 32 * n + l] = (uint8_t)(((qs[32 * g + l] >> (4 * n)) & 15) |
+                                                   (five ? ((b[16 + l] >> (2 * g + n)) & 1) << 4 : 0));
+}
+
+void sf_qdev_pack_row(sf_dtype t, const void *src, int64_t k, void *dst)
+{
+    const uint8_t *s = src;
+    uint8_t *d = dst;
+    const int64_t G = k / 32, S = k / 256;
+    memset(d, 0, sf_qdev_row_bytes(t, k));
+    if (t == SF_DT_Q8_0) {
+        for (int64_t g = 0; g < G; g++, s += 34) {
+            memcpy(d + 32 * g, s + 2, 32);
+            memcpy(d + 32 * G + 2 * g, s, 2);
+        }
+        return;
+    }
+    uint8_t *qs = d + (t == SF_DT_Q6_K ? 0 : 16 * S), *qh = qs + 16 * G;
+    const size_t bb = sf_dtype_bytes(t, 256);
+    for (int64_t sb = 0; sb < S; sb++, s += bb) {
+        uint8_t q[256];
+        k_quants(t, s, q);
+        if (t == SF_DT_Q6_K) {
+            memcpy(d + 24 * G + 16 * sb, s + 192, 16);
+            memcpy(d + 24 * G + 16 * S + 2 * sb, s + 208, 2);
+        } else {
+            memcpy(d + 16 * sb, s, 4);      /* d, dmin */
+            memcpy(d + 16 * sb + 4, s + 4, 12); /* the packed scales and mins */
+        }
+        for (int j = 0; j < 8; j++) {
+            const int64_t g = 8 * sb + j;
+            const uint8_t *e = q + 32 * j;
+            for (int i = 0; i < 16; i++) qs[16 * g + i] = (uint8_t)((e[i] & 15) | (e[16 + i] & 15) << 4);
+            if (t == SF_DT_Q5_K)
+                for (int h = 0; h < 2; h++)
+                    for (int jj = 0; jj < 4; jj++)
+                        for (int bt = 0; bt < 4; bt++)
+                            qh[4 * g + bt] |= (uint8_t)(((e[16 * h + 4 * jj + bt] >> 4) & 1) << (4 * h + jj));
+            if (t == SF_DT_Q6_K)
+                for (int h = 0; h < 2; h++)
+                    for (int jj = 0; jj < 4; jj++)
+                        for (int bt = 0; bt < 4; bt++)
+                            qh[8 * g + 4 * h + bt] |= (uint8_t)(((e[16 * h + 4 * jj + bt] >> 4) & 3) << (2 * jj));
+        }
+    }
+}

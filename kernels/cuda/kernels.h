@@ -40,6 +40,20 @@ int sf_k_embed(const uint16_t *emb, int64_t vocab, int64_t d, const int32_t *tok
 int sf_k_get_rows(const uint16_t *x, int64_t ldx, const int32_t *rows, int n, int64_t d,
                   uint16_t *out, int64_t ldo, cudaStream_t s);
 
+/* ---- GGUF block formats read in place (qgemv.cu) -------------------------------------- */
+/* Weights of dtype Q8_0, Q4_K, Q5_K or Q6_K (sf_dtype values) in hal.h's sf_qdev layout, rows
+ * `pitch` bytes apart (a multiple of 16), k columns (whole blocks). */
+#define SF_K_QGEMV_MAX_N 8
+/* y[t, r] = W[r, :] . x[t, :] (+ bias[r]) for t < n <= SF_K_QGEMV_MAX_N, r < m; add: y +=
+ * instead. x is rounded to int8 per 32 elements (the result exact against x so rounded); x
+ * 16-byte aligned, ldx a multiple of 8. */
+int sf_k_qgemv(int dtype, const void *w, int64_t pitch, int m, int k, const uint16_t *x, int64_t ldx, int n,
+               const uint16_t *bias, uint16_t *y, int64_t ldy, int add, cudaStream_t s);
+/* out[i, :] = W[rows ? rows[i] : row0 + i, :] as bf16 for i < n (rows are checked by the
+ * caller); out 16-byte aligned, ldo a multiple of 8. */
+int sf_k_qdequant(int dtype, const void *w, int64_t pitch, int k, const int32_t *rows, int64_t row0, int n,
+                  uint16_t *out, int64_t ldo, cudaStream_t s);
+
 /* ---- RMSNorm with fused residual add (rmsnorm.cu) ----------------------------------- */
 /* For each of n rows: if add: x += add (rounded to bf16, written back to x);
  * out = bf16(x * rsqrt(mean(x^2) + eps)) * w. out may equal x. */

@@ -46,6 +46,7 @@ static const struct { const char *name, *bad, *good; } switches[] = {
     { "SEMFLOW_CUDA_DRAW_MAPPED", "maybe", "0" },
     { "SEMFLOW_CUDA_META_SIDE", "sideways", "0" },
     { "SEMFLOW_CUDA_HEAD_DRAW", "greedy", "0" },
+    { "SEMFLOW_CUDA_QUANT", "q4", "0" },
 };
 
 TEST(malformed_values_are_refused_by_name)

@@ -91,9 +91,9 @@ static int argmax(const float *l, int n)
 /* Prefill of T tokens in chunks of 20, then 8 greedy decode steps (tokens chosen by the CPU run,
  * fed to both). Past 64 keys the decode steps split their keys (at batch 1 over a thread-block
  * cluster per kv head, attention_decode.cu). */
-static void compare_model(const char *path, int dummy, double tol, int T)
+static void compare_model_fmt(const char *path, int dummy, const char *fmt, double tol, int T)
 {
-    sf_load_opts lo = { .dummy = dummy, .seed = 3 };
+    sf_load_opts lo = { .dummy = dummy, .seed = 3, .dummy_format = fmt };
     sf_model *m = NULL;
     sf_error err = { 0 };
     runner cpu = { 0 }, gpu = { 0 };
@@ -139,8 +139,8 @@ static void compare_model(const char *path, int dummy, double tol, int T)
         total++;
         tok = argmax(lc, V);
     }
-    printf("  %-40s layers %2d hidden %4d heads %2d/%d: worst rel err %.2e, argmax agrees %d/%d\n", m->name,
-           m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, worst, agree, total);
+    printf("  %-40s %-6s layers %2d hidden %4d heads %2d/%d: worst rel err %.2e, argmax agrees %d/%d\n", m->name,
+           fmt ? fmt : "", m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, worst, agree, total);
     CHECK_MSG(worst < tol, "%s: CUDA vs CPU logits rel err %.3g (tolerance %.g)", path, worst, tol);
     CHECK_MSG(agree >= total * 9 / 10, "%s: argmax agrees on %d of %d positions", path, agree, total);
 out:
@@ -152,6 +152,8 @@ out:
     free(prompt);
 }
 
+static void compare_model(const char *path, int dummy, double tol, int T) { compare_model_fmt(path, dummy, NULL, tol, T); }
+
 TEST(stories260K_gguf_f32) { compare_model(test_data("stories260K/stories260K.gguf"), 0, 2e-2, 37); }
 TEST(llama2_tiny_random_gguf_f16) { compare_model(test_data("llama-2-tiny-random-gguf/llama-2-tiny-random.gguf"), 0, 2e-2, 37); }
 TEST(tiny_random_llama2_hf_bf16) { compare_model(test_data("tiny-random-llama-2"), 0, 2e-2, 37); }
@@ -162,6 +164,13 @@ TEST(dummy_1b_split_keys) { compare_model("preset:1b", 1, 3e-2, 150); }
  * (attention_decode.cu DEC_MMA_B1) and its QKV projection the per-warp ring kernel beside it
  * (gemv_fused.cu sf_k_gemv_norm_rope). */
 TEST(dummy_1b_one_token_mma) { compare_model("preset:1b", 1, 3e-2, 515); }
+/* GGUF block formats: the CUDA backend reads Q8_0, Q4_K, Q5_K and Q6_K in place (qgemv.cu; x
+ * in int8 per 32 for up to 8 rows, as the CPU's kernels, but from bf16 activations), prefill
+ * chunks of 20 through bf16 rows and cuBLASLt; Q4_K_M mixes in Q6_K (the head, some attn_v and
+ * ffn_down: a QKV of Q4_K and Q6_K parts). */
+TEST(dummy_1b_q4_k_m) { compare_model_fmt("preset:1b", 1, "q4_k_m", 6e-2, 37); }
+TEST(dummy_1b_q8_0) { compare_model_fmt("preset:1b", 1, "q8_0", 6e-2, 37); }
+TEST(dummy_1b_q5_k) { compare_model_fmt("preset:1b", 1, "q5_k", 6e-2, 37); }
 
 static int dump(const char *model, const char *ids, const char *out, const char *backend)
 {
@@ -207,5 +216,8 @@ int main(int argc, char **argv)
     RUN(dummy_1b);
     RUN(dummy_1b_split_keys);
     RUN(dummy_1b_one_token_mma);
+    RUN(dummy_1b_q4_k_m);
+    RUN(dummy_1b_q8_0);
+    RUN(dummy_1b_q5_k);
     return test_summary();
 }

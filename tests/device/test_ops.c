@@ -309,51 +309,70 @@ TEST(matmul)
     }
 }
 
-/* GGUF's other block formats (dequantized on the host while staged) and Q8_0 (converted on
- * the device): fused two-part weights whose parts are column slices, as tensor parallelism
- * cuts them; the reference takes each element from tests/lib/quant_ref.h, bf16-rounded. */
+/* GGUF's block formats: fused two-part weights whose parts are column slices, as tensor
+ * parallelism cuts them. Q8_0, Q4_K, Q5_K and Q6_K stay in their blocks (qgemv.cu): 5 rows take
+ * the GEMV, which rounds x to int8 per 32 (the reference rounds it so, the weights exact), 12
+ * rows cuBLASLt over rows dequantized into bf16; the others are dequantized on the host while
+ * staged (bf16 weights in the reference). Each element from tests/lib/quant_ref.h. */
+static void round_x8(const float *x, int64_t n, float *xr)
+{
+    for (int64_t g = 0; g < n / 32; g++) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(bfr(x[32 * g + i])));
+        float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (int i = 0; i < 32; i++) xr[32 * g + i] = d * rintf(bfr(x[32 * g + i]) * inv);
+    }
+}
+
 TEST(matmul_block_formats)
 {
-    for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++) {
-        sf_dtype t = qr_types[ti];
-        const int K = 512, stride = 2 * K, n = 5, rows[2] = { 96, 160 }, m = 256, blk = sf_dtype_block(t);
-        size_t bb = sf_dtype_bytes(t, blk);
-        sf_weight_desc d = { .n_parts = 2 };
-        uint8_t *mem[2];
-        float *deq = malloc(sizeof(float) * m * K), *x = rand_vals((int64_t)n * K, 1.0f), *got = malloc(4 * (size_t)n * m);
-        double *ref = malloc(sizeof(double) * n * m);
-        for (int p = 0, r0 = 0; p < 2; r0 += rows[p], p++) {
-            mem[p] = malloc(sf_dtype_bytes(t, (int64_t)rows[p] * stride));
-            for (int64_t b = 0; b < (int64_t)rows[p] * stride / blk; b++) sf_quant_random_block(t, mem[p] + b * bb, &R);
-            const uint8_t *c0 = mem[p] + sf_dtype_bytes(t, K);
-            d.part[p] = (sf_view){ c0, t, rows[p], K, stride };
-            for (int r = 0; r < rows[p]; r++)
-                for (int i = 0; i < K; i++)
-                    deq[(size_t)(r0 + r) * K + i] =
-                        bfr((float)qr_value(t, c0 + sf_dtype_bytes(t, (int64_t)r * stride + i / blk * blk), i % blk));
-        }
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < m; j++) {
-                double s = 0;
-                for (int c = 0; c < K; c++) s += (double)x[(size_t)i * K + c] * deq[(size_t)j * K + c];
-                ref[(size_t)i * m + j] = s;
+    for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++)
+        for (int n = 5; n <= 12; n += 7) {
+            sf_dtype t = qr_types[ti];
+            const int K = 512, stride = 2 * K, rows[2] = { 96, 160 }, m = 256, blk = sf_dtype_block(t);
+            const int kept = sf_weight_dtype("cuda", t) == t, gemv = kept && n <= SF_K_QGEMV_MAX_N;
+            size_t bb = sf_dtype_bytes(t, blk);
+            sf_weight_desc d = { .n_parts = 2 };
+            uint8_t *mem[2];
+            float *deq = malloc(sizeof(float) * m * K), *x = rand_vals((int64_t)n * K, 1.0f), *got = malloc(4 * (size_t)n * m);
+            float *xr = malloc(sizeof(float) * n * K);
+            double *ref = malloc(sizeof(double) * n * m);
+            if (gemv) round_x8(x, (int64_t)n * K, xr);
+            else memcpy(xr, x, sizeof(float) * n * K);
+            for (int p = 0, r0 = 0; p < 2; r0 += rows[p], p++) {
+                mem[p] = malloc(sf_dtype_bytes(t, (int64_t)rows[p] * stride));
+                for (int64_t b = 0; b < (int64_t)rows[p] * stride / blk; b++) sf_quant_random_block(t, mem[p] + b * bb, &R);
+                const uint8_t *c0 = mem[p] + sf_dtype_bytes(t, K);
+                d.part[p] = (sf_view){ c0, t, rows[p], K, stride };
+                for (int r = 0; r < rows[p]; r++)
+                    for (int i = 0; i < K; i++) {
+                        float v = (float)qr_value(t, c0 + sf_dtype_bytes(t, (int64_t)r * stride + i / blk * blk), i % blk);
+                        deq[(size_t)(r0 + r) * K + i] = gemv ? v : bfr(v);
+                    }
             }
-        sf_weight *w = NULL;
-        sf_error err = { 0 };
-        sf_buf *bx = new_buf(n, K), *by = new_buf(n, m);
-        int rc = OPS->weight_new(B, &d, &w, &err);
-        CHECK_MSG(rc == 0, "%s: weight_new: %s", sf_dtype_name(t), err.msg);
-        if (rc == 0 && bx && by && !fill_buf(bx, x, n, K) && !poison(by, n, m)) {
-            CHECK(OPS->matmul(B, bx, w, n, by) == 0);
-            CHECK(OPS->read_f32(B, by, n, got) == 0);
-            double e = rel_err(got, ref, (int64_t)n * m);
-            CHECK_MSG(e < 1e-2, "%s: rel err %.3g", sf_dtype_name(t), e);
-            printf("  %-5s rel err %.2e\n", sf_dtype_name(t), e);
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < m; j++) {
+                    double s = 0;
+                    for (int c = 0; c < K; c++) s += (double)xr[(size_t)i * K + c] * deq[(size_t)j * K + c];
+                    ref[(size_t)i * m + j] = s;
+                }
+            sf_weight *w = NULL;
+            sf_error err = { 0 };
+            sf_buf *bx = new_buf(n, K), *by = new_buf(n, m);
+            int rc = OPS->weight_new(B, &d, &w, &err);
+            CHECK_MSG(rc == 0, "%s: weight_new: %s", sf_dtype_name(t), err.msg);
+            if (rc == 0 && bx && by && !fill_buf(bx, x, n, K) && !poison(by, n, m)) {
+                CHECK(OPS->matmul(B, bx, w, n, by) == 0);
+                CHECK(OPS->read_f32(B, by, n, got) == 0);
+                double e = rel_err(got, ref, (int64_t)n * m);
+                CHECK_MSG(e < 1e-2, "%s n %d: rel err %.3g", sf_dtype_name(t), n, e);
+                printf("  %-6s n %2d %-22s rel err %.2e\n", sf_dtype_name(t), n,
+                       gemv ? "(in place, GEMV)" : kept ? "(in place, chunk GEMM)" : "(bf16 copy)", e);
+            }
+            OPS->buf_free(B, bx); OPS->buf_free(B, by);
+            if (w) OPS->weight_free(B, w);
+            free(mem[0]); free(mem[1]); free(deq); free(x); free(xr); free(got); free(ref);
         }
-        OPS->buf_free(B, bx); OPS->buf_free(B, by);
-        if (w) OPS->weight_free(B, w);
-        free(mem[0]); free(mem[1]); free(deq); free(x); free(got); free(ref);
-    }
 }
 
 /* A server's steps come in every token count: the GEMM plan cache must never run out. Runs

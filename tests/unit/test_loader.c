@@ -756,6 +756,52 @@ static const sf_view *bound_view(const sf_model *m, const char *name)
  * tensor bound to its own bytes in its own format. Vectors in a block format, rows that are not
  * whole blocks and the IQ formats are refused by name. (The forward pass over such weights is
  * test_forward's "block formats" cases.) */
+/* element e of a row packed for the CUDA backend (hal.h's sf_qdev layout), read as that
+ * comment describes it */
+static double qdev_value(sf_dtype t, const uint8_t *r, int64_t k, int64_t e)
+{
+    const int64_t G = k / 32, S = k / 256, g = e / 32, sb = e / 256;
+    const int i = (int)(e % 32), j = (int)(g % 8);
+    if (t == SF_DT_Q8_0) return qr_f16(r + 32 * G + 2 * g) * (int8_t)r[32 * g + i];
+    const uint8_t *qs = r + (t == SF_DT_Q6_K ? 0 : 16 * S) + 16 * g, *qh = r + (t == SF_DT_Q6_K ? 0 : 16 * S) + 16 * G;
+    int q = (qs[i % 16] >> (4 * (i / 16))) & 15;
+    const int w = i % 16, bt = w % 4, jj = w / 4, h = i / 16;
+    if (t == SF_DT_Q6_K) {
+        q |= ((qh[8 * g + 4 * h + bt] >> (2 * jj)) & 3) << 4;
+        return qr_f16(r + 24 * G + 16 * S + 2 * sb) * (int8_t)r[24 * G + 16 * sb + 2 * j + h] * (q - 32);
+    }
+    if (t == SF_DT_Q5_K) q |= ((qh[4 * g + bt] >> (4 * h + jj)) & 1) << 4;
+    const uint8_t *m = r + 16 * sb;
+    return qr_f16(m) * qr_k4(m + 4, j, 0) * q - qr_f16(m + 2) * qr_k4(m + 4, j, 1);
+}
+
+/* The CUDA backend's repacked rows (sf_qdev_pack_row) hold every element of the file's blocks:
+ * read back through the layout's description, each equals the reference's value. */
+TEST(qdev_pack_rows)
+{
+    static const sf_dtype ts[] = { SF_DT_Q8_0, SF_DT_Q4_K, SF_DT_Q5_K, SF_DT_Q6_K };
+    sf_rng rng;
+    sf_rng_seed(&rng, 11);
+    for (size_t ti = 0; ti < SF_ARRAY_LEN(ts); ti++)
+        for (int64_t k = 256; k <= 1280; k += 512) { /* odd and even super-block counts */
+            sf_dtype t = ts[ti];
+            int blk = sf_dtype_block(t);
+            size_t bb = sf_dtype_bytes(t, blk), rb = sf_qdev_row_bytes(t, k);
+            uint8_t *src = malloc(sf_dtype_bytes(t, k)), *dst = malloc(rb);
+            for (int64_t b = 0; b < k / blk; b++) sf_quant_random_block(t, src + b * bb, &rng);
+            sf_qdev_pack_row(t, src, k, dst);
+            int bad = 0;
+            for (int64_t e = 0; e < k; e++)
+                bad += qdev_value(t, dst, k, e) != qr_value(t, src + (e / blk) * bb, (int)(e % blk));
+            CHECK_MSG(!bad && rb % 16 == 0 && rb >= sf_dtype_bytes(t, k) && rb < sf_dtype_bytes(t, k) + 16,
+                      "%s k %lld: %d elements differ (row %zu bytes)", sf_dtype_name(t), (long long)k, bad, rb);
+            free(src);
+            free(dst);
+        }
+    CHECK(sf_qdev_ok(SF_DT_Q4_K) && !sf_qdev_ok(SF_DT_Q4_0) && sf_qdev_row_bytes(SF_DT_Q4_K, 100) == 0 &&
+          sf_qdev_row_bytes(SF_DT_Q3_K, 256) == 0);
+}
+
 TEST(gguf_block_formats)
 {
     sf_rng r;
@@ -1177,6 +1223,7 @@ int main(void)
     RUN(gguf_synthetic_q8_0);
     RUN(gguf_synthetic_qwen2);
     RUN(gguf_block_formats);
+    RUN(qdev_pack_rows);
     RUN(gguf_bad_inputs);
     RUN(gguf_fuzz);
     RUN(safetensors_fuzz);
