@@ -1068,9 +1068,9 @@ static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_we
     return submit(c, &r, 1, "rmsnorm");
 }
 
-/* y (+)= x W^T over a weight kept in its block format: up to SF_K_QGEMV_MAX_N rows in qgemv.cu,
- * more through cuBLASLt, w->chunk rows of W dequantized into qscratch at a time (add: callers
- * add through a scratch buffer) */
+/* y (+)= x W^T over a weight kept in its block formats, a launch a part into its columns of y:
+ * up to SF_K_QGEMV_MAX_N rows in qgemv.cu, more through cuBLASLt over a part's `chunk` rows at
+ * a time, dequantized into qscratch (add: the caller's scratch buffer and an add) */
 static int qmatmul(cuda_ctx *c, const sf_buf *x, const sf_weight *w, int n, sf_buf *y, int add, const char *op)
 {
     if (n > SF_K_QGEMV_MAX_N && add) return op_fail(SF_EINVAL, op, "a quantized weight adds into y only up to 8 rows");
