@@ -351,17 +351,19 @@ static inline __attribute__((always_inline)) void k16_scales(sf_dtype t, const u
         }
         return;
     }
-    int8_t s3[16];
-    const int8_t *s = s3;
+    __m128i s;
     float d, o;
     if (t == SF_DT_Q3_K) { /* (each field read from its own format's place: a Q3_K block is 110 bytes) */
-        sf_q3k_scales(b + 96, s3);
+        uint32_t u[4];
+        sf_q3k_scale_words(b + 96, u);
+        s = _mm_sub_epi8(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]), _mm_set1_epi8(32));
         d = f16le(b + 108), o = 4.0f;
     } else {
-        s = (const int8_t *)(b + 192), d = f16le(b + 208), o = 32.0f;
+        s = _mm_loadu_si128((const __m128i *)(b + 192)), d = f16le(b + 208), o = 32.0f;
     }
     for (int h = 0; h < 2; h++) {
-        sc[h] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8 * h)))));
+        /* (a byte shift takes an immediate: the unoptimized builds do not unroll this loop) */
+        sc[h] = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(h ? _mm_srli_si128(s, 8) : s)));
         off[h] = _mm256_mul_ps(_mm256_set1_ps(o), sc[h]);
     }
 }
