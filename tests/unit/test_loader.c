@@ -1194,6 +1194,43 @@ TEST(dummy_weights_block_formats)
         CHECK(sf_model_validate(m, &e) == SF_OK);
         sf_model_free(m);
     }
+    /* the bytes each backend holds (sf_model_weight_bytes: KV sizing, the benchmarks' roofline):
+     * the CPU every format as stored; CUDA Q8_0 and Q4_K..Q6_K as stored unless
+     * SEMFLOW_CUDA_QUANT=0, everything else (norms and biases too) as bf16, and a fused weight with
+     * any part it does not keep wholly as bf16 */
+    {
+        sf_model *qm = NULL, *q0 = NULL;
+        sf_load_opts o = { .dummy = 1, .seed = 5, .dummy_format = "q4_k_m" };
+        REQUIRE(sf_model_load(d, &o, &qm, &e) == SF_OK, "%s", e.msg);
+        o.dummy_format = "q4_0";
+        REQUIRE(sf_model_load(d, &o, &q0, &e) == SF_OK, "%s", e.msg);
+        int64_t f32 = qm->out_norm.cols * qm->out_norm.rows; /* elements held in f32 on the CPU */
+        for (int i = 0; i < 8; i++) {
+            const sf_layer_w *l = &qm->layers[i];
+            f32 += l->attn_norm.cols + l->ffn_norm.cols + l->bq.cols + l->bk.cols + l->bv.cols;
+        }
+        size_t cpu = sf_model_weight_bytes(qm, "cpu", 1), cuda = sf_model_weight_bytes(qm, "cuda", 1);
+        setenv("SEMFLOW_CUDA_QUANT", "0", 1);
+        size_t cuda_bf16 = sf_model_weight_bytes(qm, "cuda", 1), q0_bf16 = sf_model_weight_bytes(q0, "cuda", 1);
+        unsetenv("SEMFLOW_CUDA_QUANT");
+        CHECK_MSG(cuda == cpu - 2 * (size_t)f32, "q4_k_m: CUDA holds %zu bytes, the CPU %zu (%lld f32 elements)", cuda, cpu,
+                  (long long)f32);
+        CHECK_MSG(cuda * 3 < cuda_bf16 && sf_model_weight_bytes(q0, "cuda", 1) == q0_bf16 && q0_bf16 == cuda_bf16,
+                  "q4_k_m %zu, with bf16 copies %zu; q4_0 %zu / %zu", cuda, cuda_bf16, sf_model_weight_bytes(q0, "cuda", 1),
+                  q0_bf16);
+        /* layer 0's v (Q6_K) in a format CUDA does not keep: its whole QKV becomes bf16 */
+        sf_layer_w *l0 = &qm->layers[0];
+        size_t qkv_kept = sf_dtype_bytes(l0->wq.dtype, l0->wq.rows * l0->wq.cols) +
+                          sf_dtype_bytes(l0->wk.dtype, l0->wk.rows * l0->wk.cols) +
+                          sf_dtype_bytes(l0->wv.dtype, l0->wv.rows * l0->wv.cols);
+        size_t qkv_bf16 = 2 * (size_t)(l0->wq.rows * l0->wq.cols + l0->wk.rows * l0->wk.cols + l0->wv.rows * l0->wv.cols);
+        l0->wv.dtype = SF_DT_Q4_0;
+        CHECK_MSG(sf_model_weight_bytes(qm, "cuda", 1) == cuda - qkv_kept + qkv_bf16, "a mixed QKV counted %zu, expected %zu",
+                  sf_model_weight_bytes(qm, "cuda", 1), cuda - qkv_kept + qkv_bf16);
+        l0->wv.dtype = SF_DT_Q6_K;
+        sf_model_free(qm);
+        sf_model_free(q0);
+    }
     /* a format the rows cannot hold, and a name that is none */
     d = config_dir("dummyq64", "{\"model_type\": \"llama\", \"vocab_size\": 300, \"hidden_size\": 64, "
                                "\"intermediate_size\": 512, \"num_hidden_layers\": 1, \"num_attention_heads\": 4, "
