@@ -55,10 +55,11 @@ size_t sf_dtype_bytes(sf_dtype t, int64_t n)
     }
 }
 
+int sf_qdev_ok(sf_dtype t) { return t == SF_DT_Q8_0 || t == SF_DT_Q4_K || t == SF_DT_Q5_K || t == SF_DT_Q6_K; }
+
 sf_dtype sf_weight_dtype(const char *backend, sf_dtype t)
 {
     if (!strcmp(backend, "cpu")) return t;
-    /* CUDA: the formats qgemv.cu reads stay as they are (sf_qdev_ok), unless SEMFLOW_CUDA_QUANT=0 */
-    int kept = t == SF_DT_Q8_0 || t == SF_DT_Q4_K || t == SF_DT_Q5_K || t == SF_DT_Q6_K;
-    return kept && sf_env_bool("SEMFLOW_CUDA_QUANT", 1) ? t : SF_DT_BF16;
+    /* CUDA: the formats qgemv.cu reads stay as they are, unless SEMFLOW_CUDA_QUANT=0 */
+    return sf_qdev_ok(t) && sf_env_bool("SEMFLOW_CUDA_QUANT", 1) ? t : SF_DT_BF16;
 }

@@ -486,9 +486,8 @@ static int keeps_blocks(const cuda_ctx *c, const sf_weight_desc *d, int64_t rows
 {
     if (!c->quant || rows < 2 || d->part[0].cols % 8) return 0;
     for (int i = 0; i < d->n_parts; i++) {
-        sf_dtype t = d->part[i].dtype;
-        size_t rb = sf_qdev_row_bytes(t, d->part[i].cols);
-        if (!sf_qdev_ok(t) || !rb || rb > STAGE_BYTES) return 0;
+        size_t rb = sf_qdev_row_bytes(d->part[i].dtype, d->part[i].cols); /* 0: not a format qgemv.cu reads */
+        if (!rb || rb > STAGE_BYTES) return 0;
     }
     return 1;
 }

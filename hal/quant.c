@@ -233,8 +233,6 @@ void sf_quant_random_block(sf_dtype t, uint8_t *b, sf_rng *r)
 }
 
 /* ---- the CUDA backend's layout (kernels/cuda/qgemv.cu) ------------------------------------ */
-int sf_qdev_ok(sf_dtype t) { return t == SF_DT_Q8_0 || t == SF_DT_Q4_K || t == SF_DT_Q5_K || t == SF_DT_Q6_K; }
-
 size_t sf_qdev_row_bytes(sf_dtype t, int64_t k)
 {
     return sf_qdev_ok(t) && k % sf_dtype_block(t) == 0 ? (sf_dtype_bytes(t, k) + 15) / 16 * 16 : 0;
