@@ -314,16 +314,6 @@ TEST(matmul)
  * the GEMV, which rounds x to int8 per 32 (the reference rounds it so, the weights exact), 12
  * rows cuBLASLt over rows dequantized into bf16; the others are dequantized on the host while
  * staged (bf16 weights in the reference). Each element from tests/lib/quant_ref.h. */
-static void round_x8(const float *x, int64_t n, float *xr)
-{
-    for (int64_t g = 0; g < n / 32; g++) {
-        float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(bfr(x[32 * g + i])));
-        float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
-        for (int i = 0; i < 32; i++) xr[32 * g + i] = d * rintf(bfr(x[32 * g + i]) * inv);
-    }
-}
-
 TEST(matmul_block_formats)
 {
     for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++)
@@ -337,8 +327,11 @@ TEST(matmul_block_formats)
             float *deq = malloc(sizeof(float) * m * K), *x = rand_vals((int64_t)n * K, 1.0f), *got = malloc(4 * (size_t)n * m);
             float *xr = malloc(sizeof(float) * n * K);
             double *ref = malloc(sizeof(double) * n * m);
-            if (gemv) round_x8(x, (int64_t)n * K, xr);
-            else memcpy(xr, x, sizeof(float) * n * K);
+            memcpy(xr, x, sizeof(float) * n * K);
+            if (gemv) { /* x as the buffer holds it (bf16), then as the GEMV rounds it */
+                for (int64_t i = 0; i < (int64_t)n * K; i++) xr[i] = bfr(xr[i]);
+                qr_round_x8(xr, (int64_t)n * K);
+            }
             for (int p = 0, r0 = 0; p < 2; r0 += rows[p], p++) {
                 mem[p] = malloc(sf_dtype_bytes(t, (int64_t)rows[p] * stride));
                 for (int64_t b = 0; b < (int64_t)rows[p] * stride / blk; b++) sf_quant_random_block(t, mem[p] + b * bb, &R);

@@ -51,15 +51,14 @@ static uint16_t *to_dev(const uint16_t *h, size_t n)
     return d;
 }
 
-/* x rounded as the kernel rounds it: per 32, q = rint(x * 127 / amax), x = q * amax / 127 */
+/* x rounded as the kernel rounds it (qr_round_x8) */
 static void round_x(const uint16_t *x, int k, double *xr)
 {
-    for (int g = 0; g < k / 32; g++) {
-        float amax = 0;
-        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(sf_bf16_to_f32(x[32 * g + i])));
-        float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
-        for (int i = 0; i < 32; i++) xr[32 * g + i] = (double)d * rintf(sf_bf16_to_f32(x[32 * g + i]) * inv);
-    }
+    float *v = malloc(sizeof(float) * k);
+    for (int i = 0; i < k; i++) v[i] = sf_bf16_to_f32(x[i]);
+    qr_round_x8(v, k);
+    for (int i = 0; i < k; i++) xr[i] = v[i];
+    free(v);
 }
 
 static void check_gemv(sf_dtype t, int m, int k, int n, int with_bias, int add)

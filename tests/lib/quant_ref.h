@@ -26,6 +26,18 @@ static inline int qr_k4(const uint8_t *s, int j, int what)
     return lo | hi << 4;
 }
 
+/* x rounded in place as the kernels that read block formats round it (kernels/cpu/qdot.c,
+ * kernels/cuda/qgemv.cu): per 32 elements, q = rint(x * 127 / amax), x = q * amax / 127 */
+static inline void qr_round_x8(float *x, int64_t n)
+{
+    for (int64_t g = 0; g < n / 32; g++) {
+        float amax = 0, *v = x + 32 * g;
+        for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(v[i]));
+        float inv = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        for (int i = 0; i < 32; i++) v[i] = rintf(v[i] * inv) * d;
+    }
+}
+
 /* element e of block b of type t */
 static inline double qr_value(sf_dtype t, const uint8_t *b, int e)
 {

@@ -87,16 +87,6 @@ static int x_rounded(sf_dtype t, int n_tokens)
            !getenv("SEMFLOW_NO_AVX2");
 }
 
-static void round_x_int8(float *x, int64_t n)
-{
-    for (int64_t g = 0; g < n / 32; g++) {
-        float amax = 0, *v = x + 32 * g;
-        for (int l = 0; l < 32; l++) amax = fmaxf(amax, fabsf(v[l]));
-        float inv = amax > 0 ? 127.0f / amax : 0.0f, dx = amax / 127.0f;
-        for (int l = 0; l < 32; l++) v[l] = nearbyintf(v[l] * inv) * dx;
-    }
-}
-
 static int check_matmul(sf_dtype t, int n, int k, int n_parts, const int *rows, int with_bias, double *worst)
 {
     int64_t m = 0;
@@ -128,7 +118,7 @@ static int check_matmul(sf_dtype t, int n, int k, int n_parts, const int *rows, 
     double *ref = malloc(sizeof(double) * n * m);
     fill_rand(x, (int64_t)n * k, 1.0f);
     memcpy(xr, x, sizeof(float) * n * k);
-    if (x_rounded(t, n)) round_x_int8(xr, (int64_t)n * k);
+    if (x_rounded(t, n)) qr_round_x8(xr, (int64_t)n * k);
     for (int i = 0; i < n; i++)
         for (int64_t j = 0; j < m; j++) {
             double s = bref[j];
@@ -207,7 +197,7 @@ static void check_block_format(sf_dtype t, int n, int K, const int rows[2], doub
         double *ref_x = malloc(sizeof(double) * n * m);
         fill_rand(x, (int64_t)n * K, 1.0f);
         memcpy(xr, x, sizeof(float) * n * K);
-        if (x8) round_x_int8(xr, (int64_t)n * K);
+        if (x8) qr_round_x8(xr, (int64_t)n * K);
         for (int i = 0; i < n; i++)
             for (int j = 0; j < m; j++) {
                 double s = 0, sr = 0;
