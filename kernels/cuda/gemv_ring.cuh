@@ -207,6 +207,22 @@ static __device__ __forceinline__ void fg_epilogue(const fg_unit &r, int u, floa
     }
 }
 
+/* The epilogue of pair unit pu for x row `row` of a step of several: fg_epilogue on that row's
+ * outputs (y rows ldy apart) and, for RoPE, that row's position and cache slot (gemv_rows.cu,
+ * qgemv.cu). */
+template <int MODE>
+static __device__ __forceinline__ void fg_epilogue_row(int pu, float a, float b, int row, int m,
+                                                       const bf16 *__restrict__ bias, bf16 *__restrict__ y,
+                                                       int64_t ldy, fg_rope rp)
+{
+    const fg_unit r = fg_unit_rows<MODE>(pu, m, rp);
+    if (MODE & FG_ROPE) {
+        rp.pos += row;
+        rp.slot += row;
+    }
+    fg_epilogue<MODE>(r, pu, a, b, bias, y + (int64_t)row * ldy, rp);
+}
+
 /* Ring stage t (16-byte columns [t * 32 * FG_RING_V, (t + 1) * 32 * FG_RING_V)) of NR rows wa
  * (and wb) into one slot: slot is the slot's base plus the lane (a lane copies, and later reads,
  * only its own columns); columns past k8 are left alone. In the caller's current group. */

@@ -52,21 +52,6 @@ static __host__ __device__ __forceinline__ int gw_x_stride(int k) { return ((k *
  * took 76 us against 62 at 4, session 33's profile). */
 static __host__ __device__ __forceinline__ size_t gw_x_vecs(int n, int k) { return ((size_t)n * gw_x_stride(k) + 7) / 8 * 8; }
 
-/* The epilogue of pair unit pu for x row `row`: gemv_ring.cuh's, on that row's outputs and, for
- * RoPE, that row's position and cache slot. */
-template <int MODE>
-static __device__ __forceinline__ void gw_epilogue(int pu, float a, float b, int row, int m,
-                                                   const bf16 *__restrict__ bias, bf16 *__restrict__ y, int ldy,
-                                                   fg_rope rp)
-{
-    const fg_unit r = fg_unit_rows<MODE>(pu, m, rp);
-    if (MODE & FG_ROPE) {
-        rp.pos += row;
-        rp.slot += row;
-    }
-    fg_epilogue<MODE>(r, pu, a, b, bias, y + (int64_t)row * ldy, rp);
-}
-
 /* MODE: FG_NORM (| FG_GLU | FG_ROPE), FG_ADD or 0; ST ring stages per warp of GW_V 16-byte loads
  * per lane. Dynamic shared memory: x (n rows of gw_x_stride(k) vectors; gw_x_vecs), then GW_WARPS rings of
  * ST stages (at most GW_WARPS warps; the launch's blockDim says how many). LINES (8 loads a
@@ -187,7 +172,7 @@ __global__ void __launch_bounds__(GW_WARPS * 32) k_gemv_rows(const bf16 *__restr
             }
             if (++cslot == ST) cslot = 0;
         }
-        if (g < n) gw_epilogue<MODE>(u * GW_PAIRS + t, d0[0] + d1[0], d0[1] + d1[1], g, m, bias, y, ldy, rp);
+        if (g < n) fg_epilogue_row<MODE>(u * GW_PAIRS + t, d0[0] + d1[0], d0[1] + d1[1], g, m, bias, y, ldy, rp);
     }
     gr_wait<0>();
     if (TR) tr_end(tr, SF_TR_GEMV + MODE, m, k);
