@@ -70,7 +70,8 @@ struct sf_weight {
     /* Q8_0, Q4_K, Q5_K, Q6_K kept in their own bytes (d NULL): each part (a fused weight's parts
      * may differ, as Q4_K_M's Q6_K attn_v beside Q4_K q and k) rows of `pitch` bytes in hal.h's
      * sf_qdev layout, read by qgemv.cu; longer steps' GEMMs take `chunk` rows at a time
-     * dequantized into the context's qscratch */
+     * dequantized into the context's qscratch. With qfuse, consecutive parts of one format are
+     * one qpart (Q4_K_M's gate and up: one matrix of both) */
     int n_q;
     struct qpart { uint8_t *q; sf_dtype t; int64_t pitch, rows, r0, chunk; } qp[4];
 };
@@ -187,6 +188,10 @@ typedef struct cuda_ctx {
     /* block-format weights in place (SEMFLOW_CUDA_QUANT, default on; off: bf16 copies), and the
      * bf16 rows of one chunk of such a weight for a GEMM of more than SF_K_QGEMV_MAX_N rows */
     int quant;
+    /* SEMFLOW_CUDA_QFUSE (default off until measured on a GPU): a decode step's RMSNorm and
+     * SiLU-gated product inside the quantized GEMVs (qgemv.cu), and a fused weight's consecutive
+     * parts of one format stacked into one matrix, so that one launch takes them */
+    int qfuse;
     uint16_t *qscratch;
     size_t qscratch_bytes;
 } cuda_ctx;
@@ -257,11 +262,11 @@ static void prof_add(cuda_ctx *c, const sf_op_rec *r, double ms)
 {
     int gemv = r->kind == SF_OP_GEMV_NORM || r->kind == SF_OP_GEMV_ADD || r->kind == SF_OP_GEMV_ROPE ||
                r->kind == SF_OP_GEMV_PLAIN;
-    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC;
-    int64_t m = gemm ? r->n[2] : gemv ? r->n[0] : 0, k = gemm ? r->n[3] : gemv ? r->n[1] : 0;
+    int gemm = r->kind == SF_OP_GEMM || r->kind == SF_OP_GEMM_ACC, q = r->kind == SF_OP_QGEMV;
+    int64_t m = gemm || q ? r->n[2] : gemv ? r->n[0] : 0, k = gemm || q ? r->n[3] : gemv ? r->n[1] : 0;
     /* rows of the op (tokens; for attention, the split count when it splits; fused GEMVs: 1,
      * or 2 for the SiLU-gated one) */
-    int64_t n = gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
+    int64_t n = q ? r->n[5] : gemm || r->kind == SF_OP_ROPE_KV || r->kind == SF_OP_SILU || r->kind == SF_OP_ROWS
                     ? r->n[1] : r->kind == SF_OP_COLL_NORM ? r->n[0] : r->kind == SF_OP_EMBED || r->kind == SF_OP_RMSNORM || r->kind == SF_OP_ADD ? r->n[2]
                     : gemv ? (r->n[8] > 1 ? r->n[8] : 1) * (1 + (r->kind == SF_OP_GEMV_NORM && r->n[2]))
                     : r->attn.n_split > 1 ? r->attn.n_split : r->attn.T;
@@ -522,11 +527,17 @@ static int cuda_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **o
     if (keeps_blocks(c, d, rows)) {
         const int64_t chunk = SF_MAX(64, (int64_t)(QCHUNK_BYTES / ((size_t)cols * 2)) / 64 * 64);
         for (int64_t i = 0, r0 = 0; i < d->n_parts; r0 += d->part[i].rows, i++) {
-            struct qpart *q = &w->qp[w->n_q];
-            *q = (struct qpart){ NULL, d->part[i].dtype, (int64_t)sf_qdev_row_bytes(d->part[i].dtype, cols), d->part[i].rows,
-                                 r0, SF_MIN(d->part[i].rows, chunk) };
+            if (c->qfuse && i && d->part[i].dtype == d->part[i - 1].dtype) { /* stacked on the part before */
+                w->qp[w->n_q - 1].rows += d->part[i].rows;
+                continue;
+            }
+            w->qp[w->n_q++] = (struct qpart){ NULL, d->part[i].dtype, (int64_t)sf_qdev_row_bytes(d->part[i].dtype, cols),
+                                              d->part[i].rows, r0, 0 };
+        }
+        for (int j = 0; j < w->n_q; j++) {
+            struct qpart *q = &w->qp[j];
+            q->chunk = SF_MIN(q->rows, chunk);
             if ((rc = dmalloc(c, (void **)&q->q, (size_t)q->rows * (size_t)q->pitch, "a weight", err))) goto cleanup;
-            w->n_q++;
             size_t need = (size_t)q->chunk * (size_t)cols * 2;
             if (need > c->qscratch_bytes) { /* at load, never in a step */
                 dfree(c, c->qscratch, c->qscratch_bytes);
@@ -552,7 +563,10 @@ static int cuda_weight_new(sf_backend *b, const sf_weight_desc *d, sf_weight **o
                             (long long)d->part[i].stride, (long long)d->part[i].cols);
                 goto cleanup;
             }
-            if ((rc = upload_qdev(c, &d->part[i], w->qp[i].q, w->qp[i].pitch, &slot, err))) goto cleanup;
+            int j = w->n_q - 1; /* the qpart that holds this part's rows */
+            while (w->qp[j].r0 > r0) j--;
+            const struct qpart *q = &w->qp[j];
+            if ((rc = upload_qdev(c, &d->part[i], q->q + (r0 - q->r0) * q->pitch, q->pitch, &slot, err))) goto cleanup;
         } else if ((rc = upload_view(c, &d->part[i], w->d + r0 * cols, &slot, what, err))) goto cleanup;
         const sf_view *bv = &d->bias[i];
         if (bv->data) {
@@ -1067,12 +1081,17 @@ static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_we
     return submit(c, &r, 1, "rmsnorm");
 }
 
-/* y (+)= x W^T over a weight kept in its block formats, a launch a part into its columns of y:
+/* y (+)= x' W^T over a weight kept in its block formats, a launch a part into its columns of y:
  * up to SF_K_QGEMV_MAX_N rows in qgemv.cu, more through cuBLASLt over a part's `chunk` rows at
- * a time, dequantized into qscratch (add: the caller's scratch buffer and an add) */
-static int qmatmul(cuda_ctx *c, const sf_buf *x, const sf_weight *w, int n, sf_buf *y, int add, const char *op)
+ * a time, dequantized into qscratch (add: the caller's scratch buffer and an add). Up to 8 rows
+ * the GEMV also takes x' = RMSNorm(x) * norm (norm given) and the SiLU-gated product of a
+ * gate/up weight of one part (glu). */
+static int qmatmul(cuda_ctx *c, const sf_buf *x, const sf_weight *w, int n, const sf_weight *norm, float eps, int glu,
+                   sf_buf *y, int add, const char *op)
 {
-    if (n > SF_K_QGEMV_MAX_N && add) return op_fail(SF_EINVAL, op, "a quantized weight adds into y only up to 8 rows");
+    if (n > SF_K_QGEMV_MAX_N && (add || norm || glu))
+        return op_fail(SF_EINVAL, op, "a quantized weight adds into y, normalises x or gates only up to 8 rows");
+    if (glu && (w->n_q != 1 || add)) return op_fail(SF_EINVAL, op, "a gated quantized GEMV takes one part and no add");
     for (int i = 0; i < w->n_q; i++) { /* each part into its columns of y */
         const struct qpart *q = &w->qp[i];
         const uint16_t *bias = w->bias ? w->bias + q->r0 : NULL;
@@ -1080,9 +1099,10 @@ static int qmatmul(cuda_ctx *c, const sf_buf *x, const sf_weight *w, int n, sf_b
         int rc;
         if (n <= SF_K_QGEMV_MAX_N) {
             r.kind = SF_OP_QGEMV;
-            r.p[0] = x->d; r.p[1] = q->q; r.p[2] = bias; r.p[3] = y->d + q->r0;
+            r.p[0] = x->d; r.p[1] = q->q; r.p[2] = bias; r.p[3] = y->d + q->r0; r.p[4] = norm ? norm->d : NULL;
             r.n[0] = q->t; r.n[1] = q->pitch; r.n[2] = q->rows; r.n[3] = w->cols; r.n[4] = x->cols; r.n[5] = n;
-            r.n[6] = y->cols; r.n[7] = add;
+            r.n[6] = y->cols; r.n[7] = add; r.n[8] = glu;
+            r.f = eps;
             if ((rc = submit(c, &r, 1, op))) return rc;
             continue;
         }
@@ -1110,7 +1130,7 @@ static int cuda_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n
     cuda_ctx *c = CTX(b);
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows)
         return op_fail(SF_EINVAL, "matmul", "buffer shapes do not match the weight");
-    if (w->n_q) return qmatmul(c, x, w, n, y, 0, "matmul");
+    if (w->n_q) return qmatmul(c, x, w, n, NULL, 0, 0, y, 0, "matmul");
     sf_op_rec r = { 0 };
     if (n == 1 && c->gemv_plain && w->rows <= 32768 && x->d != y->d && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
         /* one row (the O and down projections of the TP ranks that do not add the residual):
@@ -1287,6 +1307,10 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         r.f = eps;
         return submit(c, &r, 1, "norm_matmul");
     }
+    if (w->n_q && c->qfuse && n <= SF_K_QGEMV_MAX_N && (uintptr_t)norm->d % 16 == 0 && x->cols % 8 == 0 &&
+        (!glu || w->n_q == 1))
+        /* block formats: the norm (and the gate) inside each part's GEMV */
+        return qmatmul(c, x, w, n, norm, eps, glu, y, 0, "norm_matmul");
     if (!tmp_x || tmp_x->rows < n || tmp_x->cols < k || (glu && (!tmp_y || tmp_y->rows < n || tmp_y->cols < w->rows)))
         return op_fail(SF_EINVAL, "norm_matmul", "scratch buffers missing or too small for this batch");
     int rc = cuda_rmsnorm(b, (sf_buf *)x, NULL, norm, eps, n, tmp_x); /* add == NULL: x is only read */
@@ -1331,6 +1355,27 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         rec.kv = layer_kv(c, layer);
         return submit(c, &rec, 1, "norm_qkv_rope");
     }
+    if (w->n_q && c->qfuse && c->T <= SF_K_QGEMV_MAX_N && !c->step_i8 && (uintptr_t)norm->d % 16 == 0 &&
+        x->cols % 8 == 0) {
+        /* block formats: the norm, RoPE and the K/V write inside each part's GEMV (parts of
+         * whole heads, as a QKV's q, k and v are) */
+        int whole = 1;
+        for (int i = 0; i < w->n_q; i++) whole &= w->qp[i].r0 % r->head_dim == 0 && w->qp[i].rows % r->head_dim == 0;
+        for (int i = 0; whole && i < w->n_q; i++) {
+            const struct qpart *q = &w->qp[i];
+            sf_op_rec rec = { 0 };
+            rec.kind = SF_OP_QGEMV;
+            rec.p[0] = x->d; rec.p[1] = q->q; rec.p[2] = w->bias; rec.p[3] = qkv->d; rec.p[4] = norm->d;
+            rec.p[5] = c->pos_d; rec.p[6] = c->slot_d; rec.p[7] = c->inv_freq_d;
+            rec.n[0] = q->t; rec.n[1] = q->pitch; rec.n[2] = q->rows; rec.n[3] = k; rec.n[4] = x->cols; rec.n[5] = c->T;
+            rec.n[6] = qkv->cols; rec.n[8] = 2; rec.n[9] = q->r0; rec.n[10] = H; rec.n[11] = Hkv; rec.n[12] = r->head_dim;
+            rec.n[13] = r->rot_dim; rec.n[14] = r->interleaved;
+            rec.f = eps;
+            rec.kv = layer_kv(c, layer);
+            if ((rc = submit(c, &rec, 1, "norm_qkv_rope"))) return rc;
+        }
+        if (whole) return SF_OK;
+    }
     if ((rc = cuda_norm_matmul(b, x, norm, eps, w, c->T, 0, tmp_x, NULL, qkv))) return rc;
     return cuda_rope_kv(b, qkv, layer, H, Hkv, r);
 }
@@ -1341,7 +1386,7 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows || x == y)
         return op_fail(SF_EINVAL, "matmul_add", "buffer shapes do not match the weight (or x is y)");
     sf_op_rec r = { 0 };
-    if (w->n_q && n <= SF_K_QGEMV_MAX_N) return qmatmul(c, x, w, n, y, 1, "matmul_add");
+    if (w->n_q && n <= SF_K_QGEMV_MAX_N) return qmatmul(c, x, w, n, NULL, 0, 0, y, 1, "matmul_add");
     if (w->n_q) goto through_tmp;
     if (n == 1 && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
         r.kind = SF_OP_GEMV_ADD;
@@ -1806,6 +1851,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         c->mixed_decode = sf_env_bool("SEMFLOW_CUDA_MIXED_DECODE", 1);
         c->head_draw = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_HEAD_DRAW", 1);
         c->quant = sf_env_bool("SEMFLOW_CUDA_QUANT", 1);
+        c->qfuse = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_QFUSE", 0);
     }
     b->ctx = c;
     c->dev = dev;

@@ -88,8 +88,12 @@ int sf_cuda_op_exec(sf_k_gemm_ctx *g, cudaStream_t s, const sf_op_rec *r)
     case SF_OP_GEMV_PLAIN:
         return sf_k_gemv_stream_plain(r->p[0], r->p[2], r->p[3], (int)n[0], (int)n[1], (uint16_t *)r->p[4], s);
     case SF_OP_QGEMV:
-        return sf_k_qgemv((int)n[0], r->p[1], n[1], (int)n[2], (int)n[3], r->p[0], n[4], (int)n[5], r->p[2],
-                          (uint16_t *)r->p[3], n[6], (int)n[7], s);
+        if (n[8] == 2) /* RoPE: the part's first row n[9], heads n[10..12], rotation n[13..14], pos, slot, inv_freq p[5..7] */
+            return sf_k_qgemv_rope((int)n[0], r->p[1], n[1], (int)n[2], (int)n[9], (int)n[3], r->p[0], n[4], (int)n[5],
+                                   r->p[4], r->f, r->p[2], (int)n[10], (int)n[11], (int)n[12], (int)n[13], (int)n[14],
+                                   r->p[5], r->p[6], r->p[7], r->kv, (uint16_t *)r->p[3], n[6], s);
+        return sf_k_qgemv((int)n[0], r->p[1], n[1], (int)n[2], (int)n[3], r->p[0], n[4], (int)n[5], r->p[4], r->f,
+                          r->p[2], (int)n[8], (uint16_t *)r->p[3], n[6], (int)n[7], s);
     case SF_OP_QDEQ:
         return sf_k_qdequant((int)n[0], r->p[0], n[1], (int)n[2], r->p[1], n[3], (int)n[4], (uint16_t *)r->p[2], n[5], s);
     default:

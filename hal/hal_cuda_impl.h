@@ -33,7 +33,7 @@ enum { SF_OP_EMBED = 1, SF_OP_RMSNORM, SF_OP_GEMM, SF_OP_ROPE_KV, SF_OP_ATTN, SF
 typedef struct sf_op_rec {
     int kind;
     const void *p[8];
-    int64_t n[12];
+    int64_t n[16];
     float f;
     sf_k_kv kv;
     sf_k_attn attn;

@@ -40,20 +40,6 @@ int sf_k_embed(const uint16_t *emb, int64_t vocab, int64_t d, const int32_t *tok
 int sf_k_get_rows(const uint16_t *x, int64_t ldx, const int32_t *rows, int n, int64_t d,
                   uint16_t *out, int64_t ldo, cudaStream_t s);
 
-/* ---- GGUF block formats read in place (qgemv.cu) -------------------------------------- */
-/* Weights of dtype Q8_0, Q4_K, Q5_K or Q6_K (sf_dtype values) in hal.h's sf_qdev layout, rows
- * `pitch` bytes apart (a multiple of 16), k columns (whole blocks). */
-#define SF_K_QGEMV_MAX_N 8
-/* y[t, r] = W[r, :] . x[t, :] (+ bias[r]) for t < n <= SF_K_QGEMV_MAX_N, r < m; add: y +=
- * instead. x is rounded to int8 per 32 elements (the result exact against x so rounded); x
- * 16-byte aligned, ldx a multiple of 8. */
-int sf_k_qgemv(int dtype, const void *w, int64_t pitch, int m, int k, const uint16_t *x, int64_t ldx, int n,
-               const uint16_t *bias, uint16_t *y, int64_t ldy, int add, cudaStream_t s);
-/* out[i, :] = W[rows ? rows[i] : row0 + i, :] as bf16 for i < n (rows are checked by the
- * caller); out 16-byte aligned, ldo a multiple of 8. */
-int sf_k_qdequant(int dtype, const void *w, int64_t pitch, int k, const int32_t *rows, int64_t row0, int n,
-                  uint16_t *out, int64_t ldo, cudaStream_t s);
-
 /* ---- RMSNorm with fused residual add (rmsnorm.cu) ----------------------------------- */
 /* For each of n rows: if add: x += add (rounded to bf16, written back to x);
  * out = bf16(x * rsqrt(mean(x^2) + eps)) * w. out may equal x. */
@@ -104,6 +90,33 @@ int sf_k_rope_kv(uint16_t *qkv, int64_t ld, int T, const int32_t *pos, const int
 int sf_k_rope_kv_tune(int threads, int target_blocks, uint16_t *qkv, int64_t ld, int T, const int32_t *pos,
                       const int32_t *slot, int H, int Hkv, int hd, int rot_dim, int interleaved,
                       const float *inv_freq, sf_k_kv kv, cudaStream_t s);
+
+/* ---- GGUF block formats read in place (qgemv.cu) -------------------------------------- */
+/* Weights of dtype Q8_0, Q4_K, Q5_K or Q6_K (sf_dtype values) in hal.h's sf_qdev layout, rows
+ * `pitch` bytes apart (a multiple of 16), k columns (whole blocks). */
+#define SF_K_QGEMV_MAX_N 8
+/* y[t, r] = W[r, :] . x'[t, :] (+ bias[r]) for t < n <= SF_K_QGEMV_MAX_N, r < m; add: y +=
+ * instead. x' is x, or with nw (k bf16, 16-byte aligned) RMSNorm(x) * nw with eps, rounded to
+ * bf16 as sf_k_rmsnorm rounds it. glu (m even, no add): W is gate rows then up rows (bias
+ * likewise, m values) and y[t, r] = silu(gate_r) * up_r for r < m / 2, rounded as
+ * sf_k_silu_mul rounds it. x' is rounded to int8 per 32 elements (the result exact against
+ * x' so rounded); x 16-byte aligned, ldx a multiple of 8. */
+int sf_k_qgemv(int dtype, const void *w, int64_t pitch, int m, int k, const uint16_t *x, int64_t ldx, int n,
+               const uint16_t *nw, float eps, const uint16_t *bias, int glu, uint16_t *y, int64_t ldy, int add,
+               cudaStream_t s);
+/* The same GEMV (x' as above) over rows [row0, row0 + m) of a QKV weight of (H + 2 Hkv) heads of
+ * hd rows (row0 and m whole heads; w that part's rows, bias and qkv the whole weight's, qkv rows
+ * ldq apart), each output pair then rotated and stored as sf_k_rope_kv does: row t at position
+ * pos[t], its k and v heads written to the cache at slot[t] (slot < 0 or an INT8 block: not
+ * written; callers send INT8 steps through sf_k_rope_kv). */
+int sf_k_qgemv_rope(int dtype, const void *w, int64_t pitch, int m, int row0, int k, const uint16_t *x, int64_t ldx,
+                    int n, const uint16_t *nw, float eps, const uint16_t *bias, int H, int Hkv, int hd, int rot_dim,
+                    int interleaved, const int32_t *pos, const int32_t *slot, const float *inv_freq, sf_k_kv kv,
+                    uint16_t *qkv, int64_t ldq, cudaStream_t s);
+/* out[i, :] = W[rows ? rows[i] : row0 + i, :] as bf16 for i < n (rows are checked by the
+ * caller); out 16-byte aligned, ldo a multiple of 8. */
+int sf_k_qdequant(int dtype, const void *w, int64_t pitch, int k, const int32_t *rows, int64_t row0, int n,
+                  uint16_t *out, int64_t ldo, cudaStream_t s);
 
 /* ---- attention over the paged cache (attention.cu) ------------------------------------ */
 typedef struct sf_k_attn {

@@ -16,8 +16,17 @@
  * load of a 4096-column row in flight at once, the first ones issued before the block rounds
  * x, the next rows' before this row's reductions. The grid is what stays resident, looping
  * over the rows, so x is rounded once a block. (The first form, one group's loads at a time,
- * took 11.4 us for a 4096 x 4096 Q4_K matrix, 20% of the copy bandwidth.) */
+ * took 11.4 us for a 4096 x 4096 Q4_K matrix, 20% of the copy bandwidth.)
+ *
+ * The small ops around a decode step's GEMVs go into them (hal_cuda.c, SEMFLOW_CUDA_QFUSE): the
+ * RMSNorm before QKV and gate/up, computed by every block from x as it rounds x (each row's sum
+ * of squares is a block reduction over a few KiB that L2 holds); for gate/up the SiLU-gated
+ * product, a warp's two rows being gate row u and up row f + u; for QKV RoPE and the K/V
+ * write, a warp's two rows being a rotation pair. The epilogues are the bf16 GEMVs'
+ * (gemv_ring.cuh), so fused and unfused steps give the same values up to the order of the sum
+ * of squares. */
 #include "common.cuh"
+#include "gemv_ring.cuh"
 
 #include <cuda_fp16.h>
 
@@ -138,36 +147,70 @@ static __device__ __forceinline__ void q_load(const uint8_t *__restrict__ rp, in
     q_decode<F>(r, g, o);
 }
 
-/* y[t, r] (+)= sum_c W[r, c] x[t, c] (+ bias[r]) for t < n <= N */
-template <int F, int N>
+/* y[t, r] (+)= sum_c W[r, c] x'[t, c] (+ bias[r]) for t < n <= N, x' = x or, with nw, x's
+ * RMSNorm times nw (rounded as rmsnorm.cu rounds it, so that the GEMV meets the bf16 row the
+ * unfused norm would have written). MODE 0: unit u is row u, a warp takes QG_R of them at a
+ * time. FG_GLU: W's m rows are gate rows then up rows, unit u the pair (u, m/2 + u), a warp's
+ * QG_R rows; y[t, u] = silu(gate) * up. FG_ROPE: W is the rows [row0, row0 + m) of a QKV weight
+ * (whole heads), unit u that weight's rotation pair row0 / 2 + u (gemv_ring.cuh fg_unit_rows),
+ * rotated by position pos[t] and, for k and v heads, written to the cache at slot[t]; bias and y
+ * are the whole weight's. The GLU and RoPE epilogues are the bf16 GEMVs' (fg_epilogue_row). */
+template <int F, int N, int MODE>
 __global__ void __launch_bounds__(QG_WARPS * 32, 2) k_qgemv(const uint8_t *__restrict__ w, int64_t pitch, int m, int k,
                                                          const bf16 *__restrict__ x, int64_t ldx, int n,
-                                                         const bf16 *__restrict__ bias, bf16 *y, int64_t ldy, int add)
+                                                         const bf16 *__restrict__ nw, float eps,
+                                                         const bf16 *__restrict__ bias, bf16 *y, int64_t ldy, int add,
+                                                         int row0, fg_rope rp)
 {
+    static_assert(!MODE || QG_R == 2, "a GLU or RoPE unit is the warp's two rows");
     extern __shared__ __align__(16) unsigned char smem[];
-    const int G = k / 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    __shared__ float red[32], inv[N];
+    constexpr int UR = MODE ? 1 : QG_R; /* units a warp a pass */
+    const int G = k / 32, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, units = MODE ? m / 2 : m;
     int8_t *x8 = (int8_t *)smem;
     float *dx = (float *)(smem + (size_t)N * k), *sx = dx + N * G;
+    /* the weight rows of the QG_R rows from unit u0 */
+    auto rows_of = [&](int64_t u0, int64_t rr[QG_R]) {
+        if constexpr (MODE == FG_ROPE) {
+            const fg_unit r = fg_unit_rows<FG_ROPE>(row0 / 2 + (int)u0, m, rp);
+            rr[0] = r.ra - row0;
+            rr[1] = r.rb - row0;
+        } else
+#pragma unroll
+            for (int r = 0; r < QG_R; r++) rr[r] = MODE ? u0 + (int64_t)r * units : u0 + SF_MIN((int64_t)r, units - 1 - u0);
+    };
     /* QG_U groups of QG_R rows a lane, fetched together; the first rows' before x is rounded */
     qraw raw[QG_U][QG_R];
-    auto fetch = [&](int64_t r0, int gb) {
+    auto fetch = [&](int64_t u0, int gb) {
+        int64_t rr[QG_R];
+        rows_of(u0, rr);
 #pragma unroll
         for (int u = 0; u < QG_U; u++) {
             const int g = gb + 32 * u + lane;
             if (g >= G) break;
 #pragma unroll
-            for (int r = 0; r < QG_R; r++) q_fetch<F>(w + (r0 + SF_MIN(r, m - 1 - r0)) * pitch, G, g, raw[u][r]);
+            for (int r = 0; r < QG_R; r++) q_fetch<F>(w + rr[r] * pitch, G, g, raw[u][r]);
         }
     };
-    const int64_t first = ((int64_t)blockIdx.x * QG_WARPS + warp) * QG_R;
-    if (first < m) fetch(first, 0);
+    const int64_t first = ((int64_t)blockIdx.x * QG_WARPS + warp) * UR, stride = (int64_t)gridDim.x * QG_WARPS * UR;
+    if (first < units) fetch(first, 0);
+    if (nw) { /* each row's 1 / rms, the same sum in every block */
+        for (int t = 0; t < n; t++) {
+            const bf16x8 *xp = (const bf16x8 *)(x + t * ldx);
+            float ss = 0.0f;
+            for (int i = threadIdx.x; i < k / 8; i += blockDim.x) ss = gr_sumsq8(xp[i], ss);
+            ss = block_sum(ss, red);
+            if (threadIdx.x == 0) inv[t] = rsqrtf(ss / (float)k + eps);
+        }
+        __syncthreads();
+    }
     for (int i = threadIdx.x; i < n * G; i += blockDim.x) {
         const int t = i / G, g = i % G;
         const bf16x8 *xp = (const bf16x8 *)(x + t * ldx + 32 * g);
         float v[32], amax = 0.0f;
 #pragma unroll
         for (int u = 0; u < 4; u++) {
-            bf16x8 e = xp[u];
+            const bf16x8 e = nw ? gr_scale8(xp[u], ((const bf16x8 *)(nw + 32 * g))[u], inv[t]) : xp[u];
 #pragma unroll
             for (int h = 0; h < 4; h++) {
                 float2 f = __bfloat1622float2(e.h[h]);
@@ -176,7 +219,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) k_qgemv(const uint8_t *__res
                 amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
             }
         }
-        const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+        const float inv_d = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
         int s[2] = { 0, 0 };
         unsigned pk[8];
 #pragma unroll
@@ -184,7 +227,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) k_qgemv(const uint8_t *__res
             unsigned word = 0;
 #pragma unroll
             for (int b = 0; b < 4; b++) {
-                int q = __float2int_rn(v[4 * u + b] * inv);
+                int q = __float2int_rn(v[4 * u + b] * inv_d);
                 s[u / 4] += q;
                 word |= (unsigned)(q & 0xFF) << (8 * b);
             }
@@ -198,7 +241,7 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) k_qgemv(const uint8_t *__res
         sx[t * 2 * G + 2 * g + 1] = d * (float)s[1];
     }
     __syncthreads();
-    for (int64_t r0 = ((int64_t)blockIdx.x * QG_WARPS + warp) * QG_R; r0 < m; r0 += (int64_t)gridDim.x * QG_WARPS * QG_R) {
+    for (int64_t r0 = first; r0 < units; r0 += stride) {
         float acc[QG_R][N];
 #pragma unroll
         for (int r = 0; r < QG_R; r++)
@@ -233,13 +276,20 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) k_qgemv(const uint8_t *__res
             }
         }
         /* the next rows' first loads before this row's reductions and stores */
-        const int64_t next = r0 + (int64_t)gridDim.x * QG_WARPS * QG_R;
-        if (next < m) fetch(next, 0);
+        if (r0 + stride < units) fetch(r0 + stride, 0);
 #pragma unroll
         for (int r = 0; r < QG_R; r++)
 #pragma unroll
             for (int t = 0; t < N; t++) acc[r][t] = warp_sum(acc[r][t]);
-        if (lane == 0)
+        if (lane != 0) continue;
+        if constexpr (MODE != 0) {
+#pragma unroll
+            for (int t = 0; t < N; t++) {
+                if (t >= n) break;
+                fg_epilogue_row<MODE>(MODE == FG_ROPE ? row0 / 2 + (int)r0 : (int)r0, acc[0][t], acc[1][t], t, m, bias, y,
+                                      ldy, rp);
+            }
+        } else {
 #pragma unroll
             for (int r = 0; r < QG_R; r++) {
                 const int64_t row = r0 + r;
@@ -252,34 +302,40 @@ __global__ void __launch_bounds__(QG_WARPS * 32, 2) k_qgemv(const uint8_t *__res
                     *o = f2bf(acc[r][t] + b + (add ? bf2f(*o) : 0.0f));
                 }
             }
+        }
     }
 }
 
-/* out[i, :] = W[rows ? rows[i] : row0 + i, :] in bf16, i < n: a thread a 32-group */
+/* out[i, :] = W[rows ? rows[i] : row0 + i, :] in bf16, i < n: four threads a 32-group, each
+ * decoding the group (its loads one line for the four) and storing its 8 elements, so that a
+ * warp's stores are 512 contiguous bytes */
 template <int F>
 __global__ void k_qdequant(const uint8_t *__restrict__ w, int64_t pitch, int k, const int32_t *__restrict__ rows,
                            int64_t row0, int n, bf16 *__restrict__ out, int64_t ldo)
 {
     const int G = k / 32;
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (int64_t)n * G) return;
-    const int r = (int)(i / G), g = (int)(i % G);
+    if (i >= (int64_t)n * G * 4) return;
+    const int qq = (int)(i & 3), r = (int)(i / 4 / G), g = (int)(i / 4 % G);
     const int64_t src = rows ? rows[r] : row0 + r;
     qgroup qg;
     q_load<F>(w + src * pitch, G, g, qg);
-    bf16x8 o[4];
+    const float a = qq < 2 ? qg.a0 : qg.a1, b = qq < 2 ? qg.b0 : qg.b1;
+    int wq[2] = { qg.q[0], qg.q[1] }; /* words 2 qq, 2 qq + 1, chosen without indexing qg at run time */
 #pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const float a = u < 4 ? qg.a0 : qg.a1, b = u < 4 ? qg.b0 : qg.b1;
+    for (int j = 1; j < 4; j++)
+        if (qq == j) { wq[0] = qg.q[2 * j]; wq[1] = qg.q[2 * j + 1]; }
+    bf16x8 o;
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        const int word = wq[u];
         float v[4];
 #pragma unroll
-        for (int bt = 0; bt < 4; bt++) v[bt] = a * (float)(int8_t)(qg.q[u] >> (8 * bt)) - b;
-        o[u / 2].h[2 * (u % 2)] = __floats2bfloat162_rn(v[0], v[1]);
-        o[u / 2].h[2 * (u % 2) + 1] = __floats2bfloat162_rn(v[2], v[3]);
+        for (int bt = 0; bt < 4; bt++) v[bt] = a * (float)(int8_t)(word >> (8 * bt)) - b;
+        o.h[2 * u] = __floats2bfloat162_rn(v[0], v[1]);
+        o.h[2 * u + 1] = __floats2bfloat162_rn(v[2], v[3]);
     }
-    bf16x8 *dst = (bf16x8 *)(out + r * ldo + 32 * g);
-#pragma unroll
-    for (int u = 0; u < 4; u++) dst[u] = o[u];
+    *(bf16x8 *)(out + r * ldo + 32 * g + 8 * qq) = o;
 }
 
 static int fmt_of(int dtype)
@@ -293,51 +349,117 @@ static int fmt_of(int dtype)
     }
 }
 
-template <int F, int N>
-static int launch_qgemv(const void *w, int64_t pitch, int m, int k, const uint16_t *x, int64_t ldx, int n,
-                        const uint16_t *bias, uint16_t *y, int64_t ldy, int add, cudaStream_t s)
+/* Blocks of k_qgemv<F, N, MODE> resident on an SM for a row of k columns, per device: a few k
+ * (a model has two or three) cached, so that a launch outside a graph asks the driver nothing. */
+struct qg_occ {
+    int k[SF_K_MAX_DEVICES][4], per_sm[SF_K_MAX_DEVICES][4], next[SF_K_MAX_DEVICES];
+};
+
+/* The arguments of one call, whatever its mode. */
+struct qg_args {
+    const void *w;
+    int64_t pitch;
+    int m, k;
+    const uint16_t *x;
+    int64_t ldx;
+    int n;
+    const uint16_t *nw;
+    float eps;
+    const uint16_t *bias;
+    uint16_t *y;
+    int64_t ldy;
+    int add, row0;
+    fg_rope rp;
+};
+
+template <int F, int N, int MODE>
+static int launch_qgemv(const qg_args &a, cudaStream_t s)
 {
-    const size_t smem = (size_t)N * k + (size_t)N * (k / 32) * 12;
-    static int smem_set[64]; /* per device: the opt-in above 48 KiB, once */
-    int dev = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&dev);
-    if (smem > 48 * 1024 && dev < 64 && smem_set[dev] < (int)smem) {
-        cudaError_t e = cudaFuncSetAttribute(k_qgemv<F, N>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    static sf_k_smem have;
+    static qg_occ occ;
+    const size_t smem = (size_t)N * a.k + (size_t)N * (a.k / 32) * 12;
+    int rc = sf_k_smem_attr(&have, k_qgemv<F, N, MODE>, smem), per_sm = 0;
+    if (rc) return rc;
+    const int dev = sf_k_dev();
+    for (int i = 0; dev >= 0 && i < 4 && !per_sm; i++)
+        if (occ.k[dev][i] == a.k) per_sm = occ.per_sm[dev][i];
+    if (!per_sm) {
+        cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv<F, N, MODE>, QG_WARPS * 32, smem);
         if (e != cudaSuccess) return (int)e;
-        smem_set[dev] = (int)smem;
+        per_sm = SF_MAX(1, per_sm);
+        if (dev >= 0) {
+            const int i = occ.next[dev]++ & 3;
+            occ.per_sm[dev][i] = per_sm;
+            occ.k[dev][i] = a.k;
+        }
     }
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_qgemv<F, N>, QG_WARPS * 32, smem);
-    const int64_t need = (m + QG_WARPS * QG_R - 1) / (QG_WARPS * QG_R);
-    const int grid = (int)SF_MIN(need, (int64_t)SF_MAX(1, sms * SF_MAX(1, per_sm)));
-    k_qgemv<F, N><<<grid, QG_WARPS * 32, smem, s>>>((const uint8_t *)w, pitch, m, k, (const bf16 *)x, ldx, n,
-                                                    (const bf16 *)bias, (bf16 *)y, ldy, add);
+    const int ur = MODE ? 1 : QG_R, units = MODE ? a.m / 2 : a.m;
+    const int64_t need = (units + QG_WARPS * ur - 1) / (QG_WARPS * ur);
+    const int grid = (int)SF_MIN(need, (int64_t)sf_k_sm_count(132) * per_sm);
+    k_qgemv<F, N, MODE><<<grid, QG_WARPS * 32, smem, s>>>((const uint8_t *)a.w, a.pitch, a.m, a.k, (const bf16 *)a.x, a.ldx,
+                                                          a.n, (const bf16 *)a.nw, a.eps, (const bf16 *)a.bias, (bf16 *)a.y,
+                                                          a.ldy, a.add, a.row0, a.rp);
     return sf_launch_status();
 }
 
-template <int F>
-static int qgemv_n(const void *w, int64_t pitch, int m, int k, const uint16_t *x, int64_t ldx, int n,
-                   const uint16_t *bias, uint16_t *y, int64_t ldy, int add, cudaStream_t s)
+template <int F, int MODE>
+static int qgemv_n(const qg_args &a, cudaStream_t s)
 {
-    if (n == 1) return launch_qgemv<F, 1>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
-    if (n == 2) return launch_qgemv<F, 2>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
-    if (n <= 4) return launch_qgemv<F, 4>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
-    return launch_qgemv<F, 8>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
+    if (a.n == 1) return launch_qgemv<F, 1, MODE>(a, s);
+    if (a.n == 2) return launch_qgemv<F, 2, MODE>(a, s);
+    if (a.n <= 4) return launch_qgemv<F, 4, MODE>(a, s);
+    return launch_qgemv<F, 8, MODE>(a, s);
+}
+
+template <int MODE>
+static int qgemv_mode(int dtype, const qg_args &a, cudaStream_t s)
+{
+    switch (fmt_of(dtype)) {
+    case QF_Q8_0: return qgemv_n<QF_Q8_0, MODE>(a, s);
+    case QF_Q4_K: return qgemv_n<QF_Q4_K, MODE>(a, s);
+    case QF_Q5_K: return qgemv_n<QF_Q5_K, MODE>(a, s);
+    case QF_Q6_K: return qgemv_n<QF_Q6_K, MODE>(a, s);
+    default: return (int)cudaErrorInvalidValue;
+    }
+}
+
+/* What every mode needs of its arguments. */
+static bool qg_ok(int dtype, const void *w, int64_t pitch, int m, int k, const uint16_t *x, int64_t ldx, int n,
+                  const uint16_t *nw)
+{
+    return n >= 1 && n <= SF_K_QGEMV_MAX_N && fmt_of(dtype) >= 0 && k >= 32 && k % sf_dtype_block((sf_dtype)dtype) == 0 &&
+           m >= 1 && ldx % 8 == 0 && (uintptr_t)x % 16 == 0 && pitch % 16 == 0 && (uintptr_t)w % 16 == 0 &&
+           (uintptr_t)nw % 16 == 0;
 }
 
 extern "C" int sf_k_qgemv(int dtype, const void *w, int64_t pitch, int m, int k, const uint16_t *x, int64_t ldx, int n,
-                          const uint16_t *bias, uint16_t *y, int64_t ldy, int add, cudaStream_t s)
+                          const uint16_t *nw, float eps, const uint16_t *bias, int glu, uint16_t *y, int64_t ldy,
+                          int add, cudaStream_t s)
 {
-    if (n < 1 || n > SF_K_QGEMV_MAX_N || fmt_of(dtype) < 0 || k < 32 || k % sf_dtype_block((sf_dtype)dtype) ||
-        m < 1 || ldx % 8 || (uintptr_t)x % 16 || pitch % 16 || (uintptr_t)w % 16)
+    if (!qg_ok(dtype, w, pitch, m, k, x, ldx, n, nw) || (glu && (m % 2 || add))) return (int)cudaErrorInvalidValue;
+    qg_args a = { w, pitch, m, k, x, ldx, n, nw, eps, bias, y, ldy, add, 0, {} };
+    return glu ? qgemv_mode<FG_GLU>(dtype, a, s) : qgemv_mode<0>(dtype, a, s);
+}
+
+extern "C" int sf_k_qgemv_rope(int dtype, const void *w, int64_t pitch, int m, int row0, int k, const uint16_t *x,
+                               int64_t ldx, int n, const uint16_t *nw, float eps, const uint16_t *bias, int H, int Hkv,
+                               int hd, int rot_dim, int interleaved, const int32_t *pos, const int32_t *slot,
+                               const float *inv_freq, sf_k_kv kv, uint16_t *qkv, int64_t ldq, cudaStream_t s)
+{
+    if (!qg_ok(dtype, w, pitch, m, k, x, ldx, n, nw) || hd < 2 || hd % 2 || rot_dim < 0 || rot_dim > hd || rot_dim % 2 ||
+        row0 < 0 || row0 % hd || m % hd || row0 + m > (H + 2 * Hkv) * hd || !pos || !slot || !inv_freq)
         return (int)cudaErrorInvalidValue;
-    switch (fmt_of(dtype)) {
-    case QF_Q8_0: return qgemv_n<QF_Q8_0>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
-    case QF_Q4_K: return qgemv_n<QF_Q4_K>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
-    case QF_Q5_K: return qgemv_n<QF_Q5_K>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
-    case QF_Q6_K: return qgemv_n<QF_Q6_K>(w, pitch, m, k, x, ldx, n, bias, y, ldy, add, s);
-    default: return (int)cudaErrorInvalidValue;
-    }
+    qg_args a = { w, pitch, m, k, x, ldx, n, nw, eps, bias, qkv, ldq, 0, row0, {} };
+    a.rp.pos = pos;
+    a.rp.slot = slot;
+    a.rp.inv_freq = inv_freq;
+    a.rp.H = H;
+    a.rp.Hkv = Hkv;
+    a.rp.hd = hd;
+    a.rp.rot = rot_dim;
+    a.rp.interleaved = interleaved;
+    a.rp.kv = kv;
+    return qgemv_mode<FG_ROPE>(dtype, a, s);
 }
 
 extern "C" int sf_k_qdequant(int dtype, const void *w, int64_t pitch, int k, const int32_t *rows, int64_t row0, int n,
@@ -346,7 +468,7 @@ extern "C" int sf_k_qdequant(int dtype, const void *w, int64_t pitch, int k, con
     if (n < 1) return 0;
     if (fmt_of(dtype) < 0 || k < 32 || k % sf_dtype_block((sf_dtype)dtype) || ldo % 8 || (uintptr_t)out % 16 || pitch % 16 || (uintptr_t)w % 16)
         return (int)cudaErrorInvalidValue;
-    const int64_t threads = (int64_t)n * (k / 32);
+    const int64_t threads = (int64_t)n * (k / 32) * 4;
     const int grid = (int)((threads + 255) / 256);
     switch (fmt_of(dtype)) {
     case QF_Q8_0: k_qdequant<QF_Q8_0><<<grid, 256, 0, s>>>((const uint8_t *)w, pitch, k, rows, row0, n, (bf16 *)out, ldo); break;

@@ -88,15 +88,45 @@ static int argmax(const float *l, int n)
     return b;
 }
 
-/* Prefill of T tokens in chunks of 20, then 8 greedy decode steps (tokens chosen by the CPU run,
- * fed to both). Past 64 keys the decode steps split their keys (at batch 1 over a thread-block
- * cluster per kv head, attention_decode.cu). */
-static void compare_model_fmt(const char *path, int dummy, const char *fmt, double tol, int T)
+/* name=value for the calls between env_set and env_restore (name NULL: nothing), then as it was */
+static char *env_set(const char *name, const char *value)
+{
+    if (!name) return NULL;
+    const char *old = getenv(name);
+    char *keep = old ? strdup(old) : NULL;
+    setenv(name, value, 1);
+    return keep;
+}
+
+static void env_restore(const char *name, char *keep)
+{
+    if (!name) return;
+    if (keep) setenv(name, keep, 1);
+    else unsetenv(name);
+    free(keep);
+}
+
+/* Opens runner r on backend with env=value set while it opens (env NULL: as the process has it). */
+static int runner_open_env(runner *r, const char *backend, const char *env, const char *value, const sf_model *m,
+                           int max_tokens, int max_ctx, sf_error *err)
+{
+    char *keep = env_set(env, value);
+    int rc = runner_open(r, backend, m, max_tokens, max_ctx, err);
+    env_restore(env, keep);
+    return rc;
+}
+
+/* Prefill of T tokens in chunks of 20, then 8 greedy decode steps (tokens chosen by the
+ * reference run, fed to both). Past 64 keys the decode steps split their keys (at batch 1 over
+ * a thread-block cluster per kv head, attention_decode.cu). The reference is the CPU backend,
+ * or (ref "cuda" with env) the CUDA backend with env=0 against env=1. */
+static void compare_model_with(const char *path, int dummy, const char *fmt, const char *ref, const char *env, double tol,
+                               int T)
 {
     sf_load_opts lo = { .dummy = dummy, .seed = 3, .dummy_format = fmt };
     sf_model *m = NULL;
     sf_error err = { 0 };
-    runner cpu = { 0 }, gpu = { 0 };
+    runner refr = { 0 }, gpu = { 0 };
     float *lc = NULL, *lg = NULL;
     int32_t *prompt = NULL;
     if (sf_model_load(path, &lo, &m, &err)) {
@@ -106,7 +136,8 @@ static void compare_model_fmt(const char *path, int dummy, const char *fmt, doub
     int V = m->cfg.vocab_size, n_dec = 8;
     lc = malloc(sizeof(float) * V * 20);
     lg = malloc(sizeof(float) * V * 20);
-    if (runner_open(&cpu, "cpu", m, 20, T + n_dec + 1, &err) || runner_open(&gpu, "cuda", m, 20, T + n_dec + 1, &err)) {
+    if (runner_open_env(&refr, ref, env, "0", m, 20, T + n_dec + 1, &err) ||
+        runner_open_env(&gpu, "cuda", env, "1", m, 20, T + n_dec + 1, &err)) {
         CHECK_MSG(0, "%s: opening backends: %s", path, err.msg);
         goto out;
     }
@@ -118,7 +149,7 @@ static void compare_model_fmt(const char *path, int dummy, const char *fmt, doub
     int agree = 0, total = 0;
     for (int c0 = 0; c0 < T; c0 += 20) {
         int n = SF_MIN(20, T - c0);
-        if (runner_feed(&cpu, prompt + c0, n, 1, lc, &err) || runner_feed(&gpu, prompt + c0, n, 1, lg, &err)) {
+        if (runner_feed(&refr, prompt + c0, n, 1, lc, &err) || runner_feed(&gpu, prompt + c0, n, 1, lg, &err)) {
             CHECK_MSG(0, "%s: prefill: %s", path, err.msg);
             goto out;
         }
@@ -130,7 +161,7 @@ static void compare_model_fmt(const char *path, int dummy, const char *fmt, doub
     }
     int32_t tok = argmax(lc + (size_t)((T - 1) % 20) * V, V);
     for (int s = 0; s < n_dec; s++) {
-        if (runner_feed(&cpu, &tok, 1, 0, lc, &err) || runner_feed(&gpu, &tok, 1, 0, lg, &err)) {
+        if (runner_feed(&refr, &tok, 1, 0, lc, &err) || runner_feed(&gpu, &tok, 1, 0, lg, &err)) {
             CHECK_MSG(0, "%s: decode: %s", path, err.msg);
             goto out;
         }
@@ -139,17 +170,24 @@ static void compare_model_fmt(const char *path, int dummy, const char *fmt, doub
         total++;
         tok = argmax(lc, V);
     }
-    printf("  %-40s %-6s layers %2d hidden %4d heads %2d/%d: worst rel err %.2e, argmax agrees %d/%d\n", m->name,
-           fmt ? fmt : "", m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, worst, agree, total);
-    CHECK_MSG(worst < tol, "%s: CUDA vs CPU logits rel err %.3g (tolerance %.g)", path, worst, tol);
+    printf("  %-40s %-6s layers %2d hidden %4d heads %2d/%d: worst rel err %.2e, argmax agrees %d/%d%s%s%s\n", m->name,
+           fmt ? fmt : "", m->cfg.n_layers, m->cfg.hidden, m->cfg.n_heads, m->cfg.n_kv_heads, worst, agree, total,
+           env ? " (" : "", env ? env : "", env ? "=1 against =0)" : "");
+    CHECK_MSG(worst < tol, "%s %s: CUDA vs %s%s logits rel err %.3g (tolerance %.g)", path, fmt ? fmt : "", ref,
+              env ? " (the env switch off)" : "", worst, tol);
     CHECK_MSG(agree >= total * 9 / 10, "%s: argmax agrees on %d of %d positions", path, agree, total);
 out:
-    runner_close(&cpu);
+    runner_close(&refr);
     runner_close(&gpu);
     sf_model_free(m);
     free(lc);
     free(lg);
     free(prompt);
+}
+
+static void compare_model_fmt(const char *path, int dummy, const char *fmt, double tol, int T)
+{
+    compare_model_with(path, dummy, fmt, "cpu", NULL, tol, T);
 }
 
 static void compare_model(const char *path, int dummy, double tol, int T) { compare_model_fmt(path, dummy, NULL, tol, T); }
@@ -172,6 +210,19 @@ TEST(dummy_1b_one_token_mma) { compare_model("preset:1b", 1, 3e-2, 515); }
 TEST(dummy_1b_q4_k_m) { compare_model_fmt("preset:1b", 1, "q4_k_m", 1e-1, 37); }
 TEST(dummy_1b_q8_0) { compare_model_fmt("preset:1b", 1, "q8_0", 1e-1, 37); }
 TEST(dummy_1b_q5_k) { compare_model_fmt("preset:1b", 1, "q5_k", 1e-1, 37); }
+/* SEMFLOW_CUDA_QFUSE: the decode steps' RMSNorm, SiLU-gated product, RoPE and K/V write inside
+ * the quantized GEMVs, a fused weight's parts of one format stacked. The fused kernels round as
+ * the unfused ones, so against the unfused CUDA run the logits stay close (only the order of
+ * the norm's sum of squares differs), the later steps reading the keys the fused QKV wrote; and
+ * against the CPU as the unfused path is. */
+TEST(dummy_1b_q4_k_m_qfuse) { compare_model_with("preset:1b", 1, "q4_k_m", "cuda", "SEMFLOW_CUDA_QFUSE", 2e-2, 37); }
+TEST(dummy_1b_q6_k_qfuse) { compare_model_with("preset:1b", 1, "q6_k", "cuda", "SEMFLOW_CUDA_QFUSE", 2e-2, 37); }
+TEST(dummy_1b_q8_0_qfuse_cpu)
+{
+    char *keep = env_set("SEMFLOW_CUDA_QFUSE", "1");
+    compare_model_fmt("preset:1b", 1, "q8_0", 1e-1, 37);
+    env_restore("SEMFLOW_CUDA_QFUSE", keep);
+}
 
 static int dump(const char *model, const char *ids, const char *out, const char *backend)
 {
@@ -220,5 +271,8 @@ int main(int argc, char **argv)
     RUN(dummy_1b_q4_k_m);
     RUN(dummy_1b_q8_0);
     RUN(dummy_1b_q5_k);
+    RUN(dummy_1b_q4_k_m_qfuse);
+    RUN(dummy_1b_q6_k_qfuse);
+    RUN(dummy_1b_q8_0_qfuse_cpu);
     return test_summary();
 }

@@ -1,0 +1,82 @@
+#!/bin/sh
+# bench/device/quant.sh — GGUF block formats on the GPU (kernels/cuda/qgemv.cu) in one call
+# (under 9 minutes; steps in order of value, the last ones cut by the budget if it runs short):
+#   - correctness: test_qgemv (the GEMV of 1-8 rows in Q8_0, Q4_K, Q5_K, Q6_K against a float64
+#     reference, with the RMSNorm and the SiLU-gated pair fused in; fused norm, gate, RoPE and
+#     K/V write against the unfused kernels; the rows into bf16), test_model (CPU against CUDA in
+#     q4_k_m / q8_0 / q5_k; SEMFLOW_CUDA_QFUSE=1 against =0), test_ops (every op, block formats
+#     at 5 and 12 rows; last);
+#   - test_qgemv --perf: each format's GEMV at Llama-3-8B's shapes, one and four rows, with and
+#     without the fusions, in % of the copy bandwidth;
+#   - batch-1 decode of Llama-3-8B at 512 keys in q4_k_m, q4_k, q6_k and q8_0, SEMFLOW_CUDA_QFUSE
+#     0 and 1 alternated (q4_k_m twice), one profile of a q4_k_m token with each;
+#   - prefill of 2048 tokens in q4_k_m (the dequantized chunks and cuBLASLt).
+# Files under $OUT/quant/: runs.txt (every command, its exit code and seconds), NAME.log for
+# tests, NAME.json / NAME.err for benches; a table is printed last.
+#
+# Usage (repo root, prebuilt build/): OUT=DIR sh bench/device/quant.sh
+# Exits 77 (skipped) on a machine without an NVIDIA GPU.
+set -u
+BIN=${SF_BIN:-build/semflow}
+BUILD_DIR=${SF_BUILD:-build}
+D=${OUT:-./out}/quant
+BUDGET=${QUANT_BUDGET_S:-530}
+mkdir -p "$D"
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    echo "quant: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
+    exit 77
+fi
+if [ ! -x "$BIN" ]; then
+    echo "quant: $BIN is missing: build first (make), or point SF_BIN at the binary"
+    exit 1
+fi
+echo "quant: $(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
+: >"$D/runs.txt"
+T0=$(date +%s)
+
+. bench/device/lib_step.sh # step NAME SECONDS [VAR=VALUE...] CMD...
+
+QT=$BUILD_DIR/tests/device/test_qgemv
+MT=$BUILD_DIR/tests/device/test_model
+OT=$BUILD_DIR/tests/device/test_ops
+L8="$BIN bench decode --preset llama-3-8b --steps 32 --ctx 512 --backend cuda --load-format dummy --json"
+
+"$BIN" hal --json >"$D/hal.json" 2>"$D/hal.err"
+step qgemv 45 "$QT"
+step model 100 "$MT"
+for dt in q4_k_m q4_k q6_k q8_0; do
+    step "$dt-0" 25 SEMFLOW_CUDA_QFUSE=0 $L8 --dtype "$dt"
+    step "$dt-1" 25 SEMFLOW_CUDA_QFUSE=1 $L8 --dtype "$dt"
+done
+step q4_k_m-0b 25 SEMFLOW_CUDA_QFUSE=0 $L8 --dtype q4_k_m
+step q4_k_m-1b 25 SEMFLOW_CUDA_QFUSE=1 $L8 --dtype q4_k_m
+step perf 40 "$QT" --perf
+step prefill 30 $BIN bench prefill --preset llama-3-8b --ctx 2048 --steps 3 --backend cuda --load-format dummy --dtype q4_k_m --json
+step prof-0 30 SEMFLOW_CUDA_PROFILE=1 SEMFLOW_CUDA_QFUSE=0 $BIN bench decode --preset llama-3-8b --steps 4 --ctx 512 --backend cuda --load-format dummy --dtype q4_k_m
+step prof-1 30 SEMFLOW_CUDA_PROFILE=1 SEMFLOW_CUDA_QFUSE=1 $BIN bench decode --preset llama-3-8b --steps 4 --ctx 512 --backend cuda --load-format dummy --dtype q4_k_m
+step ops 130 "$OT"
+cat "$D/runs.txt"
+[ -f "$D/perf.log" ] && cat "$D/perf.log"
+for p in prof-0 prof-1; do [ -f "$D/$p.log" ] && echo "$p:" && grep -A40 'cuda profile' "$D/$p.log" | head -45; done
+
+python3 - "$D" <<'PY'
+import json, os, sys
+d = sys.argv[1]
+print("%-12s %10s %10s %10s %8s" % ("run", "ms", "tokens/s", "roofline", "ratio"))
+for name in ["q4_k_m-0", "q4_k_m-1", "q4_k_m-0b", "q4_k_m-1b", "q4_k-0", "q4_k-1", "q6_k-0", "q6_k-1", "q8_0-0",
+             "q8_0-1", "prefill"]:
+    try:
+        j = json.load(open(os.path.join(d, name + ".json")))
+    except Exception as e:
+        try:
+            err = open(os.path.join(d, name + ".err")).read().strip().splitlines()
+        except OSError:
+            err = ["not run"]
+        print("%-12s failed: %s" % (name, err[-1] if err else e))
+        continue
+    if name == "prefill":
+        print("%-12s %s" % (name, {k: j[k] for k in j if k in ("ms_median", "tokens_per_s", "mfu", "tflops")}))
+        continue
+    print("%-12s %10.3f %10.1f %8.3fms %7.1f%%" % (name, j["ms_per_token_median"], j["tokens_per_s"],
+          j.get("roofline_ms", 0), 100 * j["ratio"]))
+PY
