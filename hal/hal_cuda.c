@@ -186,12 +186,16 @@ typedef struct cuda_ctx {
     long prof_dropped; /* ops of shapes past the table's end (counted, not shown) */
     sf_k_trace *trace; /* SEMFLOW_CUDA_TRACE=FILE: the batch-1 kernels' timeline (b1trace.h) */
     /* block-format weights in place (SEMFLOW_CUDA_QUANT, default on; off: bf16 copies), and the
-     * bf16 rows of one chunk of such a weight for a GEMM of more than SF_K_QGEMV_MAX_N rows */
+     * bf16 rows of one chunk of such a weight for a GEMM of more than qgemv_rows rows */
     int quant;
     /* SEMFLOW_CUDA_QFUSE (default off until measured on a GPU): a decode step's RMSNorm and
      * SiLU-gated product inside the quantized GEMVs (qgemv.cu), and a fused weight's consecutive
      * parts of one format stacked into one matrix, so that one launch takes them */
     int qfuse;
+    /* steps of up to this many rows take qgemv.cu's GEMV (8 rows a launch, each launch reading
+     * the weights), longer ones the dequantized chunks and cuBLASLt: SEMFLOW_CUDA_QGEMV_ROWS,
+     * 8 until steps of 9-64 rows are measured both ways */
+    int qgemv_rows;
     uint16_t *qscratch;
     size_t qscratch_bytes;
 } cuda_ctx;
@@ -1082,22 +1086,22 @@ static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_we
 }
 
 /* y (+)= x' W^T over a weight kept in its block formats, a launch a part into its columns of y:
- * up to SF_K_QGEMV_MAX_N rows in qgemv.cu, more through cuBLASLt over a part's `chunk` rows at
- * a time, dequantized into qscratch (add: the caller's scratch buffer and an add). Up to 8 rows
- * the GEMV also takes x' = RMSNorm(x) * norm (norm given) and the SiLU-gated product of a
+ * up to c->qgemv_rows rows in qgemv.cu, more through cuBLASLt over a part's `chunk` rows at
+ * a time, dequantized into qscratch (add: the caller's scratch buffer and an add). The GEMV
+ * also takes x' = RMSNorm(x) * norm (norm given) and the SiLU-gated product of a
  * gate/up weight of one part (glu). */
 static int qmatmul(cuda_ctx *c, const sf_buf *x, const sf_weight *w, int n, const sf_weight *norm, float eps, int glu,
                    sf_buf *y, int add, const char *op)
 {
-    if (n > SF_K_QGEMV_MAX_N && (add || norm || glu))
-        return op_fail(SF_EINVAL, op, "a quantized weight adds into y, normalises x or gates only up to 8 rows");
+    if (n > c->qgemv_rows && (add || norm || glu))
+        return op_fail(SF_EINVAL, op, "a quantized weight adds into y, normalises x or gates only in the GEMV's steps");
     if (glu && (w->n_q != 1 || add)) return op_fail(SF_EINVAL, op, "a gated quantized GEMV takes one part and no add");
     for (int i = 0; i < w->n_q; i++) { /* each part into its columns of y */
         const struct qpart *q = &w->qp[i];
         const uint16_t *bias = w->bias ? w->bias + q->r0 : NULL;
         sf_op_rec r = { 0 };
         int rc;
-        if (n <= SF_K_QGEMV_MAX_N) {
+        if (n <= c->qgemv_rows) {
             r.kind = SF_OP_QGEMV;
             r.p[0] = x->d; r.p[1] = q->q; r.p[2] = bias; r.p[3] = y->d + q->r0; r.p[4] = norm ? norm->d : NULL;
             r.n[0] = q->t; r.n[1] = q->pitch; r.n[2] = q->rows; r.n[3] = w->cols; r.n[4] = x->cols; r.n[5] = n;
@@ -1307,7 +1311,7 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         r.f = eps;
         return submit(c, &r, 1, "norm_matmul");
     }
-    if (w->n_q && c->qfuse && n <= SF_K_QGEMV_MAX_N && (uintptr_t)norm->d % 16 == 0 && x->cols % 8 == 0 &&
+    if (w->n_q && c->qfuse && n <= c->qgemv_rows && (uintptr_t)norm->d % 16 == 0 && x->cols % 8 == 0 &&
         (!glu || w->n_q == 1))
         /* block formats: the norm (and the gate) inside each part's GEMV */
         return qmatmul(c, x, w, n, norm, eps, glu, y, 0, "norm_matmul");
@@ -1355,7 +1359,7 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         rec.kv = layer_kv(c, layer);
         return submit(c, &rec, 1, "norm_qkv_rope");
     }
-    if (w->n_q && c->qfuse && c->T <= SF_K_QGEMV_MAX_N && !c->step_i8 && (uintptr_t)norm->d % 16 == 0 &&
+    if (w->n_q && c->qfuse && c->T <= c->qgemv_rows && !c->step_i8 && (uintptr_t)norm->d % 16 == 0 &&
         x->cols % 8 == 0) {
         /* block formats: the norm, RoPE and the K/V write inside each part's GEMV (parts of
          * whole heads, as a QKV's q, k and v are) */
@@ -1386,7 +1390,7 @@ static int cuda_matmul_add(sf_backend *b, const sf_buf *x, const sf_weight *w, i
     if (x->cols < w->cols || y->cols < w->rows || n > x->rows || n > y->rows || x == y)
         return op_fail(SF_EINVAL, "matmul_add", "buffer shapes do not match the weight (or x is y)");
     sf_op_rec r = { 0 };
-    if (w->n_q && n <= SF_K_QGEMV_MAX_N) return qmatmul(c, x, w, n, NULL, 0, 0, y, 1, "matmul_add");
+    if (w->n_q && n <= c->qgemv_rows) return qmatmul(c, x, w, n, NULL, 0, 0, y, 1, "matmul_add");
     if (w->n_q) goto through_tmp;
     if (n == 1 && sf_k_gemv_fused_ok(x->d, w->d, (int)w->cols)) {
         r.kind = SF_OP_GEMV_ADD;
@@ -1852,6 +1856,7 @@ int sf_backend_cuda_new(const sf_backend_opts *o, sf_backend **out, sf_error *er
         c->head_draw = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_HEAD_DRAW", 1);
         c->quant = sf_env_bool("SEMFLOW_CUDA_QUANT", 1);
         c->qfuse = b->ops == &cuda_ops && sf_env_bool("SEMFLOW_CUDA_QFUSE", 0);
+        c->qgemv_rows = (int)sf_env_long("SEMFLOW_CUDA_QGEMV_ROWS", 8, 1, SF_K_QGEMV_MAX_N);
     }
     b->ctx = c;
     c->dev = dev;

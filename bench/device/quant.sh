@@ -10,6 +10,8 @@
 #     without the fusions, in % of the copy bandwidth;
 #   - batch-1 decode of Llama-3-8B at 512 keys in q4_k_m, q4_k, q6_k and q8_0, SEMFLOW_CUDA_QFUSE
 #     0 and 1 alternated (q4_k_m twice), one profile of a q4_k_m token with each;
+#   - steps of 16 and 32 sequences (decode-batch, q4_k_m) through the dequantized chunks and
+#     cuBLASLt (SEMFLOW_CUDA_QGEMV_ROWS=8, the default) against the GEMV 8 rows a launch (=32);
 #   - prefill of 2048 tokens in q4_k_m (the dequantized chunks and cuBLASLt).
 # Files under $OUT/quant/: runs.txt (every command, its exit code and seconds), NAME.log for
 # tests, NAME.json / NAME.err for benches; a table is printed last.
@@ -20,7 +22,7 @@ set -u
 BIN=${SF_BIN:-build/semflow}
 BUILD_DIR=${SF_BUILD:-build}
 D=${OUT:-./out}/quant
-BUDGET=${QUANT_BUDGET_S:-530}
+BUDGET=${QUANT_BUDGET_S:-560}
 mkdir -p "$D"
 if ! nvidia-smi -L >/dev/null 2>&1; then
     echo "quant: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
@@ -50,11 +52,16 @@ for dt in q4_k_m q4_k q6_k q8_0; do
 done
 step q4_k_m-0b 25 SEMFLOW_CUDA_QFUSE=0 $L8 --dtype q4_k_m
 step q4_k_m-1b 25 SEMFLOW_CUDA_QFUSE=1 $L8 --dtype q4_k_m
+DB="$BIN bench decode-batch --preset llama-3-8b --steps 8 --ctx 256 --backend cuda --load-format dummy --dtype q4_k_m --json"
+for bt in 16 32; do
+    step "b$bt-rows8" 30 SEMFLOW_CUDA_QGEMV_ROWS=8 $DB --batch $bt
+    step "b$bt-rows32" 30 SEMFLOW_CUDA_QGEMV_ROWS=32 $DB --batch $bt
+done
 step perf 40 "$QT" --perf
 step prefill 30 $BIN bench prefill --preset llama-3-8b --ctx 2048 --steps 3 --backend cuda --load-format dummy --dtype q4_k_m --json
 step prof-0 30 SEMFLOW_CUDA_PROFILE=1 SEMFLOW_CUDA_QFUSE=0 $BIN bench decode --preset llama-3-8b --steps 4 --ctx 512 --backend cuda --load-format dummy --dtype q4_k_m
 step prof-1 30 SEMFLOW_CUDA_PROFILE=1 SEMFLOW_CUDA_QFUSE=1 $BIN bench decode --preset llama-3-8b --steps 4 --ctx 512 --backend cuda --load-format dummy --dtype q4_k_m
-step ops 130 "$OT"
+step ops 130 SEMFLOW_CUDA_QGEMV_ROWS=32 "$OT"
 cat "$D/runs.txt"
 [ -f "$D/perf.log" ] && cat "$D/perf.log"
 for p in prof-0 prof-1; do [ -f "$D/$p.log" ] && echo "$p:" && grep -A40 'cuda profile' "$D/$p.log" | head -45; done
@@ -64,7 +71,7 @@ import json, os, sys
 d = sys.argv[1]
 print("%-12s %10s %10s %10s %8s" % ("run", "ms", "tokens/s", "roofline", "ratio"))
 for name in ["q4_k_m-0", "q4_k_m-1", "q4_k_m-0b", "q4_k_m-1b", "q4_k-0", "q4_k-1", "q6_k-0", "q6_k-1", "q8_0-0",
-             "q8_0-1", "prefill"]:
+             "q8_0-1", "b16-rows8", "b16-rows32", "b32-rows8", "b32-rows32", "prefill"]:
     try:
         j = json.load(open(os.path.join(d, name + ".json")))
     except Exception as e:
@@ -73,6 +80,10 @@ for name in ["q4_k_m-0", "q4_k_m-1", "q4_k_m-0b", "q4_k_m-1b", "q4_k-0", "q4_k-1
         except OSError:
             err = ["not run"]
         print("%-12s failed: %s" % (name, err[-1] if err else e))
+        continue
+    if name.startswith("b"):
+        print("%-12s %10.3f ms a step of %d, %8.1f tokens/s (batch 1: %.3f ms)" % (name, j["ms_per_step_median"], j["batch"],
+              j["tokens_per_s"], j["batch1_ms_per_step"]))
         continue
     if name == "prefill":
         print("%-12s %s" % (name, {k: j[k] for k in j if k in ("ms_median", "tokens_per_s", "mfu", "tflops")}))

@@ -94,7 +94,9 @@ int sf_k_rope_kv_tune(int threads, int target_blocks, uint16_t *qkv, int64_t ld,
 /* ---- GGUF block formats read in place (qgemv.cu) -------------------------------------- */
 /* Weights of dtype Q8_0, Q4_K, Q5_K or Q6_K (sf_dtype values) in hal.h's sf_qdev layout, rows
  * `pitch` bytes apart (a multiple of 16), k columns (whole blocks). */
-#define SF_K_QGEMV_MAX_N 8
+/* Up to SF_K_QGEMV_MAX_N rows of x: a launch takes 8 of them (x in int8 in shared memory, the
+ * sums in registers), more are taken 8 at a time, each launch reading the weights again. */
+#define SF_K_QGEMV_MAX_N 64
 /* y[t, r] = W[r, :] . x'[t, :] (+ bias[r]) for t < n <= SF_K_QGEMV_MAX_N, r < m; add: y +=
  * instead. x' is x, or with nw (k bf16, 16-byte aligned) RMSNorm(x) * nw with eps, rounded to
  * bf16 as sf_k_rmsnorm rounds it. glu (m even, no add): W is gate rows then up rows (bias

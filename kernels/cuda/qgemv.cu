@@ -39,6 +39,7 @@ enum { QF_Q8_0, QF_Q4_K, QF_Q5_K, QF_Q6_K };
 #define QG_WARPS 8
 #define QG_R 2
 #define QG_U 4
+#define QG_ROWS 8 /* rows of x one launch takes; more are taken QG_ROWS at a time */
 
 struct qgroup {
     int q[8]; /* int8 x 4 each: words 0-3 the group's elements 0-15, 4-7 elements 16-31 */
@@ -411,14 +412,34 @@ static int qgemv_n(const qg_args &a, cudaStream_t s)
     return launch_qgemv<F, 8, MODE>(a, s);
 }
 
+template <int F, int MODE>
+static int qgemv_chunks(qg_args a, cudaStream_t s)
+{
+    /* QG_ROWS rows of x a launch, each launch reading the weights again */
+    const int n = a.n;
+    for (int t0 = 0; t0 < n; t0 += QG_ROWS) {
+        qg_args c = a;
+        c.n = SF_MIN(QG_ROWS, n - t0);
+        c.x += t0 * a.ldx;
+        c.y += t0 * a.ldy;
+        if (MODE == FG_ROPE) {
+            c.rp.pos += t0;
+            c.rp.slot += t0;
+        }
+        int rc = qgemv_n<F, MODE>(c, s);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
 template <int MODE>
 static int qgemv_mode(int dtype, const qg_args &a, cudaStream_t s)
 {
     switch (fmt_of(dtype)) {
-    case QF_Q8_0: return qgemv_n<QF_Q8_0, MODE>(a, s);
-    case QF_Q4_K: return qgemv_n<QF_Q4_K, MODE>(a, s);
-    case QF_Q5_K: return qgemv_n<QF_Q5_K, MODE>(a, s);
-    case QF_Q6_K: return qgemv_n<QF_Q6_K, MODE>(a, s);
+    case QF_Q8_0: return qgemv_chunks<QF_Q8_0, MODE>(a, s);
+    case QF_Q4_K: return qgemv_chunks<QF_Q4_K, MODE>(a, s);
+    case QF_Q5_K: return qgemv_chunks<QF_Q5_K, MODE>(a, s);
+    case QF_Q6_K: return qgemv_chunks<QF_Q6_K, MODE>(a, s);
     default: return (int)cudaErrorInvalidValue;
     }
 }

@@ -48,6 +48,7 @@ static const struct { const char *name, *bad, *good; } switches[] = {
     { "SEMFLOW_CUDA_HEAD_DRAW", "greedy", "0" },
     { "SEMFLOW_CUDA_QUANT", "q4", "0" },
     { "SEMFLOW_CUDA_QFUSE", "fused", "1" },
+    { "SEMFLOW_CUDA_QGEMV_ROWS", "65", "32" },
 };
 
 TEST(malformed_values_are_refused_by_name)

@@ -320,7 +320,8 @@ TEST(matmul_block_formats)
         for (int n = 5; n <= 12; n += 7) {
             sf_dtype t = qr_types[ti];
             const int K = 512, stride = 2 * K, rows[2] = { 96, 160 }, m = 256, blk = sf_dtype_block(t);
-            const int kept = sf_weight_dtype("cuda", t) == t, gemv = kept && n <= SF_K_QGEMV_MAX_N;
+            const int kept = sf_weight_dtype("cuda", t) == t,
+                      gemv = kept && n <= sf_env_long("SEMFLOW_CUDA_QGEMV_ROWS", 8, 1, SF_K_QGEMV_MAX_N);
             size_t bb = sf_dtype_bytes(t, blk);
             sf_weight_desc d = { .n_parts = 2 };
             uint8_t *mem[2];

@@ -1,10 +1,11 @@
-/* test_qgemv.c — GGUF block formats read in place on the GPU (qgemv.cu): the GEMV of 1-8 rows
+/* test_qgemv.c — GGUF block formats read in place on the GPU (qgemv.cu): the GEMV of 1-64 rows
  * and the rows into bf16, for Q8_0, Q4_K, Q5_K and Q6_K, against a float64 host reference from
  * tests/lib/quant_ref.h over fresh random blocks (the seed is printed): the GEMV against x
  * rounded to int8 per 32 as the kernel rounds it (||out - ref|| / ||ref|| <= 1e-2, the output's
  * bf16 rounding) and against x itself (<= 3e-2); with and without a bias, written and added,
  * with the RMSNorm in its pass and with gate/up's SiLU-gated pairs, and those fused calls
- * against the unfused kernels; outputs poisoned with NaN first, NaN never passing.
+ * against the unfused kernels, steps of more rows than a launch takes; outputs poisoned with NaN
+ * first, NaN never passing.
  *
  *   test_qgemv           the checks (GPU host only)
  *   test_qgemv --perf    time the GEMV at Llama-3-8B's shapes (one row of x) in each format,
@@ -153,6 +154,8 @@ TEST(qgemv_formats)
         { 96, 256, 1, 0, 0, 0, 0 },   { 1000, 4096, 1, 1, 0, 0, 0 }, { 300, 14336, 1, 0, 1, 0, 0 },
         { 77, 512, 2, 1, 1, 0, 0 },   { 130, 1024, 3, 0, 0, 0, 0 },  { 64, 4096, 4, 1, 0, 0, 0 },
         { 33, 768, 5, 0, 1, 0, 0 },   { 200, 2048, 8, 1, 1, 0, 0 },  { 1, 256, 1, 0, 0, 0, 0 },
+        /* more rows than a launch takes: 8 at a time */
+        { 70, 512, 13, 1, 1, 0, 0 },  { 40, 1024, 24, 0, 0, 0, 0 },
     };
     for (size_t f = 0; f < SF_ARRAY_LEN(fmts); f++)
         for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) check_gemv(fmts[f], cases[i]);
@@ -167,6 +170,8 @@ TEST(qgemv_norm_glu)
         { 66, 256, 2, 1, 0, 1, 1 },    { 64, 256, 1, 0, 0, 1, 1 },
         /* more units than the resident grid has warps: the grid-stride loop and its prefetch */
         { 16384, 256, 2, 1, 0, 1, 1 }, { 9000, 256, 1, 1, 1, 1, 0 },
+        /* more rows than a launch takes */
+        { 96, 512, 11, 1, 0, 1, 1 },   { 50, 256, 17, 0, 1, 1, 0 },
     };
     for (size_t f = 0; f < SF_ARRAY_LEN(fmts); f++)
         for (size_t i = 0; i < SF_ARRAY_LEN(cases); i++) check_gemv(fmts[f], cases[i]);
@@ -353,7 +358,7 @@ TEST(qgemv_refuses)
     REQUIRE(!cudaMalloc((void **)&x, 4096) && !cudaMalloc((void **)&y, 4096) && !cudaMalloc(&w, 65536), "memory");
     CHECK(sf_k_qgemv(SF_DT_Q4_0, w, 144, 4, 256, x, 256, 1, NULL, 0, NULL, 0, y, 4, 0, S) != 0);  /* not a device format */
     CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 4, 300, x, 304, 1, NULL, 0, NULL, 0, y, 4, 0, S) != 0);  /* not whole blocks */
-    CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 4, 256, x, 256, 9, NULL, 0, NULL, 0, y, 4, 0, S) != 0);  /* more rows than it takes */
+    CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 4, 256, x, 256, SF_K_QGEMV_MAX_N + 1, NULL, 0, NULL, 0, y, 4, 0, S) != 0); /* too many rows */
     CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 4, 256, x + 1, 256, 1, NULL, 0, NULL, 0, y, 4, 0, S) != 0); /* x unaligned */
     CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 4, 256, x, 256, 1, x + 1, 1e-5f, NULL, 0, y, 4, 0, S) != 0); /* norm unaligned */
     CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 3, 256, x, 256, 1, NULL, 0, NULL, 1, y, 4, 0, S) != 0);  /* glu of odd rows */
