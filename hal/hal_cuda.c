@@ -1360,7 +1360,7 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         return submit(c, &rec, 1, "norm_qkv_rope");
     }
     if (w->n_q && c->qfuse && c->T <= c->qgemv_rows && !c->step_i8 && (uintptr_t)norm->d % 16 == 0 &&
-        x->cols % 8 == 0) {
+        (uintptr_t)x->d % 16 == 0 && x->cols % 8 == 0 && r->head_dim % 2 == 0 && r->rot_dim % 2 == 0) {
         /* block formats: the norm, RoPE and the K/V write inside each part's GEMV (parts of
          * whole heads, as a QKV's q, k and v are) */
         int whole = 1;

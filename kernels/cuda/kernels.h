@@ -109,8 +109,8 @@ int sf_k_qgemv(int dtype, const void *w, int64_t pitch, int m, int k, const uint
 /* The same GEMV (x' as above) over rows [row0, row0 + m) of a QKV weight of (H + 2 Hkv) heads of
  * hd rows (row0 and m whole heads; w that part's rows, bias and qkv the whole weight's, qkv rows
  * ldq apart), each output pair then rotated and stored as sf_k_rope_kv does: row t at position
- * pos[t], its k and v heads written to the cache at slot[t] (slot < 0 or an INT8 block: not
- * written; callers send INT8 steps through sf_k_rope_kv). */
+ * pos[t], its k and v heads written to the cache at slot[t] (slot < 0: not written). A cache
+ * with INT8 blocks is refused: such steps take sf_k_rope_kv. */
 int sf_k_qgemv_rope(int dtype, const void *w, int64_t pitch, int m, int row0, int k, const uint16_t *x, int64_t ldx,
                     int n, const uint16_t *nw, float eps, const uint16_t *bias, int H, int Hkv, int hd, int rot_dim,
                     int interleaved, const int32_t *pos, const int32_t *slot, const float *inv_freq, sf_k_kv kv,

@@ -467,8 +467,10 @@ extern "C" int sf_k_qgemv_rope(int dtype, const void *w, int64_t pitch, int m, i
                                int hd, int rot_dim, int interleaved, const int32_t *pos, const int32_t *slot,
                                const float *inv_freq, sf_k_kv kv, uint16_t *qkv, int64_t ldq, cudaStream_t s)
 {
-    if (!qg_ok(dtype, w, pitch, m, k, x, ldx, n, nw) || hd < 2 || hd % 2 || rot_dim < 0 || rot_dim > hd || rot_dim % 2 ||
-        row0 < 0 || row0 % hd || m % hd || row0 + m > (H + 2 * Hkv) * hd || !pos || !slot || !inv_freq)
+    /* (INT8 cache blocks are refused: their steps take sf_k_rope_kv, which writes them) */
+    if (!qg_ok(dtype, w, pitch, m, k, x, ldx, n, nw) || H < 1 || Hkv < 1 || hd < 2 || hd % 2 || rot_dim < 0 ||
+        rot_dim > hd || rot_dim % 2 || row0 < 0 || row0 % hd || m % hd || row0 + m > (H + 2 * Hkv) * hd || !pos || !slot ||
+        !inv_freq || kv.block_size < 1 || kv.n_kv_heads != Hkv || kv.head_dim != hd || kv.i8_base)
         return (int)cudaErrorInvalidValue;
     qg_args a = { w, pitch, m, k, x, ldx, n, nw, eps, bias, qkv, ldq, 0, row0, {} };
     a.rp.pos = pos;

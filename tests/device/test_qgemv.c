@@ -227,21 +227,25 @@ TEST(qgemv_fused_matches_unfused)
 }
 
 /* RoPE and the K/V write in the QKV GEMV's epilogue (sf_k_qgemv_rope, a launch a part: q and k
- * one part, v another) against the unfused kernels it replaces (sf_k_rmsnorm, the GEMV,
- * sf_k_rope_kv): the outputs and both caches, poisoned alike first. Both conventions, a partial
- * rotation, 1 and 3 rows (one row's slot -1: not written). */
+ * one part and v another, q another and k and v a third, or all three one) against the unfused
+ * kernels it replaces (sf_k_rmsnorm, the GEMV, sf_k_rope_kv): the outputs and both caches,
+ * poisoned alike first. Both conventions, a partial rotation, 1, 3 and 11 rows (slot -1: not
+ * written). */
 TEST(qgemv_rope_matches_unfused)
 {
-    static const struct { int n, interleaved, rot; } cases[] = { { 1, 1, 64 }, { 3, 0, 64 }, { 3, 1, 32 }, { 1, 0, 32 } };
     enum { H = 4, HKV = 2, HD = 64, K = 512, BS = 16, NB = 4 };
-    const int m = (H + 2 * HKV) * HD, ldq = m + 8, split = (H + HKV) * HD;
+    static const struct { int n, interleaved, rot, split; } cases[] = {
+        { 1, 1, 64, (H + HKV) * HD }, { 3, 0, 64, (H + HKV) * HD }, { 3, 1, 32, H * HD }, { 1, 0, 32, (H + HKV) * HD },
+        { 3, 0, 32, 0 },             { 11, 1, 64, H * HD },
+    };
+    const int m = (H + 2 * HKV) * HD, ldq = m + 8;
     const size_t cache = (size_t)NB * HKV * BS * HD;
-    const int32_t pos[3] = { 5, 17, 1000 }, slot[3] = { 3, -1, 50 };
-    float inv_freq[HD / 2];
+    const int32_t pos[11] = { 5, 17, 1000, 2, 3, 4, 6, 7, 8, 9, 10 }, slot[11] = { 3, -1, 50, 4, 5, 6, 7, 8, 9, 10, 11 };
+    float inv_freq[HD / 2] = { 0 };
     for (size_t f = 0; f < SF_ARRAY_LEN(fmts); f++)
         for (size_t c = 0; c < SF_ARRAY_LEN(cases); c++) {
             sf_dtype t = fmts[f];
-            const int n = cases[c].n, rot = cases[c].rot, il = cases[c].interleaved;
+            const int n = cases[c].n, rot = cases[c].rot, il = cases[c].interleaved, split = cases[c].split;
             for (int i = 0; i < rot / 2; i++) inv_freq[i] = powf(10000.0f, -2.0f * i / rot);
             uint8_t *src;
             int64_t pitch;
@@ -269,15 +273,14 @@ TEST(qgemv_rope_matches_unfused)
             for (int j = 0; j < 2; j++) kv[j] = (sf_k_kv){ .k = kc[j], .v = vc[j], .block_size = BS, .n_kv_heads = HKV, .head_dim = HD };
             /* unfused: the norm, the GEMV of each part, then RoPE and the cache */
             int rc = sf_k_rmsnorm(dx, K, NULL, 0, dnw, 1e-5f, n, K, dn, K, S);
-            if (!rc) rc = sf_k_qgemv(t, w, pitch, split, K, dn, K, n, NULL, 0, db, 0, q[0], ldq, 0, S);
-            if (!rc) rc = sf_k_qgemv(t, w + (size_t)split * pitch, pitch, m - split, K, dn, K, n, NULL, 0, db + split, 0,
-                                     q[0] + split, ldq, 0, S);
+            if (!rc) rc = sf_k_qgemv(t, w, pitch, m, K, dn, K, n, NULL, 0, db, 0, q[0], ldq, 0, S);
             if (!rc) rc = sf_k_rope_kv(q[0], ldq, n, dpos, dslot, H, HKV, HD, rot, il, dfreq, kv[0], S);
-            /* fused */
-            if (!rc) rc = sf_k_qgemv_rope(t, w, pitch, split, 0, K, dx, K, n, dnw, 1e-5f, db, H, HKV, HD, rot, il, dpos,
-                                          dslot, dfreq, kv[1], q[1], ldq, S);
-            if (!rc) rc = sf_k_qgemv_rope(t, w + (size_t)split * pitch, pitch, m - split, split, K, dx, K, n, dnw, 1e-5f,
-                                          db, H, HKV, HD, rot, il, dpos, dslot, dfreq, kv[1], q[1], ldq, S);
+            /* fused: the parts [0, split) and [split, m) (split 0: one part), the second first */
+            if (!rc && split)
+                rc = sf_k_qgemv_rope(t, w + (size_t)split * pitch, pitch, m - split, split, K, dx, K, n, dnw, 1e-5f, db, H,
+                                     HKV, HD, rot, il, dpos, dslot, dfreq, kv[1], q[1], ldq, S);
+            if (!rc) rc = sf_k_qgemv_rope(t, w, pitch, split ? split : m, 0, K, dx, K, n, dnw, 1e-5f, db, H, HKV, HD, rot, il,
+                                          dpos, dslot, dfreq, kv[1], q[1], ldq, S);
             CHECK_MSG(rc == 0 && cudaStreamSynchronize(S) == 0, "%s: launch %d", sf_dtype_name(t), rc);
             const size_t lens[3] = { (size_t)n * ldq, cache, cache };
             uint16_t *const bufs[3][2] = { { q[0], q[1] }, { kc[0], kc[1] }, { vc[0], vc[1] } };
@@ -298,7 +301,7 @@ TEST(qgemv_rope_matches_unfused)
                 }
                 double e = den > 0 ? sqrt(num / den) : 0;
                 /* what was written: every output row, and one cache row a kv head for each row with a slot */
-                long want = b == 0 ? (long)n * m : (long)HKV * HD * (n == 1 ? 1 : 2);
+                long want = b == 0 ? (long)n * m : (long)HKV * HD * (n == 1 ? 1 : n - 1);
                 CHECK_MSG(!mismatch_nan && written == want && e <= 2e-3 && same >= (long)lens[b] * 9 / 10,
                           "%s n %d interleaved %d rot %d, %s: rel err %.3g, %ld of %zu equal, %ld written (want %ld), %ld "
                           "written by one only", sf_dtype_name(t), n, il, rot, names[b], e, same, lens[b], written, want,
@@ -306,8 +309,8 @@ TEST(qgemv_rope_matches_unfused)
                 free(ha);
                 free(hb);
             }
-            printf("    %-5s n %d interleaved %d rot %2d: fused RoPE + K/V against unfused checked\n", sf_dtype_name(t), n, il,
-                   rot);
+            printf("    %-5s n %2d interleaved %d rot %2d split at %3d: fused RoPE + K/V against unfused checked\n",
+                   sf_dtype_name(t), n, il, rot, split);
             for (int j = 0; j < 2; j++) { cudaFree(q[j]); cudaFree(kc[j]); cudaFree(vc[j]); }
             cudaFree(w); cudaFree(dx); cudaFree(dnw); cudaFree(db); cudaFree(dn); cudaFree(dpos); cudaFree(dslot);
             cudaFree(dfreq);
@@ -364,12 +367,25 @@ TEST(qgemv_refuses)
     CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 3, 256, x, 256, 1, NULL, 0, NULL, 1, y, 4, 0, S) != 0);  /* glu of odd rows */
     CHECK(sf_k_qgemv(SF_DT_Q4_K, w, 144, 4, 256, x, 256, 1, NULL, 0, NULL, 1, y, 4, 1, S) != 0);  /* glu that adds */
     int32_t *ip = (int32_t *)y;
-    sf_k_kv kv = { 0 };
-    /* a part that is not whole heads, and one past the weight */
-    CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 96, 0, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 64, 0, ip, ip, (float *)x, kv,
-                          y, 256, S) != 0);
+    sf_k_kv good = { .k = y, .v = y, .block_size = 16, .n_kv_heads = 1, .head_dim = 64 }, i8 = good, other = good;
+    /* a part that is not whole heads, one past the weight, one not starting at a head, odd or too
+     * wide a rotation, a cache of other heads or of INT8 blocks */
+    CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 96, 0, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 64, 0, ip, ip, (float *)x,
+                          good, y, 256, S) != 0);
     CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 128, 192, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 64, 0, ip, ip, (float *)x,
-                          kv, y, 256, S) != 0);
+                          good, y, 256, S) != 0);
+    i8.i8_base = 1;
+    other.n_kv_heads = 2;
+    CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 64, 32, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 64, 0, ip, ip, (float *)x,
+                          good, y, 256, S) != 0);
+    CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 64, 0, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 33, 0, ip, ip, (float *)x,
+                          good, y, 256, S) != 0);
+    CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 64, 0, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 66, 0, ip, ip, (float *)x,
+                          good, y, 256, S) != 0);
+    CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 64, 0, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 64, 0, ip, ip, (float *)x,
+                          i8, y, 256, S) != 0);
+    CHECK(sf_k_qgemv_rope(SF_DT_Q4_K, w, 144, 64, 0, 256, x, 256, 1, NULL, 0, NULL, 2, 1, 64, 64, 0, ip, ip, (float *)x,
+                          other, y, 256, S) != 0);
     CHECK(sf_k_qdequant(SF_DT_Q3_K, w, 112, 256, NULL, 0, 1, y, 256, S) != 0);
     cudaGetLastError();
     cudaFree(x); cudaFree(y); cudaFree(w);
