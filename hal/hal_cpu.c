@@ -469,7 +469,7 @@ static int cpu_matmul(sf_backend *b, const sf_buf *x, const sf_weight *w, int n,
         blocks |= sf_dtype_block(w->part[p].dtype) > 1;
     }
     /* a few tokens against block formats: x in int8 once here, not in every thread's chunk */
-    if (n <= SF_CPU_DIRECT_TOKENS && blocks && sf_cpu_has_avx2()) {
+    if (blocks && n <= sf_cpu_direct_tokens(w->part, w->n_parts) && sf_cpu_has_avx2()) {
         int64_t pf = sf_cpu_kq_prep_floats(w->k), need = pf * n;
         if (need > c->xq_floats) {
             float *q = aligned_alloc(64, ((size_t)need * sizeof(float) + 63) & ~(size_t)63);

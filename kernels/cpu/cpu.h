@@ -98,6 +98,14 @@ void sf_cpu_dot4_iq4_nl(const void *const *w, const float *xp, int64_t k, float 
 void sf_cpu_dot4_iq4_xs(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out);
+/* out[t] = W_row . x_t for one row and nt <= SF_CPU_DIRECT_KQ prepared x rows (pf floats
+ * apart): the row's blocks unpacked once for all of them, each out[t] bit for bit what the
+ * sf_cpu_dot4_* kernel gives for that token alone (K-quants) */
+void sf_cpu_dotn_q4_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
+void sf_cpu_dotn_q5_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
+void sf_cpu_dotn_q2_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
+void sf_cpu_dotn_q3_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
+void sf_cpu_dotn_q6_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
 /* one row of a block format in place but Q8_0 into fp32 (AVX2; Q8_0's is in rows.c) */
 void sf_cpu_kq_row_to_f32(sf_dtype t, const void *src, int64_t k, float *y);
 
@@ -110,7 +118,7 @@ typedef struct sf_cpu_matmul {
     const float *bias[4];
     int64_t m, k;            /* total rows (output features), columns (input features) */
     const float *x;          /* [n, ldx] */
-    const float *xq;         /* n <= SF_CPU_DIRECT_TOKENS: each token's x as sf_cpu_kq_prep_x left it,
+    const float *xq;         /* n <= sf_cpu_direct_tokens: each token's x as sf_cpu_kq_prep_x left it,
                                 sf_cpu_kq_prep_floats(k) apart; NULL: block formats take the
                                 many-token path (rows into fp32) */
     float *y;                /* [n, ldy] */
@@ -122,8 +130,12 @@ typedef struct sf_cpu_matmul {
 } sf_cpu_matmul;
 int64_t sf_cpu_matmul_scratch(int64_t k);
 /* Steps of up to this many tokens read the weights in their stored dtype, a token at a time;
- * more tokens dequantize rows into fp32 scratch first. */
+ * more tokens dequantize rows into fp32 scratch first. A weight all of K-quants, whose rows the
+ * dotn kernels unpack once for every token, reads them so up to SF_CPU_DIRECT_KQ tokens
+ * (sf_cpu_direct_tokens). */
 #define SF_CPU_DIRECT_TOKENS 8
+#define SF_CPU_DIRECT_KQ 16
+int sf_cpu_direct_tokens(const sf_view *part, int n_parts);
 void sf_cpu_matmul_task(void *arg, int ith, int nth);
 
 /* ---- rmsnorm (fused residual add) ---------------------------------------------------- */

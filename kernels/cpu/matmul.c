@@ -7,7 +7,8 @@
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
  * the block. Up to SF_CPU_DIRECT_TOKENS tokens meet the weights in their stored dtype, a
  * token at a time (the four rows stay in L1 after the first; a block format meets x rounded
- * to int8 in integer kernels, qdot.c); for more, the four rows are dequantized once per
+ * to int8 in integer kernels, qdot.c), or for the K-quants a row at a time against all the
+ * tokens, its blocks unpacked once; for more, the four rows are dequantized once per
  * block into the thread's scratch and the fp32 kernel runs over the block.
  * Accumulation is fp32 in 8-lane partial sums (AVX2+FMA), reduced at the end of a row. */
 #include "cpu.h"
@@ -130,6 +131,30 @@ static dot4_fn dot4_for(sf_dtype t)
     }
 }
 
+typedef void (*dotn_fn)(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
+
+/* The K-quants' kernels of one row against several tokens (qdot.c) */
+static dotn_fn dotn_for(sf_dtype t);
+
+int sf_cpu_direct_tokens(const sf_view *part, int n_parts)
+{
+    for (int p = 0; p < n_parts; p++)
+        if (!dotn_for(part[p].dtype)) return SF_CPU_DIRECT_TOKENS;
+    return SF_CPU_DIRECT_KQ;
+}
+
+static dotn_fn dotn_for(sf_dtype t)
+{
+    switch (t) {
+    case SF_DT_Q4_K: return sf_cpu_dotn_q4_K;
+    case SF_DT_Q5_K: return sf_cpu_dotn_q5_K;
+    case SF_DT_Q2_K: return sf_cpu_dotn_q2_K;
+    case SF_DT_Q3_K: return sf_cpu_dotn_q3_K;
+    case SF_DT_Q6_K: return sf_cpu_dotn_q6_K;
+    default: return NULL;
+    }
+}
+
 /* Scalar fallback: fp32 rows only (others are dequantized into scratch first). */
 static void dot4_f32_scalar(const void *const *w, const float *x, int64_t k, float *out)
 {
@@ -153,13 +178,22 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     const sf_view *v = &mm->part[p];
     const float *bias = mm->bias[p];
     int64_t k = mm->k;
-    /* a block format's kernels read x as the caller prepared it (mm->xq; qdot.c) */
+    /* a block format's kernels read x as the caller prepared it (mm->xq, present when the step
+     * is short enough for them; qdot.c) */
     const float *xq = sf_dtype_block(v->dtype) > 1 ? mm->xq : NULL;
     int64_t pf = sf_cpu_kq_prep_floats(k);
-    int direct = avx2 && (v->dtype == SF_DT_F32 ||
-                          (mm->n <= SF_CPU_DIRECT_TOKENS && (xq || sf_dtype_block(v->dtype) == 1)));
+    int direct = avx2 && (v->dtype == SF_DT_F32 || xq || (mm->n <= SF_CPU_DIRECT_TOKENS && sf_dtype_block(v->dtype) == 1));
     dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
     if (!direct) xq = NULL;
+    dotn_fn dotn = xq && t1 - t0 > 1 ? dotn_for(v->dtype) : NULL;
+    if (dotn) { /* a K-quant row unpacked once for the block's tokens */
+        for (int64_t r = lo; r < hi; r++) {
+            float out[SF_CPU_DIRECT_KQ];
+            dotn(sf_cpu_row_ptr(v->dtype, v->data, k, r), xq + t0 * pf, pf, t1 - t0, k, out);
+            for (int t = t0; t < t1; t++) mm->y[(int64_t)t * mm->ldy + col0 + r] = out[t - t0] + (bias ? bias[r] : 0.0f);
+        }
+        return;
+    }
     for (int64_t r = lo; r < hi; r += 4) {
         int nr = (int)SF_MIN(4, hi - r);
         const void *w[4];
@@ -219,7 +253,9 @@ void sf_cpu_matmul_task(void *arg, int ith, int nth)
     int64_t groups = 0;
     for (int p = 0; p < mm->n_parts; p++) groups += (mm->part[p].rows + 3) / 4;
     size_t budget = mm->l2_bytes ? mm->l2_bytes / 2 : 256 * 1024;
-    int nb = (int)SF_MAX(1, (int64_t)(budget / ((size_t)mm->k * sizeof(float))));
+    /* a token's x: fp32, or as the block formats' kernels read it (int8 and its sums) */
+    size_t xrow = (size_t)(mm->xq ? sf_cpu_kq_prep_floats(mm->k) : mm->k) * sizeof(float);
+    int nb = (int)SF_MAX(1, (int64_t)(budget / xrow));
     int64_t n_tb = (mm->n + nb - 1) / nb;
     int64_t per = SF_MAX(1, groups * n_tb / ((int64_t)nth * 8));
     per = SF_MIN(per, groups);

@@ -166,6 +166,68 @@ void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *o
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_q5_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q45_K(w, xp, k, out, 1); }
 
+/* One Q4_K or Q5_K row against nt prepared x rows (pf floats apart, nt <= SF_CPU_DIRECT_KQ): a
+ * super-block's scales and quants are unpacked once for all nt, each token's arithmetic being
+ * dot4_q45_K's in its order, so that a token's result does not depend on the tokens beside it. */
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) void dotn_q45_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k,
+                                                             float *out, int five)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m10 = _mm256_set1_epi8(0x10);
+    const size_t bb = five ? 176 : 144, qs0 = five ? 48 : 16;
+    __m256 acc[SF_CPU_DIRECT_KQ][3]; /* the low and high groups' sums, the mins' */
+    for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < k / 256; sb++) {
+        const uint8_t *b = (const uint8_t *)w + bb * sb;
+        for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
+        uint8_t sm[16];
+        sf_q4k_scales(b + 4, sm);
+        __m256 d = _mm256_set1_ps(f16le(b));
+        __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+        __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
+        __m256 dmins = _mm256_mul_ps(_mm256_set1_ps(f16le(b + 2)), mins);
+        __m256i q[8], hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * g));
+            q[2 * g] = _mm256_and_si256(v, m4);
+            q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            if (five) {
+                q[2 * g] = _mm256_or_si256(q[2 * g], _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
+                q[2 * g + 1] = _mm256_or_si256(q[2 * g + 1], _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
+                hb = _mm256_srli_epi16(hb, 2);
+            }
+        }
+        for (int t = 0; t < nt; t++) {
+            const float *xp = xq + t * pf;
+            const int8_t *xs = PX_X8(xp) + 256 * sb;
+            float sc[8];
+            _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(d, _mm256_loadu_ps(PX_DX(xp, k) + 8 * sb)), scales));
+            acc[t][2] = _mm256_fmadd_ps(dmins, _mm256_loadu_ps(PX_S32(xp, k) + 8 * sb), acc[t][2]);
+            __m256 a0 = acc[t][0], a1 = acc[t][1];
+            for (int g = 0; g < 4; g++) {
+                __m256 lo = qdot32(q[2 * g], xs + 64 * g), hi = qdot32(q[2 * g + 1], xs + 64 * g + 32);
+                a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g]), lo, a0);
+                a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g + 1]), hi, a1);
+            }
+            acc[t][0] = a0;
+            acc[t][1] = a1;
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = sf_cpu_hsum8(_mm256_sub_ps(_mm256_add_ps(acc[t][0], acc[t][1]), acc[t][2]));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dotn_q4_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out)
+{
+    dotn_q45_K(w, xq, pf, nt, k, out, 0);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dotn_q5_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out)
+{
+    dotn_q45_K(w, xq, pf, nt, k, out, 1);
+}
+
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *out)
 {
@@ -437,6 +499,66 @@ void sf_cpu_dot4_q3_K(const void *const *w, const float *xp, int64_t k, float *o
 
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_k16(w, xp, k, out, SF_DT_Q6_K); }
+
+/* One Q2_K, Q3_K or Q6_K row against nt prepared x rows, as dotn_q45_K: a super-block's scales
+ * and quants unpacked once, each token's arithmetic dot4_k16's in its order. */
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) void dotn_k16(const void *w, const float *xq, int64_t pf, int nt, int64_t k,
+                                                           float *out, sf_dtype t)
+{
+    const size_t bb = k16_bytes(t), pfd = t == SF_DT_Q6_K ? PF_Q6K : PF_Q4K;
+    __m256i idx[4];
+    for (int j = 0; j < 4; j++) idx[j] = _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
+    __m256 acc[SF_CPU_DIRECT_KQ][3];
+    for (int u = 0; u < nt; u++) acc[u][0] = acc[u][1] = acc[u][2] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < k / 256; sb++) {
+        const uint8_t *b = (const uint8_t *)w + bb * sb;
+        for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + pfd + l, _MM_HINT_T0);
+        __m256 sc[2], off[2];
+        k16_scales(t, b, sc, off);
+        __m256i q[2][4];
+        k16_quants(t, b, 0, q[0]);
+        k16_quants(t, b, 1, q[1]);
+        for (int u = 0; u < nt; u++) {
+            const float *xp = xq + u * pf, *s16 = PX_S16(xp, k) + 16 * sb;
+            acc[u][2] = _mm256_fmadd_ps(off[0], _mm256_loadu_ps(s16), _mm256_fmadd_ps(off[1], _mm256_loadu_ps(s16 + 8), acc[u][2]));
+            __m256 a0 = acc[u][0], a1 = acc[u][1];
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int8_t *xs = PX_X8(xp) + 256 * sb + 128 * h;
+                const float *dxs = PX_DX(xp, k) + 8 * sb + 4 * h;
+#pragma GCC unroll 4
+                for (int j = 0; j < 4; j++) {
+                    __m256 s = _mm256_mul_ps(_mm256_permutevar8x32_ps(sc[h], idx[j]), _mm256_broadcast_ss(&dxs[j]));
+                    __m256 p = qdot32(q[h][j], xs + 32 * j);
+                    if (j & 1) a1 = _mm256_fmadd_ps(s, p, a1);
+                    else a0 = _mm256_fmadd_ps(s, p, a0);
+                }
+            }
+            acc[u][0] = a0;
+            acc[u][1] = a1;
+        }
+    }
+    for (int u = 0; u < nt; u++) out[u] = sf_cpu_hsum8(_mm256_sub_ps(_mm256_add_ps(acc[u][0], acc[u][1]), acc[u][2]));
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dotn_q2_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out)
+{
+    dotn_k16(w, xq, pf, nt, k, out, SF_DT_Q2_K);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dotn_q3_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out)
+{
+    dotn_k16(w, xq, pf, nt, k, out, SF_DT_Q3_K);
+}
+
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dotn_q6_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out)
+{
+    dotn_k16(w, xq, pf, nt, k, out, SF_DT_Q6_K);
+}
 
 /* ---- rows into fp32, in the natural order (the many-token path) ------------------------- */
 /* 32 unsigned quants into y as q * s0 - m0 (elements 0-15) and q * s1 - m1 (16-31) */

@@ -78,12 +78,14 @@ static void *quantize(sf_dtype t, const float *src, int64_t rows, int64_t cols, 
 }
 
 /* ---- matmul ------------------------------------------------------------------------------ */
-/* A step of up to SF_CPU_DIRECT_TOKENS tokens against a block format read in place meets x
- * rounded to int8 in groups of 32 (kernels/cpu/qdot.c) on the AVX2 path: the kernel is exact against x so
- * rounded, which is what this gives (n elements, a multiple of 32). */
+/* A step of up to SF_CPU_DIRECT_TOKENS tokens (SF_CPU_DIRECT_KQ for the K-quants) against a
+ * block format read in place meets x rounded to int8 in groups of 32 (kernels/cpu/qdot.c) on
+ * the AVX2 path: the kernel is exact against x so rounded, which is what this gives (n
+ * elements, a multiple of 32). */
 static int x_rounded(sf_dtype t, int n_tokens)
 {
-    return n_tokens <= SF_CPU_DIRECT_TOKENS && sf_dtype_block(t) > 1 && sf_weight_dtype("cpu", t) == t &&
+    const sf_view part = { .dtype = t };
+    return n_tokens <= sf_cpu_direct_tokens(&part, 1) && sf_dtype_block(t) > 1 && sf_weight_dtype("cpu", t) == t &&
            !getenv("SEMFLOW_NO_AVX2");
 }
 
@@ -240,8 +242,9 @@ TEST(matmul_block_formats)
 {
     static const struct { int n, k, rows[2]; } cases[] = {
         { 3, 256, { 3, 5 } }, { 1, 256, { 3, 5 } }, { 1, 1024, { 7, 2 } }, { 2, 512, { 4, 9 } }, { 5, 768, { 1, 6 } },
-        { 8, 256, { 5, 3 } }, /* the most tokens a token at a time, then the rows into fp32: */
-        { 9, 512, { 4, 9 } }, { 12, 256, { 3, 5 } },
+        { 8, 256, { 5, 3 } }, /* the most tokens a token at a time, then the rows into fp32 (K-quants: */
+        { 9, 512, { 4, 9 } }, { 12, 256, { 3, 5 } }, /* the rows unpacked once for up to 16 tokens) */
+        { 16, 256, { 5, 3 } }, { 17, 256, { 3, 5 } },
     };
     double worst_x8 = 0;
     for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++)
@@ -249,6 +252,47 @@ TEST(matmul_block_formats)
             check_block_format(qr_types[ti], cases[c].n, cases[c].k, cases[c].rows, &worst_x8);
     if (!getenv("SEMFLOW_NO_AVX2")) printf("  a few tokens of a block format read in place, against x before its int8 rounding: worst rel err %.2e\n",
                                            worst_x8);
+}
+
+/* A token's outputs do not depend on the tokens beside it in a step: for every block format, a
+ * step of 2-8 tokens (2-16 for the K-quants, whose rows the dotn kernels of qdot.c unpack once
+ * for all of them) gives each token the same bits as a step of that token alone. */
+TEST(matmul_token_alone_or_not)
+{
+    const int K = 512, M = 13;
+    for (size_t ti = 0; ti < SF_ARRAY_LEN(qr_types); ti++) {
+        sf_dtype t = qr_types[ti];
+        const int blk = sf_dtype_block(t);
+        const size_t bb = sf_dtype_bytes(t, blk);
+        uint8_t *mem = malloc(sf_dtype_bytes(t, (int64_t)M * K));
+        for (int64_t b = 0; b < (int64_t)M * K / blk; b++) sf_quant_random_block(t, mem + b * bb, &R);
+        sf_weight_desc d = { .n_parts = 1, .part = { { mem, t, M, K } } };
+        sf_weight *w = NULL;
+        sf_error err = { 0 };
+        int rc = B->ops->weight_new(B, &d, &w, &err);
+        CHECK_MSG(rc == SF_OK, "%s: %s", sf_dtype_name(t), err.msg);
+        for (int n = 2; rc == SF_OK && n <= sf_cpu_direct_tokens(&d.part[0], 1); n += 3) {
+            float *x = malloc(sizeof(float) * n * K), *y = malloc(sizeof(float) * n * M), *y1 = malloc(sizeof(float) * M);
+            fill_rand(x, (int64_t)n * K, 1.0f);
+            sf_buf *bx = buf(n, K), *by = buf(n, M), *bx1 = buf(1, K), *by1 = buf(1, M);
+            B->ops->write_f32(B, bx, n, x);
+            CHECK(B->ops->matmul(B, bx, w, n, by) == SF_OK);
+            B->ops->read_f32(B, by, n, y);
+            int differ = 0;
+            for (int i = 0; i < n; i++) {
+                B->ops->write_f32(B, bx1, 1, x + (int64_t)i * K);
+                CHECK(B->ops->matmul(B, bx1, w, 1, by1) == SF_OK);
+                B->ops->read_f32(B, by1, 1, y1);
+                differ += memcmp(y1, y + (int64_t)i * M, sizeof(float) * M) != 0;
+            }
+            CHECK_MSG(!differ, "%s: %d of %d tokens of a step of %d differ from the same token alone", sf_dtype_name(t),
+                      differ, n, n);
+            B->ops->buf_free(B, bx); B->ops->buf_free(B, by); B->ops->buf_free(B, bx1); B->ops->buf_free(B, by1);
+            free(x); free(y); free(y1);
+        }
+        if (w) B->ops->weight_free(B, w);
+        free(mem);
+    }
 }
 
 TEST(matmul_rejects_bad_shapes)
@@ -590,6 +634,7 @@ int main(int argc, char **argv)
     if (scalar) printf("-- scalar path (SEMFLOW_NO_AVX2=1)\n");
     RUN(matmul_shapes_dtypes);
     RUN(matmul_block_formats);
+    RUN(matmul_token_alone_or_not);
     RUN(matmul_rejects_bad_shapes);
     RUN(rmsnorm_fused_add);
     RUN(silu_mul);
