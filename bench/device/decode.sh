@@ -80,21 +80,4 @@ for t in l8-512; do
 done
 
 # the table: one line per run from its JSON (python3 is on the GPU host)
-python3 - "$D" <<'PY'
-import json, os, sys
-d = sys.argv[1]
-names = ["l8-512", "l8-512-trace", "l8-512-q33", "l8-512-o25", "q7-512", "l8-4096"]
-print("%-16s %10s %10s %10s %8s %9s" % ("run", "ms", "tokens/s", "roofline", "ratio", "host"))
-for name in names:
-    try:
-        j = json.load(open(os.path.join(d, name + ".json")))
-    except Exception as e:
-        try:
-            err = open(os.path.join(d, name + ".err")).read().strip().splitlines()
-        except OSError:
-            err = ["not run"]
-        print("%-16s failed: %s" % (name, err[-1] if err else e))
-        continue
-    print("%-16s %10.3f %10.1f %8.3fms %7.1f%% %7.1fus" % (name, j["ms_per_token_median"], j["tokens_per_s"],
-          j.get("roofline_ms", 0), 100 * j["ratio"], j.get("host_us_per_step", 0)))
-PY
+python3 bench/device/runs_table.py "$D" l8-512 l8-512-trace l8-512-q33 l8-512-o25 q7-512 l8-4096

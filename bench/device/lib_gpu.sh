@@ -1,4 +1,4 @@
-# bench/device/lib_gpu.sh — sourced by the device scripts that need a GPU (score.sh, prefix.sh,
+# bench/device/lib_gpu.sh — sourced by the device scripts that need a GPU (score.sh, prefix.sh, quant.sh,
 # prefix_serve.sh, spec.sh).
 #
 # need_gpu NAME: without an NVIDIA GPU, says so and exits the script with 77 (skipped); with

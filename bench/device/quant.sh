@@ -24,19 +24,15 @@ BUILD_DIR=${SF_BUILD:-build}
 D=${OUT:-./out}/quant
 BUDGET=${QUANT_BUDGET_S:-560}
 mkdir -p "$D"
-if ! nvidia-smi -L >/dev/null 2>&1; then
-    echo "quant: no NVIDIA GPU on this machine (nvidia-smi found none): nothing to measure; run it on the GPU host"
-    exit 77
-fi
+. bench/device/lib_gpu.sh # need_gpu NAME
+. bench/device/lib_step.sh # step NAME SECONDS [VAR=VALUE...] CMD...
+need_gpu quant
 if [ ! -x "$BIN" ]; then
     echo "quant: $BIN is missing: build first (make), or point SF_BIN at the binary"
     exit 1
 fi
-echo "quant: $(nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null | head -1), commit $(cat .devcommit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)"
 : >"$D/runs.txt"
 T0=$(date +%s)
-
-. bench/device/lib_step.sh # step NAME SECONDS [VAR=VALUE...] CMD...
 
 QT=$BUILD_DIR/tests/device/test_qgemv
 MT=$BUILD_DIR/tests/device/test_model
@@ -66,28 +62,5 @@ cat "$D/runs.txt"
 [ -f "$D/perf.log" ] && cat "$D/perf.log"
 for p in prof-0 prof-1; do [ -f "$D/$p.log" ] && echo "$p:" && grep -A40 'cuda profile' "$D/$p.log" | head -45; done
 
-python3 - "$D" <<'PY'
-import json, os, sys
-d = sys.argv[1]
-print("%-12s %10s %10s %10s %8s" % ("run", "ms", "tokens/s", "roofline", "ratio"))
-for name in ["q4_k_m-0", "q4_k_m-1", "q4_k_m-0b", "q4_k_m-1b", "q4_k-0", "q4_k-1", "q6_k-0", "q6_k-1", "q8_0-0",
-             "q8_0-1", "b16-rows8", "b16-rows32", "b32-rows8", "b32-rows32", "prefill"]:
-    try:
-        j = json.load(open(os.path.join(d, name + ".json")))
-    except Exception as e:
-        try:
-            err = open(os.path.join(d, name + ".err")).read().strip().splitlines()
-        except OSError:
-            err = ["not run"]
-        print("%-12s failed: %s" % (name, err[-1] if err else e))
-        continue
-    if name.startswith("b"):
-        print("%-12s %10.3f ms a step of %d, %8.1f tokens/s (batch 1: %.3f ms)" % (name, j["ms_per_step_median"], j["batch"],
-              j["tokens_per_s"], j["batch1_ms_per_step"]))
-        continue
-    if name == "prefill":
-        print("%-12s %s" % (name, {k: j[k] for k in j if k in ("ms_median", "tokens_per_s", "mfu", "tflops")}))
-        continue
-    print("%-12s %10.3f %10.1f %8.3fms %7.1f%%" % (name, j["ms_per_token_median"], j["tokens_per_s"],
-          j.get("roofline_ms", 0), 100 * j["ratio"]))
-PY
+python3 bench/device/runs_table.py "$D" q4_k_m-0 q4_k_m-1 q4_k_m-0b q4_k_m-1b q4_k-0 q4_k-1 q6_k-0 q6_k-1 q8_0-0 q8_0-1 \
+    b16-rows8 b16-rows32 b32-rows8 b32-rows32 prefill
