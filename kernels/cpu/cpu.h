@@ -98,9 +98,10 @@ void sf_cpu_dot4_iq4_nl(const void *const *w, const float *xp, int64_t k, float 
 void sf_cpu_dot4_iq4_xs(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *out);
 void sf_cpu_dot4_q6_K(const void *const *w, const float *xp, int64_t k, float *out);
-/* out[t] = W_row . x_t for one row and nt <= SF_CPU_DIRECT_KQ prepared x rows (pf floats
+/* out[t] = W_row . x_t for one row and nt <= SF_CPU_DIRECT_DOTN prepared x rows (pf floats
  * apart): the row's blocks unpacked once for all of them, each out[t] bit for bit what the
- * sf_cpu_dot4_* kernel gives for that token alone (K-quants) */
+ * sf_cpu_dot4_* kernel gives for that token alone (Q8_0 and the K-quants) */
+void sf_cpu_dotn_q8_0(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
 void sf_cpu_dotn_q4_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
 void sf_cpu_dotn_q5_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
 void sf_cpu_dotn_q2_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
@@ -130,11 +131,11 @@ typedef struct sf_cpu_matmul {
 } sf_cpu_matmul;
 int64_t sf_cpu_matmul_scratch(int64_t k);
 /* Steps of up to this many tokens read the weights in their stored dtype, a token at a time;
- * more tokens dequantize rows into fp32 scratch first. A weight all of K-quants, whose rows the
- * dotn kernels unpack once for every token, reads them so up to SF_CPU_DIRECT_KQ tokens
- * (sf_cpu_direct_tokens). */
+ * more tokens dequantize rows into fp32 scratch first. A weight all of Q8_0 and K-quants, whose
+ * rows the dotn kernels unpack once for every token, reads them so up to SF_CPU_DIRECT_DOTN
+ * tokens (sf_cpu_direct_tokens). */
 #define SF_CPU_DIRECT_TOKENS 8
-#define SF_CPU_DIRECT_KQ 16
+#define SF_CPU_DIRECT_DOTN 16
 int sf_cpu_direct_tokens(const sf_view *part, int n_parts);
 void sf_cpu_matmul_task(void *arg, int ith, int nth);
 

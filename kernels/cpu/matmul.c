@@ -7,8 +7,8 @@
  * L2 (from hal's probe), so a group of four weight rows, once loaded, serves every token of
  * the block. Up to SF_CPU_DIRECT_TOKENS tokens meet the weights in their stored dtype, a
  * token at a time (the four rows stay in L1 after the first; a block format meets x rounded
- * to int8 in integer kernels, qdot.c), or for the K-quants a row at a time against all the
- * tokens, its blocks unpacked once; for more, the four rows are dequantized once per
+ * to int8 in integer kernels, qdot.c), or for Q8_0 and the K-quants a row at a time against all
+ * the tokens, its blocks unpacked once; for more, the four rows are dequantized once per
  * block into the thread's scratch and the fp32 kernel runs over the block.
  * Accumulation is fp32 in 8-lane partial sums (AVX2+FMA), reduced at the end of a row. */
 #include "cpu.h"
@@ -133,19 +133,20 @@ static dot4_fn dot4_for(sf_dtype t)
 
 typedef void (*dotn_fn)(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out);
 
-/* The K-quants' kernels of one row against several tokens (qdot.c) */
+/* The kernels of one row against several tokens (qdot.c): Q8_0 and the K-quants */
 static dotn_fn dotn_for(sf_dtype t);
 
 int sf_cpu_direct_tokens(const sf_view *part, int n_parts)
 {
     for (int p = 0; p < n_parts; p++)
         if (!dotn_for(part[p].dtype)) return SF_CPU_DIRECT_TOKENS;
-    return SF_CPU_DIRECT_KQ;
+    return SF_CPU_DIRECT_DOTN;
 }
 
 static dotn_fn dotn_for(sf_dtype t)
 {
     switch (t) {
+    case SF_DT_Q8_0: return sf_cpu_dotn_q8_0;
     case SF_DT_Q4_K: return sf_cpu_dotn_q4_K;
     case SF_DT_Q5_K: return sf_cpu_dotn_q5_K;
     case SF_DT_Q2_K: return sf_cpu_dotn_q2_K;
@@ -186,9 +187,9 @@ static void matmul_part_rows(const sf_cpu_matmul *mm, int p, int64_t lo, int64_t
     dot4_fn dot = avx2 ? (direct ? dot4_for(v->dtype) : dot4_f32) : dot4_f32_scalar;
     if (!direct) xq = NULL;
     dotn_fn dotn = xq && t1 - t0 > 1 ? dotn_for(v->dtype) : NULL;
-    if (dotn) { /* a K-quant row unpacked once for the block's tokens */
+    if (dotn) { /* a row unpacked once for the block's tokens */
         for (int64_t r = lo; r < hi; r++) {
-            float out[SF_CPU_DIRECT_KQ];
+            float out[SF_CPU_DIRECT_DOTN];
             dotn(sf_cpu_row_ptr(v->dtype, v->data, k, r), xq + t0 * pf, pf, t1 - t0, k, out);
             for (int t = t0; t < t1; t++) mm->y[(int64_t)t * mm->ldy + col0 + r] = out[t - t0] + (bias ? bias[r] : 0.0f);
         }

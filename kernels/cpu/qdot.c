@@ -166,7 +166,7 @@ void sf_cpu_dot4_q4_K(const void *const *w, const float *xp, int64_t k, float *o
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_q5_K(const void *const *w, const float *xp, int64_t k, float *out) { dot4_q45_K(w, xp, k, out, 1); }
 
-/* One Q4_K or Q5_K row against nt prepared x rows (pf floats apart, nt <= SF_CPU_DIRECT_KQ): a
+/* One Q4_K or Q5_K row against nt prepared x rows (pf floats apart, nt <= SF_CPU_DIRECT_DOTN): a
  * super-block's scales and quants are unpacked once for all nt, each token's arithmetic being
  * dot4_q45_K's in its order, so that a token's result does not depend on the tokens beside it. */
 __attribute__((target("avx2,fma,f16c")))
@@ -175,7 +175,7 @@ static inline __attribute__((always_inline)) void dotn_q45_K(const void *w, cons
 {
     const __m256i m4 = _mm256_set1_epi8(0xF), m10 = _mm256_set1_epi8(0x10);
     const size_t bb = five ? 176 : 144, qs0 = five ? 48 : 16;
-    __m256 acc[SF_CPU_DIRECT_KQ][3]; /* the low and high groups' sums, the mins' */
+    __m256 acc[SF_CPU_DIRECT_DOTN][3]; /* the low and high groups' sums, the mins' */
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < k / 256; sb++) {
         const uint8_t *b = (const uint8_t *)w + bb * sb;
@@ -248,6 +248,29 @@ void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *o
         }
     }
     for (int r = 0; r < 4; r++) out[r] = sf_cpu_hsum8(acc[r]);
+}
+
+/* One Q8_0 row against nt prepared x rows, as dotn_q45_K: each group's quants and scale read
+ * once, each token's arithmetic sf_cpu_dot4_q8_0's in its order. */
+__attribute__((target("avx2,fma,f16c")))
+void sf_cpu_dotn_q8_0(const void *w, const float *xq, int64_t pf, int nt, int64_t k, float *out)
+{
+    __m256 acc[SF_CPU_DIRECT_DOTN];
+    for (int t = 0; t < nt; t++) acc[t] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < k / 32; j++) {
+        const uint8_t *b = (const uint8_t *)w + 34 * j;
+        if (!(j & 1)) _mm_prefetch((const char *)b + PF_Q8, _MM_HINT_T0);
+        __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2)), aq = _mm256_sign_epi8(q, q);
+        __m256 d = _mm256_set1_ps(f16le(b));
+        for (int t = 0; t < nt; t++) {
+            const float *xp = xq + t * pf;
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(PX_X8(xp) + 32 * j));
+            __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
+            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+            acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(PX_DX(xp, k) + j)), s, acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t] = sf_cpu_hsum8(acc[t]);
 }
 
 /* The formats of 32-groups of nibbles: Q4_0 (d (q - 8)), Q4_1 (d q + m), Q5_0 and Q5_1 (a fifth
@@ -509,7 +532,7 @@ static inline __attribute__((always_inline)) void dotn_k16(const void *w, const 
     const size_t bb = k16_bytes(t), pfd = t == SF_DT_Q6_K ? PF_Q6K : PF_Q4K;
     __m256i idx[4];
     for (int j = 0; j < 4; j++) idx[j] = _mm256_setr_epi32(2 * j, 2 * j, 2 * j, 2 * j, 2 * j + 1, 2 * j + 1, 2 * j + 1, 2 * j + 1);
-    __m256 acc[SF_CPU_DIRECT_KQ][3];
+    __m256 acc[SF_CPU_DIRECT_DOTN][3];
     for (int u = 0; u < nt; u++) acc[u][0] = acc[u][1] = acc[u][2] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < k / 256; sb++) {
         const uint8_t *b = (const uint8_t *)w + bb * sb;

@@ -78,10 +78,10 @@ static void *quantize(sf_dtype t, const float *src, int64_t rows, int64_t cols, 
 }
 
 /* ---- matmul ------------------------------------------------------------------------------ */
-/* A step of up to SF_CPU_DIRECT_TOKENS tokens (SF_CPU_DIRECT_KQ for the K-quants) against a
- * block format read in place meets x rounded to int8 in groups of 32 (kernels/cpu/qdot.c) on
- * the AVX2 path: the kernel is exact against x so rounded, which is what this gives (n
- * elements, a multiple of 32). */
+/* A step of up to SF_CPU_DIRECT_TOKENS tokens (SF_CPU_DIRECT_DOTN for Q8_0 and the K-quants)
+ * against a block format read in place meets x rounded to int8 in groups of 32
+ * (kernels/cpu/qdot.c) on the AVX2 path: the kernel is exact against x so rounded, which is
+ * what this gives (n elements, a multiple of 32). */
 static int x_rounded(sf_dtype t, int n_tokens)
 {
     const sf_view part = { .dtype = t };
@@ -255,8 +255,8 @@ TEST(matmul_block_formats)
 }
 
 /* A token's outputs do not depend on the tokens beside it in a step: for every block format, a
- * step of 2-8 tokens (2-16 for the K-quants, whose rows the dotn kernels of qdot.c unpack once
- * for all of them) gives each token the same bits as a step of that token alone. */
+ * step of 2-8 tokens (2-16 for Q8_0 and the K-quants, whose rows the dotn kernels of qdot.c
+ * unpack once for all of them) gives each token the same bits as a step of that token alone. */
 TEST(matmul_token_alone_or_not)
 {
     const int K = 512, M = 13;
