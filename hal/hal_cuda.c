@@ -188,9 +188,10 @@ typedef struct cuda_ctx {
     /* block-format weights in place (SEMFLOW_CUDA_QUANT, default on; off: bf16 copies), and the
      * bf16 rows of one chunk of such a weight for a GEMM of more than qgemv_rows rows */
     int quant;
-    /* SEMFLOW_CUDA_QFUSE (default off until measured on a GPU): a decode step's RMSNorm and
-     * SiLU-gated product inside the quantized GEMVs (qgemv.cu), and a fused weight's consecutive
-     * parts of one format stacked into one matrix, so that one launch takes them */
+    /* SEMFLOW_CUDA_QFUSE (default off until measured on a GPU): a decode step's RMSNorm,
+     * SiLU-gated product and RoPE + K/V write inside the quantized GEMVs (qgemv.cu), and a fused
+     * weight's consecutive parts of one format stacked into one matrix, so that one launch
+     * takes them */
     int qfuse;
     /* steps of up to this many rows take qgemv.cu's GEMV (8 rows a launch, each launch reading
      * the weights), longer ones the dequantized chunks and cuBLASLt: SEMFLOW_CUDA_QGEMV_ROWS,
@@ -1311,8 +1312,8 @@ static int cuda_norm_matmul(sf_backend *b, const sf_buf *x, const sf_weight *nor
         r.f = eps;
         return submit(c, &r, 1, "norm_matmul");
     }
-    if (w->n_q && c->qfuse && n <= c->qgemv_rows && (uintptr_t)norm->d % 16 == 0 && x->cols % 8 == 0 &&
-        (!glu || w->n_q == 1))
+    if (w->n_q && c->qfuse && n <= c->qgemv_rows && (uintptr_t)norm->d % 16 == 0 && (uintptr_t)x->d % 16 == 0 &&
+        x->cols % 8 == 0 && (!glu || w->n_q == 1))
         /* block formats: the norm (and the gate) inside each part's GEMV */
         return qmatmul(c, x, w, n, norm, eps, glu, y, 0, "norm_matmul");
     if (!tmp_x || tmp_x->rows < n || tmp_x->cols < k || (glu && (!tmp_y || tmp_y->rows < n || tmp_y->cols < w->rows)))
