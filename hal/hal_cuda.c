@@ -1086,6 +1086,21 @@ static int cuda_rmsnorm(sf_backend *b, sf_buf *x, const sf_buf *add, const sf_we
     return submit(c, &r, 1, "rmsnorm");
 }
 
+/* The record of qgemv.cu's GEMV over part q of a weight of `cols` columns: n rows of x (with
+ * norm, x's RMSNorm times it) into y rows ldy apart; bias and y as the mode wants them (the
+ * part's own, or the whole weight's for RoPE, whose fields the caller adds). */
+static sf_op_rec qgemv_rec(const sf_buf *x, const struct qpart *q, int64_t cols, int n, const sf_weight *norm, float eps,
+                           const uint16_t *bias, uint16_t *y, int64_t ldy)
+{
+    sf_op_rec r;
+    memset(&r, 0, sizeof r); /* padding too: graphs compare records whole */
+    r.kind = SF_OP_QGEMV;
+    r.p[0] = x->d; r.p[1] = q->q; r.p[2] = bias; r.p[3] = y; r.p[4] = norm ? norm->d : NULL;
+    r.n[0] = q->t; r.n[1] = q->pitch; r.n[2] = q->rows; r.n[3] = cols; r.n[4] = x->cols; r.n[5] = n; r.n[6] = ldy;
+    r.f = eps;
+    return r;
+}
+
 /* y (+)= x' W^T over a weight kept in its block formats, a launch a part into its columns of y:
  * up to c->qgemv_rows rows in qgemv.cu, more through cuBLASLt over a part's `chunk` rows at
  * a time, dequantized into qscratch (add: the caller's scratch buffer and an add). The GEMV
@@ -1103,11 +1118,8 @@ static int qmatmul(cuda_ctx *c, const sf_buf *x, const sf_weight *w, int n, cons
         sf_op_rec r = { 0 };
         int rc;
         if (n <= c->qgemv_rows) {
-            r.kind = SF_OP_QGEMV;
-            r.p[0] = x->d; r.p[1] = q->q; r.p[2] = bias; r.p[3] = y->d + q->r0; r.p[4] = norm ? norm->d : NULL;
-            r.n[0] = q->t; r.n[1] = q->pitch; r.n[2] = q->rows; r.n[3] = w->cols; r.n[4] = x->cols; r.n[5] = n;
-            r.n[6] = y->cols; r.n[7] = add; r.n[8] = glu;
-            r.f = eps;
+            r = qgemv_rec(x, q, w->cols, n, norm, eps, bias, y->d + q->r0, y->cols);
+            r.n[7] = add; r.n[8] = glu;
             if ((rc = submit(c, &r, 1, op))) return rc;
             continue;
         }
@@ -1368,14 +1380,10 @@ static int cuda_norm_qkv_rope(sf_backend *b, const sf_buf *x, const sf_weight *n
         for (int i = 0; i < w->n_q; i++) whole &= w->qp[i].r0 % r->head_dim == 0 && w->qp[i].rows % r->head_dim == 0;
         for (int i = 0; whole && i < w->n_q; i++) {
             const struct qpart *q = &w->qp[i];
-            sf_op_rec rec = { 0 };
-            rec.kind = SF_OP_QGEMV;
-            rec.p[0] = x->d; rec.p[1] = q->q; rec.p[2] = w->bias; rec.p[3] = qkv->d; rec.p[4] = norm->d;
+            sf_op_rec rec = qgemv_rec(x, q, k, c->T, norm, eps, w->bias, qkv->d, qkv->cols);
             rec.p[5] = c->pos_d; rec.p[6] = c->slot_d; rec.p[7] = c->inv_freq_d;
-            rec.n[0] = q->t; rec.n[1] = q->pitch; rec.n[2] = q->rows; rec.n[3] = k; rec.n[4] = x->cols; rec.n[5] = c->T;
-            rec.n[6] = qkv->cols; rec.n[8] = 2; rec.n[9] = q->r0; rec.n[10] = H; rec.n[11] = Hkv; rec.n[12] = r->head_dim;
+            rec.n[8] = 2; rec.n[9] = q->r0; rec.n[10] = H; rec.n[11] = Hkv; rec.n[12] = r->head_dim;
             rec.n[13] = r->rot_dim; rec.n[14] = r->interleaved;
-            rec.f = eps;
             rec.kv = layer_kv(c, layer);
             if ((rc = submit(c, &rec, 1, "norm_qkv_rope"))) return rc;
         }

@@ -115,13 +115,40 @@ static inline void q6k_quants(const uint8_t *b, int h, __m256i q[4])
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
 }
 
+/* A Q4_K / Q5_K super-block's 8 group scales (d folded in by the caller, with x's dx) and its
+ * mins times dmin. Shared by the one-token and the many-token kernels, whose arithmetic must
+ * stay the same to the bit. */
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) void q45k_scales(const uint8_t *b, __m256 *scales, __m256 *dmins)
+{
+    uint8_t sm[16];
+    sf_q4k_scales(b + 4, sm);
+    *scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
+    __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
+    *dmins = _mm256_mul_ps(_mm256_set1_ps(f16le(b + 2)), mins);
+}
+
+/* Group pair g's quants (group 2g in ql, 2g + 1 in qh) from its 32 bytes v; Q5_K (five): their
+ * fifth bits from hb, which moves on to the next pair */
+__attribute__((target("avx2,fma,f16c")))
+static inline __attribute__((always_inline)) void q45k_pair(__m256i v, __m256i *hb, int five, __m256i *ql, __m256i *qh)
+{
+    const __m256i m4 = _mm256_set1_epi8(0xF), m10 = _mm256_set1_epi8(0x10);
+    *ql = _mm256_and_si256(v, m4);
+    *qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+    if (five) { /* bit 2g to bit 4 of each byte, then bit 2g + 1 */
+        *ql = _mm256_or_si256(*ql, _mm256_and_si256(_mm256_slli_epi16(*hb, 4), m10));
+        *qh = _mm256_or_si256(*qh, _mm256_and_si256(_mm256_slli_epi16(*hb, 3), m10));
+        *hb = _mm256_srli_epi16(*hb, 2);
+    }
+}
+
 /* Q4_K and Q5_K (five: a fifth bit of each quant from the 32 bytes of qh, bit j for group j) */
 __attribute__((target("avx2,fma,f16c")))
 static inline __attribute__((always_inline)) void dot4_q45_K(const void *const *w, const float *xp, int64_t k, float *out, int five)
 {
     const int8_t *x8 = PX_X8(xp);
     const float *dx = PX_DX(xp, k), *s32 = PX_S32(xp, k);
-    const __m256i m4 = _mm256_set1_epi8(0xF), m10 = _mm256_set1_epi8(0x10);
     const size_t bb = five ? 176 : 144, qs0 = five ? 48 : 16;
     __m256 acc[4][2], accm[4];
     for (int r = 0; r < 4; r++) acc[r][0] = acc[r][1] = accm[r] = _mm256_setzero_ps();
@@ -131,24 +158,16 @@ static inline __attribute__((always_inline)) void dot4_q45_K(const void *const *
         for (int r = 0; r < 4; r++) {
             const uint8_t *b = (const uint8_t *)w[r] + bb * sb;
             for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
-            uint8_t sm[16];
-            sf_q4k_scales(b + 4, sm);
+            __m256 scales, dmins;
+            q45k_scales(b, &scales, &dmins);
             float sc[8];
-            __m256 d = _mm256_set1_ps(f16le(b));
-            _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(d, dxv),
-                                               _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)))));
-            __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
-            accm[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16le(b + 2)), mins), sums, accm[r]);
+            _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(f16le(b)), dxv), scales));
+            accm[r] = _mm256_fmadd_ps(dmins, sums, accm[r]);
             __m256i hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
             __m256 a0 = acc[r][0], a1 = acc[r][1];
             for (int g = 0; g < 4; g++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * g));
-                __m256i ql = _mm256_and_si256(v, m4), qh = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-                if (five) { /* bit 2g to bit 4 of each byte, then bit 2g + 1 */
-                    ql = _mm256_or_si256(ql, _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
-                    qh = _mm256_or_si256(qh, _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
-                    hb = _mm256_srli_epi16(hb, 2);
-                }
+                __m256i ql, qh;
+                q45k_pair(_mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * g)), &hb, five, &ql, &qh);
                 __m256 lo = qdot32(ql, xs + 64 * g), hi = qdot32(qh, xs + 64 * g + 32);
                 a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g]), lo, a0);
                 a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(&sc[2 * g + 1]), hi, a1);
@@ -173,30 +192,17 @@ __attribute__((target("avx2,fma,f16c")))
 static inline __attribute__((always_inline)) void dotn_q45_K(const void *w, const float *xq, int64_t pf, int nt, int64_t k,
                                                              float *out, int five)
 {
-    const __m256i m4 = _mm256_set1_epi8(0xF), m10 = _mm256_set1_epi8(0x10);
     const size_t bb = five ? 176 : 144, qs0 = five ? 48 : 16;
     __m256 acc[SF_CPU_DIRECT_DOTN][3]; /* the low and high groups' sums, the mins' */
     for (int t = 0; t < nt; t++) acc[t][0] = acc[t][1] = acc[t][2] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < k / 256; sb++) {
         const uint8_t *b = (const uint8_t *)w + bb * sb;
         for (size_t l = 0; l < bb; l += 64) _mm_prefetch((const char *)b + PF_Q4K + l, _MM_HINT_T0);
-        uint8_t sm[16];
-        sf_q4k_scales(b + 4, sm);
-        __m256 d = _mm256_set1_ps(f16le(b));
-        __m256 scales = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sm)));
-        __m256 mins = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sm + 8))));
-        __m256 dmins = _mm256_mul_ps(_mm256_set1_ps(f16le(b + 2)), mins);
+        __m256 d = _mm256_set1_ps(f16le(b)), scales, dmins;
+        q45k_scales(b, &scales, &dmins);
         __m256i q[8], hb = five ? _mm256_loadu_si256((const __m256i *)(b + 16)) : _mm256_setzero_si256();
-        for (int g = 0; g < 4; g++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * g));
-            q[2 * g] = _mm256_and_si256(v, m4);
-            q[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
-            if (five) {
-                q[2 * g] = _mm256_or_si256(q[2 * g], _mm256_and_si256(_mm256_slli_epi16(hb, 4), m10));
-                q[2 * g + 1] = _mm256_or_si256(q[2 * g + 1], _mm256_and_si256(_mm256_slli_epi16(hb, 3), m10));
-                hb = _mm256_srli_epi16(hb, 2);
-            }
-        }
+        for (int g = 0; g < 4; g++)
+            q45k_pair(_mm256_loadu_si256((const __m256i *)(b + qs0 + 32 * g)), &hb, five, &q[2 * g], &q[2 * g + 1]);
         for (int t = 0; t < nt; t++) {
             const float *xp = xq + t * pf;
             const int8_t *xs = PX_X8(xp) + 256 * sb;
@@ -228,6 +234,15 @@ void sf_cpu_dotn_q5_K(const void *w, const float *xq, int64_t pf, int nt, int64_
     dotn_q45_K(w, xq, pf, nt, k, out, 1);
 }
 
+/* A Q8_0 group's 8 partial sums against x's 32 int8: |q| x (x with q's sign), maddubs wanting
+ * its first operand unsigned (aq = |q|) */
+__attribute__((target("avx2,fma,f16c")))
+static inline __m256 q8_dot32(__m256i q, __m256i aq, __m256i xv)
+{
+    __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+
 __attribute__((target("avx2,fma,f16c")))
 void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *out)
 {
@@ -241,9 +256,7 @@ void sf_cpu_dot4_q8_0(const void *const *w, const float *xp, int64_t k, float *o
             const uint8_t *b = (const uint8_t *)w[r] + 34 * j;
             if (!(j & 1)) _mm_prefetch((const char *)b + PF_Q8, _MM_HINT_T0);
             __m256i q = _mm256_loadu_si256((const __m256i *)(b + 2));
-            /* |q| x (x with q's sign): maddubs wants its first operand unsigned */
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(xv, q));
-            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+            __m256 s = q8_dot32(q, _mm256_sign_epi8(q, q), xv);
             acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(f16le(b)), dxj), s, acc[r]);
         }
     }
@@ -264,9 +277,7 @@ void sf_cpu_dotn_q8_0(const void *w, const float *xq, int64_t pf, int nt, int64_
         __m256 d = _mm256_set1_ps(f16le(b));
         for (int t = 0; t < nt; t++) {
             const float *xp = xq + t * pf;
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(PX_X8(xp) + 32 * j));
-            __m256i p = _mm256_maddubs_epi16(aq, _mm256_sign_epi8(xv, q));
-            __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+            __m256 s = q8_dot32(q, aq, _mm256_loadu_si256((const __m256i *)(PX_X8(xp) + 32 * j)));
             acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_broadcast_ss(PX_DX(xp, k) + j)), s, acc[t]);
         }
     }
